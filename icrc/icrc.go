@@ -1,0 +1,111 @@
+// Package icrc computes, stamps and verifies the RoCEv2 Invariant CRC.
+//
+// The ICRC is CRC-32/IEEE (the zlib and hash/crc32 CRC) over
+//
+//	8 bytes of 0xFF (standing in for InfiniBand's LRH)
+//	‖ the IP header with its variant fields set to all ones
+//	  (IPv4: TOS, TTL, header checksum; IPv6: traffic class, flow label, hop limit)
+//	‖ the UDP header with its checksum set to 0xFFFF
+//	‖ the BTH with byte 4 (FECN, BECN, reserved) set to 0xFF
+//	‖ everything after the BTH up to the ICRC, pad included
+//
+// and is written after the packet little-endian. The masked fields are the
+// ones switches may rewrite in flight (ECN marking sets FECN or the IP ECN
+// bits, routers decrement TTL), so they are excluded from an end-to-end CRC.
+//
+// Nothing is copied: the 40 bytes of IP, UDP and BTH headers (60 for IPv6)
+// are read as 64-bit words, OR-ed with a constant mask and folded into the
+// CRC eight bytes at a time (mask.go); the CRC then continues over the rest
+// of the packet in place with crc32.Update, which on amd64 and arm64 uses
+// carry-less multiplication. (Masking a stack copy and handing it to
+// crc32.Update would be simpler, but the copy escapes to the heap because
+// crc32 dispatches through a function variable.)
+package icrc
+
+import (
+	"encoding/binary"
+	"errors"
+	"hash/crc32"
+)
+
+// Len is the size of the ICRC trailer.
+const Len = 4
+
+const (
+	ipv4HdrLen = 20 // RoCEv2 peers (rxe) send no IPv4 options
+	ipv6HdrLen = 40
+	udpHdrLen  = 8
+	bthLen     = 12
+)
+
+// seed is crc32.ChecksumIEEE of 8 bytes of 0xFF: the CRC state after the
+// masked-LRH prefix, so that it never has to be hashed per packet. rxe's
+// seed 0xdebb20e3 is this value's bitwise complement (it runs the raw,
+// uninverted CRC).
+const seed = 0x2144df1c
+
+// Errors returned for packets the ICRC cannot be computed over.
+var (
+	// ErrTruncated: the packet is shorter than IP+UDP+BTH+ICRC.
+	ErrTruncated = errors.New("icrc: packet too short for IP, UDP, BTH and ICRC")
+	// ErrNotIP: the first nibble is neither 4 (with a 20-byte header) nor 6.
+	ErrNotIP = errors.New("icrc: not an option-less IPv4 or an IPv6 header")
+)
+
+// Compute returns the ICRC of pkt, an IPv4 or IPv6 RoCEv2 datagram that
+// starts at its IP header and ends with the 4-byte ICRC field (whose
+// contents are ignored). pkt must be exactly the datagram: Ethernet padding
+// beyond the IP length must already be cut off.
+func Compute(pkt []byte) (uint32, error) {
+	if len(pkt) == 0 {
+		return 0, ErrTruncated
+	}
+	var crc uint32
+	var n int
+	switch pkt[0] >> 4 {
+	case 4:
+		if pkt[0]&0x0F != 5 {
+			return 0, ErrNotIP
+		}
+		n = ipv4HdrLen + udpHdrLen + bthLen
+		if len(pkt) < n+Len {
+			return 0, ErrTruncated
+		}
+		crc = maskedHeaders(seed, pkt[:n], &maskV4)
+	case 6:
+		n = ipv6HdrLen + udpHdrLen + bthLen
+		if len(pkt) < n+Len {
+			return 0, ErrTruncated
+		}
+		crc = maskedHeaders(seed, pkt[:n], &maskV6)
+	default:
+		return 0, ErrNotIP
+	}
+	return crc32.Update(crc, crc32.IEEETable, pkt[n:len(pkt)-Len]), nil
+}
+
+// Stamp computes the ICRC of pkt (as for Compute) and writes it into the
+// last four bytes, little-endian as RoCEv2 puts it on the wire.
+func Stamp(pkt []byte) error {
+	crc, err := Compute(pkt)
+	if err != nil {
+		return err
+	}
+	binary.LittleEndian.PutUint32(pkt[len(pkt)-Len:], crc)
+	return nil
+}
+
+// Verify reports whether the ICRC at the end of pkt is correct. A packet
+// too short or not IP fails.
+func Verify(pkt []byte) bool {
+	crc, err := Compute(pkt)
+	return err == nil && crc == binary.LittleEndian.Uint32(pkt[len(pkt)-Len:])
+}
+
+// Stored returns the ICRC carried in the last four bytes of pkt.
+func Stored(pkt []byte) uint32 {
+	if len(pkt) < Len {
+		return 0
+	}
+	return binary.LittleEndian.Uint32(pkt[len(pkt)-Len:])
+}
