@@ -1,0 +1,86 @@
+// Package congestion defines how softrnic's senders are rate-controlled: a
+// small, pure interface that a congestion-control algorithm implements per
+// flow (per QP), and the per-QP pacer that turns its rate into departure
+// times.
+//
+// The interface follows quic-go's SendAlgorithm in spirit: the caller hands
+// in events with an explicit now (clock.Time, integer nanoseconds) and reads
+// back the current rate and the next deadline at which it must call OnTimer.
+// Nothing here starts a goroutine or reads a clock, so the engine (live
+// traffic) and the simulator (virtual time) drive the very same code.
+//
+// DCQCN (package congestion/dcqcn) is the first implementation. The event set
+// is already wide enough for the usual second algorithms: a DCTCP-style
+// window controller uses OnAck's ECN echo and Window, TIMELY uses OnAck's RTT
+// sample, and both ignore OnCNP.
+package congestion
+
+import (
+	"math"
+	"time"
+
+	"github.com/softrnic/softrnic/clock"
+)
+
+// Rate is a sending rate in bits per second. It is a float64 because the
+// published algorithms are defined on real numbers (DCQCN halves and
+// averages rates); the pacer converts it to integer time.
+type Rate float64
+
+// Common rate units.
+const (
+	BitPerSecond Rate = 1
+	Kbps         Rate = 1e3
+	Mbps         Rate = 1e6
+	Gbps         Rate = 1e9
+)
+
+// Gbps returns r in Gb/s, the unit papers quote.
+func (r Rate) Gbps() float64 { return float64(r) / 1e9 }
+
+// TxTime is the time to put n bytes on a wire of rate r, in nanoseconds,
+// rounded to the nearest nanosecond. A non-positive rate never finishes.
+func (r Rate) TxTime(n int) time.Duration {
+	if r <= 0 {
+		return time.Duration(math.MaxInt64)
+	}
+	return time.Duration(math.Round(float64(n) * 8e9 / float64(r)))
+}
+
+// NoWindow is what Window returns for a purely rate-based algorithm.
+const NoWindow int64 = math.MaxInt64
+
+// Ack is the feedback an acknowledgement carries, for algorithms that use it
+// (DCQCN does not: its feedback is the CNP).
+type Ack struct {
+	// Bytes newly acknowledged.
+	Bytes int
+	// ECNEcho reports that the acknowledged data was CE-marked (DCTCP-style).
+	ECNEcho bool
+	// RTT is the round-trip sample this ACK gives, 0 if none (TIMELY, Swift).
+	RTT time.Duration
+}
+
+// Controller is a rate-based congestion controller for one flow (one QP).
+//
+// The caller must call OnTimer at (or after) Deadline; calling it early is
+// harmless. Every method takes the current time and never reads a clock;
+// times passed to one Controller must not go backwards. Implementations must
+// not allocate in these methods: the engine calls them per packet.
+type Controller interface {
+	// OnPacketSent reports that n bytes (wire bytes of one packet) were sent.
+	OnPacketSent(now clock.Time, n int)
+	// OnCNP reports a Congestion Notification Packet for this flow.
+	OnCNP(now clock.Time)
+	// OnAck reports an acknowledgement and what it tells about the path.
+	OnAck(now clock.Time, ack Ack)
+	// OnTimer lets the controller run the timers that are due at now.
+	OnTimer(now clock.Time)
+	// Rate is the rate the pacer must hold this flow to.
+	Rate() Rate
+	// Window is the cap on bytes in flight, NoWindow for rate-only control.
+	Window() int64
+	// Deadline is when OnTimer must next be called, clock.Never if no timer
+	// is armed.
+	Deadline() clock.Time
+}
