@@ -1,0 +1,260 @@
+// Package netnstest creates and removes network namespaces and veth pairs for
+// softrnic's integration tests and benches, so that test traffic only ever
+// flows between hosts the test made.
+//
+// Names are unique per process and call (prefix, pid and a random suffix),
+// every namespace is removed by Close (or by the test's Cleanup, which runs
+// even when the test fails), and removing a namespace removes the veth ends
+// inside it. It drives iproute2's ip(8), which every Linux host with
+// namespaces has, rather than re-implementing netlink plumbing here.
+package netnstest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+)
+
+var seq atomic.Uint32
+
+// Unique returns a name of at most 15 bytes (an interface name's limit):
+// prefix (at most 4 bytes), the pid and a random suffix.
+func Unique(prefix string) string {
+	if len(prefix) > 4 {
+		prefix = prefix[:4]
+	}
+	var r [2]byte
+	rand.Read(r[:])
+	return fmt.Sprintf("%s%d%s%d", prefix, os.Getpid()%100000, hex.EncodeToString(r[:]), seq.Add(1)%100)
+}
+
+// NS is a network namespace made by this package.
+type NS struct {
+	Name   string
+	handle netns.NsHandle
+}
+
+// ip runs ip(8) with a bounded time.
+func ip(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+	}
+	return out.String(), nil
+}
+
+// Create makes a namespace with a unique name starting with prefix and brings
+// its loopback up. The caller must Close it.
+func Create(prefix string) (*NS, error) {
+	name := Unique(prefix)
+	if _, err := ip("netns", "add", name); err != nil {
+		return nil, err
+	}
+	n := &NS{Name: name}
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		n.Close()
+		return nil, fmt.Errorf("netnstest: open %s: %w", name, err)
+	}
+	n.handle = h
+	if _, err := n.IP("link", "set", "lo", "up"); err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+// Close removes the namespace and every interface in it.
+func (n *NS) Close() error {
+	if n.handle.IsOpen() {
+		n.handle.Close()
+	}
+	_, err := ip("netns", "del", n.Name)
+	return err
+}
+
+// IP runs ip(8) inside the namespace (ip -n NAME args...).
+func (n *NS) IP(args ...string) (string, error) {
+	return ip(append([]string{"-n", n.Name}, args...)...)
+}
+
+// Do runs f on an OS thread switched into the namespace. Sockets and BPF
+// links made by f belong to the namespace and keep working from any thread
+// afterwards. If the thread cannot be switched back it is not returned to
+// the scheduler (it exits with the goroutine), so no other goroutine ever
+// runs in the wrong namespace.
+func (n *NS) Do(f func() error) error {
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		orig, err := netns.Get()
+		if err != nil {
+			done <- err
+			return
+		}
+		defer orig.Close()
+		if err := netns.Set(n.handle); err != nil {
+			done <- fmt.Errorf("netnstest: enter %s: %w", n.Name, err)
+			return
+		}
+		ferr := f()
+		if err := netns.Set(orig); err != nil {
+			done <- errors.Join(ferr, err)
+			return // thread stays locked and dies
+		}
+		runtime.UnlockOSThread()
+		done <- ferr
+	}()
+	return <-done
+}
+
+// Link is one end of a veth pair.
+type Link struct {
+	NS      *NS
+	Name    string
+	Index   int
+	MAC     net.HardwareAddr
+	Addr    netip.Addr // IPv4 address, /24
+	Addr6   netip.Addr // IPv6 address, /64
+	Netmask int
+}
+
+// Pair is two namespaces joined by a veth pair.
+type Pair struct {
+	A, B Link
+}
+
+// Close removes both namespaces.
+func (p *Pair) Close() error {
+	return errors.Join(p.A.NS.Close(), p.B.NS.Close())
+}
+
+// PairOptions tune NewPair.
+type PairOptions struct {
+	MTU int // 0: the default 1500
+	// Subnet is the third octet of 10.x.y.0/24 and fd00:x:y::/64; 0 picks
+	// one from the pid. Each pair lives in its own namespaces, so equal
+	// subnets in different pairs never meet.
+	Subnet int
+}
+
+// NewPair makes two namespaces joined by a veth pair, with IPv4 and IPv6
+// addresses, both ends up. The caller must Close it.
+func NewPair(opt PairOptions) (p *Pair, err error) {
+	a, err := Create("srna")
+	if err != nil {
+		return nil, err
+	}
+	b, err := Create("srnb")
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	p = &Pair{A: Link{NS: a, Name: Unique("va")}, B: Link{NS: b, Name: Unique("vb")}}
+	defer func() {
+		if err != nil {
+			p.Close()
+			p = nil
+		}
+	}()
+	if _, err := ip("link", "add", p.A.Name, "netns", a.Name, "type", "veth", "peer", "name", p.B.Name, "netns", b.Name); err != nil {
+		return p, err
+	}
+	sub := opt.Subnet
+	if sub == 0 {
+		sub = os.Getpid()%200 + 20
+	}
+	for i, l := range []*Link{&p.A, &p.B} {
+		l.Addr = netip.MustParseAddr(fmt.Sprintf("10.99.%d.%d", sub, i+1))
+		l.Addr6 = netip.MustParseAddr(fmt.Sprintf("fd00:99:%x::%d", sub, i+1))
+		l.Netmask = 24
+		if opt.MTU != 0 {
+			if _, err := l.NS.IP("link", "set", l.Name, "mtu", fmt.Sprint(opt.MTU)); err != nil {
+				return p, err
+			}
+		}
+		if _, err := l.NS.IP("addr", "add", l.Addr.String()+"/24", "dev", l.Name); err != nil {
+			return p, err
+		}
+		if _, err := l.NS.IP("addr", "add", l.Addr6.String()+"/64", "dev", l.Name, "nodad"); err != nil {
+			return p, err
+		}
+		if _, err := l.NS.IP("link", "set", l.Name, "up"); err != nil {
+			return p, err
+		}
+		if err := l.NS.Do(func() error {
+			ifc, err := net.InterfaceByName(l.Name)
+			if err != nil {
+				return err
+			}
+			l.Index, l.MAC = ifc.Index, ifc.HardwareAddr
+			return nil
+		}); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// SkipUnlessRoot skips tb unless the process is root (namespaces, veth, XDP
+// and AF_XDP need CAP_SYS_ADMIN, CAP_NET_ADMIN, CAP_BPF).
+func SkipUnlessRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("needs root: creates network namespaces, veth pairs and XDP programs")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		tb.Skip("needs iproute2's ip(8)")
+	}
+}
+
+// NewTestPair is NewPair for a test: it skips when not root and removes the
+// namespaces in a Cleanup, which runs even when the test fails.
+func NewTestPair(tb testing.TB, opt PairOptions) *Pair {
+	tb.Helper()
+	SkipUnlessRoot(tb)
+	p, err := NewPair(opt)
+	if err != nil {
+		tb.Fatalf("netnstest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			tb.Errorf("netnstest: cleanup: %v", err)
+		}
+	})
+	return p
+}
+
+// NewTestNS makes one namespace for a test, removed in a Cleanup.
+func NewTestNS(tb testing.TB) *NS {
+	tb.Helper()
+	SkipUnlessRoot(tb)
+	n, err := Create("srnt")
+	if err != nil {
+		tb.Fatalf("netnstest: %v", err)
+	}
+	tb.Cleanup(func() {
+		if err := n.Close(); err != nil {
+			tb.Errorf("netnstest: cleanup: %v", err)
+		}
+	})
+	return n
+}

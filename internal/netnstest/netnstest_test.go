@@ -1,0 +1,55 @@
+package netnstest
+
+import (
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPairPingTCPAndCleanup(t *testing.T) {
+	SkipUnlessRoot(t)
+	p, err := NewPair(PairOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{p.A.NS.Name, p.B.NS.Name}
+	func() {
+		defer p.Close()
+		if p.A.Index == 0 || len(p.B.MAC) != 6 {
+			t.Fatalf("links not filled in: %+v %+v", p.A, p.B)
+		}
+		got, err := p.A.NS.Ping(p.B.Addr, 3, 5*time.Second)
+		if err != nil || got != 3 {
+			t.Fatalf("ping: %d/3 replies, %v", got, err)
+		}
+		if err := TCPCheck(p.A.NS, p.B.NS, p.B.Addr.String()); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	out, err := ip("netns", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range names {
+		if strings.Contains(out, n) {
+			t.Errorf("namespace %s still exists after Close", n)
+		}
+	}
+}
+
+// TCPCheck is exercised here; it is also what the port tests call.
+func TestTCPCheckFailsWithoutListener(t *testing.T) {
+	p := NewTestPair(t, PairOptions{})
+	var c net.Conn
+	err := p.A.NS.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", net.JoinHostPort(p.B.Addr.String(), "9"), time.Second)
+		return err
+	})
+	if err == nil {
+		io.WriteString(c, "x")
+		c.Close()
+		t.Fatal("dial to a port nobody listens on succeeded")
+	}
+}

@@ -1,0 +1,83 @@
+package netnstest
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Ping sends count ICMP echo requests to dst (IPv4) from inside the namespace
+// and returns how many matching replies came back, waiting at most timeout in
+// total. It exists because hosts may lack ping(8); it uses a raw socket.
+func (n *NS) Ping(dst netip.Addr, count int, timeout time.Duration) (int, error) {
+	if !dst.Is4() {
+		return 0, fmt.Errorf("netnstest: Ping supports IPv4 only, got %v", dst)
+	}
+	var fd int
+	if err := n.Do(func() (err error) {
+		fd, err = unix.Socket(unix.AF_INET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_ICMP)
+		return err
+	}); err != nil {
+		return 0, fmt.Errorf("netnstest: raw ICMP socket: %w", err)
+	}
+	defer unix.Close(fd)
+	sa := &unix.SockaddrInet4{Addr: dst.As4()}
+	id := uint16(time.Now().UnixNano())
+	got := 0
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 1500)
+	for seq := 0; seq < count && time.Now().Before(deadline); seq++ {
+		req := make([]byte, 8+32)
+		req[0] = 8 // echo request
+		binary.BigEndian.PutUint16(req[4:], id)
+		binary.BigEndian.PutUint16(req[6:], uint16(seq))
+		for i := 8; i < len(req); i++ {
+			req[i] = byte(i)
+		}
+		binary.BigEndian.PutUint16(req[2:], checksum(req))
+		if err := unix.Sendto(fd, req, 0, sa); err != nil {
+			return got, fmt.Errorf("netnstest: ping send: %w", err)
+		}
+		// Read until our reply or the per-echo wait runs out.
+		wait := time.Now().Add(time.Second)
+		for time.Now().Before(wait) && time.Now().Before(deadline) {
+			tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
+			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+			m, _, err := unix.Recvfrom(fd, buf, 0)
+			if err != nil {
+				continue
+			}
+			// A raw IPv4 socket returns the IP header.
+			if m < 20 {
+				continue
+			}
+			ihl := int(buf[0]&0x0f) * 4
+			if m < ihl+8 {
+				continue
+			}
+			icmp := buf[ihl:m]
+			if icmp[0] == 0 && binary.BigEndian.Uint16(icmp[4:]) == id && binary.BigEndian.Uint16(icmp[6:]) == uint16(seq) {
+				got++
+				break
+			}
+		}
+	}
+	return got, nil
+}
+
+func checksum(b []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(b); i += 2 {
+		s += uint32(binary.BigEndian.Uint16(b[i:]))
+	}
+	if len(b)%2 == 1 {
+		s += uint32(b[len(b)-1]) << 8
+	}
+	for s>>16 != 0 {
+		s = s&0xffff + s>>16
+	}
+	return ^uint16(s)
+}
