@@ -1,0 +1,460 @@
+// Package daemon is the per-host softrnic daemon: its configuration, its
+// logging, and the control server through which local applications in other
+// processes use the daemon's RNIC (see server.go and package client).
+package daemon
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/bits"
+	"net"
+	"net/netip"
+	"os"
+	"os/user"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// DefaultControl is where the daemon listens and where every client command
+// (softrnic perf/rping/stats/status/capture) looks by default (--control).
+const DefaultControl = "/run/softrnic/softrnic.sock"
+
+// Config is the daemon's configuration: defaults, then the config file, then
+// command-line flags, each overriding the one before.
+//
+// The file format (documented for users in contrib/softrnic.conf.example) is
+// one "key = value" per line; '#' starts a comment; a "[dcqcn]" line starts a
+// section whose keys are written "dcqcn.KEY" on the command line; a key may
+// appear once, except gid, which accumulates. Every key is also a flag of the
+// same name (--mtu 2048, --dcqcn.rpg_ai_rate 10).
+type Config struct {
+	Interface string       // interface; the Ethernet device the RNIC sits on
+	Queues    int          // queues; RX queues to serve, 0 = all of the interface's
+	UMEMSize  int64        // umem-size; bytes of AF_XDP UMEM per queue
+	FrameSize int          // frame-size; bytes per UMEM frame
+	MTU       int          // mtu; RoCE path MTU (256..4096), 0 = largest the interface allows
+	GIDs      []netip.Addr // gid; addresses used as GIDs, empty = the interface's
+	Metrics   string       // metrics; Prometheus /metrics listen address, empty = off
+
+	Control      string      // control; control socket path
+	ControlMode  os.FileMode // control-mode; socket permission bits
+	ControlGroup string      // control-group; group (name or id) allowed besides root, empty = root only
+
+	LogLevel  string // log-level; debug, info, warn, error
+	LogFormat string // log-format; text or json
+
+	DCQCN DCQCNConfig
+}
+
+// DCQCNConfig selects a DCQCN profile and overrides single knobs of it. Knob
+// names and units are the ConnectX (mlx5) ones, so that a tuning that works on
+// a NIC carries over: rates in Mb/s, times in µs, alpha in 1/1024.
+type DCQCNConfig struct {
+	Profile string             // dcqcn.profile; paper, mlx-cx4, hpcc-mlx or off
+	Knobs   map[string]float64 // dcqcn.<knob>; only the knobs set explicitly
+}
+
+// DCQCNProfiles are the profiles congestion/dcqcn implements; "off" disables
+// rate control (CNPs are still generated for peers that react to them).
+var DCQCNProfiles = []string{"paper", "mlx-cx4", "hpcc-mlx", "off"}
+
+// dcqcnKnobs are the settable knobs with their valid ranges, from the mlx5
+// firmware's ranges (research/dcqcn-anchors.md §2.2). AI/HAI rates may be
+// fractional: softrnic has no integer-Mb/s limit.
+var dcqcnKnobs = map[string][2]float64{
+	"rpg_time_reset":                {1, 131071},
+	"rpg_byte_reset":                {1, 32767},
+	"rpg_threshold":                 {1, 31},
+	"rpg_ai_rate":                   {0, 1e6},
+	"rpg_hai_rate":                  {0, 1e6},
+	"rpg_max_rate":                  {0, 1e6},
+	"rpg_min_rate":                  {0, 1e6},
+	"rpg_min_dec_fac":               {0, 100},
+	"rpg_gd":                        {10, 11},
+	"rate_reduce_monitor_period":    {0, 131071},
+	"dce_tcp_g":                     {0, 1023},
+	"dce_tcp_rtt":                   {1, 131071},
+	"initial_alpha_value":           {0, 1023},
+	"rate_to_set_on_first_cnp":      {0, 1e6},
+	"clamp_tgt_rate":                {0, 1},
+	"clamp_tgt_rate_after_time_inc": {0, 1},
+	"min_time_between_cnps":         {0, 4095},
+	"cnp_dscp":                      {0, 63},
+	"cnp_802p_prio":                 {0, 7},
+}
+
+// DefaultConfig is the configuration before any file or flag.
+func DefaultConfig() Config {
+	return Config{
+		UMEMSize:    16 << 20,
+		FrameSize:   4096,
+		Control:     DefaultControl,
+		ControlMode: 0o660,
+		LogLevel:    "info",
+		LogFormat:   "text",
+		DCQCN:       DCQCNConfig{Profile: "mlx-cx4", Knobs: map[string]float64{}},
+	}
+}
+
+// A key is one configuration setting, settable from the file and from a flag.
+type key struct {
+	name   string
+	usage  string
+	repeat bool // may appear more than once (values accumulate)
+	set    func(c *Config, v string) error
+}
+
+var keys = []key{
+	{name: "interface", usage: "Ethernet interface the RNIC runs on (also -d)", set: func(c *Config, v string) error {
+		if v == "" || len(v) > 15 || strings.ContainsAny(v, "/ \t") {
+			return fmt.Errorf("%q is not an interface name (1-15 characters, no '/' or spaces)", v)
+		}
+		c.Interface = v
+		return nil
+	}},
+	{name: "queues", usage: "RX queues to serve, one AF_XDP socket each; 0 = all", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 0, 256)
+		c.Queues = int(n)
+		return err
+	}},
+	{name: "umem-size", usage: "AF_XDP UMEM bytes per queue (suffixes K, M, G, KiB, MiB, GiB)", set: func(c *Config, v string) error {
+		n, err := parseSize(v)
+		c.UMEMSize = n
+		return err
+	}},
+	{name: "frame-size", usage: "bytes per UMEM frame: a power of two, 2048..65536", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 2048, 65536)
+		if err == nil && bits.OnesCount64(uint64(n)) != 1 {
+			err = fmt.Errorf("%d is not a power of two", n)
+		}
+		c.FrameSize = int(n)
+		return err
+	}},
+	{name: "mtu", usage: "RoCE path MTU: 256, 512, 1024, 2048 or 4096; 0 = largest the interface allows", set: func(c *Config, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || (n != 0 && n != 256 && n != 512 && n != 1024 && n != 2048 && n != 4096) {
+			return fmt.Errorf("%q is not a RoCE MTU (256, 512, 1024, 2048, 4096, or 0 for automatic)", v)
+		}
+		c.MTU = n
+		return nil
+	}},
+	{name: "gid", repeat: true, usage: "IPv4 or IPv6 address to use as a GID (repeatable); default: the interface's addresses", set: func(c *Config, v string) error {
+		a, err := netip.ParseAddr(v)
+		if err != nil || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("%q is not a unicast IP address", v)
+		}
+		c.GIDs = append(c.GIDs, a.Unmap())
+		return nil
+	}},
+	{name: "metrics", usage: "listen address (host:port) of the Prometheus /metrics endpoint; empty = off", set: func(c *Config, v string) error {
+		if v != "" {
+			if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
+				return fmt.Errorf("%q is not host:port", v)
+			}
+		}
+		c.Metrics = v
+		return nil
+	}},
+	{name: "control", usage: "path of the control socket clients connect to", set: func(c *Config, v string) error {
+		if !strings.HasPrefix(v, "/") || len(v) > 107 {
+			return fmt.Errorf("%q is not an absolute path of at most 107 bytes", v)
+		}
+		c.Control = v
+		return nil
+	}},
+	{name: "control-mode", usage: "permission bits of the control socket, octal; no bits for others", set: func(c *Config, v string) error {
+		m, err := strconv.ParseUint(v, 8, 32)
+		if err != nil || m > 0o770 || m&0o7 != 0 {
+			return fmt.Errorf("%q must be octal owner/group bits only (e.g. 0660): others may never use the RNIC", v)
+		}
+		c.ControlMode = os.FileMode(m)
+		return nil
+	}},
+	{name: "control-group", usage: "group (name or number) whose members may use the RNIC besides root; empty = root only", set: func(c *Config, v string) error {
+		if v != "" {
+			if _, err := LookupGroup(v); err != nil {
+				return err
+			}
+		}
+		c.ControlGroup = v
+		return nil
+	}},
+	{name: "log-level", usage: "debug, info, warn or error", set: func(c *Config, v string) error {
+		if _, err := parseLevel(v); err != nil {
+			return err
+		}
+		c.LogLevel = v
+		return nil
+	}},
+	{name: "log-format", usage: "text or json", set: func(c *Config, v string) error {
+		if v != "text" && v != "json" {
+			return fmt.Errorf("%q is not text or json", v)
+		}
+		c.LogFormat = v
+		return nil
+	}},
+	{name: "dcqcn.profile", usage: "DCQCN profile: " + strings.Join(DCQCNProfiles, ", "), set: func(c *Config, v string) error {
+		for _, p := range DCQCNProfiles {
+			if v == p {
+				c.DCQCN.Profile = v
+				return nil
+			}
+		}
+		return fmt.Errorf("%q is not a DCQCN profile (%s)", v, strings.Join(DCQCNProfiles, ", "))
+	}},
+}
+
+func init() {
+	names := make([]string, 0, len(dcqcnKnobs))
+	for k := range dcqcnKnobs {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		k, r := k, dcqcnKnobs[k]
+		keys = append(keys, key{name: "dcqcn." + k, usage: fmt.Sprintf("DCQCN knob %s (mlx5 units), %g..%g; default from the profile", k, r[0], r[1]),
+			set: func(c *Config, v string) error {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil || f < r[0] || f > r[1] {
+					return fmt.Errorf("%q is not a number in %g..%g", v, r[0], r[1])
+				}
+				if c.DCQCN.Knobs == nil {
+					c.DCQCN.Knobs = map[string]float64{}
+				}
+				c.DCQCN.Knobs[k] = f
+				return nil
+			}})
+	}
+}
+
+func findKey(name string) *key {
+	for i := range keys {
+		if keys[i].name == name {
+			return &keys[i]
+		}
+	}
+	return nil
+}
+
+// KeyError is a configuration error attributed to one key (and, for the
+// file, to one line), so that the message points at what to fix.
+type KeyError struct {
+	Source string // file name, or "flag"
+	Line   int    // 0 for flags and whole-config checks
+	Key    string
+	Err    error
+}
+
+func (e *KeyError) Error() string {
+	switch {
+	case e.Line > 0:
+		return fmt.Sprintf("%s:%d: %s: %v", e.Source, e.Line, e.Key, e.Err)
+	case e.Source != "":
+		return fmt.Sprintf("%s: %s: %v", e.Source, e.Key, e.Err)
+	}
+	return fmt.Sprintf("%s: %v", e.Key, e.Err)
+}
+
+func (e *KeyError) Unwrap() error { return e.Err }
+
+// ParseFile applies a configuration file to c.
+func (c *Config) ParseFile(name string, r io.Reader) error {
+	sc := bufio.NewScanner(r)
+	section := ""
+	seen := map[string]int{}
+	line := 0
+	for sc.Scan() {
+		line++
+		s := sc.Text()
+		if i := strings.IndexByte(s, '#'); i >= 0 {
+			s = s[:i]
+		}
+		s = strings.TrimSpace(s)
+		if s == "" {
+			continue
+		}
+		if strings.HasPrefix(s, "[") {
+			if !strings.HasSuffix(s, "]") {
+				return &KeyError{Source: name, Line: line, Key: s, Err: errors.New("unterminated section header")}
+			}
+			section = strings.TrimSpace(s[1 : len(s)-1])
+			if section != "dcqcn" {
+				return &KeyError{Source: name, Line: line, Key: "[" + section + "]", Err: errors.New("unknown section (known: [dcqcn])")}
+			}
+			continue
+		}
+		k, v, ok := strings.Cut(s, "=")
+		k, v = strings.TrimSpace(k), strings.TrimSpace(v)
+		if !ok || k == "" {
+			return &KeyError{Source: name, Line: line, Key: s, Err: errors.New(`not "key = value"`)}
+		}
+		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+			uq, err := strconv.Unquote(v)
+			if err != nil {
+				return &KeyError{Source: name, Line: line, Key: k, Err: fmt.Errorf("bad quoted string: %v", err)}
+			}
+			v = uq
+		}
+		if section != "" {
+			k = section + "." + k
+		}
+		kk := findKey(k)
+		if kk == nil {
+			return &KeyError{Source: name, Line: line, Key: k, Err: errors.New("unknown key" + suggest(k))}
+		}
+		if prev, dup := seen[k]; dup && !kk.repeat {
+			return &KeyError{Source: name, Line: line, Key: k, Err: fmt.Errorf("set twice (first on line %d)", prev)}
+		}
+		seen[k] = line
+		if err := kk.set(c, v); err != nil {
+			return &KeyError{Source: name, Line: line, Key: k, Err: err}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// suggest names a known key close to an unknown one (same name in another
+// section, or differing by '-' versus '_').
+func suggest(k string) string {
+	norm := func(s string) string { return strings.ReplaceAll(s, "_", "-") }
+	for _, kk := range keys {
+		base := kk.name[strings.LastIndexByte(kk.name, '.')+1:]
+		if norm(kk.name) == norm(k) || base == k {
+			return fmt.Sprintf(" (did you mean %q?)", kk.name)
+		}
+	}
+	return ""
+}
+
+// Validate checks what no single key can: required keys and relations
+// between keys.
+func (c *Config) Validate() error {
+	if c.Interface == "" {
+		return &KeyError{Key: "interface", Err: errors.New("required (set it in the file, or with -d IFACE)")}
+	}
+	if c.MTU != 0 && c.MTU+MaxRoCEOverhead > c.FrameSize {
+		return &KeyError{Key: "mtu", Err: fmt.Errorf("mtu %d plus %d bytes of headers does not fit frame-size %d", c.MTU, MaxRoCEOverhead, c.FrameSize)}
+	}
+	if c.UMEMSize%int64(c.FrameSize) != 0 || c.UMEMSize/int64(c.FrameSize) < MinUMEMFrames {
+		return &KeyError{Key: "umem-size", Err: fmt.Errorf("%d must be a multiple of frame-size %d and hold at least %d frames", c.UMEMSize, c.FrameSize, MinUMEMFrames)}
+	}
+	return nil
+}
+
+// MaxRoCEOverhead is the most header and trailer bytes around a RoCEv2
+// payload of one path MTU: Ethernet 14, VLAN 4, IPv6 40, UDP 8, BTH 12,
+// RETH 16 (the largest extension carried with payload), ImmDt 4, ICRC 4.
+const MaxRoCEOverhead = 14 + 4 + 40 + 8 + 12 + 16 + 4 + 4
+
+// MinUMEMFrames is the fewest frames a UMEM may hold: the fill and
+// completion rings need room for a few batches each.
+const MinUMEMFrames = 256
+
+// Flags binds every configuration key to a flag of the same name in fs, plus
+// --config FILE and -d (short for --interface). Flag values are recorded,
+// not applied: Load applies them after the file so that flags win.
+type Flags struct {
+	configPath string
+	sets       []flagSet
+}
+
+type flagSet struct{ key, value string }
+
+type keyFlag struct {
+	f    *Flags
+	name string
+}
+
+func (k keyFlag) String() string { return "" }
+func (k keyFlag) Set(v string) error {
+	kk := findKey(k.name)
+	// Check now, so the flag package reports the bad flag with its usage.
+	var scratch Config
+	if err := kk.set(&scratch, v); err != nil {
+		return err
+	}
+	k.f.sets = append(k.f.sets, flagSet{k.name, v})
+	return nil
+}
+
+// RegisterFlags adds the configuration flags to fs.
+func RegisterFlags(fs *flag.FlagSet) *Flags {
+	f := &Flags{}
+	fs.StringVar(&f.configPath, "config", "", "configuration `file` (key = value lines; flags override it)")
+	for _, k := range keys {
+		fs.Var(keyFlag{f, k.name}, k.name, k.usage)
+	}
+	fs.Var(keyFlag{f, "interface"}, "d", "Ethernet interface the RNIC runs on")
+	return f
+}
+
+// Load builds the configuration: defaults, then the --config file if given,
+// then the flags in command-line order; then validates it.
+func (f *Flags) Load() (Config, error) {
+	c := DefaultConfig()
+	if f.configPath != "" {
+		fh, err := os.Open(f.configPath)
+		if err != nil {
+			return c, err
+		}
+		err = c.ParseFile(f.configPath, fh)
+		fh.Close()
+		if err != nil {
+			return c, err
+		}
+	}
+	gidFromFlags := false
+	for _, s := range f.sets {
+		if s.key == "gid" && !gidFromFlags {
+			c.GIDs, gidFromFlags = nil, true // flags replace the file's list rather than extend it
+		}
+		if err := findKey(s.key).set(&c, s.value); err != nil {
+			return c, &KeyError{Source: "flag", Key: "--" + s.key, Err: err}
+		}
+	}
+	return c, c.Validate()
+}
+
+// LookupGroup resolves a group name or number to a gid.
+func LookupGroup(v string) (uint32, error) {
+	if n, err := strconv.ParseUint(v, 10, 32); err == nil {
+		return uint32(n), nil
+	}
+	g, err := user.LookupGroup(v)
+	if err != nil {
+		return 0, fmt.Errorf("no group %q", v)
+	}
+	n, err := strconv.ParseUint(g.Gid, 10, 32)
+	if err != nil {
+		return 0, fmt.Errorf("group %q has a non-numeric gid %q", v, g.Gid)
+	}
+	return uint32(n), nil
+}
+
+func parseInt(v string, lo, hi int64) (int64, error) {
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n < lo || n > hi {
+		return n, fmt.Errorf("%q is not an integer in %d..%d", v, lo, hi)
+	}
+	return n, nil
+}
+
+// parseSize reads a byte count with an optional binary suffix (K, M, G,
+// KiB, MiB, GiB: all powers of 1024, as memory is counted).
+func parseSize(v string) (int64, error) {
+	num := strings.TrimRight(v, "KMGiBkmgib")
+	unit := strings.ToLower(v[len(num):])
+	mult := map[string]int64{"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}[unit]
+	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)
+	if err != nil || mult == 0 || n <= 0 || n > (1<<40)/mult {
+		return 0, fmt.Errorf("%q is not a size (e.g. 16MiB)", v)
+	}
+	return n * mult, nil
+}
