@@ -14,9 +14,10 @@ import (
 	"net/netip"
 	"os"
 	"os/user"
-	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 )
 
 // DefaultControl is where the daemon listens and where every client command
@@ -50,41 +51,29 @@ type Config struct {
 	DCQCN DCQCNConfig
 }
 
-// DCQCNConfig selects a DCQCN profile and overrides single knobs of it. Knob
-// names and units are the ConnectX (mlx5) ones, so that a tuning that works on
-// a NIC carries over: rates in Mb/s, times in µs, alpha in 1/1024.
+// DCQCNConfig selects a DCQCN profile and, for the connectx profile,
+// overrides single knobs of it. Knob names, units and ranges are those of
+// congestion/dcqcn.ConnectX (the mlx5 ones), so a tuning read off a real NIC
+// carries over unchanged.
 type DCQCNConfig struct {
-	Profile string             // dcqcn.profile; paper, mlx-cx4, hpcc-mlx or off
-	Knobs   map[string]float64 // dcqcn.<knob>; only the knobs set explicitly
+	Profile string            // dcqcn.profile; connectx, paper, hpcc-mlx or off
+	Knobs   map[string]uint32 // dcqcn.<knob>; only the knobs set explicitly
 }
 
 // DCQCNProfiles are the profiles congestion/dcqcn implements; "off" disables
 // rate control (CNPs are still generated for peers that react to them).
-var DCQCNProfiles = []string{"paper", "mlx-cx4", "hpcc-mlx", "off"}
+var DCQCNProfiles = []string{"connectx", "paper", "hpcc-mlx", "off"}
 
-// dcqcnKnobs are the settable knobs with their valid ranges, from the mlx5
-// firmware's ranges (research/dcqcn-anchors.md §2.2). AI/HAI rates may be
-// fractional: softrnic has no integer-Mb/s limit.
-var dcqcnKnobs = map[string][2]float64{
-	"rpg_time_reset":                {1, 131071},
-	"rpg_byte_reset":                {1, 32767},
-	"rpg_threshold":                 {1, 31},
-	"rpg_ai_rate":                   {0, 1e6},
-	"rpg_hai_rate":                  {0, 1e6},
-	"rpg_max_rate":                  {0, 1e6},
-	"rpg_min_rate":                  {0, 1e6},
-	"rpg_min_dec_fac":               {0, 100},
-	"rpg_gd":                        {10, 11},
-	"rate_reduce_monitor_period":    {0, 131071},
-	"dce_tcp_g":                     {0, 1023},
-	"dce_tcp_rtt":                   {1, 131071},
-	"initial_alpha_value":           {0, 1023},
-	"rate_to_set_on_first_cnp":      {0, 1e6},
-	"clamp_tgt_rate":                {0, 1},
-	"clamp_tgt_rate_after_time_inc": {0, 1},
-	"min_time_between_cnps":         {0, 4095},
-	"cnp_dscp":                      {0, 63},
-	"cnp_802p_prio":                 {0, 7},
+// ConnectX returns the ConnectX firmware defaults with the configured knobs
+// applied.
+func (d DCQCNConfig) ConnectX() (dcqcn.ConnectX, error) {
+	cx := dcqcn.DefaultConnectX()
+	for k, v := range d.Knobs {
+		if err := cx.Set(k, v); err != nil {
+			return cx, &KeyError{Key: "dcqcn." + k, Err: err}
+		}
+	}
+	return cx, nil
 }
 
 // DefaultConfig is the configuration before any file or flag.
@@ -96,7 +85,7 @@ func DefaultConfig() Config {
 		ControlMode: 0o660,
 		LogLevel:    "info",
 		LogFormat:   "text",
-		DCQCN:       DCQCNConfig{Profile: "mlx-cx4", Knobs: map[string]float64{}},
+		DCQCN:       DCQCNConfig{Profile: "connectx", Knobs: map[string]uint32{}},
 	}
 }
 
@@ -209,23 +198,22 @@ var keys = []key{
 }
 
 func init() {
-	names := make([]string, 0, len(dcqcnKnobs))
-	for k := range dcqcnKnobs {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	for _, k := range names {
-		k, r := k, dcqcnKnobs[k]
-		keys = append(keys, key{name: "dcqcn." + k, usage: fmt.Sprintf("DCQCN knob %s (mlx5 units), %g..%g; default from the profile", k, r[0], r[1]),
+	for _, k := range dcqcn.KnobNames() {
+		k := k
+		keys = append(keys, key{name: "dcqcn." + k, usage: "DCQCN ConnectX knob " + k + " (mlx5 units); default from the firmware",
 			set: func(c *Config, v string) error {
-				f, err := strconv.ParseFloat(v, 64)
-				if err != nil || f < r[0] || f > r[1] {
-					return fmt.Errorf("%q is not a number in %g..%g", v, r[0], r[1])
+				n, err := strconv.ParseUint(v, 10, 32)
+				if err != nil {
+					return fmt.Errorf("%q is not a non-negative integer", v)
+				}
+				cx := dcqcn.DefaultConnectX()
+				if err := cx.Set(k, uint32(n)); err != nil {
+					return err
 				}
 				if c.DCQCN.Knobs == nil {
-					c.DCQCN.Knobs = map[string]float64{}
+					c.DCQCN.Knobs = map[string]uint32{}
 				}
-				c.DCQCN.Knobs[k] = f
+				c.DCQCN.Knobs[k] = uint32(n)
 				return nil
 			}})
 	}
@@ -344,6 +332,11 @@ func (c *Config) Validate() error {
 	}
 	if c.UMEMSize%int64(c.FrameSize) != 0 || c.UMEMSize/int64(c.FrameSize) < MinUMEMFrames {
 		return &KeyError{Key: "umem-size", Err: fmt.Errorf("%d must be a multiple of frame-size %d and hold at least %d frames", c.UMEMSize, c.FrameSize, MinUMEMFrames)}
+	}
+	if len(c.DCQCN.Knobs) > 0 && c.DCQCN.Profile != "connectx" {
+		for k := range c.DCQCN.Knobs {
+			return &KeyError{Key: "dcqcn." + k, Err: fmt.Errorf("knobs apply to dcqcn.profile connectx, not %s", c.DCQCN.Profile)}
+		}
 	}
 	return nil
 }

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 )
 
 const sampleConfig = `
@@ -29,7 +31,7 @@ log-level = debug
 log-format = json
 
 [dcqcn]
-profile = paper
+profile = connectx
 rpg_ai_rate = 40
 clamp_tgt_rate = 1
 `
@@ -46,9 +48,13 @@ func TestParseFullFile(t *testing.T) {
 	if c.Interface != "veth0" || c.Queues != 2 || c.UMEMSize != 32<<20 || c.FrameSize != 4096 || c.MTU != 2048 ||
 		len(c.GIDs) != 2 || c.GIDs[0] != want[0] || c.GIDs[1] != want[1] || c.Metrics != "127.0.0.1:9464" ||
 		c.Control != "/run/softrnic/test.sock" || c.ControlMode != 0o660 || c.ControlGroup != "root" ||
-		c.LogLevel != "debug" || c.LogFormat != "json" || c.DCQCN.Profile != "paper" ||
+		c.LogLevel != "debug" || c.LogFormat != "json" || c.DCQCN.Profile != "connectx" ||
 		c.DCQCN.Knobs["rpg_ai_rate"] != 40 || c.DCQCN.Knobs["clamp_tgt_rate"] != 1 || len(c.DCQCN.Knobs) != 2 {
 		t.Fatalf("parsed %+v", c)
+	}
+	cx, err := c.DCQCN.ConnectX()
+	if err != nil || cx.RPGAIRate != 40 || cx.ClampTgtRate != 1 || cx.RPGTimeReset != dcqcn.DefaultConnectX().RPGTimeReset {
+		t.Fatalf("ConnectX knobs %+v, %v", cx, err)
 	}
 }
 
@@ -60,6 +66,7 @@ func TestFileErrorsNameTheKey(t *testing.T) {
 		{"log_level = info\n", `did you mean "log-level"`},
 		{"rpg_ai_rate = 5\n", `did you mean "dcqcn.rpg_ai_rate"`},
 		{"[dcqcn]\nrpg_gd = 12\n", "x.conf:2: dcqcn.rpg_gd:"},
+		{"[dcqcn]\nrpg_ai_rate = 2.5\n", "x.conf:2: dcqcn.rpg_ai_rate:"},
 		{"[dcqcn]\nprofile = fast\n", "dcqcn.profile: \"fast\" is not a DCQCN profile"},
 		{"[nope]\n", "unknown section"},
 		{"interface eth0\n", `not "key = value"`},
@@ -92,6 +99,7 @@ func TestValidateRelations(t *testing.T) {
 		{func(c *Config) { c.MTU, c.FrameSize = 4096, 4096 }, "mtu: mtu 4096 plus"},
 		{func(c *Config) { c.UMEMSize = 4096*256 + 1 }, "umem-size:"},
 		{func(c *Config) { c.UMEMSize = 4096 * 10 }, "umem-size:"},
+		{func(c *Config) { c.DCQCN.Profile, c.DCQCN.Knobs = "paper", map[string]uint32{"rpg_gd": 10} }, "dcqcn.rpg_gd: knobs apply to dcqcn.profile connectx"},
 	} {
 		c := DefaultConfig()
 		c.Interface = "eth0"
@@ -115,7 +123,7 @@ func TestFlagsOverrideFile(t *testing.T) {
 	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
 	fs.SetOutput(new(bytes.Buffer))
 	f := RegisterFlags(fs)
-	err := fs.Parse([]string{"--config", path, "-d", "veth9", "--mtu", "1024", "--gid", "198.51.100.7", "--dcqcn.rpg_ai_rate", "7.5"})
+	err := fs.Parse([]string{"--config", path, "-d", "veth9", "--mtu", "1024", "--gid", "198.51.100.7", "--dcqcn.rpg_ai_rate", "7"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +132,7 @@ func TestFlagsOverrideFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.Interface != "veth9" || c.MTU != 1024 || c.Queues != 2 || len(c.GIDs) != 1 ||
-		c.GIDs[0] != netip.MustParseAddr("198.51.100.7") || c.DCQCN.Knobs["rpg_ai_rate"] != 7.5 || c.DCQCN.Profile != "paper" {
+		c.GIDs[0] != netip.MustParseAddr("198.51.100.7") || c.DCQCN.Knobs["rpg_ai_rate"] != 7 || c.DCQCN.Profile != "connectx" {
 		t.Fatalf("got %+v", c)
 	}
 
