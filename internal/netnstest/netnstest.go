@@ -258,3 +258,14 @@ func NewTestNS(tb testing.TB) *NS {
 	})
 	return n
 }
+
+// Open opens the handle of an existing namespace known by Name (for a child
+// process that was given the name).
+func (n *NS) Open() error {
+	h, err := netns.GetFromName(n.Name)
+	if err != nil {
+		return fmt.Errorf("netnstest: open %s: %w", n.Name, err)
+	}
+	n.handle = h
+	return nil
+}

@@ -1,0 +1,280 @@
+// Package afxdp is the AF_XDP implementation of port.Port: RoCEv2 frames are
+// steered to it by the XDP program of package bpf and carried through an
+// xsk.Socket, bypassing the kernel's network stack; everything else on the
+// interface stays with the kernel.
+//
+// MTU: frames larger than what one UMEM chunk receives (a 4096-byte chunk
+// holds 3840 bytes after the kernel's 256-byte XDP headroom) are carried as
+// AF_XDP multi-buffer frames (XDP_USE_SG, with the program loaded as
+// xdp.frags). The port turns this on by itself when the interface's MTU
+// needs it, so RoCE path MTU 4096 (a 4154-byte IPv4 frame on a ~4200-byte
+// netdev MTU, as rxe uses) works; such frames are reassembled into a
+// port-owned buffer (one copy), smaller ones are handed out as views into the
+// UMEM (no copy).
+package afxdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/softrnic/softrnic/bpf"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/xsk"
+	"golang.org/x/sys/unix"
+)
+
+// Config describes an AF_XDP port.
+type Config struct {
+	// IfIndex is the interface; it must be visible in the calling thread's
+	// network namespace.
+	IfIndex int
+	// Queue is the receive queue the port serves; a multi-queue NIC needs a
+	// port per queue sharing one Program.
+	Queue int
+	// Program is the attached steering program. Nil: the port loads one,
+	// attaches it to IfIndex and detaches it on Close.
+	Program *bpf.Program
+	// FrameSize, NumFrames, Headroom and Mode are passed to xsk.Config.
+	FrameSize uint32
+	NumFrames uint32
+	Headroom  uint32
+	Mode      xsk.Mode
+	// NoMultiBuffer refuses XDP multi-buffer: Open then fails when the
+	// interface's MTU does not fit one chunk.
+	NoMultiBuffer bool
+}
+
+// Stats is what the daemon publishes for an AF_XDP port.
+type Stats struct {
+	AttachMode bpf.AttachMode // driver or generic XDP
+	ZeroCopy   bool           // zero-copy or copy AF_XDP
+	Multi      bool           // multi-buffer in use
+	Socket     xsk.Stats
+	Program    bpf.Counters // summed over CPUs; shared by all queues of the interface
+	Oversize   uint64       // received multi-buffer frames dropped: over MaxFrame or too many segments
+}
+
+// Port is an AF_XDP port.port.Port.
+type Port struct {
+	sock     *xsk.Socket
+	prog     *bpf.Program
+	ownsProg bool
+	queue    int
+	maxFrame int
+
+	descs []unix.XDPDesc // Receive scratch
+	held  []unix.XDPDesc // frames lent to the caller until the next Recv
+
+	// Multi-buffer reassembly: part collects the segments of the frame in
+	// progress (it may span Recv calls); lent holds buffers handed out by
+	// the current Recv; spare holds buffers free for reuse.
+	part     []byte
+	partSegs int
+	partBad  bool
+	lent     [][]byte
+	spare    [][]byte
+	oversize uint64
+	closed   bool
+}
+
+var _ port.Port = (*Port)(nil)
+
+// l2Overhead is Ethernet plus one VLAN tag: what a frame adds to the MTU.
+const l2Overhead = 14 + 4
+
+// Open creates the socket, attaches (or reuses) the steering program and
+// registers the socket for its queue.
+func Open(cfg Config) (p *Port, err error) {
+	ifc, err := net.InterfaceByIndex(cfg.IfIndex)
+	if err != nil {
+		return nil, fmt.Errorf("afxdp: interface %d: %w", cfg.IfIndex, err)
+	}
+	fs := cfg.FrameSize
+	if fs == 0 {
+		fs = 4096
+	}
+	oneChunk := int(fs) - int(cfg.Headroom) - unix.XDP_PACKET_HEADROOM
+	need := ifc.MTU + l2Overhead
+	multi := need > oneChunk
+	if multi && cfg.NoMultiBuffer {
+		return nil, fmt.Errorf("afxdp: %s has MTU %d (frames up to %d bytes) but one %d-byte UMEM frame receives at most %d bytes; lower the MTU to %d or allow multi-buffer",
+			ifc.Name, ifc.MTU, need, fs, oneChunk, oneChunk-l2Overhead)
+	}
+	p = &Port{queue: cfg.Queue, prog: cfg.Program}
+	defer func() {
+		if err != nil {
+			p.Close()
+			p = nil
+		}
+	}()
+	if p.prog == nil {
+		if p.prog, err = bpf.Load(bpf.Options{Queues: max(cfg.Queue+1, 1)}); err != nil {
+			return p, fmt.Errorf("afxdp: %w", err)
+		}
+		p.ownsProg = true
+		if _, err = p.prog.Attach(cfg.IfIndex); err != nil {
+			return p, fmt.Errorf("afxdp: %w", err)
+		}
+	}
+	p.sock, err = xsk.Open(xsk.Config{
+		IfIndex: cfg.IfIndex, Queue: cfg.Queue,
+		FrameSize: fs, NumFrames: cfg.NumFrames, Headroom: cfg.Headroom,
+		Mode: cfg.Mode, MultiBuffer: multi, MaxFrame: need,
+	})
+	if err != nil {
+		return p, fmt.Errorf("afxdp: %w", err)
+	}
+	if multi {
+		p.maxFrame = need
+	} else {
+		p.maxFrame = oneChunk
+	}
+	if err = p.prog.Register(cfg.Queue, p.sock.FD()); err != nil {
+		return p, fmt.Errorf("afxdp: %w", err)
+	}
+	p.descs = make([]unix.XDPDesc, port.BatchSize)
+	p.held = make([]unix.XDPDesc, 0, port.BatchSize)
+	return p, nil
+}
+
+// Recv implements port.Port. Frames from the previous Recv go back to the
+// kernel first: that is what makes their views invalid.
+func (p *Port) Recv(frames [][]byte, timeout time.Duration) (int, error) {
+	if p.closed {
+		return 0, port.ErrClosed
+	}
+	p.sock.Fill(p.held)
+	p.held = p.held[:0]
+	p.spare = append(p.spare, p.lent...)
+	clear(p.lent)
+	p.lent = p.lent[:0]
+	if len(frames) == 0 {
+		return 0, nil
+	}
+	if cap(p.descs) < len(frames) {
+		p.descs = make([]unix.XDPDesc, len(frames))
+		p.held = make([]unix.XDPDesc, 0, len(frames))
+	}
+	if ok, err := p.sock.Wait(timeout); err != nil || !ok {
+		return 0, err
+	}
+	n := 0
+	// Each descriptor yields at most one frame, so taking len(frames)-n
+	// never overflows frames; a multi-buffer frame may need several passes.
+	// Bounded: each pass takes at least one descriptor or stops.
+	for pass := 0; pass <= maxSegs && n < len(frames); pass++ {
+		got := p.sock.Receive(p.descs[:len(frames)-n])
+		if got == 0 {
+			break
+		}
+		for _, d := range p.descs[:got] {
+			p.held = append(p.held, d)
+			contd := d.Options&unix.XDP_PKT_CONTD != 0
+			if p.part == nil && !contd {
+				if f := p.sock.Frame(d); f != nil {
+					frames[n] = f
+					n++
+				}
+				continue
+			}
+			if f, done := p.segment(d, contd); done && f != nil {
+				frames[n] = f
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// maxSegs is the most segments one received frame may have (the kernel's
+// copy-mode limit is MAX_SKB_FRAGS+1).
+const maxSegs = 18
+
+// segment adds one descriptor of a multi-buffer frame to the reassembly
+// buffer; done reports the frame's last segment, f is nil if it was dropped.
+func (p *Port) segment(d unix.XDPDesc, contd bool) (f []byte, done bool) {
+	if p.part == nil {
+		if k := len(p.spare); k > 0 {
+			p.part = p.spare[k-1][:0]
+			p.spare = p.spare[:k-1]
+		} else {
+			p.part = make([]byte, 0, p.maxFrame) // warm-up only: buffers are reused
+		}
+		p.partSegs, p.partBad = 0, false
+	}
+	seg := p.sock.Frame(d)
+	p.partSegs++
+	if p.partBad || p.partSegs > maxSegs || len(p.part)+len(seg) > p.maxFrame {
+		p.partBad = true
+	} else {
+		p.part = append(p.part, seg...)
+	}
+	if contd {
+		return nil, false
+	}
+	f = p.part
+	p.part = nil
+	if p.partBad {
+		p.oversize++
+		p.spare = append(p.spare, f[:0])
+		return nil, true
+	}
+	p.lent = append(p.lent, f)
+	return f, true
+}
+
+// Send implements port.Port.
+func (p *Port) Send(frames [][]byte) (int, error) {
+	if p.closed {
+		return 0, port.ErrClosed
+	}
+	n, err := p.sock.Transmit(frames)
+	if errors.Is(err, xsk.ErrFrameTooLarge) {
+		return n, fmt.Errorf("afxdp: frame %d is %d bytes, larger than %d: %w", n, len(frames[n]), p.MaxFrame(), err)
+	}
+	return n, err
+}
+
+// MaxFrame implements port.Port.
+func (p *Port) MaxFrame() int { return p.maxFrame }
+
+// Socket exposes the underlying socket (for benches and tests).
+func (p *Port) Socket() *xsk.Socket { return p.sock }
+
+// Program is the steering program in use.
+func (p *Port) Program() *bpf.Program { return p.prog }
+
+// Stats reads the socket's and the program's counters (slow path).
+func (p *Port) Stats() (Stats, error) {
+	if p.closed {
+		return Stats{}, port.ErrClosed
+	}
+	info := p.sock.Info()
+	st := Stats{AttachMode: p.prog.Mode(), ZeroCopy: info.ZeroCopy, Multi: info.MultiBuffer, Oversize: p.oversize}
+	var err1, err2 error
+	st.Socket, err1 = p.sock.Stats()
+	st.Program, err2 = p.prog.Counters()
+	return st, errors.Join(err1, err2)
+}
+
+// Close unregisters and closes the socket, and detaches the program if the
+// port attached it.
+func (p *Port) Close() error {
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var errs []error
+	if p.prog != nil && p.sock != nil {
+		errs = append(errs, p.prog.Unregister(p.queue))
+	}
+	if p.sock != nil {
+		errs = append(errs, p.sock.Close())
+	}
+	if p.ownsProg && p.prog != nil {
+		errs = append(errs, p.prog.Close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,294 @@
+package afxdp
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/xsk"
+)
+
+// openIn opens a port on l inside l's namespace.
+func openIn(t *testing.T, l *netnstest.Link, cfg Config) *Port {
+	t.Helper()
+	cfg.IfIndex = l.Index
+	var p *Port
+	if err := l.NS.Do(func() (err error) {
+		p, err = Open(cfg)
+		return err
+	}); err != nil {
+		t.Fatalf("open AF_XDP port on %s: %v", l.Name, err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// TestTransfer100k: 100 000 RoCEv2 frames of varied sizes from an AF_XDP
+// port in one namespace to one in another arrive in order and byte-exact,
+// while ping and TCP between the namespaces keep working.
+func TestTransfer100k(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A, Config{})
+	b := openIn(t, &pair.B, Config{})
+	st, err := b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("mode: XDP %v, zero-copy %v, multi-buffer %v, MaxFrame %d", st.AttachMode, st.ZeroCopy, st.Multi, b.MaxFrame())
+	if st.Multi {
+		t.Errorf("multi-buffer on at MTU 1500")
+	}
+
+	if got, err := pair.A.NS.Ping(pair.B.Addr, 3, 5*time.Second); err != nil || got != 3 {
+		t.Fatalf("ping with the program attached: %d/3 replies, %v", got, err)
+	}
+	if err := netnstest.TCPCheck(pair.A.NS, pair.B.NS, pair.B.Addr.String()); err != nil {
+		t.Fatalf("TCP with the program attached: %v", err)
+	}
+
+	const n = 100000
+	size := func(i int) int { return 60 + (i*37)%(1514-60+1) }
+	res, err := netnstest.Transfer(a, b, &pair.A, &pair.B, n, size, 1024, 90*time.Second)
+	t.Logf("%d frames in %v (%.0f frames/s)", res.Received, res.Elapsed, float64(res.Received)/res.Elapsed.Seconds())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err = b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Program.Steered < n {
+		t.Errorf("program steered %d, want at least %d", st.Program.Steered, n)
+	}
+	if st.Socket.RxDescs < n {
+		t.Errorf("socket took %d descriptors, want at least %d", st.Socket.RxDescs, n)
+	}
+	t.Logf("receiver stats: %+v", st)
+
+	// The kernel path still works after the burst.
+	if got, err := pair.B.NS.Ping(pair.A.Addr, 2, 5*time.Second); err != nil || got != 2 {
+		t.Fatalf("ping after the transfer: %d/2 replies, %v", got, err)
+	}
+}
+
+// TestMTU4096MultiBuffer: with a 4200-byte MTU the port turns multi-buffer
+// on and carries RoCE path-MTU-4096 frames (4154 bytes over IPv4) intact.
+func TestMTU4096MultiBuffer(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{MTU: 4200})
+	a := openIn(t, &pair.A, Config{})
+	b := openIn(t, &pair.B, Config{})
+	if b.MaxFrame() < 4154 {
+		t.Fatalf("MaxFrame %d < 4154", b.MaxFrame())
+	}
+	st, _ := b.Stats()
+	if !st.Multi {
+		t.Fatalf("multi-buffer not on at MTU 4200")
+	}
+	const n = 20000
+	size := func(i int) int {
+		switch i % 4 {
+		case 0:
+			return 4154 // 4096 payload + RETH + BTH + ICRC + IPv4/UDP/Eth
+		case 1:
+			return 3841 // one byte over a single chunk
+		case 2:
+			return 3840 // exactly one chunk
+		}
+		return 60 + i%4000
+	}
+	res, err := netnstest.Transfer(a, b, &pair.A, &pair.B, n, size, 512, 90*time.Second)
+	t.Logf("%d frames in %v", res.Received, res.Elapsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err = b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Half the frames exceed one chunk: they must have come as two segments.
+	if st.Socket.RxDescs < n+n/2 {
+		t.Errorf("%d descriptors for %d frames: multi-buffer segments missing", st.Socket.RxDescs, n)
+	}
+	// Too large for the port: refused with an error, not truncated.
+	big := make([]byte, a.MaxFrame()+1)
+	if k, err := a.Send([][]byte{big}); err == nil || k != 0 {
+		t.Errorf("Send of %d bytes: %d, %v; want 0 and an error", len(big), k, err)
+	}
+}
+
+// TestMTULimitWithoutMultiBuffer: refusing multi-buffer on a jumbo MTU is a
+// clear error at Open, never silent truncation.
+func TestMTULimitWithoutMultiBuffer(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{MTU: 4200})
+	err := pair.A.NS.Do(func() error {
+		p, err := Open(Config{IfIndex: pair.A.Index, NoMultiBuffer: true})
+		if err == nil {
+			p.Close()
+		}
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "MTU 4200") {
+		t.Fatalf("Open with NoMultiBuffer at MTU 4200: %v; want an MTU error", err)
+	}
+}
+
+func TestRecvSendAllocs(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A, Config{})
+	b := openIn(t, &pair.B, Config{})
+	frames := make([][]byte, port.BatchSize)
+	out := make([][]byte, 16)
+	buf := make([][]byte, 16)
+	for i := range out {
+		buf[i] = make([]byte, 128)
+		out[i] = netnstest.RoCEFrame(buf[i], &pair.A, &pair.B, uint32(i))
+	}
+	// Warm up (reassembly buffers, first completions).
+	for i := 0; i < 10; i++ {
+		a.Send(out)
+		b.Recv(frames, time.Millisecond)
+	}
+	allocs := testing.AllocsPerRun(200, func() {
+		a.Send(out)
+		b.Recv(frames, 0)
+	})
+	if allocs != 0 {
+		t.Errorf("Send+Recv allocate %.1f times per batch, want 0", allocs)
+	}
+}
+
+func TestClosed(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A, Config{})
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Recv(make([][]byte, 1), 0); err != port.ErrClosed {
+		t.Errorf("Recv after Close: %v", err)
+	}
+	if _, err := a.Send([][]byte{make([]byte, 60)}); err != port.ErrClosed {
+		t.Errorf("Send after Close: %v", err)
+	}
+	if err := a.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	// The program was detached by Close.
+	out, err := pair.A.NS.IP("link", "show", "dev", pair.A.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "prog/xdp") {
+		t.Errorf("XDP program still attached after Close:\n%s", out)
+	}
+}
+
+// childEnv makes the test binary act as a process that attaches the program
+// and waits to be killed.
+const childEnv = "SOFTRNIC_AFXDP_CHILD"
+
+func TestMain(m *testing.M) {
+	if v := os.Getenv(childEnv); v != "" {
+		os.Exit(child(v))
+	}
+	os.Exit(m.Run())
+}
+
+// child opens a port on ifindex (in the namespace given) and reports "ready";
+// it then waits, bounded, for the parent's SIGKILL.
+func child(arg string) int {
+	nsName, idx, _ := strings.Cut(arg, ":")
+	ifindex, err := strconv.Atoi(idx)
+	if err != nil {
+		fmt.Println("bad argument", arg)
+		return 2
+	}
+	ns := &netnstest.NS{Name: nsName}
+	if err := ns.Open(); err != nil {
+		fmt.Println("open namespace:", err)
+		return 2
+	}
+	var p *Port
+	if err := ns.Do(func() (err error) {
+		p, err = Open(Config{IfIndex: ifindex})
+		return err
+	}); err != nil {
+		fmt.Println("open port:", err)
+		return 2
+	}
+	_ = p
+	fmt.Println("ready")
+	time.Sleep(30 * time.Second)
+	return 3
+}
+
+// TestDetachedWhenProcessDies: a process that attached the program and is
+// SIGKILLed leaves no XDP program on the interface (the BPF link dies with
+// its last file descriptor).
+func TestDetachedWhenProcessDies(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s:%d", childEnv, pair.A.NS.Name, pair.A.Index))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	killed := false
+	t.Cleanup(func() {
+		if !killed {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(out)
+		s.Scan()
+		line <- s.Text()
+	}()
+	select {
+	case l := <-line:
+		if l != "ready" {
+			t.Fatalf("child: %q", l)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("child did not attach within 20s")
+	}
+	show, err := pair.A.NS.IP("link", "show", "dev", pair.A.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(show, "prog/xdp") {
+		t.Fatalf("child reported ready but no XDP program is attached:\n%s", show)
+	}
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Wait()
+	killed = true
+	// The link is released as the process's files close; allow the kernel a
+	// bounded moment to finish.
+	for i := 0; i < 100; i++ {
+		show, err = pair.A.NS.IP("link", "show", "dev", pair.A.Name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(show, "prog/xdp") {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("XDP program still attached after the process was killed:\n%s", show)
+}
+
+var _ = xsk.ModeAuto

@@ -1,0 +1,518 @@
+// Package xsk is softrnic's own AF_XDP socket implementation, written directly
+// on golang.org/x/sys/unix.
+//
+// A Socket owns one UMEM (a region of frames shared with the kernel) and the
+// four rings: FILL and RX carry received frames (we give the kernel empty
+// frames on FILL, it hands them back filled on RX), TX and COMPLETION carry
+// transmitted frames (we post filled frames on TX, the kernel returns them on
+// COMPLETION once sent). The UMEM is split in two disjoint pools: frames that
+// circulate between FILL and RX, and frames that circulate between a free
+// stack, TX and COMPLETION, so a frame is never on two rings at once.
+//
+// A Socket is bound to one (interface, queue); on a multi-queue NIC open one
+// Socket per queue, each with its own UMEM, and register each in the steering
+// program's XSKMAP under its queue. A Socket is used by one goroutine: its
+// rings are single-producer single-consumer and it holds no lock.
+package xsk
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Mode asks for a bind mode.
+type Mode int
+
+const (
+	// ModeAuto tries zero-copy and falls back to copy (the kernel's default).
+	ModeAuto Mode = iota
+	// ModeCopy forces copy mode (XDP_COPY).
+	ModeCopy
+	// ModeZeroCopy forces zero-copy (XDP_ZEROCOPY); bind fails without it.
+	ModeZeroCopy
+)
+
+// Config describes a socket. Zero values take the defaults.
+type Config struct {
+	IfIndex int
+	Queue   int
+	// FrameSize is the UMEM chunk size: 2048 or 4096 (default 4096).
+	FrameSize uint32
+	// NumFrames is the number of UMEM frames, a power of two (default 4096);
+	// half feed the receive path, half the transmit path.
+	NumFrames uint32
+	// Headroom is reserved by the kernel before each received frame.
+	Headroom uint32
+	// Mode selects zero-copy or copy.
+	Mode Mode
+	// MultiBuffer binds with XDP_USE_SG, so that a frame larger than one
+	// chunk is carried in several descriptors (XDP_PKT_CONTD). The XDP
+	// program must be loaded with frags support (ours is).
+	MultiBuffer bool
+	// NoNeedWakeup disables XDP_USE_NEED_WAKEUP (on by default: without it
+	// every transmit needs a syscall and the driver spins on an empty FILL).
+	NoNeedWakeup bool
+	// MaxFrame bounds the frames Transmit accepts with MultiBuffer
+	// (default 9018: a 9000-byte MTU plus Ethernet and a VLAN tag).
+	MaxFrame int
+}
+
+// ErrFrameTooLarge is returned by Transmit for a frame that does not fit.
+var ErrFrameTooLarge = errors.New("xsk: frame larger than the socket can carry")
+
+// ErrClosed is returned after Close.
+var ErrClosed = errors.New("xsk: socket closed")
+
+// maxSegments bounds the descriptors of one multi-buffer frame: the kernel's
+// copy mode takes at most MAX_SKB_FRAGS+1 (18 is portable).
+const maxSegments = 18
+
+// Info says what the kernel gave us.
+type Info struct {
+	ZeroCopy    bool // XDP_OPTIONS_ZEROCOPY: frames are DMAed into the UMEM
+	NeedWakeup  bool
+	MultiBuffer bool
+	FrameSize   uint32
+	Headroom    uint32
+	RxFrames    uint32 // frames in the FILL/RX pool
+	TxFrames    uint32 // frames in the TX/COMPLETION pool
+	// MaxRxSegment is the largest frame (or segment of a multi-buffer
+	// frame) the kernel can write into one chunk.
+	MaxRxSegment int
+}
+
+// Stats are the kernel's XDP_STATISTICS plus our own counters.
+type Stats struct {
+	RxDropped        uint64 // dropped by the kernel for other reasons
+	RxInvalidDescs   uint64
+	TxInvalidDescs   uint64
+	RxRingFull       uint64 // dropped because our RX ring was full
+	RxFillRingEmpty  uint64 // the kernel found no frame on FILL
+	TxRingEmptyDescs uint64
+
+	RxDescs         uint64 // descriptors taken from RX
+	TxDescs         uint64 // descriptors posted on TX
+	TxCompleted     uint64 // descriptors returned on COMPLETION
+	Kicks           uint64 // sendto wakeups issued
+	KicksSuppressed uint64 // wakeups skipped because need_wakeup was clear
+	Polls           uint64 // poll syscalls in Wait
+	TxNoFrame       uint64 // Transmit stopped: no free frame or TX slot
+}
+
+// Socket is one AF_XDP socket with its UMEM and rings.
+type Socket struct {
+	fd   int
+	cfg  Config
+	info Info
+	umem []byte
+
+	fill, comp addrRing
+	rx, tx     descRing
+
+	txFree []uint64 // stack of free TX frame addresses: O(1) alloc and free
+	pfd    []unix.PollFd
+	stats  Stats
+	closed bool
+}
+
+func sockopt(fd, level, name int, p unsafe.Pointer, size uintptr) error {
+	_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(p), size, 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func getsockopt(fd, level, name int, p unsafe.Pointer, size uintptr) error {
+	l := uint32(size)
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(p), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func pow2(v uint32) bool { return v != 0 && v&(v-1) == 0 }
+
+// Open creates, maps and binds a socket (needs CAP_NET_RAW; binding to a
+// queue without an XDP program attached succeeds but receives nothing).
+func Open(cfg Config) (s *Socket, err error) {
+	if cfg.FrameSize == 0 {
+		cfg.FrameSize = 4096
+	}
+	if cfg.NumFrames == 0 {
+		cfg.NumFrames = 4096
+	}
+	if cfg.MaxFrame == 0 {
+		cfg.MaxFrame = 9018
+	}
+	if cfg.FrameSize != 2048 && cfg.FrameSize != 4096 {
+		return nil, fmt.Errorf("xsk: frame size %d: must be 2048 or 4096", cfg.FrameSize)
+	}
+	if !pow2(cfg.NumFrames) || cfg.NumFrames < 8 {
+		return nil, fmt.Errorf("xsk: %d frames: must be a power of two, at least 8", cfg.NumFrames)
+	}
+	if cfg.Headroom+unix.XDP_PACKET_HEADROOM+128 > cfg.FrameSize {
+		return nil, fmt.Errorf("xsk: headroom %d leaves no room in a %d-byte frame", cfg.Headroom, cfg.FrameSize)
+	}
+	half := cfg.NumFrames / 2
+	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("xsk: socket: %w", err)
+	}
+	s = &Socket{fd: fd, cfg: cfg, pfd: []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}}
+	defer func() {
+		if err != nil {
+			s.Close()
+			s = nil
+		}
+	}()
+
+	s.umem, err = unix.Mmap(-1, 0, int(cfg.NumFrames*cfg.FrameSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	if err != nil {
+		return s, fmt.Errorf("xsk: mmap UMEM: %w", err)
+	}
+	reg := unix.XDPUmemReg{
+		Addr:     uint64(uintptr(unsafe.Pointer(&s.umem[0]))),
+		Len:      uint64(len(s.umem)),
+		Size:     cfg.FrameSize,
+		Headroom: cfg.Headroom,
+	}
+	if err := sockopt(fd, unix.SOL_XDP, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
+		return s, fmt.Errorf("xsk: XDP_UMEM_REG: %w", err)
+	}
+	ringSize := half
+	for _, o := range []int{unix.XDP_UMEM_FILL_RING, unix.XDP_UMEM_COMPLETION_RING, unix.XDP_RX_RING, unix.XDP_TX_RING} {
+		if err := sockopt(fd, unix.SOL_XDP, o, unsafe.Pointer(&ringSize), 4); err != nil {
+			return s, fmt.Errorf("xsk: ring size option %d: %w", o, err)
+		}
+	}
+	var off unix.XDPMmapOffsets
+	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_MMAP_OFFSETS, unsafe.Pointer(&off), unsafe.Sizeof(off)); err != nil {
+		return s, fmt.Errorf("xsk: XDP_MMAP_OFFSETS: %w", err)
+	}
+	mapRing := func(o unix.XDPRingOffset, pgoff int64, entry uint64) ([]byte, error) {
+		return unix.Mmap(fd, pgoff, int(o.Desc+uint64(ringSize)*entry), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	}
+	var m []byte
+	if m, err = mapRing(off.Fr, unix.XDP_UMEM_PGOFF_FILL_RING, 8); err != nil {
+		return s, fmt.Errorf("xsk: mmap FILL: %w", err)
+	}
+	s.fill.init(m, off.Fr, ringSize, true)
+	if m, err = mapRing(off.Cr, unix.XDP_UMEM_PGOFF_COMPLETION_RING, 8); err != nil {
+		return s, fmt.Errorf("xsk: mmap COMPLETION: %w", err)
+	}
+	s.comp.init(m, off.Cr, ringSize, false)
+	if m, err = mapRing(off.Rx, unix.XDP_PGOFF_RX_RING, 16); err != nil {
+		return s, fmt.Errorf("xsk: mmap RX: %w", err)
+	}
+	s.rx.init(m, off.Rx, ringSize, false)
+	if m, err = mapRing(off.Tx, unix.XDP_PGOFF_TX_RING, 16); err != nil {
+		return s, fmt.Errorf("xsk: mmap TX: %w", err)
+	}
+	s.tx.init(m, off.Tx, ringSize, true)
+
+	// Frames [0, half) feed FILL; frames [half, NumFrames) are the TX pool.
+	// The FILL ring must be populated before bind: some drivers assume it.
+	for i := uint32(0); i < half; i++ {
+		s.fill.addrs[(s.fill.cachedProducer+i)&s.fill.mask] = uint64(i) * uint64(cfg.FrameSize)
+	}
+	s.fill.cachedProducer += half
+	s.fill.producer.Store(s.fill.cachedProducer)
+	s.txFree = make([]uint64, 0, half)
+	for i := cfg.NumFrames - 1; i >= half; i-- {
+		s.txFree = append(s.txFree, uint64(i)*uint64(cfg.FrameSize))
+	}
+
+	var flags uint16
+	switch cfg.Mode {
+	case ModeCopy:
+		flags |= unix.XDP_COPY
+	case ModeZeroCopy:
+		flags |= unix.XDP_ZEROCOPY
+	}
+	if !cfg.NoNeedWakeup {
+		flags |= unix.XDP_USE_NEED_WAKEUP
+	}
+	if cfg.MultiBuffer {
+		flags |= unix.XDP_USE_SG
+	}
+	sa := &unix.SockaddrXDP{Flags: flags, Ifindex: uint32(cfg.IfIndex), QueueID: uint32(cfg.Queue)}
+	if err := unix.Bind(fd, sa); err != nil {
+		return s, fmt.Errorf("xsk: bind ifindex %d queue %d (flags %#x): %w", cfg.IfIndex, cfg.Queue, flags, err)
+	}
+	var opts uint32
+	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_OPTIONS, unsafe.Pointer(&opts), 4); err != nil {
+		return s, fmt.Errorf("xsk: XDP_OPTIONS: %w", err)
+	}
+	// Copy mode sends at most a budget of frames per sendto; a larger
+	// budget (kernel 6.17+) means fewer syscalls. Older kernels refuse the
+	// option, which only costs kicks.
+	budget := uint32(ringSize)
+	_ = sockopt(fd, unix.SOL_XDP, unix.XDP_MAX_TX_SKB_BUDGET, unsafe.Pointer(&budget), 4)
+
+	s.info = Info{
+		ZeroCopy:     opts&unix.XDP_OPTIONS_ZEROCOPY != 0,
+		NeedWakeup:   !cfg.NoNeedWakeup,
+		MultiBuffer:  cfg.MultiBuffer,
+		FrameSize:    cfg.FrameSize,
+		Headroom:     cfg.Headroom,
+		RxFrames:     half,
+		TxFrames:     cfg.NumFrames - half,
+		MaxRxSegment: int(cfg.FrameSize - cfg.Headroom - unix.XDP_PACKET_HEADROOM),
+	}
+	return s, nil
+}
+
+// FD is the socket's descriptor, to register in the XSKMAP.
+func (s *Socket) FD() int { return s.fd }
+
+// Info reports the mode obtained and the geometry.
+func (s *Socket) Info() Info { return s.info }
+
+// MaxTxFrame is the largest frame Transmit accepts.
+func (s *Socket) MaxTxFrame() int {
+	if s.cfg.MultiBuffer {
+		return min(s.cfg.MaxFrame, maxSegments*int(s.cfg.FrameSize))
+	}
+	return int(s.cfg.FrameSize)
+}
+
+// Receive takes up to len(descs) descriptors from the RX ring into descs and
+// returns how many. The frames they point to belong to the caller until it
+// gives them back with Fill. A descriptor with XDP_PKT_CONTD in Options is
+// followed by the next segment of the same frame (multi-buffer only).
+func (s *Socket) Receive(descs []unix.XDPDesc) int {
+	if s.closed {
+		return 0
+	}
+	n := s.rx.available(uint32(len(descs)))
+	if n > uint32(len(descs)) {
+		n = uint32(len(descs))
+	}
+	if n == 0 {
+		return 0
+	}
+	c := s.rx.cachedConsumer
+	for i := uint32(0); i < n; i++ {
+		descs[i] = s.rx.descs[(c+i)&s.rx.mask]
+	}
+	s.rx.cachedConsumer = c + n
+	s.rx.consumer.Store(s.rx.cachedConsumer)
+	s.stats.RxDescs += uint64(n)
+	return int(n)
+}
+
+// Frame returns the bytes of a received descriptor: a view into the UMEM,
+// valid until the frame is given back with Fill.
+func (s *Socket) Frame(d unix.XDPDesc) []byte {
+	// The kernel only writes in-bounds descriptors; the check keeps a
+	// corrupted ring from turning into a wild slice.
+	if d.Addr+uint64(d.Len) > uint64(len(s.umem)) {
+		return nil
+	}
+	return s.umem[d.Addr : d.Addr+uint64(d.Len) : d.Addr+uint64(d.Len)]
+}
+
+// Fill gives received frames back to the kernel through the FILL ring. The
+// FILL ring is as large as the receive pool, so it always has room.
+func (s *Socket) Fill(descs []unix.XDPDesc) {
+	if s.closed || len(descs) == 0 {
+		return
+	}
+	n := uint32(len(descs))
+	if free := s.fill.free(n); free < n {
+		// Cannot happen while frames are only ever given back once; refuse
+		// rather than overwrite entries the kernel has not read.
+		n = free
+	}
+	p := s.fill.cachedProducer
+	mask := ^uint64(s.cfg.FrameSize - 1)
+	for i := uint32(0); i < n; i++ {
+		s.fill.addrs[(p+i)&s.fill.mask] = descs[i].Addr & mask
+	}
+	s.fill.cachedProducer = p + n
+	s.fill.producer.Store(s.fill.cachedProducer)
+	if s.info.NeedWakeup && s.fill.needWakeup() {
+		// The driver ran dry and sleeps until told the FILL ring has
+		// frames again: recvfrom is the cheapest wakeup.
+		unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+	}
+}
+
+// Wait blocks until the RX ring has descriptors or timeout passes; it returns
+// at once when descriptors are already there.
+func (s *Socket) Wait(timeout time.Duration) (bool, error) {
+	if s.closed {
+		return false, ErrClosed
+	}
+	if s.rx.available(1) > 0 {
+		return true, nil
+	}
+	if timeout <= 0 {
+		return false, nil
+	}
+	ms := int(timeout / time.Millisecond)
+	if ms == 0 {
+		ms = 1
+	}
+	s.stats.Polls++
+	n, err := unix.Poll(s.pfd, ms)
+	if err != nil && err != unix.EINTR {
+		return false, fmt.Errorf("xsk: poll: %w", err)
+	}
+	return n > 0 && s.rx.available(1) > 0, nil
+}
+
+// Complete moves transmitted frames from the COMPLETION ring back to the free
+// stack and returns how many.
+func (s *Socket) Complete() int {
+	if s.closed {
+		return 0
+	}
+	n := s.comp.available(s.comp.size)
+	if n == 0 {
+		return 0
+	}
+	c := s.comp.cachedConsumer
+	for i := uint32(0); i < n; i++ {
+		s.txFree = append(s.txFree, s.comp.addrs[(c+i)&s.comp.mask])
+	}
+	s.comp.cachedConsumer = c + n
+	s.comp.consumer.Store(s.comp.cachedConsumer)
+	s.stats.TxCompleted += uint64(n)
+	return int(n)
+}
+
+// Transmit copies frames into free TX frames, posts them on the TX ring and
+// wakes the kernel if it asked for it. It returns how many frames were taken:
+// fewer than len(frames) with a nil error means no free frame or TX slot is
+// left (back-pressure; call again after completions). A frame larger than
+// MaxTxFrame stops the batch with ErrFrameTooLarge, counting frames before it.
+func (s *Socket) Transmit(frames [][]byte) (int, error) {
+	if s.closed {
+		return 0, ErrClosed
+	}
+	s.Complete()
+	fs := int(s.cfg.FrameSize)
+	free := s.tx.free(uint32(len(frames)))
+	p := s.tx.cachedProducer
+	posted := uint32(0)
+	taken := 0
+	var err error
+	for _, f := range frames {
+		if len(f) == 0 || len(f) > s.MaxTxFrame() {
+			err = ErrFrameTooLarge
+			break
+		}
+		segs := (len(f) + fs - 1) / fs
+		if uint32(segs) > free-posted || segs > len(s.txFree) {
+			s.stats.TxNoFrame++
+			break
+		}
+		for off := 0; off < len(f); off += fs {
+			addr := s.txFree[len(s.txFree)-1]
+			s.txFree = s.txFree[:len(s.txFree)-1]
+			end := min(off+fs, len(f))
+			copy(s.umem[addr:addr+uint64(fs)], f[off:end])
+			d := &s.tx.descs[(p+posted)&s.tx.mask]
+			d.Addr, d.Len, d.Options = addr, uint32(end-off), 0
+			if end < len(f) {
+				d.Options = unix.XDP_PKT_CONTD
+			}
+			posted++
+		}
+		taken++
+	}
+	if posted > 0 {
+		s.tx.cachedProducer = p + posted
+		s.tx.producer.Store(s.tx.cachedProducer)
+		s.stats.TxDescs += uint64(posted)
+	}
+	if kerr := s.Kick(); kerr != nil && err == nil {
+		err = kerr
+	}
+	return taken, err
+}
+
+// Kick wakes the kernel to send what the TX ring holds, if it needs waking.
+// Busy conditions (EAGAIN, EBUSY, ENOBUFS) are not errors: the frames stay on
+// the ring and the next Kick sends them.
+func (s *Socket) Kick() error {
+	if s.closed {
+		return ErrClosed
+	}
+	if s.tx.cachedProducer == s.tx.consumer.Load() {
+		return nil
+	}
+	if s.info.NeedWakeup && !s.tx.needWakeup() {
+		s.stats.KicksSuppressed++
+		return nil
+	}
+	// Copy mode sends a budget of frames per call and says EAGAIN while more
+	// remain: go round while each call makes progress, bounded by the ring.
+	for i := uint32(0); i <= s.tx.size; i++ {
+		before := s.tx.consumer.Load()
+		s.stats.Kicks++
+		_, _, e := unix.Syscall6(unix.SYS_SENDTO, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		switch e {
+		case 0:
+			return nil
+		case unix.EAGAIN:
+			after := s.tx.consumer.Load()
+			if after == s.tx.cachedProducer || after == before {
+				return nil
+			}
+		case unix.EBUSY, unix.ENOBUFS, unix.EINTR:
+			return nil
+		default:
+			return fmt.Errorf("xsk: sendto: %w", e)
+		}
+	}
+	return nil
+}
+
+// TxPending is the number of TX frames not yet completed.
+func (s *Socket) TxPending() int { return int(s.info.TxFrames) - len(s.txFree) }
+
+// Stats reads XDP_STATISTICS and returns it with our counters.
+func (s *Socket) Stats() (Stats, error) {
+	if s.closed {
+		return s.stats, ErrClosed
+	}
+	var k unix.XDPStatistics
+	if err := getsockopt(s.fd, unix.SOL_XDP, unix.XDP_STATISTICS, unsafe.Pointer(&k), unsafe.Sizeof(k)); err != nil {
+		return s.stats, fmt.Errorf("xsk: XDP_STATISTICS: %w", err)
+	}
+	st := s.stats
+	st.RxDropped = k.Rx_dropped
+	st.RxInvalidDescs = k.Rx_invalid_descs
+	st.TxInvalidDescs = k.Tx_invalid_descs
+	st.RxRingFull = k.Rx_ring_full
+	st.RxFillRingEmpty = k.Rx_fill_ring_empty_descs
+	st.TxRingEmptyDescs = k.Tx_ring_empty_descs
+	return st, nil
+}
+
+// Close unbinds the socket and releases the rings and the UMEM.
+func (s *Socket) Close() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	err := unix.Close(s.fd)
+	for _, m := range [][]byte{s.fill.mem, s.comp.mem, s.rx.mem, s.tx.mem, s.umem} {
+		if m != nil {
+			if e := unix.Munmap(m); e != nil && err == nil {
+				err = e
+			}
+		}
+	}
+	s.fill, s.comp, s.rx, s.tx = addrRing{}, addrRing{}, descRing{}, descRing{}
+	s.umem = nil
+	return err
+}
