@@ -1,0 +1,246 @@
+package rc
+
+import (
+	"encoding/binary"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// receiveResponse is the completer: it consumes ACKs, NAKs, READ responses
+// and ATOMIC ACKs. end is where the payload ends (pad excluded).
+func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end int) {
+	r := &q.req
+	h := bth.BTH(pkt)
+	pp := h.PSN()
+	// A response must be for a PSN we sent: [compPSN-1, psn).
+	if r.head == r.next || !pp.Less(r.psn) || pp.Less(r.compPSN.Prev()) {
+		q.GhostResponse++
+		return
+	}
+	var syn uint8
+	if o := op.Offset(bth.ExtAETH); o >= 0 {
+		syn = AETH(pkt[o:]).Syndrome()
+	}
+	nakLike := op.IsAck() && syn&0xE0 != 0
+	// Implicit completion: every SEND/WRITE ending before pp is done. A
+	// READ/ATOMIC ending before pp lost its response: go back to it.
+	progress := false
+	for r.head != r.next {
+		e := r.entry(r.head)
+		if e.state == wqePosted || !e.lastPSN.Less(pp) {
+			break
+		}
+		if e.Opcode.IsReadOrAtomic() {
+			q.retry(now, r.compPSN)
+			return
+		}
+		r.compPSN = e.lastPSN.Next()
+		q.completeSend(e, wr.Success)
+		r.head++
+		progress = true
+	}
+	if progress {
+		q.progress(now)
+	}
+	if r.head == r.next {
+		q.idle()
+		return
+	}
+	e := r.entry(r.head)
+	switch {
+	case op.IsAck():
+		q.handleAck(now, e, pp, syn, nakLike)
+	case op.IsReadResponse():
+		if op != bth.RCRDMAReadResponseMiddle && AETH(pkt[op.Offset(bth.ExtAETH):]).Syndrome()&0xE0 != 0 {
+			q.RxDropped++
+			return
+		}
+		q.handleReadResponse(now, e, pp, op, pkt[hl:end])
+	case op.IsAtomicAck():
+		if syn&0xE0 != 0 || e.state != wqeSent || !e.Opcode.IsAtomic() || pp != e.firstPSN || pp != r.compPSN {
+			q.RxDropped++
+			return
+		}
+		orig := bth.AtomicAckETH(pkt[op.Offset(bth.ExtAtomicAckETH):]).Orig()
+		var b [8]byte
+		binary.NativeEndian.PutUint64(b[:], orig)
+		wr.CopyOut(e.SG, 0, b[:])
+		q.finishHead(now, e)
+	default:
+		q.RxDropped++
+	}
+}
+
+func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak bool) {
+	r := &q.req
+	switch {
+	case syn&0xE0 == 0x00: // ACK
+		if pp.Less(r.compPSN) || e.Opcode.IsReadOrAtomic() || pp.Less(e.firstPSN) {
+			// Stale, or an ACK inside a READ/ATOMIC range (only its
+			// response completes it): nothing to learn.
+			return
+		}
+		// Partial ACK of a multi-packet SEND/WRITE.
+		r.compPSN = pp.Next()
+		q.progress(now)
+		if pp == e.lastPSN && e.state == wqeSent {
+			q.finishHead(now, e)
+		}
+	case syn&0xE0 == SynRNRNAK:
+		if pp.Less(r.compPSN) {
+			return
+		}
+		if pp.Diff(r.compPSN) > 0 {
+			r.compPSN = pp
+		}
+		if r.rnrLeft == 0 {
+			q.completeSend(e, wr.RNRRetryExcErr)
+			r.head++
+			q.fail(wr.RNRRetryExcErr)
+			return
+		}
+		if r.rnrLeft != 7 {
+			r.rnrLeft--
+		}
+		q.RNRWaits++
+		r.rnrWait = true
+		r.rnrAt = now.Add(RNRDelay(syn & 31))
+		r.timer = clock.Never
+		r.rnrPSN = pp
+	case syn == SynNAKPSNSeq:
+		if pp.Less(r.compPSN) {
+			return
+		}
+		// Everything before pp was received: the NAK acknowledges it.
+		if pp.Diff(r.compPSN) > 0 && !e.Opcode.IsReadOrAtomic() {
+			r.compPSN = pp
+		}
+		q.retry(now, pp)
+	default:
+		st := wr.RemOpErr
+		switch syn {
+		case SynNAKInvReq:
+			st = wr.RemInvReqErr
+		case SynNAKRemAccess:
+			st = wr.RemAccessErr
+		}
+		if pp.Less(r.compPSN) {
+			return
+		}
+		q.completeSend(e, st)
+		r.head++
+		q.fail(st)
+	}
+}
+
+func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth.Opcode, pay []byte) {
+	r := &q.req
+	if e.Opcode != wr.RDMARead || e.state == wqePosted || pp != r.compPSN || pp.Less(e.firstPSN) || e.lastPSN.Less(pp) {
+		q.RxDropped++
+		return
+	}
+	off := uint32(pp.Diff(e.firstPSN)) * uint32(q.cfg.MTU)
+	remain := e.Length - off
+	last := pp == e.lastPSN
+	if last {
+		if !(op.IsLast() || op.IsOnly()) || uint32(len(pay)) != remain {
+			q.badResponse(e)
+			return
+		}
+	} else if !(op.IsFirst() || op.IsMiddle()) || len(pay) != q.cfg.MTU {
+		q.badResponse(e)
+		return
+	}
+	wr.CopyOut(e.SG, off, pay)
+	e.got = off + uint32(len(pay))
+	r.compPSN = pp.Next()
+	q.progress(now)
+	if last {
+		q.finishHead(now, e)
+	}
+}
+
+// badResponse: a response that cannot belong to the request (wrong length
+// or opcode at its PSN) is a fatal protocol error (BAD_RESP_ERR).
+func (q *QP) badResponse(e *sendEntry) {
+	q.completeSend(e, wr.BadRespErr)
+	q.req.head++
+	q.fail(wr.BadRespErr)
+}
+
+// finishHead completes the WQE at head successfully.
+func (q *QP) finishHead(now clock.Time, e *sendEntry) {
+	r := &q.req
+	if e.Opcode.IsReadOrAtomic() {
+		r.rdAtomic--
+	}
+	r.compPSN = e.lastPSN.Next()
+	q.completeSend(e, wr.Success)
+	r.head++
+	q.progress(now)
+	if r.head == r.next {
+		q.idle()
+	}
+}
+
+// progress notes forward progress: fresh retry budgets, timer restarted.
+func (q *QP) progress(now clock.Time) {
+	r := &q.req
+	r.retryLeft = q.cfg.RetryCnt
+	r.rnrLeft = q.cfg.RNRRetry
+	if r.rto != 0 {
+		r.timer = now + r.rto
+	}
+}
+
+// idle disarms the timer when nothing is outstanding.
+func (q *QP) idle() {
+	if q.req.head == q.req.next {
+		q.req.timer = clock.Never
+	}
+}
+
+// retry spends one transport retry and goes back to PSN p, or fails the
+// head WQE with RETRY_EXC_ERR when the budget is gone. retry_cnt 7 is 7
+// retries, not infinity (IBA C9-130); only rnr_retry 7 is infinite.
+func (q *QP) retry(now clock.Time, p bth.PSN) {
+	r := &q.req
+	if r.retryLeft == 0 {
+		e := r.entry(r.head)
+		q.completeSend(e, wr.RetryExcErr)
+		r.head++
+		q.fail(wr.RetryExcErr)
+		return
+	}
+	r.retryLeft--
+	q.rewind(p)
+	if r.rto != 0 {
+		r.timer = now + r.rto
+	}
+}
+
+func (q *QP) expire(now clock.Time) {
+	r := &q.req
+	if r.rnrWait {
+		if now < r.rnrAt {
+			return
+		}
+		r.rnrWait = false
+		q.rewind(r.rnrPSN)
+		if r.rto != 0 {
+			r.timer = now + r.rto
+		}
+		return
+	}
+	if now < r.timer {
+		return
+	}
+	if r.head == r.next {
+		r.timer = clock.Never
+		return
+	}
+	q.Timeouts++
+	q.retry(now, r.compPSN)
+}

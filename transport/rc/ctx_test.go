@@ -1,0 +1,225 @@
+package rc
+
+import (
+	"encoding/binary"
+	"fmt"
+	"testing"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// testMR is a registered region for the fake memory table.
+type testMR struct {
+	va     uint64
+	buf    []byte
+	access wr.Access
+	valid  bool
+}
+
+// testMem is a minimal wr.Memory: rkey → MR, with the checks the device makes.
+type testMem struct{ mrs map[uint32]*testMR }
+
+func (m *testMem) Resolve(rkey uint32, va, n uint64, acc wr.Access) ([]byte, bool) {
+	r := m.mrs[rkey]
+	if r == nil || !r.valid || r.access&acc != acc || va < r.va || va+n > r.va+uint64(len(r.buf)) || va+n < va {
+		return nil, false
+	}
+	return r.buf[va-r.va : va-r.va+n], true
+}
+
+func (m *testMem) Invalidate(rkey uint32) bool {
+	r := m.mrs[rkey]
+	if r == nil || !r.valid {
+		return false
+	}
+	r.valid = false
+	return true
+}
+
+// testRQ is a FIFO of receive WQEs.
+type testRQ struct{ q []wr.RecvWQE }
+
+func (r *testRQ) Take(dst *wr.RecvWQE) bool {
+	if len(r.q) == 0 {
+		return false
+	}
+	w := r.q[0]
+	r.q = r.q[1:]
+	sg := append(dst.SG[:0], w.SG...)
+	*dst = w
+	dst.SG = sg
+	return true
+}
+
+func (r *testRQ) post(id uint64, buf []byte) {
+	r.q = append(r.q, wr.RecvWQE{ID: id, SG: [][]byte{buf}, Length: uint32(len(buf))})
+}
+
+// pkt is a decoded transport packet, for assertions.
+type pkt struct {
+	op      bth.Opcode
+	psn     bth.PSN
+	ackReq  bool
+	syn     uint8
+	msn     uint32
+	hasAETH bool
+	payload []byte
+	raw     []byte
+}
+
+func (p pkt) String() string {
+	s := fmt.Sprintf("%v psn=%d", p.op, p.psn)
+	if p.hasAETH {
+		s += fmt.Sprintf(" syn=%#x msn=%d", p.syn, p.msn)
+	}
+	if p.ackReq {
+		s += " A"
+	}
+	return s + fmt.Sprintf(" len=%d", len(p.payload))
+}
+
+func decode(b []byte) pkt {
+	h := bth.BTH(b)
+	op := h.Opcode()
+	p := pkt{op: op, psn: h.PSN(), ackReq: h.AckReq(), raw: append([]byte(nil), b...)}
+	if o := op.Offset(bth.ExtAETH); o >= 0 {
+		a := AETH(b[o:])
+		p.syn, p.msn, p.hasAETH = a.Syndrome(), a.MSN(), true
+	}
+	p.payload = p.raw[op.HeaderLen() : len(b)-h.PadCount()]
+	return p
+}
+
+// tctx drives one QP in the style of gVisor's tcp testing/context: inject
+// a packet, look at what comes out.
+type tctx struct {
+	t   *testing.T
+	qp  *QP
+	mem *testMem
+	rq  *testRQ
+	now clock.Time
+	buf []byte
+}
+
+func defaultCfg() Config {
+	return Config{QPN: 0x11, DestQPN: 0x22, MTU: 1024, SQPSN: 100, RQPSN: 500, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
+		MinRNRTimer: 12, MaxRdAtomic: 16, MaxDestRdAtomic: 16,
+		Access: wr.LocalWrite | wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic}
+}
+
+func newCtx(t *testing.T, cfg Config) *tctx {
+	c := &tctx{t: t, mem: &testMem{mrs: map[uint32]*testMR{}}, rq: &testRQ{}}
+	c.qp = New(cfg.QPN, 64, 4, c.mem, c.rq)
+	c.qp.Receiver(cfg)
+	c.qp.Sender(cfg)
+	c.buf = make([]byte, c.qp.MaxPacket())
+	return c
+}
+
+func (c *tctx) addMR(rkey uint32, va uint64, n int, acc wr.Access) *testMR {
+	m := &testMR{va: va, buf: make([]byte, n), access: acc, valid: true}
+	c.mem.mrs[rkey] = m
+	return m
+}
+
+// out drains every packet the QP wants to send now.
+func (c *tctx) out() []pkt {
+	var ps []pkt
+	for i := 0; i < 10000; i++ {
+		n := c.qp.Build(c.now, c.buf)
+		if n == 0 {
+			return ps
+		}
+		ps = append(ps, decode(c.buf[:n]))
+	}
+	c.t.Fatal("Build never stops")
+	return nil
+}
+
+// req builds a request packet addressed to the QP.
+type req struct {
+	op      bth.Opcode
+	psn     bth.PSN
+	ackReq  bool
+	va      uint64
+	rkey    uint32
+	dmaLen  uint32
+	imm     uint32
+	inv     uint32
+	swap    uint64
+	cmp     uint64
+	syn     uint8
+	msn     uint32
+	orig    uint64
+	payload []byte
+}
+
+func (r req) bytes(dest uint32) []byte {
+	hl := r.op.HeaderLen()
+	pad := (-len(r.payload)) & 3
+	b := make([]byte, hl+len(r.payload)+pad)
+	bth.BTH(b).Encode(&bth.BTHFields{Opcode: r.op, PKey: 0xFFFF, DestQP: dest, AckReq: r.ackReq, PSN: r.psn, PadCount: pad})
+	if o := r.op.Offset(bth.ExtRETH); o >= 0 {
+		bth.RETH(b[o:]).Encode(r.va, r.rkey, r.dmaLen)
+	}
+	if o := r.op.Offset(bth.ExtImmDt); o >= 0 {
+		bth.ImmDt(b[o:]).SetImm(r.imm)
+	}
+	if o := r.op.Offset(bth.ExtIETH); o >= 0 {
+		bth.IETH(b[o:]).SetRKey(r.inv)
+	}
+	if o := r.op.Offset(bth.ExtAtomicETH); o >= 0 {
+		bth.AtomicETH(b[o:]).Encode(r.va, r.rkey, r.swap, r.cmp)
+	}
+	if o := r.op.Offset(bth.ExtAETH); o >= 0 {
+		AETH(b[o:]).Encode(r.syn, r.msn)
+	}
+	if o := r.op.Offset(bth.ExtAtomicAckETH); o >= 0 {
+		bth.AtomicAckETH(b[o:]).SetOrig(r.orig)
+	}
+	copy(b[hl:], r.payload)
+	return b
+}
+
+func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN)) }
+
+func (c *tctx) wcs() []wr.WC { return append([]wr.WC(nil), c.qp.TakeCompletions()...) }
+
+// expect asserts the exact sequence of packets (opcode, PSN, and for ACKs
+// syndrome and MSN) that comes out.
+func (c *tctx) expect(want ...pkt) []pkt {
+	c.t.Helper()
+	got := c.out()
+	if len(got) != len(want) {
+		c.t.Fatalf("got %d packets %v, want %d %v", len(got), got, len(want), want)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.op != w.op || g.psn != w.psn || (w.hasAETH && (g.syn != w.syn || g.msn != w.msn)) {
+			c.t.Fatalf("packet %d: got %v, want %v (all: %v)", i, g, w, got)
+		}
+	}
+	return got
+}
+
+func ack(psn bth.PSN, msn uint32) pkt {
+	return pkt{op: bth.RCAcknowledge, psn: psn, syn: SynACK, msn: msn, hasAETH: true}
+}
+
+func nak(syn uint8, psn bth.PSN, msn uint32) pkt {
+	return pkt{op: bth.RCAcknowledge, psn: psn, syn: syn, msn: msn, hasAETH: true}
+}
+
+func p(op bth.Opcode, psn bth.PSN) pkt { return pkt{op: op, psn: psn} }
+
+func fill(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = seed + byte(i*7)
+	}
+	return b
+}
+
+func le64(b []byte) uint64 { return binary.NativeEndian.Uint64(b) }

@@ -1,0 +1,384 @@
+// Package rc implements the connected transports, RC and UC, as pure state
+// machines: the requester (segmentation, PSNs, AckReq, the window and the
+// READ/ATOMIC credit), the completer (coalesced ACKs, NAKs, go-back-N, RNR
+// and local ACK timeouts, retry counting) and the responder (PSN checks,
+// opcode sequence, access/rkey/bounds checks, duplicates with a bounded
+// READ/ATOMIC resource table, RNR NAK, MSN), following the InfiniBand
+// specification and, where it leaves room, the Linux kernel's rxe.
+//
+// A QP here deals only with IB transport packets: the bytes from the BTH to
+// the end of the payload and pad, without the ICRC. The verbs device wraps
+// them in Ethernet/IP/UDP, checks addresses, P_Key and the ICRC before
+// calling Receive, and computes the ICRC after Build.
+//
+// Nothing in this package starts goroutines, reads a clock, takes a lock or
+// allocates per packet: packets and now go in (Receive, Expire, Post);
+// packets (Build), completions (Completions) and the next deadline
+// (Deadline) come out. The caller serialises all calls on one QP.
+package rc
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// Limits mirrored from rxe so that a peer sees the same pacing.
+const (
+	// MaxUnackedPSNs bounds the PSNs in flight (rxe RXE_MAX_UNACKED_PSNS).
+	MaxUnackedPSNs = 128
+	// MaxPktPerAck is how many packets may go without AckReq
+	// (rxe RXE_MAX_PKT_PER_ACK).
+	MaxPktPerAck = 64
+	// MaxReadLen is the largest RDMA length a RETH may carry (2^31).
+	MaxReadLen = 1 << 31
+)
+
+// AETH syndromes (IBA 9.7.5.2.2).
+const (
+	SynACK          = 0x1F // ACK, credits "unlimited" as rxe sends
+	SynRNRNAK       = 0x20 // | RNR timer code
+	SynNAKPSNSeq    = 0x60
+	SynNAKInvReq    = 0x61
+	SynNAKRemAccess = 0x62
+	SynNAKRemOp     = 0x63
+)
+
+// AETH is a view of the 4-byte ACK extended transport header. (Local to
+// this package because bth does not define it yet.)
+type AETH []byte
+
+// Syndrome is the ACK/NAK type and its code.
+func (a AETH) Syndrome() uint8 { return a[0] }
+
+// MSN is the responder's message sequence number.
+func (a AETH) MSN() uint32 { return binary.BigEndian.Uint32(a) & 0xFFFFFF }
+
+// Encode stores syndrome and MSN.
+func (a AETH) Encode(syn uint8, msn uint32) {
+	binary.BigEndian.PutUint32(a, uint32(syn)<<24|msn&0xFFFFFF)
+}
+
+// rnrTimerNS is the RNR NAK timer table (IBA Table 45) in nanoseconds,
+// indexed by the 5-bit code.
+var rnrTimerNS = [32]int64{
+	655360000, 10000, 20000, 30000, 40000, 60000, 80000, 120000,
+	160000, 240000, 320000, 480000, 640000, 960000, 1280000, 1920000,
+	2560000, 3840000, 5120000, 7680000, 10240000, 15360000, 20480000, 30720000,
+	40960000, 61440000, 81920000, 122880000, 163840000, 245760000, 327680000, 491520000,
+}
+
+// RNRDelay returns the wait an RNR NAK with timer code c asks for.
+func RNRDelay(c uint8) time.Duration { return time.Duration(rnrTimerNS[c&31]) }
+
+// AckTimeout returns the local ACK timeout 4.096 µs × 2^t (0: none), kept
+// to the nanosecond instead of being rounded to a scheduler tick as rxe does.
+func AckTimeout(t uint8) time.Duration {
+	if t == 0 || t > 31 {
+		return 0
+	}
+	return time.Duration(int64(4096) << t)
+}
+
+// Config is what the QP attributes (ibv_modify_qp to RTR and RTS) give a
+// connected QP.
+type Config struct {
+	UC          bool   // unreliable connected: no ACKs, no READ/ATOMIC
+	QPN         uint32 // local QP number
+	DestQPN     uint32
+	PKey        uint16 // 0 means bth.DefaultPKey
+	MTU         int    // path MTU in bytes: 256, 512, 1024, 2048 or 4096
+	SQPSN       bth.PSN
+	RQPSN       bth.PSN
+	Timeout     uint8 // local ACK timeout exponent (0: wait forever)
+	RetryCnt    uint8 // transport retries, 0-7 (7 means 7)
+	RNRRetry    uint8 // RNR retries, 0-7 (7 means forever)
+	MinRNRTimer uint8 // code sent in our RNR NAKs
+	// MaxRdAtomic bounds the READ/ATOMICs this QP has outstanding as a
+	// requester; MaxDestRdAtomic is how many the responder remembers for
+	// duplicate replay.
+	MaxRdAtomic     int
+	MaxDestRdAtomic int
+	Access          wr.Access // remote operations the responder accepts
+	SQDepth         int       // max outstanding send WQEs
+	MaxSGE          int
+}
+
+// Counters count what the QP dropped or retried, for diagnostics.
+type Counters struct {
+	RxDropped     uint64 // malformed, unexpected or out-of-state packets
+	RxDuplicate   uint64 // duplicate requests answered or dropped
+	RxOutOfSeq    uint64 // requests beyond the expected PSN
+	TxNAKs        uint64
+	TxRNRNAKs     uint64
+	Retransmits   uint64 // go-back-N restarts (NAK, timeout, RNR, lost response)
+	Timeouts      uint64
+	RNRWaits      uint64
+	GhostResponse uint64 // responses for nothing outstanding
+}
+
+// QP is one RC or UC queue pair's transport state.
+type QP struct {
+	cfg    Config
+	mem    wr.Memory
+	rq     wr.RecvQueue
+	reqOn  bool // requester may send (RTS)
+	respOn bool // responder accepts requests (RTR or later)
+	failed bool // a fatal error happened; the device must move the QP to ERR
+	errSt  wr.Status
+
+	req  requester
+	resp responder
+
+	wcs []wr.WC // completions produced since the last TakeCompletions
+	Counters
+}
+
+// New returns a QP in the state "created, not yet connected": it neither
+// sends nor accepts anything until Connect.
+func New(qpn uint32, sqDepth, maxSGE int, mem wr.Memory, rq wr.RecvQueue) *QP {
+	if sqDepth < 1 {
+		sqDepth = 1
+	}
+	q := &QP{mem: mem, rq: rq}
+	q.cfg.QPN = qpn
+	q.cfg.SQDepth = sqDepth
+	q.cfg.MaxSGE = maxSGE
+	q.req.sq = make([]sendEntry, sqDepth)
+	for i := range q.req.sq {
+		q.req.sq[i].SG = make([][]byte, 0, maxSGE)
+	}
+	q.resp.cur.SG = make([][]byte, 0, maxSGE)
+	q.wcs = make([]wr.WC, 0, sqDepth+64)
+	return q
+}
+
+// Config returns the QP's current attributes.
+func (q *QP) Config() Config { return q.cfg }
+
+// SetRecvQueue changes where SENDs take their receive WQEs (RQ or SRQ).
+func (q *QP) SetRecvQueue(rq wr.RecvQueue) { q.rq = rq }
+
+// Receiver arms the responder with cfg (the RTR transition): PSN, MTU,
+// destination QP, access flags and responder resources.
+func (q *QP) Receiver(cfg Config) {
+	cfg.QPN, cfg.SQDepth, cfg.MaxSGE = q.cfg.QPN, q.cfg.SQDepth, q.cfg.MaxSGE
+	if cfg.PKey == 0 {
+		cfg.PKey = bth.DefaultPKey
+	}
+	if cfg.MaxDestRdAtomic < 1 {
+		cfg.MaxDestRdAtomic = 1
+	}
+	q.cfg = cfg
+	q.resp.init(cfg)
+	q.respOn = true
+}
+
+// Sender arms the requester (the RTS transition): SQ PSN, timeout, retry
+// counts and the initiator depth; the responder keeps running.
+func (q *QP) Sender(cfg Config) {
+	if !q.respOn {
+		q.Receiver(cfg)
+	}
+	q.cfg.SQPSN, q.cfg.Timeout, q.cfg.RetryCnt, q.cfg.RNRRetry = cfg.SQPSN, cfg.Timeout, cfg.RetryCnt&7, cfg.RNRRetry&7
+	q.cfg.MaxRdAtomic = cfg.MaxRdAtomic
+	if q.cfg.MaxRdAtomic < 1 {
+		q.cfg.MaxRdAtomic = 1
+	}
+	q.req.init(&q.cfg)
+	q.reqOn = true
+}
+
+// Drain stops the requester from starting new WQEs (SQD) or lets it go on.
+func (q *QP) Drain(on bool) { q.req.draining = on }
+
+// Failed reports whether the QP hit a fatal error and with which status the
+// failing WQE completed; the device moves it to ERR and calls Flush.
+func (q *QP) Failed() bool { return q.failed }
+
+// SendQueueFree is how many more send WQEs Post accepts now.
+func (q *QP) SendQueueFree() int { return len(q.req.sq) - int(q.req.tail-q.req.head) }
+
+// Outstanding is the number of send WQEs posted and not yet completed.
+func (q *QP) Outstanding() int { return int(q.req.tail - q.req.head) }
+
+// Post appends a send WQE (its SG slice headers are copied, not the bytes
+// they point to). It returns false when the SQ is full.
+func (q *QP) Post(w *wr.SendWQE) bool {
+	r := &q.req
+	if r.tail-r.head >= uint32(len(r.sq)) {
+		return false
+	}
+	e := &r.sq[r.tail%uint32(len(r.sq))]
+	sg := append(e.SG[:0], w.SG...)
+	e.SendWQE = *w
+	e.SG = sg
+	e.state = wqePosted
+	e.sent, e.got = 0, 0
+	r.tail++
+	return true
+}
+
+// TakeCompletions returns the completions produced since the last call and
+// forgets them; the slice is valid until the next call on the QP.
+func (q *QP) TakeCompletions() []wr.WC {
+	w := q.wcs
+	q.wcs = q.wcs[:0]
+	return w
+}
+
+// Completions returns the completions produced so far without forgetting them.
+func (q *QP) Completions() []wr.WC { return q.wcs }
+
+func (q *QP) complete(wc wr.WC) {
+	wc.QPN = q.cfg.QPN
+	q.wcs = append(q.wcs, wc)
+}
+
+// fail records a fatal error: both halves stop; any NAK already queued is
+// still sent by Build so that the peer learns why.
+func (q *QP) fail(st wr.Status) {
+	if !q.failed {
+		q.failed = true
+		q.errSt = st
+	}
+	q.reqOn = false
+	q.respOn = false
+	q.req.timer = clock.Never
+	q.req.rnrWait = false
+}
+
+// Flush completes every outstanding send WQE and the receive WQE in
+// progress with WR_FLUSH_ERR (the ERR state). Receive WQEs still in the
+// RQ are the device's to flush.
+func (q *QP) Flush() {
+	q.fail(wr.WRFlushErr)
+	r := &q.req
+	for r.head != r.tail {
+		e := &r.sq[r.head%uint32(len(r.sq))]
+		q.complete(wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(e.Opcode), ByteLen: 0})
+		e.SG = e.SG[:0]
+		r.head++
+	}
+	r.next = r.head
+	if q.resp.haveRecv {
+		q.complete(wr.WC{ID: q.resp.cur.ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true})
+		q.resp.haveRecv = false
+	}
+	q.resp.qhead, q.resp.qlen = 0, 0
+}
+
+// Deadline is when Expire must next be called (clock.Never: no timer).
+func (q *QP) Deadline() clock.Time {
+	if !q.reqOn {
+		return clock.Never
+	}
+	if q.req.rnrWait {
+		return q.req.rnrAt
+	}
+	return q.req.timer
+}
+
+// Expire runs the timers due at now: the RNR wait and the local ACK
+// timeout.
+func (q *QP) Expire(now clock.Time) {
+	if !q.reqOn || q.cfg.UC {
+		return
+	}
+	q.expire(now)
+}
+
+// HasOutput reports whether Build would produce a packet now.
+func (q *QP) HasOutput() bool {
+	return q.resp.qlen > 0 || q.resp.hasFinal || (q.reqOn && q.req.canSend(q))
+}
+
+// MaxPacket is the largest transport packet Build writes for this QP.
+func (q *QP) MaxPacket() int { return bth.MaxHeaderLen + q.cfg.MTU + 3 }
+
+// Build writes the next packet to send (BTH through pad, no ICRC) into
+// buf, which must hold MaxPacket bytes, and returns its length, or 0 when
+// there is nothing to send. Responses go before new requests so that the
+// peer's window keeps moving.
+func (q *QP) Build(now clock.Time, buf []byte) int {
+	if len(buf) < q.MaxPacket() {
+		return 0
+	}
+	if q.resp.qlen > 0 || q.resp.hasFinal {
+		return q.buildResponse(buf)
+	}
+	if !q.reqOn {
+		return 0
+	}
+	return q.buildRequest(now, buf)
+}
+
+// Receive processes one transport packet (BTH to end of pad, no ICRC) that
+// the device has already checked for address, P_Key, ICRC and destination
+// QP. Malformed packets are counted and dropped.
+func (q *QP) Receive(now clock.Time, pkt []byte) {
+	if len(pkt) < bth.BTHLen {
+		q.RxDropped++
+		return
+	}
+	op := bth.BTH(pkt).Opcode()
+	hl := op.HeaderLen()
+	pad := bth.BTH(pkt).PadCount()
+	if hl == 0 || len(pkt) < hl+pad || (!op.HasPayload() && len(pkt) != hl+pad) {
+		q.RxDropped++
+		return
+	}
+	if q.cfg.UC {
+		if op.Transport() != bth.TransportUC {
+			q.RxDropped++
+			return
+		}
+	} else if op.Transport() != bth.TransportRC {
+		q.RxDropped++
+		return
+	}
+	if op.IsResponse() {
+		if !q.reqOn || q.cfg.UC {
+			q.RxDropped++
+			return
+		}
+		q.receiveResponse(now, pkt, op, hl, len(pkt)-pad)
+		return
+	}
+	if !q.respOn {
+		q.RxDropped++
+		return
+	}
+	q.receiveRequest(pkt, op, hl, len(pkt)-pad)
+}
+
+func wcOpcode(o wr.Opcode) wr.WCOpcode {
+	switch o {
+	case wr.RDMAWrite, wr.RDMAWriteWithImm:
+		return wr.WCRDMAWrite
+	case wr.RDMARead:
+		return wr.WCRDMARead
+	case wr.AtomicCmpAndSwp:
+		return wr.WCCompSwap
+	case wr.AtomicFetchAndAdd:
+		return wr.WCFetchAdd
+	}
+	return wr.WCSend
+}
+
+// pktsFor is the number of packets a message of n bytes takes at mtu.
+func pktsFor(n uint32, mtu int) uint32 {
+	if n == 0 {
+		return 1
+	}
+	return (n + uint32(mtu) - 1) / uint32(mtu)
+}
+
+// encodeBTH writes a BTH with the fields softrnic varies.
+func (q *QP) encodeBTH(b []byte, op bth.Opcode, psn bth.PSN, ackReq, se bool, pad int) {
+	h := bth.BTH(b)
+	h.Encode(&bth.BTHFields{Opcode: op, SE: se, PadCount: pad, PKey: q.cfg.PKey, DestQP: q.cfg.DestQPN, AckReq: ackReq, PSN: psn})
+}

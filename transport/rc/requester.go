@@ -1,0 +1,299 @@
+package rc
+
+import (
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+type wqeState uint8
+
+const (
+	wqePosted  wqeState = iota // not started
+	wqeSending                 // some packets (or the READ request) still to send
+	wqeSent                    // every packet sent, waiting for the ACK/response
+)
+
+// sendEntry is a send WQE in the SQ ring with its progress.
+type sendEntry struct {
+	wr.SendWQE
+	state    wqeState
+	firstPSN bth.PSN
+	lastPSN  bth.PSN
+	sent     uint32 // bytes sent (SEND/WRITE) or READ offset to request from
+	got      uint32 // READ: bytes of response placed
+}
+
+// requester is the send half: the SQ ring, PSN numbering, the window and
+// the retransmission state the completer drives.
+type requester struct {
+	sq        []sendEntry
+	head      uint32 // oldest WQE not completed
+	next      uint32 // WQE being sent or to send next
+	tail      uint32 // next free slot
+	psn       bth.PSN
+	compPSN   bth.PSN // oldest PSN not yet acknowledged
+	rdAtomic  int     // READ/ATOMIC WQEs in [head, next)
+	noAck     int     // packets sent since the last AckReq
+	retryLeft uint8
+	rnrLeft   uint8
+	timer     clock.Time // local ACK timeout deadline
+	rnrWait   bool
+	rnrAt     clock.Time
+	rto       clock.Time // timeout duration in ns (0 = none)
+	draining  bool
+	rnrPSN    bth.PSN // where to resume after the RNR wait
+}
+
+func (r *requester) init(cfg *Config) {
+	r.psn = cfg.SQPSN
+	r.compPSN = cfg.SQPSN
+	r.retryLeft = cfg.RetryCnt
+	r.rnrLeft = cfg.RNRRetry
+	r.timer = clock.Never
+	r.rto = clock.Time(AckTimeout(cfg.Timeout))
+	r.noAck = 0
+}
+
+func (r *requester) entry(i uint32) *sendEntry { return &r.sq[i%uint32(len(r.sq))] }
+
+// canSend reports whether buildRequest would emit a packet.
+func (r *requester) canSend(q *QP) bool {
+	if r.rnrWait || r.next == r.tail {
+		return false
+	}
+	e := r.entry(r.next)
+	if e.state == wqePosted {
+		if r.draining {
+			return false
+		}
+		if e.Err != wr.Success {
+			return r.next == r.head
+		}
+		if e.Opcode.IsReadOrAtomic() && r.rdAtomic >= q.cfg.MaxRdAtomic {
+			return false
+		}
+		if e.Flags&wr.Fence != 0 && r.rdAtomic > 0 {
+			return false
+		}
+	}
+	if !q.cfg.UC && r.psn.Diff(r.compPSN) >= MaxUnackedPSNs {
+		return false
+	}
+	return true
+}
+
+// buildRequest emits the next request packet of the WQE at next.
+func (q *QP) buildRequest(now clock.Time, buf []byte) int {
+	r := &q.req
+	if !r.canSend(q) {
+		return 0
+	}
+	e := r.entry(r.next)
+	if e.state == wqePosted {
+		if e.Err != wr.Success {
+			// A local error found at post: complete it in order, then ERR.
+			q.complete(wr.WC{ID: e.ID, Status: e.Err, Opcode: wcOpcode(e.Opcode)})
+			e.SG = e.SG[:0]
+			r.head++
+			r.next++
+			q.fail(e.Err)
+			return 0
+		}
+		e.firstPSN = r.psn
+		e.sent, e.got = 0, 0
+		switch {
+		case e.Opcode.IsAtomic():
+			e.lastPSN = r.psn
+		default:
+			e.lastPSN = r.psn.Add(pktsFor(e.Length, q.cfg.MTU) - 1)
+		}
+		e.state = wqeSending
+		if e.Opcode.IsReadOrAtomic() {
+			r.rdAtomic++
+		}
+	}
+	mtu := uint32(q.cfg.MTU)
+	var n int
+	switch e.Opcode {
+	case wr.RDMARead:
+		off := e.sent
+		remain := e.Length - off
+		h := bth.RCRDMAReadRequest
+		q.encodeBTH(buf, h, r.psn, true, false, 0)
+		bth.RETH(buf[bth.BTHLen:]).Encode(e.RemoteAddr+uint64(off), e.RKey, remain)
+		n = h.HeaderLen()
+		r.psn = r.psn.Add(pktsFor(remain, q.cfg.MTU))
+		r.noAck = 0
+		e.state = wqeSent
+		r.next++
+	case wr.AtomicCmpAndSwp, wr.AtomicFetchAndAdd:
+		h := bth.RCFetchAdd
+		swap, cmp := e.SwapAdd, uint64(0)
+		if e.Opcode == wr.AtomicCmpAndSwp {
+			h, cmp = bth.RCCompareSwap, e.Compare
+		}
+		q.encodeBTH(buf, h, r.psn, true, false, 0)
+		bth.AtomicETH(buf[bth.BTHLen:]).Encode(e.RemoteAddr, e.RKey, swap, cmp)
+		n = h.HeaderLen()
+		r.psn = r.psn.Next()
+		r.noAck = 0
+		e.state = wqeSent
+		r.next++
+	default:
+		remain := e.Length - e.sent
+		first := e.sent == 0
+		last := remain <= mtu
+		pay := remain
+		if !last {
+			pay = mtu
+		}
+		op := requestOpcode(e.Opcode, first, last, q.cfg.UC)
+		r.noAck++
+		ackReq := !q.cfg.UC && (last || r.noAck >= MaxPktPerAck)
+		if ackReq {
+			r.noAck = 0
+		}
+		pad := int(-pay & 3)
+		q.encodeBTH(buf, op, r.psn, ackReq, last && e.Flags&wr.Solicited != 0, pad)
+		if o := op.Offset(bth.ExtRETH); o >= 0 {
+			bth.RETH(buf[o:]).Encode(e.RemoteAddr, e.RKey, e.Length)
+		}
+		if o := op.Offset(bth.ExtImmDt); o >= 0 {
+			bth.ImmDt(buf[o:]).SetImm(e.Imm)
+		}
+		if o := op.Offset(bth.ExtIETH); o >= 0 {
+			bth.IETH(buf[o:]).SetRKey(e.InvRKey)
+		}
+		hl := op.HeaderLen()
+		wr.CopyIn(buf[hl:hl+int(pay)], e.SG, e.sent)
+		for i := 0; i < pad; i++ {
+			buf[hl+int(pay)+i] = 0
+		}
+		n = hl + int(pay) + pad
+		r.psn = r.psn.Next()
+		e.sent += pay
+		if last {
+			e.state = wqeSent
+			r.next++
+			if q.cfg.UC {
+				// UC has no acknowledgement: the WQE is done once sent.
+				q.completeSend(e, wr.Success)
+				r.head++
+				r.compPSN = r.psn
+			}
+		}
+	}
+	if !q.cfg.UC && r.timer == clock.Never && r.rto != 0 {
+		r.timer = now + r.rto
+	}
+	return n
+}
+
+// requestOpcode picks the wire opcode for a SEND/WRITE packet.
+func requestOpcode(o wr.Opcode, first, last, uc bool) bth.Opcode {
+	var op bth.Opcode
+	switch o {
+	case wr.RDMAWrite, wr.RDMAWriteWithImm:
+		switch {
+		case first && last:
+			op = bth.RCRDMAWriteOnly
+			if o == wr.RDMAWriteWithImm {
+				op = bth.RCRDMAWriteOnlyImm
+			}
+		case first:
+			op = bth.RCRDMAWriteFirst
+		case last:
+			op = bth.RCRDMAWriteLast
+			if o == wr.RDMAWriteWithImm {
+				op = bth.RCRDMAWriteLastImm
+			}
+		default:
+			op = bth.RCRDMAWriteMiddle
+		}
+	default:
+		switch {
+		case first && last:
+			op = bth.RCSendOnly
+			if o == wr.SendWithImm {
+				op = bth.RCSendOnlyImm
+			} else if o == wr.SendWithInv {
+				op = bth.RCSendOnlyInv
+			}
+		case first:
+			op = bth.RCSendFirst
+		case last:
+			op = bth.RCSendLast
+			if o == wr.SendWithImm {
+				op = bth.RCSendLastImm
+			} else if o == wr.SendWithInv {
+				op = bth.RCSendLastInv
+			}
+		default:
+			op = bth.RCSendMiddle
+		}
+	}
+	if uc {
+		op += 0x20
+	}
+	return op
+}
+
+// completeSend posts the completion of a send WQE: always on error, on
+// success only if signaled.
+func (q *QP) completeSend(e *sendEntry, st wr.Status) {
+	if st != wr.Success || e.Flags&wr.Signaled != 0 {
+		bl := e.Length
+		if st != wr.Success {
+			bl = 0
+		}
+		q.complete(wr.WC{ID: e.ID, Status: st, Opcode: wcOpcode(e.Opcode), ByteLen: bl})
+	}
+	e.SG = e.SG[:0]
+}
+
+// rewind restarts sending at PSN p (go-back-N): the WQE holding p resumes
+// at that packet, every later WQE starts over with the same PSNs.
+func (q *QP) rewind(p bth.PSN) {
+	r := &q.req
+	q.Retransmits++
+	i := r.head
+	for ; i != r.next; i++ {
+		e := r.entry(i)
+		if p.LessEq(e.lastPSN) {
+			break
+		}
+	}
+	r.rdAtomic = 0
+	for j := r.head; j != i; j++ {
+		if r.entry(j).Opcode.IsReadOrAtomic() {
+			r.rdAtomic++
+		}
+	}
+	limit := r.next
+	if limit != r.tail && r.entry(limit).state == wqeSending {
+		limit++
+	}
+	for j := i; j != limit; j++ {
+		e := r.entry(j)
+		if j == i && e.firstPSN.Less(p) && p.LessEq(e.lastPSN) {
+			off := uint32(p.Diff(e.firstPSN)) * uint32(q.cfg.MTU)
+			e.sent = off
+			e.state = wqeSending
+			if e.Opcode.IsReadOrAtomic() {
+				r.rdAtomic++
+			}
+			r.psn = p
+			continue
+		}
+		if j == i {
+			r.psn = e.firstPSN
+		}
+		e.state = wqePosted
+	}
+	if i == limit {
+		r.psn = p
+	}
+	r.next = i
+	r.noAck = 0
+}
