@@ -1,6 +1,9 @@
 package bth
 
-import "strconv"
+import (
+	"math/bits"
+	"strconv"
+)
 
 // Opcode is the BTH OpCode byte. Its top three bits name the transport (RC,
 // UC, RD, UD, CNP, XRC) and the low five the operation.
@@ -259,15 +262,11 @@ func (o Opcode) HeaderLen() int { return int(opTable[o].hdrLen) }
 // first byte of the BTH, or -1 when o does not carry it.
 func (o Opcode) Offset(h Ext) int {
 	in := &opTable[o]
-	if in.ext&h == 0 {
+	i := bits.TrailingZeros16(uint16(h))
+	if h&(h-1) != 0 || i >= numExt || in.ext&h == 0 {
 		return -1
 	}
-	for i := 0; i < numExt; i++ {
-		if h == 1<<i {
-			return int(in.off[i])
-		}
-	}
-	return -1
+	return int(in.off[i])
 }
 
 // HasPayload reports whether o may carry payload after its headers (sends,
