@@ -294,4 +294,3 @@ func TestDetachedWhenProcessDies(t *testing.T) {
 	}
 	t.Fatalf("XDP program still attached after the process was killed:\n%s", show)
 }
-
