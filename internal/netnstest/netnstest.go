@@ -79,6 +79,13 @@ func Create(prefix string) (*NS, error) {
 		n.Close()
 		return nil, err
 	}
+	// No duplicate address detection: test links are private, and DAD would
+	// keep link-local addresses (hence neighbour discovery) unusable for
+	// about a second after each link comes up.
+	if _, err := ip("netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"); err != nil {
+		n.Close()
+		return nil, err
+	}
 	return n, nil
 }
 

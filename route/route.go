@@ -1,0 +1,275 @@
+// Package route answers, for a RoCEv2 peer's IP address, the question the
+// kernel answers for its own packets: which interface to send on, which
+// source address to put in the IP header, and which MAC address the Ethernet
+// frame goes to (the peer's on its own subnet, the gateway's when the peer is
+// behind a router: RoCEv2 is routable). It reads the kernel's routing and
+// neighbour tables over netlink, asks the kernel to resolve a missing
+// neighbour (ARP or neighbour discovery, as if a packet were waiting), and
+// reports when a resolved answer changes.
+//
+// It is a slow-path package: the engine looks up a peer when a QP is
+// connected or an address handle created, and keeps the answer until
+// Watch reports a change.
+package route
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Next is how to reach a peer.
+type Next struct {
+	Peer    netip.Addr
+	IfIndex int
+	IfName  string
+	MTU     int
+	Src     netip.Addr       // source address the kernel would use
+	SrcMAC  net.HardwareAddr // the egress interface's MAC
+	Gateway netip.Addr       // next-hop router; invalid when the peer is on-link
+	DstMAC  net.HardwareAddr // the next hop's MAC (peer or gateway)
+}
+
+// NextHop is the address whose MAC DstMAC is: the gateway or the peer.
+func (n Next) NextHop() netip.Addr {
+	if n.Gateway.IsValid() {
+		return n.Gateway
+	}
+	return n.Peer
+}
+
+// Equal reports whether two answers would produce the same frames.
+func (n Next) Equal(o Next) bool {
+	return n.Peer == o.Peer && n.IfIndex == o.IfIndex && n.Src == o.Src && n.Gateway == o.Gateway &&
+		n.MTU == o.MTU && bytes.Equal(n.SrcMAC, o.SrcMAC) && bytes.Equal(n.DstMAC, o.DstMAC)
+}
+
+var (
+	// ErrNoRoute: the routing table has no usable route to the peer.
+	ErrNoRoute = errors.New("route: no route to peer")
+	// ErrUnresolved: the next hop's MAC is not (yet) known; resolution has
+	// been asked of the kernel.
+	ErrUnresolved = errors.New("route: next hop not resolved")
+)
+
+// Resolver looks up peers in one network namespace.
+type Resolver struct {
+	ns netns.NsHandle
+	h  *netlink.Handle
+
+	mu    sync.Mutex
+	known map[netip.Addr]Next // peers looked up, for Watch
+}
+
+// New makes a Resolver for the calling thread's network namespace.
+func New() (*Resolver, error) {
+	ns, err := netns.Get()
+	if err != nil {
+		return nil, fmt.Errorf("route: current namespace: %w", err)
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		ns.Close()
+		return nil, fmt.Errorf("route: netlink: %w", err)
+	}
+	return &Resolver{ns: ns, h: h, known: map[netip.Addr]Next{}}, nil
+}
+
+// Close releases the netlink handle.
+func (r *Resolver) Close() error {
+	r.h.Close()
+	return r.ns.Close()
+}
+
+// usable neighbour states: the kernel itself would send to these.
+const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | netlink.NUD_PROBE |
+	netlink.NUD_PERMANENT | netlink.NUD_NOARP
+
+// Lookup answers at once from the kernel's tables. If the next hop's MAC is
+// not known it asks the kernel to resolve it and returns ErrUnresolved (with
+// the rest of Next filled in); a stale entry is returned and revalidated.
+func (r *Resolver) Lookup(peer netip.Addr) (Next, error) {
+	peer = peer.Unmap()
+	routes, err := r.h.RouteGet(peer.AsSlice())
+	if err != nil {
+		return Next{Peer: peer}, fmt.Errorf("%w %v: %v", ErrNoRoute, peer, err)
+	}
+	if len(routes) == 0 || routes[0].LinkIndex == 0 {
+		return Next{Peer: peer}, fmt.Errorf("%w %v", ErrNoRoute, peer)
+	}
+	rt := routes[0]
+	if rt.Type == unix.RTN_LOCAL {
+		return Next{Peer: peer}, fmt.Errorf("route: %v is a local address", peer)
+	}
+	link, err := r.h.LinkByIndex(rt.LinkIndex)
+	if err != nil {
+		return Next{Peer: peer}, fmt.Errorf("route: link %d: %w", rt.LinkIndex, err)
+	}
+	a := link.Attrs()
+	n := Next{Peer: peer, IfIndex: a.Index, IfName: a.Name, MTU: a.MTU, SrcMAC: a.HardwareAddr}
+	if src, ok := netip.AddrFromSlice(rt.Src); ok {
+		n.Src = src.Unmap()
+	}
+	if gw, ok := netip.AddrFromSlice(rt.Gw); ok && !gw.IsUnspecified() {
+		n.Gateway = gw.Unmap()
+	}
+	if rt.MTU != 0 && rt.MTU < n.MTU {
+		n.MTU = rt.MTU
+	}
+	if !n.Src.IsValid() {
+		return n, fmt.Errorf("route: no source address for %v on %s", peer, a.Name)
+	}
+	if a.Flags&net.FlagLoopback != 0 || len(a.HardwareAddr) == 0 {
+		return n, fmt.Errorf("route: %v is reached through %s, which has no Ethernet address", peer, a.Name)
+	}
+	hop := n.NextHop()
+	family := unix.AF_INET
+	if hop.Is6() {
+		family = unix.AF_INET6
+	}
+	neighs, err := r.h.NeighList(n.IfIndex, family)
+	if err != nil {
+		return n, fmt.Errorf("route: neighbours of %s: %w", a.Name, err)
+	}
+	for _, ne := range neighs {
+		ip, ok := netip.AddrFromSlice(ne.IP)
+		if !ok || ip.Unmap() != hop {
+			continue
+		}
+		if ne.State&usable != 0 && len(ne.HardwareAddr) == 6 {
+			n.DstMAC = append(net.HardwareAddr(nil), ne.HardwareAddr...)
+			if ne.State&netlink.NUD_STALE != 0 {
+				r.solicit(n.IfIndex, hop) // revalidate, as sending would
+			}
+			r.remember(n)
+			return n, nil
+		}
+		break
+	}
+	r.solicit(n.IfIndex, hop)
+	r.remember(n)
+	return n, fmt.Errorf("%w: %v via %s", ErrUnresolved, hop, a.Name)
+}
+
+// solicit asks the kernel to resolve hop on the link, as if a packet were
+// waiting for it (NTF_USE): it sends ARP or neighbour solicitations with its
+// own timers and retries.
+func (r *Resolver) solicit(ifindex int, hop netip.Addr) {
+	_ = r.h.NeighSet(&netlink.Neigh{
+		LinkIndex: ifindex,
+		IP:        hop.AsSlice(),
+		Flags:     netlink.NTF_USE,
+	})
+}
+
+func (r *Resolver) remember(n Next) {
+	r.mu.Lock()
+	r.known[n.Peer] = n
+	r.mu.Unlock()
+}
+
+// Forget stops Watch reporting on peer.
+func (r *Resolver) Forget(peer netip.Addr) {
+	r.mu.Lock()
+	delete(r.known, peer.Unmap())
+	r.mu.Unlock()
+}
+
+// Resolve is Lookup that waits, until ctx ends, for a missing neighbour to
+// be resolved.
+func (r *Resolver) Resolve(ctx context.Context, peer netip.Addr) (Next, error) {
+	wait := time.Millisecond
+	for {
+		n, err := r.Lookup(peer)
+		if !errors.Is(err, ErrUnresolved) {
+			return n, err
+		}
+		select {
+		case <-ctx.Done():
+			return n, fmt.Errorf("%w (%v)", err, ctx.Err())
+		case <-time.After(wait):
+		}
+		wait = min(wait*2, 100*time.Millisecond)
+	}
+}
+
+// Watch follows the kernel's route, address and neighbour changes until ctx
+// ends and calls changed for each remembered peer whose answer changed
+// (err non-nil when it no longer resolves). It re-resolves a peer whose
+// neighbour entry failed. changed runs on Watch's goroutine.
+func (r *Resolver) Watch(ctx context.Context, changed func(Next, error)) error {
+	done := make(chan struct{})
+	defer close(done)
+	neighCh := make(chan netlink.NeighUpdate, 64)
+	routeCh := make(chan netlink.RouteUpdate, 64)
+	addrCh := make(chan netlink.AddrUpdate, 64)
+	errCb := func(error) {}
+	if err := netlink.NeighSubscribeWithOptions(neighCh, done, netlink.NeighSubscribeOptions{Namespace: &r.ns, ErrorCallback: errCb}); err != nil {
+		return fmt.Errorf("route: subscribe to neighbours: %w", err)
+	}
+	if err := netlink.RouteSubscribeWithOptions(routeCh, done, netlink.RouteSubscribeOptions{Namespace: &r.ns, ErrorCallback: errCb}); err != nil {
+		return fmt.Errorf("route: subscribe to routes: %w", err)
+	}
+	if err := netlink.AddrSubscribeWithOptions(addrCh, done, netlink.AddrSubscribeOptions{Namespace: &r.ns, ErrorCallback: errCb}); err != nil {
+		return fmt.Errorf("route: subscribe to addresses: %w", err)
+	}
+	// Several events usually come together: re-check after a short quiet
+	// period rather than once per message.
+	var pending <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case _, ok := <-neighCh:
+			if !ok {
+				return errors.New("route: neighbour subscription ended")
+			}
+		case _, ok := <-routeCh:
+			if !ok {
+				return errors.New("route: route subscription ended")
+			}
+		case _, ok := <-addrCh:
+			if !ok {
+				return errors.New("route: address subscription ended")
+			}
+		case <-pending:
+			pending = nil
+			r.recheck(changed)
+			continue
+		}
+		if pending == nil {
+			pending = time.After(10 * time.Millisecond)
+		}
+	}
+}
+
+func (r *Resolver) recheck(changed func(Next, error)) {
+	r.mu.Lock()
+	old := make([]Next, 0, len(r.known))
+	for _, n := range r.known {
+		old = append(old, n)
+	}
+	r.mu.Unlock()
+	for _, o := range old {
+		n, err := r.Lookup(o.Peer)
+		if err != nil {
+			if errors.Is(err, ErrUnresolved) && o.DstMAC == nil {
+				continue // still resolving: nothing new to say
+			}
+			changed(n, err)
+			continue
+		}
+		if !n.Equal(o) {
+			changed(n, nil)
+		}
+	}
+}
