@@ -15,7 +15,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	h := bth.BTH(pkt)
 	pp := h.PSN()
 	// A response must be for a PSN we sent: [compPSN-1, psn).
-	if r.head == r.next || !pp.Less(r.psn) || pp.Less(r.compPSN.Prev()) {
+	if r.head == r.end() || !pp.Less(r.psn) || pp.Less(r.compPSN.Prev()) {
 		q.GhostResponse++
 		return
 	}
@@ -27,13 +27,15 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	// Implicit completion: every SEND/WRITE ending before pp is done. A
 	// READ/ATOMIC ending before pp lost its response: go back to it.
 	progress := false
-	for r.head != r.next {
+	for r.head != r.end() {
 		e := r.entry(r.head)
 		if e.state == wqePosted || !e.lastPSN.Less(pp) {
 			break
 		}
 		if e.Opcode.IsReadOrAtomic() {
-			q.retry(now, r.compPSN)
+			if !r.retrying {
+				q.retry(now, r.compPSN)
+			}
 			return
 		}
 		r.compPSN = e.lastPSN.Next()
@@ -44,7 +46,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	if progress {
 		q.progress(now)
 	}
-	if r.head == r.next {
+	if r.head == r.end() {
 		q.idle()
 		return
 	}
@@ -116,8 +118,11 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 		// Everything before pp was received: the NAK acknowledges it.
 		if pp.Diff(r.compPSN) > 0 && !e.Opcode.IsReadOrAtomic() {
 			r.compPSN = pp
+			q.progress(now)
 		}
-		q.retry(now, pp)
+		if !r.retrying {
+			q.retry(now, pp)
+		}
 	default:
 		st := wr.RemOpErr
 		switch syn {
@@ -180,9 +185,7 @@ func (q *QP) finishHead(now clock.Time, e *sendEntry) {
 	q.completeSend(e, wr.Success)
 	r.head++
 	q.progress(now)
-	if r.head == r.next {
-		q.idle()
-	}
+	q.idle()
 }
 
 // progress notes forward progress: fresh retry budgets, timer restarted.
@@ -190,6 +193,7 @@ func (q *QP) progress(now clock.Time) {
 	r := &q.req
 	r.retryLeft = q.cfg.RetryCnt
 	r.rnrLeft = q.cfg.RNRRetry
+	r.retrying = false
 	if r.rto != 0 {
 		r.timer = now + r.rto
 	}
@@ -197,11 +201,16 @@ func (q *QP) progress(now clock.Time) {
 
 // idle disarms the timer when nothing is outstanding.
 func (q *QP) idle() {
-	if q.req.head == q.req.next {
+	if q.req.head == q.req.end() {
 		q.req.timer = clock.Never
 	}
 }
 
+// retry spends one transport retry. Once a retry has started, responses
+// still in flight from before it (stale ACKs beyond a READ, repeated
+// sequence NAKs) would each trigger another; like rxe's started_retry,
+// only forward progress or a timeout re-arms that path.
+//
 // retry spends one transport retry and goes back to PSN p, or fails the
 // head WQE with RETRY_EXC_ERR when the budget is gone. retry_cnt 7 is 7
 // retries, not infinity (IBA C9-130); only rnr_retry 7 is infinite.
@@ -215,6 +224,7 @@ func (q *QP) retry(now clock.Time, p bth.PSN) {
 		return
 	}
 	r.retryLeft--
+	r.retrying = true
 	q.rewind(p)
 	if r.rto != 0 {
 		r.timer = now + r.rto
@@ -237,7 +247,7 @@ func (q *QP) expire(now clock.Time) {
 	if now < r.timer {
 		return
 	}
-	if r.head == r.next {
+	if r.head == r.end() {
 		r.timer = clock.Never
 		return
 	}

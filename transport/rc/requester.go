@@ -43,6 +43,7 @@ type requester struct {
 	rto       clock.Time // timeout duration in ns (0 = none)
 	draining  bool
 	rnrPSN    bth.PSN // where to resume after the RNR wait
+	retrying  bool    // a NAK/lost-response retry is under way, no progress since
 }
 
 func (r *requester) init(cfg *Config) {
@@ -53,6 +54,15 @@ func (r *requester) init(cfg *Config) {
 	r.timer = clock.Never
 	r.rto = clock.Time(AckTimeout(cfg.Timeout))
 	r.noAck = 0
+}
+
+// end is one past the last WQE with packets on the wire: next, or next+1
+// while the WQE at next is partly sent.
+func (r *requester) end() uint32 {
+	if r.next != r.tail && r.entry(r.next).state == wqeSending {
+		return r.next + 1
+	}
+	return r.next
 }
 
 func (r *requester) entry(i uint32) *sendEntry { return &r.sq[i%uint32(len(r.sq))] }
@@ -258,7 +268,8 @@ func (q *QP) rewind(p bth.PSN) {
 	r := &q.req
 	q.Retransmits++
 	i := r.head
-	for ; i != r.next; i++ {
+	limit := r.end()
+	for ; i != limit; i++ {
 		e := r.entry(i)
 		if p.LessEq(e.lastPSN) {
 			break
@@ -269,10 +280,6 @@ func (q *QP) rewind(p bth.PSN) {
 		if r.entry(j).Opcode.IsReadOrAtomic() {
 			r.rdAtomic++
 		}
-	}
-	limit := r.next
-	if limit != r.tail && r.entry(limit).state == wqeSending {
-		limit++
 	}
 	for j := i; j != limit; j++ {
 		e := r.entry(j)

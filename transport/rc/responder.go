@@ -34,6 +34,7 @@ const (
 	itemAck itemKind = iota
 	itemRead
 	itemAtomic
+	itemCancelled // a replay whose resource was reused; skipped
 )
 
 // respItem is one queued response: an ACK/NAK, a READ reply stream or an
@@ -117,17 +118,6 @@ func (s *responder) pushAck(syn uint8, psn bth.PSN, msn uint32) {
 		}
 	}
 	s.push(respItem{kind: itemAck, syn: syn, psn: psn, msn: msn})
-}
-
-// resBusy reports whether a queued reply still reads resource i.
-func (s *responder) resBusy(i int) bool {
-	for k := 0; k < s.qlen; k++ {
-		it := &s.q[(s.qhead+k)%len(s.q)]
-		if it.kind == itemRead && it.res == i {
-			return true
-		}
-	}
-	return false
 }
 
 // receiveRequest is the responder. pay is pkt[hl:end].
@@ -368,12 +358,21 @@ func (q *QP) accepted(pkt []byte, pp bth.PSN) {
 	}
 }
 
-// newResource takes the next slot of the resource ring, or -1 when its
-// reply is still being sent (the peer exceeded max_dest_rd_atomic).
+// newResource takes the next slot of the resource ring (the oldest), or -1
+// when the response queue is full. A reply still queued on the reused slot
+// can only be a replay for a stale duplicate (a peer honouring
+// max_rd_atomic has completed the original by now), so it is cancelled,
+// as rxe overwrites its oldest resource.
 func (s *responder) newResource() int {
-	i := s.resHead
-	if s.resBusy(i) || s.qlen >= len(s.q)-1 {
+	if s.qlen >= len(s.q)-1 {
 		return -1
+	}
+	i := s.resHead
+	for k := 0; k < s.qlen; k++ {
+		it := &s.q[(s.qhead+k)%len(s.q)]
+		if it.kind == itemRead && it.res == i {
+			it.kind = itemCancelled
+		}
 	}
 	s.resHead = (s.resHead + 1) % len(s.res)
 	return i
@@ -397,7 +396,7 @@ func (q *QP) execRead(pkt []byte, op bth.Opcode, pp bth.PSN) {
 	}
 	i := s.newResource()
 	if i < 0 {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.RxDropped++ // no room to answer: as if lost, the requester resends
 		return
 	}
 	npk := pktsFor(n, q.cfg.MTU)
@@ -421,7 +420,7 @@ func (q *QP) execAtomic(pkt []byte, op bth.Opcode, pp bth.PSN) {
 	}
 	i := s.newResource()
 	if i < 0 {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.RxDropped++
 		return
 	}
 	var orig uint64
@@ -522,6 +521,13 @@ func (q *QP) buildResponse(buf []byte) int {
 		return 0
 	}
 	it := &s.q[s.qhead]
+	for it.kind == itemCancelled {
+		s.pop()
+		if s.qlen == 0 {
+			return q.buildResponse(buf)
+		}
+		it = &s.q[s.qhead]
+	}
 	switch it.kind {
 	case itemAck:
 		q.encodeBTH(buf, bth.RCAcknowledge, it.psn, false, false, 0)
