@@ -242,7 +242,17 @@ func Open(cfg Config) (s *Socket, err error) {
 		flags |= unix.XDP_USE_SG
 	}
 	sa := &unix.SockaddrXDP{Flags: flags, Ifindex: uint32(cfg.IfIndex), QueueID: uint32(cfg.Queue)}
-	if err := unix.Bind(fd, sa); err != nil {
+	// A socket closed on this queue a moment ago releases the queue from a
+	// kernel work item: bind says EBUSY until then. Retry, bounded (a queue
+	// held by a live socket stays busy and the error is reported).
+	for try := 0; ; try++ {
+		err = unix.Bind(fd, sa)
+		if err != unix.EBUSY || try == 100 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err != nil {
 		return s, fmt.Errorf("xsk: bind ifindex %d queue %d (flags %#x): %w", cfg.IfIndex, cfg.Queue, flags, err)
 	}
 	var opts uint32
