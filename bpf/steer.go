@@ -126,18 +126,39 @@ func Load(opts Options) (*Program, error) {
 // driver supports XDP and in generic mode otherwise. A Program is attached to
 // at most one interface, because its XSKMAP is indexed by queue alone.
 func (p *Program) Attach(ifindex int) (AttachMode, error) {
+	return p.AttachWith(ifindex, NotAttached)
+}
+
+// AttachWith is Attach with a required mode: DriverMode or GenericMode, or
+// NotAttached for driver mode with a generic fallback.
+func (p *Program) AttachWith(ifindex int, want AttachMode) (AttachMode, error) {
 	if p.link != nil {
 		return p.mode, errors.New("bpf: program already attached")
 	}
-	l, err := link.AttachXDP(link.XDPOptions{Program: p.objs.Steer, Interface: ifindex, Flags: link.XDPDriverMode})
-	mode := DriverMode
-	if err != nil {
-		var gerr error
-		l, gerr = link.AttachXDP(link.XDPOptions{Program: p.objs.Steer, Interface: ifindex, Flags: link.XDPGenericMode})
-		if gerr != nil {
-			return NotAttached, fmt.Errorf("bpf: attach XDP to ifindex %d: driver mode: %v; generic mode: %w", ifindex, err, gerr)
+	try := func(m AttachMode) (link.Link, error) {
+		f := link.XDPDriverMode
+		if m == GenericMode {
+			f = link.XDPGenericMode
 		}
-		mode = GenericMode
+		return link.AttachXDP(link.XDPOptions{Program: p.objs.Steer, Interface: ifindex, Flags: f})
+	}
+	var l link.Link
+	var err error
+	mode := want
+	switch want {
+	case DriverMode, GenericMode:
+		if l, err = try(want); err != nil {
+			return NotAttached, fmt.Errorf("bpf: attach XDP to ifindex %d in %v mode: %w", ifindex, want, err)
+		}
+	default:
+		mode = DriverMode
+		if l, err = try(DriverMode); err != nil {
+			var gerr error
+			mode = GenericMode
+			if l, gerr = try(GenericMode); gerr != nil {
+				return NotAttached, fmt.Errorf("bpf: attach XDP to ifindex %d: driver mode: %v; generic mode: %w", ifindex, err, gerr)
+			}
+		}
 	}
 	p.link, p.mode, p.ifindex = l, mode, ifindex
 	return mode, nil

@@ -26,6 +26,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afpacket"
@@ -51,6 +52,9 @@ type Result struct {
 	RTTP99Us     float64 `json:"rtt_p99_us,omitempty"`
 	Lost         uint64  `json:"lost,omitempty"` // ping-pong: requests without a reply in 100 ms
 	Error        string  `json:"error,omitempty"`
+	// Sender and receiver port counters after the test (syscalls, drops...).
+	SenderStats   any `json:"sender_stats,omitempty"`
+	ReceiverStats any `json:"receiver_stats,omitempty"`
 }
 
 // Report is the JSON document.
@@ -71,7 +75,18 @@ func main() {
 	sizesF := flag.String("sizes", "64,1024,4096", "frame sizes in bytes")
 	portsF := flag.String("ports", "afxdp,afpacket", "ports to measure")
 	testsF := flag.String("tests", "tx-only,rx-only,ping-pong", "tests to run")
+	xdpMode := flag.String("xdp-mode", "auto", "AF_XDP attach mode: auto, driver or generic")
 	flag.Parse()
+	switch *xdpMode {
+	case "auto":
+	case "driver":
+		xdpAttach = bpf.DriverMode
+	case "generic":
+		xdpAttach = bpf.GenericMode
+	default:
+		fmt.Fprintf(os.Stderr, "bench/io: bad -xdp-mode %q\n", *xdpMode)
+		os.Exit(2)
+	}
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench/io: needs root (network namespaces, veth, XDP)")
 		os.Exit(2)
@@ -158,12 +173,14 @@ func printTable(rep Report) {
 	fmt.Printf("(%s, %d CPUs, %s; %s)\n", rep.Kernel, rep.CPUs, rep.Go, rep.Note)
 }
 
+var xdpAttach bpf.AttachMode
+
 // open opens a port of the given kind on l, inside l's namespace.
 func open(kind string, l *netnstest.Link) (p port.Port, mode string, err error) {
 	err = l.NS.Do(func() error {
 		switch kind {
 		case "afxdp":
-			x, err := afxdp.Open(afxdp.Config{IfIndex: l.Index})
+			x, err := afxdp.Open(afxdp.Config{IfIndex: l.Index, XDPMode: xdpAttach})
 			if err != nil {
 				return err
 			}
@@ -223,7 +240,20 @@ func run(pair *netnstest.Pair, kind, test string, size int, dur time.Duration, p
 	if err != nil {
 		r.Error = err.Error()
 	}
+	r.SenderStats, r.ReceiverStats = portStats(a), portStats(b)
 	return r
+}
+
+func portStats(p port.Port) any {
+	switch p := p.(type) {
+	case *afxdp.Port:
+		st, _ := p.Stats()
+		return st
+	case *afpacket.Port:
+		st, _ := p.Stats()
+		return st
+	}
+	return nil
 }
 
 func batchOf(pair *netnstest.Pair, size int) [][]byte {

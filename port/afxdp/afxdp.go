@@ -36,6 +36,9 @@ type Config struct {
 	// Program is the attached steering program. Nil: the port loads one,
 	// attaches it to IfIndex and detaches it on Close.
 	Program *bpf.Program
+	// XDPMode, when the port attaches the program: bpf.DriverMode or
+	// bpf.GenericMode, or zero for driver mode with a generic fallback.
+	XDPMode bpf.AttachMode
 	// FrameSize, NumFrames, Headroom and Mode are passed to xsk.Config.
 	FrameSize uint32
 	NumFrames uint32
@@ -114,7 +117,7 @@ func Open(cfg Config) (p *Port, err error) {
 			return p, fmt.Errorf("afxdp: %w", err)
 		}
 		p.ownsProg = true
-		if _, err = p.prog.Attach(cfg.IfIndex); err != nil {
+		if _, err = p.prog.AttachWith(cfg.IfIndex, cfg.XDPMode); err != nil {
 			return p, fmt.Errorf("afxdp: %w", err)
 		}
 	}
