@@ -1,0 +1,286 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// A Case is one interop test: a server command on one peer, then a client
+// command on another, under one path MTU and one GID family.
+type Case struct {
+	Name    string
+	MTU     int           // path MTU under test: 1024 (netdev MTU 1500) or 4096 (netdev MTU 4200)
+	IP      int           // GID family: 4 (IPv4-mapped GIDs) or 6
+	Timeout time.Duration // per side; the guest enforces it with timeout(1)
+	// Ready says how the runner knows the server is up before starting the
+	// client: "tcp:PORT" (a listening TCP socket: perftest and the pingpongs'
+	// side channel), "cm:PORT" (a listening rdma_cm ID), "delay:SECONDS".
+	Ready string
+	// Loss is the percentage of frames netem drops on every guest's egress
+	// during the case; with Expect "loss" the case must show recovery
+	// (NAKs, retransmissions or duplicates in the rxe counters).
+	Loss   int
+	Expect string
+	Server Side
+	Client Side
+	Line   int // line in the case file, for messages
+}
+
+// A Side is one command and the peer that runs it: "host" (the test's
+// namespace on this machine, where softrnic runs), "guest" (the rxe guest of
+// the interop mode) or "a"/"b" (the two rxe guests of the self-check).
+type Side struct {
+	Peer string
+	Cmd  string
+}
+
+// NetdevMTU is the Ethernet MTU that gives rxe (and softrnic) the case's
+// path MTU: rxe derives its active MTU from the netdev's minus the RoCEv2
+// headers, so 1500 yields 1024 and 4200 yields 4096.
+func (c *Case) NetdevMTU() int {
+	if c.MTU > 1024 {
+		return 4200
+	}
+	return 1500
+}
+
+// HostSubcommand is the softrnic subcommand a host side needs ("perf" for
+// "softrnic perf write_bw ..."), or "" when no side runs softrnic.
+func (c *Case) HostSubcommand() string {
+	for _, s := range []Side{c.Server, c.Client} {
+		if s.Peer != "host" {
+			continue
+		}
+		f := strings.Fields(s.Cmd)
+		if len(f) >= 2 && f[0] == "softrnic" {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// ParseCases reads a case file. Each non-blank line that does not start with
+// '#' is
+//
+//	NAME | ATTRS | SERVER-PEER: COMMAND | CLIENT-PEER: COMMAND
+//
+// NAME may hold brace groups, "{a,b,c}", which expand the line into one case
+// per combination; $1..$9 in ATTRS and the commands stand for the value the
+// 1st..9th group took. ATTRS are space-separated key=value pairs: mtu, ip,
+// timeout (seconds), ready, loss, expect. Fields are separated by " | ", so
+// a command cannot contain " | ".
+func ParseCases(r io.Reader) ([]Case, error) {
+	var out []Case
+	seen := map[string]int{}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	line := 0
+	for sc.Scan() {
+		line++
+		t := strings.TrimSpace(sc.Text())
+		if t == "" || strings.HasPrefix(t, "#") {
+			continue
+		}
+		f := strings.Split(t, " | ")
+		if len(f) != 4 {
+			return nil, fmt.Errorf("line %d: want 4 fields separated by \" | \", got %d", line, len(f))
+		}
+		for i := range f {
+			f[i] = strings.TrimSpace(f[i])
+		}
+		names, choices, err := expandBraces(f[0])
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %v", line, err)
+		}
+		for i, name := range names {
+			sub := func(s string) string { return substGroups(s, choices[i]) }
+			c := Case{Name: name, MTU: 1024, IP: 4, Timeout: 60 * time.Second, Line: line}
+			if err := c.setAttrs(sub(f[1])); err != nil {
+				return nil, fmt.Errorf("line %d (%s): %v", line, name, err)
+			}
+			if c.Server, err = parseSide(sub(f[2])); err != nil {
+				return nil, fmt.Errorf("line %d (%s): server: %v", line, name, err)
+			}
+			if c.Client, err = parseSide(sub(f[3])); err != nil {
+				return nil, fmt.Errorf("line %d (%s): client: %v", line, name, err)
+			}
+			if c.Server.Peer == c.Client.Peer {
+				return nil, fmt.Errorf("line %d (%s): server and client on the same peer %q", line, name, c.Server.Peer)
+			}
+			if prev, dup := seen[name]; dup {
+				return nil, fmt.Errorf("line %d: case %s already defined on line %d", line, name, prev)
+			}
+			seen[name] = line
+			out = append(out, c)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func parseSide(s string) (Side, error) {
+	peer, cmd, ok := strings.Cut(s, ":")
+	peer, cmd = strings.TrimSpace(peer), strings.TrimSpace(cmd)
+	if !ok || cmd == "" {
+		return Side{}, fmt.Errorf("want PEER: COMMAND, got %q", s)
+	}
+	switch peer {
+	case "host", "guest", "a", "b":
+	default:
+		return Side{}, fmt.Errorf("unknown peer %q (host, guest, a, b)", peer)
+	}
+	return Side{Peer: peer, Cmd: cmd}, nil
+}
+
+func (c *Case) setAttrs(s string) error {
+	for _, kv := range strings.Fields(s) {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return fmt.Errorf("attribute %q is not key=value", kv)
+		}
+		var err error
+		switch k {
+		case "mtu":
+			c.MTU, err = strconv.Atoi(v)
+			if err == nil && c.MTU != 1024 && c.MTU != 4096 {
+				err = fmt.Errorf("mtu %d: the lab tests path MTUs 1024 and 4096", c.MTU)
+			}
+		case "ip":
+			c.IP, err = strconv.Atoi(v)
+			if err == nil && c.IP != 4 && c.IP != 6 {
+				err = fmt.Errorf("ip must be 4 or 6")
+			}
+		case "timeout":
+			var n int
+			n, err = strconv.Atoi(v)
+			if err == nil && (n <= 0 || n > 600) {
+				err = fmt.Errorf("timeout %d s out of (0, 600]", n)
+			}
+			c.Timeout = time.Duration(n) * time.Second
+		case "ready":
+			kind, arg, _ := strings.Cut(v, ":")
+			n, e := strconv.ParseFloat(arg, 64)
+			switch {
+			case kind != "tcp" && kind != "cm" && kind != "delay":
+				err = fmt.Errorf("ready %q: want tcp:PORT, cm:PORT or delay:SECONDS", v)
+			case e != nil || n < 0 || n > 65535 || (kind == "delay" && n > 30):
+				err = fmt.Errorf("ready %q: bad number", v)
+			}
+			c.Ready = v
+		case "loss":
+			c.Loss, err = strconv.Atoi(v)
+			if err == nil && (c.Loss < 0 || c.Loss > 50) {
+				err = fmt.Errorf("loss %d%% out of [0, 50]", c.Loss)
+			}
+		case "expect":
+			if v != "loss" {
+				err = fmt.Errorf("expect %q: only \"loss\" is known", v)
+			}
+			c.Expect = v
+		default:
+			err = fmt.Errorf("unknown attribute %q", k)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if c.Expect == "loss" && c.Loss == 0 {
+		return fmt.Errorf("expect=loss without loss=PCT")
+	}
+	return nil
+}
+
+// expandBraces expands every "{a,b}" group of name (cartesian product, first
+// group varying slowest) and returns the names with the choice made per group.
+func expandBraces(name string) ([]string, [][]string, error) {
+	type group struct {
+		start, end int
+		alts       []string
+	}
+	var groups []group
+	for i := 0; i < len(name); i++ {
+		switch name[i] {
+		case '{':
+			j := strings.IndexByte(name[i:], '}')
+			if j < 0 {
+				return nil, nil, fmt.Errorf("unclosed { in %q", name)
+			}
+			body := name[i+1 : i+j]
+			if strings.ContainsAny(body, "{") {
+				return nil, nil, fmt.Errorf("nested braces in %q", name)
+			}
+			alts := strings.Split(body, ",")
+			for _, a := range alts {
+				if a == "" {
+					return nil, nil, fmt.Errorf("empty alternative in %q", name)
+				}
+			}
+			groups = append(groups, group{i, i + j + 1, alts})
+			i += j
+		case '}':
+			return nil, nil, fmt.Errorf("stray } in %q", name)
+		}
+	}
+	if len(groups) > 9 {
+		return nil, nil, fmt.Errorf("more than 9 brace groups in %q", name)
+	}
+	names := []string{""}
+	choices := [][]string{nil}
+	prev := 0
+	for _, g := range groups {
+		var nn []string
+		var nc [][]string
+		for k, n := range names {
+			for _, a := range g.alts {
+				nn = append(nn, n+name[prev:g.start]+a)
+				nc = append(nc, append(append([]string(nil), choices[k]...), a))
+			}
+		}
+		names, choices = nn, nc
+		prev = g.end
+	}
+	for k := range names {
+		names[k] += name[prev:]
+	}
+	return names, choices, nil
+}
+
+var groupRef = regexp.MustCompile(`\$[1-9]`)
+
+// substGroups replaces $1..$9 with the brace choices; references to groups
+// that do not exist are left alone (they may be shell positional parameters).
+func substGroups(s string, choice []string) string {
+	return groupRef.ReplaceAllStringFunc(s, func(m string) string {
+		i := int(m[1] - '1')
+		if i < len(choice) {
+			return choice[i]
+		}
+		return m
+	})
+}
+
+// Filter keeps the cases whose name matches the regular expression only (all
+// when only is empty).
+func Filter(cs []Case, only string) ([]Case, error) {
+	if only == "" {
+		return cs, nil
+	}
+	re, err := regexp.Compile(only)
+	if err != nil {
+		return nil, fmt.Errorf("-only: %v", err)
+	}
+	var out []Case
+	for _, c := range cs {
+		if re.MatchString(c.Name) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// Counters are rxe's hw_counters by name (ports/1/hw_counters in sysfs, the
+// same values `rdma statistic` prints).
+type Counters map[string]uint64
+
+// ParseCounters reads the guest's "name value" lines.
+func ParseCounters(r io.Reader) (Counters, error) {
+	c := Counters{}
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		v, err := strconv.ParseUint(f[1], 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("counter %s: %v", f[0], err)
+		}
+		c[f[0]] = v
+	}
+	return c, sc.Err()
+}
+
+// Delta is after minus before, per counter present in both.
+func Delta(before, after Counters) Counters {
+	d := Counters{}
+	for k, a := range after {
+		if b, ok := before[k]; ok && a >= b {
+			d[k] = a - b
+		}
+	}
+	return d
+}
+
+// recoveryCounters move when a peer recovers from loss: the requester saw a
+// NAK sequence error or retried, the responder saw a gap or a duplicate.
+var recoveryCounters = []string{"rcvd_seq_err", "completer_retry_err", "out_of_seq_request", "duplicate_request"}
+
+// fatalCounters must never move: they end a QP in error or show the link
+// went away. RNR counters are in this list too because no lab case provokes
+// RNR on purpose (perftest and the pingpongs post receives before the peer
+// sends).
+var fatalCounters = []string{"retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "link_downed", "rcvd_rnr_err", "send_rnr_err"}
+
+// icrcMessage matches what rxe logs when it drops a packet for a bad ICRC;
+// rxe (6.1) has no ICRC counter, so the kernel log is where it shows.
+var icrcMessage = regexp.MustCompile(`(?i)\bicrc\b`)
+
+// CheckCounters judges one guest's counter deltas and kernel log for a case.
+// It returns the problems found (none means the rxe side is clean) and the
+// sum of the recovery counters, which a loss case needs to be non-zero.
+func CheckCounters(d Counters, dmesg string, expectLoss bool) (problems []string, recovery uint64) {
+	for _, k := range recoveryCounters {
+		recovery += d[k]
+		if d[k] != 0 && !expectLoss {
+			problems = append(problems, fmt.Sprintf("%s+%d", k, d[k]))
+		}
+	}
+	for _, k := range fatalCounters {
+		if d[k] != 0 {
+			problems = append(problems, fmt.Sprintf("%s+%d", k, d[k]))
+		}
+	}
+	for _, l := range strings.Split(dmesg, "\n") {
+		if icrcMessage.MatchString(l) {
+			problems = append(problems, "kernel: "+strings.TrimSpace(l))
+			break
+		}
+	}
+	return problems, recovery
+}
+
+// String prints the non-zero counters, sorted, for the results file.
+func (c Counters) String() string {
+	keys := make([]string, 0, len(c))
+	for k, v := range c {
+		if v != 0 {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		fmt.Fprintf(&b, "%s=%d", k, c[k])
+	}
+	return b.String()
+}

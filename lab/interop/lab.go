@@ -1,0 +1,407 @@
+package main
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Addresses inside the lab's namespace: traffic never leaves it.
+const (
+	hostIP4 = "10.77.0.254"
+	hostIP6 = "fd77::fe"
+)
+
+// A Lab is one run's namespace, taps and guests.
+type Lab struct {
+	o        options
+	mode     string
+	ns       string
+	guests   []*Guest
+	byPeer   map[string]*Guest
+	hostIf   string // interop: the tap softrnic attaches to
+	capIf    string // where captures are taken
+	hostMTU  int
+	softPath string // absolute path of the softrnic binary's directory
+	closed   sync.Once
+}
+
+func newLab(o options, mode string) (*Lab, error) {
+	var rnd [3]byte
+	rand.Read(rnd[:])
+	l := &Lab{o: o, mode: mode, byPeer: map[string]*Guest{},
+		ns: fmt.Sprintf("srlab-%d-%s", os.Getpid(), hex.EncodeToString(rnd[:]))}
+	if err := ipCmd("netns", "add", l.ns); err != nil {
+		return nil, err
+	}
+	if err := l.setup(); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Lab) setup() error {
+	if err := nsExec(l.ns, "ip", "link", "set", "lo", "up"); err != nil {
+		return err
+	}
+	// A namespace holding addresses on a bridge and another port must not
+	// answer ARP for one on the other (weak host model, lab notes pitfall 6).
+	if err := nsExec(l.ns, "sysctl", "-qw", "net.ipv4.conf.all.arp_ignore=1"); err != nil {
+		return err
+	}
+	mkGuest := func(peer string, i int) *Guest {
+		g := &Guest{
+			Name:  peer,
+			Share: mustMkdir(filepath.Join(l.o.out, "guest-"+peer)),
+			IP4:   fmt.Sprintf("10.77.0.%d", i+1),
+			IP6:   fmt.Sprintf("fd77::%d", i+1),
+			MAC:   fmt.Sprintf("52:54:00:77:00:%02x", i+1),
+			Tap:   fmt.Sprintf("lt%d", i),
+		}
+		l.guests = append(l.guests, g)
+		l.byPeer[peer] = g
+		return g
+	}
+	tap := func(name string) error {
+		return ipCmd("-n", l.ns, "tuntap", "add", "dev", name, "mode", "tap")
+	}
+	if l.mode == "selfcheck" {
+		a, b := mkGuest("a", 0), mkGuest("b", 1)
+		if err := ipCmd("-n", l.ns, "link", "add", "lb0", "mtu", "4200", "type", "bridge"); err != nil {
+			return err
+		}
+		for _, g := range []*Guest{a, b} {
+			if err := tap(g.Tap); err != nil {
+				return err
+			}
+			if err := ipCmd("-n", l.ns, "link", "set", g.Tap, "mtu", "4200", "master", "lb0", "up"); err != nil {
+				return err
+			}
+		}
+		// No STP, no forwarding delay: ports forward at once.
+		if err := ipCmd("-n", l.ns, "link", "set", "lb0", "type", "bridge", "stp_state", "0", "forward_delay", "0"); err != nil {
+			return err
+		}
+		if err := ipCmd("-n", l.ns, "link", "set", "lb0", "up"); err != nil {
+			return err
+		}
+		l.capIf = "lb0"
+		return nil
+	}
+	g := mkGuest("guest", 0)
+	if err := tap(g.Tap); err != nil {
+		return err
+	}
+	l.hostIf, l.capIf, l.hostMTU = g.Tap, g.Tap, 1500
+	for _, a := range [][]string{
+		// No link-local address: the tap's only IPv6 address is hostIP6, so
+		// softrnic's GID table is unambiguous (index 0 IPv4, 1 IPv6).
+		{"-n", l.ns, "link", "set", g.Tap, "addrgenmode", "none"},
+		{"-n", l.ns, "link", "set", g.Tap, "mtu", "1500", "up"},
+		{"-n", l.ns, "addr", "add", hostIP4 + "/24", "dev", g.Tap},
+		{"-n", l.ns, "-6", "addr", "add", hostIP6 + "/64", "dev", g.Tap, "nodad"},
+	} {
+		if err := ipCmd(a...); err != nil {
+			return err
+		}
+	}
+	bin, err := filepath.Abs(l.o.softrnic)
+	if err != nil {
+		return err
+	}
+	l.softPath = filepath.Dir(bin)
+	return nil
+}
+
+// Boot starts every guest (in parallel: each is one TCG thread) and waits
+// for all of them.
+func (l *Lab) Boot() error {
+	kernel, _ := filepath.Abs(filepath.Join(l.o.cache, "vmlinuz"))
+	initrd, _ := filepath.Abs(filepath.Join(l.o.cache, "initrd.img"))
+	errs := make(chan error, len(l.guests))
+	for _, g := range l.guests {
+		go func(g *Guest) { errs <- g.Boot(l.ns, kernel, initrd, 1500, l.o.bootLimit) }(g)
+	}
+	var first error
+	for range l.guests {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	if first != nil {
+		return first
+	}
+	return l.warmUp()
+}
+
+// warmUp has every guest ping every other address of the lab, IPv4 and
+// IPv6, before the first case. rxe sends its first frames while ARP/ND is
+// still resolving and the neighbour queue drops what does not fit, which
+// would show up as retries in the first case of each family; it also proves
+// the lab's wiring before any case depends on it.
+func (l *Lab) warmUp() error {
+	var targets []string
+	if l.hostIf != "" {
+		targets = append(targets, hostIP4, hostIP6)
+	}
+	for _, g := range l.guests {
+		targets = append(targets, g.IP4, g.IP6)
+	}
+	c := &Case{Name: "lab warm-up", MTU: 1024, IP: 4, Timeout: 30 * time.Second}
+	jobs := map[*Guest]*GuestJob{}
+	for _, g := range l.guests {
+		var cmd []string
+		for _, t := range targets {
+			if t != g.IP4 && t != g.IP6 {
+				cmd = append(cmd, "ping -q -c 1 -W 5 "+t)
+			}
+		}
+		j, err := g.Submit(c, "set -e\n"+strings.Join(cmd, "\n"), "")
+		if err != nil {
+			return err
+		}
+		jobs[g] = j
+	}
+	for g, j := range jobs {
+		rc, err := j.Wait()
+		if err != nil {
+			return err
+		}
+		if rc != 0 {
+			return fmt.Errorf("guest %s cannot reach the lab's addresses: %s", g.Name, strings.Join(tail("", j.Output(), 4), " / "))
+		}
+	}
+	return nil
+}
+
+// Close powers the guests off and removes the namespace (and with it the
+// taps and the bridge). Safe to call more than once.
+func (l *Lab) Close() {
+	l.closed.Do(func() {
+		var wg sync.WaitGroup
+		for _, g := range l.guests {
+			wg.Add(1)
+			go func(g *Guest) { defer wg.Done(); g.Shutdown(15 * time.Second) }(g)
+		}
+		wg.Wait()
+		if err := ipCmd("netns", "del", l.ns); err != nil {
+			fmt.Fprintln(os.Stderr, "interop: teardown:", err)
+		}
+	})
+}
+
+// addr returns a peer's address in the family asked for.
+func (l *Lab) addr(peer string, ip int) string {
+	if g, ok := l.byPeer[peer]; ok {
+		if ip == 6 {
+			return g.IP6
+		}
+		return g.IP4
+	}
+	if ip == 6 {
+		return hostIP6
+	}
+	return hostIP4
+}
+
+// expand fills a command's placeholders: {server} and {server6} (the
+// server's addresses: side channels use IPv4), {server_ip} (the server's
+// address in the case's GID family: what rdma_cm resolves), {iface} (the
+// host's interface), {mtu} (path MTU).
+func (l *Lab) expand(c *Case, cmd string) string {
+	return strings.NewReplacer(
+		"{server}", l.addr(c.Server.Peer, 4),
+		"{server6}", l.addr(c.Server.Peer, 6),
+		"{server_ip}", l.addr(c.Server.Peer, c.IP),
+		"{iface}", l.hostIf,
+		"{mtu}", strconv.Itoa(c.MTU),
+	).Replace(cmd)
+}
+
+// job is one side of a case, in a guest or on the host.
+type job interface {
+	WaitReady() error
+	Wait() (int, error)
+	Output() string
+}
+
+type result struct {
+	ok     bool
+	fatal  bool // the lab itself broke (a guest died): stop the run
+	took   time.Duration
+	why    []string
+	detail []string
+	note   string
+}
+
+func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) {
+	cmd := l.expand(c, s.Cmd)
+	if g, ok := l.byPeer[s.Peer]; ok {
+		return g.Submit(c, cmd, ready)
+	}
+	// HOSTGID is softrnic's GID index for the case's family: its table
+	// lists the interface's IPv4 address first, then its IPv6 addresses.
+	hostGID := "0"
+	if c.IP == 6 {
+		hostGID = "1"
+	}
+	env := append(os.Environ(), "PATH="+l.softPath+":"+os.Getenv("PATH"), "IFACE="+l.hostIf, "HOSTGID="+hostGID)
+	return startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
+}
+
+// Run runs one case: server, wait until it is ready, client, wait for both,
+// then judge exit statuses, the rxe counters of every guest involved, and
+// the capture.
+func (l *Lab) Run(c *Case) (r result) {
+	t0 := time.Now()
+	defer func() { r.took = time.Since(t0) }()
+	fail := func(format string, a ...any) { r.why = append(r.why, fmt.Sprintf(format, a...)) }
+	caseDir := mustMkdir(filepath.Join(l.o.out, "case", fileName(c.Name)))
+
+	if l.hostIf != "" && c.NetdevMTU() != l.hostMTU {
+		if err := ipCmd("-n", l.ns, "link", "set", l.hostIf, "mtu", strconv.Itoa(c.NetdevMTU())); err != nil {
+			fail("%v", err)
+			return r
+		}
+		l.hostMTU = c.NetdevMTU()
+	}
+	var capture *Capture
+	if l.o.capture {
+		var err error
+		capture, err = startCapture(l.ns, l.capIf, filepath.Join(mustMkdir(filepath.Join(l.o.out, "pcap")), fileName(c.Name)+".pcap"))
+		if err != nil {
+			fail("capture: %v", err)
+			return r
+		}
+	}
+	ready := c.Ready
+	if ready == "" {
+		ready = "delay:1"
+	}
+	srv, err := l.start(c, c.Server, ready, caseDir)
+	if err != nil {
+		fail("server: %v", err)
+		if capture != nil {
+			capture.Stop()
+		}
+		return r
+	}
+	var cli job
+	if err := srv.WaitReady(); err != nil {
+		fail("server: %v", err)
+	} else if cli, err = l.start(c, c.Client, "", caseDir); err != nil {
+		fail("client: %v", err)
+	}
+	crc := -1
+	if cli != nil {
+		if crc, err = cli.Wait(); err != nil {
+			fail("client: %v", err)
+		}
+	}
+	// A server whose client failed may wait for it forever: stop it soon.
+	if crc != 0 {
+		l.stopSoon(srv, 5*time.Second)
+	}
+	src, err := srv.Wait()
+	if err != nil {
+		fail("server: %v", err)
+	}
+	if capture != nil {
+		capture.Stop()
+	}
+	if cli != nil && crc != 0 {
+		fail("client (%s) exit %d", c.Client.Peer, crc)
+		r.detail = append(r.detail, tail("client: ", cli.Output(), 6)...)
+	}
+	if src != 0 {
+		fail("server (%s) exit %d", c.Server.Peer, src)
+		r.detail = append(r.detail, tail("server: ", srv.Output(), 6)...)
+	}
+
+	// The rxe side of the story: counters and kernel log of every guest.
+	var recovery uint64
+	var counts []string
+	for _, jb := range []job{srv, cli} {
+		gj, ok := jb.(*GuestJob)
+		if !ok || gj == nil {
+			continue
+		}
+		d, dm, err := gj.Counters()
+		if err != nil {
+			fail("guest %s counters: %v", gj.g.Name, err)
+			continue
+		}
+		probs, rec := CheckCounters(d, dm, c.Expect == "loss")
+		recovery += rec
+		for _, p := range probs {
+			fail("guest %s: %s", gj.g.Name, p)
+		}
+		counts = append(counts, gj.g.Name+": "+d.String())
+	}
+	os.WriteFile(filepath.Join(caseDir, "counters"), []byte(strings.Join(counts, "\n")+"\n"), 0o644)
+	if c.Expect == "loss" {
+		if recovery == 0 {
+			fail("loss %d%% but no NAK, retry or duplicate in the rxe counters: recovery not exercised", c.Loss)
+		} else {
+			r.note = fmt.Sprintf("  (recovered: %d NAK/retry/duplicate events)", recovery)
+		}
+	}
+	if capture != nil && l.o.pcapCheck != "" && len(r.why) == 0 {
+		cmd := strings.ReplaceAll(l.o.pcapCheck, "{}", capture.Path)
+		out, err := exec.Command("bash", "-c", cmd).CombinedOutput()
+		os.WriteFile(filepath.Join(caseDir, "pcapcheck"), out, 0o644)
+		if err != nil {
+			fail("pcap check: %v", err)
+			r.detail = append(r.detail, tail("pcapcheck: ", string(out), 6)...)
+		}
+	}
+	for _, g := range l.guests {
+		if !g.Alive() {
+			r.fatal = true
+			fail("guest %s died (see %s)", g.Name, filepath.Join(g.Share, "console.log"))
+		}
+	}
+	r.ok = len(r.why) == 0
+	return r
+}
+
+// stopSoon ends a job after grace unless it ends by itself first.
+func (l *Lab) stopSoon(j job, grace time.Duration) {
+	go func() {
+		time.Sleep(grace)
+		switch j := j.(type) {
+		case *GuestJob:
+			if _, err := os.Stat(filepath.Join(j.dir, "rc")); err != nil {
+				os.WriteFile(filepath.Join(j.dir, "kill"), nil, 0o644)
+			}
+		case *HostJob:
+			select {
+			case <-j.done:
+			default:
+				j.Kill()
+			}
+		}
+	}()
+}
+
+// tail returns the last n non-empty lines of s, prefixed.
+func tail(prefix, s string, n int) []string {
+	var ls []string
+	for _, l := range strings.Split(strings.TrimRight(s, "\n"), "\n") {
+		if strings.TrimSpace(l) != "" {
+			ls = append(ls, prefix+l)
+		}
+	}
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return ls
+}
