@@ -27,7 +27,7 @@ type capturedMAD struct {
 // readCMMADs returns every CM MAD of a capture, parsing Ethernet, IPv4/IPv6,
 // UDP 4791, BTH and DETH by hand so that the test depends on nothing but
 // the capture.
-func readCMMADs(t *testing.T, name string) []capturedMAD {
+func readCMMADs(t testing.TB, name string) []capturedMAD {
 	t.Helper()
 	f, err := os.Open(filepath.Join(vectorsDir, name))
 	if err != nil {

@@ -2,6 +2,7 @@ package cm
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/softrnic/softrnic/clock"
 )
@@ -92,10 +93,9 @@ func (m *Manager) replySIDR(now clock.Time, c *conn, rep *SIDRREP) {
 	mad.InitCM(AttrSIDRREP, c.tid)
 	rep.Encode(mad.Data())
 	c.state = StateSIDRREPSent
-	// The requester retries for at most its CM response time (ours, at
-	// worst) times its retries; holding the answer for one response
-	// timeout plus a round trip covers the retries in flight.
-	c.deadline = now.Add(m.respTimeout(m.cfg.CMResponseTimeout))
+	// A SIDR_REQ names no retry count: hold the answer for as long as a
+	// requester with our own timeout and retries would keep asking.
+	c.deadline = now.Add(m.respTimeout(m.cfg.CMResponseTimeout) * time.Duration(int(m.cfg.MaxCMRetries)+1))
 	m.send(c.peer, &c.msg)
 }
 

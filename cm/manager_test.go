@@ -1,0 +1,582 @@
+package cm
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/clock"
+)
+
+var (
+	addrA = netip.MustParseAddr("10.0.0.1")
+	addrB = netip.MustParseAddr("10.0.0.2")
+)
+
+// node is one side of an in-memory CM test: a Manager, its address, the
+// events it produced, and a policy for EventConnRequest.
+type node struct {
+	m      *Manager
+	addr   netip.Addr
+	events []Event
+	accept *AcceptParams // nil: leave requests unanswered
+}
+
+// net joins two nodes; drop decides, per MAD, whether the wire loses it.
+type net struct {
+	t    *testing.T
+	now  clock.Time
+	a, b *node
+	drop func(from *node, mad MAD) bool
+	sent []Send // every MAD that crossed (or was lost on) the wire
+}
+
+func newNet(t *testing.T, cfgA, cfgB Config) *net {
+	cfgA.CAGUID, cfgB.CAGUID = 0xA, 0xB
+	cfgA.Seed, cfgB.Seed = 1, 2
+	return &net{t: t, a: &node{m: New(cfgA), addr: addrA}, b: &node{m: New(cfgB), addr: addrB}}
+}
+
+func (n *net) other(x *node) *node {
+	if x == n.a {
+		return n.b
+	}
+	return n.a
+}
+
+// settle moves MADs between the nodes, acting on events, until both are
+// quiet. It never advances time.
+func (n *net) settle() {
+	for range 100 {
+		moved := false
+		for _, x := range []*node{n.a, n.b} {
+			evs, sends := x.m.Drain()
+			for _, e := range evs {
+				x.events = append(x.events, e)
+				if e.Kind == EventConnRequest && x.accept != nil {
+					if err := x.m.Accept(n.now, e.ID, x.accept); err != nil {
+						n.t.Fatal(err)
+					}
+					moved = true
+				}
+			}
+			for _, s := range sends {
+				moved = true
+				n.sent = append(n.sent, s)
+				if n.drop != nil && n.drop(x, MAD(s.MAD[:])) {
+					continue
+				}
+				y := n.other(x)
+				if s.To != y.addr {
+					n.t.Fatalf("MAD to %v, peer is %v", s.To, y.addr)
+				}
+				if err := y.m.HandleMAD(n.now, x.addr, s.MAD[:]); err != nil {
+					n.t.Fatal(err)
+				}
+			}
+		}
+		if !moved {
+			return
+		}
+	}
+	n.t.Fatal("CM exchange does not settle")
+}
+
+// advance moves virtual time to the earlier deadline of the two managers
+// and runs their timers.
+func (n *net) advance() clock.Time {
+	d := clock.Min(n.a.m.NextDeadline(), n.b.m.NextDeadline())
+	if d == clock.Never {
+		n.t.Fatal("no timer pending")
+	}
+	n.now = max(n.now, d)
+	n.a.m.Tick(n.now)
+	n.b.m.Tick(n.now)
+	n.settle()
+	return n.now
+}
+
+func (x *node) kinds() []EventKind {
+	var k []EventKind
+	for _, e := range x.events {
+		k = append(k, e.Kind)
+	}
+	return k
+}
+
+func (x *node) last(kind EventKind) *Event {
+	for i := len(x.events) - 1; i >= 0; i-- {
+		if x.events[i].Kind == kind {
+			return &x.events[i]
+		}
+	}
+	return nil
+}
+
+func count(sends []Send, attr AttrID) int {
+	k := 0
+	for _, s := range sends {
+		if MAD(s.MAD[:]).AttrID() == attr {
+			k++
+		}
+	}
+	return k
+}
+
+var svc = ServiceIDTCP(7174)
+
+func connectParams() *ConnectParams {
+	return &ConnectParams{Peer: addrB, Local: addrA, ServiceID: svc, QPN: 0x11, StartingPSN: 0x111111,
+		PathMTU: 5, ResponderResources: 4, InitiatorDepth: 8, RetryCount: 7, RNRRetry: 6,
+		RDMACM: true, SrcPort: 40000, PrivateData: []byte("hello")}
+}
+
+func TestActiveAgainstPassiveInMemory(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 0x222222, ResponderResources: 16, InitiatorDepth: 2,
+		RNRRetry: 5, PrivateData: []byte("world")}
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true, Addr: addrB}); err != nil {
+		t.Fatal(err)
+	}
+	id, err := n.a.m.Connect(n.now, connectParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	ea, eb := n.a.last(EventEstablished), n.b.last(EventEstablished)
+	if ea == nil || eb == nil {
+		t.Fatalf("events: a %v, b %v", n.a.kinds(), n.b.kinds())
+	}
+	req := n.b.last(EventConnRequest)
+	if !req.HasCMA || req.CMA.SrcPort != 40000 || req.CMA.Src != addrA || string(req.Private()[:5]) != "hello" {
+		t.Fatalf("REQ event %+v", req)
+	}
+	if string(ea.Private()[:5]) != "world" {
+		t.Fatalf("REP private data %q", ea.Private()[:5])
+	}
+	qa, qb := ea.QP, eb.QP
+	// Each QP points at the other, with the other's PSNs.
+	if qa.QPN != 0x11 || qa.RemoteQPN != 0x22 || qb.QPN != 0x22 || qb.RemoteQPN != 0x11 ||
+		qa.SQPSN != qb.RQPSN || qb.SQPSN != qa.RQPSN || qa.PathMTU != 5 || qb.PathMTU != 5 {
+		t.Fatalf("QPs: a %+v, b %+v", qa, qb)
+	}
+	// READ/atomic depth: what one side may issue fits what the other holds.
+	// B offered 16 responder resources but A only issues 8 → 8; B issues
+	// 2 (≤ A's 4).
+	if qb.MaxDestRdAtomic != 8 || qa.MaxRdAtomic != 8 || qb.MaxRdAtomic != 2 || qa.MaxDestRdAtomic != 2 {
+		t.Fatalf("rd atomic: a %d/%d, b %d/%d", qa.MaxRdAtomic, qa.MaxDestRdAtomic, qb.MaxRdAtomic, qb.MaxDestRdAtomic)
+	}
+	// Retry policies cross over: the REQ's go to B's QP, the REP's to A's.
+	if qb.RetryCount != 7 || qb.RNRRetry != 6 || qa.RNRRetry != 5 {
+		t.Fatalf("retries: a %+v b %+v", qa, qb)
+	}
+	// One TID for REQ, REP and RTU.
+	tid := MAD(n.sent[0].MAD[:]).TID()
+	for _, s := range n.sent {
+		if MAD(s.MAD[:]).TID() != tid {
+			t.Fatalf("%v has TID %x, REQ had %x", MAD(s.MAD[:]).AttrID(), MAD(s.MAD[:]).TID(), tid)
+		}
+	}
+	if len(n.sent) != 3 || n.a.m.NextDeadline() != clock.Never || n.b.m.NextDeadline() != clock.Never {
+		t.Fatalf("%d MADs, deadlines %v %v", len(n.sent), n.a.m.NextDeadline(), n.b.m.NextDeadline())
+	}
+
+	// B disconnects; A answers; both sit in time-wait, then release.
+	if err := n.b.m.Disconnect(n.now, eb.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	if n.a.last(EventDisconnectRequest) == nil || n.b.last(EventDisconnected) == nil {
+		t.Fatalf("events: a %v, b %v", n.a.kinds(), n.b.kinds())
+	}
+	if n.a.m.State(id) != StateTimeWait || n.b.m.State(eb.ID) != StateTimeWait {
+		t.Fatal("not in time-wait")
+	}
+	n.advance()
+	n.advance()
+	if n.a.last(EventTimeWaitExit) == nil || n.b.last(EventTimeWaitExit) == nil || n.a.m.Conns()+n.b.m.Conns() != 0 {
+		t.Fatalf("time-wait not left: a %v, b %v", n.a.kinds(), n.b.kinds())
+	}
+}
+
+func TestREQRetransmittedThenTimeout(t *testing.T) {
+	n := newNet(t, Config{MaxCMRetries: 3}, Config{})
+	n.drop = func(*node, MAD) bool { return true } // B is unreachable
+	start := clock.Time(7)
+	n.now = start
+	id, err := n.a.m.Connect(n.now, connectParams())
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	// Retransmission every CM response timeout (20) plus two packet life
+	// times (16): 4.096 µs × (2^20 + 2 × 2^16).
+	period := Timeout(20) + 2*Timeout(16)
+	for i := 1; i <= 3; i++ {
+		if at := n.advance(); at != start.Add(time.Duration(i)*period) {
+			t.Fatalf("retransmission %d at %v, want %v", i, at, start.Add(time.Duration(i)*period))
+		}
+	}
+	if got := count(n.sent, AttrREQ); got != 4 {
+		t.Fatalf("%d REQs, want 1 + 3 retries", got)
+	}
+	for _, s := range n.sent[1:] {
+		if !bytes.Equal(s.MAD[:], n.sent[0].MAD[:]) {
+			t.Fatal("a retransmitted REQ differs from the first")
+		}
+	}
+	n.advance()
+	e := n.a.last(EventTimeout)
+	if e == nil || e.ID != id || n.a.m.State(id) != StateTimeWait {
+		t.Fatalf("after retries: %v, state %v", n.a.kinds(), n.a.m.State(id))
+	}
+	last := n.sent[len(n.sent)-1]
+	var rej REJ
+	rej.Decode(MAD(last.MAD[:]).Data())
+	if MAD(last.MAD[:]).AttrID() != AttrREJ || rej.Reason != RejTimeout || rej.LocalCommID != uint32(id) {
+		t.Fatalf("give-up MAD %v %+v", MAD(last.MAD[:]).AttrID(), rej)
+	}
+	if st := n.a.m.Stats(); st.Retransmits != 3 {
+		t.Fatalf("Retransmits %d", st.Retransmits)
+	}
+}
+
+func TestUnknownServiceIsRejectedWithReason8(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	id, _ := n.a.m.Connect(n.now, connectParams()) // B listens on nothing
+	n.settle()
+	rejMAD := MAD(n.sent[1].MAD[:])
+	var rej REJ
+	rej.Decode(rejMAD.Data())
+	if rejMAD.AttrID() != AttrREJ || rej.Reason != RejInvalidServiceID || rej.MessageRejected != MsgREQ ||
+		rej.RemoteCommID != uint32(id) || rej.LocalCommID != 0 || rejMAD.TID() != MAD(n.sent[0].MAD[:]).TID() {
+		t.Fatalf("REJ %+v", rej)
+	}
+	e := n.a.last(EventRejected)
+	if e == nil || e.Reason != RejInvalidServiceID || n.a.m.State(id) != StateIdle || n.b.m.Conns() != 0 {
+		t.Fatalf("active side: %v, state %v", n.a.kinds(), n.a.m.State(id))
+	}
+	if RejInvalidServiceID.String() != "invalid service ID" {
+		t.Fatal(RejInvalidServiceID.String())
+	}
+}
+
+func TestWrongAddressOrMissingCMAHeaderRejected(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true, Addr: netip.MustParseAddr("10.9.9.9")})
+	n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	if e := n.a.last(EventRejected); e == nil || e.Reason != RejConsumerDefined {
+		t.Fatalf("wrong destination address: %v", n.a.kinds())
+	}
+	n2 := newNet(t, Config{}, Config{})
+	n2.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	p := connectParams()
+	p.RDMACM = false
+	n2.a.m.Connect(n2.now, p)
+	n2.settle()
+	if e := n2.a.last(EventRejected); e == nil || e.Reason != RejConsumerDefined {
+		t.Fatalf("no cma_hdr: %v", n2.a.kinds())
+	}
+}
+
+func TestLostREPIsResentOnDuplicateREQ(t *testing.T) {
+	// B's longer packet life time makes its REP timer fire after A's REQ
+	// timer, so that the duplicate REQ is what brings the REP back.
+	n := newNet(t, Config{}, Config{PacketLifeTime: 18})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	lost := false
+	n.drop = func(from *node, mad MAD) bool {
+		if mad.AttrID() == AttrREP && !lost {
+			lost = true
+			return true
+		}
+		return false
+	}
+	id, _ := n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	// The active side's REQ timer fires first (B's REP timer counts from
+	// B's response timeout too, but started later).
+	n.advance()
+	if n.a.m.State(id) != StateEstablished {
+		t.Fatalf("not established after the REQ retry: %v", n.a.m.State(id))
+	}
+	reps := 0
+	var first []byte
+	for _, s := range n.sent {
+		if MAD(s.MAD[:]).AttrID() == AttrREP {
+			reps++
+			if first == nil {
+				first = s.MAD[:]
+			} else if !bytes.Equal(first, s.MAD[:]) {
+				t.Fatal("resent REP differs")
+			}
+		}
+	}
+	if reps != 2 || count(n.sent, AttrREQ) != 2 || n.b.m.Stats().Duplicates != 1 {
+		t.Fatalf("%d REPs, %d REQs, %d duplicates", reps, count(n.sent, AttrREQ), n.b.m.Stats().Duplicates)
+	}
+	if len(n.b.events) != 2 { // one ConnRequest, one Established: the duplicate made no new connection
+		t.Fatalf("passive events %v", n.b.kinds())
+	}
+}
+
+func TestLostRTURecoveredByREPRetransmit(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	lost := false
+	n.drop = func(from *node, mad MAD) bool {
+		if mad.AttrID() == AttrRTU && !lost {
+			lost = true
+			return true
+		}
+		return false
+	}
+	n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	eb := n.b.last(EventConnRequest)
+	if n.b.m.State(eb.ID) != StateREPSent {
+		t.Fatal(n.b.m.State(eb.ID))
+	}
+	// REP retransmission after the REQ's local CM response timeout (20)
+	// plus two packet life times; A answers the duplicate REP with RTU.
+	n.advance()
+	if n.b.m.State(eb.ID) != StateEstablished || count(n.sent, AttrRTU) != 2 || n.a.m.Stats().Duplicates != 1 {
+		t.Fatalf("state %v, %d RTUs", n.b.m.State(eb.ID), count(n.sent, AttrRTU))
+	}
+}
+
+func TestNotifyEstablishedWhenRTUNeverComes(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	n.drop = func(from *node, mad MAD) bool { return mad.AttrID() == AttrRTU }
+	n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	id := n.b.last(EventConnRequest).ID
+	// The QP saw the first data packet in RTR.
+	if err := n.b.m.NotifyEstablished(n.now, id); err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	if n.b.m.State(id) != StateEstablished || n.b.last(EventEstablished) == nil || n.b.m.NextDeadline() != clock.Never {
+		t.Fatalf("state %v", n.b.m.State(id))
+	}
+}
+
+func TestDuplicateDREQGetsDREPAgain(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	p := connectParams()
+	p.LocalACKTimeout = 22 // ≈ 17 s
+	id, _ := n.a.m.Connect(n.now, p)
+	n.settle()
+	lost := false
+	n.drop = func(from *node, mad MAD) bool {
+		if mad.AttrID() == AttrDREP && !lost {
+			lost = true
+			return true
+		}
+		return false
+	}
+	n.a.m.Disconnect(n.now, id, []byte("bye"))
+	// B's time-wait lasts one local ACK timeout of the connection (from
+	// the REQ), here longer than A's DREQ retry period, so that the
+	// duplicate DREQ finds B in time-wait.
+	n.settle()
+	eb := n.b.last(EventDisconnectRequest)
+	if eb == nil || string(eb.Private()[:3]) != "bye" || n.a.m.State(id) != StateDREQSent {
+		t.Fatalf("after DREQ: b %v, a state %v", n.b.kinds(), n.a.m.State(id))
+	}
+	n.advance() // A resends DREQ; B, in time-wait, answers again
+	if n.a.last(EventDisconnected) == nil || count(n.sent, AttrDREQ) != 2 || count(n.sent, AttrDREP) != 2 {
+		t.Fatalf("a %v, %d DREQ, %d DREP", n.a.kinds(), count(n.sent, AttrDREQ), count(n.sent, AttrDREP))
+	}
+	if n.b.m.Stats().Duplicates != 1 || len(n.b.events) != 3 { // request, established, one disconnect request
+		t.Fatalf("b events %v", n.b.kinds())
+	}
+}
+
+func TestDREQForUnknownConnectionIsAnswered(t *testing.T) {
+	m := New(Config{Seed: 3})
+	var b [MADSize]byte
+	mad := MAD(b[:])
+	mad.InitCM(AttrDREQ, 0x77)
+	(&DREQ{LocalCommID: 5, RemoteCommID: 9, RemoteQPN: 0x33}).Encode(mad.Data())
+	if err := m.HandleMAD(0, addrA, b[:]); err != nil {
+		t.Fatal(err)
+	}
+	_, sends := m.Drain()
+	s := one(t, "DREP", sends)
+	var drep DREP
+	drep.Decode(MAD(s.MAD[:]).Data())
+	if MAD(s.MAD[:]).AttrID() != AttrDREP || MAD(s.MAD[:]).TID() != 0x77 || drep.LocalCommID != 9 || drep.RemoteCommID != 5 || s.To != addrA {
+		t.Fatalf("DREP %+v", drep)
+	}
+}
+
+func TestMRAStopsREQRetriesAndIsRepeated(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true}) // B accepts by hand
+	id, _ := n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	reqID := n.b.last(EventConnRequest).ID
+	// B needs 2^24 × 4.096 µs ≈ 69 s: it MRAs.
+	if err := n.b.m.SendMRA(n.now, reqID, 24); err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	if n.a.m.State(id) != StateMRAREQRcvd {
+		t.Fatalf("active state %v", n.a.m.State(id))
+	}
+	// A now waits the service timeout plus a round trip before its retry.
+	want := n.now.Add(Timeout(24) + 2*Timeout(16))
+	if d := n.a.m.NextDeadline(); d != want {
+		t.Fatalf("A's next retry at %v, want %v", d, want)
+	}
+	n.a.m.Tick(want)
+	n.settle() // the duplicate REQ is answered with the MRA again
+	if count(n.sent, AttrMRA) != 2 {
+		t.Fatalf("%d MRAs", count(n.sent, AttrMRA))
+	}
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 0x22, StartingPSN: 1}); err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	if n.a.m.State(id) != StateEstablished || n.b.m.State(reqID) != StateEstablished {
+		t.Fatalf("states %v %v", n.a.m.State(id), n.b.m.State(reqID))
+	}
+}
+
+func TestRejectByApplication(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	id, _ := n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	reqID := n.b.last(EventConnRequest).ID
+	if err := n.b.m.Reject(n.now, reqID, RejConsumerDefined, []byte("busy")); err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	e := n.a.last(EventRejected)
+	if e == nil || e.Reason != RejConsumerDefined || string(e.Private()[:4]) != "busy" || n.a.m.State(id) != StateIdle {
+		t.Fatalf("a %v", n.a.kinds())
+	}
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrNoConn {
+		t.Fatalf("Accept after Reject: %v", err)
+	}
+}
+
+func TestUnansweredRequestTimesOutOnPassiveSide(t *testing.T) {
+	n := newNet(t, Config{MaxCMRetries: 2}, Config{})
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	for range 10 {
+		if n.b.m.Conns() == 0 {
+			break
+		}
+		n.advance()
+	}
+	if n.b.m.Conns() != 0 || n.b.last(EventTimeout) == nil || n.a.last(EventTimeout) == nil {
+		t.Fatalf("a %v, b %v, b conns %d", n.a.kinds(), n.b.kinds(), n.b.m.Conns())
+	}
+}
+
+func TestTimeWaitKeepsCommIDFromReuse(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	id, _ := n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	n.a.m.Disconnect(n.now, id, nil)
+	n.settle()
+	// Many new connections while id is in time-wait: none gets id.
+	for range 2000 {
+		nid, err := n.a.m.Connect(n.now, connectParams())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nid == id {
+			t.Fatal("comm ID reused during time-wait")
+		}
+	}
+	if n.a.m.State(id) != StateTimeWait {
+		t.Fatal(n.a.m.State(id))
+	}
+}
+
+func TestSIDR(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	udp := ServiceIDUDP(4791)
+	n.b.m.Listen(udp, ListenOptions{RDMACM: true})
+	lost := false
+	n.drop = func(from *node, mad MAD) bool {
+		if mad.AttrID() == AttrSIDRREP && !lost {
+			lost = true
+			return true
+		}
+		return false
+	}
+	id, err := n.a.m.ResolveService(n.now, &SIDRParams{Peer: addrB, Local: addrA, ServiceID: udp, RDMACM: true, SrcPort: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	req := n.b.last(EventSIDRRequest)
+	if req == nil || !req.HasCMA || req.CMA.Src != addrA || req.ServiceID != udp {
+		t.Fatalf("b %v", n.b.kinds())
+	}
+	if err := n.b.m.SIDRReply(n.now, req.ID, &SIDRReplyParams{Status: SIDRSuccess, QPN: 0x44, QKey: RDMAUDPQKey}); err != nil {
+		t.Fatal(err)
+	}
+	n.settle()  // the reply is lost
+	n.advance() // A retries; B repeats its reply
+	rep := n.a.last(EventSIDRReply)
+	if rep == nil || rep.ID != id || rep.SIDRStatus != SIDRSuccess || rep.QP.RemoteQPN != 0x44 || rep.QKey != RDMAUDPQKey {
+		t.Fatalf("a %v %+v", n.a.kinds(), rep)
+	}
+	if count(n.sent, AttrSIDRREP) != 2 || len(n.b.events) != 1 {
+		t.Fatalf("%d SIDR_REPs, b events %v", count(n.sent, AttrSIDRREP), n.b.kinds())
+	}
+	// Unknown service: status 1 at once, no event on the passive side.
+	id2, _ := n.a.m.ResolveService(n.now, &SIDRParams{Peer: addrB, ServiceID: ServiceIDUDP(1)})
+	n.settle()
+	if e := n.a.last(EventSIDRReply); e.ID != id2 || e.SIDRStatus != SIDRUnsupported || len(n.b.events) != 1 {
+		t.Fatalf("unknown service: %+v", e)
+	}
+}
+
+func TestMalformedMADsAreCountedNotFatal(t *testing.T) {
+	m := New(Config{})
+	m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := m.HandleMAD(0, addrA, make([]byte, 100)); err == nil {
+		t.Fatal("short MAD accepted")
+	}
+	var b [MADSize]byte
+	MAD(b[:]).InitCM(AttrLAP, 1)
+	if err := m.HandleMAD(0, addrA, b[:]); err != nil {
+		t.Fatal(err)
+	}
+	if st := m.Stats(); st.Malformed != 1 || st.Unsupported != 1 {
+		t.Fatalf("%+v", st)
+	}
+}
+
+func TestAckTimeoutRule(t *testing.T) {
+	for _, c := range []struct{ delay, life, want uint8 }{
+		{15, 16, 17}, // round trip 2^17 dominates; delay is far smaller
+		{17, 16, 18}, // equal terms: the sum doubles
+		{20, 16, 20}, // delay dominates
+		{18, 16, 19}, // delay within a factor two of the round trip
+		{31, 31, 31},
+	} {
+		if got := ackTimeout(c.delay, c.life); got != c.want {
+			t.Errorf("ackTimeout(%d, %d) = %d, want %d", c.delay, c.life, got, c.want)
+		}
+	}
+}
