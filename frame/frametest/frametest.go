@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"testing"
 
 	"github.com/gopacket/gopacket/layers"
@@ -24,31 +25,40 @@ import (
 // VectorsEnv overrides where the vectors are looked for.
 const VectorsEnv = "SOFTRNIC_VECTORS"
 
-// VectorsDir returns the vectors folder: $SOFTRNIC_VECTORS, or
-// ../shared/vectors next to the module root found by walking up from the
-// test's working directory (its package folder). It skips the test when the
-// folder is absent, since the captures are not part of the repository.
-func VectorsDir(tb testing.TB) string {
-	tb.Helper()
+// Dir returns the vectors folder: $SOFTRNIC_VECTORS, or ../shared/vectors
+// next to the module root found by walking up from the working directory (a
+// test's package folder). It fails when the folder is absent, since the
+// captures are not part of the repository.
+func Dir() (string, error) {
 	if d := os.Getenv(VectorsEnv); d != "" {
-		return d
+		return d, nil
 	}
 	wd, err := os.Getwd()
 	if err != nil {
-		tb.Fatal(err)
+		return "", err
 	}
 	for d := wd; ; d = filepath.Dir(d) {
 		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
 			v := filepath.Join(d, "..", "shared", "vectors")
 			if st, err := os.Stat(v); err == nil && st.IsDir() {
-				return v
+				return v, nil
 			}
-			tb.Skipf("test vectors not found at %s (set %s to their folder)", v, VectorsEnv)
+			return "", fmt.Errorf("test vectors not found at %s (set %s to their folder)", v, VectorsEnv)
 		}
 		if filepath.Dir(d) == d {
-			tb.Skipf("no go.mod above %s; cannot locate ../shared/vectors", wd)
+			return "", fmt.Errorf("no go.mod above %s; cannot locate ../shared/vectors", wd)
 		}
 	}
+}
+
+// VectorsDir is Dir for a test: it skips the test when the folder is absent.
+func VectorsDir(tb testing.TB) string {
+	tb.Helper()
+	d, err := Dir()
+	if err != nil {
+		tb.Skip(err)
+	}
+	return d
 }
 
 // Capture is one capture file's frames.
@@ -58,29 +68,55 @@ type Capture struct {
 }
 
 // Captures loads every .pcap and .pcapng file of the vectors folder, sorted
-// by name. It fails the test when a file cannot be read.
+// by name. It skips the test when there are none and fails it when a file
+// cannot be read.
 func Captures(tb testing.TB) []Capture {
 	tb.Helper()
-	dir := VectorsDir(tb)
+	caps, err := Load(VectorsDir(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(caps) == 0 {
+		tb.Skip("no captures in the vectors folder")
+	}
+	return caps
+}
+
+// Load reads every .pcap and .pcapng file of dir, sorted by name.
+func Load(dir string) ([]Capture, error) {
 	var names []string
 	for _, pat := range []string{"*.pcap", "*.pcapng"} {
 		m, _ := filepath.Glob(filepath.Join(dir, pat))
 		names = append(names, m...)
 	}
 	sort.Strings(names)
-	if len(names) == 0 {
-		tb.Skipf("no captures in %s", dir)
-	}
 	caps := make([]Capture, 0, len(names))
 	for _, n := range names {
 		frames, err := ReadFile(n)
 		if err != nil {
-			tb.Fatalf("%s: %v", n, err)
+			return nil, fmt.Errorf("%s: %w", n, err)
 		}
 		caps = append(caps, Capture{Name: filepath.Base(n), Frames: frames})
 	}
-	return caps
+	return caps, nil
 }
+
+// Seeds returns the vectors' frames for seeding fuzz targets, or nil when
+// the vectors are absent (the targets then run on their synthetic seeds).
+// They are read once per test binary.
+func Seeds() []Capture {
+	seedsOnce.Do(func() {
+		if d, err := Dir(); err == nil {
+			seeds, _ = Load(d)
+		}
+	})
+	return seeds
+}
+
+var (
+	seedsOnce sync.Once
+	seeds     []Capture
+)
 
 // ReadFile returns every Ethernet frame in a pcap or pcapng file.
 func ReadFile(name string) ([][]byte, error) {
