@@ -118,6 +118,9 @@ func RNRTimeout(code uint8) time.Duration {
 	return time.Duration(rnrMicros[code&0x1F]) * time.Microsecond
 }
 
+// RNRTimeoutMicros is RNRTimeout in microseconds, as the IBA table gives it.
+func RNRTimeoutMicros(code uint8) uint32 { return rnrMicros[code&0x1F] }
+
 // RNRTimerCode returns the code of the shortest RNR wait that is at least d
 // (the QP attribute min_rnr_timer is chosen this way). Waits longer than
 // 491.52 ms get code 0, the 655.36 ms maximum.

@@ -344,3 +344,27 @@ func (o Opcode) IsResponse() bool { return o.is(fResponse) }
 
 // IsRequest reports whether o travels from requester to responder.
 func (o Opcode) IsRequest() bool { return o.is(fValid) && !o.is(fResponse|fCNP) }
+
+// family groups the opcodes that may make up one multi-packet message.
+func (o Opcode) family() opFlags { return opTable[o].flags & (fSend | fWrite | fReadResp) }
+
+// InMessage reports whether a packet with opcode o leaves a multi-packet
+// message open (FIRST or MIDDLE), so that the next in-order packet of the
+// same direction must continue it.
+func (o Opcode) InMessage() bool { return o.is(fFirst | fMiddle) }
+
+// Follows reports whether o may be the next in-order packet after prev on
+// the same QP and direction (IBA C9-32, rxe check_op_seq): after a FIRST or
+// MIDDLE only a MIDDLE or LAST of the same kind (send, RDMA write, read
+// response) and transport; otherwise anything valid that starts a message.
+// Use it for requests at the responder and for read responses at the
+// requester; ACKs and CNPs are outside any sequence.
+func (o Opcode) Follows(prev Opcode) bool {
+	if !o.Valid() {
+		return false
+	}
+	if prev.InMessage() {
+		return o.is(fMiddle|fLast) && o.family() == prev.family() && o.Transport() == prev.Transport()
+	}
+	return !o.is(fMiddle | fLast)
+}

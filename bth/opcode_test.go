@@ -166,3 +166,30 @@ func BenchmarkOpcodeQueries(b *testing.B) {
 	}
 	_ = n
 }
+
+func TestFollows(t *testing.T) {
+	ok := []struct{ prev, next Opcode }{
+		{RCSendFirst, RCSendMiddle}, {RCSendMiddle, RCSendMiddle}, {RCSendMiddle, RCSendLastImm},
+		{RCSendFirst, RCSendLastInv}, {RCRDMAWriteFirst, RCRDMAWriteLast}, {RCRDMAWriteMiddle, RCRDMAWriteLastImm},
+		{RCRDMAReadResponseFirst, RCRDMAReadResponseMiddle}, {RCRDMAReadResponseMiddle, RCRDMAReadResponseLast},
+		{UCSendFirst, UCSendLast}, {RCSendLast, RCRDMAWriteFirst}, {RCSendOnly, RCRDMAReadRequest},
+		{RCRDMAWriteOnly, RCFetchAdd}, {RCFetchAdd, RCSendFirst}, {RCRDMAReadRequest, RCFlush},
+		{RCAcknowledge, RCSendOnly}, {UDSendOnly, UDSendOnlyImm},
+	}
+	bad := []struct{ prev, next Opcode }{
+		{RCSendFirst, RCSendFirst}, {RCSendFirst, RCSendOnly}, {RCSendFirst, RCRDMAWriteMiddle},
+		{RCRDMAWriteFirst, RCSendLast}, {RCSendMiddle, RCRDMAReadRequest}, {RCSendLast, RCSendMiddle},
+		{RCSendOnly, RCSendLast}, {RCRDMAReadResponseFirst, RCRDMAReadResponseOnly},
+		{UCSendFirst, RCSendLast}, {RCSendFirst, UCSendMiddle}, {RCSendLast, 0x42}, {RCRDMAWriteOnly, RCRDMAWriteMiddle},
+	}
+	for _, c := range ok {
+		if !c.next.Follows(c.prev) {
+			t.Errorf("%v after %v refused", c.next, c.prev)
+		}
+	}
+	for _, c := range bad {
+		if c.next.Follows(c.prev) {
+			t.Errorf("%v after %v accepted", c.next, c.prev)
+		}
+	}
+}
