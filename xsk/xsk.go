@@ -420,6 +420,10 @@ func (s *Socket) Transmit(frames [][]byte) (int, error) {
 			break
 		}
 		segs := (len(f) + fs - 1) / fs
+		if uint32(segs) > free-posted {
+			// free was sized for one segment per frame: look again.
+			free = s.tx.free(posted + uint32(segs))
+		}
 		if uint32(segs) > free-posted || segs > len(s.txFree) {
 			s.stats.TxNoFrame++
 			break

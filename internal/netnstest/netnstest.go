@@ -157,6 +157,9 @@ func (p *Pair) Close() error {
 // PairOptions tune NewPair.
 type PairOptions struct {
 	MTU int // 0: the default 1500
+	// Queues is the number of transmit and receive queues of each veth end
+	// (0: one), for multi-queue tests.
+	Queues int
 	// Subnet is the third octet of 10.x.y.0/24 and fd00:x:y::/64; 0 picks
 	// one from the pid. Each pair lives in its own namespaces, so equal
 	// subnets in different pairs never meet.
@@ -182,7 +185,15 @@ func NewPair(opt PairOptions) (p *Pair, err error) {
 			p = nil
 		}
 	}()
-	if _, err := ip("link", "add", p.A.Name, "netns", a.Name, "type", "veth", "peer", "name", p.B.Name, "netns", b.Name); err != nil {
+	var q []string
+	if opt.Queues > 1 {
+		q = []string{"numtxqueues", fmt.Sprint(opt.Queues), "numrxqueues", fmt.Sprint(opt.Queues)}
+	}
+	args := append([]string{"link", "add", p.A.Name}, q...)
+	args = append(args, "netns", a.Name, "type", "veth", "peer", "name", p.B.Name)
+	args = append(args, q...)
+	args = append(args, "netns", b.Name)
+	if _, err := ip(args...); err != nil {
 		return p, err
 	}
 	sub := opt.Subnet

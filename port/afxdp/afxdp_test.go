@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
 )
@@ -293,4 +294,76 @@ func TestDetachedWhenProcessDies(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("XDP program still attached after the process was killed:\n%s", show)
+}
+
+// TestMultiQueue: one socket per queue, sharing one program whose XSKMAP
+// sends each queue's RoCEv2 to that queue's socket. On veth a frame sent
+// from transmit queue q arrives on the peer's receive queue q.
+func TestMultiQueue(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{Queues: 2})
+	progs := make([]*bpf.Program, 2)
+	ports := make([][2]*Port, 2) // [side][queue]
+	for side, l := range []*netnstest.Link{&pair.A, &pair.B} {
+		if err := l.NS.Do(func() error {
+			prog, err := bpf.Load(bpf.Options{Queues: 2})
+			if err != nil {
+				return err
+			}
+			progs[side] = prog
+			if _, err := prog.Attach(l.Index); err != nil {
+				return err
+			}
+			for q := 0; q < 2; q++ {
+				p, err := Open(Config{IfIndex: l.Index, Queue: q, Program: prog})
+				if err != nil {
+					return err
+				}
+				ports[side][q] = p
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, s := range ports {
+			for _, p := range s {
+				if p != nil {
+					p.Close()
+				}
+			}
+		}
+		for _, p := range progs {
+			if p != nil {
+				p.Close()
+			}
+		}
+	})
+	frames := make([][]byte, port.BatchSize)
+	for q := 0; q < 2; q++ {
+		f := netnstest.RoCEFrame(make([]byte, 200), &pair.A, &pair.B, uint32(100+q))
+		if k, err := ports[0][q].Send([][]byte{f}); k != 1 || err != nil {
+			t.Fatalf("send on queue %d: %d, %v", q, k, err)
+		}
+		got := 0
+		for tries := 0; tries < 50 && got == 0; tries++ {
+			k, err := ports[1][q].Recv(frames, 10*time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range frames[:k] {
+				if string(g) != string(f) {
+					t.Errorf("queue %d: unexpected frame", q)
+				}
+				got++
+			}
+		}
+		if got != 1 {
+			t.Errorf("queue %d: %d frames received, want 1", q, got)
+		}
+		other := ports[1][1-q]
+		if k, _ := other.Recv(frames, 0); k != 0 {
+			t.Errorf("frame from queue %d also arrived on queue %d", q, 1-q)
+		}
+	}
 }
