@@ -117,6 +117,9 @@ func pcapMain(args []string, stdout, stderr io.Writer) int {
 			out.Flush()
 			fmt.Fprintf(stderr, "softrnic pcap: %s: %v\n", name, err)
 			unreadable = true
+			if st.frames == 0 {
+				continue // nothing was read: no summary to give
+			}
 		}
 		fmt.Fprintf(summary, "%s: %v\n", name, st)
 		total.add(st)

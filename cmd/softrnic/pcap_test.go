@@ -237,9 +237,9 @@ func TestPcapMalformedFrame(t *testing.T) {
 func TestPcapUnreadable(t *testing.T) {
 	dir := t.TempDir()
 	missing := filepath.Join(dir, "missing.pcap")
-	code, _, errs := runPcapTest(t, missing)
-	if code != 2 || !strings.Contains(errs, "missing.pcap") || !strings.Contains(errs, "no such file") {
-		t.Errorf("missing file: exit %d, %s", code, errs)
+	code, out, errs := runPcapTest(t, missing)
+	if code != 2 || !strings.Contains(errs, "missing.pcap") || !strings.Contains(errs, "no such file") || out != "" {
+		t.Errorf("missing file: exit %d, %s, stdout %q", code, errs, out)
 	}
 	junk := filepath.Join(dir, "junk.pcap")
 	os.WriteFile(junk, []byte("this is not a capture file at all"), 0o644)
@@ -249,7 +249,7 @@ func TestPcapUnreadable(t *testing.T) {
 	}
 	// A readable file beside an unreadable one: both reported, exit 2.
 	good := writeCapture(t, "good.pcap", builtFrames(t))
-	code, out, _ := runPcapTest(t, good, missing)
+	code, out, _ = runPcapTest(t, good, missing)
 	if code != 2 || !strings.Contains(out, "==> "+good+" <==") || !strings.Contains(out, "total: 3 RoCE frames") {
 		t.Errorf("mixed: exit %d\n%s", code, out)
 	}
