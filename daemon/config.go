@@ -18,11 +18,12 @@ import (
 	"strings"
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/daemon/proto"
 )
 
 // DefaultControl is where the daemon listens and where every client command
 // (softrnic perf/rping/stats/status/capture) looks by default (--control).
-const DefaultControl = "/run/softrnic/softrnic.sock"
+const DefaultControl = proto.DefaultControl
 
 // Config is the daemon's configuration: defaults, then the config file, then
 // command-line flags, each overriding the one before.

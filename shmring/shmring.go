@@ -287,6 +287,14 @@ func (p *Producer) Reserve() []byte {
 	return s
 }
 
+// Unreserve gives back the most recent uncommitted Reserve, for a caller
+// that found it cannot fill the slot after all.
+func (p *Producer) Unreserve() {
+	if p.head > p.published {
+		p.head--
+	}
+}
+
 // Free reports how many slots Reserve can hand out before the ring is full,
 // reloading the consumer's index.
 func (p *Producer) Free() int {

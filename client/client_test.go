@@ -1,0 +1,734 @@
+package client
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/daemon/loopdev"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// TestMain runs the child roles of the cross-process tests when the test
+// binary is re-executed with SOFTRNIC_CLIENT_CHILD set.
+func TestMain(m *testing.M) {
+	if role := os.Getenv("SOFTRNIC_CLIENT_CHILD"); role != "" {
+		os.Exit(child(role, os.Getenv("SOFTRNIC_CONTROL")))
+	}
+	os.Exit(m.Run())
+}
+
+type testDaemon struct {
+	srv  *daemon.Server
+	dev  *loopdev.Device
+	path string
+	gone chan daemon.ClientInfo
+}
+
+func startDaemon(t testing.TB, opt daemon.Options) *testDaemon {
+	return startDaemonIn(t, t.TempDir(), opt)
+}
+
+func startDaemonIn(t testing.TB, dir string, opt daemon.Options) *testDaemon {
+	t.Helper()
+	td := &testDaemon{dev: loopdev.New("loop0"), path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opt.Group == 0 {
+		opt.Group = -1
+	}
+	opt.OnClientGone = func(ci daemon.ClientInfo) { td.gone <- ci }
+	srv, err := daemon.NewServer(td.dev, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Listen(td.path); err != nil {
+		t.Fatal(err)
+	}
+	td.srv = srv
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+	t.Cleanup(func() {
+		srv.Close(time.Second)
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return td
+}
+
+// endpoint is one client with a PD, a 64 KiB MR, a CQ and an RC QP.
+type endpoint struct {
+	c   *Client
+	pd  *PD
+	mem *Mem
+	mr  *MR
+	cq  *CQ
+	qp  *QP
+}
+
+func newEndpoint(t testing.TB, path string, access wr.Access) *endpoint {
+	t.Helper()
+	c, err := Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	e := &endpoint{c: c}
+	if e.pd, err = c.AllocPD(); err != nil {
+		t.Fatal(err)
+	}
+	if e.mem, err = AllocMem(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.mem.Free() })
+	if e.mr, err = e.pd.RegMR(e.mem, 0, 64<<10, access); err != nil {
+		t.Fatal(err)
+	}
+	if e.cq, err = c.CreateCQ(256); err != nil {
+		t.Fatal(err)
+	}
+	if e.qp, err = e.pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: e.cq, RecvCQ: e.cq,
+		Caps: proto.QPCaps{MaxSendWR: 128, MaxRecvWR: 128, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// connect brings a and b to RTS, pointed at each other.
+func connect(t testing.TB, a, b *endpoint, access wr.Access) {
+	t.Helper()
+	for _, p := range [][2]*endpoint{{a, b}, {b, a}} {
+		q, peer := p[0].qp, p[1].qp
+		steps := []struct {
+			attr proto.QPAttr
+			mask proto.QPAttrMask
+		}{
+			{proto.QPAttr{State: proto.Init, Access: access}, proto.AttrState | proto.AttrAccessFlags | proto.AttrPKeyIndex | proto.AttrPort},
+			{proto.QPAttr{State: proto.RTR, DestQPN: peer.QPN, PathMTU: 1024, RQPSN: 100}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN},
+			{proto.QPAttr{State: proto.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrSQPSN | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		}
+		for _, s := range steps {
+			if err := q.Modify(&s.attr, s.mask); err != nil {
+				t.Fatalf("QP %d to %v: %v", q.QPN, s.attr.State, err)
+			}
+		}
+	}
+}
+
+// waitWC polls cq until one completion arrives, sleeping on the CQ's
+// doorbell between polls (bounded).
+func waitWC(t testing.TB, cq *CQ) wr.WC {
+	t.Helper()
+	var wcs [1]wr.WC
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if cq.Poll(wcs[:]) == 1 {
+			return wcs[0]
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no completion")
+		}
+		if err := cq.Wait(100 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+const allAccess = wr.LocalWrite | wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic
+
+func TestSendWriteReadThroughDaemon(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic)
+
+	// SEND → RECV, two SGEs on each side.
+	copy(a.mem.Bytes()[0:], "hello, ")
+	copy(a.mem.Bytes()[100:], "remote world")
+	if _, err := b.qp.PostRecv(&proto.RecvWR{ID: 7, SG: []proto.SGE{b.mr.SGE(1000, 4), b.mr.SGE(2000, 100)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 1, Opcode: wr.SendWithImm, Flags: wr.Signaled, Imm: 0xabc,
+		SG: []proto.SGE{a.mr.SGE(0, 7), a.mr.SGE(100, 12)}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq); wc.ID != 1 || wc.Status != wr.Success || wc.Opcode != wr.WCSend || wc.QPN != a.qp.QPN {
+		t.Fatalf("send completion %+v", wc)
+	}
+	wc := waitWC(t, b.cq)
+	if wc.ID != 7 || wc.Status != wr.Success || !wc.IsRecv || wc.ByteLen != 19 || wc.Imm != 0xabc || wc.Flags&wr.WCWithImm == 0 || wc.SrcQP != a.qp.QPN {
+		t.Fatalf("recv completion %+v", wc)
+	}
+	if got := string(b.mem.Bytes()[1000:1004]) + string(b.mem.Bytes()[2000:2015]); got != "hello, remote world" {
+		t.Fatalf("received %q", got)
+	}
+
+	// RDMA WRITE lands directly in b's own buffer (the memfd both map).
+	copy(a.mem.Bytes()[4096:], "written by a")
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+		SG: []proto.SGE{a.mr.SGE(4096, 12)}, RemoteAddr: b.mr.Addr + 8192, RKey: b.mr.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCRDMAWrite {
+		t.Fatalf("write completion %+v", wc)
+	}
+	if got := string(b.mem.Bytes()[8192:8204]); got != "written by a" {
+		t.Fatalf("b's buffer holds %q", got)
+	}
+
+	// Inline RDMA WRITE: the data travels in the SQ slot.
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled | wr.Inline,
+		Inline: []byte("inline!"), RemoteAddr: b.mr.Addr + 9000, RKey: b.mr.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq); wc.Status != wr.Success {
+		t.Fatalf("inline write completion %+v", wc)
+	}
+	if got := string(b.mem.Bytes()[9000:9007]); got != "inline!" {
+		t.Fatalf("b's buffer holds %q", got)
+	}
+
+	// RDMA READ from b into a.
+	copy(b.mem.Bytes()[12000:], "read me back")
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 4, Opcode: wr.RDMARead, Flags: wr.Signaled,
+		SG: []proto.SGE{a.mr.SGE(16000, 12)}, RemoteAddr: b.mr.Addr + 12000, RKey: b.mr.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCRDMARead || wc.ByteLen != 12 {
+		t.Fatalf("read completion %+v", wc)
+	}
+	if got := string(a.mem.Bytes()[16000:16012]); got != "read me back" {
+		t.Fatalf("read %q", got)
+	}
+
+	// Unsignaled WRs produce no completion; the next signaled one does.
+	if _, err := a.qp.PostSend(
+		&proto.SendWR{ID: 5, Opcode: wr.RDMAWrite, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
+		&proto.SendWR{ID: 6, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
+	); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq); wc.ID != 6 {
+		t.Fatalf("got completion for %d, want only 6", wc.ID)
+	}
+
+	attr, err := a.qp.Query()
+	if err != nil || attr.State != proto.RTS || attr.DestQPN != b.qp.QPN {
+		t.Fatalf("query: %+v %v", attr, err)
+	}
+}
+
+// Two clients of one daemon cannot touch each other's objects: handles are
+// per connection, and an rkey is only good for the access its MR and QP
+// grant.
+func TestClientsAreIsolated(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a := newEndpoint(t, td.path, wr.LocalWrite) // a grants no remote access
+	b := newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, wr.RemoteWrite|wr.RemoteRead)
+
+	// b names a's handles on its own connection: not found, and a's objects
+	// are untouched. b's handle numbers coincide with a's, by construction.
+	if a.mr.Handle() != b.mr.Handle() || a.qp.Handle() != b.qp.Handle() {
+		t.Fatalf("handles differ (%d/%d, %d/%d): test assumption broken", a.mr.Handle(), b.mr.Handle(), a.qp.Handle(), b.qp.Handle())
+	}
+	foreign := a.mr.Handle() + 100 // certainly nothing on b's connection
+	for _, op := range []proto.Op{proto.OpDeregMR, proto.OpDestroyQP, proto.OpDestroyCQ, proto.OpDeallocPD, proto.OpQueryQP} {
+		if err := b.c.callHandle(op, foreign); !errors.Is(err, unix.ENOENT) {
+			t.Errorf("%v of an unknown handle: %v, want ENOENT", op, err)
+		}
+	}
+	if _, err := b.pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: a.cq, RecvCQ: a.cq, Caps: proto.QPCaps{MaxSendWR: 1}}); err == nil {
+		t.Error("b created a QP on a's CQ")
+	}
+	req := proto.CreateQPReq{PD: foreign, SendCQ: b.cq.h, RecvCQ: b.cq.h, Type: proto.RC, Caps: proto.QPCaps{MaxSendWR: 1}}
+	if _, _, err := b.c.call(proto.OpCreateQP, &req, 2); !errors.Is(err, unix.ENOENT) {
+		t.Errorf("CreateQP in a foreign PD: %v", err)
+	}
+
+	// a's MR registered without remote access: b's WRITE with a's rkey fails
+	// with a remote access error and writes nothing.
+	copy(b.mem.Bytes(), "intruder")
+	before := append([]byte(nil), a.mem.Bytes()[:64]...)
+	b.qp.PostSend(&proto.SendWR{ID: 9, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
+	if wc := waitWC(t, b.cq); wc.Status != wr.RemAccessErr {
+		t.Fatalf("write to a non-remote MR: %v", wc.Status)
+	}
+	if !bytes.Equal(a.mem.Bytes()[:64], before) {
+		t.Fatal("a's memory changed")
+	}
+	// The failed QP is in error now: the next WR is flushed.
+	b.qp.PostSend(&proto.SendWR{ID: 10, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
+	if wc := waitWC(t, b.cq); wc.Status != wr.WRFlushErr || wc.ID != 10 {
+		t.Fatalf("after error: %+v", wc)
+	}
+
+	// A guessed rkey (a's lkey, or a's rkey plus one) is refused too.
+	c, d := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, c, d, wr.RemoteWrite)
+	for _, key := range []uint32{d.mr.LKey, d.mr.RKey + 1, a.mr.RKey} {
+		c2, d2 := newEndpoint(t, td.path, allAccess), d
+		_ = c2
+		if _, err := c.qp.PostSend(&proto.SendWR{ID: 11, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{c.mr.SGE(0, 8)}, RemoteAddr: d2.mr.Addr, RKey: key}); err != nil {
+			t.Fatal(err)
+		}
+		wc := waitWC(t, c.cq)
+		if wc.Status != wr.RemAccessErr && wc.Status != wr.WRFlushErr {
+			t.Fatalf("rkey %#x: %v", key, wc.Status)
+		}
+	}
+	if !bytes.Equal(d.mem.Bytes()[:8], make([]byte, 8)) {
+		t.Fatal("d's memory changed")
+	}
+
+	// b's local SGE naming a's lkey is a protection error, not a's data.
+	e1, e2 := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, e1, e2, wr.RemoteWrite)
+	copy(a.mem.Bytes()[:6], "secret")
+	e1.qp.PostSend(&proto.SendWR{ID: 12, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{{Addr: a.mr.Addr, Length: 6, LKey: a.mr.LKey}}, RemoteAddr: e2.mr.Addr, RKey: e2.mr.RKey})
+	if wc := waitWC(t, e1.cq); wc.Status != wr.LocProtErr {
+		t.Fatalf("foreign lkey: %v", wc.Status)
+	}
+	if bytes.Contains(e2.mem.Bytes()[:64], []byte("secret")) {
+		t.Fatal("a's data leaked through a foreign lkey")
+	}
+}
+
+func TestControlErrors(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	e := newEndpoint(t, td.path, allAccess)
+	if err := e.pd.Dealloc(); !errors.Is(err, unix.EBUSY) {
+		t.Errorf("dealloc a PD with an MR and a QP: %v", err)
+	}
+	if err := e.cq.Destroy(); !errors.Is(err, unix.EBUSY) {
+		t.Errorf("destroy a CQ with a QP: %v", err)
+	}
+	if _, err := e.pd.RegMR(e.mem, 0, 64, wr.RemoteWrite); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("remote write without local write: %v", err)
+	}
+	if _, err := e.c.CreateCQ(1 << 30); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("huge CQ: %v", err)
+	}
+	// Posting before RTS is refused at once, as ibv_post_send does.
+	f := newEndpoint(t, td.path, allAccess)
+	if _, err := f.qp.PostSend(&proto.SendWR{Opcode: wr.Send}); !errors.Is(err, ErrQPState) {
+		t.Errorf("post in RESET: %v", err)
+	}
+	if _, err := f.qp.PostRecv(&proto.RecvWR{SG: make([]proto.SGE, 3)}); !errors.Is(err, ErrQPState) {
+		t.Errorf("recv in RESET: %v", err)
+	}
+	bad := proto.QPAttr{State: proto.RTS}
+	if err := f.qp.Modify(&bad, proto.AttrState); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("RESET→RTS: %v", err)
+	}
+	// Orderly teardown works.
+	if err := f.qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.mr.Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.cq.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.pd.Dealloc(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rawConn speaks the protocol by hand, to send what the client never would.
+func rawConn(t *testing.T, path string) *proto.Conn {
+	c, err := netDialPacket(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func TestHostileControlMessages(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	c := rawConn(t, td.path)
+	roundTrip := func(op proto.Op, body any, fds ...int) (proto.Header, string) {
+		t.Helper()
+		if err := c.Send(proto.Header{Op: op, Seq: 1}, body, fds...); err != nil {
+			t.Fatal(err)
+		}
+		h, b, rfds, err := c.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		proto.CloseFDs(rfds)
+		return h, string(b)
+	}
+	if h, msg := roundTrip(proto.OpAllocPD, nil); h.Errno != uint32(unix.EPROTO) {
+		t.Errorf("op before open: %v %q", unix.Errno(h.Errno), msg)
+	}
+	if h, _ := roundTrip(proto.OpOpen, &proto.OpenReq{Version: 99}); h.Errno != uint32(unix.EPROTONOSUPPORT) {
+		t.Errorf("bad version: %v", unix.Errno(h.Errno))
+	}
+	if h, _ := roundTrip(proto.OpOpen, []byte{1, 2, 3}); h.Errno != uint32(unix.EINVAL) {
+		t.Errorf("short body: %v", unix.Errno(h.Errno))
+	}
+	if h, _ := roundTrip(proto.OpOpen, &proto.OpenReq{Version: proto.Version}); h.Errno != 0 {
+		t.Fatalf("open: %v", unix.Errno(h.Errno))
+	}
+	if h, _ := roundTrip(proto.Op(999), nil); h.Errno != uint32(unix.EOPNOTSUPP) {
+		t.Errorf("unknown op: %v", unix.Errno(h.Errno))
+	}
+	// An fd on an op that takes none is refused (and closed by the daemon).
+	pipe := make([]int, 2)
+	unix.Pipe2(pipe, unix.O_CLOEXEC)
+	defer unix.Close(pipe[0])
+	defer unix.Close(pipe[1])
+	if h, _ := roundTrip(proto.OpAllocPD, nil, pipe[0]); h.Errno != uint32(unix.EINVAL) {
+		t.Errorf("stray fd: %v", unix.Errno(h.Errno))
+	}
+	h, _ := roundTrip(proto.OpAllocPD, nil)
+	if h.Errno != 0 {
+		t.Fatal("alloc pd")
+	}
+	// Registering memory that is not a sealed memfd: a pipe, and an
+	// unsealed memfd that could be truncated under the daemon's mapping.
+	reg := &proto.RegMRReq{PD: 1, Access: wr.LocalWrite, Length: 4096, IOVA: 0x1000}
+	if h, msg := roundTrip(proto.OpRegMR, reg, pipe[0]); h.Errno != uint32(unix.EINVAL) {
+		t.Errorf("MR on a pipe: %v %q", unix.Errno(h.Errno), msg)
+	}
+	mfd, _ := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
+	unix.Ftruncate(mfd, 8192)
+	defer unix.Close(mfd)
+	if h, msg := roundTrip(proto.OpRegMR, reg, mfd); h.Errno != uint32(unix.EINVAL) || !strings.Contains(msg, "seal") {
+		t.Errorf("MR on an unsealed memfd: %v %q", unix.Errno(h.Errno), msg)
+	}
+	// A sealed memfd shorter than the MR claims.
+	m, _ := AllocMem(4096)
+	defer m.Free()
+	reg.Length = 1 << 20
+	if h, _ := roundTrip(proto.OpRegMR, reg, m.fd); h.Errno != uint32(unix.EINVAL) {
+		t.Errorf("MR beyond the memfd: %v", unix.Errno(h.Errno))
+	}
+	reg.Length, reg.IOVA = 4096, ^uint64(0)-10
+	if h, _ := roundTrip(proto.OpRegMR, reg, m.fd); h.Errno != uint32(unix.EINVAL) {
+		t.Errorf("MR wrapping the address space: %v", unix.Errno(h.Errno))
+	}
+	if h, _ := roundTrip(proto.OpModifyQP, &proto.ModifyQPReq{QP: 1, Mask: 1 << 30}); h.Errno != uint32(unix.EINVAL) {
+		t.Errorf("unknown mask bits: %v", unix.Errno(h.Errno))
+	}
+	// The daemon still serves others.
+	e := newEndpoint(t, td.path, allAccess)
+	if e.qp.QPN == 0 {
+		t.Fatal("no QPN")
+	}
+}
+
+// A client that scribbles garbage into its SQ ring gets an error completion
+// and an errored QP; the daemon keeps serving.
+func TestGarbageInSQRing(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, wr.RemoteWrite)
+	s := a.qp.sqp.Reserve()
+	for i := range s {
+		s[i] = 0xff // opcode 255, 255 SGEs
+	}
+	s[0] = 42
+	a.qp.sqp.Commit()
+	wc := waitWC(t, a.cq)
+	if wc.Status == wr.Success || wc.ID == 0 {
+		t.Fatalf("garbage WQE completed %+v", wc)
+	}
+	if td.srv.BadWQEs.Load() == 0 {
+		t.Fatal("bad WQE not counted")
+	}
+	// b is unaffected.
+	if _, err := b.qp.PostRecv(&proto.RecvWR{ID: 1, SG: []proto.SGE{b.mr.SGE(0, 16)}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSecondDaemonRefused(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	srv2, err := daemon.NewServer(td.dev, daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv2.Close(0)
+	if err := srv2.Listen(td.path); err == nil || !strings.Contains(err.Error(), "another softrnic daemon") {
+		t.Fatalf("second Listen: %v", err)
+	}
+	dir := t.TempDir()
+	l1, err := daemon.Lock(dir, "veth7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l1.Close()
+	if _, err := daemon.Lock(dir, "veth7"); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+		t.Fatalf("second Lock: %v", err)
+	}
+	l1.Close()
+	l2, err := daemon.Lock(dir, "veth7")
+	if err != nil {
+		t.Fatalf("lock after release: %v", err)
+	}
+	l2.Close()
+	// The socket's mode is what was configured.
+	fi, err := os.Stat(td.path)
+	if err != nil || fi.Mode().Perm() != 0o660 {
+		t.Fatalf("socket mode %v %v", fi.Mode(), err)
+	}
+}
+
+// A client process that dies (SIGKILL, no goodbye) has all its resources
+// released, and the daemon keeps serving the others.
+func TestClientDeathReleasesEverything(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	survivor, peer := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, survivor, peer, wr.RemoteWrite)
+	_, _, _, q0 := td.dev.Counts()
+
+	cmd, out := startChild(t, "hold", td.path)
+	ready := make([]byte, 6)
+	if _, err := io.ReadFull(out, ready); err != nil || string(ready) != "ready\n" {
+		t.Fatalf("child: %q %v", ready, err)
+	}
+	if n := len(td.srv.Clients()); n != 3 {
+		t.Fatalf("%d clients, want 3", n)
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+	var info daemon.ClientInfo
+	select {
+	case info = <-td.gone:
+	case <-time.After(10 * time.Second):
+		t.Fatal("daemon did not notice the death")
+	}
+	if info.PID != int32(cmd.Process.Pid) || info.QPs != 2 || info.MRs != 2 || info.CQs != 1 || info.PDs != 1 {
+		t.Fatalf("released %+v", info)
+	}
+	if _, _, _, q := td.dev.Counts(); q != q0 {
+		t.Fatalf("%d QPs live, want %d", q, q0)
+	}
+	// The survivors still work.
+	copy(survivor.mem.Bytes(), "still here")
+	survivor.qp.PostSend(&proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.Addr, RKey: peer.mr.RKey})
+	if wc := waitWC(t, survivor.cq); wc.Status != wr.Success || string(peer.mem.Bytes()[:10]) != "still here" {
+		t.Fatalf("survivor: %+v", wc)
+	}
+}
+
+// Only root, the daemon's user and the control group may use the RNIC: the
+// socket file mode is the first gate, SO_PEERCRED the second.
+func TestPeerCredentials(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as another user")
+	}
+	// Everything the other user touches (the test binary, the socket's
+	// directory) must be reachable by it.
+	dir, err := os.MkdirTemp("", "softrnic-cred-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	os.Chmod(dir, 0o755)
+	exe, _ := os.Executable()
+	bin, _ := os.ReadFile(exe)
+	childExe = filepath.Join(dir, "client.test")
+	if err := os.WriteFile(childExe, bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { childExe = "" }()
+	sub := func(name string) string {
+		d := filepath.Join(dir, name)
+		os.Mkdir(d, 0o755)
+		return d
+	}
+	// Mode 0666 opens the file to everyone: the credential check must hold.
+	td := startDaemonIn(t, sub("a"), daemon.Options{Mode: 0o666})
+	cmd, out := startChildAs(t, "dial", td.path, 65534, 65534)
+	msg, _ := io.ReadAll(out)
+	cmd.Wait()
+	if !strings.Contains(string(msg), "operation not permitted") {
+		t.Fatalf("nobody was let in: %q", msg)
+	}
+	if td.srv.RejectedConn.Load() != 1 {
+		t.Fatal("rejection not counted")
+	}
+	// With the group configured, a member is let in.
+	td2 := startDaemonIn(t, sub("b"), daemon.Options{Mode: 0o666, Group: 65534})
+	cmd, out = startChildAs(t, "dial", td2.path, 65534, 65534)
+	msg, _ = io.ReadAll(out)
+	cmd.Wait()
+	if !strings.Contains(string(msg), "opened") {
+		t.Fatalf("group member refused: %q", msg)
+	}
+	// Mode 0660 keeps others out at the file.
+	td3 := startDaemonIn(t, sub("c"), daemon.Options{})
+	cmd, out = startChildAs(t, "dial", td3.path, 65534, 65534)
+	msg, _ = io.ReadAll(out)
+	cmd.Wait()
+	if !strings.Contains(string(msg), "permission denied") {
+		t.Fatalf("socket mode did not keep nobody out: %q", msg)
+	}
+}
+
+// SIGTERM's path: the server moves QPs to error, the client sees flush
+// completions for its outstanding receives, then the connection closes.
+func TestShutdownFlushes(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, wr.RemoteWrite)
+	for i := uint64(1); i <= 5; i++ {
+		if _, err := b.qp.PostRecv(&proto.RecvWR{ID: i, SG: []proto.SGE{b.mr.SGE(0, 64)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Let the pump hand the receives to the device before shutting down.
+	deadline := time.Now().Add(5 * time.Second)
+	for b.qp.rqp.Free() != int(b.qp.Caps.MaxRecvWR) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	td.srv.Close(time.Second)
+	for i := uint64(1); i <= 5; i++ {
+		wc := waitWC(t, b.cq)
+		if wc.ID != i || wc.Status != wr.WRFlushErr || !wc.IsRecv {
+			t.Fatalf("completion %d: %+v", i, wc)
+		}
+	}
+	if _, err := b.c.AllocPD(); err == nil {
+		t.Fatal("daemon still serving after Close")
+	}
+	if pds, mrs, cqs, qps := td.dev.Counts(); pds+mrs+cqs+qps != 0 {
+		t.Fatalf("left behind: %d PDs %d MRs %d CQs %d QPs", pds, mrs, cqs, qps)
+	}
+}
+
+// Posting and polling through the daemon allocate nothing, on either side
+// (client, pump, ring, loopback device all run in this process).
+func TestPostPollZeroAllocs(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, wr.RemoteWrite)
+	w := &proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}
+	var wcs [4]wr.WC
+	roundTrip := func() {
+		if _, err := a.qp.PostSend(w); err != nil {
+			t.Fatal(err)
+		}
+		for a.cq.Poll(wcs[:]) == 0 {
+			runtime.Gosched() // AllocsPerRun runs with GOMAXPROCS=1: let the pump run
+		}
+	}
+	for i := 0; i < 100; i++ {
+		roundTrip()
+	}
+	if n := testing.AllocsPerRun(500, roundTrip); n != 0 {
+		t.Fatalf("%v allocs per post→poll through the daemon", n)
+	}
+}
+
+var (
+	childMu  sync.Mutex
+	childExe string // a copy of the test binary other users can run, when set
+)
+
+func startChild(t *testing.T, role, path string) (*exec.Cmd, io.Reader) {
+	return startChildAs(t, role, path, -1, -1)
+}
+
+func startChildAs(t *testing.T, role, path string, uid, gid int) (*exec.Cmd, io.Reader) {
+	t.Helper()
+	childMu.Lock()
+	defer childMu.Unlock()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if childExe != "" {
+		exe = childExe
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SOFTRNIC_CLIENT_CHILD="+role, "SOFTRNIC_CONTROL="+path)
+	if uid >= 0 {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}}
+	}
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	return cmd, out
+}
+
+// child runs a client role in a separate process.
+func child(role, path string) int {
+	c, err := Dial(path)
+	if role == "dial" {
+		if err != nil {
+			fmt.Println(err)
+			return 0
+		}
+		// Open succeeded; an operation proves the daemon serves us.
+		if _, err := c.AllocPD(); err != nil {
+			fmt.Println(err)
+			return 0
+		}
+		fmt.Println("opened")
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// hold: create resources, say so, and wait to be killed.
+	pd, err := c.AllocPD()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	mem, _ := AllocMem(1 << 16)
+	for i := 0; i < 2; i++ {
+		if _, err := pd.RegMR(mem, i*4096, 4096, allAccess); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	cq, err := c.CreateCQ(64)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for i := 0; i < 2; i++ {
+		if _, err := pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
+	fmt.Println("ready")
+	time.Sleep(time.Minute) // bounded: the parent kills us long before
+	return 1
+}

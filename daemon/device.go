@@ -1,0 +1,66 @@
+package daemon
+
+import (
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// Device is the RNIC the daemon serves to its clients: what the control
+// server needs from the verbs device model. It is deliberately the verbs
+// object model (PD, MR, CQ, QP) with client-supplied work requests, so that
+// the verbs device satisfies it through a thin adapter, and a test device
+// (package daemon/loopdev) can stand in for it.
+//
+// The server calls control methods (AllocPD, RegMR, Create*, Modify,
+// Destroy*) from client connection goroutines, and data methods (PostSend,
+// PostRecv, Poll) from its ring pump, one goroutine; implementations make
+// the two safe together.
+type Device interface {
+	Info() proto.DeviceInfo
+	AllocPD() (PD, error)
+	// CreateCQ makes a CQ of at least depth entries. The device calls
+	// notify (cheap, non-blocking, any goroutine) after adding completions,
+	// so that a sleeping pump wakes and moves them to the client's ring.
+	CreateCQ(depth int, notify func()) (CQ, error)
+}
+
+// PD is a protection domain.
+type PD interface {
+	// RegMR registers mem (the daemon's mapping of client memory) at
+	// virtual address iova. Remote READ/WRITE with the rkey land in mem,
+	// which is the client's own buffer.
+	RegMR(mem []byte, iova uint64, access wr.Access) (MR, error)
+	CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ CQ, sigAll bool) (QP, error)
+	Dealloc() error
+}
+
+// MR is a registered memory region.
+type MR interface {
+	LKey() uint32
+	RKey() uint32
+	// Deregister invalidates the MR: once it returns, no local or remote
+	// access reaches the memory, so the daemon may unmap it.
+	Deregister() error
+}
+
+// CQ is a completion queue.
+type CQ interface {
+	// Poll moves up to len(wcs) completions into wcs, oldest first.
+	Poll(wcs []wr.WC) int
+	Destroy() error
+}
+
+// QP is a queue pair.
+type QP interface {
+	QPN() uint32
+	Modify(attr *proto.QPAttr, mask proto.QPAttrMask) error
+	Query() (proto.QPAttr, error)
+	// PostSend posts one WR decoded from the client's SQ ring. Local errors
+	// of the WR (bad lkey, bounds) are reported as error completions, as
+	// hardware does; an error return means the WR was not accepted at all
+	// (QP in a state that does not allow posting).
+	PostSend(w *proto.SendWR) error
+	PostRecv(w *proto.RecvWR) error
+	// Destroy releases the QP; its outstanding WRs are flushed first.
+	Destroy() error
+}

@@ -1,0 +1,338 @@
+// Package proto is the contract between the softrnic daemon and its local
+// clients: the control messages exchanged over the daemon's Unix socket, and
+// the layout of the work queue and completion queue entries in the
+// shared-memory rings (package shmring) through which data-path operations
+// flow without syscalls.
+//
+// Control messages travel on a SOCK_SEQPACKET socket, so each message is one
+// record and file descriptors (memfds, eventfds) ride with the message that
+// names them (SCM_RIGHTS). A message is a 16-byte Header followed by a body,
+// a fixed-size little-endian struct per operation (encoding/binary), whose
+// exact size is checked: a body of the wrong size is refused, never guessed
+// at. Error replies carry an errno in Header.Errno and a short text body.
+package proto
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// DefaultControl is the daemon's control socket unless configured otherwise
+// (daemon "control" key; --control in every client command).
+const DefaultControl = "/run/softrnic/softrnic.sock"
+
+// Version is the protocol version; the daemon refuses an Open of another.
+const Version = 1
+
+// MaxMessage is the largest control message, header included.
+const MaxMessage = 4096
+
+// MaxFDs is the most file descriptors one message may carry.
+const MaxFDs = 4
+
+// Op is a control operation.
+type Op uint16
+
+// Operations. Replies carry the request's Op and Seq.
+const (
+	OpOpen      Op = iota + 1 // first message: version check, device attributes; reply fd: the daemon's doorbell
+	OpAllocPD                 // → PD handle
+	OpDeallocPD               // PD handle
+	OpRegMR                   // fd: memfd holding the memory → MR handle, lkey, rkey
+	OpDeregMR                 // MR handle
+	OpCreateCQ                // → CQ handle; reply fds: CQ ring memfd, the client's CQ doorbell
+	OpDestroyCQ               // CQ handle
+	OpCreateQP                // → QP handle, QPN; reply fds: SQ ring memfd, RQ ring memfd
+	OpModifyQP                // QP handle, attribute mask, attributes
+	OpQueryQP                 // QP handle → attributes
+	OpDestroyQP               // QP handle
+	opMax
+)
+
+var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP"}
+
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("OP_%d", uint16(o))
+}
+
+// Header starts every message.
+type Header struct {
+	Op      Op
+	Version uint16
+	Seq     uint32 // chosen by the client, echoed in the reply
+	Errno   uint32 // replies: 0 on success, else an errno; the body is then a message
+	_       uint32
+}
+
+// HeaderSize is the encoded size of Header.
+const HeaderSize = 16
+
+// Handle names a PD, MR, CQ or QP within one client connection. Handles are
+// per connection: the same number on another connection is another object
+// (or none), so a client can never name another client's resources.
+type Handle uint32
+
+// DeviceInfo is the reply to Open.
+type DeviceInfo struct {
+	Name       [16]byte // interface name, NUL padded
+	NodeGUID   uint64
+	MaxQP      uint32
+	MaxCQ      uint32
+	MaxMR      uint32
+	MaxPD      uint32
+	MaxQPWR    uint32
+	MaxCQE     uint32
+	MaxSGE     uint32
+	MaxInline  uint32
+	MaxMRSize  uint64
+	ActiveMTU  uint32 // bytes
+	NumGIDs    uint32
+	GIDs       [8][16]byte // IPv4 as IPv4-mapped IPv6, as RoCEv2 GIDs are
+	PortActive uint8
+	_          [7]byte
+}
+
+// OpenReq is the body of OpOpen.
+type OpenReq struct {
+	Version uint32
+	_       uint32
+}
+
+// HandleMsg is the body of every operation that names one object
+// (DeallocPD, DeregMR, DestroyCQ, DestroyQP, QueryQP) and of AllocPD's reply.
+type HandleMsg struct {
+	Handle Handle
+	_      uint32
+}
+
+// RegMRReq is the body of OpRegMR. The memory is [Offset, Offset+Length) of
+// the memfd passed with the message, which the client has sealed against
+// shrinking; IOVA is the address the client sees it at, used in SGEs and by
+// remote peers with the rkey.
+type RegMRReq struct {
+	PD     Handle
+	Access wr.Access
+	Offset uint64
+	Length uint64
+	IOVA   uint64
+}
+
+// RegMRResp is the reply to OpRegMR.
+type RegMRResp struct {
+	MR   Handle
+	LKey uint32
+	RKey uint32
+	_    uint32
+}
+
+// CreateCQReq is the body of OpCreateCQ.
+type CreateCQReq struct {
+	Depth uint32 // completions the CQ must hold; the ring may be larger
+	_     uint32
+}
+
+// CreateCQResp is the reply to OpCreateCQ; with it come the CQ ring's memfd
+// (geometry Slots × CQESize) and the eventfd the daemon rings when the
+// client sleeps on the CQ.
+type CreateCQResp struct {
+	CQ    Handle
+	Slots uint32
+}
+
+// QPType is a transport service type.
+type QPType uint8
+
+// QP types (ibv_qp_type numbering).
+const (
+	RC QPType = 2
+	UD QPType = 4
+)
+
+// QPCaps are a QP's queue sizes (ibv_qp_cap).
+type QPCaps struct {
+	MaxSendWR  uint32
+	MaxRecvWR  uint32
+	MaxSendSGE uint32
+	MaxRecvSGE uint32
+	MaxInline  uint32
+	_          uint32
+}
+
+// CreateQPReq is the body of OpCreateQP.
+type CreateQPReq struct {
+	PD     Handle
+	SendCQ Handle
+	RecvCQ Handle
+	Type   QPType
+	SigAll uint8 // every send WR generates a completion
+	_      [2]byte
+	Caps   QPCaps
+}
+
+// CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring
+// memfds, whose geometries follow from Caps (SendSlotSize, RecvSlotSize,
+// and slot counts SQSlots, RQSlots).
+type CreateQPResp struct {
+	QP      Handle
+	QPN     uint32
+	SQSlots uint32
+	RQSlots uint32
+	Caps    QPCaps // what was granted (at least what was asked)
+}
+
+// QPState is a QP state (ibv_qp_state numbering).
+type QPState uint8
+
+// QP states.
+const (
+	Reset QPState = iota
+	Init
+	RTR
+	RTS
+	SQD
+	SQE
+	Err
+)
+
+func (s QPState) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return "QPS_?"
+}
+
+var stateNames = [...]string{"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"}
+
+// QPAttrMask says which QPAttr fields a ModifyQP sets (ibv_qp_attr_mask bits).
+type QPAttrMask uint32
+
+// Attribute mask bits, as IBV_QP_*.
+const (
+	AttrState          QPAttrMask = 1 << 0
+	AttrAccessFlags    QPAttrMask = 1 << 3
+	AttrPKeyIndex      QPAttrMask = 1 << 4
+	AttrPort           QPAttrMask = 1 << 5
+	AttrQKey           QPAttrMask = 1 << 6
+	AttrAV             QPAttrMask = 1 << 7
+	AttrPathMTU        QPAttrMask = 1 << 8
+	AttrTimeout        QPAttrMask = 1 << 9
+	AttrRetryCnt       QPAttrMask = 1 << 10
+	AttrRNRRetry       QPAttrMask = 1 << 11
+	AttrRQPSN          QPAttrMask = 1 << 12
+	AttrMaxQPRdAtomic  QPAttrMask = 1 << 13
+	AttrMinRNRTimer    QPAttrMask = 1 << 15
+	AttrSQPSN          QPAttrMask = 1 << 16
+	AttrMaxDestRdAtomc QPAttrMask = 1 << 17
+	AttrDestQPN        QPAttrMask = 1 << 20
+
+	attrKnown = AttrState | AttrAccessFlags | AttrPKeyIndex | AttrPort | AttrQKey | AttrAV | AttrPathMTU |
+		AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrRQPSN | AttrMaxQPRdAtomic | AttrMinRNRTimer |
+		AttrSQPSN | AttrMaxDestRdAtomc | AttrDestQPN
+)
+
+// QPAttr are QP attributes (the ibv_qp_attr fields a RoCE QP uses).
+type QPAttr struct {
+	State           QPState
+	Timeout         uint8 // 4.096 µs · 2^Timeout; 0 = infinite
+	RetryCnt        uint8
+	RNRRetry        uint8
+	MinRNRTimer     uint8
+	MaxRdAtomic     uint8
+	MaxDestRdAtomic uint8
+	SGIDIndex       uint8
+	PathMTU         uint32 // bytes: 256..4096
+	QKey            uint32
+	RQPSN           uint32
+	SQPSN           uint32
+	DestQPN         uint32
+	Access          wr.Access
+	PKeyIndex       uint16
+	HopLimit        uint8
+	TrafficClass    uint8
+	FlowLabel       uint32
+	DGID            [16]byte // the remote GID (address vector)
+}
+
+// ModifyQPReq is the body of OpModifyQP.
+type ModifyQPReq struct {
+	QP   Handle
+	Mask QPAttrMask
+	Attr QPAttr
+}
+
+// Validate checks a mask against the bits this protocol knows.
+func (m QPAttrMask) Validate() error {
+	if m&^attrKnown != 0 {
+		return fmt.Errorf("unknown QP attribute mask bits %#x", uint32(m&^attrKnown))
+	}
+	return nil
+}
+
+// Encode appends h and body (nil, a fixed-size struct, or raw bytes) to
+// buf[:0] and returns the message.
+func Encode(buf []byte, h Header, body any) ([]byte, error) {
+	b := bytes.NewBuffer(buf[:0])
+	if err := binary.Write(b, binary.LittleEndian, &h); err != nil {
+		return nil, err
+	}
+	switch v := body.(type) {
+	case nil:
+	case []byte:
+		b.Write(v)
+	default:
+		if err := binary.Write(b, binary.LittleEndian, v); err != nil {
+			return nil, err
+		}
+	}
+	if b.Len() > MaxMessage {
+		return nil, fmt.Errorf("proto: %v message of %d bytes exceeds %d", h.Op, b.Len(), MaxMessage)
+	}
+	return b.Bytes(), nil
+}
+
+// ErrBadMessage is wrapped by every decoding error.
+var ErrBadMessage = errors.New("proto: malformed message")
+
+// DecodeHeader splits a message into its header and body.
+func DecodeHeader(msg []byte) (Header, []byte, error) {
+	var h Header
+	if len(msg) < HeaderSize {
+		return h, nil, fmt.Errorf("%w: %d bytes, shorter than a header", ErrBadMessage, len(msg))
+	}
+	h.Op = Op(binary.LittleEndian.Uint16(msg[0:]))
+	h.Version = binary.LittleEndian.Uint16(msg[2:])
+	h.Seq = binary.LittleEndian.Uint32(msg[4:])
+	h.Errno = binary.LittleEndian.Uint32(msg[8:])
+	return h, msg[HeaderSize:], nil
+}
+
+// DecodeBody fills v (a pointer to a fixed-size struct) from body, which
+// must be exactly its size.
+func DecodeBody(body []byte, v any) error {
+	if n := binary.Size(v); n != len(body) {
+		return fmt.Errorf("%w: body of %d bytes, want %d", ErrBadMessage, len(body), n)
+	}
+	return binary.Read(bytes.NewReader(body), binary.LittleEndian, v)
+}
+
+// Error is a failed operation as a client sees it: the daemon's errno and
+// explanation.
+type Error struct {
+	Op    Op
+	Errno unix.Errno
+	Msg   string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("softrnic %v: %s (%v)", e.Op, e.Msg, e.Errno) }
+
+// Unwrap lets errors.Is(err, unix.ENOENT) and friends work.
+func (e *Error) Unwrap() error { return e.Errno }

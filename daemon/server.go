@@ -1,0 +1,515 @@
+package daemon
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/shmring"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// Options tune a Server.
+type Options struct {
+	Logger *slog.Logger
+	// Group is the gid whose members may use the RNIC besides root and the
+	// daemon's own user; -1 for none.
+	Group int
+	// Mode is the control socket's permission bits (default 0660).
+	Mode os.FileMode
+	// MaxMRBytes bounds the memory one client may register (default 1 GiB).
+	MaxMRBytes int64
+	// MaxObjects bounds the PDs+MRs+CQs+QPs of one client (default 4096).
+	MaxObjects int
+	// SpinPolls is how many empty passes the ring pump makes before it
+	// sleeps on its doorbell (default 64). Spinning longer lowers latency and
+	// costs CPU.
+	SpinPolls int
+	// OnClientGone, if set, is called after a client's connection closed and
+	// all its resources were released.
+	OnClientGone func(ClientInfo)
+}
+
+// ClientInfo describes a client connection (for logs, status and tests).
+type ClientInfo struct {
+	ID       uint64
+	PID      int32
+	UID, GID uint32
+	// Released counts the resources freed when the client went away.
+	QPs, CQs, MRs, PDs int
+}
+
+// Server is the daemon's control server: it accepts client connections on
+// a Unix socket, checks who they are, serves control operations against a
+// Device, and runs the ring pump that moves work requests from clients' SQ
+// and RQ rings to the device and completions from the device to clients' CQ
+// rings.
+type Server struct {
+	dev Device
+	opt Options
+	log *slog.Logger
+
+	ln   *net.UnixListener
+	path string
+
+	db *shmring.Doorbell // the pump's doorbell; every client gets a copy
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	nextID   uint64
+	closing  bool
+
+	// ringsMu guards the pump's lists; the pump holds it for reading during
+	// one pass, control operations for writing while they add or remove a
+	// queue (so that a ring is never unmapped under the pump).
+	ringsMu  sync.RWMutex
+	qpList   []*qpObj
+	cqList   []*cqObj
+	sleeping atomic.Bool
+	stop     atomic.Bool
+	pumpDone chan struct{}
+	wg       sync.WaitGroup
+
+	// Counters, read with atomic loads.
+	BadWQEs      atomic.Uint64 // malformed entries found in client rings
+	RejectedConn atomic.Uint64 // connections refused by the credential check
+}
+
+// NewServer makes a server for dev and starts its ring pump.
+func NewServer(dev Device, opt Options) (*Server, error) {
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.Mode == 0 {
+		opt.Mode = 0o660
+	}
+	if opt.MaxMRBytes == 0 {
+		opt.MaxMRBytes = 1 << 30
+	}
+	if opt.MaxObjects == 0 {
+		opt.MaxObjects = 4096
+	}
+	if opt.SpinPolls == 0 {
+		opt.SpinPolls = 64
+	}
+	db, err := shmring.NewDoorbell()
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{dev: dev, opt: opt, log: opt.Logger, db: db, sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
+	go s.pump()
+	return s, nil
+}
+
+// Listen creates the control socket at path, with the configured mode and
+// group. An existing socket that still answers belongs to a running daemon:
+// Listen refuses to take it over. A stale one is replaced.
+func (s *Server) Listen(path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode()&os.ModeSocket == 0 {
+			return fmt.Errorf("control socket %s: exists and is not a socket", path)
+		}
+		if c, err := net.Dial("unixpacket", path); err == nil {
+			c.Close()
+			return fmt.Errorf("control socket %s: another softrnic daemon is serving it", path)
+		}
+		os.Remove(path)
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		return err
+	}
+	if err := os.Chmod(path, s.opt.Mode); err != nil {
+		ln.Close()
+		return err
+	}
+	if s.opt.Group >= 0 {
+		if err := os.Chown(path, -1, s.opt.Group); err != nil {
+			ln.Close()
+			return err
+		}
+	}
+	ln.SetUnlinkOnClose(true)
+	s.ln, s.path = ln, path
+	return nil
+}
+
+// Serve accepts clients until Close. It returns nil after Close.
+func (s *Server) Serve() error {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		s.startSession(c)
+	}
+}
+
+// Lock takes the per-interface lock file dir/IFACE.lock, so that a second
+// daemon on the same interface is refused with a message naming the first.
+// The lock is released when the returned file is closed or the process dies.
+func Lock(dir, iface string) (*os.File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	name := filepath.Join(dir, iface+".lock")
+	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		b := make([]byte, 32)
+		n, _ := f.ReadAt(b, 0)
+		f.Close()
+		pid := strings.TrimSpace(string(b[:n]))
+		return nil, fmt.Errorf("a softrnic daemon (pid %s) already runs on %s (lock %s)", pid, iface, name)
+	}
+	f.Truncate(0)
+	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return f, nil
+}
+
+// Clients lists the connected clients.
+func (s *Server) Clients() []ClientInfo {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []ClientInfo
+	for ss := range s.sessions {
+		ss.mu.Lock()
+		out = append(out, ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
+			QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds)})
+		ss.mu.Unlock()
+	}
+	return out
+}
+
+// Close shuts the server down the way SIGTERM asks: stop accepting clients,
+// move every QP to the error state so that outstanding work completes with
+// flush errors, give the pump up to drain to move those completions into
+// the clients' CQ rings, then close every connection and release
+// everything.
+func (s *Server) Close(drain time.Duration) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closing = true
+	sessions := make([]*session, 0, len(s.sessions))
+	for ss := range s.sessions {
+		sessions = append(sessions, ss)
+	}
+	s.mu.Unlock()
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for _, ss := range sessions {
+		ss.errorAllQPs()
+	}
+	s.drainCQs(drain)
+	for _, ss := range sessions {
+		ss.conn.Close() // the session goroutine sees the close and cleans up
+	}
+	s.wg.Wait()
+	s.stop.Store(true)
+	s.db.Ring()
+	<-s.pumpDone
+	return s.db.Close()
+}
+
+// drainCQs waits (bounded) until a pump pass moves no completion.
+func (s *Server) drainCQs(limit time.Duration) {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		s.ringsMu.RLock()
+		moved := 0
+		for _, c := range s.cqList {
+			c.mu.Lock()
+			moved += s.moveCQ(c)
+			c.mu.Unlock()
+		}
+		s.ringsMu.RUnlock()
+		if moved == 0 {
+			return
+		}
+	}
+}
+
+// wake is the device's completion notification: one atomic load unless the
+// pump sleeps.
+func (s *Server) wake() {
+	if s.sleeping.Load() {
+		s.db.Ring()
+	}
+}
+
+// pump moves work from clients' SQ/RQ rings to the device and completions
+// from the device to clients' CQ rings. It spins for SpinPolls empty passes,
+// then arms every ring's wakeup flag and sleeps on the doorbell, so an idle
+// daemon costs no CPU and a busy one no syscalls.
+func (s *Server) pump() {
+	defer close(s.pumpDone)
+	idle := 0
+	for !s.stop.Load() {
+		if s.pollOnce() > 0 {
+			idle = 0
+			continue
+		}
+		if idle++; idle < s.opt.SpinPolls {
+			runtime.Gosched()
+			continue
+		}
+		idle = 0
+		s.sleeping.Store(true)
+		if s.armAll() && s.pollOnce() == 0 {
+			// The timeout bounds how long completions can wait behind a
+			// full CQ ring that its client has since drained (the client
+			// does not ring the daemon when it consumes).
+			s.db.Wait(50 * time.Millisecond)
+		}
+		s.sleeping.Store(false)
+		s.disarmAll()
+	}
+}
+
+func (s *Server) armAll() bool {
+	s.ringsMu.RLock()
+	defer s.ringsMu.RUnlock()
+	empty := true
+	for _, q := range s.qpList {
+		if q.broken {
+			continue
+		}
+		if !q.sqc.Arm() || !q.rqc.Arm() {
+			empty = false
+		}
+	}
+	return empty
+}
+
+func (s *Server) disarmAll() {
+	s.ringsMu.RLock()
+	defer s.ringsMu.RUnlock()
+	for _, q := range s.qpList {
+		q.sqc.Disarm()
+		q.rqc.Disarm()
+	}
+}
+
+// pumpBatch bounds the entries taken from one ring per pass, for fairness
+// between QPs and clients.
+const pumpBatch = 64
+
+// pollOnce is one pass over every ring. It first notes how many send WRs
+// each SQ holds, then drains every RQ, then executes the noted send WRs: a
+// receive a client posted before a peer's SEND was posted is therefore
+// always with the device before that SEND executes.
+func (s *Server) pollOnce() int {
+	work := 0
+	s.ringsMu.RLock()
+	for _, q := range s.qpList {
+		if !q.broken {
+			q.sqReady = min(q.sqc.Len(), pumpBatch)
+		}
+	}
+	for _, q := range s.qpList {
+		if !q.broken {
+			work += s.drainRQ(q)
+		}
+	}
+	for _, q := range s.qpList {
+		if !q.broken {
+			work += s.drainSQ(q)
+		}
+	}
+	for _, c := range s.cqList {
+		c.mu.Lock()
+		work += s.moveCQ(c)
+		c.mu.Unlock()
+	}
+	s.ringsMu.RUnlock()
+	return work
+}
+
+func (s *Server) drainRQ(q *qpObj) int {
+	n := 0
+	for ; n < pumpBatch; n++ {
+		slot := q.rqc.Peek()
+		if slot == nil {
+			break
+		}
+		if err := proto.GetRecvWR(slot, &q.rwr); err != nil {
+			s.badWQE(q, q.recv, q.rwr.ID, true, err)
+			continue
+		}
+		if err := q.qp.PostRecv(&q.rwr); err != nil {
+			s.failWR(q, q.recv, q.rwr.ID, true, err)
+		}
+	}
+	q.rqc.Release()
+	s.checkRings(q)
+	return n
+}
+
+func (s *Server) drainSQ(q *qpObj) int {
+	n := 0
+	for ; n < q.sqReady; n++ {
+		slot := q.sqc.Peek()
+		if slot == nil {
+			break
+		}
+		if err := proto.GetSendWR(slot, &q.swr, q.typ == proto.UD); err != nil {
+			s.badWQE(q, q.send, q.swr.ID, false, err)
+			continue
+		}
+		if err := q.qp.PostSend(&q.swr); err != nil {
+			s.failWR(q, q.send, q.swr.ID, false, err)
+		}
+	}
+	q.sqc.Release()
+	s.checkRings(q)
+	return n
+}
+
+// checkRings retires a QP whose client scribbled over its ring indexes.
+func (s *Server) checkRings(q *qpObj) {
+	if q.broken || (q.sqc.Err() == nil && q.rqc.Err() == nil) {
+		return
+	}
+	s.BadWQEs.Add(1)
+	q.broken = true
+	attr := proto.QPAttr{State: proto.Err}
+	q.qp.Modify(&attr, proto.AttrState)
+	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
+}
+
+// badWQE handles an entry that does not decode: like a malformed WQE on a
+// hardware RNIC, it completes in error and the QP goes to the error state.
+func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
+	s.BadWQEs.Add(1)
+	attr := proto.QPAttr{State: proto.Err}
+	q.qp.Modify(&attr, proto.AttrState)
+	s.failWR(q, cq, id, recv, err)
+}
+
+// failWR writes an error completion for a WR the device did not accept
+// straight into the client's CQ ring (the pump is that ring's only
+// producer, so this keeps it single-producer).
+func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
+	st := wr.LocQPOpErr
+	var se interface{ Status() wr.Status }
+	if errors.As(err, &se) {
+		st = se.Status()
+	}
+	wc := wr.WC{ID: id, Status: st, QPN: q.qp.QPN(), IsRecv: recv}
+	if recv {
+		wc.Opcode = wr.WCRecv
+	}
+	cq.mu.Lock()
+	if slot := cq.prod.Reserve(); slot != nil {
+		proto.PutWC(slot, &wc)
+		cq.prod.Commit()
+	} else {
+		cq.overruns++
+	}
+	cq.mu.Unlock()
+}
+
+// moveCQ copies what fits of the device CQ into the client's CQ ring.
+// Caller holds c.mu.
+func (s *Server) moveCQ(c *cqObj) int {
+	free := c.prod.Free()
+	if free == 0 {
+		return 0
+	}
+	if free > len(c.wcs) {
+		free = len(c.wcs)
+	}
+	n := c.cq.Poll(c.wcs[:free])
+	for i := 0; i < n; i++ {
+		proto.PutWC(c.prod.Reserve(), &c.wcs[i])
+	}
+	if n > 0 {
+		c.prod.Commit()
+	}
+	return n
+}
+
+// allowed decides whether a peer may use the RNIC: root, the daemon's own
+// user, or a member (primary or supplementary) of the configured group.
+// The socket's file mode is the first gate; this is the second, and the one
+// that still holds if the socket file is chmod'ed by mistake.
+func (s *Server) allowed(cr *unix.Ucred) bool {
+	if cr.Uid == 0 || cr.Uid == uint32(os.Geteuid()) {
+		return true
+	}
+	if s.opt.Group < 0 {
+		return false
+	}
+	if cr.Gid == uint32(s.opt.Group) {
+		return true
+	}
+	return inGroups(cr.Pid, uint32(s.opt.Group))
+}
+
+// inGroups reads the supplementary groups of pid (SO_PEERCRED carries only
+// the primary group).
+func inGroups(pid int32, gid uint32) bool {
+	f, err := os.Open("/proc/" + strconv.Itoa(int(pid)) + "/status")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "Groups:"); ok {
+			for _, g := range strings.Fields(rest) {
+				if n, err := strconv.ParseUint(g, 10, 32); err == nil && uint32(n) == gid {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	return false
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cr *unix.Ucred
+	var serr error
+	err = rc.Control(func(fd uintptr) { cr, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+	if err == nil {
+		err = serr
+	}
+	return cr, err
+}

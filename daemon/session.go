@@ -1,0 +1,637 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"net"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/shmring"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// session is one client connection and everything it created. Handles index
+// the session's own maps, so a client can only ever name its own objects.
+type session struct {
+	s    *Server
+	id   uint64
+	cred unix.Ucred
+	conn *proto.Conn
+	log  *slog.Logger
+
+	mu      sync.Mutex // guards the maps (read by Server.Clients and Close)
+	opened  bool
+	next    proto.Handle
+	pds     map[proto.Handle]*pdObj
+	mrs     map[proto.Handle]*mrObj
+	cqs     map[proto.Handle]*cqObj
+	qps     map[proto.Handle]*qpObj
+	mrBytes int64
+}
+
+type pdObj struct {
+	pd   PD
+	refs int // MRs and QPs in it
+}
+
+type mrObj struct {
+	mr      MR
+	pd      *pdObj
+	mapping []byte // the whole mmap, to unmap
+	length  int64  // registered bytes, counted against MaxMRBytes
+}
+
+type cqObj struct {
+	cq   CQ
+	ring *shmring.Ring
+	db   *shmring.Doorbell // the client's: rung when it sleeps on the CQ
+	refs int               // QPs using it
+
+	mu       sync.Mutex // serialises the ring's producer (pump, failWR, Close)
+	prod     *shmring.Producer
+	wcs      []wr.WC
+	overruns uint64
+}
+
+type qpObj struct {
+	owner      *session
+	qp         QP
+	typ        proto.QPType
+	pd         *pdObj
+	send, recv *cqObj
+	sq, rq     *shmring.Ring
+	sqc, rqc   *shmring.Consumer
+	swr        proto.SendWR // decode buffers, reused: no allocation per WR
+	rwr        proto.RecvWR
+	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
+	sqReady    int  // send WRs noted at the start of this pump pass
+}
+
+// errno is an error with the errno the client receives.
+type errno struct {
+	no  unix.Errno
+	msg string
+}
+
+func (e *errno) Error() string { return e.msg }
+
+func errf(no unix.Errno, format string, args ...any) error {
+	return &errno{no, fmt.Sprintf(format, args...)}
+}
+
+func (s *Server) startSession(c *net.UnixConn) {
+	cr, err := peerCred(c)
+	if err != nil {
+		s.log.Warn("control connection without credentials", "err", err)
+		c.Close()
+		return
+	}
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	s.nextID++
+	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
+		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{}}
+	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
+	s.sessions[ss] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go ss.serve()
+}
+
+func (ss *session) serve() {
+	s := ss.s
+	defer s.wg.Done()
+	allowed := s.allowed(&ss.cred)
+	if !allowed {
+		s.RejectedConn.Add(1)
+		ss.log.Warn("client refused: neither root nor in the control group")
+	} else {
+		ss.log.Info("client connected")
+	}
+	for {
+		h, body, fds, err := ss.conn.Recv()
+		if err != nil {
+			if !proto.IsClosed(err) {
+				ss.log.Warn("control connection dropped", "err", err)
+			}
+			break
+		}
+		if !allowed {
+			proto.CloseFDs(fds)
+			ss.reply(h, nil, nil, errf(unix.EPERM, "uid %d gid %d may not use this RNIC: only root and the control group may", ss.cred.Uid, ss.cred.Gid))
+			break
+		}
+		resp, out, err := ss.handle(h, body, fds)
+		if rerr := ss.reply(h, resp, out, err); rerr != nil {
+			break
+		}
+	}
+	info := ss.cleanup()
+	ss.conn.Close()
+	s.mu.Lock()
+	delete(s.sessions, ss)
+	s.mu.Unlock()
+	if allowed {
+		ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs)
+	}
+	if s.opt.OnClientGone != nil {
+		s.opt.OnClientGone(info)
+	}
+}
+
+func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
+	if err != nil {
+		e := &errno{unix.EINVAL, err.Error()}
+		errors.As(err, &e)
+		msg := e.msg
+		if len(msg) > 512 {
+			msg = msg[:512]
+		}
+		return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq, Errno: uint32(e.no)}, []byte(msg))
+	}
+	return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq}, body, fds...)
+}
+
+// handle runs one operation. It owns fds: every received fd is either taken
+// over or closed. Returned fds stay owned by the objects they belong to (the
+// peer receives its own copies).
+func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out []int, err error) {
+	wantFDs := 0
+	if h.Op == proto.OpRegMR {
+		wantFDs = 1
+	}
+	if len(fds) != wantFDs {
+		proto.CloseFDs(fds)
+		return nil, nil, errf(unix.EINVAL, "%v takes %d fds, got %d", h.Op, wantFDs, len(fds))
+	}
+	if h.Op != proto.OpOpen && !ss.opened {
+		proto.CloseFDs(fds)
+		return nil, nil, errf(unix.EPROTO, "OPEN must come first")
+	}
+	switch h.Op {
+	case proto.OpOpen:
+		var req proto.OpenReq
+		if err := proto.DecodeBody(body, &req); err != nil {
+			return nil, nil, err
+		}
+		if req.Version != proto.Version {
+			return nil, nil, errf(unix.EPROTONOSUPPORT, "protocol version %d, daemon speaks %d", req.Version, proto.Version)
+		}
+		ss.opened = true
+		info := ss.s.dev.Info()
+		return &info, []int{ss.s.db.FD()}, nil
+	case proto.OpAllocPD:
+		return ss.allocPD(body)
+	case proto.OpDeallocPD:
+		return ss.deallocPD(body)
+	case proto.OpRegMR:
+		return ss.regMR(body, fds[0])
+	case proto.OpDeregMR:
+		return ss.deregMR(body)
+	case proto.OpCreateCQ:
+		return ss.createCQ(body)
+	case proto.OpDestroyCQ:
+		return ss.destroyCQ(body)
+	case proto.OpCreateQP:
+		return ss.createQP(body)
+	case proto.OpModifyQP:
+		return ss.modifyQP(body)
+	case proto.OpQueryQP:
+		return ss.queryQP(body)
+	case proto.OpDestroyQP:
+		return ss.destroyQP(body)
+	}
+	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
+}
+
+func (ss *session) newHandle() (proto.Handle, error) {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps) >= ss.s.opt.MaxObjects {
+		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
+	}
+	ss.next++
+	return ss.next, nil
+}
+
+func decodeHandle(body []byte) (proto.Handle, error) {
+	var m proto.HandleMsg
+	err := proto.DecodeBody(body, &m)
+	return m.Handle, err
+}
+
+func (ss *session) allocPD(body []byte) (any, []int, error) {
+	if len(body) != 0 {
+		return nil, nil, errf(unix.EINVAL, "ALLOC_PD takes no body")
+	}
+	pd, err := ss.s.dev.AllocPD()
+	if err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	h, err := ss.newHandle()
+	if err != nil {
+		pd.Dealloc()
+		return nil, nil, err
+	}
+	ss.pds[h] = &pdObj{pd: pd}
+	return &proto.HandleMsg{Handle: h}, nil, nil
+}
+
+func (ss *session) deallocPD(body []byte) (any, []int, error) {
+	h, err := decodeHandle(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	p, ok := ss.pds[h]
+	if !ok {
+		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", h)
+	}
+	if p.refs > 0 {
+		return nil, nil, errf(unix.EBUSY, "PD %d still has %d MRs/QPs", h, p.refs)
+	}
+	delete(ss.pds, h)
+	return nil, nil, p.pd.Dealloc()
+}
+
+func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
+	defer unix.Close(fd) // the mapping keeps the memory alive
+	var req proto.RegMRReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		return nil, nil, err
+	}
+	if req.Length == 0 || req.Length > uint64(ss.s.dev.Info().MaxMRSize) || req.Offset > 1<<50 {
+		return nil, nil, errf(unix.EINVAL, "MR length %d (offset %d) out of range", req.Length, req.Offset)
+	}
+	if req.Access&^(wr.LocalWrite|wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic) != 0 {
+		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
+	}
+	if req.Access&(wr.RemoteWrite|wr.RemoteAtomic) != 0 && req.Access&wr.LocalWrite == 0 {
+		return nil, nil, errf(unix.EINVAL, "remote write or atomic access requires local write (as in verbs)")
+	}
+	if _, carry := bits.Add64(req.IOVA, req.Length, 0); carry != 0 {
+		return nil, nil, errf(unix.EINVAL, "MR wraps the address space")
+	}
+	if err := shmring.CheckSealed(fd, int64(req.Offset+req.Length)); err != nil {
+		return nil, nil, errf(unix.EINVAL, "MR memory: %v", err)
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	p, ok := ss.pds[req.PD]
+	if !ok {
+		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", req.PD)
+	}
+	if ss.mrBytes+int64(req.Length) > ss.s.opt.MaxMRBytes {
+		return nil, nil, errf(unix.ENOMEM, "client would register %d bytes, limit %d", ss.mrBytes+int64(req.Length), ss.s.opt.MaxMRBytes)
+	}
+	pg := uint64(unix.Getpagesize())
+	start := req.Offset &^ (pg - 1)
+	mapping, err := unix.Mmap(fd, int64(start), int(req.Offset+req.Length-start), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, nil, errf(unix.ENOMEM, "mapping client memory: %v", err)
+	}
+	mem := mapping[req.Offset-start:]
+	mr, err := p.pd.RegMR(mem, req.IOVA, req.Access)
+	if err != nil {
+		unix.Munmap(mapping)
+		return nil, nil, err
+	}
+	h, err := ss.newHandle()
+	if err != nil {
+		mr.Deregister()
+		unix.Munmap(mapping)
+		return nil, nil, err
+	}
+	p.refs++
+	ss.mrBytes += int64(req.Length)
+	ss.mrs[h] = &mrObj{mr: mr, pd: p, mapping: mapping, length: int64(req.Length)}
+	return &proto.RegMRResp{MR: h, LKey: mr.LKey(), RKey: mr.RKey()}, nil, nil
+}
+
+func (ss *session) deregMR(body []byte) (any, []int, error) {
+	h, err := decodeHandle(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	m, ok := ss.mrs[h]
+	if !ok {
+		return nil, nil, errf(unix.ENOENT, "no MR %d on this connection", h)
+	}
+	delete(ss.mrs, h)
+	return nil, nil, ss.releaseMR(m)
+}
+
+func (ss *session) releaseMR(m *mrObj) error {
+	err := m.mr.Deregister()
+	m.pd.refs--
+	ss.mrBytes -= m.length
+	if uerr := unix.Munmap(m.mapping); err == nil {
+		err = uerr
+	}
+	return err
+}
+
+func pow2(n uint32) uint32 {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len32(n-1)
+}
+
+func (ss *session) createCQ(body []byte) (any, []int, error) {
+	var req proto.CreateCQReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		return nil, nil, err
+	}
+	info := ss.s.dev.Info()
+	if req.Depth == 0 || req.Depth > info.MaxCQE {
+		return nil, nil, errf(unix.EINVAL, "CQ depth %d not in 1..%d", req.Depth, info.MaxCQE)
+	}
+	slots := pow2(req.Depth)
+	ring, err := shmring.Create("softrnic-cq", shmring.Geometry{SlotSize: proto.CQESize, Slots: int(slots)})
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := shmring.NewDoorbell()
+	if err != nil {
+		ring.Close()
+		return nil, nil, err
+	}
+	cq, err := ss.s.dev.CreateCQ(int(req.Depth), ss.s.wake)
+	if err != nil {
+		ring.Close()
+		db.Close()
+		return nil, nil, err
+	}
+	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]wr.WC, 64)}
+	ss.mu.Lock()
+	h, err := ss.newHandle()
+	if err == nil {
+		ss.cqs[h] = c
+	}
+	ss.mu.Unlock()
+	if err != nil {
+		cq.Destroy()
+		ring.Close()
+		db.Close()
+		return nil, nil, err
+	}
+	ss.s.ringsMu.Lock()
+	ss.s.cqList = append(ss.s.cqList, c)
+	ss.s.ringsMu.Unlock()
+	return &proto.CreateCQResp{CQ: h, Slots: slots}, []int{ring.FD(), db.FD()}, nil
+}
+
+func (ss *session) destroyCQ(body []byte) (any, []int, error) {
+	h, err := decodeHandle(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	c, ok := ss.cqs[h]
+	if ok && c.refs > 0 {
+		ss.mu.Unlock()
+		return nil, nil, errf(unix.EBUSY, "CQ %d is used by %d QPs", h, c.refs)
+	}
+	delete(ss.cqs, h)
+	ss.mu.Unlock()
+	if !ok {
+		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", h)
+	}
+	return nil, nil, ss.releaseCQ(c)
+}
+
+func (ss *session) releaseCQ(c *cqObj) error {
+	s := ss.s
+	s.ringsMu.Lock()
+	for i, x := range s.cqList {
+		if x == c {
+			s.cqList = append(s.cqList[:i], s.cqList[i+1:]...)
+			break
+		}
+	}
+	s.ringsMu.Unlock()
+	err := c.cq.Destroy()
+	c.ring.Close()
+	c.db.Close()
+	return err
+}
+
+func (ss *session) createQP(body []byte) (any, []int, error) {
+	var req proto.CreateQPReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		return nil, nil, err
+	}
+	if req.Type != proto.RC && req.Type != proto.UD {
+		return nil, nil, errf(unix.EINVAL, "QP type %d not supported (RC %d, UD %d)", req.Type, proto.RC, proto.UD)
+	}
+	info := ss.s.dev.Info()
+	c := req.Caps
+	if c.MaxSendWR == 0 || c.MaxSendWR > info.MaxQPWR || c.MaxRecvWR > info.MaxQPWR ||
+		c.MaxSendSGE > info.MaxSGE || c.MaxRecvSGE > info.MaxSGE || c.MaxInline > info.MaxInline {
+		return nil, nil, errf(unix.EINVAL, "QP caps %+v exceed the device's (WR %d, SGE %d, inline %d)", c, info.MaxQPWR, info.MaxSGE, info.MaxInline)
+	}
+	if c.MaxSendSGE == 0 {
+		c.MaxSendSGE = 1
+	}
+	if c.MaxRecvSGE == 0 {
+		c.MaxRecvSGE = 1
+	}
+	if c.MaxRecvWR == 0 {
+		c.MaxRecvWR = 1
+	}
+	sqSlots, rqSlots := pow2(c.MaxSendWR), pow2(c.MaxRecvWR)
+	c.MaxSendWR, c.MaxRecvWR = sqSlots, rqSlots
+	c.MaxInline = uint32(proto.SendSlotSize(c)) - 64 // whatever fits the slot is usable inline
+
+	ss.mu.Lock()
+	p, okp := ss.pds[req.PD]
+	scq, oks := ss.cqs[req.SendCQ]
+	rcq, okr := ss.cqs[req.RecvCQ]
+	ss.mu.Unlock()
+	switch {
+	case !okp:
+		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", req.PD)
+	case !oks:
+		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.SendCQ)
+	case !okr:
+		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.RecvCQ)
+	}
+	sq, err := shmring.Create("softrnic-sq", shmring.Geometry{SlotSize: proto.SendSlotSize(c), Slots: int(sqSlots)})
+	if err != nil {
+		return nil, nil, err
+	}
+	rq, err := shmring.Create("softrnic-rq", shmring.Geometry{SlotSize: proto.RecvSlotSize(c), Slots: int(rqSlots)})
+	if err != nil {
+		sq.Close()
+		return nil, nil, err
+	}
+	qp, err := p.pd.CreateQP(req.Type, c, scq.cq, rcq.cq, req.SigAll != 0)
+	if err != nil {
+		sq.Close()
+		rq.Close()
+		return nil, nil, err
+	}
+	q := &qpObj{owner: ss, qp: qp, typ: req.Type, pd: p, send: scq, recv: rcq, sq: sq, rq: rq,
+		sqc: sq.Consumer(), rqc: rq.Consumer(),
+		swr: proto.SendWR{SG: make([]proto.SGE, 0, c.MaxSendSGE)}, rwr: proto.RecvWR{SG: make([]proto.SGE, 0, c.MaxRecvSGE)}}
+	ss.mu.Lock()
+	h, err := ss.newHandle()
+	if err == nil {
+		ss.qps[h] = q
+		p.refs++
+		scq.refs++
+		rcq.refs++
+	}
+	ss.mu.Unlock()
+	if err != nil {
+		qp.Destroy()
+		sq.Close()
+		rq.Close()
+		return nil, nil, err
+	}
+	ss.s.ringsMu.Lock()
+	ss.s.qpList = append(ss.s.qpList, q)
+	ss.s.ringsMu.Unlock()
+	return &proto.CreateQPResp{QP: h, QPN: qp.QPN(), SQSlots: sqSlots, RQSlots: rqSlots, Caps: c}, []int{sq.FD(), rq.FD()}, nil
+}
+
+func (ss *session) lookupQP(h proto.Handle) (*qpObj, error) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	q, ok := ss.qps[h]
+	if !ok {
+		return nil, errf(unix.ENOENT, "no QP %d on this connection", h)
+	}
+	return q, nil
+}
+
+func (ss *session) modifyQP(body []byte) (any, []int, error) {
+	var req proto.ModifyQPReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		return nil, nil, err
+	}
+	if err := req.Mask.Validate(); err != nil {
+		return nil, nil, errf(unix.EINVAL, "%v", err)
+	}
+	q, err := ss.lookupQP(req.QP)
+	if err != nil {
+		return nil, nil, err
+	}
+	return nil, nil, q.qp.Modify(&req.Attr, req.Mask)
+}
+
+func (ss *session) queryQP(body []byte) (any, []int, error) {
+	h, err := decodeHandle(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	q, err := ss.lookupQP(h)
+	if err != nil {
+		return nil, nil, err
+	}
+	attr, err := q.qp.Query()
+	if err != nil {
+		return nil, nil, err
+	}
+	return &attr, nil, nil
+}
+
+func (ss *session) destroyQP(body []byte) (any, []int, error) {
+	h, err := decodeHandle(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	q, ok := ss.qps[h]
+	delete(ss.qps, h)
+	ss.mu.Unlock()
+	if !ok {
+		return nil, nil, errf(unix.ENOENT, "no QP %d on this connection", h)
+	}
+	return nil, nil, ss.releaseQP(q)
+}
+
+func (ss *session) releaseQP(q *qpObj) error {
+	s := ss.s
+	s.ringsMu.Lock()
+	for i, x := range s.qpList {
+		if x == q {
+			s.qpList = append(s.qpList[:i], s.qpList[i+1:]...)
+			break
+		}
+	}
+	s.ringsMu.Unlock()
+	err := q.qp.Destroy()
+	q.sq.Close()
+	q.rq.Close()
+	ss.mu.Lock()
+	q.pd.refs--
+	q.send.refs--
+	q.recv.refs--
+	ss.mu.Unlock()
+	return err
+}
+
+// errorAllQPs moves every QP of the session to the error state (shutdown:
+// outstanding work completes with flush errors the client can see).
+func (ss *session) errorAllQPs() {
+	ss.mu.Lock()
+	qps := make([]*qpObj, 0, len(ss.qps))
+	for _, q := range ss.qps {
+		qps = append(qps, q)
+	}
+	ss.mu.Unlock()
+	for _, q := range qps {
+		attr := proto.QPAttr{State: proto.Err}
+		if err := q.qp.Modify(&attr, proto.AttrState); err != nil {
+			ss.log.Warn("moving QP to error", "qpn", q.qp.QPN(), "err", err)
+		}
+	}
+}
+
+// cleanup releases everything the client created, in dependency order:
+// QPs to error and destroyed (so no more remote access through them), MRs
+// deregistered and unmapped, CQs, PDs.
+func (ss *session) cleanup() ClientInfo {
+	ss.errorAllQPs()
+	ss.mu.Lock()
+	info := ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
+		QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds)}
+	qps, mrs, cqs, pds := ss.qps, ss.mrs, ss.cqs, ss.pds
+	ss.qps, ss.mrs, ss.cqs, ss.pds = map[proto.Handle]*qpObj{}, map[proto.Handle]*mrObj{}, map[proto.Handle]*cqObj{}, map[proto.Handle]*pdObj{}
+	ss.mu.Unlock()
+	for _, q := range qps {
+		if err := ss.releaseQP(q); err != nil {
+			ss.log.Warn("destroying QP", "qpn", q.qp.QPN(), "err", err)
+		}
+	}
+	for _, m := range mrs {
+		if err := ss.releaseMR(m); err != nil {
+			ss.log.Warn("deregistering MR", "err", err)
+		}
+	}
+	for _, c := range cqs {
+		if err := ss.releaseCQ(c); err != nil {
+			ss.log.Warn("destroying CQ", "err", err)
+		}
+	}
+	for _, p := range pds {
+		if err := p.pd.Dealloc(); err != nil {
+			ss.log.Warn("deallocating PD", "err", err)
+		}
+	}
+	return info
+}
