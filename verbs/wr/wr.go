@@ -10,6 +10,7 @@ package wr
 
 import (
 	"encoding/binary"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -168,6 +169,9 @@ type WC struct {
 	QPN     uint32 // the local QP
 	SrcQP   uint32 // UD: the sender's QPN
 	IsRecv  bool   // receive-queue completion (goes to the recv CQ)
+	// SrcIP is the sender's address (UD receives), the GID a verbs user
+	// would find in the GRH.
+	SrcIP netip.Addr
 }
 
 // SendWQE is a send work request after the device has resolved its local

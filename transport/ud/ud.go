@@ -1,0 +1,255 @@
+// Package ud implements the Unreliable Datagram transport as a pure state
+// machine: SEND and SEND_WITH_IMM of at most one path MTU, carried in a
+// single UD_SEND_ONLY packet with a DETH, Q_Key checked on receipt, and the
+// 40-byte GRH slot at the start of every receive buffer.
+//
+// Like transport/rc it sees only IB transport packets (BTH to the end of
+// the pad); the device frames them, checks addresses, P_Key and ICRC, and
+// hands Receive the GRH to place. No goroutines, clock reads, locks or
+// per-packet allocations.
+package ud
+
+import (
+	"net/netip"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// GRHLen is the slot every UD receive buffer reserves for the GRH (IPv4:
+// 20 zero bytes then the IPv4 header; IPv6: the IPv6 header).
+const GRHLen = 40
+
+// Config holds a UD QP's attributes.
+type Config struct {
+	QPN   uint32
+	QKey  uint32 // checked on receive; used when a WR's Q_Key has its high bit set
+	PKey  uint16
+	MTU   int
+	SQPSN bth.PSN
+}
+
+// Counters count drops.
+type Counters struct {
+	RxBadQKey  uint64
+	RxNoRecv   uint64
+	RxDropped  uint64
+	TxTooLong  uint64
+	RxTooLong  uint64
+	RxReceived uint64
+}
+
+// QP is one UD queue pair's transport state.
+type QP struct {
+	cfg            Config
+	rq             wr.RecvQueue
+	sq             []wr.SendWQE
+	head, tail     uint32
+	psn            bth.PSN
+	sendOn, recvOn bool
+	cur            wr.RecvWQE
+	wcs            []wr.WC
+	Counters
+}
+
+// New returns a UD QP that neither sends nor receives until Receiver and
+// Sender are called.
+func New(qpn uint32, sqDepth, maxSGE int, rq wr.RecvQueue) *QP {
+	if sqDepth < 1 {
+		sqDepth = 1
+	}
+	q := &QP{rq: rq, sq: make([]wr.SendWQE, sqDepth), wcs: make([]wr.WC, 0, sqDepth+64)}
+	q.cfg.QPN = qpn
+	for i := range q.sq {
+		q.sq[i].SG = make([][]byte, 0, maxSGE)
+	}
+	q.cur.SG = make([][]byte, 0, maxSGE)
+	return q
+}
+
+// Receiver sets the Q_Key/P_Key (INIT) and enables receiving (RTR).
+func (q *QP) Receiver(cfg Config) {
+	cfg.QPN = q.cfg.QPN
+	if cfg.PKey == 0 {
+		cfg.PKey = bth.DefaultPKey
+	}
+	q.cfg = cfg
+	q.recvOn = true
+}
+
+// Sender enables sending from PSN cfg.SQPSN (RTS).
+func (q *QP) Sender(psn bth.PSN) {
+	q.psn = psn
+	q.sendOn = true
+}
+
+// SetRecvQueue changes where receives come from (RQ or SRQ).
+func (q *QP) SetRecvQueue(rq wr.RecvQueue) { q.rq = rq }
+
+// Config returns the attributes.
+func (q *QP) Config() Config { return q.cfg }
+
+// SendQueueFree is how many more WQEs Post accepts.
+func (q *QP) SendQueueFree() int { return len(q.sq) - int(q.tail-q.head) }
+
+// Outstanding is how many WQEs are posted and not yet sent.
+func (q *QP) Outstanding() int { return int(q.tail - q.head) }
+
+// Post appends a send WQE; false when the SQ is full.
+func (q *QP) Post(w *wr.SendWQE) bool {
+	if q.tail-q.head >= uint32(len(q.sq)) {
+		return false
+	}
+	e := &q.sq[q.tail%uint32(len(q.sq))]
+	sg := append(e.SG[:0], w.SG...)
+	*e = *w
+	e.SG = sg
+	q.tail++
+	return true
+}
+
+// TakeCompletions returns and forgets the completions produced so far.
+func (q *QP) TakeCompletions() []wr.WC {
+	w := q.wcs
+	q.wcs = q.wcs[:0]
+	return w
+}
+
+// HasOutput reports whether Build has a packet to send.
+func (q *QP) HasOutput() bool { return q.sendOn && q.head != q.tail }
+
+// Deadline: UD has no timers.
+func (q *QP) Deadline() clock.Time { return clock.Never }
+
+// MaxPacket is the largest packet Build writes.
+func (q *QP) MaxPacket() int { return bth.BTHLen + bth.DETHLen + bth.ImmDtLen + q.cfg.MTU + 3 }
+
+// Peek returns the WQE Build will handle next (nil if none), so that the
+// device can choose the frame layout from its address handle first.
+func (q *QP) Peek() *wr.SendWQE {
+	if !q.sendOn || q.head == q.tail {
+		return nil
+	}
+	return &q.sq[q.head%uint32(len(q.sq))]
+}
+
+// Build handles the WQE at the head of the SQ: it writes its datagram (BTH
+// through pad) into buf and returns its length, or 0 when there is nothing
+// to send or the WQE completed in error instead (a WQE longer than the
+// path MTU completes with LOC_LEN_ERR without being sent).
+func (q *QP) Build(now clock.Time, buf []byte) int {
+	if !q.sendOn || q.head == q.tail {
+		return 0
+	}
+	{
+		e := &q.sq[q.head%uint32(len(q.sq))]
+		if e.Err != wr.Success || e.Length > uint32(q.cfg.MTU) || e.Opcode != wr.Send && e.Opcode != wr.SendWithImm {
+			q.head++
+			st := e.Err
+			if st == wr.Success {
+				st = wr.LocLenErr
+				if e.Opcode != wr.Send && e.Opcode != wr.SendWithImm {
+					st = wr.LocQPOpErr
+				}
+				q.TxTooLong++
+			}
+			q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: st, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+			e.SG = e.SG[:0]
+			return 0
+		}
+		if len(buf) < q.MaxPacket() {
+			return 0
+		}
+		q.head++
+		op := bth.UDSendOnly
+		if e.Opcode == wr.SendWithImm {
+			op = bth.UDSendOnlyImm
+		}
+		pay := int(e.Length)
+		pad := -pay & 3
+		bth.BTH(buf).Encode(&bth.BTHFields{Opcode: op, PKey: q.cfg.PKey, DestQP: e.RemoteQPN, PSN: q.psn, PadCount: pad,
+			SE: e.Flags&wr.Solicited != 0})
+		qkey := e.RemoteQKey
+		if qkey&0x80000000 != 0 {
+			// IBA 10.2.5: a Q_Key with the high bit set in the WR means
+			// "use the QP's own Q_Key" (which is how QP1 and privileged
+			// Q_Keys are protected from ordinary senders).
+			qkey = q.cfg.QKey
+		}
+		bth.DETH(buf[bth.BTHLen:]).Encode(qkey, q.cfg.QPN)
+		if o := op.Offset(bth.ExtImmDt); o >= 0 {
+			bth.ImmDt(buf[o:]).SetImm(e.Imm)
+		}
+		hl := op.HeaderLen()
+		wr.CopyIn(buf[hl:hl+pay], e.SG, 0)
+		clear(buf[hl+pay : hl+pay+pad])
+		q.psn = q.psn.Next()
+		if e.Flags&wr.Signaled != 0 {
+			q.wcs = append(q.wcs, wr.WC{ID: e.ID, Opcode: wr.WCSend, ByteLen: e.Length, QPN: q.cfg.QPN})
+		}
+		e.SG = e.SG[:0]
+		return hl + pay + pad
+	}
+}
+
+// Receive delivers one datagram (BTH to end of pad). grh is the 40-byte
+// GRH slot the device built from the IP header; src is the sender's IP.
+func (q *QP) Receive(now clock.Time, pkt []byte, grh *[GRHLen]byte, src netip.Addr) {
+	if !q.recvOn || len(pkt) < bth.BTHLen {
+		q.RxDropped++
+		return
+	}
+	h := bth.BTH(pkt)
+	op := h.Opcode()
+	hl := op.HeaderLen()
+	pad := h.PadCount()
+	if op.Transport() != bth.TransportUD || hl == 0 || len(pkt) < hl+pad {
+		q.RxDropped++
+		return
+	}
+	d := bth.DETH(pkt[bth.BTHLen:])
+	if d.QKey() != q.cfg.QKey {
+		q.RxBadQKey++
+		return
+	}
+	pay := pkt[hl : len(pkt)-pad]
+	if len(pay) > q.cfg.MTU {
+		q.RxTooLong++
+		return
+	}
+	if q.rq == nil || !q.rq.Take(&q.cur) {
+		// No receive posted: UD drops silently (no RNR on datagrams).
+		q.RxNoRecv++
+		return
+	}
+	wc := wr.WC{ID: q.cur.ID, Opcode: wr.WCRecv, QPN: q.cfg.QPN, SrcQP: d.SrcQP(), SrcIP: src, IsRecv: true, Flags: wr.WCGRH}
+	switch {
+	case q.cur.Err != wr.Success:
+		wc.Status = q.cur.Err
+	case uint64(GRHLen+len(pay)) > uint64(q.cur.Length):
+		wc.Status = wr.LocLenErr
+	default:
+		wr.CopyOut(q.cur.SG, 0, grh[:])
+		wr.CopyOut(q.cur.SG, GRHLen, pay)
+		wc.ByteLen = uint32(GRHLen + len(pay))
+		if o := op.Offset(bth.ExtImmDt); o >= 0 {
+			wc.Flags |= wr.WCWithImm
+			wc.Imm = bth.ImmDt(pkt[o:]).Imm()
+		}
+		q.RxReceived++
+	}
+	q.cur.SG = q.cur.SG[:0]
+	q.wcs = append(q.wcs, wc)
+}
+
+// Flush completes every unsent WQE with WR_FLUSH_ERR (ERR state).
+func (q *QP) Flush() {
+	q.sendOn, q.recvOn = false, false
+	for q.head != q.tail {
+		e := &q.sq[q.head%uint32(len(q.sq))]
+		q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+		e.SG = e.SG[:0]
+		q.head++
+	}
+}

@@ -1,0 +1,412 @@
+package verbs
+
+import (
+	"encoding/binary"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// Config describes a device's port.
+type Config struct {
+	MAC [6]byte
+	// Addrs is the GID table as addresses: index i is sgid_index i. A
+	// frame is accepted only if addressed to one of them.
+	Addrs []netip.Addr
+	// PortMTU is the active path MTU of the port (default 1024, what rxe
+	// uses on a 1500-byte Ethernet link).
+	PortMTU int
+}
+
+// Stats counts what the step functions dropped and moved. The engine
+// goroutine owns them; read them from it (or after it stopped).
+type Stats struct {
+	RxFrames    uint64
+	RxParseErr  uint64 // not RoCEv2 or malformed
+	RxNotLocal  uint64 // destination address not ours
+	RxBadHeader uint64 // TVer or P_Key
+	RxNoQP      uint64 // unknown destination QP
+	RxBadICRC   uint64
+	RxBadType   uint64 // opcode of another transport than the QP's
+	RxBadSrc    uint64 // RC/UC source address is not the connected peer
+	RxBadState  uint64 // QP not in a state that receives
+	TxFrames    uint64
+}
+
+// Device is one software RNIC port.
+type Device struct {
+	cfg Config
+
+	mu      sync.Mutex // control path only
+	keys    atomic.Pointer[map[uint32]*MR]
+	qps     atomic.Pointer[map[uint32]*QP]
+	list    atomic.Pointer[[]*QP]
+	nextQPN uint32
+
+	doorbell chan struct{}
+
+	// engine-only state
+	rxf   frame.Frame
+	grh   [ud.GRHLen]byte
+	rr    int
+	ipID  uint16
+	Stats Stats
+}
+
+// NewDevice creates a device.
+func NewDevice(cfg Config) (*Device, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, ErrInvalid
+	}
+	if cfg.PortMTU == 0 {
+		cfg.PortMTU = 1024
+	}
+	if !validMTU(cfg.PortMTU) {
+		return nil, ErrInvalid
+	}
+	for i, a := range cfg.Addrs {
+		cfg.Addrs[i] = a.Unmap()
+	}
+	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), nextQPN: 0x10}
+	k := map[uint32]*MR{}
+	d.keys.Store(&k)
+	q := map[uint32]*QP{}
+	d.qps.Store(&q)
+	var l []*QP
+	d.list.Store(&l)
+	return d, nil
+}
+
+// Config returns the device's configuration.
+func (d *Device) Config() Config { return d.cfg }
+
+// Doorbell receives a value when applications post work (coalescing: one
+// value may stand for many posts). An idle engine waits on it together
+// with its port and its next deadline.
+func (d *Device) Doorbell() <-chan struct{} { return d.doorbell }
+
+func (d *Device) ring() {
+	select {
+	case d.doorbell <- struct{}{}:
+	default:
+	}
+}
+
+// hdrTmpl is a prepared Ethernet/IP/UDP header; lengths, IP ID and
+// checksum are filled per frame.
+type hdrTmpl struct {
+	b  [frame.EthernetLen + 40 + frame.UDPLen]byte
+	n  int
+	v6 bool
+}
+
+// udpSport is rdma_get_udp_sport: entropy for ECMP from the flow label, or
+// from the two QPNs when it is 0, in 0xC000..0xFFFF.
+func udpSport(fl uint32, lqpn, rqpn uint32) uint16 {
+	if fl == 0 {
+		v := uint64(lqpn) * uint64(rqpn)
+		v ^= v >> 20
+		v ^= v >> 40
+		fl = uint32(v & 0xFFFFF)
+	}
+	return uint16((fl&0x3FFF)^((fl&0xFC000)>>14)) | 0xC000
+}
+
+func (d *Device) makeHdr(av *AddressVector, lqpn, rqpn uint32) (hdrTmpl, error) {
+	var h hdrTmpl
+	if av.SGIDIndex < 0 || av.SGIDIndex >= len(d.cfg.Addrs) {
+		return h, ErrInvalid
+	}
+	src, dst := d.cfg.Addrs[av.SGIDIndex], av.DestIP.Unmap()
+	if !dst.IsValid() || src.Is4() != dst.Is4() {
+		return h, ErrInvalid
+	}
+	b := h.b[:]
+	copy(b[0:6], av.DestMAC[:])
+	copy(b[6:12], d.cfg.MAC[:])
+	ttl := av.HopLimit
+	if ttl == 0 {
+		ttl = 64
+	}
+	ip := b[frame.EthernetLen:]
+	var udp []byte
+	if src.Is4() {
+		binary.BigEndian.PutUint16(b[12:], frame.EtherTypeIPv4)
+		ip[0], ip[1] = 0x45, av.TrafficClass
+		binary.BigEndian.PutUint16(ip[6:], 0x4000) // DF, as rxe sends
+		ip[8], ip[9] = ttl, frame.ProtocolUDP
+		s, t := src.As4(), dst.As4()
+		copy(ip[12:16], s[:])
+		copy(ip[16:20], t[:])
+		udp = ip[20:]
+		h.n = frame.EthernetLen + 20 + frame.UDPLen
+	} else {
+		binary.BigEndian.PutUint16(b[12:], frame.EtherTypeIPv6)
+		binary.BigEndian.PutUint32(ip[0:], 6<<28|uint32(av.TrafficClass)<<20|av.FlowLabel&0xFFFFF)
+		ip[6], ip[7] = frame.ProtocolUDP, ttl
+		s, t := src.As16(), dst.As16()
+		copy(ip[8:24], s[:])
+		copy(ip[24:40], t[:])
+		udp = ip[40:]
+		h.n = frame.EthernetLen + 40 + frame.UDPLen
+		h.v6 = true
+	}
+	sp := av.UDPSrcPort
+	if sp == 0 {
+		sp = udpSport(av.FlowLabel, lqpn, rqpn)
+	}
+	binary.BigEndian.PutUint16(udp[0:], sp)
+	binary.BigEndian.PutUint16(udp[2:], frame.RoCEv2Port)
+	return h, nil
+}
+
+// finish writes the header of h in front of a transport packet of tlen
+// bytes already at buf[h.n:], fills lengths and checksums, stamps the
+// ICRC and returns the frame length.
+func (d *Device) finish(buf []byte, h *hdrTmpl, tlen int) int {
+	copy(buf, h.b[:h.n])
+	total := h.n + tlen + icrc.Len
+	ip := buf[frame.EthernetLen:]
+	udpLen := total - h.n + frame.UDPLen
+	if h.v6 {
+		binary.BigEndian.PutUint16(ip[4:], uint16(udpLen))
+		binary.BigEndian.PutUint16(ip[40+4:], uint16(udpLen))
+	} else {
+		binary.BigEndian.PutUint16(ip[2:], uint16(total-frame.EthernetLen))
+		d.ipID++
+		binary.BigEndian.PutUint16(ip[4:], d.ipID)
+		binary.BigEndian.PutUint16(ip[10:], 0)
+		binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip[:20]))
+		binary.BigEndian.PutUint16(ip[20+4:], uint16(udpLen))
+	}
+	_ = icrc.Stamp(buf[frame.EthernetLen:total])
+	return total
+}
+
+func ipv4Checksum(h []byte) uint16 {
+	var s uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		s += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for s > 0xFFFF {
+		s = s&0xFFFF + s>>16
+	}
+	return ^uint16(s)
+}
+
+func (d *Device) isLocal(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, l := range d.cfg.Addrs {
+		if l == a {
+			return true
+		}
+	}
+	return false
+}
+
+// Receive processes a batch of received frames (engine goroutine). The
+// frames are not retained. Frames for the same QP in a row are handled
+// under one acquisition of its lock.
+func (d *Device) Receive(now clock.Time, frames [][]byte) {
+	tbl := *d.qps.Load()
+	var cur *QP
+	f := &d.rxf
+	for _, b := range frames {
+		d.Stats.RxFrames++
+		if frame.Parse(b, f) != nil {
+			d.Stats.RxParseErr++
+			continue
+		}
+		if !d.isLocal(f.Dst()) {
+			d.Stats.RxNotLocal++
+			continue
+		}
+		h := f.BTH()
+		if h.TVer() != 0 || h.PKey()&0x7FFF != 0x7FFF {
+			d.Stats.RxBadHeader++
+			continue
+		}
+		q := tbl[h.DestQP()]
+		if q == nil {
+			d.Stats.RxNoQP++
+			continue
+		}
+		if !f.VerifyICRC() {
+			d.Stats.RxBadICRC++
+			continue
+		}
+		if q != cur {
+			if cur != nil {
+				cur.release()
+			}
+			q.mu.Lock()
+			cur = q
+		}
+		d.deliver(now, q, f)
+	}
+	if cur != nil {
+		cur.release()
+	}
+}
+
+// deliver hands a checked frame to q's transport; q.mu is held.
+func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
+	pkt := f.Packet()
+	ipLen := 20
+	if f.IsIPv6() {
+		ipLen = 40
+	}
+	tp := pkt[ipLen+frame.UDPLen : len(pkt)-icrc.Len]
+	op := f.Opcode()
+	switch q.init.Type {
+	case UD:
+		if op.Transport() != bth.TransportUD {
+			d.Stats.RxBadType++
+			return
+		}
+		if q.state != RTR && q.state != RTS && q.state != SQD && q.state != SQE {
+			d.Stats.RxBadState++
+			return
+		}
+		if f.IsIPv6() {
+			copy(d.grh[:], f.IPv6())
+		} else {
+			clear(d.grh[:20])
+			copy(d.grh[20:], f.IPv4())
+		}
+		q.ud.Receive(now, tp, &d.grh, f.Src())
+	default:
+		want := bth.TransportRC
+		if q.init.Type == UC {
+			want = bth.TransportUC
+		}
+		if op.Transport() != want {
+			d.Stats.RxBadType++
+			return
+		}
+		if q.state != RTR && q.state != RTS && q.state != SQD && q.state != SQE {
+			d.Stats.RxBadState++
+			return
+		}
+		if f.Src().Unmap() != q.peer {
+			d.Stats.RxBadSrc++
+			return
+		}
+		q.rc.Receive(now, tp)
+	}
+}
+
+// txBudget bounds the packets one QP may send per Transmit call so that
+// QPs share the link round-robin.
+const txBudget = 16
+
+// Transmit builds up to len(out) frames into the caller's buffers and
+// returns how many; out[i] is resliced to the frame (its capacity must
+// hold the port's largest frame: 14+40+8+BTH+headers+MTU+3+4 bytes).
+func (d *Device) Transmit(now clock.Time, out [][]byte) int {
+	list := *d.list.Load()
+	if len(list) == 0 {
+		return 0
+	}
+	n := 0
+	start := d.rr % len(list)
+	for k := 0; k < len(list) && n < len(out); k++ {
+		q := list[(start+k)%len(list)]
+		if !q.txPending.Load() {
+			continue
+		}
+		q.mu.Lock()
+		for b := 0; b < txBudget && n < len(out); b++ {
+			m := d.buildFrame(now, q, out[n][:cap(out[n])])
+			if m == 0 {
+				break
+			}
+			out[n] = out[n][:m]
+			n++
+		}
+		q.release()
+	}
+	d.rr = start + 1
+	d.Stats.TxFrames += uint64(n)
+	return n
+}
+
+// buildFrame writes q's next frame into buf; q.mu is held.
+func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
+	if q.state == Reset || q.state == Init {
+		return 0
+	}
+	if q.ud != nil {
+		for {
+			w := q.ud.Peek()
+			if w == nil {
+				return 0
+			}
+			ah, _ := w.AH.(*AH)
+			if ah == nil {
+				w.Err = wr.LocQPOpErr
+				q.ud.Build(now, buf)
+				continue
+			}
+			h := &ah.hdr
+			if len(buf) < h.n+q.ud.MaxPacket()+icrc.Len {
+				return 0
+			}
+			m := q.ud.Build(now, buf[h.n:])
+			if m == 0 {
+				continue // completed in error; try the next WQE
+			}
+			return d.finish(buf, h, m)
+		}
+	}
+	h := &q.hdr
+	if len(buf) < h.n+q.rc.MaxPacket()+icrc.Len {
+		return 0
+	}
+	m := q.rc.Build(now, buf[h.n:])
+	if m == 0 {
+		return 0
+	}
+	return d.finish(buf, h, m)
+}
+
+// NextDeadline is the earliest timer deadline of any QP (clock.Never if
+// none): the engine sleeps until then unless frames or the doorbell wake it.
+func (d *Device) NextDeadline() clock.Time {
+	t := clock.Never
+	for _, q := range *d.list.Load() {
+		t = clock.Min(t, clock.Time(q.deadline.Load()))
+	}
+	return t
+}
+
+// Expire runs the timers of every QP whose deadline is at or before now.
+func (d *Device) Expire(now clock.Time) {
+	for _, q := range *d.list.Load() {
+		if clock.Time(q.deadline.Load()) > now {
+			continue
+		}
+		q.mu.Lock()
+		if q.rc != nil {
+			q.rc.Expire(now)
+		}
+		q.release()
+	}
+}
+
+// HasOutput reports whether some QP may have frames to send.
+func (d *Device) HasOutput() bool {
+	for _, q := range *d.list.Load() {
+		if q.txPending.Load() {
+			return true
+		}
+	}
+	return false
+}

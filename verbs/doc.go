@@ -1,0 +1,39 @@
+// Package verbs is softrnic's RNIC device model: protection domains, memory
+// regions, completion queues, shared receive queues and RC, UC and UD queue
+// pairs with the InfiniBand QP state machine, driven by the pure transport
+// state machines of transport/rc and transport/ud, and the step functions
+// an engine calls to move RoCEv2 frames in and out.
+//
+// # Concurrency contract
+//
+// Two kinds of goroutine use a Device:
+//
+//   - Applications (any number, any goroutine) use the control path
+//     (AllocPD, RegMR, CreateCQ, CreateQP, Modify, Destroy) and the data
+//     path verbs PostSend, PostRecv, SRQ.PostRecv, CQ.Poll and CQ.Wait.
+//     All of them are safe for concurrent use.
+//   - One engine goroutine per Device (issue 5 may shard by QP later)
+//     calls the step functions Receive, Transmit, NextDeadline and Expire,
+//     never concurrently with each other, and waits on Doorbell for new
+//     work when it has nothing else to do.
+//
+// Each QP has one mutex, taken by a post (once per PostSend/PostRecv call,
+// whatever the number of WRs) and by the engine once per run of
+// consecutive frames for the same QP in a Receive batch, once per QP in a
+// Transmit call and once per expired QP: never per packet in steady
+// state. Completions reach a CQ once per QP per step (one CQ lock per
+// batch). The QP and MR tables the engine reads per packet are immutable
+// snapshots behind atomic pointers, replaced copy-on-write by the control
+// path, so lookups take no lock. Lock order: QP, then CQ or SRQ.
+//
+// # Security
+//
+// lkeys and rkeys are 32 random bits from crypto/rand, never a counter.
+// Every remote access is checked against the rkey's MR: same PD as the QP,
+// valid (not invalidated or deregistered), access flags, bounds without
+// overflow. Received frames are checked for destination address (one of
+// the device's), BTH version, P_Key, destination QP and its type and state,
+// source address of the connected peer (RC/UC), Q_Key (UD) and ICRC before
+// a transport sees them; nothing a peer sends can make the device panic or
+// touch memory outside an MR.
+package verbs

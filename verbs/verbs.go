@@ -1,0 +1,403 @@
+package verbs
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// The work request vocabulary, shared with the transports.
+type (
+	Opcode   = wr.Opcode
+	Flags    = wr.Flags
+	Status   = wr.Status
+	WC       = wr.WC
+	WCOpcode = wr.WCOpcode
+	WCFlags  = wr.WCFlags
+	Access   = wr.Access
+)
+
+// Re-exported constants, so that users need only this package.
+const (
+	Send              = wr.Send
+	SendWithImm       = wr.SendWithImm
+	SendWithInv       = wr.SendWithInv
+	RDMAWrite         = wr.RDMAWrite
+	RDMAWriteWithImm  = wr.RDMAWriteWithImm
+	RDMARead          = wr.RDMARead
+	AtomicCmpAndSwp   = wr.AtomicCmpAndSwp
+	AtomicFetchAndAdd = wr.AtomicFetchAndAdd
+
+	Signaled  = wr.Signaled
+	Fence     = wr.Fence
+	Solicited = wr.Solicited
+	Inline    = wr.Inline
+
+	LocalWrite   = wr.LocalWrite
+	RemoteWrite  = wr.RemoteWrite
+	RemoteRead   = wr.RemoteRead
+	RemoteAtomic = wr.RemoteAtomic
+)
+
+// Errors returned by the verbs.
+var (
+	ErrInvalid     = errors.New("verbs: invalid argument")
+	ErrState       = errors.New("verbs: illegal QP state transition")
+	ErrQPState     = errors.New("verbs: QP state does not allow this")
+	ErrQueueFull   = errors.New("verbs: work queue full")
+	ErrTooManySGE  = errors.New("verbs: too many scatter/gather entries")
+	ErrInlineSize  = errors.New("verbs: inline data larger than max_inline_data")
+	ErrBadOpcode   = errors.New("verbs: opcode not supported by this QP type")
+	ErrAccess      = errors.New("verbs: invalid access flags")
+	ErrDestroyed   = errors.New("verbs: object destroyed")
+	ErrNoRecvQueue = errors.New("verbs: QP uses an SRQ; post receives there")
+	ErrKeySpace    = errors.New("verbs: could not draw a fresh key")
+)
+
+// Limits of the device, as an RNIC reports them in ibv_query_device.
+const (
+	MaxMsgSize   = 1 << 31
+	MaxSGE       = 32
+	MaxQPWR      = 16384
+	MaxInline    = 400
+	MaxRdAtomic  = 128
+	DefaultDepth = 256
+)
+
+// PD is a protection domain: MRs and QPs of different PDs cannot touch
+// each other.
+type PD struct {
+	dev *Device
+}
+
+// AllocPD creates a protection domain.
+func (d *Device) AllocPD() *PD { return &PD{dev: d} }
+
+// MR is a memory region over caller memory.
+type MR struct {
+	pd     *PD
+	buf    []byte
+	iova   uint64
+	access Access
+	lkey   uint32
+	rkey   uint32
+	valid  atomic.Bool
+}
+
+// LKey is the local key used in scatter/gather entries.
+func (m *MR) LKey() uint32 { return m.lkey }
+
+// RKey is the key a peer names the MR with.
+func (m *MR) RKey() uint32 { return m.rkey }
+
+// IOVA is the virtual address of the MR's first byte.
+func (m *MR) IOVA() uint64 { return m.iova }
+
+// Len is the MR's length in bytes.
+func (m *MR) Len() int { return len(m.buf) }
+
+// Bytes returns the registered memory.
+func (m *MR) Bytes() []byte { return m.buf }
+
+// Valid reports whether the MR may still be used (not deregistered or
+// invalidated by a SEND_WITH_INV).
+func (m *MR) Valid() bool { return m.valid.Load() }
+
+// RegMR registers buf with the given access; its IOVA is buf's address, as
+// ibv_reg_mr uses the virtual address.
+func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+	var iova uint64
+	if len(buf) > 0 {
+		iova = uint64(uintptr(unsafe.Pointer(&buf[0])))
+	}
+	return pd.RegMRIOVA(buf, iova, access)
+}
+
+// RegMRIOVA registers buf at a chosen virtual address (ibv_reg_mr_iova).
+func (pd *PD) RegMRIOVA(buf []byte, iova uint64, access Access) (*MR, error) {
+	// IBA: remote write or atomic access requires local write.
+	if access&(RemoteWrite|RemoteAtomic) != 0 && access&LocalWrite == 0 {
+		return nil, ErrAccess
+	}
+	if iova+uint64(len(buf)) < iova {
+		return nil, ErrInvalid
+	}
+	m := &MR{pd: pd, buf: buf, iova: iova, access: access}
+	m.valid.Store(true)
+	d := pd.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := *d.keys.Load()
+	var err error
+	if m.lkey, err = freshKey(old); err != nil {
+		return nil, err
+	}
+	nk := make(map[uint32]*MR, len(old)+2)
+	for k, v := range old {
+		nk[k] = v
+	}
+	nk[m.lkey] = m
+	if m.rkey, err = freshKey(nk); err != nil {
+		return nil, err
+	}
+	nk[m.rkey] = m
+	d.keys.Store(&nk)
+	return m, nil
+}
+
+// freshKey draws 32 random bits not in use (and not 0): keys must not be
+// guessable from earlier ones, which a counter would be.
+func freshKey(used map[uint32]*MR) (uint32, error) {
+	var b [4]byte
+	for i := 0; i < 64; i++ {
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, err
+		}
+		k := binary.LittleEndian.Uint32(b[:])
+		if _, dup := used[k]; k != 0 && !dup {
+			return k, nil
+		}
+	}
+	return 0, ErrKeySpace
+}
+
+// Dereg deregisters the MR: its keys stop working at once.
+func (m *MR) Dereg() {
+	m.valid.Store(false)
+	d := m.pd.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	old := *d.keys.Load()
+	nk := make(map[uint32]*MR, len(old))
+	for k, v := range old {
+		if v != m {
+			nk[k] = v
+		}
+	}
+	d.keys.Store(&nk)
+}
+
+// lookup returns the MR named by key if it is valid and in pd.
+func (d *Device) lookup(key uint32, pd *PD) *MR {
+	m := (*d.keys.Load())[key]
+	if m == nil || m.pd != pd || !m.valid.Load() {
+		return nil
+	}
+	return m
+}
+
+// slice returns [va, va+n) of m when it lies inside the MR.
+func (m *MR) slice(va, n uint64) ([]byte, bool) {
+	if va < m.iova || va+n < va || va+n > m.iova+uint64(len(m.buf)) {
+		return nil, false
+	}
+	off := va - m.iova
+	return m.buf[off : off+n : off+n], true
+}
+
+// SGE is a scatter/gather entry: Length bytes at virtual address Addr of
+// the MR whose lkey is LKey.
+type SGE struct {
+	Addr   uint64
+	Length uint32
+	LKey   uint32
+}
+
+// CQ is a completion queue.
+type CQ struct {
+	mu       sync.Mutex
+	ring     []WC
+	head, n  int
+	overflow uint64
+	notify   chan struct{}
+}
+
+// CreateCQ creates a CQ holding up to depth completions.
+func (d *Device) CreateCQ(depth int) *CQ {
+	if depth < 1 {
+		depth = DefaultDepth
+	}
+	return &CQ{ring: make([]WC, depth), notify: make(chan struct{}, 1)}
+}
+
+// Poll moves up to len(out) completions into out, oldest first, and
+// returns how many.
+func (c *CQ) Poll(out []WC) int {
+	c.mu.Lock()
+	k := 0
+	for k < len(out) && c.n > 0 {
+		out[k] = c.ring[c.head]
+		c.head = (c.head + 1) % len(c.ring)
+		c.n--
+		k++
+	}
+	c.mu.Unlock()
+	return k
+}
+
+// Notify returns a channel that receives a value whenever completions
+// arrive (a coalescing doorbell: one value may stand for many).
+func (c *CQ) Notify() <-chan struct{} { return c.notify }
+
+// Wait polls, blocking until at least one completion is there or ctx ends.
+func (c *CQ) Wait(ctx context.Context, out []WC) (int, error) {
+	for {
+		if n := c.Poll(out); n > 0 {
+			return n, nil
+		}
+		select {
+		case <-c.notify:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+}
+
+// Overflows counts completions lost because the CQ was full (a CQ overrun
+// an application must avoid by sizing its CQ).
+func (c *CQ) Overflows() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.overflow
+}
+
+// push appends the completions of wcs whose IsRecv equals recv.
+func (c *CQ) push(wcs []WC, recv bool) {
+	added := false
+	c.mu.Lock()
+	for i := range wcs {
+		if wcs[i].IsRecv != recv {
+			continue
+		}
+		if c.n == len(c.ring) {
+			c.overflow++
+			continue
+		}
+		c.ring[(c.head+c.n)%len(c.ring)] = wcs[i]
+		c.n++
+		added = true
+	}
+	c.mu.Unlock()
+	if added {
+		select {
+		case c.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// recvRing is a QP's receive queue; guarded by the QP's mutex.
+type recvRing struct {
+	ring       []wr.RecvWQE
+	head, tail uint32
+}
+
+func newRecvRing(depth, maxSGE int) recvRing {
+	r := recvRing{ring: make([]wr.RecvWQE, depth)}
+	for i := range r.ring {
+		r.ring[i].SG = make([][]byte, 0, maxSGE)
+	}
+	return r
+}
+
+func (r *recvRing) full() bool { return r.tail-r.head >= uint32(len(r.ring)) }
+
+func (r *recvRing) put(w *wr.RecvWQE) {
+	e := &r.ring[r.tail%uint32(len(r.ring))]
+	sg := append(e.SG[:0], w.SG...)
+	*e = *w
+	e.SG = sg
+	r.tail++
+}
+
+// Take implements wr.RecvQueue.
+func (r *recvRing) Take(dst *wr.RecvWQE) bool {
+	if r.head == r.tail {
+		return false
+	}
+	e := &r.ring[r.head%uint32(len(r.ring))]
+	sg := append(dst.SG[:0], e.SG...)
+	*dst = *e
+	dst.SG = sg
+	e.SG = e.SG[:0]
+	r.head++
+	return true
+}
+
+// SRQ is a shared receive queue: QPs attached to it take their receive
+// WQEs from it in posting order.
+type SRQ struct {
+	pd     *PD
+	maxSGE int
+	mu     sync.Mutex
+	rq     recvRing
+}
+
+// CreateSRQ creates a shared receive queue.
+func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
+	if depth < 1 || depth > MaxQPWR || maxSGE < 1 || maxSGE > MaxSGE {
+		return nil, ErrInvalid
+	}
+	return &SRQ{pd: pd, maxSGE: maxSGE, rq: newRecvRing(depth, maxSGE)}, nil
+}
+
+// Take implements wr.RecvQueue (called by the engine under the QP lock).
+func (s *SRQ) Take(dst *wr.RecvWQE) bool {
+	s.mu.Lock()
+	ok := s.rq.Take(dst)
+	s.mu.Unlock()
+	return ok
+}
+
+// PostRecv posts receive WRs to the SRQ and returns how many it took.
+func (s *SRQ) PostRecv(wrs ...RecvWR) (int, error) {
+	var w wr.RecvWQE
+	var sg [MaxSGE][]byte
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range wrs {
+		if len(wrs[i].SG) > s.maxSGE {
+			return i, ErrTooManySGE
+		}
+		if s.rq.full() {
+			return i, ErrQueueFull
+		}
+		s.pd.dev.resolveRecv(s.pd, &wrs[i], &w, sg[:0])
+		s.rq.put(&w)
+	}
+	return len(wrs), nil
+}
+
+// RecvWR is a receive work request.
+type RecvWR struct {
+	ID uint64
+	SG []SGE
+}
+
+// resolveRecv turns a receive WR's SGEs into memory, checking lkey, PD,
+// bounds and local write access; a failure is recorded in the WQE and
+// reported when a message uses it (LOC_PROT_ERR), as an RNIC does.
+func (d *Device) resolveRecv(pd *PD, r *RecvWR, w *wr.RecvWQE, sg [][]byte) {
+	w.ID, w.Err, w.Length = r.ID, wr.Success, 0
+	for _, s := range r.SG {
+		m := d.lookup(s.LKey, pd)
+		var b []byte
+		ok := m != nil && m.access&LocalWrite != 0
+		if ok {
+			b, ok = m.slice(s.Addr, uint64(s.Length))
+		}
+		if !ok {
+			w.Err = wr.LocProtErr
+			continue
+		}
+		sg = append(sg, b)
+		w.Length += s.Length
+	}
+	w.SG = sg
+}
