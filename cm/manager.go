@@ -1,6 +1,7 @@
 package cm
 
 import (
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"net/netip"
@@ -639,11 +640,46 @@ func (m *Manager) Disconnect(now clock.Time, id ConnID, private []byte) error {
 	return nil
 }
 
+// Abort ends a connection in whatever state it is, as rdma_destroy_id does,
+// telling the peer: a connection being set up is rejected (REJ timeout for
+// our own REQ, consumer defined for the peer's), an established one gets a
+// DREQ (and runs its course to time-wait); one already disconnecting or in
+// time-wait is left to finish. It reports no event for the connection
+// except what the peer's answers bring later.
+func (m *Manager) Abort(now clock.Time, id ConnID) error {
+	c := m.conns[id]
+	if c == nil {
+		return ErrNoConn
+	}
+	switch c.state {
+	case StateREQSent, StateMRAREQRcvd:
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout, nil)
+		m.enterTimeWait(now, c)
+	case StateREQRcvd, StateMRAREQSent:
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejConsumerDefined, nil)
+		m.remove(c)
+	case StateREPSent, StateMRAREPRcvd:
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejConsumerDefined, nil)
+		m.enterTimeWait(now, c)
+	case StateEstablished:
+		return m.Disconnect(now, id, nil)
+	case StateSIDRREQSent, StateSIDRREQRcvd:
+		m.remove(c)
+	}
+	return nil
+}
+
 func (m *Manager) sendREJ(to netip.Addr, tid uint64, local, remote uint32, msg uint8, reason RejectReason, private []byte) {
 	var b [MADSize]byte
 	mad := MAD(b[:])
 	mad.InitCM(AttrREJ, tid)
 	rej := REJ{LocalCommID: local, RemoteCommID: remote, MessageRejected: msg, Reason: reason}
+	if reason == RejTimeout {
+		// The ARI of a timeout REJ is the sender's CA GUID: with it the
+		// peer finds a connection whose comm ID we never learnt.
+		binary.BigEndian.PutUint64(rej.ARI[:], m.cfg.CAGUID)
+		rej.RejectedInfoLength = 8
+	}
 	copy(rej.PrivateData[:], private)
 	rej.Encode(mad.Data())
 	m.send(to, &b)
@@ -759,19 +795,19 @@ func (m *Manager) HandleMAD(now clock.Time, from netip.Addr, b []byte) error {
 	case AttrREP:
 		m.handleREP(now, from, mad)
 	case AttrRTU:
-		m.handleRTU(now, mad)
+		m.handleRTU(now, from, mad)
 	case AttrREJ:
-		m.handleREJ(now, mad)
+		m.handleREJ(now, from, mad)
 	case AttrMRA:
-		m.handleMRA(now, mad)
+		m.handleMRA(now, from, mad)
 	case AttrDREQ:
 		m.handleDREQ(now, from, mad)
 	case AttrDREP:
-		m.handleDREP(now, mad)
+		m.handleDREP(now, from, mad)
 	case AttrSIDRREQ:
 		m.handleSIDRREQ(now, from, mad)
 	case AttrSIDRREP:
-		m.handleSIDRREP(now, mad)
+		m.handleSIDRREP(now, from, mad)
 	default:
 		m.stats.Unsupported++
 	}
@@ -861,7 +897,7 @@ func (m *Manager) handleREP(now clock.Time, from netip.Addr, mad MAD) {
 	var rep REP
 	rep.Decode(mad.Data())
 	c := m.conns[ConnID(rep.RemoteCommID)]
-	if c == nil || !c.active {
+	if c == nil || !c.active || c.peer != from {
 		m.stats.Unmatched++
 		m.sendREJ(from, mad.TID(), 0, rep.LocalCommID, MsgREP, RejInvalidCommID, nil)
 		return
@@ -906,19 +942,21 @@ func (m *Manager) establishPassive(c *conn) {
 }
 
 // lookup finds the connection a MAD addressed to our comm ID local belongs
-// to, checking that the peer's comm ID matches when we know it.
-func (m *Manager) lookup(local, remote uint32) *conn {
+// to. It must come from the connection's peer and, once we know it, carry
+// the peer's comm ID: a third host cannot tear down or hijack a
+// connection by guessing IDs.
+func (m *Manager) lookup(from netip.Addr, local, remote uint32) *conn {
 	c := m.conns[ConnID(local)]
-	if c == nil || (c.remoteID != 0 && c.remoteID != remote) {
+	if c == nil || c.peer != from || (c.remoteID != 0 && c.remoteID != remote) {
 		return nil
 	}
 	return c
 }
 
-func (m *Manager) handleRTU(now clock.Time, mad MAD) {
+func (m *Manager) handleRTU(now clock.Time, from netip.Addr, mad MAD) {
 	var rtu RTU
 	rtu.Decode(mad.Data())
-	c := m.lookup(rtu.RemoteCommID, rtu.LocalCommID)
+	c := m.lookup(from, rtu.RemoteCommID, rtu.LocalCommID)
 	if c == nil || c.active {
 		m.stats.Unmatched++
 		return
@@ -943,16 +981,20 @@ func (m *Manager) attachPrivate(c *conn, p []byte) {
 	}
 }
 
-func (m *Manager) handleREJ(now clock.Time, mad MAD) {
+func (m *Manager) handleREJ(now clock.Time, from netip.Addr, mad MAD) {
 	var rej REJ
 	rej.Decode(mad.Data())
 	c := m.conns[ConnID(rej.RemoteCommID)]
-	if c == nil || (c.remoteID != 0 && rej.LocalCommID != 0 && c.remoteID != rej.LocalCommID) {
+	if c == nil && rej.RemoteCommID == 0 && rej.Reason == RejTimeout && rej.RejectedInfoLength >= 8 {
+		// The active side gave up on a REQ before learning our comm ID.
+		c = m.remote[remoteKey{peer: from, guid: binary.BigEndian.Uint64(rej.ARI[:]), id: rej.LocalCommID}]
+	}
+	if c == nil || c.peer != from || (c.remoteID != 0 && rej.LocalCommID != 0 && c.remoteID != rej.LocalCommID) {
 		m.stats.Unmatched++
 		return
 	}
 	switch c.state {
-	case StateREQSent, StateMRAREQRcvd, StateREPSent, StateMRAREPRcvd, StateEstablished:
+	case StateREQSent, StateMRAREQRcvd, StateREQRcvd, StateMRAREQSent, StateREPSent, StateMRAREPRcvd, StateEstablished:
 	default:
 		m.stats.Unmatched++
 		return
@@ -967,10 +1009,10 @@ func (m *Manager) handleREJ(now clock.Time, mad MAD) {
 	m.remove(c)
 }
 
-func (m *Manager) handleMRA(now clock.Time, mad MAD) {
+func (m *Manager) handleMRA(now clock.Time, from netip.Addr, mad MAD) {
 	var mra MRA
 	mra.Decode(mad.Data())
-	c := m.lookup(mra.RemoteCommID, mra.LocalCommID)
+	c := m.lookup(from, mra.RemoteCommID, mra.LocalCommID)
 	if c == nil {
 		m.stats.Unmatched++
 		return
@@ -996,7 +1038,7 @@ func (m *Manager) handleMRA(now clock.Time, mad MAD) {
 func (m *Manager) handleDREQ(now clock.Time, from netip.Addr, mad MAD) {
 	var dreq DREQ
 	dreq.Decode(mad.Data())
-	c := m.lookup(dreq.RemoteCommID, dreq.LocalCommID)
+	c := m.lookup(from, dreq.RemoteCommID, dreq.LocalCommID)
 	if c == nil {
 		// Unknown (or long gone): answer anyway so that the peer stops
 		// retrying, as the kernel CM does.
@@ -1025,10 +1067,10 @@ func (m *Manager) handleDREQ(now clock.Time, from netip.Addr, mad MAD) {
 	}
 }
 
-func (m *Manager) handleDREP(now clock.Time, mad MAD) {
+func (m *Manager) handleDREP(now clock.Time, from netip.Addr, mad MAD) {
 	var drep DREP
 	drep.Decode(mad.Data())
-	c := m.lookup(drep.RemoteCommID, drep.LocalCommID)
+	c := m.lookup(from, drep.RemoteCommID, drep.LocalCommID)
 	if c == nil || c.state != StateDREQSent {
 		m.stats.Unmatched++
 		return

@@ -580,3 +580,143 @@ func TestAckTimeoutRule(t *testing.T) {
 		}
 	}
 }
+
+func TestMADsFromAThirdHostAreIgnored(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	id, _ := n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	eb := n.b.last(EventEstablished)
+	// A DREQ with the right comm IDs and QPN, from the wrong address.
+	var b [MADSize]byte
+	mad := MAD(b[:])
+	mad.InitCM(AttrDREQ, 1)
+	(&DREQ{LocalCommID: uint32(id), RemoteCommID: uint32(eb.ID), RemoteQPN: 0x22}).Encode(mad.Data())
+	evil := netip.MustParseAddr("10.0.0.66")
+	n.b.m.HandleMAD(n.now, evil, b[:])
+	evs, sends := n.b.m.Drain()
+	if len(evs) != 0 || n.b.m.State(eb.ID) != StateEstablished {
+		t.Fatalf("spoofed DREQ acted on: %v, state %v", evs, n.b.m.State(eb.ID))
+	}
+	// It is answered like any DREQ for an unknown connection (so that a
+	// confused peer stops retrying), which tells the third host nothing.
+	if len(sends) != 1 || sends[0].To != evil {
+		t.Fatalf("sends %v", sends)
+	}
+	// The same DREQ from the real peer disconnects.
+	n.b.m.HandleMAD(n.now, addrA, b[:])
+	if evs, _ := n.b.m.Drain(); len(evs) != 1 || evs[0].Kind != EventDisconnectRequest {
+		t.Fatalf("real DREQ: %v", evs)
+	}
+}
+
+func TestAbort(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	id, _ := n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	reqID := n.b.last(EventConnRequest).ID
+	// The active side gives up before the passive side answers.
+	if err := n.a.m.Abort(n.now, id); err != nil {
+		t.Fatal(err)
+	}
+	n.settle()
+	if e := n.b.last(EventRejected); e == nil || e.ID != reqID || e.Reason != RejTimeout || n.b.m.State(reqID) != StateTimeWait {
+		t.Fatalf("passive after abort: %v, state %v", n.b.kinds(), n.b.m.State(reqID))
+	}
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrBadState {
+		t.Fatalf("Accept of an aborted request: %v", err)
+	}
+	// An established connection is aborted with a DREQ.
+	n2 := newNet(t, Config{}, Config{})
+	n2.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n2.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	id2, _ := n2.a.m.Connect(n2.now, connectParams())
+	n2.settle()
+	n2.a.m.Abort(n2.now, id2)
+	n2.settle()
+	if n2.b.last(EventDisconnectRequest) == nil || n2.a.last(EventDisconnected) == nil {
+		t.Fatalf("a %v, b %v", n2.a.kinds(), n2.b.kinds())
+	}
+}
+
+func TestNoAllocationsPerMAD(t *testing.T) {
+	var d [DataSize]byte
+	var req REQ
+	var rep REP
+	allocs := testing.AllocsPerRun(1000, func() {
+		req.Decode(d[:])
+		req.Encode(d[:])
+		rep.Decode(d[:])
+		rep.Encode(d[:])
+		_, _ = DecodeCMAHeader(req.PrivateData[:])
+	})
+	if allocs != 0 {
+		t.Fatalf("codec: %v allocations", allocs)
+	}
+	// Steady-state MAD handling (here: DREQs for unknown connections, each
+	// answered with a DREP) allocates nothing once Drain's buffers grew.
+	m := New(Config{Seed: 4})
+	var b [MADSize]byte
+	mad := MAD(b[:])
+	mad.InitCM(AttrDREQ, 0x77)
+	(&DREQ{LocalCommID: 5, RemoteCommID: 9, RemoteQPN: 0x33}).Encode(mad.Data())
+	for range 4 {
+		m.HandleMAD(0, addrA, b[:])
+		m.Drain()
+	}
+	allocs = testing.AllocsPerRun(1000, func() {
+		m.HandleMAD(0, addrA, b[:])
+		m.Drain()
+	})
+	if allocs != 0 {
+		t.Fatalf("HandleMAD: %v allocations", allocs)
+	}
+}
+
+// BenchmarkConnectDisconnect measures whole connection lifetimes between
+// two Managers in memory: REQ, REP, RTU, DREQ, DREP, time-wait exit.
+func BenchmarkConnectDisconnect(b *testing.B) {
+	t := &testing.T{}
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	p := connectParams()
+	b.ReportAllocs()
+	for b.Loop() {
+		id, err := n.a.m.Connect(n.now, p)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n.settle()
+		n.a.m.Disconnect(n.now, id, nil)
+		n.settle()
+		n.now += clock.Time(time.Hour)
+		n.a.m.Tick(n.now)
+		n.b.m.Tick(n.now)
+		n.a.m.Drain()
+		n.b.m.Drain()
+		n.a.events, n.b.events, n.sent = n.a.events[:0], n.b.events[:0], n.sent[:0]
+	}
+	if n.a.m.Conns()+n.b.m.Conns() != 0 {
+		b.Fatal("connections left")
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "conns/s")
+}
+
+func BenchmarkDecodeREQ(b *testing.B) {
+	var d [MADSize]byte
+	MAD(d[:]).InitCM(AttrREQ, 1)
+	(&REQ{ServiceID: svc, LocalQPN: 0x11, PathMTU: 3}).Encode(MAD(d[:]).Data())
+	var req REQ
+	b.ReportAllocs()
+	for b.Loop() {
+		m, err := ParseMAD(d[:])
+		if err != nil {
+			b.Fatal(err)
+		}
+		req.Decode(m.Data())
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "MADs/s")
+}

@@ -137,11 +137,11 @@ func (m *Manager) handleSIDRREQ(now clock.Time, from netip.Addr, mad MAD) {
 	m.event(&e)
 }
 
-func (m *Manager) handleSIDRREP(now clock.Time, mad MAD) {
+func (m *Manager) handleSIDRREP(now clock.Time, from netip.Addr, mad MAD) {
 	var rep SIDRREP
 	rep.Decode(mad.Data())
 	c := m.conns[ConnID(rep.RequestID)]
-	if c == nil || c.state != StateSIDRREQSent {
+	if c == nil || c.state != StateSIDRREQSent || c.peer != from {
 		m.stats.Unmatched++
 		return
 	}
