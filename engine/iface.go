@@ -1,0 +1,134 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/port/afpacket"
+	"github.com/softrnic/softrnic/port/afxdp"
+)
+
+// Interface is a network interface as a RoCE device sees it: where frames
+// go, and which GIDs (its IP addresses) the device answers to.
+type Interface struct {
+	Name  string
+	Index int
+	MAC   [6]byte
+	MTU   int // the netdev MTU
+	// GIDs is the GID table, in rxe's order: the IPv6 link-local address
+	// first, then the IPv4 addresses (as IPv4-mapped GIDs, shown here
+	// unmapped), then the other IPv6 addresses. perftest's -x indexes it.
+	GIDs []netip.Addr
+}
+
+// LookupInterface reads an interface's MAC, MTU and addresses in the
+// calling thread's network namespace.
+func LookupInterface(name string) (Interface, error) {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return Interface{}, err
+	}
+	in := Interface{Name: ifi.Name, Index: ifi.Index, MTU: ifi.MTU}
+	if len(ifi.HardwareAddr) != 6 {
+		return in, fmt.Errorf("engine: %s is not an Ethernet interface", name)
+	}
+	copy(in.MAC[:], ifi.HardwareAddr)
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return in, err
+	}
+	var ll, v4, v6 []netip.Addr
+	for _, a := range addrs {
+		pfx, err := netip.ParsePrefix(a.String())
+		if err != nil {
+			continue
+		}
+		ip := pfx.Addr().Unmap()
+		switch {
+		case ip.Is4():
+			v4 = append(v4, ip)
+		case ip.IsLinkLocalUnicast():
+			ll = append(ll, ip.WithZone(""))
+		default:
+			v6 = append(v6, ip)
+		}
+	}
+	in.GIDs = append(append(append(in.GIDs, ll...), v4...), v6...)
+	if len(in.GIDs) == 0 {
+		return in, fmt.Errorf("engine: %s has no IP address, hence no GID", name)
+	}
+	return in, nil
+}
+
+// GID returns GID index i, or with i < 0 the one perftest would pick: the
+// first IPv4-mapped GID, else the first routable IPv6 one.
+func (in Interface) GID(i int) (netip.Addr, error) {
+	if i >= 0 {
+		if i >= len(in.GIDs) {
+			return netip.Addr{}, fmt.Errorf("engine: %s has %d GIDs, no index %d", in.Name, len(in.GIDs), i)
+		}
+		return in.GIDs[i], nil
+	}
+	for _, g := range in.GIDs {
+		if g.Is4() {
+			return g, nil
+		}
+	}
+	for _, g := range in.GIDs {
+		if !g.IsLinkLocalUnicast() {
+			return g, nil
+		}
+	}
+	return in.GIDs[0], nil
+}
+
+// maxRoCEOverhead is what rxe subtracts from the netdev MTU to get the
+// largest RoCE path MTU (RXE_MAX_HDR_LENGTH): 1500 gives 1024, 4200 gives
+// 4096, the same as a kernel peer on the same link.
+const maxRoCEOverhead = 80
+
+// ActiveMTU returns the largest IB path MTU in bytes (256…4096) that fits
+// the interface, 0 if none does.
+func (in Interface) ActiveMTU() int {
+	for m := 4096; m >= 256; m /= 2 {
+		if m <= in.MTU-maxRoCEOverhead {
+			return m
+		}
+	}
+	return 0
+}
+
+// PortKind chooses a port implementation.
+type PortKind string
+
+const (
+	AFXDP    PortKind = "afxdp"
+	AFPacket PortKind = "afpacket"
+	// Auto tries AF_XDP and falls back to AF_PACKET.
+	Auto PortKind = "auto"
+)
+
+// OpenPort opens a port on the interface, in the calling thread's network
+// namespace.
+func OpenPort(in Interface, kind PortKind) (port.Port, error) {
+	switch kind {
+	case AFXDP:
+		return afxdp.Open(afxdp.Config{IfIndex: in.Index})
+	case AFPacket:
+		return afpacket.Open(afpacket.Config{IfIndex: in.Index})
+	case Auto, "":
+		p, err := afxdp.Open(afxdp.Config{IfIndex: in.Index})
+		if err == nil {
+			return p, nil
+		}
+		p2, err2 := afpacket.Open(afpacket.Config{IfIndex: in.Index})
+		if err2 != nil {
+			return nil, errors.Join(err, err2)
+		}
+		return p2, nil
+	}
+	return nil, fmt.Errorf("engine: unknown port kind %q", kind)
+}
