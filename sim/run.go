@@ -199,13 +199,16 @@ func (b *builder) node(name string, k nodeKind) int32 {
 	return int32(len(b.n.nodes) - 1)
 }
 
-// link joins a and b with a cable: one port in each direction.
-func (b *builder) link(a, c int32) (ac, ca int32) {
+// link joins a and b with a cable of the default rate: one port in each
+// direction.
+func (b *builder) link(a, c int32) (ac, ca int32) { return b.linkAt(a, c, b.o.LinkRate) }
+
+func (b *builder) linkAt(a, c int32, rate congestion.Rate) (ac, ca int32) {
 	n := b.n
 	mk := func(from, to int32) int32 {
 		n.ports = append(n.ports, port{
 			name: n.nodes[from].name + "->" + n.nodes[to].name, node: from, peer: to,
-			rate: b.o.LinkRate, delay: clock.Time(b.o.LinkDelay),
+			rate: rate, delay: clock.Time(b.o.LinkDelay),
 			data: fifo{-1, -1}, hi: fifo{-1, -1}, limit: b.o.Buffer,
 			markAt: MarkOff, red: b.o.RED,
 		})
@@ -312,11 +315,12 @@ func build(o *Options) (*net, error) {
 		// sw1 holds the victim's sender and one incast sender; sw2 holds the
 		// other incast senders, the incast receiver r and the victim's
 		// receiver rv. The victim never crosses the congested port sw2->r,
-		// but shares the sw1->sw2 cable with an incast flow: PFC PAUSEs
-		// from sw2 stop it too.
+		// and the sw1->sw2 cable runs at twice the host rate so that it is
+		// never a bottleneck itself; but the victim shares that cable with
+		// an incast flow, so PFC PAUSEs from sw2 stop it too.
 		sw1 := b.node("sw1", switchNode)
 		sw2 := b.node("sw2", switchNode)
-		b.link(sw1, sw2)
+		b.linkAt(sw1, sw2, 2*o.LinkRate)
 		r := b.node("r", hostNode)
 		toR, _ := b.link(sw2, r)
 		n.bottleneck = toR

@@ -319,6 +319,7 @@ func Run(o Options) (*Result, error) {
 	n.run()
 	wall := time.Since(t0).Seconds()
 	s := n.summarize(&o)
+	s.Fluid = fluidRef(&o)
 	s.WallSeconds = wall
 	if wall > 0 {
 		s.EventsPerSec = float64(n.events) / wall

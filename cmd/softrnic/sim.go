@@ -1,0 +1,187 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/congestion"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/sim"
+)
+
+func init() {
+	register("sim", "deterministic congestion-control simulator (sim dcqcn --scenario ... --out DIR)", runSim)
+}
+
+// knobList collects repeated --set name=value flags.
+type knobList []string
+
+func (k *knobList) String() string     { return strings.Join(*k, ",") }
+func (k *knobList) Set(v string) error { *k = append(*k, v); return nil }
+
+func runSim(args []string) int {
+	if len(args) < 1 || args[0] != "dcqcn" {
+		fmt.Fprintln(os.Stderr, "usage: softrnic sim dcqcn --scenario two-flow|n-flow|incast [--flows N] [--profile paper|connectx|hpcc-mlx] [--seed S] [--duration D] --out DIR")
+		fmt.Fprintln(os.Stderr, "(dcqcn is the only algorithm so far)")
+		return 2
+	}
+	if err := simDCQCN(args[1:], os.Stdout, os.Stderr); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(os.Stderr, "softrnic sim:", err)
+		return 1
+	}
+	return 0
+}
+
+func simDCQCN(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("sim dcqcn", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o        sim.Options
+		out      = fs.String("out", "", "output directory (required): summary.json, CSV traces, SVG plots")
+		seed     = fs.Uint64("seed", 1, "random seed; the same seed gives byte-identical traces")
+		linkGbps = fs.Float64("link-gbps", 40, "rate of every link, Gb/s")
+		marking  = fs.String("marking", "dequeue", "where switches ECN-mark: dequeue, enqueue or off")
+		kmin     = fs.Int64("kmin", 5000, "RED Kmin, bytes")
+		kmax     = fs.Int64("kmax", 200000, "RED Kmax, bytes")
+		pmax     = fs.Float64("pmax", 0.01, "RED Pmax")
+		pfc      = fs.Bool("pfc", false, "enable PFC (incast enables it unless --no-pfc)")
+		noPFC    = fs.Bool("no-pfc", false, "disable PFC, also for incast")
+		quiet    = fs.Bool("quiet", false, "no progress bar and no summary on stdout")
+		knobs    knobList
+	)
+	fs.StringVar(&o.Scenario, "scenario", "two-flow", "two-flow, n-flow or incast")
+	fs.IntVar(&o.Flows, "flows", 0, "n-flow: number of flows (4); incast: number of senders (16)")
+	fs.StringVar(&o.Profile, "profile", "paper", "paper, connectx or hpcc-mlx")
+	fs.DurationVar(&o.Duration, "duration", 0, "simulated time (two-flow 110ms, n-flow 100ms+N ms, incast 20ms)")
+	fs.DurationVar(&o.LinkDelay, "link-delay", time.Microsecond, "propagation delay of every link")
+	fs.IntVar(&o.PacketSize, "mtu", 1000, "data packet size on the wire, bytes")
+	fs.DurationVar(&o.TraceInterval, "trace-interval", 0, "period of trace rows (10µs; 100µs above 16 flows)")
+	fs.Var(&knobs, "set", "ConnectX knob name=value (mlx5 names, e.g. rpg_ai_rate=10); repeatable; implies --profile connectx")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if *out == "" {
+		return errors.New("--out DIR is required")
+	}
+	o.Seed = *seed
+	o.LinkRate = congestion.Rate(*linkGbps) * congestion.Gbps
+	o.RED = sim.RED{Kmin: *kmin, Kmax: *kmax, Pmax: *pmax}
+	o.PFC, o.NoPFC = *pfc, *noPFC
+	switch *marking {
+	case "dequeue":
+		o.Marking = sim.MarkDequeue
+	case "enqueue":
+		o.Marking = sim.MarkEnqueue
+	case "off":
+		o.Marking = sim.MarkOff
+	default:
+		return fmt.Errorf("--marking %q: want dequeue, enqueue or off", *marking)
+	}
+	if len(knobs) > 0 {
+		if o.Profile != "paper" && o.Profile != "connectx" {
+			return errors.New("--set applies to the connectx profile")
+		}
+		o.Profile = "connectx"
+		cx := dcqcn.DefaultConnectX()
+		for _, kv := range knobs {
+			name, val, ok := strings.Cut(kv, "=")
+			v, err := strconv.ParseUint(val, 10, 32)
+			if !ok || err != nil {
+				return fmt.Errorf("--set %q: want name=unsigned integer (knobs: %s)", kv, strings.Join(dcqcn.KnobNames(), ", "))
+			}
+			if err := cx.Set(name, uint32(v)); err != nil {
+				return err
+			}
+		}
+		rp, np := cx.Config(o.LinkRate), cx.NPConfig()
+		o.RP, o.NP = &rp, &np
+	}
+	if !*quiet && isTerminal(os.Stderr) {
+		bar := &progressBar{w: stderr}
+		o.Progress = bar.update
+		defer bar.done()
+	}
+	res, err := sim.Run(o)
+	if err != nil {
+		return err
+	}
+	if err := res.WriteDir(*out); err != nil {
+		return err
+	}
+	if !*quiet {
+		printSummary(stdout, &res.Summary, *out)
+	}
+	return nil
+}
+
+func printSummary(w io.Writer, s *sim.Summary, dir string) {
+	fmt.Fprintf(w, "%s, profile %s, seed %d: %g ms simulated, window %g–%g ms\n",
+		s.Scenario, s.Profile, s.Seed, s.DurationMs, s.WindowMs[0], s.WindowMs[1])
+	for i, f := range s.Flows {
+		if i == 8 && len(s.Flows) > 10 {
+			fmt.Fprintf(w, "  … %d more flows in summary.json\n", len(s.Flows)-8)
+			break
+		}
+		fct := ""
+		if f.FCTUs != nil {
+			fct = fmt.Sprintf("  FCT %.0f µs", *f.FCTUs)
+		}
+		fmt.Fprintf(w, "  flow %d %-8s %7.3f Gb/s  CNPs %d%s\n", f.ID, f.Path, f.MeanGbps, f.CNPReceived, fct)
+	}
+	conv := "not converged"
+	if s.ConvergenceMs != nil {
+		conv = fmt.Sprintf("%g ms", *s.ConvergenceMs)
+	}
+	fmt.Fprintf(w, "  Jain %.4f  utilisation %.4f  queue mean %.1f KB (p5 %.1f, p95 %.1f)  convergence %s\n",
+		s.Jain, s.Utilization, s.QueueMeanKB, s.QueueP5KB, s.QueueP95KB, conv)
+	if s.Fluid != nil {
+		fmt.Fprintf(w, "  fluid model: queue %.1f KB, %.3f Gb/s per flow\n", s.Fluid.QueueMeanKB, s.Fluid.RateGbps)
+	}
+	if s.VictimGbps != nil {
+		fmt.Fprintf(w, "  victim %.3f Gb/s  PFC pauses %d  drops %d\n", *s.VictimGbps, s.Pauses, s.Drops)
+	}
+	fmt.Fprintf(w, "  CNPs %d  drops %d  events %d (%.2f M/s)\n  written to %s\n",
+		s.CNPCount, s.Drops, s.Events, s.EventsPerSec/1e6, dir)
+}
+
+func isTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// progressBar redraws one stderr line at most ten times a second.
+type progressBar struct {
+	w    io.Writer
+	last time.Time
+	used bool
+}
+
+func (b *progressBar) update(now, end clock.Time) {
+	if t := time.Now(); t.Sub(b.last) >= 100*time.Millisecond {
+		b.last = t
+		b.used = true
+		frac := float64(now) / float64(end)
+		n := int(frac * 40)
+		fmt.Fprintf(b.w, "\r[%s%s] %3.0f%%  %.1f / %.1f ms simulated", strings.Repeat("#", n), strings.Repeat(" ", 40-n),
+			frac*100, float64(now)/1e6, float64(end)/1e6)
+	}
+}
+
+func (b *progressBar) done() {
+	if b.used {
+		fmt.Fprint(b.w, "\r\033[K")
+	}
+}

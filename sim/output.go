@@ -1,0 +1,248 @@
+package sim
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/softrnic/softrnic/sim/fluid"
+	"github.com/softrnic/softrnic/sim/plot"
+)
+
+// Output files WriteDir creates.
+const (
+	SummaryFile    = "summary.json"
+	FlowsFile      = "flows.csv"      // t_us,flow,rate_gbps,target_gbps,alpha
+	QueuesFile     = "queues.csv"     // t_us,port,queue_kb
+	ThroughputFile = "throughput.csv" // t_ms,flow,gbps (received, 1 ms bins)
+	FigureFile     = "dcqcn.svg"      // throughput, R_C, queue and α panels
+	RatesPlot      = "rates.svg"
+	QueuePlot      = "queue.svg"
+	AlphaPlot      = "alpha.svg"
+)
+
+// TraceFiles are the files whose bytes depend only on the Options (not on
+// wall time): what the determinism test hashes.
+var TraceFiles = []string{FlowsFile, QueuesFile, ThroughputFile, FigureFile, RatesPlot, QueuePlot, AlphaPlot}
+
+// WriteDir writes summary.json, the CSV traces and the SVG plots into dir,
+// creating it if needed.
+func (r *Result) WriteDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	files := []struct {
+		name  string
+		write func(io.Writer) error
+	}{
+		{SummaryFile, r.writeSummary},
+		{FlowsFile, r.writeFlows},
+		{QueuesFile, r.writeQueues},
+		{ThroughputFile, r.writeThroughput},
+		{FigureFile, func(w io.Writer) error { f := r.Figure(); return f.WriteSVG(w) }},
+		{RatesPlot, func(w io.Writer) error { return r.single(0).WriteSVG(w) }},
+		{QueuePlot, func(w io.Writer) error { return r.single(2).WriteSVG(w) }},
+		{AlphaPlot, func(w io.Writer) error { return r.single(3).WriteSVG(w) }},
+	}
+	for _, f := range files {
+		if err := writeFile(filepath.Join(dir, f.name), f.write); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeFile(path string, write func(io.Writer) error) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	bw := bufio.NewWriterSize(fh, 1<<16)
+	if err := write(bw); err != nil {
+		fh.Close()
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if err := bw.Flush(); err != nil {
+		fh.Close()
+		return err
+	}
+	return fh.Close()
+}
+
+func (r *Result) writeSummary(w io.Writer) error {
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	return e.Encode(&r.Summary)
+}
+
+// Numbers are formatted with a fixed precision so the files are
+// byte-identical across runs and platforms.
+func ff(b []byte, v float64, prec int) []byte { return strconv.AppendFloat(b, v, 'f', prec, 64) }
+
+func (r *Result) writeFlows(w io.Writer) error {
+	t := &r.Trace
+	b := []byte("t_us,flow,rate_gbps,target_gbps,alpha\n")
+	for i, ts := range t.TimesUs {
+		for _, f := range t.Flows {
+			b = ff(b, ts, 0)
+			b = append(b, ',')
+			b = strconv.AppendInt(b, int64(f.ID), 10)
+			b = append(b, ',')
+			b = ff(b, float64(f.RateGbps[i]), 4)
+			b = append(b, ',')
+			b = ff(b, float64(f.TargetGbps[i]), 4)
+			b = append(b, ',')
+			b = ff(b, float64(f.Alpha[i]), 6)
+			b = append(b, '\n')
+		}
+		if len(b) > 1<<15 {
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+			b = b[:0]
+		}
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+func (r *Result) writeQueues(w io.Writer) error {
+	t := &r.Trace
+	b := []byte("t_us,port,queue_kb\n")
+	for i, ts := range t.TimesUs {
+		for _, p := range t.Ports {
+			b = ff(b, ts, 0)
+			b = append(b, ',')
+			b = append(b, p.Name...)
+			b = append(b, ',')
+			b = ff(b, float64(p.QueueKB[i]), 3)
+			b = append(b, '\n')
+		}
+		if len(b) > 1<<15 {
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+			b = b[:0]
+		}
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+func (r *Result) writeThroughput(w io.Writer) error {
+	t := &r.Trace
+	b := []byte("t_ms,flow,gbps\n")
+	for i, row := range t.Throughput {
+		for k, v := range row {
+			b = ff(b, float64(k)*t.BinMs, 3)
+			b = append(b, ',')
+			b = strconv.AppendInt(b, int64(i), 10)
+			b = append(b, ',')
+			b = ff(b, v, 4)
+			b = append(b, '\n')
+		}
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+// Figure is the run's paper figure: (a) received throughput per flow in 1
+// ms bins with the fair share, (b) each RP's current rate R_C, (c) the
+// bottleneck queue with the fluid model's mean, (d) α.
+func (r *Result) Figure() plot.Figure {
+	t := &r.Trace
+	s := &r.Summary
+	fair := s.LinkGbps / float64(len(s.Flows))
+	win := []float64{s.WindowMs[0], s.WindowMs[1]}
+
+	var tp, rc, al []plot.Series
+	xs := make([]float64, len(t.TimesUs))
+	for i, v := range t.TimesUs {
+		xs[i] = v / 1e3
+	}
+	for i, row := range t.Throughput {
+		x := make([]float64, len(row))
+		for k := range row {
+			x[k] = (float64(k) + 0.5) * t.BinMs
+		}
+		name := fmt.Sprintf("flow %d", i)
+		if i < len(t.Flows) {
+			name = fmt.Sprintf("flow %d (%s)", i, t.Flows[i].Name)
+		}
+		tp = append(tp, plot.Series{Name: name, X: x, Y: row})
+	}
+	for _, f := range t.Flows {
+		// A flow not sending (not started, or finished) has no rate: leave
+		// a gap rather than draw a line at zero.
+		r, a := f32(f.RateGbps), f32(f.Alpha)
+		for i := range r {
+			if f.TargetGbps[i] == 0 {
+				r[i], a[i] = math.NaN(), math.NaN()
+			}
+		}
+		rc = append(rc, plot.Series{Name: fmt.Sprintf("flow %d", f.ID), X: xs, Y: r})
+		al = append(al, plot.Series{Name: fmt.Sprintf("flow %d", f.ID), X: xs, Y: a})
+	}
+	var qs []plot.Series
+	for _, p := range t.Ports {
+		if p.Name == s.Bottleneck {
+			qs = append(qs, plot.Series{Name: p.Name, X: xs, Y: f32(p.QueueKB)})
+		}
+	}
+	if s.Fluid != nil {
+		qs = append(qs, plot.Series{Name: "fluid model", X: []float64{0, s.DurationMs}, Y: []float64{s.Fluid.QueueMeanKB, s.Fluid.QueueMeanKB}, Dashed: true, Color: "#555555"})
+	}
+	title := fmt.Sprintf("DCQCN %s, profile %s, %d flows, %g Gb/s, seed %d", s.Scenario, s.Profile, len(s.Flows), s.LinkGbps, s.Seed)
+	band := []plot.Band{{Lo: fair * 0.95, Hi: fair * 1.05, Label: "fair share ± 5 %"}}
+	if s.Scenario == Incast {
+		band = nil
+	}
+	fig := plot.Figure{Title: title, Width: 760, Panels: []plot.Panel{
+		{Title: "(a) received throughput, 1 ms bins", XLabel: "time (ms)", YLabel: "throughput (Gb/s)", Series: tp, HBands: band, VLines: win},
+		{Title: "(b) reaction-point rate R_C", XLabel: "time (ms)", YLabel: "R_C (Gb/s)", Series: rc, VLines: win},
+		{Title: "(c) bottleneck queue " + s.Bottleneck, XLabel: "time (ms)", YLabel: "queue (KB)", Series: qs, VLines: win},
+		{Title: "(d) α", XLabel: "time (ms)", YLabel: "α", Series: al, YFixed: true, YMin: 0, YMax: 1, Height: 160},
+	}}
+	for i := range fig.Panels {
+		fig.Panels[i].XFixed, fig.Panels[i].XMin, fig.Panels[i].XMax = true, 0, s.DurationMs
+	}
+	return fig
+}
+
+// single is one panel of Figure as its own SVG.
+func (r *Result) single(i int) *plot.Figure {
+	f := r.Figure()
+	return &plot.Figure{Title: f.Title, Width: f.Width, Panels: f.Panels[i : i+1]}
+}
+
+func f32(v []float32) []float64 {
+	out := make([]float64, len(v))
+	for i, x := range v {
+		out[i] = float64(x)
+	}
+	return out
+}
+
+// fluidRef runs the fluid model for the scenario's flow count with the
+// run's link and marking parameters, when the profile is the paper's (the
+// model has no ConnectX variant).
+func fluidRef(o *Options) *FluidRef {
+	if o.Scenario == Incast || o.Profile != "paper" || o.RP != nil || o.NP != nil {
+		return nil
+	}
+	p := fluid.Paper(o.Flows)
+	p.LinkBps = float64(o.LinkRate)
+	p.PacketBits = float64(o.PacketSize) * 8
+	p.Kmin, p.Kmax, p.Pmax = float64(o.RED.Kmin), float64(o.RED.Kmax), o.RED.Pmax
+	res, err := fluid.Run(p)
+	if err != nil {
+		return nil
+	}
+	return &FluidRef{QueueMeanKB: res.QueueMeanKB, QueueMinKB: res.QueueMinKB, QueueMaxKB: res.QueueMaxKB,
+		RateGbps: res.RateGbps, TauStarUs: p.TauStar * 1e6}
+}
