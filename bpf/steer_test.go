@@ -14,7 +14,7 @@ import (
 // load loads the program for BPF_PROG_TEST_RUN with XDP_DROP as the verdict
 // for "would be steered" (no socket can be bound in a test run). A verifier
 // rejection fails the test; only a missing privilege skips it.
-func load(t *testing.T, filter bool) *Program {
+func load(t testing.TB, filter bool) *Program {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("loading an XDP program needs CAP_BPF and CAP_NET_ADMIN: run as root")
