@@ -339,7 +339,10 @@ func (l *Lab) Run(c *Case) (r result) {
 			fail("guest %s counters: %v", gj.g.Name, err)
 			continue
 		}
-		probs, rec := CheckCounters(d, dm, c.Expect == "loss")
+		probs, rec := CheckCounters(d, dm, c.Expect == "loss", c.Allow)
+		if rec > 0 && c.Expect != "loss" && len(probs) == 0 {
+			r.note = fmt.Sprintf("  (allowed: %s)", d.String())
+		}
 		recovery += rec
 		for _, p := range probs {
 			fail("guest %s: %s", gj.g.Name, p)
