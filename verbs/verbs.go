@@ -39,6 +39,30 @@ const (
 	Solicited = wr.Solicited
 	Inline    = wr.Inline
 
+	WCWithImm = wr.WCWithImm
+	WCWithInv = wr.WCWithInv
+	WCGRH     = wr.WCGRH
+
+	WCSend            = wr.WCSend
+	WCRDMAWrite       = wr.WCRDMAWrite
+	WCRDMARead        = wr.WCRDMARead
+	WCCompSwap        = wr.WCCompSwap
+	WCFetchAdd        = wr.WCFetchAdd
+	WCRecv            = wr.WCRecv
+	WCRecvRDMAWithImm = wr.WCRecvRDMAWithImm
+
+	Success        = wr.Success
+	LocLenErr      = wr.LocLenErr
+	LocQPOpErr     = wr.LocQPOpErr
+	LocProtErr     = wr.LocProtErr
+	WRFlushErr     = wr.WRFlushErr
+	BadRespErr     = wr.BadRespErr
+	RemInvReqErr   = wr.RemInvReqErr
+	RemAccessErr   = wr.RemAccessErr
+	RemOpErr       = wr.RemOpErr
+	RetryExcErr    = wr.RetryExcErr
+	RNRRetryExcErr = wr.RNRRetryExcErr
+
 	LocalWrite   = wr.LocalWrite
 	RemoteWrite  = wr.RemoteWrite
 	RemoteRead   = wr.RemoteRead

@@ -1,0 +1,258 @@
+package verbs
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/port/memlink"
+)
+
+func pattern(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+}
+
+// workload is one RC QP pair's traffic: a planned list of operations with
+// non-overlapping buffers so that every byte can be checked at the end.
+type workload struct {
+	t      testing.TB
+	qa, qb *QP
+	ops    []plannedOp
+	// A side
+	src, dst *MR
+	// B side
+	recv, target, rsrc, atom *MR
+	posted, recvPosted       int
+	sendDone                 map[uint64]int
+	recvDone                 map[uint64]int
+	recvOps                  []int // op index for each receive WR
+	bytes                    int64
+}
+
+type plannedOp struct {
+	op   Opcode
+	size int
+	off  int // offset in the per-role buffers
+}
+
+func newWorkload(t testing.TB, tb *testbed, qa, qb *QP, seed uint64, n int, sizes []int) *workload {
+	w := &workload{t: t, qa: qa, qb: qb, sendDone: map[uint64]int{}, recvDone: map[uint64]int{}}
+	r := rand.New(rand.NewPCG(seed, 3))
+	kinds := []Opcode{Send, SendWithImm, RDMAWrite, RDMAWriteWithImm, RDMARead, AtomicFetchAndAdd, AtomicCmpAndSwp}
+	off := 0
+	for i := 0; i < n; i++ {
+		o := plannedOp{op: kinds[r.IntN(len(kinds))], size: sizes[r.IntN(len(sizes))], off: off}
+		if o.op.IsAtomic() {
+			o.size = 8
+		}
+		w.ops = append(w.ops, o)
+		off += (o.size + 7) &^ 7
+		w.bytes += int64(o.size)
+	}
+	if off == 0 {
+		off = 8
+	}
+	reg := func(n *node, size int, acc Access, fill uint64) *MR {
+		b := make([]byte, size)
+		if fill != 0 {
+			pattern(b, fill)
+		}
+		m, err := n.pd.RegMR(b, acc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	w.src = reg(tb.a, off, LocalWrite, seed+1)
+	w.dst = reg(tb.a, off, LocalWrite, 0)
+	w.recv = reg(tb.b, off, LocalWrite, 0)
+	w.target = reg(tb.b, off, LocalWrite|RemoteWrite, 0)
+	w.rsrc = reg(tb.b, off, LocalWrite|RemoteRead, seed+2)
+	w.atom = reg(tb.b, 8, LocalWrite|RemoteAtomic, 0)
+	return w
+}
+
+// pump posts what the queues have room for.
+func (w *workload) pump() {
+	for w.recvPosted < len(w.ops) {
+		o := w.ops[w.recvPosted]
+		if o.op == Send || o.op == SendWithImm || o.op == RDMAWriteWithImm {
+			var sg []SGE
+			if o.op != RDMAWriteWithImm {
+				sg = []SGE{{Addr: w.recv.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.recv.LKey()}}
+			}
+			if _, err := w.qb.PostRecv(RecvWR{ID: uint64(w.recvPosted), SG: sg}); err == ErrQueueFull {
+				break
+			} else if err != nil {
+				w.t.Fatal(err)
+			}
+		}
+		w.recvPosted++
+	}
+	for w.posted < len(w.ops) && w.posted < w.recvPosted {
+		o := w.ops[w.posted]
+		s := SendWR{ID: uint64(w.posted), Opcode: o.op, Flags: Signaled, Imm: uint32(w.posted) * 3}
+		switch o.op {
+		case Send, SendWithImm, RDMAWrite, RDMAWriteWithImm:
+			// Two SGEs when possible, to exercise the gather.
+			h := o.size / 2
+			s.SG = []SGE{{Addr: w.src.IOVA() + uint64(o.off), Length: uint32(h), LKey: w.src.LKey()},
+				{Addr: w.src.IOVA() + uint64(o.off+h), Length: uint32(o.size - h), LKey: w.src.LKey()}}
+			s.RemoteAddr, s.RKey = w.target.IOVA()+uint64(o.off), w.target.RKey()
+		case RDMARead:
+			s.SG = []SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.dst.LKey()}}
+			s.RemoteAddr, s.RKey = w.rsrc.IOVA()+uint64(o.off), w.rsrc.RKey()
+		case AtomicFetchAndAdd:
+			s.SG = []SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
+			s.RemoteAddr, s.RKey, s.CompareAdd = w.atom.IOVA(), w.atom.RKey(), 1
+		case AtomicCmpAndSwp:
+			// Never matches (the counter only grows from 0 by adds and
+			// this compare value is huge): returns the value, changes nothing.
+			s.SG = []SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
+			s.RemoteAddr, s.RKey, s.CompareAdd, s.Swap = w.atom.IOVA(), w.atom.RKey(), 1<<60, 5
+		}
+		if _, err := w.qa.PostSend(s); err == ErrQueueFull {
+			break
+		} else if err != nil {
+			w.t.Fatal(err)
+		}
+		w.posted++
+	}
+}
+
+func (w *workload) poll() {
+	for _, c := range pollAll(w.qa.init.SendCQ) {
+		if c.Status != 0 {
+			w.t.Fatalf("QP %d send WR %d: %v", w.qa.QPN(), c.ID, c.Status)
+		}
+		w.sendDone[c.ID]++
+	}
+	for _, c := range pollAll(w.qb.init.RecvCQ) {
+		o := w.ops[c.ID]
+		if c.Status != 0 || c.ByteLen != uint32(o.size) || ((o.op == SendWithImm || o.op == RDMAWriteWithImm) != (c.Flags&WCWithImm != 0)) ||
+			(c.Flags&WCWithImm != 0 && c.Imm != uint32(c.ID)*3) {
+			w.t.Fatalf("recv %d (%v %d B): %+v", c.ID, o.op, o.size, c)
+		}
+		w.recvDone[c.ID]++
+	}
+}
+
+func (w *workload) done() bool { return len(w.sendDone) == len(w.ops) }
+
+// check verifies every byte and that every WR completed exactly once.
+func (w *workload) check() {
+	adds := 0
+	var origs = map[uint64]bool{}
+	for i, o := range w.ops {
+		if w.sendDone[uint64(i)] != 1 {
+			w.t.Fatalf("WR %d completed %d times", i, w.sendDone[uint64(i)])
+		}
+		src := w.src.Bytes()[o.off : o.off+o.size]
+		switch o.op {
+		case Send, SendWithImm:
+			if w.recvDone[uint64(i)] != 1 || !bytes.Equal(w.recv.Bytes()[o.off:o.off+o.size], src) {
+				w.t.Fatalf("SEND %d (%d B): %d completions or data differs", i, o.size, w.recvDone[uint64(i)])
+			}
+		case RDMAWrite, RDMAWriteWithImm:
+			if !bytes.Equal(w.target.Bytes()[o.off:o.off+o.size], src) {
+				w.t.Fatalf("WRITE %d (%d B) data differs", i, o.size)
+			}
+			if o.op == RDMAWriteWithImm && w.recvDone[uint64(i)] != 1 {
+				w.t.Fatalf("WRITE_WITH_IMM %d: %d receive completions", i, w.recvDone[uint64(i)])
+			}
+		case RDMARead:
+			if !bytes.Equal(w.dst.Bytes()[o.off:o.off+o.size], w.rsrc.Bytes()[o.off:o.off+o.size]) {
+				w.t.Fatalf("READ %d (%d B) data differs", i, o.size)
+			}
+		case AtomicFetchAndAdd:
+			v := binary.NativeEndian.Uint64(w.dst.Bytes()[o.off:])
+			if origs[v] {
+				t := w.t
+				t.Fatalf("FETCH_ADD returned %d twice: executed twice", v)
+			}
+			origs[v] = true
+			adds++
+		}
+	}
+	if got := binary.NativeEndian.Uint64(w.atom.Bytes()); got != uint64(adds) {
+		w.t.Fatalf("atomic counter %d after %d FETCH_ADDs", got, adds)
+	}
+}
+
+type e2eCase struct {
+	mtu   int
+	loss  float64
+	qps   int
+	msgs  int
+	sizes []int
+	seed  uint64
+}
+
+func (k e2eCase) name() string {
+	return fmt.Sprintf("mtu%d_imp%g_qps%d_seed%d", k.mtu, k.loss, k.qps, k.seed)
+}
+
+// runE2E runs k and returns the goodput in bytes per virtual second.
+func runE2E(t testing.TB, k e2eCase) float64 {
+	imp := memlink.Impairments{Loss: k.loss, Duplicate: k.loss, Reorder: k.loss, Corrupt: k.loss}
+	tb := newTestbed(t, imp, k.seed, k.mtu)
+	var ws []*workload
+	var total int64
+	for i := 0; i < k.qps; i++ {
+		qa, qb := tb.connect(RC, k.mtu, LocalWrite|RemoteWrite|RemoteRead|RemoteAtomic, 64)
+		w := newWorkload(t, tb, qa, qb, k.seed*1000+uint64(i), k.msgs, k.sizes)
+		ws = append(ws, w)
+		total += w.bytes
+	}
+	tb.run(func() bool {
+		all := true
+		for _, w := range ws {
+			w.pump()
+			w.poll()
+			all = all && w.done()
+		}
+		return all
+	}, time.Hour)
+	// Let duplicates and late ACKs drain, then check nothing changed.
+	for i := 0; i < 100 && tb.step(); i++ {
+	}
+	for _, w := range ws {
+		w.poll()
+		w.check()
+	}
+	if tb.a.dev.Stats.RxBadICRC+tb.b.dev.Stats.RxBadICRC == 0 && k.loss >= 0.01 {
+		t.Errorf("corruption never caught by the ICRC check")
+	}
+	return float64(total) / tb.clk.Now().Sub(0).Seconds()
+}
+
+func TestE2ERC(t *testing.T) {
+	var cases []e2eCase
+	for _, mtu := range []int{256, 1024, 4096} {
+		sizes := []int{0, 1, mtu - 1, mtu, mtu + 1, 3*mtu + 17, 65536}
+		for i, l := range []float64{0, 0.001, 0.01, 0.05} {
+			cases = append(cases, e2eCase{mtu: mtu, loss: l, qps: 3, msgs: 40, sizes: sizes, seed: uint64(mtu + i)})
+		}
+	}
+	long := os.Getenv("SOFTRNIC_E2E_LONG") != ""
+	if long {
+		for _, mtu := range []int{256, 512, 1024, 2048, 4096} {
+			sizes := []int{0, 1, mtu - 1, mtu, mtu + 1, 65536, 1 << 20, 8 << 20}
+			for i, l := range []float64{0, 0.001, 0.01, 0.05} {
+				for s := uint64(0); s < 3; s++ {
+					cases = append(cases, e2eCase{mtu: mtu, loss: l, qps: 16, msgs: 60, sizes: sizes, seed: uint64(mtu*100+i*10) + s})
+				}
+			}
+		}
+	}
+	for _, k := range cases {
+		t.Run(k.name(), func(t *testing.T) { t.Logf("goodput %.2f Gb/s", runE2E(t, k)*8/1e9) })
+	}
+}
