@@ -171,6 +171,7 @@ func printTable(rep Report) {
 	}
 	w.Flush()
 	fmt.Printf("(%s, %d CPUs, %s; %s)\n", rep.Kernel, rep.CPUs, rep.Go, rep.Note)
+	fmt.Println("(for comparison, C xdpsock in copy mode is published at 1.4-1.7 Mpps per queue at 64 B on real NICs)")
 }
 
 var xdpAttach bpf.AttachMode
