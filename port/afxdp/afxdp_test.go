@@ -367,3 +367,38 @@ func TestMultiQueue(t *testing.T) {
 		}
 	}
 }
+
+// TestGeometry: other UMEM geometries (2048-byte frames, headroom, a small
+// pool) carry frames intact, multi-buffer included when 2048-byte chunks
+// meet a 4200-byte MTU (three segments per 4154-byte frame).
+func TestGeometry(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		mtu   int
+		cfg   Config
+		multi bool
+	}{
+		{"2048+headroom", 1500, Config{FrameSize: 2048, Headroom: 128, NumFrames: 256}, false},
+		{"2048 jumbo", 4200, Config{FrameSize: 2048, NumFrames: 512}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pair := netnstest.NewTestPair(t, netnstest.PairOptions{MTU: c.mtu})
+			a := openIn(t, &pair.A, c.cfg)
+			b := openIn(t, &pair.B, c.cfg)
+			st, err := b.Stats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Multi != c.multi {
+				t.Fatalf("multi-buffer %v, want %v", st.Multi, c.multi)
+			}
+			maxf := min(a.MaxFrame(), c.mtu+14)
+			const n = 10000
+			size := func(i int) int { return 60 + (i*131)%(maxf-60+1) }
+			res, err := netnstest.Transfer(a, b, &pair.A, &pair.B, n, size, 64, 60*time.Second)
+			if err != nil {
+				t.Fatalf("after %d frames: %v", res.Received, err)
+			}
+		})
+	}
+}
