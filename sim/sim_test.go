@@ -9,6 +9,9 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/softrnic/softrnic/congestion"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 )
 
 func mustRun(t testing.TB, o Options) *Result {
@@ -127,9 +130,17 @@ func deref(p *float64) float64 {
 	return *p
 }
 
-// N-flow: staggered starts, rates near C/N, queue near the fluid model's
-// where the model is stable (N = 4), and the queue grows with N. The long
-// cases (N = 10, 16, 64) run only with SOFTRNIC_SIM_LONG=1.
+// N-flow: staggered starts 1 ms apart (dcqcn-anchors D3). Asserted:
+//   - N = 4 (default run): the fluid model is stable here, and the DES must
+//     sit on it: queue mean within ±30 % of the fluid model's 39 KB,
+//     utilisation ≥ 0.98, Jain ≥ 0.99, every flow within ±15 % of C/N.
+//   - N = 10, 16, 64 (only with SOFTRNIC_SIM_LONG=1): no drops, Jain ≥ 0.98,
+//     utilisation ≥ 0.98 (N = 10) or ≥ 0.85 (N ≥ 16, where even the
+//     synchronised fluid model is a limit cycle reaching p = 1 with
+//     utilisation 0.88–0.97). With the paper's deferred NP the N = 10 DES
+//     runs a 0 ↔ Kmax limit cycle that the fluid model does not have (a
+//     deferred CNP reports marks up to N = 50 µs old); with a drop-style NP
+//     it sits on the fluid fixed point, which is asserted (±30 %).
 func TestNFlow(t *testing.T) {
 	ns := []int{4}
 	if os.Getenv("SOFTRNIC_SIM_LONG") != "" {
@@ -137,34 +148,43 @@ func TestNFlow(t *testing.T) {
 	} else if testing.Short() {
 		t.Skip("n-flow skipped in -short mode")
 	}
-	prevQ := 0.0
+	type variant struct {
+		name string
+		np   *dcqcn.NPConfig
+	}
+	dropNP := dcqcn.PaperNP()
+	dropNP.Defer = false
 	for _, n := range ns {
-		s := mustRun(t, Options{Scenario: NFlow, Flows: n, Seed: 1}).Summary
-		lo, hi := math.Inf(1), 0.0
-		var sum float64
-		for _, f := range s.Flows {
-			lo, hi = math.Min(lo, f.MeanGbps), math.Max(hi, f.MeanGbps)
-			sum += f.MeanGbps
+		vs := []variant{{"paper NP", nil}}
+		if n == 10 {
+			vs = append(vs, variant{"drop-style NP", &dropNP})
 		}
-		fq := math.NaN()
-		if s.Fluid != nil {
-			fq = s.Fluid.QueueMeanKB
+		for _, v := range vs {
+			s := mustRun(t, Options{Scenario: NFlow, Flows: n, Seed: 1, NP: v.np}).Summary
+			lo, hi := math.Inf(1), 0.0
+			for _, f := range s.Flows {
+				lo, hi = math.Min(lo, f.MeanGbps), math.Max(hi, f.MeanGbps)
+			}
+			fl := fluidRef(&Options{Scenario: NFlow, Flows: n, Profile: "paper", LinkRate: 40 * congestion.Gbps,
+				PacketSize: 1000, RED: RED{Kmin: 5000, Kmax: 200000, Pmax: 0.01}})
+			t.Logf("N=%d %s: per-flow %.3f–%.3f Gb/s (C/N %.3f), Jain %.4f, util %.4f, queue %.1f KB (p5 %.1f p95 %.1f; fluid %.1f), CNPs %d, drops %d, %d events, %.2f M events/s (%.2f M per CPU-s)",
+				n, v.name, lo, hi, 40/float64(n), s.Jain, s.Utilization, s.QueueMeanKB, s.QueueP5KB, s.QueueP95KB, fl.QueueMeanKB,
+				s.CNPCount, s.Drops, s.Events, s.EventsPerSec/1e6, s.EventsPerCPUSec/1e6)
+			minUtil := 0.98
+			if n >= 16 {
+				minUtil = 0.85
+			}
+			if s.Utilization < minUtil || s.Jain < 0.98 || s.Drops != 0 {
+				t.Errorf("N=%d %s: utilisation %.4f (≥ %.2f), Jain %.4f (≥ 0.98), drops %d", n, v.name, s.Utilization, minUtil, s.Jain, s.Drops)
+			}
+			checkFluid := n == 4 || (n == 10 && v.np != nil)
+			if checkFluid && (s.QueueMeanKB < 0.7*fl.QueueMeanKB || s.QueueMeanKB > 1.3*fl.QueueMeanKB) {
+				t.Errorf("N=%d %s: queue mean %.1f KB outside the fluid model's %.1f KB ± 30 %%", n, v.name, s.QueueMeanKB, fl.QueueMeanKB)
+			}
+			if n == 4 && (lo < 0.85*10 || hi > 1.15*10 || s.Jain < 0.99) {
+				t.Errorf("N=4: per-flow rates %.3f–%.3f Gb/s outside 10 ± 15 %%, or Jain %.4f < 0.99", lo, hi, s.Jain)
+			}
 		}
-		t.Logf("N=%d: per-flow %.3f–%.3f Gb/s (C/N %.3f), total %.3f, Jain %.4f, util %.4f, queue %.1f KB (p5 %.1f p95 %.1f; fluid %.1f), CNPs %d, drops %d, %d events, %.2f M events/s",
-			n, lo, hi, 40/float64(n), sum, s.Jain, s.Utilization, s.QueueMeanKB, s.QueueP5KB, s.QueueP95KB, fq, s.CNPCount, s.Drops, s.Events, s.EventsPerSec/1e6)
-		if s.Utilization < 0.95 || s.Jain < 0.95 || s.Drops != 0 {
-			t.Errorf("N=%d: utilisation %.4f (≥ 0.95), Jain %.4f (≥ 0.95), drops %d", n, s.Utilization, s.Jain, s.Drops)
-		}
-		if n == 4 && (s.QueueMeanKB < 0.7*39.0 || s.QueueMeanKB > 1.3*39.0) {
-			t.Errorf("N=4: queue mean %.1f KB outside the fluid model's 39 KB ± 30 %%", s.QueueMeanKB)
-		}
-		if n == 4 && (lo < 0.85*10 || hi > 1.15*10) {
-			t.Errorf("N=4: per-flow rates %.3f–%.3f Gb/s outside 10 ± 15 %%", lo, hi)
-		}
-		if s.QueueMeanKB < prevQ*0.9 {
-			t.Errorf("N=%d: queue mean %.1f KB fell below N's predecessor's %.1f", n, s.QueueMeanKB, prevQ)
-		}
-		prevQ = s.QueueMeanKB
 	}
 }
 

@@ -3,6 +3,7 @@ package sim
 import (
 	"math"
 	"slices"
+	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
@@ -143,6 +144,11 @@ type Summary struct {
 	Events       uint64  `json:"events"`
 	EventsPerSec float64 `json:"events_per_sec"`
 	WallSeconds  float64 `json:"wall_seconds"`
+	// CPUSeconds is the process's CPU time during the run, and
+	// EventsPerCPUSec the speed on it: on a shared machine the wall-clock
+	// figure understates the simulator.
+	CPUSeconds      float64 `json:"cpu_seconds"`
+	EventsPerCPUSec float64 `json:"events_per_cpu_sec"`
 
 	// Fluid is the fluid model's prediction for the same flow count, where
 	// the scenario has one (two-flow, n-flow with the paper profile).
@@ -315,16 +321,29 @@ func Run(o Options) (*Result, error) {
 	}
 	n.setWindow(&o)
 	n.startSampler(clock.Time(o.TraceInterval))
-	t0 := time.Now()
+	t0, c0 := time.Now(), cpuTime()
 	n.run()
-	wall := time.Since(t0).Seconds()
+	wall, cpu := time.Since(t0).Seconds(), cpuTime()-c0
 	s := n.summarize(&o)
 	s.Fluid = fluidRef(&o)
 	s.WallSeconds = wall
 	if wall > 0 {
 		s.EventsPerSec = float64(n.events) / wall
 	}
+	if cpu > 0 {
+		s.CPUSeconds = cpu
+		s.EventsPerCPUSec = float64(n.events) / cpu
+	}
 	res := &Result{Options: o, Summary: s, Trace: n.sampler.trace}
 	res.Trace.BinMs, res.Trace.Throughput = n.throughput()
 	return res, nil
+}
+
+// cpuTime is the process's user+system CPU time in seconds, 0 if unknown.
+func cpuTime() float64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
