@@ -1,0 +1,427 @@
+package verbs
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/port/memlink"
+)
+
+func TestQPStateMachine(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	cq := tb.a.dev.CreateCQ(16)
+	q, err := tb.a.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cq, RecvCQ: cq})
+	must(t, err)
+	if q.State() != Reset {
+		t.Fatal("new QP not in RESET")
+	}
+	illegal := []State{RTR, RTS, SQD, SQE}
+	for _, s := range illegal {
+		if q.Modify(s, &Attr{}) != ErrState {
+			t.Fatalf("RESET→%v allowed", s)
+		}
+	}
+	if _, err := q.PostSend(SendWR{Opcode: Send}); err != ErrQPState {
+		t.Fatal("post send in RESET allowed")
+	}
+	must(t, q.Modify(Init, &Attr{Access: RemoteWrite}))
+	if q.Modify(RTS, &Attr{}) != ErrState {
+		t.Fatal("INIT→RTS allowed")
+	}
+	if q.Modify(RTR, &Attr{PathMTU: 1000, AV: AddressVector{DestIP: addrB}}) != ErrInvalid {
+		t.Fatal("MTU 1000 accepted")
+	}
+	if q.Modify(RTR, &Attr{PathMTU: 4096, AV: AddressVector{DestIP: addrB}}) != ErrInvalid {
+		t.Fatal("MTU above the port's accepted")
+	}
+	if q.Modify(RTR, &Attr{PathMTU: 1024, AV: AddressVector{DestIP: netip.MustParseAddr("fd00::1")}}) != ErrInvalid {
+		t.Fatal("IPv6 peer for an IPv4 GID accepted")
+	}
+	must(t, q.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: 5, AV: AddressVector{DestIP: addrB}}))
+	if q.Modify(RTS, &Attr{RetryCnt: 8}) != ErrInvalid {
+		t.Fatal("retry_cnt 8 accepted")
+	}
+	must(t, q.Modify(RTS, &Attr{RetryCnt: 7, RNRRetry: 7, Timeout: 14}))
+	must(t, q.Modify(SQD, nil))
+	must(t, q.Modify(RTS, nil))
+	if q.Modify(Init, nil) != ErrState {
+		t.Fatal("RTS→INIT allowed")
+	}
+	// Posted work is flushed when the QP goes to ERR.
+	mr, _ := tb.a.pd.RegMR(make([]byte, 64), LocalWrite)
+	_, err = q.PostSend(SendWR{ID: 1, Opcode: Send, SG: []SGE{{Addr: mr.IOVA(), Length: 8, LKey: mr.LKey()}}},
+		SendWR{ID: 2, Opcode: RDMAWrite})
+	must(t, err)
+	_, err = q.PostRecv(RecvWR{ID: 3})
+	must(t, err)
+	must(t, q.Modify(Err, nil))
+	w := pollAll(cq)
+	if len(w) != 3 {
+		t.Fatalf("flush: %+v", w)
+	}
+	for _, c := range w {
+		if c.Status != WRFlushErr {
+			t.Fatalf("flush status %+v", c)
+		}
+	}
+	// Posting in ERR completes at once with a flush error.
+	_, err = q.PostSend(SendWR{ID: 4, Opcode: Send})
+	must(t, err)
+	if w := pollAll(cq); len(w) != 1 || w[0].ID != 4 || w[0].Status != WRFlushErr {
+		t.Fatalf("%+v", w)
+	}
+	must(t, q.Modify(Reset, nil))
+	must(t, q.Modify(Init, nil))
+	// UC refuses remote read/atomic access; UD refuses RDMA opcodes.
+	uq, _ := tb.a.pd.CreateQP(QPInitAttr{Type: UC, SendCQ: cq, RecvCQ: cq})
+	if uq.Modify(Init, &Attr{Access: RemoteRead}) != ErrAccess {
+		t.Fatal("UC with remote read")
+	}
+}
+
+func TestMRKeysAndChecks(t *testing.T) {
+	d, _ := NewDevice(Config{Addrs: []netip.Addr{addrA}})
+	pd, pd2 := d.AllocPD(), d.AllocPD()
+	if _, err := pd.RegMR(make([]byte, 8), RemoteWrite); err != ErrAccess {
+		t.Fatal("remote write without local write accepted")
+	}
+	seen := map[uint32]bool{}
+	var prev uint32
+	incr := 0
+	for i := 0; i < 200; i++ {
+		m, err := pd.RegMRIOVA(make([]byte, 64), 0x1000, LocalWrite|RemoteRead)
+		must(t, err)
+		for _, k := range []uint32{m.LKey(), m.RKey()} {
+			if seen[k] || k == 0 {
+				t.Fatal("key reused")
+			}
+			seen[k] = true
+			if k == prev+1 {
+				incr++
+			}
+			prev = k
+		}
+	}
+	if incr > 2 {
+		t.Fatalf("keys look like a counter (%d increments)", incr)
+	}
+	m, _ := pd.RegMRIOVA(make([]byte, 64), 0x1000, LocalWrite|RemoteRead)
+	q := &QP{dev: d, pd: pd}
+	mem := qpMem{q}
+	if _, ok := mem.Resolve(m.RKey(), 0x1000, 64, RemoteRead); !ok {
+		t.Fatal("valid access refused")
+	}
+	for _, c := range []struct {
+		key    uint32
+		va, n  uint64
+		access Access
+	}{
+		{m.RKey(), 0x1000, 65, RemoteRead}, {m.RKey(), 0xFFF, 2, RemoteRead}, {m.RKey(), ^uint64(0), 2, RemoteRead},
+		{m.RKey(), 0x1000, 8, RemoteWrite}, {m.LKey(), 0x1000, 8, RemoteRead}, {m.RKey() ^ 1, 0x1000, 8, RemoteRead},
+	} {
+		if _, ok := mem.Resolve(c.key, c.va, c.n, c.access); ok {
+			t.Fatalf("access %+v allowed", c)
+		}
+	}
+	other := qpMem{&QP{dev: d, pd: pd2}}
+	if _, ok := other.Resolve(m.RKey(), 0x1000, 8, RemoteRead); ok {
+		t.Fatal("rkey of another PD accepted")
+	}
+	if other.Invalidate(m.RKey()) {
+		t.Fatal("invalidate across PDs")
+	}
+	m.Dereg()
+	if _, ok := mem.Resolve(m.RKey(), 0x1000, 8, RemoteRead); ok {
+		t.Fatal("deregistered MR accepted")
+	}
+}
+
+func TestE2ERemoteAccessErrorFlushes(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 2, 1024)
+	qa, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite, 16)
+	src, _ := tb.a.pd.RegMR(make([]byte, 4096), LocalWrite)
+	tgt, _ := tb.b.pd.RegMR(make([]byte, 100), LocalWrite|RemoteWrite)
+	sg := []SGE{{Addr: src.IOVA(), Length: 200, LKey: src.LKey()}}
+	_, err := qa.PostSend(
+		SendWR{ID: 1, Opcode: RDMAWrite, Flags: Signaled, SG: sg[:0], RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()},
+		SendWR{ID: 2, Opcode: RDMAWrite, Flags: Signaled, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}, // 200 > 100
+		SendWR{ID: 3, Opcode: RDMAWrite, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
+	must(t, err)
+	var wcs []WC
+	tb.run(func() bool { wcs = append(wcs, pollAll(qa.init.SendCQ)...); return len(wcs) == 3 }, time.Second)
+	if wcs[0].Status != Success || wcs[1].Status != RemAccessErr || wcs[2].Status != WRFlushErr {
+		t.Fatalf("%+v", wcs)
+	}
+	if qa.State() != Err || qb.State() != Err {
+		t.Fatalf("states %v %v", qa.State(), qb.State())
+	}
+}
+
+func TestE2ERNRThenReceivePosted(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 3, 1024)
+	qa, qb := tb.connect(RC, 1024, LocalWrite, 16)
+	src, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{7}, 3000), LocalWrite)
+	dst, _ := tb.b.pd.RegMR(make([]byte, 3000), LocalWrite)
+	_, err := qa.PostSend(SendWR{ID: 1, Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}})
+	must(t, err)
+	// Run a while with no receive posted: RNR NAKs, no completion.
+	tb.run(func() bool { return tb.clk.Now() > 300_000 }, time.Second)
+	if w := pollAll(qa.init.SendCQ); len(w) != 0 {
+		t.Fatalf("%+v", w)
+	}
+	_, err = qb.PostRecv(RecvWR{ID: 9, SG: []SGE{{Addr: dst.IOVA(), Length: 3000, LKey: dst.LKey()}}})
+	must(t, err)
+	var s, r []WC
+	tb.run(func() bool {
+		s = append(s, pollAll(qa.init.SendCQ)...)
+		r = append(r, pollAll(qb.init.RecvCQ)...)
+		return len(s) == 1 && len(r) == 1
+	}, time.Second)
+	if s[0].Status != Success || r[0].ByteLen != 3000 || !bytes.Equal(dst.Bytes(), src.Bytes()) {
+		t.Fatalf("%+v %+v", s, r)
+	}
+	if qa.rc.RNRWaits == 0 || qb.rc.TxRNRNAKs == 0 {
+		t.Fatal("no RNR happened")
+	}
+}
+
+func TestE2EUD(t *testing.T) {
+	for _, fam := range []string{"v4", "v6"} {
+		t.Run(fam, func(t *testing.T) {
+			var tb *testbed
+			if fam == "v6" {
+				tb = newTestbed(t, memlink.Impairments{}, 4, 1024, netip.MustParseAddr("fd77::10"), netip.MustParseAddr("fd77::11"))
+			} else {
+				tb = newTestbed(t, memlink.Impairments{}, 4, 1024)
+			}
+			cqa, cqb := tb.a.dev.CreateCQ(64), tb.b.dev.CreateCQ(64)
+			qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: UD, SendCQ: cqa, RecvCQ: cqa})
+			qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: UD, SendCQ: cqb, RecvCQ: cqb})
+			for _, q := range []*QP{qa, qb} {
+				must(t, q.Modify(Init, &Attr{QKey: 0x11111111}))
+				must(t, q.Modify(RTR, nil))
+				must(t, q.Modify(RTS, &Attr{SQPSN: 5}))
+			}
+			ah, err := tb.a.pd.CreateAH(AddressVector{DestMAC: macB, DestIP: tb.b.dev.cfg.Addrs[0], HopLimit: 9})
+			must(t, err)
+			src, _ := tb.a.pd.RegMR(make([]byte, 2048), LocalWrite)
+			pattern(src.Bytes(), 5)
+			rbuf, _ := tb.b.pd.RegMR(make([]byte, 4*1100), LocalWrite)
+			for i := 0; i < 4; i++ {
+				_, err := qb.PostRecv(RecvWR{ID: uint64(i), SG: []SGE{{Addr: rbuf.IOVA() + uint64(i*1100), Length: 1100, LKey: rbuf.LKey()}}})
+				must(t, err)
+			}
+			sg := func(n int) []SGE { return []SGE{{Addr: src.IOVA(), Length: uint32(n), LKey: src.LKey()}} }
+			_, err = qa.PostSend(
+				SendWR{ID: 1, Opcode: Send, Flags: Signaled, SG: sg(1024), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x80000000}, // use the QP's Q_Key
+				SendWR{ID: 2, Opcode: SendWithImm, Flags: Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111, Imm: 77},
+				SendWR{ID: 3, Opcode: Send, Flags: Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x22222222},    // wrong Q_Key: dropped
+				SendWR{ID: 4, Opcode: Send, Flags: Signaled, SG: sg(1025), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111}, // > MTU
+			)
+			must(t, err)
+			var sa, rb []WC
+			tb.run(func() bool {
+				sa = append(sa, pollAll(cqa)...)
+				rb = append(rb, pollAll(cqb)...)
+				return len(sa) == 4 && len(rb) == 2 && tb.a.port.InFlight()+tb.b.port.InFlight() == 0
+			}, time.Second)
+			if sa[3].Status != LocLenErr || sa[0].Status != Success {
+				t.Fatalf("send completions %+v", sa)
+			}
+			if len(rb) != 2 || qb.ud.RxBadQKey != 1 {
+				t.Fatalf("recv %+v bad qkey %d", rb, qb.ud.RxBadQKey)
+			}
+			r0, r1 := rb[0], rb[1]
+			if r0.ByteLen != 40+1024 || r0.SrcQP != qa.QPN() || r0.Flags&WCGRH == 0 || r0.SrcIP != tb.a.dev.cfg.Addrs[0] {
+				t.Fatalf("%+v", r0)
+			}
+			if r1.Flags&WCWithImm == 0 || r1.Imm != 77 || r1.ByteLen != 45 {
+				t.Fatalf("%+v", r1)
+			}
+			b := rbuf.Bytes()
+			if !bytes.Equal(b[40:40+1024], src.Bytes()[:1024]) {
+				t.Fatal("UD payload")
+			}
+			// The GRH slot: IPv4 is 20 zero bytes then the IPv4 header;
+			// IPv6 is the IPv6 header.
+			if fam == "v4" {
+				if !bytes.Equal(b[:20], make([]byte, 20)) || b[20] != 0x45 || b[20+8] != 9 {
+					t.Fatalf("GRH slot % x", b[:40])
+				}
+			} else if b[0]>>4 != 6 || b[7] != 9 {
+				t.Fatalf("GRH slot % x", b[:40])
+			}
+		})
+	}
+}
+
+func TestE2EUCDropsToNextFirst(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{Loss: 0.05}, 6, 256)
+	qa, qb := tb.connect(UC, 256, LocalWrite|RemoteWrite, 64)
+	const n, size = 200, 700 // three packets each
+	src, _ := tb.a.pd.RegMR(make([]byte, n*size), LocalWrite)
+	pattern(src.Bytes(), 9)
+	dst, _ := tb.b.pd.RegMR(make([]byte, n*size), LocalWrite)
+	posted, recvd := 0, 0
+	var sends, recvs []WC
+	tb.run(func() bool {
+		for posted < n {
+			if _, err := qb.PostRecv(RecvWR{ID: uint64(posted), SG: []SGE{{Addr: dst.IOVA() + uint64(recvd*size), Length: size, LKey: dst.LKey()}}}); err != nil {
+				break
+			}
+			recvd++
+			if _, err := qa.PostSend(SendWR{ID: uint64(posted), Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: src.IOVA() + uint64(posted*size), Length: size, LKey: src.LKey()}}}); err != nil {
+				t.Fatal(err)
+			}
+			posted++
+		}
+		sends = append(sends, pollAll(qa.init.SendCQ)...)
+		recvs = append(recvs, pollAll(qb.init.RecvCQ)...)
+		return len(sends) == n && tb.a.port.InFlight()+tb.b.port.InFlight() == 0
+	}, time.Second)
+	// Every received message is whole and is one of the sent ones, in
+	// order; lost messages are simply missing and their receive WQEs are
+	// reused by later messages.
+	last := -1
+	for i, r := range recvs {
+		got := dst.Bytes()[i*size : (i+1)*size]
+		found := -1
+		for m := last + 1; m < n; m++ {
+			if bytes.Equal(got, src.Bytes()[m*size:(m+1)*size]) {
+				found = m
+				break
+			}
+		}
+		if found < 0 || r.Status != Success || r.ByteLen != size {
+			t.Fatalf("receive %d: %+v not a whole later message", i, r)
+		}
+		last = found
+	}
+	if len(recvs) == n || len(recvs) < n/2 {
+		t.Fatalf("%d of %d messages arrived at 5%% loss", len(recvs), n)
+	}
+}
+
+func TestE2ESRQ(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 7, 1024)
+	srq, err := tb.b.pd.CreateSRQ(64, 1)
+	must(t, err)
+	cqb := tb.b.dev.CreateCQ(256)
+	buf, _ := tb.b.pd.RegMR(make([]byte, 64*100), LocalWrite)
+	for i := 0; i < 64; i++ {
+		_, err := srq.PostRecv(RecvWR{ID: uint64(i), SG: []SGE{{Addr: buf.IOVA() + uint64(i*100), Length: 100, LKey: buf.LKey()}}})
+		must(t, err)
+	}
+	var qas []*QP
+	for i := 0; i < 4; i++ {
+		cqa := tb.a.dev.CreateCQ(64)
+		qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cqa, RecvCQ: cqa, MaxInline: 16})
+		qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
+		if _, err := qb.PostRecv(RecvWR{}); err != ErrNoRecvQueue {
+			t.Fatal("post recv on an SRQ QP")
+		}
+		for _, p := range [][2]*QP{{qa, qb}, {qb, qa}} {
+			q, peer := p[0], p[1]
+			dst := tb.b.dev.cfg.Addrs[0]
+			mac := macB
+			if q == qb {
+				dst, mac = tb.a.dev.cfg.Addrs[0], macA
+			}
+			must(t, q.Modify(Init, nil))
+			must(t, q.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: peer.QPN(), AV: AddressVector{DestMAC: mac, DestIP: dst}}))
+			must(t, q.Modify(RTS, &Attr{Timeout: 8, RetryCnt: 7, RNRRetry: 7}))
+		}
+		qas = append(qas, qa)
+	}
+	for i, qa := range qas {
+		for j := 0; j < 10; j++ {
+			_, err := qa.PostSend(SendWR{Opcode: SendWithImm, Imm: uint32(i*100 + j), Flags: Inline, InlineData: []byte{byte(i), byte(j)}})
+			must(t, err)
+		}
+	}
+	var r []WC
+	tb.run(func() bool { r = append(r, pollAll(cqb)...); return len(r) == 40 }, time.Second)
+	seen := map[uint32]bool{}
+	for _, c := range r {
+		b := buf.Bytes()[c.ID*100:]
+		if c.Status != Success || c.ByteLen != 2 || uint32(b[0])*100+uint32(b[1]) != c.Imm || seen[c.Imm] {
+			t.Fatalf("%+v", c)
+		}
+		seen[c.Imm] = true
+	}
+}
+
+// TestHostileFramesNeverPanic throws truncated, corrupted and forged
+// frames at a device with live QPs: nothing may panic and no memory may
+// change outside what a valid request is allowed to touch.
+func TestHostileFramesNeverPanic(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 8, 1024)
+	qa, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite|RemoteRead|RemoteAtomic, 16)
+	guard, _ := tb.b.pd.RegMR(make([]byte, 4096), LocalWrite)
+	tgt, _ := tb.b.pd.RegMR(make([]byte, 64), LocalWrite|RemoteWrite)
+	src, _ := tb.a.pd.RegMR(make([]byte, 64), LocalWrite)
+	// Capture a valid WRITE frame from A.
+	_, err := qa.PostSend(SendWR{Opcode: RDMAWrite, SG: []SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
+	must(t, err)
+	out := [][]byte{make([]byte, 9000)}
+	n := tb.a.dev.Transmit(0, out)
+	if n != 1 {
+		t.Fatal("no frame")
+	}
+	good := append([]byte(nil), out[0]...)
+	r := rand.New(rand.NewPCG(1, 2))
+	var fr [][]byte
+	for i := 0; i < 20000; i++ {
+		b := append([]byte(nil), good...)
+		switch i % 4 {
+		case 0:
+			b = b[:r.IntN(len(b)+1)]
+		case 1:
+			b[r.IntN(len(b))] ^= byte(1 + r.IntN(255))
+		case 2:
+			// Forged but with a valid ICRC: random transport bytes.
+			off := 14 + 20 + 8
+			for k := off; k < len(b)-4; k++ {
+				if r.IntN(8) == 0 {
+					b[k] = byte(r.Uint32())
+				}
+			}
+			b[off+1] &^= 0x0F                             // TVer 0
+			binary.BigEndian.PutUint16(b[off+2:], 0xFFFF) // P_Key
+			bth.BTH(b[off:]).SetDestQP(qb.QPN())          // our QP
+			var f frame.Frame
+			if frame.Parse(b, &f) == nil {
+				_ = restamp(b)
+			}
+		case 3:
+			b = append(b[:14+20+8+12], make([]byte, r.IntN(64))...)
+		}
+		fr = append(fr, b)
+		if len(fr) == 64 {
+			tb.b.dev.Receive(0, fr)
+			tb.b.dev.Transmit(0, out)
+			fr = fr[:0]
+		}
+	}
+	if !bytes.Equal(guard.Bytes(), make([]byte, 4096)) {
+		t.Fatal("memory outside any remotely writable MR changed")
+	}
+}
+
+// restamp fixes the ICRC of a frame after its transport bytes changed.
+func restamp(b []byte) error {
+	var f frame.Frame
+	if err := frame.Parse(b, &f); err != nil {
+		return err
+	}
+	return icrcStamp(f.Packet())
+}
+
+func icrcStamp(p []byte) error { return icrc.Stamp(p) }
