@@ -1,14 +1,3 @@
-// Package cm is InfiniBand Communication Management (IBA vol. 1 ch. 12) over
-// the GSI QP (QP1), as RoCEv2 peers speak it: the MAD codec for every CM
-// message, the rdma_cm IP private-data header, and the passive and active
-// connection state machines that set up and tear down RC connections (REQ,
-// REP, RTU, REJ, MRA, DREQ, DREP) and resolve UD services (SIDR_REQ,
-// SIDR_REP).
-//
-// Everything here is pure code: MADs and an explicit now (clock.Time) in,
-// MADs to send, events for the QP owner and a timer deadline out. No
-// sockets, no goroutines, no clock reads. The QP itself belongs to the
-// verbs layer; cm only says what to program into it (QPAttr) and when.
 package cm
 
 import (

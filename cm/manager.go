@@ -836,6 +836,13 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidServiceID, nil)
 		return
 	}
+	if m.staleQP(from, req.LocalCAGUID, req.LocalQPN) {
+		// The peer's QP is still part of a live connection here: the peer
+		// restarted or lost the connection without a DREQ. Refuse, as the
+		// kernel CM does, until the old connection is torn down.
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejStaleConn, nil)
+		return
+	}
 	if req.TransportServiceType != TransportRC {
 		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidTransportType, nil)
 		return
@@ -877,6 +884,21 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	e.ID, e.QP = c.id, c.qp
 	setPrivate(&e, private)
 	m.event(&e)
+}
+
+// staleQP reports whether a live (not yet time-wait) passive connection
+// already has the peer QP guid/qpn at from. A scan: CM traffic is rare and
+// connections few, and it keeps no second index to maintain.
+func (m *Manager) staleQP(from netip.Addr, guid uint64, qpn uint32) bool {
+	for _, c := range m.conns {
+		if !c.active && c.peer == from && c.guid == guid && c.qp.RemoteQPN == qpn {
+			switch c.state {
+			case StateREPSent, StateMRAREPRcvd, StateEstablished, StateDREQSent:
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // ackTimeout combines the peer's target ACK delay with the round trip of

@@ -720,3 +720,30 @@ func BenchmarkDecodeREQ(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "MADs/s")
 }
+
+func TestStaleConnectionRejected(t *testing.T) {
+	n := newNet(t, Config{}, Config{})
+	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
+	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	// A forgets the connection (a restart) and connects again from the same
+	// QP: B still holds it, and refuses with "stale connection".
+	restarted := New(Config{CAGUID: 0xA, Seed: 99})
+	n.a.m = restarted
+	n.a.events = nil
+	n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	if e := n.a.last(EventRejected); e == nil || e.Reason != RejStaleConn {
+		t.Fatalf("a %v", n.a.kinds())
+	}
+	// Once B's connection is gone, the same QP may connect.
+	eb := n.b.last(EventEstablished)
+	n.b.m.Disconnect(n.now, eb.ID, nil)
+	n.settle()
+	n.a.m.Connect(n.now, connectParams())
+	n.settle()
+	if n.a.last(EventEstablished) == nil {
+		t.Fatalf("reconnect after teardown: a %v", n.a.kinds())
+	}
+}
