@@ -86,6 +86,16 @@ func TestFullEmptyAndWrap(t *testing.T) {
 	if c.Peek() != nil {
 		t.Fatal("empty ring returned a slot")
 	}
+	// A reservation given back is neither published nor lost.
+	p.Reserve()
+	p.Unreserve()
+	if p.Pending() != 0 || p.Free() != g.Slots {
+		t.Fatalf("after Unreserve: pending %d, free %d", p.Pending(), p.Free())
+	}
+	p.Commit()
+	if c.Peek() != nil {
+		t.Fatal("an unreserved slot was published")
+	}
 	var seq, want uint64
 	for round := 0; round < 10; round++ {
 		for i := 0; i < g.Slots; i++ {

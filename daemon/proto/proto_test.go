@@ -1,0 +1,152 @@
+package proto
+
+import (
+	"bytes"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+func TestSendWRRoundTrip(t *testing.T) {
+	caps := QPCaps{MaxSendSGE: 3, MaxInline: 100}
+	slot := make([]byte, SendSlotSize(caps))
+	cases := []struct {
+		w  SendWR
+		ud bool
+	}{
+		{SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []SGE{{1, 2, 3}, {4, 5, 6}}, RemoteAddr: 0xdead0000, RKey: 77}, false},
+		{SendWR{ID: 2, Opcode: wr.SendWithImm, Flags: wr.Solicited, SG: []SGE{{9, 10, 11}}, Imm: 0x12345678}, false},
+		{SendWR{ID: 3, Opcode: wr.SendWithInv, SG: []SGE{}, InvRKey: 0x99}, false},
+		{SendWR{ID: 4, Opcode: wr.AtomicCmpAndSwp, SG: []SGE{{8, 8, 1}}, RemoteAddr: 64, RKey: 5, Compare: 1, SwapAdd: 2}, false},
+		{SendWR{ID: 5, Opcode: wr.RDMAWrite, Flags: wr.Inline | wr.Signaled, Inline: []byte("hello inline"), RemoteAddr: 8, RKey: 9}, false},
+		{SendWR{ID: 6, Opcode: wr.Send, SG: []SGE{{1, 1, 1}}, RemoteQPN: 0x11, QKey: 0x11111111, DGID: [16]byte{15: 1}}, true},
+	}
+	for _, c := range cases {
+		if err := PutSendWR(slot, &c.w); err != nil {
+			t.Fatal(err)
+		}
+		got := SendWR{SG: make([]SGE, 0, 3)}
+		if err := GetSendWR(slot, &got, c.ud); err != nil {
+			t.Fatal(err)
+		}
+		if got.ID != c.w.ID || got.Opcode != c.w.Opcode || got.Flags != c.w.Flags || got.Imm != c.w.Imm ||
+			got.InvRKey != c.w.InvRKey || got.RemoteAddr != c.w.RemoteAddr || got.RKey != c.w.RKey ||
+			got.Compare != c.w.Compare || got.SwapAdd != c.w.SwapAdd || got.RemoteQPN != c.w.RemoteQPN ||
+			got.QKey != c.w.QKey || got.DGID != c.w.DGID || !bytes.Equal(got.Inline, c.w.Inline) || len(got.SG) != len(c.w.SG) {
+			t.Fatalf("round trip:\n got %+v\nwant %+v", got, c.w)
+		}
+		for i := range got.SG {
+			if got.SG[i] != c.w.SG[i] {
+				t.Fatalf("SGE %d: %+v", i, got.SG[i])
+			}
+		}
+	}
+	if err := PutSendWR(make([]byte, SendSlotSize(QPCaps{MaxSendSGE: 3})), &SendWR{SG: make([]SGE, 4)}); err == nil {
+		t.Fatal("4 SGEs fit a 3-SGE slot")
+	}
+	if err := PutSendWR(slot, &SendWR{Flags: wr.Inline, Inline: make([]byte, 200)}); err == nil {
+		t.Fatal("200 inline bytes fit a 100-byte slot")
+	}
+}
+
+func TestRecvAndWCRoundTrip(t *testing.T) {
+	slot := make([]byte, RecvSlotSize(QPCaps{MaxRecvSGE: 2}))
+	w := RecvWR{ID: 42, SG: []SGE{{1, 2, 3}, {4, 5, 6}}}
+	if err := PutRecvWR(slot, &w); err != nil {
+		t.Fatal(err)
+	}
+	var got RecvWR
+	if err := GetRecvWR(slot, &got); err != nil || got.ID != 42 || len(got.SG) != 2 || got.SG[1] != w.SG[1] {
+		t.Fatalf("%+v %v", got, err)
+	}
+	cqe := make([]byte, CQESize)
+	for _, c := range []wr.WC{
+		{ID: 1, Status: wr.RemAccessErr, Opcode: wr.WCRDMAWrite, ByteLen: 64, QPN: 0x11},
+		{ID: 2, Opcode: wr.WCRecv, Flags: wr.WCWithImm | wr.WCGRH, Imm: 7, SrcQP: 0x22, IsRecv: true, SrcIP: netip.MustParseAddr("10.77.0.10")},
+		{ID: 3, Opcode: wr.WCRecv, IsRecv: true, SrcIP: netip.MustParseAddr("fd77::11"), InvRKey: 9},
+	} {
+		PutWC(cqe, &c)
+		var g wr.WC
+		GetWC(cqe, &g)
+		if g != c {
+			t.Fatalf("WC round trip: %+v, want %+v", g, c)
+		}
+	}
+}
+
+func TestHostileSlots(t *testing.T) {
+	slot := make([]byte, SendSlotSize(QPCaps{MaxSendSGE: 1}))
+	for i := range slot {
+		slot[i] = 0xff
+	}
+	var w SendWR
+	if err := GetSendWR(slot, &w, false); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("opcode 255: %v", err)
+	}
+	slot[8] = byte(wr.Send)
+	if err := GetSendWR(slot, &w, false); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("inline length beyond the slot: %v", err)
+	}
+	slot[9] = 0 // not inline: 255 SGEs in a 1-SGE slot
+	if err := GetSendWR(slot, &w, false); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("SGE count beyond the slot: %v", err)
+	}
+	if err := GetSendWR(slot[:10], &w, false); err == nil {
+		t.Fatal("short slot accepted")
+	}
+	r := make([]byte, RecvSlotSize(QPCaps{MaxRecvSGE: 1}))
+	r[8] = 2
+	var rw RecvWR
+	if err := GetRecvWR(r, &rw); err == nil {
+		t.Fatal("2 SGEs in a 1-SGE receive slot")
+	}
+}
+
+func TestMessageCodec(t *testing.T) {
+	msg, err := Encode(nil, Header{Op: OpRegMR, Version: Version, Seq: 9}, &RegMRReq{PD: 1, Access: wr.LocalWrite, Length: 4096, IOVA: 0x1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, body, err := DecodeHeader(msg)
+	if err != nil || h.Op != OpRegMR || h.Seq != 9 || h.Version != Version {
+		t.Fatalf("%+v %v", h, err)
+	}
+	var req RegMRReq
+	if err := DecodeBody(body, &req); err != nil || req.Length != 4096 || req.IOVA != 0x1000 {
+		t.Fatalf("%+v %v", req, err)
+	}
+	if err := DecodeBody(body[:len(body)-1], &req); !errors.Is(err, ErrBadMessage) {
+		t.Fatal("short body accepted")
+	}
+	if _, _, err := DecodeHeader(msg[:5]); !errors.Is(err, ErrBadMessage) {
+		t.Fatal("short header accepted")
+	}
+	if _, err := Encode(nil, Header{}, make([]byte, MaxMessage)); err == nil {
+		t.Fatal("oversized message encoded")
+	}
+}
+
+// The daemon decodes slots and messages written by clients it does not
+// trust: nothing may panic or read outside the slot.
+func FuzzGetSendWR(f *testing.F) {
+	slot := make([]byte, SendSlotSize(QPCaps{MaxSendSGE: 2, MaxInline: 32}))
+	PutSendWR(slot, &SendWR{ID: 1, Opcode: wr.RDMAWrite, SG: []SGE{{1, 2, 3}}})
+	f.Add(slot, false)
+	f.Fuzz(func(t *testing.T, s []byte, ud bool) {
+		w := SendWR{SG: make([]SGE, 0, 2)}
+		if GetSendWR(s, &w, ud) == nil {
+			if w.Flags&wr.Inline != 0 && len(w.Inline) > len(s) {
+				t.Fatal("inline beyond the slot")
+			}
+		}
+		var r RecvWR
+		GetRecvWR(s, &r)
+		if h, body, err := DecodeHeader(s); err == nil {
+			var q CreateQPReq
+			DecodeBody(body, &q)
+			_ = h
+		}
+	})
+}
