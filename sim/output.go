@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/softrnic/softrnic/sim/fluid"
@@ -167,14 +168,18 @@ func (r *Result) Figure() plot.Figure {
 	}
 	for i, row := range t.Throughput {
 		x := make([]float64, len(row))
+		y := slices.Clone(row)
 		for k := range row {
 			x[k] = (float64(k) + 0.5) * t.BinMs
+			if i < len(s.Flows) && float64(k+1)*t.BinMs <= s.Flows[i].StartMs {
+				y[k] = math.NaN() // before the flow started
+			}
 		}
 		name := fmt.Sprintf("flow %d", i)
 		if i < len(t.Flows) {
 			name = fmt.Sprintf("flow %d (%s)", i, t.Flows[i].Name)
 		}
-		tp = append(tp, plot.Series{Name: name, X: x, Y: row})
+		tp = append(tp, plot.Series{Name: name, X: x, Y: y})
 	}
 	for _, f := range t.Flows {
 		// A flow not sending (not started, or finished) has no rate: leave
@@ -196,6 +201,9 @@ func (r *Result) Figure() plot.Figure {
 	}
 	if s.Fluid != nil {
 		qs = append(qs, plot.Series{Name: "fluid model", X: []float64{0, s.DurationMs}, Y: []float64{s.Fluid.QueueMeanKB, s.Fluid.QueueMeanKB}, Dashed: true, Color: "#555555"})
+	}
+	if len(tp) > manySeries {
+		tp, rc, al = spread(tp), spread(rc), spread(al)
 	}
 	title := fmt.Sprintf("DCQCN %s, profile %s, %d flows, %g Gb/s, seed %d", s.Scenario, s.Profile, len(s.Flows), s.LinkGbps, s.Seed)
 	band := []plot.Band{{Lo: fair * 0.95, Hi: fair * 1.05, Label: "fair share ± 5 %"}}
@@ -245,4 +253,39 @@ func fluidRef(o *Options) *FluidRef {
 	}
 	return &FluidRef{QueueMeanKB: res.QueueMeanKB, QueueMinKB: res.QueueMinKB, QueueMaxKB: res.QueueMaxKB,
 		RateGbps: res.RateGbps, TauStarUs: p.TauStar * 1e6}
+}
+
+// manySeries is where one line per flow stops being readable; beyond it the
+// figure shows the spread across flows instead.
+const manySeries = 12
+
+// spread summarises many series sharing X (same length) as min, median and
+// max across series at each point; NaNs (flows not running) are skipped.
+func spread(ss []plot.Series) []plot.Series {
+	if len(ss) == 0 {
+		return ss
+	}
+	n := len(ss[0].X)
+	lo, med, hi := make([]float64, n), make([]float64, n), make([]float64, n)
+	col := make([]float64, 0, len(ss))
+	for i := 0; i < n; i++ {
+		col = col[:0]
+		for _, s := range ss {
+			if i < len(s.Y) && !math.IsNaN(s.Y[i]) {
+				col = append(col, s.Y[i])
+			}
+		}
+		if len(col) == 0 {
+			lo[i], med[i], hi[i] = math.NaN(), math.NaN(), math.NaN()
+			continue
+		}
+		slices.Sort(col)
+		lo[i], med[i], hi[i] = col[0], col[len(col)/2], col[len(col)-1]
+	}
+	x := ss[0].X
+	return []plot.Series{
+		{Name: fmt.Sprintf("max of %d flows", len(ss)), X: x, Y: hi, Color: "#D55E00"},
+		{Name: "median", X: x, Y: med, Color: "#000000"},
+		{Name: "min", X: x, Y: lo, Color: "#0072B2"},
+	}
 }

@@ -109,12 +109,15 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 		rp, np := cx.Config(o.LinkRate), cx.NPConfig()
 		o.RP, o.NP = &rp, &np
 	}
+	var bar *progressBar
 	if !*quiet && isTerminal(os.Stderr) {
-		bar := &progressBar{w: stderr}
+		bar = &progressBar{w: stderr}
 		o.Progress = bar.update
-		defer bar.done()
 	}
 	res, err := sim.Run(o)
+	if bar != nil {
+		bar.done() // clear the line before anything else is printed
+	}
 	if err != nil {
 		return err
 	}
