@@ -37,6 +37,12 @@ type Next struct {
 	SrcMAC  net.HardwareAddr // the egress interface's MAC
 	Gateway netip.Addr       // next-hop router; invalid when the peer is on-link
 	DstMAC  net.HardwareAddr // the next hop's MAC (peer or gateway)
+
+	// When the egress interface is an 802.1Q VLAN device, frames go out
+	// on its parent (the interface the port is opened on) tagged with VLAN.
+	// Otherwise VLAN is 0 and PortIfIndex equals IfIndex.
+	VLAN        int
+	PortIfIndex int
 }
 
 // NextHop is the address whose MAC DstMAC is: the gateway or the peer.
@@ -50,7 +56,8 @@ func (n Next) NextHop() netip.Addr {
 // Equal reports whether two answers would produce the same frames.
 func (n Next) Equal(o Next) bool {
 	return n.Peer == o.Peer && n.IfIndex == o.IfIndex && n.Src == o.Src && n.Gateway == o.Gateway &&
-		n.MTU == o.MTU && bytes.Equal(n.SrcMAC, o.SrcMAC) && bytes.Equal(n.DstMAC, o.DstMAC)
+		n.MTU == o.MTU && n.VLAN == o.VLAN && n.PortIfIndex == o.PortIfIndex &&
+		bytes.Equal(n.SrcMAC, o.SrcMAC) && bytes.Equal(n.DstMAC, o.DstMAC)
 }
 
 var (
@@ -97,9 +104,19 @@ const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | n
 // Lookup answers at once from the kernel's tables. If the next hop's MAC is
 // not known it asks the kernel to resolve it and returns ErrUnresolved (with
 // the rest of Next filled in); a stale entry is returned and revalidated.
+//
+// An IPv6 link-local peer (RoCE GIDs are often fe80::) needs its zone, the
+// interface name, as in fe80::1%eth0: the address alone names no link.
 func (r *Resolver) Lookup(peer netip.Addr) (Next, error) {
 	peer = peer.Unmap()
-	routes, err := r.h.RouteGet(peer.AsSlice())
+	var opts *netlink.RouteGetOptions
+	if peer.Is6() && peer.IsLinkLocalUnicast() {
+		if peer.Zone() == "" {
+			return Next{Peer: peer}, fmt.Errorf("route: link-local %v needs a zone (fe80::x%%ifname)", peer)
+		}
+		opts = &netlink.RouteGetOptions{Oif: peer.Zone()}
+	}
+	routes, err := r.h.RouteGetWithOptions(peer.WithZone("").AsSlice(), opts)
 	if err != nil {
 		return Next{Peer: peer}, fmt.Errorf("%w %v: %v", ErrNoRoute, peer, err)
 	}
@@ -115,7 +132,10 @@ func (r *Resolver) Lookup(peer netip.Addr) (Next, error) {
 		return Next{Peer: peer}, fmt.Errorf("route: link %d: %w", rt.LinkIndex, err)
 	}
 	a := link.Attrs()
-	n := Next{Peer: peer, IfIndex: a.Index, IfName: a.Name, MTU: a.MTU, SrcMAC: a.HardwareAddr}
+	n := Next{Peer: peer, IfIndex: a.Index, IfName: a.Name, MTU: a.MTU, SrcMAC: a.HardwareAddr, PortIfIndex: a.Index}
+	if v, ok := link.(*netlink.Vlan); ok && a.ParentIndex != 0 {
+		n.VLAN, n.PortIfIndex = v.VlanId, a.ParentIndex
+	}
 	if src, ok := netip.AddrFromSlice(rt.Src); ok {
 		n.Src = src.Unmap()
 	}
@@ -131,7 +151,7 @@ func (r *Resolver) Lookup(peer netip.Addr) (Next, error) {
 	if a.Flags&net.FlagLoopback != 0 || len(a.HardwareAddr) == 0 {
 		return n, fmt.Errorf("route: %v is reached through %s, which has no Ethernet address", peer, a.Name)
 	}
-	hop := n.NextHop()
+	hop := n.NextHop().WithZone("")
 	family := unix.AF_INET
 	if hop.Is6() {
 		family = unix.AF_INET6

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,5 +132,79 @@ func TestWatch(t *testing.T) {
 	cancel()
 	if err := <-werr; err != nil {
 		t.Errorf("Watch: %v", err)
+	}
+}
+
+// TestVLAN: a peer reached through an 802.1Q device is sent on the parent
+// with the VLAN ID.
+func TestVLAN(t *testing.T) {
+	p := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	for i, l := range []*netnstest.Link{&p.A, &p.B} {
+		cmds := [][]string{
+			{"link", "add", "link", l.Name, "name", "vl100", "type", "vlan", "id", "100"},
+			{"addr", "add", "10.96.1." + string(rune('1'+i)) + "/24", "dev", "vl100"},
+			{"link", "set", "vl100", "up"},
+		}
+		for _, c := range cmds {
+			if out, err := l.NS.IP(c...); err != nil {
+				if strings.Contains(out+err.Error(), "Unknown device type") {
+					t.Skip("this kernel has no 802.1Q VLAN support (CONFIG_VLAN_8021Q)")
+				}
+				t.Fatal(err)
+			}
+		}
+	}
+	r := resolverIn(t, p.A.NS)
+	n := resolve(t, r, netip.MustParseAddr("10.96.1.2"))
+	if n.VLAN != 100 || n.PortIfIndex != p.A.Index || n.IfName != "vl100" || !bytes.Equal(n.DstMAC, p.B.MAC) ||
+		n.Src != netip.MustParseAddr("10.96.1.1") {
+		t.Errorf("Resolve through VLAN = %+v; want VLAN 100 on ifindex %d to %v", n, p.A.Index, p.B.MAC)
+	}
+	// Untagged peers on the same parent stay untagged.
+	if n := resolve(t, r, p.B.Addr); n.VLAN != 0 || n.PortIfIndex != p.A.Index {
+		t.Errorf("untagged peer: %+v", n)
+	}
+}
+
+// TestLinkLocal: an IPv6 link-local peer (a common RoCE GID) resolves with
+// its zone and is refused without one.
+func TestLinkLocal(t *testing.T) {
+	p := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	// The kernel adds the link-local address shortly after the link comes
+	// up: look for it, bounded.
+	var ll netip.Addr
+	for try := 0; try < 100 && !ll.IsValid(); try++ {
+		if err := p.B.NS.Do(func() error {
+			ifc, err := net.InterfaceByName(p.B.Name)
+			if err != nil {
+				return err
+			}
+			addrs, err := ifc.Addrs()
+			if err != nil {
+				return err
+			}
+			for _, a := range addrs {
+				if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr().IsLinkLocalUnicast() {
+					ll = pfx.Addr()
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if !ll.IsValid() {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if !ll.IsValid() {
+		t.Fatalf("no link-local address on %s", p.B.Name)
+	}
+	r := resolverIn(t, p.A.NS)
+	if _, err := r.Lookup(ll); err == nil {
+		t.Error("link-local peer without a zone accepted")
+	}
+	n := resolve(t, r, ll.WithZone(p.A.Name))
+	if n.IfIndex != p.A.Index || !bytes.Equal(n.DstMAC, p.B.MAC) || !n.Src.IsLinkLocalUnicast() {
+		t.Errorf("Resolve(%v%%%s) = %+v", ll, p.A.Name, n)
 	}
 }
