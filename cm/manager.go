@@ -265,7 +265,9 @@ type conn struct {
 	// times: how long to wait for the peer to answer anything.
 	peerTimeout time.Duration
 	mraTimeout  uint8 // service timeout of the MRA we sent (duplicates resend it)
-	repLen      int   // our REP (passive) is in msg for duplicate REQs
+	// rejected: we refused the peer's REQ; the REJ is in msg and is sent
+	// again for duplicates of the REQ until the peer stops retrying.
+	rejected bool
 }
 
 type remoteKey struct {
@@ -565,9 +567,22 @@ func (m *Manager) Reject(now clock.Time, id ConnID, reason RejectReason, private
 	if len(private) > REJPrivateSize {
 		return ErrPrivateTooBig
 	}
-	m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, reason, private)
-	m.remove(c)
+	m.rejectREQ(c, reason, private)
 	return nil
+}
+
+// rejectREQ refuses the peer's REQ held in c and keeps c, with the REJ,
+// until the peer's REQ retries are over (c's deadline from handleREQ), so
+// that a duplicate REQ (our REJ lost) gets the same answer instead of
+// reaching the application again.
+func (m *Manager) rejectREQ(c *conn, reason RejectReason, private []byte) {
+	mad := MAD(c.msg[:])
+	mad.InitCM(AttrREJ, c.tid)
+	rej := REJ{LocalCommID: uint32(c.id), RemoteCommID: c.remoteID, MessageRejected: MsgREQ, Reason: reason}
+	copy(rej.PrivateData[:], private)
+	rej.Encode(mad.Data())
+	c.state, c.rejected = StateTimeWait, true
+	m.send(c.peer, &c.msg)
 }
 
 // SendMRA tells the active side of an EventConnRequest that the answer will
@@ -656,8 +671,7 @@ func (m *Manager) Abort(now clock.Time, id ConnID) error {
 		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout, nil)
 		m.enterTimeWait(now, c)
 	case StateREQRcvd, StateMRAREQSent:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejConsumerDefined, nil)
-		m.remove(c)
+		m.rejectREQ(c, RejConsumerDefined, nil)
 	case StateREPSent, StateMRAREPRcvd:
 		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejConsumerDefined, nil)
 		m.enterTimeWait(now, c)
@@ -742,7 +756,7 @@ func (m *Manager) Tick(now clock.Time) {
 			m.remove(c)
 		case StateTimeWait, StateSIDRREPSent:
 			e := Event{Kind: EventTimeWaitExit, ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
-			if c.state == StateTimeWait {
+			if c.state == StateTimeWait && !c.rejected { // a rejected request never had a QP
 				m.event(&e)
 			}
 			m.remove(c)
@@ -827,6 +841,10 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 		case StateMRAREQSent:
 			m.sendMRA(c)
 		case StateTimeWait:
+			if c.rejected {
+				m.send(c.peer, &c.msg)
+				break
+			}
 			m.sendREJ(from, mad.TID(), uint32(c.id), req.LocalCommID, MsgREQ, RejStaleConn, nil)
 		}
 		return

@@ -466,8 +466,24 @@ func TestRejectByApplication(t *testing.T) {
 	if e == nil || e.Reason != RejConsumerDefined || string(e.Private()[:4]) != "busy" || n.a.m.State(id) != StateIdle {
 		t.Fatalf("a %v", n.a.kinds())
 	}
-	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrNoConn {
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrBadState {
 		t.Fatalf("Accept after Reject: %v", err)
+	}
+	// The REJ is lost: A's REQ retry gets the same REJ from B, not a new
+	// request to B's application.
+	rej := n.sent[len(n.sent)-1]
+	n.b.m.HandleMAD(n.now, addrA, n.sent[0].MAD[:])
+	evs, sends := n.b.m.Drain()
+	if len(evs) != 0 || len(sends) != 1 || sends[0].MAD != rej.MAD {
+		t.Fatalf("duplicate REQ after Reject: %d events, %d sends", len(evs), len(sends))
+	}
+	// B forgets it once A's retries would be over, with no event.
+	n.b.events = nil
+	for n.b.m.Conns() > 0 {
+		n.advance()
+	}
+	if len(n.b.events) != 0 {
+		t.Fatalf("events for a rejected request: %v", n.b.kinds())
 	}
 }
 
