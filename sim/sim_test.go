@@ -278,3 +278,18 @@ func BenchmarkNFlow16(b *testing.B) {
 	}
 	b.ReportMetric(float64(ev)/b.Elapsed().Seconds(), "events/s")
 }
+
+// Regression lock (dcqcn-anchors D5: "regression-lock the value"): the
+// two-flow paper run with seed 1 is a fixed function of the code. A change
+// to any of these numbers means the simulated behaviour changed: if that
+// was intended, re-measure, explain it in the commit, and update them.
+func TestTwoFlowRegressionLock(t *testing.T) {
+	s := mustRun(t, Options{Scenario: TwoFlow, Seed: 1}).Summary
+	got := []any{s.Events, s.CNPCount, deref(s.ConvergenceMs), s.Flows[0].Bytes, s.Flows[1].Bytes}
+	want := []any{uint64(2767978), uint64(290), 15.0, int64(300997000), int64(239678000)}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("seed-1 two-flow run changed: events, CNPs, convergence ms, bytes = %v, locked %v", got, want)
+		}
+	}
+}

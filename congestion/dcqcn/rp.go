@@ -219,7 +219,7 @@ func (r *RP) alphaTo(t clock.Time) {
 	r.alphaNext += clock.Time(k) * p
 	g := r.cfg.G
 	if r.cfg.Alpha == AlphaPeriodic && r.alphaFlag {
-		r.alpha = (1-g)*r.alpha + g
+		r.alpha = ewmaUp(r.alpha, g)
 		r.alphaFlag = false
 		k--
 	}
@@ -240,19 +240,19 @@ func (r *RP) alphaTo(t clock.Time) {
 func (r *RP) cut(now clock.Time) {
 	c := &r.cfg
 	if c.Alpha == AlphaOnCNP && c.Order == AlphaThenCut {
-		r.alpha = min((1-c.G)*r.alpha+c.G, c.AlphaMax)
+		r.alpha = min(ewmaUp(r.alpha, c.G), c.AlphaMax)
 	}
 	if c.ClampTargetRate || r.byteStage > 0 || (c.ClampTargetRateAfterTimeInc && r.timerStage > 0) {
 		r.rt = r.rc
 	}
-	dec := r.rc * congestion.Rate(c.DecreaseFactor*r.alpha)
+	dec := congestion.Rate(float64(r.rc) * (c.DecreaseFactor * r.alpha))
 	if c.MinDecFactor > 0 {
-		dec = min(dec, r.rc*congestion.Rate(1-c.MinDecFactor))
+		dec = min(dec, congestion.Rate(float64(r.rc)*(1-c.MinDecFactor)))
 	}
 	r.rc = max(r.rc-dec, c.MinRate)
 	if c.Alpha == AlphaOnCNP {
 		if c.Order == CutThenAlpha {
-			r.alpha = min((1-c.G)*r.alpha+c.G, c.AlphaMax)
+			r.alpha = min(ewmaUp(r.alpha, c.G), c.AlphaMax)
 		}
 		// K counts from the last CNP.
 		r.alphaNext = now + clock.Time(c.AlphaPeriod)
@@ -300,7 +300,7 @@ func (r *RP) increase() {
 		case HyperLinearPlusOne:
 			i++
 		}
-		r.rt += congestion.Rate(i) * c.HAIRate
+		r.rt += congestion.Rate(float64(i) * float64(c.HAIRate))
 		r.HyperIncrease++
 	case ai:
 		r.rt += c.AIRate
@@ -315,3 +315,9 @@ func (r *RP) increase() {
 		r.rc = r.rt
 	}
 }
+
+// ewmaUp is α ← (1−g)·α + g. The conversion rounds the product on its own,
+// which stops the compiler fusing it into a multiply-add on architectures
+// that have one (arm64, ppc64, s390x): the simulator's traces must be
+// byte-identical across machines, not only across runs.
+func ewmaUp(alpha, g float64) float64 { return float64((1-g)*alpha) + g }
