@@ -141,32 +141,37 @@ func TestMTULimitWithoutMultiBuffer(t *testing.T) {
 }
 
 func TestRecvSendAllocs(t *testing.T) {
-	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
-	a := openIn(t, &pair.A, Config{})
-	b := openIn(t, &pair.B, Config{})
-	frames := make([][]byte, port.BatchSize)
-	out := make([][]byte, 16)
-	buf := make([][]byte, 16)
-	for i := range out {
-		buf[i] = make([]byte, 128)
-		out[i] = netnstest.RoCEFrame(buf[i], &pair.A, &pair.B, uint32(i))
-	}
-	// Warm up (reassembly buffers, first completions).
-	for i := 0; i < 10; i++ {
-		a.Send(out)
-		b.Recv(frames, time.Millisecond)
-	}
-	received := 0
-	allocs := testing.AllocsPerRun(200, func() {
-		a.Send(out)
-		k, _ := b.Recv(frames, time.Millisecond)
-		received += k
-	})
-	if allocs != 0 {
-		t.Errorf("Send+Recv allocate %.1f times per batch, want 0", allocs)
-	}
-	if received == 0 {
-		t.Error("nothing received: the allocation count measured an idle path")
+	for _, c := range []struct {
+		name      string
+		mtu, size int
+	}{{"single-buffer", 1500, 128}, {"multi-buffer", 4200, 4154}} {
+		t.Run(c.name, func(t *testing.T) {
+			pair := netnstest.NewTestPair(t, netnstest.PairOptions{MTU: c.mtu})
+			a := openIn(t, &pair.A, Config{})
+			b := openIn(t, &pair.B, Config{})
+			frames := make([][]byte, port.BatchSize)
+			out := make([][]byte, 16)
+			for i := range out {
+				out[i] = netnstest.RoCEFrame(make([]byte, c.size), &pair.A, &pair.B, uint32(i))
+			}
+			// Warm up: reassembly buffers are made once, then reused.
+			for i := 0; i < 20; i++ {
+				a.Send(out)
+				b.Recv(frames, time.Millisecond)
+			}
+			received := 0
+			allocs := testing.AllocsPerRun(200, func() {
+				a.Send(out)
+				k, _ := b.Recv(frames, time.Millisecond)
+				received += k
+			})
+			if allocs != 0 {
+				t.Errorf("Send+Recv allocate %.1f times per batch, want 0", allocs)
+			}
+			if received == 0 {
+				t.Error("nothing received: the allocation count measured an idle path")
+			}
+		})
 	}
 }
 
