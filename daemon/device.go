@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"errors"
+
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/verbs/wr"
 )
@@ -55,12 +57,20 @@ type QP interface {
 	QPN() uint32
 	Modify(attr *proto.QPAttr, mask proto.QPAttrMask) error
 	Query() (proto.QPAttr, error)
-	// PostSend posts one WR decoded from the client's SQ ring. Local errors
-	// of the WR (bad lkey, bounds) are reported as error completions, as
-	// hardware does; an error return means the WR was not accepted at all
-	// (QP in a state that does not allow posting).
+	// PostSend posts one WR decoded from the client's SQ ring; w and its
+	// slices are valid only during the call (inline data must be copied).
+	// Local errors of the WR (bad lkey, bounds) are reported as error
+	// completions, as hardware does. ErrQueueFull means "not now": the WR
+	// stays in the client's ring and is offered again on a later pass. Any
+	// other error means the WR was refused (QP state); the daemon completes
+	// it in error.
 	PostSend(w *proto.SendWR) error
 	PostRecv(w *proto.RecvWR) error
 	// Destroy releases the QP; its outstanding WRs are flushed first.
 	Destroy() error
 }
+
+// ErrQueueFull is returned by QP.PostSend and PostRecv when the device's
+// own queue is full. The client's ring then holds the WR until the device
+// has room: back-pressure, not an error completion.
+var ErrQueueFull = errors.New("daemon: device work queue full")

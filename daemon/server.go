@@ -368,7 +368,10 @@ func (s *Server) drainRQ(q *qpObj) int {
 			s.badWQE(q, q.recv, q.rwr.ID, true, err)
 			continue
 		}
-		if err := q.qp.PostRecv(&q.rwr); err != nil {
+		if err := q.qp.PostRecv(&q.rwr); err == ErrQueueFull {
+			q.rqc.Unpeek()
+			break
+		} else if err != nil {
 			s.failWR(q, q.recv, q.rwr.ID, true, err)
 		}
 	}
@@ -388,7 +391,10 @@ func (s *Server) drainSQ(q *qpObj) int {
 			s.badWQE(q, q.send, q.swr.ID, false, err)
 			continue
 		}
-		if err := q.qp.PostSend(&q.swr); err != nil {
+		if err := q.qp.PostSend(&q.swr); err == ErrQueueFull {
+			q.sqc.Unpeek()
+			break
+		} else if err != nil {
 			s.failWR(q, q.send, q.swr.ID, false, err)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"math/bits"
 	"net"
 	"sync"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -32,6 +33,12 @@ type session struct {
 	cqs     map[proto.Handle]*cqObj
 	qps     map[proto.Handle]*qpObj
 	mrBytes int64
+	// graves are mappings of deregistered MRs, already detached from the
+	// client's memory, unmapped once no QP of the session can hold a
+	// reference into them (see releaseMR).
+	graves     [][]byte
+	graveBytes int64 // counted against MaxMRBytes until unmapped
+	liveQPs    int   // QPs created and not yet destroyed in the device
 }
 
 type pdObj struct {
@@ -291,8 +298,8 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	if !ok {
 		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", req.PD)
 	}
-	if ss.mrBytes+int64(req.Length) > ss.s.opt.MaxMRBytes {
-		return nil, nil, errf(unix.ENOMEM, "client would register %d bytes, limit %d", ss.mrBytes+int64(req.Length), ss.s.opt.MaxMRBytes)
+	if used := ss.mrBytes + ss.graveBytes + int64(req.Length); used > ss.s.opt.MaxMRBytes {
+		return nil, nil, errf(unix.ENOMEM, "client would hold %d bytes of registered memory, limit %d", used, ss.s.opt.MaxMRBytes)
 	}
 	pg := uint64(unix.Getpagesize())
 	start := req.Offset &^ (pg - 1)
@@ -333,14 +340,46 @@ func (ss *session) deregMR(body []byte) (any, []int, error) {
 	return nil, nil, ss.releaseMR(m)
 }
 
+// releaseMR deregisters an MR and detaches the daemon from the client's
+// memory at once: the mapping is replaced in place by private anonymous
+// memory, so no later access (a WQE of this session posted before the
+// deregistration, a responder that resolved the rkey an instant before)
+// reaches the client's pages or faults. The detached range is unmapped
+// later, when the session has no QP left that could still point into it.
+// Caller holds ss.mu.
 func (ss *session) releaseMR(m *mrObj) error {
 	err := m.mr.Deregister()
 	m.pd.refs--
-	ss.mrBytes -= m.length
-	if uerr := unix.Munmap(m.mapping); err == nil {
-		err = uerr
+	if derr := detach(m.mapping); derr != nil {
+		// Cannot happen for a range we mapped; if it did, keep the client
+		// mapping alive rather than risk a fault.
+		ss.log.Error("detaching deregistered MR", "err", derr)
 	}
+	ss.graves = append(ss.graves, m.mapping)
+	ss.graveBytes += int64(len(m.mapping))
+	ss.mrBytes -= m.length
 	return err
+}
+
+// detach replaces b's pages (a mapping of client memory) with private
+// anonymous memory, atomically for any concurrent reader.
+func detach(b []byte) error {
+	_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)),
+		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
+	return err
+}
+
+// buryGraves unmaps detached MR mappings once the session has no QP: only
+// the session's own QPs (same PD) can hold resolved references into them.
+// Caller holds ss.mu.
+func (ss *session) buryGraves() {
+	if ss.liveQPs != 0 {
+		return
+	}
+	for _, g := range ss.graves {
+		unix.Munmap(g)
+	}
+	ss.graves, ss.graveBytes = nil, 0
 }
 
 func pow2(n uint32) uint32 {
@@ -454,7 +493,8 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	}
 	sqSlots, rqSlots := pow2(c.MaxSendWR), pow2(c.MaxRecvWR)
 	c.MaxSendWR, c.MaxRecvWR = sqSlots, rqSlots
-	c.MaxInline = uint32(proto.SendSlotSize(c)) - 64 // whatever fits the slot is usable inline
+	// Whatever fits the slot is usable inline, up to what the device takes.
+	c.MaxInline = min(uint32(proto.SendSlotSize(c))-64, info.MaxInline)
 
 	ss.mu.Lock()
 	p, okp := ss.pds[req.PD]
@@ -491,6 +531,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	h, err := ss.newHandle()
 	if err == nil {
 		ss.qps[h] = q
+		ss.liveQPs++
 		p.refs++
 		scq.refs++
 		rcq.refs++
@@ -581,6 +622,8 @@ func (ss *session) releaseQP(q *qpObj) error {
 	q.pd.refs--
 	q.send.refs--
 	q.recv.refs--
+	ss.liveQPs--
+	ss.buryGraves()
 	ss.mu.Unlock()
 	return err
 }
@@ -618,11 +661,14 @@ func (ss *session) cleanup() ClientInfo {
 			ss.log.Warn("destroying QP", "qpn", q.qp.QPN(), "err", err)
 		}
 	}
+	ss.mu.Lock()
 	for _, m := range mrs {
 		if err := ss.releaseMR(m); err != nil {
 			ss.log.Warn("deregistering MR", "err", err)
 		}
 	}
+	ss.buryGraves()
+	ss.mu.Unlock()
 	for _, c := range cqs {
 		if err := ss.releaseCQ(c); err != nil {
 			ss.log.Warn("destroying CQ", "err", err)

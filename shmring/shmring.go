@@ -361,6 +361,14 @@ func (c *Consumer) Peek() []byte {
 	return s
 }
 
+// Unpeek steps back over the most recent Peek not yet released, for a
+// consumer that could not act on the slot now and will take it again later.
+func (c *Consumer) Unpeek() {
+	if c.tail > c.released {
+		c.tail--
+	}
+}
+
 // reload refreshes the cached producer index and reports whether there is
 // something to read.
 func (c *Consumer) reload() bool {
