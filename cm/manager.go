@@ -793,6 +793,9 @@ func (m *Manager) giveUp(now clock.Time, c *conn) {
 // source IP of the packet; responses go back there). A malformed MAD is
 // counted and refused with an error; it never panics.
 func (m *Manager) HandleMAD(now clock.Time, from netip.Addr, b []byte) error {
+	if !from.IsValid() {
+		return ErrBadParams // no address to answer to
+	}
 	mad, err := ParseMAD(b)
 	if err != nil {
 		m.stats.Malformed++
