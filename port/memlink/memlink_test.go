@@ -556,3 +556,25 @@ func sizeName(n int) string {
 		return "4KiB"
 	}
 }
+
+func TestExactDelayWithoutJitter(t *testing.T) {
+	vc, a, b := virtualPair(Impairments{Delay: 100 * time.Microsecond}, 1)
+	vc.Set(clock.Time(5 * time.Microsecond))
+	if b.NextDelivery() != clock.Never {
+		t.Fatal("NextDelivery with nothing queued")
+	}
+	a.Send([][]byte{make([]byte, 64)})
+	due := clock.Time(105 * time.Microsecond)
+	if b.NextDelivery() != due || b.InFlight() != 1 {
+		t.Fatalf("NextDelivery %v, want %v", b.NextDelivery(), due)
+	}
+	in := make([][]byte, 1)
+	vc.Set(due - 1)
+	if k, _ := b.Recv(in, 0); k != 0 {
+		t.Fatal("delivered 1 ns early")
+	}
+	vc.Set(due)
+	if k, _ := b.Recv(in, 0); k != 1 || b.NextDelivery() != clock.Never {
+		t.Fatal("not delivered when due")
+	}
+}
