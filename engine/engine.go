@@ -135,13 +135,15 @@ type Config struct {
 	// Quantum is how many packets one QP may send per round-robin visit
 	// (0: 8): large enough to amortise its lock, small enough to be fair.
 	Quantum int
-	// IdleWait bounds how long Run sleeps in the port's Recv when there is
-	// nothing to do, which is also how late a Kick can be noticed when the
-	// port cannot be woken (0: 100 µs).
+	// IdleWait is how long Run naps between polls of the port when there is
+	// nothing to do (0: 50 µs): how late an idle engine sees a frame.
 	IdleWait time.Duration
-	// SpinFor is how long Run keeps polling without sleeping after the last
-	// work it did (0: 50 µs): latency tests pay for a sleep on every turn.
+	// SpinFor is how long Run keeps polling without napping after the last
+	// work it did (0: 50 µs): latency tests pay for a nap on every turn.
 	SpinFor time.Duration
+	// DeepIdleAfter is how long without work before Run sleeps in the
+	// port instead of napping (0: 10 ms).
+	DeepIdleAfter time.Duration
 	// Now is the clock (nil: clock.Now).
 	Now func() clock.Time
 }
@@ -165,7 +167,9 @@ type Engine struct {
 	mu  sync.Mutex // Attach/Detach only
 	tbl atomic.Pointer[table]
 
-	kicked atomic.Bool
+	kicked   atomic.Bool
+	sleeping atomic.Bool
+	kickCh   chan struct{}
 
 	// Owned by the engine goroutine.
 	f       frame.Frame
@@ -193,7 +197,10 @@ func New(cfg Config) (*Engine, error) {
 		cfg.Quantum = 8
 	}
 	if cfg.IdleWait <= 0 {
-		cfg.IdleWait = 100 * time.Microsecond
+		cfg.IdleWait = 50 * time.Microsecond
+	}
+	if cfg.DeepIdleAfter <= 0 {
+		cfg.DeepIdleAfter = 10 * time.Millisecond
 	}
 	if cfg.SpinFor <= 0 {
 		cfg.SpinFor = 50 * time.Microsecond
@@ -205,7 +212,7 @@ func New(cfg Config) (*Engine, error) {
 	if mf < minFrame {
 		return nil, fmt.Errorf("engine: port frames of %d bytes are too small for RoCEv2", mf)
 	}
-	e := &Engine{cfg: cfg, port: cfg.Port, rx: make([][]byte, cfg.Batch),
+	e := &Engine{cfg: cfg, port: cfg.Port, rx: make([][]byte, cfg.Batch), kickCh: make(chan struct{}, 1),
 		bufs: make([][]byte, cfg.Batch), out: make([][]byte, cfg.Batch)}
 	for i := range e.bufs {
 		e.bufs[i] = make([]byte, mf)
@@ -277,9 +284,18 @@ func (e *Engine) Detach(qpn uint32) {
 	e.tbl.Store(nt)
 }
 
-// Kick tells the engine that a QP has new work (a post): it stops sleeping
-// at its next chance. Safe from any goroutine; costs one atomic store.
-func (e *Engine) Kick() { e.kicked.Store(true) }
+// Kick tells the engine that a QP has new work (a post): a napping engine
+// wakes at once. Safe from any goroutine; costs an atomic store, and a
+// channel send only when the engine naps.
+func (e *Engine) Kick() {
+	e.kicked.Store(true)
+	if e.sleeping.Load() {
+		select {
+		case e.kickCh <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // Counters returns the counters as of the last loop iteration.
 func (e *Engine) Counters() Counters {
@@ -290,15 +306,40 @@ func (e *Engine) Counters() Counters {
 
 // Run drives the engine until ctx ends or the port fails. It is the one
 // goroutine that owns the port.
+//
+// Idle policy: after work it keeps polling for SpinFor; then it naps for
+// IdleWait at a time on a timer that a Kick cuts short, polling the port
+// between naps, so that a post is served at once and a frame within
+// IdleWait; after DeepIdleAfter without work it sleeps in the port itself
+// (which only a frame wakes, and AF_XDP's poll(2) only to the millisecond),
+// which costs a Kick up to that long but no CPU.
 func (e *Engine) Run(ctx context.Context) error {
 	lastWork := e.cfg.Now()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
 	for ctx.Err() == nil {
 		now := e.cfg.Now()
 		wait := time.Duration(0)
 		if !e.kicked.Swap(false) && e.pending == 0 && now.Sub(lastWork) > e.cfg.SpinFor {
-			wait = e.cfg.IdleWait
+			nap := e.cfg.IdleWait
 			if dl := e.nextDeadline(); dl != clock.Never {
-				wait = max(0, min(wait, dl.Sub(now)))
+				nap = max(0, min(nap, dl.Sub(now)))
+			}
+			if now.Sub(lastWork) > e.cfg.DeepIdleAfter {
+				wait = nap * 20 // the port's own sleep; rounded up to 1 ms by AF_XDP
+			} else if nap > 0 {
+				e.sleeping.Store(true)
+				if !e.kicked.Load() {
+					timer.Reset(nap)
+					select {
+					case <-e.kickCh:
+					case <-timer.C:
+					case <-ctx.Done():
+					}
+					timer.Stop()
+				}
+				e.sleeping.Store(false)
+				now = e.cfg.Now()
 			}
 		}
 		worked, err := e.Step(now, wait)

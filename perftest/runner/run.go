@@ -281,9 +281,20 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 			q.mu.Lock()
 			src[size-1] = marker
 			q.mu.Unlock()
-			if err := t.post(q, &wr.SendWQE{ID: uint64(i), Opcode: wr.RDMAWrite, SG: [][]byte{src}, Length: uint32(size),
-				RemoteAddr: t.remote[0].VAddr, RKey: t.remote[0].RKey}); err != nil {
+			w := &wr.SendWQE{ID: uint64(i), Opcode: wr.RDMAWrite, SG: [][]byte{src}, Length: uint32(size),
+				RemoteAddr: t.remote[0].VAddr, RKey: t.remote[0].RKey}
+			if i == iters-1 {
+				// write_lat has no closing handshake: the last WRITE must be
+				// acknowledged before this side may go away.
+				w.Flags = wr.Signaled
+			}
+			if err := t.post(q, w); err != nil {
 				return perftest.LatReport{}, err
+			}
+			if i == iters-1 {
+				if err := t.waitSend(q, i); err != nil {
+					return perftest.LatReport{}, err
+				}
 			}
 			if t.client {
 				if err := t.waitMarker(q, size, marker); err != nil {

@@ -1,0 +1,132 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"time"
+
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/route"
+)
+
+// CLIOptions are what `softrnic perf` adds to perftest's parameters.
+type CLIOptions struct {
+	PortKind engine.PortKind // AF_XDP, AF_PACKET or auto
+	// DialFor is how long a client keeps retrying to reach the server's
+	// side channel (perftest gives up at once; a script starting both ends
+	// together is easier with a few seconds).
+	DialFor time.Duration
+	// Listening, when set, is called with the server's address once it
+	// listens (tests use it to start the client).
+	Listening func(net.Addr)
+}
+
+// RunCLI is `softrnic perf`: it opens the device on p.Device in the calling
+// thread's network namespace (an engine on an AF_XDP or AF_PACKET port),
+// then serves one perftest client (p.Host empty) or connects to the server
+// p.Host, runs the test and prints perftest's report, or JSON with --json.
+func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
+	if p.Device == "" {
+		return Result{}, errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
+	}
+	in, err := engine.LookupInterface(p.Device)
+	if err != nil {
+		return Result{}, err
+	}
+	pt, err := engine.OpenPort(in, o.PortKind)
+	if err != nil {
+		return Result{}, fmt.Errorf("perf: open %s: %w", in.Name, err)
+	}
+	defer pt.Close()
+	eng, err := engine.New(engine.Config{Port: pt})
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := route.New()
+	if err != nil {
+		return Result{}, err
+	}
+	defer res.Close()
+	ectx, stop := context.WithCancel(ctx)
+	engDone := make(chan error, 1)
+	go func() { engDone <- eng.Run(ectx) }()
+	defer func() { stop(); <-engDone }()
+
+	h := Host{Engine: eng, Iface: in, NextQPN: QPNAllocator(),
+		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
+			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			n, err := res.Resolve(rctx, peer)
+			if err != nil {
+				return src, dst, err
+			}
+			if n.IfIndex != in.Index {
+				return src, dst, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
+			}
+			copy(src[:], n.SrcMAC)
+			copy(dst[:], n.DstMAC)
+			return src, dst, nil
+		}}
+
+	conn, err := sideChannel(ctx, p, o)
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close()
+	t := New(h, p, p.Host != "", stdout)
+	r, err := t.Exec(ctx, conn)
+	if err != nil {
+		return r, err
+	}
+	if p.JSON {
+		if err := t.JSON().Write(stdout); err != nil {
+			return r, err
+		}
+	}
+	select {
+	case err := <-engDone:
+		engDone <- err
+		if err != nil {
+			return r, fmt.Errorf("perf: engine: %w", err)
+		}
+	default:
+	}
+	return r, nil
+}
+
+// sideChannel accepts one client or dials the server.
+func sideChannel(ctx context.Context, p perftest.Params, o CLIOptions) (net.Conn, error) {
+	port := strconv.Itoa(p.Port)
+	if p.Host == "" {
+		ln, err := net.Listen("tcp", ":"+port)
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		if o.Listening != nil {
+			o.Listening(ln.Addr())
+		}
+		stop := context.AfterFunc(ctx, func() { ln.Close() })
+		defer stop()
+		return ln.Accept()
+	}
+	deadline := time.Now().Add(o.DialFor)
+	for {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(p.Host, port))
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
