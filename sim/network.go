@@ -123,7 +123,8 @@ type flow struct {
 	npAt  clock.Time
 
 	cnpRcvd uint64
-	bins    []int64 // bytes received per throughput bin
+	bins    []int64 // bytes received per 1 ms bin (statistics)
+	tbins   []int64 // bytes received per trace bin, when that is not 1 ms
 }
 
 // net is the simulated network and its clock.
@@ -139,10 +140,11 @@ type net struct {
 	pkts  []packet
 	free  int32
 
-	pktSize   int
-	pfc       bool
-	xoff, xon int64
-	binWidth  clock.Time
+	pktSize    int
+	pfc        bool
+	xoff, xon  int64
+	binWidth   clock.Time // statistics bins: 1 ms
+	traceWidth clock.Time // throughput trace bins
 
 	progress      func(now, end clock.Time)
 	window        [2]clock.Time
@@ -414,6 +416,13 @@ func (n *net) deliver(i int32) {
 			f.bins = append(f.bins, 0)
 		}
 		f.bins[b] += int64(pk.size)
+		if n.traceWidth != n.binWidth {
+			b := int(n.now / n.traceWidth)
+			for len(f.tbins) <= b {
+				f.tbins = append(f.tbins, 0)
+			}
+			f.tbins[b] += int64(pk.size)
+		}
 		if f.size > 0 && f.rcvd >= f.size && f.finish < 0 {
 			f.finish = n.now
 		}

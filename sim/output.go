@@ -20,7 +20,7 @@ const (
 	SummaryFile    = "summary.json"
 	FlowsFile      = "flows.csv"      // t_us,flow,rate_gbps,target_gbps,alpha
 	QueuesFile     = "queues.csv"     // t_us,port,queue_kb
-	ThroughputFile = "throughput.csv" // t_ms,flow,gbps (received, 1 ms bins)
+	ThroughputFile = "throughput.csv" // t_ms,flow,gbps (received, Options.ThroughputBin bins)
 	FigureFile     = "dcqcn.svg"      // throughput, R_C, queue and α panels
 	RatesPlot      = "rates.svg"
 	QueuePlot      = "queue.svg"
@@ -202,8 +202,17 @@ func (r *Result) Figure() plot.Figure {
 	if s.Fluid != nil {
 		qs = append(qs, plot.Series{Name: "fluid model", X: []float64{0, s.DurationMs}, Y: []float64{s.Fluid.QueueMeanKB, s.Fluid.QueueMeanKB}, Dashed: true, Color: "#555555"})
 	}
-	if len(tp) > manySeries {
-		tp, rc, al = spread(tp), spread(rc), spread(al)
+	switch {
+	case s.Scenario == Incast && len(tp) > 2:
+		// The victim (flow 0) on its own, the incast senders as a spread.
+		victim := func(ss []plot.Series) []plot.Series {
+			v := ss[0]
+			v.Name, v.Color = "victim "+t.Flows[0].Name, "#009E73"
+			return append([]plot.Series{v}, spread(ss[1:], "incast")...)
+		}
+		tp, rc, al = victim(tp), victim(rc), victim(al)
+	case len(tp) > manySeries:
+		tp, rc, al = spread(tp, "all"), spread(rc, "all"), spread(al, "all")
 	}
 	title := fmt.Sprintf("DCQCN %s, profile %s, %d flows, %g Gb/s, seed %d", s.Scenario, s.Profile, len(s.Flows), s.LinkGbps, s.Seed)
 	band := []plot.Band{{Lo: fair * 0.95, Hi: fair * 1.05, Label: "fair share ± 5 %"}}
@@ -211,7 +220,7 @@ func (r *Result) Figure() plot.Figure {
 		band = nil
 	}
 	fig := plot.Figure{Title: title, Width: 760, Panels: []plot.Panel{
-		{Title: "(a) received throughput, 1 ms bins", XLabel: "time (ms)", YLabel: "throughput (Gb/s)", Series: tp, HBands: band, VLines: win},
+		{Title: fmt.Sprintf("(a) received throughput, %g ms bins", t.BinMs), XLabel: "time (ms)", YLabel: "throughput (Gb/s)", Series: tp, HBands: band, VLines: win},
 		{Title: "(b) reaction-point rate R_C", XLabel: "time (ms)", YLabel: "R_C (Gb/s)", Series: rc, VLines: win},
 		{Title: "(c) bottleneck queue " + s.Bottleneck, XLabel: "time (ms)", YLabel: "queue (KB)", Series: qs, VLines: win},
 		{Title: "(d) α", XLabel: "time (ms)", YLabel: "α", Series: al, YFixed: true, YMin: 0, YMax: 1, Height: 160},
@@ -261,7 +270,7 @@ const manySeries = 12
 
 // spread summarises many series sharing X (same length) as min, median and
 // max across series at each point; NaNs (flows not running) are skipped.
-func spread(ss []plot.Series) []plot.Series {
+func spread(ss []plot.Series, label string) []plot.Series {
 	if len(ss) == 0 {
 		return ss
 	}
@@ -284,8 +293,8 @@ func spread(ss []plot.Series) []plot.Series {
 	}
 	x := ss[0].X
 	return []plot.Series{
-		{Name: fmt.Sprintf("max of %d flows", len(ss)), X: x, Y: hi, Color: "#D55E00"},
-		{Name: "median", X: x, Y: med, Color: "#000000"},
-		{Name: "min", X: x, Y: lo, Color: "#0072B2"},
+		{Name: fmt.Sprintf("%s %d: max", label, len(ss)), X: x, Y: hi, Color: "#D55E00"},
+		{Name: fmt.Sprintf("%s %d: median", label, len(ss)), X: x, Y: med, Color: "#000000"},
+		{Name: fmt.Sprintf("%s %d: min", label, len(ss)), X: x, Y: lo, Color: "#0072B2"},
 	}
 }

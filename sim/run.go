@@ -75,6 +75,10 @@ type Options struct {
 	// TraceInterval is the period of the rate/α/queue trace rows (10 µs, or
 	// 100 µs above 16 flows); statistics sample the bottleneck every µs.
 	TraceInterval time.Duration
+	// ThroughputBin is the bin of the received-throughput trace (1 ms;
+	// 100 µs for incast, which is over in a few ms). Statistics always use
+	// 1 ms bins.
+	ThroughputBin time.Duration
 	// Progress, if set, is called now and then with the simulated time.
 	Progress func(now, end clock.Time)
 }
@@ -150,7 +154,15 @@ func (o *Options) Defaults() error {
 			o.TraceInterval = 100 * time.Microsecond
 		}
 	}
+	if o.ThroughputBin == 0 {
+		o.ThroughputBin = time.Millisecond
+		if o.Scenario == Incast {
+			o.ThroughputBin = 100 * time.Microsecond
+		}
+	}
 	switch {
+	case o.ThroughputBin < time.Microsecond || o.ThroughputBin > time.Second:
+		return errors.New("sim: throughput bin outside [1µs, 1s]")
 	case o.LinkRate < 0 || o.LinkDelay < 0:
 		return errors.New("sim: negative link rate or delay")
 	case o.PacketSize < 64 || o.PacketSize > 1<<16:
@@ -294,7 +306,7 @@ func build(o *Options) (*net, error) {
 		np = *o.NP
 	}
 	n := &net{free: -1, pktSize: o.PacketSize, pfc: o.PFC, xoff: o.PFCXoff, xon: o.PFCXon,
-		binWidth: clock.Time(time.Millisecond), end: clock.Time(o.Duration), progress: o.Progress}
+		binWidth: clock.Time(time.Millisecond), traceWidth: clock.Time(o.ThroughputBin), end: clock.Time(o.Duration), progress: o.Progress}
 	b := &builder{n: n, o: o, rp: rp, np: np}
 	switch o.Scenario {
 	case TwoFlow, NFlow:

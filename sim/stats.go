@@ -291,15 +291,20 @@ func (n *net) convergence(o *Options) *float64 {
 }
 
 func (n *net) throughput() (binMs float64, tp [][]float64) {
-	nb := int(n.end / n.binWidth)
+	w := n.traceWidth
+	nb := int(n.end / w)
 	for i := range n.flows {
+		bins := n.flows[i].bins
+		if w != n.binWidth {
+			bins = n.flows[i].tbins
+		}
 		row := make([]float64, nb)
-		for b := 0; b < nb && b < len(n.flows[i].bins); b++ {
-			row[b] = float64(n.flows[i].bins[b]) * 8 / float64(n.binWidth)
+		for b := 0; b < nb && b < len(bins); b++ {
+			row[b] = float64(bins[b]) * 8 / float64(w)
 		}
 		tp = append(tp, row)
 	}
-	return float64(n.binWidth) / 1e6, tp
+	return float64(w) / 1e6, tp
 }
 
 // Result is a finished run.
