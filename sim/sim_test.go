@@ -293,3 +293,20 @@ func TestTwoFlowRegressionLock(t *testing.T) {
 		}
 	}
 }
+
+// dcqcn-anchors D2: two flows under HPCC ns-3's Mellanox DCQCN at 100 Gb/s
+// with its ECN map (400 KB / 1600 KB / 20 %): Jain ≥ 0.99, utilisation ≥
+// 0.95. Shortened to 50 ms (window 30–50 ms); the second flow joins at 10 ms.
+func TestTwoFlowHPCCMellanox100G(t *testing.T) {
+	s := mustRun(t, Options{Scenario: TwoFlow, Seed: 1, Profile: "hpcc-mlx", LinkRate: 100 * congestion.Gbps,
+		RED: RED{Kmin: 400_000, Kmax: 1_600_000, Pmax: 0.2}, Duration: 50 * time.Millisecond}).Summary
+	t.Logf("hpcc-mlx @100G: flows %.3f / %.3f Gb/s, Jain %.4f, util %.4f, queue %.1f KB (p5 %.1f p95 %.1f), convergence %v ms, CNPs %d (RP handled %d, ignored %d)",
+		s.Flows[0].MeanGbps, s.Flows[1].MeanGbps, s.Jain, s.Utilization, s.QueueMeanKB, s.QueueP5KB, s.QueueP95KB, deref(s.ConvergenceMs),
+		s.CNPCount, s.Flows[0].CNPHandled+s.Flows[1].CNPHandled, s.Flows[0].CNPIgnored+s.Flows[1].CNPIgnored)
+	if s.Jain < 0.99 || s.Utilization < 0.95 || s.Drops != 0 {
+		t.Errorf("Jain %.4f (≥ 0.99), utilisation %.4f (≥ 0.95), drops %d", s.Jain, s.Utilization, s.Drops)
+	}
+	if s.Flows[0].CNPIgnored == 0 {
+		t.Error("a per-packet NP with a 4 µs monitor period must coalesce some CNPs (rp_cnp_ignored)")
+	}
+}
