@@ -12,15 +12,15 @@ import (
 )
 
 // Defaults, as the Linux rdma_cm uses them on RoCE (cma.c): CM response
-// timeout 20 (≈ 4.3 s), 15 CM retries, packet life time 16 (≈ 268 ms); the
-// target ACK delay rxe advertises is 15; 19 is the local ACK timeout the
-// kernel CM puts in its REQs over rxe.
+// timeout 20 (≈ 4.3 s), 15 CM retries, packet life time 18 (≈ 1.07 s; the
+// 6.1 kernels of the lab and the captures; later kernels use 16); rxe's CA
+// ACK delay is 15. From the last two the kernel derives the local ACK
+// timeout of its REQs: 19 (≈ 2.1 s), as the captures show.
 const (
 	DefaultCMResponseTimeout = 20
 	DefaultMaxCMRetries      = 15
-	DefaultPacketLifeTime    = 16
+	DefaultPacketLifeTime    = 18
 	DefaultTargetACKDelay    = 15
-	DefaultLocalACKTimeout   = 19
 	DefaultHopLimit          = 64
 	permissiveLID            = 0xFFFF
 	defaultPKey              = 0xFFFF
@@ -43,8 +43,9 @@ type Config struct {
 	// PacketLifeTime is the one-way path life time exponent, added twice
 	// to every response timeout; DefaultPacketLifeTime if 0.
 	PacketLifeTime uint8
-	// TargetACKDelay is the ACK delay this side's responder advertises in
-	// its REP; DefaultTargetACKDelay if 0.
+	// TargetACKDelay is this side's CA ACK delay: advertised in its REP and
+	// with PacketLifeTime the base of its REQs' local ACK timeout;
+	// DefaultTargetACKDelay if 0.
 	TargetACKDelay uint8
 }
 
@@ -220,7 +221,7 @@ type ConnectParams struct {
 	ResponderResources     uint8 // READ/atomics we accept at once
 	InitiatorDepth         uint8 // READ/atomics we will have outstanding
 	RetryCount, RNRRetry   uint8 // what the passive side's QP should use
-	LocalACKTimeout        uint8 // DefaultLocalACKTimeout if 0
+	LocalACKTimeout        uint8 // 0: from our CA ACK delay and the packet life time, as the kernel
 	HopLimit, TrafficClass uint8
 	FlowLabel              uint32
 	// RDMACM prefixes PrivateData with an rdma_cm header from Local, Peer
@@ -438,7 +439,7 @@ func (m *Manager) enterTimeWait(now clock.Time, c *conn) {
 	c.state = StateTimeWait
 	t := c.qp.Timeout
 	if t == 0 {
-		t = DefaultLocalACKTimeout
+		t = ackTimeout(m.cfg.TargetACKDelay, m.cfg.PacketLifeTime)
 	}
 	c.deadline = now.Add(Timeout(t) + Timeout(m.cfg.PacketLifeTime))
 }
@@ -472,7 +473,7 @@ func (m *Manager) Connect(now clock.Time, p *ConnectParams) (ConnID, error) {
 	}
 	ackT := p.LocalACKTimeout
 	if ackT == 0 {
-		ackT = DefaultLocalACKTimeout
+		ackT = ackTimeout(m.cfg.TargetACKDelay, m.cfg.PacketLifeTime)
 	}
 	hop := p.HopLimit
 	if hop == 0 {

@@ -193,8 +193,9 @@ func TestActiveAgainstPassiveInMemory(t *testing.T) {
 	if n.a.m.State(id) != StateTimeWait || n.b.m.State(eb.ID) != StateTimeWait {
 		t.Fatal("not in time-wait")
 	}
-	n.advance()
-	n.advance()
+	for n.a.m.Conns()+n.b.m.Conns() > 0 {
+		n.advance()
+	}
 	if n.a.last(EventTimeWaitExit) == nil || n.b.last(EventTimeWaitExit) == nil || n.a.m.Conns()+n.b.m.Conns() != 0 {
 		t.Fatalf("time-wait not left: a %v, b %v", n.a.kinds(), n.b.kinds())
 	}
@@ -211,8 +212,8 @@ func TestREQRetransmittedThenTimeout(t *testing.T) {
 	}
 	n.settle()
 	// Retransmission every CM response timeout (20) plus two packet life
-	// times (16): 4.096 µs × (2^20 + 2 × 2^16).
-	period := Timeout(20) + 2*Timeout(16)
+	// times (18): 4.096 µs × (2^20 + 2 × 2^18).
+	period := Timeout(20) + 2*Timeout(18)
 	for i := 1; i <= 3; i++ {
 		if at := n.advance(); at != start.Add(time.Duration(i)*period) {
 			t.Fatalf("retransmission %d at %v, want %v", i, at, start.Add(time.Duration(i)*period))
@@ -284,7 +285,7 @@ func TestWrongAddressOrMissingCMAHeaderRejected(t *testing.T) {
 func TestLostREPIsResentOnDuplicateREQ(t *testing.T) {
 	// B's longer packet life time makes its REP timer fire after A's REQ
 	// timer, so that the duplicate REQ is what brings the REP back.
-	n := newNet(t, Config{}, Config{PacketLifeTime: 18})
+	n := newNet(t, Config{}, Config{PacketLifeTime: 20})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
 	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
 	lost := false
@@ -434,7 +435,7 @@ func TestMRAStopsREQRetriesAndIsRepeated(t *testing.T) {
 		t.Fatalf("active state %v", n.a.m.State(id))
 	}
 	// A now waits the service timeout plus a round trip before its retry.
-	want := n.now.Add(Timeout(24) + 2*Timeout(16))
+	want := n.now.Add(Timeout(24) + 2*Timeout(18))
 	if d := n.a.m.NextDeadline(); d != want {
 		t.Fatalf("A's next retry at %v, want %v", d, want)
 	}

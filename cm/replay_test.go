@@ -244,10 +244,10 @@ func TestActiveSideReplaysCaptures(t *testing.T) {
 				t.Fatalf("after REP: %+v", ev)
 			}
 			// Kernel rule: ack timeout from the REP's target ACK delay (15)
-			// and the path's life time (16): max(15, 17) = 17, +1 as 15 is
-			// not within a factor two of 2^17.
-			if ev.QP.Timeout != 17 {
-				t.Errorf("local ACK timeout %d, want 17", ev.QP.Timeout)
+			// and twice the path's life time (18, so 2^19): the delay is
+			// not within a factor two of the round trip, so 19.
+			if ev.QP.Timeout != 19 {
+				t.Errorf("local ACK timeout %d, want 19", ev.QP.Timeout)
 			}
 			s = one(t, "sends after REP", sends)
 			gotRTU := patchComm(MAD(s.MAD[:]), 0, ConnID(want.LocalCommID))
