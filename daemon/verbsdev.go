@@ -1,0 +1,295 @@
+package daemon
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// VerbsDevice serves a verbs.Device (the real device model, driven by an
+// engine goroutine on a port) to daemon clients: it is the small adapter
+// between the daemon's Device interface and package verbs.
+type VerbsDevice struct {
+	dev  *verbs.Device
+	name string
+	// resolveMAC finds the Ethernet address of a peer's IP address (the
+	// neighbour table), for RC/UC connections and UD address handles.
+	resolveMAC func(netip.Addr) ([6]byte, error)
+}
+
+var _ Device = (*VerbsDevice)(nil)
+
+// NewVerbsDevice wraps dev, named name (the interface), with resolveMAC to
+// turn a destination GID into a MAC address.
+func NewVerbsDevice(dev *verbs.Device, name string, resolveMAC func(netip.Addr) ([6]byte, error)) *VerbsDevice {
+	return &VerbsDevice{dev: dev, name: name, resolveMAC: resolveMAC}
+}
+
+// Info implements Device.
+func (v *VerbsDevice) Info() proto.DeviceInfo {
+	cfg := v.dev.Config()
+	var in proto.DeviceInfo
+	copy(in.Name[:], v.name)
+	mac := cfg.MAC
+	// EUI-64 from the MAC, as rxe derives its node GUID.
+	in.NodeGUID = uint64(mac[0]^2)<<56 | uint64(mac[1])<<48 | uint64(mac[2])<<40 | 0xff<<32 | 0xfe<<24 |
+		uint64(mac[3])<<16 | uint64(mac[4])<<8 | uint64(mac[5])
+	in.MaxQP, in.MaxCQ, in.MaxMR, in.MaxPD = 1<<16, 1<<16, 1<<20, 1<<16
+	in.MaxQPWR, in.MaxCQE, in.MaxSGE, in.MaxInline = verbs.MaxQPWR, 1<<20, verbs.MaxSGE, verbs.MaxInline
+	in.MaxMRSize, in.ActiveMTU, in.PortActive = verbs.MaxMsgSize, uint32(cfg.PortMTU), 1
+	for i, a := range cfg.Addrs {
+		if i == len(in.GIDs) {
+			break
+		}
+		in.GIDs[i] = a.As16()
+		in.NumGIDs++
+	}
+	return in
+}
+
+// AllocPD implements Device.
+func (v *VerbsDevice) AllocPD() (PD, error) { return &verbsPD{v: v, pd: v.dev.AllocPD()}, nil }
+
+type verbsPD struct {
+	v  *VerbsDevice
+	pd *verbs.PD
+}
+
+func (p *verbsPD) Dealloc() error { return nil }
+
+func (p *verbsPD) RegMR(mem []byte, iova uint64, access wr.Access) (MR, error) {
+	m, err := p.pd.RegMRIOVA(mem, iova, access)
+	if err != nil {
+		return nil, err
+	}
+	return verbsMR{m}, nil
+}
+
+type verbsMR struct{ m *verbs.MR }
+
+func (m verbsMR) LKey() uint32      { return m.m.LKey() }
+func (m verbsMR) RKey() uint32      { return m.m.RKey() }
+func (m verbsMR) Deregister() error { m.m.Dereg(); return nil }
+
+// CreateCQ implements Device. verbs signals new completions on a channel;
+// one goroutine per CQ turns that into the pump's notify call (it blocks on
+// the channel, so an idle CQ costs nothing).
+func (v *VerbsDevice) CreateCQ(depth int, notify func()) (CQ, error) {
+	c := &verbsCQ{cq: v.dev.CreateCQ(depth), stop: make(chan struct{})}
+	go func() {
+		for {
+			select {
+			case <-c.cq.Notify():
+				notify()
+			case <-c.stop:
+				return
+			}
+		}
+	}()
+	return c, nil
+}
+
+type verbsCQ struct {
+	cq   *verbs.CQ
+	stop chan struct{}
+}
+
+func (c *verbsCQ) Poll(wcs []wr.WC) int { return c.cq.Poll(wcs) }
+func (c *verbsCQ) Destroy() error      { close(c.stop); return nil }
+
+func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ CQ, sigAll bool) (QP, error) {
+	t := verbs.RC
+	switch typ {
+	case proto.RC:
+	case proto.UD:
+		t = verbs.UD
+	default:
+		return nil, verbs.ErrInvalid
+	}
+	sge := max(caps.MaxSendSGE, caps.MaxRecvSGE)
+	q, err := p.pd.CreateQP(verbs.QPInitAttr{Type: t, SendCQ: sendCQ.(*verbsCQ).cq, RecvCQ: recvCQ.(*verbsCQ).cq,
+		MaxSendWR: int(caps.MaxSendWR), MaxRecvWR: int(caps.MaxRecvWR), MaxSGE: int(sge), MaxInline: int(caps.MaxInline), SigAll: sigAll})
+	if err != nil {
+		return nil, err
+	}
+	return &verbsQP{p: p, q: q, sg: make([]verbs.SGE, 0, sge), ahs: map[[16]byte]*verbs.AH{}}, nil
+}
+
+// verbsQP adapts one verbs QP. PostSend and PostRecv run on the pump
+// goroutine only, so their scratch needs no lock; mu guards attr, which
+// Modify and Query (client goroutines) share.
+type verbsQP struct {
+	p    *verbsPD
+	q    *verbs.QP
+	mu   sync.Mutex
+	attr proto.QPAttr
+
+	swr  [1]verbs.SendWR
+	rwr  [1]verbs.RecvWR
+	sg   []verbs.SGE
+	ahs  map[[16]byte]*verbs.AH // UD address handles by destination GID
+	sgid uint8
+}
+
+func (q *verbsQP) QPN() uint32 { return q.q.QPN() }
+
+func (q *verbsQP) Modify(a *proto.QPAttr, mask proto.QPAttrMask) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	to := verbs.State(q.q.State())
+	if mask&proto.AttrState != 0 {
+		to = verbs.State(a.State)
+	}
+	va := verbs.Attr{Access: a.Access, QKey: a.QKey, PathMTU: int(a.PathMTU), DestQPN: a.DestQPN, RQPSN: a.RQPSN,
+		MaxDestRdAtomic: int(a.MaxDestRdAtomic), MinRNRTimer: a.MinRNRTimer, SQPSN: a.SQPSN, Timeout: a.Timeout,
+		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MaxRdAtomic: int(a.MaxRdAtomic)}
+	if mask&proto.AttrAV != 0 || to == verbs.RTR {
+		dst := netip.AddrFrom16(a.DGID).Unmap()
+		va.AV = verbs.AddressVector{DestIP: dst, SGIDIndex: int(a.SGIDIndex), TrafficClass: a.TrafficClass, HopLimit: a.HopLimit, FlowLabel: a.FlowLabel}
+		if q.q.Type() != verbs.UD && to == verbs.RTR {
+			mac, err := q.p.v.resolveMAC(dst)
+			if err != nil {
+				return err
+			}
+			va.AV.DestMAC = mac
+		}
+	}
+	if err := q.q.Modify(to, &va); err != nil {
+		return err
+	}
+	q.sgid = a.SGIDIndex
+	mergeAttr(&q.attr, a, mask)
+	q.attr.State = proto.QPState(to)
+	return nil
+}
+
+// mergeAttr copies the fields of a that mask names into dst, so that Query
+// reports every attribute as last set (ibv_query_qp).
+func mergeAttr(dst, a *proto.QPAttr, m proto.QPAttrMask) {
+	if m&proto.AttrAccessFlags != 0 {
+		dst.Access = a.Access
+	}
+	if m&proto.AttrPKeyIndex != 0 {
+		dst.PKeyIndex = a.PKeyIndex
+	}
+	if m&proto.AttrQKey != 0 {
+		dst.QKey = a.QKey
+	}
+	if m&proto.AttrAV != 0 {
+		dst.DGID, dst.SGIDIndex, dst.HopLimit, dst.TrafficClass, dst.FlowLabel = a.DGID, a.SGIDIndex, a.HopLimit, a.TrafficClass, a.FlowLabel
+	}
+	if m&proto.AttrPathMTU != 0 {
+		dst.PathMTU = a.PathMTU
+	}
+	if m&proto.AttrTimeout != 0 {
+		dst.Timeout = a.Timeout
+	}
+	if m&proto.AttrRetryCnt != 0 {
+		dst.RetryCnt = a.RetryCnt
+	}
+	if m&proto.AttrRNRRetry != 0 {
+		dst.RNRRetry = a.RNRRetry
+	}
+	if m&proto.AttrRQPSN != 0 {
+		dst.RQPSN = a.RQPSN
+	}
+	if m&proto.AttrMaxQPRdAtomic != 0 {
+		dst.MaxRdAtomic = a.MaxRdAtomic
+	}
+	if m&proto.AttrMinRNRTimer != 0 {
+		dst.MinRNRTimer = a.MinRNRTimer
+	}
+	if m&proto.AttrSQPSN != 0 {
+		dst.SQPSN = a.SQPSN
+	}
+	if m&proto.AttrMaxDestRdAtomc != 0 {
+		dst.MaxDestRdAtomic = a.MaxDestRdAtomic
+	}
+	if m&proto.AttrDestQPN != 0 {
+		dst.DestQPN = a.DestQPN
+	}
+}
+
+func (q *verbsQP) Query() (proto.QPAttr, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	a := q.attr
+	a.State = proto.QPState(q.q.State()) // it may have gone to ERR by itself
+	return a, nil
+}
+
+func (q *verbsQP) convertSG(sg []proto.SGE) []verbs.SGE {
+	out := q.sg[:0]
+	for _, e := range sg {
+		out = append(out, verbs.SGE{Addr: e.Addr, Length: e.Length, LKey: e.LKey})
+	}
+	q.sg = out
+	return out
+}
+
+func (q *verbsQP) PostSend(w *proto.SendWR) error {
+	s := &q.swr[0]
+	*s = verbs.SendWR{ID: w.ID, Opcode: w.Opcode, Flags: w.Flags, InlineData: w.Inline, Imm: w.Imm, InvRKey: w.InvRKey,
+		RemoteAddr: w.RemoteAddr, RKey: w.RKey, RemoteQPN: w.RemoteQPN, RemoteQKey: w.QKey}
+	if w.Flags&wr.Inline == 0 {
+		s.SG = q.convertSG(w.SG)
+	}
+	switch w.Opcode {
+	case wr.AtomicCmpAndSwp:
+		s.CompareAdd, s.Swap = w.Compare, w.SwapAdd
+	case wr.AtomicFetchAndAdd:
+		s.CompareAdd = w.SwapAdd
+	}
+	if q.q.Type() == verbs.UD {
+		ah, err := q.ah(w.DGID)
+		if err != nil {
+			return err
+		}
+		s.AH = ah
+	}
+	_, err := q.q.PostSend(q.swr[:]...)
+	if errors.Is(err, verbs.ErrQueueFull) {
+		return ErrQueueFull
+	}
+	return err
+}
+
+// ah returns the cached address handle for a UD destination, creating it
+// (and resolving the MAC) the first time.
+func (q *verbsQP) ah(gid [16]byte) (*verbs.AH, error) {
+	if ah, ok := q.ahs[gid]; ok {
+		return ah, nil
+	}
+	dst := netip.AddrFrom16(gid).Unmap()
+	mac, err := q.p.v.resolveMAC(dst)
+	if err != nil {
+		return nil, err
+	}
+	ah, err := q.p.pd.CreateAH(verbs.AddressVector{DestMAC: mac, DestIP: dst, SGIDIndex: int(q.sgid)})
+	if err != nil {
+		return nil, err
+	}
+	if len(q.ahs) >= 4096 {
+		clear(q.ahs) // bound the cache a client can make the daemon hold
+	}
+	q.ahs[gid] = ah
+	return ah, nil
+}
+
+func (q *verbsQP) PostRecv(w *proto.RecvWR) error {
+	q.rwr[0] = verbs.RecvWR{ID: w.ID, SG: q.convertSG(w.SG)}
+	_, err := q.q.PostRecv(q.rwr[:]...)
+	if errors.Is(err, verbs.ErrQueueFull) {
+		return ErrQueueFull
+	}
+	return err
+}
+
+func (q *verbsQP) Destroy() error {
+	q.q.Destroy()
+	return nil
+}

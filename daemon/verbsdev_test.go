@@ -1,0 +1,222 @@
+package daemon_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+var (
+	macA, macB   = [6]byte{2, 0, 0, 0, 0, 0xa}, [6]byte{2, 0, 0, 0, 0, 0xb}
+	addrA, addrB = netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("192.0.2.11")
+)
+
+// shuttle is the wire and the engine of two verbs devices: it moves every
+// frame one device transmits to the other and runs their timers. Frames are
+// real RoCEv2 frames with ICRCs, checked by the receiving device.
+func shuttle(ctx context.Context, a, b *verbs.Device) {
+	out := make([][]byte, 32)
+	for i := range out {
+		out[i] = make([]byte, 0, 9000)
+	}
+	idle := time.NewTimer(time.Hour)
+	for ctx.Err() == nil {
+		now := clock.Now()
+		work := false
+		for _, p := range [][2]*verbs.Device{{a, b}, {b, a}} {
+			if n := p[0].Transmit(now, out); n > 0 {
+				p[1].Receive(now, out[:n])
+				work = true
+			}
+			p[0].Expire(now)
+		}
+		if !work {
+			idle.Reset(100 * time.Microsecond)
+			select {
+			case <-a.Doorbell():
+			case <-b.Doorbell():
+			case <-idle.C:
+			case <-ctx.Done():
+			}
+		}
+	}
+}
+
+// A client process's memory, registered through the daemon's verbs device,
+// is written and read by a peer RNIC with RDMA WRITE and READ; the peer's
+// wrong rkey gets a remote access error and writes nothing.
+func TestVerbsDeviceThroughDaemon(t *testing.T) {
+	devA, err := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
+	macs := map[netip.Addr][6]byte{addrA: macA, addrB: macB}
+	resolve := func(a netip.Addr) ([6]byte, error) {
+		m, ok := macs[a]
+		if !ok {
+			return m, fmt.Errorf("no neighbour %v", a)
+		}
+		return m, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { shuttle(ctx, devA, devB); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "veth-a", resolve), daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ctl.sock")
+	if err := srv.Listen(path); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve()
+	t.Cleanup(func() { srv.Close(time.Second) })
+
+	// The client side: memory, MR, CQ, RC QP, all through the daemon.
+	c, err := client.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if info := c.Info(); info.NumGIDs != 1 || netip.AddrFrom16(info.GIDs[0]).Unmap() != addrA || info.ActiveMTU != 1024 {
+		t.Fatalf("device info %+v", info)
+	}
+	pd, _ := c.AllocPD()
+	mem, _ := client.AllocMem(1 << 16)
+	defer mem.Free()
+	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, _ := c.CreateCQ(64)
+	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The peer: an application on device B, in-process verbs.
+	pdB := devB.AllocPD()
+	bufB := make([]byte, 1<<16)
+	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	cqB := devB.CreateCQ(64)
+	qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 64, MaxRecvWR: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Connect: the client with proto attributes, the peer with verbs ones.
+	gidB := addrB.As16()
+	steps := []struct {
+		a proto.QPAttr
+		m proto.QPAttrMask
+	}{
+		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), RQPSN: 500, DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4, MinRNRTimer: 12}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
+		{proto.QPAttr{State: proto.RTS, SQPSN: 700, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}, proto.AttrState | proto.AttrSQPSN | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrMaxQPRdAtomic},
+	}
+	for _, s := range steps {
+		if err := qp.Modify(&s.a, s.m); err != nil {
+			t.Fatalf("client QP to %v: %v", s.a.State, err)
+		}
+	}
+	if err := qpB.Modify(verbs.Init, &verbs.Attr{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, RQPSN: 700, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := qpB.Modify(verbs.RTS, &verbs.Attr{SQPSN: 500, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+		t.Fatal(err)
+	}
+	waitB := func() verbs.WC {
+		t.Helper()
+		var wcs [1]verbs.WC
+		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer wcancel()
+		if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
+			t.Fatal("peer: no completion")
+		}
+		return wcs[0]
+	}
+	waitClient := func() wr.WC {
+		t.Helper()
+		var wcs [1]wr.WC
+		deadline := time.Now().Add(10 * time.Second)
+		for cq.Poll(wcs[:]) == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("client: no completion")
+			}
+			cq.Wait(50 * time.Millisecond)
+		}
+		return wcs[0]
+	}
+
+	// RDMA WRITE from the peer lands in the client's own buffer: 3000
+	// bytes, three packets at MTU 1024.
+	msg := bytes.Repeat([]byte("remote write into client memory. "), 100)[:3000]
+	copy(bufB, msg)
+	if _, err := qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitB(); wc.Status != verbs.Success {
+		t.Fatalf("peer WRITE: %v", wc.Status)
+	}
+	if !bytes.Equal(mem.Bytes()[4096:7096], msg) {
+		t.Fatal("client memory does not hold the written data")
+	}
+
+	// RDMA READ by the peer from the client's buffer.
+	copy(mem.Bytes()[20000:], "the client's answer")
+	if _, err := qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMARead, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA() + 8192, Length: 19, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 20000, RKey: mr.RKey}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitB(); wc.Status != verbs.Success || string(bufB[8192:8211]) != "the client's answer" {
+		t.Fatalf("peer READ: %v %q", wc.Status, bufB[8192:8211])
+	}
+
+	// The client SENDs through its shared-memory SQ; the peer receives.
+	qpB.PostRecv(verbs.RecvWR{ID: 3, SG: []verbs.SGE{{Addr: mrB.IOVA() + 30000, Length: 100, LKey: mrB.LKey()}}})
+	copy(mem.Bytes()[100:], "hello from the client process")
+	if _, err := qp.PostSend(&proto.SendWR{ID: 4, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(100, 29)}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitClient(); wc.ID != 4 || wc.Status != wr.Success {
+		t.Fatalf("client SEND: %+v", wc)
+	}
+	if wc := waitB(); wc.ID != 3 || wc.Status != verbs.Success || string(bufB[30000:30029]) != "hello from the client process" {
+		t.Fatalf("peer RECV: %+v %q", wc, bufB[30000:30029])
+	}
+
+	// A wrong rkey: remote access error at the peer, nothing written.
+	before := append([]byte(nil), mem.Bytes()...)
+	qpB.PostSend(verbs.SendWR{ID: 5, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a})
+	if wc := waitB(); wc.Status != verbs.RemAccessErr {
+		t.Fatalf("wrong rkey: %v", wc.Status)
+	}
+	if !bytes.Equal(mem.Bytes(), before) {
+		t.Fatal("a write with a wrong rkey changed client memory")
+	}
+	attr, err := qp.Query()
+	if err != nil || attr.DestQPN != qpB.QPN() || attr.SQPSN != 700 || attr.RQPSN != 500 || attr.PathMTU != 1024 || attr.DGID != [16]byte(gidB[:]) {
+		t.Fatalf("query %+v %v", attr, err)
+	}
+}
