@@ -21,7 +21,8 @@ import (
 //
 // The zero Pacer (Burst 0) sends one packet at a time at the exact rate.
 type Pacer struct {
-	// Burst is how many bytes may leave back to back after an idle period.
+	// Burst is how many bytes may leave back to back after an idle period
+	// on top of the first packet (a bucket of depth Burst plus one packet).
 	// 0 means strict pacing: a packet may go when the previous one's time
 	// at the current rate has elapsed.
 	Burst int
