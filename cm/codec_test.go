@@ -359,3 +359,16 @@ func TestParseMADRejects(t *testing.T) {
 		t.Error("255-byte MAD accepted")
 	}
 }
+
+func TestMTUConversions(t *testing.T) {
+	for e, b := range map[uint8]int{1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096, 0: 0, 6: 0} {
+		if MTUBytes(e) != b {
+			t.Errorf("MTUBytes(%d) = %d, want %d", e, MTUBytes(e), b)
+		}
+	}
+	for b, e := range map[int]uint8{4096: 5, 4200: 5, 1500: 3, 1024: 3, 255: 0, 256: 1} {
+		if MTUEnum(b) != e {
+			t.Errorf("MTUEnum(%d) = %d, want %d", b, MTUEnum(b), e)
+		}
+	}
+}

@@ -198,3 +198,23 @@ func b2u(v bool) uint8 {
 	}
 	return 0
 }
+
+// MTUBytes converts an IB MTU enum (PathMTU of a REQ or QPAttr: 1=256 …
+// 5=4096) to bytes, 0 for an invalid enum.
+func MTUBytes(mtu uint8) int {
+	if mtu < 1 || mtu > 5 {
+		return 0
+	}
+	return 128 << mtu
+}
+
+// MTUEnum converts a path MTU in bytes to its IB enum: the largest IB MTU
+// not above bytes (0 below 256).
+func MTUEnum(bytes int) uint8 {
+	for e := uint8(5); e >= 1; e-- {
+		if MTUBytes(e) <= bytes {
+			return e
+		}
+	}
+	return 0
+}
