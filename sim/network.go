@@ -195,12 +195,19 @@ func (n *net) dequeue(q *fifo) int32 {
 
 // run fires events in (time, sequence) order until end.
 func (n *net) run() {
+	n.runUntil()
+	n.now = n.end
+}
+
+// runUntil fires the events due at or before end and leaves later ones
+// queued, so a run can be continued by raising end.
+func (n *net) runUntil() {
 	const progressEvery = 1 << 16
 	for n.h.len() > 0 {
-		e := n.h.pop()
-		if e.at > n.end {
+		if n.h.ev[0].at > n.end {
 			break
 		}
+		e := n.h.pop()
 		n.now = e.at
 		n.events++
 		if n.progress != nil && n.events%progressEvery == 0 {
@@ -208,7 +215,6 @@ func (n *net) run() {
 		}
 		n.dispatch(&e)
 	}
-	n.now = n.end
 }
 
 func (n *net) dispatch(e *event) {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 )
@@ -308,5 +309,37 @@ func TestTwoFlowHPCCMellanox100G(t *testing.T) {
 	}
 	if s.Flows[0].CNPIgnored == 0 {
 		t.Error("a per-packet NP with a 4 µs monitor period must coalesce some CNPs (rp_cnp_ignored)")
+	}
+}
+
+// The event loop allocates nothing per packet once warm: the packet slab,
+// the event heap and the FIFOs recycle their slots. Only the per-ms
+// throughput bins and trace rows grow (amortised), so a millisecond of two
+// saturated 40 Gb/s flows (~25,000 events) may allocate at most a few times.
+func TestEventLoopAllocations(t *testing.T) {
+	o := Options{Scenario: TwoFlow, Seed: 1, Duration: time.Hour, TraceInterval: time.Second}
+	if err := o.Defaults(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := build(&o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.startSampler(clock.Time(o.TraceInterval))
+	ms := clock.Time(time.Millisecond)
+	n.end = 20 * ms // both flows running, heap and slab at working size
+	n.runUntil()
+	before := n.events
+	allocs := testing.AllocsPerRun(20, func() {
+		n.end += ms
+		n.runUntil()
+	})
+	perMs := float64(n.events-before) / 21
+	t.Logf("%.0f events per simulated ms, %.2f allocations per ms", perMs, allocs)
+	if perMs < 10000 {
+		t.Fatalf("only %.0f events per ms: the flows are not running", perMs)
+	}
+	if allocs > 4 {
+		t.Fatalf("%.2f allocations per simulated ms (%.0f events): something allocates per packet", allocs, perMs)
 	}
 }
