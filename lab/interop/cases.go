@@ -24,7 +24,16 @@ type Case struct {
 	// Loss is the percentage of frames netem drops on every guest's egress
 	// during the case; with Expect "loss" the case must show recovery
 	// (NAKs, retransmissions or duplicates in the rxe counters).
-	Loss   int
+	Loss int
+	// Corrupt is the percentage of RoCEv2 frames leaving the case's guests
+	// whose first byte after the BTH an nftables rule on the guests' taps
+	// overwrites, so that the receiver must find a bad ICRC. The receiver
+	// must then drop them and recover like loss (expect=loss), or, in the
+	// self-check, the lab's checks must notice (expect=detect).
+	Corrupt int
+	// Expect is "" (clean run), "loss" (must complete and show recovery in
+	// rxe's counters) or "detect" (the lab's own checks must report a
+	// problem: a negative test of the lab itself).
 	Expect string
 	// Allow lists rxe counters that may move without failing the case. It
 	// exists for tools whose RC retransmission timeout cannot be raised
@@ -196,9 +205,14 @@ func (c *Case) setAttrs(s string) error {
 				}
 				c.Allow[n] = true
 			}
+		case "corrupt":
+			c.Corrupt, err = strconv.Atoi(v)
+			if err == nil && (c.Corrupt <= 0 || c.Corrupt > 50) {
+				err = fmt.Errorf("corrupt %d%% out of (0, 50]", c.Corrupt)
+			}
 		case "expect":
-			if v != "loss" {
-				err = fmt.Errorf("expect %q: only \"loss\" is known", v)
+			if v != "loss" && v != "detect" {
+				err = fmt.Errorf("expect %q: \"loss\" or \"detect\"", v)
 			}
 			c.Expect = v
 		default:
@@ -208,8 +222,8 @@ func (c *Case) setAttrs(s string) error {
 			return err
 		}
 	}
-	if c.Expect == "loss" && c.Loss == 0 {
-		return fmt.Errorf("expect=loss without loss=PCT")
+	if c.Expect != "" && c.Loss == 0 && c.Corrupt == 0 {
+		return fmt.Errorf("expect=%s without loss=PCT or corrupt=PCT", c.Expect)
 	}
 	return nil
 }

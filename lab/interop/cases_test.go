@@ -155,6 +155,12 @@ func TestCheckCounters(t *testing.T) {
 	if p, _ := CheckCounters(Counters{}, "[ 1.0] rdma_rxe: bad ICRC from 10.77.0.254\n", false, nil); len(p) != 1 {
 		t.Fatalf("ICRC message not caught: %q", p)
 	}
+	if p, _ := CheckCounters(Counters{}, "[ 2.0] rdma_rxe: no qp matches qpn 0x99\n", false, nil); len(p) != 1 {
+		t.Fatalf("unknown-QP drop not caught: %q", p)
+	}
+	if p, _ := CheckCounters(Counters{}, "[ 2.0] eth0 speed is unknown, defaulting to 1000\n", false, nil); len(p) != 0 {
+		t.Fatalf("benign kernel message reported: %q", p)
+	}
 	if _, err := ParseCounters(strings.NewReader("sent_pkts x\n")); err == nil {
 		t.Fatal("bad counter value accepted")
 	}

@@ -53,9 +53,12 @@ var recoveryCounters = []string{"rcvd_seq_err", "completer_retry_err", "out_of_s
 // sends).
 var fatalCounters = []string{"retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "link_downed", "rcvd_rnr_err", "send_rnr_err"}
 
-// icrcMessage matches what rxe logs when it drops a packet for a bad ICRC;
-// rxe (6.1) has no ICRC counter, so the kernel log is where it shows.
-var icrcMessage = regexp.MustCompile(`(?i)\bicrc\b`)
+// rxeDropMessage matches what rxe logs (pr_warn_ratelimited in
+// rxe_recv.c/rxe_icrc.c) when it drops a received packet: a bad ICRC
+// ("bad ICRC from ADDR"), a packet for no QP ("no qp matches qpn"), or one
+// addressed to a GID it does not have ("failed matching dgid"). rxe 6.1 has
+// no counter for these, so the kernel log is where they show.
+var rxeDropMessage = regexp.MustCompile(`(?i)\bicrc\b|no qp matches|failed matching dgid`)
 
 // CheckCounters judges one guest's counter deltas and kernel log for a case.
 // It returns the problems found (none means the rxe side is clean) and the
@@ -74,7 +77,7 @@ func CheckCounters(d Counters, dmesg string, expectLoss bool, allow map[string]b
 		}
 	}
 	for _, l := range strings.Split(dmesg, "\n") {
-		if icrcMessage.MatchString(l) {
+		if rxeDropMessage.MatchString(l) {
 			problems = append(problems, "kernel: "+strings.TrimSpace(l))
 			break
 		}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -37,6 +38,9 @@ type HostJob struct {
 	out   string
 	limit time.Duration
 	ready string
+	// timedOut is set when the case's limit killed the job: Wait then
+	// reports 124 as timeout(1) does in the guest.
+	timedOut atomic.Bool
 }
 
 func startHost(ns, outPath, shellCmd string, env []string, c *Case, ready string) (*HostJob, error) {
@@ -63,6 +67,7 @@ func startHost(ns, outPath, shellCmd string, env []string, c *Case, ready string
 		select {
 		case <-j.done:
 		case <-time.After(c.Timeout):
+			j.timedOut.Store(true)
 			j.Kill()
 		}
 	}()
@@ -126,6 +131,9 @@ func (j *HostJob) Wait() (int, error) {
 	case <-time.After(j.limit + 10*time.Second):
 		j.Kill()
 		<-j.done
+	}
+	if j.timedOut.Load() {
+		return 124, nil
 	}
 	return j.cmd.ProcessState.ExitCode(), nil
 }

@@ -282,6 +282,16 @@ func (l *Lab) Run(c *Case) (r result) {
 			return r
 		}
 	}
+	if c.Corrupt > 0 {
+		if err := l.corrupt(c); err != nil {
+			fail("corrupt: %v", err)
+			if capture != nil {
+				capture.Stop()
+			}
+			return r
+		}
+		defer nsExec(l.ns, "nft", "delete", "table", "netdev", "labcorrupt")
+	}
 	ready := c.Ready
 	if ready == "" {
 		ready = "delay:1"
@@ -317,12 +327,18 @@ func (l *Lab) Run(c *Case) (r result) {
 	if capture != nil {
 		capture.Stop()
 	}
+	status := func(rc int) string {
+		if rc == 124 { // timeout(1)'s status, and what our host side mimics
+			return fmt.Sprintf("timed out after %v", c.Timeout)
+		}
+		return fmt.Sprintf("exit %d", rc)
+	}
 	if cli != nil && crc != 0 {
-		fail("client (%s) exit %d", c.Client.Peer, crc)
+		fail("client (%s) %s", c.Client.Peer, status(crc))
 		r.detail = append(r.detail, tail("client: ", cli.Output(), 6)...)
 	}
 	if src != 0 {
-		fail("server (%s) exit %d", c.Server.Peer, src)
+		fail("server (%s) %s", c.Server.Peer, status(src))
 		r.detail = append(r.detail, tail("server: ", srv.Output(), 6)...)
 	}
 
@@ -372,8 +388,43 @@ func (l *Lab) Run(c *Case) (r result) {
 			fail("guest %s died (see %s)", g.Name, filepath.Join(g.Share, "console.log"))
 		}
 	}
+	if c.Expect == "detect" && !r.fatal {
+		// A negative test of the lab: the checks must have caught the damage.
+		if len(r.why) == 0 {
+			r.why = []string{fmt.Sprintf("%d%% of frames corrupted and no check noticed", c.Corrupt)}
+		} else {
+			r.note = "  (detected: " + strings.Join(r.why, "; ") + ")"
+			r.why, r.detail = nil, nil
+		}
+	}
 	r.ok = len(r.why) == 0
 	return r
+}
+
+// corrupt installs an nftables rule on the taps of the case's guests that
+// overwrites the first byte after the BTH of c.Corrupt percent of the RoCEv2
+// frames those guests send (UDP checksum is 0 on RoCEv2, so only the ICRC
+// can tell). Frames are mangled on the tap's ingress, before the bridge and
+// before captures, so captures show the damaged frames.
+func (l *Lab) corrupt(c *Case) error {
+	var b strings.Builder
+	b.WriteString("table netdev labcorrupt {\n")
+	for i, s := range []Side{c.Server, c.Client} {
+		g, ok := l.byPeer[s.Peer]
+		if !ok {
+			continue
+		}
+		fmt.Fprintf(&b, "  chain c%d {\n    type filter hook ingress device %q priority 0;\n", i, g.Tap)
+		// @th,160,8: transport header + 20 bytes = UDP (8) + BTH (12).
+		fmt.Fprintf(&b, "    udp dport 4791 numgen random mod 100 < %d @th,160,8 set 0x5a\n  }\n", c.Corrupt)
+	}
+	b.WriteString("}\n")
+	cmd := exec.Command("ip", "netns", "exec", l.ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // stopSoon ends a job after grace unless it ends by itself first.
