@@ -200,7 +200,7 @@ func open(kind string, l *netnstest.Link) (p port.Port, mode string, err error) 
 			if err != nil {
 				return err
 			}
-			mode, p = "recvmmsg/sendmmsg", a
+			mode, p = "TPACKET_V2 ring, sendmmsg", a
 		default:
 			return fmt.Errorf("unknown port %q", kind)
 		}

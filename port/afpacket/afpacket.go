@@ -4,21 +4,26 @@
 // A plain UDP socket cannot carry RoCEv2: the ICRC covers the IP header
 // (with TTL, TOS and checksum masked), so the engine must write whole frames
 // itself. A raw packet socket does that; a classic BPF socket filter makes the
-// kernel hand it only RoCEv2 (UDP destination port 4791 over IPv4 or IPv6),
-// and frames go in batches with recvmmsg and sendmmsg.
+// kernel hand it only RoCEv2 (UDP destination port 4791 over IPv4 or IPv6).
+// Frames arrive in a TPACKET_V2 receive ring shared with the kernel (a
+// frame-per-slot ring: unlike TPACKET_V3 there is no block timeout, so a lone
+// frame is seen at once, which matters for latency) and are handed out as
+// views into it; frames leave in batches with sendmmsg.
 //
 // Unlike AF_XDP this does not take RoCEv2 away from the kernel: the kernel
 // also sees the frames and, with no UDP socket on 4791, may answer with ICMP
-// port unreachable. Run with an nftables/iptables rule dropping inbound UDP
-// 4791 (or rate-limited ICMP) when that matters. VLAN: the kernel usually
-// strips the tag before packet sockets see it, so open the port on the VLAN
-// interface (eth0.100), not on its parent.
+// port unreachable (rate-limited). Drop inbound UDP 4791 with nftables when
+// that matters. VLAN: the kernel strips an 802.1Q tag into metadata before
+// packet sockets see the frame; the port puts it back in front of the
+// ethertype (in headroom reserved in each ring slot), so the engine sees the
+// frame as it was on the wire.
 package afpacket
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -30,17 +35,20 @@ import (
 type Config struct {
 	// IfIndex is the interface (in the calling thread's network namespace).
 	IfIndex int
-	// RcvBuf and SndBuf size the socket buffers (0: 4 MiB and 1 MiB). The
-	// receive buffer is what absorbs a burst while the engine is busy.
-	RcvBuf, SndBuf int
+	// RingBytes sizes the receive ring (0: 8 MiB), which is what absorbs a
+	// burst while the engine is busy.
+	RingBytes int
+	// SndBuf sizes the socket's send buffer (0: 1 MiB).
+	SndBuf int
 }
 
 // Stats are the port's counters.
 type Stats struct {
 	Packets   uint64 // PACKET_STATISTICS tp_packets: frames that passed the filter
-	Drops     uint64 // PACKET_STATISTICS tp_drops: dropped, receive buffer full
-	Truncated uint64 // received frames larger than MaxFrame, dropped
-	Syscalls  uint64 // recvmmsg, sendmmsg and poll calls
+	Drops     uint64 // PACKET_STATISTICS tp_drops: dropped, receive ring full
+	Truncated uint64 // received frames larger than a ring slot (or with a bad header), dropped
+	VLAN      uint64 // received frames whose stripped 802.1Q tag was put back
+	Syscalls  uint64 // sendmmsg and poll calls
 }
 
 // Port is an AF_PACKET port.Port.
@@ -48,9 +56,17 @@ type Port struct {
 	fd       int
 	maxFrame int
 
-	rbufs [][]byte // receive buffers, one per batch slot
-	rhdrs []unix.Mmsghdr
-	riov  []unix.Iovec
+	// The receive ring: nslots slots of slotSize bytes, each starting with
+	// a tpacket2_hdr whose status word says who owns the slot. next is the
+	// slot to look at; the lent slots from lentFrom were handed out by the
+	// last Recv and go back to the kernel at the next one.
+	ring     []byte
+	slotSize int
+	nslots   int
+	next     int
+	lentFrom int
+	lent     int
+
 	shdrs []unix.Mmsghdr
 	siov  []unix.Iovec
 	pfd   []unix.PollFd
@@ -58,6 +74,7 @@ type Port struct {
 	// PACKET_STATISTICS resets on read; the totals accumulate here.
 	packets, drops uint64
 	truncated      uint64
+	vlan           uint64
 	syscalls       uint64
 	closed         bool
 }
@@ -66,7 +83,8 @@ var _ port.Port = (*Port)(nil)
 
 // roceFilter is a classic BPF program accepting Ethernet + IPv4 (any IHL, not
 // a fragment) + UDP to 4791, and Ethernet + IPv6 + UDP to 4791; it drops the
-// rest before it is queued to the socket.
+// rest before it is queued to the socket. It sees frames after the kernel
+// has taken any VLAN tag out, so tagged RoCEv2 matches too.
 var roceFilter = []unix.SockFilter{
 	/* 0 */ {Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 12}, // ethertype
 	/* 1 */ {Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, Jf: 0, K: 0x0800},
@@ -88,15 +106,18 @@ var roceFilter = []unix.SockFilter{
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
-// Open creates the packet socket, attaches the RoCEv2 filter and binds it to
-// the interface.
+// vlanRoom is the headroom reserved in each ring slot for putting a tag back.
+const vlanRoom = 4
+
+// Open creates the packet socket, attaches the RoCEv2 filter, maps the
+// receive ring and binds to the interface.
 func Open(cfg Config) (p *Port, err error) {
 	ifc, err := net.InterfaceByIndex(cfg.IfIndex)
 	if err != nil {
 		return nil, fmt.Errorf("afpacket: interface %d: %w", cfg.IfIndex, err)
 	}
-	if cfg.RcvBuf == 0 {
-		cfg.RcvBuf = 4 << 20
+	if cfg.RingBytes == 0 {
+		cfg.RingBytes = 8 << 20
 	}
 	if cfg.SndBuf == 0 {
 		cfg.SndBuf = 1 << 20
@@ -110,104 +131,161 @@ func Open(cfg Config) (p *Port, err error) {
 	p = &Port{fd: fd, maxFrame: ifc.MTU + 14 + 4}
 	defer func() {
 		if err != nil {
-			unix.Close(fd)
+			p.Close()
 			p = nil
 		}
 	}()
 	prog := unix.SockFprog{Len: uint16(len(roceFilter)), Filter: &roceFilter[0]}
 	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &prog); err != nil {
-		return nil, fmt.Errorf("afpacket: attach RoCEv2 filter: %w", err)
+		return p, fmt.Errorf("afpacket: attach RoCEv2 filter: %w", err)
 	}
 	// Our own transmissions are not input.
 	if err := unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_IGNORE_OUTGOING, 1); err != nil {
-		return nil, fmt.Errorf("afpacket: PACKET_IGNORE_OUTGOING: %w", err)
+		return p, fmt.Errorf("afpacket: PACKET_IGNORE_OUTGOING: %w", err)
 	}
 	// Frames are complete and ours: skip the qdisc layer on transmit.
 	_ = unix.SetsockoptInt(fd, unix.SOL_PACKET, unix.PACKET_QDISC_BYPASS, 1)
-	// FORCE variants exceed rmem_max when privileged; fall back if not.
-	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, cfg.RcvBuf) != nil {
-		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, cfg.RcvBuf)
-	}
+	// The FORCE variant may exceed wmem_max when privileged; fall back.
 	if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, cfg.SndBuf) != nil {
 		_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, cfg.SndBuf)
 	}
+	if err := p.setupRing(cfg.RingBytes); err != nil {
+		return p, err
+	}
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: cfg.IfIndex}); err != nil {
-		return nil, fmt.Errorf("afpacket: bind to %s: %w", ifc.Name, err)
+		return p, fmt.Errorf("afpacket: bind to %s: %w", ifc.Name, err)
 	}
 	p.pfd = []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	p.grow(port.BatchSize)
 	return p, nil
 }
 
-// grow sizes the batch arrays for n frames (at Open and if a caller uses a
+// setupRing maps a TPACKET_V2 receive ring of about ringBytes.
+func (p *Port) setupRing(ringBytes int) error {
+	if err := unix.SetsockoptInt(p.fd, unix.SOL_PACKET, unix.PACKET_VERSION, unix.TPACKET_V2); err != nil {
+		return fmt.Errorf("afpacket: TPACKET_V2: %w", err)
+	}
+	if err := unix.SetsockoptInt(p.fd, unix.SOL_PACKET, unix.PACKET_RESERVE, vlanRoom); err != nil {
+		return fmt.Errorf("afpacket: PACKET_RESERVE: %w", err)
+	}
+	// A slot holds the header, a sockaddr_ll, the reserve and the frame
+	// (the kernel puts the MAC header near 66 bytes + reserve). Slots are a
+	// power of two so that they tile the blocks exactly.
+	need := 128 + vlanRoom + p.maxFrame
+	slot := 2048
+	for slot < need {
+		slot *= 2
+	}
+	block := max(slot, 1<<17)
+	nblocks := max(ringBytes/block, 4)
+	req := unix.TpacketReq{Block_size: uint32(block), Block_nr: uint32(nblocks), Frame_size: uint32(slot), Frame_nr: uint32(nblocks * (block / slot))}
+	if err := unix.SetsockoptTpacketReq(p.fd, unix.SOL_PACKET, unix.PACKET_RX_RING, &req); err != nil {
+		return fmt.Errorf("afpacket: PACKET_RX_RING %+v: %w", req, err)
+	}
+	ring, err := unix.Mmap(p.fd, 0, block*nblocks, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return fmt.Errorf("afpacket: mmap ring: %w", err)
+	}
+	p.ring, p.slotSize, p.nslots = ring, slot, int(req.Frame_nr)
+	return nil
+}
+
+// grow sizes the send arrays for n frames (at Open and if a caller uses a
 // larger batch; never per packet).
 func (p *Port) grow(n int) {
-	if len(p.rhdrs) >= n {
+	if len(p.shdrs) >= n {
 		return
 	}
-	p.rbufs = make([][]byte, n)
-	p.rhdrs = make([]unix.Mmsghdr, n)
-	p.riov = make([]unix.Iovec, n)
 	p.shdrs = make([]unix.Mmsghdr, n)
 	p.siov = make([]unix.Iovec, n)
-	for i := range p.rbufs {
-		p.rbufs[i] = make([]byte, p.maxFrame)
-		p.riov[i].Base = &p.rbufs[i][0]
-		p.riov[i].SetLen(p.maxFrame)
-		p.rhdrs[i].Hdr.Iov = &p.riov[i]
-		p.rhdrs[i].Hdr.SetIovlen(1)
+	for i := range p.shdrs {
 		p.shdrs[i].Hdr.Iov = &p.siov[i]
 		p.shdrs[i].Hdr.SetIovlen(1)
 	}
 }
 
-func (p *Port) recvmmsg(n int) (int, unix.Errno) {
-	p.syscalls++
-	r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, uintptr(p.fd), uintptr(unsafe.Pointer(&p.rhdrs[0])), uintptr(n), unix.MSG_DONTWAIT, 0, 0)
-	return int(r), e
+// slot returns slot i's header; its status word is shared with the kernel.
+func (p *Port) slot(i int) *unix.Tpacket2Hdr {
+	return (*unix.Tpacket2Hdr)(unsafe.Pointer(&p.ring[i*p.slotSize]))
 }
 
-// Recv implements port.Port. The frames are views into the port's receive
-// buffers, overwritten by the next Recv.
+// status is the slot's ownership word: the kernel publishes a frame by
+// storing TP_STATUS_USER after writing it; we hand the slot back by storing
+// TP_STATUS_KERNEL after we are done reading. Atomic accesses order the two.
+func status(h *unix.Tpacket2Hdr) *atomic.Uint32 {
+	return (*atomic.Uint32)(unsafe.Pointer(&h.Status))
+}
+
+// release gives the slots lent by the last Recv back to the kernel.
+func (p *Port) release() {
+	for i := 0; i < p.lent; i++ {
+		status(p.slot((p.lentFrom + i) % p.nslots)).Store(unix.TP_STATUS_KERNEL)
+	}
+	p.lent = 0
+}
+
+// Recv implements port.Port. The frames are views into the receive ring;
+// their slots go back to the kernel at the next Recv.
 func (p *Port) Recv(frames [][]byte, timeout time.Duration) (int, error) {
 	if p.closed {
 		return 0, port.ErrClosed
 	}
+	p.release()
 	if len(frames) == 0 {
 		return 0, nil
 	}
-	p.grow(len(frames))
-	want := len(frames)
-	for i := 0; i < want; i++ {
-		p.rhdrs[i].Hdr.Flags = 0
-	}
-	r, e := p.recvmmsg(want)
-	if e == unix.EAGAIN && timeout > 0 {
+	n := p.collect(frames)
+	if n == 0 && p.lent == 0 && timeout > 0 {
 		ms := max(int(timeout/time.Millisecond), 1)
 		p.syscalls++
 		if _, err := unix.Poll(p.pfd, ms); err != nil && err != unix.EINTR {
 			return 0, fmt.Errorf("afpacket: poll: %w", err)
 		}
-		r, e = p.recvmmsg(want)
-	}
-	switch e {
-	case 0:
-	case unix.EAGAIN, unix.EINTR:
-		return 0, nil
-	default:
-		return 0, fmt.Errorf("afpacket: recvmmsg: %w", e)
-	}
-	n := 0
-	for i := 0; i < r; i++ {
-		h := &p.rhdrs[i]
-		if h.Hdr.Flags&unix.MSG_TRUNC != 0 || int(h.Len) > p.maxFrame {
-			p.truncated++
-			continue
-		}
-		frames[n] = p.rbufs[i][:h.Len:h.Len]
-		n++
+		n = p.collect(frames)
 	}
 	return n, nil
+}
+
+// collect takes, in ring order, the frames the kernel has handed over.
+func (p *Port) collect(frames [][]byte) int {
+	if p.lent == 0 {
+		p.lentFrom = p.next
+	}
+	n := 0
+	for n < len(frames) && p.lent < p.nslots {
+		h := p.slot(p.next)
+		st := status(h).Load()
+		if st&unix.TP_STATUS_USER == 0 {
+			break
+		}
+		base := p.next * p.slotSize
+		p.next = (p.next + 1) % p.nslots
+		p.lent++ // returned at the next Recv, whether used or dropped
+		mac, snap := int(h.Mac), int(h.Snaplen)
+		if st&unix.TP_STATUS_COPY != 0 || snap != int(h.Len) || snap < 14 ||
+			mac < unix.SizeofTpacket2Hdr+vlanRoom || mac+snap > p.slotSize {
+			p.truncated++ // larger than a slot, or a header we cannot trust
+			continue
+		}
+		f := p.ring[base+mac : base+mac+snap : base+mac+snap]
+		if st&unix.TP_STATUS_VLAN_VALID != 0 {
+			// Put the stripped tag back between the MAC addresses and
+			// the ethertype, in the reserved headroom.
+			tpid := uint16(0x8100)
+			if st&unix.TP_STATUS_VLAN_TPID_VALID != 0 && h.Vlan_tpid != 0 {
+				tpid = h.Vlan_tpid
+			}
+			g := p.ring[base+mac-vlanRoom : base+mac+snap : base+mac+snap]
+			copy(g[0:12], f[0:12])
+			g[12], g[13] = byte(tpid>>8), byte(tpid)
+			g[14], g[15] = byte(h.Vlan_tci>>8), byte(h.Vlan_tci)
+			f = g
+			p.vlan++
+		}
+		frames[n] = f
+		n++
+	}
+	return n
 }
 
 // Send implements port.Port. The kernel copies the frames during sendmmsg.
@@ -271,14 +349,19 @@ func (p *Port) Stats() (Stats, error) {
 	}
 	p.packets += uint64(st.Packets)
 	p.drops += uint64(st.Drops)
-	return Stats{Packets: p.packets, Drops: p.drops, Truncated: p.truncated, Syscalls: p.syscalls}, nil
+	return Stats{Packets: p.packets, Drops: p.drops, Truncated: p.truncated, VLAN: p.vlan, Syscalls: p.syscalls}, nil
 }
 
-// Close closes the socket.
+// Close closes the socket and unmaps the ring.
 func (p *Port) Close() error {
 	if p.closed {
 		return nil
 	}
 	p.closed = true
-	return errors.Join(unix.Close(p.fd))
+	err := unix.Close(p.fd)
+	if p.ring != nil {
+		err = errors.Join(err, unix.Munmap(p.ring))
+		p.ring = nil
+	}
+	return err
 }

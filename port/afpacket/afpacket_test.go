@@ -1,6 +1,7 @@
 package afpacket
 
 import (
+	"bytes"
 	"encoding/binary"
 	"testing"
 	"time"
@@ -159,5 +160,45 @@ func TestOversizeAndClosed(t *testing.T) {
 	}
 	if _, err := a.Send([][]byte{make([]byte, 60)}); err != port.ErrClosed {
 		t.Errorf("Send after Close: %v", err)
+	}
+}
+
+// TestVLANTagKept: the kernel strips an 802.1Q tag before packet sockets see
+// the frame; the port puts it back (priority bits included, which PFC and
+// DCQCN depend on), so the frame is received as it was sent.
+func TestVLANTagKept(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A)
+	b := openIn(t, &pair.B)
+	plain := netnstest.RoCEFrame(make([]byte, 200), &pair.A, &pair.B, 7)
+	tagged := make([]byte, 0, len(plain)+4)
+	tagged = append(tagged, plain[:12]...)
+	tagged = append(tagged, 0x81, 0x00, 0x60, 0x64) // PCP 3, VID 100
+	tagged = append(tagged, plain[12:]...)
+	if k, err := a.Send([][]byte{tagged, plain}); k != 2 || err != nil {
+		t.Fatalf("Send: %d, %v", k, err)
+	}
+	frames := make([][]byte, port.BatchSize)
+	var got [][]byte
+	for tries := 0; tries < 50 && len(got) < 2; tries++ {
+		k, err := b.Recv(frames, 20*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range frames[:k] {
+			got = append(got, append([]byte(nil), f...))
+		}
+	}
+	if len(got) != 2 {
+		t.Fatalf("received %d frames, want 2", len(got))
+	}
+	if !bytes.Equal(got[0], tagged) {
+		t.Errorf("tagged frame received as % x\nwant % x", got[0][:20], tagged[:20])
+	}
+	if !bytes.Equal(got[1], plain) {
+		t.Errorf("untagged frame received as % x", got[1][:20])
+	}
+	if st, _ := b.Stats(); st.VLAN != 1 {
+		t.Errorf("VLAN counter %d, want 1", st.VLAN)
 	}
 }

@@ -407,3 +407,34 @@ func TestGeometry(t *testing.T) {
 		})
 	}
 }
+
+// TestVLANFrame: an 802.1Q-tagged RoCEv2 frame is steered and received with
+// its tag, byte for byte.
+func TestVLANFrame(t *testing.T) {
+	for _, mode := range []bpf.AttachMode{bpf.DriverMode, bpf.GenericMode} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+			a := openIn(t, &pair.A, Config{XDPMode: mode})
+			b := openIn(t, &pair.B, Config{XDPMode: mode})
+			plain := netnstest.RoCEFrame(make([]byte, 200), &pair.A, &pair.B, 7)
+			tagged := append(append(append([]byte{}, plain[:12]...), 0x81, 0x00, 0x60, 0x64), plain[12:]...)
+			if k, err := a.Send([][]byte{tagged}); k != 1 || err != nil {
+				t.Fatalf("Send: %d, %v", k, err)
+			}
+			frames := make([][]byte, port.BatchSize)
+			for tries := 0; tries < 50; tries++ {
+				k, err := b.Recv(frames, 20*time.Millisecond)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if k > 0 {
+					if k != 1 || string(frames[0]) != string(tagged) {
+						t.Fatalf("received %d frames, first % x; want the tagged frame", k, frames[0][:min(20, len(frames[0]))])
+					}
+					return
+				}
+			}
+			t.Fatal("tagged frame not received")
+		})
+	}
+}
