@@ -110,7 +110,8 @@ func TestAETH(t *testing.T) {
 	}
 	// The rnr_nak.pcap RNR NAK: 0x2c = timer code 12 = 0.64 ms.
 	a.EncodeRNRNAK(12, 5)
-	if a.Syndrome() != 0x2C || a.Kind() != KindRNRNAK || a.RNRTimer() != 12 || RNRTimeout(a.RNRTimer()) != 640*time.Microsecond {
+	if a.Syndrome() != 0x2C || a.Kind() != KindRNRNAK || a.RNRTimer() != 12 || a.Code() != 12 ||
+		RNRTimeout(a.RNRTimer()) != 640*time.Microsecond || RNRTimeoutMicros(a.RNRTimer()) != 640 {
 		t.Errorf("RNR NAK % x", []byte(a))
 	}
 	// PSN sequence error NAK: 0x60.

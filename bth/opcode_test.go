@@ -193,3 +193,46 @@ func TestFollows(t *testing.T) {
 		}
 	}
 }
+
+// TestPredicatesMatchNames derives every predicate from the IBA name, an
+// independent statement of the same facts.
+func TestPredicatesMatchNames(t *testing.T) {
+	for op := 0; op < 256; op++ {
+		o := Opcode(op)
+		if !o.Valid() {
+			continue
+		}
+		n := o.String()
+		has := func(s string) bool { return strings.Contains(n, s) }
+		checks := []struct {
+			what      string
+			got, want bool
+		}{
+			{"IsFirst", o.IsFirst(), strings.HasSuffix(n, "_FIRST")},
+			{"IsMiddle", o.IsMiddle(), strings.HasSuffix(n, "_MIDDLE")},
+			{"IsLast", o.IsLast(), has("_LAST")},
+			{"IsOnly", o.IsOnly(), has("_ONLY")},
+			{"IsSend", o.IsSend(), has("_SEND_")},
+			{"IsWrite", o.IsWrite(), has("RDMA_WRITE")},
+			{"IsReadRequest", o.IsReadRequest(), has("READ_REQUEST")},
+			{"IsReadResponse", o.IsReadResponse(), has("READ_RESPONSE")},
+			{"IsAck", o.IsAck(), n == "RC_ACKNOWLEDGE"},
+			{"IsAtomic", o.IsAtomic(), has("COMPARE_SWAP") || has("FETCH_ADD")},
+			{"IsAtomicAck", o.IsAtomicAck(), n == "RC_ATOMIC_ACKNOWLEDGE"},
+			{"IsAtomicWrite", o.IsAtomicWrite(), n == "RC_ATOMIC_WRITE"},
+			{"IsFlush", o.IsFlush(), n == "RC_FLUSH"},
+			{"IsCNP", o.IsCNP(), n == "CNP"},
+			{"HasInv", o.HasInv(), has("INVALIDATE")},
+			{"IsResponse", o.IsResponse(), has("RESPONSE") || has("ACKNOWLEDGE")},
+			{"InMessage", o.InMessage(), strings.HasSuffix(n, "_FIRST") || strings.HasSuffix(n, "_MIDDLE")},
+		}
+		for _, c := range checks {
+			if c.got != c.want {
+				t.Errorf("%v.%s = %v", o, c.what, c.got)
+			}
+		}
+	}
+	if RCSendOnly.GoString() != "bth.Opcode(0x4)" {
+		t.Errorf("GoString %q", RCSendOnly.GoString())
+	}
+}
