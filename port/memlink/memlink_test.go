@@ -114,6 +114,7 @@ func TestLossRate(t *testing.T) {
 	vc, a, b := virtualPair(Impairments{Loss: 0.05}, 42)
 	seqs, _ := pump(t, vc, a, b, n)
 	st := a.Stats()
+	t.Logf("lost %d of %d frames (expected 5000 ± 6σ = ±413)", st.Lost, n)
 	if !binomialOK(st.Lost, n, 0.05) {
 		t.Fatalf("lost %d of %d, want about 5%%", st.Lost, n)
 	}
