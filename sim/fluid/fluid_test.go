@@ -77,7 +77,9 @@ func TestFluidFixedPointGrowsWithN(t *testing.T) {
 	prev := 0.0
 	for _, n := range []int{2, 4, 10} {
 		p := Paper(n)
-		p.Duration, p.Window = 400e-3, [2]float64{350e-3, 400e-3}
+		// A 1 µs step gives the same fixed point as 0.25 µs (checked) at
+		// a quarter of the cost.
+		p.Duration, p.Window, p.Dt = 400e-3, [2]float64{350e-3, 400e-3}, 1e-6
 		r, err := Run(p)
 		if err != nil {
 			t.Fatal(err)
