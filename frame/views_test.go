@@ -64,3 +64,33 @@ func TestIPv6Views(t *testing.T) {
 		t.Error("reason fallbacks")
 	}
 }
+
+func TestFinishErrors(t *testing.T) {
+	var b Builder
+	buf := make([]byte, 70000)
+	sa := specFor(bth.RCAcknowledge, false, false)
+	if _, err := b.Headers(buf, &sa); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Finish(buf, 1); err != ErrBuildPayload {
+		t.Errorf("payload on ACK: %v", err)
+	}
+	sw := specFor(bth.RCSendOnly, false, false)
+	hl, _ := b.Headers(buf, &sw)
+	if _, err := b.Finish(buf, -1); err != ErrBuildPayload {
+		t.Errorf("negative payload: %v", err)
+	}
+	if _, err := b.Finish(buf, 0xFFFF-(hl-EthernetLen)-3); err != ErrTooLong { // one byte over with ICRC
+		t.Errorf("oversized datagram: %v", err)
+	}
+	if _, err := b.Finish(buf[:hl+100], 200); err != ErrBufferTooSmall {
+		t.Errorf("short buffer at Finish: %v", err)
+	}
+	if Size(&Spec{BTH: bth.BTHFields{Opcode: 0x42}}, 0) != 0 {
+		t.Error("Size of an unknown opcode")
+	}
+	s6 := specFor(bth.RCSendOnly, true, true)
+	if got, want := Size(&s6, 5), EthernetLen+VLANTagLen+IPv6Len+UDPLen+bth.BTHLen+8+4; got != want {
+		t.Errorf("Size %d, want %d", got, want)
+	}
+}
