@@ -46,7 +46,10 @@ type Frame struct {
 // holds, and does not verify the ICRC (see VerifyICRC).
 func Parse(b []byte, f *Frame) error {
 	f.buf = b
-	n := uint32(len(b))
+	// Nothing past the Ethernet and 802.1Q headers plus a 65535-byte IP
+	// datagram can belong to the frame; clamping keeps the offsets in
+	// uint32 whatever the slice's length.
+	n := uint32(min(len(b), EthernetLen+VLANTagLen+0xFFFF+IPv6Len))
 	if n < EthernetLen {
 		return ErrTruncated
 	}
