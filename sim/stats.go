@@ -120,7 +120,8 @@ type Summary struct {
 
 	Flows    []FlowSummary `json:"flows"`
 	WindowMs [2]float64    `json:"window_ms"`
-	// Jain is Jain's index over the flows' window means.
+	// Jain is Jain's index over the flows' window means (for incast, over
+	// the incast senders only).
 	Jain float64 `json:"jain"`
 	// Utilization is bytes the bottleneck sent in the window over its
 	// capacity.
@@ -199,6 +200,7 @@ func (n *net) summarize(o *Options) Summary {
 	b0, b1 := int(n.window[0]/ms), int(n.window[1]/ms)
 	winSec := float64(n.window[1]-n.window[0]) / 1e9
 	var sum, sumSq float64
+	jn := 0
 	for i := range n.flows {
 		f := &n.flows[i]
 		var bytes int64
@@ -218,11 +220,15 @@ func (n *net) summarize(o *Options) Summary {
 		s.Flows = append(s.Flows, fs)
 		s.CNPCount += f.np.NPCNPSent
 		s.ECNMarked += f.np.NPECNMarkedRoCEPackets
+		if o.Scenario == Incast && i == 0 {
+			continue // Jain is over the incast senders, not the victim
+		}
 		sum += mean
 		sumSq += mean * mean
+		jn++
 	}
 	if sumSq > 0 {
-		s.Jain = sum * sum / (float64(len(n.flows)) * sumSq)
+		s.Jain = sum * sum / (float64(jn) * sumSq)
 	}
 	bp := &n.ports[n.bottleneck]
 	s.Utilization = float64(bp.txBytesWindow) * 8 / (float64(bp.rate) * winSec)
