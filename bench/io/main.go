@@ -20,6 +20,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -47,11 +48,17 @@ type Result struct {
 	Gbps         float64 `json:"gbps,omitempty"`
 	RoundTrips   float64 `json:"round_trips_per_sec,omitempty"` // ping-pong, one at a time
 	SentPerSec   float64 `json:"sent_per_sec,omitempty"`        // rx-only: what the sender offered
-	RTTMeanUs    float64 `json:"rtt_mean_us,omitempty"`
-	RTTP50Us     float64 `json:"rtt_p50_us,omitempty"`
-	RTTP99Us     float64 `json:"rtt_p99_us,omitempty"`
-	Lost         uint64  `json:"lost,omitempty"` // ping-pong: requests without a reply in 100 ms
-	Error        string  `json:"error,omitempty"`
+	// CPUSeconds is the user+system CPU time the bench process (sender and
+	// receiver, and the kernel work done in their system calls) used during
+	// the test; FramesPerCPUSec = Frames / CPUSeconds is therefore much less
+	// sensitive than FramesPerSec to other load on the machine.
+	CPUSeconds      float64 `json:"cpu_seconds,omitempty"`
+	FramesPerCPUSec float64 `json:"frames_per_cpu_sec,omitempty"`
+	RTTMeanUs       float64 `json:"rtt_mean_us,omitempty"`
+	RTTP50Us        float64 `json:"rtt_p50_us,omitempty"`
+	RTTP99Us        float64 `json:"rtt_p99_us,omitempty"`
+	Lost            uint64  `json:"lost,omitempty"` // ping-pong: requests without a reply in 100 ms
+	Error           string  `json:"error,omitempty"`
 	// Sender and receiver port counters after the test (syscalls, drops...).
 	SenderStats   any `json:"sender_stats,omitempty"`
 	ReceiverStats any `json:"receiver_stats,omitempty"`
@@ -76,7 +83,17 @@ func main() {
 	portsF := flag.String("ports", "afxdp,afpacket", "ports to measure")
 	testsF := flag.String("tests", "tx-only,rx-only,ping-pong", "tests to run")
 	xdpMode := flag.String("xdp-mode", "auto", "AF_XDP attach mode: auto, driver or generic")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "bench/io:", err)
+			os.Exit(1)
+		}
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	switch *xdpMode {
 	case "auto":
 	case "driver":
@@ -152,13 +169,16 @@ func summary(r Result) string {
 
 func printTable(rep Report) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "port\ttest\tsize B\tMpps\tGbit/s\toffered Mpps\tRTT p50 µs\tRTT p99 µs\tmode\t\n")
+	fmt.Fprintf(w, "port\ttest\tsize B\tMpps\tGbit/s\toffered Mpps\tMpps per CPU-s\tRTT p50 µs\tRTT p99 µs\tmode\t\n")
 	for _, r := range rep.Results {
 		if r.Error != "" {
-			fmt.Fprintf(w, "%s\t%s\t%d\t\t\t\t\t\terror: %s\t\n", r.Port, r.Test, r.Size, r.Error)
+			fmt.Fprintf(w, "%s\t%s\t%d\t\t\t\t\t\t\terror: %s\t\n", r.Port, r.Test, r.Size, r.Error)
 			continue
 		}
-		mpps, gbps, off, p50, p99 := "", "", "", "", ""
+		mpps, gbps, off, percpu, p50, p99 := "", "", "", "", "", ""
+		if r.FramesPerCPUSec > 0 {
+			percpu = fmt.Sprintf("%.3f", r.FramesPerCPUSec/1e6)
+		}
 		if r.Test == "ping-pong" {
 			p50, p99 = fmt.Sprintf("%.1f", r.RTTP50Us), fmt.Sprintf("%.1f", r.RTTP99Us)
 		} else {
@@ -167,7 +187,7 @@ func printTable(rep Report) {
 		if r.SentPerSec > 0 {
 			off = fmt.Sprintf("%.3f", r.SentPerSec/1e6)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Port, r.Test, r.Size, mpps, gbps, off, p50, p99, r.Mode)
+		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Port, r.Test, r.Size, mpps, gbps, off, percpu, p50, p99, r.Mode)
 	}
 	w.Flush()
 	fmt.Printf("(%s, %d CPUs, %s; %s)\n", rep.Kernel, rep.CPUs, rep.Go, rep.Note)
@@ -209,8 +229,8 @@ func open(kind string, l *netnstest.Link) (p port.Port, mode string, err error) 
 	return p, mode, err
 }
 
-func run(pair *netnstest.Pair, kind, test string, size int, dur time.Duration, pings int) Result {
-	r := Result{Port: kind, Test: test, Size: size}
+func run(pair *netnstest.Pair, kind, test string, size int, dur time.Duration, pings int) (r Result) {
+	r = Result{Port: kind, Test: test, Size: size}
 	a, mode, err := open(kind, &pair.A)
 	if err != nil {
 		r.Error = err.Error()
@@ -228,6 +248,15 @@ func run(pair *netnstest.Pair, kind, test string, size int, dur time.Duration, p
 		r.Error = fmt.Sprintf("frame %d > MaxFrame %d", size, a.MaxFrame())
 		return r
 	}
+	cpu0 := cpuTime()
+	defer func() {
+		if r.Error == "" && r.Test != "ping-pong" {
+			r.CPUSeconds = cpuTime() - cpu0
+			if r.CPUSeconds > 0 {
+				r.FramesPerCPUSec = float64(r.Frames) / r.CPUSeconds
+			}
+		}
+	}()
 	switch test {
 	case "tx-only":
 		err = txOnly(&r, pair, a, size, dur)
@@ -255,6 +284,13 @@ func portStats(p port.Port) any {
 		return st
 	}
 	return nil
+}
+
+// cpuTime is the process's user+system CPU time in seconds.
+func cpuTime() float64 {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 func batchOf(pair *netnstest.Pair, size int) [][]byte {
