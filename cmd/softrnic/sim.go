@@ -146,7 +146,9 @@ func printSummary(w io.Writer, s *sim.Summary, dir string) {
 		fmt.Fprintf(w, "  flow %d %-8s %7.3f Gb/s  CNPs %d%s\n", f.ID, f.Path, f.MeanGbps, f.CNPReceived, fct)
 	}
 	conv := "not converged"
-	if s.ConvergenceMs != nil {
+	if s.Scenario == sim.Incast {
+		conv = "n/a"
+	} else if s.ConvergenceMs != nil {
 		conv = fmt.Sprintf("%g ms", *s.ConvergenceMs)
 	}
 	fmt.Fprintf(w, "  Jain %.4f  utilisation %.4f  queue mean %.1f KB (p5 %.1f, p95 %.1f)  convergence %s\n",
