@@ -332,23 +332,32 @@ func (m memory) Resolve(rkey uint32, va, n uint64, access wr.Access) ([]byte, bo
 // Invalidate implements wr.Memory: perftest never sends with invalidate.
 func (memory) Invalidate(uint32) bool { return false }
 
-// recvQueue is a QP's receive queue, used under the QP's lock.
-type recvQueue struct{ q []wr.RecvWQE }
+// recvQueue is a QP's receive queue, used under the QP's lock: a FIFO
+// whose consumed head is reclaimed in bulk, so Take is O(1).
+type recvQueue struct {
+	q    []wr.RecvWQE
+	head int
+}
 
 func (r *recvQueue) post(id uint64, b []byte, n uint32) {
+	if r.head > 0 && r.head == len(r.q) {
+		r.q, r.head = r.q[:0], 0
+	} else if r.head >= 1024 && r.head*2 >= len(r.q) {
+		r.q = r.q[:copy(r.q, r.q[r.head:])]
+		r.head = 0
+	}
 	r.q = append(r.q, wr.RecvWQE{ID: id, SG: [][]byte{b}, Length: n})
 }
 
 // Take implements wr.RecvQueue.
 func (r *recvQueue) Take(dst *wr.RecvWQE) bool {
-	if len(r.q) == 0 {
+	if r.head == len(r.q) {
 		return false
 	}
-	w := r.q[0]
-	copy(r.q, r.q[1:])
-	r.q = r.q[:len(r.q)-1]
+	w := &r.q[r.head]
+	r.head++
 	sg := append(dst.SG[:0], w.SG...)
-	*dst = w
+	*dst = *w
 	dst.SG = sg
 	return true
 }
