@@ -78,6 +78,7 @@ func writeFile(path string, write func(io.Writer) error) error {
 func (r *Result) writeSummary(w io.Writer) error {
 	e := json.NewEncoder(w)
 	e.SetIndent("", "  ")
+	e.SetEscapeHTML(false) // port names contain "->"
 	return e.Encode(&r.Summary)
 }
 
