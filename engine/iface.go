@@ -18,9 +18,12 @@ type Interface struct {
 	Index int
 	MAC   [6]byte
 	MTU   int // the netdev MTU
-	// GIDs is the GID table, in rxe's order: the IPv6 link-local address
-	// first, then the IPv4 addresses (as IPv4-mapped GIDs, shown here
-	// unmapped), then the other IPv6 addresses. perftest's -x indexes it.
+	// GIDs is the GID table: the IPv4 addresses first (IPv4-mapped GIDs,
+	// shown here unmapped), then the routable IPv6 addresses, then the
+	// IPv6 link-local ones, which RoCEv2 cannot route and perftest never
+	// picks by itself. perftest's -x indexes it: with one address of each
+	// family, 0 is IPv4 and 1 is IPv6 (rxe puts link-local first instead,
+	// so the same -x means different addresses on the two ends).
 	GIDs []netip.Addr
 }
 
@@ -56,7 +59,7 @@ func LookupInterface(name string) (Interface, error) {
 			v6 = append(v6, ip)
 		}
 	}
-	in.GIDs = append(append(append(in.GIDs, ll...), v4...), v6...)
+	in.GIDs = append(append(append(in.GIDs, v4...), v6...), ll...)
 	if len(in.GIDs) == 0 {
 		return in, fmt.Errorf("engine: %s has no IP address, hence no GID", name)
 	}
