@@ -81,27 +81,90 @@ type Port struct {
 
 var _ port.Port = (*Port)(nil)
 
-// roceFilter is a classic BPF program accepting Ethernet + IPv4 (any IHL, not
-// a fragment) + UDP to 4791, and Ethernet + IPv6 + UDP to 4791; it drops the
-// rest before it is queued to the socket. It sees frames after the kernel
-// has taken any VLAN tag out, so tagged RoCEv2 matches too.
-var roceFilter = []unix.SockFilter{
-	/* 0 */ {Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 12}, // ethertype
-	/* 1 */ {Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 1, Jf: 0, K: 0x0800},
-	/* 2 */ {Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 7, Jf: 12, K: 0x86dd},
-	/* 3 */ {Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: 23}, // IPv4 protocol
-	/* 4 */ {Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 10, K: unix.IPPROTO_UDP},
-	/* 5 */ {Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 20}, // flags + fragment offset
-	/* 6 */ {Code: unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K, Jt: 8, Jf: 0, K: 0x3fff},
-	/* 7 */ {Code: unix.BPF_LDX | unix.BPF_B | unix.BPF_MSH, K: 14}, // X = IHL*4
-	/* 8 */ {Code: unix.BPF_LD | unix.BPF_H | unix.BPF_IND, K: 14 + 2}, // UDP dport
-	/* 9 */ {Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 4, Jf: 5, K: 4791},
-	/* 10 */ {Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: 14 + 6}, // IPv6 next header
-	/* 11 */ {Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 3, K: unix.IPPROTO_UDP},
-	/* 12 */ {Code: unix.BPF_LD | unix.BPF_H | unix.BPF_ABS, K: 14 + 40 + 2}, // UDP dport
-	/* 13 */ {Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, Jt: 0, Jf: 1, K: 4791},
-	/* 14 */ {Code: unix.BPF_RET | unix.BPF_K, K: 0x40000},
-	/* 15 */ {Code: unix.BPF_RET | unix.BPF_K, K: 0},
+// roceFilter is a classic BPF program accepting Ethernet + IPv4 (version 4,
+// IHL at least 5, not a fragment) + UDP to 4791, and Ethernet + IPv6
+// (version 6) + UDP to 4791; it drops the rest before it is queued to the
+// socket. It is the XDP steering program's rule (package bpf), minus the VLAN
+// tag, which the kernel has already taken out when packet sockets see a frame.
+// A load beyond the end of the frame makes the kernel drop it, so truncated
+// headers never pass.
+var roceFilter = assemble([]insn{
+	{op: ldh, k: 12}, // ethertype
+	{op: jeq, k: 0x0800, jt: "v4"},
+	{op: jeq, k: 0x86dd, jt: "v6", jf: "drop"},
+	{label: "v4", op: ldb, k: 14}, // version and IHL
+	{op: and, k: 0xf0},
+	{op: jeq, k: 0x40, jf: "drop"},
+	{op: ldb, k: 14},
+	{op: and, k: 0x0f},
+	{op: jge, k: 5, jf: "drop"},
+	{op: ldb, k: 14 + 9}, // protocol
+	{op: jeq, k: unix.IPPROTO_UDP, jf: "drop"},
+	{op: ldh, k: 14 + 6}, // flags and fragment offset
+	{op: jset, k: 0x3fff, jt: "drop"},
+	{op: ldxmsh, k: 14},   // X = IHL*4
+	{op: ldhx, k: 14 + 2}, // UDP destination port
+	{op: jeq, k: 4791, jt: "accept", jf: "drop"},
+	{label: "v6", op: ldb, k: 14}, // version
+	{op: and, k: 0xf0},
+	{op: jeq, k: 0x60, jf: "drop"},
+	{op: ldb, k: 14 + 6}, // next header
+	{op: jeq, k: unix.IPPROTO_UDP, jf: "drop"},
+	{op: ldh, k: 14 + 40 + 2}, // UDP destination port
+	{op: jeq, k: 4791, jt: "accept", jf: "drop"},
+	{label: "accept", op: ret, k: 0x40000},
+	{label: "drop", op: ret, k: 0},
+})
+
+// insn is a classic BPF instruction with symbolic jump targets (an empty
+// target is the next instruction), so the filter reads as a listing and no
+// jump offset is counted by hand.
+type insn struct {
+	label  string
+	op     uint16
+	k      uint32
+	jt, jf string
+}
+
+const (
+	ldh    = unix.BPF_LD | unix.BPF_H | unix.BPF_ABS
+	ldb    = unix.BPF_LD | unix.BPF_B | unix.BPF_ABS
+	ldhx   = unix.BPF_LD | unix.BPF_H | unix.BPF_IND
+	ldxmsh = unix.BPF_LDX | unix.BPF_B | unix.BPF_MSH
+	and    = unix.BPF_ALU | unix.BPF_AND | unix.BPF_K
+	jeq    = unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K
+	jge    = unix.BPF_JMP | unix.BPF_JGE | unix.BPF_K
+	jset   = unix.BPF_JMP | unix.BPF_JSET | unix.BPF_K
+	ret    = unix.BPF_RET | unix.BPF_K
+)
+
+// assemble resolves the labels; it panics on a bad listing, which is a
+// programming error caught by any test that opens a port.
+func assemble(prog []insn) []unix.SockFilter {
+	at := map[string]int{}
+	for i, in := range prog {
+		if in.label != "" {
+			at[in.label] = i
+		}
+	}
+	off := func(i int, target string) uint8 {
+		if target == "" {
+			return 0
+		}
+		t, ok := at[target]
+		if !ok || t <= i || t-i-1 > 255 {
+			panic("afpacket: bad filter jump to " + target)
+		}
+		return uint8(t - i - 1)
+	}
+	out := make([]unix.SockFilter, len(prog))
+	for i, in := range prog {
+		out[i] = unix.SockFilter{Code: in.op, K: in.k}
+		if in.op&0x07 == unix.BPF_JMP {
+			out[i].Jt, out[i].Jf = off(i, in.jt), off(i, in.jf)
+		}
+	}
+	return out
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -3,6 +3,7 @@ package afpacket
 import (
 	"bytes"
 	"encoding/binary"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -201,4 +202,131 @@ func TestVLANTagKept(t *testing.T) {
 	if st, _ := b.Stats(); st.VLAN != 1 {
 		t.Errorf("VLAN counter %d, want 1", st.VLAN)
 	}
+}
+
+// isRoCE is the steering rule in plain Go (as in package bpf's fuzz test):
+// Ethernet, at most one 802.1Q/802.1ad tag, IPv4 (version 4, IHL >= 5, not a
+// fragment) or IPv6 (version 6, UDP next), UDP destination port 4791.
+func isRoCE(f []byte) bool {
+	if len(f) < 14 {
+		return false
+	}
+	proto := binary.BigEndian.Uint16(f[12:])
+	l3 := 14
+	if proto == 0x8100 || proto == 0x88a8 {
+		if len(f) < 18 {
+			return false
+		}
+		proto = binary.BigEndian.Uint16(f[16:])
+		l3 = 18
+	}
+	var udp int
+	switch proto {
+	case 0x0800:
+		if len(f) < l3+20 || f[l3]>>4 != 4 || f[l3]&0x0f < 5 || f[l3+9] != 17 || binary.BigEndian.Uint16(f[l3+6:])&0x3fff != 0 {
+			return false
+		}
+		udp = l3 + int(f[l3]&0x0f)*4
+	case 0x86dd:
+		if len(f) < l3+40 || f[l3]>>4 != 6 || f[l3+6] != 17 {
+			return false
+		}
+		udp = l3 + 40
+	default:
+		return false
+	}
+	return len(f) >= udp+8 && binary.BigEndian.Uint16(f[udp+2:]) == 4791
+}
+
+// TestFilterDifferential sends frames with random mutations of the bytes the
+// filter looks at and checks that exactly those the rule accepts arrive,
+// unchanged (VLAN tags included).
+func TestFilterDifferential(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A)
+	b := openIn(t, &pair.B)
+	rng := rand.New(rand.NewPCG(1, 2))
+	const n = 3000
+	want := map[uint32][]byte{}
+	frames := make([][]byte, port.BatchSize)
+	got := map[uint32][]byte{}
+	drain := func(wait time.Duration) {
+		for {
+			k, err := b.Recv(frames, wait)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if k == 0 {
+				return
+			}
+			for _, f := range frames[:k] {
+				got[binary.BigEndian.Uint32(f[len(f)-4:])] = append([]byte(nil), f...)
+			}
+		}
+	}
+	batch := make([][]byte, 0, 32)
+	for i := uint32(0); i < n; i++ {
+		size := 64 + rng.IntN(80)
+		f := netnstest.RoCEFrame(make([]byte, size), &pair.A, &pair.B, i)
+		switch rng.IntN(4) {
+		case 1: // tagged
+			f = append(append(append([]byte{}, f[:12]...), 0x81, 0x00, byte(rng.IntN(8)<<5), 100), f[12:]...)
+		case 2: // IPv6
+			g := make([]byte, 14+40+8+rng.IntN(40)+8)
+			copy(g, f[:12])
+			binary.BigEndian.PutUint16(g[12:], 0x86dd)
+			g[14], g[20] = 0x60, 17
+			binary.BigEndian.PutUint16(g[14+40+2:], 4791)
+			f = g
+		case 3: // IPv4 options
+			ihl := 5 + rng.IntN(11)
+			g := make([]byte, 14+ihl*4+8+rng.IntN(40)+8)
+			copy(g, f[:34])
+			g[14] = byte(0x40 | ihl)
+			binary.BigEndian.PutUint16(g[14+ihl*4+2:], 4791)
+			f = g
+		}
+		// Mutate up to three header bytes (never the MACs or the id).
+		for m := rng.IntN(5); m > 0; m-- {
+			off := 12 + rng.IntN(min(len(f)-4, 14+60+8)-12)
+			switch rng.IntN(3) {
+			case 0:
+				f[off] = byte(rng.IntN(256))
+			case 1:
+				f[off] ^= 1 << rng.IntN(8)
+			default:
+				f[off] = []byte{0x08, 0x00, 0x86, 0xdd, 0x81, 0x45, 0x60, 17, 6, 0x12, 0xb7, 0x20}[rng.IntN(12)]
+			}
+		}
+		binary.BigEndian.PutUint32(f[len(f)-4:], i)
+		if isRoCE(f) {
+			want[i] = f
+		}
+		batch = append(batch, f)
+		if len(batch) == cap(batch) || i == n-1 {
+			if k, err := a.Send(batch); err != nil || k != len(batch) {
+				t.Fatalf("Send: %d of %d, %v", k, len(batch), err)
+			}
+			batch = batch[:0]
+			drain(time.Millisecond)
+		}
+	}
+	drain(50 * time.Millisecond)
+	if len(want) < n/5 || len(want) > n-n/10 {
+		t.Fatalf("the mutations left %d of %d frames acceptable: not a useful mix", len(want), n)
+	}
+	for id, f := range want {
+		g, ok := got[id]
+		if !ok {
+			t.Errorf("frame %d accepted by the rule but not delivered: % x", id, f[:min(len(f), 60)])
+		} else if !bytes.Equal(f, g) {
+			t.Errorf("frame %d changed: % x\nwant % x", id, g[:min(len(g), 40)], f[:min(len(f), 40)])
+		}
+	}
+	for id, g := range got {
+		if _, ok := want[id]; !ok {
+			t.Errorf("frame %d rejected by the rule but delivered: % x", id, g[:min(len(g), 60)])
+		}
+	}
+	t.Logf("%d frames, %d RoCEv2 by the rule, %d delivered", n, len(want), len(got))
 }
