@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build test test-race fuzz bench lint generate clean
+.PHONY: all deps build test test-race test-long fuzz bench lint generate sim-demo clean
 
 all: build
 
@@ -30,6 +30,32 @@ test:
 RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/memlink/... ./shmring/... ./engine/... 2>/dev/null)
 test-race:
 	$(if $(RACE_PKGS),$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS),@echo "no concurrent packages yet")
+
+## test-long: the exhaustive sweeps that the default run samples
+test-long:
+	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run TestNFlow ./sim/
+
+## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)
+FUZZ_HDR_TIME ?= 5s
+FUZZ_FLAGS    := -fuzzminimizetime 2s
+BTH_FUZZ      := FuzzParseBTH FuzzParseRETH FuzzParseAETH FuzzParseDETH FuzzParseImmDt FuzzParseIETH FuzzParseAtomicETH FuzzParseAtomicAckETH FuzzParseFETH
+fuzz:
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
+	$(GO) test -run '^$$' -fuzz '^FuzzBuildParse$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
+	$(GO) test -run '^$$' -fuzz '^FuzzParseBTHLayer$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./roce/rocelayers
+	for t in $(BTH_FUZZ); do $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./bth || exit 1; done
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
+	$(GO) test -run '^$$' -fuzz '^FuzzManager$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
+	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
+
+## bench: micro-benchmarks of the wire formats, links, CM and simulator, then the raw I/O table
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bth ./icrc ./frame ./port/memlink ./cm
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/
+
+## sim-demo: the two-flow DCQCN scenario of the paper, traces, summary and SVG figures in out/
+sim-demo:
+	$(GO) run ./cmd/softrnic sim dcqcn --scenario two-flow --out out/sim-two-flow
 
 ## lint: gofmt, go vet
 lint:
