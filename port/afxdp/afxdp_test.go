@@ -371,6 +371,34 @@ func TestMultiQueue(t *testing.T) {
 			t.Errorf("frame from queue %d also arrived on queue %d", q, 1-q)
 		}
 	}
+
+	// With queue 1's socket closed, RoCEv2 on queue 1 goes to the kernel
+	// (counted unbound), not to another queue and not into a black hole.
+	before, err := progs[1].Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports[1][1].Close()
+	f := netnstest.RoCEFrame(make([]byte, 200), &pair.A, &pair.B, 300)
+	if k, err := ports[0][1].Send([][]byte{f}); k != 1 || err != nil {
+		t.Fatalf("send: %d, %v", k, err)
+	}
+	var after bpf.Counters
+	for tries := 0; tries < 50; tries++ {
+		if after, err = progs[1].Counters(); err != nil {
+			t.Fatal(err)
+		}
+		if after.Unbound > before.Unbound {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after.Unbound != before.Unbound+1 || after.Steered != before.Steered {
+		t.Errorf("counters %+v -> %+v: want one more unbound, no more steered", before, after)
+	}
+	if k, _ := ports[1][0].Recv(frames, 10*time.Millisecond); k != 0 {
+		t.Errorf("queue 1's frame arrived on queue 0")
+	}
 }
 
 // TestGeometry: other UMEM geometries (2048-byte frames, headroom, a small
