@@ -18,12 +18,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -104,6 +106,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench/io: bad -xdp-mode %q\n", *xdpMode)
 		os.Exit(2)
 	}
+	// Interrupted (Ctrl-C, a closed pipe): remove the namespaces first.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE, syscall.SIGHUP)
+	go func() {
+		s := <-sig
+		if p := current.Load(); p != nil {
+			p.Close()
+		}
+		fmt.Fprintln(os.Stderr, "bench/io: stopped by", s)
+		os.Exit(130)
+	}()
 	if os.Geteuid() != 0 {
 		fmt.Fprintln(os.Stderr, "bench/io: needs root (network namespaces, veth, XDP)")
 		os.Exit(2)
@@ -136,6 +149,7 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench/io:", err)
 			os.Exit(1)
 		}
+		current.Store(pair)
 		for _, kind := range strings.Split(*portsF, ",") {
 			for _, test := range strings.Split(*testsF, ",") {
 				r := run(pair, kind, test, size, *dur, *pings)
@@ -143,6 +157,7 @@ func main() {
 				fmt.Fprintf(os.Stderr, "%-8s %-9s %5d B: %s\n", kind, test, size, summary(r))
 			}
 		}
+		current.Store(nil)
 		pair.Close()
 	}
 	printTable(rep)
@@ -195,6 +210,9 @@ func printTable(rep Report) {
 }
 
 var xdpAttach bpf.AttachMode
+
+// current is the pair in use, for the signal handler to remove.
+var current atomic.Pointer[netnstest.Pair]
 
 // open opens a port of the given kind on l, inside l's namespace.
 func open(kind string, l *netnstest.Link) (p port.Port, mode string, err error) {

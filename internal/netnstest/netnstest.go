@@ -21,7 +21,9 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -61,10 +63,43 @@ func ip(args ...string) (string, error) {
 	return out.String(), nil
 }
 
-// Create makes a namespace with a unique name starting with prefix and brings
-// its loopback up. The caller must Close it.
-func Create(prefix string) (*NS, error) {
-	name := Unique(prefix)
+// nsPrefix starts every namespace this package makes; the creator's pid
+// follows, so that namespaces left by a process that died before its cleanup
+// ran (a test binary killed by -timeout, say) can be recognised and removed.
+const nsPrefix = "srn-"
+
+var sweepOnce sync.Once
+
+// sweep removes namespaces made by this package in processes that no longer
+// exist. It runs once per process, before the first Create.
+func sweep() {
+	ents, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), nsPrefix)
+		if !ok {
+			continue
+		}
+		pidStr, _, ok := strings.Cut(rest, "-")
+		pid, err := strconv.Atoi(pidStr)
+		if !ok || err != nil || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(err, os.ErrNotExist) {
+			ip("netns", "del", e.Name())
+		}
+	}
+}
+
+// Create makes a namespace with a unique name (it includes tag and the pid)
+// and brings its loopback up. The caller must Close it.
+func Create(tag string) (*NS, error) {
+	sweepOnce.Do(sweep)
+	var r [3]byte
+	rand.Read(r[:])
+	name := fmt.Sprintf("%s%d-%s-%s%d", nsPrefix, os.Getpid(), tag, hex.EncodeToString(r[:]), seq.Add(1))
 	if _, err := ip("netns", "add", name); err != nil {
 		return nil, err
 	}
@@ -169,11 +204,11 @@ type PairOptions struct {
 // NewPair makes two namespaces joined by a veth pair, with IPv4 and IPv6
 // addresses, both ends up. The caller must Close it.
 func NewPair(opt PairOptions) (p *Pair, err error) {
-	a, err := Create("srna")
+	a, err := Create("a")
 	if err != nil {
 		return nil, err
 	}
-	b, err := Create("srnb")
+	b, err := Create("b")
 	if err != nil {
 		a.Close()
 		return nil, err

@@ -1,6 +1,7 @@
 package netnstest
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -51,5 +52,31 @@ func TestTCPCheckFailsWithoutListener(t *testing.T) {
 		io.WriteString(c, "x")
 		c.Close()
 		t.Fatal("dial to a port nobody listens on succeeded")
+	}
+}
+
+// TestSweep: a namespace left by a dead process is removed by the next
+// process's first Create; one of a live process is not.
+func TestSweep(t *testing.T) {
+	SkipUnlessRoot(t)
+	// pid 2^22+1 is above the kernel's pid_max limit: never alive.
+	dead := fmt.Sprintf("%s%d-x-%s", nsPrefix, 1<<22+1, Unique("t"))
+	live := fmt.Sprintf("%s%d-x-%s", nsPrefix, 1, Unique("t")) // init
+	for _, n := range []string{dead, live} {
+		if _, err := ip("netns", "add", n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { ip("netns", "del", live); ip("netns", "del", dead) })
+	sweep()
+	out, err := ip("netns", "list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, dead) {
+		t.Errorf("namespace of a dead process %s not swept", dead)
+	}
+	if !strings.Contains(out, live) {
+		t.Errorf("namespace of a live process %s swept", live)
 	}
 }
