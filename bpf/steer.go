@@ -80,14 +80,16 @@ type counters struct {
 	Steered, Passed, Malformed, Unbound, Foreign uint64
 }
 
-// Program is the loaded steering program for one interface.
+// Program is the loaded steering program for one interface. Register,
+// Unregister, AddLocal, RemoveLocal and Counters may be called from any
+// goroutine (the kernel synchronises map updates); Attach and Close belong
+// to the owner.
 type Program struct {
 	objs    steerObjects
 	link    link.Link
 	mode    AttachMode
 	ifindex int
 	queues  int
-	percpu  []counters // scratch for Counters
 }
 
 // Load loads the program and its maps into the kernel (needs CAP_BPF and
@@ -115,7 +117,7 @@ func Load(opts Options) (*Program, error) {
 	if err := spec.Variables[steerVarMissAction].Set(opts.missAction); err != nil {
 		return nil, fmt.Errorf("bpf: set miss_action: %w", err)
 	}
-	p := &Program{queues: opts.Queues, percpu: make([]counters, 0, 8)}
+	p := &Program{queues: opts.Queues}
 	if err := spec.LoadAndAssign(&p.objs, nil); err != nil {
 		return nil, fmt.Errorf("bpf: load steering program: %w", err)
 	}
@@ -219,14 +221,16 @@ func (p *Program) RemoveLocal(a netip.Addr) error {
 	return err
 }
 
-// Counters sums the per-CPU counters. It is a slow-path call (one map lookup).
+// Counters sums the per-CPU counters. It is a slow-path call (one map
+// lookup) and safe for concurrent use: the ports of several queues share
+// one Program.
 func (p *Program) Counters() (Counters, error) {
-	p.percpu = p.percpu[:0]
-	if err := p.objs.Stats.Lookup(uint32(0), &p.percpu); err != nil {
+	var percpu []counters
+	if err := p.objs.Stats.Lookup(uint32(0), &percpu); err != nil {
 		return Counters{}, fmt.Errorf("bpf: read counters: %w", err)
 	}
 	var c Counters
-	for _, v := range p.percpu {
+	for _, v := range percpu {
 		c.Steered += v.Steered
 		c.Passed += v.Passed
 		c.Malformed += v.Malformed
