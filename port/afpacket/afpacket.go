@@ -402,6 +402,7 @@ func (p *Port) clearSend(n int) {
 func (p *Port) MaxFrame() int { return p.maxFrame }
 
 // Stats reads PACKET_STATISTICS (which resets it; the port keeps totals).
+// Like every Port method it belongs to the goroutine that owns the port.
 func (p *Port) Stats() (Stats, error) {
 	if p.closed {
 		return Stats{}, port.ErrClosed

@@ -249,7 +249,8 @@ func (p *Port) Socket() *xsk.Socket { return p.sock }
 // Program is the steering program in use.
 func (p *Port) Program() *bpf.Program { return p.prog }
 
-// Stats reads the socket's and the program's counters (slow path).
+// Stats reads the socket's and the program's counters (slow path). Like
+// every Port method it belongs to the goroutine that owns the port.
 func (p *Port) Stats() (Stats, error) {
 	if p.closed {
 		return Stats{}, port.ErrClosed
