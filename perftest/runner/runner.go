@@ -90,6 +90,10 @@ type qp struct {
 	rq   recvQueue
 	src  []byte // local source/sink area: the QP's region of the MR
 	seen []wr.WC
+
+	recvBuf   []byte // receive slots (local memory, not remotely accessible)
+	recvSlots int
+	recvInc   uint64
 }
 
 // New prepares a test; Exec runs it.
@@ -287,14 +291,20 @@ func (t *Test) close() {
 }
 
 // PostReceives implements perftest.Local: rx-depth receives per QP (one
-// for latency tests' ping-pong, which reposts as it goes).
+// for latency tests' ping-pong, which reposts as it goes), each into a slot
+// of its own, so that a message is never overwritten before it is checked.
 func (t *Test) PostReceives(size uint64) error {
 	n := t.p.RxDepth
 	if t.p.Measure == perftest.Latency {
 		n = 1
 	}
+	inc := roundUp(max(size, 1), uint64(t.neg.CacheLine))
 	for _, q := range t.qps {
 		q.mu.Lock()
+		if uint64(len(q.recvBuf)) < uint64(n)*inc {
+			q.recvBuf = make([]byte, uint64(n)*inc)
+		}
+		q.recvSlots, q.recvInc = n, inc
 		for i := 0; i < n; i++ {
 			q.rq.post(uint64(i), t.recvSlot(q, i, size), uint32(size))
 		}
@@ -304,14 +314,10 @@ func (t *Test) PostReceives(size uint64) error {
 	return nil
 }
 
-// recvSlot is where receive i of a QP lands: the second half of its region,
-// cycling, so that a verify sees every message before it is overwritten.
+// recvSlot is the buffer of receive WQE i (reposted with the same i).
 func (t *Test) recvSlot(q *qp, i int, size uint64) []byte {
-	half := q.src[t.region/2:]
-	inc := roundUp(size, uint64(t.neg.CacheLine))
-	slots := max(uint64(len(half))/inc, 1)
-	off := (uint64(i) % slots) * inc
-	return half[off : off+size]
+	off := uint64(i%q.recvSlots) * q.recvInc
+	return q.recvBuf[off : off+size]
 }
 
 func roundUp(v, to uint64) uint64 { return (v + to - 1) / to * to }
