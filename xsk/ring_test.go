@@ -241,3 +241,11 @@ func TestOpenValidation(t *testing.T) {
 		}
 	}
 }
+
+func TestTransmitEmpty(t *testing.T) {
+	s := fakeSocket(t, 16, 2048, 0, false)
+	n, err := s.Transmit([][]byte{make([]byte, 60), nil, make([]byte, 60)})
+	if n != 1 || err != ErrEmptyFrame {
+		t.Errorf("Transmit with an empty frame: %d, %v; want 1, ErrEmptyFrame", n, err)
+	}
+}

@@ -64,6 +64,9 @@ type Config struct {
 // ErrFrameTooLarge is returned by Transmit for a frame that does not fit.
 var ErrFrameTooLarge = errors.New("xsk: frame larger than the socket can carry")
 
+// ErrEmptyFrame is returned by Transmit for a zero-length frame.
+var ErrEmptyFrame = errors.New("xsk: empty frame")
+
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("xsk: socket closed")
 
@@ -402,7 +405,8 @@ func (s *Socket) Complete() int {
 // wakes the kernel if it asked for it. It returns how many frames were taken:
 // fewer than len(frames) with a nil error means no free frame or TX slot is
 // left (back-pressure; call again after completions). A frame larger than
-// MaxTxFrame stops the batch with ErrFrameTooLarge, counting frames before it.
+// MaxTxFrame stops the batch with ErrFrameTooLarge (an empty one with
+// ErrEmptyFrame), counting the frames before it.
 func (s *Socket) Transmit(frames [][]byte) (int, error) {
 	if s.closed {
 		return 0, ErrClosed
@@ -415,7 +419,11 @@ func (s *Socket) Transmit(frames [][]byte) (int, error) {
 	taken := 0
 	var err error
 	for _, f := range frames {
-		if len(f) == 0 || len(f) > s.MaxTxFrame() {
+		if len(f) == 0 {
+			err = ErrEmptyFrame
+			break
+		}
+		if len(f) > s.MaxTxFrame() {
 			err = ErrFrameTooLarge
 			break
 		}
