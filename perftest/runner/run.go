@@ -64,8 +64,12 @@ func (t *Test) remoteOff(k int, size uint64) uint64 {
 
 // wqe builds message k of QP q.
 func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *wr.SendWQE {
+	// One WQE and SG list per QP, reused: Post copies them, so a message
+	// costs no allocation on this side either.
 	off := t.remoteOff(k, size)
-	w := &wr.SendWQE{ID: uint64(k), Length: uint32(size), RemoteAddr: t.remote[q.idx].VAddr + off, RKey: t.remote[q.idx].RKey}
+	w := &q.wqe
+	*w = wr.SendWQE{ID: uint64(k), Length: uint32(size), RemoteAddr: t.remote[q.idx].VAddr + off, RKey: t.remote[q.idx].RKey,
+		SG: q.sg[:1]}
 	if signaled {
 		w.Flags = wr.Signaled
 	}
@@ -73,18 +77,18 @@ func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *wr.SendWQE {
 	switch t.p.Verb {
 	case perftest.Write:
 		w.Opcode = wr.RDMAWrite
-		w.SG = [][]byte{q.src[off : off+size]}
+		q.sg[0] = q.src[off : off+size]
 	case perftest.Send:
 		w.Opcode = wr.Send
-		w.SG = [][]byte{q.src[off : off+size]}
+		q.sg[0] = q.src[off : off+size]
 	case perftest.Read:
 		w.Opcode = wr.RDMARead
-		w.SG = [][]byte{q.src[half+off : half+off+size]}
+		q.sg[0] = q.src[half+off : half+off+size]
 	case perftest.Atomic:
 		w.Opcode = wr.AtomicFetchAndAdd
 		w.Length = 8
 		w.SwapAdd = 1
-		w.SG = [][]byte{q.src[half+off : half+off+8]}
+		q.sg[0] = q.src[half+off : half+off+8]
 	}
 	return w
 }

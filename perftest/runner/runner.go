@@ -91,6 +91,9 @@ type qp struct {
 	src  []byte // local source/sink area: the QP's region of the MR
 	seen []wr.WC
 
+	wqe wr.SendWQE // reused by every post (rc.QP.Post copies it)
+	sg  [1][]byte
+
 	recvBuf   []byte // receive slots (local memory, not remotely accessible)
 	recvSlots int
 	recvInc   uint64
