@@ -25,6 +25,7 @@ type Params struct {
 	InlineSize  int           // -I
 	TClass      int           // --tclass
 	HopLimit    int           // --hop_limit
+	QPTimeout   uint8         // -u: local ACK timeout exponent, 4.096 µs · 2^u (default 14 ≈ 67 ms)
 	ReportGbits bool          // --report_gbits
 	JSON        bool          // --json: results as JSON on stdout
 	Verify      bool          // --verify: check every byte received
@@ -41,6 +42,7 @@ const (
 	defRxSend    = 512
 	defCQMod     = 100
 	defHopLimit  = 64
+	defQPTimeout = 14      // DEF_QP_TIME
 	maxMsgSize   = 1 << 23 // MAX_SIZE
 	defAtomicOut = 16      // our responder's atomic/READ resources
 )
@@ -59,7 +61,7 @@ var options = []option{
 	{'a', "all", false}, {'D', "duration", true}, {'t', "tx-depth", true}, {'r', "rx-depth", true},
 	{'F', "CPU-freq", false}, {'Q', "cq-mod", true}, {'o', "outs", true}, {'I', "inline_size", true},
 	{0, "report_gbits", false}, {0, "json", false}, {0, "verify", false},
-	{0, "tclass", true}, {0, "hop_limit", true}, {'h', "help", false},
+	{0, "tclass", true}, {0, "hop_limit", true}, {'u', "qp-timeout", true}, {'h', "help", false},
 }
 
 // ErrHelp is returned by ParseArgs for -h/--help.
@@ -83,6 +85,7 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
   -F, --CPU-freq         accepted for perftest compatibility (we measure in ns)
       --tclass=N         traffic class of the QPs
       --hop_limit=N      hop limit / TTL of the QPs (default 64)
+  -u, --qp-timeout=N     local ACK timeout 4.096 µs × 2^N (default 14, about 67 ms)
       --report_gbits     report bandwidth in Gb/s instead of MiB/s
       --json             print the results as JSON
       --verify           fill buffers with a pattern and check every byte received
@@ -93,7 +96,7 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
 // flags and the server host in any order.
 func ParseArgs(verb Verb, measure Measure, args []string) (Params, error) {
 	p := Params{Test: Test{Verb: verb, Measure: measure, Transport: RC, QPs: 1}, Port: DefaultPort,
-		GIDIndex: -1, RxDepth: defRxSend, CQMod: defCQMod, HopLimit: defHopLimit, TClass: 0}
+		GIDIndex: -1, RxDepth: defRxSend, CQMod: defCQMod, HopLimit: defHopLimit, TClass: 0, QPTimeout: defQPTimeout}
 	itersGiven := false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -229,6 +232,9 @@ func (p *Params) set(o *option, val string) error {
 	case "hop_limit":
 		n, err = num(0, 255)
 		p.HopLimit = int(n)
+	case "qp-timeout":
+		n, err = num(0, 31)
+		p.QPTimeout = uint8(n)
 	case "report_gbits":
 		p.ReportGbits = true
 	case "json":

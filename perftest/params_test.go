@@ -12,13 +12,13 @@ import (
 
 func TestParseArgs(t *testing.T) {
 	p, err := ParseArgs(Write, BW, []string{"-d", "veth0", "-s4096", "--iters=100", "10.0.0.2", "-q", "4", "-m", "1024",
-		"-p", "18600", "-c", "rc", "-x", "1", "-F", "--report_gbits", "--json", "--verify", "-t", "64", "--tclass", "106"})
+		"-p", "18600", "-c", "rc", "-x", "1", "-F", "--report_gbits", "--json", "--verify", "-t", "64", "--tclass", "106", "-u", "18"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := Params{Test: Test{Verb: Write, Measure: BW, Transport: RC, QPs: 4, Size: 4096, SizeGiven: true},
 		Host: "10.0.0.2", Device: "veth0", Port: 18600, Iters: 100, MTU: 3, GIDIndex: 1, TxDepth: 64, RxDepth: 512,
-		CQMod: 64, OutReads: 1, TClass: 106, HopLimit: 64, ReportGbits: true, JSON: true, Verify: true}
+		CQMod: 64, OutReads: 1, TClass: 106, HopLimit: 64, QPTimeout: 18, ReportGbits: true, JSON: true, Verify: true}
 	if p != want {
 		t.Fatalf("got  %+v\nwant %+v", p, want)
 	}
@@ -59,7 +59,7 @@ func TestParseArgs(t *testing.T) {
 			continue
 		}
 		if err != nil || p.Size != c.size || p.Iters != c.iters || p.TxDepth != c.tx || p.OutReads != c.outs ||
-			p.Transport != c.trans || p.Port != 18515 || p.Host != "" || p.GIDIndex != -1 {
+			p.Transport != c.trans || p.Port != 18515 || p.Host != "" || p.GIDIndex != -1 || p.QPTimeout != 14 {
 			t.Errorf("%v %v %v: %+v %v", c.verb, c.m, c.extra, p, err)
 		}
 	}

@@ -246,7 +246,7 @@ func (t *Test) fillPattern() {
 }
 
 // Connect implements perftest.Local: RTR and RTS toward the peer's QPs,
-// with perftest's attributes (timeout 14, retry 7, RNR retry 7, min RNR
+// with perftest's attributes (timeout -u, default 14; retry 7, RNR retry 7, min RNR
 // timer 12; initiator depth the peer's out_reads), then attach to the engine.
 func (t *Test) Connect(remote []perftest.Dest) error {
 	t.remote = remote
@@ -265,7 +265,7 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 	for i, q := range t.qps {
 		d := remote[i]
 		cfg := rc.Config{UC: t.p.Transport == perftest.UC, QPN: q.qpn, DestQPN: d.QPN, MTU: t.neg.MTU.Bytes(),
-			SQPSN: bth.PSN(q.psn), RQPSN: bth.PSN(d.PSN), Timeout: 14, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12,
+			SQPSN: bth.PSN(q.psn), RQPSN: bth.PSN(d.PSN), Timeout: t.p.QPTimeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12,
 			MaxRdAtomic: max(int(d.OutReads), 1), MaxDestRdAtomic: max(t.p.OutReads, 1), Access: access,
 			SQDepth: max(t.p.TxDepth, 16), MaxSGE: 1}
 		q.mu.Lock()
