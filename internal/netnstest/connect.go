@@ -83,8 +83,8 @@ func NewTestRouted(tb testing.TB, sub int) *Routed {
 	if rt.Server, rt.ServerGW, err = Connect(s, r, append(pf("10.97.%d.2/24"), pf("fd00:97:%x::2/64")...), append(pf("10.97.%d.1/24"), pf("fd00:97:%x::1/64")...), 0); err != nil {
 		tb.Fatal(err)
 	}
-	for _, f := range []string{"net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"} {
-		if _, err := ipNetnsExec(r.Name, "sysctl", "-qw", f); err != nil {
+	for _, k := range []string{"net.ipv4.ip_forward", "net.ipv6.conf.all.forwarding"} {
+		if err := r.Sysctl(k, "1"); err != nil {
 			tb.Fatal(err)
 		}
 	}
@@ -103,9 +103,4 @@ func NewTestRouted(tb testing.TB, sub int) *Routed {
 		}
 	}
 	return &rt
-}
-
-// ipNetnsExec runs a command inside a namespace (ip netns exec).
-func ipNetnsExec(ns string, args ...string) (string, error) {
-	return ip(append([]string{"netns", "exec", ns}, args...)...)
 }

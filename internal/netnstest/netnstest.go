@@ -117,11 +117,25 @@ func Create(tag string) (*NS, error) {
 	// No duplicate address detection: test links are private, and DAD would
 	// keep link-local addresses (hence neighbour discovery) unusable for
 	// about a second after each link comes up.
-	if _, err := ip("netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0"); err != nil {
-		n.Close()
-		return nil, err
+	for _, k := range []string{"net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"} {
+		if err := n.Sysctl(k, "0"); err != nil {
+			n.Close()
+			return nil, err
+		}
 	}
 	return n, nil
+}
+
+// Sysctl sets a per-namespace kernel parameter (net.*) inside the namespace,
+// by writing /proc/sys from a thread in it (no sysctl(8) needed).
+func (n *NS) Sysctl(key, value string) error {
+	path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+	return n.Do(func() error {
+		if err := os.WriteFile(path, []byte(value), 0); err != nil {
+			return fmt.Errorf("netnstest: %s=%s in %s: %w", key, value, n.Name, err)
+		}
+		return nil
+	})
 }
 
 // Close removes the namespace and every interface in it.
