@@ -25,11 +25,12 @@ type Case struct {
 	// during the case; with Expect "loss" the case must show recovery
 	// (NAKs, retransmissions or duplicates in the rxe counters).
 	Loss int
-	// Corrupt is the percentage of RoCEv2 frames leaving the case's guests
-	// whose first byte after the BTH an nftables rule on the guests' taps
-	// overwrites, so that the receiver must find a bad ICRC. The receiver
-	// must then drop them and recover like loss (expect=loss), or, in the
-	// self-check, the lab's checks must notice (expect=detect).
+	// Corrupt is the percentage of frames leaving the case's guests in which
+	// netem flips one bit at a random offset (in the guest: before the tap,
+	// so before softrnic's XDP hook and before the captures). A flip in the
+	// RoCE part leaves a bad ICRC the receiver must drop the frame for; it
+	// then recovers as from loss (expect=loss), or, in the self-check, the
+	// lab's checks must notice (expect=detect).
 	Corrupt int
 	// Expect is "" (clean run), "loss" (must complete and show recovery in
 	// rxe's counters) or "detect" (the lab's own checks must report a

@@ -149,12 +149,14 @@ func (g *Guest) Submit(c *Case, cmd string, ready string) (*GuestJob, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	loss := ""
-	if c.Loss > 0 {
-		loss = strconv.Itoa(c.Loss)
+	pct := func(p int) string {
+		if p == 0 {
+			return ""
+		}
+		return strconv.Itoa(p)
 	}
-	env := fmt.Sprintf("MTU=%d\nTIMEOUT=%d\nIPV=%d\nLOSS=%s\nREADY=%s\n",
-		c.NetdevMTU(), int(c.Timeout/time.Second), c.IP, loss, ready)
+	env := fmt.Sprintf("MTU=%d\nTIMEOUT=%d\nIPV=%d\nLOSS=%s\nCORRUPT=%s\nREADY=%s\n",
+		c.NetdevMTU(), int(c.Timeout/time.Second), c.IP, pct(c.Loss), pct(c.Corrupt), ready)
 	if err := os.WriteFile(filepath.Join(dir, "env"), []byte(env), 0o644); err != nil {
 		return nil, err
 	}

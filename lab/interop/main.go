@@ -40,6 +40,7 @@ type options struct {
 	softrnic   string
 	capture    bool
 	pcapCheck  string
+	keepPcaps  bool
 	bootLimit  time.Duration
 	keepShares bool
 }
@@ -53,7 +54,8 @@ func main() {
 	flag.StringVar(&o.cache, "cache", "lab/cache", "where lab/build left vmlinuz and initrd.img")
 	flag.StringVar(&o.out, "out", "", "results directory (default out/lab/MODE-TIME)")
 	flag.StringVar(&o.softrnic, "softrnic", "bin/softrnic", "the softrnic binary host sides run")
-	flag.BoolVar(&o.capture, "capture", false, "capture each case's RoCEv2 frames to OUT/pcap/CASE.pcap (always on with -selfcheck)")
+	flag.BoolVar(&o.capture, "capture", true, "capture each case's RoCEv2 frames to OUT/pcap/CASE.pcap (whole frames, for the ICRC check)")
+	flag.BoolVar(&o.keepPcaps, "keep-pcaps", false, "keep the captures of passing cases too (always with -selfcheck: they are the fresh reference captures)")
 	flag.StringVar(&o.pcapCheck, "pcapcheck", "", "command run on each capture, {} replaced by its path; non-zero exit fails the case (default with captures: SOFTRNIC pcap {} when that subcommand exists; \"none\" disables)")
 	flag.DurationVar(&o.bootLimit, "boot-timeout", 120*time.Second, "how long a guest may take to boot")
 	flag.Parse()
@@ -68,7 +70,7 @@ func run(o options) int {
 	mode := "interop"
 	if o.selfcheck {
 		mode = "selfcheck"
-		o.capture = true
+		o.keepPcaps = true
 	}
 	if o.cases == "" {
 		o.cases = filepath.Join("lab", "interop", mode+".txt")
