@@ -193,6 +193,9 @@ type e2eCase struct {
 	msgs  int
 	sizes []int
 	seed  uint64
+	// lossOnly, when set, applies loss alone (no duplication, reordering
+	// or corruption): the goodput benchmark.
+	lossOnly float64
 }
 
 func (k e2eCase) name() string {
@@ -202,6 +205,9 @@ func (k e2eCase) name() string {
 // runE2E runs k and returns the goodput in bytes per virtual second.
 func runE2E(t testing.TB, k e2eCase) float64 {
 	imp := memlink.Impairments{Loss: k.loss, Duplicate: k.loss, Reorder: k.loss, Corrupt: k.loss}
+	if k.lossOnly > 0 {
+		imp = memlink.Impairments{Loss: k.lossOnly}
+	}
 	tb := newTestbed(t, imp, k.seed, k.mtu)
 	var ws []*workload
 	var total int64

@@ -120,6 +120,11 @@ type QP struct {
 	peer  netip.Addr
 	mem   qpMem
 
+	// scratch of the post verbs (guarded by mu), so posting allocates nothing
+	postWQE  wr.SendWQE
+	postRecv wr.RecvWQE
+	postSG   [MaxSGE][]byte
+
 	deadline  atomic.Int64 // transport deadline, published after each step
 	txPending atomic.Bool  // the transport may have packets to send
 	destroyed atomic.Bool
@@ -428,9 +433,8 @@ type SendWR struct {
 // PostSend posts send WRs and returns how many it took; on error the rest
 // were not posted (ibv_post_send's bad_wr).
 func (q *QP) PostSend(wrs ...SendWR) (int, error) {
-	var w wr.SendWQE
-	var sg [MaxSGE][]byte
 	q.mu.Lock()
+	w, sg := &q.postWQE, q.postSG[:0]
 	defer q.release()
 	if q.destroyed.Load() {
 		return 0, ErrDestroyed
@@ -456,11 +460,11 @@ func (q *QP) PostSend(wrs ...SendWR) (int, error) {
 			q.pushWC(wr.WC{ID: s.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(s.Opcode), QPN: q.qpn})
 			continue
 		}
-		q.resolveSend(s, &w, sg[:0])
+		q.resolveSend(s, w, sg)
 		if q.ud != nil {
-			q.ud.Post(&w)
+			q.ud.Post(w)
 		} else {
-			q.rc.Post(&w)
+			q.rc.Post(w)
 		}
 	}
 	q.txPending.Store(true)
@@ -564,10 +568,9 @@ func (q *QP) PostRecv(wrs ...RecvWR) (int, error) {
 	if q.init.SRQ != nil {
 		return 0, ErrNoRecvQueue
 	}
-	var w wr.RecvWQE
-	var sg [MaxSGE][]byte
 	q.mu.Lock()
 	defer q.release()
+	w, sg := &q.postRecv, q.postSG[:0]
 	if q.destroyed.Load() {
 		return 0, ErrDestroyed
 	}
@@ -585,8 +588,8 @@ func (q *QP) PostRecv(wrs ...RecvWR) (int, error) {
 			q.pushWC(wr.WC{ID: wrs[i].ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true, QPN: q.qpn})
 			continue
 		}
-		q.dev.resolveRecv(q.pd, &wrs[i], &w, sg[:0])
-		q.rq.put(&w)
+		q.dev.resolveRecv(q.pd, &wrs[i], w, sg)
+		q.rq.put(w)
 	}
 	return len(wrs), nil
 }

@@ -361,6 +361,8 @@ type SRQ struct {
 	maxSGE int
 	mu     sync.Mutex
 	rq     recvRing
+	post   wr.RecvWQE // PostRecv scratch, guarded by mu
+	postSG [MaxSGE][]byte
 }
 
 // CreateSRQ creates a shared receive queue.
@@ -381,10 +383,9 @@ func (s *SRQ) Take(dst *wr.RecvWQE) bool {
 
 // PostRecv posts receive WRs to the SRQ and returns how many it took.
 func (s *SRQ) PostRecv(wrs ...RecvWR) (int, error) {
-	var w wr.RecvWQE
-	var sg [MaxSGE][]byte
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	w, sg := &s.post, s.postSG[:0]
 	for i := range wrs {
 		if len(wrs[i].SG) > s.maxSGE {
 			return i, ErrTooManySGE
@@ -392,8 +393,8 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) (int, error) {
 		if s.rq.full() {
 			return i, ErrQueueFull
 		}
-		s.pd.dev.resolveRecv(s.pd, &wrs[i], &w, sg[:0])
-		s.rq.put(&w)
+		s.pd.dev.resolveRecv(s.pd, &wrs[i], w, sg)
+		s.rq.put(w)
 	}
 	return len(wrs), nil
 }
