@@ -13,9 +13,12 @@
 //
 //	q = max(0, q - (now - last) * C) + len,
 //
-// updated under a bpf_spin_lock (several CPUs forward at once), and marks with
-// the DCQCN/RED ramp on the backlog a packet finds when it arrives:
-// p = 0 for q <= Kmin, Pmax * (q - Kmin) / (Kmax - Kmin) up to Kmax, 1 above.
+// updated under a bpf_spin_lock (several CPUs forward at once). tbf lets a
+// burst of b bytes through before anything queues, so its backlog is about
+// max(0, q - b); the program marks on that estimate of the backlog a packet
+// finds when it arrives, with the DCQCN/RED ramp:
+// p = 0 for q <= Kmin, Pmax * (q - Kmin) / (Kmax - Kmin) up to Kmax, 1 above,
+// and counts as a virtual drop a packet that would take it past tbf's limit.
 // This is marking at enqueue, whereas the DCQCN simulators mark at dequeue.
 //
 // Only ECT(0)/ECT(1) packets are set to CE (bpf_skb_ecn_set_ce, which also
@@ -92,6 +95,7 @@ struct bpf_spin_lock {
 struct config {
 	__u64 rate_Bps;    // bottleneck (tbf) rate, bytes per second
 	__u64 limit_bytes; // tbf limit: a packet that would overflow it is a virtual drop (0: none)
+	__u64 burst_bytes; // tbf burst: the part of q that tbf sends without queueing
 	__u64 kmin_bytes;  // no marking at or below
 	__u64 kmax_bytes;  // marking always above
 	__u64 pmax_q32;    // marking probability at Kmax, 1<<32 = 1
@@ -133,7 +137,7 @@ struct stats {
 // sample is one queue-trace record (ecnmark.go mirrors it).
 struct sample {
 	__u64 now_ns;
-	__u32 q_bytes; // backlog found on arrival (before this packet)
+	__u32 q_bytes; // backlog estimate max(0, q - burst) found on arrival
 	__u16 len;
 	__u8 ecn;      // ECN field on arrival (0xff: not IP)
 	__u8 verdict;  // V_* bits
@@ -228,6 +232,7 @@ int ecn_vq(struct __sk_buff *skb)
 	if (now == 0)
 		now = bpf_ktime_get_ns();
 	__u64 limit = c->limit_bytes, kmin = c->kmin_bytes, kmax = c->kmax_bytes;
+	__u64 burst = c->burst_bytes;
 	__u64 pmax = c->pmax_q32;
 
 	__u64 qseen, seq;
@@ -252,11 +257,11 @@ int ecn_vq(struct __sk_buff *skb)
 	}
 	if (now > v->last_ns)
 		v->last_ns = now; // a clock step backwards (tests) drains nothing
-	qseen = v->q_bytes;
+	qseen = v->q_bytes > burst ? v->q_bytes - burst : 0;
 	if (limit != 0 && qseen + len > limit)
 		verdict |= V_VQDROP;
 	else
-		v->q_bytes = qseen + len;
+		v->q_bytes += len;
 	if (!(verdict & V_VQDROP) && qseen > kmin) {
 		if (qseen > kmax) {
 			verdict |= V_RED;

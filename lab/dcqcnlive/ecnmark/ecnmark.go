@@ -32,6 +32,10 @@ type Config struct {
 	// queue past it is counted as a virtual drop (tbf drops it) and not
 	// queued. 0: no limit.
 	LimitBytes uint64
+	// BurstBytes is the tbf burst: tbf sends that much of a burst without
+	// queueing, so the marker takes max(0, q − burst) of its virtual queue q
+	// as the backlog (for marking, the limit and the trace).
+	BurstBytes uint64
 	// KminBytes, KmaxBytes, Pmax: no mark at or below Kmin, probability
 	// rising linearly to Pmax at Kmax, always above Kmax (the backlog is the
 	// one a packet finds on arrival, its own length excluded).
@@ -69,6 +73,8 @@ func (c Config) validate() error {
 		return errors.New("ecnmark: Kmax above 2 GiB")
 	case !(c.Pmax >= 0 && c.Pmax <= 1):
 		return fmt.Errorf("ecnmark: Pmax %v outside [0, 1]", c.Pmax)
+	case c.BurstBytes > rate:
+		return errors.New("ecnmark: burst above one second of the rate")
 	case c.LimitBytes > rate:
 		// A gap of a second empties the queue in the program.
 		return errors.New("ecnmark: limit above one second of the rate")
@@ -88,8 +94,8 @@ func (c Config) seed() uint64 {
 
 // config mirrors struct config in ecn_vq.c.
 type config struct {
-	RateBps, LimitBytes, KminBytes, KmaxBytes, PmaxQ32, NowNs uint64
-	Flags, WakeEvery                                          uint32
+	RateBps, LimitBytes, BurstBytes, KminBytes, KmaxBytes, PmaxQ32, NowNs uint64
+	Flags, WakeEvery                                                      uint32
 }
 
 // vqState mirrors struct vq in ecn_vq.c.
@@ -145,6 +151,7 @@ func (m *Marker) writeConfig(nowNs uint64) error {
 	c := config{
 		RateBps:    m.cfg.RateBitsPerSec / 8,
 		LimitBytes: m.cfg.LimitBytes,
+		BurstBytes: m.cfg.BurstBytes,
 		KminBytes:  m.cfg.KminBytes,
 		KmaxBytes:  m.cfg.KmaxBytes,
 		PmaxQ32:    m.cfg.pmaxQ32(),
@@ -177,9 +184,9 @@ func (m *Marker) Reset() error {
 // Program is the loaded program (for tests and for attaching elsewhere).
 func (m *Marker) Program() *ebpf.Program { return m.objs.EcnVq }
 
-// Queue returns the virtual queue's backlog in bytes as of its last update
-// (it drains only when a packet passes) and the time of that update on the
-// program's clock (CLOCK_MONOTONIC ns).
+// Queue returns the virtual queue in bytes (burst included) as of its last
+// update (it drains only when a packet passes) and the time of that update
+// on the program's clock (CLOCK_MONOTONIC ns).
 func (m *Marker) Queue() (backlog, lastNs uint64, err error) {
 	var st vqState
 	if err := m.objs.Vqs.LookupWithFlags(uint32(0), &st, ebpf.LookupLock); err != nil {
@@ -188,18 +195,25 @@ func (m *Marker) Queue() (backlog, lastNs uint64, err error) {
 	return st.QBytes, st.LastNs, nil
 }
 
-// BacklogAt returns the virtual queue's backlog drained up to nowNs
-// (CLOCK_MONOTONIC), i.e. what the next packet would find.
+// BacklogAt returns the tbf backlog the marker estimates at nowNs
+// (CLOCK_MONOTONIC): the virtual queue drained up to then, minus the burst,
+// i.e. what the next packet would find.
 func (m *Marker) BacklogAt(nowNs uint64) (uint64, error) {
 	q, last, err := m.Queue()
-	if err != nil || nowNs <= last {
-		return q, err
+	if err != nil {
+		return 0, err
 	}
-	d := drain(nowNs-last, m.cfg.RateBitsPerSec/8)
-	if d >= q {
+	if nowNs > last {
+		d := drain(nowNs-last, m.cfg.RateBitsPerSec/8)
+		if d >= q {
+			return 0, nil
+		}
+		q -= d
+	}
+	if q <= m.cfg.BurstBytes {
 		return 0, nil
 	}
-	return q - d, nil
+	return q - m.cfg.BurstBytes, nil
 }
 
 // drain returns the bytes a server of rate bytes/s sends in dt ns (no
@@ -295,7 +309,7 @@ func (m *Marker) Close() error { return m.objs.Close() }
 // Sample is one queue-trace record: the backlog a packet found on arrival.
 type Sample struct {
 	NowNs   uint64 // CLOCK_MONOTONIC (or the test override)
-	QBytes  uint32 // virtual backlog before this packet
+	QBytes  uint32 // backlog estimate (virtual queue − burst) before this packet
 	Len     uint16 // packet length (skb->len)
 	ECN     uint8  // ECN field on arrival, 0xff when not IP
 	Verdict uint8  // VerdictMarked | VerdictRED | VerdictVQDrop

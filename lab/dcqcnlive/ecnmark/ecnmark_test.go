@@ -273,7 +273,7 @@ func TestDrain(t *testing.T) {
 // and the Go model and requires the same verdict, backlog and counters for
 // every packet, the RED ramp's random draws included.
 func TestMatchesModel(t *testing.T) {
-	cfg := Config{RateBitsPerSec: 200e6, LimitBytes: 60000, KminBytes: 5000, KmaxBytes: 40000, Pmax: 0.3, Seed: 42}
+	cfg := Config{RateBitsPerSec: 200e6, LimitBytes: 60000, BurstBytes: 3000, KminBytes: 5000, KmaxBytes: 40000, Pmax: 0.3, Seed: 42}
 	m := load(t, cfg)
 	mod, err := NewModel(cfg)
 	if err != nil {
@@ -445,5 +445,36 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := rampCfg.validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBurst: the first burst bytes of a queue are tbf's bucket, not backlog;
+// with Kmin = Kmax = 0 (step marking) the first packet marked is the one
+// that finds more than the burst in the virtual queue.
+func TestBurst(t *testing.T) {
+	cfg := Config{RateBitsPerSec: 1e9, BurstBytes: 3000, LimitBytes: 4000}
+	m := load(t, cfg)
+	if err := m.setNow(t0); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint8
+	for i := range 6 {
+		got = append(got, ecnOf(run(t, m, roce(t, false, ect0, 1002, uint32(i)))))
+	}
+	// Virtual queue before each: 0, 1002, 2004, 3006 (6 over the burst:
+	// marked), 4008 (1008), 5010 (2010); the 6th finds 2010 and 2010+1002
+	// fits the limit; with limit 4000 nothing is dropped yet.
+	want := []uint8{ect0, ect0, ect0, ce, ce, ce}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("ECN out %v, want %v", got, want)
+	}
+	if b, err := m.BacklogAt(t0); err != nil || b != 6*1002-3000 {
+		t.Fatalf("BacklogAt = %d (%v), want %d", b, err, 6*1002-3000)
+	}
+	// 3012 + 1002 > 4000: a virtual drop, the queue does not grow.
+	run(t, m, roce(t, false, ect0, 1002, 7))
+	c, _ := m.Counters()
+	if q, _, _ := m.Queue(); c.VQDrops != 1 || q != 6*1002 {
+		t.Fatalf("after overflow: queue %d, counters %+v", q, c)
 	}
 }

@@ -20,12 +20,12 @@ func NewModel(cfg Config) (*Model, error) {
 	return &Model{cfg: cfg, rate: cfg.RateBitsPerSec / 8, pmax: cfg.pmaxQ32(), rng: cfg.seed()}, nil
 }
 
-// Backlog is the queue after the last packet.
+// Backlog is the virtual queue (burst included) after the last packet.
 func (m *Model) Backlog() uint64 { return m.q }
 
 // Packet runs one packet of length l with ECN field ecn (0xff: not IP)
-// arriving at nowNs and returns the verdict bits and the backlog the packet
-// found.
+// arriving at nowNs and returns the verdict bits and the backlog estimate
+// (virtual queue minus burst) the packet found.
 func (m *Model) Packet(nowNs uint64, l uint32, ecn uint8) (verdict uint8, found uint64) {
 	c := &m.Counters
 	c.Packets++
@@ -48,11 +48,13 @@ func (m *Model) Packet(nowNs uint64, l uint32, ecn uint8) (verdict uint8, found 
 	if nowNs > m.lastNs {
 		m.lastNs = nowNs
 	}
-	found = m.q
+	if m.q > m.cfg.BurstBytes {
+		found = m.q - m.cfg.BurstBytes
+	}
 	if m.cfg.LimitBytes != 0 && found+uint64(l) > m.cfg.LimitBytes {
 		verdict |= VerdictVQDrop
 	} else {
-		m.q = found + uint64(l)
+		m.q += uint64(l)
 	}
 	if verdict&VerdictVQDrop == 0 && found > m.cfg.KminBytes {
 		if found > m.cfg.KmaxBytes {
