@@ -214,7 +214,8 @@ func TestMain(m *testing.M) {
 // child opens a port on ifindex (in the namespace given) and reports "ready";
 // it then waits, bounded, for the parent's SIGKILL.
 func child(arg string) int {
-	nsName, idx, _ := strings.Cut(arg, ":")
+	nsName, rest, _ := strings.Cut(arg, ":")
+	idx, modeStr, _ := strings.Cut(rest, ":")
 	ifindex, err := strconv.Atoi(idx)
 	if err != nil {
 		fmt.Println("bad argument", arg)
@@ -227,7 +228,11 @@ func child(arg string) int {
 	}
 	var p *Port
 	if err := ns.Do(func() (err error) {
-		p, err = Open(Config{IfIndex: ifindex})
+		mode := bpf.DriverMode
+		if modeStr == "generic" {
+			mode = bpf.GenericMode
+		}
+		p, err = Open(Config{IfIndex: ifindex, XDPMode: mode})
 		return err
 	}); err != nil {
 		fmt.Println("open port:", err)
@@ -243,9 +248,15 @@ func child(arg string) int {
 // SIGKILLed leaves no XDP program on the interface (the BPF link dies with
 // its last file descriptor).
 func TestDetachedWhenProcessDies(t *testing.T) {
+	for _, mode := range []string{"driver", "generic"} {
+		t.Run(mode, func(t *testing.T) { detachedWhenDies(t, mode) })
+	}
+}
+
+func detachedWhenDies(t *testing.T, mode string) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s:%d", childEnv, pair.A.NS.Name, pair.A.Index))
+	cmd.Env = append(os.Environ(), fmt.Sprintf("%s=%s:%d:%s", childEnv, pair.A.NS.Name, pair.A.Index, mode))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -278,8 +289,10 @@ func TestDetachedWhenProcessDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(show, "prog/xdp") {
-		t.Fatalf("child reported ready but no XDP program is attached:\n%s", show)
+	// ip(8) shows the program as prog/xdp, with "xdpgeneric" (or "xdp")
+	// after the MTU saying which mode.
+	if !strings.Contains(show, "prog/xdp") || !strings.Contains(show, " "+map[string]string{"driver": "xdp", "generic": "xdpgeneric"}[mode]+" ") {
+		t.Fatalf("child reported ready but no %s-mode program on the link:\n%s", mode, show)
 	}
 	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
