@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/softrnic/softrnic/bpf"
@@ -36,6 +37,10 @@ type Config struct {
 	// Program is the attached steering program. Nil: the port loads one,
 	// attaches it to IfIndex and detaches it on Close.
 	Program *bpf.Program
+	// LocalAddrs, when the port loads the program itself and the list is not
+	// empty, restricts steering to RoCEv2 addressed to these addresses (the
+	// rest, e.g. RoCEv2 this host routes, stays with the kernel).
+	LocalAddrs []netip.Addr
 	// XDPMode, when the port attaches the program: bpf.DriverMode or
 	// bpf.GenericMode, or zero for driver mode with a generic fallback.
 	XDPMode bpf.AttachMode
@@ -113,10 +118,15 @@ func Open(cfg Config) (p *Port, err error) {
 		}
 	}()
 	if p.prog == nil {
-		if p.prog, err = bpf.Load(bpf.Options{Queues: max(cfg.Queue+1, 1)}); err != nil {
+		if p.prog, err = bpf.Load(bpf.Options{Queues: max(cfg.Queue+1, 1), FilterLocal: len(cfg.LocalAddrs) > 0}); err != nil {
 			return p, fmt.Errorf("afxdp: %w", err)
 		}
 		p.ownsProg = true
+		for _, a := range cfg.LocalAddrs {
+			if err = p.prog.AddLocal(a); err != nil {
+				return p, fmt.Errorf("afxdp: local address %v: %w", a, err)
+			}
+		}
 		if _, err = p.prog.AttachWith(cfg.IfIndex, cfg.XDPMode); err != nil {
 			return p, fmt.Errorf("afxdp: %w", err)
 		}

@@ -3,6 +3,7 @@ package afxdp
 import (
 	"bufio"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strconv"
@@ -477,5 +478,40 @@ func TestVLANFrame(t *testing.T) {
 			}
 			t.Fatal("tagged frame not received")
 		})
+	}
+}
+
+// TestLocalAddrs: with LocalAddrs the port receives RoCEv2 to its addresses
+// only; RoCEv2 to another address stays with the kernel (counted foreign).
+func TestLocalAddrs(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A, Config{})
+	b := openIn(t, &pair.B, Config{LocalAddrs: []netip.Addr{pair.B.Addr, pair.B.Addr6}})
+	mine := netnstest.RoCEFrame(make([]byte, 100), &pair.A, &pair.B, 1)
+	other := netnstest.RoCEFrame(make([]byte, 100), &pair.A, &pair.B, 2)
+	other[33]++ // destination address .2 -> .3 (checksum left stale: not looked at)
+	if k, err := a.Send([][]byte{other, mine}); k != 2 || err != nil {
+		t.Fatalf("Send: %d, %v", k, err)
+	}
+	frames := make([][]byte, port.BatchSize)
+	var got [][]byte
+	for tries := 0; tries < 20; tries++ {
+		k, err := b.Recv(frames, 10*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range frames[:k] {
+			got = append(got, append([]byte(nil), f...))
+		}
+	}
+	if len(got) != 1 || string(got[0]) != string(mine) {
+		t.Fatalf("received %d frames; want only the one to %v", len(got), pair.B.Addr)
+	}
+	st, err := b.Stats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Program.Foreign != 1 {
+		t.Errorf("foreign %d, want 1", st.Program.Foreign)
 	}
 }
