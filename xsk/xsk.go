@@ -70,6 +70,15 @@ type Config struct {
 	// MaxFrame bounds the frames Transmit accepts with MultiBuffer
 	// (default 9018: a 9000-byte MTU plus Ethernet and a VLAN tag).
 	MaxFrame int
+	// BusyPoll, when non-zero, makes Wait and the wakeups run the driver's
+	// NAPI loop from this thread for up to this long (SO_BUSY_POLL) instead
+	// of sleeping until an interrupt: lower latency for a core's worth of
+	// spinning. PreferBusyPoll (SO_PREFER_BUSY_POLL) keeps the softirq from
+	// competing, and BusyPollBudget (SO_BUSY_POLL_BUDGET) is how many frames
+	// one poll may process (0: the kernel's default).
+	BusyPoll       time.Duration
+	PreferBusyPoll bool
+	BusyPollBudget int
 }
 
 // ErrFrameTooLarge is returned by Transmit for a frame that does not fit.
@@ -268,6 +277,21 @@ func Open(cfg Config) (s *Socket, err error) {
 	}
 	if err != nil {
 		return s, fmt.Errorf("xsk: bind ifindex %d queue %d (flags %#x): %w", cfg.IfIndex, cfg.Queue, flags, err)
+	}
+	if cfg.BusyPoll > 0 {
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_BUSY_POLL, int(cfg.BusyPoll/time.Microsecond)); err != nil {
+			return s, fmt.Errorf("xsk: SO_BUSY_POLL: %w", err)
+		}
+		if cfg.PreferBusyPoll {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PREFER_BUSY_POLL, 1); err != nil {
+				return s, fmt.Errorf("xsk: SO_PREFER_BUSY_POLL: %w", err)
+			}
+		}
+		if cfg.BusyPollBudget > 0 {
+			if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_BUSY_POLL_BUDGET, cfg.BusyPollBudget); err != nil {
+				return s, fmt.Errorf("xsk: SO_BUSY_POLL_BUDGET: %w", err)
+			}
+		}
 	}
 	var opts uint32
 	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_OPTIONS, unsafe.Pointer(&opts), 4); err != nil {

@@ -44,11 +44,15 @@ type Config struct {
 	// XDPMode, when the port attaches the program: bpf.DriverMode or
 	// bpf.GenericMode, or zero for driver mode with a generic fallback.
 	XDPMode bpf.AttachMode
-	// FrameSize, NumFrames, Headroom and Mode are passed to xsk.Config.
-	FrameSize uint32
-	NumFrames uint32
-	Headroom  uint32
-	Mode      xsk.Mode
+	// FrameSize, NumFrames, Headroom, Mode and the busy-poll settings are
+	// passed to xsk.Config.
+	FrameSize      uint32
+	NumFrames      uint32
+	Headroom       uint32
+	Mode           xsk.Mode
+	BusyPoll       time.Duration
+	PreferBusyPoll bool
+	BusyPollBudget int
 	// NoMultiBuffer refuses XDP multi-buffer: Open then fails when the
 	// interface's MTU does not fit one chunk.
 	NoMultiBuffer bool
@@ -135,6 +139,7 @@ func Open(cfg Config) (p *Port, err error) {
 		IfIndex: cfg.IfIndex, Queue: cfg.Queue,
 		FrameSize: fs, NumFrames: cfg.NumFrames, Headroom: cfg.Headroom,
 		Mode: cfg.Mode, MultiBuffer: multi, MaxFrame: need,
+		BusyPoll: cfg.BusyPoll, PreferBusyPoll: cfg.PreferBusyPoll, BusyPollBudget: cfg.BusyPollBudget,
 	})
 	if err != nil {
 		return p, fmt.Errorf("afxdp: %w", err)

@@ -515,3 +515,16 @@ func TestLocalAddrs(t *testing.T) {
 		t.Errorf("foreign %d, want 1", st.Program.Foreign)
 	}
 }
+
+// TestBusyPoll: a port with busy polling (SO_BUSY_POLL and friends) opens
+// and carries frames intact.
+func TestBusyPoll(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	cfg := Config{BusyPoll: 20 * time.Microsecond, PreferBusyPoll: true, BusyPollBudget: 64}
+	a := openIn(t, &pair.A, cfg)
+	b := openIn(t, &pair.B, cfg)
+	size := func(i int) int { return 60 + i%1400 }
+	if res, err := netnstest.Transfer(a, b, &pair.A, &pair.B, 5000, size, 256, 30*time.Second); err != nil {
+		t.Fatalf("after %d frames: %v", res.Received, err)
+	}
+}
