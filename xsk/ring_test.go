@@ -200,6 +200,9 @@ func TestFrameBounds(t *testing.T) {
 	if f := s.Frame(unix.XDPDesc{Addr: uint64(len(s.umem)) - 10, Len: 20}); f != nil {
 		t.Error("out-of-UMEM descriptor produced a slice")
 	}
+	if f := s.Frame(unix.XDPDesc{Addr: ^uint64(0) - 5, Len: 20}); f != nil {
+		t.Error("descriptor whose end wraps around produced a slice")
+	}
 	if f := s.Frame(unix.XDPDesc{Addr: 256, Len: 60}); len(f) != 60 || cap(f) != 60 {
 		t.Errorf("frame view len %d cap %d, want 60/60", len(f), cap(f))
 	}
@@ -234,6 +237,8 @@ func TestOpenValidation(t *testing.T) {
 		{FrameSize: 1000},
 		{NumFrames: 100},
 		{FrameSize: 2048, Headroom: 2000},
+		{FrameSize: 4096, Headroom: 0xffffff00}, // would wrap a sum
+		{NumFrames: 1 << 20},
 	} {
 		if s, err := Open(c); err == nil {
 			s.Close()

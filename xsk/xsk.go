@@ -176,10 +176,10 @@ func Open(cfg Config) (s *Socket, err error) {
 	if cfg.FrameSize != 2048 && cfg.FrameSize != 4096 {
 		return nil, fmt.Errorf("xsk: frame size %d: must be 2048 or 4096", cfg.FrameSize)
 	}
-	if !pow2(cfg.NumFrames) || cfg.NumFrames < 8 {
-		return nil, fmt.Errorf("xsk: %d frames: must be a power of two, at least 8", cfg.NumFrames)
+	if !pow2(cfg.NumFrames) || cfg.NumFrames < 8 || cfg.NumFrames > 1<<18 {
+		return nil, fmt.Errorf("xsk: %d frames: must be a power of two from 8 to 262144", cfg.NumFrames)
 	}
-	if cfg.Headroom+unix.XDP_PACKET_HEADROOM+128 > cfg.FrameSize {
+	if cfg.Headroom > cfg.FrameSize-unix.XDP_PACKET_HEADROOM-128 {
 		return nil, fmt.Errorf("xsk: headroom %d leaves no room in a %d-byte frame", cfg.Headroom, cfg.FrameSize)
 	}
 	half := cfg.NumFrames / 2
@@ -195,7 +195,7 @@ func Open(cfg Config) (s *Socket, err error) {
 		}
 	}()
 
-	s.umem, err = unix.Mmap(-1, 0, int(cfg.NumFrames*cfg.FrameSize), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	s.umem, err = unix.Mmap(-1, 0, int(uint64(cfg.NumFrames)*uint64(cfg.FrameSize)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return s, fmt.Errorf("xsk: mmap UMEM: %w", err)
 	}
@@ -360,7 +360,7 @@ func (s *Socket) Receive(descs []unix.XDPDesc) int {
 func (s *Socket) Frame(d unix.XDPDesc) []byte {
 	// The kernel only writes in-bounds descriptors; the check keeps a
 	// corrupted ring from turning into a wild slice.
-	if d.Addr+uint64(d.Len) > uint64(len(s.umem)) {
+	if size := uint64(len(s.umem)); d.Addr > size || uint64(d.Len) > size-d.Addr {
 		return nil
 	}
 	return s.umem[d.Addr : d.Addr+uint64(d.Len) : d.Addr+uint64(d.Len)]
