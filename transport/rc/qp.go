@@ -18,7 +18,6 @@
 package rc
 
 import (
-	"encoding/binary"
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
@@ -47,20 +46,8 @@ const (
 	SynNAKRemOp     = 0x63
 )
 
-// AETH is a view of the 4-byte ACK extended transport header. (Local to
-// this package because bth does not define it yet.)
-type AETH []byte
-
-// Syndrome is the ACK/NAK type and its code.
-func (a AETH) Syndrome() uint8 { return a[0] }
-
-// MSN is the responder's message sequence number.
-func (a AETH) MSN() uint32 { return binary.BigEndian.Uint32(a) & 0xFFFFFF }
-
-// Encode stores syndrome and MSN.
-func (a AETH) Encode(syn uint8, msn uint32) {
-	binary.BigEndian.PutUint32(a, uint32(syn)<<24|msn&0xFFFFFF)
-}
+// AETH is bth's view of the ACK extended transport header.
+type AETH = bth.AETH
 
 // rnrTimerNS is the RNR NAK timer table (IBA Table 45) in nanoseconds,
 // indexed by the 5-bit code.

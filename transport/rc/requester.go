@@ -87,7 +87,9 @@ func (r *requester) canSend(q *QP) bool {
 			return false
 		}
 	}
-	if !q.cfg.UC && r.psn.Diff(r.compPSN) >= MaxUnackedPSNs {
+	// As rxe: a new packet may start while its PSN is at most
+	// MaxUnackedPSNs past the oldest unacknowledged one.
+	if !q.cfg.UC && r.psn.Diff(r.compPSN) > MaxUnackedPSNs {
 		return false
 	}
 	return true
