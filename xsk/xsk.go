@@ -67,8 +67,9 @@ type Config struct {
 	// NoNeedWakeup disables XDP_USE_NEED_WAKEUP (on by default: without it
 	// every transmit needs a syscall and the driver spins on an empty FILL).
 	NoNeedWakeup bool
-	// MaxFrame bounds the frames Transmit accepts with MultiBuffer
-	// (default 9018: a 9000-byte MTU plus Ethernet and a VLAN tag).
+	// MaxFrame bounds the frames Transmit accepts (default 9018: a 9000-byte
+	// MTU plus Ethernet and a VLAN tag); without MultiBuffer one chunk is
+	// the limit too.
 	MaxFrame int
 	// BusyPoll, when non-zero, makes Wait and the wakeups run the driver's
 	// NAPI loop from this thread for up to this long (SO_BUSY_POLL) instead
@@ -327,7 +328,7 @@ func (s *Socket) MaxTxFrame() int {
 	if s.cfg.MultiBuffer {
 		return min(s.cfg.MaxFrame, maxSegments*int(s.cfg.FrameSize))
 	}
-	return int(s.cfg.FrameSize)
+	return min(s.cfg.MaxFrame, int(s.cfg.FrameSize))
 }
 
 // Receive takes up to len(descs) descriptors from the RX ring into descs and

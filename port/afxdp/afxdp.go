@@ -144,11 +144,9 @@ func Open(cfg Config) (p *Port, err error) {
 	if err != nil {
 		return p, fmt.Errorf("afxdp: %w", err)
 	}
-	if multi {
-		p.maxFrame = need
-	} else {
-		p.maxFrame = oneChunk
-	}
+	// The interface's MTU (plus Ethernet and a VLAN tag) bounds the frames,
+	// whether or not they fit one chunk.
+	p.maxFrame = need
 	if err = p.prog.Register(cfg.Queue, p.sock.FD()); err != nil {
 		return p, fmt.Errorf("afxdp: %w", err)
 	}
@@ -255,7 +253,8 @@ func (p *Port) Send(frames [][]byte) (int, error) {
 	return n, err
 }
 
-// MaxFrame implements port.Port.
+// MaxFrame implements port.Port: the interface's MTU plus Ethernet and one
+// VLAN tag, as for the AF_PACKET port.
 func (p *Port) MaxFrame() int { return p.maxFrame }
 
 // Socket exposes the underlying socket (for benches and tests).

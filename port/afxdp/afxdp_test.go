@@ -2,7 +2,9 @@ package afxdp
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"github.com/softrnic/softrnic/xsk"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -173,6 +175,22 @@ func TestRecvSendAllocs(t *testing.T) {
 				t.Error("nothing received: the allocation count measured an idle path")
 			}
 		})
+	}
+}
+
+// TestSendOversize: a frame over MaxFrame (the MTU's) is refused with an
+// error, never sent for the kernel to drop.
+func TestSendOversize(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A, Config{})
+	if a.MaxFrame() != 1500+18 {
+		t.Fatalf("MaxFrame %d at MTU 1500, want 1518", a.MaxFrame())
+	}
+	ok := make([]byte, a.MaxFrame())
+	big := make([]byte, a.MaxFrame()+1)
+	n, err := a.Send([][]byte{ok, big, ok})
+	if n != 1 || !errors.Is(err, xsk.ErrFrameTooLarge) {
+		t.Errorf("Send: %d, %v; want 1 and ErrFrameTooLarge", n, err)
 	}
 }
 
