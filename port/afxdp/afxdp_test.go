@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
-	"github.com/softrnic/softrnic/xsk"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/xsk"
 )
 
 // openIn opens a port on l inside l's namespace.
