@@ -18,15 +18,15 @@ import (
 // shared-memory rings and socket); shmring's benchmarks measure the
 // cross-process hop itself.
 
-func benchEndpoints(b *testing.B, spin int) (*endpoint, *endpoint) {
-	td := startDaemon(b, daemon.Options{SpinPolls: spin})
+func benchEndpoints(b *testing.B) (*endpoint, *endpoint) {
+	td := startDaemon(b, daemon.Options{})
 	x, y := newEndpoint(b, td.path, allAccess), newEndpoint(b, td.path, allAccess)
 	connect(b, x, y, wr.RemoteWrite)
 	return x, y
 }
 
 func BenchmarkDaemonWrite64Latency(b *testing.B) {
-	x, y := benchEndpoints(b, 1<<12)
+	x, y := benchEndpoints(b)
 	w := &proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{x.mr.SGE(0, 64)}, RemoteAddr: y.mr.Addr, RKey: y.mr.RKey}
 	var wcs [1]wr.WC
 	b.ReportAllocs()
@@ -45,7 +45,7 @@ func BenchmarkDaemonWrite64Latency(b *testing.B) {
 }
 
 func BenchmarkDaemonWrite64Rate(b *testing.B) {
-	x, y := benchEndpoints(b, 1<<12)
+	x, y := benchEndpoints(b)
 	const batch = 32
 	ws := make([]*proto.SendWR, batch)
 	for i := range ws {

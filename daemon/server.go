@@ -34,10 +34,10 @@ type Options struct {
 	MaxMRBytes int64
 	// MaxObjects bounds the PDs+MRs+CQs+QPs of one client (default 4096).
 	MaxObjects int
-	// SpinPolls is how many empty passes the ring pump makes before it
-	// sleeps on its doorbell (default 64). Spinning longer lowers latency and
-	// costs CPU.
-	SpinPolls int
+	// SpinFor is how long the ring pump keeps polling after its last work
+	// before it sleeps on its doorbell (default 50 µs, as the engine):
+	// longer lowers latency under light load and costs CPU.
+	SpinFor time.Duration
 	// OnClientGone, if set, is called after a client's connection closed and
 	// all its resources were released.
 	OnClientGone func(ClientInfo)
@@ -102,8 +102,8 @@ func NewServer(dev Device, opt Options) (*Server, error) {
 	if opt.MaxObjects == 0 {
 		opt.MaxObjects = 4096
 	}
-	if opt.SpinPolls == 0 {
-		opt.SpinPolls = 64
+	if opt.SpinFor == 0 {
+		opt.SpinFor = 50 * time.Microsecond
 	}
 	db, err := shmring.NewDoorbell()
 	if err != nil {
@@ -270,22 +270,21 @@ func (s *Server) wake() {
 }
 
 // pump moves work from clients' SQ/RQ rings to the device and completions
-// from the device to clients' CQ rings. It spins for SpinPolls empty passes,
-// then arms every ring's wakeup flag and sleeps on the doorbell, so an idle
-// daemon costs no CPU and a busy one no syscalls.
+// from the device to clients' CQ rings. It keeps polling for SpinFor after
+// its last work, then arms every ring's wakeup flag and sleeps on the
+// doorbell, so an idle daemon costs no CPU and a busy one no syscalls.
 func (s *Server) pump() {
 	defer close(s.pumpDone)
-	idle := 0
+	last := time.Now()
 	for !s.stop.Load() {
 		if s.pollOnce() > 0 {
-			idle = 0
+			last = time.Now()
 			continue
 		}
-		if idle++; idle < s.opt.SpinPolls {
+		if time.Since(last) < s.opt.SpinFor {
 			runtime.Gosched()
 			continue
 		}
-		idle = 0
 		s.sleeping.Store(true)
 		if s.armAll() && s.pollOnce() == 0 {
 			// The timeout bounds how long completions can wait behind a
@@ -295,6 +294,7 @@ func (s *Server) pump() {
 		}
 		s.sleeping.Store(false)
 		s.disarmAll()
+		last = time.Now()
 	}
 }
 

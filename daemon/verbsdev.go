@@ -99,7 +99,7 @@ type verbsCQ struct {
 }
 
 func (c *verbsCQ) Poll(wcs []wr.WC) int { return c.cq.Poll(wcs) }
-func (c *verbsCQ) Destroy() error      { close(c.stop); return nil }
+func (c *verbsCQ) Destroy() error       { close(c.stop); return nil }
 
 func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ CQ, sigAll bool) (QP, error) {
 	t := verbs.RC

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -26,13 +27,16 @@ var (
 
 // shuttle is the wire and the engine of two verbs devices: it moves every
 // frame one device transmits to the other and runs their timers. Frames are
-// real RoCEv2 frames with ICRCs, checked by the receiving device.
+// real RoCEv2 frames with ICRCs, checked by the receiving device. Like the
+// engine, it keeps polling for a while after the last work (SpinFor) and
+// then sleeps until a doorbell or the earliest transport deadline.
 func shuttle(ctx context.Context, a, b *verbs.Device) {
 	out := make([][]byte, 32)
 	for i := range out {
 		out[i] = make([]byte, 0, 9000)
 	}
 	idle := time.NewTimer(time.Hour)
+	lastWork := clock.Now()
 	for ctx.Err() == nil {
 		now := clock.Now()
 		work := false
@@ -43,27 +47,36 @@ func shuttle(ctx context.Context, a, b *verbs.Device) {
 			}
 			p[0].Expire(now)
 		}
-		if !work {
-			idle.Reset(100 * time.Microsecond)
-			select {
-			case <-a.Doorbell():
-			case <-b.Doorbell():
-			case <-idle.C:
-			case <-ctx.Done():
-			}
+		if work {
+			lastWork = now
+			continue
+		}
+		if now.Sub(lastWork) < 50*time.Microsecond {
+			runtime.Gosched()
+			continue
+		}
+		wait := min(clock.Min(a.NextDeadline(), b.NextDeadline()).Sub(now), time.Millisecond)
+		if wait <= 0 {
+			continue
+		}
+		idle.Reset(wait)
+		select {
+		case <-a.Doorbell():
+		case <-b.Doorbell():
+		case <-idle.C:
+		case <-ctx.Done():
 		}
 	}
 }
 
-// A client process's memory, registered through the daemon's verbs device,
-// is written and read by a peer RNIC with RDMA WRITE and READ; the peer's
-// wrong rkey gets a remote access error and writes nothing.
-func TestVerbsDeviceThroughDaemon(t *testing.T) {
+// twoDevices makes devices A and B joined by a shuttle goroutine, and a
+// daemon serving A on a socket in a temp dir.
+func twoDevices(t testing.TB) (devA, devB *verbs.Device, path string) {
 	devA, err := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
-	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
+	devB, _ = verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
 	macs := map[netip.Addr][6]byte{addrA: macA, addrB: macB}
 	resolve := func(a netip.Addr) ([6]byte, error) {
 		m, ok := macs[a]
@@ -81,12 +94,21 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(t.TempDir(), "ctl.sock")
+	path = filepath.Join(t.TempDir(), "ctl.sock")
 	if err := srv.Listen(path); err != nil {
 		t.Fatal(err)
 	}
 	go srv.Serve()
 	t.Cleanup(func() { srv.Close(time.Second) })
+	return devA, devB, path
+}
+
+// A client process's memory, registered through the daemon's verbs device,
+// is written and read by a peer RNIC with RDMA WRITE and READ; the peer's
+// wrong rkey gets a remote access error and writes nothing.
+func TestVerbsDeviceThroughDaemon(t *testing.T) {
+	devA, devB, path := twoDevices(t)
+	_ = devA
 
 	// The client side: memory, MR, CQ, RC QP, all through the daemon.
 	c, err := client.Dial(path)
