@@ -22,11 +22,11 @@ type node struct {
 // testbed is two devices joined by a memlink in virtual time, both driven
 // from the test goroutine so that every run with a seed is identical.
 type testbed struct {
-	t      testing.TB
-	clk    *memlink.VirtualClock
-	a, b   *node
-	bytes  int64 // bytes sent on the wire, both ways
-	stalls int
+	t       testing.TB
+	clk     *memlink.VirtualClock
+	a, b    *node
+	bytes   int64 // bytes sent on the wire, both ways
+	timeout uint8 // local ACK timeout of connected QPs (default 6, 262 µs)
 }
 
 var (
@@ -143,7 +143,11 @@ func (tb *testbed) connect(t QPType, mtu int, access Access, depth int) (qa, qb 
 	conn := func(q, peer *QP, av AddressVector, psnOut, psnIn uint32) {
 		must(tb.t, q.Modify(Init, &Attr{Access: access}))
 		must(tb.t, q.Modify(RTR, &Attr{PathMTU: mtu, DestQPN: peer.QPN(), RQPSN: psnIn, MaxDestRdAtomic: 16, MinRNRTimer: 1, AV: av}))
-		must(tb.t, q.Modify(RTS, &Attr{SQPSN: psnOut, Timeout: 6, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}))
+		to := tb.timeout
+		if to == 0 {
+			to = 6
+		}
+		must(tb.t, q.Modify(RTS, &Attr{SQPSN: psnOut, Timeout: to, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}))
 	}
 	pa, pb := uint32(0xFFFFF0+qa.QPN()), uint32(0x123456+qb.QPN())
 	conn(qa, qb, AddressVector{DestMAC: macB, DestIP: tb.b.dev.cfg.Addrs[0]}, pa, pb)
