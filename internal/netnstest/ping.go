@@ -9,10 +9,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Ping sends count ICMP echo requests to dst (IPv4) from inside the namespace
-// and returns how many matching replies came back, waiting at most timeout in
-// total. It exists because hosts may lack ping(8); it uses a raw socket.
-func (n *NS) Ping(dst netip.Addr, count int, timeout time.Duration) (int, error) {
+// Ping sends ICMP echo requests to dst (IPv4) from inside the namespace until
+// want replies have come back or timeout passes, and returns how many came
+// back. Echoes are re-sent rather than each required to succeed, because
+// concurrent tests share the kernel's per-CPU receive backlog and a burst
+// elsewhere may drop one; what is checked is that ICMP gets through. It
+// exists because hosts may lack ping(8); it uses a raw socket.
+func (n *NS) Ping(dst netip.Addr, want int, timeout time.Duration) (int, error) {
 	if !dst.Is4() {
 		return 0, fmt.Errorf("netnstest: Ping supports IPv4 only, got %v", dst)
 	}
@@ -24,48 +27,45 @@ func (n *NS) Ping(dst netip.Addr, count int, timeout time.Duration) (int, error)
 		return 0, fmt.Errorf("netnstest: raw ICMP socket: %w", err)
 	}
 	defer unix.Close(fd)
+	tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
+	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
 	sa := &unix.SockaddrInet4{Addr: dst.As4()}
 	id := uint16(time.Now().UnixNano())
-	got := 0
 	deadline := time.Now().Add(timeout)
 	buf := make([]byte, 1500)
-	for seq := 0; seq < count && time.Now().Before(deadline); seq++ {
+	replied := map[uint16]bool{}
+	for seq := uint16(0); len(replied) < want && time.Now().Before(deadline); seq++ {
 		req := make([]byte, 8+32)
 		req[0] = 8 // echo request
 		binary.BigEndian.PutUint16(req[4:], id)
-		binary.BigEndian.PutUint16(req[6:], uint16(seq))
+		binary.BigEndian.PutUint16(req[6:], seq)
 		for i := 8; i < len(req); i++ {
 			req[i] = byte(i)
 		}
 		binary.BigEndian.PutUint16(req[2:], checksum(req))
 		if err := unix.Sendto(fd, req, 0, sa); err != nil {
-			return got, fmt.Errorf("netnstest: ping send: %w", err)
+			return len(replied), fmt.Errorf("netnstest: ping send: %w", err)
 		}
-		// Read until our reply or the per-echo wait runs out.
-		wait := time.Now().Add(time.Second)
-		for time.Now().Before(wait) && time.Now().Before(deadline) {
-			tv := unix.NsecToTimeval(int64(200 * time.Millisecond))
-			unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+		// Wait up to 500 ms for this echo's reply (a late reply to an
+		// earlier one counts too).
+		until := time.Now().Add(500 * time.Millisecond)
+		for !replied[seq] && time.Now().Before(until) && time.Now().Before(deadline) {
 			m, _, err := unix.Recvfrom(fd, buf, 0)
-			if err != nil {
+			if err != nil || m < 20 {
 				continue
 			}
 			// A raw IPv4 socket returns the IP header.
-			if m < 20 {
-				continue
-			}
 			ihl := int(buf[0]&0x0f) * 4
 			if m < ihl+8 {
 				continue
 			}
 			icmp := buf[ihl:m]
-			if icmp[0] == 0 && binary.BigEndian.Uint16(icmp[4:]) == id && binary.BigEndian.Uint16(icmp[6:]) == uint16(seq) {
-				got++
-				break
+			if r := binary.BigEndian.Uint16(icmp[6:]); icmp[0] == 0 && binary.BigEndian.Uint16(icmp[4:]) == id && r <= seq {
+				replied[r] = true
 			}
 		}
 	}
-	return got, nil
+	return len(replied), nil
 }
 
 func checksum(b []byte) uint16 {
