@@ -1,0 +1,99 @@
+package ud
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+type rq struct{ q []wr.RecvWQE }
+
+func (r *rq) Take(dst *wr.RecvWQE) bool {
+	if len(r.q) == 0 {
+		return false
+	}
+	sg := append(dst.SG[:0], r.q[0].SG...)
+	*dst = r.q[0]
+	dst.SG = sg
+	r.q = r.q[1:]
+	return true
+}
+
+func newQP(qkey uint32, r *rq) *QP {
+	q := New(0x20, 8, 2, r)
+	q.Receiver(Config{QKey: qkey, MTU: 256})
+	q.Sender(77)
+	return q
+}
+
+func TestUDSendQKeyRule(t *testing.T) {
+	q := newQP(0x11111111, &rq{})
+	buf := make([]byte, q.MaxPacket())
+	data := []byte("hello, datagram")
+	q.Post(&wr.SendWQE{ID: 1, Opcode: wr.SendWithImm, Flags: wr.Signaled, SG: [][]byte{data[:5], data[5:]}, Length: uint32(len(data)),
+		Imm: 9, RemoteQPN: 0x33, RemoteQKey: 0x80000000})
+	q.Post(&wr.SendWQE{ID: 2, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{data}, Length: uint32(len(data)), RemoteQPN: 0x33, RemoteQKey: 0x1234})
+	q.Post(&wr.SendWQE{ID: 3, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 257)}, Length: 257, RemoteQPN: 0x33})
+	n := q.Build(0, buf)
+	h := bth.BTH(buf)
+	d := bth.DETH(buf[bth.BTHLen:])
+	if h.Opcode() != bth.UDSendOnlyImm || h.DestQP() != 0x33 || h.PSN() != 77 || d.QKey() != 0x11111111 || d.SrcQP() != 0x20 ||
+		bth.ImmDt(buf[20:]).Imm() != 9 || !bytes.Equal(buf[24:24+len(data)], data) || n != 24+len(data)+h.PadCount() || h.PadCount() != 1 {
+		t.Fatalf("% x", buf[:n])
+	}
+	n = q.Build(0, buf)
+	if bth.DETH(buf[bth.BTHLen:]).QKey() != 0x1234 || bth.BTH(buf).PSN() != 78 || n == 0 {
+		t.Fatal("explicit Q_Key")
+	}
+	if q.Build(0, buf) != 0 || q.Build(0, buf) != 0 {
+		t.Fatal("a datagram above the MTU was sent")
+	}
+	w := q.TakeCompletions()
+	if len(w) != 3 || w[0].Status != wr.Success || w[2].Status != wr.LocLenErr {
+		t.Fatalf("%+v", w)
+	}
+}
+
+func TestUDReceiveGRHAndChecks(t *testing.T) {
+	buf := make([]byte, 100)
+	r := &rq{q: []wr.RecvWQE{{ID: 5, SG: [][]byte{buf[:30], buf[30:]}, Length: 100}, {ID: 6, SG: [][]byte{make([]byte, 41)}, Length: 41}}}
+	q := newQP(0x11111111, r)
+	mk := func(qkey uint32, n int) []byte {
+		p := make([]byte, bth.BTHLen+bth.DETHLen+n)
+		bth.BTH(p).Encode(&bth.BTHFields{Opcode: bth.UDSendOnly, PKey: 0xFFFF, DestQP: 0x20, PSN: 1})
+		bth.DETH(p[bth.BTHLen:]).Encode(qkey, 0x44)
+		for i := 0; i < n; i++ {
+			p[20+i] = byte(i + 1)
+		}
+		return p
+	}
+	var grh [GRHLen]byte
+	for i := range grh {
+		grh[i] = 0xEE
+	}
+	src := netip.MustParseAddr("10.0.0.1")
+	q.Receive(0, mk(0x22222222, 8), &grh, src) // wrong Q_Key: dropped, no receive used
+	q.Receive(0, mk(0x11111111, 8), &grh, src)
+	q.Receive(0, mk(0x11111111, 8), &grh, src) // 40+8 > 41: LOC_LEN_ERR
+	q.Receive(0, mk(0x11111111, 8), &grh, src) // no receive posted: dropped
+	w := q.TakeCompletions()
+	if q.RxBadQKey != 1 || q.RxNoRecv != 1 || len(w) != 2 {
+		t.Fatalf("%+v %+v", q.Counters, w)
+	}
+	if w[0].ID != 5 || w[0].ByteLen != 48 || w[0].SrcQP != 0x44 || w[0].SrcIP != src || w[0].Flags&wr.WCGRH == 0 {
+		t.Fatalf("%+v", w[0])
+	}
+	if !bytes.Equal(buf[:40], grh[:]) || !bytes.Equal(buf[40:48], []byte{1, 2, 3, 4, 5, 6, 7, 8}) {
+		t.Fatalf("% x", buf[:48])
+	}
+	if w[1].Status != wr.LocLenErr {
+		t.Fatalf("%+v", w[1])
+	}
+	// Hostile input never panics.
+	for n := 0; n < 24; n++ {
+		q.Receive(0, mk(0x11111111, 4)[:n], &grh, src)
+	}
+}
