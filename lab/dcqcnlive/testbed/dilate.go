@@ -1,0 +1,89 @@
+package testbed
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/softrnic/softrnic/congestion"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
+)
+
+// Time dilation (dcqcn-anchors §5.6): two cores cannot forward 40 Gb/s, so
+// the live experiment divides every rate by S and multiplies every time
+// constant by S, leaving byte quantities (MTU, Kmin/Kmax, the byte counter,
+// buffer sizes) alone. The DCQCN fluid model is invariant under this map
+// (rates/C, queue in bytes, t/S), so the normalised traces of a dilated run
+// are comparable with the undilated simulation.
+
+// DefaultScale is S when none is given: the paper's 40 Gb/s becomes a
+// 100 Mb/s bottleneck (about 11.6 kpps of 1 KiB RoCE packets), which the
+// two shared cores of the development machines carry with room for the
+// senders, kernel forwarding and the receiver; K = T = 22 ms, N = 20 ms.
+const DefaultScale = 400
+
+// DilateRP returns c with rates divided by s and periods multiplied by s.
+func DilateRP(c dcqcn.Config, s float64) dcqcn.Config {
+	r := func(x congestion.Rate) congestion.Rate { return congestion.Rate(float64(x) / s) }
+	d := func(x time.Duration) time.Duration { return time.Duration(float64(x) * s) }
+	c.LineRate, c.MinRate, c.RateOnFirstCNP = r(c.LineRate), r(c.MinRate), r(c.RateOnFirstCNP)
+	c.AIRate, c.HAIRate = r(c.AIRate), r(c.HAIRate)
+	c.AlphaPeriod, c.ReduceMonitorPeriod, c.TimerPeriod = d(c.AlphaPeriod), d(c.ReduceMonitorPeriod), d(c.TimerPeriod)
+	return c
+}
+
+// DilateNP returns n with its CNP interval multiplied by s.
+func DilateNP(n dcqcn.NPConfig, s float64) dcqcn.NPConfig {
+	n.MinInterval = time.Duration(float64(n.MinInterval) * s)
+	return n
+}
+
+// Plan is a dilated experiment's parameters: the bottleneck for Build and
+// the DCQCN configuration congestion-controlled endpoints must run.
+type Plan struct {
+	Profile    string
+	Scale      float64
+	LineRate   congestion.Rate // undilated line rate of the profile
+	Bottleneck Bottleneck
+	RP         dcqcn.Config   // dilated
+	NP         dcqcn.NPConfig // dilated
+}
+
+// PlanFor returns the plan of a profile at scale s:
+//   - paper: 40 Gb/s line and bottleneck, RED Kmin 5 KB, Kmax 200 KB,
+//     Pmax 1 % (the paper's §5.3 values), dcqcn.Paper and dcqcn.PaperNP;
+//   - connectx: 100 Gb/s, the ConnectX defaults (dcqcn.DefaultConnectX)
+//     and the ECN thresholds the anchors give for a ConnectX fabric,
+//     400 KB / 1600 KB / 20 %.
+//
+// The tbf burst is 3 frames of 1500-byte MTU, its limit 4 × Kmax.
+func PlanFor(profile string, s float64, seed uint64) (Plan, error) {
+	if !(s >= 1) {
+		return Plan{}, fmt.Errorf("testbed: scale %v below 1", s)
+	}
+	p := Plan{Profile: profile, Scale: s}
+	var kmin, kmax uint64
+	var pmax float64
+	switch profile {
+	case "paper":
+		p.LineRate = 40 * congestion.Gbps
+		p.RP, p.NP = dcqcn.Paper(p.LineRate), dcqcn.PaperNP()
+		kmin, kmax, pmax = 5_000, 200_000, 0.01
+	case "connectx":
+		p.LineRate = 100 * congestion.Gbps
+		cx := dcqcn.DefaultConnectX()
+		p.RP, p.NP = cx.Config(p.LineRate), cx.NPConfig()
+		kmin, kmax, pmax = 400_000, 1_600_000, 0.2
+	default:
+		return Plan{}, fmt.Errorf("testbed: unknown profile %q (paper, connectx)", profile)
+	}
+	p.RP, p.NP = DilateRP(p.RP, s), DilateNP(p.NP, s)
+	rate := uint64(float64(p.LineRate) / s)
+	p.Bottleneck = Bottleneck{
+		RateBitsPerSec: rate,
+		BurstBytes:     3 * 1514,
+		LimitBytes:     4 * kmax,
+		Marker:         ecnmark.Config{KminBytes: kmin, KmaxBytes: kmax, Pmax: pmax, Seed: seed},
+	}
+	return p, nil
+}
