@@ -223,3 +223,5 @@ func fill(n int, seed byte) []byte {
 }
 
 func le64(b []byte) uint64 { return binary.NativeEndian.Uint64(b) }
+
+func neverTime() clock.Time { return clock.Never }

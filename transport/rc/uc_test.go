@@ -1,0 +1,66 @@
+package rc
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+func ucCtx(t *testing.T) *tctx {
+	cfg := defaultCfg()
+	cfg.UC = true
+	cfg.Access = wr.LocalWrite | wr.RemoteWrite
+	return newCtx(t, cfg)
+}
+
+func TestUCRequesterCompletesOnSendWithoutACK(t *testing.T) {
+	c := ucCtx(t)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 1500)}})
+	c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMAWriteWithImm, Flags: wr.Signaled, SG: [][]byte{make([]byte, 10)}, RemoteAddr: 1, RKey: 2})
+	g := c.expect(p(bth.UCSendFirst, 100), p(bth.UCSendLast, 101), p(bth.UCRDMAWriteOnlyImm, 102))
+	for _, x := range g {
+		if x.ackReq {
+			t.Fatal("UC packet with AckReq")
+		}
+	}
+	if w := c.wcs(); len(w) != 2 || w[0].Status != wr.Success || c.qp.Deadline() != neverTime() {
+		t.Fatalf("%+v", w)
+	}
+}
+
+func TestUCResponderDropsToNextFirst(t *testing.T) {
+	c := ucCtx(t)
+	rb := make([]byte, 3000)
+	c.rq.post(1, rb)
+	a, b := fill(2048, 1), fill(1030, 2)
+	c.inject(req{op: bth.UCSendFirst, psn: 500, payload: a[:1024]})
+	// 501 lost: the LAST is dropped, and so is everything until a FIRST.
+	c.inject(req{op: bth.UCSendLast, psn: 502, payload: a[1024:1030]})
+	c.inject(req{op: bth.UCSendMiddle, psn: 503, payload: a[:1024]})
+	if len(c.wcs()) != 0 {
+		t.Fatal("partial message completed")
+	}
+	// The next message reuses the receive WQE the lost one had started.
+	c.inject(req{op: bth.UCSendFirst, psn: 510, payload: b[:1024]})
+	c.inject(req{op: bth.UCSendLastImm, psn: 511, imm: 3, payload: b[1024:]})
+	c.expect() // UC never acknowledges
+	w := c.wcs()
+	if len(w) != 1 || w[0].ID != 1 || w[0].ByteLen != 1030 || w[0].Imm != 3 || !bytes.Equal(rb[:1030], b) {
+		t.Fatalf("%+v", w)
+	}
+	// Errors drop the message silently instead of failing the QP.
+	c.inject(req{op: bth.UCRDMAWriteOnly, psn: 512, va: 5, rkey: 99, dmaLen: 4, payload: fill(4, 0)})
+	c.inject(req{op: bth.UCSendOnly, psn: 513, payload: fill(4, 0)}) // no receive posted
+	c.expect()
+	if c.qp.Failed() {
+		t.Fatal("UC QP failed on a bad request")
+	}
+	// RC opcodes are not accepted by a UC QP.
+	c.rq.post(2, rb)
+	c.inject(req{op: bth.RCSendOnly, psn: 514, payload: fill(4, 0)})
+	if len(c.wcs()) != 0 {
+		t.Fatal("RC opcode accepted on UC")
+	}
+}
