@@ -243,7 +243,8 @@ func checkPattern(b []byte, idx, off int, client bool) error {
 	return nil
 }
 
-// runLat is the ping-pong (SEND, WRITE: both sides, the client first) or
+// runLat is the ping-pong (SEND: the client first; WRITE: the server
+// first, as perftest's run_iter_lat_send and run_iter_lat_write) or
 // request-response (READ, atomic: the client alone) latency loop on QP 0.
 func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 	if t.p.Duration > 0 {
@@ -273,11 +274,12 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 				}
 			}
 		case perftest.Write:
-			// The last byte of each WRITE carries the iteration, which the
-			// peer polls for in its own memory.
-			marker := byte(i%254 + 1)
+			// The last byte of each WRITE carries the iteration count as a
+			// C char (1, 2, … 255, 0, 1, …), which the peer polls for in its
+			// own memory. In perftest's write_lat the server writes first.
+			marker := byte(i + 1)
 			src := q.src[half : half+int(size)]
-			if !t.client {
+			if t.client {
 				if err := t.waitMarker(q, size, marker); err != nil {
 					return perftest.LatReport{}, err
 				}
@@ -295,13 +297,13 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 			if err := t.post(q, w); err != nil {
 				return perftest.LatReport{}, err
 			}
-			if i == iters-1 {
-				if err := t.waitSend(q, i); err != nil {
+			if !t.client {
+				if err := t.waitMarker(q, size, marker); err != nil {
 					return perftest.LatReport{}, err
 				}
 			}
-			if t.client {
-				if err := t.waitMarker(q, size, marker); err != nil {
+			if i == iters-1 {
+				if err := t.waitSend(q, i); err != nil {
 					return perftest.LatReport{}, err
 				}
 			}
@@ -427,10 +429,11 @@ func (t *Test) waitMarker(q *qp, size uint64, marker byte) error {
 		if got == marker {
 			return err
 		}
+		// Keep what poll collected: the completion of our own last WRITE
+		// may come in while we wait for the peer's, and waitSend needs it.
 		if _, err := t.poll(); err != nil {
 			return err
 		}
-		q.seen = q.seen[:0]
 		if now()-start > int64(stallLimit) {
 			return errTimeout
 		}

@@ -242,6 +242,13 @@ func (t *Test) fillPattern() {
 		for i := range r {
 			r[i] = pattern(q, i, t.client)
 		}
+		if t.p.Verb == perftest.Write && t.p.Measure == perftest.Latency {
+			// write_lat polls the last byte of each message for the peer's
+			// iteration count, from 1 on: what the peer writes into must
+			// start as zeros, as perftest's buffers do, or a pattern byte
+			// could pass for a count.
+			clear(r[:t.region/2])
+		}
 	}
 }
 

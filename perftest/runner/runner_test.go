@@ -117,7 +117,8 @@ func TestEveryProgramOverMemlink(t *testing.T) {
 		{perftest.Read, perftest.BW, []string{"-s", "8192", "-n", "40"}},
 		{perftest.Send, perftest.BW, []string{"-s", "4096", "-n", "100", "-r", "64"}},
 		{perftest.Atomic, perftest.BW, []string{"-n", "100"}},
-		{perftest.Write, perftest.Latency, []string{"-s", "64", "-n", "50"}},
+		{perftest.Write, perftest.Latency, []string{"-s", "64", "-n", "300"}}, // the marker wraps at 256
+		{perftest.Write, perftest.Latency, []string{"-s", "1", "-n", "20"}},
 		{perftest.Read, perftest.Latency, []string{"-s", "64", "-n", "50"}},
 		{perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "50"}},
 		{perftest.Atomic, perftest.Latency, []string{"-n", "50"}},
