@@ -425,3 +425,61 @@ func restamp(b []byte) error {
 }
 
 func icrcStamp(p []byte) error { return icrc.Stamp(p) }
+
+// TestReceiveChecks sends frames that fail each of the device's checks and
+// one that passes them all.
+func TestReceiveChecks(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 9, 1024)
+	_, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite, 8)
+	tgt, _ := tb.b.pd.RegMR(make([]byte, 16), LocalWrite|RemoteWrite)
+	spec := func() *frame.Spec {
+		return &frame.Spec{SrcMAC: macA, DstMAC: macB, Src: addrA, Dst: addrB, SrcPort: 0xC000,
+			BTH:  bth.BTHFields{Opcode: bth.RCRDMAWriteOnly, PKey: 0xFFFF, DestQP: qb.QPN(), AckReq: true, PSN: bth.PSN(qb.attr.RQPSN)},
+			RETH: frame.RETHFields{VA: tgt.IOVA(), RKey: tgt.RKey(), DMALen: 4}}
+	}
+	build := func(s *frame.Spec) []byte {
+		b := make([]byte, 256)
+		n, err := frame.Build(b, s, []byte{1, 2, 3, 4})
+		must(t, err)
+		return b[:n]
+	}
+	s := spec()
+	s.Src = netip.MustParseAddr("10.77.0.99")
+	badSrc := build(s)
+	s = spec()
+	s.Dst = netip.MustParseAddr("10.77.0.98")
+	notLocal := build(s)
+	s = spec()
+	s.BTH.PKey = 0x8001
+	badPKey := build(s)
+	s = spec()
+	s.BTH.DestQP = 0x777
+	noQP := build(s)
+	s = spec()
+	s.BTH.Opcode = bth.UCRDMAWriteOnly
+	badType := build(s)
+	badICRC := build(spec())
+	badICRC[len(badICRC)-1] ^= 1
+	good := build(spec())
+	tb.b.dev.Receive(0, [][]byte{badSrc, notLocal, badPKey, noQP, badType, badICRC, []byte{1, 2, 3}})
+	st := tb.b.dev.Stats
+	if st.RxBadSrc != 1 || st.RxNotLocal != 1 || st.RxBadHeader != 1 || st.RxNoQP != 1 || st.RxBadType != 1 || st.RxBadICRC != 1 || st.RxParseErr != 1 {
+		t.Fatalf("%+v", st)
+	}
+	if !bytes.Equal(tgt.Bytes()[:4], make([]byte, 4)) {
+		t.Fatal("a rejected frame wrote memory")
+	}
+	tb.b.dev.Receive(0, [][]byte{good})
+	if !bytes.Equal(tgt.Bytes()[:4], []byte{1, 2, 3, 4}) {
+		t.Fatal("the good frame did not write")
+	}
+	out := [][]byte{make([]byte, 2048)}
+	if tb.b.dev.Transmit(0, out) != 1 {
+		t.Fatal("no ACK")
+	}
+	var f frame.Frame
+	must(t, frame.Parse(out[0], &f))
+	if !f.VerifyICRC() || f.Opcode() != bth.RCAcknowledge || f.Dst() != addrA || f.BTH().DestQP() != qb.attr.DestQPN {
+		t.Fatalf("ACK %v", f.Opcode())
+	}
+}
