@@ -139,6 +139,7 @@ type Socket struct {
 
 	txFree []uint64 // stack of free TX frame addresses: O(1) alloc and free
 	pfd    []unix.PollFd
+	ts     unix.Timespec // Wait's timeout, kept here so Ppoll does not allocate
 	stats  Stats
 	closed bool
 }
@@ -405,12 +406,12 @@ func (s *Socket) Wait(timeout time.Duration) (bool, error) {
 	if timeout <= 0 {
 		return false, nil
 	}
-	ms := int(timeout / time.Millisecond)
-	if ms == 0 {
-		ms = 1
-	}
+	// ppoll keeps sub-millisecond timeouts (an engine idling for 50 µs must
+	// not sleep a whole millisecond); the timespec lives in the Socket so
+	// that the call does not allocate.
+	s.ts = unix.NsecToTimespec(int64(timeout))
 	s.stats.Polls++
-	n, err := unix.Poll(s.pfd, ms)
+	n, err := unix.Ppoll(s.pfd, &s.ts, nil)
 	if err != nil && err != unix.EINTR {
 		return false, fmt.Errorf("xsk: poll: %w", err)
 	}

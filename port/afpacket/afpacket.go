@@ -70,6 +70,7 @@ type Port struct {
 	shdrs []unix.Mmsghdr
 	siov  []unix.Iovec
 	pfd   []unix.PollFd
+	ts    unix.Timespec // Recv's timeout, kept here so Ppoll does not allocate
 
 	// PACKET_STATISTICS resets on read; the totals accumulate here.
 	packets, drops uint64
@@ -299,9 +300,11 @@ func (p *Port) Recv(frames [][]byte, timeout time.Duration) (int, error) {
 	}
 	n := p.collect(frames)
 	if n == 0 && p.lent == 0 && timeout > 0 {
-		ms := max(int(timeout/time.Millisecond), 1)
+		// ppoll keeps sub-millisecond timeouts; the timespec lives in the
+		// Port so that the call does not allocate.
+		p.ts = unix.NsecToTimespec(int64(timeout))
 		p.syscalls++
-		if _, err := unix.Poll(p.pfd, ms); err != nil && err != unix.EINTR {
+		if _, err := unix.Ppoll(p.pfd, &p.ts, nil); err != nil && err != unix.EINTR {
 			return 0, fmt.Errorf("afpacket: poll: %w", err)
 		}
 		n = p.collect(frames)

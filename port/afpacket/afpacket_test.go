@@ -331,3 +331,17 @@ func TestFilterDifferential(t *testing.T) {
 	}
 	t.Logf("%d frames, %d RoCEv2 by the rule, %d delivered", n, len(want), len(got))
 }
+
+// TestIdleRecvAllocs: waiting on an idle port (the engine's idle loop, with
+// sub-millisecond timeouts) does not allocate.
+func TestIdleRecvAllocs(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	b := openIn(t, &pair.B)
+	frames := make([][]byte, port.BatchSize)
+	if allocs := testing.AllocsPerRun(50, func() { b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
+		t.Errorf("idle Recv allocates %.1f times, want 0", allocs)
+	}
+	if st, _ := b.Stats(); st.Syscalls == 0 {
+		t.Error("no poll happened: the idle path was not measured")
+	}
+}

@@ -546,3 +546,17 @@ func TestBusyPoll(t *testing.T) {
 		t.Fatalf("after %d frames: %v", res.Received, err)
 	}
 }
+
+// TestIdleRecvAllocs: waiting on an idle port (the engine's idle loop, with
+// sub-millisecond timeouts) does not allocate.
+func TestIdleRecvAllocs(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	b := openIn(t, &pair.B, Config{})
+	frames := make([][]byte, port.BatchSize)
+	if allocs := testing.AllocsPerRun(50, func() { b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
+		t.Errorf("idle Recv allocates %.1f times, want 0", allocs)
+	}
+	if st, _ := b.Stats(); st.Socket.Polls == 0 {
+		t.Error("no poll happened: the idle path was not measured")
+	}
+}
