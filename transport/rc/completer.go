@@ -112,7 +112,10 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 		r.timer = clock.Never
 		r.rnrPSN = pp
 	case syn == SynNAKPSNSeq:
-		if pp.Less(r.compPSN) {
+		if pp.Less(r.compPSN) || (r.rnrWait && pp == r.rnrPSN) {
+			// Stale, or the sequence NAK a responder sends for the packets
+			// that followed the one it RNR-NAKed (rnr_nak.pcap): the RNR
+			// wait already resends from there.
 			return
 		}
 		// Everything before pp was received: the NAK acknowledges it.

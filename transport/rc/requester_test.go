@@ -329,3 +329,28 @@ func TestCompleterIgnoresGhostsAndBadResponses(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 }
+
+func TestCompleterSeqNAKAfterRNRCostsNoRetry(t *testing.T) {
+	cfg := defaultCfg()
+	cfg.RetryCnt = 0 // any transport retry would fail the QP
+	c := newCtx(t, cfg)
+	for i := 0; i < 3; i++ {
+		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(64, 0)}})
+	}
+	c.expect(p(bth.RCSendOnly, 100), p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102))
+	// As in rnr_nak.pcap: ACK, RNR NAK, then a sequence NAK for the same PSN.
+	c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynACK, msn: 1})
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynRNRNAK | 12, msn: 1})
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq, msn: 1})
+	c.expect()
+	if c.qp.Failed() {
+		t.Fatal("sequence NAK after RNR NAK spent a transport retry")
+	}
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102))
+	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK, msn: 3})
+	if w := c.wcs(); len(w) != 3 || w[2].Status != wr.Success {
+		t.Fatalf("%+v", w)
+	}
+}
