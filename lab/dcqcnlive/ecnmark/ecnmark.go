@@ -106,18 +106,19 @@ type vqState struct {
 
 // Counters are the program's counters summed over all CPUs.
 type Counters struct {
-	Packets, Bytes uint64
-	ECT            uint64 // ECT(0) or ECT(1) on arrival
-	CE             uint64 // already CE on arrival
-	NotECT         uint64 // IP but not ECN-capable
-	NonIP          uint64 // not IPv4/IPv6 (ARP, ...): queued, never marked
-	Marked         uint64 // set to CE by the marker
-	MarkFailed     uint64 // chosen for marking but the kernel helper refused
-	NotECTHit      uint64 // not-ECT packets RED chose (a RED switch drops them)
-	CEHit          uint64 // already-CE packets RED chose
-	VQDrops        uint64 // would overflow LimitBytes (tbf drops them)
-	Unconfigured   uint64 // seen before a configuration was written
-	TraceLost      uint64 // samples lost to a full ring buffer
+	Packets      uint64 `json:"packets"`
+	Bytes        uint64 `json:"bytes"`
+	ECT          uint64 `json:"ect"`          // ECT(0) or ECT(1) on arrival
+	CE           uint64 `json:"ce"`           // already CE on arrival
+	NotECT       uint64 `json:"not_ect"`      // IP but not ECN-capable
+	NonIP        uint64 `json:"non_ip"`       // not IPv4/IPv6 (ARP, ...): queued, never marked
+	Marked       uint64 `json:"marked"`       // set to CE by the marker
+	MarkFailed   uint64 `json:"mark_failed"`  // chosen for marking but the kernel helper refused
+	NotECTHit    uint64 `json:"not_ect_hit"`  // not-ECT packets RED chose (a RED switch drops them)
+	CEHit        uint64 `json:"ce_hit"`       // already-CE packets RED chose
+	VQDrops      uint64 `json:"vq_drops"`     // would overflow LimitBytes (tbf drops them)
+	Unconfigured uint64 `json:"unconfigured"` // seen before a configuration was written
+	TraceLost    uint64 `json:"trace_lost"`   // samples lost to a full ring buffer
 }
 
 // Marker is a loaded marker program with its maps.

@@ -40,6 +40,20 @@ type Experiment struct {
 	Out string
 	// Log, when set, gets progress lines.
 	Log func(format string, args ...any)
+	// Stop, when it delivers, ends the run early (still cleaning up).
+	Stop <-chan os.Signal
+}
+
+// sleepUntil waits until t or until Stop delivers; false means stopped.
+func (e *Experiment) sleepUntil(t time.Time) bool {
+	tm := time.NewTimer(time.Until(t))
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return true
+	case <-e.Stop:
+		return false
+	}
 }
 
 // FlowSummary is one flow's result.
@@ -56,11 +70,13 @@ type FlowSummary struct {
 
 // QueueStats summarises the tbf backlog polls in the window.
 type QueueStats struct {
-	MeanKB, P5KB, P95KB float64
+	MeanKB float64 `json:"mean_kb"`
+	P5KB   float64 `json:"p5_kb"`
+	P95KB  float64 `json:"p95_kb"`
 	// TrackMAEBytes is the mean absolute difference between the marker's
 	// backlog estimate and tbf's backlog at the polls of the whole run.
-	TrackMAEBytes float64
-	Polls         int
+	TrackMAEBytes float64 `json:"track_mae_bytes"`
+	Polls         int     `json:"polls"` // polls in the window
 }
 
 // Summary is the experiment's result (summary.json).
@@ -235,8 +251,9 @@ func (e Experiment) Run() (sum Summary, err error) {
 		s := &specs[i]
 		s.RateBitsPerSec, s.PayloadBytes, s.TClass = rate, e.PayloadBytes, e.DSCP<<2|2
 		s.Profile, s.Scale = e.Plan.Profile, e.Plan.Scale
-		if i == 1 {
-			time.Sleep(time.Until(start.Add(e.Join)))
+		if i == 1 && !e.sleepUntil(start.Add(e.Join)) {
+			err = errors.New("testbed: interrupted")
+			break
 		}
 		f, ferr := e.Endpoints.StartFlow(topo, *s)
 		if ferr != nil {
@@ -246,8 +263,8 @@ func (e Experiment) Run() (sum Summary, err error) {
 		flows = append(flows, f)
 		logf("testbed: flow %d %s→%s started at %.2f s, %.2f Mb/s", s.ID, s.Src.Name, s.Dst.Name, time.Since(start).Seconds(), float64(rate)/1e6)
 	}
-	if err == nil {
-		time.Sleep(time.Until(start.Add(e.Duration)))
+	if err == nil && !e.sleepUntil(start.Add(e.Duration)) {
+		err = errors.New("testbed: interrupted")
 	}
 	for _, f := range flows {
 		err = errors.Join(err, f.Stop())

@@ -34,14 +34,16 @@ type FlowSpec struct {
 // EndpointCounters are what a flow's endpoints report about themselves,
 // with the mlx5 counter names where the engine has them.
 type EndpointCounters struct {
-	SentFrames, SentBytes uint64
-	SkippedFrames         uint64 // raw sender: frames given up because the sender fell behind its schedule
-	RecvFrames, RecvBytes uint64
-	RecvCE                uint64 // np_ecn_marked_roce_packets
-	RecvBadICRC           uint64
-	CNPSent               uint64 // np_cnp_sent
-	CNPHandled            uint64 // rp_cnp_handled
-	CNPIgnored            uint64 // rp_cnp_ignored
+	SentFrames    uint64 `json:"sent_frames"`
+	SentBytes     uint64 `json:"sent_bytes"`
+	SkippedFrames uint64 `json:"skipped_frames"` // raw sender: frames given up because the sender fell behind its schedule
+	RecvFrames    uint64 `json:"recv_frames"`
+	RecvBytes     uint64 `json:"recv_bytes"`
+	RecvCE        uint64 `json:"np_ecn_marked_roce_packets"`
+	RecvBadICRC   uint64 `json:"recv_bad_icrc"`
+	CNPSent       uint64 `json:"np_cnp_sent"`
+	CNPHandled    uint64 `json:"rp_cnp_handled"`
+	CNPIgnored    uint64 `json:"rp_cnp_ignored"`
 }
 
 // Flow is a running flow.

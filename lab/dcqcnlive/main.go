@@ -1,0 +1,99 @@
+// Command dcqcnlive runs the live DCQCN experiment of issue 7 on this host:
+// two flows, h1→r and h2→r, through a forwarding namespace sw whose sw→r
+// egress is a tbf bottleneck with a tc-bpf ECN marker (a RED ramp on a
+// virtual queue mirroring tbf), with rates and timers dilated by S so that
+// two cores suffice. It needs root (namespaces, veth, tc, BPF).
+//
+//	go run ./lab/dcqcnlive [-profile paper|connectx] [-scale S] [-duration D]
+//	                       [-join J] [-endpoints raw] [-out DIR] [-trace]
+//
+// It prints and writes (to DIR) per-flow rates at the bottleneck's output
+// over the last 20 % of the run, Jain's index, utilisation, CNP counts, tbf
+// drops, the marker's counters and the queue trace (tbf backlog and the
+// marker's estimate every 5 ms; with -trace also every packet's backlog and
+// verdict).
+//
+// The endpoints today are raw ECT(0) senders at a fixed rate, which are not
+// congestion-controlled (the summary says so): they exercise the bottleneck
+// and the marker. softrnic's engine plugs in as another testbed.Endpoints.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/softrnic/softrnic/lab/dcqcnlive/testbed"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	profile := flag.String("profile", "paper", "DCQCN profile: paper (40 Gb/s) or connectx (100 Gb/s)")
+	scale := flag.Float64("scale", testbed.DefaultScale, "time dilation S: rates ÷ S, timers × S, bytes unchanged")
+	duration := flag.Duration("duration", 30*time.Second, "run length (wall time)")
+	join := flag.Duration("join", 0, "when flow 2 starts (wall time; default S × 10 ms, the paper's 10 ms)")
+	endpoints := flag.String("endpoints", "raw", "flow endpoints: raw (ECT(0) UDP/4791 at a fixed rate, not congestion-controlled)")
+	rawLoad := flag.Float64("raw-load", 0.75, "raw endpoints: each sender's rate as a fraction of the bottleneck")
+	dscp := flag.Uint("dscp", 26, "DSCP of data packets (they are sent ECT(0))")
+	seed := flag.Uint64("seed", 1, "marker's random seed")
+	out := flag.String("out", "out/dcqcn-live", "output directory (summary.json, rates.csv, queue.csv, trace.csv)")
+	trace := flag.Bool("trace", false, "keep the marker's per-packet queue samples (trace.csv)")
+	flag.Parse()
+
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "dcqcnlive: needs root (network namespaces, veth, tc, BPF)")
+		return 2
+	}
+	plan, err := testbed.PlanFor(*profile, *scale, *seed)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dcqcnlive:", err)
+		return 2
+	}
+	var ep testbed.Endpoints
+	switch *endpoints {
+	case "raw":
+		ep = &testbed.RawECT{}
+	default:
+		fmt.Fprintf(os.Stderr, "dcqcnlive: unknown endpoints %q (raw; softrnic once the engine has DCQCN on the wire)\n", *endpoints)
+		return 2
+	}
+	if *join == 0 {
+		*join = time.Duration(*scale * float64(10*time.Millisecond))
+	}
+	if *dscp > 63 {
+		fmt.Fprintln(os.Stderr, "dcqcnlive: DSCP above 63")
+		return 2
+	}
+	fmt.Printf("dcqcnlive: %s profile at S=%g: dilated DCQCN T=%v K=%v N=%v R_AI=%.3g Mb/s R_HAI=%.3g Mb/s line %.4g Mb/s\n",
+		plan.Profile, plan.Scale, plan.RP.TimerPeriod, plan.RP.AlphaPeriod, plan.NP.MinInterval,
+		float64(plan.RP.AIRate)/1e6, float64(plan.RP.HAIRate)/1e6, float64(plan.RP.LineRate)/1e6)
+
+	// Interrupts end the run early through the normal path, so the
+	// namespaces are always removed.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	e := testbed.Experiment{
+		Plan: plan, Endpoints: ep, Duration: *duration, Join: *join,
+		PayloadBytes: 1024, DSCP: uint8(*dscp), RawLoad: *rawLoad, Trace: *trace, Out: *out,
+		Log:  func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
+		Stop: sig,
+	}
+	sum, err := e.Run()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dcqcnlive:", err)
+		return 1
+	}
+	j, _ := json.MarshalIndent(sum, "", "  ")
+	fmt.Println(string(j))
+	fmt.Printf("dcqcnlive: wrote %s/{summary.json,rates.csv,queue.csv", *out)
+	if *trace {
+		fmt.Print(",trace.csv")
+	}
+	fmt.Println("}")
+	return 0
+}

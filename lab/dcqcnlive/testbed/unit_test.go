@@ -1,0 +1,162 @@
+package testbed
+
+import (
+	"math"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/congestion"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/frame"
+	"golang.org/x/sys/unix"
+)
+
+// TestDilatedPaperGolden: the paper's single-CNP trajectory, dilated by S,
+// is the undilated one with rates ÷ S at times × S (the map the live
+// experiment relies on), checked through the real reaction point.
+func TestDilatedPaperGolden(t *testing.T) {
+	const s = DefaultScale
+	p, err := PlanFor("paper", s, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Bottleneck.RateBitsPerSec != 100e6 || p.RP.TimerPeriod != 22*time.Millisecond ||
+		p.RP.AlphaPeriod != 22*time.Millisecond || p.NP.MinInterval != 20*time.Millisecond ||
+		p.RP.ByteCounter != 10_000_000 || p.RP.AIRate != 100e3 {
+		t.Fatalf("dilated plan %+v", p)
+	}
+	r, err := dcqcn.NewRP(p.RP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.OnCNP(0)
+	for i, g := range []float64{20, 30, 35, 37.5, 38.75, 39.375, 39.6875} {
+		at := clock.Time(int64(i) * int64(55*time.Microsecond) * s)
+		if i > 0 {
+			if d := r.Deadline(); d != at {
+				t.Fatalf("increase %d at %v, want %v", i, d, at)
+			}
+			r.OnTimer(at)
+		}
+		if want := congestion.Rate(g * 1e9 / s); math.Abs(float64(r.Rate()-want)) > 1e-6 {
+			t.Fatalf("at %v: R_C %v b/s, want %v", at, float64(r.Rate()), float64(want))
+		}
+		if a := r.Alpha(); i == 5 && math.Abs(a-math.Pow(255.0/256, 5)) > 1e-12 {
+			t.Fatalf("α after five dilated K periods = %v", a)
+		}
+	}
+	if _, err := PlanFor("connectx", s, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := PlanFor("nope", s, 1); err == nil {
+		t.Fatal("unknown profile accepted")
+	}
+	if _, err := PlanFor("paper", 0.5, 1); err == nil {
+		t.Fatal("scale below 1 accepted")
+	}
+}
+
+func testSpec() frame.Spec {
+	return frame.Spec{
+		DstMAC: [6]byte{2, 0, 0, 0, 0, 2}, SrcMAC: [6]byte{2, 0, 0, 0, 0, 1},
+		Src: netip.MustParseAddr("10.77.1.2"), Dst: netip.MustParseAddr("10.77.3.2"), TOS: 26<<2 | 2, SrcPort: 0xC001,
+		BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PKey: bth.DefaultPKey, DestQP: 0x101},
+	}
+}
+
+// TestHotPathsDoNotAllocate: the raw sender's frame build, the raw
+// receiver's and the monitor's per-frame accounting allocate nothing.
+func TestHotPathsDoNotAllocate(t *testing.T) {
+	s := testSpec()
+	buf := make([]byte, frame.Size(&s, 1024))
+	var b frame.Builder
+	var psn uint32
+	if a := testing.AllocsPerRun(1000, func() {
+		psn++
+		s.BTH.PSN = bth.PSN(psn)
+		if err := buildRaw(&b, buf, &s, 1024); err != nil {
+			t.Fatal(err)
+		}
+	}); a != 0 {
+		t.Errorf("buildRaw: %v allocations per frame", a)
+	}
+	var f frame.Frame
+	if err := frame.Parse(buf, &f); err != nil || !f.VerifyICRC() {
+		t.Fatalf("built frame: %v, ICRC %v", err, f.VerifyICRC())
+	}
+
+	sink := &rawSink{per: map[flowKey]*EndpointCounters{}}
+	sink.register(flowKey{s.Src, 0x101})
+	frames := [][]byte{buf, buf, make([]byte, 60)}
+	if a := testing.AllocsPerRun(1000, func() { sink.account(frames, &f) }); a != 0 {
+		t.Errorf("rawSink.account: %v allocations per batch", a)
+	}
+	c := sink.counts(flowKey{s.Src, 0x101})
+	if c.RecvFrames != 2002 || c.RecvCE != 0 || c.RecvBadICRC != 0 || sink.other.Load() != 1001 {
+		t.Errorf("sink counted %+v, other %d", c, sink.other.Load())
+	}
+
+	m := &Monitor{binNs: 1e6, maxBins: 10, cnps: map[cnpKey]uint64{}, startNs: 1000}
+	m.account(buf, unix.PACKET_OUTGOING, 2000, &f) // creates the flow and its first bin
+	if a := testing.AllocsPerRun(1000, func() { m.account(buf, unix.PACKET_OUTGOING, 2000, &f) }); a != 0 {
+		t.Errorf("Monitor.account: %v allocations per frame", a)
+	}
+}
+
+// TestMonitorAccounting: bins, CE marks, CNPs back to the sender.
+func TestMonitorAccounting(t *testing.T) {
+	s := testSpec()
+	data := make([]byte, frame.Size(&s, 1024))
+	if _, err := frame.Build(data, &s, make([]byte, 1024)); err != nil {
+		t.Fatal(err)
+	}
+	marked := append([]byte(nil), data...)
+	marked[15] |= 3 // CE (the IPv4 checksum is not the monitor's business)
+	cnpSpec := testSpec()
+	cnpSpec.Src, cnpSpec.Dst = s.Dst, s.Src
+	cnp := make([]byte, 128)
+	n, err := frame.BuildCNP(cnp, &cnpSpec, 0x55)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnp = cnp[:n]
+
+	m := &Monitor{binNs: 1e6, maxBins: 3, cnps: map[cnpKey]uint64{}, startNs: 1e9}
+	var f frame.Frame
+	m.account(data, unix.PACKET_OUTGOING, 1e9+10, &f)
+	m.account(marked, unix.PACKET_OUTGOING, 1e9+2e6+5, &f)
+	m.account(data, unix.PACKET_OUTGOING, 1e9+9e6, &f) // past the last bin: totals only
+	m.account(cnp, unix.PACKET_HOST, 1e9+3e6, &f)
+	m.account(cnp, unix.PACKET_OUTGOING, 1e9+3e6, &f) // a CNP leaving sw toward r is not r's
+	m.account(make([]byte, 60), unix.PACKET_HOST, 1e9, &f)
+	flows, cnps, other := m.Snapshot()
+	if len(flows) != 2 { // the outgoing CNP is a "flow" from r: the monitor does not judge
+		t.Fatalf("%d flows: %+v", len(flows), flows)
+	}
+	ft := flows[0]
+	l := uint64(len(data))
+	if ft.Src != s.Src || ft.DestQP != 0x101 || ft.Frames != 3 || ft.CE != 1 || ft.Bytes != 3*l ||
+		len(ft.Bins) != 3 || ft.Bins[0] != l || ft.Bins[1] != 0 || ft.Bins[2] != l {
+		t.Fatalf("flow trace %+v", ft)
+	}
+	if cnps[s.Src] != 1 || len(cnps) != 1 || other != 1 {
+		t.Fatalf("cnps %v, other %d", cnps, other)
+	}
+}
+
+func TestQueueStats(t *testing.T) {
+	var pts []QueuePoint
+	for i := range 100 {
+		pts = append(pts, QueuePoint{Ns: uint64(i), TbfBacklog: uint32(i * 1000), VQBacklog: uint64(i*1000 + 100)})
+	}
+	q := queueStats(pts, 0, 100)
+	if q.Polls != 100 || q.MeanKB != 49.5 || q.P5KB != 5 || q.P95KB != 95 || q.TrackMAEBytes != 100 {
+		t.Fatalf("%+v", q)
+	}
+	if q := queueStats(pts, 200, 300); q.Polls != 0 {
+		t.Fatalf("empty window: %+v", q)
+	}
+}
