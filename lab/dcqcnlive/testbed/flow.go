@@ -165,13 +165,22 @@ type rawFlow struct {
 	stopMu                   sync.Mutex
 }
 
-// maxBatch frames go out per sendmmsg; maxDebt is how far behind its
-// schedule the sender may fall before it gives frames up (a descheduled
-// sender must not come back with a line-rate burst).
+// maxBatch frames go out per sendmmsg. A sender may fall behind its
+// schedule by maxDebt frames or maxDebtTime, whichever is more, before it
+// gives frames up: a descheduled sender must not come back with a
+// line-rate burst, but a sleep is about 1–2 ms on a loaded host, so the
+// allowance must cover a few sleeps or the rate could not be reached.
 const (
-	maxBatch = 16
-	maxDebt  = 8
+	maxBatch    = 32
+	maxDebt     = 8
+	maxDebtTime = 3 * time.Millisecond
 )
+
+// debtLimit is the catch-up allowance in frames for a sender of rate b/s
+// sending frames of bitsPerFrame.
+func debtLimit(rate, bitsPerFrame uint64) uint64 {
+	return max(maxDebt, rate*uint64(maxDebtTime/time.Microsecond)/1e6/bitsPerFrame)
+}
 
 func (f *rawFlow) run() {
 	bufs := make([][]byte, maxBatch)
@@ -187,13 +196,14 @@ func (f *rawFlow) run() {
 	start := monoNow()
 	bitsPerFrame := uint64(f.frameLen) * 8
 	var sched uint64 // frames the schedule has used up (sent or skipped)
+	debt := debtLimit(f.rate, bitsPerFrame)
 	var err error
 	for !f.stop.Load() {
 		now := monoNow()
 		due := (now - start) / 1000 * f.rate / 1e6 / bitsPerFrame // µs·bit/s, no overflow for hours
-		if due > sched+maxDebt {
-			f.skipped.Add(due - maxDebt - sched)
-			sched = due - maxDebt
+		if due > sched+debt {
+			f.skipped.Add(due - debt - sched)
+			sched = due - debt
 		}
 		n := min(int(due-sched), maxBatch)
 		if n == 0 {

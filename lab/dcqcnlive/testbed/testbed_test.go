@@ -12,9 +12,9 @@ import (
 
 // A small bottleneck keeps the test light on two shared cores: 40 Mb/s,
 // 1082-byte frames (1 KiB payload), about 4.6 kpps through sw. Kmin is
-// above the largest queue two raw senders below the rate can build: each
-// sends at most maxDebt frames back to back after a stall, so the queue
-// stays under 2·maxDebt frames (17.3 KB) minus tbf's burst.
+// above the largest queue two raw senders below the rate can build: at
+// 12 Mb/s each sends at most debtLimit = 8 frames back to back after a
+// stall, so the queue stays under 16 frames (17.3 KB) minus tbf's burst.
 var testBottleneck = Bottleneck{
 	RateBitsPerSec: 40e6,
 	BurstBytes:     4 * 1514,

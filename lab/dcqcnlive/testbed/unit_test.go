@@ -160,3 +160,14 @@ func TestQueueStats(t *testing.T) {
 		t.Fatalf("empty window: %+v", q)
 	}
 }
+
+func TestDebtLimit(t *testing.T) {
+	bits := uint64(1082 * 8)
+	if got := debtLimit(12e6, bits); got != maxDebt {
+		t.Errorf("12 Mb/s: %d frames, want %d", got, maxDebt)
+	}
+	// 75 Mb/s for 3 ms is 28125 bytes: 25 frames of 1082.
+	if got := debtLimit(75e6, bits); got != 25 {
+		t.Errorf("75 Mb/s: %d frames, want 25", got)
+	}
+}
