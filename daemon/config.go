@@ -41,6 +41,7 @@ type Config struct {
 	MTU       int          // mtu; RoCE path MTU (256..4096), 0 = largest the interface allows
 	GIDs      []netip.Addr // gid; addresses used as GIDs, empty = the interface's
 	Metrics   string       // metrics; Prometheus /metrics listen address, empty = off
+	Port      string       // port; afxdp, afpacket or auto (AF_XDP, falling back to AF_PACKET)
 
 	Control      string      // control; control socket path
 	ControlMode  os.FileMode // control-mode; socket permission bits
@@ -84,6 +85,7 @@ func DefaultConfig() Config {
 		FrameSize:   4096,
 		Control:     DefaultControl,
 		ControlMode: 0o660,
+		Port:        "auto",
 		LogLevel:    "info",
 		LogFormat:   "text",
 		DCQCN:       DCQCNConfig{Profile: "connectx", Knobs: map[string]uint32{}},
@@ -147,6 +149,13 @@ var keys = []key{
 			}
 		}
 		c.Metrics = v
+		return nil
+	}},
+	{name: "port", usage: "how frames move: afxdp, afpacket, or auto (AF_XDP, else AF_PACKET)", set: func(c *Config, v string) error {
+		if v != "afxdp" && v != "afpacket" && v != "auto" {
+			return fmt.Errorf("%q is not afxdp, afpacket or auto", v)
+		}
+		c.Port = v
 		return nil
 	}},
 	{name: "control", usage: "path of the control socket clients connect to", set: func(c *Config, v string) error {

@@ -210,10 +210,10 @@ func (s *Server) Clients() []ClientInfo {
 }
 
 // Close shuts the server down the way SIGTERM asks: stop accepting clients,
-// move every QP to the error state so that outstanding work completes with
-// flush errors, give the pump up to drain to move those completions into
-// the clients' CQ rings, then close every connection and release
-// everything.
+// move every QP to the error state, then pass over every ring until nothing
+// moves (bounded by drain), so that work still in the clients' rings and
+// work outstanding in the device all completes with flush errors the
+// clients can poll; then close every connection and release everything.
 func (s *Server) Close(drain time.Duration) error {
 	s.mu.Lock()
 	if s.closing {
@@ -229,36 +229,28 @@ func (s *Server) Close(drain time.Duration) error {
 	if s.ln != nil {
 		s.ln.Close()
 	}
+	// The pump stops first: from here on this goroutine is the rings' only
+	// consumer and the CQ rings' only producer.
+	s.stop.Store(true)
+	s.db.Ring()
+	<-s.pumpDone
 	for _, ss := range sessions {
 		ss.errorAllQPs()
 	}
-	s.drainCQs(drain)
+	deadline := time.Now().Add(drain)
+	for idle := 0; idle < 2 && time.Now().Before(deadline); {
+		if s.pollOnce() == 0 {
+			idle++
+			time.Sleep(time.Millisecond) // completions of in-flight device work
+		} else {
+			idle = 0
+		}
+	}
 	for _, ss := range sessions {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
-	s.stop.Store(true)
-	s.db.Ring()
-	<-s.pumpDone
 	return s.db.Close()
-}
-
-// drainCQs waits (bounded) until a pump pass moves no completion.
-func (s *Server) drainCQs(limit time.Duration) {
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		s.ringsMu.RLock()
-		moved := 0
-		for _, c := range s.cqList {
-			c.mu.Lock()
-			moved += s.moveCQ(c)
-			c.mu.Unlock()
-		}
-		s.ringsMu.RUnlock()
-		if moved == 0 {
-			return
-		}
-	}
 }
 
 // wake is the device's completion notification: one atomic load unless the

@@ -1,0 +1,212 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// buildSoftrnic builds this command into a temp dir.
+func buildSoftrnic(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "softrnic")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// The daemon in namespace A serves a client (this test process) whose
+// registered memory a peer RNIC in namespace B writes and reads over a real
+// veth; a second daemon on the interface is refused; SIGTERM ends the
+// daemon with status 0, the client's QP flushed and no XDP program left.
+func TestDaemonOverVeth(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	bin := buildSoftrnic(t)
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "ctl.sock")
+	var logs bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "daemon", "-d", pair.A.Name,
+		"--control", sock, "--port", "afxdp", "--log-level", "debug")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", logs.String())
+		}
+	})
+	var c *client.Client
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var err error
+		if c, err = client.Dial(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon never answered: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer c.Close()
+	if info := c.Info(); info.NumGIDs == 0 || netip.AddrFrom16(info.GIDs[0]).Unmap() != pair.A.Addr || info.ActiveMTU != 1024 {
+		t.Fatalf("device info: %d GIDs, first %v, MTU %d", info.NumGIDs, netip.AddrFrom16(info.GIDs[0]), info.ActiveMTU)
+	}
+
+	// A second daemon on the same interface is refused, clearly.
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "daemon", "-d", pair.A.Name,
+		"--control", filepath.Join(dir, "other.sock"), "--port", "afpacket").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "already runs on "+pair.A.Name) {
+		t.Fatalf("second daemon: %v\n%s", err, out)
+	}
+
+	// The peer: a verbs device on an AF_PACKET port in namespace B.
+	var pb port.Port
+	var inB engine.Interface
+	if err := pair.B.NS.Do(func() error {
+		var err error
+		if inB, err = engine.LookupInterface(pair.B.Name); err != nil {
+			return err
+		}
+		pb, err = engine.OpenPort(inB, engine.AFPacket)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	devB, err := verbs.NewDevice(verbs.Config{MAC: inB.MAC, Addrs: []netip.Addr{pair.B.Addr}, PortMTU: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engCtx, stopEng := context.WithCancel(context.Background())
+	engDone := make(chan error, 1)
+	go func() { engDone <- daemon.RunDevice(engCtx, devB, pb, daemon.RunOptions{}) }()
+	defer func() { stopEng(); <-engDone; pb.Close() }()
+
+	pd, _ := c.AllocPD()
+	mem, _ := client.AllocMem(1 << 16)
+	defer mem.Free()
+	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, _ := c.CreateCQ(64)
+	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdB := devB.AllocPD()
+	bufB := make([]byte, 1<<16)
+	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	cqB := devB.CreateCQ(64)
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	gidB := pair.B.Addr.As16()
+	for _, s := range []struct {
+		a proto.QPAttr
+		m proto.QPAttrMask
+	}{
+		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+	} {
+		if err := qp.Modify(&s.a, s.m); err != nil {
+			t.Fatalf("client QP to %v: %v", s.a.State, err)
+		}
+	}
+	var macA [6]byte
+	copy(macA[:], pair.A.MAC)
+	qpB.Modify(verbs.Init, &verbs.Attr{})
+	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+		t.Fatal(err)
+	}
+	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+	waitB := func(what string) verbs.WC {
+		t.Helper()
+		var wcs [1]verbs.WC
+		wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer wcancel()
+		if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
+			t.Fatalf("%s: no completion at the peer", what)
+		}
+		if wcs[0].Status != verbs.Success {
+			t.Fatalf("%s: %v", what, wcs[0].Status)
+		}
+		return wcs[0]
+	}
+
+	// RDMA WRITE from namespace B into the client's memory, 8 KiB.
+	for i := range bufB[:8192] {
+		bufB[i] = byte(i*13 + 1)
+	}
+	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
+	waitB("RDMA WRITE")
+	if !bytes.Equal(mem.Bytes()[4096:4096+8192], bufB[:8192]) {
+		t.Fatal("client memory does not hold the data written from namespace B")
+	}
+	// RDMA READ from namespace B out of the client's memory.
+	copy(mem.Bytes()[30000:], "read across namespaces")
+	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMARead, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 30000, RKey: mr.RKey})
+	waitB("RDMA READ")
+	if string(bufB[20000:20022]) != "read across namespaces" {
+		t.Fatalf("peer read %q", bufB[20000:20022])
+	}
+
+	// SIGTERM: the client's outstanding receive is flushed, the daemon exits
+	// 0, and no XDP program stays on the interface.
+	if _, err := qp.PostRecv(&proto.RecvWR{ID: 77, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	var wc [1]wr.WC
+	for deadline := time.Now().Add(10 * time.Second); cq.Poll(wc[:]) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("no flush completion after SIGTERM")
+		}
+		cq.Wait(10 * time.Millisecond)
+	}
+	if wc[0].ID != 77 || wc[0].Status != wr.WRFlushErr {
+		t.Fatalf("after SIGTERM: %+v", wc[0])
+	}
+	select {
+	case err := <-exited:
+		exited <- err
+		if err != nil {
+			t.Fatalf("daemon exit: %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("daemon did not exit after SIGTERM")
+	}
+	link, err := pair.A.NS.IP("link", "show", "dev", pair.A.Name)
+	if err != nil || strings.Contains(link, "xdp") {
+		t.Fatalf("XDP left attached: %v\n%s", err, link)
+	}
+	if !strings.Contains(logs.String(), "stopped") {
+		t.Fatalf("no orderly stop in the log:\n%s", logs.String())
+	}
+	t.Logf("daemon log:\n%s", logs.String())
+}
