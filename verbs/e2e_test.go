@@ -130,7 +130,8 @@ func (w *workload) pump() {
 func (w *workload) poll() {
 	for _, c := range pollAll(w.qa.init.SendCQ) {
 		if c.Status != 0 {
-			w.t.Fatalf("QP %d send WR %d: %v", w.qa.QPN(), c.ID, c.Status)
+			o := w.ops[c.ID]
+			w.t.Fatalf("QP %d send WR %d (%v %d B): %v; requester %+v; responder %+v", w.qa.QPN(), c.ID, o.op, o.size, c.Status, w.qa.rc.Counters, w.qb.rc.Counters)
 		}
 		w.sendDone[c.ID]++
 	}

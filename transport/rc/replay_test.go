@@ -102,15 +102,41 @@ func loadCapture(t *testing.T, name string) *capture {
 }
 
 // sides returns the requester's and the responder's key records: the
-// requester is the side whose PSN starts the first request.
+// requester is the side whose PSN starts the first request; when both
+// sides drew the same PSN (v6_write_bw_rc.pcap), the responder is the
+// side whose rkey the requests carry.
 func (c *capture) sides(t *testing.T) (req, resp perftestKey, reqSrc string) {
 	first := bth.BTH(c.frames[0].pkt).PSN()
+	reqSrc = c.frames[0].src
+	var match []int
 	for i, k := range c.keys {
 		if bth.PSN(k.psn) == first {
-			return k, c.keys[1-i], c.frames[0].src
+			match = append(match, i)
 		}
 	}
-	t.Fatalf("no key record matches the first PSN %d", first)
+	if len(match) == 1 {
+		return c.keys[match[0]], c.keys[1-match[0]], reqSrc
+	}
+	for _, f := range c.frames {
+		op := bth.BTH(f.pkt).Opcode()
+		var rkey uint32
+		switch {
+		case f.src != reqSrc:
+			continue
+		case op.Offset(bth.ExtRETH) >= 0:
+			rkey = bth.RETH(f.pkt[op.Offset(bth.ExtRETH):]).RKey()
+		case op.Offset(bth.ExtAtomicETH) >= 0:
+			rkey = bth.AtomicETH(f.pkt[op.Offset(bth.ExtAtomicETH):]).RKey()
+		default:
+			continue
+		}
+		for i, k := range c.keys {
+			if k.rkey == rkey {
+				return c.keys[1-i], k, reqSrc
+			}
+		}
+	}
+	t.Fatalf("cannot tell requester from responder (first PSN %d)", first)
 	return
 }
 

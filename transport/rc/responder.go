@@ -358,6 +358,16 @@ func (q *QP) accepted(pkt []byte, pp bth.PSN) {
 	}
 }
 
+// cancelReads cancels every queued reply that reads resource i.
+func (s *responder) cancelReads(i int) {
+	for k := 0; k < s.qlen; k++ {
+		it := &s.q[(s.qhead+k)%len(s.q)]
+		if it.kind == itemRead && it.res == i {
+			it.kind = itemCancelled
+		}
+	}
+}
+
 // newResource takes the next slot of the resource ring (the oldest), or -1
 // when the response queue is full. A reply still queued on the reused slot
 // can only be a replay for a stale duplicate (a peer honouring
@@ -368,12 +378,7 @@ func (s *responder) newResource() int {
 		return -1
 	}
 	i := s.resHead
-	for k := 0; k < s.qlen; k++ {
-		it := &s.q[(s.qhead+k)%len(s.q)]
-		if it.kind == itemRead && it.res == i {
-			it.kind = itemCancelled
-		}
-	}
+	s.cancelReads(i)
 	s.resHead = (s.resHead + 1) % len(s.res)
 	return i
 }
@@ -462,6 +467,11 @@ func (q *QP) duplicate(pkt []byte, op bth.Opcode, pp bth.PSN) {
 				q.RxDropped++
 				return
 			}
+			// A reply to this READ still queued or half sent is what the
+			// requester gave up on: replace it rather than queue the
+			// replay behind it (an 8 MiB reply takes longer than a
+			// requester's timeout, which would fire again and again).
+			s.cancelReads(i)
 			s.push(respItem{kind: itemRead, psn: pp, msn: s.msn, res: i, off: off, remain: uint32(n), start: true})
 			return
 		}

@@ -294,3 +294,22 @@ func TestResponderHostilePacketsNeverPanic(t *testing.T) {
 		c.out()
 	}
 }
+
+func TestResponderDuplicateReadReplacesReplyInProgress(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	mr := c.addMR(5, 0, 10*1024, wr.RemoteRead)
+	copy(mr.buf, fill(len(mr.buf), 1))
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0, rkey: 5, dmaLen: 10 * 1024})
+	for i := 0; i < 3; i++ { // the reply is under way
+		if c.qp.Build(c.now, c.buf) == 0 {
+			t.Fatal("no reply")
+		}
+	}
+	// The requester lost packet 501 and asks again from there: the old
+	// reply stops, the new one starts at 501 with FIRST.
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 501, ackReq: true, va: 1024, rkey: 5, dmaLen: 9 * 1024})
+	g := c.out()
+	if len(g) != 9 || g[0].op != bth.RCRDMAReadResponseFirst || g[0].psn != 501 || g[8].psn != 509 || g[8].op != bth.RCRDMAReadResponseLast {
+		t.Fatalf("%v", g)
+	}
+}
