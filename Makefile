@@ -27,7 +27,7 @@ test:
 	$(GO) test -count=1 -timeout 30m $(PKGS)
 	$(MAKE) test-race
 
-RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/memlink/... ./shmring/... ./engine/... 2>/dev/null)
+RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... 2>/dev/null)
 test-race:
 	$(if $(RACE_PKGS),$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS),@echo "no concurrent packages yet")
 
@@ -52,6 +52,7 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bth ./icrc ./frame ./port/memlink ./cm
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/
+	$(GO) run ./bench/io -json out/bench-io.json
 
 ## sim-demo: the two-flow DCQCN scenario of the paper, traces, summary and SVG figures in out/
 sim-demo:
