@@ -145,8 +145,22 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 
 func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth.Opcode, pay []byte) {
 	r := &q.req
-	if e.Opcode != wr.RDMARead || e.state == wqePosted || pp != r.compPSN || pp.Less(e.firstPSN) || e.lastPSN.Less(pp) {
+	if e.Opcode != wr.RDMARead || e.state == wqePosted || pp.Less(e.firstPSN) || e.lastPSN.Less(pp) || pp.Less(r.compPSN) {
 		q.RxDropped++
+		return
+	}
+	if pp != r.compPSN {
+		// A gap in a READ reply: the responder never NAKs responses, so
+		// the requester re-requests from the first missing PSN at once
+		// (an implied sequence NAK, IBA 9.9.2) instead of waiting for the
+		// local ACK timeout, once per gap.
+		q.RxDropped++
+		q.RxOutOfSeq++
+		if !r.retrying || r.gapPSN != r.compPSN {
+			r.gapPSN = r.compPSN
+			r.retrying = false
+			q.retry(now, r.compPSN)
+		}
 		return
 	}
 	off := uint32(pp.Diff(e.firstPSN)) * uint32(q.cfg.MTU)

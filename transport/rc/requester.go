@@ -44,6 +44,7 @@ type requester struct {
 	draining  bool
 	rnrPSN    bth.PSN // where to resume after the RNR wait
 	retrying  bool    // a NAK/lost-response retry is under way, no progress since
+	gapPSN    bth.PSN // compPSN when a READ reply gap last triggered a retry
 }
 
 func (r *requester) init(cfg *Config) {
