@@ -3,14 +3,17 @@ package daemon_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/gopacket/gopacket/pcapgo"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/client"
@@ -44,7 +47,7 @@ func TestRunDeviceWithCapture(t *testing.T) {
 		}
 	})
 	resolve := func(a netip.Addr) ([6]byte, error) { return macB, nil }
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "mem0", resolve), daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "mem0", resolve), daemon.Options{Group: -1, Tap: &tap, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,5 +156,60 @@ func TestRunDeviceWithCapture(t *testing.T) {
 	// WRITE: 3 packets in, 1 ACK out; SEND: 1 packet out, 1 ACK in.
 	if frames < 6 || uint64(frames) != st.Written || dirs[pcapgo.NgEpbFlagDirectionInbound] < 4 || dirs[pcapgo.NgEpbFlagDirectionOutbound] < 2 {
 		t.Fatalf("captured %d frames (%+v), directions %v", frames, st, dirs)
+	}
+
+	// The same through the control socket, as softrnic capture -w FILE -c 3
+	// does: a dedicated client, the file opened by the client.
+	capc, err := client.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer capc.Close()
+	fname := filepath.Join(t.TempDir(), "cap.pcap")
+	fh, err := os.Create(fname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := capc.Capture(fh, client.CaptureOptions{Count: 3})
+	fh.Close() // the daemon holds its own descriptor
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := client.Dial(path)
+	defer other.Close()
+	if _, err := other.Capture(os.Stdout, client.CaptureOptions{}); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("second capture: %v", err)
+	}
+	qpB.PostSend(verbs.SendWR{ID: 4, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
+	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
+		t.Fatalf("peer WRITE: %v %v", wcs[0].Status, err)
+	}
+	cst, err := run.Wait()
+	if err != nil || cst.Written != 3 {
+		t.Fatalf("capture through the daemon: %+v %v", cst, err)
+	}
+	data, err := os.ReadFile(fname)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := pcapgo.NewReader(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for {
+		d, _, err := pr.ReadPacketData()
+		if err == io.EOF {
+			break
+		}
+		var f frame.Frame
+		if err != nil || frame.Parse(d, &f) != nil || !f.VerifyICRC() {
+			t.Fatalf("file frame %d: %v", n, err)
+		}
+		n++
+	}
+	if n != 3 {
+		t.Fatalf("file holds %d frames, want 3", n)
 	}
 }

@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/shmring"
 	"github.com/softrnic/softrnic/verbs/wr"
@@ -38,6 +39,9 @@ type Options struct {
 	// before it sleeps on its doorbell (default 50 µs, as the engine):
 	// longer lowers latency under light load and costs CPU.
 	SpinFor time.Duration
+	// Tap, if set, is the engine's capture tap, which root clients may
+	// start captures on (OpCapture).
+	Tap *capture.Tap
 	// OnClientGone, if set, is called after a client's connection closed and
 	// all its resources were released.
 	OnClientGone func(ClientInfo)

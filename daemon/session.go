@@ -6,11 +6,13 @@ import (
 	"log/slog"
 	"math/bits"
 	"net"
+	"os"
 	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/shmring"
 	"github.com/softrnic/softrnic/verbs/wr"
@@ -39,6 +41,7 @@ type session struct {
 	graves     [][]byte
 	graveBytes int64 // counted against MaxMRBytes until unmapped
 	liveQPs    int   // QPs created and not yet destroyed in the device
+	capture    *capture.Session
 }
 
 type pdObj struct {
@@ -142,6 +145,12 @@ func (ss *session) serve() {
 			break
 		}
 	}
+	ss.mu.Lock()
+	capt := ss.capture
+	ss.mu.Unlock()
+	if capt != nil {
+		capt.Stop() // flushes the file before the connection's fd is closed
+	}
 	info := ss.cleanup()
 	ss.conn.Close()
 	s.mu.Lock()
@@ -173,7 +182,7 @@ func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
 // peer receives its own copies).
 func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out []int, err error) {
 	wantFDs := 0
-	if h.Op == proto.OpRegMR {
+	if h.Op == proto.OpRegMR || h.Op == proto.OpCapture {
 		wantFDs = 1
 	}
 	if len(fds) != wantFDs {
@@ -216,6 +225,8 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.queryQP(body)
 	case proto.OpDestroyQP:
 		return ss.destroyQP(body)
+	case proto.OpCapture:
+		return ss.startCapture(h, body, fds[0])
 	}
 	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
@@ -680,4 +691,64 @@ func (ss *session) cleanup() ClientInfo {
 		}
 	}
 	return info
+}
+
+// startCapture starts a capture into the client's file. The first reply
+// says it runs; a second OpCapture message with the same Seq reports the
+// result when it ends (Count reached). Closing the connection stops it.
+func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int, error) {
+	var req proto.CaptureReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		unix.Close(fd)
+		return nil, nil, err
+	}
+	if ss.cred.Uid != 0 {
+		unix.Close(fd)
+		return nil, nil, errf(unix.EPERM, "only root may capture: a capture sees every client's traffic")
+	}
+	tap := ss.s.opt.Tap
+	if tap == nil {
+		unix.Close(fd)
+		return nil, nil, errf(unix.EOPNOTSUPP, "this daemon has no capture tap")
+	}
+	fl, err := unix.FcntlInt(uintptr(fd), unix.F_GETFL, 0)
+	if err != nil || fl&unix.O_ACCMODE == unix.O_RDONLY {
+		unix.Close(fd)
+		return nil, nil, errf(unix.EBADF, "capture file is not open for writing")
+	}
+	f := os.NewFile(uintptr(fd), "capture")
+	opt := capture.Options{Count: int(req.Count), QPN: req.QPN, FilterQP: req.FilterQP != 0}
+	if req.PCAPNG != 0 {
+		opt.Format = capture.PCAPNG
+	}
+	sess, err := tap.Start(f, opt)
+	if errors.Is(err, capture.ErrBusy) {
+		f.Close()
+		return nil, nil, errf(unix.EBUSY, "a capture is already running")
+	}
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	ss.capture = sess
+	ss.mu.Unlock()
+	ss.log.Info("capture started", "count", req.Count, "qpn", req.QPN, "filter_qp", req.FilterQP != 0)
+	go func() {
+		<-sess.Done()
+		st, werr := sess.Stats(), sess.Err()
+		f.Close()
+		ss.mu.Lock()
+		if ss.capture == sess {
+			ss.capture = nil
+		}
+		ss.mu.Unlock()
+		ss.log.Info("capture ended", "written", st.Written, "dropped", st.Dropped, "err", werr)
+		if werr != nil {
+			ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq, Errno: uint32(unix.EIO)}, []byte(werr.Error()))
+			return
+		}
+		ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
+	}()
+	return nil, nil, nil
 }

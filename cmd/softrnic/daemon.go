@@ -131,7 +131,8 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		}
 		group = int(g)
 	}
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve), daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode})
+	var tap capture.Tap // softrnic capture (root clients) starts sessions on it
+	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve), daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap})
 	if err != nil {
 		return err
 	}
@@ -140,7 +141,6 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		return err
 	}
 
-	var tap capture.Tap
 	sig, stopSig := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stopSig()
 	engCtx, stopEngine := context.WithCancel(context.Background())

@@ -5,17 +5,19 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"sync"
 
 	"golang.org/x/sys/unix"
 )
 
 // Conn is one end of a control connection: whole messages with their file
-// descriptors. Not safe for concurrent use; the client serialises requests,
-// and the daemon serves each connection from one goroutine.
+// descriptors. Recv is used by one goroutine at a time; Send may be called
+// concurrently.
 type Conn struct {
 	c   *net.UnixConn
 	in  []byte
 	oob []byte
+	smu sync.Mutex // Send may be called from two goroutines (a capture's end)
 	out []byte
 }
 
@@ -31,8 +33,10 @@ func (c *Conn) UnixConn() *net.UnixConn { return c.c }
 func (c *Conn) Close() error { return c.c.Close() }
 
 // Send writes one message; fds are duplicated into the peer (the caller
-// keeps and eventually closes its own).
+// keeps and eventually closes its own). Safe for concurrent use.
 func (c *Conn) Send(h Header, body any, fds ...int) error {
+	c.smu.Lock()
+	defer c.smu.Unlock()
 	if len(fds) > MaxFDs {
 		return fmt.Errorf("proto: %d fds exceed %d", len(fds), MaxFDs)
 	}

@@ -52,10 +52,11 @@ const (
 	OpModifyQP                // QP handle, attribute mask, attributes
 	OpQueryQP                 // QP handle → attributes
 	OpDestroyQP               // QP handle
+	OpCapture                 // fd: the file to write; reply when started, then again when the capture ends
 	opMax
 )
 
-var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP"}
+var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -267,6 +268,25 @@ type ModifyQPReq struct {
 	QP   Handle
 	Mask QPAttrMask
 	Attr QPAttr
+}
+
+// CaptureReq is the body of OpCapture: capture the RoCE frames the daemon
+// sends and receives into the file passed with the message (opened for
+// writing by the client, with its own rights). Root only: a capture sees
+// every client's traffic.
+type CaptureReq struct {
+	Count    uint32 // frames, then stop; 0 = until the connection closes
+	QPN      uint32
+	FilterQP uint8 // keep only QPN's frames
+	PCAPNG   uint8 // pcapng with directions instead of classic pcap
+	_        [6]byte
+}
+
+// CaptureResult is the body of the second OpCapture reply, sent when the
+// capture has ended and the file is flushed.
+type CaptureResult struct {
+	Written uint64
+	Dropped uint64
 }
 
 // Validate checks a mask against the bits this protocol knows.
