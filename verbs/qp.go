@@ -390,8 +390,20 @@ func (q *QP) release() {
 		wcs = q.rc.TakeCompletions()
 	}
 	if len(wcs) > 0 {
-		q.init.SendCQ.push(wcs, false)
-		q.init.RecvCQ.push(wcs, true)
+		var send, recv bool
+		for i := range wcs {
+			if wcs[i].IsRecv {
+				recv = true
+			} else {
+				send = true
+			}
+		}
+		if send {
+			q.init.SendCQ.push(wcs, false)
+		}
+		if recv {
+			q.init.RecvCQ.push(wcs, true)
+		}
 	}
 	if q.state == Err && q.init.SRQ == nil && q.rq.head != q.rq.tail {
 		var w wr.RecvWQE
