@@ -13,9 +13,12 @@
 // marker's estimate every 5 ms; with -trace also every packet's backlog and
 // verdict).
 //
-// The endpoints today are raw ECT(0) senders at a fixed rate, which are not
-// congestion-controlled (the summary says so): they exercise the bottleneck
-// and the marker. softrnic's engine plugs in as another testbed.Endpoints.
+// The default endpoints are raw ECT(0) senders at a fixed rate, which are
+// not congestion-controlled (the summary says so): they exercise the
+// bottleneck and the marker. -endpoints softrnic runs `softrnic perf
+// write_bw` server/client pairs with DCQCN (testbed.SoftrnicServer and
+// SoftrnicClient: the command line the engine is to accept), in r and in
+// h1/h2; -server-cmd/-client-cmd adapt the command lines.
 package main
 
 import (
@@ -24,6 +27,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -37,12 +41,16 @@ func run() int {
 	scale := flag.Float64("scale", testbed.DefaultScale, "time dilation S: rates ÷ S, timers × S, bytes unchanged")
 	duration := flag.Duration("duration", 30*time.Second, "run length (wall time)")
 	join := flag.Duration("join", 0, "when flow 2 starts (wall time; default S × 10 ms, the paper's 10 ms)")
-	endpoints := flag.String("endpoints", "raw", "flow endpoints: raw (ECT(0) UDP/4791 at a fixed rate, not congestion-controlled)")
+	endpoints := flag.String("endpoints", "raw", "flow endpoints: raw (ECT(0) UDP/4791 at a fixed rate, not congestion-controlled) or softrnic (perf write_bw with DCQCN, see -softrnic)")
+	softrnicBin := flag.String("softrnic", "bin/softrnic", "softrnic binary for -endpoints softrnic")
+	serverCmd := flag.String("server-cmd", "", "server command template for -endpoints softrnic (space-separated; default: "+strings.Join(testbed.SoftrnicServer, " ")+")")
+	clientCmd := flag.String("client-cmd", "", "client command template (default: the server's plus {server})")
 	rawLoad := flag.Float64("raw-load", 0.75, "raw endpoints: each sender's rate as a fraction of the bottleneck")
 	dscp := flag.Uint("dscp", 26, "DSCP of data packets (they are sent ECT(0))")
 	seed := flag.Uint64("seed", 1, "marker's random seed")
 	out := flag.String("out", "out/dcqcn-live", "output directory (summary.json, rates.csv, queue.csv, trace.csv)")
 	trace := flag.Bool("trace", false, "keep the marker's per-packet queue samples (trace.csv)")
+	resync := flag.Bool("resync", true, "reset the marker's virtual queue to tbf's backlog at every 5 ms poll (corrects drift when the kernel serves tbf late)")
 	flag.Parse()
 
 	if os.Geteuid() != 0 {
@@ -58,8 +66,18 @@ func run() int {
 	switch *endpoints {
 	case "raw":
 		ep = &testbed.RawECT{}
+	case "softrnic":
+		c := &testbed.CommandEndpoints{Label: "softrnic", CC: true, Bin: *softrnicBin,
+			Server: testbed.SoftrnicServer, Client: testbed.SoftrnicClient}
+		if *serverCmd != "" {
+			c.Server = strings.Fields(*serverCmd)
+		}
+		if *clientCmd != "" {
+			c.Client = strings.Fields(*clientCmd)
+		}
+		ep = c
 	default:
-		fmt.Fprintf(os.Stderr, "dcqcnlive: unknown endpoints %q (raw; softrnic once the engine has DCQCN on the wire)\n", *endpoints)
+		fmt.Fprintf(os.Stderr, "dcqcnlive: unknown endpoints %q (raw, softrnic)\n", *endpoints)
 		return 2
 	}
 	if *join == 0 {
@@ -79,7 +97,7 @@ func run() int {
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	e := testbed.Experiment{
 		Plan: plan, Endpoints: ep, Duration: *duration, Join: *join,
-		PayloadBytes: 1024, DSCP: uint8(*dscp), RawLoad: *rawLoad, Trace: *trace, Out: *out,
+		PayloadBytes: 1024, DSCP: uint8(*dscp), RawLoad: *rawLoad, Trace: *trace, Resync: *resync, Out: *out,
 		Log:  func(f string, a ...any) { fmt.Printf(f+"\n", a...) },
 		Stop: sig,
 	}

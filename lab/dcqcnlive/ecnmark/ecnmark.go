@@ -182,6 +182,30 @@ func (m *Marker) Reset() error {
 	return nil
 }
 
+// Resync sets the virtual queue to a measured tbf backlog (bytes, as
+// `tc -s qdisc` reports it) taken at nowNs (CLOCK_MONOTONIC). The model
+// drifts when the kernel serves tbf late (softirq starved on a loaded
+// host: the real queue grows while the model drains on time), and a
+// persistently backlogged queue never empties to reset it; a user-space
+// poller can correct it this way. A backlog of 0 says nothing about tbf's
+// bucket and is ignored. Packets that arrive between the poll and this
+// update are lost from the model (about one packet per resync).
+func (m *Marker) Resync(backlog, nowNs uint64) error {
+	if backlog == 0 {
+		return nil
+	}
+	var st vqState
+	if err := m.objs.Vqs.LookupWithFlags(uint32(0), &st, ebpf.LookupLock); err != nil {
+		return fmt.Errorf("ecnmark: read queue: %w", err)
+	}
+	// A backlogged tbf has an empty bucket: the model's q is backlog+burst.
+	st.QBytes, st.LastNs, st.Rem = backlog+m.cfg.BurstBytes, nowNs, 0
+	if err := m.objs.Vqs.Update(uint32(0), &st, ebpf.UpdateLock); err != nil {
+		return fmt.Errorf("ecnmark: resync queue: %w", err)
+	}
+	return nil
+}
+
 // Program is the loaded program (for tests and for attaching elsewhere).
 func (m *Marker) Program() *ebpf.Program { return m.objs.EcnVq }
 

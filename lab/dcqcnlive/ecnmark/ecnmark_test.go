@@ -478,3 +478,39 @@ func TestBurst(t *testing.T) {
 		t.Fatalf("after overflow: queue %d, counters %+v", q, c)
 	}
 }
+
+// TestResync: a measured backlog replaces the model's queue (plus the
+// burst), keeps the generator, and the next packet drains from the resync
+// time.
+func TestResync(t *testing.T) {
+	cfg := rampCfg
+	cfg.BurstBytes = 3000
+	m := load(t, cfg)
+	if err := m.setNow(t0); err != nil {
+		t.Fatal(err)
+	}
+	run(t, m, roce(t, false, ect0, 1002, 0))
+	if err := m.Resync(0, t0+5); err != nil {
+		t.Fatal(err)
+	}
+	if q, last, _ := m.Queue(); q != 1002 || last != t0 {
+		t.Fatalf("a zero backlog changed the queue: %d at %d", q, last)
+	}
+	if err := m.Resync(50_000, t0+8_000); err != nil {
+		t.Fatal(err)
+	}
+	if q, last, _ := m.Queue(); q != 53_000 || last != t0+8_000 {
+		t.Fatalf("after resync: %d at %d, want 53000 at %d", q, last, t0+8_000)
+	}
+	// 8 µs after the resync 1000 bytes have drained: the packet finds
+	// 53000 − 1000 − 3000 (burst) = 49000 > Kmax and is marked.
+	if err := m.setNow(t0 + 16_000); err != nil {
+		t.Fatal(err)
+	}
+	if out := run(t, m, roce(t, false, ect0, 1002, 1)); ecnOf(out) != ce {
+		t.Fatal("packet after resync above Kmax not marked")
+	}
+	if q, _, _ := m.Queue(); q != 53_002 {
+		t.Fatalf("queue %d, want 53002", q)
+	}
+}

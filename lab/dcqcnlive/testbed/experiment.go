@@ -35,6 +35,10 @@ type Experiment struct {
 	RawLoad float64
 	// Trace keeps the marker's per-packet samples (trace.csv).
 	Trace bool
+	// Resync sets the marker's virtual queue to tbf's backlog at every
+	// queue poll (see ecnmark.Marker.Resync): on a loaded host the kernel
+	// serves tbf late and the pure model drifts below the real queue.
+	Resync bool
 	// Out, when set, receives summary.json, rates.csv, queue.csv (and
 	// trace.csv).
 	Out string
@@ -74,7 +78,8 @@ type QueueStats struct {
 	P5KB   float64 `json:"p5_kb"`
 	P95KB  float64 `json:"p95_kb"`
 	// TrackMAEBytes is the mean absolute difference between the marker's
-	// backlog estimate and tbf's backlog at the polls of the whole run.
+	// backlog estimate and tbf's backlog at the polls of the whole run
+	// (with resync: the drift over one poll period).
 	TrackMAEBytes float64 `json:"track_mae_bytes"`
 	Polls         int     `json:"polls"` // polls in the window
 }
@@ -92,6 +97,7 @@ type Summary struct {
 	KminBytes            uint64           `json:"kmin_bytes"`
 	KmaxBytes            uint64           `json:"kmax_bytes"`
 	Pmax                 float64          `json:"pmax"`
+	MarkerResync         bool             `json:"marker_resync"` // virtual queue reset to tbf\'s backlog at every poll
 	DurationS            float64          `json:"duration_s"`
 	JoinS                float64          `json:"join_s"`
 	WindowS              [2]float64       `json:"window_s"` // [start, end] of the measurement window (last 20 %)
@@ -101,6 +107,8 @@ type Summary struct {
 	Queue                QueueStats       `json:"queue"`
 	TbfDrops             uint32           `json:"tbf_drops"`
 	Marker               ecnmark.Counters `json:"marker"`
+	MonitorOther         uint64           `json:"monitor_other_frames"` // non-RoCEv2 frames at sw→r (ARP, TCP side channels, ICMP)
+	Error                string           `json:"error,omitempty"`      // the run failed; figures are what was measured anyway
 }
 
 // QueuePoint is one poll of the bottleneck.
@@ -111,8 +119,10 @@ type QueuePoint struct {
 }
 
 // PollQueue reads tbf's backlog and the marker's estimate every period
-// until stop is closed, appending to dst.
-func (t *Topology) PollQueue(dst []QueuePoint, period time.Duration, stop <-chan struct{}) ([]QueuePoint, error) {
+// until stop is closed, appending to dst. With resync it then sets the
+// marker's virtual queue to tbf's backlog (ecnmark.Marker.Resync), so the
+// points record the drift over one period.
+func (t *Topology) PollQueue(dst []QueuePoint, period time.Duration, resync bool, stop <-chan struct{}) ([]QueuePoint, error) {
 	tk := time.NewTicker(period)
 	defer tk.Stop()
 	for {
@@ -131,6 +141,11 @@ func (t *Topology) PollQueue(dst []QueuePoint, period time.Duration, stop <-chan
 			return dst, err
 		}
 		dst = append(dst, QueuePoint{Ns: now, TbfBacklog: st.BacklogBytes, VQBacklog: vq})
+		if resync {
+			if err := t.Marker.Resync(uint64(st.BacklogBytes), now); err != nil {
+				return dst, err
+			}
+		}
 	}
 }
 
@@ -233,7 +248,7 @@ func (e Experiment) Run() (sum Summary, err error) {
 	var pts []QueuePoint
 	go func() {
 		var perr error
-		pts, perr = topo.PollQueue(nil, e.QueuePoll, stopPoll)
+		pts, perr = topo.PollQueue(nil, e.QueuePoll, e.Resync, stopPoll)
 		pollDone <- perr
 	}()
 
@@ -251,10 +266,12 @@ func (e Experiment) Run() (sum Summary, err error) {
 		s := &specs[i]
 		s.RateBitsPerSec, s.PayloadBytes, s.TClass = rate, e.PayloadBytes, e.DSCP<<2|2
 		s.Profile, s.Scale = e.Plan.Profile, e.Plan.Scale
+		s.Duration = e.Duration
 		if i == 1 && !e.sleepUntil(start.Add(e.Join)) {
 			err = errors.New("testbed: interrupted")
 			break
 		}
+		s.Duration -= time.Since(start)
 		f, ferr := e.Endpoints.StartFlow(topo, *s)
 		if ferr != nil {
 			err = ferr
@@ -286,12 +303,15 @@ func (e Experiment) Run() (sum Summary, err error) {
 		close(stopTrace)
 		err = errors.Join(err, <-traceDone)
 	}
-	if err != nil {
-		return sum, err
-	}
+	// A failed flow still leaves what the monitor and the marker saw,
+	// which is what tells a path problem from an endpoint one: the
+	// summary is written with the error in it, and the error returned.
+	runErr := err
+	err = nil
+	defer func() { err = errors.Join(runErr, err) }()
 
 	// Results.
-	traces, cnps, _ := mon.Snapshot()
+	traces, cnps, other := mon.Snapshot()
 	st, err := topo.BottleneckStats()
 	if err != nil {
 		return sum, err
@@ -310,10 +330,13 @@ func (e Experiment) Run() (sum Summary, err error) {
 		Endpoints: e.Endpoints.Name(), CongestionControlled: e.Endpoints.CongestionControlled(),
 		Profile: e.Plan.Profile, Scale: e.Plan.Scale, BottleneckMbps: float64(b.RateBitsPerSec) / 1e6,
 		TbfBurstBytes: b.BurstBytes, TbfLimitBytes: b.LimitBytes,
-		KminBytes: b.Marker.KminBytes, KmaxBytes: b.Marker.KmaxBytes, Pmax: b.Marker.Pmax,
+		KminBytes: b.Marker.KminBytes, KmaxBytes: b.Marker.KmaxBytes, Pmax: b.Marker.Pmax, MarkerResync: e.Resync,
 		DurationS: dur, JoinS: e.Join.Seconds(),
 		WindowS:  [2]float64{float64(w0) * e.Bin.Seconds(), float64(w1) * e.Bin.Seconds()},
-		TbfDrops: st.Drops, Marker: mc,
+		TbfDrops: st.Drops, Marker: mc, MonitorOther: other,
+	}
+	if runErr != nil {
+		sum.Error = runErr.Error()
 	}
 	if !sum.CongestionControlled {
 		sum.Note = "endpoints are raw ECT(0) senders at a fixed rate that ignore CNPs: NOT congestion-controlled; this run checks the bottleneck and the marker, not DCQCN"
@@ -324,16 +347,20 @@ func (e Experiment) Run() (sum Summary, err error) {
 		if i < len(flows) {
 			fs.Endpoint = flows[i].Counters()
 		}
+		// Each sender host carries one flow; its QPNs are the endpoints'
+		// business (a softrnic responder picks its own), so the flow is
+		// everything the monitor saw from the host.
+		var bytes uint64
 		for _, tr := range traces {
-			if tr.Src == s.Src.Link.Addr && tr.DestQP == s.DestQP {
-				fs.Frames, fs.CEMarked = tr.Frames, tr.CE
-				var bytes uint64
+			if tr.Src == s.Src.Link.Addr {
+				fs.Frames += tr.Frames
+				fs.CEMarked += tr.CE
 				for k := w0; k < w1 && k < len(tr.Bins); k++ {
 					bytes += tr.Bins[k]
 				}
-				fs.MeanMbps = float64(bytes) * 8 / (float64(w1-w0) * e.Bin.Seconds()) / 1e6
 			}
 		}
+		fs.MeanMbps = float64(bytes) * 8 / (float64(w1-w0) * e.Bin.Seconds()) / 1e6
 		fs.Normalised = fs.MeanMbps / sum.BottleneckMbps
 		means = append(means, fs.MeanMbps)
 		sum.Flows = append(sum.Flows, fs)

@@ -21,9 +21,12 @@ type FlowSpec struct {
 	// RateBitsPerSec is the rate the sender starts at: the (dilated) line
 	// rate for a DCQCN sender, the fixed rate of a raw one.
 	RateBitsPerSec uint64
-	PayloadBytes   int   // RDMA payload per packet (the path MTU)
-	TClass         uint8 // IPv4 TOS of data packets: DSCP<<2 | ECN; ECT(0) is 2
-	DestQP         uint32
+	PayloadBytes   int // RDMA payload per packet (the path MTU)
+	// Duration is how long the flow is to send (processes that take a
+	// duration up front need it; Stop ends the flow in any case).
+	Duration time.Duration
+	TClass   uint8 // IPv4 TOS of data packets: DSCP<<2 | ECN; ECT(0) is 2
+	DestQP   uint32
 	// Profile ("paper" or "connectx") and Scale (time dilation S) say which
 	// DCQCN parameters a congestion-controlled sender runs: DilateRP and
 	// DilateNP of the profile at the undilated line rate.

@@ -53,7 +53,7 @@ func phase(t *testing.T, topo *Topology, ep *RawECT, qp uint32, rate uint64, d t
 	stop := make(chan struct{})
 	done := make(chan []QueuePoint, 1)
 	go func() {
-		pts, err := topo.PollQueue(nil, 5*time.Millisecond, stop)
+		pts, err := topo.PollQueue(nil, 5*time.Millisecond, false, stop)
 		if err != nil {
 			t.Errorf("poll: %v", err)
 		}

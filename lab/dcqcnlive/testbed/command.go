@@ -1,0 +1,283 @@
+package testbed
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// CommandEndpoints runs each flow as two processes started from
+// command-line templates: a server in the receiver's namespace, then a
+// client in the sender's. It is how softrnic's engine plugs into the
+// experiment without the testbed importing it: SoftrnicServer and
+// SoftrnicClient are the templates for `softrnic perf write_bw`.
+//
+// Placeholders, replaced in every word: {dev} (the host's interface),
+// {addr} (its IPv4 address), {server} (the receiver's address), {port} (the
+// side-channel TCP port, BasePort + flow ID), {secs} (how long the flow
+// sends, whole seconds), {tclass} (the IPv4 TOS byte, ECT(0) included),
+// {dscp}, {profile}, {scale}, {payload}, {id}.
+//
+// Counters: when a process exits, every JSON object in its standard output
+// is searched (at any depth) for the mlx5 counter names
+// np_ecn_marked_roce_packets, np_cnp_sent, rp_cnp_handled, rp_cnp_ignored,
+// and the values are summed over client and server.
+type CommandEndpoints struct {
+	Label          string
+	CC             bool     // the processes run congestion control
+	Server, Client []string // templates
+	BasePort       int      // 0: 18515 (perftest's)
+	Bin            string   // replaces a leading "softrnic" word (the binary to run)
+
+	mu    sync.Mutex
+	flows []*cmdFlow
+}
+
+// SoftrnicServer and SoftrnicClient are the command lines the engine is
+// expected to accept: perftest's write_bw with DCQCN switched on by
+// --dcqcn PROFILE, dilated by --dcqcn-scale S (rates ÷ S, periods × S; see
+// DilateRP), data sent with the given traffic class (ECT(0)), and --json
+// output carrying the mlx5 counters.
+var (
+	SoftrnicServer = []string{"softrnic", "perf", "write_bw", "-d", "{dev}", "-p", "{port}", "-D", "{secs}",
+		"-s", "65536", "-m", "{payload}", "--tclass", "{tclass}", "--dcqcn", "{profile}", "--dcqcn-scale", "{scale}", "--json"}
+	SoftrnicClient = append(append([]string(nil), SoftrnicServer...), "{server}")
+)
+
+// Name implements Endpoints.
+func (c *CommandEndpoints) Name() string { return c.Label }
+
+// CongestionControlled implements Endpoints.
+func (c *CommandEndpoints) CongestionControlled() bool { return c.CC }
+
+// expand replaces the placeholders in every word of tmpl.
+func expand(tmpl []string, bin string, h *Host, spec FlowSpec, port int) []string {
+	secs := int((spec.Duration + time.Second - 1) / time.Second)
+	r := strings.NewReplacer(
+		"{dev}", h.Link.Name, "{addr}", h.Link.Addr.String(), "{server}", spec.Dst.Link.Addr.String(),
+		"{port}", strconv.Itoa(port), "{secs}", strconv.Itoa(max(secs, 1)),
+		"{tclass}", strconv.Itoa(int(spec.TClass)), "{dscp}", strconv.Itoa(int(spec.TClass>>2)),
+		"{profile}", spec.Profile, "{scale}", strconv.FormatFloat(spec.Scale, 'g', -1, 64),
+		"{payload}", strconv.Itoa(spec.PayloadBytes), "{id}", strconv.Itoa(spec.ID),
+	)
+	out := make([]string, len(tmpl))
+	for i, w := range tmpl {
+		out[i] = r.Replace(w)
+	}
+	if bin != "" && len(out) > 0 && out[0] == "softrnic" {
+		out[0] = bin
+	}
+	return out
+}
+
+// StartFlow implements Endpoints: the server first, then, once it listens
+// on its side-channel port, the client.
+func (c *CommandEndpoints) StartFlow(t *Topology, spec FlowSpec) (Flow, error) {
+	if len(c.Server) == 0 || len(c.Client) == 0 {
+		return nil, errors.New("testbed: command endpoints need a server and a client command")
+	}
+	port := c.BasePort
+	if port == 0 {
+		port = 18515
+	}
+	port += spec.ID
+	f := &cmdFlow{deadline: time.Now().Add(spec.Duration)}
+	var err error
+	if f.server, err = startProc(spec.Dst, expand(c.Server, c.Bin, spec.Dst, spec, port)); err != nil {
+		return nil, err
+	}
+	if err := waitListen(spec.Dst, port, 10*time.Second, f.server); err != nil {
+		f.server.kill()
+		return nil, err
+	}
+	if f.client, err = startProc(spec.Src, expand(c.Client, c.Bin, spec.Src, spec, port)); err != nil {
+		f.server.kill()
+		return nil, err
+	}
+	c.mu.Lock()
+	c.flows = append(c.flows, f)
+	c.mu.Unlock()
+	return f, nil
+}
+
+// Close implements Endpoints.
+func (c *CommandEndpoints) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for _, f := range c.flows {
+		errs = append(errs, f.Stop())
+	}
+	return errors.Join(errs...)
+}
+
+// proc is one process in a namespace.
+type proc struct {
+	argv []string
+	cmd  *exec.Cmd
+	out  bytes.Buffer
+	done chan struct{}
+	err  error
+}
+
+func startProc(h *Host, argv []string) (*proc, error) {
+	p := &proc{argv: argv, done: make(chan struct{})}
+	p.cmd = exec.Command("ip", append([]string{"netns", "exec", h.NS.Name}, argv...)...)
+	p.cmd.Stdout = &p.out
+	p.cmd.Stderr = os.Stderr
+	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // killed as a group
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("testbed: start %s in %s: %w", strings.Join(argv, " "), h.Name, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// wait waits for the process until d has passed, then interrupts it, then
+// kills it; it reports a failure exit.
+func (p *proc) wait(d time.Duration) error {
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGINT)
+		select {
+		case <-p.done:
+		case <-time.After(3 * time.Second):
+			p.kill()
+		}
+	}
+	if p.err != nil {
+		return fmt.Errorf("testbed: %s: %w", strings.Join(p.argv, " "), p.err)
+	}
+	return nil
+}
+
+func (p *proc) kill() {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.done
+}
+
+// waitListen waits (bounded) until a TCP socket listens on port in h's
+// namespace, reading /proc/thread-self/net/tcp{,6} from a thread inside it
+// (connecting would use up the server's one connection).
+func waitListen(h *Host, port int, limit time.Duration, p *proc) error {
+	want := fmt.Sprintf(":%04X ", port)
+	end := time.Now().Add(limit)
+	for time.Now().Before(end) {
+		select {
+		case <-p.done:
+			return fmt.Errorf("testbed: %s exited before listening: %v", strings.Join(p.argv, " "), p.err)
+		default:
+		}
+		found := false
+		err := h.NS.Do(func() error {
+			for _, f := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
+				b, err := os.ReadFile(f)
+				if err != nil {
+					continue
+				}
+				for _, l := range strings.Split(string(b), "\n") {
+					fs := strings.Fields(l)
+					// local_address rem_address st: 0A is LISTEN.
+					if len(fs) > 3 && strings.HasSuffix(fs[1]+" ", want) && fs[3] == "0A" {
+						found = true
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		if found {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("testbed: nothing listens on port %d in %s after %v", port, h.Name, limit)
+}
+
+// cmdFlow is a running server/client pair.
+type cmdFlow struct {
+	server, client *proc
+	deadline       time.Time
+	once           sync.Once
+	counters       EndpointCounters
+}
+
+// Stop implements Flow: it waits for both processes until their run time
+// has passed (plus a grace of 10 s), then ends them. Only the first call
+// reports their failure.
+func (f *cmdFlow) Stop() error {
+	var err error
+	f.once.Do(func() {
+		grace := time.Until(f.deadline) + 10*time.Second
+		err = errors.Join(f.client.wait(grace), f.server.wait(grace))
+		for _, p := range []*proc{f.client, f.server} {
+			addCounters(&f.counters, p.out.Bytes())
+		}
+	})
+	return err
+}
+
+// Counters implements Flow (after Stop).
+func (f *cmdFlow) Counters() EndpointCounters { return f.counters }
+
+// addCounters adds the mlx5-named counters found in the JSON objects of out.
+func addCounters(c *EndpointCounters, out []byte) {
+	for i := bytes.IndexByte(out, '{'); i >= 0 && i < len(out); {
+		dec := json.NewDecoder(bytes.NewReader(out[i:]))
+		var v any
+		if err := dec.Decode(&v); err != nil {
+			// Not JSON here: try the next brace.
+			j := bytes.IndexByte(out[i+1:], '{')
+			if j < 0 {
+				return
+			}
+			i += 1 + j
+			continue
+		}
+		walkCounters(c, v)
+		i += int(dec.InputOffset())
+		j := bytes.IndexByte(out[i:], '{')
+		if j < 0 {
+			return
+		}
+		i += j
+	}
+}
+
+func walkCounters(c *EndpointCounters, v any) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			n, isNum := e.(float64)
+			if !isNum || n < 0 {
+				walkCounters(c, e)
+				continue
+			}
+			switch k {
+			case "np_ecn_marked_roce_packets":
+				c.RecvCE += uint64(n)
+			case "np_cnp_sent":
+				c.CNPSent += uint64(n)
+			case "rp_cnp_handled":
+				c.CNPHandled += uint64(n)
+			case "rp_cnp_ignored":
+				c.CNPIgnored += uint64(n)
+			}
+		}
+	case []any:
+		for _, e := range x {
+			walkCounters(c, e)
+		}
+	}
+}

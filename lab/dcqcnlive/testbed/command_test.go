@@ -1,0 +1,117 @@
+package testbed
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/internal/netnstest"
+)
+
+// TestMain lets the test binary stand in for the engine's processes in
+// TestCommandEndpoints (TESTBED_HELPER=server|client).
+func TestMain(m *testing.M) {
+	switch os.Getenv("TESTBED_HELPER") {
+	case "server":
+		os.Exit(helperServer(os.Args[1:]))
+	case "client":
+		os.Exit(helperClient(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// helperServer: ADDR PORT — accepts one connection, reads a line, prints
+// counters as perf --json would.
+func helperServer(args []string) int {
+	ln, err := net.Listen("tcp", net.JoinHostPort(args[0], args[1]))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	b := make([]byte, 64)
+	n, _ := c.Read(b)
+	c.Close()
+	fmt.Printf("server got %q\n{\"results\": {\"np_ecn_marked_roce_packets\": 40, \"np_cnp_sent\": 7}}\n", b[:n])
+	return 0
+}
+
+// helperClient: SERVER PORT SECS — connects through sw, then prints its
+// counters after SECS seconds (or at SIGINT, which ends it with an error).
+func helperClient(args []string) int {
+	c, err := net.DialTimeout("tcp", net.JoinHostPort(args[0], args[1]), 5*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	c.Write([]byte("hello\n"))
+	c.Close()
+	secs, _ := strconv.Atoi(args[2])
+	time.Sleep(time.Duration(secs) * time.Second)
+	fmt.Println(`not json {`)
+	fmt.Println(`{"qps": [{"rp_cnp_handled": 5, "rp_cnp_ignored": 2}, {"rp_cnp_handled": 1}]}`)
+	return 0
+}
+
+func TestExpand(t *testing.T) {
+	h1 := &Host{Name: "h1", Link: netnstest.Link{Name: "va1", Addr: netip.MustParseAddr("10.77.1.2")}}
+	r := &Host{Name: "r", Link: netnstest.Link{Name: "vr", Addr: netip.MustParseAddr("10.77.3.2")}}
+	spec := FlowSpec{ID: 2, Src: h1, Dst: r, TClass: 26<<2 | 2, Profile: "paper", Scale: 400, PayloadBytes: 1024, Duration: 25500 * time.Millisecond}
+	got := expand(SoftrnicClient, "/opt/softrnic", h1, spec, 18517)
+	want := []string{"/opt/softrnic", "perf", "write_bw", "-d", "va1", "-p", "18517", "-D", "26", "-s", "65536", "-m", "1024",
+		"--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "10.77.3.2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("client:\n got %q\nwant %q", got, want)
+	}
+	if got := expand([]string{"x{dscp}/{addr}/{id}"}, "", r, spec, 1); got[0] != "x26/10.77.3.2/2" {
+		t.Fatalf("got %q", got)
+	}
+}
+
+func TestAddCounters(t *testing.T) {
+	var c EndpointCounters
+	addCounters(&c, []byte("noise { not json\n{\"a\": {\"np_cnp_sent\": 3, \"np_ecn_marked_roce_packets\": 9}}\ntext\n[{\"rp_cnp_handled\": 1}] {\"rp_cnp_ignored\": 4, \"rp_cnp_handled\": \"x\"}"))
+	want := EndpointCounters{CNPSent: 3, RecvCE: 9, CNPHandled: 1, CNPIgnored: 4}
+	if c != want {
+		t.Fatalf("got %+v, want %+v", c, want)
+	}
+}
+
+// TestCommandEndpoints runs a server in r and a client in h1 (this test
+// binary standing in for softrnic) and checks placement (the client reaches
+// r's address through sw), the counters from both outputs and the bounded
+// stop.
+func TestCommandEndpoints(t *testing.T) {
+	topo := buildTest(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := &CommandEndpoints{
+		Label:  "helper",
+		Server: []string{"env", "TESTBED_HELPER=server", self, "{addr}", "{port}"},
+		Client: []string{"env", "TESTBED_HELPER=client", self, "{server}", "{port}", "{secs}"},
+	}
+	defer ep.Close()
+	f, err := ep.StartFlow(topo, FlowSpec{ID: 1, Src: &topo.H1, Dst: &topo.R, Duration: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	want := EndpointCounters{RecvCE: 40, CNPSent: 7, CNPHandled: 6, CNPIgnored: 2}
+	if c := f.Counters(); c != want {
+		t.Fatalf("counters %+v, want %+v", c, want)
+	}
+}
