@@ -150,10 +150,10 @@ func (t *Topology) PollQueue(dst []QueuePoint, period time.Duration, resync bool
 }
 
 // TrackError is the mean absolute difference in bytes between the marker's
-// estimate and tbf's backlog over pts.
+// estimate and tbf's backlog over pts (0 without points: JSON has no NaN).
 func TrackError(pts []QueuePoint) float64 {
 	if len(pts) == 0 {
-		return math.NaN()
+		return 0
 	}
 	var s float64
 	for _, p := range pts {
@@ -162,7 +162,9 @@ func TrackError(pts []QueuePoint) float64 {
 	return s / float64(len(pts))
 }
 
-// Jain is Jain's fairness index of xs: (Σx)² / (n·Σx²), 1 when all are equal.
+// Jain is Jain's fairness index of xs: (Σx)² / (n·Σx²), 1 when all are
+// equal. It is undefined when every x is 0; it returns 0 then (nothing was
+// shared, and JSON has no NaN).
 func Jain(xs []float64) float64 {
 	var s, s2 float64
 	for _, x := range xs {
@@ -170,7 +172,7 @@ func Jain(xs []float64) float64 {
 		s2 += x * x
 	}
 	if s2 == 0 {
-		return math.NaN()
+		return 0
 	}
 	return s * s / (float64(len(xs)) * s2)
 }

@@ -185,7 +185,7 @@ func TestJain(t *testing.T) {
 	for _, c := range []struct {
 		xs   []float64
 		want float64
-	}{{[]float64{1, 1}, 1}, {[]float64{1, 0}, 0.5}, {[]float64{3, 1}, 0.8}, {[]float64{2, 2, 2, 2}, 1}} {
+	}{{[]float64{1, 1}, 1}, {[]float64{1, 0}, 0.5}, {[]float64{3, 1}, 0.8}, {[]float64{2, 2, 2, 2}, 1}, {[]float64{0, 0}, 0}} {
 		if got := Jain(c.xs); math.Abs(got-c.want) > 1e-12 {
 			t.Errorf("Jain(%v) = %v, want %v", c.xs, got, c.want)
 		}
