@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -254,14 +255,24 @@ func TestE2ERC(t *testing.T) {
 			cases = append(cases, e2eCase{mtu: mtu, loss: l, qps: 3, msgs: 40, sizes: sizes, seed: uint64(mtu + i)})
 		}
 	}
+	// Many QPs at once, small messages, all sharing the link and the
+	// engine's round-robin.
+	cases = append(cases, e2eCase{mtu: 1024, loss: 0.01, qps: 64, msgs: 12, sizes: []int{0, 1, 1023, 1024, 1025, 5000}, seed: 77})
 	// The exhaustive sweep (every MTU, message sizes up to 8 MiB, 8 QPs per
 	// run) takes minutes: SOFTRNIC_E2E_LONG=1 or -short=false with
 	// SOFTRNIC_LONG=1 turns it on for CI.
+	// SOFTRNIC_E2E_SEEDS=n runs n seeds of each.
+	seeds := 1
+	if n, err := strconv.Atoi(os.Getenv("SOFTRNIC_E2E_SEEDS")); err == nil && n > 0 {
+		seeds = n
+	}
 	if os.Getenv("SOFTRNIC_E2E_LONG") != "" || (!testing.Short() && os.Getenv("SOFTRNIC_LONG") != "") {
 		for _, mtu := range []int{256, 512, 1024, 2048, 4096} {
 			sizes := []int{0, 1, mtu - 1, mtu, mtu + 1, 65536, 1 << 20, 8 << 20}
 			for i, l := range []float64{0, 0.001, 0.01, 0.05} {
-				cases = append(cases, e2eCase{mtu: mtu, loss: l, qps: 8, msgs: 24, sizes: sizes, seed: uint64(mtu*100 + i*10)})
+				for s := 0; s < seeds; s++ {
+					cases = append(cases, e2eCase{mtu: mtu, loss: l, qps: 8, msgs: 24, sizes: sizes, seed: uint64(mtu*100+i*10) + uint64(s)*7919})
+				}
 			}
 		}
 	}
