@@ -24,23 +24,24 @@ import (
 type peer struct {
 	qp *verbs.QP
 	mr *verbs.MR
+	cq *verbs.CQ
 }
 
 func newPeer(b testing.TB, devB *verbs.Device) *peer {
 	pd := devB.AllocPD()
 	buf := make([]byte, 1<<16)
 	mr, _ := pd.RegMR(buf, verbs.LocalWrite)
-	cq := devB.CreateCQ(4096)
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 256, MaxRecvWR: 1024})
+	cq := devB.CreateCQ(1 << 16) // never overrun: a lost completion would lose a repost
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 256, MaxRecvWR: 4096})
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := &peer{qp: qp, mr: mr}
+	p := &peer{qp: qp, mr: mr, cq: cq}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { // repost a receive for every one consumed
 		defer close(done)
-		wcs := make([]verbs.WC, 64)
+		wcs := make([]verbs.WC, 1024)
 		for {
 			n, err := cq.Wait(ctx, wcs)
 			if err != nil {
@@ -69,7 +70,7 @@ func (p *peer) connect(b testing.TB, qpn uint32) {
 	if err := p.qp.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7}); err != nil {
 		b.Fatal(err)
 	}
-	for i := 0; i < 1024; i++ { // receives can be posted from INIT on; RTR is enough
+	for i := 0; i < 4096; i++ {
 		p.repost()
 	}
 }
@@ -81,13 +82,13 @@ func BenchmarkSend64(b *testing.B) {
 			if window > 1 {
 				name = mode + "/rate"
 			}
-			b.Run(name, func(b *testing.B) { benchSend(b, mode == "daemon", window) })
+			b.Run(name, func(b *testing.B) { benchSend(b, mode != "inprocess", window, 0) })
 		}
 	}
 }
 
-func benchSend(b *testing.B, viaDaemon bool, window int) {
-	devA, devB, path := twoDevices(b)
+func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
+	devA, devB, path := twoDevicesSpin(b, spin)
 	p := newPeer(b, devB)
 	var post func(n int) int
 	var poll func(wcs []wr.WC) int
@@ -161,6 +162,9 @@ func benchSend(b *testing.B, viaDaemon bool, window int) {
 				inflight += k
 			}
 			n := poll(wcs)
+			if n == 0 && p.cq.Overflows() != 0 {
+				b.Fatal("the peer's CQ overflowed: harness too slow")
+			}
 			for i := 0; i < n; i++ {
 				if wcs[i].Status != wr.Success {
 					b.Fatalf("completion %v", wcs[i].Status)

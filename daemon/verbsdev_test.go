@@ -72,6 +72,11 @@ func shuttle(ctx context.Context, a, b *verbs.Device) {
 // twoDevices makes devices A and B joined by a shuttle goroutine, and a
 // daemon serving A on a socket in a temp dir.
 func twoDevices(t testing.TB) (devA, devB *verbs.Device, path string) {
+	return twoDevicesSpin(t, 0)
+}
+
+// twoDevicesSpin is twoDevices with the daemon pump's SpinFor.
+func twoDevicesSpin(t testing.TB, spin time.Duration) (devA, devB *verbs.Device, path string) {
 	devA, err := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
 	if err != nil {
 		t.Fatal(err)
@@ -90,7 +95,7 @@ func twoDevices(t testing.TB) (devA, devB *verbs.Device, path string) {
 	go func() { shuttle(ctx, devA, devB); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "veth-a", resolve), daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "veth-a", resolve), daemon.Options{Group: -1, SpinFor: spin, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
