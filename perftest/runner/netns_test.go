@@ -99,3 +99,50 @@ func TestPerfOverVethAFXDP(t *testing.T) {
 		})
 	}
 }
+
+// TestPerfIPv6WithoutLinkLocal runs write_bw over IPv6 GIDs (-x 1) when the
+// server's interface has no link-local address, as in the lab: the kernel
+// then solicits a neighbour only for a real packet, which RunCLI provides.
+func TestPerfIPv6WithoutLinkLocal(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	if _, err := pair.A.NS.IP("-6", "addr", "flush", "dev", pair.A.Name, "scope", "link"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pair.A.NS.IP("-6", "neigh", "flush", "dev", pair.A.Name); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"-x", "1", "-s", "4096", "-n", "50", "--verify", "--json"}
+	ps, _ := perftest.ParseArgs(perftest.Write, perftest.BW, append([]string{"-d", pair.A.Name}, args...))
+	pc, _ := perftest.ParseArgs(perftest.Write, perftest.BW, append([]string{"-d", pair.B.Name, pair.A.Addr.String()}, args...))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var sout, cout bytes.Buffer
+	listening := make(chan struct{})
+	serr := make(chan error, 1)
+	var sres Result
+	go func() {
+		serr <- pair.A.NS.Do(func() (err error) {
+			sres, err = RunCLI(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
+			return err
+		})
+	}()
+	select {
+	case <-listening:
+	case err := <-serr:
+		t.Fatalf("server: %v", err)
+	}
+	cerr := pair.B.NS.Do(func() error {
+		_, err := RunCLI(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
+		return err
+	})
+	if cerr != nil {
+		cancel()
+	}
+	if err := <-serr; err != nil || cerr != nil {
+		t.Fatalf("server: %v\nclient: %v", err, cerr)
+	}
+	var j perftest.JSONResult
+	if err := json.Unmarshal(cout.Bytes(), &j); err != nil || !sres.Verify {
+		t.Fatalf("client JSON %v %s, server verified %v", err, cout.String(), sres.Verify)
+	}
+}
