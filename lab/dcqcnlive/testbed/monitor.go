@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -23,6 +24,7 @@ import (
 type Monitor struct {
 	fd      int
 	startNs uint64
+	realOff int64 // CLOCK_REALTIME − CLOCK_MONOTONIC at the start, ns
 	binNs   uint64
 	maxBins int
 
@@ -77,6 +79,12 @@ func (t *Topology) StartMonitor(binNs uint64, maxBins int) (*Monitor, error) {
 		if unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 8<<20) != nil {
 			_ = unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 8<<20)
 		}
+		// Kernel receive timestamps (CLOCK_REALTIME, taken when the
+		// frame is handed to the tap), so a descheduled reader does not
+		// move frames into later bins.
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+			return fmt.Errorf("testbed: monitor SO_TIMESTAMPNS: %w", err)
+		}
 		// A bounded wait, so that Stop is seen within 50 ms.
 		tv := unix.Timeval{Usec: 50_000}
 		if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
@@ -94,6 +102,9 @@ func (t *Topology) StartMonitor(binNs uint64, maxBins int) (*Monitor, error) {
 		return nil, err
 	}
 	m.startNs = monoNow()
+	var rt unix.Timespec
+	unix.ClockGettime(unix.CLOCK_REALTIME, &rt)
+	m.realOff = rt.Nano() - int64(monoNow())
 	go m.loop()
 	return m, nil
 }
@@ -107,11 +118,12 @@ func (m *Monitor) StartNs() uint64 { return m.startNs }
 func (m *Monitor) BinNs() uint64 { return m.binNs }
 
 func (m *Monitor) loop() {
-	buf := make([]byte, 1<<16)
+	var r receiver
+	r.init(1 << 16)
 	var f frame.Frame
 	var err error
 	for !m.stop.Load() {
-		n, from, rerr := unix.Recvfrom(m.fd, buf, 0)
+		n, pkttype, realNs, rerr := r.recv(m.fd)
 		if rerr != nil {
 			if rerr == unix.EAGAIN || rerr == unix.EINTR {
 				continue
@@ -120,13 +132,71 @@ func (m *Monitor) loop() {
 			break
 		}
 		now := monoNow()
-		ll, _ := from.(*unix.SockaddrLinklayer)
-		if ll == nil {
-			continue
+		if realNs != 0 {
+			now = uint64(realNs - m.realOff)
 		}
-		m.account(buf[:n], ll.Pkttype, now, &f)
+		m.account(r.buf[:n], pkttype, now, &f)
 	}
 	m.done <- err
+}
+
+// receiver is recvmsg(2) on a packet socket with preallocated buffers, so
+// reading a frame allocates nothing (unix.Recvmsg allocates a Sockaddr per
+// call).
+type receiver struct {
+	buf  []byte
+	oob  [16]uint64 // control messages; uint64 keeps the cmsg headers aligned
+	name unix.RawSockaddrLinklayer
+	iov  unix.Iovec
+	hdr  unix.Msghdr
+}
+
+func (r *receiver) init(size int) {
+	r.buf = make([]byte, size)
+	r.iov.Base = &r.buf[0]
+	r.iov.SetLen(size)
+	r.hdr.Iov = &r.iov
+	r.hdr.Iovlen = 1
+}
+
+// recv reads one frame: its length, the packet type (PACKET_HOST,
+// PACKET_OUTGOING, ...) and the kernel's CLOCK_REALTIME timestamp in ns (0
+// if there was none).
+func (r *receiver) recv(fd int) (n int, pkttype uint8, realNs int64, err error) {
+	r.hdr.Name = (*byte)(unsafe.Pointer(&r.name))
+	r.hdr.Namelen = uint32(unsafe.Sizeof(r.name))
+	oob := unsafe.Slice((*byte)(unsafe.Pointer(&r.oob[0])), 8*len(r.oob))
+	r.hdr.Control = &oob[0]
+	r.hdr.SetControllen(len(oob))
+	r.hdr.Flags = 0
+	got, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&r.hdr)), 0)
+	if e != 0 {
+		return 0, 0, 0, e
+	}
+	return int(got), r.name.Pkttype, timestampNs(oob[:r.hdr.Controllen]), nil
+}
+
+// timestampNs finds SCM_TIMESTAMPNS in control messages and returns it in
+// ns, or 0. oob must be 8-byte aligned (the receiver's buffer is).
+func timestampNs(oob []byte) int64 {
+	const hdrLen = unix.SizeofCmsghdr
+	for len(oob) >= hdrLen {
+		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
+		l := int(h.Len)
+		if l < hdrLen || l > len(oob) {
+			return 0
+		}
+		if h.Level == unix.SOL_SOCKET && h.Type == unix.SCM_TIMESTAMPNS && l >= hdrLen+int(unsafe.Sizeof(unix.Timespec{})) {
+			ts := (*unix.Timespec)(unsafe.Pointer(&oob[hdrLen]))
+			return ts.Nano()
+		}
+		step := (l + 7) &^ 7 // CMSG_ALIGN on 64-bit
+		if step > len(oob) {
+			return 0
+		}
+		oob = oob[step:]
+	}
+	return 0
 }
 
 // account adds one frame seen at now (CLOCK_MONOTONIC ns).

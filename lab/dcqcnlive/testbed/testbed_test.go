@@ -125,8 +125,37 @@ func TestBottleneckMarks(t *testing.T) {
 		t.Errorf("marker saw %d ECT packets, senders sent %d", mu.ECT, under[0].SentFrames+under[1].SentFrames)
 	}
 
-	// Above: 2 × 30 Mb/s = 150 %.
+	// Above: 2 × 30 Mb/s = 150 %, with the monitor tapping sw→r.
+	mon, err := topo.StartMonitor(uint64(100*time.Millisecond), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
 	over, mo, dropsO, ptsO := phase(t, topo, ep, 0x20, 30e6, 2*time.Second)
+	if err := mon.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	// The monitor saw what left the bottleneck: what r received, marks
+	// included, with every byte in a bin.
+	traces, _, _ := mon.Snapshot()
+	for i, h := range []*Host{&topo.H1, &topo.H2} {
+		var tr *FlowTrace
+		for k := range traces {
+			if traces[k].Src == h.Link.Addr && traces[k].DestQP == 0x20+uint32(i) {
+				tr = &traces[k]
+			}
+		}
+		if tr == nil {
+			t.Fatalf("monitor did not see flow %d: %+v", i+1, traces)
+		}
+		var binned uint64
+		for _, b := range tr.Bins {
+			binned += b
+		}
+		if tr.Frames != over[i].RecvFrames || tr.CE != over[i].RecvCE || tr.Bytes != over[i].RecvBytes || binned != tr.Bytes {
+			t.Errorf("flow %d: monitor %d frames (%d CE, %d bytes, %d binned), r received %d (%d CE, %d bytes)",
+				i+1, tr.Frames, tr.CE, tr.Bytes, binned, over[i].RecvFrames, over[i].RecvCE, over[i].RecvBytes)
+		}
+	}
 	t.Logf("over: flows %+v %+v; marker %+v; tbf drops %d", over[0], over[1], mo, dropsO)
 	var ce, recv, sent uint64
 	for i, c := range over {

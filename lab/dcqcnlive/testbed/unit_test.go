@@ -171,3 +171,46 @@ func TestDebtLimit(t *testing.T) {
 		t.Errorf("75 Mb/s: %d frames, want 25", got)
 	}
 }
+
+// TestReceiverTimestamps reads datagrams through the monitor's recvmsg
+// path (a Unix socket pair stands in for the packet socket): data, the
+// kernel's SCM_TIMESTAMPNS, no allocation.
+func TestReceiverTimestamps(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	if err := unix.SetsockoptInt(fds[1], unix.SOL_SOCKET, unix.SO_TIMESTAMPNS, 1); err != nil {
+		t.Fatal(err)
+	}
+	var r receiver
+	r.init(2048)
+	msg := []byte("frame")
+	var rt unix.Timespec
+	unix.ClockGettime(unix.CLOCK_REALTIME, &rt)
+	before := rt.Nano()
+	if _, err := unix.Write(fds[0], msg); err != nil {
+		t.Fatal(err)
+	}
+	n, _, ts, err := r.recv(fds[1])
+	if err != nil || string(r.buf[:n]) != "frame" {
+		t.Fatalf("recv: %q, %v", r.buf[:n], err)
+	}
+	unix.ClockGettime(unix.CLOCK_REALTIME, &rt)
+	if ts < before || ts > rt.Nano() {
+		t.Fatalf("timestamp %d outside [%d, %d]", ts, before, rt.Nano())
+	}
+	if a := testing.AllocsPerRun(100, func() {
+		unix.Write(fds[0], msg)
+		if _, _, ts, err := r.recv(fds[1]); err != nil || ts == 0 {
+			t.Fatalf("recv: ts %d, %v", ts, err)
+		}
+	}); a != 0 {
+		t.Errorf("recv: %v allocations per frame", a)
+	}
+	if timestampNs(nil) != 0 || timestampNs(make([]byte, 8)) != 0 {
+		t.Error("timestamp from nothing")
+	}
+}
