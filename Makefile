@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build test test-race test-long fuzz bench lint generate sim-demo clean
+.PHONY: all deps build test test-race test-long fuzz bench lint generate sim-demo dcqcn-live clean
 
 all: build
 
@@ -58,6 +58,11 @@ bench:
 sim-demo:
 	$(GO) run ./cmd/softrnic sim dcqcn --scenario two-flow --out out/sim-two-flow
 
+## dcqcn-live: live two-flow experiment (root, ~32 s): h1,h2 -> sw (tbf + tc-bpf ECN marker) -> r, time dilation S=400; results in out/dcqcn-live
+DCQCN_LIVE_FLAGS ?=
+dcqcn-live:
+	$(GO) run ./lab/dcqcnlive -out out/dcqcn-live $(DCQCN_LIVE_FLAGS)
+
 ## lint: gofmt, go vet
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -65,7 +70,7 @@ lint:
 
 ## generate: rebuild the committed BPF objects (needs clang, llvm, libbpf-dev)
 generate:
-	$(GO) generate ./bpf/...
+	$(GO) generate ./bpf/... ./lab/dcqcnlive/...
 
 clean:
 	rm -rf bin out
