@@ -116,7 +116,7 @@ func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ C
 	if err != nil {
 		return nil, err
 	}
-	return &verbsQP{p: p, q: q, sg: make([]verbs.SGE, 0, sge), ahs: map[[16]byte]*verbs.AH{}}, nil
+	return &verbsQP{p: p, q: q, sg: make([]verbs.SGE, 0, sge), ahs: map[[16]byte]ahResult{}, resolving: map[[16]byte]bool{}}, nil
 }
 
 // verbsQP adapts one verbs QP. PostSend and PostRecv run on the pump
@@ -131,8 +131,20 @@ type verbsQP struct {
 	swr  [1]verbs.SendWR
 	rwr  [1]verbs.RecvWR
 	sg   []verbs.SGE
-	ahs  map[[16]byte]*verbs.AH // UD address handles by destination GID
 	sgid uint8
+
+	// UD address handles by destination GID. Resolving a new destination
+	// (the neighbour table, perhaps ARP) must not stall the pump, which
+	// serves every client: it runs in its own goroutine while the WR waits
+	// in the client's ring (ErrQueueFull), and its result lands in ahs.
+	ahMu      sync.Mutex
+	ahs       map[[16]byte]ahResult
+	resolving map[[16]byte]bool
+}
+
+type ahResult struct {
+	ah  *verbs.AH
+	err error
 }
 
 func (q *verbsQP) QPN() uint32 { return q.q.QPN() }
@@ -161,7 +173,11 @@ func (q *verbsQP) Modify(a *proto.QPAttr, mask proto.QPAttrMask) error {
 	if err := q.q.Modify(to, &va); err != nil {
 		return err
 	}
-	q.sgid = a.SGIDIndex
+	if mask&proto.AttrAV != 0 {
+		q.ahMu.Lock()
+		q.sgid = a.SGIDIndex
+		q.ahMu.Unlock()
+	}
 	mergeAttr(&q.attr, a, mask)
 	q.attr.State = proto.QPState(to)
 	return nil
@@ -258,26 +274,45 @@ func (q *verbsQP) PostSend(w *proto.SendWR) error {
 	return err
 }
 
-// ah returns the cached address handle for a UD destination, creating it
-// (and resolving the MAC) the first time.
+// ah returns the address handle for a UD destination. The first WR to a
+// new destination starts its resolution and gets ErrQueueFull, so it stays
+// in the ring and is offered again; a destination that does not resolve
+// fails its WRs (and is retried after the failure is forgotten).
 func (q *verbsQP) ah(gid [16]byte) (*verbs.AH, error) {
-	if ah, ok := q.ahs[gid]; ok {
-		return ah, nil
+	q.ahMu.Lock()
+	defer q.ahMu.Unlock()
+	if r, ok := q.ahs[gid]; ok {
+		if r.err != nil {
+			delete(q.ahs, gid) // report once, resolve afresh next time
+		}
+		return r.ah, r.err
 	}
+	if !q.resolving[gid] {
+		if len(q.ahs) >= 4096 {
+			clear(q.ahs) // bound what a client can make the daemon hold
+		}
+		q.resolving[gid] = true
+		go q.resolveAH(gid)
+	}
+	return nil, ErrQueueFull
+}
+
+func (q *verbsQP) resolveAH(gid [16]byte) {
 	dst := netip.AddrFrom16(gid).Unmap()
+	var r ahResult
 	mac, err := q.p.v.resolveMAC(dst)
-	if err != nil {
-		return nil, err
+	if err == nil {
+		q.ahMu.Lock()
+		sgid := q.sgid
+		q.ahMu.Unlock()
+		r.ah, r.err = q.p.pd.CreateAH(verbs.AddressVector{DestMAC: mac, DestIP: dst, SGIDIndex: int(sgid)})
+	} else {
+		r.err = err
 	}
-	ah, err := q.p.pd.CreateAH(verbs.AddressVector{DestMAC: mac, DestIP: dst, SGIDIndex: int(q.sgid)})
-	if err != nil {
-		return nil, err
-	}
-	if len(q.ahs) >= 4096 {
-		clear(q.ahs) // bound the cache a client can make the daemon hold
-	}
-	q.ahs[gid] = ah
-	return ah, nil
+	q.ahMu.Lock()
+	q.ahs[gid] = r
+	delete(q.resolving, gid)
+	q.ahMu.Unlock()
 }
 
 func (q *verbsQP) PostRecv(w *proto.RecvWR) error {

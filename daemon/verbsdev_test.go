@@ -247,3 +247,85 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 		t.Fatalf("query %+v %v", attr, err)
 	}
 }
+
+// UD through the daemon: the client's datagram names its destination in
+// the WQE (GID, QPN, Q_Key); the daemon resolves the address handle off the
+// pump and the peer receives the GRH slot and the payload.
+func TestVerbsDeviceUD(t *testing.T) {
+	_, devB, path := twoDevices(t)
+	c, err := client.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pd, _ := c.AllocPD()
+	mem, _ := client.AllocMem(4096)
+	defer mem.Free()
+	mr, _ := pd.RegMR(mem, 0, 4096, verbs.LocalWrite)
+	cq, _ := c.CreateCQ(16)
+	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.UD, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 8, MaxRecvWR: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []struct {
+		a proto.QPAttr
+		m proto.QPAttrMask
+	}{
+		{proto.QPAttr{State: proto.Init, QKey: 0x11111111}, proto.AttrState | proto.AttrQKey},
+		{proto.QPAttr{State: proto.RTR}, proto.AttrState},
+		{proto.QPAttr{State: proto.RTS, SQPSN: 1}, proto.AttrState | proto.AttrSQPSN},
+	} {
+		if err := qp.Modify(&s.a, s.m); err != nil {
+			t.Fatalf("client UD QP to %v: %v", s.a.State, err)
+		}
+	}
+	pdB := devB.AllocPD()
+	bufB := make([]byte, 4096)
+	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	cqB := devB.CreateCQ(16)
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: cqB, RecvCQ: cqB})
+	qpB.Modify(verbs.Init, &verbs.Attr{QKey: 0x11111111})
+	qpB.Modify(verbs.RTR, &verbs.Attr{})
+	qpB.Modify(verbs.RTS, &verbs.Attr{})
+	if _, err := qpB.PostRecv(verbs.RecvWR{ID: 5, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 1024, LKey: mrB.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	copy(mem.Bytes(), "datagram through the daemon")
+	gid := addrB.As16()
+	if _, err := qp.PostSend(&proto.SendWR{ID: 6, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 27)},
+		RemoteQPN: qpB.QPN(), QKey: 0x11111111, DGID: [16]byte(gid[:])}); err != nil {
+		t.Fatal(err)
+	}
+	var wcs [1]verbs.WC
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
+		t.Fatal("peer: no UD receive")
+	}
+	if wcs[0].ID != 5 || wcs[0].Status != verbs.Success || wcs[0].SrcQP != qp.QPN || wcs[0].SrcIP != addrA ||
+		string(bufB[40:67]) != "datagram through the daemon" {
+		t.Fatalf("UD receive %+v, payload %q", wcs[0], bufB[40:67])
+	}
+	var cwc [1]wr.WC
+	for deadline := time.Now().Add(10 * time.Second); cq.Poll(cwc[:]) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("client: no UD send completion")
+		}
+		cq.Wait(10 * time.Millisecond)
+	}
+	if cwc[0].ID != 6 || cwc[0].Status != wr.Success {
+		t.Fatalf("client UD send completion %+v", cwc[0])
+	}
+	// A destination that does not resolve fails the WR, and only it.
+	bad := netip.MustParseAddr("192.0.2.99").As16()
+	qp.PostSend(&proto.SendWR{ID: 7, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 8)}, RemoteQPN: 1, QKey: 1, DGID: [16]byte(bad[:])})
+	for deadline := time.Now().Add(10 * time.Second); cq.Poll(cwc[:]) == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("client: no completion for an unresolvable destination")
+		}
+		cq.Wait(10 * time.Millisecond)
+	}
+	if cwc[0].ID != 7 || cwc[0].Status == wr.Success {
+		t.Fatalf("unresolvable destination: %+v", cwc[0])
+	}
+}
