@@ -1,6 +1,3 @@
-// Package daemon is the per-host softrnic daemon: its configuration, its
-// logging, and the control server through which local applications in other
-// processes use the daemon's RNIC (see server.go and package client).
 package daemon
 
 import (

@@ -1,0 +1,50 @@
+// Package daemon is the per-host softrnic daemon: one RNIC on one Ethernet
+// interface, shared by local applications in other processes the way a
+// hardware RNIC is shared through its kernel driver.
+//
+// # Pieces
+//
+//   - Config (config.go): one key = value file format, every key also a
+//     flag, errors naming the key; NewLogger sets up log/slog.
+//   - RunDevice (run.go): the engine loop of a verbs.Device on a port.Port,
+//     with the capture tap (package capture) on both directions.
+//   - Server (server.go, session.go): the control socket and the ring pump.
+//   - Device (device.go): what the server needs from an RNIC; VerbsDevice
+//     (verbsdev.go) adapts verbs.Device to it, daemon/loopdev is a checked
+//     loopback stand-in for tests.
+//
+// # Control path
+//
+// Clients connect to a SOCK_SEQPACKET Unix socket whose file mode and group
+// are the first gate; SO_PEERCRED (root, the daemon's user, or a member of
+// the configured group, supplementary groups included) is the second. Each
+// connection is a session with its own handle space: a handle names an
+// object of that connection only, so no client can name another's PD, MR,
+// CQ or QP. Messages are fixed-size binary structs (package daemon/proto);
+// memory and rings travel as memfds, wakeups as eventfds (SCM_RIGHTS).
+//
+// # Data path
+//
+// Registered memory is the client's own memfd, sealed against shrinking
+// (checked before mapping, so a client cannot fault the daemon by
+// truncating it) and mapped by the daemon: remote READ and WRITE land in the
+// client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
+// the daemon creates and seals. The pump (one goroutine) takes WRs from
+// every SQ and RQ, checks them (a malformed entry completes in error and
+// errors the QP), posts them to the Device, and moves the Device's
+// completions into the clients' CQ rings, only as many as fit. It spins
+// while there is work and then sleeps on an eventfd that clients ring only
+// when it sleeps; a client sleeping on its CQ is rung the same way. Posting
+// and polling are therefore memory operations in the common case.
+//
+// # Lifetimes
+//
+// A client that goes away (Close, exit, SIGKILL) has its QPs moved to error
+// and destroyed, its MRs deregistered, its CQs and PDs freed. A deregistered
+// MR's mapping is replaced in place by anonymous memory at once and
+// unmapped only when the session has no QP left, so work or a responder
+// that resolved the MR an instant before can neither reach the client's
+// pages nor fault the daemon. Server.Close (SIGTERM) stops the pump, moves
+// every QP to error, drains rings and CQs so clients poll flush
+// completions, then closes every session.
+package daemon
