@@ -148,6 +148,8 @@ func (j *HostJob) Kill() {
 	}
 }
 
+func (j *HostJob) stop() { j.Kill() }
+
 func (j *HostJob) Output() string {
 	b, _ := os.ReadFile(j.out)
 	return string(b)
@@ -165,7 +167,10 @@ type Capture struct {
 const maxCapturePackets = 2000000
 
 func startCapture(ns, iface, path string) (*Capture, error) {
-	cmd := exec.Command("ip", "netns", "exec", ns, "tcpdump", "-i", iface, "-w", path, "-U", "-s", "0",
+	// --immediate-mode: with TPACKET_V3 tcpdump otherwise reads the kernel's
+	// ring a block at a time, and the frames of a short case still sitting
+	// in an unfinished block when it is stopped never reach the file.
+	cmd := exec.Command("ip", "netns", "exec", ns, "tcpdump", "--immediate-mode", "-i", iface, "-w", path, "-U", "-s", "0",
 		"-c", strconv.Itoa(maxCapturePackets), "udp", "port", "4791")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
@@ -200,6 +205,8 @@ func startCapture(ns, iface, path string) (*Capture, error) {
 		return nil, fmt.Errorf("tcpdump on %s did not start", iface)
 	}
 }
+
+func (c *Capture) stop() { c.Stop() }
 
 // Stop ends the capture, letting tcpdump flush its file.
 func (c *Capture) Stop() {

@@ -31,6 +31,24 @@ type Lab struct {
 	hostMTU  int
 	softPath string // absolute path of the softrnic binary's directory
 	closed   sync.Once
+
+	mu      sync.Mutex
+	running map[interface{ stop() }]bool // host jobs and captures to end on Close
+}
+
+func (l *Lab) track(p interface{ stop() }) {
+	l.mu.Lock()
+	if l.running == nil {
+		l.running = map[interface{ stop() }]bool{}
+	}
+	l.running[p] = true
+	l.mu.Unlock()
+}
+
+func (l *Lab) untrack(p interface{ stop() }) {
+	l.mu.Lock()
+	delete(l.running, p)
+	l.mu.Unlock()
 }
 
 func newLab(o options, mode string) (*Lab, error) {
@@ -213,6 +231,13 @@ func (l *Lab) warmUp() error {
 // taps and the bridge). Safe to call more than once.
 func (l *Lab) Close() {
 	l.closed.Do(func() {
+		// Processes still inside the namespace keep it alive after its name
+		// is gone: end them first.
+		l.mu.Lock()
+		for p := range l.running {
+			p.stop()
+		}
+		l.mu.Unlock()
 		var wg sync.WaitGroup
 		for _, g := range l.guests {
 			wg.Add(1)
@@ -281,7 +306,12 @@ func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) 
 		hostGID = "1"
 	}
 	env := append(os.Environ(), "PATH="+l.softPath+":"+os.Getenv("PATH"), "IFACE="+l.hostIf, "HOSTGID="+hostGID)
-	return startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
+	j, err := startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
+	if err == nil {
+		l.track(j)
+		go func() { <-j.done; l.untrack(j) }()
+	}
+	return j, err
 }
 
 // Run runs one case: server, wait until it is ready, client, wait for both,
@@ -307,6 +337,7 @@ func (l *Lab) Run(c *Case) (r result) {
 			fail("capture: %v", err)
 			return r
 		}
+		l.track(capture)
 	}
 	ready := c.Ready
 	if ready == "" {
@@ -317,6 +348,7 @@ func (l *Lab) Run(c *Case) (r result) {
 		fail("server: %v", err)
 		if capture != nil {
 			capture.Stop()
+			l.untrack(capture)
 		}
 		return r
 	}
@@ -350,6 +382,7 @@ func (l *Lab) Run(c *Case) (r result) {
 	}
 	if capture != nil {
 		capture.Stop()
+		l.untrack(capture)
 	}
 	status := func(rc int) string {
 		if rc == 124 { // timeout(1)'s status, and what our host side mimics
