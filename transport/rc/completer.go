@@ -106,6 +106,11 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 		if r.rnrLeft != 7 {
 			r.rnrLeft--
 		}
+		// An RNR NAK proves the path and the responder alive: the
+		// transport retry budget (lost packets) starts afresh, so that
+		// RNR NAKs lost over a long not-ready period do not add up to
+		// RETRY_EXC_ERR.
+		r.retryLeft = q.cfg.RetryCnt
 		q.RNRWaits++
 		r.rnrWait = true
 		r.rnrAt = now.Add(RNRDelay(syn & 31))
