@@ -69,7 +69,13 @@ type Server struct {
 	ln   *net.UnixListener
 	path string
 
-	db *shmring.Doorbell // the pump's doorbell; every client gets a copy
+	// The pump sleeps in epoll_wait on its own doorbell (device
+	// completions, shutdown) and on one doorbell per client (posts), all
+	// edge-triggered so that nothing needs draining. A client owns only its
+	// doorbell: it cannot steal or flood the others' wakeups.
+	epfd   int
+	db     *shmring.Doorbell
+	events [64]unix.EpollEvent
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -113,9 +119,44 @@ func NewServer(dev Device, opt Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dev: dev, opt: opt, log: opt.Logger, db: db, sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("epoll: %w", err)
+	}
+	s := &Server{dev: dev, opt: opt, log: opt.Logger, db: db, epfd: epfd, sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
+	if err := s.watch(db); err != nil {
+		db.Close()
+		unix.Close(epfd)
+		return nil, err
+	}
 	go s.pump()
 	return s, nil
+}
+
+// watch adds a doorbell to the pump's epoll set (edge-triggered).
+func (s *Server) watch(db *shmring.Doorbell) error {
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(db.FD())}
+	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, db.FD(), &ev); err != nil {
+		return fmt.Errorf("epoll: %w", err)
+	}
+	return nil
+}
+
+// unwatch removes a doorbell from the pump's epoll set.
+func (s *Server) unwatch(db *shmring.Doorbell) {
+	unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, db.FD(), nil)
+}
+
+// sleep blocks until some doorbell rings or timeout passes. Edge-triggered
+// eventfds need no draining: every write is a new edge.
+func (s *Server) sleep(timeout time.Duration) {
+	for {
+		_, err := unix.EpollWait(s.epfd, s.events[:], int(timeout/time.Millisecond))
+		if err != unix.EINTR {
+			return
+		}
+	}
 }
 
 // Listen creates the control socket at path, with the configured mode and
@@ -254,6 +295,7 @@ func (s *Server) Close(drain time.Duration) error {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
+	unix.Close(s.epfd)
 	return s.db.Close()
 }
 
@@ -286,7 +328,7 @@ func (s *Server) pump() {
 			// The timeout bounds how long completions can wait behind a
 			// full CQ ring that its client has since drained (the client
 			// does not ring the daemon when it consumes).
-			s.db.Wait(50 * time.Millisecond)
+			s.sleep(50 * time.Millisecond)
 		}
 		s.sleeping.Store(false)
 		s.disarmAll()

@@ -42,6 +42,7 @@ type session struct {
 	graveBytes int64 // counted against MaxMRBytes until unmapped
 	liveQPs    int   // QPs created and not yet destroyed in the device
 	capture    *capture.Session
+	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
 }
 
 type pdObj struct {
@@ -152,6 +153,10 @@ func (ss *session) serve() {
 		capt.Stop() // flushes the file before the connection's fd is closed
 	}
 	info := ss.cleanup()
+	if ss.db != nil {
+		s.unwatch(ss.db)
+		ss.db.Close()
+	}
 	ss.conn.Close()
 	s.mu.Lock()
 	delete(s.sessions, ss)
@@ -202,9 +207,20 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		if req.Version != proto.Version {
 			return nil, nil, errf(unix.EPROTONOSUPPORT, "protocol version %d, daemon speaks %d", req.Version, proto.Version)
 		}
+		if ss.db == nil {
+			db, err := shmring.NewDoorbell()
+			if err != nil {
+				return nil, nil, err
+			}
+			if err := ss.s.watch(db); err != nil {
+				db.Close()
+				return nil, nil, err
+			}
+			ss.db = db
+		}
 		ss.opened = true
 		info := ss.s.dev.Info()
-		return &info, []int{ss.s.db.FD()}, nil
+		return &info, []int{ss.db.FD()}, nil
 	case proto.OpAllocPD:
 		return ss.allocPD(body)
 	case proto.OpDeallocPD:
