@@ -125,6 +125,9 @@ type QP struct {
 	postRecv wr.RecvWQE
 	postSG   [MaxSGE][]byte
 
+	inline     []byte // MaxSendWR slots of MaxInline bytes
+	inlineNext int
+
 	deadline  atomic.Int64 // transport deadline, published after each step
 	txPending atomic.Bool  // the transport may have packets to send
 	destroyed atomic.Bool
@@ -187,7 +190,7 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 		return nil, ErrInvalid
 	}
 	d := pd.dev
-	q := &QP{dev: d, pd: pd, init: a}
+	q := &QP{dev: d, pd: pd, init: a, inline: make([]byte, a.MaxSendWR*a.MaxInline)}
 	q.mem = qpMem{q}
 	q.deadline.Store(int64(clock.Never))
 	d.mu.Lock()
@@ -546,8 +549,15 @@ func (q *QP) resolveSend(s *SendWR, w *wr.SendWQE, sg [][]byte) {
 		w.AH = s.AH
 	}
 	if s.Flags&Inline != 0 {
-		// Inline data is copied now so the caller may reuse its buffer.
-		b := append([]byte(nil), s.InlineData...)
+		// Inline data is copied now so the caller may reuse its buffer,
+		// into the QP's arena of MaxSendWR slots: a slot comes round again
+		// only MaxSendWR posts later, when the SQ can no longer hold the
+		// WQE that used it.
+		n := q.init.MaxInline
+		k := q.inlineNext % q.init.MaxSendWR
+		q.inlineNext++
+		b := q.inline[k*n : k*n+len(s.InlineData)]
+		copy(b, s.InlineData)
 		w.SG = append(sg, b)
 		w.Length = uint32(len(b))
 		return

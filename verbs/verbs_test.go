@@ -483,3 +483,14 @@ func TestReceiveChecks(t *testing.T) {
 		t.Fatalf("ACK %v", f.Opcode())
 	}
 }
+
+func TestInlineSendsAllocateNothing(t *testing.T) {
+	p := newPingPair(t, Send, 64, 1024)
+	p.send = SendWR{Opcode: Send, Flags: Signaled | Inline, InlineData: make([]byte, 60)}
+	p.qa.init.MaxInline = 64
+	p.qa.inline = make([]byte, p.qa.init.MaxSendWR*64)
+	p.stream(1000)
+	if a := testing.AllocsPerRun(10, func() { p.stream(100) }); a != 0 {
+		t.Fatalf("%.1f allocations per 100 inline sends", a)
+	}
+}
