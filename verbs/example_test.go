@@ -1,0 +1,67 @@
+package verbs_test
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// Two devices on an in-memory link: an RDMA WRITE from one to the other,
+// the way an application and an engine use the package.
+func Example() {
+	clk := &memlink.VirtualClock{}
+	la, lb := memlink.NewPair(memlink.Config{Clock: clk.Now})
+	ipA, ipB := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
+	macA, macB := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
+	a, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{ipA}})
+	b, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{ipB}})
+
+	// Application side: PD, MRs, CQ, QP on each device.
+	pdA, pdB := a.AllocPD(), b.AllocPD()
+	src, _ := pdA.RegMR([]byte("hello, RDMA"), verbs.LocalWrite)
+	dst, _ := pdB.RegMR(make([]byte, 11), verbs.LocalWrite|verbs.RemoteWrite)
+	cqA, cqB := a.CreateCQ(16), b.CreateCQ(16)
+	qa, _ := pdA.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqA, RecvCQ: cqA})
+	qb, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	connect := func(q, peer *verbs.QP, mac [6]byte, ip netip.Addr) {
+		q.Modify(verbs.Init, &verbs.Attr{Access: verbs.RemoteWrite})
+		q.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: peer.QPN(), RQPSN: 100,
+			MaxDestRdAtomic: 16, MinRNRTimer: 12, AV: verbs.AddressVector{DestMAC: mac, DestIP: ip}})
+		q.Modify(verbs.RTS, &verbs.Attr{SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16})
+	}
+	connect(qa, qb, macB, ipB)
+	connect(qb, qa, macA, ipA)
+	qa.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG:         []verbs.SGE{{Addr: src.IOVA(), Length: uint32(src.Len()), LKey: src.LKey()}},
+		RemoteAddr: dst.IOVA(), RKey: dst.RKey()})
+
+	// Engine side: move frames between the devices and the link.
+	out := make([][]byte, 64)
+	in := make([][]byte, 64)
+	var wc [1]verbs.WC
+	for cqA.Poll(wc[:]) == 0 {
+		for _, d := range []struct {
+			dev  *verbs.Device
+			port *memlink.Port
+		}{{a, la}, {b, lb}} {
+			now := clk.Now()
+			n, _ := d.port.Recv(in, 0)
+			d.dev.Receive(now, in[:n])
+			d.dev.Expire(now)
+			for i := range out {
+				out[i] = make([]byte, d.port.MaxFrame())
+			}
+			n = d.dev.Transmit(now, out)
+			d.port.Send(out[:n])
+		}
+		next := min(la.NextDelivery(), lb.NextDelivery(), a.NextDeadline(), b.NextDeadline())
+		if next != clock.Never && next > clk.Now() {
+			clk.Set(next)
+		}
+	}
+	fmt.Println(wc[0].Status, string(dst.Bytes()))
+	// Output: SUCCESS hello, RDMA
+}
