@@ -39,15 +39,22 @@ func buildSoftrnic(t *testing.T) string {
 // veth; a second daemon on the interface is refused; SIGTERM ends the
 // daemon with status 0, the client's QP flushed and no XDP program left.
 func TestDaemonOverVeth(t *testing.T) {
-	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	netnstest.SkipUnlessRoot(t)
 	bin := buildSoftrnic(t)
+	for _, kind := range []string{"afxdp", "afpacket"} {
+		t.Run(kind, func(t *testing.T) { daemonOverVeth(t, bin, kind) })
+	}
+}
+
+func daemonOverVeth(t *testing.T, bin, kind string) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "ctl.sock")
 	var logs bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "daemon", "-d", pair.A.Name,
-		"--control", sock, "--port", "afxdp", "--log-level", "debug")
+		"--control", sock, "--port", kind, "--log-level", "debug")
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -205,7 +212,7 @@ func TestDaemonOverVeth(t *testing.T) {
 	if err != nil || strings.Contains(link, "xdp") {
 		t.Fatalf("XDP left attached: %v\n%s", err, link)
 	}
-	if !strings.Contains(logs.String(), "stopped") {
+	if !strings.Contains(logs.String(), "port="+kind) || !strings.Contains(logs.String(), "stopped") {
 		t.Fatalf("no orderly stop in the log:\n%s", logs.String())
 	}
 	t.Logf("daemon log:\n%s", logs.String())
