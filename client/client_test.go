@@ -728,3 +728,42 @@ func child(role, path string) int {
 	time.Sleep(time.Minute) // bounded: the parent kills us long before
 	return 1
 }
+
+// One client cannot exhaust the daemon: its objects and registered bytes
+// are bounded, and deregistered memory counts until it is really unmapped.
+func TestPerClientLimits(t *testing.T) {
+	td := startDaemon(t, daemon.Options{MaxObjects: 5, MaxMRBytes: 3 << 16})
+	c, err := Dial(td.path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pd, _ := c.AllocPD()
+	mem, _ := AllocMem(1 << 16)
+	defer mem.Free()
+	var mrs []*MR
+	for i := 0; i < 3; i++ {
+		mr, err := pd.RegMR(mem, 0, 1<<16, wr.LocalWrite)
+		if err != nil {
+			t.Fatalf("MR %d: %v", i, err)
+		}
+		mrs = append(mrs, mr)
+	}
+	if _, err := pd.RegMR(mem, 0, 4096, wr.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("MR beyond MaxMRBytes: %v", err)
+	}
+	// A deregistered MR still counts while the session could hold
+	// references into it (here: no QP, so it is unmapped at once).
+	if err := mrs[0].Dereg(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pd.RegMR(mem, 0, 1<<16, wr.LocalWrite); err != nil {
+		t.Fatalf("MR after a deregistration: %v", err)
+	}
+	if _, err := c.CreateCQ(4); err != nil { // 5th object
+		t.Fatal(err)
+	}
+	if _, err := c.AllocPD(); !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("object beyond MaxObjects: %v", err)
+	}
+}

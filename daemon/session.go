@@ -364,7 +364,9 @@ func (ss *session) deregMR(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.ENOENT, "no MR %d on this connection", h)
 	}
 	delete(ss.mrs, h)
-	return nil, nil, ss.releaseMR(m)
+	err = ss.releaseMR(m)
+	ss.buryGraves() // at once if no QP could hold a reference into it
+	return nil, nil, err
 }
 
 // releaseMR deregisters an MR and detaches the daemon from the client's
