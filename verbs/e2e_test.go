@@ -198,6 +198,7 @@ type e2eCase struct {
 	// lossOnly, when set, applies loss alone (no duplication, reordering
 	// or corruption): the goodput benchmark.
 	lossOnly float64
+	timeout  uint8 // local ACK timeout; 0: sized to the link (runE2E)
 }
 
 func (k e2eCase) name() string {
@@ -211,11 +212,18 @@ func runE2E(t testing.TB, k e2eCase) float64 {
 		imp = memlink.Impairments{Loss: k.lossOnly}
 	}
 	tb := newTestbed(t, imp, k.seed, k.mtu)
-	if k.qps*k.mtu*128 >= 64*4096 {
-		// Many QPs with full windows queue more than a 262 µs timeout's
-		// worth of bytes on the 10 Gb/s virtual link: a real deployment
-		// uses a longer timeout (perftest: 14, 67 ms), and so does this.
-		tb.timeout = 12
+	// The local ACK timeout must exceed the time the link needs to drain
+	// every QP's full window (129 packets of an MTU) with margin, or
+	// timeouts fire while ACKs are merely queued, as on a real network
+	// with too short a timeout: the smallest 4.096 µs × 2^t above four
+	// times that drain time.
+	drain := time.Duration(float64(k.qps*k.mtu*(MaxUnackedPSNs+1)) * nsPerByte * 4)
+	tb.timeout = 6
+	for time.Duration(4096<<tb.timeout) < drain {
+		tb.timeout++
+	}
+	if k.timeout != 0 {
+		tb.timeout = k.timeout
 	}
 	var ws []*workload
 	var total int64

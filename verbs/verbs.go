@@ -92,6 +92,8 @@ const (
 	MaxInline    = 400
 	MaxRdAtomic  = 128
 	DefaultDepth = 256
+	// MaxUnackedPSNs is the RC window of a requester (as rxe's).
+	MaxUnackedPSNs = 128
 )
 
 // PD is a protection domain: MRs and QPs of different PDs cannot touch
