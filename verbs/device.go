@@ -51,6 +51,8 @@ type Device struct {
 	nextQPN uint32
 
 	doorbell chan struct{}
+	events   chan AsyncEvent
+	lostEv   atomic.Uint64
 
 	// engine-only state
 	rxf   frame.Frame
@@ -74,7 +76,7 @@ func NewDevice(cfg Config) (*Device, error) {
 	for i, a := range cfg.Addrs {
 		cfg.Addrs[i] = a.Unmap()
 	}
-	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), nextQPN: 0x10}
+	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan AsyncEvent, 256), nextQPN: 0x10}
 	k := map[uint32]*MR{}
 	d.keys.Store(&k)
 	q := map[uint32]*QP{}
@@ -91,6 +93,40 @@ func (d *Device) Config() Config { return d.cfg }
 // value may stand for many posts). An idle engine waits on it together
 // with its port and its next deadline.
 func (d *Device) Doorbell() <-chan struct{} { return d.doorbell }
+
+// EventType is the kind of an asynchronous event (ibv_event_type).
+type EventType uint8
+
+// Asynchronous events.
+const (
+	// EventCommEst: a QP in RTR received its first packet (IBV_EVENT_COMM_EST);
+	// a passive CM side whose RTU was lost moves the QP to RTS on it.
+	EventCommEst EventType = iota
+	// EventQPFatal: the QP went to ERR because of a transport error
+	// (IBV_EVENT_QP_FATAL); its WRs were flushed.
+	EventQPFatal
+)
+
+// AsyncEvent is an asynchronous event of a QP.
+type AsyncEvent struct {
+	Type EventType
+	QPN  uint32
+}
+
+// Events delivers asynchronous events (ibv_get_async_event). Events are
+// dropped, and counted by LostEvents, when nobody reads them.
+func (d *Device) Events() <-chan AsyncEvent { return d.events }
+
+// LostEvents counts events dropped because Events was full.
+func (d *Device) LostEvents() uint64 { return d.lostEv.Load() }
+
+func (d *Device) event(t EventType, qpn uint32) {
+	select {
+	case d.events <- AsyncEvent{Type: t, QPN: qpn}:
+	default:
+		d.lostEv.Add(1)
+	}
+}
 
 func (d *Device) ring() {
 	select {
@@ -266,7 +302,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	tp := pkt[ipLen+frame.UDPLen : len(pkt)-icrc.Len]
 	op := f.Opcode()
 	switch q.init.Type {
-	case UD:
+	case UD, GSI:
 		if op.Transport() != bth.TransportUD {
 			d.Stats.RxBadType++
 			return
@@ -298,6 +334,10 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 		if f.Src().Unmap() != q.peer {
 			d.Stats.RxBadSrc++
 			return
+		}
+		if q.state == RTR && !q.commEst {
+			q.commEst = true
+			d.event(EventCommEst, q.qpn)
 		}
 		q.rc.Receive(now, tp)
 	}

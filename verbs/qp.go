@@ -20,9 +20,16 @@ const (
 	RC QPType = iota
 	UC
 	UD
+	// GSI is the General Services Interface QP, QP1: a UD QP whose QPN is
+	// 1 and whose Q_Key is 0x80010000, which carries the CM's MADs. One
+	// per device.
+	GSI
 )
 
-func (t QPType) String() string { return [...]string{"RC", "UC", "UD"}[t%3] }
+func (t QPType) String() string { return [...]string{"RC", "UC", "UD", "GSI"}[t&3] }
+
+// datagram reports whether QPs of type t are unreliable datagram QPs.
+func (t QPType) datagram() bool { return t == UD || t == GSI }
 
 // State is the IB QP state (IBA 10.3.1).
 type State uint8
@@ -128,6 +135,7 @@ type QP struct {
 	inline     []byte // MaxSendWR slots of MaxInline bytes
 	inlineNext int
 
+	commEst   bool         // EventCommEst was raised (guarded by mu)
 	deadline  atomic.Int64 // transport deadline, published after each step
 	txPending atomic.Bool  // the transport may have packets to send
 	destroyed atomic.Bool
@@ -171,7 +179,7 @@ func (m qpMem) Invalidate(rkey uint32) bool {
 
 // CreateQP creates a QP in the RESET state.
 func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
-	if a.SendCQ == nil || a.RecvCQ == nil || a.Type > UD {
+	if a.SendCQ == nil || a.RecvCQ == nil || a.Type > GSI {
 		return nil, ErrInvalid
 	}
 	if a.MaxSendWR == 0 {
@@ -196,16 +204,23 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old := *d.qps.Load()
-	for {
-		d.nextQPN = (d.nextQPN + 1) & bth.QPNMask
-		if d.nextQPN < 0x11 {
-			d.nextQPN = 0x11 // 0 and 1 are SMI/GSI; rxe starts at 0x11 too
+	if a.Type == GSI {
+		if old[1] != nil {
+			return nil, ErrInvalid // one GSI QP per device
 		}
-		if _, used := old[d.nextQPN]; !used {
-			break
+		q.qpn = 1
+	} else {
+		for {
+			d.nextQPN = (d.nextQPN + 1) & bth.QPNMask
+			if d.nextQPN < 0x11 {
+				d.nextQPN = 0x11 // 0 and 1 are SMI/GSI; rxe starts at 0x11 too
+			}
+			if _, used := old[d.nextQPN]; !used {
+				break
+			}
 		}
+		q.qpn = d.nextQPN
 	}
-	q.qpn = d.nextQPN
 	q.resetLocked()
 	nm := make(map[uint32]*QP, len(old)+1)
 	for k, v := range old {
@@ -222,13 +237,14 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 func (q *QP) resetLocked() {
 	a := q.init
 	q.state = Reset
+	q.commEst = false
 	q.rq = newRecvRing(a.MaxRecvWR, a.MaxSGE)
 	var rq wr.RecvQueue = &q.rq
 	if a.SRQ != nil {
 		rq = a.SRQ
 	}
 	switch a.Type {
-	case UD:
+	case UD, GSI:
 		q.ud = ud.New(q.qpn, a.MaxSendWR, a.MaxSGE, rq)
 	default:
 		q.rc = rc.New(q.qpn, a.MaxSendWR, a.MaxSGE, q.mem, rq)
@@ -295,15 +311,18 @@ func (q *QP) Modify(to State, a *Attr) error {
 			return ErrAccess
 		}
 		q.attr.Access, q.attr.QKey, q.attr.PKey = a.Access, a.QKey, a.PKey
+		if t == GSI {
+			q.attr.QKey = bth.GSIQKey // fixed by IBA for QP1
+		}
 	case RTR:
 		mtu := a.PathMTU
-		if t == UD && mtu == 0 {
+		if t.datagram() && mtu == 0 {
 			mtu = q.dev.cfg.PortMTU
 		}
 		if !validMTU(mtu) || mtu > q.dev.cfg.PortMTU || a.MaxDestRdAtomic > MaxRdAtomic || a.MinRNRTimer > 31 {
 			return ErrInvalid
 		}
-		if t != UD {
+		if !t.datagram() {
 			h, err := q.dev.makeHdr(&a.AV, q.qpn, a.DestQPN)
 			if err != nil {
 				return err
@@ -313,7 +332,7 @@ func (q *QP) Modify(to State, a *Attr) error {
 		}
 		q.attr.PathMTU, q.attr.DestQPN, q.attr.RQPSN = mtu, a.DestQPN&bth.QPNMask, a.RQPSN&bth.PSNMask
 		q.attr.MaxDestRdAtomic, q.attr.MinRNRTimer, q.attr.AV = a.MaxDestRdAtomic, a.MinRNRTimer, a.AV
-		if t == UD {
+		if t.datagram() {
 			q.ud.Receiver(ud.Config{QKey: q.attr.QKey, PKey: q.attr.PKey, MTU: mtu})
 		} else {
 			q.rc.Receiver(q.rcConfig())
@@ -325,17 +344,17 @@ func (q *QP) Modify(to State, a *Attr) error {
 			}
 			q.attr.SQPSN, q.attr.Timeout, q.attr.RetryCnt, q.attr.RNRRetry = a.SQPSN&bth.PSNMask, a.Timeout, a.RetryCnt, a.RNRRetry
 			q.attr.MaxRdAtomic = a.MaxRdAtomic
-			if t == UD {
+			if t.datagram() {
 				q.ud.Sender(bth.PSN(q.attr.SQPSN))
 			} else {
 				q.rc.Sender(q.rcConfig())
 			}
 		}
-		if t != UD {
+		if !t.datagram() {
 			q.rc.Drain(false)
 		}
 	case SQD:
-		if t != UD {
+		if !t.datagram() {
 			q.rc.Drain(true)
 		}
 	}
@@ -389,6 +408,7 @@ func (q *QP) release() {
 		if q.rc.Failed() && q.state != Err && q.state != Reset {
 			q.state = Err
 			q.rc.Flush()
+			q.dev.event(EventQPFatal, q.qpn)
 		}
 		wcs = q.rc.TakeCompletions()
 	}
@@ -506,11 +526,11 @@ func (q *QP) checkSend(s *SendWR) error {
 	switch {
 	case s.Opcode > AtomicFetchAndAdd:
 		return ErrBadOpcode
-	case t == UD && s.Opcode != Send && s.Opcode != SendWithImm:
+	case t.datagram() && s.Opcode != Send && s.Opcode != SendWithImm:
 		return ErrBadOpcode
 	case t == UC && (s.Opcode == RDMARead || s.Opcode.IsAtomic()):
 		return ErrBadOpcode
-	case t == UD && s.AH == nil:
+	case t.datagram() && s.AH == nil:
 		return ErrInvalid
 	case len(s.SG) > q.init.MaxSGE:
 		return ErrTooManySGE

@@ -494,3 +494,64 @@ func TestInlineSendsAllocateNothing(t *testing.T) {
 		t.Fatalf("%.1f allocations per 100 inline sends", a)
 	}
 }
+
+func TestGSIQPAndAsyncEvents(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 12, 1024)
+	var gsi [2]*QP
+	var cqs [2]*CQ
+	for i, n := range []*node{tb.a, tb.b} {
+		cqs[i] = n.dev.CreateCQ(16)
+		q, err := n.pd.CreateQP(QPInitAttr{Type: GSI, SendCQ: cqs[i], RecvCQ: cqs[i]})
+		must(t, err)
+		if q.QPN() != 1 {
+			t.Fatalf("GSI QPN %d", q.QPN())
+		}
+		if _, err := n.pd.CreateQP(QPInitAttr{Type: GSI, SendCQ: cqs[i], RecvCQ: cqs[i]}); err == nil {
+			t.Fatal("second GSI QP")
+		}
+		must(t, q.Modify(Init, nil))
+		must(t, q.Modify(RTR, nil))
+		must(t, q.Modify(RTS, nil))
+		gsi[i] = q
+	}
+	mad, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{0x07}, 256), LocalWrite)
+	rb, _ := tb.b.pd.RegMR(make([]byte, 40+256), LocalWrite)
+	_, err := gsi[1].PostRecv(RecvWR{ID: 1, SG: []SGE{{Addr: rb.IOVA(), Length: 296, LKey: rb.LKey()}}})
+	must(t, err)
+	ah, _ := tb.a.pd.CreateAH(AddressVector{DestMAC: macB, DestIP: addrB})
+	_, err = gsi[0].PostSend(SendWR{ID: 2, Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: mad.IOVA(), Length: 256, LKey: mad.LKey()}},
+		AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
+	must(t, err)
+	var got []WC
+	tb.run(func() bool { got = append(got, pollAll(cqs[1])...); return len(got) == 1 }, time.Second)
+	if got[0].SrcQP != 1 || got[0].ByteLen != 296 || !bytes.Equal(rb.Bytes()[40:], mad.Bytes()) {
+		t.Fatalf("%+v", got[0])
+	}
+
+	// An RC QP left in RTR raises COMM_EST on its first packet; a remote
+	// access error raises QP_FATAL on the requester.
+	qa, qb := tb.connect(RC, 1024, LocalWrite, 8)
+	must(t, qb.Modify(Reset, nil))
+	must(t, qb.Modify(Init, &Attr{Access: LocalWrite}))
+	must(t, qb.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: qa.QPN(), RQPSN: qa.attr.SQPSN, AV: AddressVector{DestMAC: macA, DestIP: addrA}}))
+	src, _ := tb.a.pd.RegMR(make([]byte, 8), LocalWrite)
+	_, err = qa.PostSend(SendWR{ID: 3, Opcode: RDMAWrite, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 1, RKey: 2})
+	must(t, err)
+	tb.run(func() bool { return len(pollAll(qa.init.SendCQ)) == 1 }, time.Second)
+	want := map[AsyncEvent]bool{{Type: EventCommEst, QPN: qb.QPN()}: false}
+	for len(tb.b.dev.Events()) > 0 {
+		e := <-tb.b.dev.Events()
+		if _, ok := want[e]; ok {
+			want[e] = true
+		}
+	}
+	fatal := false
+	for len(tb.a.dev.Events()) > 0 {
+		if e := <-tb.a.dev.Events(); e == (AsyncEvent{Type: EventQPFatal, QPN: qa.QPN()}) {
+			fatal = true
+		}
+	}
+	if !want[AsyncEvent{Type: EventCommEst, QPN: qb.QPN()}] || !fatal {
+		t.Fatalf("events: comm est %v, fatal %v", want, fatal)
+	}
+}
