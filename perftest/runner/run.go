@@ -155,8 +155,8 @@ func (t *Test) runBW(size uint64) (perftest.BWReport, error) {
 				}
 				q.seen = q.seen[:0]
 			}
-		} else if now()-lastProgress > int64(stallLimit) {
-			return perftest.BWReport{}, errTimeout
+		} else if now()-lastProgress > int64(t.stallLimit()) {
+			return perftest.BWReport{}, t.errStall()
 		}
 		if deadline != 0 && now() >= deadline {
 			// Signal the last message so its completion ends the run.
@@ -197,8 +197,8 @@ func (t *Test) runSendServer(size uint64) error {
 			return err
 		}
 		if n == 0 {
-			if now()-lastProgress > int64(stallLimit) {
-				return errTimeout
+			if now()-lastProgress > int64(t.stallLimit()) {
+				return t.errStall()
 			}
 			continue
 		}
@@ -347,8 +347,8 @@ func (t *Test) post(q *qp, w *wr.SendWQE) error {
 		if _, err := t.poll(); err != nil {
 			return err
 		}
-		if now()-start > int64(stallLimit) {
-			return errTimeout
+		if now()-start > int64(t.stallLimit()) {
+			return t.errStall()
 		}
 	}
 }
@@ -380,8 +380,8 @@ func (t *Test) waitRecv(q *qp, size uint64, i int) error {
 		if _, err := t.poll(); err != nil {
 			return err
 		}
-		if now()-start > int64(stallLimit) {
-			return errTimeout
+		if now()-start > int64(t.stallLimit()) {
+			return t.errStall()
 		}
 	}
 }
@@ -410,8 +410,8 @@ func (t *Test) waitSend(q *qp, i int) error {
 		if _, err := t.poll(); err != nil {
 			return err
 		}
-		if now()-start > int64(stallLimit) {
-			return errTimeout
+		if now()-start > int64(t.stallLimit()) {
+			return t.errStall()
 		}
 	}
 }
@@ -434,8 +434,8 @@ func (t *Test) waitMarker(q *qp, size uint64, marker byte) error {
 		if _, err := t.poll(); err != nil {
 			return err
 		}
-		if now()-start > int64(stallLimit) {
-			return errTimeout
+		if now()-start > int64(t.stallLimit()) {
+			return t.errStall()
 		}
 	}
 }

@@ -378,10 +378,19 @@ func (r *recvQueue) Take(dst *wr.RecvWQE) bool {
 	return true
 }
 
-// errTimeout ends a run whose peer stopped answering.
-var errTimeout = errors.New("perf: no completion for 5 s: the peer stopped answering")
+// stallLimit is how long a run waits without any progress before it
+// declares the peer gone: longer than a QP takes to exhaust its retries
+// (8 local ACK timeouts), which ends the run with an error completion
+// anyway, and never under 5 s. A lossy path recovering at -u 18 (1 s per
+// timeout) must not be mistaken for a dead peer.
+func (t *Test) stallLimit() time.Duration {
+	return max(5*time.Second, 2*8*rc.AckTimeout(t.p.QPTimeout))
+}
 
-const stallLimit = 5 * time.Second
+// errStall ends a run whose peer stopped answering.
+func (t *Test) errStall() error {
+	return fmt.Errorf("perf: no progress for %v: the peer stopped answering", t.stallLimit())
+}
 
 // poll collects the completions of every QP into each QP's seen list and
 // returns how many were new; it yields the CPU when there were none so that
