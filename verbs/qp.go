@@ -108,7 +108,25 @@ type Attr struct {
 	RetryCnt    uint8
 	RNRRetry    uint8 // 7 = infinite
 	MaxRdAtomic int
+
+	// Mask says which of the attributes above an RTS→RTS or SQD→RTS
+	// transition changes.
+	Mask AttrMask
 }
+
+// AttrMask selects the attributes an RTS→RTS or SQD→RTS Modify changes
+// (ibv_qp_attr_mask); other transitions take every attribute they need.
+type AttrMask uint16
+
+// Attributes changeable in RTS.
+const (
+	MaskTimeout AttrMask = 1 << iota
+	MaskRetryCnt
+	MaskRNRRetry
+	MaskMinRNRTimer
+	MaskAccess
+	MaskMaxRdAtomic
+)
 
 // QP is a queue pair.
 type QP struct {
@@ -349,6 +367,34 @@ func (q *QP) Modify(to State, a *Attr) error {
 			} else {
 				q.rc.Sender(q.rcConfig())
 			}
+		}
+		if from != RTR && !t.datagram() && a.Mask != 0 {
+			if a.RetryCnt > 7 || a.RNRRetry > 7 || a.Timeout > 31 || a.MinRNRTimer > 31 || a.MaxRdAtomic > MaxRdAtomic {
+				return ErrInvalid
+			}
+			if t == UC && a.Access&(RemoteRead|RemoteAtomic) != 0 {
+				return ErrAccess
+			}
+			m, at := a.Mask, &q.attr
+			if m&MaskTimeout != 0 {
+				at.Timeout = a.Timeout
+			}
+			if m&MaskRetryCnt != 0 {
+				at.RetryCnt = a.RetryCnt
+			}
+			if m&MaskRNRRetry != 0 {
+				at.RNRRetry = a.RNRRetry
+			}
+			if m&MaskMinRNRTimer != 0 {
+				at.MinRNRTimer = a.MinRNRTimer
+			}
+			if m&MaskAccess != 0 {
+				at.Access = a.Access
+			}
+			if m&MaskMaxRdAtomic != 0 {
+				at.MaxRdAtomic = a.MaxRdAtomic
+			}
+			q.rc.Update(at.Timeout, at.RetryCnt, at.RNRRetry, at.MinRNRTimer, at.Access, at.MaxRdAtomic)
 		}
 		if !t.datagram() {
 			q.rc.Drain(false)

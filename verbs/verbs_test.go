@@ -555,3 +555,21 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 		t.Fatalf("events: comm est %v, fatal %v", want, fatal)
 	}
 }
+
+func TestModifyRTSToRTS(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 13, 1024)
+	qa, _ := tb.connect(RC, 1024, LocalWrite, 8)
+	must(t, qa.Modify(RTS, &Attr{Mask: MaskTimeout | MaskRetryCnt, Timeout: 20, RetryCnt: 3}))
+	c := qa.rc.Config()
+	if c.Timeout != 20 || c.RetryCnt != 3 || c.RNRRetry != 7 {
+		t.Fatalf("%+v", c)
+	}
+	if qa.Modify(RTS, &Attr{Mask: MaskRetryCnt, RetryCnt: 9}) != ErrInvalid {
+		t.Fatal("retry_cnt 9 accepted")
+	}
+	must(t, qa.Modify(SQD, nil))
+	must(t, qa.Modify(RTS, &Attr{Mask: MaskRNRRetry, RNRRetry: 2}))
+	if c := qa.rc.Config(); c.RNRRetry != 2 || c.Timeout != 20 {
+		t.Fatalf("%+v", c)
+	}
+}

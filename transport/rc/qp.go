@@ -179,6 +179,23 @@ func (q *QP) Sender(cfg Config) {
 	q.reqOn = true
 }
 
+// Update changes, in RTS, the attributes IBA lets a QP change there
+// (RTS→RTS / SQD→RTS): local ACK timeout, retry counts, min RNR timer,
+// access flags and max_rd_atomic. Retry budgets restart from the new
+// counts.
+func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access wr.Access, maxRdAtomic int) {
+	q.cfg.Timeout, q.cfg.RetryCnt, q.cfg.RNRRetry, q.cfg.MinRNRTimer = timeout, retryCnt&7, rnrRetry&7, minRNRTimer&31
+	q.cfg.Access = access
+	if maxRdAtomic > 0 {
+		q.cfg.MaxRdAtomic = maxRdAtomic
+	}
+	q.req.rto = clock.Time(AckTimeout(timeout))
+	q.req.retryLeft, q.req.rnrLeft = q.cfg.RetryCnt, q.cfg.RNRRetry
+	if q.req.rto == 0 {
+		q.req.timer = clock.Never
+	}
+}
+
 // Drain stops the requester from starting new WQEs (SQD) or lets it go on.
 func (q *QP) Drain(on bool) { q.req.draining = on }
 
