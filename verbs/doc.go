@@ -1,6 +1,6 @@
 // Package verbs is softrnic's RNIC device model: protection domains, memory
-// regions, completion queues, shared receive queues and RC, UC and UD queue
-// pairs with the InfiniBand QP state machine, driven by the pure transport
+// regions, completion queues, shared receive queues and RC, UC, UD and GSI
+// (QP1) queue pairs with the InfiniBand QP state machine, driven by the pure transport
 // state machines of transport/rc and transport/ud, and the step functions
 // an engine calls to move RoCEv2 frames in and out.
 //
@@ -24,7 +24,16 @@
 // state. Completions reach a CQ once per QP per step (one CQ lock per
 // batch). The QP and MR tables the engine reads per packet are immutable
 // snapshots behind atomic pointers, replaced copy-on-write by the control
-// path, so lookups take no lock. Lock order: QP, then CQ or SRQ.
+// path, so lookups take no lock. An SRQ, being shared, is locked once per
+// message that takes one of its receive WQEs. Lock order: QP, then CQ or
+// SRQ. Asynchronous events (Events: COMM_EST, QP_FATAL) go through a
+// buffered channel that never blocks the engine.
+//
+// # Virtual time
+//
+// The step functions take now and never read a clock, so a test or the
+// simulator drives devices and port/memlink in virtual time from one
+// goroutine (see the example), and every run with a seed is identical.
 //
 // # Security
 //
