@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"net/netip"
 	"os"
 	"strconv"
 	"testing"
@@ -199,10 +200,15 @@ type e2eCase struct {
 	// or corruption): the goodput benchmark.
 	lossOnly float64
 	timeout  uint8 // local ACK timeout; 0: sized to the link (runE2E)
+	ipv6     bool
 }
 
 func (k e2eCase) name() string {
-	return fmt.Sprintf("mtu%d_imp%g_qps%d_seed%d", k.mtu, k.loss, k.qps, k.seed)
+	v := ""
+	if k.ipv6 {
+		v = "_ipv6"
+	}
+	return fmt.Sprintf("mtu%d_imp%g_qps%d_seed%d%s", k.mtu, k.loss, k.qps, k.seed, v)
 }
 
 // runE2E runs k and returns the goodput in bytes per virtual second.
@@ -211,7 +217,12 @@ func runE2E(t testing.TB, k e2eCase) float64 {
 	if k.lossOnly > 0 {
 		imp = memlink.Impairments{Loss: k.lossOnly}
 	}
-	tb := newTestbed(t, imp, k.seed, k.mtu)
+	var tb *testbed
+	if k.ipv6 {
+		tb = newTestbed(t, imp, k.seed, k.mtu, netip.MustParseAddr("fd77::10"), netip.MustParseAddr("fd77::11"))
+	} else {
+		tb = newTestbed(t, imp, k.seed, k.mtu)
+	}
 	// The local ACK timeout must exceed the time the link needs to drain
 	// every QP's full window (129 packets of an MTU) with margin, or
 	// timeouts fire while ACKs are merely queued, as on a real network
@@ -263,6 +274,8 @@ func TestE2ERC(t *testing.T) {
 			cases = append(cases, e2eCase{mtu: mtu, loss: l, qps: 3, msgs: 40, sizes: sizes, seed: uint64(mtu + i)})
 		}
 	}
+	// RC over IPv6.
+	cases = append(cases, e2eCase{mtu: 2048, loss: 0.01, qps: 2, msgs: 40, sizes: []int{0, 1, 2047, 2048, 2049, 70000}, seed: 66, ipv6: true})
 	// Many QPs at once, small messages, all sharing the link and the
 	// engine's round-robin.
 	cases = append(cases, e2eCase{mtu: 1024, loss: 0.01, qps: 64, msgs: 12, sizes: []int{0, 1, 1023, 1024, 1025, 5000}, seed: 77})
