@@ -38,6 +38,11 @@ type Guest struct {
 // has vmx/svm (pitfall 1 of the lab notes: a PVM host advertises /dev/kvm
 // yet stock kernels never boot under it).
 func (g *Guest) Boot(ns, kernel, initrd string, mtu int, timeout time.Duration) error {
+	// A share left by an earlier run into the same -out (its "booted",
+	// "quit" and job files) would fool both sides: start empty.
+	if err := os.RemoveAll(g.Share); err != nil {
+		return err
+	}
 	if err := os.MkdirAll(filepath.Join(g.Share, "job"), 0o755); err != nil {
 		return err
 	}
