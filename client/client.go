@@ -70,6 +70,17 @@ func Dial(path string) (*Client, error) {
 // Info returns the device attributes the daemon reported.
 func (c *Client) Info() proto.DeviceInfo { return c.info }
 
+// Status returns how the daemon moves frames and who uses it (all clients
+// for root, only this one for others): what softrnic status prints.
+func (c *Client) Status() (proto.StatusResp, error) {
+	var r proto.StatusResp
+	body, _, err := c.call(proto.OpStatus, nil, 0)
+	if err == nil {
+		err = proto.DecodeBody(body, &r)
+	}
+	return r, err
+}
+
 // Close closes the connection; the daemon releases everything this client
 // created. Objects of the client must not be used afterwards.
 func (c *Client) Close() error {

@@ -232,6 +232,15 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	if err != nil || attr.State != proto.RTS || attr.DestQPN != b.qp.QPN {
 		t.Fatalf("query: %+v %v", attr, err)
 	}
+	st, err := a.c.Status()
+	if err != nil || st.NumClients != 2 || st.Listed != 2 {
+		t.Fatalf("status: %+v %v", st, err)
+	}
+	for _, cs := range st.Clients[:st.Listed] {
+		if cs.QPs != 1 || cs.MRs != 1 || cs.CQs != 1 || cs.PDs != 1 || cs.PID != int32(os.Getpid()) {
+			t.Fatalf("client status %+v", cs)
+		}
+	}
 }
 
 // Two clients of one daemon cannot touch each other's objects: handles are

@@ -42,6 +42,9 @@ type Options struct {
 	// Tap, if set, is the engine's capture tap, which root clients may
 	// start captures on (OpCapture).
 	Tap *capture.Tap
+	// PortStatus, if set, describes the port for OpStatus (softrnic
+	// status). Called from control goroutines.
+	PortStatus func() proto.PortStatus
 	// OnClientGone, if set, is called after a client's connection closed and
 	// all its resources were released.
 	OnClientGone func(ClientInfo)

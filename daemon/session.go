@@ -243,6 +243,8 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.destroyQP(body)
 	case proto.OpCapture:
 		return ss.startCapture(h, body, fds[0])
+	case proto.OpStatus:
+		return ss.status(body)
 	}
 	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
@@ -769,4 +771,30 @@ func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int
 		ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
 	}()
 	return nil, nil, nil
+}
+
+// status reports the port and the clients: all of them to root, only the
+// caller itself to others.
+func (ss *session) status(body []byte) (any, []int, error) {
+	if len(body) != 0 {
+		return nil, nil, errf(unix.EINVAL, "STATUS takes no body")
+	}
+	var r proto.StatusResp
+	if f := ss.s.opt.PortStatus; f != nil {
+		r.Port = f()
+	}
+	clients := ss.s.Clients()
+	r.NumClients = uint32(len(clients))
+	for _, c := range clients {
+		if ss.cred.Uid != 0 && c.ID != ss.id {
+			continue
+		}
+		if int(r.Listed) == len(r.Clients) {
+			break
+		}
+		r.Clients[r.Listed] = proto.ClientStatus{ID: c.ID, PID: c.PID, UID: c.UID, GID: c.GID,
+			QPs: uint32(c.QPs), CQs: uint32(c.CQs), MRs: uint32(c.MRs), PDs: uint32(c.PDs)}
+		r.Listed++
+	}
+	return &r, nil, nil
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afpacket"
@@ -132,7 +133,23 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		group = int(g)
 	}
 	var tap capture.Tap // softrnic capture (root clients) starts sessions on it
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve), daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap})
+	// Read once, before the engine owns the port: attach and copy mode do
+	// not change while it runs.
+	var st proto.PortStatus
+	copy(st.Kind[:], kind)
+	st.Queues = 1
+	if xp, ok := p.(*afxdp.Port); ok {
+		if s, err := xp.Stats(); err == nil {
+			copy(st.Attach[:], s.AttachMode.String())
+			if s.ZeroCopy {
+				st.ZeroCopy = 1
+			}
+			log.Info("AF_XDP", "attach", s.AttachMode, "zerocopy", s.ZeroCopy, "multibuffer", s.Multi)
+		}
+	}
+	portStatus := func() proto.PortStatus { return st }
+	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve),
+		daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap, PortStatus: portStatus})
 	if err != nil {
 		return err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -82,6 +83,15 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	defer c.Close()
 	if info := c.Info(); info.NumGIDs == 0 || netip.AddrFrom16(info.GIDs[0]).Unmap() != pair.A.Addr || info.ActiveMTU != 1024 {
 		t.Fatalf("device info: %d GIDs, first %v, MTU %d", info.NumGIDs, netip.AddrFrom16(info.GIDs[0]), info.ActiveMTU)
+	}
+
+	st, err := c.Status()
+	if err != nil || st.NumClients != 1 || st.Listed != 1 || st.Clients[0].PID != int32(os.Getpid()) ||
+		string(bytes.TrimRight(st.Port.Kind[:], "\x00")) != kind {
+		t.Fatalf("status %+v %v", st, err)
+	}
+	if attach := string(bytes.TrimRight(st.Port.Attach[:], "\x00")); kind == "afxdp" && attach != "driver" && attach != "generic" {
+		t.Fatalf("AF_XDP attach mode %q", attach)
 	}
 
 	// A second daemon on the same interface is refused, clearly.

@@ -53,10 +53,11 @@ const (
 	OpQueryQP                 // QP handle → attributes
 	OpDestroyQP               // QP handle
 	OpCapture                 // fd: the file to write; reply when started, then again when the capture ends
+	OpStatus                  // → StatusResp
 	opMax
 )
 
-var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE"}
+var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -287,6 +288,36 @@ type CaptureReq struct {
 type CaptureResult struct {
 	Written uint64
 	Dropped uint64
+}
+
+// PortStatus is how the daemon moves frames (softrnic status).
+type PortStatus struct {
+	Kind     [16]byte // "afxdp" or "afpacket", NUL padded
+	Attach   [16]byte // XDP attach mode: "driver" or "generic"; empty without XDP
+	ZeroCopy uint8    // AF_XDP zero-copy (else copy mode)
+	_        [3]byte
+	Queues   uint32 // RX queues served
+}
+
+// ClientStatus is one connected client.
+type ClientStatus struct {
+	ID                 uint64
+	PID                int32
+	UID, GID           uint32
+	QPs, CQs, MRs, PDs uint32
+	_                  uint32
+}
+
+// MaxStatusClients is how many clients one StatusResp lists.
+const MaxStatusClients = 64
+
+// StatusResp is the reply to OpStatus. Root sees every client; others see
+// only themselves (NumClients still counts all).
+type StatusResp struct {
+	Port       PortStatus
+	NumClients uint32
+	Listed     uint32
+	Clients    [MaxStatusClients]ClientStatus
 }
 
 // Validate checks a mask against the bits this protocol knows.
