@@ -22,7 +22,8 @@ type Device interface {
 	AllocPD() (PD, error)
 	// CreateCQ makes a CQ of at least depth entries. The device calls
 	// notify (cheap, non-blocking, any goroutine) after adding completions,
-	// so that a sleeping pump wakes and moves them to the client's ring.
+	// so that a sleeping pump wakes and moves them to the client's ring;
+	// never after the CQ's Destroy has returned.
 	CreateCQ(depth int, notify func()) (CQ, error)
 }
 

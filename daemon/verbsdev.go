@@ -77,10 +77,12 @@ func (m verbsMR) Deregister() error { m.m.Dereg(); return nil }
 
 // CreateCQ implements Device. verbs signals new completions on a channel;
 // one goroutine per CQ turns that into the pump's notify call (it blocks on
-// the channel, so an idle CQ costs nothing).
+// the channel, so an idle CQ costs nothing). Destroy waits for it to end,
+// so notify is never called after the CQ is gone.
 func (v *VerbsDevice) CreateCQ(depth int, notify func()) (CQ, error) {
-	c := &verbsCQ{cq: v.dev.CreateCQ(depth), stop: make(chan struct{})}
+	c := &verbsCQ{cq: v.dev.CreateCQ(depth), stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
+		defer close(c.done)
 		for {
 			select {
 			case <-c.cq.Notify():
@@ -96,10 +98,16 @@ func (v *VerbsDevice) CreateCQ(depth int, notify func()) (CQ, error) {
 type verbsCQ struct {
 	cq   *verbs.CQ
 	stop chan struct{}
+	done chan struct{}
 }
 
 func (c *verbsCQ) Poll(wcs []wr.WC) int { return c.cq.Poll(wcs) }
-func (c *verbsCQ) Destroy() error       { close(c.stop); return nil }
+
+func (c *verbsCQ) Destroy() error {
+	close(c.stop)
+	<-c.done
+	return nil
+}
 
 func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ CQ, sigAll bool) (QP, error) {
 	t := verbs.RC
