@@ -54,7 +54,16 @@ type Device struct {
 	events   chan AsyncEvent
 	lostEv   atomic.Uint64
 
+	// QPs with work for the engine, handed over by application goroutines
+	// (a QP is queued at most once: QP.queued / QP.timed).
+	handMu     sync.Mutex
+	handReady  []*QP
+	handTimed  []*QP
+	handedOver atomic.Bool
+
 	// engine-only state
+	ready []*QP // QPs that may have frames to send
+	timed []*QP // QPs that may have a timer armed
 	rxf   frame.Frame
 	grh   [ud.GRHLen]byte
 	rr    int
@@ -350,18 +359,20 @@ const txBudget = 16
 // Transmit builds up to len(out) frames into the caller's buffers and
 // returns how many; out[i] is resliced to the frame (its capacity must
 // hold the port's largest frame: 14+40+8+BTH+headers+MTU+3+4 bytes).
+// Only QPs with something to send are visited, round-robin, at most
+// txBudget frames each per call.
 func (d *Device) Transmit(now clock.Time, out [][]byte) int {
-	list := *d.list.Load()
-	if len(list) == 0 {
+	d.takeHandover()
+	n := 0
+	if len(d.ready) == 0 {
 		return 0
 	}
-	n := 0
-	start := d.rr % len(list)
-	for k := 0; k < len(list) && n < len(out); k++ {
-		q := list[(start+k)%len(list)]
-		if !q.txPending.Load() {
-			continue
-		}
+	start := d.rr % len(d.ready)
+	d.rr++
+	visited := 0
+	for i := 0; visited < len(d.ready) && n < len(out); visited++ {
+		i = (start + visited) % len(d.ready)
+		q := d.ready[i]
 		q.mu.Lock()
 		for b := 0; b < txBudget && n < len(out); b++ {
 			m := d.buildFrame(now, q, out[n][:cap(out[n])])
@@ -373,9 +384,64 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 		}
 		q.release()
 	}
-	d.rr = start + 1
+	// Forget the QPs that have nothing more to send.
+	keep := d.ready[:0]
+	for _, q := range d.ready {
+		if q.stillPending() {
+			keep = append(keep, q)
+		}
+	}
+	clear(d.ready[len(keep):])
+	d.ready = keep
 	d.Stats.TxFrames += uint64(n)
 	return n
+}
+
+// stillPending reports whether q stays in the ready list; when it leaves,
+// a post racing with the decision re-queues it through the handover.
+func (q *QP) stillPending() bool {
+	if q.txPending.Load() && !q.destroyed.Load() {
+		return true
+	}
+	q.queued.Store(false)
+	return q.txPending.Load() && !q.destroyed.Load() && q.queued.CompareAndSwap(false, true)
+}
+
+// stillTimed is stillPending for the timer list.
+func (q *QP) stillTimed() bool {
+	if clock.Time(q.deadline.Load()) != clock.Never && !q.destroyed.Load() {
+		return true
+	}
+	q.timed.Store(false)
+	return clock.Time(q.deadline.Load()) != clock.Never && !q.destroyed.Load() && q.timed.CompareAndSwap(false, true)
+}
+
+// handOver queues q for the engine (from any goroutine).
+func (d *Device) handOver(q *QP, ready, timed bool) {
+	d.handMu.Lock()
+	if ready {
+		d.handReady = append(d.handReady, q)
+	}
+	if timed {
+		d.handTimed = append(d.handTimed, q)
+	}
+	d.handMu.Unlock()
+	d.handedOver.Store(true)
+}
+
+// takeHandover moves handed-over QPs into the engine's lists.
+func (d *Device) takeHandover() {
+	if !d.handedOver.Load() {
+		return
+	}
+	d.handMu.Lock()
+	d.handedOver.Store(false)
+	d.ready = append(d.ready, d.handReady...)
+	d.timed = append(d.timed, d.handTimed...)
+	clear(d.handReady)
+	clear(d.handTimed)
+	d.handReady, d.handTimed = d.handReady[:0], d.handTimed[:0]
+	d.handMu.Unlock()
 }
 
 // buildFrame writes q's next frame into buf; q.mu is held.
@@ -418,18 +484,27 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 }
 
 // NextDeadline is the earliest timer deadline of any QP (clock.Never if
-// none): the engine sleeps until then unless frames or the doorbell wake it.
+// none): the engine sleeps until then unless frames or the doorbell wake
+// it. Only QPs with a timer armed are looked at.
 func (d *Device) NextDeadline() clock.Time {
+	d.takeHandover()
 	t := clock.Never
-	for _, q := range *d.list.Load() {
-		t = clock.Min(t, clock.Time(q.deadline.Load()))
+	keep := d.timed[:0]
+	for _, q := range d.timed {
+		if q.stillTimed() {
+			keep = append(keep, q)
+			t = clock.Min(t, clock.Time(q.deadline.Load()))
+		}
 	}
+	clear(d.timed[len(keep):])
+	d.timed = keep
 	return t
 }
 
 // Expire runs the timers of every QP whose deadline is at or before now.
 func (d *Device) Expire(now clock.Time) {
-	for _, q := range *d.list.Load() {
+	d.takeHandover()
+	for _, q := range d.timed {
 		if clock.Time(q.deadline.Load()) > now {
 			continue
 		}
@@ -443,10 +518,5 @@ func (d *Device) Expire(now clock.Time) {
 
 // HasOutput reports whether some QP may have frames to send.
 func (d *Device) HasOutput() bool {
-	for _, q := range *d.list.Load() {
-		if q.txPending.Load() {
-			return true
-		}
-	}
-	return false
+	return len(d.ready) > 0 || d.handedOver.Load()
 }

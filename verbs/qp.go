@@ -156,6 +156,8 @@ type QP struct {
 	commEst   bool         // EventCommEst was raised (guarded by mu)
 	deadline  atomic.Int64 // transport deadline, published after each step
 	txPending atomic.Bool  // the transport may have packets to send
+	queued    atomic.Bool  // in the engine's ready list (or handed over to it)
+	timed     atomic.Bool  // in the engine's timer list (or handed over to it)
 	destroyed atomic.Bool
 }
 
@@ -480,14 +482,23 @@ func (q *QP) release() {
 			q.pushWC(wr.WC{ID: w.ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true, QPN: q.qpn})
 		}
 	}
+	var pending bool
+	dl := clock.Never
 	if q.ud != nil {
-		q.deadline.Store(int64(clock.Never))
-		q.txPending.Store(q.ud.HasOutput())
+		pending = q.ud.HasOutput()
 	} else {
-		q.deadline.Store(int64(q.rc.Deadline()))
-		q.txPending.Store(q.rc.HasOutput())
+		pending, dl = q.rc.HasOutput(), q.rc.Deadline()
 	}
+	q.deadline.Store(int64(dl))
+	q.txPending.Store(pending)
 	q.mu.Unlock()
+	// Hand the QP to the engine if it has work and is not already queued
+	// (store first, then test: see stillPending for the other side).
+	ready := pending && q.queued.CompareAndSwap(false, true)
+	timed := dl != clock.Never && q.timed.CompareAndSwap(false, true)
+	if (ready || timed) && !q.destroyed.Load() {
+		q.dev.handOver(q, ready, timed)
+	}
 }
 
 // SendWR is a send work request (ibv_send_wr).

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/port/memlink"
@@ -571,5 +572,36 @@ func TestModifyRTSToRTS(t *testing.T) {
 	must(t, qa.Modify(RTS, &Attr{Mask: MaskRNRRetry, RNRRetry: 2}))
 	if c := qa.rc.Config(); c.RNRRetry != 2 || c.Timeout != 20 {
 		t.Fatalf("%+v", c)
+	}
+}
+
+// TestIdleQPsCostNothing: the engine's step functions visit only QPs with
+// frames to send or a timer armed, so thousands of idle QPs do not slow
+// them down.
+func TestIdleQPsCostNothing(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 14, 1024)
+	cq := tb.a.dev.CreateCQ(16)
+	var qps []*QP
+	for i := 0; i < 2000; i++ {
+		q, err := tb.a.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+		must(t, err)
+		must(t, q.Modify(Init, nil))
+		must(t, q.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: 5, AV: AddressVector{DestMAC: macB, DestIP: addrB}}))
+		must(t, q.Modify(RTS, &Attr{Timeout: 10, RetryCnt: 7}))
+		qps = append(qps, q)
+	}
+	out := [][]byte{make([]byte, 9000)}
+	d := tb.a.dev
+	if d.Transmit(0, out) != 0 || d.NextDeadline() != clock.Never || len(d.ready) != 0 || len(d.timed) != 0 {
+		t.Fatalf("idle QPs queued: ready %d timed %d", len(d.ready), len(d.timed))
+	}
+	_, err := qps[1234].PostSend(SendWR{Opcode: Send})
+	must(t, err)
+	if d.Transmit(0, out) != 1 || len(d.ready) != 0 || d.NextDeadline() == clock.Never || len(d.timed) != 1 {
+		t.Fatalf("ready %d timed %d", len(d.ready), len(d.timed))
+	}
+	must(t, qps[1234].Modify(Err, nil))
+	if d.NextDeadline() != clock.Never || len(d.timed) != 0 {
+		t.Fatal("timer list keeps a QP in ERR")
 	}
 }
