@@ -24,7 +24,10 @@
 // state. Completions reach a CQ once per QP per step (one CQ lock per
 // batch). The QP and MR tables the engine reads per packet are immutable
 // snapshots behind atomic pointers, replaced copy-on-write by the control
-// path, so lookups take no lock. An SRQ, being shared, is locked once per
+// path, so lookups take no lock. A QP that gets work (frames to send, a
+// timer) is handed to the engine's ready or timer list once, under a short
+// device lock, and leaves it when the work is done: the step functions
+// visit only busy QPs. An SRQ, being shared, is locked once per
 // message that takes one of its receive WQEs. Lock order: QP, then CQ or
 // SRQ. Asynchronous events (Events: COMM_EST, QP_FATAL) go through a
 // buffered channel that never blocks the engine.
