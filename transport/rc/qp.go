@@ -146,9 +146,6 @@ func New(qpn uint32, sqDepth, maxSGE int, mem wr.Memory, rq wr.RecvQueue) *QP {
 // Config returns the QP's current attributes.
 func (q *QP) Config() Config { return q.cfg }
 
-// SetRecvQueue changes where SENDs take their receive WQEs (RQ or SRQ).
-func (q *QP) SetRecvQueue(rq wr.RecvQueue) { q.rq = rq }
-
 // Receiver arms the responder with cfg (the RTR transition): PSN, MTU,
 // destination QP, access flags and responder resources.
 func (q *QP) Receiver(cfg Config) {
@@ -199,8 +196,9 @@ func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access wr.Ac
 // Drain stops the requester from starting new WQEs (SQD) or lets it go on.
 func (q *QP) Drain(on bool) { q.req.draining = on }
 
-// Failed reports whether the QP hit a fatal error and with which status the
-// failing WQE completed; the device moves it to ERR and calls Flush.
+// Failed reports whether the QP hit a fatal error (the failing WQE has
+// completed with its status); the device then moves it to ERR and calls
+// Flush.
 func (q *QP) Failed() bool { return q.failed }
 
 // SendQueueFree is how many more send WQEs Post accepts now.
@@ -233,9 +231,6 @@ func (q *QP) TakeCompletions() []wr.WC {
 	q.wcs = q.wcs[:0]
 	return w
 }
-
-// Completions returns the completions produced so far without forgetting them.
-func (q *QP) Completions() []wr.WC { return q.wcs }
 
 func (q *QP) complete(wc wr.WC) {
 	wc.QPN = q.cfg.QPN

@@ -84,9 +84,6 @@ func (q *QP) Sender(psn bth.PSN) {
 	q.sendOn = true
 }
 
-// SetRecvQueue changes where receives come from (RQ or SRQ).
-func (q *QP) SetRecvQueue(rq wr.RecvQueue) { q.rq = rq }
-
 // Config returns the attributes.
 func (q *QP) Config() Config { return q.cfg }
 
