@@ -358,6 +358,9 @@ func (q *QP) Modify(to State, a *Attr) error {
 			q.rc.Receiver(q.rcConfig())
 		}
 	case RTS:
+		if from == SQE && q.ud != nil {
+			q.ud.Resume()
+		}
 		if from == RTR {
 			if a.RetryCnt > 7 || a.RNRRetry > 7 || a.Timeout > 31 || a.MaxRdAtomic > MaxRdAtomic {
 				return ErrInvalid
@@ -451,6 +454,12 @@ func (q *QP) pushWC(wc wr.WC) {
 func (q *QP) release() {
 	var wcs []wr.WC
 	if q.ud != nil {
+		if q.ud.SendError() && q.state != Err && q.state != SQE {
+			q.state = SQE
+		}
+		if q.state == SQE {
+			q.ud.FlushSend()
+		}
 		wcs = q.ud.TakeCompletions()
 	} else {
 		if q.rc.Failed() && q.state != Err && q.state != Reset {
@@ -533,7 +542,7 @@ func (q *QP) PostSend(wrs ...SendWR) (int, error) {
 	}
 	for i := range wrs {
 		s := &wrs[i]
-		if q.state != RTS && q.state != SQD && q.state != Err {
+		if q.state != RTS && q.state != SQD && q.state != SQE && q.state != Err {
 			return i, ErrQPState
 		}
 		if err := q.checkSend(s); err != nil {
@@ -548,7 +557,7 @@ func (q *QP) PostSend(wrs ...SendWR) (int, error) {
 		if free == 0 {
 			return i, ErrQueueFull
 		}
-		if q.state == Err {
+		if q.state == Err || q.state == SQE {
 			q.pushWC(wr.WC{ID: s.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(s.Opcode), QPN: q.qpn})
 			continue
 		}

@@ -605,3 +605,44 @@ func TestIdleQPsCostNothing(t *testing.T) {
 		t.Fatal("timer list keeps a QP in ERR")
 	}
 }
+
+// TestUDSendErrorSQE: a local send error moves a UD QP to SQE, flushes
+// the rest of the SQ and keeps receiving; SQE → RTS resumes sending.
+func TestUDSendErrorSQE(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 15, 1024)
+	cq := tb.a.dev.CreateCQ(64)
+	q, _ := tb.a.pd.CreateQP(QPInitAttr{Type: UD, SendCQ: cq, RecvCQ: cq})
+	must(t, q.Modify(Init, &Attr{QKey: 1}))
+	must(t, q.Modify(RTR, nil))
+	must(t, q.Modify(RTS, nil))
+	ah, _ := tb.a.pd.CreateAH(AddressVector{DestMAC: macB, DestIP: addrB})
+	src, _ := tb.a.pd.RegMR(make([]byte, 2048), LocalWrite)
+	sg := func(n uint32) []SGE { return []SGE{{Addr: src.IOVA(), Length: n, LKey: src.LKey()}} }
+	_, err := q.PostSend(
+		SendWR{ID: 1, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9},
+		SendWR{ID: 2, Opcode: Send, Flags: Signaled, SG: sg(2000), AH: ah, RemoteQPN: 9}, // > MTU
+		SendWR{ID: 3, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	must(t, err)
+	out := [][]byte{make([]byte, 9000), make([]byte, 9000), make([]byte, 9000)}
+	if n := tb.a.dev.Transmit(0, out); n != 1 {
+		t.Fatalf("%d frames", n)
+	}
+	w := pollAll(cq)
+	if len(w) != 3 || w[0].Status != Success || w[1].Status != LocLenErr || w[2].Status != WRFlushErr || q.State() != SQE {
+		t.Fatalf("%v %+v", q.State(), w)
+	}
+	_, err = q.PostSend(SendWR{ID: 4, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	must(t, err)
+	if w := pollAll(cq); len(w) != 1 || w[0].Status != WRFlushErr {
+		t.Fatalf("%+v", w)
+	}
+	must(t, q.Modify(RTS, nil))
+	_, err = q.PostSend(SendWR{ID: 5, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	must(t, err)
+	if n := tb.a.dev.Transmit(0, out); n != 1 {
+		t.Fatal("no send after SQE → RTS")
+	}
+	if w := pollAll(cq); len(w) != 1 || w[0].Status != Success {
+		t.Fatalf("%+v", w)
+	}
+}

@@ -48,6 +48,7 @@ type QP struct {
 	head, tail     uint32
 	psn            bth.PSN
 	sendOn, recvOn bool
+	sqErr          bool // a send WQE failed locally: the SQ stopped (SQE)
 	cur            wr.RecvWQE
 	wcs            []wr.WC
 	Counters
@@ -153,6 +154,9 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 			}
 			q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: st, Opcode: wr.WCSend, QPN: q.cfg.QPN})
 			e.SG = e.SG[:0]
+			// A local error stops the send queue (the SQE state, IBA
+			// 10.3.1.2); receiving goes on.
+			q.sqErr, q.sendOn = true, false
 			return 0
 		}
 		if len(buf) < q.MaxPacket() {
@@ -238,6 +242,24 @@ func (q *QP) Receive(now clock.Time, pkt []byte, grh *[GRHLen]byte, src netip.Ad
 	}
 	q.cur.SG = q.cur.SG[:0]
 	q.wcs = append(q.wcs, wc)
+}
+
+// SendError reports whether a send WQE failed locally and stopped the SQ
+// (the device moves the QP to SQE).
+func (q *QP) SendError() bool { return q.sqErr }
+
+// Resume restarts a send queue stopped by an error (SQE → RTS).
+func (q *QP) Resume() { q.sqErr, q.sendOn = false, true }
+
+// FlushSend completes every unsent WQE with WR_FLUSH_ERR (SQE), leaving
+// the receive side running.
+func (q *QP) FlushSend() {
+	for q.head != q.tail {
+		e := &q.sq[q.head%uint32(len(q.sq))]
+		q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+		e.SG = e.SG[:0]
+		q.head++
+	}
 }
 
 // Flush completes every unsent WQE with WR_FLUSH_ERR (ERR state).
