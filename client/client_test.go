@@ -2,6 +2,7 @@ package client
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -226,6 +227,22 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	}
 	if wc := waitWC(t, a.cq); wc.ID != 6 {
 		t.Fatalf("got completion for %d, want only 6", wc.ID)
+	}
+
+	// Atomics: FETCH_AND_ADD then CMP_AND_SWP on an 8-byte word of b's MR;
+	// the original value lands in a's buffer.
+	binary.NativeEndian.PutUint64(b.mem.Bytes()[24000:], 40)
+	a.qp.PostSend(&proto.SendWR{ID: 20, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(32000, 8)},
+		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, SwapAdd: 2})
+	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCFetchAdd ||
+		binary.NativeEndian.Uint64(a.mem.Bytes()[32000:]) != 40 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 42 {
+		t.Fatalf("fetch-add: %+v", wc)
+	}
+	a.qp.PostSend(&proto.SendWR{ID: 21, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(32008, 8)},
+		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, Compare: 42, SwapAdd: 7})
+	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCCompSwap ||
+		binary.NativeEndian.Uint64(a.mem.Bytes()[32008:]) != 42 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 7 {
+		t.Fatalf("compare-swap: %+v", wc)
 	}
 
 	attr, err := a.qp.Query()
