@@ -29,8 +29,9 @@ import (
 const (
 	// MaxUnackedPSNs bounds the PSNs in flight (rxe RXE_MAX_UNACKED_PSNS).
 	MaxUnackedPSNs = 128
-	// MaxPktPerAck is how many packets may go without AckReq
-	// (rxe RXE_MAX_PKT_PER_ACK).
+	// MaxPktPerAck bounds the packets sent without AckReq (rxe's
+	// RXE_MAX_PKT_PER_ACK, with rxe's count: AckReq falls on the
+	// MaxPktPerAck+2nd packet).
 	MaxPktPerAck = 64
 	// MaxReadLen is the largest RDMA length a RETH may carry (2^31).
 	MaxReadLen = 1 << 31

