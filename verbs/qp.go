@@ -358,8 +358,12 @@ func (q *QP) Modify(to State, a *Attr) error {
 			q.rc.Receiver(q.rcConfig())
 		}
 	case RTS:
-		if from == SQE && q.ud != nil {
-			q.ud.Resume()
+		if from == SQE {
+			if q.ud != nil {
+				q.ud.Resume()
+			} else {
+				q.rc.Resume()
+			}
 		}
 		if from == RTR {
 			if a.RetryCnt > 7 || a.RNRRetry > 7 || a.Timeout > 31 || a.MaxRdAtomic > MaxRdAtomic {
@@ -466,6 +470,10 @@ func (q *QP) release() {
 			q.state = Err
 			q.rc.Flush()
 			q.dev.event(EventQPFatal, q.qpn)
+		}
+		if q.rc.SendError() && q.state != Err && q.state != Reset {
+			q.state = SQE
+			q.rc.FlushSend()
 		}
 		wcs = q.rc.TakeCompletions()
 	}

@@ -116,6 +116,7 @@ type QP struct {
 	reqOn  bool // requester may send (RTS)
 	respOn bool // responder accepts requests (RTR or later)
 	failed bool // a fatal error happened; the device must move the QP to ERR
+	sqErr  bool // UC: a local send error stopped the SQ (SQE)
 	errSt  wr.Status
 
 	req  requester
@@ -269,6 +270,31 @@ func (q *QP) Flush() {
 		q.resp.haveRecv = false
 	}
 	q.resp.qhead, q.resp.qlen = 0, 0
+}
+
+// SendError reports whether a UC send WQE failed locally and stopped the
+// SQ: the device moves the QP to SQE and calls FlushSend.
+func (q *QP) SendError() bool { return q.sqErr }
+
+// FlushSend completes every send WQE not yet completed with WR_FLUSH_ERR
+// (SQE), leaving the responder running.
+func (q *QP) FlushSend() {
+	r := &q.req
+	for r.head != r.tail {
+		e := r.entry(r.head)
+		q.complete(wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(e.Opcode)})
+		e.SG = e.SG[:0]
+		r.head++
+	}
+	r.next = r.head
+	r.compPSN = r.psn
+}
+
+// Resume restarts a send queue stopped by SQE (SQE → RTS).
+func (q *QP) Resume() {
+	if q.sqErr && !q.failed {
+		q.sqErr, q.reqOn = false, true
+	}
 }
 
 // Deadline is when Expire must next be called (clock.Never: no timer).

@@ -105,11 +105,16 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	e := r.entry(r.next)
 	if e.state == wqePosted {
 		if e.Err != wr.Success {
-			// A local error found at post: complete it in order, then ERR.
+			// A local error found at post: complete it in order, then ERR
+			// (RC) or SQE (UC: the send queue stops, receiving goes on).
 			q.complete(wr.WC{ID: e.ID, Status: e.Err, Opcode: wcOpcode(e.Opcode)})
 			e.SG = e.SG[:0]
 			r.head++
 			r.next++
+			if q.cfg.UC {
+				q.sqErr, q.reqOn = true, false
+				return 0
+			}
 			q.fail(e.Err)
 			return 0
 		}

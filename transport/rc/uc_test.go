@@ -64,3 +64,28 @@ func TestUCResponderDropsToNextFirst(t *testing.T) {
 		t.Fatal("RC opcode accepted on UC")
 	}
 }
+
+func TestUCLocalErrorStopsSendQueueOnly(t *testing.T) {
+	c := ucCtx(t)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(4, 0)}})
+	c.post(wr.SendWQE{ID: 2, Opcode: wr.Send, Err: wr.LocProtErr})
+	c.post(wr.SendWQE{ID: 3, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(4, 0)}})
+	c.expect(p(bth.UCSendOnly, 100))
+	if !c.qp.SendError() || c.qp.Failed() {
+		t.Fatal("UC local error must stop the SQ, not fail the QP")
+	}
+	c.qp.FlushSend()
+	w := c.wcs()
+	if len(w) != 3 || w[1].Status != wr.LocProtErr || w[2].Status != wr.WRFlushErr {
+		t.Fatalf("%+v", w)
+	}
+	// The receive side keeps working in SQE.
+	c.rq.post(7, make([]byte, 8))
+	c.inject(req{op: bth.UCSendOnly, psn: 500, payload: fill(4, 0)})
+	if w := c.wcs(); len(w) != 1 || w[0].ID != 7 {
+		t.Fatalf("%+v", w)
+	}
+	c.qp.Resume()
+	c.post(wr.SendWQE{ID: 4, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(4, 0)}})
+	c.expect(p(bth.UCSendOnly, 101))
+}
