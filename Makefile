@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build test test-race test-long fuzz bench lint generate sim-demo dcqcn-live clean
+.PHONY: all deps build test test-race test-long fuzz bench lint generate sim-demo dcqcn-live install clean
 
 all: build
 
@@ -27,7 +27,7 @@ test:
 	$(GO) test -count=1 -timeout 30m $(PKGS)
 	$(MAKE) test-race
 
-RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... 2>/dev/null)
+RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... ./client/... ./capture/... 2>/dev/null)
 test-race:
 	$(if $(RACE_PKGS),$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS),@echo "no concurrent packages yet")
 
@@ -47,11 +47,15 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzManager$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
+	$(GO) test -run '^$$' -fuzz '^FuzzGetSendWR$$' -fuzztime $(FUZZ_HDR_TIME) ./daemon/proto
+	$(GO) test -run '^$$' -fuzz '^FuzzControlMessages$$' -fuzztime $(FUZZ_HDR_TIME) ./client
 
 ## bench: micro-benchmarks of the wire formats, links, CM and simulator, then the raw I/O table
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bth ./icrc ./frame ./port/memlink ./cm
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./shmring ./capture ./client
+	$(GO) test -run '^$$' -bench Send64 -benchtime 2s ./daemon
 	$(GO) run ./bench/io -json out/bench-io.json
 
 ## sim-demo: the two-flow DCQCN scenario of the paper, traces, summary and SVG figures in out/
@@ -62,6 +66,12 @@ sim-demo:
 DCQCN_LIVE_FLAGS ?=
 dcqcn-live:
 	$(GO) run ./lab/dcqcnlive -out out/dcqcn-live $(DCQCN_LIVE_FLAGS)
+
+## install: the binary, the systemd unit and an example configuration (root)
+install: build
+	install -m 0755 $(BIN) /usr/local/bin/softrnic
+	install -D -m 0644 contrib/softrnic.service /etc/systemd/system/softrnic.service
+	test -e /etc/softrnic/softrnic.conf || install -D -m 0644 contrib/softrnic.conf.example /etc/softrnic/softrnic.conf
 
 ## lint: gofmt, go vet
 lint:
