@@ -14,8 +14,9 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	r := &q.req
 	h := bth.BTH(pkt)
 	pp := h.PSN()
-	// A response must be for a PSN we sent: [compPSN-1, psn).
-	if r.head == r.end() || !pp.Less(r.psn) || pp.Less(r.compPSN.Prev()) {
+	// A response must be for a PSN we sent: [compPSN-1, maxPSN). After a
+	// go-back-N, ACKs for PSNs beyond the resend point are still news.
+	if r.head == r.sentEnd() || !pp.Less(r.maxPSN) || pp.Less(r.compPSN.Prev()) {
 		q.GhostResponse++
 		return
 	}
@@ -27,9 +28,9 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	// Implicit completion: every SEND/WRITE ending before pp is done. A
 	// READ/ATOMIC ending before pp lost its response: go back to it.
 	progress := false
-	for r.head != r.end() {
+	for limit := r.sentEnd(); r.head != limit; {
 		e := r.entry(r.head)
-		if e.state == wqePosted || !e.lastPSN.Less(pp) {
+		if !e.onWire || !e.lastPSN.Less(pp) {
 			break
 		}
 		if e.Opcode.IsReadOrAtomic() {
@@ -45,6 +46,9 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	}
 	if progress {
 		q.progress(now)
+		if r.psn.Less(r.compPSN) {
+			q.seek(r.compPSN) // skip what the peer already has
+		}
 	}
 	if r.head == r.end() {
 		q.idle()
@@ -84,10 +88,14 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 			// response completes it): nothing to learn.
 			return
 		}
-		// Partial ACK of a multi-packet SEND/WRITE.
+		// Partial ACK of a multi-packet SEND/WRITE, or the ACK of its
+		// last packet while a go-back-N is resending it.
 		r.compPSN = pp.Next()
 		q.progress(now)
-		if pp == e.lastPSN && e.state == wqeSent {
+		if r.psn.Less(r.compPSN) {
+			q.seek(r.compPSN)
+		}
+		if pp == e.lastPSN {
 			q.finishHead(now, e)
 		}
 	case syn&0xE0 == SynRNRNAK:
@@ -184,6 +192,9 @@ func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth
 	e.got = off + uint32(len(pay))
 	r.compPSN = pp.Next()
 	q.progress(now)
+	if !last && r.psn.Less(r.compPSN) {
+		q.seek(r.compPSN) // a pending re-request now starts after this packet
+	}
 	if last {
 		q.finishHead(now, e)
 	}
@@ -207,6 +218,11 @@ func (q *QP) finishHead(now clock.Time, e *sendEntry) {
 	q.completeSend(e, wr.Success)
 	r.head++
 	q.progress(now)
+	if r.psn.Less(r.compPSN) {
+		// The response overtook a go-back-N that had not resent this
+		// far yet: carry on after it.
+		q.seek(r.compPSN)
+	}
 	q.idle()
 }
 

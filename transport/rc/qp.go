@@ -222,6 +222,7 @@ func (q *QP) Post(w *wr.SendWQE) bool {
 	e.SG = sg
 	e.state = wqePosted
 	e.sent, e.got = 0, 0
+	e.onWire = false
 	r.tail++
 	return true
 }

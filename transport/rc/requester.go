@@ -22,6 +22,7 @@ type sendEntry struct {
 	lastPSN  bth.PSN
 	sent     uint32 // bytes sent (SEND/WRITE) or READ offset to request from
 	got      uint32 // READ: bytes of response placed
+	onWire   bool   // some packet of it was sent: firstPSN/lastPSN are valid
 }
 
 // requester is the send half: the SQ ring, PSN numbering, the window and
@@ -32,6 +33,7 @@ type requester struct {
 	next      uint32 // WQE being sent or to send next
 	tail      uint32 // next free slot
 	psn       bth.PSN
+	maxPSN    bth.PSN // one past the highest PSN ever sent
 	compPSN   bth.PSN // oldest PSN not yet acknowledged
 	rdAtomic  int     // READ/ATOMIC WQEs in [head, next)
 	noAck     int     // packets sent since the last AckReq
@@ -49,6 +51,7 @@ type requester struct {
 
 func (r *requester) init(cfg *Config) {
 	r.psn = cfg.SQPSN
+	r.maxPSN = cfg.SQPSN
 	r.compPSN = cfg.SQPSN
 	r.retryLeft = cfg.RetryCnt
 	r.rnrLeft = cfg.RNRRetry
@@ -64,6 +67,17 @@ func (r *requester) end() uint32 {
 		return r.next + 1
 	}
 	return r.next
+}
+
+// sentEnd is one past the last WQE that has been on the wire: beyond
+// end(), a go-back-N may have reset WQEs whose PSNs the peer has already
+// acknowledged in flight.
+func (r *requester) sentEnd() uint32 {
+	i := r.end()
+	for i != r.tail && r.entry(i).onWire {
+		i++
+	}
+	return i
 }
 
 func (r *requester) entry(i uint32) *sendEntry { return &r.sq[i%uint32(len(r.sq))] }
@@ -120,6 +134,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		}
 		e.firstPSN = r.psn
 		e.sent, e.got = 0, 0
+		e.onWire = true
 		switch {
 		case e.Opcode.IsAtomic():
 			e.lastPSN = r.psn
@@ -210,6 +225,9 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 			}
 		}
 	}
+	if r.psn.Diff(r.maxPSN) > 0 {
+		r.maxPSN = r.psn
+	}
 	if !q.cfg.UC && r.timer == clock.Never && r.rto != 0 {
 		r.timer = now + r.rto
 	}
@@ -281,27 +299,37 @@ func (q *QP) completeSend(e *sendEntry, st wr.Status) {
 // rewind restarts sending at PSN p (go-back-N): the WQE holding p resumes
 // at that packet, every later WQE starts over with the same PSNs.
 func (q *QP) rewind(p bth.PSN) {
-	r := &q.req
 	q.Retransmits++
+	q.seek(p)
+}
+
+// seek makes p the next PSN to send, backwards (go-back-N) or forwards
+// (an ACK showed the peer already has what a go-back-N was about to
+// resend). The WQE holding p resumes at its packet; WQEs after it start
+// over with the PSNs they had.
+func (q *QP) seek(p bth.PSN) {
+	r := &q.req
 	i := r.head
-	limit := r.end()
+	limit := r.sentEnd()
 	for ; i != limit; i++ {
-		e := r.entry(i)
-		if p.LessEq(e.lastPSN) {
+		if p.LessEq(r.entry(i).lastPSN) {
 			break
 		}
 	}
 	r.rdAtomic = 0
 	for j := r.head; j != i; j++ {
-		if r.entry(j).Opcode.IsReadOrAtomic() {
+		e := r.entry(j)
+		if e.state == wqePosted {
+			e.state = wqeSent // on the wire before, awaiting its ACK
+		}
+		if e.Opcode.IsReadOrAtomic() {
 			r.rdAtomic++
 		}
 	}
 	for j := i; j != limit; j++ {
 		e := r.entry(j)
 		if j == i && e.firstPSN.Less(p) && p.LessEq(e.lastPSN) {
-			off := uint32(p.Diff(e.firstPSN)) * uint32(q.cfg.MTU)
-			e.sent = off
+			e.sent = uint32(p.Diff(e.firstPSN)) * uint32(q.cfg.MTU)
 			e.state = wqeSending
 			if e.Opcode.IsReadOrAtomic() {
 				r.rdAtomic++
