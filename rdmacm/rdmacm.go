@@ -1,0 +1,551 @@
+// Package rdmacm runs connection management on a verbs.Device, as the
+// kernel's rdma_cm does for an RNIC: an Agent owns the device's GSI QP
+// (QP1), keeps receives posted on it, feeds every MAD to a cm.Manager,
+// sends the Manager's MADs as UD SENDs to QP1 of the peer, and acts on the
+// Manager's events by creating and moving RC QPs through verbs. On top it
+// offers an rdma_cm-like Go API: Listen(port) → Accept, Dial(addr, port)
+// → *Conn with its connected *verbs.QP, and Disconnect.
+//
+// Service IDs are rdma_cm's TCP port space (0x0000000001060000 | port) and
+// REQs carry the rdma_cm IP header, so a stock rping or `ib_write_bw -R` on
+// rxe or a ConnectX is the peer.
+//
+// # Goroutines and locking
+//
+// One goroutine per Agent polls the GSI CQ, reads the device's
+// asynchronous events (COMM_EST tells a passive side whose RTU was lost
+// that the connection is up) and runs the Manager's timers. The Manager is
+// not safe for concurrent use: the agent's goroutine and the API calls
+// (Dial, Accept, Disconnect, from any goroutine) take one mutex around it.
+// Address resolution (ARP, which may take a while) is never done under that
+// mutex: a peer's MAC is resolved before its first MAD is handed to the
+// Manager or before a Dial's REQ is sent, and cached.
+//
+// The Agent consumes the device's Events channel: nothing else should read
+// it while an Agent runs.
+package rdmacm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// GRH bytes in front of every UD receive, as verbs delivers them.
+const grhLen = 40
+
+// Defaults.
+const (
+	DefaultRecvDepth = 64
+	// DefaultMinRNRTimer is the RNR NAK delay our RC QPs ask for (IB enum
+	// 12 = 0.64 ms), short enough for a ping-pong whose receives are
+	// re-posted in a few microseconds.
+	DefaultMinRNRTimer = 12
+	resolveTimeout     = 3 * time.Second
+)
+
+// Config configures an Agent.
+type Config struct {
+	// Device is the RNIC port to run on. The agent creates its GSI QP: the
+	// device must not have one.
+	Device *verbs.Device
+	// Resolve returns the MAC frames to peer go to (the peer's own on its
+	// subnet, a router's otherwise): the device's address resolution. It
+	// may block; it is never called with the agent's lock held.
+	Resolve func(ctx context.Context, peer netip.Addr) ([6]byte, error)
+	// CM configures the Manager (timeouts, retries, CA GUID, seed). A
+	// zero CAGUID is derived from the device's MAC as EUI-64, as rxe does.
+	CM cm.Config
+	// Now is the clock (clock.Now if nil).
+	Now func() clock.Time
+	// RecvDepth is how many MAD receives stay posted on QP1
+	// (DefaultRecvDepth if 0).
+	RecvDepth int
+}
+
+// Stats counts what the agent did besides the Manager's own Stats.
+type Stats struct {
+	RxMADs       uint64 // MADs handed to the Manager
+	RxBad        uint64 // GSI receives that were not a 256-byte MAD or failed
+	TxMADs       uint64 // MADs posted to QP1
+	TxDropped    uint64 // MADs not posted: no MAC for the peer, or the send queue full
+	TxErrors     uint64 // send completions with an error
+	Unresolved   uint64 // peers whose MAC could not be resolved
+	QPErrors     uint64 // RC QP transitions that failed (the connection was aborted)
+	BacklogFull  uint64 // REQs refused because a listener's backlog was full
+	CommEstFixes uint64 // connections established by COMM_EST before their RTU
+}
+
+// Errors.
+var (
+	ErrClosed       = errors.New("rdmacm: agent closed")
+	ErrListening    = errors.New("rdmacm: port already listened on")
+	ErrNoLocalAddr  = errors.New("rdmacm: device has no address of the peer's family")
+	ErrDisconnected = errors.New("rdmacm: connection disconnected")
+)
+
+// RejectedError is a Dial (or Accept) that the peer refused with a REJ.
+type RejectedError struct {
+	Reason      cm.RejectReason
+	PrivateData []byte
+}
+
+func (e *RejectedError) Error() string {
+	return fmt.Sprintf("rdmacm: connection rejected: %v (%d)", e.Reason, uint16(e.Reason))
+}
+
+// ErrTimeout is a Dial or Accept whose REQ or REP went unanswered through
+// every CM retry.
+var ErrTimeout = errors.New("rdmacm: connection timed out (no answer after MaxCMRetries)")
+
+// Agent is the CM agent of one device.
+type Agent struct {
+	cfg  Config
+	dev  *verbs.Device
+	pd   *verbs.PD
+	cq   *verbs.CQ
+	gsi  *verbs.QP
+	rbuf *verbs.MR
+	rng  *rand.Rand
+	kick chan struct{}
+	stop context.CancelFunc
+	done chan struct{}
+	pmtu int
+	wc   [32]verbs.WC
+	mads []pendingMAD
+
+	mu        sync.Mutex // guards everything below, and the Manager
+	m         *cm.Manager
+	closed    bool
+	macs      map[netip.Addr][6]byte
+	ahs       map[netip.Addr]*verbs.AH
+	listeners map[uint16]*Listener
+	conns     map[cm.ConnID]*Conn
+	byQPN     map[uint32]*Conn
+	stats     Stats
+	inflight  int // MADs posted, their send completion not yet polled
+}
+
+type pendingMAD struct {
+	from netip.Addr
+	slot uint64
+}
+
+// New creates the GSI QP on cfg.Device, posts its receives and starts the
+// agent's goroutine. Close stops it.
+func New(cfg Config) (*Agent, error) {
+	if cfg.Device == nil || cfg.Resolve == nil {
+		return nil, errors.New("rdmacm: Config needs a Device and a Resolve function")
+	}
+	if cfg.Now == nil {
+		cfg.Now = clock.Now
+	}
+	if cfg.RecvDepth <= 0 {
+		cfg.RecvDepth = DefaultRecvDepth
+	}
+	dc := cfg.Device.Config()
+	if cfg.CM.CAGUID == 0 {
+		cfg.CM.CAGUID = eui64(dc.MAC)
+	}
+	if cfg.CM.Seed == 0 {
+		cfg.CM.Seed = rand.Uint64()
+	}
+	a := &Agent{cfg: cfg, dev: cfg.Device, pmtu: dc.PortMTU,
+		rng:  rand.New(rand.NewPCG(cfg.CM.Seed, cfg.CM.Seed^0x5eed)),
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
+		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, ahs: map[netip.Addr]*verbs.AH{},
+		listeners: map[uint16]*Listener{}, conns: map[cm.ConnID]*Conn{}, byQPN: map[uint32]*Conn{}}
+	a.pd = a.dev.AllocPD()
+	// Sends complete too (signaled, to learn of errors): room for both.
+	a.cq = a.dev.CreateCQ(cfg.RecvDepth + verbs.DefaultDepth)
+	var err error
+	a.gsi, err = a.pd.CreateQP(verbs.QPInitAttr{Type: verbs.GSI, SendCQ: a.cq, RecvCQ: a.cq,
+		MaxSendWR: verbs.DefaultDepth, MaxRecvWR: cfg.RecvDepth, MaxInline: cm.MADSize})
+	if err != nil {
+		return nil, fmt.Errorf("rdmacm: GSI QP: %w", err)
+	}
+	for _, s := range []verbs.State{verbs.Init, verbs.RTR, verbs.RTS} {
+		if err := a.gsi.Modify(s, nil); err != nil {
+			a.gsi.Destroy()
+			return nil, fmt.Errorf("rdmacm: GSI QP to %v: %w", s, err)
+		}
+	}
+	a.rbuf, err = a.pd.RegMR(make([]byte, cfg.RecvDepth*(grhLen+cm.MADSize)), verbs.LocalWrite)
+	if err != nil {
+		a.gsi.Destroy()
+		return nil, err
+	}
+	for i := range cfg.RecvDepth {
+		if err := a.postRecv(uint64(i)); err != nil {
+			a.gsi.Destroy()
+			return nil, err
+		}
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	a.stop = stop
+	go a.run(ctx)
+	return a, nil
+}
+
+// eui64 is the CA GUID of a port with MAC mac, as rxe derives it.
+func eui64(mac [6]byte) uint64 {
+	g := [8]byte{mac[0] ^ 2, mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]}
+	var v uint64
+	for _, b := range g {
+		v = v<<8 | uint64(b)
+	}
+	return v
+}
+
+func (a *Agent) postRecv(slot uint64) error {
+	const n = grhLen + cm.MADSize
+	_, err := a.gsi.PostRecv(verbs.RecvWR{ID: slot, SG: []verbs.SGE{{
+		Addr: a.rbuf.IOVA() + slot*n, Length: n, LKey: a.rbuf.LKey()}}})
+	return err
+}
+
+// Close aborts every connection (REJ or DREQ to the peers, sent before the
+// GSI QP goes), stops the agent's goroutine and destroys its QP. RC QPs of
+// connections are left to their owners.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	now := a.cfg.Now()
+	for id := range a.conns {
+		a.m.Abort(now, id)
+	}
+	a.flushLocked(now)
+	a.closed = true
+	for _, c := range a.conns {
+		c.finishLocked(ErrClosed)
+	}
+	for _, l := range a.listeners {
+		l.closeLocked()
+	}
+	a.mu.Unlock()
+	a.stop()
+	<-a.done
+	// Give the engine a moment to put the last MADs (the REJs and DREQs
+	// just sent) on the wire before the QP they sit on goes away.
+	for i := 0; i < 200 && a.inflight > 0; i++ {
+		n := a.cq.Poll(a.wc[:])
+		for _, wc := range a.wc[:n] {
+			if !wc.IsRecv {
+				a.inflight--
+			}
+		}
+		if n == 0 {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	a.gsi.Destroy()
+	a.rbuf.Dereg()
+	return nil
+}
+
+// Stats returns the agent's counters and its Manager's.
+func (a *Agent) Stats() (Stats, cm.Stats) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stats, a.m.Stats()
+}
+
+func (a *Agent) wake() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// run is the agent's goroutine.
+func (a *Agent) run(ctx context.Context) {
+	defer close(a.done)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		a.mu.Lock()
+		dl := a.m.NextDeadline()
+		a.mu.Unlock()
+		wait := time.Hour
+		if dl != clock.Never {
+			wait = max(dl.Sub(a.cfg.Now()), 0)
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-a.cq.Notify():
+		case ev := <-a.dev.Events():
+			a.asyncEvent(ev)
+		case <-timer.C:
+		case <-a.kick:
+		}
+		a.poll(ctx)
+		a.mu.Lock()
+		now := a.cfg.Now()
+		if a.m.NextDeadline() <= now {
+			a.m.Tick(now)
+		}
+		a.flushLocked(now)
+		a.mu.Unlock()
+	}
+}
+
+// asyncEvent handles the device's asynchronous events: COMM_EST on a
+// passive QP still waiting for its RTU establishes the connection, as IBA
+// requires (the RTU was lost and the peer already sends).
+func (a *Agent) asyncEvent(ev verbs.AsyncEvent) {
+	if ev.Type != verbs.EventCommEst {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c := a.byQPN[ev.QPN]
+	if c == nil || c.active {
+		return
+	}
+	now := a.cfg.Now()
+	if a.m.State(c.id) == cm.StateREPSent || a.m.State(c.id) == cm.StateMRAREPRcvd {
+		if a.m.NotifyEstablished(now, c.id) == nil {
+			a.stats.CommEstFixes++
+		}
+	}
+	a.flushLocked(now)
+}
+
+// poll takes the GSI CQ's completions: MADs go to the Manager once their
+// sender's MAC is known, then their receive is posted again.
+func (a *Agent) poll(ctx context.Context) {
+	for {
+		n := a.cq.Poll(a.wc[:])
+		if n == 0 {
+			return
+		}
+		a.mads = a.mads[:0]
+		for _, wc := range a.wc[:n] {
+			if !wc.IsRecv {
+				a.mu.Lock()
+				a.inflight--
+				if wc.Status != verbs.Success {
+					a.stats.TxErrors++
+				}
+				a.mu.Unlock()
+				continue
+			}
+			if wc.Status == verbs.WRFlushErr {
+				continue // the QP is going away
+			}
+			if wc.Status != verbs.Success || wc.ByteLen != grhLen+cm.MADSize || wc.SrcQP != 1 || !wc.SrcIP.IsValid() {
+				a.mu.Lock()
+				a.stats.RxBad++
+				a.mu.Unlock()
+				a.postRecv(wc.ID)
+				continue
+			}
+			a.mads = append(a.mads, pendingMAD{from: wc.SrcIP.Unmap(), slot: wc.ID})
+		}
+		for _, p := range a.mads {
+			resolved := a.ensureMAC(ctx, p.from) == nil
+			const sz = grhLen + cm.MADSize
+			off := p.slot * sz
+			mad := a.rbuf.Bytes()[off+grhLen : off+sz]
+			a.mu.Lock()
+			if resolved {
+				a.stats.RxMADs++
+				now := a.cfg.Now()
+				a.m.HandleMAD(now, p.from, mad)
+				a.flushLocked(now)
+			}
+			a.mu.Unlock()
+			a.postRecv(p.slot)
+		}
+	}
+}
+
+// ensureMAC resolves peer's MAC unless it is cached.
+func (a *Agent) ensureMAC(ctx context.Context, peer netip.Addr) error {
+	a.mu.Lock()
+	_, ok := a.macs[peer]
+	a.mu.Unlock()
+	if ok {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
+	mac, err := a.cfg.Resolve(rctx, peer)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if err != nil {
+		a.stats.Unresolved++
+		return fmt.Errorf("rdmacm: resolve %v: %w", peer, err)
+	}
+	a.macs[peer] = mac
+	return nil
+}
+
+// sgid returns the GID index of the device's first address of peer's
+// family: the source of our MADs and connections to peer.
+func (a *Agent) sgid(peer netip.Addr) (int, netip.Addr, error) {
+	for i, ad := range a.dev.Config().Addrs {
+		if ad.Is4() == peer.Is4() && (peer.Is4() || ad.IsLinkLocalUnicast() == peer.IsLinkLocalUnicast()) {
+			return i, ad, nil
+		}
+	}
+	for i, ad := range a.dev.Config().Addrs {
+		if ad.Is4() == peer.Is4() {
+			return i, ad, nil
+		}
+	}
+	return 0, netip.Addr{}, ErrNoLocalAddr
+}
+
+// flushLocked acts on the Manager's events, then sends its MADs, until it
+// has nothing more (acting on an event may produce MADs, e.g. a REJ).
+func (a *Agent) flushLocked(now clock.Time) {
+	for range 8 {
+		evs, sends := a.m.Drain()
+		if len(evs) == 0 && len(sends) == 0 {
+			return
+		}
+		for i := range evs {
+			a.eventLocked(now, &evs[i])
+		}
+		for i := range sends {
+			a.sendLocked(&sends[i])
+		}
+	}
+}
+
+// sendLocked posts one MAD as a UD SEND to QP1 of its destination. The
+// MAD is copied inline, so the Manager's buffer is free at once.
+func (a *Agent) sendLocked(s *cm.Send) {
+	to := s.To.Unmap()
+	ah := a.ahs[to]
+	if ah == nil {
+		mac, ok := a.macs[to]
+		idx, _, err := a.sgid(to)
+		if !ok || err != nil {
+			a.stats.TxDropped++
+			return
+		}
+		ah, err = a.pd.CreateAH(verbs.AddressVector{DestMAC: mac, DestIP: to, SGIDIndex: idx, HopLimit: cm.DefaultHopLimit})
+		if err != nil {
+			a.stats.TxDropped++
+			return
+		}
+		a.ahs[to] = ah
+	}
+	_, err := a.gsi.PostSend(verbs.SendWR{Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
+		InlineData: s.MAD[:], AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
+	if err != nil {
+		a.stats.TxDropped++ // the CM's retransmission covers it
+		return
+	}
+	a.stats.TxMADs++
+	a.inflight++
+}
+
+// eventLocked does what a Manager event asks of the QP owner.
+func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
+	switch e.Kind {
+	case cm.EventConnRequest:
+		_, port, _ := cm.ServicePort(e.ServiceID)
+		l := a.listeners[port]
+		if l == nil || l.closed {
+			a.m.Reject(now, e.ID, cm.RejInvalidServiceID, nil)
+			return
+		}
+		r := &Request{agent: a, l: l, id: e.ID, peer: e.Peer, attr: e.QP, cma: e.CMA,
+			private: append([]byte(nil), e.Private()...)}
+		select {
+		case l.backlog <- r:
+		default:
+			a.stats.BacklogFull++
+			a.m.Reject(now, e.ID, cm.RejNoResources, nil)
+		}
+	case cm.EventEstablished:
+		c := a.conns[e.ID]
+		if c == nil {
+			return
+		}
+		if c.active {
+			c.private = append([]byte(nil), e.Private()...)
+			if err := a.toRTR(c, &e.QP); err != nil {
+				a.failLocked(now, c, err)
+				return
+			}
+		}
+		if err := c.qp.Modify(verbs.RTS, &verbs.Attr{SQPSN: e.QP.SQPSN, Timeout: e.QP.Timeout,
+			RetryCnt: e.QP.RetryCount, RNRRetry: e.QP.RNRRetry, MaxRdAtomic: int(e.QP.MaxRdAtomic)}); err != nil {
+			a.failLocked(now, c, err)
+			return
+		}
+		c.established = true
+		c.settleLocked(nil)
+	case cm.EventRejected:
+		if c := a.conns[e.ID]; c != nil {
+			err := &RejectedError{Reason: e.Reason, PrivateData: append([]byte(nil), e.Private()...)}
+			if c.established {
+				c.qp.Modify(verbs.Err, nil)
+				c.finishLocked(err)
+				return
+			}
+			c.finishLocked(err)
+		}
+	case cm.EventTimeout:
+		if c := a.conns[e.ID]; c != nil {
+			c.finishLocked(ErrTimeout)
+		}
+	case cm.EventDisconnectRequest, cm.EventDisconnected:
+		if c := a.conns[e.ID]; c != nil {
+			// ERR flushes the WRs the application still has posted: it
+			// learns of the disconnection from its CQ too, as with rdma_cm.
+			c.qp.Modify(verbs.Err, nil)
+			c.finishLocked(ErrDisconnected)
+		}
+	case cm.EventTimeWaitExit:
+		if c := a.conns[e.ID]; c != nil {
+			delete(a.conns, e.ID)
+			if a.byQPN[c.qp.QPN()] == c {
+				delete(a.byQPN, c.qp.QPN())
+			}
+		}
+	}
+}
+
+// failLocked aborts a connection whose QP could not be programmed.
+func (a *Agent) failLocked(now clock.Time, c *Conn, err error) {
+	a.stats.QPErrors++
+	a.m.Abort(now, c.id)
+	c.qp.Modify(verbs.Err, nil)
+	c.finishLocked(fmt.Errorf("rdmacm: QP %#x: %w", c.qp.QPN(), err))
+}
+
+// toRTR programs c's QP for receiving from the peer the CM negotiated.
+func (a *Agent) toRTR(c *Conn, q *cm.QPAttr) error {
+	mac, ok := a.macs[c.peer]
+	if !ok {
+		return fmt.Errorf("no MAC for %v", c.peer)
+	}
+	idx, _, err := a.sgid(c.peer)
+	if err != nil {
+		return err
+	}
+	mtu := min(cm.MTUBytes(q.PathMTU), a.pmtu)
+	return c.qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: mtu, DestQPN: q.RemoteQPN, RQPSN: q.RQPSN,
+		MaxDestRdAtomic: int(q.MaxDestRdAtomic), MinRNRTimer: c.minRNR,
+		AV: verbs.AddressVector{DestMAC: mac, DestIP: c.peer, SGIDIndex: idx,
+			TrafficClass: q.TrafficClass, HopLimit: q.HopLimit, FlowLabel: q.FlowLabel}})
+}

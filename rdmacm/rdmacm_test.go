@@ -1,0 +1,482 @@
+package rdmacm
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// runEngine drives a device on a port until ctx ends. The engine loop may
+// move from daemon to engine: this is the one place to change.
+func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
+	return daemon.RunDevice(ctx, dev, p, daemon.RunOptions{})
+}
+
+// dropPort drops the frames drop says to, as a lossy link would, and
+// counts them.
+type dropPort struct {
+	port.Port
+	drop    func(f []byte) bool
+	dropped atomic.Int64
+	keep    [][]byte
+}
+
+func (d *dropPort) Send(frames [][]byte) (int, error) {
+	d.keep = d.keep[:0]
+	for _, f := range frames {
+		if d.drop(f) {
+			d.dropped.Add(1)
+			continue
+		}
+		d.keep = append(d.keep, f)
+	}
+	n, err := d.Port.Send(d.keep)
+	if n < len(d.keep) {
+		// Back-pressure: report what the link took, counting drops
+		// before the first frame not taken as taken too.
+		taken := 0
+		for i, f := range frames {
+			if n == 0 {
+				return i, err
+			}
+			if !d.drop(f) {
+				n--
+			}
+			taken = i + 1
+		}
+		return taken, err
+	}
+	return len(frames), err
+}
+
+// madAttr returns the CM attribute of a frame carrying a MAD to QP1 over
+// IPv4 (0 for any other frame).
+func madAttr(f []byte) cm.AttrID {
+	const bthOff = 14 + 20 + 8
+	if len(f) < bthOff+12+8+24 || binary.BigEndian.Uint32(f[bthOff+4:])&0xFFFFFF != 1 {
+		return 0
+	}
+	mad := f[bthOff+12+8:] // BTH, DETH
+	return cm.AttrID(binary.BigEndian.Uint16(mad[16:]))
+}
+
+type host struct {
+	dev   *verbs.Device
+	agent *Agent
+	ip    netip.Addr
+	pd    *verbs.PD
+	cq    *verbs.CQ
+}
+
+var (
+	ipA, ipB   = netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
+	macA, macB = [6]byte{2, 0, 0, 0, 9, 1}, [6]byte{2, 0, 0, 0, 9, 2}
+)
+
+// fastCM shortens the CM's timers so that retransmissions happen in
+// milliseconds: response timeout 4.2 ms, packet life time 1 ms.
+var fastCM = cm.Config{CMResponseTimeout: 10, PacketLifeTime: 8, MaxCMRetries: 6}
+
+// pair starts two devices (A and B) on a real-time memlink, their engines
+// and their CM agents; wrapA/wrapB may interpose on the ports.
+func pair(t *testing.T, wrapA, wrapB func(port.Port) port.Port) (a, b *host) {
+	return pairCM(t, fastCM, wrapA, wrapB)
+}
+
+func pairCM(t *testing.T, cmc cm.Config, wrapA, wrapB func(port.Port) port.Port) (a, b *host) {
+	t.Helper()
+	la, lb := memlink.NewPair(memlink.Config{Seed: 7})
+	pa, pb := port.Port(la), port.Port(lb)
+	if wrapA != nil {
+		pa = wrapA(pa)
+	}
+	if wrapB != nil {
+		pb = wrapB(pb)
+	}
+	macs := map[netip.Addr][6]byte{ipA: macA, ipB: macB}
+	resolve := func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+		if m, ok := macs[peer]; ok {
+			return m, nil
+		}
+		return [6]byte{}, errors.New("no neighbour")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	mk := func(mac [6]byte, ip netip.Addr, p port.Port, seed uint64) *host {
+		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); runEngine(ctx, dev, p) }()
+		cfg := cmc
+		cfg.Seed = seed
+		ag, err := New(Config{Device: dev, Resolve: resolve, CM: cfg})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &host{dev: dev, agent: ag, ip: ip, pd: dev.AllocPD(), cq: dev.CreateCQ(4096)}
+	}
+	a = mk(macA, ipA, pa, 1)
+	b = mk(macB, ipB, pb, 2)
+	t.Cleanup(func() {
+		a.agent.Close()
+		b.agent.Close()
+		cancel()
+		wg.Wait()
+		la.Close()
+		lb.Close()
+	})
+	return a, b
+}
+
+// params is a QP for one connection on h, with n receives of 64 bytes
+// posted in INIT.
+func (h *host) params(t *testing.T, n int) (*ConnParams, *verbs.MR) {
+	mr, err := h.pd.RegMR(make([]byte, 64*max(n, 1)), verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &ConnParams{PD: h.pd, SendCQ: h.cq, RecvCQ: h.cq, MaxRecvWR: max(n, 1),
+		Access:             verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead,
+		ResponderResources: 4, InitiatorDepth: 4,
+		Setup: func(q *verbs.QP) error {
+			for i := range n {
+				if _, err := q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{Addr: mr.IOVA() + uint64(64*i), Length: 64, LKey: mr.LKey()}}}); err != nil {
+					return err
+				}
+			}
+			return nil
+		}}, mr
+}
+
+// waitWC polls cq until a completion of qp arrives.
+func waitWC(t *testing.T, cq *verbs.CQ, qpn uint32) verbs.WC {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wc [1]verbs.WC
+	for {
+		if _, err := cq.Wait(ctx, wc[:]); err != nil {
+			t.Fatalf("no completion on QP %#x: %v", qpn, err)
+		}
+		if wc[0].QPN == qpn {
+			return wc[0]
+		}
+	}
+}
+
+func ctx10(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestConnectDataDisconnect: B dials A's listener; a SEND and an RDMA
+// WRITE go over the connected QP, private data both ways; B disconnects
+// and A's side learns it (DREQ), its QP in the error state.
+func TestConnectDataDisconnect(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	ln, err := a.agent.Listen(7174, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctx10(t)
+	type res struct {
+		c   *Conn
+		err error
+	}
+	srv := make(chan res, 1)
+	pa, mra := a.params(t, 1)
+	pa.PrivateData = []byte("rep-data")
+	go func() {
+		c, err := ln.Accept(ctx, pa)
+		srv <- res{c, err}
+	}()
+	pb, mrb := b.params(t, 0)
+	pb.PrivateData = []byte("req-data")
+	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := <-srv
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	ca := r.c
+	if !bytes.HasPrefix(cb.PrivateData(), []byte("rep-data")) || !bytes.Equal(ca.PrivateData()[:8], []byte("req-data")) {
+		t.Fatalf("private data: client got %q, server got %q", cb.PrivateData()[:8], ca.PrivateData()[:8])
+	}
+	if ca.Peer() != ipB || cb.Peer() != ipA || cb.QP().State() != verbs.RTS {
+		t.Fatalf("peers %v %v, client QP %v", ca.Peer(), cb.Peer(), cb.QP().State())
+	}
+	// SEND B → A.
+	copy(mrb.Bytes(), "hello over rdmacm")
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+		t.Fatalf("send: %v", wc.Status)
+	}
+	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || wc.ByteLen != 17 || string(mra.Bytes()[:17]) != "hello over rdmacm" {
+		t.Fatalf("recv: %+v %q", wc, mra.Bytes()[:17])
+	}
+	// The server's QP is in RTS (RTU or COMM_EST): it can RDMA WRITE back.
+	copy(mra.Bytes()[32:], "written back")
+	if _, err := ca.QP().PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || string(mrb.Bytes()[40:52]) != "written back" {
+		t.Fatalf("write: %v %q", wc.Status, mrb.Bytes()[40:52])
+	}
+	if err := cb.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-ca.Done():
+	case <-ctx.Done():
+		t.Fatal("server never saw the disconnection")
+	}
+	if !errors.Is(ca.Err(), ErrDisconnected) || ca.QP().State() != verbs.Err || cb.QP().State() != verbs.Err {
+		t.Fatalf("after disconnect: %v, QPs %v %v", ca.Err(), ca.QP().State(), cb.QP().State())
+	}
+	_, sa := a.agent.Stats()
+	_, sb := b.agent.Stats()
+	// Client sent REQ, RTU, DREQ; server REP, DREP: once each, no loss.
+	if sb.Tx[0] != 1 || sb.Tx[4] != 1 || sb.Tx[5] != 1 || sa.Tx[3] != 1 || sa.Tx[6] != 1 || sb.Retransmits+sa.Retransmits != 0 {
+		t.Fatalf("CM stats: client %+v server %+v", sb, sa)
+	}
+	ca.Close()
+	cb.Close()
+}
+
+// TestRejectNoListener: a REQ for a port nobody listens on gets REJ with
+// reason 8 (invalid service ID), as the kernel CM answers.
+func TestRejectNoListener(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	_ = a
+	p, _ := b.params(t, 0)
+	_, err := b.agent.Dial(ctx10(t), ipA, 4242, p)
+	var rej *RejectedError
+	if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
+		t.Fatalf("dial without listener: %v", err)
+	}
+	if rej.Reason != 8 {
+		t.Fatalf("reason %d", rej.Reason)
+	}
+}
+
+// TestRejectByApplication: Request.Reject sends REJ consumer defined with
+// the application's private data.
+func TestRejectByApplication(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	ln, err := a.agent.Listen(5000, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := ctx10(t)
+	go func() {
+		if r, err := ln.GetRequest(ctx); err == nil {
+			r.Reject([]byte("go away"))
+		}
+	}()
+	p, _ := b.params(t, 0)
+	_, err = b.agent.Dial(ctx, ipA, 5000, p)
+	var rej *RejectedError
+	if !errors.As(err, &rej) || rej.Reason != cm.RejConsumerDefined || !bytes.HasPrefix(rej.PrivateData, []byte("go away")) {
+		t.Fatalf("%v", err)
+	}
+}
+
+// TestREQRetransmittedUnderLoss: the first two REQs are lost on the wire;
+// the CM sends the REQ again on its response timeout and the connection
+// comes up, and data flows.
+func TestREQRetransmittedUnderLoss(t *testing.T) {
+	var dp *dropPort
+	var lost atomic.Int64
+	a, b := pair(t, nil, func(p port.Port) port.Port {
+		dp = &dropPort{Port: p, drop: func(f []byte) bool {
+			return madAttr(f) == cm.AttrREQ && lost.Add(1) <= 2
+		}}
+		return dp
+	})
+	ln, _ := a.agent.Listen(7174, 0)
+	ctx := ctx10(t)
+	pa, _ := a.params(t, 1)
+	go ln.Accept(ctx, pa)
+	pb, mrb := b.params(t, 0)
+	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dp.dropped.Load() != 2 {
+		t.Fatalf("dropped %d REQs", dp.dropped.Load())
+	}
+	_, sb := b.agent.Stats()
+	if sb.Retransmits < 2 || sb.Tx[0] < 3 {
+		t.Fatalf("client CM stats %+v", sb)
+	}
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+		t.Fatalf("send after retransmitted REQ: %v", wc.Status)
+	}
+}
+
+// TestRTULost: the RTU never arrives; the passive side's QP, left in RTR,
+// sees the client's first SEND, raises COMM_EST, and the agent
+// establishes the connection from it (IBA 12.9.6).
+func TestRTULost(t *testing.T) {
+	a, b := pair(t, nil, func(p port.Port) port.Port {
+		return &dropPort{Port: p, drop: func(f []byte) bool { return madAttr(f) == cm.AttrRTU }}
+	})
+	ln, _ := a.agent.Listen(7174, 0)
+	ctx := ctx10(t)
+	pa, _ := a.params(t, 1)
+	srv := make(chan *Conn, 1)
+	go func() {
+		c, err := ln.Accept(ctx, pa)
+		if err != nil {
+			t.Error(err)
+		}
+		srv <- c
+	}()
+	pb, mrb := b.params(t, 0)
+	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	ca := <-srv
+	if ca == nil {
+		t.FailNow()
+	}
+	if ca.QP().State() != verbs.RTS {
+		t.Fatalf("server QP %v", ca.QP().State())
+	}
+	if s, _ := a.agent.Stats(); s.CommEstFixes != 1 {
+		t.Fatalf("agent stats %+v", s)
+	}
+}
+
+// TestManyConnections: 24 connections at once between the same two
+// devices, each carrying its own message, then all disconnected.
+func TestManyConnections(t *testing.T) {
+	const n = 24
+	// The server accepts one at a time: give requests waiting in its
+	// backlog a CM response time of 268 ms per try (the defaults give
+	// seconds) so that none is refused as timed out on a slow machine.
+	a, b := pairCM(t, cm.Config{CMResponseTimeout: 16, PacketLifeTime: 8, MaxCMRetries: 6}, nil, nil)
+	ln, _ := a.agent.Listen(7174, n)
+	ctx := ctx10(t)
+	type side struct {
+		c  *Conn
+		mr *verbs.MR
+	}
+	srv := make(chan side, n)
+	go func() {
+		for range n {
+			p, mr := a.params(t, 1)
+			c, err := ln.Accept(ctx, p)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			srv <- side{c, mr}
+		}
+	}()
+	cli := make([]side, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p, mr := b.params(t, 0)
+			c, err := b.agent.Dial(ctx, ipA, 7174, p)
+			if err != nil {
+				errs <- fmt.Errorf("dial %d: %w", i, err)
+				return
+			}
+			cli[i] = side{c, mr}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	byQPN := map[uint32]side{}
+	for range n {
+		s := <-srv
+		byQPN[s.c.QP().QPN()] = s
+	}
+	if len(byQPN) != n {
+		t.Fatalf("%d distinct server QPs", len(byQPN))
+	}
+	for i, s := range cli {
+		msg := fmt.Sprintf("conn %02d", i)
+		copy(s.mr.Bytes(), msg)
+		if _, err := s.c.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, Flags: verbs.Signaled,
+			SG: []verbs.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every server QP receives one message, and every client's message
+	// arrives once: the CM paired the QPs right.
+	got := 0
+	var wc [16]verbs.WC
+	for got < n {
+		k, err := a.cq.Wait(ctx, wc[:])
+		if err != nil {
+			t.Fatalf("%d of %d receives: %v", got, n, err)
+		}
+		for _, w := range wc[:k] {
+			if w.Status != verbs.Success || byQPN[w.QPN].c == nil || w.ByteLen != 7 {
+				t.Fatalf("%+v", w)
+			}
+			got++
+		}
+	}
+	seen := map[string]bool{}
+	for _, s := range byQPN {
+		seen[string(s.mr.Bytes()[:7])] = true
+	}
+	for i := range n {
+		if !seen[fmt.Sprintf("conn %02d", i)] {
+			t.Fatalf("message of connection %d not received (%v)", i, seen)
+		}
+	}
+	for _, s := range cli {
+		if err := s.c.Disconnect(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range byQPN {
+		select {
+		case <-s.c.Done():
+		case <-ctx.Done():
+			t.Fatal("a server connection never saw its DREQ")
+		}
+	}
+}
