@@ -21,13 +21,16 @@ type Case struct {
 	// client: "tcp:PORT" (a listening TCP socket: perftest and the pingpongs'
 	// side channel), "cm:PORT" (a listening rdma_cm ID), "delay:SECONDS".
 	Ready string
-	// Loss is the percentage of frames netem drops on every guest's egress
-	// during the case; with Expect "loss" the case must show recovery
-	// (NAKs, retransmissions or duplicates in the rxe counters).
+	// Loss is the percentage of frames dropped during the case: by netem on
+	// every guest's egress and, in interop mode, by nftables on softrnic's
+	// frames towards the guest; with Expect "loss" the case must show
+	// recovery (NAKs, retransmissions or duplicates in the rxe counters).
 	Loss int
 	// Corrupt is the percentage of frames leaving the case's guests in which
 	// netem flips one bit at a random offset (in the guest: before the tap,
-	// so before softrnic's XDP hook and before the captures). A flip in the
+	// so before softrnic's XDP hook and before the captures); in interop mode
+	// nftables also damages that share of softrnic's frames towards the
+	// guest (the byte after the BTH). A flip in the
 	// RoCE part leaves a bad ICRC the receiver must drop the frame for; it
 	// then recovers as from loss (expect=loss), or, in the self-check, the
 	// lab's checks must notice (expect=detect).

@@ -339,6 +339,17 @@ func (l *Lab) Run(c *Case) (r result) {
 		}
 		l.track(capture)
 	}
+	if l.hostIf != "" && c.Loss+c.Corrupt > 0 {
+		if err := l.impairHost(c); err != nil {
+			fail("impair: %v", err)
+			if capture != nil {
+				capture.Stop()
+				l.untrack(capture)
+			}
+			return r
+		}
+		defer nsExec(l.ns, "nft", "delete", "table", "netdev", "labimpair")
+	}
 	ready := c.Ready
 	if ready == "" {
 		ready = "delay:1"
@@ -425,7 +436,7 @@ func (l *Lab) Run(c *Case) (r result) {
 	os.WriteFile(filepath.Join(caseDir, "counters"), []byte(strings.Join(counts, "\n")+"\n"), 0o644)
 	if c.Expect == "loss" {
 		if recovery == 0 {
-			fail("loss %d%% but no NAK, retry or duplicate in the rxe counters: recovery not exercised", c.Loss)
+			fail("loss %d%%, corruption %d%%, but no NAK, retry or duplicate in the rxe counters: recovery not exercised", c.Loss, c.Corrupt)
 		} else {
 			r.note = fmt.Sprintf("  (recovered: %d NAK/retry/duplicate events)", recovery)
 		}
@@ -463,6 +474,33 @@ func (l *Lab) Run(c *Case) (r result) {
 		os.Remove(capture.Path) // checked and clean: only failures keep theirs
 	}
 	return r
+}
+
+// impairHost applies a case's loss and corruption to the frames softrnic
+// sends towards the guest, as netem does in the guest for the other
+// direction: an nftables rule on the ingress of lv1, the bridge's side of
+// softrnic's veth (after softrnic's own XDP hook on lv0, which only sees what
+// the guest sends). Without it, a case where the guest mostly sends ACKs
+// would lose too few frames to exercise any recovery. Corruption overwrites
+// the first byte after the BTH (UDP checksum is 0 on RoCEv2, so only the
+// ICRC can tell).
+func (l *Lab) impairHost(c *Case) error {
+	var b strings.Builder
+	b.WriteString("table netdev labimpair {\n  chain toguest {\n    type filter hook ingress device \"lv1\" priority 0;\n")
+	if c.Loss > 0 {
+		fmt.Fprintf(&b, "    udp dport 4791 numgen random mod 100 < %d drop\n", c.Loss)
+	}
+	if c.Corrupt > 0 {
+		// @th,160,8: transport header + 20 bytes = UDP (8) + BTH (12).
+		fmt.Fprintf(&b, "    udp dport 4791 numgen random mod 100 < %d @th,160,8 set 0x5a\n", c.Corrupt)
+	}
+	b.WriteString("  }\n}\n")
+	cmd := exec.Command("ip", "netns", "exec", l.ns, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("nft: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // stopSoon ends a job after grace unless it ends by itself first.
