@@ -136,7 +136,7 @@ func BenchmarkGoodputLoss(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				g = 0
 				for seed := uint64(42); seed < 47; seed++ {
-					g += runE2E(b, e2eCase{mtu: 4096, qps: 1, msgs: 200, sizes: []int{65536}, seed: seed, lossOnly: loss}) / 5
+					g += runE2E(b, e2eCase{mtu: 4096, qps: 1, msgs: 1000, sizes: []int{65536}, seed: seed, lossOnly: loss}) / 5
 				}
 			}
 			if loss == 0 {

@@ -50,7 +50,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 			q.seek(r.compPSN) // skip what the peer already has
 		}
 	}
-	if r.head == r.end() {
+	if r.head == r.sentEnd() {
 		q.idle()
 		return
 	}

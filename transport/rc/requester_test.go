@@ -356,3 +356,24 @@ func TestCompleterSeqNAKAfterRNRCostsNoRetry(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 }
+
+func TestCompleterACKBeyondResendPointSkipsAhead(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	for i := 0; i < 4; i++ {
+		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+	}
+	c.expect(p(bth.RCSendOnly, 100), p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
+	// A timeout rewinds to 100, but before anything is resent the ACK for
+	// 102 (delayed) arrives: 100-102 are done, only 103 is resent.
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK, msn: 3})
+	if w := c.wcs(); len(w) != 3 {
+		t.Fatalf("%+v", w)
+	}
+	c.expect(p(bth.RCSendOnly, 103))
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK, msn: 4})
+	if w := c.wcs(); len(w) != 1 || w[0].ID != 3 || c.qp.Deadline() != neverTime() {
+		t.Fatalf("%+v", w)
+	}
+}
