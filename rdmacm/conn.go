@@ -226,11 +226,12 @@ func (a *Agent) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnP
 		return nil, ErrClosed
 	}
 	now := a.cfg.Now()
+	sport := uint16(32768 + a.rng.IntN(28232)) // the kernel's ephemeral range
 	id, err := a.m.Connect(now, &cm.ConnectParams{Peer: peer, Local: local, ServiceID: cm.ServiceIDTCP(port),
 		QPN: qp.QPN(), StartingPSN: a.rng.Uint32() & 0xFFFFFF, PathMTU: cm.MTUEnum(a.pmtu),
 		ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth,
 		RetryCount: or7(p.RetryCount), RNRRetry: or7(p.RNRRetry),
-		RDMACM: true, SrcPort: uint16(32768 + a.rng.IntN(28232)), PrivateData: p.PrivateData})
+		RDMACM: true, SrcPort: sport, FlowLabel: roceFlowLabel(sport, port), PrivateData: p.PrivateData})
 	if err != nil {
 		a.mu.Unlock()
 		qp.Destroy()
@@ -247,6 +248,14 @@ func (a *Agent) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnP
 		return nil, err
 	}
 	return c, nil
+}
+
+// roceFlowLabel is the flow label the kernel's rdma_cm puts in the path of
+// an IPv4 RoCE connection (cma_get_roce_udp_flow_label): a hash of the
+// rdma_cm ports. It travels in the REQ, and the UDP source port of the
+// connection's packets derives from it on both sides.
+func roceFlowLabel(sport, dport uint16) uint32 {
+	return (uint32(sport)*31 + uint32(dport)) & 0xFFFFF
 }
 
 // Listener receives connection requests for one port.

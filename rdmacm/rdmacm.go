@@ -255,6 +255,9 @@ func (a *Agent) Close() error {
 	return nil
 }
 
+// Device is the device the agent runs on.
+func (a *Agent) Device() *verbs.Device { return a.dev }
+
 // Stats returns the agent's counters and its Manager's.
 func (a *Agent) Stats() (Stats, cm.Stats) {
 	a.mu.Lock()
