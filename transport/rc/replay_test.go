@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
@@ -15,10 +16,9 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/frame/frametest"
 	"github.com/softrnic/softrnic/verbs/wr"
 )
-
-const vectors = "../../../shared/vectors/"
 
 // perftestKey is one 108-byte perftest key record,
 // lid:out_reads:qpn:psn:rkey:vaddr:gid…:srqn:.
@@ -43,9 +43,9 @@ type capFrame struct {
 }
 
 func loadCapture(t *testing.T, name string) *capture {
-	f, err := os.Open(vectors + name)
+	f, err := os.Open(filepath.Join(frametest.VectorsDir(t), name))
 	if err != nil {
-		t.Skipf("capture not available: %v", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	r, err := pcapgo.NewReader(f)
