@@ -1,0 +1,228 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rdmacm/rping"
+	"github.com/softrnic/softrnic/route"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+func init() {
+	register("rping", "librdmacm's rping over the CM on QP1: -s (server) or -c -a ADDR (client)", runRping)
+}
+
+// runDeviceEngine drives a verbs.Device on a port until ctx ends. The
+// engine loop may move from daemon to engine: this is the one place to
+// change.
+func runDeviceEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
+	return daemon.RunDevice(ctx, dev, p, daemon.RunOptions{})
+}
+
+const rpingUsage = `usage: softrnic rping -s [-a ADDR] [-p PORT] [-S SIZE] [-v] [-V] [-d IFACE]   (server)
+       softrnic rping -c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [-d IFACE]   (client)
+
+librdmacm's rping, wire-compatible with the stock tool on rxe or a ConnectX:
+the connection goes through the IB CM on QP1 (rdma_cm TCP port space), then
+the server RDMA READs the client's buffer and RDMA WRITEs it back, COUNT
+times. The server serves one client and exits when it disconnects.
+
+  -s          server
+  -c          client
+  -a ADDR     client: the server's address; server: the address to serve on
+              (picks the interface when -d is not given)
+  -p PORT     rdma_cm port (default 7174)
+  -C COUNT    pings (client; default: until interrupted)
+  -S SIZE     ping buffer size, 26..65535 (default 64)
+  -v          print each ping's data
+  -V          verify each ping's data (exit 1 on a mismatch)
+  -d IFACE    network interface to run RoCE on (default: the one routing
+              to -a)
+
+SOFTRNIC_PORT=afxdp|afpacket|auto chooses the packet I/O (default auto).
+`
+
+// rpingArgs are the parsed flags.
+type rpingArgs struct {
+	server, client bool
+	addr           netip.Addr
+	iface          string
+	opts           rping.Options
+	kind           engine.PortKind
+}
+
+func parseRping(args []string) (rpingArgs, error) {
+	var r rpingArgs
+	fs := flag.NewFlagSet("rping", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.BoolVar(&r.server, "s", false, "")
+	fs.BoolVar(&r.client, "c", false, "")
+	addr := fs.String("a", "", "")
+	port := fs.Uint("p", 7174, "")
+	fs.IntVar(&r.opts.Count, "C", 0, "")
+	fs.IntVar(&r.opts.Size, "S", 64, "")
+	fs.BoolVar(&r.opts.Verbose, "v", false, "")
+	fs.BoolVar(&r.opts.Validate, "V", false, "")
+	fs.StringVar(&r.iface, "d", "", "")
+	if err := fs.Parse(args); err != nil {
+		return r, err
+	}
+	if fs.NArg() > 0 {
+		return r, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if r.server == r.client {
+		return r, errors.New("exactly one of -s and -c is required")
+	}
+	if *port == 0 || *port > 65535 {
+		return r, fmt.Errorf("bad port %d", *port)
+	}
+	r.opts.Port = uint16(*port)
+	if *addr != "" {
+		a, err := netip.ParseAddr(*addr)
+		if err != nil {
+			ips, lerr := net.DefaultResolver.LookupNetIP(context.Background(), "ip", *addr)
+			if lerr != nil || len(ips) == 0 {
+				return r, fmt.Errorf("bad address %q: %v", *addr, err)
+			}
+			a = ips[0]
+		}
+		r.addr = a.Unmap()
+	}
+	if r.client && !r.addr.IsValid() {
+		return r, errors.New("the client needs -a ADDR")
+	}
+	if r.opts.Count < 0 {
+		return r, errors.New("-C must not be negative")
+	}
+	r.kind = engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
+	return r, nil
+}
+
+func runRping(args []string) int {
+	r, err := parseRping(args)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(os.Stderr, rpingUsage)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softrnic rping: %v\n\n%s", err, rpingUsage)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := rpingMain(ctx, r, os.Stdout, nil); err != nil {
+		fmt.Fprintf(os.Stderr, "softrnic rping: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// rpingIface picks the interface: -d, else the one routing to the client's
+// -a, else the one holding the server's -a.
+func rpingIface(r rpingArgs, res *route.Resolver) (string, error) {
+	if r.iface != "" {
+		return r.iface, nil
+	}
+	if r.client {
+		n, err := res.Lookup(r.addr)
+		if n.IfName == "" {
+			return "", fmt.Errorf("no interface routes to %v (%v): give -d IFACE", r.addr, err)
+		}
+		return n.IfName, nil
+	}
+	if r.addr.IsValid() {
+		ifs, err := net.Interfaces()
+		if err != nil {
+			return "", err
+		}
+		for _, ifi := range ifs {
+			addrs, _ := ifi.Addrs()
+			for _, a := range addrs {
+				if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == r.addr {
+					return ifi.Name, nil
+				}
+			}
+		}
+		return "", fmt.Errorf("no interface has %v: give -d IFACE", r.addr)
+	}
+	return "", errors.New("the server needs -d IFACE or -a ADDR")
+}
+
+// rpingMain opens a device on the interface (in the calling thread's
+// network namespace), runs its engine and CM agent, and runs the rping
+// server or client. ready, if set, is called once a server listens.
+func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) error {
+	res, err := route.New()
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	name, err := rpingIface(r, res)
+	if err != nil {
+		return err
+	}
+	in, err := engine.LookupInterface(name)
+	if err != nil {
+		return err
+	}
+	pt, err := engine.OpenPort(in, r.kind)
+	// The kernel releases an AF_XDP queue asynchronously after close: a
+	// run right after another on the same interface may find it busy.
+	for deadline := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		pt, err = engine.OpenPort(in, r.kind)
+	}
+	if err != nil {
+		return fmt.Errorf("open %s: %w", in.Name, err)
+	}
+	defer pt.Close()
+	mtu := in.ActiveMTU()
+	if mtu == 0 {
+		return fmt.Errorf("%s: MTU %d too small for RoCE", in.Name, in.MTU)
+	}
+	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: in.GIDs, PortMTU: mtu})
+	if err != nil {
+		return err
+	}
+	ectx, stopEngine := context.WithCancel(ctx)
+	engDone := make(chan error, 1)
+	go func() { engDone <- runDeviceEngine(ectx, dev, pt) }()
+	defer func() { stopEngine(); <-engDone }()
+
+	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+		var mac [6]byte
+		n, err := res.Resolve(ctx, peer)
+		if err != nil {
+			return mac, err
+		}
+		if n.IfIndex != in.Index {
+			return mac, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
+		}
+		copy(mac[:], n.DstMAC)
+		return mac, nil
+	}})
+	if err != nil {
+		return err
+	}
+	defer agent.Close()
+	r.opts.Out = out
+	if r.server {
+		return rping.Server(ctx, agent, r.opts, ready)
+	}
+	return rping.Client(ctx, agent, r.addr, r.opts)
+}
