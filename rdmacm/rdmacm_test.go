@@ -84,6 +84,7 @@ type host struct {
 var (
 	ipA, ipB   = netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
 	macA, macB = [6]byte{2, 0, 0, 0, 9, 1}, [6]byte{2, 0, 0, 0, 9, 2}
+	ip6A, ip6B = netip.MustParseAddr("fd00:9::1"), netip.MustParseAddr("fd00:9::2")
 )
 
 // fastCM shortens the CM's timers so that retransmissions happen in
@@ -106,7 +107,7 @@ func pairCM(t *testing.T, cmc cm.Config, wrapA, wrapB func(port.Port) port.Port)
 	if wrapB != nil {
 		pb = wrapB(pb)
 	}
-	macs := map[netip.Addr][6]byte{ipA: macA, ipB: macB}
+	macs := map[netip.Addr][6]byte{ipA: macA, ipB: macB, ip6A: macA, ip6B: macB}
 	resolve := func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 		if m, ok := macs[peer]; ok {
 			return m, nil
@@ -115,8 +116,8 @@ func pairCM(t *testing.T, cmc cm.Config, wrapA, wrapB func(port.Port) port.Port)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	mk := func(mac [6]byte, ip netip.Addr, p port.Port, seed uint64) *host {
-		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+	mk := func(mac [6]byte, ip, ip6 netip.Addr, p port.Port, seed uint64) *host {
+		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip, ip6}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,8 +131,8 @@ func pairCM(t *testing.T, cmc cm.Config, wrapA, wrapB func(port.Port) port.Port)
 		}
 		return &host{dev: dev, agent: ag, ip: ip, pd: dev.AllocPD(), cq: dev.CreateCQ(4096)}
 	}
-	a = mk(macA, ipA, pa, 1)
-	b = mk(macB, ipB, pb, 2)
+	a = mk(macA, ipA, ip6A, pa, 1)
+	b = mk(macB, ipB, ip6B, pb, 2)
 	t.Cleanup(func() {
 		a.agent.Close()
 		b.agent.Close()
@@ -479,5 +480,57 @@ func TestManyConnections(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("a server connection never saw its DREQ")
 		}
+	}
+}
+
+// TestIPv6: a connection between IPv6 GIDs: the rdma_cm header carries
+// IPv6 addresses, MADs and the RC QP use the IPv6 GID (index 1).
+func TestIPv6(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	ln, _ := a.agent.Listen(7174, 0)
+	ctx := ctx10(t)
+	pa, mra := a.params(t, 1)
+	type res struct {
+		c   *Conn
+		r   *Request
+		err error
+	}
+	srv := make(chan res, 1)
+	go func() {
+		r, err := ln.GetRequest(ctx)
+		if err != nil {
+			srv <- res{err: err}
+			return
+		}
+		c, err := r.Accept(ctx, pa)
+		srv <- res{c, r, err}
+	}()
+	pb, mrb := b.params(t, 0)
+	cb, err := b.agent.Dial(ctx, ip6A, 7174, pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-srv
+	if s.err != nil {
+		t.Fatal(s.err)
+	}
+	if s.r.Peer() != ip6B || s.c.Peer() != ip6B || s.r.SrcPort() < 32768 {
+		t.Fatalf("request from %v port %d", s.r.Peer(), s.r.SrcPort())
+	}
+	copy(mrb.Bytes(), "over v6")
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq, s.c.QP().QPN()); wc.Status != verbs.Success || string(mra.Bytes()[:7]) != "over v6" || wc.SrcIP.IsValid() && wc.SrcIP != ip6B {
+		t.Fatalf("%+v %q", wc, mra.Bytes()[:7])
+	}
+	if err := s.c.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-cb.Done():
+	case <-ctx.Done():
+		t.Fatal("client never saw the server's DREQ")
 	}
 }

@@ -206,6 +206,9 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 
 	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 		var mac [6]byte
+		if _, err := res.Lookup(peer); errors.Is(err, route.ErrUnresolved) && peer.Is6() {
+			solicitNeighbour(in, peer)
+		}
 		n, err := res.Resolve(ctx, peer)
 		if err != nil {
 			return mac, err
@@ -225,4 +228,25 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 		return rping.Server(ctx, agent, r.opts, ready)
 	}
 	return rping.Client(ctx, agent, r.addr, r.opts)
+}
+
+// solicitNeighbour makes the kernel send a neighbour solicitation for an
+// IPv6 peer: Linux solicits without a waiting packet only from a
+// link-local source, which an interface may not have (the lab's veth and
+// tap have none), so asking the kernel to resolve is not enough; one UDP
+// datagram to the peer's discard port from our routable address is.
+func solicitNeighbour(in engine.Interface, peer netip.Addr) {
+	for _, g := range in.GIDs {
+		if !g.Is6() || g.IsLinkLocalUnicast() {
+			continue
+		}
+		c, err := net.DialUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(g, 0)),
+			net.UDPAddrFromAddrPort(netip.AddrPortFrom(peer, 9)))
+		if err != nil {
+			return
+		}
+		c.Write([]byte{0})
+		c.Close()
+		return
+	}
 }

@@ -32,11 +32,17 @@ func TestParseRping(t *testing.T) {
 // TestRpingOverVethAFXDP: softrnic rping server in one namespace, client in
 // another, over a veth pair, each on its own AF_XDP port: ten verified
 // pings of 64 bytes, then of 3000 bytes (multi-packet READ and WRITE at
-// path MTU 1024), every line as the stock tool prints it.
+// path MTU 1024), and 64 bytes between IPv6 GIDs, every line as the
+// stock tool prints it.
 func TestRpingOverVethAFXDP(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
-	for _, size := range []int{64, 3000} {
-		t.Run(strconv.Itoa(size), func(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		size int
+		v6   bool
+	}{{"64", 64, false}, {"3000", 3000, false}, {"ipv6-64", 64, true}} {
+		size := tc.size
+		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			common := []string{"-V", "-v", "-C", "10", "-S", strconv.Itoa(size)}
@@ -44,7 +50,11 @@ func TestRpingOverVethAFXDP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cargs, err := parseRping(append([]string{"-c", "-a", pair.A.Addr.String()}, common...))
+			server := pair.A.Addr
+			if tc.v6 {
+				server = pair.A.Addr6
+			}
+			cargs, err := parseRping(append([]string{"-c", "-a", server.String()}, common...))
 			if err != nil {
 				t.Fatal(err)
 			}
