@@ -361,12 +361,30 @@ func (l *Listener) GetRequest(ctx context.Context) (*Request, error) {
 }
 
 // Accept waits for the next connection request and accepts it with p.
+// Requests that expired in the backlog (the CM refused them as timed out:
+// the active side had given up) are skipped.
 func (l *Listener) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
-	r, err := l.GetRequest(ctx)
-	if err != nil {
-		return nil, err
+	for {
+		r, err := l.GetRequest(ctx)
+		if err != nil {
+			return nil, err
+		}
+		c, err := r.Accept(ctx, p)
+		if errors.Is(err, ErrRequestExpired) {
+			continue
+		}
+		return c, err
 	}
-	return r.Accept(ctx, p)
+}
+
+// ErrRequestExpired is a Request accepted or rejected too late: the CM has
+// already refused it (REJ timeout) because the active side gave up.
+var ErrRequestExpired = errors.New("rdmacm: connection request expired")
+
+// pendingLocked reports whether r still waits for an answer.
+func (r *Request) pendingLocked() bool {
+	s := r.agent.m.State(r.id)
+	return s == cm.StateREQRcvd || s == cm.StateMRAREQSent
 }
 
 // Reject refuses the request (consumer defined, with private data, as
@@ -377,6 +395,9 @@ func (r *Request) Reject(private []byte) error {
 	defer a.mu.Unlock()
 	if a.closed {
 		return ErrClosed
+	}
+	if !r.pendingLocked() {
+		return ErrRequestExpired
 	}
 	now := a.cfg.Now()
 	err := a.m.Reject(now, r.id, cm.RejConsumerDefined, private)
@@ -389,6 +410,12 @@ func (r *Request) Reject(private []byte) error {
 // arrives, the REP times out, or ctx ends.
 func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 	a := r.agent
+	a.mu.Lock()
+	pending := r.pendingLocked()
+	a.mu.Unlock()
+	if !pending {
+		return nil, ErrRequestExpired
+	}
 	qp, err := p.createQP()
 	if err != nil {
 		a.mu.Lock()
@@ -425,7 +452,10 @@ func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 	if err != nil {
 		a.mu.Unlock()
 		qp.Destroy()
-		return nil, err // the request timed out meanwhile (ErrNoConn/ErrBadState)
+		if errors.Is(err, cm.ErrNoConn) || errors.Is(err, cm.ErrBadState) {
+			err = ErrRequestExpired // it timed out while the QP was made
+		}
+		return nil, err
 	}
 	a.conns[r.id] = c
 	a.byQPN[qp.QPN()] = c

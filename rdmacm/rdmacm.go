@@ -51,6 +51,7 @@ const (
 	// re-posted in a few microseconds.
 	DefaultMinRNRTimer = 12
 	resolveTimeout     = 3 * time.Second
+	negativeCacheFor   = time.Second
 )
 
 // Config configures an Agent.
@@ -127,6 +128,7 @@ type Agent struct {
 	m         *cm.Manager
 	closed    bool
 	macs      map[netip.Addr][6]byte
+	failed    map[netip.Addr]clock.Time // peers that did not resolve, until when not to retry
 	ahs       map[netip.Addr]*verbs.AH
 	listeners map[uint16]*Listener
 	conns     map[cm.ConnID]*Conn
@@ -162,7 +164,7 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, dev: cfg.Device, pmtu: dc.PortMTU,
 		rng:  rand.New(rand.NewPCG(cfg.CM.Seed, cfg.CM.Seed^0x5eed)),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
-		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, ahs: map[netip.Addr]*verbs.AH{},
+		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]*verbs.AH{},
 		listeners: map[uint16]*Listener{}, conns: map[cm.ConnID]*Conn{}, byQPN: map[uint32]*Conn{}}
 	a.pd = a.dev.AllocPD()
 	// Sends complete too (signaled, to learn of errors): room for both.
@@ -377,13 +379,21 @@ func (a *Agent) poll(ctx context.Context) {
 	}
 }
 
-// ensureMAC resolves peer's MAC unless it is cached.
+// ensureMAC resolves peer's MAC unless it is cached. A peer that failed
+// to resolve is not tried again for negativeCacheFor, so that MADs from a
+// source that does not answer ARP (a spoofed one, say) cannot keep the
+// agent's goroutine waiting.
 func (a *Agent) ensureMAC(ctx context.Context, peer netip.Addr) error {
 	a.mu.Lock()
 	_, ok := a.macs[peer]
+	until, bad := a.failed[peer]
+	now := a.cfg.Now()
 	a.mu.Unlock()
 	if ok {
 		return nil
+	}
+	if bad && now < until {
+		return fmt.Errorf("rdmacm: %v did not resolve a moment ago", peer)
 	}
 	rctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 	defer cancel()
@@ -392,8 +402,13 @@ func (a *Agent) ensureMAC(ctx context.Context, peer netip.Addr) error {
 	defer a.mu.Unlock()
 	if err != nil {
 		a.stats.Unresolved++
+		if len(a.failed) > 1024 {
+			clear(a.failed) // bounded: many failing sources only cost resolutions
+		}
+		a.failed[peer] = a.cfg.Now().Add(negativeCacheFor)
 		return fmt.Errorf("rdmacm: resolve %v: %w", peer, err)
 	}
+	delete(a.failed, peer)
 	a.macs[peer] = mac
 	return nil
 }

@@ -534,3 +534,59 @@ func TestIPv6(t *testing.T) {
 		t.Fatal("client never saw the server's DREQ")
 	}
 }
+
+// TestBacklog: with nobody accepting, a second REQ finds the backlog of
+// one full and is rejected (no resources); the first expires when the
+// active side gives up, and accepting it then says so.
+func TestBacklog(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	ln, _ := a.agent.Listen(7174, 1)
+	ctx := ctx10(t)
+	first := make(chan error, 1)
+	p1, _ := b.params(t, 0)
+	go func() {
+		_, err := b.agent.Dial(ctx, ipA, 7174, p1)
+		first <- err
+	}()
+	// Wait until the first REQ sits in the backlog.
+	for i := 0; len(ln.backlog) == 0; i++ {
+		if i > 5000 {
+			t.Fatal("first REQ never reached the backlog")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p2, _ := b.params(t, 0)
+	_, err := b.agent.Dial(ctx, ipA, 7174, p2)
+	var rej *RejectedError
+	if !errors.As(err, &rej) || rej.Reason != cm.RejNoResources {
+		t.Fatalf("second dial: %v", err)
+	}
+	err = <-first
+	if !errors.Is(err, ErrTimeout) && !(errors.As(err, &rej) && rej.Reason == cm.RejTimeout) {
+		t.Fatalf("first dial: %v", err)
+	}
+	r, err := ln.GetRequest(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The passive side expires the request on its own timer, which may
+	// run a little after the active side gave up.
+	pa, _ := a.params(t, 0)
+	for i := 0; ; i++ {
+		c, err := r.Accept(ctx, pa)
+		if errors.Is(err, ErrRequestExpired) {
+			break
+		}
+		if err == nil {
+			c.Close()
+			t.Fatal("expired request accepted")
+		}
+		if i > 100 {
+			t.Fatalf("accept of an expired request: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s, _ := a.agent.Stats(); s.BacklogFull != 1 {
+		t.Fatalf("%+v", s)
+	}
+}
