@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	cmrping "github.com/softrnic/softrnic/cm/rping"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/port"
@@ -108,6 +109,9 @@ func parseRping(args []string) (rpingArgs, error) {
 	}
 	if r.opts.Count < 0 {
 		return r, errors.New("-C must not be negative")
+	}
+	if r.opts.Size < cmrping.MinSize || r.opts.Size > cmrping.MaxSize {
+		return r, fmt.Errorf("-S %d: the size must be in [%d, %d]", r.opts.Size, cmrping.MinSize, cmrping.MaxSize)
 	}
 	r.kind = engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
 	return r, nil

@@ -22,7 +22,7 @@ func TestParseRping(t *testing.T) {
 	if err != nil || !r.server || r.opts.Port != 7174 || r.opts.Size != 64 || r.opts.Count != 0 {
 		t.Fatalf("defaults: %+v %v", r, err)
 	}
-	for _, bad := range [][]string{{}, {"-s", "-c"}, {"-c"}, {"-c", "-a", "10.0.0.1", "-p", "70000"}, {"-s", "extra"}, {"-c", "-a", "10.0.0.1", "-C", "-1"}} {
+	for _, bad := range [][]string{{}, {"-s", "-c"}, {"-c"}, {"-c", "-a", "10.0.0.1", "-p", "70000"}, {"-s", "extra"}, {"-c", "-a", "10.0.0.1", "-C", "-1"}, {"-s", "-S", "25"}, {"-s", "-S", "65536"}} {
 		if _, err := parseRping(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
