@@ -590,3 +590,120 @@ func TestBacklog(t *testing.T) {
 		t.Fatalf("%+v", s)
 	}
 }
+
+// TestHostileGSITraffic: datagrams to QP1 that are not CM MADs (short,
+// long, not from QP1, garbage of the right size) are counted and dropped;
+// the agent goes on and a connection afterwards works.
+func TestHostileGSITraffic(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	pd := b.dev.AllocPD()
+	cq := b.dev.CreateCQ(64)
+	// A UD QP of our own on B, sending to A's QP1 with the GSI Q_Key.
+	q, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: cq, RecvCQ: cq, MaxInline: 300})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []verbs.State{verbs.Init, verbs.RTR, verbs.RTS} {
+		if err := q.Modify(s, &verbs.Attr{QKey: 0x80010000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ah, err := pd.CreateAH(verbs.AddressVector{DestMAC: macA, DestIP: ipA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	garbage := make([]byte, 256)
+	for i := range garbage {
+		garbage[i] = byte(i * 7)
+	}
+	for i, n := range []int{0, 1, 100, 255, 256, 257, 300} {
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
+			InlineData: append(garbage[:0:0], make([]byte, n)...)[:n], AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 256 bytes from a QP other than QP1: not a CM MAD either.
+	if _, err := q.PostSend(verbs.SendWR{ID: 9, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
+		InlineData: garbage, AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
+		t.Fatal(err)
+	}
+	// 256 bytes of garbage from B's QP1: the Manager refuses it.
+	b.agent.mu.Lock()
+	b.agent.macs[ipA] = macA
+	var bad cm.Send
+	bad.To = ipA
+	copy(bad.MAD[:], garbage)
+	b.agent.sendLocked(&bad)
+	b.agent.mu.Unlock()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, ms := a.agent.Stats()
+		if s.RxBad+s.RxMADs >= 9 {
+			if s.RxMADs != 1 || s.RxBad != 8 || ms.Malformed+ms.Unsupported != 1 {
+				t.Fatalf("agent %+v manager %+v", s, ms)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("datagrams not seen: agent %+v manager %+v", s, ms)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ln, _ := a.agent.Listen(7174, 0)
+	ctx := ctx10(t)
+	pa, _ := a.params(t, 1)
+	go ln.Accept(ctx, pa)
+	pb, _ := b.params(t, 0)
+	if _, err := b.agent.Dial(ctx, ipA, 7174, pb); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDialCancelled: a Dial whose REQs all vanish returns when its context
+// ends, and its QP is destroyed.
+func TestDialCancelled(t *testing.T) {
+	_, b := pair(t, nil, func(p port.Port) port.Port {
+		return &dropPort{Port: p, drop: func(f []byte) bool { return madAttr(f) == cm.AttrREQ }}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	p, _ := b.params(t, 0)
+	var made *verbs.QP
+	setup := p.Setup
+	p.Setup = func(q *verbs.QP) error { made = q; return setup(q) }
+	if _, err := b.agent.Dial(ctx, ipA, 7174, p); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("%v", err)
+	}
+	if _, err := made.PostRecv(verbs.RecvWR{}); !errors.Is(err, verbs.ErrDestroyed) {
+		t.Fatalf("QP not destroyed: %v", err)
+	}
+}
+
+// TestAgentCloseDisconnects: closing an agent sends DREQ for its live
+// connections; the peer's side ends.
+func TestAgentCloseDisconnects(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	ln, _ := a.agent.Listen(7174, 0)
+	ctx := ctx10(t)
+	pa, _ := a.params(t, 1)
+	srv := make(chan *Conn, 1)
+	go func() { c, _ := ln.Accept(ctx, pa); srv <- c }()
+	pb, _ := b.params(t, 0)
+	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := <-srv
+	if ca == nil {
+		t.Fatal("accept failed")
+	}
+	b.agent.Close()
+	select {
+	case <-ca.Done():
+	case <-ctx.Done():
+		t.Fatal("peer never saw the DREQ of a closing agent")
+	}
+	if !errors.Is(cb.Err(), ErrClosed) || !errors.Is(ca.Err(), ErrDisconnected) {
+		t.Fatalf("client %v, server %v", cb.Err(), ca.Err())
+	}
+}
