@@ -27,13 +27,15 @@ test:
 	$(GO) test -count=1 -timeout 30m $(PKGS)
 	$(MAKE) test-race
 
-RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... ./client/... ./capture/... 2>/dev/null)
+RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... ./client/... ./capture/... ./perftest/... 2>/dev/null)
 test-race:
 	$(if $(RACE_PKGS),$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS),@echo "no concurrent packages yet")
 
 ## test-long: the exhaustive sweeps that the default run samples
 test-long:
 	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run TestNFlow ./sim/
+	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./verbs
+	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run TestLoopback ./transport/rc
 
 ## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)
 FUZZ_HDR_TIME ?= 5s
@@ -47,6 +49,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzManager$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
+	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
+	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./verbs
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./perftest
 	$(GO) test -run '^$$' -fuzz '^FuzzGetSendWR$$' -fuzztime $(FUZZ_HDR_TIME) ./daemon/proto
 	$(GO) test -run '^$$' -fuzz '^FuzzControlMessages$$' -fuzztime $(FUZZ_HDR_TIME) ./client
 
@@ -54,6 +59,8 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bth ./icrc ./frame ./port/memlink ./cm
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/
+	$(GO) test -run '^$$' -bench 'RCPair' -benchmem -benchtime 200000x ./verbs
+	$(GO) test -run '^$$' -bench 'GoodputLoss' -benchtime 1x ./verbs
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./shmring ./capture ./client
 	$(GO) test -run '^$$' -bench Send64 -benchtime 2s ./daemon
 	$(GO) run ./bench/io -json out/bench-io.json
