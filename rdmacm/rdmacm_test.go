@@ -88,18 +88,19 @@ var (
 )
 
 // fastCM shortens the CM's timers so that retransmissions happen in
-// milliseconds: response timeout 4.2 ms, packet life time 1 ms.
-var fastCM = cm.Config{CMResponseTimeout: 10, PacketLifeTime: 8, MaxCMRetries: 6}
+// milliseconds: response timeout 4.2 ms, packet life time 1 ms, and
+// with a CA ACK delay of 1 ms a local ACK timeout of 4 ms for the RC QPs.
+var fastCM = cm.Config{CMResponseTimeout: 10, PacketLifeTime: 8, MaxCMRetries: 6, TargetACKDelay: 8}
 
 // pair starts two devices (A and B) on a real-time memlink, their engines
 // and their CM agents; wrapA/wrapB may interpose on the ports.
 func pair(t *testing.T, wrapA, wrapB func(port.Port) port.Port) (a, b *host) {
-	return pairCM(t, fastCM, wrapA, wrapB)
+	return pairCM(t, fastCM, memlink.Impairments{}, wrapA, wrapB)
 }
 
-func pairCM(t *testing.T, cmc cm.Config, wrapA, wrapB func(port.Port) port.Port) (a, b *host) {
+func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB func(port.Port) port.Port) (a, b *host) {
 	t.Helper()
-	la, lb := memlink.NewPair(memlink.Config{Seed: 7})
+	la, lb := memlink.NewPair(memlink.Config{Seed: 7, Impairments: imp})
 	pa, pb := port.Port(la), port.Port(lb)
 	if wrapA != nil {
 		pa = wrapA(pa)
@@ -388,7 +389,7 @@ func TestManyConnections(t *testing.T) {
 	// The server accepts one at a time: give requests waiting in its
 	// backlog a CM response time of 268 ms per try (the defaults give
 	// seconds) so that none is refused as timed out on a slow machine.
-	a, b := pairCM(t, cm.Config{CMResponseTimeout: 16, PacketLifeTime: 8, MaxCMRetries: 6}, nil, nil)
+	a, b := pairCM(t, cm.Config{CMResponseTimeout: 16, PacketLifeTime: 8, MaxCMRetries: 6}, memlink.Impairments{}, nil, nil)
 	ln, _ := a.agent.Listen(7174, n)
 	ctx := ctx10(t)
 	type side struct {
@@ -706,4 +707,65 @@ func TestAgentCloseDisconnects(t *testing.T) {
 	if !errors.Is(cb.Err(), ErrClosed) || !errors.Is(ca.Err(), ErrDisconnected) {
 		t.Fatalf("client %v, server %v", cb.Err(), ca.Err())
 	}
+}
+
+// TestLossyLink: 10 % of the frames lost both ways, CM MADs included:
+// connections still come up, carry a message and go down, REQ, REP, RTU,
+// DREQ and DREP losses repaired by the CM's retransmissions and duplicate
+// answers (and COMM_EST for lost RTUs).
+func TestLossyLink(t *testing.T) {
+	a, b := pairCM(t, fastCM, memlink.Impairments{Loss: 0.1}, nil, nil)
+	ln, _ := a.agent.Listen(7174, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const rounds = 12
+	for i := range rounds {
+		pa, mra := a.params(t, 1)
+		srv := make(chan *Conn, 1)
+		go func() {
+			c, err := ln.Accept(ctx, pa)
+			if err != nil {
+				t.Errorf("accept %d: %v", i, err)
+			}
+			srv <- c
+		}()
+		pb, mrb := b.params(t, 0)
+		cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+		if err != nil {
+			t.Fatalf("dial %d: %v", i, err)
+		}
+		msg := fmt.Sprintf("round %02d", i)
+		copy(mrb.Bytes(), msg)
+		if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
+			SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+			t.Fatalf("round %d send: %v", i, wc.Status)
+		}
+		ca := <-srv
+		if ca == nil {
+			t.FailNow()
+		}
+		if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || string(mra.Bytes()[:len(msg)]) != msg {
+			t.Fatalf("round %d recv: %v %q", i, wc.Status, mra.Bytes()[:len(msg)])
+		}
+		if err := cb.Disconnect(ctx); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-ca.Done():
+		case <-ctx.Done():
+			t.Fatalf("round %d: server never learnt of the disconnection", i)
+		}
+		ca.Close()
+		cb.Close()
+	}
+	_, sa := a.agent.Stats()
+	_, sb := b.agent.Stats()
+	if sa.Retransmits+sb.Retransmits+sa.Duplicates+sb.Duplicates == 0 {
+		t.Fatalf("no CM repair at 10 %% loss over %d rounds: client %+v server %+v", rounds, sb, sa)
+	}
+	t.Logf("CM retransmissions: client %d, server %d; duplicates answered: client %d, server %d",
+		sb.Retransmits, sa.Retransmits, sb.Duplicates, sa.Duplicates)
 }
