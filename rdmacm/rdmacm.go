@@ -23,6 +23,20 @@
 //
 // The Agent consumes the device's Events channel: nothing else should read
 // it while an Agent runs.
+//
+// # Choices and limits
+//
+//   - The passive side programs its QP with the smaller of the REQ's path
+//     MTU and the port's (rxe instead refuses a REQ whose MTU its netdev
+//     cannot carry).
+//   - A REQ waits in its listener's backlog until Accept takes it; no MRA
+//     is sent meanwhile, so an application slower than the active side's
+//     retries (about 100 s with the kernel's defaults) sees the request
+//     expire (ErrRequestExpired).
+//   - RC only (RDMA_PS_TCP). The Manager answers SIDR for UD services, but
+//     no UD API (RDMA_PS_UDP) is offered here yet; a listener is not bound
+//     to one of the device's addresses (it takes REQs for any of them).
+//   - Package rdmacm/rping runs librdmacm's rping on an Agent.
 package rdmacm
 
 import (
