@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build test test-race test-long fuzz bench lint generate sim-demo dcqcn-live install clean
+.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo dcqcn-live install clean
 
 all: build
 
@@ -21,6 +21,10 @@ deps:
 ## build: the softrnic binary in bin/
 build:
 	$(GO) build -o $(BIN) ./cmd/softrnic
+
+## demo: two softrnic hosts in namespaces over veth, perftest-compatible runs over AF_XDP with data checks (root)
+demo: build
+	demo/demo.sh $(BIN)
 
 ## test: every package's tests (root-only tests run when root, skip otherwise), then the race detector on the concurrent ones
 test:
