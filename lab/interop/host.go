@@ -208,8 +208,29 @@ func startCapture(ns, iface, path string) (*Capture, error) {
 
 func (c *Capture) stop() { c.Stop() }
 
-// Stop ends the capture, letting tcpdump flush its file.
+// Stop ends the capture, letting tcpdump flush its file. tcpdump may still
+// be behind the kernel's ring when the case ends, and on SIGINT it exits
+// without reading what is left: first wait until the file (written per
+// packet, -U) has stopped growing for a while.
 func (c *Capture) Stop() {
+	var last int64 = -1
+	still := 0
+	for i := 0; i < 100 && still < 5; i++ { // at most ~10 s
+		fi, err := os.Stat(c.Path)
+		if err != nil {
+			break
+		}
+		if fi.Size() == last {
+			still++
+		} else {
+			still, last = 0, fi.Size()
+		}
+		select {
+		case <-c.done:
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 	syscall.Kill(-c.cmd.Process.Pid, syscall.SIGINT)
 	select {
 	case <-c.done:
