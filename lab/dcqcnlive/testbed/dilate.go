@@ -2,7 +2,6 @@ package testbed
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
@@ -22,21 +21,13 @@ import (
 // senders, kernel forwarding and the receiver; K = T = 22 ms, N = 20 ms.
 const DefaultScale = 400
 
-// DilateRP returns c with rates divided by s and periods multiplied by s.
-func DilateRP(c dcqcn.Config, s float64) dcqcn.Config {
-	r := func(x congestion.Rate) congestion.Rate { return congestion.Rate(float64(x) / s) }
-	d := func(x time.Duration) time.Duration { return time.Duration(float64(x) * s) }
-	c.LineRate, c.MinRate, c.RateOnFirstCNP = r(c.LineRate), r(c.MinRate), r(c.RateOnFirstCNP)
-	c.AIRate, c.HAIRate = r(c.AIRate), r(c.HAIRate)
-	c.AlphaPeriod, c.ReduceMonitorPeriod, c.TimerPeriod = d(c.AlphaPeriod), d(c.ReduceMonitorPeriod), d(c.TimerPeriod)
-	return c
-}
+// DilateRP returns c with rates divided by s and periods multiplied by s
+// (dcqcn.Config.Dilate, kept here so that the lab reads as before).
+func DilateRP(c dcqcn.Config, s float64) dcqcn.Config { return c.Dilate(s) }
 
-// DilateNP returns n with its CNP interval multiplied by s.
-func DilateNP(n dcqcn.NPConfig, s float64) dcqcn.NPConfig {
-	n.MinInterval = time.Duration(float64(n.MinInterval) * s)
-	return n
-}
+// DilateNP returns n with its CNP interval multiplied by s
+// (dcqcn.NPConfig.Dilate).
+func DilateNP(n dcqcn.NPConfig, s float64) dcqcn.NPConfig { return n.Dilate(s) }
 
 // Plan is a dilated experiment's parameters: the bottleneck for Build and
 // the DCQCN configuration congestion-controlled endpoints must run.
@@ -77,7 +68,7 @@ func PlanFor(profile string, s float64, seed uint64) (Plan, error) {
 	default:
 		return Plan{}, fmt.Errorf("testbed: unknown profile %q (paper, connectx)", profile)
 	}
-	p.RP, p.NP = DilateRP(p.RP, s), DilateNP(p.NP, s)
+	p.RP, p.NP = p.RP.Dilate(s), p.NP.Dilate(s)
 	rate := uint64(float64(p.LineRate) / s)
 	p.Bottleneck = Bottleneck{
 		RateBitsPerSec: rate,
