@@ -29,10 +29,12 @@
 //   - The passive side programs its QP with the smaller of the REQ's path
 //     MTU and the port's (rxe instead refuses a REQ whose MTU its netdev
 //     cannot carry).
-//   - A REQ waits in its listener's backlog until Accept takes it; no MRA
-//     is sent meanwhile, so an application slower than the active side's
-//     retries (about 100 s with the kernel's defaults) sees the request
-//     expire (ErrRequestExpired).
+//   - A REQ waits in its listener's backlog until Accept takes it. One
+//     queued behind others gets an MRA (service timeout ≈ 69 s) so that
+//     the active side stops retrying meanwhile; one at the head of the
+//     backlog gets none, and an application slower than the active side's
+//     retries (about 100 s with the kernel's defaults) sees it expire
+//     (ErrRequestExpired).
 //   - RC only (RDMA_PS_TCP). The Manager answers SIDR for UD services, but
 //     no UD API (RDMA_PS_UDP) is offered here yet; a listener is not bound
 //     to one of the device's addresses (it takes REQs for any of them).
@@ -66,6 +68,9 @@ const (
 	DefaultMinRNRTimer = 12
 	resolveTimeout     = 3 * time.Second
 	negativeCacheFor   = time.Second
+	// mraServiceTimeout is the service timeout of our MRAs: 4.096 µs ×
+	// 2^24 ≈ 69 s, the kernel's CMA_CM_MRA_SETTING.
+	mraServiceTimeout = 24
 )
 
 // Config configures an Agent.
@@ -97,6 +102,7 @@ type Stats struct {
 	Unresolved   uint64 // peers whose MAC could not be resolved
 	QPErrors     uint64 // RC QP transitions that failed (the connection was aborted)
 	BacklogFull  uint64 // REQs refused because a listener's backlog was full
+	MRAs         uint64 // REQs answered with an MRA because they wait behind others
 	CommEstFixes uint64 // connections established by COMM_EST before their RTU
 }
 
@@ -501,8 +507,16 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		}
 		r := &Request{agent: a, l: l, id: e.ID, peer: e.Peer, attr: e.QP, cma: e.CMA,
 			private: append([]byte(nil), e.Private()...)}
+		queued := len(l.backlog)
 		select {
 		case l.backlog <- r:
+			if queued > 0 {
+				// It waits behind others: tell the active side to stop
+				// retrying for a while (MRA), as the kernel's rdma_cm
+				// does for a request its application has not taken yet.
+				a.m.SendMRA(now, e.ID, mraServiceTimeout)
+				a.stats.MRAs++
+			}
 		default:
 			a.stats.BacklogFull++
 			a.m.Reject(now, e.ID, cm.RejNoResources, nil)

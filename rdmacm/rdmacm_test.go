@@ -386,10 +386,10 @@ func TestRTULost(t *testing.T) {
 // devices, each carrying its own message, then all disconnected.
 func TestManyConnections(t *testing.T) {
 	const n = 24
-	// The server accepts one at a time: give requests waiting in its
-	// backlog a CM response time of 268 ms per try (the defaults give
-	// seconds) so that none is refused as timed out on a slow machine.
-	a, b := pairCM(t, cm.Config{CMResponseTimeout: 16, PacketLifeTime: 8, MaxCMRetries: 6}, memlink.Impairments{}, nil, nil)
+	// The server accepts one at a time, far slower than the 6 ms REQ
+	// timeout of fastCM: requests queued behind others get an MRA, which
+	// keeps their active side waiting instead of giving up.
+	a, b := pair(t, nil, nil)
 	ln, _ := a.agent.Listen(7174, n)
 	ctx := ctx10(t)
 	type side struct {
@@ -481,6 +481,9 @@ func TestManyConnections(t *testing.T) {
 		case <-ctx.Done():
 			t.Fatal("a server connection never saw its DREQ")
 		}
+	}
+	if s, _ := a.agent.Stats(); s.MRAs == 0 {
+		t.Logf("no request waited behind another (agent %+v)", s)
 	}
 }
 
@@ -768,4 +771,54 @@ func TestLossyLink(t *testing.T) {
 	}
 	t.Logf("CM retransmissions: client %d, server %d; duplicates answered: client %d, server %d",
 		sb.Retransmits, sa.Retransmits, sb.Duplicates, sa.Duplicates)
+}
+
+// TestMRAKeepsQueuedRequest: a REQ queued behind another gets an MRA, so
+// its active side keeps waiting while the first one, unanswered, runs out
+// of retries; accepting later still connects the second.
+func TestMRAKeepsQueuedRequest(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	ln, _ := a.agent.Listen(7174, 4)
+	ctx := ctx10(t)
+	first, second := make(chan error, 1), make(chan error, 1)
+	p1, _ := b.params(t, 0)
+	go func() { _, err := b.agent.Dial(ctx, ipA, 7174, p1); first <- err }()
+	for i := 0; len(ln.backlog) == 0; i++ {
+		if i > 5000 {
+			t.Fatal("first REQ never reached the backlog")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	p2, _ := b.params(t, 0)
+	go func() {
+		c, err := b.agent.Dial(ctx, ipA, 7174, p2)
+		if err == nil {
+			defer c.Close()
+		}
+		second <- err
+	}()
+	// The first gives up after its 7 tries (no MRA: it heads the backlog).
+	if err := <-first; err == nil {
+		t.Fatal("first dial connected with nobody accepting")
+	}
+	if s, _ := a.agent.Stats(); s.MRAs != 1 {
+		t.Fatalf("MRAs: %+v", s)
+	}
+	pa, _ := a.params(t, 0)
+	for i := 0; ; i++ {
+		c, err := ln.Accept(ctx, pa)
+		if err == nil {
+			defer c.Close()
+			break
+		}
+		var rej *RejectedError
+		if !errors.As(err, &rej) || i > 2 {
+			t.Fatalf("accept: %v", err)
+		}
+		// The REP went to the first, given-up request before its REJ
+		// arrived: take the next.
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("queued dial: %v", err)
+	}
 }
