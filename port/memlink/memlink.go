@@ -1,7 +1,9 @@
 // Package memlink is an in-memory Ethernet link: a pair of port.Port ends
 // joined by two one-way "wires", with impairments (loss, duplication,
 // reordering, single-bit corruption, delay and jitter) drawn from a seeded
-// random source so that a test failure reproduces from its seed.
+// random source so that a test failure reproduces from its seed, and an ECN
+// marker (CE with a probability, or above a virtual queue) that stands in
+// for a congested switch in DCQCN tests.
 //
 // It serves two kinds of driver:
 //
@@ -78,6 +80,20 @@ type Impairments struct {
 	// [Delay-Jitter, Delay+Jitter] (never below zero). Jitter larger than the
 	// gap between two frames reorders them, as on a real network.
 	Jitter time.Duration
+
+	// CEMark is the probability that an ECN-capable frame (IPv4 or IPv6,
+	// ECN field ECT(0) or ECT(1)) is marked CE, as a RED queue between
+	// Kmin and Kmax would. Frames that are not ECN-capable, or not IP, are
+	// never marked. The IPv4 header checksum is fixed up; the RoCEv2 ICRC
+	// masks the TOS byte, so a marked frame stays valid.
+	CEMark float64
+	// CEQueueRate, when > 0, runs a virtual queue of a bottleneck of this
+	// many bits per second: every frame sent adds its length, the queue
+	// drains at the rate in the link's time, and an ECN-capable frame that
+	// finds more than CEQueueBytes queued is marked CE (a step marker,
+	// DCTCP's K). Frames are not delayed by it: the queue is virtual.
+	CEQueueRate  float64
+	CEQueueBytes int
 }
 
 // Config describes a link. The Impairments apply to both directions;
@@ -110,6 +126,7 @@ type Stats struct {
 	DupNoRoom  uint64 // duplicates not made because no buffer was free
 	Oversize   uint64 // frames refused with ErrFrameTooLarge
 	PeerClosed uint64 // frames discarded because the receiving end was closed
+	Marked     uint64 // frames (or copies) marked CE by CEMark or the virtual queue
 }
 
 // slot is one frame buffer of a wire.
@@ -136,6 +153,8 @@ type wire struct {
 	maxFrame  int
 	virtual   bool
 	clockFunc func() clock.Time
+	vqBytes   float64    // the CE marker's virtual queue
+	vqLast    clock.Time // when vqBytes was last drained
 }
 
 // Port is one end of a memlink pair. It implements port.Port: Send and Recv
@@ -223,6 +242,11 @@ func normalise(imp Impairments) Impairments {
 	imp.CorruptSkip = max(imp.CorruptSkip, 0)
 	imp.Delay = max(imp.Delay, 0)
 	imp.Jitter = max(imp.Jitter, 0)
+	imp.CEMark = clamp01(imp.CEMark)
+	if !(imp.CEQueueRate > 0) {
+		imp.CEQueueRate = 0
+	}
+	imp.CEQueueBytes = max(imp.CEQueueBytes, 0)
 	return imp
 }
 
@@ -331,6 +355,9 @@ func (w *wire) enqueue(f []byte, now clock.Time) {
 	s := &w.slots[i]
 	s.n = copy(s.buf, f)
 	imp := &w.imp
+	if imp.CEMark > 0 || imp.CEQueueRate > 0 {
+		w.mark(s.buf[:s.n], now)
+	}
 	if imp.Corrupt > 0 && w.rng.Float64() < imp.Corrupt && s.n > imp.CorruptSkip {
 		off := imp.CorruptSkip + w.rng.IntN(s.n-imp.CorruptSkip)
 		s.buf[off] ^= 1 << w.rng.IntN(8)
@@ -349,6 +376,77 @@ func (w *wire) enqueue(f []byte, now clock.Time) {
 	s.seq = w.seq
 	w.seq++
 	w.push(i)
+}
+
+// mark applies the ECN marker to a frame being queued (w.mu held).
+func (w *wire) mark(b []byte, now clock.Time) {
+	imp := &w.imp
+	over := false
+	if imp.CEQueueRate > 0 {
+		if now > w.vqLast {
+			w.vqBytes = max(0, w.vqBytes-float64(now-w.vqLast)*imp.CEQueueRate/8e9)
+			w.vqLast = now
+		}
+		over = w.vqBytes > float64(imp.CEQueueBytes)
+		w.vqBytes += float64(len(b))
+	}
+	ip, v6 := ipHeader(b)
+	if ip < 0 {
+		return
+	}
+	var ecn byte
+	if v6 {
+		ecn = b[ip+1] >> 4 & 3
+	} else {
+		ecn = b[ip+1] & 3
+	}
+	if ecn == 0 || ecn == 3 {
+		return // not ECN-capable, or marked already
+	}
+	if !over && !(imp.CEMark > 0 && w.rng.Float64() < imp.CEMark) {
+		return
+	}
+	if v6 {
+		b[ip+1] |= 0x30
+	} else {
+		b[ip+1] |= 3
+		setIPv4Checksum(b[ip : ip+int(b[ip]&0x0F)*4])
+	}
+	w.stats.Marked++
+}
+
+// ipHeader returns the offset of a frame's IP header (after at most one
+// VLAN tag) and whether it is IPv6, or -1 if the frame carries neither a
+// whole IPv4 nor a whole IPv6 header.
+func ipHeader(b []byte) (int, bool) {
+	if len(b) < 14 {
+		return -1, false
+	}
+	off, et := 14, uint16(b[12])<<8|uint16(b[13])
+	if et == 0x8100 && len(b) >= 18 {
+		off, et = 18, uint16(b[16])<<8|uint16(b[17])
+	}
+	switch {
+	case et == 0x0800 && len(b) >= off+20 && b[off]>>4 == 4 && b[off]&0x0F >= 5 && len(b) >= off+int(b[off]&0x0F)*4:
+		return off, false
+	case et == 0x86DD && len(b) >= off+40 && b[off]>>4 == 6:
+		return off, true
+	}
+	return -1, false
+}
+
+// setIPv4Checksum recomputes an IPv4 header's checksum.
+func setIPv4Checksum(h []byte) {
+	h[10], h[11] = 0, 0
+	var s uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		s += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for s > 0xFFFF {
+		s = s&0xFFFF + s>>16
+	}
+	s = ^s & 0xFFFF
+	h[10], h[11] = byte(s>>8), byte(s)
 }
 
 // less orders the heap by delivery time, then by enqueue order.
