@@ -23,6 +23,9 @@ type Config struct {
 	// PortMTU is the active path MTU of the port (default 1024, what rxe
 	// uses on a 1500-byte Ethernet link).
 	PortMTU int
+	// Congestion is the DCQCN setting of the RC/UC QPs (zero: off); see
+	// NewCongestion.
+	Congestion Congestion
 }
 
 // Stats counts what the step functions dropped and moved. The engine
@@ -38,6 +41,7 @@ type Stats struct {
 	RxBadSrc    uint64 // RC/UC source address is not the connected peer
 	RxBadState  uint64 // QP not in a state that receives
 	TxFrames    uint64
+	CongestionStats
 }
 
 // Device is one software RNIC port.
@@ -81,6 +85,9 @@ func NewDevice(cfg Config) (*Device, error) {
 	}
 	if !validMTU(cfg.PortMTU) {
 		return nil, ErrInvalid
+	}
+	if err := cfg.Congestion.validate(); err != nil {
+		return nil, err
 	}
 	for i, a := range cfg.Addrs {
 		cfg.Addrs[i] = a.Unmap()
@@ -310,6 +317,10 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	}
 	tp := pkt[ipLen+frame.UDPLen : len(pkt)-icrc.Len]
 	op := f.Opcode()
+	if op == bth.CNP {
+		d.receiveCNP(now, q, f)
+		return
+	}
 	switch q.init.Type {
 	case UD, GSI:
 		if op.Transport() != bth.TransportUD {
@@ -347,6 +358,9 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 		if q.state == RTR && !q.commEst {
 			q.commEst = true
 			d.event(EventCommEst, q.qpn)
+		}
+		if q.cc != nil {
+			d.npPacket(now, q, f)
 		}
 		q.rc.Receive(now, tp)
 	}
@@ -472,6 +486,14 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 			return d.finish(buf, h, m)
 		}
 	}
+	if cc := q.cc; cc != nil {
+		if cc.cnps > 0 {
+			return d.buildCNP(q, buf)
+		}
+		if !cc.ccMaySend(now) {
+			return 0
+		}
+	}
 	h := &q.hdr
 	if len(buf) < h.n+q.rc.MaxPacket()+icrc.Len {
 		return 0
@@ -480,7 +502,11 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 	if m == 0 {
 		return 0
 	}
-	return d.finish(buf, h, m)
+	n := d.finish(buf, h, m)
+	if q.cc != nil {
+		q.cc.ccSent(now, n)
+	}
+	return n
 }
 
 // NextDeadline is the earliest timer deadline of any QP (clock.Never if
@@ -511,6 +537,9 @@ func (d *Device) Expire(now clock.Time) {
 		q.mu.Lock()
 		if q.rc != nil {
 			q.rc.Expire(now)
+		}
+		if q.cc != nil {
+			q.ccExpire(now)
 		}
 		q.release()
 	}

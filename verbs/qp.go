@@ -143,6 +143,7 @@ type QP struct {
 	rq    recvRing
 	hdr   hdrTmpl // RC/UC frame header template, built at RTR
 	peer  netip.Addr
+	cc    *qpCC // DCQCN state, nil when the device runs none (congestion.go)
 	mem   qpMem
 
 	// scratch of the post verbs (guarded by mu), so posting allocates nothing
@@ -258,6 +259,7 @@ func (q *QP) resetLocked() {
 	a := q.init
 	q.state = Reset
 	q.commEst = false
+	q.cc = nil
 	q.rq = newRecvRing(a.MaxRecvWR, a.MaxSGE)
 	var rq wr.RecvQueue = &q.rq
 	if a.SRQ != nil {
@@ -356,6 +358,7 @@ func (q *QP) Modify(to State, a *Attr) error {
 			q.ud.Receiver(ud.Config{QKey: q.attr.QKey, PKey: q.attr.PKey, MTU: mtu})
 		} else {
 			q.rc.Receiver(q.rcConfig())
+			q.ccStart()
 		}
 	case RTS:
 		if from == SQE {
@@ -505,6 +508,9 @@ func (q *QP) release() {
 		pending = q.ud.HasOutput()
 	} else {
 		pending, dl = q.rc.HasOutput(), q.rc.Deadline()
+		if q.cc != nil {
+			pending, dl = q.cc.ccRelease(pending, dl)
+		}
 	}
 	q.deadline.Store(int64(dl))
 	q.txPending.Store(pending)
