@@ -56,8 +56,15 @@ var (
 // the CM's default timers (those of the stock tools), the client's frames
 // tapped.
 func setup(t *testing.T) (srv, cli *rdmacm.Agent, tap *tapPort) {
+	srv, cli, tap, _ = setup2(t)
+	return
+}
+
+// setup2 is setup with the server's frames tapped too.
+func setup2(t *testing.T) (srv, cli *rdmacm.Agent, tap, tapS *tapPort) {
 	la, lb := memlink.NewPair(memlink.Config{Seed: 3})
 	tap = &tapPort{Port: lb}
+	tapS = &tapPort{Port: la}
 	macs := map[netip.Addr][6]byte{ipS: macS, ipC: macC}
 	resolve := func(_ context.Context, peer netip.Addr) ([6]byte, error) {
 		if m, ok := macs[peer]; ok {
@@ -80,14 +87,14 @@ func setup(t *testing.T) (srv, cli *rdmacm.Agent, tap *tapPort) {
 		}
 		return a
 	}
-	srv, cli = mk(macS, ipS, la), mk(macC, ipC, tap)
+	srv, cli = mk(macS, ipS, tapS), mk(macC, ipC, tap)
 	t.Cleanup(func() {
 		srv.Close()
 		cli.Close()
 		cancel()
 		wg.Wait()
 	})
-	return srv, cli, tap
+	return srv, cli, tap, tapS
 }
 
 func run(t *testing.T, srv, cli *rdmacm.Agent, o Options) (string, string, error, error) {
@@ -174,26 +181,7 @@ func capturedREQ(frames [][]byte) (req cm.REQ, send []byte, ok bool) {
 // per connection (comm ID, CA GUID, QPN, PSN, addresses, rdma_cm port and
 // the flow label derived from it, buffer address and rkey).
 func TestMatchesStockRping(t *testing.T) {
-	f, err := os.Open(filepath.Join("..", "..", "..", "shared", "vectors", "rping.pcap"))
-	if err != nil {
-		t.Skipf("capture not available: %v", err)
-	}
-	defer f.Close()
-	r, err := pcapgo.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stock [][]byte
-	for {
-		data, _, err := r.ReadPacketData()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		stock = append(stock, data)
-	}
+	stock := readPcap(t, "rping.pcap")
 	want, wantSend, ok := capturedREQ(stock)
 	if !ok {
 		t.Fatal("no REQ/SEND in the capture")
@@ -233,5 +221,87 @@ func TestMatchesStockRping(t *testing.T) {
 	// The first SEND: {start buf, rkey, size 64}; buf and rkey per run.
 	if len(gotSend) != 16 || len(wantSend) != 16 || !bytes.Equal(gotSend[12:], wantSend[12:]) {
 		t.Errorf("first SEND % x, stock % x", gotSend, wantSend)
+	}
+}
+
+// psnCheck returns, from the frames of a connection, the Starting PSNs of
+// the REQ and REP and the first PSNs the client (SEND) and the server
+// (RDMA READ request) sent from.
+func psnCheck(frames [][]byte) (req, rep, cliSend, srvRead uint32, ok bool) {
+	var seen [4]bool
+	for _, f := range frames {
+		if len(f) < 42+12 || binary.BigEndian.Uint16(f[12:]) != 0x0800 {
+			continue
+		}
+		bth := f[42:]
+		psn := binary.BigEndian.Uint32(bth[8:]) & 0xFFFFFF
+		switch {
+		case binary.BigEndian.Uint32(bth[4:])&0xFFFFFF == 1 && len(bth) >= 20+cm.MADSize:
+			mad := cm.MAD(bth[20 : 20+cm.MADSize])
+			switch mad.AttrID() {
+			case cm.AttrREQ:
+				var m cm.REQ
+				m.Decode(mad.Data())
+				req, seen[0] = m.StartingPSN, true
+			case cm.AttrREP:
+				var m cm.REP
+				m.Decode(mad.Data())
+				rep, seen[1] = m.StartingPSN, true
+			}
+		case bth[0] == 0x04 && !seen[2]:
+			cliSend, seen[2] = psn, true
+		case bth[0] == 0x0C && !seen[3]:
+			srvRead, seen[3] = psn, true
+		}
+	}
+	return req, rep, cliSend, srvRead, seen == [4]bool{true, true, true, true}
+}
+
+// TestPSNsAsLinux: each side sends from the Starting PSN of the peer's CM
+// message, as the Linux CM programs QPs (rping.pcap shows it between two
+// rxe hosts); a kernel peer drops everything otherwise.
+func TestPSNsAsLinux(t *testing.T) {
+	stock := readPcap(t, "rping.pcap")
+	req, rep, send, read, ok := psnCheck(stock)
+	if !ok || send != rep || read != req {
+		t.Fatalf("capture: REQ %#x REP %#x, client SEND %#x, server READ %#x", req, rep, send, read)
+	}
+	srv, cli, tapC, tapS := setup2(t)
+	if _, _, serr, cerr := run(t, srv, cli, Options{Count: 1, Size: 64, Validate: true}); serr != nil || cerr != nil {
+		t.Fatalf("server %v, client %v", serr, cerr)
+	}
+	tapC.mu.Lock()
+	tapS.mu.Lock()
+	frames := append(append([][]byte(nil), tapC.frames...), tapS.frames...)
+	tapS.mu.Unlock()
+	tapC.mu.Unlock()
+	req, rep, send, read, ok = psnCheck(frames)
+	if !ok || send != rep || read != req {
+		t.Fatalf("softrnic: REQ %#x REP %#x, client SEND %#x, server READ %#x", req, rep, send, read)
+	}
+}
+
+// readPcap returns the frames of a shared capture (the test is skipped
+// without it).
+func readPcap(t *testing.T, name string) [][]byte {
+	f, err := os.Open(filepath.Join("..", "..", "..", "shared", "vectors", name))
+	if err != nil {
+		t.Skipf("capture not available: %v", err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for {
+		data, _, err := r.ReadPacketData()
+		if errors.Is(err, io.EOF) {
+			return out
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, data)
 	}
 }
