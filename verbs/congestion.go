@@ -220,8 +220,14 @@ func (q *QP) ccStart() {
 
 // ccRelease folds the QP's DCQCN state into what release publishes: a
 // parked QP has no output until its departure time unless it owes a CNP,
-// and its deadline covers the RP's and NP's timers and the departure.
+// and its deadline covers the RP's and NP's timers and the departure. A
+// QP whose transport has nothing to send is not parked at all (the pacer
+// remembers its debt and parks it again when it has), so an idle QP costs
+// no wake-up.
 func (cc *qpCC) ccRelease(pending bool, dl clock.Time) (bool, clock.Time) {
+	if !pending {
+		cc.paceAt = clock.Never
+	}
 	pending = pending && cc.paceAt == clock.Never || cc.cnps > 0
 	dl = min(dl, cc.rp.Deadline(), cc.np.Deadline(), cc.paceAt)
 	return pending, dl
