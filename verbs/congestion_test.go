@@ -420,3 +420,53 @@ func TestCNPIgnoredWhenOff(t *testing.T) {
 		t.Fatal("scale below 1 accepted")
 	}
 }
+
+// FuzzDCQCNReceive feeds arbitrary frames (re-aimed at the QP and
+// re-stamped when they parse, so that they pass the ICRC check) to a
+// device running DCQCN, at arbitrary times, then runs its timers and
+// transmit: nothing may panic, and every CNP it sends must be well formed
+// and addressed to the peer's QP.
+func FuzzDCQCNReceive(f *testing.F) {
+	seed := newCCSolo(f, mustCC(f, "paper", 0), macA, addrA, macB, addrB, 0x40, 0)
+	sp := seed.spec(0xC3)
+	buf := make([]byte, 256)
+	n, _ := frame.BuildCNP(buf, &sp, seed.qp.QPN())
+	f.Add(append([]byte(nil), buf[:n]...), uint32(0), false)
+	sp.BTH.Opcode, sp.BTH.PSN = bth.RCRDMAWriteOnly, 0x100
+	sp.RETH = frame.RETHFields{VA: 0, RKey: 1, DMALen: 8}
+	n, _ = frame.Build(buf, &sp, make([]byte, 8))
+	f.Add(append([]byte(nil), buf[:n]...), uint32(1000), true)
+	f.Fuzz(func(t *testing.T, b []byte, at uint32, connectx bool) {
+		profile := "paper"
+		if connectx {
+			profile = "connectx"
+		}
+		s := newCCSolo(t, mustCC(t, profile, 0), macA, addrA, macB, addrB, 0x40, 0)
+		var fr frame.Frame
+		if frame.Parse(b, &fr) == nil {
+			h := fr.BTH()
+			h.SetDestQP(s.qp.QPN())
+			h.SetPKey(0xFFFF)
+			_ = restamp(b)
+		}
+		now := clock.Time(at)
+		s.dev.Receive(now, [][]byte{b, b})
+		for i := 0; i < 8; i++ {
+			for _, o := range s.transmit(now) {
+				var c frame.Frame
+				if err := frame.Parse(o, &c); err != nil || !c.VerifyICRC() {
+					t.Fatalf("device sent a bad frame: %v", err)
+				}
+				if c.Opcode() == bth.CNP && (c.BTH().DestQP() != 0x40 || !c.BTH().BECN()) {
+					t.Fatalf("CNP to %#x", c.BTH().DestQP())
+				}
+			}
+			dl := s.dev.NextDeadline()
+			if dl == clock.Never {
+				break
+			}
+			now = max(now, dl)
+			s.dev.Expire(now)
+		}
+	})
+}
