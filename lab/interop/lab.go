@@ -29,7 +29,7 @@ type Lab struct {
 	hostIf   string // interop: the veth end softrnic attaches to
 	capIf    string // where captures are taken
 	hostMTU  int
-	softPath string // absolute path of the softrnic binary's directory
+	softPath string // directory whose "softrnic" is the -softrnic binary
 	closed   sync.Once
 
 	mu      sync.Mutex
@@ -145,12 +145,17 @@ func (l *Lab) setup() error {
 	if err := l.setHostMTU(1500); err != nil {
 		return err
 	}
+	// Host commands say "softrnic": a directory of the run's own, first in
+	// their PATH, holds that name for the -softrnic binary whatever its file
+	// is called (the binary's own directory may hold another "softrnic").
 	bin, err := filepath.Abs(l.o.softrnic)
 	if err != nil {
 		return err
 	}
-	l.softPath = filepath.Dir(bin)
-	return nil
+	l.softPath = mustMkdir(filepath.Join(l.o.out, "bin"))
+	link := filepath.Join(l.softPath, "softrnic")
+	os.Remove(link)
+	return os.Symlink(bin, link)
 }
 
 // setHostMTU gives the host side of the interop path (veth pair, bridge

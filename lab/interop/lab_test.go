@@ -38,6 +38,9 @@ func TestLabTopology(t *testing.T) {
 				}
 			}
 			if mode == "interop" {
+				if dst, err := os.Readlink(l.softPath + "/softrnic"); err != nil || !strings.HasSuffix(dst, "/bin/softrnic") {
+					t.Errorf("host PATH's softrnic -> %q (%v), want the -softrnic binary", dst, err)
+				}
 				if err := l.setHostMTU(4200); err != nil {
 					t.Fatal(err)
 				}
