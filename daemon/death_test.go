@@ -17,6 +17,7 @@ import (
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
 	"github.com/softrnic/softrnic/verbs/wr"
@@ -95,13 +96,13 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	pa, pb := memlink.NewPair(memlink.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	errs := make(chan error, 2)
-	go func() { errs <- daemon.RunDevice(ctx, devA, pa, daemon.RunOptions{}) }()
-	go func() { errs <- daemon.RunDevice(ctx, devB, pb, daemon.RunOptions{}) }()
+	go func() { errs <- engine.Run(ctx, devA, pa, engine.Options{}) }()
+	go func() { errs <- engine.Run(ctx, devB, pb, engine.Options{}) }()
 	t.Cleanup(func() {
 		cancel()
 		for i := 0; i < 2; i++ {
 			if err := <-errs; err != nil {
-				t.Errorf("RunDevice: %v", err)
+				t.Errorf("engine.Run: %v", err)
 			}
 		}
 	})

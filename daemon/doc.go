@@ -6,8 +6,9 @@
 //
 //   - Config (config.go): one key = value file format, every key also a
 //     flag, errors naming the key; NewLogger sets up log/slog.
-//   - RunDevice (run.go): the engine loop of a verbs.Device on a port.Port,
-//     with the capture tap (package capture) on both directions.
+//   - The engine loop of a verbs.Device on a port.Port is engine.Run, with
+//     the capture tap (package capture) on both directions; RunDevice
+//     (run.go) is a deprecated wrapper of it.
 //   - Server (server.go, session.go): the control socket and the ring pump.
 //   - Device (device.go): what the server needs from an RNIC; VerbsDevice
 //     (verbsdev.go) adapts verbs.Device to it, daemon/loopdev is a checked

@@ -117,11 +117,22 @@ const (
 // OpenPort opens a port on the interface, in the calling thread's network
 // namespace.
 func OpenPort(in Interface, kind PortKind) (port.Port, error) {
+	// Each branch returns an untyped nil on error: returning the
+	// constructors' (*T, error) directly would give the caller a non-nil
+	// port.Port holding a nil pointer.
 	switch kind {
 	case AFXDP:
-		return afxdp.Open(afxdp.Config{IfIndex: in.Index})
+		p, err := afxdp.Open(afxdp.Config{IfIndex: in.Index})
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
 	case AFPacket:
-		return afpacket.Open(afpacket.Config{IfIndex: in.Index})
+		p, err := afpacket.Open(afpacket.Config{IfIndex: in.Index})
+		if err != nil {
+			return nil, err
+		}
+		return p, nil
 	case Auto, "":
 		p, err := afxdp.Open(afxdp.Config{IfIndex: in.Index})
 		if err == nil {

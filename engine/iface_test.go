@@ -45,3 +45,15 @@ func TestLookupInterface(t *testing.T) {
 		t.Error("ActiveMTU")
 	}
 }
+
+// TestOpenPortErrorIsNil: a port that fails to open comes back as a nil
+// interface, not as an interface holding a nil pointer, which a caller's
+// "if p != nil { p.Close() }" would call into.
+func TestOpenPortErrorIsNil(t *testing.T) {
+	for _, kind := range []PortKind{AFXDP, AFPacket, Auto, "bogus"} {
+		p, err := OpenPort(Interface{Name: "none", Index: 1 << 30}, kind)
+		if err == nil || p != nil {
+			t.Errorf("%s: port %#v, error %v; want a nil port and an error", kind, p, err)
+		}
+	}
+}

@@ -162,7 +162,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	defer stopSig()
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan error, 1)
-	go func() { engDone <- daemon.RunDevice(engCtx, dev, p, daemon.RunOptions{Tap: &tap}) }()
+	go func() { engDone <- engine.Run(engCtx, dev, p, engine.Options{Tap: &tap}) }()
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve() }()
 	log.Info("serving", "port", kind, "mtu", mtu, "gids", gids, "control", cfg.Control, "dcqcn", cfg.DCQCN.Profile)

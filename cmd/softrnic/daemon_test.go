@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/internal/netnstest"
@@ -120,7 +119,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	}
 	engCtx, stopEng := context.WithCancel(context.Background())
 	engDone := make(chan error, 1)
-	go func() { engDone <- daemon.RunDevice(engCtx, devB, pb, daemon.RunOptions{}) }()
+	go func() { engDone <- engine.Run(engCtx, devB, pb, engine.Options{}) }()
 	defer func() { stopEng(); <-engDone; pb.Close() }()
 
 	pd, _ := c.AllocPD()

@@ -29,7 +29,8 @@ type CLIOptions struct {
 }
 
 // RunCLI is `softrnic perf`: it opens the device on p.Device in the calling
-// thread's network namespace (an engine on an AF_XDP or AF_PACKET port),
+// thread's network namespace (a verbs.Device driven by engine.Run on an
+// AF_XDP or AF_PACKET port),
 // then serves one perftest client (p.Host empty) or connects to the server
 // p.Host, runs the test and prints perftest's report, or JSON with --json.
 func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
@@ -52,7 +53,7 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 		return Result{}, fmt.Errorf("perf: open %s: %w", in.Name, err)
 	}
 	defer pt.Close()
-	eng, err := engine.New(engine.Config{Port: pt})
+	dev, err := NewDevice(in)
 	if err != nil {
 		return Result{}, err
 	}
@@ -63,10 +64,10 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 	defer res.Close()
 	ectx, stop := context.WithCancel(ctx)
 	engDone := make(chan error, 1)
-	go func() { engDone <- eng.Run(ectx) }()
+	go func() { engDone <- engine.Run(ectx, dev, pt, engine.Options{}) }()
 	defer func() { stop(); <-engDone }()
 
-	h := Host{Engine: eng, Iface: in, NextQPN: QPNAllocator(),
+	h := Host{Device: dev, Iface: in,
 		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Run implements perftest.Local: the measurement at one message size.
@@ -62,35 +62,58 @@ func (t *Test) remoteOff(k int, size uint64) uint64 {
 	return (uint64(k) % slots) * inc
 }
 
-// wqe builds message k of QP q.
-func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *wr.SendWQE {
-	// One WQE and SG list per QP, reused: Post copies them, so a message
-	// costs no allocation on this side either.
+// wqe builds message k of QP q into q's one reusable WR.
+func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbs.SendWR {
 	off := t.remoteOff(k, size)
-	w := &q.wqe
-	*w = wr.SendWQE{ID: uint64(k), Length: uint32(size), RemoteAddr: t.remote[q.idx].VAddr + off, RKey: t.remote[q.idx].RKey,
-		SG: q.sg[:1]}
-	if signaled {
-		w.Flags = wr.Signaled
-	}
 	half := uint64(t.region / 2)
 	switch t.p.Verb {
 	case perftest.Write:
-		w.Opcode = wr.RDMAWrite
-		q.sg[0] = q.src[off : off+size]
-	case perftest.Send:
-		w.Opcode = wr.Send
-		q.sg[0] = q.src[off : off+size]
+		return t.setWR(q, uint64(k), verbs.RDMAWrite, off, size, off, signaled)
 	case perftest.Read:
-		w.Opcode = wr.RDMARead
-		q.sg[0] = q.src[half+off : half+off+size]
+		return t.setWR(q, uint64(k), verbs.RDMARead, half+off, size, off, signaled)
 	case perftest.Atomic:
-		w.Opcode = wr.AtomicFetchAndAdd
-		w.Length = 8
-		w.SwapAdd = 1
-		q.sg[0] = q.src[half+off : half+off+8]
+		w := t.setWR(q, uint64(k), verbs.AtomicFetchAndAdd, half+off, 8, off, signaled)
+		w.CompareAdd = 1
+		return w
+	}
+	if t.udDatum {
+		// UD may lose a message: sending every one from offset 0 keeps
+		// the receiver's --verify independent of which arrived.
+		off = 0
+	}
+	return t.setWR(q, uint64(k), verbs.Send, off, size, 0, signaled)
+}
+
+// setWR fills q's one WR and SGE (PostSend copies them, so a message costs
+// no allocation on this side): n bytes at offset local of q's region, to
+// offset remote of the peer's (RDMA and atomics) or, on UD, to the peer's
+// QP through its address handle.
+func (t *Test) setWR(q *qp, id uint64, op verbs.Opcode, local, n, remote uint64, signaled bool) *verbs.SendWR {
+	q.sge[0] = verbs.SGE{Addr: q.va + local, Length: uint32(n), LKey: t.mr.LKey()}
+	w := &q.wr[0]
+	*w = verbs.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
+	if signaled {
+		w.Flags = verbs.Signaled
+	}
+	d := t.remote[q.idx]
+	switch {
+	case t.udDatum:
+		w.AH, w.RemoteQPN, w.RemoteQKey = q.ah, d.QPN, udQKey
+	case op != verbs.Send:
+		w.RemoteAddr, w.RKey = d.VAddr+remote, d.RKey
 	}
 	return w
+}
+
+// tryPost posts q's WR; false when the send queue is full.
+func (t *Test) tryPost(q *qp) (bool, error) {
+	if _, err := q.qp.PostSend(q.wr[:]...); err != nil {
+		if errors.Is(err, verbs.ErrQueueFull) {
+			return false, nil
+		}
+		return false, fmt.Errorf("perf: QP %#x: post: %w", q.qpn(), err)
+	}
+	return true, nil
 }
 
 // runBW is the client's bandwidth loop: per QP up to TX depth messages
@@ -110,35 +133,41 @@ func (t *Test) runBW(size uint64) (perftest.BWReport, error) {
 	completed := make([]int64, 0, capHint)
 	sent := make([]int, len(t.qps))
 	done := make([]int, len(t.qps))
-	for _, q := range t.qps {
+	target := make([]int, len(t.qps)) // messages QP i posts in all
+	for i, q := range t.qps {
 		q.seen = q.seen[:0]
+		target[i] = iters
 	}
 	lastProgress := now()
 	for {
 		finished := true
+		expired := deadline != 0 && now() >= deadline
 		for i, q := range t.qps {
-			if deadline != 0 && now() >= deadline {
-				iters = sent[i] // stop posting; wait for what is out
+			if expired {
+				// -D is over: post up to the next signaled message, whose
+				// completion covers every unsignaled one before it.
+				target[i] = min(target[i], int(roundUp(uint64(sent[i]), uint64(cqMod))))
 			}
-			if done[i] < iters {
+			if done[i] < target[i] {
 				finished = false
 			}
-			q.mu.Lock()
-			for sent[i] < iters && sent[i]-done[i] < t.p.TxDepth && q.rc.SendQueueFree() > 0 {
+			for sent[i] < target[i] && sent[i]-done[i] < t.p.TxDepth {
 				k := sent[i]
-				last := k == iters-1 || (deadline != 0 && k%cqMod == cqMod-1)
-				if !q.rc.Post(t.wqe(q, k, size, (k+1)%cqMod == 0 || last)) {
+				t.wqe(q, k, size, (k+1)%cqMod == 0 || k == target[i]-1)
+				ok, err := t.tryPost(q)
+				if err != nil {
+					return perftest.BWReport{}, err
+				}
+				if !ok {
 					break
 				}
 				posted = append(posted, now())
 				sent[i]++
 			}
-			q.mu.Unlock()
 		}
 		if finished {
 			break
 		}
-		t.h.Engine.Kick()
 		n, err := t.poll()
 		if err != nil {
 			return perftest.BWReport{}, err
@@ -157,14 +186,6 @@ func (t *Test) runBW(size uint64) (perftest.BWReport, error) {
 			}
 		} else if now()-lastProgress > int64(t.stallLimit()) {
 			return perftest.BWReport{}, t.errStall()
-		}
-		if deadline != 0 && now() >= deadline {
-			// Signal the last message so its completion ends the run.
-			for i := range t.qps {
-				if sent[i] > done[i] && (sent[i])%cqMod != 0 {
-					iters = min(iters, sent[i])
-				}
-			}
 		}
 	}
 	r := perftest.ComputeBW(size, posted, completed, cqMod, t.p.ReportGbits)
@@ -208,27 +229,33 @@ func (t *Test) runSendServer(size uint64) error {
 				if !w.IsRecv {
 					continue
 				}
-				if w.ByteLen != uint32(size) {
-					return fmt.Errorf("perf: QP %#x: received %d bytes, want %d", q.qpn, w.ByteLen, size)
+				if w.ByteLen != uint32(t.slotLen(size)) {
+					return fmt.Errorf("perf: QP %#x: received %d bytes, want %d", q.qpn(), w.ByteLen, t.slotLen(size))
 				}
 				k := got[i]
 				if t.p.Verify {
-					slot := t.recvSlot(q, int(w.ID), size)
-					if err := checkPattern(slot, q.idx, int(t.remoteOff(k, size)), true); err != nil {
-						return fmt.Errorf("perf: QP %#x message %d: %w", q.qpn, k, err)
+					// RC and UC deliver in order, so message k came from
+					// offset remoteOff(k) of the sender's region; a UD
+					// sender (which may lose messages) sends from offset 0.
+					off := int(t.remoteOff(k, size))
+					if t.udDatum {
+						off = 0
+					}
+					if err := checkPattern(t.recvData(q, w.ID, size), q.idx, off, true); err != nil {
+						return fmt.Errorf("perf: QP %#x message %d: %w", q.qpn(), k, err)
 					}
 				}
 				got[i]++
+				q.recvBusy[w.ID] = false
 				if posted[i] < want {
-					q.mu.Lock()
-					q.rq.post(w.ID, t.recvSlot(q, int(w.ID), size), uint32(size))
-					q.mu.Unlock()
+					if err := t.postRecv(q, w.ID); err != nil {
+						return err
+					}
 					posted[i]++
 				}
 			}
 			q.seen = q.seen[:0]
 		}
-		t.h.Engine.Kick()
 	}
 }
 
@@ -265,7 +292,8 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 					return perftest.LatReport{}, err
 				}
 			}
-			if err := t.post(q, &wr.SendWQE{ID: uint64(i), Opcode: wr.Send, SG: [][]byte{q.src[:size]}, Length: uint32(size)}); err != nil {
+			t.setWR(q, uint64(i), verbs.Send, 0, size, 0, false)
+			if err := t.post(q); err != nil {
 				return perftest.LatReport{}, err
 			}
 			if t.client {
@@ -284,17 +312,13 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 					return perftest.LatReport{}, err
 				}
 			}
-			q.mu.Lock()
-			src[size-1] = marker
-			q.mu.Unlock()
-			w := &wr.SendWQE{ID: uint64(i), Opcode: wr.RDMAWrite, SG: [][]byte{src}, Length: uint32(size),
-				RemoteAddr: t.remote[0].VAddr, RKey: t.remote[0].RKey}
-			if i == iters-1 {
-				// write_lat has no closing handshake: the last WRITE must be
-				// acknowledged before this side may go away.
-				w.Flags = wr.Signaled
-			}
-			if err := t.post(q, w); err != nil {
+			// Under the QP's lock: the previous WRITE may still be resent
+			// from this buffer.
+			q.qp.WithLock(func() { src[size-1] = marker })
+			// write_lat has no closing handshake: the last WRITE must be
+			// acknowledged before this side may go away.
+			t.setWR(q, uint64(i), verbs.RDMAWrite, uint64(half), size, 0, i == iters-1)
+			if err := t.post(q); err != nil {
 				return perftest.LatReport{}, err
 			}
 			if !t.client {
@@ -310,7 +334,7 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 		case perftest.Read, perftest.Atomic:
 			w := t.wqe(q, 0, size, true)
 			w.ID = uint64(i)
-			if err := t.post(q, w); err != nil {
+			if err := t.post(q); err != nil {
 				return perftest.LatReport{}, err
 			}
 			if err := t.waitSend(q, i); err != nil {
@@ -334,13 +358,13 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 	return r, nil
 }
 
-// post posts one send WQE on q and kicks the engine.
-func (t *Test) post(q *qp, w *wr.SendWQE) error {
+// post posts q's WR, waiting for room in the send queue.
+func (t *Test) post(q *qp) error {
 	for start := now(); ; {
-		q.mu.Lock()
-		ok := q.rc.Post(w)
-		q.mu.Unlock()
-		t.h.Engine.Kick()
+		ok, err := t.tryPost(q)
+		if err != nil {
+			return err
+		}
 		if ok {
 			return nil
 		}
@@ -362,19 +386,16 @@ func (t *Test) waitRecv(q *qp, size uint64, i int) error {
 				continue
 			}
 			q.seen = append(q.seen[:j], q.seen[j+1:]...)
-			slot := t.recvSlot(q, 0, size)
-			if w.ByteLen != uint32(size) {
-				return fmt.Errorf("perf: received %d bytes, want %d", w.ByteLen, size)
+			if w.ByteLen != uint32(t.slotLen(size)) {
+				return fmt.Errorf("perf: received %d bytes, want %d", w.ByteLen, t.slotLen(size))
 			}
 			if t.p.Verify {
-				if err := checkPattern(slot, q.idx, 0, !t.client); err != nil {
+				if err := checkPattern(t.recvData(q, w.ID, size), q.idx, 0, !t.client); err != nil {
 					return fmt.Errorf("perf: message %d: %w", i, err)
 				}
 			}
-			q.mu.Lock()
-			q.rq.post(uint64(i+1), slot, uint32(size))
-			q.mu.Unlock()
-			return nil
+			q.recvBusy[w.ID] = false
+			return t.postRecv(q, w.ID)
 		}
 		q.seen = dropSends(q.seen)
 		if _, err := t.poll(); err != nil {
@@ -388,7 +409,7 @@ func (t *Test) waitRecv(q *qp, size uint64, i int) error {
 
 // dropSends forgets send completions (latency tests signal only when they
 // wait for one).
-func dropSends(s []wr.WC) []wr.WC {
+func dropSends(s []verbs.WC) []verbs.WC {
 	out := s[:0]
 	for _, w := range s {
 		if w.IsRecv {
@@ -419,13 +440,15 @@ func (t *Test) waitSend(q *qp, i int) error {
 // waitMarker polls the last byte of the peer's WRITE into our buffer.
 func (t *Test) waitMarker(q *qp, size uint64, marker byte) error {
 	for start := now(); ; {
-		q.mu.Lock()
-		got := q.src[size-1]
+		// The peer's WRITE lands under the QP's lock: read it there.
+		var got byte
 		var err error
-		if got == marker && t.p.Verify {
-			err = checkPattern(q.src[:size-1], q.idx, t.region/2, !t.client)
-		}
-		q.mu.Unlock()
+		q.qp.WithLock(func() {
+			got = q.src[size-1]
+			if got == marker && t.p.Verify {
+				err = checkPattern(q.src[:size-1], q.idx, t.region/2, !t.client)
+			}
+		})
 		if got == marker {
 			return err
 		}
@@ -443,8 +466,12 @@ func (t *Test) waitMarker(q *qp, size uint64, marker byte) error {
 // checkResponse checks what READ or FETCH_AND_ADD i brought back.
 func (t *Test) checkResponse(q *qp, size uint64, i int) error {
 	half := t.region / 2
-	q.mu.Lock()
-	defer q.mu.Unlock()
+	var err error
+	q.qp.WithLock(func() { err = t.checkResponseLocked(q, size, i, half) })
+	return err
+}
+
+func (t *Test) checkResponseLocked(q *qp, size uint64, i, half int) error {
 	if t.p.Verb == perftest.Atomic {
 		base := atomicBase(q.idx, 0)
 		if v, want := binary.NativeEndian.Uint64(q.src[half:]), binary.NativeEndian.Uint64(base[:])+uint64(i); v != want {
@@ -469,14 +496,25 @@ func (t *Test) verifyAfter(out perftest.Outcome) error {
 	}
 	half := t.region / 2
 	for _, q := range t.qps {
-		q.mu.Lock()
 		var err error
+		q.qp.WithLock(func() { err = t.verifyLocked(q, size, iters, half) })
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// verifyLocked is verifyAfter for one QP, under its lock.
+func (t *Test) verifyLocked(q *qp, size uint64, iters, half int) error {
+	var err error
+	{
 		switch {
 		case t.p.Verb == perftest.Write && !t.client:
 			for k := 0; k < iters && k < int(uint64(t.neg.PageSize)/roundUp(size, uint64(t.neg.CacheLine)))+1; k++ {
 				off := int(t.remoteOff(k, size))
 				if err = checkPattern(q.src[off:off+int(size)], q.idx, off, true); err != nil {
-					err = fmt.Errorf("perf: QP %#x, WRITE %d at offset %d: %w", q.qpn, k, off, err)
+					err = fmt.Errorf("perf: QP %#x, WRITE %d at offset %d: %w", q.qpn(), k, off, err)
 					break
 				}
 			}
@@ -484,7 +522,7 @@ func (t *Test) verifyAfter(out perftest.Outcome) error {
 			for k := 0; k < iters && k < int(uint64(t.neg.PageSize)/roundUp(size, uint64(t.neg.CacheLine)))+1; k++ {
 				off := int(t.remoteOff(k, size))
 				if err = checkPattern(q.src[half+off:half+off+int(size)], q.idx, off, false); err != nil {
-					err = fmt.Errorf("perf: QP %#x, READ %d at offset %d: %w", q.qpn, k, off, err)
+					err = fmt.Errorf("perf: QP %#x, READ %d at offset %d: %w", q.qpn(), k, off, err)
 					break
 				}
 			}
@@ -495,15 +533,11 @@ func (t *Test) verifyAfter(out perftest.Outcome) error {
 				sum += binary.NativeEndian.Uint64(q.src[off:]) - binary.NativeEndian.Uint64(base[:])
 			}
 			if sum != uint64(iters) {
-				err = fmt.Errorf("perf: QP %#x: FETCH_AND_ADDs added %d, want %d", q.qpn, sum, iters)
+				err = fmt.Errorf("perf: QP %#x: FETCH_AND_ADDs added %d, want %d", q.qpn(), sum, iters)
 			}
 		}
-		q.mu.Unlock()
-		if err != nil {
-			return err
-		}
 	}
-	return nil
+	return err
 }
 
 // atomicBase is the initial content of an 8-byte atomic slot (our server

@@ -1,13 +1,11 @@
 // Package runner runs perftest's eight test programs on softrnic: it is the
-// device side (perftest.Local) of `softrnic perf`, creating RC/UC QPs and a
-// memory region, connecting them through an engine.Engine to the QPs the
-// peer announced over the side channel, and running perftest's loops —
-// bandwidth with a TX depth and CQ moderation, ping-pong latency — with an
+// device side (perftest.Local) of `softrnic perf`. It is an ordinary verbs
+// application — a PD, an MR over its buffer at a random IOVA, a CQ and an
+// RC, UC or UD QP per perftest QP, moved to INIT, RTR and RTS with the key
+// records the peer announced over the side channel — on a verbs.Device
+// that engine.Run drives on the interface's port. It runs perftest's loops
+// (bandwidth with a TX depth and CQ moderation, ping-pong latency) with an
 // optional check of every byte received (--verify).
-//
-// It drives the transports (transport/rc) through the engine directly, with
-// its own minimal memory and receive queue, because the verbs device model
-// is not in the tree yet; it should move onto verbs.Device when that lands.
 package runner
 
 import (
@@ -19,8 +17,6 @@ import (
 	"io"
 	"net/netip"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
@@ -28,25 +24,29 @@ import (
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/transport/rc"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Host is what the runner needs from the machine it runs on.
 type Host struct {
-	Engine *engine.Engine // running (Run) in its own goroutine
+	// Device is the RNIC, driven by engine.Run in its own goroutine. Its
+	// GID table (Config.Addrs) is Iface.GIDs, in the same order, so that
+	// perftest's -x indexes both.
+	Device *verbs.Device
 	Iface  engine.Interface
 	// Resolve returns the MAC addresses frames to peer go between
 	// (ours, the next hop's).
 	Resolve func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error)
-	// NextQPN hands out QP numbers unique on the engine.
-	NextQPN func() uint32
 }
 
-// QPNAllocator returns a NextQPN that counts from 0x11, as rxe numbers QPs.
-func QPNAllocator() func() uint32 {
-	var n atomic.Uint32
-	n.Store(0x10)
-	return func() uint32 { return n.Add(1) & bth.QPNMask }
+// NewDevice creates the device of an interface: its MAC, its addresses as
+// the GID table, its active MTU.
+func NewDevice(in engine.Interface) (*verbs.Device, error) {
+	mtu := in.ActiveMTU()
+	if mtu == 0 {
+		return nil, fmt.Errorf("perf: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
+	}
+	return verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu})
 }
 
 // Result is what a run measured.
@@ -57,6 +57,12 @@ type Result struct {
 	Verify bool // --verify checked every byte (false: not asked)
 }
 
+// udQKey is the Q_Key perftest gives its UD QPs (DEF_QKEY).
+const udQKey = 0x11111111
+
+// grhLen is the GRH slot at the start of every UD receive buffer.
+const grhLen = 40
+
 // Test is one run of a perftest program.
 type Test struct {
 	h      Host
@@ -66,38 +72,49 @@ type Test struct {
 	quiet  bool
 
 	headerDone bool
-	allowed    wr.Access // what the peer may do to our MR
+	allowed    verbs.Access // what the peer may do to our MR
 
-	neg    perftest.Negotiated
-	gid    netip.Addr
-	region int    // bytes of the MR per QP
-	buf    []byte // the MR: region bytes per QP
-	iova   uint64
-	rkey   uint32
-	qps    []*qp
-	remote []perftest.Dest
-	res    Result
-	ctx    context.Context
+	neg     perftest.Negotiated
+	gid     netip.Addr
+	gidIdx  int // index of gid in the device's GID table
+	region  int // bytes of the MR per QP
+	pd      *verbs.PD
+	mr      *verbs.MR // region bytes per QP
+	buf     []byte    // the MR's memory
+	qps     []*qp
+	remote  []perftest.Dest
+	res     Result
+	ctx     context.Context
+	udDatum bool // UD: receive buffers start with the GRH slot
 }
 
 // qp is one QP and the state the application side keeps for it.
 type qp struct {
-	mu   sync.Mutex // shared with the engine: serialises calls on rc
-	rc   *rc.QP
-	qpn  uint32
+	qp   *verbs.QP
+	cq   *verbs.CQ
+	ah   *verbs.AH // UD: the peer's address handle
 	psn  uint32
 	idx  int
-	rq   recvQueue
 	src  []byte // local source/sink area: the QP's region of the MR
-	seen []wr.WC
+	va   uint64 // IOVA of src
+	seen []verbs.WC
+	wcs  [64]verbs.WC
 
-	wqe wr.SendWQE // reused by every post (rc.QP.Post copies it)
-	sg  [1][]byte
+	// One WR and SGE per QP, reused by every post (PostSend copies what
+	// it needs), so that a message costs no allocation on this side.
+	wr  [1]verbs.SendWR
+	sge [1]verbs.SGE
+	rwr [1]verbs.RecvWR
+	rsg [1]verbs.SGE
 
-	recvBuf   []byte // receive slots (local memory, not remotely accessible)
-	recvSlots int
-	recvInc   uint64
+	recvMR   *verbs.MR // receive slots (local write only)
+	recvBusy []bool    // slot i has a receive posted
+	recvLen  uint64    // bytes of a receive buffer
+	recvInc  uint64    // distance between slots
 }
+
+// QPN is the QP's number.
+func (q *qp) qpn() uint32 { return q.qp.QPN() }
 
 // New prepares a test; Exec runs it.
 func New(h Host, p perftest.Params, client bool, out io.Writer) *Test {
@@ -105,19 +122,29 @@ func New(h Host, p perftest.Params, client bool, out io.Writer) *Test {
 }
 
 // Exec runs the test over the side channel conn, returns what it measured
-// and always detaches its QPs.
+// and always destroys its QPs and MRs.
 func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 	t.ctx = ctx
 	defer t.close()
-	if t.p.Transport == perftest.UD {
-		return t.res, errors.New("perf: UD tests need transport/ud, not yet in this build")
+	if t.h.Device == nil {
+		return t.res, errors.New("perf: no device")
 	}
+	t.udDatum = t.p.Transport == perftest.UD
+	t.gidIdx = t.p.GIDIndex
 	gid, err := t.h.Iface.GID(t.p.GIDIndex)
 	if err != nil {
 		return t.res, err
 	}
+	if t.gidIdx < 0 {
+		for i, g := range t.h.Iface.GIDs {
+			if g == gid {
+				t.gidIdx = i
+				break
+			}
+		}
+	}
 	t.gid = gid
-	mtu := perftest.MTUFromBytes(t.h.Iface.ActiveMTU())
+	mtu := perftest.MTUFromBytes(t.h.Device.Config().PortMTU)
 	if t.p.MTU != 0 {
 		mtu = min(mtu, t.p.MTU)
 	}
@@ -170,7 +197,18 @@ func (t *Test) JSON() *perftest.JSONResult {
 	return j
 }
 
-// Dests implements perftest.Local: one MR for all QPs, one QP each.
+func (t *Test) qpType() verbs.QPType {
+	switch t.p.Transport {
+	case perftest.UC:
+		return verbs.UC
+	case perftest.UD:
+		return verbs.UD
+	}
+	return verbs.RC
+}
+
+// Dests implements perftest.Local: one MR for all QPs, one QP and CQ each,
+// each QP moved to INIT so that it has its number.
 func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 	t.neg = n
 	t.res.MTU = n.MTU.Bytes()
@@ -178,37 +216,59 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 	for _, s := range n.Sizes {
 		maxSize = max(maxSize, s)
 	}
+	if t.udDatum && maxSize > uint64(n.MTU.Bytes()) {
+		return nil, fmt.Errorf("perf: UD messages are at most one MTU (%d bytes), not %d", n.MTU.Bytes(), maxSize)
+	}
 	// Room for the peer's addressing: perftest cycles remote addresses
 	// within max(size, page size) and may use twice that; and our own
 	// receive side uses a second half for SEND targets.
 	page := uint64(max(n.PageSize, 4096))
 	t.region = int(2 * ((max(maxSize, page) + page - 1) / page * page))
 	t.buf = make([]byte, t.region*t.p.QPs)
-	var r [12]byte
-	rand.Read(r[:])
-	t.rkey = binary.LittleEndian.Uint32(r[:4]) | 1 // never 0: perftest shows 0 as "no remote access"
-	t.iova = (binary.LittleEndian.Uint64(r[4:]) & 0x00007fff_fffff000) | 0x10000000
 	t.fillPattern()
-	t.allowed = wr.LocalWrite
+	t.allowed = verbs.LocalWrite
 	switch t.p.Verb {
 	case perftest.Write:
-		t.allowed |= wr.RemoteWrite
+		t.allowed |= verbs.RemoteWrite
 	case perftest.Read:
-		t.allowed |= wr.RemoteRead
+		t.allowed |= verbs.RemoteRead
 	case perftest.Atomic:
-		t.allowed |= wr.RemoteAtomic
+		t.allowed |= verbs.RemoteAtomic
+	}
+	var r [8]byte
+	rand.Read(r[:])
+	iova := (binary.LittleEndian.Uint64(r[:]) & 0x00007fff_fffff000) | 0x10000000
+	t.pd = t.h.Device.AllocPD()
+	var err error
+	if t.mr, err = t.pd.RegMRIOVA(t.buf, iova, t.allowed); err != nil {
+		return nil, err
 	}
 	var dests []perftest.Dest
 	for i := 0; i < t.p.QPs; i++ {
 		var pr [4]byte
 		rand.Read(pr[:])
-		q := &qp{qpn: t.h.NextQPN(), psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
-			src: t.buf[i*t.region : (i+1)*t.region]}
-		depth := max(t.p.TxDepth, 1)
-		q.rc = rc.New(q.qpn, max(depth, 16), 1, memory{t}, &q.rq)
+		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
+			src: t.buf[i*t.region : (i+1)*t.region], va: iova + uint64(i*t.region)}
+		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
+		q.cq = t.h.Device.CreateCQ(sq + rq + 64)
+		if q.qp, err = t.pd.CreateQP(verbs.QPInitAttr{Type: t.qpType(), SendCQ: q.cq, RecvCQ: q.cq,
+			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
+			return nil, err
+		}
 		t.qps = append(t.qps, q)
-		dests = append(dests, perftest.Dest{OutReads: uint16(t.p.OutReads), QPN: q.qpn, PSN: q.psn, RKey: t.rkey,
-			VAddr: t.iova + uint64(i*t.region), GID: perftest.GIDFromAddr(t.gid)})
+		init := verbs.Attr{Access: t.allowed &^ verbs.LocalWrite, QKey: udQKey}
+		if t.udDatum {
+			init.Access = 0
+		}
+		if err := q.qp.Modify(verbs.Init, &init); err != nil {
+			return nil, err
+		}
+		d := perftest.Dest{OutReads: uint16(t.p.OutReads), QPN: q.qpn(), PSN: q.psn, RKey: t.mr.RKey(),
+			VAddr: q.va, GID: perftest.GIDFromAddr(t.gid)}
+		if t.udDatum {
+			d.RKey, d.VAddr = 0, 0 // no remote access to a UD QP's memory
+		}
+		dests = append(dests, d)
 	}
 	perftest.WriteBanner(writerOrDiscard(t), t.info())
 	for _, d := range dests {
@@ -253,8 +313,9 @@ func (t *Test) fillPattern() {
 }
 
 // Connect implements perftest.Local: RTR and RTS toward the peer's QPs,
-// with perftest's attributes (timeout -u, default 14; retry 7, RNR retry 7, min RNR
-// timer 12; initiator depth the peer's out_reads), then attach to the engine.
+// with perftest's attributes (timeout -u, default 14; retry 7, RNR retry 7,
+// min RNR timer 12; initiator depth the peer's out_reads). A UD QP gets an
+// address handle to its peer QP instead.
 func (t *Test) Connect(remote []perftest.Dest) error {
 	t.remote = remote
 	for _, d := range remote {
@@ -264,119 +325,113 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 	if peer.Is4() != t.gid.Is4() {
 		return fmt.Errorf("perf: peer GID %v and ours %v differ in IP version", peer, t.gid)
 	}
-	srcMAC, dstMAC, err := t.h.Resolve(t.ctx, peer)
+	_, dstMAC, err := t.h.Resolve(t.ctx, peer)
 	if err != nil {
 		return fmt.Errorf("perf: no route to %v: %w", peer, err)
 	}
-	access := t.allowed
 	for i, q := range t.qps {
 		d := remote[i]
-		cfg := rc.Config{UC: t.p.Transport == perftest.UC, QPN: q.qpn, DestQPN: d.QPN, MTU: t.neg.MTU.Bytes(),
-			SQPSN: bth.PSN(q.psn), RQPSN: bth.PSN(d.PSN), Timeout: t.p.QPTimeout, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12,
-			MaxRdAtomic: max(int(d.OutReads), 1), MaxDestRdAtomic: max(t.p.OutReads, 1), Access: access,
-			SQDepth: max(t.p.TxDepth, 16), MaxSGE: 1}
-		q.mu.Lock()
-		q.rc.Receiver(cfg)
-		q.rc.Sender(cfg)
-		q.mu.Unlock()
-		typ := engine.RC
-		if t.p.Transport == perftest.UC {
-			typ = engine.UC
+		av := verbs.AddressVector{DestMAC: dstMAC, DestIP: d.Addr(), SGIDIndex: t.gidIdx,
+			TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit)}
+		rtr := verbs.Attr{PathMTU: t.neg.MTU.Bytes(), DestQPN: d.QPN, RQPSN: d.PSN, MaxDestRdAtomic: max(t.p.OutReads, 1),
+			MinRNRTimer: 12, AV: av}
+		rts := verbs.Attr{SQPSN: q.psn, Timeout: t.p.QPTimeout, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: max(int(d.OutReads), 1)}
+		if t.udDatum {
+			rtr = verbs.Attr{}
+			rts = verbs.Attr{SQPSN: q.psn}
+			if q.ah, err = t.pd.CreateAH(av); err != nil {
+				return fmt.Errorf("perf: address handle to %v: %w", d.Addr(), err)
+			}
 		}
-		err := t.h.Engine.Attach(engine.Attachment{QPN: q.qpn, Type: typ, QP: q.rc, Lock: &q.mu, Path: engine.Path{
-			SrcMAC: srcMAC, DstMAC: dstMAC, Src: t.gid, Dst: d.Addr(), TrafficClass: uint8(t.p.TClass),
-			HopLimit: uint8(t.p.HopLimit), UDPSrcPort: engine.UDPSourcePort(q.qpn, d.QPN)}})
-		if err != nil {
-			return err
+		if err := q.qp.Modify(verbs.RTR, &rtr); err != nil {
+			return fmt.Errorf("perf: QP %#x to RTR: %w", q.qpn(), err)
+		}
+		if err := q.qp.Modify(verbs.RTS, &rts); err != nil {
+			return fmt.Errorf("perf: QP %#x to RTS: %w", q.qpn(), err)
 		}
 	}
 	return nil
 }
 
-// close detaches the QPs.
+// close destroys the QPs and deregisters the MRs.
 func (t *Test) close() {
 	for _, q := range t.qps {
-		t.h.Engine.Detach(q.qpn)
+		q.qp.Destroy()
+		if q.recvMR != nil {
+			q.recvMR.Dereg()
+		}
 	}
+	if t.mr != nil {
+		t.mr.Dereg()
+	}
+}
+
+// slotLen is the length of a receive buffer for messages of size bytes.
+func (t *Test) slotLen(size uint64) uint64 {
+	if t.udDatum {
+		return size + grhLen
+	}
+	return size
 }
 
 // PostReceives implements perftest.Local: rx-depth receives per QP (one
 // for latency tests' ping-pong, which reposts as it goes), each into a slot
 // of its own, so that a message is never overwritten before it is checked.
+// A receive's WR ID is its slot. Slots are as large as the largest message
+// of the run, so that with -a the receives still posted from the previous
+// size take messages of the next one; only free slots are posted again.
 func (t *Test) PostReceives(size uint64) error {
 	n := t.p.RxDepth
 	if t.p.Measure == perftest.Latency {
 		n = 1
 	}
-	inc := roundUp(max(size, 1), uint64(t.neg.CacheLine))
 	for _, q := range t.qps {
-		q.mu.Lock()
-		if uint64(len(q.recvBuf)) < uint64(n)*inc {
-			q.recvBuf = make([]byte, uint64(n)*inc)
+		if q.recvMR == nil {
+			maxSize := size
+			for _, s := range t.neg.Sizes {
+				maxSize = max(maxSize, s)
+			}
+			q.recvLen = t.slotLen(maxSize)
+			q.recvInc = roundUp(max(q.recvLen, 1), uint64(t.neg.CacheLine))
+			mr, err := t.pd.RegMR(make([]byte, uint64(n)*q.recvInc), verbs.LocalWrite)
+			if err != nil {
+				return err
+			}
+			q.recvMR, q.recvBusy = mr, make([]bool, n)
 		}
-		q.recvSlots, q.recvInc = n, inc
-		for i := 0; i < n; i++ {
-			q.rq.post(uint64(i), t.recvSlot(q, i, size), uint32(size))
+		for i := range q.recvBusy {
+			if !q.recvBusy[i] {
+				if err := t.postRecv(q, uint64(i)); err != nil {
+					return err
+				}
+			}
 		}
-		q.mu.Unlock()
 	}
-	t.h.Engine.Kick()
 	return nil
 }
 
-// recvSlot is the buffer of receive WQE i (reposted with the same i).
-func (t *Test) recvSlot(q *qp, i int, size uint64) []byte {
-	off := uint64(i%q.recvSlots) * q.recvInc
-	return q.recvBuf[off : off+size]
+// postRecv posts the receive of slot id.
+func (t *Test) postRecv(q *qp, id uint64) error {
+	q.rsg[0] = verbs.SGE{Addr: q.recvMR.IOVA() + id*q.recvInc, Length: uint32(q.recvLen), LKey: q.recvMR.LKey()}
+	q.rwr[0] = verbs.RecvWR{ID: id, SG: q.rsg[:]}
+	if _, err := q.qp.PostRecv(q.rwr[:]...); err != nil {
+		return fmt.Errorf("perf: QP %#x: post receive: %w", q.qpn(), err)
+	}
+	q.recvBusy[id] = true
+	return nil
+}
+
+// recvData is the message of size bytes received into slot id (after the
+// GRH slot on UD).
+func (t *Test) recvData(q *qp, id uint64, size uint64) []byte {
+	off := id * q.recvInc
+	if t.udDatum {
+		off += grhLen
+	}
+	return q.recvMR.Bytes()[off : off+size]
 }
 
 func roundUp(v, to uint64) uint64 { return (v + to - 1) / to * to }
-
-// memory is the runner's one MR as the responder sees it.
-type memory struct{ t *Test }
-
-// Resolve implements wr.Memory: the one rkey, access flags and bounds.
-func (m memory) Resolve(rkey uint32, va, n uint64, access wr.Access) ([]byte, bool) {
-	t := m.t
-	end := va + n
-	if rkey != t.rkey || access&^t.allowed != 0 || va < t.iova || end < va || end > t.iova+uint64(len(t.buf)) {
-		return nil, false
-	}
-	return t.buf[va-t.iova : end-t.iova], true
-}
-
-// Invalidate implements wr.Memory: perftest never sends with invalidate.
-func (memory) Invalidate(uint32) bool { return false }
-
-// recvQueue is a QP's receive queue, used under the QP's lock: a FIFO
-// whose consumed head is reclaimed in bulk, so Take is O(1).
-type recvQueue struct {
-	q    []wr.RecvWQE
-	head int
-}
-
-func (r *recvQueue) post(id uint64, b []byte, n uint32) {
-	if r.head > 0 && r.head == len(r.q) {
-		r.q, r.head = r.q[:0], 0
-	} else if r.head >= 1024 && r.head*2 >= len(r.q) {
-		r.q = r.q[:copy(r.q, r.q[r.head:])]
-		r.head = 0
-	}
-	r.q = append(r.q, wr.RecvWQE{ID: id, SG: [][]byte{b}, Length: n})
-}
-
-// Take implements wr.RecvQueue.
-func (r *recvQueue) Take(dst *wr.RecvWQE) bool {
-	if r.head == len(r.q) {
-		return false
-	}
-	w := &r.q[r.head]
-	r.head++
-	sg := append(dst.SG[:0], w.SG...)
-	*dst = *w
-	dst.SG = sg
-	return true
-}
 
 // stallLimit is how long a run waits without any progress before it
 // declares the peer gone: longer than a QP takes to exhaust its retries
@@ -398,17 +453,14 @@ func (t *Test) errStall() error {
 func (t *Test) poll() (int, error) {
 	n := 0
 	for _, q := range t.qps {
-		q.mu.Lock()
-		wcs := q.rc.TakeCompletions()
-		for _, w := range wcs {
-			if w.Status != wr.Success {
-				q.mu.Unlock()
-				return n, fmt.Errorf("perf: QP %#x: work request %d completed with status %d", q.qpn, w.ID, w.Status)
+		k := q.cq.Poll(q.wcs[:])
+		for _, w := range q.wcs[:k] {
+			if w.Status != verbs.Success {
+				return n, fmt.Errorf("perf: QP %#x: work request %d completed with status %v", q.qpn(), w.ID, w.Status)
 			}
 		}
-		q.seen = append(q.seen, wcs...)
-		n += len(wcs)
-		q.mu.Unlock()
+		q.seen = append(q.seen, q.wcs[:k]...)
+		n += k
 	}
 	if n == 0 {
 		runtime.Gosched()

@@ -15,30 +15,26 @@ import (
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
-// side is one host of a test: an engine on a port, running.
-type side struct {
-	host Host
-	out  bytes.Buffer
-}
-
-func startEngine(t *testing.T, p port.Port) *engine.Engine {
+// startDevice creates the device of in and runs it on p until the test ends.
+func startDevice(t *testing.T, in engine.Interface, p port.Port) *verbs.Device {
 	t.Helper()
-	e, err := engine.New(engine.Config{Port: p})
+	dev, err := NewDevice(in)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
+	go func() { done <- engine.Run(ctx, dev, p, engine.Options{}) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("engine: %v", err)
 		}
 	})
-	return e
+	return dev
 }
 
 // memlinkHosts returns two hosts joined by an in-memory link.
@@ -55,8 +51,8 @@ func memlinkHosts(t *testing.T, mtu int) (a, b Host) {
 			return self.MAC, peer.MAC, nil
 		}
 	}
-	a = Host{Engine: startEngine(t, pa), Iface: ia, Resolve: resolver(ia, ib), NextQPN: QPNAllocator()}
-	b = Host{Engine: startEngine(t, pb), Iface: ib, Resolve: resolver(ib, ia), NextQPN: QPNAllocator()}
+	a = Host{Device: startDevice(t, ia, pa), Iface: ia, Resolve: resolver(ia, ib)}
+	b = Host{Device: startDevice(t, ib, pb), Iface: ib, Resolve: resolver(ib, ia)}
 	return a, b
 }
 
@@ -124,6 +120,10 @@ func TestEveryProgramOverMemlink(t *testing.T) {
 		{perftest.Atomic, perftest.Latency, []string{"-n", "50"}},
 		{perftest.Write, perftest.BW, []string{"-a", "-n", "5", "-c", "UC"}},
 		{perftest.Send, perftest.BW, []string{"-s", "2000", "-n", "50", "-c", "UC", "-r", "64"}},
+		{perftest.Send, perftest.BW, []string{"-s", "1024", "-n", "200", "-c", "UD", "-r", "256"}},
+		{perftest.Send, perftest.BW, []string{"-a", "-n", "20", "-c", "UD", "-r", "64"}},
+		{perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "50", "-c", "UD"}},
+		{perftest.Write, perftest.BW, []string{"-s", "65536", "-D", "1", "-q", "2"}},
 	} {
 		test := perftest.Test{Verb: tc.verb, Measure: tc.m}
 		t.Run(test.Name()+"/"+strings.Join(tc.args, ""), func(t *testing.T) {
