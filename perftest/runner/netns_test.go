@@ -15,7 +15,8 @@ import (
 )
 
 // TestPerfOverVethAFXDP runs `softrnic perf` (RunCLI, what the command
-// calls) for every program with --verify between two network namespaces
+// calls) for every program with --verify, and send_bw/send_lat on UD QPs
+// (rx-depth covering every message, since UD does not retransmit), between two network namespaces
 // joined by a veth pair, each side on its own AF_XDP port: the server in
 // one namespace, the client in the other, the side channel over TCP
 // between their addresses.
@@ -35,6 +36,8 @@ func TestPerfOverVethAFXDP(t *testing.T) {
 		{"read_lat", perftest.Read, perftest.Latency, []string{"-s", "64", "-n", "200"}},
 		{"send_lat", perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "200"}},
 		{"atomic_lat", perftest.Atomic, perftest.Latency, []string{"-n", "200"}},
+		{"send_bw_UD", perftest.Send, perftest.BW, []string{"-c", "UD", "-s", "1024", "-n", "500", "-r", "512"}},
+		{"send_lat_UD", perftest.Send, perftest.Latency, []string{"-c", "UD", "-s", "64", "-n", "200"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--verify", "--json", "-F"}, tc.args...)
