@@ -384,6 +384,11 @@ func TestCNPCutsRateAndPaces(t *testing.T) {
 			t.Fatalf("%d frames 1 ns before the departure time", k)
 		}
 		s.dev.Expire(next)
+		// Back on the ready list straight from the engine's own Expire,
+		// not through the handover and its lock.
+		if s.dev.handedOver.Load() || len(s.dev.ready) != 1 {
+			t.Fatalf("at %v: the QP went through the handover (ready %d)", next, len(s.dev.ready))
+		}
 		now = next
 	}
 
@@ -469,4 +474,31 @@ func FuzzDCQCNReceive(f *testing.F) {
 			s.dev.Expire(now)
 		}
 	})
+}
+
+// TestCNPIPv6: over IPv6 the CNP carries the CNP DSCP with ECT(0) in its
+// traffic class and the QP's flow label and UDP source port, and equals
+// frame.BuildCNP of those fields.
+func TestCNPIPv6(t *testing.T) {
+	a, b := netip.MustParseAddr("fd00::17:1"), netip.MustParseAddr("fd00::18:1")
+	s := newCCSolo(t, mustCC(t, "connectx", 0), macA, a, macB, b, 0x118, 0)
+	s.write(0, 0x03)
+	out := s.transmit(0)
+	if len(out) != 2 {
+		t.Fatalf("%d frames, want CNP and ACK", len(out))
+	}
+	f := parse(t, out[0])
+	if f.Opcode() != bth.CNP || f.IPv6().TrafficClass() != 48<<2|ecnECT0 || f.BTH().DestQP() != 0x118 {
+		t.Fatalf("CNP %v TC %#x DestQP %#x", f.Opcode(), f.IPv6().TrafficClass(), f.BTH().DestQP())
+	}
+	sp := frame.Spec{DstMAC: macB, SrcMAC: macA, Src: a, Dst: b, TOS: 48<<2 | ecnECT0, TTL: 64,
+		FlowLabel: f.IPv6().FlowLabel(), SrcPort: f.UDP().SrcPort()}
+	want := make([]byte, 128)
+	n, err := frame.BuildCNP(want, &sp, 0x118)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(out[0], want[:n]) {
+		t.Fatalf("device CNP\n% x\nframe.BuildCNP\n% x", out[0], want[:n])
+	}
 }

@@ -296,7 +296,7 @@ func (d *Device) Receive(now clock.Time, frames [][]byte) {
 		}
 		if q != cur {
 			if cur != nil {
-				cur.release()
+				cur.releaseEngine()
 			}
 			q.mu.Lock()
 			cur = q
@@ -304,7 +304,7 @@ func (d *Device) Receive(now clock.Time, frames [][]byte) {
 		d.deliver(now, q, f)
 	}
 	if cur != nil {
-		cur.release()
+		cur.releaseEngine()
 	}
 }
 
@@ -396,7 +396,7 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 			out[n] = out[n][:m]
 			n++
 		}
-		q.release()
+		q.releaseEngine()
 	}
 	// Forget the QPs that have nothing more to send.
 	keep := d.ready[:0]
@@ -541,7 +541,7 @@ func (d *Device) Expire(now clock.Time) {
 		if q.cc != nil {
 			q.ccExpire(now)
 		}
-		q.release()
+		q.releaseEngine()
 	}
 }
 

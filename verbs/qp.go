@@ -457,8 +457,37 @@ func (q *QP) pushWC(wc wr.WC) {
 }
 
 // release publishes the transport's completions, moves a failed QP to
-// ERR, publishes deadline and pending output, and unlocks the QP.
+// ERR, publishes deadline and pending output, and unlocks the QP; if the
+// QP now has work it is handed to the engine. Application goroutines use
+// it; the step functions use releaseEngine.
 func (q *QP) release() {
+	ready, timed := q.unlock()
+	if (ready || timed) && !q.destroyed.Load() {
+		q.dev.handOver(q, ready, timed)
+	}
+}
+
+// releaseEngine is release for the engine goroutine: it puts the QP on the
+// engine's own lists directly instead of through the handover, so that a
+// paced QP, which goes from the timer list back to the ready list once per
+// packet, costs no device lock.
+func (q *QP) releaseEngine() {
+	ready, timed := q.unlock()
+	if (ready || timed) && !q.destroyed.Load() {
+		d := q.dev
+		if ready {
+			d.ready = append(d.ready, q)
+		}
+		if timed {
+			d.timed = append(d.timed, q)
+		}
+	}
+}
+
+// unlock is the common part of release and releaseEngine; it reports
+// whether the QP must join the ready list and the timer list (the flags
+// queued and timed are already set for it).
+func (q *QP) unlock() (ready, timed bool) {
 	var wcs []wr.WC
 	if q.ud != nil {
 		if q.ud.SendError() && q.state != Err && q.state != SQE {
@@ -517,11 +546,9 @@ func (q *QP) release() {
 	q.mu.Unlock()
 	// Hand the QP to the engine if it has work and is not already queued
 	// (store first, then test: see stillPending for the other side).
-	ready := pending && q.queued.CompareAndSwap(false, true)
-	timed := dl != clock.Never && q.timed.CompareAndSwap(false, true)
-	if (ready || timed) && !q.destroyed.Load() {
-		q.dev.handOver(q, ready, timed)
-	}
+	ready = pending && q.queued.CompareAndSwap(false, true)
+	timed = dl != clock.Never && q.timed.CompareAndSwap(false, true)
+	return ready, timed
 }
 
 // SendWR is a send work request (ibv_send_wr).
