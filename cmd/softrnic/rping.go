@@ -136,20 +136,29 @@ func runRping(args []string) int {
 	return 0
 }
 
-// rpingIface picks the interface: -d, else the one routing to the client's
-// -a, else the one holding the server's -a.
-func rpingIface(r rpingArgs, res *route.Resolver) (string, error) {
-	if r.iface != "" {
-		return r.iface, nil
+// cmHost says where a CM tool runs: the interface (-d), the peer's or our
+// own address, and the packet I/O.
+type cmHost struct {
+	iface  string
+	addr   netip.Addr // the server's address (client: the peer; server: ours, optional)
+	client bool
+	kind   engine.PortKind
+}
+
+// pickIface picks the interface: the one given, else the one routing to a
+// client's server, else the one holding a server's address.
+func (h cmHost) pickIface(res *route.Resolver) (string, error) {
+	if h.iface != "" {
+		return h.iface, nil
 	}
-	if r.client {
-		n, err := res.Lookup(r.addr)
+	if h.client {
+		n, err := res.Lookup(h.addr)
 		if n.IfName == "" {
-			return "", fmt.Errorf("no interface routes to %v (%v): give -d IFACE", r.addr, err)
+			return "", fmt.Errorf("no interface routes to %v (%v): give -d IFACE", h.addr, err)
 		}
 		return n.IfName, nil
 	}
-	if r.addr.IsValid() {
+	if h.addr.IsValid() {
 		ifs, err := net.Interfaces()
 		if err != nil {
 			return "", err
@@ -157,26 +166,28 @@ func rpingIface(r rpingArgs, res *route.Resolver) (string, error) {
 		for _, ifi := range ifs {
 			addrs, _ := ifi.Addrs()
 			for _, a := range addrs {
-				if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == r.addr {
+				if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == h.addr {
 					return ifi.Name, nil
 				}
 			}
 		}
-		return "", fmt.Errorf("no interface has %v: give -d IFACE", r.addr)
+		return "", fmt.Errorf("no interface has %v: give -d IFACE", h.addr)
 	}
-	return "", errors.New("the server needs -d IFACE or -a ADDR")
+	return "", errors.New("the server needs -d IFACE or its address")
 }
 
-// rpingMain opens a device on the interface (in the calling thread's
-// network namespace), runs its engine and CM agent, and runs the rping
-// server or client. ready, if set, is called once a server listens.
-func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) error {
+// withCMAgent opens a device on h's interface (in the calling thread's
+// network namespace), runs its engine and an rdmacm agent on it, calls f
+// with the agent and tears everything down (the agent first, so that its
+// last DREQ or REJ still goes out). Every rdma_cm tool (rping,
+// rdma_server, rdma_client) runs through it.
+func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) error {
 	res, err := route.New()
 	if err != nil {
 		return err
 	}
 	defer res.Close()
-	name, err := rpingIface(r, res)
+	name, err := h.pickIface(res)
 	if err != nil {
 		return err
 	}
@@ -184,12 +195,12 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 	if err != nil {
 		return err
 	}
-	pt, err := engine.OpenPort(in, r.kind)
+	pt, err := engine.OpenPort(in, h.kind)
 	// The kernel releases an AF_XDP queue asynchronously after close: a
 	// run right after another on the same interface may find it busy.
 	for deadline := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
 		time.Sleep(20 * time.Millisecond)
-		pt, err = engine.OpenPort(in, r.kind)
+		pt, err = engine.OpenPort(in, h.kind)
 	}
 	if err != nil {
 		return fmt.Errorf("open %s: %w", in.Name, err)
@@ -227,11 +238,19 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 		return err
 	}
 	defer agent.Close()
+	return f(agent)
+}
+
+// rpingMain runs the rping server or client on a device of its own. ready,
+// if set, is called once a server listens.
+func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) error {
 	r.opts.Out = out
-	if r.server {
-		return rping.Server(ctx, agent, r.opts, ready)
-	}
-	return rping.Client(ctx, agent, r.addr, r.opts)
+	return withCMAgent(ctx, cmHost{iface: r.iface, addr: r.addr, client: r.client, kind: r.kind}, func(a *rdmacm.Agent) error {
+		if r.server {
+			return rping.Server(ctx, a, r.opts, ready)
+		}
+		return rping.Client(ctx, a, r.addr, r.opts)
+	})
 }
 
 // solicitNeighbour makes the kernel send a neighbour solicitation for an
