@@ -11,10 +11,11 @@ import (
 
 // TestUDPSourcePortMatchesRxe checks the UDP source port of connected QPs
 // (udpSport with no flow label, as rdma_get_udp_sport) against every RC
-// frame of the reference rxe captures whose QP pair is unambiguous. It
+// frame of the reference rxe captures whose QP pair is unambiguous, and
+// UDSourcePort against every UD frame not from QP1. It
 // moved here from the engine, which no longer builds frames.
 func TestUDPSourcePortMatchesRxe(t *testing.T) {
-	checked := 0
+	checked, checkedUD := 0, 0
 	for _, c := range frametest.Captures(t) {
 		// The QPNs each address is sent to, to know both ends of an RC pair.
 		dests := map[netip.Addr]map[uint32]bool{}
@@ -29,7 +30,17 @@ func TestUDPSourcePortMatchesRxe(t *testing.T) {
 			dests[f.Src()][f.BTH().DestQP()] = true
 		}
 		for _, b := range c.Frames {
-			if frame.Parse(b, &f) != nil || f.Opcode() == bth.CNP || f.DETH() != nil {
+			if frame.Parse(b, &f) != nil || f.Opcode() == bth.CNP {
+				continue
+			}
+			if d := f.DETH(); d != nil {
+				if f.BTH().DestQP() == 1 { // CM MADs from QP1 use a port of their own
+					continue
+				}
+				if got, want := f.UDP().SrcPort(), UDSourcePort(d.SrcQP()); got != want {
+					t.Fatalf("%s: UD QP %#x: capture's source port %d, ours %d", c.Name, d.SrcQP(), got, want)
+				}
+				checkedUD++
 				continue
 			}
 			back := dests[f.Dst()]
@@ -50,7 +61,8 @@ func TestUDPSourcePortMatchesRxe(t *testing.T) {
 	if checked < 1000 {
 		t.Fatalf("only %d frames checked", checked)
 	}
-	if udpSport(0, 0x11, 0x11) != 49441 {
+	t.Logf("%d RC and %d UD frames checked", checked, checkedUD)
+	if udpSport(0, 0x11, 0x11) != 49441 || UDSourcePort(0x14) != 59626 {
 		t.Error("known value")
 	}
 }

@@ -339,6 +339,7 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 		if t.udDatum {
 			rtr = verbs.Attr{}
 			rts = verbs.Attr{SQPSN: q.psn}
+			av.UDPSrcPort = verbs.UDSourcePort(q.qpn()) // per QP, as rxe's UD frames
 			if q.ah, err = t.pd.CreateAH(av); err != nil {
 				return fmt.Errorf("perf: address handle to %v: %w", d.Addr(), err)
 			}

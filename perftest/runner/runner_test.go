@@ -11,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/frame/frametest"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
@@ -19,7 +23,7 @@ import (
 )
 
 // startDevice creates the device of in and runs it on p until the test ends.
-func startDevice(t *testing.T, in engine.Interface, p port.Port) *verbs.Device {
+func startDevice(t *testing.T, in engine.Interface, p port.Port, opt engine.Options) *verbs.Device {
 	t.Helper()
 	dev, err := NewDevice(in)
 	if err != nil {
@@ -27,7 +31,7 @@ func startDevice(t *testing.T, in engine.Interface, p port.Port) *verbs.Device {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- engine.Run(ctx, dev, p, engine.Options{}) }()
+	go func() { done <- engine.Run(ctx, dev, p, opt) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -39,6 +43,11 @@ func startDevice(t *testing.T, in engine.Interface, p port.Port) *verbs.Device {
 
 // memlinkHosts returns two hosts joined by an in-memory link.
 func memlinkHosts(t *testing.T, mtu int) (a, b Host) {
+	return memlinkHostsTap(t, mtu, nil)
+}
+
+// memlinkHostsTap is memlinkHosts with a capture tap on a's engine.
+func memlinkHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: mtu + 200})
 	t.Cleanup(func() { pa.Close(); pb.Close() })
 	ia := engine.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
@@ -51,8 +60,8 @@ func memlinkHosts(t *testing.T, mtu int) (a, b Host) {
 			return self.MAC, peer.MAC, nil
 		}
 	}
-	a = Host{Device: startDevice(t, ia, pa), Iface: ia, Resolve: resolver(ia, ib)}
-	b = Host{Device: startDevice(t, ib, pb), Iface: ib, Resolve: resolver(ib, ia)}
+	a = Host{Device: startDevice(t, ia, pa, engine.Options{Tap: tap}), Iface: ia, Resolve: resolver(ia, ib)}
+	b = Host{Device: startDevice(t, ib, pb, engine.Options{}), Iface: ib, Resolve: resolver(ib, ia)}
 	return a, b
 }
 
@@ -162,5 +171,53 @@ func TestVerifyCatchesCorruption(t *testing.T) {
 	}
 	if pattern(0, 7, true) == pattern(0, 7, false) {
 		t.Fatal("client and server patterns must differ, or a READ of our own data would pass")
+	}
+}
+
+// TestUDFramesAsPerftest captures a UD send_lat between two devices and
+// checks its frames as a stock peer would see them: UD SEND ONLY with
+// perftest's Q_Key, the source QP and the UDP source port rxe derives from
+// it, and a valid ICRC; the receiver's completions (checked by the run)
+// count the 40-byte GRH slot.
+func TestUDFramesAsPerftest(t *testing.T) {
+	var tap capture.Tap
+	a, b := memlinkHostsTap(t, 1500, &tap)
+	var file bytes.Buffer
+	sess, err := tap.Start(&file, capture.Options{Format: capture.PCAP})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runPair(t, a, b, perftest.Send, perftest.Latency, "-c", "UD", "-s", "100", "-n", "20", "--verify")
+	if _, err := sess.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	frames, err := frametest.Read(&file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, out := 0, 0
+	for _, fb := range frames {
+		var f frame.Frame
+		if err := frame.Parse(fb, &f); err != nil || !f.VerifyICRC() {
+			t.Fatalf("frame: %v", err)
+		}
+		d := f.DETH()
+		if f.Opcode() != bth.UDSendOnly || d == nil || d.QKey() != udQKey {
+			t.Fatalf("opcode %v, DETH %v", f.Opcode(), d != nil)
+		}
+		if got, want := f.UDP().SrcPort(), verbs.UDSourcePort(d.SrcQP()); got != want {
+			t.Errorf("UDP source port %#x, want %#x for QP %#x", got, want, d.SrcQP())
+		}
+		if len(f.Payload()) != 100 {
+			t.Errorf("payload %d bytes", len(f.Payload()))
+		}
+		if f.Src() == a.Iface.GIDs[0] {
+			out++
+		} else {
+			in++
+		}
+	}
+	if in != 20 || out != 20 {
+		t.Errorf("captured %d frames in and %d out, want 20 each", in, out)
 	}
 }
