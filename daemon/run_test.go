@@ -26,11 +26,11 @@ import (
 	"github.com/softrnic/softrnic/verbs/wr"
 )
 
-// The daemon's engine loop on a real-time in-memory link: a peer RNIC
+// The daemon's engine loop (engine.Run) on a real-time in-memory link: a peer RNIC
 // writes into a client's memory and the client SENDs back, while a capture
 // on the daemon's tap records both directions; the capture, read back with
 // gopacket, holds RoCEv2 frames with valid ICRCs.
-func TestRunDeviceWithCapture(t *testing.T) {
+func TestEngineRunWithCapture(t *testing.T) {
 	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
 	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
 	pa, pb := memlink.NewPair(memlink.Config{})
