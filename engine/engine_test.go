@@ -113,56 +113,10 @@ func drops(s verbs.Stats) uint64 {
 func TestDropsDefects(t *testing.T) {
 	vc := &memlink.VirtualClock{}
 	wire, pb := memlink.NewPair(memlink.Config{Clock: vc.Now})
-	b := newHost(t, macB, addrB, 1024, 1<<16)
+	b, rq, cases := defectSetup(t)
 	loop, err := NewLoop(b.dev, pb, Options{Now: vc.Now})
 	if err != nil {
 		t.Fatal(err)
-	}
-	rcQP := b.createQP(t, verbs.RC)
-	connect(t, rcQP, 1024, 0x99, macA, addrA, 5, 1000)
-	if _, err := rcQP.PostRecv(verbs.RecvWR{ID: 7, SG: []verbs.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}); err != nil {
-		t.Fatal(err)
-	}
-	udQP := b.createQP(t, verbs.UD)
-	for _, s := range []struct {
-		s verbs.State
-		a verbs.Attr
-	}{{verbs.Init, verbs.Attr{QKey: 0x11111111}}, {verbs.RTR, verbs.Attr{}}, {verbs.RTS, verbs.Attr{}}} {
-		if err := udQP.Modify(s.s, &s.a); err != nil {
-			t.Fatal(err)
-		}
-	}
-	rq := rcQP.QPN()
-	other := netip.MustParseAddr("10.9.0.99")
-	hdr := frame.EthernetLen + frame.IPv4Len + frame.UDPLen
-	badICRC := craft(t, addrA, addrB, rq, 5, nil)
-	badICRC[len(badICRC)-1] ^= 1
-	badTVer := craft(t, addrA, addrB, rq, 5, nil)
-	bth.BTH(badTVer[hdr:]).SetTVer(1)
-	icrc.Stamp(badTVer[frame.EthernetLen:]) // only the TVer is wrong
-	truncated := craft(t, addrA, addrB, rq, 5, nil)
-	truncated = truncated[:len(truncated)-6]
-	udSend := func(s *frame.Spec) {
-		s.BTH.Opcode = bth.UDSendOnly
-		s.DETH = frame.DETHFields{QKey: 0x11111111, SrcQP: 5}
-	}
-	cases := []struct {
-		name  string
-		frame []byte
-		count func(verbs.Stats) uint64
-	}{
-		{"bad ICRC", badICRC, func(s verbs.Stats) uint64 { return s.RxBadICRC }},
-		{"P_Key 0x8001", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0x8001 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
-		{"P_Key 0x0000", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
-		{"TVer 1", badTVer, func(s verbs.Stats) uint64 { return s.RxParseErr + s.RxBadHeader }},
-		{"DestQP 0", craft(t, addrA, addrB, 0, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
-		{"unknown QP", craft(t, addrA, addrB, 0xabcde, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
-		{"RC source not the connected peer", craft(t, other, addrB, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxBadSrc }},
-		{"not our address", craft(t, addrA, other, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
-		{"UD not our address", craft(t, addrA, other, udQP.QPN(), 0, udSend), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
-		{"UD opcode to an RC QP", craft(t, addrA, addrB, rq, 5, udSend), func(s verbs.Stats) uint64 { return s.RxBadType }},
-		{"truncated", truncated, func(s verbs.Stats) uint64 { return s.RxParseErr }},
-		{"not RoCE", append(append(make([]byte, 12), 0x08, 0x06), make([]byte, 46)...), func(s verbs.Stats) uint64 { return s.RxParseErr }},
 	}
 	var wcs [4]verbs.WC
 	for _, c := range cases {
@@ -211,6 +165,113 @@ func TestDropsDefects(t *testing.T) {
 	if c := loop.Counters(); c.TxSent != 1 || c.Loops == 0 {
 		t.Errorf("loop counters %+v", c)
 	}
+}
+
+// TestDropsDefectsRun is TestDropsDefects through engine.Run in real time:
+// every defective frame at once, then a good one; once the good one has
+// completed and Run has ended, each reason counted its frames, and the one
+// frame sent back is the good one's ACK.
+func TestDropsDefectsRun(t *testing.T) {
+	wire, pb := memlink.NewPair(memlink.Config{})
+	defer wire.Close()
+	b, rq, cases := defectSetup(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, b.dev, pb, Options{}) }()
+	want := map[string]uint64{}
+	reasons := map[string]func(verbs.Stats) uint64{}
+	for _, c := range cases {
+		if n, err := wire.Send([][]byte{c.frame}); n != 1 || err != nil {
+			t.Fatal(n, err)
+		}
+		want[c.name]++
+		reasons[c.name] = c.count
+	}
+	wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)})
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	var wcs [4]verbs.WC
+	n, err := b.cq.Wait(wctx, wcs[:])
+	cancel()
+	if rerr := <-done; rerr != nil {
+		t.Fatalf("Run: %v", rerr)
+	}
+	if err != nil || n != 1 || wcs[0].ID != 7 || wcs[0].Status != verbs.Success {
+		t.Fatalf("good frame: %d completions %+v, %v", n, wcs[0], err)
+	}
+	st := b.dev.Stats // Run has ended: the device's counters are ours to read
+	if drops(st) != uint64(len(cases)) || st.RxFrames != uint64(len(cases)+1) {
+		t.Errorf("%d frames, %d drops counted, want %d and %d: %+v", st.RxFrames, drops(st), len(cases)+1, len(cases), st)
+	}
+	// Each reason's counter holds at least the frames sent for it (several
+	// cases share a counter; TestDropsDefects checks them one at a time).
+	for name, count := range reasons {
+		if count(st) < want[name] {
+			t.Errorf("%s: counter %d", name, count(st))
+		}
+	}
+	in := make([][]byte, 8)
+	got, _ := wire.Recv(in, 100*time.Millisecond)
+	var f frame.Frame
+	if got != 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCAcknowledge {
+		t.Fatalf("%d frames sent back, want the good frame's ACK alone", got)
+	}
+}
+
+type defectCase struct {
+	name  string
+	frame []byte
+	count func(verbs.Stats) uint64
+}
+
+// defectSetup makes the receiving host of the drop tests — an RC QP
+// connected to 0x99 at addrA with a receive posted (WR 7), a UD QP — and one
+// frame per defect with the counter that must count it.
+func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
+	b := newHost(t, macB, addrB, 1024, 1<<16)
+	rcQP := b.createQP(t, verbs.RC)
+	connect(t, rcQP, 1024, 0x99, macA, addrA, 5, 1000)
+	if _, err := rcQP.PostRecv(verbs.RecvWR{ID: 7, SG: []verbs.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	udQP := b.createQP(t, verbs.UD)
+	for _, s := range []struct {
+		s verbs.State
+		a verbs.Attr
+	}{{verbs.Init, verbs.Attr{QKey: 0x11111111}}, {verbs.RTR, verbs.Attr{}}, {verbs.RTS, verbs.Attr{}}} {
+		if err := udQP.Modify(s.s, &s.a); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rq := rcQP.QPN()
+	other := netip.MustParseAddr("10.9.0.99")
+	hdr := frame.EthernetLen + frame.IPv4Len + frame.UDPLen
+	badICRC := craft(t, addrA, addrB, rq, 5, nil)
+	badICRC[len(badICRC)-1] ^= 1
+	badTVer := craft(t, addrA, addrB, rq, 5, nil)
+	bth.BTH(badTVer[hdr:]).SetTVer(1)
+	icrc.Stamp(badTVer[frame.EthernetLen:]) // only the TVer is wrong
+	truncated := craft(t, addrA, addrB, rq, 5, nil)
+	truncated = truncated[:len(truncated)-6]
+	udSend := func(s *frame.Spec) {
+		s.BTH.Opcode = bth.UDSendOnly
+		s.DETH = frame.DETHFields{QKey: 0x11111111, SrcQP: 5}
+	}
+	cases := []defectCase{
+		{"bad ICRC", badICRC, func(s verbs.Stats) uint64 { return s.RxBadICRC }},
+		{"P_Key 0x8001", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0x8001 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
+		{"P_Key 0x0000", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
+		{"TVer 1", badTVer, func(s verbs.Stats) uint64 { return s.RxParseErr + s.RxBadHeader }},
+		{"DestQP 0", craft(t, addrA, addrB, 0, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
+		{"unknown QP", craft(t, addrA, addrB, 0xabcde, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
+		{"RC source not the connected peer", craft(t, other, addrB, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxBadSrc }},
+		{"not our address", craft(t, addrA, other, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
+		{"UD not our address", craft(t, addrA, other, udQP.QPN(), 0, udSend), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
+		{"UD opcode to an RC QP", craft(t, addrA, addrB, rq, 5, udSend), func(s verbs.Stats) uint64 { return s.RxBadType }},
+		{"truncated", truncated, func(s verbs.Stats) uint64 { return s.RxParseErr }},
+		{"not RoCE", append(append(make([]byte, 12), 0x08, 0x06), make([]byte, 46)...), func(s verbs.Stats) uint64 { return s.RxParseErr }},
+	}
+	return b, rq, cases
 }
 
 // limitPort takes at most max frames per Send, to exercise back-pressure.
