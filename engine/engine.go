@@ -153,10 +153,10 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if wait > 0 {
+		now = l.opt.Now() // the wait may have been long
+	}
 	if n > 0 {
-		if wait > 0 {
-			now = l.opt.Now() // the wait may have been long
-		}
 		if l.opt.Tap != nil {
 			if s := l.opt.Tap.Session(); s != nil {
 				s.Frames(capture.In, l.in[:n])
