@@ -23,8 +23,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -121,10 +124,13 @@ func NewLoop(dev *verbs.Device, p port.Port, opt Options) (*Loop, error) {
 	return l, nil
 }
 
-// minFrame is the largest frame a device with path MTU mtu builds:
-// Ethernet, IPv6, UDP, BTH, the largest extension headers (RETH+ImmDt or
-// AtomicETH), the payload, pad and ICRC.
-func minFrame(mtu int) int { return 14 + 40 + 8 + 12 + 28 + 4 + mtu + 3 + 4 }
+// minFrame is the room verbs.Device.Transmit needs in a buffer to build a
+// frame for a QP with path MTU mtu: Ethernet, IPv6, UDP, the longest BTH
+// and extension headers, the payload, pad and ICRC. With less, the device
+// would build nothing and the QP would never send.
+func minFrame(mtu int) int {
+	return frame.EthernetLen + frame.IPv6Len + frame.UDPLen + bth.MaxHeaderLen + mtu + 3 + icrc.Len
+}
 
 // Device is the device the loop drives.
 func (l *Loop) Device() *verbs.Device { return l.dev }
