@@ -510,3 +510,46 @@ func TestNewLoopRejects(t *testing.T) {
 	}
 	_ = fmt.Sprint(clock.Never)
 }
+
+// TestPostWakesNap: a napping loop is woken by the device's doorbell, not
+// by the end of its nap. With naps of an hour, a SEND posted while the
+// loop naps still reaches the wire (within the test's bound of seconds).
+func TestPostWakesNap(t *testing.T) {
+	wire, pa := memlink.NewPair(memlink.Config{})
+	defer wire.Close()
+	a := newHost(t, macA, addrA, 1024, 1<<16)
+	q := a.createQP(t, verbs.RC)
+	connect(t, q, 1024, 0x99, macB, addrB, 1, 1)
+	l, err := NewLoop(a.dev, pa, Options{IdleWait: time.Hour, DeepIdleAfter: 2 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() {
+		cancel() // ends the nap through ctx.Done
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	for i := 0; l.Counters().Naps == 0; i++ {
+		if i > 5000 {
+			t.Fatal("the idle loop never napped")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	naps := l.Counters().Naps
+	if _, err := q.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, SG: []verbs.SGE{{Addr: a.mr.IOVA(), Length: 100, LKey: a.mr.LKey()}}}); err != nil {
+		t.Fatal(err)
+	}
+	in := make([][]byte, 4)
+	n, err := wire.Recv(in, 10*time.Second)
+	var f frame.Frame
+	if err != nil || n != 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCSendOnly {
+		t.Fatalf("after the post: %d frames, %v", n, err)
+	}
+	if l.Counters().Naps < naps {
+		t.Fatal("counters went back")
+	}
+}
