@@ -25,9 +25,11 @@ func Example() {
 	pump := func(from, to *cm.Manager, fromIP netip.Addr, who string) bool {
 		events, sends := from.Drain()
 		for _, e := range events {
-			fmt.Printf("%s: %v remote QPN %#x\n", who, e.Kind, e.QP.RemoteQPN)
+			fmt.Printf("%s: %v remote QPN %#x, send PSN %#x, receive PSN %#x\n",
+				who, e.Kind, e.QP.RemoteQPN, e.QP.SQPSN, e.QP.RQPSN)
 			if e.Kind == cm.EventConnRequest {
-				// Here: create the QP and move it to RTR with e.QP.
+				// Here: create the QP and move it to RTR with e.QP and
+				// the receive PSN the REP will carry (0x5678).
 				from.Accept(now, e.ID, &cm.AcceptParams{QPN: 0x22, StartingPSN: 0x5678,
 					ResponderResources: 1, InitiatorDepth: 1, RNRRetry: 7})
 			}
@@ -40,7 +42,7 @@ func Example() {
 	for pump(client, server, cliIP, "client") || pump(server, client, srvIP, "server") {
 	}
 	// Output:
-	// server: CONN_REQUEST remote QPN 0x11
-	// client: ESTABLISHED remote QPN 0x22
-	// server: ESTABLISHED remote QPN 0x11
+	// server: CONN_REQUEST remote QPN 0x11, send PSN 0x1234, receive PSN 0x0
+	// client: ESTABLISHED remote QPN 0x22, send PSN 0x5678, receive PSN 0x1234
+	// server: ESTABLISHED remote QPN 0x11, send PSN 0x1234, receive PSN 0x5678
 }

@@ -46,7 +46,9 @@ func FuzzDecode(f *testing.F) {
 }
 
 // FuzzManager: hostile MADs from two peers, with timers, never panic and
-// never leave the manager unable to time out what it holds.
+// never leave the manager unable to time out what it holds; whatever the
+// peers send, an accepted connection receives from the Starting PSN of our
+// REP and sends from that of the peer's REQ (the Linux rule).
 func FuzzManager(f *testing.F) {
 	seedCorpus(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -55,20 +57,40 @@ func FuzzManager(f *testing.F) {
 		m.Listen(ServiceIDTCP(18523), ListenOptions{})
 		m.Listen(ServiceIDUDP(4791), ListenOptions{RDMACM: true})
 		now := clock.Time(0)
+		const ourPSN = 0x5A5A5A
+		sendPSN := map[ConnID]uint32{} // accepted: the REQ's Starting PSN
 		for i := 0; i+MADSize <= len(b) || i == 0; i += MADSize {
 			from := addrA
 			if i%(2*MADSize) != 0 {
 				from = addrB
 			}
 			m.HandleMAD(now, from, b[i:])
-			evs, _ := m.Drain()
+			evs, sends := m.Drain()
+			for _, s := range sends {
+				if mad := MAD(s.MAD[:]); mad.AttrID() == AttrREP {
+					var rep REP
+					rep.Decode(mad.Data())
+					if rep.StartingPSN != ourPSN {
+						t.Fatalf("REP with Starting PSN %#x, accepted with %#x", rep.StartingPSN, ourPSN)
+					}
+				}
+			}
 			for _, e := range evs {
 				switch e.Kind {
 				case EventConnRequest:
-					m.Accept(now, e.ID, &AcceptParams{QPN: 0x99, StartingPSN: 1})
+					if e.QP.RQPSN != 0 || e.QP.SQPSN > 0xFFFFFF {
+						t.Fatalf("REQ event PSNs: send %#x recv %#x", e.QP.SQPSN, e.QP.RQPSN)
+					}
+					if m.Accept(now, e.ID, &AcceptParams{QPN: 0x99, StartingPSN: ourPSN}) == nil {
+						sendPSN[e.ID] = e.QP.SQPSN
+					}
 				case EventSIDRRequest:
 					m.SIDRReply(now, e.ID, &SIDRReplyParams{QPN: 0x98, QKey: RDMAUDPQKey})
 				case EventEstablished:
+					if want, ok := sendPSN[e.ID]; !ok || e.QP.RQPSN != ourPSN || e.QP.SQPSN != want {
+						t.Fatalf("established %v (accepted %v): send %#x recv %#x, want %#x %#x",
+							e.ID, ok, e.QP.SQPSN, e.QP.RQPSN, want, ourPSN)
+					}
 					m.Disconnect(now, e.ID, nil)
 				}
 			}

@@ -85,11 +85,19 @@ func (s State) String() string {
 // QPAttr is what the QP owner programs into the connection's QP. For an
 // RC QP: RTR takes RemoteQPN, RQPSN, PathMTU, MaxDestRdAtomic and the
 // address; RTS takes SQPSN, Timeout, RetryCount, RNRRetry, MaxRdAtomic.
+//
+// The PSNs follow the Linux CM, which every RoCE peer we meet runs: the
+// Starting PSN of a REQ or REP is the PSN its sender expects to receive.
+// So RQPSN is the Starting PSN of our own REQ or REP and SQPSN that of the
+// peer's (the kernel's ib_send_cm_req/ib_send_cm_rep keep their message's
+// as rq_psn, cm_req_handler/cm_rep_handler take the peer's as sq_psn).
+// The other reading connects but makes each side drop the other's first
+// packet as a duplicate.
 type QPAttr struct {
 	QPN             uint32 // the local QP (0 in EventConnRequest: not chosen yet)
 	RemoteQPN       uint32
-	RQPSN           uint32 // first PSN expected from the peer
-	SQPSN           uint32 // first PSN we send
+	RQPSN           uint32 // first PSN expected from the peer: our REQ's/REP's Starting PSN (0 in EventConnRequest)
+	SQPSN           uint32 // first PSN we send: the peer's REQ's/REP's Starting PSN
 	PathMTU         uint8  // IB enum: 1=256, 2=512, 3=1024, 4=2048, 5=4096
 	MaxDestRdAtomic uint8  // READ/atomic requests we accept at once (responder resources)
 	MaxRdAtomic     uint8  // READ/atomic requests we may have outstanding (initiator depth)
@@ -216,12 +224,13 @@ type ListenOptions struct {
 type ConnectParams struct {
 	Peer, Local            netip.Addr // GIDs as IP addresses
 	ServiceID              uint64
-	QPN, StartingPSN       uint32
-	PathMTU                uint8 // IB enum
-	ResponderResources     uint8 // READ/atomics we accept at once
-	InitiatorDepth         uint8 // READ/atomics we will have outstanding
-	RetryCount, RNRRetry   uint8 // what the passive side's QP should use
-	LocalACKTimeout        uint8 // 0: from our CA ACK delay and the packet life time, as the kernel
+	QPN                    uint32
+	StartingPSN            uint32 // in the REQ: the first PSN we expect from the peer, our RQPSN (see QPAttr)
+	PathMTU                uint8  // IB enum
+	ResponderResources     uint8  // READ/atomics we accept at once
+	InitiatorDepth         uint8  // READ/atomics we will have outstanding
+	RetryCount, RNRRetry   uint8  // what the passive side's QP should use
+	LocalACKTimeout        uint8  // 0: from our CA ACK delay and the packet life time, as the kernel
 	HopLimit, TrafficClass uint8
 	FlowLabel              uint32
 	// RDMACM prefixes PrivateData with an rdma_cm header from Local, Peer
@@ -233,10 +242,11 @@ type ConnectParams struct {
 
 // AcceptParams answer an EventConnRequest.
 type AcceptParams struct {
-	QPN, StartingPSN   uint32
-	ResponderResources uint8 // clamped to the REQ's initiator depth
-	InitiatorDepth     uint8 // clamped to the REQ's responder resources
-	RNRRetry           uint8 // what the active side's QP should use
+	QPN                uint32
+	StartingPSN        uint32 // in the REP: the first PSN we expect from the peer, the RQPSN of the QP's RTR (see QPAttr)
+	ResponderResources uint8  // clamped to the REQ's initiator depth
+	InitiatorDepth     uint8  // clamped to the REQ's responder resources
+	RNRRetry           uint8  // what the active side's QP should use
 	SRQ                bool
 	PrivateData        []byte // at most REPPrivateSize
 }
@@ -482,7 +492,7 @@ func (m *Manager) Connect(now clock.Time, p *ConnectParams) (ConnID, error) {
 	c := m.newConn(true, p.Peer.Unmap())
 	c.serviceID = p.ServiceID
 	c.state = StateREQSent
-	c.qp = QPAttr{QPN: p.QPN, SQPSN: p.StartingPSN & 0xFFFFFF, PathMTU: p.PathMTU,
+	c.qp = QPAttr{QPN: p.QPN, RQPSN: p.StartingPSN & 0xFFFFFF, PathMTU: p.PathMTU,
 		MaxDestRdAtomic: p.ResponderResources, Timeout: ackT,
 		RetryCount: min(p.RetryCount, 7), PKey: defaultPKey, Peer: c.peer,
 		FlowLabel: p.FlowLabel & 0xFFFFF, TrafficClass: p.TrafficClass, HopLimit: hop}
@@ -517,8 +527,9 @@ func (m *Manager) Connect(now clock.Time, p *ConnectParams) (ConnID, error) {
 }
 
 // Accept answers an EventConnRequest with a REP. The QP must already be in
-// RTR (programmed from the event's QP plus its own QPN): the active side
-// may send as soon as it has the REP.
+// RTR (programmed from the event's QP plus its own QPN, and RQPSN equal to
+// p.StartingPSN): the active side may send from the REP's Starting PSN as
+// soon as it has the REP.
 func (m *Manager) Accept(now clock.Time, id ConnID, p *AcceptParams) error {
 	c := m.conns[id]
 	if c == nil {
@@ -534,14 +545,14 @@ func (m *Manager) Accept(now clock.Time, id ConnID, p *AcceptParams) error {
 		return ErrBadParams
 	}
 	c.qp.QPN = p.QPN
-	c.qp.SQPSN = p.StartingPSN & 0xFFFFFF
+	c.qp.RQPSN = p.StartingPSN & 0xFFFFFF
 	// c.qp.MaxDestRdAtomic / MaxRdAtomic hold the REQ's initiator depth and
 	// responder resources: our limits are bounded by them.
 	c.qp.MaxDestRdAtomic = min(p.ResponderResources, c.qp.MaxDestRdAtomic)
 	c.qp.MaxRdAtomic = min(p.InitiatorDepth, c.qp.MaxRdAtomic)
 	rep := REP{
 		LocalCommID: uint32(c.id), RemoteCommID: c.remoteID,
-		LocalQPN: p.QPN, StartingPSN: c.qp.SQPSN,
+		LocalQPN: p.QPN, StartingPSN: c.qp.RQPSN,
 		ResponderResources: c.qp.MaxDestRdAtomic, InitiatorDepth: c.qp.MaxRdAtomic,
 		TargetACKDelay: m.cfg.TargetACKDelay, RNRRetryCount: min(p.RNRRetry, 7),
 		SRQ: p.SRQ, LocalCAGUID: m.cfg.CAGUID,
@@ -895,7 +906,7 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	m.index(c, key)
 	// MaxDestRdAtomic/MaxRdAtomic hold the bounds the REQ sets on ours
 	// until Accept picks the values.
-	c.qp = QPAttr{RemoteQPN: req.LocalQPN, RQPSN: req.StartingPSN, PathMTU: req.PathMTU,
+	c.qp = QPAttr{RemoteQPN: req.LocalQPN, SQPSN: req.StartingPSN, PathMTU: req.PathMTU,
 		MaxDestRdAtomic: req.InitiatorDepth, MaxRdAtomic: req.ResponderResources,
 		Timeout: req.Primary.LocalACKTimeout, RetryCount: req.RetryCount, RNRRetry: req.RNRRetryCount,
 		PKey: req.PKey, Peer: from, FlowLabel: req.Primary.FlowLabel,
@@ -963,7 +974,7 @@ func (m *Manager) handleREP(now clock.Time, from netip.Addr, mad MAD) {
 	c.remoteID = rep.LocalCommID
 	c.guid = rep.LocalCAGUID
 	c.qp.RemoteQPN = rep.LocalQPN
-	c.qp.RQPSN = rep.StartingPSN
+	c.qp.SQPSN = rep.StartingPSN
 	c.qp.RNRRetry = rep.RNRRetryCount
 	// What the passive side accepts bounds what we may issue, and what it
 	// will issue is what our responder must hold.

@@ -161,6 +161,15 @@ func TestActiveAgainstPassiveInMemory(t *testing.T) {
 		qa.SQPSN != qb.RQPSN || qb.SQPSN != qa.RQPSN || qa.PathMTU != 5 || qb.PathMTU != 5 {
 		t.Fatalf("QPs: a %+v, b %+v", qa, qb)
 	}
+	// As Linux: each side receives from the Starting PSN it put in its
+	// own REQ/REP and sends from the peer's. B learns its send PSN from
+	// the REQ, before it chooses its receive PSN.
+	if qa.RQPSN != 0x111111 || qa.SQPSN != 0x222222 || qb.RQPSN != 0x222222 || qb.SQPSN != 0x111111 {
+		t.Fatalf("PSNs: a send %#x recv %#x, b send %#x recv %#x", qa.SQPSN, qa.RQPSN, qb.SQPSN, qb.RQPSN)
+	}
+	if q := req.QP; q.SQPSN != 0x111111 || q.RQPSN != 0 {
+		t.Fatalf("REQ event PSNs: send %#x recv %#x", q.SQPSN, q.RQPSN)
+	}
 	// READ/atomic depth: what one side may issue fits what the other holds.
 	// B offered 16 responder resources but A only issues 8 → 8; B issues
 	// 2 (≤ A's 4).
@@ -180,6 +189,14 @@ func TestActiveAgainstPassiveInMemory(t *testing.T) {
 	}
 	if len(n.sent) != 3 || n.a.m.NextDeadline() != clock.Never || n.b.m.NextDeadline() != clock.Never {
 		t.Fatalf("%d MADs, deadlines %v %v", len(n.sent), n.a.m.NextDeadline(), n.b.m.NextDeadline())
+	}
+	// On the wire: each Starting PSN is the receive PSN of its sender.
+	var reqMsg REQ
+	var repMsg REP
+	reqMsg.Decode(MAD(n.sent[0].MAD[:]).Data())
+	repMsg.Decode(MAD(n.sent[1].MAD[:]).Data())
+	if reqMsg.StartingPSN != qa.RQPSN || repMsg.StartingPSN != qb.RQPSN {
+		t.Fatalf("REQ Starting PSN %#x, REP %#x", reqMsg.StartingPSN, repMsg.StartingPSN)
 	}
 
 	// B disconnects; A answers; both sit in time-wait, then release.

@@ -71,8 +71,9 @@ func replayPassive(t *testing.T, mads []capturedMAD, reqIdx int) {
 		ev.Peer != reqCap.Src || ev.ServiceID != req.ServiceID {
 		t.Fatalf("REQ event %+v", ev)
 	}
-	// RTR attributes straight from the REQ.
-	if q := ev.QP; q.RemoteQPN != req.LocalQPN || q.RQPSN != req.StartingPSN || q.PathMTU != 3 ||
+	// Attributes straight from the REQ; we send from its Starting PSN and
+	// choose the one we receive from in Accept.
+	if q := ev.QP; q.RemoteQPN != req.LocalQPN || q.SQPSN != req.StartingPSN || q.RQPSN != 0 || q.PathMTU != 3 ||
 		q.Timeout != 19 || q.RetryCount != 7 || q.RNRRetry != 7 || q.PKey != 0xFFFF || q.HopLimit != 64 {
 		t.Fatalf("RTR attributes %+v", q)
 	}
@@ -132,7 +133,7 @@ func replayPassive(t *testing.T, mads []capturedMAD, reqIdx int) {
 	if ev.Kind != EventEstablished || len(sends) != 0 || m.State(id) != StateEstablished {
 		t.Fatalf("after RTU: %+v, %d sends, state %v", ev, len(sends), m.State(id))
 	}
-	if q := ev.QP; q.QPN != ourQPN || q.SQPSN != ourPSN || q.RemoteQPN != req.LocalQPN || q.RQPSN != req.StartingPSN ||
+	if q := ev.QP; q.QPN != ourQPN || q.RQPSN != ourPSN || q.RemoteQPN != req.LocalQPN || q.SQPSN != req.StartingPSN ||
 		q.MaxDestRdAtomic != want.ResponderResources || q.MaxRdAtomic != want.InitiatorDepth {
 		t.Fatalf("RTS attributes %+v", q)
 	}
@@ -239,8 +240,9 @@ func TestActiveSideReplaysCaptures(t *testing.T) {
 			ev := one(t, "events after REP", evs)
 			var r REP
 			r.Decode(repCap.MAD.Data())
-			if q := ev.QP; ev.Kind != EventEstablished || q.RemoteQPN != r.LocalQPN || q.RQPSN != r.StartingPSN ||
-				q.SQPSN != want.StartingPSN || q.QPN != want.LocalQPN || q.PathMTU != 3 || q.RNRRetry != 7 {
+			// We send from the REP's Starting PSN, receive from our REQ's.
+			if q := ev.QP; ev.Kind != EventEstablished || q.RemoteQPN != r.LocalQPN || q.SQPSN != r.StartingPSN ||
+				q.RQPSN != want.StartingPSN || q.QPN != want.LocalQPN || q.PathMTU != 3 || q.RNRRetry != 7 {
 				t.Fatalf("after REP: %+v", ev)
 			}
 			// Kernel rule: ack timeout from the REP's target ACK delay (15)

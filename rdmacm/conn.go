@@ -439,9 +439,9 @@ func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 	// Until Accept, MaxDestRdAtomic holds the REQ's initiator depth: what
 	// our responder must hold is the smaller of it and ours.
 	attr.MaxDestRdAtomic = min(attr.MaxDestRdAtomic, p.ResponderResources)
-	// Our REP's Starting PSN, which the QP is programmed with before the
-	// REP goes (see wirePSNs).
-	attr.SQPSN = a.rng.Uint32() & 0xFFFFFF
+	// The PSN we receive from, which our REP carries as its Starting PSN:
+	// the QP is in RTR with it before the REP goes.
+	attr.RQPSN = a.rng.Uint32() & 0xFFFFFF
 	if err := a.toRTR(c, &attr); err != nil {
 		a.m.Reject(now, r.id, cm.RejNoQP, nil)
 		a.flushLocked(now)
@@ -449,7 +449,7 @@ func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 		qp.Destroy()
 		return nil, err
 	}
-	err = a.m.Accept(now, r.id, &cm.AcceptParams{QPN: qp.QPN(), StartingPSN: attr.SQPSN,
+	err = a.m.Accept(now, r.id, &cm.AcceptParams{QPN: qp.QPN(), StartingPSN: attr.RQPSN,
 		ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth,
 		RNRRetry: or7(p.RNRRetry), PrivateData: p.PrivateData})
 	if err != nil {

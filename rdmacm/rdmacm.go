@@ -45,9 +45,10 @@
 // The lab (lab/interop) runs `softrnic rping` against the stock rping of
 // the kernel's rxe, each side as client and as server, over IPv4 and IPv6
 // GIDs, at path MTU 1024 and 4096 and up to rping's largest buffer
-// (65535 bytes), with -V. The QP PSNs follow the Linux CM's reading of the
-// Starting PSN fields (see wirePSNs): the first lab run showed that the
-// other reading connects but drops every packet.
+// (65535 bytes), with -V. The QP PSNs are cm.QPAttr's, which follow the
+// Linux CM's reading of the Starting PSN fields (each side sends from the
+// peer's REQ/REP): the first lab run showed that the other reading
+// connects but drops every packet.
 package rdmacm
 
 import (
@@ -542,8 +543,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 				return
 			}
 		}
-		_, sq := wirePSNs(&e.QP)
-		if err := c.qp.Modify(verbs.RTS, &verbs.Attr{SQPSN: sq, Timeout: e.QP.Timeout,
+		if err := c.qp.Modify(verbs.RTS, &verbs.Attr{SQPSN: e.QP.SQPSN, Timeout: e.QP.Timeout,
 			RetryCnt: e.QP.RetryCount, RNRRetry: e.QP.RNRRetry, MaxRdAtomic: int(e.QP.MaxRdAtomic)}); err != nil {
 			a.failLocked(now, c, err)
 			return
@@ -600,21 +600,8 @@ func (a *Agent) toRTR(c *Conn, q *cm.QPAttr) error {
 		return err
 	}
 	mtu := min(cm.MTUBytes(q.PathMTU), a.pmtu)
-	rq, _ := wirePSNs(q)
-	return c.qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: mtu, DestQPN: q.RemoteQPN, RQPSN: rq,
+	return c.qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: mtu, DestQPN: q.RemoteQPN, RQPSN: q.RQPSN,
 		MaxDestRdAtomic: int(q.MaxDestRdAtomic), MinRNRTimer: c.minRNR,
 		AV: verbs.AddressVector{DestMAC: mac, DestIP: c.peer, SGIDIndex: idx,
 			TrafficClass: q.TrafficClass, HopLimit: q.HopLimit, FlowLabel: q.FlowLabel}})
 }
-
-// wirePSNs returns the receive and send PSNs to program into a QP from
-// what the CM exchanged, as the Linux CM (hence rxe and ConnectX hosts)
-// uses the Starting PSN fields: each side puts in its REQ or REP the PSN
-// it expects to *receive*, and sends from the PSN the peer's message
-// carries (ib_send_cm_req sets rq_psn from it, cm_rep_handler sq_psn from
-// the REP; the passive side mirrors it). shared/vectors/rping.pcap shows
-// it: the client's first SEND carries the REP's Starting PSN, the
-// server's first RDMA READ the REQ's. cm.QPAttr names them the other way
-// round (SQPSN is the PSN of our own REQ or REP), so they are swapped
-// here; softrnic-to-softrnic works either way, a kernel peer only this way.
-func wirePSNs(q *cm.QPAttr) (rq, sq uint32) { return q.SQPSN, q.RQPSN }
