@@ -29,6 +29,17 @@ type Params struct {
 	ReportGbits bool          // --report_gbits
 	JSON        bool          // --json: results as JSON on stdout
 	Verify      bool          // --verify: check every byte received
+	// DCQCN is --dcqcn: the device's congestion-control profile, "off"
+	// (default), "paper" or "connectx" (verbs.NewCongestion).
+	DCQCN string
+	// DCQCNScale is --dcqcn-scale: the time dilation of the DCQCN
+	// parameters (rates ÷ S, periods × S), at least 1 (default 1), so that
+	// a testbed with a slow bottleneck keeps the dynamics of a fast one.
+	DCQCNScale float64
+	// Clients is --clients: how many clients a server serves at once on
+	// its one device (default 1). Several flows into one interface must
+	// share one device, since only one process can own its AF_XDP queue.
+	Clients int
 }
 
 // Perftest's defaults (perftest_parameters.h).
@@ -62,6 +73,7 @@ var options = []option{
 	{'F', "CPU-freq", false}, {'Q', "cq-mod", true}, {'o', "outs", true}, {'I', "inline_size", true},
 	{0, "report_gbits", false}, {0, "json", false}, {0, "verify", false},
 	{0, "tclass", true}, {0, "hop_limit", true}, {'u', "qp-timeout", true}, {'h', "help", false},
+	{0, "dcqcn", true}, {0, "dcqcn-scale", true}, {0, "clients", true},
 }
 
 // ErrHelp is returned by ParseArgs for -h/--help.
@@ -89,6 +101,9 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
       --report_gbits     report bandwidth in Gb/s instead of MiB/s
       --json             print the results as JSON
       --verify           fill buffers with a pattern and check every byte received
+      --dcqcn=off|paper|connectx   DCQCN congestion control of the RC/UC QPs (default off)
+      --dcqcn-scale=S    time dilation of DCQCN: rates ÷ S, timers × S (default 1, >= 1)
+      --clients=N        server: serve N clients at once on the one device (default 1)
 `
 
 // ParseArgs parses perftest's flags for the test named by verb and measure,
@@ -96,7 +111,8 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
 // flags and the server host in any order.
 func ParseArgs(verb Verb, measure Measure, args []string) (Params, error) {
 	p := Params{Test: Test{Verb: verb, Measure: measure, Transport: RC, QPs: 1}, Port: DefaultPort,
-		GIDIndex: -1, RxDepth: defRxSend, CQMod: defCQMod, HopLimit: defHopLimit, TClass: 0, QPTimeout: defQPTimeout}
+		GIDIndex: -1, RxDepth: defRxSend, CQMod: defCQMod, HopLimit: defHopLimit, TClass: 0, QPTimeout: defQPTimeout,
+		DCQCN: "off", DCQCNScale: 1, Clients: 1}
 	itersGiven := false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -241,6 +257,22 @@ func (p *Params) set(o *option, val string) error {
 		p.JSON = true
 	case "verify":
 		p.Verify = true
+	case "dcqcn":
+		switch v := strings.ToLower(val); v {
+		case "off", "paper", "connectx":
+			p.DCQCN = v
+		default:
+			err = fmt.Errorf("perftest: --dcqcn=%q: want off, paper or connectx", val)
+		}
+	case "dcqcn-scale":
+		f, ferr := strconv.ParseFloat(val, 64)
+		if ferr != nil || !(f >= 1) || f > 1e9 {
+			return fmt.Errorf("perftest: --dcqcn-scale=%q: want a number from 1 to 1e9", val)
+		}
+		p.DCQCNScale = f
+	case "clients":
+		n, err = num(1, 64)
+		p.Clients = int(n)
 	case "CPU-freq":
 	case "help":
 		return ErrHelp
@@ -285,6 +317,9 @@ func (p *Params) finish(itersGiven bool) error {
 	}
 	if p.Duration > 0 && p.AllSizes {
 		return fmt.Errorf("perftest: -D and -a cannot be combined")
+	}
+	if p.Clients > 1 && p.Host != "" {
+		return fmt.Errorf("perftest: --clients is for the server (no server address)")
 	}
 	if p.Measure == BW && p.CQMod > p.TxDepth {
 		p.CQMod = p.TxDepth // perftest: CQ moderation cannot exceed the TX depth

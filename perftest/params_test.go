@@ -18,7 +18,8 @@ func TestParseArgs(t *testing.T) {
 	}
 	want := Params{Test: Test{Verb: Write, Measure: BW, Transport: RC, QPs: 4, Size: 4096, SizeGiven: true},
 		Host: "10.0.0.2", Device: "veth0", Port: 18600, Iters: 100, MTU: 3, GIDIndex: 1, TxDepth: 64, RxDepth: 512,
-		CQMod: 64, OutReads: 1, TClass: 106, HopLimit: 64, QPTimeout: 18, ReportGbits: true, JSON: true, Verify: true}
+		CQMod: 64, OutReads: 1, TClass: 106, HopLimit: 64, QPTimeout: 18, ReportGbits: true, JSON: true, Verify: true,
+		DCQCN: "off", DCQCNScale: 1, Clients: 1}
 	if p != want {
 		t.Fatalf("got  %+v\nwant %+v", p, want)
 	}
@@ -68,6 +69,34 @@ func TestParseArgs(t *testing.T) {
 	}
 	if p, _ := ParseArgs(Write, BW, []string{"-D", "2", "-n", "10"}); p.Duration != 2*time.Second || p.TxDepth != 128 {
 		t.Errorf("-D: %+v", p)
+	}
+}
+
+// TestParseDCQCN checks --dcqcn, --dcqcn-scale and --clients: values in
+// both getopt spellings, defaults, and every refusal.
+func TestParseDCQCN(t *testing.T) {
+	p, err := ParseArgs(Write, BW, []string{"-d", "v0", "--dcqcn", "Paper", "--dcqcn-scale=400", "--clients", "2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.DCQCN != "paper" || p.DCQCNScale != 400 || p.Clients != 2 {
+		t.Fatalf("got dcqcn %q scale %v clients %d, want paper 400 2", p.DCQCN, p.DCQCNScale, p.Clients)
+	}
+	p, err = ParseArgs(Write, BW, []string{"-d", "v0", "--dcqcn=connectx", "--dcqcn-scale", "2.5", "10.0.0.1"})
+	if err != nil || p.DCQCN != "connectx" || p.DCQCNScale != 2.5 || p.Clients != 1 {
+		t.Fatalf("got %q %v %d, %v; want connectx 2.5 1", p.DCQCN, p.DCQCNScale, p.Clients, err)
+	}
+	p, err = ParseArgs(Write, BW, []string{"-d", "v0"})
+	if err != nil || p.DCQCN != "off" || p.DCQCNScale != 1 || p.Clients != 1 {
+		t.Fatalf("defaults: got %q %v %d, %v; want off 1 1", p.DCQCN, p.DCQCNScale, p.Clients, err)
+	}
+	for _, bad := range [][]string{
+		{"--dcqcn", "timely"}, {"--dcqcn"}, {"--dcqcn-scale", "0.5"}, {"--dcqcn-scale=NaN"}, {"--dcqcn-scale=-3"},
+		{"--dcqcn-scale", "x"}, {"--dcqcn-scale=+Inf"}, {"--clients", "0"}, {"--clients=65"}, {"--clients", "2", "10.0.0.1"},
+	} {
+		if _, err := ParseArgs(Write, BW, append([]string{"-d", "v0"}, bad...)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }
 
