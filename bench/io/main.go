@@ -14,7 +14,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -22,60 +21,19 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
+	"github.com/softrnic/softrnic/bench/io/iobench"
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/port/afpacket"
-	"github.com/softrnic/softrnic/port/afxdp"
 	"golang.org/x/sys/unix"
 )
 
-// Result is one row of the bench.
-type Result struct {
-	Port   string `json:"port"`   // afxdp or afpacket
-	Test   string `json:"test"`   // tx-only, rx-only, ping-pong
-	Size   int    `json:"size"`   // frame bytes
-	Mode   string `json:"mode"`   // how the port ran (XDP attach mode, copy or zero-copy)
-	Frames uint64 `json:"frames"` // frames counted
-	// FramesPerSec and Gbps: transmitted (tx-only) or received (rx-only)
-	// per second.
-	FramesPerSec float64 `json:"frames_per_sec,omitempty"`
-	Gbps         float64 `json:"gbps,omitempty"`
-	RoundTrips   float64 `json:"round_trips_per_sec,omitempty"` // ping-pong, one at a time
-	SentPerSec   float64 `json:"sent_per_sec,omitempty"`        // rx-only: what the sender offered
-	// CPUSeconds is the user+system CPU time the bench process (sender and
-	// receiver, and the kernel work done in their system calls) used during
-	// the test; FramesPerCPUSec = Frames / CPUSeconds is therefore much less
-	// sensitive than FramesPerSec to other load on the machine.
-	CPUSeconds      float64 `json:"cpu_seconds,omitempty"`
-	FramesPerCPUSec float64 `json:"frames_per_cpu_sec,omitempty"`
-	RTTMeanUs       float64 `json:"rtt_mean_us,omitempty"`
-	RTTP50Us        float64 `json:"rtt_p50_us,omitempty"`
-	RTTP99Us        float64 `json:"rtt_p99_us,omitempty"`
-	Lost            uint64  `json:"lost,omitempty"` // ping-pong: requests without a reply in 100 ms
-	Error           string  `json:"error,omitempty"`
-	// Sender and receiver port counters after the test (syscalls, drops...).
-	SenderStats   any `json:"sender_stats,omitempty"`
-	ReceiverStats any `json:"receiver_stats,omitempty"`
-}
-
-// Report is the JSON document.
-type Report struct {
-	When     time.Time `json:"when"`
-	Kernel   string    `json:"kernel"`
-	CPUs     int       `json:"cpus"`
-	Go       string    `json:"go"`
-	Duration string    `json:"duration_per_test"`
-	Note     string    `json:"note"`
-	Results  []Result  `json:"results"`
-}
+// current is the pair in use, for the signal handler to remove.
+var current atomic.Pointer[netnstest.Pair]
 
 func main() {
 	dur := flag.Duration("duration", 2*time.Second, "duration of each rate test")
@@ -86,7 +44,8 @@ func main() {
 	testsF := flag.String("tests", "tx-only,rx-only,ping-pong", "tests to run")
 	xdpMode := flag.String("xdp-mode", "auto", "AF_XDP attach mode: auto, driver or generic")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
-	flag.DurationVar(&busyPoll, "busy-poll", 0, "AF_XDP: SO_BUSY_POLL time (0: off), with SO_PREFER_BUSY_POLL")
+	var cfg iobench.Config
+	flag.DurationVar(&cfg.BusyPoll, "busy-poll", 0, "AF_XDP: SO_BUSY_POLL time (0: off), with SO_PREFER_BUSY_POLL")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -100,9 +59,9 @@ func main() {
 	switch *xdpMode {
 	case "auto":
 	case "driver":
-		xdpAttach = bpf.DriverMode
+		cfg.XDPAttach = bpf.DriverMode
 	case "generic":
-		xdpAttach = bpf.GenericMode
+		cfg.XDPAttach = bpf.GenericMode
 	default:
 		fmt.Fprintf(os.Stderr, "bench/io: bad -xdp-mode %q\n", *xdpMode)
 		os.Exit(2)
@@ -133,7 +92,7 @@ func main() {
 	}
 	var uts unix.Utsname
 	unix.Uname(&uts)
-	rep := Report{
+	rep := iobench.Report{
 		When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), Duration: dur.String(),
 		Note: "veth between two namespaces on this host; sender, receiver and softirq share the CPUs",
@@ -153,15 +112,15 @@ func main() {
 		current.Store(pair)
 		for _, kind := range strings.Split(*portsF, ",") {
 			for _, test := range strings.Split(*testsF, ",") {
-				r := run(pair, kind, test, size, *dur, *pings)
+				r := iobench.Run(pair, cfg, kind, test, size, *dur, *pings)
 				rep.Results = append(rep.Results, r)
-				fmt.Fprintf(os.Stderr, "%-8s %-9s %5d B: %s\n", kind, test, size, summary(r))
+				fmt.Fprintf(os.Stderr, "%-8s %-9s %5d B: %s\n", kind, test, size, iobench.Summary(r))
 			}
 		}
 		current.Store(nil)
 		pair.Close()
 	}
-	printTable(rep)
+	iobench.PrintTable(os.Stdout, rep)
 	if *jsonPath != "" {
 		os.MkdirAll(filepath.Dir(*jsonPath), 0o755)
 		b, _ := json.MarshalIndent(rep, "", "  ")
@@ -171,335 +130,4 @@ func main() {
 		}
 		fmt.Println("wrote", *jsonPath)
 	}
-}
-
-func summary(r Result) string {
-	if r.Error != "" {
-		return "error: " + r.Error
-	}
-	if r.Test == "ping-pong" {
-		return fmt.Sprintf("p50 %.1f µs, p99 %.1f µs", r.RTTP50Us, r.RTTP99Us)
-	}
-	return fmt.Sprintf("%.3f Mpps, %.2f Gbit/s", r.FramesPerSec/1e6, r.Gbps)
-}
-
-func printTable(rep Report) {
-	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(w, "port\ttest\tsize B\tMpps\tGbit/s\toffered Mpps\tMpps per CPU-s\tRTT p50 µs\tRTT p99 µs\tmode\t\n")
-	for _, r := range rep.Results {
-		if r.Error != "" {
-			fmt.Fprintf(w, "%s\t%s\t%d\t\t\t\t\t\t\terror: %s\t\n", r.Port, r.Test, r.Size, r.Error)
-			continue
-		}
-		mpps, gbps, off, percpu, p50, p99 := "", "", "", "", "", ""
-		if r.FramesPerCPUSec > 0 {
-			percpu = fmt.Sprintf("%.3f", r.FramesPerCPUSec/1e6)
-		}
-		if r.Test == "ping-pong" {
-			p50, p99 = fmt.Sprintf("%.1f", r.RTTP50Us), fmt.Sprintf("%.1f", r.RTTP99Us)
-		} else {
-			mpps, gbps = fmt.Sprintf("%.3f", r.FramesPerSec/1e6), fmt.Sprintf("%.2f", r.Gbps)
-		}
-		if r.SentPerSec > 0 {
-			off = fmt.Sprintf("%.3f", r.SentPerSec/1e6)
-		}
-		fmt.Fprintf(w, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", r.Port, r.Test, r.Size, mpps, gbps, off, percpu, p50, p99, r.Mode)
-	}
-	w.Flush()
-	fmt.Printf("(%s, %d CPUs, %s; %s)\n", rep.Kernel, rep.CPUs, rep.Go, rep.Note)
-	fmt.Println("(for comparison, C xdpsock in copy mode is published at 1.4-1.7 Mpps per queue at 64 B on real NICs)")
-}
-
-var (
-	xdpAttach bpf.AttachMode
-	busyPoll  time.Duration
-)
-
-// current is the pair in use, for the signal handler to remove.
-var current atomic.Pointer[netnstest.Pair]
-
-// open opens a port of the given kind on l, inside l's namespace.
-func open(kind string, l *netnstest.Link) (p port.Port, mode string, err error) {
-	err = l.NS.Do(func() error {
-		switch kind {
-		case "afxdp":
-			x, err := afxdp.Open(afxdp.Config{IfIndex: l.Index, XDPMode: xdpAttach, BusyPoll: busyPoll, PreferBusyPoll: busyPoll > 0})
-			if err != nil {
-				return err
-			}
-			st, _ := x.Stats()
-			zc := "copy"
-			if st.ZeroCopy {
-				zc = "zero-copy"
-			}
-			mode = fmt.Sprintf("XDP %v, %s", st.AttachMode, zc)
-			if st.Multi {
-				mode += ", multi-buffer"
-			}
-			if busyPoll > 0 {
-				mode += ", busy-poll " + busyPoll.String()
-			}
-			p = x
-		case "afpacket":
-			a, err := afpacket.Open(afpacket.Config{IfIndex: l.Index})
-			if err != nil {
-				return err
-			}
-			mode, p = "TPACKET_V2 ring, sendmmsg", a
-		default:
-			return fmt.Errorf("unknown port %q", kind)
-		}
-		return nil
-	})
-	return p, mode, err
-}
-
-func run(pair *netnstest.Pair, kind, test string, size int, dur time.Duration, pings int) (r Result) {
-	r = Result{Port: kind, Test: test, Size: size}
-	a, mode, err := open(kind, &pair.A)
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	defer a.Close()
-	b, _, err := open(kind, &pair.B)
-	if err != nil {
-		r.Error = err.Error()
-		return r
-	}
-	defer b.Close()
-	r.Mode = mode
-	if size > a.MaxFrame() {
-		r.Error = fmt.Sprintf("frame %d > MaxFrame %d", size, a.MaxFrame())
-		return r
-	}
-	cpu0 := cpuTime()
-	defer func() {
-		if r.Error == "" && r.Test != "ping-pong" {
-			r.CPUSeconds = cpuTime() - cpu0
-			if r.CPUSeconds > 0 {
-				r.FramesPerCPUSec = float64(r.Frames) / r.CPUSeconds
-			}
-		}
-	}()
-	switch test {
-	case "tx-only":
-		err = txOnly(&r, pair, a, size, dur)
-	case "rx-only":
-		err = rxOnly(&r, pair, a, b, size, dur)
-	case "ping-pong":
-		err = pingPong(&r, pair, a, b, size, dur, pings)
-	default:
-		err = fmt.Errorf("unknown test %q", test)
-	}
-	if err != nil {
-		r.Error = err.Error()
-	}
-	r.SenderStats, r.ReceiverStats = portStats(a), portStats(b)
-	return r
-}
-
-func portStats(p port.Port) any {
-	switch p := p.(type) {
-	case *afxdp.Port:
-		st, _ := p.Stats()
-		return st
-	case *afpacket.Port:
-		st, _ := p.Stats()
-		return st
-	}
-	return nil
-}
-
-// cpuTime is the process's user+system CPU time in seconds.
-func cpuTime() float64 {
-	var ru unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru)
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
-}
-
-func batchOf(pair *netnstest.Pair, size int) [][]byte {
-	out := make([][]byte, port.BatchSize)
-	for i := range out {
-		out[i] = netnstest.RoCEFrame(make([]byte, size), &pair.A, &pair.B, uint32(i))
-	}
-	return out
-}
-
-// txOnly: how fast a sends; b is open (so the frames are steered to it or
-// filtered for it, as in production) but does not read, so its rings or
-// buffers fill and the kernel drops the excess cheaply.
-func txOnly(r *Result, pair *netnstest.Pair, a port.Port, size int, dur time.Duration) error {
-	out := batchOf(pair, size)
-	var sent uint64
-	start := time.Now()
-	deadline := start.Add(dur)
-	for i := 0; ; i++ {
-		if i%64 == 0 && time.Now().After(deadline) {
-			break
-		}
-		n, err := a.Send(out)
-		if err != nil {
-			return err
-		}
-		sent += uint64(n)
-	}
-	el := time.Since(start).Seconds()
-	r.Frames = sent
-	r.FramesPerSec = float64(sent) / el
-	r.Gbps = r.FramesPerSec * float64(size) * 8 / 1e9
-	return nil
-}
-
-// rxOnly: how fast b receives while a sends flat out on another goroutine.
-func rxOnly(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur time.Duration) error {
-	out := batchOf(pair, size)
-	var stop atomic.Bool
-	var sent atomic.Uint64
-	serr := make(chan error, 1)
-	go func() {
-		var n uint64
-		for !stop.Load() {
-			k, err := a.Send(out)
-			if err != nil {
-				serr <- err
-				return
-			}
-			n += uint64(k)
-			if n&1023 < uint64(k) {
-				sent.Store(n)
-			}
-		}
-		sent.Store(n)
-		serr <- nil
-	}()
-	frames := make([][]byte, port.BatchSize)
-	// Let the pipeline fill before counting.
-	warm := time.Now().Add(dur / 10)
-	for time.Now().Before(warm) {
-		if _, err := b.Recv(frames, time.Millisecond); err != nil {
-			stop.Store(true)
-			<-serr
-			return err
-		}
-	}
-	var got uint64
-	s0 := sent.Load()
-	start := time.Now()
-	deadline := start.Add(dur)
-	var rerr error
-	for i := 0; ; i++ {
-		if i%64 == 0 && time.Now().After(deadline) {
-			break
-		}
-		n, err := b.Recv(frames, time.Millisecond)
-		if err != nil {
-			rerr = err
-			break
-		}
-		got += uint64(n)
-	}
-	el := time.Since(start).Seconds()
-	s1 := sent.Load()
-	stop.Store(true)
-	if err := errors.Join(rerr, <-serr); err != nil {
-		return err
-	}
-	r.Frames = got
-	r.FramesPerSec = float64(got) / el
-	r.Gbps = r.FramesPerSec * float64(size) * 8 / 1e9
-	r.SentPerSec = float64(s1-s0) / el
-	return nil
-}
-
-// pingPong: a sends one frame, b returns it (MACs swapped), a waits for it;
-// both block in Recv (poll) rather than spin, as a daemon would.
-func pingPong(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur time.Duration, pings int) error {
-	var stop atomic.Bool
-	echoErr := make(chan error, 1)
-	go func() {
-		frames := make([][]byte, port.BatchSize)
-		reply := make([][]byte, port.BatchSize)
-		for i := range reply {
-			reply[i] = make([]byte, b.MaxFrame())
-		}
-		for !stop.Load() {
-			n, err := b.Recv(frames, 10*time.Millisecond)
-			if err != nil {
-				echoErr <- err
-				return
-			}
-			for i, f := range frames[:n] {
-				reply[i] = reply[i][:len(f)]
-				copy(reply[i], f)
-				copy(reply[i][0:6], f[6:12])
-				copy(reply[i][6:12], f[0:6])
-			}
-			for sent := 0; sent < n && !stop.Load(); {
-				k, err := b.Send(reply[sent:n])
-				if err != nil {
-					echoErr <- err
-					return
-				}
-				sent += k
-			}
-		}
-		echoErr <- nil
-	}()
-	req := [][]byte{make([]byte, size)}
-	frames := make([][]byte, port.BatchSize)
-	rtts := make([]time.Duration, 0, pings)
-	var lost uint64
-	deadline := time.Now().Add(2 * dur)
-	var err error
-	for seq := 0; seq < pings && time.Now().Before(deadline) && err == nil; seq++ {
-		netnstest.RoCEFrame(req[0], &pair.A, &pair.B, uint32(seq))
-		t0 := time.Now()
-		var k int
-		if k, err = a.Send(req); err != nil || k != 1 {
-			lost++
-			continue
-		}
-		got := false
-		for !got && time.Since(t0) < 100*time.Millisecond {
-			var n int
-			n, err = a.Recv(frames, 10*time.Millisecond)
-			if err != nil {
-				break
-			}
-			for _, f := range frames[:n] {
-				if len(f) >= 46 && f[42] == req[0][42] && f[43] == req[0][43] && f[44] == req[0][44] && f[45] == req[0][45] {
-					got = true
-				}
-			}
-		}
-		if got {
-			rtts = append(rtts, time.Since(t0))
-		} else {
-			lost++
-		}
-	}
-	stop.Store(true)
-	if e := <-echoErr; e != nil && err == nil {
-		err = e
-	}
-	if err != nil {
-		return err
-	}
-	if len(rtts) == 0 {
-		return fmt.Errorf("no round trip completed")
-	}
-	var total time.Duration
-	for _, d := range rtts {
-		total += d
-	}
-	slices.Sort(rtts)
-	us := func(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-	r.Frames = uint64(len(rtts))
-	r.RTTMeanUs = us(total / time.Duration(len(rtts)))
-	r.RTTP50Us = us(rtts[len(rtts)/2])
-	r.RTTP99Us = us(rtts[len(rtts)*99/100])
-	r.RoundTrips = float64(len(rtts)) / total.Seconds()
-	r.Lost = lost
-	return nil
 }
