@@ -40,6 +40,9 @@ type Params struct {
 	// its one device (default 1). Several flows into one interface must
 	// share one device, since only one process can own its AF_XDP queue.
 	Clients int
+	// RDMACM is -R/--rdma_cm: perftest's control channel and the test's
+	// QPs connected through rdma_cm (the IB CM on QP1) instead of TCP.
+	RDMACM bool
 }
 
 // Perftest's defaults (perftest_parameters.h).
@@ -74,6 +77,7 @@ var options = []option{
 	{0, "report_gbits", false}, {0, "json", false}, {0, "verify", false},
 	{0, "tclass", true}, {0, "hop_limit", true}, {'u', "qp-timeout", true}, {'h', "help", false},
 	{0, "dcqcn", true}, {0, "dcqcn-scale", true}, {0, "clients", true},
+	{'R', "rdma_cm", false},
 }
 
 // ErrHelp is returned by ParseArgs for -h/--help.
@@ -104,6 +108,7 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
       --dcqcn=off|paper|connectx   DCQCN congestion control of the RC/UC QPs (default off)
       --dcqcn-scale=S    time dilation of DCQCN: rates ÷ S, timers × S (default 1, >= 1)
       --clients=N        server: serve N clients at once on the one device (default 1)
+  -R, --rdma_cm          connect through rdma_cm (IB CM on QP1), as perftest -R: control channel and test QPs
 `
 
 // ParseArgs parses perftest's flags for the test named by verb and measure,
@@ -270,6 +275,8 @@ func (p *Params) set(o *option, val string) error {
 			return fmt.Errorf("perftest: --dcqcn-scale=%q: want a number from 1 to 1e9", val)
 		}
 		p.DCQCNScale = f
+	case "rdma_cm":
+		p.RDMACM = true
 	case "clients":
 		n, err = num(1, 64)
 		p.Clients = int(n)
@@ -317,6 +324,9 @@ func (p *Params) finish(itersGiven bool) error {
 	}
 	if p.Duration > 0 && p.AllSizes {
 		return fmt.Errorf("perftest: -D and -a cannot be combined")
+	}
+	if p.RDMACM && (p.Transport != RC || p.Clients > 1) {
+		return fmt.Errorf("perftest: -R supports RC and one client")
 	}
 	if p.Clients > 1 && p.Host != "" {
 		return fmt.Errorf("perftest: --clients is for the server (no server address)")
