@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -31,8 +32,10 @@ type CLIOptions struct {
 // RunCLI is `softrnic perf`: it opens the device on p.Device in the calling
 // thread's network namespace (a verbs.Device driven by engine.Run on an
 // AF_XDP or AF_PACKET port),
-// then serves one perftest client (p.Host empty) or connects to the server
-// p.Host, runs the test and prints perftest's report, or JSON with --json.
+// then serves one perftest client (p.Host empty; --clients N: N clients at
+// once on the one device) or connects to the server p.Host, runs the test
+// and prints perftest's report, or JSON with --json. --dcqcn runs DCQCN on
+// the device (CongestionFor).
 func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
 	if p.Device == "" {
 		return Result{}, errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
@@ -53,7 +56,15 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 		return Result{}, fmt.Errorf("perf: open %s: %w", in.Name, err)
 	}
 	defer pt.Close()
-	dev, err := NewDevice(in)
+	cc, err := CongestionFor(p)
+	if err != nil {
+		return Result{}, err
+	}
+	dev, err := NewDeviceCC(in, cc)
+	if err != nil {
+		return Result{}, err
+	}
+	loop, err := engine.NewLoop(dev, pt, engine.Options{})
 	if err != nil {
 		return Result{}, err
 	}
@@ -64,10 +75,10 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 	defer res.Close()
 	ectx, stop := context.WithCancel(ctx)
 	engDone := make(chan error, 1)
-	go func() { engDone <- engine.Run(ectx, dev, pt, engine.Options{}) }()
+	go func() { engDone <- loop.Run(ectx) }()
 	defer func() { stop(); <-engDone }()
 
-	h := Host{Device: dev, Iface: in,
+	h := Host{Device: dev, Iface: in, Stats: loop.DeviceStats,
 		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
@@ -86,20 +97,14 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 			return src, dst, nil
 		}}
 
-	conn, err := sideChannel(ctx, p, o)
-	if err != nil {
-		return Result{}, err
+	var r Result
+	if p.Host == "" && p.Clients > 1 {
+		r, err = serveClients(ctx, h, p, o, stdout)
+	} else {
+		r, err = runOne(ctx, h, p, o, stdout)
 	}
-	defer conn.Close()
-	t := New(h, p, p.Host != "", stdout)
-	r, err := t.Exec(ctx, conn)
 	if err != nil {
 		return r, err
-	}
-	if p.JSON {
-		if err := t.JSON().Write(stdout); err != nil {
-			return r, err
-		}
 	}
 	select {
 	case err := <-engDone:
@@ -110,6 +115,96 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 	default:
 	}
 	return r, nil
+}
+
+// runOne runs the test with one client or server over its side channel.
+func runOne(ctx context.Context, h Host, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
+	conn, err := sideChannel(ctx, p, o)
+	if err != nil {
+		return Result{}, err
+	}
+	defer conn.Close()
+	return execJSON(ctx, h, p, conn, stdout)
+}
+
+// execJSON runs one test on conn and writes its JSON with --json.
+func execJSON(ctx context.Context, h Host, p perftest.Params, conn net.Conn, stdout io.Writer) (Result, error) {
+	t := New(h, p, p.Host != "", stdout)
+	r, err := t.Exec(ctx, conn)
+	if err != nil {
+		return r, err
+	}
+	if p.JSON {
+		if err := t.JSON().Write(stdout); err != nil {
+			return r, err
+		}
+	}
+	return r, nil
+}
+
+// serveClients is a server's --clients N: it accepts N side-channel
+// connections on one listener and runs each client's test as it arrives,
+// all at once, on the one device (each with its own PD, MR, CQs and QPs).
+// Two flows into one interface need this: only one process can own the
+// interface's AF_XDP queue, so a second server on it would never see its
+// packets. Each client's report (and JSON object) is written whole, one
+// after the other; the result is every client's rows, and the first
+// failure.
+func serveClients(ctx context.Context, h Host, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
+	ln, err := net.Listen("tcp", ":"+strconv.Itoa(p.Port))
+	if err != nil {
+		return Result{}, err
+	}
+	defer ln.Close()
+	if o.Listening != nil {
+		o.Listening(ln.Addr())
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stopAccept := context.AfterFunc(cctx, func() { ln.Close() })
+	defer stopAccept()
+	type outcome struct {
+		r   Result
+		out []byte
+		err error
+	}
+	done := make(chan outcome, p.Clients)
+	started := 0
+	var acceptErr error
+	for ; started < p.Clients; started++ {
+		conn, err := ln.Accept()
+		if err != nil {
+			acceptErr = err
+			break
+		}
+		go func() {
+			defer conn.Close()
+			var buf bytes.Buffer
+			r, err := execJSON(cctx, h, p, conn, &buf)
+			if err != nil {
+				cancel() // one failed client ends the run, as one server would
+				err = fmt.Errorf("perf: client %v: %w", conn.RemoteAddr(), err)
+			}
+			done <- outcome{r, buf.Bytes(), err}
+		}()
+	}
+	var all Result
+	var errs []error
+	if acceptErr != nil && ctx.Err() == nil && started < p.Clients {
+		errs = append(errs, fmt.Errorf("perf: accept client %d of %d: %w", started+1, p.Clients, acceptErr))
+	}
+	for range started {
+		oc := <-done
+		stdout.Write(oc.out)
+		all.BW = append(all.BW, oc.r.BW...)
+		all.Lat = append(all.Lat, oc.r.Lat...)
+		all.CC = append(all.CC, oc.r.CC...)
+		all.MTU, all.Verify = oc.r.MTU, oc.r.Verify
+		if oc.err != nil {
+			errs = append(errs, oc.err)
+		}
+	}
+	return all, errors.Join(errs...)
 }
 
 // sideChannel accepts one client or dials the server.

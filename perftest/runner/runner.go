@@ -12,6 +12,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -37,16 +38,38 @@ type Host struct {
 	// Resolve returns the MAC addresses frames to peer go between
 	// (ours, the next hop's).
 	Resolve func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error)
+	// Stats, if set, returns the device's counters safely from the
+	// application's goroutine (engine.Loop.DeviceStats: Device.Stats
+	// belongs to the engine goroutine). --json reports the DCQCN counters
+	// from it; without it they are left out.
+	Stats func() verbs.Stats
 }
 
 // NewDevice creates the device of an interface: its MAC, its addresses as
-// the GID table, its active MTU.
+// the GID table, its active MTU; DCQCN off.
 func NewDevice(in engine.Interface) (*verbs.Device, error) {
+	return NewDeviceCC(in, verbs.Congestion{})
+}
+
+// NewDeviceCC is NewDevice with the DCQCN setting cc (CongestionFor).
+func NewDeviceCC(in engine.Interface, cc verbs.Congestion) (*verbs.Device, error) {
 	mtu := in.ActiveMTU()
 	if mtu == 0 {
 		return nil, fmt.Errorf("perf: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
-	return verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu})
+	return verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu, Congestion: cc})
+}
+
+// CongestionFor is the device's DCQCN setting for --dcqcn and
+// --dcqcn-scale: the profile at its own line rate (paper 40 Gb/s,
+// connectx 100 Gb/s), dilated by the scale, so that a testbed whose
+// bottleneck is the line rate ÷ S sees the profile's dynamics.
+func CongestionFor(p perftest.Params) (verbs.Congestion, error) {
+	cc, err := verbs.NewCongestion(p.DCQCN, 0, p.DCQCNScale, nil)
+	if err != nil {
+		return cc, fmt.Errorf("perf: --dcqcn %s --dcqcn-scale %g: %w", p.DCQCN, p.DCQCNScale, err)
+	}
+	return cc, nil
 }
 
 // Result is what a run measured.
@@ -55,6 +78,17 @@ type Result struct {
 	Lat    []perftest.LatReport
 	MTU    int
 	Verify bool // --verify checked every byte (false: not asked)
+	// CC is each QP's DCQCN state at the end of the run (empty with
+	// DCQCN off), taken before the QPs are destroyed.
+	CC []QPCongestion
+	// Peer is the address of the peer's GID.
+	Peer netip.Addr
+}
+
+// QPCongestion is one QP's DCQCN state at the end of a run.
+type QPCongestion struct {
+	QPN uint32
+	verbs.CCState
 }
 
 // udQKey is the Q_Key perftest gives its UD QPs (DEF_QKEY).
@@ -153,6 +187,7 @@ func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 	}
 	cfg := perftest.Config{Test: t.p.Test, Client: t.client, MTU: mtu, PageSize: 4096, CacheLine: 64}
 	out, err := perftest.Run(ctx, conn, cfg, t)
+	t.snapshotCC()
 	if err != nil {
 		return t.res, err
 	}
@@ -183,8 +218,18 @@ func (t *Test) info() perftest.Info {
 		GIDIndex: t.p.GIDIndex, Duration: t.p.Duration, ReportGbits: t.p.ReportGbits}
 }
 
+// snapshotCC records each QP's DCQCN state while the QPs still exist.
+func (t *Test) snapshotCC() {
+	t.res.CC = t.res.CC[:0]
+	for _, q := range t.qps {
+		if st, ok := q.qp.CongestionState(); ok {
+			t.res.CC = append(t.res.CC, QPCongestion{QPN: q.qpn(), CCState: st})
+		}
+	}
+}
+
 // JSON returns the result in --json form.
-func (t *Test) JSON() *perftest.JSONResult {
+func (t *Test) JSON() *JSONResult {
 	j := perftest.NewJSONResult(t.info())
 	for _, r := range t.res.BW {
 		j.AddBW(r)
@@ -194,7 +239,69 @@ func (t *Test) JSON() *perftest.JSONResult {
 		v := t.res.Verify
 		j.TestInfo.Verified = &v
 	}
-	return j
+	out := &JSONResult{JSONResult: j}
+	if cc := t.h.Device.Config().Congestion; cc.On() {
+		d := &DCQCNJSON{Profile: cc.Profile, Scale: cc.Scale, QPs: []QPCongestionJSON{}}
+		if t.res.Peer.IsValid() {
+			d.Peer = t.res.Peer.String()
+		}
+		if t.h.Stats != nil {
+			st := t.h.Stats()
+			d.ECNMarked, d.CNPSent = &st.NPECNMarkedRoCEPackets, &st.NPCNPSent
+			d.CNPHandled, d.CNPIgnored = &st.RPCNPHandled, &st.RPCNPIgnored
+		}
+		for _, q := range t.res.CC {
+			d.QPs = append(d.QPs, QPCongestionJSON{QPN: q.QPN, RateMbps: float64(q.Rate) / 1e6, TargetMbps: float64(q.Target) / 1e6,
+				Alpha: q.Alpha, ECNMarked: q.NPECNMarkedRoCEPackets, CNPSent: q.NPCNPSent,
+				CNPHandled: q.RPCNPHandled, CNPIgnored: q.RPCNPIgnored, Cuts: q.Cuts})
+		}
+		out.DCQCN = d
+	}
+	return out
+}
+
+// JSONResult is perftest's --json layout plus, with DCQCN on, a "dcqcn"
+// object.
+type JSONResult struct {
+	*perftest.JSONResult
+	DCQCN *DCQCNJSON `json:"dcqcn,omitempty"`
+}
+
+// Write writes the result as indented JSON.
+func (j *JSONResult) Write(w io.Writer) error {
+	e := json.NewEncoder(w)
+	e.SetIndent("", "  ")
+	return e.Encode(j)
+}
+
+// DCQCNJSON is the "dcqcn" object of --json: the profile and dilation, the
+// device's counters under their mlx5 names (as `rdma statistic` shows a
+// ConnectX port's; device-wide, so with --clients they count every
+// client's QPs), the peer this run served, and each of this run's QPs'
+// final rate, α and own counts (per QP, under other names so that a tool
+// summing the mlx5 names over a device does not count them twice).
+type DCQCNJSON struct {
+	Profile    string             `json:"profile"`
+	Scale      float64            `json:"scale"`
+	ECNMarked  *uint64            `json:"np_ecn_marked_roce_packets,omitempty"`
+	CNPSent    *uint64            `json:"np_cnp_sent,omitempty"`
+	CNPHandled *uint64            `json:"rp_cnp_handled,omitempty"`
+	CNPIgnored *uint64            `json:"rp_cnp_ignored,omitempty"`
+	Peer       string             `json:"peer,omitempty"`
+	QPs        []QPCongestionJSON `json:"qps"`
+}
+
+// QPCongestionJSON is one QP in DCQCNJSON.
+type QPCongestionJSON struct {
+	QPN        uint32  `json:"qpn"`
+	RateMbps   float64 `json:"rate_mbps"`   // R_C at the end (dilated)
+	TargetMbps float64 `json:"target_mbps"` // R_T at the end
+	Alpha      float64 `json:"alpha"`
+	ECNMarked  uint64  `json:"ecn_marked"`  // CE-marked packets this QP received (NP)
+	CNPSent    uint64  `json:"cnp_sent"`    // CNPs this QP's NP asked for
+	CNPHandled uint64  `json:"cnp_handled"` // CNPs this QP's RP acted on
+	CNPIgnored uint64  `json:"cnp_ignored"` // CNPs coalesced into a pending cut
+	Cuts       uint64  `json:"cuts"`        // rate cuts
 }
 
 func (t *Test) qpType() verbs.QPType {
@@ -322,6 +429,7 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 		perftest.WriteDest(writerOrDiscard(t), "remote", d, t.p.Verb)
 	}
 	peer := remote[0].Addr()
+	t.res.Peer = peer
 	if peer.Is4() != t.gid.Is4() {
 		return fmt.Errorf("perf: peer GID %v and ours %v differ in IP version", peer, t.gid)
 	}
