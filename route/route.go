@@ -7,6 +7,14 @@
 // neighbour (ARP or neighbour discovery, as if a packet were waiting), and
 // reports when a resolved answer changes.
 //
+// Asking is not always enough: Linux sends an IPv6 neighbour solicitation
+// that no packet waits for only from a link-local source (ndisc_send_ns
+// gives up without one), and RoCE links are often configured with
+// addrgenmode none (the lab's veth and tap are). Resolve then sends one
+// real packet, a UDP datagram to the peer's discard port from the route's
+// source address, which the kernel holds while it solicits with that
+// source (see probe).
+//
 // It is a slow-path package: the engine looks up a peer when a QP is
 // connected or an address handle created, and keeps the answer until
 // Watch reports a change.
@@ -19,7 +27,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -75,6 +85,8 @@ type Resolver struct {
 
 	mu    sync.Mutex
 	known map[netip.Addr]Next // peers looked up, for Watch
+
+	probes atomic.Uint64 // datagrams sent by probe, for tests
 }
 
 // New makes a Resolver for the calling thread's network namespace.
@@ -108,6 +120,55 @@ const usable = netlink.NUD_REACHABLE | netlink.NUD_STALE | netlink.NUD_DELAY | n
 // An IPv6 link-local peer (RoCE GIDs are often fe80::) needs its zone, the
 // interface name, as in fe80::1%eth0: the address alone names no link.
 func (r *Resolver) Lookup(peer netip.Addr) (Next, error) {
+	n, _, err := r.lookup(peer)
+	if errors.Is(err, ErrUnresolved) {
+		r.solicit(n.IfIndex, n.NextHop().WithZone(""))
+	}
+	return n, err
+}
+
+// lookup is Lookup without the request to resolve a missing neighbour; it
+// also returns the state of the next hop's neighbour entry when that is not
+// usable (0: there is none, or it is NUD_NONE), for Resolve to decide
+// whether to probe.
+func (r *Resolver) lookup(peer netip.Addr) (Next, int, error) {
+	n, err := r.route(peer)
+	if err != nil {
+		return n, 0, err
+	}
+	hop := n.NextHop().WithZone("")
+	family := unix.AF_INET
+	if hop.Is6() {
+		family = unix.AF_INET6
+	}
+	neighs, err := r.h.NeighList(n.IfIndex, family)
+	if err != nil {
+		return n, 0, fmt.Errorf("route: neighbours of %s: %w", n.IfName, err)
+	}
+	state := 0
+	for _, ne := range neighs {
+		ip, ok := netip.AddrFromSlice(ne.IP)
+		if !ok || ip.Unmap() != hop {
+			continue
+		}
+		if ne.State&usable != 0 && len(ne.HardwareAddr) == 6 {
+			n.DstMAC = append(net.HardwareAddr(nil), ne.HardwareAddr...)
+			if ne.State&netlink.NUD_STALE != 0 {
+				r.solicit(n.IfIndex, hop) // revalidate, as sending would
+			}
+			r.remember(n)
+			return n, ne.State, nil
+		}
+		state = ne.State
+		break
+	}
+	r.remember(n)
+	return n, state, fmt.Errorf("%w: %v via %s", ErrUnresolved, hop, n.IfName)
+}
+
+// route fills in everything of Next but DstMAC from the routing table and
+// the egress link.
+func (r *Resolver) route(peer netip.Addr) (Next, error) {
 	peer = peer.Unmap()
 	var opts *netlink.RouteGetOptions
 	if peer.Is6() && peer.IsLinkLocalUnicast() {
@@ -151,33 +212,7 @@ func (r *Resolver) Lookup(peer netip.Addr) (Next, error) {
 	if a.Flags&net.FlagLoopback != 0 || len(a.HardwareAddr) == 0 {
 		return n, fmt.Errorf("route: %v is reached through %s, which has no Ethernet address", peer, a.Name)
 	}
-	hop := n.NextHop().WithZone("")
-	family := unix.AF_INET
-	if hop.Is6() {
-		family = unix.AF_INET6
-	}
-	neighs, err := r.h.NeighList(n.IfIndex, family)
-	if err != nil {
-		return n, fmt.Errorf("route: neighbours of %s: %w", a.Name, err)
-	}
-	for _, ne := range neighs {
-		ip, ok := netip.AddrFromSlice(ne.IP)
-		if !ok || ip.Unmap() != hop {
-			continue
-		}
-		if ne.State&usable != 0 && len(ne.HardwareAddr) == 6 {
-			n.DstMAC = append(net.HardwareAddr(nil), ne.HardwareAddr...)
-			if ne.State&netlink.NUD_STALE != 0 {
-				r.solicit(n.IfIndex, hop) // revalidate, as sending would
-			}
-			r.remember(n)
-			return n, nil
-		}
-		break
-	}
-	r.solicit(n.IfIndex, hop)
-	r.remember(n)
-	return n, fmt.Errorf("%w: %v via %s", ErrUnresolved, hop, a.Name)
+	return n, nil
 }
 
 // solicit asks the kernel to resolve hop on the link, as if a packet were
@@ -204,14 +239,43 @@ func (r *Resolver) Forget(peer netip.Addr) {
 	r.mu.Unlock()
 }
 
-// Resolve is Lookup that waits, until ctx ends, for a missing neighbour to
-// be resolved.
+// Resolution bounds: at most maxProbes datagrams per Resolve, and a
+// Resolve whose ctx has no deadline gives up after defaultResolveTimeout
+// (the kernel itself gives up on a neighbour after 3 solicitations 1 s
+// apart).
+const (
+	maxProbes             = 3
+	defaultResolveTimeout = 10 * time.Second
+)
+
+// Resolve is Lookup that waits, until ctx ends (or defaultResolveTimeout
+// if ctx has no deadline), for a missing neighbour to be resolved. For an
+// IPv6 next hop on a link without a link-local address it probes (see
+// probe) whenever the neighbour entry is missing or failed, up to
+// maxProbes times.
 func (r *Resolver) Resolve(ctx context.Context, peer netip.Addr) (Next, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, defaultResolveTimeout)
+		defer cancel()
+	}
 	wait := time.Millisecond
+	probes := 0
 	for {
-		n, err := r.Lookup(peer)
+		n, state, err := r.lookup(peer)
 		if !errors.Is(err, ErrUnresolved) {
 			return n, err
+		}
+		// Missing, NUD_NONE or failed: the kernel is not soliciting, and
+		// on a link without a link-local address asking it to would not
+		// make it. The probe comes first: a datagram that finds no entry
+		// makes the kernel solicit at once, with its source; one queued
+		// behind an NTF_USE waits for the next retransmission (1 s).
+		if state&^netlink.NUD_FAILED == 0 && probes < maxProbes && r.needsProbe(n) {
+			probes++
+			r.probe(n)
+		} else {
+			r.solicit(n.IfIndex, n.NextHop().WithZone(""))
 		}
 		select {
 		case <-ctx.Done():
@@ -292,4 +356,99 @@ func (r *Resolver) recheck(changed func(Next, error)) {
 			changed(n, nil)
 		}
 	}
+}
+
+// needsProbe reports whether the kernel cannot solicit n's next hop on
+// its own: an IPv6 hop on a link with no usable link-local address
+// (ndisc_send_ns takes its source from the link-local address, tentative
+// ones excluded, when no packet is waiting).
+func (r *Resolver) needsProbe(n Next) bool {
+	if !n.NextHop().Is6() || !n.Src.Is6() {
+		return false
+	}
+	link, err := r.h.LinkByIndex(n.IfIndex)
+	if err != nil {
+		return false
+	}
+	addrs, err := r.h.AddrList(link, unix.AF_INET6)
+	if err != nil {
+		return false
+	}
+	for _, a := range addrs {
+		if a.IP.IsLinkLocalUnicast() && a.Flags&(unix.IFA_F_TENTATIVE|unix.IFA_F_DADFAILED) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// probe sends one UDP datagram, one zero byte, to the peer's discard port
+// (9) from n.Src, in the Resolver's namespace. The kernel queues it on the
+// next hop's neighbour entry and solicits with the datagram's source
+// address, which needs no link-local address; once resolved the datagram
+// goes out and the peer drops it (or answers with an ICMP port
+// unreachable). Errors are ignored: Resolve still ends at its deadline.
+func (r *Resolver) probe(n Next) {
+	fd, err := r.socketIn(unix.AF_INET6, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	if unix.Bind(fd, &unix.SockaddrInet6{Addr: n.Src.As16(), ZoneId: zoneID(n.Src, n.IfIndex)}) != nil {
+		return
+	}
+	peer := n.Peer.WithZone("")
+	if unix.Sendto(fd, []byte{0}, 0, &unix.SockaddrInet6{Port: 9, Addr: peer.As16(), ZoneId: zoneID(peer, n.IfIndex)}) == nil {
+		r.probes.Add(1)
+	}
+}
+
+// zoneID is the scope of a link-local address: the egress interface.
+func zoneID(a netip.Addr, ifindex int) uint32 {
+	if a.IsLinkLocalUnicast() {
+		return uint32(ifindex)
+	}
+	return 0
+}
+
+// socketIn opens a socket in the Resolver's namespace, which need not be
+// the calling thread's: a socket belongs to the namespace of the thread
+// that made it. The switch happens on a locked thread of its own; if that
+// thread cannot be switched back it is left locked, so that it ends with
+// its goroutine instead of running other goroutines in the wrong
+// namespace.
+func (r *Resolver) socketIn(domain, typ int) (int, error) {
+	type result struct {
+		fd  int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		cur, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			done <- result{-1, err}
+			return
+		}
+		defer cur.Close()
+		if cur.Equal(r.ns) {
+			fd, err := unix.Socket(domain, typ, 0)
+			runtime.UnlockOSThread()
+			done <- result{fd, err}
+			return
+		}
+		if err := netns.Set(r.ns); err != nil {
+			runtime.UnlockOSThread()
+			done <- result{-1, err}
+			return
+		}
+		fd, err := unix.Socket(domain, typ, 0)
+		done <- result{fd, err}
+		if netns.Set(cur) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
+	res := <-done
+	return res.fd, res.err
 }

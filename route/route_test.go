@@ -208,3 +208,102 @@ func TestLinkLocal(t *testing.T) {
 		t.Errorf("Resolve(%v%%%s) = %+v", ll, p.A.Name, n)
 	}
 }
+
+// noLinkLocal sets addrgenmode none on l and removes its link-local
+// addresses and IPv6 neighbours, as on the lab's veth and tap: the kernel
+// then cannot send a neighbour solicitation on its own.
+func noLinkLocal(t *testing.T, l *netnstest.Link) {
+	t.Helper()
+	for _, c := range [][]string{
+		{"link", "set", "dev", l.Name, "addrgenmode", "none"},
+		{"-6", "addr", "flush", "dev", l.Name, "scope", "link"},
+		{"-6", "neigh", "flush", "dev", l.Name},
+	} {
+		if out, err := l.NS.IP(c...); err != nil {
+			t.Fatalf("ip %v: %v %s", c, err, out)
+		}
+	}
+	if err := l.NS.Do(func() error {
+		ifc, err := net.InterfaceByName(l.Name)
+		if err != nil {
+			return err
+		}
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			if pfx, err := netip.ParsePrefix(a.String()); err == nil && pfx.Addr().IsLinkLocalUnicast() {
+				t.Fatalf("%s still has link-local %v", l.Name, pfx)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestIPv6WithoutLinkLocal: on a link with addrgenmode none at both ends,
+// asking the kernel (NTF_USE) never resolves an IPv6 peer; Resolve's probe,
+// a datagram to the peer's port 9 from the route's source address, sent in
+// the Resolver's namespace, does. The probe is sent only while the entry is
+// missing or failed, never for IPv4.
+func TestIPv6WithoutLinkLocal(t *testing.T) {
+	p := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	noLinkLocal(t, &p.A)
+	noLinkLocal(t, &p.B)
+	r := resolverIn(t, p.A.NS)
+
+	// The datagram must reach the peer from our routable address.
+	var sink *net.UDPConn
+	if err := p.B.NS.Do(func() (err error) {
+		sink, err = net.ListenUDP("udp6", &net.UDPAddr{IP: net.IPv6unspecified, Port: 9})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sink.Close() })
+
+	// Control: the kernel's own attempt goes nowhere. Its first
+	// solicitation is immediate and the next 1 s later; look for longer
+	// than that (bounded), then remove the incomplete entry.
+	for try := 0; try < 15; try++ {
+		if n, err := r.Lookup(p.B.Addr6); err == nil {
+			t.Fatalf("resolved %v without a probe (%v): the kernel solicits without a link-local address now", p.B.Addr6, n.DstMAC)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	p.A.NS.IP("-6", "neigh", "del", p.B.Addr6.String(), "dev", p.A.Name)
+	if r.probes.Load() != 0 {
+		t.Fatalf("Lookup probed (%d)", r.probes.Load())
+	}
+
+	n := resolve(t, r, p.B.Addr6)
+	if n.IfIndex != p.A.Index || n.Src != p.A.Addr6 || !bytes.Equal(n.DstMAC, p.B.MAC) {
+		t.Errorf("Resolve(%v) = %+v; want src %v, dst MAC %v", p.B.Addr6, n, p.A.Addr6, p.B.MAC)
+	}
+	if k := r.probes.Load(); k < 1 || k > maxProbes {
+		t.Fatalf("%d probes, want 1..%d", k, maxProbes)
+	}
+	sink.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 16)
+	k, from, err := sink.ReadFromUDPAddrPort(buf)
+	if err != nil {
+		t.Fatalf("no probe at the peer: %v", err)
+	}
+	if from.Addr().Unmap() != p.A.Addr6 || k != 1 || buf[0] != 0 {
+		t.Errorf("probe from %v, % x; want one zero byte from %v", from, buf[:k], p.A.Addr6)
+	}
+
+	// Resolved: no more probes, and none for IPv4.
+	before := r.probes.Load()
+	if n := resolve(t, r, p.B.Addr6); !bytes.Equal(n.DstMAC, p.B.MAC) {
+		t.Errorf("second Resolve: %+v", n)
+	}
+	if n := resolve(t, r, p.B.Addr); !bytes.Equal(n.DstMAC, p.B.MAC) {
+		t.Errorf("IPv4 Resolve: %+v", n)
+	}
+	if got := r.probes.Load(); got != before {
+		t.Errorf("%d probes after the neighbour was resolved (IPv4 or IPv6), want %d", got, before)
+	}
+}

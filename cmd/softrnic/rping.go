@@ -221,10 +221,7 @@ func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) err
 
 	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 		var mac [6]byte
-		if _, err := res.Lookup(peer); errors.Is(err, route.ErrUnresolved) && peer.Is6() {
-			solicitNeighbour(in, peer)
-		}
-		n, err := res.Resolve(ctx, peer)
+		n, err := res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses
 		if err != nil {
 			return mac, err
 		}
@@ -251,25 +248,4 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 		}
 		return rping.Client(ctx, a, r.addr, r.opts)
 	})
-}
-
-// solicitNeighbour makes the kernel send a neighbour solicitation for an
-// IPv6 peer: Linux solicits without a waiting packet only from a
-// link-local source, which an interface may not have (the lab's veth and
-// tap have none), so asking the kernel to resolve is not enough; one UDP
-// datagram to the peer's discard port from our routable address is.
-func solicitNeighbour(in engine.Interface, peer netip.Addr) {
-	for _, g := range in.GIDs {
-		if !g.Is6() || g.IsLinkLocalUnicast() {
-			continue
-		}
-		c, err := net.DialUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(g, 0)),
-			net.UDPAddrFromAddrPort(netip.AddrPortFrom(peer, 9)))
-		if err != nil {
-			return
-		}
-		c.Write([]byte{0})
-		c.Close()
-		return
-	}
 }
