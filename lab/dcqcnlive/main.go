@@ -45,6 +45,7 @@ func run() int {
 	softrnicBin := flag.String("softrnic", "bin/softrnic", "softrnic binary for -endpoints softrnic")
 	serverCmd := flag.String("server-cmd", "", "server command template for -endpoints softrnic (space-separated; default: "+strings.Join(testbed.SoftrnicServer, " ")+")")
 	clientCmd := flag.String("client-cmd", "", "client command template (default: the server's plus {server})")
+	shared := flag.Bool("shared-server", true, "-endpoints softrnic: one server in r for both flows (--clients 2 in its command line); false: one server per flow on ports 18516, 18517")
 	rawLoad := flag.Float64("raw-load", 0.75, "raw endpoints: each sender's rate as a fraction of the bottleneck")
 	dscp := flag.Uint("dscp", 26, "DSCP of data packets (they are sent ECT(0))")
 	seed := flag.Uint64("seed", 1, "marker's random seed")
@@ -67,8 +68,10 @@ func run() int {
 	case "raw":
 		ep = &testbed.RawECT{}
 	case "softrnic":
+		// One server in r serves both flows (one process owns r's AF_XDP
+		// queue); -shared-server=false runs one per flow, for other tools.
 		c := &testbed.CommandEndpoints{Label: "softrnic", CC: true, Bin: *softrnicBin,
-			Server: testbed.SoftrnicServer, Client: testbed.SoftrnicClient}
+			Server: testbed.SoftrnicServer, Client: testbed.SoftrnicClient, SharedServer: *shared, Clients: 2}
 		if *serverCmd != "" {
 			c.Server = strings.Fields(*serverCmd)
 		}

@@ -20,11 +20,20 @@ import (
 // experiment without the testbed importing it: SoftrnicServer and
 // SoftrnicClient are the templates for `softrnic perf write_bw`.
 //
+// With SharedServer, one server process serves every flow: it is started
+// with the first flow (with {clients} = Clients) and each flow's client
+// connects to it on the same port. That is how softrnic must run: one
+// process per interface owns its AF_XDP queue, so a second server in r
+// would never see its flow's packets (the second flow died with
+// retry-exceeded). Each flow's receive-side counters are then the ones the
+// server reports for that client's QPs (its JSON objects' "dcqcn" whose
+// "peer" is the flow's sender), its send-side ones the client's.
+//
 // Placeholders, replaced in every word: {dev} (the host's interface),
 // {addr} (its IPv4 address), {server} (the receiver's address), {port} (the
 // side-channel TCP port, BasePort + flow ID), {secs} (how long the flow
 // sends, whole seconds), {tclass} (the IPv4 TOS byte, ECT(0) included),
-// {dscp}, {profile}, {scale}, {payload}, {id}.
+// {dscp}, {profile}, {scale}, {payload}, {id}, {clients}.
 //
 // Counters: when a process exits, every JSON object in its standard output
 // is searched (at any depth) for the mlx5 counter names
@@ -36,9 +45,30 @@ type CommandEndpoints struct {
 	Server, Client []string // templates
 	BasePort       int      // 0: 18515 (perftest's)
 	Bin            string   // replaces a leading "softrnic" word (the binary to run)
+	// SharedServer runs one server for all flows, started with the first
+	// one; Clients is how many flows will connect to it ({clients}).
+	SharedServer bool
+	Clients      int
 
-	mu    sync.Mutex
-	flows []*cmdFlow
+	mu     sync.Mutex
+	flows  []*cmdFlow
+	shared *sharedServer
+}
+
+// sharedServer is the one server process of SharedServer.
+type sharedServer struct {
+	proc *proc
+	port int
+	once sync.Once
+	err  error
+}
+
+// wait waits for the server (once; later calls return nil, so that its
+// failure is reported once).
+func (s *sharedServer) wait(d time.Duration) error {
+	var err error
+	s.once.Do(func() { err = s.proc.wait(d) })
+	return err
 }
 
 // SoftrnicServer and SoftrnicClient are the command lines the engine is
@@ -47,9 +77,12 @@ type CommandEndpoints struct {
 // DilateRP), data sent with the given traffic class (ECT(0)), and --json
 // output carrying the mlx5 counters.
 var (
-	SoftrnicServer = []string{"softrnic", "perf", "write_bw", "-d", "{dev}", "-p", "{port}", "-D", "{secs}",
+	softrnicPerf = []string{"softrnic", "perf", "write_bw", "-d", "{dev}", "-p", "{port}", "-D", "{secs}",
 		"-s", "65536", "-m", "{payload}", "--tclass", "{tclass}", "--dcqcn", "{profile}", "--dcqcn-scale", "{scale}", "--json"}
-	SoftrnicClient = append(append([]string(nil), SoftrnicServer...), "{server}")
+	// SoftrnicServer serves every flow's client on r's one device
+	// (SharedServer).
+	SoftrnicServer = append(append([]string(nil), softrnicPerf...), "--clients", "{clients}")
+	SoftrnicClient = append(append([]string(nil), softrnicPerf...), "{server}")
 )
 
 // Name implements Endpoints.
@@ -59,7 +92,7 @@ func (c *CommandEndpoints) Name() string { return c.Label }
 func (c *CommandEndpoints) CongestionControlled() bool { return c.CC }
 
 // expand replaces the placeholders in every word of tmpl.
-func expand(tmpl []string, bin string, h *Host, spec FlowSpec, port int) []string {
+func expand(tmpl []string, bin string, h *Host, spec FlowSpec, port, clients int) []string {
 	secs := int((spec.Duration + time.Second - 1) / time.Second)
 	r := strings.NewReplacer(
 		"{dev}", h.Link.Name, "{addr}", h.Link.Addr.String(), "{server}", spec.Dst.Link.Addr.String(),
@@ -67,6 +100,7 @@ func expand(tmpl []string, bin string, h *Host, spec FlowSpec, port int) []strin
 		"{tclass}", strconv.Itoa(int(spec.TClass)), "{dscp}", strconv.Itoa(int(spec.TClass>>2)),
 		"{profile}", spec.Profile, "{scale}", strconv.FormatFloat(spec.Scale, 'g', -1, 64),
 		"{payload}", strconv.Itoa(spec.PayloadBytes), "{id}", strconv.Itoa(spec.ID),
+		"{clients}", strconv.Itoa(max(clients, 1)),
 	)
 	out := make([]string, len(tmpl))
 	for i, w := range tmpl {
@@ -88,19 +122,46 @@ func (c *CommandEndpoints) StartFlow(t *Topology, spec FlowSpec) (Flow, error) {
 	if port == 0 {
 		port = 18515
 	}
-	port += spec.ID
-	f := &cmdFlow{deadline: time.Now().Add(spec.Duration)}
-	var err error
-	if f.server, err = startProc(spec.Dst, expand(c.Server, c.Bin, spec.Dst, spec, port)); err != nil {
-		return nil, err
-	}
-	if err := waitListen(spec.Dst, port, 10*time.Second, f.server); err != nil {
-		f.server.kill()
-		return nil, err
-	}
-	if f.client, err = startProc(spec.Src, expand(c.Client, c.Bin, spec.Src, spec, port)); err != nil {
-		f.server.kill()
-		return nil, err
+	f := &cmdFlow{deadline: time.Now().Add(spec.Duration), peer: spec.Src.Link.Addr.String()}
+	if c.SharedServer {
+		c.mu.Lock()
+		sh := c.shared
+		c.mu.Unlock()
+		if sh == nil {
+			// The server runs for the whole experiment: the first flow's
+			// duration covers every later flow's.
+			sh = &sharedServer{port: port + 1}
+			var err error
+			if sh.proc, err = startProc(spec.Dst, expand(c.Server, c.Bin, spec.Dst, spec, sh.port, c.Clients)); err != nil {
+				return nil, err
+			}
+			if err := waitListen(spec.Dst, sh.port, 10*time.Second, sh.proc); err != nil {
+				sh.proc.kill()
+				return nil, err
+			}
+			c.mu.Lock()
+			c.shared = sh
+			c.mu.Unlock()
+		}
+		f.shared = sh
+		var err error
+		if f.client, err = startProc(spec.Src, expand(c.Client, c.Bin, spec.Src, spec, sh.port, c.Clients)); err != nil {
+			return nil, err
+		}
+	} else {
+		port += spec.ID
+		var err error
+		if f.server, err = startProc(spec.Dst, expand(c.Server, c.Bin, spec.Dst, spec, port, 1)); err != nil {
+			return nil, err
+		}
+		if err := waitListen(spec.Dst, port, 10*time.Second, f.server); err != nil {
+			f.server.kill()
+			return nil, err
+		}
+		if f.client, err = startProc(spec.Src, expand(c.Client, c.Bin, spec.Src, spec, port, 1)); err != nil {
+			f.server.kill()
+			return nil, err
+		}
 	}
 	c.mu.Lock()
 	c.flows = append(c.flows, f)
@@ -115,6 +176,10 @@ func (c *CommandEndpoints) Close() error {
 	var errs []error
 	for _, f := range c.flows {
 		errs = append(errs, f.Stop())
+	}
+	if c.shared != nil {
+		// A server whose clients never all came is ended here.
+		errs = append(errs, c.shared.wait(0))
 	}
 	return errors.Join(errs...)
 }
@@ -205,9 +270,11 @@ func waitListen(h *Host, port int, limit time.Duration, p *proc) error {
 	return fmt.Errorf("testbed: nothing listens on port %d in %s after %v", port, h.Name, limit)
 }
 
-// cmdFlow is a running server/client pair.
+// cmdFlow is a running server/client pair (server nil: the shared one).
 type cmdFlow struct {
 	server, client *proc
+	shared         *sharedServer
+	peer           string // the sender's address, as the shared server's JSON names it
 	deadline       time.Time
 	once           sync.Once
 	counters       EndpointCounters
@@ -220,6 +287,15 @@ func (f *cmdFlow) Stop() error {
 	var err error
 	f.once.Do(func() {
 		grace := time.Until(f.deadline) + 10*time.Second
+		if f.shared != nil {
+			err = f.client.wait(grace)
+			// The server ends once every client is done (its last one
+			// shortly after this one): wait for it, not end it.
+			err = errors.Join(err, f.shared.wait(grace))
+			addCounters(&f.counters, f.client.out.Bytes())
+			addPeerCounters(&f.counters, f.shared.proc.out.Bytes(), f.peer)
+			return
+		}
 		err = errors.Join(f.client.wait(grace), f.server.wait(grace))
 		for _, p := range []*proc{f.client, f.server} {
 			addCounters(&f.counters, p.out.Bytes())
@@ -252,6 +328,38 @@ func addCounters(c *EndpointCounters, out []byte) {
 			return
 		}
 		i += j
+	}
+}
+
+// addPeerCounters adds, from a shared server's output, the per-QP counts
+// of the JSON objects whose dcqcn.peer is peer (the device-wide mlx5
+// counters there cover every flow, so they are not used).
+func addPeerCounters(c *EndpointCounters, out []byte, peer string) {
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var v struct {
+			DCQCN *struct {
+				Peer string `json:"peer"`
+				QPs  []struct {
+					ECNMarked  uint64 `json:"ecn_marked"`
+					CNPSent    uint64 `json:"cnp_sent"`
+					CNPHandled uint64 `json:"cnp_handled"`
+					CNPIgnored uint64 `json:"cnp_ignored"`
+				} `json:"qps"`
+			} `json:"dcqcn"`
+		}
+		if err := dec.Decode(&v); err != nil {
+			return // the end, or text that is not one of these objects
+		}
+		if v.DCQCN == nil || v.DCQCN.Peer != peer {
+			continue
+		}
+		for _, q := range v.DCQCN.QPs {
+			c.RecvCE += q.ECNMarked
+			c.CNPSent += q.CNPSent
+			c.CNPHandled += q.CNPHandled
+			c.CNPIgnored += q.CNPIgnored
+		}
 	}
 }
 

@@ -67,14 +67,44 @@ func TestExpand(t *testing.T) {
 	h1 := &Host{Name: "h1", Link: netnstest.Link{Name: "va1", Addr: netip.MustParseAddr("10.77.1.2")}}
 	r := &Host{Name: "r", Link: netnstest.Link{Name: "vr", Addr: netip.MustParseAddr("10.77.3.2")}}
 	spec := FlowSpec{ID: 2, Src: h1, Dst: r, TClass: 26<<2 | 2, Profile: "paper", Scale: 400, PayloadBytes: 1024, Duration: 25500 * time.Millisecond}
-	got := expand(SoftrnicClient, "/opt/softrnic", h1, spec, 18517)
+	got := expand(SoftrnicClient, "/opt/softrnic", h1, spec, 18517, 2)
 	want := []string{"/opt/softrnic", "perf", "write_bw", "-d", "va1", "-p", "18517", "-D", "26", "-s", "65536", "-m", "1024",
 		"--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "10.77.3.2"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("client:\n got %q\nwant %q", got, want)
 	}
-	if got := expand([]string{"x{dscp}/{addr}/{id}"}, "", r, spec, 1); got[0] != "x26/10.77.3.2/2" {
+	got = expand(SoftrnicServer, "/opt/softrnic", r, spec, 18516, 2)
+	want = []string{"/opt/softrnic", "perf", "write_bw", "-d", "vr", "-p", "18516", "-D", "26", "-s", "65536", "-m", "1024",
+		"--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "--clients", "2"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("server:\n got %q\nwant %q", got, want)
+	}
+	if got := expand([]string{"x{dscp}/{addr}/{id}/{clients}"}, "", r, spec, 1, 0); got[0] != "x26/10.77.3.2/2/1" {
 		t.Fatalf("got %q", got)
+	}
+}
+
+// TestAddPeerCounters: a shared server's output gives each flow the
+// per-QP counts of the objects naming its sender, never the device-wide
+// mlx5 counters (which cover every flow).
+func TestAddPeerCounters(t *testing.T) {
+	out := []byte(`{"results_bw": [], "dcqcn": {"profile": "paper", "np_cnp_sent": 100, "np_ecn_marked_roce_packets": 300, "peer": "10.77.1.2",
+  "qps": [{"qpn": 17, "ecn_marked": 120, "cnp_sent": 40}, {"qpn": 18, "ecn_marked": 5, "cnp_sent": 1, "cnp_handled": 2, "cnp_ignored": 3}]}}
+{"dcqcn": {"np_cnp_sent": 100, "peer": "10.77.2.2", "qps": [{"qpn": 19, "ecn_marked": 175, "cnp_sent": 59}]}}
+{"test_info": {}}
+`)
+	var c1, c2, none EndpointCounters
+	addPeerCounters(&c1, out, "10.77.1.2")
+	addPeerCounters(&c2, out, "10.77.2.2")
+	addPeerCounters(&none, out, "10.77.9.9")
+	if want := (EndpointCounters{RecvCE: 125, CNPSent: 41, CNPHandled: 2, CNPIgnored: 3}); c1 != want {
+		t.Errorf("flow 1: %+v, want %+v", c1, want)
+	}
+	if want := (EndpointCounters{RecvCE: 175, CNPSent: 59}); c2 != want {
+		t.Errorf("flow 2: %+v, want %+v", c2, want)
+	}
+	if none != (EndpointCounters{}) {
+		t.Errorf("unknown peer: %+v", none)
 	}
 }
 
