@@ -25,7 +25,8 @@
 // The events and what the QP owner does:
 //
 //	EventConnRequest        create an RC QP, INIT → RTR with Event.QP (plus
-//	                        its QPN), then Accept (or Reject)
+//	                        its QPN, and as RQPSN the Starting PSN it then
+//	                        gives Accept), then Accept (or Reject)
 //	EventEstablished        → RTR (active side) and → RTS with Event.QP
 //	EventDisconnectRequest  → ERR (flush); the DREP has been sent
 //	EventDisconnected       → ERR (our DREQ answered or timed out)
@@ -33,6 +34,9 @@
 //	EventTimeWaitExit       the QP may be destroyed or reused
 //	EventSIDRRequest        answer with SIDRReply (UD QPN, Q_Key)
 //	EventSIDRReply, EventSIDRTimeout   result of ResolveService
+//
+// PSNs follow the Linux CM (see QPAttr): each side sends from the Starting
+// PSN of the peer's REQ or REP and receives from that of its own.
 //
 // If the passive QP receives a packet in RTR before the RTU arrives, the
 // engine calls NotifyEstablished.
