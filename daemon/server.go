@@ -45,6 +45,9 @@ type Options struct {
 	// PortStatus, if set, describes the port for OpStatus (softrnic
 	// status). Called from control goroutines.
 	PortStatus func() proto.PortStatus
+	// Counters, if set, snapshots the counters for OpStats (softrnic
+	// stats), e.g. CounterSource.Snapshot. Called from control goroutines.
+	Counters func() Counters
 	// OnClientGone, if set, is called after a client's connection closed and
 	// all its resources were released.
 	OnClientGone func(ClientInfo)

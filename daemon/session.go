@@ -245,6 +245,8 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.startCapture(h, body, fds[0])
 	case proto.OpStatus:
 		return ss.status(body)
+	case proto.OpStats:
+		return ss.stats(body)
 	}
 	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }

@@ -54,10 +54,11 @@ const (
 	OpDestroyQP               // QP handle
 	OpCapture                 // fd: the file to write; reply when started, then again when the capture ends
 	OpStatus                  // → StatusResp
+	OpStats                   // StatsReq → StatsResp (stats.go)
 	opMax
 )
 
-var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS"}
+var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {

@@ -1,0 +1,255 @@
+package daemon
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/port/afxdp"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// CountingPort wraps the engine's port to count bytes both ways (the device
+// counts frames, not bytes) and, for an AF_XDP port, to publish the XDP
+// program's and the socket's statistics: afxdp.Port.Stats must run on the
+// goroutine that owns the port, so the engine loop itself refreshes a
+// snapshot here, at most every RefreshEvery, and at once on the first
+// Recv after a reader asked for it (Snapshot). Its cost on the data path is
+// a sum over each batch and two atomic adds per batch, never per frame.
+type CountingPort struct {
+	port.Port
+	xdp *afxdp.Port
+
+	rxBytes, txBytes atomic.Uint64
+
+	want  atomic.Bool // a reader wants fresh AF_XDP statistics
+	calls uint32      // loop-owned
+	last  time.Time   // loop-owned: last refresh
+
+	mu  sync.Mutex
+	xst afxdp.Stats
+	ok  bool // xst was read at least once
+}
+
+// RefreshEvery bounds how stale the AF_XDP statistics get while nobody asks.
+const RefreshEvery = time.Second
+
+// NewCountingPort wraps p. Give the engine the wrapper, not p.
+func NewCountingPort(p port.Port) *CountingPort {
+	c := &CountingPort{Port: p}
+	c.xdp, _ = p.(*afxdp.Port)
+	if c.xdp != nil {
+		c.refresh() // before the engine owns the port: still this goroutine's
+	}
+	return c
+}
+
+// Recv implements port.Port.
+func (c *CountingPort) Recv(frames [][]byte, timeout time.Duration) (int, error) {
+	n, err := c.Port.Recv(frames, timeout)
+	if n > 0 {
+		var b int
+		for _, f := range frames[:n] {
+			b += len(f)
+		}
+		c.rxBytes.Add(uint64(b))
+	}
+	if c.xdp != nil {
+		c.calls++
+		if c.want.Load() || c.calls&1023 == 0 && time.Since(c.last) >= RefreshEvery {
+			c.refresh()
+		}
+	}
+	return n, err
+}
+
+// Send implements port.Port.
+func (c *CountingPort) Send(frames [][]byte) (int, error) {
+	n, err := c.Port.Send(frames)
+	if n > 0 {
+		var b int
+		for _, f := range frames[:n] {
+			b += len(f)
+		}
+		c.txBytes.Add(uint64(b))
+	}
+	return n, err
+}
+
+func (c *CountingPort) refresh() {
+	st, err := c.xdp.Stats()
+	c.want.Store(false)
+	c.last = time.Now()
+	if err != nil {
+		return
+	}
+	c.mu.Lock()
+	c.xst, c.ok = st, true
+	c.mu.Unlock()
+}
+
+// Bytes returns the bytes received and sent so far (any goroutine).
+func (c *CountingPort) Bytes() (rx, tx uint64) { return c.rxBytes.Load(), c.txBytes.Load() }
+
+// XDPStats returns the last published AF_XDP statistics and asks the loop
+// for fresh ones; ok is false for other ports.
+func (c *CountingPort) XDPStats() (afxdp.Stats, bool) {
+	if c.xdp == nil {
+		return afxdp.Stats{}, false
+	}
+	c.want.Store(true)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.xst, c.ok
+}
+
+// Counters is a snapshot of the daemon's counters: the device's, indexed
+// as proto.DeviceCounters, and every QP's.
+type Counters struct {
+	Name   string
+	Valid  uint64 // bit i: Device[i] is counted
+	Device [proto.NumDeviceCounters]uint64
+	QPs    []proto.QPStats
+}
+
+// CounterSource takes snapshots of a running daemon's counters from any
+// goroutine.
+type CounterSource struct {
+	Name string
+	Loop *engine.Loop  // device counters as of the loop's last iteration
+	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
+}
+
+// Snapshot reads every counter once.
+func (s *CounterSource) Snapshot() Counters {
+	c := Counters{Name: s.Name}
+	var in counterInputs
+	in.dev = s.Loop.DeviceStats()
+	in.loop = s.Loop.Counters()
+	if s.Port != nil {
+		in.rxBytes, in.txBytes = s.Port.Bytes()
+		in.haveBytes = true
+		in.xdp, in.haveXDP = s.Port.XDPStats()
+	}
+	s.Loop.Device().EachQPCounters(func(q *verbs.QPCounters) {
+		c.QPs = append(c.QPs, qpStats(q))
+		in.add(q)
+	})
+	c.Valid = fillDevice(&c.Device, &in)
+	return c
+}
+
+// counterInputs is everything the device counters are made of.
+type counterInputs struct {
+	dev                verbs.Stats
+	loop               engine.Counters
+	rxBytes, txBytes   uint64
+	haveBytes, haveXDP bool
+	xdp                afxdp.Stats
+	// sums over the QPs
+	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
+}
+
+func (in *counterInputs) add(q *verbs.QPCounters) {
+	in.dup += q.RC.RxDuplicate
+	in.oos += q.RC.RxOutOfSeq
+	in.rnrRx += q.RC.RNRWaits
+	in.timeouts += q.RC.Timeouts
+	in.outOfBuf += q.RC.TxRNRNAKs + q.UD.RxNoRecv
+	in.qpDropped += q.RC.RxDropped + q.UD.RxDropped
+	in.badQKey += q.UD.RxBadQKey
+	in.naks += q.RC.TxNAKs
+	in.retrans += q.RC.Retransmits
+}
+
+// fillDevice is the one table from what softrnic counts to the names Linux
+// RDMA tools use (proto.DeviceCounters). It returns the valid mask. The
+// per-QP sums are over live QPs: a destroyed QP's counts leave the device
+// totals with it, as they leave mlx5's per-QP counter sets.
+func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
+	s := &in.dev
+	cc := s.CongestionStats.Counters()
+	d[proto.CtrRxPackets] = s.RxFrames
+	d[proto.CtrTxPackets] = s.TxFrames
+	d[proto.CtrRxBytes] = in.rxBytes
+	d[proto.CtrTxBytes] = in.txBytes
+	d[proto.CtrDuplicateRequest] = in.dup
+	d[proto.CtrOutOfSequence] = in.oos
+	d[proto.CtrRnrNakRetryErr] = in.rnrRx
+	d[proto.CtrLocalAckTimeoutErr] = in.timeouts
+	d[proto.CtrOutOfBuffer] = in.outOfBuf
+	d[proto.CtrRxICRCEncapsulated] = s.RxBadICRC
+	d[proto.CtrNpECNMarkedRoCEPackets] = cc[0].Value
+	d[proto.CtrNpCNPSent] = cc[1].Value
+	d[proto.CtrRpCNPHandled] = cc[2].Value
+	d[proto.CtrRpCNPIgnored] = cc[3].Value
+	d[proto.CtrRxMalformed] = s.RxParseErr
+	d[proto.CtrRxNotLocal] = s.RxNotLocal
+	d[proto.CtrRxBadHeader] = s.RxBadHeader
+	d[proto.CtrRxUnknownQP] = s.RxNoQP
+	d[proto.CtrRxBadOpcode] = s.RxBadType
+	d[proto.CtrRxBadSource] = s.RxBadSrc
+	d[proto.CtrRxBadQPState] = s.RxBadState
+	d[proto.CtrRxQPDropped] = in.qpDropped
+	d[proto.CtrRxBadQKey] = in.badQKey
+	d[proto.CtrNakSent] = in.naks
+	d[proto.CtrRetransmits] = in.retrans
+	d[proto.CtrTxBackpressure] = in.loop.TxBackPress
+	x := &in.xdp
+	d[proto.CtrXdpSteered] = x.Program.Steered
+	d[proto.CtrXdpPassed] = x.Program.Passed
+	d[proto.CtrXdpMalformed] = x.Program.Malformed
+	d[proto.CtrXdpUnbound] = x.Program.Unbound
+	d[proto.CtrXdpForeign] = x.Program.Foreign
+	d[proto.CtrXskRxDropped] = x.Socket.RxDropped
+	d[proto.CtrXskRxInvalidDescs] = x.Socket.RxInvalidDescs
+	d[proto.CtrXskTxInvalidDescs] = x.Socket.TxInvalidDescs
+	d[proto.CtrXskRxRingFull] = x.Socket.RxRingFull
+	d[proto.CtrXskRxFillRingEmpty] = x.Socket.RxFillRingEmpty
+	d[proto.CtrXskTxRingEmptyDescs] = x.Socket.TxRingEmptyDescs
+	d[proto.CtrXskRxOversize] = x.Oversize
+	valid := proto.ValidAll
+	if !in.haveXDP {
+		valid &^= proto.ValidXDP
+	}
+	if !in.haveBytes {
+		valid &^= 1<<proto.CtrRxBytes | 1<<proto.CtrTxBytes
+	}
+	return valid
+}
+
+// qpStats maps one QP's transport counters to proto.QPCounters: RC and UC
+// QPs count the RC set, UD and GSI QPs the UD set.
+func qpStats(q *verbs.QPCounters) proto.QPStats {
+	s := proto.QPStats{QPN: q.QPN, State: proto.QPState(q.State)}
+	v := &s.Values
+	switch q.Type {
+	case verbs.UD, verbs.GSI:
+		s.Type = proto.UD
+		v[proto.QCtrRxPackets] = q.UD.RxReceived
+		v[proto.QCtrOutOfBuffer] = q.UD.RxNoRecv
+		v[proto.QCtrRxQPDropped] = q.UD.RxDropped
+		v[proto.QCtrRxBadQKey] = q.UD.RxBadQKey
+		s.Valid = 1<<proto.QCtrRxPackets | 1<<proto.QCtrOutOfBuffer | 1<<proto.QCtrRxQPDropped | 1<<proto.QCtrRxBadQKey
+	default:
+		s.Type = proto.RC
+		if q.Type == verbs.UC {
+			s.Type = proto.UC
+		}
+		v[proto.QCtrDuplicateRequest] = q.RC.RxDuplicate
+		v[proto.QCtrOutOfSequence] = q.RC.RxOutOfSeq
+		v[proto.QCtrRnrNakRetryErr] = q.RC.RNRWaits
+		v[proto.QCtrLocalAckTimeoutErr] = q.RC.Timeouts
+		v[proto.QCtrOutOfBuffer] = q.RC.TxRNRNAKs
+		v[proto.QCtrRxQPDropped] = q.RC.RxDropped
+		v[proto.QCtrNakSent] = q.RC.TxNAKs
+		v[proto.QCtrRetransmits] = q.RC.Retransmits
+		v[proto.QCtrRxGhostResponse] = q.RC.GhostResponse
+		s.Valid = uint32(1)<<proto.NumQPCounters - 1
+		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey
+	}
+	return s
+}

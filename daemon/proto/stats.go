@@ -1,0 +1,189 @@
+package proto
+
+// CounterDef names one counter the way Linux RDMA tools name it (rdma
+// statistic, /sys/class/infiniband/*/ports/1/hw_counters), or, where no
+// Linux driver counts the same event, with a name of ours in the same style.
+type CounterDef struct {
+	Name string
+	Help string // one line, for softrnic stats --help and Prometheus HELP
+}
+
+// Device counters: the index of each in StatsResp.Device. The order is the
+// contract between daemon and clients; new counters go at the end.
+const (
+	CtrRxPackets              = iota // frames handed to the device
+	CtrTxPackets                     // frames the device built
+	CtrRxBytes                       // bytes of the frames received (Ethernet header to ICRC)
+	CtrTxBytes                       // bytes of the frames the port took
+	CtrDuplicateRequest              // RC responder: duplicate requests (sum over QPs)
+	CtrOutOfSequence                 // RC: requests beyond the expected PSN, READ response gaps
+	CtrRnrNakRetryErr                // RC requester: RNR NAKs received
+	CtrLocalAckTimeoutErr            // RC requester: local ACK timer expiries
+	CtrOutOfBuffer                   // RC RNR NAKs sent + UD packets dropped, no receive WQE
+	CtrRxICRCEncapsulated            // frames dropped for a bad ICRC
+	CtrNpECNMarkedRoCEPackets        // CE-marked packets on DCQCN QPs
+	CtrNpCNPSent                     // CNPs sent
+	CtrRpCNPHandled                  // CNPs acted upon
+	CtrRpCNPIgnored                  // CNPs not acted upon
+	CtrRxMalformed                   // not RoCEv2 or malformed
+	CtrRxNotLocal                    // destination address not ours
+	CtrRxBadHeader                   // TVer or P_Key
+	CtrRxUnknownQP                   // destination QP does not exist
+	CtrRxBadOpcode                   // opcode of another transport than the QP's
+	CtrRxBadSource                   // RC/UC frame not from the connected peer
+	CtrRxBadQPState                  // QP not in a state that receives
+	CtrRxQPDropped                   // dropped by a QP's transport (sum over QPs)
+	CtrRxBadQKey                     // UD: wrong Q_Key (sum over QPs)
+	CtrNakSent                       // RC responder: NAKs sent (sum over QPs)
+	CtrRetransmits                   // RC requester: go-back-N restarts (sum over QPs)
+	CtrTxBackpressure                // port sends that took fewer frames than offered
+	CtrXdpSteered                    // XDP program: redirected to an AF_XDP socket
+	CtrXdpPassed                     // XDP program: not RoCEv2, left to the kernel
+	CtrXdpMalformed                  // XDP program: truncated or invalid IP/UDP header
+	CtrXdpUnbound                    // XDP program: RoCEv2 on a queue without socket
+	CtrXdpForeign                    // XDP program: RoCEv2 to a non-local address
+	CtrXskRxDropped                  // AF_XDP: dropped by the kernel for other reasons
+	CtrXskRxInvalidDescs             // AF_XDP: invalid RX descriptors
+	CtrXskTxInvalidDescs             // AF_XDP: invalid TX descriptors
+	CtrXskRxRingFull                 // AF_XDP: dropped because the RX ring was full
+	CtrXskRxFillRingEmpty            // AF_XDP: the kernel found no frame on FILL
+	CtrXskTxRingEmptyDescs           // AF_XDP: TX ring found empty
+	CtrXskRxOversize                 // AF_XDP: multi-buffer frames over the frame size
+	NumDeviceCounters
+)
+
+// DeviceCounters are the device counters' names, by index.
+var DeviceCounters = [NumDeviceCounters]CounterDef{
+	CtrRxPackets:              {"rx_packets", "RoCEv2 frames received by the device"},
+	CtrTxPackets:              {"tx_packets", "RoCEv2 frames sent by the device"},
+	CtrRxBytes:                {"rx_bytes", "bytes of the frames received, Ethernet header to ICRC"},
+	CtrTxBytes:                {"tx_bytes", "bytes of the frames sent, Ethernet header to ICRC"},
+	CtrDuplicateRequest:       {"duplicate_request", "RC duplicate requests received"},
+	CtrOutOfSequence:          {"out_of_sequence", "RC packets received beyond the expected PSN"},
+	CtrRnrNakRetryErr:         {"rnr_nak_retry_err", "RC RNR NAKs received"},
+	CtrLocalAckTimeoutErr:     {"local_ack_timeout_err", "RC local ACK timer expiries"},
+	CtrOutOfBuffer:            {"out_of_buffer", "packets that found no receive WQE (RC RNR NAK sent, UD dropped)"},
+	CtrRxICRCEncapsulated:     {"rx_icrc_encapsulated", "RoCEv2 frames dropped for a bad ICRC"},
+	CtrNpECNMarkedRoCEPackets: {"np_ecn_marked_roce_packets", "CE-marked packets received on DCQCN QPs"},
+	CtrNpCNPSent:              {"np_cnp_sent", "CNPs sent"},
+	CtrRpCNPHandled:           {"rp_cnp_handled", "CNPs a reaction point acted upon"},
+	CtrRpCNPIgnored:           {"rp_cnp_ignored", "CNPs received and not acted upon"},
+	CtrRxMalformed:            {"rx_malformed", "frames dropped: not RoCEv2 or malformed"},
+	CtrRxNotLocal:             {"rx_not_local", "frames dropped: destination address not ours"},
+	CtrRxBadHeader:            {"rx_bad_header", "frames dropped: bad TVer or P_Key"},
+	CtrRxUnknownQP:            {"rx_unknown_qp", "frames dropped: no such destination QP"},
+	CtrRxBadOpcode:            {"rx_bad_opcode", "frames dropped: opcode of another transport than the QP's"},
+	CtrRxBadSource:            {"rx_bad_source", "frames dropped: RC/UC frame not from the connected peer"},
+	CtrRxBadQPState:           {"rx_bad_qp_state", "frames dropped: QP not in a receiving state"},
+	CtrRxQPDropped:            {"rx_qp_dropped", "packets dropped by a QP's transport (unexpected, out of state)"},
+	CtrRxBadQKey:              {"rx_bad_qkey", "UD packets dropped for a wrong Q_Key"},
+	CtrNakSent:                {"nak_sent", "RC NAKs sent"},
+	CtrRetransmits:            {"retransmits", "RC go-back-N restarts (NAK, timeout, RNR, lost response)"},
+	CtrTxBackpressure:         {"tx_backpressure", "port sends that took fewer frames than offered"},
+	CtrXdpSteered:             {"xdp_steered", "XDP program: frames redirected to an AF_XDP socket"},
+	CtrXdpPassed:              {"xdp_passed", "XDP program: frames not RoCEv2, left to the kernel"},
+	CtrXdpMalformed:           {"xdp_malformed", "XDP program: truncated or invalid IP/UDP headers, passed"},
+	CtrXdpUnbound:             {"xdp_unbound", "XDP program: RoCEv2 on a queue with no socket, passed"},
+	CtrXdpForeign:             {"xdp_foreign", "XDP program: RoCEv2 to a non-local address, passed"},
+	CtrXskRxDropped:           {"xsk_rx_dropped", "AF_XDP: frames the kernel dropped for other reasons"},
+	CtrXskRxInvalidDescs:      {"xsk_rx_invalid_descs", "AF_XDP: invalid RX descriptors"},
+	CtrXskTxInvalidDescs:      {"xsk_tx_invalid_descs", "AF_XDP: invalid TX descriptors"},
+	CtrXskRxRingFull:          {"xsk_rx_ring_full", "AF_XDP: frames dropped because the RX ring was full"},
+	CtrXskRxFillRingEmpty:     {"xsk_rx_fill_ring_empty_descs", "AF_XDP: times the kernel found the FILL ring empty"},
+	CtrXskTxRingEmptyDescs:    {"xsk_tx_ring_empty_descs", "AF_XDP: times the kernel found the TX ring empty"},
+	CtrXskRxOversize:          {"xsk_rx_oversize", "AF_XDP: multi-buffer frames dropped, over the frame size"},
+}
+
+// Per-QP counters: the index of each in QPStats.Values.
+const (
+	QCtrRxPackets          = iota // UD only: packets delivered
+	QCtrDuplicateRequest          // RC
+	QCtrOutOfSequence             // RC
+	QCtrRnrNakRetryErr            // RC
+	QCtrLocalAckTimeoutErr        // RC
+	QCtrOutOfBuffer               // RC RNR NAKs sent, UD drops without receive WQE
+	QCtrRxQPDropped               // both
+	QCtrRxBadQKey                 // UD
+	QCtrNakSent                   // RC
+	QCtrRetransmits               // RC
+	QCtrRxGhostResponse           // RC: responses for nothing outstanding
+	NumQPCounters
+)
+
+// QPCounters are the per-QP counters' names, by index.
+var QPCounters = [NumQPCounters]CounterDef{
+	QCtrRxPackets:          {"rx_packets", "UD packets delivered to the QP"},
+	QCtrDuplicateRequest:   {"duplicate_request", "RC duplicate requests received"},
+	QCtrOutOfSequence:      {"out_of_sequence", "RC packets received beyond the expected PSN"},
+	QCtrRnrNakRetryErr:     {"rnr_nak_retry_err", "RC RNR NAKs received"},
+	QCtrLocalAckTimeoutErr: {"local_ack_timeout_err", "RC local ACK timer expiries"},
+	QCtrOutOfBuffer:        {"out_of_buffer", "packets that found no receive WQE"},
+	QCtrRxQPDropped:        {"rx_qp_dropped", "packets dropped by the QP's transport"},
+	QCtrRxBadQKey:          {"rx_bad_qkey", "UD packets dropped for a wrong Q_Key"},
+	QCtrNakSent:            {"nak_sent", "RC NAKs sent"},
+	QCtrRetransmits:        {"retransmits", "RC go-back-N restarts"},
+	QCtrRxGhostResponse:    {"rx_ghost_response", "RC responses for nothing outstanding"},
+}
+
+// NotCounted are counters Linux RDMA drivers report that softrnic does not
+// count yet, with why: softrnic stats lists them instead of printing zeros
+// that would mean nothing.
+var NotCounted = []CounterDef{
+	{"packet_seq_err", "PSN sequence error NAKs received are not told apart from other NAKs (counted in retransmits)"},
+	{"implied_nak_seq_err", "READ response gaps are counted in out_of_sequence"},
+	{"rx_write_requests", "requests are not counted by opcode yet"},
+	{"rx_read_requests", "requests are not counted by opcode yet"},
+	{"rx_atomic_requests", "requests are not counted by opcode yet"},
+	{"req_cqe_error", "error completions are not counted yet"},
+	{"resp_cqe_error", "error completions are not counted yet"},
+	{"req_remote_access_errors", "remote access error NAKs are not counted apart yet"},
+	{"resp_remote_access_errors", "remote access error NAKs are not counted apart yet"},
+}
+
+// The device counters valid for this port (StatsResp.Valid): the XDP and
+// AF_XDP ones only with an AF_XDP port.
+const (
+	ValidAll = uint64(1)<<NumDeviceCounters - 1
+	ValidXDP = uint64(1)<<(CtrXskRxOversize+1) - uint64(1)<<CtrXdpSteered
+)
+
+// StatsReq is the body of OpStats. The reply lists the QPs whose QPN is at
+// least FromQPN, at most MaxStatsQPs of them; a client pages with FromQPN
+// set past the last QPN listed while More is set.
+type StatsReq struct {
+	FromQPN  uint32
+	QPN      uint32
+	FilterQP uint8 // only QPN
+	_        [7]byte
+}
+
+// QPStats is one QP's counters. Valid says which of Values the QP's
+// transport counts (bit i for Values[i]).
+type QPStats struct {
+	QPN    uint32
+	Type   QPType
+	State  QPState
+	_      [2]byte
+	Valid  uint32
+	_      uint32
+	Values [NumQPCounters]uint64
+}
+
+// MaxStatsQPs is how many QPs one StatsResp lists.
+const MaxStatsQPs = 24
+
+// StatsResp is the reply to OpStats. Root sees every QP; others only the
+// QPs of their own connection. Device counters are the whole device's.
+type StatsResp struct {
+	Name   [16]byte // interface name, NUL padded
+	Valid  uint64   // bit i: Device[i] is counted on this port
+	Device [NumDeviceCounters]uint64
+	Listed uint32
+	More   uint8 // more QPs after the last listed
+	_      [3]byte
+	QPs    [MaxStatsQPs]QPStats
+}
+
+// UC is the unreliable connected QP type (ibv_qp_type numbering), which
+// QPStats reports for UC QPs.
+const UC QPType = 3
