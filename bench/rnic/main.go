@@ -1,0 +1,93 @@
+// Command rnic is the "data path" bench table of softrnic: softrnic against
+// softrnic over a veth pair between two network namespaces, beside the raw
+// AF_XDP frame rate and the kernel's UDP ping-pong (sockperf) over the same
+// veth, from one run, with the ratios the engine's goals are stated in:
+//
+//	WRITE 64 KiB goodput ÷ raw AF_XDP rx rate at 4 KiB in bytes/s   goal ≥ 0.8
+//	softrnic SEND 64 B half-RTT p50 ÷ sockperf 64 B half-RTT p50     goal ≤ 1
+//
+// It prints one table and writes JSON with every figure, the load average
+// at start and end and the AF_XDP mode obtained. It needs root
+// (namespaces, XDP) and Debian's sockperf.
+//
+//	go run ./bench/rnic -json out/bench-rnic.json
+//
+// Everything runs in this process (both softrnic devices, each in its
+// namespace, as `softrnic perf` server and client), so -cpuprofile shows
+// where softrnic spends its time. On a 2-core machine sender, receiver and
+// softirq share the cores: the figures are a floor.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// current is the namespace pair in use, for the signal handler and the
+// watchdog to remove.
+var current atomic.Pointer[pairCloser]
+
+type pairCloser struct{ close func() error }
+
+func main() {
+	o := DefaultOptions()
+	jsonPath := flag.String("json", "bench-rnic.json", "write the report here as JSON ('' to skip)")
+	flag.DurationVar(&o.RawDuration, "raw-duration", o.RawDuration, "duration of each raw AF_XDP rate test")
+	flag.IntVar(&o.WriteIters1, "write-iters", o.WriteIters1, "64 KiB WRITEs with 1 QP")
+	flag.IntVar(&o.WriteIters4, "write-iters-4qp", o.WriteIters4, "64 KiB WRITEs with 4 QPs (all QPs)")
+	flag.IntVar(&o.SendIters, "send-iters", o.SendIters, "64 B SENDs for the message rate")
+	flag.IntVar(&o.LatIters, "lat-iters", o.LatIters, "64 B SEND round trips for the latency")
+	flag.IntVar(&o.SockperfSecs, "sockperf-time", o.SockperfSecs, "seconds of sockperf ping-pong")
+	flag.DurationVar(&o.PerfTimeout, "perf-timeout", o.PerfTimeout, "time limit of each softrnic perf run")
+	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the softrnic phase here")
+	total := flag.Duration("timeout", 8*time.Minute, "time limit of the whole run")
+	flag.Parse()
+	if os.Geteuid() != 0 {
+		fmt.Fprintln(os.Stderr, "bench/rnic: needs root (network namespaces, veth, XDP)")
+		os.Exit(2)
+	}
+	// Interrupted, or over time: remove the namespaces before leaving.
+	bail := func(why string) {
+		if p := current.Load(); p != nil {
+			p.close()
+		}
+		fmt.Fprintln(os.Stderr, "bench/rnic:", why)
+		os.Exit(130)
+	}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM, syscall.SIGPIPE, syscall.SIGHUP)
+	go func() { bail(fmt.Sprint("stopped by ", <-sig)) }()
+	time.AfterFunc(*total, func() { bail(fmt.Sprintf("gave up after %v (-timeout)", *total)) })
+
+	rep, err := Run(o, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/rnic:", err)
+		os.Exit(1)
+	}
+	PrintTable(os.Stdout, rep)
+	if *jsonPath != "" {
+		if err := writeJSON(*jsonPath, rep); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/rnic:", err)
+			os.Exit(1)
+		}
+		fmt.Println("wrote", *jsonPath)
+	}
+}
+
+func writeJSON(path string, rep *Report) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}

@@ -1,0 +1,287 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/softrnic/softrnic/bench/io/iobench"
+)
+
+// Goals the issue sets for the table.
+const (
+	// GoalWriteOverRaw: RC WRITE goodput at least this fraction of the raw
+	// AF_XDP receive rate in bytes per second.
+	GoalWriteOverRaw = 0.8
+	// GoalLatOverSockperf: softrnic's 64 B half round trip (p50) at most
+	// this multiple of the kernel UDP ping-pong's.
+	GoalLatOverSockperf = 1.0
+)
+
+// Names of the softrnic measurements, as rows of the table and keys for the
+// ratios.
+const (
+	Write1QP = "write_bw 64 KiB, 1 QP"
+	Write4QP = "write_bw 64 KiB, 4 QPs"
+	SendBW64 = "send_bw 64 B"
+	SendLat  = "send_lat 64 B"
+)
+
+// RawSize is the raw AF_XDP frame size the WRITE goodput is held against:
+// the frames a 64 KiB WRITE travels in at RoCE path MTU 4096 are about
+// this big.
+const RawSize = 4096
+
+// Perf is one `softrnic perf` run between the two namespaces.
+type Perf struct {
+	Name string   `json:"name"`
+	Args []string `json:"args"` // perftest flags, as `softrnic perf` takes them
+	Size uint64   `json:"size"`
+	QPs  int      `json:"qps"`
+	// Iters is the messages completed (bandwidth) or the iterations
+	// (latency).
+	Iters uint64 `json:"iters"`
+	// GoodputGbps is payload bits per second over the whole run (perftest's
+	// BW average with --report_gbits); PeakGbps its best window.
+	GoodputGbps float64 `json:"goodput_gbps,omitempty"`
+	PeakGbps    float64 `json:"peak_gbps,omitempty"`
+	MsgRateMpps float64 `json:"msg_rate_mpps,omitempty"`
+	// Half round trip in µs, as perftest's send_lat reports it: typical
+	// (the median), average, 99th percentile.
+	LatP50Us float64 `json:"lat_p50_us,omitempty"`
+	LatAvgUs float64 `json:"lat_avg_us,omitempty"`
+	LatP99Us float64 `json:"lat_p99_us,omitempty"`
+	Seconds  float64 `json:"seconds"` // wall time of the run, side channel included
+	Error    string  `json:"error,omitempty"`
+}
+
+// Sockperf is the kernel UDP ping-pong (`sockperf ping-pong`). Its
+// latencies are half round trips, as sockperf reports them without
+// --full-rtt.
+type Sockperf struct {
+	Args         []string `json:"args"`
+	Observations uint64   `json:"observations"`
+	AvgUs        float64  `json:"avg_us"`
+	P50Us        float64  `json:"p50_us"`
+	P99Us        float64  `json:"p99_us"`
+	MaxUs        float64  `json:"max_us"`
+	Error        string   `json:"error,omitempty"`
+}
+
+// Ratio is one goal of the issue, computed from the run.
+type Ratio struct {
+	Name  string  `json:"name"`
+	Value float64 `json:"value"` // NaN is written as null: a figure was missing
+	Goal  string  `json:"goal"`
+	Met   bool    `json:"met"`
+}
+
+// Report is the whole run, the JSON document.
+type Report struct {
+	When      time.Time        `json:"when"`
+	Kernel    string           `json:"kernel"`
+	CPUs      int              `json:"cpus"`
+	Go        string           `json:"go"`
+	MTU       int              `json:"mtu"`
+	XDPMode   string           `json:"xdp_mode"` // as the raw AF_XDP port obtained it
+	LoadStart [3]float64       `json:"loadavg_start"`
+	LoadEnd   [3]float64       `json:"loadavg_end"`
+	Raw       []iobench.Result `json:"raw_afxdp"`
+	RNIC      []Perf           `json:"softrnic"`
+	Sockperf  Sockperf         `json:"sockperf"`
+	Ratios    []Ratio          `json:"ratios"`
+	Note      string           `json:"note"`
+}
+
+// raw finds the raw AF_XDP result of a test at a size.
+func (r *Report) raw(test string, size int) *iobench.Result {
+	for i := range r.Raw {
+		x := &r.Raw[i]
+		if x.Port == "afxdp" && x.Test == test && x.Size == size && x.Error == "" {
+			return x
+		}
+	}
+	return nil
+}
+
+func (r *Report) perf(name string) *Perf {
+	for i := range r.RNIC {
+		if r.RNIC[i].Name == name && r.RNIC[i].Error == "" {
+			return &r.RNIC[i]
+		}
+	}
+	return nil
+}
+
+// ComputeRatios fills Ratios from the figures: WRITE goodput (1 and 4 QPs)
+// over the raw AF_XDP rx-only rate at RawSize, in bytes per second, and
+// softrnic's SEND 64 B half-RTT p50 over sockperf's. A ratio whose
+// figures are missing is NaN and not met.
+func (r *Report) ComputeRatios() {
+	r.Ratios = r.Ratios[:0]
+	rawBps := math.NaN()
+	if x := r.raw("rx-only", RawSize); x != nil && x.FramesPerSec > 0 {
+		rawBps = x.FramesPerSec * RawSize
+	}
+	for _, name := range []string{Write1QP, Write4QP} {
+		v := math.NaN()
+		if p := r.perf(name); p != nil {
+			v = p.GoodputGbps * 1e9 / 8 / rawBps
+		}
+		r.Ratios = append(r.Ratios, Ratio{Name: name + " goodput ÷ raw AF_XDP rx 4 KiB B/s", Value: v,
+			Goal: fmt.Sprintf("≥ %.1f", GoalWriteOverRaw), Met: v >= GoalWriteOverRaw})
+	}
+	v := math.NaN()
+	if p := r.perf(SendLat); p != nil && r.Sockperf.Error == "" && r.Sockperf.P50Us > 0 {
+		v = p.LatP50Us / r.Sockperf.P50Us
+	}
+	r.Ratios = append(r.Ratios, Ratio{Name: "send_lat 64 B p50 ÷ sockperf 64 B p50", Value: v,
+		Goal: fmt.Sprintf("≤ %.1f", GoalLatOverSockperf), Met: v <= GoalLatOverSockperf})
+}
+
+// MarshalJSON writes a NaN ratio as null (encoding/json refuses NaN).
+func (q Ratio) MarshalJSON() ([]byte, error) {
+	v := "null"
+	if !math.IsNaN(q.Value) && !math.IsInf(q.Value, 0) {
+		v = strconv.FormatFloat(q.Value, 'f', 4, 64)
+	}
+	return fmt.Appendf(nil, `{"name":%q,"value":%s,"goal":%q,"met":%t}`, q.Name, v, q.Goal, q.Met), nil
+}
+
+// PrintTable writes the one table of the run: raw AF_XDP, softrnic, sockperf
+// and the ratios.
+func PrintTable(out io.Writer, r *Report) {
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "what\tsize B\tMpps\tGbit/s\tp50 µs\tp99 µs\tnote\t\n")
+	f := func(v float64, format string) string {
+		if v == 0 || math.IsNaN(v) {
+			return ""
+		}
+		return fmt.Sprintf(format, v)
+	}
+	for _, x := range r.Raw {
+		name := "raw AF_XDP " + x.Test
+		if x.Error != "" {
+			fmt.Fprintf(w, "%s\t%d\t\t\t\t\terror: %s\t\n", name, x.Size, x.Error)
+			continue
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t\t\tframes\t\n", name, x.Size, f(x.FramesPerSec/1e6, "%.3f"), f(x.Gbps, "%.2f"))
+	}
+	for _, p := range r.RNIC {
+		name := "softrnic " + p.Name
+		if p.Error != "" {
+			fmt.Fprintf(w, "%s\t%d\t\t\t\t\terror: %s\t\n", name, p.Size, p.Error)
+			continue
+		}
+		note := "goodput"
+		if p.LatP50Us > 0 {
+			note = "half RTT"
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, p.Size, f(p.MsgRateMpps, "%.3f"), f(p.GoodputGbps, "%.2f"),
+			f(p.LatP50Us, "%.2f"), f(p.LatP99Us, "%.2f"), note)
+	}
+	if s := r.Sockperf; s.Error != "" {
+		fmt.Fprintf(w, "sockperf UDP ping-pong\t64\t\t\t\t\terror: %s\t\n", s.Error)
+	} else {
+		fmt.Fprintf(w, "sockperf UDP ping-pong\t64\t\t\t%.2f\t%.2f\thalf RTT, kernel\t\n", s.P50Us, s.P99Us)
+	}
+	w.Flush()
+	w = tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "ratio\tvalue\tgoal\t\t\n")
+	for _, q := range r.Ratios {
+		met := "met"
+		if !q.Met {
+			met = "MISSED"
+		}
+		v := "n/a"
+		if !math.IsNaN(q.Value) {
+			v = fmt.Sprintf("%.3f", q.Value)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t\n", q.Name, v, q.Goal, met)
+	}
+	w.Flush()
+	fmt.Fprintf(out, "(%s, %d CPUs, %s, MTU %d, AF_XDP %s; load average %.2f at start, %.2f at end)\n",
+		r.Kernel, r.CPUs, r.Go, r.MTU, r.XDPMode, r.LoadStart[0], r.LoadEnd[0])
+	if r.Note != "" {
+		fmt.Fprintf(out, "(%s)\n", r.Note)
+	}
+}
+
+// ansi matches the colour escapes sockperf puts around some lines.
+var ansi = regexp.MustCompile("\x1b\\[[0-9;]*m")
+
+// ParseSockperf reads the client's report of `sockperf ping-pong`: the
+// percentile lines ("---> percentile 50.000 =    6.514"), the maximum,
+// "avg-latency=6.814" and "Total N observations". Latencies are in µs.
+// It fails when the median or the 99th percentile is missing, so that a
+// run that measured nothing is never reported as fast.
+func ParseSockperf(out string) (Sockperf, error) {
+	var s Sockperf
+	var have50, have99 bool
+	sc := bufio.NewScanner(strings.NewReader(ansi.ReplaceAllString(out, "")))
+	for sc.Scan() {
+		line := sc.Text()
+		if _, rest, ok := strings.Cut(line, "---> percentile "); ok {
+			p, v, ok := strings.Cut(rest, "=")
+			if !ok {
+				continue
+			}
+			pf, err1 := strconv.ParseFloat(strings.TrimSpace(p), 64)
+			vf, err2 := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err1 != nil || err2 != nil {
+				continue
+			}
+			switch pf {
+			case 50:
+				s.P50Us, have50 = vf, true
+			case 99:
+				s.P99Us, have99 = vf, true
+			}
+			continue
+		}
+		if _, rest, ok := strings.Cut(line, "---> <MAX> observation ="); ok {
+			s.MaxUs, _ = strconv.ParseFloat(strings.TrimSpace(rest), 64)
+			continue
+		}
+		if _, rest, ok := strings.Cut(line, "avg-latency="); ok {
+			v, _, _ := strings.Cut(rest, " ")
+			s.AvgUs, _ = strconv.ParseFloat(v, 64)
+			continue
+		}
+		if _, rest, ok := strings.Cut(line, "Total "); ok && strings.Contains(rest, "observations") {
+			v, _, _ := strings.Cut(rest, " ")
+			s.Observations, _ = strconv.ParseUint(v, 10, 64)
+		}
+	}
+	if !have50 || !have99 {
+		return s, errors.New("sockperf: no 50th/99th percentile in its output")
+	}
+	if s.Observations == 0 {
+		return s, errors.New("sockperf: no observations")
+	}
+	return s, nil
+}
+
+// ParseLoadavg reads the first three fields of /proc/loadavg.
+func ParseLoadavg(s string) ([3]float64, error) {
+	var l [3]float64
+	f := strings.Fields(s)
+	if len(f) < 3 {
+		return l, fmt.Errorf("loadavg: %q", s)
+	}
+	for i := range l {
+		v, err := strconv.ParseFloat(f[i], 64)
+		if err != nil {
+			return l, fmt.Errorf("loadavg: %q: %w", s, err)
+		}
+		l[i] = v
+	}
+	return l, nil
+}

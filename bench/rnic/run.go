@@ -1,0 +1,278 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/perftest/runner"
+	"golang.org/x/sys/unix"
+)
+
+// MTU of the veth pair: RoCE path MTU 4096 fits (a 4154-byte frame), as
+// rxe runs it, and the raw 4 KiB frames too; the same pair serves every
+// measurement.
+const MTU = 4200
+
+// Options size the run.
+type Options struct {
+	RawDuration  time.Duration // each raw AF_XDP rate test
+	WriteIters1  int           // 64 KiB WRITEs, 1 QP
+	WriteIters4  int           // 64 KiB WRITEs, 4 QPs
+	SendIters    int           // 64 B SENDs, message rate
+	LatIters     int           // 64 B SEND round trips
+	SockperfSecs int           // sockperf ping-pong duration
+	PerfTimeout  time.Duration // each softrnic perf run
+	CPUProfile   string        // CPU profile of the softrnic phase ('' none)
+}
+
+// DefaultOptions are what `make bench` runs: a few seconds per figure.
+func DefaultOptions() Options {
+	return Options{RawDuration: 2 * time.Second, WriteIters1: 5000, WriteIters4: 5000, SendIters: 200000,
+		LatIters: 20000, SockperfSecs: 3, PerfTimeout: 90 * time.Second}
+}
+
+func loadavg() [3]float64 {
+	b, _ := os.ReadFile("/proc/loadavg")
+	l, _ := ParseLoadavg(string(b))
+	return l
+}
+
+// Run makes the namespaces and the veth pair, measures everything on it in
+// turn and removes them (also when a measurement fails: a failed figure is
+// reported in its row, not as an error). It returns an error only when the
+// pair cannot be made.
+func Run(o Options, log io.Writer) (*Report, error) {
+	var uts unix.Utsname
+	unix.Uname(&uts)
+	rep := &Report{When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
+		Go: runtime.Version(), MTU: MTU, LoadStart: loadavg(),
+		Note: "veth between two namespaces on this host, copy mode; both softrnic ends, the raw sender and receiver and softirq share the CPUs"}
+	pair, err := netnstest.NewPair(netnstest.PairOptions{MTU: MTU})
+	if err != nil {
+		return nil, err
+	}
+	var once sync.Once
+	closePair := func() (err error) { once.Do(func() { err = pair.Close() }); return err }
+	current.Store(&pairCloser{close: closePair})
+	defer func() {
+		current.Store(nil)
+		closePair()
+	}()
+
+	// 1. Raw AF_XDP, the ceiling any engine on this port works under.
+	for _, size := range []int{64, RawSize} {
+		for _, test := range []string{"tx-only", "rx-only"} {
+			r := iobench.Run(pair, iobench.Config{}, "afxdp", test, size, o.RawDuration, 0)
+			rep.Raw = append(rep.Raw, r)
+			if rep.XDPMode == "" && r.Mode != "" {
+				rep.XDPMode = r.Mode
+			}
+			fmt.Fprintf(log, "raw afxdp %-8s %5d B: %s\n", test, size, iobench.Summary(r))
+		}
+	}
+
+	// 2. softrnic against softrnic, through `softrnic perf`'s own code.
+	if o.CPUProfile != "" {
+		if f, err := os.Create(o.CPUProfile); err != nil {
+			fmt.Fprintln(log, "cpuprofile:", err)
+		} else {
+			pprof.StartCPUProfile(f)
+			defer f.Close()
+		}
+	}
+	for _, pc := range []struct {
+		name string
+		verb perftest.Verb
+		m    perftest.Measure
+		args []string
+	}{
+		{Write1QP, perftest.Write, perftest.BW, []string{"-s", "65536", "-n", strconv.Itoa(o.WriteIters1)}},
+		{Write4QP, perftest.Write, perftest.BW, []string{"-s", "65536", "-n", strconv.Itoa(o.WriteIters4), "-q", "4"}},
+		{SendBW64, perftest.Send, perftest.BW, []string{"-s", "64", "-n", strconv.Itoa(o.SendIters)}},
+		{SendLat, perftest.Send, perftest.Latency, []string{"-s", "64", "-n", strconv.Itoa(o.LatIters)}},
+	} {
+		p := perfRun(pair, pc.name, pc.verb, pc.m, o.PerfTimeout, append([]string{"--report_gbits"}, pc.args...))
+		rep.RNIC = append(rep.RNIC, p)
+		if p.Error != "" {
+			fmt.Fprintf(log, "softrnic %s: error: %s\n", p.Name, p.Error)
+		} else if pc.m == perftest.Latency {
+			fmt.Fprintf(log, "softrnic %s: half RTT p50 %.2f µs, p99 %.2f µs (%.1f s)\n", p.Name, p.LatP50Us, p.LatP99Us, p.Seconds)
+		} else {
+			fmt.Fprintf(log, "softrnic %s: %.2f Gbit/s, %.4f Mpps (%.1f s)\n", p.Name, p.GoodputGbps, p.MsgRateMpps, p.Seconds)
+		}
+	}
+	if o.CPUProfile != "" {
+		pprof.StopCPUProfile()
+	}
+
+	// 3. The kernel's UDP ping-pong over the same veth.
+	rep.Sockperf = sockperf(pair, o.SockperfSecs)
+	if rep.Sockperf.Error != "" {
+		fmt.Fprintf(log, "sockperf: error: %s\n", rep.Sockperf.Error)
+	} else {
+		fmt.Fprintf(log, "sockperf ping-pong 64 B: p50 %.2f µs, p99 %.2f µs\n", rep.Sockperf.P50Us, rep.Sockperf.P99Us)
+	}
+
+	rep.ComputeRatios()
+	rep.LoadEnd = loadavg()
+	return rep, nil
+}
+
+// perfRun runs one `softrnic perf` test, the server on A and the client on
+// B, each on its own AF_XDP port, within timeout; it reads the client's
+// result as runner's BenchmarkPerfVeth does.
+func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.Measure, timeout time.Duration, args []string) (p Perf) {
+	p = Perf{Name: name, Args: args, QPs: 1}
+	start := time.Now()
+	defer func() { p.Seconds = time.Since(start).Seconds() }()
+	ps, err := perftest.ParseArgs(verb, m, append([]string{"-d", pair.A.Name}, args...))
+	if err != nil {
+		p.Error = err.Error()
+		return p
+	}
+	pc, err := perftest.ParseArgs(verb, m, append([]string{"-d", pair.B.Name, pair.A.Addr.String()}, args...))
+	if err != nil {
+		p.Error = err.Error()
+		return p
+	}
+	p.Size, p.QPs = ps.Size, ps.QPs
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var sout, cout bytes.Buffer
+	listening := make(chan struct{})
+	serr := make(chan error, 1)
+	go func() {
+		serr <- pair.A.NS.Do(func() error {
+			_, err := runner.RunCLI(ctx, ps, runner.CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
+			return err
+		})
+	}()
+	select {
+	case <-listening:
+	case err := <-serr:
+		p.Error = fmt.Sprintf("server: %v", err)
+		return p
+	case <-ctx.Done():
+		p.Error = "server did not listen in time"
+		return p
+	}
+	var res runner.Result
+	cerr := pair.B.NS.Do(func() (err error) {
+		res, err = runner.RunCLI(ctx, pc, runner.CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
+		return err
+	})
+	if cerr != nil {
+		cancel()
+	}
+	if err := <-serr; err != nil || cerr != nil {
+		p.Error = fmt.Sprintf("server: %v, client: %v", err, cerr)
+		return p
+	}
+	switch {
+	case m == perftest.BW && len(res.BW) > 0:
+		b := res.BW[0]
+		p.Iters, p.GoodputGbps, p.PeakGbps, p.MsgRateMpps = b.Iters, b.AvgBW, b.PeakBW, b.MsgRate
+	case m == perftest.Latency && len(res.Lat) > 0:
+		l := res.Lat[0]
+		p.Iters, p.LatP50Us, p.LatAvgUs, p.LatP99Us = l.Iters, l.Typical, l.Avg, l.P99
+	default:
+		p.Error = "client reported no result"
+	}
+	return p
+}
+
+// sockperf runs `sockperf server` in A and `sockperf ping-pong` (UDP, 64 B)
+// from B to it, each bounded in time, and parses the client's report.
+func sockperf(pair *netnstest.Pair, secs int) Sockperf {
+	addr := pair.A.Addr.String()
+	args := []string{"ping-pong", "-i", addr, "-m", "64", "-t", strconv.Itoa(secs)}
+	s := Sockperf{Args: args}
+	if _, err := exec.LookPath("sockperf"); err != nil {
+		s.Error = "sockperf not installed (Debian package sockperf)"
+		return s
+	}
+	limit := time.Duration(secs)*time.Second + 20*time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	ready := &waitFor{want: "block on socket", done: make(chan struct{})}
+	srv := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, "sockperf", "server", "-i", addr)
+	srv.Stdout, srv.Stderr = ready, ready
+	if err := srv.Start(); err != nil {
+		s.Error = err.Error()
+		return s
+	}
+	defer func() {
+		srv.Process.Kill()
+		srv.Wait()
+	}()
+	select {
+	case <-ready.done:
+	case <-time.After(5 * time.Second):
+		s.Error = "sockperf server did not start: " + ready.String()
+		return s
+	}
+	var out bytes.Buffer
+	cli := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", pair.B.NS.Name, "sockperf"}, args...)...)
+	cli.Stdout, cli.Stderr = &out, &out
+	if err := cli.Run(); err != nil {
+		s.Error = fmt.Sprintf("sockperf ping-pong: %v: %s", err, lastLines(out.String(), 3))
+		return s
+	}
+	r, err := ParseSockperf(out.String())
+	r.Args = args
+	if err != nil {
+		r.Error = err.Error()
+	}
+	return r
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, " | ")
+}
+
+// waitFor collects a process's output and closes done once want appears.
+type waitFor struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	want string
+	done chan struct{}
+	seen bool
+}
+
+func (w *waitFor) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.buf.Len() < 64<<10 {
+		w.buf.Write(b)
+	}
+	if !w.seen && strings.Contains(w.buf.String(), w.want) {
+		w.seen = true
+		close(w.done)
+	}
+	return len(b), nil
+}
+
+func (w *waitFor) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return lastLines(w.buf.String(), 3)
+}

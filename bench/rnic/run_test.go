@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"math"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/internal/netnstest"
+)
+
+// TestRunSmoke runs the whole bench end to end with short durations: the
+// namespaces and veth, raw AF_XDP, the four softrnic perf runs, sockperf,
+// the table and the JSON. It checks that every figure was measured (no
+// row failed, every ratio computed) and that the namespaces are gone
+// afterwards; it asserts nothing about speed. Root only.
+func TestRunSmoke(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	if _, err := exec.LookPath("sockperf"); err != nil {
+		t.Skip("needs Debian's sockperf")
+	}
+	before := ourNamespaces(t)
+	o := Options{RawDuration: 200 * time.Millisecond, WriteIters1: 100, WriteIters4: 100, SendIters: 2000,
+		LatIters: 200, SockperfSecs: 1, PerfTimeout: 60 * time.Second}
+	var log bytes.Buffer
+	rep, err := Run(o, &log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log(log.String())
+	if after := ourNamespaces(t); after != before {
+		t.Errorf("namespaces left behind: before %q, after %q", before, after)
+	}
+	if len(rep.Raw) != 4 || len(rep.RNIC) != 4 {
+		t.Fatalf("rows: %d raw, %d softrnic", len(rep.Raw), len(rep.RNIC))
+	}
+	for _, r := range rep.Raw {
+		if r.Error != "" || r.FramesPerSec <= 0 || r.Mode == "" {
+			t.Errorf("raw %s %d B: %+v", r.Test, r.Size, r)
+		}
+	}
+	for _, p := range rep.RNIC {
+		if p.Error != "" {
+			t.Errorf("%s: %s", p.Name, p.Error)
+		} else if (p.Name == SendLat) != (p.LatP50Us > 0 && p.LatP99Us >= p.LatP50Us) || (p.Name != SendLat && p.GoodputGbps <= 0) {
+			t.Errorf("%s: %+v", p.Name, p)
+		}
+	}
+	if s := rep.Sockperf; s.Error != "" || s.P50Us <= 0 || s.P99Us < s.P50Us {
+		t.Errorf("sockperf: %+v", s)
+	}
+	for _, q := range rep.Ratios {
+		if math.IsNaN(q.Value) || q.Value <= 0 {
+			t.Errorf("ratio %q = %v", q.Name, q.Value)
+		}
+	}
+	if rep.XDPMode == "" || rep.LoadStart == [3]float64{} {
+		t.Errorf("mode %q, load %v", rep.XDPMode, rep.LoadStart)
+	}
+	var table bytes.Buffer
+	PrintTable(&table, rep)
+	t.Log("\n" + table.String())
+	path := t.TempDir() + "/bench-rnic.json"
+	if err := writeJSON(path, rep); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(path); err != nil || !bytes.Contains(b, []byte(`"ratios"`)) {
+		t.Errorf("JSON %v: %s", err, b)
+	}
+}
+
+// ourNamespaces lists this process's netnstest namespaces.
+func ourNamespaces(t *testing.T) string {
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mine []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "srn-"+strconv.Itoa(os.Getpid())+"-") {
+			mine = append(mine, strings.Fields(l)[0])
+		}
+	}
+	return strings.Join(mine, ",")
+}
