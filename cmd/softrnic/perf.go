@@ -68,7 +68,11 @@ func runPerf(args []string) int {
 	kind := engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if _, err := runner.RunCLI(ctx, p, runner.CLIOptions{PortKind: kind, DialFor: 3 * time.Second}, os.Stdout); err != nil {
+	run := runner.RunCLI
+	if p.RDMACM {
+		run = runner.RunCLICM // -R: control channel and QPs through rdma_cm, no TCP
+	}
+	if _, err := run(ctx, p, runner.CLIOptions{PortKind: kind, DialFor: 3 * time.Second}, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "softrnic perf %s: %v\n", args[0], err)
 		return 1
 	}

@@ -1,0 +1,516 @@
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/route"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// Control QP of perftest -R: one send slot and ctrlRecvs receive slots of
+// ctrlSlot bytes. perftest itself keeps one receive posted and works in
+// lock step (each side sends only after reading the peer's message), so
+// one would do; a few more cost nothing and tolerate a peer that sends
+// two messages in a row.
+const (
+	ctrlSlot  = 4096
+	ctrlRecvs = 4
+)
+
+// Data QPs of a -R run are dialled again after a REJ "invalid service ID"
+// (the stock server listens for them only after its first zero handshake,
+// so our REQ may come first): as perftest's rdma_cm_client_connection, up
+// to 10 attempts 100 ms apart.
+const (
+	cmDataDialAttempts = 10
+	cmDataDialDelay    = 100 * time.Millisecond
+)
+
+// RunCLICM is `softrnic perf -R`: as RunCLI, but the control channel is an
+// RC connection made through rdma_cm on the device itself (an
+// rdmacm.Agent on QP1), and the test's QPs are connected through it too;
+// no TCP is used. The server listens on rdma_cm port p.Port (service ID
+// 0x0000000001060000 | port), the client connects to p.Host there.
+func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
+	if !p.RDMACM {
+		return Result{}, errors.New("perf: RunCLICM needs -R")
+	}
+	var peer netip.Addr
+	if p.Host != "" {
+		a, err := lookupHost(ctx, p.Host)
+		if err != nil {
+			return Result{}, err
+		}
+		peer = a
+	}
+	var r Result
+	err := withHost(ctx, p, o, func(h Host) error {
+		agent, err := rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+			_, dst, err := h.Resolve(ctx, peer)
+			return dst, err
+		}})
+		if err != nil {
+			return err
+		}
+		// Closed last: its final DREQs go out before the engine stops.
+		defer agent.Close()
+		t := New(h, p, p.Host != "", stdout)
+		s := &cmSession{agent: agent, peer: peer, port: uint16(p.Port), dialFor: o.DialFor}
+		if !t.client {
+			if s.l, err = agent.Listen(s.port, 16); err != nil {
+				return fmt.Errorf("perf: rdma_cm listen on port %d: %w", p.Port, err)
+			}
+			defer s.l.Close()
+			if o.Listening != nil {
+				o.Listening(cmAddr(s.port))
+			}
+		}
+		r, err = t.execCM(ctx, s)
+		if err != nil {
+			return err
+		}
+		if p.JSON {
+			return t.JSON().Write(stdout)
+		}
+		return nil
+	})
+	return r, err
+}
+
+// cmAddr is the address a -R server listens on, for CLIOptions.Listening.
+type cmAddr uint16
+
+func (a cmAddr) Network() string { return "rdma_cm" }
+func (a cmAddr) String() string  { return ":" + strconv.Itoa(int(a)) }
+
+// lookupHost reads the server as an address, or resolves its name.
+func lookupHost(ctx context.Context, host string) (netip.Addr, error) {
+	if a, err := netip.ParseAddr(host); err == nil {
+		return a.Unmap(), nil
+	}
+	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+	if err != nil || len(ips) == 0 {
+		return netip.Addr{}, fmt.Errorf("perf: cannot resolve %q: %v", host, err)
+	}
+	return ips[0].Unmap(), nil
+}
+
+// withHost opens the device on p.Device as RunCLI does (AF_XDP or
+// AF_PACKET port, engine.Run, route resolution) and calls f with it.
+func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
+	if p.Device == "" {
+		return errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
+	}
+	in, err := engine.LookupInterface(p.Device)
+	if err != nil {
+		return err
+	}
+	pt, err := engine.OpenPort(in, o.PortKind)
+	for deadline := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		pt, err = engine.OpenPort(in, o.PortKind)
+	}
+	if err != nil {
+		return fmt.Errorf("perf: open %s: %w", in.Name, err)
+	}
+	defer pt.Close()
+	dev, err := NewDevice(in)
+	if err != nil {
+		return err
+	}
+	res, err := route.New()
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	ectx, stop := context.WithCancel(ctx)
+	engDone := make(chan error, 1)
+	go func() { engDone <- engine.Run(ectx, dev, pt, engine.Options{}) }()
+	defer func() { stop(); <-engDone }()
+	h := Host{Device: dev, Iface: in,
+		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
+			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			defer cancel()
+			if _, err := res.Lookup(peer); errors.Is(err, route.ErrUnresolved) && peer.Is6() {
+				pokeNeighbour(in, peer)
+			}
+			n, err := res.Resolve(rctx, peer)
+			if err != nil {
+				return src, dst, err
+			}
+			if n.IfIndex != in.Index {
+				return src, dst, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
+			}
+			copy(src[:], n.SrcMAC)
+			copy(dst[:], n.DstMAC)
+			return src, dst, nil
+		}}
+	if err := f(h); err != nil {
+		return err
+	}
+	select {
+	case err := <-engDone:
+		engDone <- err
+		if err != nil {
+			return fmt.Errorf("perf: engine: %w", err)
+		}
+	default:
+	}
+	return nil
+}
+
+// cmSession is the rdma_cm side of a -R run: the agent, the server's
+// listener (which takes the control connection and then the test QPs',
+// all on one port as perftest's), the client's peer.
+type cmSession struct {
+	agent   *rdmacm.Agent
+	l       *rdmacm.Listener
+	peer    netip.Addr
+	port    uint16
+	dialFor time.Duration
+	ctrl    *rdmacm.Conn
+	conns   []*rdmacm.Conn
+}
+
+// dial connects one QP to the server, trying again after REJs for an
+// unknown service ID (the server not listening yet) up to attempts times,
+// delay apart.
+func (s *cmSession) dial(ctx context.Context, cp *rdmacm.ConnParams, attempts int, delay time.Duration) (*rdmacm.Conn, error) {
+	for i := 1; ; i++ {
+		c, err := s.agent.Dial(ctx, s.peer, s.port, cp)
+		var rej *rdmacm.RejectedError
+		if err == nil || !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID || i >= attempts {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(delay):
+		}
+	}
+}
+
+// connect makes one connection: dialled by the client, accepted by the
+// server.
+func (s *cmSession) connect(ctx context.Context, client bool, cp *rdmacm.ConnParams, attempts int, delay time.Duration) (*rdmacm.Conn, error) {
+	if client {
+		return s.dial(ctx, cp, attempts, delay)
+	}
+	return s.l.Accept(ctx, cp)
+}
+
+// disconnect ends the test QPs' connections and then the control
+// connection (DREQ/DREP, perftest's order), each bounded in time: a peer
+// gone already must not hold us.
+func (s *cmSession) disconnect() {
+	for _, c := range append(s.conns, s.ctrl) {
+		if c == nil {
+			continue
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		c.Disconnect(dctx)
+		cancel()
+		c.Close()
+	}
+}
+
+// execCM runs the test of a -R run: the control connection (accepted from
+// s's listener or dialled to s's peer), perftest.RunCM over it, the test
+// QPs connected through s, then the reports and the disconnections.
+func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
+	t.ctx = ctx
+	defer t.close()
+	defer s.disconnect()
+	if t.h.Device == nil {
+		return t.res, errors.New("perf: no device")
+	}
+	if t.p.Transport != perftest.RC {
+		return t.res, errors.New("perf: -R runs RC QPs only")
+	}
+	if err := t.pickGID(); err != nil {
+		return t.res, err
+	}
+	ch, err := newCMChannel(t.h.Device)
+	if err != nil {
+		return t.res, err
+	}
+	defer ch.close()
+	attempts := max(1, int(s.dialFor/cmDataDialDelay))
+	if s.ctrl, err = s.connect(ctx, t.client, ch.params(), attempts, cmDataDialDelay); err != nil {
+		return t.res, fmt.Errorf("perf: rdma_cm control connection: %w", err)
+	}
+	ch.conn = s.ctrl
+	mtu := perftest.MTUFromBytes(t.h.Device.Config().PortMTU)
+	if t.p.MTU != 0 {
+		mtu = min(mtu, t.p.MTU)
+	}
+	cfg := perftest.Config{Test: t.p.Test, Client: t.client, MTU: mtu, PageSize: 4096, CacheLine: 64}
+	out, err := perftest.RunCM(ctx, ch, cfg, t.gidIdx, &cmLocal{Test: t, s: s})
+	if err != nil {
+		return t.res, err
+	}
+	return t.finish(out)
+}
+
+// pickGID sets the GID of our records from -x, as Exec does.
+func (t *Test) pickGID() error {
+	t.gidIdx = t.p.GIDIndex
+	gid, err := t.h.Iface.GID(t.p.GIDIndex)
+	if err != nil {
+		return err
+	}
+	if t.gidIdx < 0 {
+		for i, g := range t.h.Iface.GIDs {
+			if g == gid {
+				t.gidIdx = i
+				break
+			}
+		}
+	}
+	t.gid = gid
+	return nil
+}
+
+// finish prints the passive server's report and runs --verify, as Exec.
+func (t *Test) finish(out perftest.Outcome) (Result, error) {
+	if out.PeerReport != nil && !t.client {
+		t.res.BW = append(t.res.BW, *out.PeerReport)
+		t.printf("%s", perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
+		t.printf("%s", perftest.ResultLine)
+	}
+	if t.p.Verify {
+		if err := t.verifyAfter(out); err != nil {
+			return t.res, err
+		}
+		t.res.Verify = true
+	}
+	return t.res, nil
+}
+
+// cmLocal is the device side of a -R test: the QPs come from the CM.
+type cmLocal struct {
+	*Test
+	s *cmSession
+}
+
+// ConnectQPs implements perftest.LocalCM: the MR as Dests makes it, then
+// one CM connection per QP on the same port as the control connection,
+// with perftest's conn_param (retry and RNR retry 7; responder resources
+// and initiator depth -o for READ and atomics, 0 otherwise).
+func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
+	t := c.Test
+	if err := t.setupMR(n); err != nil {
+		return err
+	}
+	for i := 0; i < t.p.QPs; i++ {
+		var pr [4]byte
+		rand.Read(pr[:])
+		// perftest's record carries a PSN of its own drawing that no QP
+		// uses with -R (the CM chose the QPs' PSNs): so does ours.
+		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
+			src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
+		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
+		q.cq = t.h.Device.CreateCQ(sq + rq + 64)
+		cp := &rdmacm.ConnParams{PD: t.pd, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
+			Access: t.allowed &^ verbs.LocalWrite, RetryCount: 7, RNRRetry: 7}
+		if t.p.Verb == perftest.Read || t.p.Verb == perftest.Atomic {
+			cp.ResponderResources = uint8(min(t.p.OutReads, 255))
+			cp.InitiatorDepth = cp.ResponderResources
+		}
+		conn, err := c.s.connect(t.ctx, t.client, cp, cmDataDialAttempts, cmDataDialDelay)
+		if err != nil {
+			return fmt.Errorf("perf: rdma_cm connection of QP %d: %w", i, err)
+		}
+		c.s.conns = append(c.s.conns, conn)
+		q.qp = conn.QP()
+		t.qps = append(t.qps, q)
+	}
+	return nil
+}
+
+// setupMR makes the PD and the one MR of all QPs (Dests' first half).
+func (t *Test) setupMR(n perftest.Negotiated) error {
+	t.neg = n
+	t.res.MTU = n.MTU.Bytes()
+	maxSize := uint64(0)
+	for _, s := range n.Sizes {
+		maxSize = max(maxSize, s)
+	}
+	page := uint64(max(n.PageSize, 4096))
+	t.region = int(2 * ((max(maxSize, page) + page - 1) / page * page))
+	t.buf = make([]byte, t.region*t.p.QPs)
+	t.fillPattern()
+	t.allowed = verbs.LocalWrite
+	switch t.p.Verb {
+	case perftest.Write:
+		t.allowed |= verbs.RemoteWrite
+	case perftest.Read:
+		t.allowed |= verbs.RemoteRead
+	case perftest.Atomic:
+		t.allowed |= verbs.RemoteAtomic
+	}
+	var r [8]byte
+	rand.Read(r[:])
+	iova := (binary.LittleEndian.Uint64(r[:]) & 0x00007fff_fffff000) | 0x10000000
+	t.pd = t.h.Device.AllocPD()
+	var err error
+	t.mr, err = t.pd.RegMRIOVA(t.buf, iova, t.allowed)
+	return err
+}
+
+// Dests implements perftest.Local for -R: the records of the QPs the CM
+// connected.
+func (c *cmLocal) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
+	t := c.Test
+	var dests []perftest.Dest
+	for _, q := range t.qps {
+		dests = append(dests, perftest.Dest{OutReads: uint16(t.p.OutReads), QPN: q.qpn(), PSN: q.psn,
+			RKey: t.mr.RKey(), VAddr: q.va, GID: perftest.GIDFromAddr(t.gid)})
+	}
+	perftest.WriteBanner(writerOrDiscard(t), t.info())
+	for _, d := range dests {
+		perftest.WriteDest(writerOrDiscard(t), "local", d, t.p.Verb)
+	}
+	return dests, nil
+}
+
+// Connect implements perftest.Local for -R: the QPs are in RTS already;
+// the peer's records give the rkeys and addresses of its buffers.
+func (c *cmLocal) Connect(remote []perftest.Dest) error {
+	c.remote = remote
+	for _, d := range remote {
+		perftest.WriteDest(writerOrDiscard(c.Test), "remote", d, c.p.Verb)
+	}
+	return nil
+}
+
+// cmChannel is perftest.MsgChannel on the control QP: slot 0 of its MR is
+// the send buffer, slots 1..ctrlRecvs the receives (WR ID = slot).
+type cmChannel struct {
+	pd    *verbs.PD
+	cq    *verbs.CQ
+	mr    *verbs.MR
+	conn  *rdmacm.Conn
+	wcs   [ctrlRecvs + 2]verbs.WC
+	recvd []verbs.WC // receive completions not yet taken, in order
+	sent  bool
+	sge   [1]verbs.SGE
+}
+
+func newCMChannel(dev *verbs.Device) (*cmChannel, error) {
+	ch := &cmChannel{pd: dev.AllocPD(), cq: dev.CreateCQ(4 * (ctrlRecvs + 2))}
+	var err error
+	if ch.mr, err = ch.pd.RegMR(make([]byte, (ctrlRecvs+1)*ctrlSlot), verbs.LocalWrite); err != nil {
+		return nil, err
+	}
+	return ch, nil
+}
+
+func (ch *cmChannel) close() { ch.mr.Dereg() }
+
+// params are the control QP's: perftest's comm QP (RC, SEND only, no
+// READ resources, retry and RNR retry 7), receives posted before the CM
+// exchange goes on so that the peer's first SEND finds one.
+func (ch *cmChannel) params() *rdmacm.ConnParams {
+	return &rdmacm.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
+		RetryCount: 7, RNRRetry: 7, Setup: func(q *verbs.QP) error {
+			for slot := uint64(1); slot <= ctrlRecvs; slot++ {
+				if err := ch.postRecv(q, slot); err != nil {
+					return err
+				}
+			}
+			return nil
+		}}
+}
+
+func (ch *cmChannel) postRecv(q *verbs.QP, slot uint64) error {
+	_, err := q.PostRecv(verbs.RecvWR{ID: slot, SG: []verbs.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}})
+	return err
+}
+
+// wait polls the control CQ once, blocking until a completion, the end of
+// ctx or of the connection.
+func (ch *cmChannel) wait(ctx context.Context) error {
+	for {
+		n := ch.cq.Poll(ch.wcs[:])
+		for _, w := range ch.wcs[:n] {
+			if w.Status != verbs.Success {
+				return fmt.Errorf("perf: control QP: work request %d completed with status %v", w.ID, w.Status)
+			}
+			if w.IsRecv {
+				ch.recvd = append(ch.recvd, w)
+			} else {
+				ch.sent = true
+			}
+		}
+		if n > 0 {
+			return nil
+		}
+		select {
+		case <-ch.cq.Notify():
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-ch.conn.Done():
+			return fmt.Errorf("perf: control connection: %w", ch.conn.Err())
+		}
+	}
+}
+
+// Send implements perftest.MsgChannel: one signaled SEND from slot 0,
+// waited for as perftest's rdma_write_data does.
+func (ch *cmChannel) Send(ctx context.Context, b []byte) error {
+	if len(b) > ctrlSlot {
+		return fmt.Errorf("perf: control message of %d bytes", len(b))
+	}
+	copy(ch.mr.Bytes(), b)
+	ch.sge[0] = verbs.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
+	ch.sent = false
+	if _, err := ch.conn.QP().PostSend(verbs.SendWR{ID: 0, Opcode: verbs.Send, Flags: verbs.Signaled, SG: ch.sge[:]}); err != nil {
+		return fmt.Errorf("perf: control QP: post: %w", err)
+	}
+	for !ch.sent {
+		if err := ch.wait(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Recv implements perftest.MsgChannel: the next message, its receive
+// posted again at once.
+func (ch *cmChannel) Recv(ctx context.Context, b []byte) (int, error) {
+	for len(ch.recvd) == 0 {
+		if err := ch.wait(ctx); err != nil {
+			return 0, err
+		}
+	}
+	w := ch.recvd[0]
+	ch.recvd = ch.recvd[1:]
+	if w.ID < 1 || w.ID > ctrlRecvs {
+		return 0, fmt.Errorf("perf: control QP: receive with WR ID %d", w.ID)
+	}
+	n := int(w.ByteLen)
+	if n > len(b) {
+		return 0, fmt.Errorf("perf: control message of %d bytes, at most %d expected", n, len(b))
+	}
+	copy(b, ch.mr.Bytes()[w.ID*ctrlSlot:w.ID*ctrlSlot+uint64(n)])
+	if err := ch.postRecv(ch.conn.QP(), w.ID); err != nil {
+		return 0, fmt.Errorf("perf: control QP: post receive: %w", err)
+	}
+	return n, nil
+}

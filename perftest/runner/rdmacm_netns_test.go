@@ -1,0 +1,100 @@
+package runner
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/perftest"
+)
+
+// TestPerfRDMACMOverVeth runs `softrnic perf -R` (RunCLICM) server and
+// client with --verify between two network namespaces joined by a veth
+// pair, each on its own AF_XDP port: no TCP at all, the control channel
+// and the test QPs are RC connections made by our CM on QP1. It covers
+// write_bw (2 QPs: two data connections on the one port), read_bw (READ
+// resources negotiated in the REQ/REP), send_bw and a latency test.
+func TestPerfRDMACMOverVeth(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	for _, tc := range []struct {
+		name string
+		verb perftest.Verb
+		m    perftest.Measure
+		args []string
+	}{
+		{"write_bw", perftest.Write, perftest.BW, []string{"-s", "65536", "-n", "200", "-q", "2"}},
+		{"read_bw", perftest.Read, perftest.BW, []string{"-s", "16384", "-n", "200"}},
+		{"send_bw", perftest.Send, perftest.BW, []string{"-s", "4096", "-n", "500"}},
+		{"atomic_bw", perftest.Atomic, perftest.BW, []string{"-n", "200"}},
+		{"send_lat", perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "200"}},
+		{"write_lat", perftest.Write, perftest.Latency, []string{"-s", "64", "-n", "200"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"-R", "--verify", "--json", "-p", "18600"}, tc.args...)
+			ps, err := perftest.ParseArgs(tc.verb, tc.m, append([]string{"-d", pair.A.Name}, args...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pc, err := perftest.ParseArgs(tc.verb, tc.m, append([]string{"-d", pair.B.Name, pair.A.Addr.String()}, args...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			var sout, cout bytes.Buffer
+			var sres, cres Result
+			listening := make(chan struct{})
+			serr := make(chan error, 1)
+			go func() {
+				serr <- pair.A.NS.Do(func() (err error) {
+					sres, err = RunCLICM(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
+					return err
+				})
+			}()
+			select {
+			case <-listening:
+			case err := <-serr:
+				t.Fatalf("server: %v", err)
+			}
+			cerr := pair.B.NS.Do(func() (err error) {
+				cres, err = RunCLICM(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
+				return err
+			})
+			if cerr != nil {
+				cancel()
+			}
+			if err := <-serr; err != nil || cerr != nil {
+				t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cout.String())
+			}
+			if !sres.Verify || !cres.Verify {
+				t.Errorf("not verified: server %v client %v", sres.Verify, cres.Verify)
+			}
+			var j perftest.JSONResult
+			if err := json.Unmarshal(cout.Bytes(), &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
+				t.Fatalf("client JSON %v: %s", err, cout.String())
+			}
+			if tc.m == perftest.BW {
+				r := cres.BW[0]
+				if r.Iters == 0 || r.AvgBW <= 0 {
+					t.Fatalf("client BW %+v", r)
+				}
+				t.Logf("-R %s: %d B × %d: %.1f MiB/s, %.4f Mpps", tc.name, r.Size, r.Iters, r.AvgBW, r.MsgRate)
+			} else {
+				r := cres.Lat[0]
+				if r.Typical <= 0 || r.Iters != 200 {
+					t.Fatalf("client latency %+v", r)
+				}
+				t.Logf("-R %s: %d B: typical %.1f µs", tc.name, r.Size, r.Typical)
+			}
+			if strings.Contains(sout.String(), "error") {
+				t.Errorf("server output: %s", sout.String())
+			}
+		})
+	}
+}
