@@ -153,7 +153,8 @@ func run(o options) int {
 		// softrnic pcap checks every frame's ICRC (Wireshark does not).
 		if cmds, err := softrnicCommands(o.softrnic); err == nil && cmds["pcap"] {
 			bin, _ := filepath.Abs(o.softrnic)
-			o.pcapCheck = bin + " pcap {} >/dev/null"
+			// Keep the summary and the bad frames; pipefail keeps pcap's status.
+			o.pcapCheck = "set -o pipefail; " + bin + " pcap {} | grep -v icrc=ok"
 		}
 	}
 	if o.pcapCheck == "none" {
