@@ -93,9 +93,6 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if cfg.Queues > 1 {
 		log.Warn("one engine serves queue 0 only for now; steer RoCE to queue 0 (ethtool -N) or use port = afpacket", "queues", cfg.Queues)
 	}
-	if cfg.Metrics != "" {
-		log.Warn("the Prometheus endpoint is not implemented yet; metrics setting ignored", "metrics", cfg.Metrics)
-	}
 	p, kind, err := openPort(cfg, in, gids, log)
 	if err != nil {
 		return err
@@ -148,10 +145,27 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		}
 	}
 	portStatus := func() proto.PortStatus { return st }
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve),
-		daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap, PortStatus: portStatus})
+	// The engine gets the counting wrapper: byte counts, and AF_XDP
+	// statistics read on the loop's own goroutine (softrnic stats, /metrics).
+	cp := daemon.NewCountingPort(p)
+	loop, err := engine.NewLoop(dev, cp, engine.Options{Tap: &tap})
 	if err != nil {
 		return err
+	}
+	counters := &daemon.CounterSource{Name: in.Name, Loop: loop, Port: cp}
+	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve),
+		daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap, PortStatus: portStatus, Counters: counters.Snapshot})
+	if err != nil {
+		return err
+	}
+	if cfg.Metrics != "" {
+		ms, err := daemon.ServeMetrics(cfg.Metrics, daemon.NewCollector(counters.Snapshot))
+		if err != nil {
+			srv.Close(0)
+			return fmt.Errorf("metrics endpoint: %w", err)
+		}
+		defer ms.Close()
+		log.Info("serving Prometheus metrics", "addr", ms.Addr().String(), "path", "/metrics")
 	}
 	if err := srv.Listen(cfg.Control); err != nil {
 		srv.Close(0)
@@ -162,7 +176,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	defer stopSig()
 	engCtx, stopEngine := context.WithCancel(context.Background())
 	engDone := make(chan error, 1)
-	go func() { engDone <- engine.Run(engCtx, dev, p, engine.Options{Tap: &tap}) }()
+	go func() { engDone <- loop.Run(engCtx) }()
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve() }()
 	log.Info("serving", "port", kind, "mtu", mtu, "gids", gids, "control", cfg.Control, "dcqcn", cfg.DCQCN.Profile)
