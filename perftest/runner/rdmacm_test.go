@@ -98,6 +98,20 @@ func wireShape(t *testing.T, frames [][]byte) (shape, teardown []string) {
 				client = f.Src()
 			}
 			item = fmt.Sprintf("%v", mad.AttrID())
+			// What the applications put in the conn_param: READ
+			// resources, retry counts, user private data (the rdma_cm
+			// header of a REQ holds ports and addresses: skipped).
+			switch mad.AttrID() {
+			case cm.AttrREQ:
+				var r cm.REQ
+				r.Decode(mad.Data())
+				item += fmt.Sprintf(" resp %d init %d retry %d rnr %d mtu %d private %x", r.ResponderResources, r.InitiatorDepth,
+					r.RetryCount, r.RNRRetryCount, r.PathMTU, r.PrivateData[cm.CMAHeaderSize:])
+			case cm.AttrREP:
+				var r cm.REP
+				r.Decode(mad.Data())
+				item += fmt.Sprintf(" resp %d init %d rnr %d private %x", r.ResponderResources, r.InitiatorDepth, r.RNRRetryCount, r.PrivateData)
+			}
 			if mad.AttrID() == cm.AttrDREQ {
 				tearing = true
 			}
@@ -166,7 +180,7 @@ func TestCMWireMatchesCapture(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, gotDown := wireShape(t, frames)
-	t.Logf("%d CM messages and control SENDs before the teardown (stock perftest %d); teardown %v", len(got), len(want), gotDown)
+	t.Logf("%d CM messages and control SENDs before the teardown (stock perftest %d); teardown %v; first: %.80s", len(got), len(want), gotDown, got[0])
 	if len(got) != len(want) {
 		t.Errorf("%d messages before the first DREQ, stock perftest %d", len(got), len(want))
 	}
