@@ -71,7 +71,7 @@ func run() int {
 		// One server in r serves both flows (one process owns r's AF_XDP
 		// queue); -shared-server=false runs one per flow, for other tools.
 		c := &testbed.CommandEndpoints{Label: "softrnic", CC: true, Bin: *softrnicBin,
-			Server: testbed.SoftrnicServer, Client: testbed.SoftrnicClient, SharedServer: *shared, Clients: 2}
+			Server: testbed.SoftrnicServer, Client: testbed.SoftrnicClient, SharedServer: *shared, Clients: 2, LogDir: *out}
 		if *serverCmd != "" {
 			c.Server = strings.Fields(*serverCmd)
 		}

@@ -244,3 +244,35 @@ func TestServeClients(t *testing.T) {
 		}
 	}
 }
+
+// TestCongestionFor: the profile and dilation of --dcqcn/--dcqcn-scale,
+// and a pacer burst of a millisecond at the dilated line rate, at most
+// 64 KiB.
+func TestCongestionFor(t *testing.T) {
+	for _, c := range []struct {
+		args     []string
+		on       bool
+		lineMbps float64
+		burst    int
+		scale    float64
+		profile  string
+	}{
+		{[]string{"--dcqcn", "paper", "--dcqcn-scale", "400"}, true, 100, 12500, 400, "paper"},
+		{[]string{"--dcqcn", "paper"}, true, 40000, 64 << 10, 1, "paper"},
+		{[]string{"--dcqcn", "connectx", "--dcqcn-scale", "1000"}, true, 100, 12500, 1000, "connectx"},
+		{nil, false, 0, 0, 0, "off"},
+	} {
+		p, err := perftest.ParseArgs(perftest.Write, perftest.BW, append([]string{"-d", "x"}, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := CongestionFor(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cc.On() != c.on || cc.Profile != c.profile || cc.PacerBurst != c.burst || c.on && (cc.Scale != c.scale || float64(cc.RP.LineRate)/1e6 != c.lineMbps) {
+			t.Errorf("%q: got %s on=%v scale %v line %v burst %d, want %s %v %v %v Mb/s %d", c.args, cc.Profile, cc.On(), cc.Scale,
+				float64(cc.RP.LineRate)/1e6, cc.PacerBurst, c.profile, c.on, c.scale, c.lineMbps, c.burst)
+		}
+	}
+}

@@ -49,6 +49,10 @@ type CommandEndpoints struct {
 	// one; Clients is how many flows will connect to it ({clients}).
 	SharedServer bool
 	Clients      int
+	// LogDir, when set, receives each process's standard output when it
+	// ends (server.out or server-N.out, client-N.out): the endpoints' own
+	// reports, e.g. softrnic's final QP rates.
+	LogDir string
 
 	mu     sync.Mutex
 	flows  []*cmdFlow
@@ -78,7 +82,13 @@ func (s *sharedServer) wait(d time.Duration) error {
 // output carrying the mlx5 counters.
 var (
 	softrnicPerf = []string{"softrnic", "perf", "write_bw", "-d", "{dev}", "-p", "{port}", "-D", "{secs}",
-		"-s", "65536", "-m", "{payload}", "--tclass", "{tclass}", "--dcqcn", "{profile}", "--dcqcn-scale", "{scale}", "--json"}
+		"-s", "65536", "-m", "{payload}", "-u", "18", "--tclass", "{tclass}", "--dcqcn", "{profile}", "--dcqcn-scale", "{scale}", "--json"}
+	// -u 18: a local ACK timeout of 1.07 s instead of perftest's 67 ms.
+	// Dilation stretches every delay by S: a 64 KiB WRITE at a rate cut
+	// to 7.8 Mb/s takes 67 ms, and a full tbf queue (800 kB) takes 64 ms
+	// at 100 Mb/s, so with 67 ms the QPs timed out spuriously and ended
+	// with retry-exceeded. 1.07 s covers a message down to 0.5 Mb/s.
+	//
 	// SoftrnicServer serves every flow's client on r's one device
 	// (SharedServer).
 	SoftrnicServer = append(append([]string(nil), softrnicPerf...), "--clients", "{clients}")
@@ -122,7 +132,7 @@ func (c *CommandEndpoints) StartFlow(t *Topology, spec FlowSpec) (Flow, error) {
 	if port == 0 {
 		port = 18515
 	}
-	f := &cmdFlow{deadline: time.Now().Add(spec.Duration), peer: spec.Src.Link.Addr.String()}
+	f := &cmdFlow{deadline: time.Now().Add(spec.Duration), peer: spec.Src.Link.Addr.String(), id: spec.ID, logDir: c.LogDir}
 	if c.SharedServer {
 		c.mu.Lock()
 		sh := c.shared
@@ -275,6 +285,8 @@ type cmdFlow struct {
 	server, client *proc
 	shared         *sharedServer
 	peer           string // the sender's address, as the shared server's JSON names it
+	id             int
+	logDir         string
 	deadline       time.Time
 	once           sync.Once
 	counters       EndpointCounters
@@ -294,14 +306,29 @@ func (f *cmdFlow) Stop() error {
 			err = errors.Join(err, f.shared.wait(grace))
 			addCounters(&f.counters, f.client.out.Bytes())
 			addPeerCounters(&f.counters, f.shared.proc.out.Bytes(), f.peer)
+			f.save("server.out", f.shared.proc)
+			f.save(fmt.Sprintf("client-%d.out", f.id), f.client)
 			return
 		}
 		err = errors.Join(f.client.wait(grace), f.server.wait(grace))
+		f.save(fmt.Sprintf("server-%d.out", f.id), f.server)
+		f.save(fmt.Sprintf("client-%d.out", f.id), f.client)
 		for _, p := range []*proc{f.client, f.server} {
 			addCounters(&f.counters, p.out.Bytes())
 		}
 	})
 	return err
+}
+
+// save writes p's output to name in the log directory, if there is one
+// (best effort: the log is for reading, the counters are already taken).
+func (f *cmdFlow) save(name string, p *proc) {
+	if f.logDir == "" {
+		return
+	}
+	if os.MkdirAll(f.logDir, 0o755) == nil {
+		os.WriteFile(f.logDir+"/"+name, p.out.Bytes(), 0o644)
+	}
 }
 
 // Counters implements Flow (after Stop).

@@ -69,13 +69,13 @@ func TestExpand(t *testing.T) {
 	spec := FlowSpec{ID: 2, Src: h1, Dst: r, TClass: 26<<2 | 2, Profile: "paper", Scale: 400, PayloadBytes: 1024, Duration: 25500 * time.Millisecond}
 	got := expand(SoftrnicClient, "/opt/softrnic", h1, spec, 18517, 2)
 	want := []string{"/opt/softrnic", "perf", "write_bw", "-d", "va1", "-p", "18517", "-D", "26", "-s", "65536", "-m", "1024",
-		"--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "10.77.3.2"}
+		"-u", "18", "--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "10.77.3.2"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("client:\n got %q\nwant %q", got, want)
 	}
 	got = expand(SoftrnicServer, "/opt/softrnic", r, spec, 18516, 2)
 	want = []string{"/opt/softrnic", "perf", "write_bw", "-d", "vr", "-p", "18516", "-D", "26", "-s", "65536", "-m", "1024",
-		"--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "--clients", "2"}
+		"-u", "18", "--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "--clients", "2"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("server:\n got %q\nwant %q", got, want)
 	}
