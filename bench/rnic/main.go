@@ -12,9 +12,11 @@
 //
 //	go run ./bench/rnic -json out/bench-rnic.json
 //
-// Everything runs in this process (both softrnic devices, each in its
-// namespace, as `softrnic perf` server and client), so -cpuprofile shows
-// where softrnic spends its time. On a 2-core machine sender, receiver and
+// Each softrnic end (server in one namespace, client in the other) runs
+// perftest/runner's RunCLI, the code of `softrnic perf`, in a child process
+// of its own, as on two hosts (-profdir collects both ends' CPU profiles);
+// -inprocess runs both in this process instead, as runner's
+// BenchmarkPerfVeth does (-cpuprofile). On a 2-core machine sender, receiver and
 // softirq share the cores: the figures are a floor.
 package main
 
@@ -37,6 +39,9 @@ var current atomic.Pointer[pairCloser]
 type pairCloser struct{ close func() error }
 
 func main() {
+	if childMain() {
+		return
+	}
 	o := DefaultOptions()
 	jsonPath := flag.String("json", "bench-rnic.json", "write the report here as JSON ('' to skip)")
 	flag.DurationVar(&o.RawDuration, "raw-duration", o.RawDuration, "duration of each raw AF_XDP rate test")
@@ -46,7 +51,9 @@ func main() {
 	flag.IntVar(&o.LatIters, "lat-iters", o.LatIters, "64 B SEND round trips for the latency")
 	flag.IntVar(&o.SockperfSecs, "sockperf-time", o.SockperfSecs, "seconds of sockperf ping-pong")
 	flag.DurationVar(&o.PerfTimeout, "perf-timeout", o.PerfTimeout, "time limit of each softrnic perf run")
-	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the softrnic phase here")
+	flag.BoolVar(&o.InProcess, "inprocess", false, "run both softrnic ends in this process (as runner's BenchmarkPerfVeth) rather than one child process per end")
+	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "with -inprocess: write a CPU profile of the softrnic phase here")
+	flag.StringVar(&o.ProfDir, "profdir", "", "without -inprocess: each softrnic end writes its CPU profile into this directory")
 	total := flag.Duration("timeout", 8*time.Minute, "time limit of the whole run")
 	flag.Parse()
 	if os.Geteuid() != 0 {

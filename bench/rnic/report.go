@@ -90,7 +90,8 @@ type Report struct {
 	CPUs      int              `json:"cpus"`
 	Go        string           `json:"go"`
 	MTU       int              `json:"mtu"`
-	XDPMode   string           `json:"xdp_mode"` // as the raw AF_XDP port obtained it
+	XDPMode   string           `json:"xdp_mode"`      // as the raw AF_XDP port obtained it
+	Ends      string           `json:"softrnic_ends"` // how the two softrnic ends ran
 	LoadStart [3]float64       `json:"loadavg_start"`
 	LoadEnd   [3]float64       `json:"loadavg_end"`
 	Raw       []iobench.Result `json:"raw_afxdp"`
@@ -207,8 +208,8 @@ func PrintTable(out io.Writer, r *Report) {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t\n", q.Name, v, q.Goal, met)
 	}
 	w.Flush()
-	fmt.Fprintf(out, "(%s, %d CPUs, %s, MTU %d, AF_XDP %s; load average %.2f at start, %.2f at end)\n",
-		r.Kernel, r.CPUs, r.Go, r.MTU, r.XDPMode, r.LoadStart[0], r.LoadEnd[0])
+	fmt.Fprintf(out, "(%s, %d CPUs, %s, MTU %d, AF_XDP %s; softrnic: %s; load average %.2f at start, %.2f at end)\n",
+		r.Kernel, r.CPUs, r.Go, r.MTU, r.XDPMode, r.Ends, r.LoadStart[0], r.LoadEnd[0])
 	if r.Note != "" {
 		fmt.Fprintf(out, "(%s)\n", r.Note)
 	}

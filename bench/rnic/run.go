@@ -37,7 +37,11 @@ type Options struct {
 	LatIters     int           // 64 B SEND round trips
 	SockperfSecs int           // sockperf ping-pong duration
 	PerfTimeout  time.Duration // each softrnic perf run
-	CPUProfile   string        // CPU profile of the softrnic phase ('' none)
+	// InProcess runs both softrnic ends in this process, as runner's
+	// BenchmarkPerfVeth does, instead of one child process per end.
+	InProcess  bool
+	CPUProfile string // in-process: CPU profile of the softrnic phase ('' none)
+	ProfDir    string // child processes: each end's CPU profile goes here ('' none)
 }
 
 // DefaultOptions are what `make bench` runs: a few seconds per figure.
@@ -87,7 +91,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	}
 
 	// 2. softrnic against softrnic, through `softrnic perf`'s own code.
-	if o.CPUProfile != "" {
+	if o.InProcess && o.CPUProfile != "" {
 		if f, err := os.Create(o.CPUProfile); err != nil {
 			fmt.Fprintln(log, "cpuprofile:", err)
 		} else {
@@ -95,28 +99,37 @@ func Run(o Options, log io.Writer) (*Report, error) {
 			defer f.Close()
 		}
 	}
+	rep.Ends = "one child process per end (ip netns exec)"
+	if o.InProcess {
+		rep.Ends = "both ends in the bench process"
+	}
 	for _, pc := range []struct {
-		name string
-		verb perftest.Verb
-		m    perftest.Measure
-		args []string
+		name, test string
+		args       []string
 	}{
-		{Write1QP, perftest.Write, perftest.BW, []string{"-s", "65536", "-n", strconv.Itoa(o.WriteIters1)}},
-		{Write4QP, perftest.Write, perftest.BW, []string{"-s", "65536", "-n", strconv.Itoa(o.WriteIters4), "-q", "4"}},
-		{SendBW64, perftest.Send, perftest.BW, []string{"-s", "64", "-n", strconv.Itoa(o.SendIters)}},
-		{SendLat, perftest.Send, perftest.Latency, []string{"-s", "64", "-n", strconv.Itoa(o.LatIters)}},
+		{Write1QP, "write_bw", []string{"-s", "65536", "-n", strconv.Itoa(o.WriteIters1)}},
+		{Write4QP, "write_bw", []string{"-s", "65536", "-n", strconv.Itoa(o.WriteIters4), "-q", "4"}},
+		{SendBW64, "send_bw", []string{"-s", "64", "-n", strconv.Itoa(o.SendIters)}},
+		{SendLat, "send_lat", []string{"-s", "64", "-n", strconv.Itoa(o.LatIters)}},
 	} {
-		p := perfRun(pair, pc.name, pc.verb, pc.m, o.PerfTimeout, append([]string{"--report_gbits"}, pc.args...))
+		args := append([]string{"--report_gbits"}, pc.args...)
+		tc := tests[pc.test]
+		var p Perf
+		if o.InProcess {
+			p = perfRun(pair, pc.name, tc.verb, tc.m, o.PerfTimeout, args)
+		} else {
+			p = perfRunProcs(pair, pc.name, pc.test, tc.m, o.PerfTimeout, args, o.ProfDir)
+		}
 		rep.RNIC = append(rep.RNIC, p)
 		if p.Error != "" {
 			fmt.Fprintf(log, "softrnic %s: error: %s\n", p.Name, p.Error)
-		} else if pc.m == perftest.Latency {
+		} else if tc.m == perftest.Latency {
 			fmt.Fprintf(log, "softrnic %s: half RTT p50 %.2f µs, p99 %.2f µs (%.1f s)\n", p.Name, p.LatP50Us, p.LatP99Us, p.Seconds)
 		} else {
 			fmt.Fprintf(log, "softrnic %s: %.2f Gbit/s, %.4f Mpps (%.1f s)\n", p.Name, p.GoodputGbps, p.MsgRateMpps, p.Seconds)
 		}
 	}
-	if o.CPUProfile != "" {
+	if o.InProcess && o.CPUProfile != "" {
 		pprof.StopCPUProfile()
 	}
 
@@ -183,16 +196,7 @@ func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.M
 		p.Error = fmt.Sprintf("server: %v, client: %v", err, cerr)
 		return p
 	}
-	switch {
-	case m == perftest.BW && len(res.BW) > 0:
-		b := res.BW[0]
-		p.Iters, p.GoodputGbps, p.PeakGbps, p.MsgRateMpps = b.Iters, b.AvgBW, b.PeakBW, b.MsgRate
-	case m == perftest.Latency && len(res.Lat) > 0:
-		l := res.Lat[0]
-		p.Iters, p.LatP50Us, p.LatAvgUs, p.LatP99Us = l.Iters, l.Typical, l.Avg, l.P99
-	default:
-		p.Error = "client reported no result"
-	}
+	fillPerf(&p, m, res)
 	return p
 }
 

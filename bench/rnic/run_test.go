@@ -5,6 +5,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,19 +14,41 @@ import (
 	"github.com/softrnic/softrnic/internal/netnstest"
 )
 
+// TestMain lets the test binary serve as the child process of each
+// softrnic end, as the bench program does.
+func TestMain(m *testing.M) {
+	if childMain() {
+		return
+	}
+	os.Exit(m.Run())
+}
+
 // TestRunSmoke runs the whole bench end to end with short durations: the
 // namespaces and veth, raw AF_XDP, the four softrnic perf runs, sockperf,
 // the table and the JSON. It checks that every figure was measured (no
 // row failed, every ratio computed) and that the namespaces are gone
 // afterwards; it asserts nothing about speed. Root only.
 func TestRunSmoke(t *testing.T) {
+	for _, inproc := range []bool{false, true} {
+		name := "processes"
+		if inproc {
+			name = "inprocess"
+		}
+		t.Run(name, func(t *testing.T) { runSmoke(t, inproc) })
+	}
+}
+
+func runSmoke(t *testing.T, inproc bool) {
 	netnstest.SkipUnlessRoot(t)
 	if _, err := exec.LookPath("sockperf"); err != nil {
 		t.Skip("needs Debian's sockperf")
 	}
 	before := ourNamespaces(t)
 	o := Options{RawDuration: 200 * time.Millisecond, WriteIters1: 100, WriteIters4: 100, SendIters: 2000,
-		LatIters: 200, SockperfSecs: 1, PerfTimeout: 60 * time.Second}
+		LatIters: 200, SockperfSecs: 1, PerfTimeout: 60 * time.Second, InProcess: inproc}
+	if !inproc {
+		o.ProfDir = t.TempDir()
+	}
 	var log bytes.Buffer
 	rep, err := Run(o, &log)
 	if err != nil {
@@ -56,6 +79,12 @@ func TestRunSmoke(t *testing.T) {
 	for _, q := range rep.Ratios {
 		if math.IsNaN(q.Value) || q.Value <= 0 {
 			t.Errorf("ratio %q = %v", q.Name, q.Value)
+		}
+	}
+	if !inproc {
+		profs, _ := filepath.Glob(filepath.Join(o.ProfDir, "*.prof"))
+		if len(profs) != 8 {
+			t.Errorf("profiles of the children: %v", profs)
 		}
 	}
 	if rep.XDPMode == "" || rep.LoadStart == [3]float64{} {

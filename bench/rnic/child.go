@@ -1,0 +1,196 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime/pprof"
+	"strings"
+	"time"
+
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/perftest/runner"
+)
+
+// Each softrnic end can run in a process of its own, this program started
+// again under `ip netns exec`, as `softrnic perf` runs on two hosts and as
+// sockperf's two ends run. In one process the two ends share one Go
+// runtime (GOMAXPROCS, the scheduler) and each perftest loop is pinned to
+// the OS thread that entered its namespace, so every completion wakes a
+// locked thread: measured on this machine that multiplies the 64 B
+// half-RTT several times. The child is told what to do in its environment.
+const (
+	envRole    = "SOFTRNIC_BENCH_RNIC_ROLE" // "server" or "client"
+	envTest    = "SOFTRNIC_BENCH_RNIC_TEST" // write_bw, send_bw, send_lat
+	envArgs    = "SOFTRNIC_BENCH_RNIC_ARGS" // perftest flags, separated by \x1f
+	envProfile = "SOFTRNIC_BENCH_RNIC_PROF" // CPU profile path ('' none)
+	envTimeout = "SOFTRNIC_BENCH_RNIC_TIME" // time limit (a time.Duration)
+)
+
+// listeningLine is what a server child prints once its side channel
+// listens.
+const listeningLine = "bench/rnic: listening"
+
+var tests = map[string]struct {
+	verb perftest.Verb
+	m    perftest.Measure
+}{
+	"write_bw": {perftest.Write, perftest.BW},
+	"send_bw":  {perftest.Send, perftest.BW},
+	"send_lat": {perftest.Send, perftest.Latency},
+}
+
+// childMain runs one end when the environment says this process is a
+// child; it returns false otherwise. The child prints runner.Result as JSON
+// on stdout, last.
+func childMain() bool {
+	role := os.Getenv(envRole)
+	if role == "" {
+		return false
+	}
+	err := runChild(role, os.Getenv(envTest), strings.Split(os.Getenv(envArgs), "\x1f"), os.Getenv(envProfile), os.Getenv(envTimeout))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench/rnic child:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+	return true
+}
+
+func runChild(role, test string, args []string, profile, timeout string) error {
+	tc, ok := tests[test]
+	if !ok {
+		return fmt.Errorf("unknown test %q", test)
+	}
+	limit, err := time.ParseDuration(timeout)
+	if err != nil {
+		return err
+	}
+	p, err := perftest.ParseArgs(tc.verb, tc.m, args)
+	if err != nil {
+		return err
+	}
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	o := runner.CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}
+	if role == "server" {
+		o.Listening = func(net.Addr) { fmt.Println(listeningLine) }
+	}
+	res, err := runner.RunCLI(ctx, p, o, io.Discard)
+	if err != nil {
+		return err
+	}
+	return json.NewEncoder(os.Stdout).Encode(res)
+}
+
+// perfRunProcs is perfRun with each end in a child process in its
+// namespace; profDir, when set, receives server.prof and client.prof
+// (named after the test) from the children.
+func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, timeout time.Duration, args []string, profDir string) (p Perf) {
+	p = Perf{Name: name, Args: args, QPs: 1}
+	start := time.Now()
+	defer func() { p.Seconds = time.Since(start).Seconds() }()
+	if tc, ok := tests[test]; ok {
+		if ps, err := perftest.ParseArgs(tc.verb, tc.m, args); err == nil {
+			p.Size, p.QPs = ps.Size, ps.QPs
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		p.Error = err.Error()
+		return p
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout+5*time.Second)
+	defer cancel()
+	child := func(role string, l *netnstest.Link, extra ...string) *exec.Cmd {
+		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", l.NS.Name, exe)
+		prof := ""
+		if profDir != "" {
+			prof = fmt.Sprintf("%s/%s-%s.prof", profDir, strings.ReplaceAll(strings.ReplaceAll(name, " ", "_"), ",", ""), role)
+		}
+		a := append([]string{"-d", l.Name}, args...)
+		cmd.Env = append(os.Environ(), envRole+"="+role, envTest+"="+test, envArgs+"="+strings.Join(append(a, extra...), "\x1f"),
+			envProfile+"="+prof, envTimeout+"="+timeout.String())
+		cmd.WaitDelay = 2 * time.Second
+		return cmd
+	}
+	srv := child("server", &pair.A)
+	ready := &waitFor{want: listeningLine, done: make(chan struct{})}
+	srv.Stdout = ready
+	var serrOut bytes.Buffer
+	srv.Stderr = &serrOut
+	if err := srv.Start(); err != nil {
+		p.Error = err.Error()
+		return p
+	}
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Wait() }()
+	select {
+	case <-ready.done:
+	case err := <-srvDone:
+		p.Error = fmt.Sprintf("server: %v: %s", err, lastLines(serrOut.String(), 2))
+		return p
+	case <-ctx.Done():
+		srv.Process.Kill()
+		<-srvDone
+		p.Error = "server did not listen in time"
+		return p
+	}
+	cli := child("client", &pair.B, pair.A.Addr.String())
+	var cout, cerrOut bytes.Buffer
+	cli.Stdout, cli.Stderr = &cout, &cerrOut
+	cerr := cli.Run()
+	if cerr != nil {
+		srv.Process.Kill()
+	}
+	if err := <-srvDone; err != nil || cerr != nil {
+		p.Error = fmt.Sprintf("server: %v %s; client: %v %s", err, lastLines(serrOut.String(), 2), cerr, lastLines(cerrOut.String(), 2))
+		return p
+	}
+	var res runner.Result
+	sc := bufio.NewScanner(&cout)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	var last string
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "{") {
+			last = sc.Text()
+		}
+	}
+	if err := json.Unmarshal([]byte(last), &res); err != nil {
+		p.Error = fmt.Sprintf("client result: %v: %q", err, lastLines(cout.String(), 2))
+		return p
+	}
+	fillPerf(&p, m, res)
+	return p
+}
+
+// fillPerf copies the client's result into p.
+func fillPerf(p *Perf, m perftest.Measure, res runner.Result) {
+	switch {
+	case m == perftest.BW && len(res.BW) > 0:
+		b := res.BW[0]
+		p.Iters, p.GoodputGbps, p.PeakGbps, p.MsgRateMpps = b.Iters, b.AvgBW, b.PeakBW, b.MsgRate
+	case m == perftest.Latency && len(res.Lat) > 0:
+		l := res.Lat[0]
+		p.Iters, p.LatP50Us, p.LatAvgUs, p.LatP99Us = l.Iters, l.Typical, l.Avg, l.P99
+	default:
+		p.Error = "client reported no result"
+	}
+}
