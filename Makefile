@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo dcqcn-live install clean
+.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo dcqcn-live install lab interop lab-selfcheck clean
 
 all: build
 
@@ -83,6 +83,19 @@ install: build
 	install -m 0755 $(BIN) /usr/local/bin/softrnic
 	install -D -m 0644 contrib/softrnic.service /etc/systemd/system/softrnic.service
 	test -e /etc/softrnic/softrnic.conf || install -D -m 0644 contrib/softrnic.conf.example /etc/softrnic/softrnic.conf
+
+## lab: build the interop lab's guest (Debian kernel with rdma_rxe, rdma-core, perftest) into lab/cache (cached)
+lab:
+	./lab/build
+
+## interop: boot the lab guest and run lab/interop/cases.txt against bin/softrnic (root); INTEROP_FLAGS=-only REGEXP to run a subset
+INTEROP_FLAGS ?=
+interop: build lab
+	$(GO) run ./lab/interop -softrnic $(BIN) $(INTEROP_FLAGS)
+
+## lab-selfcheck: rxe against rxe in two guests, proving the lab itself; captures in out/lab/ (root)
+lab-selfcheck: build lab
+	$(GO) run ./lab/interop -selfcheck
 
 ## lint: gofmt, go vet
 lint:
