@@ -25,9 +25,10 @@ type CountingPort struct {
 
 	rxBytes, txBytes atomic.Uint64
 
-	want  atomic.Bool // a reader wants fresh AF_XDP statistics
-	calls uint32      // loop-owned
-	last  time.Time   // loop-owned: last refresh
+	want  atomic.Bool   // a reader wants fresh AF_XDP statistics
+	gen   atomic.Uint64 // refreshes done
+	calls uint32        // loop-owned
+	last  time.Time     // loop-owned: last refresh
 
 	mu  sync.Mutex
 	xst afxdp.Stats
@@ -83,24 +84,34 @@ func (c *CountingPort) refresh() {
 	st, err := c.xdp.Stats()
 	c.want.Store(false)
 	c.last = time.Now()
-	if err != nil {
-		return
+	if err == nil {
+		c.mu.Lock()
+		c.xst, c.ok = st, true
+		c.mu.Unlock()
 	}
-	c.mu.Lock()
-	c.xst, c.ok = st, true
-	c.mu.Unlock()
+	c.gen.Add(1)
 }
+
+// FreshWait bounds how long XDPStats waits for the loop to publish fresh
+// statistics: an idle loop sleeps in the port for about a millisecond at a
+// time, a stopped one never answers.
+const FreshWait = 50 * time.Millisecond
 
 // Bytes returns the bytes received and sent so far (any goroutine).
 func (c *CountingPort) Bytes() (rx, tx uint64) { return c.rxBytes.Load(), c.txBytes.Load() }
 
-// XDPStats returns the last published AF_XDP statistics and asks the loop
-// for fresh ones; ok is false for other ports.
+// XDPStats asks the loop for fresh AF_XDP statistics and returns them once
+// published, or after FreshWait the last ones published; ok is false for
+// other ports. Called from control goroutines, never from the loop.
 func (c *CountingPort) XDPStats() (afxdp.Stats, bool) {
 	if c.xdp == nil {
 		return afxdp.Stats{}, false
 	}
+	g := c.gen.Load()
 	c.want.Store(true)
+	for waited := time.Duration(0); c.gen.Load() == g && waited < FreshWait; waited += time.Millisecond {
+		time.Sleep(time.Millisecond)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.xst, c.ok

@@ -1,0 +1,369 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/gopacket/gopacket/layers"
+	"github.com/gopacket/gopacket/pcapgo"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// The user-facing tools against a live daemon on a veth in a namespace: a
+// peer in another namespace WRITEs into a client's memory while
+// "softrnic capture -c 20" records; then "softrnic stats" (text, --qp
+// --json), "softrnic status" and a scrape of --metrics report what
+// happened, and the capture holds 20 RoCEv2 frames with valid ICRCs.
+func TestToolsAgainstDaemon(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	bin := buildSoftrnic(t)
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "ctl.sock")
+	var logs syncBuffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "daemon", "-d", pair.A.Name,
+		"--control", sock, "--port", "afxdp", "--metrics", "127.0.0.1:0")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", logs.String())
+		}
+	})
+	var c *client.Client
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var err error
+		if c, err = client.Dial(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon never answered: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer c.Close()
+	tool := func(args ...string) (string, string) {
+		t.Helper()
+		var out, errb bytes.Buffer
+		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
+		defer ccancel()
+		cmd := exec.CommandContext(cctx, bin, args...)
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("softrnic %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
+		}
+		return out.String(), errb.String()
+	}
+
+	// The capture runs before the traffic starts: it says so on stderr.
+	pcapFile := filepath.Join(dir, "roce.pcap")
+	var capErr syncBuffer
+	capCmd := exec.CommandContext(ctx, bin, "capture", "-w", pcapFile, "-c", "20", "--control", sock)
+	capCmd.Stderr = &capErr
+	if err := capCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	capDone := make(chan error, 1)
+	go func() { capDone <- capCmd.Wait() }()
+	t.Cleanup(func() { capCmd.Process.Kill(); <-capDone })
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(capErr.String(), "writing"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("capture never started: %s", capErr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// The peer: a verbs device on an AF_PACKET port in namespace B.
+	var pb port.Port
+	var inB engine.Interface
+	if err := pair.B.NS.Do(func() error {
+		var err error
+		if inB, err = engine.LookupInterface(pair.B.Name); err != nil {
+			return err
+		}
+		pb, err = engine.OpenPort(inB, engine.AFPacket)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	devB, err := verbs.NewDevice(verbs.Config{MAC: inB.MAC, Addrs: []netip.Addr{pair.B.Addr}, PortMTU: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engCtx, stopEng := context.WithCancel(context.Background())
+	engDone := make(chan error, 1)
+	go func() { engDone <- engine.Run(engCtx, devB, pb, engine.Options{}) }()
+	defer func() { stopEng(); <-engDone; pb.Close() }()
+
+	pd, _ := c.AllocPD()
+	mem, _ := client.AllocMem(1 << 16)
+	defer mem.Free()
+	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, _ := c.CreateCQ(64)
+	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdB := devB.AllocPD()
+	bufB := make([]byte, 1<<16)
+	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	cqB := devB.CreateCQ(64)
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	gidB := pair.B.Addr.As16()
+	for _, s := range []struct {
+		a proto.QPAttr
+		m proto.QPAttrMask
+	}{
+		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+	} {
+		if err := qp.Modify(&s.a, s.m); err != nil {
+			t.Fatalf("client QP to %v: %v", s.a.State, err)
+		}
+	}
+	var macA [6]byte
+	copy(macA[:], pair.A.MAC)
+	qpB.Modify(verbs.Init, &verbs.Attr{})
+	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+		t.Fatal(err)
+	}
+	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+
+	// Three 8 KiB RDMA WRITEs from namespace B: 24 request packets at MTU
+	// 1024, and the daemon's ACKs, more than the capture's 20 frames.
+	const writes, size = 3, 8192
+	for i := range bufB[:size] {
+		bufB[i] = byte(i*7 + 3)
+	}
+	for w := 0; w < writes; w++ {
+		qpB.PostSend(verbs.SendWR{ID: uint64(w), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+			SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + uint64(w)*size, RKey: mr.RKey})
+		var wcs [1]verbs.WC
+		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+		_, err := cqB.Wait(wctx, wcs[:])
+		wcancel()
+		if err != nil || wcs[0].Status != verbs.Success {
+			t.Fatalf("WRITE %d: %v %v", w, err, wcs[0].Status)
+		}
+		if !bytes.Equal(mem.Bytes()[w*size:(w+1)*size], bufB[:size]) {
+			t.Fatalf("WRITE %d: data not in the client's memory", w)
+		}
+	}
+	select {
+	case err := <-capDone:
+		capDone <- err
+		if err != nil {
+			t.Fatalf("capture: %v\n%s", err, capErr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("capture -c 20 did not end: %s", capErr.String())
+	}
+	if !strings.Contains(capErr.String(), "20 frames written, 0 dropped") {
+		t.Errorf("capture said: %s", capErr.String())
+	}
+	t.Logf("softrnic capture: %s", capErr.String())
+	checkCapture(t, pcapFile, 20, qp.QPN, qpB.QPN())
+
+	// softrnic stats: the device line and the client QP's line.
+	out, _ := tool("stats", "--control", sock)
+	t.Logf("softrnic stats:\n%s", out)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	dev := statsFields(t, lines[0], "link "+pair.A.Name+"/1 ")
+	reqs := uint64(writes * size / 1024)
+	if dev["rx_packets"] < reqs || dev["tx_packets"] < writes || dev["rx_bytes"] < reqs*1024 || dev["tx_bytes"] == 0 ||
+		dev["rx_icrc_encapsulated"] != 0 || dev["duplicate_request"] != 0 || dev["xdp_steered"] < dev["rx_packets"] {
+		t.Errorf("device counters after %d WRITE packets:\n%s", reqs, lines[0])
+	}
+	if _, ok := dev["xsk_rx_ring_full"]; !ok {
+		t.Errorf("no AF_XDP ring statistics on an AF_XDP port:\n%s", lines[0])
+	}
+	qpLine := fmt.Sprintf("link %s/1 lqpn %d type RC state RTS ", pair.A.Name, qp.QPN)
+	found := false
+	for _, l := range lines[1:] {
+		if strings.HasPrefix(l, qpLine) {
+			found = true
+			if f := statsFields(t, l, qpLine); f["duplicate_request"] != 0 || f["out_of_buffer"] != 0 {
+				t.Errorf("client QP counters: %s", l)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("no line for the client's QP %d:\n%s", qp.QPN, out)
+	}
+	// --qp N --json: that QP only.
+	out, _ = tool("stats", "--control", sock, "--qp", strconv.Itoa(int(qp.QPN)), "--json")
+	var js statsJSON
+	if err := json.Unmarshal([]byte(out), &js); err != nil || len(js.QPs) != 1 || js.QPs[0].LQPN != qp.QPN ||
+		js.QPs[0].Type != "RC" || js.Counters != nil || len(js.NotCounted) == 0 {
+		t.Errorf("stats --qp --json: %v\n%s", err, out)
+	}
+
+	// softrnic status: AF_XDP, its attach mode (copy: veth has no
+	// zero-copy), the QP and this process among the clients.
+	out, _ = tool("status", "--control", sock)
+	t.Logf("softrnic status:\n%s", out)
+	for _, re := range []string{
+		`(?m)^device     ` + pair.A.Name + `  node_guid [0-9a-f]{16}  port 1 ACTIVE  mtu 1024$`,
+		`(?m)^gid 0      ` + regexp.QuoteMeta(pair.A.Addr.String()) + `$`,
+		`(?m)^port       afxdp  XDP (driver|generic) mode  copy$`,
+		`(?m)^queues     1$`,
+		`(?m)^qps        1$`,
+		fmt.Sprintf(`(?m)^  qpn %d  RC  RTS$`, qp.QPN),
+		fmt.Sprintf(`(?m)^  client \d+  pid %d uid 0 gid 0  qps 1 cqs 1 mrs 1 pds 1$`, os.Getpid()),
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("status lacks %s:\n%s", re, out)
+		}
+	}
+
+	// /metrics, scraped from inside the daemon's namespace.
+	m := regexp.MustCompile(`serving Prometheus metrics.*addr=(127\.0\.0\.1:\d+)`).FindStringSubmatch(logs.String())
+	if m == nil {
+		t.Fatalf("no metrics address in the log")
+	}
+	var body string
+	if err := pair.A.NS.Do(func() error {
+		conn, err := net.DialTimeout("tcp", m[1], 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprintf(conn, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", m[1])
+		b, err := io.ReadAll(conn)
+		body = string(b)
+		return err
+	}); err != nil {
+		t.Fatalf("scrape: %v", err)
+	}
+	rx := regexp.MustCompile(`(?m)^softrnic_rx_packets_total\{device="` + pair.A.Name + `"\} (\d+)$`).FindStringSubmatch(body)
+	if rx == nil {
+		t.Fatalf("scrape lacks rx_packets:\n%.2000s", body)
+	}
+	if n, _ := strconv.ParseUint(rx[1], 10, 64); n < dev["rx_packets"] {
+		t.Errorf("scraped rx_packets %d, below the %d stats printed earlier", n, dev["rx_packets"])
+	}
+	if !strings.Contains(body, fmt.Sprintf(`softrnic_qp_duplicate_request_total{device="%s",qpn="%d",type="RC"} 0`, pair.A.Name, qp.QPN)) {
+		t.Errorf("scrape lacks the QP's duplicate_request")
+	}
+}
+
+// statsFields parses "name value ..." after prefix.
+func statsFields(t *testing.T, line, prefix string) map[string]uint64 {
+	t.Helper()
+	rest, ok := strings.CutPrefix(line, prefix)
+	if !ok {
+		t.Fatalf("line does not start with %q: %s", prefix, line)
+	}
+	f := strings.Fields(rest)
+	if len(f)%2 != 0 {
+		t.Fatalf("odd fields: %s", line)
+	}
+	m := map[string]uint64{}
+	for i := 0; i < len(f); i += 2 {
+		v, err := strconv.ParseUint(f[i+1], 10, 64)
+		if err != nil {
+			t.Fatalf("%s: %v", f[i], err)
+		}
+		m[f[i]] = v
+	}
+	return m
+}
+
+// checkCapture opens the pcap with gopacket: n Ethernet frames, each a
+// RoCEv2 packet between the two QPs with a valid ICRC.
+func checkCapture(t *testing.T, name string, n int, qpA, qpB uint32) {
+	t.Helper()
+	f, err := os.Open(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r, err := pcapgo.NewReader(bufio.NewReader(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.LinkType() != layers.LinkTypeEthernet {
+		t.Fatalf("link type %v", r.LinkType())
+	}
+	got := 0
+	for {
+		data, _, err := r.ReadPacketData()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		got++
+		if len(data) < 14+20+8+bth.BTHLen+icrc.Len || data[12] != 0x08 || data[13] != 0x00 {
+			t.Fatalf("frame %d: not IPv4 RoCEv2 (%d bytes)", got, len(data))
+		}
+		if !icrc.Verify(data[14:]) {
+			t.Errorf("frame %d: bad ICRC", got)
+		}
+		if port := int(data[14+20+2])<<8 | int(data[14+20+3]); port != 4791 {
+			t.Errorf("frame %d: UDP port %d", got, port)
+		}
+		b := bth.BTH(data[14+20+8:])
+		if dq := b.DestQP(); dq != qpA && dq != qpB {
+			t.Errorf("frame %d: destination QP %d, neither %d nor %d", got, dq, qpA, qpB)
+		}
+	}
+	if got != n {
+		t.Fatalf("capture holds %d frames, want %d", got, n)
+	}
+}
+
+// syncBuffer is a bytes.Buffer a child process writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
