@@ -13,6 +13,10 @@
 //   - Device (device.go): what the server needs from an RNIC; VerbsDevice
 //     (verbsdev.go) adapts verbs.Device to it, daemon/loopdev is a checked
 //     loopback stand-in for tests.
+//   - Counters (counters.go, stats.go, metrics.go): the one table from what
+//     the device, its QPs, the engine loop and the port count to the names
+//     of rxe and mlx5 (proto.DeviceCounters, proto.QPCounters); OpStats
+//     (softrnic stats) and the Prometheus collector serve snapshots of it.
 //
 // # Control path
 //

@@ -1,0 +1,238 @@
+package daemon_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// OpStats end to end, unprivileged: device A's engine runs on a
+// CountingPort over memlink and is served by a daemon; a peer on device B
+// SENDs to a client QP that has posted no receive (RNR NAK: out_of_buffer)
+// and then WRITEs into the client's memory. The STATS reply must agree with
+// the device's own counters, count every byte on the link, and show the
+// QP's RNR NAK under out_of_buffer.
+func TestStatsThroughDaemon(t *testing.T) {
+	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
+	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
+	pa, pb := memlink.NewPair(memlink.Config{})
+	cp := daemon.NewCountingPort(pa)
+	loopA, err := engine.NewLoop(devA, cp, engine.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	doneA, doneB := make(chan error, 1), make(chan error, 1)
+	go func() { doneA <- loopA.Run(ctx) }()
+	go func() { doneB <- engine.Run(ctx, devB, pb, engine.Options{}) }()
+	t.Cleanup(func() { cancel(); <-doneA; <-doneB; pa.Close(); pb.Close() })
+
+	src := &daemon.CounterSource{Name: "memA", Loop: loopA, Port: cp}
+	resolve := func(a netip.Addr) ([6]byte, error) {
+		if a == addrB {
+			return macB, nil
+		}
+		return [6]byte{}, fmt.Errorf("no neighbour %v", a)
+	}
+	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "memA", resolve),
+		daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Counters: src.Snapshot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ctl.sock")
+	if err := srv.Listen(path); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve()
+	t.Cleanup(func() { srv.Close(time.Second) })
+
+	c, err := client.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	pd, _ := c.AllocPD()
+	mem, _ := client.AllocMem(1 << 16)
+	defer mem.Free()
+	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, _ := c.CreateCQ(64)
+	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pdB := devB.AllocPD()
+	bufB := make([]byte, 1<<16)
+	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	cqB := devB.CreateCQ(64)
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 16, MaxRecvWR: 16})
+	gidB := addrB.As16()
+	for _, s := range []struct {
+		a proto.QPAttr
+		m proto.QPAttrMask
+	}{
+		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
+		// MinRNRTimer 1: the peer retries 0.01 ms after the RNR NAK.
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MinRNRTimer: 1}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMinRNRTimer},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+	} {
+		if err := qp.Modify(&s.a, s.m); err != nil {
+			t.Fatalf("client QP to %v: %v", s.a.State, err)
+		}
+	}
+	qpB.Modify(verbs.Init, &verbs.Attr{})
+	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}}); err != nil {
+		t.Fatal(err)
+	}
+	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	waitB := func(what string) {
+		t.Helper()
+		var wcs [1]verbs.WC
+		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+		defer wcancel()
+		if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
+			t.Fatalf("%s: %v %v", what, err, wcs[0].Status)
+		}
+	}
+
+	// A SEND before any receive is posted: RNR NAK (or more than one)
+	// until the receive below arrives.
+	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}})
+	rnrSeen := false
+	for deadline := time.Now().Add(10 * time.Second); !rnrSeen; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no RNR NAK counted on the client QP")
+		}
+		st := queryStats(t, path, 0, false)
+		rnrSeen = st.Listed == 1 && st.QPs[0].Values[proto.QCtrOutOfBuffer] > 0
+	}
+	if _, err := qp.PostRecv(&proto.RecvWR{ID: 9, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	waitB("SEND after RNR")
+	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 4096, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
+	waitB("WRITE")
+
+	// Quiet link: compare with the device's own counters and the link's.
+	var st *proto.StatsResp
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		st = queryStats(t, path, 0, false)
+		ds := loopA.DeviceStats()
+		if st.Device[proto.CtrRxPackets] == ds.RxFrames && st.Device[proto.CtrTxPackets] == ds.TxFrames && ds.TxFrames == pa.Stats().Sent {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stats rx %d tx %d, device rx %d tx %d, link sent %d", st.Device[proto.CtrRxPackets], st.Device[proto.CtrTxPackets], ds.RxFrames, ds.TxFrames, pa.Stats().Sent)
+		}
+	}
+	if got := st.Device[proto.CtrRxPackets]; got < 1+4+1 { // SEND (and its retries) and 4 WRITE packets
+		t.Errorf("rx_packets %d", got)
+	}
+	if st.Device[proto.CtrOutOfBuffer] == 0 || st.Device[proto.CtrOutOfBuffer] != st.QPs[0].Values[proto.QCtrOutOfBuffer] {
+		t.Errorf("device out_of_buffer %d, QP's %d", st.Device[proto.CtrOutOfBuffer], st.QPs[0].Values[proto.QCtrOutOfBuffer])
+	}
+	rx, tx := cp.Bytes()
+	if st.Device[proto.CtrRxBytes] != rx || st.Device[proto.CtrTxBytes] != tx || rx < 4096+64 {
+		t.Errorf("bytes: stats rx %d tx %d, port rx %d tx %d", st.Device[proto.CtrRxBytes], st.Device[proto.CtrTxBytes], rx, tx)
+	}
+	if st.Valid&proto.ValidXDP != 0 {
+		t.Errorf("XDP counters marked valid on a memlink port: %#x", st.Valid)
+	}
+	if n := string(st.Name[:4]); n != "memA" || st.QPs[0].QPN != qp.QPN || st.QPs[0].Type != proto.RC || st.QPs[0].State != proto.RTS {
+		t.Errorf("name %q, QP %+v", st.Name, st.QPs[0])
+	}
+	// Filter by a QPN that does not exist: no QP, device counters still.
+	if st := queryStats(t, path, qp.QPN+1000, true); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
+		t.Errorf("filtered by a missing QPN: %d QPs", st.Listed)
+	}
+}
+
+// queryStats sends one STATS on a fresh control connection.
+func queryStats(t *testing.T, path string, qpn uint32, filter bool) *proto.StatsResp {
+	t.Helper()
+	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := proto.NewConn(uc)
+	defer conn.Close()
+	call := func(op proto.Op, req any) []byte {
+		if err := conn.Send(proto.Header{Op: op, Seq: 1}, req); err != nil {
+			t.Fatal(err)
+		}
+		h, body, fds, err := conn.Recv()
+		proto.CloseFDs(fds)
+		if err != nil || h.Errno != 0 || h.Op != op {
+			t.Fatalf("%v: %v errno %d %s", op, err, h.Errno, body)
+		}
+		return body
+	}
+	call(proto.OpOpen, &proto.OpenReq{Version: proto.Version})
+	req := proto.StatsReq{QPN: qpn}
+	if filter {
+		req.FilterQP = 1
+	}
+	var r proto.StatsResp
+	if err := proto.DecodeBody(call(proto.OpStats, &req), &r); err != nil {
+		t.Fatal(err)
+	}
+	return &r
+}
+
+// The counting wrapper allocates nothing per batch and counts every byte
+// each way.
+func TestCountingPortAllocs(t *testing.T) {
+	pa, pb := memlink.NewPair(memlink.Config{})
+	defer pa.Close()
+	defer pb.Close()
+	a, b := daemon.NewCountingPort(pa), daemon.NewCountingPort(pb)
+	out := make([][]byte, 8)
+	for i := range out {
+		out[i] = make([]byte, 100+i)
+	}
+	in := make([][]byte, 8)
+	var sent, got int
+	allocs := testing.AllocsPerRun(100, func() {
+		n, err := a.Send(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sent += n
+		for r := 0; r < n; {
+			m, err := b.Recv(in, time.Millisecond)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r += m
+			got += m
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%.1f allocations per batch", allocs)
+	}
+	const batchBytes = 8*100 + 28
+	_, tx := a.Bytes()
+	rx, _ := b.Bytes()
+	if sent != 101*8 || got != sent || tx != 101*batchBytes || rx != tx {
+		t.Errorf("sent %d frames, got %d; bytes tx %d rx %d, want %d", sent, got, tx, rx, 101*batchBytes)
+	}
+	if _, ok := a.XDPStats(); ok {
+		t.Error("a memlink port has AF_XDP statistics")
+	}
+}
