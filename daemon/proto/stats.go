@@ -54,7 +54,7 @@ const (
 
 // DeviceCounters are the device counters' names, by index.
 var DeviceCounters = [NumDeviceCounters]CounterDef{
-	CtrRxPackets:              {"rx_packets", "RoCEv2 frames received by the device"},
+	CtrRxPackets:              {"rx_packets", "frames the port delivered to the device (rx_malformed: those not RoCEv2)"},
 	CtrTxPackets:              {"tx_packets", "RoCEv2 frames sent by the device"},
 	CtrRxBytes:                {"rx_bytes", "bytes of the frames received, Ethernet header to ICRC"},
 	CtrTxBytes:                {"tx_bytes", "bytes of the frames sent, Ethernet header to ICRC"},
