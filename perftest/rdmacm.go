@@ -24,16 +24,24 @@ import (
 // The capture write_bw_rdmacm.pcap (ib_write_bw -R between two rxe hosts)
 // holds exactly this sequence.
 
-// CMDestSize is struct pingpong_dest as perftest 6.06 sends it over the
-// control QP: lid, out_reads, qpn, psn, rkey (4 bytes each), 4 bytes of
-// alignment, vaddr (8), gid (16), srqn, gid_index (4 each), every integer
-// big-endian (rdma_write_keys converts each to network order).
-const CMDestSize = 56
+// CMDestSize is struct pingpong_dest as perftest up to early 2026 sends
+// it over the control QP: lid, out_reads, qpn, psn, rkey (4 bytes each), 4
+// bytes of alignment, vaddr (8), gid (16), srqn, gid_index (4 each), every
+// integer big-endian (rdma_write_keys converts each to network order).
+// CMDestSizeTail is the record of later perftests, whose struct has a
+// tail_markers_vaddr (8) after vaddr, which moves the GID and what follows
+// by 8 bytes. A -R peer reads records in its own layout only, so RunCM
+// answers in the layout the peer used.
+const (
+	CMDestSize     = 56
+	CMDestSizeTail = 64
+)
 
-// AppendCMDest appends d as a binary pingpong_dest; gidIndex is the index
-// of d.GID in the sender's own GID table (perftest sends it, its peer
-// only prints it).
-func AppendCMDest(b []byte, d Dest, gidIndex int) []byte {
+// AppendCMDest appends d as a binary pingpong_dest of size bytes
+// (CMDestSize or CMDestSizeTail, whose tail_markers_vaddr we send as 0: we
+// have no data-validation tail markers); gidIndex is the index of d.GID in
+// the sender's own GID table (perftest sends it, its peer only prints it).
+func AppendCMDest(b []byte, d Dest, gidIndex, size int) []byte {
 	b = binary.BigEndian.AppendUint32(b, uint32(d.LID))
 	b = binary.BigEndian.AppendUint32(b, uint32(d.OutReads))
 	b = binary.BigEndian.AppendUint32(b, d.QPN)
@@ -41,27 +49,35 @@ func AppendCMDest(b []byte, d Dest, gidIndex int) []byte {
 	b = binary.BigEndian.AppendUint32(b, d.RKey)
 	b = append(b, 0, 0, 0, 0)
 	b = binary.BigEndian.AppendUint64(b, d.VAddr)
+	if size == CMDestSizeTail {
+		b = binary.BigEndian.AppendUint64(b, 0)
+	}
 	b = append(b, d.GID[:]...)
 	b = binary.BigEndian.AppendUint32(b, d.SRQN)
 	return binary.BigEndian.AppendUint32(b, uint32(int32(gidIndex)))
 }
 
-// ParseCMDest reads a binary pingpong_dest. Fields wider than their use
-// (LID, out_reads are 16-bit, QPN and PSN 24-bit) are refused rather than
-// truncated: such a record is not from a perftest.
+// ParseCMDest reads a binary pingpong_dest of either layout, told apart by
+// its length. Fields wider than their use (LID and out_reads are 16-bit,
+// QPN and PSN 24-bit) are refused rather than truncated: such a record is
+// not from a perftest.
 func ParseCMDest(b []byte) (Dest, int, error) {
-	if len(b) != CMDestSize {
-		return Dest{}, 0, fmt.Errorf("%w: %d bytes, want a %d-byte pingpong_dest", errRecord, len(b), CMDestSize)
+	if len(b) != CMDestSize && len(b) != CMDestSizeTail {
+		return Dest{}, 0, fmt.Errorf("%w: %d bytes, want a pingpong_dest of %d or %d", errRecord, len(b), CMDestSize, CMDestSizeTail)
 	}
 	be := binary.BigEndian
 	lid, outs, qpn, psn := be.Uint32(b[0:]), be.Uint32(b[4:]), be.Uint32(b[8:]), be.Uint32(b[12:])
 	if lid > 0xffff || outs > 0xffff || qpn > 0xffffff || psn > 0xffffff {
 		return Dest{}, 0, fmt.Errorf("%w: field out of range (lid %#x, out_reads %#x, QPN %#x, PSN %#x)", errRecord, lid, outs, qpn, psn)
 	}
+	g := 32 // the GID's offset
+	if len(b) == CMDestSizeTail {
+		g = 40
+	}
 	d := Dest{LID: uint16(lid), OutReads: uint16(outs), QPN: qpn, PSN: psn, RKey: be.Uint32(b[16:]),
-		VAddr: be.Uint64(b[24:]), SRQN: be.Uint32(b[48:])}
-	copy(d.GID[:], b[32:48])
-	return d, int(int32(be.Uint32(b[52:]))), nil
+		VAddr: be.Uint64(b[24:]), SRQN: be.Uint32(b[g+16:])}
+	copy(d.GID[:], b[g:g+16])
+	return d, int(int32(be.Uint32(b[g+20:]))), nil
 }
 
 // MsgChannel is the control QP of perftest -R as the protocol sees it:
@@ -82,7 +98,7 @@ type MsgChannel interface {
 type msgStream struct {
 	ctx context.Context
 	ch  MsgChannel
-	buf [CMDestSize + 8]byte
+	buf [CMDestSizeTail]byte
 }
 
 func (s *msgStream) Write(b []byte) (int, error) {
@@ -134,14 +150,35 @@ func RunCM(ctx context.Context, ch MsgChannel, cfg Config, gidIndex int, l Local
 	if out.Sizes, err = cfg.Test.Sizes(out.MTU); err != nil {
 		return out, err
 	}
+	// One record each way, the client first (ctx_hand_shake). Records go
+	// in the layout the peer last used (CMDestSize until it has spoken):
+	// the server always hears the client first and answers in kind.
+	layout := CMDestSize
+	var in [CMDestSizeTail]byte
 	handShake := func(my Dest, idx int) (Dest, error) {
-		var theirs [CMDestSize]byte
-		var mine [CMDestSize]byte
-		if err := c.Exchange(AppendCMDest(mine[:0], my, idx), theirs[:]); err != nil {
+		var mine [CMDestSizeTail]byte
+		recv := func() (Dest, error) {
+			n, err := ch.Recv(ctx, in[:])
+			if err != nil {
+				return Dest{}, fmt.Errorf("perftest: pingpong_dest exchange: %w", err)
+			}
+			d, _, err := ParseCMDest(in[:n])
+			if err == nil {
+				layout = n
+			}
+			return d, err
+		}
+		if !cfg.Client {
+			d, err := recv()
+			if err != nil {
+				return d, err
+			}
+			return d, ch.Send(ctx, AppendCMDest(mine[:0], my, idx, layout))
+		}
+		if err := ch.Send(ctx, AppendCMDest(mine[:0], my, idx, layout)); err != nil {
 			return Dest{}, fmt.Errorf("perftest: pingpong_dest exchange: %w", err)
 		}
-		d, _, err := ParseCMDest(theirs[:])
-		return d, err
+		return recv()
 	}
 	// perftest's create_rdma_cm_connection: a handshake with its still
 	// zeroed record before and after the CM connects the test QPs.

@@ -261,14 +261,17 @@ func TestCMServerMatchesCapture(t *testing.T) {
 func TestCMDestRoundTripAndRejects(t *testing.T) {
 	d := Dest{OutReads: 16, QPN: 0xabcdef, PSN: 0x123456, RKey: 0xdeadbeef, VAddr: 0x5633aec3e000,
 		GID: GIDFromAddr(netip.MustParseAddr("10.77.0.10")), SRQN: 7}
-	b := AppendCMDest(nil, d, 3)
-	if len(b) != CMDestSize {
-		t.Fatalf("%d bytes", len(b))
+	for _, size := range []int{CMDestSize, CMDestSizeTail} {
+		b := AppendCMDest(nil, d, 3, size)
+		if len(b) != size {
+			t.Fatalf("%d bytes, want %d", len(b), size)
+		}
+		got, idx, err := ParseCMDest(b)
+		if err != nil || got != d || idx != 3 {
+			t.Fatalf("round trip of %d bytes: %+v %d %v", size, got, idx, err)
+		}
 	}
-	got, idx, err := ParseCMDest(b)
-	if err != nil || got != d || idx != 3 {
-		t.Fatalf("round trip: %+v %d %v", got, idx, err)
-	}
+	b := AppendCMDest(nil, d, 3, CMDestSize)
 	bad := append([]byte(nil), b...)
 	bad[8] = 1 // QPN wider than 24 bits
 	if _, _, err := ParseCMDest(bad); err == nil {
@@ -298,5 +301,53 @@ func TestParseArgsRDMACM(t *testing.T) {
 	}
 	if _, err := ParseArgs(Send, BW, []string{"-R", "-c", "UD"}); err == nil {
 		t.Error("-R with UD accepted")
+	}
+}
+
+// TestCMNewerRecordLayout replays the capture's client with its records in
+// the layout of perftests whose pingpong_dest has tail_markers_vaddr (64
+// bytes, GID 8 bytes further): our server must read them and answer in the
+// same layout, since such a peer reads only its own.
+func TestCMNewerRecordLayout(t *testing.T) {
+	ev := cmControl(t)
+	var fromClient [][]byte
+	for _, e := range ev {
+		if !e.req && e.fromClient {
+			m := e.data
+			if len(m) == CMDestSize {
+				d, idx, err := ParseCMDest(m)
+				if err != nil {
+					t.Fatal(err)
+				}
+				m = AppendCMDest(nil, d, idx, CMDestSizeTail)
+			}
+			fromClient = append(fromClient, m)
+		}
+	}
+	ch := &scriptChannel{in: fromClient}
+	l := &cmScripted{ch: ch}
+	l.dests = []Dest{{OutReads: 1, QPN: 0x33, PSN: 0x44, RKey: 0x55, VAddr: 0x1000, GID: GIDFromAddr(netip.MustParseAddr("10.77.0.11"))}}
+	test := Test{Verb: Write, Measure: BW, Transport: RC, QPs: 1, Size: 4096, SizeGiven: true}
+	out, err := RunCM(context.Background(), ch, Config{Test: test, MTU: 3, PageSize: 4096, CacheLine: 64}, 1, l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out.Remote[0].Addr() != netip.MustParseAddr("10.77.0.10") || out.Remote[0].QPN != 0x1b {
+		t.Errorf("remote %+v", out.Remote[0])
+	}
+	records := 0
+	for _, m := range ch.sent {
+		if len(m) == CMDestSize {
+			t.Fatalf("answered a 64-byte record with a 56-byte one")
+		}
+		if len(m) == CMDestSizeTail {
+			records++
+			if d, _, err := ParseCMDest(m); err != nil || (d != Dest{} && d != l.dests[0]) {
+				t.Errorf("our record %+v %v", d, err)
+			}
+		}
+	}
+	if records != 7 {
+		t.Errorf("%d records sent, want 7 (2 zero records, keys twice, 2 barriers, close)", records)
 	}
 }
