@@ -5,7 +5,8 @@
 // two cores suffice. It needs root (namespaces, veth, tc, BPF).
 //
 //	go run ./lab/dcqcnlive [-profile paper|connectx] [-scale S] [-duration D]
-//	                       [-join J] [-endpoints raw] [-out DIR] [-trace]
+//	                       [-join J] [-endpoints softrnic|raw] [-softrnic BIN]
+//	                       [-out DIR] [-trace]
 //
 // It prints and writes (to DIR) per-flow rates at the bottleneck's output
 // over the last 20 % of the run, Jain's index, utilisation, CNP counts, tbf
@@ -13,12 +14,13 @@
 // marker's estimate every 5 ms; with -trace also every packet's backlog and
 // verdict).
 //
-// The default endpoints are raw ECT(0) senders at a fixed rate, which are
-// not congestion-controlled (the summary says so): they exercise the
-// bottleneck and the marker. -endpoints softrnic runs `softrnic perf
-// write_bw` server/client pairs with DCQCN (testbed.SoftrnicServer and
-// SoftrnicClient: the command line the engine is to accept), in r and in
-// h1/h2; -server-cmd/-client-cmd adapt the command lines.
+// The default endpoints are softrnic's: `softrnic perf write_bw` with
+// DCQCN, one server in r serving both flows (--clients 2) and a client in
+// each of h1 and h2 (testbed.SoftrnicServer and SoftrnicClient;
+// -server-cmd/-client-cmd adapt the command lines). -endpoints raw runs
+// ECT(0) senders at a fixed rate instead, which are not
+// congestion-controlled (the summary says so): they exercise the
+// bottleneck and the marker alone.
 package main
 
 import (
@@ -26,7 +28,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -36,13 +40,32 @@ import (
 
 func main() { os.Exit(run()) }
 
+// buildSoftrnic builds ./cmd/softrnic (run from the module's root, as make
+// does) into a temporary directory, so that `make dcqcn-live` runs the
+// softrnic flows of the tree it is in without a separate build step.
+func buildSoftrnic() (bin string, cleanup func(), err error) {
+	dir, err := os.MkdirTemp("", "dcqcnlive-bin-")
+	if err != nil {
+		return "", nil, err
+	}
+	cleanup = func() { os.RemoveAll(dir) }
+	bin = filepath.Join(dir, "softrnic")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/softrnic")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("go build ./cmd/softrnic (run from the module root, or give -softrnic): %w", err)
+	}
+	return bin, cleanup, nil
+}
+
 func run() int {
 	profile := flag.String("profile", "paper", "DCQCN profile: paper (40 Gb/s) or connectx (100 Gb/s)")
 	scale := flag.Float64("scale", testbed.DefaultScale, "time dilation S: rates ÷ S, timers × S, bytes unchanged")
 	duration := flag.Duration("duration", 30*time.Second, "run length (wall time)")
 	join := flag.Duration("join", 0, "when flow 2 starts (wall time; default S × 10 ms, the paper's 10 ms)")
-	endpoints := flag.String("endpoints", "raw", "flow endpoints: raw (ECT(0) UDP/4791 at a fixed rate, not congestion-controlled) or softrnic (perf write_bw with DCQCN, see -softrnic)")
-	softrnicBin := flag.String("softrnic", "bin/softrnic", "softrnic binary for -endpoints softrnic")
+	endpoints := flag.String("endpoints", "softrnic", "flow endpoints: softrnic (perf write_bw with DCQCN, see -softrnic) or raw (ECT(0) UDP/4791 at a fixed rate, not congestion-controlled)")
+	softrnicBin := flag.String("softrnic", "", "softrnic binary for -endpoints softrnic (default: go build ./cmd/softrnic into a temporary directory)")
 	serverCmd := flag.String("server-cmd", "", "server command template for -endpoints softrnic (space-separated; default: "+strings.Join(testbed.SoftrnicServer, " ")+")")
 	clientCmd := flag.String("client-cmd", "", "client command template (default: the server's plus {server})")
 	shared := flag.Bool("shared-server", true, "-endpoints softrnic: one server in r for both flows (--clients 2 in its command line); false: one server per flow on ports 18516, 18517")
@@ -68,6 +91,15 @@ func run() int {
 	case "raw":
 		ep = &testbed.RawECT{}
 	case "softrnic":
+		if *softrnicBin == "" {
+			bin, cleanup, err := buildSoftrnic()
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "dcqcnlive:", err)
+				return 1
+			}
+			defer cleanup()
+			*softrnicBin = bin
+		}
 		// One server in r serves both flows (one process owns r's AF_XDP
 		// queue); -shared-server=false runs one per flow, for other tools.
 		c := &testbed.CommandEndpoints{Label: "softrnic", CC: true, Bin: *softrnicBin,
