@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gopacket/gopacket"
 	"github.com/gopacket/gopacket/layers"
 	"github.com/gopacket/gopacket/pcapgo"
 
@@ -94,21 +95,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 
 	// The capture runs before the traffic starts: it says so on stderr.
 	pcapFile := filepath.Join(dir, "roce.pcap")
-	var capErr syncBuffer
-	capCmd := exec.CommandContext(ctx, bin, "capture", "-w", pcapFile, "-c", "20", "--control", sock)
-	capCmd.Stderr = &capErr
-	if err := capCmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	capDone := make(chan error, 1)
-	go func() { capDone <- capCmd.Wait() }()
-	t.Cleanup(func() { capCmd.Process.Kill(); <-capDone })
-	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(capErr.String(), "writing"); {
-		if time.Now().After(deadline) {
-			t.Fatalf("capture never started: %s", capErr.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	capErr, capDone := startCapture(t, ctx, bin, "capture", "-w", pcapFile, "-c", "20", "--control", sock)
 
 	// The peer: a verbs device on an AF_PACKET port in namespace B.
 	var pb port.Port
@@ -176,7 +163,8 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	for i := range bufB[:size] {
 		bufB[i] = byte(i*7 + 3)
 	}
-	for w := 0; w < writes; w++ {
+	write := func(w int) {
+		t.Helper()
 		qpB.PostSend(verbs.SendWR{ID: uint64(w), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
 			SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + uint64(w)*size, RKey: mr.RKey})
 		var wcs [1]verbs.WC
@@ -189,6 +177,9 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		if !bytes.Equal(mem.Bytes()[w*size:(w+1)*size], bufB[:size]) {
 			t.Fatalf("WRITE %d: data not in the client's memory", w)
 		}
+	}
+	for w := 0; w < writes; w++ {
+		write(w)
 	}
 	select {
 	case err := <-capDone:
@@ -291,6 +282,24 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	if !strings.Contains(body, fmt.Sprintf(`softrnic_qp_duplicate_request_total{device="%s",qpn="%d",type="RC"} 0`, pair.A.Name, qp.QPN)) {
 		t.Errorf("scrape lacks the QP's duplicate_request")
 	}
+
+	// capture --qp N --pcapng during two more WRITEs: only frames addressed
+	// to the client's QP, the 16 requests, none of the ACKs to the peer
+	// (without the filter the first WRITE's ACK would be the 9th frame).
+	ngFile := filepath.Join(dir, "qp.pcapng")
+	ngErr, ngDone := startCapture(t, ctx, bin, "capture", "-w", ngFile, "-c", "16", "--qp", strconv.Itoa(int(qp.QPN)), "--pcapng", "--control", sock)
+	write(writes)
+	write(writes + 1)
+	select {
+	case err := <-ngDone:
+		ngDone <- err
+		if err != nil || !strings.Contains(ngErr.String(), "16 frames written") {
+			t.Fatalf("capture --qp: %v\n%s", err, ngErr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("capture --qp -c 16 did not end: %s", ngErr.String())
+	}
+	checkCapture(t, ngFile, 16, qp.QPN, qp.QPN)
 }
 
 // portLine is the pattern of status's port line: veth has no AF_XDP
@@ -300,6 +309,32 @@ func portLine(kind string) string {
 		return `(?m)^port       afxdp  XDP (driver|generic) mode  copy$`
 	}
 	return `(?m)^port       ` + kind + `$`
+}
+
+// startCapture runs softrnic with args (a capture) until it says it is
+// writing; its stderr and exit come back.
+func startCapture(t *testing.T, ctx context.Context, bin string, args ...string) (*syncBuffer, chan error) {
+	t.Helper()
+	capErr := &syncBuffer{}
+	capCmd := exec.CommandContext(ctx, bin, args...)
+	capCmd.Stderr = capErr
+	if err := capCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	capDone := make(chan error, 1)
+	go func() { capDone <- capCmd.Wait() }()
+	t.Cleanup(func() {
+		capCmd.Process.Kill()
+		err := <-capDone
+		capDone <- err
+	})
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(capErr.String(), "writing"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("capture never started: %s", capErr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return capErr, capDone
 }
 
 // statsFields parses "name value ..." after prefix.
@@ -333,7 +368,15 @@ func checkCapture(t *testing.T, name string, n int, qpA, qpB uint32) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	r, err := pcapgo.NewReader(bufio.NewReader(f))
+	var r interface {
+		ReadPacketData() ([]byte, gopacket.CaptureInfo, error)
+		LinkType() layers.LinkType
+	}
+	if strings.HasSuffix(name, ".pcapng") {
+		r, err = pcapgo.NewNgReader(bufio.NewReader(f), pcapgo.DefaultNgReaderOptions)
+	} else {
+		r, err = pcapgo.NewReader(bufio.NewReader(f))
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
