@@ -20,13 +20,8 @@ import (
 	"github.com/softrnic/softrnic/perftest/runner"
 )
 
-// Each softrnic end can run in a process of its own, this program started
-// again under `ip netns exec`, as `softrnic perf` runs on two hosts and as
-// sockperf's two ends run. In one process the two ends share one Go
-// runtime (GOMAXPROCS, the scheduler) and each perftest loop is pinned to
-// the OS thread that entered its namespace, so every completion wakes a
-// locked thread: measured on this machine that multiplies the 64 B
-// half-RTT several times. The child is told what to do in its environment.
+// A softrnic end in a child process is this program started again under
+// `ip netns exec`, told what to do in its environment.
 const (
 	envRole    = "SOFTRNIC_BENCH_RNIC_ROLE" // "server" or "client"
 	envTest    = "SOFTRNIC_BENCH_RNIC_TEST" // write_bw, send_bw, send_lat

@@ -13,10 +13,16 @@
 //	go run ./bench/rnic -json out/bench-rnic.json
 //
 // Each softrnic end (server in one namespace, client in the other) runs
-// perftest/runner's RunCLI, the code of `softrnic perf`, in a child process
-// of its own, as on two hosts (-profdir collects both ends' CPU profiles);
-// -inprocess runs both in this process instead, as runner's
-// BenchmarkPerfVeth does (-cpuprofile). On a 2-core machine sender, receiver and
+// perftest/runner's RunCLI, the code of `softrnic perf`. All four figures
+// are taken with both ends in this process, as runner's BenchmarkPerfVeth
+// does and as the raw AF_XDP rates are (-cpuprofile profiles them); then,
+// by default, send_lat again with each end in a child process of its own
+// (this program under `ip netns exec`), as on two hosts and as sockperf's
+// two ends run (-procs all does all four that way; -profdir collects the
+// children's profiles). Both latency ratios are shown: in one process each
+// perftest loop is pinned to the thread that entered its namespace, and
+// every completion then wakes a locked thread, which on this machine
+// multiplied the half-RTT several times. On a 2-core machine sender, receiver and
 // softirq share the cores: the figures are a floor.
 package main
 
@@ -51,9 +57,9 @@ func main() {
 	flag.IntVar(&o.LatIters, "lat-iters", o.LatIters, "64 B SEND round trips for the latency")
 	flag.IntVar(&o.SockperfSecs, "sockperf-time", o.SockperfSecs, "seconds of sockperf ping-pong")
 	flag.DurationVar(&o.PerfTimeout, "perf-timeout", o.PerfTimeout, "time limit of each softrnic perf run")
-	flag.BoolVar(&o.InProcess, "inprocess", false, "run both softrnic ends in this process (as runner's BenchmarkPerfVeth) rather than one child process per end")
-	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "with -inprocess: write a CPU profile of the softrnic phase here")
-	flag.StringVar(&o.ProfDir, "profdir", "", "without -inprocess: each softrnic end writes its CPU profile into this directory")
+	flag.StringVar(&o.Procs, "procs", o.Procs, "softrnic measurements also run with one process per end: send_lat, all or none")
+	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the in-process softrnic runs here")
+	flag.StringVar(&o.ProfDir, "profdir", "", "each softrnic child process (-procs) writes its CPU profile into this directory")
 	total := flag.Duration("timeout", 8*time.Minute, "time limit of the whole run")
 	flag.Parse()
 	if os.Geteuid() != 0 {

@@ -37,17 +37,27 @@ type Options struct {
 	LatIters     int           // 64 B SEND round trips
 	SockperfSecs int           // sockperf ping-pong duration
 	PerfTimeout  time.Duration // each softrnic perf run
-	// InProcess runs both softrnic ends in this process, as runner's
-	// BenchmarkPerfVeth does, instead of one child process per end.
-	InProcess  bool
-	CPUProfile string // in-process: CPU profile of the softrnic phase ('' none)
+	// Procs says which softrnic measurements run again with one child
+	// process per end, after all four have run with both ends in this
+	// process (as runner's BenchmarkPerfVeth does): ProcsLatency (the
+	// default: send_lat, to compare like with like with sockperf's two
+	// processes), ProcsAll or ProcsNone.
+	Procs      string
+	CPUProfile string // CPU profile of the in-process softrnic phase ('' none)
 	ProfDir    string // child processes: each end's CPU profile goes here ('' none)
 }
+
+// Values of Options.Procs.
+const (
+	ProcsLatency = "send_lat"
+	ProcsAll     = "all"
+	ProcsNone    = "none"
+)
 
 // DefaultOptions are what `make bench` runs: a few seconds per figure.
 func DefaultOptions() Options {
 	return Options{RawDuration: 2 * time.Second, WriteIters1: 5000, WriteIters4: 5000, SendIters: 200000,
-		LatIters: 20000, SockperfSecs: 3, PerfTimeout: 90 * time.Second}
+		LatIters: 20000, SockperfSecs: 3, PerfTimeout: 90 * time.Second, Procs: ProcsLatency}
 }
 
 func loadavg() [3]float64 {
@@ -91,7 +101,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	}
 
 	// 2. softrnic against softrnic, through `softrnic perf`'s own code.
-	if o.InProcess && o.CPUProfile != "" {
+	if o.CPUProfile != "" {
 		if f, err := os.Create(o.CPUProfile); err != nil {
 			fmt.Fprintln(log, "cpuprofile:", err)
 		} else {
@@ -99,11 +109,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 			defer f.Close()
 		}
 	}
-	rep.Ends = "one child process per end (ip netns exec)"
-	if o.InProcess {
-		rep.Ends = "both ends in the bench process"
-	}
-	for _, pc := range []struct {
+	cases := []struct {
 		name, test string
 		args       []string
 	}{
@@ -111,15 +117,38 @@ func Run(o Options, log io.Writer) (*Report, error) {
 		{Write4QP, "write_bw", []string{"-s", "65536", "-n", strconv.Itoa(o.WriteIters4), "-q", "4"}},
 		{SendBW64, "send_bw", []string{"-s", "64", "-n", strconv.Itoa(o.SendIters)}},
 		{SendLat, "send_lat", []string{"-s", "64", "-n", strconv.Itoa(o.LatIters)}},
-	} {
-		args := append([]string{"--report_gbits"}, pc.args...)
-		tc := tests[pc.test]
-		var p Perf
-		if o.InProcess {
-			p = perfRun(pair, pc.name, tc.verb, tc.m, o.PerfTimeout, args)
-		} else {
-			p = perfRunProcs(pair, pc.name, pc.test, tc.m, o.PerfTimeout, args, o.ProfDir)
+	}
+	type job struct {
+		name, test string
+		args       []string
+		procs      bool
+	}
+	var jobs []job
+	for _, c := range cases {
+		jobs = append(jobs, job{c.name, c.test, c.args, false})
+	}
+	for _, c := range cases {
+		if o.Procs == ProcsAll || o.Procs == ProcsLatency && c.test == "send_lat" {
+			jobs = append(jobs, job{c.name, c.test, c.args, true})
 		}
+	}
+	profiling := o.CPUProfile != ""
+	for _, j := range jobs {
+		if j.procs && profiling {
+			pprof.StopCPUProfile() // the children profile themselves
+			profiling = false
+		}
+		args := append([]string{"--report_gbits"}, j.args...)
+		tc := tests[j.test]
+		var p Perf
+		if j.procs {
+			p = perfRunProcs(pair, j.name, j.test, tc.m, o.PerfTimeout, args, o.ProfDir)
+			p.Ends, p.Name = EndsProcs, j.name+ProcsSuffix
+		} else {
+			p = perfRun(pair, j.name, tc.verb, tc.m, o.PerfTimeout, args)
+			p.Ends = EndsInProcess
+		}
+		p.Test = j.name
 		rep.RNIC = append(rep.RNIC, p)
 		if p.Error != "" {
 			fmt.Fprintf(log, "softrnic %s: error: %s\n", p.Name, p.Error)
@@ -129,7 +158,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 			fmt.Fprintf(log, "softrnic %s: %.2f Gbit/s, %.4f Mpps (%.1f s)\n", p.Name, p.GoodputGbps, p.MsgRateMpps, p.Seconds)
 		}
 	}
-	if o.InProcess && o.CPUProfile != "" {
+	if profiling {
 		pprof.StopCPUProfile()
 	}
 

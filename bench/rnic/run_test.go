@@ -45,8 +45,10 @@ func runSmoke(t *testing.T, inproc bool) {
 	}
 	before := ourNamespaces(t)
 	o := Options{RawDuration: 200 * time.Millisecond, WriteIters1: 100, WriteIters4: 100, SendIters: 2000,
-		LatIters: 200, SockperfSecs: 1, PerfTimeout: 60 * time.Second, InProcess: inproc}
-	if !inproc {
+		LatIters: 200, SockperfSecs: 1, PerfTimeout: 60 * time.Second, Procs: ProcsAll}
+	if inproc {
+		o.Procs = ProcsNone
+	} else {
 		o.ProfDir = t.TempDir()
 	}
 	var log bytes.Buffer
@@ -58,7 +60,11 @@ func runSmoke(t *testing.T, inproc bool) {
 	if after := ourNamespaces(t); after != before {
 		t.Errorf("namespaces left behind: before %q, after %q", before, after)
 	}
-	if len(rep.Raw) != 4 || len(rep.RNIC) != 4 {
+	rows := 8
+	if inproc {
+		rows = 4
+	}
+	if len(rep.Raw) != 4 || len(rep.RNIC) != rows {
 		t.Fatalf("rows: %d raw, %d softrnic", len(rep.Raw), len(rep.RNIC))
 	}
 	for _, r := range rep.Raw {
@@ -69,12 +75,15 @@ func runSmoke(t *testing.T, inproc bool) {
 	for _, p := range rep.RNIC {
 		if p.Error != "" {
 			t.Errorf("%s: %s", p.Name, p.Error)
-		} else if (p.Name == SendLat) != (p.LatP50Us > 0 && p.LatP99Us >= p.LatP50Us) || (p.Name != SendLat && p.GoodputGbps <= 0) {
+		} else if (p.Test == SendLat) != (p.LatP50Us > 0 && p.LatP99Us >= p.LatP50Us) || (p.Test != SendLat && p.GoodputGbps <= 0) {
 			t.Errorf("%s: %+v", p.Name, p)
 		}
 	}
 	if s := rep.Sockperf; s.Error != "" || s.P50Us <= 0 || s.P99Us < s.P50Us {
 		t.Errorf("sockperf: %+v", s)
+	}
+	if want := rows/4 + 2; len(rep.Ratios) != want {
+		t.Errorf("%d ratios, want %d: %+v", len(rep.Ratios), want, rep.Ratios)
 	}
 	for _, q := range rep.Ratios {
 		if math.IsNaN(q.Value) || q.Value <= 0 {
