@@ -161,6 +161,8 @@ func (p *Params) set(opt byte, val string) error {
 		p.GIDIndex, err = num(0, 255)
 	case 'c':
 		p.Check = true
+	default:
+		err = errors.New("unknown option")
 	}
 	return err
 }
