@@ -135,7 +135,13 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	bufB := make([]byte, 1<<16)
 	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
 	cqB := devB.CreateCQ(64)
+	// Both devices number QPs from 17: a QP made first on B gives the peer
+	// a QPN unlike the client's, so that frames to each can be told apart.
+	pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
 	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	if qpB.QPN() == qp.QPN {
+		t.Fatalf("peer and client QPs both %d", qp.QPN)
+	}
 	gidB := pair.B.Addr.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
@@ -359,8 +365,9 @@ func statsFields(t *testing.T, line, prefix string) map[string]uint64 {
 	return m
 }
 
-// checkCapture opens the pcap with gopacket: n Ethernet frames, each a
-// RoCEv2 packet between the two QPs with a valid ICRC.
+// checkCapture opens the pcap (or pcapng) with gopacket: n Ethernet frames,
+// each a RoCEv2 packet with a valid ICRC to qpA or qpB, and to both (pass
+// the same QPN twice for a capture filtered to one QP).
 func checkCapture(t *testing.T, name string, n int, qpA, qpB uint32) {
 	t.Helper()
 	f, err := os.Open(name)
@@ -384,6 +391,7 @@ func checkCapture(t *testing.T, name string, n int, qpA, qpB uint32) {
 		t.Fatalf("link type %v", r.LinkType())
 	}
 	got := 0
+	to := map[uint32]int{}
 	for {
 		data, _, err := r.ReadPacketData()
 		if err == io.EOF {
@@ -403,12 +411,17 @@ func checkCapture(t *testing.T, name string, n int, qpA, qpB uint32) {
 			t.Errorf("frame %d: UDP port %d", got, port)
 		}
 		b := bth.BTH(data[14+20+8:])
-		if dq := b.DestQP(); dq != qpA && dq != qpB {
+		dq := b.DestQP()
+		if dq != qpA && dq != qpB {
 			t.Errorf("frame %d: destination QP %d, neither %d nor %d", got, dq, qpA, qpB)
 		}
+		to[dq]++
 	}
 	if got != n {
 		t.Fatalf("capture holds %d frames, want %d", got, n)
+	}
+	if to[qpA] == 0 || to[qpB] == 0 {
+		t.Errorf("frames to QP %d: %d, to QP %d: %d; want both directions", qpA, to[qpA], qpB, to[qpB])
 	}
 }
 
