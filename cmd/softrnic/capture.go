@@ -25,7 +25,8 @@ func runCapture(args []string) int {
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: softrnic capture -w FILE [-c COUNT] [--qp N] [--control PATH] [--pcapng]")
 		fmt.Fprintln(fs.Output(), "\nBoth directions; root only (a capture sees every client's traffic).")
-		fmt.Fprintln(fs.Output(), "Stops after COUNT frames or at SIGINT/SIGTERM, with the file flushed.")
+		fmt.Fprintln(fs.Output(), "Stops after COUNT frames, the file flushed when it exits; or at SIGINT/SIGTERM,")
+		fmt.Fprintln(fs.Output(), "the daemon then flushing the file as it lets go of it, an instant later.")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -81,7 +82,9 @@ func runCapture(args []string) int {
 		return 0
 	case s := <-sig:
 		// Closing the connection ends the capture; the daemon flushes the
-		// file before it lets go of the descriptor.
+		// file before it lets go of its descriptor, which may be just
+		// after this process exits (the protocol has no "stop and tell
+		// me" operation).
 		c.Close()
 		<-done
 		fmt.Fprintf(os.Stderr, "softrnic capture: stopped by %v\n", s)
