@@ -186,3 +186,37 @@ func TestMetricsScrape(t *testing.T) {
 		t.Errorf("%d snapshots for one scrape", scrapes)
 	}
 }
+
+// ServeMetrics serves /metrics (and nothing else) on loopback until Close.
+func TestServeMetrics(t *testing.T) {
+	var c Counters
+	c.Name = "lo-test"
+	c.Valid = 1 << proto.CtrTxPackets
+	c.Device[proto.CtrTxPackets] = 42
+	m, err := ServeMetrics("127.0.0.1:0", NewCollector(func() Counters { return c }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "http://" + m.Addr().String()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), "softrnic_tx_packets_total{device=\"lo-test\"} 42\n") ||
+		strings.Contains(string(b), "softrnic_rx_packets_total") {
+		t.Errorf("/metrics: %d\n%.1500s", resp.StatusCode, b)
+	}
+	if resp, err := http.Get(base + "/"); err != nil || resp.StatusCode != 404 {
+		t.Errorf("/: %v %v", err, resp.StatusCode)
+	} else {
+		resp.Body.Close()
+	}
+	if err := m.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := http.Get(base + "/metrics"); err == nil {
+		t.Error("still serving after Close")
+	}
+}
