@@ -1,0 +1,40 @@
+package iobench
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/internal/netnstest"
+)
+
+// TestRunSmoke runs every test through both ports briefly between two
+// namespaces: each must measure something and report its mode; nothing is
+// asserted about speed. Root only.
+func TestRunSmoke(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	for _, kind := range []string{"afxdp", "afpacket"} {
+		for _, test := range []string{"tx-only", "rx-only", "ping-pong"} {
+			r := Run(pair, Config{}, kind, test, 64, 100*time.Millisecond, 200)
+			if r.Error != "" {
+				t.Errorf("%s %s: %s", kind, test, r.Error)
+				continue
+			}
+			if r.Frames == 0 || r.Mode == "" || r.Port != kind || r.Test != test || r.Size != 64 {
+				t.Errorf("%s %s: %+v", kind, test, r)
+			}
+			if test == "ping-pong" && (r.RTTP50Us <= 0 || r.RTTP99Us < r.RTTP50Us) {
+				t.Errorf("%s ping-pong: %+v", kind, r)
+			}
+			if test != "ping-pong" && (r.FramesPerSec <= 0 || r.Gbps <= 0) {
+				t.Errorf("%s %s: %+v", kind, test, r)
+			}
+		}
+	}
+	if r := Run(pair, Config{}, "afxdp", "no-such-test", 64, time.Millisecond, 1); r.Error == "" {
+		t.Errorf("unknown test: %+v", r)
+	}
+	if r := Run(pair, Config{}, "no-such-port", "tx-only", 64, time.Millisecond, 1); !strings.Contains(r.Error, "unknown port") {
+		t.Errorf("unknown port: %+v", r)
+	}
+}
