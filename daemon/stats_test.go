@@ -15,6 +15,7 @@ import (
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -234,5 +235,45 @@ func TestCountingPortAllocs(t *testing.T) {
 	}
 	if _, ok := a.XDPStats(); ok {
 		t.Error("a memlink port has AF_XDP statistics")
+	}
+}
+
+// BenchmarkCountingPort is a 64-frame batch sent and received over memlink,
+// bare and through CountingPort on both ends: the byte counting's cost.
+func BenchmarkCountingPort(b *testing.B) {
+	for _, wrap := range []bool{false, true} {
+		name := "bare"
+		if wrap {
+			name = "counting"
+		}
+		b.Run(name, func(b *testing.B) {
+			pa, pb := memlink.NewPair(memlink.Config{})
+			defer pa.Close()
+			defer pb.Close()
+			var a, r port.Port = pa, pb
+			if wrap {
+				a, r = daemon.NewCountingPort(pa), daemon.NewCountingPort(pb)
+			}
+			out := make([][]byte, port.BatchSize)
+			for i := range out {
+				out[i] = make([]byte, 1082)
+			}
+			in := make([][]byte, port.BatchSize)
+			b.SetBytes(int64(len(out) * 1082))
+			b.ReportAllocs()
+			for b.Loop() {
+				n, err := a.Send(out)
+				if err != nil {
+					b.Fatal(err)
+				}
+				for got := 0; got < n; {
+					m, err := r.Recv(in, time.Millisecond)
+					if err != nil {
+						b.Fatal(err)
+					}
+					got += m
+				}
+			}
+		})
 	}
 }
