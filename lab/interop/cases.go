@@ -46,10 +46,23 @@ type Case struct {
 	// its frames on the tap, giving timer-driven retransmissions that say
 	// nothing about the peer. Gap counters (rcvd_seq_err,
 	// out_of_seq_request) and the fatal ones cannot be allowed.
-	Allow  map[string]bool
-	Server Side
-	Client Side
-	Line   int // line in the case file, for messages
+	Allow map[string]bool
+	// XFail, when set, is why the case is known to fail (xfail="REASON"):
+	// it still runs, and its failure is reported as XFAIL with the reason
+	// instead of failing the run; a pass is reported as XPASS so that the
+	// mark is removed once the cause is fixed. Only for what could not be
+	// fixed yet, each with its reason.
+	XFail string
+	// Retries is how many more attempts a failed case gets (retries=N, at
+	// most 2), and only when the evidence says the failure was the lab's
+	// timing, not the wire: the guest's tap dropped frames during the
+	// attempt (qemu under TCG did not drain it) and the only complaints
+	// are rxe's recovery counters, which that loss explains. Any other
+	// failure (exit status, data, fatal counters, ICRC) is never retried.
+	Retries int
+	Server  Side
+	Client  Side
+	Line    int // line in the case file, for messages
 }
 
 // A Side is one command and the peer that runs it: "host" (the test's
@@ -161,7 +174,11 @@ func parseSide(s string) (Side, error) {
 }
 
 func (c *Case) setAttrs(s string) error {
-	for _, kv := range strings.Fields(s) {
+	kvs, err := splitAttrs(s)
+	if err != nil {
+		return err
+	}
+	for _, kv := range kvs {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
 			return fmt.Errorf("attribute %q is not key=value", kv)
@@ -214,6 +231,16 @@ func (c *Case) setAttrs(s string) error {
 			if err == nil && (c.Corrupt <= 0 || c.Corrupt > 50) {
 				err = fmt.Errorf("corrupt %d%% out of (0, 50]", c.Corrupt)
 			}
+		case "xfail":
+			c.XFail = v
+			if strings.TrimSpace(v) == "" {
+				err = fmt.Errorf("xfail needs a reason: xfail=\"WHY\"")
+			}
+		case "retries":
+			c.Retries, err = strconv.Atoi(v)
+			if err == nil && (c.Retries < 0 || c.Retries > 2) {
+				err = fmt.Errorf("retries %d out of [0, 2]", c.Retries)
+			}
 		case "expect":
 			if v != "loss" && v != "detect" {
 				err = fmt.Errorf("expect %q: \"loss\" or \"detect\"", v)
@@ -230,6 +257,36 @@ func (c *Case) setAttrs(s string) error {
 		return fmt.Errorf("expect=%s without loss=PCT or corrupt=PCT", c.Expect)
 	}
 	return nil
+}
+
+// splitAttrs splits ATTRS at blanks, keeping a double-quoted value whole
+// (xfail="rxe 6.1 does X"); the quotes are removed.
+func splitAttrs(s string) ([]string, error) {
+	var out []string
+	var b strings.Builder
+	quoted, in := false, false
+	for _, r := range s {
+		switch {
+		case r == '"':
+			quoted, in = !quoted, true
+		case !quoted && (r == ' ' || r == '\t'):
+			if in {
+				out = append(out, b.String())
+				b.Reset()
+				in = false
+			}
+		default:
+			b.WriteRune(r)
+			in = true
+		}
+	}
+	if quoted {
+		return nil, fmt.Errorf("unterminated quote in %q", s)
+	}
+	if in {
+		out = append(out, b.String())
+	}
+	return out, nil
 }
 
 // expandBraces expands every "{a,b}" group of name (cartesian product, first

@@ -265,3 +265,12 @@ func softrnicCommands(bin string) (map[string]bool, error) {
 	}
 	return cmds, nil
 }
+
+// softrnicHelp is the help text of one softrnic subcommand ("softrnic SUB
+// -h"), or "" when it prints none.
+func softrnicHelp(bin, sub string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, bin, sub, "-h").CombinedOutput() // usage may exit non-zero
+	return string(out)
+}
