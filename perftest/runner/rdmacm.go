@@ -52,14 +52,14 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 	}
 	var peer netip.Addr
 	if p.Host != "" {
-		a, err := lookupHost(ctx, p.Host)
+		a, err := cmLookupHost(ctx, p.Host)
 		if err != nil {
 			return Result{}, err
 		}
 		peer = a
 	}
 	var r Result
-	err := withHost(ctx, p, o, func(h Host) error {
+	err := cmWithHost(ctx, p, o, func(h Host) error {
 		agent, err := rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 			_, dst, err := h.Resolve(ctx, peer)
 			return dst, err
@@ -98,8 +98,8 @@ type cmAddr uint16
 func (a cmAddr) Network() string { return "rdma_cm" }
 func (a cmAddr) String() string  { return ":" + strconv.Itoa(int(a)) }
 
-// lookupHost reads the server as an address, or resolves its name.
-func lookupHost(ctx context.Context, host string) (netip.Addr, error) {
+// cmLookupHost reads the server as an address, or resolves its name.
+func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 	if a, err := netip.ParseAddr(host); err == nil {
 		return a.Unmap(), nil
 	}
@@ -110,9 +110,9 @@ func lookupHost(ctx context.Context, host string) (netip.Addr, error) {
 	return ips[0].Unmap(), nil
 }
 
-// withHost opens the device on p.Device as RunCLI does (AF_XDP or
+// cmWithHost opens the device on p.Device as RunCLI does (AF_XDP or
 // AF_PACKET port, engine.Run, route resolution) and calls f with it.
-func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
+func cmWithHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
 	if p.Device == "" {
 		return errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
 	}
@@ -242,7 +242,7 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 	if t.p.Transport != perftest.RC {
 		return t.res, errors.New("perf: -R runs RC QPs only")
 	}
-	if err := t.pickGID(); err != nil {
+	if err := t.cmPickGID(); err != nil {
 		return t.res, err
 	}
 	ch, err := newCMChannel(t.h.Device)
@@ -264,11 +264,11 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 	if err != nil {
 		return t.res, err
 	}
-	return t.finish(out)
+	return t.cmFinish(out)
 }
 
-// pickGID sets the GID of our records from -x, as Exec does.
-func (t *Test) pickGID() error {
+// cmPickGID sets the GID of our records from -x, as Exec does.
+func (t *Test) cmPickGID() error {
 	t.gidIdx = t.p.GIDIndex
 	gid, err := t.h.Iface.GID(t.p.GIDIndex)
 	if err != nil {
@@ -286,8 +286,8 @@ func (t *Test) pickGID() error {
 	return nil
 }
 
-// finish prints the passive server's report and runs --verify, as Exec.
-func (t *Test) finish(out perftest.Outcome) (Result, error) {
+// cmFinish prints the passive server's report and runs --verify, as Exec.
+func (t *Test) cmFinish(out perftest.Outcome) (Result, error) {
 	if out.PeerReport != nil && !t.client {
 		t.res.BW = append(t.res.BW, *out.PeerReport)
 		t.printf("%s", perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
@@ -314,7 +314,7 @@ type cmLocal struct {
 // and initiator depth -o for READ and atomics, 0 otherwise).
 func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 	t := c.Test
-	if err := t.setupMR(n); err != nil {
+	if err := t.cmSetupMR(n); err != nil {
 		return err
 	}
 	for i := 0; i < t.p.QPs; i++ {
@@ -343,8 +343,8 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 	return nil
 }
 
-// setupMR makes the PD and the one MR of all QPs (Dests' first half).
-func (t *Test) setupMR(n perftest.Negotiated) error {
+// cmSetupMR makes the PD and the one MR of all QPs (Dests' first half).
+func (t *Test) cmSetupMR(n perftest.Negotiated) error {
 	t.neg = n
 	t.res.MTU = n.MTU.Bytes()
 	maxSize := uint64(0)
