@@ -185,7 +185,7 @@ func PrintTable(out io.Writer, r *Report) {
 	for _, x := range r.Raw {
 		name := "raw AF_XDP " + x.Test
 		if x.Error != "" {
-			fmt.Fprintf(w, "%s\t%d\t\t\t\t\terror: %s\t\n", name, x.Size, x.Error)
+			fmt.Fprintf(w, "%s\t%d\t\t\t\t\terror: %s\t\n", name, x.Size, short(x.Error))
 			continue
 		}
 		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t\t\tframes\t\n", name, x.Size, f(x.FramesPerSec/1e6, "%.3f"), f(x.Gbps, "%.2f"))
@@ -193,7 +193,7 @@ func PrintTable(out io.Writer, r *Report) {
 	for _, p := range r.RNIC {
 		name := "softrnic " + p.Name
 		if p.Error != "" {
-			fmt.Fprintf(w, "%s\t%d\t\t\t\t\terror: %s\t\n", name, p.Size, p.Error)
+			fmt.Fprintf(w, "%s\t%d\t\t\t\t\terror: %s\t\n", name, p.Size, short(p.Error))
 			continue
 		}
 		note := "goodput"
@@ -204,7 +204,7 @@ func PrintTable(out io.Writer, r *Report) {
 			f(p.LatP50Us, "%.2f"), f(p.LatP99Us, "%.2f"), note)
 	}
 	if s := r.Sockperf; s.Error != "" {
-		fmt.Fprintf(w, "sockperf UDP ping-pong\t64\t\t\t\t\terror: %s\t\n", s.Error)
+		fmt.Fprintf(w, "sockperf UDP ping-pong\t64\t\t\t\t\terror: %s\t\n", short(s.Error))
 	} else {
 		fmt.Fprintf(w, "sockperf UDP ping-pong\t64\t\t\t%.2f\t%.2f\thalf RTT, kernel\t\n", s.P50Us, s.P99Us)
 	}
@@ -228,6 +228,15 @@ func PrintTable(out io.Writer, r *Report) {
 	if r.Note != "" {
 		fmt.Fprintf(out, "(%s)\n", r.Note)
 	}
+}
+
+// short cuts an error to what fits a table cell; the JSON has it whole.
+func short(s string) string {
+	const max = 72
+	if r := []rune(s); len(r) > max {
+		return string(r[:max-1]) + "…"
+	}
+	return s
 }
 
 // ansi matches the colour escapes sockperf puts around some lines.

@@ -169,6 +169,7 @@ func TestReportJSON(t *testing.T) {
 func TestPrintTable(t *testing.T) {
 	r := sample()
 	r.RNIC[2].Error = "client: timeout"
+	r.RNIC[5].Error = "server: exit status 1 " + strings.Repeat("long error ", 20)
 	r.ComputeRatios()
 	var out bytes.Buffer
 	PrintTable(&out, r)
@@ -178,13 +179,16 @@ func TestPrintTable(t *testing.T) {
 		"softrnic " + SendBW64, "error: client: timeout", "12.00", "30.00",
 		"sockperf UDP ping-pong", "10.00", "20.00",
 		"0.814", "met", "0.610", "1.200", "MISSED", "XDP driver, copy",
-		"softrnic " + SendLat + ProcsSuffix, "8.00", "0.800",
+		"softrnic " + SendLat + ProcsSuffix, "error: server: exit status 1 long error", "…", "n/a",
 	} {
 		if !strings.Contains(s, want) {
 			t.Errorf("table lacks %q:\n%s", want, s)
 		}
 	}
-	if n := strings.Count(s, "MISSED"); n != 2 {
-		t.Errorf("%d MISSED, want 2:\n%s", n, s)
+	if strings.Contains(s, strings.Repeat("long error ", 10)) {
+		t.Errorf("error not shortened:\n%s", s)
+	}
+	if n := strings.Count(s, "MISSED"); n != 3 {
+		t.Errorf("%d MISSED, want 3:\n%s", n, s)
 	}
 }
