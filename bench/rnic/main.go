@@ -52,7 +52,7 @@ func main() {
 	jsonPath := flag.String("json", "bench-rnic.json", "write the report here as JSON ('' to skip)")
 	flag.DurationVar(&o.RawDuration, "raw-duration", o.RawDuration, "duration of each raw AF_XDP rate test")
 	flag.IntVar(&o.WriteIters1, "write-iters", o.WriteIters1, "64 KiB WRITEs with 1 QP")
-	flag.IntVar(&o.WriteIters4, "write-iters-4qp", o.WriteIters4, "64 KiB WRITEs with 4 QPs (all QPs)")
+	flag.IntVar(&o.WriteIters4, "write-iters-4qp", o.WriteIters4, "64 KiB WRITEs per QP with 4 QPs (perftest's -n is per QP)")
 	flag.IntVar(&o.SendIters, "send-iters", o.SendIters, "64 B SENDs for the message rate")
 	flag.IntVar(&o.LatIters, "lat-iters", o.LatIters, "64 B SEND round trips for the latency")
 	flag.IntVar(&o.SockperfSecs, "sockperf-time", o.SockperfSecs, "seconds of sockperf ping-pong")

@@ -32,7 +32,7 @@ const MTU = 4200
 type Options struct {
 	RawDuration  time.Duration // each raw AF_XDP rate test
 	WriteIters1  int           // 64 KiB WRITEs, 1 QP
-	WriteIters4  int           // 64 KiB WRITEs, 4 QPs
+	WriteIters4  int           // 64 KiB WRITEs per QP, 4 QPs
 	SendIters    int           // 64 B SENDs, message rate
 	LatIters     int           // 64 B SEND round trips
 	SockperfSecs int           // sockperf ping-pong duration
