@@ -19,7 +19,9 @@ import (
 // pair, each on its own AF_XDP port: no TCP at all, the control channel
 // and the test QPs are RC connections made by our CM on QP1. It covers
 // write_bw (2 QPs: two data connections on the one port), read_bw (READ
-// resources negotiated in the REQ/REP), send_bw and a latency test.
+// resources negotiated in the REQ/REP), send_bw, atomic_bw, two latency
+// tests, and write_bw over IPv6 GIDs (the CM's REQ carries IPv6
+// addresses).
 func TestPerfRDMACMOverVeth(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	for _, tc := range []struct {
@@ -27,13 +29,15 @@ func TestPerfRDMACMOverVeth(t *testing.T) {
 		verb perftest.Verb
 		m    perftest.Measure
 		args []string
+		v6   bool // IPv6 GIDs: -x 1 and the server's IPv6 address
 	}{
-		{"write_bw", perftest.Write, perftest.BW, []string{"-s", "65536", "-n", "200", "-q", "2"}},
-		{"read_bw", perftest.Read, perftest.BW, []string{"-s", "16384", "-n", "200"}},
-		{"send_bw", perftest.Send, perftest.BW, []string{"-s", "4096", "-n", "500"}},
-		{"atomic_bw", perftest.Atomic, perftest.BW, []string{"-n", "200"}},
-		{"send_lat", perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "200"}},
-		{"write_lat", perftest.Write, perftest.Latency, []string{"-s", "64", "-n", "200"}},
+		{"write_bw", perftest.Write, perftest.BW, []string{"-s", "65536", "-n", "200", "-q", "2"}, false},
+		{"read_bw", perftest.Read, perftest.BW, []string{"-s", "16384", "-n", "200"}, false},
+		{"send_bw", perftest.Send, perftest.BW, []string{"-s", "4096", "-n", "500"}, false},
+		{"atomic_bw", perftest.Atomic, perftest.BW, []string{"-n", "200"}, false},
+		{"send_lat", perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "200"}, false},
+		{"write_lat", perftest.Write, perftest.Latency, []string{"-s", "64", "-n", "200"}, false},
+		{"write_bw_IPv6", perftest.Write, perftest.BW, []string{"-x", "1", "-s", "8192", "-n", "200"}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-R", "--verify", "--json", "-p", "18600"}, tc.args...)
@@ -41,7 +45,11 @@ func TestPerfRDMACMOverVeth(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pc, err := perftest.ParseArgs(tc.verb, tc.m, append([]string{"-d", pair.B.Name, pair.A.Addr.String()}, args...))
+			server := pair.A.Addr
+			if tc.v6 {
+				server = pair.A.Addr6
+			}
+			pc, err := perftest.ParseArgs(tc.verb, tc.m, append([]string{"-d", pair.B.Name, server.String()}, args...))
 			if err != nil {
 				t.Fatal(err)
 			}
