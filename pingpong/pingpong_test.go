@@ -19,6 +19,9 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/capture"
+	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/frame/frametest"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest/runner"
 	"github.com/softrnic/softrnic/port/memlink"
@@ -258,19 +261,23 @@ func TestParseArgs(t *testing.T) {
 }
 
 // memHosts returns two hosts on devices joined by an in-memory link.
-func memHosts(t *testing.T, mtu int) (a, b Host) {
+func memHosts(t *testing.T, mtu int) (a, b Host) { return memHostsTap(t, mtu, nil) }
+
+// memHostsTap is memHosts with a capture tap on b's engine (the client's
+// in runMem).
+func memHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: mtu + 200})
 	t.Cleanup(func() { pa.Close(); pb.Close() })
 	ia := engine.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
 	ib := engine.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
-	start := func(in engine.Interface, p *memlink.Port, peer engine.Interface) Host {
+	start := func(in engine.Interface, p *memlink.Port, peer engine.Interface, tap *capture.Tap) Host {
 		dev, err := runner.NewDevice(in)
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- engine.Run(ctx, dev, p, engine.Options{}) }()
+		go func() { done <- engine.Run(ctx, dev, p, engine.Options{Tap: tap}) }()
 		t.Cleanup(func() {
 			cancel()
 			if err := <-done; err != nil {
@@ -284,7 +291,7 @@ func memHosts(t *testing.T, mtu int) (a, b Host) {
 			return in.MAC, peer.MAC, nil
 		}}
 	}
-	return start(ia, pa, ib), start(ib, pb, ia)
+	return start(ia, pa, ib, nil), start(ib, pb, ia, tap)
 }
 
 // runMem runs a server on s and a client on c over a pipe.
@@ -365,18 +372,123 @@ func TestPingpongChkDetects(t *testing.T) {
 	}
 }
 
-// TestSessionNoAllocPerMessage: posting a message costs no allocation on
-// this side (one WR and SGE reused).
+// TestSessionNoAllocPerMessage: reposting a receive and checking a
+// received message cost no allocation on this side (one WR and SGE reused,
+// the bad-page list reused).
 func TestSessionNoAllocPerMessage(t *testing.T) {
 	s, _ := memHosts(t, 1200)
 	ss := &session{h: s, p: DefaultParams(RC), ctx: context.Background()}
-	ss.p.Size, ss.p.RxDepth = 64, 4
+	ss.p.Size, ss.p.RxDepth, ss.p.Check = 4096, 256, true
 	if err := ss.setup(); err != nil {
 		t.Fatal(err)
 	}
 	defer ss.close()
-	if n := testing.AllocsPerRun(100, func() { badPages(ss.data(), ss.res.BadPages[:0]) }); n != 0 {
-		t.Errorf("check allocates %v per message", n)
+	markPages(ss.data())
+	wc := verbs.WC{ID: recvWRID, Status: verbs.Success, ByteLen: 4096}
+	if n := testing.AllocsPerRun(100, func() {
+		if err := ss.received(&wc); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("checking a message allocates %v", n)
 	}
-	_ = verbs.Success
+	if n := testing.AllocsPerRun(100, func() {
+		if err := ss.postRecvs(1); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("reposting a receive allocates %v", n)
+	}
+}
+
+// sendMessages reassembles the RC SEND messages of each direction from
+// a list of packets, with the opcodes, in order.
+func sendMessages(pkts []rocePkt) (msgs map[bool][][]byte, ops map[bool][]bth.Opcode, firstPSN map[bool]uint32) {
+	msgs, ops, firstPSN = map[bool][][]byte{}, map[bool][]bth.Opcode{}, map[bool]uint32{}
+	cur := map[bool][]byte{}
+	for _, p := range pkts {
+		op := p.bth.Opcode()
+		switch op {
+		case bth.RCSendFirst, bth.RCSendMiddle, bth.RCSendLast, bth.RCSendOnly:
+		default:
+			continue
+		}
+		if _, ok := firstPSN[p.fromClient]; !ok {
+			firstPSN[p.fromClient] = uint32(p.bth.PSN())
+		}
+		ops[p.fromClient] = append(ops[p.fromClient], op)
+		cur[p.fromClient] = append(cur[p.fromClient], p.payload...)
+		if op == bth.RCSendLast || op == bth.RCSendOnly {
+			msgs[p.fromClient] = append(msgs[p.fromClient], cur[p.fromClient])
+			cur[p.fromClient] = nil
+		}
+	}
+	return msgs, ops, firstPSN
+}
+
+// TestWireAsCapture runs the capture's command (rc -s 4096 -n 20, path
+// MTU 1024) between two softrnic devices and holds softrnic's frames
+// against rxe's: the same SEND_FIRST/MIDDLE/LAST sequence each way, from
+// each side's record PSN, the same payload bytes (the stock fill, echoed),
+// valid ICRCs; then with --chk, the same bytes with each page's mark.
+func TestWireAsCapture(t *testing.T) {
+	_, ref := readCapture(t)
+	refMsgs, refOps, _ := sendMessages(ref)
+	for _, chk := range []bool{false, true} {
+		t.Run(fmt.Sprintf("chk=%v", chk), func(t *testing.T) {
+			var tap capture.Tap
+			s, c := memHostsTap(t, 1200, &tap)
+			var file bytes.Buffer
+			sess, err := tap.Start(&file, capture.Options{Format: capture.PCAP})
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := DefaultParams(RC)
+			p.Device, p.Size, p.Iters, p.MTU, p.Check = "ml", 4096, 20, 1024, chk
+			sr, cr, serr, cerr, _, _ := runMem(t, s, c, p, p)
+			if serr != nil || cerr != nil {
+				t.Fatalf("server: %v client: %v", serr, cerr)
+			}
+			if _, err := sess.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			frames, err := frametest.Read(&file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var pkts []rocePkt
+			for _, fb := range frames {
+				var f frame.Frame
+				if err := frame.Parse(fb, &f); err != nil || !f.VerifyICRC() {
+					t.Fatalf("frame: %v (ICRC ok %v)", err, err == nil && f.VerifyICRC())
+				}
+				b := f.BTH()
+				if op := f.Opcode(); (op == bth.RCSendLast) != b.AckReq() {
+					t.Errorf("opcode %v with AckReq %v", op, b.AckReq())
+				}
+				pkts = append(pkts, rocePkt{fromClient: f.Src() == c.Iface.GIDs[0], bth: b, payload: f.Payload()})
+			}
+			msgs, ops, first := sendMessages(pkts)
+			if first[true] != cr.Local.PSN || first[false] != sr.Local.PSN {
+				t.Errorf("first PSNs %#x/%#x, records %#x/%#x", first[true], first[false], cr.Local.PSN, sr.Local.PSN)
+			}
+			want := append([]byte(nil), refMsgs[true][0]...)
+			if chk {
+				markPages(want)
+			}
+			for _, side := range []bool{true, false} {
+				if fmt.Sprint(ops[side]) != fmt.Sprint(refOps[side]) {
+					t.Errorf("client=%v opcodes differ from rxe's:\n%v\n%v", side, ops[side], refOps[side])
+				}
+				if len(msgs[side]) != len(refMsgs[side]) {
+					t.Fatalf("client=%v: %d messages, rxe %d", side, len(msgs[side]), len(refMsgs[side]))
+				}
+				for i, m := range msgs[side] {
+					if !bytes.Equal(m, want) {
+						t.Fatalf("client=%v message %d differs from rxe's (chk %v)", side, i, chk)
+					}
+				}
+			}
+		})
+	}
 }
