@@ -20,9 +20,9 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/capture"
+	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/frame/frametest"
-	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest/runner"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
