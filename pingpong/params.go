@@ -61,8 +61,11 @@ const Usage = `  -p, --port=<port>      listen on/connect to port <port> (defaul
   -n, --iters=<iters>    number of exchanges (default 1000)
   -l, --sl=<sl>          service level value (accepted, unused on RoCE)
   -e, --events           sleep on CQ events (default poll)
-  -g, --gid-idx=<gid>    local port gid index
-  -c, --chk              validate received buffer
+  -g, --gid-idx=<gid>    local port gid index (default: the interface's
+                         IPv4 address, else its first global one)
+  -c, --chk              validate received buffer (every message, whole,
+                         on both ends: a --chk server expects a --chk
+                         client's page marks, as the stock client sends)
 `
 
 // ParseArgs parses the stock tools' command line (options and the server
