@@ -68,6 +68,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./shmring ./capture ./client
 	$(GO) test -run '^$$' -bench Send64 -benchtime 2s ./daemon
 	$(GO) run ./bench/io -json out/bench-io.json
+	$(GO) run ./bench/rnic -json out/bench-rnic.json
 
 ## sim-demo: the two-flow DCQCN scenario of the paper, traces, summary and SVG figures in out/
 sim-demo:
