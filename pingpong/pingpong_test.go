@@ -366,9 +366,9 @@ func TestPingpongChkDetects(t *testing.T) {
 	ps.Device, ps.Iters, ps.Check, ps.RxDepth = "ml", 5, true, 8
 	pc := ps
 	pc.Check = false
-	_, _, serr, _, _, _ := runMem(t, s, c, ps, pc)
-	if serr == nil || !strings.Contains(serr.Error(), "--chk") {
-		t.Fatalf("server accepted unmarked data: %v", serr)
+	sr, _, serr, _, sout, _ := runMem(t, s, c, ps, pc)
+	if serr == nil || !strings.Contains(serr.Error(), "--chk") || len(sr.BadPages) != 1 || !strings.Contains(sout, "invalid data in page 0\n") {
+		t.Fatalf("server accepted unmarked data: %v %v\n%s", serr, sr.BadPages, sout)
 	}
 }
 
