@@ -246,7 +246,7 @@ func TestServeClients(t *testing.T) {
 }
 
 // TestCongestionFor: the profile and dilation of --dcqcn/--dcqcn-scale,
-// and a pacer burst of a millisecond at the dilated line rate, at most
+// and a pacer burst of 2 ms at the dilated line rate, at most
 // 64 KiB.
 func TestCongestionFor(t *testing.T) {
 	for _, c := range []struct {
@@ -257,9 +257,9 @@ func TestCongestionFor(t *testing.T) {
 		scale    float64
 		profile  string
 	}{
-		{[]string{"--dcqcn", "paper", "--dcqcn-scale", "400"}, true, 100, 12500, 400, "paper"},
+		{[]string{"--dcqcn", "paper", "--dcqcn-scale", "400"}, true, 100, 25000, 400, "paper"},
 		{[]string{"--dcqcn", "paper"}, true, 40000, 64 << 10, 1, "paper"},
-		{[]string{"--dcqcn", "connectx", "--dcqcn-scale", "1000"}, true, 100, 12500, 1000, "connectx"},
+		{[]string{"--dcqcn", "connectx", "--dcqcn-scale", "1000"}, true, 100, 25000, 1000, "connectx"},
 		{nil, false, 0, 0, 0, "off"},
 	} {
 		p, err := perftest.ParseArgs(perftest.Write, perftest.BW, append([]string{"-d", "x"}, c.args...))
