@@ -111,7 +111,8 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 }
 
 // cmWithHost opens the device on p.Device as RunCLI does (AF_XDP or
-// AF_PACKET port, engine.Run, route resolution) and calls f with it.
+// AF_PACKET port, --dcqcn, the engine loop, route resolution) and calls f
+// with it.
 func cmWithHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
 	if p.Device == "" {
 		return errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
@@ -129,7 +130,15 @@ func cmWithHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Hos
 		return fmt.Errorf("perf: open %s: %w", in.Name, err)
 	}
 	defer pt.Close()
-	dev, err := NewDevice(in)
+	cc, err := CongestionFor(p)
+	if err != nil {
+		return err
+	}
+	dev, err := NewDeviceCC(in, cc)
+	if err != nil {
+		return err
+	}
+	loop, err := engine.NewLoop(dev, pt, engine.Options{})
 	if err != nil {
 		return err
 	}
@@ -140,9 +149,9 @@ func cmWithHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Hos
 	defer res.Close()
 	ectx, stop := context.WithCancel(ctx)
 	engDone := make(chan error, 1)
-	go func() { engDone <- engine.Run(ectx, dev, pt, engine.Options{}) }()
+	go func() { engDone <- loop.Run(ectx) }()
 	defer func() { stop(); <-engDone }()
-	h := Host{Device: dev, Iface: in,
+	h := Host{Device: dev, Iface: in, Stats: loop.DeviceStats,
 		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
@@ -264,6 +273,7 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 	if err != nil {
 		return t.res, err
 	}
+	t.snapshotCC() // --dcqcn's per-QP state, while the QPs exist
 	return t.cmFinish(out)
 }
 
@@ -393,6 +403,7 @@ func (c *cmLocal) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 // the peer's records give the rkeys and addresses of its buffers.
 func (c *cmLocal) Connect(remote []perftest.Dest) error {
 	c.remote = remote
+	c.res.Peer = remote[0].Addr()
 	for _, d := range remote {
 		perftest.WriteDest(writerOrDiscard(c.Test), "remote", d, c.p.Verb)
 	}

@@ -20,8 +20,8 @@ import (
 // and the test QPs are RC connections made by our CM on QP1. It covers
 // write_bw (2 QPs: two data connections on the one port), read_bw (READ
 // resources negotiated in the REQ/REP), send_bw, atomic_bw, two latency
-// tests, and write_bw over IPv6 GIDs (the CM's REQ carries IPv6
-// addresses).
+// tests, write_bw over IPv6 GIDs (the CM's REQ carries IPv6 addresses)
+// and write_bw with --dcqcn (the device -R opens is RunCLI's).
 func TestPerfRDMACMOverVeth(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	for _, tc := range []struct {
@@ -38,6 +38,7 @@ func TestPerfRDMACMOverVeth(t *testing.T) {
 		{"send_lat", perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "200"}, false},
 		{"write_lat", perftest.Write, perftest.Latency, []string{"-s", "64", "-n", "200"}, false},
 		{"write_bw_IPv6", perftest.Write, perftest.BW, []string{"-x", "1", "-s", "8192", "-n", "200"}, true},
+		{"write_bw_DCQCN", perftest.Write, perftest.BW, []string{"--dcqcn=paper", "-s", "8192", "-n", "200"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"-R", "--verify", "--json", "-p", "18600"}, tc.args...)
@@ -86,6 +87,17 @@ func TestPerfRDMACMOverVeth(t *testing.T) {
 			var j perftest.JSONResult
 			if err := json.Unmarshal(cout.Bytes(), &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
 				t.Fatalf("client JSON %v: %s", err, cout.String())
+			}
+			if strings.Contains(strings.Join(tc.args, " "), "--dcqcn=paper") {
+				var d struct {
+					DCQCN *struct {
+						Profile string            `json:"profile"`
+						QPs     []json.RawMessage `json:"qps"`
+					} `json:"dcqcn"`
+				}
+				if err := json.Unmarshal(cout.Bytes(), &d); err != nil || d.DCQCN == nil || d.DCQCN.Profile != "paper" || len(d.DCQCN.QPs) != 1 {
+					t.Fatalf("client's dcqcn JSON %v: %s", err, cout.String())
+				}
 			}
 			if tc.m == perftest.BW {
 				r := cres.BW[0]
