@@ -21,6 +21,8 @@ func TestMain(m *testing.M) {
 		os.Exit(helperServer(os.Args[1:]))
 	case "client":
 		os.Exit(helperClient(os.Args[1:]))
+	case "shared":
+		os.Exit(helperShared(os.Args[1:]))
 	}
 	os.Exit(m.Run())
 }
@@ -43,6 +45,37 @@ func helperServer(args []string) int {
 	n, _ := c.Read(b)
 	c.Close()
 	fmt.Printf("server got %q\n{\"results\": {\"np_ecn_marked_roce_packets\": 40, \"np_cnp_sent\": 7}}\n", b[:n])
+	return 0
+}
+
+// helperShared: ADDR PORT N — a server for N clients, as perf --clients
+// N: accepts N connections, then prints one JSON object per client whose
+// dcqcn object names the client's address as its peer, with per-QP counts
+// that depend on the peer (100 × its address's third byte + 10 × its last) and
+// device-wide mlx5 counters that the testbed must not give to any flow.
+func helperShared(args []string) int {
+	ln, err := net.Listen("tcp", net.JoinHostPort(args[0], args[1]))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second))
+	n, _ := strconv.Atoi(args[2])
+	var peers []netip.Addr
+	for range n {
+		c, err := ln.Accept()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		c.Read(make([]byte, 64))
+		peers = append(peers, c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
+		c.Close()
+	}
+	for _, p := range peers {
+		k := int(p.As4()[2])*100 + int(p.As4()[3])*10
+		fmt.Printf("{\"dcqcn\": {\"np_ecn_marked_roce_packets\": 999, \"np_cnp_sent\": 999, \"peer\": %q, \"qps\": [{\"ecn_marked\": %d, \"cnp_sent\": %d}]}}\n", p, k, k/2)
+	}
 	return 0
 }
 
@@ -143,5 +176,51 @@ func TestCommandEndpoints(t *testing.T) {
 	want := EndpointCounters{RecvCE: 40, CNPSent: 7, CNPHandled: 6, CNPIgnored: 2}
 	if c := f.Counters(); c != want {
 		t.Fatalf("counters %+v, want %+v", c, want)
+	}
+}
+
+// TestSharedServer runs one server in r for two flows (SharedServer, as
+// the softrnic endpoints do: only one process may own r's AF_XDP queue)
+// and checks that both clients reach it on one port, that it gets
+// {clients}, and that each flow's counters are its own client's plus the
+// server's per-QP counts for that client's address, never the server's
+// device-wide counters.
+func TestSharedServer(t *testing.T) {
+	topo := buildTest(t)
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := &CommandEndpoints{
+		Label:        "helper",
+		Server:       []string{"env", "TESTBED_HELPER=shared", self, "{addr}", "{port}", "{clients}"},
+		Client:       []string{"env", "TESTBED_HELPER=client", self, "{server}", "{port}", "{secs}"},
+		SharedServer: true, Clients: 2, BasePort: 19600, LogDir: t.TempDir(),
+	}
+	defer ep.Close()
+	var flows []Flow
+	for i, h := range []*Host{&topo.H1, &topo.H2} {
+		f, err := ep.StartFlow(topo, FlowSpec{ID: i + 1, Src: h, Dst: &topo.R, Duration: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		flows = append(flows, f)
+	}
+	for _, f := range flows {
+		if err := f.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, h := range []*Host{&topo.H1, &topo.H2} {
+		k := uint64(h.Link.Addr.As4()[2])*100 + uint64(h.Link.Addr.As4()[3])*10
+		want := EndpointCounters{RecvCE: k, CNPSent: k / 2, CNPHandled: 6, CNPIgnored: 2}
+		if c := flows[i].Counters(); c != want {
+			t.Errorf("flow %d (%v): counters %+v, want %+v", i+1, h.Link.Addr, c, want)
+		}
+	}
+	for _, name := range []string{"server.out", "client-1.out", "client-2.out"} {
+		if b, err := os.ReadFile(ep.LogDir + "/" + name); err != nil || len(b) == 0 {
+			t.Errorf("log %s: %v, %d bytes", name, err, len(b))
+		}
 	}
 }
