@@ -229,6 +229,7 @@ func (q *QP) finishHead(now clock.Time, e *sendEntry) {
 // progress notes forward progress: fresh retry budgets, timer restarted.
 func (q *QP) progress(now clock.Time) {
 	r := &q.req
+	q.Progress++
 	r.retryLeft = q.cfg.RetryCnt
 	r.rnrLeft = q.cfg.RNRRetry
 	r.retrying = false

@@ -106,6 +106,11 @@ type Counters struct {
 	Timeouts      uint64
 	RNRWaits      uint64
 	GhostResponse uint64 // responses for nothing outstanding
+	// Progress counts the requester's forward steps: in-order responses
+	// and ACKs that moved the completion PSN. A CQ-moderated application
+	// sees one completion per many messages; this is how it tells a slow
+	// recovery on a lossy path from a peer that stopped answering.
+	Progress uint64
 }
 
 // QP is one RC or UC queue pair's transport state.

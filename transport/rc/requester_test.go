@@ -377,3 +377,37 @@ func TestCompleterACKBeyondResendPointSkipsAhead(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 }
+
+// Progress moves with every in-order READ response, before the READ
+// completes, and not with a gap or its stale repeats: it is what a
+// CQ-moderated application watches to tell slow recovery from a dead peer
+// (lab: a READ run under 5 % loss moved for 17 s without a completion).
+func TestCompleterProgressCountsInOrderResponses(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	dst := make([]byte, 3072)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x9000, RKey: 3})
+	c.expect(p(bth.RCRDMAReadRequest, 100))
+	src := fill(3072, 7)
+	if c.qp.Progress != 0 {
+		t.Fatalf("progress %d before any response", c.qp.Progress)
+	}
+	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 100, syn: SynACK, msn: 1, payload: src[:1024]})
+	if c.qp.Progress != 1 {
+		t.Fatalf("progress %d after the FIRST", c.qp.Progress)
+	}
+	// The MIDDLE is lost: the LAST is a gap, twice; no progress.
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 102, syn: SynACK, msn: 1, payload: src[2048:]})
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 102, syn: SynACK, msn: 1, payload: src[2048:]})
+	if c.qp.Progress != 1 || len(c.wcs()) != 0 {
+		t.Fatalf("progress %d after a gap", c.qp.Progress)
+	}
+	c.expect(p(bth.RCRDMAReadRequest, 101))
+	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 101, syn: SynACK, msn: 1, payload: src[1024:2048]})
+	if c.qp.Progress != 2 || len(c.wcs()) != 0 {
+		t.Fatalf("progress %d mid-READ", c.qp.Progress)
+	}
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 102, syn: SynACK, msn: 1, payload: src[2048:]})
+	if w := c.wcs(); len(w) != 1 || !bytes.Equal(dst, src) || c.qp.Progress < 3 {
+		t.Fatalf("completions %+v progress %d", w, c.qp.Progress)
+	}
+}
