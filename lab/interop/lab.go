@@ -313,6 +313,11 @@ type result struct {
 	// full) during the case: the lab's own loss, the evidence that decides
 	// whether a failure may be retried (see Case.Retries).
 	tapDrops uint64
+	// hostDrops counts frames towards softrnic that lv0 dropped: XDP
+	// redirected them to softrnic's AF_XDP socket and its receive ring
+	// had no room (the engine was not scheduled in time on the shared
+	// cores). Reported, never a reason to retry: it is softrnic's side.
+	hostDrops uint64
 }
 
 func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) {
@@ -373,13 +378,14 @@ func (l *Lab) Run(c *Case) (r result) {
 	}
 	// Frames the tap dropped towards the guest during the case: loss the
 	// lab made, not the case (see tapQueueLen).
-	drops0, dropsErr := l.tapDrops()
+	tap0, tapErr := l.linkDrops(l.tapName(), "tx")
+	xsk0, xskErr := l.linkDrops(l.hostIf, "rx")
 	defer func() {
-		if dropsErr != nil {
-			return
+		if d1, err := l.linkDrops(l.tapName(), "tx"); tapErr == nil && err == nil && d1 > tap0 {
+			r.tapDrops = d1 - tap0
 		}
-		if d1, err := l.tapDrops(); err == nil && d1 > drops0 {
-			r.tapDrops = d1 - drops0
+		if d1, err := l.linkDrops(l.hostIf, "rx"); xskErr == nil && err == nil && d1 > xsk0 {
+			r.hostDrops = d1 - xsk0
 		}
 	}()
 	ready := c.Ready
@@ -568,26 +574,38 @@ func tail(prefix, s string, n int) []string {
 	return ls
 }
 
-// tapDrops reads the guest tap's tx_dropped counter (interop mode; 0 in the
-// self-check, whose taps are not measured).
-func (l *Lab) tapDrops() (uint64, error) {
+// tapName is the guest's tap in interop mode, "" in the self-check (whose
+// taps are not measured).
+func (l *Lab) tapName() string {
 	if l.hostIf == "" {
+		return ""
+	}
+	return l.guests[0].Tap
+}
+
+// linkDrops reads one link's dropped counter in direction dir ("rx" or
+// "tx"); 0 for no link.
+func (l *Lab) linkDrops(dev, dir string) (uint64, error) {
+	if dev == "" {
 		return 0, nil
 	}
-	out, err := exec.Command("ip", "-n", l.ns, "-j", "-s", "link", "show", "dev", l.guests[0].Tap).Output()
+	out, err := exec.Command("ip", "-n", l.ns, "-j", "-s", "link", "show", "dev", dev).Output()
 	if err != nil {
 		return 0, err
 	}
-	return parseTxDropped(out)
+	return parseDropped(out, dir)
 }
 
-// parseTxDropped takes tx.dropped out of `ip -j -s link show` for one link.
-func parseTxDropped(js []byte) (uint64, error) {
+// parseDropped takes stats64.DIR.dropped out of `ip -j -s link show` for
+// one link.
+func parseDropped(js []byte, dir string) (uint64, error) {
+	type counts struct {
+		Dropped uint64 `json:"dropped"`
+	}
 	var links []struct {
 		Stats struct {
-			TX struct {
-				Dropped uint64 `json:"dropped"`
-			} `json:"tx"`
+			RX counts `json:"rx"`
+			TX counts `json:"tx"`
 		} `json:"stats64"`
 	}
 	if err := json.Unmarshal(js, &links); err != nil {
@@ -595,6 +613,9 @@ func parseTxDropped(js []byte) (uint64, error) {
 	}
 	if len(links) != 1 {
 		return 0, fmt.Errorf("ip link: %d links", len(links))
+	}
+	if dir == "rx" {
+		return links[0].Stats.RX.Dropped, nil
 	}
 	return links[0].Stats.TX.Dropped, nil
 }

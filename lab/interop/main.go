@@ -222,7 +222,10 @@ func run(o options) int {
 			}
 			drops := ""
 			if r.tapDrops > 0 {
-				drops = fmt.Sprintf("  [tap dropped %d frames towards the guest]", r.tapDrops)
+				drops += fmt.Sprintf("  [tap dropped %d frames towards the guest]", r.tapDrops)
+			}
+			if r.hostDrops > 0 {
+				drops += fmt.Sprintf("  [lv0 dropped %d frames towards softrnic: its AF_XDP receive ring was full]", r.hostDrops)
 			}
 			switch {
 			case r.ok && c.XFail != "":

@@ -87,13 +87,16 @@ func TestMissingFlag(t *testing.T) {
 	}
 }
 
-func TestParseTxDropped(t *testing.T) {
+func TestParseDropped(t *testing.T) {
 	js := `[{"ifindex":2,"ifname":"lt0","txqlen":1000,"stats64":{"rx":{"bytes":1,"packets":2,"dropped":7},"tx":{"bytes":63773991,"packets":59600,"errors":0,"dropped":2613}}}]`
-	n, err := parseTxDropped([]byte(js))
+	n, err := parseDropped([]byte(js), "tx")
 	if err != nil || n != 2613 {
-		t.Fatalf("parseTxDropped = %d, %v; want 2613", n, err)
+		t.Fatalf("parseDropped tx = %d, %v; want 2613", n, err)
 	}
-	if _, err := parseTxDropped([]byte(`[]`)); err == nil {
+	if n, err := parseDropped([]byte(js), "rx"); err != nil || n != 7 {
+		t.Fatalf("parseDropped rx = %d, %v; want 7", n, err)
+	}
+	if _, err := parseDropped([]byte(`[]`), "tx"); err == nil {
 		t.Fatal("no link accepted")
 	}
 }
