@@ -276,3 +276,30 @@ func TestCongestionFor(t *testing.T) {
 		}
 	}
 }
+
+// TestEngineOptions: the engine naps longer only under dilation, S × its
+// default, at most 250 µs; otherwise it keeps the tuned defaults.
+func TestEngineOptions(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		nap  time.Duration
+	}{
+		{nil, 0},
+		{[]string{"--dcqcn", "paper"}, 0},
+		{[]string{"--dcqcn", "paper", "--dcqcn-scale", "4"}, 40 * time.Microsecond},
+		{[]string{"--dcqcn", "connectx", "--dcqcn-scale", "400"}, 250 * time.Microsecond},
+		{[]string{"--dcqcn", "off", "--dcqcn-scale", "400"}, 0},
+	} {
+		p, err := perftest.ParseArgs(perftest.Write, perftest.BW, append([]string{"-d", "x"}, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cc, err := CongestionFor(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o := engineOptions(cc); o.IdleWait != c.nap || o.SpinFor != 0 || o.DeepIdleAfter != 0 {
+			t.Errorf("%q: options %+v, want IdleWait %v and the rest default", c.args, o, c.nap)
+		}
+	}
+}
