@@ -309,9 +309,10 @@ type result struct {
 	why    []string
 	detail []string
 	note   string
-	// tapDrops counts the frames the guest's tap dropped (its queue was
-	// full) during the case: the lab's own loss, the evidence that decides
-	// whether a failure may be retried (see Case.Retries).
+	// tapDrops counts the frames the lab's path (the guest's tap, the
+	// bridge's veth end) dropped during the case, mostly the tap's queue
+	// towards qemu: the lab's own loss, the evidence that decides whether
+	// a failure may be retried (see Case.Retries).
 	tapDrops uint64
 	// hostDrops counts frames towards softrnic that lv0 dropped: XDP
 	// redirected them to softrnic's AF_XDP socket and its receive ring
@@ -378,11 +379,11 @@ func (l *Lab) Run(c *Case) (r result) {
 	}
 	// Frames the tap dropped towards the guest during the case: loss the
 	// lab made, not the case (see tapQueueLen).
-	tap0, tapErr := l.linkDrops(l.tapName(), "tx")
+	path0, pathErr := l.pathDrops()
 	xsk0, xskErr := l.linkDrops(l.hostIf, "rx")
 	defer func() {
-		if d1, err := l.linkDrops(l.tapName(), "tx"); tapErr == nil && err == nil && d1 > tap0 {
-			r.tapDrops = d1 - tap0
+		if d1, err := l.pathDrops(); pathErr == nil && err == nil && d1 > path0 {
+			r.tapDrops = d1 - path0
 		}
 		if d1, err := l.linkDrops(l.hostIf, "rx"); xskErr == nil && err == nil && d1 > xsk0 {
 			r.hostDrops = d1 - xsk0
@@ -581,6 +582,25 @@ func (l *Lab) tapName() string {
 		return ""
 	}
 	return l.guests[0].Tap
+}
+
+// pathDrops sums the drops of the lab's own path between the guest and
+// softrnic's veth end, both ways: the tap (tx: its ring towards qemu was
+// full; rx: what qemu wrote could not be taken) and lv1 (tx: lv0's XDP
+// ring of 256 frames was full because its NAPI did not run in time).
+func (l *Lab) pathDrops() (uint64, error) {
+	if l.hostIf == "" {
+		return 0, nil
+	}
+	var sum uint64
+	for _, d := range [][2]string{{l.tapName(), "tx"}, {l.tapName(), "rx"}, {"lv1", "tx"}, {"lv1", "rx"}} {
+		n, err := l.linkDrops(d[0], d[1])
+		if err != nil {
+			return 0, err
+		}
+		sum += n
+	}
+	return sum, nil
 }
 
 // linkDrops reads one link's dropped counter in direction dir ("rx" or

@@ -216,13 +216,13 @@ func run(o options) int {
 			r := lab.Run(c)
 			// A retry only for a failure the lab's own loss explains.
 			for attempt := 1; !r.ok && !r.fatal && attempt <= c.Retries && labLoss(r); attempt++ {
-				report("RETRY %-58s %5.1f s  attempt %d: %s (tap dropped %d frames towards the guest)\n",
+				report("RETRY %-58s %5.1f s  attempt %d: %s (the lab's tap/veth dropped %d frames)\n",
 					c.Name, r.took.Seconds(), attempt, strings.Join(r.why, "; "), r.tapDrops)
 				r = lab.Run(c)
 			}
 			drops := ""
 			if r.tapDrops > 0 {
-				drops += fmt.Sprintf("  [tap dropped %d frames towards the guest]", r.tapDrops)
+				drops += fmt.Sprintf("  [the lab's tap/veth dropped %d frames]", r.tapDrops)
 			}
 			if r.hostDrops > 0 {
 				drops += fmt.Sprintf("  [lv0 dropped %d frames towards softrnic: its AF_XDP receive ring was full]", r.hostDrops)
