@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"strings"
@@ -47,6 +48,18 @@ func TestLabTopology(t *testing.T) {
 				out, _ := exec.Command("ip", "-n", l.ns, "-o", "link", "show", "lv0").CombinedOutput()
 				if !strings.Contains(string(out), "mtu 4200") {
 					t.Errorf("lv0 MTU not switched: %s", out)
+				}
+				// The tap's deep queue and the drop counters the
+				// retry gate reads.
+				tq, _ := exec.Command("ip", "-n", l.ns, "-o", "link", "show", "lt0").CombinedOutput()
+				if !strings.Contains(string(tq), fmt.Sprintf("qlen %d", tapQueueLen)) {
+					t.Errorf("lt0 queue not %d: %s", tapQueueLen, tq)
+				}
+				if n, err := l.pathDrops(); err != nil || n != 0 {
+					t.Errorf("pathDrops = %d, %v on an idle lab", n, err)
+				}
+				if _, err := l.linkDrops(l.hostIf, "rx"); err != nil {
+					t.Errorf("lv0 drops: %v", err)
 				}
 				addrs, _ := exec.Command("ip", "-n", l.ns, "-o", "addr", "show", "dev", "lv0").CombinedOutput()
 				for _, a := range []string{hostIP4 + "/24", hostIP6 + "/64"} {
