@@ -314,10 +314,10 @@ type result struct {
 	// towards qemu: the lab's own loss, the evidence that decides whether
 	// a failure may be retried (see Case.Retries).
 	tapDrops uint64
-	// hostDrops counts frames towards softrnic that lv0 dropped: XDP
-	// redirected them to softrnic's AF_XDP socket and its receive ring
-	// had no room (the engine was not scheduled in time on the shared
-	// cores). Reported, never a reason to retry: it is softrnic's side.
+	// hostDrops counts frames towards softrnic that lv0 dropped: its XDP
+	// program dropped them (a damaged frame in the corruption cases) or
+	// softrnic's AF_XDP socket had no room. Reported, never a reason to
+	// retry: it is softrnic's side.
 	hostDrops uint64
 }
 

@@ -225,7 +225,7 @@ func run(o options) int {
 				drops += fmt.Sprintf("  [the lab's tap/veth dropped %d frames]", r.tapDrops)
 			}
 			if r.hostDrops > 0 {
-				drops += fmt.Sprintf("  [lv0 dropped %d frames towards softrnic: its AF_XDP receive ring was full]", r.hostDrops)
+				drops += fmt.Sprintf("  [lv0 dropped %d frames towards softrnic: its XDP program dropped them or its AF_XDP ring was full]", r.hostDrops)
 			}
 			switch {
 			case r.ok && c.XFail != "":
