@@ -74,7 +74,7 @@ bench:
 sim-demo:
 	$(GO) run ./cmd/softrnic sim dcqcn --scenario two-flow --out out/sim-two-flow
 
-## dcqcn-live: live two-flow experiment (root, ~32 s): h1,h2 -> sw (tbf + tc-bpf ECN marker) -> r, time dilation S=400; results in out/dcqcn-live
+## dcqcn-live: live two-flow experiment (root, ~35 s): two softrnic DCQCN flows h1,h2 -> sw (tbf + tc-bpf ECN marker) -> r, one perf server for both, time dilation S=400; results in out/dcqcn-live
 DCQCN_LIVE_FLAGS ?=
 dcqcn-live:
 	$(GO) run ./lab/dcqcnlive -out out/dcqcn-live $(DCQCN_LIVE_FLAGS)
