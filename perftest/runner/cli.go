@@ -83,10 +83,7 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
-			if _, err := res.Lookup(peer); errors.Is(err, route.ErrUnresolved) && peer.Is6() {
-				pokeNeighbour(in, peer)
-			}
-			n, err := res.Resolve(rctx, peer)
+			n, err := res.Resolve(rctx, peer) // probes IPv6 peers on links without link-local addresses
 			if err != nil {
 				return src, dst, err
 			}
@@ -259,29 +256,4 @@ func sideChannel(ctx context.Context, p perftest.Params, o CLIOptions) (net.Conn
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-}
-
-// pokeNeighbour sends one UDP datagram to the discard port of an IPv6 peer
-// from our own address on the interface. Linux sends a neighbour
-// solicitation that no packet is waiting for only from a link-local source
-// (ndisc_send_ns), so on an interface with no link-local address (the lab's
-// veth has none) asking the kernel to resolve, as route does, never gets an
-// answer; a real packet gives the solicitation its source address.
-func pokeNeighbour(in engine.Interface, peer netip.Addr) {
-	src, err := in.GID(-1)
-	for _, g := range in.GIDs {
-		if g.Is6() && !g.IsLinkLocalUnicast() {
-			src, err = g, nil
-			break
-		}
-	}
-	if err != nil || !src.Is6() {
-		return
-	}
-	c, err := net.DialUDP("udp6", net.UDPAddrFromAddrPort(netip.AddrPortFrom(src, 0)), net.UDPAddrFromAddrPort(netip.AddrPortFrom(peer, 9)))
-	if err != nil {
-		return
-	}
-	c.Write([]byte{0})
-	c.Close()
 }

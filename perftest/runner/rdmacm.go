@@ -155,10 +155,7 @@ func cmWithHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Hos
 		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
 			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			defer cancel()
-			if _, err := res.Lookup(peer); errors.Is(err, route.ErrUnresolved) && peer.Is6() {
-				pokeNeighbour(in, peer)
-			}
-			n, err := res.Resolve(rctx, peer)
+			n, err := res.Resolve(rctx, peer) // probes IPv6 peers on links without link-local addresses
 			if err != nil {
 				return src, dst, err
 			}
