@@ -6,9 +6,8 @@
 //
 //   - Config (config.go): one key = value file format, every key also a
 //     flag, errors naming the key; NewLogger sets up log/slog.
-//   - The engine loop of a verbs.Device on a port.Port is engine.Run, with
-//     the capture tap (package capture) on both directions; RunDevice
-//     (run.go) is a deprecated wrapper of it.
+//   - The engine loop of a verbs.Device on a port.Port is engine's (a Loop
+//     with the capture tap of package capture on both directions).
 //   - Server (server.go, session.go): the control socket and the ring pump.
 //   - Device (device.go): what the server needs from an RNIC; VerbsDevice
 //     (verbsdev.go) adapts verbs.Device to it, daemon/loopdev is a checked

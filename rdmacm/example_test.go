@@ -3,9 +3,9 @@ package rdmacm_test
 import (
 	"context"
 	"fmt"
+	"github.com/softrnic/softrnic/engine"
 	"net/netip"
 
-	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/verbs"
@@ -29,7 +29,7 @@ func Example() {
 	}
 	start := func(mac [6]byte, ip netip.Addr, p *memlink.Port) *rdmacm.Agent {
 		dev, _ := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
-		go daemon.RunDevice(ctx, dev, p, daemon.RunOptions{})
+		go engine.Run(ctx, dev, p, engine.Options{})
 		a, _ := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
 		return a
 	}

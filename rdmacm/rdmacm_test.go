@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/softrnic/softrnic/engine"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
-	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
@@ -22,7 +22,7 @@ import (
 // runEngine drives a device on a port until ctx ends. The engine loop may
 // move from daemon to engine: this is the one place to change.
 func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
-	return daemon.RunDevice(ctx, dev, p, daemon.RunOptions{})
+	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
 // dropPort drops the frames drop says to, as a lossy link would, and

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	cmrping "github.com/softrnic/softrnic/cm/rping"
-	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/rdmacm"
@@ -28,11 +27,9 @@ func init() {
 	register("rping", "librdmacm's rping over the CM on QP1: -s (server) or -c -a ADDR (client)", runRping)
 }
 
-// runDeviceEngine drives a verbs.Device on a port until ctx ends. The
-// engine loop may move from daemon to engine: this is the one place to
-// change.
+// runDeviceEngine drives a verbs.Device on a port until ctx ends.
 func runDeviceEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
-	return daemon.RunDevice(ctx, dev, p, daemon.RunOptions{})
+	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
 const rpingUsage = `usage: softrnic rping -s [-a ADDR] [-p PORT] [-S SIZE] [-v] [-V] [-d IFACE]   (server)

@@ -4,12 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/softrnic/softrnic/engine"
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
@@ -19,7 +19,7 @@ import (
 // runEngine drives a device on a port until ctx ends. The engine loop may
 // move from daemon to engine: this is the one place to change.
 func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
-	return daemon.RunDevice(ctx, dev, p, daemon.RunOptions{})
+	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
 var (

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"github.com/softrnic/softrnic/engine"
 	"io"
 	"net/netip"
 	"os"
@@ -17,7 +18,6 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 	"github.com/softrnic/softrnic/cm"
 	cmrping "github.com/softrnic/softrnic/cm/rping"
-	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
@@ -27,7 +27,7 @@ import (
 // runEngine drives a device on a port until ctx ends. The engine loop may
 // move from daemon to engine: this is the one place to change.
 func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
-	return daemon.RunDevice(ctx, dev, p, daemon.RunOptions{})
+	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
 // tapPort keeps a copy of every frame sent.
