@@ -38,12 +38,29 @@ type CLIOptions struct {
 // and prints perftest's report, or JSON with --json. --dcqcn runs DCQCN on
 // the device (CongestionFor).
 func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
+	var r Result
+	err := withHost(ctx, p, o, func(h Host) (err error) {
+		if p.Host == "" && p.Clients > 1 {
+			r, err = serveClients(ctx, h, p, o, stdout)
+		} else {
+			r, err = runOne(ctx, h, p, o, stdout)
+		}
+		return err
+	})
+	return r, err
+}
+
+// withHost opens the device on p.Device (an AF_XDP or AF_PACKET port, a
+// verbs.Device with --dcqcn's congestion control, its engine loop in a
+// goroutine of its own, route resolution of peers' MACs), calls f with it,
+// and tears it all down; RunCLI and RunCLICM share it.
+func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
 	if p.Device == "" {
-		return Result{}, errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
+		return errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
 	}
 	in, err := engine.LookupInterface(p.Device)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	pt, err := engine.OpenPort(in, o.PortKind)
 	// The kernel releases an AF_XDP socket's queue asynchronously after
@@ -54,24 +71,24 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 		pt, err = engine.OpenPort(in, o.PortKind)
 	}
 	if err != nil {
-		return Result{}, fmt.Errorf("perf: open %s: %w", in.Name, err)
+		return fmt.Errorf("perf: open %s: %w", in.Name, err)
 	}
 	defer pt.Close()
 	cc, err := CongestionFor(p)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	dev, err := NewDeviceCC(in, cc)
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	loop, err := engine.NewLoop(dev, pt, engineOptions(cc))
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	res, err := route.New()
 	if err != nil {
-		return Result{}, err
+		return err
 	}
 	defer res.Close()
 	ectx, stop := context.WithCancel(ctx)
@@ -94,25 +111,18 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 			copy(dst[:], n.DstMAC)
 			return src, dst, nil
 		}}
-
-	var r Result
-	if p.Host == "" && p.Clients > 1 {
-		r, err = serveClients(ctx, h, p, o, stdout)
-	} else {
-		r, err = runOne(ctx, h, p, o, stdout)
-	}
-	if err != nil {
-		return r, err
+	if err := f(h); err != nil {
+		return err
 	}
 	select {
 	case err := <-engDone:
 		engDone <- err
 		if err != nil {
-			return r, fmt.Errorf("perf: engine: %w", err)
+			return fmt.Errorf("perf: engine: %w", err)
 		}
 	default:
 	}
-	return r, nil
+	return nil
 }
 
 // runOne runs the test with one client or server over its side channel.

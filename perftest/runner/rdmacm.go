@@ -10,15 +10,12 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/cm"
-	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/route"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -59,7 +56,7 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 		peer = a
 	}
 	var r Result
-	err := cmWithHost(ctx, p, o, func(h Host) error {
+	err := withHost(ctx, p, o, func(h Host) error {
 		agent, err := rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 			_, dst, err := h.Resolve(ctx, peer)
 			return dst, err
@@ -108,76 +105,6 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("perf: cannot resolve %q: %v", host, err)
 	}
 	return ips[0].Unmap(), nil
-}
-
-// cmWithHost opens the device on p.Device as RunCLI does (AF_XDP or
-// AF_PACKET port, --dcqcn, the engine loop, route resolution) and calls f
-// with it.
-func cmWithHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
-	if p.Device == "" {
-		return errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
-	}
-	in, err := engine.LookupInterface(p.Device)
-	if err != nil {
-		return err
-	}
-	pt, err := engine.OpenPort(in, o.PortKind)
-	for deadline := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		pt, err = engine.OpenPort(in, o.PortKind)
-	}
-	if err != nil {
-		return fmt.Errorf("perf: open %s: %w", in.Name, err)
-	}
-	defer pt.Close()
-	cc, err := CongestionFor(p)
-	if err != nil {
-		return err
-	}
-	dev, err := NewDeviceCC(in, cc)
-	if err != nil {
-		return err
-	}
-	loop, err := engine.NewLoop(dev, pt, engine.Options{})
-	if err != nil {
-		return err
-	}
-	res, err := route.New()
-	if err != nil {
-		return err
-	}
-	defer res.Close()
-	ectx, stop := context.WithCancel(ctx)
-	engDone := make(chan error, 1)
-	go func() { engDone <- loop.Run(ectx) }()
-	defer func() { stop(); <-engDone }()
-	h := Host{Device: dev, Iface: in, Stats: loop.DeviceStats,
-		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
-			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			defer cancel()
-			n, err := res.Resolve(rctx, peer) // probes IPv6 peers on links without link-local addresses
-			if err != nil {
-				return src, dst, err
-			}
-			if n.IfIndex != in.Index {
-				return src, dst, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
-			}
-			copy(src[:], n.SrcMAC)
-			copy(dst[:], n.DstMAC)
-			return src, dst, nil
-		}}
-	if err := f(h); err != nil {
-		return err
-	}
-	select {
-	case err := <-engDone:
-		engDone <- err
-		if err != nil {
-			return fmt.Errorf("perf: engine: %w", err)
-		}
-	default:
-	}
-	return nil
 }
 
 // cmSession is the rdma_cm side of a -R run: the agent, the server's
