@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/engine"
@@ -39,12 +38,6 @@ func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Resu
 		return Result{}, err
 	}
 	pt, err := engine.OpenPort(in, o.PortKind)
-	// The kernel frees an AF_XDP socket's queue asynchronously: a run
-	// right after another on the same interface may find it busy.
-	for deadline := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		pt, err = engine.OpenPort(in, o.PortKind)
-	}
 	if err != nil {
 		return Result{}, fmt.Errorf("pingpong: open %s: %w", in.Name, err)
 	}

@@ -268,11 +268,13 @@ func Open(cfg Config) (s *Socket, err error) {
 	}
 	sa := &unix.SockaddrXDP{Flags: flags, Ifindex: uint32(cfg.IfIndex), QueueID: uint32(cfg.Queue)}
 	// A socket closed on this queue a moment ago releases the queue from a
-	// kernel work item: bind says EBUSY until then. Retry, bounded (a queue
-	// held by a live socket stays busy and the error is reported).
+	// kernel work item: bind says EBUSY until then, for longer on a loaded
+	// host (a tool run right after another on the same interface). Retry,
+	// bounded at 3 s (a queue held by a live socket stays busy and the
+	// error is reported). This is the one place that waits for it.
 	for try := 0; ; try++ {
 		err = unix.Bind(fd, sa)
-		if err != unix.EBUSY || try == 100 {
+		if err != unix.EBUSY || try == 300 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

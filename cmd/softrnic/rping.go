@@ -12,7 +12,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	cmrping "github.com/softrnic/softrnic/cm/rping"
 	"github.com/softrnic/softrnic/engine"
@@ -193,12 +192,6 @@ func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) err
 		return err
 	}
 	pt, err := engine.OpenPort(in, h.kind)
-	// The kernel releases an AF_XDP queue asynchronously after close: a
-	// run right after another on the same interface may find it busy.
-	for deadline := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		pt, err = engine.OpenPort(in, h.kind)
-	}
 	if err != nil {
 		return fmt.Errorf("open %s: %w", in.Name, err)
 	}

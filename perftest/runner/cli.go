@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
-	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/engine"
@@ -63,13 +62,6 @@ func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host)
 		return err
 	}
 	pt, err := engine.OpenPort(in, o.PortKind)
-	// The kernel releases an AF_XDP socket's queue asynchronously after
-	// close: a run started right after another on the same interface can
-	// find the queue still busy for a moment.
-	for deadline := time.Now().Add(3 * time.Second); errors.Is(err, syscall.EBUSY) && time.Now().Before(deadline); {
-		time.Sleep(20 * time.Millisecond)
-		pt, err = engine.OpenPort(in, o.PortKind)
-	}
 	if err != nil {
 		return fmt.Errorf("perf: open %s: %w", in.Name, err)
 	}
