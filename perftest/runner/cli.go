@@ -49,27 +49,37 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 	return r, err
 }
 
-// withHost opens the device on p.Device (an AF_XDP or AF_PACKET port, a
-// verbs.Device with --dcqcn's congestion control, its engine loop in a
-// goroutine of its own, route resolution of peers' MACs), calls f with it,
-// and tears it all down; RunCLI and RunCLICM share it.
+// withHost opens the host for a perf run: OpenHost with --dcqcn's
+// congestion control. RunCLI and RunCLICM share it.
 func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
 	if p.Device == "" {
 		return errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
 	}
-	in, err := engine.LookupInterface(p.Device)
-	if err != nil {
-		return err
-	}
-	pt, err := engine.OpenPort(in, o.PortKind)
-	if err != nil {
-		return fmt.Errorf("perf: open %s: %w", in.Name, err)
-	}
-	defer pt.Close()
 	cc, err := CongestionFor(p)
 	if err != nil {
 		return err
 	}
+	if err := OpenHost(ctx, p.Device, o.PortKind, cc, f); err != nil {
+		return fmt.Errorf("perf: %w", err)
+	}
+	return nil
+}
+
+// OpenHost opens the RNIC the built-in tools run on: a port of the given
+// kind on the interface named device (in the calling thread's network
+// namespace), a verbs.Device on it with congestion control cc, its engine
+// loop in a goroutine of its own, and route resolution of peers' MACs;
+// it calls f with them and tears everything down when f returns.
+func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc verbs.Congestion, f func(Host) error) error {
+	in, err := engine.LookupInterface(device)
+	if err != nil {
+		return err
+	}
+	pt, err := engine.OpenPort(in, kind)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", in.Name, err)
+	}
+	defer pt.Close()
 	dev, err := NewDeviceCC(in, cc)
 	if err != nil {
 		return err
@@ -110,7 +120,7 @@ func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host)
 	case err := <-engDone:
 		engDone <- err
 		if err != nil {
-			return fmt.Errorf("perf: engine: %w", err)
+			return fmt.Errorf("engine: %w", err)
 		}
 	default:
 	}
@@ -119,7 +129,7 @@ func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host)
 
 // runOne runs the test with one client or server over its side channel.
 func runOne(ctx context.Context, h Host, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
-	conn, err := sideChannel(ctx, p, o)
+	conn, err := SideChannel(ctx, p.Host, p.Port, o.DialFor, o.Listening)
 	if err != nil {
 		return Result{}, err
 	}
@@ -229,26 +239,29 @@ const (
 	maxDilatedNap   = 250 * time.Microsecond
 )
 
-// sideChannel accepts one client or dials the server.
-func sideChannel(ctx context.Context, p perftest.Params, o CLIOptions) (net.Conn, error) {
-	port := strconv.Itoa(p.Port)
-	if p.Host == "" {
-		ln, err := net.Listen("tcp", ":"+port)
+// SideChannel is the TCP connection perftest-style tools exchange their
+// setup over: with host empty it accepts one client on port (calling
+// listening, if set, once it listens); otherwise it dials host:port,
+// retrying for dialFor.
+func SideChannel(ctx context.Context, host string, port int, dialFor time.Duration, listening func(net.Addr)) (net.Conn, error) {
+	portStr := strconv.Itoa(port)
+	if host == "" {
+		ln, err := net.Listen("tcp", ":"+portStr)
 		if err != nil {
 			return nil, err
 		}
 		defer ln.Close()
-		if o.Listening != nil {
-			o.Listening(ln.Addr())
+		if listening != nil {
+			listening(ln.Addr())
 		}
 		stop := context.AfterFunc(ctx, func() { ln.Close() })
 		defer stop()
 		return ln.Accept()
 	}
-	deadline := time.Now().Add(o.DialFor)
+	deadline := time.Now().Add(dialFor)
 	for {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(p.Host, port))
+		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(host, portStr))
 		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
 			return c, err
 		}
