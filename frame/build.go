@@ -238,8 +238,7 @@ func (b *Builder) Finish(buf []byte, payloadLen int) (int, error) {
 	} else {
 		h := buf[b.ip : b.ip+IPv4Len]
 		binary.BigEndian.PutUint16(h[2:], uint16(end-b.ip))
-		binary.BigEndian.PutUint16(h[10:], 0)
-		binary.BigEndian.PutUint16(h[10:], ipv4Checksum(h))
+		IPv4(h).SetChecksum()
 	}
 	if err := icrc.Stamp(buf[b.ip:end]); err != nil {
 		return 0, err

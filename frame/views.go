@@ -86,13 +86,22 @@ func (h IPv4) Dst() netip.Addr { return netip.AddrFrom4([4]byte(h[16:20])) }
 // itself, so a corrupted address already fails VerifyICRC.
 func (h IPv4) ChecksumValid() bool { return ipv4Checksum(h[:IPv4Len]) == 0 }
 
-// ipv4Checksum is the ones'-complement sum of a 20-byte header, complemented:
-// 0 over a header with a correct checksum, the checksum to store over one
+// SetChecksum stores the header checksum, computed over the IHL·4 bytes
+// of the header (options included). Whoever rewrites a header field —
+// the builder, the device's per-QP templates, an ECN marker — calls this
+// one function.
+func (h IPv4) SetChecksum() {
+	n := min(int(h[0]&0x0F)*4, len(h))
+	h[10], h[11] = 0, 0
+	binary.BigEndian.PutUint16(h[10:], ipv4Checksum(h[:n]))
+}
+
+// ipv4Checksum is the ones'-complement sum of a header, complemented: 0
+// over a header with a correct checksum, the checksum to store over one
 // whose checksum field is zero.
 func ipv4Checksum(h []byte) uint16 {
-	_ = h[19]
 	var s uint32
-	for i := 0; i < 20; i += 2 {
+	for i := 0; i+1 < len(h); i += 2 {
 		s += uint32(h[i])<<8 | uint32(h[i+1])
 	}
 	s = s>>16 + s&0xFFFF

@@ -177,8 +177,7 @@ func TestCNPMatchesConnectX(t *testing.T) {
 	binary.BigEndian.PutUint16(got[frame.EthernetLen+20:], 0)
 	binary.BigEndian.PutUint16(got[frame.EthernetLen+4:], 0x718c)
 	ip := got[frame.EthernetLen : frame.EthernetLen+20]
-	binary.BigEndian.PutUint16(ip[10:], 0)
-	binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip))
+	frame.IPv4(ip).SetChecksum()
 	must(t, icrc.Stamp(got[frame.EthernetLen:]))
 	if !bytes.Equal(got, vec) {
 		t.Fatalf("device CNP\n% x\nConnectX-4 Lx\n% x", got, vec)

@@ -234,23 +234,11 @@ func (d *Device) finish(buf []byte, h *hdrTmpl, tlen int) int {
 		binary.BigEndian.PutUint16(ip[2:], uint16(total-frame.EthernetLen))
 		d.ipID++
 		binary.BigEndian.PutUint16(ip[4:], d.ipID)
-		binary.BigEndian.PutUint16(ip[10:], 0)
-		binary.BigEndian.PutUint16(ip[10:], ipv4Checksum(ip[:20]))
+		frame.IPv4(ip[:frame.IPv4Len]).SetChecksum()
 		binary.BigEndian.PutUint16(ip[20+4:], uint16(udpLen))
 	}
 	_ = icrc.Stamp(buf[frame.EthernetLen:total])
 	return total
-}
-
-func ipv4Checksum(h []byte) uint16 {
-	var s uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		s += uint32(h[i])<<8 | uint32(h[i+1])
-	}
-	for s > 0xFFFF {
-		s = s&0xFFFF + s>>16
-	}
-	return ^uint16(s)
 }
 
 func (d *Device) isLocal(a netip.Addr) bool {

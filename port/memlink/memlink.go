@@ -27,6 +27,7 @@ package memlink
 
 import (
 	"errors"
+	"github.com/softrnic/softrnic/frame"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -410,7 +411,7 @@ func (w *wire) mark(b []byte, now clock.Time) {
 		b[ip+1] |= 0x30
 	} else {
 		b[ip+1] |= 3
-		setIPv4Checksum(b[ip : ip+int(b[ip]&0x0F)*4])
+		frame.IPv4(b[ip:]).SetChecksum()
 	}
 	w.stats.Marked++
 }
@@ -433,20 +434,6 @@ func ipHeader(b []byte) (int, bool) {
 		return off, true
 	}
 	return -1, false
-}
-
-// setIPv4Checksum recomputes an IPv4 header's checksum.
-func setIPv4Checksum(h []byte) {
-	h[10], h[11] = 0, 0
-	var s uint32
-	for i := 0; i+1 < len(h); i += 2 {
-		s += uint32(h[i])<<8 | uint32(h[i+1])
-	}
-	for s > 0xFFFF {
-		s = s&0xFFFF + s>>16
-	}
-	s = ^s & 0xFFFF
-	h[10], h[11] = byte(s>>8), byte(s)
 }
 
 // less orders the heap by delivery time, then by enqueue order.

@@ -13,8 +13,8 @@ import (
 	"github.com/softrnic/softrnic/port"
 )
 
-// frame builds a 64-byte test frame carrying its sequence number.
-func frame(buf []byte, seq uint32) []byte {
+// seqFrame builds a 64-byte test frame carrying its sequence number.
+func seqFrame(buf []byte, seq uint32) []byte {
 	for i := range buf {
 		buf[i] = byte(i)
 	}
@@ -53,7 +53,7 @@ func pump(t testing.TB, vc *VirtualClock, a, b *Port, n int) (seqs []uint32, got
 	for sent := 0; sent < n; {
 		k := min(port.BatchSize, n-sent)
 		for i := range k {
-			out[i] = frame(bufs[i], uint32(sent+i))
+			out[i] = seqFrame(bufs[i], uint32(sent+i))
 		}
 		m, err := a.Send(out[:k])
 		if err != nil {
@@ -90,7 +90,7 @@ func TestCleanLinkIsByteExactAndInOrder(t *testing.T) {
 		if s != uint32(i) {
 			t.Fatalf("frame %d has seq %d", i, s)
 		}
-		if !bytes.Equal(got[i], frame(want, s)) {
+		if !bytes.Equal(got[i], seqFrame(want, s)) {
 			t.Fatalf("frame %d differs", i)
 		}
 	}
@@ -170,7 +170,7 @@ func TestCorruptionChangesExactlyOneByteOneBit(t *testing.T) {
 		// Corruption alone keeps order, so the idx-th frame is seq idx
 		// (even when the flip lands in the seq field itself).
 		diff, bits := 0, 0
-		frame(want, uint32(idx))
+		seqFrame(want, uint32(idx))
 		for i := range f {
 			if f[i] != want[i] {
 				if i < 14 {
@@ -258,7 +258,7 @@ func TestDelayAndJitterInVirtualTime(t *testing.T) {
 	in := make([][]byte, port.BatchSize)
 	buf := make([]byte, 64)
 	for i := range 200 {
-		if n, err := a.Send([][]byte{frame(buf, uint32(i))}); n != 1 || err != nil {
+		if n, err := a.Send([][]byte{seqFrame(buf, uint32(i))}); n != 1 || err != nil {
 			t.Fatal(n, err)
 		}
 	}
@@ -332,13 +332,13 @@ func TestBackPressureAndOversize(t *testing.T) {
 func TestRecvViewValidUntilNextRecv(t *testing.T) {
 	vc, a, b := virtualPair(Impairments{}, 1)
 	buf := make([]byte, 64)
-	a.Send([][]byte{frame(buf, 1)})
+	a.Send([][]byte{seqFrame(buf, 1)})
 	in := make([][]byte, 1)
 	b.Recv(in, 0)
 	view := in[0]
 	// The sender reusing its buffer and sending more must not touch the view.
 	for i := range 500 {
-		a.Send([][]byte{frame(buf, uint32(100+i))})
+		a.Send([][]byte{seqFrame(buf, uint32(100+i))})
 	}
 	_ = vc
 	if seqOf(view) != 1 {
