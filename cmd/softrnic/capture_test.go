@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,10 +25,8 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -98,26 +95,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	capErr, capDone := startCapture(t, ctx, bin, "capture", "-w", pcapFile, "-c", "20", "--control", sock)
 
 	// The peer: a verbs device on an AF_PACKET port in namespace B.
-	var pb port.Port
-	var inB engine.Interface
-	if err := pair.B.NS.Do(func() error {
-		var err error
-		if inB, err = engine.LookupInterface(pair.B.Name); err != nil {
-			return err
-		}
-		pb, err = engine.OpenPort(inB, engine.AFPacket)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	devB, err := verbs.NewDevice(verbs.Config{MAC: inB.MAC, Addrs: []netip.Addr{pair.B.Addr}, PortMTU: 1024})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engCtx, stopEng := context.WithCancel(context.Background())
-	engDone := make(chan error, 1)
-	go func() { engDone <- engine.Run(engCtx, devB, pb, engine.Options{}) }()
-	defer func() { stopEng(); <-engDone; pb.Close() }()
+	devB := startPeer(t, pair.B)
 
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)

@@ -101,26 +101,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	}
 
 	// The peer: a verbs device on an AF_PACKET port in namespace B.
-	var pb port.Port
-	var inB engine.Interface
-	if err := pair.B.NS.Do(func() error {
-		var err error
-		if inB, err = engine.LookupInterface(pair.B.Name); err != nil {
-			return err
-		}
-		pb, err = engine.OpenPort(inB, engine.AFPacket)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	devB, err := verbs.NewDevice(verbs.Config{MAC: inB.MAC, Addrs: []netip.Addr{pair.B.Addr}, PortMTU: 1024})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engCtx, stopEng := context.WithCancel(context.Background())
-	engDone := make(chan error, 1)
-	go func() { engDone <- engine.Run(engCtx, devB, pb, engine.Options{}) }()
-	defer func() { stopEng(); <-engDone; pb.Close() }()
+	devB := startPeer(t, pair.B)
 
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
@@ -225,4 +206,33 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 		t.Fatalf("no orderly stop in the log:\n%s", logs.String())
 	}
 	t.Logf("daemon log:\n%s", logs.String())
+}
+
+// startPeer runs the remote RNIC of the daemon tests: a verbs device on an
+// AF_PACKET port on link b (in its namespace), driven by engine.Run until
+// the test ends.
+func startPeer(t *testing.T, b netnstest.Link) *verbs.Device {
+	t.Helper()
+	var pb port.Port
+	var in engine.Interface
+	if err := b.NS.Do(func() error {
+		var err error
+		if in, err = engine.LookupInterface(b.Name); err != nil {
+			return err
+		}
+		pb, err = engine.OpenPort(in, engine.AFPacket)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
+	if err != nil {
+		pb.Close()
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- engine.Run(ctx, dev, pb, engine.Options{}) }()
+	t.Cleanup(func() { stop(); <-done; pb.Close() })
+	return dev
 }
