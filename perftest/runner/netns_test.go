@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -49,36 +50,7 @@ func TestPerfOverVethAFXDP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			var sout, cout bytes.Buffer
-			var sres, cres Result
-			listening := make(chan struct{})
-			serr := make(chan error, 1)
-			go func() {
-				serr <- pair.A.NS.Do(func() (err error) {
-					sres, err = RunCLI(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
-					return err
-				})
-			}()
-			select {
-			case <-listening:
-			case err := <-serr:
-				t.Fatalf("server: %v", err)
-			}
-			cerr := pair.B.NS.Do(func() (err error) {
-				cres, err = RunCLI(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
-				return err
-			})
-			if cerr != nil {
-				cancel()
-			}
-			if err := <-serr; err != nil || cerr != nil {
-				t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cout.String())
-			}
-			if !sres.Verify || !cres.Verify {
-				t.Errorf("not verified: server %v client %v", sres.Verify, cres.Verify)
-			}
+			_, cres, sout, cout := runServerClient(t, pair, ps, pc, RunCLI)
 			var j perftest.JSONResult
 			if err := json.Unmarshal(cout.Bytes(), &j); err != nil || j.TestInfo.Device != pair.B.Name || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
 				t.Fatalf("client JSON %v: %s", err, cout.String())
@@ -148,4 +120,43 @@ func TestPerfIPv6WithoutLinkLocal(t *testing.T) {
 	if err := json.Unmarshal(cout.Bytes(), &j); err != nil || !sres.Verify {
 		t.Fatalf("client JSON %v %s, server verified %v", err, cout.String(), sres.Verify)
 	}
+}
+
+// runServerClient runs run (RunCLI or RunCLICM) as the server on ps in
+// namespace A and as the client on pc in namespace B, both on AF_XDP
+// ports, bounded at 90 s; it fails the test when either side fails or
+// does not verify its data, and returns both results and outputs.
+func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
+	run func(context.Context, perftest.Params, CLIOptions, io.Writer) (Result, error)) (sres, cres Result, sout, cout *bytes.Buffer) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	sout, cout = new(bytes.Buffer), new(bytes.Buffer)
+	listening := make(chan struct{})
+	serr := make(chan error, 1)
+	go func() {
+		serr <- pair.A.NS.Do(func() (err error) {
+			sres, err = run(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, sout)
+			return err
+		})
+	}()
+	select {
+	case <-listening:
+	case err := <-serr:
+		t.Fatalf("server: %v", err)
+	}
+	cerr := pair.B.NS.Do(func() (err error) {
+		cres, err = run(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, cout)
+		return err
+	})
+	if cerr != nil {
+		cancel()
+	}
+	if err := <-serr; err != nil || cerr != nil {
+		t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cout.String())
+	}
+	if !sres.Verify || !cres.Verify {
+		t.Errorf("not verified: server %v client %v", sres.Verify, cres.Verify)
+	}
+	return sres, cres, sout, cout
 }

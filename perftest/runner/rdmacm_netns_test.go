@@ -1,15 +1,10 @@
 package runner
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"net"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/perftest"
 )
@@ -54,36 +49,7 @@ func TestPerfRDMACMOverVeth(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-			defer cancel()
-			var sout, cout bytes.Buffer
-			var sres, cres Result
-			listening := make(chan struct{})
-			serr := make(chan error, 1)
-			go func() {
-				serr <- pair.A.NS.Do(func() (err error) {
-					sres, err = RunCLICM(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
-					return err
-				})
-			}()
-			select {
-			case <-listening:
-			case err := <-serr:
-				t.Fatalf("server: %v", err)
-			}
-			cerr := pair.B.NS.Do(func() (err error) {
-				cres, err = RunCLICM(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
-				return err
-			})
-			if cerr != nil {
-				cancel()
-			}
-			if err := <-serr; err != nil || cerr != nil {
-				t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cout.String())
-			}
-			if !sres.Verify || !cres.Verify {
-				t.Errorf("not verified: server %v client %v", sres.Verify, cres.Verify)
-			}
+			_, cres, sout, cout := runServerClient(t, pair, ps, pc, RunCLICM)
 			var j perftest.JSONResult
 			if err := json.Unmarshal(cout.Bytes(), &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
 				t.Fatalf("client JSON %v: %s", err, cout.String())
