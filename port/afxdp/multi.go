@@ -1,0 +1,322 @@
+package afxdp
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/softrnic/softrnic/bpf"
+	"github.com/softrnic/softrnic/port"
+	"golang.org/x/sys/unix"
+)
+
+// MultiConfig describes a port that serves several receive queues of one
+// interface, one AF_XDP socket (and UMEM) per queue, all registered in the
+// XSKMAP of one steering program.
+type MultiConfig struct {
+	// Config is used for every queue's socket; its Queue is ignored. With a
+	// nil Program the multi-queue port loads, attaches and detaches one.
+	Config
+	// Queues is how many receive queues to serve, 0..Queues-1; 0 serves all
+	// of the interface's (RxQueues).
+	Queues int
+	// TxQueue is the queue whose socket transmits every frame (default 0).
+	// One transmit queue keeps each QP's frames in the order the engine
+	// built them, which RC and UC need: spreading one QP over several
+	// hardware queues would let the NIC reorder them.
+	TxQueue int
+}
+
+// Multi is a port.Port over several receive queues of one interface, for
+// NICs whose RSS spreads RoCEv2 over several queues (the UDP source port
+// varies per QP): a queue without a socket would leave its RoCEv2 to the
+// kernel, which drops it.
+//
+// Like every port.Port it belongs to one goroutine: the device's engine
+// loop. The device stays one engine goroutine fed by N sockets; see Recv
+// for how the queues share it.
+type Multi struct {
+	ports    []*Port
+	queues   []int
+	prog     *bpf.Program
+	ownsProg bool
+	tx       *Port
+
+	// subs are the per-queue ports as Recv sees them (ports, or fakes in
+	// tests); wait blocks until one of them may have frames.
+	subs []port.Port
+	wait func(time.Duration) error
+
+	next     int      // the queue Recv visits first
+	received []uint64 // frames received, per queue (loop-owned)
+	pfds     []unix.PollFd
+	ts       unix.Timespec
+	closed   bool
+}
+
+var _ port.Port = (*Multi)(nil)
+
+// OpenMulti opens one AF_XDP socket per receive queue and registers all of
+// them with one steering program.
+func OpenMulti(cfg MultiConfig) (m *Multi, err error) {
+	n := cfg.Queues
+	if n <= 0 {
+		if n, err = RxQueues(cfg.IfIndex); err != nil {
+			return nil, err
+		}
+	}
+	if cfg.TxQueue < 0 || cfg.TxQueue >= n {
+		return nil, fmt.Errorf("afxdp: transmit queue %d is not one of the %d queues served", cfg.TxQueue, n)
+	}
+	m = &Multi{prog: cfg.Program, next: 0}
+	defer func() {
+		if err != nil {
+			m.Close()
+			m = nil
+		}
+	}()
+	if m.prog == nil {
+		if m.prog, err = bpf.Load(bpf.Options{Queues: n, FilterLocal: len(cfg.LocalAddrs) > 0}); err != nil {
+			return m, fmt.Errorf("afxdp: %w", err)
+		}
+		m.ownsProg = true
+		for _, a := range cfg.LocalAddrs {
+			if err = m.prog.AddLocal(a); err != nil {
+				return m, fmt.Errorf("afxdp: local address %v: %w", a, err)
+			}
+		}
+		// Attaching before the sockets exist loses nothing: until a
+		// queue's socket is registered its RoCEv2 stays with the kernel.
+		if _, err = m.prog.AttachWith(cfg.IfIndex, cfg.XDPMode); err != nil {
+			return m, fmt.Errorf("afxdp: %w", err)
+		}
+	}
+	for q := 0; q < n; q++ {
+		c := cfg.Config
+		c.Queue, c.Program = q, m.prog
+		p, err := Open(c)
+		if err != nil {
+			return m, fmt.Errorf("afxdp: queue %d of %d: %w", q, n, err)
+		}
+		m.ports = append(m.ports, p)
+		m.queues = append(m.queues, q)
+		m.subs = append(m.subs, p)
+		m.pfds = append(m.pfds, unix.PollFd{Fd: int32(p.sock.FD()), Events: unix.POLLIN})
+	}
+	m.tx = m.ports[cfg.TxQueue]
+	m.received = make([]uint64, n)
+	m.wait = m.poll
+	return m, nil
+}
+
+// Recv implements port.Port. Each queue's port is asked once per call, in
+// turn, starting one queue further on every call, and the first one asked
+// may fill the whole batch: over any len(Queues) consecutive calls every
+// queue is asked first once, so none starves however busy the others are,
+// and a busy queue still gets whole batches. Views stay valid until the
+// next Recv: a queue's frames go back to its FILL ring when its port is
+// asked again, which every call does for every queue.
+func (m *Multi) Recv(frames [][]byte, timeout time.Duration) (int, error) {
+	if m.closed {
+		return 0, port.ErrClosed
+	}
+	n, err := m.pass(frames)
+	if n > 0 || err != nil || timeout <= 0 {
+		return n, err
+	}
+	if err := m.wait(timeout); err != nil {
+		return 0, err
+	}
+	return m.pass(frames)
+}
+
+// pass asks every queue once, without waiting.
+func (m *Multi) pass(frames [][]byte) (int, error) {
+	k := len(m.subs)
+	start := m.next
+	m.next++
+	if m.next == k {
+		m.next = 0
+	}
+	n := 0
+	var errs error
+	for i := 0; i < k; i++ {
+		q := start + i
+		if q >= k {
+			q -= k
+		}
+		// An empty slice still returns the queue's previous frames to
+		// its FILL ring.
+		got, err := m.subs[q].Recv(frames[n:], 0)
+		if err != nil {
+			errs = errors.Join(errs, err)
+			continue
+		}
+		m.received[q] += uint64(got)
+		n += got
+	}
+	return n, errs
+}
+
+// poll sleeps until a socket has frames or timeout passes.
+func (m *Multi) poll(timeout time.Duration) error {
+	for i := range m.pfds {
+		m.pfds[i].Revents = 0
+	}
+	m.ts = unix.NsecToTimespec(int64(timeout))
+	if _, err := unix.Ppoll(m.pfds, &m.ts, nil); err != nil && err != unix.EINTR {
+		return fmt.Errorf("afxdp: poll: %w", err)
+	}
+	return nil
+}
+
+// Send implements port.Port: every frame leaves through MultiConfig.TxQueue.
+func (m *Multi) Send(frames [][]byte) (int, error) {
+	if m.closed {
+		return 0, port.ErrClosed
+	}
+	return m.tx.Send(frames)
+}
+
+// MaxFrame implements port.Port.
+func (m *Multi) MaxFrame() int { return m.tx.MaxFrame() }
+
+// NumQueues is how many receive queues the port serves.
+func (m *Multi) NumQueues() int { return len(m.subs) }
+
+// Queue returns the port of the i-th queue served (for tests and tools
+// that must transmit on a given queue). Using it while the Multi is in use
+// breaks the one-goroutine rule.
+func (m *Multi) Queue(i int) *Port { return m.ports[i] }
+
+// Program is the steering program in use.
+func (m *Multi) Program() *bpf.Program { return m.prog }
+
+// QueueStats is one queue's share of a Multi's traffic.
+type QueueStats struct {
+	Queue    int
+	Received uint64 // frames Recv returned from this queue
+	Stats
+}
+
+// QueueStats reads each queue's statistics (slow path, the owning
+// goroutine only).
+func (m *Multi) QueueStats() ([]QueueStats, error) {
+	if m.closed {
+		return nil, port.ErrClosed
+	}
+	out := make([]QueueStats, len(m.ports))
+	var errs error
+	for i, p := range m.ports {
+		st, err := p.Stats()
+		errs = errors.Join(errs, err)
+		out[i] = QueueStats{Queue: m.queues[i], Received: m.received[i], Stats: st}
+	}
+	return out, errs
+}
+
+// Stats sums the sockets' statistics; the program's counters are the
+// interface's, counted once (slow path, the owning goroutine only).
+func (m *Multi) Stats() (Stats, error) {
+	qs, err := m.QueueStats()
+	if len(qs) == 0 {
+		return Stats{}, err
+	}
+	st := qs[0].Stats
+	for _, q := range qs[1:] {
+		s, t := &st.Socket, &q.Socket
+		s.RxDropped += t.RxDropped
+		s.RxInvalidDescs += t.RxInvalidDescs
+		s.TxInvalidDescs += t.TxInvalidDescs
+		s.RxRingFull += t.RxRingFull
+		s.RxFillRingEmpty += t.RxFillRingEmpty
+		s.TxRingEmptyDescs += t.TxRingEmptyDescs
+		s.RxDescs += t.RxDescs
+		s.TxDescs += t.TxDescs
+		s.TxCompleted += t.TxCompleted
+		s.Kicks += t.Kicks
+		s.KicksSuppressed += t.KicksSuppressed
+		s.Polls += t.Polls
+		s.TxNoFrame += t.TxNoFrame
+		st.Oversize += q.Oversize
+		st.ZeroCopy = st.ZeroCopy && q.ZeroCopy
+		st.Multi = st.Multi || q.Multi
+	}
+	return st, err
+}
+
+// Close closes every queue's socket, then detaches the program if the
+// port attached it.
+func (m *Multi) Close() error {
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	var errs []error
+	for _, p := range m.ports {
+		errs = append(errs, p.Close())
+	}
+	if m.ownsProg && m.prog != nil {
+		errs = append(errs, m.prog.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// RxQueues returns how many receive queues the interface uses: the
+// ethtool channel counts (rx plus combined channels, as ethtool -l shows
+// them), read in the calling thread's network namespace. Interfaces
+// without channel information count as one queue, unless sysfs (which
+// shows the namespace it was mounted in) lists more for the same name.
+func RxQueues(ifindex int) (int, error) {
+	ifc, err := net.InterfaceByIndex(ifindex)
+	if err != nil {
+		return 0, fmt.Errorf("afxdp: interface %d: %w", ifindex, err)
+	}
+	n, err := ethtoolRxQueues(ifc.Name)
+	if err == nil && n > 0 {
+		return n, nil
+	}
+	dir := filepath.Join("/sys/class/net", ifc.Name)
+	if b, serr := os.ReadFile(filepath.Join(dir, "ifindex")); serr == nil && strings.TrimSpace(string(b)) == strconv.Itoa(ifindex) {
+		if ents, _ := filepath.Glob(filepath.Join(dir, "queues", "rx-*")); len(ents) > 0 {
+			return len(ents), nil
+		}
+	}
+	return 1, nil
+}
+
+// ethtoolChannels is struct ethtool_channels.
+type ethtoolChannels struct {
+	Cmd                                         uint32
+	MaxRx, MaxTx, MaxOther, MaxCombined         uint32
+	RxCount, TxCount, OtherCount, CombinedCount uint32
+}
+
+// ifreqData is struct ifreq with its union holding a pointer.
+type ifreqData struct {
+	Name [unix.IFNAMSIZ]byte
+	Data unsafe.Pointer
+	_    [16]byte
+}
+
+func ethtoolRxQueues(name string) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	ch := ethtoolChannels{Cmd: unix.ETHTOOL_GCHANNELS}
+	var ifr ifreqData
+	copy(ifr.Name[:unix.IFNAMSIZ-1], name)
+	ifr.Data = unsafe.Pointer(&ch)
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); e != 0 {
+		return 0, e
+	}
+	return int(ch.RxCount + ch.CombinedCount), nil
+}
