@@ -115,18 +115,38 @@ const (
 )
 
 // OpenPort opens a port on the interface, in the calling thread's network
-// namespace.
+// namespace, serving its receive queue 0 (see OpenPortQueues).
 func OpenPort(in Interface, kind PortKind) (port.Port, error) {
+	return OpenPortQueues(in, kind, 1)
+}
+
+// OpenPortQueues opens a port on the interface, in the calling thread's
+// network namespace. An AF_XDP port serves receive queues 0..queues-1 (0:
+// all of the interface's), one socket each, all fed to the one engine
+// goroutine that owns the port (afxdp.Multi): a NIC's RSS spreads RoCEv2
+// over its queues by UDP source port, and a queue without a socket would
+// leave its share to the kernel. AF_PACKET sees every queue anyway.
+func OpenPortQueues(in Interface, kind PortKind, queues int) (port.Port, error) {
 	// Each branch returns an untyped nil on error: returning the
 	// constructors' (*T, error) directly would give the caller a non-nil
 	// port.Port holding a nil pointer.
-	switch kind {
-	case AFXDP:
-		p, err := afxdp.Open(afxdp.Config{IfIndex: in.Index})
+	xdp := func() (port.Port, error) {
+		if queues == 1 {
+			p, err := afxdp.Open(afxdp.Config{IfIndex: in.Index})
+			if err != nil {
+				return nil, err
+			}
+			return p, nil
+		}
+		m, err := afxdp.OpenMulti(afxdp.MultiConfig{Config: afxdp.Config{IfIndex: in.Index}, Queues: queues, SpreadTx: true})
 		if err != nil {
 			return nil, err
 		}
-		return p, nil
+		return m, nil
+	}
+	switch kind {
+	case AFXDP:
+		return xdp()
 	case AFPacket:
 		p, err := afpacket.Open(afpacket.Config{IfIndex: in.Index})
 		if err != nil {
@@ -134,7 +154,7 @@ func OpenPort(in Interface, kind PortKind) (port.Port, error) {
 		}
 		return p, nil
 	case Auto, "":
-		p, err := afxdp.Open(afxdp.Config{IfIndex: in.Index})
+		p, err := xdp()
 		if err == nil {
 			return p, nil
 		}

@@ -26,11 +26,17 @@ type MultiConfig struct {
 	// Queues is how many receive queues to serve, 0..Queues-1; 0 serves all
 	// of the interface's (RxQueues).
 	Queues int
-	// TxQueue is the queue whose socket transmits every frame (default 0).
-	// One transmit queue keeps each QP's frames in the order the engine
-	// built them, which RC and UC need: spreading one QP over several
-	// hardware queues would let the NIC reorder them.
+	// TxQueue is the queue whose socket transmits every frame (default 0),
+	// unless SpreadTx.
 	TxQueue int
+	// SpreadTx transmits each frame on a queue chosen by a hash of its UDP
+	// source port.
+	// A QP's frames all carry one source port (rdma_get_udp_sport of its
+	// flow), so each QP keeps one queue and its frames their order, which
+	// RC and UC need, while different QPs use different queues, as a
+	// kernel peer's flows do through XPS and the flow hash. Frames that are
+	// not IPv4/IPv6 UDP go out on TxQueue.
+	SpreadTx bool
 }
 
 // Multi is a port.Port over several receive queues of one interface, for
@@ -42,11 +48,13 @@ type MultiConfig struct {
 // loop. The device stays one engine goroutine fed by N sockets; see Recv
 // for how the queues share it.
 type Multi struct {
-	ports    []*Port
-	queues   []int
-	prog     *bpf.Program
-	ownsProg bool
-	tx       *Port
+	ports     []*Port
+	queues    []int
+	prog      *bpf.Program
+	ownsProg  bool
+	tx        *Port
+	spread    bool
+	txDefault int
 
 	// subs are the per-queue ports as Recv sees them (ports, or fakes in
 	// tests); wait blocks until one of them may have frames.
@@ -110,6 +118,7 @@ func OpenMulti(cfg MultiConfig) (m *Multi, err error) {
 		m.pfds = append(m.pfds, unix.PollFd{Fd: int32(p.sock.FD()), Events: unix.POLLIN})
 	}
 	m.tx = m.ports[cfg.TxQueue]
+	m.spread, m.txDefault = cfg.SpreadTx && n > 1, cfg.TxQueue
 	m.received = make([]uint64, n)
 	m.wait = m.poll
 	return m, nil
@@ -176,12 +185,83 @@ func (m *Multi) poll(timeout time.Duration) error {
 	return nil
 }
 
-// Send implements port.Port: every frame leaves through MultiConfig.TxQueue.
+// Send implements port.Port: every frame leaves through MultiConfig.TxQueue,
+// or with SpreadTx through its flow's queue. A run of frames for one queue
+// goes out in one batch; the first short batch ends the call, so that no
+// frame overtakes one that must be retried.
 func (m *Multi) Send(frames [][]byte) (int, error) {
 	if m.closed {
 		return 0, port.ErrClosed
 	}
-	return m.tx.Send(frames)
+	if !m.spread {
+		return m.tx.Send(frames)
+	}
+	sent := 0
+	for sent < len(frames) {
+		q := m.txQueue(frames[sent])
+		end := sent + 1
+		for end < len(frames) && m.txQueue(frames[end]) == q {
+			end++
+		}
+		k, err := m.subs[q].Send(frames[sent:end])
+		sent += k
+		if err != nil || sent < end {
+			return sent, err
+		}
+	}
+	return sent, nil
+}
+
+// txQueue is the queue a frame leaves on with SpreadTx.
+func (m *Multi) txQueue(f []byte) int {
+	sport, ok := udpSourcePort(f)
+	if !ok {
+		return m.txDefault
+	}
+	return flowQueue(sport, len(m.subs))
+}
+
+// flowQueue maps a UDP source port to one of n queues through a
+// multiplicative hash: the ports of neighbouring QPs differ in a few bits
+// only (rdma_get_udp_sport of consecutive QPNs), and a plain modulo sent
+// them all to the same two of four queues.
+func flowQueue(sport uint16, n int) int {
+	h := uint32(sport) * 0x9E3779B1
+	return int(uint64(h) * uint64(n) >> 32)
+}
+
+// udpSourcePort reads the UDP source port of an Ethernet (optionally
+// 802.1Q-tagged) IPv4 or IPv6 frame.
+func udpSourcePort(f []byte) (uint16, bool) {
+	off := 14
+	if len(f) < off {
+		return 0, false
+	}
+	et := uint16(f[12])<<8 | uint16(f[13])
+	if et == 0x8100 {
+		if len(f) < 18 {
+			return 0, false
+		}
+		et, off = uint16(f[16])<<8|uint16(f[17]), 18
+	}
+	switch et {
+	case 0x0800:
+		if len(f) < off+20 || f[off+9] != 17 {
+			return 0, false
+		}
+		off += int(f[off]&0x0f) * 4
+	case 0x86dd:
+		if len(f) < off+40 || f[off+6] != 17 {
+			return 0, false
+		}
+		off += 40
+	default:
+		return 0, false
+	}
+	if len(f) < off+2 {
+		return 0, false
+	}
+	return uint16(f[off])<<8 | uint16(f[off+1]), true
 }
 
 // MaxFrame implements port.Port.

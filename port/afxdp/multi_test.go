@@ -19,6 +19,8 @@ type fakeQueue struct {
 	calls   int
 	lent    [][]byte
 	buf     [port.BatchSize][4]byte
+	room    int      // Send takes at most this many frames (-1: all)
+	sent    [][]byte // what Send took
 }
 
 func (f *fakeQueue) Recv(frames [][]byte, _ time.Duration) (int, error) {
@@ -37,9 +39,17 @@ func (f *fakeQueue) Recv(frames [][]byte, _ time.Duration) (int, error) {
 	f.pending -= n
 	return n, nil
 }
-func (f *fakeQueue) Send(frames [][]byte) (int, error) { return len(frames), nil }
-func (f *fakeQueue) MaxFrame() int                     { return 4 }
-func (f *fakeQueue) Close() error                      { return nil }
+func (f *fakeQueue) Send(frames [][]byte) (int, error) {
+	n := len(frames)
+	if f.room >= 0 {
+		n = min(n, f.room)
+		f.room -= n
+	}
+	f.sent = append(f.sent, frames[:n]...)
+	return n, nil
+}
+func (f *fakeQueue) MaxFrame() int { return 4 }
+func (f *fakeQueue) Close() error  { return nil }
 
 func fakeMulti(qs ...*fakeQueue) (*Multi, *int) {
 	waits := new(int)
@@ -131,9 +141,10 @@ func TestMultiAllQueues(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{Queues: nq})
 	var a, b *Multi
 	for _, side := range []struct {
-		l *netnstest.Link
-		m **Multi
-	}{{&pair.A, &a}, {&pair.B, &b}} {
+		l      *netnstest.Link
+		m      **Multi
+		spread bool
+	}{{&pair.A, &a, true}, {&pair.B, &b, false}} {
 		if err := side.l.NS.Do(func() error {
 			n, err := RxQueues(side.l.Index)
 			if err != nil {
@@ -146,7 +157,7 @@ func TestMultiAllQueues(t *testing.T) {
 			if n, err := ethtoolRxQueues(side.l.Name); n != nq || err != nil {
 				return fmt.Errorf("ethtool channels of %s: %d, %v", side.l.Name, n, err)
 			}
-			*side.m, err = OpenMulti(MultiConfig{Config: Config{IfIndex: side.l.Index}})
+			*side.m, err = OpenMulti(MultiConfig{Config: Config{IfIndex: side.l.Index}, SpreadTx: side.spread})
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -223,6 +234,51 @@ func TestMultiAllQueues(t *testing.T) {
 		t.Errorf("stats %+v: want no unbound frames and %d descriptors", st, rounds*perQueue*nq)
 	}
 
+	// SpreadTx: frames sent through the Multi leave on their source
+	// port's queue, which on veth is the queue they arrive on; frames of one
+	// source port (one QP) keep their order.
+	before := make([]uint64, nq)
+	for i, q := range qs {
+		before[i] = q.Received
+	}
+	var perQueue2 [nq]uint64
+	batch := make([][]byte, 0, 48)
+	for i := 0; i < 48; i++ {
+		seq := uint32(0x7f000000) | uint32(i*7)
+		batch = append(batch, netnstest.RoCEFrame(make([]byte, size(seq)), &pair.A, &pair.B, seq))
+		perQueue2[flowQueue(uint16(49152+seq%1024), nq)]++
+	}
+	if k, err := a.Send(batch); k != len(batch) || err != nil {
+		t.Fatalf("spread send: %d of %d, %v", k, len(batch), err)
+	}
+	lastSeq := map[uint16]uint32{}
+	for got, deadline := 0, time.Now().Add(5*time.Second); got < len(batch); {
+		if time.Now().After(deadline) {
+			t.Fatalf("spread: %d of %d frames arrived", got, len(batch))
+		}
+		n, err := b.Recv(frames, 5*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range frames[:n] {
+			seq := uint32(f[42])<<24 | uint32(f[43])<<16 | uint32(f[44])<<8 | uint32(f[45])
+			sport := uint16(f[34])<<8 | uint16(f[35])
+			if last, ok := lastSeq[sport]; ok && seq <= last {
+				t.Errorf("source port %d: seq %#x after %#x", sport, seq, last)
+			}
+			lastSeq[sport] = seq
+			got++
+		}
+	}
+	if qs, err = b.QueueStats(); err != nil {
+		t.Fatal(err)
+	}
+	for i, q := range qs {
+		if q.Received-before[i] != perQueue2[i] {
+			t.Errorf("spread: queue %d received %d, want %d (by source port)", i, q.Received-before[i], perQueue2[i])
+		}
+	}
+
 	// Zero allocations per batch: a frame on every queue, sent and received.
 	one := [][]byte{netnstest.RoCEFrame(make([]byte, 128), &pair.A, &pair.B, 7)}
 	allocs := testing.AllocsPerRun(200, func() {
@@ -236,5 +292,137 @@ func TestMultiAllQueues(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("%.1f allocations per batch, want 0", allocs)
+	}
+}
+
+// udpFrame is an Ethernet frame (tagged or not) carrying IPv4 or IPv6 UDP
+// from source port sport.
+func udpFrame(v6, vlan bool, sport uint16) []byte {
+	var f []byte
+	f = append(f, make([]byte, 12)...)
+	if vlan {
+		f = append(f, 0x81, 0x00, 0, 5)
+	}
+	if v6 {
+		f = append(f, 0x86, 0xdd)
+		ip := make([]byte, 40)
+		ip[0], ip[6] = 0x60, 17
+		f = append(f, ip...)
+	} else {
+		f = append(f, 0x08, 0x00)
+		ip := make([]byte, 24) // with 4 bytes of options: IHL 6
+		ip[0], ip[9] = 0x46, 17
+		f = append(f, ip...)
+	}
+	return append(f, byte(sport>>8), byte(sport), 0x12, 0xb7, 0, 8, 0, 0)
+}
+
+// TestFlowQueue: consecutive source ports (neighbouring QPs) spread evenly.
+func TestFlowQueue(t *testing.T) {
+	for _, n := range []int{2, 3, 4, 8} {
+		count := make([]int, n)
+		for p := 0xC000; p < 0xC000+64*n; p++ {
+			q := flowQueue(uint16(p), n)
+			if q < 0 || q >= n {
+				t.Fatalf("flowQueue(%#x, %d) = %d", p, n, q)
+			}
+			count[q]++
+		}
+		for q, c := range count {
+			if c < 48 || c > 80 {
+				t.Errorf("%d queues: queue %d got %d of %d consecutive ports", n, q, c, 64*n)
+			}
+		}
+	}
+}
+
+// TestUDPSourcePort: the transmit queue follows the UDP source port of
+// IPv4 (with options) and IPv6 frames, tagged or not; anything else, and
+// truncated headers, fall back without reading past the frame.
+func TestUDPSourcePort(t *testing.T) {
+	for _, v6 := range []bool{false, true} {
+		for _, vlan := range []bool{false, true} {
+			f := udpFrame(v6, vlan, 0xC123)
+			if p, ok := udpSourcePort(f); !ok || p != 0xC123 {
+				t.Errorf("v6 %v vlan %v: %#x %v", v6, vlan, p, ok)
+			}
+			for n := 0; n < len(f)-6; n++ {
+				if _, ok := udpSourcePort(f[:n]); ok {
+					t.Errorf("v6 %v vlan %v: truncated to %d bytes accepted", v6, vlan, n)
+				}
+			}
+		}
+	}
+	tcp := udpFrame(false, false, 1)
+	tcp[14+9] = 6
+	arp := udpFrame(false, false, 1)
+	arp[12], arp[13] = 0x08, 0x06
+	for _, f := range [][]byte{tcp, arp} {
+		if _, ok := udpSourcePort(f); ok {
+			t.Errorf("non-UDP frame %x accepted", f[:16])
+		}
+	}
+}
+
+// TestMultiSpreadTx: with SpreadTx each frame leaves on its source port's
+// queue; runs for one queue go out as one batch; when a queue takes
+// fewer than offered, Send stops there, so no later frame (of any QP)
+// overtakes the one the engine will offer again.
+func TestMultiSpreadTx(t *testing.T) {
+	qs := []*fakeQueue{{id: 0, room: -1}, {id: 1, room: -1}, {id: 2, room: -1}}
+	m, _ := fakeMulti(qs...)
+	m.spread, m.txDefault = true, 1
+	arp := udpFrame(false, false, 0)
+	arp[12], arp[13] = 0x08, 0x06
+	// Source ports for queues 0, 1 and 2 of three.
+	var sport [3]uint16
+	for p, found := uint16(0xC000), 0; found < 3; p++ {
+		if q := flowQueue(p, 3); sport[q] == 0 {
+			sport[q] = p
+			found++
+		}
+	}
+	frames := [][]byte{
+		udpFrame(false, false, sport[0]),
+		udpFrame(true, false, sport[0]),
+		udpFrame(false, true, sport[1]),
+		arp, // TxQueue: 1
+		udpFrame(false, false, sport[2]),
+		udpFrame(false, false, sport[0]),
+	}
+	if n, err := m.Send(frames); n != len(frames) || err != nil {
+		t.Fatalf("Send: %d, %v", n, err)
+	}
+	want := [][]int{{0, 1, 5}, {2, 3}, {4}}
+	for q, idx := range want {
+		if len(qs[q].sent) != len(idx) {
+			t.Fatalf("queue %d sent %d frames, want %d", q, len(qs[q].sent), len(idx))
+		}
+		for i, k := range idx {
+			if &qs[q].sent[i][0] != &frames[k][0] {
+				t.Errorf("queue %d frame %d is not frame %d", q, i, k)
+			}
+		}
+	}
+	// Back-pressure on queue 1 after one frame: frames 0, 1, 2 go, 3 is
+	// refused, 4 and 5 are not offered.
+	for _, q := range qs {
+		q.sent = q.sent[:0]
+	}
+	qs[1].room = 1
+	if n, err := m.Send(frames); n != 3 || err != nil {
+		t.Fatalf("Send under back-pressure: %d, %v; want 3", n, err)
+	}
+	if len(qs[2].sent) != 0 || len(qs[0].sent) != 2 {
+		t.Errorf("frames after the refused one went out: queue 0 %d, queue 2 %d", len(qs[0].sent), len(qs[2].sent))
+	}
+	qs[1].room = -1
+	if got := testing.AllocsPerRun(100, func() {
+		for _, q := range qs {
+			q.sent = q.sent[:0]
+		}
+		m.Send(frames)
+	}); got != 0 {
+		t.Errorf("Send allocates %.1f times per batch", got)
 	}
 }
