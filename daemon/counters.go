@@ -21,7 +21,7 @@ import (
 // a sum over each batch and two atomic adds per batch, never per frame.
 type CountingPort struct {
 	port.Port
-	xdp *afxdp.Port
+	xdp xdpPort
 
 	rxBytes, txBytes atomic.Uint64
 
@@ -35,13 +35,24 @@ type CountingPort struct {
 	ok  bool // xst was read at least once
 }
 
+// xdpPort is what both AF_XDP ports (one queue, or afxdp.Multi over
+// several) publish.
+type xdpPort interface {
+	Stats() (afxdp.Stats, error)
+}
+
 // RefreshEvery bounds how stale the AF_XDP statistics get while nobody asks.
 const RefreshEvery = time.Second
 
 // NewCountingPort wraps p. Give the engine the wrapper, not p.
 func NewCountingPort(p port.Port) *CountingPort {
 	c := &CountingPort{Port: p}
-	c.xdp, _ = p.(*afxdp.Port)
+	switch x := p.(type) {
+	case *afxdp.Port:
+		c.xdp = x
+	case *afxdp.Multi:
+		c.xdp = x
+	}
 	if c.xdp != nil {
 		c.refresh() // before the engine owns the port: still this goroutine's
 	}

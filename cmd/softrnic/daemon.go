@@ -90,9 +90,6 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	if cfg.Queues > 1 {
-		log.Warn("one engine serves queue 0 only for now; steer RoCE to queue 0 (ethtool -N) or use port = afpacket", "queues", cfg.Queues)
-	}
 	p, kind, err := openPort(cfg, in, gids, log)
 	if err != nil {
 		return err
@@ -135,13 +132,16 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	var st proto.PortStatus
 	copy(st.Kind[:], kind)
 	st.Queues = 1
-	if xp, ok := p.(*afxdp.Port); ok {
+	if m, ok := p.(*afxdp.Multi); ok {
+		st.Queues = uint32(m.NumQueues())
+	}
+	if xp, ok := p.(interface{ Stats() (afxdp.Stats, error) }); ok {
 		if s, err := xp.Stats(); err == nil {
 			copy(st.Attach[:], s.AttachMode.String())
 			if s.ZeroCopy {
 				st.ZeroCopy = 1
 			}
-			log.Info("AF_XDP", "attach", s.AttachMode, "zerocopy", s.ZeroCopy, "multibuffer", s.Multi)
+			log.Info("AF_XDP", "attach", s.AttachMode, "zerocopy", s.ZeroCopy, "multibuffer", s.Multi, "queues", st.Queues)
 		}
 	}
 	portStatus := func() proto.PortStatus { return st }
@@ -208,8 +208,24 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 // or AF_PACKET, or AF_XDP falling back to AF_PACKET.
 func openPort(cfg *daemon.Config, in engine.Interface, gids []netip.Addr, log *slog.Logger) (port.Port, string, error) {
 	xdp := func() (port.Port, error) {
-		return afxdp.Open(afxdp.Config{IfIndex: in.Index, LocalAddrs: gids,
-			FrameSize: uint32(cfg.FrameSize), NumFrames: uint32(cfg.UMEMSize / int64(cfg.FrameSize))})
+		c := afxdp.Config{IfIndex: in.Index, LocalAddrs: gids,
+			FrameSize: uint32(cfg.FrameSize), NumFrames: uint32(cfg.UMEMSize / int64(cfg.FrameSize))}
+		// A failed open returns an untyped nil, never a nil *Port in a
+		// port.Port.
+		if cfg.Queues == 1 {
+			if p, err := afxdp.Open(c); err == nil {
+				return p, nil
+			} else {
+				return nil, err
+			}
+		}
+		// One socket per RX queue, all fed to the one engine goroutine;
+		// each QP transmits on the queue of its UDP source port.
+		m, err := afxdp.OpenMulti(afxdp.MultiConfig{Config: c, Queues: cfg.Queues, SpreadTx: true})
+		if err != nil {
+			return nil, err
+		}
+		return m, nil
 	}
 	pkt := func() (port.Port, error) { return afpacket.Open(afpacket.Config{IfIndex: in.Index}) }
 	switch cfg.Port {

@@ -1,0 +1,234 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// TestDaemonTwoQueues: the daemon with queues = 2 on a two-queue veth end
+// serves RDMA WRITE and READ from a peer in another namespace on 16 QPs.
+// The peer is another softrnic on both queues of its end, which transmits
+// each QP (one UDP source port each) on the queue its source port hashes
+// to; on veth that is the daemon's receive queue, so the 16 QPs reach both: both must have had RoCEv2
+// redirected to their AF_XDP socket (veth's per-queue XDP counters), none
+// may have been left to the kernel, every byte is checked, and softrnic
+// status shows the two queues.
+func TestDaemonTwoQueues(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	if _, err := exec.LookPath("ethtool"); err != nil {
+		t.Skip("needs ethtool for veth's per-queue counters")
+	}
+	bin := buildSoftrnic(t)
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{Queues: 2})
+	sock := filepath.Join(t.TempDir(), "ctl.sock")
+	var logs bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "daemon", "-d", pair.A.Name,
+		"--control", sock, "--port", "afxdp", "--queues", "2", "--log-level", "debug")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", logs.String())
+		}
+	})
+	var c *client.Client
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		var err error
+		if c, err = client.Dial(sock); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon never answered: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	defer c.Close()
+	if st, err := c.Status(); err != nil || st.Port.Queues != 2 {
+		t.Fatalf("status: %d queues, %v; want 2", st.Port.Queues, err)
+	}
+	out, err := exec.CommandContext(ctx, bin, "status", "--control", sock).CombinedOutput()
+	if err != nil || !regexp.MustCompile(`(?m)^queues +2$`).Match(out) {
+		t.Fatalf("softrnic status: %v\n%s", err, out)
+	}
+
+	devB := startPeerQueues(t, pair.B)
+	const qps, size = 16, 4096
+	pd, _ := c.AllocPD()
+	mem, _ := client.AllocMem(2 * qps * size)
+	defer mem.Free()
+	mr, err := pd.RegMR(mem, 0, 2*qps*size, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cq, _ := c.CreateCQ(64)
+	pdB := devB.AllocPD()
+	bufB := make([]byte, 2*qps*size)
+	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	cqB := devB.CreateCQ(4 * qps)
+	gidB := pair.B.Addr.As16()
+	var macA [6]byte
+	copy(macA[:], pair.A.MAC)
+	var peers []*verbs.QP
+	for i := 0; i < qps; i++ {
+		qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []struct {
+			a proto.QPAttr
+			m proto.QPAttrMask
+		}{
+			{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
+			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: gidB, MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
+			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		} {
+			if err := qp.Modify(&s.a, s.m); err != nil {
+				t.Fatalf("client QP to %v: %v", s.a.State, err)
+			}
+		}
+		qpB.Modify(verbs.Init, &verbs.Attr{})
+		if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+			t.Fatal(err)
+		}
+		peers = append(peers, qpB)
+	}
+	// Peer QP i WRITEs its slot of bufB into the client's slot i and READs
+	// the client's slot qps+i into bufB's.
+	for i := range bufB[:qps*size] {
+		bufB[i] = byte(i*13 + i>>10 + 1)
+	}
+	cm := mem.Bytes()
+	for i := range cm[qps*size:] {
+		cm[qps*size+i] = byte(i*5 + 7)
+	}
+	for i, q := range peers {
+		w, r := uint64(i*size), uint64((qps+i)*size)
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+			SG: []verbs.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + w, RKey: mr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: verbs.RDMARead, Flags: verbs.Signaled,
+			SG: []verbs.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + r, RKey: mr.RKey}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	var wcs [2 * qps]verbs.WC
+	for got := 0; got < 2*qps; {
+		k, err := cqB.Wait(wctx, wcs[got:])
+		if err != nil {
+			t.Fatalf("%d of %d completions at the peer: %v", got, 2*qps, err)
+		}
+		for _, w := range wcs[got : got+k] {
+			if w.Status != verbs.Success {
+				t.Fatalf("peer completion %+v", w)
+			}
+		}
+		got += k
+	}
+	if !bytes.Equal(cm[:qps*size], bufB[:qps*size]) {
+		t.Error("client memory does not hold what the peer wrote")
+	}
+	if !bytes.Equal(bufB[qps*size:], cm[qps*size:]) {
+		t.Error("the peer read something else than the client's memory")
+	}
+
+	// Both receive queues had RoCEv2 redirected to their socket.
+	ethS, err := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, "ethtool", "-S", pair.A.Name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ethtool -S: %v\n%s", err, ethS)
+	}
+	stats := string(ethS)
+	for q := 0; q < 2; q++ {
+		n, err := ethtoolStat(stats, fmt.Sprintf("rx_queue_%d_xdp_redirect", q))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("receive queue %d: %d frames redirected to AF_XDP", q, n)
+		if n == 0 {
+			t.Errorf("receive queue %d had no RoCEv2 redirected: the QPs did not spread, or its socket is missing", q)
+		}
+	}
+	out, err = exec.CommandContext(ctx, bin, "stats", "--control", sock).CombinedOutput()
+	if err != nil {
+		t.Fatalf("softrnic stats: %v\n%s", err, out)
+	}
+	if n, err := ethtoolStat(string(out), "xdp_unbound"); err != nil || n != 0 {
+		t.Errorf("xdp_unbound %d, %v: RoCEv2 left to the kernel\n%s", n, err, out)
+	}
+}
+
+// ethtoolStat reads "name: value" (ethtool -S) or "name value" (softrnic
+// stats) from text.
+func ethtoolStat(text, name string) (uint64, error) {
+	for _, line := range strings.Split(text, "\n") {
+		f := strings.Fields(strings.ReplaceAll(line, ":", " "))
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == name {
+				return strconv.ParseUint(f[i+1], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no %s in:\n%s", name, text)
+}
+
+// startPeerQueues is startPeer on an AF_XDP port over all the link's
+// queues. (A kernel AF_PACKET sender picks the transmit queue of the CPU
+// it runs on, so it would not spread QPs over queues.)
+func startPeerQueues(t *testing.T, b netnstest.Link) *verbs.Device {
+	t.Helper()
+	var pb port.Port
+	var in engine.Interface
+	if err := b.NS.Do(func() error {
+		var err error
+		if in, err = engine.LookupInterface(b.Name); err != nil {
+			return err
+		}
+		pb, err = engine.OpenPortQueues(in, engine.AFXDP, 0)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
+	if err != nil {
+		pb.Close()
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- engine.Run(ctx, dev, pb, engine.Options{}) }()
+	t.Cleanup(func() { stop(); <-done; pb.Close() })
+	return dev
+}
