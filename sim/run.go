@@ -79,6 +79,11 @@ type Options struct {
 	// 100 µs for incast, which is over in a few ms). Statistics always use
 	// 1 ms bins.
 	ThroughputBin time.Duration
+	// WindowStart, if > 0, starts the measurement window there instead of
+	// 20 ms before the end (a longer window, to see how the per-seed
+	// spread of a window mean shrinks with its length). It must lie on a
+	// whole millisecond before Duration.
+	WindowStart time.Duration
 	// Progress, if set, is called now and then with the simulated time.
 	Progress func(now, end clock.Time)
 }
@@ -177,6 +182,8 @@ func (o *Options) Defaults() error {
 		return errors.New("sim: need 0 ≤ PFC XON ≤ XOFF")
 	case o.IncastSize < 0 || o.IncastStart < 0:
 		return errors.New("sim: negative incast size or start")
+	case o.WindowStart < 0 || o.WindowStart%time.Millisecond != 0 || (o.WindowStart > 0 && o.WindowStart+time.Millisecond > o.Duration):
+		return errors.New("sim: window start must be a whole ms at least 1 ms before the end")
 	}
 	return nil
 }

@@ -73,21 +73,38 @@ func TestDeterministicTraces(t *testing.T) {
 	}
 }
 
-// The targets for two-flow paper over 90–110 ms. A single 20 ms
-// window of one seed is a noisy sample: over a long run the window mean of
-// one flow has an RMS deviation of ~1.15 Gb/s from 20 (measured), so a
-// single seed lands outside 20 ± 1 about 40 % of the time. The test
-// therefore asserts the targets on an ensemble of 6 seeds (the estimate of
-// the expected window mean), and per seed what holds per seed:
-// utilisation, queue mean within ±30 % of the fluid model's 19.6 KB, no
-// drops, and Jain ≥ 0.98.
+// The targets for two-flow paper over 90–110 ms, and why they can
+// only hold on an ensemble of seeds.
+//
+// One seed's 20 ms window mean is one sample of a random process: RED marks
+// each packet with p ≈ 6·10⁻⁴ at the ~17 KB queue, so each flow is cut at
+// random instants, ≈1.7 times per ms, each cut taking α/2 ≈ 4.5 % off its
+// rate. A cut shrinks the gap between the flows by that 4.5 %, so the gap
+// forgets itself only after ≈22 cuts: the 1 ms rate difference A−B has an
+// autocorrelation of 0.51 at 10 ms and 0.24 at 20 ms (2 s run). The model
+// was checked against the reference configuration D1 and the published
+// implementations' semantics (dequeue marking on the queue left behind,
+// the NP's first-CNP rule and ns3-rdma's CNP grid, timer and byte counter
+// reset on each cut, a rate change applying from the next packet, α
+// order); none of the faithful variants narrows the spread (20 seeds:
+// per-flow stdev 1.0–1.55 Gb/s in every one). Measured over 20 seeds the
+// per-flow stdev of a 20 ms window mean is 1.36 Gb/s and 9 of 20 seeds
+// have a flow outside 20 ± 1; over a 200 ms window it is 0.58 Gb/s
+// (TestTwoFlowPaperLongWindow).
+//
+// The test therefore asserts the rate targets on the 20-seed
+// ensemble (the estimate of the expected window mean, standard error
+// ≈0.3 Gb/s) together with a bound on the spread itself, and per seed what
+// holds per seed: utilisation ≥ 0.98, queue mean within ±30 % of the fluid
+// model's 19.6 KB, no drops, convergence, Jain ≥ 0.98.
 func TestTwoFlowPaperTargets(t *testing.T) {
-	const seeds = 6
-	var f0, f1, jain, util, q float64
+	const seeds = 20
+	var jain, util, q float64
+	var rates [2][]float64
 	for seed := uint64(1); seed <= seeds; seed++ {
 		s := mustRun(t, Options{Scenario: TwoFlow, Seed: seed}).Summary
-		t.Logf("seed %d: flows %.3f / %.3f Gb/s, Jain %.4f, util %.4f, queue %.1f KB (p5 %.1f p95 %.1f), conv %v ms, CNPs %d, %d events",
-			seed, s.Flows[0].MeanGbps, s.Flows[1].MeanGbps, s.Jain, s.Utilization, s.QueueMeanKB, s.QueueP5KB, s.QueueP95KB, deref(s.ConvergenceMs), s.CNPCount, s.Events)
+		t.Logf("seed %2d: flows %.3f / %.3f Gb/s, Jain %.4f, util %.4f, queue %.1f KB (p5 %.1f p95 %.1f), conv %v ms, CNPs %d",
+			seed, s.Flows[0].MeanGbps, s.Flows[1].MeanGbps, s.Jain, s.Utilization, s.QueueMeanKB, s.QueueP5KB, s.QueueP95KB, deref(s.ConvergenceMs), s.CNPCount)
 		if s.WindowMs != [2]float64{90, 110} {
 			t.Fatalf("window %v, want 90–110 ms", s.WindowMs)
 		}
@@ -106,21 +123,58 @@ func TestTwoFlowPaperTargets(t *testing.T) {
 		if s.ConvergenceMs == nil {
 			t.Errorf("seed %d: never converged", seed)
 		}
-		f0 += s.Flows[0].MeanGbps / seeds
-		f1 += s.Flows[1].MeanGbps / seeds
+		for i := range rates {
+			rates[i] = append(rates[i], s.Flows[i].MeanGbps)
+		}
 		jain += s.Jain / seeds
 		util += s.Utilization / seeds
 		q += s.QueueMeanKB / seeds
 	}
-	t.Logf("ensemble of %d seeds: flows %.3f / %.3f Gb/s, Jain %.4f, util %.4f, queue %.1f KB", seeds, f0, f1, jain, util, q)
-	if math.Abs(f0-20) > 1 || math.Abs(f1-20) > 1 {
-		t.Errorf("ensemble flow means %.3f / %.3f Gb/s, want 20 ± 1", f0, f1)
+	for i, r := range rates {
+		sp := spreadOf(r)
+		t.Logf("flow %d over %d seeds: mean %.3f, min %.3f, max %.3f, stdev %.3f Gb/s", i, seeds, sp.Mean, sp.Min, sp.Max, sp.Stdev)
+		if math.Abs(sp.Mean-20) > 1 {
+			t.Errorf("flow %d: ensemble mean %.3f Gb/s, want 20 ± 1", i, sp.Mean)
+		}
+		// The spread is the process's own (1.36 Gb/s measured); a model
+		// change that widens it markedly is a regression to look at.
+		if sp.Stdev > 2 {
+			t.Errorf("flow %d: per-seed stdev %.3f Gb/s > 2", i, sp.Stdev)
+		}
 	}
+	t.Logf("ensemble: Jain %.4f, util %.4f, queue %.1f KB", jain, util, q)
 	if jain < 0.99 || util < 0.98 {
 		t.Errorf("ensemble Jain %.4f (≥ 0.99), utilisation %.4f (≥ 0.98)", jain, util)
 	}
 	if q < 0.7*19.6 || q > 1.3*19.6 {
 		t.Errorf("ensemble queue mean %.1f KB outside 19.6 ± 30 %%", q)
+	}
+}
+
+// Over a window ten times longer (110–310 ms) the per-seed spread of a
+// flow's mean shrinks from 1.36 to 0.58 Gb/s (20 seeds; less than √10
+// because the gap between the flows is correlated over ~10–20 ms), and
+// per seed each flow is within 20 ± 2 Gb/s (20 seeds: 18.36–21.38) with
+// Jain ≥ 0.99 (20 seeds: ≥ 0.9943).
+func TestTwoFlowPaperLongWindow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("310 ms runs; skipped with -short")
+	}
+	for seed := uint64(1); seed <= 4; seed++ {
+		s := mustRun(t, Options{Scenario: TwoFlow, Seed: seed, Duration: 310 * time.Millisecond, WindowStart: 110 * time.Millisecond}).Summary
+		t.Logf("seed %d, 110–310 ms: flows %.3f / %.3f Gb/s, Jain %.4f, util %.4f, queue %.1f KB",
+			seed, s.Flows[0].MeanGbps, s.Flows[1].MeanGbps, s.Jain, s.Utilization, s.QueueMeanKB)
+		if s.WindowMs != [2]float64{110, 310} {
+			t.Fatalf("window %v, want 110–310 ms", s.WindowMs)
+		}
+		for _, f := range s.Flows {
+			if math.Abs(f.MeanGbps-20) > 2 {
+				t.Errorf("seed %d: flow %d %.3f Gb/s outside 20 ± 2", seed, f.ID, f.MeanGbps)
+			}
+		}
+		if s.Jain < 0.99 || s.Utilization < 0.98 || s.Drops != 0 {
+			t.Errorf("seed %d: Jain %.4f (≥ 0.99), utilisation %.4f (≥ 0.98), %d drops", seed, s.Jain, s.Utilization, s.Drops)
+		}
 	}
 }
 

@@ -178,6 +178,9 @@ func (n *net) setWindow(o *Options) {
 	if end >= 40*ms {
 		start = end - 20*ms
 	}
+	if o.WindowStart > 0 {
+		start = clock.Time(o.WindowStart)
+	}
 	if o.Scenario == Incast {
 		need := float64(o.Flows) * float64(o.IncastSize) * 8 / float64(o.LinkRate) // s
 		start = clock.Time(o.IncastStart) / ms * ms

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -57,6 +59,8 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 		pfc      = fs.Bool("pfc", false, "enable PFC (incast enables it unless --no-pfc)")
 		noPFC    = fs.Bool("no-pfc", false, "disable PFC, also for incast")
 		quiet    = fs.Bool("quiet", false, "no progress bar and no summary on stdout")
+		seeds    = fs.Int("seeds", 1, "run seeds seed…seed+N−1 and report the per-seed spread (sweep.json) instead of one run's traces")
+		tol      = fs.Float64("tol", 1, "--seeds: band around the fair share, Gb/s, that the 'outside' count uses")
 		knobs    knobList
 	)
 	fs.StringVar(&o.Scenario, "scenario", "two-flow", "two-flow, n-flow or incast")
@@ -66,6 +70,7 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.LinkDelay, "link-delay", time.Microsecond, "propagation delay of every link")
 	fs.IntVar(&o.PacketSize, "mtu", 1000, "data packet size on the wire, bytes")
 	fs.DurationVar(&o.TraceInterval, "trace-interval", 0, "period of trace rows (10µs; 100µs above 16 flows)")
+	fs.DurationVar(&o.WindowStart, "window-start", 0, "start of the measurement window (default: 20 ms before the end)")
 	fs.DurationVar(&o.ThroughputBin, "throughput-bin", 0, "bin of the received-throughput trace (1ms; incast 100µs)")
 	fs.Var(&knobs, "set", "ConnectX knob name=value (mlx5 names, e.g. rpg_ai_rate=10); repeatable; implies --profile connectx")
 	if err := fs.Parse(args); err != nil {
@@ -109,6 +114,9 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 		}
 		rp, np := cx.Config(o.LinkRate), cx.NPConfig()
 		o.RP, o.NP = &rp, &np
+	}
+	if *seeds > 1 {
+		return simSweep(o, *seed, *seeds, *tol, *out, *quiet, stdout)
 	}
 	var bar *progressBar
 	if !*quiet && isTerminal(os.Stderr) {
@@ -190,4 +198,54 @@ func (b *progressBar) done() {
 	if b.used {
 		fmt.Fprint(b.w, "\r\033[K")
 	}
+}
+
+// simSweep runs count seeds and reports how each flow's window mean varies
+// from seed to seed (sweep.json in dir, a table and a histogram on stdout).
+func simSweep(o sim.Options, first uint64, count int, tol float64, dir string, quiet bool, stdout io.Writer) error {
+	res, err := sim.Sweep(o, first, count, tol)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sweep.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	if quiet {
+		return nil
+	}
+	fmt.Fprintf(stdout, "%s, profile %s, seeds %d–%d, window %g–%g ms, fair share %.3f Gb/s\n",
+		res.Scenario, res.Profile, first, first+uint64(count)-1, res.WindowMs[0], res.WindowMs[1], res.FairGbps)
+	for i, f := range res.Flows {
+		if i == 8 && len(res.Flows) > 10 {
+			fmt.Fprintf(stdout, "  … %d more flows in sweep.json\n", len(res.Flows)-8)
+			break
+		}
+		fmt.Fprintf(stdout, "  flow %d  mean %7.3f  min %7.3f  max %7.3f  stdev %.3f Gb/s  outside ±%g: %d/%d\n",
+			f.ID, f.Gbps.Mean, f.Gbps.Min, f.Gbps.Max, f.Gbps.Stdev, tol, f.Outside, count)
+	}
+	pr := func(name string, s sim.Spread, prec int) {
+		fmt.Fprintf(stdout, "  %-12s mean %.*f  min %.*f  max %.*f  stdev %.*f\n", name, prec, s.Mean, prec, s.Min, prec, s.Max, prec, s.Stdev)
+	}
+	pr("Jain", res.Jain, 4)
+	pr("utilisation", res.Utilization, 4)
+	pr("queue KB", res.QueueMeanKB, 1)
+	pr("CNPs", res.CNPCount, 0)
+	fmt.Fprintf(stdout, "  drops %d\n", res.Drops)
+	// Histogram of every flow's window mean, in tenths of the fair share
+	// either side of it.
+	w := res.FairGbps / 40
+	lo := res.FairGbps - 10*w
+	for k, c := range sim.Histogram(res.AllRates, lo, w, 20) {
+		if c > 0 {
+			fmt.Fprintf(stdout, "  %7.3f–%7.3f Gb/s %3d %s\n", lo+float64(k)*w, lo+float64(k+1)*w, c, strings.Repeat("#", c))
+		}
+	}
+	return nil
 }

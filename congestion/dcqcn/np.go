@@ -19,6 +19,14 @@ type NPConfig struct {
 	// interval produces a CNP (a plain rate limiter; ConnectX's behaviour is
 	// undocumented).
 	Defer bool
+	// Grid, when set, replaces "immediately, then at most one per
+	// MinInterval" by a fixed per-QP clock: CNPs leave only at the ticks
+	// of a MinInterval grid that starts at the QP's first received
+	// packet, one per tick whose interval saw a CE mark. This is the NP of
+	// the authors' own simulator (ns3-rdma, QbbNetDevice::CheckandSendQCN);
+	// the first CNP then waits up to MinInterval for its tick. Defer is
+	// implied. Default false (the paper's and htsim's immediate first CNP).
+	Grid bool
 	// DSCP and Prio are the IP DSCP and 802.1p priority the engine gives
 	// CNPs (cnp_dscp, cnp_802p_prio); the NP itself does not use them.
 	DSCP, Prio uint8
@@ -49,6 +57,8 @@ type NP struct {
 	sent    bool       // a CNP was ever sent (so last is meaningful)
 	last    clock.Time // when the last CNP was sent
 	pending bool       // a deferred mark waits for the interval to end
+	origin  clock.Time // Grid: the QP's first packet, the grid's origin
+	seen    bool       // Grid: origin is set
 	NPCounters
 }
 
@@ -69,6 +79,9 @@ func (n *NP) Config() NPConfig { return n.cfg }
 // OnPacket reports a received data packet of this QP and whether it was
 // CE-marked; it returns true if a CNP must be sent now.
 func (n *NP) OnPacket(now clock.Time, ce bool) (sendCNP bool) {
+	if n.cfg.Grid {
+		return n.onGridPacket(now, ce)
+	}
 	if n.OnTimer(now) {
 		// A deferred CNP was due at or before now: it covers this mark.
 		if ce {
@@ -90,6 +103,30 @@ func (n *NP) OnPacket(now clock.Time, ce bool) (sendCNP bool) {
 		n.pending = true
 	}
 	return false
+}
+
+// onGridPacket is OnPacket for Grid: a mark is only remembered; the CNP
+// leaves at the tick that ends the mark's interval.
+func (n *NP) onGridPacket(now clock.Time, ce bool) (sendCNP bool) {
+	if !n.seen {
+		n.seen, n.origin = true, now
+	}
+	due := n.OnTimer(now)
+	if ce {
+		n.NPECNMarkedRoCEPackets++
+		if n.pending {
+			n.CNPSuppressed++
+		} else if p := clock.Time(n.cfg.MinInterval); p <= 0 {
+			n.send(now) // no interval: a CNP per mark
+			return true
+		} else {
+			n.pending = true
+			// The tick that closes the interval holding now: a mark
+			// exactly on a tick belongs to the interval it opens.
+			n.last = n.origin + (now-n.origin)/p*p
+		}
+	}
+	return due
 }
 
 // Deadline is when a deferred CNP is due, clock.Never if none.

@@ -105,3 +105,46 @@ func TestNPAllocFree(t *testing.T) {
 		t.Fatalf("NP allocates %.1f per packet", allocs)
 	}
 }
+
+// Grid (ns3-rdma's CheckandSendQCN): CNPs only at the ticks of a per-QP
+// 50 µs clock that starts at the QP's first packet, one per tick whose
+// interval saw a mark. Marks at 0…199 µs give CNPs at 50, 100, 150, 200 µs:
+// the first waits for its tick instead of leaving at once.
+func TestNPGrid(t *testing.T) {
+	cfg := PaperNP()
+	cfg.Grid = true
+	n := NewNP(cfg)
+	got := drive(n)
+	want := []clock.Time{50 * us, 100 * us, 150 * us, 200 * us}
+	if len(got) != len(want) {
+		t.Fatalf("CNPs at %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("CNPs at %v, want %v", got, want)
+		}
+	}
+	if n.NPECNMarkedRoCEPackets != 200 || n.NPCNPSent != 4 || n.CNPSuppressed != 196 {
+		t.Fatalf("counters %+v", n.NPCounters)
+	}
+
+	// The grid's origin is the first packet, marked or not: unmarked
+	// packets from 7 µs, one mark at 80 µs (interval 57–107) and one at
+	// 107 µs (exactly on a tick: it opens the next interval) give CNPs at
+	// 107 and 157 µs, and an unmarked interval gives none.
+	n = NewNP(cfg)
+	var cnps []clock.Time
+	for i := clock.Time(7); i <= 300; i++ {
+		now := i * us
+		if d := n.Deadline(); d <= now && n.OnTimer(d) {
+			cnps = append(cnps, d)
+		}
+		if n.OnPacket(now, i == 80 || i == 107) {
+			cnps = append(cnps, now)
+		}
+	}
+	want = []clock.Time{107 * us, 157 * us}
+	if len(cnps) != 2 || cnps[0] != want[0] || cnps[1] != want[1] {
+		t.Fatalf("CNPs at %v, want %v", cnps, want)
+	}
+}

@@ -1,0 +1,131 @@
+package sim
+
+import (
+	"errors"
+	"math"
+)
+
+// Spread is how one figure varies across the seeds of a sweep.
+type Spread struct {
+	Mean  float64 `json:"mean"`
+	Min   float64 `json:"min"`
+	Max   float64 `json:"max"`
+	Stdev float64 `json:"stdev"` // sample standard deviation (n−1)
+}
+
+func spreadOf(v []float64) Spread {
+	if len(v) == 0 {
+		return Spread{}
+	}
+	s := Spread{Min: math.Inf(1), Max: math.Inf(-1)}
+	for _, x := range v {
+		s.Mean += x
+		s.Min = min(s.Min, x)
+		s.Max = max(s.Max, x)
+	}
+	s.Mean /= float64(len(v))
+	if len(v) > 1 {
+		var ss float64
+		for _, x := range v {
+			ss += (x - s.Mean) * (x - s.Mean)
+		}
+		s.Stdev = math.Sqrt(ss / float64(len(v)-1))
+	}
+	return s
+}
+
+// FlowSpread is one flow's window mean rate across the seeds of a sweep.
+type FlowSpread struct {
+	ID   int    `json:"id"`
+	Gbps Spread `json:"gbps"`
+	// Outside counts the seeds whose window mean is outside FairGbps ± Tol.
+	Outside int `json:"outside"`
+}
+
+// SweepResult is the per-seed spread of a scenario's window figures.
+type SweepResult struct {
+	Scenario string     `json:"scenario"`
+	Profile  string     `json:"profile"`
+	Seeds    []uint64   `json:"seeds"`
+	WindowMs [2]float64 `json:"window_ms"`
+	// FairGbps is the fair share C/N; TolGbps the band Outside counts against.
+	FairGbps float64      `json:"fair_gbps"`
+	TolGbps  float64      `json:"tol_gbps"`
+	Flows    []FlowSpread `json:"flows"`
+	// AllRates holds every (seed, flow) window mean, seed-major, for a
+	// histogram.
+	AllRates    []float64 `json:"all_gbps"`
+	Jain        Spread    `json:"jain"`
+	Utilization Spread    `json:"utilization"`
+	QueueMeanKB Spread    `json:"queue_mean_kb"`
+	CNPCount    Spread    `json:"cnp_count"`
+	Drops       uint64    `json:"drops"`
+}
+
+// Sweep runs o once per seed first, first+1, …, first+count−1 and reports how
+// the window figures vary. A DCQCN run is a random process (RED marks are
+// drawn per packet), so one seed's window mean is one sample; the sweep
+// says how wide the distribution of that sample is. tol is the band around
+// the fair share that Outside counts against (the issue's ±1 Gb/s).
+func Sweep(o Options, first uint64, count int, tol float64) (*SweepResult, error) {
+	if count < 1 {
+		return nil, errors.New("sim: sweep needs at least one seed")
+	}
+	o.Progress = nil
+	var (
+		res                     SweepResult
+		per                     [][]float64
+		jain, util, queue, cnps []float64
+	)
+	for k := 0; k < count; k++ {
+		oo := o
+		oo.Seed = first + uint64(k)
+		r, err := Run(oo)
+		if err != nil {
+			return nil, err
+		}
+		s := &r.Summary
+		if k == 0 {
+			res.Scenario, res.Profile, res.WindowMs = s.Scenario, s.Profile, s.WindowMs
+			n := len(s.Flows)
+			if s.Scenario == Incast {
+				n-- // the victim is not part of the share
+			}
+			res.FairGbps = r.Options.LinkRate.Gbps() / float64(max(n, 1))
+			res.TolGbps = tol
+			per = make([][]float64, len(s.Flows))
+		}
+		res.Seeds = append(res.Seeds, oo.Seed)
+		for i, f := range s.Flows {
+			per[i] = append(per[i], f.MeanGbps)
+			res.AllRates = append(res.AllRates, f.MeanGbps)
+		}
+		jain = append(jain, s.Jain)
+		util = append(util, s.Utilization)
+		queue = append(queue, s.QueueMeanKB)
+		cnps = append(cnps, float64(s.CNPCount))
+		res.Drops += s.Drops
+	}
+	for i, v := range per {
+		fs := FlowSpread{ID: i, Gbps: spreadOf(v)}
+		for _, x := range v {
+			if math.Abs(x-res.FairGbps) > tol {
+				fs.Outside++
+			}
+		}
+		res.Flows = append(res.Flows, fs)
+	}
+	res.Jain, res.Utilization, res.QueueMeanKB, res.CNPCount = spreadOf(jain), spreadOf(util), spreadOf(queue), spreadOf(cnps)
+	return &res, nil
+}
+
+// Histogram counts the values of v in bins of width w starting at lo; the
+// last bin also holds everything above, the first everything below.
+func Histogram(v []float64, lo, w float64, bins int) []int {
+	h := make([]int, bins)
+	for _, x := range v {
+		b := int(math.Floor((x - lo) / w))
+		h[min(max(b, 0), bins-1)]++
+	}
+	return h
+}
