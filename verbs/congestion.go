@@ -143,6 +143,10 @@ type CongestionStats struct {
 	// RxCNP counts every CNP that passed the receive checks (no mlx5
 	// equivalent: the sum of the two rp_ counters).
 	RxCNP uint64
+	// RxCEAck counts CE-marked acknowledgements received on QPs running
+	// DCQCN: the NP does not answer them (see npPacket), and they are not
+	// in np_ecn_marked_roce_packets.
+	RxCEAck uint64
 }
 
 // Counter is one named counter.
@@ -322,8 +326,25 @@ func (d *Device) receiveCNP(now clock.Time, q *QP, f *frame.Frame) {
 
 // npPacket runs q's notification point on a packet of q's transport that
 // passed every check (q.mu held).
+//
+// Which packets the NP answers: a CE mark says the path the packet took is
+// congested, and the CNP goes to the packet's sender to slow the traffic
+// its reaction point paces. That is every request (SEND, WRITE, READ
+// request, ATOMIC) and every READ response — the responder paces those —
+// but not an acknowledgement (RC ACK/NAK, ATOMIC ACKNOWLEDGE): an ACK is
+// the answer to our own data, not traffic its sender's RP controls, and a
+// CNP for it would cut the rate of our peer's requests (on a one-way
+// stream: a peer that sends nothing) for congestion on a path our own data
+// does not slow. HPCC's ns-3 and ns3-rdma alike run the NP on data packets
+// only. CE-marked ACKs are counted (RxCEAck) and otherwise ignored.
 func (d *Device) npPacket(now clock.Time, q *QP, f *frame.Frame) {
 	ce := f.ECN() == ecnCE
+	if op := f.Opcode(); op == bth.RCAcknowledge || op == bth.RCAtomicAcknowledge {
+		if ce {
+			d.Stats.RxCEAck++
+		}
+		return
+	}
 	if ce {
 		d.Stats.NPECNMarkedRoCEPackets++
 	}

@@ -11,7 +11,8 @@ import (
 )
 
 // ccLink is two DCQCN devices on a memlink in virtual time with one RC QP
-// pair streaming RDMA WRITEs from a to b, as ib_write_bw does.
+// pair streaming RDMA WRITEs from a to b, as ib_write_bw does (or, built
+// with newCCLinkOp(…, RDMARead), a reading b's memory, as ib_read_bw).
 type ccLink struct {
 	t       testing.TB
 	tb      *testbed
@@ -25,6 +26,10 @@ type ccLink struct {
 }
 
 func newCCLink(t testing.TB, cong Congestion, seed uint64) *ccLink {
+	return newCCLinkOp(t, cong, seed, RDMAWrite)
+}
+
+func newCCLinkOp(t testing.TB, cong Congestion, seed uint64, op Opcode) *ccLink {
 	clk := &memlink.VirtualClock{}
 	pa, pb := memlink.NewPair(memlink.Config{Impairments: memlink.Impairments{Delay: 2 * time.Microsecond}, Seed: seed, Clock: clk.Now, Frames: 4096})
 	mk := func(p *memlink.Port, mac [6]byte, addr netip.Addr) *node {
@@ -39,11 +44,11 @@ func newCCLink(t testing.TB, cong Congestion, seed uint64) *ccLink {
 		return n
 	}
 	l := &ccLink{t: t, tb: &testbed{t: t, clk: clk, a: mk(pa, macA, addrA), b: mk(pb, macB, addrB)}}
-	l.qa, l.qb = l.tb.connect(RC, 4096, LocalWrite|RemoteWrite, 64)
+	l.qa, l.qb = l.tb.connect(RC, 4096, LocalWrite|RemoteWrite|RemoteRead, 64)
 	const size = 64 << 10
 	src, _ := l.tb.a.pd.RegMR(make([]byte, size), LocalWrite)
-	dst, _ := l.tb.b.pd.RegMR(make([]byte, size), LocalWrite|RemoteWrite)
-	l.wr = SendWR{Opcode: RDMAWrite, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: size, LKey: src.LKey()}},
+	dst, _ := l.tb.b.pd.RegMR(make([]byte, size), LocalWrite|RemoteWrite|RemoteRead)
+	l.wr = SendWR{Opcode: op, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: size, LKey: src.LKey()}},
 		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}
 	return l
 }
@@ -180,6 +185,53 @@ func TestDCQCNOverMemlink(t *testing.T) {
 				t.Fatal("no WRITE completed")
 			}
 		})
+	}
+}
+
+// TestDCQCNMarkedAcks: the NP answers CE on the packets whose sender a CNP
+// can slow, never on acknowledgements. a streams WRITEs to b and the link
+// marks every ECN-capable frame b sends — all of them ACKs (ECT(0), as the
+// QP's frames are): a counts them as CE-marked ACKs, sends no CNP, b's RP
+// is never cut, and the stream keeps its line rate. Then a READs from b with
+// the same marking: now b's frames are READ responses, data that b's RP
+// paces, and every CNP a sends reaches b's RP and cuts it.
+func TestDCQCNMarkedAcks(t *testing.T) {
+	line := 10 * congestion.Gbps
+	ms := time.Millisecond
+	markAll := memlink.Impairments{Delay: 2 * time.Microsecond, CEMark: 1}
+
+	l := newCCLink(t, mustCC(t, "paper", line), 1)
+	l.tb.b.port.SetImpairments(markAll)
+	wire, rp := l.window(3 * ms)
+	a, b := l.tb.a.dev.Stats, l.tb.b.dev.Stats
+	marked := l.tb.b.port.Stats().Marked
+	t.Logf("WRITE, ACKs marked: wire %.3f Gb/s, RP %.3f; link marked %d; a: CE ACKs %d, np_ecn_marked %d, np_cnp_sent %d; b: CNPs received %d, rp_cnp_handled %d",
+		wire.Gbps(), rp.Gbps(), marked, a.RxCEAck, a.NPECNMarkedRoCEPackets, a.NPCNPSent, b.RxCNP, b.RPCNPHandled)
+	if marked == 0 || a.RxCEAck != marked {
+		t.Fatalf("link marked %d ACKs, a counted %d", marked, a.RxCEAck)
+	}
+	if a.NPECNMarkedRoCEPackets != 0 || a.NPCNPSent != 0 || b.RxCNP != 0 || b.RPCNPHandled != 0 {
+		t.Fatalf("a CE-marked ACK was answered: a %+v, b %+v", a.CongestionStats, b.CongestionStats)
+	}
+	if cs, _ := l.qb.CongestionState(); cs.Rate != line || cs.Cuts != 0 {
+		t.Fatalf("b's RP at %.3f Gb/s after %d cuts, want untouched line rate", cs.Rate.Gbps(), cs.Cuts)
+	}
+	if wire < 0.95*line || rp != line {
+		t.Fatalf("WRITE stream at %.3f Gb/s (RP %.3f), want line rate", wire.Gbps(), rp.Gbps())
+	}
+
+	l = newCCLinkOp(t, mustCC(t, "paper", line), 1, RDMARead)
+	l.tb.b.port.SetImpairments(markAll)
+	l.run(l.tb.clk.Now().Add(3 * ms))
+	a, b = l.tb.a.dev.Stats, l.tb.b.dev.Stats
+	cs, _ := l.qb.CongestionState()
+	t.Logf("READ, responses marked: link marked %d; a: CE ACKs %d, np_ecn_marked %d, np_cnp_sent %d; b: rp_cnp_handled %d, RP %.3f Gb/s; %d READs done",
+		l.tb.b.port.Stats().Marked, a.RxCEAck, a.NPECNMarkedRoCEPackets, a.NPCNPSent, b.RPCNPHandled, cs.Rate.Gbps(), l.done)
+	if a.NPECNMarkedRoCEPackets == 0 || a.NPCNPSent == 0 || b.RPCNPHandled != a.NPCNPSent || cs.Cuts == 0 || cs.Rate >= line/2 {
+		t.Fatalf("marked READ responses did not cut the responder: a %+v, b %+v, b's RP %.3f Gb/s", a.CongestionStats, b.CongestionStats, cs.Rate.Gbps())
+	}
+	if l.done == 0 {
+		t.Fatal("no READ completed")
 	}
 }
 
