@@ -125,6 +125,7 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 		r.timer = clock.Never
 		r.rnrPSN = pp
 	case syn == SynNAKPSNSeq:
+		q.RxNAKSeqErr++
 		if pp.Less(r.compPSN) || (r.rnrWait && pp == r.rnrPSN) {
 			// Stale, or the sequence NAK a responder sends for the packets
 			// that followed the one it RNR-NAKed (rnr_nak.pcap): the RNR
@@ -150,6 +151,12 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 		if pp.Less(r.compPSN) {
 			return
 		}
+		switch syn {
+		case SynNAKInvReq:
+			q.RxNAKInvReq++
+		case SynNAKRemAccess:
+			q.RxNAKRemAccess++
+		}
 		q.completeSend(e, st)
 		r.head++
 		q.fail(st)
@@ -170,6 +177,7 @@ func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth
 		q.RxDropped++
 		q.RxOutOfSeq++
 		if !r.retrying || r.gapPSN != r.compPSN {
+			q.ImpliedNAKs++
 			r.gapPSN = r.compPSN
 			r.retrying = false
 			q.retry(now, r.compPSN)

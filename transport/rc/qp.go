@@ -106,6 +106,23 @@ type Counters struct {
 	Timeouts      uint64
 	RNRWaits      uint64
 	GhostResponse uint64 // responses for nothing outstanding
+	// Requester, by NAK received (mlx5: packet_seq_err,
+	// req_remote_access_errors, req_remote_invalid_request), and READ
+	// response gaps that restarted a READ (implied_nak_seq_err).
+	RxNAKSeqErr    uint64
+	RxNAKRemAccess uint64
+	RxNAKInvReq    uint64
+	ImpliedNAKs    uint64
+	// Responder: request messages received in sequence, by kind (counted
+	// at their first or only packet; duplicates are in RxDuplicate), and
+	// requests refused for an rkey, range or access right
+	// (resp_remote_access_errors) or for a receive WQE too small
+	// (resp_local_length_error).
+	RxWriteReqs     uint64
+	RxReadReqs      uint64
+	RxAtomicReqs    uint64
+	RemAccessErrs   uint64
+	LocalLengthErrs uint64
 	// Progress counts the requester's forward steps: in-order responses
 	// and ACKs that moved the completion PSN. A CQ-moderated application
 	// sees one completion per many messages; this is how it tells a slow

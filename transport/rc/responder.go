@@ -206,10 +206,15 @@ func (q *QP) receiveRequest(pkt []byte, op bth.Opcode, hl, end int) {
 	case op.IsSend():
 		q.execSend(pkt, op, pay, pp)
 	case op.IsWrite():
+		if op.StartsMessage() {
+			q.RxWriteReqs++
+		}
 		q.execWrite(pkt, op, pay, pp)
 	case op.IsReadRequest():
+		q.RxReadReqs++
 		q.execRead(pkt, op, pp)
 	case op.IsAtomic():
+		q.RxAtomicReqs++
 		q.execAtomic(pkt, op, pp)
 	default:
 		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
@@ -496,6 +501,12 @@ func (q *QP) duplicate(pkt []byte, op bth.Opcode, pp bth.PSN) {
 // the next message unless the error is its own (length).
 func (q *QP) reject(pp bth.PSN, syn uint8, recvSt wr.Status) {
 	s := &q.resp
+	switch {
+	case syn == SynNAKRemAccess:
+		q.RemAccessErrs++
+	case recvSt == wr.LocLenErr:
+		q.LocalLengthErrs++
+	}
 	if q.cfg.UC {
 		s.dropMsg = true
 		s.inMsg = msgNone

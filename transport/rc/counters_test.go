@@ -1,0 +1,99 @@
+package rc
+
+import (
+	"testing"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// TestCountersRequesterNAKs: each NAK kind received is counted under its
+// own name (packet_seq_err, req_remote_access_errors,
+// req_remote_invalid_request), and a READ response gap once per gap
+// (implied_nak_seq_err).
+func TestCountersRequesterNAKs(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{fill(3000, 1)}, RemoteAddr: 0x100, RKey: 1})
+	c.out()
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq})
+	c.out()
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq}) // a repeat while resending: still a NAK received
+	if c.qp.RxNAKSeqErr != 2 || c.qp.RxNAKRemAccess != 0 || c.qp.RxNAKInvReq != 0 || c.qp.ImpliedNAKs != 0 {
+		t.Fatalf("after two sequence NAKs: %+v", c.qp.Counters)
+	}
+	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK, msn: 1})
+
+	// A READ whose middle response is lost: one implied NAK per gap, not
+	// per out-of-order packet.
+	dst := make([]byte, 2100)
+	c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x9000, RKey: 3})
+	c.expect(p(bth.RCRDMAReadRequest, 103))
+	src := fill(2100, 5)
+	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 103, syn: SynACK, msn: 2, payload: src[:1024]})
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 105, syn: SynACK, msn: 2, payload: src[2048:]})
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 105, syn: SynACK, msn: 2, payload: src[2048:]})
+	if c.qp.ImpliedNAKs != 1 {
+		t.Fatalf("implied NAKs %d after one gap, want 1", c.qp.ImpliedNAKs)
+	}
+
+	for _, k := range []struct {
+		syn                uint8
+		remAccess, invalid uint64
+	}{{SynNAKRemAccess, 1, 0}, {SynNAKInvReq, 0, 1}, {SynNAKRemOp, 0, 0}} {
+		c := newCtx(t, defaultCfg())
+		c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}, RemoteAddr: 0x100, RKey: 1})
+		c.out()
+		c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: k.syn})
+		if c.qp.RxNAKRemAccess != k.remAccess || c.qp.RxNAKInvReq != k.invalid || c.qp.RxNAKSeqErr != 0 {
+			t.Errorf("NAK %#x: %+v", k.syn, c.qp.Counters)
+		}
+		// A second error NAK for the same PSN is stale: not counted again.
+		c.respond(req{op: bth.RCAcknowledge, psn: 99, syn: k.syn})
+		if c.qp.RxNAKRemAccess != k.remAccess || c.qp.RxNAKInvReq != k.invalid {
+			t.Errorf("NAK %#x counted when stale: %+v", k.syn, c.qp.Counters)
+		}
+	}
+}
+
+// TestCountersResponderRequests: request messages are counted by kind at
+// their first packet, never for duplicates or SENDs; refused rkeys count
+// as remote access errors, a receive WQE too small as a local length error.
+func TestCountersResponderRequests(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	c.addMR(9, 0x1000, 8192, wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic)
+	data := fill(2500, 3)
+	c.inject(req{op: bth.RCRDMAWriteFirst, psn: 500, va: 0x1000, rkey: 9, dmaLen: 2500, payload: data[:1024]})
+	c.inject(req{op: bth.RCRDMAWriteMiddle, psn: 501, payload: data[1024:2048]})
+	c.inject(req{op: bth.RCRDMAWriteLast, psn: 502, ackReq: true, payload: data[2048:]})
+	c.inject(req{op: bth.RCRDMAWriteOnly, psn: 503, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 8, payload: fill(8, 0)})
+	c.inject(req{op: bth.RCRDMAWriteOnly, psn: 503, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 8, payload: fill(8, 0)}) // duplicate
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 504, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 100})
+	c.inject(req{op: bth.RCFetchAdd, psn: 505, ackReq: true, va: 0x1000, rkey: 9, swap: 1})
+	c.inject(req{op: bth.RCCompareSwap, psn: 506, ackReq: true, va: 0x1008, rkey: 9, swap: 1})
+	c.rq.post(1, make([]byte, 64))
+	c.inject(req{op: bth.RCSendOnly, psn: 507, ackReq: true, payload: fill(10, 0)})
+	c.out()
+	q := &c.qp.Counters
+	if q.RxWriteReqs != 2 || q.RxReadReqs != 1 || q.RxAtomicReqs != 2 || q.RxDuplicate != 1 {
+		t.Fatalf("requests: %+v", *q)
+	}
+	if q.RemAccessErrs != 0 || q.LocalLengthErrs != 0 || q.TxNAKs != 0 {
+		t.Fatalf("errors without a bad request: %+v", *q)
+	}
+
+	c = newCtx(t, defaultCfg())
+	c.addMR(9, 0x1000, 64, wr.RemoteWrite)
+	c.inject(req{op: bth.RCRDMAWriteOnly, psn: 500, ackReq: true, va: 0x1000, rkey: 77, dmaLen: 4, payload: fill(4, 0)})
+	c.expect(nak(SynNAKRemAccess, 500, 0))
+	if q := &c.qp.Counters; q.RemAccessErrs != 1 || q.RxWriteReqs != 1 || q.LocalLengthErrs != 0 {
+		t.Fatalf("bad rkey: %+v", *q)
+	}
+
+	c = newCtx(t, defaultCfg())
+	c.rq.post(1, make([]byte, 16))
+	c.inject(req{op: bth.RCSendOnly, psn: 500, ackReq: true, payload: fill(17, 0)})
+	c.expect(nak(SynNAKInvReq, 500, 0))
+	if q := &c.qp.Counters; q.LocalLengthErrs != 1 || q.RemAccessErrs != 0 {
+		t.Fatalf("SEND longer than the receive buffer: %+v", *q)
+	}
+}
