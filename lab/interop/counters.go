@@ -53,6 +53,13 @@ var recoveryCounters = []string{"rcvd_seq_err", "completer_retry_err", "out_of_s
 // sends).
 var fatalCounters = []string{"retry_exceeded_err", "retry_rnr_exceeded_err", "send_err", "link_downed", "rcvd_rnr_err", "send_rnr_err"}
 
+// egressDropped is not rxe's: the guest's init adds it from eth0's qdisc
+// statistics. A frame the qdisc drops after rxe handed it over successfully
+// is counted as sent by rxe and shows in none of its counters; the peer
+// just sees a gap. Outside the loss cases it is the lab's own loss and
+// fails the case, naming the lab rather than either RNIC.
+const egressDropped = "lab_egress_dropped"
+
 // rxeDropMessage matches what rxe logs (pr_warn_ratelimited in
 // rxe_recv.c/rxe_icrc.c) when it drops a received packet: a bad ICRC
 // ("bad ICRC from ADDR"), a packet for no QP ("no qp matches qpn"), or one
@@ -70,6 +77,9 @@ func CheckCounters(d Counters, dmesg string, expectLoss bool, allow map[string]b
 		if d[k] != 0 && !expectLoss && !allow[k] {
 			problems = append(problems, fmt.Sprintf("%s+%d", k, d[k]))
 		}
+	}
+	if n := d[egressDropped]; n != 0 && !expectLoss {
+		problems = append(problems, fmt.Sprintf("the guest's eth0 qdisc dropped %d frames (the lab's own loss, not a wire problem)", n))
 	}
 	for _, k := range fatalCounters {
 		if d[k] != 0 {
