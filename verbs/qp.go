@@ -155,6 +155,7 @@ type QP struct {
 	inlineNext int
 
 	commEst   bool         // EventCommEst was raised (guarded by mu)
+	cqe       CQECounters  // error completions (guarded by mu)
 	deadline  atomic.Int64 // transport deadline, published after each step
 	txPending atomic.Bool  // the transport may have packets to send
 	queued    atomic.Bool  // in the engine's ready list (or handed over to it)
@@ -449,6 +450,7 @@ func (q *QP) toErrLocked() {
 
 // pushWC delivers a completion produced outside the transport.
 func (q *QP) pushWC(wc wr.WC) {
+	q.cqe.add(&wc)
 	if wc.IsRecv {
 		q.init.RecvCQ.push([]wr.WC{wc}, true)
 	} else {
@@ -516,6 +518,9 @@ func (q *QP) unlock() (ready, timed bool) {
 				recv = true
 			} else {
 				send = true
+			}
+			if wcs[i].Status != wr.Success {
+				q.cqe.add(&wcs[i])
 			}
 		}
 		if send {

@@ -3,6 +3,7 @@ package verbs
 import (
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // QPCounters is a snapshot of one QP's transport counters, for the
@@ -14,6 +15,33 @@ type QPCounters struct {
 	State State
 	RC    rc.Counters
 	UD    ud.Counters
+	CQE   CQECounters
+}
+
+// CQECounters counts a QP's error completions the way mlx5 does
+// (req_cqe_error, req_cqe_flush_error, resp_cqe_error,
+// resp_cqe_flush_error): send queue (requester) and receive queue
+// (responder) apart, flushed WRs apart from WRs that failed themselves.
+// Counted in verbs, where every completion of every transport passes,
+// including the flushes verbs itself produces.
+type CQECounters struct {
+	ReqErr, ReqFlushErr   uint64
+	RespErr, RespFlushErr uint64
+}
+
+// add counts one completion; successful ones are not counted.
+func (c *CQECounters) add(w *wr.WC) {
+	switch {
+	case w.Status == wr.Success:
+	case w.IsRecv && w.Status == wr.WRFlushErr:
+		c.RespFlushErr++
+	case w.IsRecv:
+		c.RespErr++
+	case w.Status == wr.WRFlushErr:
+		c.ReqFlushErr++
+	default:
+		c.ReqErr++
+	}
 }
 
 // EachQPCounters calls fn with a snapshot of every live QP's counters, in
@@ -29,6 +57,7 @@ func (d *Device) EachQPCounters(fn func(*QPCounters)) {
 		c = QPCounters{QPN: q.qpn, Type: q.init.Type}
 		q.mu.Lock()
 		c.State = q.state
+		c.CQE = q.cqe
 		if q.rc != nil {
 			c.RC = q.rc.Counters
 		}
