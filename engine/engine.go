@@ -12,7 +12,10 @@
 // One goroutine runs Run per device and port (package verbs requires the
 // step functions never to run concurrently). Applications post and poll on
 // the device from their own goroutines; a post rings the device's doorbell,
-// which cuts a nap short.
+// which cuts a nap short. An application that busy-polls may also run the
+// loop's step itself (verbs.Device.Poll, which Run wires to TryStep) while
+// the engine goroutine naps: a step lock, taken once per batch, decides
+// which goroutine runs it.
 package engine
 
 import (
@@ -54,6 +57,15 @@ type Options struct {
 	// sleep (AF_XDP's poll(2) rounds it up to the millisecond), so a post
 	// after a long idle time may wait up to a millisecond; it costs no CPU.
 	DeepIdleAfter time.Duration
+	// PolledWait is how long Run naps at a time while an application
+	// drives the device itself through verbs.Device.Poll (polled within
+	// the last PolledWait; 0: 50 µs). Such an application receives and
+	// sends in its own goroutine, so the engine goroutine only covers for
+	// it if it stops polling: waking every IdleWait would take CPU from
+	// the poller and, on a small machine, from the peer. A post made just
+	// after a Poll does not ring the doorbell (the poller sends it), so
+	// this also bounds the delay of a post whose poster then stops polling.
+	PolledWait time.Duration
 	// Now is the clock (nil: clock.Now). Tests pass a virtual clock.
 	Now func() clock.Time
 }
@@ -71,6 +83,9 @@ func (o *Options) defaults() {
 	if o.DeepIdleAfter <= 0 {
 		o.DeepIdleAfter = 10 * time.Millisecond
 	}
+	if o.PolledWait <= 0 {
+		o.PolledWait = 50 * time.Microsecond
+	}
 	if o.Now == nil {
 		o.Now = clock.Now
 	}
@@ -83,6 +98,8 @@ type Counters struct {
 	Naps        uint64 // naps taken while idle
 	TxSent      uint64 // frames the port took
 	TxBackPress uint64 // Send calls in which the port took fewer frames than offered
+	Polls       uint64 // steps run by an application through verbs.Device.Poll
+	PollsBusy   uint64 // Polls that found the step taken by another goroutine
 }
 
 // Loop is the state of one engine: the device, the port and the frame
@@ -102,6 +119,14 @@ type Loop struct {
 	stuck bool
 
 	loops, naps, txSent, txBack atomic.Uint64
+	polls, pollsBusy            atomic.Uint64
+
+	// stepMu is held by whichever goroutine runs the device's step
+	// functions under Run: the engine goroutine (always, except while it
+	// naps) or an application in TryStep. running says Run is still
+	// running; it changes under stepMu.
+	stepMu  sync.Mutex
+	running atomic.Bool
 
 	statsMu sync.Mutex
 	stats   verbs.Stats // the device's counters as of the last Step that changed them
@@ -137,7 +162,8 @@ func (l *Loop) Device() *verbs.Device { return l.dev }
 
 // Counters returns the loop's counters (safe from any goroutine).
 func (l *Loop) Counters() Counters {
-	return Counters{Loops: l.loops.Load(), Naps: l.naps.Load(), TxSent: l.txSent.Load(), TxBackPress: l.txBack.Load()}
+	return Counters{Loops: l.loops.Load(), Naps: l.naps.Load(), TxSent: l.txSent.Load(), TxBackPress: l.txBack.Load(),
+		Polls: l.polls.Load(), PollsBusy: l.pollsBusy.Load()}
 }
 
 // DeviceStats returns a copy of the device's counters as of the last loop
@@ -152,7 +178,9 @@ func (l *Loop) DeviceStats() verbs.Stats {
 // Step runs one loop iteration at time now: receive one batch (waiting at
 // most wait for its first frame), run the device's due timers, and offer
 // the port what it did not take last time topped up with new frames. It
-// reports whether anything was received, built or sent.
+// reports whether anything was received, built or sent. The caller owns
+// the loop (Run and TryStep take the step lock; tests and the simulator
+// call Step from their one goroutine).
 func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	l.loops.Add(1)
 	n, err := l.port.Recv(l.in, wait)
@@ -205,6 +233,26 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	return n > 0 || built > 0 || sent > 0, err
 }
 
+// TryStep runs one Step in the calling goroutine at the current time if
+// Run is running and no other goroutine holds the step (the engine
+// goroutine between naps, or another poller); it never waits. It reports
+// whether the step moved anything. Run installs it as the device's poller
+// (verbs.Device.Poll). A port error is left for Run, which meets it on
+// its next step and returns it.
+func (l *Loop) TryStep() bool {
+	if !l.stepMu.TryLock() {
+		l.pollsBusy.Add(1)
+		return false
+	}
+	defer l.stepMu.Unlock()
+	if !l.running.Load() {
+		return false
+	}
+	l.polls.Add(1)
+	worked, _ := l.Step(l.opt.Now(), 0)
+	return worked
+}
+
 // Run drives dev on p until ctx ends (nil) or the port fails (its error).
 // It is the one goroutine that calls dev's step functions and owns p.
 func Run(ctx context.Context, dev *verbs.Device, p port.Port, opt Options) error {
@@ -224,6 +272,12 @@ func Run(ctx context.Context, dev *verbs.Device, p port.Port, opt Options) error
 // port that takes none of the frames offered counts as no work: spinning
 // on a full ring would only starve the peer that drains it (on two cores,
 // a 1 MiB UC WRITE over memlink took 60 ms spinning).
+//
+// While an application polls the device (verbs.Device.Poll within the
+// last PolledWait) the naps last PolledWait and the loop never sleeps in
+// the port, where it would hold the step lock and shut the poller out.
+// Run holds the step lock except while it naps; before it returns, it
+// removes its poller and waits for a running TryStep to finish.
 func (l *Loop) Run(ctx context.Context) error {
 	now := l.opt.Now
 	lastWork := now()
@@ -232,15 +286,27 @@ func (l *Loop) Run(ctx context.Context) error {
 	defer timer.Stop()
 	done := ctx.Done()
 	bell := l.dev.Doorbell()
+	l.stepMu.Lock()
+	l.running.Store(true)
+	l.dev.SetPoller(l.TryStep)
+	defer func() {
+		l.dev.SetPoller(nil)
+		l.running.Store(false)
+		l.stepMu.Unlock()
+	}()
 	for ctx.Err() == nil {
 		t := now()
 		wait := time.Duration(0)
 		if t.Sub(lastWork) > l.opt.SpinFor && (l.stuck || l.pend == 0 && !l.dev.HasOutput()) {
 			nap := l.opt.IdleWait
+			polled := t.Sub(l.dev.PolledAt()) < l.opt.PolledWait
+			if polled {
+				nap = max(nap, l.opt.PolledWait)
+			}
 			if dl := l.dev.NextDeadline(); dl != clock.Never {
 				nap = max(0, min(nap, dl.Sub(t)))
 			}
-			if t.Sub(lastWork) > l.opt.DeepIdleAfter {
+			if !polled && t.Sub(lastWork) > l.opt.DeepIdleAfter {
 				select {
 				case <-bell:
 				default:
@@ -249,12 +315,14 @@ func (l *Loop) Run(ctx context.Context) error {
 			} else if nap > 0 {
 				l.naps.Add(1)
 				timer.Reset(nap)
+				l.stepMu.Unlock()
 				select {
 				case <-bell:
 				case <-timer.C:
 				case <-done:
 				}
 				timer.Stop()
+				l.stepMu.Lock()
 				t = now()
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -551,5 +552,136 @@ func TestPostWakesNap(t *testing.T) {
 	}
 	if l.Counters().Naps < naps {
 		t.Fatal("counters went back")
+	}
+}
+
+// TestPollDrivesPingPong runs two loops whose naps last an hour while the
+// test goroutine, as both applications, plays 200 rounds of RC SEND
+// ping-pong and busy-polls with verbs.Device.Poll: the inline steps move
+// every frame (the naps never end, timers lie seconds ahead, and posts
+// made right after a Poll do not ring the doorbell), with no allocation
+// per Poll. Once Run has returned, Poll does nothing.
+func TestPollDrivesPingPong(t *testing.T) {
+	pa, pb := memlink.NewPair(memlink.Config{})
+	defer pa.Close()
+	defer pb.Close()
+	a := newHost(t, macA, addrA, 1024, 1<<16)
+	b := newHost(t, macB, addrB, 1024, 1<<16)
+	opt := Options{IdleWait: time.Hour, PolledWait: time.Hour, DeepIdleAfter: 2 * time.Hour}
+	la, _ := NewLoop(a.dev, pa, opt)
+	lb, _ := NewLoop(b.dev, pb, opt)
+	qa, qb := a.createQP(t, verbs.RC), b.createQP(t, verbs.RC)
+	slowConnect := func(q *verbs.QP, peer uint32, mac [6]byte, addr netip.Addr) {
+		for _, s := range []struct {
+			s verbs.State
+			a verbs.Attr
+		}{
+			{verbs.Init, verbs.Attr{}},
+			{verbs.RTR, verbs.Attr{PathMTU: 1024, DestQPN: peer, RQPSN: 5, MinRNRTimer: 12, AV: verbs.AddressVector{DestMAC: mac, DestIP: addr}}},
+			{verbs.RTS, verbs.Attr{SQPSN: 5, Timeout: 20, RetryCnt: 7, RNRRetry: 7}}, // a 4 s timer: never due here
+		} {
+			if err := q.Modify(s.s, &s.a); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	slowConnect(qa, qb.QPN(), macB, addrB)
+	slowConnect(qb, qa.QPN(), macA, addrA)
+	const rounds, size = 200, 64
+	for i := 0; i < 4; i++ {
+		for _, h := range []struct {
+			q *verbs.QP
+			m *verbs.MR
+		}{{qa, a.mr}, {qb, b.mr}} {
+			if _, err := h.q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{Addr: h.m.IOVA() + 4096, Length: size, LKey: h.m.LKey()}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 2)
+	var wg sync.WaitGroup
+	for _, l := range []*Loop{la, lb} {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- l.Run(ctx) }()
+	}
+	stop := sync.OnceFunc(func() { cancel(); wg.Wait() })
+	defer stop()
+	// Let both loops reach their hour-long nap.
+	for i := 0; la.Counters().Naps == 0 || lb.Counters().Naps == 0; i++ {
+		if i > 5000 {
+			t.Fatal("the idle loops never napped")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var wcs [8]verbs.WC
+	// await polls h (driving both devices) until a receive completes.
+	await := func(h *host) {
+		t.Helper()
+		for i := 0; ; i++ {
+			if i > 2_000_000 {
+				t.Fatalf("round trip stuck: loop A %+v, loop B %+v", la.Counters(), lb.Counters())
+			}
+			n := h.cq.Poll(wcs[:])
+			got := false
+			for _, w := range wcs[:n] {
+				if w.Status != verbs.Success {
+					t.Fatalf("completion %+v", w)
+				}
+				if w.IsRecv {
+					got = true
+					q := qa
+					if h == b {
+						q = qb
+					}
+					if _, err := q.PostRecv(verbs.RecvWR{ID: w.ID, SG: []verbs.SGE{{Addr: h.mr.IOVA() + 4096, Length: size, LKey: h.mr.LKey()}}}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if got {
+				return
+			}
+			a.dev.Poll()
+			b.dev.Poll()
+			if i%64 == 63 {
+				runtime.Gosched()
+			}
+		}
+	}
+	send := func(q *verbs.QP, m *verbs.MR, i int) {
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, SG: []verbs.SGE{{Addr: m.IOVA(), Length: size, LKey: m.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	skipped := a.dev.RingsSkipped() + b.dev.RingsSkipped()
+	a.dev.Poll() // the first post finds a fresh poll too
+	for i := 0; i < rounds; i++ {
+		send(qa, a.mr, i)
+		await(b)
+		send(qb, b.mr, i)
+		await(a)
+	}
+	ca, cb := la.Counters(), lb.Counters()
+	if ca.Polls == 0 || cb.Polls == 0 {
+		t.Errorf("no inline steps: A %+v, B %+v", ca, cb)
+	}
+	// A post comes within microseconds of the Poll before it, except under
+	// the race detector, which slows every step.
+	if s := a.dev.RingsSkipped() + b.dev.RingsSkipped() - skipped; !raceEnabled && s < rounds {
+		t.Errorf("%d of %d posts rang the doorbell while the application polled", 2*rounds-int(s), 2*rounds)
+	}
+	if allocs := testing.AllocsPerRun(100, func() { a.dev.Poll() }); allocs != 0 {
+		t.Errorf("%.1f allocations per Poll", allocs)
+	}
+	stop()
+	for i := 0; i < 2; i++ {
+		if err := <-errs; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	polls := la.Counters().Polls
+	if a.dev.Poll() || la.Counters().Polls != polls {
+		t.Error("Poll stepped a loop that no longer runs")
 	}
 }

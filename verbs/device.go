@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
@@ -58,6 +59,13 @@ type Device struct {
 	events   chan AsyncEvent
 	lostEv   atomic.Uint64
 
+	// Busy polling (Poll): the engine's inline step while its loop runs,
+	// when an application last polled through it, and the doorbells that
+	// were not rung because it had.
+	poller       atomic.Pointer[func() bool]
+	polledAt     atomic.Int64 // clock.Time
+	ringsSkipped atomic.Uint64
+
 	// QPs with work for the engine, handed over by application goroutines
 	// (a QP is queued at most once: QP.queued / QP.timed).
 	handMu     sync.Mutex
@@ -110,6 +118,45 @@ func (d *Device) Config() Config { return d.cfg }
 // with its port and its next deadline.
 func (d *Device) Doorbell() <-chan struct{} { return d.doorbell }
 
+// SetPoller installs step as the device's inline step, which Poll runs;
+// nil removes it. engine.Loop.Run installs its own for as long as it
+// runs: step must try to run the step functions in the caller's goroutine
+// and give up at once when the engine goroutine is running them (a
+// try-lock per call, never a lock per packet), reporting whether it moved
+// anything.
+func (d *Device) SetPoller(step func() bool) {
+	if step == nil {
+		d.poller.Store(nil)
+		return
+	}
+	d.poller.Store(&step)
+}
+
+// Poll drives the device from the calling goroutine, as ibv_poll_cq on an
+// mlx5 or rxe device processes the rings in the caller's context: when no
+// other goroutine is running the step functions, it receives one batch,
+// runs due timers and sends what the QPs have, and reports whether any
+// frame moved. An application that busy-polls its CQ calls it whenever
+// the CQ is empty: a ping-pong then needs no hand-off to the engine
+// goroutine in either direction (see also pollFresh). It returns false at
+// once when no engine loop runs the device.
+func (d *Device) Poll() bool {
+	p := d.poller.Load()
+	if p == nil {
+		return false
+	}
+	d.polledAt.Store(int64(clock.Now()))
+	return (*p)()
+}
+
+// PolledAt is when an application last called Poll (0: never); the
+// engine naps longer while applications poll for it.
+func (d *Device) PolledAt() clock.Time { return clock.Time(d.polledAt.Load()) }
+
+// RingsSkipped counts posts that left the doorbell alone because the
+// application was polling (safe from any goroutine).
+func (d *Device) RingsSkipped() uint64 { return d.ringsSkipped.Load() }
+
 // EventType is the kind of an asynchronous event (ibv_event_type).
 type EventType uint8
 
@@ -144,7 +191,21 @@ func (d *Device) event(t EventType, qpn uint32) {
 	}
 }
 
+// pollFresh is how recently an application must have polled (Poll) for
+// a post to leave the doorbell alone: the poster is then spinning on its
+// CQ and its next Poll transmits the WQE in its own goroutine, batched
+// with whatever else it posts meanwhile, where a doorbell would wake the
+// engine goroutine (a futex wake-up on an idle core, and a goroutine that
+// takes the CPU the other end of a ping-pong needs on a small machine).
+// If the application stops polling instead, the engine finds the WQE at
+// the end of its nap (engine.Options.PolledWait).
+const pollFresh = 10 * time.Microsecond
+
 func (d *Device) ring() {
+	if d.poller.Load() != nil && clock.Now().Sub(clock.Time(d.polledAt.Load())) < pollFresh {
+		d.ringsSkipped.Add(1)
+		return
+	}
 	select {
 	case d.doorbell <- struct{}{}:
 	default:
