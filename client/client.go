@@ -211,12 +211,20 @@ type MR struct {
 	Length uint64
 }
 
-// RegMR registers bytes [off, off+length) of m with the given access.
+// RegMR registers bytes [off, off+length) of m with the given access, at
+// their address in this process.
 func (p *PD) RegMR(m *Mem, off, length int, access wr.Access) (*MR, error) {
+	return p.RegMRIOVA(m, off, length, m.Addr(off), access)
+}
+
+// RegMRIOVA registers bytes [off, off+length) of m at virtual address iova
+// (ibv_reg_mr_iova): SGEs and peers name the memory by iova, which need not
+// be where this process sees it (perftest's random base address, say).
+func (p *PD) RegMRIOVA(m *Mem, off, length int, iova uint64, access wr.Access) (*MR, error) {
 	if off < 0 || length <= 0 || off+length > len(m.b) {
 		return nil, fmt.Errorf("softrnic: MR [%d, %d) outside the %d-byte memory", off, off+length, len(m.b))
 	}
-	req := proto.RegMRReq{PD: p.h, Access: access, Offset: uint64(off), Length: uint64(length), IOVA: m.Addr(off)}
+	req := proto.RegMRReq{PD: p.h, Access: access, Offset: uint64(off), Length: uint64(length), IOVA: iova}
 	body, _, err := p.c.call(proto.OpRegMR, &req, 0, m.fd)
 	if err != nil {
 		return nil, err
@@ -452,6 +460,17 @@ func (q *QP) PostSend(ws ...*proto.SendWR) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// RecvBacklog is how many posted receives the daemon has not yet handed to
+// its device. ibv_post_recv returns with the receive in the RQ; here it is
+// on its way through the ring, normally for microseconds. A receive that a
+// peer's UC or UD SEND must find (no RNR retry there) is certain to be in
+// place only once this is 0: wait for that before telling the peer to send.
+func (q *QP) RecvBacklog() int {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	return q.rq.Geometry().Slots - q.rqp.Free()
 }
 
 // PostRecv posts receive work requests, publishing them together.

@@ -506,8 +506,8 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	if req.Type != proto.RC && req.Type != proto.UD {
-		return nil, nil, errf(unix.EINVAL, "QP type %d not supported (RC %d, UD %d)", req.Type, proto.RC, proto.UD)
+	if req.Type != proto.RC && req.Type != proto.UC && req.Type != proto.UD {
+		return nil, nil, errf(unix.EINVAL, "QP type %d not supported (RC %d, UC %d, UD %d)", req.Type, proto.RC, proto.UC, proto.UD)
 	}
 	info := ss.s.dev.Info()
 	c := req.Caps

@@ -113,6 +113,8 @@ func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ C
 	t := verbs.RC
 	switch typ {
 	case proto.RC:
+	case proto.UC:
+		t = verbs.UC
 	case proto.UD:
 		t = verbs.UD
 	default:
