@@ -173,6 +173,9 @@ type counterInputs struct {
 	xdp                afxdp.Stats
 	// sums over the QPs
 	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
+	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
+	reqRemAccess, reqInvReq, respRemAccess, respLocLen                     uint64
+	cqe                                                                    verbs.CQECounters
 }
 
 func (in *counterInputs) add(q *verbs.QPCounters) {
@@ -185,6 +188,19 @@ func (in *counterInputs) add(q *verbs.QPCounters) {
 	in.badQKey += q.UD.RxBadQKey
 	in.naks += q.RC.TxNAKs
 	in.retrans += q.RC.Retransmits
+	in.seqNAKs += q.RC.RxNAKSeqErr
+	in.impliedNAKs += q.RC.ImpliedNAKs
+	in.writes += q.RC.RxWriteReqs
+	in.reads += q.RC.RxReadReqs
+	in.atomics += q.RC.RxAtomicReqs
+	in.reqRemAccess += q.RC.RxNAKRemAccess
+	in.reqInvReq += q.RC.RxNAKInvReq
+	in.respRemAccess += q.RC.RemAccessErrs
+	in.respLocLen += q.RC.LocalLengthErrs
+	in.cqe.ReqErr += q.CQE.ReqErr
+	in.cqe.ReqFlushErr += q.CQE.ReqFlushErr
+	in.cqe.RespErr += q.CQE.RespErr
+	in.cqe.RespFlushErr += q.CQE.RespFlushErr
 }
 
 // fillDevice is the one table from what softrnic counts to the names Linux
@@ -233,6 +249,19 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrXskRxFillRingEmpty] = x.Socket.RxFillRingEmpty
 	d[proto.CtrXskTxRingEmptyDescs] = x.Socket.TxRingEmptyDescs
 	d[proto.CtrXskRxOversize] = x.Oversize
+	d[proto.CtrPacketSeqErr] = in.seqNAKs
+	d[proto.CtrImpliedNakSeqErr] = in.impliedNAKs
+	d[proto.CtrRxWriteRequests] = in.writes
+	d[proto.CtrRxReadRequests] = in.reads
+	d[proto.CtrRxAtomicRequests] = in.atomics
+	d[proto.CtrReqCQEError] = in.cqe.ReqErr
+	d[proto.CtrReqCQEFlushError] = in.cqe.ReqFlushErr
+	d[proto.CtrRespCQEError] = in.cqe.RespErr
+	d[proto.CtrRespCQEFlushError] = in.cqe.RespFlushErr
+	d[proto.CtrReqRemoteAccessErrors] = in.reqRemAccess
+	d[proto.CtrReqRemoteInvalidRequest] = in.reqInvReq
+	d[proto.CtrRespRemoteAccessErrors] = in.respRemAccess
+	d[proto.CtrRespLocalLengthError] = in.respLocLen
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP
@@ -248,6 +277,12 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 func qpStats(q *verbs.QPCounters) proto.QPStats {
 	s := proto.QPStats{QPN: q.QPN, State: proto.QPState(q.State)}
 	v := &s.Values
+	// Error completions: every QP type, counted by verbs.
+	v[proto.QCtrReqCQEError] = q.CQE.ReqErr
+	v[proto.QCtrReqCQEFlushError] = q.CQE.ReqFlushErr
+	v[proto.QCtrRespCQEError] = q.CQE.RespErr
+	v[proto.QCtrRespCQEFlushError] = q.CQE.RespFlushErr
+	const cqeValid = 1<<proto.QCtrReqCQEError | 1<<proto.QCtrReqCQEFlushError | 1<<proto.QCtrRespCQEError | 1<<proto.QCtrRespCQEFlushError
 	switch q.Type {
 	case verbs.UD, verbs.GSI:
 		s.Type = proto.UD
@@ -255,7 +290,7 @@ func qpStats(q *verbs.QPCounters) proto.QPStats {
 		v[proto.QCtrOutOfBuffer] = q.UD.RxNoRecv
 		v[proto.QCtrRxQPDropped] = q.UD.RxDropped
 		v[proto.QCtrRxBadQKey] = q.UD.RxBadQKey
-		s.Valid = 1<<proto.QCtrRxPackets | 1<<proto.QCtrOutOfBuffer | 1<<proto.QCtrRxQPDropped | 1<<proto.QCtrRxBadQKey
+		s.Valid = 1<<proto.QCtrRxPackets | 1<<proto.QCtrOutOfBuffer | 1<<proto.QCtrRxQPDropped | 1<<proto.QCtrRxBadQKey | cqeValid
 	default:
 		s.Type = proto.RC
 		if q.Type == verbs.UC {
@@ -270,6 +305,15 @@ func qpStats(q *verbs.QPCounters) proto.QPStats {
 		v[proto.QCtrNakSent] = q.RC.TxNAKs
 		v[proto.QCtrRetransmits] = q.RC.Retransmits
 		v[proto.QCtrRxGhostResponse] = q.RC.GhostResponse
+		v[proto.QCtrPacketSeqErr] = q.RC.RxNAKSeqErr
+		v[proto.QCtrImpliedNakSeqErr] = q.RC.ImpliedNAKs
+		v[proto.QCtrRxWriteRequests] = q.RC.RxWriteReqs
+		v[proto.QCtrRxReadRequests] = q.RC.RxReadReqs
+		v[proto.QCtrRxAtomicRequests] = q.RC.RxAtomicReqs
+		v[proto.QCtrReqRemoteAccessErrors] = q.RC.RxNAKRemAccess
+		v[proto.QCtrReqRemoteInvalidRequest] = q.RC.RxNAKInvReq
+		v[proto.QCtrRespRemoteAccessErrors] = q.RC.RemAccessErrs
+		v[proto.QCtrRespLocalLengthError] = q.RC.LocalLengthErrs
 		s.Valid = uint32(1)<<proto.NumQPCounters - 1
 		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey
 	}

@@ -64,8 +64,12 @@ func TestFillDeviceTable(t *testing.T) {
 	rcq := verbs.QPCounters{QPN: 17, Type: verbs.RC}
 	rcq.RC.RxDuplicate, rcq.RC.RxOutOfSeq, rcq.RC.RNRWaits, rcq.RC.Timeouts, rcq.RC.TxRNRNAKs = 100, 200, 300, 400, 500
 	rcq.RC.RxDropped, rcq.RC.TxNAKs, rcq.RC.Retransmits = 600, 700, 800
+	rcq.RC.RxNAKSeqErr, rcq.RC.ImpliedNAKs, rcq.RC.RxWriteReqs, rcq.RC.RxReadReqs, rcq.RC.RxAtomicReqs = 4001, 4002, 4003, 4004, 4005
+	rcq.RC.RxNAKRemAccess, rcq.RC.RxNAKInvReq, rcq.RC.RemAccessErrs, rcq.RC.LocalLengthErrs = 4006, 4007, 4008, 4009
+	rcq.CQE = verbs.CQECounters{ReqErr: 10, ReqFlushErr: 20, RespErr: 30, RespFlushErr: 40}
 	udq := verbs.QPCounters{QPN: 18, Type: verbs.UD}
 	udq.UD.RxNoRecv, udq.UD.RxDropped, udq.UD.RxBadQKey = 1000, 2000, 3000
+	udq.CQE = verbs.CQECounters{ReqErr: 1, ReqFlushErr: 2, RespErr: 3, RespFlushErr: 4}
 	in.add(&rcq)
 	in.add(&udq)
 	var d [proto.NumDeviceCounters]uint64
@@ -83,6 +87,10 @@ func TestFillDeviceTable(t *testing.T) {
 		"xsk_rx_fill_ring_empty_descs": 27, "xsk_tx_ring_empty_descs": 28, "xsk_rx_oversize": 29,
 		"duplicate_request": 100, "out_of_sequence": 200, "rnr_nak_retry_err": 300, "local_ack_timeout_err": 400,
 		"out_of_buffer": 500 + 1000, "rx_qp_dropped": 600 + 2000, "nak_sent": 700, "retransmits": 800, "rx_bad_qkey": 3000,
+		"packet_seq_err": 4001, "implied_nak_seq_err": 4002, "rx_write_requests": 4003, "rx_read_requests": 4004,
+		"rx_atomic_requests": 4005, "req_remote_access_errors": 4006, "req_remote_invalid_request": 4007,
+		"resp_remote_access_errors": 4008, "resp_local_length_error": 4009,
+		"req_cqe_error": 11, "req_cqe_flush_error": 22, "resp_cqe_error": 33, "resp_cqe_flush_error": 44,
 	}
 	if len(want) != int(proto.NumDeviceCounters) {
 		t.Fatalf("test lists %d counters, table has %d", len(want), proto.NumDeviceCounters)
@@ -114,6 +122,26 @@ func TestFillDeviceTable(t *testing.T) {
 	if u.Type != proto.UD || u.Values[proto.QCtrRxBadQKey] != 3000 || u.Values[proto.QCtrOutOfBuffer] != 1000 ||
 		u.Valid&(1<<proto.QCtrDuplicateRequest) != 0 || u.Valid&(1<<proto.QCtrRxPackets) == 0 {
 		t.Errorf("UD QP stats %+v", u)
+	}
+	// Each new per-QP counter under its own name: RC ones for RC only,
+	// error completions for every type.
+	for _, c := range []struct {
+		idx    int
+		rc, ud uint64 // want; 0 for ud: not valid on UD
+	}{
+		{proto.QCtrPacketSeqErr, 4001, 0}, {proto.QCtrImpliedNakSeqErr, 4002, 0}, {proto.QCtrRxWriteRequests, 4003, 0},
+		{proto.QCtrRxReadRequests, 4004, 0}, {proto.QCtrRxAtomicRequests, 4005, 0}, {proto.QCtrReqRemoteAccessErrors, 4006, 0},
+		{proto.QCtrReqRemoteInvalidRequest, 4007, 0}, {proto.QCtrRespRemoteAccessErrors, 4008, 0},
+		{proto.QCtrRespLocalLengthError, 4009, 0},
+		{proto.QCtrReqCQEError, 10, 1}, {proto.QCtrReqCQEFlushError, 20, 2}, {proto.QCtrRespCQEError, 30, 3}, {proto.QCtrRespCQEFlushError, 40, 4},
+	} {
+		name := proto.QPCounters[c.idx].Name
+		if r.Values[c.idx] != c.rc || r.Valid&(1<<c.idx) == 0 {
+			t.Errorf("RC QP %s = %d (valid %v), want %d", name, r.Values[c.idx], r.Valid&(1<<c.idx) != 0, c.rc)
+		}
+		if uv := u.Valid&(1<<c.idx) != 0; uv != (c.ud != 0) || u.Values[c.idx] != c.ud {
+			t.Errorf("UD QP %s = %d (valid %v), want %d", name, u.Values[c.idx], uv, c.ud)
+		}
 	}
 }
 

@@ -11,133 +11,184 @@ type CounterDef struct {
 // Device counters: the index of each in StatsResp.Device. The order is the
 // contract between daemon and clients; new counters go at the end.
 const (
-	CtrRxPackets              = iota // frames handed to the device
-	CtrTxPackets                     // frames the device built
-	CtrRxBytes                       // bytes of the frames received (Ethernet header to ICRC)
-	CtrTxBytes                       // bytes of the frames the port took
-	CtrDuplicateRequest              // RC responder: duplicate requests (sum over QPs)
-	CtrOutOfSequence                 // RC: requests beyond the expected PSN, READ response gaps
-	CtrRnrNakRetryErr                // RC requester: RNR NAKs received
-	CtrLocalAckTimeoutErr            // RC requester: local ACK timer expiries
-	CtrOutOfBuffer                   // RC RNR NAKs sent + UD packets dropped, no receive WQE
-	CtrRxICRCEncapsulated            // frames dropped for a bad ICRC
-	CtrNpECNMarkedRoCEPackets        // CE-marked packets on DCQCN QPs
-	CtrNpCNPSent                     // CNPs sent
-	CtrRpCNPHandled                  // CNPs acted upon
-	CtrRpCNPIgnored                  // CNPs not acted upon
-	CtrRxMalformed                   // not RoCEv2 or malformed
-	CtrRxNotLocal                    // destination address not ours
-	CtrRxBadHeader                   // TVer or P_Key
-	CtrRxUnknownQP                   // destination QP does not exist
-	CtrRxBadOpcode                   // opcode of another transport than the QP's
-	CtrRxBadSource                   // RC/UC frame not from the connected peer
-	CtrRxBadQPState                  // QP not in a state that receives
-	CtrRxQPDropped                   // dropped by a QP's transport (sum over QPs)
-	CtrRxBadQKey                     // UD: wrong Q_Key (sum over QPs)
-	CtrNakSent                       // RC responder: NAKs sent (sum over QPs)
-	CtrRetransmits                   // RC requester: go-back-N restarts (sum over QPs)
-	CtrTxBackpressure                // port sends that took fewer frames than offered
-	CtrXdpSteered                    // XDP program: redirected to an AF_XDP socket
-	CtrXdpPassed                     // XDP program: not RoCEv2, left to the kernel
-	CtrXdpMalformed                  // XDP program: truncated or invalid IP/UDP header
-	CtrXdpUnbound                    // XDP program: RoCEv2 on a queue without socket
-	CtrXdpForeign                    // XDP program: RoCEv2 to a non-local address
-	CtrXskRxDropped                  // AF_XDP: dropped by the kernel for other reasons
-	CtrXskRxInvalidDescs             // AF_XDP: invalid RX descriptors
-	CtrXskTxInvalidDescs             // AF_XDP: invalid TX descriptors
-	CtrXskRxRingFull                 // AF_XDP: dropped because the RX ring was full
-	CtrXskRxFillRingEmpty            // AF_XDP: the kernel found no frame on FILL
-	CtrXskTxRingEmptyDescs           // AF_XDP: TX ring found empty
-	CtrXskRxOversize                 // AF_XDP: multi-buffer frames over the frame size
+	CtrRxPackets               = iota // frames handed to the device
+	CtrTxPackets                      // frames the device built
+	CtrRxBytes                        // bytes of the frames received (Ethernet header to ICRC)
+	CtrTxBytes                        // bytes of the frames the port took
+	CtrDuplicateRequest               // RC responder: duplicate requests (sum over QPs)
+	CtrOutOfSequence                  // RC: requests beyond the expected PSN, READ response gaps
+	CtrRnrNakRetryErr                 // RC requester: RNR NAKs received
+	CtrLocalAckTimeoutErr             // RC requester: local ACK timer expiries
+	CtrOutOfBuffer                    // RC RNR NAKs sent + UD packets dropped, no receive WQE
+	CtrRxICRCEncapsulated             // frames dropped for a bad ICRC
+	CtrNpECNMarkedRoCEPackets         // CE-marked packets on DCQCN QPs
+	CtrNpCNPSent                      // CNPs sent
+	CtrRpCNPHandled                   // CNPs acted upon
+	CtrRpCNPIgnored                   // CNPs not acted upon
+	CtrRxMalformed                    // not RoCEv2 or malformed
+	CtrRxNotLocal                     // destination address not ours
+	CtrRxBadHeader                    // TVer or P_Key
+	CtrRxUnknownQP                    // destination QP does not exist
+	CtrRxBadOpcode                    // opcode of another transport than the QP's
+	CtrRxBadSource                    // RC/UC frame not from the connected peer
+	CtrRxBadQPState                   // QP not in a state that receives
+	CtrRxQPDropped                    // dropped by a QP's transport (sum over QPs)
+	CtrRxBadQKey                      // UD: wrong Q_Key (sum over QPs)
+	CtrNakSent                        // RC responder: NAKs sent (sum over QPs)
+	CtrRetransmits                    // RC requester: go-back-N restarts (sum over QPs)
+	CtrTxBackpressure                 // port sends that took fewer frames than offered
+	CtrXdpSteered                     // XDP program: redirected to an AF_XDP socket
+	CtrXdpPassed                      // XDP program: not RoCEv2, left to the kernel
+	CtrXdpMalformed                   // XDP program: truncated or invalid IP/UDP header
+	CtrXdpUnbound                     // XDP program: RoCEv2 on a queue without socket
+	CtrXdpForeign                     // XDP program: RoCEv2 to a non-local address
+	CtrXskRxDropped                   // AF_XDP: dropped by the kernel for other reasons
+	CtrXskRxInvalidDescs              // AF_XDP: invalid RX descriptors
+	CtrXskTxInvalidDescs              // AF_XDP: invalid TX descriptors
+	CtrXskRxRingFull                  // AF_XDP: dropped because the RX ring was full
+	CtrXskRxFillRingEmpty             // AF_XDP: the kernel found no frame on FILL
+	CtrXskTxRingEmptyDescs            // AF_XDP: TX ring found empty
+	CtrXskRxOversize                  // AF_XDP: multi-buffer frames over the frame size
+	CtrPacketSeqErr                   // RC requester: PSN sequence error NAKs received
+	CtrImpliedNakSeqErr               // RC requester: READ response gaps that restarted a READ
+	CtrRxWriteRequests                // RC/UC responder: WRITE messages received
+	CtrRxReadRequests                 // RC responder: READ requests received
+	CtrRxAtomicRequests               // RC responder: atomic requests received
+	CtrReqCQEError                    // send-queue completions in error, flushes apart
+	CtrReqCQEFlushError               // send-queue completions flushed
+	CtrRespCQEError                   // receive-queue completions in error, flushes apart
+	CtrRespCQEFlushError              // receive-queue completions flushed
+	CtrReqRemoteAccessErrors          // RC requester: remote access error NAKs received
+	CtrReqRemoteInvalidRequest        // RC requester: invalid request NAKs received
+	CtrRespRemoteAccessErrors         // RC/UC responder: requests refused for rkey, range or access
+	CtrRespLocalLengthError           // RC/UC responder: SENDs longer than the receive WQE
 	NumDeviceCounters
 )
 
 // DeviceCounters are the device counters' names, by index.
 var DeviceCounters = [NumDeviceCounters]CounterDef{
-	CtrRxPackets:              {"rx_packets", "frames the port delivered to the device (rx_malformed: those not RoCEv2)"},
-	CtrTxPackets:              {"tx_packets", "RoCEv2 frames sent by the device"},
-	CtrRxBytes:                {"rx_bytes", "bytes of the frames received, Ethernet header to ICRC"},
-	CtrTxBytes:                {"tx_bytes", "bytes of the frames sent, Ethernet header to ICRC"},
-	CtrDuplicateRequest:       {"duplicate_request", "RC duplicate requests received"},
-	CtrOutOfSequence:          {"out_of_sequence", "RC packets received beyond the expected PSN"},
-	CtrRnrNakRetryErr:         {"rnr_nak_retry_err", "RC RNR NAKs received"},
-	CtrLocalAckTimeoutErr:     {"local_ack_timeout_err", "RC local ACK timer expiries"},
-	CtrOutOfBuffer:            {"out_of_buffer", "packets that found no receive WQE (RC RNR NAK sent, UD dropped)"},
-	CtrRxICRCEncapsulated:     {"rx_icrc_encapsulated", "RoCEv2 frames dropped for a bad ICRC"},
-	CtrNpECNMarkedRoCEPackets: {"np_ecn_marked_roce_packets", "CE-marked packets received on DCQCN QPs"},
-	CtrNpCNPSent:              {"np_cnp_sent", "CNPs sent"},
-	CtrRpCNPHandled:           {"rp_cnp_handled", "CNPs a reaction point acted upon"},
-	CtrRpCNPIgnored:           {"rp_cnp_ignored", "CNPs received and not acted upon"},
-	CtrRxMalformed:            {"rx_malformed", "frames dropped: not RoCEv2 or malformed"},
-	CtrRxNotLocal:             {"rx_not_local", "frames dropped: destination address not ours"},
-	CtrRxBadHeader:            {"rx_bad_header", "frames dropped: bad TVer or P_Key"},
-	CtrRxUnknownQP:            {"rx_unknown_qp", "frames dropped: no such destination QP"},
-	CtrRxBadOpcode:            {"rx_bad_opcode", "frames dropped: opcode of another transport than the QP's"},
-	CtrRxBadSource:            {"rx_bad_source", "frames dropped: RC/UC frame not from the connected peer"},
-	CtrRxBadQPState:           {"rx_bad_qp_state", "frames dropped: QP not in a receiving state"},
-	CtrRxQPDropped:            {"rx_qp_dropped", "packets dropped by a QP's transport (unexpected, out of state)"},
-	CtrRxBadQKey:              {"rx_bad_qkey", "UD packets dropped for a wrong Q_Key"},
-	CtrNakSent:                {"nak_sent", "RC NAKs sent"},
-	CtrRetransmits:            {"retransmits", "RC go-back-N restarts (NAK, timeout, RNR, lost response)"},
-	CtrTxBackpressure:         {"tx_backpressure", "port sends that took fewer frames than offered"},
-	CtrXdpSteered:             {"xdp_steered", "XDP program: frames redirected to an AF_XDP socket"},
-	CtrXdpPassed:              {"xdp_passed", "XDP program: frames not RoCEv2, left to the kernel"},
-	CtrXdpMalformed:           {"xdp_malformed", "XDP program: truncated or invalid IP/UDP headers, passed"},
-	CtrXdpUnbound:             {"xdp_unbound", "XDP program: RoCEv2 on a queue with no socket, passed"},
-	CtrXdpForeign:             {"xdp_foreign", "XDP program: RoCEv2 to a non-local address, passed"},
-	CtrXskRxDropped:           {"xsk_rx_dropped", "AF_XDP: frames the kernel dropped for other reasons"},
-	CtrXskRxInvalidDescs:      {"xsk_rx_invalid_descs", "AF_XDP: invalid RX descriptors"},
-	CtrXskTxInvalidDescs:      {"xsk_tx_invalid_descs", "AF_XDP: invalid TX descriptors"},
-	CtrXskRxRingFull:          {"xsk_rx_ring_full", "AF_XDP: frames dropped because the RX ring was full"},
-	CtrXskRxFillRingEmpty:     {"xsk_rx_fill_ring_empty_descs", "AF_XDP: times the kernel found the FILL ring empty"},
-	CtrXskTxRingEmptyDescs:    {"xsk_tx_ring_empty_descs", "AF_XDP: times the kernel found the TX ring empty"},
-	CtrXskRxOversize:          {"xsk_rx_oversize", "AF_XDP: multi-buffer frames dropped, over the frame size"},
+	CtrRxPackets:               {"rx_packets", "frames the port delivered to the device (rx_malformed: those not RoCEv2)"},
+	CtrTxPackets:               {"tx_packets", "RoCEv2 frames sent by the device"},
+	CtrRxBytes:                 {"rx_bytes", "bytes of the frames received, Ethernet header to ICRC"},
+	CtrTxBytes:                 {"tx_bytes", "bytes of the frames sent, Ethernet header to ICRC"},
+	CtrDuplicateRequest:        {"duplicate_request", "RC duplicate requests received"},
+	CtrOutOfSequence:           {"out_of_sequence", "RC packets received beyond the expected PSN"},
+	CtrRnrNakRetryErr:          {"rnr_nak_retry_err", "RC RNR NAKs received"},
+	CtrLocalAckTimeoutErr:      {"local_ack_timeout_err", "RC local ACK timer expiries"},
+	CtrOutOfBuffer:             {"out_of_buffer", "packets that found no receive WQE (RC RNR NAK sent, UD dropped)"},
+	CtrRxICRCEncapsulated:      {"rx_icrc_encapsulated", "RoCEv2 frames dropped for a bad ICRC"},
+	CtrNpECNMarkedRoCEPackets:  {"np_ecn_marked_roce_packets", "CE-marked packets received on DCQCN QPs"},
+	CtrNpCNPSent:               {"np_cnp_sent", "CNPs sent"},
+	CtrRpCNPHandled:            {"rp_cnp_handled", "CNPs a reaction point acted upon"},
+	CtrRpCNPIgnored:            {"rp_cnp_ignored", "CNPs received and not acted upon"},
+	CtrRxMalformed:             {"rx_malformed", "frames dropped: not RoCEv2 or malformed"},
+	CtrRxNotLocal:              {"rx_not_local", "frames dropped: destination address not ours"},
+	CtrRxBadHeader:             {"rx_bad_header", "frames dropped: bad TVer or P_Key"},
+	CtrRxUnknownQP:             {"rx_unknown_qp", "frames dropped: no such destination QP"},
+	CtrRxBadOpcode:             {"rx_bad_opcode", "frames dropped: opcode of another transport than the QP's"},
+	CtrRxBadSource:             {"rx_bad_source", "frames dropped: RC/UC frame not from the connected peer"},
+	CtrRxBadQPState:            {"rx_bad_qp_state", "frames dropped: QP not in a receiving state"},
+	CtrRxQPDropped:             {"rx_qp_dropped", "packets dropped by a QP's transport (unexpected, out of state)"},
+	CtrRxBadQKey:               {"rx_bad_qkey", "UD packets dropped for a wrong Q_Key"},
+	CtrNakSent:                 {"nak_sent", "RC NAKs sent"},
+	CtrRetransmits:             {"retransmits", "RC go-back-N restarts (NAK, timeout, RNR, lost response)"},
+	CtrTxBackpressure:          {"tx_backpressure", "port sends that took fewer frames than offered"},
+	CtrXdpSteered:              {"xdp_steered", "XDP program: frames redirected to an AF_XDP socket"},
+	CtrXdpPassed:               {"xdp_passed", "XDP program: frames not RoCEv2, left to the kernel"},
+	CtrXdpMalformed:            {"xdp_malformed", "XDP program: truncated or invalid IP/UDP headers, passed"},
+	CtrXdpUnbound:              {"xdp_unbound", "XDP program: RoCEv2 on a queue with no socket, passed"},
+	CtrXdpForeign:              {"xdp_foreign", "XDP program: RoCEv2 to a non-local address, passed"},
+	CtrXskRxDropped:            {"xsk_rx_dropped", "AF_XDP: frames the kernel dropped for other reasons"},
+	CtrXskRxInvalidDescs:       {"xsk_rx_invalid_descs", "AF_XDP: invalid RX descriptors"},
+	CtrXskTxInvalidDescs:       {"xsk_tx_invalid_descs", "AF_XDP: invalid TX descriptors"},
+	CtrXskRxRingFull:           {"xsk_rx_ring_full", "AF_XDP: frames dropped because the RX ring was full"},
+	CtrXskRxFillRingEmpty:      {"xsk_rx_fill_ring_empty_descs", "AF_XDP: times the kernel found the FILL ring empty"},
+	CtrXskTxRingEmptyDescs:     {"xsk_tx_ring_empty_descs", "AF_XDP: times the kernel found the TX ring empty"},
+	CtrXskRxOversize:           {"xsk_rx_oversize", "AF_XDP: multi-buffer frames dropped, over the frame size"},
+	CtrPacketSeqErr:            {"packet_seq_err", "RC PSN sequence error NAKs received"},
+	CtrImpliedNakSeqErr:        {"implied_nak_seq_err", "RC READ response gaps that made the requester ask again (implied NAK)"},
+	CtrRxWriteRequests:         {"rx_write_requests", "RDMA WRITE messages received (duplicates not included)"},
+	CtrRxReadRequests:          {"rx_read_requests", "RDMA READ requests received (duplicates not included)"},
+	CtrRxAtomicRequests:        {"rx_atomic_requests", "atomic requests received (duplicates not included)"},
+	CtrReqCQEError:             {"req_cqe_error", "send queue completions with an error other than flush"},
+	CtrReqCQEFlushError:        {"req_cqe_flush_error", "send queue completions flushed"},
+	CtrRespCQEError:            {"resp_cqe_error", "receive queue completions with an error other than flush"},
+	CtrRespCQEFlushError:       {"resp_cqe_flush_error", "receive queue completions flushed"},
+	CtrReqRemoteAccessErrors:   {"req_remote_access_errors", "RC remote access error NAKs received"},
+	CtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
+	CtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
+	CtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
 }
 
 // Per-QP counters: the index of each in QPStats.Values.
 const (
-	QCtrRxPackets          = iota // UD only: packets delivered
-	QCtrDuplicateRequest          // RC
-	QCtrOutOfSequence             // RC
-	QCtrRnrNakRetryErr            // RC
-	QCtrLocalAckTimeoutErr        // RC
-	QCtrOutOfBuffer               // RC RNR NAKs sent, UD drops without receive WQE
-	QCtrRxQPDropped               // both
-	QCtrRxBadQKey                 // UD
-	QCtrNakSent                   // RC
-	QCtrRetransmits               // RC
-	QCtrRxGhostResponse           // RC: responses for nothing outstanding
+	QCtrRxPackets               = iota // UD only: packets delivered
+	QCtrDuplicateRequest               // RC
+	QCtrOutOfSequence                  // RC
+	QCtrRnrNakRetryErr                 // RC
+	QCtrLocalAckTimeoutErr             // RC
+	QCtrOutOfBuffer                    // RC RNR NAKs sent, UD drops without receive WQE
+	QCtrRxQPDropped                    // both
+	QCtrRxBadQKey                      // UD
+	QCtrNakSent                        // RC
+	QCtrRetransmits                    // RC
+	QCtrRxGhostResponse                // RC: responses for nothing outstanding
+	QCtrPacketSeqErr                   // RC
+	QCtrImpliedNakSeqErr               // RC
+	QCtrRxWriteRequests                // RC, UC
+	QCtrRxReadRequests                 // RC
+	QCtrRxAtomicRequests               // RC
+	QCtrReqCQEError                    // all types
+	QCtrReqCQEFlushError               // all types
+	QCtrRespCQEError                   // all types
+	QCtrRespCQEFlushError              // all types
+	QCtrReqRemoteAccessErrors          // RC
+	QCtrReqRemoteInvalidRequest        // RC
+	QCtrRespRemoteAccessErrors         // RC, UC
+	QCtrRespLocalLengthError           // RC, UC
 	NumQPCounters
 )
 
 // QPCounters are the per-QP counters' names, by index.
 var QPCounters = [NumQPCounters]CounterDef{
-	QCtrRxPackets:          {"rx_packets", "UD packets delivered to the QP"},
-	QCtrDuplicateRequest:   {"duplicate_request", "RC duplicate requests received"},
-	QCtrOutOfSequence:      {"out_of_sequence", "RC packets received beyond the expected PSN"},
-	QCtrRnrNakRetryErr:     {"rnr_nak_retry_err", "RC RNR NAKs received"},
-	QCtrLocalAckTimeoutErr: {"local_ack_timeout_err", "RC local ACK timer expiries"},
-	QCtrOutOfBuffer:        {"out_of_buffer", "packets that found no receive WQE"},
-	QCtrRxQPDropped:        {"rx_qp_dropped", "packets dropped by the QP's transport"},
-	QCtrRxBadQKey:          {"rx_bad_qkey", "UD packets dropped for a wrong Q_Key"},
-	QCtrNakSent:            {"nak_sent", "RC NAKs sent"},
-	QCtrRetransmits:        {"retransmits", "RC go-back-N restarts"},
-	QCtrRxGhostResponse:    {"rx_ghost_response", "RC responses for nothing outstanding"},
+	QCtrRxPackets:               {"rx_packets", "UD packets delivered to the QP"},
+	QCtrDuplicateRequest:        {"duplicate_request", "RC duplicate requests received"},
+	QCtrOutOfSequence:           {"out_of_sequence", "RC packets received beyond the expected PSN"},
+	QCtrRnrNakRetryErr:          {"rnr_nak_retry_err", "RC RNR NAKs received"},
+	QCtrLocalAckTimeoutErr:      {"local_ack_timeout_err", "RC local ACK timer expiries"},
+	QCtrOutOfBuffer:             {"out_of_buffer", "packets that found no receive WQE"},
+	QCtrRxQPDropped:             {"rx_qp_dropped", "packets dropped by the QP's transport"},
+	QCtrRxBadQKey:               {"rx_bad_qkey", "UD packets dropped for a wrong Q_Key"},
+	QCtrNakSent:                 {"nak_sent", "RC NAKs sent"},
+	QCtrRetransmits:             {"retransmits", "RC go-back-N restarts"},
+	QCtrRxGhostResponse:         {"rx_ghost_response", "RC responses for nothing outstanding"},
+	QCtrPacketSeqErr:            {"packet_seq_err", "RC PSN sequence error NAKs received"},
+	QCtrImpliedNakSeqErr:        {"implied_nak_seq_err", "RC READ response gaps that made the requester ask again"},
+	QCtrRxWriteRequests:         {"rx_write_requests", "RDMA WRITE messages received"},
+	QCtrRxReadRequests:          {"rx_read_requests", "RDMA READ requests received"},
+	QCtrRxAtomicRequests:        {"rx_atomic_requests", "atomic requests received"},
+	QCtrReqCQEError:             {"req_cqe_error", "send queue completions with an error other than flush"},
+	QCtrReqCQEFlushError:        {"req_cqe_flush_error", "send queue completions flushed"},
+	QCtrRespCQEError:            {"resp_cqe_error", "receive queue completions with an error other than flush"},
+	QCtrRespCQEFlushError:       {"resp_cqe_flush_error", "receive queue completions flushed"},
+	QCtrReqRemoteAccessErrors:   {"req_remote_access_errors", "RC remote access error NAKs received"},
+	QCtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
+	QCtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
+	QCtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not
-// count yet, with why: softrnic stats lists them instead of printing zeros
-// that would mean nothing.
+// count, with why: softrnic stats lists them instead of printing zeros that
+// would mean nothing.
 var NotCounted = []CounterDef{
-	{"packet_seq_err", "PSN sequence error NAKs received are not told apart from other NAKs (counted in retransmits)"},
-	{"implied_nak_seq_err", "READ response gaps are counted in out_of_sequence"},
-	{"rx_write_requests", "requests are not counted by opcode yet"},
-	{"rx_read_requests", "requests are not counted by opcode yet"},
-	{"rx_atomic_requests", "requests are not counted by opcode yet"},
-	{"req_cqe_error", "error completions are not counted yet"},
-	{"resp_cqe_error", "error completions are not counted yet"},
-	{"req_remote_access_errors", "remote access error NAKs are not counted apart yet"},
-	{"resp_remote_access_errors", "remote access error NAKs are not counted apart yet"},
+	{"rx_dct_connect", "softrnic has no DC (dynamically connected) transport"},
+	{"roce_adp_retrans", "ConnectX adaptive retransmission is not implemented: retransmission follows the IBA local ACK timeout"},
+	{"roce_adp_retrans_to", "ConnectX adaptive retransmission is not implemented"},
+	{"roce_slow_restart", "ConnectX slow restart is not implemented"},
+	{"roce_slow_restart_cnps", "ConnectX slow restart is not implemented"},
+	{"roce_slow_restart_trans", "ConnectX slow restart is not implemented"},
+	{"retry_exceeded_err", "rxe's name: these completions are counted in req_cqe_error, not apart"},
+	{"retry_rnr_exceeded_err", "rxe's name: these completions are counted in req_cqe_error, not apart"},
 }
 
 // The device counters valid for this port (StatsResp.Valid): the XDP and
@@ -169,8 +220,9 @@ type QPStats struct {
 	Values [NumQPCounters]uint64
 }
 
-// MaxStatsQPs is how many QPs one StatsResp lists.
-const MaxStatsQPs = 24
+// MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
+// control message (MaxMessage).
+const MaxStatsQPs = 16
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.
