@@ -11,8 +11,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/route"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -27,6 +29,11 @@ type CLIOptions struct {
 	// Listening, when set, is called with the server's address once it
 	// listens (tests use it to start the client).
 	Listening func(net.Addr)
+	// Daemon, when set, is the control socket of a softrnic daemon: the
+	// test's QPs, CQs and MRs then live in the daemon's device (--daemon
+	// SOCKET) instead of a device of our own on the interface, and the
+	// side channel is still ours.
+	Daemon string
 }
 
 // RunCLI is `softrnic perf`: it opens the device on p.Device in the calling
@@ -52,6 +59,9 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 // withHost opens the host for a perf run: OpenHost with --dcqcn's
 // congestion control. RunCLI and RunCLICM share it.
 func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
+	if o.Daemon != "" {
+		return withDaemon(p, o.Daemon, f)
+	}
 	if p.Device == "" {
 		return errors.New("perf: -d INTERFACE is required (the network interface to run RoCE on)")
 	}
@@ -63,6 +73,39 @@ func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host)
 		return fmt.Errorf("perf: %w", err)
 	}
 	return nil
+}
+
+// withDaemon runs f on the device of the softrnic daemon at socket: the
+// tools' --daemon. The daemon owns the interface, its port, its engine,
+// neighbour resolution and DCQCN (its own configuration), so -d may only
+// name the daemon's interface, and --dcqcn is refused.
+func withDaemon(p perftest.Params, socket string, f func(Host) error) error {
+	if p.DCQCN != "" && p.DCQCN != "off" {
+		return errors.New("perf: --dcqcn with --daemon: DCQCN is the daemon's to configure (its dcqcn keys)")
+	}
+	h, c, err := DaemonHost(socket)
+	if err != nil {
+		return fmt.Errorf("perf: %w", err)
+	}
+	defer c.Close()
+	if p.Device != "" && p.Device != h.Iface.Name {
+		return fmt.Errorf("perf: -d %s, but the daemon at %s serves %s", p.Device, socket, h.Iface.Name)
+	}
+	return f(h)
+}
+
+// DaemonHost connects to the softrnic daemon at socket and returns a Host
+// on its device, whose Iface has the daemon's interface name, GID table
+// and MTU (the RoCE MTU, not the netdev's). Close the client when done: the
+// daemon then frees whatever the host left.
+func DaemonHost(socket string) (Host, *client.Client, error) {
+	c, err := client.Dial(socket)
+	if err != nil {
+		return Host{}, nil, err
+	}
+	dev := rnic.Daemon(c)
+	h := Host{RNIC: dev, Iface: engine.Interface{Name: dev.Name(), MTU: dev.PortMTU(), GIDs: dev.GIDs()}}
+	return h, c, nil
 }
 
 // OpenHost opens the RNIC the built-in tools run on: a port of the given

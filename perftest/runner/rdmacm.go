@@ -16,6 +16,7 @@ import (
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -259,8 +260,14 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
 			src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
 		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
-		q.cq = t.h.Device.CreateCQ(sq + rq + 64)
-		cp := &rdmacm.ConnParams{PD: t.pd, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
+		cq, err := t.dev.CreateCQ(sq + rq + 64)
+		if err != nil {
+			return err
+		}
+		q.cq = cq
+		// rdmacm creates the QP on the verbs objects under the rnic ones
+		// (-R runs in process only).
+		cp := &rdmacm.ConnParams{PD: rnic.VerbsPD(t.pd), SendCQ: rnic.VerbsCQ(cq), RecvCQ: rnic.VerbsCQ(cq), MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
 			Access: t.allowed &^ verbs.LocalWrite, RetryCount: 7, RNRRetry: 7}
 		if t.p.Verb == perftest.Read || t.p.Verb == perftest.Atomic {
 			cp.ResponderResources = uint8(min(t.p.OutReads, 255))
@@ -271,8 +278,9 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 			return fmt.Errorf("perf: rdma_cm connection of QP %d: %w", i, err)
 		}
 		c.s.conns = append(c.s.conns, conn)
-		q.qp = conn.QP()
+		q.qp = rnic.LocalQP(t.pd, conn.QP())
 		t.qps = append(t.qps, q)
+		t.qpns = append(t.qpns, q.qpn())
 	}
 	return nil
 }
@@ -287,7 +295,9 @@ func (t *Test) cmSetupMR(n perftest.Negotiated) error {
 	}
 	page := uint64(max(n.PageSize, 4096))
 	t.region = int(2 * ((max(maxSize, page) + page - 1) / page * page))
-	t.buf = make([]byte, t.region*t.p.QPs)
+	if err := t.allocBuf(); err != nil {
+		return err
+	}
 	t.fillPattern()
 	t.allowed = verbs.LocalWrite
 	switch t.p.Verb {
@@ -301,9 +311,11 @@ func (t *Test) cmSetupMR(n perftest.Negotiated) error {
 	var r [8]byte
 	rand.Read(r[:])
 	iova := (binary.LittleEndian.Uint64(r[:]) & 0x00007fff_fffff000) | 0x10000000
-	t.pd = t.h.Device.AllocPD()
 	var err error
-	t.mr, err = t.pd.RegMRIOVA(t.buf, iova, t.allowed)
+	if t.pd, err = t.dev.AllocPD(); err != nil {
+		return err
+	}
+	t.mr, err = t.pd.RegMR(t.mem, 0, len(t.buf), iova, t.allowed)
 	return err
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -63,7 +64,7 @@ func (t *Test) remoteOff(k int, size uint64) uint64 {
 }
 
 // wqe builds message k of QP q into q's one reusable WR.
-func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbs.SendWR {
+func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *rnic.SendWR {
 	off := t.remoteOff(k, size)
 	half := uint64(t.region / 2)
 	switch t.p.Verb {
@@ -88,10 +89,10 @@ func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbs.SendWR {
 // no allocation on this side): n bytes at offset local of q's region, to
 // offset remote of the peer's (RDMA and atomics) or, on UD, to the peer's
 // QP through its address handle.
-func (t *Test) setWR(q *qp, id uint64, op verbs.Opcode, local, n, remote uint64, signaled bool) *verbs.SendWR {
-	q.sge[0] = verbs.SGE{Addr: q.va + local, Length: uint32(n), LKey: t.mr.LKey()}
+func (t *Test) setWR(q *qp, id uint64, op verbs.Opcode, local, n, remote uint64, signaled bool) *rnic.SendWR {
+	q.sge[0] = rnic.SGE{Addr: q.va + local, Length: uint32(n), LKey: t.mr.LKey()}
 	w := &q.wr[0]
-	*w = verbs.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
+	*w = rnic.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
 	if signaled {
 		w.Flags = verbs.Signaled
 	}
@@ -107,8 +108,8 @@ func (t *Test) setWR(q *qp, id uint64, op verbs.Opcode, local, n, remote uint64,
 
 // tryPost posts q's WR; false when the send queue is full.
 func (t *Test) tryPost(q *qp) (bool, error) {
-	if _, err := q.qp.PostSend(q.wr[:]...); err != nil {
-		if errors.Is(err, verbs.ErrQueueFull) {
+	if err := q.qp.PostSend(&q.wr[0]); err != nil {
+		if errors.Is(err, rnic.ErrQueueFull) {
 			return false, nil
 		}
 		return false, fmt.Errorf("perf: QP %#x: post: %w", q.qpn(), err)
@@ -405,19 +406,13 @@ func (t *Test) stalled(last *int64, moved *uint64) bool {
 }
 
 // transportProgress sums the rc Counters.Progress of the test's QPs.
+// Through the daemon, which does not report it, it is 0 and only
+// completions count as progress.
 func (t *Test) transportProgress() uint64 {
-	var n uint64
-	if t.h.Device == nil {
-		return 0
+	if pc, ok := t.dev.(rnic.ProgressCounter); ok {
+		return pc.TransportProgress(t.qpns)
 	}
-	t.h.Device.EachQPCounters(func(c *verbs.QPCounters) {
-		for _, q := range t.qps {
-			if q.qp != nil && q.qp.QPN() == c.QPN {
-				n += c.RC.Progress
-			}
-		}
-	})
-	return n
+	return 0
 }
 
 // waitRecv waits for the next receive completion on q, checks it with

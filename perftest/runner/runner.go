@@ -5,7 +5,9 @@
 // records the peer announced over the side channel — on a verbs.Device
 // that engine.Run drives on the interface's port. It runs perftest's loops
 // (bandwidth with a TX depth and CQ moderation, ping-pong latency) with an
-// optional check of every byte received (--verify).
+// optional check of every byte received (--verify). It speaks to the RNIC
+// through package rnic, so the same test runs on a device in this process
+// or, with --daemon, on a softrnic daemon's device (its QPs in the daemon).
 package runner
 
 import (
@@ -24,6 +26,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -34,7 +37,11 @@ type Host struct {
 	// GID table (Config.Addrs) is Iface.GIDs, in the same order, so that
 	// perftest's -x indexes both.
 	Device *verbs.Device
-	Iface  engine.Interface
+	// RNIC, if set, is the device the tests run on instead of Device: a
+	// softrnic daemon's (rnic.Daemon), whose name, GIDs and MTU Iface
+	// then describes. Without it the tests run on rnic.Local(Device).
+	RNIC  rnic.Device
+	Iface engine.Interface
 	// Resolve returns the MAC addresses frames to peer go between
 	// (ours, the next hop's).
 	Resolve func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error)
@@ -126,15 +133,18 @@ type Test struct {
 
 	headerDone bool
 	allowed    verbs.Access // what the peer may do to our MR
+	dev        rnic.Device  // Host.RNIC, or Host.Device in this process
 
 	neg     perftest.Negotiated
 	gid     netip.Addr
 	gidIdx  int // index of gid in the device's GID table
 	region  int // bytes of the MR per QP
-	pd      *verbs.PD
-	mr      *verbs.MR // region bytes per QP
-	buf     []byte    // the MR's memory
+	pd      rnic.PD
+	mr      rnic.MR  // region bytes per QP
+	mem     rnic.Mem // the MR's memory
+	buf     []byte   // mem's bytes
 	qps     []*qp
+	qpns    []uint32 // the QPs' numbers (transportProgress)
 	remote  []perftest.Dest
 	res     Result
 	ctx     context.Context
@@ -145,9 +155,9 @@ type Test struct {
 
 // qp is one QP and the state the application side keeps for it.
 type qp struct {
-	qp   *verbs.QP
-	cq   *verbs.CQ
-	ah   *verbs.AH // UD: the peer's address handle
+	qp   rnic.QP
+	cq   rnic.CQ
+	ah   rnic.AH // UD: the peer's address handle
 	psn  uint32
 	idx  int
 	src  []byte // local source/sink area: the QP's region of the MR
@@ -157,15 +167,16 @@ type qp struct {
 
 	// One WR and SGE per QP, reused by every post (PostSend copies what
 	// it needs), so that a message costs no allocation on this side.
-	wr  [1]verbs.SendWR
-	sge [1]verbs.SGE
-	rwr [1]verbs.RecvWR
-	rsg [1]verbs.SGE
+	wr  [1]rnic.SendWR
+	sge [1]rnic.SGE
+	rwr [1]rnic.RecvWR
+	rsg [1]rnic.SGE
 
-	recvMR   *verbs.MR // receive slots (local write only)
-	recvBusy []bool    // slot i has a receive posted
-	recvLen  uint64    // bytes of a receive buffer
-	recvInc  uint64    // distance between slots
+	recvMem  rnic.Mem // receive slots
+	recvMR   rnic.MR  // over recvMem (local write only)
+	recvBusy []bool   // slot i has a receive posted
+	recvLen  uint64   // bytes of a receive buffer
+	recvInc  uint64   // distance between slots
 }
 
 // QPN is the QP's number.
@@ -173,7 +184,20 @@ func (q *qp) qpn() uint32 { return q.qp.QPN() }
 
 // New prepares a test; Exec runs it.
 func New(h Host, p perftest.Params, client bool, out io.Writer) *Test {
-	return &Test{h: h, p: p, client: client, out: out, quiet: p.JSON}
+	t := &Test{h: h, p: p, client: client, out: out, quiet: p.JSON, dev: h.RNIC}
+	if t.dev == nil && h.Device != nil {
+		t.dev = rnic.Local(h.Device, h.Iface.Name, rnic.Resolver(h.Resolve), h.Stats)
+	}
+	return t
+}
+
+// congestion is the device's DCQCN setting (off through the daemon, whose
+// own configuration decides).
+func (t *Test) congestion() verbs.Congestion {
+	if c, ok := t.dev.(rnic.Congested); ok {
+		return c.Congestion()
+	}
+	return verbs.Congestion{}
 }
 
 // Exec runs the test over the side channel conn, returns what it measured
@@ -181,7 +205,7 @@ func New(h Host, p perftest.Params, client bool, out io.Writer) *Test {
 func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 	t.ctx = ctx
 	defer t.close()
-	if t.h.Device == nil {
+	if t.dev == nil {
 		return t.res, errors.New("perf: no device")
 	}
 	t.udDatum = t.p.Transport == perftest.UD
@@ -199,7 +223,7 @@ func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 		}
 	}
 	t.gid = gid
-	mtu := perftest.MTUFromBytes(t.h.Device.Config().PortMTU)
+	mtu := perftest.MTUFromBytes(t.dev.PortMTU())
 	if t.p.MTU != 0 {
 		mtu = min(mtu, t.p.MTU)
 	}
@@ -243,7 +267,11 @@ func (t *Test) info() perftest.Info {
 func (t *Test) snapshotCC() {
 	t.res.CC = t.res.CC[:0]
 	for _, q := range t.qps {
-		if st, ok := q.qp.CongestionState(); ok {
+		c, ok := q.qp.(rnic.CCQP)
+		if !ok {
+			continue
+		}
+		if st, ok := c.CongestionState(); ok {
 			t.res.CC = append(t.res.CC, QPCongestion{QPN: q.qpn(), CCState: st})
 		}
 	}
@@ -261,7 +289,7 @@ func (t *Test) JSON() *JSONResult {
 		j.TestInfo.Verified = &v
 	}
 	out := &JSONResult{JSONResult: j}
-	if cc := t.h.Device.Config().Congestion; cc.On() {
+	if cc := t.congestion(); cc.On() {
 		d := &DCQCNJSON{Profile: cc.Profile, Scale: cc.Scale, QPs: []QPCongestionJSON{}}
 		if t.res.Peer.IsValid() {
 			d.Peer = t.res.Peer.String()
@@ -352,7 +380,9 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 	// receive side uses a second half for SEND targets.
 	page := uint64(max(n.PageSize, 4096))
 	t.region = int(2 * ((max(maxSize, page) + page - 1) / page * page))
-	t.buf = make([]byte, t.region*t.p.QPs)
+	if err := t.allocBuf(); err != nil {
+		return nil, err
+	}
 	t.fillPattern()
 	t.allowed = verbs.LocalWrite
 	switch t.p.Verb {
@@ -366,9 +396,11 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 	var r [8]byte
 	rand.Read(r[:])
 	iova := (binary.LittleEndian.Uint64(r[:]) & 0x00007fff_fffff000) | 0x10000000
-	t.pd = t.h.Device.AllocPD()
 	var err error
-	if t.mr, err = t.pd.RegMRIOVA(t.buf, iova, t.allowed); err != nil {
+	if t.pd, err = t.dev.AllocPD(); err != nil {
+		return nil, err
+	}
+	if t.mr, err = t.pd.RegMR(t.mem, 0, len(t.buf), iova, t.allowed); err != nil {
 		return nil, err
 	}
 	var dests []perftest.Dest
@@ -378,12 +410,15 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
 			src: t.buf[i*t.region : (i+1)*t.region], va: iova + uint64(i*t.region)}
 		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
-		q.cq = t.h.Device.CreateCQ(sq + rq + 64)
-		if q.qp, err = t.pd.CreateQP(verbs.QPInitAttr{Type: t.qpType(), SendCQ: q.cq, RecvCQ: q.cq,
+		if q.cq, err = t.dev.CreateCQ(sq + rq + 64); err != nil {
+			return nil, err
+		}
+		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
+		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: t.qpType(), SendCQ: q.cq, RecvCQ: q.cq,
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
 			return nil, err
 		}
-		t.qps = append(t.qps, q)
+		t.qpns = append(t.qpns, q.qpn())
 		init := verbs.Attr{Access: t.allowed &^ verbs.LocalWrite, QKey: udQKey}
 		if t.udDatum {
 			init.Access = 0
@@ -454,13 +489,12 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 	if peer.Is4() != t.gid.Is4() {
 		return fmt.Errorf("perf: peer GID %v and ours %v differ in IP version", peer, t.gid)
 	}
-	_, dstMAC, err := t.h.Resolve(t.ctx, peer)
-	if err != nil {
-		return fmt.Errorf("perf: no route to %v: %w", peer, err)
-	}
+	// The RNIC resolves the peer's MAC (RTR, address handles): in this
+	// process through Host.Resolve, in the daemon through its own.
+	var err error
 	for i, q := range t.qps {
 		d := remote[i]
-		av := verbs.AddressVector{DestMAC: dstMAC, DestIP: d.Addr(), SGIDIndex: t.gidIdx,
+		av := verbs.AddressVector{DestIP: d.Addr(), SGIDIndex: t.gidIdx,
 			TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit)}
 		rtr := verbs.Attr{PathMTU: t.neg.MTU.Bytes(), DestQPN: d.QPN, RQPSN: d.PSN, MaxDestRdAtomic: max(t.p.OutReads, 1),
 			MinRNRTimer: 12, AV: av}
@@ -483,16 +517,42 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 	return nil
 }
 
-// close destroys the QPs and deregisters the MRs.
+// allocBuf allocates the memory of the one MR of all QPs: memory the RNIC
+// can register (through the daemon, shared with it).
+func (t *Test) allocBuf() error {
+	m, err := t.dev.AllocMem(t.region * t.p.QPs)
+	if err != nil {
+		return err
+	}
+	t.mem, t.buf = m, m.Bytes()
+	return nil
+}
+
+// close destroys the QPs and CQs, deregisters the MRs and frees their
+// memory, and deallocates the PD, in the order verbs requires.
 func (t *Test) close() {
 	for _, q := range t.qps {
-		q.qp.Destroy()
+		if q.qp != nil {
+			q.qp.Destroy()
+		}
 		if q.recvMR != nil {
 			q.recvMR.Dereg()
+		}
+		if q.recvMem != nil {
+			q.recvMem.Free()
+		}
+		if q.cq != nil {
+			q.cq.Destroy()
 		}
 	}
 	if t.mr != nil {
 		t.mr.Dereg()
+	}
+	if t.mem != nil {
+		t.mem.Free()
+	}
+	if t.pd != nil {
+		t.pd.Dealloc()
 	}
 }
 
@@ -523,7 +583,12 @@ func (t *Test) PostReceives(size uint64) error {
 			}
 			q.recvLen = t.slotLen(maxSize)
 			q.recvInc = roundUp(max(q.recvLen, 1), uint64(t.neg.CacheLine))
-			mr, err := t.pd.RegMR(make([]byte, uint64(n)*q.recvInc), verbs.LocalWrite)
+			mem, err := t.dev.AllocMem(int(uint64(n) * q.recvInc))
+			if err != nil {
+				return err
+			}
+			q.recvMem = mem
+			mr, err := t.pd.RegMR(mem, 0, len(mem.Bytes()), 0, verbs.LocalWrite)
 			if err != nil {
 				return err
 			}
@@ -536,15 +601,26 @@ func (t *Test) PostReceives(size uint64) error {
 				}
 			}
 		}
+		// The peer starts sending when we say so on the side channel: the
+		// receives must be in the device by then (through the daemon they
+		// are still on their way; a UC/UD SEND finding none is lost).
+		if rs, ok := q.qp.(rnic.RecvSyncer); ok {
+			sctx, cancel := context.WithTimeout(t.ctx, t.stallLimit())
+			err := rs.SyncRecv(sctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("perf: %w", err)
+			}
+		}
 	}
 	return nil
 }
 
 // postRecv posts the receive of slot id.
 func (t *Test) postRecv(q *qp, id uint64) error {
-	q.rsg[0] = verbs.SGE{Addr: q.recvMR.IOVA() + id*q.recvInc, Length: uint32(q.recvLen), LKey: q.recvMR.LKey()}
-	q.rwr[0] = verbs.RecvWR{ID: id, SG: q.rsg[:]}
-	if _, err := q.qp.PostRecv(q.rwr[:]...); err != nil {
+	q.rsg[0] = rnic.SGE{Addr: q.recvMR.IOVA() + id*q.recvInc, Length: uint32(q.recvLen), LKey: q.recvMR.LKey()}
+	q.rwr[0] = rnic.RecvWR{ID: id, SG: q.rsg[:]}
+	if err := q.qp.PostRecv(&q.rwr[0]); err != nil {
 		return fmt.Errorf("perf: QP %#x: post receive: %w", q.qpn(), err)
 	}
 	q.recvBusy[id] = true
@@ -558,7 +634,7 @@ func (t *Test) recvData(q *qp, id uint64, size uint64) []byte {
 	if t.udDatum {
 		off += grhLen
 	}
-	return q.recvMR.Bytes()[off : off+size]
+	return q.recvMem.Bytes()[off : off+size]
 }
 
 func roundUp(v, to uint64) uint64 { return (v + to - 1) / to * to }
@@ -607,7 +683,8 @@ func (t *Test) poll() (int, error) {
 // There poll sleeps on the CQ's doorbell, at most paceWait, and the engine
 // keeps posting completions meanwhile.
 func (t *Test) idle() {
-	if cc := t.h.Device.Config().Congestion; len(t.qps) != 1 || t.p.Measure != perftest.BW || !cc.On() {
+	nt, ok := t.qps[0].cq.(rnic.Notifier)
+	if cc := t.congestion(); len(t.qps) != 1 || t.p.Measure != perftest.BW || !cc.On() || !ok {
 		// Busy polling: an in-process device's engine step runs in this
 		// goroutine while its engine goroutine naps (verbs.Device.Poll).
 		if t.h.Device == nil || !t.h.Device.Poll() {
@@ -621,7 +698,7 @@ func (t *Test) idle() {
 		t.paceTimer.Reset(paceWait)
 	}
 	select {
-	case <-t.qps[0].cq.Notify():
+	case <-nt.Notify():
 	case <-t.paceTimer.C:
 	case <-t.ctx.Done():
 	}
