@@ -162,6 +162,40 @@ func TestStatsThroughDaemon(t *testing.T) {
 	if st := queryStats(t, path, qp.QPN+1000, true); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
 		t.Errorf("filtered by a missing QPN: %d QPs", st.Listed)
 	}
+	if st.QPs[0].Values[proto.QCtrRxWriteRequests] != 1 || st.Device[proto.CtrRxWriteRequests] != 1 {
+		t.Errorf("rx_write_requests: QP %d, device %d; want 1", st.QPs[0].Values[proto.QCtrRxWriteRequests], st.Device[proto.CtrRxWriteRequests])
+	}
+
+	// Errors under mlx5's names: a WRITE with a wrong rkey is refused by
+	// the client's QP (resp_remote_access_errors), which goes to error; a
+	// receive the client posts then is flushed (resp_cqe_flush_error).
+	qpB.PostSend(verbs.SendWR{ID: 3, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a5a})
+	var wcs [1]verbs.WC
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.RemAccessErr {
+		t.Fatalf("WRITE with a wrong rkey: %v %v", err, wcs[0].Status)
+	}
+	if _, err := qp.PostRecv(&proto.RecvWR{ID: 10, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		st = queryStats(t, path, 0, false)
+		q := &st.QPs[0].Values
+		if q[proto.QCtrRespRemoteAccessErrors] == 1 && q[proto.QCtrRespCQEFlushError] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("QP counters after a bad rkey and a flushed receive: %v", *q)
+		}
+	}
+	d := &st.Device
+	if d[proto.CtrRespRemoteAccessErrors] != 1 || d[proto.CtrRespCQEFlushError] != 1 || d[proto.CtrRxWriteRequests] != 2 ||
+		d[proto.CtrReqCQEError] != 0 || d[proto.CtrRespCQEError] != 0 || st.QPs[0].State != proto.Err {
+		t.Errorf("device after the errors: resp_remote_access_errors %d, resp_cqe_flush_error %d, rx_write_requests %d, req_cqe_error %d, resp_cqe_error %d; QP %v",
+			d[proto.CtrRespRemoteAccessErrors], d[proto.CtrRespCQEFlushError], d[proto.CtrRxWriteRequests], d[proto.CtrReqCQEError], d[proto.CtrRespCQEError], st.QPs[0].State)
+	}
 }
 
 // queryStats sends one STATS on a fresh control connection.
