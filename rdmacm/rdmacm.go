@@ -35,9 +35,10 @@
 //     backlog gets none, and an application slower than the active side's
 //     retries (about 100 s with the kernel's defaults) sees it expire
 //     (ErrRequestExpired).
-//   - RC only (RDMA_PS_TCP). The Manager answers SIDR for UD services, but
-//     no UD API (RDMA_PS_UDP) is offered here yet; a listener is not bound
-//     to one of the device's addresses (it takes REQs for any of them).
+//   - RC through REQ/REP/RTU (RDMA_PS_TCP: Listen, Dial) and UD through
+//     SIDR (RDMA_PS_UDP: ListenUD, ResolveUD, PrepareUD, Q_Key
+//     RDMA_UDP_QKEY; ud.go). A listener is not bound to one of the
+//     device's addresses (it takes requests for any of them).
 //   - Package rdmacm/rping runs librdmacm's rping on an Agent.
 //
 // # Interop
@@ -161,10 +162,13 @@ type Agent struct {
 	failed    map[netip.Addr]clock.Time // peers that did not resolve, until when not to retry
 	ahs       map[netip.Addr]*verbs.AH
 	listeners map[uint16]*Listener
-	conns     map[cm.ConnID]*Conn
-	byQPN     map[uint32]*Conn
-	stats     Stats
-	inflight  int // MADs posted, their send completion not yet polled
+	// udListeners and sidr are rdma_cm's UDP port space (ud.go).
+	udListeners map[uint16]*UDListener
+	sidr        map[cm.ConnID]*sidrWait
+	conns       map[cm.ConnID]*Conn
+	byQPN       map[uint32]*Conn
+	stats       Stats
+	inflight    int // MADs posted, their send completion not yet polled
 }
 
 type pendingMAD struct {
@@ -195,7 +199,7 @@ func New(cfg Config) (*Agent, error) {
 		rng:  rand.New(rand.NewPCG(cfg.CM.Seed, cfg.CM.Seed^0x5eed)),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
 		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]*verbs.AH{},
-		listeners: map[uint16]*Listener{}, conns: map[cm.ConnID]*Conn{}, byQPN: map[uint32]*Conn{}}
+		listeners: map[uint16]*Listener{}, udListeners: map[uint16]*UDListener{}, sidr: map[cm.ConnID]*sidrWait{}, conns: map[cm.ConnID]*Conn{}, byQPN: map[uint32]*Conn{}}
 	a.pd = a.dev.AllocPD()
 	// Sends complete too (signaled, to learn of errors): room for both.
 	a.cq = a.dev.CreateCQ(cfg.RecvDepth + verbs.DefaultDepth)
@@ -265,6 +269,13 @@ func (a *Agent) Close() error {
 	}
 	for _, l := range a.listeners {
 		l.closeLocked()
+	}
+	for _, l := range a.udListeners {
+		l.closeLocked()
+	}
+	for id, w := range a.sidr {
+		delete(a.sidr, id)
+		w.result <- sidrResult{err: ErrClosed}
 	}
 	a.mu.Unlock()
 	a.stop()
@@ -531,6 +542,10 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 			a.stats.BacklogFull++
 			a.m.Reject(now, e.ID, cm.RejNoResources, nil)
 		}
+	case cm.EventSIDRRequest:
+		a.sidrRequestLocked(now, e)
+	case cm.EventSIDRReply, cm.EventSIDRTimeout:
+		a.sidrEventLocked(e)
 	case cm.EventEstablished:
 		c := a.conns[e.ID]
 		if c == nil {
