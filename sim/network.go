@@ -147,6 +147,7 @@ type net struct {
 	traceWidth clock.Time // throughput trace bins
 
 	progress      func(now, end clock.Time)
+	cfg           RunConfig
 	window        [2]clock.Time
 	sampler       sampler
 	bottleneck    int32

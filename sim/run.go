@@ -46,8 +46,11 @@ type Options struct {
 	// when non-nil, replace the profile's reaction and notification point.
 	Profile string
 	RP      *dcqcn.Config
-	NP      *dcqcn.NPConfig
-	Seed    uint64
+	// ConnectX, for the connectx profile, holds its mlx5 knobs (nil: the
+	// firmware defaults); the summary lists them by name.
+	ConnectX *dcqcn.ConnectX
+	NP       *dcqcn.NPConfig
+	Seed     uint64
 	// Duration of simulated time: two-flow 110 ms, n-flow 100 ms + N ms,
 	// incast 20 ms.
 	Duration time.Duration
@@ -306,6 +309,12 @@ func build(o *Options) (*net, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.ConnectX != nil {
+		if o.Profile != "connectx" {
+			return nil, fmt.Errorf("sim: ConnectX knobs given for profile %q", o.Profile)
+		}
+		rp, np = o.ConnectX.Config(o.LinkRate), o.ConnectX.NPConfig()
+	}
 	if o.RP != nil {
 		rp = *o.RP
 	}
@@ -314,6 +323,7 @@ func build(o *Options) (*net, error) {
 	}
 	n := &net{free: -1, pktSize: o.PacketSize, pfc: o.PFC, xoff: o.PFCXoff, xon: o.PFCXon,
 		binWidth: clock.Time(time.Millisecond), traceWidth: clock.Time(o.ThroughputBin), end: clock.Time(o.Duration), progress: o.Progress}
+	n.cfg = describe(o, rp, np)
 	b := &builder{n: n, o: o, rp: rp, np: np}
 	switch o.Scenario {
 	case TwoFlow, NFlow:

@@ -397,3 +397,72 @@ func TestEventLoopAllocations(t *testing.T) {
 		t.Fatalf("%.2f allocations per simulated ms (%.0f events): something allocates per packet", allocs, perMs)
 	}
 }
+
+// summary.json says what ran: the profile, its ConnectX knobs by name and
+// the RP/NP parameters they became, and the marking.
+func TestSummaryRecordsConfig(t *testing.T) {
+	cx := dcqcn.DefaultConnectX()
+	if err := cx.Set("rpg_time_reset", 150); err != nil {
+		t.Fatal(err)
+	}
+	s := mustRun(t, Options{Scenario: TwoFlow, Profile: "connectx", ConnectX: &cx, Duration: 12 * time.Millisecond,
+		RED: RED{Kmin: 160_000, Kmax: 640_000, Pmax: 0.2}}).Summary
+	c := s.Config
+	if c.Profile != "connectx" || c.Knobs["rpg_time_reset"] != 150 || c.Knobs["min_time_between_cnps"] != 4 || len(c.Knobs) != len(dcqcn.KnobNames()) {
+		t.Fatalf("knobs %v", c.Knobs)
+	}
+	if c.RP.TimerUs != 150 || c.RP.Alpha != "periodic" || c.RP.F != 1 || c.NP.MinIntervalUs != 4 || c.NP.Defer || c.Custom {
+		t.Fatalf("RP/NP %+v %+v", c.RP, c.NP)
+	}
+	if c.KminKB != 160 || c.KmaxKB != 640 || c.Pmax != 0.2 || c.Marking != "dequeue" || c.LinkGbps != 40 {
+		t.Fatalf("switch %+v", c)
+	}
+	p := mustRun(t, Options{Scenario: TwoFlow, Duration: 12 * time.Millisecond}).Summary.Config
+	if p.Profile != "paper" || p.Knobs != nil || p.RP.TimerUs != 55 || p.RP.Alpha != "on-cnp" || p.NP.MinIntervalUs != 50 || !p.NP.Defer || p.KmaxKB != 200 {
+		t.Fatalf("paper config %+v", p)
+	}
+	if _, err := Run(Options{Profile: "paper", ConnectX: &cx}); err == nil {
+		t.Fatal("ConnectX knobs were accepted for the paper profile")
+	}
+}
+
+// The connectx profile (firmware defaults) at scale, beside paper, with the
+// paper's marking (5/200 KB/1 %) on a 40 G bottleneck, n-flow seed 1 (only
+// with SOFTRNIC_SIM_LONG=1). Measured (seeds 1–3):
+//   - N = 64 without PFC the defaults are unstable: a CNP burst cuts every
+//     4 µs with the timer and byte stages at 0, so clamp_tgt_rate = 0
+//     never lowers R_T from the line rate, and one rpg_time_reset (300 µs)
+//     after a flow's last CNP fast recovery puts it at (R_T + R_C)/2 ≈ 20
+//     Gb/s; 64 flows doing so overrun the queue, whose delay then delays
+//     the CNPs: 2 of 3 seeds fill the 12 MB buffer (Jain 0.27–0.97).
+//     With clamp_tgt_rate = 1 the same run is fair (Jain 0.9994, util
+//     0.977, queue 40 KB); with PFC (as HPCC's ns-3 runs it) Jain 0.990.
+//   - N = 16: utilisation 1.0 but Jain ≈ 0.71: the cuts are proportional
+//     and rpg_ai_rate = 5 Mb/s per 300 µs equalises rates far too slowly
+//     to undo the start-up spread in 100 ms (paper: Jain 0.995).
+//
+// Asserted: the mechanism, not a target: N = 64 with the defaults
+// overruns (drops), with clamp_tgt_rate = 1 it does not and is fair.
+func TestConnectXAtScale(t *testing.T) {
+	if os.Getenv("SOFTRNIC_SIM_LONG") == "" {
+		t.Skip("set SOFTRNIC_SIM_LONG=1: 64-flow connectx runs")
+	}
+	clamp := dcqcn.DefaultConnectX()
+	if err := clamp.Set("clamp_tgt_rate", 1); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		cx   *dcqcn.ConnectX
+	}{{"defaults", nil}, {"clamp_tgt_rate=1", &clamp}} {
+		s := mustRun(t, Options{Scenario: NFlow, Flows: 64, Profile: "connectx", ConnectX: c.cx, Seed: 1}).Summary
+		t.Logf("connectx %s, N=64: Jain %.4f, util %.4f, queue %.1f KB (max %.1f), drops %d, CNPs %d",
+			c.name, s.Jain, s.Utilization, s.QueueMeanKB, s.QueueMaxKB, s.Drops, s.CNPCount)
+		if c.cx == nil && s.Drops == 0 {
+			t.Errorf("connectx defaults at N=64 no longer overrun the buffer: the note above is stale")
+		}
+		if c.cx != nil && (s.Drops != 0 || s.Jain < 0.99 || s.Utilization < 0.95) {
+			t.Errorf("connectx clamp_tgt_rate=1 at N=64: Jain %.4f, util %.4f, drops %d", s.Jain, s.Utilization, s.Drops)
+		}
+	}
+}

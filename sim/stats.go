@@ -117,6 +117,8 @@ type Summary struct {
 	DurationMs float64 `json:"duration_ms"`
 	Bottleneck string  `json:"bottleneck"`
 	LinkGbps   float64 `json:"link_gbps"`
+	// Config is what the run ran with: profile, knobs, RP/NP, marking.
+	Config RunConfig `json:"config"`
 
 	Flows    []FlowSummary `json:"flows"`
 	WindowMs [2]float64    `json:"window_ms"`
@@ -197,7 +199,7 @@ func (n *net) summarize(o *Options) Summary {
 	s := Summary{
 		Scenario: o.Scenario, Profile: o.Profile, Seed: o.Seed,
 		DurationMs: float64(n.end) / 1e6, Bottleneck: n.ports[n.bottleneck].name,
-		LinkGbps: o.LinkRate.Gbps(), PFC: o.PFC, Events: n.events,
+		LinkGbps: o.LinkRate.Gbps(), Config: n.cfg, PFC: o.PFC, Events: n.events,
 		WindowMs: [2]float64{float64(n.window[0]) / 1e6, float64(n.window[1]) / 1e6},
 	}
 	b0, b1 := int(n.window[0]/ms), int(n.window[1]/ms)

@@ -48,6 +48,7 @@ type SweepResult struct {
 	Profile  string     `json:"profile"`
 	Seeds    []uint64   `json:"seeds"`
 	WindowMs [2]float64 `json:"window_ms"`
+	Config   RunConfig  `json:"config"`
 	// FairGbps is the fair share C/N; TolGbps the band Outside counts against.
 	FairGbps float64      `json:"fair_gbps"`
 	TolGbps  float64      `json:"tol_gbps"`
@@ -86,7 +87,7 @@ func Sweep(o Options, first uint64, count int, tol float64) (*SweepResult, error
 		}
 		s := &r.Summary
 		if k == 0 {
-			res.Scenario, res.Profile, res.WindowMs = s.Scenario, s.Profile, s.WindowMs
+			res.Scenario, res.Profile, res.WindowMs, res.Config = s.Scenario, s.Profile, s.WindowMs, s.Config
 			n := len(s.Flows)
 			if s.Scenario == Incast {
 				n-- // the victim is not part of the share

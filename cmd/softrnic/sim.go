@@ -112,8 +112,7 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 				return err
 			}
 		}
-		rp, np := cx.Config(o.LinkRate), cx.NPConfig()
-		o.RP, o.NP = &rp, &np
+		o.ConnectX = &cx
 	}
 	if *seeds > 1 {
 		return simSweep(o, *seed, *seeds, *tol, *out, *quiet, stdout)
@@ -142,6 +141,7 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 func printSummary(w io.Writer, s *sim.Summary, dir string) {
 	fmt.Fprintf(w, "%s, profile %s, seed %d: %g ms simulated, window %g–%g ms\n",
 		s.Scenario, s.Profile, s.Seed, s.DurationMs, s.WindowMs[0], s.WindowMs[1])
+	fmt.Fprintf(w, "  %s\n", s.Config.String())
 	for i, f := range s.Flows {
 		if i == 8 && len(s.Flows) > 10 {
 			fmt.Fprintf(w, "  … %d more flows in summary.json\n", len(s.Flows)-8)
@@ -222,6 +222,7 @@ func simSweep(o sim.Options, first uint64, count int, tol float64, dir string, q
 	}
 	fmt.Fprintf(stdout, "%s, profile %s, seeds %d–%d, window %g–%g ms, fair share %.3f Gb/s\n",
 		res.Scenario, res.Profile, first, first+uint64(count)-1, res.WindowMs[0], res.WindowMs[1], res.FairGbps)
+	fmt.Fprintf(stdout, "  %s\n", res.Config.String())
 	for i, f := range res.Flows {
 		if i == 8 && len(res.Flows) > 10 {
 			fmt.Fprintf(stdout, "  … %d more flows in sweep.json\n", len(res.Flows)-8)
