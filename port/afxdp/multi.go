@@ -45,8 +45,12 @@ type MultiConfig struct {
 // kernel, which drops it.
 //
 // Like every port.Port it belongs to one goroutine: the device's engine
-// loop. The device stays one engine goroutine fed by N sockets; see Recv
-// for how the queues share it.
+// loop. The device stays one engine goroutine fed by N sockets (see Recv
+// for how the queues share it), because verbs.Device's step functions must
+// never run concurrently: "one engine goroutine per queue" (issue 5) is in
+// fact one per device. N queues therefore buy completeness (no queue's
+// RoCEv2 is left to the kernel) and deeper rings, not more CPU; sharding
+// QPs over several engine goroutines would be the next step.
 type Multi struct {
 	ports     []*Port
 	queues    []int
