@@ -3,6 +3,7 @@ package engine
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,9 +18,18 @@ import (
 // The QPs' UDP source ports spread their frames over the transmit queues,
 // and so over the peer's receive queues: traffic must have arrived on more
 // than one queue of each side, and all of it was served.
+//
+// At MTU 4200 (path MTU 4096) every full frame is an AF_XDP multi-buffer
+// frame on every queue.
 func TestMultiQueueRDMA(t *testing.T) {
+	for _, c := range []struct{ mtu, pathMTU int }{{1500, 1024}, {4200, 4096}} {
+		t.Run(fmt.Sprintf("mtu%d", c.mtu), func(t *testing.T) { multiQueueRDMA(t, c.mtu, c.pathMTU) })
+	}
+}
+
+func multiQueueRDMA(t *testing.T, mtu, pathMTU int) {
 	const nq, qps, size = 4, 8, 16 << 10
-	pair := netnstest.NewTestPair(t, netnstest.PairOptions{Queues: nq})
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{Queues: nq, MTU: mtu})
 	type side struct {
 		l    *netnstest.Link
 		in   Interface
@@ -70,7 +80,7 @@ func TestMultiQueueRDMA(t *testing.T) {
 		if s.m.NumQueues() != nq {
 			t.Fatalf("%s: %d queues served, want all %d", s.l.Name, s.m.NumQueues(), nq)
 		}
-		s.h = newHost(t, [6]byte(s.l.MAC), s.l.Addr, 1024, qps*2*size)
+		s.h = newHost(t, [6]byte(s.l.MAC), s.l.Addr, pathMTU, qps*2*size)
 		var err error
 		if s.loop, err = NewLoop(s.h.dev, s.m, Options{}); err != nil {
 			t.Fatal(err)
@@ -88,7 +98,7 @@ func TestMultiQueueRDMA(t *testing.T) {
 			a verbs.Attr
 		}{
 			{verbs.Init, verbs.Attr{Access: verbs.RemoteWrite | verbs.RemoteRead}},
-			{verbs.RTR, verbs.Attr{PathMTU: 1024, DestQPN: peerQPN, MaxDestRdAtomic: 16, MinRNRTimer: 12,
+			{verbs.RTR, verbs.Attr{PathMTU: pathMTU, DestQPN: peerQPN, MaxDestRdAtomic: 16, MinRNRTimer: 12,
 				AV: verbs.AddressVector{DestMAC: [6]byte(peer.l.MAC), DestIP: peer.l.Addr}}},
 			{verbs.RTS, verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}},
 		} {
@@ -167,8 +177,12 @@ func TestMultiQueueRDMA(t *testing.T) {
 		if st := s.loop.DeviceStats(); drops(st) != 0 {
 			t.Errorf("%s: drops %+v", s.l.Name, st)
 		}
-		if st, _ := s.m.Stats(); st.Program.Unbound != 0 {
-			t.Errorf("%s: %d RoCEv2 frames on a queue without socket", s.l.Name, st.Program.Unbound)
+		st, _ := s.m.Stats()
+		if st.Program.Unbound != 0 || st.Oversize != 0 {
+			t.Errorf("%s: %d RoCEv2 frames on a queue without socket, %d oversize", s.l.Name, st.Program.Unbound, st.Oversize)
+		}
+		if st.Multi != (mtu > 3800) {
+			t.Errorf("%s: multi-buffer %v at MTU %d", s.l.Name, st.Multi, mtu)
 		}
 	}
 }

@@ -82,6 +82,12 @@ func OpenMulti(cfg MultiConfig) (m *Multi, err error) {
 		if n, err = RxQueues(cfg.IfIndex); err != nil {
 			return nil, err
 		}
+	} else if ifc, err := net.InterfaceByIndex(cfg.IfIndex); err == nil {
+		// Refuse clearly rather than with bind's EINVAL; only when the
+		// driver reports its channels (without them, trust the caller).
+		if have, err := ethtoolRxQueues(ifc.Name); err == nil && have > 0 && n > have {
+			return nil, fmt.Errorf("afxdp: %s has %d receive queues; cannot serve %d", ifc.Name, have, n)
+		}
 	}
 	if cfg.TxQueue < 0 || cfg.TxQueue >= n {
 		return nil, fmt.Errorf("afxdp: transmit queue %d is not one of the %d queues served", cfg.TxQueue, n)

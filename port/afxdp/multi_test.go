@@ -3,6 +3,7 @@ package afxdp
 import (
 	"bytes"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -167,6 +168,19 @@ func TestMultiAllQueues(t *testing.T) {
 	}
 	if b.NumQueues() != nq {
 		t.Fatalf("serving %d queues, want %d", b.NumQueues(), nq)
+	}
+	if err := pair.B.NS.Do(func() error {
+		m, err := OpenMulti(MultiConfig{Config: Config{IfIndex: pair.B.Index}, Queues: nq + 1})
+		if err == nil {
+			m.Close()
+			return fmt.Errorf("%d queues served on a %d-queue interface", nq+1, nq)
+		}
+		if !strings.Contains(err.Error(), fmt.Sprintf("has %d receive queues; cannot serve %d", nq, nq+1)) {
+			return fmt.Errorf("unclear refusal: %v", err)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 
 	size := func(seq uint32) int { return 60 + int(seq*131)%(1514-60+1) }
