@@ -10,6 +10,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/perftest/runner"
@@ -33,6 +34,7 @@ var perfTests = map[string]struct {
 func perfUsage() {
 	fmt.Fprint(os.Stderr, `usage: softrnic perf TEST -d INTERFACE [flags]          (server)
        softrnic perf TEST -d INTERFACE [flags] SERVER   (client)
+       softrnic perf TEST --daemon SOCKET [flags] [SERVER]
 
 TEST is write_bw, write_lat, read_bw, read_lat, send_bw, send_lat, atomic_bw
 or atomic_lat. Either end may be a stock perftest (ib_write_bw, ...) on a
@@ -40,6 +42,11 @@ ConnectX or rxe host: the side channel is perftest's own, byte for byte.
 
 flags (perftest's):
 `+perftest.Usage+`
+      --daemon=SOCKET    run the QPs in the softrnic daemon listening on
+                         SOCKET (its control socket, e.g. `+proto.DefaultControl+`)
+                         instead of opening INTERFACE here; -d is then optional
+                         and must name the daemon's interface
+
 SOFTRNIC_PORT=afxdp|afpacket|auto chooses the packet I/O (default auto:
 AF_XDP, else AF_PACKET).
 `)
@@ -56,7 +63,12 @@ func runPerf(args []string) int {
 		perfUsage()
 		return 2
 	}
-	p, err := perftest.ParseArgs(tt.verb, tt.m, args[1:])
+	rest, daemonSock, err := cutDaemonFlag(args[1:])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softrnic perf: %v\n", err)
+		return 2
+	}
+	p, err := perftest.ParseArgs(tt.verb, tt.m, rest)
 	if errors.Is(err, perftest.ErrHelp) {
 		perfUsage()
 		return 0
@@ -70,11 +82,38 @@ func runPerf(args []string) int {
 	defer stop()
 	run := runner.RunCLI
 	if p.RDMACM {
+		if daemonSock != "" {
+			fmt.Fprintln(os.Stderr, "softrnic perf: -R with --daemon: rdma_cm through the daemon is not supported yet; use the TCP side channel")
+			return 2
+		}
 		run = runner.RunCLICM // -R: control channel and QPs through rdma_cm, no TCP
 	}
-	if _, err := run(ctx, p, runner.CLIOptions{PortKind: kind, DialFor: 3 * time.Second}, os.Stdout); err != nil {
+	if _, err := run(ctx, p, runner.CLIOptions{PortKind: kind, DialFor: 3 * time.Second, Daemon: daemonSock}, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "softrnic perf %s: %v\n", args[0], err)
 		return 1
 	}
 	return 0
+}
+
+// cutDaemonFlag takes --daemon SOCKET (or --daemon=SOCKET) out of args,
+// which perftest's parser would not know, and returns the rest.
+func cutDaemonFlag(args []string) (rest []string, socket string, err error) {
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--daemon":
+			if i+1 == len(args) || args[i+1] == "" {
+				return nil, "", errors.New("--daemon needs the daemon's control socket")
+			}
+			socket = args[i+1]
+			i++
+		case strings.HasPrefix(a, "--daemon="):
+			if socket = strings.TrimPrefix(a, "--daemon="); socket == "" {
+				return nil, "", errors.New("--daemon needs the daemon's control socket")
+			}
+		default:
+			rest = append(rest, a)
+		}
+	}
+	return rest, socket, nil
 }

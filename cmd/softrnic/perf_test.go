@@ -1,0 +1,136 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/perftest"
+)
+
+// startDaemon runs `softrnic daemon` on link a (AF_XDP) until the test ends
+// and returns its control socket once it answers.
+func startDaemon(t *testing.T, bin string, a netnstest.Link) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "ctl.sock")
+	logs := new(syncBuffer)
+	cmd := exec.Command("ip", "netns", "exec", a.NS.Name, bin, "daemon", "-d", a.Name, "--control", sock, "--port", "afxdp")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("daemon log:\n%s", logs.String())
+		}
+	})
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		c, err := client.Dial(sock)
+		if err == nil {
+			c.Close()
+			return sock
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("daemon never answered: %v\n%s", err, logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestPerfThroughDaemonOverVeth: `softrnic perf --daemon SOCKET`, whose
+// QPs live in a daemon on namespace A's veth end, against an in-process
+// `softrnic perf` on its own AF_XDP port in namespace B, the daemon's side
+// as server and as client, for several programs and RC, UC and UD QPs,
+// every byte checked (--verify) on both sides.
+func TestPerfThroughDaemonOverVeth(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	bin := buildSoftrnic(t)
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	sock := startDaemon(t, bin, pair.A)
+	for i, tc := range []struct {
+		test          string
+		args          []string
+		daemonServes  bool
+		daemonClients bool
+	}{
+		{"write_bw", []string{"-s", "65536", "-n", "200", "-q", "2"}, true, true},
+		{"read_bw", []string{"-s", "16384", "-n", "200"}, true, false},
+		{"send_bw", []string{"-s", "4096", "-n", "500"}, false, true},
+		{"atomic_bw", []string{"-n", "200"}, true, false},
+		{"send_lat", []string{"-s", "64", "-n", "200"}, true, true},
+		{"write_lat", []string{"-s", "64", "-n", "200"}, false, true},
+		{"read_lat", []string{"-s", "64", "-n", "100"}, true, false},
+		{"write_bw", []string{"-c", "UC", "-s", "4096", "-n", "100"}, false, true},
+		{"send_bw", []string{"-c", "UD", "-s", "1024", "-n", "300", "-r", "512"}, true, false},
+		{"send_lat", []string{"-c", "UD", "-s", "64", "-n", "100"}, false, true},
+	} {
+		for _, daemonServer := range []bool{true, false} {
+			if (daemonServer && !tc.daemonServes) || (!daemonServer && !tc.daemonClients) {
+				continue
+			}
+			name := tc.test + "/" + strings.Join(tc.args, "")
+			if daemonServer {
+				name += "/daemon-server"
+			} else {
+				name += "/daemon-client"
+			}
+			port := strconv.Itoa(19000 + 2*i)
+			if !daemonServer {
+				port = strconv.Itoa(19001 + 2*i)
+			}
+			t.Run(name, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+				defer cancel()
+				common := append([]string{"perf", tc.test, "--verify", "--json", "-p", port}, tc.args...)
+				viaDaemon := append([]string{"netns", "exec", pair.A.NS.Name, bin}, append(common, "--daemon", sock)...)
+				inProcess := append([]string{"netns", "exec", pair.B.NS.Name, bin}, append(common, "-d", pair.B.Name)...)
+				srvArgs, cliArgs := viaDaemon, append(inProcess, pair.A.Addr.String())
+				if !daemonServer {
+					srvArgs, cliArgs = inProcess, append(viaDaemon, pair.B.Addr.String())
+				}
+				srv := exec.CommandContext(ctx, "ip", srvArgs...)
+				var sout, serr bytes.Buffer
+				srv.Stdout, srv.Stderr = &sout, &serr
+				srv.Env = append(srv.Environ(), "SOFTRNIC_PORT=afxdp")
+				if err := srv.Start(); err != nil {
+					t.Fatal(err)
+				}
+				cli := exec.CommandContext(ctx, "ip", cliArgs...)
+				cli.Env = append(cli.Environ(), "SOFTRNIC_PORT=afxdp")
+				var cout, cerr bytes.Buffer
+				cli.Stdout, cli.Stderr = &cout, &cerr
+				cliErr := cli.Run()
+				if cliErr != nil {
+					srv.Process.Kill()
+				}
+				srvErr := srv.Wait()
+				if cliErr != nil || srvErr != nil {
+					t.Fatalf("server: %v\n%s%s\nclient: %v\n%s%s", srvErr, sout.String(), serr.String(), cliErr, cout.String(), cerr.String())
+				}
+				for side, out := range map[string][]byte{"server": sout.Bytes(), "client": cout.Bytes()} {
+					var j perftest.JSONResult
+					if err := json.Unmarshal(out, &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
+						t.Fatalf("%s JSON (%v): %s", side, err, out)
+					}
+				}
+				var j perftest.JSONResult
+				json.Unmarshal(cout.Bytes(), &j)
+				if strings.HasSuffix(tc.test, "_bw") && (len(j.BW) == 0 || j.BW[0].BWAverage <= 0) {
+					t.Fatalf("client results: %s", cout.String())
+				}
+			})
+		}
+	}
+}
