@@ -305,6 +305,7 @@ func (f *cmdFlow) Stop() error {
 			// shortly after this one): wait for it, not end it.
 			err = errors.Join(err, f.shared.wait(grace))
 			addCounters(&f.counters, f.client.out.Bytes())
+			addSenderRate(&f.counters, f.client.out.Bytes())
 			addPeerCounters(&f.counters, f.shared.proc.out.Bytes(), f.peer)
 			f.save("server.out", f.shared.proc)
 			f.save(fmt.Sprintf("client-%d.out", f.id), f.client)
@@ -316,6 +317,7 @@ func (f *cmdFlow) Stop() error {
 		for _, p := range []*proc{f.client, f.server} {
 			addCounters(&f.counters, p.out.Bytes())
 		}
+		addSenderRate(&f.counters, f.client.out.Bytes())
 	})
 	return err
 }
@@ -335,7 +337,42 @@ func (f *cmdFlow) save(name string, p *proc) {
 func (f *cmdFlow) Counters() EndpointCounters { return f.counters }
 
 // addCounters adds the mlx5-named counters found in the JSON objects of out.
-func addCounters(c *EndpointCounters, out []byte) {
+func addCounters(c *EndpointCounters, out []byte) { eachJSON(out, func(v any) { walkCounters(c, v) }) }
+
+// addSenderRate takes the sender's final DCQCN rate (summed over its QPs)
+// and its largest α from a client's output (perf's dcqcn.qps[].rate_mbps,
+// alpha). Only the sender's output: a server's QPs carry rates too.
+func addSenderRate(c *EndpointCounters, out []byte) {
+	eachJSON(out, func(v any) {
+		var walk func(v any)
+		walk = func(v any) {
+			switch x := v.(type) {
+			case map[string]any:
+				for k, e := range x {
+					if n, ok := e.(float64); ok && n >= 0 {
+						switch k {
+						case "rate_mbps":
+							c.RPRateMbps += n
+						case "alpha":
+							c.RPAlpha = max(c.RPAlpha, n)
+						}
+						continue
+					}
+					walk(e)
+				}
+			case []any:
+				for _, e := range x {
+					walk(e)
+				}
+			}
+		}
+		walk(v)
+	})
+}
+
+// eachJSON calls fn with every JSON object found in out, skipping text
+// between them.
+func eachJSON(out []byte, fn func(v any)) {
 	for i := bytes.IndexByte(out, '{'); i >= 0 && i < len(out); {
 		dec := json.NewDecoder(bytes.NewReader(out[i:]))
 		var v any
@@ -348,7 +385,7 @@ func addCounters(c *EndpointCounters, out []byte) {
 			i += 1 + j
 			continue
 		}
-		walkCounters(c, v)
+		fn(v)
 		i += int(dec.InputOffset())
 		j := bytes.IndexByte(out[i:], '{')
 		if j < 0 {

@@ -224,3 +224,13 @@ func TestSharedServer(t *testing.T) {
 		}
 	}
 }
+
+// The sender's final DCQCN rate is summed over its QPs and α is the
+// largest, from perf's JSON (dcqcn.qps[]); counters are left alone.
+func TestAddSenderRate(t *testing.T) {
+	var c EndpointCounters
+	addSenderRate(&c, []byte("log line\n{\"dcqcn\": {\"qps\": [{\"rate_mbps\": 48.5, \"alpha\": 0.08}, {\"rate_mbps\": 1.5, \"alpha\": 0.1}]}, \"np_cnp_sent\": 7}\n"))
+	if c != (EndpointCounters{RPRateMbps: 50, RPAlpha: 0.1}) {
+		t.Fatalf("got %+v", c)
+	}
+}

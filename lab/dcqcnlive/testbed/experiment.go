@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
@@ -109,6 +110,16 @@ type Summary struct {
 	Marker               ecnmark.Counters `json:"marker"`
 	MonitorOther         uint64           `json:"monitor_other_frames"` // non-RoCEv2 frames at sw→r (ARP, TCP side channels, ICMP)
 	Error                string           `json:"error,omitempty"`      // the run failed; figures are what was measured anyway
+	// HostLoad is the host's 1-minute load average when the run started
+	// and when it ended (/proc/loadavg): the run shares two cores with
+	// whatever else runs, and a busy host sends less than DCQCN allows.
+	HostLoad [2]float64 `json:"host_load1"`
+	// RPSumMbps is the sum of the senders' final DCQCN rates (0 if the
+	// endpoints do not report them). SenderLimited is set when those rates
+	// allowed at least 95 % of the bottleneck but the flows used less than
+	// 95 % of it: the hosts, not DCQCN, held the flows back.
+	RPSumMbps     float64 `json:"rp_sum_mbps"`
+	SenderLimited bool    `json:"sender_limited"`
 }
 
 // QueuePoint is one poll of the bottleneck.
@@ -202,6 +213,7 @@ func (e Experiment) Run() (sum Summary, err error) {
 	b := e.Plan.Bottleneck
 	b.Marker.Trace = e.Trace
 	b.Marker.WakeEvery = 64
+	load0 := hostLoad1()
 	topo, err := Build(b, 0)
 	if err != nil {
 		return sum, err
@@ -373,6 +385,13 @@ func (e Experiment) Run() (sum Summary, err error) {
 		tot += m
 	}
 	sum.Utilization = tot / sum.BottleneckMbps
+	sum.HostLoad = [2]float64{load0, hostLoad1()}
+	reported := len(sum.Flows) > 0
+	for _, f := range sum.Flows {
+		sum.RPSumMbps += f.Endpoint.RPRateMbps
+		reported = reported && f.Endpoint.RPRateMbps > 0
+	}
+	sum.SenderLimited = reported && sum.RPSumMbps >= 0.95*sum.BottleneckMbps && sum.Utilization < 0.95
 	sum.Queue = queueStats(pts, mon.StartNs()+uint64(sum.WindowS[0]*1e9), mon.StartNs()+uint64(sum.WindowS[1]*1e9))
 	if e.Out != "" {
 		if err := writeOut(e.Out, sum, traces, mon, pts, samples); err != nil {
@@ -468,4 +487,18 @@ func writeCSV(path string, rows [][]string) error {
 		return err
 	}
 	return fh.Close()
+}
+
+// hostLoad1 is the 1-minute load average, 0 if unknown.
+func hostLoad1() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	v, _ := strconv.ParseFloat(f[0], 64)
+	return v
 }

@@ -47,6 +47,12 @@ type EndpointCounters struct {
 	CNPSent       uint64 `json:"np_cnp_sent"`
 	CNPHandled    uint64 `json:"rp_cnp_handled"`
 	CNPIgnored    uint64 `json:"rp_cnp_ignored"`
+	// RPRateMbps and RPAlpha are the sender's DCQCN rate (R_C) and α when
+	// it stopped, from its JSON (softrnic endpoints; 0 otherwise). A flow
+	// whose mean rate at the bottleneck is well below the rate its RP
+	// allowed was held back by its host (CPU), not by DCQCN.
+	RPRateMbps float64 `json:"rp_rate_mbps,omitempty"`
+	RPAlpha    float64 `json:"rp_alpha,omitempty"`
 }
 
 // Flow is a running flow.
