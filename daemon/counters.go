@@ -21,7 +21,8 @@ import (
 // a sum over each batch and two atomic adds per batch, never per frame.
 type CountingPort struct {
 	port.Port
-	xdp xdpPort
+	xdp   xdpPort
+	multi *afxdp.Multi // non-nil: per-queue statistics too
 
 	rxBytes, txBytes atomic.Uint64
 
@@ -30,9 +31,10 @@ type CountingPort struct {
 	calls uint32        // loop-owned
 	last  time.Time     // loop-owned: last refresh
 
-	mu  sync.Mutex
-	xst afxdp.Stats
-	ok  bool // xst was read at least once
+	mu     sync.Mutex
+	xst    afxdp.Stats
+	queues []proto.QueueStats
+	ok     bool // xst was read at least once
 }
 
 // xdpPort is what both AF_XDP ports (one queue, or afxdp.Multi over
@@ -51,7 +53,7 @@ func NewCountingPort(p port.Port) *CountingPort {
 	case *afxdp.Port:
 		c.xdp = x
 	case *afxdp.Multi:
-		c.xdp = x
+		c.xdp, c.multi = x, x
 	}
 	if c.xdp != nil {
 		c.refresh() // before the engine owns the port: still this goroutine's
@@ -93,11 +95,19 @@ func (c *CountingPort) Send(frames [][]byte) (int, error) {
 
 func (c *CountingPort) refresh() {
 	st, err := c.xdp.Stats()
+	var qs []afxdp.QueueStats
+	if c.multi != nil && err == nil {
+		qs, err = c.multi.QueueStats()
+	}
 	c.want.Store(false)
 	c.last = time.Now()
 	if err == nil {
 		c.mu.Lock()
 		c.xst, c.ok = st, true
+		c.queues = c.queues[:0]
+		for _, q := range qs {
+			c.queues = append(c.queues, proto.QueueStats{RxPackets: q.Received, RxRingFull: q.Socket.RxRingFull})
+		}
 		c.mu.Unlock()
 	}
 	c.gen.Add(1)
@@ -128,13 +138,25 @@ func (c *CountingPort) XDPStats() (afxdp.Stats, bool) {
 	return c.xst, c.ok
 }
 
+// Queues returns each receive queue's statistics as last published (a
+// copy; nil unless the port is an afxdp.Multi). XDPStats refreshes them.
+func (c *CountingPort) Queues() []proto.QueueStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.multi == nil {
+		return nil
+	}
+	return append([]proto.QueueStats(nil), c.queues...)
+}
+
 // Counters is a snapshot of the daemon's counters: the device's, indexed
-// as proto.DeviceCounters, and every QP's.
+// as proto.DeviceCounters, every QP's, and each receive queue's.
 type Counters struct {
 	Name   string
 	Valid  uint64 // bit i: Device[i] is counted
 	Device [proto.NumDeviceCounters]uint64
 	QPs    []proto.QPStats
+	Queues []proto.QueueStats
 }
 
 // CounterSource takes snapshots of a running daemon's counters from any
@@ -155,6 +177,7 @@ func (s *CounterSource) Snapshot() Counters {
 		in.rxBytes, in.txBytes = s.Port.Bytes()
 		in.haveBytes = true
 		in.xdp, in.haveXDP = s.Port.XDPStats()
+		c.Queues = s.Port.Queues()
 	}
 	s.Loop.Device().EachQPCounters(func(q *verbs.QPCounters) {
 		c.QPs = append(c.QPs, qpStats(q))

@@ -168,6 +168,14 @@ func TestStatsPage(t *testing.T) {
 	if r.Listed != 2 || r.QPs[0].QPN != 95 || r.QPs[1].QPN != 97 {
 		t.Fatalf("own QPs: %d listed", r.Listed)
 	}
+	// Receive queues: all of them counted, the first MaxStatsQueues detailed.
+	for i := 0; i < proto.MaxStatsQueues+2; i++ {
+		c.Queues = append(c.Queues, proto.QueueStats{RxPackets: uint64(i + 1)})
+	}
+	r = statsPage(&c, &proto.StatsReq{}, nil)
+	if r.NumQueues != proto.MaxStatsQueues+2 || r.Queues[0].RxPackets != 1 || r.Queues[proto.MaxStatsQueues-1].RxPackets != proto.MaxStatsQueues {
+		t.Fatalf("queues: %d, %+v", r.NumQueues, r.Queues)
+	}
 }
 
 // A scrape of /metrics shows the counters under their names with their

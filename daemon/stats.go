@@ -36,8 +36,9 @@ func (ss *session) stats(body []byte) (any, []int, error) {
 // statsPage builds one StatsResp from a snapshot: the QPs at or after
 // req.FromQPN in QPN order (only those in own, unless own is nil).
 func statsPage(c *Counters, req *proto.StatsReq, own map[uint32]bool) *proto.StatsResp {
-	r := &proto.StatsResp{Valid: c.Valid, Device: c.Device}
+	r := &proto.StatsResp{Valid: c.Valid, Device: c.Device, NumQueues: uint32(len(c.Queues))}
 	copy(r.Name[:len(r.Name)-1], c.Name)
+	copy(r.Queues[:], c.Queues)
 	qps := slices.Clone(c.QPs)
 	slices.SortFunc(qps, func(a, b proto.QPStats) int { return int(int64(a.QPN) - int64(b.QPN)) })
 	for i := range qps {

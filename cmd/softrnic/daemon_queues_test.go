@@ -27,8 +27,8 @@ import (
 // each QP (one UDP source port each) on the queue its source port hashes
 // to; on veth that is the daemon's receive queue, so the 16 QPs reach both: both must have had RoCEv2
 // redirected to their AF_XDP socket (veth's per-queue XDP counters), none
-// may have been left to the kernel, every byte is checked, and softrnic
-// status shows the two queues.
+// may have been left to the kernel, every byte is checked, softrnic status
+// shows the two queues and softrnic stats each queue's frames.
 func TestDaemonTwoQueues(t *testing.T) {
 	netnstest.SkipUnlessRoot(t)
 	if _, err := exec.LookPath("ethtool"); err != nil {
@@ -187,6 +187,14 @@ func TestDaemonTwoQueues(t *testing.T) {
 	}
 	if n, err := ethtoolStat(string(out), "xdp_unbound"); err != nil || n != 0 {
 		t.Errorf("xdp_unbound %d, %v: RoCEv2 left to the kernel\n%s", n, err, out)
+	}
+	// softrnic stats details both queues, each with its share of the
+	// frames.
+	for q := 0; q < 2; q++ {
+		m := regexp.MustCompile(fmt.Sprintf(`(?m)^link %s/1 queue %d rx_packets (\d+) xsk_rx_ring_full 0$`, pair.A.Name, q)).FindSubmatch(out)
+		if m == nil || string(m[1]) == "0" {
+			t.Errorf("softrnic stats: no traffic shown on queue %d\n%s", q, out)
+		}
 	}
 }
 

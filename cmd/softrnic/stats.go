@@ -25,6 +25,10 @@ type statsReport struct {
 	Valid  uint64
 	Values [proto.NumDeviceCounters]uint64
 	QPs    []proto.QPStats
+	// Queues are the receive queues the daemon details (AF_XDP ports);
+	// NumQueues may be larger (only MaxStatsQueues are detailed).
+	NumQueues int
+	Queues    []proto.QueueStats
 }
 
 func runStats(args []string) int {
@@ -39,7 +43,8 @@ func runStats(args []string) int {
 		fmt.Fprintln(o, "rdma statistic names them (rxe and mlx5 hw_counters). Root sees every QP,")
 		fmt.Fprintln(o, "other users only the QPs of their own connection (none, for this command).")
 		fs.PrintDefaults()
-		fmt.Fprintln(o, "\nNot counted yet (never printed, rather than as zeros that mean nothing):")
+		fmt.Fprintln(o, "With an AF_XDP port, one line per receive queue follows the device's.")
+		fmt.Fprintln(o, "\nNot counted (never printed, rather than as zeros that mean nothing):")
 		for _, d := range proto.NotCounted {
 			fmt.Fprintf(o, "  %-26s %s\n", d.Name, d.Help)
 		}
@@ -138,6 +143,8 @@ func (cc *controlConn) stats(qp int) (*statsReport, error) {
 		}
 		if page == 0 {
 			rep.Device, rep.Valid, rep.Values = cstring(r.Name[:]), r.Valid, r.Device
+			rep.NumQueues = int(r.NumQueues)
+			rep.Queues = append(rep.Queues, r.Queues[:min(int(r.NumQueues), len(r.Queues))]...)
 		}
 		if r.Listed > uint32(len(r.QPs)) {
 			return nil, errors.New("STATS: reply lists more QPs than it holds")
@@ -181,9 +188,10 @@ func qpTypeString(t proto.QPType) string {
 }
 
 // writeStatsText prints like rdma statistic show: "link DEV/1 name value
-// ..." for the device, then for each QP "link DEV/1 lqpn N type RC state RTS
-// name value ...", as rdma statistic qp show does. Counters this port does
-// not count are left out.
+// ..." for the device, then for each receive queue of an AF_XDP port
+// "link DEV/1 queue N rx_packets X xsk_rx_ring_full Y", then for each QP
+// "link DEV/1 lqpn N type RC state RTS name value ...", as rdma statistic
+// qp show does. Counters this port does not count are left out.
 func writeStatsText(w io.Writer, r *statsReport, qpOnly bool) error {
 	var b strings.Builder
 	if !qpOnly {
@@ -194,6 +202,12 @@ func writeStatsText(w io.Writer, r *statsReport, qpOnly bool) error {
 			}
 		}
 		b.WriteByte('\n')
+		for i, q := range r.Queues {
+			fmt.Fprintf(&b, "link %s/1 queue %d rx_packets %d xsk_rx_ring_full %d\n", r.Device, i, q.RxPackets, q.RxRingFull)
+		}
+		if r.NumQueues > len(r.Queues) {
+			fmt.Fprintf(&b, "link %s/1 queues %d (the first %d shown)\n", r.Device, r.NumQueues, len(r.Queues))
+		}
 	}
 	for _, q := range r.QPs {
 		fmt.Fprintf(&b, "link %s/1 lqpn %d type %s state %v", r.Device, q.QPN, qpTypeString(q.Type), q.State)
@@ -215,16 +229,25 @@ type statsJSONQP struct {
 	Counters map[string]uint64 `json:"counters"`
 }
 
+type statsJSONQueue struct {
+	Queue      int    `json:"queue"`
+	RxPackets  uint64 `json:"rx_packets"`
+	RxRingFull uint64 `json:"xsk_rx_ring_full"`
+}
+
 type statsJSON struct {
 	Ifname     string            `json:"ifname"`
 	Port       int               `json:"port"`
 	Counters   map[string]uint64 `json:"counters,omitempty"`
+	NumQueues  int               `json:"num_queues,omitempty"`
+	Queues     []statsJSONQueue  `json:"queues,omitempty"`
 	QPs        []statsJSONQP     `json:"qps"`
 	NotCounted []string          `json:"not_counted"`
 }
 
-// writeStatsJSON prints one JSON object: the device's counters, the QPs'
-// and the names of the counters softrnic does not count yet.
+// writeStatsJSON prints one JSON object: the device's counters, its
+// receive queues', the QPs' and the names of the counters softrnic does
+// not count.
 func writeStatsJSON(w io.Writer, r *statsReport, qpOnly bool) error {
 	out := statsJSON{Ifname: r.Device, Port: 1, QPs: []statsJSONQP{}}
 	if !qpOnly {
@@ -233,6 +256,10 @@ func writeStatsJSON(w io.Writer, r *statsReport, qpOnly bool) error {
 			if r.Valid&(1<<i) != 0 {
 				out.Counters[d.Name] = r.Values[i]
 			}
+		}
+		out.NumQueues = r.NumQueues
+		for i, q := range r.Queues {
+			out.Queues = append(out.Queues, statsJSONQueue{Queue: i, RxPackets: q.RxPackets, RxRingFull: q.RxRingFull})
 		}
 	}
 	for _, q := range r.QPs {

@@ -23,6 +23,40 @@ func sampleStats() *statsReport {
 	return r
 }
 
+// With an AF_XDP port over several queues, one line (one JSON object) per
+// receive queue follows the device's; --qp leaves them out.
+func TestStatsQueues(t *testing.T) {
+	r := sampleStats()
+	r.NumQueues = 2
+	r.Queues = []proto.QueueStats{{RxPackets: 10, RxRingFull: 1}, {RxPackets: 20}}
+	var b bytes.Buffer
+	writeStatsText(&b, r, false)
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	if len(lines) != 5 || lines[1] != "link veth0/1 queue 0 rx_packets 10 xsk_rx_ring_full 1" ||
+		lines[2] != "link veth0/1 queue 1 rx_packets 20 xsk_rx_ring_full 0" || !strings.HasPrefix(lines[3], "link veth0/1 lqpn 17 ") {
+		t.Errorf("text:\n%s", b.String())
+	}
+	b.Reset()
+	writeStatsText(&b, r, true)
+	if strings.Contains(b.String(), "queue") {
+		t.Errorf("--qp output shows queues: %s", b.String())
+	}
+	b.Reset()
+	writeStatsJSON(&b, r, false)
+	var got statsJSON
+	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.NumQueues != 2 || len(got.Queues) != 2 || got.Queues[1] != (statsJSONQueue{Queue: 1, RxPackets: 20}) || got.Queues[0].RxRingFull != 1 {
+		t.Errorf("JSON queues: %d %+v", got.NumQueues, got.Queues)
+	}
+	b.Reset()
+	writeStatsJSON(&b, sampleStats(), false)
+	if strings.Contains(b.String(), "queue") {
+		t.Errorf("JSON without queues mentions them:\n%s", b.String())
+	}
+}
+
 func TestStatsText(t *testing.T) {
 	var b bytes.Buffer
 	if err := writeStatsText(&b, sampleStats(), false); err != nil {

@@ -234,6 +234,23 @@ type StatsResp struct {
 	More   uint8 // more QPs after the last listed
 	_      [3]byte
 	QPs    [MaxStatsQPs]QPStats
+	// NumQueues is how many receive queues an AF_XDP port serves, one
+	// socket each (0 for other ports); the first MaxStatsQueues are
+	// detailed in Queues.
+	NumQueues uint32
+	_         uint32
+	Queues    [MaxStatsQueues]QueueStats
+}
+
+// MaxStatsQueues is how many receive queues one StatsResp details.
+const MaxStatsQueues = 16
+
+// QueueStats is one receive queue's share of the traffic: how RSS (or the
+// peer's transmit queues) spread RoCEv2 over the queues, and which queue's
+// ring overflows.
+type QueueStats struct {
+	RxPackets  uint64 // frames the port took from this queue's socket
+	RxRingFull uint64 // frames dropped because this queue's RX ring was full
 }
 
 // UC is the unreliable connected QP type (ibv_qp_type numbering), which
