@@ -4,3 +4,4 @@ package bpf
 // (Debian: apt-get install clang llvm libbpf-dev); the outputs are committed so
 // that building softrnic needs none of them.
 //go:generate go run github.com/cilium/ebpf/cmd/bpf2go -no-global-types -output-stem steer steer steer.c -- -O2 -g -Wall -Werror
+//go:generate go run github.com/cilium/ebpf/cmd/bpf2go -no-global-types -output-stem trafficgen trafficgen trafficgen.c -- -O2 -g -Wall -Werror
