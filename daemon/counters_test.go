@@ -190,6 +190,7 @@ func TestMetricsScrape(t *testing.T) {
 	q := proto.QPStats{QPN: 17, Type: proto.RC, State: proto.RTS, Valid: 1 << proto.QCtrDuplicateRequest}
 	q.Values[proto.QCtrDuplicateRequest] = 5
 	c.QPs = append(c.QPs, q)
+	c.Queues = []proto.QueueStats{{RxPackets: 40}, {RxPackets: 2, RxRingFull: 3}}
 	scrapes := 0
 	srv := httptest.NewServer(MetricsHandler(NewCollector(func() Counters { scrapes++; return c })))
 	defer srv.Close()
@@ -206,6 +207,9 @@ func TestMetricsScrape(t *testing.T) {
 		`softrnic_tx_packets_total{device="veth0"} 0`,
 		`softrnic_qp_duplicate_request_total{device="veth0",qpn="17",type="RC"} 5`,
 		`softrnic_qps{device="veth0",state="RTS"} 1`,
+		`softrnic_queue_rx_packets_total{device="veth0",queue="0"} 40`,
+		`softrnic_queue_rx_packets_total{device="veth0",queue="1"} 2`,
+		`softrnic_queue_xsk_rx_ring_full_total{device="veth0",queue="1"} 3`,
 		`# HELP softrnic_rx_icrc_encapsulated_total RoCEv2 frames dropped for a bad ICRC`,
 		`# TYPE softrnic_rx_packets_total counter`,
 	} {

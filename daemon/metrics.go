@@ -17,7 +17,9 @@ import (
 // Metric names: softrnic_<counter>_total for a device counter (labels:
 // device), softrnic_qp_<counter>_total for a QP's (labels: device, qpn,
 // type), the counter names being those of proto.DeviceCounters and
-// proto.QPCounters, i.e. the names rdma statistic prints.
+// proto.QPCounters, i.e. the names rdma statistic prints; and
+// softrnic_queue_{rx_packets,xsk_rx_ring_full}_total per receive queue of
+// an AF_XDP port (labels: device, queue).
 const metricPrefix = "softrnic_"
 
 // Collector is a prometheus.Collector that takes one snapshot of the
@@ -28,6 +30,8 @@ type Collector struct {
 	device [proto.NumDeviceCounters]*prometheus.Desc
 	qp     [proto.NumQPCounters]*prometheus.Desc
 	qps    *prometheus.Desc
+	qRx    *prometheus.Desc
+	qFull  *prometheus.Desc
 }
 
 // NewCollector makes a collector over snap (e.g. CounterSource.Snapshot).
@@ -40,6 +44,8 @@ func NewCollector(snap func() Counters) *Collector {
 		c.qp[i] = prometheus.NewDesc(metricPrefix+"qp_"+d.Name+"_total", d.Help+" (per QP)", []string{"device", "qpn", "type"}, nil)
 	}
 	c.qps = prometheus.NewDesc(metricPrefix+"qps", "QPs that exist, by state", []string{"device", "state"}, nil)
+	c.qRx = prometheus.NewDesc(metricPrefix+"queue_rx_packets_total", "frames the port took from this receive queue's AF_XDP socket", []string{"device", "queue"}, nil)
+	c.qFull = prometheus.NewDesc(metricPrefix+"queue_xsk_rx_ring_full_total", "frames dropped because this receive queue's RX ring was full", []string{"device", "queue"}, nil)
 	return c
 }
 
@@ -52,6 +58,8 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	ch <- c.qps
+	ch <- c.qRx
+	ch <- c.qFull
 }
 
 // Collect implements prometheus.Collector.
@@ -75,6 +83,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for st, n := range byState {
 		ch <- prometheus.MustNewConstMetric(c.qps, prometheus.GaugeValue, float64(n), s.Name, proto.QPState(st).String())
+	}
+	for i, q := range s.Queues {
+		qs := strconv.Itoa(i)
+		ch <- prometheus.MustNewConstMetric(c.qRx, prometheus.CounterValue, float64(q.RxPackets), s.Name, qs)
+		ch <- prometheus.MustNewConstMetric(c.qFull, prometheus.CounterValue, float64(q.RxRingFull), s.Name, qs)
 	}
 }
 
