@@ -14,7 +14,10 @@ import (
 func TestRunSmoke(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	for _, kind := range []string{"afxdp", "afpacket"} {
-		for _, test := range []string{"tx-only", "rx-only", "ping-pong"} {
+		for _, test := range []string{"tx-only", "rx-only", "rx-gen", "ping-pong"} {
+			if test == "rx-gen" && kind != "afxdp" {
+				continue
+			}
 			r := Run(pair, Config{}, kind, test, 64, 100*time.Millisecond, 200)
 			if r.Error != "" {
 				t.Errorf("%s %s: %s", kind, test, r.Error)
@@ -30,6 +33,14 @@ func TestRunSmoke(t *testing.T) {
 				t.Errorf("%s %s: %+v", kind, test, r)
 			}
 		}
+	}
+	// The generator feeds only an XDP receive path, and frames that fit
+	// its page.
+	if r := Run(pair, Config{}, "afpacket", "rx-gen", 64, time.Millisecond, 1); !strings.Contains(r.Error, "AF_XDP") {
+		t.Errorf("rx-gen into AF_PACKET: %+v", r)
+	}
+	if r := Run(pair, Config{}, "afxdp", "rx-gen", 4096, time.Millisecond, 1); r.Error == "" {
+		t.Errorf("rx-gen of 4096 B: %+v", r)
 	}
 	if r := Run(pair, Config{}, "afxdp", "no-such-test", 64, time.Millisecond, 1); r.Error == "" {
 		t.Errorf("unknown test: %+v", r)
