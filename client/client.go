@@ -342,6 +342,7 @@ type QP struct {
 	sqp, rqp *shmring.Producer
 	state    proto.QPState
 	stateMu  sync.Mutex
+	cm       bool // made by rdma_cm (Connect, Accept): Disconnect applies
 }
 
 // CreateQP creates a queue pair in the PD.
@@ -362,20 +363,7 @@ func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 		proto.CloseFDs(fds)
 		return nil, err
 	}
-	sq, err := shmring.Map(fds[0], shmring.Geometry{SlotSize: proto.SendSlotSize(r.Caps), Slots: int(r.SQSlots)})
-	if err != nil {
-		unix.Close(fds[1])
-		p.c.callHandle(proto.OpDestroyQP, r.QP)
-		return nil, err
-	}
-	rq, err := shmring.Map(fds[1], shmring.Geometry{SlotSize: proto.RecvSlotSize(r.Caps), Slots: int(r.RQSlots)})
-	if err != nil {
-		sq.Close()
-		p.c.callHandle(proto.OpDestroyQP, r.QP)
-		return nil, err
-	}
-	return &QP{c: p.c, h: r.QP, QPN: r.QPN, Type: a.Type, Caps: r.Caps, sq: sq, rq: rq,
-		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
+	return p.mapQP(&r, fds, a.Type)
 }
 
 // Handle is the QP's handle on this connection.

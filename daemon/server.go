@@ -301,6 +301,9 @@ func (s *Server) Close(drain time.Duration) error {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
+	if c, ok := s.dev.(interface{ CloseCM() error }); ok {
+		c.CloseCM() // the CM agent's GSI QP and its goroutine
+	}
 	unix.Close(s.epfd)
 	return s.db.Close()
 }

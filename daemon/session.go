@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -43,6 +44,15 @@ type session struct {
 	liveQPs    int   // QPs created and not yet destroyed in the device
 	capture    *capture.Session
 	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
+
+	// rdma_cm (cm.go): listeners and requests not yet answered; ctx ends
+	// the CM exchanges in flight (cmWG) when the connection closes.
+	listeners map[proto.Handle]CMListener
+	requests  map[proto.Handle]CMRequest
+	closing   bool
+	ctx       context.Context
+	cancel    context.CancelFunc
+	cmWG      sync.WaitGroup
 }
 
 type pdObj struct {
@@ -79,8 +89,9 @@ type qpObj struct {
 	sqc, rqc   *shmring.Consumer
 	swr        proto.SendWR // decode buffers, reused: no allocation per WR
 	rwr        proto.RecvWR
-	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady    int  // send WRs noted at the start of this pump pass
+	broken     bool   // ring corrupted by the client; pump skips it (pump-owned)
+	sqReady    int    // send WRs noted at the start of this pump pass
+	conn       CMConn // the rdma_cm connection of a QP the CM made, or nil
 }
 
 // errno is an error with the errno the client receives.
@@ -110,7 +121,9 @@ func (s *Server) startSession(c *net.UnixConn) {
 	}
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
-		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{}}
+		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
+		listeners: map[proto.Handle]CMListener{}, requests: map[proto.Handle]CMRequest{}}
+	ss.ctx, ss.cancel = context.WithCancel(context.Background())
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
 	s.wg.Add(1)
@@ -142,10 +155,14 @@ func (ss *session) serve() {
 			break
 		}
 		resp, out, err := ss.handle(h, body, fds)
+		if err == errDeferred {
+			continue // its goroutine replies
+		}
 		if rerr := ss.reply(h, resp, out, err); rerr != nil {
 			break
 		}
 	}
+	ss.closeCM()
 	ss.mu.Lock()
 	capt := ss.capture
 	ss.mu.Unlock()
@@ -247,12 +264,26 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.status(body)
 	case proto.OpStats:
 		return ss.stats(body)
+	case proto.OpCMListen:
+		return ss.cmListen(body)
+	case proto.OpCMUnlisten:
+		return ss.cmUnlisten(body)
+	case proto.OpCMGetRequest:
+		return ss.cmGetRequest(h, body)
+	case proto.OpCMReject:
+		return ss.cmReject(body)
+	case proto.OpCMAccept:
+		return ss.cmConn(h, body, true)
+	case proto.OpCMConnect:
+		return ss.cmConn(h, body, false)
+	case proto.OpCMDisconnect:
+		return ss.cmDisconnect(h, body)
 	}
 	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps) >= ss.s.opt.MaxObjects {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.listeners)+len(ss.requests) >= ss.s.opt.MaxObjects {
 		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
 	}
 	ss.next++
@@ -509,25 +540,11 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	if req.Type != proto.RC && req.Type != proto.UC && req.Type != proto.UD {
 		return nil, nil, errf(unix.EINVAL, "QP type %d not supported (RC %d, UC %d, UD %d)", req.Type, proto.RC, proto.UC, proto.UD)
 	}
-	info := ss.s.dev.Info()
-	c := req.Caps
-	if c.MaxSendWR == 0 || c.MaxSendWR > info.MaxQPWR || c.MaxRecvWR > info.MaxQPWR ||
-		c.MaxSendSGE > info.MaxSGE || c.MaxRecvSGE > info.MaxSGE || c.MaxInline > info.MaxInline {
-		return nil, nil, errf(unix.EINVAL, "QP caps %+v exceed the device's (WR %d, SGE %d, inline %d)", c, info.MaxQPWR, info.MaxSGE, info.MaxInline)
+	c, err := ss.normCaps(req.Caps)
+	if err != nil {
+		return nil, nil, err
 	}
-	if c.MaxSendSGE == 0 {
-		c.MaxSendSGE = 1
-	}
-	if c.MaxRecvSGE == 0 {
-		c.MaxRecvSGE = 1
-	}
-	if c.MaxRecvWR == 0 {
-		c.MaxRecvWR = 1
-	}
-	sqSlots, rqSlots := pow2(c.MaxSendWR), pow2(c.MaxRecvWR)
-	c.MaxSendWR, c.MaxRecvWR = sqSlots, rqSlots
-	// Whatever fits the slot is usable inline, up to what the device takes.
-	c.MaxInline = min(uint32(proto.SendSlotSize(c))-64, info.MaxInline)
+	sqSlots, rqSlots := c.MaxSendWR, c.MaxRecvWR
 
 	ss.mu.Lock()
 	p, okp := ss.pds[req.PD]
@@ -580,6 +597,30 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	ss.s.qpList = append(ss.s.qpList, q)
 	ss.s.ringsMu.Unlock()
 	return &proto.CreateQPResp{QP: h, QPN: qp.QPN(), SQSlots: sqSlots, RQSlots: rqSlots, Caps: c}, []int{sq.FD(), rq.FD()}, nil
+}
+
+// normCaps checks a QP's caps against the device's and rounds them to what
+// the rings hold: power-of-two queue depths, at least one SGE, and inline
+// data as large as a send slot allows.
+func (ss *session) normCaps(c proto.QPCaps) (proto.QPCaps, error) {
+	info := ss.s.dev.Info()
+	if c.MaxSendWR == 0 || c.MaxSendWR > info.MaxQPWR || c.MaxRecvWR > info.MaxQPWR ||
+		c.MaxSendSGE > info.MaxSGE || c.MaxRecvSGE > info.MaxSGE || c.MaxInline > info.MaxInline {
+		return c, errf(unix.EINVAL, "QP caps %+v exceed the device's (WR %d, SGE %d, inline %d)", c, info.MaxQPWR, info.MaxSGE, info.MaxInline)
+	}
+	if c.MaxSendSGE == 0 {
+		c.MaxSendSGE = 1
+	}
+	if c.MaxRecvSGE == 0 {
+		c.MaxRecvSGE = 1
+	}
+	if c.MaxRecvWR == 0 {
+		c.MaxRecvWR = 1
+	}
+	c.MaxSendWR, c.MaxRecvWR = pow2(c.MaxSendWR), pow2(c.MaxRecvWR)
+	// Whatever fits the slot is usable inline, up to what the device takes.
+	c.MaxInline = min(uint32(proto.SendSlotSize(c))-64, info.MaxInline)
+	return c, nil
 }
 
 func (ss *session) lookupQP(h proto.Handle) (*qpObj, error) {
@@ -648,6 +689,9 @@ func (ss *session) releaseQP(q *qpObj) error {
 		}
 	}
 	s.ringsMu.Unlock()
+	if q.conn != nil {
+		q.conn.Close() // DREQ (or REJ) to the peer if still connected
+	}
 	err := q.qp.Destroy()
 	q.sq.Close()
 	q.rq.Close()

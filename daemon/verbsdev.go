@@ -19,6 +19,7 @@ type VerbsDevice struct {
 	// resolveMAC finds the Ethernet address of a peer's IP address (the
 	// neighbour table), for RC/UC connections and UD address handles.
 	resolveMAC func(netip.Addr) ([6]byte, error)
+	cmAgent    verbsCM // rdma_cm for clients (verbscm.go)
 }
 
 var _ Device = (*VerbsDevice)(nil)

@@ -60,6 +60,8 @@ type daemonCQ struct{ cq *client.CQ }
 func (c daemonCQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
 func (c daemonCQ) Destroy() error    { return c.cq.Destroy() }
 
+func (c daemonCQ) Wait(timeout time.Duration) { c.cq.Wait(timeout) }
+
 type daemonPD struct {
 	d  *daemonDev
 	pd *client.PD
@@ -124,10 +126,15 @@ func (p *daemonPD) CreateQP(a QPInitAttr) (QP, error) {
 	if err != nil {
 		return nil, err
 	}
-	dq := &daemonQP{q: q, ud: a.Type == verbs.UD}
+	return newDaemonQP(q, a.Type == verbs.UD, sge), nil
+}
+
+// newDaemonQP wraps a client QP whose WRs take up to sge SGEs.
+func newDaemonQP(q *client.QP, ud bool, sge int) *daemonQP {
+	dq := &daemonQP{q: q, ud: ud}
 	dq.swr.SG = make([]proto.SGE, 0, sge)
 	dq.rwr.SG = make([]proto.SGE, 0, sge)
-	return dq, nil
+	return dq
 }
 
 // daemonQP converts each WR into its one proto WR, whose SGE slices have

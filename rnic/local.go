@@ -86,6 +86,15 @@ func (c localCQ) Poll(wcs []WC) int       { return c.cq.Poll(wcs) }
 func (c localCQ) Destroy() error          { return nil } // verbs CQs are garbage collected
 func (c localCQ) Notify() <-chan struct{} { return c.cq.Notify() }
 
+func (c localCQ) Wait(timeout time.Duration) {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-c.cq.Notify():
+	case <-t.C:
+	}
+}
+
 type localPD struct {
 	d  *local
 	pd *verbs.PD

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"time"
 
 	"github.com/softrnic/softrnic/verbs"
 	"github.com/softrnic/softrnic/verbs/wr"
@@ -88,6 +89,9 @@ type MR interface {
 type CQ interface {
 	// Poll moves up to len(wcs) completions into wcs, oldest first.
 	Poll(wcs []WC) int
+	// Wait sleeps until the CQ may hold a new completion or timeout
+	// passes: for a tool with nothing to do until the peer answers.
+	Wait(timeout time.Duration)
 	Destroy() error
 }
 

@@ -55,10 +55,21 @@ const (
 	OpCapture                 // fd: the file to write; reply when started, then again when the capture ends
 	OpStatus                  // → StatusResp
 	OpStats                   // StatsReq → StatsResp (stats.go)
+	// rdma_cm through the daemon's CM agent (on its GSI QP). Replies to
+	// GET_REQUEST, ACCEPT, CONNECT and DISCONNECT come when the CM
+	// exchange is over: the connection serves no other call meanwhile.
+	OpCMListen     // CMListenReq → HandleMsg (the listener)
+	OpCMGetRequest // HandleMsg (listener) → CMRequestResp, when a REQ arrives
+	OpCMAccept     // CMConnReq (Request set) → CreateQPResp + SQ, RQ ring memfds, once established
+	OpCMReject     // HandleMsg (request)
+	OpCMConnect    // CMConnReq (Peer, Port set) → CreateQPResp + SQ, RQ ring memfds, once established
+	OpCMDisconnect // HandleMsg (QP) → when the peer answered the DREQ (or it timed out)
+	OpCMUnlisten   // HandleMsg (listener): requests not taken are rejected
 	opMax
 )
 
-var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS"}
+var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS",
+	"CM_LISTEN", "CM_GET_REQUEST", "CM_ACCEPT", "CM_REJECT", "CM_CONNECT", "CM_DISCONNECT", "CM_UNLISTEN"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -289,6 +300,47 @@ type CaptureReq struct {
 type CaptureResult struct {
 	Written uint64
 	Dropped uint64
+}
+
+// CMListenReq is the body of OpCMListen: listen on an rdma_cm port (TCP
+// port space) of the daemon's device.
+type CMListenReq struct {
+	Port    uint16
+	_       uint16
+	Backlog uint32 // requests waiting for GET_REQUEST (0: 16)
+}
+
+// CMRequestResp is the reply to OpCMGetRequest: a connection request the
+// client accepts or rejects, named by a handle of this connection.
+type CMRequestResp struct {
+	Request Handle
+	SrcPort uint16 // the requester's rdma_cm port
+	_       uint16
+	Peer    [16]byte // the requester's GID (IPv4-mapped for IPv4)
+}
+
+// CMConnReq is the body of OpCMAccept and OpCMConnect: the RC QP the CM
+// creates in the daemon for the connection (as CREATE_QP, RC, in PD with
+// the CQs) and the rdma_conn_param. InitRecv, if HasInitRecv, is posted on
+// the QP before the CM exchange goes on, so that the peer's first SEND,
+// which may come right after the REP or RTU, finds it.
+type CMConnReq struct {
+	Request            Handle // ACCEPT: from GET_REQUEST
+	PD                 Handle
+	SendCQ             Handle
+	RecvCQ             Handle
+	Caps               QPCaps
+	Access             wr.Access // what the peer may do through the QP
+	Port               uint16    // CONNECT: the peer's rdma_cm port
+	ResponderResources uint8
+	InitiatorDepth     uint8
+	RetryCount         uint8 // 0 means 7
+	RNRRetry           uint8 // 0 means 7
+	HasInitRecv        uint8
+	_                  uint8
+	Peer               [16]byte // CONNECT: the peer's GID
+	InitRecvID         uint64
+	InitRecv           SGE
 }
 
 // PortStatus is how the daemon moves frames (softrnic status).

@@ -5,6 +5,11 @@
 // advertises its start buffer, the server RDMA READs it, the client
 // advertises its sink buffer, the server RDMA WRITEs the data back; with
 // Validate the client compares the two, as `rping -V` does.
+//
+// It runs on any RNIC of package rnic: in process (Client, Server: an
+// rdmacm.Agent on the tool's own device) or through a softrnic daemon
+// (RunClient, RunServer with rnic.DaemonCM), whose CM agent connects a QP
+// it makes for the tool.
 package rping
 
 import (
@@ -14,9 +19,11 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"time"
 
 	cmrping "github.com/softrnic/softrnic/cm/rping"
 	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -53,61 +60,121 @@ func (o *Options) norm() error {
 	return nil
 }
 
-// endpoint is one side's verbs objects.
+// endpoint is one side's RNIC objects.
 type endpoint struct {
-	pd   *verbs.PD
-	cq   *verbs.CQ
-	recv *verbs.MR // one rping_rdma_info
-	wc   [8]verbs.WC
+	dev     rnic.Device
+	pd      rnic.PD
+	cq      rnic.CQ
+	recvMem rnic.Mem
+	recv    rnic.MR // one rping_rdma_info
+	wc      [8]rnic.WC
+	mems    []rnic.Mem
+	mrs     []rnic.MR
+	rsg     [1]rnic.SGE
+	rwr     rnic.RecvWR
+	swr     rnic.SendWR
+	sge     [1]rnic.SGE
+	info    [cmrping.InfoSize]byte
 }
 
-func newEndpoint(dev *verbs.Device) (*endpoint, error) {
-	e := &endpoint{pd: dev.AllocPD(), cq: dev.CreateCQ(16)}
+func newEndpoint(dev rnic.Device) (*endpoint, error) {
+	e := &endpoint{dev: dev}
 	var err error
-	e.recv, err = e.pd.RegMR(make([]byte, cmrping.InfoSize), verbs.LocalWrite)
+	if e.pd, err = dev.AllocPD(); err != nil {
+		return nil, err
+	}
+	if e.cq, err = dev.CreateCQ(16); err != nil {
+		return e, err
+	}
+	e.recvMem, e.recv, err = e.buffer(cmrping.InfoSize, verbs.LocalWrite)
 	return e, err
+}
+
+// buffer allocates and registers n bytes with the given access.
+func (e *endpoint) buffer(n int, access rnic.Access) (rnic.Mem, rnic.MR, error) {
+	m, err := e.dev.AllocMem(n)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.mems = append(e.mems, m)
+	mr, err := e.pd.RegMR(m, 0, n, 0, access)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.mrs = append(e.mrs, mr)
+	return m, mr, nil
+}
+
+// close releases the endpoint once its connection is gone.
+func (e *endpoint) close() {
+	for _, mr := range e.mrs {
+		mr.Dereg()
+	}
+	for _, m := range e.mems {
+		m.Free()
+	}
+	if e.cq != nil {
+		e.cq.Destroy()
+	}
+	if e.pd != nil {
+		e.pd.Dealloc()
+	}
 }
 
 // params is rping's QP and rdma_conn_param: one READ in flight each way,
 // retries 7; one receive posted before the connection.
-func (e *endpoint) params() *rdmacm.ConnParams {
-	return &rdmacm.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq,
-		MaxSendWR: cmrping.RQDepth * 2, MaxRecvWR: cmrping.RQDepth, MaxInline: cmrping.InfoSize,
+func (e *endpoint) params() *rnic.ConnParams {
+	return &rnic.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq,
+		MaxSendWR: cmrping.RQDepth * 2, MaxRecvWR: cmrping.RQDepth, MaxSGE: 1, MaxInline: cmrping.InfoSize,
 		Access:             verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite,
 		ResponderResources: cmrping.ResponderResources, InitiatorDepth: cmrping.InitiatorDepth,
 		RetryCount: cmrping.RetryCount, RNRRetry: cmrping.RNRRetry,
-		Setup: e.postRecv}
+		InitRecv: e.recvWR()}
 }
 
-func (e *endpoint) postRecv(q *verbs.QP) error {
-	_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []verbs.SGE{{Addr: e.recv.IOVA(), Length: cmrping.InfoSize, LKey: e.recv.LKey()}}})
-	return err
+func (e *endpoint) recvWR() *rnic.RecvWR {
+	e.rsg[0] = rnic.SGE{Addr: e.recv.IOVA(), Length: cmrping.InfoSize, LKey: e.recv.LKey()}
+	e.rwr = rnic.RecvWR{ID: 1, SG: e.rsg[:]}
+	return &e.rwr
 }
 
-func sendInfo(q *verbs.QP, info cmrping.Info) error {
-	var b [cmrping.InfoSize]byte
-	info.Encode(b[:])
-	_, err := q.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline, InlineData: b[:]})
-	return err
+func (e *endpoint) postRecv(q rnic.QP) error { return q.PostRecv(e.recvWR()) }
+
+func (e *endpoint) sendInfo(q rnic.QP, info cmrping.Info) error {
+	info.Encode(e.info[:])
+	e.swr = rnic.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline, InlineData: e.info[:]}
+	return q.PostSend(&e.swr)
 }
+
+// rdma posts rping's READ or WRITE of n bytes between mr and the peer's
+// buffer.
+func (e *endpoint) rdma(q rnic.QP, id uint64, op verbs.Opcode, mr rnic.MR, n uint32, remote cmrping.Info) error {
+	e.sge[0] = rnic.SGE{Addr: mr.IOVA(), Length: n, LKey: mr.LKey()}
+	e.swr = rnic.SendWR{ID: id, Opcode: op, Flags: verbs.Signaled, SG: e.sge[:], RemoteAddr: remote.Buf, RKey: remote.RKey}
+	return q.PostSend(&e.swr)
+}
+
+// cqWait bounds one sleep on the CQ: ctx's end is seen within it.
+const cqWait = 10 * time.Millisecond
 
 // next waits for the next completion of c's QP. It returns errDone when
 // the connection is over (the peer disconnected).
-func (e *endpoint) next(ctx context.Context, c *rdmacm.Conn) (verbs.WC, error) {
+func (e *endpoint) next(ctx context.Context, c rnic.Conn) (rnic.WC, error) {
 	for {
 		if e.cq.Poll(e.wc[:1]) == 1 {
 			return e.wc[0], nil
 		}
 		select {
-		case <-e.cq.Notify():
 		case <-c.Done():
 			if e.cq.Poll(e.wc[:1]) == 1 {
 				return e.wc[0], nil
 			}
-			return verbs.WC{}, errDone
+			return rnic.WC{}, errDone
 		case <-ctx.Done():
-			return verbs.WC{}, ctx.Err()
+			return rnic.WC{}, ctx.Err()
+		default:
 		}
+		e.cq.Wait(cqWait)
 	}
 }
 
@@ -121,25 +188,47 @@ func cstring(buf []byte) []byte {
 	return buf
 }
 
-// Client connects to addr and runs o.Count pings, then disconnects.
+// local is the in-process RNIC and CM of agent a.
+func local(a *rdmacm.Agent) (rnic.Device, rnic.CM) {
+	return rnic.Local(a.Device(), "", nil, nil), rnic.LocalCM(a)
+}
+
+// Client connects to addr through agent a and runs o.Count pings, then
+// disconnects.
 func Client(ctx context.Context, a *rdmacm.Agent, addr netip.Addr, o Options) error {
+	dev, cm := local(a)
+	return RunClient(ctx, dev, cm, addr, o)
+}
+
+// Server listens on o.Port through agent a, serves one client until it
+// disconnects and returns. ready, if not nil, is called once it listens.
+func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error {
+	dev, cm := local(a)
+	return RunServer(ctx, dev, cm, o, ready)
+}
+
+// RunClient is Client on RNIC dev with rdma_cm cm.
+func RunClient(ctx context.Context, dev rnic.Device, cm rnic.CM, addr netip.Addr, o Options) error {
 	if err := o.norm(); err != nil {
 		return err
 	}
-	e, err := newEndpoint(a.Device())
+	e, err := newEndpoint(dev)
+	defer e.close()
 	if err != nil {
 		return err
 	}
 	acc := verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite
-	start, err := e.pd.RegMR(make([]byte, o.Size), acc)
+	startMem, start, err := e.buffer(o.Size, acc)
+	// Memory from the RNIC may be longer than asked (whole pages through
+	// the daemon): rping's buffers are the first o.Size bytes.
 	if err != nil {
 		return err
 	}
-	sink, err := e.pd.RegMR(make([]byte, o.Size), acc)
+	sinkMem, sink, err := e.buffer(o.Size, acc)
 	if err != nil {
 		return err
 	}
-	conn, err := a.Dial(ctx, addr, o.Port, e.params())
+	conn, err := cm.Dial(ctx, addr, o.Port, e.params())
 	if err != nil {
 		return err
 	}
@@ -148,8 +237,9 @@ func Client(ctx context.Context, a *rdmacm.Agent, addr netip.Addr, o Options) er
 	cl := cmrping.Client{Count: o.Count,
 		Start: cmrping.Info{Buf: start.IOVA(), RKey: start.RKey(), Size: uint32(o.Size)},
 		Sink:  cmrping.Info{Buf: sink.IOVA(), RKey: sink.RKey(), Size: uint32(o.Size)}}
-	cmrping.FillPing(start.Bytes(), 0)
-	if err := sendInfo(q, cl.Begin().Info); err != nil {
+	startBuf, sinkBuf := startMem.Bytes()[:o.Size], sinkMem.Bytes()[:o.Size]
+	cmrping.FillPing(startBuf, 0)
+	if err := e.sendInfo(q, cl.Begin().Info); err != nil {
 		return err
 	}
 	for {
@@ -166,7 +256,7 @@ func Client(ctx context.Context, a *rdmacm.Agent, addr netip.Addr, o Options) er
 		if !wc.IsRecv {
 			continue
 		}
-		msg := append([]byte(nil), e.recv.Bytes()[:wc.ByteLen]...)
+		msg := append([]byte(nil), e.recvMem.Bytes()[:wc.ByteLen]...)
 		if err := e.postRecv(q); err != nil {
 			return err
 		}
@@ -177,44 +267,44 @@ func Client(ctx context.Context, a *rdmacm.Agent, addr netip.Addr, o Options) er
 		}
 		if cl.Ping() != ping || act.Kind == cmrping.ActDone {
 			// Ping done: the server has written the data back.
-			if o.Validate && !bytes.Equal(start.Bytes(), sink.Bytes()) {
+			if o.Validate && !bytes.Equal(startBuf, sinkBuf) {
 				fmt.Fprintf(o.Out, "data mismatch!\n")
 				return fmt.Errorf("%w in ping %d", ErrMismatch, ping)
 			}
 			if o.Verbose {
-				fmt.Fprintf(o.Out, "ping data: %s\n", cstring(sink.Bytes()))
+				fmt.Fprintf(o.Out, "ping data: %s\n", cstring(sinkBuf))
 			}
-			clear(sink.Bytes())
+			clear(sinkBuf)
 		}
 		switch act.Kind {
 		case cmrping.ActDone:
 			return conn.Disconnect(ctx)
 		case cmrping.ActSendInfo:
 			if act.Info == cl.Start {
-				cmrping.FillPing(start.Bytes(), cl.Ping())
+				cmrping.FillPing(startBuf, cl.Ping())
 			}
-			if err := sendInfo(q, act.Info); err != nil {
+			if err := e.sendInfo(q, act.Info); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// Server listens on o.Port, serves one client until it disconnects and
-// returns. ready, if not nil, is called once it listens.
-func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error {
+// RunServer is Server on RNIC dev with rdma_cm cm.
+func RunServer(ctx context.Context, dev rnic.Device, cm rnic.CM, o Options, ready func()) error {
 	if err := o.norm(); err != nil {
 		return err
 	}
-	e, err := newEndpoint(a.Device())
+	e, err := newEndpoint(dev)
+	defer e.close()
 	if err != nil {
 		return err
 	}
-	buf, err := e.pd.RegMR(make([]byte, o.Size), verbs.LocalWrite|verbs.RemoteRead|verbs.RemoteWrite)
+	bufMem, buf, err := e.buffer(o.Size, verbs.LocalWrite|verbs.RemoteRead|verbs.RemoteWrite)
 	if err != nil {
 		return err
 	}
-	ln, err := a.Listen(o.Port, 0)
+	ln, err := cm.Listen(o.Port)
 	if err != nil {
 		return err
 	}
@@ -228,7 +318,7 @@ func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error
 	}
 	defer conn.Close()
 	q := conn.QP()
-	srv := cmrping.Server{Buf: buf.Bytes()}
+	srv := cmrping.Server{Buf: bufMem.Bytes()[:o.Size]}
 	for {
 		wc, err := e.next(ctx, conn)
 		if errors.Is(err, errDone) {
@@ -246,7 +336,7 @@ func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error
 		var act cmrping.Action
 		switch {
 		case wc.IsRecv:
-			msg := append([]byte(nil), e.recv.Bytes()[:wc.ByteLen]...)
+			msg := append([]byte(nil), e.recvMem.Bytes()[:wc.ByteLen]...)
 			if err := e.postRecv(q); err != nil {
 				return err
 			}
@@ -255,7 +345,7 @@ func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error
 			}
 		case wc.Opcode == verbs.WCRDMARead || wc.Opcode == verbs.WCRDMAWrite:
 			if wc.Opcode == verbs.WCRDMARead && o.Verbose {
-				fmt.Fprintf(o.Out, "server ping data: %s\n", cstring(buf.Bytes()))
+				fmt.Fprintf(o.Out, "server ping data: %s\n", cstring(bufMem.Bytes()[:o.Size]))
 			}
 			if act, err = srv.OnComplete(); err != nil {
 				return err
@@ -265,15 +355,11 @@ func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error
 		}
 		switch act.Kind {
 		case cmrping.ActSendInfo:
-			err = sendInfo(q, act.Info)
+			err = e.sendInfo(q, act.Info)
 		case cmrping.ActRDMARead:
-			_, err = q.PostSend(verbs.SendWR{ID: 3, Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-				SG:         []verbs.SGE{{Addr: buf.IOVA(), Length: act.Remote.Size, LKey: buf.LKey()}},
-				RemoteAddr: act.Remote.Buf, RKey: act.Remote.RKey})
+			err = e.rdma(q, 3, verbs.RDMARead, buf, act.Remote.Size, act.Remote)
 		case cmrping.ActRDMAWrite:
-			_, err = q.PostSend(verbs.SendWR{ID: 4, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-				SG:         []verbs.SGE{{Addr: buf.IOVA(), Length: uint32(act.Len), LKey: buf.LKey()}},
-				RemoteAddr: act.Remote.Buf, RKey: act.Remote.RKey})
+			err = e.rdma(q, 4, verbs.RDMAWrite, buf, uint32(act.Len), act.Remote)
 		}
 		if err != nil {
 			return err

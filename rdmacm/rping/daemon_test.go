@@ -1,0 +1,163 @@
+package rping
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// daemonSetup joins two devices by a memlink: device S is served by a
+// daemon (its rdma_cm agent the daemon's, started by the first CM call),
+// device C runs an agent in process. It returns the daemon's RNIC and CM
+// as a client sees them, C's agent, the daemon server and its socket.
+func daemonSetup(t *testing.T) (dev rnic.Device, dcm rnic.CM, c *client.Client, cli *rdmacm.Agent, srv *daemon.Server, sock string) {
+	la, lb := memlink.NewPair(memlink.Config{Seed: 5})
+	macs := map[netip.Addr][6]byte{ipS: macS, ipC: macC}
+	resolve := func(peer netip.Addr) ([6]byte, error) {
+		if m, ok := macs[peer]; ok {
+			return m, nil
+		}
+		return [6]byte{}, errors.New("no neighbour")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	mk := func(mac [6]byte, ip netip.Addr, p *memlink.Port) *verbs.Device {
+		d, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); runEngine(ctx, d, p) }()
+		return d
+	}
+	devS, devC := mk(macS, ipS, la), mk(macC, ipC, lb)
+	var err error
+	srv, err = daemon.NewServer(daemon.NewVerbsDevice(devS, "mls", resolve), daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock = filepath.Join(t.TempDir(), "ctl.sock")
+	if err := srv.Listen(sock); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve()
+	if cli, err = rdmacm.New(rdmacm.Config{Device: devC, Resolve: func(_ context.Context, p netip.Addr) ([6]byte, error) { return resolve(p) }}); err != nil {
+		t.Fatal(err)
+	}
+	if c, err = client.Dial(sock); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Close()
+		cli.Close()
+		srv.Close(time.Second)
+		cancel()
+		wg.Wait()
+	})
+	dev = rnic.Daemon(c)
+	if dcm, err = rnic.DaemonCM(dev); err != nil {
+		t.Fatal(err)
+	}
+	return dev, dcm, c, cli, srv, sock
+}
+
+// TestPingThroughDaemon: rping -V -v with its connection made by the
+// daemon's CM agent, the daemon's side as server and as client, against an
+// in-process rping, at 64 bytes and at 5000 (multi-packet READ and WRITE).
+func TestPingThroughDaemon(t *testing.T) {
+	dev, dcm, _, cli, _, _ := daemonSetup(t)
+	for _, size := range []int{64, 5000} {
+		for _, daemonServes := range []bool{true, false} {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			o := Options{Count: 10, Size: size, Verbose: true, Validate: true}
+			var sout, cout bytes.Buffer
+			so, co := o, o
+			so.Out, co.Out = &sout, &cout
+			ready := make(chan struct{})
+			serr := make(chan error, 1)
+			var cerr error
+			if daemonServes {
+				go func() { serr <- RunServer(ctx, dev, dcm, so, func() { close(ready) }) }()
+				<-ready
+				cerr = Client(ctx, cli, ipS, co)
+			} else {
+				o.Port = 7175
+				so.Port, co.Port = 7175, 7175
+				go func() { serr <- Server(ctx, cli, so, func() { close(ready) }) }()
+				<-ready
+				cerr = RunClient(ctx, dev, dcm, ipC, co)
+			}
+			if cerr != nil {
+				cancel()
+			}
+			if err := <-serr; err != nil || cerr != nil {
+				t.Fatalf("size %d, daemon serves %v: server %v, client %v\n%s\n%s", size, daemonServes, err, cerr, sout.String(), cout.String())
+			}
+			cancel()
+			if n := strings.Count(cout.String(), "ping data: "); n != 10 || strings.Count(sout.String(), "server ping data: ") != 10 {
+				t.Fatalf("size %d, daemon serves %v: client printed %d pings\n%s\n%s", size, daemonServes, n, sout.String(), cout.String())
+			}
+		}
+	}
+}
+
+// A client's listener, requests and connections go with it: after it
+// closes, its port is free for the next client, and a connection to a
+// port nobody listens on is refused.
+func TestDaemonCMCleanup(t *testing.T) {
+	_, _, c, cli, _, sock := daemonSetup(t)
+	if _, err := c.Listen(7200, 0); err != nil {
+		t.Fatal(err)
+	}
+	// The same port twice: refused.
+	if _, err := c.Listen(7200, 0); !errors.Is(err, unix.EADDRINUSE) {
+		t.Fatalf("second listen on the port: %v", err)
+	}
+	c.Close()
+	c2, err := client.Dial(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	var l *client.Listener
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if l, err = c2.Listen(7200, 0); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("the port stayed taken after its client left: %v", err)
+	}
+	l.Close()
+	// Nobody listens now: the in-process side's Dial is rejected.
+	dev := rnic.Local(cli.Device(), "", nil, nil)
+	e, err := newEndpoint(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = rnic.LocalCM(cli).Dial(ctx, ipS, 7200, e.params())
+	var rej *rdmacm.RejectedError
+	if !errors.As(err, &rej) {
+		t.Fatalf("dial to a closed port: %v", err)
+	}
+}

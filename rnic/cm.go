@@ -1,0 +1,232 @@
+package rnic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// CM is rdma_cm on an RNIC (RC connections through the CM on QP1): in
+// process an rdmacm.Agent on the tool's own device (LocalCM), through the
+// daemon the daemon's agent, which connects QPs it creates for the client
+// (DaemonCM). Either way the connection's QP is a QP of this package.
+type CM interface {
+	Listen(port uint16) (Listener, error)
+	// Dial connects to port at peer; it returns once established.
+	Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnParams) (Conn, error)
+}
+
+// Listener accepts connections on one port.
+type Listener interface {
+	// Accept waits for the next request and accepts it with p.
+	Accept(ctx context.Context, p *ConnParams) (Conn, error)
+	Close() error
+}
+
+// Conn is an established RC connection.
+type Conn interface {
+	QP() QP
+	Peer() netip.Addr
+	// Done is closed when the connection ends by the peer or the CM (nil
+	// through the daemon: its QP then goes to the error state, and the
+	// flush completions of the receives the tool keeps posted tell).
+	Done() <-chan struct{}
+	// Disconnect sends a DREQ and waits for the DREP (or its timeout).
+	Disconnect(ctx context.Context) error
+	// Close aborts if still connected and destroys the QP.
+	Close() error
+}
+
+// ConnParams are a connection's RC QP and rdma_conn_param.
+type ConnParams struct {
+	PD                   PD
+	SendCQ, RecvCQ       CQ
+	MaxSendWR, MaxRecvWR int
+	MaxSGE, MaxInline    int
+	Access               Access // what the peer may do through the QP
+	// ResponderResources, InitiatorDepth: READs and atomics outstanding
+	// at our QP and at the peer's. RetryCount, RNRRetry: 0 means 7.
+	ResponderResources, InitiatorDepth uint8
+	RetryCount, RNRRetry               uint8
+	// InitRecv (one SGE), if set, is posted before the CM exchange goes
+	// on, so that the peer's first SEND finds it.
+	InitRecv *RecvWR
+}
+
+// LocalCM is rdma_cm through a in-process agent running on dev's device
+// (the device of a Local Device).
+func LocalCM(a *rdmacm.Agent) CM { return localCM{a} }
+
+type localCM struct{ a *rdmacm.Agent }
+
+func (p *ConnParams) local() (*rdmacm.ConnParams, error) {
+	pd, scq, rcq := VerbsPD(p.PD), VerbsCQ(p.SendCQ), VerbsCQ(p.RecvCQ)
+	if pd == nil || scq == nil || rcq == nil {
+		return nil, errors.New("rnic: LocalCM takes a Local device's PD and CQs")
+	}
+	cp := &rdmacm.ConnParams{PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: p.MaxSendWR, MaxRecvWR: p.MaxRecvWR,
+		MaxSGE: p.MaxSGE, MaxInline: p.MaxInline, Access: p.Access, ResponderResources: p.ResponderResources,
+		InitiatorDepth: p.InitiatorDepth, RetryCount: p.RetryCount, RNRRetry: p.RNRRetry}
+	if r := p.InitRecv; r != nil {
+		w := verbs.RecvWR{ID: r.ID, SG: append([]SGE(nil), r.SG...)}
+		cp.Setup = func(q *verbs.QP) error {
+			_, err := q.PostRecv(w)
+			return err
+		}
+	}
+	return cp, nil
+}
+
+func (c localCM) Listen(port uint16) (Listener, error) {
+	l, err := c.a.Listen(port, 0)
+	if err != nil {
+		return nil, err
+	}
+	return localListener{l}, nil
+}
+
+func (c localCM) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnParams) (Conn, error) {
+	cp, err := p.local()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := c.a.Dial(ctx, peer, port, cp)
+	if err != nil {
+		return nil, err
+	}
+	return &localConn{c: conn, qp: LocalQP(p.PD, conn.QP())}, nil
+}
+
+type localListener struct{ l *rdmacm.Listener }
+
+func (l localListener) Close() error { return l.l.Close() }
+
+func (l localListener) Accept(ctx context.Context, p *ConnParams) (Conn, error) {
+	cp, err := p.local()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := l.l.Accept(ctx, cp)
+	if err != nil {
+		return nil, err
+	}
+	return &localConn{c: conn, qp: LocalQP(p.PD, conn.QP())}, nil
+}
+
+type localConn struct {
+	c  *rdmacm.Conn
+	qp QP
+}
+
+func (c *localConn) QP() QP                               { return c.qp }
+func (c *localConn) Peer() netip.Addr                     { return c.c.Peer() }
+func (c *localConn) Done() <-chan struct{}                { return c.c.Done() }
+func (c *localConn) Disconnect(ctx context.Context) error { return c.c.Disconnect(ctx) }
+func (c *localConn) Close() error                         { return c.c.Close() }
+
+// DaemonCM is rdma_cm through the daemon of dev (a Daemon device): the
+// daemon's agent makes the connections' QPs in dev's PDs. Each waiting call
+// (Accept, Dial, Disconnect) holds the client's control connection until
+// its CM exchange is over; ctx cannot cut it short (the daemon bounds it).
+func DaemonCM(dev Device) (CM, error) {
+	d, ok := dev.(*daemonDev)
+	if !ok {
+		return nil, errors.New("rnic: DaemonCM takes a Daemon device")
+	}
+	return daemonCM{d}, nil
+}
+
+type daemonCM struct{ d *daemonDev }
+
+func (p *ConnParams) daemon() (*client.PD, *client.ConnParams, error) {
+	pd, ok1 := p.PD.(*daemonPD)
+	scq, ok2 := p.SendCQ.(daemonCQ)
+	rcq, ok3 := p.RecvCQ.(daemonCQ)
+	if !ok1 || !ok2 || !ok3 {
+		return nil, nil, errors.New("rnic: DaemonCM takes a Daemon device's PD and CQs")
+	}
+	sge := uint32(max(p.MaxSGE, 1))
+	cp := &client.ConnParams{SendCQ: scq.cq, RecvCQ: rcq.cq, Access: p.Access,
+		Caps: proto.QPCaps{MaxSendWR: uint32(max(p.MaxSendWR, 1)), MaxRecvWR: uint32(max(p.MaxRecvWR, 1)),
+			MaxSendSGE: sge, MaxRecvSGE: sge, MaxInline: uint32(max(p.MaxInline, 0))},
+		ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth, RetryCount: p.RetryCount, RNRRetry: p.RNRRetry}
+	if r := p.InitRecv; r != nil {
+		if len(r.SG) != 1 {
+			return nil, nil, fmt.Errorf("rnic: the initial receive takes one SGE, not %d", len(r.SG))
+		}
+		e := r.SG[0]
+		cp.InitRecv = &proto.RecvWR{ID: r.ID, SG: []proto.SGE{{Addr: e.Addr, Length: e.Length, LKey: e.LKey}}}
+	}
+	return pd.pd, cp, nil
+}
+
+func (c daemonCM) Listen(port uint16) (Listener, error) {
+	l, err := c.d.c.Listen(port, 0)
+	if err != nil {
+		return nil, err
+	}
+	return daemonListener{l}, nil
+}
+
+func (c daemonCM) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnParams) (Conn, error) {
+	pd, cp, err := p.daemon()
+	if err != nil {
+		return nil, err
+	}
+	q, err := pd.Connect(peer, port, cp)
+	if err != nil {
+		return nil, err
+	}
+	return &daemonConn{q: newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), peer: peer}, nil
+}
+
+type daemonListener struct{ l *client.Listener }
+
+func (l daemonListener) Close() error { return l.l.Close() }
+
+func (l daemonListener) Accept(ctx context.Context, p *ConnParams) (Conn, error) {
+	pd, cp, err := p.daemon()
+	if err != nil {
+		return nil, err
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		r, err := l.l.GetRequest()
+		if err != nil {
+			return nil, err
+		}
+		q, err := r.Accept(pd, cp)
+		if errors.Is(err, rdmacm.ErrRequestExpired) || isExpired(err) {
+			continue // the requester gave up while it waited
+		}
+		if err != nil {
+			return nil, err
+		}
+		return &daemonConn{q: newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), peer: r.Peer}, nil
+	}
+}
+
+// isExpired recognises rdmacm.ErrRequestExpired in the daemon's answer.
+func isExpired(err error) bool {
+	var pe *proto.Error
+	return errors.As(err, &pe) && pe.Msg == rdmacm.ErrRequestExpired.Error()
+}
+
+type daemonConn struct {
+	q    *daemonQP
+	peer netip.Addr
+}
+
+func (c *daemonConn) QP() QP                           { return c.q }
+func (c *daemonConn) Peer() netip.Addr                 { return c.peer }
+func (c *daemonConn) Done() <-chan struct{}            { return nil }
+func (c *daemonConn) Disconnect(context.Context) error { return c.q.q.Disconnect() }
+func (c *daemonConn) Close() error                     { return c.q.Destroy() }
