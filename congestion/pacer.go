@@ -77,5 +77,30 @@ func (p *Pacer) Sent(now clock.Time, r Rate, n int) {
 	p.rem = cost - whole
 }
 
+// Retime applies a rate change to the gap still pending after the last
+// packet: the last packet's n bytes are re-costed at the new rate, so a
+// cut lengthens the wait in progress and an increase shortens it, as HPCC's
+// ns-3 does (RdmaHw::ChangeRate moves m_nextAvail by the difference of the
+// last packet's transmission times). Without Retime a rate change applies
+// from the next packet on, as in the paper authors' ns3-rdma, whose NIC
+// computes each gap when a packet leaves. Nothing happens when no gap is
+// pending (tat ≤ now). The theoretical arrival time never moves before now.
+func (p *Pacer) Retime(now clock.Time, old, new Rate, n int) {
+	if p.tat <= now || old <= 0 || new <= 0 || old == new || p.tat == clock.Never {
+		return
+	}
+	d := float64(n)*8e9/float64(new) - float64(n)*8e9/float64(old) + p.rem
+	if d >= float64(clock.Never-p.tat) {
+		p.tat, p.rem = clock.Never, 0
+		return
+	}
+	whole := math.Floor(d)
+	p.tat += clock.Time(whole)
+	p.rem = d - whole
+	if p.tat < now {
+		p.tat, p.rem = now, 0
+	}
+}
+
 // Reset forgets all history: the bucket is full again.
 func (p *Pacer) Reset() { p.tat, p.rem = 0, 0 }

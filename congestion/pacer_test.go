@@ -100,3 +100,30 @@ func TestRateHelpers(t *testing.T) {
 		t.Fatalf("Gbps = %v", got)
 	}
 }
+
+// Retime re-costs the last packet at the new rate: at 40 Gb/s a 1000-byte
+// packet sent at 0 frees the pacer at 200 ns; a cut to 20 Gb/s at 50 ns
+// moves that to 400 ns, a rise back to 40 Gb/s to 200 ns again; a cut
+// when no gap is pending changes nothing, and tat never falls before now.
+func TestPacerRetime(t *testing.T) {
+	var p Pacer
+	p.Sent(0, 40*Gbps, 1000)
+	p.Retime(50, 40*Gbps, 20*Gbps, 1000)
+	if at := p.Next(50, 20*Gbps, 1000); at != 400 {
+		t.Fatalf("after a cut the next packet may leave at %v, want 400", at)
+	}
+	p.Retime(60, 20*Gbps, 40*Gbps, 1000)
+	if at := p.Next(60, 40*Gbps, 1000); at != 200 {
+		t.Fatalf("after the rise back the next packet may leave at %v, want 200", at)
+	}
+	p.Retime(300, 40*Gbps, 10*Gbps, 1000) // gap over: nothing pending
+	if at := p.Next(300, 10*Gbps, 1000); at != 300 {
+		t.Fatalf("a retime with no gap pending delayed the next packet to %v", at)
+	}
+	var q Pacer
+	q.Sent(0, 1*Gbps, 1000)               // free at 8000 ns
+	q.Retime(7990, 1*Gbps, 40*Gbps, 1000) // 7800 ns earlier would be in the past
+	if at := q.Next(7990, 40*Gbps, 1000); at != 7990 {
+		t.Fatalf("retimed into the past: next at %v, want now (7990)", at)
+	}
+}

@@ -30,8 +30,11 @@ type RunConfig struct {
 	Pmax        float64 `json:"pmax"`
 	BufferKB    float64 `json:"buffer_kb"`
 	PFC         bool    `json:"pfc"`
-	PFCXoffKB   float64 `json:"pfc_xoff_kb,omitempty"`
-	PFCXonKB    float64 `json:"pfc_xon_kb,omitempty"`
+	// Retime: an RP rate change re-times the pacer's pending gap (HPCC
+	// ns-3); false: it applies from the next packet (ns3-rdma).
+	Retime    bool    `json:"pacer_retime"`
+	PFCXoffKB float64 `json:"pfc_xoff_kb,omitempty"`
+	PFCXonKB  float64 `json:"pfc_xon_kb,omitempty"`
 }
 
 // RPSummary is a dcqcn.Config in the units papers use.
@@ -72,7 +75,7 @@ func describe(o *Options, rp dcqcn.Config, np dcqcn.NPConfig) RunConfig {
 		LinkGbps: o.LinkRate.Gbps(), LinkDelayUs: us(o.LinkDelay), PacketBytes: o.PacketSize,
 		Marking: [...]string{"dequeue", "enqueue", "off"}[min(int(o.Marking), 2)],
 		KminKB:  float64(o.RED.Kmin) / 1e3, KmaxKB: float64(o.RED.Kmax) / 1e3, Pmax: o.RED.Pmax,
-		BufferKB: float64(o.Buffer) / 1e3, PFC: o.PFC}
+		BufferKB: float64(o.Buffer) / 1e3, PFC: o.PFC, Retime: o.Retime}
 	if o.PFC {
 		c.PFCXoffKB, c.PFCXonKB = float64(o.PFCXoff)/1e3, float64(o.PFCXon)/1e3
 	}
@@ -109,8 +112,8 @@ func (c *RunConfig) String() string {
 	}
 	fmt.Fprintf(&b, "profile %s%s: line %g Gb/s, g %g, α %s every %g µs, T %g µs, B %d B, F %d, R_AI %g Mb/s, R_HAI %g Mb/s, min rate %g Mb/s",
 		c.Profile, custom, c.RP.LineGbps, c.RP.G, c.RP.Alpha, c.RP.AlphaPeriodUs, c.RP.TimerUs, c.RP.ByteCounter, c.RP.F, c.RP.AIMbps, c.RP.HAIMbps, c.RP.MinRateMbps)
-	fmt.Fprintf(&b, "\n  NP: CNP at most every %g µs (defer %v, grid %v); switch: %s marking, RED %g/%g KB/%g %%, buffer %g KB, PFC %v",
-		c.NP.MinIntervalUs, c.NP.Defer, c.NP.Grid, c.Marking, c.KminKB, c.KmaxKB, c.Pmax*100, c.BufferKB, c.PFC)
+	fmt.Fprintf(&b, "\n  NP: CNP at most every %g µs (defer %v, grid %v); pacer retime %v; switch: %s marking, RED %g/%g KB/%g %%, buffer %g KB, PFC %v",
+		c.NP.MinIntervalUs, c.NP.Defer, c.NP.Grid, c.Retime, c.Marking, c.KminKB, c.KmaxKB, c.Pmax*100, c.BufferKB, c.PFC)
 	if len(c.Knobs) > 0 {
 		b.WriteString("\n  knobs:")
 		for _, name := range dcqcn.KnobNames() {

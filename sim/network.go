@@ -119,7 +119,8 @@ type flow struct {
 	rp    dcqcn.RP
 	np    dcqcn.NP
 	pacer congestion.Pacer
-	rpAt  clock.Time // deadline an evRPTimer is scheduled for
+	rpAt  clock.Time      // deadline an evRPTimer is scheduled for
+	rate  congestion.Rate // the RP's rate the pacer last saw (Options.Retime)
 	npAt  clock.Time
 
 	cnpRcvd uint64
@@ -141,6 +142,7 @@ type net struct {
 	free  int32
 
 	pktSize    int
+	retime     bool // Options.Retime
 	pfc        bool
 	xoff, xon  int64
 	binWidth   clock.Time // statistics bins: 1 ms
@@ -267,8 +269,15 @@ func (n *net) dispatch(e *event) {
 	}
 }
 
-// afterRP (re)arms the flow's RP timer when its deadline moved.
+// afterRP (re)arms the flow's RP timer when its deadline moved and, with
+// Options.Retime, applies a rate change to the pacer's pending gap.
 func (n *net) afterRP(f *flow) {
+	if n.retime {
+		if r := f.rp.Rate(); r != f.rate {
+			f.pacer.Retime(n.now, f.rate, r, n.pktSize)
+			f.rate = r
+		}
+	}
 	if d := f.rp.Deadline(); d != f.rpAt {
 		f.rpAt = d
 		if d != clock.Never {

@@ -82,6 +82,11 @@ type Options struct {
 	// 100 µs for incast, which is over in a few ms). Statistics always use
 	// 1 ms bins.
 	ThroughputBin time.Duration
+	// Retime applies an RP rate change to the gap the pacer is already
+	// waiting out (HPCC ns-3's ChangeRate); default false: a new rate
+	// applies from the next packet on, as in ns3-rdma and softrnic's
+	// engine.
+	Retime bool
 	// WindowStart, if > 0, starts the measurement window there instead of
 	// 20 ms before the end (a longer window, to see how the per-seed
 	// spread of a window mean shrinks with its length). It must lie on a
@@ -252,7 +257,7 @@ func (b *builder) linkAt(a, c int32, rate congestion.Rate) (ac, ca int32) {
 func (b *builder) flow(src, dst int32, start time.Duration, size int64) {
 	n := b.n
 	f := flow{id: len(n.flows), src: src, dst: dst, start: clock.Time(start), size: size,
-		finish: -1, rpAt: clock.Never, npAt: clock.Never}
+		finish: -1, rpAt: clock.Never, npAt: clock.Never, rate: b.rp.LineRate}
 	if err := f.rp.Init(b.rp); err != nil && b.err == nil {
 		b.err = err
 	}
@@ -321,7 +326,7 @@ func build(o *Options) (*net, error) {
 	if o.NP != nil {
 		np = *o.NP
 	}
-	n := &net{free: -1, pktSize: o.PacketSize, pfc: o.PFC, xoff: o.PFCXoff, xon: o.PFCXon,
+	n := &net{free: -1, pktSize: o.PacketSize, retime: o.Retime, pfc: o.PFC, xoff: o.PFCXoff, xon: o.PFCXon,
 		binWidth: clock.Time(time.Millisecond), traceWidth: clock.Time(o.ThroughputBin), end: clock.Time(o.Duration), progress: o.Progress}
 	n.cfg = describe(o, rp, np)
 	b := &builder{n: n, o: o, rp: rp, np: np}

@@ -70,6 +70,7 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&o.LinkDelay, "link-delay", time.Microsecond, "propagation delay of every link")
 	fs.IntVar(&o.PacketSize, "mtu", 1000, "data packet size on the wire, bytes")
 	fs.DurationVar(&o.TraceInterval, "trace-interval", 0, "period of trace rows (10µs; 100µs above 16 flows)")
+	fs.BoolVar(&o.Retime, "retime", false, "an RP rate change re-times the pacer's pending gap (HPCC ns-3 ChangeRate); default: it applies from the next packet (ns3-rdma)")
 	fs.DurationVar(&o.WindowStart, "window-start", 0, "start of the measurement window (default: 20 ms before the end)")
 	fs.DurationVar(&o.ThroughputBin, "throughput-bin", 0, "bin of the received-throughput trace (1ms; incast 100µs)")
 	fs.Var(&knobs, "set", "ConnectX knob name=value (mlx5 names, e.g. rpg_ai_rate=10); repeatable; implies --profile connectx")
