@@ -66,6 +66,10 @@ type Options struct {
 	// after a Poll does not ring the doorbell (the poller sends it), so
 	// this also bounds the delay of a post whose poster then stops polling.
 	PolledWait time.Duration
+	// EagerTx makes every step build frames right after receiving,
+	// instead of leaving that to the next step when the step received
+	// something (see Step). For measurements.
+	EagerTx bool
 	// Now is the clock (nil: clock.Now). Tests pass a virtual clock.
 	Now func() clock.Time
 }
@@ -117,6 +121,9 @@ type Loop struct {
 	// kernel's ring) is not draining: polling again at once only takes
 	// the CPU it needs, so the loop naps as if idle.
 	stuck bool
+	// txDeferred: the last step received frames and built none; the next
+	// one builds whatever it receives.
+	txDeferred bool
 
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
@@ -178,7 +185,17 @@ func (l *Loop) DeviceStats() verbs.Stats {
 // Step runs one loop iteration at time now: receive one batch (waiting at
 // most wait for its first frame), run the device's due timers, and offer
 // the port what it did not take last time topped up with new frames. It
-// reports whether anything was received, built or sent. The caller owns
+// reports whether anything was received, built or sent.
+//
+// A step that received frames builds none (it still sends what the port
+// did not take): the next step does, whatever it receives. The ACKs the
+// batch asked for then leave with what the application posts in reply
+// (in a ping-pong, the responder's SEND follows the ACK of the request
+// within a microsecond, and one sendto(2) per half round trip is saved
+// on AF_XDP's copy mode, where that call delivers the frames to the peer
+// before it returns), and consecutive AckReqs of a burst coalesce into
+// one ACK. It costs one extra poll of the port before a reply, and a
+// burst still gets a transmit at least every second step. The caller owns
 // the loop (Run and TryStep take the step lock; tests and the simulator
 // call Step from their one goroutine).
 func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
@@ -201,7 +218,9 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	}
 	l.dev.Expire(now)
 	built := 0
-	if l.pend < len(l.out) {
+	if n > 0 && !l.txDeferred && !l.opt.EagerTx {
+		l.txDeferred = true
+	} else if l.txDeferred = false; l.pend < len(l.out) {
 		built = l.dev.Transmit(now, l.out[l.pend:])
 		if built > 0 && l.opt.Tap != nil {
 			if s := l.opt.Tap.Session(); s != nil {
@@ -336,6 +355,13 @@ func (l *Loop) Run(ctx context.Context) error {
 		if worked {
 			lastWork = t
 		}
+	}
+	// The last step may have received requests whose ACKs it left for the
+	// next one (see Step), and an application that saw their completions
+	// may have stopped the loop at once: send them before leaving. The port
+	// may be closing too; its error is of no interest any more.
+	if l.txDeferred {
+		l.Step(now(), 0)
 	}
 	return nil
 }

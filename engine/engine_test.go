@@ -685,3 +685,101 @@ func TestPollDrivesPingPong(t *testing.T) {
 		t.Error("Poll stepped a loop that no longer runs")
 	}
 }
+
+// sendLog records the frames of each Send call that carried any.
+type sendLog struct {
+	port.Port
+	batches []int
+}
+
+func (p *sendLog) Send(frames [][]byte) (int, error) {
+	n, err := p.Port.Send(frames)
+	if n > 0 {
+		p.batches = append(p.batches, n)
+	}
+	return n, err
+}
+
+// TestReplyLeavesWithAck: a step that received a request builds nothing,
+// so the ACK the request asked for leaves in one batch with the reply the
+// application posts meanwhile (one port Send, that is one sendto(2) on
+// AF_XDP, per half round trip instead of two), and the requester gets
+// both. With EagerTx the ACK leaves alone in the step that received.
+func TestReplyLeavesWithAck(t *testing.T) {
+	for _, eager := range []bool{false, true} {
+		vc := &memlink.VirtualClock{}
+		pa, pb := memlink.NewPair(memlink.Config{Clock: vc.Now})
+		a := newHost(t, macA, addrA, 1024, 1<<16)
+		b := newHost(t, macB, addrB, 1024, 1<<16)
+		logB := &sendLog{Port: pb}
+		la, err := NewLoop(a.dev, pa, Options{Now: vc.Now, EagerTx: eager})
+		if err != nil {
+			t.Fatal(err)
+		}
+		lb, err := NewLoop(b.dev, logB, Options{Now: vc.Now, EagerTx: eager})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qa, qb := a.createQP(t, verbs.RC), b.createQP(t, verbs.RC)
+		connect(t, qa, 1024, qb.QPN(), macB, addrB, 3, 9)
+		connect(t, qb, 1024, qa.QPN(), macA, addrA, 9, 3)
+		for _, x := range []struct {
+			q *verbs.QP
+			h *host
+		}{{qa, a}, {qb, b}} {
+			if _, err := x.q.PostRecv(verbs.RecvWR{ID: 7, SG: []verbs.SGE{{Addr: x.h.mr.IOVA() + 1024, Length: 64, LKey: x.h.mr.LKey()}}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		step := func(l *Loop) {
+			t.Helper()
+			vc.Advance(time.Microsecond)
+			if _, err := l.Step(vc.Now(), 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := qa.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+		step(la) // the request
+		step(lb) // B receives it
+		var wcs [4]verbs.WC
+		if n := b.cq.Poll(wcs[:]); n != 1 || !wcs[0].IsRecv || wcs[0].Status != verbs.Success {
+			t.Fatalf("eager %v: B's completions %v", eager, wcs[:n])
+		}
+		wantFirst := 0
+		if eager {
+			wantFirst = 1
+		}
+		if len(logB.batches) != wantFirst {
+			t.Fatalf("eager %v: B sent %v in the step that received", eager, logB.batches)
+		}
+		if _, err := qb.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.Send, SG: []verbs.SGE{{Addr: b.mr.IOVA(), Length: 64, LKey: b.mr.LKey()}}}); err != nil {
+			t.Fatal(err)
+		}
+		step(lb)
+		want := []int{2}
+		if eager {
+			want = []int{1, 1}
+		}
+		if fmt.Sprint(logB.batches) != fmt.Sprint(want) {
+			t.Fatalf("eager %v: B's batches %v, want %v", eager, logB.batches, want)
+		}
+		step(la)
+		step(la)
+		n := a.cq.Poll(wcs[:])
+		var sendDone, recvDone bool
+		for _, w := range wcs[:n] {
+			if w.Status != verbs.Success {
+				t.Fatalf("eager %v: completion %+v", eager, w)
+			}
+			sendDone = sendDone || !w.IsRecv && w.ID == 1
+			recvDone = recvDone || w.IsRecv && w.ID == 7
+		}
+		if !sendDone || !recvDone {
+			t.Fatalf("eager %v: A's completions %+v", eager, wcs[:n])
+		}
+		pa.Close()
+		pb.Close()
+	}
+}
