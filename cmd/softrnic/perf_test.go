@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,11 +18,12 @@ import (
 	"github.com/softrnic/softrnic/perftest"
 )
 
-// startDaemon runs `softrnic daemon` on link a (AF_XDP) until the test ends
-// and returns its control socket once it answers.
-func startDaemon(t *testing.T, bin string, a netnstest.Link) string {
+// startDaemon runs `softrnic daemon` on link a (AF_XDP) and returns its
+// control socket once it answers, and stop, which ends it with SIGTERM (as
+// the test's cleanup does at the latest) and waits until it is gone.
+func startDaemon(t testing.TB, bin string, a netnstest.Link) (sock string, stop func()) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "ctl.sock")
+	sock = filepath.Join(t.TempDir(), "ctl.sock")
 	logs := new(syncBuffer)
 	cmd := exec.Command("ip", "netns", "exec", a.NS.Name, bin, "daemon", "-d", a.Name, "--control", sock, "--port", "afxdp")
 	cmd.Stdout, cmd.Stderr = logs, logs
@@ -29,9 +32,20 @@ func startDaemon(t *testing.T, bin string, a netnstest.Link) string {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(15 * time.Second):
+				cmd.Process.Kill()
+				<-exited
+			}
+		})
+	}
 	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
+		stop()
 		if t.Failed() {
 			t.Logf("daemon log:\n%s", logs.String())
 		}
@@ -40,7 +54,7 @@ func startDaemon(t *testing.T, bin string, a netnstest.Link) string {
 		c, err := client.Dial(sock)
 		if err == nil {
 			c.Close()
-			return sock
+			return sock, stop
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("daemon never answered: %v\n%s", err, logs.String())
@@ -58,7 +72,7 @@ func TestPerfThroughDaemonOverVeth(t *testing.T) {
 	netnstest.SkipUnlessRoot(t)
 	bin := buildSoftrnic(t)
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
-	sock := startDaemon(t, bin, pair.A)
+	sock, _ := startDaemon(t, bin, pair.A)
 	for i, tc := range []struct {
 		test          string
 		args          []string
@@ -100,37 +114,46 @@ func TestPerfThroughDaemonOverVeth(t *testing.T) {
 				if !daemonServer {
 					srvArgs, cliArgs = inProcess, append(viaDaemon, pair.B.Addr.String())
 				}
-				srv := exec.CommandContext(ctx, "ip", srvArgs...)
-				var sout, serr bytes.Buffer
-				srv.Stdout, srv.Stderr = &sout, &serr
-				srv.Env = append(srv.Environ(), "SOFTRNIC_PORT=afxdp")
-				if err := srv.Start(); err != nil {
-					t.Fatal(err)
-				}
-				cli := exec.CommandContext(ctx, "ip", cliArgs...)
-				cli.Env = append(cli.Environ(), "SOFTRNIC_PORT=afxdp")
-				var cout, cerr bytes.Buffer
-				cli.Stdout, cli.Stderr = &cout, &cerr
-				cliErr := cli.Run()
-				if cliErr != nil {
-					srv.Process.Kill()
-				}
-				srvErr := srv.Wait()
-				if cliErr != nil || srvErr != nil {
-					t.Fatalf("server: %v\n%s%s\nclient: %v\n%s%s", srvErr, sout.String(), serr.String(), cliErr, cout.String(), cerr.String())
-				}
-				for side, out := range map[string][]byte{"server": sout.Bytes(), "client": cout.Bytes()} {
+				sout, cout := runPerfPair(t, ctx, srvArgs, cliArgs)
+				for side, out := range map[string][]byte{"server": sout, "client": cout} {
 					var j perftest.JSONResult
 					if err := json.Unmarshal(out, &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
 						t.Fatalf("%s JSON (%v): %s", side, err, out)
 					}
 				}
 				var j perftest.JSONResult
-				json.Unmarshal(cout.Bytes(), &j)
+				json.Unmarshal(cout, &j)
 				if strings.HasSuffix(tc.test, "_bw") && (len(j.BW) == 0 || j.BW[0].BWAverage <= 0) {
-					t.Fatalf("client results: %s", cout.String())
+					t.Fatalf("client results: %s", cout)
 				}
 			})
 		}
 	}
+}
+
+// runPerfPair runs `ip srvArgs...` (a perf server), then `ip cliArgs...`
+// (its client), both on AF_XDP ports, and returns their standard outputs;
+// it fails the test if either fails.
+func runPerfPair(t testing.TB, ctx context.Context, srvArgs, cliArgs []string) (sout, cout []byte) {
+	t.Helper()
+	srv := exec.CommandContext(ctx, "ip", srvArgs...)
+	var so, se bytes.Buffer
+	srv.Stdout, srv.Stderr = &so, &se
+	srv.Env = append(srv.Environ(), "SOFTRNIC_PORT=afxdp")
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cli := exec.CommandContext(ctx, "ip", cliArgs...)
+	cli.Env = append(cli.Environ(), "SOFTRNIC_PORT=afxdp")
+	var co, ce bytes.Buffer
+	cli.Stdout, cli.Stderr = &co, &ce
+	cliErr := cli.Run()
+	if cliErr != nil {
+		srv.Process.Kill()
+	}
+	srvErr := srv.Wait()
+	if cliErr != nil || srvErr != nil {
+		t.Fatalf("server %q: %v\n%s%s\nclient %q: %v\n%s%s", srvArgs, srvErr, so.String(), se.String(), cliArgs, cliErr, co.String(), ce.String())
+	}
+	return so.Bytes(), co.Bytes()
 }

@@ -10,14 +10,17 @@ import (
 	"net/netip"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
+	"github.com/softrnic/softrnic/client"
 	cmrping "github.com/softrnic/softrnic/cm/rping"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rdmacm/rping"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/route"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -50,6 +53,9 @@ times. The server serves one client and exits when it disconnects.
   -V          verify each ping's data (exit 1 on a mismatch)
   -d IFACE    network interface to run RoCE on (default: the one routing
               to -a)
+  --daemon SOCKET
+              run through the softrnic daemon with this control socket: its
+              CM agent makes the connection and its device the QP (no -d)
 
 SOFTRNIC_PORT=afxdp|afpacket|auto chooses the packet I/O (default auto).
 `
@@ -61,6 +67,7 @@ type rpingArgs struct {
 	iface          string
 	opts           rping.Options
 	kind           engine.PortKind
+	daemon         string // --daemon: the daemon's control socket
 }
 
 func parseRping(args []string) (rpingArgs, error) {
@@ -76,6 +83,7 @@ func parseRping(args []string) (rpingArgs, error) {
 	fs.BoolVar(&r.opts.Verbose, "v", false, "")
 	fs.BoolVar(&r.opts.Validate, "V", false, "")
 	fs.StringVar(&r.iface, "d", "", "")
+	fs.StringVar(&r.daemon, "daemon", "", "")
 	if err := fs.Parse(args); err != nil {
 		return r, err
 	}
@@ -84,6 +92,9 @@ func parseRping(args []string) (rpingArgs, error) {
 	}
 	if r.server == r.client {
 		return r, errors.New("exactly one of -s and -c is required")
+	}
+	if r.daemon != "" && r.iface != "" {
+		return r, errors.New("-d and --daemon exclude each other: the daemon runs on its own interface")
 	}
 	if *port == 0 || *port > 65535 {
 		return r, fmt.Errorf("bad port %d", *port)
@@ -232,10 +243,35 @@ func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) err
 // if set, is called once a server listens.
 func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) error {
 	r.opts.Out = out
+	if r.daemon != "" {
+		return rpingDaemon(ctx, r, ready)
+	}
 	return withCMAgent(ctx, cmHost{iface: r.iface, addr: r.addr, client: r.client, kind: r.kind}, func(a *rdmacm.Agent) error {
 		if r.server {
 			return rping.Server(ctx, a, r.opts, ready)
 		}
 		return rping.Client(ctx, a, r.addr, r.opts)
 	})
+}
+
+// rpingDaemon runs rping through the softrnic daemon at r.daemon: its
+// device, and its CM agent for the connection.
+func rpingDaemon(ctx context.Context, r rpingArgs, ready func()) error {
+	c, err := client.Dial(r.daemon)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	dev := rnic.Daemon(c)
+	cm, err := rnic.DaemonCM(dev)
+	if err != nil {
+		return err
+	}
+	if r.server {
+		if r.addr.IsValid() && !slices.Contains(dev.GIDs(), r.addr) {
+			return fmt.Errorf("the daemon's device (%s) has no address %v", dev.Name(), r.addr)
+		}
+		return rping.RunServer(ctx, dev, cm, r.opts, ready)
+	}
+	return rping.RunClient(ctx, dev, cm, r.addr, r.opts)
 }
