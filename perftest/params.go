@@ -325,8 +325,8 @@ func (p *Params) finish(itersGiven bool) error {
 	if p.Duration > 0 && p.AllSizes {
 		return fmt.Errorf("perftest: -D and -a cannot be combined")
 	}
-	if p.RDMACM && (p.Transport != RC || p.Clients > 1) {
-		return fmt.Errorf("perftest: -R supports RC and one client")
+	if p.RDMACM && ((p.Transport != RC && p.Transport != UD) || p.Clients > 1) {
+		return fmt.Errorf("perftest: -R supports RC or UD and one client")
 	}
 	if p.Clients > 1 && p.Host != "" {
 		return fmt.Errorf("perftest: --clients is for the server (no server address)")

@@ -299,8 +299,11 @@ func TestParseArgsRDMACM(t *testing.T) {
 	if p, err := ParseArgs(Read, BW, []string{"--rdma_cm"}); err != nil || !p.RDMACM {
 		t.Fatalf("--rdma_cm: %+v %v", p, err)
 	}
-	if _, err := ParseArgs(Send, BW, []string{"-R", "-c", "UD"}); err == nil {
-		t.Error("-R with UD accepted")
+	if p, err := ParseArgs(Send, BW, []string{"-R", "-c", "UD"}); err != nil || p.Transport != UD {
+		t.Errorf("-R with UD (SIDR): %+v %v", p, err)
+	}
+	if _, err := ParseArgs(Send, BW, []string{"-R", "-c", "UC"}); err == nil {
+		t.Error("-R with UC accepted (rdma_cm has no UC port space)")
 	}
 }
 

@@ -74,6 +74,12 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 				return fmt.Errorf("perf: rdma_cm listen on port %d: %w", p.Port, err)
 			}
 			defer s.l.Close()
+			if p.Transport == perftest.UD {
+				if s.udl, err = agent.ListenUD(s.port, 16); err != nil {
+					return fmt.Errorf("perf: rdma_cm UD listen on port %d: %w", p.Port, err)
+				}
+				defer s.udl.Close()
+			}
 			if o.Listening != nil {
 				o.Listening(cmAddr(s.port))
 			}
@@ -114,6 +120,7 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 type cmSession struct {
 	agent   *rdmacm.Agent
 	l       *rdmacm.Listener
+	udl     *rdmacm.UDListener // -c UD: the test QPs' port in rdma_cm's UDP port space
 	peer    netip.Addr
 	port    uint16
 	dialFor time.Duration
@@ -173,9 +180,10 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 	if t.h.Device == nil {
 		return t.res, errors.New("perf: no device")
 	}
-	if t.p.Transport != perftest.RC {
-		return t.res, errors.New("perf: -R runs RC QPs only")
+	if t.p.Transport != perftest.RC && t.p.Transport != perftest.UD {
+		return t.res, errors.New("perf: -R runs RC or UD QPs only")
 	}
+	t.udDatum = t.p.Transport == perftest.UD
 	if err := t.cmPickGID(); err != nil {
 		return t.res, err
 	}
@@ -240,7 +248,8 @@ func (t *Test) cmFinish(out perftest.Outcome) (Result, error) {
 // cmLocal is the device side of a -R test: the QPs come from the CM.
 type cmLocal struct {
 	*Test
-	s *cmSession
+	s  *cmSession
+	ud []udRemote // -c UD: the peer QPs the CM named, by QP
 }
 
 // ConnectQPs implements perftest.LocalCM: the MR as Dests makes it, then
@@ -249,6 +258,9 @@ type cmLocal struct {
 // and initiator depth -o for READ and atomics, 0 otherwise).
 func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 	t := c.Test
+	if t.udDatum {
+		return c.connectUD(n)
+	}
 	if err := t.cmSetupMR(n); err != nil {
 		return err
 	}
@@ -325,8 +337,12 @@ func (c *cmLocal) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 	t := c.Test
 	var dests []perftest.Dest
 	for _, q := range t.qps {
-		dests = append(dests, perftest.Dest{OutReads: uint16(t.p.OutReads), QPN: q.qpn(), PSN: q.psn,
-			RKey: t.mr.RKey(), VAddr: q.va, GID: perftest.GIDFromAddr(t.gid)})
+		d := perftest.Dest{OutReads: uint16(t.p.OutReads), QPN: q.qpn(), PSN: q.psn,
+			RKey: t.mr.RKey(), VAddr: q.va, GID: perftest.GIDFromAddr(t.gid)}
+		if t.udDatum {
+			d.RKey, d.VAddr = 0, 0 // no remote access to a UD QP's memory
+		}
+		dests = append(dests, d)
 	}
 	perftest.WriteBanner(writerOrDiscard(t), t.info())
 	for _, d := range dests {
@@ -340,6 +356,13 @@ func (c *cmLocal) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 func (c *cmLocal) Connect(remote []perftest.Dest) error {
 	c.remote = remote
 	c.res.Peer = remote[0].Addr()
+	for i := range c.ud {
+		// UD sends go to the QP the CM named (perftest's cma node
+		// remote_qpn), not to the record's.
+		if i < len(c.remote) && c.ud[i].qpn != 0 {
+			c.remote[i].QPN = c.ud[i].qpn
+		}
+	}
 	for _, d := range remote {
 		perftest.WriteDest(writerOrDiscard(c.Test), "remote", d, c.p.Verb)
 	}
@@ -356,7 +379,9 @@ type cmChannel struct {
 	wcs   [ctrlRecvs + 2]verbs.WC
 	recvd []verbs.WC // receive completions not yet taken, in order
 	sent  bool
-	sge   [1]verbs.SGE
+	// awaitSend: a Send is waiting for its completion (see wait).
+	awaitSend bool
+	sge       [1]verbs.SGE
 }
 
 func newCMChannel(dev *verbs.Device) (*cmChannel, error) {
@@ -395,15 +420,26 @@ func (ch *cmChannel) postRecv(q *verbs.QP, slot uint64) error {
 func (ch *cmChannel) wait(ctx context.Context) error {
 	for {
 		n := ch.cq.Poll(ch.wcs[:])
+		var failed error
 		for _, w := range ch.wcs[:n] {
 			if w.Status != verbs.Success {
-				return fmt.Errorf("perf: control QP: work request %d completed with status %v", w.ID, w.Status)
+				// The peer may disconnect as soon as it has our last
+				// message: our posted receives are then flushed in the
+				// same poll as that SEND's completion. A flushed receive
+				// fails only a Recv; the SEND's own status decides Send.
+				if failed == nil && !(ch.awaitSend && w.IsRecv && w.Status == verbs.WRFlushErr) {
+					failed = fmt.Errorf("perf: control QP: work request %d completed with status %v", w.ID, w.Status)
+				}
+				continue
 			}
 			if w.IsRecv {
 				ch.recvd = append(ch.recvd, w)
 			} else {
 				ch.sent = true
 			}
+		}
+		if failed != nil {
+			return failed
 		}
 		if n > 0 {
 			return nil
@@ -426,7 +462,8 @@ func (ch *cmChannel) Send(ctx context.Context, b []byte) error {
 	}
 	copy(ch.mr.Bytes(), b)
 	ch.sge[0] = verbs.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
-	ch.sent = false
+	ch.sent, ch.awaitSend = false, true
+	defer func() { ch.awaitSend = false }()
 	if _, err := ch.conn.QP().PostSend(verbs.SendWR{ID: 0, Opcode: verbs.Send, Flags: verbs.Signaled, SG: ch.sge[:]}); err != nil {
 		return fmt.Errorf("perf: control QP: post: %w", err)
 	}

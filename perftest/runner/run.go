@@ -99,7 +99,7 @@ func (t *Test) setWR(q *qp, id uint64, op verbs.Opcode, local, n, remote uint64,
 	d := t.remote[q.idx]
 	switch {
 	case t.udDatum:
-		w.AH, w.RemoteQPN, w.RemoteQKey = q.ah, d.QPN, udQKey
+		w.AH, w.RemoteQPN, w.RemoteQKey = q.ah, d.QPN, t.udRemoteQKey()
 	case op != verbs.Send:
 		w.RemoteAddr, w.RKey = d.VAddr+remote, d.RKey
 	}

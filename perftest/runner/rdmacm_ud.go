@@ -1,0 +1,209 @@
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// perftest -R -c UD: the control channel is the same RC connection as for
+// RC tests, but each test QP is a UD QP found through SIDR in rdma_cm's UDP
+// port space (same port number): the client's SIDR_REQ, the server's
+// SIDR_REP naming its QP and RDMA_UDP_QKEY. Both sides' UD QPs carry that
+// Q_Key (rdma_cm gives it to every RDMA_PS_UDP QP) and start at PSN 0.
+// When the server must send too (latency tests, and bandwidth tests with
+// -b), it cannot learn the client's QP from SIDR: the client sends one
+// SEND with immediate data holding its QPN (and the QPN as 4 payload
+// bytes, host order) to the server's QP right after the SIDR_REP, and the
+// server makes its address handle from that receive (perftest's
+// send_qp_num_for_ah / create_ah_from_wc_recv). Checked against a capture
+// of two Debian perftest 4.5 hosts (ib_send_lat -R -c UD, rxe).
+
+// udRemote is what the CM told us of the peer's UD QP.
+type udRemote struct {
+	qpn, qkey uint32
+}
+
+// udServerSends says whether the server side sends too, and so needs the
+// client's QPN and address: the latency tests (perftest also for -b, which
+// `softrnic perf` does not offer).
+func (t *Test) udServerSends() bool {
+	return t.p.Measure == perftest.Latency
+}
+
+// udRemoteQKey is the Q_Key our UD sends carry: perftest's DEF_QKEY over
+// the TCP side channel, rdma_cm's RDMA_UDP_QKEY with -R.
+func (t *Test) udRemoteQKey() uint32 {
+	if t.p.RDMACM {
+		return rdmacm.UDPQKey
+	}
+	return udQKey
+}
+
+// connectUD implements ConnectQPs for -c UD (see above).
+func (c *cmLocal) connectUD(n perftest.Negotiated) error {
+	t := c.Test
+	if err := t.cmSetupMR(n); err != nil {
+		return err
+	}
+	for i := 0; i < t.p.QPs; i++ {
+		var pr [4]byte
+		rand.Read(pr[:])
+		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
+			src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
+		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
+		cq, err := t.dev.CreateCQ(sq + rq + 64)
+		if err != nil {
+			return err
+		}
+		q.cq = cq
+		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
+		vqp, err := rnic.VerbsPD(t.pd).CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: rnic.VerbsCQ(cq), RecvCQ: rnic.VerbsCQ(cq),
+			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1})
+		if err != nil {
+			return err
+		}
+		q.qp = rnic.LocalQP(t.pd, vqp)
+		t.qpns = append(t.qpns, q.qpn())
+		if err := rdmacm.PrepareUD(vqp); err != nil {
+			return err
+		}
+		var r udRemote
+		if t.client {
+			r, err = c.udClient(q)
+		} else {
+			r, err = c.udServer(q, vqp)
+		}
+		if err != nil {
+			return fmt.Errorf("perf: rdma_cm UD QP %d: %w", i, err)
+		}
+		c.ud = append(c.ud, r)
+	}
+	return nil
+}
+
+// udAH makes q's address handle to peer, with the UDP source port rxe
+// would use for q.
+func (t *Test) udAH(q *qp, peer verbs.AddressVector) error {
+	av := verbs.AddressVector{DestIP: peer.DestIP, SGIDIndex: t.gidIdx, TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit),
+		UDPSrcPort: verbs.UDSourcePort(q.qpn())}
+	ah, err := t.pd.CreateAH(av)
+	if err != nil {
+		return fmt.Errorf("address handle to %v: %w", peer.DestIP, err)
+	}
+	q.ah = ah
+	return nil
+}
+
+// udClient resolves the server's UD QP (again while the server does not
+// listen yet, as dial does for RC) and, when the server sends too, tells it
+// our QPN.
+func (c *cmLocal) udClient(q *qp) (udRemote, error) {
+	t, s := c.Test, c.s
+	var peer *rdmacm.UDPeer
+	for i := 1; ; i++ {
+		var err error
+		peer, err = s.agent.ResolveUD(t.ctx, s.peer, s.port, nil)
+		var se *rdmacm.SIDRError
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &se) || se.Status != cm.SIDRUnsupported || i >= cmDataDialAttempts {
+			return udRemote{}, err
+		}
+		select {
+		case <-t.ctx.Done():
+			return udRemote{}, t.ctx.Err()
+		case <-time.After(cmDataDialDelay):
+		}
+	}
+	if err := t.udAH(q, peer.AV); err != nil {
+		return udRemote{}, err
+	}
+	r := udRemote{qpn: peer.QPN, qkey: peer.QKey}
+	if !t.udServerSends() {
+		return r, nil
+	}
+	// The QPN in the first 4 bytes of the QP's region (what perftest
+	// copies into its buffer), and as the immediate; the region's pattern
+	// (what --verify expects us to send) is put back afterwards.
+	var saved [4]byte
+	copy(saved[:], q.src)
+	defer copy(q.src, saved[:])
+	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
+	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: verbs.SendWithImm, Flags: verbs.Signaled, Imm: q.qpn(),
+		SG: []rnic.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
+		return r, err
+	}
+	wc, err := udWait(t.ctx, rnic.VerbsCQ(q.cq))
+	if err != nil {
+		return r, err
+	}
+	if wc.Status != verbs.Success || wc.IsRecv {
+		return r, fmt.Errorf("sending our QPN: %v", wc.Status)
+	}
+	return r, nil
+}
+
+// udServer answers the next SIDR request with vqp and, when we send too,
+// learns the client's QP from its first SEND.
+func (c *cmLocal) udServer(q *qp, vqp *verbs.QP) (udRemote, error) {
+	t, s := c.Test, c.s
+	if s.udl == nil {
+		return udRemote{}, errors.New("no UD listener")
+	}
+	req, err := s.udl.GetRequest(t.ctx)
+	if err != nil {
+		return udRemote{}, err
+	}
+	sends := t.udServerSends()
+	// The QPN message lands (after its GRH slot) at the start of the
+	// QP's region: its pattern is put back afterwards.
+	var saved [grhLen + 4]byte
+	copy(saved[:], q.src)
+	defer copy(q.src, saved[:])
+	if sends {
+		// Posted before the SIDR_REP: the client sends as soon as it has it.
+		if _, err := vqp.PostRecv(verbs.RecvWR{ID: 0, SG: []verbs.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
+			return udRemote{}, err
+		}
+	}
+	if err := req.Accept(vqp, nil); err != nil {
+		return udRemote{}, err
+	}
+	if !sends {
+		return udRemote{}, nil
+	}
+	wc, err := udWait(t.ctx, rnic.VerbsCQ(q.cq))
+	if err != nil {
+		return udRemote{}, err
+	}
+	if wc.Status != verbs.Success || !wc.IsRecv || wc.Flags&verbs.WCWithImm == 0 {
+		return udRemote{}, fmt.Errorf("the client's QPN: completion %v opcode %v", wc.Status, wc.Opcode)
+	}
+	if err := t.udAH(q, verbs.AddressVector{DestIP: wc.SrcIP}); err != nil {
+		return udRemote{}, err
+	}
+	return udRemote{qpn: wc.Imm & bth.QPNMask, qkey: rdmacm.UDPQKey}, nil
+}
+
+// udWait waits (bounded) for the one completion of the connection step.
+func udWait(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var wc [1]verbs.WC
+	if _, err := cq.Wait(wctx, wc[:]); err != nil {
+		return verbs.WC{}, err
+	}
+	return wc[0], nil
+}
