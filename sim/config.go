@@ -110,8 +110,8 @@ func (c *RunConfig) String() string {
 	if c.Custom {
 		custom = " (RP/NP replaced by the caller)"
 	}
-	fmt.Fprintf(&b, "profile %s%s: line %g Gb/s, g %g, α %s every %g µs, T %g µs, B %d B, F %d, R_AI %g Mb/s, R_HAI %g Mb/s, min rate %g Mb/s",
-		c.Profile, custom, c.RP.LineGbps, c.RP.G, c.RP.Alpha, c.RP.AlphaPeriodUs, c.RP.TimerUs, c.RP.ByteCounter, c.RP.F, c.RP.AIMbps, c.RP.HAIMbps, c.RP.MinRateMbps)
+	fmt.Fprintf(&b, "profile %s%s: line %g Gb/s, g %g, α %s every %g µs (%s), T %g µs, B %d B, F %d, R_AI %g Mb/s, R_HAI %g Mb/s, min rate %g Mb/s",
+		c.Profile, custom, c.RP.LineGbps, c.RP.G, c.RP.Alpha, c.RP.AlphaPeriodUs, c.RP.Order, c.RP.TimerUs, c.RP.ByteCounter, c.RP.F, c.RP.AIMbps, c.RP.HAIMbps, c.RP.MinRateMbps)
 	fmt.Fprintf(&b, "\n  NP: CNP at most every %g µs (defer %v, grid %v); pacer retime %v; switch: %s marking, RED %g/%g KB/%g %%, buffer %g KB, PFC %v",
 		c.NP.MinIntervalUs, c.NP.Defer, c.NP.Grid, c.Retime, c.Marking, c.KminKB, c.KmaxKB, c.Pmax*100, c.BufferKB, c.PFC)
 	if len(c.Knobs) > 0 {

@@ -30,7 +30,7 @@ func (k *knobList) Set(v string) error { *k = append(*k, v); return nil }
 
 func runSim(args []string) int {
 	if len(args) < 1 || args[0] != "dcqcn" {
-		fmt.Fprintln(os.Stderr, "usage: softrnic sim dcqcn --scenario two-flow|n-flow|incast [--flows N] [--profile paper|connectx|hpcc-mlx] [--seed S] [--duration D] --out DIR")
+		fmt.Fprintln(os.Stderr, "usage: softrnic sim dcqcn --scenario two-flow|n-flow|incast [--flows N] [--profile paper|connectx|hpcc-mlx] [--seed S] [--seeds N] [--duration D] [--window-start W] [--np immediate|drop|grid] [--order cut-then-alpha|alpha-then-cut] [--retime] --out DIR")
 		fmt.Fprintln(os.Stderr, "(dcqcn is the only algorithm so far)")
 		return 2
 	}
@@ -61,6 +61,8 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 		quiet    = fs.Bool("quiet", false, "no progress bar and no summary on stdout")
 		seeds    = fs.Int("seeds", 1, "run seeds seed…seed+N−1 and report the per-seed spread (sweep.json) instead of one run's traces")
 		tol      = fs.Float64("tol", 1, "--seeds: band around the fair share, Gb/s, that the 'outside' count uses")
+		npMode   = fs.String("np", "", "paper NP fork: immediate (the paper: first CNP at once, then at most one per N, deferred), drop (marks inside N dropped) or grid (ns3-rdma: CNPs only on a per-QP N clock)")
+		order    = fs.String("order", "", "paper RP fork: cut-then-alpha (the paper) or alpha-then-cut (ns3-rdma)")
 		knobs    knobList
 	)
 	fs.StringVar(&o.Scenario, "scenario", "two-flow", "two-flow, n-flow or incast")
@@ -114,6 +116,32 @@ func simDCQCN(args []string, stdout, stderr io.Writer) error {
 			}
 		}
 		o.ConnectX = &cx
+	}
+	if *npMode != "" || *order != "" {
+		if o.Profile != "paper" {
+			return errors.New("--np and --order apply to the paper profile")
+		}
+		rp, np, err := sim.Profiles("paper", o.LinkRate)
+		if err != nil {
+			return err
+		}
+		switch *npMode {
+		case "", "immediate":
+		case "drop":
+			np.Defer = false
+		case "grid":
+			np.Grid = true
+		default:
+			return fmt.Errorf("--np %q: want immediate, drop or grid", *npMode)
+		}
+		switch *order {
+		case "", "cut-then-alpha":
+		case "alpha-then-cut":
+			rp.Order = dcqcn.AlphaThenCut
+		default:
+			return fmt.Errorf("--order %q: want cut-then-alpha or alpha-then-cut", *order)
+		}
+		o.RP, o.NP = &rp, &np
 	}
 	if *seeds > 1 {
 		return simSweep(o, *seed, *seeds, *tol, *out, *quiet, stdout)
@@ -216,6 +244,18 @@ func simSweep(o sim.Options, first uint64, count int, tol float64, dir string, q
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "sweep.json"), append(b, '\n'), 0o644); err != nil {
+		return err
+	}
+	// sweep.csv: one row per seed and flow, for a histogram or a box plot.
+	var csv strings.Builder
+	csv.WriteString("seed,flow,mean_gbps\n")
+	nf := len(res.Flows)
+	for k, seed := range res.Seeds {
+		for i := 0; i < nf; i++ {
+			fmt.Fprintf(&csv, "%d,%d,%.6f\n", seed, i, res.AllRates[k*nf+i])
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sweep.csv"), []byte(csv.String()), 0o644); err != nil {
 		return err
 	}
 	if quiet {
