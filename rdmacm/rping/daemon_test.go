@@ -118,19 +118,32 @@ func TestPingThroughDaemon(t *testing.T) {
 	}
 }
 
-// A client's listener, requests and connections go with it: after it
-// closes, its port is free for the next client, and a connection to a
-// port nobody listens on is refused.
+// A client's listener and the CM waits it started go with it: when it
+// closes, a GetRequest it waits in ends and its port is free for the next
+// client; a connection to a port nobody listens on is refused.
 func TestDaemonCMCleanup(t *testing.T) {
 	_, _, c, cli, _, sock := daemonSetup(t)
-	if _, err := c.Listen(7200, 0); err != nil {
+	l0, err := c.Listen(7200, 0)
+	if err != nil {
 		t.Fatal(err)
 	}
 	// The same port twice: refused.
 	if _, err := c.Listen(7200, 0); !errors.Is(err, unix.EADDRINUSE) {
 		t.Fatalf("second listen on the port: %v", err)
 	}
+	// The client goes away while the daemon waits for a request for it.
+	waiting := make(chan error, 1)
+	go func() { _, err := l0.GetRequest(); waiting <- err }()
+	time.Sleep(20 * time.Millisecond)
 	c.Close()
+	select {
+	case err := <-waiting:
+		if err == nil {
+			t.Fatal("GetRequest returned a request nobody sent")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("GetRequest still blocked after its connection closed")
+	}
 	c2, err := client.Dial(sock)
 	if err != nil {
 		t.Fatal(err)
