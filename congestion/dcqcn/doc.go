@@ -23,7 +23,9 @@ package dcqcn
 //	// On receiving a CNP (BTH opcode 0x81) whose DestQP is this QP:
 //	q.rp.OnCNP(now)
 //
-//	// On receiving a data packet for this QP (ce = IP ECN field == CE):
+//	// On receiving a request or a READ response for this QP (ce = IP ECN
+//	// field == CE); never an ACK: a CNP slows the packet's sender, and an
+//	// ACK is not traffic its RP paces (see verbs.Device.npPacket):
 //	if q.np.OnPacket(now, ce) {
 //		// send a CNP to the QP's remote QPN, DSCP npCfg.DSCP, PCP npCfg.Prio
 //	}
