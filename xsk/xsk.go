@@ -447,6 +447,16 @@ func (s *Socket) Complete() int {
 // MaxTxFrame stops the batch with ErrFrameTooLarge (an empty one with
 // ErrEmptyFrame), counting the frames before it.
 func (s *Socket) Transmit(frames [][]byte) (int, error) {
+	n, err := s.Post(frames)
+	if kerr := s.Kick(); kerr != nil && err == nil && !errors.Is(kerr, ErrClosed) {
+		err = kerr
+	}
+	return n, err
+}
+
+// Post is Transmit without the wakeup: a caller posting on several
+// sockets in one batch kicks each once at the end (Kick).
+func (s *Socket) Post(frames [][]byte) (int, error) {
 	if s.closed {
 		return 0, ErrClosed
 	}
@@ -493,9 +503,6 @@ func (s *Socket) Transmit(frames [][]byte) (int, error) {
 		s.tx.cachedProducer = p + posted
 		s.tx.producer.Store(s.tx.cachedProducer)
 		s.stats.TxDescs += uint64(posted)
-	}
-	if kerr := s.Kick(); kerr != nil && err == nil {
-		err = kerr
 	}
 	return taken, err
 }
