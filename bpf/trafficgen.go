@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -45,7 +46,9 @@ func NewGenerator(ifindex int) (*Generator, error) {
 	if err != nil {
 		return nil, err
 	}
-	var objs trafficgenObjects
+	var objs struct {
+		Trafficgen *ebpf.Program `ebpf:"trafficgen"`
+	}
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		return nil, fmt.Errorf("bpf: load trafficgen: %w", err)
 	}
@@ -83,3 +86,59 @@ func (g *Generator) Send(frame []byte, n uint32) error {
 
 // Close unloads the generator.
 func (g *Generator) Close() error { return g.prog.Close() }
+
+// Sink is an XDP program, attached to an interface, that drops every frame
+// and counts the RoCEv2 ones: the peer of a transmit bench. On veth the sender's sendto
+// runs the peer's receive path, so what the peer does with a frame is billed
+// to the sender; dropping at the XDP hook is the least it can cost, the
+// nearest thing to a wire that takes frames away, and the count proves the
+// frames got there.
+type Sink struct {
+	prog *ebpf.Program
+	sunk *ebpf.Map
+	link link.Link
+}
+
+// AttachSink loads the sink and attaches it to ifindex in driver mode (the
+// interface must support native XDP, as veth does), in the calling thread's
+// network namespace.
+func AttachSink(ifindex int) (*Sink, error) {
+	spec, err := loadTrafficgen()
+	if err != nil {
+		return nil, err
+	}
+	var objs struct {
+		Sink *ebpf.Program `ebpf:"sink"`
+		Sunk *ebpf.Map     `ebpf:"sunk"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return nil, fmt.Errorf("bpf: load sink: %w", err)
+	}
+	l, err := link.AttachXDP(link.XDPOptions{Program: objs.Sink, Interface: ifindex, Flags: link.XDPDriverMode})
+	if err != nil {
+		objs.Sink.Close()
+		objs.Sunk.Close()
+		return nil, fmt.Errorf("bpf: attach sink to ifindex %d: %w", ifindex, err)
+	}
+	return &Sink{prog: objs.Sink, sunk: objs.Sunk, link: l}, nil
+}
+
+// Count is the number of RoCEv2 frames (UDP to 4791) the sink has dropped,
+// over all CPUs; the stack's own frames (ARP, neighbour discovery) are
+// dropped without being counted.
+func (s *Sink) Count() (uint64, error) {
+	var percpu []uint64
+	if err := s.sunk.Lookup(uint32(0), &percpu); err != nil {
+		return 0, fmt.Errorf("bpf: read sink count: %w", err)
+	}
+	var n uint64
+	for _, v := range percpu {
+		n += v
+	}
+	return n, nil
+}
+
+// Close detaches and unloads the sink.
+func (s *Sink) Close() error {
+	return errors.Join(s.link.Close(), s.prog.Close(), s.sunk.Close())
+}

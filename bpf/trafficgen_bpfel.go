@@ -16,6 +16,8 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	trafficgenMapSunk        = "sunk"
+	trafficgenProgSink       = "sink"
 	trafficgenProgTrafficgen = "trafficgen"
 )
 
@@ -61,6 +63,7 @@ type trafficgenSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type trafficgenProgramSpecs struct {
+	Sink       *ebpf.ProgramSpec `ebpf:"sink"`
 	Trafficgen *ebpf.ProgramSpec `ebpf:"trafficgen"`
 }
 
@@ -68,6 +71,7 @@ type trafficgenProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type trafficgenMapSpecs struct {
+	Sunk *ebpf.MapSpec `ebpf:"sunk"`
 }
 
 // trafficgenVariableSpecs contains global variables before they are loaded into the kernel.
@@ -96,10 +100,13 @@ func (o *trafficgenObjects) Close() error {
 //
 // It can be passed to loadTrafficgenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trafficgenMaps struct {
+	Sunk *ebpf.Map `ebpf:"sunk"`
 }
 
 func (m *trafficgenMaps) Close() error {
-	return _TrafficgenClose()
+	return _TrafficgenClose(
+		m.Sunk,
+	)
 }
 
 // trafficgenVariables contains all global variables after they have been loaded into the kernel.
@@ -112,11 +119,13 @@ type trafficgenVariables struct {
 //
 // It can be passed to loadTrafficgenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type trafficgenPrograms struct {
+	Sink       *ebpf.Program `ebpf:"sink"`
 	Trafficgen *ebpf.Program `ebpf:"trafficgen"`
 }
 
 func (p *trafficgenPrograms) Close() error {
 	return _TrafficgenClose(
+		p.Sink,
 		p.Trafficgen,
 	)
 }
