@@ -51,6 +51,7 @@ func main() {
 	xdpMode := flag.String("xdp-mode", "auto", "AF_XDP attach mode: auto, driver or generic")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	var cfg iobench.Config
+	flag.BoolVar(&cfg.TxPort, "tx-port", false, "tx-only: the peer is a port that does not read, not the counting XDP sink")
 	flag.DurationVar(&cfg.BusyPoll, "busy-poll", 0, "AF_XDP: SO_BUSY_POLL time (0: off), with SO_PREFER_BUSY_POLL")
 	flag.Parse()
 	if *cpuProfile != "" {
