@@ -173,7 +173,7 @@ func run(o options) int {
 	}
 
 	start := time.Now()
-	passed, failed, xfailed, xpassed := 0, 0, 0, 0
+	passed, failed, xfailed, xpassed, passedOnRetry := 0, 0, 0, 0, 0
 	results, err := os.Create(filepath.Join(mustMkdir(o.out), "results.txt"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "interop:", err)
@@ -215,10 +215,18 @@ func run(o options) int {
 			c := &runnable[i]
 			r := lab.Run(c)
 			// A retry only for a failure the lab's own loss explains.
+			attempts := 0
 			for attempt := 1; !r.ok && !r.fatal && attempt <= c.Retries && labLoss(r); attempt++ {
 				report("RETRY %-58s %5.1f s  attempt %d: %s (the lab's tap/veth dropped %d frames)\n",
 					c.Name, r.took.Seconds(), attempt, strings.Join(r.why, "; "), r.tapDrops)
 				r = lab.Run(c)
+				attempts = attempt
+			}
+			if r.ok && attempts > 0 {
+				// Never silent: a pass that needed the lab's retry says so,
+				// and the summary counts it.
+				passedOnRetry++
+				r.note += fmt.Sprintf("  (passed only on retry %d)", attempts)
 			}
 			drops := ""
 			if r.tapDrops > 0 {
@@ -268,6 +276,9 @@ func run(o options) int {
 	}
 	report("wall time %.1f s\n", time.Since(start).Seconds())
 	report("%d xfail, %d xpass\n", xfailed, xpassed)
+	if passedOnRetry > 0 {
+		report("%d passed only on retry (the lab's own loss, see the RETRY lines)\n", passedOnRetry)
+	}
 	report("%d passed, %d failed, %d skipped\n", passed, failed, skipped)
 	if failed > 0 {
 		return 1
