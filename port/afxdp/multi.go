@@ -13,6 +13,7 @@ import (
 
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/xsk"
 	"golang.org/x/sys/unix"
 )
 
@@ -61,9 +62,13 @@ type Multi struct {
 	txDefault int
 
 	// subs are the per-queue ports as Recv sees them (ports, or fakes in
-	// tests); wait blocks until one of them may have frames.
+	// tests); wait blocks until one of them may have frames. txq are the
+	// same queues as SpreadTx sends on them, kick marks those to wake at
+	// the end of a Send.
 	subs []port.Port
 	wait func(time.Duration) error
+	txq  []txQueue
+	kick []bool
 
 	next     int      // the queue Recv visits first
 	received []uint64 // frames received, per queue (loop-owned)
@@ -125,11 +130,13 @@ func OpenMulti(cfg MultiConfig) (m *Multi, err error) {
 		m.ports = append(m.ports, p)
 		m.queues = append(m.queues, q)
 		m.subs = append(m.subs, p)
+		m.txq = append(m.txq, p)
 		m.pfds = append(m.pfds, unix.PollFd{Fd: int32(p.sock.FD()), Events: unix.POLLIN})
 	}
 	m.tx = m.ports[cfg.TxQueue]
 	m.spread, m.txDefault = cfg.SpreadTx && n > 1, cfg.TxQueue
 	m.received = make([]uint64, n)
+	m.kick = make([]bool, n)
 	m.wait = m.poll
 	return m, nil
 }
@@ -197,8 +204,9 @@ func (m *Multi) poll(timeout time.Duration) error {
 
 // Send implements port.Port: every frame leaves through MultiConfig.TxQueue,
 // or with SpreadTx through its flow's queue. A run of frames for one queue
-// goes out in one batch; the first short batch ends the call, so that no
-// frame overtakes one that must be retried.
+// is posted in one go and each queue is woken once per call, however the
+// runs interleave (copy mode pays a sendto per wakeup); the first short
+// post ends the call, so that no frame overtakes one that must be retried.
 func (m *Multi) Send(frames [][]byte) (int, error) {
 	if m.closed {
 		return 0, port.ErrClosed
@@ -207,19 +215,58 @@ func (m *Multi) Send(frames [][]byte) (int, error) {
 		return m.tx.Send(frames)
 	}
 	sent := 0
+	var err error
 	for sent < len(frames) {
 		q := m.txQueue(frames[sent])
 		end := sent + 1
 		for end < len(frames) && m.txQueue(frames[end]) == q {
 			end++
 		}
-		k, err := m.subs[q].Send(frames[sent:end])
+		k, perr := m.txq[q].post(frames[sent:end])
+		if k > 0 {
+			m.kick[q] = true
+		}
 		sent += k
-		if err != nil || sent < end {
-			return sent, err
+		if perr != nil || sent < end {
+			err = perr
+			break
 		}
 	}
-	return sent, nil
+	for q, k := range m.kick {
+		if k {
+			m.kick[q] = false
+			if kerr := m.txq[q].kickTx(); kerr != nil && err == nil {
+				err = kerr
+			}
+		}
+	}
+	return sent, err
+}
+
+// txQueue is a queue as SpreadTx sends on it: Port, or a fake in tests.
+type txQueue interface {
+	post(frames [][]byte) (int, error) // Send without the wakeup
+	kickTx() error                     // the wakeup
+}
+
+// post is Send without waking the kernel: Multi wakes each queue once
+// per batch.
+func (p *Port) post(frames [][]byte) (int, error) {
+	if p.closed {
+		return 0, port.ErrClosed
+	}
+	n, err := p.sock.Post(frames)
+	if errors.Is(err, xsk.ErrFrameTooLarge) {
+		return n, fmt.Errorf("afxdp: frame %d is %d bytes, larger than %d: %w", n, len(frames[n]), p.MaxFrame(), err)
+	}
+	return n, err
+}
+
+func (p *Port) kickTx() error {
+	if p.closed {
+		return port.ErrClosed
+	}
+	return p.sock.Kick()
 }
 
 // txQueue is the queue a frame leaves on with SpreadTx.

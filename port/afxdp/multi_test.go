@@ -22,6 +22,7 @@ type fakeQueue struct {
 	buf     [port.BatchSize][4]byte
 	room    int      // Send takes at most this many frames (-1: all)
 	sent    [][]byte // what Send took
+	kicks   int
 }
 
 func (f *fakeQueue) Recv(frames [][]byte, _ time.Duration) (int, error) {
@@ -49,14 +50,17 @@ func (f *fakeQueue) Send(frames [][]byte) (int, error) {
 	f.sent = append(f.sent, frames[:n]...)
 	return n, nil
 }
-func (f *fakeQueue) MaxFrame() int { return 4 }
-func (f *fakeQueue) Close() error  { return nil }
+func (f *fakeQueue) post(frames [][]byte) (int, error) { return f.Send(frames) }
+func (f *fakeQueue) kickTx() error                     { f.kicks++; return nil }
+func (f *fakeQueue) MaxFrame() int                     { return 4 }
+func (f *fakeQueue) Close() error                      { return nil }
 
 func fakeMulti(qs ...*fakeQueue) (*Multi, *int) {
 	waits := new(int)
-	m := &Multi{received: make([]uint64, len(qs))}
+	m := &Multi{received: make([]uint64, len(qs)), kick: make([]bool, len(qs))}
 	for _, q := range qs {
 		m.subs = append(m.subs, q)
+		m.txq = append(m.txq, q)
 	}
 	m.wait = func(time.Duration) error { *waits++; return nil }
 	return m, waits
@@ -262,8 +266,27 @@ func TestMultiAllQueues(t *testing.T) {
 		batch = append(batch, netnstest.RoCEFrame(make([]byte, size(seq)), &pair.A, &pair.B, seq))
 		perQueue2[flowQueue(uint16(49152+seq%1024), nq)]++
 	}
+	kicks := func() (n uint64) {
+		qs, err := a.QueueStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range qs {
+			n += q.Socket.Kicks
+		}
+		return n
+	}
+	k0 := kicks()
 	if k, err := a.Send(batch); k != len(batch) || err != nil {
 		t.Fatalf("spread send: %d of %d, %v", k, len(batch), err)
+	}
+	// The 48 frames alternate between queues (runs of about one frame);
+	// each queue is woken once (a wakeup may take a second sendto when the
+	// kernel sends in budgets), not once per run.
+	if k := kicks() - k0; k > 2*nq {
+		t.Errorf("%d sendto wakeups for one spread Send over %d queues", k, nq)
+	} else {
+		t.Logf("spread Send of %d frames: %d wakeups", len(batch), k)
 	}
 	lastSeq := map[uint16]uint32{}
 	for got, deadline := 0, time.Now().Add(5*time.Second); got < len(batch); {
@@ -379,7 +402,8 @@ func TestUDPSourcePort(t *testing.T) {
 }
 
 // TestMultiSpreadTx: with SpreadTx each frame leaves on its source port's
-// queue; runs for one queue go out as one batch; when a queue takes
+// queue; runs for one queue go out as one batch, each queue is woken once
+// per Send however its runs interleave with others'; when a queue takes
 // fewer than offered, Send stops there, so no later frame (of any QP)
 // overtakes the one the engine will offer again.
 func TestMultiSpreadTx(t *testing.T) {
@@ -409,6 +433,9 @@ func TestMultiSpreadTx(t *testing.T) {
 	}
 	want := [][]int{{0, 1, 5}, {2, 3}, {4}}
 	for q, idx := range want {
+		if qs[q].kicks != 1 {
+			t.Errorf("queue %d woken %d times for one Send, want once", q, qs[q].kicks)
+		}
 		if len(qs[q].sent) != len(idx) {
 			t.Fatalf("queue %d sent %d frames, want %d", q, len(qs[q].sent), len(idx))
 		}
@@ -424,8 +451,14 @@ func TestMultiSpreadTx(t *testing.T) {
 		q.sent = q.sent[:0]
 	}
 	qs[1].room = 1
+	for _, q := range qs {
+		q.kicks = 0
+	}
 	if n, err := m.Send(frames); n != 3 || err != nil {
 		t.Fatalf("Send under back-pressure: %d, %v; want 3", n, err)
+	}
+	if qs[0].kicks != 1 || qs[1].kicks != 1 || qs[2].kicks != 0 {
+		t.Errorf("wakeups under back-pressure %d %d %d, want 1 1 0 (only queues posted to)", qs[0].kicks, qs[1].kicks, qs[2].kicks)
 	}
 	if len(qs[2].sent) != 0 || len(qs[0].sent) != 2 {
 		t.Errorf("frames after the refused one went out: queue 0 %d, queue 2 %d", len(qs[0].sent), len(qs[2].sent))
