@@ -2,7 +2,10 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"math"
+
+	"github.com/softrnic/softrnic/sim/plot"
 )
 
 // Spread is how one figure varies across the seeds of a sweep.
@@ -129,4 +132,46 @@ func Histogram(v []float64, lo, w float64, bins int) []int {
 		h[min(max(b, 0), bins-1)]++
 	}
 	return h
+}
+
+// Figure draws the sweep: a histogram of each flow's window mean over the
+// seeds (as steps), with the fair share ± Tol shaded, and each flow's
+// window mean per seed.
+func (r *SweepResult) Figure() plot.Figure {
+	const bins = 24
+	nf := len(r.Flows)
+	lo, hi := r.FairGbps-3*r.TolGbps, r.FairGbps+3*r.TolGbps
+	for _, x := range r.AllRates {
+		lo, hi = math.Min(lo, x), math.Max(hi, x)
+	}
+	w := (hi - lo) / bins
+	if !(w > 0) {
+		w = 1
+	}
+	band := []plot.Band{{Lo: r.FairGbps - r.TolGbps, Hi: r.FairGbps + r.TolGbps, Label: "fair ± tol"}}
+	hist := plot.Panel{Title: "window mean over seeds", XLabel: "Gb/s", YLabel: "seeds", XFixed: true, XMin: lo, XMax: lo + bins*w}
+	perSeed := plot.Panel{Title: "window mean per seed", XLabel: "seed", YLabel: "Gb/s", HBands: band,
+		YFixed: true, YMin: lo, YMax: lo + bins*w}
+	for i := 0; i < nf && i < 16; i++ {
+		v := make([]float64, 0, len(r.Seeds))
+		seeds := make([]float64, 0, len(r.Seeds))
+		for k := range r.Seeds {
+			v = append(v, r.AllRates[k*nf+i])
+			seeds = append(seeds, float64(r.Seeds[k]))
+		}
+		h := Histogram(v, lo, w, bins)
+		var xs, ys []float64
+		for b, c := range h { // steps: each bin's count across its width
+			xs = append(xs, lo+float64(b)*w, lo+float64(b+1)*w)
+			ys = append(ys, float64(c), float64(c))
+		}
+		name := fmt.Sprintf("flow %d", i)
+		hist.Series = append(hist.Series, plot.Series{Name: name, X: xs, Y: ys})
+		perSeed.Series = append(perSeed.Series, plot.Series{Name: name, X: seeds, Y: v})
+	}
+	hist.VLines = []float64{r.FairGbps - r.TolGbps, r.FairGbps + r.TolGbps}
+	return plot.Figure{
+		Title:  fmt.Sprintf("%s, %s: %d seeds, window %g–%g ms", r.Scenario, r.Profile, len(r.Seeds), r.WindowMs[0], r.WindowMs[1]),
+		Panels: []plot.Panel{hist, perSeed},
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -256,6 +257,14 @@ func simSweep(o sim.Options, first uint64, count int, tol float64, dir string, q
 		}
 	}
 	if err := os.WriteFile(filepath.Join(dir, "sweep.csv"), []byte(csv.String()), 0o644); err != nil {
+		return err
+	}
+	var svg bytes.Buffer
+	fig := res.Figure()
+	if err := fig.WriteSVG(&svg); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "sweep.svg"), svg.Bytes(), 0o644); err != nil {
 		return err
 	}
 	if quiet {

@@ -59,6 +59,9 @@ func TestSimCommand(t *testing.T) {
 	if b, err = os.ReadFile(filepath.Join(dir, "sweep.csv")); err != nil || strings.Count(string(b), "\n") != 5 {
 		t.Fatalf("sweep.csv %q (%v): want a header and 4 rows", b, err)
 	}
+	if b, err = os.ReadFile(filepath.Join(dir, "sweep.svg")); err != nil || !bytes.Contains(b, []byte("<svg")) || !bytes.Contains(b, []byte("window mean per seed")) {
+		t.Fatalf("sweep.svg: %v", err)
+	}
 
 	for _, bad := range [][]string{{"--np", "bogus"}, {"--order", "x"}, {"--profile", "connectx", "--np", "grid"}} {
 		if err := simDCQCN(append(bad, "--out", t.TempDir()), &out, &errb); err == nil {
