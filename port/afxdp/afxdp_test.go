@@ -7,8 +7,11 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -79,6 +82,66 @@ func TestTransfer100k(t *testing.T) {
 	// The kernel path still works after the burst.
 	if got, err := pair.B.NS.Ping(pair.A.Addr, 2, 5*time.Second); err != nil || got != 2 {
 		t.Fatalf("ping after the transfer: %d/2 replies, %v", got, err)
+	}
+}
+
+// TestTransferUnderLoad is the data-path half of the loaded send_lat
+// failures (issue 3): with CPU hogs on every core and the garbage collector
+// running all the time (GOGC=1 made those failures more frequent), frames
+// sent both ways between two AF_XDP ports over veth must all arrive, byte
+// for byte, and every one must have gone through the peer's XDP program
+// (counted steered): veth hands a frame past native XDP to the stack only
+// when the peer has no program attached, which a live port never allows.
+func TestTransferUnderLoad(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	a := openIn(t, &pair.A, Config{})
+	b := openIn(t, &pair.B, Config{})
+
+	defer debug.SetGCPercent(debug.SetGCPercent(1))
+	stop := make(chan struct{})
+	var hogs sync.WaitGroup
+	for i := 0; i < runtime.NumCPU(); i++ {
+		hogs.Add(1)
+		go func() {
+			defer hogs.Done()
+			runtime.LockOSThread()
+			end := time.Now().Add(2 * time.Minute) // bounded even if the test hangs
+			for time.Now().Before(end) {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_ = make([]byte, 64) // keeps the collector busy
+			}
+		}()
+	}
+	defer hogs.Wait()
+	defer close(stop)
+
+	const n = 30000
+	size := func(i int) int { return 60 + (i*53)%(1514-60+1) }
+	for _, dir := range []struct {
+		name     string
+		tx, rx   *Port
+		src, dst *netnstest.Link
+	}{{"A to B", a, b, &pair.A, &pair.B}, {"B to A", b, a, &pair.B, &pair.A}} {
+		before, err := dir.rx.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := netnstest.Transfer(dir.tx, dir.rx, dir.src, dir.dst, n, size, 256, 90*time.Second)
+		t.Logf("%s: %d frames in %v", dir.name, res.Received, res.Elapsed)
+		if err != nil {
+			t.Fatalf("%s: %v", dir.name, err)
+		}
+		after, err := dir.rx.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := after.Program.Steered - before.Program.Steered; got != n {
+			t.Errorf("%s: the receiver's XDP program steered %d frames, want %d", dir.name, got, n)
+		}
 	}
 }
 
