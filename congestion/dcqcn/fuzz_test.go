@@ -60,3 +60,60 @@ func FuzzRP(f *testing.F) {
 		}
 	})
 }
+
+// FuzzNP drives notification points of every kind (the paper's deferred
+// NP, a drop-style limiter, ns3-rdma's grid, no interval) with arbitrary
+// packet sequences, serviced as the engine does, and checks that no CNP
+// is sent without a mark, that CNPs are at least MinInterval apart (a
+// grid NP's sit on its grid), and that a pending deadline is never in the
+// past.
+func FuzzNP(f *testing.F) {
+	f.Add([]byte{1, 0, 1, 3, 1, 200, 0, 50, 1, 1})
+	f.Add([]byte{0, 255, 1, 0, 1, 0, 1, 49, 1, 51})
+	f.Fuzz(func(t *testing.T, prog []byte) {
+		grid := PaperNP()
+		grid.Grid = true
+		drop := PaperNP()
+		drop.Defer = false
+		for _, cfg := range []NPConfig{PaperNP(), drop, grid, {}} {
+			n := NewNP(cfg)
+			p := clock.Time(cfg.MinInterval)
+			now, marks := clock.Time(0), uint64(0)
+			var first clock.Time = -1
+			last := clock.Time(-1)
+			sent := func(at clock.Time) {
+				if last >= 0 && p > 0 && at-last < p {
+					t.Fatalf("%+v: CNPs at %v and %v, closer than %v", cfg, last, at, p)
+				}
+				if cfg.Grid && p > 0 && (at-first)%p != 0 {
+					t.Fatalf("grid NP: CNP at %v off the grid from %v", at, first)
+				}
+				last = at
+			}
+			for i := 0; i+2 <= len(prog) && i < 2048; i += 2 {
+				now += clock.Time(prog[i]) * 1000 // up to 255 µs apart
+				if d := n.Deadline(); d <= now {
+					if d < last {
+						t.Fatalf("deadline %v before the last CNP %v", d, last)
+					}
+					if n.OnTimer(d) {
+						sent(d)
+					}
+				}
+				if first < 0 {
+					first = now
+				}
+				ce := prog[i+1]&1 == 1
+				if ce {
+					marks++
+				}
+				if n.OnPacket(now, ce) {
+					sent(now)
+				}
+				if n.NPCNPSent > marks || n.NPECNMarkedRoCEPackets != marks {
+					t.Fatalf("%+v: %d CNPs, %d marks counted, %d marks", cfg, n.NPCNPSent, n.NPECNMarkedRoCEPackets, marks)
+				}
+			}
+		}
+	})
+}
