@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo dcqcn-live install lab interop lab-selfcheck clean
+.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo sim-sweep dcqcn-live install lab interop lab-selfcheck clean
 
 all: build
 
@@ -37,7 +37,7 @@ test-race:
 
 ## test-long: the exhaustive sweeps that the default run samples
 test-long:
-	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run TestNFlow ./sim/
+	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run 'TestNFlow|TestConnectXAtScale' ./sim/
 	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./verbs
 	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run TestLoopback ./transport/rc
 
@@ -53,6 +53,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzManager$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
+	$(GO) test -run '^$$' -fuzz '^FuzzNP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
 	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
 	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./verbs
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./perftest
@@ -73,6 +74,10 @@ bench:
 ## sim-demo: the two-flow DCQCN scenario of the paper, traces, summary and SVG figures in out/
 sim-demo:
 	$(GO) run ./cmd/softrnic sim dcqcn --scenario two-flow --out out/sim-two-flow
+
+## sim-sweep: the two-flow scenario over 20 seeds: per-flow mean/min/max/stdev, seeds outside 20 ± 1 Gb/s, histogram (out/sim-sweep)
+sim-sweep:
+	$(GO) run ./cmd/softrnic sim dcqcn --scenario two-flow --seeds 20 --out out/sim-sweep
 
 ## dcqcn-live: live two-flow experiment (root, ~35 s): two softrnic DCQCN flows h1,h2 -> sw (tbf + tc-bpf ECN marker) -> r, one perf server for both, time dilation S=400; results in out/dcqcn-live
 DCQCN_LIVE_FLAGS ?=
