@@ -692,6 +692,14 @@ func (ss *session) releaseQP(q *qpObj) error {
 	if q.conn != nil {
 		q.conn.Close() // DREQ (or REJ) to the peer if still connected
 	}
+	// To the error state first: the transition takes the QP's lock, so it
+	// waits for a batch the engine is delivering into the QP's MRs, and
+	// every packet after it is dropped by state. Destroy alone does
+	// neither, and the MRs' mappings are unmapped (buryGraves) once no QP
+	// is left: a peer's UC WRITE still arriving for a client that had
+	// finished faulted the daemon there.
+	toErr := proto.QPAttr{State: proto.Err}
+	q.qp.Modify(&toErr, proto.AttrState)
 	err := q.qp.Destroy()
 	q.sq.Close()
 	q.rq.Close()
