@@ -246,20 +246,26 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 					t.Fatal(err)
 				}
 				x.wait(t)
+				// The peer's memory is read under its QP's lock (the
+				// engine writes it there, without a completion to order it).
+				peerMem := func() (s string) {
+					y.qp.WithLock(func() { s = string(y.mem.Bytes()[5000:5007]) })
+					return s
+				}
 				if typ == verbs.UC {
 					// A UC WRITE completes when sent: wait for its arrival.
-					for i := 0; i < 5000 && string(y.mem.Bytes()[5000:5007]) != "written"; i++ {
+					for i := 0; i < 5000 && peerMem() != "written"; i++ {
 						time.Sleep(time.Millisecond)
 					}
 				}
-				if got := string(y.mem.Bytes()[5000:5007]); got != "written" {
+				if got := peerMem(); got != "written" {
 					t.Fatalf("peer memory %q after WRITE", got)
 				}
 				if typ == verbs.UC {
 					return
 				}
 				// READ.
-				copy(y.mem.Bytes()[6000:], "read back")
+				y.qp.WithLock(func() { copy(y.mem.Bytes()[6000:], "read back") })
 				*w = rnic.SendWR{ID: 3, Opcode: verbs.RDMARead, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: x.mr.IOVA() + 300, Length: 9, LKey: x.mr.LKey()}},
 					RemoteAddr: y.mr.IOVA() + 6000, RKey: y.mr.RKey()}
 				if err := x.qp.PostSend(w); err != nil {
