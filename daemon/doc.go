@@ -7,7 +7,12 @@
 //   - Config (config.go): one key = value file format, every key also a
 //     flag, errors naming the key; NewLogger sets up log/slog.
 //   - The engine loop of a verbs.Device on a port.Port is engine's (a Loop
-//     with the capture tap of package capture on both directions).
+//     with the capture tap of package capture on both directions). With
+//     AF_XDP the port is an afxdp.Multi: one socket per RX queue (queues =
+//     0: all of them), all drained by that one engine goroutine, each QP
+//     transmitting on the queue of its UDP source port. One goroutine per
+//     device, not per queue: the device's step functions never run
+//     concurrently.
 //   - Server (server.go, session.go): the control socket and the ring pump.
 //   - Device (device.go): what the server needs from an RNIC; VerbsDevice
 //     (verbsdev.go) adapts verbs.Device to it, daemon/loopdev is a checked
