@@ -173,6 +173,14 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 		return p
 	}
 	fillPerf(&p, m, res)
+	// Both ends' CPU: `ip netns exec` runs each child in its own process.
+	var cpu time.Duration
+	for _, c := range []*exec.Cmd{srv, cli} {
+		if st := c.ProcessState; st != nil {
+			cpu += st.UserTime() + st.SystemTime()
+		}
+	}
+	p.setCPU(cpu.Seconds())
 	return p
 }
 

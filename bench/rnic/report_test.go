@@ -192,3 +192,36 @@ func TestPrintTable(t *testing.T) {
 		t.Errorf("%d MISSED, want 3:\n%s", n, s)
 	}
 }
+
+// TestPerCPURatios: the WRITE rows' payload per CPU-second over the raw
+// receiver's bytes per CPU-second, computed only where both were measured,
+// and shown as a cost view beside the ratios.
+func TestPerCPURatios(t *testing.T) {
+	r := sample()
+	r.Raw[3].FramesPerCPUSec = 1e5 // 409.6 MB per CPU-s
+	p := &r.RNIC[0]
+	p.Iters = 5000
+	p.setCPU(2) // 5000 × 64 KiB in 2 CPU-s: 1.31 Gbit per CPU-s
+	if want := 5000 * 65536 * 8 / 1e9 / 2; math.Abs(p.GbitPerCPUSec-want) > 1e-9 || p.CPUSeconds != 2 {
+		t.Fatalf("setCPU: %+v", p)
+	}
+	r.RNIC[3].setCPU(1) // latency rows get CPU time but no rate
+	if r.RNIC[3].GbitPerCPUSec != 0 {
+		t.Errorf("latency row has a rate: %+v", r.RNIC[3])
+	}
+	r.ComputeRatios()
+	if len(r.PerCPU) != 2 {
+		t.Fatalf("per-CPU ratios %+v", r.PerCPU)
+	}
+	if v := r.PerCPU[0].Value; math.Abs(v-0.4) > 1e-9 || r.PerCPU[0].Met {
+		t.Errorf("1 QP per CPU-s ratio %+v", r.PerCPU[0])
+	}
+	if !math.IsNaN(r.PerCPU[1].Value) || r.PerCPU[1].Met {
+		t.Errorf("4 QPs had no CPU figure: %+v", r.PerCPU[1])
+	}
+	var out bytes.Buffer
+	PrintTable(&out, r)
+	if s := out.String(); !strings.Contains(s, "0.400") || strings.Count(s, "(cost view)") != 1 {
+		t.Errorf("table:\n%s", s)
+	}
+}

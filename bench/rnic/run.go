@@ -155,7 +155,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 		} else if tc.m == perftest.Latency {
 			fmt.Fprintf(log, "softrnic %s: half RTT p50 %.2f µs, p99 %.2f µs (%.1f s)\n", p.Name, p.LatP50Us, p.LatP99Us, p.Seconds)
 		} else {
-			fmt.Fprintf(log, "softrnic %s: %.2f Gbit/s, %.4f Mpps (%.1f s)\n", p.Name, p.GoodputGbps, p.MsgRateMpps, p.Seconds)
+			fmt.Fprintf(log, "softrnic %s: %.2f Gbit/s, %.4f Mpps (%.1f s; %.2f Gbit per CPU-s)\n", p.Name, p.GoodputGbps, p.MsgRateMpps, p.Seconds, p.GbitPerCPUSec)
 		}
 	}
 	if profiling {
@@ -180,8 +180,11 @@ func Run(o Options, log io.Writer) (*Report, error) {
 // result as runner's BenchmarkPerfVeth does.
 func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.Measure, timeout time.Duration, args []string) (p Perf) {
 	p = Perf{Name: name, Args: args, QPs: 1}
-	start := time.Now()
-	defer func() { p.Seconds = time.Since(start).Seconds() }()
+	start, cpu0 := time.Now(), cpuTime()
+	defer func() {
+		p.Seconds = time.Since(start).Seconds()
+		p.setCPU(cpuTime() - cpu0)
+	}()
 	ps, err := perftest.ParseArgs(verb, m, append([]string{"-d", pair.A.Name}, args...))
 	if err != nil {
 		p.Error = err.Error()
@@ -227,6 +230,22 @@ func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.M
 	}
 	fillPerf(&p, m, res)
 	return p
+}
+
+// cpuTime is this process's user+system CPU time in seconds.
+func cpuTime() float64 {
+	var ru unix.Rusage
+	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// setCPU records the CPU time of a run and, for a bandwidth run, the
+// payload bits it moved per CPU second.
+func (p *Perf) setCPU(secs float64) {
+	p.CPUSeconds = secs
+	if secs > 0 && p.Error == "" && p.LatP50Us == 0 && p.Iters > 0 {
+		p.GbitPerCPUSec = float64(p.Iters) * float64(p.Size) * 8 / 1e9 / secs
+	}
 }
 
 // sockperf runs `sockperf server` in A and `sockperf ping-pong` (UDP, 64 B)
