@@ -11,7 +11,7 @@ import (
 
 // Port moves whole Ethernet frames (no FCS) in batches.
 //
-// A Port is owned by one goroutine (one engine loop per queue): its methods
+// A Port is owned by one goroutine (one engine loop per device, whatever the number of queues behind the port): its methods
 // are not safe for concurrent use, which is what lets implementations run
 // without a lock per packet.
 type Port interface {
