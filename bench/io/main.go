@@ -5,6 +5,12 @@
 // round-trip time for 64-byte, 1 KiB and 4 KiB frames. It prints a table and
 // writes JSON. It needs root (namespaces, XDP).
 //
+// tx-only sends into bpf.Sink on the peer (an XDP program that drops every
+// frame and counts the RoCE ones): over veth the sender's sendto runs the
+// peer's receive path, so the peer's cost is part of the transmit figure,
+// and the sink is the cheapest peer (-tx-port: the old peer, a port that
+// does not read). The sink's count is reported as Delivered.
+//
 // Two receive rows: rx-only is fed by the other port sending flat out, so on
 // veth in copy mode it is bounded by the sender (whose sendto also runs the
 // receiver's NAPI poll); rx-gen (AF_XDP only) is fed by a kernel-side
