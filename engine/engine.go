@@ -104,6 +104,9 @@ type Counters struct {
 	TxBackPress uint64 // Send calls in which the port took fewer frames than offered
 	Polls       uint64 // steps run by an application through verbs.Device.Poll
 	PollsBusy   uint64 // Polls that found the step taken by another goroutine
+	// NapsYielded counts naps the loop took again because an application
+	// was stepping when the previous one ended.
+	NapsYielded uint64
 }
 
 // Loop is the state of one engine: the device, the port and the frame
@@ -127,6 +130,7 @@ type Loop struct {
 
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
+	napsYielded                 atomic.Uint64
 
 	// stepMu is held by whichever goroutine runs the device's step
 	// functions under Run: the engine goroutine (always, except while it
@@ -170,7 +174,7 @@ func (l *Loop) Device() *verbs.Device { return l.dev }
 // Counters returns the loop's counters (safe from any goroutine).
 func (l *Loop) Counters() Counters {
 	return Counters{Loops: l.loops.Load(), Naps: l.naps.Load(), TxSent: l.txSent.Load(), TxBackPress: l.txBack.Load(),
-		Polls: l.polls.Load(), PollsBusy: l.pollsBusy.Load()}
+		Polls: l.polls.Load(), PollsBusy: l.pollsBusy.Load(), NapsYielded: l.napsYielded.Load()}
 }
 
 // DeviceStats returns a copy of the device's counters as of the last loop
@@ -272,6 +276,17 @@ func (l *Loop) TryStep() bool {
 	return worked
 }
 
+// nap sleeps for d at most, until the doorbell rings or done closes.
+func (l *Loop) nap(timer *time.Timer, d time.Duration, bell <-chan struct{}, done <-chan struct{}) {
+	timer.Reset(d)
+	select {
+	case <-bell:
+	case <-timer.C:
+	case <-done:
+	}
+	timer.Stop()
+}
+
 // Run drives dev on p until ctx ends (nil) or the port fails (its error).
 // It is the one goroutine that calls dev's step functions and owns p.
 func Run(ctx context.Context, dev *verbs.Device, p port.Port, opt Options) error {
@@ -333,15 +348,20 @@ func (l *Loop) Run(ctx context.Context) error {
 				}
 			} else if nap > 0 {
 				l.naps.Add(1)
-				timer.Reset(nap)
 				l.stepMu.Unlock()
-				select {
-				case <-bell:
-				case <-timer.C:
-				case <-done:
+				l.nap(timer, nap, bell, done)
+				// An application stepping at this moment keeps the step:
+				// nap again rather than wait on the lock, whose Unlock
+				// would then wake this goroutine (a futex call) in the
+				// application's critical path.
+				for !l.stepMu.TryLock() {
+					if ctx.Err() != nil {
+						l.stepMu.Lock()
+						break
+					}
+					l.napsYielded.Add(1)
+					l.nap(timer, max(nap, l.opt.PolledWait), bell, done)
 				}
-				timer.Stop()
-				l.stepMu.Lock()
 				t = now()
 			}
 		}
