@@ -318,3 +318,47 @@ func TestPostPollAllocationFree(t *testing.T) {
 		})
 	}
 }
+
+// BenchmarkPingPong64 is a 64-byte SEND ping-pong (one round trip per op)
+// between two engines on an in-memory link, one side in process or
+// through the daemon (in this process: rings, pump and socket are the
+// real ones), the other in process: the daemon's own cost per hop,
+// without a kernel or another process in the way.
+func BenchmarkPingPong64(b *testing.B) {
+	for _, side := range []string{"inprocess", "daemon"} {
+		b.Run(side, func(b *testing.B) {
+			tb := newTestbed(b)
+			x := tb.a
+			if side == "daemon" {
+				x = tb.d
+			}
+			ex, ey := newEnd(b, x, verbs.RC), newEnd(b, tb.b, verbs.RC)
+			connect(b, ex, ey, addrA, addrB, false)
+			xr := &rnic.RecvWR{ID: 1, SG: []rnic.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
+			yr := &rnic.RecvWR{ID: 1, SG: []rnic.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
+			xs := &rnic.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
+			ys := &rnic.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
+			for range 16 {
+				ex.qp.PostRecv(xr)
+				ey.qp.PostRecv(yr)
+			}
+			ex.sync(b)
+			b.ResetTimer()
+			for range b.N {
+				ex.qp.PostSend(xs)
+				for got := 0; got < 2; got++ { // y: its receive, then its send's completion
+					if ey.wait(b).IsRecv {
+						ey.qp.PostRecv(yr)
+						ey.qp.PostSend(ys)
+					}
+				}
+				for got := 0; got < 2; got++ { // x: its send's completion and the reply
+					if ex.wait(b).IsRecv {
+						ex.qp.PostRecv(xr)
+					}
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/2, "µs/half-RTT")
+		})
+	}
+}
