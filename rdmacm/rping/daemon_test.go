@@ -174,3 +174,51 @@ func TestDaemonCMCleanup(t *testing.T) {
 		t.Fatalf("dial to a closed port: %v", err)
 	}
 }
+
+// A client that goes away with a connection up takes it down: the daemon
+// sends the peer a DREQ (the peer's connection ends) and frees the QP.
+func TestDaemonCMClientGone(t *testing.T) {
+	dev, dcm, c, cli, _, _ := daemonSetup(t)
+	ln, err := rnic.LocalCM(cli).Listen(7300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	peerEnd, err := newEndpoint(rnic.Local(cli.Device(), "", nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peerEnd.close()
+	accepted := make(chan rnic.Conn, 1)
+	go func() {
+		pc, err := ln.Accept(ctx, peerEnd.params())
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- pc
+	}()
+	e, err := newEndpoint(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := dcm.Dial(ctx, ipC, 7300, e.params())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if conn.QP().QPN() == 0 || conn.Peer() != ipC {
+		t.Fatalf("connection QP %#x to %v", conn.QP().QPN(), conn.Peer())
+	}
+	pc := <-accepted
+	if pc == nil {
+		t.FailNow()
+	}
+	defer pc.Close()
+	c.Close() // the client dies
+	select {
+	case <-pc.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the peer's connection outlived the client that held the other end")
+	}
+}
