@@ -154,6 +154,9 @@ func (ss *session) cmGetRequest(hdr proto.Header, body []byte) (any, []int, erro
 	}
 	return ss.deferReply(hdr, func(ctx context.Context) (any, []int, error) {
 		r, err := l.GetRequest(ctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			return nil, nil, errf(unix.ETIMEDOUT, "no connection request within %v: ask again", cmTimeout)
+		}
 		if err != nil {
 			return nil, nil, err
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/rdmacm"
@@ -133,7 +135,10 @@ func (c *localConn) Close() error                         { return c.c.Close() }
 // DaemonCM is rdma_cm through the daemon of dev (a Daemon device): the
 // daemon's agent makes the connections' QPs in dev's PDs. Each waiting call
 // (Accept, Dial, Disconnect) holds the client's control connection until
-// its CM exchange is over; ctx cannot cut it short (the daemon bounds it).
+// its CM exchange is over. The end of ctx cannot cut one exchange short in
+// the protocol: it closes the client's connection instead, which aborts
+// the exchange in the daemon and frees everything the client made there
+// (a tool waiting for a peer is ending anyway).
 func DaemonCM(dev Device) (CM, error) {
 	d, ok := dev.(*daemonDev)
 	if !ok {
@@ -171,7 +176,20 @@ func (c daemonCM) Listen(port uint16) (Listener, error) {
 	if err != nil {
 		return nil, err
 	}
-	return daemonListener{l}, nil
+	return daemonListener{l, c.d.c}, nil
+}
+
+// abortOn closes c's client connection if ctx ends before stop is called.
+func abortOn(ctx context.Context, c *client.Client) (stop func() bool) {
+	return context.AfterFunc(ctx, func() { c.Close() })
+}
+
+// ctxErr prefers ctx's error to the one of a call abortOn cut short.
+func ctxErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 func (c daemonCM) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnParams) (Conn, error) {
@@ -179,14 +197,19 @@ func (c daemonCM) Dial(ctx context.Context, peer netip.Addr, port uint16, p *Con
 	if err != nil {
 		return nil, err
 	}
+	stop := abortOn(ctx, c.d.c)
 	q, err := pd.Connect(peer, port, cp)
+	stop()
 	if err != nil {
-		return nil, err
+		return nil, ctxErr(ctx, err)
 	}
 	return &daemonConn{q: newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), peer: peer}, nil
 }
 
-type daemonListener struct{ l *client.Listener }
+type daemonListener struct {
+	l *client.Listener
+	c *client.Client
+}
 
 func (l daemonListener) Close() error { return l.l.Close() }
 
@@ -195,20 +218,25 @@ func (l daemonListener) Accept(ctx context.Context, p *ConnParams) (Conn, error)
 	if err != nil {
 		return nil, err
 	}
+	stop := abortOn(ctx, l.c)
+	defer stop()
 	for {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		r, err := l.l.GetRequest()
+		if errors.Is(err, unix.ETIMEDOUT) {
+			continue // the daemon bounds one wait; a listener waits on
+		}
 		if err != nil {
-			return nil, err
+			return nil, ctxErr(ctx, err)
 		}
 		q, err := r.Accept(pd, cp)
 		if errors.Is(err, rdmacm.ErrRequestExpired) || isExpired(err) {
 			continue // the requester gave up while it waited
 		}
 		if err != nil {
-			return nil, err
+			return nil, ctxErr(ctx, err)
 		}
 		return &daemonConn{q: newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), peer: r.Peer}, nil
 	}

@@ -222,3 +222,21 @@ func TestDaemonCMClientGone(t *testing.T) {
 		t.Fatal("the peer's connection outlived the client that held the other end")
 	}
 }
+
+// An rping server through the daemon that nobody connects to ends when its
+// context does (Ctrl-C), though the daemon would wait two minutes.
+func TestDaemonServerInterrupted(t *testing.T) {
+	dev, dcm, _, _, _, _ := daemonSetup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- RunServer(ctx, dev, dcm, Options{}, nil) }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("server ended with %v, want its context's end", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("server still waiting after its context ended")
+	}
+}
