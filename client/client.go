@@ -40,6 +40,9 @@ type Client struct {
 	seq  uint32
 	info proto.DeviceInfo
 	db   *shmring.Doorbell // the daemon's pump doorbell
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Dial connects to the daemon at path (DefaultControl if empty) and opens
@@ -82,13 +85,17 @@ func (c *Client) Status() (proto.StatusResp, error) {
 }
 
 // Close closes the connection; the daemon releases everything this client
-// created. Objects of the client must not be used afterwards.
+// created. Objects of the client must not be used afterwards. Safe to call
+// more than once and from any goroutine (a tool's context ending aborts a
+// waiting rdma_cm call by closing the client).
 func (c *Client) Close() error {
-	err := c.conn.Close()
-	if c.db != nil {
-		c.db.Close()
-	}
-	return err
+	c.closeOnce.Do(func() {
+		c.closeErr = c.conn.Close()
+		if c.db != nil {
+			c.db.Close()
+		}
+	})
+	return c.closeErr
 }
 
 // call sends one request and waits for its reply, which must carry nfds fds.
