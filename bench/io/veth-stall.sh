@@ -6,8 +6,7 @@
 # TIMEOUT seconds (then both ends get SIGQUIT, so their goroutine dumps are in
 # the logs). A run that fails (RETRY_EXC_ERR, timeout) is reported with both
 # ends' output, the timeline of each end's XDP attachment (sampled every
-# 100 ms), the last AF_XDP socket counters (ss -f xdp, each second), the veth
-# counters (ethtool -S: frames that ran XDP, were redirected, dropped) and
+# 100 ms), the veth counters (ethtool -S: frames that ran XDP, were redirected, dropped) and
 # UdpNoPorts (RoCE frames that reached a stack without a UDP 4791 socket,
 # i.e. passed XDP or arrived when no program was attached). Exit status 1 if
 # any run failed.
@@ -96,11 +95,6 @@ while [ "$run" -le "$RUNS" ]; do
 		while [ "$k" -lt $((TIMEOUT * 10)) ]; do
 			cur="A:$(ip -n "$NA" -d link show "$VA" 2>/dev/null | grep -o 'prog/xdp id [0-9]*') B:$(ip -n "$NB" -d link show "$VB" 2>/dev/null | grep -o 'prog/xdp id [0-9]*')"
 			if [ "$cur" != "$last" ]; then echo "$(date +%T.%N | cut -c1-12) $cur"; last=$cur; fi
-			# The AF_XDP sockets' ring and drop counters, each second.
-			if [ $((k % 10)) = 0 ]; then
-				echo "$(date +%T.%N | cut -c1-12) A $(ip netns exec "$NA" ss -f xdp -a -e -m 2>/dev/null | tr -s ' \n' ' ')" > "$LOG/ssA"
-				echo "$(date +%T.%N | cut -c1-12) B $(ip netns exec "$NB" ss -f xdp -a -e -m 2>/dev/null | tr -s ' \n' ' ')" > "$LOG/ssB"
-			fi
 			sleep 0.1
 			k=$((k + 1))
 		done
@@ -127,7 +121,6 @@ while [ "$run" -le "$RUNS" ]; do
 		grep -v '^goroutine\|^\s\|^$' "$LOG/server" | sed 's/^/  server: /' | tail -8
 		echo "  full logs: $LOG/client.$run $LOG/server.$run"
 		sed 's/^/  xdp attachment: /' "$LOG/xdpwatch"
-		cat "$LOG/ssA" "$LOG/ssB" 2>/dev/null | sed 's/^/  last AF_XDP sockets: /'
 		tail -n +"$((vt0 + 1))" "$LOG/vethtrace" 2>/dev/null | head -20 | sed 's/^/  RoCE to a stack: /'
 		for s in "$NA $VA" "$NB $VB"; do
 			set -- $s
