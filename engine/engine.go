@@ -263,17 +263,24 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 // (verbs.Device.Poll). A port error is left for Run, which meets it on
 // its next step and returns it.
 func (l *Loop) TryStep() bool {
+	moved, _ := l.tryStep()
+	return moved
+}
+
+// tryStep is TryStep reporting also whether it ran a step: the poller
+// Run installs (verbs.Device.SetPoller).
+func (l *Loop) tryStep() (moved, ran bool) {
 	if !l.stepMu.TryLock() {
 		l.pollsBusy.Add(1)
-		return false
+		return false, false
 	}
 	defer l.stepMu.Unlock()
 	if !l.running.Load() {
-		return false
+		return false, false
 	}
 	l.polls.Add(1)
 	worked, _ := l.Step(l.opt.Now(), 0)
-	return worked
+	return worked, true
 }
 
 // nap sleeps for d at most, until the doorbell rings or done closes.
@@ -322,7 +329,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	bell := l.dev.Doorbell()
 	l.stepMu.Lock()
 	l.running.Store(true)
-	l.dev.SetPoller(l.TryStep)
+	l.dev.SetPoller(l.tryStep)
 	defer func() {
 		l.dev.SetPoller(nil)
 		l.running.Store(false)

@@ -62,7 +62,7 @@ type Device struct {
 	// Busy polling (Poll): the engine's inline step while its loop runs,
 	// when an application last polled through it, and the doorbells that
 	// were not rung because it had.
-	poller       atomic.Pointer[func() bool]
+	poller       atomic.Pointer[func() (moved, ran bool)]
 	polledAt     atomic.Int64 // clock.Time
 	ringsSkipped atomic.Uint64
 
@@ -121,10 +121,10 @@ func (d *Device) Doorbell() <-chan struct{} { return d.doorbell }
 // SetPoller installs step as the device's inline step, which Poll runs;
 // nil removes it. engine.Loop.Run installs its own for as long as it
 // runs: step must try to run the step functions in the caller's goroutine
-// and give up at once when the engine goroutine is running them (a
-// try-lock per call, never a lock per packet), reporting whether it moved
-// anything.
-func (d *Device) SetPoller(step func() bool) {
+// and give up at once when another goroutine is running them (a try-lock
+// per call, never a lock per packet), reporting whether it ran and
+// whether it moved anything.
+func (d *Device) SetPoller(step func() (moved, ran bool)) {
 	if step == nil {
 		d.poller.Store(nil)
 		return
@@ -138,16 +138,37 @@ func (d *Device) SetPoller(step func() bool) {
 // runs due timers and sends what the QPs have, and reports whether any
 // frame moved. An application that busy-polls its CQ calls it whenever
 // the CQ is empty: a ping-pong then needs no hand-off to the engine
-// goroutine in either direction (see also pollFresh). It returns false at
-// once when no engine loop runs the device.
+// goroutine in either direction (see also pollFresh). While its steps move
+// nothing it keeps stepping for up to pollSpin, so that a caller that
+// yields between calls yields less often; it returns at once when a step
+// moved something, when the engine goroutine holds the step, and when no
+// engine loop runs the device.
 func (d *Device) Poll() bool {
 	p := d.poller.Load()
 	if p == nil {
 		return false
 	}
-	d.polledAt.Store(int64(clock.Now()))
-	return (*p)()
+	start := clock.Now()
+	d.polledAt.Store(int64(start))
+	for {
+		moved, ran := (*p)()
+		if moved || !ran {
+			return moved
+		}
+		if t := clock.Now(); t.Sub(start) >= pollSpin {
+			d.polledAt.Store(int64(t)) // still polling: posts need no doorbell
+			return false
+		}
+	}
 }
+
+// pollSpin bounds Poll's busy polling while nothing moves (as
+// SO_BUSY_POLL bounds a socket's). A goroutine locked to its OS thread,
+// as perf's are in their network namespaces, pays for each
+// runtime.Gosched with two thread hand-offs (futex calls, several µs):
+// polling the port for a few µs first catches the answer of a ping-pong
+// or the ACK that reopens a WRITE window before yielding.
+const pollSpin = 5 * time.Microsecond
 
 // PolledAt is when an application last called Poll (0: never); the
 // engine naps longer while applications poll for it.
