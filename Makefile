@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo sim-sweep dcqcn-live install lab interop lab-selfcheck clean
+.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo sim-sweep dcqcn-live veth-stall install lab interop lab-selfcheck clean
 
 all: build
 
@@ -108,9 +108,14 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
+## veth-stall: root; 20 loaded runs of a 64 B send_lat between two namespaces (two CPU hogs), with a trace of any RoCE frame a veth hands to the stack instead of XDP (bench/io/veth-stall.sh -h)
+VETH_STALL_FLAGS ?= -r 20
+veth-stall:
+	bench/io/veth-stall.sh $(VETH_STALL_FLAGS)
+
 ## generate: rebuild the committed BPF objects (needs clang, llvm, libbpf-dev)
 generate:
-	$(GO) generate ./bpf/... ./lab/dcqcnlive/...
+	$(GO) generate ./bpf/... ./bench/io/vethtrace/... ./lab/dcqcnlive/...
 
 clean:
 	rm -rf bin out
