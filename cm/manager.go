@@ -22,8 +22,16 @@ const (
 	DefaultPacketLifeTime    = 18
 	DefaultTargetACKDelay    = 15
 	DefaultHopLimit          = 64
-	permissiveLID            = 0xFFFF
-	defaultPKey              = 0xFFFF
+	// DefaultMaxHalfOpen bounds the passive entries of a port that are not
+	// (yet) established: as many as Linux's default listen backlog
+	// (somaxconn, 4096). An entry holds under half a KiB, so the cap keeps
+	// a REQ flood under ~2 MiB and bounds the QPs the owner creates for it.
+	DefaultMaxHalfOpen = 4096
+	// DefaultMaxHalfOpenPerPeer bounds them per peer address, so that one
+	// flooding host cannot take every slot from the others.
+	DefaultMaxHalfOpenPerPeer = 256
+	permissiveLID             = 0xFFFF
+	defaultPKey               = 0xFFFF
 )
 
 // Config configures a Manager: one per RoCE port (one GSI QP).
@@ -47,6 +55,18 @@ type Config struct {
 	// with PacketLifeTime the base of its REQs' local ACK timeout;
 	// DefaultTargetACKDelay if 0.
 	TargetACKDelay uint8
+	// MaxHalfOpen caps the passive connections and SIDR requests that are
+	// not established: from the REQ (or SIDR_REQ) until RTU, or, for one
+	// that never gets there (rejected, REP unanswered, SIDR answered),
+	// until its entry is released. A REQ or SIDR_REQ that would exceed it
+	// is dropped and counted (Stats.HalfOpenDropped): the peer's CM
+	// retries it, and a retry that finds room proceeds, as a TCP SYN
+	// finds room in a full backlog later. Established connections never
+	// count and are never evicted. DefaultMaxHalfOpen if 0.
+	MaxHalfOpen int
+	// MaxHalfOpenPerPeer is the same cap per peer address;
+	// DefaultMaxHalfOpenPerPeer if 0. At most MaxHalfOpen.
+	MaxHalfOpenPerPeer int
 }
 
 // ConnID names a connection (or SIDR request) inside a Manager: it is the
@@ -197,6 +217,11 @@ type Stats struct {
 	Malformed   uint64     // MADs refused by ParseMAD
 	Unmatched   uint64     // MADs for no connection or in the wrong state
 	Unsupported uint64     // LAP, APR, ClassPortInfo and unknown attributes
+	// HalfOpenDropped counts new REQs and SIDR_REQs dropped because the
+	// port's or the peer's half-open cap (Config.MaxHalfOpen,
+	// MaxHalfOpenPerPeer) was reached: a flood, or a burst the peer's
+	// retries will bring back.
+	HalfOpenDropped uint64
 }
 
 // Errors of the Manager's API.
@@ -279,6 +304,9 @@ type conn struct {
 	// rejected: we refused the peer's REQ; the REJ is in msg and is sent
 	// again for duplicates of the REQ until the peer stops retrying.
 	rejected bool
+	// halfOpen: a passive entry that counts against the half-open caps
+	// (created by a peer's REQ or SIDR_REQ and not established).
+	halfOpen bool
 }
 
 type remoteKey struct {
@@ -301,6 +329,10 @@ type Manager struct {
 	cur       int
 	stats     Stats
 	expired   []ConnID
+	// halfOpen counts the entries with conn.halfOpen set, in all and by
+	// peer address (a peer is present only while it has some).
+	halfOpen       int
+	halfOpenByPeer map[netip.Addr]int
 }
 
 // New returns a Manager for one port.
@@ -321,6 +353,13 @@ func New(cfg Config) *Manager {
 	cfg.MaxCMRetries = min(cfg.MaxCMRetries, 15)
 	cfg.PacketLifeTime = min(cfg.PacketLifeTime, 30)
 	cfg.TargetACKDelay = min(cfg.TargetACKDelay, 31)
+	if cfg.MaxHalfOpen <= 0 {
+		cfg.MaxHalfOpen = DefaultMaxHalfOpen
+	}
+	if cfg.MaxHalfOpenPerPeer <= 0 {
+		cfg.MaxHalfOpenPerPeer = DefaultMaxHalfOpenPerPeer
+	}
+	cfg.MaxHalfOpenPerPeer = min(cfg.MaxHalfOpenPerPeer, cfg.MaxHalfOpen)
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x636d5f6d616e6167)) // "cm_manag"
 	return &Manager{
 		cfg:       cfg,
@@ -329,6 +368,8 @@ func New(cfg Config) *Manager {
 		listeners: make(map[uint64]ListenOptions),
 		conns:     make(map[ConnID]*conn),
 		remote:    make(map[remoteKey]*conn),
+
+		halfOpenByPeer: make(map[netip.Addr]int),
 	}
 }
 
@@ -359,6 +400,10 @@ func (m *Manager) State(id ConnID) State {
 // Conns returns how many connections and SIDR transactions are alive,
 // time-wait included.
 func (m *Manager) Conns() int { return len(m.conns) }
+
+// HalfOpen returns how many passive entries count against the half-open
+// caps (Config.MaxHalfOpen): not established, not yet released.
+func (m *Manager) HalfOpen() int { return m.halfOpen }
 
 // Listen starts accepting REQs and SIDR_REQs for serviceID.
 func (m *Manager) Listen(serviceID uint64, opts ListenOptions) error {
@@ -414,7 +459,38 @@ func (m *Manager) newConn(active bool, peer netip.Addr) *conn {
 	c := &conn{id: m.newID(), active: active, peer: peer, deadline: clock.Never}
 	c.tid = m.tidHigh | uint64(c.id)
 	m.conns[c.id] = c
+	if !active {
+		// Every passive entry is a peer's doing: it counts until it is
+		// established or released. Callers check admit first.
+		c.halfOpen = true
+		m.halfOpen++
+		m.halfOpenByPeer[peer]++
+	}
 	return c
+}
+
+// admit reports whether a new passive entry for peer fits under the
+// half-open caps, counting a refusal.
+func (m *Manager) admit(peer netip.Addr) bool {
+	if m.halfOpen < m.cfg.MaxHalfOpen && m.halfOpenByPeer[peer] < m.cfg.MaxHalfOpenPerPeer {
+		return true
+	}
+	m.stats.HalfOpenDropped++
+	return false
+}
+
+// settleHalfOpen stops counting c against the half-open caps.
+func (m *Manager) settleHalfOpen(c *conn) {
+	if !c.halfOpen {
+		return
+	}
+	c.halfOpen = false
+	m.halfOpen--
+	if n := m.halfOpenByPeer[c.peer] - 1; n > 0 {
+		m.halfOpenByPeer[c.peer] = n
+	} else {
+		delete(m.halfOpenByPeer, c.peer)
+	}
 }
 
 func (m *Manager) index(c *conn, k remoteKey) {
@@ -427,6 +503,7 @@ func (m *Manager) remove(c *conn) {
 		delete(m.remote, c.remoteKey)
 	}
 	delete(m.conns, c.id)
+	m.settleHalfOpen(c)
 	c.state = StateIdle
 }
 
@@ -834,13 +911,26 @@ func (m *Manager) HandleMAD(now clock.Time, from netip.Addr, b []byte) error {
 	case AttrDREP:
 		m.handleDREP(now, from, mad)
 	case AttrSIDRREQ:
-		m.handleSIDRREQ(now, from, mad)
+		if m.admitSIDR(from, mad) {
+			m.handleSIDRREQ(now, from, mad)
+		}
 	case AttrSIDRREP:
 		m.handleSIDRREP(now, from, mad)
 	default:
 		m.stats.Unsupported++
 	}
 	return nil
+}
+
+// admitSIDR reports whether a SIDR_REQ may reach handleSIDRREQ: a
+// duplicate (answered from its entry) always may, a new one only under
+// the half-open caps, as every new SIDR_REQ creates an entry.
+func (m *Manager) admitSIDR(from netip.Addr, mad MAD) bool {
+	id := binary.BigEndian.Uint32(mad.Data()) // SIDR_REQ's Request ID
+	if m.remote[remoteKey{peer: from, id: id}] != nil {
+		return true
+	}
+	return m.admit(from)
 }
 
 func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
@@ -867,6 +957,14 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	opts, ok := m.listeners[req.ServiceID]
 	if !ok {
 		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidServiceID, nil)
+		return
+	}
+	// A new REQ for a listener costs an entry. Beyond the half-open caps
+	// it is dropped, not rejected: a legitimate peer's retry gets in once
+	// entries are released, and a spoofed flood draws no answers towards
+	// the address it forged. Checked before the checks below, so that a
+	// flood at the cap costs no scan of the connections.
+	if !m.admit(from) {
 		return
 	}
 	if m.staleQP(from, req.LocalCAGUID, req.LocalQPN) {
@@ -990,6 +1088,7 @@ func (m *Manager) handleREP(now clock.Time, from netip.Addr, mad MAD) {
 }
 
 func (m *Manager) establishPassive(c *conn) {
+	m.settleHalfOpen(c)
 	c.state = StateEstablished
 	c.deadline = clock.Never
 	e := Event{Kind: EventEstablished, ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
