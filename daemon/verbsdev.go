@@ -52,6 +52,9 @@ func (v *VerbsDevice) Info() proto.DeviceInfo {
 	return in
 }
 
+// Poll implements Poller: the engine's step in the pump's goroutine.
+func (v *VerbsDevice) Poll() bool { return v.dev.Poll() }
+
 // AllocPD implements Device.
 func (v *VerbsDevice) AllocPD() (PD, error) { return &verbsPD{v: v, pd: v.dev.AllocPD()}, nil }
 
