@@ -40,6 +40,13 @@ type Config struct {
 	Metrics   string       // metrics; Prometheus /metrics listen address, empty = off
 	Port      string       // port; afxdp, afpacket or auto (AF_XDP, falling back to AF_PACKET)
 
+	// MetricsTokenFile (metrics-token-file) holds a bearer token every
+	// scrape must send; with it, metrics may listen beyond loopback.
+	MetricsTokenFile string
+	// MetricsAllowPublic (metrics-allow-public) lets metrics listen beyond
+	// loopback with no token: the operator vouches for the network.
+	MetricsAllowPublic bool
+
 	Control      string      // control; control socket path
 	ControlMode  os.FileMode // control-mode; socket permission bits
 	ControlGroup string      // control-group; group (name or id) allowed besides root, empty = root only
@@ -139,13 +146,25 @@ var keys = []key{
 		c.GIDs = append(c.GIDs, a.Unmap())
 		return nil
 	}},
-	{name: "metrics", usage: "listen address (host:port) of the Prometheus /metrics endpoint; empty = off", set: func(c *Config, v string) error {
+	{name: "metrics", usage: "listen address (host:port) of the Prometheus /metrics endpoint; empty = off; beyond loopback only with metrics-token-file or metrics-allow-public", set: func(c *Config, v string) error {
 		if v != "" {
 			if _, port, err := net.SplitHostPort(v); err != nil || port == "" {
 				return fmt.Errorf("%q is not host:port", v)
 			}
 		}
 		c.Metrics = v
+		return nil
+	}},
+	{name: "metrics-token-file", usage: "file holding a bearer token /metrics requires (at least 16 characters, not readable by others); allows a non-loopback metrics address", set: func(c *Config, v string) error {
+		c.MetricsTokenFile = v
+		return nil
+	}},
+	{name: "metrics-allow-public", usage: "true: serve /metrics on a non-loopback address without a token", set: func(c *Config, v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return fmt.Errorf("%q is not true or false", v)
+		}
+		c.MetricsAllowPublic = b
 		return nil
 	}},
 	{name: "port", usage: "how frames move: afxdp, afpacket, or auto (AF_XDP, else AF_PACKET)", set: func(c *Config, v string) error {
@@ -340,12 +359,47 @@ func (c *Config) Validate() error {
 	if c.UMEMSize%int64(c.FrameSize) != 0 || c.UMEMSize/int64(c.FrameSize) < MinUMEMFrames {
 		return &KeyError{Key: "umem-size", Err: fmt.Errorf("%d must be a multiple of frame-size %d and hold at least %d frames", c.UMEMSize, c.FrameSize, MinUMEMFrames)}
 	}
+	if c.Metrics != "" && c.MetricsTokenFile == "" && !c.MetricsAllowPublic && !loopbackHostPort(c.Metrics) {
+		return &KeyError{Key: "metrics", Err: fmt.Errorf("%q: %w", c.Metrics, ErrMetricsPublic)}
+	}
 	if len(c.DCQCN.Knobs) > 0 && c.DCQCN.Profile != "connectx" {
 		for k := range c.DCQCN.Knobs {
 			return &KeyError{Key: "dcqcn." + k, Err: fmt.Errorf("knobs apply to dcqcn.profile connectx, not %s", c.DCQCN.Profile)}
 		}
 	}
 	return nil
+}
+
+// loopbackHostPort reports whether host:port names a loopback address:
+// a loopback IP, or localhost. Any other name might resolve anywhere.
+func loopbackHostPort(hp string) bool {
+	host, _, err := net.SplitHostPort(hp)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// MetricsOptions returns the access control of the metrics endpoint, for
+// ServeMetrics: the token of metrics-token-file (read now, so a restart
+// picks up a new one) and metrics-allow-public.
+func (c *Config) MetricsOptions() ([]MetricsOption, error) {
+	var opts []MetricsOption
+	if c.MetricsTokenFile != "" {
+		tok, err := ReadMetricsToken(c.MetricsTokenFile)
+		if err != nil {
+			return nil, &KeyError{Key: "metrics-token-file", Err: err}
+		}
+		opts = append(opts, WithBearerToken(tok))
+	}
+	if c.MetricsAllowPublic {
+		opts = append(opts, AllowPublic())
+	}
+	return opts, nil
 }
 
 // MaxRoCEOverhead is the most header and trailer bytes around a RoCEv2

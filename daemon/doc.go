@@ -32,6 +32,28 @@
 // CQ or QP. Messages are fixed-size binary structs (package daemon/proto);
 // memory and rings travel as memfds, wakeups as eventfds (SCM_RIGHTS).
 //
+// # Metrics endpoint
+//
+// metrics = host:port serves Prometheus /metrics: every QP number, its state
+// and counters, which map the host's connections and show its traffic. So
+// it is safe by default: a loopback address (127.0.0.1, [::1], localhost)
+// serves anyone on the host, and any other address (":9464" and
+// "0.0.0.0:9464" included) is refused, naming the key, unless the operator
+// also sets one of
+//
+//   - metrics-token-file = PATH: a bearer token (at least 16 printable
+//     characters, e.g. openssl rand -hex 16; the file not accessible by
+//     others) that every scrape must send as "Authorization: Bearer
+//     TOKEN" (Prometheus: authorization { credentials_file: ... }), on
+//     loopback too. Digests of the sent and the expected token are compared
+//     in constant time; a missing or wrong token gets 401. It is read at
+//     start: restart the daemon to change it.
+//   - metrics-allow-public = true: no token; the network in front of the
+//     address is trusted (a firewall, a management VLAN).
+//
+// The endpoint itself (ServeMetrics) checks the address it bound, so a host
+// name that resolves beyond loopback is refused as well.
+//
 // # Data path
 //
 // Registered memory is the client's own memfd, sealed against shrinking

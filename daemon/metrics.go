@@ -1,11 +1,19 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/netip"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -118,17 +126,151 @@ type MetricsServer struct {
 	done chan error
 }
 
-// ServeMetrics listens on addr (host:port) and serves /metrics there.
-func ServeMetrics(addr string, c *Collector) (*MetricsServer, error) {
+// The endpoint names every QP and its counters: enough to map a host's
+// connections and watch its traffic. So it is loopback-only unless the
+// operator either requires a bearer token (metrics-token-file) or says the
+// network may read it (metrics-allow-public).
+type metricsAccess struct {
+	tokenSum    [sha256.Size]byte // SHA-256 of the bearer token
+	token       bool
+	allowPublic bool
+}
+
+// A MetricsOption sets who may scrape a MetricsServer.
+type MetricsOption func(*metricsAccess)
+
+// WithBearerToken requires every request to carry "Authorization: Bearer
+// TOKEN" (RFC 6750), on loopback too; others get 401. It also allows a
+// non-loopback address.
+func WithBearerToken(token []byte) MetricsOption {
+	sum := sha256.Sum256(token)
+	return func(a *metricsAccess) { a.tokenSum, a.token = sum, true }
+}
+
+// AllowPublic allows a non-loopback address without a token: anyone who
+// reaches the address reads the counters.
+func AllowPublic() MetricsOption { return func(a *metricsAccess) { a.allowPublic = true } }
+
+// ErrMetricsPublic refuses a non-loopback metrics address that has no
+// access control.
+var ErrMetricsPublic = errors.New("not a loopback address, and the endpoint shows every QP number and counter to whoever connects: " +
+	"set metrics-token-file (a bearer token scrapers must send) or metrics-allow-public = true")
+
+// check refuses to serve on ip (the address bound, or to be bound) when it
+// is not loopback and nothing controls access.
+func (a *metricsAccess) check(ip netip.Addr) error {
+	if ip.Unmap().IsLoopback() || a.token || a.allowPublic {
+		return nil
+	}
+	return fmt.Errorf("metrics: %v: %w", ip, ErrMetricsPublic)
+}
+
+// ServeMetrics listens on addr (host:port) and serves /metrics there. A
+// non-loopback address (":9464" and "0.0.0.0:9464" included) is refused
+// unless an option controls access; a host name is resolved and the bound
+// address checked.
+func ServeMetrics(addr string, c *Collector, opts ...MetricsOption) (*MetricsServer, error) {
+	var acc metricsAccess
+	for _, o := range opts {
+		o(&acc)
+	}
+	// Refuse a literal address before binding it at all.
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if err := acc.check(ip); err != nil {
+			return nil, err
+		}
+	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
+		ip, _ := netip.AddrFromSlice(ta.IP)
+		if err := acc.check(ip); err != nil {
+			ln.Close()
+			return nil, err
+		}
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", MetricsHandler(c))
-	m := &MetricsServer{srv: &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, ln: ln, done: make(chan error, 1)}
+	var h http.Handler = mux
+	if acc.token {
+		h = requireBearer(acc.tokenSum, mux)
+	}
+	m := &MetricsServer{srv: &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}, ln: ln, done: make(chan error, 1)}
 	go func() { m.done <- m.srv.Serve(ln) }()
 	return m, nil
+}
+
+// requireBearer answers 401 to a request without the bearer token whose
+// SHA-256 is sum. Digests of equal length are compared in constant time,
+// so that neither the token's bytes nor its length leak through timing.
+func requireBearer(sum [sha256.Size]byte, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		got := sha256.Sum256([]byte(strings.TrimSpace(tok)))
+		ok := subtle.ConstantTimeCompare(got[:], sum[:]) == 1
+		if !strings.EqualFold(scheme, "Bearer") || !ok {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="softrnic metrics"`)
+			http.Error(w, "401 unauthorized: a bearer token is required", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// Bounds of a metrics token: long enough not to be guessed (openssl rand
+// -hex 16 gives 32 characters), short enough to be a token.
+const (
+	minMetricsToken = 16
+	maxMetricsToken = 4096
+)
+
+// ReadMetricsToken reads the bearer token from path: the file's content
+// without surrounding white space, printable ASCII without spaces (what an
+// HTTP header and Prometheus' bearer_token_file carry), at least 16
+// characters. A file that others may read or write is refused: the token
+// would be no secret.
+func ReadMetricsToken(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", path)
+	}
+	if st.Mode().Perm()&0o007 != 0 {
+		return nil, fmt.Errorf("%s is accessible by others (mode %#o): chmod o= it", path, st.Mode().Perm())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxMetricsToken+1))
+	if err != nil {
+		return nil, err
+	}
+	tok := bytes.TrimSpace(b)
+	if len(b) > maxMetricsToken {
+		return nil, fmt.Errorf("%s holds more than %d bytes: not a token", path, maxMetricsToken)
+	}
+	if len(tok) < minMetricsToken {
+		return nil, fmt.Errorf("%s: the token has %d characters, fewer than %d (make one with: openssl rand -hex 16)", path, len(tok), minMetricsToken)
+	}
+	for _, c := range tok {
+		if c <= ' ' || c > '~' {
+			return nil, fmt.Errorf("%s: the token may hold only printable ASCII without spaces", path)
+		}
+	}
+	return tok, nil
 }
 
 // Addr is the address the endpoint listens on.
