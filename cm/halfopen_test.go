@@ -402,3 +402,52 @@ func FuzzHalfOpen(f *testing.F) {
 		}
 	})
 }
+
+// A REQ that asks for the longest timers IBA allows (response timeouts and
+// local ACK timeout 31: 2.4 h each, 39 h of REP retries) cannot hold a
+// half-open slot for longer than MaxPeerTimeout allows, whether the
+// application accepts it (and the peer MRAs our REP with service timeout
+// 31 after each try) or never answers.
+func TestHalfOpenLifetimeBoundedAgainstPeerTimers(t *testing.T) {
+	for _, mode := range []string{"accept", "accept+MRA", "unanswered"} {
+		m := New(Config{Seed: 11})
+		m.Listen(svc, ListenOptions{RDMACM: true})
+		mad := floodREQ(5, 1)
+		var req REQ
+		req.Decode(MAD(mad[:]).Data())
+		req.LocalCMResponseTimeout, req.RemoteCMResponseTimeout, req.Primary.LocalACKTimeout = 31, 31, 31
+		req.Encode(MAD(mad[:]).Data())
+		m.HandleMAD(0, addrA, mad[:])
+		evs, _ := m.Drain()
+		if len(evs) != 1 || evs[0].Kind != EventConnRequest || evs[0].QP.Timeout != 31 {
+			t.Fatalf("events %v", evs)
+		}
+		var mra [MADSize]byte
+		if mode != "unanswered" {
+			if err := m.Accept(0, evs[0].ID, &AcceptParams{QPN: 0x99}); err != nil {
+				t.Fatal(err)
+			}
+			MAD(mra[:]).InitCM(AttrMRA, 1)
+			(&MRA{LocalCommID: 5, RemoteCommID: uint32(evs[0].ID), MessageMRAed: MsgREP, ServiceTimeout: 31}).Encode(MAD(mra[:]).Data())
+		}
+		try := Timeout(MaxPeerTimeout) + 2*Timeout(DefaultPacketLifeTime)
+		bound := clock.Time(0).Add(try*(DefaultMaxCMRetries+1) + Timeout(MaxPeerTimeout) + Timeout(DefaultPacketLifeTime))
+		now := clock.Time(0)
+		for range 100 {
+			d := m.NextDeadline()
+			if d == clock.Never {
+				break
+			}
+			now = d
+			m.Tick(now)
+			m.Drain()
+			if mode == "accept+MRA" {
+				m.HandleMAD(now, addrA, mra[:])
+				m.Drain()
+			}
+		}
+		if m.HalfOpen() != 0 || m.Conns() != 0 || now > bound || bound > clock.Time(0).Add(30*60e9) {
+			t.Fatalf("%s: %d half-open, %d conns, released at %v (bound %v)", mode, m.HalfOpen(), m.Conns(), now, bound)
+		}
+	}
+}

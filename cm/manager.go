@@ -30,8 +30,15 @@ const (
 	// DefaultMaxHalfOpenPerPeer bounds them per peer address, so that one
 	// flooding host cannot take every slot from the others.
 	DefaultMaxHalfOpenPerPeer = 256
-	permissiveLID             = 0xFFFF
-	defaultPKey               = 0xFFFF
+	// MaxPeerTimeout bounds the exponents a peer sets for the timers of our
+	// passive entry until it is established (its REQ's CM response timeouts
+	// and local ACK timeout, its MRA's service timeout): 24 is
+	// ≈ 69 s, above any stack's default (Linux: 20), where 31 would be
+	// 2.4 h per try and let a few forged REQs hold the half-open slots for
+	// 39 h. Past it we only resend sooner and give up sooner.
+	MaxPeerTimeout = 24
+	permissiveLID  = 0xFFFF
+	defaultPKey    = 0xFFFF
 )
 
 // Config configures a Manager: one per RoCE port (one GSI QP).
@@ -525,6 +532,11 @@ func (c *conn) arm(now clock.Time, timeout time.Duration, maxRetries uint8) {
 func (m *Manager) enterTimeWait(now clock.Time, c *conn) {
 	c.state = StateTimeWait
 	t := c.qp.Timeout
+	if c.halfOpen {
+		// Never established: the peer's REQ chose t, and no RC packet
+		// of ours ever left the QP.
+		t = min(t, MaxPeerTimeout)
+	}
 	if t == 0 {
 		t = ackTimeout(m.cfg.TargetACKDelay, m.cfg.PacketLifeTime)
 	}
@@ -1000,7 +1012,7 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	c.remoteID = req.LocalCommID
 	c.guid = req.LocalCAGUID
 	c.maxRetries = req.MaxCMRetries
-	c.peerTimeout = m.respTimeout(req.LocalCMResponseTimeout)
+	c.peerTimeout = m.respTimeout(min(req.LocalCMResponseTimeout, MaxPeerTimeout))
 	m.index(c, key)
 	// MaxDestRdAtomic/MaxRdAtomic hold the bounds the REQ sets on ours
 	// until Accept picks the values.
@@ -1011,7 +1023,7 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 		TrafficClass: req.Primary.TrafficClass, HopLimit: req.Primary.HopLimit}
 	// Give up on the application once the active side has given up: its
 	// REQ timeout (our response time plus a round trip) times its tries.
-	c.deadline = now.Add(m.respTimeout(req.RemoteCMResponseTimeout) * time.Duration(int(req.MaxCMRetries)+1))
+	c.deadline = now.Add(m.respTimeout(min(req.RemoteCMResponseTimeout, MaxPeerTimeout)) * time.Duration(int(req.MaxCMRetries)+1))
 	e.ID, e.QP = c.id, c.qp
 	setPrivate(&e, private)
 	m.event(&e)
@@ -1185,7 +1197,11 @@ func (m *Manager) handleMRA(now clock.Time, from netip.Addr, mad MAD) {
 	}
 	// The peer needs its service time plus a round trip; keep retrying at
 	// that pace, so a peer that dies after its MRA is still detected.
-	c.timeout = Timeout(mra.ServiceTimeout) + 2*Timeout(m.cfg.PacketLifeTime)
+	st := mra.ServiceTimeout
+	if c.halfOpen {
+		st = min(st, MaxPeerTimeout) // an MRA of our REP must not pin the slot
+	}
+	c.timeout = Timeout(st) + 2*Timeout(m.cfg.PacketLifeTime)
 	c.deadline = now.Add(c.timeout)
 }
 
