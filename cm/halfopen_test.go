@@ -451,3 +451,37 @@ func TestHalfOpenLifetimeBoundedAgainstPeerTimers(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkREQFlood measures what each REQ of a flood costs the engine
+// goroutine: with the port at its cap (every REQ dropped after a lookup)
+// and with the flooding host at its per-peer cap. Reports entries held.
+func BenchmarkREQFlood(b *testing.B) {
+	for _, tc := range []struct {
+		name  string
+		peers int
+	}{{"one-host", 1}, {"forged-hosts", 1 << 20}} {
+		b.Run(tc.name, func(b *testing.B) {
+			m := New(Config{Seed: 12})
+			m.Listen(svc, ListenOptions{RDMACM: true})
+			mads := make([][MADSize]byte, 1024)
+			for i := range mads {
+				mads[i] = floodREQ(uint32(i+1), 1)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				mad := &mads[i%len(mads)]
+				binary.BigEndian.PutUint32(MAD(mad[:]).Data(), uint32(i+1)) // a new comm ID each time
+				m.HandleMAD(0, floodAddr(i%tc.peers), mad[:])
+				if i%256 == 255 {
+					acceptAll(b, m, 0)
+				}
+			}
+			b.StopTimer()
+			acceptAll(b, m, 0)
+			checkHalfOpen(b, m)
+			b.ReportMetric(float64(m.Conns()), "entries")
+			b.ReportMetric(float64(m.Stats().HalfOpenDropped)/float64(b.N), "dropped/op")
+		})
+	}
+}
