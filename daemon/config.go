@@ -98,10 +98,11 @@ func DefaultConfig() Config {
 
 // A key is one configuration setting, settable from the file and from a flag.
 type key struct {
-	name   string
-	usage  string
-	repeat bool // may appear more than once (values accumulate)
-	set    func(c *Config, v string) error
+	name    string
+	usage   string
+	repeat  bool // may appear more than once (values accumulate)
+	boolean bool // a flag that may stand alone (--key means --key=true)
+	set     func(c *Config, v string) error
 }
 
 var keys = []key{
@@ -159,7 +160,7 @@ var keys = []key{
 		c.MetricsTokenFile = v
 		return nil
 	}},
-	{name: "metrics-allow-public", usage: "true: serve /metrics on a non-loopback address without a token", set: func(c *Config, v string) error {
+	{name: "metrics-allow-public", boolean: true, usage: "true: serve /metrics on a non-loopback address without a token", set: func(c *Config, v string) error {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
 			return fmt.Errorf("%q is not true or false", v)
@@ -427,6 +428,9 @@ type keyFlag struct {
 }
 
 func (k keyFlag) String() string { return "" }
+
+// IsBoolFlag lets a boolean key's flag stand alone, as flag.Bool does.
+func (k keyFlag) IsBoolFlag() bool { kk := findKey(k.name); return kk != nil && kk.boolean }
 func (k keyFlag) Set(v string) error {
 	kk := findKey(k.name)
 	// Check now, so the flag package reports the bad flag with its usage.

@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"bytes"
 	"errors"
+	"flag"
 	"io"
 	"net/http"
 	"net/netip"
@@ -220,5 +222,31 @@ func TestMetricsKeys(t *testing.T) {
 	}
 	if err := c.ParseFile("x.conf", strings.NewReader("metrics_token_file = /x\n")); err == nil || !strings.Contains(err.Error(), `did you mean "metrics-token-file"`) {
 		t.Fatalf("underscore key: %v", err)
+	}
+}
+
+// --metrics-allow-public may stand alone, like any boolean flag, and lets
+// a public metrics address validate.
+func TestMetricsAllowPublicFlag(t *testing.T) {
+	for _, args := range [][]string{{"--metrics-allow-public"}, {"--metrics-allow-public=true"}} {
+		fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
+		fs.SetOutput(new(bytes.Buffer))
+		f := RegisterFlags(fs)
+		if err := fs.Parse(append([]string{"-d", "eth0", "--metrics", ":9464"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		c, err := f.Load()
+		if err != nil || !c.MetricsAllowPublic {
+			t.Fatalf("%v: %+v, %v", args, c, err)
+		}
+	}
+	fs := flag.NewFlagSet("daemon", flag.ContinueOnError)
+	fs.SetOutput(new(bytes.Buffer))
+	f := RegisterFlags(fs)
+	if err := fs.Parse([]string{"-d", "eth0", "--metrics", ":9464", "--mtu", "1024"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Load(); !errors.Is(err, ErrMetricsPublic) {
+		t.Fatalf("public metrics without access control from flags: %v", err)
 	}
 }
