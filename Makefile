@@ -52,6 +52,7 @@ fuzz:
 	for t in $(BTH_FUZZ); do $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./bth || exit 1; done
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzManager$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
+	$(GO) test -run '^$$' -fuzz '^FuzzHalfOpen$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
 	$(GO) test -run '^$$' -fuzz '^FuzzNP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
 	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc

@@ -159,7 +159,12 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		return err
 	}
 	if cfg.Metrics != "" {
-		ms, err := daemon.ServeMetrics(cfg.Metrics, daemon.NewCollector(counters.Snapshot))
+		mopts, err := cfg.MetricsOptions()
+		if err != nil {
+			srv.Close(0)
+			return fmt.Errorf("metrics endpoint: %w", err)
+		}
+		ms, err := daemon.ServeMetrics(cfg.Metrics, daemon.NewCollector(counters.Snapshot), mopts...)
 		if err != nil {
 			srv.Close(0)
 			return fmt.Errorf("metrics endpoint: %w", err)
