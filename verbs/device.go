@@ -59,6 +59,8 @@ type Device struct {
 	events   chan AsyncEvent
 	lostEv   atomic.Uint64
 
+	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
+
 	// Busy polling (Poll): the engine's inline step while its loop runs,
 	// when an application last polled through it, and the doorbells that
 	// were not rung because it had.
@@ -189,12 +191,16 @@ const (
 	// EventQPFatal: the QP went to ERR because of a transport error
 	// (IBV_EVENT_QP_FATAL); its WRs were flushed.
 	EventQPFatal
+	// EventCQErr: a CQ overflowed (IBV_EVENT_CQ_ERR); completions were
+	// lost, the CQ is in error and its QPs go to ERR. AsyncEvent.CQ names it.
+	EventCQErr
 )
 
 // AsyncEvent is an asynchronous event of a QP.
 type AsyncEvent struct {
 	Type EventType
 	QPN  uint32
+	CQ   *CQ // EventCQErr only
 }
 
 // Events delivers asynchronous events (ibv_get_async_event). Events are
@@ -205,8 +211,12 @@ func (d *Device) Events() <-chan AsyncEvent { return d.events }
 func (d *Device) LostEvents() uint64 { return d.lostEv.Load() }
 
 func (d *Device) event(t EventType, qpn uint32) {
+	d.asyncEvent(AsyncEvent{Type: t, QPN: qpn})
+}
+
+func (d *Device) asyncEvent(e AsyncEvent) {
 	select {
-	case d.events <- AsyncEvent{Type: t, QPN: qpn}:
+	case d.events <- e:
 	default:
 		d.lostEv.Add(1)
 	}

@@ -530,6 +530,25 @@ func (q *QP) unlock() (ready, timed bool) {
 			q.init.RecvCQ.push(wcs, true)
 		}
 	}
+	if q.state != Err && q.state != Reset && (q.init.SendCQ.overrun.Load() || q.init.RecvCQ.overrun.Load()) {
+		// A CQ of this QP overflowed (see CQ): the QP goes to ERR, as a
+		// transport error would take it, and what it flushes is counted
+		// as lost on the CQ in error.
+		q.state = Err
+		if q.ud != nil {
+			q.ud.Flush()
+			wcs = q.ud.TakeCompletions()
+		} else {
+			q.rc.Flush()
+			wcs = q.rc.TakeCompletions()
+		}
+		for i := range wcs {
+			q.cqe.add(&wcs[i])
+		}
+		q.init.SendCQ.push(wcs, false)
+		q.init.RecvCQ.push(wcs, true)
+		q.dev.event(EventQPFatal, q.qpn)
+	}
 	if q.state == Err && q.init.SRQ == nil && q.rq.head != q.rq.tail {
 		var w wr.RecvWQE
 		for q.rq.Take(&w) {
