@@ -31,7 +31,7 @@ test:
 	$(GO) test -count=1 -timeout 30m $(PKGS)
 	$(MAKE) test-race
 
-RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... ./client/... ./capture/... ./perftest/... 2>/dev/null)
+RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... ./client/... ./capture/... ./perftest/... ./rnic/... ./rdmacm/... 2>/dev/null)
 test-race:
 	$(if $(RACE_PKGS),$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS),@echo "no concurrent packages yet")
 
