@@ -547,8 +547,10 @@ func TestPostWakesNap(t *testing.T) {
 	in := make([][]byte, 4)
 	n, err := wire.Recv(in, 10*time.Second)
 	var f frame.Frame
-	if err != nil || n != 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCSendOnly {
-		t.Fatalf("after the post: %d frames, %v", n, err)
+	// A slow test goroutine (race detector, load) may also find the SEND's
+	// retransmission, 1 ms later: the first frame is the SEND.
+	if err != nil || n < 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCSendOnly {
+		t.Fatalf("after the post: %d frames, %v; counters %+v", n, err, l.Counters())
 	}
 	if l.Counters().Naps < naps {
 		t.Fatal("counters went back")

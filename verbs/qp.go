@@ -599,9 +599,24 @@ type SendWR struct {
 // PostSend posts send WRs and returns how many it took; on error the rest
 // were not posted (ibv_post_send's bad_wr).
 func (q *QP) PostSend(wrs ...SendWR) (int, error) {
-	q.mu.Lock()
+	n, err := func() (int, error) {
+		q.mu.Lock()
+		defer q.release()
+		return q.postSend(wrs)
+	}()
+	if n > 0 {
+		// Only now: release has handed the QP over, so the engine the
+		// doorbell wakes finds it. Rung before (from inside the locked
+		// section), the engine could step, find nothing, and nap again
+		// while the handover was still to come.
+		q.dev.ring()
+	}
+	return n, err
+}
+
+// postSend is PostSend's work under q.mu.
+func (q *QP) postSend(wrs []SendWR) (int, error) {
 	w, sg := &q.postWQE, q.postSG[:0]
-	defer q.release()
 	if q.destroyed.Load() {
 		return 0, ErrDestroyed
 	}
@@ -634,7 +649,6 @@ func (q *QP) PostSend(wrs ...SendWR) (int, error) {
 		}
 	}
 	q.txPending.Store(true)
-	q.dev.ring()
 	return len(wrs), nil
 }
 
