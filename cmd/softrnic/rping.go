@@ -202,7 +202,7 @@ func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) err
 	if err != nil {
 		return err
 	}
-	pt, err := engine.OpenPort(in, h.kind)
+	pt, err := engine.OpenPortQueues(in, h.kind, 0) // every RX queue: RSS spreads RoCEv2 over them
 	if err != nil {
 		return fmt.Errorf("open %s: %w", in.Name, err)
 	}

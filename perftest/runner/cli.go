@@ -118,7 +118,7 @@ func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc verbs
 	if err != nil {
 		return err
 	}
-	pt, err := engine.OpenPort(in, kind)
+	pt, err := engine.OpenPortQueues(in, kind, 0) // every RX queue: RSS spreads RoCEv2 over them
 	if err != nil {
 		return fmt.Errorf("open %s: %w", in.Name, err)
 	}
