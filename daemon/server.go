@@ -137,6 +137,13 @@ func NewServer(dev Device, opt Options) (*Server, error) {
 		return nil, err
 	}
 	go s.pump()
+	// The device's rdma_cm agent answers peers from the start (REJ for a
+	// port nobody listens on), not only after a client's first CM call.
+	if c, ok := dev.(interface{ StartCM() error }); ok {
+		if err := c.StartCM(); err != nil {
+			s.log.Warn("rdma_cm agent not started: clients' CM calls will fail", "err", err)
+		}
+	}
 	return s, nil
 }
 

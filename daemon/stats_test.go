@@ -115,11 +115,13 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// until the receive below arrives.
 	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}})
 	rnrSeen := false
+	// Queries filter on the client QP: the daemon's rdma_cm agent has a
+	// GSI QP on the device too (started with the daemon), listed for root.
 	for deadline := time.Now().Add(10 * time.Second); !rnrSeen; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no RNR NAK counted on the client QP")
 		}
-		st := queryStats(t, path, 0, false)
+		st := queryStats(t, path, qp.QPN, true)
 		rnrSeen = st.Listed == 1 && st.QPs[0].Values[proto.QCtrOutOfBuffer] > 0
 	}
 	if _, err := qp.PostRecv(&proto.RecvWR{ID: 9, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
@@ -133,7 +135,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// Quiet link: compare with the device's own counters and the link's.
 	var st *proto.StatsResp
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, 0, false)
+		st = queryStats(t, path, qp.QPN, true)
 		ds := loopA.DeviceStats()
 		if st.Device[proto.CtrRxPackets] == ds.RxFrames && st.Device[proto.CtrTxPackets] == ds.TxFrames && ds.TxFrames == pa.Stats().Sent {
 			break
@@ -181,7 +183,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, 0, false)
+		st = queryStats(t, path, qp.QPN, true)
 		q := &st.QPs[0].Values
 		if q[proto.QCtrRespRemoteAccessErrors] == 1 && q[proto.QCtrRespCQEFlushError] == 1 {
 			break

@@ -13,8 +13,9 @@ import (
 
 var _ CMDevice = (*VerbsDevice)(nil)
 
-// verbsCM is the rdma_cm agent of a VerbsDevice, started on first use
-// (the agent owns the device's GSI QP and its async events).
+// verbsCM is the rdma_cm agent of a VerbsDevice, started by StartCM when
+// the daemon starts serving, or else on first use (the agent owns the
+// device's GSI QP and its async events).
 type verbsCM struct {
 	once  sync.Once
 	agent *rdmacm.Agent
@@ -28,6 +29,17 @@ func (v *VerbsDevice) cm() (*rdmacm.Agent, error) {
 			Resolve: func(_ context.Context, peer netip.Addr) ([6]byte, error) { return v.resolveMAC(peer) }})
 	})
 	return v.cmAgent.agent, v.cmAgent.err
+}
+
+// StartCM starts the CM agent now rather than on a client's first CM
+// call. The daemon calls it when it starts: until an agent owns the GSI QP
+// nothing answers a peer's REQ, so a stock peer connecting to a port no
+// client listens on would wait out its REQ retries (a minute) instead of
+// getting REJ "invalid service ID" (reason 8) at once, which is what
+// perftest and rping clients retry on or report.
+func (v *VerbsDevice) StartCM() error {
+	_, err := v.cm()
+	return err
 }
 
 // CloseCM stops the CM agent if it runs (connections are aborted: REJ or

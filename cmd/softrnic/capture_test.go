@@ -227,7 +227,10 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		`(?m)^gid 0      ` + regexp.QuoteMeta(pair.A.Addr.String()) + `$`,
 		portLine(kind),
 		`(?m)^queues     1$`,
-		`(?m)^qps        1$`,
+		// The client's QP and the GSI QP (QP1) of the daemon's rdma_cm
+		// agent, which runs from the daemon's start.
+		`(?m)^qps        2$`,
+		`(?m)^  qpn 1  UD  RTS$`,
 		fmt.Sprintf(`(?m)^  qpn %d  RC  RTS$`, qp.QPN),
 		fmt.Sprintf(`(?m)^  client \d+  pid %d uid 0 gid 0  qps 1 cqs 1 mrs 1 pds 1$`, os.Getpid()),
 	} {
