@@ -267,7 +267,8 @@ func (ss *session) cmConn(hdr proto.Header, body []byte, accept bool) (any, []in
 		if err != nil {
 			var rej *rdmacm.RejectedError
 			if errors.As(err, &rej) {
-				return nil, nil, errf(unix.ECONNREFUSED, "%v", err)
+				// The reason goes to the client (proto.RejectReason).
+				return nil, nil, errf(unix.ECONNREFUSED, "%s", proto.RejectMsg(uint16(rej.Reason), err.Error()))
 			}
 			if errors.Is(err, rdmacm.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
 				return nil, nil, errf(unix.ETIMEDOUT, "%v", err)

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/verbs"
@@ -200,6 +201,11 @@ func (c daemonCM) Dial(ctx context.Context, peer netip.Addr, port uint16, p *Con
 	stop := abortOn(ctx, c.d.c)
 	q, err := pd.Connect(peer, port, cp)
 	stop()
+	if r, ok := proto.RejectReason(err); ok && ctx.Err() == nil {
+		// The same error as LocalCM's, so that a tool can act on the
+		// reason either way (perftest -R dials again after reason 8).
+		return nil, &rdmacm.RejectedError{Reason: cm.RejectReason(r)}
+	}
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}

@@ -17,6 +17,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -317,6 +319,42 @@ type CMRequestResp struct {
 	SrcPort uint16 // the requester's rdma_cm port
 	_       uint16
 	Peer    [16]byte // the requester's GID (IPv4-mapped for IPv4)
+}
+
+// A CM_CONNECT or CM_ACCEPT that the peer refused with a REJ fails with
+// ECONNREFUSED and a message that starts with "REJ reason N:" (N the CM
+// REJ reason, decimal), so that a client can act on the reason as on
+// librdmacm's RDMA_CM_EVENT_REJECTED status: perftest's -R client dials
+// again after reason 8, "invalid service ID" (the server not listening
+// yet), and gives up on any other. RejectMsg makes such a message,
+// RejectReason reads one back.
+const rejectPrefix = "REJ reason "
+
+// RejectMsg is the error message of a connection refused with reason.
+func RejectMsg(reason uint16, detail string) string {
+	return rejectPrefix + strconv.Itoa(int(reason)) + ": " + detail
+}
+
+// RejectReason returns the REJ reason of an error reply made with
+// RejectMsg; ok is false for any other error.
+func RejectReason(err error) (reason uint16, ok bool) {
+	var e *Error
+	if !errors.As(err, &e) || e.Errno != unix.ECONNREFUSED {
+		return 0, false
+	}
+	rest, found := strings.CutPrefix(e.Msg, rejectPrefix)
+	if !found {
+		return 0, false
+	}
+	num, _, found := strings.Cut(rest, ":")
+	if !found {
+		return 0, false
+	}
+	n, err2 := strconv.ParseUint(num, 10, 16)
+	if err2 != nil {
+		return 0, false
+	}
+	return uint16(n), true
 }
 
 // CMConnReq is the body of OpCMAccept and OpCMConnect: the RC QP the CM

@@ -1,7 +1,9 @@
 package runner
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // daemonOn serves host h's device through a daemon control server (the
@@ -96,4 +99,104 @@ func TestProgramsThroughDaemonOverMemlink(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestCMThroughDaemonOverMemlink runs -R tests (control channel and QPs
+// through rdma_cm, no TCP) with --verify between a test whose QPs live in
+// a daemon and connect through the daemon's CM agent (host a) and one in
+// process with its own agent (host b), the daemon's side as server and as
+// client. In the "late" cases the server listens only after the client's
+// first REQs: the client must be refused with REJ reason 8 and dial again
+// (through the daemon the reason travels in CM_CONNECT's error reply), as
+// perftest's client does.
+func TestCMThroughDaemonOverMemlink(t *testing.T) {
+	a, b := memlinkHosts(t, 1500)
+	ad := daemonOn(t, a)
+	dcm, err := rnic.DaemonCM(ad.RNIC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lcm := rnic.LocalCM(cmAgent(t, b))
+	port := uint16(18515)
+	for _, tc := range []struct {
+		verb perftest.Verb
+		m    perftest.Measure
+		args []string
+		late bool
+	}{
+		{perftest.Write, perftest.BW, []string{"-s", "65536", "-n", "40", "-q", "2"}, false},
+		{perftest.Read, perftest.BW, []string{"-s", "8192", "-n", "40"}, false},
+		{perftest.Send, perftest.Latency, []string{"-s", "64", "-n", "100"}, false},
+		{perftest.Send, perftest.BW, []string{"-s", "4096", "-n", "50"}, true},
+	} {
+		test := perftest.Test{Verb: tc.verb, Measure: tc.m}
+		for _, daemonServes := range []bool{true, false} {
+			name := test.Name() + "/" + strings.Join(tc.args, "")
+			s, c, scm, ccm := ad, b, dcm, lcm
+			if daemonServes {
+				name += "/daemon-server"
+			} else {
+				name += "/daemon-client"
+				s, c, scm, ccm = b, ad, lcm, dcm
+			}
+			if tc.late {
+				name += "/late"
+			}
+			port++
+			t.Run(name, func(t *testing.T) {
+				var delay time.Duration
+				if tc.late {
+					delay = 300 * time.Millisecond
+				}
+				args := append([]string{"--verify"}, tc.args...)
+				sr, cr, cout := runCMThrough(t, s, c, scm, ccm, port, delay, tc.verb, tc.m, args...)
+				if !sr.Verify || !cr.Verify || sr.MTU != 1024 {
+					t.Errorf("verify server %v client %v, MTU %d", sr.Verify, cr.Verify, sr.MTU)
+				}
+				if tc.m == perftest.BW && (len(cr.BW) == 0 || cr.BW[0].Iters == 0 || cr.BW[0].AvgBW <= 0) {
+					t.Fatalf("client BW %+v\n%s", cr.BW, cout)
+				}
+				if tc.m == perftest.Latency && (len(cr.Lat) != 1 || cr.Lat[0].Typical <= 0) {
+					t.Fatalf("client latency %+v\n%s", cr.Lat, cout)
+				}
+			})
+		}
+	}
+}
+
+// runCMThrough runs one -R test between a server on host s and a client
+// on host c, through the CMs scm and ccm; the server starts listening on
+// port after delay.
+func runCMThrough(t *testing.T, s, c Host, scm, ccm rnic.CM, port uint16, delay time.Duration, verb perftest.Verb, m perftest.Measure, args ...string) (sr, cr Result, cout string) {
+	t.Helper()
+	args = append([]string{"-R", "-p", fmt.Sprint(port)}, args...)
+	ps, err := perftest.ParseArgs(verb, m, args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := ps
+	pc.Host = s.Iface.GIDs[0].String()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var sout, cb bytes.Buffer
+	serr := make(chan error, 1)
+	go func() {
+		time.Sleep(delay)
+		l, err := scm.Listen(port)
+		if err != nil {
+			serr <- err
+			return
+		}
+		defer l.Close()
+		sr, err = New(s, ps, false, &sout).execCM(ctx, &cmSession{cm: scm, l: l, port: port})
+		serr <- err
+	}()
+	cr, cerr := New(c, pc, true, &cb).execCM(ctx, &cmSession{cm: ccm, peer: s.Iface.GIDs[0], port: port, dialFor: 3 * time.Second})
+	if cerr != nil {
+		cancel()
+	}
+	if err := <-serr; err != nil || cerr != nil {
+		t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cb.String())
+	}
+	return sr, cr, cb.String()
 }

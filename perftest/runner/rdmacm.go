@@ -43,7 +43,9 @@ const (
 // RC connection made through rdma_cm on the device itself (an
 // rdmacm.Agent on QP1), and the test's QPs are connected through it too;
 // no TCP is used. The server listens on rdma_cm port p.Port (service ID
-// 0x0000000001060000 | port), the client connects to p.Host there.
+// 0x0000000001060000 | port), the client connects to p.Host there. With
+// o.Daemon the CM is the daemon's agent (rnic.DaemonCM), which makes the
+// connections' QPs in our PDs there; -c UD (SIDR) runs in process only.
 func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
 	if !p.RDMACM {
 		return Result{}, errors.New("perf: RunCLICM needs -R")
@@ -57,25 +59,38 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 		peer = a
 	}
 	var r Result
+	if o.Daemon != "" && p.Transport == perftest.UD {
+		return Result{}, errors.New("perf: -R -c UD with --daemon: SIDR through the daemon is not supported yet; use the TCP side channel or run in process")
+	}
 	err := withHost(ctx, p, o, func(h Host) error {
-		agent, err := rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
-			_, dst, err := h.Resolve(ctx, peer)
-			return dst, err
-		}})
-		if err != nil {
-			return err
+		s := &cmSession{peer: peer, port: uint16(p.Port), dialFor: o.DialFor}
+		if h.Device != nil {
+			agent, err := rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+				_, dst, err := h.Resolve(ctx, peer)
+				return dst, err
+			}})
+			if err != nil {
+				return err
+			}
+			// Closed last: its final DREQs go out before the engine stops.
+			defer agent.Close()
+			s.agent, s.cm = agent, rnic.LocalCM(agent)
+		} else {
+			c, err := rnic.DaemonCM(h.RNIC)
+			if err != nil {
+				return err
+			}
+			s.cm = c
 		}
-		// Closed last: its final DREQs go out before the engine stops.
-		defer agent.Close()
 		t := New(h, p, p.Host != "", stdout)
-		s := &cmSession{agent: agent, peer: peer, port: uint16(p.Port), dialFor: o.DialFor}
+		var err error
 		if !t.client {
-			if s.l, err = agent.Listen(s.port, 16); err != nil {
+			if s.l, err = s.cm.Listen(s.port); err != nil {
 				return fmt.Errorf("perf: rdma_cm listen on port %d: %w", p.Port, err)
 			}
 			defer s.l.Close()
 			if p.Transport == perftest.UD {
-				if s.udl, err = agent.ListenUD(s.port, 16); err != nil {
+				if s.udl, err = s.agent.ListenUD(s.port, 16); err != nil {
 					return fmt.Errorf("perf: rdma_cm UD listen on port %d: %w", p.Port, err)
 				}
 				defer s.udl.Close()
@@ -114,26 +129,33 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 	return ips[0].Unmap(), nil
 }
 
-// cmSession is the rdma_cm side of a -R run: the agent, the server's
-// listener (which takes the control connection and then the test QPs',
-// all on one port as perftest's), the client's peer.
+// cmSession is the rdma_cm side of a -R run: the CM (in process or the
+// daemon's), the server's listener (which takes the control connection
+// and then the test QPs', all on one port as perftest's), the client's
+// peer.
 type cmSession struct {
+	cm rnic.CM
+	// agent is the in-process agent under cm, for -c UD (SIDR); nil
+	// through the daemon. With cm nil, cm is rnic.LocalCM(agent).
 	agent   *rdmacm.Agent
-	l       *rdmacm.Listener
+	l       rnic.Listener
 	udl     *rdmacm.UDListener // -c UD: the test QPs' port in rdma_cm's UDP port space
 	peer    netip.Addr
 	port    uint16
 	dialFor time.Duration
-	ctrl    *rdmacm.Conn
-	conns   []*rdmacm.Conn
+	ctrl    rnic.Conn
+	conns   []rnic.Conn
 }
 
 // dial connects one QP to the server, trying again after REJs for an
 // unknown service ID (the server not listening yet) up to attempts times,
 // delay apart.
-func (s *cmSession) dial(ctx context.Context, cp *rdmacm.ConnParams, attempts int, delay time.Duration) (*rdmacm.Conn, error) {
+func (s *cmSession) dial(ctx context.Context, cp *rnic.ConnParams, attempts int, delay time.Duration) (rnic.Conn, error) {
+	if s.cm == nil {
+		s.cm = rnic.LocalCM(s.agent)
+	}
 	for i := 1; ; i++ {
-		c, err := s.agent.Dial(ctx, s.peer, s.port, cp)
+		c, err := s.cm.Dial(ctx, s.peer, s.port, cp)
 		var rej *rdmacm.RejectedError
 		if err == nil || !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID || i >= attempts {
 			return c, err
@@ -148,7 +170,7 @@ func (s *cmSession) dial(ctx context.Context, cp *rdmacm.ConnParams, attempts in
 
 // connect makes one connection: dialled by the client, accepted by the
 // server.
-func (s *cmSession) connect(ctx context.Context, client bool, cp *rdmacm.ConnParams, attempts int, delay time.Duration) (*rdmacm.Conn, error) {
+func (s *cmSession) connect(ctx context.Context, client bool, cp *rnic.ConnParams, attempts int, delay time.Duration) (rnic.Conn, error) {
 	if client {
 		return s.dial(ctx, cp, attempts, delay)
 	}
@@ -176,8 +198,7 @@ func (s *cmSession) disconnect() {
 func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 	t.ctx = ctx
 	defer t.close()
-	defer s.disconnect()
-	if t.h.Device == nil {
+	if t.dev == nil {
 		return t.res, errors.New("perf: no device")
 	}
 	if t.p.Transport != perftest.RC && t.p.Transport != perftest.UD {
@@ -187,17 +208,23 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 	if err := t.cmPickGID(); err != nil {
 		return t.res, err
 	}
-	ch, err := newCMChannel(t.h.Device)
+	ch, err := newCMChannel(t.dev)
 	if err != nil {
 		return t.res, err
 	}
 	defer ch.close()
+	// The connections end (their QPs destroyed) before the channel's CQ,
+	// MR and PD go.
+	defer s.disconnect()
 	attempts := max(1, int(s.dialFor/cmDataDialDelay))
 	if s.ctrl, err = s.connect(ctx, t.client, ch.params(), attempts, cmDataDialDelay); err != nil {
 		return t.res, fmt.Errorf("perf: rdma_cm control connection: %w", err)
 	}
-	ch.conn = s.ctrl
-	mtu := perftest.MTUFromBytes(t.h.Device.Config().PortMTU)
+	ch.conn, ch.qp = s.ctrl, s.ctrl.QP()
+	if err := ch.postMoreRecvs(); err != nil {
+		return t.res, err
+	}
+	mtu := perftest.MTUFromBytes(t.dev.PortMTU())
 	if t.p.MTU != 0 {
 		mtu = min(mtu, t.p.MTU)
 	}
@@ -277,9 +304,8 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 			return err
 		}
 		q.cq = cq
-		// rdmacm creates the QP on the verbs objects under the rnic ones
-		// (-R runs in process only).
-		cp := &rdmacm.ConnParams{PD: rnic.VerbsPD(t.pd), SendCQ: rnic.VerbsCQ(cq), RecvCQ: rnic.VerbsCQ(cq), MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
+		// The CM creates the QP in our PD, in process or in the daemon.
+		cp := &rnic.ConnParams{PD: t.pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
 			Access: t.allowed &^ verbs.LocalWrite, RetryCount: 7, RNRRetry: 7}
 		if t.p.Verb == perftest.Read || t.p.Verb == perftest.Atomic {
 			cp.ResponderResources = uint8(min(t.p.OutReads, 255))
@@ -290,7 +316,7 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 			return fmt.Errorf("perf: rdma_cm connection of QP %d: %w", i, err)
 		}
 		c.s.conns = append(c.s.conns, conn)
-		q.qp = rnic.LocalQP(t.pd, conn.QP())
+		q.qp = conn.QP()
 		t.qps = append(t.qps, q)
 		t.qpns = append(t.qpns, q.qpn())
 	}
@@ -370,54 +396,99 @@ func (c *cmLocal) Connect(remote []perftest.Dest) error {
 }
 
 // cmChannel is perftest.MsgChannel on the control QP: slot 0 of its MR is
-// the send buffer, slots 1..ctrlRecvs the receives (WR ID = slot).
+// the send buffer, slots 1..ctrlRecvs the receives (WR ID = slot). It runs
+// on either RNIC (rnic.Device): in process or through the daemon.
 type cmChannel struct {
-	pd    *verbs.PD
-	cq    *verbs.CQ
-	mr    *verbs.MR
-	conn  *rdmacm.Conn
-	wcs   [ctrlRecvs + 2]verbs.WC
-	recvd []verbs.WC // receive completions not yet taken, in order
+	pd    rnic.PD
+	cq    rnic.CQ
+	mem   rnic.Mem
+	mr    rnic.MR
+	conn  rnic.Conn
+	qp    rnic.QP
+	wcs   [ctrlRecvs + 2]rnic.WC
+	recvd []rnic.WC // receive completions not yet taken, in order
 	sent  bool
 	// awaitSend: a Send is waiting for its completion (see wait).
 	awaitSend bool
-	sge       [1]verbs.SGE
+	// failed is a failed completion met by a wait that also brought
+	// what the caller waited for: reported by the next wait.
+	failed error
+	sge    [1]rnic.SGE
+	swr    rnic.SendWR
 }
 
-func newCMChannel(dev *verbs.Device) (*cmChannel, error) {
-	ch := &cmChannel{pd: dev.AllocPD(), cq: dev.CreateCQ(4 * (ctrlRecvs + 2))}
-	var err error
-	if ch.mr, err = ch.pd.RegMR(make([]byte, (ctrlRecvs+1)*ctrlSlot), verbs.LocalWrite); err != nil {
+func newCMChannel(dev rnic.Device) (ch *cmChannel, err error) {
+	ch = &cmChannel{}
+	defer func() {
+		if err != nil {
+			ch.close()
+		}
+	}()
+	if ch.pd, err = dev.AllocPD(); err != nil {
+		return nil, err
+	}
+	if ch.cq, err = dev.CreateCQ(4 * (ctrlRecvs + 2)); err != nil {
+		return nil, err
+	}
+	if ch.mem, err = dev.AllocMem((ctrlRecvs + 1) * ctrlSlot); err != nil {
+		return nil, err
+	}
+	if ch.mr, err = ch.pd.RegMR(ch.mem, 0, (ctrlRecvs+1)*ctrlSlot, 0, verbs.LocalWrite); err != nil {
 		return nil, err
 	}
 	return ch, nil
 }
 
-func (ch *cmChannel) close() { ch.mr.Dereg() }
+// close frees what newCMChannel made (the QP is the connection's).
+func (ch *cmChannel) close() {
+	if ch.mr != nil {
+		ch.mr.Dereg()
+	}
+	if ch.mem != nil {
+		ch.mem.Free()
+	}
+	if ch.cq != nil {
+		ch.cq.Destroy()
+	}
+	if ch.pd != nil {
+		ch.pd.Dealloc()
+	}
+}
 
 // params are the control QP's: perftest's comm QP (RC, SEND only, no
-// READ resources, retry and RNR retry 7), receives posted before the CM
-// exchange goes on so that the peer's first SEND finds one.
-func (ch *cmChannel) params() *rdmacm.ConnParams {
-	return &rdmacm.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
-		RetryCount: 7, RNRRetry: 7, Setup: func(q *verbs.QP) error {
-			for slot := uint64(1); slot <= ctrlRecvs; slot++ {
-				if err := ch.postRecv(q, slot); err != nil {
-					return err
-				}
-			}
-			return nil
-		}}
+// READ resources, retry and RNR retry 7), the receive of slot 1 posted
+// before the CM exchange goes on so that the peer's first SEND finds one
+// (postMoreRecvs posts the others once connected).
+func (ch *cmChannel) params() *rnic.ConnParams {
+	return &rnic.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
+		RetryCount: 7, RNRRetry: 7, InitRecv: ch.recvWR(1)}
 }
 
-func (ch *cmChannel) postRecv(q *verbs.QP, slot uint64) error {
-	_, err := q.PostRecv(verbs.RecvWR{ID: slot, SG: []verbs.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}})
-	return err
+// postMoreRecvs posts the receives of slots 2..ctrlRecvs on the connected
+// control QP.
+func (ch *cmChannel) postMoreRecvs() error {
+	for slot := uint64(2); slot <= ctrlRecvs; slot++ {
+		if err := ch.qp.PostRecv(ch.recvWR(slot)); err != nil {
+			return fmt.Errorf("perf: control QP: post receive: %w", err)
+		}
+	}
+	return nil
 }
+
+func (ch *cmChannel) recvWR(slot uint64) *rnic.RecvWR {
+	return &rnic.RecvWR{ID: slot, SG: []rnic.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}}
+}
+
+// ctrlWaitStep bounds one sleep of wait on a CQ that cannot notify (the
+// daemon's): the context and the connection's end are checked that often.
+const ctrlWaitStep = 20 * time.Millisecond
 
 // wait polls the control CQ once, blocking until a completion, the end of
 // ctx or of the connection.
 func (ch *cmChannel) wait(ctx context.Context) error {
+	if ch.failed != nil {
+		return ch.failed
+	}
 	for {
 		n := ch.cq.Poll(ch.wcs[:])
 		var failed error
@@ -427,6 +498,7 @@ func (ch *cmChannel) wait(ctx context.Context) error {
 				// message: our posted receives are then flushed in the
 				// same poll as that SEND's completion. A flushed receive
 				// fails only a Recv; the SEND's own status decides Send.
+				// (Through the daemon a connection's end shows only so.)
 				if failed == nil && !(ch.awaitSend && w.IsRecv && w.Status == verbs.WRFlushErr) {
 					failed = fmt.Errorf("perf: control QP: work request %d completed with status %v", w.ID, w.Status)
 				}
@@ -439,17 +511,32 @@ func (ch *cmChannel) wait(ctx context.Context) error {
 			}
 		}
 		if failed != nil {
+			// The peer's last message and the flush of our other
+			// receives (it disconnected at once) can come in one poll:
+			// the message is still delivered, the failure reported
+			// after.
+			if len(ch.recvd) > 0 && !ch.awaitSend {
+				ch.failed = failed
+				return nil
+			}
 			return failed
 		}
 		if n > 0 {
 			return nil
 		}
-		select {
-		case <-ch.cq.Notify():
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-ch.conn.Done():
-			return fmt.Errorf("perf: control connection: %w", ch.conn.Err())
+		if nt, ok := ch.cq.(rnic.Notifier); ok {
+			select {
+			case <-nt.Notify():
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-ch.conn.Done():
+				return fmt.Errorf("perf: control connection ended")
+			}
+			continue
+		}
+		ch.cq.Wait(ctrlWaitStep)
+		if err := ctx.Err(); err != nil {
+			return err
 		}
 	}
 }
@@ -460,11 +547,12 @@ func (ch *cmChannel) Send(ctx context.Context, b []byte) error {
 	if len(b) > ctrlSlot {
 		return fmt.Errorf("perf: control message of %d bytes", len(b))
 	}
-	copy(ch.mr.Bytes(), b)
-	ch.sge[0] = verbs.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
+	copy(ch.mem.Bytes(), b)
+	ch.sge[0] = rnic.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
 	ch.sent, ch.awaitSend = false, true
 	defer func() { ch.awaitSend = false }()
-	if _, err := ch.conn.QP().PostSend(verbs.SendWR{ID: 0, Opcode: verbs.Send, Flags: verbs.Signaled, SG: ch.sge[:]}); err != nil {
+	ch.swr = rnic.SendWR{ID: 0, Opcode: verbs.Send, Flags: verbs.Signaled, SG: ch.sge[:]}
+	if err := ch.qp.PostSend(&ch.swr); err != nil {
 		return fmt.Errorf("perf: control QP: post: %w", err)
 	}
 	for !ch.sent {
@@ -492,8 +580,8 @@ func (ch *cmChannel) Recv(ctx context.Context, b []byte) (int, error) {
 	if n > len(b) {
 		return 0, fmt.Errorf("perf: control message of %d bytes, at most %d expected", n, len(b))
 	}
-	copy(b, ch.mr.Bytes()[w.ID*ctrlSlot:w.ID*ctrlSlot+uint64(n)])
-	if err := ch.postRecv(ch.conn.QP(), w.ID); err != nil {
+	copy(b, ch.mem.Bytes()[w.ID*ctrlSlot:w.ID*ctrlSlot+uint64(n)])
+	if err := ch.qp.PostRecv(ch.recvWR(w.ID)); err != nil {
 		return 0, fmt.Errorf("perf: control QP: post receive: %w", err)
 	}
 	return n, nil
