@@ -45,7 +45,9 @@ flags (perftest's):
       --daemon=SOCKET    run the QPs in the softrnic daemon listening on
                          SOCKET (its control socket, e.g. `+proto.DefaultControl+`)
                          instead of opening INTERFACE here; -d is then optional
-                         and must name the daemon's interface
+                         and must name the daemon's interface; with -R
+                         the daemon's rdma_cm connects them (RC; -R -c UD
+                         runs in process only)
 
 SOFTRNIC_PORT=afxdp|afpacket|auto chooses the packet I/O (default auto:
 AF_XDP, else AF_PACKET).
@@ -82,11 +84,13 @@ func runPerf(args []string) int {
 	defer stop()
 	run := runner.RunCLI
 	if p.RDMACM {
-		if daemonSock != "" {
-			fmt.Fprintln(os.Stderr, "softrnic perf: -R with --daemon: rdma_cm through the daemon is not supported yet; use the TCP side channel")
+		if daemonSock != "" && p.Transport == perftest.UD {
+			fmt.Fprintln(os.Stderr, "softrnic perf: -R -c UD with --daemon: SIDR through the daemon is not supported yet; use the TCP side channel or run in process")
 			return 2
 		}
-		run = runner.RunCLICM // -R: control channel and QPs through rdma_cm, no TCP
+		// -R: control channel and QPs through rdma_cm, no TCP; with
+		// --daemon through the daemon's CM agent.
+		run = runner.RunCLICM
 	}
 	if _, err := run(ctx, p, runner.CLIOptions{PortKind: kind, DialFor: 3 * time.Second, Daemon: daemonSock}, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "softrnic perf %s: %v\n", args[0], err)

@@ -157,3 +157,69 @@ func runPerfPair(t testing.TB, ctx context.Context, srvArgs, cliArgs []string) (
 	}
 	return so.Bytes(), co.Bytes()
 }
+
+// TestPerfRDMACMThroughDaemonOverVeth: `softrnic perf -R --daemon SOCKET`
+// (control channel and QPs through the daemon's rdma_cm agent, no TCP)
+// against an in-process `softrnic perf -R` on its own AF_XDP port in
+// namespace B, the daemon's side as server and as client, every byte
+// checked. The client starts as soon as the server's process does: until
+// the server listens its REQs are refused with REJ 8 and dialled again,
+// which through the daemon needs the reason in CM_CONNECT's reply (daemon
+// as client) and the daemon's agent answering before any listener (daemon
+// as server).
+func TestPerfRDMACMThroughDaemonOverVeth(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	bin := buildSoftrnic(t)
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	sock, _ := startDaemon(t, bin, pair.A)
+	for i, tc := range []struct {
+		test string
+		args []string
+	}{
+		{"write_bw", []string{"-s", "65536", "-n", "200", "-q", "2"}},
+		{"send_lat", []string{"-s", "64", "-n", "200"}},
+		{"read_bw", []string{"-s", "16384", "-n", "100"}},
+	} {
+		for _, daemonServer := range []bool{true, false} {
+			name := tc.test + "/" + strings.Join(tc.args, "")
+			port := strconv.Itoa(19100 + 2*i)
+			if daemonServer {
+				name += "/daemon-server"
+			} else {
+				name += "/daemon-client"
+				port = strconv.Itoa(19101 + 2*i)
+			}
+			t.Run(name, func(t *testing.T) {
+				ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+				defer cancel()
+				common := append([]string{"perf", tc.test, "-R", "--verify", "--json", "-p", port}, tc.args...)
+				viaDaemon := append([]string{"netns", "exec", pair.A.NS.Name, bin}, append(common, "--daemon", sock)...)
+				inProcess := append([]string{"netns", "exec", pair.B.NS.Name, bin}, append(common, "-d", pair.B.Name)...)
+				srvArgs, cliArgs := viaDaemon, append(inProcess, pair.A.Addr.String())
+				if !daemonServer {
+					srvArgs, cliArgs = inProcess, append(viaDaemon, pair.B.Addr.String())
+				}
+				sout, cout := runPerfPair(t, ctx, srvArgs, cliArgs)
+				for side, out := range map[string][]byte{"server": sout, "client": cout} {
+					var j perftest.JSONResult
+					if err := json.Unmarshal(out, &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
+						t.Fatalf("%s JSON (%v): %s", side, err, out)
+					}
+				}
+				var j perftest.JSONResult
+				json.Unmarshal(cout, &j)
+				if strings.HasSuffix(tc.test, "_bw") && (len(j.BW) == 0 || j.BW[0].BWAverage <= 0) {
+					t.Fatalf("client results: %s", cout)
+				}
+				if strings.HasSuffix(tc.test, "_lat") && (len(j.Lat) == 0 || j.Lat[0].Typical <= 0) {
+					t.Fatalf("client results: %s", cout)
+				}
+			})
+		}
+	}
+	// -R -c UD through the daemon is refused, clearly, before any I/O.
+	out, err := exec.Command("ip", "netns", "exec", pair.A.NS.Name, bin, "perf", "send_bw", "-R", "-c", "UD", "--daemon", sock).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "SIDR through the daemon is not supported") {
+		t.Fatalf("-R -c UD --daemon: %v\n%s", err, out)
+	}
+}
