@@ -247,6 +247,12 @@ func (a *Agent) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnP
 		c.destroyOnce.Do(qp.Destroy)
 		return nil, err
 	}
+	// The agent wakes us while it acts on the REP, and posts the RTU in
+	// the same flush, under a.mu: wait for that flush, so that the
+	// caller's first SEND is posted after the RTU (and follows it on the
+	// wire, as with the kernel's CM) rather than racing it.
+	a.mu.Lock()
+	a.mu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 	return c, nil
 }
 

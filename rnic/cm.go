@@ -60,6 +60,11 @@ type ConnParams struct {
 	// InitRecv (one SGE), if set, is posted before the CM exchange goes
 	// on, so that the peer's first SEND finds it.
 	InitRecv *RecvWR
+	// MoreRecvs are posted after InitRecv: in process before the CM
+	// exchange goes on too; through the daemon (which takes one receive
+	// with the CM call) right after the connection is established, before
+	// Dial or Accept returns.
+	MoreRecvs []RecvWR
 }
 
 // LocalCM is rdma_cm through a in-process agent running on dev's device
@@ -76,11 +81,21 @@ func (p *ConnParams) local() (*rdmacm.ConnParams, error) {
 	cp := &rdmacm.ConnParams{PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: p.MaxSendWR, MaxRecvWR: p.MaxRecvWR,
 		MaxSGE: p.MaxSGE, MaxInline: p.MaxInline, Access: p.Access, ResponderResources: p.ResponderResources,
 		InitiatorDepth: p.InitiatorDepth, RetryCount: p.RetryCount, RNRRetry: p.RNRRetry}
+	var ws []verbs.RecvWR
 	if r := p.InitRecv; r != nil {
-		w := verbs.RecvWR{ID: r.ID, SG: append([]SGE(nil), r.SG...)}
+		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]SGE(nil), r.SG...)})
+	}
+	for _, r := range p.MoreRecvs {
+		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]SGE(nil), r.SG...)})
+	}
+	if len(ws) > 0 {
 		cp.Setup = func(q *verbs.QP) error {
-			_, err := q.PostRecv(w)
-			return err
+			for _, w := range ws {
+				if _, err := q.PostRecv(w); err != nil {
+					return err
+				}
+			}
+			return nil
 		}
 	}
 	return cp, nil
@@ -209,7 +224,7 @@ func (c daemonCM) Dial(ctx context.Context, peer netip.Addr, port uint16, p *Con
 	if err != nil {
 		return nil, ctxErr(ctx, err)
 	}
-	return &daemonConn{q: newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), peer: peer}, nil
+	return p.daemonConn(newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), peer)
 }
 
 type daemonListener struct {
@@ -244,7 +259,7 @@ func (l daemonListener) Accept(ctx context.Context, p *ConnParams) (Conn, error)
 		if err != nil {
 			return nil, ctxErr(ctx, err)
 		}
-		return &daemonConn{q: newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), peer: r.Peer}, nil
+		return p.daemonConn(newDaemonQP(q, false, int(cp.Caps.MaxSendSGE)), r.Peer)
 	}
 }
 
@@ -252,6 +267,17 @@ func (l daemonListener) Accept(ctx context.Context, p *ConnParams) (Conn, error)
 func isExpired(err error) bool {
 	var pe *proto.Error
 	return errors.As(err, &pe) && pe.Msg == rdmacm.ErrRequestExpired.Error()
+}
+
+// daemonConn posts p.MoreRecvs on the new connection's QP and returns it.
+func (p *ConnParams) daemonConn(q *daemonQP, peer netip.Addr) (Conn, error) {
+	for i := range p.MoreRecvs {
+		if err := q.PostRecv(&p.MoreRecvs[i]); err != nil {
+			q.Destroy()
+			return nil, fmt.Errorf("rnic: posting the connection's receives: %w", err)
+		}
+	}
+	return &daemonConn{q: q, peer: peer}, nil
 }
 
 type daemonConn struct {

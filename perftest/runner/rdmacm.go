@@ -221,9 +221,6 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 		return t.res, fmt.Errorf("perf: rdma_cm control connection: %w", err)
 	}
 	ch.conn, ch.qp = s.ctrl, s.ctrl.QP()
-	if err := ch.postMoreRecvs(); err != nil {
-		return t.res, err
-	}
 	mtu := perftest.MTUFromBytes(t.dev.PortMTU())
 	if t.p.MTU != 0 {
 		mtu = min(mtu, t.p.MTU)
@@ -456,23 +453,16 @@ func (ch *cmChannel) close() {
 }
 
 // params are the control QP's: perftest's comm QP (RC, SEND only, no
-// READ resources, retry and RNR retry 7), the receive of slot 1 posted
-// before the CM exchange goes on so that the peer's first SEND finds one
-// (postMoreRecvs posts the others once connected).
+// READ resources, retry and RNR retry 7), receives posted before the CM
+// exchange goes on so that the peer's first SEND finds one (through the
+// daemon only slot 1's; the others as soon as connected).
 func (ch *cmChannel) params() *rnic.ConnParams {
-	return &rnic.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
+	p := &rnic.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
 		RetryCount: 7, RNRRetry: 7, InitRecv: ch.recvWR(1)}
-}
-
-// postMoreRecvs posts the receives of slots 2..ctrlRecvs on the connected
-// control QP.
-func (ch *cmChannel) postMoreRecvs() error {
 	for slot := uint64(2); slot <= ctrlRecvs; slot++ {
-		if err := ch.qp.PostRecv(ch.recvWR(slot)); err != nil {
-			return fmt.Errorf("perf: control QP: post receive: %w", err)
-		}
+		p.MoreRecvs = append(p.MoreRecvs, *ch.recvWR(slot))
 	}
-	return nil
+	return p
 }
 
 func (ch *cmChannel) recvWR(slot uint64) *rnic.RecvWR {
