@@ -177,6 +177,11 @@ func (c *Conn) Disconnect(ctx context.Context) error {
 	a.wake()
 	select {
 	case <-c.done:
+		// Ended by the peer's DREQ crossing ours: the agent posts our DREP
+		// in the flush that woke us. Wait for it (as Dial for the RTU),
+		// so that a caller tearing everything down next does not race it.
+		a.mu.Lock()
+		a.mu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
