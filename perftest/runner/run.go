@@ -536,12 +536,28 @@ func (t *Test) verifyAfter(out perftest.Outcome) error {
 	for _, q := range t.qps {
 		var err error
 		q.qp.WithLock(func() { err = t.verifyLocked(q, size, iters, half) })
+		// A UC WRITE completes at its requester when sent, not when it has
+		// landed (UC has no ACK), so the peer's "done" can overtake its last
+		// frames — by a whole engine step when this side's QPs live in a
+		// daemon. Give them a bounded time to land before calling it a
+		// data error.
+		for wait := uwriteLandWait; err != nil && wait > 0 && t.p.Transport == perftest.UC && t.p.Verb == perftest.Write; wait -= uwriteLandStep {
+			time.Sleep(uwriteLandStep)
+			q.qp.WithLock(func() { err = t.verifyLocked(q, size, iters, half) })
+		}
 		if err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// uwriteLandWait bounds how long the responder of a UC WRITE test waits for
+// the last WRITEs to land before verifying fails.
+const (
+	uwriteLandWait = 2 * time.Second
+	uwriteLandStep = 5 * time.Millisecond
+)
 
 // verifyLocked is verifyAfter for one QP, under its lock.
 func (t *Test) verifyLocked(q *qp, size uint64, iters, half int) error {
