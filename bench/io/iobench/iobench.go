@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"text/tabwriter"
@@ -402,6 +403,10 @@ func rxGen(r *Result, pair *netnstest.Pair, b port.Port, size int, dur time.Dura
 		// poll, and the offered rate is counted per call.
 		const perCall = 1 << 16
 		serr <- pair.A.NS.Do(func() error {
+			// The generator's thread also runs the veth NAPI poll it
+			// schedules (steering program and copy into the UMEM): keep
+			// it, and the receiver below, each on a CPU of its own.
+			defer pinThread(genCPU)()
 			for !stop.Load() {
 				if err := gen.Send(frame, perCall); err != nil {
 					return err
@@ -411,6 +416,9 @@ func rxGen(r *Result, pair *netnstest.Pair, b port.Port, size int, dur time.Dura
 			return nil
 		})
 	}()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	defer pinThread(rxCPU)()
 	frames := make([][]byte, port.BatchSize)
 	var got, bad uint64
 	recv := func() error {
@@ -452,6 +460,24 @@ func rxGen(r *Result, pair *netnstest.Pair, b port.Port, size int, dur time.Dura
 	r.Gbps = r.FramesPerSec * float64(size) * 8 / 1e9
 	r.SentPerSec = float64(s1-s0) / el
 	return nil
+}
+
+// genCPU and rxCPU are where rx-gen runs the generator (and the NAPI poll
+// it drives) and the receiver, as xdpsock-style benches pin theirs.
+const genCPU, rxCPU = 0, 1
+
+// pinThread binds the calling (locked) OS thread to cpu when the machine has
+// it, and returns what restores the thread's previous CPU set.
+func pinThread(cpu int) func() {
+	var old, set unix.CPUSet
+	if unix.SchedGetaffinity(0, &old) != nil || !old.IsSet(cpu) || old.Count() < 2 {
+		return func() {}
+	}
+	set.Set(cpu)
+	if unix.SchedSetaffinity(0, &set) != nil {
+		return func() {}
+	}
+	return func() { unix.SchedSetaffinity(0, &old) }
 }
 
 // pingPong: a sends one frame, b returns it (MACs swapped), a waits for it;
