@@ -168,3 +168,60 @@ func (p *PD) mapQP(r *proto.CreateQPResp, fds []int, typ proto.QPType) (*QP, err
 	return &QP{c: p.c, h: r.QP, QPN: r.QPN, Type: typ, Caps: r.Caps, sq: sq, rq: rq,
 		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
 }
+
+// rdma_cm's UDP port space (RDMA_PS_UDP) through the daemon: SIDR, a
+// lookup of a UD QP rather than a connection. The passive side listens
+// with ListenUD and answers each request with one of its own UD QPs
+// (AcceptUD); the active side resolves the port (ResolveUD) and sends to
+// the QPN with the Q_Key it learns. Both sides' UD QPs carry rdma_cm's
+// Q_Key, 0x01234567 (the kernel's RDMA_UDP_QKEY).
+
+// ListenUD listens on an rdma_cm port of the UDP port space; at most
+// backlog SIDR requests (16 if 0) wait for GetRequest, whose requests are
+// answered with AcceptUD or Reject.
+func (c *Client) ListenUD(port uint16, backlog int) (*Listener, error) {
+	body, _, err := c.call(proto.OpCMListen, &proto.CMListenReq{Port: port, Space: proto.PortSpaceUDP, Backlog: uint32(max(backlog, 0))}, 0)
+	if err != nil {
+		return nil, err
+	}
+	var m proto.HandleMsg
+	if err := proto.DecodeBody(body, &m); err != nil {
+		return nil, err
+	}
+	return &Listener{c: c, h: m.Handle}, nil
+}
+
+// AcceptUD answers a SIDR request (from a ListenUD listener) with qp, a
+// UD QP of this client: the SIDR_REP names its QPN and rdma_cm's Q_Key.
+// Receives the requester's first SENDs need must be in the daemon's RQ
+// before (QP.RecvBacklog zero).
+func (r *Request) AcceptUD(qp *QP) error {
+	if qp == nil || qp.c != r.c {
+		return errors.New("softrnic: AcceptUD takes a QP of the request's client")
+	}
+	_, _, err := r.c.call(proto.OpCMAccept, &proto.CMUDAcceptReq{Request: r.h, QP: qp.h}, 0)
+	return err
+}
+
+// UDService is what a SIDR lookup tells: the peer's UD QP and the Q_Key
+// to send to it with.
+type UDService struct {
+	Addr netip.Addr
+	QPN  uint32
+	QKey uint32
+}
+
+// ResolveUD looks up port (rdma_cm UDP port space) at peer through the
+// daemon's CM. A refusal is ECONNREFUSED (proto.SIDRStatus reads the
+// SIDR status), no answer ETIMEDOUT.
+func (c *Client) ResolveUD(peer netip.Addr, port uint16) (*UDService, error) {
+	body, _, err := c.call(proto.OpCMConnect, &proto.CMResolveReq{Peer: peer.As16(), Port: port}, 0)
+	if err != nil {
+		return nil, err
+	}
+	var r proto.CMResolveResp
+	if err := proto.DecodeBody(body, &r); err != nil {
+		return nil, err
+	}
+	return &UDService{Addr: netip.AddrFrom16(r.Peer).Unmap(), QPN: r.QPN, QKey: r.QKey}, nil
+}

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"net/netip"
 	"time"
@@ -47,6 +48,39 @@ type CMConn interface {
 	// destroys the connection's QP.
 	Close() error
 }
+
+// UDCMDevice is a CMDevice that also serves rdma_cm's UDP port space
+// (RDMA_PS_UDP, SIDR): no connection, a lookup that names a UD QP the
+// client made itself. VerbsDevice is one.
+type UDCMDevice interface {
+	// CMListenUD listens for SIDR requests on port; its requests are
+	// CMUDRequests.
+	CMListenUD(port uint16, backlog int) (CMListener, error)
+	// CMResolveUD looks port up at peer (SIDR_REQ, SIDR_REP).
+	CMResolveUD(ctx context.Context, peer netip.Addr, port uint16) (UDService, error)
+}
+
+// UDService is a peer's answer to a SIDR lookup: its UD QP and the Q_Key
+// to send to it with.
+type UDService struct {
+	Addr      netip.Addr
+	QPN, QKey uint32
+}
+
+// CMUDRequest is a SIDR request: answered with a UD QP of the session
+// (AcceptUD) or refused (Reject). Its Accept, which would create an RC QP,
+// fails.
+type CMUDRequest interface {
+	CMRequest
+	AcceptUD(qp QP) error
+}
+
+// Sizes of the UDP port space's bodies of CM_ACCEPT and CM_CONNECT (see
+// proto.PortSpaceUDP), which tell them from CMConnReq.
+var (
+	cmUDAcceptSize = binary.Size(proto.CMUDAcceptReq{})
+	cmResolveSize  = binary.Size(proto.CMResolveReq{})
+)
 
 // CMParams is the QP the CM creates for a connection and the
 // rdma_conn_param, in the objects of the requesting session.
@@ -105,7 +139,19 @@ func (ss *session) cmListen(body []byte) (any, []int, error) {
 	if req.Backlog > 1024 {
 		return nil, nil, errf(unix.EINVAL, "backlog %d over 1024", req.Backlog)
 	}
-	l, err := d.CMListen(req.Port, int(req.Backlog))
+	var l CMListener
+	switch req.Space {
+	case proto.PortSpaceTCP:
+		l, err = d.CMListen(req.Port, int(req.Backlog))
+	case proto.PortSpaceUDP:
+		ud, ok := d.(UDCMDevice)
+		if !ok {
+			return nil, nil, errf(unix.EOPNOTSUPP, "this daemon's device serves no rdma_cm UDP port space")
+		}
+		l, err = ud.CMListenUD(req.Port, int(req.Backlog))
+	default:
+		return nil, nil, errf(unix.EINVAL, "unknown rdma_cm port space %d", req.Space)
+	}
 	if errors.Is(err, rdmacm.ErrListening) {
 		return nil, nil, errf(unix.EADDRINUSE, "rdma_cm port %d: %v", req.Port, err)
 	}
@@ -194,6 +240,12 @@ func (ss *session) cmReject(body []byte) (any, []int, error) {
 // session's own, checked as CREATE_QP checks them; the reply, once the
 // connection is established, is CREATE_QP's.
 func (ss *session) cmConn(hdr proto.Header, body []byte, accept bool) (any, []int, error) {
+	switch {
+	case accept && len(body) == cmUDAcceptSize:
+		return ss.cmAcceptUD(body)
+	case !accept && len(body) == cmResolveSize:
+		return ss.cmResolveUD(hdr, body)
+	}
 	var req proto.CMConnReq
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
@@ -276,6 +328,70 @@ func (ss *session) cmConn(hdr proto.Header, body []byte, accept bool) (any, []in
 			return nil, nil, err
 		}
 		return ss.installQP(p, scq, rcq, proto.RC, c, qp, conn)
+	})
+}
+
+// cmAcceptUD answers a SIDR request with one of the session's UD QPs:
+// only its own, so that a client cannot steer a peer's SENDs to another's
+// QP.
+func (ss *session) cmAcceptUD(body []byte) (any, []int, error) {
+	var req proto.CMUDAcceptReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	r, okr := ss.requests[req.Request]
+	ur, isUD := r.(CMUDRequest)
+	q, okq := ss.qps[req.QP]
+	if okr && isUD && okq && q.typ == proto.UD {
+		delete(ss.requests, req.Request)
+	}
+	ss.mu.Unlock()
+	switch {
+	case !okr:
+		return nil, nil, errf(unix.ENOENT, "no connection request %d on this connection", req.Request)
+	case !isUD:
+		return nil, nil, errf(unix.EINVAL, "request %d is a connection request: accept it with a CMConnReq", req.Request)
+	case !okq:
+		return nil, nil, errf(unix.ENOENT, "no QP %d on this connection", req.QP)
+	case q.typ != proto.UD:
+		return nil, nil, errf(unix.EINVAL, "QP %d is not a UD QP", req.QP)
+	}
+	return nil, nil, ur.AcceptUD(q.qp)
+}
+
+// cmResolveUD is the SIDR lookup of CM_CONNECT in the UDP port space; the
+// reply goes when the peer answered.
+func (ss *session) cmResolveUD(hdr proto.Header, body []byte) (any, []int, error) {
+	var req proto.CMResolveReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		return nil, nil, err
+	}
+	d, err := ss.cmDevice()
+	if err != nil {
+		return nil, nil, err
+	}
+	ud, ok := d.(UDCMDevice)
+	if !ok {
+		return nil, nil, errf(unix.EOPNOTSUPP, "this daemon's device serves no rdma_cm UDP port space")
+	}
+	peer := netip.AddrFrom16(req.Peer).Unmap()
+	if !peer.IsValid() || peer.IsUnspecified() {
+		return nil, nil, errf(unix.EINVAL, "SIDR lookup without a peer")
+	}
+	return ss.deferReply(hdr, func(ctx context.Context) (any, []int, error) {
+		svc, err := ud.CMResolveUD(ctx, peer, req.Port)
+		if err != nil {
+			var se *rdmacm.SIDRError
+			if errors.As(err, &se) {
+				return nil, nil, errf(unix.ECONNREFUSED, "%s", proto.SIDRMsg(uint8(se.Status), err.Error()))
+			}
+			if errors.Is(err, rdmacm.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) {
+				return nil, nil, errf(unix.ETIMEDOUT, "%v", err)
+			}
+			return nil, nil, err
+		}
+		return &proto.CMResolveResp{QPN: svc.QPN, QKey: svc.QKey, Peer: svc.Addr.As16()}, nil, nil
 	})
 }
 

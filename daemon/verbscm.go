@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"sync"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/verbs"
@@ -152,4 +154,62 @@ func (v *VerbsDevice) CMDial(ctx context.Context, peer netip.Addr, port uint16, 
 	}
 	q, conn := wrapConn(p, c)
 	return q, conn, nil
+}
+
+var _ UDCMDevice = (*VerbsDevice)(nil)
+
+// CMListenUD implements UDCMDevice.
+func (v *VerbsDevice) CMListenUD(port uint16, backlog int) (CMListener, error) {
+	a, err := v.cm()
+	if err != nil {
+		return nil, err
+	}
+	l, err := a.ListenUD(port, backlog)
+	if err != nil {
+		return nil, err
+	}
+	return verbsUDListener{l}, nil
+}
+
+// CMResolveUD implements UDCMDevice.
+func (v *VerbsDevice) CMResolveUD(ctx context.Context, peer netip.Addr, port uint16) (UDService, error) {
+	a, err := v.cm()
+	if err != nil {
+		return UDService{}, err
+	}
+	p, err := a.ResolveUD(ctx, peer, port, nil)
+	if err != nil {
+		return UDService{}, err
+	}
+	return UDService{Addr: p.Addr, QPN: p.QPN, QKey: p.QKey}, nil
+}
+
+type verbsUDListener struct{ l *rdmacm.UDListener }
+
+func (l verbsUDListener) Close() error { return l.l.Close() }
+
+func (l verbsUDListener) GetRequest(ctx context.Context) (CMRequest, error) {
+	r, err := l.l.GetRequest(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return verbsUDRequest{r}, nil
+}
+
+type verbsUDRequest struct{ r *rdmacm.UDRequest }
+
+func (r verbsUDRequest) Peer() netip.Addr { return r.r.Peer() }
+func (r verbsUDRequest) SrcPort() uint16  { return r.r.SrcPort() }
+func (r verbsUDRequest) Reject() error    { return r.r.Reject(nil) }
+
+func (r verbsUDRequest) Accept(context.Context, *CMParams) (QP, CMConn, error) {
+	return nil, nil, errf(unix.EINVAL, "a SIDR request is answered with a UD QP, not a connection")
+}
+
+func (r verbsUDRequest) AcceptUD(qp QP) error {
+	q, ok := qp.(*verbsQP)
+	if !ok {
+		return errors.New("daemon: a QP of another device")
+	}
+	return r.r.Accept(q.q, nil)
 }

@@ -290,3 +290,101 @@ func (c *daemonConn) Peer() netip.Addr                 { return c.peer }
 func (c *daemonConn) Done() <-chan struct{}            { return nil }
 func (c *daemonConn) Disconnect(context.Context) error { return c.q.q.Disconnect() }
 func (c *daemonConn) Close() error                     { return c.q.Destroy() }
+
+// UDCM is rdma_cm's UDP port space (RDMA_PS_UDP) on an RNIC: SIDR, a
+// lookup of a UD QP, not a connection. DaemonCM's CM is one; in process
+// the tools use rdmacm's ListenUD and ResolveUD on their agent directly.
+type UDCM interface {
+	// ListenUD listens for SIDR requests on port.
+	ListenUD(port uint16) (UDListener, error)
+	// ResolveUD looks port up at peer. A refusal is an *rdmacm.SIDRError
+	// (as in process), no answer rdmacm.ErrTimeout.
+	ResolveUD(ctx context.Context, peer netip.Addr, port uint16) (UDService, error)
+}
+
+// UDListener answers SIDR requests for one port.
+type UDListener interface {
+	// Accept waits for the next request and answers it with qp, a UD QP
+	// of this RNIC prepared with PrepareUD; it returns the requester's
+	// address.
+	Accept(ctx context.Context, qp QP) (netip.Addr, error)
+	Close() error
+}
+
+// UDService is a peer's UD QP as SIDR named it.
+type UDService struct {
+	Addr      netip.Addr
+	QPN, QKey uint32
+}
+
+// PrepareUD moves a fresh UD QP through INIT, RTR and RTS with rdma_cm's
+// Q_Key (rdmacm.UDPQKey), as rdmacm.PrepareUD does for a verbs QP.
+func PrepareUD(qp QP) error {
+	if err := qp.Modify(verbs.Init, &verbs.Attr{QKey: rdmacm.UDPQKey}); err != nil {
+		return err
+	}
+	if err := qp.Modify(verbs.RTR, &verbs.Attr{}); err != nil {
+		return err
+	}
+	return qp.Modify(verbs.RTS, &verbs.Attr{})
+}
+
+var _ UDCM = daemonCM{}
+
+func (c daemonCM) ListenUD(port uint16) (UDListener, error) {
+	l, err := c.d.c.ListenUD(port, 0)
+	if err != nil {
+		return nil, err
+	}
+	return daemonUDListener{l, c.d.c}, nil
+}
+
+func (c daemonCM) ResolveUD(ctx context.Context, peer netip.Addr, port uint16) (UDService, error) {
+	stop := abortOn(ctx, c.d.c)
+	s, err := c.d.c.ResolveUD(peer, port)
+	stop()
+	if st, ok := proto.SIDRStatus(err); ok && ctx.Err() == nil {
+		// The same error as in process, so that a tool acts on the status
+		// either way (perftest -R resolves again while nobody listens).
+		return UDService{}, &rdmacm.SIDRError{Status: cm.SIDRStatus(st)}
+	}
+	if errors.Is(err, unix.ETIMEDOUT) && ctx.Err() == nil {
+		return UDService{}, fmt.Errorf("%w: %v", rdmacm.ErrTimeout, err)
+	}
+	if err != nil {
+		return UDService{}, ctxErr(ctx, err)
+	}
+	return UDService{Addr: s.Addr, QPN: s.QPN, QKey: s.QKey}, nil
+}
+
+type daemonUDListener struct {
+	l *client.Listener
+	c *client.Client
+}
+
+func (l daemonUDListener) Close() error { return l.l.Close() }
+
+func (l daemonUDListener) Accept(ctx context.Context, qp QP) (netip.Addr, error) {
+	q, ok := qp.(*daemonQP)
+	if !ok || !q.ud {
+		return netip.Addr{}, errors.New("rnic: a daemon UD listener answers with a UD QP of the same Daemon device")
+	}
+	stop := abortOn(ctx, l.c)
+	defer stop()
+	for {
+		if err := ctx.Err(); err != nil {
+			return netip.Addr{}, err
+		}
+		r, err := l.l.GetRequest()
+		if errors.Is(err, unix.ETIMEDOUT) {
+			continue // the daemon bounds one wait; a listener waits on
+		}
+		if err != nil {
+			return netip.Addr{}, ctxErr(ctx, err)
+		}
+		if err := r.AcceptUD(q.q); err != nil {
+			return netip.Addr{}, ctxErr(ctx, err)
+		}
+		return r.Peer, nil
+	}
+}

@@ -46,8 +46,8 @@ flags (perftest's):
                          SOCKET (its control socket, e.g. `+proto.DefaultControl+`)
                          instead of opening INTERFACE here; -d is then optional
                          and must name the daemon's interface; with -R
-                         the daemon's rdma_cm connects them (RC; -R -c UD
-                         runs in process only)
+                         the daemon's rdma_cm connects them (RC) or
+                         answers SIDR with them (-c UD)
 
 SOFTRNIC_PORT=afxdp|afpacket|auto chooses the packet I/O (default auto:
 AF_XDP, else AF_PACKET).
@@ -84,10 +84,6 @@ func runPerf(args []string) int {
 	defer stop()
 	run := runner.RunCLI
 	if p.RDMACM {
-		if daemonSock != "" && p.Transport == perftest.UD {
-			fmt.Fprintln(os.Stderr, "softrnic perf: -R -c UD with --daemon: SIDR through the daemon is not supported yet; use the TCP side channel or run in process")
-			return 2
-		}
 		// -R: control channel and QPs through rdma_cm, no TCP; with
 		// --daemon through the daemon's CM agent.
 		run = runner.RunCLICM

@@ -62,9 +62,9 @@ const (
 	// exchange is over: the connection serves no other call meanwhile.
 	OpCMListen     // CMListenReq → HandleMsg (the listener)
 	OpCMGetRequest // HandleMsg (listener) → CMRequestResp, when a REQ arrives
-	OpCMAccept     // CMConnReq (Request set) → CreateQPResp + SQ, RQ ring memfds, once established
+	OpCMAccept     // CMConnReq (Request set) → CreateQPResp + SQ, RQ ring memfds, once established; or CMUDAcceptReq (UDP space) → nothing
 	OpCMReject     // HandleMsg (request)
-	OpCMConnect    // CMConnReq (Peer, Port set) → CreateQPResp + SQ, RQ ring memfds, once established
+	OpCMConnect    // CMConnReq (Peer, Port set) → CreateQPResp + SQ, RQ ring memfds, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
 	OpCMDisconnect // HandleMsg (QP) → when the peer answered the DREQ (or it timed out)
 	OpCMUnlisten   // HandleMsg (listener): requests not taken are rejected
 	opMax
@@ -308,8 +308,77 @@ type CaptureResult struct {
 // port space) of the daemon's device.
 type CMListenReq struct {
 	Port    uint16
-	_       uint16
+	Space   uint16 // PortSpaceTCP or PortSpaceUDP
 	Backlog uint32 // requests waiting for GET_REQUEST (0: 16)
+}
+
+// rdma_cm port spaces a CM_LISTEN names (rdma_create_id's port space).
+// Listening in the UDP space (RDMA_PS_UDP) answers SIDR lookups rather than
+// connection requests: GET_REQUEST, REJECT and UNLISTEN work the same, and
+// a request is accepted with CM_ACCEPT carrying a CMUDAcceptReq, which
+// names a UD QP the client made itself. The active side of the UDP space is
+// CM_CONNECT carrying a CMResolveReq. The bodies differ in size, which is
+// how the daemon tells the two uses of CM_ACCEPT and CM_CONNECT apart.
+const (
+	PortSpaceTCP uint16 = 0 // RC connections: REQ, REP, RTU
+	PortSpaceUDP uint16 = 1 // UD services: SIDR_REQ, SIDR_REP
+)
+
+// CMUDAcceptReq is the body of OpCMAccept for a request of a UDP-space
+// listener: the SIDR_REP names QP, a UD QP of this connection (the daemon
+// refuses any other), with rdma_cm's Q_Key (0x01234567), which the QP must
+// carry for the peer's SENDs to land. The reply has no body.
+type CMUDAcceptReq struct {
+	Request Handle
+	QP      Handle
+}
+
+// CMResolveReq is the body of OpCMConnect in the UDP port space: look up
+// Port at Peer with a SIDR_REQ. The reply, once the peer answered, is a
+// CMResolveResp; a refusal is ECONNREFUSED with a message made by SIDRMsg,
+// no answer ETIMEDOUT.
+type CMResolveReq struct {
+	Peer [16]byte // the peer's GID (IPv4-mapped for IPv4)
+	Port uint16
+	_    [6]byte
+}
+
+// CMResolveResp is the reply to a CMResolveReq: the peer's UD QP and the
+// Q_Key to send to it with.
+type CMResolveResp struct {
+	QPN  uint32
+	QKey uint32
+	Peer [16]byte
+}
+
+const sidrPrefix = "SIDR status "
+
+// SIDRMsg is the error message of a SIDR lookup refused with status (the
+// SIDR_REP's: 1 nobody listens on the port, 2 the listener refused).
+func SIDRMsg(status uint8, detail string) string {
+	return sidrPrefix + strconv.Itoa(int(status)) + ": " + detail
+}
+
+// SIDRStatus returns the SIDR status of an error reply made with SIDRMsg;
+// ok is false for any other error.
+func SIDRStatus(err error) (status uint8, ok bool) {
+	var e *Error
+	if !errors.As(err, &e) || e.Errno != unix.ECONNREFUSED {
+		return 0, false
+	}
+	rest, found := strings.CutPrefix(e.Msg, sidrPrefix)
+	if !found {
+		return 0, false
+	}
+	num, _, found := strings.Cut(rest, ":")
+	if !found {
+		return 0, false
+	}
+	n, err2 := strconv.ParseUint(num, 10, 8)
+	if err2 != nil {
+		return 0, false
+	}
+	return uint8(n), true
 }
 
 // CMRequestResp is the reply to OpCMGetRequest: a connection request the

@@ -45,7 +45,8 @@ const (
 // no TCP is used. The server listens on rdma_cm port p.Port (service ID
 // 0x0000000001060000 | port), the client connects to p.Host there. With
 // o.Daemon the CM is the daemon's agent (rnic.DaemonCM), which makes the
-// connections' QPs in our PDs there; -c UD (SIDR) runs in process only.
+// connections' QPs in our PDs there and, for -c UD, answers SIDR with our
+// UD QPs there (rnic.UDCM).
 func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
 	if !p.RDMACM {
 		return Result{}, errors.New("perf: RunCLICM needs -R")
@@ -59,9 +60,6 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 		peer = a
 	}
 	var r Result
-	if o.Daemon != "" && p.Transport == perftest.UD {
-		return Result{}, errors.New("perf: -R -c UD with --daemon: SIDR through the daemon is not supported yet; use the TCP side channel or run in process")
-	}
 	err := withHost(ctx, p, o, func(h Host) error {
 		s := &cmSession{peer: peer, port: uint16(p.Port), dialFor: o.DialFor}
 		if h.Device != nil {
@@ -89,11 +87,17 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 				return fmt.Errorf("perf: rdma_cm listen on port %d: %w", p.Port, err)
 			}
 			defer s.l.Close()
-			if p.Transport == perftest.UD {
+			if p.Transport == perftest.UD && s.agent != nil {
 				if s.udl, err = s.agent.ListenUD(s.port, 16); err != nil {
 					return fmt.Errorf("perf: rdma_cm UD listen on port %d: %w", p.Port, err)
 				}
 				defer s.udl.Close()
+			}
+			if p.Transport == perftest.UD && s.agent == nil {
+				if s.dudl, err = s.listenUDDaemon(); err != nil {
+					return fmt.Errorf("perf: rdma_cm UD listen on port %d: %w", p.Port, err)
+				}
+				defer s.dudl.Close()
 			}
 			if o.Listening != nil {
 				o.Listening(cmAddr(s.port))
@@ -140,6 +144,7 @@ type cmSession struct {
 	agent   *rdmacm.Agent
 	l       rnic.Listener
 	udl     *rdmacm.UDListener // -c UD: the test QPs' port in rdma_cm's UDP port space
+	dudl    rnic.UDListener    // the same through the daemon (agent nil)
 	peer    netip.Addr
 	port    uint16
 	dialFor time.Duration
@@ -282,6 +287,9 @@ type cmLocal struct {
 // and initiator depth -o for READ and atomics, 0 otherwise).
 func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 	t := c.Test
+	if t.udDatum && c.s.agent == nil {
+		return c.connectUDDaemon(n)
+	}
 	if t.udDatum {
 		return c.connectUD(n)
 	}

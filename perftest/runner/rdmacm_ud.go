@@ -207,3 +207,165 @@ func udWait(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
 	}
 	return wc[0], nil
 }
+
+// Through the daemon (o.Daemon, no agent of our own) the exchange is the
+// same, but SIDR runs in the daemon's CM (rnic.UDCM: it answers with our
+// QPs, which live there) and the QPs and completions go through rnic.
+// The in-process path above stays on verbs as the interop lab checked it.
+
+// listenUDDaemon listens on s's port of the UDP port space through the
+// daemon's CM.
+func (s *cmSession) listenUDDaemon() (rnic.UDListener, error) {
+	ud, ok := s.cm.(rnic.UDCM)
+	if !ok {
+		return nil, errors.New("this RNIC's rdma_cm serves no UDP port space")
+	}
+	return ud.ListenUD(s.port)
+}
+
+// connectUDDaemon implements ConnectQPs for -c UD through the daemon.
+func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
+	t := c.Test
+	ud, ok := c.s.cm.(rnic.UDCM)
+	if !ok {
+		return errors.New("perf: this RNIC's rdma_cm serves no UDP port space")
+	}
+	if err := t.cmSetupMR(n); err != nil {
+		return err
+	}
+	for i := 0; i < t.p.QPs; i++ {
+		var pr [4]byte
+		rand.Read(pr[:])
+		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
+			src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
+		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
+		cq, err := t.dev.CreateCQ(sq + rq + 64)
+		if err != nil {
+			return err
+		}
+		q.cq = cq
+		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
+		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: verbs.UD, SendCQ: cq, RecvCQ: cq,
+			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
+			return err
+		}
+		t.qpns = append(t.qpns, q.qpn())
+		if err := rnic.PrepareUD(q.qp); err != nil {
+			return err
+		}
+		var r udRemote
+		if t.client {
+			r, err = c.udClientDaemon(ud, q)
+		} else {
+			r, err = c.udServerDaemon(q)
+		}
+		if err != nil {
+			return fmt.Errorf("perf: rdma_cm UD QP %d: %w", i, err)
+		}
+		c.ud = append(c.ud, r)
+	}
+	return nil
+}
+
+// udClientDaemon is udClient through the daemon's CM.
+func (c *cmLocal) udClientDaemon(ud rnic.UDCM, q *qp) (udRemote, error) {
+	t, s := c.Test, c.s
+	var svc rnic.UDService
+	for i := 1; ; i++ {
+		var err error
+		svc, err = ud.ResolveUD(t.ctx, s.peer, s.port)
+		var se *rdmacm.SIDRError
+		if err == nil {
+			break
+		}
+		if !errors.As(err, &se) || se.Status != cm.SIDRUnsupported || i >= cmDataDialAttempts {
+			return udRemote{}, err
+		}
+		select {
+		case <-t.ctx.Done():
+			return udRemote{}, t.ctx.Err()
+		case <-time.After(cmDataDialDelay):
+		}
+	}
+	if err := t.udAH(q, verbs.AddressVector{DestIP: svc.Addr}); err != nil {
+		return udRemote{}, err
+	}
+	r := udRemote{qpn: svc.QPN, qkey: svc.QKey}
+	if !t.udServerSends() {
+		return r, nil
+	}
+	// As udClient: our QPN as the immediate and in the region's first 4
+	// bytes, whose pattern is put back afterwards.
+	var saved [4]byte
+	copy(saved[:], q.src)
+	defer copy(q.src, saved[:])
+	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
+	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: verbs.SendWithImm, Flags: verbs.Signaled, Imm: q.qpn(),
+		SG: []rnic.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
+		return r, err
+	}
+	wc, err := udWaitRNIC(t.ctx, q.cq)
+	if err != nil {
+		return r, err
+	}
+	if wc.Status != verbs.Success || wc.IsRecv {
+		return r, fmt.Errorf("sending our QPN: %v", wc.Status)
+	}
+	return r, nil
+}
+
+// udServerDaemon is udServer through the daemon's CM: the receive for the
+// client's QPN must be in the daemon's RQ before the SIDR_REP goes, since
+// the client sends as soon as it has the reply.
+func (c *cmLocal) udServerDaemon(q *qp) (udRemote, error) {
+	t, s := c.Test, c.s
+	if s.dudl == nil {
+		return udRemote{}, errors.New("no UD listener")
+	}
+	sends := t.udServerSends()
+	var saved [grhLen + 4]byte
+	copy(saved[:], q.src)
+	defer copy(q.src, saved[:])
+	if sends {
+		if err := q.qp.PostRecv(&rnic.RecvWR{ID: 0, SG: []rnic.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
+			return udRemote{}, err
+		}
+		if rs, ok := q.qp.(rnic.RecvSyncer); ok {
+			if err := rs.SyncRecv(t.ctx); err != nil {
+				return udRemote{}, err
+			}
+		}
+	}
+	if _, err := s.dudl.Accept(t.ctx, q.qp); err != nil {
+		return udRemote{}, err
+	}
+	if !sends {
+		return udRemote{}, nil
+	}
+	wc, err := udWaitRNIC(t.ctx, q.cq)
+	if err != nil {
+		return udRemote{}, err
+	}
+	if wc.Status != verbs.Success || !wc.IsRecv || wc.Flags&verbs.WCWithImm == 0 {
+		return udRemote{}, fmt.Errorf("the client's QPN: completion %v opcode %v", wc.Status, wc.Opcode)
+	}
+	if err := t.udAH(q, verbs.AddressVector{DestIP: wc.SrcIP}); err != nil {
+		return udRemote{}, err
+	}
+	return udRemote{qpn: wc.Imm & bth.QPNMask, qkey: rdmacm.UDPQKey}, nil
+}
+
+// udWaitRNIC waits (bounded) for the one completion of the connection
+// step on an rnic CQ.
+func udWaitRNIC(ctx context.Context, cq rnic.CQ) (rnic.WC, error) {
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var wc [1]rnic.WC
+	for cq.Poll(wc[:]) == 0 {
+		if err := wctx.Err(); err != nil {
+			return rnic.WC{}, fmt.Errorf("waiting for a completion: %w", err)
+		}
+		cq.Wait(10 * time.Millisecond)
+	}
+	return wc[0], nil
+}
