@@ -29,6 +29,7 @@ var (
 // run on (A in process, A through the daemon, B in process).
 type testbed struct {
 	a, b, d rnic.Device
+	vb      *verbs.Device // b's verbs device, for an rdma_cm agent on it
 }
 
 func newTestbed(t testing.TB) *testbed {
@@ -72,7 +73,7 @@ func newTestbed(t testing.TB) *testbed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &testbed{a: rnic.Local(devA, "mla", resolve, nil), b: rnic.Local(devB, "mlb", resolve, nil), d: rnic.Daemon(c)}
+	return &testbed{a: rnic.Local(devA, "mla", resolve, nil), b: rnic.Local(devB, "mlb", resolve, nil), d: rnic.Daemon(c), vb: devB}
 }
 
 // end is one side of a connection: its memory, MR, CQ and QP.
