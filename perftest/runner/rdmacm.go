@@ -293,7 +293,7 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 	if t.udDatum {
 		return c.connectUD(n)
 	}
-	if err := t.cmSetupMR(n); err != nil {
+	if err := t.setupMR(n); err != nil {
 		return err
 	}
 	for i := 0; i < t.p.QPs; i++ {
@@ -326,40 +326,6 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 		t.qpns = append(t.qpns, q.qpn())
 	}
 	return nil
-}
-
-// cmSetupMR makes the PD and the one MR of all QPs (Dests' first half).
-func (t *Test) cmSetupMR(n perftest.Negotiated) error {
-	t.neg = n
-	t.res.MTU = n.MTU.Bytes()
-	maxSize := uint64(0)
-	for _, s := range n.Sizes {
-		maxSize = max(maxSize, s)
-	}
-	page := uint64(max(n.PageSize, 4096))
-	t.region = int(2 * ((max(maxSize, page) + page - 1) / page * page))
-	if err := t.allocBuf(); err != nil {
-		return err
-	}
-	t.fillPattern()
-	t.allowed = verbs.LocalWrite
-	switch t.p.Verb {
-	case perftest.Write:
-		t.allowed |= verbs.RemoteWrite
-	case perftest.Read:
-		t.allowed |= verbs.RemoteRead
-	case perftest.Atomic:
-		t.allowed |= verbs.RemoteAtomic
-	}
-	var r [8]byte
-	rand.Read(r[:])
-	iova := (binary.LittleEndian.Uint64(r[:]) & 0x00007fff_fffff000) | 0x10000000
-	var err error
-	if t.pd, err = t.dev.AllocPD(); err != nil {
-		return err
-	}
-	t.mr, err = t.pd.RegMR(t.mem, 0, len(t.buf), iova, t.allowed)
-	return err
 }
 
 // Dests implements perftest.Local for -R: the records of the QPs the CM

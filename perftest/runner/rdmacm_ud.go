@@ -53,7 +53,7 @@ func (t *Test) udRemoteQKey() uint32 {
 // connectUD implements ConnectQPs for -c UD (see above).
 func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 	t := c.Test
-	if err := t.cmSetupMR(n); err != nil {
+	if err := t.setupMR(n); err != nil {
 		return err
 	}
 	for i := 0; i < t.p.QPs; i++ {
@@ -230,7 +230,7 @@ func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
 	if !ok {
 		return errors.New("perf: this RNIC's rdma_cm serves no UDP port space")
 	}
-	if err := t.cmSetupMR(n); err != nil {
+	if err := t.setupMR(n); err != nil {
 		return err
 	}
 	for i := 0; i < t.p.QPs; i++ {

@@ -363,25 +363,21 @@ func (t *Test) qpType() verbs.QPType {
 	return verbs.RC
 }
 
-// Dests implements perftest.Local: one MR for all QPs, one QP and CQ each,
-// each QP moved to INIT so that it has its number.
-func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
+// setupMR makes the PD and the one MR of all QPs, with room for the peer's
+// addressing: perftest cycles remote addresses within max(size, page size)
+// and may use twice that; and our own receive side uses a second half for
+// SEND targets.
+func (t *Test) setupMR(n perftest.Negotiated) error {
 	t.neg = n
 	t.res.MTU = n.MTU.Bytes()
 	maxSize := uint64(0)
 	for _, s := range n.Sizes {
 		maxSize = max(maxSize, s)
 	}
-	if t.udDatum && maxSize > uint64(n.MTU.Bytes()) {
-		return nil, fmt.Errorf("perf: UD messages are at most one MTU (%d bytes), not %d", n.MTU.Bytes(), maxSize)
-	}
-	// Room for the peer's addressing: perftest cycles remote addresses
-	// within max(size, page size) and may use twice that; and our own
-	// receive side uses a second half for SEND targets.
 	page := uint64(max(n.PageSize, 4096))
 	t.region = int(2 * ((max(maxSize, page) + page - 1) / page * page))
 	if err := t.allocBuf(); err != nil {
-		return nil, err
+		return err
 	}
 	t.fillPattern()
 	t.allowed = verbs.LocalWrite
@@ -398,11 +394,27 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 	iova := (binary.LittleEndian.Uint64(r[:]) & 0x00007fff_fffff000) | 0x10000000
 	var err error
 	if t.pd, err = t.dev.AllocPD(); err != nil {
+		return err
+	}
+	t.mr, err = t.pd.RegMR(t.mem, 0, len(t.buf), iova, t.allowed)
+	return err
+}
+
+// Dests implements perftest.Local: one MR for all QPs, one QP and CQ each,
+// each QP moved to INIT so that it has its number.
+func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
+	maxSize := uint64(0)
+	for _, s := range n.Sizes {
+		maxSize = max(maxSize, s)
+	}
+	if t.udDatum && maxSize > uint64(n.MTU.Bytes()) {
+		return nil, fmt.Errorf("perf: UD messages are at most one MTU (%d bytes), not %d", n.MTU.Bytes(), maxSize)
+	}
+	if err := t.setupMR(n); err != nil {
 		return nil, err
 	}
-	if t.mr, err = t.pd.RegMR(t.mem, 0, len(t.buf), iova, t.allowed); err != nil {
-		return nil, err
-	}
+	iova := t.mr.IOVA()
+	var err error
 	var dests []perftest.Dest
 	for i := 0; i < t.p.QPs; i++ {
 		var pr [4]byte
