@@ -9,7 +9,12 @@
 // frame and counts the RoCE ones): over veth the sender's sendto runs the
 // peer's receive path, so the peer's cost is part of the transmit figure,
 // and the sink is the cheapest peer (-tx-port: the old peer, a port that
-// does not read). The sink's count is reported as Delivered.
+// does not read). The sink's count is reported as Delivered. tx-threaded is
+// the same with the peer veth's NAPI threaded (netnstest SetThreadedNAPI):
+// the peer's receive then runs in a kernel thread on the other CPU, as it
+// would on another host, and the row measures what the port transmits. On
+// this 2-CPU machine that took 64 B transmit from about 0.9-1.07 Mpps to
+// 2.0-2.3 Mpps.
 //
 // Two receive rows: rx-only is fed by the other port sending flat out, so on
 // veth in copy mode it is bounded by the sender (whose sendto also runs the
@@ -53,7 +58,7 @@ func main() {
 	jsonPath := flag.String("json", "bench-io.json", "write results here as JSON ('' to skip)")
 	sizesF := flag.String("sizes", "64,1024,4096", "frame sizes in bytes")
 	portsF := flag.String("ports", "afxdp,afpacket", "ports to measure")
-	testsF := flag.String("tests", "tx-only,rx-only,rx-gen,ping-pong", "tests to run (rx-gen: AF_XDP only)")
+	testsF := flag.String("tests", "tx-only,tx-threaded,rx-only,rx-gen,ping-pong", "tests to run (rx-gen: AF_XDP only)")
 	xdpMode := flag.String("xdp-mode", "auto", "AF_XDP attach mode: auto, driver or generic")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run here")
 	var cfg iobench.Config

@@ -193,6 +193,39 @@ type Link struct {
 	Netmask int
 }
 
+// SetThreadedNAPI turns threaded NAPI on or off for the link's device
+// (/sys/class/net/NAME/threaded, through ip netns exec, which mounts the
+// namespace's own sysfs). A veth has NAPI only while an XDP program is
+// attached to it, so call it after attaching one. Threaded, a veth's
+// receive work runs in a kernel thread the scheduler can put on another
+// CPU, instead of inside the peer's sendto(2).
+func (l *Link) SetThreadedNAPI(on bool) error {
+	v := "0"
+	if on {
+		v = "1"
+	}
+	_, err := l.sysfsNAPI("echo " + v + " > /sys/class/net/" + l.Name + "/threaded")
+	return err
+}
+
+// ThreadedNAPI reports whether the link's device has threaded NAPI on.
+func (l *Link) ThreadedNAPI() (bool, error) {
+	out, err := l.sysfsNAPI("cat /sys/class/net/" + l.Name + "/threaded")
+	return strings.TrimSpace(out) != "0", err
+}
+
+// sysfsNAPI runs a shell command inside the link's namespace with its own
+// sysfs mounted (ip netns exec).
+func (l *Link) sysfsNAPI(cmd string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", l.NS.Name, "sh", "-c", cmd).CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("netnstest: %s: %q: %v: %s", l.Name, cmd, err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
+
 // Pair is two namespaces joined by a veth pair.
 type Pair struct {
 	A, B Link

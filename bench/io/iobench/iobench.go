@@ -32,7 +32,7 @@ import (
 // Result is one row of the bench.
 type Result struct {
 	Port   string `json:"port"`   // afxdp or afpacket
-	Test   string `json:"test"`   // tx-only, rx-only, ping-pong
+	Test   string `json:"test"`   // tx-only, tx-threaded, rx-only, rx-gen, ping-pong
 	Size   int    `json:"size"`   // frame bytes
 	Mode   string `json:"mode"`   // how the port ran (XDP attach mode, copy or zero-copy)
 	Frames uint64 `json:"frames"` // frames counted
@@ -165,7 +165,7 @@ func open(cfg Config, kind string, l *netnstest.Link) (p port.Port, mode string,
 }
 
 // Run opens a port of the given kind (afxdp or afpacket) on each end of
-// pair and runs one test (tx-only, rx-only or ping-pong) with frames of size
+// pair and runs one test (tx-only, tx-threaded, rx-only, rx-gen or ping-pong) with frames of size
 // bytes: rate tests for dur, ping-pong for at most pings round trips or
 // 2×dur. Failures are reported in Result.Error, not returned, so that a
 // bench table still shows every row.
@@ -179,7 +179,7 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 	defer a.Close()
 	var b port.Port
 	var sink *bpf.Sink
-	if test == "tx-only" && !cfg.TxPort {
+	if (test == "tx-only" || test == "tx-threaded") && !cfg.TxPort {
 		err = pair.B.NS.Do(func() (err error) {
 			sink, err = bpf.AttachSink(pair.B.Index)
 			return err
@@ -190,6 +190,16 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 		}
 		defer sink.Close()
 		mode += ", peer: XDP sink"
+		if test == "tx-threaded" {
+			if err := pair.B.SetThreadedNAPI(true); err != nil {
+				r.Error = err.Error()
+				return r
+			}
+			// Off before the sink goes: later tests on this pair measure
+			// the default.
+			defer pair.B.SetThreadedNAPI(false)
+			mode += ", threaded NAPI"
+		}
 	} else {
 		if b, _, err = open(cfg, kind, &pair.B); err != nil {
 			r.Error = err.Error()
@@ -212,7 +222,7 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 		}
 	}()
 	switch test {
-	case "tx-only":
+	case "tx-only", "tx-threaded":
 		err = txOnly(&r, pair, a, sink, size, dur)
 	case "rx-only":
 		err = rxOnly(&r, pair, a, b, size, dur)

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
 )
 
@@ -14,7 +15,7 @@ import (
 func TestRunSmoke(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	for _, kind := range []string{"afxdp", "afpacket"} {
-		for _, test := range []string{"tx-only", "rx-only", "rx-gen", "ping-pong"} {
+		for _, test := range []string{"tx-only", "tx-threaded", "rx-only", "rx-gen", "ping-pong"} {
 			if test == "rx-gen" && kind != "afxdp" {
 				continue
 			}
@@ -35,8 +36,15 @@ func TestRunSmoke(t *testing.T) {
 			// Nothing is lost between a sender and the XDP sink on veth
 			// unless its ring of 256 overflows, which the sink's count
 			// would show; the count can never exceed what was sent.
-			if test == "tx-only" && (r.Delivered == 0 || r.Delivered > r.Frames) {
-				t.Errorf("%s tx-only: sink counted %d of %d frames", kind, r.Delivered, r.Frames)
+			if (test == "tx-only" || test == "tx-threaded") && (r.Delivered == 0 || r.Delivered > r.Frames) {
+				t.Errorf("%s %s: sink counted %d of %d frames", kind, test, r.Delivered, r.Frames)
+			}
+			if (test == "tx-threaded") != strings.Contains(r.Mode, "threaded NAPI") {
+				t.Errorf("%s %s: mode %q", kind, test, r.Mode)
+			}
+			// tx-threaded turns it off again for the tests after it.
+			if on, err := pair.B.ThreadedNAPI(); err != nil || on {
+				t.Errorf("%s %s: peer's threaded NAPI left %v (%v)", kind, test, on, err)
 			}
 		}
 	}
@@ -57,5 +65,24 @@ func TestRunSmoke(t *testing.T) {
 	}
 	if r := Run(pair, Config{}, "no-such-port", "tx-only", 64, time.Millisecond, 1); !strings.Contains(r.Error, "unknown port") {
 		t.Errorf("unknown port: %+v", r)
+	}
+}
+
+// TestThreadedNAPI: the peer's veth NAPI that tx-threaded relies on turns
+// on while an XDP program gives the veth NAPI, and off again. Root only.
+func TestThreadedNAPI(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	var sink *bpf.Sink
+	if err := pair.B.NS.Do(func() (err error) { sink, err = bpf.AttachSink(pair.B.Index); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer sink.Close()
+	for _, on := range []bool{true, false} {
+		if err := pair.B.SetThreadedNAPI(on); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := pair.B.ThreadedNAPI(); err != nil || got != on {
+			t.Fatalf("threaded NAPI %v after setting %v (%v)", got, on, err)
+		}
 	}
 }
