@@ -39,9 +39,11 @@ type Options struct {
 	PerfTimeout  time.Duration // each softrnic perf run
 	// Procs says which softrnic measurements run again with one child
 	// process per end, after all four have run with both ends in this
-	// process (as runner's BenchmarkPerfVeth does): ProcsLatency (the
-	// default: send_lat, to compare like with like with sockperf's two
-	// processes), ProcsAll or ProcsNone.
+	// process (as runner's BenchmarkPerfVeth does): ProcsLatency (send_lat
+	// only, to compare like with like with sockperf's two
+	// processes), ProcsAll (the default: two hosts are two processes, and
+	// a WRITE responder alone in its process naps differently, see
+	// engine.Options.SpinMax) or ProcsNone.
 	Procs      string
 	CPUProfile string // CPU profile of the in-process softrnic phase ('' none)
 	ProfDir    string // child processes: each end's CPU profile goes here ('' none)
@@ -56,8 +58,8 @@ const (
 
 // DefaultOptions are what `make bench` runs: a few seconds per figure.
 func DefaultOptions() Options {
-	return Options{RawDuration: 2 * time.Second, WriteIters1: 5000, WriteIters4: 5000, SendIters: 200000,
-		LatIters: 20000, SockperfSecs: 3, PerfTimeout: 90 * time.Second, Procs: ProcsLatency}
+	return Options{RawDuration: 2 * time.Second, WriteIters1: 20000, WriteIters4: 5000, SendIters: 200000,
+		LatIters: 20000, SockperfSecs: 3, PerfTimeout: 90 * time.Second, Procs: ProcsAll}
 }
 
 func loadavg() [3]float64 {

@@ -82,7 +82,7 @@ func runSmoke(t *testing.T, inproc bool) {
 	if s := rep.Sockperf; s.Error != "" || s.P50Us <= 0 || s.P99Us < s.P50Us {
 		t.Errorf("sockperf: %+v", s)
 	}
-	if want := rows/4 + 2; len(rep.Ratios) != want {
+	if want := rows / 4 * 3; len(rep.Ratios) != want { // one per WRITE and send_lat row
 		t.Errorf("%d ratios, want %d: %+v", len(rep.Ratios), want, rep.Ratios)
 	}
 	for _, q := range rep.Ratios {
