@@ -51,6 +51,7 @@ func main() {
 	o := DefaultOptions()
 	jsonPath := flag.String("json", "bench-rnic.json", "write the report here as JSON ('' to skip)")
 	flag.DurationVar(&o.RawDuration, "raw-duration", o.RawDuration, "duration of each raw AF_XDP rate test")
+	flag.IntVar(&o.Rounds, "rounds", o.Rounds, "interleaved rounds of the raw rx-only 4 KiB rate and the WRITE rows (each row shows its median round)")
 	flag.IntVar(&o.WriteIters1, "write-iters", o.WriteIters1, "64 KiB WRITEs with 1 QP")
 	flag.IntVar(&o.WriteIters4, "write-iters-4qp", o.WriteIters4, "64 KiB WRITEs per QP with 4 QPs (perftest's -n is per QP)")
 	flag.IntVar(&o.SendIters, "send-iters", o.SendIters, "64 B SENDs for the message rate")

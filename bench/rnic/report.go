@@ -82,7 +82,10 @@ type Perf struct {
 	// GoodputGbps it hardly moves with other load on the machine.
 	CPUSeconds    float64 `json:"cpu_seconds,omitempty"`
 	GbitPerCPUSec float64 `json:"gbit_per_cpu_sec,omitempty"`
-	Error         string  `json:"error,omitempty"`
+	// RoundsGbps (WRITE rows) is the goodput of every round, in order; the
+	// row is the median round (-1: a round that failed).
+	RoundsGbps []float64 `json:"rounds_gbps,omitempty"`
+	Error      string    `json:"error,omitempty"`
 }
 
 // Sockperf is the kernel UDP ping-pong (`sockperf ping-pong`). Its
@@ -117,6 +120,9 @@ type Report struct {
 	LoadStart [3]float64       `json:"loadavg_start"`
 	LoadEnd   [3]float64       `json:"loadavg_end"`
 	Raw       []iobench.Result `json:"raw_afxdp"`
+	// RawRounds is every round of the raw rx-only rate at RawSize; Raw
+	// holds the median one.
+	RawRounds []iobench.Result `json:"raw_afxdp_rx_rounds,omitempty"`
 	RNIC      []Perf           `json:"softrnic"`
 	Sockperf  Sockperf         `json:"sockperf"`
 	Ratios    []Ratio          `json:"ratios"`
@@ -216,7 +222,15 @@ func PrintTable(out io.Writer, r *Report) {
 			fmt.Fprintf(w, "%s\t%d\t\t\t\t\terror: %s\t\n", name, x.Size, short(x.Error))
 			continue
 		}
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t\t\tframes\t\n", name, x.Size, f(x.FramesPerSec/1e6, "%.3f"), f(x.Gbps, "%.2f"))
+		note := "frames"
+		if x.Test == "rx-only" && x.Size == RawSize && len(r.RawRounds) > 1 {
+			var gb []float64
+			for _, k := range r.RawRounds {
+				gb = append(gb, k.Gbps)
+			}
+			note += roundsNote(gb)
+		}
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t\t\t%s\t\n", name, x.Size, f(x.FramesPerSec/1e6, "%.3f"), f(x.Gbps, "%.2f"), note)
 	}
 	for _, p := range r.RNIC {
 		name := "softrnic " + p.Name
@@ -227,6 +241,9 @@ func PrintTable(out io.Writer, r *Report) {
 		note := "goodput"
 		if p.LatP50Us > 0 {
 			note = "half RTT"
+		}
+		if len(p.RoundsGbps) > 1 {
+			note += roundsNote(p.RoundsGbps)
 		}
 		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\t%s\t%s\t\n", name, p.Size, f(p.MsgRateMpps, "%.3f"), f(p.GoodputGbps, "%.2f"),
 			f(p.LatP50Us, "%.2f"), f(p.LatP99Us, "%.2f"), note)
@@ -347,4 +364,18 @@ func ParseLoadavg(s string) ([3]float64, error) {
 		l[i] = v
 	}
 	return l, nil
+}
+
+// roundsNote lists a row's rounds in Gbit/s after its median ("-": failed).
+func roundsNote(gbps []float64) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, ", median of %d:", len(gbps))
+	for _, v := range gbps {
+		if v < 0 {
+			b.WriteString(" -")
+		} else {
+			fmt.Fprintf(&b, " %.2f", v)
+		}
+	}
+	return b.String()
 }

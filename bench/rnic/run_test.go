@@ -6,11 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/bench/io/iobench"
 	"github.com/softrnic/softrnic/internal/netnstest"
 )
 
@@ -50,6 +52,7 @@ func runSmoke(t *testing.T, inproc bool) {
 		o.Procs = ProcsNone
 	} else {
 		o.ProfDir = t.TempDir()
+		o.Rounds = 2
 	}
 	var log bytes.Buffer
 	rep, err := Run(o, &log)
@@ -77,6 +80,14 @@ func runSmoke(t *testing.T, inproc bool) {
 			t.Errorf("%s: %s", p.Name, p.Error)
 		} else if (p.Test == SendLat) != (p.LatP50Us > 0 && p.LatP99Us >= p.LatP50Us) || (p.Test != SendLat && p.GoodputGbps <= 0) {
 			t.Errorf("%s: %+v", p.Name, p)
+		}
+	}
+	if want := max(o.Rounds, 1); len(rep.RawRounds) != want {
+		t.Errorf("%d raw rx rounds, want %d", len(rep.RawRounds), want)
+	}
+	for _, p := range rep.RNIC {
+		if w := p.Test == Write1QP || p.Test == Write4QP; w != (len(p.RoundsGbps) == max(o.Rounds, 1)) {
+			t.Errorf("%s: rounds %v", p.Name, p.RoundsGbps)
 		}
 	}
 	if s := rep.Sockperf; s.Error != "" || s.P50Us <= 0 || s.P99Us < s.P50Us {
@@ -124,4 +135,21 @@ func ourNamespaces(t *testing.T) string {
 		}
 	}
 	return strings.Join(mine, ",")
+}
+
+// TestMedianRound: a row is its median round, a failed round counts as the
+// slowest, and every round's goodput is kept in order.
+func TestMedianRound(t *testing.T) {
+	ps := []Perf{{GoodputGbps: 9}, {Error: "timeout"}, {GoodputGbps: 11}, {GoodputGbps: 10}, {GoodputGbps: 12}}
+	m := medianPerf(ps)
+	if m.GoodputGbps != 10 || !slices.Equal(m.RoundsGbps, []float64{9, -1, 11, 10, 12}) {
+		t.Errorf("median %+v", m)
+	}
+	if m := medianPerf(ps[:2]); m.Error == "" { // of two, the lower
+		t.Errorf("median of 9 and a failure: %+v", m)
+	}
+	rs := []iobench.Result{{FramesPerSec: 3}, {FramesPerSec: 1}, {FramesPerSec: 2}}
+	if r := medianRaw(rs); r.FramesPerSec != 2 || rs[0].FramesPerSec != 3 {
+		t.Errorf("raw median %+v (input %+v)", r, rs)
+	}
 }
