@@ -176,13 +176,14 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	// (the raw rate, then each WRITE row) and keep each row's median round.
 	isWrite := func(j job) bool { return j.name == Write1QP || j.name == Write4QP }
 	rounds := max(o.Rounds, 1)
-	var rawRounds []iobench.Result
+	var rawRounds, frameRounds []iobench.Result
 	writeRounds := make(map[int][]Perf)
 	for k := 0; k < rounds; k++ {
 		if rounds > 1 {
-			fmt.Fprintf(log, "round %d of %d: raw AF_XDP rx-only %d B and the WRITE rows\n", k+1, rounds, RawSize)
+			fmt.Fprintf(log, "round %d of %d: raw AF_XDP rx-only %d B and %d B, and the WRITE rows\n", k+1, rounds, RawSize, WriteFrame)
 		}
 		rawRounds = append(rawRounds, raw("rx-only", RawSize))
+		frameRounds = append(frameRounds, raw("rx-only", WriteFrame))
 		for i, j := range jobs {
 			if isWrite(j) {
 				writeRounds[i] = append(writeRounds[i], run(j))
@@ -190,7 +191,8 @@ func Run(o Options, log io.Writer) (*Report, error) {
 		}
 	}
 	rep.Raw[3] = medianRaw(rawRounds)
-	rep.RawRounds = rawRounds
+	rep.Raw = append(rep.Raw, medianRaw(frameRounds))
+	rep.RawRounds, rep.RawFrameRounds = rawRounds, frameRounds
 	for i, j := range jobs {
 		var p Perf
 		if isWrite(j) {

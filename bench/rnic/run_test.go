@@ -67,7 +67,7 @@ func runSmoke(t *testing.T, inproc bool) {
 	if inproc {
 		rows = 4
 	}
-	if len(rep.Raw) != 4 || len(rep.RNIC) != rows {
+	if len(rep.Raw) != 5 || len(rep.RNIC) != rows {
 		t.Fatalf("rows: %d raw, %d softrnic", len(rep.Raw), len(rep.RNIC))
 	}
 	for _, r := range rep.Raw {
@@ -82,8 +82,16 @@ func runSmoke(t *testing.T, inproc bool) {
 			t.Errorf("%s: %+v", p.Name, p)
 		}
 	}
-	if want := max(o.Rounds, 1); len(rep.RawRounds) != want {
-		t.Errorf("%d raw rx rounds, want %d", len(rep.RawRounds), want)
+	if want := max(o.Rounds, 1); len(rep.RawRounds) != want || len(rep.RawFrameRounds) != want {
+		t.Errorf("%d and %d raw rx rounds, want %d", len(rep.RawRounds), len(rep.RawFrameRounds), want)
+	}
+	if len(rep.SameFrame) != rows/4*2 {
+		t.Errorf("same-frame ratios %+v", rep.SameFrame)
+	}
+	for _, q := range rep.SameFrame {
+		if math.IsNaN(q.Value) || q.Value <= 0 {
+			t.Errorf("ratio %q = %v", q.Name, q.Value)
+		}
 	}
 	for _, p := range rep.RNIC {
 		if w := p.Test == Write1QP || p.Test == Write4QP; w != (len(p.RoundsGbps) == max(o.Rounds, 1)) {
