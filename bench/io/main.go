@@ -10,11 +10,11 @@
 // peer's receive path, so the peer's cost is part of the transmit figure,
 // and the sink is the cheapest peer (-tx-port: the old peer, a port that
 // does not read). The sink's count is reported as Delivered. tx-threaded is
-// the same with the peer veth's NAPI threaded (netnstest SetThreadedNAPI):
-// the peer's receive then runs in a kernel thread on the other CPU, as it
-// would on another host, and the row measures what the port transmits. On
-// this 2-CPU machine that took 64 B transmit from about 0.9-1.07 Mpps to
-// 2.0-2.3 Mpps.
+// the same with the peer veth's NAPI threaded (netnstest SetThreadedNAPI),
+// its thread on one CPU and the sender on the other: the peer's receive
+// then runs as it would on another host, and the row measures what the port
+// transmits. On this 2-CPU machine that took 64 B transmit from about
+// 1.0 Mpps to 1.5-2.2 Mpps.
 //
 // Two receive rows: rx-only is fed by the other port sending flat out, so on
 // veth in copy mode it is bounded by the sender (whose sendto also runs the
