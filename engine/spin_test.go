@@ -1,8 +1,13 @@
 package engine
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestSpinPolicy drives the adaptive spin window through the traffic it is
@@ -55,5 +60,65 @@ func TestSpinPolicy(t *testing.T) {
 	off.observe(time.Millisecond, 64)
 	if w := off.window(); w != 2*us {
 		t.Fatalf("adaptation off: window %v", w)
+	}
+}
+
+// TestRunGoesIdleAfterTraffic: whatever the adaptive spin window grew to
+// under traffic, a loop with nothing to do stops spinning and ends up
+// asleep in the port: over 100 ms of idleness it runs a bounded number of
+// steps (a spinning loop runs millions). Counts, not wall-clock figures.
+func TestRunGoesIdleAfterTraffic(t *testing.T) {
+	pa, pb := memlink.NewPair(memlink.Config{})
+	a := newHost(t, macA, addrA, 4096, 1<<20)
+	b := newHost(t, macB, addrB, 4096, 1<<20)
+	la, _ := NewLoop(a.dev, pa, Options{})
+	lb, _ := NewLoop(b.dev, pb, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for _, l := range []*Loop{la, lb} {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.Run(ctx) }()
+	}
+	defer func() {
+		cancel()
+		wg.Wait()
+		pa.Close()
+		pb.Close()
+	}()
+	qa, qb := a.createQP(t, verbs.RC), b.createQP(t, verbs.RC)
+	connect(t, qa, 4096, qb.QPN(), macB, addrB, 1, 2)
+	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
+	// A stream of 64 KiB WRITEs, the traffic that grows the window.
+	const n, size = 64, 1 << 16
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer wcancel()
+	var wcs [16]verbs.WC
+	for i, done := 0, 0; done < n; {
+		for ; i < n && i-done < 8; i++ {
+			if _, err := qa.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
+				SG:         []verbs.SGE{{Addr: a.mr.IOVA() + uint64(i%16*size), Length: size, LKey: a.mr.LKey()}},
+				RemoteAddr: b.mr.IOVA() + uint64(i%16*size), RKey: b.mr.RKey()}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		k, err := a.cq.Wait(wctx, wcs[:])
+		if err != nil {
+			t.Fatalf("%d of %d WRITEs: %v", done, n, err)
+		}
+		for _, w := range wcs[:k] {
+			if w.Status != verbs.Success {
+				t.Fatalf("WRITE %+v", w)
+			}
+		}
+		done += k
+	}
+	t.Logf("spin windows after the stream: requester %v, responder %v",
+		time.Duration(la.Counters().SpinWindowNs), time.Duration(lb.Counters().SpinWindowNs))
+	// Past DeepIdleAfter (10 ms) both sleep in the port, 200 µs at a time.
+	time.Sleep(30 * time.Millisecond)
+	a0, b0 := la.Counters().Loops, lb.Counters().Loops
+	time.Sleep(100 * time.Millisecond)
+	if da, db := la.Counters().Loops-a0, lb.Counters().Loops-b0; da > 5000 || db > 5000 {
+		t.Errorf("steps in 100 ms of idleness: requester %d, responder %d", da, db)
 	}
 }
