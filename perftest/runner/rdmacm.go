@@ -2,8 +2,6 @@ package runner
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +10,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
@@ -297,20 +294,14 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 		return err
 	}
 	for i := 0; i < t.p.QPs; i++ {
-		var pr [4]byte
-		rand.Read(pr[:])
 		// perftest's record carries a PSN of its own drawing that no QP
 		// uses with -R (the CM chose the QPs' PSNs): so does ours.
-		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
-			src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
-		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
-		cq, err := t.dev.CreateCQ(sq + rq + 64)
+		q, sq, rq, err := t.newQP(i)
 		if err != nil {
 			return err
 		}
-		q.cq = cq
 		// The CM creates the QP in our PD, in process or in the daemon.
-		cp := &rnic.ConnParams{PD: t.pd, SendCQ: cq, RecvCQ: cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
+		cp := &rnic.ConnParams{PD: t.pd, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
 			Access: t.allowed &^ verbs.LocalWrite, RetryCount: 7, RNRRetry: 7}
 		if t.p.Verb == perftest.Read || t.p.Verb == perftest.Atomic {
 			cp.ResponderResources = uint8(min(t.p.OutReads, 255))

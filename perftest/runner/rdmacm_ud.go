@@ -2,7 +2,6 @@ package runner
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -57,18 +56,12 @@ func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 		return err
 	}
 	for i := 0; i < t.p.QPs; i++ {
-		var pr [4]byte
-		rand.Read(pr[:])
-		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
-			src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
-		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
-		cq, err := t.dev.CreateCQ(sq + rq + 64)
+		q, sq, rq, err := t.newQP(i)
 		if err != nil {
 			return err
 		}
-		q.cq = cq
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		vqp, err := rnic.VerbsPD(t.pd).CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: rnic.VerbsCQ(cq), RecvCQ: rnic.VerbsCQ(cq),
+		vqp, err := rnic.VerbsPD(t.pd).CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: rnic.VerbsCQ(q.cq), RecvCQ: rnic.VerbsCQ(q.cq),
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1})
 		if err != nil {
 			return err
@@ -234,18 +227,12 @@ func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
 		return err
 	}
 	for i := 0; i < t.p.QPs; i++ {
-		var pr [4]byte
-		rand.Read(pr[:])
-		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
-			src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
-		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
-		cq, err := t.dev.CreateCQ(sq + rq + 64)
+		q, sq, rq, err := t.newQP(i)
 		if err != nil {
 			return err
 		}
-		q.cq = cq
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: verbs.UD, SendCQ: cq, RecvCQ: cq,
+		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: verbs.UD, SendCQ: q.cq, RecvCQ: q.cq,
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
 			return err
 		}

@@ -413,16 +413,10 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 	if err := t.setupMR(n); err != nil {
 		return nil, err
 	}
-	iova := t.mr.IOVA()
-	var err error
 	var dests []perftest.Dest
 	for i := 0; i < t.p.QPs; i++ {
-		var pr [4]byte
-		rand.Read(pr[:])
-		q := &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
-			src: t.buf[i*t.region : (i+1)*t.region], va: iova + uint64(i*t.region)}
-		sq, rq := max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
-		if q.cq, err = t.dev.CreateCQ(sq + rq + 64); err != nil {
+		q, sq, rq, err := t.newQP(i)
+		if err != nil {
 			return nil, err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
@@ -722,3 +716,19 @@ func (t *Test) idle() {
 const paceWait = time.Millisecond
 
 func now() int64 { return int64(clock.Now()) }
+
+// newQP prepares QP i's slot: the PSN its record announces (drawn at
+// random, as perftest does), its share of the buffer and one CQ deep
+// enough for both queues. It returns the queue depths to create the QP
+// with; the caller creates or connects it.
+func (t *Test) newQP(i int) (q *qp, sq, rq int, err error) {
+	var pr [4]byte
+	rand.Read(pr[:])
+	q = &qp{psn: binary.LittleEndian.Uint32(pr[:]) & bth.PSNMask, idx: i,
+		src: t.buf[i*t.region : (i+1)*t.region], va: t.mr.IOVA() + uint64(i*t.region)}
+	sq, rq = max(t.p.TxDepth, 16), max(t.p.RxDepth, 16)
+	if q.cq, err = t.dev.CreateCQ(sq + rq + 64); err != nil {
+		return nil, 0, 0, err
+	}
+	return q, sq, rq, nil
+}
