@@ -204,26 +204,20 @@ func (l *Link) SetThreadedNAPI(on bool) error {
 	if on {
 		v = "1"
 	}
-	_, err := l.sysfsNAPI("echo " + v + " > /sys/class/net/" + l.Name + "/threaded")
+	_, err := l.sysfs("echo " + v + " > /sys/class/net/" + l.Name + "/threaded")
 	return err
 }
 
 // ThreadedNAPI reports whether the link's device has threaded NAPI on.
 func (l *Link) ThreadedNAPI() (bool, error) {
-	out, err := l.sysfsNAPI("cat /sys/class/net/" + l.Name + "/threaded")
+	out, err := l.sysfs("cat /sys/class/net/" + l.Name + "/threaded")
 	return strings.TrimSpace(out) != "0", err
 }
 
-// sysfsNAPI runs a shell command inside the link's namespace with its own
-// sysfs mounted (ip netns exec).
-func (l *Link) sysfsNAPI(cmd string) (string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", l.NS.Name, "sh", "-c", cmd).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("netnstest: %s: %q: %v: %s", l.Name, cmd, err, strings.TrimSpace(string(out)))
-	}
-	return string(out), nil
+// sysfs runs a shell command inside the link's namespace with the
+// namespace's own sysfs mounted (ip netns exec).
+func (l *Link) sysfs(cmd string) (string, error) {
+	return ip("netns", "exec", l.NS.Name, "sh", "-c", cmd)
 }
 
 // Pair is two namespaces joined by a veth pair.
