@@ -415,28 +415,8 @@ func TestNoAllocsPerLoop(t *testing.T) {
 // counters: the race detector checks the sharing. Cancelling the context
 // ends both loops without error.
 func TestRunConcurrent(t *testing.T) {
-	pa, pb := memlink.NewPair(memlink.Config{})
-	a := newHost(t, macA, addrA, 4096, 1<<16)
-	b := newHost(t, macB, addrB, 4096, 1<<16)
-	la, _ := NewLoop(a.dev, pa, Options{})
-	lb, _ := NewLoop(b.dev, pb, Options{})
-	ctx, cancel := context.WithCancel(context.Background())
-	errs := make(chan error, 2)
-	var wg sync.WaitGroup
-	for _, l := range []*Loop{la, lb} {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs <- l.Run(ctx) }()
-	}
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			wg.Wait()
-			pa.Close()
-			pb.Close()
-		}
-	}
+	r := runHosts(t, 1<<16)
+	a, b, la, lb, errs, stop := r.a, r.b, r.la, r.lb, r.errs, r.stop
 	defer stop()
 	qa, qb := a.createQP(t, verbs.UC), b.createQP(t, verbs.UC)
 	connect(t, qa, 4096, qb.QPN(), macB, addrB, 1, 2)
@@ -484,6 +464,41 @@ func TestRunConcurrent(t *testing.T) {
 	if s := lb.DeviceStats(); s.RxFrames == 0 || drops(s) != 0 {
 		t.Errorf("receiver stats %+v", s)
 	}
+}
+
+// running is two hosts joined by a memlink pair, each driven by Run in a
+// goroutine of its own, in real time.
+type running struct {
+	a, b   *host
+	la, lb *Loop
+	errs   <-chan error // each Run's return, after stop
+	stop   func()       // ends both loops and closes the ports; idempotent
+}
+
+// runHosts starts two hosts (MTU 4096, memSize bytes of MR each) with
+// their loops running.
+func runHosts(t *testing.T, memSize int) *running {
+	pa, pb := memlink.NewPair(memlink.Config{})
+	r := &running{a: newHost(t, macA, addrA, 4096, memSize), b: newHost(t, macB, addrB, 4096, memSize)}
+	r.la, _ = NewLoop(r.a.dev, pa, Options{})
+	r.lb, _ = NewLoop(r.b.dev, pb, Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 2)
+	var wg sync.WaitGroup
+	for _, l := range []*Loop{r.la, r.lb} {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs <- l.Run(ctx) }()
+	}
+	var once sync.Once
+	r.errs, r.stop = errs, func() {
+		once.Do(func() {
+			cancel()
+			wg.Wait()
+			pa.Close()
+			pb.Close()
+		})
+	}
+	return r
 }
 
 // TestRunPortError: a port that fails ends Run with its error.

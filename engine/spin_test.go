@@ -2,11 +2,9 @@ package engine
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -68,23 +66,9 @@ func TestSpinPolicy(t *testing.T) {
 // asleep in the port: over 100 ms of idleness it runs a bounded number of
 // steps (a spinning loop runs millions). Counts, not wall-clock figures.
 func TestRunGoesIdleAfterTraffic(t *testing.T) {
-	pa, pb := memlink.NewPair(memlink.Config{})
-	a := newHost(t, macA, addrA, 4096, 1<<20)
-	b := newHost(t, macB, addrB, 4096, 1<<20)
-	la, _ := NewLoop(a.dev, pa, Options{})
-	lb, _ := NewLoop(b.dev, pb, Options{})
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for _, l := range []*Loop{la, lb} {
-		wg.Add(1)
-		go func() { defer wg.Done(); l.Run(ctx) }()
-	}
-	defer func() {
-		cancel()
-		wg.Wait()
-		pa.Close()
-		pb.Close()
-	}()
+	r := runHosts(t, 1<<20)
+	a, b, la, lb := r.a, r.b, r.la, r.lb
+	defer r.stop()
 	qa, qb := a.createQP(t, verbs.RC), b.createQP(t, verbs.RC)
 	connect(t, qa, 4096, qb.QPN(), macB, addrB, 1, 2)
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
