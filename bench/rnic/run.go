@@ -107,15 +107,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 		fmt.Fprintf(log, "raw afxdp %-8s %5d B: %s\n", test, size, iobench.Summary(r))
 		return r
 	}
-	for _, size := range []int{64, RawSize} {
-		for _, test := range []string{"tx-only", "rx-only"} {
-			if size == RawSize && test == "rx-only" {
-				rep.Raw = append(rep.Raw, iobench.Result{}) // filled after step 2
-				continue
-			}
-			rep.Raw = append(rep.Raw, raw(test, size))
-		}
-	}
+	rep.Raw = append(rep.Raw, raw("tx-only", 64), raw("rx-only", 64), raw("tx-only", RawSize))
 
 	// 2. softrnic against softrnic, through `softrnic perf`'s own code.
 	if o.CPUProfile != "" {
@@ -190,8 +182,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 			}
 		}
 	}
-	rep.Raw[3] = medianRaw(rawRounds)
-	rep.Raw = append(rep.Raw, medianRaw(frameRounds))
+	rep.Raw = append(rep.Raw, median(rawRounds, rawRate), median(frameRounds, rawRate))
 	rep.RawRounds, rep.RawFrameRounds = rawRounds, frameRounds
 	for i, j := range jobs {
 		var p Perf
@@ -378,13 +369,11 @@ func (w *waitFor) String() string {
 	return lastLines(w.buf.String(), 3)
 }
 
-// medianRaw is the round with the median rate (the lower middle one of an
-// even count; a failed round counts as the slowest).
-func medianRaw(rs []iobench.Result) iobench.Result {
-	s := slices.Clone(rs)
-	slices.SortStableFunc(s, func(a, b iobench.Result) int {
-		return cmp.Compare(rawRate(a), rawRate(b))
-	})
+// median is the round with the median rate (the lower middle one of an
+// even count); rate gives a failed round -1, the slowest.
+func median[T any](rounds []T, rate func(T) float64) T {
+	s := slices.Clone(rounds)
+	slices.SortStableFunc(s, func(a, b T) int { return cmp.Compare(rate(a), rate(b)) })
 	return s[(len(s)-1)/2]
 }
 
@@ -395,14 +384,10 @@ func rawRate(r iobench.Result) float64 {
 	return r.FramesPerSec
 }
 
-// medianPerf is the round with the median goodput (as medianRaw), with
-// every round's goodput in RoundsGbps.
+// medianPerf is the median round of a WRITE row, with every round's
+// goodput in RoundsGbps.
 func medianPerf(ps []Perf) Perf {
-	s := slices.Clone(ps)
-	slices.SortStableFunc(s, func(a, b Perf) int {
-		return cmp.Compare(perfRate(a), perfRate(b))
-	})
-	m := s[(len(s)-1)/2]
+	m := median(ps, perfRate)
 	m.RoundsGbps = nil
 	for _, p := range ps {
 		m.RoundsGbps = append(m.RoundsGbps, perfRate(p))

@@ -157,7 +157,7 @@ func TestMedianRound(t *testing.T) {
 		t.Errorf("median of 9 and a failure: %+v", m)
 	}
 	rs := []iobench.Result{{FramesPerSec: 3}, {FramesPerSec: 1}, {FramesPerSec: 2}}
-	if r := medianRaw(rs); r.FramesPerSec != 2 || rs[0].FramesPerSec != 3 {
+	if r := median(rs, rawRate); r.FramesPerSec != 2 || rs[0].FramesPerSec != 3 {
 		t.Errorf("raw median %+v (input %+v)", r, rs)
 	}
 }
