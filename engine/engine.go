@@ -54,12 +54,7 @@ type Options struct {
 	// adaptation, Run spins SpinFor). While no application polls the
 	// device, the window grows towards SpinMax while work comes sooner
 	// than SpinMax after the last, or finds frames queued up, and shrinks
-	// back to SpinFor while it comes later (see spinPolicy). A WRITE responder receives a 4 KiB frame
-	// every few µs, each one a few µs of the sender's CPU: with a fixed 2 µs
-	// window it napped between nearly every two frames, each nap a timer
-	// wake-up of tens of µs, and the requester's window stalled on the
-	// late ACKs (64 KiB WRITE over veth with each end in its own process:
-	// 3.6 Gbit/s, against 9.7-11.7 with a 200 µs window).
+	// back to SpinFor while it comes later: see spinPolicy for why.
 	SpinMax time.Duration
 	// IdleWait is how long Run naps at a time once it stops spinning
 	// (0: 10 µs): a post (the device's doorbell) ends a nap at once, a
@@ -150,8 +145,7 @@ type Loop struct {
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
 	napsYielded                 atomic.Uint64
-	spinWindow                  atomic.Int64 // spin.window(false), for Counters
-	spin                        spinPolicy   // Run's adaptive spin window
+	spinWindow                  atomic.Int64 // Run's adaptive spin window, for Counters
 
 	// stepMu is held by whichever goroutine runs the device's step
 	// functions under Run: the engine goroutine (always, except while it
@@ -358,8 +352,8 @@ func (l *Loop) Run(ctx context.Context) error {
 		l.running.Store(false)
 		l.stepMu.Unlock()
 	}()
-	l.spin = spinPolicy{min: l.opt.SpinFor, max: l.opt.SpinMax}
-	l.spinWindow.Store(int64(l.spin.window()))
+	adaptive := spinPolicy{min: l.opt.SpinFor, max: l.opt.SpinMax}
+	l.spinWindow.Store(int64(adaptive.window()))
 	idle := false // a step since the last work found nothing
 	for ctx.Err() == nil {
 		t := now()
@@ -369,7 +363,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		polled := t.Sub(l.dev.PolledAt()) < l.opt.PolledWait
 		spin := l.opt.SpinFor
 		if !polled {
-			spin = l.spin.window()
+			spin = adaptive.window()
 		}
 		if t.Sub(lastWork) > spin && (l.stuck || l.pend == 0 && !l.dev.HasOutput()) {
 			nap := l.opt.IdleWait
@@ -413,8 +407,8 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 		if worked {
 			if idle {
-				l.spin.observe(t.Sub(lastWork), l.lastRecv)
-				l.spinWindow.Store(int64(l.spin.window()))
+				adaptive.observe(t.Sub(lastWork), l.lastRecv)
+				l.spinWindow.Store(int64(adaptive.window()))
 			}
 			lastWork, idle = t, false
 		} else {
@@ -451,7 +445,7 @@ func (l *Loop) Run(ctx context.Context) error {
 //
 // A WRITE responder in its own process saw 1-2 ms gaps with a fixed 2 µs
 // window, and the requester stalled on the late ACKs (64 KiB WRITE over
-// veth: 3.6 Gbit/s instead of 8-10). A pure function of what it observes,
+// veth: 3.6 Gbit/s instead of 8.5-11). A pure function of what it observes,
 // for tests.
 //
 // Run only spins while no application polls the device, so a ping-pong
