@@ -69,7 +69,9 @@ func TestRunGoesIdleAfterTraffic(t *testing.T) {
 	r := runHosts(t, 1<<20)
 	a, b, la, lb := r.a, r.b, r.la, r.lb
 	defer r.stop()
-	qa, qb := a.createQP(t, verbs.RC), b.createQP(t, verbs.RC)
+	// UC: the stream needs no ACK timer, which real time under -race can
+	// run out (RETRY_EXC_ERR in 30 ms with the 1 ms timeout of connect).
+	qa, qb := a.createQP(t, verbs.UC), b.createQP(t, verbs.UC)
 	connect(t, qa, 4096, qb.QPN(), macB, addrB, 1, 2)
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
 	// A stream of 64 KiB WRITEs, the traffic that grows the window.
