@@ -85,14 +85,7 @@ func MergeWorkload(sums []Summary, fcts [][]byte) (Summary, []byte, error) {
 	w.Small = SlowdownOf(done, 0, 100_000)
 	w.Medium = SlowdownOf(done, 100_000, 1_000_000)
 	w.Large = SlowdownOf(done, 1_000_000, math.MaxInt64)
-	var inc []flowDone
-	for _, d := range done {
-		if d.incast {
-			d.incast = false
-			inc = append(inc, d)
-		}
-	}
-	w.Incast = SlowdownOf(inc, 0, math.MaxInt64)
+	w.Incast = IncastSlowdown(done)
 	m.Utilization, m.QueueMeanKB, m.QueueMaxKB = w.DeliveredLoad, w.QueueMeanKB, w.QueueMaxKB
 	return m, all.Bytes(), nil
 }

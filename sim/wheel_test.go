@@ -90,15 +90,22 @@ func TestNoLateEvents(t *testing.T) {
 	}
 }
 
+// BenchmarkWheel is the event queue alone: 4096 pending events, each pop
+// followed by a push 0.1–2.1 µs ahead (the shape of the simulator's
+// traffic), a million per iteration.
 func BenchmarkWheel(b *testing.B) {
 	q := newEvq()
 	r := rand.New(rand.NewPCG(1, 2))
 	for i := 0; i < 4096; i++ {
 		q.push(event{at: clock.Time(r.IntN(4000))})
 	}
+	const perOp = 1 << 20
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		e, _ := q.pop(clock.Never)
-		q.push(event{at: e.at + clock.Time(100+r.IntN(2000))})
+		for k := 0; k < perOp; k++ {
+			e, _ := q.pop(clock.Never)
+			q.push(event{at: e.at + clock.Time(100+r.IntN(2000))})
+		}
 	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*perOp), "ns/event")
 }

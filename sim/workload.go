@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"embed"
 	"fmt"
 	"io"
@@ -201,15 +202,7 @@ func (b *builder) workload() error {
 			w.incasts++
 		}
 	}
-	slices.SortStableFunc(arr, func(a, b arrival) int {
-		switch {
-		case a.at < b.at:
-			return -1
-		case a.at > b.at:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(arr, func(a, b arrival) int { return cmp.Compare(a.at, b.at) })
 	sport := make(map[[2]int32]uint16)
 	for _, a := range arr {
 		src, dst := b.hosts[a.src], b.hosts[a.dst]
@@ -316,21 +309,7 @@ func SlowdownTable(done []flowDone, step int) []SlowdownBucket {
 			a = append(a, fs{d.size, d.Slowdown()})
 		}
 	}
-	slices.SortFunc(a, func(x, y fs) int {
-		if x.size != y.size {
-			if x.size < y.size {
-				return -1
-			}
-			return 1
-		}
-		switch {
-		case x.s < y.s:
-			return -1
-		case x.s > y.s:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(a, func(x, y fs) int { return cmp.Or(cmp.Compare(x.size, y.size), cmp.Compare(x.s, y.s)) })
 	var out []SlowdownBucket
 	n := len(a)
 	for i := 0; i < 100; i += step {
@@ -365,6 +344,18 @@ func SlowdownOf(done []flowDone, lo, hi int64) *SlowdownStats {
 	}
 	slices.Sort(s)
 	return &SlowdownStats{Count: len(s), P50: pctl(s, 0.5), P95: pctl(s, 0.95), P99: pctl(s, 0.99), Mean: sum / float64(len(s))}
+}
+
+// IncastSlowdown is the slowdown percentiles of the incast flows.
+func IncastSlowdown(done []flowDone) *SlowdownStats {
+	var inc []flowDone
+	for _, d := range done {
+		if d.incast {
+			d.incast = false
+			inc = append(inc, d)
+		}
+	}
+	return SlowdownOf(inc, 0, math.MaxInt64)
 }
 
 // ParseFCT reads fct.txt lines back (for merging runs): size, start, fct,
@@ -477,20 +468,7 @@ func (n *net) summarizeWorkload(o *Options, s *Summary) {
 	ws.Small = SlowdownOf(w.done, 0, 100_000)
 	ws.Medium = SlowdownOf(w.done, 100_000, 1_000_000)
 	ws.Large = SlowdownOf(w.done, 1_000_000, math.MaxInt64)
-	var inc []float64
-	for _, d := range w.done {
-		if d.incast {
-			inc = append(inc, d.Slowdown())
-		}
-	}
-	if len(inc) > 0 {
-		var sum float64
-		for _, x := range inc {
-			sum += x
-		}
-		slices.Sort(inc)
-		ws.Incast = &SlowdownStats{Count: len(inc), P50: pctl(inc, 0.5), P95: pctl(inc, 0.95), P99: pctl(inc, 0.99), Mean: sum / float64(len(inc))}
-	}
+	ws.Incast = IncastSlowdown(w.done)
 	s.Workload = ws
 	s.Utilization = ws.DeliveredLoad
 	s.QueueMeanKB, s.QueueMaxKB = ws.QueueMeanKB, ws.QueueMaxKB
