@@ -213,7 +213,7 @@ func (c *RunConfig) String() string {
 			c.Profile, custom, t.LineGbps, t.TLowUs, t.THighUs, t.MinRTTUs, t.Alpha, t.Beta, t.AddMbps, t.HAIFactor, t.HAIThreshold, t.HAIAnyIncrease, t.SegmentBytes, t.MinRateMbps)
 	case c.Swift != nil:
 		w := c.Swift
-		fmt.Fprintf(&b, "swift%s: MSS %d B, base target %.3f µs + %.3f µs/hop + flow scaling ≤ %.3f µs (cwnd %g–%g), endpoint target %.3f µs, ai %g, β %g, max_mdf %g, cwnd %g–%g (start %.1f)",
+		fmt.Fprintf(&b, "swift%s: MSS %d B, base target %.3f µs + %.3f µs/hop + flow scaling ≤ %.3f µs (cwnd %g–%g), endpoint target %.3f µs, ai %g, β %g, max_mdf %g, cwnd %.4g–%.4g packets (start %.1f)",
 			custom, w.MSS, w.BaseTargetUs, w.HopScaleUs, w.FSRangeUs, w.FSMinCwnd, w.FSMaxCwnd, w.EndpointTargetUs, w.AI, w.Beta, w.MaxMDF, w.MinCwnd, w.MaxCwnd, w.InitCwnd)
 	}
 	fmt.Fprintf(&b, "\n  switch: %s marking, RED %g/%g KB/%g %%, buffer %g KB, PFC %v; packets %d B on the wire, max base RTT %.3f µs",
