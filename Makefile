@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod
 
-.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo sim-sweep dcqcn-live veth-stall install lab interop lab-selfcheck clean
+.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo sim-sweep sim-workload dcqcn-live veth-stall install lab interop lab-selfcheck clean
 
 all: build
 
@@ -37,7 +37,7 @@ test-race:
 
 ## test-long: the exhaustive sweeps that the default run samples
 test-long:
-	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run 'TestNFlow|TestConnectXAtScale' ./sim/
+	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run 'TestNFlow|TestConnectXAtScale|TestLiterature' -v ./sim/
 	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./verbs
 	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run TestLoopback ./transport/rc
 
@@ -55,6 +55,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzHalfOpen$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
 	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
 	$(GO) test -run '^$$' -fuzz '^FuzzNP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
+	$(GO) test -run '^$$' -fuzz '^FuzzControllers$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/
 	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
 	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./verbs
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./perftest
@@ -64,7 +65,7 @@ fuzz:
 ## bench: micro-benchmarks of the wire formats, links, CM and simulator, then the raw I/O table
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bth ./icrc ./frame ./port/memlink ./cm
-	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/
+	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/ ./congestion/...
 	$(GO) test -run '^$$' -bench 'RCPair' -benchmem -benchtime 200000x ./verbs
 	$(GO) test -run '^$$' -bench 'GoodputLoss' -benchtime 1x ./verbs
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./shmring ./capture ./client
@@ -72,9 +73,18 @@ bench:
 	$(GO) run ./bench/io -json out/bench-io.json
 	$(GO) run ./bench/rnic -json out/bench-rnic.json
 
-## sim-demo: the two-flow DCQCN scenario of the paper, traces, summary and SVG figures in out/
-sim-demo:
-	$(GO) run ./cmd/softrnic sim dcqcn --scenario two-flow --out out/sim-two-flow
+## sim-demo: the two-flow scenario of the DCQCN paper under DCQCN, HPCC, TIMELY and Swift: traces, summary and SVG figures in out/sim-two-flow/ALG
+sim-demo: build
+	for a in dcqcn hpcc timely swift; do $(BIN) sim $$a --scenario two-flow --out out/sim-two-flow/$$a || exit 1; done
+
+## sim-workload: WebSearch at 30 % load on the HPCC paper's 320-server fat-tree for 10 ms under all four algorithms (two at a time, ~20 s each), then their FCT slowdown side by side (out/sim-workload/compare)
+SIM_WORKLOAD_FLAGS ?= --preset hpcc --cdf websearch --load 0.3 --duration 10ms
+sim-workload: build
+	$(BIN) sim dcqcn $(SIM_WORKLOAD_FLAGS) --quiet --out out/sim-workload/dcqcn & a=$$!; \
+	$(BIN) sim hpcc $(SIM_WORKLOAD_FLAGS) --quiet --out out/sim-workload/hpcc & b=$$!; wait $$a && wait $$b
+	$(BIN) sim timely $(SIM_WORKLOAD_FLAGS) --quiet --out out/sim-workload/timely & a=$$!; \
+	$(BIN) sim swift $(SIM_WORKLOAD_FLAGS) --quiet --out out/sim-workload/swift & b=$$!; wait $$a && wait $$b
+	$(BIN) sim compare --out out/sim-workload/compare out/sim-workload/dcqcn out/sim-workload/hpcc out/sim-workload/timely out/sim-workload/swift
 
 ## sim-sweep: the two-flow scenario over 20 seeds: per-flow mean/min/max/stdev, seeds outside 20 ± 1 Gb/s, histogram (out/sim-sweep)
 sim-sweep:

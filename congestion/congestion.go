@@ -9,10 +9,26 @@
 // Nothing here starts a goroutine or reads a clock, so the engine (live
 // traffic) and the simulator (virtual time) drive the very same code.
 //
-// DCQCN (package congestion/dcqcn) is the first implementation. The event set
-// is already wide enough for the usual second algorithms: a DCTCP-style
-// window controller uses OnAck's ECN echo and Window, TIMELY uses OnAck's RTT
-// sample, and both ignore OnCNP.
+// Four algorithms implement it: DCQCN (congestion/dcqcn), fed by CNPs;
+// HPCC (congestion/hpcc), fed by the in-band telemetry its ACKs echo; TIMELY
+// (congestion/timely) and Swift (congestion/swift), fed by the RTT samples
+// ACKs give. The ACK-clocked ones also bound the bytes in flight (Window).
+//
+// What a connected transport calls, per QP:
+//   - OnPacketSent for every data packet put on the wire (first transmission
+//     or retransmission), with its wire bytes;
+//   - OnAck for every ACK that acknowledges new data, with the wire bytes it
+//     newly acknowledges, the RTT of the packet it acknowledges, and
+//     whatever else the ACK carries (ECN echo, INT records, host delay,
+//     hops);
+//   - OnCNP for every RoCEv2 CNP addressed to the QP;
+//   - OnRetransmit (LossReactor, when implemented) on a retransmission
+//     timeout or a NAK-triggered retransmission;
+//   - OnTimer at Deadline.
+//
+// It sends a packet only when the pacer allows it at Rate and, for a window
+// algorithm, when the bytes in flight (sent minus acknowledged) are below
+// Window: a packet may overshoot the window, as in HPCC's ns-3 and TCP.
 package congestion
 
 import (
@@ -51,14 +67,58 @@ func (r Rate) TxTime(n int) time.Duration {
 const NoWindow int64 = math.MaxInt64
 
 // Ack is the feedback an acknowledgement carries, for algorithms that use it
-// (DCQCN does not: its feedback is the CNP).
+// (DCQCN does not: its feedback is the CNP). It is passed by value and holds
+// no memory of its own: INT is a view of the caller's buffer.
 type Ack struct {
-	// Bytes newly acknowledged.
+	// Bytes newly acknowledged, counted as OnPacketSent counts them (wire
+	// bytes of the acknowledged packets). The ACK-clocked algorithms keep
+	// their own sent and acknowledged totals from these two, and from
+	// them tell when a round trip's worth of data has been acknowledged.
 	Bytes int
 	// ECNEcho reports that the acknowledged data was CE-marked (DCTCP-style).
 	ECNEcho bool
-	// RTT is the round-trip sample this ACK gives, 0 if none (TIMELY, Swift).
+	// RTT is the round-trip sample this ACK gives, 0 if none (TIMELY, Swift):
+	// from the acknowledged packet leaving the sender's NIC to the ACK
+	// reaching it.
 	RTT time.Duration
+	// HostDelay is the part of RTT spent in the end hosts rather than the
+	// fabric: the receiver's time from the data's arrival to the ACK's
+	// departure (echoed in the ACK) plus the sender's time from the ACK's
+	// arrival to this call. Swift splits RTT into fabric delay (RTT −
+	// HostDelay) and endpoint delay (HostDelay). 0 if unknown.
+	HostDelay time.Duration
+	// Hops is how many switches the acknowledged packet crossed (from its
+	// IP TTL); 0 if unknown. Swift scales its target delay with it.
+	Hops int
+	// INT is the in-band network telemetry the acknowledged data packet
+	// collected, one record per switch egress port in path order, echoed
+	// by the receiver (HPCC). A view of the caller's memory, valid only
+	// for the duration of the call: a controller copies what it keeps.
+	INT []INTHop
+}
+
+// INTHop is one switch egress port's in-band telemetry record, pushed when
+// the data packet left the port (HPCC's IntHop: link rate, timestamp,
+// transmitted bytes, queue length).
+type INTHop struct {
+	// Rate is the port's line rate.
+	Rate Rate
+	// TS is when the packet left the port.
+	TS clock.Time
+	// TxBytes is the port's running count of bytes transmitted before this
+	// packet; the difference between two records is what the port sent
+	// in between.
+	TxBytes int64
+	// QLen is the bytes left queued at the port as the packet left.
+	QLen int64
+}
+
+// LossReactor is implemented by controllers that react to loss recovery
+// (Swift). The transport calls OnRetransmit once per retransmission event:
+// timeout is true for a retransmission timeout, false for a retransmission
+// a NAK (sequence error) or a selective acknowledgement triggered.
+type LossReactor interface {
+	OnRetransmit(now clock.Time, timeout bool)
 }
 
 // Controller is a rate-based congestion controller for one flow (one QP).

@@ -25,23 +25,23 @@ type event struct {
 	obj  int32 // flow, node or port index, by kind
 	pkt  int32 // packet index for evArrive
 	aux  int32 // ingress port for evArrive, on/off for evPFC
+	next int32 // the event wheel's bucket link
 }
 
 func (a *event) before(b *event) bool {
 	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
 }
 
-// eventHeap is a binary min-heap on (at, seq). (at, seq) is a total order,
-// so the firing order — and hence every trace — is independent of heap
-// internals, Go versions and GOMAXPROCS.
+// eventHeap is a binary min-heap on (at, seq), for the events beyond the
+// event wheel's horizon. (at, seq) is a total order, so the firing order —
+// and hence every trace — is independent of queue internals, Go versions
+// and GOMAXPROCS.
 type eventHeap struct {
-	ev  []event
-	seq uint64
+	ev []event
 }
 
+// push adds e, whose seq the caller has set.
 func (h *eventHeap) push(e event) {
-	h.seq++
-	e.seq = h.seq
 	h.ev = append(h.ev, e)
 	i := len(h.ev) - 1
 	for i > 0 {

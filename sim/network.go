@@ -13,22 +13,36 @@ import (
 const (
 	pktData uint8 = iota
 	pktCNP
+	pktAck
 )
 
 // CNPSize is a RoCEv2 CNP on the wire: Ethernet 14 + IPv4 20 + UDP 8 + BTH
 // 12 + 16 reserved bytes + ICRC 4 + FCS 4.
 const CNPSize = 78
 
+// AckSize is a RoCEv2 ACK on the wire: Ethernet 14 + IPv4 20 + UDP 8 + BTH
+// 12 + AETH 4 + ICRC 4 + FCS 4. An ACK that echoes INT carries the data
+// packet's INT header on top.
+const AckSize = 66
+
 // packet lives in the simulator's slab; index links make the FIFOs and the
-// free list, so the steady state allocates nothing.
+// free list, so the steady state allocates nothing. A data packet that is
+// acknowledged becomes its ACK in place: the ACK echoes the data packet's
+// send time, CE mark, hop count and INT records without copying them.
 type packet struct {
-	flow   int32
-	size   int32
-	kind   uint8
-	ce     bool
-	dst    int32 // destination node
-	inPort int32 // ingress port at the current switch, for PFC accounting; -1 elsewhere
-	next   int32 // FIFO or free-list link
+	sentAt  clock.Time // data: when the sender's NIC began sending it; ACK: echoed
+	flow    int32
+	size    int32 // bytes on the wire
+	payload int32 // data: payload bytes; ACK: payload bytes it acknowledges
+	acked   int32 // ACK: wire bytes of the data packets it acknowledges
+	dst     int32 // destination node
+	inPort  int32 // ingress port at the current switch, for PFC accounting; -1 elsewhere
+	next    int32 // FIFO or free-list link
+	hash    uint32
+	kind    uint8
+	ce      bool
+	hops    uint8 // switches the data packet crossed
+	nint    uint8 // INT records pushed (n.ints)
 }
 
 // MarkAt says where a switch port applies RED/ECN marking.
@@ -69,7 +83,7 @@ type port struct {
 	busy bool
 	rem  float64 // sub-ns serialisation time carried to the next packet
 
-	data, hi       fifo // data queue; strict-priority control queue (CNPs)
+	data, hi       fifo // data queue; strict-priority control queue (CNPs, ACKs)
 	qBytes, hiByte int64
 	limit          int64 // tail-drop limit on qBytes
 	paused         bool  // PFC: a PAUSE from the peer holds data back
@@ -83,6 +97,7 @@ type port struct {
 	rng    *rand.Rand
 
 	txData, marks, drops, pauses uint64
+	txBytes                      int64 // data bytes sent, the INT txBytes counter
 	txBytesWindow                int64
 	monitored                    bool
 	maxQ                         int64
@@ -95,33 +110,54 @@ const (
 	switchNode
 )
 
+// nhop is a switch's next hops towards one destination: cnt equal-cost
+// egress ports at net.nh[off:off+cnt].
+type nhop struct{ off, cnt int32 }
+
 type node struct {
 	name   string
 	kind   nodeKind
 	ports  []int32
-	route  []int32 // switch: egress port per destination node
-	flows  []int32 // host: flows it sends
+	route  []nhop  // switch: next hops per destination node
+	flows  []int32 // host: flows it is sending
 	rr     int     // host: round-robin start among its flows
 	wakeAt clock.Time
+	host   int32 // host: its ordinal among the hosts (addresses, fct.txt)
+
+	qBytes, bufLimit int64 // switch: bytes queued in all its ports, shared limit (0: none)
 }
 
-// flow is one QP's traffic from src to dst, with the real DCQCN RP and
-// pacer at the sender and the real NP at the receiver.
+// flow is one QP's traffic from src to dst: the sender's congestion
+// controller (DCQCN's RP, HPCC, TIMELY or Swift) and pacer, and for DCQCN
+// the receiver's notification point.
 type flow struct {
-	id         int
-	src, dst   int32
-	start      clock.Time
-	size       int64 // bytes to send; 0 = unlimited
-	sent, rcvd int64
-	started    bool
-	finish     clock.Time // receiver got the last byte; -1 while running
+	id       int
+	src, dst int32
+	start    clock.Time
+	size     int64 // payload bytes to send; 0 = unlimited
+	sent     int64 // payload bytes sent
+	rcvd     int64 // payload bytes received
+	wire     int64 // wire bytes sent
+	acked    int64 // wire bytes acknowledged
+	ackedPay int64 // payload bytes acknowledged
+	started  bool
+	finish   clock.Time // receiver got the last byte; -1 while running
+	done     clock.Time // sender got the last ACK; -1 while running (ACKs only)
+	hash     uint32     // ECMP hash of the data direction; ACKs use its complement
+	sport    uint16     // fct.txt: source port
+	incast   bool       // workload: part of an incast burst (dport 200)
 
-	rp    dcqcn.RP
+	cc    congestion.Controller // nil once the flow is done
+	rp    *dcqcn.RP             // cc, when the algorithm is DCQCN
 	np    dcqcn.NP
 	pacer congestion.Pacer
-	rpAt  clock.Time      // deadline an evRPTimer is scheduled for
-	rate  congestion.Rate // the RP's rate the pacer last saw (Options.Retime)
+	ccAt  clock.Time      // deadline an evRPTimer is scheduled for
+	rate  congestion.Rate // the controller's rate the pacer last saw (Options.Retime)
 	npAt  clock.Time
+
+	// Receiver: what the next ACK acknowledges.
+	unackPkts           int
+	unackWire, unackPay int64
 
 	cnpRcvd uint64
 	bins    []int64 // bytes received per 1 ms bin (statistics)
@@ -133,15 +169,26 @@ type net struct {
 	now    clock.Time
 	end    clock.Time
 	events uint64
-	h      eventHeap
+	q      *evq
 
 	nodes []node
 	ports []port
 	flows []flow
 	pkts  []packet
 	free  int32
+	nh    []int32 // next-hop ports, indexed by nhop
 
-	pktSize    int
+	alg         *algorithm
+	pktSize     int // wire bytes of a full data packet (payload + headers + INT)
+	payload     int // payload bytes of a full data packet
+	hdr         int // wire bytes of headers per data packet, INT excluded
+	ackSize     int
+	acks        bool // receivers acknowledge data
+	ackInterval int
+	intStride   int                 // INT records per packet (the topology's most switch hops); 0: no INT
+	ints        []congestion.INTHop // INT records, intStride per packet slot
+	bins        bool                // record per-flow throughput bins
+
 	retime     bool // Options.Retime
 	pfc        bool
 	xoff, xon  int64
@@ -154,10 +201,12 @@ type net struct {
 	sampler       sampler
 	bottleneck    int32
 	bytesInWindow int64
+
+	work *workload // the workload scenario's state, nil otherwise
 }
 
 func (n *net) schedule(at clock.Time, kind evKind, obj, pkt, aux int32) {
-	n.h.push(event{at: at, kind: kind, obj: obj, pkt: pkt, aux: aux})
+	n.q.push(event{at: at, kind: kind, obj: obj, pkt: pkt, aux: aux})
 }
 
 func (n *net) alloc() int32 {
@@ -167,6 +216,9 @@ func (n *net) alloc() int32 {
 		return i
 	}
 	n.pkts = append(n.pkts, packet{})
+	if n.intStride > 0 {
+		n.ints = append(n.ints, make([]congestion.INTHop, n.intStride)...)
+	}
 	return int32(len(n.pkts) - 1)
 }
 
@@ -206,11 +258,11 @@ func (n *net) run() {
 // queued, so a run can be continued by raising end.
 func (n *net) runUntil() {
 	const progressEvery = 1 << 16
-	for n.h.len() > 0 {
-		if n.h.ev[0].at > n.end {
+	for {
+		e, ok := n.q.pop(n.end)
+		if !ok {
 			break
 		}
-		e := n.h.pop()
 		n.now = e.at
 		n.events++
 		if n.progress != nil && n.events%progressEvery == 0 {
@@ -223,9 +275,7 @@ func (n *net) runUntil() {
 func (n *net) dispatch(e *event) {
 	switch e.kind {
 	case evFlowStart:
-		f := &n.flows[e.obj]
-		f.started = true
-		n.hostTry(f.src)
+		n.startFlow(e.obj)
 	case evHostWake:
 		if nd := &n.nodes[e.obj]; nd.wakeAt == e.at {
 			nd.wakeAt = clock.Never
@@ -239,12 +289,12 @@ func (n *net) dispatch(e *event) {
 		n.arrive(e.obj, e.pkt, e.aux)
 	case evRPTimer:
 		f := &n.flows[e.obj]
-		if f.rpAt != e.at {
+		if f.ccAt != e.at || f.cc == nil {
 			return // superseded
 		}
-		f.rpAt = clock.Never
-		f.rp.OnTimer(n.now)
-		n.afterRP(f)
+		f.ccAt = clock.Never
+		f.cc.OnTimer(n.now)
+		n.afterCC(f)
 		n.hostTry(f.src)
 	case evNPTimer:
 		f := &n.flows[e.obj]
@@ -269,17 +319,29 @@ func (n *net) dispatch(e *event) {
 	}
 }
 
-// afterRP (re)arms the flow's RP timer when its deadline moved and, with
-// Options.Retime, applies a rate change to the pacer's pending gap.
-func (n *net) afterRP(f *flow) {
+// startFlow puts a flow on its sender's list and lets the sender try it.
+func (n *net) startFlow(fi int32) {
+	f := &n.flows[fi]
+	f.started = true
+	if f.cc == nil && n.work != nil {
+		n.work.attach(n, f)
+	}
+	n.nodes[f.src].flows = append(n.nodes[f.src].flows, fi)
+	n.hostTry(f.src)
+}
+
+// afterCC (re)arms the flow's controller timer when its deadline moved
+// and, with Options.Retime, applies a rate change to the pacer's pending
+// gap.
+func (n *net) afterCC(f *flow) {
 	if n.retime {
-		if r := f.rp.Rate(); r != f.rate {
+		if r := f.cc.Rate(); r != f.rate {
 			f.pacer.Retime(n.now, f.rate, r, n.pktSize)
 			f.rate = r
 		}
 	}
-	if d := f.rp.Deadline(); d != f.rpAt {
-		f.rpAt = d
+	if d := f.cc.Deadline(); d != f.ccAt {
+		f.ccAt = d
 		if d != clock.Never {
 			n.schedule(d, evRPTimer, int32(f.id), -1, 0)
 		}
@@ -319,17 +381,26 @@ func (n *net) kick(pi int32) {
 		return
 	}
 	pk := &n.pkts[i]
-	p.qBytes -= int64(pk.size)
+	size := int64(pk.size)
+	p.qBytes -= size
+	n.nodes[p.node].qBytes -= size
 	if pk.inPort >= 0 {
-		n.ingressRelease(pk.inPort, int64(pk.size))
+		n.ingressRelease(pk.inPort, size)
 		pk.inPort = -1
 	}
 	if p.markAt == MarkDequeue && n.mark(p, p.qBytes) {
 		pk.ce = true
 	}
+	if n.intStride > 0 && int(pk.nint) < n.intStride {
+		// HPCC's switch: the record is pushed as the packet leaves, with
+		// the bytes sent before it and the queue it leaves behind.
+		n.ints[int(i)*n.intStride+int(pk.nint)] = congestion.INTHop{Rate: p.rate, TS: n.now, TxBytes: p.txBytes, QLen: p.qBytes}
+		pk.nint++
+	}
+	p.txBytes += size
 	p.txData++
 	if p.monitored && n.now >= n.window[0] && n.now < n.window[1] {
-		p.txBytesWindow += int64(pk.size)
+		p.txBytesWindow += size
 	}
 	n.startTx(pi, i)
 }
@@ -364,6 +435,23 @@ func (n *net) mark(p *port, q int64) bool {
 	return false
 }
 
+// egress picks switch sw's port towards dst for a packet of ECMP hash h.
+func (n *net) egress(sw, dst int32, h uint32) int32 {
+	r := n.nodes[sw].route[dst]
+	if r.cnt == 1 {
+		return n.nh[r.off]
+	}
+	// Mix the flow's hash with the switch, so that each stage of a Clos
+	// splits flows independently (as per-switch ECMP seeds do).
+	x := h ^ uint32(sw)*0x9e3779b1
+	x ^= x >> 16
+	x *= 0x7feb352d
+	x ^= x >> 15
+	x *= 0x846ca68b
+	x ^= x >> 16
+	return n.nh[r.off+int32(uint64(x)*uint64(r.cnt)>>32)]
+}
+
 // arrive delivers packet i to node ni, which received it on port in.
 func (n *net) arrive(ni, i, in int32) {
 	nd := &n.nodes[ni]
@@ -372,7 +460,7 @@ func (n *net) arrive(ni, i, in int32) {
 		n.deliver(i)
 		return
 	}
-	out := nd.route[pk.dst]
+	out := n.egress(ni, pk.dst, pk.hash)
 	p := &n.ports[out]
 	if pk.kind != pktData {
 		n.enqueue(&p.hi, i)
@@ -380,18 +468,23 @@ func (n *net) arrive(ni, i, in int32) {
 		n.kick(out)
 		return
 	}
-	if p.qBytes+int64(pk.size) > p.limit {
+	size := int64(pk.size)
+	if p.qBytes+size > p.limit || (nd.bufLimit > 0 && nd.qBytes+size > nd.bufLimit) {
 		p.drops++
 		n.release(i)
 		return
 	}
-	p.qBytes += int64(pk.size)
+	if pk.hops < math.MaxUint8 {
+		pk.hops++
+	}
+	p.qBytes += size
+	nd.qBytes += size
 	p.maxQ = max(p.maxQ, p.qBytes)
 	if p.markAt == MarkEnqueue && n.mark(p, p.qBytes) {
 		pk.ce = true
 	}
 	pk.inPort = in
-	n.ingressHold(in, int64(pk.size))
+	n.ingressHold(in, size)
 	n.enqueue(&p.data, i)
 	n.kick(out)
 }
@@ -419,57 +512,129 @@ func (n *net) ingressRelease(in int32, b int64) {
 }
 
 // deliver hands a packet to its destination host: data feeds the flow's NP
-// (which may answer with a CNP), a CNP feeds the sender's RP.
+// (which may answer with a CNP) and its ACK, a CNP feeds the sender's RP,
+// an ACK the sender's controller.
 func (n *net) deliver(i int32) {
-	pk := n.pkts[i]
-	n.release(i)
+	pk := &n.pkts[i]
 	f := &n.flows[pk.flow]
 	switch pk.kind {
 	case pktData:
-		f.rcvd += int64(pk.size)
-		b := int(n.now / n.binWidth)
-		for len(f.bins) <= b {
-			f.bins = append(f.bins, 0)
+		f.rcvd += int64(pk.payload)
+		if n.bins {
+			n.binBytes(f, int64(pk.size))
 		}
-		f.bins[b] += int64(pk.size)
-		if n.traceWidth != n.binWidth {
-			b := int(n.now / n.traceWidth)
-			for len(f.tbins) <= b {
-				f.tbins = append(f.tbins, 0)
-			}
-			f.tbins[b] += int64(pk.size)
-		}
-		if f.size > 0 && f.rcvd >= f.size && f.finish < 0 {
+		last := f.size > 0 && f.rcvd >= f.size
+		if last && f.finish < 0 {
 			f.finish = n.now
 		}
-		if f.np.OnPacket(n.now, pk.ce) {
-			n.sendCNP(f)
+		ce := pk.ce
+		if n.acks {
+			f.unackPkts++
+			f.unackWire += int64(pk.size)
+			f.unackPay += int64(pk.payload)
+			if f.unackPkts >= n.ackInterval || last {
+				n.sendAck(f, i)
+			} else {
+				n.release(i)
+			}
+		} else {
+			n.release(i)
 		}
-		n.afterNP(f)
+		if f.rp != nil {
+			if f.np.OnPacket(n.now, ce) {
+				n.sendCNP(f)
+			}
+			n.afterNP(f)
+		}
 	case pktCNP:
+		n.release(i)
 		f.cnpRcvd++
-		f.rp.OnCNP(n.now)
-		n.afterRP(f)
+		if f.cc == nil {
+			return
+		}
+		f.cc.OnCNP(n.now)
+		n.afterCC(f)
+		n.hostTry(f.src)
+	case pktAck:
+		f.acked += int64(pk.acked)
+		f.ackedPay += int64(pk.payload)
+		if f.cc != nil {
+			var rec []congestion.INTHop
+			if n.intStride > 0 {
+				o := int(i) * n.intStride
+				rec = n.ints[o : o+int(pk.nint)]
+			}
+			f.cc.OnAck(n.now, congestion.Ack{Bytes: int(pk.acked), ECNEcho: pk.ce,
+				RTT: n.now.Sub(pk.sentAt), Hops: int(pk.hops), INT: rec})
+			n.afterCC(f)
+		}
+		n.release(i)
+		if f.size > 0 && f.ackedPay >= f.size {
+			if f.done < 0 {
+				f.done = n.now
+				if n.work != nil {
+					n.work.finished(n, f)
+				}
+			}
+			return
+		}
 		n.hostTry(f.src)
 	}
+}
+
+func (n *net) binBytes(f *flow, b int64) {
+	k := int(n.now / n.binWidth)
+	for len(f.bins) <= k {
+		f.bins = append(f.bins, 0)
+	}
+	f.bins[k] += b
+	if n.traceWidth != n.binWidth {
+		k := int(n.now / n.traceWidth)
+		for len(f.tbins) <= k {
+			f.tbins = append(f.tbins, 0)
+		}
+		f.tbins[k] += b
+	}
+}
+
+// sendAck turns data packet i into the ACK for everything f's receiver has
+// not acknowledged yet and queues it ahead of the receiver's data.
+func (n *net) sendAck(f *flow, i int32) {
+	pk := &n.pkts[i]
+	pk.kind = pktAck
+	pk.acked = int32(f.unackWire)
+	pk.payload = int32(f.unackPay)
+	pk.size = int32(n.ackSize)
+	pk.dst = f.src
+	pk.hash = ^f.hash
+	pk.inPort = -1
+	f.unackPkts, f.unackWire, f.unackPay = 0, 0, 0
+	n.queueControl(f.dst, i)
+}
+
+// queueControl puts a control packet on host h's strict-priority queue.
+func (n *net) queueControl(h, i int32) {
+	pi := n.nodes[h].ports[0]
+	p := &n.ports[pi]
+	n.enqueue(&p.hi, i)
+	p.hiByte += int64(n.pkts[i].size)
+	n.kick(pi)
 }
 
 // sendCNP queues a CNP from the flow's receiver back to its sender, ahead
 // of any data on the receiver's NIC.
 func (n *net) sendCNP(f *flow) {
 	i := n.alloc()
-	n.pkts[i] = packet{flow: int32(f.id), size: CNPSize, kind: pktCNP, dst: f.src, inPort: -1, next: -1}
-	pi := n.nodes[f.dst].ports[0]
-	p := &n.ports[pi]
-	n.enqueue(&p.hi, i)
-	p.hiByte += CNPSize
-	n.kick(pi)
+	n.pkts[i] = packet{flow: int32(f.id), size: CNPSize, kind: pktCNP, dst: f.src, inPort: -1, next: -1, hash: ^f.hash}
+	n.queueControl(f.dst, i)
 }
 
 // hostTry lets a host's NIC send its next packet if the link is free: a
-// queued CNP first, then the data flow whose pacer allows the earliest
-// departure (round-robin among ties, like HPCC's QP scheduler). If no flow
-// may send yet, it sets a wake-up for the earliest pacer time.
+// queued CNP or ACK first, then the data flow whose pacer allows the
+// earliest departure among those its window lets send (round-robin among
+// ties, like HPCC's QP scheduler). If no flow may send yet, it sets a
+// wake-up for the earliest pacer time; a flow held by its window waits for
+// an ACK.
 func (n *net) hostTry(hi int32) {
 	nd := &n.nodes[hi]
 	pi := nd.ports[0]
@@ -485,14 +650,15 @@ func (n *net) hostTry(hi int32) {
 	if p.paused || len(nd.flows) == 0 {
 		return
 	}
+	windowed := n.alg.windowed
 	best, bestAt := -1, clock.Never
 	for k := range nd.flows {
 		j := (nd.rr + k) % len(nd.flows)
 		f := &n.flows[nd.flows[j]]
-		if !f.started || (f.size > 0 && f.sent >= f.size) {
+		if windowed && f.wire-f.acked >= f.cc.Window() {
 			continue
 		}
-		if at := f.pacer.Next(n.now, f.rp.Rate(), n.pktSize); at < bestAt {
+		if at := f.pacer.Next(n.now, f.cc.Rate(), n.pktSize); at < bestAt {
 			best, bestAt = j, at
 		}
 	}
@@ -507,17 +673,28 @@ func (n *net) hostTry(hi int32) {
 		return
 	}
 	nd.rr = best + 1
-	f := &n.flows[nd.flows[best]]
-	size := int64(n.pktSize)
+	fi := nd.flows[best]
+	f := &n.flows[fi]
+	pay := int64(n.payload)
 	if f.size > 0 {
-		size = min(size, f.size-f.sent)
+		pay = min(pay, f.size-f.sent)
 	}
-	f.pacer.Sent(n.now, f.rp.Rate(), int(size))
-	f.sent += size
-	f.rp.OnPacketSent(n.now, int(size))
-	n.afterRP(f)
+	wire := pay + int64(n.pktSize-n.payload)
+	f.pacer.Sent(n.now, f.cc.Rate(), int(wire))
+	f.sent += pay
+	f.wire += wire
+	f.cc.OnPacketSent(n.now, int(wire))
+	n.afterCC(f)
 	i := n.alloc()
-	n.pkts[i] = packet{flow: int32(f.id), size: int32(size), kind: pktData, dst: f.dst, inPort: -1, next: -1}
+	n.pkts[i] = packet{sentAt: n.now, flow: fi, size: int32(wire), payload: int32(pay), kind: pktData,
+		dst: f.dst, inPort: -1, next: -1, hash: f.hash}
 	p.txData++
 	n.startTx(pi, i)
+	if f.size > 0 && f.sent >= f.size {
+		// All sent: the flow leaves the host's list (its ACKs still come).
+		nd.flows = append(nd.flows[:best], nd.flows[best+1:]...)
+		if best < nd.rr {
+			nd.rr--
+		}
+	}
 }

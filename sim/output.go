@@ -3,6 +3,7 @@ package sim
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/softrnic/softrnic/sim/fluid"
 	"github.com/softrnic/softrnic/sim/plot"
@@ -18,37 +20,54 @@ import (
 // Output files WriteDir creates.
 const (
 	SummaryFile    = "summary.json"
-	FlowsFile      = "flows.csv"      // t_us,flow,rate_gbps,target_gbps,alpha
+	FlowsFile      = "flows.csv"      // t_us,flow,rate_gbps,<algorithm's two columns>
 	QueuesFile     = "queues.csv"     // t_us,port,queue_kb
 	ThroughputFile = "throughput.csv" // t_ms,flow,gbps (received, Options.ThroughputBin bins)
-	FigureFile     = "dcqcn.svg"      // throughput, R_C, queue and α panels
+	FigureFile     = "dcqcn.svg"      // throughput, rate, queue and α panels (other algorithms: <name>.svg)
 	RatesPlot      = "rates.svg"
 	QueuePlot      = "queue.svg"
-	AlphaPlot      = "alpha.svg"
+	AlphaPlot      = "alpha.svg" // DCQCN's α; the other algorithms' last panel is state.svg
+	StatePlot      = "state.svg"
+
+	// The workload writes summary.json, fct.txt and slowdown.svg.
+	FCTFile      = "fct.txt"      // HPCC ns-3's format: sip dip sport dport size start_ns fct_ns standalone_fct_ns
+	SlowdownPlot = "slowdown.svg" // FCT slowdown by flow size: median, 95th, 99th percentile
 )
 
-// TraceFiles are the files whose bytes depend only on the Options (not on
-// wall time): what the determinism test hashes.
+// TraceFiles are the files of a DCQCN run whose bytes depend only on the
+// Options (not on wall time): what the determinism test hashes.
 var TraceFiles = []string{FlowsFile, QueuesFile, ThroughputFile, FigureFile, RatesPlot, QueuePlot, AlphaPlot}
 
-// WriteDir writes summary.json, the CSV traces and the SVG plots into dir,
-// creating it if needed.
+// WriteDir writes the run's files into dir, creating it if needed: for the
+// workload summary.json, fct.txt and slowdown.svg; otherwise summary.json,
+// the CSV traces and the SVG plots.
 func (r *Result) WriteDir(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	files := []struct {
+	type file struct {
 		name  string
 		write func(io.Writer) error
-	}{
-		{SummaryFile, r.writeSummary},
-		{FlowsFile, r.writeFlows},
-		{QueuesFile, r.writeQueues},
-		{ThroughputFile, r.writeThroughput},
-		{FigureFile, func(w io.Writer) error { f := r.Figure(); return f.WriteSVG(w) }},
-		{RatesPlot, func(w io.Writer) error { return r.single(0).WriteSVG(w) }},
-		{QueuePlot, func(w io.Writer) error { return r.single(2).WriteSVG(w) }},
-		{AlphaPlot, func(w io.Writer) error { return r.single(3).WriteSVG(w) }},
+	}
+	if r.Options.Scenario == Workload {
+		return WriteWorkloadDir(dir, &r.Summary, r.FCT)
+	}
+	var files []file
+	{
+		fig, last := FigureFile, AlphaPlot
+		if a := r.Summary.Algorithm; a != DCQCN && a != "" {
+			fig, last = a+".svg", StatePlot
+		}
+		files = []file{
+			{SummaryFile, r.writeSummary},
+			{FlowsFile, r.writeFlows},
+			{QueuesFile, r.writeQueues},
+			{ThroughputFile, r.writeThroughput},
+			{fig, func(w io.Writer) error { f := r.Figure(); return f.WriteSVG(w) }},
+			{RatesPlot, func(w io.Writer) error { return r.single(0).WriteSVG(w) }},
+			{QueuePlot, func(w io.Writer) error { return r.single(2).WriteSVG(w) }},
+			{last, func(w io.Writer) error { return r.single(3).WriteSVG(w) }},
+		}
 	}
 	for _, f := range files {
 		if err := writeFile(filepath.Join(dir, f.name), f.write); err != nil {
@@ -56,6 +75,92 @@ func (r *Result) WriteDir(dir string) error {
 		}
 	}
 	return nil
+}
+
+// WriteWorkloadDir writes a workload run's (or a merge's) summary.json,
+// fct.txt and slowdown.svg into dir.
+func WriteWorkloadDir(dir string, s *Summary, fct []byte) error {
+	if s.Workload == nil {
+		return errors.New("sim: not a workload summary")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(dir, SummaryFile), func(w io.Writer) error { return writeJSON(w, s) }); err != nil {
+		return err
+	}
+	if err := writeFile(filepath.Join(dir, FCTFile), func(w io.Writer) error { _, err := w.Write(fct); return err }); err != nil {
+		return err
+	}
+	return writeFile(filepath.Join(dir, SlowdownPlot), func(w io.Writer) error {
+		f := SlowdownFigure(SlowdownTitle(s), []SlowdownRun{{Name: algoTitle(s.Algorithm) + " " + s.Profile, Table: s.Workload.Slowdown}})
+		return f.WriteSVG(w)
+	})
+}
+
+// SlowdownTitle describes a workload run for a figure's title.
+func SlowdownTitle(s *Summary) string {
+	w := s.Workload
+	seeds := fmt.Sprintf("seed %d", s.Seed)
+	if len(s.Seeds) > 1 {
+		seeds = fmt.Sprintf("%d seeds", len(s.Seeds))
+	}
+	return fmt.Sprintf("FCT slowdown, %s %d%% load, %s (%d hosts, %g/%g Gb/s), %g ms, %s",
+		w.CDF, int(w.Load*100+0.5), w.Topology, w.Hosts, w.HostGbps, w.UplinkGbps, s.DurationMs, seeds)
+}
+
+// SlowdownRun is one algorithm's slowdown table in a comparison figure.
+type SlowdownRun struct {
+	Name  string
+	Table []SlowdownBucket
+}
+
+// SlowdownFigure draws FCT slowdown against flow size as the HPCC paper's
+// Figure 11 does: one panel each for the median, the 95th and the 99th
+// percentile, flows bucketed by size (5 % of the flows per bucket), the
+// x axis labelled with each bucket's largest flow, the slowdown in log
+// scale; one line per run.
+func SlowdownFigure(title string, runs []SlowdownRun) plot.Figure {
+	var ticks []plot.Tick
+	if len(runs) > 0 {
+		t := runs[0].Table
+		every := max(len(t)/10, 1)
+		for i, b := range t {
+			if i%every == every-1 || i == len(t)-1 {
+				ticks = append(ticks, plot.Tick{V: float64(i + 1), Label: sizeLabel(b.MaxBytes)})
+			}
+		}
+	}
+	panels := []plot.Panel{
+		{Title: "(a) median FCT slowdown"}, {Title: "(b) 95th percentile"}, {Title: "(c) 99th percentile"},
+	}
+	for k := range panels {
+		p := &panels[k]
+		p.XLabel, p.YLabel, p.XTicks, p.YLog = "flow size (bucket's largest, 5 % of flows per bucket)", "FCT slowdown", ticks, true
+		p.XFixed, p.XMin = true, 0
+		for _, r := range runs {
+			p.XMax = max(p.XMax, float64(len(r.Table)))
+			var x, y []float64
+			for i, b := range r.Table {
+				x = append(x, float64(i)+0.5)
+				y = append(y, [3]float64{b.P50, b.P95, b.P99}[k])
+			}
+			p.Series = append(p.Series, plot.Series{Name: r.Name, X: x, Y: y})
+		}
+		p.XMax = max(p.XMax, 1)
+	}
+	return plot.Figure{Title: title, Width: 760, Panels: panels}
+}
+
+// sizeLabel is a flow size as the HPCC figure labels it: 5K, 80K, 2M.
+func sizeLabel(b int64) string {
+	switch {
+	case b >= 1_000_000:
+		return strconv.FormatFloat(float64(b)/1e6, 'g', 3, 64) + "M"
+	case b >= 1000:
+		return strconv.FormatFloat(float64(b)/1e3, 'g', 3, 64) + "K"
+	}
+	return strconv.FormatInt(b, 10)
 }
 
 func writeFile(path string, write func(io.Writer) error) error {
@@ -75,11 +180,13 @@ func writeFile(path string, write func(io.Writer) error) error {
 	return fh.Close()
 }
 
-func (r *Result) writeSummary(w io.Writer) error {
+func (r *Result) writeSummary(w io.Writer) error { return writeJSON(w, &r.Summary) }
+
+func writeJSON(w io.Writer, v any) error {
 	e := json.NewEncoder(w)
 	e.SetIndent("", "  ")
 	e.SetEscapeHTML(false) // port names contain "->"
-	return e.Encode(&r.Summary)
+	return e.Encode(v)
 }
 
 // Numbers are formatted with a fixed precision so the files are
@@ -88,7 +195,11 @@ func ff(b []byte, v float64, prec int) []byte { return strconv.AppendFloat(b, v,
 
 func (r *Result) writeFlows(w io.Writer) error {
 	t := &r.Trace
-	b := []byte("t_us,flow,rate_gbps,target_gbps,alpha\n")
+	b := []byte("t_us,flow,rate_gbps," + t.Cols[0] + "," + t.Cols[1] + "\n")
+	prec := [2]int{4, 6}
+	if r.alg != nil {
+		prec = [2]int{r.alg.cols[0].prec, r.alg.cols[1].prec}
+	}
 	for i, ts := range t.TimesUs {
 		for _, f := range t.Flows {
 			b = ff(b, ts, 0)
@@ -97,9 +208,9 @@ func (r *Result) writeFlows(w io.Writer) error {
 			b = append(b, ',')
 			b = ff(b, float64(f.RateGbps[i]), 4)
 			b = append(b, ',')
-			b = ff(b, float64(f.TargetGbps[i]), 4)
+			b = ff(b, float64(f.A[i]), prec[0])
 			b = append(b, ',')
-			b = ff(b, float64(f.Alpha[i]), 6)
+			b = ff(b, float64(f.B[i]), prec[1])
 			b = append(b, '\n')
 		}
 		if len(b) > 1<<15 {
@@ -154,8 +265,9 @@ func (r *Result) writeThroughput(w io.Writer) error {
 }
 
 // Figure is the run's paper figure: (a) received throughput per flow in 1
-// ms bins with the fair share, (b) each RP's current rate R_C, (c) the
-// bottleneck queue with the fluid model's mean, (d) α.
+// ms bins with the fair share, (b) each controller's rate (DCQCN: R_C),
+// (c) the bottleneck queue with the fluid model's mean, (d) the
+// algorithm's own variable (DCQCN α, HPCC U, TIMELY RTT, Swift cwnd).
 func (r *Result) Figure() plot.Figure {
 	t := &r.Trace
 	s := &r.Summary
@@ -185,9 +297,9 @@ func (r *Result) Figure() plot.Figure {
 	for _, f := range t.Flows {
 		// A flow not sending (not started, or finished) has no rate: leave
 		// a gap rather than draw a line at zero.
-		r, a := f32(f.RateGbps), f32(f.Alpha)
+		r, a := f32(f.RateGbps), f32(f.B)
 		for i := range r {
-			if f.TargetGbps[i] == 0 {
+			if f.RateGbps[i] == 0 {
 				r[i], a[i] = math.NaN(), math.NaN()
 			}
 		}
@@ -215,21 +327,37 @@ func (r *Result) Figure() plot.Figure {
 	case len(tp) > manySeries:
 		tp, rc, al = spread(tp, "all"), spread(rc, "all"), spread(al, "all")
 	}
-	title := fmt.Sprintf("DCQCN %s, profile %s, %d flows, %g Gb/s, seed %d", s.Scenario, s.Profile, len(s.Flows), s.LinkGbps, s.Seed)
+	title := fmt.Sprintf("%s %s, profile %s, %d flows, %g Gb/s, seed %d", algoTitle(s.Algorithm), s.Scenario, s.Profile, len(s.Flows), s.LinkGbps, s.Seed)
+	rateTitle, rateLabel := "(b) sending rate", "rate (Gb/s)"
+	last := plot.Panel{Title: "(d) " + t.Labels[1], XLabel: "time (ms)", YLabel: t.Labels[1], Series: al, Height: 160, VLines: win}
+	if s.Algorithm == DCQCN || s.Algorithm == "" {
+		rateTitle, rateLabel = "(b) reaction-point rate R_C", "R_C (Gb/s)"
+		last = plot.Panel{Title: "(d) α", XLabel: "time (ms)", YLabel: "α", Series: al, YFixed: true, YMin: 0, YMax: 1, Height: 160}
+	}
 	band := []plot.Band{{Lo: fair * 0.95, Hi: fair * 1.05, Label: "fair share ± 5 %"}}
 	if s.Scenario == Incast {
 		band = nil
 	}
 	fig := plot.Figure{Title: title, Width: 760, Panels: []plot.Panel{
 		{Title: fmt.Sprintf("(a) received throughput, %g ms bins", t.BinMs), XLabel: "time (ms)", YLabel: "throughput (Gb/s)", Series: tp, HBands: band, VLines: win},
-		{Title: "(b) reaction-point rate R_C", XLabel: "time (ms)", YLabel: "R_C (Gb/s)", Series: rc, VLines: win},
+		{Title: rateTitle, XLabel: "time (ms)", YLabel: rateLabel, Series: rc, VLines: win},
 		{Title: "(c) bottleneck queue " + s.Bottleneck, XLabel: "time (ms)", YLabel: "queue (KB)", Series: qs, VLines: win},
-		{Title: "(d) α", XLabel: "time (ms)", YLabel: "α", Series: al, YFixed: true, YMin: 0, YMax: 1, Height: 160},
+		last,
 	}}
 	for i := range fig.Panels {
 		fig.Panels[i].XFixed, fig.Panels[i].XMin, fig.Panels[i].XMax = true, 0, s.DurationMs
 	}
 	return fig
+}
+
+func algoTitle(a string) string {
+	switch a {
+	case HPCC, TIMELY:
+		return strings.ToUpper(a)
+	case Swift:
+		return "Swift"
+	}
+	return "DCQCN"
 }
 
 // single is one panel of Figure as its own SVG.
@@ -250,7 +378,7 @@ func f32(v []float32) []float64 {
 // run's link and marking parameters, when the profile is the paper's (the
 // model has no ConnectX variant).
 func fluidRef(o *Options) *FluidRef {
-	if o.Scenario == Incast || o.Profile != "paper" || o.RP != nil || o.NP != nil {
+	if o.Scenario == Incast || o.Scenario == Workload || (o.Algorithm != DCQCN && o.Algorithm != "") || o.Profile != "paper" || o.RP != nil || o.NP != nil {
 		return nil
 	}
 	p := fluid.Paper(o.Flows)

@@ -1,88 +1,159 @@
 // Package sim is softrnic's deterministic discrete-event simulator for
-// congestion-control research. Hosts run softrnic's own DCQCN reaction and
-// notification points (congestion/dcqcn) and its per-QP pacer
+// congestion-control research. Hosts run softrnic's own congestion
+// controllers — DCQCN's reaction and notification points
+// (congestion/dcqcn), HPCC, TIMELY, Swift — and its per-QP pacer
 // (congestion.Pacer); links have a rate and a propagation delay; switches
 // have output-queued ports (FIFO, RED/ECN marking at enqueue or dequeue,
-// tail drop, optional PFC) and a strict-priority queue for CNPs.
+// tail drop, optional PFC, INT records for HPCC, ECMP over equal-cost
+// paths) and a strict-priority queue for CNPs and ACKs.
+//
+// Scenarios: two-flow, n-flow and incast on one or two switches (the
+// DCQCN paper's experiments), and workload: a leaf-spine or fat-tree
+// fabric (or the HPCC paper's 320-server one) loaded with flows drawn from
+// a flow-size CDF at Poisson arrivals, reported as HPCC's ns-3 reports it
+// (fct.txt, FCT slowdown by flow size).
 //
 // Time is integer nanoseconds (clock.Time); events fire in (time, sequence)
-// order; randomness (RED marking) comes from math/rand/v2 PCG streams
-// seeded per port from the run's seed. Nothing depends on map order, wall
-// time or GOMAXPROCS, so the same Options give byte-identical traces.
+// order; randomness (RED marking, the workload, ECMP hashes) comes from
+// math/rand/v2 PCG streams seeded from the run's seed, one per component.
+// Nothing depends on map order, wall time or GOMAXPROCS, so the same
+// Options give byte-identical traces and fct.txt.
 //
-// Simplifications, all deliberate: flows are long-lived or fixed-size
-// transfers with no transport (no ACKs, no retransmission — a dropped
-// packet is counted and lost); PFC PAUSE/RESUME take effect one propagation
-// delay after the threshold crossing and occupy no link time; the switch
-// buffer is a per-port tail-drop limit, not a shared pool.
+// Simplifications, all deliberate: the transport is ideal — the receiver
+// acknowledges every AckInterval packets (ACK-clocked algorithms and the
+// workload only), there is no retransmission, and a dropped packet is
+// counted and lost (its flow never completes); PFC PAUSE/RESUME take
+// effect one propagation delay after the threshold crossing and occupy no
+// link time, with a static threshold per ingress port; the switch buffer
+// is a per-port tail-drop limit plus, in the workload, a shared limit per
+// switch; INT records are exact (not HPCC's 8-byte encoding).
 package sim
 
 import (
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/congestion/hpcc"
+	"github.com/softrnic/softrnic/congestion/swift"
+	"github.com/softrnic/softrnic/congestion/timely"
 )
 
 // Scenario names.
 const (
-	TwoFlow = "two-flow"
-	NFlow   = "n-flow"
-	Incast  = "incast"
+	TwoFlow  = "two-flow"
+	NFlow    = "n-flow"
+	Incast   = "incast"
+	Workload = "workload"
 )
+
+// Scenarios lists the scenarios.
+var Scenarios = []string{TwoFlow, NFlow, Incast, Workload}
 
 // Options describe one run. Zero fields take the defaults documented on
 // each; Defaults fills them in.
 type Options struct {
-	Scenario string // TwoFlow (default), NFlow or Incast
+	Scenario string // TwoFlow (default), NFlow, Incast or Workload
+	// Algorithm is DCQCN (default), HPCC, TIMELY or Swift.
+	Algorithm string
 	// Flows is N for NFlow (default 4) and the number of incast senders
-	// for Incast (default 16); TwoFlow ignores it.
+	// for Incast (default 16); TwoFlow and Workload ignore it.
 	Flows int
-	// Profile is "paper" (default), "connectx" or "hpcc-mlx"; RP and NP,
-	// when non-nil, replace the profile's reaction and notification point.
+	// Profile is the algorithm's parameter set: for DCQCN "paper"
+	// (default; the workload's default is "hpcc-mlx"), "connectx" or
+	// "hpcc-mlx"; for HPCC and TIMELY "artifact" (HPCC's ns-3 settings,
+	// default) or "paper"; for Swift "default". RP and NP, when non-nil,
+	// replace DCQCN's reaction and notification point; HPCC, TIMELY and
+	// Swift replace those algorithms' configuration.
 	Profile string
 	RP      *dcqcn.Config
 	// ConnectX, for the connectx profile, holds its mlx5 knobs (nil: the
 	// firmware defaults); the summary lists them by name.
 	ConnectX *dcqcn.ConnectX
 	NP       *dcqcn.NPConfig
+	HPCC     *hpcc.Config
+	TIMELY   *timely.Config
+	Swift    *swift.Config
 	Seed     uint64
 	// Duration of simulated time: two-flow 110 ms, n-flow 100 ms + N ms,
-	// incast 20 ms.
-	Duration time.Duration
-	// LinkRate of every link (40 Gb/s); LinkDelay of every link (1 µs).
+	// incast 20 ms, workload 10 ms (flows arrive during Duration; the run
+	// goes on for Drain more, with no new arrivals).
+	Duration, Drain time.Duration
+	// LinkRate of every host link (40 Gb/s; workload 100 Gb/s);
+	// LinkDelay of every link (1 µs).
 	LinkRate  congestion.Rate
 	LinkDelay time.Duration
-	// PacketSize is the data packet size on the wire (1000 bytes, the
-	// fluid model's 1 KB packet).
-	PacketSize int
+	// PacketSize is a full data packet's payload (1000 bytes) and
+	// HeaderBytes its headers on the wire (0 in two-flow, n-flow and
+	// incast, whose PacketSize is thus the wire size, the fluid model's 1
+	// KB packet; 48 in the workload, as HPCC's ns-3 counts them). HPCC's
+	// packets carry INT on top: 2 bytes plus 8 per switch of the longest
+	// path.
+	PacketSize, HeaderBytes int
+	// AckInterval is how many data packets one ACK acknowledges (1, HPCC
+	// ns-3's L2_ACK_INTERVAL); a flow's last packet is always acknowledged.
+	AckInterval int
 	// Marking and RED configure every switch port (dequeue; 5 KB / 200 KB /
-	// 1 %, the paper's values at 40 Gb/s).
-	Marking MarkAt
-	RED     RED
-	// Buffer is each switch port's tail-drop limit (12 MB).
-	Buffer int64
+	// 1 %, the paper's values at 40 Gb/s; workload: HPCC ns-3's DCQCN map,
+	// 100 KB / 400 KB / 20 % per 25 Gb/s of host rate). ScaleRED scales a
+	// port's ramp with its rate over the host rate (default in the
+	// workload, as HPCC's KMIN/KMAX maps do for its 400 Gb/s links).
+	Marking  MarkAt
+	RED      RED
+	ScaleRED bool
+	// Buffer is each switch port's tail-drop limit (12 MB; workload:
+	// SwitchBuffer). SwitchBuffer, when > 0, is a limit on the bytes queued
+	// in all ports of a switch (workload: 32 MB per 100 Gb/s of host rate,
+	// HPCC ns-3's BUFFER_SIZE).
+	Buffer, SwitchBuffer int64
 	// PFC enables PAUSE: an ingress holding more than PFCXoff bytes pauses
 	// its upstream port until it drops to PFCXon (defaults 96 KB and 96 KB
-	// minus two packets). Incast enables PFC unless NoPFC is set.
+	// minus two packets; workload: SwitchBuffer/8, what HPCC ns-3's
+	// dynamic threshold gives while the buffer is empty). Incast and
+	// workload enable PFC unless NoPFC is set.
 	PFC, NoPFC      bool
 	PFCXoff, PFCXon int64
-	// IncastSize is each incast sender's transfer (1 MB); incast flows
-	// start at IncastStart (1 ms).
+	// IncastSize is each incast sender's transfer (1 MB; workload 500 KB);
+	// incast flows start at IncastStart (1 ms). In the workload, IncastFanIn
+	// > 0 adds a burst every IncastEvery (1 ms): IncastFanIn random senders
+	// each send IncastSize to one random receiver (fct.txt dport 200).
 	IncastSize  int64
 	IncastStart time.Duration
+	IncastFanIn int
+	IncastEvery time.Duration
+	// Workload: Topology is LeafSpine (default), FatTree or HPCCTopo (the
+	// HPCC paper's 320 servers at 100 Gb/s, 400 Gb/s fabric). A leaf-spine
+	// has Leaves leaves (4) of HostsPerLeaf hosts (8) under Spines spines
+	// (4); a fat-tree has K pods (4) of K/2 ToRs and K/2 aggregation
+	// switches, (K/2)² cores and HostsPerToR hosts per ToR (K/2 ·
+	// Oversub). Oversub (1) is a ToR's host bandwidth over its uplink
+	// bandwidth; UplinkRate, the rate of switch-to-switch links, defaults
+	// to what makes it so (leaf-spine), the host rate (fat-tree) or 400
+	// Gb/s (hpcc).
+	Topology                     string
+	Leaves, Spines, HostsPerLeaf int
+	K, HostsPerToR               int
+	Oversub                      float64
+	UplinkRate                   congestion.Rate
+	// CDF is the flow-size distribution: "websearch" (default),
+	// "fbhadoop", or a file in HPCC's traffic_gen format. Load is each
+	// host's offered load as a fraction of its link (0.3): flows arrive at
+	// every host as a Poisson process of rate Load·LinkRate/mean size, to
+	// a uniformly random other host.
+	CDF  string
+	Load float64
 	// TraceInterval is the period of the rate/α/queue trace rows (10 µs, or
 	// 100 µs above 16 flows); statistics sample the bottleneck every µs.
+	// The workload records no per-flow traces.
 	TraceInterval time.Duration
 	// ThroughputBin is the bin of the received-throughput trace (1 ms;
 	// 100 µs for incast, which is over in a few ms). Statistics always use
 	// 1 ms bins.
 	ThroughputBin time.Duration
-	// Retime applies an RP rate change to the gap the pacer is already
+	// Retime applies a rate change to the gap the pacer is already
 	// waiting out (HPCC ns-3's ChangeRate); default false: a new rate
 	// applies from the next packet on, as in ns3-rdma and softrnic's
 	// engine.
@@ -101,6 +172,10 @@ func (o *Options) Defaults() error {
 	if o.Scenario == "" {
 		o.Scenario = TwoFlow
 	}
+	if o.Algorithm == "" {
+		o.Algorithm = DCQCN
+	}
+	work := o.Scenario == Workload
 	switch o.Scenario {
 	case TwoFlow:
 		o.Flows = 2
@@ -115,14 +190,25 @@ func (o *Options) Defaults() error {
 		if !o.NoPFC {
 			o.PFC = true
 		}
+	case Workload:
+		if err := o.workloadDefaults(); err != nil {
+			return err
+		}
 	default:
-		return fmt.Errorf("sim: unknown scenario %q (two-flow, n-flow, incast)", o.Scenario)
+		return fmt.Errorf("sim: unknown scenario %q (two-flow, n-flow, incast, workload)", o.Scenario)
 	}
-	if o.Flows < 1 || o.Flows > 4096 {
+	if !work && (o.Flows < 1 || o.Flows > 4096) {
 		return fmt.Errorf("sim: flows %d outside [1, 4096]", o.Flows)
 	}
 	if o.Profile == "" {
-		o.Profile = "paper"
+		switch o.Algorithm {
+		case DCQCN:
+			o.Profile = "paper"
+		case Swift:
+			o.Profile = "default"
+		default:
+			o.Profile = "artifact"
+		}
 	}
 	if o.LinkRate == 0 {
 		o.LinkRate = 40 * congestion.Gbps
@@ -132,6 +218,9 @@ func (o *Options) Defaults() error {
 	}
 	if o.PacketSize == 0 {
 		o.PacketSize = 1000
+	}
+	if o.AckInterval == 0 {
+		o.AckInterval = 1
 	}
 	if o.RED == (RED{}) {
 		o.RED = RED{Kmin: 5_000, Kmax: 200_000, Pmax: 0.01}
@@ -143,7 +232,7 @@ func (o *Options) Defaults() error {
 		o.PFCXoff = 96_000
 	}
 	if o.PFCXon == 0 {
-		o.PFCXon = o.PFCXoff - 2*int64(o.PacketSize)
+		o.PFCXon = o.PFCXoff - 2*int64(o.PacketSize+o.HeaderBytes)
 	}
 	if o.IncastSize == 0 {
 		o.IncastSize = 1_000_000
@@ -159,6 +248,8 @@ func (o *Options) Defaults() error {
 			o.Duration = 100*time.Millisecond + time.Duration(o.Flows)*time.Millisecond
 		case Incast:
 			o.Duration = 20 * time.Millisecond
+		case Workload:
+			o.Duration = 10 * time.Millisecond
 		}
 	}
 	if o.TraceInterval == 0 {
@@ -176,22 +267,126 @@ func (o *Options) Defaults() error {
 	switch {
 	case o.ThroughputBin < time.Microsecond || o.ThroughputBin > time.Second:
 		return errors.New("sim: throughput bin outside [1µs, 1s]")
-	case o.LinkRate < 0 || o.LinkDelay < 0:
-		return errors.New("sim: negative link rate or delay")
-	case o.PacketSize < 64 || o.PacketSize > 1<<16:
-		return fmt.Errorf("sim: packet size %d outside [64, 65536]", o.PacketSize)
-	case o.Duration < time.Millisecond || o.Duration > time.Hour:
-		return fmt.Errorf("sim: duration %v outside [1ms, 1h]", o.Duration)
+	case !(o.LinkRate > 0) || o.LinkDelay < 0:
+		return errors.New("sim: need a positive link rate and a non-negative delay")
+	case o.PacketSize < 64 || o.PacketSize > 1<<16 || o.HeaderBytes < 0 || o.HeaderBytes > 1024:
+		return fmt.Errorf("sim: packet size %d outside [64, 65536] or headers %d outside [0, 1024]", o.PacketSize, o.HeaderBytes)
+	case o.AckInterval < 1:
+		return errors.New("sim: ACK interval must be ≥ 1")
+	case o.Duration < time.Millisecond || o.Duration > time.Hour || o.Drain < 0 || o.Drain > time.Hour:
+		return fmt.Errorf("sim: duration %v outside [1ms, 1h] or drain %v outside [0, 1h]", o.Duration, o.Drain)
 	case o.TraceInterval < time.Microsecond || o.TraceInterval%time.Microsecond != 0:
 		return errors.New("sim: trace interval must be a whole number of µs")
 	case o.RED.Kmin < 0 || o.RED.Kmax <= o.RED.Kmin || o.RED.Pmax < 0 || o.RED.Pmax > 1:
 		return errors.New("sim: need 0 ≤ Kmin < Kmax and Pmax in [0,1]")
 	case o.PFCXon < 0 || o.PFCXon > o.PFCXoff:
 		return errors.New("sim: need 0 ≤ PFC XON ≤ XOFF")
-	case o.IncastSize < 0 || o.IncastStart < 0:
-		return errors.New("sim: negative incast size or start")
+	case o.IncastSize < 0 || o.IncastStart < 0 || o.Buffer <= 0 || o.SwitchBuffer < 0:
+		return errors.New("sim: negative incast size or start, or no buffer")
 	case o.WindowStart < 0 || o.WindowStart%time.Millisecond != 0 || (o.WindowStart > 0 && o.WindowStart+time.Millisecond > o.Duration):
 		return errors.New("sim: window start must be a whole ms at least 1 ms before the end")
+	}
+	return nil
+}
+
+// workloadDefaults fills the workload scenario's defaults, which differ
+// from the others' (HPCC ns-3's settings at 100 Gb/s).
+func (o *Options) workloadDefaults() error {
+	if o.Algorithm == DCQCN && o.Profile == "" {
+		o.Profile = "hpcc-mlx"
+	}
+	if o.Topology == "" {
+		o.Topology = LeafSpine
+	}
+	if o.LinkRate == 0 {
+		o.LinkRate = 100 * congestion.Gbps
+	}
+	if o.HeaderBytes == 0 {
+		o.HeaderBytes = 48
+	}
+	if o.Oversub == 0 {
+		o.Oversub = 1
+	}
+	if !(o.Oversub > 0 && o.Oversub <= 64) {
+		return fmt.Errorf("sim: oversubscription %v outside (0, 64]", o.Oversub)
+	}
+	perHost := o.LinkRate
+	switch o.Topology {
+	case LeafSpine:
+		if o.Leaves == 0 {
+			o.Leaves = 4
+		}
+		if o.Spines == 0 {
+			o.Spines = 4
+		}
+		if o.HostsPerLeaf == 0 {
+			o.HostsPerLeaf = 8
+		}
+		if o.UplinkRate == 0 {
+			o.UplinkRate = congestion.Rate(float64(o.HostsPerLeaf) * float64(perHost) / (float64(o.Spines) * o.Oversub))
+		}
+		if o.Leaves < 1 || o.Spines < 1 || o.HostsPerLeaf < 1 || o.Leaves*o.HostsPerLeaf < 2 || o.Leaves*o.HostsPerLeaf > 100_000 {
+			return fmt.Errorf("sim: leaf-spine %d×%d hosts, %d spines", o.Leaves, o.HostsPerLeaf, o.Spines)
+		}
+	case FatTree:
+		if o.K == 0 {
+			o.K = 4
+		}
+		if o.K < 2 || o.K%2 != 0 || o.K > 64 {
+			return fmt.Errorf("sim: fat-tree k = %d: want an even k in [2, 64]", o.K)
+		}
+		if o.HostsPerToR == 0 {
+			o.HostsPerToR = max(int(float64(o.K/2)*o.Oversub+0.5), 1)
+		}
+		if o.UplinkRate == 0 {
+			o.UplinkRate = perHost
+		}
+	case HPCCTopo:
+		if o.UplinkRate == 0 {
+			o.UplinkRate = 4 * perHost
+		}
+	default:
+		return fmt.Errorf("sim: unknown topology %q (leaf-spine, fat-tree, hpcc)", o.Topology)
+	}
+	if o.RED == (RED{}) {
+		k := float64(perHost) / (25 * float64(congestion.Gbps))
+		o.RED = RED{Kmin: int64(100_000 * k), Kmax: int64(400_000 * k), Pmax: 0.2}
+		o.ScaleRED = true
+	}
+	if o.SwitchBuffer == 0 {
+		o.SwitchBuffer = int64(32e6 * float64(perHost) / (100 * float64(congestion.Gbps)))
+	}
+	if o.Buffer == 0 {
+		o.Buffer = o.SwitchBuffer
+	}
+	if !o.NoPFC {
+		o.PFC = true
+	}
+	if o.PFCXoff == 0 {
+		o.PFCXoff = max(o.SwitchBuffer/8, 96_000)
+	}
+	if o.CDF == "" {
+		o.CDF = "websearch"
+	}
+	if o.Load == 0 {
+		o.Load = 0.3
+	}
+	if !(o.Load > 0 && o.Load <= 1) {
+		return fmt.Errorf("sim: load %v outside (0, 1]", o.Load)
+	}
+	if o.IncastFanIn < 0 {
+		return errors.New("sim: negative incast fan-in")
+	}
+	if o.IncastFanIn > 0 {
+		if o.IncastSize == 0 {
+			o.IncastSize = 500_000
+		}
+		if o.IncastEvery == 0 {
+			o.IncastEvery = time.Millisecond
+		}
+		if o.IncastEvery < time.Microsecond {
+			return errors.New("sim: incast period under 1 µs")
+		}
 	}
 	return nil
 }
@@ -212,124 +407,18 @@ func Profiles(name string, lineRate congestion.Rate) (dcqcn.Config, dcqcn.NPConf
 	return dcqcn.Config{}, dcqcn.NPConfig{}, fmt.Errorf("sim: unknown profile %q (paper, connectx, hpcc-mlx)", name)
 }
 
-// builder assembles a topology.
-type builder struct {
-	n   *net
-	o   *Options
-	rp  dcqcn.Config
-	np  dcqcn.NPConfig
-	err error
+// flowSpec is a flow of the small scenarios.
+type flowSpec struct {
+	src, dst int32
+	start    time.Duration
+	size     int64
 }
 
-func (b *builder) node(name string, k nodeKind) int32 {
-	b.n.nodes = append(b.n.nodes, node{name: name, kind: k, wakeAt: clock.Never})
-	return int32(len(b.n.nodes) - 1)
-}
-
-// link joins a and b with a cable of the default rate: one port in each
-// direction.
-func (b *builder) link(a, c int32) (ac, ca int32) { return b.linkAt(a, c, b.o.LinkRate) }
-
-func (b *builder) linkAt(a, c int32, rate congestion.Rate) (ac, ca int32) {
-	n := b.n
-	mk := func(from, to int32) int32 {
-		n.ports = append(n.ports, port{
-			name: n.nodes[from].name + "->" + n.nodes[to].name, node: from, peer: to,
-			rate: rate, delay: clock.Time(b.o.LinkDelay),
-			data: fifo{-1, -1}, hi: fifo{-1, -1}, limit: b.o.Buffer,
-			markAt: MarkOff, red: b.o.RED,
-		})
-		id := int32(len(n.ports) - 1)
-		if n.nodes[from].kind == switchNode {
-			n.ports[id].markAt = b.o.Marking
-			// One PCG stream per port, keyed by the port's index, so
-			// adding a port elsewhere leaves the others' draws alone.
-			n.ports[id].rng = rand.New(rand.NewPCG(b.o.Seed, 0x5eed0000+uint64(id)))
-		}
-		n.nodes[from].ports = append(n.nodes[from].ports, id)
-		return id
-	}
-	ac, ca = mk(a, c), mk(c, a)
-	n.ports[ac].reverse, n.ports[ca].reverse = ca, ac
-	return
-}
-
-func (b *builder) flow(src, dst int32, start time.Duration, size int64) {
-	n := b.n
-	f := flow{id: len(n.flows), src: src, dst: dst, start: clock.Time(start), size: size,
-		finish: -1, rpAt: clock.Never, npAt: clock.Never, rate: b.rp.LineRate}
-	if err := f.rp.Init(b.rp); err != nil && b.err == nil {
-		b.err = err
-	}
-	f.np.Init(b.np)
-	n.flows = append(n.flows, f)
-	n.nodes[src].flows = append(n.nodes[src].flows, int32(f.id))
-}
-
-// routes gives every switch an egress port per destination: a breadth-first
-// search back from each destination, visiting ports in creation order, so
-// the shortest path chosen is the same on every run. Hosts do not forward.
-func (b *builder) routes() {
-	n := b.n
-	for i := range n.nodes {
-		if n.nodes[i].kind == switchNode {
-			n.nodes[i].route = make([]int32, len(n.nodes))
-			for j := range n.nodes[i].route {
-				n.nodes[i].route[j] = -1
-			}
-		}
-	}
-	for d := range n.nodes {
-		if n.nodes[d].kind != hostNode {
-			continue
-		}
-		seen := make([]bool, len(n.nodes))
-		seen[d] = true
-		queue := []int32{int32(d)}
-		for len(queue) > 0 {
-			u := queue[0]
-			queue = queue[1:]
-			if u != int32(d) && n.nodes[u].kind == hostNode {
-				continue
-			}
-			for _, pi := range n.nodes[u].ports {
-				v := n.ports[pi].peer
-				if seen[v] {
-					continue
-				}
-				seen[v] = true
-				if n.nodes[v].kind == switchNode {
-					n.nodes[v].route[d] = n.ports[pi].reverse
-				}
-				queue = append(queue, v)
-			}
-		}
-	}
-}
-
-// build creates the scenario's topology and flows and names its bottleneck
-// port (the switch port towards the receiver).
-func build(o *Options) (*net, error) {
-	rp, np, err := Profiles(o.Profile, o.LinkRate)
-	if err != nil {
-		return nil, err
-	}
-	if o.ConnectX != nil {
-		if o.Profile != "connectx" {
-			return nil, fmt.Errorf("sim: ConnectX knobs given for profile %q", o.Profile)
-		}
-		rp, np = o.ConnectX.Config(o.LinkRate), o.ConnectX.NPConfig()
-	}
-	if o.RP != nil {
-		rp = *o.RP
-	}
-	if o.NP != nil {
-		np = *o.NP
-	}
-	n := &net{free: -1, pktSize: o.PacketSize, retime: o.Retime, pfc: o.PFC, xoff: o.PFCXoff, xon: o.PFCXon,
-		binWidth: clock.Time(time.Millisecond), traceWidth: clock.Time(o.ThroughputBin), end: clock.Time(o.Duration), progress: o.Progress}
-	n.cfg = describe(o, rp, np)
-	b := &builder{n: n, o: o, rp: rp, np: np}
+// topology builds the scenario's nodes, links and routes and returns the
+// small scenarios' flows.
+func (b *builder) topology() []flowSpec {
+	o, n := b.o, b.n
+	var specs []flowSpec
 	switch o.Scenario {
 	case TwoFlow, NFlow:
 		sw := b.node("sw", switchNode)
@@ -343,7 +432,7 @@ func build(o *Options) (*net, error) {
 			if o.Scenario == TwoFlow {
 				start = time.Duration(i) * 10 * time.Millisecond
 			}
-			b.flow(h, r, start, 0)
+			specs = append(specs, flowSpec{h, r, start, 0})
 		}
 	case Incast:
 		// sw1 holds the victim's sender and one incast sender; sw2 holds the
@@ -362,7 +451,7 @@ func build(o *Options) (*net, error) {
 		b.link(sw2, rv)
 		v := b.node("v", hostNode)
 		b.link(v, sw1)
-		b.flow(v, rv, 0, 0)
+		specs = append(specs, flowSpec{v, rv, 0, 0})
 		for i := 0; i < o.Flows; i++ {
 			h := b.node(fmt.Sprintf("i%d", i+1), hostNode)
 			if i == 0 {
@@ -370,16 +459,92 @@ func build(o *Options) (*net, error) {
 			} else {
 				b.link(h, sw2)
 			}
-			b.flow(h, r, o.IncastStart, o.IncastSize)
+			specs = append(specs, flowSpec{h, r, o.IncastStart, o.IncastSize})
 		}
-	}
-	if b.err != nil {
-		return nil, b.err
+	case Workload:
+		b.buildWorkloadTopology()
 	}
 	b.routes()
-	n.ports[n.bottleneck].monitored = true
+	return specs
+}
+
+// configure builds the topology and the algorithm on it: everything but
+// the flows.
+func configure(o *Options) (*net, *builder, []flowSpec, fabric, error) {
+	n := &net{free: -1, retime: o.Retime, pfc: o.PFC, xoff: o.PFCXoff, xon: o.PFCXon, bottleneck: -1,
+		binWidth: clock.Time(time.Millisecond), traceWidth: clock.Time(o.ThroughputBin), end: clock.Time(o.Duration + o.Drain),
+		progress: o.Progress, q: newEvq(), bins: o.Scenario != Workload}
+	b := &builder{n: n, o: o}
+	specs := b.topology()
+	n.payload, n.hdr = o.PacketSize, o.HeaderBytes
+	fb, switches := b.fabricOf(n.payload+n.hdr, n.payload)
+	alg, err := newAlgorithm(o, fb)
+	if err != nil {
+		return nil, nil, nil, fb, err
+	}
+	n.alg = alg
+	n.pktSize, n.ackSize = n.payload+n.hdr, AckSize
+	if alg.int {
+		// HPCC's INT header: a record of 8 bytes per switch and a hop count.
+		n.intStride = switches
+		n.pktSize += 2 + 8*switches
+		n.ackSize += 2 + 8*switches
+	}
+	n.acks, n.ackInterval = alg.acks, o.AckInterval
+	n.cfg = describe(o, alg, fb, n)
+	return n, b, specs, fb, nil
+}
+
+// build creates the scenario's topology, its algorithm and flows, and
+// names its bottleneck port (the switch port towards the receiver; none in
+// the workload).
+func build(o *Options) (*net, error) {
+	n, b, specs, _, err := configure(o)
+	if err != nil {
+		return nil, err
+	}
+	for _, sp := range specs {
+		if err := n.alg.attach(b.flow(sp.src, sp.dst, sp.start, sp.size)); err != nil {
+			return nil, err
+		}
+	}
+	if o.Scenario == Workload {
+		if err := b.workload(); err != nil {
+			return nil, err
+		}
+	} else {
+		n.ports[n.bottleneck].monitored = true
+	}
 	for i := range n.flows {
 		n.schedule(n.flows[i].start, evFlowStart, int32(i), -1, 0)
 	}
 	return n, nil
+}
+
+// Resolved is what a run's algorithm would run with, after the defaults
+// and the topology's delays are applied: the configuration of the one
+// algorithm the Options name (the others are zero), and the run's
+// description.
+type Resolved struct {
+	RP     dcqcn.Config
+	NP     dcqcn.NPConfig
+	HPCC   hpcc.Config
+	TIMELY timely.Config
+	Swift  swift.Config
+	Config RunConfig
+}
+
+// Configure resolves o without running it, for callers that adjust one
+// parameter of a profile whose others depend on the topology (HPCC's T,
+// Swift's targets).
+func Configure(o Options) (*Resolved, error) {
+	if err := o.Defaults(); err != nil {
+		return nil, err
+	}
+	n, _, _, _, err := configure(&o)
+	if err != nil {
+		return nil, err
+	}
+	a := n.alg
+	return &Resolved{RP: a.rp, NP: a.np, HPCC: a.hp, TIMELY: a.tm, Swift: a.sw, Config: n.cfg}, nil
 }

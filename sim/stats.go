@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/congestion"
 )
 
 // statEvery is the bottleneck queue sampling period for the statistics.
@@ -14,17 +15,65 @@ const statEvery = clock.Time(time.Microsecond)
 
 // sampler records the bottleneck queue every µs inside the measurement
 // window (for mean and percentiles) and, every trace interval, one row of
-// rates, α and queues for the traces.
+// rates, the algorithm's columns and queues for the traces. In the
+// workload it samples every switch port's queue into qHist instead.
 type sampler struct {
 	traceEvery clock.Time
 	qWindow    []int32 // bottleneck queue bytes, one per µs in the window
 	trace      Trace
-	traced     []int32 // ports with a queue trace
+	traced     []int32  // ports with a queue trace (workload: every switch port)
+	qHist      []uint64 // workload: queue samples per 1 KB bin
+	qSamples   uint64
+}
+
+// queueEvery is the workload's queue sampling period.
+const queueEvery = clock.Time(10 * time.Microsecond)
+
+func (n *net) sampleQueues() {
+	s := &n.sampler
+	for _, pi := range s.traced {
+		b := int(n.ports[pi].qBytes / 1000)
+		for len(s.qHist) <= b {
+			s.qHist = append(s.qHist, 0)
+		}
+		s.qHist[b]++
+	}
+	s.qSamples += uint64(len(s.traced))
+}
+
+// histPctl is the p-quantile of the histogram, in KB (the bin's upper edge).
+func histPctl(h []uint64, total uint64, p float64) float64 {
+	if total == 0 {
+		return 0
+	}
+	want := uint64(math.Ceil(p * float64(total)))
+	var c uint64
+	for b, k := range h {
+		c += k
+		if c >= max(want, 1) {
+			return float64(b + 1)
+		}
+	}
+	return float64(len(h))
 }
 
 func (n *net) startSampler(traceEvery clock.Time) {
 	s := &n.sampler
 	s.traceEvery = traceEvery
+	if n.work != nil {
+		// No per-flow traces: every switch port's queue every 10 µs,
+		// into a histogram of 1 KB bins.
+		s.traceEvery = queueEvery
+		for i := range n.ports {
+			if n.nodes[n.ports[i].node].kind == switchNode {
+				s.traced = append(s.traced, int32(i))
+			}
+		}
+		n.schedule(0, evSample, -1, -1, 0)
+		return
+	}
+	s.trace.Cols = [2]string{n.alg.cols[0].name, n.alg.cols[1].name}
+	s.trace.Labels = [2]string{n.alg.cols[0].label, n.alg.cols[1].label}
 	for i := range n.ports {
 		if n.nodes[n.ports[i].node].kind == switchNode {
 			s.traced = append(s.traced, int32(i))
@@ -42,6 +91,13 @@ func (n *net) startSampler(traceEvery clock.Time) {
 func (n *net) sample() {
 	s := &n.sampler
 	now := n.now
+	if n.work != nil {
+		n.sampleQueues()
+		if next := now + s.traceEvery; next <= n.end {
+			n.schedule(next, evSample, -1, -1, 0)
+		}
+		return
+	}
 	if now >= n.window[0] && now < n.window[1] {
 		s.qWindow = append(s.qWindow, int32(min(n.ports[n.bottleneck].qBytes, math.MaxInt32)))
 	}
@@ -51,13 +107,17 @@ func (n *net) sample() {
 		for i := range n.flows {
 			f := &n.flows[i]
 			ft := &t.Flows[i]
-			rc, rt := 0.0, 0.0
-			if f.started && (f.size == 0 || f.sent < f.size) {
-				rc, rt = f.rp.Rate().Gbps(), f.rp.Target().Gbps()
+			var r, a, b float64
+			if f.cc != nil {
+				r, a, b = n.alg.sample(f, now)
 			}
-			ft.RateGbps = append(ft.RateGbps, float32(rc))
-			ft.TargetGbps = append(ft.TargetGbps, float32(rt))
-			ft.Alpha = append(ft.Alpha, float32(f.rp.AlphaAt(now)))
+			if !f.started || (f.size > 0 && f.sent >= f.size) {
+				// Not sending: no rate (DCQCN's α still decays).
+				r, a = 0, 0
+			}
+			ft.RateGbps = append(ft.RateGbps, float32(r))
+			ft.A = append(ft.A, float32(a))
+			ft.B = append(ft.B, float32(b))
 		}
 		for k, pi := range s.traced {
 			t.Ports[k].QueueKB = append(t.Ports[k].QueueKB, float32(float64(n.ports[pi].qBytes)/1e3))
@@ -71,19 +131,23 @@ func (n *net) sample() {
 // Trace is a run's time series, for CSV files and plots.
 type Trace struct {
 	TimesUs []float64   // sample times of the rows below, µs
-	Flows   []FlowTrace // per flow: R_C, R_T, α
-	Ports   []PortTrace // per switch port: queue
+	Flows   []FlowTrace // per flow: rate and two columns
+	// Cols name the flows' two columns (flows.csv header) and Labels
+	// their axes.
+	Cols, Labels [2]string
+	Ports        []PortTrace // per switch port: queue
 	// Throughput is each flow's received rate per BinMs bin, Gb/s.
 	BinMs      float64
 	Throughput [][]float64
 }
 
-// FlowTrace is one flow's reaction-point state over time.
+// FlowTrace is one flow's controller state over time: its rate and the
+// algorithm's two trace columns (Trace.Cols; DCQCN: R_T and α).
 type FlowTrace struct {
-	ID                   int
-	Name                 string
-	RateGbps, TargetGbps []float32
-	Alpha                []float32
+	ID       int
+	Name     string
+	RateGbps []float32
+	A, B     []float32
 }
 
 // PortTrace is one switch port's data queue over time.
@@ -106,12 +170,16 @@ type FlowSummary struct {
 	CNPIgnored  uint64   `json:"rp_cnp_ignored"`
 	Cuts        uint64   `json:"rate_cuts"`
 	FinalGbps   float64  `json:"final_rate_gbps"`
-	FinalAlpha  float64  `json:"final_alpha"`
+	// FinalWindowKB is a window algorithm's window at the end.
+	FinalWindowKB float64 `json:"final_window_kb,omitempty"`
+	// FinalAlpha is DCQCN's α at the end.
+	FinalAlpha float64 `json:"final_alpha,omitempty"`
 }
 
 // Summary is summary.json: the run's figures over the measurement window.
 type Summary struct {
 	Scenario   string  `json:"scenario"`
+	Algorithm  string  `json:"algorithm"`
 	Profile    string  `json:"profile"`
 	Seed       uint64  `json:"seed"`
 	DurationMs float64 `json:"duration_ms"`
@@ -132,6 +200,9 @@ type Summary struct {
 	QueueP5KB   float64 `json:"queue_p5_kb"`
 	QueueP95KB  float64 `json:"queue_p95_kb"`
 	QueueMaxKB  float64 `json:"queue_max_kb"`
+	// QueuePeakKB is the bottleneck queue's largest value over the whole
+	// run (exact, not sampled).
+	QueuePeakKB float64 `json:"queue_peak_kb"`
 	// ConvergenceMs is the time from the last flow's start until every
 	// flow's 1 ms rate stays within ±10 % of the fair share for 5 ms; null
 	// if that never happens (or for incast, where it is not defined).
@@ -158,6 +229,12 @@ type Summary struct {
 	Fluid *FluidRef `json:"fluid,omitempty"`
 	// VictimGbps is the incast victim's mean rate in the window.
 	VictimGbps *float64 `json:"victim_gbps,omitempty"`
+	// Workload is the workload scenario's figures.
+	Workload *WorkloadSummary `json:"workload,omitempty"`
+	// Seeds and Runs are set on a merge of several seeds' workload runs
+	// (MergeWorkload): Workload's tables are then over all their flows.
+	Seeds []uint64  `json:"seeds,omitempty"`
+	Runs  []SeedRun `json:"runs,omitempty"`
 }
 
 // FluidRef is the fluid model's steady state quoted beside a DES run.
@@ -183,6 +260,9 @@ func (n *net) setWindow(o *Options) {
 	if o.WindowStart > 0 {
 		start = clock.Time(o.WindowStart)
 	}
+	if o.Scenario == Workload {
+		start, end = 0, n.end
+	}
 	if o.Scenario == Incast {
 		need := float64(o.Flows) * float64(o.IncastSize) * 8 / float64(o.LinkRate) // s
 		start = clock.Time(o.IncastStart) / ms * ms
@@ -197,11 +277,21 @@ func (n *net) setWindow(o *Options) {
 func (n *net) summarize(o *Options) Summary {
 	ms := clock.Time(time.Millisecond)
 	s := Summary{
-		Scenario: o.Scenario, Profile: o.Profile, Seed: o.Seed,
-		DurationMs: float64(n.end) / 1e6, Bottleneck: n.ports[n.bottleneck].name,
-		LinkGbps: o.LinkRate.Gbps(), Config: n.cfg, PFC: o.PFC, Events: n.events,
+		Scenario: o.Scenario, Algorithm: o.Algorithm, Profile: o.Profile, Seed: o.Seed,
+		DurationMs: float64(n.end) / 1e6,
+		LinkGbps:   o.LinkRate.Gbps(), Config: n.cfg, PFC: o.PFC, Events: n.events,
 		WindowMs: [2]float64{float64(n.window[0]) / 1e6, float64(n.window[1]) / 1e6},
 	}
+	for i := range n.ports {
+		s.Marks += n.ports[i].marks
+		s.Drops += n.ports[i].drops
+		s.Pauses += n.ports[i].pauses
+	}
+	if n.work != nil {
+		n.summarizeWorkload(o, &s)
+		return s
+	}
+	s.Bottleneck = n.ports[n.bottleneck].name
 	b0, b1 := int(n.window[0]/ms), int(n.window[1]/ms)
 	winSec := float64(n.window[1]-n.window[0]) / 1e9
 	var sum, sumSq float64
@@ -215,9 +305,17 @@ func (n *net) summarize(o *Options) Summary {
 		mean := float64(bytes) * 8 / winSec / 1e9
 		fs := FlowSummary{ID: i, Path: n.nodes[f.src].name + "->" + n.nodes[f.dst].name,
 			StartMs: float64(f.start) / 1e6, MeanGbps: mean, Bytes: f.rcvd,
-			CNPSent: f.np.NPCNPSent, CNPReceived: f.cnpRcvd, CNPHandled: f.rp.RPCNPHandled,
-			CNPIgnored: f.rp.RPCNPIgnored, Cuts: f.rp.Cuts, FinalGbps: f.rp.Rate().Gbps(),
-			FinalAlpha: f.rp.AlphaAt(n.end)}
+			CNPSent: f.np.NPCNPSent, CNPReceived: f.cnpRcvd}
+		if f.cc != nil {
+			fs.FinalGbps = f.cc.Rate().Gbps()
+			if w := f.cc.Window(); w != congestion.NoWindow {
+				fs.FinalWindowKB = float64(w) / 1e3
+			}
+		}
+		if f.rp != nil {
+			fs.CNPHandled, fs.CNPIgnored, fs.Cuts = f.rp.RPCNPHandled, f.rp.RPCNPIgnored, f.rp.Cuts
+			fs.FinalAlpha = f.rp.AlphaAt(n.end)
+		}
 		if f.finish >= 0 {
 			fct := float64(f.finish-f.start) / 1e3
 			fs.FCTUs = &fct
@@ -237,11 +335,7 @@ func (n *net) summarize(o *Options) Summary {
 	}
 	bp := &n.ports[n.bottleneck]
 	s.Utilization = float64(bp.txBytesWindow) * 8 / (float64(bp.rate) * winSec)
-	for i := range n.ports {
-		s.Marks += n.ports[i].marks
-		s.Drops += n.ports[i].drops
-		s.Pauses += n.ports[i].pauses
-	}
+	s.QueuePeakKB = float64(bp.maxQ) / 1e3
 	if q := n.sampler.qWindow; len(q) > 0 {
 		var tot float64
 		sorted := slices.Clone(q)
@@ -323,6 +417,11 @@ type Result struct {
 	Options Options
 	Summary Summary
 	Trace   Trace
+	// FCT is the workload's fct.txt (HPCC ns-3's format), nil otherwise.
+	FCT []byte
+
+	alg  *algorithm
+	done []flowDone
 }
 
 // Run simulates one scenario. It reads the wall clock only to report
@@ -340,6 +439,9 @@ func Run(o Options) (*Result, error) {
 	t0, c0 := time.Now(), cpuTime()
 	n.run()
 	wall, cpu := time.Since(t0).Seconds(), cpuTime()-c0
+	if n.work != nil && n.work.err != nil {
+		return nil, n.work.err
+	}
 	s := n.summarize(&o)
 	s.Fluid = fluidRef(&o)
 	s.WallSeconds = wall
@@ -350,7 +452,11 @@ func Run(o Options) (*Result, error) {
 		s.CPUSeconds = cpu
 		s.EventsPerCPUSec = float64(n.events) / cpu
 	}
-	res := &Result{Options: o, Summary: s, Trace: n.sampler.trace}
+	res := &Result{Options: o, Summary: s, Trace: n.sampler.trace, alg: n.alg}
+	if n.work != nil {
+		res.FCT, res.done = n.work.fct, n.work.done
+		return res, nil
+	}
 	res.Trace.BinMs, res.Trace.Throughput = n.throughput()
 	return res, nil
 }

@@ -47,11 +47,12 @@ type FlowSpread struct {
 
 // SweepResult is the per-seed spread of a scenario's window figures.
 type SweepResult struct {
-	Scenario string     `json:"scenario"`
-	Profile  string     `json:"profile"`
-	Seeds    []uint64   `json:"seeds"`
-	WindowMs [2]float64 `json:"window_ms"`
-	Config   RunConfig  `json:"config"`
+	Scenario  string     `json:"scenario"`
+	Algorithm string     `json:"algorithm"`
+	Profile   string     `json:"profile"`
+	Seeds     []uint64   `json:"seeds"`
+	WindowMs  [2]float64 `json:"window_ms"`
+	Config    RunConfig  `json:"config"`
 	// FairGbps is the fair share C/N; TolGbps the band Outside counts against.
 	FairGbps float64      `json:"fair_gbps"`
 	TolGbps  float64      `json:"tol_gbps"`
@@ -76,11 +77,7 @@ func Sweep(o Options, first uint64, count int, tol float64) (*SweepResult, error
 		return nil, errors.New("sim: sweep needs at least one seed")
 	}
 	o.Progress = nil
-	var (
-		res                     SweepResult
-		per                     [][]float64
-		jain, util, queue, cnps []float64
-	)
+	var sums []Summary
 	for k := 0; k < count; k++ {
 		oo := o
 		oo.Seed = first + uint64(k)
@@ -88,18 +85,37 @@ func Sweep(o Options, first uint64, count int, tol float64) (*SweepResult, error
 		if err != nil {
 			return nil, err
 		}
-		s := &r.Summary
+		sums = append(sums, r.Summary)
+	}
+	return SweepOf(sums, tol)
+}
+
+// SweepOf is Sweep over runs already made (by worker processes, say): the
+// summaries of one scenario under several seeds, in seed order.
+func SweepOf(sums []Summary, tol float64) (*SweepResult, error) {
+	if len(sums) < 1 {
+		return nil, errors.New("sim: sweep needs at least one seed")
+	}
+	var (
+		res                     SweepResult
+		per                     [][]float64
+		jain, util, queue, cnps []float64
+	)
+	for k := range sums {
+		s := &sums[k]
 		if k == 0 {
-			res.Scenario, res.Profile, res.WindowMs, res.Config = s.Scenario, s.Profile, s.WindowMs, s.Config
+			res.Scenario, res.Algorithm, res.Profile, res.WindowMs, res.Config = s.Scenario, s.Algorithm, s.Profile, s.WindowMs, s.Config
 			n := len(s.Flows)
 			if s.Scenario == Incast {
 				n-- // the victim is not part of the share
 			}
-			res.FairGbps = r.Options.LinkRate.Gbps() / float64(max(n, 1))
+			res.FairGbps = s.LinkGbps / float64(max(n, 1))
 			res.TolGbps = tol
 			per = make([][]float64, len(s.Flows))
+		} else if len(s.Flows) != len(per) || s.Scenario != res.Scenario {
+			return nil, errors.New("sim: sweep over runs of different scenarios")
 		}
-		res.Seeds = append(res.Seeds, oo.Seed)
+		res.Seeds = append(res.Seeds, s.Seed)
 		for i, f := range s.Flows {
 			per[i] = append(per[i], f.MeanGbps)
 			res.AllRates = append(res.AllRates, f.MeanGbps)
@@ -171,7 +187,7 @@ func (r *SweepResult) Figure() plot.Figure {
 	}
 	hist.VLines = []float64{r.FairGbps - r.TolGbps, r.FairGbps + r.TolGbps}
 	return plot.Figure{
-		Title:  fmt.Sprintf("%s, %s: %d seeds, window %g–%g ms", r.Scenario, r.Profile, len(r.Seeds), r.WindowMs[0], r.WindowMs[1]),
+		Title:  fmt.Sprintf("%s %s, %s: %d seeds, window %g–%g ms", algoTitle(r.Algorithm), r.Scenario, r.Profile, len(r.Seeds), r.WindowMs[0], r.WindowMs[1]),
 		Panels: []plot.Panel{hist, perSeed},
 	}
 }

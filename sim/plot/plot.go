@@ -42,6 +42,20 @@ type Panel struct {
 	HBands []Band
 	// VLines marks x positions, e.g. a measurement window.
 	VLines []float64
+	// XTicks, when set, replace the x axis's ticks by these labelled ones
+	// (e.g. flow sizes at bucket positions).
+	XTicks []Tick
+	// YLog draws the y axis in log10 (positive data only; ticks at powers
+	// of ten).
+	YLog bool
+
+	yTicks []Tick // set by drawLogPanel: labelled ticks of the log10 values
+}
+
+// Tick is an axis tick with its own label.
+type Tick struct {
+	V     float64
+	Label string
 }
 
 // Band is a shaded horizontal range with a label.
@@ -109,6 +123,10 @@ func drawPanel(w *bufio.Writer, p *Panel, ox, oy, width int) {
 	x0, y0 := float64(ox+marginL), float64(oy+marginT)
 	pw, ph := float64(width-marginL-marginR), float64(h)
 
+	if p.YLog {
+		drawLogPanel(w, p, ox, oy, width)
+		return
+	}
 	xmin, xmax, ymin, ymax := math.Inf(1), math.Inf(-1), math.Inf(1), math.Inf(-1)
 	for _, s := range p.Series {
 		for i := range s.X {
@@ -170,14 +188,17 @@ func drawPanel(w *bufio.Writer, p *Panel, ox, oy, width int) {
 			fmt.Fprintf(w, `<text x="%s" y="%s" font-size="10" fill="#555555" text-anchor="end">%s</text>`+"\n", f1(x0+pw-4), f1(sy(hi)-3), esc(b.Label))
 		}
 	}
-	for _, t := range yt {
-		fmt.Fprintf(w, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e5e5e5"/>`+"\n", f1(x0), f1(sy(t)), f1(x0+pw), f1(sy(t)))
-		fmt.Fprintf(w, `<text x="%s" y="%s" text-anchor="end">%s</text>`+"\n", f1(x0-6), f1(sy(t)+4), num(t))
+	yticks := p.yTicks
+	if len(yticks) == 0 {
+		for _, t := range yt {
+			yticks = append(yticks, Tick{V: t, Label: num(t)})
+		}
 	}
-	for _, t := range xt {
-		fmt.Fprintf(w, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e5e5e5"/>`+"\n", f1(sx(t)), f1(y0), f1(sx(t)), f1(y0+ph))
-		fmt.Fprintf(w, `<text x="%s" y="%s" text-anchor="middle">%s</text>`+"\n", f1(sx(t)), f1(y0+ph+16), num(t))
+	for _, t := range yticks {
+		fmt.Fprintf(w, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e5e5e5"/>`+"\n", f1(x0), f1(sy(t.V)), f1(x0+pw), f1(sy(t.V)))
+		fmt.Fprintf(w, `<text x="%s" y="%s" text-anchor="end">%s</text>`+"\n", f1(x0-6), f1(sy(t.V)+4), esc(t.Label))
 	}
+	drawXTicks(w, p, xt, sx, y0, ph)
 	for _, v := range p.VLines {
 		if v < xmin || v > xmax {
 			continue
@@ -334,4 +355,59 @@ func esc(s string) string {
 	var b strings.Builder
 	xml.EscapeText(&b, []byte(s))
 	return b.String()
+}
+
+// drawXTicks draws the x grid and labels: p.XTicks if set, else xt.
+func drawXTicks(w *bufio.Writer, p *Panel, xt []float64, sx func(float64) float64, y0, ph float64) {
+	ticks := p.XTicks
+	if len(ticks) == 0 {
+		for _, t := range xt {
+			ticks = append(ticks, Tick{V: t, Label: num(t)})
+		}
+	}
+	for _, t := range ticks {
+		fmt.Fprintf(w, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="#e5e5e5"/>`+"\n", f1(sx(t.V)), f1(y0), f1(sx(t.V)), f1(y0+ph))
+		fmt.Fprintf(w, `<text x="%s" y="%s" text-anchor="middle">%s</text>`+"\n", f1(sx(t.V)), f1(y0+ph+16), esc(t.Label))
+	}
+}
+
+// drawLogPanel is drawPanel with a log10 y axis: the data are drawn as
+// log10 values on a linear panel whose y ticks are labelled 10^k.
+func drawLogPanel(w *bufio.Writer, p *Panel, ox, oy, width int) {
+	q := *p
+	q.YLog = false
+	q.Series = nil
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, s := range p.Series {
+		ly := make([]float64, len(s.Y))
+		for i, v := range s.Y {
+			ly[i] = math.NaN()
+			if v > 0 && !bad(v) {
+				ly[i] = math.Log10(v)
+				lo, hi = math.Min(lo, ly[i]), math.Max(hi, ly[i])
+			}
+		}
+		s.Y = ly
+		q.Series = append(q.Series, s)
+	}
+	if math.IsInf(lo, 1) {
+		lo, hi = 0, 1
+	}
+	q.YFixed = true
+	q.YMin, q.YMax = math.Floor(lo), math.Ceil(hi)
+	if q.YMax <= q.YMin {
+		q.YMax = q.YMin + 1
+	}
+	if p.YFixed && p.YMin > 0 && p.YMax > p.YMin {
+		q.YMin, q.YMax = math.Log10(p.YMin), math.Log10(p.YMax)
+	}
+	// Ticks at 1, 2 and 5 times each power of ten in range.
+	for e := q.YMin; e <= q.YMax; e++ {
+		for _, m := range []float64{1, 2, 5} {
+			if v := e + math.Log10(m); v <= q.YMax+1e-9 {
+				q.yTicks = append(q.yTicks, Tick{V: v, Label: num(m * math.Pow(10, e))})
+			}
+		}
+	}
+	drawPanel(w, &q, ox, oy, width)
 }

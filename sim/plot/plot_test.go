@@ -85,3 +85,27 @@ func TestFigureSVG(t *testing.T) {
 		}
 	}
 }
+
+// A log y axis draws log10 of the data with ticks at 1, 2 and 5 times the
+// powers of ten in range; labelled x ticks replace the numeric ones.
+func TestLogAxisAndXTicks(t *testing.T) {
+	f := Figure{Panels: []Panel{{YLog: true, XTicks: []Tick{{V: 1, Label: "10K"}, {V: 2, Label: "1M"}},
+		Series: []Series{{Name: "p95", X: []float64{0.5, 1.5, 2.5}, Y: []float64{1, 12, 0}}}}}}
+	var b bytes.Buffer
+	if err := f.WriteSVG(&b); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	for _, want := range []string{">10K<", ">1M<", ">1<", ">2<", ">5<", ">10<", ">20<", ">50<", ">100<"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("log panel lacks the label %s", want)
+		}
+	}
+	if strings.Contains(s, ">200<") || strings.Contains(s, ">0.5<") {
+		t.Error("ticks outside the data's decades")
+	}
+	// The non-positive point is left out, not drawn at -Inf.
+	if strings.Contains(s, "Inf") || strings.Contains(s, "NaN") {
+		t.Error("non-finite coordinates in the SVG")
+	}
+}
