@@ -8,7 +8,7 @@ FUZZTIME ?= 10s
 # the C library builds against libibverbs-dev, and the stock RDMA programs test it.
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
             qemu-system-x86 debootstrap cpio kmod \
-            gcc make libc6-dev libibverbs-dev librdmacm-dev perftest ibverbs-utils rdmacm-utils
+            gcc make libc6-dev libibverbs-dev librdmacm-dev perftest ibverbs-utils rdmacm-utils python3-pyverbs
 # Where `make install` puts the drop-in libraries (`softrnic run` looks beside the binary too).
 LIBDIR   ?= /usr/local/lib/softrnic
 
@@ -113,7 +113,8 @@ interop: build lab
 lab-selfcheck: build lab
 	$(GO) run ./lab/interop -selfcheck
 
-## lint: gofmt, go vet
+## lint: gofmt, go vet, the C library with -Wall -Wextra -Werror
+lint: clib
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
