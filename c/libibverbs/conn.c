@@ -24,15 +24,20 @@ const char *srn_control_path(void)
 	return p && *p ? p : SOFTRNIC_DEFAULT_CONTROL;
 }
 
+static void vlog(const char *fmt, va_list ap)
+{
+	fputs("softrnic: ", stderr);
+	vfprintf(stderr, fmt, ap);
+	fputc('\n', stderr);
+}
+
 void srn_debug(const char *fmt, ...)
 {
 	if (!getenv(SRN_DEBUG_ENV))
 		return;
 	va_list ap;
 	va_start(ap, fmt);
-	fputs("softrnic: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	vlog(fmt, ap);
 	va_end(ap);
 }
 
@@ -40,9 +45,7 @@ void srn_warn(const char *fmt, ...)
 {
 	va_list ap;
 	va_start(ap, fmt);
-	fputs("softrnic: ", stderr);
-	vfprintf(stderr, fmt, ap);
-	fputc('\n', stderr);
+	vlog(fmt, ap);
 	va_end(ap);
 }
 
@@ -196,6 +199,12 @@ int srn_call(struct srn_conn *c, uint16_t op, const void *req, size_t req_len, c
 	for (int i = 0; i < nr; i++)
 		fds_out[i] = rfds[i];
 	return 0;
+}
+
+int srn_call_handle(struct srn_conn *c, uint16_t op, uint32_t handle)
+{
+	struct softrnic_handle_msg req = {.handle = handle};
+	return srn_call(c, op, &req, sizeof(req), NULL, 0, NULL, 0, NULL, 0);
 }
 
 void srn_doorbell_ring(int fd)

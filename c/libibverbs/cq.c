@@ -81,8 +81,7 @@ SRN_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *
 			err = errno;
 	}
 	if (err) {
-		struct softrnic_handle_msg d = {.handle = resp.cq};
-		srn_call(&s->conn, SOFTRNIC_OP_DESTROY_CQ, &d, sizeof(d), NULL, 0, NULL, 0, NULL, 0);
+		srn_call_handle(&s->conn, SOFTRNIC_OP_DESTROY_CQ, resp.cq);
 		srn_ring_unmap(&q->ring);
 		close(q->db);
 		free(q);
@@ -109,9 +108,7 @@ SRN_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *
 SRN_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 {
 	struct srn_cq *q = to_scq(cq);
-	struct softrnic_handle_msg req = {.handle = q->handle};
-	int err = srn_call(&to_sctx(cq->context)->conn, SOFTRNIC_OP_DESTROY_CQ, &req, sizeof(req), NULL, 0, NULL, 0,
-			   NULL, 0);
+	int err = srn_call_handle(&to_sctx(cq->context)->conn, SOFTRNIC_OP_DESTROY_CQ, q->handle);
 	if (err)
 		return err;
 	/* As rdma-core: the events handed out must have been acknowledged. */

@@ -38,9 +38,7 @@ SRN_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
 SRN_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd)
 {
 	struct srn_pd *p = to_spd(pd);
-	struct softrnic_handle_msg req = {.handle = p->handle};
-	int err = srn_call(&to_sctx(pd->context)->conn, SOFTRNIC_OP_DEALLOC_PD, &req, sizeof(req), NULL, 0, NULL, 0, NULL,
-			   0);
+	int err = srn_call_handle(&to_sctx(pd->context)->conn, SOFTRNIC_OP_DEALLOC_PD, p->handle);
 	if (err)
 		return err;
 	free(p);
@@ -94,9 +92,7 @@ SRN_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t
 SRN_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 {
 	struct srn_mr *m = (struct srn_mr *)mr;
-	struct softrnic_handle_msg req = {.handle = m->handle};
-	int err = srn_call(&to_sctx(mr->context)->conn, SOFTRNIC_OP_DEREG_MR, &req, sizeof(req), NULL, 0, NULL, 0, NULL,
-			   0);
+	int err = srn_call_handle(&to_sctx(mr->context)->conn, SOFTRNIC_OP_DEREG_MR, m->handle);
 	if (err)
 		return err;
 	free(m);

@@ -84,8 +84,7 @@ static struct ibv_qp *qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 	else if ((err = srn_ring_map(&q->rq, fds[1], recv_slot_size(&resp.caps), resp.rq_slots)))
 		srn_ring_unmap(&q->sq);
 	if (err) {
-		struct softrnic_handle_msg d = {.handle = resp.qp};
-		srn_call(&s->conn, SOFTRNIC_OP_DESTROY_QP, &d, sizeof(d), NULL, 0, NULL, 0, NULL, 0);
+		srn_call_handle(&s->conn, SOFTRNIC_OP_DESTROY_QP, resp.qp);
 		free(q);
 		errno = err;
 		return NULL;
@@ -352,9 +351,7 @@ SRN_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 SRN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
 	struct srn_qp *q = to_sqp(qp);
-	struct softrnic_handle_msg req = {.handle = q->handle};
-	int err = srn_call(&to_sctx(qp->context)->conn, SOFTRNIC_OP_DESTROY_QP, &req, sizeof(req), NULL, 0, NULL, 0,
-			   NULL, 0);
+	int err = srn_call_handle(&to_sctx(qp->context)->conn, SOFTRNIC_OP_DESTROY_QP, q->handle);
 	if (err)
 		return err;
 	srn_ring_unmap(&q->sq);

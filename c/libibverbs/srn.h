@@ -56,6 +56,10 @@ void srn_conn_close(struct srn_conn *c);
 int srn_call(struct srn_conn *c, uint16_t op, const void *req, size_t req_len, const int *fds, int nfds,
 	     void *resp, size_t resp_len, int *fds_out, int nfds_out);
 
+/* An operation whose body is one handle and whose reply is empty (the
+ * destroys and deallocations). */
+int srn_call_handle(struct srn_conn *c, uint16_t op, uint32_t handle);
+
 /* Diagnostics, to stderr when $SOFTRNIC_DEBUG is set (rdma-core's
  * providers are quiet by default too). */
 void srn_debug(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
