@@ -74,6 +74,8 @@ SRN_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *
 	}
 	q->handle = resp.cq;
 	q->db = fds[1];
+	/* Two threads may wake for one event; the loser must not block. */
+	fcntl(q->db, F_SETFL, fcntl(q->db, F_GETFL) | O_NONBLOCK);
 	err = srn_ring_map(&q->ring, fds[0], SOFTRNIC_CQE_SIZE, resp.slots);
 	if (!err && channel) {
 		struct epoll_event ev = {.events = EPOLLIN, .data.ptr = q};

@@ -128,6 +128,7 @@ SRN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		return NULL;
 	}
 	s->async_epoll = -1;
+	s->pump_db = -1;
 	int err = srn_conn_open(&s->conn, d->control);
 	if (err) {
 		free(s);
@@ -149,7 +150,7 @@ SRN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	if (err) {
 		if (s->async_epoll >= 0)
 			close(s->async_epoll);
-		if (s->pump_db > 0)
+		if (s->pump_db >= 0)
 			close(s->pump_db);
 		srn_conn_close(&s->conn);
 		free(s);

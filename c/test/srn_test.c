@@ -6,6 +6,9 @@
  *   srn_test control            every control verb and its error paths, the
  *                               rings (flushes), completion channels
  *   srn_test server PORT        the passive side of the traffic test
+ *   srn_test fatal              waits for the daemon to go away: the
+ *                               context's async fd reports
+ *                               IBV_EVENT_DEVICE_FATAL, and verbs fail
  *   srn_test client ADDR PORT   the active side: RC and UC QPs exchange
  *                               SEND_WITH_IMM, RDMA_WRITE_WITH_IMM and inline
  *                               SENDs with the server, through ibv_post_send
@@ -358,6 +361,33 @@ static int control(void)
 	return 0;
 }
 
+/* Run while the test stops the daemon after "ready". */
+static int fatal(void)
+{
+	struct ibv_context *ctx = open_first();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	MUST(pd, "alloc_pd");
+	int fl = fcntl(ctx->async_fd, F_GETFL);
+	MUST(fcntl(ctx->async_fd, F_SETFL, fl | O_NONBLOCK) == 0, "async fd non-blocking");
+	struct ibv_async_event ev;
+	errno = 0;
+	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "an event before the daemon went: errno %d", errno);
+	printf("ready\n");
+	struct pollfd pfd = {.fd = ctx->async_fd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 30000) == 1, "the async fd never became readable");
+	CHECK(ibv_get_async_event(ctx, &ev) == 0 && ev.event_type == IBV_EVENT_DEVICE_FATAL, "event %s",
+	      ibv_event_type_str(ev.event_type));
+	ibv_ack_async_event(&ev);
+	errno = 0;
+	CHECK(ibv_get_async_event(ctx, &ev) == -1 && errno == EAGAIN, "DEVICE_FATAL twice");
+	errno = 0;
+	CHECK(ibv_alloc_pd(ctx) == NULL && errno != 0, "alloc_pd without a daemon");
+	CHECK(ibv_dealloc_pd(pd) != 0, "dealloc_pd without a daemon");
+	CHECK(ibv_close_device(ctx) == 0, "close_device");
+	finish();
+	return 0;
+}
+
 /* ---- traffic between two processes ---- */
 
 struct endpoint {
@@ -545,10 +575,12 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN); /* a peer gone is reported, not fatal */
 	if (argc == 2 && !strcmp(argv[1], "control"))
 		return control();
+	if (argc == 2 && !strcmp(argv[1], "fatal"))
+		return fatal();
 	if (argc == 3 && !strcmp(argv[1], "server"))
 		return traffic(NULL, argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "client"))
 		return traffic(argv[2], argv[3]);
-	fprintf(stderr, "usage: srn_test control | server PORT | client ADDR PORT\n");
+	fprintf(stderr, "usage: srn_test control | fatal | server PORT | client ADDR PORT\n");
 	return 2;
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -252,6 +253,32 @@ func TestStockDevinfoAgainstDaemon(t *testing.T) {
 			t.Errorf("ibv_devinfo -v lacks %q:\n%s", want, info)
 		}
 	}
+	if exec.Command("/usr/bin/python3", "-c", "import pyverbs").Run() != nil {
+		t.Log("pyverbs: not installed")
+		return
+	}
+	// pyverbs (rdma-core's Python binding, Cython over libibverbs).
+	py := run("/usr/bin/python3", "-c", `
+from pyverbs.device import Context
+from pyverbs.pd import PD
+from pyverbs.cq import CQ, CompChannel
+from pyverbs.qp import QP, QPInitAttr, QPCap
+import pyverbs.enums as e
+ctx = Context(name='`+name+`')
+port = ctx.query_port(1)
+assert port.state == e.IBV_PORT_ACTIVE and port.link_layer == e.IBV_LINK_LAYER_ETHERNET
+assert ctx.query_gid_type(1, 0) == e.IBV_GID_TYPE_SYSFS_ROCE_V2
+gids = ctx.query_gid_table(16)
+assert len(gids) == port.gid_tbl_len
+pd = PD(ctx)
+ch = CompChannel(ctx)
+cq = CQ(ctx, 16, None, ch, 0)
+qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=QPCap(max_send_wr=4, max_recv_wr=4)))
+print('pyverbs ok', ctx.query_device().phys_port_cnt, len(gids), qp.qp_num > 1)
+`)
+	if !strings.Contains(py, "pyverbs ok 1 ") || !strings.Contains(py, " True") {
+		t.Errorf("pyverbs:\n%s", py)
+	}
 }
 
 // The project's C test program, under AddressSanitizer, against daemons
@@ -262,7 +289,7 @@ func TestCProgram(t *testing.T) {
 	dir := buildCLib(t)
 	bin := buildSoftrnic(t)
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
-	sockA, _ := startDaemon(t, bin, pair.A)
+	sockA, stopA := startDaemon(t, bin, pair.A)
 	sockB, _ := startDaemon(t, bin, pair.B)
 	test := filepath.Join(dir, "asan", "srn_test")
 	lib := filepath.Join(dir, "asan", "lib")
@@ -293,6 +320,32 @@ func TestCProgram(t *testing.T) {
 			t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cout, serr, sout.String())
 		}
 		t.Logf("client: %s; server: %s", lastLine(cout), lastLine(sout.Bytes()))
+	})
+	// Last: it stops daemon A.
+	t.Run("device-fatal", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := prog(ctx, pair.A.NS, sockA, "fatal")
+		var out bytes.Buffer
+		cmd.Stderr = &out
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		line := make([]byte, 6)
+		if _, err := io.ReadFull(stdout, line); err != nil || string(line) != "ready\n" {
+			cmd.Wait()
+			t.Fatalf("%q %v\n%s", line, err, out.String())
+		}
+		stopA()
+		rest, _ := io.ReadAll(stdout)
+		if err := cmd.Wait(); err != nil || !bytes.Contains(rest, []byte(" passed, 0 failed")) {
+			t.Fatalf("%v\n%s%s", err, rest, out.String())
+		}
+		t.Logf("%s", bytes.TrimSpace(rest))
 	})
 }
 
