@@ -50,8 +50,10 @@ SRN_EXPORT int ibv_destroy_comp_channel(struct ibv_comp_channel *ch)
 	return 0;
 }
 
-SRN_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
-					struct ibv_comp_channel *channel, int comp_vector)
+static void cq_ex_init(struct srn_cq *q);
+
+static struct srn_cq *cq_create(struct ibv_context *ctx, int cqe, void *cq_context, struct ibv_comp_channel *channel,
+				int comp_vector)
 {
 	struct srn_context *s = to_sctx(ctx);
 	if (cqe < 1 || (uint32_t)cqe > s->info.max_cqe || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
@@ -104,7 +106,33 @@ SRN_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *
 		channel->refcnt++;
 		pthread_mutex_unlock(&ctx->mutex);
 	}
-	return &q->cq;
+	cq_ex_init(q);
+	return q;
+}
+
+SRN_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+					struct ibv_comp_channel *channel, int comp_vector)
+{
+	struct srn_cq *q = cq_create(ctx, cqe, cq_context, channel, comp_vector);
+	return q ? &q->cq : NULL;
+}
+
+struct ibv_cq_ex *srn_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *a)
+{
+	/* Completions carry no timestamps, VLANs, flow tags or tag matching
+	 * yet; parent domains and overrun-ignoring CQs do not exist. */
+	if ((a->wc_flags & ~(uint64_t)IBV_WC_STANDARD_FLAGS) ||
+	    (a->comp_mask & ~(uint32_t)IBV_CQ_INIT_ATTR_MASK_FLAGS) ||
+	    ((a->comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS) && (a->flags & ~(uint32_t)IBV_CREATE_CQ_ATTR_SINGLE_THREADED))) {
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	if (a->cqe > INT32_MAX) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct srn_cq *q = cq_create(ctx, (int)a->cqe, a->cq_context, a->channel, (int)a->comp_vector);
+	return q ? &q->cqx : NULL;
 }
 
 SRN_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
@@ -230,6 +258,121 @@ int srn_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	if (!empty)
 		srn_doorbell_ring(q->db);
 	return 0;
+}
+
+/* ---- the extended poll API: ibv_start_poll, ibv_next_poll, ibv_end_poll ---- */
+
+static struct srn_cq *from_ex(struct ibv_cq_ex *x)
+{
+	return (struct srn_cq *)x;
+}
+
+/* Takes the next entry as the current one; ENOENT when there is none. */
+static int cq_ex_take(struct srn_cq *q)
+{
+	const uint8_t *s = srn_peek(&q->cons);
+	if (!s)
+		return q->cons.corrupt ? EIO : ENOENT;
+	struct softrnic_cqe e;
+	memcpy(&e, s, sizeof(e));
+	to_wc(&e, &q->cur);
+	q->cqx.wr_id = q->cur.wr_id;
+	q->cqx.status = q->cur.status;
+	return 0;
+}
+
+static int cq_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
+{
+	struct srn_cq *q = from_ex(x);
+	if (attr->comp_mask)
+		return EINVAL;
+	pthread_spin_lock(&q->lock);
+	int err = cq_ex_take(q);
+	if (err) /* no entry: the poll is over, ibv_end_poll is not called */
+		pthread_spin_unlock(&q->lock);
+	return err;
+}
+
+static int cq_next_poll(struct ibv_cq_ex *x)
+{
+	return cq_ex_take(from_ex(x));
+}
+
+static void cq_end_poll(struct ibv_cq_ex *x)
+{
+	struct srn_cq *q = from_ex(x);
+	srn_release(&q->cons);
+	pthread_spin_unlock(&q->lock);
+}
+
+static enum ibv_wc_opcode cq_read_opcode(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.opcode;
+}
+
+static uint32_t cq_read_vendor_err(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.vendor_err;
+}
+
+static uint32_t cq_read_byte_len(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.byte_len;
+}
+
+static __be32 cq_read_imm_data(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.imm_data;
+}
+
+static uint32_t cq_read_qp_num(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.qp_num;
+}
+
+static uint32_t cq_read_src_qp(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.src_qp;
+}
+
+static unsigned int cq_read_wc_flags(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.wc_flags;
+}
+
+static uint32_t cq_read_slid(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.slid;
+}
+
+static uint8_t cq_read_sl(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.sl;
+}
+
+static uint8_t cq_read_dlid_path_bits(struct ibv_cq_ex *x)
+{
+	return from_ex(x)->cur.dlid_path_bits;
+}
+
+static void cq_ex_init(struct srn_cq *q)
+{
+	struct ibv_cq_ex *x = &q->cqx;
+	x->start_poll = cq_start_poll;
+	x->next_poll = cq_next_poll;
+	x->end_poll = cq_end_poll;
+	x->read_opcode = cq_read_opcode;
+	x->read_vendor_err = cq_read_vendor_err;
+	x->read_byte_len = cq_read_byte_len;
+	x->read_imm_data = cq_read_imm_data;
+	x->read_qp_num = cq_read_qp_num;
+	x->read_src_qp = cq_read_src_qp;
+	x->read_wc_flags = cq_read_wc_flags;
+	x->read_slid = cq_read_slid;
+	x->read_sl = cq_read_sl;
+	x->read_dlid_path_bits = cq_read_dlid_path_bits;
+	/* The rest (timestamps, VLAN, flow tag, tag matching) stay NULL: no
+	 * CQ is created with the flags that would allow calling them. */
 }
 
 SRN_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, void **cq_context)

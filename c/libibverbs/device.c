@@ -179,6 +179,7 @@ SRN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	s->vctx.query_port = srn_query_port;
 	s->vctx.query_device_ex = srn_query_device_ex;
 	s->vctx.create_qp_ex = srn_create_qp_ex;
+	s->vctx.create_cq_ex = srn_create_cq_ex;
 	return ctx;
 }
 

@@ -128,7 +128,13 @@ struct srn_comp_channel {
 };
 
 struct srn_cq {
-	struct ibv_cq cq;
+	/* Every CQ is an ibv_cq_ex, whose head is an ibv_cq: the classic and
+	 * the extended calls name the same object. */
+	union {
+		struct ibv_cq cq;
+		struct ibv_cq_ex cqx;
+	};
+	struct ibv_wc cur; /* the ibv_start_poll/ibv_next_poll entry the read_* report */
 	uint32_t handle;
 	struct srn_ring ring;
 	struct srn_consumer cons;
@@ -177,6 +183,7 @@ int srn_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_e
 			struct ibv_device_attr_ex *attr, size_t len);
 struct ibv_qp *srn_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr);
 int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+struct ibv_cq_ex *srn_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *attr);
 int srn_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int srn_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);

@@ -197,9 +197,9 @@ static void test_unsupported(struct ibv_context *ctx, struct ibv_pd *pd)
 	CHECK(ibv_create_srq(pd, &sa) == NULL && errno == EOPNOTSUPP, "create_srq: errno %d", errno);
 	errno = 0;
 	CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP, "alloc_mw: errno %d", errno);
-	struct ibv_cq_init_attr_ex cqa = {.cqe = 4};
+	struct ibv_cq_init_attr_ex cqa = {.cqe = 4, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
 	errno = 0;
-	CHECK(ibv_create_cq_ex(ctx, &cqa) == NULL && errno == EOPNOTSUPP, "create_cq_ex: errno %d", errno);
+	CHECK(ibv_create_cq_ex(ctx, &cqa) == NULL && errno == EOPNOTSUPP, "CQ with timestamps: errno %d", errno);
 	errno = 0;
 	CHECK(ibv_import_device(3) == NULL && errno == EOPNOTSUPP, "import_device: errno %d", errno);
 }
@@ -301,6 +301,46 @@ static void test_flush(struct ibv_context *ctx, struct ibv_pd *pd)
 	CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy channel");
 }
 
+/* The extended CQ: ibv_start_poll/ibv_next_poll/ibv_end_poll over the
+ * same ring, here on the flushes of a UD QP's receives. */
+static void test_cq_ex(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_cq_init_attr_ex ca = {.cqe = 8, .wc_flags = IBV_WC_STANDARD_FLAGS,
+					 .comp_mask = IBV_CQ_INIT_ATTR_MASK_FLAGS,
+					 .flags = IBV_CREATE_CQ_ATTR_SINGLE_THREADED};
+	struct ibv_cq_ex *cx = ibv_create_cq_ex(ctx, &ca);
+	MUST(cx, "create_cq_ex: %s", strerror(errno));
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(cx);
+	struct ibv_poll_cq_attr pa = {0};
+	CHECK(ibv_start_poll(cx, &pa) == ENOENT, "start_poll on an empty CQ");
+	struct ibv_qp *qp = make_qp(pd, cq, IBV_QPT_UD, false);
+	to_init(qp, IBV_QPT_UD);
+	for (uint64_t id = 1; id <= 3; id++) {
+		struct ibv_recv_wr r = {.wr_id = id}, *bad;
+		CHECK(ibv_post_recv(qp, &r, &bad) == 0, "post_recv %llu", (unsigned long long)id);
+	}
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	modify(qp, &a, IBV_QP_STATE, 0);
+	double end = now() + 10;
+	int err;
+	while ((err = ibv_start_poll(cx, &pa)) == ENOENT && now() < end)
+		usleep(100);
+	MUST(err == 0, "start_poll: %d", err);
+	uint64_t want = 1;
+	do {
+		CHECK(cx->wr_id == want && cx->status == IBV_WC_WR_FLUSH_ERR && ibv_wc_read_qp_num(cx) == qp->qp_num,
+		      "entry %llu: id %llu status %s", (unsigned long long)want, (unsigned long long)cx->wr_id,
+		      ibv_wc_status_str(cx->status));
+		want++;
+		while ((err = ibv_next_poll(cx)) == ENOENT && want <= 3 && now() < end)
+			usleep(100);
+	} while (err == 0);
+	ibv_end_poll(cx);
+	CHECK(err == ENOENT && want == 4, "next_poll %d after %llu entries", err, (unsigned long long)want - 1);
+	CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp");
+	CHECK(ibv_destroy_cq(cq) == 0, "destroy extended CQ");
+}
+
 static void test_objects(struct ibv_context *ctx, struct ibv_pd *pd)
 {
 	errno = 0;
@@ -354,6 +394,7 @@ static int control(void)
 	test_unsupported(ctx, pd);
 	test_objects(ctx, pd);
 	test_flush(ctx, pd);
+	test_cq_ex(ctx, pd);
 	CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
 	/* The daemon answers no more: nothing is left of the session. */
 	CHECK(ibv_close_device(ctx) == 0, "close_device");
