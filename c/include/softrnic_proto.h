@@ -169,6 +169,60 @@
 // CQESize is the completion ring's slot size.
 #define SOFTRNIC_CQE_SIZE 48
 
+/* ---- package github.com/softrnic/softrnic/shmring ---- */
+#define SOFTRNIC_RING_HEADER_MAGIC UINT64_C(0x31474e4952534d53)
+#define SOFTRNIC_RING_HEADER_VERSION 1
+// HeaderSize is the bytes before the first slot.
+#define SOFTRNIC_RING_HEADER_SIZE 256
+// MaxSlots bounds a ring so that a geometry from a message can never make
+// the mapping overflow.
+#define SOFTRNIC_RING_MAX_SLOTS 1048576
+// MaxSlotSize bounds one slot (a work request with many SGEs or inline data).
+#define SOFTRNIC_RING_MAX_SLOT_SIZE 65536
+
+/* ---- package github.com/softrnic/softrnic/verbs/wr ---- */
+#define SOFTRNIC_WR_OPCODE_SEND 0
+#define SOFTRNIC_WR_OPCODE_SEND_WITH_IMM 1
+#define SOFTRNIC_WR_OPCODE_SEND_WITH_INV 2
+#define SOFTRNIC_WR_OPCODE_RDMA_WRITE 3
+#define SOFTRNIC_WR_OPCODE_RDMA_WRITE_WITH_IMM 4
+#define SOFTRNIC_WR_OPCODE_RDMA_READ 5
+#define SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP 6
+#define SOFTRNIC_WR_OPCODE_ATOMIC_FETCH_AND_ADD 7
+#define SOFTRNIC_WR_FLAGS_SIGNALED 1 // generate a completion even on success
+#define SOFTRNIC_WR_FLAGS_FENCE 2 // wait for earlier READ/ATOMICs to complete first
+#define SOFTRNIC_WR_FLAGS_SOLICITED 4 // set SE on the last packet
+#define SOFTRNIC_WR_FLAGS_INLINE 8 // the data was copied at post time
+#define SOFTRNIC_WR_STATUS_SUCCESS 0
+#define SOFTRNIC_WR_STATUS_LOC_LEN_ERR 1
+#define SOFTRNIC_WR_STATUS_LOC_QP_OP_ERR 2
+#define SOFTRNIC_WR_STATUS_LOC_PROT_ERR 4
+#define SOFTRNIC_WR_STATUS_WR_FLUSH_ERR 5
+#define SOFTRNIC_WR_STATUS_BAD_RESP_ERR 7
+#define SOFTRNIC_WR_STATUS_LOC_ACCESS_ERR 8
+#define SOFTRNIC_WR_STATUS_REM_INV_REQ_ERR 9
+#define SOFTRNIC_WR_STATUS_REM_ACCESS_ERR 10
+#define SOFTRNIC_WR_STATUS_REM_OP_ERR 11
+#define SOFTRNIC_WR_STATUS_RETRY_EXC_ERR 12
+#define SOFTRNIC_WR_STATUS_RNR_RETRY_EXC_ERR 13
+#define SOFTRNIC_WR_STATUS_GENERAL_ERR 21
+#define SOFTRNIC_WR_WC_OPCODE_SEND 0
+#define SOFTRNIC_WR_WC_OPCODE_RDMA_WRITE 1
+#define SOFTRNIC_WR_WC_OPCODE_RDMA_READ 2
+#define SOFTRNIC_WR_WC_OPCODE_COMP_SWAP 3
+#define SOFTRNIC_WR_WC_OPCODE_FETCH_ADD 4
+#define SOFTRNIC_WR_WC_OPCODE_RECV 5
+#define SOFTRNIC_WR_WC_OPCODE_RECV_RDMA_WITH_IMM 6
+#define SOFTRNIC_WR_WC_FLAGS_WITH_IMM 1 // Imm is valid
+#define SOFTRNIC_WR_WC_FLAGS_WITH_INV 2 // InvRKey was invalidated
+#define SOFTRNIC_WR_WC_FLAGS_GRH 4 // the first 40 bytes of the buffer hold a GRH slot (UD)
+#define SOFTRNIC_WR_ACCESS_LOCAL_WRITE 1
+#define SOFTRNIC_WR_ACCESS_REMOTE_WRITE 2 // RDMA WRITE into the MR / accepted by the QP
+#define SOFTRNIC_WR_ACCESS_REMOTE_READ 4 // RDMA READ from the MR / served by the QP
+#define SOFTRNIC_WR_ACCESS_REMOTE_ATOMIC 8 // atomics on the MR / served by the QP
+
+/* ---- structs ---- */
+
 // Header starts every message.
 struct softrnic_header {
 	uint16_t op;
@@ -679,6 +733,33 @@ _Static_assert(offsetof(struct softrnic_sge, addr) == 0, "struct softrnic_sge: a
 _Static_assert(offsetof(struct softrnic_sge, length) == 8, "struct softrnic_sge: length");
 _Static_assert(offsetof(struct softrnic_sge, l_key) == 12, "struct softrnic_sge: l_key");
 
+// Header is the layout of a ring's first HeaderSize bytes, as a declaration
+// for readers in other languages (the C library's header is generated from
+// it); the package itself uses the off* constants, and layout_test.go keeps
+// the two in agreement. Prod, Cons and Wakeup are accessed atomically
+// (sequentially consistent) by both sides.
+struct softrnic_ring_header {
+	uint64_t magic; // HeaderMagic
+	uint32_t version; // HeaderVersion
+	uint32_t slot_size;
+	uint32_t slots;
+	uint8_t _pad0[44];
+	uint64_t prod; // producer index, written by the producer only
+	uint8_t _pad1[56];
+	uint64_t cons; // consumer index, written by the consumer only
+	uint8_t _pad2[56];
+	uint32_t wakeup; // set by a consumer about to sleep, swapped to 0 by the producer that rings it
+	uint8_t _pad3[60];
+};
+_Static_assert(sizeof(struct softrnic_ring_header) == 256, "struct softrnic_ring_header: size");
+_Static_assert(offsetof(struct softrnic_ring_header, magic) == 0, "struct softrnic_ring_header: magic");
+_Static_assert(offsetof(struct softrnic_ring_header, version) == 8, "struct softrnic_ring_header: version");
+_Static_assert(offsetof(struct softrnic_ring_header, slot_size) == 12, "struct softrnic_ring_header: slot_size");
+_Static_assert(offsetof(struct softrnic_ring_header, slots) == 16, "struct softrnic_ring_header: slots");
+_Static_assert(offsetof(struct softrnic_ring_header, prod) == 64, "struct softrnic_ring_header: prod");
+_Static_assert(offsetof(struct softrnic_ring_header, cons) == 128, "struct softrnic_ring_header: cons");
+_Static_assert(offsetof(struct softrnic_ring_header, wakeup) == 192, "struct softrnic_ring_header: wakeup");
+
 // CMConnReq is the body of OpCMAccept and OpCMConnect: the RC QP the CM
 // creates in the daemon for the connection (as CREATE_QP, RC, in PD with
 // the CQs) and the rdma_conn_param. InitRecv, if HasInitRecv, is posted on
@@ -742,84 +823,5 @@ _Static_assert(offsetof(struct softrnic_stats_resp, more) == 436, "struct softrn
 _Static_assert(offsetof(struct softrnic_stats_resp, qps) == 440, "struct softrnic_stats_resp: qps");
 _Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3768, "struct softrnic_stats_resp: num_queues");
 _Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3776, "struct softrnic_stats_resp: queues");
-
-/* ---- package github.com/softrnic/softrnic/shmring ---- */
-#define SOFTRNIC_RING_HEADER_MAGIC UINT64_C(0x31474e4952534d53)
-#define SOFTRNIC_RING_HEADER_VERSION 1
-// HeaderSize is the bytes before the first slot.
-#define SOFTRNIC_RING_HEADER_SIZE 256
-// MaxSlots bounds a ring so that a geometry from a message can never make
-// the mapping overflow.
-#define SOFTRNIC_RING_MAX_SLOTS 1048576
-// MaxSlotSize bounds one slot (a work request with many SGEs or inline data).
-#define SOFTRNIC_RING_MAX_SLOT_SIZE 65536
-
-// Header is the layout of a ring's first HeaderSize bytes, as a declaration
-// for readers in other languages (the C library's header is generated from
-// it); the package itself uses the off* constants, and layout_test.go keeps
-// the two in agreement. Prod, Cons and Wakeup are accessed atomically
-// (sequentially consistent) by both sides.
-struct softrnic_ring_header {
-	uint64_t magic; // HeaderMagic
-	uint32_t version; // HeaderVersion
-	uint32_t slot_size;
-	uint32_t slots;
-	uint8_t _pad0[44];
-	uint64_t prod; // producer index, written by the producer only
-	uint8_t _pad1[56];
-	uint64_t cons; // consumer index, written by the consumer only
-	uint8_t _pad2[56];
-	uint32_t wakeup; // set by a consumer about to sleep, swapped to 0 by the producer that rings it
-	uint8_t _pad3[60];
-};
-_Static_assert(sizeof(struct softrnic_ring_header) == 256, "struct softrnic_ring_header: size");
-_Static_assert(offsetof(struct softrnic_ring_header, magic) == 0, "struct softrnic_ring_header: magic");
-_Static_assert(offsetof(struct softrnic_ring_header, version) == 8, "struct softrnic_ring_header: version");
-_Static_assert(offsetof(struct softrnic_ring_header, slot_size) == 12, "struct softrnic_ring_header: slot_size");
-_Static_assert(offsetof(struct softrnic_ring_header, slots) == 16, "struct softrnic_ring_header: slots");
-_Static_assert(offsetof(struct softrnic_ring_header, prod) == 64, "struct softrnic_ring_header: prod");
-_Static_assert(offsetof(struct softrnic_ring_header, cons) == 128, "struct softrnic_ring_header: cons");
-_Static_assert(offsetof(struct softrnic_ring_header, wakeup) == 192, "struct softrnic_ring_header: wakeup");
-
-/* ---- package github.com/softrnic/softrnic/verbs/wr ---- */
-#define SOFTRNIC_WR_OPCODE_SEND 0
-#define SOFTRNIC_WR_OPCODE_SEND_WITH_IMM 1
-#define SOFTRNIC_WR_OPCODE_SEND_WITH_INV 2
-#define SOFTRNIC_WR_OPCODE_RDMA_WRITE 3
-#define SOFTRNIC_WR_OPCODE_RDMA_WRITE_WITH_IMM 4
-#define SOFTRNIC_WR_OPCODE_RDMA_READ 5
-#define SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP 6
-#define SOFTRNIC_WR_OPCODE_ATOMIC_FETCH_AND_ADD 7
-#define SOFTRNIC_WR_FLAGS_SIGNALED 1 // generate a completion even on success
-#define SOFTRNIC_WR_FLAGS_FENCE 2 // wait for earlier READ/ATOMICs to complete first
-#define SOFTRNIC_WR_FLAGS_SOLICITED 4 // set SE on the last packet
-#define SOFTRNIC_WR_FLAGS_INLINE 8 // the data was copied at post time
-#define SOFTRNIC_WR_STATUS_SUCCESS 0
-#define SOFTRNIC_WR_STATUS_LOC_LEN_ERR 1
-#define SOFTRNIC_WR_STATUS_LOC_QP_OP_ERR 2
-#define SOFTRNIC_WR_STATUS_LOC_PROT_ERR 4
-#define SOFTRNIC_WR_STATUS_WR_FLUSH_ERR 5
-#define SOFTRNIC_WR_STATUS_BAD_RESP_ERR 7
-#define SOFTRNIC_WR_STATUS_LOC_ACCESS_ERR 8
-#define SOFTRNIC_WR_STATUS_REM_INV_REQ_ERR 9
-#define SOFTRNIC_WR_STATUS_REM_ACCESS_ERR 10
-#define SOFTRNIC_WR_STATUS_REM_OP_ERR 11
-#define SOFTRNIC_WR_STATUS_RETRY_EXC_ERR 12
-#define SOFTRNIC_WR_STATUS_RNR_RETRY_EXC_ERR 13
-#define SOFTRNIC_WR_STATUS_GENERAL_ERR 21
-#define SOFTRNIC_WR_WC_OPCODE_SEND 0
-#define SOFTRNIC_WR_WC_OPCODE_RDMA_WRITE 1
-#define SOFTRNIC_WR_WC_OPCODE_RDMA_READ 2
-#define SOFTRNIC_WR_WC_OPCODE_COMP_SWAP 3
-#define SOFTRNIC_WR_WC_OPCODE_FETCH_ADD 4
-#define SOFTRNIC_WR_WC_OPCODE_RECV 5
-#define SOFTRNIC_WR_WC_OPCODE_RECV_RDMA_WITH_IMM 6
-#define SOFTRNIC_WR_WC_FLAGS_WITH_IMM 1 // Imm is valid
-#define SOFTRNIC_WR_WC_FLAGS_WITH_INV 2 // InvRKey was invalidated
-#define SOFTRNIC_WR_WC_FLAGS_GRH 4 // the first 40 bytes of the buffer hold a GRH slot (UD)
-#define SOFTRNIC_WR_ACCESS_LOCAL_WRITE 1
-#define SOFTRNIC_WR_ACCESS_REMOTE_WRITE 2 // RDMA WRITE into the MR / accepted by the QP
-#define SOFTRNIC_WR_ACCESS_REMOTE_READ 4 // RDMA READ from the MR / served by the QP
-#define SOFTRNIC_WR_ACCESS_REMOTE_ATOMIC 8 // atomics on the MR / served by the QP
 
 #endif /* SOFTRNIC_PROTO_H */

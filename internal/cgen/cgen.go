@@ -130,6 +130,9 @@ func Generate(dir string, args []string) ([]byte, error) {
 			return nil, err
 		}
 	}
+	if err := g.emitStructs(); err != nil {
+		return nil, err
+	}
 	return g.finish(), nil
 }
 
@@ -167,6 +170,7 @@ type gen struct {
 	out       bytes.Buffer
 	structs   map[string]string         // "importpath.Name" → C struct name
 	fieldDocs map[types.Object][]string // a struct's field comments, by field index
+	pending   []decl                    // the structs of every package, in argument and source order
 	names     map[string]string         // C name → the Go declaration that took it
 }
 
@@ -206,6 +210,8 @@ type decl struct {
 	obj  types.Object
 	doc  string // the declaration's doc comment (or its group's)
 	line string // a trailing line comment
+
+	lower, path string // structs: the C name prefix and the package
 }
 
 func (g *gen) pkg(fset *token.FileSet, imp types.Importer, p listed, prefix string) error {
@@ -276,8 +282,8 @@ func (g *gen) pkg(fset *token.FileSet, imp types.Importer, p listed, prefix stri
 		upper += "_" + strings.ToUpper(prefix)
 	}
 	fmt.Fprintf(&g.out, "\n/* ---- package %s ---- */\n", p.ImportPath)
-	// Constants first (array lengths in structs may use them), then the
-	// structs in an order where every embedded struct precedes its user.
+	// Constants here; the structs of all packages come after all
+	// constants (emitStructs).
 	for _, d := range decls {
 		c, ok := d.obj.(*types.Const)
 		if !ok {
@@ -287,19 +293,28 @@ func (g *gen) pkg(fset *token.FileSet, imp types.Importer, p listed, prefix stri
 			return err
 		}
 	}
-	var pending []decl
 	for _, d := range decls {
 		if tn, ok := d.obj.(*types.TypeName); ok {
 			if _, ok := tn.Type().Underlying().(*types.Struct); ok {
-				pending = append(pending, d)
+				d.lower, d.path = strings.ToLower(upper), p.ImportPath
+				g.pending = append(g.pending, d)
 			}
 		}
 	}
+	return nil
+}
+
+// emitStructs emits the structs of every package, each after the structs
+// it embeds (which may be another package's), and leaves out those that
+// embed something encoding/binary cannot encode.
+func (g *gen) emitStructs() error {
+	fmt.Fprintf(&g.out, "\n/* ---- structs ---- */\n")
+	pending := g.pending
 	for len(pending) > 0 {
 		var later []decl
 		progress := false
 		for _, d := range pending {
-			done, err := g.structure(d, strings.ToLower(upper), p.ImportPath)
+			done, err := g.structure(d, d.lower, d.path)
 			if err != nil {
 				return err
 			}
@@ -310,7 +325,6 @@ func (g *gen) pkg(fset *token.FileSet, imp types.Importer, p listed, prefix stri
 			}
 		}
 		if !progress {
-			// Whatever is left embeds a struct that cannot be emitted.
 			break
 		}
 		pending = later

@@ -90,3 +90,44 @@ func TestWords(t *testing.T) {
 		}
 	}
 }
+
+// Structs across packages (the embedding one listed first), packing where
+// C's layout differs, typed and 64-bit constants, and what is left out;
+// the C compiler checks the emitted assertions.
+func TestGenerateFragments(t *testing.T) {
+	h, err := Generate("testdata", []string{"./pb=T", "./pa=T"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := string(h)
+	for _, want := range []string{
+		"#define SOFTRNIC_T_KIND_K 3",
+		"#define SOFTRNIC_T_BIG UINT64_C(0x10000000000)",
+		"struct softrnic_t_inner {\n\tuint8_t a;\n\tuint32_t b; // at 1\n} __attribute__((packed));",
+		"\tstruct softrnic_t_inner in;",
+		"_Static_assert(offsetof(struct softrnic_t_outer, y) == 7,",
+		"_Static_assert(sizeof(struct softrnic_t_outer) == 25,",
+		"_Static_assert(offsetof(struct softrnic_t_outer, ok) == 24,",
+		"struct softrnic_t_natural {\n\tuint32_t a;\n\tuint32_t _pad0;\n\tuint64_t b;\n};",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "skip") || strings.Index(out, "struct softrnic_t_inner {") > strings.Index(out, "struct softrnic_t_outer {") {
+		t.Errorf("Skip emitted or Inner after its user:\n%s", out)
+	}
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		t.Skip("no C compiler")
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "h.h"), h, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(dir, "t.c")
+	os.WriteFile(src, []byte("#include \"h.h\"\nint main(void) { return 0; }\n"), 0o644)
+	if b, err := exec.Command(cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", filepath.Join(dir, "t"), src).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s\n%s", err, b, out)
+	}
+}
