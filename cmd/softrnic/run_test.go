@@ -208,6 +208,27 @@ func TestRunPassesStatusAndEnv(t *testing.T) {
 	if err := exec.Command(bin, "run", "--lib", t.TempDir(), "--", "true").Run(); err == nil {
 		t.Fatal("a directory without the library was accepted")
 	}
+	// Installed as make install lays it out: PREFIX/bin/softrnic finds
+	// PREFIX/lib/softrnic without --lib.
+	prefix := t.TempDir()
+	inst := filepath.Join(prefix, "bin", "softrnic")
+	libdir := filepath.Join(prefix, "lib", "softrnic")
+	b, err := os.ReadFile(bin)
+	if err == nil {
+		err = errors.Join(os.MkdirAll(filepath.Dir(inst), 0o755), os.MkdirAll(libdir, 0o755))
+	}
+	if err == nil {
+		err = errors.Join(os.WriteFile(inst, b, 0o755), os.WriteFile(filepath.Join(libdir, "libibverbs.so.1"), nil, 0o644))
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd = exec.Command(inst, "run", "--", "sh", "-c", `echo "$LD_LIBRARY_PATH"`)
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "LD_LIBRARY_PATH=") })
+	out, err = cmd.Output()
+	if err != nil || string(out) != libdir+"\n" {
+		t.Fatalf("installed layout: %q %v, want %s", out, err, libdir)
+	}
 }
 
 // ibv_devices and ibv_devinfo -v, stock, through softrnic run against a
