@@ -13,7 +13,8 @@
  *                               SEND_WITH_IMM, RDMA_WRITE_WITH_IMM and inline
  *                               SENDs with the server, through ibv_post_send
  *                               and the ibv_wr_* API, and check the errors
- *                               of a SEND the receiver has no room for
+ *                               of a SEND the receiver has no room for and
+ *                               of a wrong lkey
  *
  * The traffic needs no registered memory (zero-length messages carry
  * their immediate data; inline data is copied at post time), so it runs
@@ -598,6 +599,24 @@ static int traffic(const char *host, const char *port)
 		CHECK(poll_one(cq, &wc, 30) == 1 && wc.wr_id == 77 && wc.status == IBV_WC_REM_INV_REQ_ERR,
 		      "send too large for the receive: id %llu status %s", (unsigned long long)wc.wr_id,
 		      ibv_wc_status_str(wc.status));
+
+		/* A wrong lkey: a local protection error, the UC QP in the send
+		 * queue error state (IBA: UC and UD send errors go to SQE, not
+		 * ERR), and what follows flushed. */
+		sg.lkey = 0xdead00;
+		w.wr_id = 78;
+		w.send_flags = IBV_SEND_SIGNALED;
+		struct ibv_send_wr w2 = {.wr_id = 79, .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+		w.next = &w2;
+		CHECK(ibv_post_send(qp[1], &w, &bad) == 0, "post_send with a wrong lkey");
+		CHECK(poll_one(cq, &wc, 30) == 1 && wc.wr_id == 78 && wc.status == IBV_WC_LOC_PROT_ERR,
+		      "wrong lkey: id %llu status %s", (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+		CHECK(poll_one(cq, &wc, 30) == 1 && wc.wr_id == 79 && wc.status == IBV_WC_WR_FLUSH_ERR,
+		      "after the error: id %llu status %s", (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+		struct ibv_qp_attr qa;
+		struct ibv_qp_init_attr qi;
+		CHECK(ibv_query_qp(qp[1], &qa, IBV_QP_STATE, &qi) == 0 && qa.qp_state == IBV_QPS_SQE, "state %d",
+		      qa.qp_state);
 	}
 	sync_peer(fd);
 	close(fd);
