@@ -241,10 +241,12 @@ SRN_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr 
 	a->max_cqe = in->max_cqe;
 	a->max_mr = in->max_mr;
 	a->max_pd = in->max_pd;
-	/* The protocol does not report the responder limits yet; rxe's. */
+	/* The device's READ/atomic depth per QP (Go verbs.MaxRdAtomic), which
+	 * the protocol's DeviceInfo does not carry yet; every QP has its own
+	 * responder resources. */
 	a->max_qp_rd_atom = 128;
 	a->max_qp_init_rd_atom = 128;
-	a->max_res_rd_atom = 258048;
+	a->max_res_rd_atom = 128 * (int)in->max_qp;
 	a->atomic_cap = IBV_ATOMIC_HCA; /* atomics are serialised in the device */
 	a->max_ah = INT32_MAX; /* address handles are the library's own */
 	a->max_pkeys = 1;
