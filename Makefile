@@ -4,11 +4,15 @@ PKGS     := ./...
 BIN      := bin/softrnic
 FUZZTIME ?= 10s
 
-# Debian packages the build, the tests and the lab need (clang/llvm/libbpf-dev only for `make generate`).
+# Debian packages the build, the tests and the lab need (clang/llvm/libbpf-dev only for `make generate`);
+# the C library builds against libibverbs-dev, and the stock RDMA programs test it.
 DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
-            qemu-system-x86 debootstrap cpio kmod
+            qemu-system-x86 debootstrap cpio kmod \
+            gcc make libc6-dev libibverbs-dev librdmacm-dev perftest ibverbs-utils rdmacm-utils python3-pyverbs
+# Where `make install` puts the drop-in libraries (`softrnic run` looks beside the binary too).
+LIBDIR   ?= /usr/local/lib/softrnic
 
-.PHONY: all deps build demo test test-race test-long fuzz bench lint generate sim-demo sim-sweep sim-workload dcqcn-live veth-stall install lab interop lab-selfcheck clean
+.PHONY: all deps build clib demo test test-race test-long fuzz bench lint generate sim-demo sim-sweep sim-workload dcqcn-live veth-stall install lab interop lab-selfcheck clean
 
 all: build
 
@@ -21,6 +25,10 @@ deps:
 ## build: the softrnic binary in bin/
 build:
 	$(GO) build -o $(BIN) ./cmd/softrnic
+
+## clib: the drop-in libibverbs.so.1 (plain and AddressSanitizer) and its C test program, in c/build/
+clib:
+	$(MAKE) -C c
 
 ## demo: two softrnic hosts in namespaces over veth, perftest-compatible runs over AF_XDP with data checks (root)
 demo: build
@@ -96,8 +104,9 @@ dcqcn-live:
 	$(GO) run ./lab/dcqcnlive -out out/dcqcn-live $(DCQCN_LIVE_FLAGS)
 
 ## install: the binary, the systemd unit and an example configuration (root)
-install: build
+install: build clib
 	install -m 0755 $(BIN) /usr/local/bin/softrnic
+	install -D -m 0755 c/build/lib/libibverbs.so.1 $(LIBDIR)/libibverbs.so.1
 	install -D -m 0644 contrib/softrnic.service /etc/systemd/system/softrnic.service
 	test -e /etc/softrnic/softrnic.conf || install -D -m 0644 contrib/softrnic.conf.example /etc/softrnic/softrnic.conf
 
@@ -114,7 +123,8 @@ interop: build lab
 lab-selfcheck: build lab
 	$(GO) run ./lab/interop -selfcheck
 
-## lint: gofmt, go vet
+## lint: gofmt, go vet, the C library with -Wall -Wextra -Werror
+lint: clib
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
@@ -130,3 +140,4 @@ generate:
 
 clean:
 	rm -rf bin out
+	$(MAKE) -C c clean
