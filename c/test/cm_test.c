@@ -15,6 +15,15 @@
  *   cm_test fatal
  *       prints "ready" and waits for the daemon to go away: the bound ID
  *       gets DEVICE_REMOVAL, the unbound one nothing
+ *   cm_test server PORT
+ *   cm_test client PEER4 PEER6 PORT
+ *       connections between two processes on two daemons: refused (no
+ *       listener: REJECTED, reason 8), RC over IPv4 with the QP driven by
+ *       the library (private data both ways, SEND_WITH_IMM both ways,
+ *       disconnect from the client), rejected with private data, RC over
+ *       IPv6 with the application's own QP (rping -q: rdma_init_qp_attr,
+ *       CONNECT_RESPONSE, rdma_establish; disconnect from the server), and
+ *       the UDP port space (SIDR: the server's UD QP, Q_Key and address)
  *
  * Asserts librdmacm's documented results; prints "N passed, M failed" and
  * exits non-zero on any failure.
@@ -712,6 +721,342 @@ static void run_fatal(void)
 	rdma_destroy_event_channel(ch);
 }
 
+/* ---- connections (server and client) ---- */
+
+#define CONN_IMM_CLIENT 0x1234
+#define CONN_IMM_SERVER 0x5678
+
+struct conn_objs {
+	struct ibv_pd *pd;
+	struct ibv_cq *cq;
+};
+
+static struct conn_objs conn_objs(struct ibv_context *ctx)
+{
+	struct conn_objs o = {.pd = ibv_alloc_pd(ctx)};
+	o.cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	MUST(o.pd && o.cq, "PD and CQ: %s", strerror(errno));
+	return o;
+}
+
+static struct ibv_qp_init_attr conn_qp_attr(struct conn_objs *o, enum ibv_qp_type t)
+{
+	return (struct ibv_qp_init_attr){.send_cq = o->cq, .recv_cq = o->cq, .qp_type = t,
+					 .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+}
+
+/* A receive with no buffer: zero-length messages carry their immediate
+ * data without registered memory. */
+static void post_recv0(struct ibv_qp *qp, uint64_t id)
+{
+	struct ibv_recv_wr wr = {.wr_id = id}, *bad;
+	CHECK(ibv_post_recv(qp, &wr, &bad) == 0, "post_recv: %s", strerror(errno));
+}
+
+static void send_imm(struct ibv_qp *qp, uint32_t imm)
+{
+	struct ibv_send_wr wr = {.wr_id = imm, .opcode = IBV_WR_SEND_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
+				 .imm_data = htobe32(imm)},
+			   *bad;
+	CHECK(ibv_post_send(qp, &wr, &bad) == 0, "post_send: %s", strerror(errno));
+}
+
+/* Polls cq for one completion of the given kind within 10 s. */
+static void expect_wc(struct ibv_cq *cq, enum ibv_wc_opcode op, uint32_t imm)
+{
+	struct ibv_wc wc;
+	int n = 0;
+	for (int i = 0; i < 100000 && n == 0; i++) {
+		n = ibv_poll_cq(cq, 1, &wc);
+		if (n == 0)
+			usleep(100);
+	}
+	CHECK(n == 1 && wc.status == IBV_WC_SUCCESS && wc.opcode == op &&
+		      (op != IBV_WC_RECV || ((wc.wc_flags & IBV_WC_WITH_IMM) && be32toh(wc.imm_data) == imm)),
+	      "completion: n %d status %s opcode %d imm %#x", n, n == 1 ? ibv_wc_status_str(wc.status) : "-",
+	      n == 1 ? (int)wc.opcode : -1, n == 1 ? be32toh(wc.imm_data) : 0);
+}
+
+/* Waits for an event of type on ch (for id when id is not NULL) and
+ * returns it unacknowledged. */
+static struct rdma_cm_event *want_event(struct rdma_event_channel *ch, struct rdma_cm_id *id,
+					enum rdma_cm_event_type type, int status)
+{
+	struct rdma_cm_event *e = next_event(ch);
+	MUST(e, "no %s: %s", rdma_event_str(type), strerror(errno));
+	CHECK(e->event == type && e->status == status && (!id || e->id == id), "want %s status %d, got %s status %d",
+	      rdma_event_str(type), status, rdma_event_str(e->event), e->status);
+	return e;
+}
+
+static bool private_is(const struct rdma_cm_event *e, const char *want)
+{
+	size_t n = strlen(want);
+	return e->param.conn.private_data && e->param.conn.private_data_len >= n &&
+	       !memcmp(e->param.conn.private_data, want, n);
+}
+
+static enum ibv_qp_state qp_state(struct ibv_qp *qp, uint32_t *dest)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	if (ibv_query_qp(qp, &a, IBV_QP_STATE | IBV_QP_DEST_QPN, &ia))
+		return (enum ibv_qp_state)-1;
+	if (dest)
+		*dest = a.dest_qp_num;
+	return a.qp_state;
+}
+
+/* rping -q: the application moves its QP with rdma_init_qp_attr. */
+static void self_modify(struct rdma_cm_id *id, struct ibv_qp *qp)
+{
+	static const enum ibv_qp_state steps[] = {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS};
+	for (int i = 0; i < 3; i++) {
+		struct ibv_qp_attr a = {.qp_state = steps[i]};
+		int mask;
+		CHECK(rdma_init_qp_attr(id, &a, &mask) == 0 && ibv_modify_qp(qp, &a, mask) == 0,
+		      "self-modify to state %d: %s", steps[i], strerror(errno));
+	}
+}
+
+static struct ibv_qp *own_qp(struct conn_objs *o, struct rdma_cm_id *id)
+{
+	struct ibv_qp_init_attr qa = conn_qp_attr(o, IBV_QPT_RC);
+	struct ibv_qp *qp = ibv_create_qp(o->pd, &qa);
+	MUST(qp, "ibv_create_qp: %s", strerror(errno));
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = id->port_num};
+	CHECK(ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) == 0,
+	      "own QP to INIT");
+	return qp;
+}
+
+static void run_server(uint16_t port)
+{
+	struct ibv_context *ctx = device();
+	struct conn_objs o = conn_objs(ctx);
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	MUST(ch, "create_event_channel: %s", strerror(errno));
+	struct rdma_cm_id *l, *lu;
+	MUST(rdma_create_id(ch, &l, NULL, RDMA_PS_TCP) == 0 && rdma_create_id(ch, &lu, NULL, RDMA_PS_UDP) == 0,
+	     "create_id: %s", strerror(errno));
+	/* An IPv6 wildcard listener takes IPv4 requests too. */
+	struct sockaddr_in6 any6 = {.sin6_family = AF_INET6, .sin6_port = htons(port)};
+	struct sockaddr_in any4 = {.sin_family = AF_INET, .sin_port = htons(port)};
+	MUST(rdma_bind_addr(l, (struct sockaddr *)&any6) == 0 && rdma_listen(l, 4) == 0, "listen: %s", strerror(errno));
+	MUST(rdma_bind_addr(lu, (struct sockaddr *)&any4) == 0 && rdma_listen(lu, 4) == 0, "UDP listen: %s",
+	     strerror(errno));
+	CHECK(rdma_listen(l, 8) == 0, "listen again (a new backlog): %s", strerror(errno));
+	printf("ready\n");
+
+	/* 1: the library's QP. */
+	struct rdma_cm_event *e = want_event(ch, NULL, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+	struct rdma_cm_id *c = e->id;
+	CHECK(e->listen_id == l && c != l && c->verbs == ctx && c->channel == ch && private_is(e, "hello") &&
+		      e->param.conn.qp_num > 1 && e->param.conn.initiator_depth == 1 &&
+		      c->route.addr.src_addr.sa_family == AF_INET && ntohs(rdma_get_src_port(c)) == port,
+	      "CONNECT_REQUEST: listen_id %p, qp_num %u, family %d", (void *)e->listen_id, e->param.conn.qp_num,
+	      c->route.addr.src_addr.sa_family);
+	uint32_t client_qpn = e->param.conn.qp_num;
+	rdma_ack_cm_event(e);
+	struct ibv_qp_init_attr qa = conn_qp_attr(&o, IBV_QPT_RC);
+	MUST(rdma_create_qp(c, o.pd, &qa) == 0, "create_qp: %s", strerror(errno));
+	post_recv0(c->qp, 1);
+	struct rdma_conn_param cp = {.private_data = "welcome", .private_data_len = 8, .responder_resources = 1,
+				     .initiator_depth = 1, .rnr_retry_count = 7};
+	CHECK(rdma_accept(c, &cp) == 0, "accept: %s", strerror(errno));
+	uint32_t dest = 0;
+	CHECK(qp_state(c->qp, &dest) == IBV_QPS_RTS && dest == client_qpn, "accepted QP state, dest %u", dest);
+	rdma_ack_cm_event(want_event(ch, c, RDMA_CM_EVENT_ESTABLISHED, 0));
+	expect_wc(o.cq, IBV_WC_RECV, CONN_IMM_CLIENT);
+	send_imm(c->qp, CONN_IMM_SERVER);
+	expect_wc(o.cq, IBV_WC_SEND, 0);
+	rdma_ack_cm_event(want_event(ch, c, RDMA_CM_EVENT_DISCONNECTED, 0));
+	CHECK(rdma_disconnect(c) == 0 && qp_state(c->qp, NULL) == IBV_QPS_ERR, "disconnect after the peer's: %s",
+	      strerror(errno));
+	rdma_ack_cm_event(want_event(ch, c, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0));
+	rdma_destroy_qp(c);
+	rdma_destroy_id(c);
+
+	/* 2: refused, with private data. */
+	e = want_event(ch, NULL, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+	c = e->id;
+	rdma_ack_cm_event(e);
+	errno = 0;
+	CHECK(rdma_reject(c, "no thanks", 200) == -1 && errno == EINVAL, "reject with too much private data: %s",
+	      strerror(errno));
+	CHECK(rdma_reject(c, "no", 3) == 0, "reject: %s", strerror(errno));
+	rdma_destroy_id(c);
+
+	/* 3: the application's QP (rping -q), over IPv6. */
+	e = want_event(ch, NULL, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+	c = e->id;
+	CHECK(c->route.addr.src_addr.sa_family == AF_INET6, "IPv6 request, family %d", c->route.addr.src_addr.sa_family);
+	rdma_ack_cm_event(e);
+	struct ibv_qp *qp = own_qp(&o, c);
+	post_recv0(qp, 3);
+	self_modify(c, qp);
+	cp = (struct rdma_conn_param){.responder_resources = 1, .initiator_depth = 1, .rnr_retry_count = 7,
+				      .qp_num = qp->qp_num};
+	CHECK(rdma_accept(c, &cp) == 0, "accept (own QP): %s", strerror(errno));
+	rdma_ack_cm_event(want_event(ch, c, RDMA_CM_EVENT_ESTABLISHED, 0));
+	expect_wc(o.cq, IBV_WC_RECV, CONN_IMM_CLIENT);
+	send_imm(qp, CONN_IMM_SERVER);
+	expect_wc(o.cq, IBV_WC_SEND, 0);
+	struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
+	CHECK(ibv_modify_qp(qp, &ea, IBV_QP_STATE) == 0 && rdma_disconnect(c) == 0, "disconnect: %s", strerror(errno));
+	rdma_ack_cm_event(want_event(ch, c, RDMA_CM_EVENT_DISCONNECTED, 0));
+	rdma_ack_cm_event(want_event(ch, c, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0));
+	ibv_destroy_qp(qp);
+	rdma_destroy_id(c);
+
+	/* 4: the UDP port space. */
+	e = want_event(ch, NULL, RDMA_CM_EVENT_CONNECT_REQUEST, 0);
+	c = e->id;
+	CHECK(e->listen_id == lu && c->qp_type == IBV_QPT_UD && e->param.ud.private_data &&
+		      !memcmp(e->param.ud.private_data, "sidr", 4),
+	      "UDP CONNECT_REQUEST");
+	rdma_ack_cm_event(e);
+	qa = conn_qp_attr(&o, IBV_QPT_UD);
+	MUST(rdma_create_qp(c, o.pd, &qa) == 0, "UD create_qp: %s", strerror(errno));
+	printf("udqpn %u\n", c->qp->qp_num);
+	CHECK(rdma_accept(c, NULL) == 0, "UD accept: %s", strerror(errno));
+	rdma_destroy_qp(c);
+	rdma_destroy_id(c);
+
+	CHECK(!readable(ch->fd, 200), "an event nobody asked for");
+	rdma_destroy_id(l);
+	rdma_destroy_id(lu);
+	rdma_destroy_event_channel(ch);
+	ibv_destroy_cq(o.cq);
+	ibv_dealloc_pd(o.pd);
+}
+
+/* A resolved ID toward ip:port on ch. */
+static struct rdma_cm_id *resolved(struct rdma_event_channel *ch, const char *ip, uint16_t port,
+				   enum rdma_port_space ps)
+{
+	struct rdma_cm_id *id;
+	MUST(rdma_create_id(ch, &id, NULL, ps) == 0, "create_id: %s", strerror(errno));
+	struct sockaddr_storage dst = addr_of(ip, port);
+	CHECK(rdma_resolve_addr(id, NULL, SA(dst), 2000) == 0, "resolve_addr %s: %s", ip, strerror(errno));
+	rdma_ack_cm_event(want_event(ch, id, RDMA_CM_EVENT_ADDR_RESOLVED, 0));
+	CHECK(rdma_resolve_route(id, 2000) == 0, "resolve_route: %s", strerror(errno));
+	rdma_ack_cm_event(want_event(ch, id, RDMA_CM_EVENT_ROUTE_RESOLVED, 0));
+	return id;
+}
+
+static void run_client(const char *peer4, const char *peer6, uint16_t port)
+{
+	struct ibv_context *ctx = device();
+	struct conn_objs o = conn_objs(ctx);
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	MUST(ch, "create_event_channel: %s", strerror(errno));
+
+	/* 0: nobody listens: REJ reason 8 (invalid service ID), as rping
+	 * reports it. */
+	struct rdma_cm_id *id = resolved(ch, peer4, port + 1, RDMA_PS_TCP);
+	struct ibv_qp_init_attr qa = conn_qp_attr(&o, IBV_QPT_RC);
+	MUST(rdma_create_qp(id, o.pd, &qa) == 0, "create_qp: %s", strerror(errno));
+	struct rdma_conn_param cp = {.responder_resources = 1, .initiator_depth = 1, .retry_count = 7,
+				     .rnr_retry_count = 7};
+	CHECK(rdma_connect(id, &cp) == 0, "connect: %s", strerror(errno));
+	rdma_ack_cm_event(want_event(ch, id, RDMA_CM_EVENT_REJECTED, 8));
+	CHECK(qp_state(id->qp, NULL) == IBV_QPS_ERR, "a rejected connection's QP is in state %d", qp_state(id->qp, NULL));
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+
+	/* 1: the library's QP, IPv4. */
+	id = resolved(ch, peer4, port, RDMA_PS_TCP);
+	qa = conn_qp_attr(&o, IBV_QPT_RC);
+	MUST(rdma_create_qp(id, o.pd, &qa) == 0, "create_qp: %s", strerror(errno));
+	post_recv0(id->qp, 1);
+	cp.private_data = "hello";
+	cp.private_data_len = 6;
+	errno = 0;
+	char big[57] = {0};
+	struct rdma_conn_param over = cp;
+	over.private_data = big;
+	over.private_data_len = sizeof(big);
+	CHECK(rdma_connect(id, &over) == -1 && errno == EINVAL, "57 bytes of REQ private data: %s", strerror(errno));
+	CHECK(rdma_connect(id, &cp) == 0, "connect: %s", strerror(errno));
+	struct rdma_cm_event *e = want_event(ch, id, RDMA_CM_EVENT_ESTABLISHED, 0);
+	uint32_t dest = 0;
+	CHECK(private_is(e, "welcome") && e->param.conn.qp_num > 1 && qp_state(id->qp, &dest) == IBV_QPS_RTS &&
+		      dest == e->param.conn.qp_num,
+	      "established: peer QP %u, ours to %u", e->param.conn.qp_num, dest);
+	rdma_ack_cm_event(e);
+	send_imm(id->qp, CONN_IMM_CLIENT);
+	expect_wc(o.cq, IBV_WC_SEND, 0);
+	expect_wc(o.cq, IBV_WC_RECV, CONN_IMM_SERVER);
+	CHECK(rdma_disconnect(id) == 0 && qp_state(id->qp, NULL) == IBV_QPS_ERR, "disconnect: %s", strerror(errno));
+	rdma_ack_cm_event(want_event(ch, id, RDMA_CM_EVENT_DISCONNECTED, 0));
+	rdma_ack_cm_event(want_event(ch, id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0));
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+
+	/* 2: rejected by the server, with its private data. */
+	id = resolved(ch, peer4, port, RDMA_PS_TCP);
+	qa = conn_qp_attr(&o, IBV_QPT_RC);
+	MUST(rdma_create_qp(id, o.pd, &qa) == 0, "create_qp: %s", strerror(errno));
+	CHECK(rdma_connect(id, &cp) == 0, "connect: %s", strerror(errno));
+	e = want_event(ch, id, RDMA_CM_EVENT_REJECTED, 28);
+	CHECK(private_is(e, "no"), "REJ private data");
+	rdma_ack_cm_event(e);
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+
+	/* 3: our own QP (rping -q), IPv6: CONNECT_RESPONSE, then we move it
+	 * and establish. */
+	id = resolved(ch, peer6, port, RDMA_PS_TCP);
+	struct ibv_qp *qp = own_qp(&o, id);
+	post_recv0(qp, 3);
+	cp = (struct rdma_conn_param){.responder_resources = 1, .initiator_depth = 1, .retry_count = 7,
+				      .rnr_retry_count = 7, .qp_num = qp->qp_num};
+	CHECK(rdma_connect(id, &cp) == 0, "connect (own QP): %s", strerror(errno));
+	e = want_event(ch, id, RDMA_CM_EVENT_CONNECT_RESPONSE, 0);
+	rdma_ack_cm_event(e);
+	self_modify(id, qp);
+	CHECK(rdma_establish(id) == 0 && qp_state(qp, NULL) == IBV_QPS_RTS, "establish: %s", strerror(errno));
+	send_imm(qp, CONN_IMM_CLIENT);
+	expect_wc(o.cq, IBV_WC_SEND, 0);
+	expect_wc(o.cq, IBV_WC_RECV, CONN_IMM_SERVER);
+	rdma_ack_cm_event(want_event(ch, id, RDMA_CM_EVENT_DISCONNECTED, 0));
+	struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
+	CHECK(ibv_modify_qp(qp, &ea, IBV_QP_STATE) == 0 && rdma_disconnect(id) == 0, "disconnect: %s", strerror(errno));
+	rdma_ack_cm_event(want_event(ch, id, RDMA_CM_EVENT_TIMEWAIT_EXIT, 0));
+	ibv_destroy_qp(qp);
+	rdma_destroy_id(id);
+
+	/* 4: the UDP port space: the server's UD QP, rdma_cm's Q_Key and an
+	 * address to reach it. */
+	id = resolved(ch, peer4, port, RDMA_PS_UDP);
+	qa = conn_qp_attr(&o, IBV_QPT_UD);
+	MUST(rdma_create_qp(id, o.pd, &qa) == 0, "UD create_qp: %s", strerror(errno));
+	cp = (struct rdma_conn_param){.private_data = "sidr", .private_data_len = 5};
+	CHECK(rdma_connect(id, &cp) == 0, "UD connect: %s", strerror(errno));
+	e = want_event(ch, id, RDMA_CM_EVENT_ESTABLISHED, 0);
+	union ibv_gid g;
+	struct sockaddr_storage p4 = addr_of(peer4, 0);
+	gid_of(SA(p4), &g);
+	CHECK(e->param.ud.qp_num > 1 && e->param.ud.qkey == RDMA_UDP_QKEY && e->param.ud.ah_attr.is_global &&
+		      !memcmp(&e->param.ud.ah_attr.grh.dgid, &g, sizeof(g)),
+	      "SIDR answer: QP %u Q_Key %#x", e->param.ud.qp_num, e->param.ud.qkey);
+	struct ibv_ah *ah = ibv_create_ah(o.pd, &e->param.ud.ah_attr);
+	CHECK(ah, "create_ah from the SIDR answer: %s", strerror(errno));
+	printf("udqpn %u\n", e->param.ud.qp_num);
+	rdma_ack_cm_event(e);
+	if (ah)
+		ibv_destroy_ah(ah);
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+
+	CHECK(!readable(ch->fd, 200), "an event nobody asked for");
+	rdma_destroy_event_channel(ch);
+	ibv_destroy_cq(o.cq);
+	ibv_dealloc_pd(o.pd);
+}
+
+
 int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -719,8 +1064,13 @@ int main(int argc, char **argv)
 		run_local(argv[2], argv[3], argv[4], argv[5]);
 	else if (argc == 2 && !strcmp(argv[1], "fatal"))
 		run_fatal();
+	else if (argc == 3 && !strcmp(argv[1], "server"))
+		run_server((uint16_t)atoi(argv[2]));
+	else if (argc == 5 && !strcmp(argv[1], "client"))
+		run_client(argv[2], argv[3], (uint16_t)atoi(argv[4]));
 	else {
-		fprintf(stderr, "usage: cm_test local PEER4 PEER6 OTHER4 UNREACH4 | cm_test fatal\n");
+		fprintf(stderr, "usage: cm_test local PEER4 PEER6 OTHER4 UNREACH4 | fatal | server PORT | "
+				"client PEER4 PEER6 PORT\n");
 		return 2;
 	}
 	finish();

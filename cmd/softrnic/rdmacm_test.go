@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -85,4 +86,63 @@ print('pyverbs rdmacm ok')
 		defer cancel()
 		runAcrossStop(t, prog(ctx, "fatal"), stop)
 	})
+}
+
+// Connections between two processes on two daemons, through the C test
+// program under AddressSanitizer: the library's whole connection path
+// (listen, connect, accept, reject, establish, disconnect, SIDR, the QP
+// driven by the library or by the application, traffic on it over the
+// veth). The daemons do not serve the UCM operations yet: a proxy in front
+// of each (ucmDouble) answers them and forwards everything else.
+func TestCMConnections(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	dir := buildCLib(t)
+	bin := buildSoftrnic(t)
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	sockA, _ := startDaemon(t, bin, pair.A)
+	sockB, _ := startDaemon(t, bin, pair.B)
+	d := newUCMDouble()
+	proxyA, proxyB := d.proxy(t, sockA), d.proxy(t, sockB)
+	test := filepath.Join(dir, "asan", "cm_test")
+	prog := func(ctx context.Context, ns *netnstest.NS, sock string, args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns.Name, bin, "run",
+			"--lib", filepath.Join(dir, "asan", "lib"), "--control", sock, "--", test}, args...)...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	srv := prog(ctx, pair.B.NS, proxyB, "server", "7471")
+	var serr bytes.Buffer
+	srv.Stderr = &serr
+	sout, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make([]byte, 6)
+	if _, err := io.ReadFull(sout, ready); err != nil || string(ready) != "ready\n" {
+		srv.Wait()
+		t.Fatalf("server: %q %v\n%s", ready, err, serr.String())
+	}
+	cout, cerr := prog(ctx, pair.A.NS, proxyA, "client", pair.B.Addr.String(), pair.B.Addr6.String(), "7471").CombinedOutput()
+	rest, _ := io.ReadAll(sout)
+	werr := srv.Wait()
+	if cerr != nil || werr != nil || !bytes.Contains(cout, []byte(" passed, 0 failed")) || !bytes.Contains(rest, []byte(" passed, 0 failed")) {
+		t.Fatalf("client: %v\n%s\nserver: %v\n%s%s", cerr, cout, werr, rest, serr.String())
+	}
+	// The UD QP the client learned through SIDR is the one the server made.
+	if cq, sq := udQPN(cout), udQPN(rest); cq == "" || cq != sq {
+		t.Errorf("SIDR answered QP %q, the server's is %q", cq, sq)
+	}
+	t.Logf("client: %s; server: %s", lastLine(cout), lastLine(rest))
+}
+
+func udQPN(out []byte) string {
+	for _, l := range bytes.Split(out, []byte("\n")) {
+		if q, ok := bytes.CutPrefix(l, []byte("udqpn ")); ok {
+			return string(q)
+		}
+	}
+	return ""
 }
