@@ -44,7 +44,7 @@ test-long:
 ## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)
 FUZZ_HDR_TIME ?= 5s
 FUZZ_FLAGS    := -fuzzminimizetime 2s
-BTH_FUZZ      := FuzzParseBTH FuzzParseRETH FuzzParseAETH FuzzParseDETH FuzzParseImmDt FuzzParseIETH FuzzParseAtomicETH FuzzParseAtomicAckETH FuzzParseFETH
+BTH_FUZZ      := FuzzParseBTH FuzzParseRETH FuzzParseAETH FuzzParseDETH FuzzParseImmDt FuzzParseIETH FuzzParseAtomicETH FuzzParseAtomicAckETH FuzzParseFETH FuzzParseSACK
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
 	$(GO) test -run '^$$' -fuzz '^FuzzBuildParse$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
