@@ -56,6 +56,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
 	$(GO) test -run '^$$' -fuzz '^FuzzNP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
 	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
+	$(GO) test -run '^$$' -fuzz '^FuzzQPSelective$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
 	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./verbs
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./perftest
 	$(GO) test -run '^$$' -fuzz '^FuzzGetSendWR$$' -fuzztime $(FUZZ_HDR_TIME) ./daemon/proto
