@@ -214,7 +214,7 @@ func srCfg() Config {
 func newSRCtx(t *testing.T, cfg Config) *tctx {
 	c := &tctx{t: t, mem: &testMem{mrs: map[uint32]*testMR{}}, rq: &testRQ{}}
 	c.qp = New(cfg.QPN, 64, 4, c.mem, c.rq)
-	c.qp.SetReorderPool(NewReorderPool(bth.MaxHeaderLen+cfg.MTU+3, 64))
+	c.qp.SetReorderPool(NewReorderPool(PacketLen(cfg.MTU), 64))
 	c.qp.Receiver(cfg)
 	c.qp.Sender(cfg)
 	c.buf = make([]byte, c.qp.MaxPacket())

@@ -151,8 +151,8 @@ func newPairOpts(o pairOpts) *pair {
 	p.a = New(ca.QPN, o.sqDepth, 4, p.memA, p.rqA)
 	p.b = New(cb.QPN, o.sqDepth, 4, p.memB, p.rqB)
 	if o.sr {
-		p.a.SetReorderPool(NewReorderPool(bth.MaxHeaderLen+o.mtu+3, 4*SRWindow))
-		p.b.SetReorderPool(NewReorderPool(bth.MaxHeaderLen+o.mtu+3, 4*SRWindow))
+		p.a.SetReorderPool(NewReorderPool(PacketLen(o.mtu), 4*SRWindow))
+		p.b.SetReorderPool(NewReorderPool(PacketLen(o.mtu), 4*SRWindow))
 	}
 	p.a.Receiver(ca)
 	p.a.Sender(ca)

@@ -475,7 +475,11 @@ func (q *QP) HasOutput() bool {
 }
 
 // MaxPacket is the largest transport packet Build writes for this QP.
-func (q *QP) MaxPacket() int { return bth.MaxHeaderLen + q.cfg.MTU + 3 }
+func (q *QP) MaxPacket() int { return PacketLen(q.cfg.MTU) }
+
+// PacketLen is the largest transport packet of a QP with path MTU mtu: what
+// a ReorderPool's buffers must hold for QPs up to that MTU.
+func PacketLen(mtu int) int { return bth.MaxHeaderLen + mtu + 3 }
 
 // Build writes the next packet to send (BTH through pad, no ICRC) into
 // buf, which must hold MaxPacket bytes, and returns its length, or 0 when

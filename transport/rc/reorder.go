@@ -42,8 +42,8 @@ type ReorderPool struct {
 const reorderChunk = 64
 
 // NewReorderPool returns a pool of up to buffers packets of at most
-// packetLen bytes each (a QP's MaxPacket). Memory is taken as the pool
-// first needs it.
+// packetLen bytes each (PacketLen of the largest path MTU its QPs use).
+// Memory is taken as the pool first needs it.
 func NewReorderPool(packetLen, buffers int) *ReorderPool {
 	return &ReorderPool{size: packetLen, limit: buffers}
 }

@@ -108,7 +108,8 @@ func (q *QP) sampleRTT(now clock.Time, op bth.Opcode, pp bth.PSN, syn uint8) {
 func (q *QP) settle(now clock.Time) {
 	r := &q.req
 	gap := r.compPSN.Diff(r.settled)
-	if gap <= 0 {
+	if gap <= 0 || !q.adaptive() {
+		r.settled = r.compPSN // no records without adaptive retransmission
 		return
 	}
 	var newest *txRec

@@ -56,7 +56,7 @@ func (q *QP) srAllowed() bool {
 }
 
 // SetReorderPool gives the QP the device's reorder pool, whose buffers hold
-// the QP's largest packet (MaxPacket at the path MTU), before the QP is
+// the QP's largest packet (PacketLen of its path MTU), before the QP is
 // connected; without one it never agrees to selective repeat.
 func (q *QP) SetReorderPool(p *ReorderPool) {
 	q.pool = p

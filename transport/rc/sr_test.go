@@ -195,7 +195,7 @@ func TestSRResponderBounds(t *testing.T) {
 	cfg := srCfg()
 	c := &tctx{t: t, mem: &testMem{mrs: map[uint32]*testMR{}}, rq: &testRQ{}}
 	c.qp = New(cfg.QPN, 64, 4, c.mem, c.rq)
-	pool := NewReorderPool(bth.MaxHeaderLen+cfg.MTU+3, 2)
+	pool := NewReorderPool(PacketLen(cfg.MTU), 2)
 	c.qp.SetReorderPool(pool)
 	c.qp.Receiver(cfg)
 	c.qp.Sender(cfg)
