@@ -39,7 +39,7 @@ test-race:
 test-long:
 	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run 'TestNFlow|TestConnectXAtScale' ./sim/
 	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./verbs
-	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run TestLoopback ./transport/rc
+	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run 'TestLoopback|TestLossSweep|TestGoodputComparison' ./transport/rc
 
 ## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)
 FUZZ_HDR_TIME ?= 5s

@@ -246,6 +246,7 @@ type loopCase struct {
 	msgs               int
 	seed               uint64
 	opts               *pairOpts // nil: newPair's
+	big                bool      // some messages longer than the selective-repeat window
 }
 
 // runLoop posts a random mix of every RC operation from A to B, runs the
@@ -261,6 +262,9 @@ func runLoop(t *testing.T, k loopCase) (goodput float64, p *pair) {
 	debugT = t
 	rng := rand.New(rand.NewPCG(k.seed, 99))
 	sizes := []int{0, 1, k.mtu - 1, k.mtu, k.mtu + 1, 3*k.mtu + 5, 20000}
+	if k.big {
+		sizes = append(sizes, (SRWindow+77)*k.mtu+3) // a reply longer than the window
+	}
 	const window = 1 << 20
 	remote := p.memB
 	rmr := &testMR{va: 0x100000, buf: make([]byte, window), access: wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic, valid: true}
