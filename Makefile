@@ -47,12 +47,12 @@ test-race:
 test-long:
 	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run 'TestNFlow|TestConnectXAtScale|TestLiterature' -v ./sim/
 	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./verbs
-	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run TestLoopback ./transport/rc
+	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run 'TestLoopback|TestLossSweep|TestGoodputComparison' ./transport/rc
 
 ## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)
 FUZZ_HDR_TIME ?= 5s
 FUZZ_FLAGS    := -fuzzminimizetime 2s
-BTH_FUZZ      := FuzzParseBTH FuzzParseRETH FuzzParseAETH FuzzParseDETH FuzzParseImmDt FuzzParseIETH FuzzParseAtomicETH FuzzParseAtomicAckETH FuzzParseFETH
+BTH_FUZZ      := FuzzParseBTH FuzzParseRETH FuzzParseAETH FuzzParseDETH FuzzParseImmDt FuzzParseIETH FuzzParseAtomicETH FuzzParseAtomicAckETH FuzzParseFETH FuzzParseSACK
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
 	$(GO) test -run '^$$' -fuzz '^FuzzBuildParse$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
@@ -65,6 +65,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzNP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
 	$(GO) test -run '^$$' -fuzz '^FuzzControllers$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/
 	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
+	$(GO) test -run '^$$' -fuzz '^FuzzQPSelective$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
 	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./verbs
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./perftest
 	$(GO) test -run '^$$' -fuzz '^FuzzGetSendWR$$' -fuzztime $(FUZZ_HDR_TIME) ./daemon/proto

@@ -429,6 +429,11 @@ func (q *QP) rcConfig() rc.Config {
 		SQPSN: bth.PSN(a.SQPSN), RQPSN: bth.PSN(a.RQPSN), Timeout: a.Timeout, RetryCnt: a.RetryCnt,
 		RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: a.MaxRdAtomic,
 		MaxDestRdAtomic: a.MaxDestRdAtomic, Access: a.Access,
+		// rxe's recovery until the device has its knob and wakes on
+		// frames precisely: today a napping peer answers up to a Go
+		// timer's granularity late, and the adaptive probe then fires
+		// spuriously (a duplicate on the wire).
+		Recovery: rc.RecoveryTimeout,
 	}
 }
 

@@ -24,31 +24,57 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
 		syn = AETH(pkt[o:]).Syndrome()
 	}
+	if h.SR() && r.mark && !r.sr.on {
+		q.srStart(now) // the peer's responder agreed
+	}
+	if q.adaptive() {
+		q.sampleRTT(now, op, pp, syn)
+	}
+	probe, probeAt := r.answersProbe(op, pp, syn), r.probeAt
+	if r.sr.on && (op.IsReadResponse() || op.IsAtomicAck()) && pp.Diff(r.compPSN) > 0 {
+		q.srHoldResponse(pkt, op, pp)
+		return
+	}
+	q.completer(now, pkt, op, hl, end, pp)
+	if r.sr.on && !q.failed {
+		if op.IsAck() && h.SR() && end > hl { // Receive checked the SACKETH
+			q.srSACK(now, bth.SACKETH(pkt[hl:end]))
+		}
+		if (op.IsReadResponse() || op.IsAtomicAck()) && !pp.Less(r.sr.rdNext) {
+			r.sr.rdNext = pp.Next()
+		}
+		q.srDrainResponses(now)
+	}
+	if probe {
+		q.probeAnswered(now, probeAt)
+	}
+}
+
+// completer processes one response in PSN order.
+func (q *QP) completer(now clock.Time, pkt []byte, op bth.Opcode, hl, end int, pp bth.PSN) {
+	r := &q.req
+	if r.head == r.sentEnd() {
+		return
+	}
+	var syn uint8
+	if o := op.Offset(bth.ExtAETH); o >= 0 {
+		syn = AETH(pkt[o:]).Syndrome()
+	}
 	nakLike := op.IsAck() && syn&0xE0 != 0
 	// Implicit completion: every SEND/WRITE ending before pp is done. A
-	// READ/ATOMIC ending before pp lost its response: go back to it.
-	progress := false
-	for limit := r.sentEnd(); r.head != limit; {
-		e := r.entry(r.head)
-		if !e.onWire || !e.lastPSN.Less(pp) {
-			break
-		}
-		if e.Opcode.IsReadOrAtomic() {
-			if !r.retrying {
-				q.retry(now, r.compPSN)
+	// READ/ATOMIC ending before pp lost its response: go back to it (with
+	// selective repeat, ask for the missing responses only).
+	if blocked := q.completeBefore(now, pp); blocked != nil {
+		if r.sr.on {
+			acked := pp
+			if nakLike || !op.IsAck() {
+				acked = pp.Prev()
 			}
-			return
+			q.srAckBeyond(blocked, acked)
+		} else if !r.retrying {
+			q.retry(now, r.compPSN)
 		}
-		r.compPSN = e.lastPSN.Next()
-		q.completeSend(e, wr.Success)
-		r.head++
-		progress = true
-	}
-	if progress {
-		q.progress(now)
-		if r.psn.Less(r.compPSN) {
-			q.seek(r.compPSN) // skip what the peer already has
-		}
+		return
 	}
 	if r.head == r.sentEnd() {
 		q.idle()
@@ -79,6 +105,54 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	}
 }
 
+// completeBefore completes, in order, the SEND/WRITE WQEs on the wire that
+// end before pp. It returns the READ or atomic it stopped at because its
+// response is missing, if any.
+func (q *QP) completeBefore(now clock.Time, pp bth.PSN) *sendEntry {
+	r := &q.req
+	progress := false
+	for limit := r.sentEnd(); r.head != limit; {
+		e := r.entry(r.head)
+		if !e.onWire || !e.lastPSN.Less(pp) {
+			break
+		}
+		if e.Opcode.IsReadOrAtomic() {
+			break
+		}
+		r.compPSN = e.lastPSN.Next()
+		q.completeSend(e, wr.Success)
+		r.head++
+		progress = true
+	}
+	if progress {
+		q.progress(now)
+		if r.psn.Less(r.compPSN) {
+			q.seek(r.compPSN) // skip what the peer already has
+		}
+	}
+	if r.head != r.sentEnd() {
+		if e := r.entry(r.head); e.onWire && e.Opcode.IsReadOrAtomic() && e.lastPSN.Less(pp) {
+			return e
+		}
+	}
+	return nil
+}
+
+// ackPartial applies an ACK of PSN pp inside the SEND/WRITE WQE e at the
+// head: a partial acknowledgement, or the last packet's while a go-back-N
+// is resending it.
+func (q *QP) ackPartial(now clock.Time, e *sendEntry, pp bth.PSN) {
+	r := &q.req
+	r.compPSN = pp.Next()
+	q.progress(now)
+	if r.psn.Less(r.compPSN) {
+		q.seek(r.compPSN)
+	}
+	if pp == e.lastPSN {
+		q.finishHead(now, e)
+	}
+}
+
 func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak bool) {
 	r := &q.req
 	switch {
@@ -90,20 +164,14 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 		}
 		// Partial ACK of a multi-packet SEND/WRITE, or the ACK of its
 		// last packet while a go-back-N is resending it.
-		r.compPSN = pp.Next()
-		q.progress(now)
-		if r.psn.Less(r.compPSN) {
-			q.seek(r.compPSN)
-		}
-		if pp == e.lastPSN {
-			q.finishHead(now, e)
-		}
+		q.ackPartial(now, e, pp)
 	case syn&0xE0 == SynRNRNAK:
 		if pp.Less(r.compPSN) {
 			return
 		}
 		if pp.Diff(r.compPSN) > 0 {
 			r.compPSN = pp
+			q.settle(now)
 		}
 		if r.rnrLeft == 0 {
 			q.completeSend(e, wr.RNRRetryExcErr)
@@ -123,6 +191,7 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 		r.rnrWait = true
 		r.rnrAt = now.Add(RNRDelay(syn & 31))
 		r.timer = clock.Never
+		q.disarmAdaptive()
 		r.rnrPSN = pp
 	case syn == SynNAKPSNSeq:
 		q.RxNAKSeqErr++
@@ -192,7 +261,9 @@ func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth
 			q.badResponse(e)
 			return
 		}
-	} else if !(op.IsFirst() || op.IsMiddle()) || len(pay) != q.cfg.MTU {
+	} else if !(op.IsFirst() || op.IsMiddle()) && !r.sr.on || len(pay) != q.cfg.MTU {
+		// (A selective-repeat requester asks for READ sub-ranges, whose
+		// replies end with a LAST or ONLY before the READ's last PSN.)
 		q.badResponse(e)
 		return
 	}
@@ -231,6 +302,9 @@ func (q *QP) finishHead(now clock.Time, e *sendEntry) {
 		// far yet: carry on after it.
 		q.seek(r.compPSN)
 	}
+	if r.sr.on {
+		q.srApplyPending(now)
+	}
 	q.idle()
 }
 
@@ -244,12 +318,14 @@ func (q *QP) progress(now clock.Time) {
 	if r.rto != 0 {
 		r.timer = now + r.rto
 	}
+	q.armAfterProgress(now)
 }
 
-// idle disarms the timer when nothing is outstanding.
+// idle disarms the timers when nothing is outstanding.
 func (q *QP) idle() {
 	if q.req.head == q.req.end() {
 		q.req.timer = clock.Never
+		q.disarmAdaptive()
 	}
 }
 
@@ -292,12 +368,25 @@ func (q *QP) expire(now clock.Time) {
 		return
 	}
 	if now < r.timer {
+		if q.adaptive() {
+			q.expireAdaptive(now)
+		}
 		return
 	}
 	if r.head == r.end() {
 		r.timer = clock.Never
+		q.disarmAdaptive()
 		return
 	}
 	q.Timeouts++
 	q.retry(now, r.compPSN)
+	if q.adaptive() && !q.failed {
+		// The local ACK timeout is also an RTO: the next adaptive one
+		// waits longer.
+		if r.backoff < 16 {
+			r.backoff++
+		}
+		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
+		r.probe, r.probeOut = false, false
+	}
 }

@@ -67,6 +67,7 @@ type pkt struct {
 	hasAETH bool
 	payload []byte
 	raw     []byte
+	sr      bool
 }
 
 func (p pkt) String() string {
@@ -83,7 +84,7 @@ func (p pkt) String() string {
 func decode(b []byte) pkt {
 	h := bth.BTH(b)
 	op := h.Opcode()
-	p := pkt{op: op, psn: h.PSN(), ackReq: h.AckReq(), raw: append([]byte(nil), b...)}
+	p := pkt{op: op, psn: h.PSN(), ackReq: h.AckReq(), raw: append([]byte(nil), b...), sr: h.SR()}
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
 		a := AETH(b[o:])
 		p.syn, p.msn, p.hasAETH = a.Syndrome(), a.MSN(), true
@@ -153,7 +154,8 @@ type req struct {
 	syn     uint8
 	msn     uint32
 	orig    uint64
-	payload []byte
+	payload []byte // for an ACK with sr set: the SACKETH
+	sr      bool   // the selective-repeat bit
 }
 
 func (r req) bytes(dest uint32) []byte {
@@ -180,7 +182,43 @@ func (r req) bytes(dest uint32) []byte {
 		bth.AtomicAckETH(b[o:]).SetOrig(r.orig)
 	}
 	copy(b[hl:], r.payload)
+	bth.BTH(b).SetSR(r.sr)
 	return b
+}
+
+// sack builds a SACKETH from base marking the given PSNs.
+func sack(base bth.PSN, have ...bth.PSN) []byte {
+	words := 0
+	for _, p := range have {
+		words = max(words, int(p.Diff(base))/32+1)
+	}
+	b := make([]byte, bth.SACKLen(words))
+	s := bth.SACKETH(b)
+	s.SetHeader(words, base)
+	for _, p := range have {
+		d := uint32(p.Diff(base))
+		s.SetWord(int(d/32), s.Word(int(d/32))|1<<(31-d%32))
+	}
+	return b
+}
+
+// srCfg is defaultCfg between softrnic QP numbers, so that selective
+// repeat may be agreed.
+func srCfg() Config {
+	c := defaultCfg()
+	c.QPN, c.DestQPN = SoftQPNTag|0x11, SoftQPNTag|0x22
+	return c
+}
+
+// newSRCtx is newCtx with a reorder pool.
+func newSRCtx(t *testing.T, cfg Config) *tctx {
+	c := &tctx{t: t, mem: &testMem{mrs: map[uint32]*testMR{}}, rq: &testRQ{}}
+	c.qp = New(cfg.QPN, 64, 4, c.mem, c.rq)
+	c.qp.SetReorderPool(NewReorderPool(PacketLen(cfg.MTU), 64))
+	c.qp.Receiver(cfg)
+	c.qp.Sender(cfg)
+	c.buf = make([]byte, c.qp.MaxPacket())
+	return c
 }
 
 func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN)) }

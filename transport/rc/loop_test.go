@@ -22,17 +22,32 @@ type flight struct {
 }
 
 // wire is a seeded lossy, duplicating, reordering one-way link between two
-// transport QPs, run in virtual time.
+// transport QPs, run in virtual time. With a rate, it is also a
+// serialising link: a packet occupies it for its length at that rate.
 type wire struct {
 	rng              *rand.Rand
 	loss, dup, reord float64
 	q                []flight
 	seq              int
 	sent, lost       int
+	bytes            int
+	delay            time.Duration // one way (1 µs if zero)
+	rate             float64       // bytes per ns; 0: no serialisation
+	busy             clock.Time    // the link carries a packet until then
 }
+
+// idle reports whether the link can take a packet at now.
+func (w *wire) idle(now clock.Time) bool { return w.rate == 0 || w.busy <= now }
 
 func (w *wire) send(now clock.Time, b []byte) {
 	w.sent++
+	w.bytes += len(b)
+	at := now
+	if w.rate > 0 {
+		// Ethernet, IP, UDP and ICRC around the transport packet.
+		at = max(now, w.busy).Add(time.Duration(float64(len(b)+14+20+8+4) / w.rate))
+		w.busy = at
+	}
 	if w.rng.Float64() < w.loss {
 		w.lost++
 		return
@@ -42,12 +57,15 @@ func (w *wire) send(now clock.Time, b []byte) {
 		copies = 2
 	}
 	for i := 0; i < copies; i++ {
-		d := time.Microsecond
+		d := w.delay
+		if d == 0 {
+			d = time.Microsecond
+		}
 		if w.rng.Float64() < w.reord {
 			d += 20 * time.Microsecond
 		}
 		w.seq++
-		w.q = append(w.q, flight{at: now.Add(d), seq: w.seq, b: append([]byte(nil), b...)})
+		w.q = append(w.q, flight{at: at.Add(d), seq: w.seq, b: append([]byte(nil), b...)})
 	}
 }
 
@@ -90,21 +108,58 @@ type pair struct {
 }
 
 func newPair(mtu int, seed uint64, loss, dup, reord float64) *pair {
+	return newPairOpts(pairOpts{mtu: mtu, seed: seed, loss: loss, dup: dup, reord: reord, timeout: 5})
+}
+
+// pairOpts describes two connected QPs and the link between them.
+type pairOpts struct {
+	mtu              int
+	seed             uint64
+	loss, dup, reord float64
+	recovery         Recovery
+	sr               bool          // softrnic QP numbers and a reorder pool on each side
+	timeout          uint8         // local ACK timeout exponent
+	delay            time.Duration // one way
+	rate             float64       // bytes per ns, 0: unlimited
+	sqDepth          int
+	startPSN         bth.PSN // A's SQ PSN (B's RQ PSN)
+	peerAdaptive     bool    // B does not agree to selective repeat
+}
+
+func newPairOpts(o pairOpts) *pair {
 	ca, cb := defaultCfg(), defaultCfg()
-	ca.MTU, cb.MTU = mtu, mtu
+	ca.MTU, cb.MTU = o.mtu, o.mtu
 	ca.QPN, ca.DestQPN, cb.QPN, cb.DestQPN = 0x11, 0x22, 0x22, 0x11
+	if o.sr {
+		ca.QPN, cb.QPN = SoftQPNTag|0x11, SoftQPNTag|0x22
+		ca.DestQPN, cb.DestQPN = cb.QPN, ca.QPN
+	}
 	ca.SQPSN, cb.RQPSN = bth.PSNMask-40, bth.PSNMask-40 // cross the wrap early
+	if o.startPSN != 0 {
+		ca.SQPSN, cb.RQPSN = o.startPSN, o.startPSN
+	}
 	cb.SQPSN, ca.RQPSN = 7, 7
-	ca.Timeout, cb.Timeout = 5, 5 // 131 µs
+	ca.Timeout, cb.Timeout = o.timeout, o.timeout
+	ca.Recovery, cb.Recovery = o.recovery, o.recovery
+	if o.peerAdaptive {
+		cb.Recovery = RecoveryAdaptive
+	}
+	if o.sqDepth == 0 {
+		o.sqDepth = 256
+	}
 	p := &pair{memA: &testMem{mrs: map[uint32]*testMR{}}, memB: &testMem{mrs: map[uint32]*testMR{}}, rqA: &testRQ{}, rqB: &testRQ{}}
-	p.a = New(ca.QPN, 256, 4, p.memA, p.rqA)
-	p.b = New(cb.QPN, 256, 4, p.memB, p.rqB)
+	p.a = New(ca.QPN, o.sqDepth, 4, p.memA, p.rqA)
+	p.b = New(cb.QPN, o.sqDepth, 4, p.memB, p.rqB)
+	if o.sr {
+		p.a.SetReorderPool(NewReorderPool(PacketLen(o.mtu), 4*SRWindow))
+		p.b.SetReorderPool(NewReorderPool(PacketLen(o.mtu), 4*SRWindow))
+	}
 	p.a.Receiver(ca)
 	p.a.Sender(ca)
 	p.b.Receiver(cb)
 	p.b.Sender(cb)
-	p.ab = &wire{rng: rand.New(rand.NewPCG(seed, 1)), loss: loss, dup: dup, reord: reord}
-	p.ba = &wire{rng: rand.New(rand.NewPCG(seed, 2)), loss: loss, dup: dup, reord: reord}
+	p.ab = &wire{rng: rand.New(rand.NewPCG(o.seed, 1)), loss: o.loss, dup: o.dup, reord: o.reord, delay: o.delay, rate: o.rate}
+	p.ba = &wire{rng: rand.New(rand.NewPCG(o.seed, 2)), loss: o.loss, dup: o.dup, reord: o.reord, delay: o.delay, rate: o.rate}
 	p.bufA = make([]byte, p.a.MaxPacket())
 	p.bufB = make([]byte, p.b.MaxPacket())
 	return p
@@ -116,6 +171,10 @@ func newPair(mtu int, seed uint64, loss, dup, reord float64) *pair {
 // every event.
 var debugT *testing.T
 
+// tap, when set, sees every packet A and B send ("A>", "B>") and every
+// packet A receives ("A<").
+var tap func(p *pair, dir string, b []byte)
+
 func (p *pair) step() bool {
 	sent := false
 	for _, f := range p.ab.due(p.now) {
@@ -123,6 +182,9 @@ func (p *pair) step() bool {
 		sent = true
 	}
 	for _, f := range p.ba.due(p.now) {
+		if tap != nil {
+			tap(p, "A<", f)
+		}
 		before := decode(f)
 		p.a.Receive(p.now, f)
 		if debugT != nil {
@@ -136,23 +198,39 @@ func (p *pair) step() bool {
 	}
 	p.b.Expire(p.now)
 	for i := 0; i < 16; i++ {
-		if n := p.a.Build(p.now, p.bufA); n > 0 {
-			if debugT != nil {
-				checkInv(debugT, p.a, "build "+decode(p.bufA[:n]).String())
+		if p.ab.idle(p.now) {
+			if n := p.a.Build(p.now, p.bufA); n > 0 {
+				if debugT != nil {
+					checkInv(debugT, p.a, "build "+decode(p.bufA[:n]).String())
+				}
+				if tap != nil {
+					tap(p, "A>", p.bufA[:n])
+				}
+				p.ab.send(p.now, p.bufA[:n])
+				sent = true
 			}
-			p.ab.send(p.now, p.bufA[:n])
-			sent = true
 		}
-		if n := p.b.Build(p.now, p.bufB); n > 0 {
-			p.ba.send(p.now, p.bufB[:n])
-			sent = true
+		if p.ba.idle(p.now) {
+			if n := p.b.Build(p.now, p.bufB); n > 0 {
+				if tap != nil {
+					tap(p, "B>", p.bufB[:n])
+				}
+				p.ba.send(p.now, p.bufB[:n])
+				sent = true
+			}
 		}
 	}
-	if sent {
+	if sent && p.ab.rate == 0 {
 		p.now = p.now.Add(100 * time.Nanosecond) // serialisation time
 		return true
 	}
 	next := clock.Min(clock.Min(p.ab.next(), p.ba.next()), clock.Min(p.a.Deadline(), p.b.Deadline()))
+	if p.a.HasOutput() && p.ab.busy > p.now {
+		next = clock.Min(next, p.ab.busy)
+	}
+	if p.b.HasOutput() && p.ba.busy > p.now {
+		next = clock.Min(next, p.ba.busy)
+	}
 	if next == clock.Never {
 		return false
 	}
@@ -167,15 +245,26 @@ type loopCase struct {
 	loss, dup, reorder float64
 	msgs               int
 	seed               uint64
+	opts               *pairOpts // nil: newPair's
+	big                bool      // some messages longer than the selective-repeat window
 }
 
 // runLoop posts a random mix of every RC operation from A to B, runs the
 // pair to quiescence and checks every byte and every completion.
 func runLoop(t *testing.T, k loopCase) (goodput float64, p *pair) {
-	p = newPair(k.mtu, k.seed, k.loss, k.dup, k.reorder)
+	if k.opts != nil {
+		o := *k.opts
+		o.mtu, o.seed, o.loss, o.dup, o.reord = k.mtu, k.seed, k.loss, k.dup, k.reorder
+		p = newPairOpts(o)
+	} else {
+		p = newPair(k.mtu, k.seed, k.loss, k.dup, k.reorder)
+	}
 	debugT = t
 	rng := rand.New(rand.NewPCG(k.seed, 99))
 	sizes := []int{0, 1, k.mtu - 1, k.mtu, k.mtu + 1, 3*k.mtu + 5, 20000}
+	if k.big {
+		sizes = append(sizes, (SRWindow+77)*k.mtu+3) // a reply longer than the window
+	}
 	const window = 1 << 20
 	remote := p.memB
 	rmr := &testMR{va: 0x100000, buf: make([]byte, window), access: wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic, valid: true}
@@ -254,7 +343,7 @@ func runLoop(t *testing.T, k loopCase) (goodput float64, p *pair) {
 			}
 			posted++
 		}
-		if !p.step() {
+		if !p.step() && (posted < k.msgs || p.a.Outstanding() > 0) {
 			r := &p.a.req
 			e := r.entry(r.head)
 			t.Fatalf("stalled with %d outstanding: head %d next %d end %d tail %d psn %d comp %d timer %v rnr %v retrying %v; head op %v state %d first %d last %d sent %d; B ePSN %d qlen %d", p.a.Outstanding(), r.head, r.next, r.end(), r.tail, r.psn, r.compPSN, r.timer, r.rnrWait, r.retrying, e.Opcode, e.state, e.firstPSN, e.lastPSN, e.sent, p.b.resp.ePSN, p.b.resp.qlen)
@@ -334,10 +423,24 @@ func TestLoopbackAllOperations(t *testing.T) {
 			}
 		}
 	}
+	modes := []pairOpts{{recovery: RecoveryTimeout, timeout: 5}, {recovery: RecoveryAdaptive, timeout: 5}, {sr: true, timeout: 5}}
 	for _, k := range cases {
-		t.Run(fmt.Sprintf("mtu%d_loss%g_seed%d", k.mtu, k.loss, k.seed), func(t *testing.T) {
-			_, p := runLoop(t, k)
-			t.Logf("virtual time %v, A→B %d sent %d lost, retransmits A %d, dup at B %d", p.now, p.ab.sent, p.ab.lost, p.a.Retransmits, p.b.RxDuplicate)
-		})
+		for _, m := range modes {
+			k.opts = &m
+			name := m.recovery.String()
+			if m.sr {
+				name = "selective"
+			}
+			t.Run(fmt.Sprintf("%s_mtu%d_loss%g_seed%d", name, k.mtu, k.loss, k.seed), func(t *testing.T) {
+				_, p := runLoop(t, k)
+				ar, _ := p.a.SelectiveRepeat()
+				_, br := p.b.SelectiveRepeat()
+				if m.sr && k.loss == 0 && !(ar && br) {
+					t.Fatalf("selective repeat not agreed: requester %v responder %v", ar, br)
+				}
+				t.Logf("virtual time %v, A→B %d sent %d lost, retransmits A %d (selective %d, probes %d, RTOs %d), dup at B %d",
+					p.now, p.ab.sent, p.ab.lost, p.a.Retransmits, p.a.SelRetrans, p.a.TLPProbes, p.a.AdpRetransTO, p.b.RxDuplicate)
+			})
+		}
 	}
 }

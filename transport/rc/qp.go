@@ -14,10 +14,63 @@
 // Nothing in this package starts goroutines, reads a clock, takes a lock or
 // allocates per packet: packets and now go in (Receive, Expire, Post);
 // packets (Build), completions (Completions) and the next deadline
-// (Deadline) come out. The caller serialises all calls on one QP.
+// (Deadline) come out. The caller serialises all calls on one QP. (The
+// only lock is the device-wide ReorderPool's, taken when a packet arrives
+// out of order under selective repeat.)
+//
+// # Loss recovery
+//
+// rxe's requester goes back N on a sequence NAK and otherwise waits a whole
+// local ACK timeout (RecoveryTimeout). By default a QP also retransmits on
+// the RTT it measures (retransmit.go): a tail-loss probe, fast
+// retransmission from the probe's answer and an RTO of a few RTTs, none of
+// which spends retry_cnt; the local ACK timer alone decides when to give up,
+// at the same moment as before. Toward a go-back-N peer these are only
+// retransmissions of packets it handles as duplicates or as the one it
+// expects.
+//
+// Between two softrnic QPs it adds selective repeat (IRN's, SIGCOMM 2018):
+// the responder holds out-of-order requests in the device's ReorderPool and
+// executes each, with every check, once the packets before it have come, so
+// data placement and completions stay in PSN order; its ACKs carry a
+// SACKETH (bth/sack.go); the requester resends only what RACK (RFC 8985)
+// declares lost, asks again only for the missing ranges of a READ reply
+// (held likewise), and keeps about two bandwidth-delay products
+// unacknowledged (bdp.go) instead of 128 PSNs.
+//
+// # Agreeing on selective repeat
+//
+// Agreement is in band, so it works however the QPs were connected
+// (perftest's side channel, rdma_cm, an application's own exchange of QPN
+// and PSN). A requester marks its requests with the SR bit (BTH Resv7 bit
+// 6, covered by the ICRC) only toward a QP number in softrnic's range
+// (SoftQPN) and only if it has a reorder pool; a responder that may use
+// selective repeat itself switches to it on the first marked request and
+// then marks every response; the requester switches on the first marked
+// response. A peer that does not agree never sees anything but IBA packets
+// from its side of the exchange and keeps both directions on go-back-N.
+//
+// Why a reserved bit and not a probe with a manufacturer-specific opcode
+// (0xC0-0xFF): rxe before January 2021 tested an RC QP's opcodes with
+// opcode & IB_OPCODE_RC, which is opcode & 0, so it accepted any opcode
+// and handed one without a request mask to its completer, whose check_ack
+// ends on "unexpected opcode" in COMPST_ERROR: the WQE fails and the QP goes
+// to ERR (fixed by Bob Pearson's check_type_state patch,
+// lore 20210127214500.3707-1-rpearson@hpe.com; Ubuntu 20.04's 5.4 and RHEL
+// 8's 4.18 kernels predate it). Today's rxe drops it silently, and
+// ConnectX's handling is undocumented. rxe's header check (rxe_recv.c
+// hdr_check: TVer, DestQP, the opcode's transport bits, QP state,
+// addresses, P_Key, Q_Key) never reads Resv7, and its ICRC masks only BTH
+// byte 4 (FECN/BECN/Resv6, which a switch may rewrite, so no flag can live
+// there). ConnectX negotiates its own selective repeat out of band
+// (rdma-core's ECE, ibv_set_ece, carried in the CM REQ/REP), so no in-band
+// use of Resv7 by it is known. The QP-number gate keeps the bit away from
+// rxe altogether (its QP numbers are below 0x100000), and from a ConnectX
+// unless its QP number happens to fall in softrnic's range.
 package rc
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
@@ -93,7 +146,54 @@ type Config struct {
 	Access          wr.Access // remote operations the responder accepts
 	SQDepth         int       // max outstanding send WQEs
 	MaxSGE          int
+	// Recovery chooses how the requester recovers lost packets; the zero
+	// value is the default, as ConnectX enables adaptive retransmission
+	// by default.
+	Recovery Recovery
 }
+
+// Recovery is a QP's loss recovery mode. Whatever the mode, the local ACK
+// timeout and retry_cnt decide when the requester gives up
+// (RETRY_EXC_ERR), exactly as IBA and rxe define them; the modes differ in
+// how soon and what it retransmits before that.
+type Recovery uint8
+
+const (
+	// RecoverySelective is adaptive retransmission plus selective repeat
+	// with a peer that agrees to it (see the package documentation), and
+	// adaptive go-back-N with any other peer.
+	RecoverySelective Recovery = iota
+	// RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
+	// probes, fast retransmission and an RTO of a few RTTs, besides the
+	// peer's sequence NAKs. Every peer sees only IBA packets.
+	RecoveryAdaptive
+	// RecoveryTimeout retransmits only on a sequence NAK, a READ response
+	// gap or the local ACK timeout: rxe's behaviour.
+	RecoveryTimeout
+)
+
+var recoveryNames = [...]string{"selective", "adaptive", "timeout"}
+
+func (m Recovery) String() string {
+	if int(m) < len(recoveryNames) {
+		return recoveryNames[m]
+	}
+	return "Recovery(" + strconv.Itoa(int(m)) + ")"
+}
+
+// Selective repeat is offered only toward QPs whose number is in softrnic's
+// range: QPN & SoftQPNMask == SoftQPNTag. A device that wants selective
+// repeat allocates its RC QP numbers there, so two softrnic QPs recognise
+// each other from the QP numbers they were connected with, however that was
+// done (perftest's side channel, rdma_cm, an application's own exchange),
+// while rxe (QP numbers below 0x100000) never sees a reserved bit set.
+const (
+	SoftQPNMask = 0xF00000
+	SoftQPNTag  = 0xA00000
+)
+
+// SoftQPN reports whether qpn is in softrnic's selective-repeat range.
+func SoftQPN(qpn uint32) bool { return qpn&SoftQPNMask == SoftQPNTag }
 
 // Counters count what the QP dropped or retried, for diagnostics.
 type Counters struct {
@@ -128,6 +228,24 @@ type Counters struct {
 	// sees one completion per many messages; this is how it tells a slow
 	// recovery on a lossy path from a peer that stopped answering.
 	Progress uint64
+	// Adaptive retransmission (requester). AdpRetrans counts its
+	// retransmission events (tail-loss probes, fast retransmissions,
+	// RTO expiries; mlx5 roce_adp_retrans), AdpRetransTO the RTO expiries
+	// among them (roce_adp_retrans_to); Timeouts above stays the local
+	// ACK timeout (local_ack_timeout_err).
+	AdpRetrans   uint64
+	AdpRetransTO uint64
+	TLPProbes    uint64 // tail-loss probes sent
+	FastRetrans  uint64 // go-back-N restarts a probe's answer called for
+	// Selective repeat. Requester: SACKs received, packets retransmitted
+	// selectively (holes and READ sub-ranges asked again). Responder:
+	// SACKs sent. Both: packets held out of order, and packets that could
+	// not be held (the device's reorder pool was empty).
+	RxSACKs    uint64
+	SelRetrans uint64
+	TxSACKs    uint64
+	SRHeld     uint64
+	SRDropped  uint64
 }
 
 // QP is one RC or UC queue pair's transport state.
@@ -143,6 +261,7 @@ type QP struct {
 
 	req  requester
 	resp responder
+	pool *ReorderPool // where selective repeat holds packets; nil: no selective repeat
 
 	wcs []wr.WC // completions produced since the last TakeCompletions
 	Counters
@@ -181,6 +300,7 @@ func (q *QP) Receiver(cfg Config) {
 		cfg.MaxDestRdAtomic = 1
 	}
 	q.cfg = cfg
+	q.srRespStop()
 	q.resp.init(cfg)
 	q.respOn = true
 }
@@ -196,8 +316,10 @@ func (q *QP) Sender(cfg Config) {
 	if q.cfg.MaxRdAtomic < 1 {
 		q.cfg.MaxRdAtomic = 1
 	}
+	q.srStop()
 	q.req.init(&q.cfg)
 	q.reqOn = true
+	q.req.mark = q.srAllowed()
 }
 
 // Update changes, in RTS, the attributes IBA lets a QP change there
@@ -273,6 +395,9 @@ func (q *QP) fail(st wr.Status) {
 	q.respOn = false
 	q.req.timer = clock.Never
 	q.req.rnrWait = false
+	q.disarmAdaptive()
+	q.srStop()
+	q.srRespStop()
 }
 
 // Flush completes every outstanding send WQE and the receive WQE in
@@ -325,14 +450,18 @@ func (q *QP) Deadline() clock.Time {
 	if !q.reqOn {
 		return clock.Never
 	}
-	if q.req.rnrWait {
-		return q.req.rnrAt
+	r := &q.req
+	if r.rnrWait {
+		return r.rnrAt
 	}
-	return q.req.timer
+	if q.adaptive() {
+		return clock.Min(r.timer, clock.Min(r.rtoAt, r.ptoAt))
+	}
+	return r.timer
 }
 
-// Expire runs the timers due at now: the RNR wait and the local ACK
-// timeout.
+// Expire runs the timers due at now: the RNR wait, the local ACK timeout
+// and the adaptive retransmission timers.
 func (q *QP) Expire(now clock.Time) {
 	if !q.reqOn || q.cfg.UC {
 		return
@@ -342,11 +471,15 @@ func (q *QP) Expire(now clock.Time) {
 
 // HasOutput reports whether Build would produce a packet now.
 func (q *QP) HasOutput() bool {
-	return q.resp.qlen > 0 || q.resp.hasFinal || (q.reqOn && q.req.canSend(q))
+	return q.resp.qlen > 0 || q.resp.hasFinal || (q.reqOn && (q.req.hasRetransmit() || q.req.canSend(q)))
 }
 
 // MaxPacket is the largest transport packet Build writes for this QP.
-func (q *QP) MaxPacket() int { return bth.MaxHeaderLen + q.cfg.MTU + 3 }
+func (q *QP) MaxPacket() int { return PacketLen(q.cfg.MTU) }
+
+// PacketLen is the largest transport packet of a QP with path MTU mtu: what
+// a ReorderPool's buffers must hold for QPs up to that MTU.
+func PacketLen(mtu int) int { return bth.MaxHeaderLen + mtu + 3 }
 
 // Build writes the next packet to send (BTH through pad, no ICRC) into
 // buf, which must hold MaxPacket bytes, and returns its length, or 0 when
@@ -362,6 +495,9 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 	if !q.reqOn {
 		return 0
 	}
+	if n := q.buildRetransmit(now, buf); n > 0 {
+		return n
+	}
 	return q.buildRequest(now, buf)
 }
 
@@ -376,7 +512,7 @@ func (q *QP) Receive(now clock.Time, pkt []byte) {
 	op := bth.BTH(pkt).Opcode()
 	hl := op.HeaderLen()
 	pad := bth.BTH(pkt).PadCount()
-	if hl == 0 || len(pkt) < hl+pad || (!op.HasPayload() && len(pkt) != hl+pad) {
+	if hl == 0 || len(pkt) < hl+pad || (!op.HasPayload() && len(pkt) != hl+pad && !isSACK(pkt, op, hl, pad)) {
 		q.RxDropped++
 		return
 	}
@@ -402,6 +538,12 @@ func (q *QP) Receive(now clock.Time, pkt []byte) {
 		return
 	}
 	q.receiveRequest(pkt, op, hl, len(pkt)-pad)
+}
+
+// isSACK reports whether pkt is an ACK followed by a well-formed SACKETH
+// (an ACK without one has no bytes after its AETH).
+func isSACK(pkt []byte, op bth.Opcode, hl, pad int) bool {
+	return op == bth.RCAcknowledge && bth.BTH(pkt).SR() && pad == 0 && bth.SACKETH(pkt[hl:]).Valid()
 }
 
 func wcOpcode(o wr.Opcode) wr.WCOpcode {

@@ -362,8 +362,14 @@ func TestReplayRequester(t *testing.T) {
 					cur.w.Length = uint32(len(cur.data))
 				}
 			}
+			// rxe retransmits only on its local ACK timer and NAKs; the
+			// capture's timing is rxe's, so our requester replays it in the
+			// mode that has rxe's timing (adaptive retransmission probes
+			// sooner by design; TestRequestsByteIdenticalWithoutAgreement
+			// covers its bytes).
 			cfg := Config{QPN: req.qpn, DestQPN: resp.qpn, MTU: mtu, SQPSN: bth.PSN(req.psn), RQPSN: bth.PSN(resp.psn),
-				Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: int(max(req.outReads, 1)), MaxDestRdAtomic: 1}
+				Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: int(max(req.outReads, 1)), MaxDestRdAtomic: 1,
+				Recovery: RecoveryTimeout}
 			q := New(req.qpn, len(msgs)+1, 1, &testMem{}, &testRQ{})
 			q.Receiver(cfg)
 			q.Sender(cfg)

@@ -47,6 +47,20 @@ type requester struct {
 	rnrPSN    bth.PSN // where to resume after the RNR wait
 	retrying  bool    // a NAK/lost-response retry is under way, no progress since
 	gapPSN    bth.PSN // compPSN when a READ reply gap last triggered a retry
+
+	// Adaptive retransmission (rto.go).
+	tx       txRing
+	settled  bth.PSN // records before it have been retired
+	rtt      rttEstimator
+	rtoAt    clock.Time // adaptive retransmission timeout
+	ptoAt    clock.Time // tail-loss probe
+	backoff  uint8      // RTO expiries in a row without progress
+	probe    bool       // a tail-loss probe is due: Build sends it
+	probeOut bool       // a probe went out and has not been answered
+	probePSN bth.PSN
+	probeAt  clock.Time
+	mark     bool // requests carry the selective-repeat bit
+	sr       srReq
 }
 
 func (r *requester) init(cfg *Config) {
@@ -58,6 +72,15 @@ func (r *requester) init(cfg *Config) {
 	r.timer = clock.Never
 	r.rto = clock.Time(AckTimeout(cfg.Timeout))
 	r.noAck = 0
+	if r.tx.recs == nil {
+		r.tx = newTxRing(2 * MaxUnackedPSNs)
+	} else {
+		clear(r.tx.recs)
+	}
+	r.settled = cfg.SQPSN
+	r.rtt = rttEstimator{}
+	r.rtoAt, r.ptoAt = clock.Never, clock.Never
+	r.backoff, r.probe, r.probeOut = 0, false, false
 }
 
 // end is one past the last WQE with packets on the wire: next, or next+1
@@ -103,8 +126,9 @@ func (r *requester) canSend(q *QP) bool {
 		}
 	}
 	// As rxe: a new packet may start while its PSN is at most
-	// MaxUnackedPSNs past the oldest unacknowledged one.
-	if !q.cfg.UC && r.psn.Diff(r.compPSN) > MaxUnackedPSNs {
+	// MaxUnackedPSNs past the oldest unacknowledged one; with selective
+	// repeat, the BDP window instead.
+	if !q.cfg.UC && (!r.sr.on && r.psn.Diff(r.compPSN) > MaxUnackedPSNs || r.sr.on && r.psn.Diff(r.compPSN) >= int32(r.sr.win)) {
 		return false
 	}
 	return true
@@ -146,74 +170,41 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 			r.rdAtomic++
 		}
 	}
-	mtu := uint32(q.cfg.MTU)
+	p := r.psn
+	retx := false
 	var n int
 	switch e.Opcode {
 	case wr.RDMARead:
-		off := e.sent
-		remain := e.Length - off
-		h := bth.RCRDMAReadRequest
-		q.encodeBTH(buf, h, r.psn, true, false, 0)
-		bth.RETH(buf[bth.BTHLen:]).Encode(e.RemoteAddr+uint64(off), e.RKey, remain)
-		n = h.HeaderLen()
-		r.psn = r.psn.Add(pktsFor(remain, q.cfg.MTU))
+		retx = e.sent > 0 // asked again from an offset after a go-back-N
+		n = q.writeRequest(buf, e, p, true, 0)
+		r.psn = r.psn.Add(pktsFor(e.Length-e.sent, q.cfg.MTU))
 		r.noAck = 0
 		e.state = wqeSent
 		r.next++
 	case wr.AtomicCmpAndSwp, wr.AtomicFetchAndAdd:
-		h := bth.RCFetchAdd
-		swap, cmp := e.SwapAdd, uint64(0)
-		if e.Opcode == wr.AtomicCmpAndSwp {
-			h, cmp = bth.RCCompareSwap, e.Compare
-		}
-		q.encodeBTH(buf, h, r.psn, true, false, 0)
-		bth.AtomicETH(buf[bth.BTHLen:]).Encode(e.RemoteAddr, e.RKey, swap, cmp)
-		n = h.HeaderLen()
+		n = q.writeRequest(buf, e, p, true, 0)
 		r.psn = r.psn.Next()
 		r.noAck = 0
 		e.state = wqeSent
 		r.next++
 	default:
 		remain := e.Length - e.sent
-		first := e.sent == 0
-		last := remain <= mtu
-		pay := remain
-		if !last {
-			pay = mtu
-		}
-		op := requestOpcode(e.Opcode, first, last, q.cfg.UC)
+		last := remain <= uint32(q.cfg.MTU)
 		// AckReq on every message's last packet and, exactly as rxe
 		// counts (noack_pkts++ > RXE_MAX_PKT_PER_ACK), on the 66th packet
 		// in a row without one, so that long messages are acknowledged
-		// as they go.
+		// as they go (with selective repeat, four times per window).
 		ackReq := last
 		if !last {
-			ackReq = r.noAck > MaxPktPerAck
+			ackReq = r.noAck > r.ackEvery()
 			r.noAck++
 		}
 		if ackReq {
 			r.noAck = 0
 		}
-		ackReq = ackReq && !q.cfg.UC
-		pad := int(-pay & 3)
-		q.encodeBTH(buf, op, r.psn, ackReq, last && e.Flags&wr.Solicited != 0, pad)
-		if o := op.Offset(bth.ExtRETH); o >= 0 {
-			bth.RETH(buf[o:]).Encode(e.RemoteAddr, e.RKey, e.Length)
-		}
-		if o := op.Offset(bth.ExtImmDt); o >= 0 {
-			bth.ImmDt(buf[o:]).SetImm(e.Imm)
-		}
-		if o := op.Offset(bth.ExtIETH); o >= 0 {
-			bth.IETH(buf[o:]).SetRKey(e.InvRKey)
-		}
-		hl := op.HeaderLen()
-		wr.CopyIn(buf[hl:hl+int(pay)], e.SG, e.sent)
-		for i := 0; i < pad; i++ {
-			buf[hl+int(pay)+i] = 0
-		}
-		n = hl + int(pay) + pad
+		n = q.writeRequest(buf, e, p, ackReq, 0)
 		r.psn = r.psn.Next()
-		e.sent += pay
+		e.sent += min(remain, uint32(q.cfg.MTU))
 		if last {
 			e.state = wqeSent
 			r.next++
@@ -228,8 +219,80 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	if r.psn.Diff(r.maxPSN) > 0 {
 		r.maxPSN = r.psn
 	}
-	if !q.cfg.UC && r.timer == clock.Never && r.rto != 0 {
-		r.timer = now + r.rto
+	if !q.cfg.UC {
+		q.sentPkt(now, p, retx)
+		if r.timer == clock.Never && r.rto != 0 {
+			r.timer = now + r.rto
+		}
+	}
+	return n
+}
+
+// ackEvery is how many packets in a row may go without AckReq.
+func (r *requester) ackEvery() int {
+	if r.sr.on {
+		return min(MaxPktPerAck, max(r.sr.win/4, 1))
+	}
+	return MaxPktPerAck
+}
+
+// writeRequest writes into buf the request packet of e at PSN p and
+// returns its length; it changes no requester state. A READ asks for nRead
+// PSNs of the reply from p (0: to the end of the READ). The last packet of
+// a SEND/WRITE always has AckReq (RC).
+func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRead uint32) int {
+	mtu := uint32(q.cfg.MTU)
+	off := uint32(p.Diff(e.firstPSN)) * mtu
+	var n int
+	switch e.Opcode {
+	case wr.RDMARead:
+		remain := e.Length - off
+		if nRead > 0 {
+			remain = min(remain, nRead*mtu)
+		}
+		h := bth.RCRDMAReadRequest
+		q.encodeBTH(buf, h, p, true, false, 0)
+		bth.RETH(buf[bth.BTHLen:]).Encode(e.RemoteAddr+uint64(off), e.RKey, remain)
+		n = h.HeaderLen()
+	case wr.AtomicCmpAndSwp, wr.AtomicFetchAndAdd:
+		h := bth.RCFetchAdd
+		swap, cmp := e.SwapAdd, uint64(0)
+		if e.Opcode == wr.AtomicCmpAndSwp {
+			h, cmp = bth.RCCompareSwap, e.Compare
+		}
+		q.encodeBTH(buf, h, p, true, false, 0)
+		bth.AtomicETH(buf[bth.BTHLen:]).Encode(e.RemoteAddr, e.RKey, swap, cmp)
+		n = h.HeaderLen()
+	default:
+		remain := e.Length - off
+		first := off == 0
+		last := remain <= mtu
+		pay := remain
+		if !last {
+			pay = mtu
+		}
+		op := requestOpcode(e.Opcode, first, last, q.cfg.UC)
+		ackReq = (ackReq || last) && !q.cfg.UC
+		pad := int(-pay & 3)
+		q.encodeBTH(buf, op, p, ackReq, last && e.Flags&wr.Solicited != 0, pad)
+		if o := op.Offset(bth.ExtRETH); o >= 0 {
+			bth.RETH(buf[o:]).Encode(e.RemoteAddr, e.RKey, e.Length)
+		}
+		if o := op.Offset(bth.ExtImmDt); o >= 0 {
+			bth.ImmDt(buf[o:]).SetImm(e.Imm)
+		}
+		if o := op.Offset(bth.ExtIETH); o >= 0 {
+			bth.IETH(buf[o:]).SetRKey(e.InvRKey)
+		}
+		hl := op.HeaderLen()
+		wr.CopyIn(buf[hl:hl+int(pay)], e.SG, off)
+		for i := 0; i < pad; i++ {
+			buf[hl+int(pay)+i] = 0
+		}
+		n = hl + int(pay) + pad
+	}
+	if q.req.mark {
+		bth.BTH(buf).SetSR(true)
 	}
 	return n
 }
@@ -301,6 +364,7 @@ func (q *QP) completeSend(e *sendEntry, st wr.Status) {
 func (q *QP) rewind(p bth.PSN) {
 	q.Retransmits++
 	q.seek(p)
+	q.srRewound()
 }
 
 // seek makes p the next PSN to send, backwards (go-back-N) or forwards

@@ -202,7 +202,9 @@ func TestCompleterRNRRetry7IsInfinite(t *testing.T) {
 }
 
 func TestCompleterTimeoutAndRetryExhaustion(t *testing.T) {
-	c := newCtx(t, defaultCfg()) // Timeout 14, RetryCnt 7
+	cfg := defaultCfg() // Timeout 14, RetryCnt 7
+	cfg.Recovery = RecoveryTimeout
+	c := newCtx(t, cfg)
 	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(5, 0)}})
 	c.expect(p(bth.RCSendOnly, 100))
 	if d := c.qp.Deadline(); d != c.now.Add(4096*(1<<14)*time.Nanosecond) {

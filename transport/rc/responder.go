@@ -80,6 +80,9 @@ type responder struct {
 	qlen     int
 	final    respItem // the NAK of a fatal error, sent even after ERR
 	hasFinal bool
+
+	sr   bool     // selective repeat agreed with the requester (srresp.go)
+	held holdRing // requests that came out of order
 }
 
 func (s *responder) init(cfg Config) {
@@ -96,6 +99,19 @@ func (s *responder) init(cfg Config) {
 		s.q = make([]respItem, 2*n+8)
 	}
 	s.qhead, s.qlen, s.resHead = 0, 0, 0
+}
+
+// pushFront queues it before everything else: a READ range a
+// selective-repeat requester asks for again fills a hole it waits on,
+// while the reply in progress only adds to what it holds.
+func (s *responder) pushFront(it respItem) bool {
+	if s.qlen == len(s.q) {
+		return false
+	}
+	s.qhead = (s.qhead + len(s.q) - 1) % len(s.q)
+	s.q[s.qhead] = it
+	s.qlen++
+	return true
 }
 
 func (s *responder) push(it respItem) bool {
@@ -140,9 +156,16 @@ func (q *QP) receiveRequest(pkt []byte, op bth.Opcode, hl, end int) {
 			s.ePSN = pp
 		}
 	} else {
+		if h.SR() && !s.sr && q.srAllowed() {
+			q.srRespStart() // the requester asked for selective repeat
+		}
 		d := pp.Diff(s.ePSN)
 		if d > 0 {
 			q.RxOutOfSeq++
+			if s.sr {
+				q.srHoldRequest(pkt, pp, d)
+				return
+			}
 			if !s.nakSent {
 				s.nakSent = true
 				s.pushAck(SynNAKPSNSeq, s.ePSN, s.msn)
@@ -156,6 +179,15 @@ func (q *QP) receiveRequest(pkt []byte, op bth.Opcode, hl, end int) {
 		}
 		s.nakSent = false
 	}
+	q.execRequest(pkt, op, hl, end, pp)
+	if s.sr && s.held.n > 0 {
+		q.srDrain()
+	}
+}
+
+// execRequest executes the request packet with the expected PSN.
+func (q *QP) execRequest(pkt []byte, op bth.Opcode, hl, end int, pp bth.PSN) {
+	s := &q.resp
 	// Opcode sequence (IBA 9.7.5.1.4 / C9-92): a message in progress must
 	// go on with MIDDLE or LAST of its own kind; otherwise only a new
 	// message may start.
@@ -472,12 +504,17 @@ func (q *QP) duplicate(pkt []byte, op bth.Opcode, pp bth.PSN) {
 				q.RxDropped++
 				return
 			}
+			it := respItem{kind: itemRead, psn: pp, msn: s.msn, res: i, off: off, remain: uint32(n), start: true}
+			if s.sr {
+				s.pushFront(it)
+				return
+			}
 			// A reply to this READ still queued or half sent is what the
 			// requester gave up on: replace it rather than queue the
 			// replay behind it (an 8 MiB reply takes longer than a
 			// requester's timeout, which would fire again and again).
 			s.cancelReads(i)
-			s.push(respItem{kind: itemRead, psn: pp, msn: s.msn, res: i, off: off, remain: uint32(n), start: true})
+			s.push(it)
 			return
 		}
 		q.RxDropped++
@@ -535,9 +572,7 @@ func (q *QP) buildResponse(buf []byte) int {
 	if s.qlen == 0 {
 		if s.hasFinal {
 			s.hasFinal = false
-			q.encodeBTH(buf, bth.RCAcknowledge, s.final.psn, false, false, 0)
-			AETH(buf[bth.BTHLen:]).Encode(s.final.syn, s.final.msn)
-			return bth.BTHLen + bth.AETHLen
+			return q.writeAck(buf, s.final.psn, s.final.syn, s.final.msn)
 		}
 		return 0
 	}
@@ -551,13 +586,13 @@ func (q *QP) buildResponse(buf []byte) int {
 	}
 	switch it.kind {
 	case itemAck:
-		q.encodeBTH(buf, bth.RCAcknowledge, it.psn, false, false, 0)
-		AETH(buf[bth.BTHLen:]).Encode(it.syn, it.msn)
+		n := q.writeAck(buf, it.psn, it.syn, it.msn)
 		s.pop()
-		return bth.BTHLen + bth.AETHLen
+		return n
 	case itemAtomic:
 		op := bth.RCAtomicAcknowledge
 		q.encodeBTH(buf, op, it.psn, false, false, 0)
+		bth.BTH(buf).SetSR(s.sr)
 		AETH(buf[op.Offset(bth.ExtAETH):]).Encode(SynACK, it.msn)
 		bth.AtomicAckETH(buf[op.Offset(bth.ExtAtomicAckETH):]).SetOrig(it.orig)
 		s.pop()
@@ -582,6 +617,7 @@ func (q *QP) buildResponse(buf []byte) int {
 	}
 	pad := int(-pay & 3)
 	q.encodeBTH(buf, op, it.psn, false, false, pad)
+	bth.BTH(buf).SetSR(s.sr)
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
 		AETH(buf[o:]).Encode(SynACK, it.msn)
 	}
@@ -604,4 +640,17 @@ func (q *QP) buildResponse(buf []byte) int {
 func (s *responder) pop() {
 	s.qhead = (s.qhead + 1) % len(s.q)
 	s.qlen--
+}
+
+// writeAck writes an ACK or NAK; with selective repeat it carries the SR
+// bit and a SACKETH from the PSN after the one it acknowledges.
+func (q *QP) writeAck(buf []byte, psn bth.PSN, syn uint8, msn uint32) int {
+	q.encodeBTH(buf, bth.RCAcknowledge, psn, false, false, 0)
+	AETH(buf[bth.BTHLen:]).Encode(syn, msn)
+	n := bth.BTHLen + bth.AETHLen
+	if q.resp.sr {
+		bth.BTH(buf).SetSR(true)
+		n += q.writeSACK(buf[n:], psn.Next())
+	}
+	return n
 }

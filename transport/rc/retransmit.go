@@ -1,0 +1,300 @@
+package rc
+
+import (
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+// Adaptive retransmission runs beside the IBA local ACK timer, which it
+// leaves exactly as it was: armed a local ACK timeout after the last
+// forward progress, each expiry without progress spends one of retry_cnt
+// and goes back N, and the expiry that finds none left completes the head
+// WQE with RETRY_EXC_ERR. A peer that stops answering is therefore given up
+// on at the same moment in every mode: (retry_cnt+1) local ACK timeouts
+// after the last progress. (Sequence NAKs and READ response gaps spend
+// retries too, as IBA says; in selective repeat, holes are retransmitted
+// without spending any.)
+//
+// What adaptive retransmission adds, none of it spending retries:
+//   - an RTO of SRTT+4·RTTVAR (RFC 6298, Karn's rule), at least RTOMin,
+//     doubling on each expiry without progress, never beyond the local ACK
+//     timeout: it goes back N from the oldest unacknowledged PSN;
+//   - a tail-loss probe two SRTTs after the last transmission when nothing
+//     was acknowledged: the packet at the oldest unacknowledged PSN again,
+//     with AckReq;
+//   - fast retransmission from a probe's answer: a go-back-N responder
+//     answers a probe with an ACK of the last PSN it has in order (C9-105
+//     for a duplicate, or the probe itself if it filled the hole), and
+//     keeps nothing beyond a hole, so every unacknowledged packet sent
+//     before the probe is lost; the requester goes back to the first one
+//     at once (RACK's rule for a peer without SACK).
+//
+// A go-back-N peer sees only retransmissions of packets it already handles
+// as duplicates or as the expected packet.
+
+// adaptive reports whether the QP retransmits on its own timers.
+func (q *QP) adaptive() bool { return q.cfg.Recovery != RecoveryTimeout && !q.cfg.UC }
+
+// ackLimit is the longest the adaptive timers wait: the local ACK timeout,
+// or MaxRTO when there is none.
+func (q *QP) ackLimit() time.Duration {
+	if d := AckTimeout(q.cfg.Timeout); d > 0 {
+		return d
+	}
+	return MaxRTO
+}
+
+// adpRTO is the current retransmission timeout, backoff included.
+func (q *QP) adpRTO() time.Duration {
+	lim := q.ackLimit()
+	d := q.req.rtt.rto(lim)
+	for i := uint8(0); i < q.req.backoff && d < lim; i++ {
+		d *= 2
+	}
+	return min(d, lim)
+}
+
+func (q *QP) adpPTO() time.Duration { return q.req.rtt.pto(q.req.rtt.rto(q.ackLimit())) }
+
+// sentPkt records a transmission of PSN p (retx: known to repeat an earlier
+// one, such as a READ asked again from an offset) and arms the adaptive
+// timers.
+func (q *QP) sentPkt(now clock.Time, p bth.PSN, retx bool) {
+	if !q.adaptive() {
+		return
+	}
+	r := &q.req
+	if rec := r.tx.get(p); rec != nil {
+		q.srUnmarkLost(rec)
+	}
+	rec := r.tx.sent(p, now, r.sr.bdp.delivered, r.sr.bdp.deliveredAt)
+	if retx {
+		rec.flags |= txRetx
+	}
+	if r.rtoAt == clock.Never {
+		r.rtoAt = now.Add(q.adpRTO())
+	}
+	if !r.probeOut && r.backoff == 0 { // no probe in an RTO's recovery
+		r.ptoAt = now.Add(q.adpPTO())
+	}
+}
+
+// sampleRTT takes an RTT sample from a response that acknowledges the
+// packet it names for the first time: an ACK (not a NAK), the first packet
+// of a READ reply, an atomic ACK. Retransmitted packets give none (Karn).
+func (q *QP) sampleRTT(now clock.Time, op bth.Opcode, pp bth.PSN, syn uint8) {
+	r := &q.req
+	switch {
+	case op.IsAck() && syn&0xE0 == 0, op.IsAtomicAck(), op == bth.RCRDMAReadResponseFirst, op == bth.RCRDMAReadResponseOnly:
+	default:
+		return
+	}
+	if pp.Less(r.compPSN) {
+		return
+	}
+	rec := r.tx.get(pp)
+	if rec == nil || rec.flags&(txRetx|txSampled) != 0 {
+		return
+	}
+	rec.flags |= txSampled
+	r.rtt.sample(now, now.Sub(rec.at))
+}
+
+// settle retires the records of the PSNs the cumulative acknowledgement has
+// passed since the last call.
+func (q *QP) settle(now clock.Time) {
+	r := &q.req
+	gap := r.compPSN.Diff(r.settled)
+	if gap <= 0 || !q.adaptive() {
+		r.settled = r.compPSN // no records without adaptive retransmission
+		return
+	}
+	var newest *txRec
+	already := 0
+	retire := func(rec *txRec) {
+		if rec.flags&txDelivered != 0 {
+			already++
+		} else if r.sr.on {
+			q.srDelivering(rec)
+		}
+		q.srUnmarkLost(rec)
+		q.srNewest(now, &newest, rec)
+	}
+	if int(gap) > len(r.tx.recs) {
+		for i := range r.tx.recs {
+			rec := &r.tx.recs[i]
+			if rec.flags&txSent != 0 && !rec.psn.Less(r.settled) && rec.psn.Less(r.compPSN) {
+				retire(rec)
+				rec.flags = 0
+			}
+		}
+	} else {
+		for p := r.settled; p.Less(r.compPSN); p = p.Next() {
+			if rec := r.tx.get(p); rec != nil {
+				retire(rec)
+			}
+		}
+	}
+	if r.sr.on && newest != nil {
+		q.srDelivered(now, uint64(int(gap)-already), newest)
+	}
+	if int(gap) <= len(r.tx.recs) {
+		for p := r.settled; p.Less(r.compPSN); p = p.Next() {
+			r.tx.clear(p)
+		}
+	}
+	r.settled = r.compPSN
+}
+
+// armAfterProgress restarts the adaptive timers once the cumulative
+// acknowledgement moved.
+func (q *QP) armAfterProgress(now clock.Time) {
+	r := &q.req
+	r.backoff, r.probeOut = 0, false
+	q.settle(now)
+	if !q.adaptive() {
+		return
+	}
+	r.rtoAt = now.Add(q.adpRTO())
+	r.ptoAt = now.Add(q.adpPTO())
+}
+
+// disarmAdaptive stops the adaptive timers (nothing outstanding, or the
+// peer asked for an RNR wait).
+func (q *QP) disarmAdaptive() {
+	r := &q.req
+	r.rtoAt, r.ptoAt = clock.Never, clock.Never
+	r.probe, r.probeOut = false, false
+}
+
+// expireAdaptive runs the RTO and the tail-loss probe when due.
+func (q *QP) expireAdaptive(now clock.Time) {
+	r := &q.req
+	if r.head == r.end() {
+		q.disarmAdaptive()
+		return
+	}
+	if now >= r.rtoAt {
+		q.AdpRetrans++
+		q.AdpRetransTO++
+		if r.backoff < 16 {
+			r.backoff++
+		}
+		q.goBack(now, r.compPSN)
+		r.rtoAt = now.Add(q.adpRTO())
+		r.ptoAt = clock.Never
+		return
+	}
+	if now >= r.ptoAt {
+		r.ptoAt = clock.Never
+		if r.compPSN.Less(r.psn) {
+			r.probe = true
+		}
+	}
+}
+
+// goBack is an adaptive go-back-N to p: no retry is spent, and stale NAKs
+// for the same gap are ignored until progress, as after a retry.
+func (q *QP) goBack(now clock.Time, p bth.PSN) {
+	r := &q.req
+	q.rewind(p)
+	r.retrying = true
+	r.probe, r.probeOut = false, false
+}
+
+// buildRetransmit emits a packet that repeats an earlier one out of the
+// sequential order: the tail-loss probe, then (selective repeat) READ
+// ranges asked again and holes.
+func (q *QP) buildRetransmit(now clock.Time, buf []byte) int {
+	r := &q.req
+	if r.rnrWait {
+		return 0
+	}
+	if r.probe {
+		r.probe = false
+		if r.compPSN.Less(r.psn) {
+			r.probeOut, r.probePSN, r.probeAt = true, r.compPSN, now
+			if n := q.buildAt(now, buf, r.compPSN, 0); n > 0 {
+				q.TLPProbes++
+				q.AdpRetrans++
+				return n
+			}
+			r.probeOut = false
+		}
+	}
+	if r.sr.on {
+		return q.buildSelective(now, buf)
+	}
+	return 0
+}
+
+// hasRetransmit reports whether buildRetransmit may emit a packet.
+func (r *requester) hasRetransmit() bool {
+	return !r.rnrWait && (r.probe || r.sr.on && (r.sr.rdn > 0 || r.sr.lost > 0))
+}
+
+// entryAt returns the WQE on the wire whose PSN range holds p, or nil.
+func (r *requester) entryAt(p bth.PSN) *sendEntry {
+	for i := r.head; i != r.end(); i++ {
+		e := r.entry(i)
+		if e.state == wqePosted {
+			return nil
+		}
+		if !p.Less(e.firstPSN) && p.LessEq(e.lastPSN) {
+			return e
+		}
+	}
+	return nil
+}
+
+// buildAt writes the request packet that carries PSN p again, with AckReq
+// so that the answer comes at once: a SEND/WRITE packet, an atomic, or a
+// READ asked again from p (nRead PSNs of it, 0: as far as is missing).
+func (q *QP) buildAt(now clock.Time, buf []byte, p bth.PSN, nRead uint32) int {
+	r := &q.req
+	if !p.Less(r.psn) {
+		return 0
+	}
+	e := r.entryAt(p)
+	if e == nil || (e.Opcode.IsAtomic() && p != e.firstPSN) {
+		return 0
+	}
+	if e.Opcode == wr.RDMARead && nRead == 0 {
+		nRead = q.readSpan(e, p)
+	}
+	n := q.writeRequest(buf, e, p, true, nRead)
+	q.sentPkt(now, p, true)
+	return n
+}
+
+// answersProbe reports whether a response answers the outstanding probe
+// of a go-back-N peer: an ACK that covers the probed PSN.
+func (r *requester) answersProbe(op bth.Opcode, pp bth.PSN, syn uint8) bool {
+	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && !pp.Less(r.probePSN)
+}
+
+// probeAnswered is called once the answer to a probe was processed: every
+// packet sent before the probe and still unacknowledged is lost.
+func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time) {
+	r := &q.req
+	r.probeOut = false
+	if q.failed || !q.reqOn || r.rnrWait || !r.compPSN.Less(r.psn) {
+		return
+	}
+	if rec := r.tx.get(r.compPSN); rec != nil && rec.at >= probeAt {
+		return // sent after the probe: may still be on its way
+	}
+	q.FastRetrans++
+	q.AdpRetrans++
+	q.goBack(now, r.compPSN)
+}
+
+// RTT returns the smoothed RTT, its variation and the minimum RTT the QP
+// has measured (zero before the first sample).
+func (q *QP) RTT() (srtt, rttvar, minRTT time.Duration) {
+	e := &q.req.rtt
+	return e.srtt, e.rttvar, e.minRTT
+}

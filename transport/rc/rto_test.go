@@ -1,0 +1,360 @@
+package rc
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/verbs/wr"
+)
+
+func TestRTTEstimatorRFC6298(t *testing.T) {
+	var e rttEstimator
+	if e.rto(time.Second) != InitialRTO || e.rto(time.Millisecond) != time.Millisecond {
+		t.Fatalf("before samples: rto %v", e.rto(time.Second))
+	}
+	e.sample(0, 2*time.Millisecond)
+	if e.srtt != 2*time.Millisecond || e.rttvar != time.Millisecond || e.rto(time.Second) != 6*time.Millisecond {
+		t.Fatalf("first sample: srtt %v rttvar %v rto %v", e.srtt, e.rttvar, e.rto(time.Second))
+	}
+	e.sample(0, 4*time.Millisecond)
+	// RTTVAR = 3/4·1 + 1/4·|2-4| = 1.25 ms, SRTT = 7/8·2 + 1/8·4 = 2.25 ms.
+	if e.srtt != 2250*time.Microsecond || e.rttvar != 1250*time.Microsecond || e.rto(time.Second) != 7250*time.Microsecond {
+		t.Fatalf("second sample: srtt %v rttvar %v rto %v", e.srtt, e.rttvar, e.rto(time.Second))
+	}
+	if e.rto(5*time.Millisecond) != 5*time.Millisecond || e.minRTT != 2*time.Millisecond {
+		t.Fatalf("cap or minimum: rto %v min %v", e.rto(5*time.Millisecond), e.minRTT)
+	}
+	// A short path: the RTO is floored, the probe at two SRTTs (floored too).
+	var f rttEstimator
+	for i := 0; i < 20; i++ {
+		f.sample(0, 30*time.Microsecond)
+	}
+	if f.rto(time.Second) != RTOMin || f.pto(RTOMin) != PTOMin {
+		t.Fatalf("short path: rto %v pto %v", f.rto(time.Second), f.pto(RTOMin))
+	}
+	for i := 0; i < 40; i++ {
+		f.sample(0, 400*time.Microsecond)
+	}
+	if p := f.pto(f.rto(time.Second)); p < 790*time.Microsecond || p > 800*time.Microsecond {
+		t.Fatalf("pto %v, want about two SRTTs (srtt %v)", p, f.srtt)
+	}
+	// The minimum is kept for minRTTWindow, then a larger sample replaces it.
+	if f.minRTT != 30*time.Microsecond {
+		t.Fatalf("min %v", f.minRTT)
+	}
+	f.sample(clock.Time(minRTTWindow)+1, 400*time.Microsecond)
+	if f.minRTT != 400*time.Microsecond {
+		t.Fatalf("min %v after the window", f.minRTT)
+	}
+}
+
+// sampled gives the QP an RTT sample of d: one SEND answered d later.
+func (c *tctx) sampled(d time.Duration) {
+	c.t.Helper()
+	c.post(wr.SendWQE{ID: 999, Opcode: wr.Send, SG: [][]byte{fill(4, 0)}})
+	g := c.out()
+	c.now = c.now.Add(d)
+	c.respond(req{op: bth.RCAcknowledge, psn: g[len(g)-1].psn, syn: SynACK})
+	c.wcs()
+}
+
+// TestAdaptiveRTTSamples: an ACK, the first packet of a READ reply and an
+// atomic ACK each give one sample; a repeated ACK and the answer to a
+// retransmitted packet give none (Karn).
+func TestAdaptiveRTTSamples(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	c.sampled(40 * time.Microsecond)
+	if srtt, _, _ := c.qp.RTT(); srtt != 40*time.Microsecond || c.qp.req.rtt.samples != 1 {
+		t.Fatalf("srtt %v after one ACK", srtt)
+	}
+	c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynACK}) // stale repeat
+	dst := make([]byte, 2048)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x1000, RKey: 1})
+	c.post(wr.SendWQE{ID: 2, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}, Length: 8, RemoteAddr: 0x8, RKey: 1})
+	c.expect(p(bth.RCRDMAReadRequest, 101), p(bth.RCFetchAdd, 103))
+	c.now = c.now.Add(80 * time.Microsecond)
+	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 101, syn: SynACK, payload: make([]byte, 1024)})
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 102, syn: SynACK, payload: make([]byte, 1024)})
+	c.respond(req{op: bth.RCAtomicAcknowledge, psn: 103, syn: SynACK})
+	if n := c.qp.req.rtt.samples; n != 3 {
+		t.Fatalf("%d samples, want 3 (ACK, READ FIRST, atomic ACK)", n)
+	}
+	if w := c.wcs(); len(w) != 2 {
+		t.Fatalf("%+v", w)
+	}
+	// A packet sent twice gives no sample, whichever copy is answered.
+	c.post(wr.SendWQE{ID: 3, Opcode: wr.Send, SG: [][]byte{fill(4, 0)}})
+	c.expect(p(bth.RCSendOnly, 104))
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 104)) // the tail-loss probe
+	c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK})
+	if n := c.qp.req.rtt.samples; n != 3 {
+		t.Fatalf("%d samples after a retransmitted packet's ACK", n)
+	}
+}
+
+// TestAdaptiveProbeThenRTO: with nothing acknowledged the requester first
+// sends one tail-loss probe (the oldest packet, AckReq), then at the RTO
+// goes back N, the RTO doubling each time; no retry is spent on either.
+func TestAdaptiveProbeThenRTO(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	c.sampled(50 * time.Microsecond) // PTO 100 µs, RTO 1 ms
+	for i := 0; i < 3; i++ {
+		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+	}
+	c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
+	t0 := c.now
+	if d := c.qp.Deadline(); d != t0.Add(PTOMin) {
+		t.Fatalf("first deadline %v, want the probe at %v", d, t0.Add(PTOMin))
+	}
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	g := c.expect(p(bth.RCSendOnly, 101))
+	if !g[0].ackReq || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != 1 || c.qp.req.retryLeft != 7 {
+		t.Fatalf("probe %v: counters %+v retries left %d", g[0], c.qp.Counters, c.qp.req.retryLeft)
+	}
+	want := RTOMin
+	for i := 1; i <= 4; i++ {
+		if d := c.qp.Deadline(); d != t0.Add(want) {
+			t.Fatalf("RTO %d at %v, want %v", i, d, t0.Add(want))
+		}
+		c.now = c.qp.Deadline()
+		t0 = c.now
+		c.qp.Expire(c.now)
+		c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
+		if c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != uint64(i) || c.qp.req.retryLeft != 7 || c.qp.Timeouts != 0 {
+			t.Fatalf("after RTO %d: %+v, retries left %d", i, c.qp.Counters, c.qp.req.retryLeft)
+		}
+		want *= 2
+	}
+	// Progress ends the backoff.
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
+	if d := c.qp.Deadline(); d != c.now.Add(PTOMin) {
+		t.Fatalf("after progress the probe is due at %v, not %v", c.now.Add(PTOMin), d)
+	}
+	if c.qp.req.backoff != 0 {
+		t.Fatal("backoff kept after progress")
+	}
+}
+
+// gbnPeer answers as a go-back-N responder (rxe) would: it holds nothing
+// beyond a hole and answers a duplicate with an ACK of the last PSN it has.
+type gbnCase struct {
+	name      string
+	peerHas   bth.PSN // the peer has every PSN before this one
+	answer    bth.PSN // its ACK to the probe of 101
+	wantAgain []bth.PSN
+}
+
+// TestAdaptiveProbeAnswerFastRetransmit: four packets 101..104, none
+// acknowledged. The probe of 101 is answered with an ACK of the last PSN
+// the peer has in order; everything after it was sent before the probe,
+// so the requester resends it at once, without a retry or a timeout.
+func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
+	for _, k := range []gbnCase{
+		{"ACK lost, peer has all", 105, 104, nil},
+		{"tail lost", 103, 102, []bth.PSN{103, 104}},
+		{"head lost, the probe fills it", 101, 101, []bth.PSN{102, 103, 104}},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			c := newCtx(t, defaultCfg())
+			c.sampled(50 * time.Microsecond)
+			for i := 0; i < 4; i++ {
+				c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+			}
+			c.out()
+			c.now = c.qp.Deadline()
+			c.qp.Expire(c.now)
+			c.expect(p(bth.RCSendOnly, 101))
+			c.now = c.now.Add(50 * time.Microsecond)
+			c.respond(req{op: bth.RCAcknowledge, psn: k.answer, syn: SynACK})
+			var want []pkt
+			for _, q := range k.wantAgain {
+				want = append(want, p(bth.RCSendOnly, q))
+			}
+			c.expect(want...)
+			fast := uint64(0)
+			if len(k.wantAgain) > 0 {
+				fast = 1
+			}
+			if c.qp.FastRetrans != fast || c.qp.req.retryLeft != 7 || c.qp.Timeouts != 0 {
+				t.Fatalf("fast %d retries left %d timeouts %d", c.qp.FastRetrans, c.qp.req.retryLeft, c.qp.Timeouts)
+			}
+			if w := c.wcs(); len(w) != int(k.answer-100) {
+				t.Fatalf("%d completions, want %d", len(w), k.answer-100)
+			}
+		})
+	}
+	// A packet sent after the probe may still be on its way: an answer
+	// that stops before it calls for no resend.
+	c := newCtx(t, defaultCfg())
+	c.sampled(50 * time.Microsecond)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.out()
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 101))
+	c.now = c.now.Add(time.Microsecond)
+	c.post(wr.SendWQE{ID: 2, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.expect(p(bth.RCSendOnly, 102))
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
+	c.expect()
+	if c.qp.FastRetrans != 0 {
+		t.Fatal("went back over a packet sent after the probe")
+	}
+}
+
+// TestGiveUpPatienceSameInEveryMode: a peer that stops answering is given
+// up on (RETRY_EXC_ERR) exactly (retry_cnt+1) local ACK timeouts after
+// the last forward progress, whatever the recovery mode retransmitted in
+// between: adaptive retransmissions spend no retry.
+func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
+	type mode struct {
+		name string
+		rec  Recovery
+		sr   bool
+	}
+	for _, m := range []mode{{"timeout", RecoveryTimeout, false}, {"adaptive", RecoveryAdaptive, false}, {"selective", RecoverySelective, true}} {
+		for _, retry := range []uint8{0, 3, 7} {
+			for _, progress := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s_retry%d_progress%v", m.name, retry, progress), func(t *testing.T) {
+					cfg := defaultCfg()
+					if m.sr {
+						cfg = srCfg()
+					}
+					cfg.Recovery, cfg.RetryCnt, cfg.Timeout = m.rec, retry, 8 // 1.048576 ms
+					c := newCtx(t, cfg)
+					if m.sr {
+						c = newSRCtx(t, cfg)
+					}
+					tack := AckTimeout(8)
+					c.sampled(50 * time.Microsecond)
+					for i := 0; i < 3; i++ {
+						c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+					}
+					c.out()
+					last, timeouts := c.now, uint64(0)
+					if progress {
+						// Whatever is due before half a local ACK timeout,
+						// then an ACK of the first packet.
+						mid := c.now.Add(tack / 2)
+						for c.qp.Deadline() <= mid {
+							c.now = c.qp.Deadline()
+							c.qp.Expire(c.now)
+							c.out()
+						}
+						c.now = mid
+						c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
+						last = c.now
+						c.out()
+					}
+					for step := 0; !c.qp.Failed(); step++ {
+						if step > 1000 {
+							t.Fatal("never gave up")
+						}
+						c.now = c.qp.Deadline()
+						c.qp.Expire(c.now)
+						c.out()
+					}
+					if want := last.Add(time.Duration(retry+1) * tack); c.now != want {
+						t.Fatalf("gave up at %v, want %v (last progress %v + %d × %v)", c.now, want, last, retry+1, tack)
+					}
+					w := c.wcs()
+					if len(w) == 0 || w[len(w)-1].Status != wr.RetryExcErr {
+						t.Fatalf("completions %+v", w)
+					}
+					if m.rec != RecoveryTimeout && c.qp.AdpRetrans == 0 {
+						t.Fatal("no adaptive retransmission before giving up")
+					}
+					if c.qp.Timeouts-timeouts != uint64(retry)+1 {
+						t.Fatalf("%d local ACK timeouts after the last progress, want %d", c.qp.Timeouts-timeouts, retry+1)
+					}
+				})
+			}
+		}
+	}
+}
+
+// TestAdaptiveRNRWaitHasNoProbe: during an RNR wait the requester waits as
+// told; the adaptive timers restart with the resend.
+func TestAdaptiveRNRWaitHasNoProbe(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	c.sampled(50 * time.Microsecond)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+	c.out()
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynRNRNAK | 14}) // 1.28 ms
+	if d := c.qp.Deadline(); d != c.now.Add(1280*time.Microsecond) {
+		t.Fatalf("deadline %v during the RNR wait", d)
+	}
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 101))
+	if d := c.qp.Deadline(); d != c.now.Add(PTOMin) || c.qp.TLPProbes != 0 {
+		t.Fatalf("after the resend: deadline %v probes %d", d, c.qp.TLPProbes)
+	}
+}
+
+// TestRecoveryTimeoutIsRxeTiming: RecoveryTimeout keeps only the local ACK
+// timer, and UC has no timer at all.
+func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
+	cfg := defaultCfg()
+	cfg.Recovery = RecoveryTimeout
+	c := newCtx(t, cfg)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.out()
+	if d := c.qp.Deadline(); d != c.now.Add(AckTimeout(14)) {
+		t.Fatalf("deadline %v", d)
+	}
+	cfg = defaultCfg()
+	cfg.UC = true
+	c = newCtx(t, cfg)
+	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.out()
+	if d := c.qp.Deadline(); d != clock.Never {
+		t.Fatalf("UC deadline %v", d)
+	}
+}
+
+// TestRequestsByteIdenticalWithoutAgreement: toward a peer whose QP number
+// is not softrnic's, a QP asking for selective repeat sends exactly the
+// bytes of one that never heard of it; toward a softrnic QP number it
+// marks its requests, and a peer that does not mark its answers (one
+// that ignores the bit) keeps it on go-back-N.
+func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
+	run := func(cfg Config, pool bool) ([]pkt, *tctx) {
+		c := newCtx(t, cfg)
+		if pool {
+			c = newSRCtx(t, cfg)
+		}
+		c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, SG: [][]byte{fill(3000, 1)}, RemoteAddr: 0x100, RKey: 1})
+		c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMARead, SG: [][]byte{make([]byte, 100)}, RemoteAddr: 0x100, RKey: 1})
+		c.post(wr.SendWQE{ID: 3, Opcode: wr.AtomicFetchAndAdd, SG: [][]byte{make([]byte, 8)}, Length: 8, RemoteAddr: 0x8, RKey: 1})
+		return c.out(), c
+	}
+	old := defaultCfg()
+	old.Recovery = RecoveryTimeout
+	want, _ := run(old, false)
+	got, _ := run(defaultCfg(), true) // selective by default, pool, rxe-style QPN
+	for i := range want {
+		if !bytes.Equal(got[i].raw, want[i].raw) {
+			t.Fatalf("packet %d differs:\n% x\n% x", i, got[i].raw, want[i].raw)
+		}
+	}
+	marked, c := run(srCfg(), true)
+	for i := range marked {
+		if !marked[i].sr || !bytes.Equal(marked[i].raw[9:], want[i].raw[9:]) {
+			t.Fatalf("packet %d toward a softrnic QPN: % x", i, marked[i].raw)
+		}
+	}
+	// The peer answers like rxe: unmarked, a sequence NAK at 101.
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq})
+	if r, _ := c.qp.SelectiveRepeat(); r {
+		t.Fatal("selective repeat without the peer's agreement")
+	}
+	c.expect(p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102), p(bth.RCRDMAReadRequest, 103), p(bth.RCFetchAdd, 104))
+}
