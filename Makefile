@@ -26,7 +26,7 @@ deps:
 build:
 	$(GO) build -o $(BIN) ./cmd/softrnic
 
-## clib: the drop-in libibverbs.so.1 (plain and AddressSanitizer) and its C test program, in c/build/
+## clib: the drop-in libibverbs.so.1 and librdmacm.so.1 (plain and AddressSanitizer) and their C test programs, in c/build/
 clib:
 	$(MAKE) -C c
 
@@ -108,6 +108,7 @@ dcqcn-live:
 install: build clib
 	install -m 0755 $(BIN) /usr/local/bin/softrnic
 	install -D -m 0755 c/build/lib/libibverbs.so.1 $(LIBDIR)/libibverbs.so.1
+	install -D -m 0755 c/build/lib/librdmacm.so.1 $(LIBDIR)/librdmacm.so.1
 	install -D -m 0644 contrib/softrnic.service /etc/systemd/system/softrnic.service
 	test -e /etc/softrnic/softrnic.conf || install -D -m 0644 contrib/softrnic.conf.example /etc/softrnic/softrnic.conf
 

@@ -166,6 +166,37 @@
 // UC is the unreliable connected QP type (ibv_qp_type numbering), which
 // QPStats reports for UC QPs.
 #define SOFTRNIC_QP_TYPE_UC 3
+#define SOFTRNIC_OP_UCM_CREATE_CHANNEL 64 // → HandleMsg (the channel); reply fd: the client's end of its event socket
+#define SOFTRNIC_OP_UCM_DESTROY_CHANNEL 65 // HandleMsg (channel): the IDs still on it are destroyed with it
+#define SOFTRNIC_OP_UCM_LISTEN 66 // UCMListenReq → HandleMsg (the listener's ID)
+#define SOFTRNIC_OP_UCM_CONNECT 67 // UCMConnectReq → HandleMsg (the connection's ID), once the REQ or SIDR_REQ is sent
+#define SOFTRNIC_OP_UCM_ACCEPT 68 // UCMAcceptReq, once the REP or SIDR_REP is sent
+#define SOFTRNIC_OP_UCM_REJECT 69 // UCMRejectReq: a request (REJ, or SIDR_REP with status REJECT), or the REP of CONNECT_RESPONSE
+#define SOFTRNIC_OP_UCM_ESTABLISH 70 // HandleMsg (ID): send the RTU of a CONNECT_RESPONSE (the client's QP is in RTS)
+#define SOFTRNIC_OP_UCM_NOTIFY 71 // HandleMsg (ID): the client's QP got a packet before the RTU (IBV_EVENT_COMM_EST)
+#define SOFTRNIC_OP_UCM_DISCONNECT 72 // HandleMsg (ID): DREQ (or nothing, if the peer's DREQ came first); DISCONNECTED follows
+#define SOFTRNIC_OP_UCM_MIGRATE 73 // UCMMigrateReq: the ID's next events go to another channel
+#define SOFTRNIC_OP_UCM_DESTROY_ID 74 // HandleMsg (ID)
+#define SOFTRNIC_OP_UCM_EVENT 75 // never a request: the header of each message on an event channel
+// UCMMaxPrivateData is the largest private data any UCM message carries
+// (a REP's).
+#define SOFTRNIC_UCM_MAX_PRIVATE_DATA 196
+#define SOFTRNIC_UCM_CONNECT_PRIVATE_DATA 56 // CONNECT, TCP space (REQ)
+#define SOFTRNIC_UCM_RESOLVE_PRIVATE_DATA 180 // CONNECT, UDP space (SIDR_REQ)
+#define SOFTRNIC_UCM_ACCEPT_PRIVATE_DATA 196 // ACCEPT, TCP space (REP)
+#define SOFTRNIC_UCM_ACCEPT_UD_PRIVATE_DATA 136 // ACCEPT, UDP space (SIDR_REP)
+#define SOFTRNIC_UCM_REJECT_PRIVATE_DATA 148 // REJECT (REJ)
+#define SOFTRNIC_UCM_REJECT_UDP_PRIVATE_DATA 136 // REJECT, UDP space (SIDR_REP)
+#define SOFTRNIC_UCM_EVENT_TYPE_CONNECT_REQUEST 4
+#define SOFTRNIC_UCM_EVENT_TYPE_CONNECT_RESPONSE 5
+#define SOFTRNIC_UCM_EVENT_TYPE_UNREACHABLE 7
+#define SOFTRNIC_UCM_EVENT_TYPE_REJECTED 8
+#define SOFTRNIC_UCM_EVENT_TYPE_ESTABLISHED 9
+#define SOFTRNIC_UCM_EVENT_TYPE_DISCONNECTED 10
+#define SOFTRNIC_UCM_EVENT_TYPE_DEVICE_REMOVAL 11
+#define SOFTRNIC_UCM_EVENT_TYPE_TIMEWAIT_EXIT 15
+#define SOFTRNIC_UCM_REJECT_CONSUMER_DEFINED 28
+#define SOFTRNIC_UCM_REJECT_VENDOR_OPTION_NOT_SUPPORTED 35
 // CQESize is the completion ring's slot size.
 #define SOFTRNIC_CQE_SIZE 48
 
@@ -720,6 +751,172 @@ struct softrnic_queue_stats {
 _Static_assert(sizeof(struct softrnic_queue_stats) == 16, "struct softrnic_queue_stats: size");
 _Static_assert(offsetof(struct softrnic_queue_stats, rx_packets) == 0, "struct softrnic_queue_stats: rx_packets");
 _Static_assert(offsetof(struct softrnic_queue_stats, rx_ring_full) == 8, "struct softrnic_queue_stats: rx_ring_full");
+
+// UCMConnParam is rdma_conn_param on the wire. In requests it is the
+// client's: QPN its QP, StartingPSN the first PSN that QP expects,
+// ResponderResources the READs and atomics it accepts at once,
+// InitiatorDepth those it will have outstanding. In events it is the
+// peer's, from our side: QPN and StartingPSN the peer's (the first PSN we
+// send), ResponderResources what we must accept (the peer's initiator
+// depth), InitiatorDepth what we may issue.
+struct softrnic_ucm_conn_param {
+	uint32_t qpn;
+	uint32_t starting_psn;
+	uint8_t responder_resources;
+	uint8_t initiator_depth;
+	uint8_t flow_control;
+	uint8_t retry_count; // at most 7
+	uint8_t rnr_retry_count; // at most 7 (7: retry forever)
+	uint8_t srq;
+	uint8_t private_data_len;
+	uint8_t _pad0;
+	uint8_t private_data[196];
+};
+_Static_assert(sizeof(struct softrnic_ucm_conn_param) == 212, "struct softrnic_ucm_conn_param: size");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, qpn) == 0, "struct softrnic_ucm_conn_param: qpn");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, starting_psn) == 4, "struct softrnic_ucm_conn_param: starting_psn");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, responder_resources) == 8, "struct softrnic_ucm_conn_param: responder_resources");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, initiator_depth) == 9, "struct softrnic_ucm_conn_param: initiator_depth");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, flow_control) == 10, "struct softrnic_ucm_conn_param: flow_control");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, retry_count) == 11, "struct softrnic_ucm_conn_param: retry_count");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, rnr_retry_count) == 12, "struct softrnic_ucm_conn_param: rnr_retry_count");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, srq) == 13, "struct softrnic_ucm_conn_param: srq");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, private_data_len) == 14, "struct softrnic_ucm_conn_param: private_data_len");
+_Static_assert(offsetof(struct softrnic_ucm_conn_param, private_data) == 16, "struct softrnic_ucm_conn_param: private_data");
+
+// UCMListenReq is the body of OpUCMListen. Which requests reach the
+// listener follows the kernel's rdma_cm: an IPv4 listener takes IPv4
+// requests, an IPv6 one IPv6 requests and, unless AFOnly
+// (RDMA_OPTION_ID_AFONLY), IPv4 ones too (by the rdma_cm header's IP
+// version).
+struct softrnic_ucm_listen_req {
+	uint32_t channel;
+	uint16_t port;
+	uint16_t space; // PortSpaceTCP or PortSpaceUDP
+	uint32_t backlog; // requests not yet accepted or rejected (0: 1024, at most 1024); more are refused
+	uint8_t addr[16]; // the GID the listener is bound to (IPv4-mapped for IPv4); all zero: any of the device's
+	uint8_t ip_version; // 4 or 6: the family of the listener's address
+	uint8_t af_only; // an IPv6 listener takes no IPv4 requests
+	uint8_t _pad0[2];
+};
+_Static_assert(sizeof(struct softrnic_ucm_listen_req) == 32, "struct softrnic_ucm_listen_req: size");
+_Static_assert(offsetof(struct softrnic_ucm_listen_req, channel) == 0, "struct softrnic_ucm_listen_req: channel");
+_Static_assert(offsetof(struct softrnic_ucm_listen_req, port) == 4, "struct softrnic_ucm_listen_req: port");
+_Static_assert(offsetof(struct softrnic_ucm_listen_req, space) == 6, "struct softrnic_ucm_listen_req: space");
+_Static_assert(offsetof(struct softrnic_ucm_listen_req, backlog) == 8, "struct softrnic_ucm_listen_req: backlog");
+_Static_assert(offsetof(struct softrnic_ucm_listen_req, addr) == 12, "struct softrnic_ucm_listen_req: addr");
+_Static_assert(offsetof(struct softrnic_ucm_listen_req, ip_version) == 28, "struct softrnic_ucm_listen_req: ip_version");
+_Static_assert(offsetof(struct softrnic_ucm_listen_req, af_only) == 29, "struct softrnic_ucm_listen_req: af_only");
+
+// UCMConnectReq is the body of OpUCMConnect: a REQ (PortSpaceTCP) or a
+// SIDR_REQ (PortSpaceUDP, Param.QPN and StartingPSN unused) to DstPort at
+// Peer, from Local (one of the device's GIDs) with the rdma_cm header
+// naming SrcPort.
+struct softrnic_ucm_connect_req {
+	uint32_t channel;
+	uint16_t space;
+	uint16_t src_port;
+	uint16_t dst_port;
+	uint8_t qp_type; // TCP space: RC or UC, the type of Param.QPN's QP
+	uint8_t path_mtu; // IB enum (1 = 256 … 5 = 4096): at most the port's active MTU
+	uint8_t hop_limit;
+	uint8_t traffic_class;
+	uint8_t _pad0[2];
+	uint32_t flow_label;
+	uint8_t local[16];
+	uint8_t peer[16];
+	struct softrnic_ucm_conn_param param;
+};
+_Static_assert(sizeof(struct softrnic_ucm_connect_req) == 264, "struct softrnic_ucm_connect_req: size");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, channel) == 0, "struct softrnic_ucm_connect_req: channel");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, space) == 4, "struct softrnic_ucm_connect_req: space");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, src_port) == 6, "struct softrnic_ucm_connect_req: src_port");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, dst_port) == 8, "struct softrnic_ucm_connect_req: dst_port");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, qp_type) == 10, "struct softrnic_ucm_connect_req: qp_type");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, path_mtu) == 11, "struct softrnic_ucm_connect_req: path_mtu");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, hop_limit) == 12, "struct softrnic_ucm_connect_req: hop_limit");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, traffic_class) == 13, "struct softrnic_ucm_connect_req: traffic_class");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, flow_label) == 16, "struct softrnic_ucm_connect_req: flow_label");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, local) == 20, "struct softrnic_ucm_connect_req: local");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, peer) == 36, "struct softrnic_ucm_connect_req: peer");
+_Static_assert(offsetof(struct softrnic_ucm_connect_req, param) == 52, "struct softrnic_ucm_connect_req: param");
+
+// UCMAcceptReq is the body of OpUCMAccept: a REP for a CONNECT_REQUEST of
+// the TCP space (the client's QP is in RTR at least: the peer may send as
+// soon as it has the REP), or a SIDR_REP with QKey for one of the UDP
+// space (Param.QPN a UD QP in RTS with that Q_Key; StartingPSN unused).
+struct softrnic_ucm_accept_req {
+	uint32_t id;
+	uint32_t q_key;
+	struct softrnic_ucm_conn_param param;
+};
+_Static_assert(sizeof(struct softrnic_ucm_accept_req) == 220, "struct softrnic_ucm_accept_req: size");
+_Static_assert(offsetof(struct softrnic_ucm_accept_req, id) == 0, "struct softrnic_ucm_accept_req: id");
+_Static_assert(offsetof(struct softrnic_ucm_accept_req, q_key) == 4, "struct softrnic_ucm_accept_req: q_key");
+_Static_assert(offsetof(struct softrnic_ucm_accept_req, param) == 8, "struct softrnic_ucm_accept_req: param");
+
+// UCMRejectReq is the body of OpUCMReject: a REJ with Reason (a
+// CONNECT_REQUEST, or the REP of a CONNECT_RESPONSE), or for a request of
+// the UDP space a SIDR_REP with status REJECT.
+struct softrnic_ucm_reject_req {
+	uint32_t id;
+	uint16_t reason;
+	uint8_t private_data_len;
+	uint8_t _pad0;
+	uint8_t private_data[148];
+};
+_Static_assert(sizeof(struct softrnic_ucm_reject_req) == 156, "struct softrnic_ucm_reject_req: size");
+_Static_assert(offsetof(struct softrnic_ucm_reject_req, id) == 0, "struct softrnic_ucm_reject_req: id");
+_Static_assert(offsetof(struct softrnic_ucm_reject_req, reason) == 4, "struct softrnic_ucm_reject_req: reason");
+_Static_assert(offsetof(struct softrnic_ucm_reject_req, private_data_len) == 6, "struct softrnic_ucm_reject_req: private_data_len");
+_Static_assert(offsetof(struct softrnic_ucm_reject_req, private_data) == 8, "struct softrnic_ucm_reject_req: private_data");
+
+// UCMMigrateReq is the body of OpUCMMigrate.
+struct softrnic_ucm_migrate_req {
+	uint32_t id;
+	uint32_t channel;
+};
+_Static_assert(sizeof(struct softrnic_ucm_migrate_req) == 8, "struct softrnic_ucm_migrate_req: size");
+_Static_assert(offsetof(struct softrnic_ucm_migrate_req, id) == 0, "struct softrnic_ucm_migrate_req: id");
+_Static_assert(offsetof(struct softrnic_ucm_migrate_req, channel) == 4, "struct softrnic_ucm_migrate_req: channel");
+
+// UCMEvent follows an OpUCMEvent header on an event channel.
+struct softrnic_ucm_event {
+	uint32_t event;
+	int32_t status; // 0; -errno; REJECTED: the REJ reason; UNREACHABLE after a SIDR_REP: its status
+	uint32_t id; // the ID the event is for (CONNECT_REQUEST: the new one)
+	uint32_t listener; // CONNECT_REQUEST: the listener
+	uint8_t local[16]; // our GID of the connection (IPv4-mapped for IPv4)
+	uint8_t peer[16]; // the peer's GID
+	uint16_t local_port; // CONNECT_REQUEST: the listened port
+	uint16_t peer_port; // CONNECT_REQUEST: the requester's port (rdma_cm header)
+	uint32_t q_key; // ESTABLISHED in the UDP space: the Q_Key to send to Param.QPN with
+	uint8_t path_mtu; // IB enum
+	uint8_t ack_timeout; // local ACK timeout for RTS (4.096 µs · 2^t)
+	uint8_t hop_limit;
+	uint8_t traffic_class;
+	uint32_t flow_label;
+	uint16_t p_key;
+	uint8_t _pad0[6];
+	struct softrnic_ucm_conn_param param;
+};
+_Static_assert(sizeof(struct softrnic_ucm_event) == 284, "struct softrnic_ucm_event: size");
+_Static_assert(offsetof(struct softrnic_ucm_event, event) == 0, "struct softrnic_ucm_event: event");
+_Static_assert(offsetof(struct softrnic_ucm_event, status) == 4, "struct softrnic_ucm_event: status");
+_Static_assert(offsetof(struct softrnic_ucm_event, id) == 8, "struct softrnic_ucm_event: id");
+_Static_assert(offsetof(struct softrnic_ucm_event, listener) == 12, "struct softrnic_ucm_event: listener");
+_Static_assert(offsetof(struct softrnic_ucm_event, local) == 16, "struct softrnic_ucm_event: local");
+_Static_assert(offsetof(struct softrnic_ucm_event, peer) == 32, "struct softrnic_ucm_event: peer");
+_Static_assert(offsetof(struct softrnic_ucm_event, local_port) == 48, "struct softrnic_ucm_event: local_port");
+_Static_assert(offsetof(struct softrnic_ucm_event, peer_port) == 50, "struct softrnic_ucm_event: peer_port");
+_Static_assert(offsetof(struct softrnic_ucm_event, q_key) == 52, "struct softrnic_ucm_event: q_key");
+_Static_assert(offsetof(struct softrnic_ucm_event, path_mtu) == 56, "struct softrnic_ucm_event: path_mtu");
+_Static_assert(offsetof(struct softrnic_ucm_event, ack_timeout) == 57, "struct softrnic_ucm_event: ack_timeout");
+_Static_assert(offsetof(struct softrnic_ucm_event, hop_limit) == 58, "struct softrnic_ucm_event: hop_limit");
+_Static_assert(offsetof(struct softrnic_ucm_event, traffic_class) == 59, "struct softrnic_ucm_event: traffic_class");
+_Static_assert(offsetof(struct softrnic_ucm_event, flow_label) == 60, "struct softrnic_ucm_event: flow_label");
+_Static_assert(offsetof(struct softrnic_ucm_event, p_key) == 64, "struct softrnic_ucm_event: p_key");
+_Static_assert(offsetof(struct softrnic_ucm_event, param) == 72, "struct softrnic_ucm_event: param");
 
 // SGE is one scatter/gather element: Length bytes at client virtual address
 // Addr inside the MR named by LKey (ibv_sge).

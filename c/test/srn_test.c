@@ -41,33 +41,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int passed, failed;
-
-#define CHECK(cond, ...)                                                               \
-	do {                                                                           \
-		if (cond) {                                                            \
-			passed++;                                                      \
-		} else {                                                               \
-			failed++;                                                      \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-			fprintf(stderr, __VA_ARGS__);                                  \
-			fputc('\n', stderr);                                           \
-		}                                                                      \
-	} while (0)
-
-/* Fatal: the rest of the test cannot run. */
-#define MUST(cond, ...)                   \
-	do {                              \
-		CHECK(cond, __VA_ARGS__); \
-		if (!(cond))              \
-			finish();         \
-	} while (0)
-
-static void finish(void)
-{
-	printf("%d passed, %d failed\n", passed, failed);
-	exit(failed ? 1 : 0);
-}
+#include "check.h"
 
 static double now(void)
 {

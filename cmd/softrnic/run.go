@@ -19,19 +19,21 @@ func init() {
 
 // The environment the drop-in libraries read: the daemon's control socket
 // (SOFTRNIC_CONTROL) and, for diagnostics on stderr, SOFTRNIC_DEBUG.
-const (
-	controlEnv = "SOFTRNIC_CONTROL"
-	libName    = "libibverbs.so.1"
-)
+const controlEnv = "SOFTRNIC_CONTROL"
+
+// libNames are the drop-in libraries, which are loaded together: softrnic's
+// librdmacm.so.1 uses its libibverbs.so.1's device and PDs, so a directory
+// with only one of them would pair it with rdma-core's other.
+var libNames = []string{"libibverbs.so.1", "librdmacm.so.1"}
 
 func runRun(args []string) int {
 	fs := flag.NewFlagSet("softrnic run", flag.ContinueOnError)
 	control := fs.String("control", "", "the daemon's control socket (default: $"+controlEnv+", else "+proto.DefaultControl+")")
-	lib := fs.String("lib", "", "the directory of softrnic's "+libName+" (default: beside the binary, ../lib/softrnic)")
+	lib := fs.String("lib", "", "the directory of softrnic's "+strings.Join(libNames, " and ")+" (default: beside the binary, ../lib/softrnic)")
 	fs.Usage = func() {
 		o := fs.Output()
 		fmt.Fprintln(o, "usage: softrnic run [--control PATH] [--lib DIR] -- PROGRAM [ARGS...]")
-		fmt.Fprintln(o, "\nRuns PROGRAM, unchanged, with softrnic's "+libName+" in place of rdma-core's, so that")
+		fmt.Fprintln(o, "\nRuns PROGRAM, unchanged, with softrnic's "+strings.Join(libNames, " and ")+" in place of rdma-core's, so that")
 		fmt.Fprintln(o, "it uses the RNIC of the softrnic daemon at the control socket. PROGRAM replaces this")
 		fmt.Fprintln(o, "process: its exit status and the signals sent to it are its own.")
 		fs.PrintDefaults()
@@ -89,24 +91,27 @@ func runEnv(env []string, dir, control string) []string {
 	return append(out, "LD_LIBRARY_PATH="+ldPath, controlEnv+"="+control)
 }
 
-// libDir finds the directory of the drop-in library: the one given, else
-// ../lib/softrnic beside the binary (where make install puts both).
+// libDir finds the directory of the drop-in libraries: the one given, else
+// ../lib/softrnic beside the binary (where make install puts them).
 func libDir(given string) (string, error) {
-	var dirs []string
-	if given != "" {
-		dirs = []string{given}
-	} else if exe, err := os.Executable(); err == nil {
-		if exe, err = filepath.EvalSymlinks(exe); err == nil {
-			dirs = append(dirs, filepath.Join(filepath.Dir(exe), "..", "lib", "softrnic"))
+	d := given
+	if d == "" {
+		exe, err := os.Executable()
+		if err == nil {
+			exe, err = filepath.EvalSymlinks(exe)
+		}
+		if err != nil {
+			return "", err
+		}
+		d = filepath.Join(filepath.Dir(exe), "..", "lib", "softrnic")
+	}
+	for _, name := range libNames {
+		if _, err := os.Stat(filepath.Join(d, name)); err != nil {
+			if given != "" {
+				return "", fmt.Errorf("no %s in %s", name, given)
+			}
+			return "", errors.New("no " + name + " beside the binary (make install puts the libraries in ../lib/softrnic; or give --lib DIR, e.g. c/build/lib after make clib)")
 		}
 	}
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, libName)); err == nil {
-			return filepath.Abs(d)
-		}
-	}
-	if given != "" {
-		return "", fmt.Errorf("no %s in %s", libName, given)
-	}
-	return "", errors.New("no " + libName + " beside the binary (make install puts it in ../lib/softrnic; or give --lib DIR, e.g. c/build/lib after make clib)")
+	return filepath.Abs(d)
 }

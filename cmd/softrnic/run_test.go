@@ -53,13 +53,14 @@ func buildCLib(t *testing.T) string {
 	return clibDir
 }
 
-// stockLib is the path of rdma-core's libibverbs.so.1.
-func stockLib(t *testing.T) string {
+// stockLib is the path of rdma-core's library name (libibverbs.so.1,
+// librdmacm.so.1).
+func stockLib(t *testing.T, name string) string {
 	t.Helper()
-	out, err := exec.Command("gcc", "-print-file-name=libibverbs.so.1").Output()
+	out, err := exec.Command("gcc", "-print-file-name="+name).Output()
 	p := strings.TrimSpace(string(out))
 	if err != nil || !filepath.IsAbs(p) {
-		t.Skip("rdma-core's libibverbs.so.1 is not installed (make deps)")
+		t.Skip("rdma-core's " + name + " is not installed (make deps)")
 	}
 	p, err = filepath.EvalSymlinks(p)
 	if err != nil {
@@ -69,8 +70,12 @@ func stockLib(t *testing.T) string {
 }
 
 // exports lists a library's dynamic symbols as "VERSION NAME TYPE" lines
-// (VERSION in parentheses for a non-default version), sorted.
-func exports(t *testing.T, lib string) []string {
+// (VERSION in parentheses for a non-default version), sorted; imports,
+// its undefined ones.
+func exports(t *testing.T, lib string) []string { return dynsyms(t, lib, false) }
+func imports(t *testing.T, lib string) []string { return dynsyms(t, lib, true) }
+
+func dynsyms(t *testing.T, lib string, undefined bool) []string {
 	t.Helper()
 	out, err := exec.Command("objdump", "-T", lib).Output()
 	if err != nil {
@@ -79,7 +84,7 @@ func exports(t *testing.T, lib string) []string {
 	var syms []string
 	for _, l := range strings.Split(string(out), "\n") {
 		f := strings.Fields(l)
-		if len(f) < 6 || strings.Contains(l, "*UND*") {
+		if len(f) < 6 || strings.Contains(l, "*UND*") != undefined {
 			continue
 		}
 		typ := "?"
@@ -94,27 +99,50 @@ func exports(t *testing.T, lib string) []string {
 	return syms
 }
 
-// The library exports exactly rdma-core's symbols, each with its version
+// privateNode is the version node of the interface between softrnic's two
+// libraries (c/include/softrnic_private.h): the only exports beyond
+// rdma-core's.
+const privateNode = "SOFTRNIC_PRIVATE_1"
+
+// Each library exports exactly rdma-core's symbols, each with its version
 // node (default or compatibility) and kind: what BIND_NOW binaries and the
-// stock providers need to load, and nothing more.
+// stock providers need to load, and nothing more but libibverbs' private
+// node, which librdmacm imports (so that it cannot load beside rdma-core's
+// libibverbs).
 func TestCLibExportsStockSymbols(t *testing.T) {
 	dir := buildCLib(t)
-	stock := exports(t, stockLib(t))
-	for _, lib := range []string{"lib", "asan/lib"} {
-		ours := exports(t, filepath.Join(dir, lib, "libibverbs.so.1"))
-		var missing, extra []string
-		for _, s := range stock {
-			if !slices.Contains(ours, s) {
-				missing = append(missing, s)
+	for _, l := range []struct {
+		name string
+		min  int // stock exports at least (functions and version nodes)
+	}{{"libibverbs.so.1", 150}, {"librdmacm.so.1", 70}} {
+		stock := exports(t, stockLib(t, l.name))
+		for _, build := range []string{"lib", "asan/lib"} {
+			ours := exports(t, filepath.Join(dir, build, l.name))
+			var missing, extra []string
+			for _, s := range stock {
+				if !slices.Contains(ours, s) {
+					missing = append(missing, s)
+				}
+			}
+			for _, s := range ours {
+				if !slices.Contains(stock, s) && !(l.name == "libibverbs.so.1" && strings.HasPrefix(s, privateNode+" ")) {
+					extra = append(extra, s)
+				}
+			}
+			if len(missing) > 0 || len(extra) > 0 || len(stock) < l.min {
+				t.Errorf("%s/%s: %d stock exports; missing %v; extra %v", build, l.name, len(stock), missing, extra)
 			}
 		}
-		for _, s := range ours {
-			if !slices.Contains(stock, s) {
-				extra = append(extra, s)
+	}
+	for _, build := range []string{"lib", "asan/lib"} {
+		priv := 0
+		for _, s := range imports(t, filepath.Join(dir, build, "librdmacm.so.1")) {
+			if strings.HasPrefix(s, "("+privateNode+") ") {
+				priv++
 			}
 		}
-		if len(missing) > 0 || len(extra) > 0 || len(stock) < 150 {
-			t.Errorf("%s: %d stock exports; missing %v; extra %v", lib, len(stock), missing, extra)
+		if priv == 0 {
+			t.Errorf("%s/librdmacm.so.1 imports nothing of %s", build, privateNode)
 		}
 	}
 }
@@ -131,22 +159,22 @@ var stockPrograms = [][]string{
 	{"rping", "-h"}, {"udaddy", "-h"}, {"mckey", "-h"}, {"ucmatose", "-h"}, {"cmtime", "-h"},
 	{"rdma_client", "-h"}, {"rdma_server", "-h"}, {"rdma_xclient", "-h"}, {"rdma_xserver", "-h"},
 	{"rstream", "-h"}, {"riostream", "-h"},
-	// pyverbs loads libibverbs with its extension modules (dlopen, RTLD_NOW)
-	// and says which one it got.
-	{"/usr/bin/python3", "-c", "import pyverbs.device, pyverbs.pd, pyverbs.cq, pyverbs.qp, pyverbs.providers.mlx5.mlx5dv; " +
-		"print([l.split()[-1] for l in open('/proc/self/maps') if 'libibverbs' in l][0])"},
+	// pyverbs loads libibverbs and librdmacm with its extension modules
+	// (dlopen, RTLD_NOW) and says which ones it got.
+	{"/usr/bin/python3", "-c", "import pyverbs.device, pyverbs.pd, pyverbs.cq, pyverbs.qp, pyverbs.cmid, pyverbs.providers.mlx5.mlx5dv; " +
+		"print(*sorted(set(l.split()[-1] for l in open('/proc/self/maps') if 'libibverbs' in l or 'librdmacm' in l)), sep='\\n')"},
 }
 
 var loaderError = regexp.MustCompile(`error while loading shared libraries|symbol lookup error|undefined symbol|version .* not found|cannot open shared object`)
 
-// Every stock program loads with the library (all Debian's binaries are
+// Every stock program loads with the libraries (all Debian's binaries are
 // BIND_NOW: one unresolved import would stop them), through softrnic run,
-// and the libibverbs.so.1 it maps is ours.
+// and the libibverbs.so.1 and librdmacm.so.1 it maps are ours.
 func TestStockProgramsLoad(t *testing.T) {
 	dir := buildCLib(t)
 	bin := buildSoftrnic(t)
 	lib := filepath.Join(dir, "lib")
-	ran := 0
+	ran, rdmacm := 0, 0
 	for _, p := range stockPrograms {
 		path, err := exec.LookPath(p[0])
 		if err != nil {
@@ -170,19 +198,36 @@ func TestStockProgramsLoad(t *testing.T) {
 			t.Errorf("%s: %s", strings.Join(p, " "), out)
 			continue
 		}
-		// Which libibverbs.so.1 the loader picks for the program.
-		ours := filepath.Join(lib, "libibverbs.so.1")
-		want, tout, err := ours+"\n", out, error(nil)
+		// Which libraries the loader picks for the program: every
+		// libibverbs.so.1 and librdmacm.so.1 it maps must be ours, and
+		// it maps libibverbs.so.1.
+		tout, err := out, error(nil)
 		if !strings.HasSuffix(p[0], "python3") {
-			want = "libibverbs.so.1 => " + ours
 			tout, err = exec.Command(bin, "run", "--lib", lib, "--", "env", "LD_TRACE_LOADED_OBJECTS=1", path).Output()
 		}
-		if err != nil || !bytes.Contains(tout, []byte(want)) {
-			t.Errorf("%s does not map our library (%v):\n%s", p[0], err, tout)
+		if err != nil {
+			t.Errorf("%s: %v", p[0], err)
+			continue
+		}
+		for _, name := range libNames {
+			ours := filepath.Join(lib, name)
+			maps := regexp.MustCompile(`(?m)(\S*`+regexp.QuoteMeta(name)+`\S*)\s*$|`+regexp.QuoteMeta(name)+` => (\S+)`).FindAllSubmatch(tout, -1)
+			if name == "libibverbs.so.1" && len(maps) == 0 {
+				t.Errorf("%s does not map %s:\n%s", p[0], name, tout)
+			}
+			for _, m := range maps {
+				if got := string(m[1]) + string(m[2]); got != ours {
+					t.Errorf("%s maps %s, not ours (%s):\n%s", p[0], got, ours, tout)
+				}
+			}
+			if name == "librdmacm.so.1" && len(maps) > 0 {
+				rdmacm++
+			}
 		}
 	}
-	if ran < 10 {
-		t.Fatalf("only %d stock programs installed (make deps installs perftest, ibverbs-utils, rdmacm-utils)", ran)
+	t.Logf("%d stock programs load and map our libraries, %d of them librdmacm.so.1 too", ran, rdmacm)
+	if ran < 10 || rdmacm < 8 {
+		t.Fatalf("only %d stock programs installed, %d of them rdma_cm users (make deps installs perftest, ibverbs-utils, rdmacm-utils)", ran, rdmacm)
 	}
 }
 
@@ -191,8 +236,10 @@ func TestStockProgramsLoad(t *testing.T) {
 func TestRunPassesStatusAndEnv(t *testing.T) {
 	bin := buildSoftrnic(t)
 	lib := t.TempDir()
-	if err := os.WriteFile(filepath.Join(lib, "libibverbs.so.1"), nil, 0o644); err != nil {
-		t.Fatal(err)
+	for _, name := range libNames {
+		if err := os.WriteFile(filepath.Join(lib, name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cmd := exec.Command(bin, "run", "--lib", lib, "--control", "ctl.sock", "--", "sh", "-c", `echo "$LD_LIBRARY_PATH|$SOFTRNIC_CONTROL"; exit 7`)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH=/x", "SOFTRNIC_CONTROL=/old")
@@ -206,7 +253,15 @@ func TestRunPassesStatusAndEnv(t *testing.T) {
 		t.Fatalf("environment %q, want %q", out, want)
 	}
 	if err := exec.Command(bin, "run", "--lib", t.TempDir(), "--", "true").Run(); err == nil {
-		t.Fatal("a directory without the library was accepted")
+		t.Fatal("a directory without the libraries was accepted")
+	}
+	// One library alone would be paired with rdma-core's other.
+	half := t.TempDir()
+	if err := os.WriteFile(filepath.Join(half, "libibverbs.so.1"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(bin, "run", "--lib", half, "--", "true").CombinedOutput(); err == nil || !bytes.Contains(out, []byte("librdmacm.so.1")) {
+		t.Fatalf("a directory without librdmacm.so.1 was accepted: %v %s", err, out)
 	}
 	// Installed as make install lays it out: PREFIX/bin/softrnic finds
 	// PREFIX/lib/softrnic without --lib.
@@ -218,7 +273,12 @@ func TestRunPassesStatusAndEnv(t *testing.T) {
 		err = errors.Join(os.MkdirAll(filepath.Dir(inst), 0o755), os.MkdirAll(libdir, 0o755))
 	}
 	if err == nil {
-		err = errors.Join(os.WriteFile(inst, b, 0o755), os.WriteFile(filepath.Join(libdir, "libibverbs.so.1"), nil, 0o644))
+		err = os.WriteFile(inst, b, 0o755)
+	}
+	for _, name := range libNames {
+		if err == nil {
+			err = os.WriteFile(filepath.Join(libdir, name), nil, 0o644)
+		}
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -346,28 +406,35 @@ func TestCProgram(t *testing.T) {
 	t.Run("device-fatal", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		cmd := prog(ctx, pair.A.NS, sockA, "fatal")
-		var out bytes.Buffer
-		cmd.Stderr = &out
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		line := make([]byte, 6)
-		if _, err := io.ReadFull(stdout, line); err != nil || string(line) != "ready\n" {
-			cmd.Wait()
-			t.Fatalf("%q %v\n%s", line, err, out.String())
-		}
-		stopA()
-		rest, _ := io.ReadAll(stdout)
-		if err := cmd.Wait(); err != nil || !bytes.Contains(rest, []byte(" passed, 0 failed")) {
-			t.Fatalf("%v\n%s%s", err, rest, out.String())
-		}
-		t.Logf("%s", bytes.TrimSpace(rest))
+		runAcrossStop(t, prog(ctx, pair.A.NS, sockA, "fatal"), stopA)
 	})
+}
+
+// runAcrossStop runs a C test program that prints "ready" once it waits
+// for the daemon to go away, then stops the daemon and expects the program
+// to pass.
+func runAcrossStop(t *testing.T, cmd *exec.Cmd, stop func()) {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 6)
+	if _, err := io.ReadFull(stdout, line); err != nil || string(line) != "ready\n" {
+		cmd.Wait()
+		t.Fatalf("%q %v\n%s", line, err, stderr.String())
+	}
+	stop()
+	rest, _ := io.ReadAll(stdout)
+	if err := cmd.Wait(); err != nil || !bytes.Contains(rest, []byte(" passed, 0 failed")) {
+		t.Fatalf("%v\n%s%s", err, rest, stderr.String())
+	}
+	t.Logf("%s", bytes.TrimSpace(rest))
 }
 
 func lastLine(b []byte) string {
