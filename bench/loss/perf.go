@@ -51,6 +51,7 @@ type Run struct {
 	PeakMiBps  float64  `json:"peak_mibps,omitempty"`
 	Iters      uint64   `json:"iters,omitempty"`
 	Verified   bool     `json:"verified,omitempty"` // --verify passed on both ends
+	Load1      float64  `json:"load1"`              // the host's 1-minute load average as the run started
 	Seconds    float64  `json:"seconds"`            // wall time, side channel included
 	CPUSeconds float64  `json:"cpu_seconds"`        // both perf processes (not a daemon's)
 	// Failure is empty for a run that completed: RETRY_EXC_ERR (or another
@@ -87,7 +88,7 @@ func (j *perfJob) common() []string {
 // run runs the job and returns its outcome; a failure is reported in it,
 // never as a panic or an exit.
 func (j *perfJob) run() (r Run) {
-	r = Run{Args: j.args, QPs: qpsOf(j.args)}
+	r = Run{Args: j.args, QPs: qpsOf(j.args), Load1: loadavg()[0]}
 	start := time.Now()
 	defer func() { r.Seconds = time.Since(start).Seconds() }()
 

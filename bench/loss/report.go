@@ -117,6 +117,7 @@ type LossTable struct {
 	Losses   []int      `json:"losses_per_mille"`
 	Timeouts []int      `json:"qp_timeouts"`
 	Cells    []LossCell `json:"cells"`
+	Error    string     `json:"error,omitempty"` // the lossy path could not be made
 }
 
 // Cell finds a cell (nil if absent).
@@ -347,7 +348,9 @@ func failures(runs []Run) string {
 func PrintTable(w io.Writer, rep *Report) {
 	fmt.Fprintf(w, "softrnic bench/loss — %s, %d CPUs, %s; load average %.2f %.2f %.2f at start, %.2f %.2f %.2f at end\n",
 		rep.Kernel, rep.CPUs, rep.Binary, rep.LoadStart[0], rep.LoadStart[1], rep.LoadStart[2], rep.LoadEnd[0], rep.LoadEnd[1], rep.LoadEnd[2])
-	if t := rep.Loss; t != nil {
+	if t := rep.Loss; t != nil && t.Error != "" {
+		fmt.Fprintf(w, "\nGoodput under loss: not measured: %s\n", t.Error)
+	} else if t != nil {
 		fmt.Fprintf(w, "\nGoodput under loss: softrnic perf write_bw %s, A → bridge → B (RoCEv2 frames dropped at random in both directions), MTU %d (path MTU %s), %s runs, %s; ratio to the same row without loss\n",
 			strings.Join(t.Args, " "), t.MTU, orUnknown(t.pathMTU()), t.Duration, rounds(t.Rounds))
 		tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
