@@ -70,7 +70,8 @@ type Run struct {
 	// Bridge is the lossy bridge's RoCEv2 frame counts (lossy path only).
 	Bridge *netnstest.PathCounters `json:"bridge,omitempty"`
 	// Daemon is the growth of the receiving daemon's device counters
-	// (softrnic stats), when B's side ran in a daemon.
+	// (softrnic stats), when B's side ran in a daemon; those that sum over
+	// QPs are their largest value sampled during the run.
 	Daemon map[string]uint64 `json:"daemon_counters,omitempty"`
 }
 
@@ -150,10 +151,20 @@ func (j *perfJob) run() (r Run) {
 	cli := perfCmd(cctx, j.bin, j.client.ns, cliArgs)
 	var cout, cerr bytes.Buffer
 	cli.Stdout, cli.Stderr = &cout, &limitedWriter{w: &cerr}
+	// The daemon's device counters that sum over QPs (out_of_sequence,
+	// rx_write_requests, ...) lose a QP's counts when the QP is destroyed,
+	// at the end of the run: sample them while the QPs exist.
+	var samples chan map[string]uint64
+	stopSampling := make(chan struct{})
+	if j.daemon != nil {
+		samples = make(chan map[string]uint64, 1)
+		go func() { samples <- j.daemon.sampleMax(stopSampling, 250*time.Millisecond) }()
+	}
 	cliErr := startTracked(cli)
 	if cliErr == nil {
 		cliErr = waitTracked(cli)
 	}
+	close(stopSampling)
 	timedOut := cctx.Err() != nil
 	var srvErr error
 	wait := 5 * time.Second
@@ -177,8 +188,9 @@ func (j *perfJob) run() (r Run) {
 		}
 	}
 	if j.daemon != nil {
+		peak := <-samples
 		if after, err := j.daemon.counters(); err == nil {
-			r.Daemon = delta(statsBefore, after)
+			r.Daemon = delta(statsBefore, maxOf(peak, after))
 		}
 	}
 
@@ -465,6 +477,36 @@ func (d *daemon) counters() (map[string]uint64, error) {
 		return nil, err
 	}
 	return s.Counters, nil
+}
+
+// sampleMax reads the daemon's counters every interval until stop and
+// returns each counter's largest value.
+func (d *daemon) sampleMax(stop <-chan struct{}, interval time.Duration) map[string]uint64 {
+	peak := map[string]uint64{}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return peak
+		case <-t.C:
+		}
+		if c, err := d.counters(); err == nil {
+			peak = maxOf(peak, c)
+		}
+	}
+}
+
+// maxOf is each counter's larger value in a and b.
+func maxOf(a, b map[string]uint64) map[string]uint64 {
+	m := make(map[string]uint64, len(b))
+	for k, v := range a {
+		m[k] = v
+	}
+	for k, v := range b {
+		m[k] = max(m[k], v)
+	}
+	return m
 }
 
 // stop ends the daemon (SIGTERM, then SIGKILL) and returns its AF_XDP

@@ -429,8 +429,8 @@ func PrintTable(w io.Writer, rep *Report) {
 			c := r.Daemon
 			if c != nil {
 				st, empty, dropped := c["xdp_steered"], c["xsk_rx_fill_ring_empty_descs"], c["xsk_rx_dropped"]
-				fmt.Fprintf(w, "softrnic stats over the run: xdp_steered %d, xsk_rx_fill_ring_empty_descs %d (%s of steered), xsk_rx_dropped %d, xsk_rx_ring_full %d, retransmits %d, local_ack_timeout_err %d\n",
-					st, empty, share(empty, st), dropped, c["xsk_rx_ring_full"], c["retransmits"], c["local_ack_timeout_err"])
+				fmt.Fprintf(w, "softrnic stats over the run: xdp_steered %d, xsk_rx_fill_ring_empty_descs %d (%s of steered), xsk_rx_dropped %d, xsk_rx_ring_full %d; as responder: rx_write_requests %d, out_of_sequence %d, duplicate_request %d, nak_sent %d\n",
+					st, empty, share(empty, st), dropped, c["xsk_rx_ring_full"], c["rx_write_requests"], c["out_of_sequence"], c["duplicate_request"], c["nak_sent"])
 			}
 			if x := d.XSK; x != nil && x.Sockets > 0 {
 				fmt.Fprintf(w, "the daemon's AF_XDP sockets over its life (XDP_STATISTICS): rx_dropped %d, rx_fill_ring_empty_descs %d, rx_ring_full %d\n",

@@ -123,7 +123,8 @@ func TestMeasureSmoke(t *testing.T) {
 		}
 	}
 	d := rep.Daemon
-	if d == nil || d.Error != "" || !d.Run.OK() || d.Run.Daemon["xdp_steered"] == 0 || d.XSK == nil || d.XSK.Sockets == 0 {
+	if d == nil || d.Error != "" || !d.Run.OK() || d.Run.Daemon["xdp_steered"] == 0 || d.Run.Daemon["rx_write_requests"] == 0 ||
+		d.XSK == nil || d.XSK.Sockets == 0 {
 		t.Errorf("daemon run %+v\n%s", d, log.String())
 	}
 	var out bytes.Buffer
