@@ -83,7 +83,7 @@ bench:
 	$(GO) run ./bench/rnic -json out/bench-rnic.json
 	$(MAKE) bench-loss
 
-## bench-loss: root, about 3 min; `softrnic perf write_bw` over a bridge dropping 0/1/3 % of RoCEv2 frames each way (-u 14 and 8), by QP count at MTU 1500 and 4200 with the receiver's AF_XDP drops, and with a daemon receiver; tables, goals and out/bench-loss.json (BENCH_LOSS_FLAGS: bench/loss -h)
+## bench-loss: root, 2-3 min; `softrnic perf write_bw` over a bridge dropping 0/1/3 % of RoCEv2 frames each way (-u 14 and 8), by QP count at MTU 1500 and 4200 with the receiver's AF_XDP drops, and with a daemon receiver; tables, goals and out/bench-loss.json (BENCH_LOSS_FLAGS: bench/loss -h)
 BENCH_LOSS_FLAGS ?=
 bench-loss: build
 	$(GO) run ./bench/loss -softrnic $(BIN) -json out/bench-loss.json $(BENCH_LOSS_FLAGS)

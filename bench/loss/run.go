@@ -38,7 +38,7 @@ type Options struct {
 	DaemonMTU int
 }
 
-// DefaultOptions are what `make bench-loss` runs: about three minutes.
+// DefaultOptions are what `make bench-loss` runs: two to three minutes.
 func DefaultOptions() Options {
 	return Options{Bin: "bin/softrnic", Duration: 4 * time.Second, Grace: 40 * time.Second,
 		Loss: true, LossMTU: 1500, Losses: []int{0, 10, 30}, Timeouts: []int{14, 8}, Rounds: 3,
