@@ -25,14 +25,20 @@ type Mode struct {
 const DefaultMode = "default"
 
 // GoBackNMode is adaptive retransmission alone, as against a peer that
-// does not agree on selective repeat.
+// does not agree on selective repeat (rxe, ConnectX).
 const GoBackNMode = "go-back-N peer"
 
-// DefaultModes are the rows of the loss table: the binary's defaults, and
-// selective repeat turned off (a go-back-N peer). The flag names are the
-// ones the loss-tolerant transport is expected to add to softrnic perf;
-// -modes names others.
-const DefaultModes = DefaultMode + "=;" + GoBackNMode + "=--selective-repeat=off"
+// TimerMode is recovery by the local ACK timer alone, rxe's behaviour and
+// softrnic's before adaptive retransmission: the before row, measured in
+// the same run as the others.
+const TimerMode = "ACK timer only"
+
+// DefaultModes are the rows of the loss table: the binary's defaults,
+// adaptive go-back-N, and the local ACK timer alone. The flag is the
+// name transport/rc gives the choice (rc.Config.Recovery: selective,
+// adaptive, timeout), as `softrnic perf` is expected to expose it; until
+// it does, those rows print n/a. -modes names other flags.
+const DefaultModes = DefaultMode + "=;" + GoBackNMode + "=--recovery=adaptive;" + TimerMode + "=--recovery=timeout"
 
 // ParseModes reads "NAME=ARGS;NAME=ARGS" (ARGS separated by spaces, may be
 // empty).

@@ -96,22 +96,22 @@ func TestParseEthtoolAndDelta(t *testing.T) {
 // TestModes: flags are found in perf --help as whole words only, and a mode
 // whose flags are missing is marked with the first missing one.
 func TestModes(t *testing.T) {
-	ms, err := ParseModes(DefaultModes + "; timer only = --selective-repeat=off --adaptive-retrans=off")
+	ms, err := ParseModes(DefaultModes)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(ms) != 3 || ms[0].Name != DefaultMode || len(ms[0].Args) != 0 || ms[1].Name != GoBackNMode ||
-		ms[2].Name != "timer only" || len(ms[2].Args) != 2 {
+		ms[2].Name != TimerMode || len(ms[2].Args) != 1 {
 		t.Fatalf("parsed %+v", ms)
 	}
-	help := "      --verify           fill buffers\n      --selective-repeat-x=on|off  not it\n"
+	help := "      --verify           fill buffers\n      --recovery-x=on|off  not it\n"
 	checkSupport(ms, help)
-	if ms[0].Unsupported != "" || ms[1].Unsupported != "the binary has no --selective-repeat" || ms[2].Unsupported == "" {
+	if ms[0].Unsupported != "" || ms[1].Unsupported != "the binary has no --recovery" || ms[2].Unsupported == "" {
 		t.Errorf("support %+v", ms)
 	}
-	ms, _ = ParseModes(DefaultModes + "; timer only = --selective-repeat=off --adaptive-retrans=off")
-	checkSupport(ms, help+"      --selective-repeat=on|off   selective repeat\n")
-	if ms[1].Unsupported != "" || ms[2].Unsupported != "the binary has no --adaptive-retrans" {
+	ms, _ = ParseModes(DefaultModes + "; both = --recovery=adaptive --bdp-cap=off")
+	checkSupport(ms, help+"      --recovery=selective|adaptive|timeout   loss recovery\n")
+	if ms[1].Unsupported != "" || ms[2].Unsupported != "" || ms[3].Name != "both" || ms[3].Unsupported != "the binary has no --bdp-cap" {
 		t.Errorf("support %+v", ms)
 	}
 	for _, bad := range []string{"", ";", "=--x", "noequals"} {
@@ -129,7 +129,7 @@ func failed(why string) Run { return Run{Failure: why} }
 // the binary lacks.
 func sampleReport() *Report {
 	rep := &Report{Kernel: "6.18", CPUs: 2, Binary: "bin/softrnic"}
-	modes := []Mode{{Name: DefaultMode}, {Name: GoBackNMode, Args: []string{"--selective-repeat=off"}, Unsupported: "the binary has no --selective-repeat"}}
+	modes := []Mode{{Name: DefaultMode}, {Name: GoBackNMode, Args: []string{"--recovery=adaptive"}, Unsupported: "the binary has no --recovery"}}
 	br := &netnstest.PathCounters{AtoB: netnstest.DirCounters{Frames: 9500}}
 	withBridge := func(r Run) Run { r.Bridge = br; return r }
 	rep.Loss = &LossTable{MTU: 1500, Args: []string{"-s", "65536", "--verify"}, Duration: "4s", Rounds: 3, Modes: modes,
@@ -229,7 +229,7 @@ func TestPrintTable(t *testing.T) {
 		"84.0 MiB/s  0.20",
 		"410.0 MiB/s  1.00  (1/3 failed: RETRY_EXC_ERR)",
 		"failed (3/3: RETRY_EXC_ERR, timeout)",
-		"go-back-N peer   n/a: the binary has no --selective-repeat",
+		"go-back-N peer   n/a: the binary has no --recovery",
 		"frames per 64 KiB message delivered (minimum 64)",
 		"95.0", // 9500 frames for 100 messages
 		"failed (1/1: RETRY_EXC_ERR)   1000   550 (55.0 %)   550",
