@@ -363,3 +363,23 @@ func (n *NS) Open() error {
 	n.handle = h
 	return nil
 }
+
+// Live lists the namespaces this process made that still exist, for a test
+// to check that everything it made was removed.
+func Live() ([]string, error) {
+	ents, err := os.ReadDir("/run/netns")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var mine []string
+	prefix := fmt.Sprintf("%s%d-", nsPrefix, os.Getpid())
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), prefix) {
+			mine = append(mine, e.Name())
+		}
+	}
+	return mine, nil
+}
