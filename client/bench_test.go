@@ -7,7 +7,7 @@ import (
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/loopdev"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // The benchmarks compare a 64-byte signaled RDMA WRITE, post to completion,
@@ -21,14 +21,14 @@ import (
 func benchEndpoints(b *testing.B) (*endpoint, *endpoint) {
 	td := startDaemon(b, daemon.Options{})
 	x, y := newEndpoint(b, td.path, allAccess), newEndpoint(b, td.path, allAccess)
-	connect(b, x, y, wr.RemoteWrite)
+	connect(b, x, y, ib.RemoteWrite)
 	return x, y
 }
 
 func BenchmarkDaemonWrite64Latency(b *testing.B) {
 	x, y := benchEndpoints(b)
-	w := &proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{x.mr.SGE(0, 64)}, RemoteAddr: y.mr.Addr, RKey: y.mr.RKey}
-	var wcs [1]wr.WC
+	w := &proto.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{x.mr.SGE(0, 64)}, RemoteAddr: y.mr.Addr, RKey: y.mr.RKey}
+	var wcs [1]ib.WC
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -38,7 +38,7 @@ func BenchmarkDaemonWrite64Latency(b *testing.B) {
 		for x.cq.Poll(wcs[:]) == 0 {
 			runtime.Gosched()
 		}
-		if wcs[0].Status != wr.Success {
+		if wcs[0].Status != ib.Success {
 			b.Fatal(wcs[0].Status)
 		}
 	}
@@ -49,9 +49,9 @@ func BenchmarkDaemonWrite64Rate(b *testing.B) {
 	const batch = 32
 	ws := make([]*proto.SendWR, batch)
 	for i := range ws {
-		ws[i] = &proto.SendWR{ID: uint64(i), Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{x.mr.SGE(0, 64)}, RemoteAddr: y.mr.Addr, RKey: y.mr.RKey}
+		ws[i] = &proto.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{x.mr.SGE(0, 64)}, RemoteAddr: y.mr.Addr, RKey: y.mr.RKey}
 	}
-	var wcs [batch]wr.WC
+	var wcs [batch]ib.WC
 	b.ReportAllocs()
 	b.ResetTimer()
 	inflight, posted, done := 0, 0, 0
@@ -82,7 +82,7 @@ func BenchmarkInProcessWrite64Latency(b *testing.B) {
 	dev := loopdev.New("loop0")
 	pd, _ := dev.AllocPD()
 	mem := make([]byte, 1<<16)
-	mr, _ := pd.RegMR(mem, 0x10000, wr.LocalWrite|wr.RemoteWrite)
+	mr, _ := pd.RegMR(mem, 0x10000, ib.LocalWrite|ib.RemoteWrite)
 	cq, _ := dev.CreateCQ(256, func() {})
 	caps := proto.QPCaps{MaxSendWR: 128, MaxRecvWR: 128, MaxSendSGE: 1, MaxRecvSGE: 1}
 	qa, _ := pd.CreateQP(proto.RC, caps, cq, cq, false)
@@ -91,19 +91,19 @@ func BenchmarkInProcessWrite64Latency(b *testing.B) {
 		Modify(*proto.QPAttr, proto.QPAttrMask) error
 		QPN() uint32
 	}{{qa, qb}, {qb, qa}} {
-		p[0].Modify(&proto.QPAttr{State: proto.Init, Access: wr.RemoteWrite}, proto.AttrState|proto.AttrAccessFlags)
+		p[0].Modify(&proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite}, proto.AttrState|proto.AttrPKeyIndex|proto.AttrPort|proto.AttrAccessFlags)
 		p[0].Modify(&proto.QPAttr{State: proto.RTR, DestQPN: p[1].QPN()}, proto.AttrState|proto.AttrDestQPN)
 		p[0].Modify(&proto.QPAttr{State: proto.RTS}, proto.AttrState)
 	}
-	w := &proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{{Addr: 0x10000, Length: 64, LKey: mr.LKey()}}, RemoteAddr: 0x10000 + 4096, RKey: mr.RKey()}
-	var wcs [1]wr.WC
+	w := &proto.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{{Addr: 0x10000, Length: 64, LKey: mr.LKey()}}, RemoteAddr: 0x10000 + 4096, RKey: mr.RKey()}
+	var wcs [1]ib.WC
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		if err := qa.PostSend(w); err != nil {
 			b.Fatal(err)
 		}
-		if cq.Poll(wcs[:]) != 1 || wcs[0].Status != wr.Success {
+		if cq.Poll(wcs[:]) != 1 || wcs[0].Status != ib.Success {
 			b.Fatal("no completion")
 		}
 	}

@@ -26,8 +26,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // DefaultControl is the daemon socket Dial uses for an empty path.
@@ -220,14 +220,14 @@ type MR struct {
 
 // RegMR registers bytes [off, off+length) of m with the given access, at
 // their address in this process.
-func (p *PD) RegMR(m *Mem, off, length int, access wr.Access) (*MR, error) {
+func (p *PD) RegMR(m *Mem, off, length int, access ib.Access) (*MR, error) {
 	return p.RegMRIOVA(m, off, length, m.Addr(off), access)
 }
 
 // RegMRIOVA registers bytes [off, off+length) of m at virtual address iova
 // (ibv_reg_mr_iova): SGEs and peers name the memory by iova, which need not
 // be where this process sees it (perftest's random base address, say).
-func (p *PD) RegMRIOVA(m *Mem, off, length int, iova uint64, access wr.Access) (*MR, error) {
+func (p *PD) RegMRIOVA(m *Mem, off, length int, iova uint64, access ib.Access) (*MR, error) {
 	if off < 0 || length <= 0 || off+length > len(m.b) {
 		return nil, fmt.Errorf("softrnic: MR [%d, %d) outside the %d-byte memory", off, off+length, len(m.b))
 	}
@@ -292,7 +292,7 @@ func (q *CQ) Handle() proto.Handle { return q.h }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many. No
 // syscall, no allocation.
-func (q *CQ) Poll(wcs []wr.WC) int {
+func (q *CQ) Poll(wcs []ib.WC) int {
 	q.mu.Lock()
 	n := 0
 	for ; n < len(wcs); n++ {
@@ -434,7 +434,7 @@ func (q *QP) PostSend(ws ...*proto.SendWR) (int, error) {
 	n := 0
 	var err error
 	for _, w := range ws {
-		if (w.Flags&wr.Inline != 0 && len(w.Inline) > int(q.Caps.MaxInline)) || (w.Flags&wr.Inline == 0 && len(w.SG) > int(q.Caps.MaxSendSGE)) {
+		if (w.Flags&ib.Inline != 0 && len(w.Inline) > int(q.Caps.MaxInline)) || (w.Flags&ib.Inline == 0 && len(w.SG) > int(q.Caps.MaxSendSGE)) {
 			err = ErrTooBig
 			break
 		}

@@ -22,7 +22,7 @@ import (
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/loopdev"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // TestMain runs the child roles of the cross-process tests when the test
@@ -84,7 +84,7 @@ type endpoint struct {
 	qp  *QP
 }
 
-func newEndpoint(t testing.TB, path string, access wr.Access) *endpoint {
+func newEndpoint(t testing.TB, path string, access ib.Access) *endpoint {
 	t.Helper()
 	c, err := Dial(path)
 	if err != nil {
@@ -113,7 +113,7 @@ func newEndpoint(t testing.TB, path string, access wr.Access) *endpoint {
 }
 
 // connect brings a and b to RTS, pointed at each other.
-func connect(t testing.TB, a, b *endpoint, access wr.Access) {
+func connect(t testing.TB, a, b *endpoint, access ib.Access) {
 	t.Helper()
 	for _, p := range [][2]*endpoint{{a, b}, {b, a}} {
 		q, peer := p[0].qp, p[1].qp
@@ -122,8 +122,8 @@ func connect(t testing.TB, a, b *endpoint, access wr.Access) {
 			mask proto.QPAttrMask
 		}{
 			{proto.QPAttr{State: proto.Init, Access: access}, proto.AttrState | proto.AttrAccessFlags | proto.AttrPKeyIndex | proto.AttrPort},
-			{proto.QPAttr{State: proto.RTR, DestQPN: peer.QPN, PathMTU: 1024, RQPSN: 100}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN},
-			{proto.QPAttr{State: proto.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrSQPSN | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+			{proto.QPAttr{State: proto.RTR, DestQPN: peer.QPN, PathMTU: 1024, RQPSN: 100}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
+			{proto.QPAttr{State: proto.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrSQPSN | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrMaxQPRdAtomic},
 		}
 		for _, s := range steps {
 			if err := q.Modify(&s.attr, s.mask); err != nil {
@@ -135,9 +135,9 @@ func connect(t testing.TB, a, b *endpoint, access wr.Access) {
 
 // waitWC polls cq until one completion arrives, sleeping on the CQ's
 // doorbell between polls (bounded).
-func waitWC(t testing.TB, cq *CQ) wr.WC {
+func waitWC(t testing.TB, cq *CQ) ib.WC {
 	t.Helper()
-	var wcs [1]wr.WC
+	var wcs [1]ib.WC
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if cq.Poll(wcs[:]) == 1 {
@@ -152,12 +152,12 @@ func waitWC(t testing.TB, cq *CQ) wr.WC {
 	}
 }
 
-const allAccess = wr.LocalWrite | wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic
+const allAccess = ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic
 
 func TestSendWriteReadThroughDaemon(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic)
+	connect(t, a, b, ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic)
 
 	// SEND → RECV, two SGEs on each side.
 	copy(a.mem.Bytes()[0:], "hello, ")
@@ -165,15 +165,15 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	if _, err := b.qp.PostRecv(&proto.RecvWR{ID: 7, SG: []proto.SGE{b.mr.SGE(1000, 4), b.mr.SGE(2000, 100)}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 1, Opcode: wr.SendWithImm, Flags: wr.Signaled, Imm: 0xabc,
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 1, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: 0xabc,
 		SG: []proto.SGE{a.mr.SGE(0, 7), a.mr.SGE(100, 12)}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.ID != 1 || wc.Status != wr.Success || wc.Opcode != wr.WCSend || wc.QPN != a.qp.QPN {
+	if wc := waitWC(t, a.cq); wc.ID != 1 || wc.Status != ib.Success || wc.Opcode != ib.WCSend || wc.QPN != a.qp.QPN {
 		t.Fatalf("send completion %+v", wc)
 	}
 	wc := waitWC(t, b.cq)
-	if wc.ID != 7 || wc.Status != wr.Success || !wc.IsRecv || wc.ByteLen != 19 || wc.Imm != 0xabc || wc.Flags&wr.WCWithImm == 0 || wc.SrcQP != a.qp.QPN {
+	if wc.ID != 7 || wc.Status != ib.Success || !wc.IsRecv || wc.ByteLen != 19 || wc.Imm != 0xabc || wc.Flags&ib.WCWithImm == 0 || wc.SrcQP != a.qp.QPN {
 		t.Fatalf("recv completion %+v", wc)
 	}
 	if got := string(b.mem.Bytes()[1000:1004]) + string(b.mem.Bytes()[2000:2015]); got != "hello, remote world" {
@@ -182,11 +182,11 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 
 	// RDMA WRITE lands directly in b's own buffer (the memfd both map).
 	copy(a.mem.Bytes()[4096:], "written by a")
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []proto.SGE{a.mr.SGE(4096, 12)}, RemoteAddr: b.mr.Addr + 8192, RKey: b.mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCRDMAWrite {
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCRDMAWrite {
 		t.Fatalf("write completion %+v", wc)
 	}
 	if got := string(b.mem.Bytes()[8192:8204]); got != "written by a" {
@@ -194,11 +194,11 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	}
 
 	// Inline RDMA WRITE: the data travels in the SQ slot.
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled | wr.Inline,
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled | ib.Inline,
 		Inline: []byte("inline!"), RemoteAddr: b.mr.Addr + 9000, RKey: b.mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success {
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success {
 		t.Fatalf("inline write completion %+v", wc)
 	}
 	if got := string(b.mem.Bytes()[9000:9007]); got != "inline!" {
@@ -207,11 +207,11 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 
 	// RDMA READ from b into a.
 	copy(b.mem.Bytes()[12000:], "read me back")
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 4, Opcode: wr.RDMARead, Flags: wr.Signaled,
+	if _, err := a.qp.PostSend(&proto.SendWR{ID: 4, Opcode: ib.RDMARead, Flags: ib.Signaled,
 		SG: []proto.SGE{a.mr.SGE(16000, 12)}, RemoteAddr: b.mr.Addr + 12000, RKey: b.mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCRDMARead || wc.ByteLen != 12 {
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCRDMARead || wc.ByteLen != 12 {
 		t.Fatalf("read completion %+v", wc)
 	}
 	if got := string(a.mem.Bytes()[16000:16012]); got != "read me back" {
@@ -220,8 +220,8 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 
 	// Unsignaled WRs produce no completion; the next signaled one does.
 	if _, err := a.qp.PostSend(
-		&proto.SendWR{ID: 5, Opcode: wr.RDMAWrite, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
-		&proto.SendWR{ID: 6, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
+		&proto.SendWR{ID: 5, Opcode: ib.RDMAWrite, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
+		&proto.SendWR{ID: 6, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
 	); err != nil {
 		t.Fatal(err)
 	}
@@ -232,15 +232,15 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	// Atomics: FETCH_AND_ADD then CMP_AND_SWP on an 8-byte word of b's MR;
 	// the original value lands in a's buffer.
 	binary.NativeEndian.PutUint64(b.mem.Bytes()[24000:], 40)
-	a.qp.PostSend(&proto.SendWR{ID: 20, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(32000, 8)},
+	a.qp.PostSend(&proto.SendWR{ID: 20, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(32000, 8)},
 		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, SwapAdd: 2})
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCFetchAdd ||
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCFetchAdd ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32000:]) != 40 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 42 {
 		t.Fatalf("fetch-add: %+v", wc)
 	}
-	a.qp.PostSend(&proto.SendWR{ID: 21, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(32008, 8)},
+	a.qp.PostSend(&proto.SendWR{ID: 21, Opcode: ib.AtomicCmpAndSwp, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(32008, 8)},
 		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, Compare: 42, SwapAdd: 7})
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCCompSwap ||
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCCompSwap ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32008:]) != 42 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 7 {
 		t.Fatalf("compare-swap: %+v", wc)
 	}
@@ -265,9 +265,9 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 // grant.
 func TestClientsAreIsolated(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
-	a := newEndpoint(t, td.path, wr.LocalWrite) // a grants no remote access
+	a := newEndpoint(t, td.path, ib.LocalWrite) // a grants no remote access
 	b := newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite|wr.RemoteRead)
+	connect(t, a, b, ib.RemoteWrite|ib.RemoteRead)
 
 	// b names a's handles on its own connection: not found, and a's objects
 	// are untouched. b's handle numbers coincide with a's, by construction.
@@ -292,30 +292,30 @@ func TestClientsAreIsolated(t *testing.T) {
 	// with a remote access error and writes nothing.
 	copy(b.mem.Bytes(), "intruder")
 	before := append([]byte(nil), a.mem.Bytes()[:64]...)
-	b.qp.PostSend(&proto.SendWR{ID: 9, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
-	if wc := waitWC(t, b.cq); wc.Status != wr.RemAccessErr {
+	b.qp.PostSend(&proto.SendWR{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
+	if wc := waitWC(t, b.cq); wc.Status != ib.RemAccessErr {
 		t.Fatalf("write to a non-remote MR: %v", wc.Status)
 	}
 	if !bytes.Equal(a.mem.Bytes()[:64], before) {
 		t.Fatal("a's memory changed")
 	}
 	// The failed QP is in error now: the next WR is flushed.
-	b.qp.PostSend(&proto.SendWR{ID: 10, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
-	if wc := waitWC(t, b.cq); wc.Status != wr.WRFlushErr || wc.ID != 10 {
+	b.qp.PostSend(&proto.SendWR{ID: 10, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
+	if wc := waitWC(t, b.cq); wc.Status != ib.WRFlushErr || wc.ID != 10 {
 		t.Fatalf("after error: %+v", wc)
 	}
 
 	// A guessed rkey (a's lkey, or a's rkey plus one) is refused too.
 	c, d := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, c, d, wr.RemoteWrite)
+	connect(t, c, d, ib.RemoteWrite)
 	for _, key := range []uint32{d.mr.LKey, d.mr.RKey + 1, a.mr.RKey} {
 		c2, d2 := newEndpoint(t, td.path, allAccess), d
 		_ = c2
-		if _, err := c.qp.PostSend(&proto.SendWR{ID: 11, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{c.mr.SGE(0, 8)}, RemoteAddr: d2.mr.Addr, RKey: key}); err != nil {
+		if _, err := c.qp.PostSend(&proto.SendWR{ID: 11, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{c.mr.SGE(0, 8)}, RemoteAddr: d2.mr.Addr, RKey: key}); err != nil {
 			t.Fatal(err)
 		}
 		wc := waitWC(t, c.cq)
-		if wc.Status != wr.RemAccessErr && wc.Status != wr.WRFlushErr {
+		if wc.Status != ib.RemAccessErr && wc.Status != ib.WRFlushErr {
 			t.Fatalf("rkey %#x: %v", key, wc.Status)
 		}
 	}
@@ -325,10 +325,10 @@ func TestClientsAreIsolated(t *testing.T) {
 
 	// b's local SGE naming a's lkey is a protection error, not a's data.
 	e1, e2 := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, e1, e2, wr.RemoteWrite)
+	connect(t, e1, e2, ib.RemoteWrite)
 	copy(a.mem.Bytes()[:6], "secret")
-	e1.qp.PostSend(&proto.SendWR{ID: 12, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{{Addr: a.mr.Addr, Length: 6, LKey: a.mr.LKey}}, RemoteAddr: e2.mr.Addr, RKey: e2.mr.RKey})
-	if wc := waitWC(t, e1.cq); wc.Status != wr.LocProtErr {
+	e1.qp.PostSend(&proto.SendWR{ID: 12, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{{Addr: a.mr.Addr, Length: 6, LKey: a.mr.LKey}}, RemoteAddr: e2.mr.Addr, RKey: e2.mr.RKey})
+	if wc := waitWC(t, e1.cq); wc.Status != ib.LocProtErr {
 		t.Fatalf("foreign lkey: %v", wc.Status)
 	}
 	if bytes.Contains(e2.mem.Bytes()[:64], []byte("secret")) {
@@ -345,7 +345,7 @@ func TestControlErrors(t *testing.T) {
 	if err := e.cq.Destroy(); !errors.Is(err, unix.EBUSY) {
 		t.Errorf("destroy a CQ with a QP: %v", err)
 	}
-	if _, err := e.pd.RegMR(e.mem, 0, 64, wr.RemoteWrite); !errors.Is(err, unix.EINVAL) {
+	if _, err := e.pd.RegMR(e.mem, 0, 64, ib.RemoteWrite); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("remote write without local write: %v", err)
 	}
 	if _, err := e.c.CreateCQ(1 << 30); !errors.Is(err, unix.EINVAL) {
@@ -353,7 +353,7 @@ func TestControlErrors(t *testing.T) {
 	}
 	// Posting before RTS is refused at once, as ibv_post_send does.
 	f := newEndpoint(t, td.path, allAccess)
-	if _, err := f.qp.PostSend(&proto.SendWR{Opcode: wr.Send}); !errors.Is(err, ErrQPState) {
+	if _, err := f.qp.PostSend(&proto.SendWR{Opcode: ib.Send}); !errors.Is(err, ErrQPState) {
 		t.Errorf("post in RESET: %v", err)
 	}
 	if _, err := f.qp.PostRecv(&proto.RecvWR{SG: make([]proto.SGE, 3)}); !errors.Is(err, ErrQPState) {
@@ -432,7 +432,7 @@ func TestHostileControlMessages(t *testing.T) {
 	}
 	// Registering memory that is not a sealed memfd: a pipe, and an
 	// unsealed memfd that could be truncated under the daemon's mapping.
-	reg := &proto.RegMRReq{PD: 1, Access: wr.LocalWrite, Length: 4096, IOVA: 0x1000}
+	reg := &proto.RegMRReq{PD: 1, Access: ib.LocalWrite, Length: 4096, IOVA: 0x1000}
 	if h, msg := roundTrip(proto.OpRegMR, reg, pipe[0]); h.Errno != uint32(unix.EINVAL) {
 		t.Errorf("MR on a pipe: %v %q", unix.Errno(h.Errno), msg)
 	}
@@ -468,7 +468,7 @@ func TestHostileControlMessages(t *testing.T) {
 func TestGarbageInSQRing(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite)
+	connect(t, a, b, ib.RemoteWrite)
 	s := a.qp.sqp.Reserve()
 	for i := range s {
 		s[i] = 0xff // opcode 255, 255 SGEs
@@ -476,7 +476,7 @@ func TestGarbageInSQRing(t *testing.T) {
 	s[0] = 42
 	a.qp.sqp.Commit()
 	wc := waitWC(t, a.cq)
-	if wc.Status == wr.Success || wc.ID == 0 {
+	if wc.Status == ib.Success || wc.ID == 0 {
 		t.Fatalf("garbage WQE completed %+v", wc)
 	}
 	if td.srv.BadWQEs.Load() == 0 {
@@ -525,7 +525,7 @@ func TestSecondDaemonRefused(t *testing.T) {
 func TestClientDeathReleasesEverything(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	survivor, peer := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, survivor, peer, wr.RemoteWrite)
+	connect(t, survivor, peer, ib.RemoteWrite)
 	_, _, _, q0 := td.dev.Counts()
 
 	cmd, out := startChild(t, "hold", td.path)
@@ -552,8 +552,8 @@ func TestClientDeathReleasesEverything(t *testing.T) {
 	}
 	// The survivors still work.
 	copy(survivor.mem.Bytes(), "still here")
-	survivor.qp.PostSend(&proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.Addr, RKey: peer.mr.RKey})
-	if wc := waitWC(t, survivor.cq); wc.Status != wr.Success || string(peer.mem.Bytes()[:10]) != "still here" {
+	survivor.qp.PostSend(&proto.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.Addr, RKey: peer.mr.RKey})
+	if wc := waitWC(t, survivor.cq); wc.Status != ib.Success || string(peer.mem.Bytes()[:10]) != "still here" {
 		t.Fatalf("survivor: %+v", wc)
 	}
 }
@@ -618,7 +618,7 @@ func TestPeerCredentials(t *testing.T) {
 func TestShutdownFlushes(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite)
+	connect(t, a, b, ib.RemoteWrite)
 	for i := uint64(1); i <= 5; i++ {
 		if _, err := b.qp.PostRecv(&proto.RecvWR{ID: i, SG: []proto.SGE{b.mr.SGE(0, 64)}}); err != nil {
 			t.Fatal(err)
@@ -628,7 +628,7 @@ func TestShutdownFlushes(t *testing.T) {
 	td.srv.Close(time.Second)
 	for i := uint64(1); i <= 5; i++ {
 		wc := waitWC(t, b.cq)
-		if wc.ID != i || wc.Status != wr.WRFlushErr || !wc.IsRecv {
+		if wc.ID != i || wc.Status != ib.WRFlushErr || !wc.IsRecv {
 			t.Fatalf("completion %d: %+v", i, wc)
 		}
 	}
@@ -645,9 +645,9 @@ func TestShutdownFlushes(t *testing.T) {
 func TestPostPollZeroAllocs(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite)
-	w := &proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}
-	var wcs [4]wr.WC
+	connect(t, a, b, ib.RemoteWrite)
+	w := &proto.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}
+	var wcs [4]ib.WC
 	roundTrip := func() {
 		if _, err := a.qp.PostSend(w); err != nil {
 			t.Fatal(err)
@@ -769,13 +769,13 @@ func TestPerClientLimits(t *testing.T) {
 	defer mem.Free()
 	var mrs []*MR
 	for i := 0; i < 3; i++ {
-		mr, err := pd.RegMR(mem, 0, 1<<16, wr.LocalWrite)
+		mr, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite)
 		if err != nil {
 			t.Fatalf("MR %d: %v", i, err)
 		}
 		mrs = append(mrs, mr)
 	}
-	if _, err := pd.RegMR(mem, 0, 4096, wr.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+	if _, err := pd.RegMR(mem, 0, 4096, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
 		t.Fatalf("MR beyond MaxMRBytes: %v", err)
 	}
 	// A deregistered MR still counts while the session could hold
@@ -783,7 +783,7 @@ func TestPerClientLimits(t *testing.T) {
 	if err := mrs[0].Dereg(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.RegMR(mem, 0, 1<<16, wr.LocalWrite); err != nil {
+	if _, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite); err != nil {
 		t.Fatalf("MR after a deregistration: %v", err)
 	}
 	if _, err := c.CreateCQ(4); err != nil { // 5th object

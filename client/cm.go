@@ -7,8 +7,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // rdma_cm through the daemon: the connection manager runs on the daemon's
@@ -72,7 +72,7 @@ type ConnParams struct {
 	Caps           proto.QPCaps
 	// Access is what the peer may do to this client's memory through the
 	// QP.
-	Access wr.Access
+	Access ib.Access
 	// ResponderResources: READs and atomics the peer may have outstanding
 	// at our QP; InitiatorDepth: ours at its. RetryCount, RNRRetry: 0 means 7.
 	ResponderResources, InitiatorDepth uint8

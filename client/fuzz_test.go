@@ -25,7 +25,7 @@ func FuzzControlMessages(f *testing.F) {
 	f.Add(seed(proto.OpAllocPD, nil), true)
 	f.Add(seed(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 16}), true)
 	f.Add(seed(proto.OpCreateQP, &proto.CreateQPReq{PD: 1, SendCQ: 2, RecvCQ: 2, Type: proto.RC, Caps: proto.QPCaps{MaxSendWR: 4}}), true)
-	f.Add(seed(proto.OpModifyQP, &proto.ModifyQPReq{QP: 3, Mask: proto.AttrState, Attr: proto.QPAttr{State: proto.Init}}), true)
+	f.Add(seed(proto.OpModifyQP, &proto.ModifyQPReq{QP: 3, Mask: proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort, Attr: proto.QPAttr{State: proto.Init}}), true)
 	f.Add(seed(proto.OpDeallocPD, &proto.HandleMsg{Handle: 1}), false)
 	f.Add(seed(proto.OpStatus, nil), true)
 	f.Fuzz(func(t *testing.T, in []byte, open bool) {

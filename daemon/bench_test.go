@@ -9,8 +9,9 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // The figure: post-to-completion of a 64-byte SEND, and the SEND
@@ -30,9 +31,9 @@ type peer struct {
 func newPeer(b testing.TB, devB *verbs.Device) *peer {
 	pd := devB.AllocPD()
 	buf := make([]byte, 1<<16)
-	mr, _ := pd.RegMR(buf, verbs.LocalWrite)
+	mr, _ := pd.RegMR(buf, ib.LocalWrite)
 	cq := devB.CreateCQ(1 << 16) // never overrun: a lost completion would lose a repost
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 256, MaxRecvWR: 4096})
+	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 256, MaxRecvWR: 4096})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,7 +42,7 @@ func newPeer(b testing.TB, devB *verbs.Device) *peer {
 	done := make(chan struct{})
 	go func() { // repost a receive for every one consumed
 		defer close(done)
-		wcs := make([]verbs.WC, 1024)
+		wcs := make([]ib.WC, 1024)
 		for {
 			n, err := cq.Wait(ctx, wcs)
 			if err != nil {
@@ -57,17 +58,17 @@ func newPeer(b testing.TB, devB *verbs.Device) *peer {
 }
 
 func (p *peer) repost() {
-	p.qp.PostRecv(verbs.RecvWR{SG: []verbs.SGE{{Addr: p.mr.IOVA(), Length: 64, LKey: p.mr.LKey()}}})
+	p.qp.PostRecv(verbs.RecvWR{SG: []ib.SGE{{Addr: p.mr.IOVA(), Length: 64, LKey: p.mr.LKey()}}})
 }
 
 func (p *peer) connect(b testing.TB, qpn uint32) {
-	if err := p.qp.Modify(verbs.Init, &verbs.Attr{}); err != nil {
+	if err := ibtest.Modify(p.qp, ib.Init, &ib.QPAttr{}); err != nil {
 		b.Fatal(err)
 	}
-	if err := p.qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qpn, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}}); err != nil {
+	if err := ibtest.Modify(p.qp, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qpn, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}}); err != nil {
 		b.Fatal(err)
 	}
-	if err := p.qp.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7}); err != nil {
+	if err := ibtest.Modify(p.qp, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7}); err != nil {
 		b.Fatal(err)
 	}
 	for i := 0; i < 4096; i++ {
@@ -91,7 +92,7 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 	devA, devB, path := twoDevicesSpin(b, spin)
 	p := newPeer(b, devB)
 	var post func(n int) int
-	var poll func(wcs []wr.WC) int
+	var poll func(wcs []ib.WC) int
 	var qpn uint32
 	if viaDaemon {
 		c, err := client.Dial(path)
@@ -102,7 +103,7 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 		pd, _ := c.AllocPD()
 		mem, _ := client.AllocMem(4096)
 		b.Cleanup(func() { mem.Free() })
-		mr, _ := pd.RegMR(mem, 0, 4096, verbs.LocalWrite)
+		mr, _ := pd.RegMR(mem, 0, 4096, ib.LocalWrite)
 		cq, _ := c.CreateCQ(256)
 		qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 64, MaxRecvWR: 1, MaxSendSGE: 1}})
 		if err != nil {
@@ -113,9 +114,9 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 			a proto.QPAttr
 			m proto.QPAttrMask
 		}{
-			{proto.QPAttr{State: proto.Init}, proto.AttrState},
-			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: p.qp.QPN(), DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+			{proto.QPAttr{State: proto.Init}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
+			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: p.qp.QPN(), DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
+			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 		} {
 			if err := qp.Modify(&s.a, s.m); err != nil {
 				b.Fatal(err)
@@ -123,7 +124,7 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 		}
 		ws := make([]*proto.SendWR, window)
 		for i := range ws {
-			ws[i] = &proto.SendWR{Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 64)}}
+			ws[i] = &proto.SendWR{Opcode: ib.Send, Flags: ib.Signaled, SG: []proto.SGE{mr.SGE(0, 64)}}
 		}
 		post = func(n int) int { k, _ := qp.PostSend(ws[:n]...); return k }
 		poll = cq.Poll
@@ -131,27 +132,27 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 	} else {
 		pd := devA.AllocPD()
 		buf := make([]byte, 4096)
-		mr, _ := pd.RegMR(buf, verbs.LocalWrite)
+		mr, _ := pd.RegMR(buf, ib.LocalWrite)
 		cq := devA.CreateCQ(256)
-		qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 64, MaxRecvWR: 1})
+		qp, err := pd.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 64, MaxRecvWR: 1})
 		if err != nil {
 			b.Fatal(err)
 		}
-		qp.Modify(verbs.Init, &verbs.Attr{})
-		if err := qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: p.qp.QPN(), AV: verbs.AddressVector{DestMAC: macB, DestIP: addrB}}); err != nil {
+		ibtest.Modify(qp, ib.Init, &ib.QPAttr{})
+		if err := ibtest.Modify(qp, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: p.qp.QPN(), AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}); err != nil {
 			b.Fatal(err)
 		}
-		qp.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+		ibtest.Modify(qp, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
 		ws := make([]verbs.SendWR, window)
 		for i := range ws {
-			ws[i] = verbs.SendWR{Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}
+			ws[i] = verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}
 		}
 		post = func(n int) int { k, _ := qp.PostSend(ws[:n]...); return k }
 		poll = cq.Poll
 		qpn = qp.QPN()
 	}
 	p.connect(b, qpn)
-	wcs := make([]wr.WC, 64)
+	wcs := make([]ib.WC, 64)
 	run := func(total int) {
 		inflight, posted, done := 0, 0, 0
 		deadline := time.Now().Add(20 * time.Second)
@@ -166,7 +167,7 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 				b.Fatal("the peer's CQ overflowed: harness too slow")
 			}
 			for i := 0; i < n; i++ {
-				if wcs[i].Status != wr.Success {
+				if wcs[i].Status != ib.Success {
 					b.Fatalf("completion %v", wcs[i].Status)
 				}
 			}

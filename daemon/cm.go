@@ -10,9 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // CMDevice is a Device whose RNIC runs rdma_cm for the daemon's clients:
@@ -88,7 +88,7 @@ type CMParams struct {
 	PD                 PD
 	SendCQ, RecvCQ     CQ
 	Caps               proto.QPCaps
-	Access             wr.Access
+	Access             ib.Access
 	ResponderResources uint8
 	InitiatorDepth     uint8
 	RetryCount         uint8
@@ -258,7 +258,7 @@ func (ss *session) cmConn(hdr proto.Header, body []byte, accept bool) (any, []in
 	if err != nil {
 		return nil, nil, err
 	}
-	if req.Access&^(wr.LocalWrite|wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic) != 0 {
+	if req.Access&^(ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic) != 0 {
 		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
 	}
 	ss.mu.Lock()

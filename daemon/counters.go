@@ -7,6 +7,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/verbs"
@@ -307,7 +308,7 @@ func qpStats(q *verbs.QPCounters) proto.QPStats {
 	v[proto.QCtrRespCQEFlushError] = q.CQE.RespFlushErr
 	const cqeValid = 1<<proto.QCtrReqCQEError | 1<<proto.QCtrReqCQEFlushError | 1<<proto.QCtrRespCQEError | 1<<proto.QCtrRespCQEFlushError
 	switch q.Type {
-	case verbs.UD, verbs.GSI:
+	case ib.UD, ib.GSI:
 		s.Type = proto.UD
 		v[proto.QCtrRxPackets] = q.UD.RxReceived
 		v[proto.QCtrOutOfBuffer] = q.UD.RxNoRecv
@@ -316,7 +317,7 @@ func qpStats(q *verbs.QPCounters) proto.QPStats {
 		s.Valid = 1<<proto.QCtrRxPackets | 1<<proto.QCtrOutOfBuffer | 1<<proto.QCtrRxQPDropped | 1<<proto.QCtrRxBadQKey | cqeValid
 	default:
 		s.Type = proto.RC
-		if q.Type == verbs.UC {
+		if q.Type == ib.UC {
 			s.Type = proto.UC
 		}
 		v[proto.QCtrDuplicateRequest] = q.RC.RxDuplicate

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -61,13 +62,13 @@ func TestFillDeviceTable(t *testing.T) {
 	s.RxDropped, s.RxInvalidDescs, s.TxInvalidDescs, s.RxRingFull, s.RxFillRingEmpty, s.TxRingEmptyDescs = 23, 24, 25, 26, 27, 28
 	in.xdp.Oversize = 29
 	in.haveXDP = true
-	rcq := verbs.QPCounters{QPN: 17, Type: verbs.RC}
+	rcq := verbs.QPCounters{QPN: 17, Type: ib.RC}
 	rcq.RC.RxDuplicate, rcq.RC.RxOutOfSeq, rcq.RC.RNRWaits, rcq.RC.Timeouts, rcq.RC.TxRNRNAKs = 100, 200, 300, 400, 500
 	rcq.RC.RxDropped, rcq.RC.TxNAKs, rcq.RC.Retransmits = 600, 700, 800
 	rcq.RC.RxNAKSeqErr, rcq.RC.ImpliedNAKs, rcq.RC.RxWriteReqs, rcq.RC.RxReadReqs, rcq.RC.RxAtomicReqs = 4001, 4002, 4003, 4004, 4005
 	rcq.RC.RxNAKRemAccess, rcq.RC.RxNAKInvReq, rcq.RC.RemAccessErrs, rcq.RC.LocalLengthErrs = 4006, 4007, 4008, 4009
 	rcq.CQE = verbs.CQECounters{ReqErr: 10, ReqFlushErr: 20, RespErr: 30, RespFlushErr: 40}
-	udq := verbs.QPCounters{QPN: 18, Type: verbs.UD}
+	udq := verbs.QPCounters{QPN: 18, Type: ib.UD}
 	udq.UD.RxNoRecv, udq.UD.RxDropped, udq.UD.RxBadQKey = 1000, 2000, 3000
 	udq.CQE = verbs.CQECounters{ReqErr: 1, ReqFlushErr: 2, RespErr: 3, RespFlushErr: 4}
 	in.add(&rcq)

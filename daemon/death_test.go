@@ -18,9 +18,10 @@ import (
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // TestMain runs a client process when the test binary is re-executed with
@@ -43,7 +44,7 @@ func streamingChild(path string) int {
 	}
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 20)
-	mr, err := pd.RegMR(mem, 0, 1<<20, verbs.LocalWrite|verbs.RemoteWrite)
+	mr, err := pd.RegMR(mem, 0, 1<<20, ib.LocalWrite|ib.RemoteWrite)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -67,9 +68,9 @@ func streamingChild(path string) int {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: peerQPN, DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: peerQPN, DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -77,8 +78,8 @@ func streamingChild(path string) int {
 		}
 	}
 	fmt.Println("streaming")
-	w := &proto.SendWR{Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 4096)}, RemoteAddr: peerAddr, RKey: peerRKey}
-	wcs := make([]wr.WC, 64)
+	w := &proto.SendWR{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{mr.SGE(0, 4096)}, RemoteAddr: peerAddr, RKey: peerRKey}
+	wcs := make([]ib.WC, 64)
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		qp.PostSend(w)
 		cq.Poll(wcs)
@@ -122,9 +123,9 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	// The peer on device B: its memory for the child's writes, a QP.
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 1<<20)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite|verbs.RemoteWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite|ib.RemoteWrite)
 	cqB := devB.CreateCQ(1024)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 256})
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 256})
 
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, "-test.run=^$")
@@ -147,9 +148,9 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	if _, err := fmt.Fscan(out, &childQPN, &childRKey, &childAddr); err != nil {
 		t.Fatal("child:", err)
 	}
-	qpB.Modify(verbs.Init, &verbs.Attr{Access: verbs.RemoteWrite})
-	qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: childQPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}})
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 16, RetryCnt: 7, RNRRetry: 7})
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite})
+	ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: childQPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}})
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 16, RetryCnt: 7, RNRRetry: 7})
 	fmt.Fprintf(stdin, "%d %d %d\n", qpB.QPN(), mrB.RKey(), mrB.IOVA())
 	out.ReadString('\n') // the end of the line Fscan read
 	if line, err := out.ReadString('\n'); err != nil || line != "streaming\n" {
@@ -159,15 +160,15 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	// Stream WRITEs into the child's memory from B, and let the child's
 	// own WRITEs flow for a moment; then kill it mid-transfer.
 	writes := 0
-	w := verbs.SendWR{Opcode: verbs.RDMAWrite, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 32768, LKey: mrB.LKey()}}, RemoteAddr: childAddr + 65536, RKey: childRKey}
-	wcs := make([]verbs.WC, 64)
+	w := verbs.SendWR{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 32768, LKey: mrB.LKey()}}, RemoteAddr: childAddr + 65536, RKey: childRKey}
+	wcs := make([]ib.WC, 64)
 	ok := 0
 	for deadline := time.Now().Add(20 * time.Second); ok < 50; {
 		if n, _ := qpB.PostSend(w); n == 1 {
 			writes++
 		}
 		for _, wc := range wcs[:cqB.Poll(wcs)] {
-			if wc.Status != verbs.Success {
+			if wc.Status != ib.Success {
 				t.Fatalf("WRITE into the live child: %v", wc.Status)
 			}
 			ok++
@@ -202,34 +203,34 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, _ := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite)
+	mr, _ := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite|ib.RemoteWrite)
 	cq, _ := c.CreateCQ(16)
 	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	qpB2, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB2, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gid := addrB.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB2.QPN(), DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB2.QPN(), DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	qpB2.Modify(verbs.Init, &verbs.Attr{})
-	qpB2.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}})
-	qpB2.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	ibtest.Modify(qpB2, ib.Init, &ib.QPAttr{})
+	ibtest.Modify(qpB2, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}})
+	ibtest.Modify(qpB2, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
 	copy(bufB[500000:], "after the crash")
 	for cqB.Poll(wcs) > 0 {
 	}
-	qpB2.PostSend(verbs.SendWR{ID: 9, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA() + 500000, Length: 15, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey})
+	qpB2.PostSend(verbs.SendWR{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA() + 500000, Length: 15, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey})
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	for {
@@ -241,7 +242,7 @@ func TestClientKilledMidTransfer(t *testing.T) {
 			break
 		}
 	}
-	if wcs[0].Status != verbs.Success || string(mem.Bytes()[:15]) != "after the crash" {
+	if wcs[0].Status != ib.Success || string(mem.Bytes()[:15]) != "after the crash" {
 		t.Fatalf("new client: %v %q", wcs[0].Status, mem.Bytes()[:15])
 	}
 	t.Logf("%d WRITEs posted into the child, %d completed before the kill", writes, ok)

@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Device is the RNIC the daemon serves to its clients: what the control
@@ -32,7 +32,7 @@ type PD interface {
 	// RegMR registers mem (the daemon's mapping of client memory) at
 	// virtual address iova. Remote READ/WRITE with the rkey land in mem,
 	// which is the client's own buffer.
-	RegMR(mem []byte, iova uint64, access wr.Access) (MR, error)
+	RegMR(mem []byte, iova uint64, access ib.Access) (MR, error)
 	CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ CQ, sigAll bool) (QP, error)
 	Dealloc() error
 }
@@ -49,7 +49,7 @@ type MR interface {
 // CQ is a completion queue.
 type CQ interface {
 	// Poll moves up to len(wcs) completions into wcs, oldest first.
-	Poll(wcs []wr.WC) int
+	Poll(wcs []ib.WC) int
 	Destroy() error
 }
 

@@ -21,9 +21,10 @@ import (
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // The daemon's engine loop (engine.Run) on a real-time in-memory link: a peer RNIC
@@ -67,7 +68,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, _ := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite)
+	mr, _ := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite|ib.RemoteWrite)
 	cq, _ := c.CreateCQ(64)
 	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
 	if err != nil {
@@ -75,26 +76,26 @@ func TestEngineRunWithCapture(t *testing.T) {
 	}
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gidB := addrB.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}})
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
-	qpB.PostRecv(verbs.RecvWR{ID: 1, SG: []verbs.SGE{{Addr: mrB.IOVA() + 40000, Length: 64, LKey: mrB.LKey()}}})
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}})
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	qpB.PostRecv(verbs.RecvWR{ID: 1, SG: []ib.SGE{{Addr: mrB.IOVA() + 40000, Length: 64, LKey: mrB.LKey()}}})
 
 	var file bytes.Buffer
 	sess, err := tap.Start(&file, capture.Options{Format: capture.PCAPNG})
@@ -103,25 +104,25 @@ func TestEngineRunWithCapture(t *testing.T) {
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
-	var wcs [1]verbs.WC
+	var wcs [1]ib.WC
 
 	for i := range bufB[:3000] {
 		bufB[i] = byte(i * 7)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
-	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
+	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
+	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != ib.Success {
 		t.Fatalf("peer WRITE: %v %v", wcs[0].Status, err)
 	}
 	if !bytes.Equal(mem.Bytes()[1000:4000], bufB[:3000]) {
 		t.Fatal("client memory does not hold the written data")
 	}
 	copy(mem.Bytes()[8000:], "reply from the client")
-	qp.PostSend(&proto.SendWR{ID: 3, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(8000, 21)}})
+	qp.PostSend(&proto.SendWR{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: []proto.SGE{mr.SGE(8000, 21)}})
 	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].ID != 1 || string(bufB[40000:40021]) != "reply from the client" {
 		t.Fatalf("peer RECV: %+v %v", wcs[0], err)
 	}
-	var cwc [1]wr.WC
+	var cwc [1]ib.WC
 	for cq.Poll(cwc[:]) == 0 {
 		if wctx.Err() != nil {
 			t.Fatal("client: no completion")
@@ -181,9 +182,9 @@ func TestEngineRunWithCapture(t *testing.T) {
 	if _, err := other.Capture(os.Stdout, client.CaptureOptions{}); !errors.Is(err, unix.EBUSY) {
 		t.Fatalf("second capture: %v", err)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 4, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
-	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
+	qpB.PostSend(verbs.SendWR{ID: 4, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
+	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != ib.Success {
 		t.Fatalf("peer WRITE: %v %v", wcs[0].Status, err)
 	}
 	cst, err := run.Wait()

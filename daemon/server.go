@@ -19,8 +19,8 @@ import (
 
 	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // Options tune a Server.
@@ -502,14 +502,14 @@ func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 // straight into the client's CQ ring (the pump is that ring's only
 // producer, so this keeps it single-producer).
 func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
-	st := wr.LocQPOpErr
-	var se interface{ Status() wr.Status }
+	st := ib.LocQPOpErr
+	var se interface{ Status() ib.WCStatus }
 	if errors.As(err, &se) {
 		st = se.Status()
 	}
-	wc := wr.WC{ID: id, Status: st, QPN: q.qp.QPN(), IsRecv: recv}
+	wc := ib.WC{ID: id, Status: st, QPN: q.qp.QPN(), IsRecv: recv}
 	if recv {
-		wc.Opcode = wr.WCRecv
+		wc.Opcode = ib.WCRecv
 	}
 	cq.mu.Lock()
 	if slot := cq.prod.Reserve(); slot != nil {

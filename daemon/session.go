@@ -15,8 +15,8 @@ import (
 
 	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // session is one client connection and everything it created. Handles index
@@ -75,7 +75,7 @@ type cqObj struct {
 
 	mu       sync.Mutex // serialises the ring's producer (pump, failWR, Close)
 	prod     *shmring.Producer
-	wcs      []wr.WC
+	wcs      []ib.WC
 	overruns uint64
 }
 
@@ -342,10 +342,10 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	if req.Length == 0 || req.Length > uint64(ss.s.dev.Info().MaxMRSize) || req.Offset > 1<<50 {
 		return nil, nil, errf(unix.EINVAL, "MR length %d (offset %d) out of range", req.Length, req.Offset)
 	}
-	if req.Access&^(wr.LocalWrite|wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic) != 0 {
+	if req.Access&^(ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic) != 0 {
 		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
 	}
-	if req.Access&(wr.RemoteWrite|wr.RemoteAtomic) != 0 && req.Access&wr.LocalWrite == 0 {
+	if req.Access&(ib.RemoteWrite|ib.RemoteAtomic) != 0 && req.Access&ib.LocalWrite == 0 {
 		return nil, nil, errf(unix.EINVAL, "remote write or atomic access requires local write (as in verbs)")
 	}
 	if _, carry := bits.Add64(req.IOVA, req.Length, 0); carry != 0 {
@@ -478,7 +478,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		db.Close()
 		return nil, nil, err
 	}
-	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]wr.WC, 64)}
+	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64)}
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {

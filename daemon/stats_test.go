@@ -15,6 +15,8 @@ import (
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
@@ -68,7 +70,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite)
+	mr, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite|ib.RemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,41 +81,41 @@ func TestStatsThroughDaemon(t *testing.T) {
 	}
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 16, MaxRecvWR: 16})
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 16, MaxRecvWR: 16})
 	gidB := addrB.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
 		// MinRNRTimer 1: the peer retries 0.01 ms after the RNR NAK.
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MinRNRTimer: 1}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMinRNRTimer},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MinRNRTimer: 1}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMinRNRTimer | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatalf("client QP to %v: %v", s.a.State, err)
 		}
 	}
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}}); err != nil {
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}}); err != nil {
 		t.Fatal(err)
 	}
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
 	waitB := func(what string) {
 		t.Helper()
-		var wcs [1]verbs.WC
+		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
 		defer wcancel()
-		if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
+		if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != ib.Success {
 			t.Fatalf("%s: %v %v", what, err, wcs[0].Status)
 		}
 	}
 
 	// A SEND before any receive is posted: RNR NAK (or more than one)
 	// until the receive below arrives.
-	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}})
+	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}})
 	rnrSeen := false
 	// Queries filter on the client QP: the daemon's rdma_cm agent has a
 	// GSI QP on the device too (started with the daemon), listed for root.
@@ -128,8 +130,8 @@ func TestStatsThroughDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitB("SEND after RNR")
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 4096, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
+	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 4096, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
 	waitB("WRITE")
 
 	// Quiet link: compare with the device's own counters and the link's.
@@ -171,12 +173,12 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// Errors under mlx5's names: a WRITE with a wrong rkey is refused by
 	// the client's QP (resp_remote_access_errors), which goes to error; a
 	// receive the client posts then is flushed (resp_cqe_flush_error).
-	qpB.PostSend(verbs.SendWR{ID: 3, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a5a})
-	var wcs [1]verbs.WC
+	qpB.PostSend(verbs.SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a5a})
+	var wcs [1]ib.WC
 	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
 	defer wcancel()
-	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.RemAccessErr {
+	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != ib.RemAccessErr {
 		t.Fatalf("WRITE with a wrong rkey: %v %v", err, wcs[0].Status)
 	}
 	if _, err := qp.PostRecv(&proto.RecvWR{ID: 10, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -68,9 +68,9 @@ func (p *CMParams) connParams() (*rdmacm.ConnParams, error) {
 		MaxSGE: sge, MaxInline: int(p.Caps.MaxInline), Access: p.Access,
 		ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth, RetryCount: p.RetryCount, RNRRetry: p.RNRRetry}
 	if r := p.InitRecv; r != nil {
-		sg := make([]verbs.SGE, len(r.SG))
+		sg := make([]ib.SGE, len(r.SG))
 		for i, e := range r.SG {
-			sg[i] = verbs.SGE{Addr: e.Addr, Length: e.Length, LKey: e.LKey}
+			sg[i] = ib.SGE{Addr: e.Addr, Length: e.Length, LKey: e.LKey}
 		}
 		cp.Setup = func(q *verbs.QP) error {
 			_, err := q.PostRecv(verbs.RecvWR{ID: r.ID, SG: sg})
@@ -84,8 +84,7 @@ func (p *CMParams) connParams() (*rdmacm.ConnParams, error) {
 func wrapConn(p *CMParams, c *rdmacm.Conn) (QP, CMConn) {
 	pd := p.PD.(*verbsPD)
 	sge := max(p.Caps.MaxSendSGE, p.Caps.MaxRecvSGE)
-	q := &verbsQP{p: pd, q: c.QP(), sg: make([]verbs.SGE, 0, sge), ahs: map[[16]byte]ahResult{}, resolving: map[[16]byte]bool{}}
-	q.attr.State = proto.RTS
+	q := &verbsQP{p: pd, q: c.QP(), sg: make([]ib.SGE, 0, sge), ahs: map[[16]byte]ahResult{}, resolving: map[[16]byte]bool{}}
 	return q, verbsConn{c}
 }
 

@@ -6,8 +6,8 @@ import (
 	"sync"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // VerbsDevice serves a verbs.Device (the real device model, driven by an
@@ -65,7 +65,7 @@ type verbsPD struct {
 
 func (p *verbsPD) Dealloc() error { return nil }
 
-func (p *verbsPD) RegMR(mem []byte, iova uint64, access wr.Access) (MR, error) {
+func (p *verbsPD) RegMR(mem []byte, iova uint64, access ib.Access) (MR, error) {
 	m, err := p.pd.RegMRIOVA(mem, iova, access)
 	if err != nil {
 		return nil, err
@@ -105,7 +105,7 @@ type verbsCQ struct {
 	done chan struct{}
 }
 
-func (c *verbsCQ) Poll(wcs []wr.WC) int { return c.cq.Poll(wcs) }
+func (c *verbsCQ) Poll(wcs []ib.WC) int { return c.cq.Poll(wcs) }
 
 func (c *verbsCQ) Destroy() error {
 	close(c.stop)
@@ -114,13 +114,13 @@ func (c *verbsCQ) Destroy() error {
 }
 
 func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ CQ, sigAll bool) (QP, error) {
-	t := verbs.RC
+	t := ib.RC
 	switch typ {
 	case proto.RC:
 	case proto.UC:
-		t = verbs.UC
+		t = ib.UC
 	case proto.UD:
-		t = verbs.UD
+		t = ib.UD
 	default:
 		return nil, verbs.ErrInvalid
 	}
@@ -130,22 +130,18 @@ func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ C
 	if err != nil {
 		return nil, err
 	}
-	return &verbsQP{p: p, q: q, sg: make([]verbs.SGE, 0, sge), ahs: map[[16]byte]ahResult{}, resolving: map[[16]byte]bool{}}, nil
+	return &verbsQP{p: p, q: q, sg: make([]ib.SGE, 0, sge), ahs: map[[16]byte]ahResult{}, resolving: map[[16]byte]bool{}}, nil
 }
 
 // verbsQP adapts one verbs QP. PostSend and PostRecv run on the pump
-// goroutine only, so their scratch needs no lock; mu guards attr, which
-// Modify and Query (client goroutines) share.
+// goroutine only, so their scratch needs no lock.
 type verbsQP struct {
-	p    *verbsPD
-	q    *verbs.QP
-	mu   sync.Mutex
-	attr proto.QPAttr
+	p *verbsPD
+	q *verbs.QP
 
-	swr  [1]verbs.SendWR
-	rwr  [1]verbs.RecvWR
-	sg   []verbs.SGE
-	sgid uint8
+	swr [1]verbs.SendWR
+	rwr [1]verbs.RecvWR
+	sg  []ib.SGE
 
 	// UD address handles by destination GID. Resolving a new destination
 	// (the neighbour table, perhaps ARP) must not stall the pump, which
@@ -164,98 +160,34 @@ type ahResult struct {
 func (q *verbsQP) QPN() uint32 { return q.q.QPN() }
 
 func (q *verbsQP) Modify(a *proto.QPAttr, mask proto.QPAttrMask) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	to := verbs.State(q.q.State())
-	if mask&proto.AttrState != 0 {
-		to = verbs.State(a.State)
-	}
-	va := verbs.Attr{Access: a.Access, QKey: a.QKey, PathMTU: int(a.PathMTU), DestQPN: a.DestQPN, RQPSN: a.RQPSN,
-		MaxDestRdAtomic: int(a.MaxDestRdAtomic), MinRNRTimer: a.MinRNRTimer, SQPSN: a.SQPSN, Timeout: a.Timeout,
-		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MaxRdAtomic: int(a.MaxRdAtomic)}
-	if mask&proto.AttrAV != 0 || to == verbs.RTR {
-		dst := netip.AddrFrom16(a.DGID).Unmap()
-		va.AV = verbs.AddressVector{DestIP: dst, SGIDIndex: int(a.SGIDIndex), TrafficClass: a.TrafficClass, HopLimit: a.HopLimit, FlowLabel: a.FlowLabel}
-		if q.q.Type() != verbs.UD && to == verbs.RTR {
-			mac, err := q.p.v.resolveMAC(dst)
-			if err != nil {
-				return err
-			}
-			va.AV.DestMAC = mac
+	va := ib.QPAttr{State: ib.QPState(a.State), Access: a.Access, QKey: a.QKey, PathMTU: a.PathMTU, DestQPN: a.DestQPN,
+		RQPSN: a.RQPSN, MaxDestRdAtomic: a.MaxDestRdAtomic, MinRNRTimer: a.MinRNRTimer, SQPSN: a.SQPSN, Timeout: a.Timeout,
+		RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry, MaxRdAtomic: a.MaxRdAtomic, PKeyIndex: a.PKeyIndex, Port: 1,
+		AV: ib.AddressVector{DGID: a.DGID, SGIDIndex: a.SGIDIndex, TrafficClass: a.TrafficClass, HopLimit: a.HopLimit,
+			FlowLabel: a.FlowLabel}}
+	if mask&proto.AttrAV != 0 && q.q.Type().Connected() {
+		mac, err := q.p.v.resolveMAC(va.AV.DGID.Addr())
+		if err != nil {
+			return err
 		}
+		va.AV.DMAC = mac
 	}
-	if err := q.q.Modify(to, &va); err != nil {
-		return err
-	}
-	if mask&proto.AttrAV != 0 {
-		q.ahMu.Lock()
-		q.sgid = a.SGIDIndex
-		q.ahMu.Unlock()
-	}
-	mergeAttr(&q.attr, a, mask)
-	q.attr.State = proto.QPState(to)
-	return nil
-}
-
-// mergeAttr copies the fields of a that mask names into dst, so that Query
-// reports every attribute as last set (ibv_query_qp).
-func mergeAttr(dst, a *proto.QPAttr, m proto.QPAttrMask) {
-	if m&proto.AttrAccessFlags != 0 {
-		dst.Access = a.Access
-	}
-	if m&proto.AttrPKeyIndex != 0 {
-		dst.PKeyIndex = a.PKeyIndex
-	}
-	if m&proto.AttrQKey != 0 {
-		dst.QKey = a.QKey
-	}
-	if m&proto.AttrAV != 0 {
-		dst.DGID, dst.SGIDIndex, dst.HopLimit, dst.TrafficClass, dst.FlowLabel = a.DGID, a.SGIDIndex, a.HopLimit, a.TrafficClass, a.FlowLabel
-	}
-	if m&proto.AttrPathMTU != 0 {
-		dst.PathMTU = a.PathMTU
-	}
-	if m&proto.AttrTimeout != 0 {
-		dst.Timeout = a.Timeout
-	}
-	if m&proto.AttrRetryCnt != 0 {
-		dst.RetryCnt = a.RetryCnt
-	}
-	if m&proto.AttrRNRRetry != 0 {
-		dst.RNRRetry = a.RNRRetry
-	}
-	if m&proto.AttrRQPSN != 0 {
-		dst.RQPSN = a.RQPSN
-	}
-	if m&proto.AttrMaxQPRdAtomic != 0 {
-		dst.MaxRdAtomic = a.MaxRdAtomic
-	}
-	if m&proto.AttrMinRNRTimer != 0 {
-		dst.MinRNRTimer = a.MinRNRTimer
-	}
-	if m&proto.AttrSQPSN != 0 {
-		dst.SQPSN = a.SQPSN
-	}
-	if m&proto.AttrMaxDestRdAtomc != 0 {
-		dst.MaxDestRdAtomic = a.MaxDestRdAtomic
-	}
-	if m&proto.AttrDestQPN != 0 {
-		dst.DestQPN = a.DestQPN
-	}
+	return q.q.Modify(&va, ib.QPAttrMask(mask))
 }
 
 func (q *verbsQP) Query() (proto.QPAttr, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	a := q.attr
-	a.State = proto.QPState(q.q.State()) // it may have gone to ERR by itself
-	return a, nil
+	a := q.q.Query()
+	return proto.QPAttr{State: proto.QPState(a.State), Timeout: a.Timeout, RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry,
+		MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: a.MaxRdAtomic, MaxDestRdAtomic: a.MaxDestRdAtomic,
+		SGIDIndex: a.AV.SGIDIndex, PathMTU: a.PathMTU, QKey: a.QKey, RQPSN: a.RQPSN, SQPSN: a.SQPSN,
+		DestQPN: a.DestQPN, Access: a.Access, PKeyIndex: a.PKeyIndex, HopLimit: a.AV.HopLimit,
+		TrafficClass: a.AV.TrafficClass, FlowLabel: a.AV.FlowLabel, DGID: a.AV.DGID}, nil
 }
 
-func (q *verbsQP) convertSG(sg []proto.SGE) []verbs.SGE {
+func (q *verbsQP) convertSG(sg []proto.SGE) []ib.SGE {
 	out := q.sg[:0]
 	for _, e := range sg {
-		out = append(out, verbs.SGE{Addr: e.Addr, Length: e.Length, LKey: e.LKey})
+		out = append(out, ib.SGE{Addr: e.Addr, Length: e.Length, LKey: e.LKey})
 	}
 	q.sg = out
 	return out
@@ -265,16 +197,16 @@ func (q *verbsQP) PostSend(w *proto.SendWR) error {
 	s := &q.swr[0]
 	*s = verbs.SendWR{ID: w.ID, Opcode: w.Opcode, Flags: w.Flags, InlineData: w.Inline, Imm: w.Imm, InvRKey: w.InvRKey,
 		RemoteAddr: w.RemoteAddr, RKey: w.RKey, RemoteQPN: w.RemoteQPN, RemoteQKey: w.QKey}
-	if w.Flags&wr.Inline == 0 {
+	if w.Flags&ib.Inline == 0 {
 		s.SG = q.convertSG(w.SG)
 	}
 	switch w.Opcode {
-	case wr.AtomicCmpAndSwp:
+	case ib.AtomicCmpAndSwp:
 		s.CompareAdd, s.Swap = w.Compare, w.SwapAdd
-	case wr.AtomicFetchAndAdd:
+	case ib.AtomicFetchAndAdd:
 		s.CompareAdd = w.SwapAdd
 	}
-	if q.q.Type() == verbs.UD {
+	if q.q.Type() == ib.UD {
 		ah, err := q.ah(w.DGID)
 		if err != nil {
 			return err
@@ -316,10 +248,14 @@ func (q *verbsQP) resolveAH(gid [16]byte) {
 	var r ahResult
 	mac, err := q.p.v.resolveMAC(dst)
 	if err == nil {
-		q.ahMu.Lock()
-		sgid := q.sgid
-		q.ahMu.Unlock()
-		r.ah, r.err = q.p.pd.CreateAH(verbs.AddressVector{DestMAC: mac, DestIP: dst, SGIDIndex: int(sgid)})
+		var sgid uint8 // a UD QP's sends leave from the first GID of the destination's family
+		for i, a := range q.p.v.dev.Config().Addrs {
+			if a.Is4() == dst.Is4() {
+				sgid = uint8(i)
+				break
+			}
+		}
+		r.ah, r.err = q.p.pd.CreateAH(ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(dst), SGIDIndex: sgid})
 	} else {
 		r.err = err
 	}

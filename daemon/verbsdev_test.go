@@ -16,8 +16,9 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 var (
@@ -127,7 +128,7 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,9 +141,9 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 	// The peer: an application on device B, in-process verbs.
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 64, MaxRecvWR: 64})
+	qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 64, MaxRecvWR: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +154,7 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite | ib.RemoteRead}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
 		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), RQPSN: 500, DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4, MinRNRTimer: 12}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
 		{proto.QPAttr{State: proto.RTS, SQPSN: 700, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}, proto.AttrState | proto.AttrSQPSN | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrMaxQPRdAtomic},
 	}
@@ -162,18 +163,18 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 			t.Fatalf("client QP to %v: %v", s.a.State, err)
 		}
 	}
-	if err := qpB.Modify(verbs.Init, &verbs.Attr{}); err != nil {
+	if err := ibtest.Modify(qpB, ib.Init, &ib.QPAttr{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, RQPSN: 700, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}}); err != nil {
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, RQPSN: 700, MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := qpB.Modify(verbs.RTS, &verbs.Attr{SQPSN: 500, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+	if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{SQPSN: 500, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
 		t.Fatal(err)
 	}
-	waitB := func() verbs.WC {
+	waitB := func() ib.WC {
 		t.Helper()
-		var wcs [1]verbs.WC
+		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer wcancel()
 		if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
@@ -181,9 +182,9 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 		}
 		return wcs[0]
 	}
-	waitClient := func() wr.WC {
+	waitClient := func() ib.WC {
 		t.Helper()
-		var wcs [1]wr.WC
+		var wcs [1]ib.WC
 		deadline := time.Now().Add(10 * time.Second)
 		for cq.Poll(wcs[:]) == 0 {
 			if time.Now().After(deadline) {
@@ -198,11 +199,11 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 	// bytes, three packets at MTU 1024.
 	msg := bytes.Repeat([]byte("remote write into client memory. "), 100)[:3000]
 	copy(bufB, msg)
-	if _, err := qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey}); err != nil {
+	if _, err := qpB.PostSend(verbs.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitB(); wc.Status != verbs.Success {
+	if wc := waitB(); wc.Status != ib.Success {
 		t.Fatalf("peer WRITE: %v", wc.Status)
 	}
 	if !bytes.Equal(mem.Bytes()[4096:7096], msg) {
@@ -211,32 +212,32 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 
 	// RDMA READ by the peer from the client's buffer.
 	copy(mem.Bytes()[20000:], "the client's answer")
-	if _, err := qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA() + 8192, Length: 19, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 20000, RKey: mr.RKey}); err != nil {
+	if _, err := qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA() + 8192, Length: 19, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 20000, RKey: mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitB(); wc.Status != verbs.Success || string(bufB[8192:8211]) != "the client's answer" {
+	if wc := waitB(); wc.Status != ib.Success || string(bufB[8192:8211]) != "the client's answer" {
 		t.Fatalf("peer READ: %v %q", wc.Status, bufB[8192:8211])
 	}
 
 	// The client SENDs through its shared-memory SQ; the peer receives.
-	qpB.PostRecv(verbs.RecvWR{ID: 3, SG: []verbs.SGE{{Addr: mrB.IOVA() + 30000, Length: 100, LKey: mrB.LKey()}}})
+	qpB.PostRecv(verbs.RecvWR{ID: 3, SG: []ib.SGE{{Addr: mrB.IOVA() + 30000, Length: 100, LKey: mrB.LKey()}}})
 	copy(mem.Bytes()[100:], "hello from the client process")
-	if _, err := qp.PostSend(&proto.SendWR{ID: 4, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(100, 29)}}); err != nil {
+	if _, err := qp.PostSend(&proto.SendWR{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: []proto.SGE{mr.SGE(100, 29)}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitClient(); wc.ID != 4 || wc.Status != wr.Success {
+	if wc := waitClient(); wc.ID != 4 || wc.Status != ib.Success {
 		t.Fatalf("client SEND: %+v", wc)
 	}
-	if wc := waitB(); wc.ID != 3 || wc.Status != verbs.Success || string(bufB[30000:30029]) != "hello from the client process" {
+	if wc := waitB(); wc.ID != 3 || wc.Status != ib.Success || string(bufB[30000:30029]) != "hello from the client process" {
 		t.Fatalf("peer RECV: %+v %q", wc, bufB[30000:30029])
 	}
 
 	// A wrong rkey: remote access error at the peer, nothing written.
 	before := append([]byte(nil), mem.Bytes()...)
-	qpB.PostSend(verbs.SendWR{ID: 5, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a})
-	if wc := waitB(); wc.Status != verbs.RemAccessErr {
+	qpB.PostSend(verbs.SendWR{ID: 5, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a})
+	if wc := waitB(); wc.Status != ib.RemAccessErr {
 		t.Fatalf("wrong rkey: %v", wc.Status)
 	}
 	if !bytes.Equal(mem.Bytes(), before) {
@@ -261,7 +262,7 @@ func TestVerbsDeviceUD(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(4096)
 	defer mem.Free()
-	mr, _ := pd.RegMR(mem, 0, 4096, verbs.LocalWrite)
+	mr, _ := pd.RegMR(mem, 0, 4096, ib.LocalWrite)
 	cq, _ := c.CreateCQ(16)
 	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.UD, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 8, MaxRecvWR: 8}})
 	if err != nil {
@@ -271,7 +272,7 @@ func TestVerbsDeviceUD(t *testing.T) {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, QKey: 0x11111111}, proto.AttrState | proto.AttrQKey},
+		{proto.QPAttr{State: proto.Init, QKey: 0x11111111}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrQKey},
 		{proto.QPAttr{State: proto.RTR}, proto.AttrState},
 		{proto.QPAttr{State: proto.RTS, SQPSN: 1}, proto.AttrState | proto.AttrSQPSN},
 	} {
@@ -281,51 +282,51 @@ func TestVerbsDeviceUD(t *testing.T) {
 	}
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 4096)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(16)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: cqB, RecvCQ: cqB})
-	qpB.Modify(verbs.Init, &verbs.Attr{QKey: 0x11111111})
-	qpB.Modify(verbs.RTR, &verbs.Attr{})
-	qpB.Modify(verbs.RTS, &verbs.Attr{})
-	if _, err := qpB.PostRecv(verbs.RecvWR{ID: 5, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 1024, LKey: mrB.LKey()}}}); err != nil {
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: cqB, RecvCQ: cqB})
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{QKey: 0x11111111})
+	ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{})
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{})
+	if _, err := qpB.PostRecv(verbs.RecvWR{ID: 5, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 1024, LKey: mrB.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	copy(mem.Bytes(), "datagram through the daemon")
 	gid := addrB.As16()
-	if _, err := qp.PostSend(&proto.SendWR{ID: 6, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 27)},
+	if _, err := qp.PostSend(&proto.SendWR{ID: 6, Opcode: ib.Send, Flags: ib.Signaled, SG: []proto.SGE{mr.SGE(0, 27)},
 		RemoteQPN: qpB.QPN(), QKey: 0x11111111, DGID: [16]byte(gid[:])}); err != nil {
 		t.Fatal(err)
 	}
-	var wcs [1]verbs.WC
+	var wcs [1]ib.WC
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
 		t.Fatal("peer: no UD receive")
 	}
-	if wcs[0].ID != 5 || wcs[0].Status != verbs.Success || wcs[0].SrcQP != qp.QPN || wcs[0].SrcIP != addrA ||
+	if wcs[0].ID != 5 || wcs[0].Status != ib.Success || wcs[0].SrcQP != qp.QPN || wcs[0].SrcIP != addrA ||
 		string(bufB[40:67]) != "datagram through the daemon" {
 		t.Fatalf("UD receive %+v, payload %q", wcs[0], bufB[40:67])
 	}
-	var cwc [1]wr.WC
+	var cwc [1]ib.WC
 	for deadline := time.Now().Add(10 * time.Second); cq.Poll(cwc[:]) == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("client: no UD send completion")
 		}
 		cq.Wait(10 * time.Millisecond)
 	}
-	if cwc[0].ID != 6 || cwc[0].Status != wr.Success {
+	if cwc[0].ID != 6 || cwc[0].Status != ib.Success {
 		t.Fatalf("client UD send completion %+v", cwc[0])
 	}
 	// A destination that does not resolve fails the WR, and only it.
 	bad := netip.MustParseAddr("192.0.2.99").As16()
-	qp.PostSend(&proto.SendWR{ID: 7, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 8)}, RemoteQPN: 1, QKey: 1, DGID: [16]byte(bad[:])})
+	qp.PostSend(&proto.SendWR{ID: 7, Opcode: ib.Send, Flags: ib.Signaled, SG: []proto.SGE{mr.SGE(0, 8)}, RemoteQPN: 1, QKey: 1, DGID: [16]byte(bad[:])})
 	for deadline := time.Now().Add(10 * time.Second); cq.Poll(cwc[:]) == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("client: no completion for an unresolvable destination")
 		}
 		cq.Wait(10 * time.Millisecond)
 	}
-	if cwc[0].ID != 7 || cwc[0].Status == wr.Success {
+	if cwc[0].ID != 7 || cwc[0].Status == ib.Success {
 		t.Fatalf("unresolvable destination: %+v", cwc[0])
 	}
 }

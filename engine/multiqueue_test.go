@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
@@ -89,21 +91,21 @@ func newMQRig(tb testing.TB, nq, mtu, pathMTU, queues, qps, mem int, init func(a
 	conn := func(q *verbs.QP, peer *mqSide, peerQPN uint32) {
 		tb.Helper()
 		for _, st := range []struct {
-			s verbs.State
-			a verbs.Attr
+			s ib.QPState
+			a ib.QPAttr
 		}{
-			{verbs.Init, verbs.Attr{Access: verbs.RemoteWrite | verbs.RemoteRead}},
-			{verbs.RTR, verbs.Attr{PathMTU: pathMTU, DestQPN: peerQPN, MaxDestRdAtomic: 16, MinRNRTimer: 12,
-				AV: verbs.AddressVector{DestMAC: [6]byte(peer.l.MAC), DestIP: peer.l.Addr}}},
-			{verbs.RTS, verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}},
+			{ib.Init, ib.QPAttr{Access: ib.RemoteWrite | ib.RemoteRead}},
+			{ib.RTR, ib.QPAttr{PathMTU: uint32(pathMTU), DestQPN: peerQPN, MaxDestRdAtomic: 16, MinRNRTimer: 12,
+				AV: ib.AddressVector{DMAC: [6]byte(peer.l.MAC), DGID: ib.GIDFrom(peer.l.Addr)}}},
+			{ib.RTS, ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}},
 		} {
-			if err := q.Modify(st.s, &st.a); err != nil {
+			if err := ibtest.Modify(q, st.s, &st.a); err != nil {
 				tb.Fatalf("QP %#x to %v: %v", q.QPN(), st.s, err)
 			}
 		}
 	}
 	for i := 0; i < qps; i++ {
-		x, y := r.a.h.createQP(tb, verbs.RC), r.b.h.createQP(tb, verbs.RC)
+		x, y := r.a.h.createQP(tb, ib.RC), r.b.h.createQP(tb, ib.RC)
 		conn(x, r.b, y.QPN())
 		conn(y, r.a, x.QPN())
 		r.qa, r.qb = append(r.qa, x), append(r.qb, y)
@@ -116,14 +118,14 @@ func (r *mqRig) waitA(tb testing.TB, n int) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	wcs := make([]verbs.WC, 64)
+	wcs := make([]ib.WC, 64)
 	for got := 0; got < n; {
 		k, err := r.a.h.cq.Wait(ctx, wcs[:min(len(wcs), n-got)])
 		if err != nil {
 			tb.Fatalf("%d of %d completions: %v", got, n, err)
 		}
 		for _, w := range wcs[:k] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				tb.Fatalf("completion %+v", w)
 			}
 		}
@@ -168,14 +170,14 @@ func multiQueueRDMA(t *testing.T, mtu, pathMTU int) {
 	ma, mb := r.a.h.mr, r.b.h.mr
 	for i, q := range r.qa {
 		off := uint64(i * size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-			SG:         []verbs.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
 			RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
 			t.Fatal(err)
 		}
 		roff := uint64((qps + i) * size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-			SG:         []verbs.SGE{{Addr: ma.IOVA() + roff, Length: size, LKey: ma.LKey()}},
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+			SG:         []ib.SGE{{Addr: ma.IOVA() + roff, Length: size, LKey: ma.LKey()}},
 			RemoteAddr: mb.IOVA() + roff, RKey: mb.RKey()}); err != nil {
 			t.Fatal(err)
 		}
@@ -235,8 +237,8 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 			ma, mb := r.a.h.mr, r.b.h.mr
 			post := func(q *verbs.QP, i int) {
 				off := uint64(i * size)
-				if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-					SG:         []verbs.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
+				if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+					SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
 					RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
 					b.Fatal(err)
 				}
@@ -248,7 +250,7 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 			for ; posted < min(b.N, qps*depth); posted++ {
 				post(r.qa[posted%qps], posted%qps)
 			}
-			wcs := make([]verbs.WC, 64)
+			wcs := make([]ib.WC, 64)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			for done < b.N {
@@ -257,7 +259,7 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 					b.Fatalf("%d of %d WRITEs: %v", done, b.N, err)
 				}
 				for _, w := range wcs[:k] {
-					if w.Status != verbs.Success {
+					if w.Status != ib.Success {
 						b.Fatalf("completion %+v", w)
 					}
 					done++

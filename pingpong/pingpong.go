@@ -12,6 +12,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -86,10 +87,10 @@ type session struct {
 	res    Result
 
 	swr  [1]verbs.SendWR
-	ssge [1]verbs.SGE
+	ssge [1]ib.SGE
 	rwr  [1]verbs.RecvWR
-	rsge [1]verbs.SGE
-	wcs  [2]verbs.WC
+	rsge [1]ib.SGE
+	wcs  [2]ib.WC
 }
 
 func (s *session) ud() bool { return s.p.Transport == UD }
@@ -176,22 +177,22 @@ func (s *session) setup() error {
 		s.buf[i] = fillByte
 	}
 	s.pd = s.h.Device.AllocPD()
-	if s.mr, err = s.pd.RegMR(s.buf, verbs.LocalWrite); err != nil {
+	if s.mr, err = s.pd.RegMR(s.buf, ib.LocalWrite); err != nil {
 		return err
 	}
 	s.cq = s.h.Device.CreateCQ(s.p.RxDepth + 1)
-	typ := verbs.RC
+	typ := ib.RC
 	if s.ud() {
-		typ = verbs.UD
+		typ = ib.UD
 	}
 	if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{Type: typ, SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: 1, MaxRecvWR: s.p.RxDepth, MaxSGE: 1}); err != nil {
 		return err
 	}
-	init := verbs.Attr{}
+	init, mask := ib.QPAttr{State: ib.Init, Port: 1}, ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags
 	if s.ud() {
-		init.QKey = udQKey
+		init.QKey, mask = udQKey, ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrQKey
 	}
-	if err := s.qp.Modify(verbs.Init, &init); err != nil {
+	if err := s.qp.Modify(&init, mask); err != nil {
 		return err
 	}
 	var r [4]byte
@@ -217,12 +218,12 @@ func (s *session) connect(d Dest) error {
 	if err != nil {
 		return fmt.Errorf("pingpong: no route to %v: %w", peer, err)
 	}
-	av := verbs.AddressVector{DestMAC: mac, DestIP: peer, SGIDIndex: s.gidIdx}
+	av := ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(peer), SGIDIndex: uint8(s.gidIdx)}
 	if s.ud() {
-		if err := s.qp.Modify(verbs.RTR, &verbs.Attr{}); err != nil {
+		if err := s.qp.Modify(&ib.QPAttr{State: ib.RTR}, ib.AttrState); err != nil {
 			return fmt.Errorf("pingpong: QP %#x to RTR: %w", s.local.QPN, err)
 		}
-		if err := s.qp.Modify(verbs.RTS, &verbs.Attr{SQPSN: s.local.PSN}); err != nil {
+		if err := s.qp.Modify(&ib.QPAttr{State: ib.RTS, SQPSN: s.local.PSN}, ib.AttrState|ib.AttrSQPSN); err != nil {
 			return fmt.Errorf("pingpong: QP %#x to RTS: %w", s.local.QPN, err)
 		}
 		av.UDPSrcPort = verbs.UDSourcePort(s.local.QPN) // per QP, as rxe's UD frames
@@ -231,12 +232,14 @@ func (s *session) connect(d Dest) error {
 		}
 		return nil
 	}
-	rtr := verbs.Attr{PathMTU: s.p.MTU, DestQPN: d.QPN, RQPSN: d.PSN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AV: av}
-	if err := s.qp.Modify(verbs.RTR, &rtr); err != nil {
+	rtr := ib.QPAttr{State: ib.RTR, PathMTU: uint32(s.p.MTU), DestQPN: d.QPN, RQPSN: d.PSN, MaxDestRdAtomic: 1, MinRNRTimer: 12, AV: av}
+	if err := s.qp.Modify(&rtr, ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|
+		ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer); err != nil {
 		return fmt.Errorf("pingpong: QP %#x to RTR: %w", s.local.QPN, err)
 	}
-	rts := verbs.Attr{SQPSN: s.local.PSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}
-	if err := s.qp.Modify(verbs.RTS, &rts); err != nil {
+	rts := ib.QPAttr{State: ib.RTS, SQPSN: s.local.PSN, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1}
+	if err := s.qp.Modify(&rts, ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|
+		ib.AttrMaxQPRdAtomic); err != nil {
 		return fmt.Errorf("pingpong: QP %#x to RTS: %w", s.local.QPN, err)
 	}
 	return nil
@@ -245,7 +248,7 @@ func (s *session) connect(d Dest) error {
 // postRecvs posts n receives, all into the one buffer (UD: with its GRH
 // slot), as the stock tools do: only one message is in flight at a time.
 func (s *session) postRecvs(n int) error {
-	s.rsge[0] = verbs.SGE{Addr: s.mr.IOVA(), Length: uint32(len(s.buf)), LKey: s.mr.LKey()}
+	s.rsge[0] = ib.SGE{Addr: s.mr.IOVA(), Length: uint32(len(s.buf)), LKey: s.mr.LKey()}
 	s.rwr[0] = verbs.RecvWR{ID: recvWRID, SG: s.rsge[:]}
 	for range n {
 		if _, err := s.qp.PostRecv(s.rwr[:]...); err != nil {
@@ -262,8 +265,8 @@ func (s *session) postSend() error {
 	if s.ud() {
 		off = grhLen
 	}
-	s.ssge[0] = verbs.SGE{Addr: s.mr.IOVA() + off, Length: uint32(s.p.Size), LKey: s.mr.LKey()}
-	s.swr[0] = verbs.SendWR{ID: sendWRID, Opcode: verbs.Send, Flags: verbs.Signaled, SG: s.ssge[:]}
+	s.ssge[0] = ib.SGE{Addr: s.mr.IOVA() + off, Length: uint32(s.p.Size), LKey: s.mr.LKey()}
+	s.swr[0] = verbs.SendWR{ID: sendWRID, Opcode: ib.Send, Flags: ib.Signaled, SG: s.ssge[:]}
 	if s.ud() {
 		s.swr[0].AH, s.swr[0].RemoteQPN, s.swr[0].RemoteQKey = s.ah, s.remote.QPN, udQKey
 	}
@@ -360,7 +363,7 @@ func (s *session) loop() error {
 			}
 		}
 		for _, wc := range s.wcs[:n] {
-			if wc.Status != verbs.Success {
+			if wc.Status != ib.Success {
 				return fmt.Errorf("pingpong: failed status %v for wr_id %d", wc.Status, wc.ID)
 			}
 			switch wc.ID {
@@ -405,11 +408,11 @@ func (s *session) loop() error {
 // of each page, once, at the end; checking every message whole catches
 // what that cannot). A UD message must come from the peer's QP, behind a
 // GRH slot.
-func (s *session) received(wc *verbs.WC) error {
+func (s *session) received(wc *ib.WC) error {
 	want := uint32(s.p.Size)
 	if s.ud() {
 		want += grhLen
-		if wc.Flags&verbs.WCGRH == 0 || wc.SrcQP != s.remote.QPN {
+		if wc.Flags&ib.WCGRH == 0 || wc.SrcQP != s.remote.QPN {
 			return fmt.Errorf("pingpong: UD message from QP %#x (flags %v), expected QP %#x with a GRH", wc.SrcQP, wc.Flags, s.remote.QPN)
 		}
 	}

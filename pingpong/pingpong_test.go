@@ -23,9 +23,9 @@ import (
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/frame/frametest"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest/runner"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 // capturePath is a real `ibv_rc_pingpong -g 1 -s 4096 -n 20` between two
@@ -384,7 +384,7 @@ func TestSessionNoAllocPerMessage(t *testing.T) {
 	}
 	defer ss.close()
 	markPages(ss.data())
-	wc := verbs.WC{ID: recvWRID, Status: verbs.Success, ByteLen: 4096}
+	wc := ib.WC{ID: recvWRID, Status: ib.Success, ByteLen: 4096}
 	if n := testing.AllocsPerRun(100, func() {
 		if err := ss.received(&wc); err != nil {
 			t.Fatal(err)

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -20,7 +21,7 @@ type ConnParams struct {
 	MaxSGE         int
 	MaxInline      int
 	// Access is what the peer may do to our memory through the QP.
-	Access verbs.Access
+	Access ib.Access
 	// ResponderResources: RDMA READ/atomics the peer may have outstanding
 	// at our QP; InitiatorDepth: those we may have outstanding at its.
 	ResponderResources, InitiatorDepth uint8
@@ -43,12 +44,13 @@ func (p *ConnParams) createQP() (*verbs.QP, error) {
 	if p.PD == nil || p.SendCQ == nil || p.RecvCQ == nil {
 		return nil, errors.New("rdmacm: ConnParams needs a PD and CQs")
 	}
-	q, err := p.PD.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: p.SendCQ, RecvCQ: p.RecvCQ,
+	q, err := p.PD.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: p.SendCQ, RecvCQ: p.RecvCQ,
 		MaxSendWR: p.MaxSendWR, MaxRecvWR: p.MaxRecvWR, MaxSGE: p.MaxSGE, MaxInline: p.MaxInline})
 	if err != nil {
 		return nil, err
 	}
-	if err := q.Modify(verbs.Init, &verbs.Attr{Access: p.Access}); err != nil {
+	if err := q.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: p.Access},
+		ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags); err != nil {
 		q.Destroy()
 		return nil, err
 	}

@@ -3,9 +3,10 @@ package rdmacm_test
 import (
 	"context"
 	"fmt"
-	"github.com/softrnic/softrnic/engine"
 	"net/netip"
 
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/verbs"
@@ -40,13 +41,13 @@ func Example() {
 	// Server: one receive posted before the REP goes out.
 	sdev := server.Device()
 	spd, scq := sdev.AllocPD(), sdev.CreateCQ(8)
-	rbuf, _ := spd.RegMR(make([]byte, 64), verbs.LocalWrite)
+	rbuf, _ := spd.RegMR(make([]byte, 64), ib.LocalWrite)
 	ln, _ := server.Listen(7174, 0)
 	accepted := make(chan *rdmacm.Conn)
 	go func() {
 		c, err := ln.Accept(ctx, &rdmacm.ConnParams{PD: spd, SendCQ: scq, RecvCQ: scq,
 			Setup: func(q *verbs.QP) error {
-				_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []verbs.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}})
+				_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []ib.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}})
 				return err
 			}})
 		if err != nil {
@@ -64,10 +65,10 @@ func Example() {
 		return
 	}
 	sconn := <-accepted
-	msg, _ := cpd.RegMR([]byte("hello through the CM"), verbs.LocalWrite)
-	conn.QP().PostSend(verbs.SendWR{Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: msg.IOVA(), Length: uint32(msg.Len()), LKey: msg.LKey()}}})
-	var wc [1]verbs.WC
+	msg, _ := cpd.RegMR([]byte("hello through the CM"), ib.LocalWrite)
+	conn.QP().PostSend(verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: msg.IOVA(), Length: uint32(msg.Len()), LKey: msg.LKey()}}})
+	var wc [1]ib.WC
 	scq.Wait(ctx, wc[:])
 	fmt.Printf("server got %q from %v\n", rbuf.Bytes()[:wc[0].ByteLen], sconn.Peer())
 

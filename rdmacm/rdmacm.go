@@ -64,6 +64,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -152,7 +153,7 @@ type Agent struct {
 	stop context.CancelFunc
 	done chan struct{}
 	pmtu int
-	wc   [32]verbs.WC
+	wc   [32]ib.WC
 	mads []pendingMAD
 
 	mu        sync.Mutex // guards everything below, and the Manager
@@ -204,18 +205,25 @@ func New(cfg Config) (*Agent, error) {
 	// Sends complete too (signaled, to learn of errors): room for both.
 	a.cq = a.dev.CreateCQ(cfg.RecvDepth + verbs.DefaultDepth)
 	var err error
-	a.gsi, err = a.pd.CreateQP(verbs.QPInitAttr{Type: verbs.GSI, SendCQ: a.cq, RecvCQ: a.cq,
+	a.gsi, err = a.pd.CreateQP(verbs.QPInitAttr{Type: ib.GSI, SendCQ: a.cq, RecvCQ: a.cq,
 		MaxSendWR: verbs.DefaultDepth, MaxRecvWR: cfg.RecvDepth, MaxInline: cm.MADSize})
 	if err != nil {
 		return nil, fmt.Errorf("rdmacm: GSI QP: %w", err)
 	}
-	for _, s := range []verbs.State{verbs.Init, verbs.RTR, verbs.RTS} {
-		if err := a.gsi.Modify(s, nil); err != nil {
+	for _, m := range []struct {
+		attr ib.QPAttr
+		mask ib.QPAttrMask
+	}{
+		{ib.QPAttr{State: ib.Init, QKey: bth.GSIQKey}, ib.AttrState | ib.AttrPKeyIndex | ib.AttrQKey},
+		{ib.QPAttr{State: ib.RTR}, ib.AttrState},
+		{ib.QPAttr{State: ib.RTS}, ib.AttrState | ib.AttrSQPSN},
+	} {
+		if err := a.gsi.Modify(&m.attr, m.mask); err != nil {
 			a.gsi.Destroy()
-			return nil, fmt.Errorf("rdmacm: GSI QP to %v: %w", s, err)
+			return nil, fmt.Errorf("rdmacm: GSI QP to %v: %w", m.attr.State, err)
 		}
 	}
-	a.rbuf, err = a.pd.RegMR(make([]byte, cfg.RecvDepth*(grhLen+cm.MADSize)), verbs.LocalWrite)
+	a.rbuf, err = a.pd.RegMR(make([]byte, cfg.RecvDepth*(grhLen+cm.MADSize)), ib.LocalWrite)
 	if err != nil {
 		a.gsi.Destroy()
 		return nil, err
@@ -244,7 +252,7 @@ func eui64(mac [6]byte) uint64 {
 
 func (a *Agent) postRecv(slot uint64) error {
 	const n = grhLen + cm.MADSize
-	_, err := a.gsi.PostRecv(verbs.RecvWR{ID: slot, SG: []verbs.SGE{{
+	_, err := a.gsi.PostRecv(verbs.RecvWR{ID: slot, SG: []ib.SGE{{
 		Addr: a.rbuf.IOVA() + slot*n, Length: n, LKey: a.rbuf.LKey()}}})
 	return err
 }
@@ -353,7 +361,7 @@ func (a *Agent) run(ctx context.Context) {
 // passive QP still waiting for its RTU establishes the connection, as IBA
 // requires (the RTU was lost and the peer already sends).
 func (a *Agent) asyncEvent(ev verbs.AsyncEvent) {
-	if ev.Type != verbs.EventCommEst {
+	if ev.Type != ib.EventCommEst {
 		return
 	}
 	a.mu.Lock()
@@ -384,16 +392,16 @@ func (a *Agent) poll(ctx context.Context) {
 			if !wc.IsRecv {
 				a.mu.Lock()
 				a.inflight--
-				if wc.Status != verbs.Success {
+				if wc.Status != ib.Success {
 					a.stats.TxErrors++
 				}
 				a.mu.Unlock()
 				continue
 			}
-			if wc.Status == verbs.WRFlushErr {
+			if wc.Status == ib.WRFlushErr {
 				continue // the QP is going away
 			}
-			if wc.Status != verbs.Success || wc.ByteLen != grhLen+cm.MADSize || wc.SrcQP != 1 || !wc.SrcIP.IsValid() {
+			if wc.Status != ib.Success || wc.ByteLen != grhLen+cm.MADSize || wc.SrcQP != 1 || !wc.SrcIP.IsValid() {
 				a.mu.Lock()
 				a.stats.RxBad++
 				a.mu.Unlock()
@@ -499,14 +507,14 @@ func (a *Agent) sendLocked(s *cm.Send) {
 			a.stats.TxDropped++
 			return
 		}
-		ah, err = a.pd.CreateAH(verbs.AddressVector{DestMAC: mac, DestIP: to, SGIDIndex: idx, HopLimit: cm.DefaultHopLimit})
+		ah, err = a.pd.CreateAH(ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(to), SGIDIndex: uint8(idx), HopLimit: cm.DefaultHopLimit})
 		if err != nil {
 			a.stats.TxDropped++
 			return
 		}
 		a.ahs[to] = ah
 	}
-	_, err := a.gsi.PostSend(verbs.SendWR{Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
+	_, err := a.gsi.PostSend(verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
 		InlineData: s.MAD[:], AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
 	if err != nil {
 		a.stats.TxDropped++ // the CM's retransmission covers it
@@ -558,8 +566,9 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 				return
 			}
 		}
-		if err := c.qp.Modify(verbs.RTS, &verbs.Attr{SQPSN: e.QP.SQPSN, Timeout: e.QP.Timeout,
-			RetryCnt: e.QP.RetryCount, RNRRetry: e.QP.RNRRetry, MaxRdAtomic: int(e.QP.MaxRdAtomic)}); err != nil {
+		if err := c.qp.Modify(&ib.QPAttr{State: ib.RTS, SQPSN: e.QP.SQPSN, Timeout: e.QP.Timeout,
+			RetryCnt: e.QP.RetryCount, RNRRetry: e.QP.RNRRetry, MaxRdAtomic: e.QP.MaxRdAtomic},
+			ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|ib.AttrMaxQPRdAtomic); err != nil {
 			a.failLocked(now, c, err)
 			return
 		}
@@ -569,7 +578,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		if c := a.conns[e.ID]; c != nil {
 			err := &RejectedError{Reason: e.Reason, PrivateData: append([]byte(nil), e.Private()...)}
 			if c.established {
-				c.qp.Modify(verbs.Err, nil)
+				c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
 				c.finishLocked(err)
 				return
 			}
@@ -583,7 +592,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		if c := a.conns[e.ID]; c != nil {
 			// ERR flushes the WRs the application still has posted: it
 			// learns of the disconnection from its CQ too, as with rdma_cm.
-			c.qp.Modify(verbs.Err, nil)
+			c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
 			c.finishLocked(ErrDisconnected)
 		}
 	case cm.EventTimeWaitExit:
@@ -600,7 +609,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 func (a *Agent) failLocked(now clock.Time, c *Conn, err error) {
 	a.stats.QPErrors++
 	a.m.Abort(now, c.id)
-	c.qp.Modify(verbs.Err, nil)
+	c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
 	c.finishLocked(fmt.Errorf("rdmacm: QP %#x: %w", c.qp.QPN(), err))
 }
 
@@ -615,8 +624,9 @@ func (a *Agent) toRTR(c *Conn, q *cm.QPAttr) error {
 		return err
 	}
 	mtu := min(cm.MTUBytes(q.PathMTU), a.pmtu)
-	return c.qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: mtu, DestQPN: q.RemoteQPN, RQPSN: q.RQPSN,
-		MaxDestRdAtomic: int(q.MaxDestRdAtomic), MinRNRTimer: c.minRNR,
-		AV: verbs.AddressVector{DestMAC: mac, DestIP: c.peer, SGIDIndex: idx,
-			TrafficClass: q.TrafficClass, HopLimit: q.HopLimit, FlowLabel: q.FlowLabel}})
+	return c.qp.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: uint32(mtu), DestQPN: q.RemoteQPN, RQPSN: q.RQPSN,
+		MaxDestRdAtomic: q.MaxDestRdAtomic, MinRNRTimer: c.minRNR,
+		AV: ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(c.peer), SGIDIndex: uint8(idx),
+			TrafficClass: q.TrafficClass, HopLimit: q.HopLimit, FlowLabel: q.FlowLabel}},
+		ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer)
 }

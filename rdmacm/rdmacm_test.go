@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/softrnic/softrnic/engine"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,9 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
@@ -148,16 +150,16 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 // params is a QP for one connection on h, with n receives of 64 bytes
 // posted in INIT.
 func (h *host) params(t *testing.T, n int) (*ConnParams, *verbs.MR) {
-	mr, err := h.pd.RegMR(make([]byte, 64*max(n, 1)), verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := h.pd.RegMR(make([]byte, 64*max(n, 1)), ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &ConnParams{PD: h.pd, SendCQ: h.cq, RecvCQ: h.cq, MaxRecvWR: max(n, 1),
-		Access:             verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead,
+		Access:             ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead,
 		ResponderResources: 4, InitiatorDepth: 4,
 		Setup: func(q *verbs.QP) error {
 			for i := range n {
-				if _, err := q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{Addr: mr.IOVA() + uint64(64*i), Length: 64, LKey: mr.LKey()}}}); err != nil {
+				if _, err := q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64(64*i), Length: 64, LKey: mr.LKey()}}}); err != nil {
 					return err
 				}
 			}
@@ -166,11 +168,11 @@ func (h *host) params(t *testing.T, n int) (*ConnParams, *verbs.MR) {
 }
 
 // waitWC polls cq until a completion of qp arrives.
-func waitWC(t *testing.T, cq *verbs.CQ, qpn uint32) verbs.WC {
+func waitWC(t *testing.T, cq *verbs.CQ, qpn uint32) ib.WC {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var wc [1]verbs.WC
+	var wc [1]ib.WC
 	for {
 		if _, err := cq.Wait(ctx, wc[:]); err != nil {
 			t.Fatalf("no completion on QP %#x: %v", qpn, err)
@@ -222,28 +224,28 @@ func TestConnectDataDisconnect(t *testing.T) {
 	if !bytes.HasPrefix(cb.PrivateData(), []byte("rep-data")) || !bytes.Equal(ca.PrivateData()[:8], []byte("req-data")) {
 		t.Fatalf("private data: client got %q, server got %q", cb.PrivateData()[:8], ca.PrivateData()[:8])
 	}
-	if ca.Peer() != ipB || cb.Peer() != ipA || cb.QP().State() != verbs.RTS {
+	if ca.Peer() != ipB || cb.Peer() != ipA || cb.QP().State() != ib.RTS {
 		t.Fatalf("peers %v %v, client QP %v", ca.Peer(), cb.Peer(), cb.QP().State())
 	}
 	// SEND B → A.
 	copy(mrb.Bytes(), "hello over rdmacm")
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
 		t.Fatalf("send: %v", wc.Status)
 	}
-	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || wc.ByteLen != 17 || string(mra.Bytes()[:17]) != "hello over rdmacm" {
+	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != ib.Success || wc.ByteLen != 17 || string(mra.Bytes()[:17]) != "hello over rdmacm" {
 		t.Fatalf("recv: %+v %q", wc, mra.Bytes()[:17])
 	}
 	// The server's QP is in RTS (RTU or COMM_EST): it can RDMA WRITE back.
 	copy(mra.Bytes()[32:], "written back")
-	if _, err := ca.QP().PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}); err != nil {
+	if _, err := ca.QP().PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || string(mrb.Bytes()[40:52]) != "written back" {
+	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != ib.Success || string(mrb.Bytes()[40:52]) != "written back" {
 		t.Fatalf("write: %v %q", wc.Status, mrb.Bytes()[40:52])
 	}
 	if err := cb.Disconnect(ctx); err != nil {
@@ -254,7 +256,7 @@ func TestConnectDataDisconnect(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("server never saw the disconnection")
 	}
-	if !errors.Is(ca.Err(), ErrDisconnected) || ca.QP().State() != verbs.Err || cb.QP().State() != verbs.Err {
+	if !errors.Is(ca.Err(), ErrDisconnected) || ca.QP().State() != ib.Err || cb.QP().State() != ib.Err {
 		t.Fatalf("after disconnect: %v, QPs %v %v", ca.Err(), ca.QP().State(), cb.QP().State())
 	}
 	_, sa := a.agent.Stats()
@@ -334,11 +336,11 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 	if sb.Retransmits < 2 || sb.Tx[0] < 3 {
 		t.Fatalf("client CM stats %+v", sb)
 	}
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
 		t.Fatalf("send after retransmitted REQ: %v", wc.Status)
 	}
 }
@@ -366,15 +368,15 @@ func TestRTULost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	ca := <-srv
 	if ca == nil {
 		t.FailNow()
 	}
-	if ca.QP().State() != verbs.RTS {
+	if ca.QP().State() != ib.RTS {
 		t.Fatalf("server QP %v", ca.QP().State())
 	}
 	if s, _ := a.agent.Stats(); s.CommEstFixes != 1 {
@@ -440,22 +442,22 @@ func TestManyConnections(t *testing.T) {
 	for i, s := range cli {
 		msg := fmt.Sprintf("conn %02d", i)
 		copy(s.mr.Bytes(), msg)
-		if _, err := s.c.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}); err != nil {
+		if _, err := s.c.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Every server QP receives one message, and every client's message
 	// arrives once: the CM paired the QPs right.
 	got := 0
-	var wc [16]verbs.WC
+	var wc [16]ib.WC
 	for got < n {
 		k, err := a.cq.Wait(ctx, wc[:])
 		if err != nil {
 			t.Fatalf("%d of %d receives: %v", got, n, err)
 		}
 		for _, w := range wc[:k] {
-			if w.Status != verbs.Success || byQPN[w.QPN].c == nil || w.ByteLen != 7 {
+			if w.Status != ib.Success || byQPN[w.QPN].c == nil || w.ByteLen != 7 {
 				t.Fatalf("%+v", w)
 			}
 			got++
@@ -522,11 +524,11 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("request from %v port %d", s.r.Peer(), s.r.SrcPort())
 	}
 	copy(mrb.Bytes(), "over v6")
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq, s.c.QP().QPN()); wc.Status != verbs.Success || string(mra.Bytes()[:7]) != "over v6" || wc.SrcIP.IsValid() && wc.SrcIP != ip6B {
+	if wc := waitWC(t, a.cq, s.c.QP().QPN()); wc.Status != ib.Success || string(mra.Bytes()[:7]) != "over v6" || wc.SrcIP.IsValid() && wc.SrcIP != ip6B {
 		t.Fatalf("%+v %q", wc, mra.Bytes()[:7])
 	}
 	if err := s.c.Disconnect(ctx); err != nil {
@@ -609,16 +611,16 @@ func TestHostileGSITraffic(t *testing.T) {
 	pd := b.dev.AllocPD()
 	cq := b.dev.CreateCQ(64)
 	// A UD QP of our own on B, sending to A's QP1 with the GSI Q_Key.
-	q, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: cq, RecvCQ: cq, MaxInline: 300})
+	q, err := pd.CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq, MaxInline: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []verbs.State{verbs.Init, verbs.RTR, verbs.RTS} {
-		if err := q.Modify(s, &verbs.Attr{QKey: 0x80010000}); err != nil {
+	for _, s := range []ib.QPState{ib.Init, ib.RTR, ib.RTS} {
+		if err := ibtest.Modify(q, s, &ib.QPAttr{QKey: 0x80010000}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ah, err := pd.CreateAH(verbs.AddressVector{DestMAC: macA, DestIP: ipA})
+	ah, err := pd.CreateAH(ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(ipA)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,13 +629,13 @@ func TestHostileGSITraffic(t *testing.T) {
 		garbage[i] = byte(i * 7)
 	}
 	for i, n := range []int{0, 1, 100, 255, 256, 257, 300} {
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
 			InlineData: append(garbage[:0:0], make([]byte, n)...)[:n], AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// 256 bytes from a QP other than QP1: not a CM MAD either.
-	if _, err := q.PostSend(verbs.SendWR{ID: 9, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
+	if _, err := q.PostSend(verbs.SendWR{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
 		InlineData: garbage, AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
 		t.Fatal(err)
 	}
@@ -745,18 +747,18 @@ func TestLossyLink(t *testing.T) {
 		}
 		msg := fmt.Sprintf("round %02d", i)
 		copy(mrb.Bytes(), msg)
-		if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}); err != nil {
+		if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
-		if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+		if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
 			t.Fatalf("round %d send: %v", i, wc.Status)
 		}
 		ca := <-srv
 		if ca == nil {
 			t.FailNow()
 		}
-		if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || string(mra.Bytes()[:len(msg)]) != msg {
+		if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != ib.Success || string(mra.Bytes()[:len(msg)]) != msg {
 			t.Fatalf("round %d recv: %v %q", i, wc.Status, mra.Bytes()[:len(msg)])
 		}
 		if err := cb.Disconnect(ctx); err != nil {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -40,16 +41,17 @@ func (e *SIDRError) Error() string {
 // PrepareUD moves a freshly created UD QP through INIT, RTR and RTS with
 // rdma_cm's Q_Key, as rdma_create_qp does for an RDMA_PS_UDP ID.
 func PrepareUD(qp *verbs.QP) error {
-	if qp.Type() != verbs.UD {
+	if qp.Type() != ib.UD {
 		return ErrNotUD
 	}
-	if err := qp.Modify(verbs.Init, &verbs.Attr{QKey: UDPQKey}); err != nil {
+	if err := qp.Modify(&ib.QPAttr{State: ib.Init, Port: 1, QKey: UDPQKey},
+		ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrQKey); err != nil {
 		return err
 	}
-	if err := qp.Modify(verbs.RTR, &verbs.Attr{}); err != nil {
+	if err := qp.Modify(&ib.QPAttr{State: ib.RTR}, ib.AttrState); err != nil {
 		return err
 	}
-	return qp.Modify(verbs.RTS, &verbs.Attr{})
+	return qp.Modify(&ib.QPAttr{State: ib.RTS}, ib.AttrState|ib.AttrSQPSN)
 }
 
 // UDPeer is what a resolved UD service tells the active side: where to
@@ -58,7 +60,7 @@ type UDPeer struct {
 	Addr        netip.Addr
 	QPN         uint32
 	QKey        uint32
-	AV          verbs.AddressVector
+	AV          ib.AddressVector
 	PrivateData []byte // the SIDR_REP's
 }
 
@@ -146,7 +148,7 @@ func (a *Agent) sidrEventLocked(e *cm.Event) {
 			r.err = fmt.Errorf("rdmacm: no MAC for %v", w.peer)
 		default:
 			r.p = &UDPeer{Addr: w.peer, QPN: e.QP.RemoteQPN, QKey: e.QKey,
-				AV:          verbs.AddressVector{DestMAC: mac, DestIP: w.peer, SGIDIndex: idx},
+				AV:          ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(w.peer), SGIDIndex: uint8(idx)},
 				PrivateData: append([]byte(nil), e.Private()...)}
 		}
 	}
@@ -254,26 +256,26 @@ func (r *UDRequest) PrivateData() []byte { return r.private }
 
 // AV is an address vector back to the requester, for an AH (the kernel
 // builds the same from the SIDR_REQ's path for the passive side).
-func (r *UDRequest) AV() (verbs.AddressVector, error) {
+func (r *UDRequest) AV() (ib.AddressVector, error) {
 	a := r.agent
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	idx, _, err := a.sgid(r.peer)
 	if err != nil {
-		return verbs.AddressVector{}, err
+		return ib.AddressVector{}, err
 	}
 	mac, ok := a.macs[r.peer]
 	if !ok {
-		return verbs.AddressVector{}, fmt.Errorf("rdmacm: no MAC for %v", r.peer)
+		return ib.AddressVector{}, fmt.Errorf("rdmacm: no MAC for %v", r.peer)
 	}
-	return verbs.AddressVector{DestMAC: mac, DestIP: r.peer, SGIDIndex: idx}, nil
+	return ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(r.peer), SGIDIndex: uint8(idx)}, nil
 }
 
 // Accept answers with qp (a UD QP, prepared with PrepareUD) and rdma_cm's
 // Q_Key: the SIDR_REP of rdma_accept. private goes in the reply (at most
 // cm.SIDRREPPrivateSize bytes).
 func (r *UDRequest) Accept(qp *verbs.QP, private []byte) error {
-	if qp.Type() != verbs.UD {
+	if qp.Type() != ib.UD {
 		return ErrNotUD
 	}
 	return r.reply(&cm.SIDRReplyParams{Status: cm.SIDRSuccess, QPN: qp.QPN(), QKey: UDPQKey, PrivateData: private})

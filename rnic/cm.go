@@ -11,6 +11,7 @@ import (
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -52,7 +53,7 @@ type ConnParams struct {
 	SendCQ, RecvCQ       CQ
 	MaxSendWR, MaxRecvWR int
 	MaxSGE, MaxInline    int
-	Access               Access // what the peer may do through the QP
+	Access               ib.Access // what the peer may do through the QP
 	// ResponderResources, InitiatorDepth: READs and atomics outstanding
 	// at our QP and at the peer's. RetryCount, RNRRetry: 0 means 7.
 	ResponderResources, InitiatorDepth uint8
@@ -83,10 +84,10 @@ func (p *ConnParams) local() (*rdmacm.ConnParams, error) {
 		InitiatorDepth: p.InitiatorDepth, RetryCount: p.RetryCount, RNRRetry: p.RNRRetry}
 	var ws []verbs.RecvWR
 	if r := p.InitRecv; r != nil {
-		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]SGE(nil), r.SG...)})
+		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]ib.SGE(nil), r.SG...)})
 	}
 	for _, r := range p.MoreRecvs {
-		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]SGE(nil), r.SG...)})
+		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]ib.SGE(nil), r.SG...)})
 	}
 	if len(ws) > 0 {
 		cp.Setup = func(q *verbs.QP) error {
@@ -320,13 +321,14 @@ type UDService struct {
 // PrepareUD moves a fresh UD QP through INIT, RTR and RTS with rdma_cm's
 // Q_Key (rdmacm.UDPQKey), as rdmacm.PrepareUD does for a verbs QP.
 func PrepareUD(qp QP) error {
-	if err := qp.Modify(verbs.Init, &verbs.Attr{QKey: rdmacm.UDPQKey}); err != nil {
+	if err := qp.Modify(&ib.QPAttr{State: ib.Init, Port: 1, QKey: rdmacm.UDPQKey},
+		ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrQKey); err != nil {
 		return err
 	}
-	if err := qp.Modify(verbs.RTR, &verbs.Attr{}); err != nil {
+	if err := qp.Modify(&ib.QPAttr{State: ib.RTR}, ib.AttrState); err != nil {
 		return err
 	}
-	return qp.Modify(verbs.RTS, &verbs.Attr{})
+	return qp.Modify(&ib.QPAttr{State: ib.RTS}, ib.AttrState|ib.AttrSQPSN)
 }
 
 var _ UDCM = daemonCM{}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Daemon is the device of a running softrnic daemon, through the client
@@ -57,8 +57,8 @@ func (d *daemonDev) CreateCQ(depth int) (CQ, error) {
 
 type daemonCQ struct{ cq *client.CQ }
 
-func (c daemonCQ) Poll(wcs []WC) int { return c.cq.Poll(wcs) }
-func (c daemonCQ) Destroy() error    { return c.cq.Destroy() }
+func (c daemonCQ) Poll(wcs []ib.WC) int { return c.cq.Poll(wcs) }
+func (c daemonCQ) Destroy() error       { return c.cq.Destroy() }
 
 func (c daemonCQ) Wait(timeout time.Duration) { c.cq.Wait(timeout) }
 
@@ -69,7 +69,7 @@ type daemonPD struct {
 
 func (p *daemonPD) Dealloc() error { return p.pd.Dealloc() }
 
-func (p *daemonPD) RegMR(m Mem, off, n int, iova uint64, access Access) (MR, error) {
+func (p *daemonPD) RegMR(m Mem, off, n int, iova uint64, access ib.Access) (MR, error) {
 	cm, ok := m.(*client.Mem)
 	if !ok {
 		return nil, errors.New("rnic: the daemon registers only memory from its AllocMem")
@@ -100,14 +100,14 @@ type daemonAH struct {
 
 func (a *daemonAH) Dest() netip.Addr { return a.ip }
 
-func (p *daemonPD) CreateAH(av AddressVector) (AH, error) {
-	if !av.DestIP.IsValid() {
+func (p *daemonPD) CreateAH(av ib.AddressVector) (AH, error) {
+	if !av.DGID.Addr().IsValid() {
 		return nil, fmt.Errorf("rnic: address handle without a destination")
 	}
-	return &daemonAH{ip: av.DestIP, gid: av.DestIP.As16()}, nil
+	return &daemonAH{ip: av.DGID.Addr(), gid: av.DGID.Addr().As16()}, nil
 }
 
-var protoType = map[QPType]proto.QPType{verbs.RC: proto.RC, verbs.UC: proto.UC, verbs.UD: proto.UD}
+var protoType = map[ib.QPType]proto.QPType{ib.RC: proto.RC, ib.UC: proto.UC, ib.UD: proto.UD}
 
 func (p *daemonPD) CreateQP(a QPInitAttr) (QP, error) {
 	scq, ok1 := a.SendCQ.(daemonCQ)
@@ -126,7 +126,7 @@ func (p *daemonPD) CreateQP(a QPInitAttr) (QP, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newDaemonQP(q, a.Type == verbs.UD, sge), nil
+	return newDaemonQP(q, a.Type == ib.UD, sge), nil
 }
 
 // newDaemonQP wraps a client QP whose WRs take up to sge SGEs.
@@ -156,35 +156,15 @@ func (q *daemonQP) WithLock(fn func()) { fn() }
 
 func (q *daemonQP) Destroy() error { return q.q.Destroy() }
 
-// Modify sends the attributes the transition takes, with the mask verbs
-// would set for it (ibv_modify_qp).
-func (q *daemonQP) Modify(to State, a *Attr) error {
-	pa := proto.QPAttr{State: proto.QPState(to)}
-	mask := proto.AttrState
-	switch to {
-	case verbs.Init:
-		pa.Access, pa.QKey = a.Access, a.QKey
-		mask |= proto.AttrAccessFlags | proto.AttrPKeyIndex | proto.AttrPort
-		if q.ud {
-			mask = proto.AttrState | proto.AttrQKey | proto.AttrPKeyIndex | proto.AttrPort
-		}
-	case verbs.RTR:
-		if !q.ud {
-			av := &a.AV
-			pa.PathMTU, pa.DestQPN, pa.RQPSN = uint32(a.PathMTU), a.DestQPN, a.RQPSN
-			pa.MaxDestRdAtomic, pa.MinRNRTimer = uint8(min(a.MaxDestRdAtomic, 255)), a.MinRNRTimer
-			pa.DGID, pa.SGIDIndex, pa.TrafficClass, pa.HopLimit, pa.FlowLabel = av.DestIP.As16(), uint8(av.SGIDIndex), av.TrafficClass, av.HopLimit, av.FlowLabel
-			mask |= proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer
-		}
-	case verbs.RTS:
-		pa.SQPSN = a.SQPSN
-		mask |= proto.AttrSQPSN
-		if !q.ud {
-			pa.Timeout, pa.RetryCnt, pa.RNRRetry, pa.MaxRdAtomic = a.Timeout, a.RetryCnt, a.RNRRetry, uint8(min(a.MaxRdAtomic, 255))
-			mask |= proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrMaxQPRdAtomic
-		}
-	}
-	return q.q.Modify(&pa, mask)
+// Modify sends the attributes and their mask to the daemon
+// (ibv_modify_qp): the daemon's device checks them.
+func (q *daemonQP) Modify(a *ib.QPAttr, mask ib.QPAttrMask) error {
+	pa := proto.QPAttr{State: proto.QPState(a.State), Timeout: a.Timeout, RetryCnt: a.RetryCnt, RNRRetry: a.RNRRetry,
+		MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: a.MaxRdAtomic, MaxDestRdAtomic: a.MaxDestRdAtomic,
+		SGIDIndex: a.AV.SGIDIndex, PathMTU: a.PathMTU, QKey: a.QKey, RQPSN: a.RQPSN, SQPSN: a.SQPSN,
+		DestQPN: a.DestQPN, Access: a.Access, PKeyIndex: a.PKeyIndex, HopLimit: a.AV.HopLimit,
+		TrafficClass: a.AV.TrafficClass, FlowLabel: a.AV.FlowLabel, DGID: a.AV.DGID}
+	return q.q.Modify(&pa, proto.QPAttrMask(mask))
 }
 
 func (q *daemonQP) PostSend(w *SendWR) error {
@@ -199,9 +179,9 @@ func (q *daemonQP) PostSend(w *SendWR) error {
 	}
 	s.SG = sg
 	switch w.Opcode {
-	case verbs.AtomicCmpAndSwp:
+	case ib.AtomicCmpAndSwp:
 		s.Compare, s.SwapAdd = w.CompareAdd, w.Swap
-	case verbs.AtomicFetchAndAdd:
+	case ib.AtomicFetchAndAdd:
 		s.SwapAdd = w.CompareAdd
 	}
 	if w.AH != nil {

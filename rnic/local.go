@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -82,7 +83,7 @@ func (d *local) CreateCQ(depth int) (CQ, error) {
 
 type localCQ struct{ cq *verbs.CQ }
 
-func (c localCQ) Poll(wcs []WC) int       { return c.cq.Poll(wcs) }
+func (c localCQ) Poll(wcs []ib.WC) int    { return c.cq.Poll(wcs) }
 func (c localCQ) Destroy() error          { return nil } // verbs CQs are garbage collected
 func (c localCQ) Notify() <-chan struct{} { return c.cq.Notify() }
 
@@ -102,7 +103,7 @@ type localPD struct {
 
 func (p *localPD) Dealloc() error { return nil }
 
-func (p *localPD) RegMR(m Mem, off, n int, iova uint64, access Access) (MR, error) {
+func (p *localPD) RegMR(m Mem, off, n int, iova uint64, access ib.Access) (MR, error) {
 	b := m.Bytes()
 	if off < 0 || n <= 0 || off+n > len(b) {
 		return nil, fmt.Errorf("rnic: MR [%d, %d) outside the %d-byte memory", off, off+n, len(b))
@@ -148,19 +149,19 @@ type localAH struct {
 
 func (a *localAH) Dest() netip.Addr { return a.ip }
 
-func (p *localPD) CreateAH(av AddressVector) (AH, error) {
-	if av.DestMAC == ([6]byte{}) {
-		mac, err := p.destMAC(av.DestIP)
+func (p *localPD) CreateAH(av ib.AddressVector) (AH, error) {
+	if av.DMAC == ([6]byte{}) {
+		mac, err := p.destMAC(av.DGID.Addr())
 		if err != nil {
 			return nil, err
 		}
-		av.DestMAC = mac
+		av.DMAC = mac
 	}
 	ah, err := p.pd.CreateAH(av)
 	if err != nil {
 		return nil, err
 	}
-	return &localAH{ah: ah, ip: av.DestIP}, nil
+	return &localAH{ah: ah, ip: av.DGID.Addr()}, nil
 }
 
 func (p *localPD) CreateQP(a QPInitAttr) (QP, error) {
@@ -193,15 +194,15 @@ func (q *localQP) Destroy() error     { q.q.Destroy(); return nil }
 // CongestionState implements CCQP.
 func (q *localQP) CongestionState() (verbs.CCState, bool) { return q.q.CongestionState() }
 
-func (q *localQP) Modify(to State, a *Attr) error {
-	if to == verbs.RTR && q.p != nil && q.q.Type() != verbs.UD && a.AV.DestMAC == ([6]byte{}) && a.AV.DestIP.IsValid() {
-		mac, err := q.p.destMAC(a.AV.DestIP)
+func (q *localQP) Modify(a *ib.QPAttr, mask ib.QPAttrMask) error {
+	if mask&ib.AttrAV != 0 && q.p != nil && q.q.Type().Connected() && a.AV.DMAC == ([6]byte{}) && a.AV.DGID.Addr().IsValid() {
+		mac, err := q.p.destMAC(a.AV.DGID.Addr())
 		if err != nil {
 			return err
 		}
-		a.AV.DestMAC = mac
+		a.AV.DMAC = mac
 	}
-	return q.q.Modify(to, a)
+	return q.q.Modify(a, mask)
 }
 
 func (q *localQP) PostSend(w *SendWR) error {
@@ -221,7 +222,7 @@ func (q *localQP) PostSend(w *SendWR) error {
 }
 
 func (q *localQP) PostRecv(w *RecvWR) error {
-	q.rwr[0] = *w
+	q.rwr[0] = verbs.RecvWR(*w)
 	_, err := q.q.PostRecv(q.rwr[:]...)
 	return err
 }

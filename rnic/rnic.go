@@ -21,21 +21,15 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
-// The verbs vocabulary the interface speaks.
-type (
-	SGE           = verbs.SGE
-	RecvWR        = verbs.RecvWR
-	WC            = wr.WC
-	Access        = wr.Access
-	Attr          = verbs.Attr
-	AddressVector = verbs.AddressVector
-	State         = verbs.State
-	QPType        = verbs.QPType
-)
+// RecvWR is a receive work request (ibv_recv_wr).
+type RecvWR struct {
+	ID uint64
+	SG []ib.SGE
+}
 
 // ErrQueueFull is PostSend's and PostRecv's "the work queue is full, poll
 // and try again", from either RNIC (it is verbs.ErrQueueFull).
@@ -69,11 +63,11 @@ type Mem interface {
 type PD interface {
 	// RegMR registers bytes [off, off+n) of m at virtual address iova (0:
 	// the memory's own address), with the given access.
-	RegMR(m Mem, off, n int, iova uint64, access Access) (MR, error)
+	RegMR(m Mem, off, n int, iova uint64, access ib.Access) (MR, error)
 	CreateQP(a QPInitAttr) (QP, error)
 	// CreateAH makes a UD destination. DestMAC need not be set: the RNIC
 	// resolves DestIP itself.
-	CreateAH(av AddressVector) (AH, error)
+	CreateAH(av ib.AddressVector) (AH, error)
 	Dealloc() error
 }
 
@@ -88,7 +82,7 @@ type MR interface {
 // CQ is a completion queue.
 type CQ interface {
 	// Poll moves up to len(wcs) completions into wcs, oldest first.
-	Poll(wcs []WC) int
+	Poll(wcs []ib.WC) int
 	// Wait sleeps until the CQ may hold a new completion or timeout
 	// passes: for a tool with nothing to do until the peer answers.
 	Wait(timeout time.Duration)
@@ -103,7 +97,7 @@ type AH interface {
 
 // QPInitAttr describes a QP at creation (ibv_qp_init_attr).
 type QPInitAttr struct {
-	Type                 QPType // verbs.RC, UC or UD
+	Type                 ib.QPType // verbs.RC, UC or UD
 	SendCQ, RecvCQ       CQ
 	MaxSendWR, MaxRecvWR int
 	MaxSGE               int // per WR, send and receive
@@ -114,10 +108,10 @@ type QPInitAttr struct {
 // QP is a queue pair.
 type QP interface {
 	QPN() uint32
-	// Modify moves the QP to state to with the attributes that transition
-	// takes (verbs.QP.Modify's rules). a.AV.DestMAC need not be set: the
-	// RNIC resolves a.AV.DestIP.
-	Modify(to State, a *Attr) error
+	// Modify changes the QP's attributes and state as ibv_modify_qp
+	// (verbs.QP.Modify's rules). attr.AV.DMAC need not be set: the RNIC
+	// resolves attr.AV.DGID.
+	Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error
 	// PostSend posts one send WR; ErrQueueFull when the send queue is full.
 	PostSend(w *SendWR) error
 	// PostRecv posts one receive WR; ErrQueueFull when the queue is full.
@@ -133,10 +127,10 @@ type QP interface {
 // UD destination that either RNIC can make (PD.CreateAH).
 type SendWR struct {
 	ID         uint64
-	Opcode     wr.Opcode
-	Flags      wr.Flags
-	SG         []SGE
-	InlineData []byte // with wr.Inline: copied at post time instead of SG
+	Opcode     ib.WROpcode
+	Flags      ib.SendFlags
+	SG         []ib.SGE
+	InlineData []byte // with ib.Inline: copied at post time instead of SG
 	Imm        uint32
 	RemoteAddr uint64 // RDMA and atomics
 	RKey       uint32

@@ -14,6 +14,7 @@ import (
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
@@ -82,11 +83,12 @@ type end struct {
 	mr  rnic.MR
 	cq  rnic.CQ
 	qp  rnic.QP
+	typ ib.QPType
 	ah  rnic.AH
-	wcs [4]rnic.WC
+	wcs [4]ib.WC
 }
 
-func newEnd(t testing.TB, dev rnic.Device, typ rnic.QPType) *end {
+func newEnd(t testing.TB, dev rnic.Device, typ ib.QPType) *end {
 	e := &end{}
 	var err error
 	if e.mem, err = dev.AllocMem(1 << 16); err != nil {
@@ -96,7 +98,7 @@ func newEnd(t testing.TB, dev rnic.Device, typ rnic.QPType) *end {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.mr, err = pd.RegMR(e.mem, 0, 1<<16, 0x7000_0000, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead); err != nil {
+	if e.mr, err = pd.RegMR(e.mem, 0, 1<<16, 0x7000_0000, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead); err != nil {
 		t.Fatal(err)
 	}
 	if e.cq, err = dev.CreateCQ(256); err != nil {
@@ -112,17 +114,21 @@ func newEnd(t testing.TB, dev rnic.Device, typ rnic.QPType) *end {
 		pd.Dealloc()
 		e.mem.Free()
 	})
-	init := rnic.Attr{Access: verbs.RemoteWrite | verbs.RemoteRead, QKey: 0x11111111}
-	switch typ {
-	case verbs.UD:
-		init.Access = 0
-	case verbs.UC:
-		init.Access = verbs.RemoteWrite // UC has no READ
+	e.typ = typ
+	init := ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead, QKey: 0x11111111}
+	if typ == ib.UC {
+		init.Access = ib.RemoteWrite // UC has no READ
 	}
-	if err := e.qp.Modify(verbs.Init, &init); err != nil {
+	if err := e.qp.Modify(&init, mask(typ, ib.Reset, ib.Init)); err != nil {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// mask is the attribute mask IBA requires of the transition.
+func mask(t ib.QPType, from, to ib.QPState) ib.QPAttrMask {
+	req, _, _ := ib.Transition(t, from, to)
+	return ib.AttrState | req
 }
 
 // connect moves x and y to RTS toward each other (UD: address handles).
@@ -132,25 +138,23 @@ func connect(t testing.TB, x, y *end, xIP, yIP netip.Addr, ud bool) {
 		peer *end
 		ip   netip.Addr
 	}{{x, y, yIP}, {y, x, xIP}} {
-		rtr := rnic.Attr{PathMTU: 1024, DestQPN: s.peer.qp.QPN(), RQPSN: 100, MaxDestRdAtomic: 4, AV: rnic.AddressVector{DestIP: s.ip}}
-		rts := rnic.Attr{SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}
-		if ud {
-			rtr, rts = rnic.Attr{}, rnic.Attr{SQPSN: 100}
-		}
-		if err := s.e.qp.Modify(verbs.RTR, &rtr); err != nil {
+		rtr := ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: s.peer.qp.QPN(), RQPSN: 100, MaxDestRdAtomic: 4,
+			AV: ib.AddressVector{DGID: ib.GIDFrom(s.ip)}}
+		rts := ib.QPAttr{State: ib.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}
+		if err := s.e.qp.Modify(&rtr, mask(s.e.typ, ib.Init, ib.RTR)); err != nil {
 			t.Fatalf("RTR: %v", err)
 		}
-		if err := s.e.qp.Modify(verbs.RTS, &rts); err != nil {
+		if err := s.e.qp.Modify(&rts, mask(s.e.typ, ib.RTR, ib.RTS)); err != nil {
 			t.Fatalf("RTS: %v", err)
 		}
 	}
 }
 
 // wait polls e's CQ for one completion, bounded in tries, yielding between.
-func (e *end) wait(t testing.TB) rnic.WC {
+func (e *end) wait(t testing.TB) ib.WC {
 	for i := 0; i < 50_000_000; i++ {
 		if e.cq.Poll(e.wcs[:1]) == 1 {
-			if e.wcs[0].Status != verbs.Success {
+			if e.wcs[0].Status != ib.Success {
 				t.Fatalf("completion %+v", e.wcs[0])
 			}
 			return e.wcs[0]
@@ -158,7 +162,7 @@ func (e *end) wait(t testing.TB) rnic.WC {
 		runtime.Gosched()
 	}
 	t.Fatal("no completion")
-	return rnic.WC{}
+	return ib.WC{}
 }
 
 // sync waits until the daemon holds every receive posted on e (no-op in
@@ -197,16 +201,16 @@ func pairs(tb *testbed) []struct {
 func TestVerbsOnBothRNICs(t *testing.T) {
 	tb := newTestbed(t)
 	for _, p := range pairs(tb) {
-		for _, typ := range []rnic.QPType{verbs.RC, verbs.UC, verbs.UD} {
+		for _, typ := range []ib.QPType{ib.RC, ib.UC, ib.UD} {
 			t.Run(p.name+"/"+typ.String(), func(t *testing.T) {
 				x, y := newEnd(t, p.x, typ), newEnd(t, p.y, typ)
-				ud := typ == verbs.UD
+				ud := typ == ib.UD
 				connect(t, x, y, p.xIP, p.yIP, ud)
 				var ah rnic.AH
 				if ud {
 					pd, _ := p.x.AllocPD()
 					var err error
-					if ah, err = pd.CreateAH(rnic.AddressVector{DestIP: p.yIP}); err != nil {
+					if ah, err = pd.CreateAH(ib.AddressVector{DGID: ib.GIDFrom(p.yIP)}); err != nil {
 						t.Fatal(err)
 					}
 					if ah.Dest() != p.yIP {
@@ -215,12 +219,12 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 				}
 				// SEND.
 				copy(x.mem.Bytes()[100:], "hello through either RNIC")
-				rsg := []rnic.SGE{{Addr: y.mr.IOVA() + 1000, Length: 200, LKey: y.mr.LKey()}}
+				rsg := []ib.SGE{{Addr: y.mr.IOVA() + 1000, Length: 200, LKey: y.mr.LKey()}}
 				if err := y.qp.PostRecv(&rnic.RecvWR{ID: 7, SG: rsg}); err != nil {
 					t.Fatal(err)
 				}
 				y.sync(t)
-				w := &rnic.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: x.mr.IOVA() + 100, Length: 25, LKey: x.mr.LKey()}},
+				w := &rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 100, Length: 25, LKey: x.mr.LKey()}},
 					AH: ah, RemoteQPN: y.qp.QPN(), RemoteQKey: 0x11111111}
 				if err := x.qp.PostSend(w); err != nil {
 					t.Fatal(err)
@@ -241,7 +245,7 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 				}
 				// WRITE.
 				copy(x.mem.Bytes()[200:], "written")
-				*w = rnic.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: x.mr.IOVA() + 200, Length: 7, LKey: x.mr.LKey()}},
+				*w = rnic.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 200, Length: 7, LKey: x.mr.LKey()}},
 					RemoteAddr: y.mr.IOVA() + 5000, RKey: y.mr.RKey()}
 				if err := x.qp.PostSend(w); err != nil {
 					t.Fatal(err)
@@ -253,7 +257,7 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 					y.qp.WithLock(func() { s = string(y.mem.Bytes()[5000:5007]) })
 					return s
 				}
-				if typ == verbs.UC {
+				if typ == ib.UC {
 					// A UC WRITE completes when sent: wait for its arrival.
 					for i := 0; i < 5000 && peerMem() != "written"; i++ {
 						time.Sleep(time.Millisecond)
@@ -262,12 +266,12 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 				if got := peerMem(); got != "written" {
 					t.Fatalf("peer memory %q after WRITE", got)
 				}
-				if typ == verbs.UC {
+				if typ == ib.UC {
 					return
 				}
 				// READ.
 				y.qp.WithLock(func() { copy(y.mem.Bytes()[6000:], "read back") })
-				*w = rnic.SendWR{ID: 3, Opcode: verbs.RDMARead, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: x.mr.IOVA() + 300, Length: 9, LKey: x.mr.LKey()}},
+				*w = rnic.SendWR{ID: 3, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 300, Length: 9, LKey: x.mr.LKey()}},
 					RemoteAddr: y.mr.IOVA() + 6000, RKey: y.mr.RKey()}
 				if err := x.qp.PostSend(w); err != nil {
 					t.Fatal(err)
@@ -288,10 +292,10 @@ func TestPostPollAllocationFree(t *testing.T) {
 	tb := newTestbed(t)
 	for _, p := range pairs(tb) {
 		t.Run(p.name, func(t *testing.T) {
-			x, y := newEnd(t, p.x, verbs.RC), newEnd(t, p.y, verbs.RC)
+			x, y := newEnd(t, p.x, ib.RC), newEnd(t, p.y, ib.RC)
 			connect(t, x, y, p.xIP, p.yIP, false)
-			rwr := &rnic.RecvWR{ID: 1, SG: []rnic.SGE{{Addr: y.mr.IOVA(), Length: 64, LKey: y.mr.LKey()}}}
-			swr := &rnic.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: x.mr.IOVA(), Length: 64, LKey: x.mr.LKey()}}}
+			rwr := &rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: y.mr.IOVA(), Length: 64, LKey: y.mr.LKey()}}}
+			swr := &rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA(), Length: 64, LKey: x.mr.LKey()}}}
 			// Receives run 32 ahead of the SENDs, as a tool keeps its RQ
 			// filled: one posted now serves a SEND 32 messages later.
 			for range 32 {
@@ -333,12 +337,12 @@ func BenchmarkPingPong64(b *testing.B) {
 			if side == "daemon" {
 				x = tb.d
 			}
-			ex, ey := newEnd(b, x, verbs.RC), newEnd(b, tb.b, verbs.RC)
+			ex, ey := newEnd(b, x, ib.RC), newEnd(b, tb.b, ib.RC)
 			connect(b, ex, ey, addrA, addrB, false)
-			xr := &rnic.RecvWR{ID: 1, SG: []rnic.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
-			yr := &rnic.RecvWR{ID: 1, SG: []rnic.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
-			xs := &rnic.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
-			ys := &rnic.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []rnic.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
+			xr := &rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
+			yr := &rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
+			xs := &rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
+			ys := &rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
 			for range 16 {
 				ex.qp.PostRecv(xr)
 				ey.qp.PostRecv(yr)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
@@ -44,13 +45,13 @@ func TestDaemonUDCM(t *testing.T) {
 	}
 
 	// The daemon's side: a UD QP (PrepareUD) with a receive posted.
-	d := newEnd(t, tb.d, verbs.RC) // memory, MR and CQ; its RC QP for the refusal
+	d := newEnd(t, tb.d, ib.RC) // memory, MR and CQ; its RC QP for the refusal
 	pdD, _ := tb.d.AllocPD()
-	mrD, err := pdD.RegMR(d.mem, 0, 1<<16, 0, verbs.LocalWrite)
+	mrD, err := pdD.RegMR(d.mem, 0, 1<<16, 0, ib.LocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
-	qpD, err := pdD.CreateQP(rnic.QPInitAttr{Type: verbs.UD, SendCQ: d.cq, RecvCQ: d.cq, MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
+	qpD, err := pdD.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: d.cq, RecvCQ: d.cq, MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestDaemonUDCM(t *testing.T) {
 		t.Fatal(err)
 	}
 	base := mrD.IOVA()
-	if err := qpD.PostRecv(&rnic.RecvWR{ID: 9, SG: []rnic.SGE{{Addr: base, Length: 40 + 64, LKey: mrD.LKey()}}}); err != nil {
+	if err := qpD.PostRecv(&rnic.RecvWR{ID: 9, SG: []ib.SGE{{Addr: base, Length: 40 + 64, LKey: mrD.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	if rs, ok := qpD.(rnic.RecvSyncer); ok {
@@ -98,7 +99,7 @@ func TestDaemonUDCM(t *testing.T) {
 	// from to what it learnt.
 	pdB, _ := tb.b.AllocPD()
 	cqB, _ := tb.b.CreateCQ(8)
-	vqp, err := rnic.VerbsPD(pdB).CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: rnic.VerbsCQ(cqB), RecvCQ: rnic.VerbsCQ(cqB), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
+	vqp, err := rnic.VerbsPD(pdB).CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: rnic.VerbsCQ(cqB), RecvCQ: rnic.VerbsCQ(cqB), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,19 +107,19 @@ func TestDaemonUDCM(t *testing.T) {
 		t.Fatal(err)
 	}
 	qpB := rnic.LocalQP(pdB, vqp)
-	ah, err := pdB.CreateAH(rnic.AddressVector{DestIP: addrA})
+	ah, err := pdB.CreateAH(ib.AddressVector{DGID: ib.GIDFrom(addrA)})
 	if err != nil {
 		t.Fatal(err)
 	}
 	msg := []byte("found through SIDR, through the daemon")
 	memB, _ := tb.b.AllocMem(4096)
-	mrB, err := pdB.RegMR(memB, 0, 4096, 0, verbs.LocalWrite)
+	mrB, err := pdB.RegMR(memB, 0, 4096, 0, ib.LocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	copy(memB.Bytes(), msg)
-	if err := qpB.PostSend(&rnic.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []rnic.SGE{{Addr: mrB.IOVA(), Length: uint32(len(msg)), LKey: mrB.LKey()}},
+	if err := qpB.PostSend(&rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: uint32(len(msg)), LKey: mrB.LKey()}},
 		AH: ah, RemoteQPN: got.p.QPN, RemoteQKey: got.p.QKey}); err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -16,20 +17,20 @@ type pingPair struct {
 	dst     *MR
 	send    SendWR
 	recv    RecvWR
-	wcs     [64]WC
+	wcs     [64]ib.WC
 	sent    int
 	done    int
 	packets int
 }
 
-func newPingPair(tb testing.TB, op Opcode, size, mtu int) *pingPair {
+func newPingPair(tb testing.TB, op ib.WROpcode, size, mtu int) *pingPair {
 	p := &pingPair{tb: newTestbed(tb, memlink.Impairments{}, 1, mtu)}
-	p.qa, p.qb = p.tb.connect(RC, mtu, LocalWrite|RemoteWrite, 256)
-	p.src, _ = p.tb.a.pd.RegMR(make([]byte, size), LocalWrite)
-	p.dst, _ = p.tb.b.pd.RegMR(make([]byte, size), LocalWrite|RemoteWrite)
-	p.send = SendWR{Opcode: op, Flags: Signaled, SG: []SGE{{Addr: p.src.IOVA(), Length: uint32(size), LKey: p.src.LKey()}},
+	p.qa, p.qb = p.tb.connect(ib.RC, mtu, ib.LocalWrite|ib.RemoteWrite, 256)
+	p.src, _ = p.tb.a.pd.RegMR(make([]byte, size), ib.LocalWrite)
+	p.dst, _ = p.tb.b.pd.RegMR(make([]byte, size), ib.LocalWrite|ib.RemoteWrite)
+	p.send = SendWR{Opcode: op, Flags: ib.Signaled, SG: []ib.SGE{{Addr: p.src.IOVA(), Length: uint32(size), LKey: p.src.LKey()}},
 		RemoteAddr: p.dst.IOVA(), RKey: p.dst.RKey()}
-	p.recv = RecvWR{SG: []SGE{{Addr: p.dst.IOVA(), Length: uint32(size), LKey: p.dst.LKey()}}}
+	p.recv = RecvWR{SG: []ib.SGE{{Addr: p.dst.IOVA(), Length: uint32(size), LKey: p.dst.LKey()}}}
 	return p
 }
 
@@ -40,7 +41,7 @@ func (p *pingPair) stream(n int) {
 	target := p.done + n
 	for p.done < target {
 		for p.sent < target && p.sent-p.done < 128 {
-			if p.send.Opcode == Send {
+			if p.send.Opcode == ib.Send {
 				if _, err := p.qb.PostRecv(p.recv); err != nil {
 					break
 				}
@@ -80,9 +81,9 @@ func (p *pingPair) stream(n int) {
 // posting, both engines, the link and polling.
 func TestSteadyStateAllocs(t *testing.T) {
 	for _, c := range []struct {
-		op   Opcode
+		op   ib.WROpcode
 		size int
-	}{{Send, 64}, {RDMAWrite, 4096}} {
+	}{{ib.Send, 64}, {ib.RDMAWrite, 4096}} {
 		p := newPingPair(t, c.op, c.size, 4096)
 		p.stream(2000) // warm up: rings and slices reach their size
 		p.packets = 0
@@ -101,9 +102,9 @@ func TestSteadyStateAllocs(t *testing.T) {
 func BenchmarkRCPair(b *testing.B) {
 	for _, c := range []struct {
 		name string
-		op   Opcode
+		op   ib.WROpcode
 		size int
-	}{{"SEND64B", Send, 64}, {"WRITE4KiB", RDMAWrite, 4096}} {
+	}{{"SEND64B", ib.Send, 64}, {"WRITE4KiB", ib.RDMAWrite, 4096}} {
 		b.Run(c.name, func(b *testing.B) {
 			p := newPingPair(b, c.op, c.size, 4096)
 			p.stream(1000)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -24,10 +25,10 @@ func TestConcurrentApplications(t *testing.T) {
 	}
 	var as []app
 	for i := 0; i < apps; i++ {
-		qa, qb := tb.connect(RC, 1024, LocalWrite, 32)
-		src, _ := tb.a.pd.RegMR(make([]byte, msgs*size), LocalWrite)
+		qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 32)
+		src, _ := tb.a.pd.RegMR(make([]byte, msgs*size), ib.LocalWrite)
 		pattern(src.Bytes(), uint64(i))
-		dst, _ := tb.b.pd.RegMR(make([]byte, msgs*size), LocalWrite)
+		dst, _ := tb.b.pd.RegMR(make([]byte, msgs*size), ib.LocalWrite)
 		as = append(as, app{qa, qb, src, dst})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -69,11 +70,11 @@ func TestConcurrentApplications(t *testing.T) {
 		wg.Add(2)
 		go func() { // receiver application
 			defer wg.Done()
-			wcs := make([]WC, 16)
+			wcs := make([]ib.WC, 16)
 			posted, got := 0, 0
 			for got < msgs {
 				for posted < msgs && posted-got < 16 {
-					if _, err := a.qb.PostRecv(RecvWR{ID: uint64(posted), SG: []SGE{{Addr: a.dst.IOVA() + uint64(posted*size), Length: size, LKey: a.dst.LKey()}}}); err != nil {
+					if _, err := a.qb.PostRecv(RecvWR{ID: uint64(posted), SG: []ib.SGE{{Addr: a.dst.IOVA() + uint64(posted*size), Length: size, LKey: a.dst.LKey()}}}); err != nil {
 						errs <- err.Error()
 						return
 					}
@@ -85,7 +86,7 @@ func TestConcurrentApplications(t *testing.T) {
 					return
 				}
 				for _, c := range wcs[:n] {
-					if c.Status != Success || c.ID != uint64(got) {
+					if c.Status != ib.Success || c.ID != uint64(got) {
 						errs <- "bad receive completion"
 						return
 					}
@@ -95,12 +96,12 @@ func TestConcurrentApplications(t *testing.T) {
 		}()
 		go func() { // sender application
 			defer wg.Done()
-			wcs := make([]WC, 16)
+			wcs := make([]ib.WC, 16)
 			posted, done := 0, 0
 			for done < msgs {
 				for posted < msgs && posted-done < 16 {
-					if _, err := a.qa.PostSend(SendWR{ID: uint64(posted), Opcode: Send, Flags: Signaled,
-						SG: []SGE{{Addr: a.src.IOVA() + uint64(posted*size), Length: size, LKey: a.src.LKey()}}}); err != nil {
+					if _, err := a.qa.PostSend(SendWR{ID: uint64(posted), Opcode: ib.Send, Flags: ib.Signaled,
+						SG: []ib.SGE{{Addr: a.src.IOVA() + uint64(posted*size), Length: size, LKey: a.src.LKey()}}}); err != nil {
 						errs <- err.Error()
 						return
 					}
@@ -112,7 +113,7 @@ func TestConcurrentApplications(t *testing.T) {
 					return
 				}
 				for _, c := range wcs[:n] {
-					if c.Status != Success {
+					if c.Status != ib.Success {
 						errs <- "send completion " + c.Status.String()
 						return
 					}

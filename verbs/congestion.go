@@ -10,6 +10,7 @@ import (
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
 )
 
@@ -201,7 +202,7 @@ func (h *hdrTmpl) tos() uint8 {
 // built): its frames become ECT(0) and it gets its RP, NP and pacer.
 func (q *QP) ccStart() {
 	c := &q.dev.cfg.Congestion
-	if !c.On() || q.init.Type.datagram() {
+	if !c.On() || q.init.Type.Datagram() {
 		q.cc = nil
 		return
 	}
@@ -213,13 +214,20 @@ func (q *QP) ccStart() {
 	_ = cc.rp.Init(c.RP) // validated by NewDevice
 	cc.np.Init(c.NP)
 	cc.pacer.Burst = c.PacerBurst
+	q.ccHeaders()
+}
+
+// ccHeaders marks the QP's header template ECT(0), with the profile's data
+// DSCP if it has one, and derives the CNP header from it (q.mu held).
+func (q *QP) ccHeaders() {
+	c := &q.dev.cfg.Congestion
 	dscp := q.hdr.tos() >> 2
 	if c.DataDSCP != 0 {
 		dscp = c.DataDSCP
 	}
 	q.hdr.setTOS(dscp<<2 | ecnECT0)
-	cc.cnpHdr = q.hdr
-	cc.cnpHdr.setTOS(c.NP.DSCP<<2 | ecnECT0)
+	q.cc.cnpHdr = q.hdr
+	q.cc.cnpHdr.setTOS(c.NP.DSCP<<2 | ecnECT0)
 }
 
 // ccRelease folds the QP's DCQCN state into what release publishes: a
@@ -288,11 +296,11 @@ const cnpLen = bth.BTHLen + bth.CNPReservedLen
 // bytes, the QP's addresses and UDP source port, the CNP DSCP with ECT(0).
 func (d *Device) buildCNP(q *QP, buf []byte) int {
 	cc := q.cc
-	h := &cc.cnpHdr
-	if len(buf) < h.n+cnpLen+icrc.Len {
+	h := cc.cnpHdr.bytes()
+	if len(buf) < len(h)+cnpLen+icrc.Len {
 		return 0
 	}
-	t := buf[h.n : h.n+cnpLen]
+	t := buf[len(h) : len(h)+cnpLen]
 	clear(t)
 	b := bth.BTH(t[:bth.BTHLen])
 	b.SetOpcode(bth.CNP)
@@ -310,7 +318,7 @@ func (d *Device) buildCNP(q *QP, buf []byte) int {
 func (d *Device) receiveCNP(now clock.Time, q *QP, f *frame.Frame) {
 	d.Stats.RxCNP++
 	cc := q.cc
-	if cc == nil || (q.state != RTS && q.state != SQD && q.state != SQE) {
+	if cc == nil || (q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE) {
 		d.Stats.RPCNPIgnored++
 		return
 	}

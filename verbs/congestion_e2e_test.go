@@ -7,6 +7,7 @@ import (
 
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/congestion"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -18,7 +19,7 @@ type ccLink struct {
 	tb      *testbed
 	qa, qb  *QP
 	wr      SendWR
-	wcs     [64]WC
+	wcs     [64]ib.WC
 	posted  int
 	done    int
 	txA     int64 // bytes a put on the wire
@@ -26,10 +27,10 @@ type ccLink struct {
 }
 
 func newCCLink(t testing.TB, cong Congestion, seed uint64) *ccLink {
-	return newCCLinkOp(t, cong, seed, RDMAWrite)
+	return newCCLinkOp(t, cong, seed, ib.RDMAWrite)
 }
 
-func newCCLinkOp(t testing.TB, cong Congestion, seed uint64, op Opcode) *ccLink {
+func newCCLinkOp(t testing.TB, cong Congestion, seed uint64, op ib.WROpcode) *ccLink {
 	clk := &memlink.VirtualClock{}
 	pa, pb := memlink.NewPair(memlink.Config{Impairments: memlink.Impairments{Delay: 2 * time.Microsecond}, Seed: seed, Clock: clk.Now, Frames: 4096})
 	mk := func(p *memlink.Port, mac [6]byte, addr netip.Addr) *node {
@@ -44,11 +45,11 @@ func newCCLinkOp(t testing.TB, cong Congestion, seed uint64, op Opcode) *ccLink 
 		return n
 	}
 	l := &ccLink{t: t, tb: &testbed{t: t, clk: clk, a: mk(pa, macA, addrA), b: mk(pb, macB, addrB)}}
-	l.qa, l.qb = l.tb.connect(RC, 4096, LocalWrite|RemoteWrite|RemoteRead, 64)
+	l.qa, l.qb = l.tb.connect(ib.RC, 4096, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead, 64)
 	const size = 64 << 10
-	src, _ := l.tb.a.pd.RegMR(make([]byte, size), LocalWrite)
-	dst, _ := l.tb.b.pd.RegMR(make([]byte, size), LocalWrite|RemoteWrite|RemoteRead)
-	l.wr = SendWR{Opcode: op, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: size, LKey: src.LKey()}},
+	src, _ := l.tb.a.pd.RegMR(make([]byte, size), ib.LocalWrite)
+	dst, _ := l.tb.b.pd.RegMR(make([]byte, size), ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
+	l.wr = SendWR{Opcode: op, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: size, LKey: src.LKey()}},
 		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}
 	return l
 }
@@ -220,7 +221,7 @@ func TestDCQCNMarkedAcks(t *testing.T) {
 		t.Fatalf("WRITE stream at %.3f Gb/s (RP %.3f), want line rate", wire.Gbps(), rp.Gbps())
 	}
 
-	l = newCCLinkOp(t, mustCC(t, "paper", line), 1, RDMARead)
+	l = newCCLinkOp(t, mustCC(t, "paper", line), 1, ib.RDMARead)
 	l.tb.b.port.SetImpairments(markAll)
 	l.run(l.tb.clk.Now().Add(3 * ms))
 	a, b = l.tb.a.dev.Stats, l.tb.b.dev.Stats

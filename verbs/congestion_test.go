@@ -14,7 +14,9 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/ibtest"
 )
 
 // connectXCNP is the ConnectX-4 Lx CNP of ../shared/vectors/README.md.
@@ -52,20 +54,20 @@ func newCCSolo(t testing.TB, cong Congestion, mac [6]byte, addr netip.Addr, peer
 		t.Fatal(err)
 	}
 	pd := d.AllocPD()
-	q, err := pd.CreateQP(QPInitAttr{Type: RC, SendCQ: d.CreateCQ(256), RecvCQ: d.CreateCQ(256), MaxSendWR: 64, MaxRecvWR: 64})
+	q, err := pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: d.CreateCQ(256), RecvCQ: d.CreateCQ(256), MaxSendWR: 64, MaxRecvWR: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mr, err := pd.RegMR(make([]byte, 1<<16), LocalWrite|RemoteWrite)
+	mr, err := pd.RegMR(make([]byte, 1<<16), ib.LocalWrite|ib.RemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &ccSolo{t: t, dev: d, qp: q, mr: mr, peerMAC: peerMAC, peerAddr: peerAddr, peerQPN: peerQPN, rqpsn: 0x100}
-	must(t, q.Modify(Init, &Attr{Access: RemoteWrite}))
-	must(t, q.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: peerQPN, RQPSN: s.rqpsn, MaxDestRdAtomic: 1,
-		AV: AddressVector{DestMAC: peerMAC, DestIP: peerAddr, TrafficClass: tclass}}))
+	must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}))
+	must(t, ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: peerQPN, RQPSN: s.rqpsn, MaxDestRdAtomic: 1,
+		AV: ib.AddressVector{DMAC: peerMAC, DGID: ib.GIDFrom(peerAddr), TrafficClass: tclass}}))
 	// Timeout 0: no ACK timer, so the only deadlines are DCQCN's.
-	must(t, q.Modify(RTS, &Attr{SQPSN: 0x200, RetryCnt: 7, RNRRetry: 7}))
+	must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{SQPSN: 0x200, RetryCnt: 7, RNRRetry: 7}))
 	s.out = make([][]byte, 16)
 	for i := range s.out {
 		s.out[i] = make([]byte, 2048)
@@ -217,8 +219,8 @@ func TestDataFramesECT(t *testing.T) {
 				a, b = netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
 			}
 			s := newCCSolo(t, c.cong, macA, a, macB, b, 0x33, c.tclass)
-			src, _ := s.qp.pd.RegMR(make([]byte, 4096), LocalWrite)
-			_, err := s.qp.PostSend(SendWR{Opcode: RDMAWrite, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7})
+			src, _ := s.qp.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
+			_, err := s.qp.PostSend(SendWR{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7})
 			must(t, err)
 			var frames [][]byte
 			for now := clock.Time(0); len(frames) < 3 && now < clock.Time(time.Millisecond); now += 1000 {
@@ -355,8 +357,8 @@ func TestCNPCutsRateAndPaces(t *testing.T) {
 	}
 
 	// Pacing at 20 Gb/s: an 8 KiB WRITE is 8 packets of 1024 bytes.
-	src, _ := s.qp.pd.RegMR(make([]byte, 8192), LocalWrite)
-	_, err := s.qp.PostSend(SendWR{Opcode: RDMAWrite, SG: []SGE{{Addr: src.IOVA(), Length: 8192, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7})
+	src, _ := s.qp.pd.RegMR(make([]byte, 8192), ib.LocalWrite)
+	_, err := s.qp.PostSend(SendWR{Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8192, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7})
 	must(t, err)
 	now := clock.Time(1000)
 	var departures []clock.Time

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -19,34 +21,34 @@ import (
 func TestCQOverrunIsAnError(t *testing.T) {
 	const cqDepth, sends = 4, 8
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
-	qa, qb := tb.connect(RC, 1024, LocalWrite, 16)
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 16)
 	small := tb.b.dev.CreateCQ(cqDepth)
 	// Rebuild B's QP on the small CQ (connect made it on a large one).
-	qb2, err := tb.b.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: tb.b.dev.CreateCQ(64), RecvCQ: small, MaxSendWR: 16, MaxRecvWR: 16, MaxSGE: 1})
+	qb2, err := tb.b.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: tb.b.dev.CreateCQ(64), RecvCQ: small, MaxSendWR: 16, MaxRecvWR: 16, MaxSGE: 1})
 	must(t, err)
 	// A bystander QP whose send CQ is the small CQ: it never completes
 	// anything, yet it must end in ERR too.
-	by, err := tb.b.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: small, RecvCQ: tb.b.dev.CreateCQ(4), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
+	by, err := tb.b.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: small, RecvCQ: tb.b.dev.CreateCQ(4), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
 	must(t, err)
-	must(t, by.Modify(Init, &Attr{Access: LocalWrite}))
-	must(t, qb.Modify(Err, nil))
+	must(t, ibtest.Modify(by, ib.Init, &ib.QPAttr{Access: ib.LocalWrite}))
+	must(t, ibtest.Modify(qb, ib.Err, nil))
 	pa, pb := uint32(0x100), uint32(0x200)
-	must(t, qa.Modify(Reset, nil))
-	must(t, qa.Modify(Init, &Attr{Access: LocalWrite}))
-	must(t, qa.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: qb2.QPN(), RQPSN: pb, MinRNRTimer: 1, AV: AddressVector{DestMAC: macB, DestIP: addrB}}))
-	must(t, qa.Modify(RTS, &Attr{SQPSN: pa, Timeout: 6, RetryCnt: 7, RNRRetry: 7}))
-	must(t, qb2.Modify(Init, &Attr{Access: LocalWrite}))
-	must(t, qb2.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: qa.QPN(), RQPSN: pa, MinRNRTimer: 1, AV: AddressVector{DestMAC: macA, DestIP: addrA}}))
-	must(t, qb2.Modify(RTS, &Attr{SQPSN: pb, Timeout: 6, RetryCnt: 7, RNRRetry: 7}))
+	must(t, ibtest.Modify(qa, ib.Reset, nil))
+	must(t, ibtest.Modify(qa, ib.Init, &ib.QPAttr{Access: ib.LocalWrite}))
+	must(t, ibtest.Modify(qa, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qb2.QPN(), RQPSN: pb, MinRNRTimer: 1, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}))
+	must(t, ibtest.Modify(qa, ib.RTS, &ib.QPAttr{SQPSN: pa, Timeout: 6, RetryCnt: 7, RNRRetry: 7}))
+	must(t, ibtest.Modify(qb2, ib.Init, &ib.QPAttr{Access: ib.LocalWrite}))
+	must(t, ibtest.Modify(qb2, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qa.QPN(), RQPSN: pa, MinRNRTimer: 1, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}}))
+	must(t, ibtest.Modify(qb2, ib.RTS, &ib.QPAttr{SQPSN: pb, Timeout: 6, RetryCnt: 7, RNRRetry: 7}))
 
 	src := make([]byte, 64)
 	dst := make([]byte, 64*sends)
-	mra, err := tb.a.pd.RegMR(src, LocalWrite)
+	mra, err := tb.a.pd.RegMR(src, ib.LocalWrite)
 	must(t, err)
-	mrb, err := tb.b.pd.RegMR(dst, LocalWrite)
+	mrb, err := tb.b.pd.RegMR(dst, ib.LocalWrite)
 	must(t, err)
 	for i := 0; i < sends; i++ {
-		_, err := qb2.PostRecv(RecvWR{ID: uint64(100 + i), SG: []SGE{{Addr: mrb.IOVA() + uint64(64*i), Length: 64, LKey: mrb.LKey()}}})
+		_, err := qb2.PostRecv(RecvWR{ID: uint64(100 + i), SG: []ib.SGE{{Addr: mrb.IOVA() + uint64(64*i), Length: 64, LKey: mrb.LKey()}}})
 		must(t, err)
 	}
 	// Drain B's events of the setup (qb's own move to ERR is not one).
@@ -54,10 +56,10 @@ func TestCQOverrunIsAnError(t *testing.T) {
 		<-tb.b.dev.Events()
 	}
 	for i := 0; i < sends; i++ {
-		_, err := qa.PostSend(SendWR{ID: uint64(i), Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: mra.IOVA(), Length: 64, LKey: mra.LKey()}}})
+		_, err := qa.PostSend(SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mra.IOVA(), Length: 64, LKey: mra.LKey()}}})
 		must(t, err)
 	}
-	tb.run(func() bool { return qb2.State() == Err && by.State() == Err }, 50*time.Millisecond)
+	tb.run(func() bool { return qb2.State() == ib.Err && by.State() == ib.Err }, 50*time.Millisecond)
 
 	if err := small.Err(); !errors.Is(err, ErrCQOverrun) {
 		t.Fatalf("CQ.Err after the overrun = %v, want ErrCQOverrun", err)
@@ -67,7 +69,7 @@ func TestCQOverrunIsAnError(t *testing.T) {
 		t.Fatalf("polled %d completions after the overrun, want the %d queued before it: %+v", len(got), cqDepth, got)
 	}
 	for i, w := range got {
-		if w.Status != Success || !w.IsRecv || w.ID != uint64(100+i) || w.QPN != qb2.QPN() {
+		if w.Status != ib.Success || !w.IsRecv || w.ID != uint64(100+i) || w.QPN != qb2.QPN() {
 			t.Errorf("completion %d = %+v, want a successful receive of WR %d on QP %#x", i, w, 100+i, qb2.QPN())
 		}
 	}
@@ -76,7 +78,7 @@ func TestCQOverrunIsAnError(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	var buf [4]WC
+	var buf [4]ib.WC
 	if n, err := small.Wait(ctx, buf[:]); n != 0 || !errors.Is(err, ErrCQOverrun) {
 		t.Fatalf("Wait on the drained CQ in error = %d, %v; want 0, ErrCQOverrun (it must not block)", n, err)
 	}
@@ -87,11 +89,11 @@ func TestCQOverrunIsAnError(t *testing.T) {
 	for len(tb.b.dev.Events()) > 0 {
 		e := <-tb.b.dev.Events()
 		switch {
-		case e.Type == EventCQErr && e.CQ == small:
+		case e.Type == ib.EventCQErr && e.CQ == small:
 			cqErr = true
-		case e.Type == EventQPFatal && e.QPN == qb2.QPN():
+		case e.Type == ib.EventQPFatal && e.QPN == qb2.QPN():
 			fatal2 = true
-		case e.Type == EventQPFatal && e.QPN == by.QPN():
+		case e.Type == ib.EventQPFatal && e.QPN == by.QPN():
 			fatalBy = true
 		}
 	}
@@ -104,7 +106,7 @@ func TestCQOverrunIsAnError(t *testing.T) {
 	// it was dropped with the rest of B's output when B went to ERR; an
 	// overrun leaves the requester's view of the messages that reached
 	// the responder's application undefined, as IBA has it.
-	var aw []WC
+	var aw []ib.WC
 	end := tb.clk.Now().Add(time.Second)
 	for len(aw) < sends && tb.clk.Now() < end {
 		if !tb.step() {
@@ -116,7 +118,7 @@ func TestCQOverrunIsAnError(t *testing.T) {
 	if len(aw) != sends {
 		t.Fatalf("A completed %d of its %d SENDs after B's overrun: %+v", len(aw), sends, aw)
 	}
-	if aw[sends-1].Status == Success {
+	if aw[sends-1].Status == ib.Success {
 		t.Errorf("A's last SEND succeeded although B's QP was in ERR")
 	}
 }

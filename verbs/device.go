@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"context"
 	"encoding/binary"
 	"net/netip"
 	"sync"
@@ -10,9 +11,9 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/transport/ud"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // Config describes a device's port.
@@ -27,6 +28,11 @@ type Config struct {
 	// Congestion is the DCQCN setting of the RC/UC QPs (zero: off); see
 	// NewCongestion.
 	Congestion Congestion
+	// Resolve, if set, finds the next hop's MAC for a destination (the
+	// neighbour table): address vectors without a DMAC (RTR of a connected
+	// QP, address handles) need it. It may block; the device never calls
+	// it with a lock held.
+	Resolve func(ctx context.Context, dst netip.Addr) ([6]byte, error)
 }
 
 // Stats counts what the step functions dropped and moved. The engine
@@ -180,25 +186,9 @@ func (d *Device) PolledAt() clock.Time { return clock.Time(d.polledAt.Load()) }
 // application was polling (safe from any goroutine).
 func (d *Device) RingsSkipped() uint64 { return d.ringsSkipped.Load() }
 
-// EventType is the kind of an asynchronous event (ibv_event_type).
-type EventType uint8
-
-// Asynchronous events.
-const (
-	// EventCommEst: a QP in RTR received its first packet (IBV_EVENT_COMM_EST);
-	// a passive CM side whose RTU was lost moves the QP to RTS on it.
-	EventCommEst EventType = iota
-	// EventQPFatal: the QP went to ERR because of a transport error
-	// (IBV_EVENT_QP_FATAL); its WRs were flushed.
-	EventQPFatal
-	// EventCQErr: a CQ overflowed (IBV_EVENT_CQ_ERR); completions were
-	// lost, the CQ is in error and its QPs go to ERR. AsyncEvent.CQ names it.
-	EventCQErr
-)
-
 // AsyncEvent is an asynchronous event of a QP.
 type AsyncEvent struct {
-	Type EventType
+	Type ib.EventType
 	QPN  uint32
 	CQ   *CQ // EventCQErr only
 }
@@ -210,7 +200,7 @@ func (d *Device) Events() <-chan AsyncEvent { return d.events }
 // LostEvents counts events dropped because Events was full.
 func (d *Device) LostEvents() uint64 { return d.lostEv.Load() }
 
-func (d *Device) event(t EventType, qpn uint32) {
+func (d *Device) event(t ib.EventType, qpn uint32) {
 	d.asyncEvent(AsyncEvent{Type: t, QPN: qpn})
 }
 
@@ -263,17 +253,13 @@ func udpSport(fl uint32, lqpn, rqpn uint32) uint16 {
 	return uint16((fl&0x3FFF)^((fl&0xFC000)>>14)) | 0xC000
 }
 
-func (d *Device) makeHdr(av *AddressVector, lqpn, rqpn uint32) (hdrTmpl, error) {
+// makeHdr prepares the frame header of packets along av (checked with
+// checkAV) to the next hop mac.
+func (d *Device) makeHdr(av *ib.AddressVector, mac [6]byte, lqpn, rqpn uint32) hdrTmpl {
 	var h hdrTmpl
-	if av.SGIDIndex < 0 || av.SGIDIndex >= len(d.cfg.Addrs) {
-		return h, ErrInvalid
-	}
-	src, dst := d.cfg.Addrs[av.SGIDIndex], av.DestIP.Unmap()
-	if !dst.IsValid() || src.Is4() != dst.Is4() {
-		return h, ErrInvalid
-	}
+	src, dst := d.cfg.Addrs[av.SGIDIndex], av.DGID.Addr()
 	b := h.b[:]
-	copy(b[0:6], av.DestMAC[:])
+	copy(b[0:6], mac[:])
 	copy(b[6:12], d.cfg.MAC[:])
 	ttl := av.HopLimit
 	if ttl == 0 {
@@ -308,18 +294,21 @@ func (d *Device) makeHdr(av *AddressVector, lqpn, rqpn uint32) (hdrTmpl, error) 
 	}
 	binary.BigEndian.PutUint16(udp[0:], sp)
 	binary.BigEndian.PutUint16(udp[2:], frame.RoCEv2Port)
-	return h, nil
+	return h
 }
 
-// finish writes the header of h in front of a transport packet of tlen
-// bytes already at buf[h.n:], fills lengths and checksums, stamps the
+// bytes is the prepared header.
+func (h *hdrTmpl) bytes() []byte { return h.b[:h.n] }
+
+// finish writes the header h in front of a transport packet of tlen
+// bytes already at buf[len(h):], fills lengths and checksums, stamps the
 // ICRC and returns the frame length.
-func (d *Device) finish(buf []byte, h *hdrTmpl, tlen int) int {
-	copy(buf, h.b[:h.n])
-	total := h.n + tlen + icrc.Len
+func (d *Device) finish(buf []byte, h []byte, tlen int) int {
+	copy(buf, h)
+	total := len(h) + tlen + icrc.Len
 	ip := buf[frame.EthernetLen:]
-	udpLen := total - h.n + frame.UDPLen
-	if h.v6 {
+	udpLen := total - len(h) + frame.UDPLen
+	if len(h) == frame.EthernetLen+frame.IPv6Len+frame.UDPLen {
 		binary.BigEndian.PutUint16(ip[4:], uint16(udpLen))
 		binary.BigEndian.PutUint16(ip[40+4:], uint16(udpLen))
 	} else {
@@ -402,12 +391,12 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 		return
 	}
 	switch q.init.Type {
-	case UD, GSI:
+	case ib.UD, ib.GSI:
 		if op.Transport() != bth.TransportUD {
 			d.Stats.RxBadType++
 			return
 		}
-		if q.state != RTR && q.state != RTS && q.state != SQD && q.state != SQE {
+		if q.state != ib.RTR && q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE {
 			d.Stats.RxBadState++
 			return
 		}
@@ -420,14 +409,14 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 		q.ud.Receive(now, tp, &d.grh, f.Src())
 	default:
 		want := bth.TransportRC
-		if q.init.Type == UC {
+		if q.init.Type == ib.UC {
 			want = bth.TransportUC
 		}
 		if op.Transport() != want {
 			d.Stats.RxBadType++
 			return
 		}
-		if q.state != RTR && q.state != RTS && q.state != SQD && q.state != SQE {
+		if q.state != ib.RTR && q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE {
 			d.Stats.RxBadState++
 			return
 		}
@@ -435,9 +424,9 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 			d.Stats.RxBadSrc++
 			return
 		}
-		if q.state == RTR && !q.commEst {
+		if q.state == ib.RTR && !q.commEst {
 			q.commEst = true
-			d.event(EventCommEst, q.qpn)
+			d.event(ib.EventCommEst, q.qpn)
 		}
 		if q.cc != nil {
 			d.npPacket(now, q, f)
@@ -546,7 +535,7 @@ func (d *Device) takeHandover() {
 
 // buildFrame writes q's next frame into buf; q.mu is held.
 func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
-	if q.state == Reset || q.state == Init {
+	if q.state == ib.Reset || q.state == ib.Init {
 		return 0
 	}
 	if q.ud != nil {
@@ -555,17 +544,16 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 			if w == nil {
 				return 0
 			}
-			ah, _ := w.AH.(*AH)
-			if ah == nil {
-				w.Err = wr.LocQPOpErr
+			if w.AH == nil {
+				w.Err = ib.LocQPOpErr
 				q.ud.Build(now, buf)
 				continue
 			}
-			h := &ah.hdr
-			if len(buf) < h.n+q.ud.MaxPacket()+icrc.Len {
+			h := w.AH.Header
+			if len(buf) < len(h)+q.ud.MaxPacket()+icrc.Len {
 				return 0
 			}
-			m := q.ud.Build(now, buf[h.n:])
+			m := q.ud.Build(now, buf[len(h):])
 			if m == 0 {
 				continue // completed in error; try the next WQE
 			}
@@ -580,11 +568,11 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 			return 0
 		}
 	}
-	h := &q.hdr
-	if len(buf) < h.n+q.rc.MaxPacket()+icrc.Len {
+	h := q.hdr.bytes()
+	if len(buf) < len(h)+q.rc.MaxPacket()+icrc.Len {
 		return 0
 	}
-	m := q.rc.Build(now, buf[h.n:])
+	m := q.rc.Build(now, buf[len(h):])
 	if m == 0 {
 		return 0
 	}

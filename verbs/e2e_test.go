@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -39,7 +40,7 @@ type workload struct {
 }
 
 type plannedOp struct {
-	op   Opcode
+	op   ib.WROpcode
 	size int
 	off  int // offset in the per-role buffers
 }
@@ -47,7 +48,7 @@ type plannedOp struct {
 func newWorkload(t testing.TB, tb *testbed, qa, qb *QP, seed uint64, n int, sizes []int) *workload {
 	w := &workload{t: t, qa: qa, qb: qb, sendDone: map[uint64]int{}, recvDone: map[uint64]int{}}
 	r := rand.New(rand.NewPCG(seed, 3))
-	kinds := []Opcode{Send, SendWithImm, RDMAWrite, RDMAWriteWithImm, RDMARead, AtomicFetchAndAdd, AtomicCmpAndSwp}
+	kinds := []ib.WROpcode{ib.Send, ib.SendWithImm, ib.RDMAWrite, ib.RDMAWriteWithImm, ib.RDMARead, ib.AtomicFetchAndAdd, ib.AtomicCmpAndSwp}
 	off := 0
 	for i := 0; i < n; i++ {
 		o := plannedOp{op: kinds[r.IntN(len(kinds))], size: sizes[r.IntN(len(sizes))], off: off}
@@ -61,7 +62,7 @@ func newWorkload(t testing.TB, tb *testbed, qa, qb *QP, seed uint64, n int, size
 	if off == 0 {
 		off = 8
 	}
-	reg := func(n *node, size int, acc Access, fill uint64) *MR {
+	reg := func(n *node, size int, acc ib.Access, fill uint64) *MR {
 		b := make([]byte, size)
 		if fill != 0 {
 			pattern(b, fill)
@@ -72,12 +73,12 @@ func newWorkload(t testing.TB, tb *testbed, qa, qb *QP, seed uint64, n int, size
 		}
 		return m
 	}
-	w.src = reg(tb.a, off, LocalWrite, seed+1)
-	w.dst = reg(tb.a, off, LocalWrite, 0)
-	w.recv = reg(tb.b, off, LocalWrite, 0)
-	w.target = reg(tb.b, off, LocalWrite|RemoteWrite, 0)
-	w.rsrc = reg(tb.b, off, LocalWrite|RemoteRead, seed+2)
-	w.atom = reg(tb.b, 8, LocalWrite|RemoteAtomic, 0)
+	w.src = reg(tb.a, off, ib.LocalWrite, seed+1)
+	w.dst = reg(tb.a, off, ib.LocalWrite, 0)
+	w.recv = reg(tb.b, off, ib.LocalWrite, 0)
+	w.target = reg(tb.b, off, ib.LocalWrite|ib.RemoteWrite, 0)
+	w.rsrc = reg(tb.b, off, ib.LocalWrite|ib.RemoteRead, seed+2)
+	w.atom = reg(tb.b, 8, ib.LocalWrite|ib.RemoteAtomic, 0)
 	return w
 }
 
@@ -85,10 +86,10 @@ func newWorkload(t testing.TB, tb *testbed, qa, qb *QP, seed uint64, n int, size
 func (w *workload) pump() {
 	for w.recvPosted < len(w.ops) {
 		o := w.ops[w.recvPosted]
-		if o.op == Send || o.op == SendWithImm || o.op == RDMAWriteWithImm {
-			var sg []SGE
-			if o.op != RDMAWriteWithImm {
-				sg = []SGE{{Addr: w.recv.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.recv.LKey()}}
+		if o.op == ib.Send || o.op == ib.SendWithImm || o.op == ib.RDMAWriteWithImm {
+			var sg []ib.SGE
+			if o.op != ib.RDMAWriteWithImm {
+				sg = []ib.SGE{{Addr: w.recv.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.recv.LKey()}}
 			}
 			if _, err := w.qb.PostRecv(RecvWR{ID: uint64(w.recvPosted), SG: sg}); err == ErrQueueFull {
 				break
@@ -100,24 +101,24 @@ func (w *workload) pump() {
 	}
 	for w.posted < len(w.ops) && w.posted < w.recvPosted {
 		o := w.ops[w.posted]
-		s := SendWR{ID: uint64(w.posted), Opcode: o.op, Flags: Signaled, Imm: uint32(w.posted) * 3}
+		s := SendWR{ID: uint64(w.posted), Opcode: o.op, Flags: ib.Signaled, Imm: uint32(w.posted) * 3}
 		switch o.op {
-		case Send, SendWithImm, RDMAWrite, RDMAWriteWithImm:
+		case ib.Send, ib.SendWithImm, ib.RDMAWrite, ib.RDMAWriteWithImm:
 			// Two SGEs when possible, to exercise the gather.
 			h := o.size / 2
-			s.SG = []SGE{{Addr: w.src.IOVA() + uint64(o.off), Length: uint32(h), LKey: w.src.LKey()},
+			s.SG = []ib.SGE{{Addr: w.src.IOVA() + uint64(o.off), Length: uint32(h), LKey: w.src.LKey()},
 				{Addr: w.src.IOVA() + uint64(o.off+h), Length: uint32(o.size - h), LKey: w.src.LKey()}}
 			s.RemoteAddr, s.RKey = w.target.IOVA()+uint64(o.off), w.target.RKey()
-		case RDMARead:
-			s.SG = []SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.dst.LKey()}}
+		case ib.RDMARead:
+			s.SG = []ib.SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.dst.LKey()}}
 			s.RemoteAddr, s.RKey = w.rsrc.IOVA()+uint64(o.off), w.rsrc.RKey()
-		case AtomicFetchAndAdd:
-			s.SG = []SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
+		case ib.AtomicFetchAndAdd:
+			s.SG = []ib.SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
 			s.RemoteAddr, s.RKey, s.CompareAdd = w.atom.IOVA(), w.atom.RKey(), 1
-		case AtomicCmpAndSwp:
+		case ib.AtomicCmpAndSwp:
 			// Never matches (the counter only grows from 0 by adds and
 			// this compare value is huge): returns the value, changes nothing.
-			s.SG = []SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
+			s.SG = []ib.SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
 			s.RemoteAddr, s.RKey, s.CompareAdd, s.Swap = w.atom.IOVA(), w.atom.RKey(), 1<<60, 5
 		}
 		if _, err := w.qa.PostSend(s); err == ErrQueueFull {
@@ -139,8 +140,8 @@ func (w *workload) poll() {
 	}
 	for _, c := range pollAll(w.qb.init.RecvCQ) {
 		o := w.ops[c.ID]
-		if c.Status != 0 || c.ByteLen != uint32(o.size) || ((o.op == SendWithImm || o.op == RDMAWriteWithImm) != (c.Flags&WCWithImm != 0)) ||
-			(c.Flags&WCWithImm != 0 && c.Imm != uint32(c.ID)*3) {
+		if c.Status != 0 || c.ByteLen != uint32(o.size) || ((o.op == ib.SendWithImm || o.op == ib.RDMAWriteWithImm) != (c.Flags&ib.WCWithImm != 0)) ||
+			(c.Flags&ib.WCWithImm != 0 && c.Imm != uint32(c.ID)*3) {
 			w.t.Fatalf("recv %d (%v %d B): %+v", c.ID, o.op, o.size, c)
 		}
 		w.recvDone[c.ID]++
@@ -159,22 +160,22 @@ func (w *workload) check() {
 		}
 		src := w.src.Bytes()[o.off : o.off+o.size]
 		switch o.op {
-		case Send, SendWithImm:
+		case ib.Send, ib.SendWithImm:
 			if w.recvDone[uint64(i)] != 1 || !bytes.Equal(w.recv.Bytes()[o.off:o.off+o.size], src) {
 				w.t.Fatalf("SEND %d (%d B): %d completions or data differs", i, o.size, w.recvDone[uint64(i)])
 			}
-		case RDMAWrite, RDMAWriteWithImm:
+		case ib.RDMAWrite, ib.RDMAWriteWithImm:
 			if !bytes.Equal(w.target.Bytes()[o.off:o.off+o.size], src) {
 				w.t.Fatalf("WRITE %d (%d B) data differs", i, o.size)
 			}
-			if o.op == RDMAWriteWithImm && w.recvDone[uint64(i)] != 1 {
+			if o.op == ib.RDMAWriteWithImm && w.recvDone[uint64(i)] != 1 {
 				w.t.Fatalf("WRITE_WITH_IMM %d: %d receive completions", i, w.recvDone[uint64(i)])
 			}
-		case RDMARead:
+		case ib.RDMARead:
 			if !bytes.Equal(w.dst.Bytes()[o.off:o.off+o.size], w.rsrc.Bytes()[o.off:o.off+o.size]) {
 				w.t.Fatalf("READ %d (%d B) data differs", i, o.size)
 			}
-		case AtomicFetchAndAdd:
+		case ib.AtomicFetchAndAdd:
 			v := binary.NativeEndian.Uint64(w.dst.Bytes()[o.off:])
 			if origs[v] {
 				t := w.t
@@ -239,7 +240,7 @@ func runE2E(t testing.TB, k e2eCase) float64 {
 	var ws []*workload
 	var total int64
 	for i := 0; i < k.qps; i++ {
-		qa, qb := tb.connect(RC, k.mtu, LocalWrite|RemoteWrite|RemoteRead|RemoteAtomic, 64)
+		qa, qb := tb.connect(ib.RC, k.mtu, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic, 64)
 		w := newWorkload(t, tb, qa, qb, k.seed*1000+uint64(i), k.msgs, k.sizes)
 		ws = append(ws, w)
 		total += w.bytes

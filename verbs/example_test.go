@@ -5,6 +5,7 @@ import (
 	"net/netip"
 
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -21,27 +22,30 @@ func Example() {
 
 	// Application side: PD, MRs, CQ, QP on each device.
 	pdA, pdB := a.AllocPD(), b.AllocPD()
-	src, _ := pdA.RegMR([]byte("hello, RDMA"), verbs.LocalWrite)
-	dst, _ := pdB.RegMR(make([]byte, 11), verbs.LocalWrite|verbs.RemoteWrite)
+	src, _ := pdA.RegMR([]byte("hello, RDMA"), ib.LocalWrite)
+	dst, _ := pdB.RegMR(make([]byte, 11), ib.LocalWrite|ib.RemoteWrite)
 	cqA, cqB := a.CreateCQ(16), b.CreateCQ(16)
-	qa, _ := pdA.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqA, RecvCQ: cqA})
-	qb, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	qa, _ := pdA.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqA, RecvCQ: cqA})
+	qb, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	connect := func(q, peer *verbs.QP, mac [6]byte, ip netip.Addr) {
-		q.Modify(verbs.Init, &verbs.Attr{Access: verbs.RemoteWrite})
-		q.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: peer.QPN(), RQPSN: 100,
-			MaxDestRdAtomic: 16, MinRNRTimer: 12, AV: verbs.AddressVector{DestMAC: mac, DestIP: ip}})
-		q.Modify(verbs.RTS, &verbs.Attr{SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16})
+		q.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite},
+			ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags)
+		q.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peer.QPN(), RQPSN: 100,
+			MaxDestRdAtomic: 16, MinRNRTimer: 12, AV: ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(ip)}},
+			ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer)
+		q.Modify(&ib.QPAttr{State: ib.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+			ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|ib.AttrMaxQPRdAtomic)
 	}
 	connect(qa, qb, macB, ipB)
 	connect(qb, qa, macA, ipA)
-	qa.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG:         []verbs.SGE{{Addr: src.IOVA(), Length: uint32(src.Len()), LKey: src.LKey()}},
+	qa.PostSend(verbs.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG:         []ib.SGE{{Addr: src.IOVA(), Length: uint32(src.Len()), LKey: src.LKey()}},
 		RemoteAddr: dst.IOVA(), RKey: dst.RKey()})
 
 	// Engine side: move frames between the devices and the link.
 	out := make([][]byte, 64)
 	in := make([][]byte, 64)
-	var wc [1]verbs.WC
+	var wc [1]ib.WC
 	for cqA.Poll(wc[:]) == 0 {
 		for _, d := range []struct {
 			dev  *verbs.Device

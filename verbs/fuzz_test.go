@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -16,8 +18,8 @@ import (
 // panic, and a guard MR without remote access must never change.
 func FuzzDeviceReceive(f *testing.F) {
 	tb := newTestbed(f, memlink.Impairments{}, 1, 1024)
-	qa, _ := tb.connect(RC, 1024, LocalWrite|RemoteWrite|RemoteRead|RemoteAtomic, 8)
-	src, _ := tb.a.pd.RegMR(make([]byte, 64), LocalWrite)
+	qa, _ := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic, 8)
+	src, _ := tb.a.pd.RegMR(make([]byte, 64), ib.LocalWrite)
 	out := [][]byte{make([]byte, 9000)}
 	seed := func(s SendWR) {
 		if _, err := qa.PostSend(s); err != nil {
@@ -28,21 +30,21 @@ func FuzzDeviceReceive(f *testing.F) {
 			out[0] = out[0][:cap(out[0])]
 		}
 	}
-	sg := []SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}
-	seed(SendWR{Opcode: RDMAWrite, SG: sg, RemoteAddr: 0x1000, RKey: 1})
-	seed(SendWR{Opcode: RDMARead, SG: sg, RemoteAddr: 0x1000, RKey: 1})
-	seed(SendWR{Opcode: AtomicFetchAndAdd, SG: []SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 1})
+	sg := []ib.SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}
+	seed(SendWR{Opcode: ib.RDMAWrite, SG: sg, RemoteAddr: 0x1000, RKey: 1})
+	seed(SendWR{Opcode: ib.RDMARead, SG: sg, RemoteAddr: 0x1000, RKey: 1})
+	seed(SendWR{Opcode: ib.AtomicFetchAndAdd, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 1})
 	f.Fuzz(func(t *testing.T, b []byte, qpSel uint8) {
 		tb := portlessTestbed(t)
-		_, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite|RemoteRead|RemoteAtomic, 8)
+		_, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic, 8)
 		cq := tb.b.dev.CreateCQ(8)
-		ud, _ := tb.b.pd.CreateQP(QPInitAttr{Type: UD, SendCQ: cq, RecvCQ: cq})
-		must(t, ud.Modify(Init, &Attr{QKey: 1}))
-		must(t, ud.Modify(RTR, nil))
-		guard, _ := tb.b.pd.RegMR(make([]byte, 256), LocalWrite)
-		rb, _ := tb.b.pd.RegMR(make([]byte, 2048), LocalWrite)
-		_, _ = qb.PostRecv(RecvWR{SG: []SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}})
-		_, _ = ud.PostRecv(RecvWR{SG: []SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}})
+		ud, _ := tb.b.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq})
+		must(t, ibtest.Modify(ud, ib.Init, &ib.QPAttr{QKey: 1}))
+		must(t, ibtest.Modify(ud, ib.RTR, nil))
+		guard, _ := tb.b.pd.RegMR(make([]byte, 256), ib.LocalWrite)
+		rb, _ := tb.b.pd.RegMR(make([]byte, 2048), ib.LocalWrite)
+		_, _ = qb.PostRecv(RecvWR{SG: []ib.SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}})
+		_, _ = ud.PostRecv(RecvWR{SG: []ib.SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}})
 		var fr frame.Frame
 		if frame.Parse(b, &fr) == nil {
 			dst := qb.QPN()

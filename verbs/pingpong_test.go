@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -17,16 +18,16 @@ import (
 func pingPong(t *testing.T, tb *testbed, qa, qb *QP, iters int, limit time.Duration) int {
 	t.Helper()
 	bufA, bufB := make([]byte, 128), make([]byte, 128)
-	mra, err := tb.a.pd.RegMR(bufA, LocalWrite)
+	mra, err := tb.a.pd.RegMR(bufA, ib.LocalWrite)
 	must(t, err)
-	mrb, err := tb.b.pd.RegMR(bufB, LocalWrite)
+	mrb, err := tb.b.pd.RegMR(bufB, ib.LocalWrite)
 	must(t, err)
 	recv := func(q *QP, mr *MR) {
-		_, err := q.PostRecv(RecvWR{ID: 7, SG: []SGE{{Addr: mr.IOVA() + 64, Length: 64, LKey: mr.LKey()}}})
+		_, err := q.PostRecv(RecvWR{ID: 7, SG: []ib.SGE{{Addr: mr.IOVA() + 64, Length: 64, LKey: mr.LKey()}}})
 		must(t, err)
 	}
 	send := func(q *QP, mr *MR, i int) {
-		_, err := q.PostSend(SendWR{ID: uint64(i), Opcode: Send, SG: []SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}})
+		_, err := q.PostSend(SendWR{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}})
 		must(t, err)
 	}
 	recv(qa, mra)
@@ -34,7 +35,7 @@ func pingPong(t *testing.T, tb *testbed, qa, qb *QP, iters int, limit time.Durat
 	send(qa, mra, 0)
 	done, answered := 0, 0
 	end := tb.clk.Now().Add(limit)
-	var wcs [8]WC
+	var wcs [8]ib.WC
 	for done < iters && tb.clk.Now() < end {
 		before := tb.bytes
 		if tb.step() {
@@ -51,7 +52,7 @@ func pingPong(t *testing.T, tb *testbed, qa, qb *QP, iters int, limit time.Durat
 			tb.clk.Set(max(next, tb.clk.Now()+1))
 		}
 		for _, w := range wcs[:qb.init.RecvCQ.Poll(wcs[:])] {
-			if w.Status != Success {
+			if w.Status != ib.Success {
 				t.Fatalf("B: completion %+v", w)
 			}
 			if w.IsRecv {
@@ -61,7 +62,7 @@ func pingPong(t *testing.T, tb *testbed, qa, qb *QP, iters int, limit time.Durat
 			}
 		}
 		for _, w := range wcs[:qa.init.RecvCQ.Poll(wcs[:])] {
-			if w.Status != Success {
+			if w.Status != ib.Success {
 				t.Fatalf("A: completion %+v", w)
 			}
 			if w.IsRecv {
@@ -74,7 +75,7 @@ func pingPong(t *testing.T, tb *testbed, qa, qb *QP, iters int, limit time.Durat
 		}
 		for _, q := range []*QP{qa, qb} {
 			for _, w := range wcs[:q.init.SendCQ.Poll(wcs[:])] {
-				if w.Status != Success {
+				if w.Status != ib.Success {
 					t.Fatalf("QP %#x: send completion %+v", q.QPN(), w)
 				}
 			}
@@ -94,7 +95,7 @@ func TestPingPongNeverLosesACompletion(t *testing.T) {
 		imp := memlink.Impairments{Loss: 0.03, Duplicate: 0.03, Reorder: 0.03, Jitter: 3 * time.Microsecond}
 		tb := newTestbed(t, imp, seed, 1024)
 		tb.timeout = 4
-		qa, qb := tb.connect(RC, 1024, LocalWrite, 16)
+		qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 16)
 		if got := pingPong(t, tb, qa, qb, iters, 20*time.Second); got != iters {
 			t.Fatalf("seed %d: %d of %d round trips; A %v %+v, B %v %+v", seed, got, iters, qa.State(), qa.rc.Counters, qb.State(), qb.rc.Counters)
 		}

@@ -1,68 +1,21 @@
 package verbs
 
 import (
+	"fmt"
 	"net/netip"
 	"sync"
 	"sync/atomic"
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
-
-// QPType is the transport service of a QP.
-type QPType uint8
-
-// QP types softrnic implements.
-const (
-	RC QPType = iota
-	UC
-	UD
-	// GSI is the General Services Interface QP, QP1: a UD QP whose QPN is
-	// 1 and whose Q_Key is 0x80010000, which carries the CM's MADs. One
-	// per device.
-	GSI
-)
-
-func (t QPType) String() string { return [...]string{"RC", "UC", "UD", "GSI"}[t&3] }
-
-// datagram reports whether QPs of type t are unreliable datagram QPs.
-func (t QPType) datagram() bool { return t == UD || t == GSI }
-
-// State is the IB QP state (IBA 10.3.1).
-type State uint8
-
-// QP states.
-const (
-	Reset State = iota
-	Init
-	RTR
-	RTS
-	SQD
-	SQE
-	Err
-)
-
-func (s State) String() string {
-	return [...]string{"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"}[s%7]
-}
-
-// legal[from][to] is the transition table of IBA Figure 130 (modify QP);
-// any state may go to RESET or ERR.
-var legal = [7][7]bool{
-	Reset: {Init: true},
-	Init:  {Init: true, RTR: true},
-	RTR:   {RTS: true},
-	RTS:   {RTS: true, SQD: true},
-	SQD:   {RTS: true, SQD: true},
-	SQE:   {RTS: true},
-}
 
 // QPInitAttr describes a QP at creation (ibv_qp_init_attr).
 type QPInitAttr struct {
-	Type      QPType
+	Type      ib.QPType
 	SendCQ    *CQ
 	RecvCQ    *CQ
 	SRQ       *SRQ // receives come from here instead of the QP's RQ
@@ -73,61 +26,6 @@ type QPInitAttr struct {
 	SigAll    bool // every send WR is signaled
 }
 
-// AddressVector says where a QP's (or a UD WR's) packets go
-// (ibv_ah_attr with its GRH).
-type AddressVector struct {
-	DestMAC      [6]byte
-	DestIP       netip.Addr // the destination GID as an address
-	SGIDIndex    int        // index into Config.Addrs: the source address
-	TrafficClass uint8      // IPv4 TOS / IPv6 traffic class, as given
-	HopLimit     uint8      // TTL; 0 means 64
-	FlowLabel    uint32
-	UDPSrcPort   uint16 // 0: derived from the QPNs as rdma_get_udp_sport does
-}
-
-// Attr carries the attributes of Modify (ibv_qp_attr). Which fields matter
-// depends on the transition: INIT takes Access/QKey/PKey, RTR the path and
-// receive side, RTS the send side.
-type Attr struct {
-	// INIT
-	Access Access // remote operations the QP serves
-	QKey   uint32 // UD
-	PKey   uint16 // 0 means the default 0xFFFF
-
-	// RTR
-	PathMTU         int // 256, 512, 1024, 2048 or 4096 (RC/UC; UD uses the port MTU if 0)
-	DestQPN         uint32
-	RQPSN           uint32
-	MaxDestRdAtomic int
-	MinRNRTimer     uint8
-	AV              AddressVector
-
-	// RTS
-	SQPSN       uint32
-	Timeout     uint8 // local ACK timeout: 4.096 µs × 2^Timeout, 0 = infinite
-	RetryCnt    uint8
-	RNRRetry    uint8 // 7 = infinite
-	MaxRdAtomic int
-
-	// Mask says which of the attributes above an RTS→RTS or SQD→RTS
-	// transition changes.
-	Mask AttrMask
-}
-
-// AttrMask selects the attributes an RTS→RTS or SQD→RTS Modify changes
-// (ibv_qp_attr_mask); other transitions take every attribute they need.
-type AttrMask uint16
-
-// Attributes changeable in RTS.
-const (
-	MaskTimeout AttrMask = 1 << iota
-	MaskRetryCnt
-	MaskRNRRetry
-	MaskMinRNRTimer
-	MaskAccess
-	MaskMaxRdAtomic
-)
-
 // QP is a queue pair.
 type QP struct {
 	dev  *Device
@@ -136,8 +34,8 @@ type QP struct {
 	init QPInitAttr
 
 	mu    sync.Mutex // see the package doc
-	state State
-	attr  Attr
+	state ib.QPState
+	attr  ib.QPAttr
 	rc    *rc.QP
 	ud    *ud.QP
 	rq    recvRing
@@ -147,14 +45,15 @@ type QP struct {
 	mem   qpMem
 
 	// scratch of the post verbs (guarded by mu), so posting allocates nothing
-	postWQE  wr.SendWQE
-	postRecv wr.RecvWQE
-	postSG   [MaxSGE][]byte
+	postWQE  ib.SendWQE
+	postRecv ib.RecvWQE
+	postSG   [MaxSGE]ib.Seg
 
 	inline     []byte // MaxSendWR slots of MaxInline bytes
 	inlineNext int
 
 	commEst   bool         // EventCommEst was raised (guarded by mu)
+	sqdNotify bool         // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
 	cqe       CQECounters  // error completions (guarded by mu)
 	deadline  atomic.Int64 // transport deadline, published after each step
 	txPending atomic.Bool  // the transport may have packets to send
@@ -167,10 +66,10 @@ type QP struct {
 func (q *QP) QPN() uint32 { return q.qpn }
 
 // Type is the QP's transport service.
-func (q *QP) Type() QPType { return q.init.Type }
+func (q *QP) Type() ib.QPType { return q.init.Type }
 
 // State returns the current state.
-func (q *QP) State() State {
+func (q *QP) State() ib.QPState {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return q.state
@@ -180,16 +79,17 @@ func (q *QP) State() State {
 // QP's PD.
 type qpMem struct{ q *QP }
 
-// Resolve implements wr.Memory.
-func (m qpMem) Resolve(rkey uint32, va, n uint64, access wr.Access) ([]byte, bool) {
+// Resolve implements ib.Memory.
+func (m qpMem) Resolve(rkey uint32, va, n uint64, access ib.Access) (ib.Seg, bool) {
 	mr := m.q.dev.lookup(rkey, m.q.pd)
 	if mr == nil || mr.rkey != rkey || mr.access&access != access {
-		return nil, false
+		return ib.Seg{}, false
 	}
-	return mr.slice(va, n)
+	b, ok := mr.slice(va, n)
+	return ib.LocalSeg(b), ok
 }
 
-// Invalidate implements wr.Memory.
+// Invalidate implements ib.Memory.
 func (m qpMem) Invalidate(rkey uint32) bool {
 	mr := m.q.dev.lookup(rkey, m.q.pd)
 	if mr == nil || mr.rkey != rkey {
@@ -201,7 +101,7 @@ func (m qpMem) Invalidate(rkey uint32) bool {
 
 // CreateQP creates a QP in the RESET state.
 func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
-	if a.SendCQ == nil || a.RecvCQ == nil || a.Type > GSI {
+	if a.SendCQ == nil || a.RecvCQ == nil || a.Type < ib.GSI || a.Type > ib.UD {
 		return nil, ErrInvalid
 	}
 	if a.MaxSendWR == 0 {
@@ -226,7 +126,7 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	old := *d.qps.Load()
-	if a.Type == GSI {
+	if a.Type == ib.GSI {
 		if old[1] != nil {
 			return nil, ErrInvalid // one GSI QP per device
 		}
@@ -258,16 +158,17 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 // resetLocked returns the QP to a fresh RESET state.
 func (q *QP) resetLocked() {
 	a := q.init
-	q.state = Reset
-	q.commEst = false
+	q.state = ib.Reset
+	q.attr = ib.QPAttr{}
+	q.commEst, q.sqdNotify = false, false
 	q.cc = nil
 	q.rq = newRecvRing(a.MaxRecvWR, a.MaxSGE)
-	var rq wr.RecvQueue = &q.rq
+	var rq ib.RecvQueue = &q.rq
 	if a.SRQ != nil {
 		rq = a.SRQ
 	}
 	switch a.Type {
-	case UD, GSI:
+	case ib.UD, ib.GSI:
 		q.ud = ud.New(q.qpn, a.MaxSendWR, a.MaxSGE, rq)
 	default:
 		q.rc = rc.New(q.qpn, a.MaxSendWR, a.MaxSGE, q.mem, rq)
@@ -300,161 +201,29 @@ func (q *QP) Destroy() {
 	d.list.Store(&nl)
 }
 
-func validMTU(m int) bool {
-	return m == 256 || m == 512 || m == 1024 || m == 2048 || m == 4096
-}
-
-// Modify moves the QP to state to with the attributes that transition
-// takes, refusing transitions IBA does not allow.
-func (q *QP) Modify(to State, a *Attr) error {
-	if a == nil {
-		a = &Attr{}
-	}
-	q.mu.Lock()
-	defer q.release()
-	if q.destroyed.Load() {
-		return ErrDestroyed
-	}
-	from := q.state
-	if to == Reset {
-		q.resetLocked()
-		return nil
-	}
-	if to == Err {
-		q.toErrLocked()
-		return nil
-	}
-	if to > Err || !legal[from][to] {
-		return ErrState
-	}
-	t := q.init.Type
-	switch to {
-	case Init:
-		if t == UC && a.Access&(RemoteRead|RemoteAtomic) != 0 {
-			return ErrAccess
-		}
-		q.attr.Access, q.attr.QKey, q.attr.PKey = a.Access, a.QKey, a.PKey
-		if t == GSI {
-			q.attr.QKey = bth.GSIQKey // fixed by IBA for QP1
-		}
-	case RTR:
-		mtu := a.PathMTU
-		if t.datagram() && mtu == 0 {
-			mtu = q.dev.cfg.PortMTU
-		}
-		if !validMTU(mtu) || mtu > q.dev.cfg.PortMTU || a.MaxDestRdAtomic > MaxRdAtomic || a.MinRNRTimer > 31 {
-			return ErrInvalid
-		}
-		if !t.datagram() {
-			h, err := q.dev.makeHdr(&a.AV, q.qpn, a.DestQPN)
-			if err != nil {
-				return err
-			}
-			q.hdr = h
-			q.peer = a.AV.DestIP.Unmap()
-		}
-		q.attr.PathMTU, q.attr.DestQPN, q.attr.RQPSN = mtu, a.DestQPN&bth.QPNMask, a.RQPSN&bth.PSNMask
-		q.attr.MaxDestRdAtomic, q.attr.MinRNRTimer, q.attr.AV = a.MaxDestRdAtomic, a.MinRNRTimer, a.AV
-		if t.datagram() {
-			q.ud.Receiver(ud.Config{QKey: q.attr.QKey, PKey: q.attr.PKey, MTU: mtu})
-		} else {
-			q.rc.Receiver(q.rcConfig())
-			q.ccStart()
-		}
-	case RTS:
-		if from == SQE {
-			if q.ud != nil {
-				q.ud.Resume()
-			} else {
-				q.rc.Resume()
-			}
-		}
-		if from == RTR {
-			if a.RetryCnt > 7 || a.RNRRetry > 7 || a.Timeout > 31 || a.MaxRdAtomic > MaxRdAtomic {
-				return ErrInvalid
-			}
-			q.attr.SQPSN, q.attr.Timeout, q.attr.RetryCnt, q.attr.RNRRetry = a.SQPSN&bth.PSNMask, a.Timeout, a.RetryCnt, a.RNRRetry
-			q.attr.MaxRdAtomic = a.MaxRdAtomic
-			if t.datagram() {
-				q.ud.Sender(bth.PSN(q.attr.SQPSN))
-			} else {
-				q.rc.Sender(q.rcConfig())
-			}
-		}
-		if from != RTR && !t.datagram() && a.Mask != 0 {
-			if a.RetryCnt > 7 || a.RNRRetry > 7 || a.Timeout > 31 || a.MinRNRTimer > 31 || a.MaxRdAtomic > MaxRdAtomic {
-				return ErrInvalid
-			}
-			if t == UC && a.Access&(RemoteRead|RemoteAtomic) != 0 {
-				return ErrAccess
-			}
-			m, at := a.Mask, &q.attr
-			if m&MaskTimeout != 0 {
-				at.Timeout = a.Timeout
-			}
-			if m&MaskRetryCnt != 0 {
-				at.RetryCnt = a.RetryCnt
-			}
-			if m&MaskRNRRetry != 0 {
-				at.RNRRetry = a.RNRRetry
-			}
-			if m&MaskMinRNRTimer != 0 {
-				at.MinRNRTimer = a.MinRNRTimer
-			}
-			if m&MaskAccess != 0 {
-				at.Access = a.Access
-			}
-			if m&MaskMaxRdAtomic != 0 {
-				at.MaxRdAtomic = a.MaxRdAtomic
-			}
-			q.rc.Update(at.Timeout, at.RetryCnt, at.RNRRetry, at.MinRNRTimer, at.Access, at.MaxRdAtomic)
-		}
-		if !t.datagram() {
-			q.rc.Drain(false)
-		}
-	case SQD:
-		if !t.datagram() {
-			q.rc.Drain(true)
-		}
-	}
-	q.state = to
-	q.txPending.Store(true)
-	return nil
-}
-
-func (q *QP) rcConfig() rc.Config {
-	a := &q.attr
-	return rc.Config{
-		UC: q.init.Type == UC, DestQPN: a.DestQPN, PKey: a.PKey, MTU: a.PathMTU,
-		SQPSN: bth.PSN(a.SQPSN), RQPSN: bth.PSN(a.RQPSN), Timeout: a.Timeout, RetryCnt: a.RetryCnt,
-		RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: a.MaxRdAtomic,
-		MaxDestRdAtomic: a.MaxDestRdAtomic, Access: a.Access,
-	}
-}
-
 // toErrLocked moves the QP to ERR and flushes every outstanding WR.
 func (q *QP) toErrLocked() {
-	q.state = Err
+	q.state = ib.Err
 	if q.ud != nil {
 		q.ud.Flush()
 	} else {
 		q.rc.Flush()
 	}
-	var w wr.RecvWQE
+	var w ib.RecvWQE
 	if q.init.SRQ == nil {
 		for q.rq.Take(&w) {
-			q.pushWC(wr.WC{ID: w.ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true, QPN: q.qpn})
+			q.pushWC(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
 		}
 	}
 }
 
 // pushWC delivers a completion produced outside the transport.
-func (q *QP) pushWC(wc wr.WC) {
+func (q *QP) pushWC(wc ib.WC) {
 	q.cqe.add(&wc)
 	if wc.IsRecv {
-		q.init.RecvCQ.push([]wr.WC{wc}, true)
+		q.init.RecvCQ.push([]ib.WC{wc}, true)
 	} else {
-		q.init.SendCQ.push([]wr.WC{wc}, false)
+		q.init.SendCQ.push([]ib.WC{wc}, false)
 	}
 }
 
@@ -490,23 +259,23 @@ func (q *QP) releaseEngine() {
 // whether the QP must join the ready list and the timer list (the flags
 // queued and timed are already set for it).
 func (q *QP) unlock() (ready, timed bool) {
-	var wcs []wr.WC
+	var wcs []ib.WC
 	if q.ud != nil {
-		if q.ud.SendError() && q.state != Err && q.state != SQE {
-			q.state = SQE
+		if q.ud.SendError() && q.state != ib.Err && q.state != ib.SQE {
+			q.state = ib.SQE
 		}
-		if q.state == SQE {
+		if q.state == ib.SQE {
 			q.ud.FlushSend()
 		}
 		wcs = q.ud.TakeCompletions()
 	} else {
-		if q.rc.Failed() && q.state != Err && q.state != Reset {
-			q.state = Err
+		if q.rc.Failed() && q.state != ib.Err && q.state != ib.Reset {
+			q.state = ib.Err
 			q.rc.Flush()
-			q.dev.event(EventQPFatal, q.qpn)
+			q.dev.event(ib.EventQPFatal, q.qpn)
 		}
-		if q.rc.SendError() && q.state != Err && q.state != Reset {
-			q.state = SQE
+		if q.rc.SendError() && q.state != ib.Err && q.state != ib.Reset {
+			q.state = ib.SQE
 			q.rc.FlushSend()
 		}
 		wcs = q.rc.TakeCompletions()
@@ -519,7 +288,7 @@ func (q *QP) unlock() (ready, timed bool) {
 			} else {
 				send = true
 			}
-			if wcs[i].Status != wr.Success {
+			if wcs[i].Status != ib.Success {
 				q.cqe.add(&wcs[i])
 			}
 		}
@@ -530,11 +299,11 @@ func (q *QP) unlock() (ready, timed bool) {
 			q.init.RecvCQ.push(wcs, true)
 		}
 	}
-	if q.state != Err && q.state != Reset && (q.init.SendCQ.overrun.Load() || q.init.RecvCQ.overrun.Load()) {
+	if q.state != ib.Err && q.state != ib.Reset && (q.init.SendCQ.overrun.Load() || q.init.RecvCQ.overrun.Load()) {
 		// A CQ of this QP overflowed (see CQ): the QP goes to ERR, as a
 		// transport error would take it, and what it flushes is counted
 		// as lost on the CQ in error.
-		q.state = Err
+		q.state = ib.Err
 		if q.ud != nil {
 			q.ud.Flush()
 			wcs = q.ud.TakeCompletions()
@@ -547,13 +316,17 @@ func (q *QP) unlock() (ready, timed bool) {
 		}
 		q.init.SendCQ.push(wcs, false)
 		q.init.RecvCQ.push(wcs, true)
-		q.dev.event(EventQPFatal, q.qpn)
+		q.dev.event(ib.EventQPFatal, q.qpn)
 	}
-	if q.state == Err && q.init.SRQ == nil && q.rq.head != q.rq.tail {
-		var w wr.RecvWQE
+	if q.state == ib.Err && q.init.SRQ == nil && q.rq.head != q.rq.tail {
+		var w ib.RecvWQE
 		for q.rq.Take(&w) {
-			q.pushWC(wr.WC{ID: w.ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true, QPN: q.qpn})
+			q.pushWC(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
 		}
+	}
+	if q.sqdNotify && q.state == ib.SQD && (q.ud != nil || q.rc.Drained()) {
+		q.sqdNotify = false
+		q.dev.event(ib.EventSQDrained, q.qpn)
 	}
 	var pending bool
 	dl := clock.Never
@@ -578,9 +351,9 @@ func (q *QP) unlock() (ready, timed bool) {
 // SendWR is a send work request (ibv_send_wr).
 type SendWR struct {
 	ID     uint64
-	Opcode Opcode
-	Flags  Flags
-	SG     []SGE
+	Opcode ib.WROpcode
+	Flags  ib.SendFlags
+	SG     []ib.SGE
 	// InlineData, with the Inline flag, is copied at post time instead of
 	// SG (up to MaxInline bytes); the buffer may be reused at once.
 	InlineData []byte
@@ -622,7 +395,7 @@ func (q *QP) postSend(wrs []SendWR) (int, error) {
 	}
 	for i := range wrs {
 		s := &wrs[i]
-		if q.state != RTS && q.state != SQD && q.state != SQE && q.state != Err {
+		if q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE && q.state != ib.Err {
 			return i, ErrQPState
 		}
 		if err := q.checkSend(s); err != nil {
@@ -637,8 +410,8 @@ func (q *QP) postSend(wrs []SendWR) (int, error) {
 		if free == 0 {
 			return i, ErrQueueFull
 		}
-		if q.state == Err || q.state == SQE {
-			q.pushWC(wr.WC{ID: s.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(s.Opcode), QPN: q.qpn})
+		if q.state == ib.Err || q.state == ib.SQE {
+			q.pushWC(ib.WC{ID: s.ID, Status: ib.WRFlushErr, Opcode: wcOpcode(s.Opcode), QPN: q.qpn})
 			continue
 		}
 		q.resolveSend(s, w, sg)
@@ -652,34 +425,34 @@ func (q *QP) postSend(wrs []SendWR) (int, error) {
 	return len(wrs), nil
 }
 
-func wcOpcode(o Opcode) WCOpcode {
+func wcOpcode(o ib.WROpcode) ib.WCOpcode {
 	switch o {
-	case RDMAWrite, RDMAWriteWithImm:
-		return wr.WCRDMAWrite
-	case RDMARead:
-		return wr.WCRDMARead
-	case AtomicCmpAndSwp:
-		return wr.WCCompSwap
-	case AtomicFetchAndAdd:
-		return wr.WCFetchAdd
+	case ib.RDMAWrite, ib.RDMAWriteWithImm:
+		return ib.WCRDMAWrite
+	case ib.RDMARead:
+		return ib.WCRDMARead
+	case ib.AtomicCmpAndSwp:
+		return ib.WCCompSwap
+	case ib.AtomicFetchAndAdd:
+		return ib.WCFetchAdd
 	}
-	return wr.WCSend
+	return ib.WCSend
 }
 
 func (q *QP) checkSend(s *SendWR) error {
 	t := q.init.Type
 	switch {
-	case s.Opcode > AtomicFetchAndAdd:
+	case !s.Opcode.Valid():
 		return ErrBadOpcode
-	case t.datagram() && s.Opcode != Send && s.Opcode != SendWithImm:
+	case t.Datagram() && s.Opcode != ib.Send && s.Opcode != ib.SendWithImm:
 		return ErrBadOpcode
-	case t == UC && (s.Opcode == RDMARead || s.Opcode.IsAtomic()):
+	case t == ib.UC && (s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
 		return ErrBadOpcode
-	case t.datagram() && s.AH == nil:
+	case t.Datagram() && s.AH == nil:
 		return ErrInvalid
 	case len(s.SG) > q.init.MaxSGE:
 		return ErrTooManySGE
-	case s.Flags&Inline != 0 && (len(s.InlineData) > q.init.MaxInline || s.Opcode == RDMARead || s.Opcode.IsAtomic()):
+	case s.Flags&ib.Inline != 0 && (len(s.InlineData) > q.init.MaxInline || s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
 		return ErrInlineSize
 	}
 	if s.Opcode.IsAtomic() {
@@ -698,22 +471,22 @@ func (q *QP) checkSend(s *SendWR) error {
 // QP's PD. A bad lkey or bound is not an error of the post (an RNIC finds
 // it when it processes the WQE): the WQE carries LOC_PROT_ERR and
 // completes with it in order, and the QP goes to ERR.
-func (q *QP) resolveSend(s *SendWR, w *wr.SendWQE, sg [][]byte) {
-	*w = wr.SendWQE{ID: s.ID, Opcode: s.Opcode, Flags: s.Flags, Imm: s.Imm, InvRKey: s.InvRKey,
+func (q *QP) resolveSend(s *SendWR, w *ib.SendWQE, sg []ib.Seg) {
+	*w = ib.SendWQE{ID: s.ID, Opcode: s.Opcode, Flags: s.Flags, Imm: s.Imm, InvRKey: s.InvRKey,
 		RemoteAddr: s.RemoteAddr, RKey: s.RKey, RemoteQPN: s.RemoteQPN & bth.QPNMask, RemoteQKey: s.RemoteQKey}
 	if q.init.SigAll {
-		w.Flags |= Signaled
+		w.Flags |= ib.Signaled
 	}
 	switch s.Opcode {
-	case AtomicCmpAndSwp:
+	case ib.AtomicCmpAndSwp:
 		w.Compare, w.SwapAdd = s.CompareAdd, s.Swap
-	case AtomicFetchAndAdd:
+	case ib.AtomicFetchAndAdd:
 		w.SwapAdd = s.CompareAdd
 	}
 	if s.AH != nil {
-		w.AH = s.AH
+		w.AH = &s.AH.ah
 	}
-	if s.Flags&Inline != 0 {
+	if s.Flags&ib.Inline != 0 {
 		// Inline data is copied now so the caller may reuse its buffer,
 		// into the QP's arena of MaxSendWR slots: a slot comes round again
 		// only MaxSendWR posts later, when the SQ can no longer hold the
@@ -723,28 +496,28 @@ func (q *QP) resolveSend(s *SendWR, w *wr.SendWQE, sg [][]byte) {
 		q.inlineNext++
 		b := q.inline[k*n : k*n+len(s.InlineData)]
 		copy(b, s.InlineData)
-		w.SG = append(sg, b)
+		w.SG = append(sg, ib.LocalSeg(b))
 		w.Length = uint32(len(b))
 		return
 	}
-	needWrite := s.Opcode == RDMARead || s.Opcode.IsAtomic()
+	needWrite := s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()
 	var total uint64
 	for _, g := range s.SG {
 		m := q.dev.lookup(g.LKey, q.pd)
 		var b []byte
-		ok := m != nil && m.lkey == g.LKey && (!needWrite || m.access&LocalWrite != 0)
+		ok := m != nil && m.lkey == g.LKey && (!needWrite || m.access&ib.LocalWrite != 0)
 		if ok {
 			b, ok = m.slice(g.Addr, uint64(g.Length))
 		}
 		if !ok {
-			w.Err = wr.LocProtErr
+			w.Err = ib.LocProtErr
 			continue
 		}
-		sg = append(sg, b)
+		sg = append(sg, ib.LocalSeg(b))
 		total += uint64(g.Length)
 	}
-	if total > MaxMsgSize && w.Err == wr.Success {
-		w.Err = wr.LocLenErr
+	if total > MaxMsgSize && w.Err == ib.Success {
+		w.Err = ib.LocLenErr
 	}
 	w.SG = sg
 	w.Length = uint32(total)
@@ -762,7 +535,7 @@ func (q *QP) PostRecv(wrs ...RecvWR) (int, error) {
 		return 0, ErrDestroyed
 	}
 	for i := range wrs {
-		if q.state == Reset {
+		if q.state == ib.Reset {
 			return i, ErrQPState
 		}
 		if len(wrs[i].SG) > q.init.MaxSGE {
@@ -771,8 +544,8 @@ func (q *QP) PostRecv(wrs ...RecvWR) (int, error) {
 		if q.rq.full() {
 			return i, ErrQueueFull
 		}
-		if q.state == Err {
-			q.pushWC(wr.WC{ID: wrs[i].ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true, QPN: q.qpn})
+		if q.state == ib.Err {
+			q.pushWC(ib.WC{ID: wrs[i].ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
 			continue
 		}
 		q.dev.resolveRecv(q.pd, &wrs[i], w, sg)
@@ -784,15 +557,25 @@ func (q *QP) PostRecv(wrs ...RecvWR) (int, error) {
 // AH is an address handle for UD sends (ibv_ah), with its frame header
 // prepared once.
 type AH struct {
-	av  AddressVector
+	ah  ib.AH
 	hdr hdrTmpl
 }
 
-// CreateAH creates an address handle.
-func (pd *PD) CreateAH(av AddressVector) (*AH, error) {
-	h, err := pd.dev.makeHdr(&av, 0, 0)
-	if err != nil {
-		return nil, err
+// AV is the address vector the AH was made from, its DMAC resolved.
+func (a *AH) AV() ib.AddressVector { return a.ah.AV }
+
+// CreateAH creates an address handle (ibv_create_ah). Without a DMAC in
+// av, the device's resolver finds the next hop.
+func (pd *PD) CreateAH(av ib.AddressVector) (*AH, error) {
+	if err := pd.dev.checkAV(&av); err != nil {
+		return nil, fmt.Errorf("verbs: address handle: %v: %w", err, ErrInvalid)
 	}
-	return &AH{av: av, hdr: h}, nil
+	mac, err := pd.dev.destMAC(&av)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: address handle: %v: %w", err, ErrInvalid)
+	}
+	av.DMAC = mac
+	a := &AH{hdr: pd.dev.makeHdr(&av, mac, 0, 0)}
+	a.ah = ib.AH{AV: av, Header: a.hdr.bytes()}
+	return a, nil
 }

@@ -1,9 +1,9 @@
 package verbs
 
 import (
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // QPCounters is a snapshot of one QP's transport counters, for the
@@ -11,8 +11,8 @@ import (
 // and GSI QPs fill UD.
 type QPCounters struct {
 	QPN   uint32
-	Type  QPType
-	State State
+	Type  ib.QPType
+	State ib.QPState
 	RC    rc.Counters
 	UD    ud.Counters
 	CQE   CQECounters
@@ -30,14 +30,14 @@ type CQECounters struct {
 }
 
 // add counts one completion; successful ones are not counted.
-func (c *CQECounters) add(w *wr.WC) {
+func (c *CQECounters) add(w *ib.WC) {
 	switch {
-	case w.Status == wr.Success:
-	case w.IsRecv && w.Status == wr.WRFlushErr:
+	case w.Status == ib.Success:
+	case w.IsRecv && w.Status == ib.WRFlushErr:
 		c.RespFlushErr++
 	case w.IsRecv:
 		c.RespErr++
-	case w.Status == wr.WRFlushErr:
+	case w.Status == ib.WRFlushErr:
 		c.ReqFlushErr++
 	default:
 		c.ReqErr++

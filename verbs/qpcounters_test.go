@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -33,16 +34,16 @@ func countersOf(t *testing.T, d *Device, qpn uint32) QPCounters {
 // req_cqe_error and req_remote_invalid_request).
 func TestCQECounters(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
-	qa, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite, 8)
-	mrA, _ := tb.a.pd.RegMR(make([]byte, 4096), LocalWrite)
-	mrB, _ := tb.b.pd.RegMR(make([]byte, 4096), LocalWrite|RemoteWrite)
-	if _, err := qa.PostSend(SendWR{ID: 1, Opcode: RDMAWrite, Flags: Signaled,
-		SG: []SGE{{Addr: mrA.IOVA(), Length: 64, LKey: mrA.LKey()}}, RemoteAddr: mrB.IOVA(), RKey: mrB.RKey() ^ 0x5a5a}); err != nil {
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite, 8)
+	mrA, _ := tb.a.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
+	mrB, _ := tb.b.pd.RegMR(make([]byte, 4096), ib.LocalWrite|ib.RemoteWrite)
+	if _, err := qa.PostSend(SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 64, LKey: mrA.LKey()}}, RemoteAddr: mrB.IOVA(), RKey: mrB.RKey() ^ 0x5a5a}); err != nil {
 		t.Fatal(err)
 	}
-	var wcs []WC
+	var wcs []ib.WC
 	tb.run(func() bool { wcs = append(wcs, pollAll(qa.init.SendCQ)...); return len(wcs) == 1 }, time.Second)
-	if wcs[0].Status != RemAccessErr {
+	if wcs[0].Status != ib.RemAccessErr {
 		t.Fatalf("WRITE with a wrong rkey: %+v", wcs[0])
 	}
 	a, b := countersOf(t, tb.a.dev, qa.QPN()), countersOf(t, tb.b.dev, qb.QPN())
@@ -53,27 +54,27 @@ func TestCQECounters(t *testing.T) {
 		t.Errorf("responder after a remote access error: CQE %+v, RC %+v", b.CQE, b.RC)
 	}
 	// The requester's QP is in error: what is posted now is flushed.
-	qa.PostSend(SendWR{ID: 2, Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
-	qa.PostRecv(RecvWR{ID: 3, SG: []SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
-	qa.PostRecv(RecvWR{ID: 4, SG: []SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
+	qa.PostSend(SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
+	qa.PostRecv(RecvWR{ID: 3, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
+	qa.PostRecv(RecvWR{ID: 4, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
 	if a := countersOf(t, tb.a.dev, qa.QPN()); a.CQE != (CQECounters{ReqErr: 1, ReqFlushErr: 1, RespFlushErr: 2}) {
 		t.Errorf("after posting to the errored QP: %+v", a.CQE)
 	}
 
 	// A SEND longer than the receive buffer on a fresh pair.
-	qa, qb = tb.connect(RC, 1024, LocalWrite, 8)
-	if _, err := qb.PostRecv(RecvWR{ID: 5, SG: []SGE{{Addr: mrB.IOVA(), Length: 16, LKey: mrB.LKey()}}}); err != nil {
+	qa, qb = tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	if _, err := qb.PostRecv(RecvWR{ID: 5, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 16, LKey: mrB.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := qa.PostSend(SendWR{ID: 6, Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: mrA.IOVA(), Length: 17, LKey: mrA.LKey()}}}); err != nil {
+	if _, err := qa.PostSend(SendWR{ID: 6, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 17, LKey: mrA.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	wcs = wcs[:0]
 	tb.run(func() bool { wcs = append(wcs, pollAll(qa.init.SendCQ)...); return len(wcs) == 1 }, time.Second)
-	if wcs[0].Status != RemInvReqErr {
+	if wcs[0].Status != ib.RemInvReqErr {
 		t.Fatalf("SEND longer than the receive buffer: %+v", wcs[0])
 	}
-	if rw := pollAll(qb.init.RecvCQ); len(rw) != 1 || rw[0].Status != LocLenErr {
+	if rw := pollAll(qb.init.RecvCQ); len(rw) != 1 || rw[0].Status != ib.LocLenErr {
 		t.Fatalf("receive completions %+v", rw)
 	}
 	a, b = countersOf(t, tb.a.dev, qa.QPN()), countersOf(t, tb.b.dev, qb.QPN())

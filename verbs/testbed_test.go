@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -16,7 +18,7 @@ type node struct {
 	pd   *PD
 	rx   [][]byte
 	out  [][]byte
-	wcs  []WC
+	wcs  []ib.WC
 }
 
 // testbed is two devices joined by a memlink in virtual time, both driven
@@ -129,7 +131,7 @@ func (tb *testbed) run(done func() bool, limit time.Duration) {
 }
 
 // connect creates a connected QP pair of type t between the two nodes.
-func (tb *testbed) connect(t QPType, mtu int, access Access, depth int) (qa, qb *QP) {
+func (tb *testbed) connect(t ib.QPType, mtu int, access ib.Access, depth int) (qa, qb *QP) {
 	tb.t.Helper()
 	mk := func(n *node) *QP {
 		cq := n.dev.CreateCQ(4 * depth)
@@ -140,18 +142,18 @@ func (tb *testbed) connect(t QPType, mtu int, access Access, depth int) (qa, qb 
 		return q
 	}
 	qa, qb = mk(tb.a), mk(tb.b)
-	conn := func(q, peer *QP, av AddressVector, psnOut, psnIn uint32) {
-		must(tb.t, q.Modify(Init, &Attr{Access: access}))
-		must(tb.t, q.Modify(RTR, &Attr{PathMTU: mtu, DestQPN: peer.QPN(), RQPSN: psnIn, MaxDestRdAtomic: 16, MinRNRTimer: 1, AV: av}))
+	conn := func(q, peer *QP, av ib.AddressVector, psnOut, psnIn uint32) {
+		must(tb.t, ibtest.Modify(q, ib.Init, &ib.QPAttr{Access: access}))
+		must(tb.t, ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: uint32(mtu), DestQPN: peer.QPN(), RQPSN: psnIn, MaxDestRdAtomic: 16, MinRNRTimer: 1, AV: av}))
 		to := tb.timeout
 		if to == 0 {
 			to = 6
 		}
-		must(tb.t, q.Modify(RTS, &Attr{SQPSN: psnOut, Timeout: to, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}))
+		must(tb.t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{SQPSN: psnOut, Timeout: to, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}))
 	}
 	pa, pb := uint32(0xFFFFF0+qa.QPN()), uint32(0x123456+qb.QPN())
-	conn(qa, qb, AddressVector{DestMAC: macB, DestIP: tb.b.dev.cfg.Addrs[0]}, pa, pb)
-	conn(qb, qa, AddressVector{DestMAC: macA, DestIP: tb.a.dev.cfg.Addrs[0]}, pb, pa)
+	conn(qa, qb, ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(tb.b.dev.cfg.Addrs[0])}, pa, pb)
+	conn(qb, qa, ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(tb.a.dev.cfg.Addrs[0])}, pb, pa)
 	return qa, qb
 }
 
@@ -163,9 +165,9 @@ func must(t testing.TB, err error) {
 }
 
 // pollAll drains a CQ into a slice.
-func pollAll(cq *CQ) []WC {
-	var all []WC
-	var buf [64]WC
+func pollAll(cq *CQ) []ib.WC {
+	var all []ib.WC
+	var buf [64]ib.WC
 	for {
 		n := cq.Poll(buf[:])
 		if n == 0 {

@@ -5,6 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -15,14 +16,14 @@ import (
 func TestTransmitFillsBatch(t *testing.T) {
 	for _, qps := range []int{1, 3} {
 		tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
-		mr, err := tb.a.pd.RegMR(make([]byte, 1<<20), LocalWrite)
+		mr, err := tb.a.pd.RegMR(make([]byte, 1<<20), ib.LocalWrite)
 		must(t, err)
-		rmr, err := tb.b.pd.RegMR(make([]byte, 1<<20), LocalWrite|RemoteWrite)
+		rmr, err := tb.b.pd.RegMR(make([]byte, 1<<20), ib.LocalWrite|ib.RemoteWrite)
 		must(t, err)
 		var qs []*QP
 		for i := 0; i < qps; i++ {
-			qa, _ := tb.connect(RC, 1024, RemoteWrite, 16)
-			if _, err := qa.PostSend(SendWR{ID: 1, Opcode: RDMAWrite, SG: []SGE{{Addr: mr.IOVA(), Length: 1 << 20, LKey: mr.LKey()}},
+			qa, _ := tb.connect(ib.RC, 1024, ib.RemoteWrite, 16)
+			if _, err := qa.PostSend(SendWR{ID: 1, Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 1 << 20, LKey: mr.LKey()}},
 				RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
 				t.Fatal(err)
 			}

@@ -9,79 +9,23 @@ import (
 	"sync/atomic"
 	"unsafe"
 
-	"github.com/softrnic/softrnic/verbs/wr"
-)
-
-// The work request vocabulary, shared with the transports.
-type (
-	Opcode   = wr.Opcode
-	Flags    = wr.Flags
-	Status   = wr.Status
-	WC       = wr.WC
-	WCOpcode = wr.WCOpcode
-	WCFlags  = wr.WCFlags
-	Access   = wr.Access
-)
-
-// Re-exported constants, so that users need only this package.
-const (
-	Send              = wr.Send
-	SendWithImm       = wr.SendWithImm
-	SendWithInv       = wr.SendWithInv
-	RDMAWrite         = wr.RDMAWrite
-	RDMAWriteWithImm  = wr.RDMAWriteWithImm
-	RDMARead          = wr.RDMARead
-	AtomicCmpAndSwp   = wr.AtomicCmpAndSwp
-	AtomicFetchAndAdd = wr.AtomicFetchAndAdd
-
-	Signaled  = wr.Signaled
-	Fence     = wr.Fence
-	Solicited = wr.Solicited
-	Inline    = wr.Inline
-
-	WCWithImm = wr.WCWithImm
-	WCWithInv = wr.WCWithInv
-	WCGRH     = wr.WCGRH
-
-	WCSend            = wr.WCSend
-	WCRDMAWrite       = wr.WCRDMAWrite
-	WCRDMARead        = wr.WCRDMARead
-	WCCompSwap        = wr.WCCompSwap
-	WCFetchAdd        = wr.WCFetchAdd
-	WCRecv            = wr.WCRecv
-	WCRecvRDMAWithImm = wr.WCRecvRDMAWithImm
-
-	Success        = wr.Success
-	LocLenErr      = wr.LocLenErr
-	LocQPOpErr     = wr.LocQPOpErr
-	LocProtErr     = wr.LocProtErr
-	WRFlushErr     = wr.WRFlushErr
-	BadRespErr     = wr.BadRespErr
-	RemInvReqErr   = wr.RemInvReqErr
-	RemAccessErr   = wr.RemAccessErr
-	RemOpErr       = wr.RemOpErr
-	RetryExcErr    = wr.RetryExcErr
-	RNRRetryExcErr = wr.RNRRetryExcErr
-
-	LocalWrite   = wr.LocalWrite
-	RemoteWrite  = wr.RemoteWrite
-	RemoteRead   = wr.RemoteRead
-	RemoteAtomic = wr.RemoteAtomic
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Errors returned by the verbs.
 var (
-	ErrInvalid     = errors.New("verbs: invalid argument")
-	ErrState       = errors.New("verbs: illegal QP state transition")
-	ErrQPState     = errors.New("verbs: QP state does not allow this")
-	ErrQueueFull   = errors.New("verbs: work queue full")
-	ErrTooManySGE  = errors.New("verbs: too many scatter/gather entries")
-	ErrInlineSize  = errors.New("verbs: inline data larger than max_inline_data")
-	ErrBadOpcode   = errors.New("verbs: opcode not supported by this QP type")
-	ErrAccess      = errors.New("verbs: invalid access flags")
-	ErrDestroyed   = errors.New("verbs: object destroyed")
-	ErrNoRecvQueue = errors.New("verbs: QP uses an SRQ; post receives there")
-	ErrKeySpace    = errors.New("verbs: could not draw a fresh key")
+	ErrInvalid      = errors.New("verbs: invalid argument")
+	ErrState        = errors.New("verbs: illegal QP state transition")
+	ErrQPState      = errors.New("verbs: QP state does not allow this")
+	ErrQueueFull    = errors.New("verbs: work queue full")
+	ErrTooManySGE   = errors.New("verbs: too many scatter/gather entries")
+	ErrInlineSize   = errors.New("verbs: inline data larger than max_inline_data")
+	ErrBadOpcode    = errors.New("verbs: opcode not supported by this QP type")
+	ErrAccess       = errors.New("verbs: invalid access flags")
+	ErrDestroyed    = errors.New("verbs: object destroyed")
+	ErrNoRecvQueue  = errors.New("verbs: QP uses an SRQ; post receives there")
+	ErrKeySpace     = errors.New("verbs: could not draw a fresh key")
+	ErrNotSupported = errors.New("verbs: not supported")
 )
 
 // Limits of the device, as an RNIC reports them in ibv_query_device.
@@ -110,7 +54,7 @@ type MR struct {
 	pd     *PD
 	buf    []byte
 	iova   uint64
-	access Access
+	access ib.Access
 	lkey   uint32
 	rkey   uint32
 	valid  atomic.Bool
@@ -137,7 +81,7 @@ func (m *MR) Valid() bool { return m.valid.Load() }
 
 // RegMR registers buf with the given access; its IOVA is buf's address, as
 // ibv_reg_mr uses the virtual address.
-func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
+func (pd *PD) RegMR(buf []byte, access ib.Access) (*MR, error) {
 	var iova uint64
 	if len(buf) > 0 {
 		iova = uint64(uintptr(unsafe.Pointer(&buf[0])))
@@ -146,9 +90,9 @@ func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
 }
 
 // RegMRIOVA registers buf at a chosen virtual address (ibv_reg_mr_iova).
-func (pd *PD) RegMRIOVA(buf []byte, iova uint64, access Access) (*MR, error) {
+func (pd *PD) RegMRIOVA(buf []byte, iova uint64, access ib.Access) (*MR, error) {
 	// IBA: remote write or atomic access requires local write.
-	if access&(RemoteWrite|RemoteAtomic) != 0 && access&LocalWrite == 0 {
+	if !access.ValidForMR() {
 		return nil, ErrAccess
 	}
 	if iova+uint64(len(buf)) < iova {
@@ -227,14 +171,6 @@ func (m *MR) slice(va, n uint64) ([]byte, bool) {
 	return m.buf[off : off+n : off+n], true
 }
 
-// SGE is a scatter/gather entry: Length bytes at virtual address Addr of
-// the MR whose lkey is LKey.
-type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
-}
-
 // CQ is a completion queue.
 //
 // A CQ that is full when a completion arrives is overrun. As on an IBA
@@ -250,7 +186,7 @@ type SGE struct {
 type CQ struct {
 	dev      *Device
 	mu       sync.Mutex
-	ring     []WC
+	ring     []ib.WC
 	head, n  int
 	overflow uint64
 	notify   chan struct{}
@@ -268,13 +204,13 @@ func (d *Device) CreateCQ(depth int) *CQ {
 	if depth < 1 {
 		depth = DefaultDepth
 	}
-	return &CQ{dev: d, ring: make([]WC, depth), notify: make(chan struct{}, 1)}
+	return &CQ{dev: d, ring: make([]ib.WC, depth), notify: make(chan struct{}, 1)}
 }
 
 // Poll moves up to len(out) completions into out, oldest first, and
 // returns how many. After an overrun it still returns the completions
 // queued before it; Err tells the application that others were lost.
-func (c *CQ) Poll(out []WC) int {
+func (c *CQ) Poll(out []ib.WC) int {
 	c.mu.Lock()
 	k := 0
 	for k < len(out) && c.n > 0 {
@@ -303,7 +239,7 @@ func (c *CQ) Notify() <-chan struct{} { return c.notify }
 // Wait polls, blocking until at least one completion is there or ctx ends.
 // A CQ in error returns ErrCQOverrun once its queued completions are
 // polled, rather than blocking for completions that will never come.
-func (c *CQ) Wait(ctx context.Context, out []WC) (int, error) {
+func (c *CQ) Wait(ctx context.Context, out []ib.WC) (int, error) {
 	for {
 		if n := c.Poll(out); n > 0 {
 			return n, nil
@@ -329,7 +265,7 @@ func (c *CQ) Overflows() uint64 {
 
 // push appends the completions of wcs whose IsRecv equals recv. The first
 // one that finds the CQ full puts it in error (see CQ) and reports it.
-func (c *CQ) push(wcs []WC, recv bool) {
+func (c *CQ) push(wcs []ib.WC, recv bool) {
 	added, overran := false, false
 	c.mu.Lock()
 	for i := range wcs {
@@ -370,7 +306,7 @@ func (d *Device) CQOverruns() uint64 { return d.cqOverruns.Load() }
 // It may run under that QP's lock: it takes no QP lock itself.
 func (d *Device) cqOverrun(c *CQ) {
 	d.cqOverruns.Add(1)
-	d.asyncEvent(AsyncEvent{Type: EventCQErr, CQ: c})
+	d.asyncEvent(AsyncEvent{Type: ib.EventCQErr, CQ: c})
 	for _, q := range *d.list.Load() {
 		if q.init.SendCQ != c && q.init.RecvCQ != c || q.destroyed.Load() {
 			continue
@@ -384,21 +320,21 @@ func (d *Device) cqOverrun(c *CQ) {
 
 // recvRing is a QP's receive queue; guarded by the QP's mutex.
 type recvRing struct {
-	ring       []wr.RecvWQE
+	ring       []ib.RecvWQE
 	head, tail uint32
 }
 
 func newRecvRing(depth, maxSGE int) recvRing {
-	r := recvRing{ring: make([]wr.RecvWQE, depth)}
+	r := recvRing{ring: make([]ib.RecvWQE, depth)}
 	for i := range r.ring {
-		r.ring[i].SG = make([][]byte, 0, maxSGE)
+		r.ring[i].SG = make([]ib.Seg, 0, maxSGE)
 	}
 	return r
 }
 
 func (r *recvRing) full() bool { return r.tail-r.head >= uint32(len(r.ring)) }
 
-func (r *recvRing) put(w *wr.RecvWQE) {
+func (r *recvRing) put(w *ib.RecvWQE) {
 	e := &r.ring[r.tail%uint32(len(r.ring))]
 	sg := append(e.SG[:0], w.SG...)
 	*e = *w
@@ -406,8 +342,8 @@ func (r *recvRing) put(w *wr.RecvWQE) {
 	r.tail++
 }
 
-// Take implements wr.RecvQueue.
-func (r *recvRing) Take(dst *wr.RecvWQE) bool {
+// Take implements ib.RecvQueue.
+func (r *recvRing) Take(dst *ib.RecvWQE) bool {
 	if r.head == r.tail {
 		return false
 	}
@@ -427,8 +363,8 @@ type SRQ struct {
 	maxSGE int
 	mu     sync.Mutex
 	rq     recvRing
-	post   wr.RecvWQE // PostRecv scratch, guarded by mu
-	postSG [MaxSGE][]byte
+	post   ib.RecvWQE // PostRecv scratch, guarded by mu
+	postSG [MaxSGE]ib.Seg
 }
 
 // CreateSRQ creates a shared receive queue.
@@ -439,8 +375,8 @@ func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
 	return &SRQ{pd: pd, maxSGE: maxSGE, rq: newRecvRing(depth, maxSGE)}, nil
 }
 
-// Take implements wr.RecvQueue (called by the engine under the QP lock).
-func (s *SRQ) Take(dst *wr.RecvWQE) bool {
+// Take implements ib.RecvQueue (called by the engine under the QP lock).
+func (s *SRQ) Take(dst *ib.RecvWQE) bool {
 	s.mu.Lock()
 	ok := s.rq.Take(dst)
 	s.mu.Unlock()
@@ -468,26 +404,26 @@ func (s *SRQ) PostRecv(wrs ...RecvWR) (int, error) {
 // RecvWR is a receive work request.
 type RecvWR struct {
 	ID uint64
-	SG []SGE
+	SG []ib.SGE
 }
 
 // resolveRecv turns a receive WR's SGEs into memory, checking lkey, PD,
 // bounds and local write access; a failure is recorded in the WQE and
 // reported when a message uses it (LOC_PROT_ERR), as an RNIC does.
-func (d *Device) resolveRecv(pd *PD, r *RecvWR, w *wr.RecvWQE, sg [][]byte) {
-	w.ID, w.Err, w.Length = r.ID, wr.Success, 0
+func (d *Device) resolveRecv(pd *PD, r *RecvWR, w *ib.RecvWQE, sg []ib.Seg) {
+	w.ID, w.Err, w.Length = r.ID, ib.Success, 0
 	for _, s := range r.SG {
 		m := d.lookup(s.LKey, pd)
 		var b []byte
-		ok := m != nil && m.access&LocalWrite != 0
+		ok := m != nil && m.access&ib.LocalWrite != 0
 		if ok {
 			b, ok = m.slice(s.Addr, uint64(s.Length))
 		}
 		if !ok {
-			w.Err = wr.LocProtErr
+			w.Err = ib.LocProtErr
 			continue
 		}
-		sg = append(sg, b)
+		sg = append(sg, ib.LocalSeg(b))
 		w.Length += s.Length
 	}
 	w.SG = sg

@@ -3,6 +3,7 @@ package verbs
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
@@ -11,78 +12,80 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
 func TestQPStateMachine(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
 	cq := tb.a.dev.CreateCQ(16)
-	q, err := tb.a.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cq, RecvCQ: cq})
+	q, err := tb.a.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq})
 	must(t, err)
-	if q.State() != Reset {
+	if q.State() != ib.Reset {
 		t.Fatal("new QP not in RESET")
 	}
-	illegal := []State{RTR, RTS, SQD, SQE}
+	illegal := []ib.QPState{ib.RTR, ib.RTS, ib.SQD, ib.SQE}
 	for _, s := range illegal {
-		if q.Modify(s, &Attr{}) != ErrState {
+		if !errors.Is(ibtest.Modify(q, s, &ib.QPAttr{}), ErrState) {
 			t.Fatalf("RESET→%v allowed", s)
 		}
 	}
-	if _, err := q.PostSend(SendWR{Opcode: Send}); err != ErrQPState {
+	if _, err := q.PostSend(SendWR{Opcode: ib.Send}); err != ErrQPState {
 		t.Fatal("post send in RESET allowed")
 	}
-	must(t, q.Modify(Init, &Attr{Access: RemoteWrite}))
-	if q.Modify(RTS, &Attr{}) != ErrState {
+	must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}))
+	if !errors.Is(ibtest.Modify(q, ib.RTS, &ib.QPAttr{}), ErrState) {
 		t.Fatal("INIT→RTS allowed")
 	}
-	if q.Modify(RTR, &Attr{PathMTU: 1000, AV: AddressVector{DestIP: addrB}}) != ErrInvalid {
+	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1000, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}), ErrInvalid) {
 		t.Fatal("MTU 1000 accepted")
 	}
-	if q.Modify(RTR, &Attr{PathMTU: 4096, AV: AddressVector{DestIP: addrB}}) != ErrInvalid {
+	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 4096, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}), ErrInvalid) {
 		t.Fatal("MTU above the port's accepted")
 	}
-	if q.Modify(RTR, &Attr{PathMTU: 1024, AV: AddressVector{DestIP: netip.MustParseAddr("fd00::1")}}) != ErrInvalid {
+	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(netip.MustParseAddr("fd00::1"))}}), ErrInvalid) {
 		t.Fatal("IPv6 peer for an IPv4 GID accepted")
 	}
-	must(t, q.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: 5, AV: AddressVector{DestIP: addrB}}))
-	if q.Modify(RTS, &Attr{RetryCnt: 8}) != ErrInvalid {
+	must(t, ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: 5, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}))
+	if !errors.Is(ibtest.Modify(q, ib.RTS, &ib.QPAttr{RetryCnt: 8}), ErrInvalid) {
 		t.Fatal("retry_cnt 8 accepted")
 	}
-	must(t, q.Modify(RTS, &Attr{RetryCnt: 7, RNRRetry: 7, Timeout: 14}))
-	must(t, q.Modify(SQD, nil))
-	must(t, q.Modify(RTS, nil))
-	if q.Modify(Init, nil) != ErrState {
+	must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{RetryCnt: 7, RNRRetry: 7, Timeout: 14}))
+	must(t, ibtest.Modify(q, ib.SQD, nil))
+	must(t, ibtest.Modify(q, ib.RTS, nil))
+	if !errors.Is(ibtest.Modify(q, ib.Init, nil), ErrState) {
 		t.Fatal("RTS→INIT allowed")
 	}
 	// Posted work is flushed when the QP goes to ERR.
-	mr, _ := tb.a.pd.RegMR(make([]byte, 64), LocalWrite)
-	_, err = q.PostSend(SendWR{ID: 1, Opcode: Send, SG: []SGE{{Addr: mr.IOVA(), Length: 8, LKey: mr.LKey()}}},
-		SendWR{ID: 2, Opcode: RDMAWrite})
+	mr, _ := tb.a.pd.RegMR(make([]byte, 64), ib.LocalWrite)
+	_, err = q.PostSend(SendWR{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 8, LKey: mr.LKey()}}},
+		SendWR{ID: 2, Opcode: ib.RDMAWrite})
 	must(t, err)
 	_, err = q.PostRecv(RecvWR{ID: 3})
 	must(t, err)
-	must(t, q.Modify(Err, nil))
+	must(t, ibtest.Modify(q, ib.Err, nil))
 	w := pollAll(cq)
 	if len(w) != 3 {
 		t.Fatalf("flush: %+v", w)
 	}
 	for _, c := range w {
-		if c.Status != WRFlushErr {
+		if c.Status != ib.WRFlushErr {
 			t.Fatalf("flush status %+v", c)
 		}
 	}
 	// Posting in ERR completes at once with a flush error.
-	_, err = q.PostSend(SendWR{ID: 4, Opcode: Send})
+	_, err = q.PostSend(SendWR{ID: 4, Opcode: ib.Send})
 	must(t, err)
-	if w := pollAll(cq); len(w) != 1 || w[0].ID != 4 || w[0].Status != WRFlushErr {
+	if w := pollAll(cq); len(w) != 1 || w[0].ID != 4 || w[0].Status != ib.WRFlushErr {
 		t.Fatalf("%+v", w)
 	}
-	must(t, q.Modify(Reset, nil))
-	must(t, q.Modify(Init, nil))
+	must(t, ibtest.Modify(q, ib.Reset, nil))
+	must(t, ibtest.Modify(q, ib.Init, nil))
 	// UC refuses remote read/atomic access; UD refuses RDMA opcodes.
-	uq, _ := tb.a.pd.CreateQP(QPInitAttr{Type: UC, SendCQ: cq, RecvCQ: cq})
-	if uq.Modify(Init, &Attr{Access: RemoteRead}) != ErrAccess {
+	uq, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.UC, SendCQ: cq, RecvCQ: cq})
+	if !errors.Is(ibtest.Modify(uq, ib.Init, &ib.QPAttr{Access: ib.RemoteRead}), ErrAccess) {
 		t.Fatal("UC with remote read")
 	}
 }
@@ -90,14 +93,14 @@ func TestQPStateMachine(t *testing.T) {
 func TestMRKeysAndChecks(t *testing.T) {
 	d, _ := NewDevice(Config{Addrs: []netip.Addr{addrA}})
 	pd, pd2 := d.AllocPD(), d.AllocPD()
-	if _, err := pd.RegMR(make([]byte, 8), RemoteWrite); err != ErrAccess {
+	if _, err := pd.RegMR(make([]byte, 8), ib.RemoteWrite); err != ErrAccess {
 		t.Fatal("remote write without local write accepted")
 	}
 	seen := map[uint32]bool{}
 	var prev uint32
 	incr := 0
 	for i := 0; i < 200; i++ {
-		m, err := pd.RegMRIOVA(make([]byte, 64), 0x1000, LocalWrite|RemoteRead)
+		m, err := pd.RegMRIOVA(make([]byte, 64), 0x1000, ib.LocalWrite|ib.RemoteRead)
 		must(t, err)
 		for _, k := range []uint32{m.LKey(), m.RKey()} {
 			if seen[k] || k == 0 {
@@ -113,79 +116,79 @@ func TestMRKeysAndChecks(t *testing.T) {
 	if incr > 2 {
 		t.Fatalf("keys look like a counter (%d increments)", incr)
 	}
-	m, _ := pd.RegMRIOVA(make([]byte, 64), 0x1000, LocalWrite|RemoteRead)
+	m, _ := pd.RegMRIOVA(make([]byte, 64), 0x1000, ib.LocalWrite|ib.RemoteRead)
 	q := &QP{dev: d, pd: pd}
 	mem := qpMem{q}
-	if _, ok := mem.Resolve(m.RKey(), 0x1000, 64, RemoteRead); !ok {
+	if _, ok := mem.Resolve(m.RKey(), 0x1000, 64, ib.RemoteRead); !ok {
 		t.Fatal("valid access refused")
 	}
 	for _, c := range []struct {
 		key    uint32
 		va, n  uint64
-		access Access
+		access ib.Access
 	}{
-		{m.RKey(), 0x1000, 65, RemoteRead}, {m.RKey(), 0xFFF, 2, RemoteRead}, {m.RKey(), ^uint64(0), 2, RemoteRead},
-		{m.RKey(), 0x1000, 8, RemoteWrite}, {m.LKey(), 0x1000, 8, RemoteRead}, {m.RKey() ^ 1, 0x1000, 8, RemoteRead},
+		{m.RKey(), 0x1000, 65, ib.RemoteRead}, {m.RKey(), 0xFFF, 2, ib.RemoteRead}, {m.RKey(), ^uint64(0), 2, ib.RemoteRead},
+		{m.RKey(), 0x1000, 8, ib.RemoteWrite}, {m.LKey(), 0x1000, 8, ib.RemoteRead}, {m.RKey() ^ 1, 0x1000, 8, ib.RemoteRead},
 	} {
 		if _, ok := mem.Resolve(c.key, c.va, c.n, c.access); ok {
 			t.Fatalf("access %+v allowed", c)
 		}
 	}
 	other := qpMem{&QP{dev: d, pd: pd2}}
-	if _, ok := other.Resolve(m.RKey(), 0x1000, 8, RemoteRead); ok {
+	if _, ok := other.Resolve(m.RKey(), 0x1000, 8, ib.RemoteRead); ok {
 		t.Fatal("rkey of another PD accepted")
 	}
 	if other.Invalidate(m.RKey()) {
 		t.Fatal("invalidate across PDs")
 	}
 	m.Dereg()
-	if _, ok := mem.Resolve(m.RKey(), 0x1000, 8, RemoteRead); ok {
+	if _, ok := mem.Resolve(m.RKey(), 0x1000, 8, ib.RemoteRead); ok {
 		t.Fatal("deregistered MR accepted")
 	}
 }
 
 func TestE2ERemoteAccessErrorFlushes(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 2, 1024)
-	qa, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite, 16)
-	src, _ := tb.a.pd.RegMR(make([]byte, 4096), LocalWrite)
-	tgt, _ := tb.b.pd.RegMR(make([]byte, 100), LocalWrite|RemoteWrite)
-	sg := []SGE{{Addr: src.IOVA(), Length: 200, LKey: src.LKey()}}
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite, 16)
+	src, _ := tb.a.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
+	tgt, _ := tb.b.pd.RegMR(make([]byte, 100), ib.LocalWrite|ib.RemoteWrite)
+	sg := []ib.SGE{{Addr: src.IOVA(), Length: 200, LKey: src.LKey()}}
 	_, err := qa.PostSend(
-		SendWR{ID: 1, Opcode: RDMAWrite, Flags: Signaled, SG: sg[:0], RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()},
-		SendWR{ID: 2, Opcode: RDMAWrite, Flags: Signaled, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}, // 200 > 100
-		SendWR{ID: 3, Opcode: RDMAWrite, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
+		SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: sg[:0], RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()},
+		SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}, // 200 > 100
+		SendWR{ID: 3, Opcode: ib.RDMAWrite, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
 	must(t, err)
-	var wcs []WC
+	var wcs []ib.WC
 	tb.run(func() bool { wcs = append(wcs, pollAll(qa.init.SendCQ)...); return len(wcs) == 3 }, time.Second)
-	if wcs[0].Status != Success || wcs[1].Status != RemAccessErr || wcs[2].Status != WRFlushErr {
+	if wcs[0].Status != ib.Success || wcs[1].Status != ib.RemAccessErr || wcs[2].Status != ib.WRFlushErr {
 		t.Fatalf("%+v", wcs)
 	}
-	if qa.State() != Err || qb.State() != Err {
+	if qa.State() != ib.Err || qb.State() != ib.Err {
 		t.Fatalf("states %v %v", qa.State(), qb.State())
 	}
 }
 
 func TestE2ERNRThenReceivePosted(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 3, 1024)
-	qa, qb := tb.connect(RC, 1024, LocalWrite, 16)
-	src, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{7}, 3000), LocalWrite)
-	dst, _ := tb.b.pd.RegMR(make([]byte, 3000), LocalWrite)
-	_, err := qa.PostSend(SendWR{ID: 1, Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}})
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 16)
+	src, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{7}, 3000), ib.LocalWrite)
+	dst, _ := tb.b.pd.RegMR(make([]byte, 3000), ib.LocalWrite)
+	_, err := qa.PostSend(SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}})
 	must(t, err)
 	// Run a while with no receive posted: RNR NAKs, no completion.
 	tb.run(func() bool { return tb.clk.Now() > 300_000 }, time.Second)
 	if w := pollAll(qa.init.SendCQ); len(w) != 0 {
 		t.Fatalf("%+v", w)
 	}
-	_, err = qb.PostRecv(RecvWR{ID: 9, SG: []SGE{{Addr: dst.IOVA(), Length: 3000, LKey: dst.LKey()}}})
+	_, err = qb.PostRecv(RecvWR{ID: 9, SG: []ib.SGE{{Addr: dst.IOVA(), Length: 3000, LKey: dst.LKey()}}})
 	must(t, err)
-	var s, r []WC
+	var s, r []ib.WC
 	tb.run(func() bool {
 		s = append(s, pollAll(qa.init.SendCQ)...)
 		r = append(r, pollAll(qb.init.RecvCQ)...)
 		return len(s) == 1 && len(r) == 1
 	}, time.Second)
-	if s[0].Status != Success || r[0].ByteLen != 3000 || !bytes.Equal(dst.Bytes(), src.Bytes()) {
+	if s[0].Status != ib.Success || r[0].ByteLen != 3000 || !bytes.Equal(dst.Bytes(), src.Bytes()) {
 		t.Fatalf("%+v %+v", s, r)
 	}
 	if qa.rc.RNRWaits == 0 || qb.rc.TxRNRNAKs == 0 {
@@ -203,47 +206,47 @@ func TestE2EUD(t *testing.T) {
 				tb = newTestbed(t, memlink.Impairments{}, 4, 1024)
 			}
 			cqa, cqb := tb.a.dev.CreateCQ(64), tb.b.dev.CreateCQ(64)
-			qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: UD, SendCQ: cqa, RecvCQ: cqa})
-			qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: UD, SendCQ: cqb, RecvCQ: cqb})
+			qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cqa, RecvCQ: cqa})
+			qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cqb, RecvCQ: cqb})
 			for _, q := range []*QP{qa, qb} {
-				must(t, q.Modify(Init, &Attr{QKey: 0x11111111}))
-				must(t, q.Modify(RTR, nil))
-				must(t, q.Modify(RTS, &Attr{SQPSN: 5}))
+				must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{QKey: 0x11111111}))
+				must(t, ibtest.Modify(q, ib.RTR, nil))
+				must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{SQPSN: 5}))
 			}
-			ah, err := tb.a.pd.CreateAH(AddressVector{DestMAC: macB, DestIP: tb.b.dev.cfg.Addrs[0], HopLimit: 9})
+			ah, err := tb.a.pd.CreateAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(tb.b.dev.cfg.Addrs[0]), HopLimit: 9})
 			must(t, err)
-			src, _ := tb.a.pd.RegMR(make([]byte, 2048), LocalWrite)
+			src, _ := tb.a.pd.RegMR(make([]byte, 2048), ib.LocalWrite)
 			pattern(src.Bytes(), 5)
-			rbuf, _ := tb.b.pd.RegMR(make([]byte, 4*1100), LocalWrite)
+			rbuf, _ := tb.b.pd.RegMR(make([]byte, 4*1100), ib.LocalWrite)
 			for i := 0; i < 4; i++ {
-				_, err := qb.PostRecv(RecvWR{ID: uint64(i), SG: []SGE{{Addr: rbuf.IOVA() + uint64(i*1100), Length: 1100, LKey: rbuf.LKey()}}})
+				_, err := qb.PostRecv(RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: rbuf.IOVA() + uint64(i*1100), Length: 1100, LKey: rbuf.LKey()}}})
 				must(t, err)
 			}
-			sg := func(n int) []SGE { return []SGE{{Addr: src.IOVA(), Length: uint32(n), LKey: src.LKey()}} }
+			sg := func(n int) []ib.SGE { return []ib.SGE{{Addr: src.IOVA(), Length: uint32(n), LKey: src.LKey()}} }
 			_, err = qa.PostSend(
-				SendWR{ID: 1, Opcode: Send, Flags: Signaled, SG: sg(1024), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x80000000}, // use the QP's Q_Key
-				SendWR{ID: 2, Opcode: SendWithImm, Flags: Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111, Imm: 77},
-				SendWR{ID: 3, Opcode: Send, Flags: Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x22222222},    // wrong Q_Key: dropped
-				SendWR{ID: 4, Opcode: Send, Flags: Signaled, SG: sg(1025), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111}, // > MTU
+				SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(1024), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x80000000}, // use the QP's Q_Key
+				SendWR{ID: 2, Opcode: ib.SendWithImm, Flags: ib.Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111, Imm: 77},
+				SendWR{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x22222222},    // wrong Q_Key: dropped
+				SendWR{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(1025), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111}, // > MTU
 			)
 			must(t, err)
-			var sa, rb []WC
+			var sa, rb []ib.WC
 			tb.run(func() bool {
 				sa = append(sa, pollAll(cqa)...)
 				rb = append(rb, pollAll(cqb)...)
 				return len(sa) == 4 && len(rb) == 2 && tb.a.port.InFlight()+tb.b.port.InFlight() == 0
 			}, time.Second)
-			if sa[3].Status != LocLenErr || sa[0].Status != Success {
+			if sa[3].Status != ib.LocLenErr || sa[0].Status != ib.Success {
 				t.Fatalf("send completions %+v", sa)
 			}
 			if len(rb) != 2 || qb.ud.RxBadQKey != 1 {
 				t.Fatalf("recv %+v bad qkey %d", rb, qb.ud.RxBadQKey)
 			}
 			r0, r1 := rb[0], rb[1]
-			if r0.ByteLen != 40+1024 || r0.SrcQP != qa.QPN() || r0.Flags&WCGRH == 0 || r0.SrcIP != tb.a.dev.cfg.Addrs[0] {
+			if r0.ByteLen != 40+1024 || r0.SrcQP != qa.QPN() || r0.Flags&ib.WCGRH == 0 || r0.SrcIP != tb.a.dev.cfg.Addrs[0] {
 				t.Fatalf("%+v", r0)
 			}
-			if r1.Flags&WCWithImm == 0 || r1.Imm != 77 || r1.ByteLen != 45 {
+			if r1.Flags&ib.WCWithImm == 0 || r1.Imm != 77 || r1.ByteLen != 45 {
 				t.Fatalf("%+v", r1)
 			}
 			b := rbuf.Bytes()
@@ -265,20 +268,20 @@ func TestE2EUD(t *testing.T) {
 
 func TestE2EUCDropsToNextFirst(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{Loss: 0.05}, 6, 256)
-	qa, qb := tb.connect(UC, 256, LocalWrite|RemoteWrite, 64)
+	qa, qb := tb.connect(ib.UC, 256, ib.LocalWrite|ib.RemoteWrite, 64)
 	const n, size = 200, 700 // three packets each
-	src, _ := tb.a.pd.RegMR(make([]byte, n*size), LocalWrite)
+	src, _ := tb.a.pd.RegMR(make([]byte, n*size), ib.LocalWrite)
 	pattern(src.Bytes(), 9)
-	dst, _ := tb.b.pd.RegMR(make([]byte, n*size), LocalWrite)
+	dst, _ := tb.b.pd.RegMR(make([]byte, n*size), ib.LocalWrite)
 	posted, recvd := 0, 0
-	var sends, recvs []WC
+	var sends, recvs []ib.WC
 	tb.run(func() bool {
 		for posted < n {
-			if _, err := qb.PostRecv(RecvWR{ID: uint64(posted), SG: []SGE{{Addr: dst.IOVA() + uint64(recvd*size), Length: size, LKey: dst.LKey()}}}); err != nil {
+			if _, err := qb.PostRecv(RecvWR{ID: uint64(posted), SG: []ib.SGE{{Addr: dst.IOVA() + uint64(recvd*size), Length: size, LKey: dst.LKey()}}}); err != nil {
 				break
 			}
 			recvd++
-			if _, err := qa.PostSend(SendWR{ID: uint64(posted), Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: src.IOVA() + uint64(posted*size), Length: size, LKey: src.LKey()}}}); err != nil {
+			if _, err := qa.PostSend(SendWR{ID: uint64(posted), Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA() + uint64(posted*size), Length: size, LKey: src.LKey()}}}); err != nil {
 				t.Fatal(err)
 			}
 			posted++
@@ -300,7 +303,7 @@ func TestE2EUCDropsToNextFirst(t *testing.T) {
 				break
 			}
 		}
-		if found < 0 || r.Status != Success || r.ByteLen != size {
+		if found < 0 || r.Status != ib.Success || r.ByteLen != size {
 			t.Fatalf("receive %d: %+v not a whole later message", i, r)
 		}
 		last = found
@@ -315,16 +318,16 @@ func TestE2ESRQ(t *testing.T) {
 	srq, err := tb.b.pd.CreateSRQ(64, 1)
 	must(t, err)
 	cqb := tb.b.dev.CreateCQ(256)
-	buf, _ := tb.b.pd.RegMR(make([]byte, 64*100), LocalWrite)
+	buf, _ := tb.b.pd.RegMR(make([]byte, 64*100), ib.LocalWrite)
 	for i := 0; i < 64; i++ {
-		_, err := srq.PostRecv(RecvWR{ID: uint64(i), SG: []SGE{{Addr: buf.IOVA() + uint64(i*100), Length: 100, LKey: buf.LKey()}}})
+		_, err := srq.PostRecv(RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: buf.IOVA() + uint64(i*100), Length: 100, LKey: buf.LKey()}}})
 		must(t, err)
 	}
 	var qas []*QP
 	for i := 0; i < 4; i++ {
 		cqa := tb.a.dev.CreateCQ(64)
-		qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cqa, RecvCQ: cqa, MaxInline: 16})
-		qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
+		qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cqa, RecvCQ: cqa, MaxInline: 16})
+		qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
 		if _, err := qb.PostRecv(RecvWR{}); err != ErrNoRecvQueue {
 			t.Fatal("post recv on an SRQ QP")
 		}
@@ -335,24 +338,24 @@ func TestE2ESRQ(t *testing.T) {
 			if q == qb {
 				dst, mac = tb.a.dev.cfg.Addrs[0], macA
 			}
-			must(t, q.Modify(Init, nil))
-			must(t, q.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: peer.QPN(), AV: AddressVector{DestMAC: mac, DestIP: dst}}))
-			must(t, q.Modify(RTS, &Attr{Timeout: 8, RetryCnt: 7, RNRRetry: 7}))
+			must(t, ibtest.Modify(q, ib.Init, nil))
+			must(t, ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: peer.QPN(), AV: ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(dst)}}))
+			must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{Timeout: 8, RetryCnt: 7, RNRRetry: 7}))
 		}
 		qas = append(qas, qa)
 	}
 	for i, qa := range qas {
 		for j := 0; j < 10; j++ {
-			_, err := qa.PostSend(SendWR{Opcode: SendWithImm, Imm: uint32(i*100 + j), Flags: Inline, InlineData: []byte{byte(i), byte(j)}})
+			_, err := qa.PostSend(SendWR{Opcode: ib.SendWithImm, Imm: uint32(i*100 + j), Flags: ib.Inline, InlineData: []byte{byte(i), byte(j)}})
 			must(t, err)
 		}
 	}
-	var r []WC
+	var r []ib.WC
 	tb.run(func() bool { r = append(r, pollAll(cqb)...); return len(r) == 40 }, time.Second)
 	seen := map[uint32]bool{}
 	for _, c := range r {
 		b := buf.Bytes()[c.ID*100:]
-		if c.Status != Success || c.ByteLen != 2 || uint32(b[0])*100+uint32(b[1]) != c.Imm || seen[c.Imm] {
+		if c.Status != ib.Success || c.ByteLen != 2 || uint32(b[0])*100+uint32(b[1]) != c.Imm || seen[c.Imm] {
 			t.Fatalf("%+v", c)
 		}
 		seen[c.Imm] = true
@@ -364,12 +367,12 @@ func TestE2ESRQ(t *testing.T) {
 // change outside what a valid request is allowed to touch.
 func TestHostileFramesNeverPanic(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 8, 1024)
-	qa, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite|RemoteRead|RemoteAtomic, 16)
-	guard, _ := tb.b.pd.RegMR(make([]byte, 4096), LocalWrite)
-	tgt, _ := tb.b.pd.RegMR(make([]byte, 64), LocalWrite|RemoteWrite)
-	src, _ := tb.a.pd.RegMR(make([]byte, 64), LocalWrite)
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic, 16)
+	guard, _ := tb.b.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
+	tgt, _ := tb.b.pd.RegMR(make([]byte, 64), ib.LocalWrite|ib.RemoteWrite)
+	src, _ := tb.a.pd.RegMR(make([]byte, 64), ib.LocalWrite)
 	// Capture a valid WRITE frame from A.
-	_, err := qa.PostSend(SendWR{Opcode: RDMAWrite, SG: []SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
+	_, err := qa.PostSend(SendWR{Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
 	must(t, err)
 	out := [][]byte{make([]byte, 9000)}
 	n := tb.a.dev.Transmit(0, out)
@@ -431,8 +434,8 @@ func icrcStamp(p []byte) error { return icrc.Stamp(p) }
 // one that passes them all.
 func TestReceiveChecks(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 9, 1024)
-	_, qb := tb.connect(RC, 1024, LocalWrite|RemoteWrite, 8)
-	tgt, _ := tb.b.pd.RegMR(make([]byte, 16), LocalWrite|RemoteWrite)
+	_, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite, 8)
+	tgt, _ := tb.b.pd.RegMR(make([]byte, 16), ib.LocalWrite|ib.RemoteWrite)
 	spec := func() *frame.Spec {
 		return &frame.Spec{SrcMAC: macA, DstMAC: macB, Src: addrA, Dst: addrB, SrcPort: 0xC000,
 			BTH:  bth.BTHFields{Opcode: bth.RCRDMAWriteOnly, PKey: 0xFFFF, DestQP: qb.QPN(), AckReq: true, PSN: bth.PSN(qb.attr.RQPSN)},
@@ -486,8 +489,8 @@ func TestReceiveChecks(t *testing.T) {
 }
 
 func TestInlineSendsAllocateNothing(t *testing.T) {
-	p := newPingPair(t, Send, 64, 1024)
-	p.send = SendWR{Opcode: Send, Flags: Signaled | Inline, InlineData: make([]byte, 60)}
+	p := newPingPair(t, ib.Send, 64, 1024)
+	p.send = SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: make([]byte, 60)}
 	p.qa.init.MaxInline = 64
 	p.qa.inline = make([]byte, p.qa.init.MaxSendWR*64)
 	p.stream(1000)
@@ -502,28 +505,28 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 	var cqs [2]*CQ
 	for i, n := range []*node{tb.a, tb.b} {
 		cqs[i] = n.dev.CreateCQ(16)
-		q, err := n.pd.CreateQP(QPInitAttr{Type: GSI, SendCQ: cqs[i], RecvCQ: cqs[i]})
+		q, err := n.pd.CreateQP(QPInitAttr{Type: ib.GSI, SendCQ: cqs[i], RecvCQ: cqs[i]})
 		must(t, err)
 		if q.QPN() != 1 {
 			t.Fatalf("GSI QPN %d", q.QPN())
 		}
-		if _, err := n.pd.CreateQP(QPInitAttr{Type: GSI, SendCQ: cqs[i], RecvCQ: cqs[i]}); err == nil {
+		if _, err := n.pd.CreateQP(QPInitAttr{Type: ib.GSI, SendCQ: cqs[i], RecvCQ: cqs[i]}); err == nil {
 			t.Fatal("second GSI QP")
 		}
-		must(t, q.Modify(Init, nil))
-		must(t, q.Modify(RTR, nil))
-		must(t, q.Modify(RTS, nil))
+		must(t, ibtest.Modify(q, ib.Init, nil))
+		must(t, ibtest.Modify(q, ib.RTR, nil))
+		must(t, ibtest.Modify(q, ib.RTS, nil))
 		gsi[i] = q
 	}
-	mad, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{0x07}, 256), LocalWrite)
-	rb, _ := tb.b.pd.RegMR(make([]byte, 40+256), LocalWrite)
-	_, err := gsi[1].PostRecv(RecvWR{ID: 1, SG: []SGE{{Addr: rb.IOVA(), Length: 296, LKey: rb.LKey()}}})
+	mad, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{0x07}, 256), ib.LocalWrite)
+	rb, _ := tb.b.pd.RegMR(make([]byte, 40+256), ib.LocalWrite)
+	_, err := gsi[1].PostRecv(RecvWR{ID: 1, SG: []ib.SGE{{Addr: rb.IOVA(), Length: 296, LKey: rb.LKey()}}})
 	must(t, err)
-	ah, _ := tb.a.pd.CreateAH(AddressVector{DestMAC: macB, DestIP: addrB})
-	_, err = gsi[0].PostSend(SendWR{ID: 2, Opcode: Send, Flags: Signaled, SG: []SGE{{Addr: mad.IOVA(), Length: 256, LKey: mad.LKey()}},
+	ah, _ := tb.a.pd.CreateAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
+	_, err = gsi[0].PostSend(SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mad.IOVA(), Length: 256, LKey: mad.LKey()}},
 		AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
 	must(t, err)
-	var got []WC
+	var got []ib.WC
 	tb.run(func() bool { got = append(got, pollAll(cqs[1])...); return len(got) == 1 }, time.Second)
 	if got[0].SrcQP != 1 || got[0].ByteLen != 296 || !bytes.Equal(rb.Bytes()[40:], mad.Bytes()) {
 		t.Fatalf("%+v", got[0])
@@ -531,15 +534,15 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 
 	// An RC QP left in RTR raises COMM_EST on its first packet; a remote
 	// access error raises QP_FATAL on the requester.
-	qa, qb := tb.connect(RC, 1024, LocalWrite, 8)
-	must(t, qb.Modify(Reset, nil))
-	must(t, qb.Modify(Init, &Attr{Access: LocalWrite}))
-	must(t, qb.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: qa.QPN(), RQPSN: qa.attr.SQPSN, AV: AddressVector{DestMAC: macA, DestIP: addrA}}))
-	src, _ := tb.a.pd.RegMR(make([]byte, 8), LocalWrite)
-	_, err = qa.PostSend(SendWR{ID: 3, Opcode: RDMAWrite, Flags: Signaled, SG: []SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 1, RKey: 2})
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	must(t, ibtest.Modify(qb, ib.Reset, nil))
+	must(t, ibtest.Modify(qb, ib.Init, &ib.QPAttr{Access: ib.LocalWrite}))
+	must(t, ibtest.Modify(qb, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qa.QPN(), RQPSN: qa.attr.SQPSN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}}))
+	src, _ := tb.a.pd.RegMR(make([]byte, 8), ib.LocalWrite)
+	_, err = qa.PostSend(SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 1, RKey: 2})
 	must(t, err)
 	tb.run(func() bool { return len(pollAll(qa.init.SendCQ)) == 1 }, time.Second)
-	want := map[AsyncEvent]bool{{Type: EventCommEst, QPN: qb.QPN()}: false}
+	want := map[AsyncEvent]bool{{Type: ib.EventCommEst, QPN: qb.QPN()}: false}
 	for len(tb.b.dev.Events()) > 0 {
 		e := <-tb.b.dev.Events()
 		if _, ok := want[e]; ok {
@@ -548,30 +551,44 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 	}
 	fatal := false
 	for len(tb.a.dev.Events()) > 0 {
-		if e := <-tb.a.dev.Events(); e == (AsyncEvent{Type: EventQPFatal, QPN: qa.QPN()}) {
+		if e := <-tb.a.dev.Events(); e == (AsyncEvent{Type: ib.EventQPFatal, QPN: qa.QPN()}) {
 			fatal = true
 		}
 	}
-	if !want[AsyncEvent{Type: EventCommEst, QPN: qb.QPN()}] || !fatal {
+	if !want[AsyncEvent{Type: ib.EventCommEst, QPN: qb.QPN()}] || !fatal {
 		t.Fatalf("events: comm est %v, fatal %v", want, fatal)
 	}
 }
 
 func TestModifyRTSToRTS(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 13, 1024)
-	qa, _ := tb.connect(RC, 1024, LocalWrite, 8)
-	must(t, qa.Modify(RTS, &Attr{Mask: MaskTimeout | MaskRetryCnt, Timeout: 20, RetryCnt: 3}))
-	c := qa.rc.Config()
-	if c.Timeout != 20 || c.RetryCnt != 3 || c.RNRRetry != 7 {
+	qa, _ := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	// RTS→RTS changes only what IBA lets a sending QP change.
+	must(t, qa.Modify(&ib.QPAttr{MinRNRTimer: 3, Access: ib.RemoteWrite}, ib.AttrMinRNRTimer|ib.AttrAccessFlags))
+	if c := qa.rc.Config(); c.MinRNRTimer != 3 || c.Access != ib.RemoteWrite {
 		t.Fatalf("%+v", c)
 	}
-	if qa.Modify(RTS, &Attr{Mask: MaskRetryCnt, RetryCnt: 9}) != ErrInvalid {
-		t.Fatal("retry_cnt 9 accepted")
+	err := qa.Modify(&ib.QPAttr{State: ib.RTS, Timeout: 20}, ib.AttrState|ib.AttrTimeout)
+	var me *ModifyError
+	if !errors.Is(err, ErrInvalid) || !errors.As(err, &me) || me.Attr != ib.AttrTimeout || me.From != ib.RTS {
+		t.Fatalf("timeout in RTS→RTS: %v", err)
 	}
-	must(t, qa.Modify(SQD, nil))
-	must(t, qa.Modify(RTS, &Attr{Mask: MaskRNRRetry, RNRRetry: 2}))
+	// The timers and retry counts change in SQD→SQD.
+	must(t, qa.Modify(&ib.QPAttr{State: ib.SQD}, ib.AttrState))
+	must(t, qa.Modify(&ib.QPAttr{State: ib.SQD, Timeout: 20, RetryCnt: 3}, ib.AttrState|ib.AttrTimeout|ib.AttrRetryCnt))
+	if c := qa.rc.Config(); c.Timeout != 20 || c.RetryCnt != 3 || c.RNRRetry != 7 {
+		t.Fatalf("%+v", c)
+	}
+	if err := qa.Modify(&ib.QPAttr{RetryCnt: 9}, ib.AttrRetryCnt); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("retry_cnt 9 accepted: %v", err)
+	}
+	must(t, qa.Modify(&ib.QPAttr{RNRRetry: 2}, ib.AttrRNRRetry))
+	must(t, qa.Modify(&ib.QPAttr{State: ib.RTS}, ib.AttrState))
 	if c := qa.rc.Config(); c.RNRRetry != 2 || c.Timeout != 20 {
 		t.Fatalf("%+v", c)
+	}
+	if a := qa.Query(); a.State != ib.RTS || a.Timeout != 20 || a.RetryCnt != 3 || a.RNRRetry != 2 || a.MinRNRTimer != 3 {
+		t.Fatalf("query: %+v", a)
 	}
 }
 
@@ -583,11 +600,11 @@ func TestIdleQPsCostNothing(t *testing.T) {
 	cq := tb.a.dev.CreateCQ(16)
 	var qps []*QP
 	for i := 0; i < 2000; i++ {
-		q, err := tb.a.pd.CreateQP(QPInitAttr{Type: RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+		q, err := tb.a.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
 		must(t, err)
-		must(t, q.Modify(Init, nil))
-		must(t, q.Modify(RTR, &Attr{PathMTU: 1024, DestQPN: 5, AV: AddressVector{DestMAC: macB, DestIP: addrB}}))
-		must(t, q.Modify(RTS, &Attr{Timeout: 10, RetryCnt: 7}))
+		must(t, ibtest.Modify(q, ib.Init, nil))
+		must(t, ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: 5, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}))
+		must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{Timeout: 10, RetryCnt: 7}))
 		qps = append(qps, q)
 	}
 	out := [][]byte{make([]byte, 9000)}
@@ -595,12 +612,12 @@ func TestIdleQPsCostNothing(t *testing.T) {
 	if d.Transmit(0, out) != 0 || d.NextDeadline() != clock.Never || len(d.ready) != 0 || len(d.timed) != 0 {
 		t.Fatalf("idle QPs queued: ready %d timed %d", len(d.ready), len(d.timed))
 	}
-	_, err := qps[1234].PostSend(SendWR{Opcode: Send})
+	_, err := qps[1234].PostSend(SendWR{Opcode: ib.Send})
 	must(t, err)
 	if d.Transmit(0, out) != 1 || len(d.ready) != 0 || d.NextDeadline() == clock.Never || len(d.timed) != 1 {
 		t.Fatalf("ready %d timed %d", len(d.ready), len(d.timed))
 	}
-	must(t, qps[1234].Modify(Err, nil))
+	must(t, ibtest.Modify(qps[1234], ib.Err, nil))
 	if d.NextDeadline() != clock.Never || len(d.timed) != 0 {
 		t.Fatal("timer list keeps a QP in ERR")
 	}
@@ -611,38 +628,38 @@ func TestIdleQPsCostNothing(t *testing.T) {
 func TestUDSendErrorSQE(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 15, 1024)
 	cq := tb.a.dev.CreateCQ(64)
-	q, _ := tb.a.pd.CreateQP(QPInitAttr{Type: UD, SendCQ: cq, RecvCQ: cq})
-	must(t, q.Modify(Init, &Attr{QKey: 1}))
-	must(t, q.Modify(RTR, nil))
-	must(t, q.Modify(RTS, nil))
-	ah, _ := tb.a.pd.CreateAH(AddressVector{DestMAC: macB, DestIP: addrB})
-	src, _ := tb.a.pd.RegMR(make([]byte, 2048), LocalWrite)
-	sg := func(n uint32) []SGE { return []SGE{{Addr: src.IOVA(), Length: n, LKey: src.LKey()}} }
+	q, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq})
+	must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{QKey: 1}))
+	must(t, ibtest.Modify(q, ib.RTR, nil))
+	must(t, ibtest.Modify(q, ib.RTS, nil))
+	ah, _ := tb.a.pd.CreateAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
+	src, _ := tb.a.pd.RegMR(make([]byte, 2048), ib.LocalWrite)
+	sg := func(n uint32) []ib.SGE { return []ib.SGE{{Addr: src.IOVA(), Length: n, LKey: src.LKey()}} }
 	_, err := q.PostSend(
-		SendWR{ID: 1, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9},
-		SendWR{ID: 2, Opcode: Send, Flags: Signaled, SG: sg(2000), AH: ah, RemoteQPN: 9}, // > MTU
-		SendWR{ID: 3, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+		SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9},
+		SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(2000), AH: ah, RemoteQPN: 9}, // > MTU
+		SendWR{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
 	must(t, err)
 	out := [][]byte{make([]byte, 9000), make([]byte, 9000), make([]byte, 9000)}
 	if n := tb.a.dev.Transmit(0, out); n != 1 {
 		t.Fatalf("%d frames", n)
 	}
 	w := pollAll(cq)
-	if len(w) != 3 || w[0].Status != Success || w[1].Status != LocLenErr || w[2].Status != WRFlushErr || q.State() != SQE {
+	if len(w) != 3 || w[0].Status != ib.Success || w[1].Status != ib.LocLenErr || w[2].Status != ib.WRFlushErr || q.State() != ib.SQE {
 		t.Fatalf("%v %+v", q.State(), w)
 	}
-	_, err = q.PostSend(SendWR{ID: 4, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	_, err = q.PostSend(SendWR{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
 	must(t, err)
-	if w := pollAll(cq); len(w) != 1 || w[0].Status != WRFlushErr {
+	if w := pollAll(cq); len(w) != 1 || w[0].Status != ib.WRFlushErr {
 		t.Fatalf("%+v", w)
 	}
-	must(t, q.Modify(RTS, nil))
-	_, err = q.PostSend(SendWR{ID: 5, Opcode: Send, Flags: Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	must(t, ibtest.Modify(q, ib.RTS, nil))
+	_, err = q.PostSend(SendWR{ID: 5, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
 	must(t, err)
 	if n := tb.a.dev.Transmit(0, out); n != 1 {
 		t.Fatal("no send after SQE → RTS")
 	}
-	if w := pollAll(cq); len(w) != 1 || w[0].Status != Success {
+	if w := pollAll(cq); len(w) != 1 || w[0].Status != ib.Success {
 		t.Fatalf("%+v", w)
 	}
 }

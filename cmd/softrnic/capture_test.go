@@ -25,7 +25,9 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -100,7 +102,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,12 +113,12 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
 	// Both devices number QPs from 17: a QP made first on B gives the peer
 	// a QPN unlike the client's, so that frames to each can be told apart.
-	pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	if qpB.QPN() == qp.QPN {
 		t.Fatalf("peer and client QPs both %d", qp.QPN)
 	}
@@ -125,9 +127,9 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite | ib.RemoteRead}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc | proto.AttrRQPSN | proto.AttrMinRNRTimer},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatalf("client QP to %v: %v", s.a.State, err)
@@ -135,11 +137,11 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
 
 	// Three 8 KiB RDMA WRITEs from namespace B: 24 request packets at MTU
 	// 1024, and the daemon's ACKs, more than the capture's 20 frames.
@@ -149,13 +151,13 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	write := func(w int) {
 		t.Helper()
-		qpB.PostSend(verbs.SendWR{ID: uint64(w), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + uint64(w)*size, RKey: mr.RKey})
-		var wcs [1]verbs.WC
+		qpB.PostSend(verbs.SendWR{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + uint64(w)*size, RKey: mr.RKey})
+		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
 		_, err := cqB.Wait(wctx, wcs[:])
 		wcancel()
-		if err != nil || wcs[0].Status != verbs.Success {
+		if err != nil || wcs[0].Status != ib.Success {
 			t.Fatalf("WRITE %d: %v %v", w, err, wcs[0].Status)
 		}
 		if !bytes.Equal(mem.Bytes()[w*size:(w+1)*size], bufB[:size]) {

@@ -16,6 +16,8 @@ import (
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/verbs"
@@ -80,14 +82,14 @@ func TestDaemonTwoQueues(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(2 * qps * size)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 2*qps*size, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 2*qps*size, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cq, _ := c.CreateCQ(64)
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 2*qps*size)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(4 * qps)
 	gidB := pair.B.Addr.As16()
 	var macA [6]byte
@@ -98,7 +100,7 @@ func TestDaemonTwoQueues(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+		qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -106,19 +108,19 @@ func TestDaemonTwoQueues(t *testing.T) {
 			a proto.QPAttr
 			m proto.QPAttrMask
 		}{
-			{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
-			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: gidB, MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
-			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+			{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite | ib.RemoteRead}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
+			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: gidB, MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc | proto.AttrRQPSN | proto.AttrMinRNRTimer},
+			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 		} {
 			if err := qp.Modify(&s.a, s.m); err != nil {
 				t.Fatalf("client QP to %v: %v", s.a.State, err)
 			}
 		}
-		qpB.Modify(verbs.Init, &verbs.Attr{})
-		if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+		ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+		if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+		if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
 			t.Fatal(err)
 		}
 		peers = append(peers, qpB)
@@ -134,25 +136,25 @@ func TestDaemonTwoQueues(t *testing.T) {
 	}
 	for i, q := range peers {
 		w, r := uint64(i*size), uint64((qps+i)*size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + w, RKey: mr.RKey}); err != nil {
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + w, RKey: mr.RKey}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + r, RKey: mr.RKey}); err != nil {
+		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + r, RKey: mr.RKey}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
-	var wcs [2 * qps]verbs.WC
+	var wcs [2 * qps]ib.WC
 	for got := 0; got < 2*qps; {
 		k, err := cqB.Wait(wctx, wcs[got:])
 		if err != nil {
 			t.Fatalf("%d of %d completions at the peer: %v", got, 2*qps, err)
 		}
 		for _, w := range wcs[got : got+k] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				t.Fatalf("peer completion %+v", w)
 			}
 		}

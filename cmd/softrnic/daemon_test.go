@@ -15,10 +15,11 @@ import (
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // buildSoftrnic builds this command into a temp dir.
@@ -106,7 +107,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,17 +118,17 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	}
 	pdB := devB.AllocPD()
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
+	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gidB := pair.B.Addr.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
 		m proto.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite | ib.RemoteRead}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
+		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc | proto.AttrRQPSN | proto.AttrMinRNRTimer},
+		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatalf("client QP to %v: %v", s.a.State, err)
@@ -135,20 +136,20 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	}
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
-	waitB := func(what string) verbs.WC {
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+	waitB := func(what string) ib.WC {
 		t.Helper()
-		var wcs [1]verbs.WC
+		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer wcancel()
 		if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
 			t.Fatalf("%s: no completion at the peer", what)
 		}
-		if wcs[0].Status != verbs.Success {
+		if wcs[0].Status != ib.Success {
 			t.Fatalf("%s: %v", what, wcs[0].Status)
 		}
 		return wcs[0]
@@ -158,16 +159,16 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	for i := range bufB[:8192] {
 		bufB[i] = byte(i*13 + 1)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
+	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
 	waitB("RDMA WRITE")
 	if !bytes.Equal(mem.Bytes()[4096:4096+8192], bufB[:8192]) {
 		t.Fatal("client memory does not hold the data written from namespace B")
 	}
 	// RDMA READ from namespace B out of the client's memory.
 	copy(mem.Bytes()[30000:], "read across namespaces")
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 30000, RKey: mr.RKey})
+	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 30000, RKey: mr.RKey})
 	waitB("RDMA READ")
 	if string(bufB[20000:20022]) != "read across namespaces" {
 		t.Fatalf("peer read %q", bufB[20000:20022])
@@ -179,14 +180,14 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 		t.Fatal(err)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	var wc [1]wr.WC
+	var wc [1]ib.WC
 	for deadline := time.Now().Add(10 * time.Second); cq.Poll(wc[:]) == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("no flush completion after SIGTERM")
 		}
 		cq.Wait(10 * time.Millisecond)
 	}
-	if wc[0].ID != 77 || wc[0].Status != wr.WRFlushErr {
+	if wc[0].ID != 77 || wc[0].Status != ib.WRFlushErr {
 		t.Fatalf("after SIGTERM: %+v", wc[0])
 	}
 	select {

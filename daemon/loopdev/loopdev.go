@@ -16,7 +16,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Device is the loopback RNIC.
@@ -77,7 +77,7 @@ type mr struct {
 	pd         *pd
 	mem        []byte
 	iova       uint64
-	access     wr.Access
+	access     ib.Access
 	lkey, rkey uint32
 	valid      bool
 }
@@ -100,7 +100,7 @@ func randomKey(used ...map[uint32]*mr) uint32 {
 	}
 }
 
-func (p *pd) RegMR(mem []byte, iova uint64, access wr.Access) (daemon.MR, error) {
+func (p *pd) RegMR(mem []byte, iova uint64, access ib.Access) (daemon.MR, error) {
 	d := p.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -129,7 +129,7 @@ func (m *mr) Deregister() error {
 }
 
 // span returns the bytes [va, va+n) of m if it grants need and covers them.
-func (m *mr) span(va, n uint64, need wr.Access) ([]byte, bool) {
+func (m *mr) span(va, n uint64, need ib.Access) ([]byte, bool) {
 	if m == nil || !m.valid || m.access&need != need || va < m.iova || va-m.iova > uint64(len(m.mem)) || n > uint64(len(m.mem))-(va-m.iova) {
 		return nil, false
 	}
@@ -139,7 +139,7 @@ func (m *mr) span(va, n uint64, need wr.Access) ([]byte, bool) {
 
 type cq struct {
 	d      *Device
-	q      []wr.WC
+	q      []ib.WC
 	depth  int
 	notify func()
 	lost   int
@@ -154,7 +154,7 @@ func (d *Device) CreateCQ(depth int, notify func()) (daemon.CQ, error) {
 }
 
 // push adds a completion; caller holds d.mu.
-func (c *cq) push(w wr.WC) {
+func (c *cq) push(w ib.WC) {
 	if len(c.q) >= c.depth {
 		c.lost++ // CQ overrun: a real device raises an async error
 		return
@@ -165,7 +165,7 @@ func (c *cq) push(w wr.WC) {
 	}
 }
 
-func (c *cq) Poll(wcs []wr.WC) int {
+func (c *cq) Poll(wcs []ib.WC) int {
 	c.d.mu.Lock()
 	defer c.d.mu.Unlock()
 	n := copy(wcs, c.q)
@@ -267,7 +267,7 @@ func (q *qp) Modify(a *proto.QPAttr, mask proto.QPAttrMask) error {
 // flushRQ completes every posted receive with WR_FLUSH_ERR; caller holds d.mu.
 func (q *qp) flushRQ() {
 	for _, e := range q.rq {
-		q.rcq.push(wr.WC{ID: e.id, Status: wr.WRFlushErr, Opcode: wr.WCRecv, QPN: q.qpn, IsRecv: true})
+		q.rcq.push(ib.WC{ID: e.id, Status: ib.WRFlushErr, Opcode: ib.WCRecv, QPN: q.qpn, IsRecv: true})
 	}
 	q.rq = q.rq[:0]
 }
@@ -289,7 +289,7 @@ func (q *qp) PostRecv(w *proto.RecvWR) error {
 	}
 	e := recvEntry{id: w.ID, sg: append([]proto.SGE(nil), w.SG...)}
 	if q.attr.State == proto.Err {
-		q.rcq.push(wr.WC{ID: w.ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, QPN: q.qpn, IsRecv: true})
+		q.rcq.push(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, QPN: q.qpn, IsRecv: true})
 		return nil
 	}
 	q.rq = append(q.rq, e)
@@ -298,7 +298,7 @@ func (q *qp) PostRecv(w *proto.RecvWR) error {
 
 // resolve turns SGEs into memory of this QP's PD; need is LocalWrite for
 // buffers the device writes.
-func (q *qp) resolve(dst [][]byte, sg []proto.SGE, need wr.Access) ([][]byte, uint64, bool) {
+func (q *qp) resolve(dst [][]byte, sg []proto.SGE, need ib.Access) ([][]byte, uint64, bool) {
 	dst = dst[:0]
 	var total uint64
 	for _, e := range sg {
@@ -316,9 +316,9 @@ func (q *qp) resolve(dst [][]byte, sg []proto.SGE, need wr.Access) ([][]byte, ui
 	return dst, total, true
 }
 
-var wcOp = [...]wr.WCOpcode{wr.Send: wr.WCSend, wr.SendWithImm: wr.WCSend, wr.SendWithInv: wr.WCSend,
-	wr.RDMAWrite: wr.WCRDMAWrite, wr.RDMAWriteWithImm: wr.WCRDMAWrite, wr.RDMARead: wr.WCRDMARead,
-	wr.AtomicCmpAndSwp: wr.WCCompSwap, wr.AtomicFetchAndAdd: wr.WCFetchAdd}
+var wcOp = [...]ib.WCOpcode{ib.Send: ib.WCSend, ib.SendWithImm: ib.WCSend, ib.SendWithInv: ib.WCSend,
+	ib.RDMAWrite: ib.WCRDMAWrite, ib.RDMAWriteWithImm: ib.WCRDMAWrite, ib.RDMARead: ib.WCRDMARead,
+	ib.AtomicCmpAndSwp: ib.WCCompSwap, ib.AtomicFetchAndAdd: ib.WCFetchAdd}
 
 func (q *qp) PostSend(w *proto.SendWR) error {
 	d := q.d
@@ -328,38 +328,38 @@ func (q *qp) PostSend(w *proto.SendWR) error {
 	case proto.Reset, proto.Init, proto.RTR:
 		return unix.EINVAL
 	case proto.Err:
-		q.scq.push(wr.WC{ID: w.ID, Status: wr.WRFlushErr, Opcode: wcOp[w.Opcode], QPN: q.qpn})
+		q.scq.push(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: wcOp[w.Opcode], QPN: q.qpn})
 		return nil
 	}
 	st, n := q.execute(w)
-	if st != wr.Success {
+	if st != ib.Success {
 		q.attr.State = proto.Err
 		q.flushRQ()
 	}
-	if st != wr.Success || q.sigAll || w.Flags&wr.Signaled != 0 {
-		q.scq.push(wr.WC{ID: w.ID, Status: st, Opcode: wcOp[w.Opcode], ByteLen: n, QPN: q.qpn})
+	if st != ib.Success || q.sigAll || w.Flags&ib.Signaled != 0 {
+		q.scq.push(ib.WC{ID: w.ID, Status: st, Opcode: wcOp[w.Opcode], ByteLen: n, QPN: q.qpn})
 	}
 	return nil
 }
 
 // execute runs one WR against the peer QP; caller holds d.mu.
-func (q *qp) execute(w *proto.SendWR) (wr.Status, uint32) {
-	need := wr.Access(0)
+func (q *qp) execute(w *proto.SendWR) (ib.WCStatus, uint32) {
+	need := ib.Access(0)
 	if w.Opcode.IsReadOrAtomic() {
-		need = wr.LocalWrite
+		need = ib.LocalWrite
 	}
 	var local [][]byte
 	var n uint64
-	if w.Flags&wr.Inline != 0 {
+	if w.Flags&ib.Inline != 0 {
 		if w.Opcode.IsReadOrAtomic() {
-			return wr.LocQPOpErr, 0
+			return ib.LocQPOpErr, 0
 		}
 		local, n = append(q.gather[:0], w.Inline), uint64(len(w.Inline))
 	} else {
 		var ok bool
 		local, n, ok = q.resolve(q.gather, w.SG, need)
 		if !ok {
-			return wr.LocProtErr, 0
+			return ib.LocProtErr, 0
 		}
 	}
 	q.gather = local
@@ -369,63 +369,63 @@ func (q *qp) execute(w *proto.SendWR) (wr.Status, uint32) {
 	}
 	peer := q.d.qps[dest]
 	if peer == nil || (peer.attr.State != proto.RTR && peer.attr.State != proto.RTS) || peer.typ != q.typ {
-		return wr.RetryExcErr, 0 // nobody answers: the requester's retries run out
+		return ib.RetryExcErr, 0 // nobody answers: the requester's retries run out
 	}
-	if q.typ == proto.UD && (w.Opcode != wr.Send && w.Opcode != wr.SendWithImm || w.QKey != peer.attr.QKey) {
-		return wr.Success, uint32(n) // UD drops silently at the receiver
+	if q.typ == proto.UD && (w.Opcode != ib.Send && w.Opcode != ib.SendWithImm || w.QKey != peer.attr.QKey) {
+		return ib.Success, uint32(n) // UD drops silently at the receiver
 	}
 	switch {
 	case w.Opcode.IsSend():
 		return peer.deliver(q, w, local, n)
 	case w.Opcode.IsWrite():
-		remote, ok := peer.remote(w.RKey, w.RemoteAddr, n, wr.RemoteWrite)
+		remote, ok := peer.remote(w.RKey, w.RemoteAddr, n, ib.RemoteWrite)
 		if !ok {
-			return wr.RemAccessErr, 0
+			return ib.RemAccessErr, 0
 		}
 		gatherInto(remote, local)
-		if w.Opcode == wr.RDMAWriteWithImm {
+		if w.Opcode == ib.RDMAWriteWithImm {
 			if len(peer.rq) == 0 {
-				return wr.RNRRetryExcErr, 0
+				return ib.RNRRetryExcErr, 0
 			}
 			e := peer.rq[0]
 			peer.rq = peer.rq[1:]
-			peer.rcq.push(wr.WC{ID: e.id, Opcode: wr.WCRecvRDMAWithImm, Flags: wr.WCWithImm, Imm: w.Imm, ByteLen: uint32(n), QPN: peer.qpn, IsRecv: true})
+			peer.rcq.push(ib.WC{ID: e.id, Opcode: ib.WCRecvRDMAWithImm, Flags: ib.WCWithImm, Imm: w.Imm, ByteLen: uint32(n), QPN: peer.qpn, IsRecv: true})
 		}
-		return wr.Success, uint32(n)
-	case w.Opcode == wr.RDMARead:
-		remote, ok := peer.remote(w.RKey, w.RemoteAddr, n, wr.RemoteRead)
+		return ib.Success, uint32(n)
+	case w.Opcode == ib.RDMARead:
+		remote, ok := peer.remote(w.RKey, w.RemoteAddr, n, ib.RemoteRead)
 		if !ok {
-			return wr.RemAccessErr, 0
+			return ib.RemAccessErr, 0
 		}
 		scatterFrom(local, remote)
-		return wr.Success, uint32(n)
+		return ib.Success, uint32(n)
 	default: // atomics
 		if n != 8 {
-			return wr.LocLenErr, 0
+			return ib.LocLenErr, 0
 		}
 		if w.RemoteAddr%8 != 0 {
-			return wr.RemInvReqErr, 0
+			return ib.RemInvReqErr, 0
 		}
-		remote, ok := peer.remote(w.RKey, w.RemoteAddr, 8, wr.RemoteAtomic)
+		remote, ok := peer.remote(w.RKey, w.RemoteAddr, 8, ib.RemoteAtomic)
 		if !ok {
-			return wr.RemAccessErr, 0
+			return ib.RemAccessErr, 0
 		}
 		var old uint64
-		if w.Opcode == wr.AtomicCmpAndSwp {
-			old = wr.AtomicCmpSwap(remote, w.Compare, w.SwapAdd)
+		if w.Opcode == ib.AtomicCmpAndSwp {
+			old = ib.LocalSeg(remote).CmpSwap(w.Compare, w.SwapAdd)
 		} else {
-			old = wr.AtomicFetchAdd(remote, w.SwapAdd)
+			old = ib.LocalSeg(remote).FetchAdd(w.SwapAdd)
 		}
 		var b [8]byte
 		binary.NativeEndian.PutUint64(b[:], old)
 		scatterFrom(local, b[:])
-		return wr.Success, 8
+		return ib.Success, 8
 	}
 }
 
 // remote resolves an rkey for a peer's access: the MR must be in this QP's
 // PD and the QP must allow the access.
-func (q *qp) remote(rkey uint32, va, n uint64, need wr.Access) ([]byte, bool) {
+func (q *qp) remote(rkey uint32, va, n uint64, need ib.Access) ([]byte, bool) {
 	if q.attr.Access&need != need {
 		return nil, false
 	}
@@ -436,31 +436,31 @@ func (q *qp) remote(rkey uint32, va, n uint64, need wr.Access) ([]byte, bool) {
 	return m.span(va, n, need)
 }
 
-func (q *qp) deliver(from *qp, w *proto.SendWR, local [][]byte, n uint64) (wr.Status, uint32) {
+func (q *qp) deliver(from *qp, w *proto.SendWR, local [][]byte, n uint64) (ib.WCStatus, uint32) {
 	if len(q.rq) == 0 {
-		return wr.RNRRetryExcErr, 0
+		return ib.RNRRetryExcErr, 0
 	}
 	e := q.rq[0]
 	q.rq = q.rq[1:]
-	dst, room, ok := q.resolve(q.scatter, e.sg, wr.LocalWrite)
+	dst, room, ok := q.resolve(q.scatter, e.sg, ib.LocalWrite)
 	q.scatter = dst
-	wc := wr.WC{ID: e.id, Opcode: wr.WCRecv, ByteLen: uint32(n), QPN: q.qpn, SrcQP: from.qpn, IsRecv: true}
+	wc := ib.WC{ID: e.id, Opcode: ib.WCRecv, ByteLen: uint32(n), QPN: q.qpn, SrcQP: from.qpn, IsRecv: true}
 	if !ok || room < n {
-		wc.Status = wr.LocLenErr
+		wc.Status = ib.LocLenErr
 		if !ok {
-			wc.Status = wr.LocProtErr
+			wc.Status = ib.LocProtErr
 		}
 		q.rcq.push(wc)
 		q.attr.State = proto.Err
 		q.flushRQ()
-		return wr.RemOpErr, 0
+		return ib.RemOpErr, 0
 	}
 	gatherTo(dst, local)
-	if w.Opcode == wr.SendWithImm {
-		wc.Flags, wc.Imm = wr.WCWithImm, w.Imm
+	if w.Opcode == ib.SendWithImm {
+		wc.Flags, wc.Imm = ib.WCWithImm, w.Imm
 	}
 	q.rcq.push(wc)
-	return wr.Success, uint32(n)
+	return ib.Success, uint32(n)
 }
 
 // gatherInto copies the concatenation of src into dst.

@@ -22,7 +22,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // DefaultControl is the daemon's control socket unless configured otherwise
@@ -136,7 +136,7 @@ type HandleMsg struct {
 // remote peers with the rkey.
 type RegMRReq struct {
 	PD     Handle
-	Access wr.Access
+	Access ib.Access
 	Offset uint64
 	Length uint64
 	IOVA   uint64
@@ -270,7 +270,7 @@ type QPAttr struct {
 	RQPSN           uint32
 	SQPSN           uint32
 	DestQPN         uint32
-	Access          wr.Access
+	Access          ib.Access
 	PKeyIndex       uint16
 	HopLimit        uint8
 	TrafficClass    uint8
@@ -437,7 +437,7 @@ type CMConnReq struct {
 	SendCQ             Handle
 	RecvCQ             Handle
 	Caps               QPCaps
-	Access             wr.Access // what the peer may do through the QP
+	Access             ib.Access // what the peer may do through the QP
 	Port               uint16    // CONNECT: the peer's rdma_cm port
 	ResponderResources uint8
 	InitiatorDepth     uint8

@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"testing"
 
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 func TestSendWRRoundTrip(t *testing.T) {
@@ -16,12 +16,12 @@ func TestSendWRRoundTrip(t *testing.T) {
 		w  SendWR
 		ud bool
 	}{
-		{SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []SGE{{1, 2, 3}, {4, 5, 6}}, RemoteAddr: 0xdead0000, RKey: 77}, false},
-		{SendWR{ID: 2, Opcode: wr.SendWithImm, Flags: wr.Solicited, SG: []SGE{{9, 10, 11}}, Imm: 0x12345678}, false},
-		{SendWR{ID: 3, Opcode: wr.SendWithInv, SG: []SGE{}, InvRKey: 0x99}, false},
-		{SendWR{ID: 4, Opcode: wr.AtomicCmpAndSwp, SG: []SGE{{8, 8, 1}}, RemoteAddr: 64, RKey: 5, Compare: 1, SwapAdd: 2}, false},
-		{SendWR{ID: 5, Opcode: wr.RDMAWrite, Flags: wr.Inline | wr.Signaled, Inline: []byte("hello inline"), RemoteAddr: 8, RKey: 9}, false},
-		{SendWR{ID: 6, Opcode: wr.Send, SG: []SGE{{1, 1, 1}}, RemoteQPN: 0x11, QKey: 0x11111111, DGID: [16]byte{15: 1}}, true},
+		{SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []SGE{{1, 2, 3}, {4, 5, 6}}, RemoteAddr: 0xdead0000, RKey: 77}, false},
+		{SendWR{ID: 2, Opcode: ib.SendWithImm, Flags: ib.Solicited, SG: []SGE{{9, 10, 11}}, Imm: 0x12345678}, false},
+		{SendWR{ID: 3, Opcode: ib.SendWithInv, SG: []SGE{}, InvRKey: 0x99}, false},
+		{SendWR{ID: 4, Opcode: ib.AtomicCmpAndSwp, SG: []SGE{{8, 8, 1}}, RemoteAddr: 64, RKey: 5, Compare: 1, SwapAdd: 2}, false},
+		{SendWR{ID: 5, Opcode: ib.RDMAWrite, Flags: ib.Inline | ib.Signaled, Inline: []byte("hello inline"), RemoteAddr: 8, RKey: 9}, false},
+		{SendWR{ID: 6, Opcode: ib.Send, SG: []SGE{{1, 1, 1}}, RemoteQPN: 0x11, QKey: 0x11111111, DGID: [16]byte{15: 1}}, true},
 	}
 	for _, c := range cases {
 		if err := PutSendWR(slot, &c.w); err != nil {
@@ -46,7 +46,7 @@ func TestSendWRRoundTrip(t *testing.T) {
 	if err := PutSendWR(make([]byte, SendSlotSize(QPCaps{MaxSendSGE: 3})), &SendWR{SG: make([]SGE, 4)}); err == nil {
 		t.Fatal("4 SGEs fit a 3-SGE slot")
 	}
-	if err := PutSendWR(slot, &SendWR{Flags: wr.Inline, Inline: make([]byte, 200)}); err == nil {
+	if err := PutSendWR(slot, &SendWR{Flags: ib.Inline, Inline: make([]byte, 200)}); err == nil {
 		t.Fatal("200 inline bytes fit a 100-byte slot")
 	}
 }
@@ -62,13 +62,13 @@ func TestRecvAndWCRoundTrip(t *testing.T) {
 		t.Fatalf("%+v %v", got, err)
 	}
 	cqe := make([]byte, CQESize)
-	for _, c := range []wr.WC{
-		{ID: 1, Status: wr.RemAccessErr, Opcode: wr.WCRDMAWrite, ByteLen: 64, QPN: 0x11},
-		{ID: 2, Opcode: wr.WCRecv, Flags: wr.WCWithImm | wr.WCGRH, Imm: 7, SrcQP: 0x22, IsRecv: true, SrcIP: netip.MustParseAddr("10.77.0.10")},
-		{ID: 3, Opcode: wr.WCRecv, IsRecv: true, SrcIP: netip.MustParseAddr("fd77::11"), InvRKey: 9},
+	for _, c := range []ib.WC{
+		{ID: 1, Status: ib.RemAccessErr, Opcode: ib.WCRDMAWrite, ByteLen: 64, QPN: 0x11},
+		{ID: 2, Opcode: ib.WCRecv, Flags: ib.WCWithImm | ib.WCGRH, Imm: 7, SrcQP: 0x22, IsRecv: true, SrcIP: netip.MustParseAddr("10.77.0.10")},
+		{ID: 3, Opcode: ib.WCRecv, IsRecv: true, SrcIP: netip.MustParseAddr("fd77::11"), InvRKey: 9},
 	} {
 		PutWC(cqe, &c)
-		var g wr.WC
+		var g ib.WC
 		GetWC(cqe, &g)
 		if g != c {
 			t.Fatalf("WC round trip: %+v, want %+v", g, c)
@@ -85,7 +85,7 @@ func TestHostileSlots(t *testing.T) {
 	if err := GetSendWR(slot, &w, false); !errors.Is(err, ErrBadMessage) {
 		t.Fatalf("opcode 255: %v", err)
 	}
-	slot[8] = byte(wr.Send)
+	slot[8] = byte(ib.Send)
 	if err := GetSendWR(slot, &w, false); !errors.Is(err, ErrBadMessage) {
 		t.Fatalf("inline length beyond the slot: %v", err)
 	}
@@ -105,7 +105,7 @@ func TestHostileSlots(t *testing.T) {
 }
 
 func TestMessageCodec(t *testing.T) {
-	msg, err := Encode(nil, Header{Op: OpRegMR, Version: Version, Seq: 9}, &RegMRReq{PD: 1, Access: wr.LocalWrite, Length: 4096, IOVA: 0x1000})
+	msg, err := Encode(nil, Header{Op: OpRegMR, Version: Version, Seq: 9}, &RegMRReq{PD: 1, Access: ib.LocalWrite, Length: 4096, IOVA: 0x1000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,12 +132,12 @@ func TestMessageCodec(t *testing.T) {
 // trust: nothing may panic or read outside the slot.
 func FuzzGetSendWR(f *testing.F) {
 	slot := make([]byte, SendSlotSize(QPCaps{MaxSendSGE: 2, MaxInline: 32}))
-	PutSendWR(slot, &SendWR{ID: 1, Opcode: wr.RDMAWrite, SG: []SGE{{1, 2, 3}}})
+	PutSendWR(slot, &SendWR{ID: 1, Opcode: ib.RDMAWrite, SG: []SGE{{1, 2, 3}}})
 	f.Add(slot, false)
 	f.Fuzz(func(t *testing.T, s []byte, ud bool) {
 		w := SendWR{SG: make([]SGE, 0, 2)}
 		if GetSendWR(s, &w, ud) == nil {
-			if w.Flags&wr.Inline != 0 && len(w.Inline) > len(s) {
+			if w.Flags&ib.Inline != 0 && len(w.Inline) > len(s) {
 				t.Fatal("inline beyond the slot")
 			}
 		}

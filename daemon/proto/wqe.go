@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // SGE is one scatter/gather element: Length bytes at client virtual address
@@ -18,11 +18,11 @@ type SGE struct {
 
 // SendWR is a send work request as the client posts it and the daemon
 // decodes it from the SQ ring (ibv_send_wr). Exactly one of SG and Inline is
-// used: with wr.Inline in Flags, Inline holds the data itself.
+// used: with ib.Inline in Flags, Inline holds the data itself.
 type SendWR struct {
 	ID         uint64
-	Opcode     wr.Opcode
-	Flags      wr.Flags
+	Opcode     ib.WROpcode
+	Flags      ib.SendFlags
 	SG         []SGE
 	Inline     []byte
 	Imm        uint32 // SEND_WITH_IMM, RDMA_WRITE_WITH_IMM
@@ -57,7 +57,7 @@ type RecvWR struct {
 //	56 reserved
 //
 // A receive slot is ID u64, SGE count u8, 7 reserved bytes, then SGEs.
-// A completion slot (CQESize) mirrors wr.WC:
+// A completion slot (CQESize) mirrors ib.WC:
 //
 //	0  ID u64
 //	8  status u8, opcode u8, flags u8, is-receive u8
@@ -95,7 +95,7 @@ func PutSendWR(s []byte, w *SendWR) error {
 	le.PutUint64(s[0:], w.ID)
 	s[8], s[9], s[10], s[11] = byte(w.Opcode), byte(w.Flags), 0, 0
 	imm := w.Imm
-	if w.Opcode == wr.SendWithInv {
+	if w.Opcode == ib.SendWithInv {
 		imm = w.InvRKey
 	}
 	le.PutUint32(s[12:], imm)
@@ -110,7 +110,7 @@ func PutSendWR(s []byte, w *SendWR) error {
 		le.PutUint64(s[32:], w.Compare)
 		le.PutUint64(s[40:], w.SwapAdd)
 	}
-	if w.Flags&wr.Inline != 0 {
+	if w.Flags&ib.Inline != 0 {
 		if len(w.Inline) > len(s)-sendHeader {
 			return fmt.Errorf("proto: %d bytes of inline data exceed the slot", len(w.Inline))
 		}
@@ -136,12 +136,12 @@ func GetSendWR(s []byte, w *SendWR, ud bool) error {
 		return fmt.Errorf("%w: send slot of %d bytes", ErrBadMessage, len(s))
 	}
 	w.ID = le.Uint64(s[0:])
-	w.Opcode, w.Flags = wr.Opcode(s[8]), wr.Flags(s[9])
-	if w.Opcode > wr.AtomicFetchAndAdd {
+	w.Opcode, w.Flags = ib.WROpcode(s[8]), ib.SendFlags(s[9])
+	if !w.Opcode.Valid() {
 		return fmt.Errorf("%w: send opcode %d", ErrBadMessage, s[8])
 	}
 	w.Imm, w.InvRKey = le.Uint32(s[12:]), 0
-	if w.Opcode == wr.SendWithInv {
+	if w.Opcode == ib.SendWithInv {
 		w.Imm, w.InvRKey = 0, le.Uint32(s[12:])
 	}
 	w.RemoteAddr = le.Uint64(s[16:])
@@ -156,7 +156,7 @@ func GetSendWR(s []byte, w *SendWR, ud bool) error {
 		w.SwapAdd = le.Uint64(s[40:])
 	}
 	w.SG, w.Inline = w.SG[:0], nil
-	if w.Flags&wr.Inline != 0 {
+	if w.Flags&ib.Inline != 0 {
 		n := le.Uint32(s[28:])
 		if uint64(n) > uint64(len(s)-sendHeader) {
 			return fmt.Errorf("%w: inline length %d exceeds the slot", ErrBadMessage, n)
@@ -214,7 +214,7 @@ func getSGEs(s []byte, n int, sg []SGE) ([]SGE, error) {
 }
 
 // PutWC encodes a completion into a CQ slot.
-func PutWC(s []byte, c *wr.WC) {
+func PutWC(s []byte, c *ib.WC) {
 	le := binary.LittleEndian
 	le.PutUint64(s[0:], c.ID)
 	s[8], s[9], s[10], s[11] = byte(c.Status), byte(c.Opcode), byte(c.Flags), 0
@@ -235,10 +235,10 @@ func PutWC(s []byte, c *wr.WC) {
 }
 
 // GetWC decodes a CQ slot.
-func GetWC(s []byte, c *wr.WC) {
+func GetWC(s []byte, c *ib.WC) {
 	le := binary.LittleEndian
 	c.ID = le.Uint64(s[0:])
-	c.Status, c.Opcode, c.Flags, c.IsRecv = wr.Status(s[8]), wr.WCOpcode(s[9]), wr.WCFlags(s[10]), s[11] != 0
+	c.Status, c.Opcode, c.Flags, c.IsRecv = ib.WCStatus(s[8]), ib.WCOpcode(s[9]), ib.WCFlags(s[10]), s[11] != 0
 	c.ByteLen = le.Uint32(s[12:])
 	c.Imm = le.Uint32(s[16:])
 	c.InvRKey = le.Uint32(s[20:])

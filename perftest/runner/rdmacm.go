@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 // Control QP of perftest -R: one send slot and ctrlRecvs receive slots of
@@ -302,7 +302,7 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 		}
 		// The CM creates the QP in our PD, in process or in the daemon.
 		cp := &rnic.ConnParams{PD: t.pd, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
-			Access: t.allowed &^ verbs.LocalWrite, RetryCount: 7, RNRRetry: 7}
+			Access: t.allowed &^ ib.LocalWrite, RetryCount: 7, RNRRetry: 7}
 		if t.p.Verb == perftest.Read || t.p.Verb == perftest.Atomic {
 			cp.ResponderResources = uint8(min(t.p.OutReads, 255))
 			cp.InitiatorDepth = cp.ResponderResources
@@ -367,15 +367,15 @@ type cmChannel struct {
 	mr    rnic.MR
 	conn  rnic.Conn
 	qp    rnic.QP
-	wcs   [ctrlRecvs + 2]rnic.WC
-	recvd []rnic.WC // receive completions not yet taken, in order
+	wcs   [ctrlRecvs + 2]ib.WC
+	recvd []ib.WC // receive completions not yet taken, in order
 	sent  bool
 	// awaitSend: a Send is waiting for its completion (see wait).
 	awaitSend bool
 	// failed is a failed completion met by a wait that also brought
 	// what the caller waited for: reported by the next wait.
 	failed error
-	sge    [1]rnic.SGE
+	sge    [1]ib.SGE
 	swr    rnic.SendWR
 }
 
@@ -395,7 +395,7 @@ func newCMChannel(dev rnic.Device) (ch *cmChannel, err error) {
 	if ch.mem, err = dev.AllocMem((ctrlRecvs + 1) * ctrlSlot); err != nil {
 		return nil, err
 	}
-	if ch.mr, err = ch.pd.RegMR(ch.mem, 0, (ctrlRecvs+1)*ctrlSlot, 0, verbs.LocalWrite); err != nil {
+	if ch.mr, err = ch.pd.RegMR(ch.mem, 0, (ctrlRecvs+1)*ctrlSlot, 0, ib.LocalWrite); err != nil {
 		return nil, err
 	}
 	return ch, nil
@@ -431,7 +431,7 @@ func (ch *cmChannel) params() *rnic.ConnParams {
 }
 
 func (ch *cmChannel) recvWR(slot uint64) *rnic.RecvWR {
-	return &rnic.RecvWR{ID: slot, SG: []rnic.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}}
+	return &rnic.RecvWR{ID: slot, SG: []ib.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}}
 }
 
 // ctrlWaitStep bounds one sleep of wait on a CQ that cannot notify (the
@@ -448,13 +448,13 @@ func (ch *cmChannel) wait(ctx context.Context) error {
 		n := ch.cq.Poll(ch.wcs[:])
 		var failed error
 		for _, w := range ch.wcs[:n] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				// The peer may disconnect as soon as it has our last
 				// message: our posted receives are then flushed in the
 				// same poll as that SEND's completion. A flushed receive
 				// fails only a Recv; the SEND's own status decides Send.
 				// (Through the daemon a connection's end shows only so.)
-				if failed == nil && !(ch.awaitSend && w.IsRecv && w.Status == verbs.WRFlushErr) {
+				if failed == nil && !(ch.awaitSend && w.IsRecv && w.Status == ib.WRFlushErr) {
 					failed = fmt.Errorf("perf: control QP: work request %d completed with status %v", w.ID, w.Status)
 				}
 				continue
@@ -503,10 +503,10 @@ func (ch *cmChannel) Send(ctx context.Context, b []byte) error {
 		return fmt.Errorf("perf: control message of %d bytes", len(b))
 	}
 	copy(ch.mem.Bytes(), b)
-	ch.sge[0] = rnic.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
+	ch.sge[0] = ib.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
 	ch.sent, ch.awaitSend = false, true
 	defer func() { ch.awaitSend = false }()
-	ch.swr = rnic.SendWR{ID: 0, Opcode: verbs.Send, Flags: verbs.Signaled, SG: ch.sge[:]}
+	ch.swr = rnic.SendWR{ID: 0, Opcode: ib.Send, Flags: ib.Signaled, SG: ch.sge[:]}
 	if err := ch.qp.PostSend(&ch.swr); err != nil {
 		return fmt.Errorf("perf: control QP: post: %w", err)
 	}

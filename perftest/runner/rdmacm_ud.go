@@ -9,6 +9,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
@@ -61,7 +62,7 @@ func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 			return err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		vqp, err := rnic.VerbsPD(t.pd).CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: rnic.VerbsCQ(q.cq), RecvCQ: rnic.VerbsCQ(q.cq),
+		vqp, err := rnic.VerbsPD(t.pd).CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: rnic.VerbsCQ(q.cq), RecvCQ: rnic.VerbsCQ(q.cq),
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1})
 		if err != nil {
 			return err
@@ -87,12 +88,12 @@ func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 
 // udAH makes q's address handle to peer, with the UDP source port rxe
 // would use for q.
-func (t *Test) udAH(q *qp, peer verbs.AddressVector) error {
-	av := verbs.AddressVector{DestIP: peer.DestIP, SGIDIndex: t.gidIdx, TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit),
+func (t *Test) udAH(q *qp, peer ib.AddressVector) error {
+	av := ib.AddressVector{DGID: ib.GIDFrom(peer.DGID.Addr()), SGIDIndex: uint8(t.gidIdx), TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit),
 		UDPSrcPort: verbs.UDSourcePort(q.qpn())}
 	ah, err := t.pd.CreateAH(av)
 	if err != nil {
-		return fmt.Errorf("address handle to %v: %w", peer.DestIP, err)
+		return fmt.Errorf("address handle to %v: %w", peer.DGID.Addr(), err)
 	}
 	q.ah = ah
 	return nil
@@ -134,15 +135,15 @@ func (c *cmLocal) udClient(q *qp) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
-	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: verbs.SendWithImm, Flags: verbs.Signaled, Imm: q.qpn(),
-		SG: []rnic.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
+	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
+		SG: []ib.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
 		return r, err
 	}
 	wc, err := udWait(t.ctx, rnic.VerbsCQ(q.cq))
 	if err != nil {
 		return r, err
 	}
-	if wc.Status != verbs.Success || wc.IsRecv {
+	if wc.Status != ib.Success || wc.IsRecv {
 		return r, fmt.Errorf("sending our QPN: %v", wc.Status)
 	}
 	return r, nil
@@ -167,7 +168,7 @@ func (c *cmLocal) udServer(q *qp, vqp *verbs.QP) (udRemote, error) {
 	defer copy(q.src, saved[:])
 	if sends {
 		// Posted before the SIDR_REP: the client sends as soon as it has it.
-		if _, err := vqp.PostRecv(verbs.RecvWR{ID: 0, SG: []verbs.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
+		if _, err := vqp.PostRecv(verbs.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
 			return udRemote{}, err
 		}
 	}
@@ -181,22 +182,22 @@ func (c *cmLocal) udServer(q *qp, vqp *verbs.QP) (udRemote, error) {
 	if err != nil {
 		return udRemote{}, err
 	}
-	if wc.Status != verbs.Success || !wc.IsRecv || wc.Flags&verbs.WCWithImm == 0 {
+	if wc.Status != ib.Success || !wc.IsRecv || wc.Flags&ib.WCWithImm == 0 {
 		return udRemote{}, fmt.Errorf("the client's QPN: completion %v opcode %v", wc.Status, wc.Opcode)
 	}
-	if err := t.udAH(q, verbs.AddressVector{DestIP: wc.SrcIP}); err != nil {
+	if err := t.udAH(q, ib.AddressVector{DGID: ib.GIDFrom(wc.SrcIP)}); err != nil {
 		return udRemote{}, err
 	}
 	return udRemote{qpn: wc.Imm & bth.QPNMask, qkey: rdmacm.UDPQKey}, nil
 }
 
 // udWait waits (bounded) for the one completion of the connection step.
-func udWait(ctx context.Context, cq *verbs.CQ) (verbs.WC, error) {
+func udWait(ctx context.Context, cq *verbs.CQ) (ib.WC, error) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var wc [1]verbs.WC
+	var wc [1]ib.WC
 	if _, err := cq.Wait(wctx, wc[:]); err != nil {
-		return verbs.WC{}, err
+		return ib.WC{}, err
 	}
 	return wc[0], nil
 }
@@ -232,7 +233,7 @@ func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
 			return err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: verbs.UD, SendCQ: q.cq, RecvCQ: q.cq,
+		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: q.cq, RecvCQ: q.cq,
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
 			return err
 		}
@@ -274,7 +275,7 @@ func (c *cmLocal) udClientDaemon(ud rnic.UDCM, q *qp) (udRemote, error) {
 		case <-time.After(cmDataDialDelay):
 		}
 	}
-	if err := t.udAH(q, verbs.AddressVector{DestIP: svc.Addr}); err != nil {
+	if err := t.udAH(q, ib.AddressVector{DGID: ib.GIDFrom(svc.Addr)}); err != nil {
 		return udRemote{}, err
 	}
 	r := udRemote{qpn: svc.QPN, qkey: svc.QKey}
@@ -287,15 +288,15 @@ func (c *cmLocal) udClientDaemon(ud rnic.UDCM, q *qp) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
-	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: verbs.SendWithImm, Flags: verbs.Signaled, Imm: q.qpn(),
-		SG: []rnic.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
+	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
+		SG: []ib.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
 		return r, err
 	}
 	wc, err := udWaitRNIC(t.ctx, q.cq)
 	if err != nil {
 		return r, err
 	}
-	if wc.Status != verbs.Success || wc.IsRecv {
+	if wc.Status != ib.Success || wc.IsRecv {
 		return r, fmt.Errorf("sending our QPN: %v", wc.Status)
 	}
 	return r, nil
@@ -314,7 +315,7 @@ func (c *cmLocal) udServerDaemon(q *qp) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	if sends {
-		if err := q.qp.PostRecv(&rnic.RecvWR{ID: 0, SG: []rnic.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
+		if err := q.qp.PostRecv(&rnic.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
 			return udRemote{}, err
 		}
 		if rs, ok := q.qp.(rnic.RecvSyncer); ok {
@@ -333,10 +334,10 @@ func (c *cmLocal) udServerDaemon(q *qp) (udRemote, error) {
 	if err != nil {
 		return udRemote{}, err
 	}
-	if wc.Status != verbs.Success || !wc.IsRecv || wc.Flags&verbs.WCWithImm == 0 {
+	if wc.Status != ib.Success || !wc.IsRecv || wc.Flags&ib.WCWithImm == 0 {
 		return udRemote{}, fmt.Errorf("the client's QPN: completion %v opcode %v", wc.Status, wc.Opcode)
 	}
-	if err := t.udAH(q, verbs.AddressVector{DestIP: wc.SrcIP}); err != nil {
+	if err := t.udAH(q, ib.AddressVector{DGID: ib.GIDFrom(wc.SrcIP)}); err != nil {
 		return udRemote{}, err
 	}
 	return udRemote{qpn: wc.Imm & bth.QPNMask, qkey: rdmacm.UDPQKey}, nil
@@ -344,13 +345,13 @@ func (c *cmLocal) udServerDaemon(q *qp) (udRemote, error) {
 
 // udWaitRNIC waits (bounded) for the one completion of the connection
 // step on an rnic CQ.
-func udWaitRNIC(ctx context.Context, cq rnic.CQ) (rnic.WC, error) {
+func udWaitRNIC(ctx context.Context, cq rnic.CQ) (ib.WC, error) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var wc [1]rnic.WC
+	var wc [1]ib.WC
 	for cq.Poll(wc[:]) == 0 {
 		if err := wctx.Err(); err != nil {
-			return rnic.WC{}, fmt.Errorf("waiting for a completion: %w", err)
+			return ib.WC{}, fmt.Errorf("waiting for a completion: %w", err)
 		}
 		cq.Wait(10 * time.Millisecond)
 	}

@@ -6,9 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 // Run implements perftest.Local: the measurement at one message size.
@@ -69,11 +69,11 @@ func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *rnic.SendWR {
 	half := uint64(t.region / 2)
 	switch t.p.Verb {
 	case perftest.Write:
-		return t.setWR(q, uint64(k), verbs.RDMAWrite, off, size, off, signaled)
+		return t.setWR(q, uint64(k), ib.RDMAWrite, off, size, off, signaled)
 	case perftest.Read:
-		return t.setWR(q, uint64(k), verbs.RDMARead, half+off, size, off, signaled)
+		return t.setWR(q, uint64(k), ib.RDMARead, half+off, size, off, signaled)
 	case perftest.Atomic:
-		w := t.setWR(q, uint64(k), verbs.AtomicFetchAndAdd, half+off, 8, off, signaled)
+		w := t.setWR(q, uint64(k), ib.AtomicFetchAndAdd, half+off, 8, off, signaled)
 		w.CompareAdd = 1
 		return w
 	}
@@ -82,25 +82,25 @@ func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *rnic.SendWR {
 		// the receiver's --verify independent of which arrived.
 		off = 0
 	}
-	return t.setWR(q, uint64(k), verbs.Send, off, size, 0, signaled)
+	return t.setWR(q, uint64(k), ib.Send, off, size, 0, signaled)
 }
 
 // setWR fills q's one WR and SGE (PostSend copies them, so a message costs
 // no allocation on this side): n bytes at offset local of q's region, to
 // offset remote of the peer's (RDMA and atomics) or, on UD, to the peer's
 // QP through its address handle.
-func (t *Test) setWR(q *qp, id uint64, op verbs.Opcode, local, n, remote uint64, signaled bool) *rnic.SendWR {
-	q.sge[0] = rnic.SGE{Addr: q.va + local, Length: uint32(n), LKey: t.mr.LKey()}
+func (t *Test) setWR(q *qp, id uint64, op ib.WROpcode, local, n, remote uint64, signaled bool) *rnic.SendWR {
+	q.sge[0] = ib.SGE{Addr: q.va + local, Length: uint32(n), LKey: t.mr.LKey()}
 	w := &q.wr[0]
 	*w = rnic.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
 	if signaled {
-		w.Flags = verbs.Signaled
+		w.Flags = ib.Signaled
 	}
 	d := t.remote[q.idx]
 	switch {
 	case t.udDatum:
 		w.AH, w.RemoteQPN, w.RemoteQKey = q.ah, d.QPN, t.udRemoteQKey()
-	case op != verbs.Send:
+	case op != ib.Send:
 		w.RemoteAddr, w.RKey = d.VAddr+remote, d.RKey
 	}
 	return w
@@ -294,7 +294,7 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 					return perftest.LatReport{}, err
 				}
 			}
-			t.setWR(q, uint64(i), verbs.Send, 0, size, 0, false)
+			t.setWR(q, uint64(i), ib.Send, 0, size, 0, false)
 			if err := t.post(q); err != nil {
 				return perftest.LatReport{}, err
 			}
@@ -319,7 +319,7 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 			q.qp.WithLock(func() { src[size-1] = marker })
 			// write_lat has no closing handshake: the last WRITE must be
 			// acknowledged before this side may go away.
-			t.setWR(q, uint64(i), verbs.RDMAWrite, uint64(half), size, 0, i == iters-1)
+			t.setWR(q, uint64(i), ib.RDMAWrite, uint64(half), size, 0, i == iters-1)
 			if err := t.post(q); err != nil {
 				return perftest.LatReport{}, err
 			}
@@ -447,7 +447,7 @@ func (t *Test) waitRecv(q *qp, size uint64, i int) error {
 
 // dropSends forgets send completions (latency tests signal only when they
 // wait for one).
-func dropSends(s []verbs.WC) []verbs.WC {
+func dropSends(s []ib.WC) []ib.WC {
 	out := s[:0]
 	for _, w := range s {
 		if w.IsRecv {

@@ -25,6 +25,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/transport/rc"
@@ -132,8 +133,8 @@ type Test struct {
 	quiet  bool
 
 	headerDone bool
-	allowed    verbs.Access // what the peer may do to our MR
-	dev        rnic.Device  // Host.RNIC, or Host.Device in this process
+	allowed    ib.Access   // what the peer may do to our MR
+	dev        rnic.Device // Host.RNIC, or Host.Device in this process
 
 	neg     perftest.Negotiated
 	gid     netip.Addr
@@ -162,15 +163,15 @@ type qp struct {
 	idx  int
 	src  []byte // local source/sink area: the QP's region of the MR
 	va   uint64 // IOVA of src
-	seen []verbs.WC
-	wcs  [64]verbs.WC
+	seen []ib.WC
+	wcs  [64]ib.WC
 
 	// One WR and SGE per QP, reused by every post (PostSend copies what
 	// it needs), so that a message costs no allocation on this side.
 	wr  [1]rnic.SendWR
-	sge [1]rnic.SGE
+	sge [1]ib.SGE
 	rwr [1]rnic.RecvWR
-	rsg [1]rnic.SGE
+	rsg [1]ib.SGE
 
 	recvMem  rnic.Mem // receive slots
 	recvMR   rnic.MR  // over recvMem (local write only)
@@ -353,14 +354,32 @@ type QPCongestionJSON struct {
 	Cuts       uint64  `json:"cuts"`        // rate cuts
 }
 
-func (t *Test) qpType() verbs.QPType {
+func (t *Test) qpType() ib.QPType {
 	switch t.p.Transport {
 	case perftest.UC:
-		return verbs.UC
+		return ib.UC
 	case perftest.UD:
-		return verbs.UD
+		return ib.UD
 	}
-	return verbs.RC
+	return ib.RC
+}
+
+// qpMasks are the attributes a test's QPs set on their way to RTS: what
+// IBA requires of their type's transitions.
+type qpMasks struct{ init, rtr, rts ib.QPAttrMask }
+
+func (t *Test) masks() qpMasks {
+	const s = ib.AttrState
+	switch t.qpType() {
+	case ib.UD:
+		return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrQKey, s, s | ib.AttrSQPSN}
+	case ib.UC:
+		return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
+			s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN, s | ib.AttrSQPSN}
+	}
+	return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
+		s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer,
+		s | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic}
 }
 
 // setupMR makes the PD and the one MR of all QPs, with room for the peer's
@@ -380,14 +399,14 @@ func (t *Test) setupMR(n perftest.Negotiated) error {
 		return err
 	}
 	t.fillPattern()
-	t.allowed = verbs.LocalWrite
+	t.allowed = ib.LocalWrite
 	switch t.p.Verb {
 	case perftest.Write:
-		t.allowed |= verbs.RemoteWrite
+		t.allowed |= ib.RemoteWrite
 	case perftest.Read:
-		t.allowed |= verbs.RemoteRead
+		t.allowed |= ib.RemoteRead
 	case perftest.Atomic:
-		t.allowed |= verbs.RemoteAtomic
+		t.allowed |= ib.RemoteAtomic
 	}
 	var r [8]byte
 	rand.Read(r[:])
@@ -425,11 +444,8 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 			return nil, err
 		}
 		t.qpns = append(t.qpns, q.qpn())
-		init := verbs.Attr{Access: t.allowed &^ verbs.LocalWrite, QKey: udQKey}
-		if t.udDatum {
-			init.Access = 0
-		}
-		if err := q.qp.Modify(verbs.Init, &init); err != nil {
+		init := ib.QPAttr{State: ib.Init, Port: 1, Access: t.allowed &^ ib.LocalWrite, QKey: udQKey}
+		if err := q.qp.Modify(&init, t.masks().init); err != nil {
 			return nil, err
 		}
 		d := perftest.Dest{OutReads: uint16(t.p.OutReads), QPN: q.qpn(), PSN: q.psn, RKey: t.mr.RKey(),
@@ -500,23 +516,22 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 	var err error
 	for i, q := range t.qps {
 		d := remote[i]
-		av := verbs.AddressVector{DestIP: d.Addr(), SGIDIndex: t.gidIdx,
+		av := ib.AddressVector{DGID: ib.GIDFrom(d.Addr()), SGIDIndex: uint8(t.gidIdx),
 			TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit)}
-		rtr := verbs.Attr{PathMTU: t.neg.MTU.Bytes(), DestQPN: d.QPN, RQPSN: d.PSN, MaxDestRdAtomic: max(t.p.OutReads, 1),
-			MinRNRTimer: 12, AV: av}
-		rts := verbs.Attr{SQPSN: q.psn, Timeout: t.p.QPTimeout, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: max(int(d.OutReads), 1)}
+		rtr := ib.QPAttr{State: ib.RTR, PathMTU: uint32(t.neg.MTU.Bytes()), DestQPN: d.QPN, RQPSN: d.PSN,
+			MaxDestRdAtomic: uint8(min(max(t.p.OutReads, 1), 255)), MinRNRTimer: 12, AV: av}
+		rts := ib.QPAttr{State: ib.RTS, SQPSN: q.psn, Timeout: t.p.QPTimeout, RetryCnt: 7, RNRRetry: 7,
+			MaxRdAtomic: uint8(min(max(int(d.OutReads), 1), 255))}
 		if t.udDatum {
-			rtr = verbs.Attr{}
-			rts = verbs.Attr{SQPSN: q.psn}
 			av.UDPSrcPort = verbs.UDSourcePort(q.qpn()) // per QP, as rxe's UD frames
 			if q.ah, err = t.pd.CreateAH(av); err != nil {
 				return fmt.Errorf("perf: address handle to %v: %w", d.Addr(), err)
 			}
 		}
-		if err := q.qp.Modify(verbs.RTR, &rtr); err != nil {
+		if err := q.qp.Modify(&rtr, t.masks().rtr); err != nil {
 			return fmt.Errorf("perf: QP %#x to RTR: %w", q.qpn(), err)
 		}
-		if err := q.qp.Modify(verbs.RTS, &rts); err != nil {
+		if err := q.qp.Modify(&rts, t.masks().rts); err != nil {
 			return fmt.Errorf("perf: QP %#x to RTS: %w", q.qpn(), err)
 		}
 	}
@@ -594,7 +609,7 @@ func (t *Test) PostReceives(size uint64) error {
 				return err
 			}
 			q.recvMem = mem
-			mr, err := t.pd.RegMR(mem, 0, len(mem.Bytes()), 0, verbs.LocalWrite)
+			mr, err := t.pd.RegMR(mem, 0, len(mem.Bytes()), 0, ib.LocalWrite)
 			if err != nil {
 				return err
 			}
@@ -624,7 +639,7 @@ func (t *Test) PostReceives(size uint64) error {
 
 // postRecv posts the receive of slot id.
 func (t *Test) postRecv(q *qp, id uint64) error {
-	q.rsg[0] = rnic.SGE{Addr: q.recvMR.IOVA() + id*q.recvInc, Length: uint32(q.recvLen), LKey: q.recvMR.LKey()}
+	q.rsg[0] = ib.SGE{Addr: q.recvMR.IOVA() + id*q.recvInc, Length: uint32(q.recvLen), LKey: q.recvMR.LKey()}
 	q.rwr[0] = rnic.RecvWR{ID: id, SG: q.rsg[:]}
 	if err := q.qp.PostRecv(&q.rwr[0]); err != nil {
 		return fmt.Errorf("perf: QP %#x: post receive: %w", q.qpn(), err)
@@ -667,7 +682,7 @@ func (t *Test) poll() (int, error) {
 	for _, q := range t.qps {
 		k := q.cq.Poll(q.wcs[:])
 		for _, w := range q.wcs[:k] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				return n, fmt.Errorf("perf: QP %#x: work request %d completed with status %v", q.qpn(), w.ID, w.Status)
 			}
 		}

@@ -13,6 +13,7 @@ import (
 	"io"
 	"net/netip"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -35,7 +36,7 @@ type endpoint struct {
 func newEndpoint(dev *verbs.Device) (*endpoint, error) {
 	e := &endpoint{pd: dev.AllocPD(), cq: dev.CreateCQ(4)}
 	var err error
-	e.recv, err = e.pd.RegMR(make([]byte, MsgSize), verbs.LocalWrite)
+	e.recv, err = e.pd.RegMR(make([]byte, MsgSize), ib.LocalWrite)
 	return e, err
 }
 
@@ -47,7 +48,7 @@ func (e *endpoint) params() *rdmacm.ConnParams {
 		MaxInline: MsgSize, ResponderResources: verbs.MaxRdAtomic, InitiatorDepth: verbs.MaxRdAtomic,
 		RetryCount: 7, RNRRetry: 7,
 		Setup: func(q *verbs.QP) error {
-			_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []verbs.SGE{{Addr: e.recv.IOVA(), Length: MsgSize, LKey: e.recv.LKey()}}})
+			_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []ib.SGE{{Addr: e.recv.IOVA(), Length: MsgSize, LKey: e.recv.LKey()}}})
 			return err
 		}}
 }
@@ -55,7 +56,7 @@ func (e *endpoint) params() *rdmacm.ConnParams {
 // wait returns the next completion, receive or send as asked (the other
 // kind is an error here: each side has one of each, in a fixed order).
 func (e *endpoint) wait(ctx context.Context, c *rdmacm.Conn, recv bool) error {
-	var wc [1]verbs.WC
+	var wc [1]ib.WC
 	for got := false; !got; {
 		if e.cq.Poll(wc[:]) == 1 {
 			break
@@ -71,7 +72,7 @@ func (e *endpoint) wait(ctx context.Context, c *rdmacm.Conn, recv bool) error {
 		}
 	}
 	switch {
-	case wc[0].Status != verbs.Success:
+	case wc[0].Status != ib.Success:
 		return fmt.Errorf("%v completion: %v", wc[0].Opcode, wc[0].Status)
 	case wc[0].IsRecv != recv:
 		return errors.New("completion out of order")
@@ -82,7 +83,7 @@ func (e *endpoint) wait(ctx context.Context, c *rdmacm.Conn, recv bool) error {
 }
 
 func send(q *verbs.QP, msg []byte) error {
-	_, err := q.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline, InlineData: msg})
+	_, err := q.PostSend(verbs.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: msg})
 	return err
 }
 

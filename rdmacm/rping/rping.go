@@ -22,9 +22,9 @@ import (
 	"time"
 
 	cmrping "github.com/softrnic/softrnic/cm/rping"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 // Options are rping's flags.
@@ -67,13 +67,13 @@ type endpoint struct {
 	cq      rnic.CQ
 	recvMem rnic.Mem
 	recv    rnic.MR // one rping_rdma_info
-	wc      [8]rnic.WC
+	wc      [8]ib.WC
 	mems    []rnic.Mem
 	mrs     []rnic.MR
-	rsg     [1]rnic.SGE
+	rsg     [1]ib.SGE
 	rwr     rnic.RecvWR
 	swr     rnic.SendWR
-	sge     [1]rnic.SGE
+	sge     [1]ib.SGE
 	info    [cmrping.InfoSize]byte
 }
 
@@ -86,12 +86,12 @@ func newEndpoint(dev rnic.Device) (*endpoint, error) {
 	if e.cq, err = dev.CreateCQ(16); err != nil {
 		return e, err
 	}
-	e.recvMem, e.recv, err = e.buffer(cmrping.InfoSize, verbs.LocalWrite)
+	e.recvMem, e.recv, err = e.buffer(cmrping.InfoSize, ib.LocalWrite)
 	return e, err
 }
 
 // buffer allocates and registers n bytes with the given access.
-func (e *endpoint) buffer(n int, access rnic.Access) (rnic.Mem, rnic.MR, error) {
+func (e *endpoint) buffer(n int, access ib.Access) (rnic.Mem, rnic.MR, error) {
 	m, err := e.dev.AllocMem(n)
 	if err != nil {
 		return nil, nil, err
@@ -126,14 +126,14 @@ func (e *endpoint) close() {
 func (e *endpoint) params() *rnic.ConnParams {
 	return &rnic.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq,
 		MaxSendWR: cmrping.RQDepth * 2, MaxRecvWR: cmrping.RQDepth, MaxSGE: 1, MaxInline: cmrping.InfoSize,
-		Access:             verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite,
+		Access:             ib.LocalWrite | ib.RemoteRead | ib.RemoteWrite,
 		ResponderResources: cmrping.ResponderResources, InitiatorDepth: cmrping.InitiatorDepth,
 		RetryCount: cmrping.RetryCount, RNRRetry: cmrping.RNRRetry,
 		InitRecv: e.recvWR()}
 }
 
 func (e *endpoint) recvWR() *rnic.RecvWR {
-	e.rsg[0] = rnic.SGE{Addr: e.recv.IOVA(), Length: cmrping.InfoSize, LKey: e.recv.LKey()}
+	e.rsg[0] = ib.SGE{Addr: e.recv.IOVA(), Length: cmrping.InfoSize, LKey: e.recv.LKey()}
 	e.rwr = rnic.RecvWR{ID: 1, SG: e.rsg[:]}
 	return &e.rwr
 }
@@ -142,15 +142,15 @@ func (e *endpoint) postRecv(q rnic.QP) error { return q.PostRecv(e.recvWR()) }
 
 func (e *endpoint) sendInfo(q rnic.QP, info cmrping.Info) error {
 	info.Encode(e.info[:])
-	e.swr = rnic.SendWR{ID: 2, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline, InlineData: e.info[:]}
+	e.swr = rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: e.info[:]}
 	return q.PostSend(&e.swr)
 }
 
 // rdma posts rping's READ or WRITE of n bytes between mr and the peer's
 // buffer.
-func (e *endpoint) rdma(q rnic.QP, id uint64, op verbs.Opcode, mr rnic.MR, n uint32, remote cmrping.Info) error {
-	e.sge[0] = rnic.SGE{Addr: mr.IOVA(), Length: n, LKey: mr.LKey()}
-	e.swr = rnic.SendWR{ID: id, Opcode: op, Flags: verbs.Signaled, SG: e.sge[:], RemoteAddr: remote.Buf, RKey: remote.RKey}
+func (e *endpoint) rdma(q rnic.QP, id uint64, op ib.WROpcode, mr rnic.MR, n uint32, remote cmrping.Info) error {
+	e.sge[0] = ib.SGE{Addr: mr.IOVA(), Length: n, LKey: mr.LKey()}
+	e.swr = rnic.SendWR{ID: id, Opcode: op, Flags: ib.Signaled, SG: e.sge[:], RemoteAddr: remote.Buf, RKey: remote.RKey}
 	return q.PostSend(&e.swr)
 }
 
@@ -159,7 +159,7 @@ const cqWait = 10 * time.Millisecond
 
 // next waits for the next completion of c's QP. It returns errDone when
 // the connection is over (the peer disconnected).
-func (e *endpoint) next(ctx context.Context, c rnic.Conn) (rnic.WC, error) {
+func (e *endpoint) next(ctx context.Context, c rnic.Conn) (ib.WC, error) {
 	for {
 		if e.cq.Poll(e.wc[:1]) == 1 {
 			return e.wc[0], nil
@@ -169,9 +169,9 @@ func (e *endpoint) next(ctx context.Context, c rnic.Conn) (rnic.WC, error) {
 			if e.cq.Poll(e.wc[:1]) == 1 {
 				return e.wc[0], nil
 			}
-			return rnic.WC{}, errDone
+			return ib.WC{}, errDone
 		case <-ctx.Done():
-			return rnic.WC{}, ctx.Err()
+			return ib.WC{}, ctx.Err()
 		default:
 		}
 		e.cq.Wait(cqWait)
@@ -217,7 +217,7 @@ func RunClient(ctx context.Context, dev rnic.Device, cm rnic.CM, addr netip.Addr
 	if err != nil {
 		return err
 	}
-	acc := verbs.LocalWrite | verbs.RemoteRead | verbs.RemoteWrite
+	acc := ib.LocalWrite | ib.RemoteRead | ib.RemoteWrite
 	startMem, start, err := e.buffer(o.Size, acc)
 	// Memory from the RNIC may be longer than asked (whole pages through
 	// the daemon): rping's buffers are the first o.Size bytes.
@@ -250,7 +250,7 @@ func RunClient(ctx context.Context, dev rnic.Device, cm rnic.CM, addr netip.Addr
 			}
 			return err
 		}
-		if wc.Status != verbs.Success {
+		if wc.Status != ib.Success {
 			return fmt.Errorf("rping: %v completion: %v", wc.Opcode, wc.Status)
 		}
 		if !wc.IsRecv {
@@ -300,7 +300,7 @@ func RunServer(ctx context.Context, dev rnic.Device, cm rnic.CM, o Options, read
 	if err != nil {
 		return err
 	}
-	bufMem, buf, err := e.buffer(o.Size, verbs.LocalWrite|verbs.RemoteRead|verbs.RemoteWrite)
+	bufMem, buf, err := e.buffer(o.Size, ib.LocalWrite|ib.RemoteRead|ib.RemoteWrite)
 	if err != nil {
 		return err
 	}
@@ -327,8 +327,8 @@ func RunServer(ctx context.Context, dev rnic.Device, cm rnic.CM, o Options, read
 		if err != nil {
 			return err
 		}
-		if wc.Status != verbs.Success {
-			if wc.Status == verbs.WRFlushErr {
+		if wc.Status != ib.Success {
+			if wc.Status == ib.WRFlushErr {
 				return nil
 			}
 			return fmt.Errorf("rping: %v completion: %v", wc.Opcode, wc.Status)
@@ -343,8 +343,8 @@ func RunServer(ctx context.Context, dev rnic.Device, cm rnic.CM, o Options, read
 			if act, err = srv.OnRecv(msg); err != nil {
 				return err
 			}
-		case wc.Opcode == verbs.WCRDMARead || wc.Opcode == verbs.WCRDMAWrite:
-			if wc.Opcode == verbs.WCRDMARead && o.Verbose {
+		case wc.Opcode == ib.WCRDMARead || wc.Opcode == ib.WCRDMAWrite:
+			if wc.Opcode == ib.WCRDMARead && o.Verbose {
 				fmt.Fprintf(o.Out, "server ping data: %s\n", cstring(bufMem.Bytes()[:o.Size]))
 			}
 			if act, err = srv.OnComplete(); err != nil {
@@ -357,9 +357,9 @@ func RunServer(ctx context.Context, dev rnic.Device, cm rnic.CM, o Options, read
 		case cmrping.ActSendInfo:
 			err = e.sendInfo(q, act.Info)
 		case cmrping.ActRDMARead:
-			err = e.rdma(q, 3, verbs.RDMARead, buf, act.Remote.Size, act.Remote)
+			err = e.rdma(q, 3, ib.RDMARead, buf, act.Remote.Size, act.Remote)
 		case cmrping.ActRDMAWrite:
-			err = e.rdma(q, 4, verbs.RDMAWrite, buf, uint32(act.Len), act.Remote)
+			err = e.rdma(q, 4, ib.RDMAWrite, buf, uint32(act.Len), act.Remote)
 		}
 		if err != nil {
 			return err

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // FuzzQP feeds arbitrary packets to an RC QP with work in flight in both
@@ -27,12 +27,12 @@ func FuzzQP(f *testing.F) {
 	f.Fuzz(func(t *testing.T, p1, p2 []byte) {
 		c := newCtx(t, defaultCfg())
 		back := make([]byte, 3*4096)
-		mr := &testMR{va: 0x1000, buf: back[4096 : 2*4096 : 2*4096], access: wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic, valid: true}
+		mr := &testMR{va: 0x1000, buf: back[4096 : 2*4096 : 2*4096], access: ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic, valid: true}
 		c.mem.mrs[9] = mr
 		c.rq.post(1, make([]byte, 64))
-		c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}})
-		c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{make([]byte, 16)}, RemoteAddr: 1, RKey: 1})
-		c.post(wr.SendWQE{ID: 3, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}, Length: 8})
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 8))})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(make([]byte, 16)), RemoteAddr: 1, RKey: 1})
+		c.post(ib.SendWQE{ID: 3, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: segs(make([]byte, 8)), Length: 8})
 		c.out()
 		for _, p := range [][]byte{p1, p2, p1} {
 			c.qp.Receive(c.now, p)

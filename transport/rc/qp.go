@@ -22,7 +22,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Limits mirrored from rxe so that a peer sees the same pacing.
@@ -46,9 +46,6 @@ const (
 	SynNAKRemAccess = 0x62
 	SynNAKRemOp     = 0x63
 )
-
-// AETH is bth's view of the ACK extended transport header.
-type AETH = bth.AETH
 
 // rnrTimerNS is the RNR NAK timer table (IBA Table 45) in nanoseconds,
 // indexed by the 5-bit code.
@@ -90,7 +87,7 @@ type Config struct {
 	// duplicate replay.
 	MaxRdAtomic     int
 	MaxDestRdAtomic int
-	Access          wr.Access // remote operations the responder accepts
+	Access          ib.Access // remote operations the responder accepts
 	SQDepth         int       // max outstanding send WQEs
 	MaxSGE          int
 }
@@ -133,24 +130,24 @@ type Counters struct {
 // QP is one RC or UC queue pair's transport state.
 type QP struct {
 	cfg    Config
-	mem    wr.Memory
-	rq     wr.RecvQueue
+	mem    ib.Memory
+	rq     ib.RecvQueue
 	reqOn  bool // requester may send (RTS)
 	respOn bool // responder accepts requests (RTR or later)
 	failed bool // a fatal error happened; the device must move the QP to ERR
 	sqErr  bool // UC: a local send error stopped the SQ (SQE)
-	errSt  wr.Status
+	errSt  ib.WCStatus
 
 	req  requester
 	resp responder
 
-	wcs []wr.WC // completions produced since the last TakeCompletions
+	wcs []ib.WC // completions produced since the last TakeCompletions
 	Counters
 }
 
 // New returns a QP in the state "created, not yet connected": it neither
 // sends nor accepts anything until Connect.
-func New(qpn uint32, sqDepth, maxSGE int, mem wr.Memory, rq wr.RecvQueue) *QP {
+func New(qpn uint32, sqDepth, maxSGE int, mem ib.Memory, rq ib.RecvQueue) *QP {
 	if sqDepth < 1 {
 		sqDepth = 1
 	}
@@ -160,10 +157,10 @@ func New(qpn uint32, sqDepth, maxSGE int, mem wr.Memory, rq wr.RecvQueue) *QP {
 	q.cfg.MaxSGE = maxSGE
 	q.req.sq = make([]sendEntry, sqDepth)
 	for i := range q.req.sq {
-		q.req.sq[i].SG = make([][]byte, 0, maxSGE)
+		q.req.sq[i].SG = make([]ib.Seg, 0, maxSGE)
 	}
-	q.resp.cur.SG = make([][]byte, 0, maxSGE)
-	q.wcs = make([]wr.WC, 0, sqDepth+64)
+	q.resp.cur.SG = make([]ib.Seg, 0, maxSGE)
+	q.wcs = make([]ib.WC, 0, sqDepth+64)
 	return q
 }
 
@@ -204,7 +201,7 @@ func (q *QP) Sender(cfg Config) {
 // (RTS→RTS / SQD→RTS): local ACK timeout, retry counts, min RNR timer,
 // access flags and max_rd_atomic. Retry budgets restart from the new
 // counts.
-func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access wr.Access, maxRdAtomic int) {
+func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access ib.Access, maxRdAtomic int) {
 	q.cfg.Timeout, q.cfg.RetryCnt, q.cfg.RNRRetry, q.cfg.MinRNRTimer = timeout, retryCnt&7, rnrRetry&7, minRNRTimer&31
 	q.cfg.Access = access
 	if maxRdAtomic > 0 {
@@ -220,6 +217,10 @@ func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access wr.Ac
 // Drain stops the requester from starting new WQEs (SQD) or lets it go on.
 func (q *QP) Drain(on bool) { q.req.draining = on }
 
+// Drained reports whether no send WQE is in progress: every WQE the
+// requester started has completed (the SQ drained of a QP in SQD).
+func (q *QP) Drained() bool { return q.req.head == q.req.end() }
+
 // Failed reports whether the QP hit a fatal error (the failing WQE has
 // completed with its status); the device then moves it to ERR and calls
 // Flush.
@@ -233,7 +234,7 @@ func (q *QP) Outstanding() int { return int(q.req.tail - q.req.head) }
 
 // Post appends a send WQE (its SG slice headers are copied, not the bytes
 // they point to). It returns false when the SQ is full.
-func (q *QP) Post(w *wr.SendWQE) bool {
+func (q *QP) Post(w *ib.SendWQE) bool {
 	r := &q.req
 	if r.tail-r.head >= uint32(len(r.sq)) {
 		return false
@@ -251,20 +252,20 @@ func (q *QP) Post(w *wr.SendWQE) bool {
 
 // TakeCompletions returns the completions produced since the last call and
 // forgets them; the slice is valid until the next call on the QP.
-func (q *QP) TakeCompletions() []wr.WC {
+func (q *QP) TakeCompletions() []ib.WC {
 	w := q.wcs
 	q.wcs = q.wcs[:0]
 	return w
 }
 
-func (q *QP) complete(wc wr.WC) {
+func (q *QP) complete(wc ib.WC) {
 	wc.QPN = q.cfg.QPN
 	q.wcs = append(q.wcs, wc)
 }
 
 // fail records a fatal error: both halves stop; any NAK already queued is
 // still sent by Build so that the peer learns why.
-func (q *QP) fail(st wr.Status) {
+func (q *QP) fail(st ib.WCStatus) {
 	if !q.failed {
 		q.failed = true
 		q.errSt = st
@@ -279,17 +280,17 @@ func (q *QP) fail(st wr.Status) {
 // progress with WR_FLUSH_ERR (the ERR state). Receive WQEs still in the
 // RQ are the device's to flush.
 func (q *QP) Flush() {
-	q.fail(wr.WRFlushErr)
+	q.fail(ib.WRFlushErr)
 	r := &q.req
 	for r.head != r.tail {
 		e := &r.sq[r.head%uint32(len(r.sq))]
-		q.complete(wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(e.Opcode), ByteLen: 0})
+		q.complete(ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: e.Opcode.WCOpcode(), ByteLen: 0})
 		e.SG = e.SG[:0]
 		r.head++
 	}
 	r.next = r.head
 	if q.resp.haveRecv {
-		q.complete(wr.WC{ID: q.resp.cur.ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true})
+		q.complete(ib.WC{ID: q.resp.cur.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true})
 		q.resp.haveRecv = false
 	}
 	q.resp.qhead, q.resp.qlen = 0, 0
@@ -305,7 +306,7 @@ func (q *QP) FlushSend() {
 	r := &q.req
 	for r.head != r.tail {
 		e := r.entry(r.head)
-		q.complete(wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(e.Opcode)})
+		q.complete(ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: e.Opcode.WCOpcode()})
 		e.SG = e.SG[:0]
 		r.head++
 	}
@@ -402,20 +403,6 @@ func (q *QP) Receive(now clock.Time, pkt []byte) {
 		return
 	}
 	q.receiveRequest(pkt, op, hl, len(pkt)-pad)
-}
-
-func wcOpcode(o wr.Opcode) wr.WCOpcode {
-	switch o {
-	case wr.RDMAWrite, wr.RDMAWriteWithImm:
-		return wr.WCRDMAWrite
-	case wr.RDMARead:
-		return wr.WCRDMARead
-	case wr.AtomicCmpAndSwp:
-		return wr.WCCompSwap
-	case wr.AtomicFetchAndAdd:
-		return wr.WCFetchAdd
-	}
-	return wr.WCSend
 }
 
 // pktsFor is the number of packets a message of n bytes takes at mtu.

@@ -3,7 +3,7 @@ package rc
 import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 type wqeState uint8
@@ -16,7 +16,7 @@ const (
 
 // sendEntry is a send WQE in the SQ ring with its progress.
 type sendEntry struct {
-	wr.SendWQE
+	ib.SendWQE
 	state    wqeState
 	firstPSN bth.PSN
 	lastPSN  bth.PSN
@@ -92,13 +92,13 @@ func (r *requester) canSend(q *QP) bool {
 		if r.draining {
 			return false
 		}
-		if e.Err != wr.Success {
+		if e.Err != ib.Success {
 			return r.next == r.head
 		}
 		if e.Opcode.IsReadOrAtomic() && r.rdAtomic >= q.cfg.MaxRdAtomic {
 			return false
 		}
-		if e.Flags&wr.Fence != 0 && r.rdAtomic > 0 {
+		if e.Flags&ib.Fence != 0 && r.rdAtomic > 0 {
 			return false
 		}
 	}
@@ -118,10 +118,10 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	}
 	e := r.entry(r.next)
 	if e.state == wqePosted {
-		if e.Err != wr.Success {
+		if e.Err != ib.Success {
 			// A local error found at post: complete it in order, then ERR
 			// (RC) or SQE (UC: the send queue stops, receiving goes on).
-			q.complete(wr.WC{ID: e.ID, Status: e.Err, Opcode: wcOpcode(e.Opcode)})
+			q.complete(ib.WC{ID: e.ID, Status: e.Err, Opcode: e.Opcode.WCOpcode()})
 			e.SG = e.SG[:0]
 			r.head++
 			r.next++
@@ -149,7 +149,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	mtu := uint32(q.cfg.MTU)
 	var n int
 	switch e.Opcode {
-	case wr.RDMARead:
+	case ib.RDMARead:
 		off := e.sent
 		remain := e.Length - off
 		h := bth.RCRDMAReadRequest
@@ -160,10 +160,10 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		r.noAck = 0
 		e.state = wqeSent
 		r.next++
-	case wr.AtomicCmpAndSwp, wr.AtomicFetchAndAdd:
+	case ib.AtomicCmpAndSwp, ib.AtomicFetchAndAdd:
 		h := bth.RCFetchAdd
 		swap, cmp := e.SwapAdd, uint64(0)
-		if e.Opcode == wr.AtomicCmpAndSwp {
+		if e.Opcode == ib.AtomicCmpAndSwp {
 			h, cmp = bth.RCCompareSwap, e.Compare
 		}
 		q.encodeBTH(buf, h, r.psn, true, false, 0)
@@ -196,7 +196,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		}
 		ackReq = ackReq && !q.cfg.UC
 		pad := int(-pay & 3)
-		q.encodeBTH(buf, op, r.psn, ackReq, last && e.Flags&wr.Solicited != 0, pad)
+		q.encodeBTH(buf, op, r.psn, ackReq, last && e.Flags&ib.Solicited != 0, pad)
 		if o := op.Offset(bth.ExtRETH); o >= 0 {
 			bth.RETH(buf[o:]).Encode(e.RemoteAddr, e.RKey, e.Length)
 		}
@@ -207,7 +207,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 			bth.IETH(buf[o:]).SetRKey(e.InvRKey)
 		}
 		hl := op.HeaderLen()
-		wr.CopyIn(buf[hl:hl+int(pay)], e.SG, e.sent)
+		ib.CopyIn(buf[hl:hl+int(pay)], e.SG, e.sent)
 		for i := 0; i < pad; i++ {
 			buf[hl+int(pay)+i] = 0
 		}
@@ -219,7 +219,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 			r.next++
 			if q.cfg.UC {
 				// UC has no acknowledgement: the WQE is done once sent.
-				q.completeSend(e, wr.Success)
+				q.completeSend(e, ib.Success)
 				r.head++
 				r.compPSN = r.psn
 			}
@@ -235,21 +235,21 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 }
 
 // requestOpcode picks the wire opcode for a SEND/WRITE packet.
-func requestOpcode(o wr.Opcode, first, last, uc bool) bth.Opcode {
+func requestOpcode(o ib.WROpcode, first, last, uc bool) bth.Opcode {
 	var op bth.Opcode
 	switch o {
-	case wr.RDMAWrite, wr.RDMAWriteWithImm:
+	case ib.RDMAWrite, ib.RDMAWriteWithImm:
 		switch {
 		case first && last:
 			op = bth.RCRDMAWriteOnly
-			if o == wr.RDMAWriteWithImm {
+			if o == ib.RDMAWriteWithImm {
 				op = bth.RCRDMAWriteOnlyImm
 			}
 		case first:
 			op = bth.RCRDMAWriteFirst
 		case last:
 			op = bth.RCRDMAWriteLast
-			if o == wr.RDMAWriteWithImm {
+			if o == ib.RDMAWriteWithImm {
 				op = bth.RCRDMAWriteLastImm
 			}
 		default:
@@ -259,18 +259,18 @@ func requestOpcode(o wr.Opcode, first, last, uc bool) bth.Opcode {
 		switch {
 		case first && last:
 			op = bth.RCSendOnly
-			if o == wr.SendWithImm {
+			if o == ib.SendWithImm {
 				op = bth.RCSendOnlyImm
-			} else if o == wr.SendWithInv {
+			} else if o == ib.SendWithInv {
 				op = bth.RCSendOnlyInv
 			}
 		case first:
 			op = bth.RCSendFirst
 		case last:
 			op = bth.RCSendLast
-			if o == wr.SendWithImm {
+			if o == ib.SendWithImm {
 				op = bth.RCSendLastImm
-			} else if o == wr.SendWithInv {
+			} else if o == ib.SendWithInv {
 				op = bth.RCSendLastInv
 			}
 		default:
@@ -285,13 +285,13 @@ func requestOpcode(o wr.Opcode, first, last, uc bool) bth.Opcode {
 
 // completeSend posts the completion of a send WQE: always on error, on
 // success only if signaled.
-func (q *QP) completeSend(e *sendEntry, st wr.Status) {
-	if st != wr.Success || e.Flags&wr.Signaled != 0 {
+func (q *QP) completeSend(e *sendEntry, st ib.WCStatus) {
+	if st != ib.Success || e.Flags&ib.Signaled != 0 {
 		bl := e.Length
-		if st != wr.Success {
+		if st != ib.Success {
 			bl = 0
 		}
-		q.complete(wr.WC{ID: e.ID, Status: st, Opcode: wcOpcode(e.Opcode), ByteLen: bl})
+		q.complete(ib.WC{ID: e.ID, Status: st, Opcode: e.Opcode.WCOpcode(), ByteLen: bl})
 	}
 	e.SG = e.SG[:0]
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // GRHLen is the slot every UD receive buffer reserves for the GRH (IPv4:
@@ -43,29 +43,29 @@ type Counters struct {
 // QP is one UD queue pair's transport state.
 type QP struct {
 	cfg            Config
-	rq             wr.RecvQueue
-	sq             []wr.SendWQE
+	rq             ib.RecvQueue
+	sq             []ib.SendWQE
 	head, tail     uint32
 	psn            bth.PSN
 	sendOn, recvOn bool
 	sqErr          bool // a send WQE failed locally: the SQ stopped (SQE)
-	cur            wr.RecvWQE
-	wcs            []wr.WC
+	cur            ib.RecvWQE
+	wcs            []ib.WC
 	Counters
 }
 
 // New returns a UD QP that neither sends nor receives until Receiver and
 // Sender are called.
-func New(qpn uint32, sqDepth, maxSGE int, rq wr.RecvQueue) *QP {
+func New(qpn uint32, sqDepth, maxSGE int, rq ib.RecvQueue) *QP {
 	if sqDepth < 1 {
 		sqDepth = 1
 	}
-	q := &QP{rq: rq, sq: make([]wr.SendWQE, sqDepth), wcs: make([]wr.WC, 0, sqDepth+64)}
+	q := &QP{rq: rq, sq: make([]ib.SendWQE, sqDepth), wcs: make([]ib.WC, 0, sqDepth+64)}
 	q.cfg.QPN = qpn
 	for i := range q.sq {
-		q.sq[i].SG = make([][]byte, 0, maxSGE)
+		q.sq[i].SG = make([]ib.Seg, 0, maxSGE)
 	}
-	q.cur.SG = make([][]byte, 0, maxSGE)
+	q.cur.SG = make([]ib.Seg, 0, maxSGE)
 	return q
 }
 
@@ -95,7 +95,7 @@ func (q *QP) SendQueueFree() int { return len(q.sq) - int(q.tail-q.head) }
 func (q *QP) Outstanding() int { return int(q.tail - q.head) }
 
 // Post appends a send WQE; false when the SQ is full.
-func (q *QP) Post(w *wr.SendWQE) bool {
+func (q *QP) Post(w *ib.SendWQE) bool {
 	if q.tail-q.head >= uint32(len(q.sq)) {
 		return false
 	}
@@ -108,7 +108,7 @@ func (q *QP) Post(w *wr.SendWQE) bool {
 }
 
 // TakeCompletions returns and forgets the completions produced so far.
-func (q *QP) TakeCompletions() []wr.WC {
+func (q *QP) TakeCompletions() []ib.WC {
 	w := q.wcs
 	q.wcs = q.wcs[:0]
 	return w
@@ -125,7 +125,7 @@ func (q *QP) MaxPacket() int { return bth.BTHLen + bth.DETHLen + bth.ImmDtLen + 
 
 // Peek returns the WQE Build will handle next (nil if none), so that the
 // device can choose the frame layout from its address handle first.
-func (q *QP) Peek() *wr.SendWQE {
+func (q *QP) Peek() *ib.SendWQE {
 	if !q.sendOn || q.head == q.tail {
 		return nil
 	}
@@ -142,17 +142,17 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 	}
 	{
 		e := &q.sq[q.head%uint32(len(q.sq))]
-		if e.Err != wr.Success || e.Length > uint32(q.cfg.MTU) || e.Opcode != wr.Send && e.Opcode != wr.SendWithImm {
+		if e.Err != ib.Success || e.Length > uint32(q.cfg.MTU) || e.Opcode != ib.Send && e.Opcode != ib.SendWithImm {
 			q.head++
 			st := e.Err
-			if st == wr.Success {
-				st = wr.LocLenErr
-				if e.Opcode != wr.Send && e.Opcode != wr.SendWithImm {
-					st = wr.LocQPOpErr
+			if st == ib.Success {
+				st = ib.LocLenErr
+				if e.Opcode != ib.Send && e.Opcode != ib.SendWithImm {
+					st = ib.LocQPOpErr
 				}
 				q.TxTooLong++
 			}
-			q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: st, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+			q.wcs = append(q.wcs, ib.WC{ID: e.ID, Status: st, Opcode: ib.WCSend, QPN: q.cfg.QPN})
 			e.SG = e.SG[:0]
 			// A local error stops the send queue (the SQE state, IBA
 			// 10.3.1.2); receiving goes on.
@@ -164,13 +164,13 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 		}
 		q.head++
 		op := bth.UDSendOnly
-		if e.Opcode == wr.SendWithImm {
+		if e.Opcode == ib.SendWithImm {
 			op = bth.UDSendOnlyImm
 		}
 		pay := int(e.Length)
 		pad := -pay & 3
 		bth.BTH(buf).Encode(&bth.BTHFields{Opcode: op, PKey: q.cfg.PKey, DestQP: e.RemoteQPN, PSN: q.psn, PadCount: pad,
-			SE: e.Flags&wr.Solicited != 0})
+			SE: e.Flags&ib.Solicited != 0})
 		qkey := e.RemoteQKey
 		if qkey&0x80000000 != 0 {
 			// IBA 10.2.5: a Q_Key with the high bit set in the WR means
@@ -183,11 +183,11 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 			bth.ImmDt(buf[o:]).SetImm(e.Imm)
 		}
 		hl := op.HeaderLen()
-		wr.CopyIn(buf[hl:hl+pay], e.SG, 0)
+		ib.CopyIn(buf[hl:hl+pay], e.SG, 0)
 		clear(buf[hl+pay : hl+pay+pad])
 		q.psn = q.psn.Next()
-		if e.Flags&wr.Signaled != 0 {
-			q.wcs = append(q.wcs, wr.WC{ID: e.ID, Opcode: wr.WCSend, ByteLen: e.Length, QPN: q.cfg.QPN})
+		if e.Flags&ib.Signaled != 0 {
+			q.wcs = append(q.wcs, ib.WC{ID: e.ID, Opcode: ib.WCSend, ByteLen: e.Length, QPN: q.cfg.QPN})
 		}
 		e.SG = e.SG[:0]
 		return hl + pay + pad
@@ -224,18 +224,18 @@ func (q *QP) Receive(now clock.Time, pkt []byte, grh *[GRHLen]byte, src netip.Ad
 		q.RxNoRecv++
 		return
 	}
-	wc := wr.WC{ID: q.cur.ID, Opcode: wr.WCRecv, QPN: q.cfg.QPN, SrcQP: d.SrcQP(), SrcIP: src, IsRecv: true, Flags: wr.WCGRH}
+	wc := ib.WC{ID: q.cur.ID, Opcode: ib.WCRecv, QPN: q.cfg.QPN, SrcQP: d.SrcQP(), SrcIP: src, IsRecv: true, Flags: ib.WCGRH}
 	switch {
-	case q.cur.Err != wr.Success:
+	case q.cur.Err != ib.Success:
 		wc.Status = q.cur.Err
 	case uint64(GRHLen+len(pay)) > uint64(q.cur.Length):
-		wc.Status = wr.LocLenErr
+		wc.Status = ib.LocLenErr
 	default:
-		wr.CopyOut(q.cur.SG, 0, grh[:])
-		wr.CopyOut(q.cur.SG, GRHLen, pay)
+		ib.CopyOut(q.cur.SG, 0, grh[:])
+		ib.CopyOut(q.cur.SG, GRHLen, pay)
 		wc.ByteLen = uint32(GRHLen + len(pay))
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
-			wc.Flags |= wr.WCWithImm
+			wc.Flags |= ib.WCWithImm
 			wc.Imm = bth.ImmDt(pkt[o:]).Imm()
 		}
 		q.RxReceived++
@@ -256,7 +256,7 @@ func (q *QP) Resume() { q.sqErr, q.sendOn = false, true }
 func (q *QP) FlushSend() {
 	for q.head != q.tail {
 		e := &q.sq[q.head%uint32(len(q.sq))]
-		q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+		q.wcs = append(q.wcs, ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: ib.WCSend, QPN: q.cfg.QPN})
 		e.SG = e.SG[:0]
 		q.head++
 	}
@@ -267,7 +267,7 @@ func (q *QP) Flush() {
 	q.sendOn, q.recvOn = false, false
 	for q.head != q.tail {
 		e := &q.sq[q.head%uint32(len(q.sq))]
-		q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+		q.wcs = append(q.wcs, ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: ib.WCSend, QPN: q.cfg.QPN})
 		e.SG = e.SG[:0]
 		q.head++
 	}
