@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -192,7 +193,7 @@ func (q *localQP) WithLock(fn func()) { q.q.WithLock(fn) }
 func (q *localQP) Destroy() error     { q.q.Destroy(); return nil }
 
 // CongestionState implements CCQP.
-func (q *localQP) CongestionState() (verbs.CCState, bool) { return q.q.CongestionState() }
+func (q *localQP) CongestionState() (dcqcn.State, bool) { return q.q.CongestionState() }
 
 func (q *localQP) Modify(a *ib.QPAttr, mask ib.QPAttrMask) error {
 	if mask&ib.AttrAV != 0 && q.p != nil && q.q.Type().Connected() && a.AV.DMAC == ([6]byte{}) && a.AV.DGID.Addr().IsValid() {

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -152,7 +153,7 @@ type Congested interface {
 
 // CCQP is a QP whose DCQCN state can be read.
 type CCQP interface {
-	CongestionState() (verbs.CCState, bool)
+	CongestionState() (dcqcn.State, bool)
 }
 
 // Notifier is a CQ that can signal new completions on a channel.

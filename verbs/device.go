@@ -13,7 +13,8 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
-	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/transport"
+	"github.com/softrnic/softrnic/transport/rc"
 )
 
 // Config describes a device's port.
@@ -85,9 +86,11 @@ type Device struct {
 	ready []*QP // QPs that may have frames to send
 	timed []*QP // QPs that may have a timer armed
 	rxf   frame.Frame
-	grh   [ud.GRHLen]byte
+	grh   [transport.GRHLen]byte
+	meta  transport.Meta
 	rr    int
 	ipID  uint16
+	cc    *rc.CCConfig // what every RC/UC QP's transport runs, nil for none
 	Stats Stats
 }
 
@@ -108,7 +111,8 @@ func NewDevice(cfg Config) (*Device, error) {
 	for i, a := range cfg.Addrs {
 		cfg.Addrs[i] = a.Unmap()
 	}
-	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan AsyncEvent, 256), nextQPN: 0x10}
+	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan AsyncEvent, 256), nextQPN: 0x10,
+		cc: cfg.Congestion.ccConfig()}
 	k := map[uint32]*MR{}
 	d.keys.Store(&k)
 	q := map[uint32]*QP{}
@@ -386,41 +390,48 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	}
 	tp := pkt[ipLen+frame.UDPLen : len(pkt)-icrc.Len]
 	op := f.Opcode()
+	m := &d.meta // the device's, not a local: the transport call would move a local to the heap
+	*m = transport.Meta{Src: f.Src(), ECN: f.ECN()}
+	src := m.Src.Unmap()
 	if op == bth.CNP {
-		d.receiveCNP(now, q, f)
+		// A CNP is for a connected QP's reaction point, from its peer.
+		d.Stats.RxCNP++
+		if !q.init.Type.Connected() || !q.state.Sending() {
+			d.Stats.RPCNPIgnored++
+			return
+		}
+		if src != q.peer {
+			d.Stats.RxBadSrc++
+			return
+		}
+		q.tr.Receive(now, tp, m)
 		return
 	}
+	want := bth.TransportRC
 	switch q.init.Type {
+	case ib.UC:
+		want = bth.TransportUC
 	case ib.UD, ib.GSI:
-		if op.Transport() != bth.TransportUD {
-			d.Stats.RxBadType++
-			return
-		}
-		if q.state != ib.RTR && q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE {
-			d.Stats.RxBadState++
-			return
-		}
+		want = bth.TransportUD
+	}
+	if op.Transport() != want {
+		d.Stats.RxBadType++
+		return
+	}
+	if !q.state.Receiving() {
+		d.Stats.RxBadState++
+		return
+	}
+	if want == bth.TransportUD {
 		if f.IsIPv6() {
 			copy(d.grh[:], f.IPv6())
 		} else {
 			clear(d.grh[:20])
 			copy(d.grh[20:], f.IPv4())
 		}
-		q.ud.Receive(now, tp, &d.grh, f.Src())
-	default:
-		want := bth.TransportRC
-		if q.init.Type == ib.UC {
-			want = bth.TransportUC
-		}
-		if op.Transport() != want {
-			d.Stats.RxBadType++
-			return
-		}
-		if q.state != ib.RTR && q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE {
-			d.Stats.RxBadState++
-			return
-		}
-		if f.Src().Unmap() != q.peer {
+		m.GRH = &d.grh
+	} else {
+		if src != q.peer {
 			d.Stats.RxBadSrc++
 			return
 		}
@@ -428,11 +439,8 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 			q.commEst = true
 			d.event(ib.EventCommEst, q.qpn)
 		}
-		if q.cc != nil {
-			d.npPacket(now, q, f)
-		}
-		q.rc.Receive(now, tp)
 	}
+	q.tr.Receive(now, tp, m)
 }
 
 // txBudget bounds the packets one QP may send per Transmit call so that
@@ -533,54 +541,42 @@ func (d *Device) takeHandover() {
 	d.handMu.Unlock()
 }
 
-// buildFrame writes q's next frame into buf; q.mu is held.
+// buildFrame writes q's next frame into buf; q.mu is held. The frame
+// header is the QP's (connected), its CNP header for a CNP, or the one of
+// the next WQE's address handle (datagrams).
 func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 	if q.state == ib.Reset || q.state == ib.Init {
 		return 0
 	}
-	if q.ud != nil {
-		for {
-			w := q.ud.Peek()
+	for {
+		h := q.hdr.bytes()
+		if q.dest != nil {
+			w := q.dest.Peek()
 			if w == nil {
 				return 0
 			}
-			if w.AH == nil {
-				w.Err = ib.LocQPOpErr
-				q.ud.Build(now, buf)
-				continue
+			h = nil // no address handle: the transport completes the WQE in error
+			if w.AH != nil {
+				h = w.AH.Header
 			}
-			h := w.AH.Header
-			if len(buf) < len(h)+q.ud.MaxPacket()+icrc.Len {
-				return 0
-			}
-			m := q.ud.Build(now, buf[len(h):])
-			if m == 0 {
-				continue // completed in error; try the next WQE
-			}
-			return d.finish(buf, h, m)
 		}
-	}
-	if cc := q.cc; cc != nil {
-		if cc.cnps > 0 {
-			return d.buildCNP(q, buf)
-		}
-		if !cc.ccMaySend(now) {
+		if len(buf) < len(h)+q.tr.MaxPacket()+icrc.Len {
 			return 0
 		}
+		m := q.tr.Build(now, buf[len(h):])
+		if m == 0 {
+			if q.dest != nil {
+				continue // a WQE completed in error: try the next
+			}
+			return 0
+		}
+		if q.dest == nil && bth.BTH(buf[len(h):]).Opcode() == bth.CNP {
+			h = q.cnpHdr.bytes()
+		}
+		n := d.finish(buf, h, m)
+		q.tr.Sent(now, n)
+		return n
 	}
-	h := q.hdr.bytes()
-	if len(buf) < len(h)+q.rc.MaxPacket()+icrc.Len {
-		return 0
-	}
-	m := q.rc.Build(now, buf[len(h):])
-	if m == 0 {
-		return 0
-	}
-	n := d.finish(buf, h, m)
-	if q.cc != nil {
-		q.cc.ccSent(now, n)
-	}
-	return n
 }
 
 // NextDeadline is the earliest timer deadline of any QP (clock.Never if
@@ -609,12 +605,7 @@ func (d *Device) Expire(now clock.Time) {
 			continue
 		}
 		q.mu.Lock()
-		if q.rc != nil {
-			q.rc.Expire(now)
-		}
-		if q.cc != nil {
-			q.ccExpire(now)
-		}
+		q.tr.Expire(now)
 		q.releaseEngine()
 	}
 }

@@ -134,7 +134,7 @@ func (w *workload) poll() {
 	for _, c := range pollAll(w.qa.init.SendCQ) {
 		if c.Status != 0 {
 			o := w.ops[c.ID]
-			w.t.Fatalf("QP %d send WR %d (%v %d B): %v; requester %+v; responder %+v", w.qa.QPN(), c.ID, o.op, o.size, c.Status, w.qa.rc.Counters, w.qb.rc.Counters)
+			w.t.Fatalf("QP %d send WR %d (%v %d B): %v; requester %+v; responder %+v", w.qa.QPN(), c.ID, o.op, o.size, c.Status, w.qa.rcQP().Counters, w.qb.rcQP().Counters)
 		}
 		w.sendDone[c.ID]++
 	}

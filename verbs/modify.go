@@ -8,8 +8,6 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/transport/rc"
-	"github.com/softrnic/softrnic/transport/ud"
 )
 
 // Attribute limits of the device, as ibv_query_device reports them.
@@ -112,44 +110,11 @@ func (q *QP) Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error {
 	if mask&ib.AttrAV != 0 && t.Connected() {
 		q.hdr = q.dev.makeHdr(&q.attr.AV, mac, q.qpn, q.attr.DestQPN)
 		q.peer = q.attr.AV.DGID.Addr()
-		if q.cc != nil {
-			q.ccHeaders() // a new path in SQD keeps its ECN marking
+		if q.dev.cc != nil {
+			q.ccHeaders()
 		}
 	}
-	switch {
-	case from == ib.Init && to == ib.RTR:
-		if t.Datagram() {
-			q.ud.Receiver(q.udConfig())
-		} else {
-			q.rc.Receiver(q.rcConfig())
-			q.ccStart()
-		}
-	case from == ib.RTR && to == ib.RTS:
-		if t.Datagram() {
-			q.ud.Sender(bth.PSN(q.attr.SQPSN))
-		} else {
-			q.rc.Sender(q.rcConfig())
-			q.rcUpdate()
-		}
-	case to == ib.RTS || to == ib.SQD:
-		if from == ib.SQE {
-			if t.Datagram() {
-				q.ud.Resume()
-			} else {
-				q.rc.Resume()
-			}
-		}
-		if t.Datagram() {
-			if from != ib.Init && mask&ib.AttrQKey != 0 {
-				q.ud.Receiver(q.udConfig())
-			}
-		} else {
-			q.rcUpdate()
-		}
-	}
-	if !t.Datagram() && (to == ib.RTS || to == ib.SQD) {
-		q.rc.Drain(to == ib.SQD)
-	}
+	q.tr.Modify(from, to, &q.attr)
 	q.sqdNotify = to == ib.SQD && mask&ib.AttrEnSQDAsyncNotify != 0 && attr.SQDrainNotify
 	q.state = to
 	q.txPending.Store(true)
@@ -285,27 +250,6 @@ func (q *QP) Query() ib.QPAttr {
 
 func validMTU(m int) bool {
 	return m == 256 || m == 512 || m == 1024 || m == 2048 || m == 4096
-}
-
-func (q *QP) rcConfig() rc.Config {
-	a := &q.attr
-	return rc.Config{
-		UC: q.init.Type == ib.UC, DestQPN: a.DestQPN, PKey: bth.DefaultPKey, MTU: int(a.PathMTU),
-		SQPSN: bth.PSN(a.SQPSN), RQPSN: bth.PSN(a.RQPSN), Timeout: a.Timeout, RetryCnt: a.RetryCnt,
-		RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: int(a.MaxRdAtomic),
-		MaxDestRdAtomic: int(a.MaxDestRdAtomic), Access: a.Access,
-	}
-}
-
-// rcUpdate gives the connected transport the attributes a QP may change
-// once it sends (RTS, SQD).
-func (q *QP) rcUpdate() {
-	a := &q.attr
-	q.rc.Update(a.Timeout, a.RetryCnt, a.RNRRetry, a.MinRNRTimer, a.Access, int(a.MaxRdAtomic))
-}
-
-func (q *QP) udConfig() ud.Config {
-	return ud.Config{QKey: q.attr.QKey, PKey: bth.DefaultPKey, MTU: int(q.attr.PathMTU)}
 }
 
 // destMAC returns the next hop's MAC for av: its DMAC, or else what the

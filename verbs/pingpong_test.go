@@ -97,7 +97,7 @@ func TestPingPongNeverLosesACompletion(t *testing.T) {
 		tb.timeout = 4
 		qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 16)
 		if got := pingPong(t, tb, qa, qb, iters, 20*time.Second); got != iters {
-			t.Fatalf("seed %d: %d of %d round trips; A %v %+v, B %v %+v", seed, got, iters, qa.State(), qa.rc.Counters, qb.State(), qb.rc.Counters)
+			t.Fatalf("seed %d: %d of %d round trips; A %v %+v, B %v %+v", seed, got, iters, qa.State(), qa.rcQP().Counters, qb.State(), qb.rcQP().Counters)
 		}
 	}
 }

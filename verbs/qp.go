@@ -9,6 +9,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
 )
@@ -36,13 +37,15 @@ type QP struct {
 	mu    sync.Mutex // see the package doc
 	state ib.QPState
 	attr  ib.QPAttr
-	rc    *rc.QP
-	ud    *ud.QP
+	tr    transport.Transport
+	dest  transport.Addressed // UD: where each WQE goes; nil for connected QPs
 	rq    recvRing
 	hdr   hdrTmpl // RC/UC frame header template, built at RTR
-	peer  netip.Addr
-	cc    *qpCC // DCQCN state, nil when the device runs none (congestion.go)
-	mem   qpMem
+	// cnpHdr is hdr with the CNP DSCP, for the CNPs a QP running DCQCN
+	// owes its peer (congestion.go).
+	cnpHdr hdrTmpl
+	peer   netip.Addr
+	mem    qpMem
 
 	// scratch of the post verbs (guarded by mu), so posting allocates nothing
 	postWQE  ib.SendWQE
@@ -161,17 +164,18 @@ func (q *QP) resetLocked() {
 	q.state = ib.Reset
 	q.attr = ib.QPAttr{}
 	q.commEst, q.sqdNotify = false, false
-	q.cc = nil
 	q.rq = newRecvRing(a.MaxRecvWR, a.MaxSGE)
 	var rq ib.RecvQueue = &q.rq
 	if a.SRQ != nil {
 		rq = a.SRQ
 	}
-	switch a.Type {
-	case ib.UD, ib.GSI:
-		q.ud = ud.New(q.qpn, a.MaxSendWR, a.MaxSGE, rq)
-	default:
-		q.rc = rc.New(q.qpn, a.MaxSendWR, a.MaxSGE, q.mem, rq)
+	if a.Type.Datagram() {
+		u := ud.New(q.qpn, a.MaxSendWR, a.MaxSGE, rq)
+		q.tr, q.dest = u, u
+	} else {
+		d := q.dev
+		q.tr, q.dest = rc.NewQP(rc.Options{QPN: q.qpn, UC: a.Type == ib.UC, SQDepth: a.MaxSendWR, MaxSGE: a.MaxSGE,
+			Mem: q.mem, RQ: rq, CC: d.cc, Counters: &d.Stats.CCCounters}), nil
 	}
 	q.deadline.Store(int64(clock.Never))
 	q.txPending.Store(false)
@@ -204,11 +208,7 @@ func (q *QP) Destroy() {
 // toErrLocked moves the QP to ERR and flushes every outstanding WR.
 func (q *QP) toErrLocked() {
 	q.state = ib.Err
-	if q.ud != nil {
-		q.ud.Flush()
-	} else {
-		q.rc.Flush()
-	}
+	q.tr.Flush()
 	var w ib.RecvWQE
 	if q.init.SRQ == nil {
 		for q.rq.Take(&w) {
@@ -259,27 +259,17 @@ func (q *QP) releaseEngine() {
 // whether the QP must join the ready list and the timer list (the flags
 // queued and timed are already set for it).
 func (q *QP) unlock() (ready, timed bool) {
-	var wcs []ib.WC
-	if q.ud != nil {
-		if q.ud.SendError() && q.state != ib.Err && q.state != ib.SQE {
-			q.state = ib.SQE
-		}
-		if q.state == ib.SQE {
-			q.ud.FlushSend()
-		}
-		wcs = q.ud.TakeCompletions()
-	} else {
-		if q.rc.Failed() && q.state != ib.Err && q.state != ib.Reset {
-			q.state = ib.Err
-			q.rc.Flush()
-			q.dev.event(ib.EventQPFatal, q.qpn)
-		}
-		if q.rc.SendError() && q.state != ib.Err && q.state != ib.Reset {
-			q.state = ib.SQE
-			q.rc.FlushSend()
-		}
-		wcs = q.rc.TakeCompletions()
+	tr := q.tr
+	if tr.Failed() && q.state != ib.Err && q.state != ib.Reset {
+		q.state = ib.Err
+		tr.Flush()
+		q.dev.event(ib.EventQPFatal, q.qpn)
 	}
+	if tr.SendError() && q.state != ib.Err && q.state != ib.Reset {
+		q.state = ib.SQE
+		tr.FlushSend()
+	}
+	wcs := tr.TakeCompletions()
 	if len(wcs) > 0 {
 		var send, recv bool
 		for i := range wcs {
@@ -304,13 +294,8 @@ func (q *QP) unlock() (ready, timed bool) {
 		// transport error would take it, and what it flushes is counted
 		// as lost on the CQ in error.
 		q.state = ib.Err
-		if q.ud != nil {
-			q.ud.Flush()
-			wcs = q.ud.TakeCompletions()
-		} else {
-			q.rc.Flush()
-			wcs = q.rc.TakeCompletions()
-		}
+		tr.Flush()
+		wcs = tr.TakeCompletions()
 		for i := range wcs {
 			q.cqe.add(&wcs[i])
 		}
@@ -324,20 +309,12 @@ func (q *QP) unlock() (ready, timed bool) {
 			q.pushWC(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
 		}
 	}
-	if q.sqdNotify && q.state == ib.SQD && (q.ud != nil || q.rc.Drained()) {
+	if q.sqdNotify && q.state == ib.SQD && tr.Drained() {
 		q.sqdNotify = false
 		q.dev.event(ib.EventSQDrained, q.qpn)
 	}
-	var pending bool
-	dl := clock.Never
-	if q.ud != nil {
-		pending = q.ud.HasOutput()
-	} else {
-		pending, dl = q.rc.HasOutput(), q.rc.Deadline()
-		if q.cc != nil {
-			pending, dl = q.cc.ccRelease(pending, dl)
-		}
-	}
+	pending := tr.HasOutput()
+	dl := tr.Deadline()
 	q.deadline.Store(int64(dl))
 	q.txPending.Store(pending)
 	q.mu.Unlock()
@@ -401,13 +378,7 @@ func (q *QP) postSend(wrs []SendWR) (int, error) {
 		if err := q.checkSend(s); err != nil {
 			return i, err
 		}
-		free := 0
-		if q.ud != nil {
-			free = q.ud.SendQueueFree()
-		} else {
-			free = q.rc.SendQueueFree()
-		}
-		if free == 0 {
+		if q.tr.SendQueueFree() == 0 {
 			return i, ErrQueueFull
 		}
 		if q.state == ib.Err || q.state == ib.SQE {
@@ -415,11 +386,7 @@ func (q *QP) postSend(wrs []SendWR) (int, error) {
 			continue
 		}
 		q.resolveSend(s, w, sg)
-		if q.ud != nil {
-			q.ud.Post(w)
-		} else {
-			q.rc.Post(w)
-		}
+		q.tr.Post(w)
 	}
 	q.txPending.Store(true)
 	return len(wrs), nil

@@ -58,11 +58,11 @@ func (d *Device) EachQPCounters(fn func(*QPCounters)) {
 		q.mu.Lock()
 		c.State = q.state
 		c.CQE = q.cqe
-		if q.rc != nil {
-			c.RC = q.rc.Counters
-		}
-		if q.ud != nil {
-			c.UD = q.ud.Counters
+		switch t := q.tr.(type) {
+		case *rc.QP:
+			c.RC = t.Counters
+		case *ud.QP:
+			c.UD = t.Counters
 		}
 		q.mu.Unlock()
 		fn(&c)

@@ -9,6 +9,8 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/transport/rc"
+	"github.com/softrnic/softrnic/transport/ud"
 )
 
 // node is one device on the test link with its engine buffers.
@@ -176,3 +178,7 @@ func pollAll(cq *CQ) []ib.WC {
 		all = append(all, buf[:n]...)
 	}
 }
+
+// rcQP and udQP are q's transport, for tests that look inside it.
+func (q *QP) rcQP() *rc.QP { return q.tr.(*rc.QP) }
+func (q *QP) udQP() *ud.QP { return q.tr.(*ud.QP) }

@@ -191,7 +191,7 @@ func TestE2ERNRThenReceivePosted(t *testing.T) {
 	if s[0].Status != ib.Success || r[0].ByteLen != 3000 || !bytes.Equal(dst.Bytes(), src.Bytes()) {
 		t.Fatalf("%+v %+v", s, r)
 	}
-	if qa.rc.RNRWaits == 0 || qb.rc.TxRNRNAKs == 0 {
+	if qa.rcQP().RNRWaits == 0 || qb.rcQP().TxRNRNAKs == 0 {
 		t.Fatal("no RNR happened")
 	}
 }
@@ -239,8 +239,8 @@ func TestE2EUD(t *testing.T) {
 			if sa[3].Status != ib.LocLenErr || sa[0].Status != ib.Success {
 				t.Fatalf("send completions %+v", sa)
 			}
-			if len(rb) != 2 || qb.ud.RxBadQKey != 1 {
-				t.Fatalf("recv %+v bad qkey %d", rb, qb.ud.RxBadQKey)
+			if len(rb) != 2 || qb.udQP().RxBadQKey != 1 {
+				t.Fatalf("recv %+v bad qkey %d", rb, qb.udQP().RxBadQKey)
 			}
 			r0, r1 := rb[0], rb[1]
 			if r0.ByteLen != 40+1024 || r0.SrcQP != qa.QPN() || r0.Flags&ib.WCGRH == 0 || r0.SrcIP != tb.a.dev.cfg.Addrs[0] {
@@ -565,7 +565,7 @@ func TestModifyRTSToRTS(t *testing.T) {
 	qa, _ := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
 	// RTS→RTS changes only what IBA lets a sending QP change.
 	must(t, qa.Modify(&ib.QPAttr{MinRNRTimer: 3, Access: ib.RemoteWrite}, ib.AttrMinRNRTimer|ib.AttrAccessFlags))
-	if c := qa.rc.Config(); c.MinRNRTimer != 3 || c.Access != ib.RemoteWrite {
+	if c := qa.rcQP().Config(); c.MinRNRTimer != 3 || c.Access != ib.RemoteWrite {
 		t.Fatalf("%+v", c)
 	}
 	err := qa.Modify(&ib.QPAttr{State: ib.RTS, Timeout: 20}, ib.AttrState|ib.AttrTimeout)
@@ -576,7 +576,7 @@ func TestModifyRTSToRTS(t *testing.T) {
 	// The timers and retry counts change in SQD→SQD.
 	must(t, qa.Modify(&ib.QPAttr{State: ib.SQD}, ib.AttrState))
 	must(t, qa.Modify(&ib.QPAttr{State: ib.SQD, Timeout: 20, RetryCnt: 3}, ib.AttrState|ib.AttrTimeout|ib.AttrRetryCnt))
-	if c := qa.rc.Config(); c.Timeout != 20 || c.RetryCnt != 3 || c.RNRRetry != 7 {
+	if c := qa.rcQP().Config(); c.Timeout != 20 || c.RetryCnt != 3 || c.RNRRetry != 7 {
 		t.Fatalf("%+v", c)
 	}
 	if err := qa.Modify(&ib.QPAttr{RetryCnt: 9}, ib.AttrRetryCnt); !errors.Is(err, ErrInvalid) {
@@ -584,7 +584,7 @@ func TestModifyRTSToRTS(t *testing.T) {
 	}
 	must(t, qa.Modify(&ib.QPAttr{RNRRetry: 2}, ib.AttrRNRRetry))
 	must(t, qa.Modify(&ib.QPAttr{State: ib.RTS}, ib.AttrState))
-	if c := qa.rc.Config(); c.RNRRetry != 2 || c.Timeout != 20 {
+	if c := qa.rcQP().Config(); c.RNRRetry != 2 || c.Timeout != 20 {
 		t.Fatalf("%+v", c)
 	}
 	if a := qa.Query(); a.State != ib.RTS || a.Timeout != 20 || a.RetryCnt != 3 || a.RNRRetry != 2 || a.MinRNRTimer != 3 {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
@@ -115,7 +116,7 @@ type Result struct {
 // QPCongestion is one QP's DCQCN state at the end of a run.
 type QPCongestion struct {
 	QPN uint32
-	verbs.CCState
+	dcqcn.State
 }
 
 // udQKey is the Q_Key perftest gives its UD QPs (DEF_QKEY).
@@ -273,7 +274,7 @@ func (t *Test) snapshotCC() {
 			continue
 		}
 		if st, ok := c.CongestionState(); ok {
-			t.res.CC = append(t.res.CC, QPCongestion{QPN: q.qpn(), CCState: st})
+			t.res.CC = append(t.res.CC, QPCongestion{QPN: q.qpn(), State: st})
 		}
 	}
 }

@@ -192,7 +192,7 @@ func (r req) bytes(dest uint32) []byte {
 	return b
 }
 
-func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN)) }
+func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), nil) }
 
 func (c *tctx) wcs() []ib.WC { return append([]ib.WC(nil), c.qp.TakeCompletions()...) }
 

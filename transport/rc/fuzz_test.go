@@ -35,7 +35,7 @@ func FuzzQP(f *testing.F) {
 		c.post(ib.SendWQE{ID: 3, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: segs(make([]byte, 8)), Length: 8})
 		c.out()
 		for _, p := range [][]byte{p1, p2, p1} {
-			c.qp.Receive(c.now, p)
+			c.qp.Receive(c.now, p, nil)
 			for _, o := range c.out() {
 				if o.op.HeaderLen() == 0 || len(o.raw) > c.qp.MaxPacket() {
 					t.Fatalf("malformed output %v", o)

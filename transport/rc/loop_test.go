@@ -119,12 +119,12 @@ var debugT *testing.T
 func (p *pair) step() bool {
 	sent := false
 	for _, f := range p.ab.due(p.now) {
-		p.b.Receive(p.now, f)
+		p.b.Receive(p.now, f, nil)
 		sent = true
 	}
 	for _, f := range p.ba.due(p.now) {
 		before := decode(f)
-		p.a.Receive(p.now, f)
+		p.a.Receive(p.now, f, nil)
 		if debugT != nil {
 			checkInv(debugT, p.a, before.String())
 		}

@@ -7,9 +7,15 @@
 // specification and, where it leaves room, the Linux kernel's rxe.
 //
 // A QP here deals only with IB transport packets: the bytes from the BTH to
-// the end of the payload and pad, without the ICRC. The verbs device wraps
-// them in Ethernet/IP/UDP, checks addresses, P_Key and the ICRC before
-// calling Receive, and computes the ICRC after Build.
+// the end of the payload and pad, without the ICRC. The device wraps them
+// in Ethernet/IP/UDP, checks addresses, P_Key and the ICRC before calling
+// Receive, and computes the ICRC after Build. A QP implements
+// transport.Transport.
+//
+// A QP owns its congestion control (cc.go), as quic-go's sent-packet
+// handler owns its SendAlgorithm: the DCQCN notification point over what it
+// receives, the CNPs it owes, the reaction point its CNPs drive and the
+// pacer that holds it to that rate. The device only configures it.
 //
 // Nothing in this package starts goroutines, reads a clock, takes a lock or
 // allocates per packet: packets and now go in (Receive, Expire, Post);
@@ -23,6 +29,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
 )
 
 // Limits mirrored from rxe so that a peer sees the same pacing.
@@ -143,16 +150,43 @@ type QP struct {
 
 	wcs []ib.WC // completions produced since the last TakeCompletions
 	Counters
+
+	ccCfg *CCConfig   // congestion control from RTR on, nil for none
+	cc    *qpCC       // its state (cc.go), nil when the QP runs none
+	ccCtr *CCCounters // shared with the QP's device
 }
 
-// New returns a QP in the state "created, not yet connected": it neither
-// sends nor accepts anything until Connect.
+var _ transport.Transport = (*QP)(nil)
+
+// Options say how to make a QP.
+type Options struct {
+	QPN     uint32
+	UC      bool // unreliable connected: no ACKs, no READ/ATOMIC
+	SQDepth int  // max outstanding send WQEs (at least 1)
+	MaxSGE  int
+	Mem     ib.Memory    // remote accesses of the responder (nil: none allowed)
+	RQ      ib.RecvQueue // the QP's RQ or its SRQ
+	// CC, if set, is the congestion control the QP runs from RTR on;
+	// Counters, if set, is where it counts (CCCounters of the device).
+	CC       *CCConfig
+	Counters *CCCounters
+}
+
+// New returns an RC QP in the state "created, not yet connected": it
+// neither sends nor accepts anything until Receiver and Sender.
 func New(qpn uint32, sqDepth, maxSGE int, mem ib.Memory, rq ib.RecvQueue) *QP {
-	if sqDepth < 1 {
-		sqDepth = 1
+	return NewQP(Options{QPN: qpn, SQDepth: sqDepth, MaxSGE: maxSGE, Mem: mem, RQ: rq})
+}
+
+// NewQP returns a QP made as o says, created and not yet connected.
+func NewQP(o Options) *QP {
+	sqDepth, maxSGE := max(o.SQDepth, 1), o.MaxSGE
+	q := &QP{mem: o.Mem, rq: o.RQ, ccCfg: o.CC, ccCtr: o.Counters}
+	if q.ccCtr == nil {
+		q.ccCtr = new(CCCounters)
 	}
-	q := &QP{mem: mem, rq: rq}
-	q.cfg.QPN = qpn
+	q.cfg.QPN = o.QPN
+	q.cfg.UC = o.UC
 	q.cfg.SQDepth = sqDepth
 	q.cfg.MaxSGE = maxSGE
 	q.req.sq = make([]sendEntry, sqDepth)
@@ -216,6 +250,34 @@ func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access ib.Ac
 
 // Drain stops the requester from starting new WQEs (SQD) or lets it go on.
 func (q *QP) Drain(on bool) { q.req.draining = on }
+
+// Modify implements transport.Transport: the attributes of RTR arm the
+// responder (and start congestion control), those of RTS the requester;
+// SQD drains the send queue, leaving SQE resumes it.
+func (q *QP) Modify(from, to ib.QPState, a *ib.QPAttr) {
+	switch {
+	case from == ib.Init && to == ib.RTR:
+		q.Receiver(q.configOf(a))
+		q.ccStart()
+		return
+	case from == ib.RTR && to == ib.RTS:
+		q.Sender(q.configOf(a))
+	case from == ib.SQE:
+		q.Resume()
+	}
+	if to == ib.RTS || to == ib.SQD {
+		q.Update(a.Timeout, a.RetryCnt, a.RNRRetry, a.MinRNRTimer, a.Access, int(a.MaxRdAtomic))
+		q.Drain(to == ib.SQD)
+	}
+}
+
+// configOf is the Config of a QP with attributes a.
+func (q *QP) configOf(a *ib.QPAttr) Config {
+	return Config{UC: q.cfg.UC, DestQPN: a.DestQPN, PKey: bth.DefaultPKey, MTU: int(a.PathMTU),
+		SQPSN: bth.PSN(a.SQPSN), RQPSN: bth.PSN(a.RQPSN), Timeout: a.Timeout, RetryCnt: a.RetryCnt,
+		RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: int(a.MaxRdAtomic),
+		MaxDestRdAtomic: int(a.MaxDestRdAtomic), Access: a.Access}
+}
 
 // Drained reports whether no send WQE is in progress: every WQE the
 // requester started has completed (the SQ drained of a QP in SQD).
@@ -321,28 +383,56 @@ func (q *QP) Resume() {
 	}
 }
 
-// Deadline is when Expire must next be called (clock.Never: no timer).
+// Deadline is when Expire must next be called (clock.Never: no timer):
+// the RNR wait or the local ACK timeout, and with congestion control its
+// timers and the end of a pacer wait.
 func (q *QP) Deadline() clock.Time {
-	if !q.reqOn {
-		return clock.Never
+	dl := clock.Never
+	switch {
+	case !q.reqOn:
+	case q.req.rnrWait:
+		dl = q.req.rnrAt
+	default:
+		dl = q.req.timer
 	}
-	if q.req.rnrWait {
-		return q.req.rnrAt
+	if cc := q.cc; cc != nil {
+		paceAt := cc.paceAt
+		if !q.hasOutput() {
+			paceAt = clock.Never // see HasOutput
+		}
+		dl = min(dl, cc.ctl.Deadline(), cc.np.Deadline(), paceAt)
 	}
-	return q.req.timer
+	return dl
 }
 
 // Expire runs the timers due at now: the RNR wait and the local ACK
-// timeout.
+// timeout, and congestion control's.
 func (q *QP) Expire(now clock.Time) {
-	if !q.reqOn || q.cfg.UC {
-		return
+	if q.reqOn && !q.cfg.UC {
+		q.expire(now)
 	}
-	q.expire(now)
+	if q.cc != nil {
+		q.cc.expire(now)
+	}
 }
 
-// HasOutput reports whether Build would produce a packet now.
+// HasOutput reports whether Build would produce a packet now. A QP the
+// pacer holds has none until its departure time unless it owes a CNP; one
+// that has nothing to send is not parked at all (the pacer remembers its
+// debt and parks it again when it has), so an idle QP costs no wake-up.
 func (q *QP) HasOutput() bool {
+	p := q.hasOutput()
+	if cc := q.cc; cc != nil {
+		if !p {
+			cc.paceAt = clock.Never
+		}
+		p = p && cc.paceAt == clock.Never || cc.cnps > 0
+	}
+	return p
+}
+
+// hasOutput reports whether the transport itself has a packet to build.
+func (q *QP) hasOutput() bool {
 	return q.resp.qlen > 0 || q.resp.hasFinal || (q.reqOn && q.req.canSend(q))
 }
 
@@ -357,6 +447,15 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 	if len(buf) < q.MaxPacket() {
 		return 0
 	}
+	if cc := q.cc; cc != nil {
+		if cc.cnps > 0 {
+			return q.buildCNP(buf)
+		}
+		if !cc.mayBuild(now) {
+			return 0
+		}
+		cc.lastCNP = false
+	}
 	if q.resp.qlen > 0 || q.resp.hasFinal {
 		return q.buildResponse(buf)
 	}
@@ -367,14 +466,23 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 }
 
 // Receive processes one transport packet (BTH to end of pad, no ICRC) that
-// the device has already checked for address, P_Key, ICRC and destination
-// QP. Malformed packets are counted and dropped.
-func (q *QP) Receive(now clock.Time, pkt []byte) {
+// the device has already checked for address, P_Key, ICRC, destination QP
+// and source; m (nil: none) says how it was marked. A CNP goes to the
+// reaction point; every other packet passes the notification point first.
+// Malformed packets are counted and dropped.
+func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 	if len(pkt) < bth.BTHLen {
 		q.RxDropped++
 		return
 	}
 	op := bth.BTH(pkt).Opcode()
+	if op == bth.CNP {
+		q.receiveCNP(now)
+		return
+	}
+	if q.cc != nil && m != nil {
+		q.npPacket(now, op, m.ECN)
+	}
 	hl := op.HeaderLen()
 	pad := bth.BTH(pkt).PadCount()
 	if hl == 0 || len(pkt) < hl+pad || (!op.HasPayload() && len(pkt) != hl+pad) {

@@ -271,7 +271,7 @@ func TestReplayResponder(t *testing.T) {
 				}
 				requests++
 				rq.psn = bth.BTH(f.pkt).PSN()
-				q.Receive(0, f.pkt)
+				q.Receive(0, f.pkt, nil)
 				for {
 					n := q.Build(0, buf)
 					if n == 0 {
@@ -379,7 +379,7 @@ func TestReplayRequester(t *testing.T) {
 			// before rxe, whose timers tick in jiffies, resends.
 			for i, f := range c.frames {
 				if f.src != reqSrc {
-					q.Receive(f.at, f.pkt)
+					q.Receive(f.at, f.pkt, nil)
 					continue
 				}
 				q.Expire(f.at)

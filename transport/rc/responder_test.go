@@ -283,14 +283,14 @@ func TestResponderHostilePacketsNeverPanic(t *testing.T) {
 	c.rq.post(1, make([]byte, 64))
 	good := req{op: bth.RCRDMAWriteOnly, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4, payload: fill(4, 0)}.bytes(0x11)
 	for n := 0; n <= len(good); n++ {
-		c.qp.Receive(c.now, good[:n])
+		c.qp.Receive(c.now, good[:n], nil)
 	}
 	for op := 0; op < 256; op++ {
 		b := append([]byte(nil), good...)
 		b[0] = byte(op)
-		c.qp.Receive(c.now, b)
+		c.qp.Receive(c.now, b, nil)
 		b[1] = 0x30 // pad 3 on a 4-byte payload
-		c.qp.Receive(c.now, b)
+		c.qp.Receive(c.now, b, nil)
 		c.out()
 	}
 }

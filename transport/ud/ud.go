@@ -5,21 +5,18 @@
 //
 // Like transport/rc it sees only IB transport packets (BTH to the end of
 // the pad); the device frames them, checks addresses, P_Key and ICRC, and
-// hands Receive the GRH to place. No goroutines, clock reads, locks or
-// per-packet allocations.
+// hands Receive the GRH to place. A QP implements transport.Transport and
+// transport.Addressed (the device frames each datagram for its WQE's
+// address handle). No goroutines, clock reads, locks or per-packet
+// allocations.
 package ud
 
 import (
-	"net/netip"
-
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
 )
-
-// GRHLen is the slot every UD receive buffer reserves for the GRH (IPv4:
-// 20 zero bytes then the IPv4 header; IPv6: the IPv6 header).
-const GRHLen = 40
 
 // Config holds a UD QP's attributes.
 type Config struct {
@@ -48,6 +45,7 @@ type QP struct {
 	head, tail     uint32
 	psn            bth.PSN
 	sendOn, recvOn bool
+	draining       bool // SQD: no new WQE starts
 	sqErr          bool // a send WQE failed locally: the SQ stopped (SQE)
 	cur            ib.RecvWQE
 	wcs            []ib.WC
@@ -67,6 +65,28 @@ func New(qpn uint32, sqDepth, maxSGE int, rq ib.RecvQueue) *QP {
 	}
 	q.cur.SG = make([]ib.Seg, 0, maxSGE)
 	return q
+}
+
+var (
+	_ transport.Transport = (*QP)(nil)
+	_ transport.Addressed = (*QP)(nil)
+)
+
+// Modify implements transport.Transport: RTR enables receiving with the
+// QP's Q_Key, RTS sending from its SQ PSN; a Q_Key changed later applies
+// at once; SQD stops new sends, and leaving SQE resumes them.
+func (q *QP) Modify(from, to ib.QPState, a *ib.QPAttr) {
+	switch {
+	case from == ib.Init && to == ib.RTR:
+		q.Receiver(Config{QKey: a.QKey, PKey: bth.DefaultPKey, MTU: int(a.PathMTU)})
+		return
+	case from == ib.RTR && to == ib.RTS:
+		q.Sender(bth.PSN(a.SQPSN))
+	case from == ib.SQE:
+		q.Resume()
+	}
+	q.cfg.QKey = a.QKey
+	q.draining = to == ib.SQD
 }
 
 // Receiver sets the Q_Key/P_Key (INIT) and enables receiving (RTR).
@@ -115,10 +135,26 @@ func (q *QP) TakeCompletions() []ib.WC {
 }
 
 // HasOutput reports whether Build has a packet to send.
-func (q *QP) HasOutput() bool { return q.sendOn && q.head != q.tail }
+func (q *QP) HasOutput() bool { return q.sending() && q.head != q.tail }
+
+// sending reports whether new WQEs may start.
+func (q *QP) sending() bool { return q.sendOn && !q.draining }
 
 // Deadline: UD has no timers.
 func (q *QP) Deadline() clock.Time { return clock.Never }
+
+// Expire: UD has no timers.
+func (q *QP) Expire(clock.Time) {}
+
+// Sent: UD sends are not rate-controlled.
+func (q *QP) Sent(clock.Time, int) {}
+
+// Failed: a UD QP never fails by itself (its errors stop the SQ only).
+func (q *QP) Failed() bool { return false }
+
+// Drained: a UD send completes as its only packet is built, so none is
+// ever in progress.
+func (q *QP) Drained() bool { return true }
 
 // MaxPacket is the largest packet Build writes.
 func (q *QP) MaxPacket() int { return bth.BTHLen + bth.DETHLen + bth.ImmDtLen + q.cfg.MTU + 3 }
@@ -126,7 +162,7 @@ func (q *QP) MaxPacket() int { return bth.BTHLen + bth.DETHLen + bth.ImmDtLen + 
 // Peek returns the WQE Build will handle next (nil if none), so that the
 // device can choose the frame layout from its address handle first.
 func (q *QP) Peek() *ib.SendWQE {
-	if !q.sendOn || q.head == q.tail {
+	if !q.sending() || q.head == q.tail {
 		return nil
 	}
 	return &q.sq[q.head%uint32(len(q.sq))]
@@ -137,15 +173,19 @@ func (q *QP) Peek() *ib.SendWQE {
 // to send or the WQE completed in error instead (a WQE longer than the
 // path MTU completes with LOC_LEN_ERR without being sent).
 func (q *QP) Build(now clock.Time, buf []byte) int {
-	if !q.sendOn || q.head == q.tail {
+	if !q.sending() || q.head == q.tail {
 		return 0
 	}
 	{
 		e := &q.sq[q.head%uint32(len(q.sq))]
-		if e.Err != ib.Success || e.Length > uint32(q.cfg.MTU) || e.Opcode != ib.Send && e.Opcode != ib.SendWithImm {
+		if e.Err != ib.Success || e.AH == nil || e.Length > uint32(q.cfg.MTU) || e.Opcode != ib.Send && e.Opcode != ib.SendWithImm {
 			q.head++
 			st := e.Err
-			if st == ib.Success {
+			switch {
+			case st != ib.Success:
+			case e.AH == nil: // no destination
+				st = ib.LocQPOpErr
+			default:
 				st = ib.LocLenErr
 				if e.Opcode != ib.Send && e.Opcode != ib.SendWithImm {
 					st = ib.LocQPOpErr
@@ -194,9 +234,9 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 	}
 }
 
-// Receive delivers one datagram (BTH to end of pad). grh is the 40-byte
-// GRH slot the device built from the IP header; src is the sender's IP.
-func (q *QP) Receive(now clock.Time, pkt []byte, grh *[GRHLen]byte, src netip.Addr) {
+// Receive delivers one datagram (BTH to end of pad); m carries the GRH slot
+// the device built from the IP header and the sender's address.
+func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 	if !q.recvOn || len(pkt) < bth.BTHLen {
 		q.RxDropped++
 		return
@@ -224,16 +264,16 @@ func (q *QP) Receive(now clock.Time, pkt []byte, grh *[GRHLen]byte, src netip.Ad
 		q.RxNoRecv++
 		return
 	}
-	wc := ib.WC{ID: q.cur.ID, Opcode: ib.WCRecv, QPN: q.cfg.QPN, SrcQP: d.SrcQP(), SrcIP: src, IsRecv: true, Flags: ib.WCGRH}
+	wc := ib.WC{ID: q.cur.ID, Opcode: ib.WCRecv, QPN: q.cfg.QPN, SrcQP: d.SrcQP(), SrcIP: m.Src, IsRecv: true, Flags: ib.WCGRH}
 	switch {
 	case q.cur.Err != ib.Success:
 		wc.Status = q.cur.Err
-	case uint64(GRHLen+len(pay)) > uint64(q.cur.Length):
+	case uint64(transport.GRHLen+len(pay)) > uint64(q.cur.Length):
 		wc.Status = ib.LocLenErr
 	default:
-		ib.CopyOut(q.cur.SG, 0, grh[:])
-		ib.CopyOut(q.cur.SG, GRHLen, pay)
-		wc.ByteLen = uint32(GRHLen + len(pay))
+		ib.CopyOut(q.cur.SG, 0, m.GRH[:])
+		ib.CopyOut(q.cur.SG, transport.GRHLen, pay)
+		wc.ByteLen = uint32(transport.GRHLen + len(pay))
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
 			wc.Flags |= ib.WCWithImm
 			wc.Imm = bth.ImmDt(pkt[o:]).Imm()

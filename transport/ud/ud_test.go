@@ -7,6 +7,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
 )
 
 type rq struct{ q []ib.RecvWQE }
@@ -33,10 +34,12 @@ func TestUDSendQKeyRule(t *testing.T) {
 	q := newQP(0x11111111, &rq{})
 	buf := make([]byte, q.MaxPacket())
 	data := []byte("hello, datagram")
+	ah := &ib.AH{}
 	q.Post(&ib.SendWQE{ID: 1, Opcode: ib.SendWithImm, Flags: ib.Signaled, SG: segs(data[:5], data[5:]), Length: uint32(len(data)),
-		Imm: 9, RemoteQPN: 0x33, RemoteQKey: 0x80000000})
-	q.Post(&ib.SendWQE{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(data), Length: uint32(len(data)), RemoteQPN: 0x33, RemoteQKey: 0x1234})
-	q.Post(&ib.SendWQE{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 257)), Length: 257, RemoteQPN: 0x33})
+		Imm: 9, RemoteQPN: 0x33, RemoteQKey: 0x80000000, AH: ah})
+	q.Post(&ib.SendWQE{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(data), Length: uint32(len(data)), RemoteQPN: 0x33, RemoteQKey: 0x1234, AH: ah})
+	q.Post(&ib.SendWQE{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 257)), Length: 257, RemoteQPN: 0x33, AH: ah})
+	q.Post(&ib.SendWQE{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(data), Length: uint32(len(data)), RemoteQPN: 0x33})
 	n := q.Build(0, buf)
 	h := bth.BTH(buf)
 	d := bth.DETH(buf[bth.BTHLen:])
@@ -51,8 +54,12 @@ func TestUDSendQKeyRule(t *testing.T) {
 	if q.Build(0, buf) != 0 || q.Build(0, buf) != 0 {
 		t.Fatal("a datagram above the MTU was sent")
 	}
+	q.Resume()
+	if q.Build(0, buf) != 0 {
+		t.Fatal("a datagram without an address handle was sent")
+	}
 	w := q.TakeCompletions()
-	if len(w) != 3 || w[0].Status != ib.Success || w[2].Status != ib.LocLenErr {
+	if len(w) != 4 || w[0].Status != ib.Success || w[2].Status != ib.LocLenErr || w[3].Status != ib.LocQPOpErr {
 		t.Fatalf("%+v", w)
 	}
 }
@@ -70,15 +77,15 @@ func TestUDReceiveGRHAndChecks(t *testing.T) {
 		}
 		return p
 	}
-	var grh [GRHLen]byte
+	var grh [transport.GRHLen]byte
 	for i := range grh {
 		grh[i] = 0xEE
 	}
 	src := netip.MustParseAddr("10.0.0.1")
-	q.Receive(0, mk(0x22222222, 8), &grh, src) // wrong Q_Key: dropped, no receive used
-	q.Receive(0, mk(0x11111111, 8), &grh, src)
-	q.Receive(0, mk(0x11111111, 8), &grh, src) // 40+8 > 41: LOC_LEN_ERR
-	q.Receive(0, mk(0x11111111, 8), &grh, src) // no receive posted: dropped
+	q.Receive(0, mk(0x22222222, 8), &transport.Meta{Src: src, GRH: &grh}) // wrong Q_Key: dropped, no receive used
+	q.Receive(0, mk(0x11111111, 8), &transport.Meta{Src: src, GRH: &grh})
+	q.Receive(0, mk(0x11111111, 8), &transport.Meta{Src: src, GRH: &grh}) // 40+8 > 41: LOC_LEN_ERR
+	q.Receive(0, mk(0x11111111, 8), &transport.Meta{Src: src, GRH: &grh}) // no receive posted: dropped
 	w := q.TakeCompletions()
 	if q.RxBadQKey != 1 || q.RxNoRecv != 1 || len(w) != 2 {
 		t.Fatalf("%+v %+v", q.Counters, w)
@@ -94,7 +101,7 @@ func TestUDReceiveGRHAndChecks(t *testing.T) {
 	}
 	// Hostile input never panics.
 	for n := 0; n < 24; n++ {
-		q.Receive(0, mk(0x11111111, 4)[:n], &grh, src)
+		q.Receive(0, mk(0x11111111, 4)[:n], &transport.Meta{Src: src, GRH: &grh})
 	}
 }
 
