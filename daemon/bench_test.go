@@ -11,7 +11,7 @@ import (
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // The figure: post-to-completion of a 64-byte SEND, and the SEND
@@ -23,17 +23,17 @@ import (
 
 // peer is device B's side: an RC QP that keeps receives posted.
 type peer struct {
-	qp *verbs.QP
-	mr *verbs.MR
-	cq *verbs.CQ
+	qp *rnic.QP
+	mr *rnic.MR
+	cq *rnic.CQ
 }
 
-func newPeer(b testing.TB, devB *verbs.Device) *peer {
+func newPeer(b testing.TB, devB *rnic.Device) *peer {
 	pd := devB.AllocPD()
 	buf := make([]byte, 1<<16)
 	mr, _ := pd.RegMR(buf, ib.LocalWrite)
 	cq := devB.CreateCQ(1 << 16) // never overrun: a lost completion would lose a repost
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 256, MaxRecvWR: 4096})
+	qp, err := pd.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 256, MaxRecvWR: 4096})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func newPeer(b testing.TB, devB *verbs.Device) *peer {
 }
 
 func (p *peer) repost() {
-	p.qp.PostRecv(verbs.RecvWR{SG: []ib.SGE{{Addr: p.mr.IOVA(), Length: 64, LKey: p.mr.LKey()}}})
+	p.qp.PostRecv(rnic.RecvWR{SG: []ib.SGE{{Addr: p.mr.IOVA(), Length: 64, LKey: p.mr.LKey()}}})
 }
 
 func (p *peer) connect(b testing.TB, qpn uint32) {
@@ -134,7 +134,7 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 		buf := make([]byte, 4096)
 		mr, _ := pd.RegMR(buf, ib.LocalWrite)
 		cq := devA.CreateCQ(256)
-		qp, err := pd.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 64, MaxRecvWR: 1})
+		qp, err := pd.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 64, MaxRecvWR: 1})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -143,9 +143,9 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 			b.Fatal(err)
 		}
 		ibtest.Modify(qp, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
-		ws := make([]verbs.SendWR, window)
+		ws := make([]rnic.SendWR, window)
 		for i := range ws {
-			ws[i] = verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}
+			ws[i] = rnic.SendWR{Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}
 		}
 		post = func(n int) int { k, _ := qp.PostSend(ws[:n]...); return k }
 		poll = cq.Poll

@@ -10,7 +10,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // CountingPort wraps the engine's port to count bytes both ways (the device
@@ -180,7 +180,7 @@ func (s *CounterSource) Snapshot() Counters {
 		in.xdp, in.haveXDP = s.Port.XDPStats()
 		c.Queues = s.Port.Queues()
 	}
-	s.Loop.Device().EachQPCounters(func(q *verbs.QPCounters) {
+	s.Loop.Device().EachQPCounters(func(q *rnic.QPCounters) {
 		c.QPs = append(c.QPs, qpStats(q))
 		in.add(q)
 	})
@@ -190,7 +190,7 @@ func (s *CounterSource) Snapshot() Counters {
 
 // counterInputs is everything the device counters are made of.
 type counterInputs struct {
-	dev                verbs.Stats
+	dev                rnic.Stats
 	loop               engine.Counters
 	rxBytes, txBytes   uint64
 	haveBytes, haveXDP bool
@@ -199,10 +199,10 @@ type counterInputs struct {
 	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
 	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
 	reqRemAccess, reqInvReq, respRemAccess, respLocLen                     uint64
-	cqe                                                                    verbs.CQECounters
+	cqe                                                                    rnic.CQECounters
 }
 
-func (in *counterInputs) add(q *verbs.QPCounters) {
+func (in *counterInputs) add(q *rnic.QPCounters) {
 	in.dup += q.RC.RxDuplicate
 	in.oos += q.RC.RxOutOfSeq
 	in.rnrRx += q.RC.RNRWaits
@@ -298,7 +298,7 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 
 // qpStats maps one QP's transport counters to proto.QPCounters: RC and UC
 // QPs count the RC set, UD and GSI QPs the UD set.
-func qpStats(q *verbs.QPCounters) proto.QPStats {
+func qpStats(q *rnic.QPCounters) proto.QPStats {
 	s := proto.QPStats{QPN: q.QPN, State: proto.QPState(q.State)}
 	v := &s.Values
 	// Error completions: every QP type, counted by verbs.

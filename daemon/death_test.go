@@ -21,7 +21,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // TestMain runs a client process when the test binary is re-executed with
@@ -92,8 +92,8 @@ func streamingChild(path string) int {
 // resources released; the daemon keeps serving: another client then
 // transfers as usual.
 func TestClientKilledMidTransfer(t *testing.T) {
-	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
-	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
+	devA, _ := rnic.NewDevice(rnic.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
+	devB, _ := rnic.NewDevice(rnic.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
 	pa, pb := memlink.NewPair(memlink.Config{})
 	ctx, cancel := context.WithCancel(context.Background())
 	errs := make(chan error, 2)
@@ -125,7 +125,7 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	bufB := make([]byte, 1<<20)
 	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite|ib.RemoteWrite)
 	cqB := devB.CreateCQ(1024)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 256})
+	qpB, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 256})
 
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, "-test.run=^$")
@@ -160,7 +160,7 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	// Stream WRITEs into the child's memory from B, and let the child's
 	// own WRITEs flow for a moment; then kill it mid-transfer.
 	writes := 0
-	w := verbs.SendWR{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 32768, LKey: mrB.LKey()}}, RemoteAddr: childAddr + 65536, RKey: childRKey}
+	w := rnic.SendWR{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 32768, LKey: mrB.LKey()}}, RemoteAddr: childAddr + 65536, RKey: childRKey}
 	wcs := make([]ib.WC, 64)
 	ok := 0
 	for deadline := time.Now().Add(20 * time.Second); ok < 50; {
@@ -209,7 +209,7 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qpB2, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB2, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gid := addrB.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
@@ -229,7 +229,7 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	copy(bufB[500000:], "after the crash")
 	for cqB.Poll(wcs) > 0 {
 	}
-	qpB2.PostSend(verbs.SendWR{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qpB2.PostSend(rnic.SendWR{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA() + 500000, Length: 15, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey})
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()

@@ -6,7 +6,7 @@
 //
 //   - Config (config.go): one key = value file format, every key also a
 //     flag, errors naming the key; NewLogger sets up log/slog.
-//   - The engine loop of a verbs.Device on a port.Port is engine's (a Loop
+//   - The engine loop of a rnic.Device on a port.Port is engine's (a Loop
 //     with the capture tap of package capture on both directions). With
 //     AF_XDP the port is an afxdp.Multi: one socket per RX queue (queues =
 //     0: all of them), all drained by that one engine goroutine, each QP
@@ -15,7 +15,7 @@
 //     concurrently.
 //   - Server (server.go, session.go): the control socket and the ring pump.
 //   - Device (device.go): what the server needs from an RNIC; VerbsDevice
-//     (verbsdev.go) adapts verbs.Device to it, daemon/loopdev is a checked
+//     (verbsdev.go) adapts rnic.Device to it, daemon/loopdev is a checked
 //     loopback stand-in for tests.
 //   - Counters (counters.go, stats.go, metrics.go): the one table from what
 //     the device, its QPs, the engine loop and the port count to the names

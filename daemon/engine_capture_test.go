@@ -24,7 +24,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // The daemon's engine loop (engine.Run) on a real-time in-memory link: a peer RNIC
@@ -32,8 +32,8 @@ import (
 // on the daemon's tap records both directions; the capture, read back with
 // gopacket, holds RoCEv2 frames with valid ICRCs.
 func TestEngineRunWithCapture(t *testing.T) {
-	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
-	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
+	devA, _ := rnic.NewDevice(rnic.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
+	devB, _ := rnic.NewDevice(rnic.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
 	pa, pb := memlink.NewPair(memlink.Config{})
 	var tap capture.Tap
 	ctx, cancel := context.WithCancel(context.Background())
@@ -78,7 +78,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	bufB := make([]byte, 1<<16)
 	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gidB := addrB.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
@@ -95,7 +95,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
 	ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}})
 	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
-	qpB.PostRecv(verbs.RecvWR{ID: 1, SG: []ib.SGE{{Addr: mrB.IOVA() + 40000, Length: 64, LKey: mrB.LKey()}}})
+	qpB.PostRecv(rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: mrB.IOVA() + 40000, Length: 64, LKey: mrB.LKey()}}})
 
 	var file bytes.Buffer
 	sess, err := tap.Start(&file, capture.Options{Format: capture.PCAPNG})
@@ -109,7 +109,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	for i := range bufB[:3000] {
 		bufB[i] = byte(i * 7)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qpB.PostSend(rnic.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
 	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != ib.Success {
 		t.Fatalf("peer WRITE: %v %v", wcs[0].Status, err)
@@ -182,7 +182,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	if _, err := other.Capture(os.Stdout, client.CaptureOptions{}); !errors.Is(err, unix.EBUSY) {
 		t.Fatalf("second capture: %v", err)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 4, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qpB.PostSend(rnic.SendWR{ID: 4, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
 	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != ib.Success {
 		t.Fatalf("peer WRITE: %v %v", wcs[0].Status, err)

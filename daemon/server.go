@@ -316,7 +316,7 @@ func (s *Server) Close(drain time.Duration) error {
 }
 
 // Poller is a Device whose step (receive, timers, transmit) the calling
-// goroutine can run when no other runs it (verbs.Device.Poll); Poll
+// goroutine can run when no other runs it (rnic.Device.Poll); Poll
 // reports whether any frame moved.
 type Poller interface {
 	Poll() bool
@@ -346,7 +346,7 @@ func (s *Server) pump() {
 			// While it spins, the pump is the clients' busy-polling
 			// application: it drives the device's step itself (as
 			// ibv_poll_cq does on rxe or mlx5, and as an in-process tool
-			// does through verbs.Device.Poll), so that a client's post
+			// does through rnic.Device.Poll), so that a client's post
 			// and the frames that answer it need not wait for the engine
 			// goroutine to wake from a nap. Over AF_XDP on a loaded
 			// 2-core host, 64 B send_lat p50 through the daemon was

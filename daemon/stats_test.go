@@ -19,7 +19,7 @@ import (
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // OpStats end to end, unprivileged: device A's engine runs on a
@@ -29,8 +29,8 @@ import (
 // the device's own counters, count every byte on the link, and show the
 // QP's RNR NAK under out_of_buffer.
 func TestStatsThroughDaemon(t *testing.T) {
-	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
-	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
+	devA, _ := rnic.NewDevice(rnic.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
+	devB, _ := rnic.NewDevice(rnic.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
 	pa, pb := memlink.NewPair(memlink.Config{})
 	cp := daemon.NewCountingPort(pa)
 	loopA, err := engine.NewLoop(devA, cp, engine.Options{})
@@ -83,7 +83,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	bufB := make([]byte, 1<<16)
 	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 16, MaxRecvWR: 16})
+	qpB, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 16, MaxRecvWR: 16})
 	gidB := addrB.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
@@ -115,7 +115,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 
 	// A SEND before any receive is posted: RNR NAK (or more than one)
 	// until the receive below arrives.
-	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}})
+	qpB.PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}})
 	rnrSeen := false
 	// Queries filter on the client QP: the daemon's rdma_cm agent has a
 	// GSI QP on the device too (started with the daemon), listed for root.
@@ -130,7 +130,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitB("SEND after RNR")
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qpB.PostSend(rnic.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 4096, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
 	waitB("WRITE")
 
@@ -173,7 +173,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// Errors under mlx5's names: a WRITE with a wrong rkey is refused by
 	// the client's QP (resp_remote_access_errors), which goes to error; a
 	// receive the client posts then is flushed (resp_cqe_flush_error).
-	qpB.PostSend(verbs.SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qpB.PostSend(rnic.SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a5a})
 	var wcs [1]ib.WC
 	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 var _ CMDevice = (*VerbsDevice)(nil)
@@ -72,8 +72,8 @@ func (p *CMParams) connParams() (*rdmacm.ConnParams, error) {
 		for i, e := range r.SG {
 			sg[i] = ib.SGE{Addr: e.Addr, Length: e.Length, LKey: e.LKey}
 		}
-		cp.Setup = func(q *verbs.QP) error {
-			_, err := q.PostRecv(verbs.RecvWR{ID: r.ID, SG: sg})
+		cp.Setup = func(q *rnic.QP) error {
+			_, err := q.PostRecv(rnic.RecvWR{ID: r.ID, SG: sg})
 			return err
 		}
 	}

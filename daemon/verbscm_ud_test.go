@@ -14,7 +14,7 @@ import (
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // TestDaemonSIDR: rdma_cm's UDP port space through the daemon. A client's
@@ -98,7 +98,7 @@ func TestDaemonSIDR(t *testing.T) {
 	defer pl.Close()
 	pdB := devB.AllocPD()
 	cqB := devB.CreateCQ(4)
-	qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 1, MaxRecvWR: 1, MaxSGE: 1})
+	qpB, err := pdB.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 1, MaxRecvWR: 1, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,14 +7,14 @@ import (
 
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
-// VerbsDevice serves a verbs.Device (the real device model, driven by an
+// VerbsDevice serves a rnic.Device (the real device model, driven by an
 // engine goroutine on a port) to daemon clients: it is the small adapter
 // between the daemon's Device interface and package verbs.
 type VerbsDevice struct {
-	dev  *verbs.Device
+	dev  *rnic.Device
 	name string
 	// resolveMAC finds the Ethernet address of a peer's IP address (the
 	// neighbour table), for RC/UC connections and UD address handles.
@@ -26,7 +26,7 @@ var _ Device = (*VerbsDevice)(nil)
 
 // NewVerbsDevice wraps dev, named name (the interface), with resolveMAC to
 // turn a destination GID into a MAC address.
-func NewVerbsDevice(dev *verbs.Device, name string, resolveMAC func(netip.Addr) ([6]byte, error)) *VerbsDevice {
+func NewVerbsDevice(dev *rnic.Device, name string, resolveMAC func(netip.Addr) ([6]byte, error)) *VerbsDevice {
 	return &VerbsDevice{dev: dev, name: name, resolveMAC: resolveMAC}
 }
 
@@ -40,8 +40,8 @@ func (v *VerbsDevice) Info() proto.DeviceInfo {
 	in.NodeGUID = uint64(mac[0]^2)<<56 | uint64(mac[1])<<48 | uint64(mac[2])<<40 | 0xff<<32 | 0xfe<<24 |
 		uint64(mac[3])<<16 | uint64(mac[4])<<8 | uint64(mac[5])
 	in.MaxQP, in.MaxCQ, in.MaxMR, in.MaxPD = 1<<16, 1<<16, 1<<20, 1<<16
-	in.MaxQPWR, in.MaxCQE, in.MaxSGE, in.MaxInline = verbs.MaxQPWR, 1<<20, verbs.MaxSGE, verbs.MaxInline
-	in.MaxMRSize, in.ActiveMTU, in.PortActive = verbs.MaxMsgSize, uint32(cfg.PortMTU), 1
+	in.MaxQPWR, in.MaxCQE, in.MaxSGE, in.MaxInline = rnic.MaxQPWR, 1<<20, rnic.MaxSGE, rnic.MaxInline
+	in.MaxMRSize, in.ActiveMTU, in.PortActive = rnic.MaxMsgSize, uint32(cfg.PortMTU), 1
 	for i, a := range cfg.Addrs {
 		if i == len(in.GIDs) {
 			break
@@ -60,7 +60,7 @@ func (v *VerbsDevice) AllocPD() (PD, error) { return &verbsPD{v: v, pd: v.dev.Al
 
 type verbsPD struct {
 	v  *VerbsDevice
-	pd *verbs.PD
+	pd *rnic.PD
 }
 
 func (p *verbsPD) Dealloc() error { return nil }
@@ -73,7 +73,7 @@ func (p *verbsPD) RegMR(mem []byte, iova uint64, access ib.Access) (MR, error) {
 	return verbsMR{m}, nil
 }
 
-type verbsMR struct{ m *verbs.MR }
+type verbsMR struct{ m *rnic.MR }
 
 func (m verbsMR) LKey() uint32      { return m.m.LKey() }
 func (m verbsMR) RKey() uint32      { return m.m.RKey() }
@@ -100,7 +100,7 @@ func (v *VerbsDevice) CreateCQ(depth int, notify func()) (CQ, error) {
 }
 
 type verbsCQ struct {
-	cq   *verbs.CQ
+	cq   *rnic.CQ
 	stop chan struct{}
 	done chan struct{}
 }
@@ -122,10 +122,10 @@ func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ C
 	case proto.UD:
 		t = ib.UD
 	default:
-		return nil, verbs.ErrInvalid
+		return nil, rnic.ErrInvalid
 	}
 	sge := max(caps.MaxSendSGE, caps.MaxRecvSGE)
-	q, err := p.pd.CreateQP(verbs.QPInitAttr{Type: t, SendCQ: sendCQ.(*verbsCQ).cq, RecvCQ: recvCQ.(*verbsCQ).cq,
+	q, err := p.pd.CreateQP(rnic.QPInitAttr{Type: t, SendCQ: sendCQ.(*verbsCQ).cq, RecvCQ: recvCQ.(*verbsCQ).cq,
 		MaxSendWR: int(caps.MaxSendWR), MaxRecvWR: int(caps.MaxRecvWR), MaxSGE: int(sge), MaxInline: int(caps.MaxInline), SigAll: sigAll})
 	if err != nil {
 		return nil, err
@@ -137,10 +137,10 @@ func (p *verbsPD) CreateQP(typ proto.QPType, caps proto.QPCaps, sendCQ, recvCQ C
 // goroutine only, so their scratch needs no lock.
 type verbsQP struct {
 	p *verbsPD
-	q *verbs.QP
+	q *rnic.QP
 
-	swr [1]verbs.SendWR
-	rwr [1]verbs.RecvWR
+	swr [1]rnic.SendWR
+	rwr [1]rnic.RecvWR
 	sg  []ib.SGE
 
 	// UD address handles by destination GID. Resolving a new destination
@@ -153,7 +153,7 @@ type verbsQP struct {
 }
 
 type ahResult struct {
-	ah  *verbs.AH
+	ah  *rnic.AH
 	err error
 }
 
@@ -195,7 +195,7 @@ func (q *verbsQP) convertSG(sg []proto.SGE) []ib.SGE {
 
 func (q *verbsQP) PostSend(w *proto.SendWR) error {
 	s := &q.swr[0]
-	*s = verbs.SendWR{ID: w.ID, Opcode: w.Opcode, Flags: w.Flags, InlineData: w.Inline, Imm: w.Imm, InvRKey: w.InvRKey,
+	*s = rnic.SendWR{ID: w.ID, Opcode: w.Opcode, Flags: w.Flags, InlineData: w.Inline, Imm: w.Imm, InvRKey: w.InvRKey,
 		RemoteAddr: w.RemoteAddr, RKey: w.RKey, RemoteQPN: w.RemoteQPN, RemoteQKey: w.QKey}
 	if w.Flags&ib.Inline == 0 {
 		s.SG = q.convertSG(w.SG)
@@ -214,7 +214,7 @@ func (q *verbsQP) PostSend(w *proto.SendWR) error {
 		s.AH = ah
 	}
 	_, err := q.q.PostSend(q.swr[:]...)
-	if errors.Is(err, verbs.ErrQueueFull) {
+	if errors.Is(err, rnic.ErrQueueFull) {
 		return ErrQueueFull
 	}
 	return err
@@ -224,7 +224,7 @@ func (q *verbsQP) PostSend(w *proto.SendWR) error {
 // new destination starts its resolution and gets ErrQueueFull, so it stays
 // in the ring and is offered again; a destination that does not resolve
 // fails its WRs (and is retried after the failure is forgotten).
-func (q *verbsQP) ah(gid [16]byte) (*verbs.AH, error) {
+func (q *verbsQP) ah(gid [16]byte) (*rnic.AH, error) {
 	q.ahMu.Lock()
 	defer q.ahMu.Unlock()
 	if r, ok := q.ahs[gid]; ok {
@@ -266,9 +266,9 @@ func (q *verbsQP) resolveAH(gid [16]byte) {
 }
 
 func (q *verbsQP) PostRecv(w *proto.RecvWR) error {
-	q.rwr[0] = verbs.RecvWR{ID: w.ID, SG: q.convertSG(w.SG)}
+	q.rwr[0] = rnic.RecvWR{ID: w.ID, SG: q.convertSG(w.SG)}
 	_, err := q.q.PostRecv(q.rwr[:]...)
-	if errors.Is(err, verbs.ErrQueueFull) {
+	if errors.Is(err, rnic.ErrQueueFull) {
 		return ErrQueueFull
 	}
 	return err

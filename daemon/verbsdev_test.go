@@ -18,7 +18,7 @@ import (
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 var (
@@ -31,7 +31,7 @@ var (
 // real RoCEv2 frames with ICRCs, checked by the receiving device. Like the
 // engine, it keeps polling for a while after the last work (SpinFor) and
 // then sleeps until a doorbell or the earliest transport deadline.
-func shuttle(ctx context.Context, a, b *verbs.Device) {
+func shuttle(ctx context.Context, a, b *rnic.Device) {
 	out := make([][]byte, 32)
 	for i := range out {
 		out[i] = make([]byte, 0, 9000)
@@ -41,7 +41,7 @@ func shuttle(ctx context.Context, a, b *verbs.Device) {
 	for ctx.Err() == nil {
 		now := clock.Now()
 		work := false
-		for _, p := range [][2]*verbs.Device{{a, b}, {b, a}} {
+		for _, p := range [][2]*rnic.Device{{a, b}, {b, a}} {
 			if n := p[0].Transmit(now, out); n > 0 {
 				p[1].Receive(now, out[:n])
 				work = true
@@ -72,17 +72,17 @@ func shuttle(ctx context.Context, a, b *verbs.Device) {
 
 // twoDevices makes devices A and B joined by a shuttle goroutine, and a
 // daemon serving A on a socket in a temp dir.
-func twoDevices(t testing.TB) (devA, devB *verbs.Device, path string) {
+func twoDevices(t testing.TB) (devA, devB *rnic.Device, path string) {
 	return twoDevicesSpin(t, 0)
 }
 
 // twoDevicesSpin is twoDevices with the daemon pump's SpinFor.
-func twoDevicesSpin(t testing.TB, spin time.Duration) (devA, devB *verbs.Device, path string) {
-	devA, err := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
+func twoDevicesSpin(t testing.TB, spin time.Duration) (devA, devB *rnic.Device, path string) {
+	devA, err := rnic.NewDevice(rnic.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
 	if err != nil {
 		t.Fatal(err)
 	}
-	devB, _ = verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
+	devB, _ = rnic.NewDevice(rnic.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
 	macs := map[netip.Addr][6]byte{addrA: macA, addrB: macB}
 	resolve := func(a netip.Addr) ([6]byte, error) {
 		m, ok := macs[a]
@@ -143,7 +143,7 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 	bufB := make([]byte, 1<<16)
 	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 64, MaxRecvWR: 64})
+	qpB, err := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 64, MaxRecvWR: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 	// bytes, three packets at MTU 1024.
 	msg := bytes.Repeat([]byte("remote write into client memory. "), 100)[:3000]
 	copy(bufB, msg)
-	if _, err := qpB.PostSend(verbs.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	if _, err := qpB.PostSend(rnic.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +212,7 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 
 	// RDMA READ by the peer from the client's buffer.
 	copy(mem.Bytes()[20000:], "the client's answer")
-	if _, err := qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
+	if _, err := qpB.PostSend(rnic.SendWR{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA() + 8192, Length: 19, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 20000, RKey: mr.RKey}); err != nil {
 		t.Fatal(err)
 	}
@@ -221,7 +221,7 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 	}
 
 	// The client SENDs through its shared-memory SQ; the peer receives.
-	qpB.PostRecv(verbs.RecvWR{ID: 3, SG: []ib.SGE{{Addr: mrB.IOVA() + 30000, Length: 100, LKey: mrB.LKey()}}})
+	qpB.PostRecv(rnic.RecvWR{ID: 3, SG: []ib.SGE{{Addr: mrB.IOVA() + 30000, Length: 100, LKey: mrB.LKey()}}})
 	copy(mem.Bytes()[100:], "hello from the client process")
 	if _, err := qp.PostSend(&proto.SendWR{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: []proto.SGE{mr.SGE(100, 29)}}); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestVerbsDeviceThroughDaemon(t *testing.T) {
 
 	// A wrong rkey: remote access error at the peer, nothing written.
 	before := append([]byte(nil), mem.Bytes()...)
-	qpB.PostSend(verbs.SendWR{ID: 5, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qpB.PostSend(rnic.SendWR{ID: 5, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a})
 	if wc := waitB(); wc.Status != ib.RemAccessErr {
 		t.Fatalf("wrong rkey: %v", wc.Status)
@@ -284,11 +284,11 @@ func TestVerbsDeviceUD(t *testing.T) {
 	bufB := make([]byte, 4096)
 	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(16)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: cqB, RecvCQ: cqB})
 	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{QKey: 0x11111111})
 	ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{})
 	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{})
-	if _, err := qpB.PostRecv(verbs.RecvWR{ID: 5, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 1024, LKey: mrB.LKey()}}}); err != nil {
+	if _, err := qpB.PostRecv(rnic.RecvWR{ID: 5, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 1024, LKey: mrB.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	copy(mem.Bytes(), "datagram through the daemon")

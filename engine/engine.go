@@ -1,9 +1,9 @@
-// Package engine drives a verbs.Device on a port.Port: it is the one loop
+// Package engine drives a rnic.Device on a port.Port: it is the one loop
 // that moves RoCEv2 frames between the wire and the device's queue pairs.
 //
 // Everything about a frame — parsing, the checks that drop it (destination
 // address, TVer, P_Key, DestQP, QP type and state, source of the connected
-// peer, ICRC), the counters of those drops (verbs.Device.Stats), the
+// peer, ICRC), the counters of those drops (rnic.Device.Stats), the
 // building of Ethernet/IP/UDP headers and the ICRC — belongs to the device.
 // The engine owns only the loop: which goroutine calls the device's step
 // functions, when it polls the port, when it spins and when it sleeps, and
@@ -13,7 +13,7 @@
 // step functions never to run concurrently). Applications post and poll on
 // the device from their own goroutines; a post rings the device's doorbell,
 // which cuts a nap short. An application that busy-polls may also run the
-// loop's step itself (verbs.Device.Poll, which Run wires to TryStep) while
+// loop's step itself (rnic.Device.Poll, which Run wires to TryStep) while
 // the engine goroutine naps: a step lock, taken once per batch, decides
 // which goroutine runs it.
 package engine
@@ -32,7 +32,7 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // Options tune the loop. The zero value is the tuned default.
@@ -66,7 +66,7 @@ type Options struct {
 	// after a long idle time may wait up to a millisecond; it costs no CPU.
 	DeepIdleAfter time.Duration
 	// PolledWait is how long Run naps at a time while an application
-	// drives the device itself through verbs.Device.Poll (polled within
+	// drives the device itself through rnic.Device.Poll (polled within
 	// the last PolledWait; 0: 50 µs). Such an application receives and
 	// sends in its own goroutine, so the engine goroutine only covers for
 	// it if it stops polling: waking every IdleWait would take CPU from
@@ -107,13 +107,13 @@ func (o *Options) defaults() {
 }
 
 // Counters are what the loop itself did. Frame-level counts (received,
-// dropped and why, built) are the device's, in verbs.Device.Stats.
+// dropped and why, built) are the device's, in rnic.Device.Stats.
 type Counters struct {
 	Loops       uint64 // loop iterations (Step calls)
 	Naps        uint64 // naps taken while idle
 	TxSent      uint64 // frames the port took
 	TxBackPress uint64 // Send calls in which the port took fewer frames than offered
-	Polls       uint64 // steps run by an application through verbs.Device.Poll
+	Polls       uint64 // steps run by an application through rnic.Device.Poll
 	PollsBusy   uint64 // Polls that found the step taken by another goroutine
 	// NapsYielded counts naps the loop took again because an application
 	// was stepping when the previous one ended.
@@ -126,7 +126,7 @@ type Counters struct {
 // buffers, all allocated by NewLoop. Run creates one; tests and the
 // simulator create their own and call Step with virtual time.
 type Loop struct {
-	dev  *verbs.Device
+	dev  *rnic.Device
 	port port.Port
 	opt  Options
 
@@ -155,11 +155,11 @@ type Loop struct {
 	running atomic.Bool
 
 	statsMu sync.Mutex
-	stats   verbs.Stats // the device's counters as of the last Step that changed them
+	stats   rnic.Stats // the device's counters as of the last Step that changed them
 }
 
 // NewLoop prepares an engine for dev on p.
-func NewLoop(dev *verbs.Device, p port.Port, opt Options) (*Loop, error) {
+func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 	if dev == nil || p == nil {
 		return nil, errors.New("engine: no device or no port")
 	}
@@ -175,7 +175,7 @@ func NewLoop(dev *verbs.Device, p port.Port, opt Options) (*Loop, error) {
 	return l, nil
 }
 
-// minFrame is the room verbs.Device.Transmit needs in a buffer to build a
+// minFrame is the room rnic.Device.Transmit needs in a buffer to build a
 // frame for a QP with path MTU mtu: Ethernet, IPv6, UDP, the longest BTH
 // and extension headers, the payload, pad and ICRC. With less, the device
 // would build nothing and the QP would never send.
@@ -184,7 +184,7 @@ func minFrame(mtu int) int {
 }
 
 // Device is the device the loop drives.
-func (l *Loop) Device() *verbs.Device { return l.dev }
+func (l *Loop) Device() *rnic.Device { return l.dev }
 
 // Counters returns the loop's counters (safe from any goroutine).
 func (l *Loop) Counters() Counters {
@@ -196,7 +196,7 @@ func (l *Loop) Counters() Counters {
 // DeviceStats returns a copy of the device's counters as of the last loop
 // iteration (safe from any goroutine, unlike reading Device.Stats while
 // the loop runs).
-func (l *Loop) DeviceStats() verbs.Stats {
+func (l *Loop) DeviceStats() rnic.Stats {
 	l.statsMu.Lock()
 	defer l.statsMu.Unlock()
 	return l.stats
@@ -277,7 +277,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 // Run is running and no other goroutine holds the step (the engine
 // goroutine between naps, or another poller); it never waits. It reports
 // whether the step moved anything. Run installs it as the device's poller
-// (verbs.Device.Poll). A port error is left for Run, which meets it on
+// (rnic.Device.Poll). A port error is left for Run, which meets it on
 // its next step and returns it.
 func (l *Loop) TryStep() bool {
 	moved, _ := l.tryStep()
@@ -285,7 +285,7 @@ func (l *Loop) TryStep() bool {
 }
 
 // tryStep is TryStep reporting also whether it ran a step: the poller
-// Run installs (verbs.Device.SetPoller).
+// Run installs (rnic.Device.SetPoller).
 func (l *Loop) tryStep() (moved, ran bool) {
 	if !l.stepMu.TryLock() {
 		l.pollsBusy.Add(1)
@@ -313,7 +313,7 @@ func (l *Loop) nap(timer *time.Timer, d time.Duration, bell <-chan struct{}, don
 
 // Run drives dev on p until ctx ends (nil) or the port fails (its error).
 // It is the one goroutine that calls dev's step functions and owns p.
-func Run(ctx context.Context, dev *verbs.Device, p port.Port, opt Options) error {
+func Run(ctx context.Context, dev *rnic.Device, p port.Port, opt Options) error {
 	l, err := NewLoop(dev, p, opt)
 	if err != nil {
 		return err
@@ -331,7 +331,7 @@ func Run(ctx context.Context, dev *verbs.Device, p port.Port, opt Options) error
 // on a full ring would only starve the peer that drains it (on two cores,
 // a 1 MiB UC WRITE over memlink took 60 ms spinning).
 //
-// While an application polls the device (verbs.Device.Poll within the
+// While an application polls the device (rnic.Device.Poll within the
 // last PolledWait) the naps last PolledWait and the loop never sleeps in
 // the port, where it would hold the step lock and shut the poller out.
 // Run holds the step lock except while it naps; before it returns, it

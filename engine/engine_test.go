@@ -19,7 +19,7 @@ import (
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 var (
@@ -29,9 +29,9 @@ var (
 	addrB = netip.MustParseAddr("10.9.0.2")
 )
 
-func newDevice(t testing.TB, mac [6]byte, addr netip.Addr, mtu int) *verbs.Device {
+func newDevice(t testing.TB, mac [6]byte, addr netip.Addr, mtu int) *rnic.Device {
 	t.Helper()
-	d, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{addr}, PortMTU: mtu})
+	d, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{addr}, PortMTU: mtu})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,10 +40,10 @@ func newDevice(t testing.TB, mac [6]byte, addr netip.Addr, mtu int) *verbs.Devic
 
 // host is a device with one MR and one CQ.
 type host struct {
-	dev *verbs.Device
-	pd  *verbs.PD
-	mr  *verbs.MR
-	cq  *verbs.CQ
+	dev *rnic.Device
+	pd  *rnic.PD
+	mr  *rnic.MR
+	cq  *rnic.CQ
 }
 
 func newHost(t testing.TB, mac [6]byte, addr netip.Addr, mtu, memSize int) *host {
@@ -58,9 +58,9 @@ func newHost(t testing.TB, mac [6]byte, addr netip.Addr, mtu, memSize int) *host
 	return h
 }
 
-func (h *host) createQP(t testing.TB, typ ib.QPType) *verbs.QP {
+func (h *host) createQP(t testing.TB, typ ib.QPType) *rnic.QP {
 	t.Helper()
-	q, err := h.pd.CreateQP(verbs.QPInitAttr{Type: typ, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxSGE: 1})
+	q, err := h.pd.CreateQP(rnic.QPInitAttr{Type: typ, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +69,7 @@ func (h *host) createQP(t testing.TB, typ ib.QPType) *verbs.QP {
 
 // connect moves q through INIT, RTR and RTS towards the peer QP peerQPN at
 // peerMAC/peerAddr, with receive PSN rqpsn and send PSN sqpsn.
-func connect(t testing.TB, q *verbs.QP, mtu int, peerQPN uint32, peerMAC [6]byte, peerAddr netip.Addr, rqpsn, sqpsn uint32) {
+func connect(t testing.TB, q *rnic.QP, mtu int, peerQPN uint32, peerMAC [6]byte, peerAddr netip.Addr, rqpsn, sqpsn uint32) {
 	t.Helper()
 	steps := []struct {
 		s ib.QPState
@@ -104,7 +104,7 @@ func craft(t *testing.T, src, dst netip.Addr, qpn, psn uint32, mod func(*frame.S
 }
 
 // drops sums every drop counter of a device.
-func drops(s verbs.Stats) uint64 {
+func drops(s rnic.Stats) uint64 {
 	return s.RxParseErr + s.RxNotLocal + s.RxBadHeader + s.RxNoQP + s.RxBadICRC + s.RxBadType + s.RxBadSrc + s.RxBadState
 }
 
@@ -182,7 +182,7 @@ func TestDropsDefectsRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, b.dev, pb, Options{}) }()
 	want := map[string]uint64{}
-	reasons := map[string]func(verbs.Stats) uint64{}
+	reasons := map[string]func(rnic.Stats) uint64{}
 	for _, c := range cases {
 		if n, err := wire.Send([][]byte{c.frame}); n != 1 || err != nil {
 			t.Fatal(n, err)
@@ -224,7 +224,7 @@ func TestDropsDefectsRun(t *testing.T) {
 type defectCase struct {
 	name  string
 	frame []byte
-	count func(verbs.Stats) uint64
+	count func(rnic.Stats) uint64
 }
 
 // defectSetup makes the receiving host of the drop tests — an RC QP
@@ -234,7 +234,7 @@ func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 	b := newHost(t, macB, addrB, 1024, 1<<16)
 	rcQP := b.createQP(t, ib.RC)
 	connect(t, rcQP, 1024, 0x99, macA, addrA, 5, 1000)
-	if _, err := rcQP.PostRecv(verbs.RecvWR{ID: 7, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}); err != nil {
+	if _, err := rcQP.PostRecv(rnic.RecvWR{ID: 7, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	udQP := b.createQP(t, ib.UD)
@@ -261,18 +261,18 @@ func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 		s.DETH = frame.DETHFields{QKey: 0x11111111, SrcQP: 5}
 	}
 	cases := []defectCase{
-		{"bad ICRC", badICRC, func(s verbs.Stats) uint64 { return s.RxBadICRC }},
-		{"P_Key 0x8001", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0x8001 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
-		{"P_Key 0x0000", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
-		{"TVer 1", badTVer, func(s verbs.Stats) uint64 { return s.RxParseErr + s.RxBadHeader }},
-		{"DestQP 0", craft(t, addrA, addrB, 0, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
-		{"unknown QP", craft(t, addrA, addrB, 0xabcde, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
-		{"RC source not the connected peer", craft(t, other, addrB, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxBadSrc }},
-		{"not our address", craft(t, addrA, other, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
-		{"UD not our address", craft(t, addrA, other, udQP.QPN(), 0, udSend), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
-		{"UD opcode to an RC QP", craft(t, addrA, addrB, rq, 5, udSend), func(s verbs.Stats) uint64 { return s.RxBadType }},
-		{"truncated", truncated, func(s verbs.Stats) uint64 { return s.RxParseErr }},
-		{"not RoCE", append(append(make([]byte, 12), 0x08, 0x06), make([]byte, 46)...), func(s verbs.Stats) uint64 { return s.RxParseErr }},
+		{"bad ICRC", badICRC, func(s rnic.Stats) uint64 { return s.RxBadICRC }},
+		{"P_Key 0x8001", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0x8001 }), func(s rnic.Stats) uint64 { return s.RxBadHeader }},
+		{"P_Key 0x0000", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0 }), func(s rnic.Stats) uint64 { return s.RxBadHeader }},
+		{"TVer 1", badTVer, func(s rnic.Stats) uint64 { return s.RxParseErr + s.RxBadHeader }},
+		{"DestQP 0", craft(t, addrA, addrB, 0, 5, nil), func(s rnic.Stats) uint64 { return s.RxNoQP }},
+		{"unknown QP", craft(t, addrA, addrB, 0xabcde, 5, nil), func(s rnic.Stats) uint64 { return s.RxNoQP }},
+		{"RC source not the connected peer", craft(t, other, addrB, rq, 5, nil), func(s rnic.Stats) uint64 { return s.RxBadSrc }},
+		{"not our address", craft(t, addrA, other, rq, 5, nil), func(s rnic.Stats) uint64 { return s.RxNotLocal }},
+		{"UD not our address", craft(t, addrA, other, udQP.QPN(), 0, udSend), func(s rnic.Stats) uint64 { return s.RxNotLocal }},
+		{"UD opcode to an RC QP", craft(t, addrA, addrB, rq, 5, udSend), func(s rnic.Stats) uint64 { return s.RxBadType }},
+		{"truncated", truncated, func(s rnic.Stats) uint64 { return s.RxParseErr }},
+		{"not RoCE", append(append(make([]byte, 12), 0x08, 0x06), make([]byte, 46)...), func(s rnic.Stats) uint64 { return s.RxParseErr }},
 	}
 	return b, rq, cases
 }
@@ -297,7 +297,7 @@ type pair struct {
 	a, b     *host
 	la, lb   *Loop
 	pa, pb   *memlink.Port
-	qpA, qpB []*verbs.QP
+	qpA, qpB []*rnic.QP
 }
 
 func newPair(t testing.TB, mtu, qps, memSize, sendLimit int) *pair {
@@ -348,7 +348,7 @@ func TestWritesUnderBackPressure(t *testing.T) {
 	}
 	for i, q := range p.qpA {
 		off := uint64(i * chunk)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 			SG: []ib.SGE{{Addr: p.a.mr.IOVA() + off, Length: chunk, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA() + off, RKey: p.b.mr.RKey()}); err != nil {
 			t.Fatal(err)
 		}
@@ -390,7 +390,7 @@ func TestNoAllocsPerLoop(t *testing.T) {
 	const msg = 4 << 20
 	p := newPair(t, 4096, 1, msg, 0)
 	post := func(id uint64) {
-		if _, err := p.qpA[0].PostSend(verbs.SendWR{ID: id, Opcode: ib.RDMAWrite,
+		if _, err := p.qpA[0].PostSend(rnic.SendWR{ID: id, Opcode: ib.RDMAWrite,
 			SG: []ib.SGE{{Addr: p.a.mr.IOVA(), Length: msg, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA(), RKey: p.b.mr.RKey()}); err != nil {
 			t.Fatal(err)
 		}
@@ -425,14 +425,14 @@ func TestRunConcurrent(t *testing.T) {
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
 	const n, size = 8, 6000
 	for i := 0; i < n; i++ {
-		qb.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}})
+		qb.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}})
 	}
 	src := a.mr.Bytes()
 	for i := range src {
 		src[i] = byte(i * 3)
 	}
 	for i := 0; i < n; i++ {
-		if _, err := qa.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
+		if _, err := qa.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
 			SG: []ib.SGE{{Addr: a.mr.IOVA() + uint64(i*size), Length: size, LKey: a.mr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
@@ -558,7 +558,7 @@ func TestPostWakesNap(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	naps := l.Counters().Naps
-	if _, err := q.PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 100, LKey: a.mr.LKey()}}}); err != nil {
+	if _, err := q.PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 100, LKey: a.mr.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
 	in := make([][]byte, 4)
@@ -576,7 +576,7 @@ func TestPostWakesNap(t *testing.T) {
 
 // TestPollDrivesPingPong runs two loops whose naps last an hour while the
 // test goroutine, as both applications, plays 200 rounds of RC SEND
-// ping-pong and busy-polls with verbs.Device.Poll: the inline steps move
+// ping-pong and busy-polls with rnic.Device.Poll: the inline steps move
 // every frame (the naps never end, timers lie seconds ahead, and posts
 // made right after a Poll do not ring the doorbell), with no allocation
 // per Poll. Once Run has returned, Poll does nothing.
@@ -590,7 +590,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 	la, _ := NewLoop(a.dev, pa, opt)
 	lb, _ := NewLoop(b.dev, pb, opt)
 	qa, qb := a.createQP(t, ib.RC), b.createQP(t, ib.RC)
-	slowConnect := func(q *verbs.QP, peer uint32, mac [6]byte, addr netip.Addr) {
+	slowConnect := func(q *rnic.QP, peer uint32, mac [6]byte, addr netip.Addr) {
 		for _, s := range []struct {
 			s ib.QPState
 			a ib.QPAttr
@@ -609,10 +609,10 @@ func TestPollDrivesPingPong(t *testing.T) {
 	const rounds, size = 200, 64
 	for i := 0; i < 4; i++ {
 		for _, h := range []struct {
-			q *verbs.QP
-			m *verbs.MR
+			q *rnic.QP
+			m *rnic.MR
 		}{{qa, a.mr}, {qb, b.mr}} {
-			if _, err := h.q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: h.m.IOVA() + 4096, Length: size, LKey: h.m.LKey()}}}); err != nil {
+			if _, err := h.q.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: h.m.IOVA() + 4096, Length: size, LKey: h.m.LKey()}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -653,7 +653,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 					if h == b {
 						q = qb
 					}
-					if _, err := q.PostRecv(verbs.RecvWR{ID: w.ID, SG: []ib.SGE{{Addr: h.mr.IOVA() + 4096, Length: size, LKey: h.mr.LKey()}}}); err != nil {
+					if _, err := q.PostRecv(rnic.RecvWR{ID: w.ID, SG: []ib.SGE{{Addr: h.mr.IOVA() + 4096, Length: size, LKey: h.mr.LKey()}}}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -668,8 +668,8 @@ func TestPollDrivesPingPong(t *testing.T) {
 			}
 		}
 	}
-	send := func(q *verbs.QP, m *verbs.MR, i int) {
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: m.IOVA(), Length: size, LKey: m.LKey()}}}); err != nil {
+	send := func(q *rnic.QP, m *rnic.MR, i int) {
+		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: m.IOVA(), Length: size, LKey: m.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -743,10 +743,10 @@ func TestReplyLeavesWithAck(t *testing.T) {
 		connect(t, qa, 1024, qb.QPN(), macB, addrB, 3, 9)
 		connect(t, qb, 1024, qa.QPN(), macA, addrA, 9, 3)
 		for _, x := range []struct {
-			q *verbs.QP
+			q *rnic.QP
 			h *host
 		}{{qa, a}, {qb, b}} {
-			if _, err := x.q.PostRecv(verbs.RecvWR{ID: 7, SG: []ib.SGE{{Addr: x.h.mr.IOVA() + 1024, Length: 64, LKey: x.h.mr.LKey()}}}); err != nil {
+			if _, err := x.q.PostRecv(rnic.RecvWR{ID: 7, SG: []ib.SGE{{Addr: x.h.mr.IOVA() + 1024, Length: 64, LKey: x.h.mr.LKey()}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -757,7 +757,7 @@ func TestReplyLeavesWithAck(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := qa.PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}); err != nil {
+		if _, err := qa.PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 		step(la) // the request
@@ -773,7 +773,7 @@ func TestReplyLeavesWithAck(t *testing.T) {
 		if len(logB.batches) != wantFirst {
 			t.Fatalf("eager %v: B sent %v in the step that received", eager, logB.batches)
 		}
-		if _, err := qb.PostSend(verbs.SendWR{ID: 2, Opcode: ib.Send, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 64, LKey: b.mr.LKey()}}}); err != nil {
+		if _, err := qb.PostSend(rnic.SendWR{ID: 2, Opcode: ib.Send, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 64, LKey: b.mr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 		step(lb)

@@ -12,7 +12,7 @@ import (
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // mqSide is one end of an mqRig: a device with one MR, on a port over its
@@ -28,7 +28,7 @@ type mqSide struct {
 // QP pairs (qa on side A, qb on side B).
 type mqRig struct {
 	a, b   *mqSide
-	qa, qb []*verbs.QP
+	qa, qb []*rnic.QP
 	stop   func() // ends both engines; the ports and MRs are the test's again
 }
 
@@ -88,7 +88,7 @@ func newMQRig(tb testing.TB, nq, mtu, pathMTU, queues, qps, mem int, init func(a
 		go func() { errs <- s.loop.Run(ctx) }()
 		running++
 	}
-	conn := func(q *verbs.QP, peer *mqSide, peerQPN uint32) {
+	conn := func(q *rnic.QP, peer *mqSide, peerQPN uint32) {
 		tb.Helper()
 		for _, st := range []struct {
 			s ib.QPState
@@ -170,13 +170,13 @@ func multiQueueRDMA(t *testing.T, mtu, pathMTU int) {
 	ma, mb := r.a.h.mr, r.b.h.mr
 	for i, q := range r.qa {
 		off := uint64(i * size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 			SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
 			RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
 			t.Fatal(err)
 		}
 		roff := uint64((qps + i) * size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+		if _, err := q.PostSend(rnic.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
 			SG:         []ib.SGE{{Addr: ma.IOVA() + roff, Length: size, LKey: ma.LKey()}},
 			RemoteAddr: mb.IOVA() + roff, RKey: mb.RKey()}); err != nil {
 			t.Fatal(err)
@@ -235,9 +235,9 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 			const qps, depth, size = 4, 8, 64 << 10
 			r := newMQRig(b, 4, 1500, 1024, queues, qps, qps*size, nil)
 			ma, mb := r.a.h.mr, r.b.h.mr
-			post := func(q *verbs.QP, i int) {
+			post := func(q *rnic.QP, i int) {
 				off := uint64(i * size)
-				if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+				if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 					SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
 					RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
 					b.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // TestSpinPolicy drives the adaptive spin window through the traffic it is
@@ -82,7 +82,7 @@ func TestRunGoesIdleAfterTraffic(t *testing.T) {
 	var wcs [16]ib.WC
 	for i, done := 0, 0; done < n; {
 		for ; i < n && i-done < 8; i++ {
-			if _, err := qa.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			if _, err := qa.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 				SG:         []ib.SGE{{Addr: a.mr.IOVA() + uint64(i%16*size), Length: size, LKey: a.mr.LKey()}},
 				RemoteAddr: b.mr.IOVA() + uint64(i%16*size), RKey: b.mr.RKey()}); err != nil {
 				t.Fatal(err)

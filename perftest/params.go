@@ -30,7 +30,7 @@ type Params struct {
 	JSON        bool          // --json: results as JSON on stdout
 	Verify      bool          // --verify: check every byte received
 	// DCQCN is --dcqcn: the device's congestion-control profile, "off"
-	// (default), "paper" or "connectx" (verbs.NewCongestion).
+	// (default), "paper" or "connectx" (rnic.NewCongestion).
 	DCQCN string
 	// DCQCNScale is --dcqcn-scale: the time dilation of the DCQCN
 	// parameters (rates ÷ S, periods × S), at least 1 (default 1), so that

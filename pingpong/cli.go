@@ -10,7 +10,7 @@ import (
 
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest/runner"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // CLIOptions are what `softrnic pingpong` adds to the stock options.
@@ -25,14 +25,14 @@ type CLIOptions struct {
 
 // RunCLI is `softrnic pingpong rc|ud`: it opens the device on p.Device in
 // the calling thread's network namespace (as `softrnic perf` does: a
-// verbs.Device on an AF_XDP or AF_PACKET port, driven by engine.Run),
+// rnic.Device on an AF_XDP or AF_PACKET port, driven by engine.Run),
 // serves one client or connects to p.Host, and runs the ping-pong.
 func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Result, error) {
 	if p.Device == "" {
 		return Result{}, errors.New("pingpong: -d INTERFACE is required")
 	}
 	var r Result
-	err := runner.OpenHost(ctx, p.Device, o.PortKind, verbs.Congestion{}, func(rh runner.Host) error {
+	err := runner.OpenHost(ctx, p.Device, o.PortKind, rnic.Congestion{}, func(rh runner.Host) error {
 		conn, err := runner.SideChannel(ctx, p.Host, p.Port, o.DialFor, o.Listening)
 		if err != nil {
 			return err

@@ -13,8 +13,8 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/transport/rc"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 // Work request IDs, as the stock tools use them: a bit each, so that
@@ -43,7 +43,7 @@ const fillByte = 0x7b
 // engine loop elsewhere), the interface it is on, and neighbour
 // resolution.
 type Host struct {
-	Device  *verbs.Device
+	Device  *rnic.Device
 	Iface   engine.Interface
 	Resolve func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error)
 }
@@ -76,19 +76,19 @@ type session struct {
 
 	gid    netip.Addr
 	gidIdx int
-	pd     *verbs.PD
-	mr     *verbs.MR
+	pd     *rnic.PD
+	mr     *rnic.MR
 	buf    []byte // the MR: RC size bytes; UD GRH slot + size
-	cq     *verbs.CQ
-	qp     *verbs.QP
-	ah     *verbs.AH
+	cq     *rnic.CQ
+	qp     *rnic.QP
+	ah     *rnic.AH
 	local  Dest
 	remote Dest
 	res    Result
 
-	swr  [1]verbs.SendWR
+	swr  [1]rnic.SendWR
 	ssge [1]ib.SGE
-	rwr  [1]verbs.RecvWR
+	rwr  [1]rnic.RecvWR
 	rsge [1]ib.SGE
 	wcs  [2]ib.WC
 }
@@ -185,7 +185,7 @@ func (s *session) setup() error {
 	if s.ud() {
 		typ = ib.UD
 	}
-	if s.qp, err = s.pd.CreateQP(verbs.QPInitAttr{Type: typ, SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: 1, MaxRecvWR: s.p.RxDepth, MaxSGE: 1}); err != nil {
+	if s.qp, err = s.pd.CreateQP(rnic.QPInitAttr{Type: typ, SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: 1, MaxRecvWR: s.p.RxDepth, MaxSGE: 1}); err != nil {
 		return err
 	}
 	init, mask := ib.QPAttr{State: ib.Init, Port: 1}, ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags
@@ -226,7 +226,7 @@ func (s *session) connect(d Dest) error {
 		if err := s.qp.Modify(&ib.QPAttr{State: ib.RTS, SQPSN: s.local.PSN}, ib.AttrState|ib.AttrSQPSN); err != nil {
 			return fmt.Errorf("pingpong: QP %#x to RTS: %w", s.local.QPN, err)
 		}
-		av.UDPSrcPort = verbs.UDSourcePort(s.local.QPN) // per QP, as rxe's UD frames
+		av.UDPSrcPort = rnic.UDSourcePort(s.local.QPN) // per QP, as rxe's UD frames
 		if s.ah, err = s.pd.CreateAH(av); err != nil {
 			return fmt.Errorf("pingpong: address handle to %v: %w", peer, err)
 		}
@@ -249,7 +249,7 @@ func (s *session) connect(d Dest) error {
 // slot), as the stock tools do: only one message is in flight at a time.
 func (s *session) postRecvs(n int) error {
 	s.rsge[0] = ib.SGE{Addr: s.mr.IOVA(), Length: uint32(len(s.buf)), LKey: s.mr.LKey()}
-	s.rwr[0] = verbs.RecvWR{ID: recvWRID, SG: s.rsge[:]}
+	s.rwr[0] = rnic.RecvWR{ID: recvWRID, SG: s.rsge[:]}
 	for range n {
 		if _, err := s.qp.PostRecv(s.rwr[:]...); err != nil {
 			return fmt.Errorf("pingpong: post receive: %w", err)
@@ -266,7 +266,7 @@ func (s *session) postSend() error {
 		off = grhLen
 	}
 	s.ssge[0] = ib.SGE{Addr: s.mr.IOVA() + off, Length: uint32(s.p.Size), LKey: s.mr.LKey()}
-	s.swr[0] = verbs.SendWR{ID: sendWRID, Opcode: ib.Send, Flags: ib.Signaled, SG: s.ssge[:]}
+	s.swr[0] = rnic.SendWR{ID: sendWRID, Opcode: ib.Send, Flags: ib.Signaled, SG: s.ssge[:]}
 	if s.ud() {
 		s.swr[0].AH, s.swr[0].RemoteQPN, s.swr[0].RemoteQKey = s.ah, s.remote.QPN, udQKey
 	}

@@ -8,15 +8,15 @@ import (
 
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // ConnParams describe the RC QP of a connection and what the CM
 // negotiates for it (rdma_create_qp's attributes and rdma_conn_param).
 type ConnParams struct {
-	PD             *verbs.PD
-	SendCQ, RecvCQ *verbs.CQ
-	MaxSendWR      int // 0: verbs.DefaultDepth
+	PD             *rnic.PD
+	SendCQ, RecvCQ *rnic.CQ
+	MaxSendWR      int // 0: rnic.DefaultDepth
 	MaxRecvWR      int
 	MaxSGE         int
 	MaxInline      int
@@ -37,14 +37,14 @@ type ConnParams struct {
 	// Setup, if set, is called with the QP in INIT before the CM exchange
 	// goes on: post receives there, so that the peer's first SEND, which
 	// may come right after the REP or RTU, finds one.
-	Setup func(*verbs.QP) error
+	Setup func(*rnic.QP) error
 }
 
-func (p *ConnParams) createQP() (*verbs.QP, error) {
+func (p *ConnParams) createQP() (*rnic.QP, error) {
 	if p.PD == nil || p.SendCQ == nil || p.RecvCQ == nil {
 		return nil, errors.New("rdmacm: ConnParams needs a PD and CQs")
 	}
-	q, err := p.PD.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: p.SendCQ, RecvCQ: p.RecvCQ,
+	q, err := p.PD.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: p.SendCQ, RecvCQ: p.RecvCQ,
 		MaxSendWR: p.MaxSendWR, MaxRecvWR: p.MaxRecvWR, MaxSGE: p.MaxSGE, MaxInline: p.MaxInline})
 	if err != nil {
 		return nil, err
@@ -84,7 +84,7 @@ type Conn struct {
 	id      cm.ConnID
 	active  bool
 	peer    netip.Addr
-	qp      *verbs.QP
+	qp      *rnic.QP
 	minRNR  uint8
 	private []byte
 
@@ -98,7 +98,7 @@ type Conn struct {
 	destroyOnce sync.Once
 }
 
-func newConn(a *Agent, active bool, peer netip.Addr, qp *verbs.QP, minRNR uint8) *Conn {
+func newConn(a *Agent, active bool, peer netip.Addr, qp *rnic.QP, minRNR uint8) *Conn {
 	return &Conn{agent: a, active: active, peer: peer, qp: qp, minRNR: minRNR,
 		result: make(chan error, 1), done: make(chan struct{})}
 }
@@ -121,7 +121,7 @@ func (c *Conn) finishLocked(err error) {
 }
 
 // QP is the connection's RC QP.
-func (c *Conn) QP() *verbs.QP { return c.qp }
+func (c *Conn) QP() *rnic.QP { return c.qp }
 
 // Peer is the remote address (GID).
 func (c *Conn) Peer() netip.Addr { return c.peer }

@@ -9,7 +9,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // Two devices on an in-memory link, each with its engine and CM agent: a
@@ -29,7 +29,7 @@ func Example() {
 		return macC, nil
 	}
 	start := func(mac [6]byte, ip netip.Addr, p *memlink.Port) *rdmacm.Agent {
-		dev, _ := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+		dev, _ := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}})
 		go engine.Run(ctx, dev, p, engine.Options{})
 		a, _ := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
 		return a
@@ -46,8 +46,8 @@ func Example() {
 	accepted := make(chan *rdmacm.Conn)
 	go func() {
 		c, err := ln.Accept(ctx, &rdmacm.ConnParams{PD: spd, SendCQ: scq, RecvCQ: scq,
-			Setup: func(q *verbs.QP) error {
-				_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []ib.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}})
+			Setup: func(q *rnic.QP) error {
+				_, err := q.PostRecv(rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}})
 				return err
 			}})
 		if err != nil {
@@ -66,7 +66,7 @@ func Example() {
 	}
 	sconn := <-accepted
 	msg, _ := cpd.RegMR([]byte("hello through the CM"), ib.LocalWrite)
-	conn.QP().PostSend(verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled,
+	conn.QP().PostSend(rnic.SendWR{Opcode: ib.Send, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: msg.IOVA(), Length: uint32(msg.Len()), LKey: msg.LKey()}}})
 	var wc [1]ib.WC
 	scq.Wait(ctx, wc[:])

@@ -1,10 +1,10 @@
-// Package rdmacm runs connection management on a verbs.Device, as the
+// Package rdmacm runs connection management on a rnic.Device, as the
 // kernel's rdma_cm does for an RNIC: an Agent owns the device's GSI QP
 // (QP1), keeps receives posted on it, feeds every MAD to a cm.Manager,
 // sends the Manager's MADs as UD SENDs to QP1 of the peer, and acts on the
 // Manager's events by creating and moving RC QPs through verbs. On top it
 // offers an rdma_cm-like Go API: Listen(port) → Accept, Dial(addr, port)
-// → *Conn with its connected *verbs.QP, and Disconnect.
+// → *Conn with its connected *rnic.QP, and Disconnect.
 //
 // Service IDs are rdma_cm's TCP port space (0x0000000001060000 | port) and
 // REQs carry the rdma_cm IP header, so a stock rping or `ib_write_bw -R` on
@@ -65,7 +65,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // GRH bytes in front of every UD receive, as verbs delivers them.
@@ -89,7 +89,7 @@ const (
 type Config struct {
 	// Device is the RNIC port to run on. The agent creates its GSI QP: the
 	// device must not have one.
-	Device *verbs.Device
+	Device *rnic.Device
 	// Resolve returns the MAC frames to peer go to (the peer's own on its
 	// subnet, a router's otherwise): the device's address resolution. It
 	// may block; it is never called with the agent's lock held.
@@ -143,11 +143,11 @@ var ErrTimeout = errors.New("rdmacm: connection timed out (no answer after MaxCM
 // Agent is the CM agent of one device.
 type Agent struct {
 	cfg  Config
-	dev  *verbs.Device
-	pd   *verbs.PD
-	cq   *verbs.CQ
-	gsi  *verbs.QP
-	rbuf *verbs.MR
+	dev  *rnic.Device
+	pd   *rnic.PD
+	cq   *rnic.CQ
+	gsi  *rnic.QP
+	rbuf *rnic.MR
 	rng  *rand.Rand
 	kick chan struct{}
 	stop context.CancelFunc
@@ -161,7 +161,7 @@ type Agent struct {
 	closed    bool
 	macs      map[netip.Addr][6]byte
 	failed    map[netip.Addr]clock.Time // peers that did not resolve, until when not to retry
-	ahs       map[netip.Addr]*verbs.AH
+	ahs       map[netip.Addr]*rnic.AH
 	listeners map[uint16]*Listener
 	// udListeners and sidr are rdma_cm's UDP port space (ud.go).
 	udListeners map[uint16]*UDListener
@@ -199,14 +199,14 @@ func New(cfg Config) (*Agent, error) {
 	a := &Agent{cfg: cfg, dev: cfg.Device, pmtu: dc.PortMTU,
 		rng:  rand.New(rand.NewPCG(cfg.CM.Seed, cfg.CM.Seed^0x5eed)),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
-		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]*verbs.AH{},
+		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]*rnic.AH{},
 		listeners: map[uint16]*Listener{}, udListeners: map[uint16]*UDListener{}, sidr: map[cm.ConnID]*sidrWait{}, conns: map[cm.ConnID]*Conn{}, byQPN: map[uint32]*Conn{}}
 	a.pd = a.dev.AllocPD()
 	// Sends complete too (signaled, to learn of errors): room for both.
-	a.cq = a.dev.CreateCQ(cfg.RecvDepth + verbs.DefaultDepth)
+	a.cq = a.dev.CreateCQ(cfg.RecvDepth + rnic.DefaultDepth)
 	var err error
-	a.gsi, err = a.pd.CreateQP(verbs.QPInitAttr{Type: ib.GSI, SendCQ: a.cq, RecvCQ: a.cq,
-		MaxSendWR: verbs.DefaultDepth, MaxRecvWR: cfg.RecvDepth, MaxInline: cm.MADSize})
+	a.gsi, err = a.pd.CreateQP(rnic.QPInitAttr{Type: ib.GSI, SendCQ: a.cq, RecvCQ: a.cq,
+		MaxSendWR: rnic.DefaultDepth, MaxRecvWR: cfg.RecvDepth, MaxInline: cm.MADSize})
 	if err != nil {
 		return nil, fmt.Errorf("rdmacm: GSI QP: %w", err)
 	}
@@ -252,7 +252,7 @@ func eui64(mac [6]byte) uint64 {
 
 func (a *Agent) postRecv(slot uint64) error {
 	const n = grhLen + cm.MADSize
-	_, err := a.gsi.PostRecv(verbs.RecvWR{ID: slot, SG: []ib.SGE{{
+	_, err := a.gsi.PostRecv(rnic.RecvWR{ID: slot, SG: []ib.SGE{{
 		Addr: a.rbuf.IOVA() + slot*n, Length: n, LKey: a.rbuf.LKey()}}})
 	return err
 }
@@ -307,7 +307,7 @@ func (a *Agent) Close() error {
 }
 
 // Device is the device the agent runs on.
-func (a *Agent) Device() *verbs.Device { return a.dev }
+func (a *Agent) Device() *rnic.Device { return a.dev }
 
 // Stats returns the agent's counters and its Manager's.
 func (a *Agent) Stats() (Stats, cm.Stats) {
@@ -360,7 +360,7 @@ func (a *Agent) run(ctx context.Context) {
 // asyncEvent handles the device's asynchronous events: COMM_EST on a
 // passive QP still waiting for its RTU establishes the connection, as IBA
 // requires (the RTU was lost and the peer already sends).
-func (a *Agent) asyncEvent(ev verbs.AsyncEvent) {
+func (a *Agent) asyncEvent(ev rnic.AsyncEvent) {
 	if ev.Type != ib.EventCommEst {
 		return
 	}
@@ -514,7 +514,7 @@ func (a *Agent) sendLocked(s *cm.Send) {
 		}
 		a.ahs[to] = ah
 	}
-	_, err := a.gsi.PostSend(verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+	_, err := a.gsi.PostSend(rnic.SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
 		InlineData: s.MAD[:], AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
 	if err != nil {
 		a.stats.TxDropped++ // the CM's retransmission covers it

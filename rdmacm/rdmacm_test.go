@@ -18,12 +18,12 @@ import (
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // runEngine drives a device on a port until ctx ends. The engine loop may
 // move from daemon to engine: this is the one place to change.
-func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
+func runEngine(ctx context.Context, dev *rnic.Device, p port.Port) error {
 	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
@@ -76,11 +76,11 @@ func madAttr(f []byte) cm.AttrID {
 }
 
 type host struct {
-	dev   *verbs.Device
+	dev   *rnic.Device
 	agent *Agent
 	ip    netip.Addr
-	pd    *verbs.PD
-	cq    *verbs.CQ
+	pd    *rnic.PD
+	cq    *rnic.CQ
 }
 
 var (
@@ -120,7 +120,7 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	mk := func(mac [6]byte, ip, ip6 netip.Addr, p port.Port, seed uint64) *host {
-		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip, ip6}})
+		dev, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip, ip6}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -149,7 +149,7 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 
 // params is a QP for one connection on h, with n receives of 64 bytes
 // posted in INIT.
-func (h *host) params(t *testing.T, n int) (*ConnParams, *verbs.MR) {
+func (h *host) params(t *testing.T, n int) (*ConnParams, *rnic.MR) {
 	mr, err := h.pd.RegMR(make([]byte, 64*max(n, 1)), ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
@@ -157,9 +157,9 @@ func (h *host) params(t *testing.T, n int) (*ConnParams, *verbs.MR) {
 	return &ConnParams{PD: h.pd, SendCQ: h.cq, RecvCQ: h.cq, MaxRecvWR: max(n, 1),
 		Access:             ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead,
 		ResponderResources: 4, InitiatorDepth: 4,
-		Setup: func(q *verbs.QP) error {
+		Setup: func(q *rnic.QP) error {
 			for i := range n {
-				if _, err := q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64(64*i), Length: 64, LKey: mr.LKey()}}}); err != nil {
+				if _, err := q.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64(64*i), Length: 64, LKey: mr.LKey()}}}); err != nil {
 					return err
 				}
 			}
@@ -168,7 +168,7 @@ func (h *host) params(t *testing.T, n int) (*ConnParams, *verbs.MR) {
 }
 
 // waitWC polls cq until a completion of qp arrives.
-func waitWC(t *testing.T, cq *verbs.CQ, qpn uint32) ib.WC {
+func waitWC(t *testing.T, cq *rnic.CQ, qpn uint32) ib.WC {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -229,7 +229,7 @@ func TestConnectDataDisconnect(t *testing.T) {
 	}
 	// SEND B → A.
 	copy(mrb.Bytes(), "hello over rdmacm")
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestConnectDataDisconnect(t *testing.T) {
 	}
 	// The server's QP is in RTS (RTU or COMM_EST): it can RDMA WRITE back.
 	copy(mra.Bytes()[32:], "written back")
-	if _, err := ca.QP().PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	if _, err := ca.QP().PostSend(rnic.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +336,7 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 	if sb.Retransmits < 2 || sb.Tx[0] < 3 {
 		t.Fatalf("client CM stats %+v", sb)
 	}
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -368,7 +368,7 @@ func TestRTULost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestManyConnections(t *testing.T) {
 	ctx := ctx10(t)
 	type side struct {
 		c  *Conn
-		mr *verbs.MR
+		mr *rnic.MR
 	}
 	srv := make(chan side, n)
 	go func() {
@@ -442,7 +442,7 @@ func TestManyConnections(t *testing.T) {
 	for i, s := range cli {
 		msg := fmt.Sprintf("conn %02d", i)
 		copy(s.mr.Bytes(), msg)
-		if _, err := s.c.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
+		if _, err := s.c.QP().PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
 			SG: []ib.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
@@ -524,7 +524,7 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("request from %v port %d", s.r.Peer(), s.r.SrcPort())
 	}
 	copy(mrb.Bytes(), "over v6")
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -611,7 +611,7 @@ func TestHostileGSITraffic(t *testing.T) {
 	pd := b.dev.AllocPD()
 	cq := b.dev.CreateCQ(64)
 	// A UD QP of our own on B, sending to A's QP1 with the GSI Q_Key.
-	q, err := pd.CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq, MaxInline: 300})
+	q, err := pd.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq, MaxInline: 300})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,13 +629,13 @@ func TestHostileGSITraffic(t *testing.T) {
 		garbage[i] = byte(i * 7)
 	}
 	for i, n := range []int{0, 1, 100, 255, 256, 257, 300} {
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
 			InlineData: append(garbage[:0:0], make([]byte, n)...)[:n], AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// 256 bytes from a QP other than QP1: not a CM MAD either.
-	if _, err := q.PostSend(verbs.SendWR{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+	if _, err := q.PostSend(rnic.SendWR{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
 		InlineData: garbage, AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
 		t.Fatal(err)
 	}
@@ -680,13 +680,13 @@ func TestDialCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	p, _ := b.params(t, 0)
-	var made *verbs.QP
+	var made *rnic.QP
 	setup := p.Setup
-	p.Setup = func(q *verbs.QP) error { made = q; return setup(q) }
+	p.Setup = func(q *rnic.QP) error { made = q; return setup(q) }
 	if _, err := b.agent.Dial(ctx, ipA, 7174, p); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("%v", err)
 	}
-	if _, err := made.PostRecv(verbs.RecvWR{}); !errors.Is(err, verbs.ErrDestroyed) {
+	if _, err := made.PostRecv(rnic.RecvWR{}); !errors.Is(err, rnic.ErrDestroyed) {
 		t.Fatalf("QP not destroyed: %v", err)
 	}
 }
@@ -747,7 +747,7 @@ func TestLossyLink(t *testing.T) {
 		}
 		msg := fmt.Sprintf("round %02d", i)
 		copy(mrb.Bytes(), msg)
-		if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
 			SG: []ib.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // rdma_cm's UDP port space (RDMA_PS_UDP): no connection, only a lookup. The
@@ -40,7 +40,7 @@ func (e *SIDRError) Error() string {
 
 // PrepareUD moves a freshly created UD QP through INIT, RTR and RTS with
 // rdma_cm's Q_Key, as rdma_create_qp does for an RDMA_PS_UDP ID.
-func PrepareUD(qp *verbs.QP) error {
+func PrepareUD(qp *rnic.QP) error {
 	if qp.Type() != ib.UD {
 		return ErrNotUD
 	}
@@ -274,7 +274,7 @@ func (r *UDRequest) AV() (ib.AddressVector, error) {
 // Accept answers with qp (a UD QP, prepared with PrepareUD) and rdma_cm's
 // Q_Key: the SIDR_REP of rdma_accept. private goes in the reply (at most
 // cm.SIDRREPPrivateSize bytes).
-func (r *UDRequest) Accept(qp *verbs.QP, private []byte) error {
+func (r *UDRequest) Accept(qp *rnic.QP, private []byte) error {
 	if qp.Type() != ib.UD {
 		return ErrNotUD
 	}

@@ -11,14 +11,14 @@ import (
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // udQP creates a UD QP on h prepared as rdma_cm does, with n receives of
 // GRH + 64 bytes posted.
-func (h *host) udQP(t *testing.T, n int) (*verbs.QP, *verbs.MR) {
+func (h *host) udQP(t *testing.T, n int) (*rnic.QP, *rnic.MR) {
 	t.Helper()
-	qp, err := h.pd.CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 16, MaxRecvWR: max(n, 1), MaxInline: 64})
+	qp, err := h.pd.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 16, MaxRecvWR: max(n, 1), MaxInline: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func (h *host) udQP(t *testing.T, n int) (*verbs.QP, *verbs.MR) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if _, err := qp.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64((grhLen+64)*i), Length: grhLen + 64, LKey: mr.LKey()}}}); err != nil {
+		if _, err := qp.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64((grhLen+64)*i), Length: grhLen + 64, LKey: mr.LKey()}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -93,7 +93,7 @@ func TestUDResolveAndSend(t *testing.T) {
 		t.Fatal(err)
 	}
 	send := func(id uint64, qkey uint32, msg string) {
-		if _, err := qb.PostSend(verbs.SendWR{ID: id, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+		if _, err := qb.PostSend(rnic.SendWR{ID: id, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
 			InlineData: []byte(msg), AH: ah, RemoteQPN: peer.QPN, RemoteQKey: qkey}); err != nil {
 			t.Fatal(err)
 		}

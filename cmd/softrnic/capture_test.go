@@ -29,7 +29,7 @@ import (
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // The user-facing tools against a live daemon on a veth in a namespace: a
@@ -117,8 +117,8 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	cqB := devB.CreateCQ(64)
 	// Both devices number QPs from 17: a QP made first on B gives the peer
 	// a QPN unlike the client's, so that frames to each can be told apart.
-	pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	if qpB.QPN() == qp.QPN {
 		t.Fatalf("peer and client QPs both %d", qp.QPN)
 	}
@@ -151,7 +151,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	write := func(w int) {
 		t.Helper()
-		qpB.PostSend(verbs.SendWR{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		qpB.PostSend(rnic.SendWR{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + uint64(w)*size, RKey: mr.RKey})
 		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)

@@ -20,8 +20,8 @@ import (
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afpacket"
 	"github.com/softrnic/softrnic/port/afxdp"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/route"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 func init() {
@@ -86,7 +86,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if mtu == 0 {
 		return fmt.Errorf("%s: MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), gids...), PortMTU: mtu})
+	dev, err := rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), gids...), PortMTU: mtu})
 	if err != nil {
 		return err
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // TestDaemonTwoQueues: the daemon with queues = 2 on a two-queue veth end
@@ -94,13 +94,13 @@ func TestDaemonTwoQueues(t *testing.T) {
 	gidB := pair.B.Addr.As16()
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	var peers []*verbs.QP
+	var peers []*rnic.QP
 	for i := 0; i < qps; i++ {
 		qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+		qpB, err := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -136,11 +136,11 @@ func TestDaemonTwoQueues(t *testing.T) {
 	}
 	for i, q := range peers {
 		w, r := uint64(i*size), uint64((qps+i)*size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 			SG: []ib.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + w, RKey: mr.RKey}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+		if _, err := q.PostSend(rnic.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
 			SG: []ib.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + r, RKey: mr.RKey}); err != nil {
 			t.Fatal(err)
 		}
@@ -217,7 +217,7 @@ func ethtoolStat(text, name string) (uint64, error) {
 // startPeerQueues is startPeer on an AF_XDP port over all the link's
 // queues. (A kernel AF_PACKET sender picks the transmit queue of the CPU
 // it runs on, so it would not spread QPs over queues.)
-func startPeerQueues(t *testing.T, b netnstest.Link) *verbs.Device {
+func startPeerQueues(t *testing.T, b netnstest.Link) *rnic.Device {
 	t.Helper()
 	var pb port.Port
 	var in engine.Interface
@@ -231,7 +231,7 @@ func startPeerQueues(t *testing.T, b netnstest.Link) *verbs.Device {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
+	dev, err := rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
 	if err != nil {
 		pb.Close()
 		t.Fatal(err)

@@ -19,7 +19,7 @@ import (
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // buildSoftrnic builds this command into a temp dir.
@@ -120,7 +120,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	bufB := make([]byte, 1<<16)
 	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
 	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gidB := pair.B.Addr.As16()
 	for _, s := range []struct {
 		a proto.QPAttr
@@ -159,7 +159,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	for i := range bufB[:8192] {
 		bufB[i] = byte(i*13 + 1)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qpB.PostSend(rnic.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
 	waitB("RDMA WRITE")
 	if !bytes.Equal(mem.Bytes()[4096:4096+8192], bufB[:8192]) {
@@ -167,7 +167,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	}
 	// RDMA READ from namespace B out of the client's memory.
 	copy(mem.Bytes()[30000:], "read across namespaces")
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
+	qpB.PostSend(rnic.SendWR{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 30000, RKey: mr.RKey})
 	waitB("RDMA READ")
 	if string(bufB[20000:20022]) != "read across namespaces" {
@@ -212,7 +212,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 // startPeer runs the remote RNIC of the daemon tests: a verbs device on an
 // AF_PACKET port on link b (in its namespace), driven by engine.Run until
 // the test ends.
-func startPeer(t *testing.T, b netnstest.Link) *verbs.Device {
+func startPeer(t *testing.T, b netnstest.Link) *rnic.Device {
 	t.Helper()
 	var pb port.Port
 	var in engine.Interface
@@ -226,7 +226,7 @@ func startPeer(t *testing.T, b netnstest.Link) *verbs.Device {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
+	dev, err := rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
 	if err != nil {
 		pb.Close()
 		t.Fatal(err)

@@ -22,15 +22,15 @@ import (
 	"github.com/softrnic/softrnic/rdmacm/rping"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/route"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 func init() {
 	register("rping", "librdmacm's rping over the CM on QP1: -s (server) or -c -a ADDR (client)", runRping)
 }
 
-// runDeviceEngine drives a verbs.Device on a port until ctx ends.
-func runDeviceEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
+// runDeviceEngine drives a rnic.Device on a port until ctx ends.
+func runDeviceEngine(ctx context.Context, dev *rnic.Device, p port.Port) error {
 	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
@@ -211,7 +211,7 @@ func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) err
 	if mtu == 0 {
 		return fmt.Errorf("%s: MTU %d too small for RoCE", in.Name, in.MTU)
 	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: in.GIDs, PortMTU: mtu})
+	dev, err := rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: in.GIDs, PortMTU: mtu})
 	if err != nil {
 		return err
 	}
@@ -262,8 +262,8 @@ func rpingDaemon(ctx context.Context, r rpingArgs, ready func()) error {
 		return err
 	}
 	defer c.Close()
-	dev := rnic.Daemon(c)
-	cm, err := rnic.DaemonCM(dev)
+	dev := verbsapi.Daemon(c)
+	cm, err := verbsapi.DaemonCM(dev)
 	if err != nil {
 		return err
 	}

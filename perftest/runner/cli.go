@@ -16,7 +16,7 @@ import (
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/route"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // CLIOptions are what `softrnic perf` adds to perftest's parameters.
@@ -37,7 +37,7 @@ type CLIOptions struct {
 }
 
 // RunCLI is `softrnic perf`: it opens the device on p.Device in the calling
-// thread's network namespace (a verbs.Device driven by engine.Run on an
+// thread's network namespace (a rnic.Device driven by engine.Run on an
 // AF_XDP or AF_PACKET port),
 // then serves one perftest client (p.Host empty; --clients N: N clients at
 // once on the one device) or connects to the server p.Host, runs the test
@@ -103,17 +103,17 @@ func DaemonHost(socket string) (Host, *client.Client, error) {
 	if err != nil {
 		return Host{}, nil, err
 	}
-	dev := rnic.Daemon(c)
+	dev := verbsapi.Daemon(c)
 	h := Host{RNIC: dev, Iface: engine.Interface{Name: dev.Name(), MTU: dev.PortMTU(), GIDs: dev.GIDs()}}
 	return h, c, nil
 }
 
 // OpenHost opens the RNIC the built-in tools run on: a port of the given
 // kind on the interface named device (in the calling thread's network
-// namespace), a verbs.Device on it with congestion control cc, its engine
+// namespace), a rnic.Device on it with congestion control cc, its engine
 // loop in a goroutine of its own, and route resolution of peers' MACs;
 // it calls f with them and tears everything down when f returns.
-func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc verbs.Congestion, f func(Host) error) error {
+func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc rnic.Congestion, f func(Host) error) error {
 	in, err := engine.LookupInterface(device)
 	if err != nil {
 		return err
@@ -267,7 +267,7 @@ func serveClients(ctx context.Context, h Host, p perftest.Params, o CLIOptions, 
 // undilated time, and it spares a loaded host tens of thousands of
 // wake-ups a second per process, which the paced senders need. Departures
 // of paced QPs are timer deadlines, which end a nap on time regardless.
-func engineOptions(cc verbs.Congestion) engine.Options {
+func engineOptions(cc rnic.Congestion) engine.Options {
 	var o engine.Options
 	if cc.On() && cc.Scale > 1 {
 		o.IdleWait = min(time.Duration(float64(defaultIdleWait)*cc.Scale), maxDilatedNap)

@@ -14,7 +14,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // daemonOn serves host h's device through a daemon control server (the
@@ -112,11 +112,11 @@ func TestProgramsThroughDaemonOverMemlink(t *testing.T) {
 func TestCMThroughDaemonOverMemlink(t *testing.T) {
 	a, b := memlinkHosts(t, 1500)
 	ad := daemonOn(t, a)
-	dcm, err := rnic.DaemonCM(ad.RNIC)
+	dcm, err := verbsapi.DaemonCM(ad.RNIC)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lcm := rnic.LocalCM(cmAgent(t, b))
+	lcm := verbsapi.LocalCM(cmAgent(t, b))
 	port := uint16(18515)
 	for _, tc := range []struct {
 		verb perftest.Verb
@@ -167,7 +167,7 @@ func TestCMThroughDaemonOverMemlink(t *testing.T) {
 // runCMThrough runs one -R test between a server on host s and a client
 // on host c, through the CMs scm and ccm; the server starts listening on
 // port after delay.
-func runCMThrough(t *testing.T, s, c Host, scm, ccm rnic.CM, port uint16, delay time.Duration, verb perftest.Verb, m perftest.Measure, args ...string) (sr, cr Result, cout string) {
+func runCMThrough(t *testing.T, s, c Host, scm, ccm verbsapi.CM, port uint16, delay time.Duration, verb perftest.Verb, m perftest.Measure, args ...string) (sr, cr Result, cout string) {
 	t.Helper()
 	args = append([]string{"-R", "-p", fmt.Sprint(port)}, args...)
 	ps, err := perftest.ParseArgs(verb, m, args)

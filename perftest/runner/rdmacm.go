@@ -14,7 +14,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // Control QP of perftest -R: one send slot and ctrlRecvs receive slots of
@@ -69,9 +69,9 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 			}
 			// Closed last: its final DREQs go out before the engine stops.
 			defer agent.Close()
-			s.agent, s.cm = agent, rnic.LocalCM(agent)
+			s.agent, s.cm = agent, verbsapi.LocalCM(agent)
 		} else {
-			c, err := rnic.DaemonCM(h.RNIC)
+			c, err := verbsapi.DaemonCM(h.RNIC)
 			if err != nil {
 				return err
 			}
@@ -135,26 +135,26 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 // and then the test QPs', all on one port as perftest's), the client's
 // peer.
 type cmSession struct {
-	cm rnic.CM
+	cm verbsapi.CM
 	// agent is the in-process agent under cm, for -c UD (SIDR); nil
 	// through the daemon. With cm nil, cm is rnic.LocalCM(agent).
 	agent   *rdmacm.Agent
-	l       rnic.Listener
-	udl     *rdmacm.UDListener // -c UD: the test QPs' port in rdma_cm's UDP port space
-	dudl    rnic.UDListener    // the same through the daemon (agent nil)
+	l       verbsapi.Listener
+	udl     *rdmacm.UDListener  // -c UD: the test QPs' port in rdma_cm's UDP port space
+	dudl    verbsapi.UDListener // the same through the daemon (agent nil)
 	peer    netip.Addr
 	port    uint16
 	dialFor time.Duration
-	ctrl    rnic.Conn
-	conns   []rnic.Conn
+	ctrl    verbsapi.Conn
+	conns   []verbsapi.Conn
 }
 
 // dial connects one QP to the server, trying again after REJs for an
 // unknown service ID (the server not listening yet) up to attempts times,
 // delay apart.
-func (s *cmSession) dial(ctx context.Context, cp *rnic.ConnParams, attempts int, delay time.Duration) (rnic.Conn, error) {
+func (s *cmSession) dial(ctx context.Context, cp *verbsapi.ConnParams, attempts int, delay time.Duration) (verbsapi.Conn, error) {
 	if s.cm == nil {
-		s.cm = rnic.LocalCM(s.agent)
+		s.cm = verbsapi.LocalCM(s.agent)
 	}
 	for i := 1; ; i++ {
 		c, err := s.cm.Dial(ctx, s.peer, s.port, cp)
@@ -172,7 +172,7 @@ func (s *cmSession) dial(ctx context.Context, cp *rnic.ConnParams, attempts int,
 
 // connect makes one connection: dialled by the client, accepted by the
 // server.
-func (s *cmSession) connect(ctx context.Context, client bool, cp *rnic.ConnParams, attempts int, delay time.Duration) (rnic.Conn, error) {
+func (s *cmSession) connect(ctx context.Context, client bool, cp *verbsapi.ConnParams, attempts int, delay time.Duration) (verbsapi.Conn, error) {
 	if client {
 		return s.dial(ctx, cp, attempts, delay)
 	}
@@ -301,7 +301,7 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 			return err
 		}
 		// The CM creates the QP in our PD, in process or in the daemon.
-		cp := &rnic.ConnParams{PD: t.pd, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
+		cp := &verbsapi.ConnParams{PD: t.pd, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
 			Access: t.allowed &^ ib.LocalWrite, RetryCount: 7, RNRRetry: 7}
 		if t.p.Verb == perftest.Read || t.p.Verb == perftest.Atomic {
 			cp.ResponderResources = uint8(min(t.p.OutReads, 255))
@@ -361,12 +361,12 @@ func (c *cmLocal) Connect(remote []perftest.Dest) error {
 // the send buffer, slots 1..ctrlRecvs the receives (WR ID = slot). It runs
 // on either RNIC (rnic.Device): in process or through the daemon.
 type cmChannel struct {
-	pd    rnic.PD
-	cq    rnic.CQ
-	mem   rnic.Mem
-	mr    rnic.MR
-	conn  rnic.Conn
-	qp    rnic.QP
+	pd    verbsapi.PD
+	cq    verbsapi.CQ
+	mem   verbsapi.Mem
+	mr    verbsapi.MR
+	conn  verbsapi.Conn
+	qp    verbsapi.QP
 	wcs   [ctrlRecvs + 2]ib.WC
 	recvd []ib.WC // receive completions not yet taken, in order
 	sent  bool
@@ -376,10 +376,10 @@ type cmChannel struct {
 	// what the caller waited for: reported by the next wait.
 	failed error
 	sge    [1]ib.SGE
-	swr    rnic.SendWR
+	swr    verbsapi.SendWR
 }
 
-func newCMChannel(dev rnic.Device) (ch *cmChannel, err error) {
+func newCMChannel(dev verbsapi.Device) (ch *cmChannel, err error) {
 	ch = &cmChannel{}
 	defer func() {
 		if err != nil {
@@ -421,8 +421,8 @@ func (ch *cmChannel) close() {
 // READ resources, retry and RNR retry 7), receives posted before the CM
 // exchange goes on so that the peer's first SEND finds one (through the
 // daemon only slot 1's; the others as soon as connected).
-func (ch *cmChannel) params() *rnic.ConnParams {
-	p := &rnic.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
+func (ch *cmChannel) params() *verbsapi.ConnParams {
+	p := &verbsapi.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
 		RetryCount: 7, RNRRetry: 7, InitRecv: ch.recvWR(1)}
 	for slot := uint64(2); slot <= ctrlRecvs; slot++ {
 		p.MoreRecvs = append(p.MoreRecvs, *ch.recvWR(slot))
@@ -430,8 +430,8 @@ func (ch *cmChannel) params() *rnic.ConnParams {
 	return p
 }
 
-func (ch *cmChannel) recvWR(slot uint64) *rnic.RecvWR {
-	return &rnic.RecvWR{ID: slot, SG: []ib.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}}
+func (ch *cmChannel) recvWR(slot uint64) *verbsapi.RecvWR {
+	return &verbsapi.RecvWR{ID: slot, SG: []ib.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}}
 }
 
 // ctrlWaitStep bounds one sleep of wait on a CQ that cannot notify (the
@@ -479,7 +479,7 @@ func (ch *cmChannel) wait(ctx context.Context) error {
 		if n > 0 {
 			return nil
 		}
-		if nt, ok := ch.cq.(rnic.Notifier); ok {
+		if nt, ok := ch.cq.(verbsapi.Notifier); ok {
 			select {
 			case <-nt.Notify():
 			case <-ctx.Done():
@@ -506,7 +506,7 @@ func (ch *cmChannel) Send(ctx context.Context, b []byte) error {
 	ch.sge[0] = ib.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
 	ch.sent, ch.awaitSend = false, true
 	defer func() { ch.awaitSend = false }()
-	ch.swr = rnic.SendWR{ID: 0, Opcode: ib.Send, Flags: ib.Signaled, SG: ch.sge[:]}
+	ch.swr = verbsapi.SendWR{ID: 0, Opcode: ib.Send, Flags: ib.Signaled, SG: ch.sge[:]}
 	if err := ch.qp.PostSend(&ch.swr); err != nil {
 		return fmt.Errorf("perf: control QP: post: %w", err)
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/softrnic/softrnic/frame/frametest"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // cmAgent runs an rdmacm agent on h's device until the test ends.
@@ -45,7 +45,7 @@ func runCMPair(t *testing.T, s, c Host, sa, ca *rdmacm.Agent, port uint16, verb 
 	}
 	pc := ps
 	pc.Host = s.Iface.GIDs[0].String()
-	l, err := rnic.LocalCM(sa).Listen(port)
+	l, err := verbsapi.LocalCM(sa).Listen(port)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // perftest -R -c UD: the control channel is the same RC connection as for
@@ -62,12 +62,12 @@ func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 			return err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		vqp, err := rnic.VerbsPD(t.pd).CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: rnic.VerbsCQ(q.cq), RecvCQ: rnic.VerbsCQ(q.cq),
+		vqp, err := verbsapi.VerbsPD(t.pd).CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: verbsapi.VerbsCQ(q.cq), RecvCQ: verbsapi.VerbsCQ(q.cq),
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1})
 		if err != nil {
 			return err
 		}
-		q.qp = rnic.LocalQP(t.pd, vqp)
+		q.qp = verbsapi.LocalQP(t.pd, vqp)
 		t.qpns = append(t.qpns, q.qpn())
 		if err := rdmacm.PrepareUD(vqp); err != nil {
 			return err
@@ -90,7 +90,7 @@ func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 // would use for q.
 func (t *Test) udAH(q *qp, peer ib.AddressVector) error {
 	av := ib.AddressVector{DGID: ib.GIDFrom(peer.DGID.Addr()), SGIDIndex: uint8(t.gidIdx), TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit),
-		UDPSrcPort: verbs.UDSourcePort(q.qpn())}
+		UDPSrcPort: rnic.UDSourcePort(q.qpn())}
 	ah, err := t.pd.CreateAH(av)
 	if err != nil {
 		return fmt.Errorf("address handle to %v: %w", peer.DGID.Addr(), err)
@@ -135,11 +135,11 @@ func (c *cmLocal) udClient(q *qp) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
-	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
+	if err := q.qp.PostSend(&verbsapi.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
 		SG: []ib.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
 		return r, err
 	}
-	wc, err := udWait(t.ctx, rnic.VerbsCQ(q.cq))
+	wc, err := udWait(t.ctx, verbsapi.VerbsCQ(q.cq))
 	if err != nil {
 		return r, err
 	}
@@ -151,7 +151,7 @@ func (c *cmLocal) udClient(q *qp) (udRemote, error) {
 
 // udServer answers the next SIDR request with vqp and, when we send too,
 // learns the client's QP from its first SEND.
-func (c *cmLocal) udServer(q *qp, vqp *verbs.QP) (udRemote, error) {
+func (c *cmLocal) udServer(q *qp, vqp *rnic.QP) (udRemote, error) {
 	t, s := c.Test, c.s
 	if s.udl == nil {
 		return udRemote{}, errors.New("no UD listener")
@@ -168,7 +168,7 @@ func (c *cmLocal) udServer(q *qp, vqp *verbs.QP) (udRemote, error) {
 	defer copy(q.src, saved[:])
 	if sends {
 		// Posted before the SIDR_REP: the client sends as soon as it has it.
-		if _, err := vqp.PostRecv(verbs.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
+		if _, err := vqp.PostRecv(rnic.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
 			return udRemote{}, err
 		}
 	}
@@ -178,7 +178,7 @@ func (c *cmLocal) udServer(q *qp, vqp *verbs.QP) (udRemote, error) {
 	if !sends {
 		return udRemote{}, nil
 	}
-	wc, err := udWait(t.ctx, rnic.VerbsCQ(q.cq))
+	wc, err := udWait(t.ctx, verbsapi.VerbsCQ(q.cq))
 	if err != nil {
 		return udRemote{}, err
 	}
@@ -192,7 +192,7 @@ func (c *cmLocal) udServer(q *qp, vqp *verbs.QP) (udRemote, error) {
 }
 
 // udWait waits (bounded) for the one completion of the connection step.
-func udWait(ctx context.Context, cq *verbs.CQ) (ib.WC, error) {
+func udWait(ctx context.Context, cq *rnic.CQ) (ib.WC, error) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var wc [1]ib.WC
@@ -209,8 +209,8 @@ func udWait(ctx context.Context, cq *verbs.CQ) (ib.WC, error) {
 
 // listenUDDaemon listens on s's port of the UDP port space through the
 // daemon's CM.
-func (s *cmSession) listenUDDaemon() (rnic.UDListener, error) {
-	ud, ok := s.cm.(rnic.UDCM)
+func (s *cmSession) listenUDDaemon() (verbsapi.UDListener, error) {
+	ud, ok := s.cm.(verbsapi.UDCM)
 	if !ok {
 		return nil, errors.New("this RNIC's rdma_cm serves no UDP port space")
 	}
@@ -220,7 +220,7 @@ func (s *cmSession) listenUDDaemon() (rnic.UDListener, error) {
 // connectUDDaemon implements ConnectQPs for -c UD through the daemon.
 func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
 	t := c.Test
-	ud, ok := c.s.cm.(rnic.UDCM)
+	ud, ok := c.s.cm.(verbsapi.UDCM)
 	if !ok {
 		return errors.New("perf: this RNIC's rdma_cm serves no UDP port space")
 	}
@@ -233,12 +233,12 @@ func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
 			return err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: q.cq, RecvCQ: q.cq,
+		if q.qp, err = t.pd.CreateQP(verbsapi.QPInitAttr{Type: ib.UD, SendCQ: q.cq, RecvCQ: q.cq,
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
 			return err
 		}
 		t.qpns = append(t.qpns, q.qpn())
-		if err := rnic.PrepareUD(q.qp); err != nil {
+		if err := verbsapi.PrepareUD(q.qp); err != nil {
 			return err
 		}
 		var r udRemote
@@ -256,9 +256,9 @@ func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
 }
 
 // udClientDaemon is udClient through the daemon's CM.
-func (c *cmLocal) udClientDaemon(ud rnic.UDCM, q *qp) (udRemote, error) {
+func (c *cmLocal) udClientDaemon(ud verbsapi.UDCM, q *qp) (udRemote, error) {
 	t, s := c.Test, c.s
-	var svc rnic.UDService
+	var svc verbsapi.UDService
 	for i := 1; ; i++ {
 		var err error
 		svc, err = ud.ResolveUD(t.ctx, s.peer, s.port)
@@ -288,7 +288,7 @@ func (c *cmLocal) udClientDaemon(ud rnic.UDCM, q *qp) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
-	if err := q.qp.PostSend(&rnic.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
+	if err := q.qp.PostSend(&verbsapi.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
 		SG: []ib.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
 		return r, err
 	}
@@ -315,10 +315,10 @@ func (c *cmLocal) udServerDaemon(q *qp) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	if sends {
-		if err := q.qp.PostRecv(&rnic.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
+		if err := q.qp.PostRecv(&verbsapi.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
 			return udRemote{}, err
 		}
-		if rs, ok := q.qp.(rnic.RecvSyncer); ok {
+		if rs, ok := q.qp.(verbsapi.RecvSyncer); ok {
 			if err := rs.SyncRecv(t.ctx); err != nil {
 				return udRemote{}, err
 			}
@@ -345,7 +345,7 @@ func (c *cmLocal) udServerDaemon(q *qp) (udRemote, error) {
 
 // udWaitRNIC waits (bounded) for the one completion of the connection
 // step on an rnic CQ.
-func udWaitRNIC(ctx context.Context, cq rnic.CQ) (ib.WC, error) {
+func udWaitRNIC(ctx context.Context, cq verbsapi.CQ) (ib.WC, error) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var wc [1]ib.WC

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // TestCMUDThroughDaemonOverMemlink runs `-R -c UD` with one side's QPs in
@@ -20,12 +20,12 @@ import (
 func TestCMUDThroughDaemonOverMemlink(t *testing.T) {
 	a, b := memlinkHosts(t, 1500)
 	ad := daemonOn(t, a)
-	dcm, err := rnic.DaemonCM(ad.RNIC)
+	dcm, err := verbsapi.DaemonCM(ad.RNIC)
 	if err != nil {
 		t.Fatal(err)
 	}
 	agent := cmAgent(t, b)
-	lcm := rnic.LocalCM(agent)
+	lcm := verbsapi.LocalCM(agent)
 	port := uint16(18760)
 	for _, tc := range []struct {
 		m     perftest.Measure

@@ -11,7 +11,7 @@ import (
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // runCMPairUD runs one `-R -c UD` test between a server on host s and a
@@ -26,7 +26,7 @@ func runCMPairUD(t *testing.T, s, c Host, sa, ca *rdmacm.Agent, port uint16, m p
 	}
 	pc := ps
 	pc.Host = s.Iface.GIDs[0].String()
-	l, err := rnic.LocalCM(sa).Listen(port)
+	l, err := verbsapi.LocalCM(sa).Listen(port)
 	if err != nil {
 		t.Fatal(err)
 	}

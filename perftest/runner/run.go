@@ -8,7 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // Run implements perftest.Local: the measurement at one message size.
@@ -64,7 +64,7 @@ func (t *Test) remoteOff(k int, size uint64) uint64 {
 }
 
 // wqe builds message k of QP q into q's one reusable WR.
-func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *rnic.SendWR {
+func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbsapi.SendWR {
 	off := t.remoteOff(k, size)
 	half := uint64(t.region / 2)
 	switch t.p.Verb {
@@ -89,10 +89,10 @@ func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *rnic.SendWR {
 // no allocation on this side): n bytes at offset local of q's region, to
 // offset remote of the peer's (RDMA and atomics) or, on UD, to the peer's
 // QP through its address handle.
-func (t *Test) setWR(q *qp, id uint64, op ib.WROpcode, local, n, remote uint64, signaled bool) *rnic.SendWR {
+func (t *Test) setWR(q *qp, id uint64, op ib.WROpcode, local, n, remote uint64, signaled bool) *verbsapi.SendWR {
 	q.sge[0] = ib.SGE{Addr: q.va + local, Length: uint32(n), LKey: t.mr.LKey()}
 	w := &q.wr[0]
-	*w = rnic.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
+	*w = verbsapi.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
 	if signaled {
 		w.Flags = ib.Signaled
 	}
@@ -109,7 +109,7 @@ func (t *Test) setWR(q *qp, id uint64, op ib.WROpcode, local, n, remote uint64, 
 // tryPost posts q's WR; false when the send queue is full.
 func (t *Test) tryPost(q *qp) (bool, error) {
 	if err := q.qp.PostSend(&q.wr[0]); err != nil {
-		if errors.Is(err, rnic.ErrQueueFull) {
+		if errors.Is(err, verbsapi.ErrQueueFull) {
 			return false, nil
 		}
 		return false, fmt.Errorf("perf: QP %#x: post: %w", q.qpn(), err)
@@ -409,7 +409,7 @@ func (t *Test) stalled(last *int64, moved *uint64) bool {
 // Through the daemon, which does not report it, it is 0 and only
 // completions count as progress.
 func (t *Test) transportProgress() uint64 {
-	if pc, ok := t.dev.(rnic.ProgressCounter); ok {
+	if pc, ok := t.dev.(verbsapi.ProgressCounter); ok {
 		return pc.TransportProgress(t.qpns)
 	}
 	return 0

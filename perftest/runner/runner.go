@@ -2,7 +2,7 @@
 // device side (perftest.Local) of `softrnic perf`. It is an ordinary verbs
 // application — a PD, an MR over its buffer at a random IOVA, a CQ and an
 // RC, UC or UD QP per perftest QP, moved to INIT, RTR and RTS with the key
-// records the peer announced over the side channel — on a verbs.Device
+// records the peer announced over the side channel — on a rnic.Device
 // that engine.Run drives on the interface's port. It runs perftest's loops
 // (bandwidth with a TX depth and CQ moderation, ping-pong latency) with an
 // optional check of every byte received (--verify). It speaks to the RNIC
@@ -30,7 +30,7 @@ import (
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/transport/rc"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // Host is what the runner needs from the machine it runs on.
@@ -38,11 +38,11 @@ type Host struct {
 	// Device is the RNIC, driven by engine.Run in its own goroutine. Its
 	// GID table (Config.Addrs) is Iface.GIDs, in the same order, so that
 	// perftest's -x indexes both.
-	Device *verbs.Device
+	Device *rnic.Device
 	// RNIC, if set, is the device the tests run on instead of Device: a
 	// softrnic daemon's (rnic.Daemon), whose name, GIDs and MTU Iface
 	// then describes. Without it the tests run on rnic.Local(Device).
-	RNIC  rnic.Device
+	RNIC  verbsapi.Device
 	Iface engine.Interface
 	// Resolve returns the MAC addresses frames to peer go between
 	// (ours, the next hop's).
@@ -51,22 +51,22 @@ type Host struct {
 	// application's goroutine (engine.Loop.DeviceStats: Device.Stats
 	// belongs to the engine goroutine). --json reports the DCQCN counters
 	// from it; without it they are left out.
-	Stats func() verbs.Stats
+	Stats func() rnic.Stats
 }
 
 // NewDevice creates the device of an interface: its MAC, its addresses as
 // the GID table, its active MTU; DCQCN off.
-func NewDevice(in engine.Interface) (*verbs.Device, error) {
-	return NewDeviceCC(in, verbs.Congestion{})
+func NewDevice(in engine.Interface) (*rnic.Device, error) {
+	return NewDeviceCC(in, rnic.Congestion{})
 }
 
 // NewDeviceCC is NewDevice with the DCQCN setting cc (CongestionFor).
-func NewDeviceCC(in engine.Interface, cc verbs.Congestion) (*verbs.Device, error) {
+func NewDeviceCC(in engine.Interface, cc rnic.Congestion) (*rnic.Device, error) {
 	mtu := in.ActiveMTU()
 	if mtu == 0 {
 		return nil, fmt.Errorf("perf: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
-	return verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu, Congestion: cc})
+	return rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu, Congestion: cc})
 }
 
 // CongestionFor is the device's DCQCN setting for --dcqcn and
@@ -83,8 +83,8 @@ func NewDeviceCC(in engine.Interface, cc verbs.Congestion) (*verbs.Device, error
 // 30 Mb/s each and no CNP came; with 1 ms utilisation was 0.75–0.99 over
 // four runs, with 2 ms 0.98. A hardware rate limiter has the same kind of
 // burst tolerance.
-func CongestionFor(p perftest.Params) (verbs.Congestion, error) {
-	cc, err := verbs.NewCongestion(p.DCQCN, 0, p.DCQCNScale, nil)
+func CongestionFor(p perftest.Params) (rnic.Congestion, error) {
+	cc, err := rnic.NewCongestion(p.DCQCN, 0, p.DCQCNScale, nil)
 	if err != nil {
 		return cc, fmt.Errorf("perf: --dcqcn %s --dcqcn-scale %g: %w", p.DCQCN, p.DCQCNScale, err)
 	}
@@ -134,17 +134,17 @@ type Test struct {
 	quiet  bool
 
 	headerDone bool
-	allowed    ib.Access   // what the peer may do to our MR
-	dev        rnic.Device // Host.RNIC, or Host.Device in this process
+	allowed    ib.Access       // what the peer may do to our MR
+	dev        verbsapi.Device // Host.RNIC, or Host.Device in this process
 
 	neg     perftest.Negotiated
 	gid     netip.Addr
 	gidIdx  int // index of gid in the device's GID table
 	region  int // bytes of the MR per QP
-	pd      rnic.PD
-	mr      rnic.MR  // region bytes per QP
-	mem     rnic.Mem // the MR's memory
-	buf     []byte   // mem's bytes
+	pd      verbsapi.PD
+	mr      verbsapi.MR  // region bytes per QP
+	mem     verbsapi.Mem // the MR's memory
+	buf     []byte       // mem's bytes
 	qps     []*qp
 	qpns    []uint32 // the QPs' numbers (transportProgress)
 	remote  []perftest.Dest
@@ -157,9 +157,9 @@ type Test struct {
 
 // qp is one QP and the state the application side keeps for it.
 type qp struct {
-	qp   rnic.QP
-	cq   rnic.CQ
-	ah   rnic.AH // UD: the peer's address handle
+	qp   verbsapi.QP
+	cq   verbsapi.CQ
+	ah   verbsapi.AH // UD: the peer's address handle
 	psn  uint32
 	idx  int
 	src  []byte // local source/sink area: the QP's region of the MR
@@ -169,16 +169,16 @@ type qp struct {
 
 	// One WR and SGE per QP, reused by every post (PostSend copies what
 	// it needs), so that a message costs no allocation on this side.
-	wr  [1]rnic.SendWR
+	wr  [1]verbsapi.SendWR
 	sge [1]ib.SGE
-	rwr [1]rnic.RecvWR
+	rwr [1]verbsapi.RecvWR
 	rsg [1]ib.SGE
 
-	recvMem  rnic.Mem // receive slots
-	recvMR   rnic.MR  // over recvMem (local write only)
-	recvBusy []bool   // slot i has a receive posted
-	recvLen  uint64   // bytes of a receive buffer
-	recvInc  uint64   // distance between slots
+	recvMem  verbsapi.Mem // receive slots
+	recvMR   verbsapi.MR  // over recvMem (local write only)
+	recvBusy []bool       // slot i has a receive posted
+	recvLen  uint64       // bytes of a receive buffer
+	recvInc  uint64       // distance between slots
 }
 
 // QPN is the QP's number.
@@ -188,18 +188,18 @@ func (q *qp) qpn() uint32 { return q.qp.QPN() }
 func New(h Host, p perftest.Params, client bool, out io.Writer) *Test {
 	t := &Test{h: h, p: p, client: client, out: out, quiet: p.JSON, dev: h.RNIC}
 	if t.dev == nil && h.Device != nil {
-		t.dev = rnic.Local(h.Device, h.Iface.Name, rnic.Resolver(h.Resolve), h.Stats)
+		t.dev = verbsapi.Local(h.Device, h.Iface.Name, verbsapi.Resolver(h.Resolve), h.Stats)
 	}
 	return t
 }
 
 // congestion is the device's DCQCN setting (off through the daemon, whose
 // own configuration decides).
-func (t *Test) congestion() verbs.Congestion {
-	if c, ok := t.dev.(rnic.Congested); ok {
+func (t *Test) congestion() rnic.Congestion {
+	if c, ok := t.dev.(verbsapi.Congested); ok {
 		return c.Congestion()
 	}
-	return verbs.Congestion{}
+	return rnic.Congestion{}
 }
 
 // Exec runs the test over the side channel conn, returns what it measured
@@ -269,7 +269,7 @@ func (t *Test) info() perftest.Info {
 func (t *Test) snapshotCC() {
 	t.res.CC = t.res.CC[:0]
 	for _, q := range t.qps {
-		c, ok := q.qp.(rnic.CCQP)
+		c, ok := q.qp.(verbsapi.CCQP)
 		if !ok {
 			continue
 		}
@@ -440,7 +440,7 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 			return nil, err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		if q.qp, err = t.pd.CreateQP(rnic.QPInitAttr{Type: t.qpType(), SendCQ: q.cq, RecvCQ: q.cq,
+		if q.qp, err = t.pd.CreateQP(verbsapi.QPInitAttr{Type: t.qpType(), SendCQ: q.cq, RecvCQ: q.cq,
 			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
 			return nil, err
 		}
@@ -524,7 +524,7 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 		rts := ib.QPAttr{State: ib.RTS, SQPSN: q.psn, Timeout: t.p.QPTimeout, RetryCnt: 7, RNRRetry: 7,
 			MaxRdAtomic: uint8(min(max(int(d.OutReads), 1), 255))}
 		if t.udDatum {
-			av.UDPSrcPort = verbs.UDSourcePort(q.qpn()) // per QP, as rxe's UD frames
+			av.UDPSrcPort = rnic.UDSourcePort(q.qpn()) // per QP, as rxe's UD frames
 			if q.ah, err = t.pd.CreateAH(av); err != nil {
 				return fmt.Errorf("perf: address handle to %v: %w", d.Addr(), err)
 			}
@@ -626,7 +626,7 @@ func (t *Test) PostReceives(size uint64) error {
 		// The peer starts sending when we say so on the side channel: the
 		// receives must be in the device by then (through the daemon they
 		// are still on their way; a UC/UD SEND finding none is lost).
-		if rs, ok := q.qp.(rnic.RecvSyncer); ok {
+		if rs, ok := q.qp.(verbsapi.RecvSyncer); ok {
 			sctx, cancel := context.WithTimeout(t.ctx, t.stallLimit())
 			err := rs.SyncRecv(sctx)
 			cancel()
@@ -641,7 +641,7 @@ func (t *Test) PostReceives(size uint64) error {
 // postRecv posts the receive of slot id.
 func (t *Test) postRecv(q *qp, id uint64) error {
 	q.rsg[0] = ib.SGE{Addr: q.recvMR.IOVA() + id*q.recvInc, Length: uint32(q.recvLen), LKey: q.recvMR.LKey()}
-	q.rwr[0] = rnic.RecvWR{ID: id, SG: q.rsg[:]}
+	q.rwr[0] = verbsapi.RecvWR{ID: id, SG: q.rsg[:]}
 	if err := q.qp.PostRecv(&q.rwr[0]); err != nil {
 		return fmt.Errorf("perf: QP %#x: post receive: %w", q.qpn(), err)
 	}
@@ -705,10 +705,10 @@ func (t *Test) poll() (int, error) {
 // There poll sleeps on the CQ's doorbell, at most paceWait, and the engine
 // keeps posting completions meanwhile.
 func (t *Test) idle() {
-	nt, ok := t.qps[0].cq.(rnic.Notifier)
+	nt, ok := t.qps[0].cq.(verbsapi.Notifier)
 	if cc := t.congestion(); len(t.qps) != 1 || t.p.Measure != perftest.BW || !cc.On() || !ok {
 		// Busy polling: an in-process device's engine step runs in this
-		// goroutine while its engine goroutine naps (verbs.Device.Poll).
+		// goroutine while its engine goroutine naps (rnic.Device.Poll).
 		if t.h.Device == nil || !t.h.Device.Poll() {
 			runtime.Gosched()
 		}

@@ -19,11 +19,11 @@ import (
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // startDevice creates the device of in and runs it on p until the test ends.
-func startDevice(t *testing.T, in engine.Interface, p port.Port, opt engine.Options) *verbs.Device {
+func startDevice(t *testing.T, in engine.Interface, p port.Port, opt engine.Options) *rnic.Device {
 	t.Helper()
 	dev, err := NewDevice(in)
 	if err != nil {
@@ -205,7 +205,7 @@ func TestUDFramesAsPerftest(t *testing.T) {
 		if f.Opcode() != bth.UDSendOnly || d == nil || d.QKey() != udQKey {
 			t.Fatalf("opcode %v, DETH %v", f.Opcode(), d != nil)
 		}
-		if got, want := f.UDP().SrcPort(), verbs.UDSourcePort(d.SrcQP()); got != want {
+		if got, want := f.UDP().SrcPort(), rnic.UDSourcePort(d.SrcQP()); got != want {
 			t.Errorf("UDP source port %#x, want %#x for QP %#x", got, want, d.SrcQP())
 		}
 		if len(f.Payload()) != 100 {

@@ -15,7 +15,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // Protocol constants of the examples.
@@ -28,12 +28,12 @@ const (
 // inline (max_inline_data 16), every WR signaled (sq_sig_all), one WR per
 // queue.
 type endpoint struct {
-	pd   *verbs.PD
-	cq   *verbs.CQ
-	recv *verbs.MR
+	pd   *rnic.PD
+	cq   *rnic.CQ
+	recv *rnic.MR
 }
 
-func newEndpoint(dev *verbs.Device) (*endpoint, error) {
+func newEndpoint(dev *rnic.Device) (*endpoint, error) {
 	e := &endpoint{pd: dev.AllocPD(), cq: dev.CreateCQ(4)}
 	var err error
 	e.recv, err = e.pd.RegMR(make([]byte, MsgSize), ib.LocalWrite)
@@ -45,10 +45,10 @@ func newEndpoint(dev *verbs.Device) (*endpoint, error) {
 // allows.
 func (e *endpoint) params() *rdmacm.ConnParams {
 	return &rdmacm.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: 1, MaxRecvWR: 1,
-		MaxInline: MsgSize, ResponderResources: verbs.MaxRdAtomic, InitiatorDepth: verbs.MaxRdAtomic,
+		MaxInline: MsgSize, ResponderResources: rnic.MaxRdAtomic, InitiatorDepth: rnic.MaxRdAtomic,
 		RetryCount: 7, RNRRetry: 7,
-		Setup: func(q *verbs.QP) error {
-			_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []ib.SGE{{Addr: e.recv.IOVA(), Length: MsgSize, LKey: e.recv.LKey()}}})
+		Setup: func(q *rnic.QP) error {
+			_, err := q.PostRecv(rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: e.recv.IOVA(), Length: MsgSize, LKey: e.recv.LKey()}}})
 			return err
 		}}
 }
@@ -82,8 +82,8 @@ func (e *endpoint) wait(ctx context.Context, c *rdmacm.Conn, recv bool) error {
 	return nil
 }
 
-func send(q *verbs.QP, msg []byte) error {
-	_, err := q.PostSend(verbs.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: msg})
+func send(q *rnic.QP, msg []byte) error {
+	_, err := q.PostSend(rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: msg})
 	return err
 }
 

@@ -4,21 +4,21 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"github.com/softrnic/softrnic/engine"
 	"net/netip"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // runEngine drives a device on a port until ctx ends. The engine loop may
 // move from daemon to engine: this is the one place to change.
-func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
+func runEngine(ctx context.Context, dev *rnic.Device, p port.Port) error {
 	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
@@ -39,7 +39,7 @@ func setup(t *testing.T) (srv, cli *rdmacm.Agent) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	mk := func(mac [6]byte, ip netip.Addr, p port.Port) *rdmacm.Agent {
-		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+		dev, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}})
 		if err != nil {
 			t.Fatal(err)
 		}

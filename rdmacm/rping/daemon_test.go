@@ -20,14 +20,14 @@ import (
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // daemonSetup joins two devices by a memlink: device S is served by a
 // daemon (its rdma_cm agent the daemon's, started by the first CM call),
 // device C runs an agent in process. It returns the daemon's RNIC and CM
 // as a client sees them, C's agent, the daemon server and its socket.
-func daemonSetup(t *testing.T) (dev rnic.Device, dcm rnic.CM, c *client.Client, cli *rdmacm.Agent, srv *daemon.Server, sock string) {
+func daemonSetup(t *testing.T) (dev verbsapi.Device, dcm verbsapi.CM, c *client.Client, cli *rdmacm.Agent, srv *daemon.Server, sock string) {
 	la, lb := memlink.NewPair(memlink.Config{Seed: 5})
 	macs := map[netip.Addr][6]byte{ipS: macS, ipC: macC}
 	resolve := func(peer netip.Addr) ([6]byte, error) {
@@ -38,8 +38,8 @@ func daemonSetup(t *testing.T) (dev rnic.Device, dcm rnic.CM, c *client.Client, 
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	mk := func(mac [6]byte, ip netip.Addr, p *memlink.Port) *verbs.Device {
-		d, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+	mk := func(mac [6]byte, ip netip.Addr, p *memlink.Port) *rnic.Device {
+		d, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,8 +71,8 @@ func daemonSetup(t *testing.T) (dev rnic.Device, dcm rnic.CM, c *client.Client, 
 		cancel()
 		wg.Wait()
 	})
-	dev = rnic.Daemon(c)
-	if dcm, err = rnic.DaemonCM(dev); err != nil {
+	dev = verbsapi.Daemon(c)
+	if dcm, err = verbsapi.DaemonCM(dev); err != nil {
 		t.Fatal(err)
 	}
 	return dev, dcm, c, cli, srv, sock
@@ -160,7 +160,7 @@ func TestDaemonCMCleanup(t *testing.T) {
 	}
 	l.Close()
 	// Nobody listens now: the in-process side's Dial is rejected.
-	dev := rnic.Local(cli.Device(), "", nil, nil)
+	dev := verbsapi.Local(cli.Device(), "", nil, nil)
 	e, err := newEndpoint(dev)
 	if err != nil {
 		t.Fatal(err)
@@ -168,7 +168,7 @@ func TestDaemonCMCleanup(t *testing.T) {
 	defer e.close()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err = rnic.LocalCM(cli).Dial(ctx, ipS, 7200, e.params())
+	_, err = verbsapi.LocalCM(cli).Dial(ctx, ipS, 7200, e.params())
 	var rej *rdmacm.RejectedError
 	if !errors.As(err, &rej) {
 		t.Fatalf("dial to a closed port: %v", err)
@@ -179,19 +179,19 @@ func TestDaemonCMCleanup(t *testing.T) {
 // sends the peer a DREQ (the peer's connection ends) and frees the QP.
 func TestDaemonCMClientGone(t *testing.T) {
 	dev, dcm, c, cli, _, _ := daemonSetup(t)
-	ln, err := rnic.LocalCM(cli).Listen(7300)
+	ln, err := verbsapi.LocalCM(cli).Listen(7300)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	peerEnd, err := newEndpoint(rnic.Local(cli.Device(), "", nil, nil))
+	peerEnd, err := newEndpoint(verbsapi.Local(cli.Device(), "", nil, nil))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer peerEnd.close()
-	accepted := make(chan rnic.Conn, 1)
+	accepted := make(chan verbsapi.Conn, 1)
 	go func() {
 		pc, err := ln.Accept(ctx, peerEnd.params())
 		if err != nil {

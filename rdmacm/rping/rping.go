@@ -24,7 +24,7 @@ import (
 	cmrping "github.com/softrnic/softrnic/cm/rping"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // Options are rping's flags.
@@ -62,22 +62,22 @@ func (o *Options) norm() error {
 
 // endpoint is one side's RNIC objects.
 type endpoint struct {
-	dev     rnic.Device
-	pd      rnic.PD
-	cq      rnic.CQ
-	recvMem rnic.Mem
-	recv    rnic.MR // one rping_rdma_info
+	dev     verbsapi.Device
+	pd      verbsapi.PD
+	cq      verbsapi.CQ
+	recvMem verbsapi.Mem
+	recv    verbsapi.MR // one rping_rdma_info
 	wc      [8]ib.WC
-	mems    []rnic.Mem
-	mrs     []rnic.MR
+	mems    []verbsapi.Mem
+	mrs     []verbsapi.MR
 	rsg     [1]ib.SGE
-	rwr     rnic.RecvWR
-	swr     rnic.SendWR
+	rwr     verbsapi.RecvWR
+	swr     verbsapi.SendWR
 	sge     [1]ib.SGE
 	info    [cmrping.InfoSize]byte
 }
 
-func newEndpoint(dev rnic.Device) (*endpoint, error) {
+func newEndpoint(dev verbsapi.Device) (*endpoint, error) {
 	e := &endpoint{dev: dev}
 	var err error
 	if e.pd, err = dev.AllocPD(); err != nil {
@@ -91,7 +91,7 @@ func newEndpoint(dev rnic.Device) (*endpoint, error) {
 }
 
 // buffer allocates and registers n bytes with the given access.
-func (e *endpoint) buffer(n int, access ib.Access) (rnic.Mem, rnic.MR, error) {
+func (e *endpoint) buffer(n int, access ib.Access) (verbsapi.Mem, verbsapi.MR, error) {
 	m, err := e.dev.AllocMem(n)
 	if err != nil {
 		return nil, nil, err
@@ -123,8 +123,8 @@ func (e *endpoint) close() {
 
 // params is rping's QP and rdma_conn_param: one READ in flight each way,
 // retries 7; one receive posted before the connection.
-func (e *endpoint) params() *rnic.ConnParams {
-	return &rnic.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq,
+func (e *endpoint) params() *verbsapi.ConnParams {
+	return &verbsapi.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq,
 		MaxSendWR: cmrping.RQDepth * 2, MaxRecvWR: cmrping.RQDepth, MaxSGE: 1, MaxInline: cmrping.InfoSize,
 		Access:             ib.LocalWrite | ib.RemoteRead | ib.RemoteWrite,
 		ResponderResources: cmrping.ResponderResources, InitiatorDepth: cmrping.InitiatorDepth,
@@ -132,25 +132,25 @@ func (e *endpoint) params() *rnic.ConnParams {
 		InitRecv: e.recvWR()}
 }
 
-func (e *endpoint) recvWR() *rnic.RecvWR {
+func (e *endpoint) recvWR() *verbsapi.RecvWR {
 	e.rsg[0] = ib.SGE{Addr: e.recv.IOVA(), Length: cmrping.InfoSize, LKey: e.recv.LKey()}
-	e.rwr = rnic.RecvWR{ID: 1, SG: e.rsg[:]}
+	e.rwr = verbsapi.RecvWR{ID: 1, SG: e.rsg[:]}
 	return &e.rwr
 }
 
-func (e *endpoint) postRecv(q rnic.QP) error { return q.PostRecv(e.recvWR()) }
+func (e *endpoint) postRecv(q verbsapi.QP) error { return q.PostRecv(e.recvWR()) }
 
-func (e *endpoint) sendInfo(q rnic.QP, info cmrping.Info) error {
+func (e *endpoint) sendInfo(q verbsapi.QP, info cmrping.Info) error {
 	info.Encode(e.info[:])
-	e.swr = rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: e.info[:]}
+	e.swr = verbsapi.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: e.info[:]}
 	return q.PostSend(&e.swr)
 }
 
 // rdma posts rping's READ or WRITE of n bytes between mr and the peer's
 // buffer.
-func (e *endpoint) rdma(q rnic.QP, id uint64, op ib.WROpcode, mr rnic.MR, n uint32, remote cmrping.Info) error {
+func (e *endpoint) rdma(q verbsapi.QP, id uint64, op ib.WROpcode, mr verbsapi.MR, n uint32, remote cmrping.Info) error {
 	e.sge[0] = ib.SGE{Addr: mr.IOVA(), Length: n, LKey: mr.LKey()}
-	e.swr = rnic.SendWR{ID: id, Opcode: op, Flags: ib.Signaled, SG: e.sge[:], RemoteAddr: remote.Buf, RKey: remote.RKey}
+	e.swr = verbsapi.SendWR{ID: id, Opcode: op, Flags: ib.Signaled, SG: e.sge[:], RemoteAddr: remote.Buf, RKey: remote.RKey}
 	return q.PostSend(&e.swr)
 }
 
@@ -159,7 +159,7 @@ const cqWait = 10 * time.Millisecond
 
 // next waits for the next completion of c's QP. It returns errDone when
 // the connection is over (the peer disconnected).
-func (e *endpoint) next(ctx context.Context, c rnic.Conn) (ib.WC, error) {
+func (e *endpoint) next(ctx context.Context, c verbsapi.Conn) (ib.WC, error) {
 	for {
 		if e.cq.Poll(e.wc[:1]) == 1 {
 			return e.wc[0], nil
@@ -189,8 +189,8 @@ func cstring(buf []byte) []byte {
 }
 
 // local is the in-process RNIC and CM of agent a.
-func local(a *rdmacm.Agent) (rnic.Device, rnic.CM) {
-	return rnic.Local(a.Device(), "", nil, nil), rnic.LocalCM(a)
+func local(a *rdmacm.Agent) (verbsapi.Device, verbsapi.CM) {
+	return verbsapi.Local(a.Device(), "", nil, nil), verbsapi.LocalCM(a)
 }
 
 // Client connects to addr through agent a and runs o.Count pings, then
@@ -208,7 +208,7 @@ func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error
 }
 
 // RunClient is Client on RNIC dev with rdma_cm cm.
-func RunClient(ctx context.Context, dev rnic.Device, cm rnic.CM, addr netip.Addr, o Options) error {
+func RunClient(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, addr netip.Addr, o Options) error {
 	if err := o.norm(); err != nil {
 		return err
 	}
@@ -291,7 +291,7 @@ func RunClient(ctx context.Context, dev rnic.Device, cm rnic.CM, addr netip.Addr
 }
 
 // RunServer is Server on RNIC dev with rdma_cm cm.
-func RunServer(ctx context.Context, dev rnic.Device, cm rnic.CM, o Options, ready func()) error {
+func RunServer(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, o Options, ready func()) error {
 	if err := o.norm(); err != nil {
 		return err
 	}

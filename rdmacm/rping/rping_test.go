@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"github.com/softrnic/softrnic/engine"
 	"io"
 	"net/netip"
 	"os"
@@ -16,17 +15,19 @@ import (
 	"time"
 
 	"github.com/gopacket/gopacket/pcapgo"
+
 	"github.com/softrnic/softrnic/cm"
 	cmrping "github.com/softrnic/softrnic/cm/rping"
+	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // runEngine drives a device on a port until ctx ends. The engine loop may
 // move from daemon to engine: this is the one place to change.
-func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
+func runEngine(ctx context.Context, dev *rnic.Device, p port.Port) error {
 	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
@@ -75,7 +76,7 @@ func setup2(t *testing.T) (srv, cli *rdmacm.Agent, tap, tapS *tapPort) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	mk := func(mac [6]byte, ip netip.Addr, p port.Port) *rdmacm.Agent {
-		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+		dev, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}})
 		if err != nil {
 			t.Fatal(err)
 		}

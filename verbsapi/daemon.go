@@ -1,4 +1,4 @@
-package rnic
+package verbsapi
 
 import (
 	"bytes"

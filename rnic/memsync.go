@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 // WithLock runs fn while holding q's lock: the lock under which the engine
 // lets q's transport write memory (a peer's RDMA WRITE landing in an MR, a

@@ -48,4 +48,4 @@
 // source address of the connected peer (RC/UC), Q_Key (UD) and ICRC before
 // a transport sees them; nothing a peer sends can make the device panic or
 // touch memory outside an MR.
-package verbs
+package rnic

@@ -1,4 +1,4 @@
-package rnic
+package verbsapi
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // CM is rdma_cm on an RNIC (RC connections through the CM on QP1): in
@@ -82,15 +82,15 @@ func (p *ConnParams) local() (*rdmacm.ConnParams, error) {
 	cp := &rdmacm.ConnParams{PD: pd, SendCQ: scq, RecvCQ: rcq, MaxSendWR: p.MaxSendWR, MaxRecvWR: p.MaxRecvWR,
 		MaxSGE: p.MaxSGE, MaxInline: p.MaxInline, Access: p.Access, ResponderResources: p.ResponderResources,
 		InitiatorDepth: p.InitiatorDepth, RetryCount: p.RetryCount, RNRRetry: p.RNRRetry}
-	var ws []verbs.RecvWR
+	var ws []rnic.RecvWR
 	if r := p.InitRecv; r != nil {
-		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]ib.SGE(nil), r.SG...)})
+		ws = append(ws, rnic.RecvWR{ID: r.ID, SG: append([]ib.SGE(nil), r.SG...)})
 	}
 	for _, r := range p.MoreRecvs {
-		ws = append(ws, verbs.RecvWR{ID: r.ID, SG: append([]ib.SGE(nil), r.SG...)})
+		ws = append(ws, rnic.RecvWR{ID: r.ID, SG: append([]ib.SGE(nil), r.SG...)})
 	}
 	if len(ws) > 0 {
-		cp.Setup = func(q *verbs.QP) error {
+		cp.Setup = func(q *rnic.QP) error {
 			for _, w := range ws {
 				if _, err := q.PostRecv(w); err != nil {
 					return err

@@ -1,6 +1,6 @@
 // Package rnic is the handful of verbs the built-in tools (softrnic perf,
 // softrnic rping) use, as one interface that two RNICs satisfy: a
-// verbs.Device in the tool's own process (Local), driven by an engine
+// rnic.Device in the tool's own process (Local), driven by an engine
 // goroutine on the tool's own port, and the device of a running softrnic
 // daemon reached through package client (Daemon), whose QPs live in the
 // daemon and whose rings and memory are shared with the tool.
@@ -13,7 +13,7 @@
 // which either RNIC can make. Both adapters are thin: the per-message path
 // (PostSend, PostRecv, Poll) converts a work request or completion in
 // preallocated per-QP scratch and allocates nothing.
-package rnic
+package verbsapi
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // RecvWR is a receive work request (ibv_recv_wr).
@@ -33,8 +33,8 @@ type RecvWR struct {
 }
 
 // ErrQueueFull is PostSend's and PostRecv's "the work queue is full, poll
-// and try again", from either RNIC (it is verbs.ErrQueueFull).
-var ErrQueueFull = verbs.ErrQueueFull
+// and try again", from either RNIC (it is rnic.ErrQueueFull).
+var ErrQueueFull = rnic.ErrQueueFull
 
 // ErrNotSupported is returned for what one of the RNICs cannot do.
 var ErrNotSupported = errors.New("rnic: not supported by this RNIC")
@@ -98,7 +98,7 @@ type AH interface {
 
 // QPInitAttr describes a QP at creation (ibv_qp_init_attr).
 type QPInitAttr struct {
-	Type                 ib.QPType // verbs.RC, UC or UD
+	Type                 ib.QPType // rnic.RC, UC or UD
 	SendCQ, RecvCQ       CQ
 	MaxSendWR, MaxRecvWR int
 	MaxSGE               int // per WR, send and receive
@@ -110,7 +110,7 @@ type QPInitAttr struct {
 type QP interface {
 	QPN() uint32
 	// Modify changes the QP's attributes and state as ibv_modify_qp
-	// (verbs.QP.Modify's rules). attr.AV.DMAC need not be set: the RNIC
+	// (rnic.QP.Modify's rules). attr.AV.DMAC need not be set: the RNIC
 	// resolves attr.AV.DGID.
 	Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error
 	// PostSend posts one send WR; ErrQueueFull when the send queue is full.
@@ -118,13 +118,13 @@ type QP interface {
 	// PostRecv posts one receive WR; ErrQueueFull when the queue is full.
 	PostRecv(w *RecvWR) error
 	// WithLock runs fn where the RNIC's writes into the QP's memory are
-	// whole (verbs.QP.WithLock); through the daemon, where the writer is
+	// whole (rnic.QP.WithLock); through the daemon, where the writer is
 	// another process, it just runs fn.
 	WithLock(fn func())
 	Destroy() error
 }
 
-// SendWR is a send work request (ibv_send_wr), as verbs.SendWR but with a
+// SendWR is a send work request (ibv_send_wr), as rnic.SendWR but with a
 // UD destination that either RNIC can make (PD.CreateAH).
 type SendWR struct {
 	ID         uint64
@@ -148,7 +148,7 @@ type SendWR struct {
 
 // Congested is a Device that runs DCQCN (the in-process one, with --dcqcn).
 type Congested interface {
-	Congestion() verbs.Congestion
+	Congestion() rnic.Congestion
 }
 
 // CCQP is a QP whose DCQCN state can be read.
@@ -179,7 +179,7 @@ type RecvSyncer interface {
 	SyncRecv(ctx context.Context) error
 }
 
-// Stater is a Device that can snapshot its device counters (verbs.Stats).
+// Stater is a Device that can snapshot its device counters (rnic.Stats).
 type Stater interface {
-	Stats() verbs.Stats
+	Stats() rnic.Stats
 }

@@ -1,4 +1,4 @@
-package verbs_test
+package rnic_test
 
 import (
 	"fmt"
@@ -7,7 +7,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // Two devices on an in-memory link: an RDMA WRITE from one to the other,
@@ -17,17 +17,17 @@ func Example() {
 	la, lb := memlink.NewPair(memlink.Config{Clock: clk.Now})
 	ipA, ipB := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2")
 	macA, macB := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
-	a, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{ipA}})
-	b, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{ipB}})
+	a, _ := rnic.NewDevice(rnic.Config{MAC: macA, Addrs: []netip.Addr{ipA}})
+	b, _ := rnic.NewDevice(rnic.Config{MAC: macB, Addrs: []netip.Addr{ipB}})
 
 	// Application side: PD, MRs, CQ, QP on each device.
 	pdA, pdB := a.AllocPD(), b.AllocPD()
 	src, _ := pdA.RegMR([]byte("hello, RDMA"), ib.LocalWrite)
 	dst, _ := pdB.RegMR(make([]byte, 11), ib.LocalWrite|ib.RemoteWrite)
 	cqA, cqB := a.CreateCQ(16), b.CreateCQ(16)
-	qa, _ := pdA.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqA, RecvCQ: cqA})
-	qb, _ := pdB.CreateQP(verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
-	connect := func(q, peer *verbs.QP, mac [6]byte, ip netip.Addr) {
+	qa, _ := pdA.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqA, RecvCQ: cqA})
+	qb, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	connect := func(q, peer *rnic.QP, mac [6]byte, ip netip.Addr) {
 		q.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite},
 			ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags)
 		q.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peer.QPN(), RQPSN: 100,
@@ -38,7 +38,7 @@ func Example() {
 	}
 	connect(qa, qb, macB, ipB)
 	connect(qb, qa, macA, ipA)
-	qa.PostSend(verbs.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qa.PostSend(rnic.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG:         []ib.SGE{{Addr: src.IOVA(), Length: uint32(src.Len()), LKey: src.LKey()}},
 		RemoteAddr: dst.IOVA(), RKey: dst.RKey()})
 
@@ -48,7 +48,7 @@ func Example() {
 	var wc [1]ib.WC
 	for cqA.Poll(wc[:]) == 0 {
 		for _, d := range []struct {
-			dev  *verbs.Device
+			dev  *rnic.Device
 			port *memlink.Port
 		}{{a, la}, {b, lb}} {
 			now := clk.Now()

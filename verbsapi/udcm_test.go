@@ -1,4 +1,4 @@
-package rnic_test
+package verbsapi_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // TestDaemonUDCM: SIDR through the daemon with rnic's calls, against an
@@ -28,11 +28,11 @@ func TestDaemonUDCM(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { agent.Close() })
-	dcm, err := rnic.DaemonCM(tb.d)
+	dcm, err := verbsapi.DaemonCM(tb.d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ud, ok := dcm.(rnic.UDCM)
+	ud, ok := dcm.(verbsapi.UDCM)
 	if !ok {
 		t.Fatal("DaemonCM is no UDCM")
 	}
@@ -51,19 +51,19 @@ func TestDaemonUDCM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	qpD, err := pdD.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: d.cq, RecvCQ: d.cq, MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
+	qpD, err := pdD.CreateQP(verbsapi.QPInitAttr{Type: ib.UD, SendCQ: d.cq, RecvCQ: d.cq, MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer qpD.Destroy()
-	if err := rnic.PrepareUD(qpD); err != nil {
+	if err := verbsapi.PrepareUD(qpD); err != nil {
 		t.Fatal(err)
 	}
 	base := mrD.IOVA()
-	if err := qpD.PostRecv(&rnic.RecvWR{ID: 9, SG: []ib.SGE{{Addr: base, Length: 40 + 64, LKey: mrD.LKey()}}}); err != nil {
+	if err := qpD.PostRecv(&verbsapi.RecvWR{ID: 9, SG: []ib.SGE{{Addr: base, Length: 40 + 64, LKey: mrD.LKey()}}}); err != nil {
 		t.Fatal(err)
 	}
-	if rs, ok := qpD.(rnic.RecvSyncer); ok {
+	if rs, ok := qpD.(verbsapi.RecvSyncer); ok {
 		if err := rs.SyncRecv(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -99,14 +99,14 @@ func TestDaemonUDCM(t *testing.T) {
 	// from to what it learnt.
 	pdB, _ := tb.b.AllocPD()
 	cqB, _ := tb.b.CreateCQ(8)
-	vqp, err := rnic.VerbsPD(pdB).CreateQP(verbs.QPInitAttr{Type: ib.UD, SendCQ: rnic.VerbsCQ(cqB), RecvCQ: rnic.VerbsCQ(cqB), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
+	vqp, err := verbsapi.VerbsPD(pdB).CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: verbsapi.VerbsCQ(cqB), RecvCQ: verbsapi.VerbsCQ(cqB), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := rdmacm.PrepareUD(vqp); err != nil {
 		t.Fatal(err)
 	}
-	qpB := rnic.LocalQP(pdB, vqp)
+	qpB := verbsapi.LocalQP(pdB, vqp)
 	ah, err := pdB.CreateAH(ib.AddressVector{DGID: ib.GIDFrom(addrA)})
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +118,7 @@ func TestDaemonUDCM(t *testing.T) {
 		t.Fatal(err)
 	}
 	copy(memB.Bytes(), msg)
-	if err := qpB.PostSend(&rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+	if err := qpB.PostSend(&verbsapi.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: uint32(len(msg)), LKey: mrB.LKey()}},
 		AH: ah, RemoteQPN: got.p.QPN, RemoteQKey: got.p.QKey}); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 import (
 	"context"
@@ -14,18 +14,18 @@ import (
 
 // Errors returned by the verbs.
 var (
-	ErrInvalid      = errors.New("verbs: invalid argument")
-	ErrState        = errors.New("verbs: illegal QP state transition")
-	ErrQPState      = errors.New("verbs: QP state does not allow this")
-	ErrQueueFull    = errors.New("verbs: work queue full")
-	ErrTooManySGE   = errors.New("verbs: too many scatter/gather entries")
-	ErrInlineSize   = errors.New("verbs: inline data larger than max_inline_data")
-	ErrBadOpcode    = errors.New("verbs: opcode not supported by this QP type")
-	ErrAccess       = errors.New("verbs: invalid access flags")
-	ErrDestroyed    = errors.New("verbs: object destroyed")
-	ErrNoRecvQueue  = errors.New("verbs: QP uses an SRQ; post receives there")
-	ErrKeySpace     = errors.New("verbs: could not draw a fresh key")
-	ErrNotSupported = errors.New("verbs: not supported")
+	ErrInvalid      = errors.New("rnic: invalid argument")
+	ErrState        = errors.New("rnic: illegal QP state transition")
+	ErrQPState      = errors.New("rnic: QP state does not allow this")
+	ErrQueueFull    = errors.New("rnic: work queue full")
+	ErrTooManySGE   = errors.New("rnic: too many scatter/gather entries")
+	ErrInlineSize   = errors.New("rnic: inline data larger than max_inline_data")
+	ErrBadOpcode    = errors.New("rnic: opcode not supported by this QP type")
+	ErrAccess       = errors.New("rnic: invalid access flags")
+	ErrDestroyed    = errors.New("rnic: object destroyed")
+	ErrNoRecvQueue  = errors.New("rnic: QP uses an SRQ; post receives there")
+	ErrKeySpace     = errors.New("rnic: could not draw a fresh key")
+	ErrNotSupported = errors.New("rnic: not supported")
 )
 
 // Limits of the device, as an RNIC reports them in ibv_query_device.
@@ -197,7 +197,7 @@ type CQ struct {
 
 // ErrCQOverrun is the error of a CQ that overflowed (IBV_EVENT_CQ_ERR):
 // completions were lost, the CQ is unusable and its QPs are in ERR.
-var ErrCQOverrun = errors.New("verbs: CQ overrun: completions were lost; the CQ and its QPs are in error")
+var ErrCQOverrun = errors.New("rnic: CQ overrun: completions were lost; the CQ and its QPs are in error")
 
 // CreateCQ creates a CQ holding up to depth completions.
 func (d *Device) CreateCQ(depth int) *CQ {

@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 import (
 	"fmt"
@@ -535,11 +535,11 @@ func (a *AH) AV() ib.AddressVector { return a.ah.AV }
 // av, the device's resolver finds the next hop.
 func (pd *PD) CreateAH(av ib.AddressVector) (*AH, error) {
 	if err := pd.dev.checkAV(&av); err != nil {
-		return nil, fmt.Errorf("verbs: address handle: %v: %w", err, ErrInvalid)
+		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, ErrInvalid)
 	}
 	mac, err := pd.dev.destMAC(&av)
 	if err != nil {
-		return nil, fmt.Errorf("verbs: address handle: %v: %w", err, ErrInvalid)
+		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, ErrInvalid)
 	}
 	av.DMAC = mac
 	a := &AH{hdr: pd.dev.makeHdr(&av, mac, 0, 0)}

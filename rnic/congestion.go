@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 import (
 	"encoding/binary"
@@ -62,10 +62,10 @@ func NewCongestion(profile string, lineRate congestion.Rate, scale float64, cx *
 		scale = 1
 	}
 	if !(scale >= 1) || math.IsInf(scale, 0) {
-		return Congestion{}, fmt.Errorf("verbs: congestion scale %v, want >= 1", scale)
+		return Congestion{}, fmt.Errorf("rnic: congestion scale %v, want >= 1", scale)
 	}
 	if lineRate < 0 {
-		return Congestion{}, fmt.Errorf("verbs: negative line rate %v", lineRate)
+		return Congestion{}, fmt.Errorf("rnic: negative line rate %v", lineRate)
 	}
 	c := Congestion{Profile: profile, Scale: scale}
 	switch profile {
@@ -86,7 +86,7 @@ func NewCongestion(profile string, lineRate congestion.Rate, scale float64, cx *
 		}
 		c.RP, c.NP = k.Config(lineRate), k.NPConfig()
 	default:
-		return Congestion{}, fmt.Errorf("verbs: unknown congestion profile %q (off, paper, connectx)", profile)
+		return Congestion{}, fmt.Errorf("rnic: unknown congestion profile %q (off, paper, connectx)", profile)
 	}
 	c.RP, c.NP = c.RP.Dilate(scale), c.NP.Dilate(scale)
 	return c, c.validate()
@@ -100,13 +100,13 @@ func (c *Congestion) validate() error {
 		return nil
 	}
 	if c.Profile != "paper" && c.Profile != "connectx" {
-		return fmt.Errorf("verbs: unknown congestion profile %q", c.Profile)
+		return fmt.Errorf("rnic: unknown congestion profile %q", c.Profile)
 	}
 	if err := c.RP.Validate(); err != nil {
 		return err
 	}
 	if c.DataDSCP > 63 || c.NP.DSCP > 63 || c.PacerBurst < 0 || c.NP.MinInterval < 0 {
-		return fmt.Errorf("verbs: DSCP above 63 or negative pacer burst or CNP interval")
+		return fmt.Errorf("rnic: DSCP above 63 or negative pacer burst or CNP interval")
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 import (
 	"github.com/softrnic/softrnic/ib"

@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 // UDSourcePort is the UDP source port rxe gives the packets of the UD QP
 // qpn: hash_32(qpn, 14) in the RoCEv2 entropy range [0xC000, 0xFFFF]

@@ -1,4 +1,4 @@
-package rnic_test
+package verbsapi_test
 
 import (
 	"context"
@@ -17,7 +17,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/verbsapi"
 )
 
 var (
@@ -29,8 +29,8 @@ var (
 // its engine, and a daemon serving device A: the three RNICs a tool can
 // run on (A in process, A through the daemon, B in process).
 type testbed struct {
-	a, b, d rnic.Device
-	vb      *verbs.Device // b's verbs device, for an rdma_cm agent on it
+	a, b, d verbsapi.Device
+	vb      *rnic.Device // b's verbs device, for an rdma_cm agent on it
 }
 
 func newTestbed(t testing.TB) *testbed {
@@ -44,8 +44,8 @@ func newTestbed(t testing.TB) *testbed {
 		}
 		return src, m, nil
 	}
-	start := func(mac [6]byte, addr netip.Addr, p *memlink.Port) *verbs.Device {
-		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{addr}, PortMTU: 1024})
+	start := func(mac [6]byte, addr netip.Addr, p *memlink.Port) *rnic.Device {
+		dev, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{addr}, PortMTU: 1024})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,21 +74,21 @@ func newTestbed(t testing.TB) *testbed {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return &testbed{a: rnic.Local(devA, "mla", resolve, nil), b: rnic.Local(devB, "mlb", resolve, nil), d: rnic.Daemon(c), vb: devB}
+	return &testbed{a: verbsapi.Local(devA, "mla", resolve, nil), b: verbsapi.Local(devB, "mlb", resolve, nil), d: verbsapi.Daemon(c), vb: devB}
 }
 
 // end is one side of a connection: its memory, MR, CQ and QP.
 type end struct {
-	mem rnic.Mem
-	mr  rnic.MR
-	cq  rnic.CQ
-	qp  rnic.QP
+	mem verbsapi.Mem
+	mr  verbsapi.MR
+	cq  verbsapi.CQ
+	qp  verbsapi.QP
 	typ ib.QPType
-	ah  rnic.AH
+	ah  verbsapi.AH
 	wcs [4]ib.WC
 }
 
-func newEnd(t testing.TB, dev rnic.Device, typ ib.QPType) *end {
+func newEnd(t testing.TB, dev verbsapi.Device, typ ib.QPType) *end {
 	e := &end{}
 	var err error
 	if e.mem, err = dev.AllocMem(1 << 16); err != nil {
@@ -104,7 +104,7 @@ func newEnd(t testing.TB, dev rnic.Device, typ ib.QPType) *end {
 	if e.cq, err = dev.CreateCQ(256); err != nil {
 		t.Fatal(err)
 	}
-	if e.qp, err = pd.CreateQP(rnic.QPInitAttr{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: 64, MaxRecvWR: 64, MaxSGE: 1}); err != nil {
+	if e.qp, err = pd.CreateQP(verbsapi.QPInitAttr{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: 64, MaxRecvWR: 64, MaxSGE: 1}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -168,7 +168,7 @@ func (e *end) wait(t testing.TB) ib.WC {
 // sync waits until the daemon holds every receive posted on e (no-op in
 // process).
 func (e *end) sync(t testing.TB) {
-	if rs, ok := e.qp.(rnic.RecvSyncer); ok {
+	if rs, ok := e.qp.(verbsapi.RecvSyncer); ok {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		if err := rs.SyncRecv(ctx); err != nil {
@@ -179,13 +179,13 @@ func (e *end) sync(t testing.TB) {
 
 func pairs(tb *testbed) []struct {
 	name string
-	x, y rnic.Device
+	x, y verbsapi.Device
 	xIP  netip.Addr
 	yIP  netip.Addr
 } {
 	return []struct {
 		name string
-		x, y rnic.Device
+		x, y verbsapi.Device
 		xIP  netip.Addr
 		yIP  netip.Addr
 	}{
@@ -206,7 +206,7 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 				x, y := newEnd(t, p.x, typ), newEnd(t, p.y, typ)
 				ud := typ == ib.UD
 				connect(t, x, y, p.xIP, p.yIP, ud)
-				var ah rnic.AH
+				var ah verbsapi.AH
 				if ud {
 					pd, _ := p.x.AllocPD()
 					var err error
@@ -220,11 +220,11 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 				// SEND.
 				copy(x.mem.Bytes()[100:], "hello through either RNIC")
 				rsg := []ib.SGE{{Addr: y.mr.IOVA() + 1000, Length: 200, LKey: y.mr.LKey()}}
-				if err := y.qp.PostRecv(&rnic.RecvWR{ID: 7, SG: rsg}); err != nil {
+				if err := y.qp.PostRecv(&verbsapi.RecvWR{ID: 7, SG: rsg}); err != nil {
 					t.Fatal(err)
 				}
 				y.sync(t)
-				w := &rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 100, Length: 25, LKey: x.mr.LKey()}},
+				w := &verbsapi.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 100, Length: 25, LKey: x.mr.LKey()}},
 					AH: ah, RemoteQPN: y.qp.QPN(), RemoteQKey: 0x11111111}
 				if err := x.qp.PostSend(w); err != nil {
 					t.Fatal(err)
@@ -245,7 +245,7 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 				}
 				// WRITE.
 				copy(x.mem.Bytes()[200:], "written")
-				*w = rnic.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 200, Length: 7, LKey: x.mr.LKey()}},
+				*w = verbsapi.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 200, Length: 7, LKey: x.mr.LKey()}},
 					RemoteAddr: y.mr.IOVA() + 5000, RKey: y.mr.RKey()}
 				if err := x.qp.PostSend(w); err != nil {
 					t.Fatal(err)
@@ -271,7 +271,7 @@ func TestVerbsOnBothRNICs(t *testing.T) {
 				}
 				// READ.
 				y.qp.WithLock(func() { copy(y.mem.Bytes()[6000:], "read back") })
-				*w = rnic.SendWR{ID: 3, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 300, Length: 9, LKey: x.mr.LKey()}},
+				*w = verbsapi.SendWR{ID: 3, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA() + 300, Length: 9, LKey: x.mr.LKey()}},
 					RemoteAddr: y.mr.IOVA() + 6000, RKey: y.mr.RKey()}
 				if err := x.qp.PostSend(w); err != nil {
 					t.Fatal(err)
@@ -294,8 +294,8 @@ func TestPostPollAllocationFree(t *testing.T) {
 		t.Run(p.name, func(t *testing.T) {
 			x, y := newEnd(t, p.x, ib.RC), newEnd(t, p.y, ib.RC)
 			connect(t, x, y, p.xIP, p.yIP, false)
-			rwr := &rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: y.mr.IOVA(), Length: 64, LKey: y.mr.LKey()}}}
-			swr := &rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA(), Length: 64, LKey: x.mr.LKey()}}}
+			rwr := &verbsapi.RecvWR{ID: 1, SG: []ib.SGE{{Addr: y.mr.IOVA(), Length: 64, LKey: y.mr.LKey()}}}
+			swr := &verbsapi.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: x.mr.IOVA(), Length: 64, LKey: x.mr.LKey()}}}
 			// Receives run 32 ahead of the SENDs, as a tool keeps its RQ
 			// filled: one posted now serves a SEND 32 messages later.
 			for range 32 {
@@ -339,10 +339,10 @@ func BenchmarkPingPong64(b *testing.B) {
 			}
 			ex, ey := newEnd(b, x, ib.RC), newEnd(b, tb.b, ib.RC)
 			connect(b, ex, ey, addrA, addrB, false)
-			xr := &rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
-			yr := &rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
-			xs := &rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
-			ys := &rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
+			xr := &verbsapi.RecvWR{ID: 1, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
+			yr := &verbsapi.RecvWR{ID: 1, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
+			xs := &verbsapi.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}
+			ys := &verbsapi.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}
 			for range 16 {
 				ex.qp.PostRecv(xr)
 				ey.qp.PostRecv(yr)

@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 import (
 	"context"

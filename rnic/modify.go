@@ -1,4 +1,4 @@
-package verbs
+package rnic
 
 import (
 	"context"
@@ -34,7 +34,7 @@ type ModifyError struct {
 }
 
 func (e *ModifyError) Error() string {
-	s := fmt.Sprintf("verbs: modify %v QP %#x %v→%v", e.Type, e.QPN, e.From, e.To)
+	s := fmt.Sprintf("rnic: modify %v QP %#x %v→%v", e.Type, e.QPN, e.From, e.To)
 	if e.Attr != 0 {
 		s += " attribute " + e.Attr.String()
 	}

@@ -1,4 +1,4 @@
-package rnic
+package verbsapi
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // Resolver returns the MAC addresses frames to peer go between (ours, the
@@ -19,19 +19,19 @@ type Resolver func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err 
 // resolveTimeout bounds one neighbour resolution of a Modify or CreateAH.
 const resolveTimeout = 3 * time.Second
 
-// Local is a verbs.Device in this process as a Device: name is its
+// Local is a rnic.Device in this process as a Device: name is its
 // interface, resolve finds the MAC of a peer (RTR of RC/UC QPs, address
 // handles), stats (optional) snapshots the device counters from another
 // goroutine (engine.Loop.DeviceStats).
-func Local(dev *verbs.Device, name string, resolve Resolver, stats func() verbs.Stats) Device {
+func Local(dev *rnic.Device, name string, resolve Resolver, stats func() rnic.Stats) Device {
 	return &local{dev: dev, name: name, resolve: resolve, stats: stats}
 }
 
 type local struct {
-	dev     *verbs.Device
+	dev     *rnic.Device
 	name    string
 	resolve Resolver
-	stats   func() verbs.Stats
+	stats   func() rnic.Stats
 }
 
 func (d *local) Name() string       { return d.name }
@@ -39,12 +39,12 @@ func (d *local) GIDs() []netip.Addr { return slices.Clone(d.dev.Config().Addrs) 
 func (d *local) PortMTU() int       { return d.dev.Config().PortMTU }
 
 // Congestion implements Congested.
-func (d *local) Congestion() verbs.Congestion { return d.dev.Config().Congestion }
+func (d *local) Congestion() rnic.Congestion { return d.dev.Config().Congestion }
 
 // Stats implements Stater when the device was given a snapshot function.
-func (d *local) Stats() verbs.Stats {
+func (d *local) Stats() rnic.Stats {
 	if d.stats == nil {
-		return verbs.Stats{}
+		return rnic.Stats{}
 	}
 	return d.stats()
 }
@@ -52,7 +52,7 @@ func (d *local) Stats() verbs.Stats {
 // TransportProgress implements ProgressCounter.
 func (d *local) TransportProgress(qpns []uint32) uint64 {
 	var n uint64
-	d.dev.EachQPCounters(func(c *verbs.QPCounters) {
+	d.dev.EachQPCounters(func(c *rnic.QPCounters) {
 		if slices.Contains(qpns, c.QPN) {
 			n += c.RC.Progress
 		}
@@ -82,7 +82,7 @@ func (d *local) CreateCQ(depth int) (CQ, error) {
 	return localCQ{d.dev.CreateCQ(depth)}, nil
 }
 
-type localCQ struct{ cq *verbs.CQ }
+type localCQ struct{ cq *rnic.CQ }
 
 func (c localCQ) Poll(wcs []ib.WC) int    { return c.cq.Poll(wcs) }
 func (c localCQ) Destroy() error          { return nil } // verbs CQs are garbage collected
@@ -99,7 +99,7 @@ func (c localCQ) Wait(timeout time.Duration) {
 
 type localPD struct {
 	d  *local
-	pd *verbs.PD
+	pd *rnic.PD
 }
 
 func (p *localPD) Dealloc() error { return nil }
@@ -109,7 +109,7 @@ func (p *localPD) RegMR(m Mem, off, n int, iova uint64, access ib.Access) (MR, e
 	if off < 0 || n <= 0 || off+n > len(b) {
 		return nil, fmt.Errorf("rnic: MR [%d, %d) outside the %d-byte memory", off, off+n, len(b))
 	}
-	var mr *verbs.MR
+	var mr *rnic.MR
 	var err error
 	if iova == 0 {
 		mr, err = p.pd.RegMR(b[off:off+n], access)
@@ -122,7 +122,7 @@ func (p *localPD) RegMR(m Mem, off, n int, iova uint64, access ib.Access) (MR, e
 	return localMR{mr}, nil
 }
 
-type localMR struct{ mr *verbs.MR }
+type localMR struct{ mr *rnic.MR }
 
 func (m localMR) LKey() uint32 { return m.mr.LKey() }
 func (m localMR) RKey() uint32 { return m.mr.RKey() }
@@ -144,7 +144,7 @@ func (p *localPD) destMAC(ip netip.Addr) ([6]byte, error) {
 }
 
 type localAH struct {
-	ah *verbs.AH
+	ah *rnic.AH
 	ip netip.Addr
 }
 
@@ -171,7 +171,7 @@ func (p *localPD) CreateQP(a QPInitAttr) (QP, error) {
 	if !ok1 || !ok2 {
 		return nil, fmt.Errorf("rnic: CreateQP with CQs of another RNIC")
 	}
-	q, err := p.pd.CreateQP(verbs.QPInitAttr{Type: a.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: a.MaxSendWR,
+	q, err := p.pd.CreateQP(rnic.QPInitAttr{Type: a.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, MaxSendWR: a.MaxSendWR,
 		MaxRecvWR: a.MaxRecvWR, MaxSGE: a.MaxSGE, MaxInline: a.MaxInline, SigAll: a.SigAll})
 	if err != nil {
 		return nil, err
@@ -179,13 +179,13 @@ func (p *localPD) CreateQP(a QPInitAttr) (QP, error) {
 	return &localQP{p: p, q: q}, nil
 }
 
-// localQP converts each SendWR into its one verbs.SendWR (verbs copies what
+// localQP converts each SendWR into its one rnic.SendWR (verbs copies what
 // it needs at post time), so a post allocates nothing.
 type localQP struct {
 	p   *localPD
-	q   *verbs.QP
-	swr [1]verbs.SendWR
-	rwr [1]verbs.RecvWR
+	q   *rnic.QP
+	swr [1]rnic.SendWR
+	rwr [1]rnic.RecvWR
 }
 
 func (q *localQP) QPN() uint32        { return q.q.QPN() }
@@ -208,7 +208,7 @@ func (q *localQP) Modify(a *ib.QPAttr, mask ib.QPAttrMask) error {
 
 func (q *localQP) PostSend(w *SendWR) error {
 	s := &q.swr[0]
-	*s = verbs.SendWR{ID: w.ID, Opcode: w.Opcode, Flags: w.Flags, SG: w.SG, InlineData: w.InlineData, Imm: w.Imm,
+	*s = rnic.SendWR{ID: w.ID, Opcode: w.Opcode, Flags: w.Flags, SG: w.SG, InlineData: w.InlineData, Imm: w.Imm,
 		RemoteAddr: w.RemoteAddr, RKey: w.RKey, CompareAdd: w.CompareAdd, Swap: w.Swap,
 		RemoteQPN: w.RemoteQPN, RemoteQKey: w.RemoteQKey}
 	if w.AH != nil {
@@ -223,7 +223,7 @@ func (q *localQP) PostSend(w *SendWR) error {
 }
 
 func (q *localQP) PostRecv(w *RecvWR) error {
-	q.rwr[0] = verbs.RecvWR(*w)
+	q.rwr[0] = rnic.RecvWR(*w)
 	_, err := q.q.PostRecv(q.rwr[:]...)
 	return err
 }
@@ -231,7 +231,7 @@ func (q *localQP) PostRecv(w *RecvWR) error {
 // VerbsPD is the verbs PD under a PD of a Local device (nil for another
 // RNIC's): for code that hands it to package rdmacm, which creates its QPs
 // itself.
-func VerbsPD(p PD) *verbs.PD {
+func VerbsPD(p PD) *rnic.PD {
 	if lp, ok := p.(*localPD); ok {
 		return lp.pd
 	}
@@ -240,7 +240,7 @@ func VerbsPD(p PD) *verbs.PD {
 
 // VerbsCQ is the verbs CQ under a CQ of a Local device (nil for another
 // RNIC's).
-func VerbsCQ(c CQ) *verbs.CQ {
+func VerbsCQ(c CQ) *rnic.CQ {
 	if lc, ok := c.(localCQ); ok {
 		return lc.cq
 	}
@@ -249,7 +249,7 @@ func VerbsCQ(c CQ) *verbs.CQ {
 
 // LocalQP wraps a verbs QP created in p (a PD of a Local device) by other
 // means, such as rdmacm, as a QP.
-func LocalQP(p PD, q *verbs.QP) QP {
+func LocalQP(p PD, q *rnic.QP) QP {
 	lp, _ := p.(*localPD)
 	return &localQP{p: lp, q: q}
 }
