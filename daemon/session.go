@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -106,6 +107,21 @@ func errf(no unix.Errno, format string, args ...any) error {
 	return &errno{no, fmt.Sprintf(format, args...)}
 }
 
+// errnoOf is the one place a failure becomes what the client receives:
+// the errno of the daemon's own refusal (errf) or of the device's verbs
+// error kind (rnic.Error), EINVAL for anything else, and the message.
+func errnoOf(err error) (unix.Errno, string) {
+	var e *errno
+	if errors.As(err, &e) {
+		return e.no, e.msg
+	}
+	var k interface{ Errno() syscall.Errno }
+	if errors.As(err, &k) {
+		return k.Errno(), err.Error()
+	}
+	return unix.EINVAL, err.Error()
+}
+
 func (s *Server) startSession(c *net.UnixConn) {
 	cr, err := peerCred(c)
 	if err != nil {
@@ -188,13 +204,11 @@ func (ss *session) serve() {
 
 func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
 	if err != nil {
-		e := &errno{unix.EINVAL, err.Error()}
-		errors.As(err, &e)
-		msg := e.msg
+		no, msg := errnoOf(err)
 		if len(msg) > 512 {
 			msg = msg[:512]
 		}
-		return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq, Errno: uint32(e.no)}, []byte(msg))
+		return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq, Errno: uint32(no)}, []byte(msg))
 	}
 	return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq}, body, fds...)
 }

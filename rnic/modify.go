@@ -1,10 +1,7 @@
 package rnic
 
 import (
-	"context"
-	"errors"
 	"fmt"
-	"time"
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
@@ -16,9 +13,6 @@ const (
 	maxRetry    = 7
 	maxRNRTimer = 31
 )
-
-// resolveTimeout bounds the neighbour resolution of a Modify or CreateAH.
-const resolveTimeout = 3 * time.Second
 
 // ModifyError is a Modify that was refused: which QP, which transition and
 // which attribute (the mask bit, 0 when the transition or the mask as a
@@ -250,41 +244,4 @@ func (q *QP) Query() ib.QPAttr {
 
 func validMTU(m int) bool {
 	return m == 256 || m == 512 || m == 1024 || m == 2048 || m == 4096
-}
-
-// destMAC returns the next hop's MAC for av: its DMAC, or else what the
-// device's resolver finds for its DGID.
-func (d *Device) destMAC(av *ib.AddressVector) ([6]byte, error) {
-	if av.DMAC != ([6]byte{}) {
-		return av.DMAC, nil
-	}
-	dst := av.DGID.Addr()
-	if !dst.IsValid() {
-		return [6]byte{}, errors.New("no destination GID")
-	}
-	if d.cfg.Resolve == nil {
-		return [6]byte{}, fmt.Errorf("no MAC for %v and no neighbour resolution", dst)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), resolveTimeout)
-	defer cancel()
-	mac, err := d.cfg.Resolve(ctx, dst)
-	if err != nil {
-		return mac, fmt.Errorf("no route to %v: %w", dst, err)
-	}
-	return mac, nil
-}
-
-// checkAV checks an address vector against the GID table.
-func (d *Device) checkAV(av *ib.AddressVector) error {
-	if int(av.SGIDIndex) >= len(d.cfg.Addrs) {
-		return fmt.Errorf("source GID index %d, the table has %d", av.SGIDIndex, len(d.cfg.Addrs))
-	}
-	src, dst := d.cfg.Addrs[av.SGIDIndex], av.DGID.Addr()
-	if !dst.IsValid() || dst.IsUnspecified() {
-		return errors.New("no destination GID")
-	}
-	if src.Is4() != dst.Is4() {
-		return fmt.Errorf("destination %v and source GID %v differ in IP version", dst, src)
-	}
-	return nil
 }

@@ -93,7 +93,7 @@ func TestQPStateMachine(t *testing.T) {
 func TestMRKeysAndChecks(t *testing.T) {
 	d, _ := NewDevice(Config{Addrs: []netip.Addr{addrA}})
 	pd, pd2 := d.AllocPD(), d.AllocPD()
-	if _, err := pd.RegMR(make([]byte, 8), ib.RemoteWrite); err != ErrAccess {
+	if _, err := pd.RegMR(make([]byte, 8), ib.RemoteWrite); !errors.Is(err, ErrAccess) {
 		t.Fatal("remote write without local write accepted")
 	}
 	seen := map[uint32]bool{}

@@ -1,25 +1,13 @@
 package rnic
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
-	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/transport/rc"
 )
-
-// DCQCN in the device. With a congestion-control profile set in
-// Config.Congestion, every RC and UC QP's transport (transport/rc) runs a
-// notification point, a reaction point and a pacer from RTR on: it owes
-// CNPs, reacts to those addressed to it and paces what it sends. The device
-// only configures it (rc.CCConfig) and puts its frames on the wire: the
-// QP's frames leave ECT(0) so that switches mark rather than drop them, and
-// its CNPs leave with the profile's CNP DSCP and ECT(0), as ConnectX sends
-// them. With the profile off none of this exists, and the device's bytes
-// and behaviour are those it has without DCQCN.
 
 // ecnECT0 is the ECN codepoint ECT(0) of the IP header's two low TOS /
 // traffic-class bits.
@@ -111,54 +99,6 @@ func (c *Congestion) validate() error {
 	return nil
 }
 
-// CongestionStats are the device's DCQCN counters, named (in Counters) as
-// the mlx5 hw_counters that count the same events. The QPs' transports
-// count into CCCounters (transport/rc); the device counts the CNPs that
-// reach no transport.
-type CongestionStats struct {
-	rc.CCCounters
-	// RxCNP counts every CNP that passed the receive checks (no mlx5
-	// equivalent: the sum of the two rp_ counters).
-	RxCNP uint64
-}
-
-// Counter is one named counter.
-type Counter struct {
-	Name  string
-	Value uint64
-}
-
-// Counters returns the DCQCN counters under their mlx5 names, in the order
-// rdma statistic prints them.
-func (s *CongestionStats) Counters() [4]Counter {
-	return [4]Counter{
-		{"np_ecn_marked_roce_packets", s.NPECNMarkedRoCEPackets},
-		{"np_cnp_sent", s.NPCNPSent},
-		{"rp_cnp_handled", s.RPCNPHandled},
-		{"rp_cnp_ignored", s.RPCNPIgnored},
-	}
-}
-
-// setTOS rewrites the IPv4 TOS / IPv6 traffic class of a header template.
-func (h *hdrTmpl) setTOS(tos uint8) {
-	ip := h.b[frame.EthernetLen:]
-	if h.v6 {
-		w := binary.BigEndian.Uint32(ip)
-		binary.BigEndian.PutUint32(ip, w&^(0xFF<<20)|uint32(tos)<<20)
-		return
-	}
-	ip[1] = tos
-}
-
-// tos returns the template's IPv4 TOS / IPv6 traffic class.
-func (h *hdrTmpl) tos() uint8 {
-	ip := h.b[frame.EthernetLen:]
-	if h.v6 {
-		return uint8(binary.BigEndian.Uint32(ip) >> 20)
-	}
-	return ip[1]
-}
-
 // ccConfig is the transport's congestion control of setting c, nil when
 // it is off.
 func (c *Congestion) ccConfig() *rc.CCConfig {
@@ -172,13 +112,13 @@ func (c *Congestion) ccConfig() *rc.CCConfig {
 // DSCP if it has one, and derives the CNP header from it (q.mu held).
 func (q *QP) ccHeaders() {
 	c := &q.dev.cfg.Congestion
-	dscp := q.hdr.tos() >> 2
+	dscp := q.hdr.TOS() >> 2
 	if c.DataDSCP != 0 {
 		dscp = c.DataDSCP
 	}
-	q.hdr.setTOS(dscp<<2 | ecnECT0)
+	q.hdr.SetTOS(dscp<<2 | ecnECT0)
 	q.cnpHdr = q.hdr
-	q.cnpHdr.setTOS(c.NP.DSCP<<2 | ecnECT0)
+	q.cnpHdr.SetTOS(c.NP.DSCP<<2 | ecnECT0)
 }
 
 // ccReporter is a transport that runs congestion control.

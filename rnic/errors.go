@@ -1,0 +1,42 @@
+package rnic
+
+import "syscall"
+
+// Error is one kind of verbs failure, with the errno rdma-core's
+// libibverbs returns for it: the daemon and the C library answer a
+// failure with Errno, in one place. Failures with context (which QP, which
+// attribute) wrap one of these, so errors.Is finds the kind, and
+// errors.Is(err, syscall.EINVAL) the errno.
+type Error struct {
+	errno syscall.Errno
+	msg   string
+}
+
+func (e *Error) Error() string { return "rnic: " + e.msg }
+
+// Errno is the errno a verbs call fails with for e.
+func (e *Error) Errno() syscall.Errno { return e.errno }
+
+// Is makes errors.Is(err, syscall.EINVAL) true for an error of kind
+// EINVAL.
+func (e *Error) Is(target error) bool {
+	n, ok := target.(syscall.Errno)
+	return ok && n == e.errno
+}
+
+// The kinds of failure.
+var (
+	ErrInvalid      = &Error{syscall.EINVAL, "invalid argument"}
+	ErrState        = &Error{syscall.EINVAL, "illegal QP state transition"}
+	ErrQPState      = &Error{syscall.EINVAL, "QP state does not allow this"}
+	ErrQueueFull    = &Error{syscall.ENOMEM, "work queue full"}
+	ErrTooManySGE   = &Error{syscall.EINVAL, "too many scatter/gather entries"}
+	ErrInlineSize   = &Error{syscall.EINVAL, "inline data larger than max_inline_data"}
+	ErrBadOpcode    = &Error{syscall.EINVAL, "opcode not supported by this QP type"}
+	ErrAccess       = &Error{syscall.EINVAL, "invalid access flags"}
+	ErrDestroyed    = &Error{syscall.EINVAL, "object destroyed"}
+	ErrNoRecvQueue  = &Error{syscall.EINVAL, "QP uses an SRQ; post receives there"}
+	ErrKeySpace     = &Error{syscall.ENOMEM, "could not draw a fresh key"}
+	ErrNotSupported = &Error{syscall.EOPNOTSUPP, "not supported"}
+	ErrBusy         = &Error{syscall.EBUSY, "object still in use"}
+)
