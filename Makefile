@@ -38,7 +38,7 @@ test-race:
 ## test-long: the exhaustive sweeps that the default run samples
 test-long:
 	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run 'TestNFlow|TestConnectXAtScale' ./sim/
-	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./verbs
+	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./rnic
 	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run TestLoopback ./transport/rc
 
 ## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)

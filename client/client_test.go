@@ -20,9 +20,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon"
-	"github.com/softrnic/softrnic/daemon/loopdev"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/testlink"
+	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestMain runs the child roles of the cross-process tests when the test
@@ -36,7 +38,7 @@ func TestMain(m *testing.M) {
 
 type testDaemon struct {
 	srv  *daemon.Server
-	dev  *loopdev.Device
+	dev  *rnic.Device // on a loopback link: its QPs reach each other
 	path string
 	gone chan daemon.ClientInfo
 }
@@ -47,7 +49,7 @@ func startDaemon(t testing.TB, opt daemon.Options) *testDaemon {
 
 func startDaemonIn(t testing.TB, dir string, opt daemon.Options) *testDaemon {
 	t.Helper()
-	td := &testDaemon{dev: loopdev.New("loop0"), path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
+	td := &testDaemon{dev: testlink.Loopback(t, 1024), path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -92,25 +94,33 @@ func newEndpoint(t testing.TB, path string, access ib.Access) *endpoint {
 	}
 	t.Cleanup(func() { c.Close() })
 	e := &endpoint{c: c}
-	if e.pd, err = c.AllocPD(); err != nil {
-		t.Fatal(err)
-	}
+	e.pd = must(t)(c.AllocPD()).(*PD)
 	if e.mem, err = AllocMem(64 << 10); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.mem.Free() })
-	if e.mr, err = e.pd.RegMR(e.mem, 0, 64<<10, access); err != nil {
-		t.Fatal(err)
-	}
-	if e.cq, err = c.CreateCQ(256); err != nil {
-		t.Fatal(err)
-	}
-	if e.qp, err = e.pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: e.cq, RecvCQ: e.cq,
-		Caps: proto.QPCaps{MaxSendWR: 128, MaxRecvWR: 128, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}}); err != nil {
-		t.Fatal(err)
-	}
+	e.mr = must(t)(e.pd.RegMR(e.mem, 0, 64<<10, 0, access)).(*MR)
+	e.cq = must(t)(c.CreateCQ(256)).(*CQ)
+	e.qp = must(t)(e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: e.cq, RecvCQ: e.cq,
+		Cap: ib.QPCaps{MaxSendWR: 128, MaxRecvWR: 128, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}})).(*QP)
 	return e
 }
+
+// must returns a function that fails the test on a non-nil error and
+// returns the value otherwise.
+func must(t testing.TB) func(v any, err error) any {
+	return func(v any, err error) any {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+// gid is the GID of the test daemon's device (both ends of a connection
+// are on it).
+var gid = ib.GIDFrom(testlink.AddrA)
 
 // connect brings a and b to RTS, pointed at each other.
 func connect(t testing.TB, a, b *endpoint, access ib.Access) {
@@ -118,16 +128,17 @@ func connect(t testing.TB, a, b *endpoint, access ib.Access) {
 	for _, p := range [][2]*endpoint{{a, b}, {b, a}} {
 		q, peer := p[0].qp, p[1].qp
 		steps := []struct {
-			attr proto.QPAttr
-			mask proto.QPAttrMask
+			attr ib.QPAttr
+			mask ib.QPAttrMask
 		}{
-			{proto.QPAttr{State: proto.Init, Access: access}, proto.AttrState | proto.AttrAccessFlags | proto.AttrPKeyIndex | proto.AttrPort},
-			{proto.QPAttr{State: proto.RTR, DestQPN: peer.QPN, PathMTU: 1024, RQPSN: 100}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN | proto.AttrMaxDestRdAtomc | proto.AttrMinRNRTimer},
-			{proto.QPAttr{State: proto.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrSQPSN | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrMaxQPRdAtomic},
+			{ib.QPAttr{State: ib.Init, Access: access, Port: 1}, ib.AttrState | ib.AttrAccessFlags | ib.AttrPKeyIndex | ib.AttrPort},
+			{ib.QPAttr{State: ib.RTR, DestQPN: peer.QPN(), PathMTU: 1024, RQPSN: 100, MaxDestRdAtomic: 4, MinRNRTimer: 1, AV: ib.AddressVector{DGID: gid}},
+				ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer},
+			{ib.QPAttr{State: ib.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}, ib.AttrState | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic},
 		}
 		for _, s := range steps {
 			if err := q.Modify(&s.attr, s.mask); err != nil {
-				t.Fatalf("QP %d to %v: %v", q.QPN, s.attr.State, err)
+				t.Fatalf("QP %d to %v: %v", q.QPN(), s.attr.State, err)
 			}
 		}
 	}
@@ -162,18 +173,18 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	// SEND → RECV, two SGEs on each side.
 	copy(a.mem.Bytes()[0:], "hello, ")
 	copy(a.mem.Bytes()[100:], "remote world")
-	if _, err := b.qp.PostRecv(&proto.RecvWR{ID: 7, SG: []proto.SGE{b.mr.SGE(1000, 4), b.mr.SGE(2000, 100)}}); err != nil {
+	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{b.mr.SGE(1000, 4), b.mr.SGE(2000, 100)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 1, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: 0xabc,
-		SG: []proto.SGE{a.mr.SGE(0, 7), a.mr.SGE(100, 12)}}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: 0xabc,
+		SG: []ib.SGE{a.mr.SGE(0, 7), a.mr.SGE(100, 12)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.ID != 1 || wc.Status != ib.Success || wc.Opcode != ib.WCSend || wc.QPN != a.qp.QPN {
+	if wc := waitWC(t, a.cq); wc.ID != 1 || wc.Status != ib.Success || wc.Opcode != ib.WCSend || wc.QPN != a.qp.QPN() {
 		t.Fatalf("send completion %+v", wc)
 	}
 	wc := waitWC(t, b.cq)
-	if wc.ID != 7 || wc.Status != ib.Success || !wc.IsRecv || wc.ByteLen != 19 || wc.Imm != 0xabc || wc.Flags&ib.WCWithImm == 0 || wc.SrcQP != a.qp.QPN {
+	if wc.ID != 7 || wc.Status != ib.Success || !wc.IsRecv || wc.ByteLen != 19 || wc.Imm != 0xabc || wc.Flags&ib.WCWithImm == 0 {
 		t.Fatalf("recv completion %+v", wc)
 	}
 	if got := string(b.mem.Bytes()[1000:1004]) + string(b.mem.Bytes()[2000:2015]); got != "hello, remote world" {
@@ -182,8 +193,8 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 
 	// RDMA WRITE lands directly in b's own buffer (the memfd both map).
 	copy(a.mem.Bytes()[4096:], "written by a")
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-		SG: []proto.SGE{a.mr.SGE(4096, 12)}, RemoteAddr: b.mr.Addr + 8192, RKey: b.mr.RKey}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{a.mr.SGE(4096, 12)}, RemoteAddr: b.mr.IOVA() + 8192, RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCRDMAWrite {
@@ -194,8 +205,8 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	}
 
 	// Inline RDMA WRITE: the data travels in the SQ slot.
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled | ib.Inline,
-		Inline: []byte("inline!"), RemoteAddr: b.mr.Addr + 9000, RKey: b.mr.RKey}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled | ib.Inline,
+		InlineData: []byte("inline!"), RemoteAddr: b.mr.IOVA() + 9000, RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, a.cq); wc.Status != ib.Success {
@@ -207,8 +218,8 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 
 	// RDMA READ from b into a.
 	copy(b.mem.Bytes()[12000:], "read me back")
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 4, Opcode: ib.RDMARead, Flags: ib.Signaled,
-		SG: []proto.SGE{a.mr.SGE(16000, 12)}, RemoteAddr: b.mr.Addr + 12000, RKey: b.mr.RKey}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 4, Opcode: ib.RDMARead, Flags: ib.Signaled,
+		SG: []ib.SGE{a.mr.SGE(16000, 12)}, RemoteAddr: b.mr.IOVA() + 12000, RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCRDMARead || wc.ByteLen != 12 {
@@ -219,10 +230,7 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	}
 
 	// Unsignaled WRs produce no completion; the next signaled one does.
-	if _, err := a.qp.PostSend(
-		&proto.SendWR{ID: 5, Opcode: ib.RDMAWrite, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
-		&proto.SendWR{ID: 6, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
-	); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 5, Opcode: ib.RDMAWrite, SG: []ib.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}, {ID: 6, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, a.cq); wc.ID != 6 {
@@ -232,21 +240,21 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	// Atomics: FETCH_AND_ADD then CMP_AND_SWP on an 8-byte word of b's MR;
 	// the original value lands in a's buffer.
 	binary.NativeEndian.PutUint64(b.mem.Bytes()[24000:], 40)
-	a.qp.PostSend(&proto.SendWR{ID: 20, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(32000, 8)},
-		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, SwapAdd: 2})
+	a.qp.PostSend([]verbs.SendWR{{ID: 20, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32000, 8)},
+		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 2}})
 	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCFetchAdd ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32000:]) != 40 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 42 {
 		t.Fatalf("fetch-add: %+v", wc)
 	}
-	a.qp.PostSend(&proto.SendWR{ID: 21, Opcode: ib.AtomicCmpAndSwp, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(32008, 8)},
-		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, Compare: 42, SwapAdd: 7})
+	a.qp.PostSend([]verbs.SendWR{{ID: 21, Opcode: ib.AtomicCmpAndSwp, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32008, 8)},
+		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 42, Swap: 7}})
 	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCCompSwap ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32008:]) != 42 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 7 {
 		t.Fatalf("compare-swap: %+v", wc)
 	}
 
 	attr, err := a.qp.Query()
-	if err != nil || attr.State != proto.RTS || attr.DestQPN != b.qp.QPN {
+	if err != nil || attr.State != ib.RTS || attr.DestQPN != b.qp.QPN() {
 		t.Fatalf("query: %+v %v", attr, err)
 	}
 	st, err := a.c.Status()
@@ -280,10 +288,10 @@ func TestClientsAreIsolated(t *testing.T) {
 			t.Errorf("%v of an unknown handle: %v, want ENOENT", op, err)
 		}
 	}
-	if _, err := b.pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: a.cq, RecvCQ: a.cq, Caps: proto.QPCaps{MaxSendWR: 1}}); err == nil {
+	if _, err := b.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: a.cq, RecvCQ: a.cq, Cap: ib.QPCaps{MaxSendWR: 1}}); err == nil {
 		t.Error("b created a QP on a's CQ")
 	}
-	req := proto.CreateQPReq{PD: foreign, SendCQ: b.cq.h, RecvCQ: b.cq.h, Type: proto.RC, Caps: proto.QPCaps{MaxSendWR: 1}}
+	req := proto.CreateQPReq{PD: foreign, SendCQ: b.cq.h, RecvCQ: b.cq.h, Type: ib.RC, Caps: ib.QPCaps{MaxSendWR: 1}}
 	if _, _, err := b.c.call(proto.OpCreateQP, &req, 2); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("CreateQP in a foreign PD: %v", err)
 	}
@@ -292,7 +300,7 @@ func TestClientsAreIsolated(t *testing.T) {
 	// with a remote access error and writes nothing.
 	copy(b.mem.Bytes(), "intruder")
 	before := append([]byte(nil), a.mem.Bytes()[:64]...)
-	b.qp.PostSend(&proto.SendWR{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
+	b.qp.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
 	if wc := waitWC(t, b.cq); wc.Status != ib.RemAccessErr {
 		t.Fatalf("write to a non-remote MR: %v", wc.Status)
 	}
@@ -300,7 +308,7 @@ func TestClientsAreIsolated(t *testing.T) {
 		t.Fatal("a's memory changed")
 	}
 	// The failed QP is in error now: the next WR is flushed.
-	b.qp.PostSend(&proto.SendWR{ID: 10, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
+	b.qp.PostSend([]verbs.SendWR{{ID: 10, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
 	if wc := waitWC(t, b.cq); wc.Status != ib.WRFlushErr || wc.ID != 10 {
 		t.Fatalf("after error: %+v", wc)
 	}
@@ -308,10 +316,10 @@ func TestClientsAreIsolated(t *testing.T) {
 	// A guessed rkey (a's lkey, or a's rkey plus one) is refused too.
 	c, d := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
 	connect(t, c, d, ib.RemoteWrite)
-	for _, key := range []uint32{d.mr.LKey, d.mr.RKey + 1, a.mr.RKey} {
+	for _, key := range []uint32{d.mr.LKey(), d.mr.RKey() + 1, a.mr.RKey()} {
 		c2, d2 := newEndpoint(t, td.path, allAccess), d
 		_ = c2
-		if _, err := c.qp.PostSend(&proto.SendWR{ID: 11, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{c.mr.SGE(0, 8)}, RemoteAddr: d2.mr.Addr, RKey: key}); err != nil {
+		if _, err := c.qp.PostSend([]verbs.SendWR{{ID: 11, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{c.mr.SGE(0, 8)}, RemoteAddr: d2.mr.IOVA(), RKey: key}}); err != nil {
 			t.Fatal(err)
 		}
 		wc := waitWC(t, c.cq)
@@ -327,7 +335,7 @@ func TestClientsAreIsolated(t *testing.T) {
 	e1, e2 := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
 	connect(t, e1, e2, ib.RemoteWrite)
 	copy(a.mem.Bytes()[:6], "secret")
-	e1.qp.PostSend(&proto.SendWR{ID: 12, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{{Addr: a.mr.Addr, Length: 6, LKey: a.mr.LKey}}, RemoteAddr: e2.mr.Addr, RKey: e2.mr.RKey})
+	e1.qp.PostSend([]verbs.SendWR{{ID: 12, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 6, LKey: a.mr.LKey()}}, RemoteAddr: e2.mr.IOVA(), RKey: e2.mr.RKey()}})
 	if wc := waitWC(t, e1.cq); wc.Status != ib.LocProtErr {
 		t.Fatalf("foreign lkey: %v", wc.Status)
 	}
@@ -345,7 +353,7 @@ func TestControlErrors(t *testing.T) {
 	if err := e.cq.Destroy(); !errors.Is(err, unix.EBUSY) {
 		t.Errorf("destroy a CQ with a QP: %v", err)
 	}
-	if _, err := e.pd.RegMR(e.mem, 0, 64, ib.RemoteWrite); !errors.Is(err, unix.EINVAL) {
+	if _, err := e.pd.RegMR(e.mem, 0, 64, 0, ib.RemoteWrite); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("remote write without local write: %v", err)
 	}
 	if _, err := e.c.CreateCQ(1 << 30); !errors.Is(err, unix.EINVAL) {
@@ -353,14 +361,14 @@ func TestControlErrors(t *testing.T) {
 	}
 	// Posting before RTS is refused at once, as ibv_post_send does.
 	f := newEndpoint(t, td.path, allAccess)
-	if _, err := f.qp.PostSend(&proto.SendWR{Opcode: ib.Send}); !errors.Is(err, ErrQPState) {
+	if _, err := f.qp.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); !errors.Is(err, verbs.ErrQPState) {
 		t.Errorf("post in RESET: %v", err)
 	}
-	if _, err := f.qp.PostRecv(&proto.RecvWR{SG: make([]proto.SGE, 3)}); !errors.Is(err, ErrQPState) {
+	if _, err := f.qp.PostRecv([]verbs.RecvWR{{SG: make([]ib.SGE, 3)}}); !errors.Is(err, verbs.ErrQPState) {
 		t.Errorf("recv in RESET: %v", err)
 	}
-	bad := proto.QPAttr{State: proto.RTS}
-	if err := f.qp.Modify(&bad, proto.AttrState); !errors.Is(err, unix.EINVAL) {
+	bad := ib.QPAttr{State: ib.RTS}
+	if err := f.qp.Modify(&bad, ib.AttrState); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("RESET→RTS: %v", err)
 	}
 	// Orderly teardown works.
@@ -453,13 +461,18 @@ func TestHostileControlMessages(t *testing.T) {
 	if h, _ := roundTrip(proto.OpRegMR, reg, m.fd); h.Errno != uint32(unix.EINVAL) {
 		t.Errorf("MR wrapping the address space: %v", unix.Errno(h.Errno))
 	}
-	if h, _ := roundTrip(proto.OpModifyQP, &proto.ModifyQPReq{QP: 1, Mask: 1 << 30}); h.Errno != uint32(unix.EINVAL) {
-		t.Errorf("unknown mask bits: %v", unix.Errno(h.Errno))
+	if h, _ := roundTrip(proto.OpModifyQP, &proto.ModifyQPReq{QP: 1, Mask: 1 << 30}); h.Errno != uint32(unix.ENOENT) {
+		t.Errorf("modify of a PD's handle: %v", unix.Errno(h.Errno))
 	}
 	// The daemon still serves others.
 	e := newEndpoint(t, td.path, allAccess)
-	if e.qp.QPN == 0 {
+	if e.qp.QPN() == 0 {
 		t.Fatal("no QPN")
+	}
+	// The mask goes to the device as it is: bits ibv_modify_qp does not
+	// know are refused there.
+	if err := e.qp.Modify(&ib.QPAttr{State: ib.Init, Port: 1}, ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|1<<30); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("unknown mask bits: %v", err)
 	}
 }
 
@@ -483,7 +496,7 @@ func TestGarbageInSQRing(t *testing.T) {
 		t.Fatal("bad WQE not counted")
 	}
 	// b is unaffected.
-	if _, err := b.qp.PostRecv(&proto.RecvWR{ID: 1, SG: []proto.SGE{b.mr.SGE(0, 16)}}); err != nil {
+	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{b.mr.SGE(0, 16)}}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -526,7 +539,7 @@ func TestClientDeathReleasesEverything(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	survivor, peer := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
 	connect(t, survivor, peer, ib.RemoteWrite)
-	_, _, _, q0 := td.dev.Counts()
+	q0, m0 := td.dev.Resources()
 
 	cmd, out := startChild(t, "hold", td.path)
 	ready := make([]byte, 6)
@@ -547,12 +560,12 @@ func TestClientDeathReleasesEverything(t *testing.T) {
 	if info.PID != int32(cmd.Process.Pid) || info.QPs != 2 || info.MRs != 2 || info.CQs != 1 || info.PDs != 1 {
 		t.Fatalf("released %+v", info)
 	}
-	if _, _, _, q := td.dev.Counts(); q != q0 {
-		t.Fatalf("%d QPs live, want %d", q, q0)
+	if q, m := td.dev.Resources(); q != q0 || m != m0 {
+		t.Fatalf("%d QPs and %d MRs live, want %d and %d", q, m, q0, m0)
 	}
 	// The survivors still work.
 	copy(survivor.mem.Bytes(), "still here")
-	survivor.qp.PostSend(&proto.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.Addr, RKey: peer.mr.RKey})
+	survivor.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.IOVA(), RKey: peer.mr.RKey()}})
 	if wc := waitWC(t, survivor.cq); wc.Status != ib.Success || string(peer.mem.Bytes()[:10]) != "still here" {
 		t.Fatalf("survivor: %+v", wc)
 	}
@@ -620,7 +633,7 @@ func TestShutdownFlushes(t *testing.T) {
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
 	connect(t, a, b, ib.RemoteWrite)
 	for i := uint64(1); i <= 5; i++ {
-		if _, err := b.qp.PostRecv(&proto.RecvWR{ID: i, SG: []proto.SGE{b.mr.SGE(0, 64)}}); err != nil {
+		if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: i, SG: []ib.SGE{b.mr.SGE(0, 64)}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -635,8 +648,8 @@ func TestShutdownFlushes(t *testing.T) {
 	if _, err := b.c.AllocPD(); err == nil {
 		t.Fatal("daemon still serving after Close")
 	}
-	if pds, mrs, cqs, qps := td.dev.Counts(); pds+mrs+cqs+qps != 0 {
-		t.Fatalf("left behind: %d PDs %d MRs %d CQs %d QPs", pds, mrs, cqs, qps)
+	if qps, mrs := td.dev.Resources(); qps+mrs != 0 {
+		t.Fatalf("left behind: %d QPs %d MRs", qps, mrs)
 	}
 }
 
@@ -646,7 +659,7 @@ func TestPostPollZeroAllocs(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
 	connect(t, a, b, ib.RemoteWrite)
-	w := &proto.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []proto.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}
+	w := []verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}}
 	var wcs [4]ib.WC
 	roundTrip := func() {
 		if _, err := a.qp.PostSend(w); err != nil {
@@ -734,7 +747,7 @@ func child(role, path string) int {
 	}
 	mem, _ := AllocMem(1 << 16)
 	for i := 0; i < 2; i++ {
-		if _, err := pd.RegMR(mem, i*4096, 4096, allAccess); err != nil {
+		if _, err := pd.RegMR(mem, i*4096, 4096, 0, allAccess); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -745,7 +758,7 @@ func child(role, path string) int {
 		return 1
 	}
 	for i := 0; i < 2; i++ {
-		if _, err := pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
+		if _, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -767,15 +780,15 @@ func TestPerClientLimits(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := AllocMem(1 << 16)
 	defer mem.Free()
-	var mrs []*MR
+	var mrs []verbs.MR
 	for i := 0; i < 3; i++ {
-		mr, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite)
+		mr, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite)
 		if err != nil {
 			t.Fatalf("MR %d: %v", i, err)
 		}
 		mrs = append(mrs, mr)
 	}
-	if _, err := pd.RegMR(mem, 0, 4096, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+	if _, err := pd.RegMR(mem, 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
 		t.Fatalf("MR beyond MaxMRBytes: %v", err)
 	}
 	// A deregistered MR still counts while the session could hold
@@ -783,7 +796,7 @@ func TestPerClientLimits(t *testing.T) {
 	if err := mrs[0].Dereg(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite); err != nil {
+	if _, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite); err != nil {
 		t.Fatalf("MR after a deregistration: %v", err)
 	}
 	if _, err := c.CreateCQ(4); err != nil { // 5th object

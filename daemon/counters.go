@@ -299,7 +299,7 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 // qpStats maps one QP's transport counters to proto.QPCounters: RC and UC
 // QPs count the RC set, UD and GSI QPs the UD set.
 func qpStats(q *rnic.QPCounters) proto.QPStats {
-	s := proto.QPStats{QPN: q.QPN, State: proto.QPState(q.State)}
+	s := proto.QPStats{QPN: q.QPN, State: ib.QPState(q.State)}
 	v := &s.Values
 	// Error completions: every QP type, counted by verbs.
 	v[proto.QCtrReqCQEError] = q.CQE.ReqErr
@@ -309,16 +309,16 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 	const cqeValid = 1<<proto.QCtrReqCQEError | 1<<proto.QCtrReqCQEFlushError | 1<<proto.QCtrRespCQEError | 1<<proto.QCtrRespCQEFlushError
 	switch q.Type {
 	case ib.UD, ib.GSI:
-		s.Type = proto.UD
+		s.Type = ib.UD
 		v[proto.QCtrRxPackets] = q.UD.RxReceived
 		v[proto.QCtrOutOfBuffer] = q.UD.RxNoRecv
 		v[proto.QCtrRxQPDropped] = q.UD.RxDropped
 		v[proto.QCtrRxBadQKey] = q.UD.RxBadQKey
 		s.Valid = 1<<proto.QCtrRxPackets | 1<<proto.QCtrOutOfBuffer | 1<<proto.QCtrRxQPDropped | 1<<proto.QCtrRxBadQKey | cqeValid
 	default:
-		s.Type = proto.RC
+		s.Type = ib.RC
 		if q.Type == ib.UC {
-			s.Type = proto.UC
+			s.Type = ib.UC
 		}
 		v[proto.QCtrDuplicateRequest] = q.RC.RxDuplicate
 		v[proto.QCtrOutOfSequence] = q.RC.RxOutOfSeq

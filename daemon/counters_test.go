@@ -115,12 +115,12 @@ func TestFillDeviceTable(t *testing.T) {
 
 	// Per QP: RC counters for RC, UD ones for UD, and only those valid.
 	r := qpStats(&rcq)
-	if r.Type != proto.RC || r.Values[proto.QCtrDuplicateRequest] != 100 || r.Values[proto.QCtrRetransmits] != 800 ||
+	if r.Type != ib.RC || r.Values[proto.QCtrDuplicateRequest] != 100 || r.Values[proto.QCtrRetransmits] != 800 ||
 		r.Valid&(1<<proto.QCtrRxBadQKey) != 0 || r.Valid&(1<<proto.QCtrLocalAckTimeoutErr) == 0 {
 		t.Errorf("RC QP stats %+v", r)
 	}
 	u := qpStats(&udq)
-	if u.Type != proto.UD || u.Values[proto.QCtrRxBadQKey] != 3000 || u.Values[proto.QCtrOutOfBuffer] != 1000 ||
+	if u.Type != ib.UD || u.Values[proto.QCtrRxBadQKey] != 3000 || u.Values[proto.QCtrOutOfBuffer] != 1000 ||
 		u.Valid&(1<<proto.QCtrDuplicateRequest) != 0 || u.Valid&(1<<proto.QCtrRxPackets) == 0 {
 		t.Errorf("UD QP stats %+v", u)
 	}
@@ -188,7 +188,7 @@ func TestMetricsScrape(t *testing.T) {
 	c.Device[proto.CtrRxPackets] = 123
 	c.Device[proto.CtrNpCNPSent] = 7
 	c.Device[proto.CtrXdpSteered] = 99 // not valid: must not appear
-	q := proto.QPStats{QPN: 17, Type: proto.RC, State: proto.RTS, Valid: 1 << proto.QCtrDuplicateRequest}
+	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1 << proto.QCtrDuplicateRequest}
 	q.Values[proto.QCtrDuplicateRequest] = 5
 	c.QPs = append(c.QPs, q)
 	c.Queues = []proto.QueueStats{{RxPackets: 40}, {RxPackets: 2, RxRingFull: 3}}

@@ -153,9 +153,6 @@ type Loop struct {
 	// running; it changes under stepMu.
 	stepMu  sync.Mutex
 	running atomic.Bool
-
-	statsMu sync.Mutex
-	stats   rnic.Stats // the device's counters as of the last Step that changed them
 }
 
 // NewLoop prepares an engine for dev on p.
@@ -196,11 +193,7 @@ func (l *Loop) Counters() Counters {
 // DeviceStats returns a copy of the device's counters as of the last loop
 // iteration (safe from any goroutine, unlike reading Device.Stats while
 // the loop runs).
-func (l *Loop) DeviceStats() rnic.Stats {
-	l.statsMu.Lock()
-	defer l.statsMu.Unlock()
-	return l.stats
-}
+func (l *Loop) DeviceStats() rnic.Stats { return l.dev.StatsSnapshot() }
 
 // Step runs one loop iteration at time now: receive one batch (waiting at
 // most wait for its first frame), run the device's due timers, and offer
@@ -265,11 +258,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 		l.pend -= sent
 	}
 	l.stuck = l.pend > 0 && sent == 0
-	if st := l.dev.Stats; st != l.stats {
-		l.statsMu.Lock()
-		l.stats = st
-		l.statsMu.Unlock()
-	}
+	l.dev.PublishStats()
 	return n > 0 || built > 0 || sent > 0, err
 }
 

@@ -17,9 +17,11 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/internal/ibtest"
+	"github.com/softrnic/softrnic/internal/rnictest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 var (
@@ -48,19 +50,19 @@ type host struct {
 
 func newHost(t testing.TB, mac [6]byte, addr netip.Addr, mtu, memSize int) *host {
 	h := &host{dev: newDevice(t, mac, addr, mtu)}
-	h.pd = h.dev.AllocPD()
+	h.pd = rnictest.PD(h.dev)
 	var err error
-	h.mr, err = h.pd.RegMR(make([]byte, memSize), ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
+	h.mr, err = h.pd.RegBytes(make([]byte, memSize), 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.cq = h.dev.CreateCQ(4096)
+	h.cq = rnictest.CQ(h.dev, 4096)
 	return h
 }
 
 func (h *host) createQP(t testing.TB, typ ib.QPType) *rnic.QP {
 	t.Helper()
-	q, err := h.pd.CreateQP(rnic.QPInitAttr{Type: typ, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxSGE: 1})
+	q, err := rnictest.QP(h.pd, rnictest.QPAttr{Type: typ, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,7 +196,7 @@ func TestDropsDefectsRun(t *testing.T) {
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	var wcs [4]ib.WC
-	n, err := b.cq.Wait(wctx, wcs[:])
+	n, err := b.cq.PollWait(wctx, wcs[:])
 	cancel()
 	if rerr := <-done; rerr != nil {
 		t.Fatalf("Run: %v", rerr)
@@ -234,7 +236,7 @@ func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 	b := newHost(t, macB, addrB, 1024, 1<<16)
 	rcQP := b.createQP(t, ib.RC)
 	connect(t, rcQP, 1024, 0x99, macA, addrA, 5, 1000)
-	if _, err := rcQP.PostRecv(rnic.RecvWR{ID: 7, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}); err != nil {
+	if _, err := rcQP.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	udQP := b.createQP(t, ib.UD)
@@ -348,8 +350,8 @@ func TestWritesUnderBackPressure(t *testing.T) {
 	}
 	for i, q := range p.qpA {
 		off := uint64(i * chunk)
-		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: p.a.mr.IOVA() + off, Length: chunk, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA() + off, RKey: p.b.mr.RKey()}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: p.a.mr.IOVA() + off, Length: chunk, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA() + off, RKey: p.b.mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -390,8 +392,8 @@ func TestNoAllocsPerLoop(t *testing.T) {
 	const msg = 4 << 20
 	p := newPair(t, 4096, 1, msg, 0)
 	post := func(id uint64) {
-		if _, err := p.qpA[0].PostSend(rnic.SendWR{ID: id, Opcode: ib.RDMAWrite,
-			SG: []ib.SGE{{Addr: p.a.mr.IOVA(), Length: msg, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA(), RKey: p.b.mr.RKey()}); err != nil {
+		if _, err := p.qpA[0].PostSend([]verbs.SendWR{{ID: id, Opcode: ib.RDMAWrite,
+			SG: []ib.SGE{{Addr: p.a.mr.IOVA(), Length: msg, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA(), RKey: p.b.mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -425,15 +427,15 @@ func TestRunConcurrent(t *testing.T) {
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
 	const n, size = 8, 6000
 	for i := 0; i < n; i++ {
-		qb.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}})
+		qb.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}}})
 	}
 	src := a.mr.Bytes()
 	for i := range src {
 		src[i] = byte(i * 3)
 	}
 	for i := 0; i < n; i++ {
-		if _, err := qa.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: a.mr.IOVA() + uint64(i*size), Length: size, LKey: a.mr.LKey()}}}); err != nil {
+		if _, err := qa.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: a.mr.IOVA() + uint64(i*size), Length: size, LKey: a.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -441,7 +443,7 @@ func TestRunConcurrent(t *testing.T) {
 	defer wcancel()
 	var wcs [n]ib.WC
 	for got := 0; got < n; {
-		k, err := b.cq.Wait(wctx, wcs[got:])
+		k, err := b.cq.PollWait(wctx, wcs[got:])
 		if err != nil {
 			t.Fatalf("%d of %d receives: %v", got, n, err)
 		}
@@ -558,7 +560,7 @@ func TestPostWakesNap(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	naps := l.Counters().Naps
-	if _, err := q.PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 100, LKey: a.mr.LKey()}}}); err != nil {
+	if _, err := q.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 100, LKey: a.mr.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	in := make([][]byte, 4)
@@ -612,7 +614,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 			q *rnic.QP
 			m *rnic.MR
 		}{{qa, a.mr}, {qb, b.mr}} {
-			if _, err := h.q.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: h.m.IOVA() + 4096, Length: size, LKey: h.m.LKey()}}}); err != nil {
+			if _, err := h.q.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: h.m.IOVA() + 4096, Length: size, LKey: h.m.LKey()}}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -653,7 +655,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 					if h == b {
 						q = qb
 					}
-					if _, err := q.PostRecv(rnic.RecvWR{ID: w.ID, SG: []ib.SGE{{Addr: h.mr.IOVA() + 4096, Length: size, LKey: h.mr.LKey()}}}); err != nil {
+					if _, err := q.PostRecv([]verbs.RecvWR{{ID: w.ID, SG: []ib.SGE{{Addr: h.mr.IOVA() + 4096, Length: size, LKey: h.mr.LKey()}}}}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -669,7 +671,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 		}
 	}
 	send := func(q *rnic.QP, m *rnic.MR, i int) {
-		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: m.IOVA(), Length: size, LKey: m.LKey()}}}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: m.IOVA(), Length: size, LKey: m.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -746,7 +748,7 @@ func TestReplyLeavesWithAck(t *testing.T) {
 			q *rnic.QP
 			h *host
 		}{{qa, a}, {qb, b}} {
-			if _, err := x.q.PostRecv(rnic.RecvWR{ID: 7, SG: []ib.SGE{{Addr: x.h.mr.IOVA() + 1024, Length: 64, LKey: x.h.mr.LKey()}}}); err != nil {
+			if _, err := x.q.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: x.h.mr.IOVA() + 1024, Length: 64, LKey: x.h.mr.LKey()}}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -757,7 +759,7 @@ func TestReplyLeavesWithAck(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := qa.PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}); err != nil {
+		if _, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 		step(la) // the request
@@ -773,7 +775,7 @@ func TestReplyLeavesWithAck(t *testing.T) {
 		if len(logB.batches) != wantFirst {
 			t.Fatalf("eager %v: B sent %v in the step that received", eager, logB.batches)
 		}
-		if _, err := qb.PostSend(rnic.SendWR{ID: 2, Opcode: ib.Send, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 64, LKey: b.mr.LKey()}}}); err != nil {
+		if _, err := qb.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 64, LKey: b.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 		step(lb)

@@ -13,6 +13,7 @@ import (
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // mqSide is one end of an mqRig: a device with one MR, on a port over its
@@ -120,7 +121,7 @@ func (r *mqRig) waitA(tb testing.TB, n int) {
 	defer cancel()
 	wcs := make([]ib.WC, 64)
 	for got := 0; got < n; {
-		k, err := r.a.h.cq.Wait(ctx, wcs[:min(len(wcs), n-got)])
+		k, err := r.a.h.cq.PollWait(ctx, wcs[:min(len(wcs), n-got)])
 		if err != nil {
 			tb.Fatalf("%d of %d completions: %v", got, n, err)
 		}
@@ -170,15 +171,15 @@ func multiQueueRDMA(t *testing.T, mtu, pathMTU int) {
 	ma, mb := r.a.h.mr, r.b.h.mr
 	for i, q := range r.qa {
 		off := uint64(i * size)
-		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 			SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
-			RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
+			RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 		roff := uint64((qps + i) * size)
-		if _, err := q.PostSend(rnic.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
 			SG:         []ib.SGE{{Addr: ma.IOVA() + roff, Length: size, LKey: ma.LKey()}},
-			RemoteAddr: mb.IOVA() + roff, RKey: mb.RKey()}); err != nil {
+			RemoteAddr: mb.IOVA() + roff, RKey: mb.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -237,9 +238,9 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 			ma, mb := r.a.h.mr, r.b.h.mr
 			post := func(q *rnic.QP, i int) {
 				off := uint64(i * size)
-				if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+				if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 					SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
-					RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
+					RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -254,7 +255,7 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			for done < b.N {
-				k, err := r.a.h.cq.Wait(ctx, wcs)
+				k, err := r.a.h.cq.PollWait(ctx, wcs)
 				if err != nil {
 					b.Fatalf("%d of %d WRITEs: %v", done, b.N, err)
 				}

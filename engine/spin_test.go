@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestSpinPolicy drives the adaptive spin window through the traffic it is
@@ -82,13 +82,13 @@ func TestRunGoesIdleAfterTraffic(t *testing.T) {
 	var wcs [16]ib.WC
 	for i, done := 0, 0; done < n; {
 		for ; i < n && i-done < 8; i++ {
-			if _, err := qa.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			if _, err := qa.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 				SG:         []ib.SGE{{Addr: a.mr.IOVA() + uint64(i%16*size), Length: size, LKey: a.mr.LKey()}},
-				RemoteAddr: b.mr.IOVA() + uint64(i%16*size), RKey: b.mr.RKey()}); err != nil {
+				RemoteAddr: b.mr.IOVA() + uint64(i%16*size), RKey: b.mr.RKey()}}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		k, err := a.cq.Wait(wctx, wcs[:])
+		k, err := a.cq.PollWait(wctx, wcs[:])
 		if err != nil {
 			t.Fatalf("%d of %d WRITEs: %v", done, n, err)
 		}

@@ -53,7 +53,7 @@ var ErrHelp = errors.New("help requested")
 
 // Usage lists the options.
 const Usage = `  -p, --port=<port>      listen on/connect to port <port> (default 18515)
-  -d, --ib-dev=<dev>     network interface to run RoCE on (required)
+  -d, --ib-dev=<dev>     network interface to run RoCE on (required without --daemon)
   -i, --ib-port=<port>   port of the device (default 1; softrnic has one)
   -s, --size=<size>      size of message to exchange (rc 4096, ud 1024)
   -m, --mtu=<size>       path MTU (rc only; default 1024)
@@ -170,10 +170,9 @@ func (p *Params) set(opt byte, val string) error {
 	return err
 }
 
+// validate checks the flags together. -d is checked by RunCLI: with
+// --daemon the daemon's interface is implied.
 func (p *Params) validate() error {
-	if p.Device == "" {
-		return errors.New("-d INTERFACE is required (the network interface to run RoCE on)")
-	}
 	if p.RxDepth < 2 {
 		// The loop reposts when one receive is left: fewer than two would
 		// leave none posted for the next message.

@@ -15,6 +15,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/transport/rc"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Work request IDs, as the stock tools use them: a bit each, so that
@@ -39,13 +40,12 @@ const pageSize = 4096
 // fillByte is what the stock tools memset their buffer to.
 const fillByte = 0x7b
 
-// Host is what a run needs from the machine: the device (driven by an
-// engine loop elsewhere), the interface it is on, and neighbour
-// resolution.
+// Host is what a run needs from the machine: the RNIC (a device of this
+// process driven by an engine loop elsewhere, which resolves peers' MACs
+// itself, or a softrnic daemon's) and the interface it is on.
 type Host struct {
-	Device  *rnic.Device
-	Iface   engine.Interface
-	Resolve func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error)
+	Device verbs.Device
+	Iface  engine.Interface
 }
 
 // Result is what a run measured and checked.
@@ -76,19 +76,20 @@ type session struct {
 
 	gid    netip.Addr
 	gidIdx int
-	pd     *rnic.PD
-	mr     *rnic.MR
+	pd     verbs.PD
+	mem    verbs.Mem
+	mr     verbs.MR
 	buf    []byte // the MR: RC size bytes; UD GRH slot + size
-	cq     *rnic.CQ
-	qp     *rnic.QP
-	ah     *rnic.AH
+	cq     verbs.CQ
+	qp     verbs.QP
+	ah     verbs.AH
 	local  Dest
 	remote Dest
 	res    Result
 
-	swr  [1]rnic.SendWR
+	swr  [1]verbs.SendWR
 	ssge [1]ib.SGE
-	rwr  [1]rnic.RecvWR
+	rwr  [1]verbs.RecvWR
 	rsge [1]ib.SGE
 	wcs  [2]ib.WC
 }
@@ -161,7 +162,7 @@ func (s *session) setup() error {
 			}
 		}
 	}
-	portMTU := s.h.Device.Config().PortMTU
+	portMTU := int(s.h.Device.Query().ActiveMTU)
 	if s.ud() && s.p.Size > portMTU {
 		return fmt.Errorf("pingpong: requested size larger than port MTU (%d)", portMTU)
 	}
@@ -172,20 +173,29 @@ func (s *session) setup() error {
 	if s.ud() {
 		n += grhLen
 	}
-	s.buf = make([]byte, n)
+	dev := s.h.Device
+	if s.mem, err = dev.AllocMem(n); err != nil {
+		return err
+	}
+	s.buf = s.mem.Bytes()[:n]
 	for i := range s.buf {
 		s.buf[i] = fillByte
 	}
-	s.pd = s.h.Device.AllocPD()
-	if s.mr, err = s.pd.RegMR(s.buf, ib.LocalWrite); err != nil {
+	if s.pd, err = dev.AllocPD(); err != nil {
 		return err
 	}
-	s.cq = s.h.Device.CreateCQ(s.p.RxDepth + 1)
+	if s.mr, err = s.pd.RegMR(s.mem, 0, n, 0, ib.LocalWrite); err != nil {
+		return err
+	}
+	if s.cq, err = dev.CreateCQ(s.p.RxDepth + 1); err != nil {
+		return err
+	}
 	typ := ib.RC
 	if s.ud() {
 		typ = ib.UD
 	}
-	if s.qp, err = s.pd.CreateQP(rnic.QPInitAttr{Type: typ, SendCQ: s.cq, RecvCQ: s.cq, MaxSendWR: 1, MaxRecvWR: s.p.RxDepth, MaxSGE: 1}); err != nil {
+	if s.qp, err = s.pd.CreateQP(&verbs.QPInitAttr{Type: typ, SendCQ: s.cq, RecvCQ: s.cq,
+		Cap: ib.QPCaps{MaxSendWR: 1, MaxRecvWR: uint32(s.p.RxDepth), MaxSendSGE: 1, MaxRecvSGE: 1}}); err != nil {
 		return err
 	}
 	init, mask := ib.QPAttr{State: ib.Init, Port: 1}, ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags
@@ -214,11 +224,9 @@ func (s *session) connect(d Dest) error {
 	if peer.Is4() != s.gid.Is4() {
 		return fmt.Errorf("pingpong: peer GID %v and ours %v differ in IP version", peer, s.gid)
 	}
-	_, mac, err := s.h.Resolve(s.ctx, peer)
-	if err != nil {
-		return fmt.Errorf("pingpong: no route to %v: %w", peer, err)
-	}
-	av := ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(peer), SGIDIndex: uint8(s.gidIdx)}
+	// The RNIC resolves the peer's MAC (RTR, the address handle).
+	av := ib.AddressVector{DGID: ib.GIDFrom(peer), SGIDIndex: uint8(s.gidIdx)}
+	var err error
 	if s.ud() {
 		if err := s.qp.Modify(&ib.QPAttr{State: ib.RTR}, ib.AttrState); err != nil {
 			return fmt.Errorf("pingpong: QP %#x to RTR: %w", s.local.QPN, err)
@@ -227,7 +235,7 @@ func (s *session) connect(d Dest) error {
 			return fmt.Errorf("pingpong: QP %#x to RTS: %w", s.local.QPN, err)
 		}
 		av.UDPSrcPort = rnic.UDSourcePort(s.local.QPN) // per QP, as rxe's UD frames
-		if s.ah, err = s.pd.CreateAH(av); err != nil {
+		if s.ah, err = s.pd.CreateAH(&av); err != nil {
 			return fmt.Errorf("pingpong: address handle to %v: %w", peer, err)
 		}
 		return nil
@@ -249,9 +257,9 @@ func (s *session) connect(d Dest) error {
 // slot), as the stock tools do: only one message is in flight at a time.
 func (s *session) postRecvs(n int) error {
 	s.rsge[0] = ib.SGE{Addr: s.mr.IOVA(), Length: uint32(len(s.buf)), LKey: s.mr.LKey()}
-	s.rwr[0] = rnic.RecvWR{ID: recvWRID, SG: s.rsge[:]}
+	s.rwr[0] = verbs.RecvWR{ID: recvWRID, SG: s.rsge[:]}
 	for range n {
-		if _, err := s.qp.PostRecv(s.rwr[:]...); err != nil {
+		if _, err := s.qp.PostRecv(s.rwr[:]); err != nil {
 			return fmt.Errorf("pingpong: post receive: %w", err)
 		}
 	}
@@ -266,11 +274,11 @@ func (s *session) postSend() error {
 		off = grhLen
 	}
 	s.ssge[0] = ib.SGE{Addr: s.mr.IOVA() + off, Length: uint32(s.p.Size), LKey: s.mr.LKey()}
-	s.swr[0] = rnic.SendWR{ID: sendWRID, Opcode: ib.Send, Flags: ib.Signaled, SG: s.ssge[:]}
+	s.swr[0] = verbs.SendWR{ID: sendWRID, Opcode: ib.Send, Flags: ib.Signaled, SG: s.ssge[:]}
 	if s.ud() {
 		s.swr[0].AH, s.swr[0].RemoteQPN, s.swr[0].RemoteQKey = s.ah, s.remote.QPN, udQKey
 	}
-	if _, err := s.qp.PostSend(s.swr[:]...); err != nil {
+	if _, err := s.qp.PostSend(s.swr[:]); err != nil {
 		return fmt.Errorf("pingpong: post send: %w", err)
 	}
 	return nil
@@ -349,12 +357,29 @@ func (s *session) loop() error {
 	var rcnt, scnt int
 	timer := time.NewTimer(stallLimit())
 	defer timer.Stop()
+	notify, _ := s.cq.(verbs.Notifier)
+	var lastWC time.Time
 	for rcnt < s.p.Iters || scnt < s.p.Iters {
 		n := s.cq.Poll(s.wcs[:])
 		if n == 0 {
+			if notify == nil {
+				// A CQ that cannot notify (the daemon's): sleep on it
+				// in steps, checking the context and the stall limit.
+				if lastWC.IsZero() {
+					lastWC = time.Now()
+				}
+				if err := s.ctx.Err(); err != nil {
+					return err
+				}
+				if time.Since(lastWC) > stallLimit() {
+					return fmt.Errorf("pingpong: no completion for %v after %d sends and %d receives: the peer stopped answering", stallLimit(), scnt, rcnt)
+				}
+				s.cq.Wait(cqWaitStep)
+				continue
+			}
 			timer.Reset(stallLimit())
 			select {
-			case <-s.cq.Notify():
+			case <-notify.Notify():
 				continue
 			case <-s.ctx.Done():
 				return s.ctx.Err()
@@ -362,6 +387,7 @@ func (s *session) loop() error {
 				return fmt.Errorf("pingpong: no completion for %v after %d sends and %d receives: the peer stopped answering", stallLimit(), scnt, rcnt)
 			}
 		}
+		lastWC = time.Time{}
 		for _, wc := range s.wcs[:n] {
 			if wc.Status != ib.Success {
 				return fmt.Errorf("pingpong: failed status %v for wr_id %d", wc.Status, wc.ID)
@@ -435,12 +461,27 @@ func (s *session) received(wc *ib.WC) error {
 	return nil
 }
 
-// close destroys the QP, the AH's users and the MR.
+// cqWaitStep bounds one sleep on a CQ that cannot notify.
+const cqWaitStep = 20 * time.Millisecond
+
+// close destroys what setup and connect made, in the order verbs requires.
 func (s *session) close() {
 	if s.qp != nil {
 		s.qp.Destroy()
 	}
+	if s.ah != nil {
+		s.ah.Destroy()
+	}
 	if s.mr != nil {
 		s.mr.Dereg()
+	}
+	if s.cq != nil {
+		s.cq.Destroy()
+	}
+	if s.pd != nil {
+		s.pd.Dealloc()
+	}
+	if s.mem != nil {
+		s.mem.Free()
 	}
 }

@@ -250,10 +250,15 @@ func TestParseArgs(t *testing.T) {
 	if d := DefaultParams(UD); d.Size != 1024 || d.Iters != 1000 {
 		t.Fatalf("UD defaults %+v", d)
 	}
-	for _, bad := range []string{"-s", "-d x -m 1000", "-d x -q 1", "-d x a b", "-n 3", "-d x -r 1", "-d x --chk=1", "-d x -s 0"} {
+	for _, bad := range []string{"-s", "-d x -m 1000", "-d x -q 1", "-d x a b", "-d x -r 1", "-d x --chk=1", "-d x -s 0"} {
 		if _, err := ParseArgs(RC, strings.Fields(bad)); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+	// Without -d the flags parse (--daemon implies the interface);
+	// RunCLI refuses a run with neither.
+	if _, err := RunCLI(context.Background(), DefaultParams(RC), CLIOptions{}, io.Discard); err == nil || !strings.Contains(err.Error(), "-d INTERFACE is required") {
+		t.Errorf("RunCLI without -d or --daemon: %v", err)
 	}
 	if _, err := ParseArgs(RC, []string{"--help"}); !errors.Is(err, ErrHelp) {
 		t.Errorf("--help: %v", err)
@@ -271,7 +276,12 @@ func memHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 	ia := engine.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
 	ib := engine.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
 	start := func(in engine.Interface, p *memlink.Port, peer engine.Interface, tap *capture.Tap) Host {
-		dev, err := runner.NewDevice(in)
+		dev, err := runner.NewDevice(in, func(_ context.Context, a netip.Addr) ([6]byte, error) {
+			if a != peer.GIDs[0] {
+				return [6]byte{}, fmt.Errorf("no route to %v", a)
+			}
+			return peer.MAC, nil
+		})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -284,12 +294,7 @@ func memHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 				t.Errorf("engine: %v", err)
 			}
 		})
-		return Host{Device: dev, Iface: in, Resolve: func(_ context.Context, a netip.Addr) ([6]byte, [6]byte, error) {
-			if a != peer.GIDs[0] {
-				return [6]byte{}, [6]byte{}, fmt.Errorf("no route to %v", a)
-			}
-			return in.MAC, peer.MAC, nil
-		}}
+		return Host{Device: dev, Iface: in}
 	}
 	return start(ia, pa, ib, nil), start(ib, pb, ia, tap)
 }

@@ -1,10 +1,11 @@
-// Package rdmacm runs connection management on a rnic.Device, as the
-// kernel's rdma_cm does for an RNIC: an Agent owns the device's GSI QP
-// (QP1), keeps receives posted on it, feeds every MAD to a cm.Manager,
-// sends the Manager's MADs as UD SENDs to QP1 of the peer, and acts on the
-// Manager's events by creating and moving RC QPs through verbs. On top it
-// offers an rdma_cm-like Go API: Listen(port) → Accept, Dial(addr, port)
-// → *Conn with its connected *rnic.QP, and Disconnect.
+// Package rdmacm is rdma_cm on an RNIC: the CM interface (cm.go) that
+// applications connect QPs through, and the Agent that implements it on a
+// device of this process, as the kernel's rdma_cm does for an RNIC: it owns
+// the device's GSI QP (QP1), keeps receives posted on it, feeds every MAD
+// to a cm.Manager, sends the Manager's MADs as UD SENDs to QP1 of the peer,
+// and acts on the Manager's events by moving the application's QPs through
+// their states. Package client implements CM through a softrnic daemon's
+// Agent. The Agent speaks only package verbs to its device.
 //
 // Service IDs are rdma_cm's TCP port space (0x0000000001060000 | port) and
 // REQs carry the rdma_cm IP header, so a stock rping or `ib_write_bw -R` on
@@ -21,8 +22,8 @@
 // mutex: a peer's MAC is resolved before its first MAD is handed to the
 // Manager or before a Dial's REQ is sent, and cached.
 //
-// The Agent consumes the device's Events channel: nothing else should read
-// it while an Agent runs.
+// The Agent consumes the device's Events channel (verbs.AsyncEventer):
+// nothing else should read it while an Agent runs.
 //
 // # Choices and limits
 //
@@ -65,7 +66,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // GRH bytes in front of every UD receive, as verbs delivers them.
@@ -87,9 +88,10 @@ const (
 
 // Config configures an Agent.
 type Config struct {
-	// Device is the RNIC port to run on. The agent creates its GSI QP: the
-	// device must not have one.
-	Device *rnic.Device
+	// Device is the RNIC port to run on: it reports asynchronous events
+	// (verbs.AsyncEventer) and its CQs notify (verbs.Notifier). The agent
+	// creates its GSI QP: the device must not have one.
+	Device verbs.Device
 	// Resolve returns the MAC frames to peer go to (the peer's own on its
 	// subnet, a router's otherwise): the device's address resolution. It
 	// may block; it is never called with the agent's lock held.
@@ -143,11 +145,16 @@ var ErrTimeout = errors.New("rdmacm: connection timed out (no answer after MaxCM
 // Agent is the CM agent of one device.
 type Agent struct {
 	cfg  Config
-	dev  *rnic.Device
-	pd   *rnic.PD
-	cq   *rnic.CQ
-	gsi  *rnic.QP
-	rbuf *rnic.MR
+	dev  verbs.Device
+	pd   verbs.PD
+	cq   verbs.CQ
+	cqn  verbs.Notifier
+	evs  <-chan verbs.AsyncEvent
+	gsi  verbs.QP
+	rmem verbs.Mem
+	rbuf verbs.MR
+	rwr  [1]verbs.RecvWR
+	swr  [1]verbs.SendWR
 	rng  *rand.Rand
 	kick chan struct{}
 	stop context.CancelFunc
@@ -161,13 +168,13 @@ type Agent struct {
 	closed    bool
 	macs      map[netip.Addr][6]byte
 	failed    map[netip.Addr]clock.Time // peers that did not resolve, until when not to retry
-	ahs       map[netip.Addr]*rnic.AH
-	listeners map[uint16]*Listener
+	ahs       map[netip.Addr]verbs.AH
+	listeners map[uint16]*listener
 	// udListeners and sidr are rdma_cm's UDP port space (ud.go).
-	udListeners map[uint16]*UDListener
+	udListeners map[uint16]*udListener
 	sidr        map[cm.ConnID]*sidrWait
-	conns       map[cm.ConnID]*Conn
-	byQPN       map[uint32]*Conn
+	conns       map[cm.ConnID]*conn
+	byQPN       map[uint32]*conn
 	stats       Stats
 	inflight    int // MADs posted, their send completion not yet polled
 }
@@ -189,24 +196,36 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.RecvDepth <= 0 {
 		cfg.RecvDepth = DefaultRecvDepth
 	}
-	dc := cfg.Device.Config()
+	ev, ok := cfg.Device.(verbs.AsyncEventer)
+	if !ok {
+		return nil, errors.New("rdmacm: the device reports no asynchronous events")
+	}
+	attr := cfg.Device.Query()
 	if cfg.CM.CAGUID == 0 {
-		cfg.CM.CAGUID = eui64(dc.MAC)
+		cfg.CM.CAGUID = attr.NodeGUID
 	}
 	if cfg.CM.Seed == 0 {
 		cfg.CM.Seed = rand.Uint64()
 	}
-	a := &Agent{cfg: cfg, dev: cfg.Device, pmtu: dc.PortMTU,
+	a := &Agent{cfg: cfg, dev: cfg.Device, pmtu: int(attr.ActiveMTU), evs: ev.Events(),
 		rng:  rand.New(rand.NewPCG(cfg.CM.Seed, cfg.CM.Seed^0x5eed)),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
-		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]*rnic.AH{},
-		listeners: map[uint16]*Listener{}, udListeners: map[uint16]*UDListener{}, sidr: map[cm.ConnID]*sidrWait{}, conns: map[cm.ConnID]*Conn{}, byQPN: map[uint32]*Conn{}}
-	a.pd = a.dev.AllocPD()
-	// Sends complete too (signaled, to learn of errors): room for both.
-	a.cq = a.dev.CreateCQ(cfg.RecvDepth + rnic.DefaultDepth)
+		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]verbs.AH{},
+		listeners: map[uint16]*listener{}, udListeners: map[uint16]*udListener{}, sidr: map[cm.ConnID]*sidrWait{},
+		conns: map[cm.ConnID]*conn{}, byQPN: map[uint32]*conn{}}
 	var err error
-	a.gsi, err = a.pd.CreateQP(rnic.QPInitAttr{Type: ib.GSI, SendCQ: a.cq, RecvCQ: a.cq,
-		MaxSendWR: rnic.DefaultDepth, MaxRecvWR: cfg.RecvDepth, MaxInline: cm.MADSize})
+	if a.pd, err = a.dev.AllocPD(); err != nil {
+		return nil, err
+	}
+	// Sends complete too (signaled, to learn of errors): room for both.
+	if a.cq, err = a.dev.CreateCQ(cfg.RecvDepth + gsiSendDepth); err != nil {
+		return nil, err
+	}
+	if a.cqn, ok = a.cq.(verbs.Notifier); !ok {
+		return nil, errors.New("rdmacm: the device's CQs do not notify")
+	}
+	a.gsi, err = a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.GSI, SendCQ: a.cq, RecvCQ: a.cq,
+		Cap: ib.QPCaps{MaxSendWR: gsiSendDepth, MaxRecvWR: uint32(cfg.RecvDepth), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: cm.MADSize}})
 	if err != nil {
 		return nil, fmt.Errorf("rdmacm: GSI QP: %w", err)
 	}
@@ -223,7 +242,10 @@ func New(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("rdmacm: GSI QP to %v: %w", m.attr.State, err)
 		}
 	}
-	a.rbuf, err = a.pd.RegMR(make([]byte, cfg.RecvDepth*(grhLen+cm.MADSize)), ib.LocalWrite)
+	n := cfg.RecvDepth * (grhLen + cm.MADSize)
+	if a.rmem, err = a.dev.AllocMem(n); err == nil {
+		a.rbuf, err = a.pd.RegMR(a.rmem, 0, n, 0, ib.LocalWrite)
+	}
 	if err != nil {
 		a.gsi.Destroy()
 		return nil, err
@@ -240,20 +262,15 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// eui64 is the CA GUID of a port with MAC mac, as rxe derives it.
-func eui64(mac [6]byte) uint64 {
-	g := [8]byte{mac[0] ^ 2, mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]}
-	var v uint64
-	for _, b := range g {
-		v = v<<8 | uint64(b)
-	}
-	return v
-}
+// gsiSendDepth is how many MADs may be in flight on the GSI QP.
+const gsiSendDepth = 256
 
+// postRecv posts receive slot of the MAD buffer again (the agent's
+// goroutine, or New before it starts).
 func (a *Agent) postRecv(slot uint64) error {
 	const n = grhLen + cm.MADSize
-	_, err := a.gsi.PostRecv(rnic.RecvWR{ID: slot, SG: []ib.SGE{{
-		Addr: a.rbuf.IOVA() + slot*n, Length: n, LKey: a.rbuf.LKey()}}})
+	a.rwr[0] = verbs.RecvWR{ID: slot, SG: []ib.SGE{{Addr: a.rbuf.IOVA() + slot*n, Length: n, LKey: a.rbuf.LKey()}}}
+	_, err := a.gsi.PostRecv(a.rwr[:])
 	return err
 }
 
@@ -307,7 +324,7 @@ func (a *Agent) Close() error {
 }
 
 // Device is the device the agent runs on.
-func (a *Agent) Device() *rnic.Device { return a.dev }
+func (a *Agent) Device() verbs.Device { return a.dev }
 
 // Stats returns the agent's counters and its Manager's.
 func (a *Agent) Stats() (Stats, cm.Stats) {
@@ -340,8 +357,8 @@ func (a *Agent) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.cq.Notify():
-		case ev := <-a.dev.Events():
+		case <-a.cqn.Notify():
+		case ev := <-a.evs:
 			a.asyncEvent(ev)
 		case <-timer.C:
 		case <-a.kick:
@@ -360,7 +377,7 @@ func (a *Agent) run(ctx context.Context) {
 // asyncEvent handles the device's asynchronous events: COMM_EST on a
 // passive QP still waiting for its RTU establishes the connection, as IBA
 // requires (the RTU was lost and the peer already sends).
-func (a *Agent) asyncEvent(ev rnic.AsyncEvent) {
+func (a *Agent) asyncEvent(ev verbs.AsyncEvent) {
 	if ev.Type != ib.EventCommEst {
 		return
 	}
@@ -414,7 +431,7 @@ func (a *Agent) poll(ctx context.Context) {
 			resolved := a.ensureMAC(ctx, p.from) == nil
 			const sz = grhLen + cm.MADSize
 			off := p.slot * sz
-			mad := a.rbuf.Bytes()[off+grhLen : off+sz]
+			mad := a.rmem.Bytes()[off+grhLen : off+sz]
 			a.mu.Lock()
 			if resolved {
 				a.stats.RxMADs++
@@ -465,12 +482,20 @@ func (a *Agent) ensureMAC(ctx context.Context, peer netip.Addr) error {
 // sgid returns the GID index of the device's first address of peer's
 // family: the source of our MADs and connections to peer.
 func (a *Agent) sgid(peer netip.Addr) (int, netip.Addr, error) {
-	for i, ad := range a.dev.Config().Addrs {
+	return SourceGID(a.dev.GIDs(), peer)
+}
+
+// SourceGID picks the entry of a GID table that packets to peer leave
+// from, as rdma_cm binds a connection: the first of peer's family (and,
+// for IPv6, of its link-local scope if one is), and ErrNoLocalAddr if
+// there is none.
+func SourceGID(gids []netip.Addr, peer netip.Addr) (int, netip.Addr, error) {
+	for i, ad := range gids {
 		if ad.Is4() == peer.Is4() && (peer.Is4() || ad.IsLinkLocalUnicast() == peer.IsLinkLocalUnicast()) {
 			return i, ad, nil
 		}
 	}
-	for i, ad := range a.dev.Config().Addrs {
+	for i, ad := range gids {
 		if ad.Is4() == peer.Is4() {
 			return i, ad, nil
 		}
@@ -507,15 +532,16 @@ func (a *Agent) sendLocked(s *cm.Send) {
 			a.stats.TxDropped++
 			return
 		}
-		ah, err = a.pd.CreateAH(ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(to), SGIDIndex: uint8(idx), HopLimit: cm.DefaultHopLimit})
+		ah, err = a.pd.CreateAH(&ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(to), SGIDIndex: uint8(idx), HopLimit: cm.DefaultHopLimit})
 		if err != nil {
 			a.stats.TxDropped++
 			return
 		}
 		a.ahs[to] = ah
 	}
-	_, err := a.gsi.PostSend(rnic.SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
-		InlineData: s.MAD[:], AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
+	a.swr[0] = verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+		InlineData: s.MAD[:], AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey}
+	_, err := a.gsi.PostSend(a.swr[:])
 	if err != nil {
 		a.stats.TxDropped++ // the CM's retransmission covers it
 		return
@@ -534,7 +560,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 			a.m.Reject(now, e.ID, cm.RejInvalidServiceID, nil)
 			return
 		}
-		r := &Request{agent: a, l: l, id: e.ID, peer: e.Peer, attr: e.QP, cma: e.CMA,
+		r := &request{agent: a, l: l, id: e.ID, peer: e.Peer, attr: e.QP, cma: e.CMA,
 			private: append([]byte(nil), e.Private()...)}
 		queued := len(l.backlog)
 		select {
@@ -606,7 +632,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 }
 
 // failLocked aborts a connection whose QP could not be programmed.
-func (a *Agent) failLocked(now clock.Time, c *Conn, err error) {
+func (a *Agent) failLocked(now clock.Time, c *conn, err error) {
 	a.stats.QPErrors++
 	a.m.Abort(now, c.id)
 	c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
@@ -614,7 +640,7 @@ func (a *Agent) failLocked(now clock.Time, c *Conn, err error) {
 }
 
 // toRTR programs c's QP for receiving from the peer the CM negotiated.
-func (a *Agent) toRTR(c *Conn, q *cm.QPAttr) error {
+func (a *Agent) toRTR(c *conn, q *cm.QPAttr) error {
 	mac, ok := a.macs[c.peer]
 	if !ok {
 		return fmt.Errorf("no MAC for %v", c.peer)

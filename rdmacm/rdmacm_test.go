@@ -19,6 +19,7 @@ import (
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // runEngine drives a device on a port until ctx ends. The engine loop may
@@ -83,6 +84,15 @@ type host struct {
 	cq    *rnic.CQ
 }
 
+func newHostObjects(dev *rnic.Device) (*rnic.PD, *rnic.CQ) {
+	pd, _ := dev.AllocPD()
+	cq, err := dev.CreateCQ(4096)
+	if err != nil {
+		panic(err)
+	}
+	return pd.(*rnic.PD), cq.(*rnic.CQ)
+}
+
 var (
 	ipA, ipB   = netip.MustParseAddr("10.9.0.1"), netip.MustParseAddr("10.9.0.2")
 	macA, macB = [6]byte{2, 0, 0, 0, 9, 1}, [6]byte{2, 0, 0, 0, 9, 2}
@@ -132,7 +142,8 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &host{dev: dev, agent: ag, ip: ip, pd: dev.AllocPD(), cq: dev.CreateCQ(4096)}
+		pd, cq := newHostObjects(dev)
+		return &host{dev: dev, agent: ag, ip: ip, pd: pd, cq: cq}
 	}
 	a = mk(macA, ipA, ip6A, pa, 1)
 	b = mk(macB, ipB, ip6B, pb, 2)
@@ -147,24 +158,68 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 	return a, b
 }
 
-// params is a QP for one connection on h, with n receives of 64 bytes
-// posted in INIT.
-func (h *host) params(t *testing.T, n int) (*ConnParams, *rnic.MR) {
-	mr, err := h.pd.RegMR(make([]byte, 64*max(n, 1)), ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
+// tconn is one connection's QP to be on h: rdma_conn_param, and n
+// receives of 64 bytes posted once the QP is in INIT.
+type tconn struct {
+	ConnParam
+	t    *testing.T
+	h    *host
+	n    int
+	mr   *rnic.MR
+	made verbs.QP // the QP newQP made last
+}
+
+// params is a connection on h with n receives posted.
+func (h *host) params(t *testing.T, n int) (*tconn, *rnic.MR) {
+	mr, err := h.pd.RegBytes(make([]byte, 64*max(n, 1)), 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &ConnParams{PD: h.pd, SendCQ: h.cq, RecvCQ: h.cq, MaxRecvWR: max(n, 1),
-		Access:             ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead,
-		ResponderResources: 4, InitiatorDepth: 4,
-		Setup: func(q *rnic.QP) error {
-			for i := range n {
-				if _, err := q.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64(64*i), Length: 64, LKey: mr.LKey()}}}); err != nil {
-					return err
-				}
-			}
-			return nil
-		}}, mr
+	return &tconn{ConnParam: ConnParam{Access: ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead, ResponderResources: 4,
+		InitiatorDepth: 4}, t: t, h: h, n: n, mr: mr}, mr
+}
+
+// newQP makes the connection's RC QP, in INIT with its receives posted.
+func (p *tconn) newQP() (verbs.QP, error) {
+	q, err := p.h.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: p.h.cq, RecvCQ: p.h.cq,
+		Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: uint32(max(p.n, 1)), MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		return nil, err
+	}
+	if err := InitQP(q, &p.ConnParam); err != nil {
+		return nil, err
+	}
+	for i := range p.n {
+		wr := []verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: p.mr.IOVA() + uint64(64*i), Length: 64, LKey: p.mr.LKey()}}}}
+		if _, err := q.PostRecv(wr); err != nil {
+			return nil, err
+		}
+	}
+	p.made = q
+	return q, nil
+}
+
+// accept takes the next request of l with a QP of p's.
+func accept(ctx context.Context, l Listener, p *tconn) (Conn, error) {
+	return AcceptNext(ctx, l, p.newQP, &p.ConnParam)
+}
+
+// acceptReq accepts r with a QP of p's.
+func acceptReq(ctx context.Context, r Request, p *tconn) (Conn, error) {
+	q, err := p.newQP()
+	if err != nil {
+		return nil, err
+	}
+	return r.Accept(ctx, q, &p.ConnParam)
+}
+
+// dial connects a QP of p's to port at peer through a.
+func dial(ctx context.Context, a *Agent, peer netip.Addr, port uint16, p *tconn) (Conn, error) {
+	q, err := p.newQP()
+	if err != nil {
+		return nil, err
+	}
+	return a.Connect(ctx, q, peer, port, &p.ConnParam)
 }
 
 // waitWC polls cq until a completion of qp arrives.
@@ -174,7 +229,7 @@ func waitWC(t *testing.T, cq *rnic.CQ, qpn uint32) ib.WC {
 	defer cancel()
 	var wc [1]ib.WC
 	for {
-		if _, err := cq.Wait(ctx, wc[:]); err != nil {
+		if _, err := cq.PollWait(ctx, wc[:]); err != nil {
 			t.Fatalf("no completion on QP %#x: %v", qpn, err)
 		}
 		if wc[0].QPN == qpn {
@@ -200,19 +255,19 @@ func TestConnectDataDisconnect(t *testing.T) {
 	}
 	ctx := ctx10(t)
 	type res struct {
-		c   *Conn
+		c   Conn
 		err error
 	}
 	srv := make(chan res, 1)
 	pa, mra := a.params(t, 1)
 	pa.PrivateData = []byte("rep-data")
 	go func() {
-		c, err := ln.Accept(ctx, pa)
+		c, err := accept(ctx, ln, pa)
 		srv <- res{c, err}
 	}()
 	pb, mrb := b.params(t, 0)
 	pb.PrivateData = []byte("req-data")
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,8 +284,8 @@ func TestConnectDataDisconnect(t *testing.T) {
 	}
 	// SEND B → A.
 	copy(mrb.Bytes(), "hello over rdmacm")
-	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
@@ -241,8 +296,8 @@ func TestConnectDataDisconnect(t *testing.T) {
 	}
 	// The server's QP is in RTS (RTU or COMM_EST): it can RDMA WRITE back.
 	copy(mra.Bytes()[32:], "written back")
-	if _, err := ca.QP().PostSend(rnic.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}); err != nil {
+	if _, err := ca.QP().PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != ib.Success || string(mrb.Bytes()[40:52]) != "written back" {
@@ -276,7 +331,7 @@ func TestRejectNoListener(t *testing.T) {
 	a, b := pair(t, nil, nil)
 	_ = a
 	p, _ := b.params(t, 0)
-	_, err := b.agent.Dial(ctx10(t), ipA, 4242, p)
+	_, err := dial(ctx10(t), b.agent, ipA, 4242, p)
 	var rej *RejectedError
 	if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
 		t.Fatalf("dial without listener: %v", err)
@@ -301,7 +356,7 @@ func TestRejectByApplication(t *testing.T) {
 		}
 	}()
 	p, _ := b.params(t, 0)
-	_, err = b.agent.Dial(ctx, ipA, 5000, p)
+	_, err = dial(ctx, b.agent, ipA, 5000, p)
 	var rej *RejectedError
 	if !errors.As(err, &rej) || rej.Reason != cm.RejConsumerDefined || !bytes.HasPrefix(rej.PrivateData, []byte("go away")) {
 		t.Fatalf("%v", err)
@@ -323,9 +378,9 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	go ln.Accept(ctx, pa)
+	go accept(ctx, ln, pa)
 	pb, mrb := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,8 +391,8 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 	if sb.Retransmits < 2 || sb.Tx[0] < 3 {
 		t.Fatalf("client CM stats %+v", sb)
 	}
-	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
@@ -355,21 +410,21 @@ func TestRTULost(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	srv := make(chan *Conn, 1)
+	srv := make(chan Conn, 1)
 	go func() {
-		c, err := ln.Accept(ctx, pa)
+		c, err := accept(ctx, ln, pa)
 		if err != nil {
 			t.Error(err)
 		}
 		srv <- c
 	}()
 	pb, mrb := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	ca := <-srv
@@ -395,14 +450,14 @@ func TestManyConnections(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, n)
 	ctx := ctx10(t)
 	type side struct {
-		c  *Conn
+		c  Conn
 		mr *rnic.MR
 	}
 	srv := make(chan side, n)
 	go func() {
 		for range n {
 			p, mr := a.params(t, 1)
-			c, err := ln.Accept(ctx, p)
+			c, err := accept(ctx, ln, p)
 			if err != nil {
 				t.Error(err)
 				return
@@ -418,7 +473,7 @@ func TestManyConnections(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			p, mr := b.params(t, 0)
-			c, err := b.agent.Dial(ctx, ipA, 7174, p)
+			c, err := dial(ctx, b.agent, ipA, 7174, p)
 			if err != nil {
 				errs <- fmt.Errorf("dial %d: %w", i, err)
 				return
@@ -442,8 +497,8 @@ func TestManyConnections(t *testing.T) {
 	for i, s := range cli {
 		msg := fmt.Sprintf("conn %02d", i)
 		copy(s.mr.Bytes(), msg)
-		if _, err := s.c.QP().PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}); err != nil {
+		if _, err := s.c.QP().PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -452,7 +507,7 @@ func TestManyConnections(t *testing.T) {
 	got := 0
 	var wc [16]ib.WC
 	for got < n {
-		k, err := a.cq.Wait(ctx, wc[:])
+		k, err := a.cq.PollWait(ctx, wc[:])
 		if err != nil {
 			t.Fatalf("%d of %d receives: %v", got, n, err)
 		}
@@ -497,8 +552,8 @@ func TestIPv6(t *testing.T) {
 	ctx := ctx10(t)
 	pa, mra := a.params(t, 1)
 	type res struct {
-		c   *Conn
-		r   *Request
+		c   Conn
+		r   Request
 		err error
 	}
 	srv := make(chan res, 1)
@@ -508,11 +563,11 @@ func TestIPv6(t *testing.T) {
 			srv <- res{err: err}
 			return
 		}
-		c, err := r.Accept(ctx, pa)
+		c, err := acceptReq(ctx, r, pa)
 		srv <- res{c, r, err}
 	}()
 	pb, mrb := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ip6A, 7174, pb)
+	cb, err := dial(ctx, b.agent, ip6A, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -524,8 +579,8 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("request from %v port %d", s.r.Peer(), s.r.SrcPort())
 	}
 	copy(mrb.Bytes(), "over v6")
-	if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, a.cq, s.c.QP().QPN()); wc.Status != ib.Success || string(mra.Bytes()[:7]) != "over v6" || wc.SrcIP.IsValid() && wc.SrcIP != ip6B {
@@ -551,18 +606,18 @@ func TestBacklog(t *testing.T) {
 	first := make(chan error, 1)
 	p1, _ := b.params(t, 0)
 	go func() {
-		_, err := b.agent.Dial(ctx, ipA, 7174, p1)
+		_, err := dial(ctx, b.agent, ipA, 7174, p1)
 		first <- err
 	}()
 	// Wait until the first REQ sits in the backlog.
-	for i := 0; len(ln.backlog) == 0; i++ {
+	for i := 0; len(ln.(*listener).backlog) == 0; i++ {
 		if i > 5000 {
 			t.Fatal("first REQ never reached the backlog")
 		}
 		time.Sleep(time.Millisecond)
 	}
 	p2, _ := b.params(t, 0)
-	_, err := b.agent.Dial(ctx, ipA, 7174, p2)
+	_, err := dial(ctx, b.agent, ipA, 7174, p2)
 	var rej *RejectedError
 	if !errors.As(err, &rej) || rej.Reason != cm.RejNoResources {
 		t.Fatalf("second dial: %v", err)
@@ -579,7 +634,7 @@ func TestBacklog(t *testing.T) {
 	// run a little after the active side gave up.
 	pa, _ := a.params(t, 0)
 	for i := 0; ; i++ {
-		c, err := r.Accept(ctx, pa)
+		c, err := acceptReq(ctx, r, pa)
 		if errors.Is(err, ErrRequestExpired) {
 			break
 		}
@@ -608,10 +663,9 @@ func TestBacklog(t *testing.T) {
 // the agent goes on and a connection afterwards works.
 func TestHostileGSITraffic(t *testing.T) {
 	a, b := pair(t, nil, nil)
-	pd := b.dev.AllocPD()
-	cq := b.dev.CreateCQ(64)
+	pd, cq := newHostObjects(b.dev)
 	// A UD QP of our own on B, sending to A's QP1 with the GSI Q_Key.
-	q, err := pd.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq, MaxInline: 300})
+	q, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 300}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -620,7 +674,7 @@ func TestHostileGSITraffic(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ah, err := pd.CreateAH(ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(ipA)})
+	ah, err := pd.CreateAH(&ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(ipA)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -629,14 +683,14 @@ func TestHostileGSITraffic(t *testing.T) {
 		garbage[i] = byte(i * 7)
 	}
 	for i, n := range []int{0, 1, 100, 255, 256, 257, 300} {
-		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
-			InlineData: append(garbage[:0:0], make([]byte, n)...)[:n], AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+			InlineData: append(garbage[:0:0], make([]byte, n)...)[:n], AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// 256 bytes from a QP other than QP1: not a CM MAD either.
-	if _, err := q.PostSend(rnic.SendWR{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
-		InlineData: garbage, AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
+	if _, err := q.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+		InlineData: garbage, AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}}); err != nil {
 		t.Fatal(err)
 	}
 	// 256 bytes of garbage from B's QP1: the Manager refuses it.
@@ -664,15 +718,16 @@ func TestHostileGSITraffic(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	go ln.Accept(ctx, pa)
+	go accept(ctx, ln, pa)
 	pb, _ := b.params(t, 0)
-	if _, err := b.agent.Dial(ctx, ipA, 7174, pb); err != nil {
+	if _, err := dial(ctx, b.agent, ipA, 7174, pb); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestDialCancelled: a Dial whose REQs all vanish returns when its context
-// ends, and its QP is destroyed.
+// TestDialCancelled: a Connect whose REQs all vanish returns when its
+// context ends, the agent forgets it, and its QP is the application's
+// again.
 func TestDialCancelled(t *testing.T) {
 	_, b := pair(t, nil, func(p port.Port) port.Port {
 		return &dropPort{Port: p, drop: func(f []byte) bool { return madAttr(f) == cm.AttrREQ }}
@@ -680,14 +735,17 @@ func TestDialCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	p, _ := b.params(t, 0)
-	var made *rnic.QP
-	setup := p.Setup
-	p.Setup = func(q *rnic.QP) error { made = q; return setup(q) }
-	if _, err := b.agent.Dial(ctx, ipA, 7174, p); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := dial(ctx, b.agent, ipA, 7174, p); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("%v", err)
 	}
-	if _, err := made.PostRecv(rnic.RecvWR{}); !errors.Is(err, rnic.ErrDestroyed) {
-		t.Fatalf("QP not destroyed: %v", err)
+	b.agent.mu.Lock()
+	_, kept := b.agent.byQPN[p.made.QPN()]
+	b.agent.mu.Unlock()
+	if kept {
+		t.Fatal("the agent still holds the cancelled connection")
+	}
+	if err := p.made.Destroy(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -698,10 +756,10 @@ func TestAgentCloseDisconnects(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	srv := make(chan *Conn, 1)
-	go func() { c, _ := ln.Accept(ctx, pa); srv <- c }()
+	srv := make(chan Conn, 1)
+	go func() { c, _ := accept(ctx, ln, pa); srv <- c }()
 	pb, _ := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -732,23 +790,23 @@ func TestLossyLink(t *testing.T) {
 	const rounds = 12
 	for i := range rounds {
 		pa, mra := a.params(t, 1)
-		srv := make(chan *Conn, 1)
+		srv := make(chan Conn, 1)
 		go func() {
-			c, err := ln.Accept(ctx, pa)
+			c, err := accept(ctx, ln, pa)
 			if err != nil {
 				t.Errorf("accept %d: %v", i, err)
 			}
 			srv <- c
 		}()
 		pb, mrb := b.params(t, 0)
-		cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+		cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 		if err != nil {
 			t.Fatalf("dial %d: %v", i, err)
 		}
 		msg := fmt.Sprintf("round %02d", i)
 		copy(mrb.Bytes(), msg)
-		if _, err := cb.QP().PostSend(rnic.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}); err != nil {
+		if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 		if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
@@ -790,8 +848,8 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 	ctx := ctx10(t)
 	first, second := make(chan error, 1), make(chan error, 1)
 	p1, _ := b.params(t, 0)
-	go func() { _, err := b.agent.Dial(ctx, ipA, 7174, p1); first <- err }()
-	for i := 0; len(ln.backlog) == 0; i++ {
+	go func() { _, err := dial(ctx, b.agent, ipA, 7174, p1); first <- err }()
+	for i := 0; len(ln.(*listener).backlog) == 0; i++ {
 		if i > 5000 {
 			t.Fatal("first REQ never reached the backlog")
 		}
@@ -799,7 +857,7 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 	}
 	p2, _ := b.params(t, 0)
 	go func() {
-		c, err := b.agent.Dial(ctx, ipA, 7174, p2)
+		c, err := dial(ctx, b.agent, ipA, 7174, p2)
 		if err == nil {
 			defer c.Close()
 		}
@@ -814,7 +872,7 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 	}
 	pa, _ := a.params(t, 0)
 	for i := 0; ; i++ {
-		c, err := ln.Accept(ctx, pa)
+		c, err := accept(ctx, ln, pa)
 		if err == nil {
 			defer c.Close()
 			break

@@ -12,25 +12,27 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // udQP creates a UD QP on h prepared as rdma_cm does, with n receives of
 // GRH + 64 bytes posted.
-func (h *host) udQP(t *testing.T, n int) (*rnic.QP, *rnic.MR) {
+func (h *host) udQP(t *testing.T, n int) (verbs.QP, *rnic.MR) {
 	t.Helper()
-	qp, err := h.pd.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 16, MaxRecvWR: max(n, 1), MaxInline: 64})
+	qp, err := h.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: h.cq, RecvCQ: h.cq,
+		Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: uint32(max(n, 1)), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := PrepareUD(qp); err != nil {
 		t.Fatal(err)
 	}
-	mr, err := h.pd.RegMR(make([]byte, (grhLen+64)*max(n, 1)), ib.LocalWrite)
+	mr, err := h.pd.RegBytes(make([]byte, (grhLen+64)*max(n, 1)), 0, ib.LocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if _, err := qp.PostRecv(rnic.RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64((grhLen+64)*i), Length: grhLen + 64, LKey: mr.LKey()}}}); err != nil {
+		if _, err := qp.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64((grhLen+64)*i), Length: grhLen + 64, LKey: mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -88,13 +90,13 @@ func TestUDResolveAndSend(t *testing.T) {
 		t.Fatalf("resolved %+v, want QPN %#x Q_Key %#x", peer, qa.QPN(), UDPQKey)
 	}
 	qb, _ := b.udQP(t, 0)
-	ah, err := b.pd.CreateAH(peer.AV)
+	ah, err := b.pd.CreateAH(&peer.AV)
 	if err != nil {
 		t.Fatal(err)
 	}
 	send := func(id uint64, qkey uint32, msg string) {
-		if _, err := qb.PostSend(rnic.SendWR{ID: id, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
-			InlineData: []byte(msg), AH: ah, RemoteQPN: peer.QPN, RemoteQKey: qkey}); err != nil {
+		if _, err := qb.PostSend([]verbs.SendWR{{ID: id, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+			InlineData: []byte(msg), AH: ah, RemoteQPN: peer.QPN, RemoteQKey: qkey}}); err != nil {
 			t.Fatal(err)
 		}
 		if wc := waitWC(t, b.cq, qb.QPN()); wc.Status != ib.Success {

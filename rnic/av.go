@@ -8,30 +8,39 @@ import (
 
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // AH is an address handle for UD sends (ibv_ah), with its frame header
 // prepared once.
 type AH struct {
+	pd  *PD
 	ah  ib.AH
 	hdr frame.Template
 }
 
+var _ verbs.AH = (*AH)(nil)
+
 // AV is the address vector the AH was made from, its DMAC resolved.
 func (a *AH) AV() ib.AddressVector { return a.ah.AV }
 
+// Destroy releases the AH (ibv_destroy_ah). A UD WR posted with it before
+// is sent as it was framed.
+func (a *AH) Destroy() error { return nil }
+
 // CreateAH creates an address handle (ibv_create_ah). Without a DMAC in
 // av, the device's resolver finds the next hop.
-func (pd *PD) CreateAH(av ib.AddressVector) (*AH, error) {
+func (pd *PD) CreateAH(attr *ib.AddressVector) (verbs.AH, error) {
+	av := *attr
 	if err := pd.dev.checkAV(&av); err != nil {
-		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, ErrInvalid)
+		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, verbs.ErrInvalid)
 	}
 	mac, err := pd.dev.destMAC(&av)
 	if err != nil {
-		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, ErrInvalid)
+		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, verbs.ErrInvalid)
 	}
 	av.DMAC = mac
-	a := &AH{hdr: pd.dev.makeHdr(&av, mac, 0, 0)}
+	a := &AH{pd: pd, hdr: pd.dev.makeHdr(&av, mac, 0, 0)}
 	a.ah = ib.AH{AV: av, Header: a.hdr.Bytes()}
 	return a, nil
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // pingPair is one RC QP pair set up for streaming one kind of message.
@@ -15,8 +16,8 @@ type pingPair struct {
 	qa, qb  *QP
 	src     *MR
 	dst     *MR
-	send    SendWR
-	recv    RecvWR
+	send    verbs.SendWR
+	recv    verbs.RecvWR
 	wcs     [64]ib.WC
 	sent    int
 	done    int
@@ -26,11 +27,11 @@ type pingPair struct {
 func newPingPair(tb testing.TB, op ib.WROpcode, size, mtu int) *pingPair {
 	p := &pingPair{tb: newTestbed(tb, memlink.Impairments{}, 1, mtu)}
 	p.qa, p.qb = p.tb.connect(ib.RC, mtu, ib.LocalWrite|ib.RemoteWrite, 256)
-	p.src, _ = p.tb.a.pd.RegMR(make([]byte, size), ib.LocalWrite)
-	p.dst, _ = p.tb.b.pd.RegMR(make([]byte, size), ib.LocalWrite|ib.RemoteWrite)
-	p.send = SendWR{Opcode: op, Flags: ib.Signaled, SG: []ib.SGE{{Addr: p.src.IOVA(), Length: uint32(size), LKey: p.src.LKey()}},
+	p.src, _ = p.tb.a.pd.RegBytes(make([]byte, size), 0, ib.LocalWrite)
+	p.dst, _ = p.tb.b.pd.RegBytes(make([]byte, size), 0, ib.LocalWrite|ib.RemoteWrite)
+	p.send = verbs.SendWR{Opcode: op, Flags: ib.Signaled, SG: []ib.SGE{{Addr: p.src.IOVA(), Length: uint32(size), LKey: p.src.LKey()}},
 		RemoteAddr: p.dst.IOVA(), RKey: p.dst.RKey()}
-	p.recv = RecvWR{SG: []ib.SGE{{Addr: p.dst.IOVA(), Length: uint32(size), LKey: p.dst.LKey()}}}
+	p.recv = verbs.RecvWR{SG: []ib.SGE{{Addr: p.dst.IOVA(), Length: uint32(size), LKey: p.dst.LKey()}}}
 	return p
 }
 
@@ -42,11 +43,11 @@ func (p *pingPair) stream(n int) {
 	for p.done < target {
 		for p.sent < target && p.sent-p.done < 128 {
 			if p.send.Opcode == ib.Send {
-				if _, err := p.qb.PostRecv(p.recv); err != nil {
+				if _, err := p.qb.PostRecv([]verbs.RecvWR{p.recv}); err != nil {
 					break
 				}
 			}
-			if _, err := p.qa.PostSend(p.send); err != nil {
+			if _, err := p.qa.PostSend([]verbs.SendWR{p.send}); err != nil {
 				panic(err)
 			}
 			p.sent++

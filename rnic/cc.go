@@ -121,6 +121,15 @@ func (q *QP) ccHeaders() {
 	q.cnpHdr.SetTOS(c.NP.DSCP<<2 | ecnECT0)
 }
 
+// CongestionProfile implements verbs.CongestionProfiler.
+func (d *Device) CongestionProfile() (string, float64) {
+	c := &d.cfg.Congestion
+	if !c.On() {
+		return "off", 1
+	}
+	return c.Profile, c.Scale
+}
+
 // ccReporter is a transport that runs congestion control.
 type ccReporter interface {
 	CongestionState() (dcqcn.State, bool)

@@ -10,6 +10,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestConcurrentApplications runs the engine of both devices in one
@@ -26,9 +27,9 @@ func TestConcurrentApplications(t *testing.T) {
 	var as []app
 	for i := 0; i < apps; i++ {
 		qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 32)
-		src, _ := tb.a.pd.RegMR(make([]byte, msgs*size), ib.LocalWrite)
+		src, _ := tb.a.pd.RegBytes(make([]byte, msgs*size), 0, ib.LocalWrite)
 		pattern(src.Bytes(), uint64(i))
-		dst, _ := tb.b.pd.RegMR(make([]byte, msgs*size), ib.LocalWrite)
+		dst, _ := tb.b.pd.RegBytes(make([]byte, msgs*size), 0, ib.LocalWrite)
 		as = append(as, app{qa, qb, src, dst})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -74,13 +75,13 @@ func TestConcurrentApplications(t *testing.T) {
 			posted, got := 0, 0
 			for got < msgs {
 				for posted < msgs && posted-got < 16 {
-					if _, err := a.qb.PostRecv(RecvWR{ID: uint64(posted), SG: []ib.SGE{{Addr: a.dst.IOVA() + uint64(posted*size), Length: size, LKey: a.dst.LKey()}}}); err != nil {
+					if _, err := a.qb.PostRecv([]verbs.RecvWR{{ID: uint64(posted), SG: []ib.SGE{{Addr: a.dst.IOVA() + uint64(posted*size), Length: size, LKey: a.dst.LKey()}}}}); err != nil {
 						errs <- err.Error()
 						return
 					}
 					posted++
 				}
-				n, err := a.qb.init.RecvCQ.Wait(ctx, wcs)
+				n, err := a.qb.init.RecvCQ.PollWait(ctx, wcs)
 				if err != nil {
 					errs <- "receiver: " + err.Error()
 					return
@@ -100,14 +101,14 @@ func TestConcurrentApplications(t *testing.T) {
 			posted, done := 0, 0
 			for done < msgs {
 				for posted < msgs && posted-done < 16 {
-					if _, err := a.qa.PostSend(SendWR{ID: uint64(posted), Opcode: ib.Send, Flags: ib.Signaled,
-						SG: []ib.SGE{{Addr: a.src.IOVA() + uint64(posted*size), Length: size, LKey: a.src.LKey()}}}); err != nil {
+					if _, err := a.qa.PostSend([]verbs.SendWR{{ID: uint64(posted), Opcode: ib.Send, Flags: ib.Signaled,
+						SG: []ib.SGE{{Addr: a.src.IOVA() + uint64(posted*size), Length: size, LKey: a.src.LKey()}}}}); err != nil {
 						errs <- err.Error()
 						return
 					}
 					posted++
 				}
-				n, err := a.qa.init.SendCQ.Wait(ctx, wcs)
+				n, err := a.qa.init.SendCQ.PollWait(ctx, wcs)
 				if err != nil {
 					errs <- "sender: " + err.Error()
 					return

@@ -9,6 +9,7 @@ import (
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // ccLink is two DCQCN devices on a memlink in virtual time with one RC QP
@@ -18,7 +19,7 @@ type ccLink struct {
 	t       testing.TB
 	tb      *testbed
 	qa, qb  *QP
-	wr      SendWR
+	wr      verbs.SendWR
 	wcs     [64]ib.WC
 	posted  int
 	done    int
@@ -38,7 +39,7 @@ func newCCLinkOp(t testing.TB, cong Congestion, seed uint64, op ib.WROpcode) *cc
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := &node{dev: d, port: p, pd: d.AllocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
+		n := &node{dev: d, port: p, pd: d.allocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
 		for i := range n.out {
 			n.out[i] = make([]byte, p.MaxFrame())
 		}
@@ -47,9 +48,9 @@ func newCCLinkOp(t testing.TB, cong Congestion, seed uint64, op ib.WROpcode) *cc
 	l := &ccLink{t: t, tb: &testbed{t: t, clk: clk, a: mk(pa, macA, addrA), b: mk(pb, macB, addrB)}}
 	l.qa, l.qb = l.tb.connect(ib.RC, 4096, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead, 64)
 	const size = 64 << 10
-	src, _ := l.tb.a.pd.RegMR(make([]byte, size), ib.LocalWrite)
-	dst, _ := l.tb.b.pd.RegMR(make([]byte, size), ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
-	l.wr = SendWR{Opcode: op, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: size, LKey: src.LKey()}},
+	src, _ := l.tb.a.pd.RegBytes(make([]byte, size), 0, ib.LocalWrite)
+	dst, _ := l.tb.b.pd.RegBytes(make([]byte, size), 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
+	l.wr = verbs.SendWR{Opcode: op, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: size, LKey: src.LKey()}},
 		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}
 	return l
 }
@@ -64,7 +65,7 @@ func (l *ccLink) run(until clock.Time) {
 			l.t.Fatal("run did not reach its end")
 		}
 		for l.posted-l.done < 16 {
-			if _, err := l.qa.PostSend(l.wr); err != nil {
+			if _, err := l.qa.PostSend([]verbs.SendWR{l.wr}); err != nil {
 				l.t.Fatal(err)
 			}
 			l.posted++

@@ -17,6 +17,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/internal/ibtest"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // connectXCNP is the ConnectX-4 Lx CNP of ../shared/vectors/README.md.
@@ -53,12 +54,12 @@ func newCCSolo(t testing.TB, cong Congestion, mac [6]byte, addr netip.Addr, peer
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd := d.AllocPD()
-	q, err := pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: d.CreateCQ(256), RecvCQ: d.CreateCQ(256), MaxSendWR: 64, MaxRecvWR: 64})
+	pd := d.allocPD()
+	q, err := pd.newQP(testQP{Type: ib.RC, SendCQ: d.newCQ(256), RecvCQ: d.newCQ(256), MaxSendWR: 64, MaxRecvWR: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mr, err := pd.RegMR(make([]byte, 1<<16), ib.LocalWrite|ib.RemoteWrite)
+	mr, err := pd.RegBytes(make([]byte, 1<<16), 0, ib.LocalWrite|ib.RemoteWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,8 +220,8 @@ func TestDataFramesECT(t *testing.T) {
 				a, b = netip.MustParseAddr("fd00::1"), netip.MustParseAddr("fd00::2")
 			}
 			s := newCCSolo(t, c.cong, macA, a, macB, b, 0x33, c.tclass)
-			src, _ := s.qp.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
-			_, err := s.qp.PostSend(SendWR{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7})
+			src, _ := s.qp.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite)
+			_, err := s.qp.PostSend([]verbs.SendWR{{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7}})
 			must(t, err)
 			var frames [][]byte
 			for now := clock.Time(0); len(frames) < 3 && now < clock.Time(time.Millisecond); now += 1000 {
@@ -357,8 +358,8 @@ func TestCNPCutsRateAndPaces(t *testing.T) {
 	}
 
 	// Pacing at 20 Gb/s: an 8 KiB WRITE is 8 packets of 1024 bytes.
-	src, _ := s.qp.pd.RegMR(make([]byte, 8192), ib.LocalWrite)
-	_, err := s.qp.PostSend(SendWR{Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8192, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7})
+	src, _ := s.qp.pd.RegBytes(make([]byte, 8192), 0, ib.LocalWrite)
+	_, err := s.qp.PostSend([]verbs.SendWR{{Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8192, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 7}})
 	must(t, err)
 	now := clock.Time(1000)
 	var departures []clock.Time

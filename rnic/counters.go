@@ -7,6 +7,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Stats counts what the step functions dropped and moved. The engine
@@ -34,6 +35,46 @@ type CongestionStats struct {
 	// RxCNP counts every CNP that passed the receive checks (no mlx5
 	// equivalent: the sum of the two rp_ counters).
 	RxCNP uint64
+}
+
+// PublishStats makes Stats as they are now what StatsSnapshot returns. The
+// goroutine running the step functions calls it after a step (the engine
+// does, every iteration); it takes a lock only when a counter changed.
+func (d *Device) PublishStats() {
+	if d.Stats == d.seen {
+		return
+	}
+	d.seen = d.Stats
+	d.pubMu.Lock()
+	d.pub = d.Stats
+	d.pubMu.Unlock()
+}
+
+// StatsSnapshot returns the counters as of the last PublishStats, safe
+// from any goroutine (Stats itself belongs to the step functions).
+func (d *Device) StatsSnapshot() Stats {
+	d.pubMu.Lock()
+	defer d.pubMu.Unlock()
+	return d.pub
+}
+
+// CongestionCounters implements verbs.CongestionCounter.
+func (d *Device) CongestionCounters() verbs.CongestionCounters {
+	s := d.StatsSnapshot()
+	return verbs.CongestionCounters{ECNMarked: s.NPECNMarkedRoCEPackets, CNPSent: s.NPCNPSent,
+		CNPHandled: s.RPCNPHandled, CNPIgnored: s.RPCNPIgnored}
+}
+
+// TransportProgress implements verbs.ProgressCounter: the progress of the
+// RC and UC QPs numbered in qpns.
+func (d *Device) TransportProgress(qpns []uint32) uint64 {
+	var n uint64
+	d.EachQPCounters(func(c *QPCounters) {
+		if slices.Contains(qpns, c.QPN) {
+			n += c.RC.Progress
+		}
+	})
+	return n
 }
 
 // Counter is one named counter.

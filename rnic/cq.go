@@ -2,11 +2,13 @@ package rnic
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
-	"syscall"
+	"time"
 
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // CQ is a completion queue.
@@ -33,17 +35,19 @@ type CQ struct {
 	overrun atomic.Bool
 }
 
-// ErrCQOverrun is the error of a CQ that overflowed (IBV_EVENT_CQ_ERR):
-// completions were lost, the CQ is unusable and its QPs are in ERR.
-var ErrCQOverrun = &Error{syscall.EIO, "CQ overrun: completions were lost; the CQ and its QPs are in error"}
+var _ verbs.CQ = (*CQ)(nil)
 
-// CreateCQ creates a CQ holding up to depth completions.
-func (d *Device) CreateCQ(depth int) *CQ {
-	if depth < 1 {
-		depth = DefaultDepth
+// CreateCQ creates a CQ holding up to depth completions (ibv_create_cq).
+func (d *Device) CreateCQ(depth int) (verbs.CQ, error) {
+	if depth < 1 || depth > MaxCQE {
+		return nil, fmt.Errorf("rnic: CQ of %d entries (1 to %d): %w", depth, MaxCQE, verbs.ErrInvalid)
 	}
-	return &CQ{dev: d, ring: make([]ib.WC, depth), notify: make(chan struct{}, 1)}
+	return &CQ{dev: d, ring: make([]ib.WC, depth), notify: make(chan struct{}, 1)}, nil
 }
+
+// Destroy destroys the CQ; the QPs using it must be destroyed first
+// (ibv_destroy_cq). Its memory goes with its last reference.
+func (c *CQ) Destroy() error { return nil }
 
 // Poll moves up to len(out) completions into out, oldest first, and
 // returns how many. After an overrun it still returns the completions
@@ -64,7 +68,7 @@ func (c *CQ) Poll(out []ib.WC) int {
 // Err is ErrCQOverrun once the CQ has overflowed, nil before.
 func (c *CQ) Err() error {
 	if c.overrun.Load() {
-		return ErrCQOverrun
+		return verbs.ErrCQOverrun
 	}
 	return nil
 }
@@ -74,10 +78,29 @@ func (c *CQ) Err() error {
 // the CQ is overrun.
 func (c *CQ) Notify() <-chan struct{} { return c.notify }
 
-// Wait polls, blocking until at least one completion is there or ctx ends.
-// A CQ in error returns ErrCQOverrun once its queued completions are
+// Wait sleeps until the CQ may hold a completion or timeout passes
+// (negative: no limit); a CQ in error returns ErrCQOverrun at once.
+func (c *CQ) Wait(timeout time.Duration) error {
+	if err := c.Err(); err != nil {
+		return err
+	}
+	if timeout < 0 {
+		<-c.notify
+		return nil
+	}
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-c.notify:
+	case <-t.C:
+	}
+	return nil
+}
+
+// PollWait polls, blocking until at least one completion is there or ctx
+// ends. A CQ in error returns ErrCQOverrun once its queued completions are
 // polled, rather than blocking for completions that will never come.
-func (c *CQ) Wait(ctx context.Context, out []ib.WC) (int, error) {
+func (c *CQ) PollWait(ctx context.Context, out []ib.WC) (int, error) {
 	for {
 		if n := c.Poll(out); n > 0 {
 			return n, nil
@@ -144,7 +167,7 @@ func (d *Device) CQOverruns() uint64 { return d.cqOverruns.Load() }
 // It may run under that QP's lock: it takes no QP lock itself.
 func (d *Device) cqOverrun(c *CQ) {
 	d.cqOverruns.Add(1)
-	d.asyncEvent(AsyncEvent{Type: ib.EventCQErr, CQ: c})
+	d.asyncEvent(verbs.AsyncEvent{Type: ib.EventCQErr, CQ: c})
 	d.qps.each(func(q *QP) {
 		if q.init.SendCQ != c && q.init.RecvCQ != c || q.destroyed.Load() {
 			return

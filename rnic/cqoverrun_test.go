@@ -9,6 +9,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestCQOverrunIsAnError overflows a receive CQ with SENDs over the link
@@ -22,13 +23,13 @@ func TestCQOverrunIsAnError(t *testing.T) {
 	const cqDepth, sends = 4, 8
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
 	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 16)
-	small := tb.b.dev.CreateCQ(cqDepth)
+	small := tb.b.dev.newCQ(cqDepth)
 	// Rebuild B's QP on the small CQ (connect made it on a large one).
-	qb2, err := tb.b.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: tb.b.dev.CreateCQ(64), RecvCQ: small, MaxSendWR: 16, MaxRecvWR: 16, MaxSGE: 1})
+	qb2, err := tb.b.pd.newQP(testQP{Type: ib.RC, SendCQ: tb.b.dev.newCQ(64), RecvCQ: small, MaxSendWR: 16, MaxRecvWR: 16, MaxSGE: 1})
 	must(t, err)
 	// A bystander QP whose send CQ is the small CQ: it never completes
 	// anything, yet it must end in ERR too.
-	by, err := tb.b.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: small, RecvCQ: tb.b.dev.CreateCQ(4), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
+	by, err := tb.b.pd.newQP(testQP{Type: ib.RC, SendCQ: small, RecvCQ: tb.b.dev.newCQ(4), MaxSendWR: 4, MaxRecvWR: 4, MaxSGE: 1})
 	must(t, err)
 	must(t, ibtest.Modify(by, ib.Init, &ib.QPAttr{Access: ib.LocalWrite}))
 	must(t, ibtest.Modify(qb, ib.Err, nil))
@@ -43,12 +44,12 @@ func TestCQOverrunIsAnError(t *testing.T) {
 
 	src := make([]byte, 64)
 	dst := make([]byte, 64*sends)
-	mra, err := tb.a.pd.RegMR(src, ib.LocalWrite)
+	mra, err := tb.a.pd.RegBytes(src, 0, ib.LocalWrite)
 	must(t, err)
-	mrb, err := tb.b.pd.RegMR(dst, ib.LocalWrite)
+	mrb, err := tb.b.pd.RegBytes(dst, 0, ib.LocalWrite)
 	must(t, err)
 	for i := 0; i < sends; i++ {
-		_, err := qb2.PostRecv(RecvWR{ID: uint64(100 + i), SG: []ib.SGE{{Addr: mrb.IOVA() + uint64(64*i), Length: 64, LKey: mrb.LKey()}}})
+		_, err := qb2.PostRecv([]verbs.RecvWR{{ID: uint64(100 + i), SG: []ib.SGE{{Addr: mrb.IOVA() + uint64(64*i), Length: 64, LKey: mrb.LKey()}}}})
 		must(t, err)
 	}
 	// Drain B's events of the setup (qb's own move to ERR is not one).
@@ -56,12 +57,12 @@ func TestCQOverrunIsAnError(t *testing.T) {
 		<-tb.b.dev.Events()
 	}
 	for i := 0; i < sends; i++ {
-		_, err := qa.PostSend(SendWR{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mra.IOVA(), Length: 64, LKey: mra.LKey()}}})
+		_, err := qa.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mra.IOVA(), Length: 64, LKey: mra.LKey()}}}})
 		must(t, err)
 	}
 	tb.run(func() bool { return qb2.State() == ib.Err && by.State() == ib.Err }, 50*time.Millisecond)
 
-	if err := small.Err(); !errors.Is(err, ErrCQOverrun) {
+	if err := small.Err(); !errors.Is(err, verbs.ErrCQOverrun) {
 		t.Fatalf("CQ.Err after the overrun = %v, want ErrCQOverrun", err)
 	}
 	got := pollAll(small)
@@ -79,7 +80,7 @@ func TestCQOverrunIsAnError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var buf [4]ib.WC
-	if n, err := small.Wait(ctx, buf[:]); n != 0 || !errors.Is(err, ErrCQOverrun) {
+	if n, err := small.PollWait(ctx, buf[:]); n != 0 || !errors.Is(err, verbs.ErrCQOverrun) {
 		t.Fatalf("Wait on the drained CQ in error = %d, %v; want 0, ErrCQOverrun (it must not block)", n, err)
 	}
 	if n := tb.b.dev.CQOverruns(); n != 1 {

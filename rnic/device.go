@@ -2,18 +2,24 @@ package rnic
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport"
 	"github.com/softrnic/softrnic/transport/rc"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Config describes a device's port.
 type Config struct {
-	MAC [6]byte
+	// Name is the network interface the device runs on.
+	Name string
+	MAC  [6]byte
 	// Addrs is the GID table as addresses: index i is sgid_index i. A
 	// frame is accepted only if addressed to one of them.
 	Addrs []netip.Addr
@@ -41,7 +47,7 @@ type Device struct {
 	keys    *table[MR] // by lkey and rkey
 
 	doorbell chan struct{}
-	events   chan AsyncEvent
+	events   chan verbs.AsyncEvent
 	lostEv   atomic.Uint64
 
 	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
@@ -70,18 +76,24 @@ type Device struct {
 	ipID  uint16
 	cc    *rc.CCConfig // what every RC/UC QP's transport runs, nil for none
 	Stats Stats
+
+	// Stats as of the last PublishStats: seen by the step's owner, pub
+	// for everyone (under pubMu).
+	seen  Stats
+	pubMu sync.Mutex
+	pub   Stats
 }
 
 // NewDevice creates a device.
 func NewDevice(cfg Config) (*Device, error) {
 	if len(cfg.Addrs) == 0 {
-		return nil, ErrInvalid
+		return nil, verbs.ErrInvalid
 	}
 	if cfg.PortMTU == 0 {
 		cfg.PortMTU = 1024
 	}
 	if !validMTU(cfg.PortMTU) {
-		return nil, ErrInvalid
+		return nil, verbs.ErrInvalid
 	}
 	if err := cfg.Congestion.validate(); err != nil {
 		return nil, err
@@ -89,7 +101,7 @@ func NewDevice(cfg Config) (*Device, error) {
 	for i, a := range cfg.Addrs {
 		cfg.Addrs[i] = a.Unmap()
 	}
-	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan AsyncEvent, 256), nextQPN: 0x10,
+	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan verbs.AsyncEvent, 256), nextQPN: 0x10,
 		cc: cfg.Congestion.ccConfig()}
 	d.qps, d.keys = newTable[QP](), newTable[MR]()
 	return d, nil
@@ -101,6 +113,7 @@ func (d *Device) Config() Config { return d.cfg }
 // Limits of the device, as an RNIC reports them in ibv_query_device.
 const (
 	MaxMsgSize   = 1 << 31
+	MaxCQE       = 1 << 20
 	MaxSGE       = 32
 	MaxQPWR      = 16384
 	MaxInline    = 400
@@ -109,3 +122,43 @@ const (
 	// MaxUnackedPSNs is the RC window of a requester (as rxe's).
 	MaxUnackedPSNs = 128
 )
+
+var _ verbs.Device = (*Device)(nil)
+
+// Name is the network interface the device runs on (Config.Name).
+func (d *Device) Name() string { return d.cfg.Name }
+
+// GIDs is the GID table as addresses.
+func (d *Device) GIDs() []netip.Addr { return slices.Clone(d.cfg.Addrs) }
+
+// Query returns the device's and its port's attributes (ibv_query_device,
+// ibv_query_port).
+func (d *Device) Query() ib.DeviceAttr {
+	return ib.DeviceAttr{NodeGUID: ib.NodeGUID(d.cfg.MAC), MaxMRSize: MaxMsgSize, MaxQP: 1 << 16, MaxQPWR: MaxQPWR,
+		MaxSGE: MaxSGE, MaxCQ: 1 << 16, MaxCQE: MaxCQE, MaxMR: 1 << 20, MaxPD: 1 << 16, MaxSRQ: 1 << 16,
+		MaxSRQWR: MaxQPWR, MaxInline: MaxInline, MaxQPRdAtom: MaxRdAtomic, ActiveMTU: uint32(d.cfg.PortMTU),
+		PortActive: true}
+}
+
+// heapMem is memory in this process: an ordinary slice.
+type heapMem []byte
+
+func (m heapMem) Bytes() []byte { return m }
+func (m heapMem) Free() error   { return nil }
+
+// AllocMem allocates n bytes of memory to register (the Go heap).
+func (d *Device) AllocMem(n int) (verbs.Mem, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("rnic: memory of %d bytes: %w", n, verbs.ErrInvalid)
+	}
+	return heapMem(make([]byte, n)), nil
+}
+
+// Resources counts the device's live QPs (its GSI QP among them, if one was
+// created) and registered MRs: what a leak check, or a status report,
+// wants to know.
+func (d *Device) Resources() (qps, mrs int) {
+	d.qps.each(func(*QP) { qps++ })
+	d.keys.each(func(*MR) { mrs++ })
+	return qps, mrs / 2 // an MR is in the key table under its lkey and its rkey
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 func pattern(b []byte, seed uint64) {
@@ -67,7 +68,7 @@ func newWorkload(t testing.TB, tb *testbed, qa, qb *QP, seed uint64, n int, size
 		if fill != 0 {
 			pattern(b, fill)
 		}
-		m, err := n.pd.RegMR(b, acc)
+		m, err := n.pd.RegBytes(b, 0, acc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +92,7 @@ func (w *workload) pump() {
 			if o.op != ib.RDMAWriteWithImm {
 				sg = []ib.SGE{{Addr: w.recv.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.recv.LKey()}}
 			}
-			if _, err := w.qb.PostRecv(RecvWR{ID: uint64(w.recvPosted), SG: sg}); err == ErrQueueFull {
+			if _, err := w.qb.PostRecv([]verbs.RecvWR{{ID: uint64(w.recvPosted), SG: sg}}); err == verbs.ErrQueueFull {
 				break
 			} else if err != nil {
 				w.t.Fatal(err)
@@ -101,7 +102,7 @@ func (w *workload) pump() {
 	}
 	for w.posted < len(w.ops) && w.posted < w.recvPosted {
 		o := w.ops[w.posted]
-		s := SendWR{ID: uint64(w.posted), Opcode: o.op, Flags: ib.Signaled, Imm: uint32(w.posted) * 3}
+		s := verbs.SendWR{ID: uint64(w.posted), Opcode: o.op, Flags: ib.Signaled, Imm: uint32(w.posted) * 3}
 		switch o.op {
 		case ib.Send, ib.SendWithImm, ib.RDMAWrite, ib.RDMAWriteWithImm:
 			// Two SGEs when possible, to exercise the gather.
@@ -121,7 +122,7 @@ func (w *workload) pump() {
 			s.SG = []ib.SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
 			s.RemoteAddr, s.RKey, s.CompareAdd, s.Swap = w.atom.IOVA(), w.atom.RKey(), 1<<60, 5
 		}
-		if _, err := w.qa.PostSend(s); err == ErrQueueFull {
+		if _, err := w.qa.PostSend([]verbs.SendWR{s}); err == verbs.ErrQueueFull {
 			break
 		} else if err != nil {
 			w.t.Fatal(err)

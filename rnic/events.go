@@ -2,27 +2,21 @@ package rnic
 
 import (
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
-
-// AsyncEvent is an asynchronous event of a QP.
-type AsyncEvent struct {
-	Type ib.EventType
-	QPN  uint32
-	CQ   *CQ // EventCQErr only
-}
 
 // Events delivers asynchronous events (ibv_get_async_event). Events are
 // dropped, and counted by LostEvents, when nobody reads them.
-func (d *Device) Events() <-chan AsyncEvent { return d.events }
+func (d *Device) Events() <-chan verbs.AsyncEvent { return d.events }
 
 // LostEvents counts events dropped because Events was full.
 func (d *Device) LostEvents() uint64 { return d.lostEv.Load() }
 
 func (d *Device) event(t ib.EventType, qpn uint32) {
-	d.asyncEvent(AsyncEvent{Type: t, QPN: qpn})
+	d.asyncEvent(verbs.AsyncEvent{Type: t, QPN: qpn})
 }
 
-func (d *Device) asyncEvent(e AsyncEvent) {
+func (d *Device) asyncEvent(e verbs.AsyncEvent) {
 	select {
 	case d.events <- e:
 	default:

@@ -8,6 +8,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Two devices on an in-memory link: an RDMA WRITE from one to the other,
@@ -20,14 +21,21 @@ func Example() {
 	a, _ := rnic.NewDevice(rnic.Config{MAC: macA, Addrs: []netip.Addr{ipA}})
 	b, _ := rnic.NewDevice(rnic.Config{MAC: macB, Addrs: []netip.Addr{ipB}})
 
-	// Application side: PD, MRs, CQ, QP on each device.
-	pdA, pdB := a.AllocPD(), b.AllocPD()
-	src, _ := pdA.RegMR([]byte("hello, RDMA"), ib.LocalWrite)
-	dst, _ := pdB.RegMR(make([]byte, 11), ib.LocalWrite|ib.RemoteWrite)
-	cqA, cqB := a.CreateCQ(16), b.CreateCQ(16)
-	qa, _ := pdA.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqA, RecvCQ: cqA})
-	qb, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
-	connect := func(q, peer *rnic.QP, mac [6]byte, ip netip.Addr) {
+	// Application side, through the verbs interface: PD, MRs, CQ, QP on
+	// each device.
+	pdA, _ := a.AllocPD()
+	pdB, _ := b.AllocPD()
+	memA, _ := a.AllocMem(11)
+	memB, _ := b.AllocMem(11)
+	copy(memA.Bytes(), "hello, RDMA")
+	src, _ := pdA.RegMR(memA, 0, 11, 0, ib.LocalWrite)
+	dst, _ := pdB.RegMR(memB, 0, 11, 0, ib.LocalWrite|ib.RemoteWrite)
+	cqA, _ := a.CreateCQ(16)
+	cqB, _ := b.CreateCQ(16)
+	caps := ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}
+	qa, _ := pdA.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cqA, RecvCQ: cqA, Cap: caps})
+	qb, _ := pdB.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, Cap: caps})
+	connect := func(q, peer verbs.QP, mac [6]byte, ip netip.Addr) {
 		q.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite},
 			ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags)
 		q.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peer.QPN(), RQPSN: 100,
@@ -38,9 +46,9 @@ func Example() {
 	}
 	connect(qa, qb, macB, ipB)
 	connect(qb, qa, macA, ipA)
-	qa.PostSend(rnic.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG:         []ib.SGE{{Addr: src.IOVA(), Length: uint32(src.Len()), LKey: src.LKey()}},
-		RemoteAddr: dst.IOVA(), RKey: dst.RKey()})
+		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}})
 
 	// Engine side: move frames between the devices and the link.
 	out := make([][]byte, 64)
@@ -66,6 +74,6 @@ func Example() {
 			clk.Set(next)
 		}
 	}
-	fmt.Println(wc[0].Status, string(dst.Bytes()))
+	fmt.Println(wc[0].Status, string(memB.Bytes()))
 	// Output: SUCCESS hello, RDMA
 }

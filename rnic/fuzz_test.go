@@ -9,6 +9,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // FuzzDeviceReceive feeds arbitrary frames to a device with RC and UD QPs
@@ -19,10 +20,10 @@ import (
 func FuzzDeviceReceive(f *testing.F) {
 	tb := newTestbed(f, memlink.Impairments{}, 1, 1024)
 	qa, _ := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic, 8)
-	src, _ := tb.a.pd.RegMR(make([]byte, 64), ib.LocalWrite)
+	src, _ := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
 	out := [][]byte{make([]byte, 9000)}
-	seed := func(s SendWR) {
-		if _, err := qa.PostSend(s); err != nil {
+	seed := func(s verbs.SendWR) {
+		if _, err := qa.PostSend([]verbs.SendWR{s}); err != nil {
 			f.Fatal(err)
 		}
 		for tb.a.dev.Transmit(0, out) == 1 {
@@ -31,20 +32,20 @@ func FuzzDeviceReceive(f *testing.F) {
 		}
 	}
 	sg := []ib.SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}
-	seed(SendWR{Opcode: ib.RDMAWrite, SG: sg, RemoteAddr: 0x1000, RKey: 1})
-	seed(SendWR{Opcode: ib.RDMARead, SG: sg, RemoteAddr: 0x1000, RKey: 1})
-	seed(SendWR{Opcode: ib.AtomicFetchAndAdd, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 1})
+	seed(verbs.SendWR{Opcode: ib.RDMAWrite, SG: sg, RemoteAddr: 0x1000, RKey: 1})
+	seed(verbs.SendWR{Opcode: ib.RDMARead, SG: sg, RemoteAddr: 0x1000, RKey: 1})
+	seed(verbs.SendWR{Opcode: ib.AtomicFetchAndAdd, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 0x1000, RKey: 1})
 	f.Fuzz(func(t *testing.T, b []byte, qpSel uint8) {
 		tb := portlessTestbed(t)
 		_, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic, 8)
-		cq := tb.b.dev.CreateCQ(8)
-		ud, _ := tb.b.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq})
+		cq := tb.b.dev.newCQ(8)
+		ud, _ := tb.b.pd.newQP(testQP{Type: ib.UD, SendCQ: cq, RecvCQ: cq})
 		must(t, ibtest.Modify(ud, ib.Init, &ib.QPAttr{QKey: 1}))
 		must(t, ibtest.Modify(ud, ib.RTR, nil))
-		guard, _ := tb.b.pd.RegMR(make([]byte, 256), ib.LocalWrite)
-		rb, _ := tb.b.pd.RegMR(make([]byte, 2048), ib.LocalWrite)
-		_, _ = qb.PostRecv(RecvWR{SG: []ib.SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}})
-		_, _ = ud.PostRecv(RecvWR{SG: []ib.SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}})
+		guard, _ := tb.b.pd.RegBytes(make([]byte, 256), 0, ib.LocalWrite)
+		rb, _ := tb.b.pd.RegBytes(make([]byte, 2048), 0, ib.LocalWrite)
+		_, _ = qb.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}}})
+		_, _ = ud.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{{Addr: rb.IOVA(), Length: 2048, LKey: rb.LKey()}}}})
 		var fr frame.Frame
 		if frame.Parse(b, &fr) == nil {
 			dst := qb.QPN()
@@ -80,7 +81,7 @@ func portlessTestbed(t testing.TB) *testbed {
 		if err != nil {
 			t.Fatal(err)
 		}
-		*n = &node{dev: d, pd: d.AllocPD()}
+		*n = &node{dev: d, pd: d.allocPD()}
 	}
 	return tb
 }

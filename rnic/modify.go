@@ -5,6 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Attribute limits of the device, as ibv_query_device reports them.
@@ -13,29 +14,6 @@ const (
 	maxRetry    = 7
 	maxRNRTimer = 31
 )
-
-// ModifyError is a Modify that was refused: which QP, which transition and
-// which attribute (the mask bit, 0 when the transition or the mask as a
-// whole is wrong). It wraps the reason (ErrState, ErrInvalid, ErrAccess,
-// ErrNotSupported, …), which errors.Is finds.
-type ModifyError struct {
-	QPN      uint32
-	Type     ib.QPType
-	From, To ib.QPState
-	Attr     ib.QPAttrMask
-	Detail   string
-	Err      error
-}
-
-func (e *ModifyError) Error() string {
-	s := fmt.Sprintf("rnic: modify %v QP %#x %v→%v", e.Type, e.QPN, e.From, e.To)
-	if e.Attr != 0 {
-		s += " attribute " + e.Attr.String()
-	}
-	return s + ": " + e.Detail
-}
-
-func (e *ModifyError) Unwrap() error { return e.Err }
 
 // Modify changes the QP's attributes and state as ibv_modify_qp does: mask
 // says which fields of attr apply (IBV_QP_* bits); with ib.AttrState the
@@ -54,39 +32,39 @@ func (q *QP) Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error {
 	if mask&ib.AttrAV != 0 && q.init.Type.Connected() {
 		var err error
 		if mac, err = q.dev.destMAC(&attr.AV); err != nil {
-			return &ModifyError{QPN: q.qpn, Type: q.init.Type, From: q.State(), To: attr.State, Attr: ib.AttrAV,
-				Detail: err.Error(), Err: ErrInvalid}
+			return &verbs.ModifyError{QPN: q.qpn, Type: q.init.Type, From: q.State(), To: attr.State, Attr: ib.AttrAV,
+				Detail: err.Error(), Err: verbs.ErrInvalid}
 		}
 	}
 	q.mu.Lock()
 	defer q.release()
 	if q.destroyed.Load() {
-		return ErrDestroyed
+		return verbs.ErrDestroyed
 	}
 	from, to := q.state, q.state
 	if mask&ib.AttrState != 0 {
 		to = attr.State
 	}
 	fail := func(bit ib.QPAttrMask, reason error, format string, args ...any) error {
-		return &ModifyError{QPN: q.qpn, Type: q.init.Type, From: from, To: to, Attr: bit,
+		return &verbs.ModifyError{QPN: q.qpn, Type: q.init.Type, From: from, To: to, Attr: bit,
 			Detail: fmt.Sprintf(format, args...), Err: reason}
 	}
 	if to > ib.Err {
-		return fail(ib.AttrState, ErrInvalid, "no QP state %d", to)
+		return fail(ib.AttrState, verbs.ErrInvalid, "no QP state %d", to)
 	}
 	if mask&ib.AttrCurState != 0 && attr.CurState != from {
-		return fail(ib.AttrCurState, ErrInvalid, "the QP is in %v, not %v", from, attr.CurState)
+		return fail(ib.AttrCurState, verbs.ErrInvalid, "the QP is in %v, not %v", from, attr.CurState)
 	}
 	t := q.init.Type
 	req, opt, ok := ib.Transition(t, from, to)
 	if !ok {
-		return fail(0, ErrState, "IBA allows no such transition")
+		return fail(0, verbs.ErrState, "IBA allows no such transition")
 	}
 	if missing := req &^ mask; missing != 0 {
-		return fail(missing, ErrInvalid, "required by the transition, missing from the mask")
+		return fail(missing, verbs.ErrInvalid, "required by the transition, missing from the mask")
 	}
 	if extra := mask &^ (req | opt | ib.AttrState); extra != 0 {
-		return fail(extra, ErrInvalid, "not an attribute of this transition for a %v QP", t)
+		return fail(extra, verbs.ErrInvalid, "not an attribute of this transition for a %v QP", t)
 	}
 	if err := q.checkAttr(attr, mask, fail); err != nil {
 		return err
@@ -119,56 +97,56 @@ func (q *QP) Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error {
 func (q *QP) checkAttr(a *ib.QPAttr, mask ib.QPAttrMask, fail func(ib.QPAttrMask, error, string, ...any) error) error {
 	t := q.init.Type
 	if mask&ib.AttrAltPath != 0 {
-		return fail(ib.AttrAltPath, ErrNotSupported, "alternate paths (automatic path migration) are not supported")
+		return fail(ib.AttrAltPath, verbs.ErrNotSupported, "alternate paths (automatic path migration) are not supported")
 	}
 	if mask&ib.AttrPathMigState != 0 && a.PathMigState != 0 {
-		return fail(ib.AttrPathMigState, ErrInvalid, "path migration state %d: only MIGRATED (0) without alternate paths", a.PathMigState)
+		return fail(ib.AttrPathMigState, verbs.ErrInvalid, "path migration state %d: only MIGRATED (0) without alternate paths", a.PathMigState)
 	}
 	if mask&ib.AttrPort != 0 && a.Port != 1 {
-		return fail(ib.AttrPort, ErrInvalid, "port %d: the device has port 1", a.Port)
+		return fail(ib.AttrPort, verbs.ErrInvalid, "port %d: the device has port 1", a.Port)
 	}
 	if mask&ib.AttrPKeyIndex != 0 && a.PKeyIndex != 0 {
-		return fail(ib.AttrPKeyIndex, ErrInvalid, "P_Key index %d: the P_Key table has one entry (0xFFFF)", a.PKeyIndex)
+		return fail(ib.AttrPKeyIndex, verbs.ErrInvalid, "P_Key index %d: the P_Key table has one entry (0xFFFF)", a.PKeyIndex)
 	}
 	if mask&ib.AttrAccessFlags != 0 {
 		if !a.Access.Valid() {
-			return fail(ib.AttrAccessFlags, ErrInvalid, "unknown access flags %#x", uint32(a.Access&^ib.KnownAccess))
+			return fail(ib.AttrAccessFlags, verbs.ErrInvalid, "unknown access flags %#x", uint32(a.Access&^ib.KnownAccess))
 		}
 		if t == ib.UC && a.Access&(ib.RemoteRead|ib.RemoteAtomic) != 0 {
-			return fail(ib.AttrAccessFlags, ErrAccess, "a UC QP serves no remote READ or atomic")
+			return fail(ib.AttrAccessFlags, verbs.ErrAccess, "a UC QP serves no remote READ or atomic")
 		}
 	}
 	if mask&ib.AttrPathMTU != 0 && (!validMTU(int(a.PathMTU)) || int(a.PathMTU) > q.dev.cfg.PortMTU) {
-		return fail(ib.AttrPathMTU, ErrInvalid, "path MTU %d: 256, 512, 1024, 2048 or 4096, at most the port's %d", a.PathMTU, q.dev.cfg.PortMTU)
+		return fail(ib.AttrPathMTU, verbs.ErrInvalid, "path MTU %d: 256, 512, 1024, 2048 or 4096, at most the port's %d", a.PathMTU, q.dev.cfg.PortMTU)
 	}
 	if mask&ib.AttrMaxDestRdAtomic != 0 {
 		if a.MaxDestRdAtomic > MaxRdAtomic {
-			return fail(ib.AttrMaxDestRdAtomic, ErrInvalid, "%d responder resources, the device has %d", a.MaxDestRdAtomic, MaxRdAtomic)
+			return fail(ib.AttrMaxDestRdAtomic, verbs.ErrInvalid, "%d responder resources, the device has %d", a.MaxDestRdAtomic, MaxRdAtomic)
 		}
 		if q.state != ib.Init {
 			// The responder's resource table is sized at RTR; resizing it
 			// under a live connection would drop the READs it remembers.
-			return fail(ib.AttrMaxDestRdAtomic, ErrNotSupported, "responder resources are fixed once the QP is in RTR")
+			return fail(ib.AttrMaxDestRdAtomic, verbs.ErrNotSupported, "responder resources are fixed once the QP is in RTR")
 		}
 	}
 	if mask&ib.AttrMaxQPRdAtomic != 0 && a.MaxRdAtomic > MaxRdAtomic {
-		return fail(ib.AttrMaxQPRdAtomic, ErrInvalid, "%d READ/atomics in flight, the device allows %d", a.MaxRdAtomic, MaxRdAtomic)
+		return fail(ib.AttrMaxQPRdAtomic, verbs.ErrInvalid, "%d READ/atomics in flight, the device allows %d", a.MaxRdAtomic, MaxRdAtomic)
 	}
 	if mask&ib.AttrMinRNRTimer != 0 && a.MinRNRTimer > maxRNRTimer {
-		return fail(ib.AttrMinRNRTimer, ErrInvalid, "RNR timer code %d, at most %d", a.MinRNRTimer, maxRNRTimer)
+		return fail(ib.AttrMinRNRTimer, verbs.ErrInvalid, "RNR timer code %d, at most %d", a.MinRNRTimer, maxRNRTimer)
 	}
 	if mask&ib.AttrTimeout != 0 && a.Timeout > maxTimeout {
-		return fail(ib.AttrTimeout, ErrInvalid, "timeout %d, at most %d", a.Timeout, maxTimeout)
+		return fail(ib.AttrTimeout, verbs.ErrInvalid, "timeout %d, at most %d", a.Timeout, maxTimeout)
 	}
 	if mask&ib.AttrRetryCnt != 0 && a.RetryCnt > maxRetry {
-		return fail(ib.AttrRetryCnt, ErrInvalid, "retry count %d, at most %d", a.RetryCnt, maxRetry)
+		return fail(ib.AttrRetryCnt, verbs.ErrInvalid, "retry count %d, at most %d", a.RetryCnt, maxRetry)
 	}
 	if mask&ib.AttrRNRRetry != 0 && a.RNRRetry > maxRetry {
-		return fail(ib.AttrRNRRetry, ErrInvalid, "RNR retry %d, at most %d (infinite)", a.RNRRetry, maxRetry)
+		return fail(ib.AttrRNRRetry, verbs.ErrInvalid, "RNR retry %d, at most %d (infinite)", a.RNRRetry, maxRetry)
 	}
 	if mask&ib.AttrAV != 0 {
 		if err := q.dev.checkAV(&a.AV); err != nil {
-			return fail(ib.AttrAV, ErrInvalid, "%v", err)
+			return fail(ib.AttrAV, verbs.ErrInvalid, "%v", err)
 		}
 	}
 	return nil
@@ -232,14 +210,14 @@ func (q *QP) setAttr(a *ib.QPAttr, mask ib.QPAttrMask) {
 
 // Query returns the QP's attributes as last set, with its current state
 // (ibv_query_qp): a QP may have moved to SQE or ERR by itself.
-func (q *QP) Query() ib.QPAttr {
+func (q *QP) Query() (ib.QPAttr, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	a := q.attr
 	a.State = q.state
 	a.CurState = q.state
 	a.SQDrainNotify = q.sqdNotify
-	return a
+	return a, nil
 }
 
 func validMTU(m int) bool {

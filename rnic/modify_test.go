@@ -9,6 +9,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestModifyMasks walks RC, UC and UD QPs up to RTS with exactly the
@@ -21,8 +22,8 @@ func TestModifyMasks(t *testing.T) {
 		SQPSN: 2, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1, MaxDestRdAtomic: 1, MinRNRTimer: 12,
 		AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}
 	for _, typ := range []ib.QPType{ib.RC, ib.UC, ib.UD} {
-		cq := tb.a.dev.CreateCQ(16)
-		q, err := tb.a.pd.CreateQP(QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq})
+		cq := tb.a.dev.newCQ(16)
+		q, err := tb.a.pd.newQP(testQP{Type: typ, SendCQ: cq, RecvCQ: cq})
 		must(t, err)
 		for _, to := range []ib.QPState{ib.Init, ib.RTR, ib.RTS} {
 			from := q.State()
@@ -43,8 +44,8 @@ func TestModifyMasks(t *testing.T) {
 					continue
 				}
 				err := q.Modify(&a, mask)
-				var me *ModifyError
-				if !errors.As(err, &me) || me.Attr&bit == 0 || !errors.Is(err, ErrInvalid) || !errors.Is(err, syscall.EINVAL) ||
+				var me *verbs.ModifyError
+				if !errors.As(err, &me) || me.Attr&bit == 0 || !errors.Is(err, verbs.ErrInvalid) || !errors.Is(err, syscall.EINVAL) ||
 					!strings.Contains(err.Error(), bit.String()) || q.State() != from {
 					t.Fatalf("%v %v→%v with mask %v: %v", typ, from, to, mask, err)
 				}
@@ -60,12 +61,12 @@ func TestModifyMasks(t *testing.T) {
 		}
 		if typ == ib.RC {
 			err := q.Modify(&ib.QPAttr{RetryCnt: 8}, ib.AttrRetryCnt)
-			var me *ModifyError
+			var me *verbs.ModifyError
 			if !errors.As(err, &me) || me.Attr != ib.AttrRetryCnt || me.QPN != q.QPN() || me.From != ib.SQD {
 				t.Fatalf("retry count 8: %v", err)
 			}
 			err = q.Modify(&ib.QPAttr{}, ib.AttrAltPath)
-			if !errors.Is(err, ErrNotSupported) || !errors.Is(err, syscall.EOPNOTSUPP) {
+			if !errors.Is(err, verbs.ErrNotSupported) || !errors.Is(err, syscall.EOPNOTSUPP) {
 				t.Fatalf("alternate path: %v", err)
 			}
 		}
@@ -77,13 +78,13 @@ func TestModifyMasks(t *testing.T) {
 func TestSendWithInvalidate(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 22, 1024)
 	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
-	target, _ := tb.b.pd.RegMR(make([]byte, 64), ib.LocalWrite|ib.RemoteWrite)
-	rb, _ := tb.b.pd.RegMR(make([]byte, 64), ib.LocalWrite)
-	src, _ := tb.a.pd.RegMR([]byte("invalidate"), ib.LocalWrite)
-	_, err := qb.PostRecv(RecvWR{ID: 5, SG: []ib.SGE{{Addr: rb.IOVA(), Length: 64, LKey: rb.LKey()}}})
+	target, _ := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite|ib.RemoteWrite)
+	rb, _ := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	src, _ := tb.a.pd.RegBytes([]byte("invalidate"), 0, ib.LocalWrite)
+	_, err := qb.PostRecv([]verbs.RecvWR{{ID: 5, SG: []ib.SGE{{Addr: rb.IOVA(), Length: 64, LKey: rb.LKey()}}}})
 	must(t, err)
-	_, err = qa.PostSend(SendWR{ID: 6, Opcode: ib.SendWithInv, Flags: ib.Signaled, InvRKey: target.RKey(),
-		SG: []ib.SGE{{Addr: src.IOVA(), Length: 10, LKey: src.LKey()}}})
+	_, err = qa.PostSend([]verbs.SendWR{{ID: 6, Opcode: ib.SendWithInv, Flags: ib.Signaled, InvRKey: target.RKey(),
+		SG: []ib.SGE{{Addr: src.IOVA(), Length: 10, LKey: src.LKey()}}}})
 	must(t, err)
 	var got []ib.WC
 	tb.run(func() bool { got = append(got, pollAll(qb.init.RecvCQ)...); return len(got) == 1 }, time.Second)

@@ -5,9 +5,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync/atomic"
-	"unsafe"
 
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // MR is a memory region over caller memory.
@@ -40,24 +40,32 @@ func (m *MR) Bytes() []byte { return m.buf }
 // invalidated by a SEND_WITH_INV).
 func (m *MR) Valid() bool { return m.valid.Load() }
 
-// RegMR registers buf with the given access; its IOVA is buf's address, as
-// ibv_reg_mr uses the virtual address.
-func (pd *PD) RegMR(buf []byte, access ib.Access) (*MR, error) {
-	var iova uint64
-	if len(buf) > 0 {
-		iova = uint64(uintptr(unsafe.Pointer(&buf[0])))
+var _ verbs.MR = (*MR)(nil)
+
+// RegMR registers bytes [off, off+n) of m at virtual address iova (0: their
+// address in this process, as ibv_reg_mr uses the virtual address) with
+// the given access (ibv_reg_mr_iova).
+func (pd *PD) RegMR(m verbs.Mem, off, n int, iova uint64, access ib.Access) (verbs.MR, error) {
+	b := m.Bytes()
+	if off < 0 || n < 0 || off+n > len(b) {
+		return nil, fmt.Errorf("rnic: register MR: [%d, %d) outside the %d-byte memory: %w", off, off+n, len(b), verbs.ErrInvalid)
 	}
-	return pd.RegMRIOVA(buf, iova, access)
+	return pd.RegBytes(b[off:off+n:off+n], iova, access)
 }
 
-// RegMRIOVA registers buf at a chosen virtual address (ibv_reg_mr_iova).
-func (pd *PD) RegMRIOVA(buf []byte, iova uint64, access ib.Access) (*MR, error) {
+// RegBytes registers buf at virtual address iova (0: buf's address) with
+// the given access: RegMR for memory the caller has as a slice (the
+// daemon's mappings of its clients' memory).
+func (pd *PD) RegBytes(buf []byte, iova uint64, access ib.Access) (*MR, error) {
+	if iova == 0 {
+		iova = addrOf(buf)
+	}
 	// IBA: remote write or atomic access requires local write.
 	if !access.ValidForMR() {
-		return nil, fmt.Errorf("rnic: register MR: access %#x (remote write or atomic needs local write): %w", uint32(access), ErrAccess)
+		return nil, fmt.Errorf("rnic: register MR: access %#x (remote write or atomic needs local write): %w", uint32(access), verbs.ErrAccess)
 	}
 	if iova+uint64(len(buf)) < iova {
-		return nil, fmt.Errorf("rnic: register MR: [%#x, +%d) wraps the address space: %w", iova, len(buf), ErrInvalid)
+		return nil, fmt.Errorf("rnic: register MR: [%#x, +%d) wraps the address space: %w", iova, len(buf), verbs.ErrInvalid)
 	}
 	m := &MR{pd: pd, buf: buf, iova: iova, access: access}
 	m.valid.Store(true)
@@ -91,11 +99,11 @@ func (d *Device) freshKey() (uint32, error) {
 			return k, nil
 		}
 	}
-	return 0, ErrKeySpace
+	return 0, verbs.ErrKeySpace
 }
 
 // Dereg deregisters the MR: its keys stop working at once.
-func (m *MR) Dereg() {
+func (m *MR) Dereg() error {
 	m.valid.Store(false)
 	d := m.pd.dev
 	d.keyMu.Lock()
@@ -106,6 +114,7 @@ func (m *MR) Dereg() {
 	if d.keys.get(m.rkey) == m {
 		d.keys.remove(m.rkey)
 	}
+	return nil
 }
 
 // lookup returns the MR named by key if it is valid and in pd.

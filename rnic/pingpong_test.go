@@ -7,6 +7,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // pingPong runs perftest's send_lat pattern on a testbed: one receive
@@ -18,16 +19,16 @@ import (
 func pingPong(t *testing.T, tb *testbed, qa, qb *QP, iters int, limit time.Duration) int {
 	t.Helper()
 	bufA, bufB := make([]byte, 128), make([]byte, 128)
-	mra, err := tb.a.pd.RegMR(bufA, ib.LocalWrite)
+	mra, err := tb.a.pd.RegBytes(bufA, 0, ib.LocalWrite)
 	must(t, err)
-	mrb, err := tb.b.pd.RegMR(bufB, ib.LocalWrite)
+	mrb, err := tb.b.pd.RegBytes(bufB, 0, ib.LocalWrite)
 	must(t, err)
 	recv := func(q *QP, mr *MR) {
-		_, err := q.PostRecv(RecvWR{ID: 7, SG: []ib.SGE{{Addr: mr.IOVA() + 64, Length: 64, LKey: mr.LKey()}}})
+		_, err := q.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: mr.IOVA() + 64, Length: 64, LKey: mr.LKey()}}}})
 		must(t, err)
 	}
 	send := func(q *QP, mr *MR, i int) {
-		_, err := q.PostSend(SendWR{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}})
+		_, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}})
 		must(t, err)
 	}
 	recv(qa, mra)

@@ -13,19 +13,21 @@ import (
 	"github.com/softrnic/softrnic/transport"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/verbs"
 )
 
-// QPInitAttr describes a QP at creation (ibv_qp_init_attr).
-type QPInitAttr struct {
-	Type      ib.QPType
-	SendCQ    *CQ
-	RecvCQ    *CQ
-	SRQ       *SRQ // receives come from here instead of the QP's RQ
-	MaxSendWR int
-	MaxRecvWR int
-	MaxSGE    int
-	MaxInline int
-	SigAll    bool // every send WR is signaled
+// qpInit is a QP's verbs.QPInitAttr, its objects this device's.
+type qpInit struct {
+	Type       ib.QPType
+	SendCQ     *CQ
+	RecvCQ     *CQ
+	SRQ        *SRQ // receives come from here instead of the QP's RQ
+	MaxSendWR  int
+	MaxRecvWR  int
+	MaxSendSGE int
+	MaxRecvSGE int
+	MaxInline  int
+	SigAll     bool // every send WR is signaled
 }
 
 // QP is a queue pair.
@@ -33,7 +35,7 @@ type QP struct {
 	dev  *Device
 	pd   *PD
 	qpn  uint32
-	init QPInitAttr
+	init qpInit
 
 	mu    sync.Mutex // see the package doc
 	state ib.QPState
@@ -79,25 +81,14 @@ func (q *QP) State() ib.QPState {
 	return q.state
 }
 
-// CreateQP creates a QP in the RESET state.
-func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
-	if a.SendCQ == nil || a.RecvCQ == nil || a.Type < ib.GSI || a.Type > ib.UD {
-		return nil, ErrInvalid
-	}
-	if a.MaxSendWR == 0 {
-		a.MaxSendWR = DefaultDepth
-	}
-	if a.MaxRecvWR == 0 {
-		a.MaxRecvWR = DefaultDepth
-	}
-	if a.MaxSGE == 0 {
-		a.MaxSGE = 1
-	}
-	if a.MaxSendWR > MaxQPWR || a.MaxRecvWR > MaxQPWR || a.MaxSGE > MaxSGE || a.MaxInline > MaxInline || a.MaxSendWR < 0 || a.MaxRecvWR < 0 {
-		return nil, ErrInvalid
-	}
-	if a.SRQ != nil && a.SRQ.pd != pd {
-		return nil, ErrInvalid
+var _ verbs.QP = (*QP)(nil)
+
+// CreateQP creates a QP in the RESET state (ibv_create_qp). Queue sizes of
+// 0 take DefaultDepth WRs and one SGE.
+func (pd *PD) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
+	a, err := pd.qpInit(attr)
+	if err != nil {
+		return nil, err
 	}
 	d := pd.dev
 	q := &QP{dev: d, pd: pd, init: a, inline: make([]byte, a.MaxSendWR*a.MaxInline)}
@@ -107,7 +98,7 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	defer d.mu.Unlock()
 	if a.Type == ib.GSI {
 		if d.qps.get(1) != nil {
-			return nil, fmt.Errorf("rnic: create QP: the device's GSI QP (QP1) exists: %w", ErrBusy)
+			return nil, fmt.Errorf("rnic: create QP: the device's GSI QP (QP1) exists: %w", verbs.ErrBusy)
 		}
 		q.qpn = 1
 	} else {
@@ -127,23 +118,65 @@ func (pd *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	return q, nil
 }
 
+// qpInit checks a QP's creation attributes against the device's limits
+// and finds its CQs and SRQ among this PD's objects.
+func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
+	c := attr.Cap
+	a := qpInit{Type: attr.Type, MaxSendWR: int(c.MaxSendWR), MaxRecvWR: int(c.MaxRecvWR), MaxSendSGE: int(c.MaxSendSGE),
+		MaxRecvSGE: int(c.MaxRecvSGE), MaxInline: int(c.MaxInline), SigAll: attr.SigAll}
+	fail := func(format string, args ...any) (qpInit, error) {
+		return a, fmt.Errorf("rnic: create %v QP: "+format+": %w", append(append([]any{attr.Type}, args...), verbs.ErrInvalid)...)
+	}
+	if a.Type < ib.GSI || a.Type > ib.UD {
+		return fail("unknown QP type %d", uint8(a.Type))
+	}
+	var ok bool
+	if a.SendCQ, ok = attr.SendCQ.(*CQ); !ok || a.SendCQ.dev != pd.dev {
+		return fail("the send CQ is not one of this device's")
+	}
+	if a.RecvCQ, ok = attr.RecvCQ.(*CQ); !ok || a.RecvCQ.dev != pd.dev {
+		return fail("the receive CQ is not one of this device's")
+	}
+	if attr.SRQ != nil {
+		if a.SRQ, ok = attr.SRQ.(*SRQ); !ok || a.SRQ.pd != pd {
+			return fail("the SRQ is not one of this PD's")
+		}
+	}
+	if a.MaxSendWR == 0 {
+		a.MaxSendWR = DefaultDepth
+	}
+	if a.MaxRecvWR == 0 {
+		a.MaxRecvWR = DefaultDepth
+	}
+	a.MaxSendSGE, a.MaxRecvSGE = max(a.MaxSendSGE, 1), max(a.MaxRecvSGE, 1)
+	switch {
+	case a.MaxSendWR > MaxQPWR || a.MaxRecvWR > MaxQPWR:
+		return fail("%d send and %d receive WRs, at most %d", a.MaxSendWR, a.MaxRecvWR, MaxQPWR)
+	case a.MaxSendSGE > MaxSGE || a.MaxRecvSGE > MaxSGE:
+		return fail("%d send and %d receive SGEs, at most %d", a.MaxSendSGE, a.MaxRecvSGE, MaxSGE)
+	case a.MaxInline > MaxInline:
+		return fail("%d bytes of inline data, at most %d", a.MaxInline, MaxInline)
+	}
+	return a, nil
+}
+
 // resetLocked returns the QP to a fresh RESET state.
 func (q *QP) resetLocked() {
 	a := q.init
 	q.state = ib.Reset
 	q.attr = ib.QPAttr{}
 	q.commEst, q.sqdNotify = false, false
-	q.rq = newRecvRing(a.MaxRecvWR, a.MaxSGE)
+	q.rq = newRecvRing(a.MaxRecvWR, a.MaxRecvSGE)
 	var rq ib.RecvQueue = &q.rq
 	if a.SRQ != nil {
 		rq = a.SRQ
 	}
 	if a.Type.Datagram() {
-		u := ud.New(q.qpn, a.MaxSendWR, a.MaxSGE, rq)
+		u := ud.New(q.qpn, a.MaxSendWR, a.MaxSendSGE, rq)
 		q.tr, q.dest = u, u
 	} else {
 		d := q.dev
-		q.tr, q.dest = rc.NewQP(rc.Options{QPN: q.qpn, UC: a.Type == ib.UC, SQDepth: a.MaxSendWR, MaxSGE: a.MaxSGE,
+		q.tr, q.dest = rc.NewQP(rc.Options{QPN: q.qpn, UC: a.Type == ib.UC, SQDepth: a.MaxSendWR, MaxSGE: max(a.MaxSendSGE, a.MaxRecvSGE),
 			Mem: q.mem, RQ: rq, CC: d.cc, Counters: &d.Stats.CCCounters}), nil
 	}
 	q.deadline.Store(int64(clock.Never))
@@ -152,7 +185,7 @@ func (q *QP) resetLocked() {
 
 // Destroy removes the QP from the device; outstanding work is dropped
 // without completions (ibv_destroy_qp).
-func (q *QP) Destroy() {
+func (q *QP) Destroy() error {
 	d := q.dev
 	q.destroyed.Store(true)
 	d.mu.Lock()
@@ -160,6 +193,7 @@ func (q *QP) Destroy() {
 	if d.qps.get(q.qpn) == q {
 		d.qps.remove(q.qpn)
 	}
+	return nil
 }
 
 // toErrLocked moves the QP to ERR and flushes every outstanding WR.

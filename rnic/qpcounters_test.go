@@ -6,6 +6,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // countersOf returns the snapshot of one QP's counters.
@@ -35,10 +36,10 @@ func countersOf(t *testing.T, d *Device, qpn uint32) QPCounters {
 func TestCQECounters(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
 	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite, 8)
-	mrA, _ := tb.a.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
-	mrB, _ := tb.b.pd.RegMR(make([]byte, 4096), ib.LocalWrite|ib.RemoteWrite)
-	if _, err := qa.PostSend(SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 64, LKey: mrA.LKey()}}, RemoteAddr: mrB.IOVA(), RKey: mrB.RKey() ^ 0x5a5a}); err != nil {
+	mrA, _ := tb.a.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite)
+	mrB, _ := tb.b.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite|ib.RemoteWrite)
+	if _, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 64, LKey: mrA.LKey()}}, RemoteAddr: mrB.IOVA(), RKey: mrB.RKey() ^ 0x5a5a}}); err != nil {
 		t.Fatal(err)
 	}
 	var wcs []ib.WC
@@ -54,19 +55,19 @@ func TestCQECounters(t *testing.T) {
 		t.Errorf("responder after a remote access error: CQE %+v, RC %+v", b.CQE, b.RC)
 	}
 	// The requester's QP is in error: what is posted now is flushed.
-	qa.PostSend(SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
-	qa.PostRecv(RecvWR{ID: 3, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
-	qa.PostRecv(RecvWR{ID: 4, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}})
+	qa.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}})
+	qa.PostRecv([]verbs.RecvWR{{ID: 3, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}})
+	qa.PostRecv([]verbs.RecvWR{{ID: 4, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}})
 	if a := countersOf(t, tb.a.dev, qa.QPN()); a.CQE != (CQECounters{ReqErr: 1, ReqFlushErr: 1, RespFlushErr: 2}) {
 		t.Errorf("after posting to the errored QP: %+v", a.CQE)
 	}
 
 	// A SEND longer than the receive buffer on a fresh pair.
 	qa, qb = tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
-	if _, err := qb.PostRecv(RecvWR{ID: 5, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 16, LKey: mrB.LKey()}}}); err != nil {
+	if _, err := qb.PostRecv([]verbs.RecvWR{{ID: 5, SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 16, LKey: mrB.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := qa.PostSend(SendWR{ID: 6, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 17, LKey: mrA.LKey()}}}); err != nil {
+	if _, err := qa.PostSend([]verbs.SendWR{{ID: 6, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 17, LKey: mrA.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	wcs = wcs[:0]

@@ -1,9 +1,12 @@
 package rnic
 
 import (
+	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // recvRing is a QP's receive queue; guarded by the QP's mutex.
@@ -47,20 +50,32 @@ func (r *recvRing) Take(dst *ib.RecvWQE) bool {
 // SRQ is a shared receive queue: QPs attached to it take their receive
 // WQEs from it in posting order.
 type SRQ struct {
-	pd     *PD
-	maxSGE int
-	mu     sync.Mutex
-	rq     recvRing
-	post   ib.RecvWQE // PostRecv scratch, guarded by mu
-	postSG [MaxSGE]ib.Seg
+	destroyed atomic.Bool
+	pd        *PD
+	maxSGE    int
+	mu        sync.Mutex
+	rq        recvRing
+	post      ib.RecvWQE // PostRecv scratch, guarded by mu
+	postSG    [MaxSGE]ib.Seg
 }
 
-// CreateSRQ creates a shared receive queue.
-func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
-	if depth < 1 || depth > MaxQPWR || maxSGE < 1 || maxSGE > MaxSGE {
-		return nil, ErrInvalid
+var _ verbs.SRQ = (*SRQ)(nil)
+
+// CreateSRQ creates a shared receive queue of maxWR receives of at most
+// maxSGE entries each (ibv_create_srq).
+func (pd *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
+	if maxWR < 1 || maxWR > MaxQPWR || maxSGE < 1 || maxSGE > MaxSGE {
+		return nil, fmt.Errorf("rnic: create SRQ of %d WRs, %d SGEs (at most %d, %d): %w",
+			maxWR, maxSGE, MaxQPWR, MaxSGE, verbs.ErrInvalid)
 	}
-	return &SRQ{pd: pd, maxSGE: maxSGE, rq: newRecvRing(depth, maxSGE)}, nil
+	return &SRQ{pd: pd, maxSGE: maxSGE, rq: newRecvRing(maxWR, maxSGE)}, nil
+}
+
+// Destroy destroys the SRQ; QPs using it must be destroyed first
+// (ibv_destroy_srq). Receives still posted are dropped.
+func (s *SRQ) Destroy() error {
+	s.destroyed.Store(true)
+	return nil
 }
 
 // Take implements ib.RecvQueue (called by the engine under the QP lock).
@@ -72,16 +87,19 @@ func (s *SRQ) Take(dst *ib.RecvWQE) bool {
 }
 
 // PostRecv posts receive WRs to the SRQ and returns how many it took.
-func (s *SRQ) PostRecv(wrs ...RecvWR) (int, error) {
+func (s *SRQ) PostRecv(wrs []verbs.RecvWR) (int, error) {
+	if s.destroyed.Load() {
+		return 0, verbs.ErrDestroyed
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w, sg := &s.post, s.postSG[:0]
 	for i := range wrs {
 		if len(wrs[i].SG) > s.maxSGE {
-			return i, ErrTooManySGE
+			return i, verbs.ErrTooManySGE
 		}
 		if s.rq.full() {
-			return i, ErrQueueFull
+			return i, verbs.ErrQueueFull
 		}
 		s.pd.dev.resolveRecv(s.pd, &wrs[i], w, sg)
 		s.rq.put(w)

@@ -78,16 +78,16 @@ func BenchmarkRegMR(b *testing.B) {
 	for _, n := range []int{1000, 100000} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			d, _ := NewDevice(Config{Addrs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}})
-			pd := d.AllocPD()
+			pd := d.allocPD()
 			buf := make([]byte, 64)
 			for i := 0; i < n; i++ {
-				if _, err := pd.RegMR(buf, ib.LocalWrite); err != nil {
+				if _, err := pd.RegBytes(buf, 0, ib.LocalWrite); err != nil {
 					b.Fatal(err)
 				}
 			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				m, err := pd.RegMR(buf, ib.LocalWrite)
+				m, err := pd.RegBytes(buf, 0, ib.LocalWrite)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -11,6 +11,7 @@ import (
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // node is one device on the test link with its engine buffers.
@@ -61,7 +62,7 @@ func newNode(t testing.TB, p *memlink.Port, mac [6]byte, addr netip.Addr, mtu in
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{dev: d, port: p, pd: d.AllocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
+	n := &node{dev: d, port: p, pd: d.allocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
 	for i := range n.out {
 		n.out[i] = make([]byte, p.MaxFrame())
 	}
@@ -136,8 +137,8 @@ func (tb *testbed) run(done func() bool, limit time.Duration) {
 func (tb *testbed) connect(t ib.QPType, mtu int, access ib.Access, depth int) (qa, qb *QP) {
 	tb.t.Helper()
 	mk := func(n *node) *QP {
-		cq := n.dev.CreateCQ(4 * depth)
-		q, err := n.pd.CreateQP(QPInitAttr{Type: t, SendCQ: cq, RecvCQ: n.dev.CreateCQ(4 * depth), MaxSendWR: depth, MaxRecvWR: depth, MaxSGE: 4, MaxInline: 64})
+		cq := n.dev.newCQ(4 * depth)
+		q, err := n.pd.newQP(testQP{Type: t, SendCQ: cq, RecvCQ: n.dev.newCQ(4 * depth), MaxSendWR: depth, MaxRecvWR: depth, MaxSGE: 4, MaxInline: 64})
 		if err != nil {
 			tb.t.Fatal(err)
 		}
@@ -182,3 +183,60 @@ func pollAll(cq *CQ) []ib.WC {
 // rcQP and udQP are q's transport, for tests that look inside it.
 func (q *QP) rcQP() *rc.QP { return q.tr.(*rc.QP) }
 func (q *QP) udQP() *ud.QP { return q.tr.(*ud.QP) }
+
+// testQP is how the tests describe a QP to create (verbs.QPInitAttr with
+// this device's objects and one SGE count).
+type testQP struct {
+	Type                 ib.QPType
+	SendCQ, RecvCQ       *CQ
+	SRQ                  *SRQ
+	MaxSendWR, MaxRecvWR int
+	MaxSGE, MaxInline    int
+	SigAll               bool
+}
+
+// newQP is CreateQP for the tests.
+func (pd *PD) newQP(a testQP) (*QP, error) {
+	attr := &verbs.QPInitAttr{Type: a.Type, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SigAll: a.SigAll,
+		Cap: ib.QPCaps{MaxSendWR: uint32(a.MaxSendWR), MaxRecvWR: uint32(a.MaxRecvWR), MaxSendSGE: uint32(a.MaxSGE),
+			MaxRecvSGE: uint32(a.MaxSGE), MaxInline: uint32(a.MaxInline)}}
+	if a.SRQ != nil {
+		attr.SRQ = a.SRQ
+	}
+	q, err := pd.CreateQP(attr)
+	if err != nil {
+		return nil, err
+	}
+	return q.(*QP), nil
+}
+
+// allocPD, newCQ, newAH and newSRQ are AllocPD, CreateCQ, CreateAH and
+// CreateSRQ for the tests, which use the objects' own types.
+func (d *Device) allocPD() *PD {
+	pd, _ := d.AllocPD()
+	return pd.(*PD)
+}
+
+func (d *Device) newCQ(depth int) *CQ {
+	cq, err := d.CreateCQ(depth)
+	if err != nil {
+		panic(err)
+	}
+	return cq.(*CQ)
+}
+
+func (pd *PD) newAH(av ib.AddressVector) (*AH, error) {
+	ah, err := pd.CreateAH(&av)
+	if err != nil {
+		return nil, err
+	}
+	return ah.(*AH), nil
+}
+
+func (pd *PD) newSRQ(maxWR, maxSGE int) (*SRQ, error) {
+	s, err := pd.CreateSRQ(maxWR, maxSGE)
+	if err != nil {
+		return nil, err
+	}
+	return s.(*SRQ), nil
+}

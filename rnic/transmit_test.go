@@ -7,6 +7,7 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestTransmitFillsBatch: one QP with a long WRITE fills a whole transmit
@@ -16,15 +17,15 @@ import (
 func TestTransmitFillsBatch(t *testing.T) {
 	for _, qps := range []int{1, 3} {
 		tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
-		mr, err := tb.a.pd.RegMR(make([]byte, 1<<20), ib.LocalWrite)
+		mr, err := tb.a.pd.RegBytes(make([]byte, 1<<20), 0, ib.LocalWrite)
 		must(t, err)
-		rmr, err := tb.b.pd.RegMR(make([]byte, 1<<20), ib.LocalWrite|ib.RemoteWrite)
+		rmr, err := tb.b.pd.RegBytes(make([]byte, 1<<20), 0, ib.LocalWrite|ib.RemoteWrite)
 		must(t, err)
 		var qs []*QP
 		for i := 0; i < qps; i++ {
 			qa, _ := tb.connect(ib.RC, 1024, ib.RemoteWrite, 16)
-			if _, err := qa.PostSend(SendWR{ID: 1, Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 1 << 20, LKey: mr.LKey()}},
-				RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}); err != nil {
+			if _, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 1 << 20, LKey: mr.LKey()}},
+				RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}}); err != nil {
 				t.Fatal(err)
 			}
 			qs = append(qs, qa)

@@ -16,54 +16,54 @@ import (
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 func TestQPStateMachine(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
-	cq := tb.a.dev.CreateCQ(16)
-	q, err := tb.a.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq})
+	cq := tb.a.dev.newCQ(16)
+	q, err := tb.a.pd.newQP(testQP{Type: ib.RC, SendCQ: cq, RecvCQ: cq})
 	must(t, err)
 	if q.State() != ib.Reset {
 		t.Fatal("new QP not in RESET")
 	}
 	illegal := []ib.QPState{ib.RTR, ib.RTS, ib.SQD, ib.SQE}
 	for _, s := range illegal {
-		if !errors.Is(ibtest.Modify(q, s, &ib.QPAttr{}), ErrState) {
+		if !errors.Is(ibtest.Modify(q, s, &ib.QPAttr{}), verbs.ErrState) {
 			t.Fatalf("RESET→%v allowed", s)
 		}
 	}
-	if _, err := q.PostSend(SendWR{Opcode: ib.Send}); err != ErrQPState {
+	if _, err := q.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); err != verbs.ErrQPState {
 		t.Fatal("post send in RESET allowed")
 	}
 	must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}))
-	if !errors.Is(ibtest.Modify(q, ib.RTS, &ib.QPAttr{}), ErrState) {
+	if !errors.Is(ibtest.Modify(q, ib.RTS, &ib.QPAttr{}), verbs.ErrState) {
 		t.Fatal("INIT→RTS allowed")
 	}
-	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1000, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}), ErrInvalid) {
+	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1000, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}), verbs.ErrInvalid) {
 		t.Fatal("MTU 1000 accepted")
 	}
-	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 4096, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}), ErrInvalid) {
+	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 4096, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}), verbs.ErrInvalid) {
 		t.Fatal("MTU above the port's accepted")
 	}
-	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(netip.MustParseAddr("fd00::1"))}}), ErrInvalid) {
+	if !errors.Is(ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(netip.MustParseAddr("fd00::1"))}}), verbs.ErrInvalid) {
 		t.Fatal("IPv6 peer for an IPv4 GID accepted")
 	}
 	must(t, ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: 5, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}))
-	if !errors.Is(ibtest.Modify(q, ib.RTS, &ib.QPAttr{RetryCnt: 8}), ErrInvalid) {
+	if !errors.Is(ibtest.Modify(q, ib.RTS, &ib.QPAttr{RetryCnt: 8}), verbs.ErrInvalid) {
 		t.Fatal("retry_cnt 8 accepted")
 	}
 	must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{RetryCnt: 7, RNRRetry: 7, Timeout: 14}))
 	must(t, ibtest.Modify(q, ib.SQD, nil))
 	must(t, ibtest.Modify(q, ib.RTS, nil))
-	if !errors.Is(ibtest.Modify(q, ib.Init, nil), ErrState) {
+	if !errors.Is(ibtest.Modify(q, ib.Init, nil), verbs.ErrState) {
 		t.Fatal("RTS→INIT allowed")
 	}
 	// Posted work is flushed when the QP goes to ERR.
-	mr, _ := tb.a.pd.RegMR(make([]byte, 64), ib.LocalWrite)
-	_, err = q.PostSend(SendWR{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 8, LKey: mr.LKey()}}},
-		SendWR{ID: 2, Opcode: ib.RDMAWrite})
+	mr, _ := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	_, err = q.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 8, LKey: mr.LKey()}}}, {ID: 2, Opcode: ib.RDMAWrite}})
 	must(t, err)
-	_, err = q.PostRecv(RecvWR{ID: 3})
+	_, err = q.PostRecv([]verbs.RecvWR{{ID: 3}})
 	must(t, err)
 	must(t, ibtest.Modify(q, ib.Err, nil))
 	w := pollAll(cq)
@@ -76,7 +76,7 @@ func TestQPStateMachine(t *testing.T) {
 		}
 	}
 	// Posting in ERR completes at once with a flush error.
-	_, err = q.PostSend(SendWR{ID: 4, Opcode: ib.Send})
+	_, err = q.PostSend([]verbs.SendWR{{ID: 4, Opcode: ib.Send}})
 	must(t, err)
 	if w := pollAll(cq); len(w) != 1 || w[0].ID != 4 || w[0].Status != ib.WRFlushErr {
 		t.Fatalf("%+v", w)
@@ -84,23 +84,23 @@ func TestQPStateMachine(t *testing.T) {
 	must(t, ibtest.Modify(q, ib.Reset, nil))
 	must(t, ibtest.Modify(q, ib.Init, nil))
 	// UC refuses remote read/atomic access; UD refuses RDMA opcodes.
-	uq, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.UC, SendCQ: cq, RecvCQ: cq})
-	if !errors.Is(ibtest.Modify(uq, ib.Init, &ib.QPAttr{Access: ib.RemoteRead}), ErrAccess) {
+	uq, _ := tb.a.pd.newQP(testQP{Type: ib.UC, SendCQ: cq, RecvCQ: cq})
+	if !errors.Is(ibtest.Modify(uq, ib.Init, &ib.QPAttr{Access: ib.RemoteRead}), verbs.ErrAccess) {
 		t.Fatal("UC with remote read")
 	}
 }
 
 func TestMRKeysAndChecks(t *testing.T) {
 	d, _ := NewDevice(Config{Addrs: []netip.Addr{addrA}})
-	pd, pd2 := d.AllocPD(), d.AllocPD()
-	if _, err := pd.RegMR(make([]byte, 8), ib.RemoteWrite); !errors.Is(err, ErrAccess) {
+	pd, pd2 := d.allocPD(), d.allocPD()
+	if _, err := pd.RegBytes(make([]byte, 8), 0, ib.RemoteWrite); !errors.Is(err, verbs.ErrAccess) {
 		t.Fatal("remote write without local write accepted")
 	}
 	seen := map[uint32]bool{}
 	var prev uint32
 	incr := 0
 	for i := 0; i < 200; i++ {
-		m, err := pd.RegMRIOVA(make([]byte, 64), 0x1000, ib.LocalWrite|ib.RemoteRead)
+		m, err := pd.RegBytes(make([]byte, 64), 0x1000, ib.LocalWrite|ib.RemoteRead)
 		must(t, err)
 		for _, k := range []uint32{m.LKey(), m.RKey()} {
 			if seen[k] || k == 0 {
@@ -116,7 +116,7 @@ func TestMRKeysAndChecks(t *testing.T) {
 	if incr > 2 {
 		t.Fatalf("keys look like a counter (%d increments)", incr)
 	}
-	m, _ := pd.RegMRIOVA(make([]byte, 64), 0x1000, ib.LocalWrite|ib.RemoteRead)
+	m, _ := pd.RegBytes(make([]byte, 64), 0x1000, ib.LocalWrite|ib.RemoteRead)
 	q := &QP{dev: d, pd: pd}
 	mem := qpMem{q}
 	if _, ok := mem.Resolve(m.RKey(), 0x1000, 64, ib.RemoteRead); !ok {
@@ -150,13 +150,11 @@ func TestMRKeysAndChecks(t *testing.T) {
 func TestE2ERemoteAccessErrorFlushes(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 2, 1024)
 	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite, 16)
-	src, _ := tb.a.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
-	tgt, _ := tb.b.pd.RegMR(make([]byte, 100), ib.LocalWrite|ib.RemoteWrite)
+	src, _ := tb.a.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite)
+	tgt, _ := tb.b.pd.RegBytes(make([]byte, 100), 0, ib.LocalWrite|ib.RemoteWrite)
 	sg := []ib.SGE{{Addr: src.IOVA(), Length: 200, LKey: src.LKey()}}
-	_, err := qa.PostSend(
-		SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: sg[:0], RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()},
-		SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}, // 200 > 100
-		SendWR{ID: 3, Opcode: ib.RDMAWrite, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
+	_, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: sg[:0], RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}, {ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}, // 200 > 100
+		verbs.SendWR{ID: 3, Opcode: ib.RDMAWrite, SG: sg, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}})
 	must(t, err)
 	var wcs []ib.WC
 	tb.run(func() bool { wcs = append(wcs, pollAll(qa.init.SendCQ)...); return len(wcs) == 3 }, time.Second)
@@ -171,16 +169,16 @@ func TestE2ERemoteAccessErrorFlushes(t *testing.T) {
 func TestE2ERNRThenReceivePosted(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 3, 1024)
 	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 16)
-	src, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{7}, 3000), ib.LocalWrite)
-	dst, _ := tb.b.pd.RegMR(make([]byte, 3000), ib.LocalWrite)
-	_, err := qa.PostSend(SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}})
+	src, _ := tb.a.pd.RegBytes(bytes.Repeat([]byte{7}, 3000), 0, ib.LocalWrite)
+	dst, _ := tb.b.pd.RegBytes(make([]byte, 3000), 0, ib.LocalWrite)
+	_, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 3000, LKey: src.LKey()}}}})
 	must(t, err)
 	// Run a while with no receive posted: RNR NAKs, no completion.
 	tb.run(func() bool { return tb.clk.Now() > 300_000 }, time.Second)
 	if w := pollAll(qa.init.SendCQ); len(w) != 0 {
 		t.Fatalf("%+v", w)
 	}
-	_, err = qb.PostRecv(RecvWR{ID: 9, SG: []ib.SGE{{Addr: dst.IOVA(), Length: 3000, LKey: dst.LKey()}}})
+	_, err = qb.PostRecv([]verbs.RecvWR{{ID: 9, SG: []ib.SGE{{Addr: dst.IOVA(), Length: 3000, LKey: dst.LKey()}}}})
 	must(t, err)
 	var s, r []ib.WC
 	tb.run(func() bool {
@@ -205,30 +203,30 @@ func TestE2EUD(t *testing.T) {
 			} else {
 				tb = newTestbed(t, memlink.Impairments{}, 4, 1024)
 			}
-			cqa, cqb := tb.a.dev.CreateCQ(64), tb.b.dev.CreateCQ(64)
-			qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cqa, RecvCQ: cqa})
-			qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cqb, RecvCQ: cqb})
+			cqa, cqb := tb.a.dev.newCQ(64), tb.b.dev.newCQ(64)
+			qa, _ := tb.a.pd.newQP(testQP{Type: ib.UD, SendCQ: cqa, RecvCQ: cqa})
+			qb, _ := tb.b.pd.newQP(testQP{Type: ib.UD, SendCQ: cqb, RecvCQ: cqb})
 			for _, q := range []*QP{qa, qb} {
 				must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{QKey: 0x11111111}))
 				must(t, ibtest.Modify(q, ib.RTR, nil))
 				must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{SQPSN: 5}))
 			}
-			ah, err := tb.a.pd.CreateAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(tb.b.dev.cfg.Addrs[0]), HopLimit: 9})
+			ah, err := tb.a.pd.newAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(tb.b.dev.cfg.Addrs[0]), HopLimit: 9})
 			must(t, err)
-			src, _ := tb.a.pd.RegMR(make([]byte, 2048), ib.LocalWrite)
+			src, _ := tb.a.pd.RegBytes(make([]byte, 2048), 0, ib.LocalWrite)
 			pattern(src.Bytes(), 5)
-			rbuf, _ := tb.b.pd.RegMR(make([]byte, 4*1100), ib.LocalWrite)
+			rbuf, _ := tb.b.pd.RegBytes(make([]byte, 4*1100), 0, ib.LocalWrite)
 			for i := 0; i < 4; i++ {
-				_, err := qb.PostRecv(RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: rbuf.IOVA() + uint64(i*1100), Length: 1100, LKey: rbuf.LKey()}}})
+				_, err := qb.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: rbuf.IOVA() + uint64(i*1100), Length: 1100, LKey: rbuf.LKey()}}}})
 				must(t, err)
 			}
 			sg := func(n int) []ib.SGE { return []ib.SGE{{Addr: src.IOVA(), Length: uint32(n), LKey: src.LKey()}} }
-			_, err = qa.PostSend(
-				SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(1024), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x80000000}, // use the QP's Q_Key
-				SendWR{ID: 2, Opcode: ib.SendWithImm, Flags: ib.Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111, Imm: 77},
-				SendWR{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x22222222},    // wrong Q_Key: dropped
-				SendWR{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(1025), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111}, // > MTU
-			)
+			_, err = qa.PostSend([]verbs.SendWR{
+				{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(1024), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x80000000}, // use the QP's Q_Key
+				{ID: 2, Opcode: ib.SendWithImm, Flags: ib.Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111, Imm: 77},
+				{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(5), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x22222222},    // wrong Q_Key: dropped
+				{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(1025), AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: 0x11111111}, // > MTU
+			})
 			must(t, err)
 			var sa, rb []ib.WC
 			tb.run(func() bool {
@@ -270,18 +268,18 @@ func TestE2EUCDropsToNextFirst(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{Loss: 0.05}, 6, 256)
 	qa, qb := tb.connect(ib.UC, 256, ib.LocalWrite|ib.RemoteWrite, 64)
 	const n, size = 200, 700 // three packets each
-	src, _ := tb.a.pd.RegMR(make([]byte, n*size), ib.LocalWrite)
+	src, _ := tb.a.pd.RegBytes(make([]byte, n*size), 0, ib.LocalWrite)
 	pattern(src.Bytes(), 9)
-	dst, _ := tb.b.pd.RegMR(make([]byte, n*size), ib.LocalWrite)
+	dst, _ := tb.b.pd.RegBytes(make([]byte, n*size), 0, ib.LocalWrite)
 	posted, recvd := 0, 0
 	var sends, recvs []ib.WC
 	tb.run(func() bool {
 		for posted < n {
-			if _, err := qb.PostRecv(RecvWR{ID: uint64(posted), SG: []ib.SGE{{Addr: dst.IOVA() + uint64(recvd*size), Length: size, LKey: dst.LKey()}}}); err != nil {
+			if _, err := qb.PostRecv([]verbs.RecvWR{{ID: uint64(posted), SG: []ib.SGE{{Addr: dst.IOVA() + uint64(recvd*size), Length: size, LKey: dst.LKey()}}}}); err != nil {
 				break
 			}
 			recvd++
-			if _, err := qa.PostSend(SendWR{ID: uint64(posted), Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA() + uint64(posted*size), Length: size, LKey: src.LKey()}}}); err != nil {
+			if _, err := qa.PostSend([]verbs.SendWR{{ID: uint64(posted), Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA() + uint64(posted*size), Length: size, LKey: src.LKey()}}}}); err != nil {
 				t.Fatal(err)
 			}
 			posted++
@@ -315,20 +313,20 @@ func TestE2EUCDropsToNextFirst(t *testing.T) {
 
 func TestE2ESRQ(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 7, 1024)
-	srq, err := tb.b.pd.CreateSRQ(64, 1)
+	srq, err := tb.b.pd.newSRQ(64, 1)
 	must(t, err)
-	cqb := tb.b.dev.CreateCQ(256)
-	buf, _ := tb.b.pd.RegMR(make([]byte, 64*100), ib.LocalWrite)
+	cqb := tb.b.dev.newCQ(256)
+	buf, _ := tb.b.pd.RegBytes(make([]byte, 64*100), 0, ib.LocalWrite)
 	for i := 0; i < 64; i++ {
-		_, err := srq.PostRecv(RecvWR{ID: uint64(i), SG: []ib.SGE{{Addr: buf.IOVA() + uint64(i*100), Length: 100, LKey: buf.LKey()}}})
+		_, err := srq.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: buf.IOVA() + uint64(i*100), Length: 100, LKey: buf.LKey()}}}})
 		must(t, err)
 	}
 	var qas []*QP
 	for i := 0; i < 4; i++ {
-		cqa := tb.a.dev.CreateCQ(64)
-		qa, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cqa, RecvCQ: cqa, MaxInline: 16})
-		qb, _ := tb.b.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
-		if _, err := qb.PostRecv(RecvWR{}); err != ErrNoRecvQueue {
+		cqa := tb.a.dev.newCQ(64)
+		qa, _ := tb.a.pd.newQP(testQP{Type: ib.RC, SendCQ: cqa, RecvCQ: cqa, MaxInline: 16})
+		qb, _ := tb.b.pd.newQP(testQP{Type: ib.RC, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
+		if _, err := qb.PostRecv([]verbs.RecvWR{{}}); err != verbs.ErrNoRecvQueue {
 			t.Fatal("post recv on an SRQ QP")
 		}
 		for _, p := range [][2]*QP{{qa, qb}, {qb, qa}} {
@@ -346,7 +344,7 @@ func TestE2ESRQ(t *testing.T) {
 	}
 	for i, qa := range qas {
 		for j := 0; j < 10; j++ {
-			_, err := qa.PostSend(SendWR{Opcode: ib.SendWithImm, Imm: uint32(i*100 + j), Flags: ib.Inline, InlineData: []byte{byte(i), byte(j)}})
+			_, err := qa.PostSend([]verbs.SendWR{{Opcode: ib.SendWithImm, Imm: uint32(i*100 + j), Flags: ib.Inline, InlineData: []byte{byte(i), byte(j)}}})
 			must(t, err)
 		}
 	}
@@ -368,11 +366,11 @@ func TestE2ESRQ(t *testing.T) {
 func TestHostileFramesNeverPanic(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 8, 1024)
 	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic, 16)
-	guard, _ := tb.b.pd.RegMR(make([]byte, 4096), ib.LocalWrite)
-	tgt, _ := tb.b.pd.RegMR(make([]byte, 64), ib.LocalWrite|ib.RemoteWrite)
-	src, _ := tb.a.pd.RegMR(make([]byte, 64), ib.LocalWrite)
+	guard, _ := tb.b.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite)
+	tgt, _ := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite|ib.RemoteWrite)
+	src, _ := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
 	// Capture a valid WRITE frame from A.
-	_, err := qa.PostSend(SendWR{Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()})
+	_, err := qa.PostSend([]verbs.SendWR{{Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: src.IOVA(), Length: 64, LKey: src.LKey()}}, RemoteAddr: tgt.IOVA(), RKey: tgt.RKey()}})
 	must(t, err)
 	out := [][]byte{make([]byte, 9000)}
 	n := tb.a.dev.Transmit(0, out)
@@ -435,7 +433,7 @@ func icrcStamp(p []byte) error { return icrc.Stamp(p) }
 func TestReceiveChecks(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 9, 1024)
 	_, qb := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite, 8)
-	tgt, _ := tb.b.pd.RegMR(make([]byte, 16), ib.LocalWrite|ib.RemoteWrite)
+	tgt, _ := tb.b.pd.RegBytes(make([]byte, 16), 0, ib.LocalWrite|ib.RemoteWrite)
 	spec := func() *frame.Spec {
 		return &frame.Spec{SrcMAC: macA, DstMAC: macB, Src: addrA, Dst: addrB, SrcPort: 0xC000,
 			BTH:  bth.BTHFields{Opcode: bth.RCRDMAWriteOnly, PKey: 0xFFFF, DestQP: qb.QPN(), AckReq: true, PSN: bth.PSN(qb.attr.RQPSN)},
@@ -490,7 +488,7 @@ func TestReceiveChecks(t *testing.T) {
 
 func TestInlineSendsAllocateNothing(t *testing.T) {
 	p := newPingPair(t, ib.Send, 64, 1024)
-	p.send = SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: make([]byte, 60)}
+	p.send = verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: make([]byte, 60)}
 	p.qa.init.MaxInline = 64
 	p.qa.inline = make([]byte, p.qa.init.MaxSendWR*64)
 	p.stream(1000)
@@ -504,13 +502,13 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 	var gsi [2]*QP
 	var cqs [2]*CQ
 	for i, n := range []*node{tb.a, tb.b} {
-		cqs[i] = n.dev.CreateCQ(16)
-		q, err := n.pd.CreateQP(QPInitAttr{Type: ib.GSI, SendCQ: cqs[i], RecvCQ: cqs[i]})
+		cqs[i] = n.dev.newCQ(16)
+		q, err := n.pd.newQP(testQP{Type: ib.GSI, SendCQ: cqs[i], RecvCQ: cqs[i]})
 		must(t, err)
 		if q.QPN() != 1 {
 			t.Fatalf("GSI QPN %d", q.QPN())
 		}
-		if _, err := n.pd.CreateQP(QPInitAttr{Type: ib.GSI, SendCQ: cqs[i], RecvCQ: cqs[i]}); err == nil {
+		if _, err := n.pd.newQP(testQP{Type: ib.GSI, SendCQ: cqs[i], RecvCQ: cqs[i]}); err == nil {
 			t.Fatal("second GSI QP")
 		}
 		must(t, ibtest.Modify(q, ib.Init, nil))
@@ -518,13 +516,13 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 		must(t, ibtest.Modify(q, ib.RTS, nil))
 		gsi[i] = q
 	}
-	mad, _ := tb.a.pd.RegMR(bytes.Repeat([]byte{0x07}, 256), ib.LocalWrite)
-	rb, _ := tb.b.pd.RegMR(make([]byte, 40+256), ib.LocalWrite)
-	_, err := gsi[1].PostRecv(RecvWR{ID: 1, SG: []ib.SGE{{Addr: rb.IOVA(), Length: 296, LKey: rb.LKey()}}})
+	mad, _ := tb.a.pd.RegBytes(bytes.Repeat([]byte{0x07}, 256), 0, ib.LocalWrite)
+	rb, _ := tb.b.pd.RegBytes(make([]byte, 40+256), 0, ib.LocalWrite)
+	_, err := gsi[1].PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{{Addr: rb.IOVA(), Length: 296, LKey: rb.LKey()}}}})
 	must(t, err)
-	ah, _ := tb.a.pd.CreateAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
-	_, err = gsi[0].PostSend(SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mad.IOVA(), Length: 256, LKey: mad.LKey()}},
-		AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
+	ah, _ := tb.a.pd.newAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
+	_, err = gsi[0].PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mad.IOVA(), Length: 256, LKey: mad.LKey()}},
+		AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey}})
 	must(t, err)
 	var got []ib.WC
 	tb.run(func() bool { got = append(got, pollAll(cqs[1])...); return len(got) == 1 }, time.Second)
@@ -538,11 +536,11 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 	must(t, ibtest.Modify(qb, ib.Reset, nil))
 	must(t, ibtest.Modify(qb, ib.Init, &ib.QPAttr{Access: ib.LocalWrite}))
 	must(t, ibtest.Modify(qb, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qa.QPN(), RQPSN: qa.attr.SQPSN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}}))
-	src, _ := tb.a.pd.RegMR(make([]byte, 8), ib.LocalWrite)
-	_, err = qa.PostSend(SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 1, RKey: 2})
+	src, _ := tb.a.pd.RegBytes(make([]byte, 8), 0, ib.LocalWrite)
+	_, err = qa.PostSend([]verbs.SendWR{{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: src.IOVA(), Length: 8, LKey: src.LKey()}}, RemoteAddr: 1, RKey: 2}})
 	must(t, err)
 	tb.run(func() bool { return len(pollAll(qa.init.SendCQ)) == 1 }, time.Second)
-	want := map[AsyncEvent]bool{{Type: ib.EventCommEst, QPN: qb.QPN()}: false}
+	want := map[verbs.AsyncEvent]bool{{Type: ib.EventCommEst, QPN: qb.QPN()}: false}
 	for len(tb.b.dev.Events()) > 0 {
 		e := <-tb.b.dev.Events()
 		if _, ok := want[e]; ok {
@@ -551,11 +549,11 @@ func TestGSIQPAndAsyncEvents(t *testing.T) {
 	}
 	fatal := false
 	for len(tb.a.dev.Events()) > 0 {
-		if e := <-tb.a.dev.Events(); e == (AsyncEvent{Type: ib.EventQPFatal, QPN: qa.QPN()}) {
+		if e := <-tb.a.dev.Events(); e == (verbs.AsyncEvent{Type: ib.EventQPFatal, QPN: qa.QPN()}) {
 			fatal = true
 		}
 	}
-	if !want[AsyncEvent{Type: ib.EventCommEst, QPN: qb.QPN()}] || !fatal {
+	if !want[verbs.AsyncEvent{Type: ib.EventCommEst, QPN: qb.QPN()}] || !fatal {
 		t.Fatalf("events: comm est %v, fatal %v", want, fatal)
 	}
 }
@@ -569,8 +567,8 @@ func TestModifyRTSToRTS(t *testing.T) {
 		t.Fatalf("%+v", c)
 	}
 	err := qa.Modify(&ib.QPAttr{State: ib.RTS, Timeout: 20}, ib.AttrState|ib.AttrTimeout)
-	var me *ModifyError
-	if !errors.Is(err, ErrInvalid) || !errors.As(err, &me) || me.Attr != ib.AttrTimeout || me.From != ib.RTS {
+	var me *verbs.ModifyError
+	if !errors.Is(err, verbs.ErrInvalid) || !errors.As(err, &me) || me.Attr != ib.AttrTimeout || me.From != ib.RTS {
 		t.Fatalf("timeout in RTS→RTS: %v", err)
 	}
 	// The timers and retry counts change in SQD→SQD.
@@ -579,7 +577,7 @@ func TestModifyRTSToRTS(t *testing.T) {
 	if c := qa.rcQP().Config(); c.Timeout != 20 || c.RetryCnt != 3 || c.RNRRetry != 7 {
 		t.Fatalf("%+v", c)
 	}
-	if err := qa.Modify(&ib.QPAttr{RetryCnt: 9}, ib.AttrRetryCnt); !errors.Is(err, ErrInvalid) {
+	if err := qa.Modify(&ib.QPAttr{RetryCnt: 9}, ib.AttrRetryCnt); !errors.Is(err, verbs.ErrInvalid) {
 		t.Fatalf("retry_cnt 9 accepted: %v", err)
 	}
 	must(t, qa.Modify(&ib.QPAttr{RNRRetry: 2}, ib.AttrRNRRetry))
@@ -587,7 +585,7 @@ func TestModifyRTSToRTS(t *testing.T) {
 	if c := qa.rcQP().Config(); c.RNRRetry != 2 || c.Timeout != 20 {
 		t.Fatalf("%+v", c)
 	}
-	if a := qa.Query(); a.State != ib.RTS || a.Timeout != 20 || a.RetryCnt != 3 || a.RNRRetry != 2 || a.MinRNRTimer != 3 {
+	if a, _ := qa.Query(); a.State != ib.RTS || a.Timeout != 20 || a.RetryCnt != 3 || a.RNRRetry != 2 || a.MinRNRTimer != 3 {
 		t.Fatalf("query: %+v", a)
 	}
 }
@@ -597,10 +595,10 @@ func TestModifyRTSToRTS(t *testing.T) {
 // them down.
 func TestIdleQPsCostNothing(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 14, 1024)
-	cq := tb.a.dev.CreateCQ(16)
+	cq := tb.a.dev.newCQ(16)
 	var qps []*QP
 	for i := 0; i < 2000; i++ {
-		q, err := tb.a.pd.CreateQP(QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
+		q, err := tb.a.pd.newQP(testQP{Type: ib.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 4, MaxRecvWR: 4})
 		must(t, err)
 		must(t, ibtest.Modify(q, ib.Init, nil))
 		must(t, ibtest.Modify(q, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: 5, AV: ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)}}))
@@ -612,7 +610,7 @@ func TestIdleQPsCostNothing(t *testing.T) {
 	if d.Transmit(0, out) != 0 || d.NextDeadline() != clock.Never || len(d.ready) != 0 || len(d.timed) != 0 {
 		t.Fatalf("idle QPs queued: ready %d timed %d", len(d.ready), len(d.timed))
 	}
-	_, err := qps[1234].PostSend(SendWR{Opcode: ib.Send})
+	_, err := qps[1234].PostSend([]verbs.SendWR{{Opcode: ib.Send}})
 	must(t, err)
 	if d.Transmit(0, out) != 1 || len(d.ready) != 0 || d.NextDeadline() == clock.Never || len(d.timed) != 1 {
 		t.Fatalf("ready %d timed %d", len(d.ready), len(d.timed))
@@ -627,18 +625,16 @@ func TestIdleQPsCostNothing(t *testing.T) {
 // the rest of the SQ and keeps receiving; SQE → RTS resumes sending.
 func TestUDSendErrorSQE(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 15, 1024)
-	cq := tb.a.dev.CreateCQ(64)
-	q, _ := tb.a.pd.CreateQP(QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq})
+	cq := tb.a.dev.newCQ(64)
+	q, _ := tb.a.pd.newQP(testQP{Type: ib.UD, SendCQ: cq, RecvCQ: cq})
 	must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{QKey: 1}))
 	must(t, ibtest.Modify(q, ib.RTR, nil))
 	must(t, ibtest.Modify(q, ib.RTS, nil))
-	ah, _ := tb.a.pd.CreateAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
-	src, _ := tb.a.pd.RegMR(make([]byte, 2048), ib.LocalWrite)
+	ah, _ := tb.a.pd.newAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
+	src, _ := tb.a.pd.RegBytes(make([]byte, 2048), 0, ib.LocalWrite)
 	sg := func(n uint32) []ib.SGE { return []ib.SGE{{Addr: src.IOVA(), Length: n, LKey: src.LKey()}} }
-	_, err := q.PostSend(
-		SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9},
-		SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(2000), AH: ah, RemoteQPN: 9}, // > MTU
-		SendWR{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	_, err := q.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9}, {ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(2000), AH: ah, RemoteQPN: 9}, // > MTU
+		verbs.SendWR{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9}})
 	must(t, err)
 	out := [][]byte{make([]byte, 9000), make([]byte, 9000), make([]byte, 9000)}
 	if n := tb.a.dev.Transmit(0, out); n != 1 {
@@ -648,13 +644,13 @@ func TestUDSendErrorSQE(t *testing.T) {
 	if len(w) != 3 || w[0].Status != ib.Success || w[1].Status != ib.LocLenErr || w[2].Status != ib.WRFlushErr || q.State() != ib.SQE {
 		t.Fatalf("%v %+v", q.State(), w)
 	}
-	_, err = q.PostSend(SendWR{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	_, err = q.PostSend([]verbs.SendWR{{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9}})
 	must(t, err)
 	if w := pollAll(cq); len(w) != 1 || w[0].Status != ib.WRFlushErr {
 		t.Fatalf("%+v", w)
 	}
 	must(t, ibtest.Modify(q, ib.RTS, nil))
-	_, err = q.PostSend(SendWR{ID: 5, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9})
+	_, err = q.PostSend([]verbs.SendWR{{ID: 5, Opcode: ib.Send, Flags: ib.Signaled, SG: sg(8), AH: ah, RemoteQPN: 9}})
 	must(t, err)
 	if n := tb.a.dev.Transmit(0, out); n != 1 {
 		t.Fatal("no send after SQE → RTS")

@@ -86,7 +86,21 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if mtu == 0 {
 		return fmt.Errorf("%s: MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
-	dev, err := rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), gids...), PortMTU: mtu})
+	res, err := route.New()
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	resolve := func(ctx context.Context, a netip.Addr) ([6]byte, error) {
+		var mac [6]byte
+		n, err := res.Resolve(ctx, a)
+		if err != nil {
+			return mac, err
+		}
+		copy(mac[:], n.DstMAC)
+		return mac, nil
+	}
+	dev, err := rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: append([]netip.Addr(nil), gids...), PortMTU: mtu, Resolve: resolve})
 	if err != nil {
 		return err
 	}
@@ -100,23 +114,6 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 			p.Close()
 		}
 	}()
-
-	res, err := route.New()
-	if err != nil {
-		return err
-	}
-	defer res.Close()
-	resolve := func(a netip.Addr) ([6]byte, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		var mac [6]byte
-		n, err := res.Resolve(ctx, a)
-		if err != nil {
-			return mac, err
-		}
-		copy(mac[:], n.DstMAC)
-		return mac, nil
-	}
 
 	group := -1
 	if cfg.ControlGroup != "" {
@@ -153,7 +150,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		return err
 	}
 	counters := &daemon.CounterSource{Name: in.Name, Loop: loop, Port: cp}
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve),
+	srv, err := daemon.NewServer(dev,
 		daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap, PortStatus: portStatus, Counters: counters.Snapshot})
 	if err != nil {
 		return err

@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/internal/rnictest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestDaemonTwoQueues: the daemon with queues = 2 on a two-queue veth end
@@ -82,42 +83,42 @@ func TestDaemonTwoQueues(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(2 * qps * size)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 2*qps*size, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 2*qps*size, 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cq, _ := c.CreateCQ(64)
-	pdB := devB.AllocPD()
+	pdB := rnictest.PD(devB)
 	bufB := make([]byte, 2*qps*size)
-	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
-	cqB := devB.CreateCQ(4 * qps)
+	mrB, _ := pdB.RegBytes(bufB, 0, ib.LocalWrite)
+	cqB := rnictest.CQ(devB, 4*qps)
 	gidB := pair.B.Addr.As16()
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
 	var peers []*rnic.QP
 	for i := 0; i < qps; i++ {
-		qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
+		qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		qpB, err := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+		qpB, err := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range []struct {
-			a proto.QPAttr
-			m proto.QPAttrMask
+			a ib.QPAttr
+			m ib.QPAttrMask
 		}{
-			{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite | ib.RemoteRead}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
-			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: gidB, MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc | proto.AttrRQPSN | proto.AttrMinRNRTimer},
-			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
+			{ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead}, ib.AttrState | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags},
+			{ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), AV: ib.AddressVector{DGID: ib.GID(gidB)}, MaxDestRdAtomic: 4}, ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrMaxDestRdAtomic | ib.AttrRQPSN | ib.AttrMinRNRTimer},
+			{ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, ib.AttrState | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrSQPSN | ib.AttrMaxQPRdAtomic},
 		} {
 			if err := qp.Modify(&s.a, s.m); err != nil {
 				t.Fatalf("client QP to %v: %v", s.a.State, err)
 			}
 		}
 		ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
-		if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
+		if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
@@ -136,12 +137,12 @@ func TestDaemonTwoQueues(t *testing.T) {
 	}
 	for i, q := range peers {
 		w, r := uint64(i*size), uint64((qps+i)*size)
-		if _, err := q.PostSend(rnic.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + w, RKey: mr.RKey}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + w, RKey: mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := q.PostSend(rnic.SendWR{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + r, RKey: mr.RKey}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + r, RKey: mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -149,7 +150,7 @@ func TestDaemonTwoQueues(t *testing.T) {
 	defer wcancel()
 	var wcs [2 * qps]ib.WC
 	for got := 0; got < 2*qps; {
-		k, err := cqB.Wait(wctx, wcs[got:])
+		k, err := cqB.PollWait(wctx, wcs[got:])
 		if err != nil {
 			t.Fatalf("%d of %d completions at the peer: %v", got, 2*qps, err)
 		}

@@ -13,13 +13,14 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/internal/rnictest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // buildSoftrnic builds this command into a temp dir.
@@ -107,28 +108,28 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cq, _ := c.CreateCQ(64)
-	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pdB := devB.AllocPD()
+	pdB := rnictest.PD(devB)
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, ib.LocalWrite)
-	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(rnic.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	mrB, _ := pdB.RegBytes(bufB, 0, ib.LocalWrite)
+	cqB := rnictest.CQ(devB, 64)
+	qpB, _ := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gidB := pair.B.Addr.As16()
 	for _, s := range []struct {
-		a proto.QPAttr
-		m proto.QPAttrMask
+		a ib.QPAttr
+		m ib.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: ib.RemoteWrite | ib.RemoteRead}, proto.AttrState | proto.AttrPKeyIndex | proto.AttrPort | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc | proto.AttrRQPSN | proto.AttrMinRNRTimer},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry | proto.AttrSQPSN | proto.AttrMaxQPRdAtomic},
+		{ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead}, ib.AttrState | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags},
+		{ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), AV: ib.AddressVector{DGID: ib.GID(gidB)}, MaxDestRdAtomic: 4}, ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrMaxDestRdAtomic | ib.AttrRQPSN | ib.AttrMinRNRTimer},
+		{ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, ib.AttrState | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrSQPSN | ib.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatalf("client QP to %v: %v", s.a.State, err)
@@ -137,7 +138,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
 	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
-	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
 	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
@@ -146,7 +147,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer wcancel()
-		if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
+		if _, err := cqB.PollWait(wctx, wcs[:]); err != nil {
 			t.Fatalf("%s: no completion at the peer", what)
 		}
 		if wcs[0].Status != ib.Success {
@@ -159,16 +160,16 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	for i := range bufB[:8192] {
 		bufB[i] = byte(i*13 + 1)
 	}
-	qpB.PostSend(rnic.SendWR{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
+	qpB.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 4096, RKey: mr.RKey()}})
 	waitB("RDMA WRITE")
 	if !bytes.Equal(mem.Bytes()[4096:4096+8192], bufB[:8192]) {
 		t.Fatal("client memory does not hold the data written from namespace B")
 	}
 	// RDMA READ from namespace B out of the client's memory.
 	copy(mem.Bytes()[30000:], "read across namespaces")
-	qpB.PostSend(rnic.SendWR{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 30000, RKey: mr.RKey})
+	qpB.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 30000, RKey: mr.RKey()}})
 	waitB("RDMA READ")
 	if string(bufB[20000:20022]) != "read across namespaces" {
 		t.Fatalf("peer read %q", bufB[20000:20022])
@@ -176,7 +177,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 
 	// SIGTERM: the client's outstanding receive is flushed, the daemon exits
 	// 0, and no XDP program stays on the interface.
-	if _, err := qp.PostRecv(&proto.RecvWR{ID: 77, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
+	if _, err := qp.PostRecv([]verbs.RecvWR{{ID: 77, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)

@@ -22,7 +22,6 @@ import (
 	"github.com/softrnic/softrnic/rdmacm/rping"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/route"
-	"github.com/softrnic/softrnic/verbsapi"
 )
 
 func init() {
@@ -211,16 +210,7 @@ func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) err
 	if mtu == 0 {
 		return fmt.Errorf("%s: MTU %d too small for RoCE", in.Name, in.MTU)
 	}
-	dev, err := rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: in.GIDs, PortMTU: mtu})
-	if err != nil {
-		return err
-	}
-	ectx, stopEngine := context.WithCancel(ctx)
-	engDone := make(chan error, 1)
-	go func() { engDone <- runDeviceEngine(ectx, dev, pt) }()
-	defer func() { stopEngine(); <-engDone }()
-
-	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+	resolve := func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 		var mac [6]byte
 		n, err := res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses
 		if err != nil {
@@ -231,7 +221,17 @@ func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) err
 		}
 		copy(mac[:], n.DstMAC)
 		return mac, nil
-	}})
+	}
+	dev, err := rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: in.GIDs, PortMTU: mtu, Resolve: resolve})
+	if err != nil {
+		return err
+	}
+	ectx, stopEngine := context.WithCancel(ctx)
+	engDone := make(chan error, 1)
+	go func() { engDone <- runDeviceEngine(ectx, dev, pt) }()
+	defer func() { stopEngine(); <-engDone }()
+
+	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
 	if err != nil {
 		return err
 	}
@@ -255,23 +255,18 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 }
 
 // rpingDaemon runs rping through the softrnic daemon at r.daemon: its
-// device, and its CM agent for the connection.
+// device, and its CM agent for the connection (the client is both).
 func rpingDaemon(ctx context.Context, r rpingArgs, ready func()) error {
 	c, err := client.Dial(r.daemon)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	dev := verbsapi.Daemon(c)
-	cm, err := verbsapi.DaemonCM(dev)
-	if err != nil {
-		return err
-	}
 	if r.server {
-		if r.addr.IsValid() && !slices.Contains(dev.GIDs(), r.addr) {
-			return fmt.Errorf("the daemon's device (%s) has no address %v", dev.Name(), r.addr)
+		if r.addr.IsValid() && !slices.Contains(c.GIDs(), r.addr) {
+			return fmt.Errorf("the daemon's device (%s) has no address %v", c.Name(), r.addr)
 		}
-		return rping.RunServer(ctx, dev, cm, r.opts, ready)
+		return rping.RunServer(ctx, c, c, r.opts, ready)
 	}
-	return rping.RunClient(ctx, dev, cm, r.addr, r.opts)
+	return rping.RunClient(ctx, c, c, r.addr, r.opts)
 }

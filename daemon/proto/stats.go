@@ -1,5 +1,7 @@
 package proto
 
+import "github.com/softrnic/softrnic/ib"
+
 // CounterDef names one counter the way Linux RDMA tools name it (rdma
 // statistic, /sys/class/infiniband/*/ports/1/hw_counters), or, where no
 // Linux driver counts the same event, with a name of ours in the same style.
@@ -212,8 +214,8 @@ type StatsReq struct {
 // transport counts (bit i for Values[i]).
 type QPStats struct {
 	QPN    uint32
-	Type   QPType
-	State  QPState
+	Type   ib.QPType
+	State  ib.QPState
 	_      [2]byte
 	Valid  uint32
 	_      uint32
@@ -254,5 +256,3 @@ type QueueStats struct {
 }
 
 // UC is the unreliable connected QP type (ibv_qp_type numbering), which
-// QPStats reports for UC QPs.
-const UC QPType = 3

@@ -14,9 +14,9 @@ import (
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/route"
-	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // CLIOptions are what `softrnic perf` adds to perftest's parameters.
@@ -95,24 +95,25 @@ func withDaemon(p perftest.Params, socket string, f func(Host) error) error {
 }
 
 // DaemonHost connects to the softrnic daemon at socket and returns a Host
-// on its device, whose Iface has the daemon's interface name, GID table
-// and MTU (the RoCE MTU, not the netdev's). Close the client when done: the
-// daemon then frees whatever the host left.
+// on its device (the client, which is its CM too), whose Iface has the
+// daemon's interface name, GID table and MTU (the RoCE MTU, not the
+// netdev's). Close the client when done: the daemon then frees whatever
+// the host left.
 func DaemonHost(socket string) (Host, *client.Client, error) {
 	c, err := client.Dial(socket)
 	if err != nil {
 		return Host{}, nil, err
 	}
-	dev := verbsapi.Daemon(c)
-	h := Host{RNIC: dev, Iface: engine.Interface{Name: dev.Name(), MTU: dev.PortMTU(), GIDs: dev.GIDs()}}
+	h := Host{Device: c, CM: c, Iface: engine.Interface{Name: c.Name(), MTU: int(c.Query().ActiveMTU), GIDs: c.GIDs()}}
 	return h, c, nil
 }
 
 // OpenHost opens the RNIC the built-in tools run on: a port of the given
 // kind on the interface named device (in the calling thread's network
-// namespace), a rnic.Device on it with congestion control cc, its engine
-// loop in a goroutine of its own, and route resolution of peers' MACs;
-// it calls f with them and tears everything down when f returns.
+// namespace), a rnic.Device on it with congestion control cc and route
+// resolution of peers' MACs, its engine loop in a goroutine of its own,
+// and an rdma_cm agent on it; it calls f with them and tears everything
+// down when f returns.
 func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc rnic.Congestion, f func(Host) error) error {
 	in, err := engine.LookupInterface(device)
 	if err != nil {
@@ -123,7 +124,24 @@ func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc rnic.
 		return fmt.Errorf("open %s: %w", in.Name, err)
 	}
 	defer pt.Close()
-	dev, err := NewDeviceCC(in, cc)
+	res, err := route.New()
+	if err != nil {
+		return err
+	}
+	defer res.Close()
+	resolve := func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+		var dst [6]byte
+		n, err := res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses
+		if err != nil {
+			return dst, err
+		}
+		if n.IfIndex != in.Index {
+			return dst, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
+		}
+		copy(dst[:], n.DstMAC)
+		return dst, nil
+	}
+	dev, err := newDevice(in, cc, resolve)
 	if err != nil {
 		return err
 	}
@@ -131,31 +149,18 @@ func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc rnic.
 	if err != nil {
 		return err
 	}
-	res, err := route.New()
-	if err != nil {
-		return err
-	}
-	defer res.Close()
 	ectx, stop := context.WithCancel(ctx)
 	engDone := make(chan error, 1)
 	go func() { engDone <- loop.Run(ectx) }()
 	defer func() { stop(); <-engDone }()
+	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
+	if err != nil {
+		return err
+	}
+	// Closed before the engine stops: its final DREQs go out.
+	defer agent.Close()
 
-	h := Host{Device: dev, Iface: in, Stats: loop.DeviceStats,
-		Resolve: func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error) {
-			rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-			defer cancel()
-			n, err := res.Resolve(rctx, peer) // probes IPv6 peers on links without link-local addresses
-			if err != nil {
-				return src, dst, err
-			}
-			if n.IfIndex != in.Index {
-				return src, dst, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
-			}
-			copy(src[:], n.SrcMAC)
-			copy(dst[:], n.DstMAC)
-			return src, dst, nil
-		}}
+	h := Host{Device: dev, CM: agent, Iface: in, Stats: loop.DeviceStats}
 	if err := f(h); err != nil {
 		return err
 	}

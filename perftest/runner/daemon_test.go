@@ -1,12 +1,8 @@
 package runner
 
 import (
-	"bytes"
-	"context"
-	"fmt"
 	"io"
 	"log/slog"
-	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -14,7 +10,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/verbsapi"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // daemonOn serves host h's device through a daemon control server (the
@@ -23,12 +19,7 @@ import (
 // shared with the test.
 func daemonOn(t *testing.T, h Host) Host {
 	t.Helper()
-	resolve := func(a netip.Addr) ([6]byte, error) {
-		_, dst, err := h.Resolve(context.Background(), a)
-		return dst, err
-	}
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(h.Device, h.Iface.Name, resolve),
-		daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := daemon.NewServer(h.Device.(*rnic.Device), daemon.Options{Group: -1, CM: h.CM, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,11 +103,6 @@ func TestProgramsThroughDaemonOverMemlink(t *testing.T) {
 func TestCMThroughDaemonOverMemlink(t *testing.T) {
 	a, b := memlinkHosts(t, 1500)
 	ad := daemonOn(t, a)
-	dcm, err := verbsapi.DaemonCM(ad.RNIC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	lcm := verbsapi.LocalCM(cmAgent(t, b))
 	port := uint16(18515)
 	for _, tc := range []struct {
 		verb perftest.Verb
@@ -132,12 +118,12 @@ func TestCMThroughDaemonOverMemlink(t *testing.T) {
 		test := perftest.Test{Verb: tc.verb, Measure: tc.m}
 		for _, daemonServes := range []bool{true, false} {
 			name := test.Name() + "/" + strings.Join(tc.args, "")
-			s, c, scm, ccm := ad, b, dcm, lcm
+			s, c := ad, b
 			if daemonServes {
 				name += "/daemon-server"
 			} else {
 				name += "/daemon-client"
-				s, c, scm, ccm = b, ad, lcm, dcm
+				s, c = b, ad
 			}
 			if tc.late {
 				name += "/late"
@@ -149,7 +135,7 @@ func TestCMThroughDaemonOverMemlink(t *testing.T) {
 					delay = 300 * time.Millisecond
 				}
 				args := append([]string{"--verify"}, tc.args...)
-				sr, cr, cout := runCMThrough(t, s, c, scm, ccm, port, delay, tc.verb, tc.m, args...)
+				sr, cr, cout := runCMThrough(t, s, c, port, delay, tc.verb, tc.m, args...)
 				if !sr.Verify || !cr.Verify || sr.MTU != 1024 {
 					t.Errorf("verify server %v client %v, MTU %d", sr.Verify, cr.Verify, sr.MTU)
 				}
@@ -162,41 +148,4 @@ func TestCMThroughDaemonOverMemlink(t *testing.T) {
 			})
 		}
 	}
-}
-
-// runCMThrough runs one -R test between a server on host s and a client
-// on host c, through the CMs scm and ccm; the server starts listening on
-// port after delay.
-func runCMThrough(t *testing.T, s, c Host, scm, ccm verbsapi.CM, port uint16, delay time.Duration, verb perftest.Verb, m perftest.Measure, args ...string) (sr, cr Result, cout string) {
-	t.Helper()
-	args = append([]string{"-R", "-p", fmt.Sprint(port)}, args...)
-	ps, err := perftest.ParseArgs(verb, m, args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := ps
-	pc.Host = s.Iface.GIDs[0].String()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var sout, cb bytes.Buffer
-	serr := make(chan error, 1)
-	go func() {
-		time.Sleep(delay)
-		l, err := scm.Listen(port)
-		if err != nil {
-			serr <- err
-			return
-		}
-		defer l.Close()
-		sr, err = New(s, ps, false, &sout).execCM(ctx, &cmSession{cm: scm, l: l, port: port})
-		serr <- err
-	}()
-	cr, cerr := New(c, pc, true, &cb).execCM(ctx, &cmSession{cm: ccm, peer: s.Iface.GIDs[0], port: port, dialFor: 3 * time.Second})
-	if cerr != nil {
-		cancel()
-	}
-	if err := <-serr; err != nil || cerr != nil {
-		t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cb.String())
-	}
-	return sr, cr, cb.String()
 }

@@ -35,7 +35,7 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 	ia := engine.Interface{Name: "mla", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
 	ib := engine.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
 	host := func(self, peer engine.Interface, pt *memlink.Port) Host {
-		dev, err := NewDeviceCC(self, cc)
+		dev, err := newDevice(self, cc, func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,8 +52,7 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 				t.Errorf("engine: %v", err)
 			}
 		})
-		return Host{Device: dev, Iface: self, Stats: l.DeviceStats,
-			Resolve: func(context.Context, netip.Addr) ([6]byte, [6]byte, error) { return self.MAC, peer.MAC, nil }}
+		return Host{Device: dev, Iface: self, Stats: l.DeviceStats}
 	}
 	return host(ia, ib, pa), host(ib, ia, pb)
 }

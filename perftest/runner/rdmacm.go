@@ -14,7 +14,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbsapi"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Control QP of perftest -R: one send slot and ctrlRecvs receive slots of
@@ -37,13 +37,12 @@ const (
 )
 
 // RunCLICM is `softrnic perf -R`: as RunCLI, but the control channel is an
-// RC connection made through rdma_cm on the device itself (an
-// rdmacm.Agent on QP1), and the test's QPs are connected through it too;
-// no TCP is used. The server listens on rdma_cm port p.Port (service ID
-// 0x0000000001060000 | port), the client connects to p.Host there. With
-// o.Daemon the CM is the daemon's agent (rnic.DaemonCM), which makes the
-// connections' QPs in our PDs there and, for -c UD, answers SIDR with our
-// UD QPs there (rnic.UDCM).
+// RC connection made through rdma_cm on the device itself (Host.CM: an
+// rdmacm.Agent on QP1 of a device of this process, or the daemon's agent
+// through its client with --daemon), and the test's QPs are connected
+// through it too; no TCP is used. The server listens on rdma_cm port
+// p.Port (service ID 0x0000000001060000 | port), the client connects to
+// p.Host there.
 func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
 	if !p.RDMACM {
 		return Result{}, errors.New("perf: RunCLICM needs -R")
@@ -58,43 +57,22 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 	}
 	var r Result
 	err := withHost(ctx, p, o, func(h Host) error {
-		s := &cmSession{peer: peer, port: uint16(p.Port), dialFor: o.DialFor}
-		if h.Device != nil {
-			agent, err := rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
-				_, dst, err := h.Resolve(ctx, peer)
-				return dst, err
-			}})
-			if err != nil {
-				return err
-			}
-			// Closed last: its final DREQs go out before the engine stops.
-			defer agent.Close()
-			s.agent, s.cm = agent, verbsapi.LocalCM(agent)
-		} else {
-			c, err := verbsapi.DaemonCM(h.RNIC)
-			if err != nil {
-				return err
-			}
-			s.cm = c
+		if h.CM == nil {
+			return errors.New("perf: -R: this RNIC runs no rdma_cm")
 		}
+		s := &cmSession{cm: h.CM, peer: peer, port: uint16(p.Port), dialFor: o.DialFor}
 		t := New(h, p, p.Host != "", stdout)
 		var err error
 		if !t.client {
-			if s.l, err = s.cm.Listen(s.port); err != nil {
+			if s.l, err = s.cm.Listen(s.port, 0); err != nil {
 				return fmt.Errorf("perf: rdma_cm listen on port %d: %w", p.Port, err)
 			}
 			defer s.l.Close()
-			if p.Transport == perftest.UD && s.agent != nil {
-				if s.udl, err = s.agent.ListenUD(s.port, 16); err != nil {
+			if p.Transport == perftest.UD {
+				if s.udl, err = s.cm.ListenUD(s.port, 16); err != nil {
 					return fmt.Errorf("perf: rdma_cm UD listen on port %d: %w", p.Port, err)
 				}
 				defer s.udl.Close()
-			}
-			if p.Transport == perftest.UD && s.agent == nil {
-				if s.dudl, err = s.listenUDDaemon(); err != nil {
-					return fmt.Errorf("perf: rdma_cm UD listen on port %d: %w", p.Port, err)
-				}
-				defer s.dudl.Close()
 			}
 			if o.Listening != nil {
 				o.Listening(cmAddr(s.port))
@@ -131,36 +109,37 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 }
 
 // cmSession is the rdma_cm side of a -R run: the CM (in process or the
-// daemon's), the server's listener (which takes the control connection
+// daemon's), the server's listeners (which take the control connection
 // and then the test QPs', all on one port as perftest's), the client's
 // peer.
 type cmSession struct {
-	cm verbsapi.CM
-	// agent is the in-process agent under cm, for -c UD (SIDR); nil
-	// through the daemon. With cm nil, cm is rnic.LocalCM(agent).
-	agent   *rdmacm.Agent
-	l       verbsapi.Listener
-	udl     *rdmacm.UDListener  // -c UD: the test QPs' port in rdma_cm's UDP port space
-	dudl    verbsapi.UDListener // the same through the daemon (agent nil)
+	cm      rdmacm.CM
+	l       rdmacm.Listener
+	udl     rdmacm.UDListener // -c UD: the test QPs' port in rdma_cm's UDP port space
 	peer    netip.Addr
 	port    uint16
 	dialFor time.Duration
-	ctrl    verbsapi.Conn
-	conns   []verbsapi.Conn
+	ctrl    rdmacm.Conn
+	conns   []rdmacm.Conn
 }
 
-// dial connects one QP to the server, trying again after REJs for an
-// unknown service ID (the server not listening yet) up to attempts times,
-// delay apart.
-func (s *cmSession) dial(ctx context.Context, cp *verbsapi.ConnParams, attempts int, delay time.Duration) (verbsapi.Conn, error) {
-	if s.cm == nil {
-		s.cm = verbsapi.LocalCM(s.agent)
-	}
+// dial connects a QP from newQP to the server, trying again (with a new
+// QP) after REJs for an unknown service ID (the server not listening yet)
+// up to attempts times, delay apart.
+func (s *cmSession) dial(ctx context.Context, newQP func() (verbs.QP, error), p *rdmacm.ConnParam, attempts int, delay time.Duration) (rdmacm.Conn, error) {
 	for i := 1; ; i++ {
-		c, err := s.cm.Dial(ctx, s.peer, s.port, cp)
+		qp, err := newQP()
+		if err != nil {
+			return nil, err
+		}
+		c, err := s.cm.Connect(ctx, qp, s.peer, s.port, p)
+		if err == nil {
+			return c, nil
+		}
+		qp.Destroy()
 		var rej *rdmacm.RejectedError
-		if err == nil || !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID || i >= attempts {
-			return c, err
+		if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID || i >= attempts {
+			return nil, err
 		}
 		select {
 		case <-ctx.Done():
@@ -170,13 +149,13 @@ func (s *cmSession) dial(ctx context.Context, cp *verbsapi.ConnParams, attempts 
 	}
 }
 
-// connect makes one connection: dialled by the client, accepted by the
-// server.
-func (s *cmSession) connect(ctx context.Context, client bool, cp *verbsapi.ConnParams, attempts int, delay time.Duration) (verbsapi.Conn, error) {
+// connect makes one connection with a QP from newQP: dialled by the
+// client, accepted by the server.
+func (s *cmSession) connect(ctx context.Context, client bool, newQP func() (verbs.QP, error), p *rdmacm.ConnParam, attempts int, delay time.Duration) (rdmacm.Conn, error) {
 	if client {
-		return s.dial(ctx, cp, attempts, delay)
+		return s.dial(ctx, newQP, p, attempts, delay)
 	}
-	return s.l.Accept(ctx, cp)
+	return rdmacm.AcceptNext(ctx, s.l, newQP, p)
 }
 
 // disconnect ends the test QPs' connections and then the control
@@ -215,15 +194,14 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 		return t.res, err
 	}
 	defer ch.close()
-	// The connections end (their QPs destroyed) before the channel's CQ,
-	// MR and PD go.
+	// The connections end before the channel's QP, CQ, MR and PD go.
 	defer s.disconnect()
 	attempts := max(1, int(s.dialFor/cmDataDialDelay))
-	if s.ctrl, err = s.connect(ctx, t.client, ch.params(), attempts, cmDataDialDelay); err != nil {
+	if s.ctrl, err = s.connect(ctx, t.client, ch.newQP, ch.params(), attempts, cmDataDialDelay); err != nil {
 		return t.res, fmt.Errorf("perf: rdma_cm control connection: %w", err)
 	}
 	ch.conn, ch.qp = s.ctrl, s.ctrl.QP()
-	mtu := perftest.MTUFromBytes(t.dev.PortMTU())
+	mtu := perftest.MTUFromBytes(int(t.dev.Query().ActiveMTU))
 	if t.p.MTU != 0 {
 		mtu = min(mtu, t.p.MTU)
 	}
@@ -284,9 +262,6 @@ type cmLocal struct {
 // and initiator depth -o for READ and atomics, 0 otherwise).
 func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 	t := c.Test
-	if t.udDatum && c.s.agent == nil {
-		return c.connectUDDaemon(n)
-	}
 	if t.udDatum {
 		return c.connectUD(n)
 	}
@@ -300,15 +275,17 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 		if err != nil {
 			return err
 		}
-		// The CM creates the QP in our PD, in process or in the daemon.
-		cp := &verbsapi.ConnParams{PD: t.pd, SendCQ: q.cq, RecvCQ: q.cq, MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1,
-			Access: t.allowed &^ ib.LocalWrite, RetryCount: 7, RNRRetry: 7}
+		// Our QP, which the CM connects (as rdma_connect and
+		// rdma_accept drive the application's QP).
+		cp := &rdmacm.ConnParam{Access: t.allowed &^ ib.LocalWrite, RetryCount: 7, RNRRetry: 7}
 		if t.p.Verb == perftest.Read || t.p.Verb == perftest.Atomic {
 			cp.ResponderResources = uint8(min(t.p.OutReads, 255))
 			cp.InitiatorDepth = cp.ResponderResources
 		}
-		conn, err := c.s.connect(t.ctx, t.client, cp, cmDataDialAttempts, cmDataDialDelay)
+		newQP := func() (verbs.QP, error) { return t.pd.CreateQP(t.qpAttr(ib.RC, q.cq, sq, rq)) }
+		conn, err := c.s.connect(t.ctx, t.client, newQP, cp, cmDataDialAttempts, cmDataDialDelay)
 		if err != nil {
+			q.cq.Destroy()
 			return fmt.Errorf("perf: rdma_cm connection of QP %d: %w", i, err)
 		}
 		c.s.conns = append(c.s.conns, conn)
@@ -359,14 +336,14 @@ func (c *cmLocal) Connect(remote []perftest.Dest) error {
 
 // cmChannel is perftest.MsgChannel on the control QP: slot 0 of its MR is
 // the send buffer, slots 1..ctrlRecvs the receives (WR ID = slot). It runs
-// on either RNIC (rnic.Device): in process or through the daemon.
+// on either RNIC: in process or through the daemon.
 type cmChannel struct {
-	pd    verbsapi.PD
-	cq    verbsapi.CQ
-	mem   verbsapi.Mem
-	mr    verbsapi.MR
-	conn  verbsapi.Conn
-	qp    verbsapi.QP
+	pd    verbs.PD
+	cq    verbs.CQ
+	mem   verbs.Mem
+	mr    verbs.MR
+	conn  rdmacm.Conn
+	qp    verbs.QP
 	wcs   [ctrlRecvs + 2]ib.WC
 	recvd []ib.WC // receive completions not yet taken, in order
 	sent  bool
@@ -376,10 +353,10 @@ type cmChannel struct {
 	// what the caller waited for: reported by the next wait.
 	failed error
 	sge    [1]ib.SGE
-	swr    verbsapi.SendWR
+	swr    [1]verbs.SendWR
 }
 
-func newCMChannel(dev verbsapi.Device) (ch *cmChannel, err error) {
+func newCMChannel(dev verbs.Device) (ch *cmChannel, err error) {
 	ch = &cmChannel{}
 	defer func() {
 		if err != nil {
@@ -401,8 +378,11 @@ func newCMChannel(dev verbsapi.Device) (ch *cmChannel, err error) {
 	return ch, nil
 }
 
-// close frees what newCMChannel made (the QP is the connection's).
+// close frees what newCMChannel and newQP made.
 func (ch *cmChannel) close() {
+	if ch.qp != nil {
+		ch.qp.Destroy()
+	}
 	if ch.mr != nil {
 		ch.mr.Dereg()
 	}
@@ -417,21 +397,36 @@ func (ch *cmChannel) close() {
 	}
 }
 
-// params are the control QP's: perftest's comm QP (RC, SEND only, no
-// READ resources, retry and RNR retry 7), receives posted before the CM
-// exchange goes on so that the peer's first SEND finds one (through the
-// daemon only slot 1's; the others as soon as connected).
-func (ch *cmChannel) params() *verbsapi.ConnParams {
-	p := &verbsapi.ConnParams{PD: ch.pd, SendCQ: ch.cq, RecvCQ: ch.cq, MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSGE: 1,
-		RetryCount: 7, RNRRetry: 7, InitRecv: ch.recvWR(1)}
-	for slot := uint64(2); slot <= ctrlRecvs; slot++ {
-		p.MoreRecvs = append(p.MoreRecvs, *ch.recvWR(slot))
-	}
-	return p
+// params are the control QP's connection parameters: perftest's comm QP
+// (SEND only, no READ resources, retry and RNR retry 7).
+func (ch *cmChannel) params() *rdmacm.ConnParam {
+	return &rdmacm.ConnParam{RetryCount: 7, RNRRetry: 7}
 }
 
-func (ch *cmChannel) recvWR(slot uint64) *verbsapi.RecvWR {
-	return &verbsapi.RecvWR{ID: slot, SG: []ib.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}}
+// newQP makes the control QP (RC, SEND only) with its receives posted in
+// INIT, before the CM exchange goes on, so that the peer's first SEND
+// finds one.
+func (ch *cmChannel) newQP() (verbs.QP, error) {
+	qp, err := ch.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: ch.cq, RecvCQ: ch.cq,
+		Cap: ib.QPCaps{MaxSendWR: 2, MaxRecvWR: ctrlRecvs, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		return nil, err
+	}
+	if err := rdmacm.InitQP(qp, ch.params()); err != nil {
+		qp.Destroy()
+		return nil, err
+	}
+	for slot := uint64(1); slot <= ctrlRecvs; slot++ {
+		if _, err := qp.PostRecv([]verbs.RecvWR{ch.recvWR(slot)}); err != nil {
+			qp.Destroy()
+			return nil, err
+		}
+	}
+	return qp, nil
+}
+
+func (ch *cmChannel) recvWR(slot uint64) verbs.RecvWR {
+	return verbs.RecvWR{ID: slot, SG: []ib.SGE{{Addr: ch.mr.IOVA() + slot*ctrlSlot, Length: ctrlSlot, LKey: ch.mr.LKey()}}}
 }
 
 // ctrlWaitStep bounds one sleep of wait on a CQ that cannot notify (the
@@ -479,7 +474,7 @@ func (ch *cmChannel) wait(ctx context.Context) error {
 		if n > 0 {
 			return nil
 		}
-		if nt, ok := ch.cq.(verbsapi.Notifier); ok {
+		if nt, ok := ch.cq.(verbs.Notifier); ok {
 			select {
 			case <-nt.Notify():
 			case <-ctx.Done():
@@ -506,8 +501,8 @@ func (ch *cmChannel) Send(ctx context.Context, b []byte) error {
 	ch.sge[0] = ib.SGE{Addr: ch.mr.IOVA(), Length: uint32(len(b)), LKey: ch.mr.LKey()}
 	ch.sent, ch.awaitSend = false, true
 	defer func() { ch.awaitSend = false }()
-	ch.swr = verbsapi.SendWR{ID: 0, Opcode: ib.Send, Flags: ib.Signaled, SG: ch.sge[:]}
-	if err := ch.qp.PostSend(&ch.swr); err != nil {
+	ch.swr[0] = verbs.SendWR{ID: 0, Opcode: ib.Send, Flags: ib.Signaled, SG: ch.sge[:]}
+	if _, err := ch.qp.PostSend(ch.swr[:]); err != nil {
 		return fmt.Errorf("perf: control QP: post: %w", err)
 	}
 	for !ch.sent {
@@ -536,7 +531,7 @@ func (ch *cmChannel) Recv(ctx context.Context, b []byte) (int, error) {
 		return 0, fmt.Errorf("perf: control message of %d bytes, at most %d expected", n, len(b))
 	}
 	copy(b, ch.mem.Bytes()[w.ID*ctrlSlot:w.ID*ctrlSlot+uint64(n)])
-	if err := ch.qp.PostRecv(ch.recvWR(w.ID)); err != nil {
+	if _, err := ch.qp.PostRecv([]verbs.RecvWR{ch.recvWR(w.ID)}); err != nil {
 		return 0, fmt.Errorf("perf: control QP: post receive: %w", err)
 	}
 	return n, nil

@@ -17,16 +17,15 @@ import (
 	"github.com/softrnic/softrnic/frame/frametest"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbsapi"
+	"github.com/softrnic/softrnic/rnic"
 )
 
-// cmAgent runs an rdmacm agent on h's device until the test ends.
+// cmAgent runs an rdmacm agent on h's device (of this process) until the
+// test ends.
 func cmAgent(t *testing.T, h Host) *rdmacm.Agent {
 	t.Helper()
-	a, err := rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: func(ctx context.Context, p netip.Addr) ([6]byte, error) {
-		_, dst, err := h.Resolve(ctx, p)
-		return dst, err
-	}})
+	dev := h.Device.(*rnic.Device)
+	a, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: dev.Config().Resolve})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,8 +34,17 @@ func cmAgent(t *testing.T, h Host) *rdmacm.Agent {
 }
 
 // runCMPair runs one -R test between a server on host s and a client on
-// host c, through their agents sa and ca, and returns both results.
-func runCMPair(t *testing.T, s, c Host, sa, ca *rdmacm.Agent, port uint16, verb perftest.Verb, m perftest.Measure, args ...string) (sr, cr Result) {
+// host c, through their CMs, and returns both results.
+func runCMPair(t *testing.T, s, c Host, port uint16, verb perftest.Verb, m perftest.Measure, args ...string) (sr, cr Result) {
+	t.Helper()
+	sr, cr, _ = runCMThrough(t, s, c, port, 0, verb, m, args...)
+	return sr, cr
+}
+
+// runCMThrough runs one -R test between a server on host s and a client
+// on host c, through their CMs (Host.CM); the server starts listening on
+// port after delay (in rdma_cm's UDP port space too for -c UD).
+func runCMThrough(t *testing.T, s, c Host, port uint16, delay time.Duration, verb perftest.Verb, m perftest.Measure, args ...string) (sr, cr Result, cout string) {
 	t.Helper()
 	args = append([]string{"-R", "-p", fmt.Sprint(port)}, args...)
 	ps, err := perftest.ParseArgs(verb, m, args)
@@ -45,28 +53,37 @@ func runCMPair(t *testing.T, s, c Host, sa, ca *rdmacm.Agent, port uint16, verb 
 	}
 	pc := ps
 	pc.Host = s.Iface.GIDs[0].String()
-	l, err := verbsapi.LocalCM(sa).Listen(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	var sout, cout bytes.Buffer
+	var sout, cb bytes.Buffer
 	serr := make(chan error, 1)
 	go func() {
+		time.Sleep(delay)
+		ss := &cmSession{cm: s.CM, port: port}
 		var err error
-		sr, err = New(s, ps, false, &sout).execCM(ctx, &cmSession{agent: sa, l: l, port: port})
+		if ss.l, err = s.CM.Listen(port, 0); err != nil {
+			serr <- err
+			return
+		}
+		defer ss.l.Close()
+		if ps.Transport == perftest.UD {
+			if ss.udl, err = s.CM.ListenUD(port, 16); err != nil {
+				serr <- err
+				return
+			}
+			defer ss.udl.Close()
+		}
+		sr, err = New(s, ps, false, &sout).execCM(ctx, ss)
 		serr <- err
 	}()
-	cr, cerr := New(c, pc, true, &cout).execCM(ctx, &cmSession{agent: ca, peer: s.Iface.GIDs[0], port: port, dialFor: 3 * time.Second})
+	cr, cerr := New(c, pc, true, &cb).execCM(ctx, &cmSession{cm: c.CM, peer: s.Iface.GIDs[0], port: port, dialFor: 3 * time.Second})
 	if cerr != nil {
 		cancel()
 	}
 	if err := <-serr; err != nil || cerr != nil {
-		t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cout.String())
+		t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cb.String())
 	}
-	return sr, cr
+	return sr, cr, cb.String()
 }
 
 // wireShape reduces a capture of a -R write_bw to what the two perftests
@@ -170,7 +187,7 @@ func TestCMWireMatchesCapture(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runCMPair(t, a, b, cmAgent(t, a), cmAgent(t, b), 18523, perftest.Write, perftest.BW, "-s", "4096", "-n", "50", "--verify")
+	runCMPair(t, a, b, 18523, perftest.Write, perftest.BW, "-s", "4096", "-n", "50", "--verify")
 	// Both ends' Disconnect waited for the DREPs: the teardown is
 	// complete in the capture once Stop has flushed it.
 	if _, err := sess.Stop(); err != nil {
@@ -223,7 +240,6 @@ func countOf(list []string, s string) int {
 // receives posted before the peer's SENDs.
 func TestCMOverMemlink(t *testing.T) {
 	a, b := memlinkHosts(t, 1500)
-	sa, ca := cmAgent(t, a), cmAgent(t, b)
 	port := uint16(18700)
 	for _, tc := range []struct {
 		verb perftest.Verb
@@ -233,7 +249,7 @@ func TestCMOverMemlink(t *testing.T) {
 		{perftest.Send, []string{"-s", "1000", "-n", "200"}},
 	} {
 		port++
-		sr, cr := runCMPair(t, a, b, sa, ca, port, tc.verb, perftest.BW, append(tc.args, "--verify")...)
+		sr, cr := runCMPair(t, a, b, port, tc.verb, perftest.BW, append(tc.args, "--verify")...)
 		if !sr.Verify || !cr.Verify || len(cr.BW) != 1 || cr.BW[0].Iters == 0 {
 			t.Errorf("%v: server %+v client %+v", tc.verb, sr, cr)
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbsapi"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // perftest -R -c UD: the control channel is the same RC connection as for
@@ -62,21 +62,18 @@ func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 			return err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		vqp, err := verbsapi.VerbsPD(t.pd).CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: verbsapi.VerbsCQ(q.cq), RecvCQ: verbsapi.VerbsCQ(q.cq),
-			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1})
-		if err != nil {
+		if q.qp, err = t.pd.CreateQP(t.qpAttr(ib.UD, q.cq, sq, rq)); err != nil {
 			return err
 		}
-		q.qp = verbsapi.LocalQP(t.pd, vqp)
 		t.qpns = append(t.qpns, q.qpn())
-		if err := rdmacm.PrepareUD(vqp); err != nil {
+		if err := rdmacm.PrepareUD(q.qp); err != nil {
 			return err
 		}
 		var r udRemote
 		if t.client {
 			r, err = c.udClient(q)
 		} else {
-			r, err = c.udServer(q, vqp)
+			r, err = c.udServer(q)
 		}
 		if err != nil {
 			return fmt.Errorf("perf: rdma_cm UD QP %d: %w", i, err)
@@ -91,7 +88,7 @@ func (c *cmLocal) connectUD(n perftest.Negotiated) error {
 func (t *Test) udAH(q *qp, peer ib.AddressVector) error {
 	av := ib.AddressVector{DGID: ib.GIDFrom(peer.DGID.Addr()), SGIDIndex: uint8(t.gidIdx), TrafficClass: uint8(t.p.TClass), HopLimit: uint8(t.p.HopLimit),
 		UDPSrcPort: rnic.UDSourcePort(q.qpn())}
-	ah, err := t.pd.CreateAH(av)
+	ah, err := t.pd.CreateAH(&av)
 	if err != nil {
 		return fmt.Errorf("address handle to %v: %w", peer.DGID.Addr(), err)
 	}
@@ -107,7 +104,7 @@ func (c *cmLocal) udClient(q *qp) (udRemote, error) {
 	var peer *rdmacm.UDPeer
 	for i := 1; ; i++ {
 		var err error
-		peer, err = s.agent.ResolveUD(t.ctx, s.peer, s.port, nil)
+		peer, err = s.cm.ResolveUD(t.ctx, s.peer, s.port, nil)
 		var se *rdmacm.SIDRError
 		if err == nil {
 			break
@@ -135,11 +132,11 @@ func (c *cmLocal) udClient(q *qp) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
-	if err := q.qp.PostSend(&verbsapi.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
-		SG: []ib.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
+	if _, err := q.qp.PostSend([]verbs.SendWR{{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
+		SG: []ib.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}}); err != nil {
 		return r, err
 	}
-	wc, err := udWait(t.ctx, verbsapi.VerbsCQ(q.cq))
+	wc, err := udWait(t.ctx, q.cq)
 	if err != nil {
 		return r, err
 	}
@@ -149,9 +146,11 @@ func (c *cmLocal) udClient(q *qp) (udRemote, error) {
 	return r, nil
 }
 
-// udServer answers the next SIDR request with vqp and, when we send too,
-// learns the client's QP from its first SEND.
-func (c *cmLocal) udServer(q *qp, vqp *rnic.QP) (udRemote, error) {
+// udServer answers the next SIDR request with q's QP and, when we send
+// too, learns the client's QP from its first SEND: its receive must be in
+// the device before the SIDR_REP goes, since the client sends as soon as
+// it has the reply.
+func (c *cmLocal) udServer(q *qp) (udRemote, error) {
 	t, s := c.Test, c.s
 	if s.udl == nil {
 		return udRemote{}, errors.New("no UD listener")
@@ -167,18 +166,22 @@ func (c *cmLocal) udServer(q *qp, vqp *rnic.QP) (udRemote, error) {
 	copy(saved[:], q.src)
 	defer copy(q.src, saved[:])
 	if sends {
-		// Posted before the SIDR_REP: the client sends as soon as it has it.
-		if _, err := vqp.PostRecv(rnic.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
+		if _, err := q.qp.PostRecv([]verbs.RecvWR{{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}}); err != nil {
 			return udRemote{}, err
 		}
+		if rs, ok := q.qp.(verbs.RecvSyncer); ok {
+			if err := rs.SyncRecv(t.ctx); err != nil {
+				return udRemote{}, err
+			}
+		}
 	}
-	if err := req.Accept(vqp, nil); err != nil {
+	if err := req.Accept(q.qp, nil); err != nil {
 		return udRemote{}, err
 	}
 	if !sends {
 		return udRemote{}, nil
 	}
-	wc, err := udWait(t.ctx, verbsapi.VerbsCQ(q.cq))
+	wc, err := udWait(t.ctx, q.cq)
 	if err != nil {
 		return udRemote{}, err
 	}
@@ -192,160 +195,7 @@ func (c *cmLocal) udServer(q *qp, vqp *rnic.QP) (udRemote, error) {
 }
 
 // udWait waits (bounded) for the one completion of the connection step.
-func udWait(ctx context.Context, cq *rnic.CQ) (ib.WC, error) {
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	var wc [1]ib.WC
-	if _, err := cq.Wait(wctx, wc[:]); err != nil {
-		return ib.WC{}, err
-	}
-	return wc[0], nil
-}
-
-// Through the daemon (o.Daemon, no agent of our own) the exchange is the
-// same, but SIDR runs in the daemon's CM (rnic.UDCM: it answers with our
-// QPs, which live there) and the QPs and completions go through rnic.
-// The in-process path above stays on verbs as the interop lab checked it.
-
-// listenUDDaemon listens on s's port of the UDP port space through the
-// daemon's CM.
-func (s *cmSession) listenUDDaemon() (verbsapi.UDListener, error) {
-	ud, ok := s.cm.(verbsapi.UDCM)
-	if !ok {
-		return nil, errors.New("this RNIC's rdma_cm serves no UDP port space")
-	}
-	return ud.ListenUD(s.port)
-}
-
-// connectUDDaemon implements ConnectQPs for -c UD through the daemon.
-func (c *cmLocal) connectUDDaemon(n perftest.Negotiated) error {
-	t := c.Test
-	ud, ok := c.s.cm.(verbsapi.UDCM)
-	if !ok {
-		return errors.New("perf: this RNIC's rdma_cm serves no UDP port space")
-	}
-	if err := t.setupMR(n); err != nil {
-		return err
-	}
-	for i := 0; i < t.p.QPs; i++ {
-		q, sq, rq, err := t.newQP(i)
-		if err != nil {
-			return err
-		}
-		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		if q.qp, err = t.pd.CreateQP(verbsapi.QPInitAttr{Type: ib.UD, SendCQ: q.cq, RecvCQ: q.cq,
-			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
-			return err
-		}
-		t.qpns = append(t.qpns, q.qpn())
-		if err := verbsapi.PrepareUD(q.qp); err != nil {
-			return err
-		}
-		var r udRemote
-		if t.client {
-			r, err = c.udClientDaemon(ud, q)
-		} else {
-			r, err = c.udServerDaemon(q)
-		}
-		if err != nil {
-			return fmt.Errorf("perf: rdma_cm UD QP %d: %w", i, err)
-		}
-		c.ud = append(c.ud, r)
-	}
-	return nil
-}
-
-// udClientDaemon is udClient through the daemon's CM.
-func (c *cmLocal) udClientDaemon(ud verbsapi.UDCM, q *qp) (udRemote, error) {
-	t, s := c.Test, c.s
-	var svc verbsapi.UDService
-	for i := 1; ; i++ {
-		var err error
-		svc, err = ud.ResolveUD(t.ctx, s.peer, s.port)
-		var se *rdmacm.SIDRError
-		if err == nil {
-			break
-		}
-		if !errors.As(err, &se) || se.Status != cm.SIDRUnsupported || i >= cmDataDialAttempts {
-			return udRemote{}, err
-		}
-		select {
-		case <-t.ctx.Done():
-			return udRemote{}, t.ctx.Err()
-		case <-time.After(cmDataDialDelay):
-		}
-	}
-	if err := t.udAH(q, ib.AddressVector{DGID: ib.GIDFrom(svc.Addr)}); err != nil {
-		return udRemote{}, err
-	}
-	r := udRemote{qpn: svc.QPN, qkey: svc.QKey}
-	if !t.udServerSends() {
-		return r, nil
-	}
-	// As udClient: our QPN as the immediate and in the region's first 4
-	// bytes, whose pattern is put back afterwards.
-	var saved [4]byte
-	copy(saved[:], q.src)
-	defer copy(q.src, saved[:])
-	binary.NativeEndian.PutUint32(q.src[:4], q.qpn())
-	if err := q.qp.PostSend(&verbsapi.SendWR{ID: 0, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: q.qpn(),
-		SG: []ib.SGE{{Addr: q.va, Length: 4, LKey: t.mr.LKey()}}, AH: q.ah, RemoteQPN: r.qpn, RemoteQKey: r.qkey}); err != nil {
-		return r, err
-	}
-	wc, err := udWaitRNIC(t.ctx, q.cq)
-	if err != nil {
-		return r, err
-	}
-	if wc.Status != ib.Success || wc.IsRecv {
-		return r, fmt.Errorf("sending our QPN: %v", wc.Status)
-	}
-	return r, nil
-}
-
-// udServerDaemon is udServer through the daemon's CM: the receive for the
-// client's QPN must be in the daemon's RQ before the SIDR_REP goes, since
-// the client sends as soon as it has the reply.
-func (c *cmLocal) udServerDaemon(q *qp) (udRemote, error) {
-	t, s := c.Test, c.s
-	if s.dudl == nil {
-		return udRemote{}, errors.New("no UD listener")
-	}
-	sends := t.udServerSends()
-	var saved [grhLen + 4]byte
-	copy(saved[:], q.src)
-	defer copy(q.src, saved[:])
-	if sends {
-		if err := q.qp.PostRecv(&verbsapi.RecvWR{ID: 0, SG: []ib.SGE{{Addr: q.va, Length: grhLen + 4, LKey: t.mr.LKey()}}}); err != nil {
-			return udRemote{}, err
-		}
-		if rs, ok := q.qp.(verbsapi.RecvSyncer); ok {
-			if err := rs.SyncRecv(t.ctx); err != nil {
-				return udRemote{}, err
-			}
-		}
-	}
-	if _, err := s.dudl.Accept(t.ctx, q.qp); err != nil {
-		return udRemote{}, err
-	}
-	if !sends {
-		return udRemote{}, nil
-	}
-	wc, err := udWaitRNIC(t.ctx, q.cq)
-	if err != nil {
-		return udRemote{}, err
-	}
-	if wc.Status != ib.Success || !wc.IsRecv || wc.Flags&ib.WCWithImm == 0 {
-		return udRemote{}, fmt.Errorf("the client's QPN: completion %v opcode %v", wc.Status, wc.Opcode)
-	}
-	if err := t.udAH(q, ib.AddressVector{DGID: ib.GIDFrom(wc.SrcIP)}); err != nil {
-		return udRemote{}, err
-	}
-	return udRemote{qpn: wc.Imm & bth.QPNMask, qkey: rdmacm.UDPQKey}, nil
-}
-
-// udWaitRNIC waits (bounded) for the one completion of the connection
-// step on an rnic CQ.
-func udWaitRNIC(ctx context.Context, cq verbsapi.CQ) (ib.WC, error) {
+func udWait(ctx context.Context, cq verbs.CQ) (ib.WC, error) {
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	var wc [1]ib.WC

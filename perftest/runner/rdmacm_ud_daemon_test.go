@@ -1,14 +1,9 @@
 package runner
 
 import (
-	"bytes"
-	"context"
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // TestCMUDThroughDaemonOverMemlink runs `-R -c UD` with one side's QPs in
@@ -20,12 +15,6 @@ import (
 func TestCMUDThroughDaemonOverMemlink(t *testing.T) {
 	a, b := memlinkHosts(t, 1500)
 	ad := daemonOn(t, a)
-	dcm, err := verbsapi.DaemonCM(ad.RNIC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	agent := cmAgent(t, b)
-	lcm := verbsapi.LocalCM(agent)
 	port := uint16(18760)
 	for _, tc := range []struct {
 		m     perftest.Measure
@@ -47,58 +36,13 @@ func TestCMUDThroughDaemonOverMemlink(t *testing.T) {
 				name = test.Name() + "/daemon-server"
 			}
 			t.Run(name, func(t *testing.T) {
-				args := append([]string{"-R", "-c", "UD", "-p", fmt.Sprint(port)}, tc.args...)
-				ps, err := perftest.ParseArgs(perftest.Send, tc.m, args)
-				if err != nil {
-					t.Fatal(err)
-				}
 				s, c := ad, b
-				ss := &cmSession{cm: dcm, port: port}
-				cs := &cmSession{cm: lcm, agent: agent, port: port, dialFor: 3 * time.Second}
 				if !daemonServes {
 					s, c = b, ad
-					ss = &cmSession{cm: lcm, agent: agent, port: port}
-					cs = &cmSession{cm: dcm, port: port, dialFor: 3 * time.Second}
 				}
-				pc := ps
-				pc.Host = s.Iface.GIDs[0].String()
-				cs.peer = s.Iface.GIDs[0]
-				if ss.l, err = ss.cm.Listen(port); err != nil {
-					t.Fatal(err)
-				}
-				defer ss.l.Close()
-				if daemonServes {
-					ss.dudl, err = ss.listenUDDaemon()
-				} else {
-					ss.udl, err = agent.ListenUD(port, 16)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				if daemonServes {
-					defer ss.dudl.Close()
-				} else {
-					defer ss.udl.Close()
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-				defer cancel()
-				var sout, cout bytes.Buffer
-				serr := make(chan error, 1)
-				var sr Result
-				go func() {
-					var err error
-					sr, err = New(s, ps, false, &sout).execCM(ctx, ss)
-					serr <- err
-				}()
-				cr, cerr := New(c, pc, true, &cout).execCM(ctx, cs)
-				if cerr != nil {
-					cancel()
-				}
-				if err := <-serr; err != nil || cerr != nil {
-					t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cout.String())
-				}
+				sr, cr, cout := runCMThrough(t, s, c, port, 0, perftest.Send, tc.m, append([]string{"-c", "UD"}, tc.args...)...)
 				if !tc.check(sr, cr) {
-					t.Fatalf("server %+v\nclient %+v\n%s", sr, cr, cout.String())
+					t.Fatalf("server %+v\nclient %+v\n%s", sr, cr, cout)
 				}
 			})
 		}

@@ -1,57 +1,18 @@
 package runner
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // runCMPairUD runs one `-R -c UD` test between a server on host s and a
-// client on host c, as runCMPair does for RC, with the server's listener in
-// rdma_cm's UDP port space too.
-func runCMPairUD(t *testing.T, s, c Host, sa, ca *rdmacm.Agent, port uint16, m perftest.Measure, args ...string) (sr, cr Result) {
+// client on host c, as runCMPair does for RC.
+func runCMPairUD(t *testing.T, s, c Host, port uint16, m perftest.Measure, args ...string) (sr, cr Result) {
 	t.Helper()
-	args = append([]string{"-R", "-c", "UD", "-p", fmt.Sprint(port)}, args...)
-	ps, err := perftest.ParseArgs(perftest.Send, m, args)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := ps
-	pc.Host = s.Iface.GIDs[0].String()
-	l, err := verbsapi.LocalCM(sa).Listen(port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	udl, err := sa.ListenUD(port, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer udl.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var sout, cout bytes.Buffer
-	serr := make(chan error, 1)
-	go func() {
-		var err error
-		sr, err = New(s, ps, false, &sout).execCM(ctx, &cmSession{agent: sa, l: l, udl: udl, port: port})
-		serr <- err
-	}()
-	cr, cerr := New(c, pc, true, &cout).execCM(ctx, &cmSession{agent: ca, peer: s.Iface.GIDs[0], port: port, dialFor: 3 * time.Second})
-	if cerr != nil {
-		cancel()
-	}
-	if err := <-serr; err != nil || cerr != nil {
-		t.Fatalf("server: %v\nclient: %v\nserver output: %s\nclient output: %s", err, cerr, sout.String(), cout.String())
-	}
+	sr, cr, _ = runCMThrough(t, s, c, port, 0, perftest.Send, m, append([]string{"-c", "UD"}, args...)...)
 	return sr, cr
 }
 
@@ -64,12 +25,11 @@ func runCMPairUD(t *testing.T, s, c Host, sa, ca *rdmacm.Agent, port uint16, m p
 // cleanly although the UD client has no test connection to tear down first.
 func TestCMUDOverMemlink(t *testing.T) {
 	a, b := memlinkHosts(t, 1500)
-	sa, ca := cmAgent(t, a), cmAgent(t, b)
-	sr, cr := runCMPairUD(t, a, b, sa, ca, 18731, perftest.BW, "-s", "1000", "-n", "200", "-r", "256", "-q", "2")
+	sr, cr := runCMPairUD(t, a, b, 18731, perftest.BW, "-s", "1000", "-n", "200", "-r", "256", "-q", "2")
 	if len(cr.BW) != 1 || cr.BW[0].Iters != 400 || sr.MTU != 1024 {
 		t.Errorf("send_bw: server %+v client %+v", sr, cr)
 	}
-	_, cl := runCMPairUD(t, a, b, sa, ca, 18732, perftest.Latency, "-s", "512", "-n", "50")
+	_, cl := runCMPairUD(t, a, b, 18732, perftest.Latency, "-s", "512", "-n", "50")
 	if len(cl.Lat) != 1 || cl.Lat[0].Iters != 50 {
 		t.Errorf("send_lat: client %+v", cl)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/verbsapi"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Run implements perftest.Local: the measurement at one message size.
@@ -64,7 +64,7 @@ func (t *Test) remoteOff(k int, size uint64) uint64 {
 }
 
 // wqe builds message k of QP q into q's one reusable WR.
-func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbsapi.SendWR {
+func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbs.SendWR {
 	off := t.remoteOff(k, size)
 	half := uint64(t.region / 2)
 	switch t.p.Verb {
@@ -89,10 +89,10 @@ func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbsapi.SendWR {
 // no allocation on this side): n bytes at offset local of q's region, to
 // offset remote of the peer's (RDMA and atomics) or, on UD, to the peer's
 // QP through its address handle.
-func (t *Test) setWR(q *qp, id uint64, op ib.WROpcode, local, n, remote uint64, signaled bool) *verbsapi.SendWR {
+func (t *Test) setWR(q *qp, id uint64, op ib.WROpcode, local, n, remote uint64, signaled bool) *verbs.SendWR {
 	q.sge[0] = ib.SGE{Addr: q.va + local, Length: uint32(n), LKey: t.mr.LKey()}
 	w := &q.wr[0]
-	*w = verbsapi.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
+	*w = verbs.SendWR{ID: id, Opcode: op, SG: q.sge[:]}
 	if signaled {
 		w.Flags = ib.Signaled
 	}
@@ -108,8 +108,8 @@ func (t *Test) setWR(q *qp, id uint64, op ib.WROpcode, local, n, remote uint64, 
 
 // tryPost posts q's WR; false when the send queue is full.
 func (t *Test) tryPost(q *qp) (bool, error) {
-	if err := q.qp.PostSend(&q.wr[0]); err != nil {
-		if errors.Is(err, verbsapi.ErrQueueFull) {
+	if _, err := q.qp.PostSend(q.wr[:]); err != nil {
+		if errors.Is(err, verbs.ErrQueueFull) {
 			return false, nil
 		}
 		return false, fmt.Errorf("perf: QP %#x: post: %w", q.qpn(), err)
@@ -316,7 +316,7 @@ func (t *Test) runLat(size uint64) (perftest.LatReport, error) {
 			}
 			// Under the QP's lock: the previous WRITE may still be resent
 			// from this buffer.
-			q.qp.WithLock(func() { src[size-1] = marker })
+			withLock(q.qp, func() { src[size-1] = marker })
 			// write_lat has no closing handshake: the last WRITE must be
 			// acknowledged before this side may go away.
 			t.setWR(q, uint64(i), ib.RDMAWrite, uint64(half), size, 0, i == iters-1)
@@ -409,7 +409,7 @@ func (t *Test) stalled(last *int64, moved *uint64) bool {
 // Through the daemon, which does not report it, it is 0 and only
 // completions count as progress.
 func (t *Test) transportProgress() uint64 {
-	if pc, ok := t.dev.(verbsapi.ProgressCounter); ok {
+	if pc, ok := t.dev.(verbs.ProgressCounter); ok {
 		return pc.TransportProgress(t.qpns)
 	}
 	return 0
@@ -481,7 +481,7 @@ func (t *Test) waitMarker(q *qp, size uint64, marker byte) error {
 		// The peer's WRITE lands under the QP's lock: read it there.
 		var got byte
 		var err error
-		q.qp.WithLock(func() {
+		withLock(q.qp, func() {
 			got = q.src[size-1]
 			if got == marker && t.p.Verify {
 				err = checkPattern(q.src[:size-1], q.idx, t.region/2, !t.client)
@@ -505,7 +505,7 @@ func (t *Test) waitMarker(q *qp, size uint64, marker byte) error {
 func (t *Test) checkResponse(q *qp, size uint64, i int) error {
 	half := t.region / 2
 	var err error
-	q.qp.WithLock(func() { err = t.checkResponseLocked(q, size, i, half) })
+	withLock(q.qp, func() { err = t.checkResponseLocked(q, size, i, half) })
 	return err
 }
 
@@ -535,7 +535,7 @@ func (t *Test) verifyAfter(out perftest.Outcome) error {
 	half := t.region / 2
 	for _, q := range t.qps {
 		var err error
-		q.qp.WithLock(func() { err = t.verifyLocked(q, size, iters, half) })
+		withLock(q.qp, func() { err = t.verifyLocked(q, size, iters, half) })
 		// A UC WRITE completes at its requester when sent, not when it has
 		// landed (UC has no ACK), so the peer's "done" can overtake its last
 		// frames — by a whole engine step when this side's QPs live in a
@@ -543,7 +543,7 @@ func (t *Test) verifyAfter(out perftest.Outcome) error {
 		// data error.
 		for wait := uwriteLandWait; err != nil && wait > 0 && t.p.Transport == perftest.UC && t.p.Verb == perftest.Write; wait -= uwriteLandStep {
 			time.Sleep(uwriteLandStep)
-			q.qp.WithLock(func() { err = t.verifyLocked(q, size, iters, half) })
+			withLock(q.qp, func() { err = t.verifyLocked(q, size, iters, half) })
 		}
 		if err != nil {
 			return err

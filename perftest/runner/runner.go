@@ -6,8 +6,9 @@
 // that engine.Run drives on the interface's port. It runs perftest's loops
 // (bandwidth with a TX depth and CQ moderation, ping-pong latency) with an
 // optional check of every byte received (--verify). It speaks to the RNIC
-// through package rnic, so the same test runs on a device in this process
-// or, with --daemon, on a softrnic daemon's device (its QPs in the daemon).
+// through package verbs only, so the same test runs on a device in this
+// process or, with --daemon, on a softrnic daemon's device (its QPs in the
+// daemon), and connects with -R through rdmacm.CM either way.
 package runner
 
 import (
@@ -28,25 +29,23 @@ import (
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/transport/rc"
-	"github.com/softrnic/softrnic/verbsapi"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Host is what the runner needs from the machine it runs on.
 type Host struct {
-	// Device is the RNIC, driven by engine.Run in its own goroutine. Its
-	// GID table (Config.Addrs) is Iface.GIDs, in the same order, so that
-	// perftest's -x indexes both.
-	Device *rnic.Device
-	// RNIC, if set, is the device the tests run on instead of Device: a
-	// softrnic daemon's (rnic.Daemon), whose name, GIDs and MTU Iface
-	// then describes. Without it the tests run on rnic.Local(Device).
-	RNIC  verbsapi.Device
+	// Device is the RNIC the tests run on: a device of this process (an
+	// *rnic.Device an engine drives, which resolves peers' MACs itself)
+	// or a softrnic daemon's (a *client.Client). Its GID table is
+	// Iface.GIDs, in the same order, so that perftest's -x indexes both.
+	Device verbs.Device
+	// CM is rdma_cm on Device, for -R: an rdmacm.Agent on a device of
+	// this process, the Client itself through a daemon. Nil refuses -R.
+	CM    rdmacm.CM
 	Iface engine.Interface
-	// Resolve returns the MAC addresses frames to peer go between
-	// (ours, the next hop's).
-	Resolve func(ctx context.Context, peer netip.Addr) (src, dst [6]byte, err error)
 	// Stats, if set, returns the device's counters safely from the
 	// application's goroutine (engine.Loop.DeviceStats: Device.Stats
 	// belongs to the engine goroutine). --json reports the DCQCN counters
@@ -55,18 +54,19 @@ type Host struct {
 }
 
 // NewDevice creates the device of an interface: its MAC, its addresses as
-// the GID table, its active MTU; DCQCN off.
-func NewDevice(in engine.Interface) (*rnic.Device, error) {
-	return NewDeviceCC(in, rnic.Congestion{})
+// the GID table, its active MTU, peers' MACs from resolve; DCQCN off.
+func NewDevice(in engine.Interface, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
+	return newDevice(in, rnic.Congestion{}, resolve)
 }
 
-// NewDeviceCC is NewDevice with the DCQCN setting cc (CongestionFor).
-func NewDeviceCC(in engine.Interface, cc rnic.Congestion) (*rnic.Device, error) {
+// newDevice is NewDevice with the DCQCN setting cc (CongestionFor).
+func newDevice(in engine.Interface, cc rnic.Congestion, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
 	mtu := in.ActiveMTU()
 	if mtu == 0 {
 		return nil, fmt.Errorf("perf: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
-	return rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu, Congestion: cc})
+	return rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu,
+		Congestion: cc, Resolve: resolve})
 }
 
 // CongestionFor is the device's DCQCN setting for --dcqcn and
@@ -134,17 +134,18 @@ type Test struct {
 	quiet  bool
 
 	headerDone bool
-	allowed    ib.Access       // what the peer may do to our MR
-	dev        verbsapi.Device // Host.RNIC, or Host.Device in this process
+	allowed    ib.Access    // what the peer may do to our MR
+	dev        verbs.Device // Host.Device
+	local      *rnic.Device // Host.Device if it is a device of this process
 
 	neg     perftest.Negotiated
 	gid     netip.Addr
 	gidIdx  int // index of gid in the device's GID table
 	region  int // bytes of the MR per QP
-	pd      verbsapi.PD
-	mr      verbsapi.MR  // region bytes per QP
-	mem     verbsapi.Mem // the MR's memory
-	buf     []byte       // mem's bytes
+	pd      verbs.PD
+	mr      verbs.MR  // region bytes per QP
+	mem     verbs.Mem // the MR's memory
+	buf     []byte    // mem's bytes
 	qps     []*qp
 	qpns    []uint32 // the QPs' numbers (transportProgress)
 	remote  []perftest.Dest
@@ -157,9 +158,9 @@ type Test struct {
 
 // qp is one QP and the state the application side keeps for it.
 type qp struct {
-	qp   verbsapi.QP
-	cq   verbsapi.CQ
-	ah   verbsapi.AH // UD: the peer's address handle
+	qp   verbs.QP
+	cq   verbs.CQ
+	ah   verbs.AH // UD: the peer's address handle
 	psn  uint32
 	idx  int
 	src  []byte // local source/sink area: the QP's region of the MR
@@ -169,16 +170,16 @@ type qp struct {
 
 	// One WR and SGE per QP, reused by every post (PostSend copies what
 	// it needs), so that a message costs no allocation on this side.
-	wr  [1]verbsapi.SendWR
+	wr  [1]verbs.SendWR
 	sge [1]ib.SGE
-	rwr [1]verbsapi.RecvWR
+	rwr [1]verbs.RecvWR
 	rsg [1]ib.SGE
 
-	recvMem  verbsapi.Mem // receive slots
-	recvMR   verbsapi.MR  // over recvMem (local write only)
-	recvBusy []bool       // slot i has a receive posted
-	recvLen  uint64       // bytes of a receive buffer
-	recvInc  uint64       // distance between slots
+	recvMem  verbs.Mem // receive slots
+	recvMR   verbs.MR  // over recvMem (local write only)
+	recvBusy []bool    // slot i has a receive posted
+	recvLen  uint64    // bytes of a receive buffer
+	recvInc  uint64    // distance between slots
 }
 
 // QPN is the QP's number.
@@ -186,20 +187,18 @@ func (q *qp) qpn() uint32 { return q.qp.QPN() }
 
 // New prepares a test; Exec runs it.
 func New(h Host, p perftest.Params, client bool, out io.Writer) *Test {
-	t := &Test{h: h, p: p, client: client, out: out, quiet: p.JSON, dev: h.RNIC}
-	if t.dev == nil && h.Device != nil {
-		t.dev = verbsapi.Local(h.Device, h.Iface.Name, verbsapi.Resolver(h.Resolve), h.Stats)
-	}
+	t := &Test{h: h, p: p, client: client, out: out, quiet: p.JSON, dev: h.Device}
+	t.local, _ = h.Device.(*rnic.Device)
 	return t
 }
 
-// congestion is the device's DCQCN setting (off through the daemon, whose
-// own configuration decides).
-func (t *Test) congestion() rnic.Congestion {
-	if c, ok := t.dev.(verbsapi.Congested); ok {
-		return c.Congestion()
+// congestion is the device's DCQCN profile and time dilation, and whether
+// DCQCN runs (through the daemon: as the daemon's configuration says).
+func (t *Test) congestion() (profile string, scale float64, on bool) {
+	if c, ok := t.dev.(verbs.CongestionProfiler); ok {
+		profile, scale = c.CongestionProfile()
 	}
-	return rnic.Congestion{}
+	return profile, scale, profile != "" && profile != "off"
 }
 
 // Exec runs the test over the side channel conn, returns what it measured
@@ -225,7 +224,7 @@ func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 		}
 	}
 	t.gid = gid
-	mtu := perftest.MTUFromBytes(t.dev.PortMTU())
+	mtu := perftest.MTUFromBytes(int(t.dev.Query().ActiveMTU))
 	if t.p.MTU != 0 {
 		mtu = min(mtu, t.p.MTU)
 	}
@@ -269,7 +268,7 @@ func (t *Test) info() perftest.Info {
 func (t *Test) snapshotCC() {
 	t.res.CC = t.res.CC[:0]
 	for _, q := range t.qps {
-		c, ok := q.qp.(verbsapi.CCQP)
+		c, ok := q.qp.(verbs.CongestionStater)
 		if !ok {
 			continue
 		}
@@ -291,8 +290,8 @@ func (t *Test) JSON() *JSONResult {
 		j.TestInfo.Verified = &v
 	}
 	out := &JSONResult{JSONResult: j}
-	if cc := t.congestion(); cc.On() {
-		d := &DCQCNJSON{Profile: cc.Profile, Scale: cc.Scale, QPs: []QPCongestionJSON{}}
+	if profile, scale, on := t.congestion(); on {
+		d := &DCQCNJSON{Profile: profile, Scale: scale, QPs: []QPCongestionJSON{}}
 		if t.res.Peer.IsValid() {
 			d.Peer = t.res.Peer.String()
 		}
@@ -440,8 +439,7 @@ func (t *Test) Dests(n perftest.Negotiated) ([]perftest.Dest, error) {
 			return nil, err
 		}
 		t.qps = append(t.qps, q) // close destroys its CQ even if the QP fails
-		if q.qp, err = t.pd.CreateQP(verbsapi.QPInitAttr{Type: t.qpType(), SendCQ: q.cq, RecvCQ: q.cq,
-			MaxSendWR: sq, MaxRecvWR: rq, MaxSGE: 1}); err != nil {
+		if q.qp, err = t.pd.CreateQP(t.qpAttr(t.qpType(), q.cq, sq, rq)); err != nil {
 			return nil, err
 		}
 		t.qpns = append(t.qpns, q.qpn())
@@ -512,8 +510,8 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 	if peer.Is4() != t.gid.Is4() {
 		return fmt.Errorf("perf: peer GID %v and ours %v differ in IP version", peer, t.gid)
 	}
-	// The RNIC resolves the peer's MAC (RTR, address handles): in this
-	// process through Host.Resolve, in the daemon through its own.
+	// The RNIC resolves the peer's MAC (RTR, address handles): a device
+	// of this process through its Config.Resolve, the daemon's its own.
 	var err error
 	for i, q := range t.qps {
 		d := remote[i]
@@ -525,7 +523,7 @@ func (t *Test) Connect(remote []perftest.Dest) error {
 			MaxRdAtomic: uint8(min(max(int(d.OutReads), 1), 255))}
 		if t.udDatum {
 			av.UDPSrcPort = rnic.UDSourcePort(q.qpn()) // per QP, as rxe's UD frames
-			if q.ah, err = t.pd.CreateAH(av); err != nil {
+			if q.ah, err = t.pd.CreateAH(&av); err != nil {
 				return fmt.Errorf("perf: address handle to %v: %w", d.Addr(), err)
 			}
 		}
@@ -626,7 +624,7 @@ func (t *Test) PostReceives(size uint64) error {
 		// The peer starts sending when we say so on the side channel: the
 		// receives must be in the device by then (through the daemon they
 		// are still on their way; a UC/UD SEND finding none is lost).
-		if rs, ok := q.qp.(verbsapi.RecvSyncer); ok {
+		if rs, ok := q.qp.(verbs.RecvSyncer); ok {
 			sctx, cancel := context.WithTimeout(t.ctx, t.stallLimit())
 			err := rs.SyncRecv(sctx)
 			cancel()
@@ -641,8 +639,8 @@ func (t *Test) PostReceives(size uint64) error {
 // postRecv posts the receive of slot id.
 func (t *Test) postRecv(q *qp, id uint64) error {
 	q.rsg[0] = ib.SGE{Addr: q.recvMR.IOVA() + id*q.recvInc, Length: uint32(q.recvLen), LKey: q.recvMR.LKey()}
-	q.rwr[0] = verbsapi.RecvWR{ID: id, SG: q.rsg[:]}
-	if err := q.qp.PostRecv(&q.rwr[0]); err != nil {
+	q.rwr[0] = verbs.RecvWR{ID: id, SG: q.rsg[:]}
+	if _, err := q.qp.PostRecv(q.rwr[:]); err != nil {
 		return fmt.Errorf("perf: QP %#x: post receive: %w", q.qpn(), err)
 	}
 	q.recvBusy[id] = true
@@ -705,11 +703,11 @@ func (t *Test) poll() (int, error) {
 // There poll sleeps on the CQ's doorbell, at most paceWait, and the engine
 // keeps posting completions meanwhile.
 func (t *Test) idle() {
-	nt, ok := t.qps[0].cq.(verbsapi.Notifier)
-	if cc := t.congestion(); len(t.qps) != 1 || t.p.Measure != perftest.BW || !cc.On() || !ok {
+	nt, ok := t.qps[0].cq.(verbs.Notifier)
+	if _, _, on := t.congestion(); len(t.qps) != 1 || t.p.Measure != perftest.BW || !on || !ok {
 		// Busy polling: an in-process device's engine step runs in this
 		// goroutine while its engine goroutine naps (rnic.Device.Poll).
-		if t.h.Device == nil || !t.h.Device.Poll() {
+		if t.local == nil || !t.local.Poll() {
 			runtime.Gosched()
 		}
 		return
@@ -732,6 +730,23 @@ func (t *Test) idle() {
 const paceWait = time.Millisecond
 
 func now() int64 { return int64(clock.Now()) }
+
+// qpAttr is the QP of perftest's: type typ, depths sq and rq, one SGE,
+// on one CQ.
+func (t *Test) qpAttr(typ ib.QPType, cq verbs.CQ, sq, rq int) *verbs.QPInitAttr {
+	return &verbs.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq,
+		Cap: ib.QPCaps{MaxSendWR: uint32(sq), MaxRecvWR: uint32(rq), MaxSendSGE: 1, MaxRecvSGE: 1}}
+}
+
+// withLock runs fn under q's lock where the device has one (an in-process
+// device's QP: its engine writes the QP's memory under it), else at once.
+func withLock(q verbs.QP, fn func()) {
+	if l, ok := q.(verbs.Locker); ok {
+		l.WithLock(fn)
+		return
+	}
+	fn()
+}
 
 // newQP prepares QP i's slot: the PSN its record announces (drawn at
 // random, as perftest does), its share of the buffer and one CQ deep

@@ -22,10 +22,11 @@ import (
 	"github.com/softrnic/softrnic/rnic"
 )
 
-// startDevice creates the device of in and runs it on p until the test ends.
-func startDevice(t *testing.T, in engine.Interface, p port.Port, opt engine.Options) *rnic.Device {
+// startDevice creates the device of in (resolving peers with resolve)
+// and runs it on p until the test ends.
+func startDevice(t *testing.T, in engine.Interface, p port.Port, opt engine.Options, resolve func(context.Context, netip.Addr) ([6]byte, error)) *rnic.Device {
 	t.Helper()
-	dev, err := NewDevice(in)
+	dev, err := NewDevice(in, resolve)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +42,8 @@ func startDevice(t *testing.T, in engine.Interface, p port.Port, opt engine.Opti
 	return dev
 }
 
-// memlinkHosts returns two hosts joined by an in-memory link.
+// memlinkHosts returns two hosts joined by an in-memory link, each with
+// its rdma_cm agent.
 func memlinkHosts(t *testing.T, mtu int) (a, b Host) {
 	return memlinkHostsTap(t, mtu, nil)
 }
@@ -52,16 +54,17 @@ func memlinkHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 	t.Cleanup(func() { pa.Close(); pb.Close() })
 	ia := engine.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
 	ib := engine.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
-	resolver := func(self, peer engine.Interface) func(context.Context, netip.Addr) ([6]byte, [6]byte, error) {
-		return func(_ context.Context, a netip.Addr) ([6]byte, [6]byte, error) {
+	resolver := func(peer engine.Interface) func(context.Context, netip.Addr) ([6]byte, error) {
+		return func(_ context.Context, a netip.Addr) ([6]byte, error) {
 			if a != peer.GIDs[0] {
-				return [6]byte{}, [6]byte{}, fmt.Errorf("no route to %v", a)
+				return [6]byte{}, fmt.Errorf("no route to %v", a)
 			}
-			return self.MAC, peer.MAC, nil
+			return peer.MAC, nil
 		}
 	}
-	a = Host{Device: startDevice(t, ia, pa, engine.Options{Tap: tap}), Iface: ia, Resolve: resolver(ia, ib)}
-	b = Host{Device: startDevice(t, ib, pb, engine.Options{}), Iface: ib, Resolve: resolver(ib, ia)}
+	a = Host{Device: startDevice(t, ia, pa, engine.Options{Tap: tap}, resolver(ib)), Iface: ia}
+	b = Host{Device: startDevice(t, ib, pb, engine.Options{}, resolver(ia)), Iface: ib}
+	a.CM, b.CM = cmAgent(t, a), cmAgent(t, b)
 	return a, b
 }
 

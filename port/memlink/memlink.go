@@ -186,6 +186,21 @@ func NewPair(cfg Config) (a, b *Port) {
 	return newPort(ab, ba), newPort(ba, ab)
 }
 
+// NewLoop returns a port wired to itself: what it sends, it receives, as
+// through an RNIC's internal loopback. A device on it reaches its own QPs
+// (two applications of one host, a daemon's clients), with the link's
+// impairments if configured.
+func NewLoop(cfg Config) *Port {
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = DefaultMaxFrame
+	}
+	if cfg.Frames <= 0 {
+		cfg.Frames = DefaultFrames
+	}
+	w := newWire(cfg, 0x6d656d6c696e6b03)
+	return newPort(w, w)
+}
+
 func newWire(cfg Config, stream uint64) *wire {
 	w := &wire{
 		imp:       normalise(cfg.Impairments),

@@ -1,5 +1,5 @@
 // Package examples runs librdmacm's rdma_server and rdma_client examples
-// over an rdmacm.Agent, so that `softrnic rdma_server` and `softrnic
+// over rdmacm.CM (an in-process agent or a daemon's), so that `softrnic rdma_server` and `softrnic
 // rdma_client` interoperate with the stock ones on rxe or a ConnectX: the
 // client connects (rdma_connect with default parameters), SENDs a 16-byte
 // message and waits for the server's 16-byte answer; the server takes one
@@ -12,10 +12,11 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"time"
 
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Protocol constants of the examples.
@@ -28,41 +29,99 @@ const (
 // inline (max_inline_data 16), every WR signaled (sq_sig_all), one WR per
 // queue.
 type endpoint struct {
-	pd   *rnic.PD
-	cq   *rnic.CQ
-	recv *rnic.MR
+	dev  verbs.Device
+	pd   verbs.PD
+	cq   verbs.CQ
+	qp   verbs.QP
+	mem  verbs.Mem
+	recv verbs.MR
 }
 
-func newEndpoint(dev *rnic.Device) (*endpoint, error) {
-	e := &endpoint{pd: dev.AllocPD(), cq: dev.CreateCQ(4)}
+func newEndpoint(dev verbs.Device) (*endpoint, error) {
+	e := &endpoint{dev: dev}
 	var err error
-	e.recv, err = e.pd.RegMR(make([]byte, MsgSize), ib.LocalWrite)
+	if e.pd, err = dev.AllocPD(); err != nil {
+		return e, err
+	}
+	if e.cq, err = dev.CreateCQ(4); err != nil {
+		return e, err
+	}
+	if e.mem, err = dev.AllocMem(MsgSize); err != nil {
+		return e, err
+	}
+	e.recv, err = e.pd.RegMR(e.mem, 0, MsgSize, 0, ib.LocalWrite)
 	return e, err
 }
 
-// params is rdma_create_ep's QP and rdma_connect/rdma_accept's defaults
-// (NULL conn_param): retries 7, READ/atomic limits as large as the device
-// allows.
-func (e *endpoint) params() *rdmacm.ConnParams {
-	return &rdmacm.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq, MaxSendWR: 1, MaxRecvWR: 1,
-		MaxInline: MsgSize, ResponderResources: rnic.MaxRdAtomic, InitiatorDepth: rnic.MaxRdAtomic,
-		RetryCount: 7, RNRRetry: 7,
-		Setup: func(q *rnic.QP) error {
-			_, err := q.PostRecv(rnic.RecvWR{ID: 1, SG: []ib.SGE{{Addr: e.recv.IOVA(), Length: MsgSize, LKey: e.recv.LKey()}}})
-			return err
-		}}
+// close releases what the endpoint made, the QP first.
+func (e *endpoint) close() {
+	if e.qp != nil {
+		e.qp.Destroy()
+	}
+	if e.recv != nil {
+		e.recv.Dereg()
+	}
+	if e.mem != nil {
+		e.mem.Free()
+	}
+	if e.cq != nil {
+		e.cq.Destroy()
+	}
+	if e.pd != nil {
+		e.pd.Dealloc()
+	}
 }
+
+// params is rdma_connect/rdma_accept's defaults (NULL conn_param):
+// retries 7, READ/atomic limits as large as the device allows.
+func (e *endpoint) params() *rdmacm.ConnParam {
+	rd := uint8(min(e.dev.Query().MaxQPRdAtom, 255))
+	return &rdmacm.ConnParam{ResponderResources: rd, InitiatorDepth: rd, RetryCount: 7, RNRRetry: 7}
+}
+
+// newQP is rdma_create_ep's QP, its receive posted (in INIT) before the
+// connection. The endpoint keeps the last one made (AcceptNext destroys
+// those of requests that expired).
+func (e *endpoint) newQP() (verbs.QP, error) {
+	qp, err := e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: e.cq, RecvCQ: e.cq, SigAll: true,
+		Cap: ib.QPCaps{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: MsgSize}})
+	if err != nil {
+		return nil, err
+	}
+	e.qp = qp
+	if err := rdmacm.InitQP(qp, e.params()); err != nil {
+		return nil, err
+	}
+	if _, err := qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{{Addr: e.recv.IOVA(), Length: MsgSize, LKey: e.recv.LKey()}}}}); err != nil {
+		return nil, err
+	}
+	return qp, nil
+}
+
+// cqWaitStep bounds one sleep on a CQ that cannot notify (the daemon's).
+const cqWaitStep = 20 * time.Millisecond
 
 // wait returns the next completion, receive or send as asked (the other
 // kind is an error here: each side has one of each, in a fixed order).
-func (e *endpoint) wait(ctx context.Context, c *rdmacm.Conn, recv bool) error {
+func (e *endpoint) wait(ctx context.Context, c rdmacm.Conn, recv bool) error {
 	var wc [1]ib.WC
+	var notify <-chan struct{}
+	if n, ok := e.cq.(verbs.Notifier); ok {
+		notify = n.Notify()
+	}
 	for got := false; !got; {
 		if e.cq.Poll(wc[:]) == 1 {
 			break
 		}
+		if notify == nil {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			e.cq.Wait(cqWaitStep)
+			continue
+		}
 		select {
-		case <-e.cq.Notify():
+		case <-notify:
 		case <-c.Done():
 			if got = e.cq.Poll(wc[:]) == 1; !got {
 				return fmt.Errorf("connection ended: %w", c.Err())
@@ -82,22 +141,24 @@ func (e *endpoint) wait(ctx context.Context, c *rdmacm.Conn, recv bool) error {
 	return nil
 }
 
-func send(q *rnic.QP, msg []byte) error {
-	_, err := q.PostSend(rnic.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: msg})
+func send(q verbs.QP, msg []byte) error {
+	_, err := q.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: msg}})
 	return err
 }
 
-// Server is rdma_server: it serves one client on port and returns. It
-// prints "rdma_server: start" and "rdma_server: end N" as the stock tool.
-// ready, if set, is called once it listens.
-func Server(ctx context.Context, a *rdmacm.Agent, port uint16, out io.Writer, ready func()) (err error) {
+// Server is rdma_server on RNIC dev with rdma_cm cm (an rdmacm.Agent on a
+// device of this process, or a daemon's client): it serves one client on
+// port and returns. It prints "rdma_server: start" and "rdma_server: end
+// N" as the stock tool. ready, if set, is called once it listens.
+func Server(ctx context.Context, dev verbs.Device, cm rdmacm.CM, port uint16, out io.Writer, ready func()) (err error) {
 	fmt.Fprintln(out, "rdma_server: start")
 	defer func() { fmt.Fprintf(out, "rdma_server: end %d\n", exitCode(err)) }()
-	e, err := newEndpoint(a.Device())
+	e, err := newEndpoint(dev)
+	defer e.close()
 	if err != nil {
 		return err
 	}
-	ln, err := a.Listen(port, 0)
+	ln, err := cm.Listen(port, 0)
 	if err != nil {
 		return err
 	}
@@ -105,7 +166,7 @@ func Server(ctx context.Context, a *rdmacm.Agent, port uint16, out io.Writer, re
 	if ready != nil {
 		ready()
 	}
-	c, err := ln.Accept(ctx, e.params())
+	c, err := rdmacm.AcceptNext(ctx, ln, e.newQP, e.params())
 	if err != nil {
 		return err
 	}
@@ -123,17 +184,22 @@ func Server(ctx context.Context, a *rdmacm.Agent, port uint16, out io.Writer, re
 	return c.Disconnect(ctx)
 }
 
-// Client is rdma_client: connect to addr:port, SEND 16 bytes, wait for the
-// answer, disconnect. It prints "rdma_client: start" and "rdma_client:
-// end N" as the stock tool.
-func Client(ctx context.Context, a *rdmacm.Agent, addr netip.Addr, port uint16, out io.Writer) (err error) {
+// Client is rdma_client on RNIC dev with rdma_cm cm: connect to
+// addr:port, SEND 16 bytes, wait for the answer, disconnect. It prints
+// "rdma_client: start" and "rdma_client: end N" as the stock tool.
+func Client(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.Addr, port uint16, out io.Writer) (err error) {
 	fmt.Fprintln(out, "rdma_client: start")
 	defer func() { fmt.Fprintf(out, "rdma_client: end %d\n", exitCode(err)) }()
-	e, err := newEndpoint(a.Device())
+	e, err := newEndpoint(dev)
+	defer e.close()
 	if err != nil {
 		return err
 	}
-	c, err := a.Dial(ctx, addr, port, e.params())
+	qp, err := e.newQP()
+	if err != nil {
+		return err
+	}
+	c, err := cm.Connect(ctx, qp, addr, port, e.params())
 	if err != nil {
 		return err
 	}

@@ -70,9 +70,9 @@ func TestServerClient(t *testing.T) {
 		var sout, cout bytes.Buffer
 		ready := make(chan struct{})
 		serr := make(chan error, 1)
-		go func() { serr <- Server(ctx, srv, DefaultPort, &sout, func() { close(ready) }) }()
+		go func() { serr <- Server(ctx, srv.Device(), srv, DefaultPort, &sout, func() { close(ready) }) }()
 		<-ready
-		cerr := Client(ctx, cli, ipS, DefaultPort, &cout)
+		cerr := Client(ctx, cli.Device(), cli, ipS, DefaultPort, &cout)
 		if err := <-serr; err != nil || cerr != nil {
 			t.Fatalf("round %d: server %v, client %v", round, err, cerr)
 		}
@@ -90,7 +90,7 @@ func TestClientNoServer(t *testing.T) {
 	var out bytes.Buffer
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	err := Client(ctx, cli, ipS, DefaultPort, &out)
+	err := Client(ctx, cli.Device(), cli, ipS, DefaultPort, &out)
 	var rej *rdmacm.RejectedError
 	if !errors.As(err, &rej) || rej.Reason != 8 || out.String() != "rdma_client: start\nrdma_client: end -1\n" {
 		t.Fatalf("%v %q", err, out.String())

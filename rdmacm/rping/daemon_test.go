@@ -20,17 +20,16 @@ import (
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbsapi"
 )
 
 // daemonSetup joins two devices by a memlink: device S is served by a
-// daemon (its rdma_cm agent the daemon's, started by the first CM call),
-// device C runs an agent in process. It returns the daemon's RNIC and CM
-// as a client sees them, C's agent, the daemon server and its socket.
-func daemonSetup(t *testing.T) (dev verbsapi.Device, dcm verbsapi.CM, c *client.Client, cli *rdmacm.Agent, srv *daemon.Server, sock string) {
+// daemon (its rdma_cm agent the daemon's), device C runs an agent in
+// process. It returns a client of the daemon (its RNIC and its CM), C's
+// agent, the daemon server and its socket.
+func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, srv *daemon.Server, sock string) {
 	la, lb := memlink.NewPair(memlink.Config{Seed: 5})
 	macs := map[netip.Addr][6]byte{ipS: macS, ipC: macC}
-	resolve := func(peer netip.Addr) ([6]byte, error) {
+	resolve := func(_ context.Context, peer netip.Addr) ([6]byte, error) {
 		if m, ok := macs[peer]; ok {
 			return m, nil
 		}
@@ -39,7 +38,7 @@ func daemonSetup(t *testing.T) (dev verbsapi.Device, dcm verbsapi.CM, c *client.
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	mk := func(mac [6]byte, ip netip.Addr, p *memlink.Port) *rnic.Device {
-		d, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+		d, err := rnic.NewDevice(rnic.Config{Name: "mls", MAC: mac, Addrs: []netip.Addr{ip}, Resolve: resolve})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -49,7 +48,7 @@ func daemonSetup(t *testing.T) (dev verbsapi.Device, dcm verbsapi.CM, c *client.
 	}
 	devS, devC := mk(macS, ipS, la), mk(macC, ipC, lb)
 	var err error
-	srv, err = daemon.NewServer(daemon.NewVerbsDevice(devS, "mls", resolve), daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err = daemon.NewServer(devS, daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +57,7 @@ func daemonSetup(t *testing.T) (dev verbsapi.Device, dcm verbsapi.CM, c *client.
 		t.Fatal(err)
 	}
 	go srv.Serve()
-	if cli, err = rdmacm.New(rdmacm.Config{Device: devC, Resolve: func(_ context.Context, p netip.Addr) ([6]byte, error) { return resolve(p) }}); err != nil {
+	if cli, err = rdmacm.New(rdmacm.Config{Device: devC, Resolve: resolve}); err != nil {
 		t.Fatal(err)
 	}
 	if c, err = client.Dial(sock); err != nil {
@@ -71,18 +70,14 @@ func daemonSetup(t *testing.T) (dev verbsapi.Device, dcm verbsapi.CM, c *client.
 		cancel()
 		wg.Wait()
 	})
-	dev = verbsapi.Daemon(c)
-	if dcm, err = verbsapi.DaemonCM(dev); err != nil {
-		t.Fatal(err)
-	}
-	return dev, dcm, c, cli, srv, sock
+	return c, cli, srv, sock
 }
 
 // TestPingThroughDaemon: rping -V -v with its connection made by the
 // daemon's CM agent, the daemon's side as server and as client, against an
 // in-process rping, at 64 bytes and at 5000 (multi-packet READ and WRITE).
 func TestPingThroughDaemon(t *testing.T) {
-	dev, dcm, _, cli, _, _ := daemonSetup(t)
+	c, cli, _, _ := daemonSetup(t)
 	for _, size := range []int{64, 5000} {
 		for _, daemonServes := range []bool{true, false} {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -94,7 +89,7 @@ func TestPingThroughDaemon(t *testing.T) {
 			serr := make(chan error, 1)
 			var cerr error
 			if daemonServes {
-				go func() { serr <- RunServer(ctx, dev, dcm, so, func() { close(ready) }) }()
+				go func() { serr <- RunServer(ctx, c, c, so, func() { close(ready) }) }()
 				<-ready
 				cerr = Client(ctx, cli, ipS, co)
 			} else {
@@ -102,7 +97,7 @@ func TestPingThroughDaemon(t *testing.T) {
 				so.Port, co.Port = 7175, 7175
 				go func() { serr <- Server(ctx, cli, so, func() { close(ready) }) }()
 				<-ready
-				cerr = RunClient(ctx, dev, dcm, ipC, co)
+				cerr = RunClient(ctx, c, c, ipC, co)
 			}
 			if cerr != nil {
 				cancel()
@@ -122,7 +117,7 @@ func TestPingThroughDaemon(t *testing.T) {
 // closes, a GetRequest it waits in ends and its port is free for the next
 // client; a connection to a port nobody listens on is refused.
 func TestDaemonCMCleanup(t *testing.T) {
-	_, _, c, cli, _, sock := daemonSetup(t)
+	c, cli, _, sock := daemonSetup(t)
 	l0, err := c.Listen(7200, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -133,7 +128,7 @@ func TestDaemonCMCleanup(t *testing.T) {
 	}
 	// The client goes away while the daemon waits for a request for it.
 	waiting := make(chan error, 1)
-	go func() { _, err := l0.GetRequest(); waiting <- err }()
+	go func() { _, err := l0.GetRequest(context.Background()); waiting <- err }()
 	time.Sleep(20 * time.Millisecond)
 	c.Close()
 	select {
@@ -149,7 +144,7 @@ func TestDaemonCMCleanup(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	var l *client.Listener
+	var l rdmacm.Listener
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if l, err = c2.Listen(7200, 0); err == nil || time.Now().After(deadline) {
 			break
@@ -159,16 +154,19 @@ func TestDaemonCMCleanup(t *testing.T) {
 		t.Fatalf("the port stayed taken after its client left: %v", err)
 	}
 	l.Close()
-	// Nobody listens now: the in-process side's Dial is rejected.
-	dev := verbsapi.Local(cli.Device(), "", nil, nil)
-	e, err := newEndpoint(dev)
+	// Nobody listens now: the in-process side's Connect is rejected.
+	e, err := newEndpoint(cli.Device())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.close()
+	qp, err := e.newQP()
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	_, err = verbsapi.LocalCM(cli).Dial(ctx, ipS, 7200, e.params())
+	_, err = cli.Connect(ctx, qp, ipS, 7200, e.params())
 	var rej *rdmacm.RejectedError
 	if !errors.As(err, &rej) {
 		t.Fatalf("dial to a closed port: %v", err)
@@ -178,32 +176,36 @@ func TestDaemonCMCleanup(t *testing.T) {
 // A client that goes away with a connection up takes it down: the daemon
 // sends the peer a DREQ (the peer's connection ends) and frees the QP.
 func TestDaemonCMClientGone(t *testing.T) {
-	dev, dcm, c, cli, _, _ := daemonSetup(t)
-	ln, err := verbsapi.LocalCM(cli).Listen(7300)
+	c, cli, _, _ := daemonSetup(t)
+	ln, err := cli.Listen(7300, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	peerEnd, err := newEndpoint(verbsapi.Local(cli.Device(), "", nil, nil))
+	peerEnd, err := newEndpoint(cli.Device())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer peerEnd.close()
-	accepted := make(chan verbsapi.Conn, 1)
+	accepted := make(chan rdmacm.Conn, 1)
 	go func() {
-		pc, err := ln.Accept(ctx, peerEnd.params())
+		pc, err := rdmacm.AcceptNext(ctx, ln, peerEnd.newQP, peerEnd.params())
 		if err != nil {
 			t.Error(err)
 		}
 		accepted <- pc
 	}()
-	e, err := newEndpoint(dev)
+	e, err := newEndpoint(c)
 	if err != nil {
 		t.Fatal(err)
 	}
-	conn, err := dcm.Dial(ctx, ipC, 7300, e.params())
+	qp, err := e.newQP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := c.Connect(ctx, qp, ipC, 7300, e.params())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,11 +228,11 @@ func TestDaemonCMClientGone(t *testing.T) {
 // An rping server through the daemon that nobody connects to ends when its
 // context does (Ctrl-C), though the daemon would wait two minutes.
 func TestDaemonServerInterrupted(t *testing.T) {
-	dev, dcm, _, _, _, _ := daemonSetup(t)
+	c, _, _, _ := daemonSetup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- RunServer(ctx, dev, dcm, Options{}, nil) }()
+	go func() { done <- RunServer(ctx, c, c, Options{}, nil) }()
 	select {
 	case err := <-done:
 		if !errors.Is(err, context.DeadlineExceeded) {

@@ -6,10 +6,10 @@
 // advertises its sink buffer, the server RDMA WRITEs the data back; with
 // Validate the client compares the two, as `rping -V` does.
 //
-// It runs on any RNIC of package rnic: in process (Client, Server: an
-// rdmacm.Agent on the tool's own device) or through a softrnic daemon
-// (RunClient, RunServer with rnic.DaemonCM), whose CM agent connects a QP
-// it makes for the tool.
+// It runs on any RNIC through verbs and rdmacm.CM only: in process (an
+// rdmacm.Agent on the tool's own device) or through a softrnic daemon (a
+// client.Client, whose daemon's CM agent drives the QP the tool made
+// there), as librdmacm's rping runs on any RNIC.
 package rping
 
 import (
@@ -24,7 +24,7 @@ import (
 	cmrping "github.com/softrnic/softrnic/cm/rping"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/verbsapi"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Options are rping's flags.
@@ -62,22 +62,23 @@ func (o *Options) norm() error {
 
 // endpoint is one side's RNIC objects.
 type endpoint struct {
-	dev     verbsapi.Device
-	pd      verbsapi.PD
-	cq      verbsapi.CQ
-	recvMem verbsapi.Mem
-	recv    verbsapi.MR // one rping_rdma_info
+	dev     verbs.Device
+	pd      verbs.PD
+	cq      verbs.CQ
+	qp      verbs.QP // the connection's, once made
+	recvMem verbs.Mem
+	recv    verbs.MR // one rping_rdma_info
 	wc      [8]ib.WC
-	mems    []verbsapi.Mem
-	mrs     []verbsapi.MR
+	mems    []verbs.Mem
+	mrs     []verbs.MR
 	rsg     [1]ib.SGE
-	rwr     verbsapi.RecvWR
-	swr     verbsapi.SendWR
+	rwr     [1]verbs.RecvWR
+	swr     [1]verbs.SendWR
 	sge     [1]ib.SGE
 	info    [cmrping.InfoSize]byte
 }
 
-func newEndpoint(dev verbsapi.Device) (*endpoint, error) {
+func newEndpoint(dev verbs.Device) (*endpoint, error) {
 	e := &endpoint{dev: dev}
 	var err error
 	if e.pd, err = dev.AllocPD(); err != nil {
@@ -91,7 +92,7 @@ func newEndpoint(dev verbsapi.Device) (*endpoint, error) {
 }
 
 // buffer allocates and registers n bytes with the given access.
-func (e *endpoint) buffer(n int, access ib.Access) (verbsapi.Mem, verbsapi.MR, error) {
+func (e *endpoint) buffer(n int, access ib.Access) (verbs.Mem, verbs.MR, error) {
 	m, err := e.dev.AllocMem(n)
 	if err != nil {
 		return nil, nil, err
@@ -107,6 +108,9 @@ func (e *endpoint) buffer(n int, access ib.Access) (verbsapi.Mem, verbsapi.MR, e
 
 // close releases the endpoint once its connection is gone.
 func (e *endpoint) close() {
+	if e.qp != nil {
+		e.qp.Destroy()
+	}
 	for _, mr := range e.mrs {
 		mr.Dereg()
 	}
@@ -121,37 +125,54 @@ func (e *endpoint) close() {
 	}
 }
 
-// params is rping's QP and rdma_conn_param: one READ in flight each way,
-// retries 7; one receive posted before the connection.
-func (e *endpoint) params() *verbsapi.ConnParams {
-	return &verbsapi.ConnParams{PD: e.pd, SendCQ: e.cq, RecvCQ: e.cq,
-		MaxSendWR: cmrping.RQDepth * 2, MaxRecvWR: cmrping.RQDepth, MaxSGE: 1, MaxInline: cmrping.InfoSize,
-		Access:             ib.LocalWrite | ib.RemoteRead | ib.RemoteWrite,
+// params is rping's rdma_conn_param: one READ in flight each way,
+// retries 7.
+func (e *endpoint) params() *rdmacm.ConnParam {
+	return &rdmacm.ConnParam{Access: ib.LocalWrite | ib.RemoteRead | ib.RemoteWrite,
 		ResponderResources: cmrping.ResponderResources, InitiatorDepth: cmrping.InitiatorDepth,
-		RetryCount: cmrping.RetryCount, RNRRetry: cmrping.RNRRetry,
-		InitRecv: e.recvWR()}
+		RetryCount: cmrping.RetryCount, RNRRetry: cmrping.RNRRetry}
 }
 
-func (e *endpoint) recvWR() *verbsapi.RecvWR {
+// newQP makes rping's QP and posts its one receive (in INIT, before the
+// connection: the peer's first SEND must find it). The endpoint keeps the
+// last one made (AcceptNext destroys those of requests that expired).
+func (e *endpoint) newQP() (verbs.QP, error) {
+	qp, err := e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: e.cq, RecvCQ: e.cq,
+		Cap: ib.QPCaps{MaxSendWR: cmrping.RQDepth * 2, MaxRecvWR: cmrping.RQDepth, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: cmrping.InfoSize}})
+	if err != nil {
+		return nil, err
+	}
+	e.qp = qp
+	if err := rdmacm.InitQP(qp, e.params()); err != nil {
+		return nil, err
+	}
+	if err := e.postRecv(qp); err != nil {
+		return nil, err
+	}
+	return qp, nil
+}
+
+func (e *endpoint) postRecv(q verbs.QP) error {
 	e.rsg[0] = ib.SGE{Addr: e.recv.IOVA(), Length: cmrping.InfoSize, LKey: e.recv.LKey()}
-	e.rwr = verbsapi.RecvWR{ID: 1, SG: e.rsg[:]}
-	return &e.rwr
+	e.rwr[0] = verbs.RecvWR{ID: 1, SG: e.rsg[:]}
+	_, err := q.PostRecv(e.rwr[:])
+	return err
 }
 
-func (e *endpoint) postRecv(q verbsapi.QP) error { return q.PostRecv(e.recvWR()) }
-
-func (e *endpoint) sendInfo(q verbsapi.QP, info cmrping.Info) error {
+func (e *endpoint) sendInfo(q verbs.QP, info cmrping.Info) error {
 	info.Encode(e.info[:])
-	e.swr = verbsapi.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: e.info[:]}
-	return q.PostSend(&e.swr)
+	e.swr[0] = verbs.SendWR{ID: 2, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline, InlineData: e.info[:]}
+	_, err := q.PostSend(e.swr[:])
+	return err
 }
 
 // rdma posts rping's READ or WRITE of n bytes between mr and the peer's
 // buffer.
-func (e *endpoint) rdma(q verbsapi.QP, id uint64, op ib.WROpcode, mr verbsapi.MR, n uint32, remote cmrping.Info) error {
+func (e *endpoint) rdma(q verbs.QP, id uint64, op ib.WROpcode, mr verbs.MR, n uint32, remote cmrping.Info) error {
 	e.sge[0] = ib.SGE{Addr: mr.IOVA(), Length: n, LKey: mr.LKey()}
-	e.swr = verbsapi.SendWR{ID: id, Opcode: op, Flags: ib.Signaled, SG: e.sge[:], RemoteAddr: remote.Buf, RKey: remote.RKey}
-	return q.PostSend(&e.swr)
+	e.swr[0] = verbs.SendWR{ID: id, Opcode: op, Flags: ib.Signaled, SG: e.sge[:], RemoteAddr: remote.Buf, RKey: remote.RKey}
+	_, err := q.PostSend(e.swr[:])
+	return err
 }
 
 // cqWait bounds one sleep on the CQ: ctx's end is seen within it.
@@ -159,7 +180,7 @@ const cqWait = 10 * time.Millisecond
 
 // next waits for the next completion of c's QP. It returns errDone when
 // the connection is over (the peer disconnected).
-func (e *endpoint) next(ctx context.Context, c verbsapi.Conn) (ib.WC, error) {
+func (e *endpoint) next(ctx context.Context, c rdmacm.Conn) (ib.WC, error) {
 	for {
 		if e.cq.Poll(e.wc[:1]) == 1 {
 			return e.wc[0], nil
@@ -188,27 +209,21 @@ func cstring(buf []byte) []byte {
 	return buf
 }
 
-// local is the in-process RNIC and CM of agent a.
-func local(a *rdmacm.Agent) (verbsapi.Device, verbsapi.CM) {
-	return verbsapi.Local(a.Device(), "", nil, nil), verbsapi.LocalCM(a)
-}
-
-// Client connects to addr through agent a and runs o.Count pings, then
-// disconnects.
+// Client connects to addr through agent a (on its device) and runs
+// o.Count pings, then disconnects.
 func Client(ctx context.Context, a *rdmacm.Agent, addr netip.Addr, o Options) error {
-	dev, cm := local(a)
-	return RunClient(ctx, dev, cm, addr, o)
+	return RunClient(ctx, a.Device(), a, addr, o)
 }
 
-// Server listens on o.Port through agent a, serves one client until it
-// disconnects and returns. ready, if not nil, is called once it listens.
+// Server listens on o.Port through agent a (on its device), serves one
+// client until it disconnects and returns. ready, if not nil, is called
+// once it listens.
 func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error {
-	dev, cm := local(a)
-	return RunServer(ctx, dev, cm, o, ready)
+	return RunServer(ctx, a.Device(), a, o, ready)
 }
 
 // RunClient is Client on RNIC dev with rdma_cm cm.
-func RunClient(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, addr netip.Addr, o Options) error {
+func RunClient(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.Addr, o Options) error {
 	if err := o.norm(); err != nil {
 		return err
 	}
@@ -228,7 +243,11 @@ func RunClient(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, addr ne
 	if err != nil {
 		return err
 	}
-	conn, err := cm.Dial(ctx, addr, o.Port, e.params())
+	qp, err := e.newQP()
+	if err != nil {
+		return err
+	}
+	conn, err := cm.Connect(ctx, qp, addr, o.Port, e.params())
 	if err != nil {
 		return err
 	}
@@ -291,7 +310,7 @@ func RunClient(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, addr ne
 }
 
 // RunServer is Server on RNIC dev with rdma_cm cm.
-func RunServer(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, o Options, ready func()) error {
+func RunServer(ctx context.Context, dev verbs.Device, cm rdmacm.CM, o Options, ready func()) error {
 	if err := o.norm(); err != nil {
 		return err
 	}
@@ -304,7 +323,7 @@ func RunServer(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, o Optio
 	if err != nil {
 		return err
 	}
-	ln, err := cm.Listen(o.Port)
+	ln, err := cm.Listen(o.Port, 0)
 	if err != nil {
 		return err
 	}
@@ -312,7 +331,7 @@ func RunServer(ctx context.Context, dev verbsapi.Device, cm verbsapi.CM, o Optio
 	if ready != nil {
 		ready()
 	}
-	conn, err := ln.Accept(ctx, e.params())
+	conn, err := rdmacm.AcceptNext(ctx, ln, e.newQP, e.params())
 	if err != nil {
 		return err
 	}

@@ -3,7 +3,6 @@ package daemon_test
 import (
 	"context"
 	"errors"
-	"net/netip"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ import (
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestDaemonSIDR: rdma_cm's UDP port space through the daemon. A client's
@@ -26,11 +25,7 @@ import (
 // on the port.
 func TestDaemonSIDR(t *testing.T) {
 	_, devB, path := twoDevices(t)
-	peer, err := rdmacm.New(rdmacm.Config{Device: devB, Resolve: func(context.Context, netip.Addr) ([6]byte, error) { return macA, nil }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { peer.Close() })
+	peer := peerCM(t, devB)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
@@ -39,14 +34,13 @@ func TestDaemonSIDR(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pd, _ := c.AllocPD()
-	cq, _ := c.CreateCQ(16)
-	caps := proto.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}
-	ud, err := pd.CreateQP(client.QPInitAttr{Type: proto.UD, SendCQ: cq, RecvCQ: cq, Caps: caps})
-	if err != nil {
+	caps := ib.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}
+	a := newApp(t, c, ib.UD, 4096, ib.LocalWrite, 16, caps)
+	ud := a.qp
+	if err := rdmacm.PrepareUD(ud); err != nil {
 		t.Fatal(err)
 	}
-	rc, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: caps})
+	rc, err := a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: a.cq, RecvCQ: a.cq, Cap: caps})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,26 +62,26 @@ func TestDaemonSIDR(t *testing.T) {
 		p, err := peer.ResolveUD(ctx, addrA, 4791, nil)
 		res <- resolved{p, err}
 	}()
-	r, err := l.GetRequest()
+	r, err := l.GetRequest(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Peer != addrB {
-		t.Errorf("request from %v, want %v", r.Peer, addrB)
+	if r.Peer() != addrB {
+		t.Errorf("request from %v, want %v", r.Peer(), addrB)
 	}
-	if err := r.AcceptUD(rc); !errors.Is(err, unix.EINVAL) {
+	if err := r.Accept(rc, nil); !errors.Is(err, unix.EINVAL) {
 		t.Fatalf("SIDR answered with an RC QP: %v, want EINVAL", err)
 	}
 	// The request still waits: answered with the UD QP.
-	if err := r.AcceptUD(ud); err != nil {
+	if err := r.Accept(ud, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.AcceptUD(ud); !errors.Is(err, unix.ENOENT) {
+	if err := r.Accept(ud, nil); !errors.Is(err, unix.ENOENT) {
 		t.Fatalf("answering a request twice: %v, want ENOENT", err)
 	}
 	got := <-res
-	if got.err != nil || got.p.QPN != ud.QPN || got.p.QKey != rdmacm.UDPQKey {
-		t.Fatalf("peer's lookup: %+v %v, want QPN %#x Q_Key %#x", got.p, got.err, ud.QPN, rdmacm.UDPQKey)
+	if got.err != nil || got.p.QPN != ud.QPN() || got.p.QKey != rdmacm.UDPQKey {
+		t.Fatalf("peer's lookup: %+v %v, want QPN %#x Q_Key %#x", got.p, got.err, ud.QPN(), rdmacm.UDPQKey)
 	}
 
 	// The client looks up the peer's listener, and a port nobody serves.
@@ -96,12 +90,7 @@ func TestDaemonSIDR(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pl.Close()
-	pdB := devB.AllocPD()
-	cqB := devB.CreateCQ(4)
-	qpB, err := pdB.CreateQP(rnic.QPInitAttr{Type: ib.UD, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 1, MaxRecvWR: 1, MaxSGE: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
+	qpB := newApp(t, devB, ib.UD, 4096, ib.LocalWrite, 4, caps).qp
 	if err := rdmacm.PrepareUD(qpB); err != nil {
 		t.Fatal(err)
 	}
@@ -114,13 +103,17 @@ func TestDaemonSIDR(t *testing.T) {
 			t.Errorf("peer's UD listener: %v", err)
 		}
 	}()
-	svc, err := c.ResolveUD(addrB, 4792)
-	if err != nil || svc.QPN != qpB.QPN() || svc.QKey != rdmacm.UDPQKey || svc.Addr != addrB {
+	svc, err := c.ResolveUD(ctx, addrB, 4792, nil)
+	if err != nil || svc.QPN != qpB.QPN() || svc.QKey != rdmacm.UDPQKey || svc.Addr != addrB || svc.AV.DGID != gidB {
 		t.Fatalf("client's lookup: %+v %v, want QPN %#x", svc, err, qpB.QPN())
 	}
-	_, err = c.ResolveUD(addrB, 4793)
+	_, err = c.ResolveUD(ctx, addrB, 4793, nil)
 	if st, ok := proto.SIDRStatus(err); !ok || cm.SIDRStatus(st) != cm.SIDRUnsupported {
 		t.Fatalf("lookup of a port nobody serves: %v, want SIDR status 1", err)
+	}
+	var se *rdmacm.SIDRError
+	if !errors.As(err, &se) || se.Status != cm.SIDRUnsupported {
+		t.Fatalf("lookup of a port nobody serves: %v, want an rdmacm.SIDRError", err)
 	}
 
 	// The client dies: its listener is gone.
