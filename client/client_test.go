@@ -806,3 +806,86 @@ func TestPerClientLimits(t *testing.T) {
 		t.Fatalf("object beyond MaxObjects: %v", err)
 	}
 }
+
+// Address handles are the session's own objects: a UD WR naming a handle
+// that is not one of its client's AHs (another client's number, its own
+// PD's) completes in error and sends nothing; an AH holds its PD; AHs
+// count against MaxObjects and go with their client.
+func TestAddressHandlesAreIsolated(t *testing.T) {
+	td := startDaemon(t, daemon.Options{MaxObjects: 16})
+	ud := func() *endpoint {
+		e := newEndpoint(t, td.path, ib.LocalWrite)
+		qp, err := e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: e.cq, RecvCQ: e.cq,
+			Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.qp = qp.(*QP)
+		for _, s := range []ib.QPState{ib.Init, ib.RTR, ib.RTS} {
+			req, _, _ := ib.Transition(ib.UD, e.qp.State(), s)
+			if err := e.qp.Modify(&ib.QPAttr{State: s, Port: 1, QKey: 0x22}, ib.AttrState|req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return e
+	}
+	a, b := ud(), ud()
+	vah, err := a.pd.CreateAH(&ib.AddressVector{DGID: gid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ah := vah.(*AH)
+	if _, err := a.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{a.mr.SGE(0, 256)}}}); err != nil {
+		t.Fatal(err)
+	}
+	// b names a's AH's number, and numbers of its own PD, MR, CQ, QP.
+	for _, h := range []proto.Handle{ah.h, b.pd.h, b.mr.h, b.cq.h, b.qp.h} {
+		forged := &AH{c: b.c, h: h}
+		if _, err := b.qp.PostSend([]verbs.SendWR{{ID: uint64(h), Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{b.mr.SGE(0, 8)}, AH: forged, RemoteQPN: a.qp.QPN(), RemoteQKey: 0x22}}); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitWC(t, b.cq); wc.Status == ib.Success || wc.ID != uint64(h) {
+			t.Fatalf("UD WR naming handle %d, not an AH of the client: %+v", h, wc)
+		}
+	}
+	// a's own AH works: the one SEND that arrives is a's.
+	copy(a.mem.Bytes()[1000:], "to myself")
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{a.mr.SGE(1000, 9)}, AH: ah, RemoteQPN: a.qp.QPN(), RemoteQKey: 0x22}}); err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < 2; got++ {
+		wc := waitWC(t, a.cq)
+		if wc.Status != ib.Success || wc.IsRecv && (wc.SrcQP != a.qp.QPN() || string(a.mem.Bytes()[40:49]) != "to myself") {
+			t.Fatalf("a's own datagram: %+v %q", wc, a.mem.Bytes()[40:49])
+		}
+	}
+	// The AH holds its PD.
+	if err := a.pd.Dealloc(); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("PD with an AH deallocated: %v", err)
+	}
+	// AHs count against the client's objects.
+	var n int
+	for ; n < 32; n++ {
+		if _, err := b.pd.CreateAH(&ib.AddressVector{DGID: gid}); err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatalf("AH %d: %v", n, err)
+			}
+			break
+		}
+	}
+	if n == 32 {
+		t.Fatal("AHs beyond MaxObjects")
+	}
+	// They go with their client.
+	b.c.Close()
+	select {
+	case info := <-td.gone:
+		if info.AHs != n {
+			t.Fatalf("released %+v, want %d AHs", info, n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the daemon did not release the client")
+	}
+}

@@ -70,7 +70,7 @@ type ClientInfo struct {
 	PID      int32
 	UID, GID uint32
 	// Released counts the resources freed when the client went away.
-	QPs, CQs, MRs, PDs int
+	QPs, CQs, MRs, PDs, AHs int
 }
 
 // Server is the daemon's control server: it accepts client connections on
@@ -294,7 +294,7 @@ func (s *Server) Clients() []ClientInfo {
 	for ss := range s.sessions {
 		ss.mu.Lock()
 		out = append(out, ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
-			QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds)})
+			QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds), AHs: len(ss.ahs)})
 		ss.mu.Unlock()
 	}
 	return out

@@ -216,7 +216,7 @@ func (ss *session) serve() {
 	delete(s.sessions, ss)
 	s.mu.Unlock()
 	if allowed {
-		ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs)
+		ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs, "ahs", info.AHs)
 	}
 	if s.opt.OnClientGone != nil {
 		s.opt.OnClientGone(info)
@@ -889,7 +889,7 @@ func (ss *session) cleanup() ClientInfo {
 	ss.errorAllQPs()
 	ss.mu.Lock()
 	info := ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
-		QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds)}
+		QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds), AHs: len(ss.ahs)}
 	qps, mrs, cqs, pds := ss.qps, ss.mrs, ss.cqs, ss.pds
 	ss.qps, ss.mrs, ss.cqs, ss.pds = map[proto.Handle]*qpObj{}, map[proto.Handle]*mrObj{}, map[proto.Handle]*cqObj{}, map[proto.Handle]*pdObj{}
 	ss.ahMu.Lock()
