@@ -467,6 +467,9 @@ func (a *AH) Destroy() error { return a.c.callHandle(proto.OpDestroyAH, a.h) }
 // Handle is the QP's handle on this connection.
 func (q *QP) Handle() proto.Handle { return q.h }
 
+// Device is the client the QP belongs to (verbs.DeviceObject).
+func (q *QP) Device() verbs.Device { return q.c }
+
 // QPN is the QP's number.
 func (q *QP) QPN() uint32 { return q.qpn }
 

@@ -32,9 +32,22 @@ var ErrNotRC = errors.New("rdmacm: not an RC QP")
 
 // initQP checks the QP a connection will drive and moves it to INIT with
 // p's access (from RESET, or again in INIT, keeping its posted receives).
-func initQP(qp verbs.QP, p *ConnParam) error {
+// owns checks that qp is a QP of the agent's device: the CM sends the
+// QPN of its own device's QP in its MADs, and programs the QP with that
+// device's addresses.
+func (a *Agent) owns(qp verbs.QP) error {
+	if d, ok := qp.(verbs.DeviceObject); ok && d.Device() != a.dev {
+		return fmt.Errorf("rdmacm: QP %#x is another device's: %w", qp.QPN(), verbs.ErrOtherDevice)
+	}
+	return nil
+}
+
+func (a *Agent) initQP(qp verbs.QP, p *ConnParam) error {
 	if qp == nil || qp.Type() != ib.RC {
 		return ErrNotRC
+	}
+	if err := a.owns(qp); err != nil {
+		return err
 	}
 	if s := qp.State(); s != ib.Reset && s != ib.Init {
 		return fmt.Errorf("rdmacm: QP %#x is in %v, not RESET or INIT", qp.QPN(), s)
@@ -188,7 +201,7 @@ func (a *Agent) Connect(ctx context.Context, qp verbs.QP, peer netip.Addr, port 
 	if err := a.ensureMAC(ctx, peer); err != nil {
 		return nil, err
 	}
-	if err := initQP(qp, p); err != nil {
+	if err := a.initQP(qp, p); err != nil {
 		return nil, err
 	}
 	c := newConn(a, true, peer, qp, p.minRNR())
@@ -367,7 +380,7 @@ func (r *request) Accept(ctx context.Context, qp verbs.QP, p *ConnParam) (Conn, 
 	if !pending {
 		return nil, ErrRequestExpired
 	}
-	if err := initQP(qp, p); err != nil {
+	if err := a.initQP(qp, p); err != nil {
 		a.mu.Lock()
 		now := a.cfg.Now()
 		a.m.Reject(now, r.id, cm.RejNoQP, nil)

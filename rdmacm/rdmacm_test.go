@@ -888,3 +888,46 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 		t.Fatalf("queued dial: %v", err)
 	}
 }
+
+// TestQPOfAnotherDevice: an agent refuses to connect, accept with or
+// answer a SIDR request with a QP of another device than its own (it
+// would advertise that QP's number on its own device's wire).
+func TestQPOfAnotherDevice(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	pb, _ := b.params(t, 1)
+	qb, err := pb.newQP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.agent.Connect(ctx10(t), qb, ipB, 7180, &pb.ConnParam); !errors.Is(err, verbs.ErrOtherDevice) {
+		t.Fatalf("connect with another device's QP: %v", err)
+	}
+	ln, err := b.agent.ListenUD(7181, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ud, err := a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: a.cq, RecvCQ: a.cq, Cap: ib.QPCaps{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		r, err := ln.GetRequest(ctx10(t))
+		if err == nil {
+			if err = r.Accept(ud, nil); errors.Is(err, verbs.ErrOtherDevice) {
+				err = r.Reject(nil)
+			} else {
+				err = fmt.Errorf("SIDR answered with another device's QP: %v", err)
+			}
+		}
+		done <- err
+	}()
+	var se *SIDRError
+	if _, err := a.agent.ResolveUD(ctx10(t), ipB, 7181, nil); !errors.As(err, &se) {
+		t.Fatalf("lookup: %v, want a refusal", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -252,6 +252,9 @@ func (r *udRequest) Accept(qp verbs.QP, private []byte) error {
 	if qp.Type() != ib.UD {
 		return ErrNotUD
 	}
+	if err := r.agent.owns(qp); err != nil {
+		return err
+	}
 	return r.reply(&cm.SIDRReplyParams{Status: cm.SIDRSuccess, QPN: qp.QPN(), QKey: UDPQKey, PrivateData: private})
 }
 

@@ -69,6 +69,9 @@ type QP struct {
 }
 
 // QPN is the QP number.
+// Device is the device the QP belongs to (verbs.DeviceObject).
+func (q *QP) Device() verbs.Device { return q.dev }
+
 func (q *QP) QPN() uint32 { return q.qpn }
 
 // Type is the QP's transport service.

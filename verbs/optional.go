@@ -76,3 +76,10 @@ type AsyncEvent struct {
 	QPN  uint32
 	CQ   CQ // EventCQErr only
 }
+
+// DeviceObject is an object that knows its device (ibv_qp.context): the
+// QPs of both RNICs. rdma_cm refuses a QP of another device than its
+// agent's.
+type DeviceObject interface {
+	Device() Device
+}
