@@ -296,6 +296,10 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	return valid
 }
 
+// dcqcnValid are the per-QP DCQCN counters, valid on a QP that runs it.
+const dcqcnValid = 1<<proto.QCtrDCQCNECNMarked | 1<<proto.QCtrDCQCNCNPSent | 1<<proto.QCtrDCQCNCNPHandled |
+	1<<proto.QCtrDCQCNCNPIgnored | 1<<proto.QCtrDCQCNRateCuts
+
 // qpStats maps one QP's transport counters to proto.QPCounters: RC and UC
 // QPs count the RC set, UD and GSI QPs the UD set.
 func qpStats(q *rnic.QPCounters) proto.QPStats {
@@ -339,7 +343,16 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 		v[proto.QCtrRespRemoteAccessErrors] = q.RC.RemAccessErrs
 		v[proto.QCtrRespLocalLengthError] = q.RC.LocalLengthErrs
 		s.Valid = uint32(1)<<proto.NumQPCounters - 1
-		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey
+		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey | dcqcnValid
+		if q.CCOn {
+			cc := &q.CC
+			v[proto.QCtrDCQCNECNMarked] = cc.NPECNMarkedRoCEPackets
+			v[proto.QCtrDCQCNCNPSent] = cc.NPCNPSent
+			v[proto.QCtrDCQCNCNPHandled] = cc.RPCNPHandled
+			v[proto.QCtrDCQCNCNPIgnored] = cc.RPCNPIgnored
+			v[proto.QCtrDCQCNRateCuts] = cc.Cuts
+			s.Valid |= dcqcnValid
+		}
 	}
 	return s
 }

@@ -8,8 +8,9 @@
 // The engine owns only the loop: which goroutine calls the device's step
 // functions, when it polls the port, when it spins and when it sleeps, and
 // what it does when the port takes fewer frames than it is offered.
+// Finding the interface and opening its port is package host's.
 //
-// One goroutine runs Run per device and port (package verbs requires the
+// One goroutine runs Run per device and port (package rnic requires the
 // step functions never to run concurrently). Applications post and poll on
 // the device from their own goroutines; a post rings the device's doorbell,
 // which cuts a nap short. An application that busy-polls may also run the

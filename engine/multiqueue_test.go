@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -34,7 +35,7 @@ type mqRig struct {
 }
 
 // newMQRig makes the rig: a veth pair with nq queues each way, ports over
-// queues of them (OpenPortQueues; 0: all), MRs of mem bytes, which init
+// queues of them (afxdp.OpenMulti; 0: all), MRs of mem bytes, which init
 // may fill before the engines start (so that the race detector sees the
 // order the completions give the application).
 func newMQRig(tb testing.TB, nq, mtu, pathMTU, queues, qps, mem int, init func(a, b []byte)) *mqRig {
@@ -67,12 +68,16 @@ func newMQRig(tb testing.TB, nq, mtu, pathMTU, queues, qps, mem int, init func(a
 	})
 	for _, s := range sides {
 		if err := s.l.NS.Do(func() error {
-			in, err := LookupInterface(s.l.Name)
+			ifi, err := net.InterfaceByName(s.l.Name)
 			if err != nil {
 				return err
 			}
-			s.p, err = OpenPortQueues(in, AFXDP, queues)
-			return err
+			m, err := afxdp.OpenMulti(afxdp.MultiConfig{Config: afxdp.Config{IfIndex: ifi.Index}, Queues: queues, SpreadTx: true})
+			if err != nil {
+				return err
+			}
+			s.p = m
+			return nil
 		}); err != nil {
 			tb.Fatal(err)
 		}
@@ -135,7 +140,7 @@ func (r *mqRig) waitA(tb testing.TB, n int) {
 }
 
 // TestMultiQueueRDMA: two devices, each on an AF_XDP port over all four
-// queues of its veth end (OpenPortQueues with 0), one engine goroutine
+// queues of its veth end (afxdp.OpenMulti with 0), one engine goroutine
 // each. Eight RC QPs WRITE and READ 16 KiB each; every byte is checked.
 // The QPs' UDP source ports spread their frames over the transmit queues,
 // and so over the peer's receive queues: traffic must have arrived on more

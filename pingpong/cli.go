@@ -8,14 +8,14 @@ import (
 	"net"
 	"time"
 
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/perftest/runner"
 	"github.com/softrnic/softrnic/rnic"
 )
 
 // CLIOptions are what `softrnic pingpong` adds to the stock options.
 type CLIOptions struct {
-	PortKind engine.PortKind // AF_XDP, AF_PACKET or auto
+	PortKind host.PortKind // AF_XDP, AF_PACKET or auto
 	// DialFor is how long a client keeps retrying the server's side
 	// channel (the stock client tries once).
 	DialFor time.Duration
@@ -61,7 +61,7 @@ func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Resu
 	case p.Device == "":
 		return Result{}, errors.New("pingpong: -d INTERFACE is required (the network interface to run RoCE on)")
 	default:
-		err = runner.OpenHost(ctx, p.Device, o.PortKind, rnic.Congestion{}, run)
+		err = runner.OpenHost(p.Device, o.PortKind, rnic.Congestion{}, run)
 	}
 	if err != nil {
 		return r, fmt.Errorf("pingpong: %w", err)

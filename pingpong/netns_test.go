@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
 )
 
@@ -23,7 +23,7 @@ func TestPingpongOverVethAFXDP(t *testing.T) {
 	gidIndex := func(l netnstest.Link, v6 bool) int {
 		idx := -1
 		if err := l.NS.Do(func() error {
-			in, err := engine.LookupInterface(l.Name)
+			in, err := host.LookupInterface(l.Name)
 			if err != nil {
 				return err
 			}
@@ -67,7 +67,7 @@ func TestPingpongOverVethAFXDP(t *testing.T) {
 					serr := make(chan error, 1)
 					go func() {
 						serr <- pair.A.NS.Do(func() (err error) {
-							sres, err = RunCLI(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
+							sres, err = RunCLI(ctx, ps, CLIOptions{PortKind: host.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
 							return err
 						})
 					}()
@@ -77,7 +77,7 @@ func TestPingpongOverVethAFXDP(t *testing.T) {
 						t.Fatalf("server: %v", err)
 					}
 					cerr := pair.B.NS.Do(func() (err error) {
-						cres, err = RunCLI(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
+						cres, err = RunCLI(ctx, pc, CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}, &cout)
 						return err
 					})
 					if cerr != nil {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/transport/rc"
@@ -45,7 +45,7 @@ const fillByte = 0x7b
 // itself, or a softrnic daemon's) and the interface it is on.
 type Host struct {
 	Device verbs.Device
-	Iface  engine.Interface
+	Iface  host.Interface
 }
 
 // Result is what a run measured and checked.

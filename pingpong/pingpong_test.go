@@ -23,9 +23,10 @@ import (
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/frame/frametest"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/ib"
-	"github.com/softrnic/softrnic/perftest/runner"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // capturePath is a real `ibv_rc_pingpong -g 1 -s 4096 -n 20` between two
@@ -273,10 +274,10 @@ func memHosts(t *testing.T, mtu int) (a, b Host) { return memHostsTap(t, mtu, ni
 func memHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: mtu + 200})
 	t.Cleanup(func() { pa.Close(); pb.Close() })
-	ia := engine.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
-	ib := engine.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
-	start := func(in engine.Interface, p *memlink.Port, peer engine.Interface, tap *capture.Tap) Host {
-		dev, err := runner.NewDevice(in, func(_ context.Context, a netip.Addr) ([6]byte, error) {
+	ia := host.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
+	ib := host.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
+	start := func(in host.Interface, p *memlink.Port, peer host.Interface, tap *capture.Tap) Host {
+		dev, err := host.NewDevice(in, 0, rnic.Congestion{}, func(_ context.Context, a netip.Addr) ([6]byte, error) {
 			if a != peer.GIDs[0] {
 				return [6]byte{}, fmt.Errorf("no route to %v", a)
 			}

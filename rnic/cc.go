@@ -6,12 +6,9 @@ import (
 
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/transport/rc"
 )
-
-// ecnECT0 is the ECN codepoint ECT(0) of the IP header's two low TOS /
-// traffic-class bits.
-const ecnECT0 = 0b10
 
 // Congestion is a device's congestion-control setting. The zero value is
 // off. Build one with NewCongestion; RP and NP may then be edited field by
@@ -40,9 +37,10 @@ type Congestion struct {
 }
 
 // NewCongestion returns the setting of a profile: "off", "paper"
-// (dcqcn.Paper, dcqcn.PaperNP) or "connectx" (the ConnectX knobs of cx, or
-// their defaults if cx is nil), at lineRate (0: the profile's own, 40 Gb/s
-// for paper and 100 Gb/s for connectx), dilated by scale (0 or 1: none;
+// (dcqcn.Paper, dcqcn.PaperNP), "connectx" (the ConnectX knobs of cx, or
+// their defaults if cx is nil) or "hpcc-mlx" (dcqcn.HPCCMellanox, a CNP
+// for every marked packet), at lineRate (0: the profile's own, 40 Gb/s
+// for paper and 100 Gb/s for the others), dilated by scale (0 or 1: none;
 // see dcqcn.Config.Dilate). The line rate is the undilated one, as the
 // lab's plans give it.
 func NewCongestion(profile string, lineRate congestion.Rate, scale float64, cx *dcqcn.ConnectX) (Congestion, error) {
@@ -73,8 +71,13 @@ func NewCongestion(profile string, lineRate congestion.Rate, scale float64, cx *
 			k = *cx
 		}
 		c.RP, c.NP = k.Config(lineRate), k.NPConfig()
+	case "hpcc-mlx":
+		if lineRate == 0 {
+			lineRate = 100 * congestion.Gbps
+		}
+		c.RP, c.NP = dcqcn.HPCCMellanox(lineRate), dcqcn.NPConfig{}
 	default:
-		return Congestion{}, fmt.Errorf("rnic: unknown congestion profile %q (off, paper, connectx)", profile)
+		return Congestion{}, fmt.Errorf("rnic: unknown congestion profile %q (off, paper, connectx, hpcc-mlx)", profile)
 	}
 	c.RP, c.NP = c.RP.Dilate(scale), c.NP.Dilate(scale)
 	return c, c.validate()
@@ -87,7 +90,7 @@ func (c *Congestion) validate() error {
 	if !c.On() {
 		return nil
 	}
-	if c.Profile != "paper" && c.Profile != "connectx" {
+	if c.Profile != "paper" && c.Profile != "connectx" && c.Profile != "hpcc-mlx" {
 		return fmt.Errorf("rnic: unknown congestion profile %q", c.Profile)
 	}
 	if err := c.RP.Validate(); err != nil {
@@ -116,9 +119,9 @@ func (q *QP) ccHeaders() {
 	if c.DataDSCP != 0 {
 		dscp = c.DataDSCP
 	}
-	q.hdr.SetTOS(dscp<<2 | ecnECT0)
+	q.hdr.SetTOS(dscp<<2 | frame.ECT0)
 	q.cnpHdr = q.hdr
-	q.cnpHdr.SetTOS(c.NP.DSCP<<2 | ecnECT0)
+	q.cnpHdr.SetTOS(c.NP.DSCP<<2 | frame.ECT0)
 }
 
 // CongestionProfile implements verbs.CongestionProfiler.

@@ -162,7 +162,7 @@ func TestCNPMatchesConnectX(t *testing.T) {
 	if sp := f.UDP().SrcPort(); sp != udpSport(0, s.qp.QPN(), 0x118) {
 		t.Fatalf("CNP UDP source port %#x, not the QP's", sp)
 	}
-	if a := parse(t, out[1]); a.Opcode() != bth.RCAcknowledge || a.ECN() != ecnECT0 {
+	if a := parse(t, out[1]); a.Opcode() != bth.RCAcknowledge || a.ECN() != frame.ECT0 {
 		t.Fatalf("second frame %v ECN %d, want an ECT(0) ACK", a.Opcode(), a.ECN())
 	}
 	// The same fields through frame.BuildCNP.
@@ -426,6 +426,12 @@ func TestCNPIgnoredWhenOff(t *testing.T) {
 	if _, err := NewCongestion("paper", 0, 0.5, nil); err == nil {
 		t.Fatal("scale below 1 accepted")
 	}
+	// Every profile the daemon's dcqcn.profile names is the device's.
+	for _, p := range []string{"off", "paper", "connectx", "hpcc-mlx"} {
+		if c, err := NewCongestion(p, 0, 1, nil); err != nil || c.On() != (p != "off") {
+			t.Errorf("profile %s: %+v %v", p, c, err)
+		}
+	}
 }
 
 // FuzzDCQCNReceive feeds arbitrary frames (re-aimed at the QP and
@@ -490,10 +496,10 @@ func TestCNPIPv6(t *testing.T) {
 		t.Fatalf("%d frames, want CNP and ACK", len(out))
 	}
 	f := parse(t, out[0])
-	if f.Opcode() != bth.CNP || f.IPv6().TrafficClass() != 48<<2|ecnECT0 || f.BTH().DestQP() != 0x118 {
+	if f.Opcode() != bth.CNP || f.IPv6().TrafficClass() != 48<<2|frame.ECT0 || f.BTH().DestQP() != 0x118 {
 		t.Fatalf("CNP %v TC %#x DestQP %#x", f.Opcode(), f.IPv6().TrafficClass(), f.BTH().DestQP())
 	}
-	sp := frame.Spec{DstMAC: macB, SrcMAC: macA, Src: a, Dst: b, TOS: 48<<2 | ecnECT0, TTL: 64,
+	sp := frame.Spec{DstMAC: macB, SrcMAC: macA, Src: a, Dst: b, TOS: 48<<2 | frame.ECT0, TTL: 64,
 		FlowLabel: f.IPv6().FlowLabel(), SrcPort: f.UDP().SrcPort()}
 	want := make([]byte, 128)
 	n, err := frame.BuildCNP(want, &sp, 0x118)

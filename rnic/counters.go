@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"slices"
 
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
@@ -104,6 +105,10 @@ type QPCounters struct {
 	RC    rc.Counters
 	UD    ud.Counters
 	CQE   CQECounters
+	// CC is the QP's DCQCN state when CCOn (an RC or UC QP of a device
+	// that runs DCQCN).
+	CC   dcqcn.State
+	CCOn bool
 }
 
 // CQECounters counts a QP's error completions the way mlx5 does
@@ -154,6 +159,9 @@ func (d *Device) EachQPCounters(fn func(*QPCounters)) {
 			c.RC = t.Counters
 		case *ud.QP:
 			c.UD = t.Counters
+		}
+		if r, ok := q.tr.(ccReporter); ok {
+			c.CC, c.CCOn = r.CongestionState()
 		}
 		q.mu.Unlock()
 		fn(&c)

@@ -14,12 +14,11 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/internal/rnictest"
-	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -220,26 +219,13 @@ func ethtoolStat(text, name string) (uint64, error) {
 // it runs on, so it would not spread QPs over queues.)
 func startPeerQueues(t *testing.T, b netnstest.Link) *rnic.Device {
 	t.Helper()
-	var pb port.Port
-	var in engine.Interface
-	if err := b.NS.Do(func() error {
-		var err error
-		if in, err = engine.LookupInterface(b.Name); err != nil {
-			return err
-		}
-		pb, err = engine.OpenPortQueues(in, engine.AFXDP, 0)
+	var h *host.Host
+	if err := b.NS.Do(func() (err error) {
+		h, err = host.Open(host.Config{Interface: b.Name, GIDs: []netip.Addr{b.Addr}, MTU: 1024, Port: host.AFXDP, NoCM: true})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := rnic.NewDevice(rnic.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
-	if err != nil {
-		pb.Close()
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- engine.Run(ctx, dev, pb, engine.Options{}) }()
-	t.Cleanup(func() { stop(); <-done; pb.Close() })
-	return dev
+	t.Cleanup(func() { h.Close() })
+	return h.Device
 }

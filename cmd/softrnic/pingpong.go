@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/pingpong"
 )
 
@@ -72,7 +72,7 @@ func runPingpong(args []string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	kind := engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
+	kind := host.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
 	if _, err := pingpong.RunCLI(ctx, p, pingpong.CLIOptions{PortKind: kind, DialFor: 3 * time.Second, Daemon: daemonSock}, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "softrnic pingpong %s: %v\n", args[0], err)
 		return 1

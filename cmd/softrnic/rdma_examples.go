@@ -13,7 +13,7 @@ import (
 	"syscall"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rdmacm/examples"
 	"github.com/softrnic/softrnic/verbs"
@@ -37,7 +37,7 @@ func rdmaExampleArgs(args []string, client bool) (cmHost, uint16, string, error)
 	if err := fs.Parse(args); err != nil {
 		return cmHost{}, 0, "", err
 	}
-	h := cmHost{iface: *iface, client: client, kind: engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))}
+	h := cmHost{iface: *iface, client: client, kind: host.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))}
 	if *addr != "" {
 		a, err := netip.ParseAddr(*addr)
 		if err != nil {
@@ -75,7 +75,7 @@ func runRDMAExample(args []string, isClient bool) int {
 			c.Close()
 		}
 	} else {
-		err = withCMAgent(ctx, h, func(a *rdmacm.Agent) error { return run(a.Device(), a) })
+		err = withCMAgent(h, func(a *rdmacm.Agent) error { return run(a.Device(), a) })
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softrnic: %v\n", err)

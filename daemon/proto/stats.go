@@ -148,6 +148,11 @@ const (
 	QCtrReqRemoteInvalidRequest        // RC
 	QCtrRespRemoteAccessErrors         // RC, UC
 	QCtrRespLocalLengthError           // RC, UC
+	QCtrDCQCNECNMarked                 // RC, UC with DCQCN: CE-marked packets received (NP)
+	QCtrDCQCNCNPSent                   // RC, UC with DCQCN: CNPs the NP asked for
+	QCtrDCQCNCNPHandled                // RC, UC with DCQCN: CNPs the RP acted on
+	QCtrDCQCNCNPIgnored                // RC, UC with DCQCN: CNPs coalesced into a pending cut
+	QCtrDCQCNRateCuts                  // RC, UC with DCQCN: the RP's rate cuts
 	NumQPCounters
 )
 
@@ -177,6 +182,13 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
 	QCtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
 	QCtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
+	// A QP's own DCQCN counts, under names of their own so that a tool
+	// summing the mlx5 names over a device does not count them twice.
+	QCtrDCQCNECNMarked:  {"dcqcn_ecn_marked", "CE-marked packets this QP received (DCQCN NP)"},
+	QCtrDCQCNCNPSent:    {"dcqcn_cnp_sent", "CNPs this QP's NP asked for"},
+	QCtrDCQCNCNPHandled: {"dcqcn_cnp_handled", "CNPs this QP's RP acted on"},
+	QCtrDCQCNCNPIgnored: {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
+	QCtrDCQCNRateCuts:   {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not
@@ -224,7 +236,7 @@ type QPStats struct {
 
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-const MaxStatsQPs = 16
+const MaxStatsQPs = 12
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/perftest"
 )
@@ -31,7 +31,7 @@ func vethRun(tb testing.TB, pair *netnstest.Pair, verb perftest.Verb, m perftest
 	serr := make(chan error, 1)
 	go func() {
 		serr <- pair.A.NS.Do(func() error {
-			_, err := RunCLI(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
+			_, err := RunCLI(ctx, ps, CLIOptions{PortKind: host.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
 			return err
 		})
 	}()
@@ -42,7 +42,7 @@ func vethRun(tb testing.TB, pair *netnstest.Pair, verb perftest.Verb, m perftest
 	}
 	var res Result
 	cerr := pair.B.NS.Do(func() (err error) {
-		res, err = RunCLI(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
+		res, err = RunCLI(ctx, pc, CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}, &cout)
 		return err
 	})
 	if cerr != nil {

@@ -7,21 +7,19 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"strconv"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/route"
 )
 
 // CLIOptions are what `softrnic perf` adds to perftest's parameters.
 type CLIOptions struct {
-	PortKind engine.PortKind // AF_XDP, AF_PACKET or auto
+	PortKind host.PortKind // AF_XDP, AF_PACKET or auto
 	// DialFor is how long a client keeps retrying to reach the server's
 	// side channel (perftest gives up at once; a script starting both ends
 	// together is easier with a few seconds).
@@ -69,7 +67,7 @@ func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host)
 	if err != nil {
 		return err
 	}
-	if err := OpenHost(ctx, p.Device, o.PortKind, cc, f); err != nil {
+	if err := OpenHost(p.Device, o.PortKind, cc, f); err != nil {
 		return fmt.Errorf("perf: %w", err)
 	}
 	return nil
@@ -104,75 +102,24 @@ func DaemonHost(socket string) (Host, *client.Client, error) {
 	if err != nil {
 		return Host{}, nil, err
 	}
-	h := Host{Device: c, CM: c, Iface: engine.Interface{Name: c.Name(), MTU: int(c.Query().ActiveMTU), GIDs: c.GIDs()}}
+	h := Host{Device: c, CM: c, Iface: host.Interface{Name: c.Name(), MTU: int(c.Query().ActiveMTU), GIDs: c.GIDs()}}
 	return h, c, nil
 }
 
-// OpenHost opens the RNIC the built-in tools run on: a port of the given
-// kind on the interface named device (in the calling thread's network
-// namespace), a rnic.Device on it with congestion control cc and route
-// resolution of peers' MACs, its engine loop in a goroutine of its own,
-// and an rdma_cm agent on it; it calls f with them and tears everything
-// down when f returns.
-func OpenHost(ctx context.Context, device string, kind engine.PortKind, cc rnic.Congestion, f func(Host) error) error {
-	in, err := engine.LookupInterface(device)
+// OpenHost opens the RNIC the built-in tools run on, a host.Host on the
+// interface named device (in the calling thread's network namespace),
+// with the given packet I/O and congestion control cc; it calls f with it
+// and tears everything down when f returns.
+func OpenHost(device string, kind host.PortKind, cc rnic.Congestion, f func(Host) error) error {
+	h, err := host.Open(host.Config{Interface: device, Port: kind, Congestion: cc, Engine: engineOptions(cc)})
 	if err != nil {
 		return err
 	}
-	pt, err := engine.OpenPortQueues(in, kind, 0) // every RX queue: RSS spreads RoCEv2 over them
-	if err != nil {
-		return fmt.Errorf("open %s: %w", in.Name, err)
-	}
-	defer pt.Close()
-	res, err := route.New()
-	if err != nil {
+	ferr := f(Host{Device: h.Device, CM: h.CM, Iface: h.Iface, Stats: h.Loop.DeviceStats})
+	if err := h.Close(); err != nil && ferr == nil {
 		return err
 	}
-	defer res.Close()
-	resolve := func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
-		var dst [6]byte
-		n, err := res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses
-		if err != nil {
-			return dst, err
-		}
-		if n.IfIndex != in.Index {
-			return dst, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
-		}
-		copy(dst[:], n.DstMAC)
-		return dst, nil
-	}
-	dev, err := newDevice(in, cc, resolve)
-	if err != nil {
-		return err
-	}
-	loop, err := engine.NewLoop(dev, pt, engineOptions(cc))
-	if err != nil {
-		return err
-	}
-	ectx, stop := context.WithCancel(ctx)
-	engDone := make(chan error, 1)
-	go func() { engDone <- loop.Run(ectx) }()
-	defer func() { stop(); <-engDone }()
-	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
-	if err != nil {
-		return err
-	}
-	// Closed before the engine stops: its final DREQs go out.
-	defer agent.Close()
-
-	h := Host{Device: dev, CM: agent, Iface: in, Stats: loop.DeviceStats}
-	if err := f(h); err != nil {
-		return err
-	}
-	select {
-	case err := <-engDone:
-		engDone <- err
-		if err != nil {
-			return fmt.Errorf("engine: %w", err)
-		}
-	default:
-	}
-	return nil
+	return ferr
 }
 
 // runOne runs the test with one client or server over its side channel.

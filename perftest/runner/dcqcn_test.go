@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/port/memlink"
 )
@@ -32,10 +33,10 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 	}
 	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: 1700, Seed: 7, Impairments: memlink.Impairments{CEMark: ce}})
 	t.Cleanup(func() { pa.Close(); pb.Close() })
-	ia := engine.Interface{Name: "mla", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
-	ib := engine.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
-	host := func(self, peer engine.Interface, pt *memlink.Port) Host {
-		dev, err := newDevice(self, cc, func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil })
+	ia := host.Interface{Name: "mla", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
+	ib := host.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
+	mk := func(self, peer host.Interface, pt *memlink.Port) Host {
+		dev, err := host.NewDevice(self, 0, cc, func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +55,7 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 		})
 		return Host{Device: dev, Iface: self, Stats: l.DeviceStats}
 	}
-	return host(ia, ib, pa), host(ib, ia, pb)
+	return mk(ia, ib, pa), mk(ib, ia, pb)
 }
 
 // runPairJSON runs one test as RunCLI does after its side channel

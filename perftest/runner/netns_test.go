@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/perftest"
 )
@@ -97,7 +97,7 @@ func TestPerfIPv6WithoutLinkLocal(t *testing.T) {
 	var sres Result
 	go func() {
 		serr <- pair.A.NS.Do(func() (err error) {
-			sres, err = RunCLI(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
+			sres, err = RunCLI(ctx, ps, CLIOptions{PortKind: host.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
 			return err
 		})
 	}()
@@ -107,7 +107,7 @@ func TestPerfIPv6WithoutLinkLocal(t *testing.T) {
 		t.Fatalf("server: %v", err)
 	}
 	cerr := pair.B.NS.Do(func() error {
-		_, err := RunCLI(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
+		_, err := RunCLI(ctx, pc, CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}, &cout)
 		return err
 	})
 	if cerr != nil {
@@ -136,7 +136,7 @@ func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
 	serr := make(chan error, 1)
 	go func() {
 		serr <- pair.A.NS.Do(func() (err error) {
-			sres, err = run(ctx, ps, CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, sout)
+			sres, err = run(ctx, ps, CLIOptions{PortKind: host.AFXDP, Listening: func(net.Addr) { close(listening) }}, sout)
 			return err
 		})
 	}()
@@ -146,7 +146,7 @@ func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
 		t.Fatalf("server: %v", err)
 	}
 	cerr := pair.B.NS.Do(func() (err error) {
-		cres, err = run(ctx, pc, CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, cout)
+		cres, err = run(ctx, pc, CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}, cout)
 		return err
 	})
 	if cerr != nil {

@@ -26,7 +26,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
@@ -45,7 +45,7 @@ type Host struct {
 	// CM is rdma_cm on Device, for -R: an rdmacm.Agent on a device of
 	// this process, the Client itself through a daemon. Nil refuses -R.
 	CM    rdmacm.CM
-	Iface engine.Interface
+	Iface host.Interface
 	// Stats, if set, returns the device's counters safely from the
 	// application's goroutine (engine.Loop.DeviceStats: Device.Stats
 	// belongs to the engine goroutine). --json reports the DCQCN counters
@@ -53,52 +53,18 @@ type Host struct {
 	Stats func() rnic.Stats
 }
 
-// NewDevice creates the device of an interface: its MAC, its addresses as
-// the GID table, its active MTU, peers' MACs from resolve; DCQCN off.
-func NewDevice(in engine.Interface, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
-	return newDevice(in, rnic.Congestion{}, resolve)
-}
-
-// newDevice is NewDevice with the DCQCN setting cc (CongestionFor).
-func newDevice(in engine.Interface, cc rnic.Congestion, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
-	mtu := in.ActiveMTU()
-	if mtu == 0 {
-		return nil, fmt.Errorf("perf: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
-	}
-	return rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu,
-		Congestion: cc, Resolve: resolve})
-}
-
 // CongestionFor is the device's DCQCN setting for --dcqcn and
 // --dcqcn-scale: the profile at its own line rate (paper 40 Gb/s,
 // connectx 100 Gb/s), dilated by the scale, so that a testbed whose
-// bottleneck is the line rate ÷ S sees the profile's dynamics.
-//
-// The pacer may send pacerWindow's worth of the QP's line rate back to back
-// after a pause (at most maxPacerBurst): the engine shares a small host
-// with its application and peers, and wakes for a departure late by up to
-// milliseconds. Strict pacing forfeits every late wake-up. Measured in
-// lab/dcqcnlive at S = 400 (100 Mb/s, load average about 10): with a
-// 250 µs window two QPs whose reaction points stood at line rate sent
-// 30 Mb/s each and no CNP came; with 1 ms utilisation was 0.75–0.99 over
-// four runs, with 2 ms 0.98. A hardware rate limiter has the same kind of
-// burst tolerance.
+// bottleneck is the line rate ÷ S sees the profile's dynamics; its pacer
+// may burst as host.Congestion allows.
 func CongestionFor(p perftest.Params) (rnic.Congestion, error) {
-	cc, err := rnic.NewCongestion(p.DCQCN, 0, p.DCQCNScale, nil)
+	cc, err := host.Congestion(p.DCQCN, p.DCQCNScale, nil)
 	if err != nil {
 		return cc, fmt.Errorf("perf: --dcqcn %s --dcqcn-scale %g: %w", p.DCQCN, p.DCQCNScale, err)
 	}
-	if cc.On() {
-		cc.PacerBurst = int(min(float64(cc.RP.LineRate)/8*pacerWindow.Seconds(), maxPacerBurst))
-	}
 	return cc, nil
 }
-
-// pacerWindow and maxPacerBurst bound the pacer's burst (CongestionFor).
-const (
-	pacerWindow   = 2 * time.Millisecond
-	maxPacerBurst = 64 << 10
-)
 
 // Result is what a run measured.
 type Result struct {

@@ -16,6 +16,7 @@ import (
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/frame/frametest"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/perftest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
@@ -24,9 +25,9 @@ import (
 
 // startDevice creates the device of in (resolving peers with resolve)
 // and runs it on p until the test ends.
-func startDevice(t *testing.T, in engine.Interface, p port.Port, opt engine.Options, resolve func(context.Context, netip.Addr) ([6]byte, error)) *rnic.Device {
+func startDevice(t *testing.T, in host.Interface, p port.Port, opt engine.Options, resolve func(context.Context, netip.Addr) ([6]byte, error)) *rnic.Device {
 	t.Helper()
-	dev, err := NewDevice(in, resolve)
+	dev, err := host.NewDevice(in, 0, rnic.Congestion{}, resolve)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,9 +53,9 @@ func memlinkHosts(t *testing.T, mtu int) (a, b Host) {
 func memlinkHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: mtu + 200})
 	t.Cleanup(func() { pa.Close(); pb.Close() })
-	ia := engine.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
-	ib := engine.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
-	resolver := func(peer engine.Interface) func(context.Context, netip.Addr) ([6]byte, error) {
+	ia := host.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
+	ib := host.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
+	resolver := func(peer host.Interface) func(context.Context, netip.Addr) ([6]byte, error) {
 		return func(_ context.Context, a netip.Addr) ([6]byte, error) {
 			if a != peer.GIDs[0] {
 				return [6]byte{}, fmt.Errorf("no route to %v", a)

@@ -406,49 +406,14 @@ func (w *wire) mark(b []byte, now clock.Time) {
 		over = w.vqBytes > float64(imp.CEQueueBytes)
 		w.vqBytes += float64(len(b))
 	}
-	ip, v6 := ipHeader(b)
-	if ip < 0 {
-		return
-	}
-	var ecn byte
-	if v6 {
-		ecn = b[ip+1] >> 4 & 3
-	} else {
-		ecn = b[ip+1] & 3
-	}
-	if ecn == 0 || ecn == 3 {
+	if !frame.ECNCapable(b) {
 		return // not ECN-capable, or marked already
 	}
 	if !over && !(imp.CEMark > 0 && w.rng.Float64() < imp.CEMark) {
 		return
 	}
-	if v6 {
-		b[ip+1] |= 0x30
-	} else {
-		b[ip+1] |= 3
-		frame.IPv4(b[ip:]).SetChecksum()
-	}
+	frame.MarkCE(b)
 	w.stats.Marked++
-}
-
-// ipHeader returns the offset of a frame's IP header (after at most one
-// VLAN tag) and whether it is IPv6, or -1 if the frame carries neither a
-// whole IPv4 nor a whole IPv6 header.
-func ipHeader(b []byte) (int, bool) {
-	if len(b) < 14 {
-		return -1, false
-	}
-	off, et := 14, uint16(b[12])<<8|uint16(b[13])
-	if et == 0x8100 && len(b) >= 18 {
-		off, et = 18, uint16(b[16])<<8|uint16(b[17])
-	}
-	switch {
-	case et == 0x0800 && len(b) >= off+20 && b[off]>>4 == 4 && b[off]&0x0F >= 5 && len(b) >= off+int(b[off]&0x0F)*4:
-		return off, false
-	case et == 0x86DD && len(b) >= off+40 && b[off]>>4 == 6:
-		return off, true
-	}
-	return -1, false
 }
 
 // less orders the heap by delivery time, then by enqueue order.

@@ -1,14 +1,15 @@
-package engine
+package host
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afpacket"
 	"github.com/softrnic/softrnic/port/afxdp"
+	"github.com/softrnic/softrnic/route"
 )
 
 // Interface is a network interface as a RoCE device sees it: where frames
@@ -32,11 +33,14 @@ type Interface struct {
 func LookupInterface(name string) (Interface, error) {
 	ifi, err := net.InterfaceByName(name)
 	if err != nil {
-		return Interface{}, err
+		if strings.Contains(err.Error(), "no such network interface") {
+			return Interface{}, fmt.Errorf("interface %s not found", name)
+		}
+		return Interface{}, fmt.Errorf("interface %s: %w", name, err)
 	}
 	in := Interface{Name: ifi.Name, Index: ifi.Index, MTU: ifi.MTU}
 	if len(ifi.HardwareAddr) != 6 {
-		return in, fmt.Errorf("engine: %s is not an Ethernet interface", name)
+		return in, fmt.Errorf("interface %s is not an Ethernet interface", name)
 	}
 	copy(in.MAC[:], ifi.HardwareAddr)
 	addrs, err := ifi.Addrs()
@@ -61,7 +65,7 @@ func LookupInterface(name string) (Interface, error) {
 	}
 	in.GIDs = append(append(append(in.GIDs, v4...), v6...), ll...)
 	if len(in.GIDs) == 0 {
-		return in, fmt.Errorf("engine: %s has no IP address, hence no GID", name)
+		return in, fmt.Errorf("interface %s has no IP address, hence no GID", name)
 	}
 	return in, nil
 }
@@ -71,7 +75,7 @@ func LookupInterface(name string) (Interface, error) {
 func (in Interface) GID(i int) (netip.Addr, error) {
 	if i >= 0 {
 		if i >= len(in.GIDs) {
-			return netip.Addr{}, fmt.Errorf("engine: %s has %d GIDs, no index %d", in.Name, len(in.GIDs), i)
+			return netip.Addr{}, fmt.Errorf("host: %s has %d GIDs, no index %d", in.Name, len(in.GIDs), i)
 		}
 		return in.GIDs[i], nil
 	}
@@ -114,55 +118,78 @@ const (
 	Auto PortKind = "auto"
 )
 
-// OpenPort opens a port on the interface, in the calling thread's network
-// namespace, serving its receive queue 0 (see OpenPortQueues).
+// OpenPort opens a port of the given kind on the interface, in the calling
+// thread's network namespace: an AF_XDP port serves receive queue 0 only
+// (Open serves them all), its steering program restricted to the
+// interface's GIDs.
 func OpenPort(in Interface, kind PortKind) (port.Port, error) {
-	return OpenPortQueues(in, kind, 1)
+	p, _, err := openPort(&Config{Port: kind, Queues: 1}, in)
+	return p, err
 }
 
-// OpenPortQueues opens a port on the interface, in the calling thread's
-// network namespace. An AF_XDP port serves receive queues 0..queues-1 (0:
-// all of the interface's), one socket each, all fed to the one engine
-// goroutine that owns the port (afxdp.Multi): a NIC's RSS spreads RoCEv2
-// over its queues by UDP source port, and a queue without a socket would
-// leave its share to the kernel. AF_PACKET sees every queue anyway.
-func OpenPortQueues(in Interface, kind PortKind, queues int) (port.Port, error) {
-	// Each branch returns an untyped nil on error: returning the
-	// constructors' (*T, error) directly would give the caller a non-nil
-	// port.Port holding a nil pointer.
-	xdp := func() (port.Port, error) {
-		if queues == 1 {
-			p, err := afxdp.Open(afxdp.Config{IfIndex: in.Index})
-			if err != nil {
-				return nil, err
-			}
-			return p, nil
-		}
-		m, err := afxdp.OpenMulti(afxdp.MultiConfig{Config: afxdp.Config{IfIndex: in.Index}, Queues: queues, SpreadTx: true})
-		if err != nil {
-			return nil, err
-		}
-		return m, nil
-	}
-	switch kind {
-	case AFXDP:
-		return xdp()
-	case AFPacket:
-		p, err := afpacket.Open(afpacket.Config{IfIndex: in.Index})
+// openXDP opens an AF_XDP port on receive queues 0..queues-1 (0: all of
+// the interface's), one socket each, all fed to the one engine goroutine
+// that owns the port (afxdp.Multi): a NIC's RSS spreads RoCEv2 over its
+// queues by UDP source port, and a queue without a socket would leave its
+// share to the kernel. Each QP transmits on the queue of its UDP source
+// port.
+//
+// Each branch returns an untyped nil on error: returning the
+// constructors' (*T, error) directly would give the caller a non-nil
+// port.Port holding a nil pointer.
+func openXDP(c afxdp.Config, queues int) (port.Port, error) {
+	if queues == 1 {
+		p, err := afxdp.Open(c)
 		if err != nil {
 			return nil, err
 		}
 		return p, nil
-	case Auto, "":
-		p, err := xdp()
-		if err == nil {
-			return p, nil
-		}
-		p2, err2 := afpacket.Open(afpacket.Config{IfIndex: in.Index})
-		if err2 != nil {
-			return nil, errors.Join(err, err2)
-		}
-		return p2, nil
 	}
-	return nil, fmt.Errorf("engine: unknown port kind %q", kind)
+	m, err := afxdp.OpenMulti(afxdp.MultiConfig{Config: c, Queues: queues, SpreadTx: true})
+	if err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// openPacket opens an AF_PACKET port, which sees every queue anyway.
+func openPacket(in Interface) (port.Port, error) {
+	p, err := afpacket.Open(afpacket.Config{IfIndex: in.Index})
+	if err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// InterfaceToward names the interface the kernel routes peer through: a
+// client tool's default when no interface is given.
+func InterfaceToward(peer netip.Addr) (string, error) {
+	res, err := route.New()
+	if err != nil {
+		return "", err
+	}
+	defer res.Close()
+	n, err := res.Lookup(peer)
+	if n.IfName == "" {
+		return "", fmt.Errorf("no interface routes to %v (%v)", peer, err)
+	}
+	return n.IfName, nil
+}
+
+// InterfaceHolding names the interface that has addr: a server tool's
+// default when it is given the address to serve on.
+func InterfaceHolding(addr netip.Addr) (string, error) {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return "", err
+	}
+	for _, ifi := range ifs {
+		addrs, _ := ifi.Addrs()
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == addr.Unmap() {
+				return ifi.Name, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("no interface has %v", addr)
 }

@@ -1,4 +1,4 @@
-package engine
+package host
 
 import (
 	"testing"
@@ -55,5 +55,16 @@ func TestOpenPortErrorIsNil(t *testing.T) {
 		if err == nil || p != nil {
 			t.Errorf("%s: port %#v, error %v; want a nil port and an error", kind, p, err)
 		}
+	}
+}
+
+// An interface that does not exist is named as the user typed it, by
+// LookupInterface and by Open.
+func TestInterfaceNotFound(t *testing.T) {
+	if _, err := LookupInterface("eth9nope"); err == nil || err.Error() != "interface eth9nope not found" {
+		t.Errorf("LookupInterface: %v", err)
+	}
+	if _, err := Open(Config{Interface: "eth9nope"}); err == nil || err.Error() != "interface eth9nope not found" {
+		t.Errorf("Open: %v", err)
 	}
 }
