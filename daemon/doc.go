@@ -7,7 +7,7 @@
 //   - Config (config.go): one key = value file format, every key also a
 //     flag, errors naming the key; NewLogger sets up log/slog.
 //   - The engine loop of a rnic.Device on a port.Port is engine's (a Loop
-//     with the capture tap of package capture on both directions). With
+//     with the capture tap of internal/capture on both directions). With
 //     AF_XDP the port is an afxdp.Multi: one socket per RX queue (queues =
 //     0: all of them), all drained by that one engine goroutine, each QP
 //     transmitting on the queue of its UDP source port. One goroutine per

@@ -11,12 +11,12 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/internal/testlink"
 	"github.com/softrnic/softrnic/verbs"
 )

@@ -17,12 +17,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/shmring"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/shmring"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -374,10 +374,8 @@ func (s *Server) pump() {
 			// ibv_poll_cq does on rxe or mlx5, and as an in-process tool
 			// does through rnic.Device.Poll), so that a client's post
 			// and the frames that answer it need not wait for the engine
-			// goroutine to wake from a nap. Over AF_XDP on a loaded
-			// 2-core host, 64 B send_lat p50 through the daemon was
-			// 450-537 µs with this and 554-1068 µs without (four
-			// interleaved runs each).
+			// goroutine to wake from a nap (README, "Design
+			// decisions", has the figures).
 			if s.dev.Poll() {
 				last = time.Now()
 				continue

@@ -14,12 +14,12 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/shmring"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/shmring"
 	"github.com/softrnic/softrnic/verbs"
 )
 

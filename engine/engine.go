@@ -1,22 +1,3 @@
-// Package engine drives a rnic.Device on a port.Port: it is the one loop
-// that moves RoCEv2 frames between the wire and the device's queue pairs.
-//
-// Everything about a frame — parsing, the checks that drop it (destination
-// address, TVer, P_Key, DestQP, QP type and state, source of the connected
-// peer, ICRC), the counters of those drops (rnic.Device.Stats), the
-// building of Ethernet/IP/UDP headers and the ICRC — belongs to the device.
-// The engine owns only the loop: which goroutine calls the device's step
-// functions, when it polls the port, when it spins and when it sleeps, and
-// what it does when the port takes fewer frames than it is offered.
-// Finding the interface and opening its port is package host's.
-//
-// One goroutine runs Run per device and port (package rnic requires the
-// step functions never to run concurrently). Applications post and poll on
-// the device from their own goroutines; a post rings the device's doorbell,
-// which cuts a nap short. An application that busy-polls may also run the
-// loop's step itself (rnic.Device.Poll, which Run wires to TryStep) while
-// the engine goroutine naps: a step lock, taken once per batch, decides
-// which goroutine runs it.
 package engine
 
 import (
@@ -28,10 +9,10 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/rnic"
 )
@@ -46,10 +27,8 @@ type Options struct {
 	// SpinFor is how long Run keeps polling without sleeping after the
 	// last work it did (0: 2 µs), at least. Spinning long regardless of
 	// the traffic starves the application and the peer on a small
-	// machine: with two cores, 1 ms of spinning made the 64 B SEND half
-	// round trip over veth ten times slower, and 50 µs four times slower,
-	// than 2 µs followed by naps. SpinMax lets the window grow where the
-	// traffic needs it.
+	// machine (README, "Design decisions"). SpinMax lets the window grow
+	// where the traffic needs it.
 	SpinFor time.Duration
 	// SpinMax bounds the adaptive spin window (0: 200 µs; negative: no
 	// adaptation, Run spins SpinFor). While no application polls the
@@ -318,8 +297,7 @@ func Run(ctx context.Context, dev *rnic.Device, p port.Port, opt Options) error 
 // timer that the device's doorbell cuts short, polling the port between
 // naps; after DeepIdleAfter without work it sleeps in the port itself. A
 // port that takes none of the frames offered counts as no work: spinning
-// on a full ring would only starve the peer that drains it (on two cores,
-// a 1 MiB UC WRITE over memlink took 60 ms spinning).
+// on a full ring would only starve the peer that drains it.
 //
 // While an application polls the device (rnic.Device.Poll within the
 // last PolledWait) the naps last PolledWait and the loop never sleeps in
@@ -419,10 +397,10 @@ func (l *Loop) Run(ctx context.Context) error {
 // keep polling the port after work before napping. Spinning pays when the
 // next frame comes sooner than a nap ends, and only then. A nap is a Go
 // timer, and the runtime waits for timers in epoll_pwait(2), whose timeout
-// is in milliseconds: in a process with nothing else running, a 10 µs nap
-// lasts about 1 ms. So the window adapts as an adaptive mutex's spin does,
-// from the idle gaps (from the last work to the work that ended an idle
-// spell) and from what that work was:
+// is in milliseconds: in a process with nothing else running, a nap of
+// microseconds lasts a millisecond. So the window adapts as an adaptive
+// mutex's spin does, from the idle gaps (from the last work to the work
+// that ended an idle spell) and from what that work was:
 //
 //   - frames that queued up while the loop was away (two or more in the
 //     step that ended the spell): traffic is denser than the window
@@ -433,9 +411,9 @@ func (l *Loop) Run(ctx context.Context) error {
 //   - otherwise a gap of max or more: spinning would not have caught it,
 //     and the window halves, down to min.
 //
-// A WRITE responder in its own process saw 1-2 ms gaps with a fixed 2 µs
-// window, and the requester stalled on the late ACKs (64 KiB WRITE over
-// veth: 3.6 Gbit/s instead of 8.5-11). A pure function of what it observes,
+// With a fixed short window a WRITE responder in its own process naps
+// between the frames of a stream, and the requester stalls on the late
+// ACKs (README, "Design decisions"). A pure function of what it observes,
 // for tests.
 //
 // Run only spins while no application polls the device, so a ping-pong

@@ -5,7 +5,7 @@
 // AF_XDP falling back to AF_PACKET), the rnic device with its congestion
 // control, the engine loop driving it in a goroutine of its own (with a
 // capture tap if asked), neighbour resolution through the kernel's tables
-// (package route), and an rdma_cm agent on the device. Open makes one,
+// (package internal/route), and an rdma_cm agent on the device. Open makes one,
 // Close takes it down in order.
 //
 // Congestion builds the device's DCQCN setting from a profile name, as

@@ -11,11 +11,11 @@ import (
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/internal/route"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/route"
 )
 
 // Config is what a host is made of. Only Interface is required.

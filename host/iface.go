@@ -6,10 +6,10 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/softrnic/softrnic/internal/route"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afpacket"
 	"github.com/softrnic/softrnic/port/afxdp"
-	"github.com/softrnic/softrnic/route"
 )
 
 // Interface is a network interface as a RoCE device sees it: where frames

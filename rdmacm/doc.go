@@ -45,8 +45,8 @@
 //     PD, on the agent's device: a QP of another device is refused), and
 //     never destroys one: closing a connection leaves its QP to the
 //     application.
-//   - Package rdmacm/rping runs librdmacm's rping, rdmacm/examples its
-//     rdma_server and rdma_client, on any CM.
+//   - Packages internal/rdmacm/rping and internal/rdmacm/examples run
+//     librdmacm's rping, rdma_server and rdma_client on any CM.
 //
 // # Interop
 //

@@ -13,8 +13,8 @@ import (
 	"github.com/softrnic/softrnic/verbs"
 )
 
-// TestConcurrentApplications runs the engine of both devices in one
-// goroutine (as issue 5's engine will) while several application
+// TestConcurrentApplications runs the step functions of both devices in
+// one goroutine (as an engine does) while several application
 // goroutines post sends and receives and wait on their CQs: the contract
 // of the package doc, checked by the race detector.
 func TestConcurrentApplications(t *testing.T) {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/perftest/runner"
+	"github.com/softrnic/softrnic/internal/perftest"
+	"github.com/softrnic/softrnic/internal/perftest/runner"
 )
 
 // A softrnic end in a child process is this program started again under

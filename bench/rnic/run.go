@@ -22,8 +22,8 @@ import (
 	"github.com/softrnic/softrnic/bench/io/iobench"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/perftest/runner"
+	"github.com/softrnic/softrnic/internal/perftest"
+	"github.com/softrnic/softrnic/internal/perftest/runner"
 )
 
 // MTU of the veth pair: RoCE path MTU 4096 fits (a 4154-byte frame), as

@@ -11,11 +11,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/rnic"

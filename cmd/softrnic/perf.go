@@ -12,8 +12,8 @@ import (
 
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/host"
-	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/perftest/runner"
+	"github.com/softrnic/softrnic/internal/perftest"
+	"github.com/softrnic/softrnic/internal/perftest/runner"
 )
 
 func init() {

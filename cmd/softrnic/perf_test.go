@@ -15,7 +15,7 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/internal/perftest"
 )
 
 // startDaemon runs `softrnic daemon` on link a (AF_XDP, and the flags in

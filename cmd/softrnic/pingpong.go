@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/host"
-	"github.com/softrnic/softrnic/pingpong"
+	"github.com/softrnic/softrnic/internal/pingpong"
 )
 
 func init() {

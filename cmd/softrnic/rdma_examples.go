@@ -14,8 +14,8 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/internal/rdmacm/examples"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rdmacm/examples"
 	"github.com/softrnic/softrnic/verbs"
 )
 

@@ -15,10 +15,10 @@ import (
 	"syscall"
 
 	"github.com/softrnic/softrnic/client"
-	cmrping "github.com/softrnic/softrnic/cm/rping"
 	"github.com/softrnic/softrnic/host"
+	cmrping "github.com/softrnic/softrnic/internal/cm/rping"
+	"github.com/softrnic/softrnic/internal/rdmacm/rping"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rdmacm/rping"
 )
 
 func init() {

@@ -49,7 +49,7 @@ type MultiConfig struct {
 // Like every port.Port it belongs to one goroutine: the device's engine
 // loop. The device stays one engine goroutine fed by N sockets (see Recv
 // for how the queues share it), because rnic.Device's step functions must
-// never run concurrently: "one engine goroutine per queue" (issue 5) is in
+// never run concurrently: "one engine goroutine per queue" is in
 // fact one per device. N queues therefore buy completeness (no queue's
 // RoCEv2 is left to the kernel) and deeper rings, not more CPU; sharding
 // QPs over several engine goroutines would be the next step.

@@ -9,8 +9,8 @@ import (
 )
 
 // TestCompleterReadReplyGapWithReadsOutstanding replays, packet for
-// packet, what the interop lab showed with `ib_read_bw -q 4` against rxe
-// (issue 6): several READs outstanding, one frame of the second READ's
+// packet, what the interop lab showed with `ib_read_bw -q 4` against rxe:
+// several READs outstanding, one frame of the second READ's
 // reply lost in the middle (the lab's guest qdisc dropped it after rxe had
 // counted it sent), and the rest of that reply and the next READ's reply
 // still arriving. The requester must ask again exactly once, from the
