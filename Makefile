@@ -39,14 +39,14 @@ test:
 	$(GO) test -count=1 -timeout 30m $(PKGS)
 	$(MAKE) test-race
 
-RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./route/... ./internal/netnstest/... ./shmring/... ./engine/... ./daemon/... ./client/... ./capture/... ./perftest/... ./rnic/... ./rdmacm/... 2>/dev/null)
+RACE_PKGS := $(shell $(GO) list ./verbs/... ./transport/... ./port/... ./internal/route/... ./internal/netnstest/... ./internal/shmring/... ./engine/... ./host/... ./daemon/... ./client/... ./internal/capture/... ./internal/perftest/... ./rnic/... ./rdmacm/... ./internal/rdmacm/... 2>/dev/null)
 test-race:
 	$(if $(RACE_PKGS),$(GO) test -race -count=1 -timeout 20m $(RACE_PKGS),@echo "no concurrent packages yet")
 
 ## test-long: the exhaustive sweeps that the default run samples
 test-long:
 	SOFTRNIC_SIM_LONG=1 $(GO) test -count=1 -timeout 20m -run 'TestNFlow|TestConnectXAtScale|TestLiterature' -v ./sim/
-	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./verbs
+	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./rnic
 	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run 'TestLoopback|TestLossSweep|TestGoodputComparison' ./transport/rc
 
 ## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)
@@ -66,8 +66,8 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzControllers$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/
 	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
 	$(GO) test -run '^$$' -fuzz '^FuzzQPSelective$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
-	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./verbs
-	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./perftest
+	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./rnic
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./internal/perftest
 	$(GO) test -run '^$$' -fuzz '^FuzzGetSendWR$$' -fuzztime $(FUZZ_HDR_TIME) ./daemon/proto
 	$(GO) test -run '^$$' -fuzz '^FuzzControlMessages$$' -fuzztime $(FUZZ_HDR_TIME) ./client
 
@@ -75,9 +75,9 @@ fuzz:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bth ./icrc ./frame ./port/memlink ./cm
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/ ./congestion/...
-	$(GO) test -run '^$$' -bench 'RCPair' -benchmem -benchtime 200000x ./verbs
-	$(GO) test -run '^$$' -bench 'GoodputLoss' -benchtime 1x ./verbs
-	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./shmring ./capture ./client
+	$(GO) test -run '^$$' -bench 'RCPair' -benchmem -benchtime 200000x ./rnic
+	$(GO) test -run '^$$' -bench 'GoodputLoss' -benchtime 1x ./rnic
+	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./internal/shmring ./internal/capture ./client
 	$(GO) test -run '^$$' -bench Send64 -benchtime 2s ./daemon
 	$(GO) run ./bench/io -json out/bench-io.json
 	$(GO) run ./bench/rnic -json out/bench-rnic.json

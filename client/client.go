@@ -1,33 +1,21 @@
-// Package client lets an application in another process use the RNIC of a
-// running softrnic daemon, the way it would use a hardware one through
-// verbs: open the device, allocate PDs, register memory, create CQs and QPs,
-// post work requests and poll completions.
-//
-// Control operations are messages on the daemon's Unix socket. The data path
-// is shared memory: registered memory is a memfd the daemon maps too, so a
-// remote RDMA READ or WRITE lands directly in the application's buffer; send
-// and receive queues and completion queues are rings (package shmring) in
-// memfds shared with the daemon, so PostSend, PostRecv and Poll are memory
-// operations and make a syscall only to wake a daemon (or be woken by it)
-// that has gone to sleep for lack of work.
-//
-// Handles are per connection: nothing a client names can reach another
-// client's objects. When the connection closes (Close, or the process dies)
-// the daemon moves the client's QPs to error and frees everything it owned.
 package client
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/shmring"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // DefaultControl is the daemon socket Dial uses for an empty path.
@@ -72,6 +60,28 @@ func Dial(path string) (*Client, error) {
 
 // Info returns the device attributes the daemon reported.
 func (c *Client) Info() proto.DeviceInfo { return c.info }
+
+var _ verbs.Device = (*Client)(nil)
+
+// Name is the interface the daemon's RNIC runs on.
+func (c *Client) Name() string { return string(bytes.TrimRight(c.info.Name[:], "\x00")) }
+
+// Query returns the daemon's device attributes (ibv_query_device).
+func (c *Client) Query() ib.DeviceAttr {
+	return c.info.DeviceAttr
+}
+
+// GIDs is the daemon's GID table.
+func (c *Client) GIDs() []netip.Addr {
+	var g []netip.Addr
+	for i := 0; i < int(c.info.NumGIDs) && i < len(c.info.GIDs); i++ {
+		g = append(g, netip.AddrFrom16(c.info.GIDs[i]).Unmap())
+	}
+	return g
+}
+
+// AllocMem allocates memory the daemon can map (see AllocMem).
+func (c *Client) AllocMem(n int) (verbs.Mem, error) { return AllocMem(n) }
 
 // Status returns how the daemon moves frames and who uses it (all clients
 // for root, only this one for others): what softrnic status prints.
@@ -137,7 +147,7 @@ type PD struct {
 }
 
 // AllocPD allocates a protection domain.
-func (c *Client) AllocPD() (*PD, error) {
+func (c *Client) AllocPD() (verbs.PD, error) {
 	body, _, err := c.call(proto.OpAllocPD, nil, 0)
 	if err != nil {
 		return nil, err
@@ -212,22 +222,32 @@ func (m *Mem) Free() error {
 type MR struct {
 	c      *Client
 	h      proto.Handle
-	LKey   uint32
-	RKey   uint32
-	Addr   uint64 // IOVA of the first byte (this process's address of it)
-	Length uint64
+	lkey   uint32
+	rkey   uint32
+	addr   uint64 // IOVA of the first byte
+	length uint64
 }
 
-// RegMR registers bytes [off, off+length) of m with the given access, at
-// their address in this process.
-func (p *PD) RegMR(m *Mem, off, length int, access wr.Access) (*MR, error) {
-	return p.RegMRIOVA(m, off, length, m.Addr(off), access)
-}
+var _ verbs.MR = (*MR)(nil)
 
-// RegMRIOVA registers bytes [off, off+length) of m at virtual address iova
-// (ibv_reg_mr_iova): SGEs and peers name the memory by iova, which need not
-// be where this process sees it (perftest's random base address, say).
-func (p *PD) RegMRIOVA(m *Mem, off, length int, iova uint64, access wr.Access) (*MR, error) {
+// LKey, RKey, IOVA and Len describe the region.
+func (m *MR) LKey() uint32 { return m.lkey }
+func (m *MR) RKey() uint32 { return m.rkey }
+func (m *MR) IOVA() uint64 { return m.addr }
+func (m *MR) Len() int     { return int(m.length) }
+
+// RegMR registers bytes [off, off+length) of mem, memory from AllocMem, at
+// virtual address iova (0: their address in this process; ibv_reg_mr_iova):
+// SGEs and peers name the memory by iova, which need not be where this
+// process sees it (perftest's random base address, say).
+func (p *PD) RegMR(mem verbs.Mem, off, length int, iova uint64, access ib.Access) (verbs.MR, error) {
+	m, ok := mem.(*Mem)
+	if !ok {
+		return nil, fmt.Errorf("softrnic: the daemon registers memory from its AllocMem only: %w", verbs.ErrInvalid)
+	}
+	if iova == 0 {
+		iova = m.Addr(off)
+	}
 	if off < 0 || length <= 0 || off+length > len(m.b) {
 		return nil, fmt.Errorf("softrnic: MR [%d, %d) outside the %d-byte memory", off, off+length, len(m.b))
 	}
@@ -240,15 +260,15 @@ func (p *PD) RegMRIOVA(m *Mem, off, length int, iova uint64, access wr.Access) (
 	if err := proto.DecodeBody(body, &r); err != nil {
 		return nil, err
 	}
-	return &MR{c: p.c, h: r.MR, LKey: r.LKey, RKey: r.RKey, Addr: req.IOVA, Length: req.Length}, nil
+	return &MR{c: p.c, h: r.MR, lkey: r.LKey, rkey: r.RKey, addr: req.IOVA, length: req.Length}, nil
 }
 
 // Handle is the MR's handle on this connection.
 func (m *MR) Handle() proto.Handle { return m.h }
 
 // SGE names n bytes at offset off of the MR.
-func (m *MR) SGE(off, n int) proto.SGE {
-	return proto.SGE{Addr: m.Addr + uint64(off), Length: uint32(n), LKey: m.LKey}
+func (m *MR) SGE(off, n int) ib.SGE {
+	return ib.SGE{Addr: m.addr + uint64(off), Length: uint32(n), LKey: m.lkey}
 }
 
 // Dereg deregisters the MR: once it returns, no access reaches the memory.
@@ -265,7 +285,7 @@ type CQ struct {
 }
 
 // CreateCQ creates a completion queue holding at least depth completions.
-func (c *Client) CreateCQ(depth int) (*CQ, error) {
+func (c *Client) CreateCQ(depth int) (verbs.CQ, error) {
 	if depth <= 0 {
 		return nil, errors.New("softrnic: CQ depth must be positive")
 	}
@@ -292,7 +312,7 @@ func (q *CQ) Handle() proto.Handle { return q.h }
 
 // Poll moves up to len(wcs) completions into wcs and returns how many. No
 // syscall, no allocation.
-func (q *CQ) Poll(wcs []wr.WC) int {
+func (q *CQ) Poll(wcs []ib.WC) int {
 	q.mu.Lock()
 	n := 0
 	for ; n < len(wcs); n++ {
@@ -328,36 +348,34 @@ func (q *CQ) Destroy() error {
 	return q.db.Close()
 }
 
-// QPInitAttr are the arguments of CreateQP (ibv_qp_init_attr).
-type QPInitAttr struct {
-	Type           proto.QPType
-	SendCQ, RecvCQ *CQ
-	Caps           proto.QPCaps
-	SigAll         bool
-}
-
 // QP is a queue pair whose send and receive queues are shared-memory rings.
 type QP struct {
 	c    *Client
 	h    proto.Handle
-	QPN  uint32
-	Type proto.QPType
-	Caps proto.QPCaps // as granted
+	qpn  uint32
+	typ  ib.QPType
+	caps ib.QPCaps // as granted
 
 	sq, rq   *shmring.Ring
 	smu, rmu sync.Mutex
 	sqp, rqp *shmring.Producer
-	state    proto.QPState
+	state    ib.QPState
 	stateMu  sync.Mutex
-	cm       bool // made by rdma_cm (Connect, Accept): Disconnect applies
 }
 
-// CreateQP creates a queue pair in the PD.
-func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
-	if a.SendCQ == nil || a.RecvCQ == nil || a.SendCQ.c != p.c || a.RecvCQ.c != p.c {
-		return nil, errors.New("softrnic: CreateQP needs send and receive CQs of the same client")
+var _ verbs.QP = (*QP)(nil)
+
+// CreateQP creates a queue pair in the PD; its CQs are this client's.
+func (p *PD) CreateQP(a *verbs.QPInitAttr) (verbs.QP, error) {
+	scq, ok1 := a.SendCQ.(*CQ)
+	rcq, ok2 := a.RecvCQ.(*CQ)
+	if !ok1 || !ok2 || scq.c != p.c || rcq.c != p.c {
+		return nil, fmt.Errorf("softrnic: CreateQP needs send and receive CQs of the same client: %w", verbs.ErrOtherDevice)
 	}
-	req := proto.CreateQPReq{PD: p.h, SendCQ: a.SendCQ.h, RecvCQ: a.RecvCQ.h, Type: a.Type, Caps: a.Caps}
+	if a.SRQ != nil {
+		return nil, fmt.Errorf("softrnic: QPs on an SRQ through the daemon: %w", verbs.ErrNotSupported)
+	}
+	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap}
 	if a.SigAll {
 		req.SigAll = 1
 	}
@@ -373,26 +391,111 @@ func (p *PD) CreateQP(a QPInitAttr) (*QP, error) {
 	return p.mapQP(&r, fds, a.Type)
 }
 
+// mapQP maps the rings of a QP the daemon created and returns it.
+func (p *PD) mapQP(r *proto.CreateQPResp, fds []int, typ ib.QPType) (*QP, error) {
+	sq, err := shmring.Map(fds[0], shmring.Geometry{SlotSize: proto.SendSlotSize(r.Caps), Slots: int(r.SQSlots)})
+	if err != nil {
+		unix.Close(fds[1])
+		p.c.callHandle(proto.OpDestroyQP, r.QP)
+		return nil, err
+	}
+	rq, err := shmring.Map(fds[1], shmring.Geometry{SlotSize: proto.RecvSlotSize(r.Caps), Slots: int(r.RQSlots)})
+	if err != nil {
+		sq.Close()
+		p.c.callHandle(proto.OpDestroyQP, r.QP)
+		return nil, err
+	}
+	return &QP{c: p.c, h: r.QP, qpn: r.QPN, typ: typ, caps: r.Caps, sq: sq, rq: rq,
+		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
+}
+
+// CreateSRQ: the daemon serves no SRQs yet.
+func (p *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
+	return nil, fmt.Errorf("softrnic: SRQs through the daemon: %w", verbs.ErrNotSupported)
+}
+
+// AH is an address handle: a daemon object (its device's AH, the next
+// hop's MAC resolved) that the UD WRs posted with it name.
+type AH struct {
+	c  *Client
+	h  proto.Handle
+	av ib.AddressVector
+}
+
+var _ verbs.AH = (*AH)(nil)
+
+// CreateAH makes an address handle (ibv_create_ah) in the PD; the daemon
+// resolves the destination's MAC, which may take an ARP exchange.
+func (p *PD) CreateAH(av *ib.AddressVector) (verbs.AH, error) {
+	body, _, err := p.c.call(proto.OpCreateAH, &proto.CreateAHReq{PD: p.h, AV: *av}, 0)
+	if err != nil {
+		return nil, err
+	}
+	var m proto.HandleMsg
+	if err := proto.DecodeBody(body, &m); err != nil {
+		return nil, err
+	}
+	return &AH{c: p.c, h: m.Handle, av: *av}, nil
+}
+
+// AV is the address vector the handle was made from.
+func (a *AH) AV() ib.AddressVector { return a.av }
+
+// Handle is the AH's handle on this connection.
+func (a *AH) Handle() proto.Handle { return a.h }
+
+// Destroy releases the handle (ibv_destroy_ah). A UD WR posted with it
+// before and still in the SQ ring completes in error.
+func (a *AH) Destroy() error { return a.c.callHandle(proto.OpDestroyAH, a.h) }
+
 // Handle is the QP's handle on this connection.
 func (q *QP) Handle() proto.Handle { return q.h }
 
-// Modify changes QP attributes (ibv_modify_qp).
-func (q *QP) Modify(attr *proto.QPAttr, mask proto.QPAttrMask) error {
+// Device is the client the QP belongs to (verbs.DeviceObject).
+func (q *QP) Device() verbs.Device { return q.c }
+
+// QPN is the QP's number.
+func (q *QP) QPN() uint32 { return q.qpn }
+
+// Type is the QP's transport service.
+func (q *QP) Type() ib.QPType { return q.typ }
+
+// Caps are the QP's queue sizes as the daemon granted them.
+func (q *QP) Caps() ib.QPCaps { return q.caps }
+
+// State is the QP's state as this client last moved it (the daemon may
+// have moved it to SQE or ERR since: Query says).
+func (q *QP) State() ib.QPState {
+	q.stateMu.Lock()
+	defer q.stateMu.Unlock()
+	return q.state
+}
+
+func (q *QP) setState(s ib.QPState) {
+	q.stateMu.Lock()
+	q.state = s
+	q.stateMu.Unlock()
+}
+
+// Modify changes QP attributes (ibv_modify_qp): attributes and mask go to
+// the daemon's device as they are.
+func (q *QP) Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error {
 	_, _, err := q.c.call(proto.OpModifyQP, &proto.ModifyQPReq{QP: q.h, Mask: mask, Attr: *attr}, 0)
-	if err == nil && mask&proto.AttrState != 0 {
-		q.stateMu.Lock()
-		q.state = attr.State
-		q.stateMu.Unlock()
+	if err == nil && mask&ib.AttrState != 0 {
+		q.setState(attr.State)
 	}
 	return err
 }
 
 // Query returns the QP's attributes as the device holds them.
-func (q *QP) Query() (proto.QPAttr, error) {
+func (q *QP) Query() (ib.QPAttr, error) {
 	body, _, err := q.c.call(proto.OpQueryQP, &proto.HandleMsg{Handle: q.h}, 0)
-	var a proto.QPAttr
+	var a ib.QPAttr
 	if err == nil {
 		err = proto.DecodeBody(body, &a)
+	}
+	if err == nil {
+		q.setState(a.State)
 	}
 	return a, err
 }
@@ -406,44 +509,40 @@ func (q *QP) Destroy() error {
 	return q.rq.Close()
 }
 
-// Errors of PostSend and PostRecv, as ibv_post_send returns them.
-var (
-	ErrQueueFull = fmt.Errorf("softrnic: work queue full: %w", unix.ENOMEM)
-	ErrQPState   = fmt.Errorf("softrnic: QP state does not allow posting: %w", unix.EINVAL)
-	ErrTooBig    = fmt.Errorf("softrnic: work request exceeds the QP's SGE or inline caps: %w", unix.EINVAL)
-)
-
-func (q *QP) currentState() proto.QPState {
-	q.stateMu.Lock()
-	s := q.state
-	q.stateMu.Unlock()
-	return s
-}
-
 // PostSend posts send work requests, publishing them together (one
 // doorbell at most for the batch). It returns how many were posted and why
 // it stopped early. Like ibv_post_send, a QP before RTS refuses; a QP in
-// error accepts and the daemon flushes.
-func (q *QP) PostSend(ws ...*proto.SendWR) (int, error) {
-	st := q.currentState()
-	if st != proto.RTS && st != proto.SQD && st != proto.SQE && st != proto.Err {
-		return 0, ErrQPState
+// error accepts and the daemon flushes. No syscall, no allocation.
+func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
+	st := q.State()
+	if st != ib.RTS && st != ib.SQD && st != ib.SQE && st != ib.Err {
+		return 0, verbs.ErrQPState
 	}
 	q.smu.Lock()
 	defer q.smu.Unlock()
 	n := 0
 	var err error
-	for _, w := range ws {
-		if (w.Flags&wr.Inline != 0 && len(w.Inline) > int(q.Caps.MaxInline)) || (w.Flags&wr.Inline == 0 && len(w.SG) > int(q.Caps.MaxSendSGE)) {
-			err = ErrTooBig
+	for i := range ws {
+		w := &ws[i]
+		if (w.Flags&ib.Inline != 0 && len(w.InlineData) > int(q.caps.MaxInline)) || (w.Flags&ib.Inline == 0 && len(w.SG) > int(q.caps.MaxSendSGE)) {
+			err = verbs.ErrTooManySGE
 			break
+		}
+		var ah proto.Handle
+		if q.typ == ib.UD {
+			a, ok := w.AH.(*AH)
+			if !ok || a.c != q.c {
+				err = verbs.ErrInvalid // no address handle, or another RNIC's
+				break
+			}
+			ah = a.h
 		}
 		s := q.sqp.Reserve()
 		if s == nil {
-			err = ErrQueueFull
+			err = verbs.ErrQueueFull
 			break
 		}
-		if err = proto.PutSendWR(s, w); err != nil {
+		if err = proto.PutSendWR(s, w, ah); err != nil {
 			q.sqp.Unreserve()
 			break
 		}
@@ -461,33 +560,45 @@ func (q *QP) PostSend(ws ...*proto.SendWR) (int, error) {
 // its device. ibv_post_recv returns with the receive in the RQ; here it is
 // on its way through the ring, normally for microseconds. A receive that a
 // peer's UC or UD SEND must find (no RNR retry there) is certain to be in
-// place only once this is 0: wait for that before telling the peer to send.
+// place only once this is 0: SyncRecv waits for that.
 func (q *QP) RecvBacklog() int {
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
 	return q.rq.Geometry().Slots - q.rqp.Free()
 }
 
+// SyncRecv implements verbs.RecvSyncer: it returns once the daemon's
+// device holds every receive posted so far, yielding the CPU meanwhile.
+func (q *QP) SyncRecv(ctx context.Context) error {
+	for q.RecvBacklog() > 0 {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("softrnic: QP %#x: %d receives not taken by the daemon: %w", q.qpn, q.RecvBacklog(), err)
+		}
+		time.Sleep(10 * time.Microsecond)
+	}
+	return nil
+}
+
 // PostRecv posts receive work requests, publishing them together.
-func (q *QP) PostRecv(ws ...*proto.RecvWR) (int, error) {
-	if q.currentState() == proto.Reset {
-		return 0, ErrQPState
+func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
+	if q.State() == ib.Reset {
+		return 0, verbs.ErrQPState
 	}
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
 	n := 0
 	var err error
-	for _, w := range ws {
-		if len(w.SG) > int(q.Caps.MaxRecvSGE) {
-			err = ErrTooBig
+	for i := range ws {
+		if len(ws[i].SG) > int(q.caps.MaxRecvSGE) {
+			err = verbs.ErrTooManySGE
 			break
 		}
 		s := q.rqp.Reserve()
 		if s == nil {
-			err = ErrQueueFull
+			err = verbs.ErrQueueFull
 			break
 		}
-		proto.PutRecvWR(s, w)
+		proto.PutRecvWR(s, &ws[i])
 		n++
 	}
 	if n > 0 {

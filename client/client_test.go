@@ -20,9 +20,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon"
-	"github.com/softrnic/softrnic/daemon/loopdev"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/testlink"
+	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // TestMain runs the child roles of the cross-process tests when the test
@@ -36,7 +38,7 @@ func TestMain(m *testing.M) {
 
 type testDaemon struct {
 	srv  *daemon.Server
-	dev  *loopdev.Device
+	dev  *rnic.Device // on a loopback link: its QPs reach each other
 	path string
 	gone chan daemon.ClientInfo
 }
@@ -47,7 +49,7 @@ func startDaemon(t testing.TB, opt daemon.Options) *testDaemon {
 
 func startDaemonIn(t testing.TB, dir string, opt daemon.Options) *testDaemon {
 	t.Helper()
-	td := &testDaemon{dev: loopdev.New("loop0"), path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
+	td := &testDaemon{dev: testlink.Loopback(t, 1024), path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -84,7 +86,7 @@ type endpoint struct {
 	qp  *QP
 }
 
-func newEndpoint(t testing.TB, path string, access wr.Access) *endpoint {
+func newEndpoint(t testing.TB, path string, access ib.Access) *endpoint {
 	t.Helper()
 	c, err := Dial(path)
 	if err != nil {
@@ -92,42 +94,51 @@ func newEndpoint(t testing.TB, path string, access wr.Access) *endpoint {
 	}
 	t.Cleanup(func() { c.Close() })
 	e := &endpoint{c: c}
-	if e.pd, err = c.AllocPD(); err != nil {
-		t.Fatal(err)
-	}
+	e.pd = must(t)(c.AllocPD()).(*PD)
 	if e.mem, err = AllocMem(64 << 10); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { e.mem.Free() })
-	if e.mr, err = e.pd.RegMR(e.mem, 0, 64<<10, access); err != nil {
-		t.Fatal(err)
-	}
-	if e.cq, err = c.CreateCQ(256); err != nil {
-		t.Fatal(err)
-	}
-	if e.qp, err = e.pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: e.cq, RecvCQ: e.cq,
-		Caps: proto.QPCaps{MaxSendWR: 128, MaxRecvWR: 128, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}}); err != nil {
-		t.Fatal(err)
-	}
+	e.mr = must(t)(e.pd.RegMR(e.mem, 0, 64<<10, 0, access)).(*MR)
+	e.cq = must(t)(c.CreateCQ(256)).(*CQ)
+	e.qp = must(t)(e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: e.cq, RecvCQ: e.cq,
+		Cap: ib.QPCaps{MaxSendWR: 128, MaxRecvWR: 128, MaxSendSGE: 2, MaxRecvSGE: 2, MaxInline: 64}})).(*QP)
 	return e
 }
 
+// must returns a function that fails the test on a non-nil error and
+// returns the value otherwise.
+func must(t testing.TB) func(v any, err error) any {
+	return func(v any, err error) any {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+// gid is the GID of the test daemon's device (both ends of a connection
+// are on it).
+var gid = ib.GIDFrom(testlink.AddrA)
+
 // connect brings a and b to RTS, pointed at each other.
-func connect(t testing.TB, a, b *endpoint, access wr.Access) {
+func connect(t testing.TB, a, b *endpoint, access ib.Access) {
 	t.Helper()
 	for _, p := range [][2]*endpoint{{a, b}, {b, a}} {
 		q, peer := p[0].qp, p[1].qp
 		steps := []struct {
-			attr proto.QPAttr
-			mask proto.QPAttrMask
+			attr ib.QPAttr
+			mask ib.QPAttrMask
 		}{
-			{proto.QPAttr{State: proto.Init, Access: access}, proto.AttrState | proto.AttrAccessFlags | proto.AttrPKeyIndex | proto.AttrPort},
-			{proto.QPAttr{State: proto.RTR, DestQPN: peer.QPN, PathMTU: 1024, RQPSN: 100}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrRQPSN},
-			{proto.QPAttr{State: proto.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrSQPSN | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+			{ib.QPAttr{State: ib.Init, Access: access, Port: 1}, ib.AttrState | ib.AttrAccessFlags | ib.AttrPKeyIndex | ib.AttrPort},
+			{ib.QPAttr{State: ib.RTR, DestQPN: peer.QPN(), PathMTU: 1024, RQPSN: 100, MaxDestRdAtomic: 4, MinRNRTimer: 1, AV: ib.AddressVector{DGID: gid}},
+				ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer},
+			{ib.QPAttr{State: ib.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}, ib.AttrState | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic},
 		}
 		for _, s := range steps {
 			if err := q.Modify(&s.attr, s.mask); err != nil {
-				t.Fatalf("QP %d to %v: %v", q.QPN, s.attr.State, err)
+				t.Fatalf("QP %d to %v: %v", q.QPN(), s.attr.State, err)
 			}
 		}
 	}
@@ -135,9 +146,9 @@ func connect(t testing.TB, a, b *endpoint, access wr.Access) {
 
 // waitWC polls cq until one completion arrives, sleeping on the CQ's
 // doorbell between polls (bounded).
-func waitWC(t testing.TB, cq *CQ) wr.WC {
+func waitWC(t testing.TB, cq *CQ) ib.WC {
 	t.Helper()
-	var wcs [1]wr.WC
+	var wcs [1]ib.WC
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if cq.Poll(wcs[:]) == 1 {
@@ -152,28 +163,28 @@ func waitWC(t testing.TB, cq *CQ) wr.WC {
 	}
 }
 
-const allAccess = wr.LocalWrite | wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic
+const allAccess = ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic
 
 func TestSendWriteReadThroughDaemon(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic)
+	connect(t, a, b, ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic)
 
 	// SEND → RECV, two SGEs on each side.
 	copy(a.mem.Bytes()[0:], "hello, ")
 	copy(a.mem.Bytes()[100:], "remote world")
-	if _, err := b.qp.PostRecv(&proto.RecvWR{ID: 7, SG: []proto.SGE{b.mr.SGE(1000, 4), b.mr.SGE(2000, 100)}}); err != nil {
+	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{b.mr.SGE(1000, 4), b.mr.SGE(2000, 100)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 1, Opcode: wr.SendWithImm, Flags: wr.Signaled, Imm: 0xabc,
-		SG: []proto.SGE{a.mr.SGE(0, 7), a.mr.SGE(100, 12)}}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.SendWithImm, Flags: ib.Signaled, Imm: 0xabc,
+		SG: []ib.SGE{a.mr.SGE(0, 7), a.mr.SGE(100, 12)}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.ID != 1 || wc.Status != wr.Success || wc.Opcode != wr.WCSend || wc.QPN != a.qp.QPN {
+	if wc := waitWC(t, a.cq); wc.ID != 1 || wc.Status != ib.Success || wc.Opcode != ib.WCSend || wc.QPN != a.qp.QPN() {
 		t.Fatalf("send completion %+v", wc)
 	}
 	wc := waitWC(t, b.cq)
-	if wc.ID != 7 || wc.Status != wr.Success || !wc.IsRecv || wc.ByteLen != 19 || wc.Imm != 0xabc || wc.Flags&wr.WCWithImm == 0 || wc.SrcQP != a.qp.QPN {
+	if wc.ID != 7 || wc.Status != ib.Success || !wc.IsRecv || wc.ByteLen != 19 || wc.Imm != 0xabc || wc.Flags&ib.WCWithImm == 0 {
 		t.Fatalf("recv completion %+v", wc)
 	}
 	if got := string(b.mem.Bytes()[1000:1004]) + string(b.mem.Bytes()[2000:2015]); got != "hello, remote world" {
@@ -182,11 +193,11 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 
 	// RDMA WRITE lands directly in b's own buffer (the memfd both map).
 	copy(a.mem.Bytes()[4096:], "written by a")
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
-		SG: []proto.SGE{a.mr.SGE(4096, 12)}, RemoteAddr: b.mr.Addr + 8192, RKey: b.mr.RKey}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{a.mr.SGE(4096, 12)}, RemoteAddr: b.mr.IOVA() + 8192, RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCRDMAWrite {
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCRDMAWrite {
 		t.Fatalf("write completion %+v", wc)
 	}
 	if got := string(b.mem.Bytes()[8192:8204]); got != "written by a" {
@@ -194,11 +205,11 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	}
 
 	// Inline RDMA WRITE: the data travels in the SQ slot.
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 3, Opcode: wr.RDMAWrite, Flags: wr.Signaled | wr.Inline,
-		Inline: []byte("inline!"), RemoteAddr: b.mr.Addr + 9000, RKey: b.mr.RKey}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled | ib.Inline,
+		InlineData: []byte("inline!"), RemoteAddr: b.mr.IOVA() + 9000, RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success {
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success {
 		t.Fatalf("inline write completion %+v", wc)
 	}
 	if got := string(b.mem.Bytes()[9000:9007]); got != "inline!" {
@@ -207,11 +218,11 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 
 	// RDMA READ from b into a.
 	copy(b.mem.Bytes()[12000:], "read me back")
-	if _, err := a.qp.PostSend(&proto.SendWR{ID: 4, Opcode: wr.RDMARead, Flags: wr.Signaled,
-		SG: []proto.SGE{a.mr.SGE(16000, 12)}, RemoteAddr: b.mr.Addr + 12000, RKey: b.mr.RKey}); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 4, Opcode: ib.RDMARead, Flags: ib.Signaled,
+		SG: []ib.SGE{a.mr.SGE(16000, 12)}, RemoteAddr: b.mr.IOVA() + 12000, RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCRDMARead || wc.ByteLen != 12 {
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCRDMARead || wc.ByteLen != 12 {
 		t.Fatalf("read completion %+v", wc)
 	}
 	if got := string(a.mem.Bytes()[16000:16012]); got != "read me back" {
@@ -219,10 +230,7 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	}
 
 	// Unsignaled WRs produce no completion; the next signaled one does.
-	if _, err := a.qp.PostSend(
-		&proto.SendWR{ID: 5, Opcode: wr.RDMAWrite, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
-		&proto.SendWR{ID: 6, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey},
-	); err != nil {
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 5, Opcode: ib.RDMAWrite, SG: []ib.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}, {ID: 6, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(0, 8)}, RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
 	if wc := waitWC(t, a.cq); wc.ID != 6 {
@@ -232,21 +240,21 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	// Atomics: FETCH_AND_ADD then CMP_AND_SWP on an 8-byte word of b's MR;
 	// the original value lands in a's buffer.
 	binary.NativeEndian.PutUint64(b.mem.Bytes()[24000:], 40)
-	a.qp.PostSend(&proto.SendWR{ID: 20, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(32000, 8)},
-		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, SwapAdd: 2})
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCFetchAdd ||
+	a.qp.PostSend([]verbs.SendWR{{ID: 20, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32000, 8)},
+		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 2}})
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCFetchAdd ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32000:]) != 40 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 42 {
 		t.Fatalf("fetch-add: %+v", wc)
 	}
-	a.qp.PostSend(&proto.SendWR{ID: 21, Opcode: wr.AtomicCmpAndSwp, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(32008, 8)},
-		RemoteAddr: b.mr.Addr + 24000, RKey: b.mr.RKey, Compare: 42, SwapAdd: 7})
-	if wc := waitWC(t, a.cq); wc.Status != wr.Success || wc.Opcode != wr.WCCompSwap ||
+	a.qp.PostSend([]verbs.SendWR{{ID: 21, Opcode: ib.AtomicCmpAndSwp, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32008, 8)},
+		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 42, Swap: 7}})
+	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCCompSwap ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32008:]) != 42 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 7 {
 		t.Fatalf("compare-swap: %+v", wc)
 	}
 
 	attr, err := a.qp.Query()
-	if err != nil || attr.State != proto.RTS || attr.DestQPN != b.qp.QPN {
+	if err != nil || attr.State != ib.RTS || attr.DestQPN != b.qp.QPN() {
 		t.Fatalf("query: %+v %v", attr, err)
 	}
 	st, err := a.c.Status()
@@ -265,9 +273,9 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 // grant.
 func TestClientsAreIsolated(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
-	a := newEndpoint(t, td.path, wr.LocalWrite) // a grants no remote access
+	a := newEndpoint(t, td.path, ib.LocalWrite) // a grants no remote access
 	b := newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite|wr.RemoteRead)
+	connect(t, a, b, ib.RemoteWrite|ib.RemoteRead)
 
 	// b names a's handles on its own connection: not found, and a's objects
 	// are untouched. b's handle numbers coincide with a's, by construction.
@@ -280,10 +288,10 @@ func TestClientsAreIsolated(t *testing.T) {
 			t.Errorf("%v of an unknown handle: %v, want ENOENT", op, err)
 		}
 	}
-	if _, err := b.pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: a.cq, RecvCQ: a.cq, Caps: proto.QPCaps{MaxSendWR: 1}}); err == nil {
+	if _, err := b.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: a.cq, RecvCQ: a.cq, Cap: ib.QPCaps{MaxSendWR: 1}}); err == nil {
 		t.Error("b created a QP on a's CQ")
 	}
-	req := proto.CreateQPReq{PD: foreign, SendCQ: b.cq.h, RecvCQ: b.cq.h, Type: proto.RC, Caps: proto.QPCaps{MaxSendWR: 1}}
+	req := proto.CreateQPReq{PD: foreign, SendCQ: b.cq.h, RecvCQ: b.cq.h, Type: ib.RC, Caps: ib.QPCaps{MaxSendWR: 1}}
 	if _, _, err := b.c.call(proto.OpCreateQP, &req, 2); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("CreateQP in a foreign PD: %v", err)
 	}
@@ -292,30 +300,30 @@ func TestClientsAreIsolated(t *testing.T) {
 	// with a remote access error and writes nothing.
 	copy(b.mem.Bytes(), "intruder")
 	before := append([]byte(nil), a.mem.Bytes()[:64]...)
-	b.qp.PostSend(&proto.SendWR{ID: 9, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
-	if wc := waitWC(t, b.cq); wc.Status != wr.RemAccessErr {
+	b.qp.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
+	if wc := waitWC(t, b.cq); wc.Status != ib.RemAccessErr {
 		t.Fatalf("write to a non-remote MR: %v", wc.Status)
 	}
 	if !bytes.Equal(a.mem.Bytes()[:64], before) {
 		t.Fatal("a's memory changed")
 	}
 	// The failed QP is in error now: the next WR is flushed.
-	b.qp.PostSend(&proto.SendWR{ID: 10, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.Addr, RKey: a.mr.RKey})
-	if wc := waitWC(t, b.cq); wc.Status != wr.WRFlushErr || wc.ID != 10 {
+	b.qp.PostSend([]verbs.SendWR{{ID: 10, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
+	if wc := waitWC(t, b.cq); wc.Status != ib.WRFlushErr || wc.ID != 10 {
 		t.Fatalf("after error: %+v", wc)
 	}
 
 	// A guessed rkey (a's lkey, or a's rkey plus one) is refused too.
 	c, d := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, c, d, wr.RemoteWrite)
-	for _, key := range []uint32{d.mr.LKey, d.mr.RKey + 1, a.mr.RKey} {
+	connect(t, c, d, ib.RemoteWrite)
+	for _, key := range []uint32{d.mr.LKey(), d.mr.RKey() + 1, a.mr.RKey()} {
 		c2, d2 := newEndpoint(t, td.path, allAccess), d
 		_ = c2
-		if _, err := c.qp.PostSend(&proto.SendWR{ID: 11, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{c.mr.SGE(0, 8)}, RemoteAddr: d2.mr.Addr, RKey: key}); err != nil {
+		if _, err := c.qp.PostSend([]verbs.SendWR{{ID: 11, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{c.mr.SGE(0, 8)}, RemoteAddr: d2.mr.IOVA(), RKey: key}}); err != nil {
 			t.Fatal(err)
 		}
 		wc := waitWC(t, c.cq)
-		if wc.Status != wr.RemAccessErr && wc.Status != wr.WRFlushErr {
+		if wc.Status != ib.RemAccessErr && wc.Status != ib.WRFlushErr {
 			t.Fatalf("rkey %#x: %v", key, wc.Status)
 		}
 	}
@@ -325,10 +333,10 @@ func TestClientsAreIsolated(t *testing.T) {
 
 	// b's local SGE naming a's lkey is a protection error, not a's data.
 	e1, e2 := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, e1, e2, wr.RemoteWrite)
+	connect(t, e1, e2, ib.RemoteWrite)
 	copy(a.mem.Bytes()[:6], "secret")
-	e1.qp.PostSend(&proto.SendWR{ID: 12, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{{Addr: a.mr.Addr, Length: 6, LKey: a.mr.LKey}}, RemoteAddr: e2.mr.Addr, RKey: e2.mr.RKey})
-	if wc := waitWC(t, e1.cq); wc.Status != wr.LocProtErr {
+	e1.qp.PostSend([]verbs.SendWR{{ID: 12, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 6, LKey: a.mr.LKey()}}, RemoteAddr: e2.mr.IOVA(), RKey: e2.mr.RKey()}})
+	if wc := waitWC(t, e1.cq); wc.Status != ib.LocProtErr {
 		t.Fatalf("foreign lkey: %v", wc.Status)
 	}
 	if bytes.Contains(e2.mem.Bytes()[:64], []byte("secret")) {
@@ -345,7 +353,7 @@ func TestControlErrors(t *testing.T) {
 	if err := e.cq.Destroy(); !errors.Is(err, unix.EBUSY) {
 		t.Errorf("destroy a CQ with a QP: %v", err)
 	}
-	if _, err := e.pd.RegMR(e.mem, 0, 64, wr.RemoteWrite); !errors.Is(err, unix.EINVAL) {
+	if _, err := e.pd.RegMR(e.mem, 0, 64, 0, ib.RemoteWrite); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("remote write without local write: %v", err)
 	}
 	if _, err := e.c.CreateCQ(1 << 30); !errors.Is(err, unix.EINVAL) {
@@ -353,14 +361,14 @@ func TestControlErrors(t *testing.T) {
 	}
 	// Posting before RTS is refused at once, as ibv_post_send does.
 	f := newEndpoint(t, td.path, allAccess)
-	if _, err := f.qp.PostSend(&proto.SendWR{Opcode: wr.Send}); !errors.Is(err, ErrQPState) {
+	if _, err := f.qp.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); !errors.Is(err, verbs.ErrQPState) {
 		t.Errorf("post in RESET: %v", err)
 	}
-	if _, err := f.qp.PostRecv(&proto.RecvWR{SG: make([]proto.SGE, 3)}); !errors.Is(err, ErrQPState) {
+	if _, err := f.qp.PostRecv([]verbs.RecvWR{{SG: make([]ib.SGE, 3)}}); !errors.Is(err, verbs.ErrQPState) {
 		t.Errorf("recv in RESET: %v", err)
 	}
-	bad := proto.QPAttr{State: proto.RTS}
-	if err := f.qp.Modify(&bad, proto.AttrState); !errors.Is(err, unix.EINVAL) {
+	bad := ib.QPAttr{State: ib.RTS}
+	if err := f.qp.Modify(&bad, ib.AttrState); !errors.Is(err, unix.EINVAL) {
 		t.Errorf("RESET→RTS: %v", err)
 	}
 	// Orderly teardown works.
@@ -432,7 +440,7 @@ func TestHostileControlMessages(t *testing.T) {
 	}
 	// Registering memory that is not a sealed memfd: a pipe, and an
 	// unsealed memfd that could be truncated under the daemon's mapping.
-	reg := &proto.RegMRReq{PD: 1, Access: wr.LocalWrite, Length: 4096, IOVA: 0x1000}
+	reg := &proto.RegMRReq{PD: 1, Access: ib.LocalWrite, Length: 4096, IOVA: 0x1000}
 	if h, msg := roundTrip(proto.OpRegMR, reg, pipe[0]); h.Errno != uint32(unix.EINVAL) {
 		t.Errorf("MR on a pipe: %v %q", unix.Errno(h.Errno), msg)
 	}
@@ -453,13 +461,18 @@ func TestHostileControlMessages(t *testing.T) {
 	if h, _ := roundTrip(proto.OpRegMR, reg, m.fd); h.Errno != uint32(unix.EINVAL) {
 		t.Errorf("MR wrapping the address space: %v", unix.Errno(h.Errno))
 	}
-	if h, _ := roundTrip(proto.OpModifyQP, &proto.ModifyQPReq{QP: 1, Mask: 1 << 30}); h.Errno != uint32(unix.EINVAL) {
-		t.Errorf("unknown mask bits: %v", unix.Errno(h.Errno))
+	if h, _ := roundTrip(proto.OpModifyQP, &proto.ModifyQPReq{QP: 1, Mask: 1 << 30}); h.Errno != uint32(unix.ENOENT) {
+		t.Errorf("modify of a PD's handle: %v", unix.Errno(h.Errno))
 	}
 	// The daemon still serves others.
 	e := newEndpoint(t, td.path, allAccess)
-	if e.qp.QPN == 0 {
+	if e.qp.QPN() == 0 {
 		t.Fatal("no QPN")
+	}
+	// The mask goes to the device as it is: bits ibv_modify_qp does not
+	// know are refused there.
+	if err := e.qp.Modify(&ib.QPAttr{State: ib.Init, Port: 1}, ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|1<<30); !errors.Is(err, unix.EINVAL) {
+		t.Errorf("unknown mask bits: %v", err)
 	}
 }
 
@@ -468,7 +481,7 @@ func TestHostileControlMessages(t *testing.T) {
 func TestGarbageInSQRing(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite)
+	connect(t, a, b, ib.RemoteWrite)
 	s := a.qp.sqp.Reserve()
 	for i := range s {
 		s[i] = 0xff // opcode 255, 255 SGEs
@@ -476,14 +489,14 @@ func TestGarbageInSQRing(t *testing.T) {
 	s[0] = 42
 	a.qp.sqp.Commit()
 	wc := waitWC(t, a.cq)
-	if wc.Status == wr.Success || wc.ID == 0 {
+	if wc.Status == ib.Success || wc.ID == 0 {
 		t.Fatalf("garbage WQE completed %+v", wc)
 	}
 	if td.srv.BadWQEs.Load() == 0 {
 		t.Fatal("bad WQE not counted")
 	}
 	// b is unaffected.
-	if _, err := b.qp.PostRecv(&proto.RecvWR{ID: 1, SG: []proto.SGE{b.mr.SGE(0, 16)}}); err != nil {
+	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{b.mr.SGE(0, 16)}}}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -525,8 +538,8 @@ func TestSecondDaemonRefused(t *testing.T) {
 func TestClientDeathReleasesEverything(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	survivor, peer := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, survivor, peer, wr.RemoteWrite)
-	_, _, _, q0 := td.dev.Counts()
+	connect(t, survivor, peer, ib.RemoteWrite)
+	q0, m0 := td.dev.Resources()
 
 	cmd, out := startChild(t, "hold", td.path)
 	ready := make([]byte, 6)
@@ -547,13 +560,13 @@ func TestClientDeathReleasesEverything(t *testing.T) {
 	if info.PID != int32(cmd.Process.Pid) || info.QPs != 2 || info.MRs != 2 || info.CQs != 1 || info.PDs != 1 {
 		t.Fatalf("released %+v", info)
 	}
-	if _, _, _, q := td.dev.Counts(); q != q0 {
-		t.Fatalf("%d QPs live, want %d", q, q0)
+	if q, m := td.dev.Resources(); q != q0 || m != m0 {
+		t.Fatalf("%d QPs and %d MRs live, want %d and %d", q, m, q0, m0)
 	}
 	// The survivors still work.
 	copy(survivor.mem.Bytes(), "still here")
-	survivor.qp.PostSend(&proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.Addr, RKey: peer.mr.RKey})
-	if wc := waitWC(t, survivor.cq); wc.Status != wr.Success || string(peer.mem.Bytes()[:10]) != "still here" {
+	survivor.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.IOVA(), RKey: peer.mr.RKey()}})
+	if wc := waitWC(t, survivor.cq); wc.Status != ib.Success || string(peer.mem.Bytes()[:10]) != "still here" {
 		t.Fatalf("survivor: %+v", wc)
 	}
 }
@@ -618,9 +631,9 @@ func TestPeerCredentials(t *testing.T) {
 func TestShutdownFlushes(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite)
+	connect(t, a, b, ib.RemoteWrite)
 	for i := uint64(1); i <= 5; i++ {
-		if _, err := b.qp.PostRecv(&proto.RecvWR{ID: i, SG: []proto.SGE{b.mr.SGE(0, 64)}}); err != nil {
+		if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: i, SG: []ib.SGE{b.mr.SGE(0, 64)}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -628,15 +641,15 @@ func TestShutdownFlushes(t *testing.T) {
 	td.srv.Close(time.Second)
 	for i := uint64(1); i <= 5; i++ {
 		wc := waitWC(t, b.cq)
-		if wc.ID != i || wc.Status != wr.WRFlushErr || !wc.IsRecv {
+		if wc.ID != i || wc.Status != ib.WRFlushErr || !wc.IsRecv {
 			t.Fatalf("completion %d: %+v", i, wc)
 		}
 	}
 	if _, err := b.c.AllocPD(); err == nil {
 		t.Fatal("daemon still serving after Close")
 	}
-	if pds, mrs, cqs, qps := td.dev.Counts(); pds+mrs+cqs+qps != 0 {
-		t.Fatalf("left behind: %d PDs %d MRs %d CQs %d QPs", pds, mrs, cqs, qps)
+	if qps, mrs := td.dev.Resources(); qps+mrs != 0 {
+		t.Fatalf("left behind: %d QPs %d MRs", qps, mrs)
 	}
 }
 
@@ -645,9 +658,9 @@ func TestShutdownFlushes(t *testing.T) {
 func TestPostPollZeroAllocs(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
-	connect(t, a, b, wr.RemoteWrite)
-	w := &proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.Addr, RKey: b.mr.RKey}
-	var wcs [4]wr.WC
+	connect(t, a, b, ib.RemoteWrite)
+	w := []verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(0, 64)}, RemoteAddr: b.mr.IOVA(), RKey: b.mr.RKey()}}
+	var wcs [4]ib.WC
 	roundTrip := func() {
 		if _, err := a.qp.PostSend(w); err != nil {
 			t.Fatal(err)
@@ -734,7 +747,7 @@ func child(role, path string) int {
 	}
 	mem, _ := AllocMem(1 << 16)
 	for i := 0; i < 2; i++ {
-		if _, err := pd.RegMR(mem, i*4096, 4096, allAccess); err != nil {
+		if _, err := pd.RegMR(mem, i*4096, 4096, 0, allAccess); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -745,7 +758,7 @@ func child(role, path string) int {
 		return 1
 	}
 	for i := 0; i < 2; i++ {
-		if _, err := pd.CreateQP(QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
+		if _, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}}); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -767,15 +780,15 @@ func TestPerClientLimits(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := AllocMem(1 << 16)
 	defer mem.Free()
-	var mrs []*MR
+	var mrs []verbs.MR
 	for i := 0; i < 3; i++ {
-		mr, err := pd.RegMR(mem, 0, 1<<16, wr.LocalWrite)
+		mr, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite)
 		if err != nil {
 			t.Fatalf("MR %d: %v", i, err)
 		}
 		mrs = append(mrs, mr)
 	}
-	if _, err := pd.RegMR(mem, 0, 4096, wr.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+	if _, err := pd.RegMR(mem, 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
 		t.Fatalf("MR beyond MaxMRBytes: %v", err)
 	}
 	// A deregistered MR still counts while the session could hold
@@ -783,7 +796,7 @@ func TestPerClientLimits(t *testing.T) {
 	if err := mrs[0].Dereg(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.RegMR(mem, 0, 1<<16, wr.LocalWrite); err != nil {
+	if _, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite); err != nil {
 		t.Fatalf("MR after a deregistration: %v", err)
 	}
 	if _, err := c.CreateCQ(4); err != nil { // 5th object
@@ -791,5 +804,88 @@ func TestPerClientLimits(t *testing.T) {
 	}
 	if _, err := c.AllocPD(); !errors.Is(err, unix.ENOSPC) {
 		t.Fatalf("object beyond MaxObjects: %v", err)
+	}
+}
+
+// Address handles are the session's own objects: a UD WR naming a handle
+// that is not one of its client's AHs (another client's number, its own
+// PD's) completes in error and sends nothing; an AH holds its PD; AHs
+// count against MaxObjects and go with their client.
+func TestAddressHandlesAreIsolated(t *testing.T) {
+	td := startDaemon(t, daemon.Options{MaxObjects: 16})
+	ud := func() *endpoint {
+		e := newEndpoint(t, td.path, ib.LocalWrite)
+		qp, err := e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: e.cq, RecvCQ: e.cq,
+			Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.qp = qp.(*QP)
+		for _, s := range []ib.QPState{ib.Init, ib.RTR, ib.RTS} {
+			req, _, _ := ib.Transition(ib.UD, e.qp.State(), s)
+			if err := e.qp.Modify(&ib.QPAttr{State: s, Port: 1, QKey: 0x22}, ib.AttrState|req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return e
+	}
+	a, b := ud(), ud()
+	vah, err := a.pd.CreateAH(&ib.AddressVector{DGID: gid})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ah := vah.(*AH)
+	if _, err := a.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{a.mr.SGE(0, 256)}}}); err != nil {
+		t.Fatal(err)
+	}
+	// b names a's AH's number, and numbers of its own PD, MR, CQ, QP.
+	for _, h := range []proto.Handle{ah.h, b.pd.h, b.mr.h, b.cq.h, b.qp.h} {
+		forged := &AH{c: b.c, h: h}
+		if _, err := b.qp.PostSend([]verbs.SendWR{{ID: uint64(h), Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{b.mr.SGE(0, 8)}, AH: forged, RemoteQPN: a.qp.QPN(), RemoteQKey: 0x22}}); err != nil {
+			t.Fatal(err)
+		}
+		if wc := waitWC(t, b.cq); wc.Status == ib.Success || wc.ID != uint64(h) {
+			t.Fatalf("UD WR naming handle %d, not an AH of the client: %+v", h, wc)
+		}
+	}
+	// a's own AH works: the one SEND that arrives is a's.
+	copy(a.mem.Bytes()[1000:], "to myself")
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{a.mr.SGE(1000, 9)}, AH: ah, RemoteQPN: a.qp.QPN(), RemoteQKey: 0x22}}); err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < 2; got++ {
+		wc := waitWC(t, a.cq)
+		if wc.Status != ib.Success || wc.IsRecv && (wc.SrcQP != a.qp.QPN() || string(a.mem.Bytes()[40:49]) != "to myself") {
+			t.Fatalf("a's own datagram: %+v %q", wc, a.mem.Bytes()[40:49])
+		}
+	}
+	// The AH holds its PD.
+	if err := a.pd.Dealloc(); !errors.Is(err, unix.EBUSY) {
+		t.Fatalf("PD with an AH deallocated: %v", err)
+	}
+	// AHs count against the client's objects.
+	var n int
+	for ; n < 32; n++ {
+		if _, err := b.pd.CreateAH(&ib.AddressVector{DGID: gid}); err != nil {
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatalf("AH %d: %v", n, err)
+			}
+			break
+		}
+	}
+	if n == 32 {
+		t.Fatal("AHs beyond MaxObjects")
+	}
+	// They go with their client.
+	b.c.Close()
+	select {
+	case info := <-td.gone:
+		if info.AHs != n {
+			t.Fatalf("released %+v, want %d AHs", info, n)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the daemon did not release the client")
 	}
 }

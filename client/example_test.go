@@ -5,13 +5,14 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Register a buffer, connect an RC QP to a peer whose QPN, address and rkey
 // came out of band (as perftest exchanges them over TCP), RDMA WRITE into
-// the peer and wait for the completion.
+// the peer and wait for the completion. A Client is a verbs.Device: the
+// same code runs on an in-process device.
 func Example() {
 	c, err := client.Dial("") // client.DefaultControl
 	if err != nil {
@@ -20,26 +21,28 @@ func Example() {
 	}
 	defer c.Close()
 	pd, _ := c.AllocPD()
-	mem, _ := client.AllocMem(1 << 20)
+	mem, _ := c.AllocMem(1 << 20)
 	defer mem.Free()
-	mr, _ := pd.RegMR(mem, 0, 1<<20, wr.LocalWrite|wr.RemoteWrite|wr.RemoteRead)
+	mr, _ := pd.RegMR(mem, 0, 1<<20, 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	cq, _ := c.CreateCQ(128)
-	qp, _ := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq,
-		Caps: proto.QPCaps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	qp, _ := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq,
+		Cap: ib.QPCaps{MaxSendWR: 64, MaxRecvWR: 64, MaxSendSGE: 1, MaxRecvSGE: 1}})
 
 	var peerQPN, peerRKey uint32 // from the peer, out of band
 	var peerAddr uint64
-	var peerGID [16]byte
-	qp.Modify(&proto.QPAttr{State: proto.Init, Access: wr.RemoteWrite | wr.RemoteRead}, proto.AttrState|proto.AttrAccessFlags)
-	qp.Modify(&proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: peerQPN, DGID: peerGID, MaxDestRdAtomic: 1},
-		proto.AttrState|proto.AttrAV|proto.AttrPathMTU|proto.AttrDestQPN|proto.AttrRQPSN|proto.AttrMaxDestRdAtomc)
-	qp.Modify(&proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
-		proto.AttrState|proto.AttrSQPSN|proto.AttrTimeout|proto.AttrRetryCnt|proto.AttrRNRRetry|proto.AttrMaxQPRdAtomic)
+	var peerGID ib.GID
+	qp.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead},
+		ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags)
+	qp.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peerQPN, AV: ib.AddressVector{DGID: peerGID}, MaxDestRdAtomic: 1},
+		ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer)
+	qp.Modify(&ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
+		ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|ib.AttrMaxQPRdAtomic)
 
 	copy(mem.Bytes(), "hello")
-	qp.PostSend(&proto.SendWR{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled,
-		SG: []proto.SGE{mr.SGE(0, 5)}, RemoteAddr: peerAddr, RKey: peerRKey})
-	var wcs [1]wr.WC
+	wr := []verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mr.IOVA(), Length: 5, LKey: mr.LKey()}}, RemoteAddr: peerAddr, RKey: peerRKey}}
+	qp.PostSend(wr)
+	var wcs [1]ib.WC
 	for cq.Poll(wcs[:]) == 0 { // no syscall while the completion is on its way
 		cq.Wait(time.Millisecond) // sleep only if it takes long
 	}

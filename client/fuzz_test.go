@@ -8,6 +8,8 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/testlink"
 )
 
 // FuzzControlMessages sends arbitrary bytes as control messages (after a
@@ -24,10 +26,11 @@ func FuzzControlMessages(f *testing.F) {
 	}
 	f.Add(seed(proto.OpAllocPD, nil), true)
 	f.Add(seed(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 16}), true)
-	f.Add(seed(proto.OpCreateQP, &proto.CreateQPReq{PD: 1, SendCQ: 2, RecvCQ: 2, Type: proto.RC, Caps: proto.QPCaps{MaxSendWR: 4}}), true)
-	f.Add(seed(proto.OpModifyQP, &proto.ModifyQPReq{QP: 3, Mask: proto.AttrState, Attr: proto.QPAttr{State: proto.Init}}), true)
+	f.Add(seed(proto.OpCreateQP, &proto.CreateQPReq{PD: 1, SendCQ: 2, RecvCQ: 2, Type: ib.RC, Caps: ib.QPCaps{MaxSendWR: 4}}), true)
+	f.Add(seed(proto.OpModifyQP, &proto.ModifyQPReq{QP: 3, Mask: ib.AttrState | ib.AttrPKeyIndex | ib.AttrPort, Attr: ib.QPAttr{State: ib.Init, Port: 1}}), true)
 	f.Add(seed(proto.OpDeallocPD, &proto.HandleMsg{Handle: 1}), false)
 	f.Add(seed(proto.OpStatus, nil), true)
+	f.Add(seed(proto.OpCreateAH, &proto.CreateAHReq{PD: 1, AV: ib.AddressVector{DGID: ib.GIDFrom(testlink.AddrA)}}), true)
 	f.Fuzz(func(t *testing.T, in []byte, open bool) {
 		msg := append([]byte(nil), in...) // the input itself must stay as it is
 		uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: td.path, Net: "unixpacket"})

@@ -7,13 +7,15 @@
 //
 // Everything here is pure code: MADs and an explicit now (clock.Time) in;
 // MADs to send, events for the QP owner and a timer deadline out. No
-// sockets, no goroutines, no clock reads. The QP itself belongs to the verbs
-// layer; cm only says what to program into it (QPAttr) and when, so it
-// depends on no verbs type.
+// sockets, no goroutines, no clock reads. The QP itself belongs to the
+// application; cm only says what to program into it (QPAttr) and when, so
+// it depends on no verbs type.
 //
 // # Wiring a Manager to QP1
 //
-// The engine owns one Manager per RoCE port and, in the loop that owns QP1:
+// An rdmacm.Agent owns one Manager per device (the device's GSI QP is the
+// agent's) and drives it from its goroutine that polls QP1, and from the
+// application's calls, one at a time under its lock:
 //
 //   - for every UD SEND_ONLY to QP 1 with Q_Key GSIQKey (0x80010000),
 //     calls HandleMAD(now, srcIP, payload) with the 256-byte MAD;
@@ -24,13 +26,15 @@
 //
 // The events and what the QP owner does:
 //
-//	EventConnRequest        create an RC QP, INIT → RTR with Event.QP (plus
-//	                        its QPN, and as RQPSN the Starting PSN it then
-//	                        gives Accept), then Accept (or Reject)
+//	EventConnRequest        take the application's RC QP, INIT → RTR with
+//	                        Event.QP (plus its QPN, and as RQPSN the
+//	                        Starting PSN it then gives Accept), then Accept
+//	                        (or Reject)
 //	EventEstablished        → RTR (active side) and → RTS with Event.QP
 //	EventDisconnectRequest  → ERR (flush); the DREP has been sent
 //	EventDisconnected       → ERR (our DREQ answered or timed out)
-//	EventRejected, EventTimeout   the attempt failed: destroy the QP
+//	EventRejected, EventTimeout   the attempt failed (the QP is the
+//	                        application's to reset or destroy)
 //	EventTimeWaitExit       the QP may be destroyed or reused
 //	EventSIDRRequest        answer with SIDRReply (UD QPN, Q_Key)
 //	EventSIDRReply, EventSIDRTimeout   result of ResolveService

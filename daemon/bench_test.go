@@ -2,77 +2,45 @@ package daemon_test
 
 import (
 	"context"
-	"net/netip"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
-// The figure: post-to-completion of a 64-byte SEND, and the SEND
-// message rate, through the daemon (client process rings → pump → verbs)
-// against the same verbs device used in-process. Both run over the same
-// two verbs devices and the same frame shuttle (no port, no kernel), so the
-// difference is the daemon's overhead. Client and daemon share this
-// process here; the rings and socket are the real ones.
+// Post-to-completion of a 64-byte SEND, and the SEND message rate, through
+// the daemon (client rings → pump → device) against the same device used
+// in-process: the same code on two verbs.Devices. Both run over the same
+// two devices and in-memory link (no kernel), so the difference is the
+// daemon's overhead. Client and daemon share this process here; the rings
+// and socket are the real ones.
 
-// peer is device B's side: an RC QP that keeps receives posted.
-type peer struct {
-	qp *verbs.QP
-	mr *verbs.MR
-	cq *verbs.CQ
-}
-
-func newPeer(b testing.TB, devB *verbs.Device) *peer {
-	pd := devB.AllocPD()
-	buf := make([]byte, 1<<16)
-	mr, _ := pd.RegMR(buf, verbs.LocalWrite)
-	cq := devB.CreateCQ(1 << 16) // never overrun: a lost completion would lose a repost
-	qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 256, MaxRecvWR: 4096})
-	if err != nil {
-		b.Fatal(err)
-	}
-	p := &peer{qp: qp, mr: mr, cq: cq}
+// newPeer is device B's side: an RC QP that keeps receives posted.
+func newPeer(b testing.TB, devB *rnic.Device) *app {
+	// The CQ is never overrun: a lost completion would lose a repost.
+	p := newApp(b, devB, ib.RC, 1<<16, ib.LocalWrite, 1<<16, ib.QPCaps{MaxSendWR: 256, MaxRecvWR: 4096, MaxSendSGE: 1, MaxRecvSGE: 1})
+	cq := p.cq.(*rnic.CQ)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { // repost a receive for every one consumed
 		defer close(done)
-		wcs := make([]verbs.WC, 1024)
+		wcs := make([]ib.WC, 1024)
 		for {
-			n, err := cq.Wait(ctx, wcs)
+			n, err := cq.PollWait(ctx, wcs)
 			if err != nil {
 				return
 			}
 			for range n {
-				p.repost()
+				p.qp.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{p.sge(0, 64)}}})
 			}
 		}
 	}()
 	b.Cleanup(func() { cancel(); <-done })
 	return p
-}
-
-func (p *peer) repost() {
-	p.qp.PostRecv(verbs.RecvWR{SG: []verbs.SGE{{Addr: p.mr.IOVA(), Length: 64, LKey: p.mr.LKey()}}})
-}
-
-func (p *peer) connect(b testing.TB, qpn uint32) {
-	if err := p.qp.Modify(verbs.Init, &verbs.Attr{}); err != nil {
-		b.Fatal(err)
-	}
-	if err := p.qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qpn, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}}); err != nil {
-		b.Fatal(err)
-	}
-	if err := p.qp.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7}); err != nil {
-		b.Fatal(err)
-	}
-	for i := 0; i < 4096; i++ {
-		p.repost()
-	}
 }
 
 func BenchmarkSend64(b *testing.B) {
@@ -90,83 +58,42 @@ func BenchmarkSend64(b *testing.B) {
 func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 	devA, devB, path := twoDevicesSpin(b, spin)
 	p := newPeer(b, devB)
-	var post func(n int) int
-	var poll func(wcs []wr.WC) int
-	var qpn uint32
+	var dev verbs.Device = devA
 	if viaDaemon {
 		c, err := client.Dial(path)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { c.Close() })
-		pd, _ := c.AllocPD()
-		mem, _ := client.AllocMem(4096)
-		b.Cleanup(func() { mem.Free() })
-		mr, _ := pd.RegMR(mem, 0, 4096, verbs.LocalWrite)
-		cq, _ := c.CreateCQ(256)
-		qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 64, MaxRecvWR: 1, MaxSendSGE: 1}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		gid := addrB.As16()
-		for _, s := range []struct {
-			a proto.QPAttr
-			m proto.QPAttrMask
-		}{
-			{proto.QPAttr{State: proto.Init}, proto.AttrState},
-			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: p.qp.QPN(), DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
-		} {
-			if err := qp.Modify(&s.a, s.m); err != nil {
-				b.Fatal(err)
-			}
-		}
-		ws := make([]*proto.SendWR, window)
-		for i := range ws {
-			ws[i] = &proto.SendWR{Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 64)}}
-		}
-		post = func(n int) int { k, _ := qp.PostSend(ws[:n]...); return k }
-		poll = cq.Poll
-		qpn = qp.QPN
-	} else {
-		pd := devA.AllocPD()
-		buf := make([]byte, 4096)
-		mr, _ := pd.RegMR(buf, verbs.LocalWrite)
-		cq := devA.CreateCQ(256)
-		qp, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cq, RecvCQ: cq, MaxSendWR: 64, MaxRecvWR: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		qp.Modify(verbs.Init, &verbs.Attr{})
-		if err := qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: p.qp.QPN(), AV: verbs.AddressVector{DestMAC: macB, DestIP: addrB}}); err != nil {
-			b.Fatal(err)
-		}
-		qp.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
-		ws := make([]verbs.SendWR, window)
-		for i := range ws {
-			ws[i] = verbs.SendWR{Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}
-		}
-		post = func(n int) int { k, _ := qp.PostSend(ws[:n]...); return k }
-		poll = cq.Poll
-		qpn = qp.QPN()
+		dev = c
 	}
-	p.connect(b, qpn)
-	wcs := make([]wr.WC, 64)
+	a := newApp(b, dev, ib.RC, 4096, ib.LocalWrite, 256, ib.QPCaps{MaxSendWR: 64, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})
+	connectRC(b, a.qp, 0, p.qp.QPN(), gidB, 0, 0)
+	connectRC(b, p.qp, 0, a.qp.QPN(), gidA, 0, 0)
+	for range 4096 {
+		p.qp.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{p.sge(0, 64)}}})
+	}
+	ws := make([]verbs.SendWR, window)
+	for i := range ws {
+		ws[i] = verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{a.sge(0, 64)}}
+	}
+	peerCQ := p.cq.(*rnic.CQ)
+	wcs := make([]ib.WC, 64)
 	run := func(total int) {
 		inflight, posted, done := 0, 0, 0
 		deadline := time.Now().Add(20 * time.Second)
 		for done < total {
 			if posted < total && inflight < window {
-				k := post(min(window-inflight, total-posted))
+				k, _ := a.qp.PostSend(ws[:min(window-inflight, total-posted)])
 				posted += k
 				inflight += k
 			}
-			n := poll(wcs)
-			if n == 0 && p.cq.Overflows() != 0 {
+			n := a.cq.Poll(wcs)
+			if n == 0 && peerCQ.Overflows() != 0 {
 				b.Fatal("the peer's CQ overflowed: harness too slow")
 			}
 			for i := 0; i < n; i++ {
-				if wcs[i].Status != wr.Success {
+				if wcs[i].Status != ib.Success {
 					b.Fatalf("completion %v", wcs[i].Status)
 				}
 			}
@@ -186,5 +113,3 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 	b.StopTimer()
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
 }
-
-var _ = netip.Addr{}

@@ -10,69 +10,40 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
-// CMDevice is a Device whose RNIC runs rdma_cm for the daemon's clients:
-// the CM agent on the device's GSI QP (which only the daemon can own)
-// connects RC QPs it creates in a client's PD, which the client then uses
-// like its others. VerbsDevice is one.
-type CMDevice interface {
-	CMListen(port uint16, backlog int) (CMListener, error)
-	// CMDial connects to port at peer; it returns once established.
-	CMDial(ctx context.Context, peer netip.Addr, port uint16, p *CMParams) (QP, CMConn, error)
+// rdma_cm for clients: the daemon's CM agent (Server.cm) runs on the
+// device's GSI QP, which no client can own, and drives the client's own
+// QPs: ACCEPT and CONNECT name an RC QP the client created (rdma_cm's
+// order: create the QP, then connect naming it), a SIDR answer names one
+// of its UD QPs. Only the session's own objects can be named.
+
+// cmListener is a listener of either port space.
+type cmListener struct {
+	rc rdmacm.Listener
+	ud rdmacm.UDListener
 }
 
-// CMListener receives connection requests for one port.
-type CMListener interface {
-	GetRequest(ctx context.Context) (CMRequest, error)
-	Close() error // requests not taken are rejected
+func (l cmListener) Close() error {
+	if l.ud != nil {
+		return l.ud.Close()
+	}
+	return l.rc.Close()
 }
 
-// CMRequest is a connection request waiting for an answer.
-type CMRequest interface {
-	Peer() netip.Addr
-	SrcPort() uint16
-	// Accept creates the QP, answers and returns once established.
-	Accept(ctx context.Context, p *CMParams) (QP, CMConn, error)
-	Reject() error
+// cmRequest is a connection request (rc) or a SIDR request (ud).
+type cmRequest struct {
+	rc rdmacm.Request
+	ud rdmacm.UDRequest
 }
 
-// CMConn is an established connection.
-type CMConn interface {
-	// Disconnect sends a DREQ and waits for the DREP (or its timeout).
-	Disconnect(ctx context.Context) error
-	// Close aborts without waiting (DREQ or REJ to the peer) and
-	// destroys the connection's QP.
-	Close() error
-}
-
-// UDCMDevice is a CMDevice that also serves rdma_cm's UDP port space
-// (RDMA_PS_UDP, SIDR): no connection, a lookup that names a UD QP the
-// client made itself. VerbsDevice is one.
-type UDCMDevice interface {
-	// CMListenUD listens for SIDR requests on port; its requests are
-	// CMUDRequests.
-	CMListenUD(port uint16, backlog int) (CMListener, error)
-	// CMResolveUD looks port up at peer (SIDR_REQ, SIDR_REP).
-	CMResolveUD(ctx context.Context, peer netip.Addr, port uint16) (UDService, error)
-}
-
-// UDService is a peer's answer to a SIDR lookup: its UD QP and the Q_Key
-// to send to it with.
-type UDService struct {
-	Addr      netip.Addr
-	QPN, QKey uint32
-}
-
-// CMUDRequest is a SIDR request: answered with a UD QP of the session
-// (AcceptUD) or refused (Reject). Its Accept, which would create an RC QP,
-// fails.
-type CMUDRequest interface {
-	CMRequest
-	AcceptUD(qp QP) error
+func (r cmRequest) Reject() error {
+	if r.ud != nil {
+		return r.ud.Reject(nil)
+	}
+	return r.rc.Reject(nil)
 }
 
 // Sizes of the UDP port space's bodies of CM_ACCEPT and CM_CONNECT (see
@@ -82,20 +53,6 @@ var (
 	cmResolveSize  = binary.Size(proto.CMResolveReq{})
 )
 
-// CMParams is the QP the CM creates for a connection and the
-// rdma_conn_param, in the objects of the requesting session.
-type CMParams struct {
-	PD                 PD
-	SendCQ, RecvCQ     CQ
-	Caps               proto.QPCaps
-	Access             wr.Access
-	ResponderResources uint8
-	InitiatorDepth     uint8
-	RetryCount         uint8
-	RNRRetry           uint8
-	InitRecv           *proto.RecvWR // posted before the CM exchange goes on
-}
-
 // errDeferred is returned by an operation whose reply goes later, from its
 // own goroutine (a CM exchange waiting for the peer): serve sends nothing.
 var errDeferred = errors.New("reply deferred")
@@ -104,13 +61,12 @@ var errDeferred = errors.New("reply deferred")
 // (rdmacm's own REQ/REP retries end sooner).
 const cmTimeout = 2 * time.Minute
 
-// cmDevice is the server's device as a CMDevice, or an error for the client.
-func (ss *session) cmDevice() (CMDevice, error) {
-	d, ok := ss.s.dev.(CMDevice)
-	if !ok {
-		return nil, errf(unix.EOPNOTSUPP, "this daemon's device runs no rdma_cm")
+// agent is the server's CM agent, or an error for the client.
+func (ss *session) agent() (rdmacm.CM, error) {
+	if ss.s.cm == nil {
+		return nil, errf(unix.EOPNOTSUPP, "this daemon runs no rdma_cm agent")
 	}
-	return d, nil
+	return ss.s.cm, nil
 }
 
 // deferReply runs f in its own goroutine, bounded by the session's life
@@ -132,23 +88,19 @@ func (ss *session) cmListen(body []byte) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	d, err := ss.cmDevice()
+	a, err := ss.agent()
 	if err != nil {
 		return nil, nil, err
 	}
 	if req.Backlog > 1024 {
 		return nil, nil, errf(unix.EINVAL, "backlog %d over 1024", req.Backlog)
 	}
-	var l CMListener
+	var l cmListener
 	switch req.Space {
 	case proto.PortSpaceTCP:
-		l, err = d.CMListen(req.Port, int(req.Backlog))
+		l.rc, err = a.Listen(req.Port, int(req.Backlog))
 	case proto.PortSpaceUDP:
-		ud, ok := d.(UDCMDevice)
-		if !ok {
-			return nil, nil, errf(unix.EOPNOTSUPP, "this daemon's device serves no rdma_cm UDP port space")
-		}
-		l, err = ud.CMListenUD(req.Port, int(req.Backlog))
+		l.ud, err = a.ListenUD(req.Port, int(req.Backlog))
 	default:
 		return nil, nil, errf(unix.EINVAL, "unknown rdma_cm port space %d", req.Space)
 	}
@@ -199,7 +151,17 @@ func (ss *session) cmGetRequest(hdr proto.Header, body []byte) (any, []int, erro
 		return nil, nil, errf(unix.ENOENT, "no listener %d on this connection", h)
 	}
 	return ss.deferReply(hdr, func(ctx context.Context) (any, []int, error) {
-		r, err := l.GetRequest(ctx)
+		var r cmRequest
+		var peer netip.Addr
+		var sport uint16
+		var err error
+		if l.ud != nil {
+			if r.ud, err = l.ud.GetRequest(ctx); err == nil {
+				peer, sport = r.ud.Peer(), r.ud.SrcPort()
+			}
+		} else if r.rc, err = l.rc.GetRequest(ctx); err == nil {
+			peer, sport = r.rc.Peer(), r.rc.SrcPort()
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			return nil, nil, errf(unix.ETIMEDOUT, "no connection request within %v: ask again", cmTimeout)
 		}
@@ -217,7 +179,7 @@ func (ss *session) cmGetRequest(hdr proto.Header, body []byte) (any, []int, erro
 			return nil, nil, err
 		}
 		ss.requests[rh] = r
-		return &proto.CMRequestResp{Request: rh, SrcPort: r.SrcPort(), Peer: r.Peer().As16()}, nil, nil
+		return &proto.CMRequestResp{Request: rh, SrcPort: sport, Peer: peer.As16()}, nil, nil
 	})
 }
 
@@ -236,9 +198,9 @@ func (ss *session) cmReject(body []byte) (any, []int, error) {
 	return nil, nil, r.Reject()
 }
 
-// cmConn is ACCEPT (accept true) and CONNECT: the QP's objects are the
-// session's own, checked as CREATE_QP checks them; the reply, once the
-// connection is established, is CREATE_QP's.
+// cmConn is ACCEPT (accept true) and CONNECT: the connection drives the
+// session's RC QP the request names, which the CM moves to INIT, RTR and
+// RTS; the reply, without a body, goes once the connection is established.
 func (ss *session) cmConn(hdr proto.Header, body []byte, accept bool) (any, []int, error) {
 	switch {
 	case accept && len(body) == cmUDAcceptSize:
@@ -250,72 +212,65 @@ func (ss *session) cmConn(hdr proto.Header, body []byte, accept bool) (any, []in
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	d, err := ss.cmDevice()
+	a, err := ss.agent()
 	if err != nil {
 		return nil, nil, err
 	}
-	c, err := ss.normCaps(req.Caps)
-	if err != nil {
-		return nil, nil, err
-	}
-	if req.Access&^(wr.LocalWrite|wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic) != 0 {
+	if req.Access&^(ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic) != 0 {
 		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
-	}
-	ss.mu.Lock()
-	p, okp := ss.pds[req.PD]
-	scq, oks := ss.cqs[req.SendCQ]
-	rcq, okr := ss.cqs[req.RecvCQ]
-	var r CMRequest
-	okq := true
-	if accept {
-		r, okq = ss.requests[req.Request]
-		delete(ss.requests, req.Request)
-	}
-	if okp && oks && okr && okq {
-		// Held until the QP is installed (or the attempt fails), so that
-		// the client cannot free them under the CM exchange.
-		p.refs++
-		scq.refs++
-		rcq.refs++
-	}
-	ss.mu.Unlock()
-	switch {
-	case !okp:
-		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", req.PD)
-	case !oks:
-		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.SendCQ)
-	case !okr:
-		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.RecvCQ)
-	case !okq:
-		return nil, nil, errf(unix.ENOENT, "no connection request %d on this connection", req.Request)
-	}
-	cp := &CMParams{PD: p.pd, SendCQ: scq.cq, RecvCQ: rcq.cq, Caps: c, Access: req.Access,
-		ResponderResources: req.ResponderResources, InitiatorDepth: req.InitiatorDepth, RetryCount: req.RetryCount, RNRRetry: req.RNRRetry}
-	if req.HasInitRecv != 0 {
-		cp.InitRecv = &proto.RecvWR{ID: req.InitRecvID, SG: []proto.SGE{req.InitRecv}}
-	}
-	unref := func() {
-		ss.mu.Lock()
-		p.refs--
-		scq.refs--
-		rcq.refs--
-		ss.mu.Unlock()
 	}
 	peer := netip.AddrFrom16(req.Peer).Unmap()
 	if !accept && !peer.IsValid() {
-		unref()
 		return nil, nil, errf(unix.EINVAL, "CONNECT without a peer")
 	}
+	ss.mu.Lock()
+	q, okq := ss.qps[req.QP]
+	var r cmRequest
+	okr := true
+	if accept {
+		r, okr = ss.requests[req.Request]
+	}
+	var refuse error
+	switch {
+	case !okq:
+		refuse = errf(unix.ENOENT, "no QP %d on this connection", req.QP)
+	case !okr:
+		refuse = errf(unix.ENOENT, "no connection request %d on this connection", req.Request)
+	case accept && r.rc == nil:
+		refuse = errf(unix.EINVAL, "request %d is a SIDR request: answer it with a UD QP (CMUDAcceptReq)", req.Request)
+	case q.typ != ib.RC:
+		refuse = errf(unix.EINVAL, "QP %d is %v: rdma_cm connects RC QPs", req.QP, q.typ)
+	case q.cmBusy:
+		refuse = errf(unix.EBUSY, "QP %d is in another rdma_cm exchange", req.QP)
+	case q.conn != nil:
+		refuse = errf(unix.EISCONN, "QP %d already has an rdma_cm connection", req.QP)
+	}
+	if refuse == nil {
+		q.cmBusy = true // until the exchange ends: DESTROY_QP waits for it
+		if accept {
+			delete(ss.requests, req.Request)
+		}
+	}
+	ss.mu.Unlock()
+	if refuse != nil {
+		return nil, nil, refuse
+	}
+	p := &rdmacm.ConnParam{Access: req.Access, ResponderResources: req.ResponderResources, InitiatorDepth: req.InitiatorDepth,
+		RetryCount: req.RetryCount, RNRRetry: req.RNRRetry, MinRNRTimer: req.MinRNRTimer}
 	return ss.deferReply(hdr, func(ctx context.Context) (any, []int, error) {
-		defer unref()
-		var qp QP
-		var conn CMConn
+		var conn rdmacm.Conn
 		var err error
 		if accept {
-			qp, conn, err = r.Accept(ctx, cp)
+			conn, err = r.rc.Accept(ctx, q.qp, p)
 		} else {
-			qp, conn, err = d.CMDial(ctx, peer, req.Port, cp)
+			conn, err = a.Connect(ctx, q.qp, peer, req.Port, p)
 		}
+		ss.mu.Lock()
+		q.cmBusy = false
+		if err == nil {
+			q.conn = conn
+		}
+		ss.mu.Unlock()
 		if err != nil {
 			var rej *rdmacm.RejectedError
 			if errors.As(err, &rej) {
@@ -327,7 +282,7 @@ func (ss *session) cmConn(hdr proto.Header, body []byte, accept bool) (any, []in
 			}
 			return nil, nil, err
 		}
-		return ss.installQP(p, scq, rcq, proto.RC, c, qp, conn)
+		return nil, nil, nil
 	})
 }
 
@@ -341,9 +296,9 @@ func (ss *session) cmAcceptUD(body []byte) (any, []int, error) {
 	}
 	ss.mu.Lock()
 	r, okr := ss.requests[req.Request]
-	ur, isUD := r.(CMUDRequest)
+	isUD := r.ud != nil
 	q, okq := ss.qps[req.QP]
-	if okr && isUD && okq && q.typ == proto.UD {
+	if okr && isUD && okq && q.typ == ib.UD {
 		delete(ss.requests, req.Request)
 	}
 	ss.mu.Unlock()
@@ -354,10 +309,10 @@ func (ss *session) cmAcceptUD(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.EINVAL, "request %d is a connection request: accept it with a CMConnReq", req.Request)
 	case !okq:
 		return nil, nil, errf(unix.ENOENT, "no QP %d on this connection", req.QP)
-	case q.typ != proto.UD:
+	case q.typ != ib.UD:
 		return nil, nil, errf(unix.EINVAL, "QP %d is not a UD QP", req.QP)
 	}
-	return nil, nil, ur.AcceptUD(q.qp)
+	return nil, nil, r.ud.Accept(q.qp, nil)
 }
 
 // cmResolveUD is the SIDR lookup of CM_CONNECT in the UDP port space; the
@@ -367,20 +322,16 @@ func (ss *session) cmResolveUD(hdr proto.Header, body []byte) (any, []int, error
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	d, err := ss.cmDevice()
+	a, err := ss.agent()
 	if err != nil {
 		return nil, nil, err
-	}
-	ud, ok := d.(UDCMDevice)
-	if !ok {
-		return nil, nil, errf(unix.EOPNOTSUPP, "this daemon's device serves no rdma_cm UDP port space")
 	}
 	peer := netip.AddrFrom16(req.Peer).Unmap()
 	if !peer.IsValid() || peer.IsUnspecified() {
 		return nil, nil, errf(unix.EINVAL, "SIDR lookup without a peer")
 	}
 	return ss.deferReply(hdr, func(ctx context.Context) (any, []int, error) {
-		svc, err := ud.CMResolveUD(ctx, peer, req.Port)
+		svc, err := a.ResolveUD(ctx, peer, req.Port, nil)
 		if err != nil {
 			var se *rdmacm.SIDRError
 			if errors.As(err, &se) {
@@ -396,20 +347,47 @@ func (ss *session) cmResolveUD(hdr proto.Header, body []byte) (any, []int, error
 }
 
 func (ss *session) cmDisconnect(hdr proto.Header, body []byte) (any, []int, error) {
-	h, err := decodeHandle(body)
+	conn, err := ss.takeConn(body, false)
 	if err != nil {
 		return nil, nil, err
 	}
-	q, err := ss.lookupQP(h)
-	if err != nil {
-		return nil, nil, err
-	}
-	if q.conn == nil {
-		return nil, nil, errf(unix.EINVAL, "QP %d has no rdma_cm connection", h)
+	if conn == nil {
+		return nil, nil, errf(unix.EINVAL, "the QP has no rdma_cm connection")
 	}
 	return ss.deferReply(hdr, func(ctx context.Context) (any, []int, error) {
-		return nil, nil, q.conn.Disconnect(ctx)
+		return nil, nil, conn.Disconnect(ctx)
 	})
+}
+
+// takeConn returns the rdma_cm connection of the QP a HandleMsg body names
+// (nil if it has none), forgetting it when take is set.
+func (ss *session) takeConn(body []byte, take bool) (rdmacm.Conn, error) {
+	h, err := decodeHandle(body)
+	if err != nil {
+		return nil, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	q, ok := ss.qps[h]
+	if !ok {
+		return nil, errf(unix.ENOENT, "no QP %d on this connection", h)
+	}
+	conn := q.conn
+	if take {
+		q.conn = nil
+	}
+	return conn, nil
+}
+
+// cmClose ends a QP's connection without waiting for the peer; the QP
+// stays the client's. A QP without one is left as it is, as
+// rdma_destroy_id leaves an unconnected ID's QP.
+func (ss *session) cmClose(body []byte) (any, []int, error) {
+	conn, err := ss.takeConn(body, true)
+	if err != nil || conn == nil {
+		return nil, nil, err
+	}
+	return nil, nil, conn.Close()
 }
 
 // closeCM ends what the session holds of rdma_cm, when its connection
@@ -420,7 +398,7 @@ func (ss *session) closeCM() {
 	ss.mu.Lock()
 	ss.closing = true
 	ls, rs := ss.listeners, ss.requests
-	ss.listeners, ss.requests = map[proto.Handle]CMListener{}, map[proto.Handle]CMRequest{}
+	ss.listeners, ss.requests = map[proto.Handle]cmListener{}, map[proto.Handle]cmRequest{}
 	ss.mu.Unlock()
 	ss.cancel()
 	ss.cmWG.Wait()
@@ -430,53 +408,4 @@ func (ss *session) closeCM() {
 	for _, r := range rs {
 		r.Reject()
 	}
-}
-
-// installQP makes a QP the device created (a CM connection's) the
-// session's, with its rings, as CREATE_QP does, and returns CREATE_QP's
-// reply. On failure, or when the session is closing, the QP and its
-// connection are released.
-func (ss *session) installQP(p *pdObj, scq, rcq *cqObj, typ proto.QPType, c proto.QPCaps, qp QP, conn CMConn) (any, []int, error) {
-	fail := func(err error) (any, []int, error) {
-		if conn != nil {
-			conn.Close()
-		}
-		qp.Destroy()
-		return nil, nil, err
-	}
-	sqSlots, rqSlots := c.MaxSendWR, c.MaxRecvWR
-	sq, err := shmring.Create("softrnic-sq", shmring.Geometry{SlotSize: proto.SendSlotSize(c), Slots: int(sqSlots)})
-	if err != nil {
-		return fail(err)
-	}
-	rq, err := shmring.Create("softrnic-rq", shmring.Geometry{SlotSize: proto.RecvSlotSize(c), Slots: int(rqSlots)})
-	if err != nil {
-		sq.Close()
-		return fail(err)
-	}
-	q := &qpObj{owner: ss, qp: qp, typ: typ, pd: p, send: scq, recv: rcq, sq: sq, rq: rq, conn: conn,
-		sqc: sq.Consumer(), rqc: rq.Consumer(),
-		swr: proto.SendWR{SG: make([]proto.SGE, 0, c.MaxSendSGE)}, rwr: proto.RecvWR{SG: make([]proto.SGE, 0, c.MaxRecvSGE)}}
-	ss.mu.Lock()
-	h, err := ss.newHandle()
-	if err == nil && ss.closing {
-		err = errf(unix.ESHUTDOWN, "connection closing")
-	}
-	if err == nil {
-		ss.qps[h] = q
-		ss.liveQPs++
-		p.refs++
-		scq.refs++
-		rcq.refs++
-	}
-	ss.mu.Unlock()
-	if err != nil {
-		sq.Close()
-		rq.Close()
-		return fail(err)
-	}
-	ss.s.ringsMu.Lock()
-	ss.s.qpList = append(ss.s.qpList, q)
-	ss.s.ringsMu.Unlock()
-	return &proto.CreateQPResp{QP: h, QPN: qp.QPN(), SQSlots: sqSlots, RQSlots: rqSlots, Caps: c}, []int{sq.FD(), rq.FD()}, nil
 }

@@ -7,9 +7,10 @@ import (
 
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // CountingPort wraps the engine's port to count bytes both ways (the device
@@ -179,7 +180,7 @@ func (s *CounterSource) Snapshot() Counters {
 		in.xdp, in.haveXDP = s.Port.XDPStats()
 		c.Queues = s.Port.Queues()
 	}
-	s.Loop.Device().EachQPCounters(func(q *verbs.QPCounters) {
+	s.Loop.Device().EachQPCounters(func(q *rnic.QPCounters) {
 		c.QPs = append(c.QPs, qpStats(q))
 		in.add(q)
 	})
@@ -189,7 +190,7 @@ func (s *CounterSource) Snapshot() Counters {
 
 // counterInputs is everything the device counters are made of.
 type counterInputs struct {
-	dev                verbs.Stats
+	dev                rnic.Stats
 	loop               engine.Counters
 	rxBytes, txBytes   uint64
 	haveBytes, haveXDP bool
@@ -198,10 +199,10 @@ type counterInputs struct {
 	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
 	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
 	reqRemAccess, reqInvReq, respRemAccess, respLocLen                     uint64
-	cqe                                                                    verbs.CQECounters
+	cqe                                                                    rnic.CQECounters
 }
 
-func (in *counterInputs) add(q *verbs.QPCounters) {
+func (in *counterInputs) add(q *rnic.QPCounters) {
 	in.dup += q.RC.RxDuplicate
 	in.oos += q.RC.RxOutOfSeq
 	in.rnrRx += q.RC.RNRWaits
@@ -295,10 +296,14 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	return valid
 }
 
+// dcqcnValid are the per-QP DCQCN counters, valid on a QP that runs it.
+const dcqcnValid = 1<<proto.QCtrDCQCNECNMarked | 1<<proto.QCtrDCQCNCNPSent | 1<<proto.QCtrDCQCNCNPHandled |
+	1<<proto.QCtrDCQCNCNPIgnored | 1<<proto.QCtrDCQCNRateCuts
+
 // qpStats maps one QP's transport counters to proto.QPCounters: RC and UC
 // QPs count the RC set, UD and GSI QPs the UD set.
-func qpStats(q *verbs.QPCounters) proto.QPStats {
-	s := proto.QPStats{QPN: q.QPN, State: proto.QPState(q.State)}
+func qpStats(q *rnic.QPCounters) proto.QPStats {
+	s := proto.QPStats{QPN: q.QPN, State: ib.QPState(q.State)}
 	v := &s.Values
 	// Error completions: every QP type, counted by verbs.
 	v[proto.QCtrReqCQEError] = q.CQE.ReqErr
@@ -307,17 +312,17 @@ func qpStats(q *verbs.QPCounters) proto.QPStats {
 	v[proto.QCtrRespCQEFlushError] = q.CQE.RespFlushErr
 	const cqeValid = 1<<proto.QCtrReqCQEError | 1<<proto.QCtrReqCQEFlushError | 1<<proto.QCtrRespCQEError | 1<<proto.QCtrRespCQEFlushError
 	switch q.Type {
-	case verbs.UD, verbs.GSI:
-		s.Type = proto.UD
+	case ib.UD, ib.GSI:
+		s.Type = ib.UD
 		v[proto.QCtrRxPackets] = q.UD.RxReceived
 		v[proto.QCtrOutOfBuffer] = q.UD.RxNoRecv
 		v[proto.QCtrRxQPDropped] = q.UD.RxDropped
 		v[proto.QCtrRxBadQKey] = q.UD.RxBadQKey
 		s.Valid = 1<<proto.QCtrRxPackets | 1<<proto.QCtrOutOfBuffer | 1<<proto.QCtrRxQPDropped | 1<<proto.QCtrRxBadQKey | cqeValid
 	default:
-		s.Type = proto.RC
-		if q.Type == verbs.UC {
-			s.Type = proto.UC
+		s.Type = ib.RC
+		if q.Type == ib.UC {
+			s.Type = ib.UC
 		}
 		v[proto.QCtrDuplicateRequest] = q.RC.RxDuplicate
 		v[proto.QCtrOutOfSequence] = q.RC.RxOutOfSeq
@@ -338,7 +343,16 @@ func qpStats(q *verbs.QPCounters) proto.QPStats {
 		v[proto.QCtrRespRemoteAccessErrors] = q.RC.RemAccessErrs
 		v[proto.QCtrRespLocalLengthError] = q.RC.LocalLengthErrs
 		s.Valid = uint32(1)<<proto.NumQPCounters - 1
-		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey
+		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey | dcqcnValid
+		if q.CCOn {
+			cc := &q.CC
+			v[proto.QCtrDCQCNECNMarked] = cc.NPECNMarkedRoCEPackets
+			v[proto.QCtrDCQCNCNPSent] = cc.NPCNPSent
+			v[proto.QCtrDCQCNCNPHandled] = cc.RPCNPHandled
+			v[proto.QCtrDCQCNCNPIgnored] = cc.RPCNPIgnored
+			v[proto.QCtrDCQCNRateCuts] = cc.Cuts
+			s.Valid |= dcqcnValid
+		}
 	}
 	return s
 }

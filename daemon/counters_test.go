@@ -9,7 +9,8 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // Every counter of the table has a unique name of the Linux style, and
@@ -51,7 +52,7 @@ func TestCounterNames(t *testing.T) {
 // distinct value shows up under exactly the expected counter.
 func TestFillDeviceTable(t *testing.T) {
 	var in counterInputs
-	in.dev = verbs.Stats{RxFrames: 1, RxParseErr: 2, RxNotLocal: 3, RxBadHeader: 4, RxNoQP: 5, RxBadICRC: 6,
+	in.dev = rnic.Stats{RxFrames: 1, RxParseErr: 2, RxNotLocal: 3, RxBadHeader: 4, RxNoQP: 5, RxBadICRC: 6,
 		RxBadType: 7, RxBadSrc: 8, RxBadState: 9, TxFrames: 10}
 	in.dev.NPECNMarkedRoCEPackets, in.dev.NPCNPSent, in.dev.RPCNPHandled, in.dev.RPCNPIgnored = 11, 12, 13, 14
 	in.loop.TxBackPress = 15
@@ -61,15 +62,15 @@ func TestFillDeviceTable(t *testing.T) {
 	s.RxDropped, s.RxInvalidDescs, s.TxInvalidDescs, s.RxRingFull, s.RxFillRingEmpty, s.TxRingEmptyDescs = 23, 24, 25, 26, 27, 28
 	in.xdp.Oversize = 29
 	in.haveXDP = true
-	rcq := verbs.QPCounters{QPN: 17, Type: verbs.RC}
+	rcq := rnic.QPCounters{QPN: 17, Type: ib.RC}
 	rcq.RC.RxDuplicate, rcq.RC.RxOutOfSeq, rcq.RC.RNRWaits, rcq.RC.Timeouts, rcq.RC.TxRNRNAKs = 100, 200, 300, 400, 500
 	rcq.RC.RxDropped, rcq.RC.TxNAKs, rcq.RC.Retransmits = 600, 700, 800
 	rcq.RC.RxNAKSeqErr, rcq.RC.ImpliedNAKs, rcq.RC.RxWriteReqs, rcq.RC.RxReadReqs, rcq.RC.RxAtomicReqs = 4001, 4002, 4003, 4004, 4005
 	rcq.RC.RxNAKRemAccess, rcq.RC.RxNAKInvReq, rcq.RC.RemAccessErrs, rcq.RC.LocalLengthErrs = 4006, 4007, 4008, 4009
-	rcq.CQE = verbs.CQECounters{ReqErr: 10, ReqFlushErr: 20, RespErr: 30, RespFlushErr: 40}
-	udq := verbs.QPCounters{QPN: 18, Type: verbs.UD}
+	rcq.CQE = rnic.CQECounters{ReqErr: 10, ReqFlushErr: 20, RespErr: 30, RespFlushErr: 40}
+	udq := rnic.QPCounters{QPN: 18, Type: ib.UD}
 	udq.UD.RxNoRecv, udq.UD.RxDropped, udq.UD.RxBadQKey = 1000, 2000, 3000
-	udq.CQE = verbs.CQECounters{ReqErr: 1, ReqFlushErr: 2, RespErr: 3, RespFlushErr: 4}
+	udq.CQE = rnic.CQECounters{ReqErr: 1, ReqFlushErr: 2, RespErr: 3, RespFlushErr: 4}
 	in.add(&rcq)
 	in.add(&udq)
 	var d [proto.NumDeviceCounters]uint64
@@ -114,12 +115,12 @@ func TestFillDeviceTable(t *testing.T) {
 
 	// Per QP: RC counters for RC, UD ones for UD, and only those valid.
 	r := qpStats(&rcq)
-	if r.Type != proto.RC || r.Values[proto.QCtrDuplicateRequest] != 100 || r.Values[proto.QCtrRetransmits] != 800 ||
+	if r.Type != ib.RC || r.Values[proto.QCtrDuplicateRequest] != 100 || r.Values[proto.QCtrRetransmits] != 800 ||
 		r.Valid&(1<<proto.QCtrRxBadQKey) != 0 || r.Valid&(1<<proto.QCtrLocalAckTimeoutErr) == 0 {
 		t.Errorf("RC QP stats %+v", r)
 	}
 	u := qpStats(&udq)
-	if u.Type != proto.UD || u.Values[proto.QCtrRxBadQKey] != 3000 || u.Values[proto.QCtrOutOfBuffer] != 1000 ||
+	if u.Type != ib.UD || u.Values[proto.QCtrRxBadQKey] != 3000 || u.Values[proto.QCtrOutOfBuffer] != 1000 ||
 		u.Valid&(1<<proto.QCtrDuplicateRequest) != 0 || u.Valid&(1<<proto.QCtrRxPackets) == 0 {
 		t.Errorf("UD QP stats %+v", u)
 	}
@@ -187,7 +188,7 @@ func TestMetricsScrape(t *testing.T) {
 	c.Device[proto.CtrRxPackets] = 123
 	c.Device[proto.CtrNpCNPSent] = 7
 	c.Device[proto.CtrXdpSteered] = 99 // not valid: must not appear
-	q := proto.QPStats{QPN: 17, Type: proto.RC, State: proto.RTS, Valid: 1 << proto.QCtrDuplicateRequest}
+	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1 << proto.QCtrDuplicateRequest}
 	q.Values[proto.QCtrDuplicateRequest] = 5
 	c.QPs = append(c.QPs, q)
 	c.Queues = []proto.QueueStats{{RxPackets: 40}, {RxPackets: 2, RxRingFull: 3}}

@@ -2,25 +2,19 @@ package daemon_test
 
 import (
 	"bufio"
-	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon"
-	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/engine"
-	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
+	"github.com/softrnic/softrnic/internal/testlink"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // TestMain runs a client process when the test binary is re-executed with
@@ -36,49 +30,47 @@ func TestMain(m *testing.M) {
 // peer QPN it reads on stdin, prints its QPN, rkey and address, and then
 // posts RDMA WRITEs to the peer without end, until it is killed.
 func streamingChild(path string) int {
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	c, err := client.Dial(path)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
 	pd, _ := c.AllocPD()
-	mem, _ := client.AllocMem(1 << 20)
-	mr, err := pd.RegMR(mem, 0, 1<<20, verbs.LocalWrite|verbs.RemoteWrite)
+	mem, _ := c.AllocMem(1 << 20)
+	mr, err := pd.RegMR(mem, 0, 1<<20, 0, ib.LocalWrite|ib.RemoteWrite)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
 	cq, _ := c.CreateCQ(256)
-	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 64, MaxRecvWR: 4}})
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 64, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
-	fmt.Printf("%d %d %d\n", qp.QPN, mr.RKey, mr.Addr)
+	fmt.Printf("%d %d %d\n", qp.QPN(), mr.RKey(), mr.IOVA())
 	var peerQPN uint32
 	var peerRKey uint32
 	var peerAddr uint64
 	if _, err := fmt.Fscan(os.Stdin, &peerQPN, &peerRKey, &peerAddr); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return fail(err)
 	}
-	gid := addrB.As16()
 	for _, s := range []struct {
-		a proto.QPAttr
-		m proto.QPAttrMask
+		to ib.QPState
+		a  ib.QPAttr
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: peerQPN, DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{ib.Init, ib.QPAttr{Access: ib.RemoteWrite}},
+		{ib.RTR, ib.QPAttr{PathMTU: 1024, DestQPN: peerQPN, AV: ib.AddressVector{DGID: gidB}}},
+		{ib.RTS, ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7}},
 	} {
-		if err := qp.Modify(&s.a, s.m); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+		if err := ibtest.Modify(qp, s.to, &s.a); err != nil {
+			return fail(err)
 		}
 	}
 	fmt.Println("streaming")
-	w := &proto.SendWR{Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(0, 4096)}, RemoteAddr: peerAddr, RKey: peerRKey}
-	wcs := make([]wr.WC, 64)
+	w := []verbs.SendWR{{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 4096, LKey: mr.LKey()}}, RemoteAddr: peerAddr, RKey: peerRKey}}
+	wcs := make([]ib.WC, 64)
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
 		qp.PostSend(w)
 		cq.Poll(wcs)
@@ -91,40 +83,13 @@ func streamingChild(path string) int {
 // resources released; the daemon keeps serving: another client then
 // transfers as usual.
 func TestClientKilledMidTransfer(t *testing.T) {
-	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
-	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
-	pa, pb := memlink.NewPair(memlink.Config{})
-	ctx, cancel := context.WithCancel(context.Background())
-	errs := make(chan error, 2)
-	go func() { errs <- engine.Run(ctx, devA, pa, engine.Options{}) }()
-	go func() { errs <- engine.Run(ctx, devB, pb, engine.Options{}) }()
-	t.Cleanup(func() {
-		cancel()
-		for i := 0; i < 2; i++ {
-			if err := <-errs; err != nil {
-				t.Errorf("engine.Run: %v", err)
-			}
-		}
-	})
+	devA, devB := testlink.Pair(t, 1024)
 	gone := make(chan daemon.ClientInfo, 4)
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "mem0", func(netip.Addr) ([6]byte, error) { return macB, nil }),
-		daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), OnClientGone: func(ci daemon.ClientInfo) { gone <- ci }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "ctl.sock")
-	if err := srv.Listen(path); err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve()
-	t.Cleanup(func() { srv.Close(time.Second) })
+	_, path := serve(t, devA, daemon.Options{OnClientGone: func(ci daemon.ClientInfo) { gone <- ci }})
 
 	// The peer on device B: its memory for the child's writes, a QP.
-	pdB := devB.AllocPD()
-	bufB := make([]byte, 1<<20)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite|verbs.RemoteWrite)
-	cqB := devB.CreateCQ(1024)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 256})
+	b := newApp(t, devB, ib.RC, 1<<20, ib.LocalWrite|ib.RemoteWrite, 1024, ib.QPCaps{MaxSendWR: 256, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})
+	qpB, cqB, bufB := b.qp, b.cq, b.buf()
 
 	exe, _ := os.Executable()
 	cmd := exec.Command(exe, "-test.run=^$")
@@ -147,10 +112,10 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	if _, err := fmt.Fscan(out, &childQPN, &childRKey, &childAddr); err != nil {
 		t.Fatal("child:", err)
 	}
-	qpB.Modify(verbs.Init, &verbs.Attr{Access: verbs.RemoteWrite})
-	qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: childQPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}})
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 16, RetryCnt: 7, RNRRetry: 7})
-	fmt.Fprintf(stdin, "%d %d %d\n", qpB.QPN(), mrB.RKey(), mrB.IOVA())
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite})
+	ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: childQPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}})
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 16, RetryCnt: 7, RNRRetry: 7})
+	fmt.Fprintf(stdin, "%d %d %d\n", qpB.QPN(), b.mr.RKey(), b.mr.IOVA())
 	out.ReadString('\n') // the end of the line Fscan read
 	if line, err := out.ReadString('\n'); err != nil || line != "streaming\n" {
 		t.Fatalf("child: %q %v", line, err)
@@ -159,15 +124,15 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	// Stream WRITEs into the child's memory from B, and let the child's
 	// own WRITEs flow for a moment; then kill it mid-transfer.
 	writes := 0
-	w := verbs.SendWR{Opcode: verbs.RDMAWrite, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 32768, LKey: mrB.LKey()}}, RemoteAddr: childAddr + 65536, RKey: childRKey}
-	wcs := make([]verbs.WC, 64)
+	w := []verbs.SendWR{{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(0, 32768)}, RemoteAddr: childAddr + 65536, RKey: childRKey}}
+	wcs := make([]ib.WC, 64)
 	ok := 0
 	for deadline := time.Now().Add(20 * time.Second); ok < 50; {
 		if n, _ := qpB.PostSend(w); n == 1 {
 			writes++
 		}
 		for _, wc := range wcs[:cqB.Poll(wcs)] {
-			if wc.Status != verbs.Success {
+			if wc.Status != ib.Success {
 				t.Fatalf("WRITE into the live child: %v", wc.Status)
 			}
 			ok++
@@ -199,50 +164,23 @@ func TestClientKilledMidTransfer(t *testing.T) {
 		t.Fatal("daemon gone after the client died:", err)
 	}
 	defer c.Close()
-	pd, _ := c.AllocPD()
-	mem, _ := client.AllocMem(1 << 16)
-	defer mem.Free()
-	mr, _ := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite)
-	cq, _ := c.CreateCQ(16)
-	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
+	a := newApp(t, c, ib.RC, 1<<16, ib.LocalWrite|ib.RemoteWrite, 16, ib.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1})
+	qpB2, err := b.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, Cap: ib.QPCaps{MaxSendWR: 4, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	qpB2, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
-	gid := addrB.As16()
-	for _, s := range []struct {
-		a proto.QPAttr
-		m proto.QPAttrMask
-	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB2.QPN(), DGID: [16]byte(gid[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
-	} {
-		if err := qp.Modify(&s.a, s.m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	qpB2.Modify(verbs.Init, &verbs.Attr{})
-	qpB2.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}})
-	qpB2.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	connectRC(t, a.qp, ib.RemoteWrite, qpB2.QPN(), gidB, 0, 0)
+	connectRC(t, qpB2, 0, a.qp.QPN(), gidA, 0, 0)
 	copy(bufB[500000:], "after the crash")
 	for cqB.Poll(wcs) > 0 {
 	}
-	qpB2.PostSend(verbs.SendWR{ID: 9, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA() + 500000, Length: 15, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey})
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	for {
-		n, err := cqB.Wait(wctx, wcs[:1])
-		if err != nil {
-			t.Fatal("no completion for the new client's peer")
-		}
-		if n == 1 && wcs[0].ID == 9 {
-			break
-		}
+	qpB2.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(500000, 15)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
+	var wc ib.WC
+	for wc.ID != 9 {
+		wc = waitWC(t, cqB)
 	}
-	if wcs[0].Status != verbs.Success || string(mem.Bytes()[:15]) != "after the crash" {
-		t.Fatalf("new client: %v %q", wcs[0].Status, mem.Bytes()[:15])
+	if wc.Status != ib.Success || string(a.buf()[:15]) != "after the crash" {
+		t.Fatalf("new client: %v %q", wc.Status, a.buf()[:15])
 	}
 	t.Logf("%d WRITEs posted into the child, %d completed before the kill", writes, ok)
 }

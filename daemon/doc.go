@@ -6,17 +6,20 @@
 //
 //   - Config (config.go): one key = value file format, every key also a
 //     flag, errors naming the key; NewLogger sets up log/slog.
-//   - The engine loop of a verbs.Device on a port.Port is engine's (a Loop
-//     with the capture tap of package capture on both directions). With
+//   - The engine loop of a rnic.Device on a port.Port is engine's (a Loop
+//     with the capture tap of internal/capture on both directions). With
 //     AF_XDP the port is an afxdp.Multi: one socket per RX queue (queues =
 //     0: all of them), all drained by that one engine goroutine, each QP
 //     transmitting on the queue of its UDP source port. One goroutine per
 //     device, not per queue: the device's step functions never run
 //     concurrently.
-//   - Server (server.go, session.go): the control socket and the ring pump.
-//   - Device (device.go): what the server needs from an RNIC; VerbsDevice
-//     (verbsdev.go) adapts verbs.Device to it, daemon/loopdev is a checked
-//     loopback stand-in for tests.
+//   - Server (server.go, session.go): the control socket and the ring pump,
+//     serving one rnic.Device. A session holds the device's own objects
+//     (*rnic.PD, *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.AH), asserted once
+//     when created, so the pump's data path makes no interface calls.
+//   - rdma_cm (cm.go): the device's CM agent (rdmacm.CM) drives the QPs
+//     clients create, as librdmacm drives an application's: CM_ACCEPT and
+//     CM_CONNECT name the client's RC QP, a SIDR answer its UD QP.
 //   - Counters (counters.go, stats.go, metrics.go): the one table from what
 //     the device, its QPs, the engine loop and the port count to the names
 //     of rxe and mlx5 (proto.DeviceCounters, proto.QPCounters); OpStats
@@ -29,7 +32,7 @@
 // the configured group, supplementary groups included) is the second. Each
 // connection is a session with its own handle space: a handle names an
 // object of that connection only, so no client can name another's PD, MR,
-// CQ or QP. Messages are fixed-size binary structs (package daemon/proto);
+// CQ, QP or AH. Messages are fixed-size binary structs (package daemon/proto);
 // memory and rings travel as memfds, wakeups as eventfds (SCM_RIGHTS).
 //
 // # Metrics endpoint
@@ -62,8 +65,10 @@
 // client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
 // the daemon creates and seals. The pump (one goroutine) takes WRs from
 // every SQ and RQ, checks them (a malformed entry completes in error and
-// errors the QP), posts them to the Device, and moves the Device's
-// completions into the clients' CQ rings, only as many as fit. It spins
+// errors the QP), posts them to the device, and moves the device's
+// completions into the clients' CQ rings, only as many as fit. A UD WR
+// names one of the session's address handles (CREATE_AH resolved the next
+// hop on the control path), never a raw destination. It spins
 // while there is work and then sleeps on an eventfd that clients ring only
 // when it sleeps; a client sleeping on its CQ is rung the same way. Posting
 // and polling are therefore memory operations in the common case.
@@ -71,7 +76,8 @@
 // # Lifetimes
 //
 // A client that goes away (Close, exit, SIGKILL) has its QPs moved to error
-// and destroyed, its MRs deregistered, its CQs and PDs freed. A deregistered
+// and destroyed, its MRs deregistered, its AHs, CQs and PDs freed, its
+// listeners closed and its pending connection requests rejected. A deregistered
 // MR's mapping is replaced in place by anonymous memory at once and
 // unmapped only when the session has no QP left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's

@@ -2,28 +2,23 @@ package daemon_test
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
-	"log/slog"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/gopacket/gopacket/pcapgo"
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon"
-	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/frame"
-	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/testlink"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // The daemon's engine loop (engine.Run) on a real-time in-memory link: a peer RNIC
@@ -31,103 +26,46 @@ import (
 // on the daemon's tap records both directions; the capture, read back with
 // gopacket, holds RoCEv2 frames with valid ICRCs.
 func TestEngineRunWithCapture(t *testing.T) {
-	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
-	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
-	pa, pb := memlink.NewPair(memlink.Config{})
+	devA, devB, pa, pb := testlink.Devices(t, 1024)
 	var tap capture.Tap
-	ctx, cancel := context.WithCancel(context.Background())
-	errs := make(chan error, 2)
-	go func() { errs <- engine.Run(ctx, devA, pa, engine.Options{Tap: &tap}) }()
-	go func() { errs <- engine.Run(ctx, devB, pb, engine.Options{}) }()
-	t.Cleanup(func() {
-		cancel()
-		for i := 0; i < 2; i++ {
-			if err := <-errs; err != nil {
-				t.Errorf("engine.Run: %v", err)
-			}
-		}
-	})
-	resolve := func(a netip.Addr) ([6]byte, error) { return macB, nil }
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "mem0", resolve), daemon.Options{Group: -1, Tap: &tap, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "ctl.sock")
-	if err := srv.Listen(path); err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve()
-	t.Cleanup(func() { srv.Close(time.Second) })
+	testlink.Run(t, devA, pa, engine.Options{Tap: &tap})
+	testlink.Run(t, devB, pb, engine.Options{})
+	_, path := serve(t, devA, daemon.Options{Tap: &tap})
 
 	c, err := client.Dial(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pd, _ := c.AllocPD()
-	mem, _ := client.AllocMem(1 << 16)
-	defer mem.Free()
-	mr, _ := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite)
-	cq, _ := c.CreateCQ(64)
-	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pdB := devB.AllocPD()
-	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
-	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
-	gidB := addrB.As16()
-	for _, s := range []struct {
-		a proto.QPAttr
-		m proto.QPAttrMask
-	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:])}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
-	} {
-		if err := qp.Modify(&s.a, s.m); err != nil {
-			t.Fatal(err)
-		}
-	}
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}})
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
-	qpB.PostRecv(verbs.RecvWR{ID: 1, SG: []verbs.SGE{{Addr: mrB.IOVA() + 40000, Length: 64, LKey: mrB.LKey()}}})
+	caps := ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}
+	a := newApp(t, c, ib.RC, 1<<16, ib.LocalWrite|ib.RemoteWrite, 64, caps)
+	b := newApp(t, devB, ib.RC, 1<<16, ib.LocalWrite, 64, caps)
+	connectRC(t, a.qp, ib.RemoteWrite, b.qp.QPN(), gidB, 0, 0)
+	connectRC(t, b.qp, 0, a.qp.QPN(), gidA, 0, 0)
+	b.recv(t, 1, 40000, 64)
+	bufB, mem := b.buf(), a.buf()
 
 	var file bytes.Buffer
 	sess, err := tap.Start(&file, capture.Options{Format: capture.PCAPNG})
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	var wcs [1]verbs.WC
-
 	for i := range bufB[:3000] {
 		bufB[i] = byte(i * 7)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
-	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
-		t.Fatalf("peer WRITE: %v %v", wcs[0].Status, err)
+	b.send(t, verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(0, 3000)}, RemoteAddr: a.mr.IOVA() + 1000, RKey: a.mr.RKey()})
+	if wc := waitWC(t, b.cq); wc.Status != ib.Success {
+		t.Fatalf("peer WRITE: %v", wc.Status)
 	}
-	if !bytes.Equal(mem.Bytes()[1000:4000], bufB[:3000]) {
+	if !bytes.Equal(mem[1000:4000], bufB[:3000]) {
 		t.Fatal("client memory does not hold the written data")
 	}
-	copy(mem.Bytes()[8000:], "reply from the client")
-	qp.PostSend(&proto.SendWR{ID: 3, Opcode: wr.Send, Flags: wr.Signaled, SG: []proto.SGE{mr.SGE(8000, 21)}})
-	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].ID != 1 || string(bufB[40000:40021]) != "reply from the client" {
-		t.Fatalf("peer RECV: %+v %v", wcs[0], err)
+	copy(mem[8000:], "reply from the client")
+	a.send(t, verbs.SendWR{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{a.sge(8000, 21)}})
+	if wc := waitWC(t, b.cq); wc.ID != 1 || string(bufB[40000:40021]) != "reply from the client" {
+		t.Fatalf("peer RECV: %+v", wc)
 	}
-	var cwc [1]wr.WC
-	for cq.Poll(cwc[:]) == 0 {
-		if wctx.Err() != nil {
-			t.Fatal("client: no completion")
-		}
-		cq.Wait(10 * time.Millisecond)
-	}
+	waitWC(t, a.cq)
 	st, err := sess.Stop()
 	if err != nil {
 		t.Fatal(err)
@@ -181,10 +119,9 @@ func TestEngineRunWithCapture(t *testing.T) {
 	if _, err := other.Capture(os.Stdout, client.CaptureOptions{}); !errors.Is(err, unix.EBUSY) {
 		t.Fatalf("second capture: %v", err)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 4, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 3000, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 1000, RKey: mr.RKey})
-	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
-		t.Fatalf("peer WRITE: %v %v", wcs[0].Status, err)
+	b.send(t, verbs.SendWR{ID: 4, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(0, 3000)}, RemoteAddr: a.mr.IOVA() + 1000, RKey: a.mr.RKey()})
+	if wc := waitWC(t, b.cq); wc.Status != ib.Success {
+		t.Fatalf("peer WRITE: %v", wc.Status)
 	}
 	cst, err := run.Wait()
 	if err != nil || cst.Written != 3 {

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Metric names: softrnic_<counter>_total for a device counter (labels:
@@ -90,7 +91,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	for st, n := range byState {
-		ch <- prometheus.MustNewConstMetric(c.qps, prometheus.GaugeValue, float64(n), s.Name, proto.QPState(st).String())
+		ch <- prometheus.MustNewConstMetric(c.qps, prometheus.GaugeValue, float64(n), s.Name, ib.QPState(st).String())
 	}
 	for i, q := range s.Queues {
 		qs := strconv.Itoa(i)
@@ -99,13 +100,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func qpTypeName(t proto.QPType) string {
+func qpTypeName(t ib.QPType) string {
 	switch t {
-	case proto.RC:
+	case ib.RC:
 		return "RC"
-	case proto.UC:
+	case ib.UC:
 		return "UC"
-	case proto.UD:
+	case ib.UD:
 		return "UD"
 	}
 	return "?"

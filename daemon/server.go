@@ -17,10 +17,13 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/shmring"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Options tune a Server.
@@ -51,6 +54,14 @@ type Options struct {
 	// OnClientGone, if set, is called after a client's connection closed and
 	// all its resources were released.
 	OnClientGone func(ClientInfo)
+	// CM, if set, is the device's rdma_cm agent, which clients' CM calls
+	// use; the caller keeps it (and closes it after the server). If nil,
+	// the server starts one on the device (its Config.Resolve finds peers'
+	// MACs) and closes it when it closes. The agent answers peers from the
+	// start: until one owns the GSI QP nothing answers a REQ, so a stock
+	// peer connecting to a port no client listens on would wait out its
+	// REQ retries instead of getting REJ "invalid service ID" at once.
+	CM rdmacm.CM
 }
 
 // ClientInfo describes a client connection (for logs, status and tests).
@@ -59,18 +70,21 @@ type ClientInfo struct {
 	PID      int32
 	UID, GID uint32
 	// Released counts the resources freed when the client went away.
-	QPs, CQs, MRs, PDs int
+	QPs, CQs, MRs, PDs, AHs int
 }
 
 // Server is the daemon's control server: it accepts client connections on
-// a Unix socket, checks who they are, serves control operations against a
-// Device, and runs the ring pump that moves work requests from clients' SQ
+// a Unix socket, checks who they are, serves control operations against
+// its device, and runs the ring pump that moves work requests from clients' SQ
 // and RQ rings to the device and completions from the device to clients' CQ
 // rings.
 type Server struct {
-	dev Device
-	opt Options
-	log *slog.Logger
+	dev   *rnic.Device
+	info  proto.DeviceInfo
+	cm    rdmacm.CM     // nil: no rdma_cm for clients
+	ownCM *rdmacm.Agent // the agent the server started, closed with it
+	opt   Options
+	log   *slog.Logger
 
 	ln   *net.UnixListener
 	path string
@@ -104,8 +118,10 @@ type Server struct {
 	RejectedConn atomic.Uint64 // connections refused by the credential check
 }
 
-// NewServer makes a server for dev and starts its ring pump.
-func NewServer(dev Device, opt Options) (*Server, error) {
+// NewServer makes a server for dev and starts its ring pump. The server
+// drives dev from its pump (Poll) while it spins; an engine goroutine runs
+// it otherwise.
+func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
@@ -130,21 +146,38 @@ func NewServer(dev Device, opt Options) (*Server, error) {
 		db.Close()
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
-	s := &Server{dev: dev, opt: opt, log: opt.Logger, db: db, epfd: epfd, sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
+	s := &Server{dev: dev, info: deviceInfo(dev), cm: opt.CM, opt: opt, log: opt.Logger, db: db, epfd: epfd,
+		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
 	if err := s.watch(db); err != nil {
 		db.Close()
 		unix.Close(epfd)
 		return nil, err
 	}
-	go s.pump()
-	// The device's rdma_cm agent answers peers from the start (REJ for a
-	// port nobody listens on), not only after a client's first CM call.
-	if c, ok := dev.(interface{ StartCM() error }); ok {
-		if err := c.StartCM(); err != nil {
+	if s.cm == nil {
+		a, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: dev.Config().Resolve})
+		if err != nil {
 			s.log.Warn("rdma_cm agent not started: clients' CM calls will fail", "err", err)
+		} else {
+			s.cm, s.ownCM = a, a
 		}
 	}
+	go s.pump()
 	return s, nil
+}
+
+// deviceInfo is OPEN's reply: the device's attributes and GID table.
+func deviceInfo(dev *rnic.Device) proto.DeviceInfo {
+	var in proto.DeviceInfo
+	copy(in.Name[:len(in.Name)-1], dev.Name())
+	in.DeviceAttr = dev.Query()
+	for i, a := range dev.GIDs() {
+		if i == len(in.GIDs) {
+			break
+		}
+		in.GIDs[i] = a.As16()
+		in.NumGIDs++
+	}
+	return in
 }
 
 // watch adds a doorbell to the pump's epoll set (edge-triggered).
@@ -261,7 +294,7 @@ func (s *Server) Clients() []ClientInfo {
 	for ss := range s.sessions {
 		ss.mu.Lock()
 		out = append(out, ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
-			QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds)})
+			QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds), AHs: len(ss.ahs)})
 		ss.mu.Unlock()
 	}
 	return out
@@ -308,18 +341,11 @@ func (s *Server) Close(drain time.Duration) error {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
-	if c, ok := s.dev.(interface{ CloseCM() error }); ok {
-		c.CloseCM() // the CM agent's GSI QP and its goroutine
+	if s.ownCM != nil {
+		s.ownCM.Close() // the CM agent's GSI QP and its goroutine
 	}
 	unix.Close(s.epfd)
 	return s.db.Close()
-}
-
-// Poller is a Device whose step (receive, timers, transmit) the calling
-// goroutine can run when no other runs it (verbs.Device.Poll); Poll
-// reports whether any frame moved.
-type Poller interface {
-	Poll() bool
 }
 
 // wake is the device's completion notification: one atomic load unless the
@@ -346,13 +372,11 @@ func (s *Server) pump() {
 			// While it spins, the pump is the clients' busy-polling
 			// application: it drives the device's step itself (as
 			// ibv_poll_cq does on rxe or mlx5, and as an in-process tool
-			// does through verbs.Device.Poll), so that a client's post
+			// does through rnic.Device.Poll), so that a client's post
 			// and the frames that answer it need not wait for the engine
-			// goroutine to wake from a nap. Over AF_XDP on a loaded
-			// 2-core host, 64 B send_lat p50 through the daemon was
-			// 450-537 µs with this and 554-1068 µs without (four
-			// interleaved runs each).
-			if p, ok := s.dev.(Poller); ok && p.Poll() {
+			// goroutine to wake from a nap (README, "Design
+			// decisions", has the figures).
+			if s.dev.Poll() {
 				last = time.Now()
 				continue
 			}
@@ -438,15 +462,16 @@ func (s *Server) drainRQ(q *qpObj) int {
 		if slot == nil {
 			break
 		}
-		if err := proto.GetRecvWR(slot, &q.rwr); err != nil {
-			s.badWQE(q, q.recv, q.rwr.ID, true, err)
+		w := &q.rwr[0]
+		if err := proto.GetRecvWR(slot, w); err != nil {
+			s.badWQE(q, q.recv, w.ID, true, err)
 			continue
 		}
-		if err := q.qp.PostRecv(&q.rwr); err == ErrQueueFull {
+		if _, err := q.qp.PostRecv(q.rwr[:]); errors.Is(err, verbs.ErrQueueFull) {
 			q.rqc.Unpeek()
 			break
 		} else if err != nil {
-			s.failWR(q, q.recv, q.rwr.ID, true, err)
+			s.failWR(q, q.recv, w.ID, true, err)
 		}
 	}
 	q.rqc.Release()
@@ -461,15 +486,24 @@ func (s *Server) drainSQ(q *qpObj) int {
 		if slot == nil {
 			break
 		}
-		if err := proto.GetSendWR(slot, &q.swr, q.typ == proto.UD); err != nil {
-			s.badWQE(q, q.send, q.swr.ID, false, err)
+		w := &q.swr[0]
+		ah, err := proto.GetSendWR(slot, w, q.typ == ib.UD)
+		if err != nil {
+			s.badWQE(q, q.send, w.ID, false, err)
 			continue
 		}
-		if err := q.qp.PostSend(&q.swr); err == ErrQueueFull {
+		if q.typ == ib.UD {
+			// An unknown handle leaves w.AH nil: the device completes the
+			// WR in error, as for a destroyed AH.
+			if a := q.owner.lookupAH(ah); a != nil {
+				w.AH = a
+			}
+		}
+		if _, err := q.qp.PostSend(q.swr[:]); errors.Is(err, verbs.ErrQueueFull) {
 			q.sqc.Unpeek()
 			break
 		} else if err != nil {
-			s.failWR(q, q.send, q.swr.ID, false, err)
+			s.failWR(q, q.send, w.ID, false, err)
 		}
 	}
 	q.sqc.Release()
@@ -484,8 +518,8 @@ func (s *Server) checkRings(q *qpObj) {
 	}
 	s.BadWQEs.Add(1)
 	q.broken = true
-	attr := proto.QPAttr{State: proto.Err}
-	q.qp.Modify(&attr, proto.AttrState)
+	attr := ib.QPAttr{State: ib.Err}
+	q.qp.Modify(&attr, ib.AttrState)
 	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
 }
 
@@ -493,8 +527,8 @@ func (s *Server) checkRings(q *qpObj) {
 // hardware RNIC, it completes in error and the QP goes to the error state.
 func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 	s.BadWQEs.Add(1)
-	attr := proto.QPAttr{State: proto.Err}
-	q.qp.Modify(&attr, proto.AttrState)
+	attr := ib.QPAttr{State: ib.Err}
+	q.qp.Modify(&attr, ib.AttrState)
 	s.failWR(q, cq, id, recv, err)
 }
 
@@ -502,14 +536,14 @@ func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 // straight into the client's CQ ring (the pump is that ring's only
 // producer, so this keeps it single-producer).
 func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
-	st := wr.LocQPOpErr
-	var se interface{ Status() wr.Status }
+	st := ib.LocQPOpErr
+	var se interface{ Status() ib.WCStatus }
 	if errors.As(err, &se) {
 		st = se.Status()
 	}
-	wc := wr.WC{ID: id, Status: st, QPN: q.qp.QPN(), IsRecv: recv}
+	wc := ib.WC{ID: id, Status: st, QPN: q.qp.QPN(), IsRecv: recv}
 	if recv {
-		wc.Opcode = wr.WCRecv
+		wc.Opcode = ib.WCRecv
 	}
 	cq.mu.Lock()
 	if slot := cq.prod.Reserve(); slot != nil {

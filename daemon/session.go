@@ -9,14 +9,18 @@ import (
 	"net"
 	"os"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/shmring"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/shmring"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // session is one client connection and everything it created. Handles index
@@ -28,13 +32,18 @@ type session struct {
 	conn *proto.Conn
 	log  *slog.Logger
 
-	mu      sync.Mutex // guards the maps (read by Server.Clients and Close)
-	opened  bool
-	next    proto.Handle
-	pds     map[proto.Handle]*pdObj
-	mrs     map[proto.Handle]*mrObj
-	cqs     map[proto.Handle]*cqObj
-	qps     map[proto.Handle]*qpObj
+	mu     sync.Mutex // guards the maps (read by Server.Clients and Close)
+	opened bool
+	next   proto.Handle
+	pds    map[proto.Handle]*pdObj
+	mrs    map[proto.Handle]*mrObj
+	cqs    map[proto.Handle]*cqObj
+	qps    map[proto.Handle]*qpObj
+	// ahs are written under both mu and ahMu, and read by the pump under
+	// ahMu alone: a control operation holding mu (an mmap, a device call)
+	// never stalls the pump.
+	ahMu    sync.Mutex
+	ahs     map[proto.Handle]*ahObj
 	mrBytes int64
 	// graves are mappings of deregistered MRs, already detached from the
 	// client's memory, unmapped once no QP of the session can hold a
@@ -47,51 +56,64 @@ type session struct {
 
 	// rdma_cm (cm.go): listeners and requests not yet answered; ctx ends
 	// the CM exchanges in flight (cmWG) when the connection closes.
-	listeners map[proto.Handle]CMListener
-	requests  map[proto.Handle]CMRequest
+	listeners map[proto.Handle]cmListener
+	requests  map[proto.Handle]cmRequest
 	closing   bool
 	ctx       context.Context
 	cancel    context.CancelFunc
 	cmWG      sync.WaitGroup
 }
 
+// The session's objects hold the device's own types (asserted once, when
+// created), so that the pump's data path makes no interface calls.
 type pdObj struct {
-	pd   PD
-	refs int // MRs and QPs in it
+	pd   *rnic.PD
+	refs int // MRs, QPs and AHs in it
+}
+
+type ahObj struct {
+	ah *rnic.AH
+	pd *pdObj
 }
 
 type mrObj struct {
-	mr      MR
+	mr      *rnic.MR
 	pd      *pdObj
 	mapping []byte // the whole mmap, to unmap
 	length  int64  // registered bytes, counted against MaxMRBytes
 }
 
 type cqObj struct {
-	cq   CQ
+	cq   *rnic.CQ
+	stop chan struct{} // ends the goroutine that wakes the pump
+	done chan struct{}
 	ring *shmring.Ring
 	db   *shmring.Doorbell // the client's: rung when it sleeps on the CQ
 	refs int               // QPs using it
 
 	mu       sync.Mutex // serialises the ring's producer (pump, failWR, Close)
 	prod     *shmring.Producer
-	wcs      []wr.WC
+	wcs      []ib.WC
 	overruns uint64
 }
 
 type qpObj struct {
 	owner      *session
-	qp         QP
-	typ        proto.QPType
+	qp         *rnic.QP
+	typ        ib.QPType
 	pd         *pdObj
 	send, recv *cqObj
 	sq, rq     *shmring.Ring
 	sqc, rqc   *shmring.Consumer
-	swr        proto.SendWR // decode buffers, reused: no allocation per WR
-	rwr        proto.RecvWR
-	broken     bool   // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady    int    // send WRs noted at the start of this pump pass
-	conn       CMConn // the rdma_cm connection of a QP the CM made, or nil
+	swr        [1]verbs.SendWR // decode buffers, reused: no allocation per WR
+	rwr        [1]verbs.RecvWR
+	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
+	sqReady    int  // send WRs noted at the start of this pump pass
+	// conn is the rdma_cm connection driving the QP, or nil; cmBusy is set
+	// while a CM exchange drives it (the QP cannot be destroyed or given to
+	// another exchange meanwhile). Both are guarded by the session's mu.
+	conn   rdmacm.Conn
+	cmBusy bool
 }
 
 // errno is an error with the errno the client receives.
@@ -104,6 +126,21 @@ func (e *errno) Error() string { return e.msg }
 
 func errf(no unix.Errno, format string, args ...any) error {
 	return &errno{no, fmt.Sprintf(format, args...)}
+}
+
+// errnoOf is the one place a failure becomes what the client receives:
+// the errno of the daemon's own refusal (errf) or of the device's verbs
+// error kind (verbs.Error), EINVAL for anything else, and the message.
+func errnoOf(err error) (unix.Errno, string) {
+	var e *errno
+	if errors.As(err, &e) {
+		return e.no, e.msg
+	}
+	var k interface{ Errno() syscall.Errno }
+	if errors.As(err, &k) {
+		return k.Errno(), err.Error()
+	}
+	return unix.EINVAL, err.Error()
 }
 
 func (s *Server) startSession(c *net.UnixConn) {
@@ -122,7 +159,7 @@ func (s *Server) startSession(c *net.UnixConn) {
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		listeners: map[proto.Handle]CMListener{}, requests: map[proto.Handle]CMRequest{}}
+		ahs: map[proto.Handle]*ahObj{}, listeners: map[proto.Handle]cmListener{}, requests: map[proto.Handle]cmRequest{}}
 	ss.ctx, ss.cancel = context.WithCancel(context.Background())
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
@@ -179,7 +216,7 @@ func (ss *session) serve() {
 	delete(s.sessions, ss)
 	s.mu.Unlock()
 	if allowed {
-		ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs)
+		ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs, "ahs", info.AHs)
 	}
 	if s.opt.OnClientGone != nil {
 		s.opt.OnClientGone(info)
@@ -188,13 +225,11 @@ func (ss *session) serve() {
 
 func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
 	if err != nil {
-		e := &errno{unix.EINVAL, err.Error()}
-		errors.As(err, &e)
-		msg := e.msg
+		no, msg := errnoOf(err)
 		if len(msg) > 512 {
 			msg = msg[:512]
 		}
-		return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq, Errno: uint32(e.no)}, []byte(msg))
+		return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq, Errno: uint32(no)}, []byte(msg))
 	}
 	return ss.conn.Send(proto.Header{Op: h.Op, Seq: h.Seq}, body, fds...)
 }
@@ -236,8 +271,7 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 			ss.db = db
 		}
 		ss.opened = true
-		info := ss.s.dev.Info()
-		return &info, []int{ss.db.FD()}, nil
+		return &ss.s.info, []int{ss.db.FD()}, nil
 	case proto.OpAllocPD:
 		return ss.allocPD(body)
 	case proto.OpDeallocPD:
@@ -278,12 +312,18 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.cmConn(h, body, false)
 	case proto.OpCMDisconnect:
 		return ss.cmDisconnect(h, body)
+	case proto.OpCreateAH:
+		return ss.createAH(body)
+	case proto.OpDestroyAH:
+		return ss.destroyAH(body)
+	case proto.OpCMClose:
+		return ss.cmClose(body)
 	}
 	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.listeners)+len(ss.requests) >= ss.s.opt.MaxObjects {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+len(ss.listeners)+len(ss.requests) >= ss.s.opt.MaxObjects {
 		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
 	}
 	ss.next++
@@ -300,10 +340,11 @@ func (ss *session) allocPD(body []byte) (any, []int, error) {
 	if len(body) != 0 {
 		return nil, nil, errf(unix.EINVAL, "ALLOC_PD takes no body")
 	}
-	pd, err := ss.s.dev.AllocPD()
+	vpd, err := ss.s.dev.AllocPD()
 	if err != nil {
 		return nil, nil, err
 	}
+	pd := vpd.(*rnic.PD)
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
 	h, err := ss.newHandle()
@@ -327,10 +368,78 @@ func (ss *session) deallocPD(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", h)
 	}
 	if p.refs > 0 {
-		return nil, nil, errf(unix.EBUSY, "PD %d still has %d MRs/QPs", h, p.refs)
+		return nil, nil, errf(unix.EBUSY, "PD %d still has %d MRs, QPs or AHs", h, p.refs)
 	}
 	delete(ss.pds, h)
 	return nil, nil, p.pd.Dealloc()
+}
+
+// createAH makes an address handle in one of the session's PDs; the
+// device resolves the next hop (which may block on ARP: a control
+// operation, never the pump).
+func (ss *session) createAH(body []byte) (any, []int, error) {
+	var req proto.CreateAHReq
+	if err := proto.DecodeBody(body, &req); err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	p, ok := ss.pds[req.PD]
+	if ok {
+		p.refs++ // held across the resolution, which runs unlocked
+	}
+	ss.mu.Unlock()
+	if !ok {
+		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", req.PD)
+	}
+	req.AV.DMAC = [6]byte{}
+	req.AV.UDPSrcPort = 0
+	vah, err := p.pd.CreateAH(&req.AV)
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if err != nil {
+		p.refs--
+		return nil, nil, err
+	}
+	h, err := ss.newHandle()
+	if err != nil {
+		p.refs--
+		vah.Destroy()
+		return nil, nil, err
+	}
+	ss.ahMu.Lock()
+	ss.ahs[h] = &ahObj{ah: vah.(*rnic.AH), pd: p}
+	ss.ahMu.Unlock()
+	return &proto.HandleMsg{Handle: h}, nil, nil
+}
+
+func (ss *session) destroyAH(body []byte) (any, []int, error) {
+	h, err := decodeHandle(body)
+	if err != nil {
+		return nil, nil, err
+	}
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.ahMu.Lock()
+	a, ok := ss.ahs[h]
+	delete(ss.ahs, h)
+	ss.ahMu.Unlock()
+	if !ok {
+		return nil, nil, errf(unix.ENOENT, "no AH %d on this connection", h)
+	}
+	a.pd.refs--
+	return nil, nil, a.ah.Destroy()
+}
+
+// lookupAH is the pump's view of the session's AHs: a UD WR names one
+// by handle, and only the session's own resolve.
+func (ss *session) lookupAH(h proto.Handle) *rnic.AH {
+	ss.ahMu.Lock()
+	a := ss.ahs[h]
+	ss.ahMu.Unlock()
+	if a == nil {
+		return nil
+	}
+	return a.ah
 }
 
 func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
@@ -339,13 +448,13 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	if req.Length == 0 || req.Length > uint64(ss.s.dev.Info().MaxMRSize) || req.Offset > 1<<50 {
+	if req.Length == 0 || req.Length > ss.s.info.MaxMRSize || req.Offset > 1<<50 {
 		return nil, nil, errf(unix.EINVAL, "MR length %d (offset %d) out of range", req.Length, req.Offset)
 	}
-	if req.Access&^(wr.LocalWrite|wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic) != 0 {
+	if req.Access&^(ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic) != 0 {
 		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
 	}
-	if req.Access&(wr.RemoteWrite|wr.RemoteAtomic) != 0 && req.Access&wr.LocalWrite == 0 {
+	if req.Access&(ib.RemoteWrite|ib.RemoteAtomic) != 0 && req.Access&ib.LocalWrite == 0 {
 		return nil, nil, errf(unix.EINVAL, "remote write or atomic access requires local write (as in verbs)")
 	}
 	if _, carry := bits.Add64(req.IOVA, req.Length, 0); carry != 0 {
@@ -370,14 +479,14 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 		return nil, nil, errf(unix.ENOMEM, "mapping client memory: %v", err)
 	}
 	mem := mapping[req.Offset-start:]
-	mr, err := p.pd.RegMR(mem, req.IOVA, req.Access)
+	mr, err := p.pd.RegBytes(mem, req.IOVA, req.Access)
 	if err != nil {
 		unix.Munmap(mapping)
 		return nil, nil, err
 	}
 	h, err := ss.newHandle()
 	if err != nil {
-		mr.Deregister()
+		mr.Dereg()
 		unix.Munmap(mapping)
 		return nil, nil, err
 	}
@@ -412,7 +521,7 @@ func (ss *session) deregMR(body []byte) (any, []int, error) {
 // later, when the session has no QP left that could still point into it.
 // Caller holds ss.mu.
 func (ss *session) releaseMR(m *mrObj) error {
-	err := m.mr.Deregister()
+	err := m.mr.Dereg()
 	m.pd.refs--
 	if derr := detach(m.mapping); derr != nil {
 		// Cannot happen for a range we mapped; if it did, keep the client
@@ -458,7 +567,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	info := ss.s.dev.Info()
+	info := &ss.s.info
 	if req.Depth == 0 || req.Depth > info.MaxCQE {
 		return nil, nil, errf(unix.EINVAL, "CQ depth %d not in 1..%d", req.Depth, info.MaxCQE)
 	}
@@ -472,13 +581,15 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		ring.Close()
 		return nil, nil, err
 	}
-	cq, err := ss.s.dev.CreateCQ(int(req.Depth), ss.s.wake)
+	vcq, err := ss.s.dev.CreateCQ(int(req.Depth))
 	if err != nil {
 		ring.Close()
 		db.Close()
 		return nil, nil, err
 	}
-	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]wr.WC, 64)}
+	cq := vcq.(*rnic.CQ)
+	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64)}
+	c.watch(ss.s.wake)
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {
@@ -495,6 +606,31 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 	ss.s.cqList = append(ss.s.cqList, c)
 	ss.s.ringsMu.Unlock()
 	return &proto.CreateCQResp{CQ: h, Slots: slots}, []int{ring.FD(), db.FD()}, nil
+}
+
+// watch starts the goroutine that turns the device CQ's notifications
+// into wake calls (cheap, non-blocking), so that a sleeping pump moves the
+// completions to the client's ring. It blocks on the CQ's channel: an idle
+// CQ costs nothing.
+func (c *cqObj) watch(wake func()) {
+	c.stop, c.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(c.done)
+		for {
+			select {
+			case <-c.cq.Notify():
+				wake()
+			case <-c.stop:
+				return
+			}
+		}
+	}()
+}
+
+// unwatch ends the watch goroutine: no wake for this CQ after it returns.
+func (c *cqObj) unwatch() {
+	close(c.stop)
+	<-c.done
 }
 
 func (ss *session) destroyCQ(body []byte) (any, []int, error) {
@@ -526,6 +662,7 @@ func (ss *session) releaseCQ(c *cqObj) error {
 		}
 	}
 	s.ringsMu.Unlock()
+	c.unwatch()
 	err := c.cq.Destroy()
 	c.ring.Close()
 	c.db.Close()
@@ -537,8 +674,11 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	if req.Type != proto.RC && req.Type != proto.UC && req.Type != proto.UD {
-		return nil, nil, errf(unix.EINVAL, "QP type %d not supported (RC %d, UC %d, UD %d)", req.Type, proto.RC, proto.UC, proto.UD)
+	if req.Type != ib.RC && req.Type != ib.UC && req.Type != ib.UD {
+		return nil, nil, errf(unix.EINVAL, "QP type %d not supported (RC %d, UC %d, UD %d)", req.Type, ib.RC, ib.UC, ib.UD)
+	}
+	if req.SigAll > 1 {
+		return nil, nil, errf(unix.EINVAL, "sq_sig_all %d is not 0 or 1", req.SigAll)
 	}
 	c, err := ss.normCaps(req.Caps)
 	if err != nil {
@@ -568,15 +708,17 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sq.Close()
 		return nil, nil, err
 	}
-	qp, err := p.pd.CreateQP(req.Type, c, scq.cq, rcq.cq, req.SigAll != 0)
+	vqp, err := p.pd.CreateQP(&verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0})
 	if err != nil {
 		sq.Close()
 		rq.Close()
 		return nil, nil, err
 	}
+	qp := vqp.(*rnic.QP)
 	q := &qpObj{owner: ss, qp: qp, typ: req.Type, pd: p, send: scq, recv: rcq, sq: sq, rq: rq,
-		sqc: sq.Consumer(), rqc: rq.Consumer(),
-		swr: proto.SendWR{SG: make([]proto.SGE, 0, c.MaxSendSGE)}, rwr: proto.RecvWR{SG: make([]proto.SGE, 0, c.MaxRecvSGE)}}
+		sqc: sq.Consumer(), rqc: rq.Consumer()}
+	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
+	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {
@@ -602,8 +744,8 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 // normCaps checks a QP's caps against the device's and rounds them to what
 // the rings hold: power-of-two queue depths, at least one SGE, and inline
 // data as large as a send slot allows.
-func (ss *session) normCaps(c proto.QPCaps) (proto.QPCaps, error) {
-	info := ss.s.dev.Info()
+func (ss *session) normCaps(c ib.QPCaps) (ib.QPCaps, error) {
+	info := &ss.s.info
 	if c.MaxSendWR == 0 || c.MaxSendWR > info.MaxQPWR || c.MaxRecvWR > info.MaxQPWR ||
 		c.MaxSendSGE > info.MaxSGE || c.MaxRecvSGE > info.MaxSGE || c.MaxInline > info.MaxInline {
 		return c, errf(unix.EINVAL, "QP caps %+v exceed the device's (WR %d, SGE %d, inline %d)", c, info.MaxQPWR, info.MaxSGE, info.MaxInline)
@@ -638,13 +780,14 @@ func (ss *session) modifyQP(body []byte) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	if err := req.Mask.Validate(); err != nil {
-		return nil, nil, errf(unix.EINVAL, "%v", err)
-	}
 	q, err := ss.lookupQP(req.QP)
 	if err != nil {
 		return nil, nil, err
 	}
+	// The device resolves the next hop of a connected QP's address vector
+	// itself (its neighbour table), as the kernel does for RoCE: a client
+	// cannot point its frames at a MAC of its choosing.
+	req.Attr.AV.DMAC = [6]byte{}
 	return nil, nil, q.qp.Modify(&req.Attr, req.Mask)
 }
 
@@ -671,10 +814,16 @@ func (ss *session) destroyQP(body []byte) (any, []int, error) {
 	}
 	ss.mu.Lock()
 	q, ok := ss.qps[h]
-	delete(ss.qps, h)
+	busy := ok && q.cmBusy
+	if ok && !busy {
+		delete(ss.qps, h)
+	}
 	ss.mu.Unlock()
 	if !ok {
 		return nil, nil, errf(unix.ENOENT, "no QP %d on this connection", h)
+	}
+	if busy {
+		return nil, nil, errf(unix.EBUSY, "QP %d is in an rdma_cm exchange", h)
 	}
 	return nil, nil, ss.releaseQP(q)
 }
@@ -689,8 +838,11 @@ func (ss *session) releaseQP(q *qpObj) error {
 		}
 	}
 	s.ringsMu.Unlock()
-	if q.conn != nil {
-		q.conn.Close() // DREQ (or REJ) to the peer if still connected
+	ss.mu.Lock()
+	conn := q.conn
+	ss.mu.Unlock()
+	if conn != nil {
+		conn.Close() // DREQ (or REJ) to the peer if still connected
 	}
 	// To the error state first: the transition takes the QP's lock, so it
 	// waits for a batch the engine is delivering into the QP's MRs, and
@@ -698,8 +850,8 @@ func (ss *session) releaseQP(q *qpObj) error {
 	// neither, and the MRs' mappings are unmapped (buryGraves) once no QP
 	// is left: a peer's UC WRITE still arriving for a client that had
 	// finished faulted the daemon there.
-	toErr := proto.QPAttr{State: proto.Err}
-	q.qp.Modify(&toErr, proto.AttrState)
+	toErr := ib.QPAttr{State: ib.Err}
+	q.qp.Modify(&toErr, ib.AttrState)
 	err := q.qp.Destroy()
 	q.sq.Close()
 	q.rq.Close()
@@ -723,8 +875,8 @@ func (ss *session) errorAllQPs() {
 	}
 	ss.mu.Unlock()
 	for _, q := range qps {
-		attr := proto.QPAttr{State: proto.Err}
-		if err := q.qp.Modify(&attr, proto.AttrState); err != nil {
+		attr := ib.QPAttr{State: ib.Err}
+		if err := q.qp.Modify(&attr, ib.AttrState); err != nil {
 			ss.log.Warn("moving QP to error", "qpn", q.qp.QPN(), "err", err)
 		}
 	}
@@ -737,10 +889,17 @@ func (ss *session) cleanup() ClientInfo {
 	ss.errorAllQPs()
 	ss.mu.Lock()
 	info := ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
-		QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds)}
+		QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds), AHs: len(ss.ahs)}
 	qps, mrs, cqs, pds := ss.qps, ss.mrs, ss.cqs, ss.pds
 	ss.qps, ss.mrs, ss.cqs, ss.pds = map[proto.Handle]*qpObj{}, map[proto.Handle]*mrObj{}, map[proto.Handle]*cqObj{}, map[proto.Handle]*pdObj{}
+	ss.ahMu.Lock()
+	ahs := ss.ahs
+	ss.ahs = map[proto.Handle]*ahObj{}
+	ss.ahMu.Unlock()
 	ss.mu.Unlock()
+	for _, a := range ahs {
+		a.ah.Destroy()
+	}
 	for _, q := range qps {
 		if err := ss.releaseQP(q); err != nil {
 			ss.log.Warn("destroying QP", "qpn", q.qp.QPN(), "err", err)

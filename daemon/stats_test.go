@@ -2,12 +2,7 @@ package daemon_test
 
 import (
 	"context"
-	"fmt"
-	"io"
-	"log/slog"
 	"net"
-	"net/netip"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -15,6 +10,8 @@ import (
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/testlink"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
@@ -27,93 +24,41 @@ import (
 // the device's own counters, count every byte on the link, and show the
 // QP's RNR NAK under out_of_buffer.
 func TestStatsThroughDaemon(t *testing.T) {
-	devA, _ := verbs.NewDevice(verbs.Config{MAC: macA, Addrs: []netip.Addr{addrA}, PortMTU: 1024})
-	devB, _ := verbs.NewDevice(verbs.Config{MAC: macB, Addrs: []netip.Addr{addrB}, PortMTU: 1024})
-	pa, pb := memlink.NewPair(memlink.Config{})
+	devA, devB, pa, pb := testlink.Devices(t, 1024)
 	cp := daemon.NewCountingPort(pa)
 	loopA, err := engine.NewLoop(devA, cp, engine.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	doneA, doneB := make(chan error, 1), make(chan error, 1)
+	doneA := make(chan error, 1)
 	go func() { doneA <- loopA.Run(ctx) }()
-	go func() { doneB <- engine.Run(ctx, devB, pb, engine.Options{}) }()
-	t.Cleanup(func() { cancel(); <-doneA; <-doneB; pa.Close(); pb.Close() })
-
+	t.Cleanup(func() { cancel(); <-doneA })
+	testlink.Run(t, devB, pb, engine.Options{})
 	src := &daemon.CounterSource{Name: "memA", Loop: loopA, Port: cp}
-	resolve := func(a netip.Addr) ([6]byte, error) {
-		if a == addrB {
-			return macB, nil
-		}
-		return [6]byte{}, fmt.Errorf("no neighbour %v", a)
-	}
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(devA, "memA", resolve),
-		daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Counters: src.Snapshot})
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "ctl.sock")
-	if err := srv.Listen(path); err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve()
-	t.Cleanup(func() { srv.Close(time.Second) })
+	_, path := serve(t, devA, daemon.Options{Counters: src.Snapshot})
 
 	c, err := client.Dial(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	pd, _ := c.AllocPD()
-	mem, _ := client.AllocMem(1 << 16)
-	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cq, _ := c.CreateCQ(64)
-	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pdB := devB.AllocPD()
-	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
-	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB, MaxSendWR: 16, MaxRecvWR: 16})
-	gidB := addrB.As16()
-	for _, s := range []struct {
-		a proto.QPAttr
-		m proto.QPAttrMask
-	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite}, proto.AttrState | proto.AttrAccessFlags},
-		// MinRNRTimer 1: the peer retries 0.01 ms after the RNR NAK.
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MinRNRTimer: 1}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMinRNRTimer},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
-	} {
-		if err := qp.Modify(&s.a, s.m); err != nil {
-			t.Fatalf("client QP to %v: %v", s.a.State, err)
-		}
-	}
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, AV: verbs.AddressVector{DestMAC: macA, DestIP: addrA}}); err != nil {
-		t.Fatal(err)
-	}
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+	caps := ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}
+	a := newApp(t, c, ib.RC, 1<<16, ib.LocalWrite|ib.RemoteWrite, 64, caps)
+	b := newApp(t, devB, ib.RC, 1<<16, ib.LocalWrite, 64, caps)
+	qp := a.qp
+	connectRC(t, a.qp, ib.RemoteWrite, b.qp.QPN(), gidB, 0, 0)
+	connectRC(t, b.qp, 0, a.qp.QPN(), gidA, 0, 0)
 	waitB := func(what string) {
 		t.Helper()
-		var wcs [1]verbs.WC
-		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-		defer wcancel()
-		if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.Success {
-			t.Fatalf("%s: %v %v", what, err, wcs[0].Status)
+		if wc := waitWC(t, b.cq); wc.Status != ib.Success {
+			t.Fatalf("%s: %v", what, wc.Status)
 		}
 	}
 
 	// A SEND before any receive is posted: RNR NAK (or more than one)
 	// until the receive below arrives.
-	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}})
+	b.send(t, verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{b.sge(0, 64)}})
 	rnrSeen := false
 	// Queries filter on the client QP: the daemon's rdma_cm agent has a
 	// GSI QP on the device too (started with the daemon), listed for root.
@@ -121,21 +66,18 @@ func TestStatsThroughDaemon(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no RNR NAK counted on the client QP")
 		}
-		st := queryStats(t, path, qp.QPN, true)
+		st := queryStats(t, path, qp.QPN(), true)
 		rnrSeen = st.Listed == 1 && st.QPs[0].Values[proto.QCtrOutOfBuffer] > 0
 	}
-	if _, err := qp.PostRecv(&proto.RecvWR{ID: 9, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
-		t.Fatal(err)
-	}
+	a.recv(t, 9, 0, 64)
 	waitB("SEND after RNR")
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 4096, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
+	b.send(t, verbs.SendWR{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(0, 4096)}, RemoteAddr: a.mr.IOVA() + 4096, RKey: a.mr.RKey()})
 	waitB("WRITE")
 
 	// Quiet link: compare with the device's own counters and the link's.
 	var st *proto.StatsResp
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, qp.QPN, true)
+		st = queryStats(t, path, qp.QPN(), true)
 		ds := loopA.DeviceStats()
 		if st.Device[proto.CtrRxPackets] == ds.RxFrames && st.Device[proto.CtrTxPackets] == ds.TxFrames && ds.TxFrames == pa.Stats().Sent {
 			break
@@ -157,11 +99,11 @@ func TestStatsThroughDaemon(t *testing.T) {
 	if st.Valid&proto.ValidXDP != 0 {
 		t.Errorf("XDP counters marked valid on a memlink port: %#x", st.Valid)
 	}
-	if n := string(st.Name[:4]); n != "memA" || st.QPs[0].QPN != qp.QPN || st.QPs[0].Type != proto.RC || st.QPs[0].State != proto.RTS {
+	if n := string(st.Name[:4]); n != "memA" || st.QPs[0].QPN != qp.QPN() || st.QPs[0].Type != ib.RC || st.QPs[0].State != ib.RTS {
 		t.Errorf("name %q, QP %+v", st.Name, st.QPs[0])
 	}
 	// Filter by a QPN that does not exist: no QP, device counters still.
-	if st := queryStats(t, path, qp.QPN+1000, true); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
+	if st := queryStats(t, path, qp.QPN()+1000, true); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
 		t.Errorf("filtered by a missing QPN: %d QPs", st.Listed)
 	}
 	if st.QPs[0].Values[proto.QCtrRxWriteRequests] != 1 || st.Device[proto.CtrRxWriteRequests] != 1 {
@@ -171,19 +113,13 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// Errors under mlx5's names: a WRITE with a wrong rkey is refused by
 	// the client's QP (resp_remote_access_errors), which goes to error; a
 	// receive the client posts then is flushed (resp_cqe_flush_error).
-	qpB.PostSend(verbs.SendWR{ID: 3, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr, RKey: mr.RKey ^ 0x5a5a5a})
-	var wcs [1]verbs.WC
-	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-	defer wcancel()
-	if _, err := cqB.Wait(wctx, wcs[:]); err != nil || wcs[0].Status != verbs.RemAccessErr {
-		t.Fatalf("WRITE with a wrong rkey: %v %v", err, wcs[0].Status)
+	b.send(t, verbs.SendWR{ID: 3, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(0, 64)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey() ^ 0x5a5a5a})
+	if wc := waitWC(t, b.cq); wc.Status != ib.RemAccessErr {
+		t.Fatalf("WRITE with a wrong rkey: %v", wc.Status)
 	}
-	if _, err := qp.PostRecv(&proto.RecvWR{ID: 10, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
-		t.Fatal(err)
-	}
+	a.recv(t, 10, 0, 64)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, qp.QPN, true)
+		st = queryStats(t, path, qp.QPN(), true)
 		q := &st.QPs[0].Values
 		if q[proto.QCtrRespRemoteAccessErrors] == 1 && q[proto.QCtrRespCQEFlushError] == 1 {
 			break
@@ -194,7 +130,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	}
 	d := &st.Device
 	if d[proto.CtrRespRemoteAccessErrors] != 1 || d[proto.CtrRespCQEFlushError] != 1 || d[proto.CtrRxWriteRequests] != 2 ||
-		d[proto.CtrReqCQEError] != 0 || d[proto.CtrRespCQEError] != 0 || st.QPs[0].State != proto.Err {
+		d[proto.CtrReqCQEError] != 0 || d[proto.CtrRespCQEError] != 0 || st.QPs[0].State != ib.Err {
 		t.Errorf("device after the errors: resp_remote_access_errors %d, resp_cqe_flush_error %d, rx_write_requests %d, req_cqe_error %d, resp_cqe_error %d; QP %v",
 			d[proto.CtrRespRemoteAccessErrors], d[proto.CtrRespCQEFlushError], d[proto.CtrRxWriteRequests], d[proto.CtrReqCQEError], d[proto.CtrRespCQEError], st.QPs[0].State)
 	}

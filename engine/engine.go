@@ -1,21 +1,3 @@
-// Package engine drives a verbs.Device on a port.Port: it is the one loop
-// that moves RoCEv2 frames between the wire and the device's queue pairs.
-//
-// Everything about a frame — parsing, the checks that drop it (destination
-// address, TVer, P_Key, DestQP, QP type and state, source of the connected
-// peer, ICRC), the counters of those drops (verbs.Device.Stats), the
-// building of Ethernet/IP/UDP headers and the ICRC — belongs to the device.
-// The engine owns only the loop: which goroutine calls the device's step
-// functions, when it polls the port, when it spins and when it sleeps, and
-// what it does when the port takes fewer frames than it is offered.
-//
-// One goroutine runs Run per device and port (package verbs requires the
-// step functions never to run concurrently). Applications post and poll on
-// the device from their own goroutines; a post rings the device's doorbell,
-// which cuts a nap short. An application that busy-polls may also run the
-// loop's step itself (verbs.Device.Poll, which Run wires to TryStep) while
-// the engine goroutine naps: a step lock, taken once per batch, decides
-// which goroutine runs it.
 package engine
 
 import (
@@ -27,12 +9,12 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // Options tune the loop. The zero value is the tuned default.
@@ -45,10 +27,8 @@ type Options struct {
 	// SpinFor is how long Run keeps polling without sleeping after the
 	// last work it did (0: 2 µs), at least. Spinning long regardless of
 	// the traffic starves the application and the peer on a small
-	// machine: with two cores, 1 ms of spinning made the 64 B SEND half
-	// round trip over veth ten times slower, and 50 µs four times slower,
-	// than 2 µs followed by naps. SpinMax lets the window grow where the
-	// traffic needs it.
+	// machine (README, "Design decisions"). SpinMax lets the window grow
+	// where the traffic needs it.
 	SpinFor time.Duration
 	// SpinMax bounds the adaptive spin window (0: 200 µs; negative: no
 	// adaptation, Run spins SpinFor). While no application polls the
@@ -66,7 +46,7 @@ type Options struct {
 	// after a long idle time may wait up to a millisecond; it costs no CPU.
 	DeepIdleAfter time.Duration
 	// PolledWait is how long Run naps at a time while an application
-	// drives the device itself through verbs.Device.Poll (polled within
+	// drives the device itself through rnic.Device.Poll (polled within
 	// the last PolledWait; 0: 50 µs). Such an application receives and
 	// sends in its own goroutine, so the engine goroutine only covers for
 	// it if it stops polling: waking every IdleWait would take CPU from
@@ -107,13 +87,13 @@ func (o *Options) defaults() {
 }
 
 // Counters are what the loop itself did. Frame-level counts (received,
-// dropped and why, built) are the device's, in verbs.Device.Stats.
+// dropped and why, built) are the device's, in rnic.Device.Stats.
 type Counters struct {
 	Loops       uint64 // loop iterations (Step calls)
 	Naps        uint64 // naps taken while idle
 	TxSent      uint64 // frames the port took
 	TxBackPress uint64 // Send calls in which the port took fewer frames than offered
-	Polls       uint64 // steps run by an application through verbs.Device.Poll
+	Polls       uint64 // steps run by an application through rnic.Device.Poll
 	PollsBusy   uint64 // Polls that found the step taken by another goroutine
 	// NapsYielded counts naps the loop took again because an application
 	// was stepping when the previous one ended.
@@ -126,7 +106,7 @@ type Counters struct {
 // buffers, all allocated by NewLoop. Run creates one; tests and the
 // simulator create their own and call Step with virtual time.
 type Loop struct {
-	dev  *verbs.Device
+	dev  *rnic.Device
 	port port.Port
 	opt  Options
 
@@ -153,13 +133,10 @@ type Loop struct {
 	// running; it changes under stepMu.
 	stepMu  sync.Mutex
 	running atomic.Bool
-
-	statsMu sync.Mutex
-	stats   verbs.Stats // the device's counters as of the last Step that changed them
 }
 
 // NewLoop prepares an engine for dev on p.
-func NewLoop(dev *verbs.Device, p port.Port, opt Options) (*Loop, error) {
+func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 	if dev == nil || p == nil {
 		return nil, errors.New("engine: no device or no port")
 	}
@@ -175,7 +152,7 @@ func NewLoop(dev *verbs.Device, p port.Port, opt Options) (*Loop, error) {
 	return l, nil
 }
 
-// minFrame is the room verbs.Device.Transmit needs in a buffer to build a
+// minFrame is the room rnic.Device.Transmit needs in a buffer to build a
 // frame for a QP with path MTU mtu: Ethernet, IPv6, UDP, the longest BTH
 // and extension headers, the payload, pad and ICRC. With less, the device
 // would build nothing and the QP would never send.
@@ -184,7 +161,7 @@ func minFrame(mtu int) int {
 }
 
 // Device is the device the loop drives.
-func (l *Loop) Device() *verbs.Device { return l.dev }
+func (l *Loop) Device() *rnic.Device { return l.dev }
 
 // Counters returns the loop's counters (safe from any goroutine).
 func (l *Loop) Counters() Counters {
@@ -196,11 +173,7 @@ func (l *Loop) Counters() Counters {
 // DeviceStats returns a copy of the device's counters as of the last loop
 // iteration (safe from any goroutine, unlike reading Device.Stats while
 // the loop runs).
-func (l *Loop) DeviceStats() verbs.Stats {
-	l.statsMu.Lock()
-	defer l.statsMu.Unlock()
-	return l.stats
-}
+func (l *Loop) DeviceStats() rnic.Stats { return l.dev.StatsSnapshot() }
 
 // Step runs one loop iteration at time now: receive one batch (waiting at
 // most wait for its first frame), run the device's due timers, and offer
@@ -265,11 +238,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 		l.pend -= sent
 	}
 	l.stuck = l.pend > 0 && sent == 0
-	if st := l.dev.Stats; st != l.stats {
-		l.statsMu.Lock()
-		l.stats = st
-		l.statsMu.Unlock()
-	}
+	l.dev.PublishStats()
 	return n > 0 || built > 0 || sent > 0, err
 }
 
@@ -277,7 +246,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 // Run is running and no other goroutine holds the step (the engine
 // goroutine between naps, or another poller); it never waits. It reports
 // whether the step moved anything. Run installs it as the device's poller
-// (verbs.Device.Poll). A port error is left for Run, which meets it on
+// (rnic.Device.Poll). A port error is left for Run, which meets it on
 // its next step and returns it.
 func (l *Loop) TryStep() bool {
 	moved, _ := l.tryStep()
@@ -285,7 +254,7 @@ func (l *Loop) TryStep() bool {
 }
 
 // tryStep is TryStep reporting also whether it ran a step: the poller
-// Run installs (verbs.Device.SetPoller).
+// Run installs (rnic.Device.SetPoller).
 func (l *Loop) tryStep() (moved, ran bool) {
 	if !l.stepMu.TryLock() {
 		l.pollsBusy.Add(1)
@@ -313,7 +282,7 @@ func (l *Loop) nap(timer *time.Timer, d time.Duration, bell <-chan struct{}, don
 
 // Run drives dev on p until ctx ends (nil) or the port fails (its error).
 // It is the one goroutine that calls dev's step functions and owns p.
-func Run(ctx context.Context, dev *verbs.Device, p port.Port, opt Options) error {
+func Run(ctx context.Context, dev *rnic.Device, p port.Port, opt Options) error {
 	l, err := NewLoop(dev, p, opt)
 	if err != nil {
 		return err
@@ -328,10 +297,9 @@ func Run(ctx context.Context, dev *verbs.Device, p port.Port, opt Options) error
 // timer that the device's doorbell cuts short, polling the port between
 // naps; after DeepIdleAfter without work it sleeps in the port itself. A
 // port that takes none of the frames offered counts as no work: spinning
-// on a full ring would only starve the peer that drains it (on two cores,
-// a 1 MiB UC WRITE over memlink took 60 ms spinning).
+// on a full ring would only starve the peer that drains it.
 //
-// While an application polls the device (verbs.Device.Poll within the
+// While an application polls the device (rnic.Device.Poll within the
 // last PolledWait) the naps last PolledWait and the loop never sleeps in
 // the port, where it would hold the step lock and shut the poller out.
 // Run holds the step lock except while it naps; before it returns, it
@@ -429,10 +397,10 @@ func (l *Loop) Run(ctx context.Context) error {
 // keep polling the port after work before napping. Spinning pays when the
 // next frame comes sooner than a nap ends, and only then. A nap is a Go
 // timer, and the runtime waits for timers in epoll_pwait(2), whose timeout
-// is in milliseconds: in a process with nothing else running, a 10 µs nap
-// lasts about 1 ms. So the window adapts as an adaptive mutex's spin does,
-// from the idle gaps (from the last work to the work that ended an idle
-// spell) and from what that work was:
+// is in milliseconds: in a process with nothing else running, a nap of
+// microseconds lasts a millisecond. So the window adapts as an adaptive
+// mutex's spin does, from the idle gaps (from the last work to the work
+// that ended an idle spell) and from what that work was:
 //
 //   - frames that queued up while the loop was away (two or more in the
 //     step that ended the spell): traffic is denser than the window
@@ -443,9 +411,9 @@ func (l *Loop) Run(ctx context.Context) error {
 //   - otherwise a gap of max or more: spinning would not have caught it,
 //     and the window halves, down to min.
 //
-// A WRITE responder in its own process saw 1-2 ms gaps with a fixed 2 µs
-// window, and the requester stalled on the late ACKs (64 KiB WRITE over
-// veth: 3.6 Gbit/s instead of 8.5-11). A pure function of what it observes,
+// With a fixed short window a WRITE responder in its own process naps
+// between the frames of a stream, and the requester stalls on the late
+// ACKs (README, "Design decisions"). A pure function of what it observes,
 // for tests.
 //
 // Run only spins while no application polls the device, so a ping-pong

@@ -14,9 +14,13 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/ibtest"
+	"github.com/softrnic/softrnic/internal/rnictest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -27,9 +31,9 @@ var (
 	addrB = netip.MustParseAddr("10.9.0.2")
 )
 
-func newDevice(t testing.TB, mac [6]byte, addr netip.Addr, mtu int) *verbs.Device {
+func newDevice(t testing.TB, mac [6]byte, addr netip.Addr, mtu int) *rnic.Device {
 	t.Helper()
-	d, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{addr}, PortMTU: mtu})
+	d, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{addr}, PortMTU: mtu})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,27 +42,27 @@ func newDevice(t testing.TB, mac [6]byte, addr netip.Addr, mtu int) *verbs.Devic
 
 // host is a device with one MR and one CQ.
 type host struct {
-	dev *verbs.Device
-	pd  *verbs.PD
-	mr  *verbs.MR
-	cq  *verbs.CQ
+	dev *rnic.Device
+	pd  *rnic.PD
+	mr  *rnic.MR
+	cq  *rnic.CQ
 }
 
 func newHost(t testing.TB, mac [6]byte, addr netip.Addr, mtu, memSize int) *host {
 	h := &host{dev: newDevice(t, mac, addr, mtu)}
-	h.pd = h.dev.AllocPD()
+	h.pd = rnictest.PD(h.dev)
 	var err error
-	h.mr, err = h.pd.RegMR(make([]byte, memSize), verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	h.mr, err = h.pd.RegBytes(make([]byte, memSize), 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.cq = h.dev.CreateCQ(4096)
+	h.cq = rnictest.CQ(h.dev, 4096)
 	return h
 }
 
-func (h *host) createQP(t testing.TB, typ verbs.QPType) *verbs.QP {
+func (h *host) createQP(t testing.TB, typ ib.QPType) *rnic.QP {
 	t.Helper()
-	q, err := h.pd.CreateQP(verbs.QPInitAttr{Type: typ, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxSGE: 1})
+	q, err := rnictest.QP(h.pd, rnictest.QPAttr{Type: typ, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 1024, MaxRecvWR: 1024, MaxSGE: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,19 +71,19 @@ func (h *host) createQP(t testing.TB, typ verbs.QPType) *verbs.QP {
 
 // connect moves q through INIT, RTR and RTS towards the peer QP peerQPN at
 // peerMAC/peerAddr, with receive PSN rqpsn and send PSN sqpsn.
-func connect(t testing.TB, q *verbs.QP, mtu int, peerQPN uint32, peerMAC [6]byte, peerAddr netip.Addr, rqpsn, sqpsn uint32) {
+func connect(t testing.TB, q *rnic.QP, mtu int, peerQPN uint32, peerMAC [6]byte, peerAddr netip.Addr, rqpsn, sqpsn uint32) {
 	t.Helper()
 	steps := []struct {
-		s verbs.State
-		a verbs.Attr
+		s ib.QPState
+		a ib.QPAttr
 	}{
-		{verbs.Init, verbs.Attr{Access: verbs.RemoteWrite}},
-		{verbs.RTR, verbs.Attr{PathMTU: mtu, DestQPN: peerQPN, RQPSN: rqpsn, MaxDestRdAtomic: 16, MinRNRTimer: 12,
-			AV: verbs.AddressVector{DestMAC: peerMAC, DestIP: peerAddr}}},
-		{verbs.RTS, verbs.Attr{SQPSN: sqpsn, Timeout: 8, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}},
+		{ib.Init, ib.QPAttr{Access: ib.RemoteWrite}},
+		{ib.RTR, ib.QPAttr{PathMTU: uint32(mtu), DestQPN: peerQPN, RQPSN: rqpsn, MaxDestRdAtomic: 16, MinRNRTimer: 12,
+			AV: ib.AddressVector{DMAC: peerMAC, DGID: ib.GIDFrom(peerAddr)}}},
+		{ib.RTS, ib.QPAttr{SQPSN: sqpsn, Timeout: 8, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}},
 	}
 	for _, s := range steps {
-		if err := q.Modify(s.s, &s.a); err != nil {
+		if err := ibtest.Modify(q, s.s, &s.a); err != nil {
 			t.Fatalf("QP %#x to %v: %v", q.QPN(), s.s, err)
 		}
 	}
@@ -102,7 +106,7 @@ func craft(t *testing.T, src, dst netip.Addr, qpn, psn uint32, mod func(*frame.S
 }
 
 // drops sums every drop counter of a device.
-func drops(s verbs.Stats) uint64 {
+func drops(s rnic.Stats) uint64 {
 	return s.RxParseErr + s.RxNotLocal + s.RxBadHeader + s.RxNoQP + s.RxBadICRC + s.RxBadType + s.RxBadSrc + s.RxBadState
 }
 
@@ -119,7 +123,7 @@ func TestDropsDefects(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wcs [4]verbs.WC
+	var wcs [4]ib.WC
 	for _, c := range cases {
 		before, beforeAll := c.count(b.dev.Stats), drops(b.dev.Stats)
 		if n, err := wire.Send([][]byte{c.frame}); n != 1 || err != nil {
@@ -154,7 +158,7 @@ func TestDropsDefects(t *testing.T) {
 		vc.Advance(time.Microsecond)
 		loop.Step(vc.Now(), 0)
 	}
-	if n := b.cq.Poll(wcs[:]); n != 1 || wcs[0].ID != 7 || wcs[0].Status != verbs.Success || string(b.mr.Bytes()[:12]) != "hello, RoCE!" {
+	if n := b.cq.Poll(wcs[:]); n != 1 || wcs[0].ID != 7 || wcs[0].Status != ib.Success || string(b.mr.Bytes()[:12]) != "hello, RoCE!" {
 		t.Fatalf("good frame: %d completions %+v", n, wcs[0])
 	}
 	in := make([][]byte, 4)
@@ -180,7 +184,7 @@ func TestDropsDefectsRun(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, b.dev, pb, Options{}) }()
 	want := map[string]uint64{}
-	reasons := map[string]func(verbs.Stats) uint64{}
+	reasons := map[string]func(rnic.Stats) uint64{}
 	for _, c := range cases {
 		if n, err := wire.Send([][]byte{c.frame}); n != 1 || err != nil {
 			t.Fatal(n, err)
@@ -191,13 +195,13 @@ func TestDropsDefectsRun(t *testing.T) {
 	wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)})
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
-	var wcs [4]verbs.WC
-	n, err := b.cq.Wait(wctx, wcs[:])
+	var wcs [4]ib.WC
+	n, err := b.cq.PollWait(wctx, wcs[:])
 	cancel()
 	if rerr := <-done; rerr != nil {
 		t.Fatalf("Run: %v", rerr)
 	}
-	if err != nil || n != 1 || wcs[0].ID != 7 || wcs[0].Status != verbs.Success {
+	if err != nil || n != 1 || wcs[0].ID != 7 || wcs[0].Status != ib.Success {
 		t.Fatalf("good frame: %d completions %+v, %v", n, wcs[0], err)
 	}
 	st := b.dev.Stats // Run has ended: the device's counters are ours to read
@@ -222,7 +226,7 @@ func TestDropsDefectsRun(t *testing.T) {
 type defectCase struct {
 	name  string
 	frame []byte
-	count func(verbs.Stats) uint64
+	count func(rnic.Stats) uint64
 }
 
 // defectSetup makes the receiving host of the drop tests — an RC QP
@@ -230,17 +234,17 @@ type defectCase struct {
 // frame per defect with the counter that must count it.
 func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 	b := newHost(t, macB, addrB, 1024, 1<<16)
-	rcQP := b.createQP(t, verbs.RC)
+	rcQP := b.createQP(t, ib.RC)
 	connect(t, rcQP, 1024, 0x99, macA, addrA, 5, 1000)
-	if _, err := rcQP.PostRecv(verbs.RecvWR{ID: 7, SG: []verbs.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}); err != nil {
+	if _, err := rcQP.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 256, LKey: b.mr.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
-	udQP := b.createQP(t, verbs.UD)
+	udQP := b.createQP(t, ib.UD)
 	for _, s := range []struct {
-		s verbs.State
-		a verbs.Attr
-	}{{verbs.Init, verbs.Attr{QKey: 0x11111111}}, {verbs.RTR, verbs.Attr{}}, {verbs.RTS, verbs.Attr{}}} {
-		if err := udQP.Modify(s.s, &s.a); err != nil {
+		s ib.QPState
+		a ib.QPAttr
+	}{{ib.Init, ib.QPAttr{QKey: 0x11111111}}, {ib.RTR, ib.QPAttr{}}, {ib.RTS, ib.QPAttr{}}} {
+		if err := ibtest.Modify(udQP, s.s, &s.a); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -259,18 +263,18 @@ func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 		s.DETH = frame.DETHFields{QKey: 0x11111111, SrcQP: 5}
 	}
 	cases := []defectCase{
-		{"bad ICRC", badICRC, func(s verbs.Stats) uint64 { return s.RxBadICRC }},
-		{"P_Key 0x8001", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0x8001 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
-		{"P_Key 0x0000", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0 }), func(s verbs.Stats) uint64 { return s.RxBadHeader }},
-		{"TVer 1", badTVer, func(s verbs.Stats) uint64 { return s.RxParseErr + s.RxBadHeader }},
-		{"DestQP 0", craft(t, addrA, addrB, 0, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
-		{"unknown QP", craft(t, addrA, addrB, 0xabcde, 5, nil), func(s verbs.Stats) uint64 { return s.RxNoQP }},
-		{"RC source not the connected peer", craft(t, other, addrB, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxBadSrc }},
-		{"not our address", craft(t, addrA, other, rq, 5, nil), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
-		{"UD not our address", craft(t, addrA, other, udQP.QPN(), 0, udSend), func(s verbs.Stats) uint64 { return s.RxNotLocal }},
-		{"UD opcode to an RC QP", craft(t, addrA, addrB, rq, 5, udSend), func(s verbs.Stats) uint64 { return s.RxBadType }},
-		{"truncated", truncated, func(s verbs.Stats) uint64 { return s.RxParseErr }},
-		{"not RoCE", append(append(make([]byte, 12), 0x08, 0x06), make([]byte, 46)...), func(s verbs.Stats) uint64 { return s.RxParseErr }},
+		{"bad ICRC", badICRC, func(s rnic.Stats) uint64 { return s.RxBadICRC }},
+		{"P_Key 0x8001", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0x8001 }), func(s rnic.Stats) uint64 { return s.RxBadHeader }},
+		{"P_Key 0x0000", craft(t, addrA, addrB, rq, 5, func(s *frame.Spec) { s.BTH.PKey = 0 }), func(s rnic.Stats) uint64 { return s.RxBadHeader }},
+		{"TVer 1", badTVer, func(s rnic.Stats) uint64 { return s.RxParseErr + s.RxBadHeader }},
+		{"DestQP 0", craft(t, addrA, addrB, 0, 5, nil), func(s rnic.Stats) uint64 { return s.RxNoQP }},
+		{"unknown QP", craft(t, addrA, addrB, 0xabcde, 5, nil), func(s rnic.Stats) uint64 { return s.RxNoQP }},
+		{"RC source not the connected peer", craft(t, other, addrB, rq, 5, nil), func(s rnic.Stats) uint64 { return s.RxBadSrc }},
+		{"not our address", craft(t, addrA, other, rq, 5, nil), func(s rnic.Stats) uint64 { return s.RxNotLocal }},
+		{"UD not our address", craft(t, addrA, other, udQP.QPN(), 0, udSend), func(s rnic.Stats) uint64 { return s.RxNotLocal }},
+		{"UD opcode to an RC QP", craft(t, addrA, addrB, rq, 5, udSend), func(s rnic.Stats) uint64 { return s.RxBadType }},
+		{"truncated", truncated, func(s rnic.Stats) uint64 { return s.RxParseErr }},
+		{"not RoCE", append(append(make([]byte, 12), 0x08, 0x06), make([]byte, 46)...), func(s rnic.Stats) uint64 { return s.RxParseErr }},
 	}
 	return b, rq, cases
 }
@@ -295,7 +299,7 @@ type pair struct {
 	a, b     *host
 	la, lb   *Loop
 	pa, pb   *memlink.Port
-	qpA, qpB []*verbs.QP
+	qpA, qpB []*rnic.QP
 }
 
 func newPair(t testing.TB, mtu, qps, memSize, sendLimit int) *pair {
@@ -315,7 +319,7 @@ func newPair(t testing.TB, mtu, qps, memSize, sendLimit int) *pair {
 		t.Fatal(err)
 	}
 	for i := 0; i < qps; i++ {
-		qa, qb := p.a.createQP(t, verbs.RC), p.b.createQP(t, verbs.RC)
+		qa, qb := p.a.createQP(t, ib.RC), p.b.createQP(t, ib.RC)
 		connect(t, qa, mtu, qb.QPN(), macB, addrB, 77, 55)
 		connect(t, qb, mtu, qa.QPN(), macA, addrA, 55, 77)
 		p.qpA, p.qpB = append(p.qpA, qa), append(p.qpB, qb)
@@ -346,17 +350,17 @@ func TestWritesUnderBackPressure(t *testing.T) {
 	}
 	for i, q := range p.qpA {
 		off := uint64(i * chunk)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: p.a.mr.IOVA() + off, Length: chunk, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA() + off, RKey: p.b.mr.RKey()}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: p.a.mr.IOVA() + off, Length: chunk, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA() + off, RKey: p.b.mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	var wcs [8]verbs.WC
+	var wcs [8]ib.WC
 	done := 0
 	for i := 0; i < 100000 && done < qps; i++ {
 		p.step(t)
 		for _, w := range wcs[:p.a.cq.Poll(wcs[:])] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				t.Fatalf("WRITE %d: %v", w.ID, w.Status)
 			}
 			done++
@@ -388,8 +392,8 @@ func TestNoAllocsPerLoop(t *testing.T) {
 	const msg = 4 << 20
 	p := newPair(t, 4096, 1, msg, 0)
 	post := func(id uint64) {
-		if _, err := p.qpA[0].PostSend(verbs.SendWR{ID: id, Opcode: verbs.RDMAWrite,
-			SG: []verbs.SGE{{Addr: p.a.mr.IOVA(), Length: msg, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA(), RKey: p.b.mr.RKey()}); err != nil {
+		if _, err := p.qpA[0].PostSend([]verbs.SendWR{{ID: id, Opcode: ib.RDMAWrite,
+			SG: []ib.SGE{{Addr: p.a.mr.IOVA(), Length: msg, LKey: p.a.mr.LKey()}}, RemoteAddr: p.b.mr.IOVA(), RKey: p.b.mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -418,33 +422,33 @@ func TestRunConcurrent(t *testing.T) {
 	r := runHosts(t, 1<<16)
 	a, b, la, lb, errs, stop := r.a, r.b, r.la, r.lb, r.errs, r.stop
 	defer stop()
-	qa, qb := a.createQP(t, verbs.UC), b.createQP(t, verbs.UC)
+	qa, qb := a.createQP(t, ib.UC), b.createQP(t, ib.UC)
 	connect(t, qa, 4096, qb.QPN(), macB, addrB, 1, 2)
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
 	const n, size = 8, 6000
 	for i := 0; i < n; i++ {
-		qb.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}})
+		qb.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}}})
 	}
 	src := a.mr.Bytes()
 	for i := range src {
 		src[i] = byte(i * 3)
 	}
 	for i := 0; i < n; i++ {
-		if _, err := qa.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: a.mr.IOVA() + uint64(i*size), Length: size, LKey: a.mr.LKey()}}}); err != nil {
+		if _, err := qa.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: a.mr.IOVA() + uint64(i*size), Length: size, LKey: a.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
-	var wcs [n]verbs.WC
+	var wcs [n]ib.WC
 	for got := 0; got < n; {
-		k, err := b.cq.Wait(wctx, wcs[got:])
+		k, err := b.cq.PollWait(wctx, wcs[got:])
 		if err != nil {
 			t.Fatalf("%d of %d receives: %v", got, n, err)
 		}
 		for _, w := range wcs[got : got+k] {
-			if w.Status != verbs.Success || w.ByteLen != size {
+			if w.Status != ib.Success || w.ByteLen != size {
 				t.Fatalf("receive %+v", w)
 			}
 		}
@@ -534,7 +538,7 @@ func TestPostWakesNap(t *testing.T) {
 	wire, pa := memlink.NewPair(memlink.Config{})
 	defer wire.Close()
 	a := newHost(t, macA, addrA, 1024, 1<<16)
-	q := a.createQP(t, verbs.RC)
+	q := a.createQP(t, ib.RC)
 	connect(t, q, 1024, 0x99, macB, addrB, 1, 1)
 	l, err := NewLoop(a.dev, pa, Options{IdleWait: time.Hour, DeepIdleAfter: 2 * time.Hour})
 	if err != nil {
@@ -556,7 +560,7 @@ func TestPostWakesNap(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 	naps := l.Counters().Naps
-	if _, err := q.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, SG: []verbs.SGE{{Addr: a.mr.IOVA(), Length: 100, LKey: a.mr.LKey()}}}); err != nil {
+	if _, err := q.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 100, LKey: a.mr.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	in := make([][]byte, 4)
@@ -574,7 +578,7 @@ func TestPostWakesNap(t *testing.T) {
 
 // TestPollDrivesPingPong runs two loops whose naps last an hour while the
 // test goroutine, as both applications, plays 200 rounds of RC SEND
-// ping-pong and busy-polls with verbs.Device.Poll: the inline steps move
+// ping-pong and busy-polls with rnic.Device.Poll: the inline steps move
 // every frame (the naps never end, timers lie seconds ahead, and posts
 // made right after a Poll do not ring the doorbell), with no allocation
 // per Poll. Once Run has returned, Poll does nothing.
@@ -587,17 +591,17 @@ func TestPollDrivesPingPong(t *testing.T) {
 	opt := Options{IdleWait: time.Hour, PolledWait: time.Hour, DeepIdleAfter: 2 * time.Hour}
 	la, _ := NewLoop(a.dev, pa, opt)
 	lb, _ := NewLoop(b.dev, pb, opt)
-	qa, qb := a.createQP(t, verbs.RC), b.createQP(t, verbs.RC)
-	slowConnect := func(q *verbs.QP, peer uint32, mac [6]byte, addr netip.Addr) {
+	qa, qb := a.createQP(t, ib.RC), b.createQP(t, ib.RC)
+	slowConnect := func(q *rnic.QP, peer uint32, mac [6]byte, addr netip.Addr) {
 		for _, s := range []struct {
-			s verbs.State
-			a verbs.Attr
+			s ib.QPState
+			a ib.QPAttr
 		}{
-			{verbs.Init, verbs.Attr{}},
-			{verbs.RTR, verbs.Attr{PathMTU: 1024, DestQPN: peer, RQPSN: 5, MinRNRTimer: 12, AV: verbs.AddressVector{DestMAC: mac, DestIP: addr}}},
-			{verbs.RTS, verbs.Attr{SQPSN: 5, Timeout: 20, RetryCnt: 7, RNRRetry: 7}}, // a 4 s timer: never due here
+			{ib.Init, ib.QPAttr{}},
+			{ib.RTR, ib.QPAttr{PathMTU: 1024, DestQPN: peer, RQPSN: 5, MinRNRTimer: 12, AV: ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(addr)}}},
+			{ib.RTS, ib.QPAttr{SQPSN: 5, Timeout: 20, RetryCnt: 7, RNRRetry: 7}}, // a 4 s timer: never due here
 		} {
-			if err := q.Modify(s.s, &s.a); err != nil {
+			if err := ibtest.Modify(q, s.s, &s.a); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -607,10 +611,10 @@ func TestPollDrivesPingPong(t *testing.T) {
 	const rounds, size = 200, 64
 	for i := 0; i < 4; i++ {
 		for _, h := range []struct {
-			q *verbs.QP
-			m *verbs.MR
+			q *rnic.QP
+			m *rnic.MR
 		}{{qa, a.mr}, {qb, b.mr}} {
-			if _, err := h.q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{Addr: h.m.IOVA() + 4096, Length: size, LKey: h.m.LKey()}}}); err != nil {
+			if _, err := h.q.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: h.m.IOVA() + 4096, Length: size, LKey: h.m.LKey()}}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -631,7 +635,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	var wcs [8]verbs.WC
+	var wcs [8]ib.WC
 	// await polls h (driving both devices) until a receive completes.
 	await := func(h *host) {
 		t.Helper()
@@ -642,7 +646,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 			n := h.cq.Poll(wcs[:])
 			got := false
 			for _, w := range wcs[:n] {
-				if w.Status != verbs.Success {
+				if w.Status != ib.Success {
 					t.Fatalf("completion %+v", w)
 				}
 				if w.IsRecv {
@@ -651,7 +655,7 @@ func TestPollDrivesPingPong(t *testing.T) {
 					if h == b {
 						q = qb
 					}
-					if _, err := q.PostRecv(verbs.RecvWR{ID: w.ID, SG: []verbs.SGE{{Addr: h.mr.IOVA() + 4096, Length: size, LKey: h.mr.LKey()}}}); err != nil {
+					if _, err := q.PostRecv([]verbs.RecvWR{{ID: w.ID, SG: []ib.SGE{{Addr: h.mr.IOVA() + 4096, Length: size, LKey: h.mr.LKey()}}}}); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -666,8 +670,8 @@ func TestPollDrivesPingPong(t *testing.T) {
 			}
 		}
 	}
-	send := func(q *verbs.QP, m *verbs.MR, i int) {
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, SG: []verbs.SGE{{Addr: m.IOVA(), Length: size, LKey: m.LKey()}}}); err != nil {
+	send := func(q *rnic.QP, m *rnic.MR, i int) {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, SG: []ib.SGE{{Addr: m.IOVA(), Length: size, LKey: m.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -737,14 +741,14 @@ func TestReplyLeavesWithAck(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		qa, qb := a.createQP(t, verbs.RC), b.createQP(t, verbs.RC)
+		qa, qb := a.createQP(t, ib.RC), b.createQP(t, ib.RC)
 		connect(t, qa, 1024, qb.QPN(), macB, addrB, 3, 9)
 		connect(t, qb, 1024, qa.QPN(), macA, addrA, 9, 3)
 		for _, x := range []struct {
-			q *verbs.QP
+			q *rnic.QP
 			h *host
 		}{{qa, a}, {qb, b}} {
-			if _, err := x.q.PostRecv(verbs.RecvWR{ID: 7, SG: []verbs.SGE{{Addr: x.h.mr.IOVA() + 1024, Length: 64, LKey: x.h.mr.LKey()}}}); err != nil {
+			if _, err := x.q.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: x.h.mr.IOVA() + 1024, Length: 64, LKey: x.h.mr.LKey()}}}}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -755,13 +759,13 @@ func TestReplyLeavesWithAck(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := qa.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled, SG: []verbs.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}); err != nil {
+		if _, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 64, LKey: a.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 		step(la) // the request
 		step(lb) // B receives it
-		var wcs [4]verbs.WC
-		if n := b.cq.Poll(wcs[:]); n != 1 || !wcs[0].IsRecv || wcs[0].Status != verbs.Success {
+		var wcs [4]ib.WC
+		if n := b.cq.Poll(wcs[:]); n != 1 || !wcs[0].IsRecv || wcs[0].Status != ib.Success {
 			t.Fatalf("eager %v: B's completions %v", eager, wcs[:n])
 		}
 		wantFirst := 0
@@ -771,7 +775,7 @@ func TestReplyLeavesWithAck(t *testing.T) {
 		if len(logB.batches) != wantFirst {
 			t.Fatalf("eager %v: B sent %v in the step that received", eager, logB.batches)
 		}
-		if _, err := qb.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.Send, SG: []verbs.SGE{{Addr: b.mr.IOVA(), Length: 64, LKey: b.mr.LKey()}}}); err != nil {
+		if _, err := qb.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, SG: []ib.SGE{{Addr: b.mr.IOVA(), Length: 64, LKey: b.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 		step(lb)
@@ -787,7 +791,7 @@ func TestReplyLeavesWithAck(t *testing.T) {
 		n := a.cq.Poll(wcs[:])
 		var sendDone, recvDone bool
 		for _, w := range wcs[:n] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				t.Fatalf("eager %v: completion %+v", eager, w)
 			}
 			sendDone = sendDone || !w.IsRecv && w.ID == 1

@@ -4,12 +4,16 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -26,12 +30,12 @@ type mqSide struct {
 // QP pairs (qa on side A, qb on side B).
 type mqRig struct {
 	a, b   *mqSide
-	qa, qb []*verbs.QP
+	qa, qb []*rnic.QP
 	stop   func() // ends both engines; the ports and MRs are the test's again
 }
 
 // newMQRig makes the rig: a veth pair with nq queues each way, ports over
-// queues of them (OpenPortQueues; 0: all), MRs of mem bytes, which init
+// queues of them (afxdp.OpenMulti; 0: all), MRs of mem bytes, which init
 // may fill before the engines start (so that the race detector sees the
 // order the completions give the application).
 func newMQRig(tb testing.TB, nq, mtu, pathMTU, queues, qps, mem int, init func(a, b []byte)) *mqRig {
@@ -64,12 +68,16 @@ func newMQRig(tb testing.TB, nq, mtu, pathMTU, queues, qps, mem int, init func(a
 	})
 	for _, s := range sides {
 		if err := s.l.NS.Do(func() error {
-			in, err := LookupInterface(s.l.Name)
+			ifi, err := net.InterfaceByName(s.l.Name)
 			if err != nil {
 				return err
 			}
-			s.p, err = OpenPortQueues(in, AFXDP, queues)
-			return err
+			m, err := afxdp.OpenMulti(afxdp.MultiConfig{Config: afxdp.Config{IfIndex: ifi.Index}, Queues: queues, SpreadTx: true})
+			if err != nil {
+				return err
+			}
+			s.p = m
+			return nil
 		}); err != nil {
 			tb.Fatal(err)
 		}
@@ -86,24 +94,24 @@ func newMQRig(tb testing.TB, nq, mtu, pathMTU, queues, qps, mem int, init func(a
 		go func() { errs <- s.loop.Run(ctx) }()
 		running++
 	}
-	conn := func(q *verbs.QP, peer *mqSide, peerQPN uint32) {
+	conn := func(q *rnic.QP, peer *mqSide, peerQPN uint32) {
 		tb.Helper()
 		for _, st := range []struct {
-			s verbs.State
-			a verbs.Attr
+			s ib.QPState
+			a ib.QPAttr
 		}{
-			{verbs.Init, verbs.Attr{Access: verbs.RemoteWrite | verbs.RemoteRead}},
-			{verbs.RTR, verbs.Attr{PathMTU: pathMTU, DestQPN: peerQPN, MaxDestRdAtomic: 16, MinRNRTimer: 12,
-				AV: verbs.AddressVector{DestMAC: [6]byte(peer.l.MAC), DestIP: peer.l.Addr}}},
-			{verbs.RTS, verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}},
+			{ib.Init, ib.QPAttr{Access: ib.RemoteWrite | ib.RemoteRead}},
+			{ib.RTR, ib.QPAttr{PathMTU: uint32(pathMTU), DestQPN: peerQPN, MaxDestRdAtomic: 16, MinRNRTimer: 12,
+				AV: ib.AddressVector{DMAC: [6]byte(peer.l.MAC), DGID: ib.GIDFrom(peer.l.Addr)}}},
+			{ib.RTS, ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16}},
 		} {
-			if err := q.Modify(st.s, &st.a); err != nil {
+			if err := ibtest.Modify(q, st.s, &st.a); err != nil {
 				tb.Fatalf("QP %#x to %v: %v", q.QPN(), st.s, err)
 			}
 		}
 	}
 	for i := 0; i < qps; i++ {
-		x, y := r.a.h.createQP(tb, verbs.RC), r.b.h.createQP(tb, verbs.RC)
+		x, y := r.a.h.createQP(tb, ib.RC), r.b.h.createQP(tb, ib.RC)
 		conn(x, r.b, y.QPN())
 		conn(y, r.a, x.QPN())
 		r.qa, r.qb = append(r.qa, x), append(r.qb, y)
@@ -116,14 +124,14 @@ func (r *mqRig) waitA(tb testing.TB, n int) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	wcs := make([]verbs.WC, 64)
+	wcs := make([]ib.WC, 64)
 	for got := 0; got < n; {
-		k, err := r.a.h.cq.Wait(ctx, wcs[:min(len(wcs), n-got)])
+		k, err := r.a.h.cq.PollWait(ctx, wcs[:min(len(wcs), n-got)])
 		if err != nil {
 			tb.Fatalf("%d of %d completions: %v", got, n, err)
 		}
 		for _, w := range wcs[:k] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				tb.Fatalf("completion %+v", w)
 			}
 		}
@@ -132,7 +140,7 @@ func (r *mqRig) waitA(tb testing.TB, n int) {
 }
 
 // TestMultiQueueRDMA: two devices, each on an AF_XDP port over all four
-// queues of its veth end (OpenPortQueues with 0), one engine goroutine
+// queues of its veth end (afxdp.OpenMulti with 0), one engine goroutine
 // each. Eight RC QPs WRITE and READ 16 KiB each; every byte is checked.
 // The QPs' UDP source ports spread their frames over the transmit queues,
 // and so over the peer's receive queues: traffic must have arrived on more
@@ -168,15 +176,15 @@ func multiQueueRDMA(t *testing.T, mtu, pathMTU int) {
 	ma, mb := r.a.h.mr, r.b.h.mr
 	for i, q := range r.qa {
 		off := uint64(i * size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-			SG:         []verbs.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
-			RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
+			RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 		roff := uint64((qps + i) * size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-			SG:         []verbs.SGE{{Addr: ma.IOVA() + roff, Length: size, LKey: ma.LKey()}},
-			RemoteAddr: mb.IOVA() + roff, RKey: mb.RKey()}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+			SG:         []ib.SGE{{Addr: ma.IOVA() + roff, Length: size, LKey: ma.LKey()}},
+			RemoteAddr: mb.IOVA() + roff, RKey: mb.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -233,11 +241,11 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 			const qps, depth, size = 4, 8, 64 << 10
 			r := newMQRig(b, 4, 1500, 1024, queues, qps, qps*size, nil)
 			ma, mb := r.a.h.mr, r.b.h.mr
-			post := func(q *verbs.QP, i int) {
+			post := func(q *rnic.QP, i int) {
 				off := uint64(i * size)
-				if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-					SG:         []verbs.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
-					RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}); err != nil {
+				if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+					SG:         []ib.SGE{{Addr: ma.IOVA() + off, Length: size, LKey: ma.LKey()}},
+					RemoteAddr: mb.IOVA() + off, RKey: mb.RKey()}}); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -248,16 +256,16 @@ func BenchmarkMultiQueueWrite(b *testing.B) {
 			for ; posted < min(b.N, qps*depth); posted++ {
 				post(r.qa[posted%qps], posted%qps)
 			}
-			wcs := make([]verbs.WC, 64)
+			wcs := make([]ib.WC, 64)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			for done < b.N {
-				k, err := r.a.h.cq.Wait(ctx, wcs)
+				k, err := r.a.h.cq.PollWait(ctx, wcs)
 				if err != nil {
 					b.Fatalf("%d of %d WRITEs: %v", done, b.N, err)
 				}
 				for _, w := range wcs[:k] {
-					if w.Status != verbs.Success {
+					if w.Status != ib.Success {
 						b.Fatalf("completion %+v", w)
 					}
 					done++

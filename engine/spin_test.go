@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -71,28 +72,28 @@ func TestRunGoesIdleAfterTraffic(t *testing.T) {
 	defer r.stop()
 	// UC: the stream needs no ACK timer, which real time under -race can
 	// run out (RETRY_EXC_ERR in 30 ms with the 1 ms timeout of connect).
-	qa, qb := a.createQP(t, verbs.UC), b.createQP(t, verbs.UC)
+	qa, qb := a.createQP(t, ib.UC), b.createQP(t, ib.UC)
 	connect(t, qa, 4096, qb.QPN(), macB, addrB, 1, 2)
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
 	// A stream of 64 KiB WRITEs, the traffic that grows the window.
 	const n, size = 64, 1 << 16
 	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer wcancel()
-	var wcs [16]verbs.WC
+	var wcs [16]ib.WC
 	for i, done := 0, 0; done < n; {
 		for ; i < n && i-done < 8; i++ {
-			if _, err := qa.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-				SG:         []verbs.SGE{{Addr: a.mr.IOVA() + uint64(i%16*size), Length: size, LKey: a.mr.LKey()}},
-				RemoteAddr: b.mr.IOVA() + uint64(i%16*size), RKey: b.mr.RKey()}); err != nil {
+			if _, err := qa.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+				SG:         []ib.SGE{{Addr: a.mr.IOVA() + uint64(i%16*size), Length: size, LKey: a.mr.LKey()}},
+				RemoteAddr: b.mr.IOVA() + uint64(i%16*size), RKey: b.mr.RKey()}}); err != nil {
 				t.Fatal(err)
 			}
 		}
-		k, err := a.cq.Wait(wctx, wcs[:])
+		k, err := a.cq.PollWait(wctx, wcs[:])
 		if err != nil {
 			t.Fatalf("%d of %d WRITEs: %v", done, n, err)
 		}
 		for _, w := range wcs[:k] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				t.Fatalf("WRITE %+v", w)
 			}
 		}

@@ -110,70 +110,17 @@ func (b *Builder) Headers(buf []byte, s *Spec) (int, error) {
 	if hl == 0 {
 		return 0, ErrBuildOpcode
 	}
-	src, dst := s.Src.Unmap(), s.Dst.Unmap()
-	var ipLen int
-	switch {
-	case src.Is4() && dst.Is4():
-		ipLen, b.ipv6 = IPv4Len, false
-	case src.Is6() && dst.Is6():
-		ipLen, b.ipv6 = IPv6Len, true
-	default:
-		return 0, ErrAddrFamily
+	var err error
+	if b.ip, b.udp, b.ipv6, err = layout(s); err != nil {
+		return 0, err
 	}
-	b.ip = EthernetLen
-	if s.VLAN {
-		b.ip += VLANTagLen
-	}
-	b.udp = b.ip + ipLen
 	b.bth = b.udp + UDPLen
 	b.pay = b.bth + hl
 	if len(buf) < b.pay+icrc.Len {
 		return 0, ErrBufferTooSmall
 	}
 	b.op = op
-
-	copy(buf[0:6], s.DstMAC[:])
-	copy(buf[6:12], s.SrcMAC[:])
-	if s.VLAN {
-		binary.BigEndian.PutUint16(buf[12:], EtherTypeVLAN)
-		binary.BigEndian.PutUint16(buf[14:], s.VLANTCI)
-	}
-	ttl := s.TTL
-	if ttl == 0 {
-		ttl = 64
-	}
-	h := buf[b.ip:b.udp]
-	if b.ipv6 {
-		binary.BigEndian.PutUint16(buf[b.ip-2:], EtherTypeIPv6)
-		binary.BigEndian.PutUint32(h[0:], 6<<28|uint32(s.TOS)<<20|s.FlowLabel&0xFFFFF)
-		binary.BigEndian.PutUint16(h[4:], 0) // payload length: Finish
-		h[6] = ProtocolUDP
-		h[7] = ttl
-		a, d := src.As16(), dst.As16()
-		copy(h[8:24], a[:])
-		copy(h[24:40], d[:])
-	} else {
-		binary.BigEndian.PutUint16(buf[b.ip-2:], EtherTypeIPv4)
-		h[0] = 0x45
-		h[1] = s.TOS
-		binary.BigEndian.PutUint16(h[2:], 0) // total length: Finish
-		binary.BigEndian.PutUint16(h[4:], s.IPID)
-		if s.NoDF {
-			binary.BigEndian.PutUint16(h[6:], 0)
-		} else {
-			binary.BigEndian.PutUint16(h[6:], 0x4000)
-		}
-		h[8] = ttl
-		h[9] = ProtocolUDP
-		binary.BigEndian.PutUint16(h[10:], 0) // checksum: Finish
-		a, d := src.As4(), dst.As4()
-		copy(h[12:16], a[:])
-		copy(h[16:20], d[:])
-	}
-	u := buf[b.udp:b.bth]
-	binary.BigEndian.PutUint16(u[0:], s.SrcPort)
-	binary.BigEndian.PutUint16(u[2:], RoCEv2Port)
-	binary.BigEndian.PutUint32(u[4:], 0) // length: Finish; checksum 0
+	writeL2L4(buf, s, b.ip, b.udp, b.ipv6)
 
 	bh := bth.BTH(buf[b.bth : b.bth+bth.BTHLen])
 	bh.Encode(&s.BTH)
@@ -209,6 +156,75 @@ func (b *Builder) Headers(buf []byte, s *Spec) (int, error) {
 	return b.pay, nil
 }
 
+// layout returns where a frame of s has its IP and UDP headers, and
+// whether it is IPv6.
+func layout(s *Spec) (ip, udp int, ipv6 bool, err error) {
+	src, dst := s.Src.Unmap(), s.Dst.Unmap()
+	var ipLen int
+	switch {
+	case src.Is4() && dst.Is4():
+		ipLen = IPv4Len
+	case src.Is6() && dst.Is6():
+		ipLen, ipv6 = IPv6Len, true
+	default:
+		return 0, 0, false, ErrAddrFamily
+	}
+	ip = EthernetLen
+	if s.VLAN {
+		ip += VLANTagLen
+	}
+	return ip, ip + ipLen, ipv6, nil
+}
+
+// writeL2L4 writes the Ethernet, IP and UDP headers of s at their offsets
+// (layout), leaving lengths and the IPv4 checksum zero for the frame's
+// finish.
+func writeL2L4(buf []byte, s *Spec, ip, udp int, ipv6 bool) {
+	copy(buf[0:6], s.DstMAC[:])
+	copy(buf[6:12], s.SrcMAC[:])
+	if s.VLAN {
+		binary.BigEndian.PutUint16(buf[12:], EtherTypeVLAN)
+		binary.BigEndian.PutUint16(buf[14:], s.VLANTCI)
+	}
+	ttl := s.TTL
+	if ttl == 0 {
+		ttl = 64
+	}
+	src, dst := s.Src.Unmap(), s.Dst.Unmap()
+	h := buf[ip:udp]
+	if ipv6 {
+		binary.BigEndian.PutUint16(buf[ip-2:], EtherTypeIPv6)
+		binary.BigEndian.PutUint32(h[0:], 6<<28|uint32(s.TOS)<<20|s.FlowLabel&0xFFFFF)
+		binary.BigEndian.PutUint16(h[4:], 0) // payload length: finish
+		h[6] = ProtocolUDP
+		h[7] = ttl
+		a, d := src.As16(), dst.As16()
+		copy(h[8:24], a[:])
+		copy(h[24:40], d[:])
+	} else {
+		binary.BigEndian.PutUint16(buf[ip-2:], EtherTypeIPv4)
+		h[0] = 0x45
+		h[1] = s.TOS
+		binary.BigEndian.PutUint16(h[2:], 0) // total length: finish
+		binary.BigEndian.PutUint16(h[4:], s.IPID)
+		if s.NoDF {
+			binary.BigEndian.PutUint16(h[6:], 0)
+		} else {
+			binary.BigEndian.PutUint16(h[6:], 0x4000)
+		}
+		h[8] = ttl
+		h[9] = ProtocolUDP
+		binary.BigEndian.PutUint16(h[10:], 0) // checksum: finish
+		a, d := src.As4(), dst.As4()
+		copy(h[12:16], a[:])
+		copy(h[16:20], d[:])
+	}
+	u := buf[udp : udp+UDPLen]
+	binary.BigEndian.PutUint16(u[0:], s.SrcPort)
+	binary.BigEndian.PutUint16(u[2:], RoCEv2Port)
+	binary.BigEndian.PutUint32(u[4:], 0) // length: finish; checksum 0
+}
+
 // Finish completes a frame whose payload of payloadLen bytes the caller has
 // put at the offset Headers returned: it writes the pad (zeros) and PadCnt,
 // the IP and UDP lengths, the IPv4 header checksum and the ICRC, and returns
@@ -231,19 +247,25 @@ func (b *Builder) Finish(buf []byte, payloadLen int) (int, error) {
 	}
 	clear(buf[padAt : padAt+pad])
 	bth.BTH(buf[b.bth:]).SetPadCount(pad)
-	udpLen := end - b.udp
-	binary.BigEndian.PutUint16(buf[b.udp+4:], uint16(udpLen))
-	if b.ipv6 {
-		binary.BigEndian.PutUint16(buf[b.ip+4:], uint16(udpLen))
-	} else {
-		h := buf[b.ip : b.ip+IPv4Len]
-		binary.BigEndian.PutUint16(h[2:], uint16(end-b.ip))
-		IPv4(h).SetChecksum()
-	}
-	if err := icrc.Stamp(buf[b.ip:end]); err != nil {
+	if err := seal(buf, b.ip, b.udp, end, b.ipv6); err != nil {
 		return 0, err
 	}
 	return end, nil
+}
+
+// seal fills the lengths of the IP and UDP headers at ip and udp of a
+// frame ending at end, the IPv4 header checksum, and stamps the ICRC.
+func seal(buf []byte, ip, udp, end int, ipv6 bool) error {
+	udpLen := end - udp
+	binary.BigEndian.PutUint16(buf[udp+4:], uint16(udpLen))
+	if ipv6 {
+		binary.BigEndian.PutUint16(buf[ip+4:], uint16(udpLen))
+	} else {
+		h := buf[ip : ip+IPv4Len]
+		binary.BigEndian.PutUint16(h[2:], uint16(end-ip))
+		IPv4(h).SetChecksum()
+	}
+	return icrc.Stamp(buf[ip:end])
 }
 
 // Build writes a complete frame carrying payload into buf and returns its

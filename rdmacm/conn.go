@@ -3,63 +3,15 @@ package rdmacm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
-	"sync"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
-// ConnParams describe the RC QP of a connection and what the CM
-// negotiates for it (rdma_create_qp's attributes and rdma_conn_param).
-type ConnParams struct {
-	PD             *verbs.PD
-	SendCQ, RecvCQ *verbs.CQ
-	MaxSendWR      int // 0: verbs.DefaultDepth
-	MaxRecvWR      int
-	MaxSGE         int
-	MaxInline      int
-	// Access is what the peer may do to our memory through the QP.
-	Access verbs.Access
-	// ResponderResources: RDMA READ/atomics the peer may have outstanding
-	// at our QP; InitiatorDepth: those we may have outstanding at its.
-	ResponderResources, InitiatorDepth uint8
-	// RetryCount and RNRRetry of the peer's QP toward us (active side: both
-	// go in the REQ; passive side: RNRRetry goes in the REP). 0 means 7,
-	// what rdma_cm applications use.
-	RetryCount, RNRRetry uint8
-	// MinRNRTimer of our QP (0: DefaultMinRNRTimer).
-	MinRNRTimer uint8
-	// PrivateData goes in the REQ (after the rdma_cm header, at most
-	// cm.CMAUserSize bytes) or the REP (at most cm.REPPrivateSize).
-	PrivateData []byte
-	// Setup, if set, is called with the QP in INIT before the CM exchange
-	// goes on: post receives there, so that the peer's first SEND, which
-	// may come right after the REP or RTU, finds one.
-	Setup func(*verbs.QP) error
-}
-
-func (p *ConnParams) createQP() (*verbs.QP, error) {
-	if p.PD == nil || p.SendCQ == nil || p.RecvCQ == nil {
-		return nil, errors.New("rdmacm: ConnParams needs a PD and CQs")
-	}
-	q, err := p.PD.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: p.SendCQ, RecvCQ: p.RecvCQ,
-		MaxSendWR: p.MaxSendWR, MaxRecvWR: p.MaxRecvWR, MaxSGE: p.MaxSGE, MaxInline: p.MaxInline})
-	if err != nil {
-		return nil, err
-	}
-	if err := q.Modify(verbs.Init, &verbs.Attr{Access: p.Access}); err != nil {
-		q.Destroy()
-		return nil, err
-	}
-	if p.Setup != nil {
-		if err := p.Setup(q); err != nil {
-			q.Destroy()
-			return nil, err
-		}
-	}
-	return q, nil
-}
+var _ CM = (*Agent)(nil)
 
 func or7(v uint8) uint8 {
 	if v == 0 {
@@ -68,21 +20,49 @@ func or7(v uint8) uint8 {
 	return min(v, 7)
 }
 
-func (p *ConnParams) minRNR() uint8 {
+func (p *ConnParam) minRNR() uint8 {
 	if p.MinRNRTimer == 0 {
 		return DefaultMinRNRTimer
 	}
 	return min(p.MinRNRTimer, 31)
 }
 
-// Conn is one RC connection: its QP is connected (RTS) once Dial or Accept
-// returns it.
-type Conn struct {
+// ErrNotRC is returned when a connection is given a QP that is not RC.
+var ErrNotRC = errors.New("rdmacm: not an RC QP")
+
+// initQP checks the QP a connection will drive and moves it to INIT with
+// p's access (from RESET, or again in INIT, keeping its posted receives).
+// owns checks that qp is a QP of the agent's device: the CM sends the
+// QPN of its own device's QP in its MADs, and programs the QP with that
+// device's addresses.
+func (a *Agent) owns(qp verbs.QP) error {
+	if d, ok := qp.(verbs.DeviceObject); ok && d.Device() != a.dev {
+		return fmt.Errorf("rdmacm: QP %#x is another device's: %w", qp.QPN(), verbs.ErrOtherDevice)
+	}
+	return nil
+}
+
+func (a *Agent) initQP(qp verbs.QP, p *ConnParam) error {
+	if qp == nil || qp.Type() != ib.RC {
+		return ErrNotRC
+	}
+	if err := a.owns(qp); err != nil {
+		return err
+	}
+	if s := qp.State(); s != ib.Reset && s != ib.Init {
+		return fmt.Errorf("rdmacm: QP %#x is in %v, not RESET or INIT", qp.QPN(), s)
+	}
+	return InitQP(qp, p)
+}
+
+// conn is one RC connection of an Agent: its QP is connected (RTS) once
+// Connect or Accept returns it.
+type conn struct {
 	agent   *Agent
 	id      cm.ConnID
 	active  bool
 	peer    netip.Addr
-	qp      *verbs.QP
+	qp      verbs.QP
 	minRNR  uint8
 	private []byte
 
@@ -93,16 +73,15 @@ type Conn struct {
 	done        chan struct{}
 	err         error
 	finished    bool
-	destroyOnce sync.Once
 }
 
-func newConn(a *Agent, active bool, peer netip.Addr, qp *verbs.QP, minRNR uint8) *Conn {
-	return &Conn{agent: a, active: active, peer: peer, qp: qp, minRNR: minRNR,
+func newConn(a *Agent, active bool, peer netip.Addr, qp verbs.QP, minRNR uint8) *conn {
+	return &conn{agent: a, active: active, peer: peer, qp: qp, minRNR: minRNR,
 		result: make(chan error, 1), done: make(chan struct{})}
 }
 
-// settleLocked gives the Dial or Accept waiting for c its answer, once.
-func (c *Conn) settleLocked(err error) {
+// settleLocked gives the Connect or Accept waiting for c its answer, once.
+func (c *conn) settleLocked(err error) {
 	if !c.settled {
 		c.settled = true
 		c.result <- err
@@ -110,7 +89,7 @@ func (c *Conn) settleLocked(err error) {
 }
 
 // finishLocked ends the connection for its user: Done closes, Err says why.
-func (c *Conn) finishLocked(err error) {
+func (c *conn) finishLocked(err error) {
 	c.settleLocked(err)
 	if !c.finished {
 		c.finished, c.err = true, err
@@ -118,29 +97,20 @@ func (c *Conn) finishLocked(err error) {
 	}
 }
 
-// QP is the connection's RC QP.
-func (c *Conn) QP() *verbs.QP { return c.qp }
-
-// Peer is the remote address (GID).
-func (c *Conn) Peer() netip.Addr { return c.peer }
-
-// PrivateData is what the peer sent: the REP's private data on the active
-// side, the REQ's (after the rdma_cm header) on the passive side.
-func (c *Conn) PrivateData() []byte { return c.private }
-
-// Done is closed when the connection is over: disconnected by either side,
-// rejected, or the agent closed.
-func (c *Conn) Done() <-chan struct{} { return c.done }
+func (c *conn) QP() verbs.QP          { return c.qp }
+func (c *conn) Peer() netip.Addr      { return c.peer }
+func (c *conn) PrivateData() []byte   { return c.private }
+func (c *conn) Done() <-chan struct{} { return c.done }
 
 // Err says why Done closed (ErrDisconnected for a normal disconnection).
-func (c *Conn) Err() error {
+func (c *conn) Err() error {
 	c.agent.mu.Lock()
 	defer c.agent.mu.Unlock()
 	return c.err
 }
 
 // wait waits for c's answer; on ctx's end it aborts the attempt.
-func (c *Conn) wait(ctx context.Context) error {
+func (c *conn) wait(ctx context.Context) error {
 	select {
 	case err := <-c.result:
 		return err
@@ -153,6 +123,7 @@ func (c *Conn) wait(ctx context.Context) error {
 			a.flushLocked(now)
 		}
 		c.finishLocked(ctx.Err())
+		a.forgetLocked(c)
 		a.mu.Unlock()
 		return ctx.Err()
 	}
@@ -161,7 +132,7 @@ func (c *Conn) wait(ctx context.Context) error {
 // Disconnect sends a DREQ (rdma_disconnect) and waits until the peer's
 // DREP arrives, the DREQ times out, or ctx ends. The QP goes to the error
 // state, flushing the WRs still posted.
-func (c *Conn) Disconnect(ctx context.Context) error {
+func (c *conn) Disconnect(ctx context.Context) error {
 	a := c.agent
 	a.mu.Lock()
 	if c.finished || a.closed {
@@ -178,7 +149,7 @@ func (c *Conn) Disconnect(ctx context.Context) error {
 	select {
 	case <-c.done:
 		// Ended by the peer's DREQ crossing ours: the agent posts our DREP
-		// in the flush that woke us. Wait for it (as Dial for the RTU),
+		// in the flush that woke us. Wait for it (as Connect for the RTU),
 		// so that a caller tearing everything down next does not race it.
 		a.mu.Lock()
 		a.mu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
@@ -189,8 +160,8 @@ func (c *Conn) Disconnect(ctx context.Context) error {
 }
 
 // Close ends the connection without waiting (a DREQ or REJ goes to the
-// peer if it is still up) and destroys the QP.
-func (c *Conn) Close() error {
+// peer if it is still up). The QP is the application's.
+func (c *conn) Close() error {
 	a := c.agent
 	a.mu.Lock()
 	if !c.finished && !a.closed {
@@ -201,16 +172,27 @@ func (c *Conn) Close() error {
 	}
 	a.mu.Unlock()
 	a.wake()
-	c.destroyOnce.Do(c.qp.Destroy)
 	return nil
 }
 
-// Dial connects to port (rdma_cm TCP port space) at peer: an RC QP is
-// created from p and moved through INIT, RTR and RTS as the REQ, REP and
-// RTU go. It returns once the connection is established, the peer rejects
-// it (*RejectedError; reason 8 when nobody listens), every REQ retry went
-// unanswered (ErrTimeout), or ctx ends.
-func (a *Agent) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnParams) (*Conn, error) {
+// forgetLocked drops c from the agent's tables (its attempt failed; its
+// QP is the application's again).
+func (a *Agent) forgetLocked(c *conn) {
+	if a.conns[c.id] == c {
+		delete(a.conns, c.id)
+	}
+	if a.byQPN[c.qp.QPN()] == c {
+		delete(a.byQPN, c.qp.QPN())
+	}
+}
+
+// Connect connects qp to port (rdma_cm TCP port space) at peer: the QP is
+// moved through INIT, RTR and RTS as the REQ, REP and RTU go. It returns
+// once the connection is established, the peer rejects it
+// (*RejectedError; reason 8 when nobody listens), every REQ retry went
+// unanswered (ErrTimeout), or ctx ends; the QP is then the caller's to
+// reuse (after a RESET) or destroy.
+func (a *Agent) Connect(ctx context.Context, qp verbs.QP, peer netip.Addr, port uint16, p *ConnParam) (Conn, error) {
 	peer = peer.Unmap()
 	_, local, err := a.sgid(peer)
 	if err != nil {
@@ -219,15 +201,13 @@ func (a *Agent) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnP
 	if err := a.ensureMAC(ctx, peer); err != nil {
 		return nil, err
 	}
-	qp, err := p.createQP()
-	if err != nil {
+	if err := a.initQP(qp, p); err != nil {
 		return nil, err
 	}
 	c := newConn(a, true, peer, qp, p.minRNR())
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
-		qp.Destroy()
 		return nil, ErrClosed
 	}
 	now := a.cfg.Now()
@@ -239,7 +219,6 @@ func (a *Agent) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnP
 		RDMACM: true, SrcPort: sport, FlowLabel: roceFlowLabel(sport, port), PrivateData: p.PrivateData})
 	if err != nil {
 		a.mu.Unlock()
-		qp.Destroy()
 		return nil, err
 	}
 	c.id = id
@@ -249,7 +228,6 @@ func (a *Agent) Dial(ctx context.Context, peer netip.Addr, port uint16, p *ConnP
 	a.mu.Unlock()
 	a.wake()
 	if err := c.wait(ctx); err != nil {
-		c.destroyOnce.Do(qp.Destroy)
 		return nil, err
 	}
 	// The agent wakes us while it acts on the REP, and posts the RTU in
@@ -269,21 +247,21 @@ func roceFlowLabel(sport, dport uint16) uint32 {
 	return (uint32(sport)*31 + uint32(dport)) & 0xFFFFF
 }
 
-// Listener receives connection requests for one port.
-type Listener struct {
+// listener receives connection requests for one port.
+type listener struct {
 	agent   *Agent
 	port    uint16
-	backlog chan *Request
+	backlog chan *request
 	closed  bool
 	stop    chan struct{}
 }
 
 // Listen listens on port (rdma_cm TCP port space: service ID
 // 0x0000000001060000 | port). REQs for it wait in a backlog of backlog
-// entries (16 if 0) until Accept or GetRequest takes them; a REQ finding it
-// full is rejected (no resources), one left there longer than the active
-// side retries is rejected (timeout) by the CM.
-func (a *Agent) Listen(port uint16, backlog int) (*Listener, error) {
+// entries (16 if 0) until GetRequest takes them; a REQ finding it full is
+// rejected (no resources), one left there longer than the active side
+// retries is rejected (timeout) by the CM.
+func (a *Agent) Listen(port uint16, backlog int) (Listener, error) {
 	if backlog <= 0 {
 		backlog = 16
 	}
@@ -298,15 +276,12 @@ func (a *Agent) Listen(port uint16, backlog int) (*Listener, error) {
 	if err := a.m.Listen(cm.ServiceIDTCP(port), cm.ListenOptions{RDMACM: true}); err != nil {
 		return nil, err
 	}
-	l := &Listener{agent: a, port: port, backlog: make(chan *Request, backlog), stop: make(chan struct{})}
+	l := &listener{agent: a, port: port, backlog: make(chan *request, backlog), stop: make(chan struct{})}
 	a.listeners[port] = l
 	return l, nil
 }
 
-// Port is the port listened on.
-func (l *Listener) Port() uint16 { return l.port }
-
-func (l *Listener) closeLocked() {
+func (l *listener) closeLocked() {
 	if !l.closed {
 		l.closed = true
 		close(l.stop)
@@ -314,7 +289,7 @@ func (l *Listener) closeLocked() {
 }
 
 // Close stops listening; requests not yet taken are rejected.
-func (l *Listener) Close() error {
+func (l *listener) Close() error {
 	a := l.agent
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -338,11 +313,11 @@ func (l *Listener) Close() error {
 	}
 }
 
-// Request is a connection request waiting for Accept or Reject
+// request is a connection request waiting for Accept or Reject
 // (RDMA_CM_EVENT_CONNECT_REQUEST).
-type Request struct {
+type request struct {
 	agent   *Agent
-	l       *Listener
+	l       *listener
 	id      cm.ConnID
 	peer    netip.Addr
 	attr    cm.QPAttr
@@ -350,17 +325,12 @@ type Request struct {
 	private []byte
 }
 
-// Peer is the requesting side's address.
-func (r *Request) Peer() netip.Addr { return r.peer }
-
-// SrcPort is the active side's rdma_cm port.
-func (r *Request) SrcPort() uint16 { return r.cma.SrcPort }
-
-// PrivateData is the REQ's user private data.
-func (r *Request) PrivateData() []byte { return r.private }
+func (r *request) Peer() netip.Addr    { return r.peer }
+func (r *request) SrcPort() uint16     { return r.cma.SrcPort }
+func (r *request) PrivateData() []byte { return r.private }
 
 // GetRequest waits for the next connection request.
-func (l *Listener) GetRequest(ctx context.Context) (*Request, error) {
+func (l *listener) GetRequest(ctx context.Context) (Request, error) {
 	select {
 	case r := <-l.backlog:
 		return r, nil
@@ -371,36 +341,19 @@ func (l *Listener) GetRequest(ctx context.Context) (*Request, error) {
 	}
 }
 
-// Accept waits for the next connection request and accepts it with p.
-// Requests that expired in the backlog (the CM refused them as timed out:
-// the active side had given up) are skipped.
-func (l *Listener) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
-	for {
-		r, err := l.GetRequest(ctx)
-		if err != nil {
-			return nil, err
-		}
-		c, err := r.Accept(ctx, p)
-		if errors.Is(err, ErrRequestExpired) {
-			continue
-		}
-		return c, err
-	}
-}
-
 // ErrRequestExpired is a Request accepted or rejected too late: the CM has
 // already refused it (REJ timeout) because the active side gave up.
 var ErrRequestExpired = errors.New("rdmacm: connection request expired")
 
 // pendingLocked reports whether r still waits for an answer.
-func (r *Request) pendingLocked() bool {
+func (r *request) pendingLocked() bool {
 	s := r.agent.m.State(r.id)
 	return s == cm.StateREQRcvd || s == cm.StateMRAREQSent
 }
 
 // Reject refuses the request (consumer defined, with private data, as
 // rdma_reject does).
-func (r *Request) Reject(private []byte) error {
+func (r *request) Reject(private []byte) error {
 	a := r.agent
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -416,10 +369,10 @@ func (r *Request) Reject(private []byte) error {
 	return err
 }
 
-// Accept creates the QP from p, moves it to RTR toward the requester and
-// sends the REP; it returns once the RTU (or the peer's first packet)
-// arrives, the REP times out, or ctx ends.
-func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
+// Accept moves qp to RTR toward the requester and sends the REP; it
+// returns once the RTU (or the peer's first packet) arrives, the REP times
+// out, or ctx ends.
+func (r *request) Accept(ctx context.Context, qp verbs.QP, p *ConnParam) (Conn, error) {
 	a := r.agent
 	a.mu.Lock()
 	pending := r.pendingLocked()
@@ -427,8 +380,7 @@ func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 	if !pending {
 		return nil, ErrRequestExpired
 	}
-	qp, err := p.createQP()
-	if err != nil {
+	if err := a.initQP(qp, p); err != nil {
 		a.mu.Lock()
 		now := a.cfg.Now()
 		a.m.Reject(now, r.id, cm.RejNoQP, nil)
@@ -442,7 +394,6 @@ func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
-		qp.Destroy()
 		return nil, ErrClosed
 	}
 	now := a.cfg.Now()
@@ -457,15 +408,13 @@ func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 		a.m.Reject(now, r.id, cm.RejNoQP, nil)
 		a.flushLocked(now)
 		a.mu.Unlock()
-		qp.Destroy()
 		return nil, err
 	}
-	err = a.m.Accept(now, r.id, &cm.AcceptParams{QPN: qp.QPN(), StartingPSN: attr.RQPSN,
+	err := a.m.Accept(now, r.id, &cm.AcceptParams{QPN: qp.QPN(), StartingPSN: attr.RQPSN,
 		ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth,
 		RNRRetry: or7(p.RNRRetry), PrivateData: p.PrivateData})
 	if err != nil {
 		a.mu.Unlock()
-		qp.Destroy()
 		if errors.Is(err, cm.ErrNoConn) || errors.Is(err, cm.ErrBadState) {
 			err = ErrRequestExpired // it timed out while the QP was made
 		}
@@ -477,7 +426,6 @@ func (r *Request) Accept(ctx context.Context, p *ConnParams) (*Conn, error) {
 	a.mu.Unlock()
 	a.wake()
 	if err := c.wait(ctx); err != nil {
-		c.destroyOnce.Do(qp.Destroy)
 		return nil, err
 	}
 	return c, nil

@@ -3,17 +3,22 @@ package rdmacm_test
 import (
 	"context"
 	"fmt"
-	"github.com/softrnic/softrnic/engine"
 	"net/netip"
+	"time"
 
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
 // Two devices on an in-memory link, each with its engine and CM agent: a
-// server listens on port 7174, a client dials it, sends one message over
-// the connected RC QP and disconnects.
+// server listens on port 7174, a client connects to it, sends one message
+// over the connected RC QP and disconnects. As with librdmacm, each side
+// creates its QP first and names it to the CM; the code uses only verbs
+// and rdmacm.CM, so it runs as it is through a daemon (package client).
 func Example() {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -27,49 +32,65 @@ func Example() {
 		}
 		return macC, nil
 	}
-	start := func(mac [6]byte, ip netip.Addr, p *memlink.Port) *rdmacm.Agent {
-		dev, _ := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip}})
+	start := func(mac [6]byte, ip netip.Addr, p *memlink.Port) (verbs.Device, *rdmacm.Agent) {
+		dev, _ := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}, Resolve: resolve})
 		go engine.Run(ctx, dev, p, engine.Options{})
 		a, _ := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
-		return a
+		return dev, a
 	}
-	server, client := start(macS, ipS, la), start(macC, ipC, lb)
+	sdev, server := start(macS, ipS, la)
+	cdev, client := start(macC, ipC, lb)
 	defer server.Close()
 	defer client.Close()
+	newQP := func(dev verbs.Device) (verbs.PD, verbs.CQ, verbs.QP) {
+		pd, _ := dev.AllocPD()
+		cq, _ := dev.CreateCQ(8)
+		qp, _ := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq,
+			Cap: ib.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+		return pd, cq, qp
+	}
+	var p rdmacm.ConnParam
 
-	// Server: one receive posted before the REP goes out.
-	sdev := server.Device()
-	spd, scq := sdev.AllocPD(), sdev.CreateCQ(8)
-	rbuf, _ := spd.RegMR(make([]byte, 64), verbs.LocalWrite)
-	ln, _ := server.Listen(7174, 0)
-	accepted := make(chan *rdmacm.Conn)
+	// Server: one receive posted (in INIT) before the REP goes out.
+	spd, scq, sqp := newQP(sdev)
+	smem, _ := sdev.AllocMem(64)
+	rbuf, _ := spd.RegMR(smem, 0, 64, 0, ib.LocalWrite)
+	rdmacm.InitQP(sqp, &p)
+	sqp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}}})
+	var cm rdmacm.CM = server
+	ln, _ := cm.Listen(7174, 0)
+	accepted := make(chan rdmacm.Conn)
 	go func() {
-		c, err := ln.Accept(ctx, &rdmacm.ConnParams{PD: spd, SendCQ: scq, RecvCQ: scq,
-			Setup: func(q *verbs.QP) error {
-				_, err := q.PostRecv(verbs.RecvWR{ID: 1, SG: []verbs.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}})
-				return err
-			}})
+		r, err := ln.GetRequest(ctx)
+		if err != nil {
+			fmt.Println("listen:", err)
+			return
+		}
+		c, err := r.Accept(ctx, sqp, &p)
 		if err != nil {
 			fmt.Println("accept:", err)
 		}
 		accepted <- c
 	}()
 
-	// Client: dial, then SEND.
-	cdev := client.Device()
-	cpd, ccq := cdev.AllocPD(), cdev.CreateCQ(8)
-	conn, err := client.Dial(ctx, ipS, 7174, &rdmacm.ConnParams{PD: cpd, SendCQ: ccq, RecvCQ: ccq})
+	// Client: connect, then SEND.
+	cpd, _, cqp := newQP(cdev)
+	conn, err := client.Connect(ctx, cqp, ipS, 7174, &p)
 	if err != nil {
-		fmt.Println("dial:", err)
+		fmt.Println("connect:", err)
 		return
 	}
 	sconn := <-accepted
-	msg, _ := cpd.RegMR([]byte("hello through the CM"), verbs.LocalWrite)
-	conn.QP().PostSend(verbs.SendWR{Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: msg.IOVA(), Length: uint32(msg.Len()), LKey: msg.LKey()}}})
-	var wc [1]verbs.WC
-	scq.Wait(ctx, wc[:])
-	fmt.Printf("server got %q from %v\n", rbuf.Bytes()[:wc[0].ByteLen], sconn.Peer())
+	cmem, _ := cdev.AllocMem(64)
+	n := copy(cmem.Bytes(), "hello through the CM")
+	msg, _ := cpd.RegMR(cmem, 0, 64, 0, ib.LocalWrite)
+	conn.QP().PostSend([]verbs.SendWR{{Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: msg.IOVA(), Length: uint32(n), LKey: msg.LKey()}}}})
+	var wc [1]ib.WC
+	for scq.Poll(wc[:]) == 0 {
+		scq.Wait(time.Second)
+	}
+	fmt.Printf("server got %q from %v\n", smem.Bytes()[:wc[0].ByteLen], sconn.Peer())
 
 	conn.Disconnect(ctx)
 	<-sconn.Done()

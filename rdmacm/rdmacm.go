@@ -1,55 +1,3 @@
-// Package rdmacm runs connection management on a verbs.Device, as the
-// kernel's rdma_cm does for an RNIC: an Agent owns the device's GSI QP
-// (QP1), keeps receives posted on it, feeds every MAD to a cm.Manager,
-// sends the Manager's MADs as UD SENDs to QP1 of the peer, and acts on the
-// Manager's events by creating and moving RC QPs through verbs. On top it
-// offers an rdma_cm-like Go API: Listen(port) → Accept, Dial(addr, port)
-// → *Conn with its connected *verbs.QP, and Disconnect.
-//
-// Service IDs are rdma_cm's TCP port space (0x0000000001060000 | port) and
-// REQs carry the rdma_cm IP header, so a stock rping or `ib_write_bw -R` on
-// rxe or a ConnectX is the peer.
-//
-// # Goroutines and locking
-//
-// One goroutine per Agent polls the GSI CQ, reads the device's
-// asynchronous events (COMM_EST tells a passive side whose RTU was lost
-// that the connection is up) and runs the Manager's timers. The Manager is
-// not safe for concurrent use: the agent's goroutine and the API calls
-// (Dial, Accept, Disconnect, from any goroutine) take one mutex around it.
-// Address resolution (ARP, which may take a while) is never done under that
-// mutex: a peer's MAC is resolved before its first MAD is handed to the
-// Manager or before a Dial's REQ is sent, and cached.
-//
-// The Agent consumes the device's Events channel: nothing else should read
-// it while an Agent runs.
-//
-// # Choices and limits
-//
-//   - The passive side programs its QP with the smaller of the REQ's path
-//     MTU and the port's (rxe instead refuses a REQ whose MTU its netdev
-//     cannot carry).
-//   - A REQ waits in its listener's backlog until Accept takes it. One
-//     queued behind others gets an MRA (service timeout ≈ 69 s) so that
-//     the active side stops retrying meanwhile; one at the head of the
-//     backlog gets none, and an application slower than the active side's
-//     retries (about 100 s with the kernel's defaults) sees it expire
-//     (ErrRequestExpired).
-//   - RC through REQ/REP/RTU (RDMA_PS_TCP: Listen, Dial) and UD through
-//     SIDR (RDMA_PS_UDP: ListenUD, ResolveUD, PrepareUD, Q_Key
-//     RDMA_UDP_QKEY; ud.go). A listener is not bound to one of the
-//     device's addresses (it takes requests for any of them).
-//   - Package rdmacm/rping runs librdmacm's rping on an Agent.
-//
-// # Interop
-//
-// The lab (lab/interop) runs `softrnic rping` against the stock rping of
-// the kernel's rxe, each side as client and as server, over IPv4 and IPv6
-// GIDs, at path MTU 1024 and 4096 and up to rping's largest buffer
-// (65535 bytes), with -V. The QP PSNs are cm.QPAttr's, which follow the
-// Linux CM's reading of the Starting PSN fields (each side sends from the
-// peer's REQ/REP): the first lab run showed that the other reading
-// connects but drops every packet.
 package rdmacm
 
 import (
@@ -64,6 +12,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -86,9 +35,10 @@ const (
 
 // Config configures an Agent.
 type Config struct {
-	// Device is the RNIC port to run on. The agent creates its GSI QP: the
-	// device must not have one.
-	Device *verbs.Device
+	// Device is the RNIC port to run on: it reports asynchronous events
+	// (verbs.AsyncEventer) and its CQs notify (verbs.Notifier). The agent
+	// creates its GSI QP: the device must not have one.
+	Device verbs.Device
 	// Resolve returns the MAC frames to peer go to (the peer's own on its
 	// subnet, a router's otherwise): the device's address resolution. It
 	// may block; it is never called with the agent's lock held.
@@ -125,7 +75,7 @@ var (
 	ErrDisconnected = errors.New("rdmacm: connection disconnected")
 )
 
-// RejectedError is a Dial (or Accept) that the peer refused with a REJ.
+// RejectedError is a Connect (or Accept) that the peer refused with a REJ.
 type RejectedError struct {
 	Reason      cm.RejectReason
 	PrivateData []byte
@@ -135,24 +85,29 @@ func (e *RejectedError) Error() string {
 	return fmt.Sprintf("rdmacm: connection rejected: %v (%d)", e.Reason, uint16(e.Reason))
 }
 
-// ErrTimeout is a Dial or Accept whose REQ or REP went unanswered through
+// ErrTimeout is a Connect or Accept whose REQ or REP went unanswered through
 // every CM retry.
 var ErrTimeout = errors.New("rdmacm: connection timed out (no answer after MaxCMRetries)")
 
 // Agent is the CM agent of one device.
 type Agent struct {
 	cfg  Config
-	dev  *verbs.Device
-	pd   *verbs.PD
-	cq   *verbs.CQ
-	gsi  *verbs.QP
-	rbuf *verbs.MR
+	dev  verbs.Device
+	pd   verbs.PD
+	cq   verbs.CQ
+	cqn  verbs.Notifier
+	evs  <-chan verbs.AsyncEvent
+	gsi  verbs.QP
+	rmem verbs.Mem
+	rbuf verbs.MR
+	rwr  [1]verbs.RecvWR
+	swr  [1]verbs.SendWR
 	rng  *rand.Rand
 	kick chan struct{}
 	stop context.CancelFunc
 	done chan struct{}
 	pmtu int
-	wc   [32]verbs.WC
+	wc   [32]ib.WC
 	mads []pendingMAD
 
 	mu        sync.Mutex // guards everything below, and the Manager
@@ -160,13 +115,13 @@ type Agent struct {
 	closed    bool
 	macs      map[netip.Addr][6]byte
 	failed    map[netip.Addr]clock.Time // peers that did not resolve, until when not to retry
-	ahs       map[netip.Addr]*verbs.AH
-	listeners map[uint16]*Listener
+	ahs       map[netip.Addr]verbs.AH
+	listeners map[uint16]*listener
 	// udListeners and sidr are rdma_cm's UDP port space (ud.go).
-	udListeners map[uint16]*UDListener
+	udListeners map[uint16]*udListener
 	sidr        map[cm.ConnID]*sidrWait
-	conns       map[cm.ConnID]*Conn
-	byQPN       map[uint32]*Conn
+	conns       map[cm.ConnID]*conn
+	byQPN       map[uint32]*conn
 	stats       Stats
 	inflight    int // MADs posted, their send completion not yet polled
 }
@@ -188,34 +143,56 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.RecvDepth <= 0 {
 		cfg.RecvDepth = DefaultRecvDepth
 	}
-	dc := cfg.Device.Config()
+	ev, ok := cfg.Device.(verbs.AsyncEventer)
+	if !ok {
+		return nil, errors.New("rdmacm: the device reports no asynchronous events")
+	}
+	attr := cfg.Device.Query()
 	if cfg.CM.CAGUID == 0 {
-		cfg.CM.CAGUID = eui64(dc.MAC)
+		cfg.CM.CAGUID = attr.NodeGUID
 	}
 	if cfg.CM.Seed == 0 {
 		cfg.CM.Seed = rand.Uint64()
 	}
-	a := &Agent{cfg: cfg, dev: cfg.Device, pmtu: dc.PortMTU,
+	a := &Agent{cfg: cfg, dev: cfg.Device, pmtu: int(attr.ActiveMTU), evs: ev.Events(),
 		rng:  rand.New(rand.NewPCG(cfg.CM.Seed, cfg.CM.Seed^0x5eed)),
 		kick: make(chan struct{}, 1), done: make(chan struct{}),
-		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]*verbs.AH{},
-		listeners: map[uint16]*Listener{}, udListeners: map[uint16]*UDListener{}, sidr: map[cm.ConnID]*sidrWait{}, conns: map[cm.ConnID]*Conn{}, byQPN: map[uint32]*Conn{}}
-	a.pd = a.dev.AllocPD()
-	// Sends complete too (signaled, to learn of errors): room for both.
-	a.cq = a.dev.CreateCQ(cfg.RecvDepth + verbs.DefaultDepth)
+		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]verbs.AH{},
+		listeners: map[uint16]*listener{}, udListeners: map[uint16]*udListener{}, sidr: map[cm.ConnID]*sidrWait{},
+		conns: map[cm.ConnID]*conn{}, byQPN: map[uint32]*conn{}}
 	var err error
-	a.gsi, err = a.pd.CreateQP(verbs.QPInitAttr{Type: verbs.GSI, SendCQ: a.cq, RecvCQ: a.cq,
-		MaxSendWR: verbs.DefaultDepth, MaxRecvWR: cfg.RecvDepth, MaxInline: cm.MADSize})
+	if a.pd, err = a.dev.AllocPD(); err != nil {
+		return nil, err
+	}
+	// Sends complete too (signaled, to learn of errors): room for both.
+	if a.cq, err = a.dev.CreateCQ(cfg.RecvDepth + gsiSendDepth); err != nil {
+		return nil, err
+	}
+	if a.cqn, ok = a.cq.(verbs.Notifier); !ok {
+		return nil, errors.New("rdmacm: the device's CQs do not notify")
+	}
+	a.gsi, err = a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.GSI, SendCQ: a.cq, RecvCQ: a.cq,
+		Cap: ib.QPCaps{MaxSendWR: gsiSendDepth, MaxRecvWR: uint32(cfg.RecvDepth), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: cm.MADSize}})
 	if err != nil {
 		return nil, fmt.Errorf("rdmacm: GSI QP: %w", err)
 	}
-	for _, s := range []verbs.State{verbs.Init, verbs.RTR, verbs.RTS} {
-		if err := a.gsi.Modify(s, nil); err != nil {
+	for _, m := range []struct {
+		attr ib.QPAttr
+		mask ib.QPAttrMask
+	}{
+		{ib.QPAttr{State: ib.Init, QKey: bth.GSIQKey}, ib.AttrState | ib.AttrPKeyIndex | ib.AttrQKey},
+		{ib.QPAttr{State: ib.RTR}, ib.AttrState},
+		{ib.QPAttr{State: ib.RTS}, ib.AttrState | ib.AttrSQPSN},
+	} {
+		if err := a.gsi.Modify(&m.attr, m.mask); err != nil {
 			a.gsi.Destroy()
-			return nil, fmt.Errorf("rdmacm: GSI QP to %v: %w", s, err)
+			return nil, fmt.Errorf("rdmacm: GSI QP to %v: %w", m.attr.State, err)
 		}
 	}
-	a.rbuf, err = a.pd.RegMR(make([]byte, cfg.RecvDepth*(grhLen+cm.MADSize)), verbs.LocalWrite)
+	n := cfg.RecvDepth * (grhLen + cm.MADSize)
+	if a.rmem, err = a.dev.AllocMem(n); err == nil {
+		a.rbuf, err = a.pd.RegMR(a.rmem, 0, n, 0, ib.LocalWrite)
+	}
 	if err != nil {
 		a.gsi.Destroy()
 		return nil, err
@@ -232,20 +209,15 @@ func New(cfg Config) (*Agent, error) {
 	return a, nil
 }
 
-// eui64 is the CA GUID of a port with MAC mac, as rxe derives it.
-func eui64(mac [6]byte) uint64 {
-	g := [8]byte{mac[0] ^ 2, mac[1], mac[2], 0xFF, 0xFE, mac[3], mac[4], mac[5]}
-	var v uint64
-	for _, b := range g {
-		v = v<<8 | uint64(b)
-	}
-	return v
-}
+// gsiSendDepth is how many MADs may be in flight on the GSI QP.
+const gsiSendDepth = 256
 
+// postRecv posts receive slot of the MAD buffer again (the agent's
+// goroutine, or New before it starts).
 func (a *Agent) postRecv(slot uint64) error {
 	const n = grhLen + cm.MADSize
-	_, err := a.gsi.PostRecv(verbs.RecvWR{ID: slot, SG: []verbs.SGE{{
-		Addr: a.rbuf.IOVA() + slot*n, Length: n, LKey: a.rbuf.LKey()}}})
+	a.rwr[0] = verbs.RecvWR{ID: slot, SG: []ib.SGE{{Addr: a.rbuf.IOVA() + slot*n, Length: n, LKey: a.rbuf.LKey()}}}
+	_, err := a.gsi.PostRecv(a.rwr[:])
 	return err
 }
 
@@ -299,7 +271,7 @@ func (a *Agent) Close() error {
 }
 
 // Device is the device the agent runs on.
-func (a *Agent) Device() *verbs.Device { return a.dev }
+func (a *Agent) Device() verbs.Device { return a.dev }
 
 // Stats returns the agent's counters and its Manager's.
 func (a *Agent) Stats() (Stats, cm.Stats) {
@@ -332,8 +304,8 @@ func (a *Agent) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-a.cq.Notify():
-		case ev := <-a.dev.Events():
+		case <-a.cqn.Notify():
+		case ev := <-a.evs:
 			a.asyncEvent(ev)
 		case <-timer.C:
 		case <-a.kick:
@@ -353,7 +325,7 @@ func (a *Agent) run(ctx context.Context) {
 // passive QP still waiting for its RTU establishes the connection, as IBA
 // requires (the RTU was lost and the peer already sends).
 func (a *Agent) asyncEvent(ev verbs.AsyncEvent) {
-	if ev.Type != verbs.EventCommEst {
+	if ev.Type != ib.EventCommEst {
 		return
 	}
 	a.mu.Lock()
@@ -384,16 +356,16 @@ func (a *Agent) poll(ctx context.Context) {
 			if !wc.IsRecv {
 				a.mu.Lock()
 				a.inflight--
-				if wc.Status != verbs.Success {
+				if wc.Status != ib.Success {
 					a.stats.TxErrors++
 				}
 				a.mu.Unlock()
 				continue
 			}
-			if wc.Status == verbs.WRFlushErr {
+			if wc.Status == ib.WRFlushErr {
 				continue // the QP is going away
 			}
-			if wc.Status != verbs.Success || wc.ByteLen != grhLen+cm.MADSize || wc.SrcQP != 1 || !wc.SrcIP.IsValid() {
+			if wc.Status != ib.Success || wc.ByteLen != grhLen+cm.MADSize || wc.SrcQP != 1 || !wc.SrcIP.IsValid() {
 				a.mu.Lock()
 				a.stats.RxBad++
 				a.mu.Unlock()
@@ -406,7 +378,7 @@ func (a *Agent) poll(ctx context.Context) {
 			resolved := a.ensureMAC(ctx, p.from) == nil
 			const sz = grhLen + cm.MADSize
 			off := p.slot * sz
-			mad := a.rbuf.Bytes()[off+grhLen : off+sz]
+			mad := a.rmem.Bytes()[off+grhLen : off+sz]
 			a.mu.Lock()
 			if resolved {
 				a.stats.RxMADs++
@@ -457,12 +429,20 @@ func (a *Agent) ensureMAC(ctx context.Context, peer netip.Addr) error {
 // sgid returns the GID index of the device's first address of peer's
 // family: the source of our MADs and connections to peer.
 func (a *Agent) sgid(peer netip.Addr) (int, netip.Addr, error) {
-	for i, ad := range a.dev.Config().Addrs {
+	return SourceGID(a.dev.GIDs(), peer)
+}
+
+// SourceGID picks the entry of a GID table that packets to peer leave
+// from, as rdma_cm binds a connection: the first of peer's family (and,
+// for IPv6, of its link-local scope if one is), and ErrNoLocalAddr if
+// there is none.
+func SourceGID(gids []netip.Addr, peer netip.Addr) (int, netip.Addr, error) {
+	for i, ad := range gids {
 		if ad.Is4() == peer.Is4() && (peer.Is4() || ad.IsLinkLocalUnicast() == peer.IsLinkLocalUnicast()) {
 			return i, ad, nil
 		}
 	}
-	for i, ad := range a.dev.Config().Addrs {
+	for i, ad := range gids {
 		if ad.Is4() == peer.Is4() {
 			return i, ad, nil
 		}
@@ -499,15 +479,16 @@ func (a *Agent) sendLocked(s *cm.Send) {
 			a.stats.TxDropped++
 			return
 		}
-		ah, err = a.pd.CreateAH(verbs.AddressVector{DestMAC: mac, DestIP: to, SGIDIndex: idx, HopLimit: cm.DefaultHopLimit})
+		ah, err = a.pd.CreateAH(&ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(to), SGIDIndex: uint8(idx), HopLimit: cm.DefaultHopLimit})
 		if err != nil {
 			a.stats.TxDropped++
 			return
 		}
 		a.ahs[to] = ah
 	}
-	_, err := a.gsi.PostSend(verbs.SendWR{Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
-		InlineData: s.MAD[:], AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey})
+	a.swr[0] = verbs.SendWR{Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+		InlineData: s.MAD[:], AH: ah, RemoteQPN: 1, RemoteQKey: bth.GSIQKey}
+	_, err := a.gsi.PostSend(a.swr[:])
 	if err != nil {
 		a.stats.TxDropped++ // the CM's retransmission covers it
 		return
@@ -526,7 +507,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 			a.m.Reject(now, e.ID, cm.RejInvalidServiceID, nil)
 			return
 		}
-		r := &Request{agent: a, l: l, id: e.ID, peer: e.Peer, attr: e.QP, cma: e.CMA,
+		r := &request{agent: a, l: l, id: e.ID, peer: e.Peer, attr: e.QP, cma: e.CMA,
 			private: append([]byte(nil), e.Private()...)}
 		queued := len(l.backlog)
 		select {
@@ -558,8 +539,9 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 				return
 			}
 		}
-		if err := c.qp.Modify(verbs.RTS, &verbs.Attr{SQPSN: e.QP.SQPSN, Timeout: e.QP.Timeout,
-			RetryCnt: e.QP.RetryCount, RNRRetry: e.QP.RNRRetry, MaxRdAtomic: int(e.QP.MaxRdAtomic)}); err != nil {
+		if err := c.qp.Modify(&ib.QPAttr{State: ib.RTS, SQPSN: e.QP.SQPSN, Timeout: e.QP.Timeout,
+			RetryCnt: e.QP.RetryCount, RNRRetry: e.QP.RNRRetry, MaxRdAtomic: e.QP.MaxRdAtomic},
+			ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|ib.AttrMaxQPRdAtomic); err != nil {
 			a.failLocked(now, c, err)
 			return
 		}
@@ -569,7 +551,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		if c := a.conns[e.ID]; c != nil {
 			err := &RejectedError{Reason: e.Reason, PrivateData: append([]byte(nil), e.Private()...)}
 			if c.established {
-				c.qp.Modify(verbs.Err, nil)
+				c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
 				c.finishLocked(err)
 				return
 			}
@@ -583,7 +565,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		if c := a.conns[e.ID]; c != nil {
 			// ERR flushes the WRs the application still has posted: it
 			// learns of the disconnection from its CQ too, as with rdma_cm.
-			c.qp.Modify(verbs.Err, nil)
+			c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
 			c.finishLocked(ErrDisconnected)
 		}
 	case cm.EventTimeWaitExit:
@@ -597,15 +579,15 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 }
 
 // failLocked aborts a connection whose QP could not be programmed.
-func (a *Agent) failLocked(now clock.Time, c *Conn, err error) {
+func (a *Agent) failLocked(now clock.Time, c *conn, err error) {
 	a.stats.QPErrors++
 	a.m.Abort(now, c.id)
-	c.qp.Modify(verbs.Err, nil)
+	c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
 	c.finishLocked(fmt.Errorf("rdmacm: QP %#x: %w", c.qp.QPN(), err))
 }
 
 // toRTR programs c's QP for receiving from the peer the CM negotiated.
-func (a *Agent) toRTR(c *Conn, q *cm.QPAttr) error {
+func (a *Agent) toRTR(c *conn, q *cm.QPAttr) error {
 	mac, ok := a.macs[c.peer]
 	if !ok {
 		return fmt.Errorf("no MAC for %v", c.peer)
@@ -615,8 +597,9 @@ func (a *Agent) toRTR(c *Conn, q *cm.QPAttr) error {
 		return err
 	}
 	mtu := min(cm.MTUBytes(q.PathMTU), a.pmtu)
-	return c.qp.Modify(verbs.RTR, &verbs.Attr{PathMTU: mtu, DestQPN: q.RemoteQPN, RQPSN: q.RQPSN,
-		MaxDestRdAtomic: int(q.MaxDestRdAtomic), MinRNRTimer: c.minRNR,
-		AV: verbs.AddressVector{DestMAC: mac, DestIP: c.peer, SGIDIndex: idx,
-			TrafficClass: q.TrafficClass, HopLimit: q.HopLimit, FlowLabel: q.FlowLabel}})
+	return c.qp.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: uint32(mtu), DestQPN: q.RemoteQPN, RQPSN: q.RQPSN,
+		MaxDestRdAtomic: q.MaxDestRdAtomic, MinRNRTimer: c.minRNR,
+		AV: ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(c.peer), SGIDIndex: uint8(idx),
+			TrafficClass: q.TrafficClass, HopLimit: q.HopLimit, FlowLabel: q.FlowLabel}},
+		ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer)
 }

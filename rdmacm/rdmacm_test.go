@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/softrnic/softrnic/engine"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -14,14 +13,18 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
 // runEngine drives a device on a port until ctx ends. The engine loop may
 // move from daemon to engine: this is the one place to change.
-func runEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
+func runEngine(ctx context.Context, dev *rnic.Device, p port.Port) error {
 	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
@@ -74,11 +77,20 @@ func madAttr(f []byte) cm.AttrID {
 }
 
 type host struct {
-	dev   *verbs.Device
+	dev   *rnic.Device
 	agent *Agent
 	ip    netip.Addr
-	pd    *verbs.PD
-	cq    *verbs.CQ
+	pd    *rnic.PD
+	cq    *rnic.CQ
+}
+
+func newHostObjects(dev *rnic.Device) (*rnic.PD, *rnic.CQ) {
+	pd, _ := dev.AllocPD()
+	cq, err := dev.CreateCQ(4096)
+	if err != nil {
+		panic(err)
+	}
+	return pd.(*rnic.PD), cq.(*rnic.CQ)
 }
 
 var (
@@ -118,7 +130,7 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	mk := func(mac [6]byte, ip, ip6 netip.Addr, p port.Port, seed uint64) *host {
-		dev, err := verbs.NewDevice(verbs.Config{MAC: mac, Addrs: []netip.Addr{ip, ip6}})
+		dev, err := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip, ip6}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +142,8 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 		if err != nil {
 			t.Fatal(err)
 		}
-		return &host{dev: dev, agent: ag, ip: ip, pd: dev.AllocPD(), cq: dev.CreateCQ(4096)}
+		pd, cq := newHostObjects(dev)
+		return &host{dev: dev, agent: ag, ip: ip, pd: pd, cq: cq}
 	}
 	a = mk(macA, ipA, ip6A, pa, 1)
 	b = mk(macB, ipB, ip6B, pb, 2)
@@ -145,34 +158,78 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 	return a, b
 }
 
-// params is a QP for one connection on h, with n receives of 64 bytes
-// posted in INIT.
-func (h *host) params(t *testing.T, n int) (*ConnParams, *verbs.MR) {
-	mr, err := h.pd.RegMR(make([]byte, 64*max(n, 1)), verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+// tconn is one connection's QP to be on h: rdma_conn_param, and n
+// receives of 64 bytes posted once the QP is in INIT.
+type tconn struct {
+	ConnParam
+	t    *testing.T
+	h    *host
+	n    int
+	mr   *rnic.MR
+	made verbs.QP // the QP newQP made last
+}
+
+// params is a connection on h with n receives posted.
+func (h *host) params(t *testing.T, n int) (*tconn, *rnic.MR) {
+	mr, err := h.pd.RegBytes(make([]byte, 64*max(n, 1)), 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &ConnParams{PD: h.pd, SendCQ: h.cq, RecvCQ: h.cq, MaxRecvWR: max(n, 1),
-		Access:             verbs.LocalWrite | verbs.RemoteWrite | verbs.RemoteRead,
-		ResponderResources: 4, InitiatorDepth: 4,
-		Setup: func(q *verbs.QP) error {
-			for i := range n {
-				if _, err := q.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{Addr: mr.IOVA() + uint64(64*i), Length: 64, LKey: mr.LKey()}}}); err != nil {
-					return err
-				}
-			}
-			return nil
-		}}, mr
+	return &tconn{ConnParam: ConnParam{Access: ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead, ResponderResources: 4,
+		InitiatorDepth: 4}, t: t, h: h, n: n, mr: mr}, mr
+}
+
+// newQP makes the connection's RC QP, in INIT with its receives posted.
+func (p *tconn) newQP() (verbs.QP, error) {
+	q, err := p.h.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: p.h.cq, RecvCQ: p.h.cq,
+		Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: uint32(max(p.n, 1)), MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		return nil, err
+	}
+	if err := InitQP(q, &p.ConnParam); err != nil {
+		return nil, err
+	}
+	for i := range p.n {
+		wr := []verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: p.mr.IOVA() + uint64(64*i), Length: 64, LKey: p.mr.LKey()}}}}
+		if _, err := q.PostRecv(wr); err != nil {
+			return nil, err
+		}
+	}
+	p.made = q
+	return q, nil
+}
+
+// accept takes the next request of l with a QP of p's.
+func accept(ctx context.Context, l Listener, p *tconn) (Conn, error) {
+	return AcceptNext(ctx, l, p.newQP, &p.ConnParam)
+}
+
+// acceptReq accepts r with a QP of p's.
+func acceptReq(ctx context.Context, r Request, p *tconn) (Conn, error) {
+	q, err := p.newQP()
+	if err != nil {
+		return nil, err
+	}
+	return r.Accept(ctx, q, &p.ConnParam)
+}
+
+// dial connects a QP of p's to port at peer through a.
+func dial(ctx context.Context, a *Agent, peer netip.Addr, port uint16, p *tconn) (Conn, error) {
+	q, err := p.newQP()
+	if err != nil {
+		return nil, err
+	}
+	return a.Connect(ctx, q, peer, port, &p.ConnParam)
 }
 
 // waitWC polls cq until a completion of qp arrives.
-func waitWC(t *testing.T, cq *verbs.CQ, qpn uint32) verbs.WC {
+func waitWC(t *testing.T, cq *rnic.CQ, qpn uint32) ib.WC {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	var wc [1]verbs.WC
+	var wc [1]ib.WC
 	for {
-		if _, err := cq.Wait(ctx, wc[:]); err != nil {
+		if _, err := cq.PollWait(ctx, wc[:]); err != nil {
 			t.Fatalf("no completion on QP %#x: %v", qpn, err)
 		}
 		if wc[0].QPN == qpn {
@@ -198,19 +255,19 @@ func TestConnectDataDisconnect(t *testing.T) {
 	}
 	ctx := ctx10(t)
 	type res struct {
-		c   *Conn
+		c   Conn
 		err error
 	}
 	srv := make(chan res, 1)
 	pa, mra := a.params(t, 1)
 	pa.PrivateData = []byte("rep-data")
 	go func() {
-		c, err := ln.Accept(ctx, pa)
+		c, err := accept(ctx, ln, pa)
 		srv <- res{c, err}
 	}()
 	pb, mrb := b.params(t, 0)
 	pb.PrivateData = []byte("req-data")
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,28 +279,28 @@ func TestConnectDataDisconnect(t *testing.T) {
 	if !bytes.HasPrefix(cb.PrivateData(), []byte("rep-data")) || !bytes.Equal(ca.PrivateData()[:8], []byte("req-data")) {
 		t.Fatalf("private data: client got %q, server got %q", cb.PrivateData()[:8], ca.PrivateData()[:8])
 	}
-	if ca.Peer() != ipB || cb.Peer() != ipA || cb.QP().State() != verbs.RTS {
+	if ca.Peer() != ipB || cb.Peer() != ipA || cb.QP().State() != ib.RTS {
 		t.Fatalf("peers %v %v, client QP %v", ca.Peer(), cb.Peer(), cb.QP().State())
 	}
 	// SEND B → A.
 	copy(mrb.Bytes(), "hello over rdmacm")
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 17, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
 		t.Fatalf("send: %v", wc.Status)
 	}
-	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || wc.ByteLen != 17 || string(mra.Bytes()[:17]) != "hello over rdmacm" {
+	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != ib.Success || wc.ByteLen != 17 || string(mra.Bytes()[:17]) != "hello over rdmacm" {
 		t.Fatalf("recv: %+v %q", wc, mra.Bytes()[:17])
 	}
 	// The server's QP is in RTS (RTU or COMM_EST): it can RDMA WRITE back.
 	copy(mra.Bytes()[32:], "written back")
-	if _, err := ca.QP().PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}); err != nil {
+	if _, err := ca.QP().PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mra.IOVA() + 32, Length: 12, LKey: mra.LKey()}}, RemoteAddr: mrb.IOVA() + 40, RKey: mrb.RKey()}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || string(mrb.Bytes()[40:52]) != "written back" {
+	if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != ib.Success || string(mrb.Bytes()[40:52]) != "written back" {
 		t.Fatalf("write: %v %q", wc.Status, mrb.Bytes()[40:52])
 	}
 	if err := cb.Disconnect(ctx); err != nil {
@@ -254,7 +311,7 @@ func TestConnectDataDisconnect(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("server never saw the disconnection")
 	}
-	if !errors.Is(ca.Err(), ErrDisconnected) || ca.QP().State() != verbs.Err || cb.QP().State() != verbs.Err {
+	if !errors.Is(ca.Err(), ErrDisconnected) || ca.QP().State() != ib.Err || cb.QP().State() != ib.Err {
 		t.Fatalf("after disconnect: %v, QPs %v %v", ca.Err(), ca.QP().State(), cb.QP().State())
 	}
 	_, sa := a.agent.Stats()
@@ -274,7 +331,7 @@ func TestRejectNoListener(t *testing.T) {
 	a, b := pair(t, nil, nil)
 	_ = a
 	p, _ := b.params(t, 0)
-	_, err := b.agent.Dial(ctx10(t), ipA, 4242, p)
+	_, err := dial(ctx10(t), b.agent, ipA, 4242, p)
 	var rej *RejectedError
 	if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
 		t.Fatalf("dial without listener: %v", err)
@@ -299,7 +356,7 @@ func TestRejectByApplication(t *testing.T) {
 		}
 	}()
 	p, _ := b.params(t, 0)
-	_, err = b.agent.Dial(ctx, ipA, 5000, p)
+	_, err = dial(ctx, b.agent, ipA, 5000, p)
 	var rej *RejectedError
 	if !errors.As(err, &rej) || rej.Reason != cm.RejConsumerDefined || !bytes.HasPrefix(rej.PrivateData, []byte("go away")) {
 		t.Fatalf("%v", err)
@@ -321,9 +378,9 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	go ln.Accept(ctx, pa)
+	go accept(ctx, ln, pa)
 	pb, mrb := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -334,11 +391,11 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 	if sb.Retransmits < 2 || sb.Tx[0] < 3 {
 		t.Fatalf("client CM stats %+v", sb)
 	}
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+	if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
 		t.Fatalf("send after retransmitted REQ: %v", wc.Status)
 	}
 }
@@ -353,28 +410,28 @@ func TestRTULost(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	srv := make(chan *Conn, 1)
+	srv := make(chan Conn, 1)
 	go func() {
-		c, err := ln.Accept(ctx, pa)
+		c, err := accept(ctx, ln, pa)
 		if err != nil {
 			t.Error(err)
 		}
 		srv <- c
 	}()
 	pb, mrb := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 8, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	ca := <-srv
 	if ca == nil {
 		t.FailNow()
 	}
-	if ca.QP().State() != verbs.RTS {
+	if ca.QP().State() != ib.RTS {
 		t.Fatalf("server QP %v", ca.QP().State())
 	}
 	if s, _ := a.agent.Stats(); s.CommEstFixes != 1 {
@@ -393,14 +450,14 @@ func TestManyConnections(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, n)
 	ctx := ctx10(t)
 	type side struct {
-		c  *Conn
-		mr *verbs.MR
+		c  Conn
+		mr *rnic.MR
 	}
 	srv := make(chan side, n)
 	go func() {
 		for range n {
 			p, mr := a.params(t, 1)
-			c, err := ln.Accept(ctx, p)
+			c, err := accept(ctx, ln, p)
 			if err != nil {
 				t.Error(err)
 				return
@@ -416,7 +473,7 @@ func TestManyConnections(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			p, mr := b.params(t, 0)
-			c, err := b.agent.Dial(ctx, ipA, 7174, p)
+			c, err := dial(ctx, b.agent, ipA, 7174, p)
 			if err != nil {
 				errs <- fmt.Errorf("dial %d: %w", i, err)
 				return
@@ -440,22 +497,22 @@ func TestManyConnections(t *testing.T) {
 	for i, s := range cli {
 		msg := fmt.Sprintf("conn %02d", i)
 		copy(s.mr.Bytes(), msg)
-		if _, err := s.c.QP().PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}); err != nil {
+		if _, err := s.c.QP().PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: s.mr.IOVA(), Length: uint32(len(msg)), LKey: s.mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// Every server QP receives one message, and every client's message
 	// arrives once: the CM paired the QPs right.
 	got := 0
-	var wc [16]verbs.WC
+	var wc [16]ib.WC
 	for got < n {
-		k, err := a.cq.Wait(ctx, wc[:])
+		k, err := a.cq.PollWait(ctx, wc[:])
 		if err != nil {
 			t.Fatalf("%d of %d receives: %v", got, n, err)
 		}
 		for _, w := range wc[:k] {
-			if w.Status != verbs.Success || byQPN[w.QPN].c == nil || w.ByteLen != 7 {
+			if w.Status != ib.Success || byQPN[w.QPN].c == nil || w.ByteLen != 7 {
 				t.Fatalf("%+v", w)
 			}
 			got++
@@ -495,8 +552,8 @@ func TestIPv6(t *testing.T) {
 	ctx := ctx10(t)
 	pa, mra := a.params(t, 1)
 	type res struct {
-		c   *Conn
-		r   *Request
+		c   Conn
+		r   Request
 		err error
 	}
 	srv := make(chan res, 1)
@@ -506,11 +563,11 @@ func TestIPv6(t *testing.T) {
 			srv <- res{err: err}
 			return
 		}
-		c, err := r.Accept(ctx, pa)
+		c, err := acceptReq(ctx, r, pa)
 		srv <- res{c, r, err}
 	}()
 	pb, mrb := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ip6A, 7174, pb)
+	cb, err := dial(ctx, b.agent, ip6A, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -522,11 +579,11 @@ func TestIPv6(t *testing.T) {
 		t.Fatalf("request from %v port %d", s.r.Peer(), s.r.SrcPort())
 	}
 	copy(mrb.Bytes(), "over v6")
-	if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}); err != nil {
+	if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrb.IOVA(), Length: 7, LKey: mrb.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
-	if wc := waitWC(t, a.cq, s.c.QP().QPN()); wc.Status != verbs.Success || string(mra.Bytes()[:7]) != "over v6" || wc.SrcIP.IsValid() && wc.SrcIP != ip6B {
+	if wc := waitWC(t, a.cq, s.c.QP().QPN()); wc.Status != ib.Success || string(mra.Bytes()[:7]) != "over v6" || wc.SrcIP.IsValid() && wc.SrcIP != ip6B {
 		t.Fatalf("%+v %q", wc, mra.Bytes()[:7])
 	}
 	if err := s.c.Disconnect(ctx); err != nil {
@@ -549,18 +606,18 @@ func TestBacklog(t *testing.T) {
 	first := make(chan error, 1)
 	p1, _ := b.params(t, 0)
 	go func() {
-		_, err := b.agent.Dial(ctx, ipA, 7174, p1)
+		_, err := dial(ctx, b.agent, ipA, 7174, p1)
 		first <- err
 	}()
 	// Wait until the first REQ sits in the backlog.
-	for i := 0; len(ln.backlog) == 0; i++ {
+	for i := 0; len(ln.(*listener).backlog) == 0; i++ {
 		if i > 5000 {
 			t.Fatal("first REQ never reached the backlog")
 		}
 		time.Sleep(time.Millisecond)
 	}
 	p2, _ := b.params(t, 0)
-	_, err := b.agent.Dial(ctx, ipA, 7174, p2)
+	_, err := dial(ctx, b.agent, ipA, 7174, p2)
 	var rej *RejectedError
 	if !errors.As(err, &rej) || rej.Reason != cm.RejNoResources {
 		t.Fatalf("second dial: %v", err)
@@ -577,7 +634,7 @@ func TestBacklog(t *testing.T) {
 	// run a little after the active side gave up.
 	pa, _ := a.params(t, 0)
 	for i := 0; ; i++ {
-		c, err := r.Accept(ctx, pa)
+		c, err := acceptReq(ctx, r, pa)
 		if errors.Is(err, ErrRequestExpired) {
 			break
 		}
@@ -606,19 +663,18 @@ func TestBacklog(t *testing.T) {
 // the agent goes on and a connection afterwards works.
 func TestHostileGSITraffic(t *testing.T) {
 	a, b := pair(t, nil, nil)
-	pd := b.dev.AllocPD()
-	cq := b.dev.CreateCQ(64)
+	pd, cq := newHostObjects(b.dev)
 	// A UD QP of our own on B, sending to A's QP1 with the GSI Q_Key.
-	q, err := pd.CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: cq, RecvCQ: cq, MaxInline: 300})
+	q, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 300}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range []verbs.State{verbs.Init, verbs.RTR, verbs.RTS} {
-		if err := q.Modify(s, &verbs.Attr{QKey: 0x80010000}); err != nil {
+	for _, s := range []ib.QPState{ib.Init, ib.RTR, ib.RTS} {
+		if err := ibtest.Modify(q, s, &ib.QPAttr{QKey: 0x80010000}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	ah, err := pd.CreateAH(verbs.AddressVector{DestMAC: macA, DestIP: ipA})
+	ah, err := pd.CreateAH(&ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(ipA)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -627,14 +683,14 @@ func TestHostileGSITraffic(t *testing.T) {
 		garbage[i] = byte(i * 7)
 	}
 	for i, n := range []int{0, 1, 100, 255, 256, 257, 300} {
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
-			InlineData: append(garbage[:0:0], make([]byte, n)...)[:n], AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+			InlineData: append(garbage[:0:0], make([]byte, n)...)[:n], AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// 256 bytes from a QP other than QP1: not a CM MAD either.
-	if _, err := q.PostSend(verbs.SendWR{ID: 9, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
-		InlineData: garbage, AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}); err != nil {
+	if _, err := q.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+		InlineData: garbage, AH: ah, RemoteQPN: 1, RemoteQKey: 0x80010000}}); err != nil {
 		t.Fatal(err)
 	}
 	// 256 bytes of garbage from B's QP1: the Manager refuses it.
@@ -662,15 +718,16 @@ func TestHostileGSITraffic(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	go ln.Accept(ctx, pa)
+	go accept(ctx, ln, pa)
 	pb, _ := b.params(t, 0)
-	if _, err := b.agent.Dial(ctx, ipA, 7174, pb); err != nil {
+	if _, err := dial(ctx, b.agent, ipA, 7174, pb); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// TestDialCancelled: a Dial whose REQs all vanish returns when its context
-// ends, and its QP is destroyed.
+// TestDialCancelled: a Connect whose REQs all vanish returns when its
+// context ends, the agent forgets it, and its QP is the application's
+// again.
 func TestDialCancelled(t *testing.T) {
 	_, b := pair(t, nil, func(p port.Port) port.Port {
 		return &dropPort{Port: p, drop: func(f []byte) bool { return madAttr(f) == cm.AttrREQ }}
@@ -678,14 +735,17 @@ func TestDialCancelled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	p, _ := b.params(t, 0)
-	var made *verbs.QP
-	setup := p.Setup
-	p.Setup = func(q *verbs.QP) error { made = q; return setup(q) }
-	if _, err := b.agent.Dial(ctx, ipA, 7174, p); !errors.Is(err, context.DeadlineExceeded) {
+	if _, err := dial(ctx, b.agent, ipA, 7174, p); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("%v", err)
 	}
-	if _, err := made.PostRecv(verbs.RecvWR{}); !errors.Is(err, verbs.ErrDestroyed) {
-		t.Fatalf("QP not destroyed: %v", err)
+	b.agent.mu.Lock()
+	_, kept := b.agent.byQPN[p.made.QPN()]
+	b.agent.mu.Unlock()
+	if kept {
+		t.Fatal("the agent still holds the cancelled connection")
+	}
+	if err := p.made.Destroy(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -696,10 +756,10 @@ func TestAgentCloseDisconnects(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	srv := make(chan *Conn, 1)
-	go func() { c, _ := ln.Accept(ctx, pa); srv <- c }()
+	srv := make(chan Conn, 1)
+	go func() { c, _ := accept(ctx, ln, pa); srv <- c }()
 	pb, _ := b.params(t, 0)
-	cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -730,33 +790,33 @@ func TestLossyLink(t *testing.T) {
 	const rounds = 12
 	for i := range rounds {
 		pa, mra := a.params(t, 1)
-		srv := make(chan *Conn, 1)
+		srv := make(chan Conn, 1)
 		go func() {
-			c, err := ln.Accept(ctx, pa)
+			c, err := accept(ctx, ln, pa)
 			if err != nil {
 				t.Errorf("accept %d: %v", i, err)
 			}
 			srv <- c
 		}()
 		pb, mrb := b.params(t, 0)
-		cb, err := b.agent.Dial(ctx, ipA, 7174, pb)
+		cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 		if err != nil {
 			t.Fatalf("dial %d: %v", i, err)
 		}
 		msg := fmt.Sprintf("round %02d", i)
 		copy(mrb.Bytes(), msg)
-		if _, err := cb.QP().PostSend(verbs.SendWR{ID: 1, Opcode: verbs.Send, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}); err != nil {
+		if _, err := cb.QP().PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrb.IOVA(), Length: uint32(len(msg)), LKey: mrb.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
-		if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != verbs.Success {
+		if wc := waitWC(t, b.cq, cb.QP().QPN()); wc.Status != ib.Success {
 			t.Fatalf("round %d send: %v", i, wc.Status)
 		}
 		ca := <-srv
 		if ca == nil {
 			t.FailNow()
 		}
-		if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != verbs.Success || string(mra.Bytes()[:len(msg)]) != msg {
+		if wc := waitWC(t, a.cq, ca.QP().QPN()); wc.Status != ib.Success || string(mra.Bytes()[:len(msg)]) != msg {
 			t.Fatalf("round %d recv: %v %q", i, wc.Status, mra.Bytes()[:len(msg)])
 		}
 		if err := cb.Disconnect(ctx); err != nil {
@@ -788,8 +848,8 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 	ctx := ctx10(t)
 	first, second := make(chan error, 1), make(chan error, 1)
 	p1, _ := b.params(t, 0)
-	go func() { _, err := b.agent.Dial(ctx, ipA, 7174, p1); first <- err }()
-	for i := 0; len(ln.backlog) == 0; i++ {
+	go func() { _, err := dial(ctx, b.agent, ipA, 7174, p1); first <- err }()
+	for i := 0; len(ln.(*listener).backlog) == 0; i++ {
 		if i > 5000 {
 			t.Fatal("first REQ never reached the backlog")
 		}
@@ -797,7 +857,7 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 	}
 	p2, _ := b.params(t, 0)
 	go func() {
-		c, err := b.agent.Dial(ctx, ipA, 7174, p2)
+		c, err := dial(ctx, b.agent, ipA, 7174, p2)
 		if err == nil {
 			defer c.Close()
 		}
@@ -812,7 +872,7 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 	}
 	pa, _ := a.params(t, 0)
 	for i := 0; ; i++ {
-		c, err := ln.Accept(ctx, pa)
+		c, err := accept(ctx, ln, pa)
 		if err == nil {
 			defer c.Close()
 			break
@@ -826,5 +886,48 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 	}
 	if err := <-second; err != nil {
 		t.Fatalf("queued dial: %v", err)
+	}
+}
+
+// TestQPOfAnotherDevice: an agent refuses to connect, accept with or
+// answer a SIDR request with a QP of another device than its own (it
+// would advertise that QP's number on its own device's wire).
+func TestQPOfAnotherDevice(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	pb, _ := b.params(t, 1)
+	qb, err := pb.newQP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.agent.Connect(ctx10(t), qb, ipB, 7180, &pb.ConnParam); !errors.Is(err, verbs.ErrOtherDevice) {
+		t.Fatalf("connect with another device's QP: %v", err)
+	}
+	ln, err := b.agent.ListenUD(7181, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ud, err := a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: a.cq, RecvCQ: a.cq, Cap: ib.QPCaps{MaxSendWR: 1, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		r, err := ln.GetRequest(ctx10(t))
+		if err == nil {
+			if err = r.Accept(ud, nil); errors.Is(err, verbs.ErrOtherDevice) {
+				err = r.Reject(nil)
+			} else {
+				err = fmt.Errorf("SIDR answered with another device's QP: %v", err)
+			}
+		}
+		done <- err
+	}()
+	var se *SIDRError
+	if _, err := a.agent.ResolveUD(ctx10(t), ipB, 7181, nil); !errors.As(err, &se) {
+		t.Fatalf("lookup: %v, want a refusal", err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -35,31 +36,6 @@ type SIDRError struct {
 
 func (e *SIDRError) Error() string {
 	return fmt.Sprintf("rdmacm: service lookup refused (SIDR status %d)", e.Status)
-}
-
-// PrepareUD moves a freshly created UD QP through INIT, RTR and RTS with
-// rdma_cm's Q_Key, as rdma_create_qp does for an RDMA_PS_UDP ID.
-func PrepareUD(qp *verbs.QP) error {
-	if qp.Type() != verbs.UD {
-		return ErrNotUD
-	}
-	if err := qp.Modify(verbs.Init, &verbs.Attr{QKey: UDPQKey}); err != nil {
-		return err
-	}
-	if err := qp.Modify(verbs.RTR, &verbs.Attr{}); err != nil {
-		return err
-	}
-	return qp.Modify(verbs.RTS, &verbs.Attr{})
-}
-
-// UDPeer is what a resolved UD service tells the active side: where to
-// send (AV, for an AH), to which QP and with which Q_Key.
-type UDPeer struct {
-	Addr        netip.Addr
-	QPN         uint32
-	QKey        uint32
-	AV          verbs.AddressVector
-	PrivateData []byte // the SIDR_REP's
 }
 
 // sidrWait is one ResolveUD in flight.
@@ -146,25 +122,25 @@ func (a *Agent) sidrEventLocked(e *cm.Event) {
 			r.err = fmt.Errorf("rdmacm: no MAC for %v", w.peer)
 		default:
 			r.p = &UDPeer{Addr: w.peer, QPN: e.QP.RemoteQPN, QKey: e.QKey,
-				AV:          verbs.AddressVector{DestMAC: mac, DestIP: w.peer, SGIDIndex: idx},
+				AV:          ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(w.peer), SGIDIndex: uint8(idx)},
 				PrivateData: append([]byte(nil), e.Private()...)}
 		}
 	}
 	w.result <- r
 }
 
-// UDListener takes SIDR requests for one port of the UDP port space.
-type UDListener struct {
+// udListener takes SIDR requests for one port of the UDP port space.
+type udListener struct {
 	agent   *Agent
 	port    uint16
-	backlog chan *UDRequest
+	backlog chan *udRequest
 	closed  bool
 	stop    chan struct{}
 }
 
-// UDRequest is a SIDR request waiting for Accept or Reject
+// udRequest is a SIDR request waiting for Accept or Reject
 // (RDMA_CM_EVENT_CONNECT_REQUEST on an RDMA_PS_UDP listener).
-type UDRequest struct {
+type udRequest struct {
 	agent   *Agent
 	id      cm.ConnID
 	peer    netip.Addr
@@ -176,7 +152,7 @@ type UDRequest struct {
 // ListenUD listens on port of rdma_cm's UDP port space (service ID
 // 0x0000000001110000 | port). Requests wait in a backlog of backlog
 // entries (16 if 0); one finding it full is refused (SIDR status reject).
-func (a *Agent) ListenUD(port uint16, backlog int) (*UDListener, error) {
+func (a *Agent) ListenUD(port uint16, backlog int) (UDListener, error) {
 	if backlog <= 0 {
 		backlog = 16
 	}
@@ -191,15 +167,15 @@ func (a *Agent) ListenUD(port uint16, backlog int) (*UDListener, error) {
 	if err := a.m.Listen(cm.ServiceIDUDP(port), cm.ListenOptions{RDMACM: true}); err != nil {
 		return nil, err
 	}
-	l := &UDListener{agent: a, port: port, backlog: make(chan *UDRequest, backlog), stop: make(chan struct{})}
+	l := &udListener{agent: a, port: port, backlog: make(chan *udRequest, backlog), stop: make(chan struct{})}
 	a.udListeners[port] = l
 	return l, nil
 }
 
 // Port is the port listened on.
-func (l *UDListener) Port() uint16 { return l.port }
+func (l *udListener) Port() uint16 { return l.port }
 
-func (l *UDListener) closeLocked() {
+func (l *udListener) closeLocked() {
 	if !l.closed {
 		l.closed = true
 		close(l.stop)
@@ -207,7 +183,7 @@ func (l *UDListener) closeLocked() {
 }
 
 // Close stops listening; requests not yet taken are refused.
-func (l *UDListener) Close() error {
+func (l *udListener) Close() error {
 	a := l.agent
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -232,7 +208,7 @@ func (l *UDListener) Close() error {
 }
 
 // GetRequest waits for the next SIDR request.
-func (l *UDListener) GetRequest(ctx context.Context) (*UDRequest, error) {
+func (l *udListener) GetRequest(ctx context.Context) (UDRequest, error) {
 	select {
 	case r := <-l.backlog:
 		return r, nil
@@ -244,47 +220,50 @@ func (l *UDListener) GetRequest(ctx context.Context) (*UDRequest, error) {
 }
 
 // Peer is the requesting side's address.
-func (r *UDRequest) Peer() netip.Addr { return r.peer }
+func (r *udRequest) Peer() netip.Addr { return r.peer }
 
 // SrcPort is the active side's rdma_cm port.
-func (r *UDRequest) SrcPort() uint16 { return r.cma.SrcPort }
+func (r *udRequest) SrcPort() uint16 { return r.cma.SrcPort }
 
 // PrivateData is the request's private data after the rdma_cm header.
-func (r *UDRequest) PrivateData() []byte { return r.private }
+func (r *udRequest) PrivateData() []byte { return r.private }
 
 // AV is an address vector back to the requester, for an AH (the kernel
 // builds the same from the SIDR_REQ's path for the passive side).
-func (r *UDRequest) AV() (verbs.AddressVector, error) {
+func (r *udRequest) AV() (ib.AddressVector, error) {
 	a := r.agent
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	idx, _, err := a.sgid(r.peer)
 	if err != nil {
-		return verbs.AddressVector{}, err
+		return ib.AddressVector{}, err
 	}
 	mac, ok := a.macs[r.peer]
 	if !ok {
-		return verbs.AddressVector{}, fmt.Errorf("rdmacm: no MAC for %v", r.peer)
+		return ib.AddressVector{}, fmt.Errorf("rdmacm: no MAC for %v", r.peer)
 	}
-	return verbs.AddressVector{DestMAC: mac, DestIP: r.peer, SGIDIndex: idx}, nil
+	return ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(r.peer), SGIDIndex: uint8(idx)}, nil
 }
 
 // Accept answers with qp (a UD QP, prepared with PrepareUD) and rdma_cm's
 // Q_Key: the SIDR_REP of rdma_accept. private goes in the reply (at most
 // cm.SIDRREPPrivateSize bytes).
-func (r *UDRequest) Accept(qp *verbs.QP, private []byte) error {
-	if qp.Type() != verbs.UD {
+func (r *udRequest) Accept(qp verbs.QP, private []byte) error {
+	if qp.Type() != ib.UD {
 		return ErrNotUD
+	}
+	if err := r.agent.owns(qp); err != nil {
+		return err
 	}
 	return r.reply(&cm.SIDRReplyParams{Status: cm.SIDRSuccess, QPN: qp.QPN(), QKey: UDPQKey, PrivateData: private})
 }
 
 // Reject refuses the request (SIDR status reject, rdma_reject).
-func (r *UDRequest) Reject(private []byte) error {
+func (r *udRequest) Reject(private []byte) error {
 	return r.reply(&cm.SIDRReplyParams{Status: cm.SIDRReject, PrivateData: private})
 }
 
-func (r *UDRequest) reply(p *cm.SIDRReplyParams) error {
+func (r *udRequest) reply(p *cm.SIDRReplyParams) error {
 	a := r.agent
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -312,7 +291,7 @@ func (a *Agent) sidrRequestLocked(now clock.Time, e *cm.Event) {
 		a.m.SIDRReply(now, e.ID, &cm.SIDRReplyParams{Status: cm.SIDRUnsupported})
 		return
 	}
-	r := &UDRequest{agent: a, id: e.ID, peer: e.Peer, cma: e.CMA, private: append([]byte(nil), e.Private()...)}
+	r := &udRequest{agent: a, id: e.ID, peer: e.Peer, cma: e.CMA, private: append([]byte(nil), e.Private()...)}
 	select {
 	case l.backlog <- r:
 	default:

@@ -9,27 +9,30 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
 // udQP creates a UD QP on h prepared as rdma_cm does, with n receives of
 // GRH + 64 bytes posted.
-func (h *host) udQP(t *testing.T, n int) (*verbs.QP, *verbs.MR) {
+func (h *host) udQP(t *testing.T, n int) (verbs.QP, *rnic.MR) {
 	t.Helper()
-	qp, err := h.pd.CreateQP(verbs.QPInitAttr{Type: verbs.UD, SendCQ: h.cq, RecvCQ: h.cq, MaxSendWR: 16, MaxRecvWR: max(n, 1), MaxInline: 64})
+	qp, err := h.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: h.cq, RecvCQ: h.cq,
+		Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: uint32(max(n, 1)), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 64}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := PrepareUD(qp); err != nil {
 		t.Fatal(err)
 	}
-	mr, err := h.pd.RegMR(make([]byte, (grhLen+64)*max(n, 1)), verbs.LocalWrite)
+	mr, err := h.pd.RegBytes(make([]byte, (grhLen+64)*max(n, 1)), 0, ib.LocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := range n {
-		if _, err := qp.PostRecv(verbs.RecvWR{ID: uint64(i), SG: []verbs.SGE{{Addr: mr.IOVA() + uint64((grhLen+64)*i), Length: grhLen + 64, LKey: mr.LKey()}}}); err != nil {
+		if _, err := qp.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: mr.IOVA() + uint64((grhLen+64)*i), Length: grhLen + 64, LKey: mr.LKey()}}}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -83,27 +86,27 @@ func TestUDResolveAndSend(t *testing.T) {
 	if !bytes.HasPrefix(g.priv, []byte("hello")) {
 		t.Fatalf("listener saw private data %q", g.priv[:8])
 	}
-	if peer.QPN != qa.QPN() || peer.QKey != UDPQKey || !bytes.HasPrefix(peer.PrivateData, []byte("rep")) || peer.AV.DestMAC != macA {
+	if peer.QPN != qa.QPN() || peer.QKey != UDPQKey || !bytes.HasPrefix(peer.PrivateData, []byte("rep")) || peer.AV.DMAC != macA {
 		t.Fatalf("resolved %+v, want QPN %#x Q_Key %#x", peer, qa.QPN(), UDPQKey)
 	}
 	qb, _ := b.udQP(t, 0)
-	ah, err := b.pd.CreateAH(peer.AV)
+	ah, err := b.pd.CreateAH(&peer.AV)
 	if err != nil {
 		t.Fatal(err)
 	}
 	send := func(id uint64, qkey uint32, msg string) {
-		if _, err := qb.PostSend(verbs.SendWR{ID: id, Opcode: verbs.Send, Flags: verbs.Signaled | verbs.Inline,
-			InlineData: []byte(msg), AH: ah, RemoteQPN: peer.QPN, RemoteQKey: qkey}); err != nil {
+		if _, err := qb.PostSend([]verbs.SendWR{{ID: id, Opcode: ib.Send, Flags: ib.Signaled | ib.Inline,
+			InlineData: []byte(msg), AH: ah, RemoteQPN: peer.QPN, RemoteQKey: qkey}}); err != nil {
 			t.Fatal(err)
 		}
-		if wc := waitWC(t, b.cq, qb.QPN()); wc.Status != verbs.Success {
+		if wc := waitWC(t, b.cq, qb.QPN()); wc.Status != ib.Success {
 			t.Fatalf("send completion %+v", wc)
 		}
 	}
 	send(1, UDPQKey+1, "wrong qkey") // dropped by A's QP: nothing to receive
 	send(2, peer.QKey, "datagram")
 	wc := waitWC(t, a.cq, qa.QPN())
-	if wc.Status != verbs.Success || wc.ByteLen != grhLen+8 || wc.SrcQP != qb.QPN() {
+	if wc.Status != ib.Success || wc.ByteLen != grhLen+8 || wc.SrcQP != qb.QPN() {
 		t.Fatalf("receive %+v", wc)
 	}
 	buf := mra.Bytes()[(grhLen+64)*int(wc.ID):]

@@ -1,51 +1,19 @@
-// Package verbs is softrnic's RNIC device model: protection domains, memory
-// regions, completion queues, shared receive queues and RC, UC, UD and GSI
-// (QP1) queue pairs with the InfiniBand QP state machine, driven by the pure transport
-// state machines of transport/rc and transport/ud, and the step functions
-// an engine calls to move RoCEv2 frames in and out.
+// Package verbs is the one interface through which applications use an
+// RNIC, as libibverbs is for C programs: Device, PD, MR, CQ, SRQ, QP and AH,
+// the application's form of a work request (SendWR, RecvWR) and the kinds
+// of failure with the errno libibverbs gives them.
 //
-// # Concurrency contract
+// Two RNICs implement it: the device in the application's own process
+// (package rnic, whose types have exactly these methods) and the device of
+// a running softrnic daemon (package client, which reaches it over the
+// daemon's control socket and shared-memory rings). A tool written against
+// this package runs on either. Vocabulary (opcodes, flags, states,
+// attributes, completions) is package ib's.
 //
-// Two kinds of goroutine use a Device:
+// The data path allocates nothing: PostSend and PostRecv take a slice the
+// caller owns and reuses (a variadic call through an interface would
+// allocate its slice every time), Poll fills the caller's slice.
 //
-//   - Applications (any number, any goroutine) use the control path
-//     (AllocPD, RegMR, CreateCQ, CreateQP, Modify, Destroy) and the data
-//     path verbs PostSend, PostRecv, SRQ.PostRecv, CQ.Poll and CQ.Wait.
-//     All of them are safe for concurrent use.
-//   - One engine goroutine per Device (issue 5 may shard by QP later)
-//     calls the step functions Receive, Transmit, NextDeadline and Expire,
-//     never concurrently with each other, and waits on Doorbell for new
-//     work when it has nothing else to do.
-//
-// Each QP has one mutex, taken by a post (once per PostSend/PostRecv call,
-// whatever the number of WRs) and by the engine once per run of
-// consecutive frames for the same QP in a Receive batch, once per QP in a
-// Transmit call and once per expired QP: never per packet in steady
-// state. Completions reach a CQ once per QP per step (one CQ lock per
-// batch). The QP and MR tables the engine reads per packet are immutable
-// snapshots behind atomic pointers, replaced copy-on-write by the control
-// path, so lookups take no lock. A QP that gets work (frames to send, a
-// timer) is handed to the engine's ready or timer list once, under a short
-// device lock, and leaves it when the work is done: the step functions
-// visit only busy QPs. An SRQ, being shared, is locked once per
-// message that takes one of its receive WQEs. Lock order: QP, then CQ or
-// SRQ. Asynchronous events (Events: COMM_EST, QP_FATAL) go through a
-// buffered channel that never blocks the engine.
-//
-// # Virtual time
-//
-// The step functions take now and never read a clock, so a test or the
-// simulator drives devices and port/memlink in virtual time from one
-// goroutine (see the example), and every run with a seed is identical.
-//
-// # Security
-//
-// lkeys and rkeys are 32 random bits from crypto/rand, never a counter.
-// Every remote access is checked against the rkey's MR: same PD as the QP,
-// valid (not invalidated or deregistered), access flags, bounds without
-// overflow. Received frames are checked for destination address (one of
-// the device's), BTH version, P_Key, destination QP and its type and state,
-// source address of the connected peer (RC/UC), Q_Key (UD) and ICRC before
-// a transport sees them; nothing a peer sends can make the device panic or
-// touch memory outside an MR.
+// What only one of the RNICs can do is a small optional interface, found
+// with a type assertion (optional.go).
 package verbs

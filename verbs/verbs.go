@@ -1,494 +1,116 @@
 package verbs
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/binary"
-	"errors"
-	"sync"
-	"sync/atomic"
-	"unsafe"
+	"net/netip"
+	"time"
 
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
-// The work request vocabulary, shared with the transports.
-type (
-	Opcode   = wr.Opcode
-	Flags    = wr.Flags
-	Status   = wr.Status
-	WC       = wr.WC
-	WCOpcode = wr.WCOpcode
-	WCFlags  = wr.WCFlags
-	Access   = wr.Access
-)
-
-// Re-exported constants, so that users need only this package.
-const (
-	Send              = wr.Send
-	SendWithImm       = wr.SendWithImm
-	SendWithInv       = wr.SendWithInv
-	RDMAWrite         = wr.RDMAWrite
-	RDMAWriteWithImm  = wr.RDMAWriteWithImm
-	RDMARead          = wr.RDMARead
-	AtomicCmpAndSwp   = wr.AtomicCmpAndSwp
-	AtomicFetchAndAdd = wr.AtomicFetchAndAdd
-
-	Signaled  = wr.Signaled
-	Fence     = wr.Fence
-	Solicited = wr.Solicited
-	Inline    = wr.Inline
-
-	WCWithImm = wr.WCWithImm
-	WCWithInv = wr.WCWithInv
-	WCGRH     = wr.WCGRH
-
-	WCSend            = wr.WCSend
-	WCRDMAWrite       = wr.WCRDMAWrite
-	WCRDMARead        = wr.WCRDMARead
-	WCCompSwap        = wr.WCCompSwap
-	WCFetchAdd        = wr.WCFetchAdd
-	WCRecv            = wr.WCRecv
-	WCRecvRDMAWithImm = wr.WCRecvRDMAWithImm
-
-	Success        = wr.Success
-	LocLenErr      = wr.LocLenErr
-	LocQPOpErr     = wr.LocQPOpErr
-	LocProtErr     = wr.LocProtErr
-	WRFlushErr     = wr.WRFlushErr
-	BadRespErr     = wr.BadRespErr
-	RemInvReqErr   = wr.RemInvReqErr
-	RemAccessErr   = wr.RemAccessErr
-	RemOpErr       = wr.RemOpErr
-	RetryExcErr    = wr.RetryExcErr
-	RNRRetryExcErr = wr.RNRRetryExcErr
-
-	LocalWrite   = wr.LocalWrite
-	RemoteWrite  = wr.RemoteWrite
-	RemoteRead   = wr.RemoteRead
-	RemoteAtomic = wr.RemoteAtomic
-)
-
-// Errors returned by the verbs.
-var (
-	ErrInvalid     = errors.New("verbs: invalid argument")
-	ErrState       = errors.New("verbs: illegal QP state transition")
-	ErrQPState     = errors.New("verbs: QP state does not allow this")
-	ErrQueueFull   = errors.New("verbs: work queue full")
-	ErrTooManySGE  = errors.New("verbs: too many scatter/gather entries")
-	ErrInlineSize  = errors.New("verbs: inline data larger than max_inline_data")
-	ErrBadOpcode   = errors.New("verbs: opcode not supported by this QP type")
-	ErrAccess      = errors.New("verbs: invalid access flags")
-	ErrDestroyed   = errors.New("verbs: object destroyed")
-	ErrNoRecvQueue = errors.New("verbs: QP uses an SRQ; post receives there")
-	ErrKeySpace    = errors.New("verbs: could not draw a fresh key")
-)
-
-// Limits of the device, as an RNIC reports them in ibv_query_device.
-const (
-	MaxMsgSize   = 1 << 31
-	MaxSGE       = 32
-	MaxQPWR      = 16384
-	MaxInline    = 400
-	MaxRdAtomic  = 128
-	DefaultDepth = 256
-	// MaxUnackedPSNs is the RC window of a requester (as rxe's).
-	MaxUnackedPSNs = 128
-)
-
-// PD is a protection domain: MRs and QPs of different PDs cannot touch
-// each other.
-type PD struct {
-	dev *Device
+// Device is an RNIC port (ibv_context with its one port).
+type Device interface {
+	// Name is the network interface the RNIC runs on.
+	Name() string
+	// Query returns the device's and port's attributes
+	// (ibv_query_device, ibv_query_port).
+	Query() ib.DeviceAttr
+	// GIDs is the GID table, as addresses (perftest's -x indexes it).
+	GIDs() []netip.Addr
+	// AllocMem allocates n bytes of memory the RNIC can register: the
+	// application's own heap in process, a sealed memfd that the daemon
+	// maps too.
+	AllocMem(n int) (Mem, error)
+	AllocPD() (PD, error)
+	// CreateCQ makes a CQ holding at least depth completions.
+	CreateCQ(depth int) (CQ, error)
 }
 
-// AllocPD creates a protection domain.
-func (d *Device) AllocPD() *PD { return &PD{dev: d} }
-
-// MR is a memory region over caller memory.
-type MR struct {
-	pd     *PD
-	buf    []byte
-	iova   uint64
-	access Access
-	lkey   uint32
-	rkey   uint32
-	valid  atomic.Bool
+// Mem is memory from Device.AllocMem.
+type Mem interface {
+	Bytes() []byte
+	Free() error
 }
 
-// LKey is the local key used in scatter/gather entries.
-func (m *MR) LKey() uint32 { return m.lkey }
-
-// RKey is the key a peer names the MR with.
-func (m *MR) RKey() uint32 { return m.rkey }
-
-// IOVA is the virtual address of the MR's first byte.
-func (m *MR) IOVA() uint64 { return m.iova }
-
-// Len is the MR's length in bytes.
-func (m *MR) Len() int { return len(m.buf) }
-
-// Bytes returns the registered memory.
-func (m *MR) Bytes() []byte { return m.buf }
-
-// Valid reports whether the MR may still be used (not deregistered or
-// invalidated by a SEND_WITH_INV).
-func (m *MR) Valid() bool { return m.valid.Load() }
-
-// RegMR registers buf with the given access; its IOVA is buf's address, as
-// ibv_reg_mr uses the virtual address.
-func (pd *PD) RegMR(buf []byte, access Access) (*MR, error) {
-	var iova uint64
-	if len(buf) > 0 {
-		iova = uint64(uintptr(unsafe.Pointer(&buf[0])))
-	}
-	return pd.RegMRIOVA(buf, iova, access)
+// PD is a protection domain: MRs, QPs, SRQs and AHs of different PDs
+// cannot reach each other.
+type PD interface {
+	// RegMR registers bytes [off, off+n) of m at virtual address iova (0:
+	// the memory's own address in this process) with the given access.
+	RegMR(m Mem, off, n int, iova uint64, access ib.Access) (MR, error)
+	CreateQP(a *QPInitAttr) (QP, error)
+	// CreateSRQ makes a shared receive queue of maxWR receives of at most
+	// maxSGE entries each.
+	CreateSRQ(maxWR, maxSGE int) (SRQ, error)
+	// CreateAH makes an address handle for UD sends. av.DMAC need not be
+	// set: the RNIC resolves av.DGID, as the kernel does for RoCE.
+	CreateAH(av *ib.AddressVector) (AH, error)
+	Dealloc() error
 }
 
-// RegMRIOVA registers buf at a chosen virtual address (ibv_reg_mr_iova).
-func (pd *PD) RegMRIOVA(buf []byte, iova uint64, access Access) (*MR, error) {
-	// IBA: remote write or atomic access requires local write.
-	if access&(RemoteWrite|RemoteAtomic) != 0 && access&LocalWrite == 0 {
-		return nil, ErrAccess
-	}
-	if iova+uint64(len(buf)) < iova {
-		return nil, ErrInvalid
-	}
-	m := &MR{pd: pd, buf: buf, iova: iova, access: access}
-	m.valid.Store(true)
-	d := pd.dev
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	old := *d.keys.Load()
-	var err error
-	if m.lkey, err = freshKey(old); err != nil {
-		return nil, err
-	}
-	nk := make(map[uint32]*MR, len(old)+2)
-	for k, v := range old {
-		nk[k] = v
-	}
-	nk[m.lkey] = m
-	if m.rkey, err = freshKey(nk); err != nil {
-		return nil, err
-	}
-	nk[m.rkey] = m
-	d.keys.Store(&nk)
-	return m, nil
-}
-
-// freshKey draws 32 random bits not in use (and not 0): keys must not be
-// guessable from earlier ones, which a counter would be.
-func freshKey(used map[uint32]*MR) (uint32, error) {
-	var b [4]byte
-	for i := 0; i < 64; i++ {
-		if _, err := rand.Read(b[:]); err != nil {
-			return 0, err
-		}
-		k := binary.LittleEndian.Uint32(b[:])
-		if _, dup := used[k]; k != 0 && !dup {
-			return k, nil
-		}
-	}
-	return 0, ErrKeySpace
-}
-
-// Dereg deregisters the MR: its keys stop working at once.
-func (m *MR) Dereg() {
-	m.valid.Store(false)
-	d := m.pd.dev
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	old := *d.keys.Load()
-	nk := make(map[uint32]*MR, len(old))
-	for k, v := range old {
-		if v != m {
-			nk[k] = v
-		}
-	}
-	d.keys.Store(&nk)
-}
-
-// lookup returns the MR named by key if it is valid and in pd.
-func (d *Device) lookup(key uint32, pd *PD) *MR {
-	m := (*d.keys.Load())[key]
-	if m == nil || m.pd != pd || !m.valid.Load() {
-		return nil
-	}
-	return m
-}
-
-// slice returns [va, va+n) of m when it lies inside the MR.
-func (m *MR) slice(va, n uint64) ([]byte, bool) {
-	if va < m.iova || va+n < va || va+n > m.iova+uint64(len(m.buf)) {
-		return nil, false
-	}
-	off := va - m.iova
-	return m.buf[off : off+n : off+n], true
-}
-
-// SGE is a scatter/gather entry: Length bytes at virtual address Addr of
-// the MR whose lkey is LKey.
-type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
+// MR is a registered memory region.
+type MR interface {
+	LKey() uint32
+	RKey() uint32
+	IOVA() uint64
+	Len() int
+	// Dereg deregisters the MR: once it returns, no access reaches the
+	// memory.
+	Dereg() error
 }
 
 // CQ is a completion queue.
-//
-// A CQ that is full when a completion arrives is overrun. As on an IBA
-// RNIC (and rxe), that is an error, never a silent drop: the CQ enters
-// the error state (Err reports ErrCQOverrun, Wait returns it once the
-// completions queued before the overrun have been polled), the device
-// counts it (CQOverruns) and reports EventCQErr, and every QP using the
-// CQ moves to ERR (EventQPFatal) so that its peer and its application stop
-// instead of waiting for a completion that was lost. Completions already
-// queued stay valid and can be polled; later ones are counted (Overflows)
-// and discarded. An application avoids this by sizing its CQ for every
-// WR it may have outstanding on the QPs that share it.
-type CQ struct {
-	dev      *Device
-	mu       sync.Mutex
-	ring     []WC
-	head, n  int
-	overflow uint64
-	notify   chan struct{}
-	// overrun is set once, under mu, and read without it by the QPs
-	// using the CQ (QP.unlock), which then move to ERR.
-	overrun atomic.Bool
+type CQ interface {
+	// Poll moves up to len(wcs) completions into wcs, oldest first, and
+	// returns how many (ibv_poll_cq).
+	Poll(wcs []ib.WC) int
+	// Wait sleeps until the CQ may hold a completion or timeout passes
+	// (negative: no limit): for an application with nothing to do until
+	// the peer answers. It returns an error for a CQ in error.
+	Wait(timeout time.Duration) error
+	Destroy() error
 }
 
-// ErrCQOverrun is the error of a CQ that overflowed (IBV_EVENT_CQ_ERR):
-// completions were lost, the CQ is unusable and its QPs are in ERR.
-var ErrCQOverrun = errors.New("verbs: CQ overrun: completions were lost; the CQ and its QPs are in error")
-
-// CreateCQ creates a CQ holding up to depth completions.
-func (d *Device) CreateCQ(depth int) *CQ {
-	if depth < 1 {
-		depth = DefaultDepth
-	}
-	return &CQ{dev: d, ring: make([]WC, depth), notify: make(chan struct{}, 1)}
+// SRQ is a shared receive queue.
+type SRQ interface {
+	// PostRecv posts receive WRs and returns how many it took.
+	PostRecv(wrs []RecvWR) (int, error)
+	Destroy() error
 }
 
-// Poll moves up to len(out) completions into out, oldest first, and
-// returns how many. After an overrun it still returns the completions
-// queued before it; Err tells the application that others were lost.
-func (c *CQ) Poll(out []WC) int {
-	c.mu.Lock()
-	k := 0
-	for k < len(out) && c.n > 0 {
-		out[k] = c.ring[c.head]
-		c.head = (c.head + 1) % len(c.ring)
-		c.n--
-		k++
-	}
-	c.mu.Unlock()
-	return k
+// AH is an address handle: where a UD send goes.
+type AH interface {
+	// AV is the address vector the handle was made from (DMAC resolved).
+	AV() ib.AddressVector
+	Destroy() error
 }
 
-// Err is ErrCQOverrun once the CQ has overflowed, nil before.
-func (c *CQ) Err() error {
-	if c.overrun.Load() {
-		return ErrCQOverrun
-	}
-	return nil
+// QPInitAttr describes a QP at creation (ibv_qp_init_attr).
+type QPInitAttr struct {
+	Type           ib.QPType
+	SendCQ, RecvCQ CQ
+	SRQ            SRQ // receives come from here instead of the QP's RQ
+	Cap            ib.QPCaps
+	SigAll         bool // every send WR is signaled
 }
 
-// Notify returns a channel that receives a value whenever completions
-// arrive (a coalescing doorbell: one value may stand for many), and when
-// the CQ is overrun.
-func (c *CQ) Notify() <-chan struct{} { return c.notify }
-
-// Wait polls, blocking until at least one completion is there or ctx ends.
-// A CQ in error returns ErrCQOverrun once its queued completions are
-// polled, rather than blocking for completions that will never come.
-func (c *CQ) Wait(ctx context.Context, out []WC) (int, error) {
-	for {
-		if n := c.Poll(out); n > 0 {
-			return n, nil
-		}
-		if err := c.Err(); err != nil {
-			return 0, err
-		}
-		select {
-		case <-c.notify:
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		}
-	}
-}
-
-// Overflows counts completions lost because the CQ was full or already in
-// error (each one is part of an overrun, see CQ).
-func (c *CQ) Overflows() uint64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.overflow
-}
-
-// push appends the completions of wcs whose IsRecv equals recv. The first
-// one that finds the CQ full puts it in error (see CQ) and reports it.
-func (c *CQ) push(wcs []WC, recv bool) {
-	added, overran := false, false
-	c.mu.Lock()
-	for i := range wcs {
-		if wcs[i].IsRecv != recv {
-			continue
-		}
-		if c.n == len(c.ring) || c.overrun.Load() {
-			c.overflow++
-			if !c.overrun.Load() {
-				c.overrun.Store(true)
-				overran = true
-			}
-			continue
-		}
-		c.ring[(c.head+c.n)%len(c.ring)] = wcs[i]
-		c.n++
-		added = true
-	}
-	c.mu.Unlock()
-	if overran && c.dev != nil {
-		c.dev.cqOverrun(c)
-	}
-	if added || overran {
-		select {
-		case c.notify <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// CQOverruns counts the CQs of the device that overflowed (safe from any
-// goroutine).
-func (d *Device) CQOverruns() uint64 { return d.cqOverruns.Load() }
-
-// cqOverrun reports c's overrun (EventCQErr) and hands every QP using c to
-// the engine, whose next visit (QP.unlock) moves it to ERR; the QP whose
-// completion overran c is moved there by the same unlock that pushed it.
-// It may run under that QP's lock: it takes no QP lock itself.
-func (d *Device) cqOverrun(c *CQ) {
-	d.cqOverruns.Add(1)
-	d.asyncEvent(AsyncEvent{Type: EventCQErr, CQ: c})
-	for _, q := range *d.list.Load() {
-		if q.init.SendCQ != c && q.init.RecvCQ != c || q.destroyed.Load() {
-			continue
-		}
-		if q.queued.CompareAndSwap(false, true) {
-			d.handOver(q, true, false)
-		}
-	}
-	d.ring()
-}
-
-// recvRing is a QP's receive queue; guarded by the QP's mutex.
-type recvRing struct {
-	ring       []wr.RecvWQE
-	head, tail uint32
-}
-
-func newRecvRing(depth, maxSGE int) recvRing {
-	r := recvRing{ring: make([]wr.RecvWQE, depth)}
-	for i := range r.ring {
-		r.ring[i].SG = make([][]byte, 0, maxSGE)
-	}
-	return r
-}
-
-func (r *recvRing) full() bool { return r.tail-r.head >= uint32(len(r.ring)) }
-
-func (r *recvRing) put(w *wr.RecvWQE) {
-	e := &r.ring[r.tail%uint32(len(r.ring))]
-	sg := append(e.SG[:0], w.SG...)
-	*e = *w
-	e.SG = sg
-	r.tail++
-}
-
-// Take implements wr.RecvQueue.
-func (r *recvRing) Take(dst *wr.RecvWQE) bool {
-	if r.head == r.tail {
-		return false
-	}
-	e := &r.ring[r.head%uint32(len(r.ring))]
-	sg := append(dst.SG[:0], e.SG...)
-	*dst = *e
-	dst.SG = sg
-	e.SG = e.SG[:0]
-	r.head++
-	return true
-}
-
-// SRQ is a shared receive queue: QPs attached to it take their receive
-// WQEs from it in posting order.
-type SRQ struct {
-	pd     *PD
-	maxSGE int
-	mu     sync.Mutex
-	rq     recvRing
-	post   wr.RecvWQE // PostRecv scratch, guarded by mu
-	postSG [MaxSGE][]byte
-}
-
-// CreateSRQ creates a shared receive queue.
-func (pd *PD) CreateSRQ(depth, maxSGE int) (*SRQ, error) {
-	if depth < 1 || depth > MaxQPWR || maxSGE < 1 || maxSGE > MaxSGE {
-		return nil, ErrInvalid
-	}
-	return &SRQ{pd: pd, maxSGE: maxSGE, rq: newRecvRing(depth, maxSGE)}, nil
-}
-
-// Take implements wr.RecvQueue (called by the engine under the QP lock).
-func (s *SRQ) Take(dst *wr.RecvWQE) bool {
-	s.mu.Lock()
-	ok := s.rq.Take(dst)
-	s.mu.Unlock()
-	return ok
-}
-
-// PostRecv posts receive WRs to the SRQ and returns how many it took.
-func (s *SRQ) PostRecv(wrs ...RecvWR) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	w, sg := &s.post, s.postSG[:0]
-	for i := range wrs {
-		if len(wrs[i].SG) > s.maxSGE {
-			return i, ErrTooManySGE
-		}
-		if s.rq.full() {
-			return i, ErrQueueFull
-		}
-		s.pd.dev.resolveRecv(s.pd, &wrs[i], w, sg)
-		s.rq.put(w)
-	}
-	return len(wrs), nil
-}
-
-// RecvWR is a receive work request.
-type RecvWR struct {
-	ID uint64
-	SG []SGE
-}
-
-// resolveRecv turns a receive WR's SGEs into memory, checking lkey, PD,
-// bounds and local write access; a failure is recorded in the WQE and
-// reported when a message uses it (LOC_PROT_ERR), as an RNIC does.
-func (d *Device) resolveRecv(pd *PD, r *RecvWR, w *wr.RecvWQE, sg [][]byte) {
-	w.ID, w.Err, w.Length = r.ID, wr.Success, 0
-	for _, s := range r.SG {
-		m := d.lookup(s.LKey, pd)
-		var b []byte
-		ok := m != nil && m.access&LocalWrite != 0
-		if ok {
-			b, ok = m.slice(s.Addr, uint64(s.Length))
-		}
-		if !ok {
-			w.Err = wr.LocProtErr
-			continue
-		}
-		sg = append(sg, b)
-		w.Length += s.Length
-	}
-	w.SG = sg
+// QP is a queue pair.
+type QP interface {
+	QPN() uint32
+	Type() ib.QPType
+	// State is the QP's state as the application last saw it move or
+	// queried it.
+	State() ib.QPState
+	// Modify changes the QP's attributes and state as ibv_modify_qp:
+	// mask (IBV_QP_* bits) says which fields of attr apply, IBA's rules
+	// say which a transition requires and allows.
+	Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error
+	// Query returns the QP's attributes (ibv_query_qp).
+	Query() (ib.QPAttr, error)
+	// PostSend posts send WRs and returns how many it took; on error the
+	// rest were not posted (ibv_post_send's bad_wr). ErrQueueFull: the
+	// send queue is full, poll and try again.
+	PostSend(wrs []SendWR) (int, error)
+	// PostRecv posts receive WRs as PostSend does.
+	PostRecv(wrs []RecvWR) (int, error)
+	Destroy() error
 }

@@ -14,10 +14,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/perftest/runner"
+	"github.com/softrnic/softrnic/internal/perftest"
+	"github.com/softrnic/softrnic/internal/perftest/runner"
 )
 
 // A softrnic end in a child process is this program started again under
@@ -84,7 +84,7 @@ func runChild(role, test string, args []string, profile, timeout string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	o := runner.CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}
+	o := runner.CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}
 	if role == "server" {
 		o.Listening = func(net.Addr) { fmt.Println(listeningLine) }
 	}

@@ -17,12 +17,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/softrnic/softrnic/bench/io/iobench"
-	"github.com/softrnic/softrnic/engine"
-	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/perftest/runner"
 	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/internal/perftest"
+	"github.com/softrnic/softrnic/internal/perftest/runner"
 )
 
 // MTU of the veth pair: RoCE path MTU 4096 fits (a 4154-byte frame), as
@@ -243,7 +244,7 @@ func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.M
 	serr := make(chan error, 1)
 	go func() {
 		serr <- pair.A.NS.Do(func() error {
-			_, err := runner.RunCLI(ctx, ps, runner.CLIOptions{PortKind: engine.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
+			_, err := runner.RunCLI(ctx, ps, runner.CLIOptions{PortKind: host.AFXDP, Listening: func(net.Addr) { close(listening) }}, &sout)
 			return err
 		})
 	}()
@@ -258,7 +259,7 @@ func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.M
 	}
 	var res runner.Result
 	cerr := pair.B.NS.Do(func() (err error) {
-		res, err = runner.RunCLI(ctx, pc, runner.CLIOptions{PortKind: engine.AFXDP, DialFor: 5 * time.Second}, &cout)
+		res, err = runner.RunCLI(ctx, pc, runner.CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}, &cout)
 		return err
 	})
 	if cerr != nil {

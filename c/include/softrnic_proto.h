@@ -16,7 +16,7 @@
 // (daemon "control" key; --control in every client command).
 #define SOFTRNIC_DEFAULT_CONTROL "/run/softrnic/softrnic.sock"
 // Version is the protocol version; the daemon refuses an Open of another.
-#define SOFTRNIC_VERSION 1
+#define SOFTRNIC_VERSION 2
 // MaxMessage is the largest control message, header included.
 #define SOFTRNIC_MAX_MESSAGE 4096
 // MaxFDs is the most file descriptors one message may carry.
@@ -40,38 +40,16 @@
 // exchange is over: the connection serves no other call meanwhile.
 #define SOFTRNIC_OP_CM_LISTEN 15 // CMListenReq → HandleMsg (the listener)
 #define SOFTRNIC_OP_CM_GET_REQUEST 16 // HandleMsg (listener) → CMRequestResp, when a REQ arrives
-#define SOFTRNIC_OP_CM_ACCEPT 17 // CMConnReq (Request set) → CreateQPResp + SQ, RQ ring memfds, once established; or CMUDAcceptReq (UDP space) → nothing
+#define SOFTRNIC_OP_CM_ACCEPT 17 // CMConnReq (Request set) → nothing, once established; or CMUDAcceptReq (UDP space) → nothing
 #define SOFTRNIC_OP_CM_REJECT 18 // HandleMsg (request)
-#define SOFTRNIC_OP_CM_CONNECT 19 // CMConnReq (Peer, Port set) → CreateQPResp + SQ, RQ ring memfds, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
+#define SOFTRNIC_OP_CM_CONNECT 19 // CMConnReq (Peer, Port set) → nothing, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
 #define SOFTRNIC_OP_CM_DISCONNECT 20 // HandleMsg (QP) → when the peer answered the DREQ (or it timed out)
 #define SOFTRNIC_OP_CM_UNLISTEN 21 // HandleMsg (listener): requests not taken are rejected
+#define SOFTRNIC_OP_CREATE_AH 22 // CreateAHReq → HandleMsg (the AH UD send slots name)
+#define SOFTRNIC_OP_DESTROY_AH 23 // HandleMsg (AH)
+#define SOFTRNIC_OP_CM_CLOSE 24 // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
 // HeaderSize is the encoded size of Header.
 #define SOFTRNIC_HEADER_SIZE 16
-#define SOFTRNIC_QP_TYPE_RC 2
-#define SOFTRNIC_QP_TYPE_UD 4
-#define SOFTRNIC_QP_STATE_RESET 0
-#define SOFTRNIC_QP_STATE_INIT 1
-#define SOFTRNIC_QP_STATE_RTR 2
-#define SOFTRNIC_QP_STATE_RTS 3
-#define SOFTRNIC_QP_STATE_SQD 4
-#define SOFTRNIC_QP_STATE_SQE 5
-#define SOFTRNIC_QP_STATE_ERR 6
-#define SOFTRNIC_QP_ATTR_MASK_STATE 1
-#define SOFTRNIC_QP_ATTR_MASK_ACCESS_FLAGS 8
-#define SOFTRNIC_QP_ATTR_MASK_P_KEY_INDEX 16
-#define SOFTRNIC_QP_ATTR_MASK_PORT 32
-#define SOFTRNIC_QP_ATTR_MASK_Q_KEY 64
-#define SOFTRNIC_QP_ATTR_MASK_AV 128
-#define SOFTRNIC_QP_ATTR_MASK_PATH_MTU 256
-#define SOFTRNIC_QP_ATTR_MASK_TIMEOUT 512
-#define SOFTRNIC_QP_ATTR_MASK_RETRY_CNT 1024
-#define SOFTRNIC_QP_ATTR_MASK_RNR_RETRY 2048
-#define SOFTRNIC_QP_ATTR_MASK_RQPSN 4096
-#define SOFTRNIC_QP_ATTR_MASK_MAX_QP_RD_ATOMIC 8192
-#define SOFTRNIC_QP_ATTR_MASK_MIN_RNR_TIMER 32768
-#define SOFTRNIC_QP_ATTR_MASK_SQPSN 65536
-#define SOFTRNIC_QP_ATTR_MASK_MAX_DEST_RD_ATOMC 131072
-#define SOFTRNIC_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_PORT_SPACE_TCP 0 // RC connections: REQ, REP, RTU
 #define SOFTRNIC_PORT_SPACE_UDP 1 // UD services: SIDR_REQ, SIDR_REP
 // MaxStatusClients is how many clients one StatusResp lists.
@@ -155,17 +133,19 @@
 #define SOFTRNIC_Q_CTR_REQ_REMOTE_INVALID_REQUEST 21 // RC
 #define SOFTRNIC_Q_CTR_RESP_REMOTE_ACCESS_ERRORS 22 // RC, UC
 #define SOFTRNIC_Q_CTR_RESP_LOCAL_LENGTH_ERROR 23 // RC, UC
-#define SOFTRNIC_NUM_QP_COUNTERS 24
+#define SOFTRNIC_Q_CTR_DCQCNECN_MARKED 24 // RC, UC with DCQCN: CE-marked packets received (NP)
+#define SOFTRNIC_Q_CTR_DCQCNCNP_SENT 25 // RC, UC with DCQCN: CNPs the NP asked for
+#define SOFTRNIC_Q_CTR_DCQCNCNP_HANDLED 26 // RC, UC with DCQCN: CNPs the RP acted on
+#define SOFTRNIC_Q_CTR_DCQCNCNP_IGNORED 27 // RC, UC with DCQCN: CNPs coalesced into a pending cut
+#define SOFTRNIC_Q_CTR_DCQCN_RATE_CUTS 28 // RC, UC with DCQCN: the RP's rate cuts
+#define SOFTRNIC_NUM_QP_COUNTERS 29
 #define SOFTRNIC_VALID_ALL UINT64_C(0x7ffffffffffff)
 #define SOFTRNIC_VALID_XDP UINT64_C(0x3ffc000000)
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-#define SOFTRNIC_MAX_STATS_QPS 16
+#define SOFTRNIC_MAX_STATS_QPS 12
 // MaxStatsQueues is how many receive queues one StatsResp details.
 #define SOFTRNIC_MAX_STATS_QUEUES 16
-// UC is the unreliable connected QP type (ibv_qp_type numbering), which
-// QPStats reports for UC QPs.
-#define SOFTRNIC_QP_TYPE_UC 3
 #define SOFTRNIC_OP_UCM_CREATE_CHANNEL 64 // → HandleMsg (the channel); reply fd: the client's end of its event socket
 #define SOFTRNIC_OP_UCM_DESTROY_CHANNEL 65 // HandleMsg (channel): the IDs still on it are destroyed with it
 #define SOFTRNIC_OP_UCM_LISTEN 66 // UCMListenReq → HandleMsg (the listener's ID)
@@ -200,7 +180,7 @@
 // CQESize is the completion ring's slot size.
 #define SOFTRNIC_CQE_SIZE 48
 
-/* ---- package github.com/softrnic/softrnic/shmring ---- */
+/* ---- package github.com/softrnic/softrnic/internal/shmring ---- */
 #define SOFTRNIC_RING_HEADER_MAGIC UINT64_C(0x31474e4952534d53)
 #define SOFTRNIC_RING_HEADER_VERSION 1
 // HeaderSize is the bytes before the first slot.
@@ -211,46 +191,112 @@
 // MaxSlotSize bounds one slot (a work request with many SGEs or inline data).
 #define SOFTRNIC_RING_MAX_SLOT_SIZE 65536
 
-/* ---- package github.com/softrnic/softrnic/verbs/wr ---- */
-#define SOFTRNIC_WR_OPCODE_SEND 0
-#define SOFTRNIC_WR_OPCODE_SEND_WITH_IMM 1
-#define SOFTRNIC_WR_OPCODE_SEND_WITH_INV 2
-#define SOFTRNIC_WR_OPCODE_RDMA_WRITE 3
-#define SOFTRNIC_WR_OPCODE_RDMA_WRITE_WITH_IMM 4
-#define SOFTRNIC_WR_OPCODE_RDMA_READ 5
-#define SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP 6
-#define SOFTRNIC_WR_OPCODE_ATOMIC_FETCH_AND_ADD 7
-#define SOFTRNIC_WR_FLAGS_SIGNALED 1 // generate a completion even on success
-#define SOFTRNIC_WR_FLAGS_FENCE 2 // wait for earlier READ/ATOMICs to complete first
-#define SOFTRNIC_WR_FLAGS_SOLICITED 4 // set SE on the last packet
-#define SOFTRNIC_WR_FLAGS_INLINE 8 // the data was copied at post time
-#define SOFTRNIC_WR_STATUS_SUCCESS 0
-#define SOFTRNIC_WR_STATUS_LOC_LEN_ERR 1
-#define SOFTRNIC_WR_STATUS_LOC_QP_OP_ERR 2
-#define SOFTRNIC_WR_STATUS_LOC_PROT_ERR 4
-#define SOFTRNIC_WR_STATUS_WR_FLUSH_ERR 5
-#define SOFTRNIC_WR_STATUS_BAD_RESP_ERR 7
-#define SOFTRNIC_WR_STATUS_LOC_ACCESS_ERR 8
-#define SOFTRNIC_WR_STATUS_REM_INV_REQ_ERR 9
-#define SOFTRNIC_WR_STATUS_REM_ACCESS_ERR 10
-#define SOFTRNIC_WR_STATUS_REM_OP_ERR 11
-#define SOFTRNIC_WR_STATUS_RETRY_EXC_ERR 12
-#define SOFTRNIC_WR_STATUS_RNR_RETRY_EXC_ERR 13
-#define SOFTRNIC_WR_STATUS_GENERAL_ERR 21
-#define SOFTRNIC_WR_WC_OPCODE_SEND 0
-#define SOFTRNIC_WR_WC_OPCODE_RDMA_WRITE 1
-#define SOFTRNIC_WR_WC_OPCODE_RDMA_READ 2
-#define SOFTRNIC_WR_WC_OPCODE_COMP_SWAP 3
-#define SOFTRNIC_WR_WC_OPCODE_FETCH_ADD 4
-#define SOFTRNIC_WR_WC_OPCODE_RECV 5
-#define SOFTRNIC_WR_WC_OPCODE_RECV_RDMA_WITH_IMM 6
-#define SOFTRNIC_WR_WC_FLAGS_WITH_IMM 1 // Imm is valid
-#define SOFTRNIC_WR_WC_FLAGS_WITH_INV 2 // InvRKey was invalidated
-#define SOFTRNIC_WR_WC_FLAGS_GRH 4 // the first 40 bytes of the buffer hold a GRH slot (UD)
-#define SOFTRNIC_WR_ACCESS_LOCAL_WRITE 1
-#define SOFTRNIC_WR_ACCESS_REMOTE_WRITE 2 // RDMA WRITE into the MR / accepted by the QP
-#define SOFTRNIC_WR_ACCESS_REMOTE_READ 4 // RDMA READ from the MR / served by the QP
-#define SOFTRNIC_WR_ACCESS_REMOTE_ATOMIC 8 // atomics on the MR / served by the QP
+/* ---- package github.com/softrnic/softrnic/ib ---- */
+#define SOFTRNIC_IB_ACCESS_LOCAL_WRITE 1
+#define SOFTRNIC_IB_ACCESS_REMOTE_WRITE 2 // RDMA WRITE into the MR / accepted by the QP
+#define SOFTRNIC_IB_ACCESS_REMOTE_READ 4 // RDMA READ from the MR / served by the QP
+#define SOFTRNIC_IB_ACCESS_REMOTE_ATOMIC 8 // atomics on the MR / served by the QP
+// KnownAccess are the flags softrnic implements; others are refused.
+#define SOFTRNIC_IB_ACCESS_KNOWN_ACCESS 15
+// EventCQErr: a CQ overflowed; completions were lost, the CQ is in
+// error and its QPs go to ERR.
+#define SOFTRNIC_IB_EVENT_TYPE_CQ_ERR 0
+// EventQPFatal: the QP went to ERR because of a transport error; its
+// WRs were flushed.
+#define SOFTRNIC_IB_EVENT_TYPE_QP_FATAL 1
+// EventQPReqErr: the QP went to ERR because a request it received
+// broke the protocol (invalid request).
+#define SOFTRNIC_IB_EVENT_TYPE_QP_REQ_ERR 2
+// EventQPAccessErr: the QP went to ERR because of a remote access
+// violation it received.
+#define SOFTRNIC_IB_EVENT_TYPE_QP_ACCESS_ERR 3
+// EventCommEst: a QP in RTR received its first packet; a passive CM
+// side whose RTU was lost moves the QP to RTS on it.
+#define SOFTRNIC_IB_EVENT_TYPE_COMM_EST 4
+// EventSQDrained: a QP moved to SQD with SQDrainNotify has no send
+// WQE in progress any more.
+#define SOFTRNIC_IB_EVENT_TYPE_SQ_DRAINED 5
+// EventDeviceFatal: the device is gone (the daemon stopped).
+#define SOFTRNIC_IB_EVENT_TYPE_DEVICE_FATAL 8
+// EventPortActive and EventPortErr: the port's link came up or went
+// down.
+#define SOFTRNIC_IB_EVENT_TYPE_PORT_ACTIVE 9
+#define SOFTRNIC_IB_EVENT_TYPE_PORT_ERR 10
+// GSI is the General Services Interface QP, QP1: a UD QP whose QPN is
+// 1 and whose Q_Key is 0x80010000, which carries the CM's MADs. One
+// per device, owned by the device's CM agent, never by an application
+// of the daemon.
+#define SOFTRNIC_IB_QP_TYPE_GSI 1
+#define SOFTRNIC_IB_QP_TYPE_RC 2
+#define SOFTRNIC_IB_QP_TYPE_UC 3
+#define SOFTRNIC_IB_QP_TYPE_UD 4
+#define SOFTRNIC_IB_QP_STATE_RESET 0
+#define SOFTRNIC_IB_QP_STATE_INIT 1
+#define SOFTRNIC_IB_QP_STATE_RTR 2
+#define SOFTRNIC_IB_QP_STATE_RTS 3
+#define SOFTRNIC_IB_QP_STATE_SQD 4
+#define SOFTRNIC_IB_QP_STATE_SQE 5
+#define SOFTRNIC_IB_QP_STATE_ERR 6
+#define SOFTRNIC_IB_QP_ATTR_MASK_STATE 1
+#define SOFTRNIC_IB_QP_ATTR_MASK_CUR_STATE 2
+#define SOFTRNIC_IB_QP_ATTR_MASK_EN_SQD_ASYNC_NOTIFY 4
+#define SOFTRNIC_IB_QP_ATTR_MASK_ACCESS_FLAGS 8
+#define SOFTRNIC_IB_QP_ATTR_MASK_P_KEY_INDEX 16
+#define SOFTRNIC_IB_QP_ATTR_MASK_PORT 32
+#define SOFTRNIC_IB_QP_ATTR_MASK_Q_KEY 64
+#define SOFTRNIC_IB_QP_ATTR_MASK_AV 128
+#define SOFTRNIC_IB_QP_ATTR_MASK_PATH_MTU 256
+#define SOFTRNIC_IB_QP_ATTR_MASK_TIMEOUT 512
+#define SOFTRNIC_IB_QP_ATTR_MASK_RETRY_CNT 1024
+#define SOFTRNIC_IB_QP_ATTR_MASK_RNR_RETRY 2048
+#define SOFTRNIC_IB_QP_ATTR_MASK_RQPSN 4096
+#define SOFTRNIC_IB_QP_ATTR_MASK_MAX_QP_RD_ATOMIC 8192
+#define SOFTRNIC_IB_QP_ATTR_MASK_ALT_PATH 16384
+#define SOFTRNIC_IB_QP_ATTR_MASK_MIN_RNR_TIMER 32768
+#define SOFTRNIC_IB_QP_ATTR_MASK_SQPSN 65536
+#define SOFTRNIC_IB_QP_ATTR_MASK_MAX_DEST_RD_ATOMIC 131072
+#define SOFTRNIC_IB_QP_ATTR_MASK_PATH_MIG_STATE 262144
+#define SOFTRNIC_IB_QP_ATTR_MASK_CAP 524288
+#define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
+#define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
+#define SOFTRNIC_IB_WC_STATUS_SUCCESS 0
+#define SOFTRNIC_IB_WC_STATUS_LOC_LEN_ERR 1
+#define SOFTRNIC_IB_WC_STATUS_LOC_QP_OP_ERR 2
+#define SOFTRNIC_IB_WC_STATUS_LOC_PROT_ERR 4
+#define SOFTRNIC_IB_WC_STATUS_WR_FLUSH_ERR 5
+#define SOFTRNIC_IB_WC_STATUS_BAD_RESP_ERR 7
+#define SOFTRNIC_IB_WC_STATUS_LOC_ACCESS_ERR 8
+#define SOFTRNIC_IB_WC_STATUS_REM_INV_REQ_ERR 9
+#define SOFTRNIC_IB_WC_STATUS_REM_ACCESS_ERR 10
+#define SOFTRNIC_IB_WC_STATUS_REM_OP_ERR 11
+#define SOFTRNIC_IB_WC_STATUS_RETRY_EXC_ERR 12
+#define SOFTRNIC_IB_WC_STATUS_RNR_RETRY_EXC_ERR 13
+#define SOFTRNIC_IB_WC_STATUS_GENERAL_ERR 21
+#define SOFTRNIC_IB_WC_OPCODE_SEND 0
+#define SOFTRNIC_IB_WC_OPCODE_RDMA_WRITE 1
+#define SOFTRNIC_IB_WC_OPCODE_RDMA_READ 2
+#define SOFTRNIC_IB_WC_OPCODE_COMP_SWAP 3
+#define SOFTRNIC_IB_WC_OPCODE_FETCH_ADD 4
+#define SOFTRNIC_IB_WC_OPCODE_RECV 128
+#define SOFTRNIC_IB_WC_OPCODE_RECV_RDMA_WITH_IMM 129
+#define SOFTRNIC_IB_WC_FLAGS_GRH 1 // the first 40 bytes of the buffer hold a GRH slot (UD)
+#define SOFTRNIC_IB_WC_FLAGS_WITH_IMM 2 // Imm is valid
+#define SOFTRNIC_IB_WC_FLAGS_WITH_INV 8 // InvRKey was invalidated
+#define SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE 0
+#define SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE_WITH_IMM 1
+#define SOFTRNIC_IB_WR_OPCODE_SEND 2
+#define SOFTRNIC_IB_WR_OPCODE_SEND_WITH_IMM 3
+#define SOFTRNIC_IB_WR_OPCODE_RDMA_READ 4
+#define SOFTRNIC_IB_WR_OPCODE_ATOMIC_CMP_AND_SWP 5
+#define SOFTRNIC_IB_WR_OPCODE_ATOMIC_FETCH_AND_ADD 6
+#define SOFTRNIC_IB_WR_OPCODE_SEND_WITH_INV 9
+#define SOFTRNIC_IB_SEND_FLAGS_FENCE 1 // wait for earlier READ/ATOMICs to complete first
+#define SOFTRNIC_IB_SEND_FLAGS_SIGNALED 2 // generate a completion even on success
+#define SOFTRNIC_IB_SEND_FLAGS_SOLICITED 4 // set SE on the last packet
+#define SOFTRNIC_IB_SEND_FLAGS_INLINE 8 // the data was copied at post time
+// KnownSendFlags are the flags softrnic understands; a WR with others
+// is refused.
+#define SOFTRNIC_IB_SEND_FLAGS_KNOWN_SEND_FLAGS 15
 
 /* ---- structs ---- */
 
@@ -267,42 +313,6 @@ _Static_assert(offsetof(struct softrnic_header, op) == 0, "struct softrnic_heade
 _Static_assert(offsetof(struct softrnic_header, version) == 2, "struct softrnic_header: version");
 _Static_assert(offsetof(struct softrnic_header, seq) == 4, "struct softrnic_header: seq");
 _Static_assert(offsetof(struct softrnic_header, errno_) == 8, "struct softrnic_header: errno_");
-
-// DeviceInfo is the reply to Open.
-struct softrnic_device_info {
-	uint8_t name[16]; // interface name, NUL padded
-	uint64_t node_guid;
-	uint32_t max_qp;
-	uint32_t max_cq;
-	uint32_t max_mr;
-	uint32_t max_pd;
-	uint32_t max_qpwr;
-	uint32_t max_cqe;
-	uint32_t max_sge;
-	uint32_t max_inline;
-	uint64_t max_mr_size;
-	uint32_t active_mtu; // bytes
-	uint32_t num_gids;
-	uint8_t gids[8][16]; // IPv4 as IPv4-mapped IPv6, as RoCEv2 GIDs are
-	uint8_t port_active;
-	uint8_t _pad0[7];
-};
-_Static_assert(sizeof(struct softrnic_device_info) == 208, "struct softrnic_device_info: size");
-_Static_assert(offsetof(struct softrnic_device_info, name) == 0, "struct softrnic_device_info: name");
-_Static_assert(offsetof(struct softrnic_device_info, node_guid) == 16, "struct softrnic_device_info: node_guid");
-_Static_assert(offsetof(struct softrnic_device_info, max_qp) == 24, "struct softrnic_device_info: max_qp");
-_Static_assert(offsetof(struct softrnic_device_info, max_cq) == 28, "struct softrnic_device_info: max_cq");
-_Static_assert(offsetof(struct softrnic_device_info, max_mr) == 32, "struct softrnic_device_info: max_mr");
-_Static_assert(offsetof(struct softrnic_device_info, max_pd) == 36, "struct softrnic_device_info: max_pd");
-_Static_assert(offsetof(struct softrnic_device_info, max_qpwr) == 40, "struct softrnic_device_info: max_qpwr");
-_Static_assert(offsetof(struct softrnic_device_info, max_cqe) == 44, "struct softrnic_device_info: max_cqe");
-_Static_assert(offsetof(struct softrnic_device_info, max_sge) == 48, "struct softrnic_device_info: max_sge");
-_Static_assert(offsetof(struct softrnic_device_info, max_inline) == 52, "struct softrnic_device_info: max_inline");
-_Static_assert(offsetof(struct softrnic_device_info, max_mr_size) == 56, "struct softrnic_device_info: max_mr_size");
-_Static_assert(offsetof(struct softrnic_device_info, active_mtu) == 64, "struct softrnic_device_info: active_mtu");
-_Static_assert(offsetof(struct softrnic_device_info, num_gids) == 68, "struct softrnic_device_info: num_gids");
-_Static_assert(offsetof(struct softrnic_device_info, gids) == 72, "struct softrnic_device_info: gids");
-_Static_assert(offsetof(struct softrnic_device_info, port_active) == 200, "struct softrnic_device_info: port_active");
 
 // OpenReq is the body of OpOpen.
 struct softrnic_open_req {
@@ -369,111 +379,6 @@ struct softrnic_create_cq_resp {
 _Static_assert(sizeof(struct softrnic_create_cq_resp) == 8, "struct softrnic_create_cq_resp: size");
 _Static_assert(offsetof(struct softrnic_create_cq_resp, cq) == 0, "struct softrnic_create_cq_resp: cq");
 _Static_assert(offsetof(struct softrnic_create_cq_resp, slots) == 4, "struct softrnic_create_cq_resp: slots");
-
-// QPCaps are a QP's queue sizes (ibv_qp_cap).
-struct softrnic_qp_caps {
-	uint32_t max_send_wr;
-	uint32_t max_recv_wr;
-	uint32_t max_send_sge;
-	uint32_t max_recv_sge;
-	uint32_t max_inline;
-	uint32_t _pad0;
-};
-_Static_assert(sizeof(struct softrnic_qp_caps) == 24, "struct softrnic_qp_caps: size");
-_Static_assert(offsetof(struct softrnic_qp_caps, max_send_wr) == 0, "struct softrnic_qp_caps: max_send_wr");
-_Static_assert(offsetof(struct softrnic_qp_caps, max_recv_wr) == 4, "struct softrnic_qp_caps: max_recv_wr");
-_Static_assert(offsetof(struct softrnic_qp_caps, max_send_sge) == 8, "struct softrnic_qp_caps: max_send_sge");
-_Static_assert(offsetof(struct softrnic_qp_caps, max_recv_sge) == 12, "struct softrnic_qp_caps: max_recv_sge");
-_Static_assert(offsetof(struct softrnic_qp_caps, max_inline) == 16, "struct softrnic_qp_caps: max_inline");
-
-// CreateQPReq is the body of OpCreateQP.
-struct softrnic_create_qp_req {
-	uint32_t pd;
-	uint32_t send_cq;
-	uint32_t recv_cq;
-	uint8_t type;
-	uint8_t sig_all; // every send WR generates a completion
-	uint8_t _pad0[2];
-	struct softrnic_qp_caps caps;
-};
-_Static_assert(sizeof(struct softrnic_create_qp_req) == 40, "struct softrnic_create_qp_req: size");
-_Static_assert(offsetof(struct softrnic_create_qp_req, pd) == 0, "struct softrnic_create_qp_req: pd");
-_Static_assert(offsetof(struct softrnic_create_qp_req, send_cq) == 4, "struct softrnic_create_qp_req: send_cq");
-_Static_assert(offsetof(struct softrnic_create_qp_req, recv_cq) == 8, "struct softrnic_create_qp_req: recv_cq");
-_Static_assert(offsetof(struct softrnic_create_qp_req, type) == 12, "struct softrnic_create_qp_req: type");
-_Static_assert(offsetof(struct softrnic_create_qp_req, sig_all) == 13, "struct softrnic_create_qp_req: sig_all");
-_Static_assert(offsetof(struct softrnic_create_qp_req, caps) == 16, "struct softrnic_create_qp_req: caps");
-
-// CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring
-// memfds, whose geometries follow from Caps (SendSlotSize, RecvSlotSize,
-// and slot counts SQSlots, RQSlots).
-struct softrnic_create_qp_resp {
-	uint32_t qp;
-	uint32_t qpn;
-	uint32_t sq_slots;
-	uint32_t rq_slots;
-	struct softrnic_qp_caps caps; // what was granted (at least what was asked)
-};
-_Static_assert(sizeof(struct softrnic_create_qp_resp) == 40, "struct softrnic_create_qp_resp: size");
-_Static_assert(offsetof(struct softrnic_create_qp_resp, qp) == 0, "struct softrnic_create_qp_resp: qp");
-_Static_assert(offsetof(struct softrnic_create_qp_resp, qpn) == 4, "struct softrnic_create_qp_resp: qpn");
-_Static_assert(offsetof(struct softrnic_create_qp_resp, sq_slots) == 8, "struct softrnic_create_qp_resp: sq_slots");
-_Static_assert(offsetof(struct softrnic_create_qp_resp, rq_slots) == 12, "struct softrnic_create_qp_resp: rq_slots");
-_Static_assert(offsetof(struct softrnic_create_qp_resp, caps) == 16, "struct softrnic_create_qp_resp: caps");
-
-// QPAttr are QP attributes (the ibv_qp_attr fields a RoCE QP uses).
-struct softrnic_qp_attr {
-	uint8_t state;
-	uint8_t timeout; // 4.096 µs · 2^Timeout; 0 = infinite
-	uint8_t retry_cnt;
-	uint8_t rnr_retry;
-	uint8_t min_rnr_timer;
-	uint8_t max_rd_atomic;
-	uint8_t max_dest_rd_atomic;
-	uint8_t sgid_index;
-	uint32_t path_mtu; // bytes: 256..4096
-	uint32_t q_key;
-	uint32_t rqpsn;
-	uint32_t sqpsn;
-	uint32_t dest_qpn;
-	uint32_t access;
-	uint16_t p_key_index;
-	uint8_t hop_limit;
-	uint8_t traffic_class;
-	uint32_t flow_label;
-	uint8_t dgid[16]; // the remote GID (address vector)
-};
-_Static_assert(sizeof(struct softrnic_qp_attr) == 56, "struct softrnic_qp_attr: size");
-_Static_assert(offsetof(struct softrnic_qp_attr, state) == 0, "struct softrnic_qp_attr: state");
-_Static_assert(offsetof(struct softrnic_qp_attr, timeout) == 1, "struct softrnic_qp_attr: timeout");
-_Static_assert(offsetof(struct softrnic_qp_attr, retry_cnt) == 2, "struct softrnic_qp_attr: retry_cnt");
-_Static_assert(offsetof(struct softrnic_qp_attr, rnr_retry) == 3, "struct softrnic_qp_attr: rnr_retry");
-_Static_assert(offsetof(struct softrnic_qp_attr, min_rnr_timer) == 4, "struct softrnic_qp_attr: min_rnr_timer");
-_Static_assert(offsetof(struct softrnic_qp_attr, max_rd_atomic) == 5, "struct softrnic_qp_attr: max_rd_atomic");
-_Static_assert(offsetof(struct softrnic_qp_attr, max_dest_rd_atomic) == 6, "struct softrnic_qp_attr: max_dest_rd_atomic");
-_Static_assert(offsetof(struct softrnic_qp_attr, sgid_index) == 7, "struct softrnic_qp_attr: sgid_index");
-_Static_assert(offsetof(struct softrnic_qp_attr, path_mtu) == 8, "struct softrnic_qp_attr: path_mtu");
-_Static_assert(offsetof(struct softrnic_qp_attr, q_key) == 12, "struct softrnic_qp_attr: q_key");
-_Static_assert(offsetof(struct softrnic_qp_attr, rqpsn) == 16, "struct softrnic_qp_attr: rqpsn");
-_Static_assert(offsetof(struct softrnic_qp_attr, sqpsn) == 20, "struct softrnic_qp_attr: sqpsn");
-_Static_assert(offsetof(struct softrnic_qp_attr, dest_qpn) == 24, "struct softrnic_qp_attr: dest_qpn");
-_Static_assert(offsetof(struct softrnic_qp_attr, access) == 28, "struct softrnic_qp_attr: access");
-_Static_assert(offsetof(struct softrnic_qp_attr, p_key_index) == 32, "struct softrnic_qp_attr: p_key_index");
-_Static_assert(offsetof(struct softrnic_qp_attr, hop_limit) == 34, "struct softrnic_qp_attr: hop_limit");
-_Static_assert(offsetof(struct softrnic_qp_attr, traffic_class) == 35, "struct softrnic_qp_attr: traffic_class");
-_Static_assert(offsetof(struct softrnic_qp_attr, flow_label) == 36, "struct softrnic_qp_attr: flow_label");
-_Static_assert(offsetof(struct softrnic_qp_attr, dgid) == 40, "struct softrnic_qp_attr: dgid");
-
-// ModifyQPReq is the body of OpModifyQP.
-struct softrnic_modify_qp_req {
-	uint32_t qp;
-	uint32_t mask;
-	struct softrnic_qp_attr attr;
-};
-_Static_assert(sizeof(struct softrnic_modify_qp_req) == 64, "struct softrnic_modify_qp_req: size");
-_Static_assert(offsetof(struct softrnic_modify_qp_req, qp) == 0, "struct softrnic_modify_qp_req: qp");
-_Static_assert(offsetof(struct softrnic_modify_qp_req, mask) == 4, "struct softrnic_modify_qp_req: mask");
-_Static_assert(offsetof(struct softrnic_modify_qp_req, attr) == 8, "struct softrnic_modify_qp_req: attr");
 
 // CaptureReq is the body of OpCapture: capture the RoCE frames the daemon
 // sends and receives into the file passed with the message (opened for
@@ -564,6 +469,37 @@ _Static_assert(offsetof(struct softrnic_cm_request_resp, request) == 0, "struct 
 _Static_assert(offsetof(struct softrnic_cm_request_resp, src_port) == 4, "struct softrnic_cm_request_resp: src_port");
 _Static_assert(offsetof(struct softrnic_cm_request_resp, peer) == 8, "struct softrnic_cm_request_resp: peer");
 
+// CMConnReq is the body of OpCMAccept and OpCMConnect: the client's own
+// RC QP the connection drives (created by CREATE_QP, in RESET or INIT,
+// with the receives the peer's first SENDs need already in its RQ ring)
+// and the rdma_conn_param. The CM moves the QP to INIT (Access), RTR and
+// RTS as the exchange goes; the reply, once the connection is
+// established, has no body.
+struct softrnic_cm_conn_req {
+	uint32_t request; // ACCEPT: from GET_REQUEST
+	uint32_t qp; // the connection's QP
+	uint32_t access; // what the peer may do through the QP
+	uint16_t port; // CONNECT: the peer's rdma_cm port
+	uint8_t responder_resources;
+	uint8_t initiator_depth;
+	uint8_t retry_count; // 0 means 7
+	uint8_t rnr_retry; // 0 means 7
+	uint8_t min_rnr_timer; // 0: the CM's default
+	uint8_t _pad0[5];
+	uint8_t peer[16]; // CONNECT: the peer's GID
+};
+_Static_assert(sizeof(struct softrnic_cm_conn_req) == 40, "struct softrnic_cm_conn_req: size");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, request) == 0, "struct softrnic_cm_conn_req: request");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, qp) == 4, "struct softrnic_cm_conn_req: qp");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, access) == 8, "struct softrnic_cm_conn_req: access");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, port) == 12, "struct softrnic_cm_conn_req: port");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, responder_resources) == 14, "struct softrnic_cm_conn_req: responder_resources");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, initiator_depth) == 15, "struct softrnic_cm_conn_req: initiator_depth");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, retry_count) == 16, "struct softrnic_cm_conn_req: retry_count");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, rnr_retry) == 17, "struct softrnic_cm_conn_req: rnr_retry");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, min_rnr_timer) == 18, "struct softrnic_cm_conn_req: min_rnr_timer");
+_Static_assert(offsetof(struct softrnic_cm_conn_req, peer) == 24, "struct softrnic_cm_conn_req: peer");
+
 // PortStatus is how the daemon moves frames (softrnic status).
 struct softrnic_port_status {
 	uint8_t kind[16]; // "afxdp" or "afpacket", NUL padded
@@ -618,16 +554,16 @@ _Static_assert(offsetof(struct softrnic_status_resp, clients) == 48, "struct sof
 // (NumSGE of them) or InlineLen bytes of inline data follow it.
 struct softrnic_send_slot {
 	uint64_t id;
-	uint8_t opcode; // wr.Opcode
-	uint8_t flags; // wr.Flags
+	uint8_t opcode; // ib.WROpcode
+	uint8_t flags; // ib.SendFlags
 	uint8_t num_sge;
 	uint8_t _pad0;
 	uint32_t imm; // immediate data, or the rkey to invalidate (SEND_WITH_INV)
 	uint64_t remote_addr;
 	uint32_t r_key;
-	uint32_t inline_len; // with wr.Inline in Flags
-	uint64_t compare; // ATOMIC_CMP_AND_SWP
-	uint64_t swap_add; // ATOMIC_CMP_AND_SWP swap value, ATOMIC_FETCH_AND_ADD addend
+	uint32_t inline_len; // with ib.Inline in Flags
+	uint64_t compare_add; // ATOMIC_CMP_AND_SWP compare value, ATOMIC_FETCH_AND_ADD addend
+	uint64_t swap; // ATOMIC_CMP_AND_SWP swap value
 	uint8_t _pad1[16];
 };
 _Static_assert(sizeof(struct softrnic_send_slot) == 64, "struct softrnic_send_slot: size");
@@ -639,8 +575,8 @@ _Static_assert(offsetof(struct softrnic_send_slot, imm) == 12, "struct softrnic_
 _Static_assert(offsetof(struct softrnic_send_slot, remote_addr) == 16, "struct softrnic_send_slot: remote_addr");
 _Static_assert(offsetof(struct softrnic_send_slot, r_key) == 24, "struct softrnic_send_slot: r_key");
 _Static_assert(offsetof(struct softrnic_send_slot, inline_len) == 28, "struct softrnic_send_slot: inline_len");
-_Static_assert(offsetof(struct softrnic_send_slot, compare) == 32, "struct softrnic_send_slot: compare");
-_Static_assert(offsetof(struct softrnic_send_slot, swap_add) == 40, "struct softrnic_send_slot: swap_add");
+_Static_assert(offsetof(struct softrnic_send_slot, compare_add) == 32, "struct softrnic_send_slot: compare_add");
+_Static_assert(offsetof(struct softrnic_send_slot, swap) == 40, "struct softrnic_send_slot: swap");
 
 // SendSlotUD is the header of an SQ slot of a UD QP: SendSlot with the
 // destination in place of the atomic operands.
@@ -655,9 +591,9 @@ struct softrnic_send_slot_ud {
 	uint32_t r_key;
 	uint32_t inline_len;
 	uint32_t remote_qpn;
-	uint32_t q_key;
-	uint8_t dgid[16]; // IPv4 as IPv4-mapped IPv6
-	uint8_t _pad1[8];
+	uint32_t q_key; // high bit set: the QP's own Q_Key
+	uint32_t ah; // the client's handle of the address handle (CREATE_AH)
+	uint8_t _pad1[20];
 };
 _Static_assert(sizeof(struct softrnic_send_slot_ud) == 64, "struct softrnic_send_slot_ud: size");
 _Static_assert(offsetof(struct softrnic_send_slot_ud, id) == 0, "struct softrnic_send_slot_ud: id");
@@ -670,7 +606,7 @@ _Static_assert(offsetof(struct softrnic_send_slot_ud, r_key) == 24, "struct soft
 _Static_assert(offsetof(struct softrnic_send_slot_ud, inline_len) == 28, "struct softrnic_send_slot_ud: inline_len");
 _Static_assert(offsetof(struct softrnic_send_slot_ud, remote_qpn) == 32, "struct softrnic_send_slot_ud: remote_qpn");
 _Static_assert(offsetof(struct softrnic_send_slot_ud, q_key) == 36, "struct softrnic_send_slot_ud: q_key");
-_Static_assert(offsetof(struct softrnic_send_slot_ud, dgid) == 40, "struct softrnic_send_slot_ud: dgid");
+_Static_assert(offsetof(struct softrnic_send_slot_ud, ah) == 40, "struct softrnic_send_slot_ud: ah");
 
 // RecvSlot is the 16-byte header of an RQ slot; NumSGE SGEs follow it.
 struct softrnic_recv_slot {
@@ -685,9 +621,9 @@ _Static_assert(offsetof(struct softrnic_recv_slot, num_sge) == 8, "struct softrn
 // CQE is a completion slot (CQESize bytes).
 struct softrnic_cqe {
 	uint64_t id;
-	uint8_t status; // wr.Status
-	uint8_t opcode; // wr.WCOpcode
-	uint8_t flags; // wr.WCFlags
+	uint8_t status; // ib.WCStatus
+	uint8_t opcode; // ib.WCOpcode
+	uint8_t flags; // ib.WCFlags
 	uint8_t is_recv; // 1: a receive-queue completion
 	uint32_t byte_len;
 	uint32_t imm;
@@ -732,9 +668,9 @@ struct softrnic_qp_stats {
 	uint8_t _pad0[2];
 	uint32_t valid;
 	uint32_t _pad1;
-	uint64_t values[24];
+	uint64_t values[29];
 };
-_Static_assert(sizeof(struct softrnic_qp_stats) == 208, "struct softrnic_qp_stats: size");
+_Static_assert(sizeof(struct softrnic_qp_stats) == 248, "struct softrnic_qp_stats: size");
 _Static_assert(offsetof(struct softrnic_qp_stats, qpn) == 0, "struct softrnic_qp_stats: qpn");
 _Static_assert(offsetof(struct softrnic_qp_stats, type) == 4, "struct softrnic_qp_stats: type");
 _Static_assert(offsetof(struct softrnic_qp_stats, state) == 5, "struct softrnic_qp_stats: state");
@@ -918,18 +854,6 @@ _Static_assert(offsetof(struct softrnic_ucm_event, flow_label) == 60, "struct so
 _Static_assert(offsetof(struct softrnic_ucm_event, p_key) == 64, "struct softrnic_ucm_event: p_key");
 _Static_assert(offsetof(struct softrnic_ucm_event, param) == 72, "struct softrnic_ucm_event: param");
 
-// SGE is one scatter/gather element: Length bytes at client virtual address
-// Addr inside the MR named by LKey (ibv_sge).
-struct softrnic_sge {
-	uint64_t addr;
-	uint32_t length;
-	uint32_t l_key;
-};
-_Static_assert(sizeof(struct softrnic_sge) == 16, "struct softrnic_sge: size");
-_Static_assert(offsetof(struct softrnic_sge, addr) == 0, "struct softrnic_sge: addr");
-_Static_assert(offsetof(struct softrnic_sge, length) == 8, "struct softrnic_sge: length");
-_Static_assert(offsetof(struct softrnic_sge, l_key) == 12, "struct softrnic_sge: l_key");
-
 // Header is the layout of a ring's first HeaderSize bytes, as a declaration
 // for readers in other languages (the C library's header is generated from
 // it); the package itself uses the off* constants, and layout_test.go keeps
@@ -957,45 +881,210 @@ _Static_assert(offsetof(struct softrnic_ring_header, prod) == 64, "struct softrn
 _Static_assert(offsetof(struct softrnic_ring_header, cons) == 128, "struct softrnic_ring_header: cons");
 _Static_assert(offsetof(struct softrnic_ring_header, wakeup) == 192, "struct softrnic_ring_header: wakeup");
 
-// CMConnReq is the body of OpCMAccept and OpCMConnect: the RC QP the CM
-// creates in the daemon for the connection (as CREATE_QP, RC, in PD with
-// the CQs) and the rdma_conn_param. InitRecv, if HasInitRecv, is posted on
-// the QP before the CM exchange goes on, so that the peer's first SEND,
-// which may come right after the REP or RTU, finds it.
-struct softrnic_cm_conn_req {
-	uint32_t request; // ACCEPT: from GET_REQUEST
+// DeviceAttr are an RNIC's attributes: the fields of ibv_device_attr and
+// ibv_port_attr that a RoCE device with one port reports.
+struct softrnic_ib_device_attr {
+	uint64_t node_guid; // EUI-64 from the port's MAC, as rxe derives it
+	uint64_t max_mr_size;
+	uint32_t max_qp;
+	uint32_t max_qpwr;
+	uint32_t max_sge;
+	uint32_t max_cq;
+	uint32_t max_cqe;
+	uint32_t max_mr;
+	uint32_t max_pd;
+	uint32_t max_srq;
+	uint32_t max_srqwr;
+	uint32_t max_inline;
+	uint32_t max_qp_rd_atom; // MaxQPRdAtom is how many RDMA READ/atomics a QP may have outstanding,
+	uint32_t active_mtu; // the port's active MTU in bytes
+	uint8_t port_active;
+	uint8_t _pad0[7];
+};
+_Static_assert(sizeof(struct softrnic_ib_device_attr) == 72, "struct softrnic_ib_device_attr: size");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, node_guid) == 0, "struct softrnic_ib_device_attr: node_guid");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_mr_size) == 8, "struct softrnic_ib_device_attr: max_mr_size");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_qp) == 16, "struct softrnic_ib_device_attr: max_qp");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_qpwr) == 20, "struct softrnic_ib_device_attr: max_qpwr");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_sge) == 24, "struct softrnic_ib_device_attr: max_sge");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_cq) == 28, "struct softrnic_ib_device_attr: max_cq");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_cqe) == 32, "struct softrnic_ib_device_attr: max_cqe");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_mr) == 36, "struct softrnic_ib_device_attr: max_mr");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_pd) == 40, "struct softrnic_ib_device_attr: max_pd");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_srq) == 44, "struct softrnic_ib_device_attr: max_srq");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_srqwr) == 48, "struct softrnic_ib_device_attr: max_srqwr");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_inline) == 52, "struct softrnic_ib_device_attr: max_inline");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, max_qp_rd_atom) == 56, "struct softrnic_ib_device_attr: max_qp_rd_atom");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, active_mtu) == 60, "struct softrnic_ib_device_attr: active_mtu");
+_Static_assert(offsetof(struct softrnic_ib_device_attr, port_active) == 64, "struct softrnic_ib_device_attr: port_active");
+
+// AddressVector says where a QP's or a UD work request's packets go: the
+// fields of ibv_ah_attr and its GRH that RoCEv2 uses.
+struct softrnic_ib_address_vector {
+	uint8_t dgid[16]; // destination
+	uint32_t flow_label; // IPv6 flow label; UDP source port entropy
+	uint8_t sgid_index; // index into the device's GID table: the source address
+	uint8_t hop_limit; // TTL; 0 means 64
+	uint8_t traffic_class; // TrafficClass is the IPv4 TOS / IPv6 traffic class, as given.
+	uint8_t sl; // service level (carried, not used on Ethernet)
+	uint8_t dmac[6]; // DMAC is the next hop's Ethernet address; zero lets the device
+	uint16_t udp_src_port; // UDPSrcPort, if not 0, is the UDP source port of the packets; 0
+};
+_Static_assert(sizeof(struct softrnic_ib_address_vector) == 32, "struct softrnic_ib_address_vector: size");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, dgid) == 0, "struct softrnic_ib_address_vector: dgid");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, flow_label) == 16, "struct softrnic_ib_address_vector: flow_label");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, sgid_index) == 20, "struct softrnic_ib_address_vector: sgid_index");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, hop_limit) == 21, "struct softrnic_ib_address_vector: hop_limit");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, traffic_class) == 22, "struct softrnic_ib_address_vector: traffic_class");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, sl) == 23, "struct softrnic_ib_address_vector: sl");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, dmac) == 24, "struct softrnic_ib_address_vector: dmac");
+_Static_assert(offsetof(struct softrnic_ib_address_vector, udp_src_port) == 30, "struct softrnic_ib_address_vector: udp_src_port");
+
+// QPCaps are a QP's queue sizes (ibv_qp_cap).
+struct softrnic_ib_qp_caps {
+	uint32_t max_send_wr;
+	uint32_t max_recv_wr;
+	uint32_t max_send_sge;
+	uint32_t max_recv_sge;
+	uint32_t max_inline;
+};
+_Static_assert(sizeof(struct softrnic_ib_qp_caps) == 20, "struct softrnic_ib_qp_caps: size");
+_Static_assert(offsetof(struct softrnic_ib_qp_caps, max_send_wr) == 0, "struct softrnic_ib_qp_caps: max_send_wr");
+_Static_assert(offsetof(struct softrnic_ib_qp_caps, max_recv_wr) == 4, "struct softrnic_ib_qp_caps: max_recv_wr");
+_Static_assert(offsetof(struct softrnic_ib_qp_caps, max_send_sge) == 8, "struct softrnic_ib_qp_caps: max_send_sge");
+_Static_assert(offsetof(struct softrnic_ib_qp_caps, max_recv_sge) == 12, "struct softrnic_ib_qp_caps: max_recv_sge");
+_Static_assert(offsetof(struct softrnic_ib_qp_caps, max_inline) == 16, "struct softrnic_ib_qp_caps: max_inline");
+
+// QPAttr are the attributes of a QP that a modify sets and a query
+// reports: the fields of ibv_qp_attr that a RoCE QP uses. Which of them a
+// modify applies is said by its QPAttrMask.
+struct softrnic_ib_qp_attr {
+	uint8_t state; // IBV_QP_STATE: the state to move to
+	uint8_t cur_state; // IBV_QP_CUR_STATE: the state the caller believes the QP is in
+	uint8_t sq_drain_notify; // SQDrainNotify asks, with the move to SQD, for an SQ_DRAINED event
+	uint8_t path_mig_state; // IBV_QP_PATH_MIG_STATE (only MIGRATED, 0, is meaningful here)
+	uint32_t path_mtu; // IBV_QP_PATH_MTU, in bytes: 256, 512, 1024, 2048 or 4096
+	uint32_t q_key; // IBV_QP_QKEY
+	uint32_t rqpsn; // IBV_QP_RQ_PSN
+	uint32_t sqpsn; // IBV_QP_SQ_PSN
+	uint32_t dest_qpn; // IBV_QP_DEST_QPN
+	uint32_t access; // IBV_QP_ACCESS_FLAGS: remote operations the QP serves
+	uint16_t p_key_index; // IBV_QP_PKEY_INDEX
+	uint8_t port; // IBV_QP_PORT (1: softrnic devices have one port; 0 taken as 1)
+	uint8_t max_rd_atomic; // IBV_QP_MAX_QP_RD_ATOMIC: READ/atomics outstanding as a requester
+	uint8_t max_dest_rd_atomic; // IBV_QP_MAX_DEST_RD_ATOMIC: responder resources
+	uint8_t min_rnr_timer; // IBV_QP_MIN_RNR_TIMER: the code sent in our RNR NAKs
+	uint8_t timeout; // IBV_QP_TIMEOUT: local ACK timeout 4.096 µs × 2^Timeout, 0 = infinite
+	uint8_t retry_cnt; // IBV_QP_RETRY_CNT
+	uint8_t rnr_retry; // IBV_QP_RNR_RETRY: 7 = infinite
+	uint8_t _pad0[3];
+	struct softrnic_ib_address_vector av; // IBV_QP_AV
+};
+_Static_assert(sizeof(struct softrnic_ib_qp_attr) == 72, "struct softrnic_ib_qp_attr: size");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, state) == 0, "struct softrnic_ib_qp_attr: state");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, cur_state) == 1, "struct softrnic_ib_qp_attr: cur_state");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, sq_drain_notify) == 2, "struct softrnic_ib_qp_attr: sq_drain_notify");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, path_mig_state) == 3, "struct softrnic_ib_qp_attr: path_mig_state");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, path_mtu) == 4, "struct softrnic_ib_qp_attr: path_mtu");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, q_key) == 8, "struct softrnic_ib_qp_attr: q_key");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, rqpsn) == 12, "struct softrnic_ib_qp_attr: rqpsn");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, sqpsn) == 16, "struct softrnic_ib_qp_attr: sqpsn");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, dest_qpn) == 20, "struct softrnic_ib_qp_attr: dest_qpn");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, access) == 24, "struct softrnic_ib_qp_attr: access");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, p_key_index) == 28, "struct softrnic_ib_qp_attr: p_key_index");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, port) == 30, "struct softrnic_ib_qp_attr: port");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, max_rd_atomic) == 31, "struct softrnic_ib_qp_attr: max_rd_atomic");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, max_dest_rd_atomic) == 32, "struct softrnic_ib_qp_attr: max_dest_rd_atomic");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, min_rnr_timer) == 33, "struct softrnic_ib_qp_attr: min_rnr_timer");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, timeout) == 34, "struct softrnic_ib_qp_attr: timeout");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, retry_cnt) == 35, "struct softrnic_ib_qp_attr: retry_cnt");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, rnr_retry) == 36, "struct softrnic_ib_qp_attr: rnr_retry");
+_Static_assert(offsetof(struct softrnic_ib_qp_attr, av) == 40, "struct softrnic_ib_qp_attr: av");
+
+// SGE is a scatter/gather entry (ibv_sge): Length bytes at virtual address
+// Addr of the MR whose lkey is LKey.
+struct softrnic_ib_sge {
+	uint64_t addr;
+	uint32_t length;
+	uint32_t l_key;
+};
+_Static_assert(sizeof(struct softrnic_ib_sge) == 16, "struct softrnic_ib_sge: size");
+_Static_assert(offsetof(struct softrnic_ib_sge, addr) == 0, "struct softrnic_ib_sge: addr");
+_Static_assert(offsetof(struct softrnic_ib_sge, length) == 8, "struct softrnic_ib_sge: length");
+_Static_assert(offsetof(struct softrnic_ib_sge, l_key) == 12, "struct softrnic_ib_sge: l_key");
+
+// DeviceInfo is the reply to Open.
+struct softrnic_device_info {
+	uint8_t name[16]; // interface name, NUL padded
+	struct softrnic_ib_device_attr device_attr;
+	uint32_t num_gids;
+	uint32_t _pad0;
+	uint8_t gids[8][16]; // IPv4 as IPv4-mapped IPv6, as RoCEv2 GIDs are
+};
+_Static_assert(sizeof(struct softrnic_device_info) == 224, "struct softrnic_device_info: size");
+_Static_assert(offsetof(struct softrnic_device_info, name) == 0, "struct softrnic_device_info: name");
+_Static_assert(offsetof(struct softrnic_device_info, device_attr) == 16, "struct softrnic_device_info: device_attr");
+_Static_assert(offsetof(struct softrnic_device_info, num_gids) == 88, "struct softrnic_device_info: num_gids");
+_Static_assert(offsetof(struct softrnic_device_info, gids) == 96, "struct softrnic_device_info: gids");
+
+// CreateQPReq is the body of OpCreateQP.
+struct softrnic_create_qp_req {
 	uint32_t pd;
 	uint32_t send_cq;
 	uint32_t recv_cq;
-	struct softrnic_qp_caps caps;
-	uint32_t access; // what the peer may do through the QP
-	uint16_t port; // CONNECT: the peer's rdma_cm port
-	uint8_t responder_resources;
-	uint8_t initiator_depth;
-	uint8_t retry_count; // 0 means 7
-	uint8_t rnr_retry; // 0 means 7
-	uint8_t has_init_recv;
-	uint8_t _pad0;
-	uint8_t peer[16]; // CONNECT: the peer's GID
-	uint64_t init_recv_id;
-	struct softrnic_sge init_recv;
-} __attribute__((packed));
-_Static_assert(sizeof(struct softrnic_cm_conn_req) == 92, "struct softrnic_cm_conn_req: size");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, request) == 0, "struct softrnic_cm_conn_req: request");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, pd) == 4, "struct softrnic_cm_conn_req: pd");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, send_cq) == 8, "struct softrnic_cm_conn_req: send_cq");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, recv_cq) == 12, "struct softrnic_cm_conn_req: recv_cq");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, caps) == 16, "struct softrnic_cm_conn_req: caps");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, access) == 40, "struct softrnic_cm_conn_req: access");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, port) == 44, "struct softrnic_cm_conn_req: port");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, responder_resources) == 46, "struct softrnic_cm_conn_req: responder_resources");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, initiator_depth) == 47, "struct softrnic_cm_conn_req: initiator_depth");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, retry_count) == 48, "struct softrnic_cm_conn_req: retry_count");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, rnr_retry) == 49, "struct softrnic_cm_conn_req: rnr_retry");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, has_init_recv) == 50, "struct softrnic_cm_conn_req: has_init_recv");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, peer) == 52, "struct softrnic_cm_conn_req: peer");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, init_recv_id) == 68, "struct softrnic_cm_conn_req: init_recv_id");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, init_recv) == 76, "struct softrnic_cm_conn_req: init_recv");
+	uint8_t type;
+	uint8_t sig_all; // every send WR generates a completion
+	uint8_t _pad0[2];
+	struct softrnic_ib_qp_caps caps;
+};
+_Static_assert(sizeof(struct softrnic_create_qp_req) == 36, "struct softrnic_create_qp_req: size");
+_Static_assert(offsetof(struct softrnic_create_qp_req, pd) == 0, "struct softrnic_create_qp_req: pd");
+_Static_assert(offsetof(struct softrnic_create_qp_req, send_cq) == 4, "struct softrnic_create_qp_req: send_cq");
+_Static_assert(offsetof(struct softrnic_create_qp_req, recv_cq) == 8, "struct softrnic_create_qp_req: recv_cq");
+_Static_assert(offsetof(struct softrnic_create_qp_req, type) == 12, "struct softrnic_create_qp_req: type");
+_Static_assert(offsetof(struct softrnic_create_qp_req, sig_all) == 13, "struct softrnic_create_qp_req: sig_all");
+_Static_assert(offsetof(struct softrnic_create_qp_req, caps) == 16, "struct softrnic_create_qp_req: caps");
+
+// CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring
+// memfds, whose geometries follow from Caps (SendSlotSize, RecvSlotSize,
+// and slot counts SQSlots, RQSlots).
+struct softrnic_create_qp_resp {
+	uint32_t qp;
+	uint32_t qpn;
+	uint32_t sq_slots;
+	uint32_t rq_slots;
+	struct softrnic_ib_qp_caps caps; // what was granted (at least what was asked)
+};
+_Static_assert(sizeof(struct softrnic_create_qp_resp) == 36, "struct softrnic_create_qp_resp: size");
+_Static_assert(offsetof(struct softrnic_create_qp_resp, qp) == 0, "struct softrnic_create_qp_resp: qp");
+_Static_assert(offsetof(struct softrnic_create_qp_resp, qpn) == 4, "struct softrnic_create_qp_resp: qpn");
+_Static_assert(offsetof(struct softrnic_create_qp_resp, sq_slots) == 8, "struct softrnic_create_qp_resp: sq_slots");
+_Static_assert(offsetof(struct softrnic_create_qp_resp, rq_slots) == 12, "struct softrnic_create_qp_resp: rq_slots");
+_Static_assert(offsetof(struct softrnic_create_qp_resp, caps) == 16, "struct softrnic_create_qp_resp: caps");
+
+// CreateAHReq is the body of OpCreateAH: an address handle in PD
+// (ibv_create_ah). The daemon resolves the next hop's MAC itself, as the
+// kernel does for a RoCE AH: DMAC is ignored.
+struct softrnic_create_ah_req {
+	uint32_t pd;
+	uint32_t _pad0;
+	struct softrnic_ib_address_vector av;
+};
+_Static_assert(sizeof(struct softrnic_create_ah_req) == 40, "struct softrnic_create_ah_req: size");
+_Static_assert(offsetof(struct softrnic_create_ah_req, pd) == 0, "struct softrnic_create_ah_req: pd");
+_Static_assert(offsetof(struct softrnic_create_ah_req, av) == 8, "struct softrnic_create_ah_req: av");
+
+// ModifyQPReq is the body of OpModifyQP: ibv_modify_qp's attributes and
+// mask, as the device takes them.
+struct softrnic_modify_qp_req {
+	uint32_t qp;
+	uint32_t mask;
+	struct softrnic_ib_qp_attr attr;
+};
+_Static_assert(sizeof(struct softrnic_modify_qp_req) == 80, "struct softrnic_modify_qp_req: size");
+_Static_assert(offsetof(struct softrnic_modify_qp_req, qp) == 0, "struct softrnic_modify_qp_req: qp");
+_Static_assert(offsetof(struct softrnic_modify_qp_req, mask) == 4, "struct softrnic_modify_qp_req: mask");
+_Static_assert(offsetof(struct softrnic_modify_qp_req, attr) == 8, "struct softrnic_modify_qp_req: attr");
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.
@@ -1006,19 +1095,19 @@ struct softrnic_stats_resp {
 	uint32_t listed;
 	uint8_t more; // more QPs after the last listed
 	uint8_t _pad0[3];
-	struct softrnic_qp_stats qps[16];
+	struct softrnic_qp_stats qps[12];
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 4032, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 3680, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
 _Static_assert(offsetof(struct softrnic_stats_resp, listed) == 432, "struct softrnic_stats_resp: listed");
 _Static_assert(offsetof(struct softrnic_stats_resp, more) == 436, "struct softrnic_stats_resp: more");
 _Static_assert(offsetof(struct softrnic_stats_resp, qps) == 440, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3768, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3776, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3416, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3424, "struct softrnic_stats_resp: queues");
 
 #endif /* SOFTRNIC_PROTO_H */

@@ -1,8 +1,9 @@
 /*
- * Address handles. The daemon resolves a UD destination from its GID in
- * each send slot, so an address handle is the library's own: the GID (and
- * the rest of ibv_ah_attr for ibv_query_ah-like use) kept for
- * ibv_post_send and ibv_wr_set_ud_addr to copy into the slot.
+ * Address handles are the daemon's PD objects (CREATE_AH), as ibv_create_ah
+ * is the kernel's for RoCE: the daemon resolves the next hop's MAC on its
+ * control path, and a UD send slot names the handle. ibv_init_ah_from_wc
+ * and ibv_create_ah_from_wc build the attributes from the GRH area of a UD
+ * receive, as rdma-core does.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -31,15 +32,38 @@ SRN_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *a
 		errno = ENOMEM;
 		return NULL;
 	}
+	struct softrnic_create_ah_req req;
+	memset(&req, 0, sizeof(req));
+	req.pd = to_spd(pd)->handle;
+	memcpy(req.av.dgid, attr->grh.dgid.raw, sizeof(req.av.dgid));
+	req.av.flow_label = attr->grh.flow_label;
+	req.av.sgid_index = attr->grh.sgid_index;
+	req.av.hop_limit = attr->grh.hop_limit;
+	req.av.traffic_class = attr->grh.traffic_class;
+	req.av.sl = attr->sl;
+	struct softrnic_handle_msg resp;
+	int err = srn_call(&to_sctx(pd->context)->conn, SOFTRNIC_OP_CREATE_AH, &req, sizeof(req), NULL, 0, &resp,
+			   sizeof(resp), NULL, 0);
+	if (err) {
+		free(a);
+		errno = err;
+		return NULL;
+	}
 	a->ah.context = pd->context;
 	a->ah.pd = pd;
+	a->ah.handle = resp.handle;
+	a->handle = resp.handle;
 	memcpy(a->dgid, attr->grh.dgid.raw, sizeof(a->dgid));
 	return &a->ah;
 }
 
 SRN_EXPORT int ibv_destroy_ah(struct ibv_ah *ah)
 {
-	free(to_sah(ah));
+	struct srn_ah *a = to_sah(ah);
+	int err = srn_call_handle(&to_sctx(ah->context)->conn, SOFTRNIC_OP_DESTROY_AH, a->handle);
+	if (err)
+		return err;
+	free(a);
 	return 0;
 }
 

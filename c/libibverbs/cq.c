@@ -56,7 +56,7 @@ static struct srn_cq *cq_create(struct ibv_context *ctx, int cqe, void *cq_conte
 				int comp_vector)
 {
 	struct srn_context *s = to_sctx(ctx);
-	if (cqe < 1 || (uint32_t)cqe > s->info.max_cqe || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
+	if (cqe < 1 || (uint32_t)cqe > s->info.device_attr.max_cqe || comp_vector < 0 || comp_vector >= ctx->num_comp_vectors) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -164,18 +164,18 @@ SRN_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 static enum ibv_wc_status wc_status(uint8_t s)
 {
 	switch (s) {
-	case SOFTRNIC_WR_STATUS_SUCCESS: return IBV_WC_SUCCESS;
-	case SOFTRNIC_WR_STATUS_LOC_LEN_ERR: return IBV_WC_LOC_LEN_ERR;
-	case SOFTRNIC_WR_STATUS_LOC_QP_OP_ERR: return IBV_WC_LOC_QP_OP_ERR;
-	case SOFTRNIC_WR_STATUS_LOC_PROT_ERR: return IBV_WC_LOC_PROT_ERR;
-	case SOFTRNIC_WR_STATUS_WR_FLUSH_ERR: return IBV_WC_WR_FLUSH_ERR;
-	case SOFTRNIC_WR_STATUS_BAD_RESP_ERR: return IBV_WC_BAD_RESP_ERR;
-	case SOFTRNIC_WR_STATUS_LOC_ACCESS_ERR: return IBV_WC_LOC_ACCESS_ERR;
-	case SOFTRNIC_WR_STATUS_REM_INV_REQ_ERR: return IBV_WC_REM_INV_REQ_ERR;
-	case SOFTRNIC_WR_STATUS_REM_ACCESS_ERR: return IBV_WC_REM_ACCESS_ERR;
-	case SOFTRNIC_WR_STATUS_REM_OP_ERR: return IBV_WC_REM_OP_ERR;
-	case SOFTRNIC_WR_STATUS_RETRY_EXC_ERR: return IBV_WC_RETRY_EXC_ERR;
-	case SOFTRNIC_WR_STATUS_RNR_RETRY_EXC_ERR: return IBV_WC_RNR_RETRY_EXC_ERR;
+	case SOFTRNIC_IB_WC_STATUS_SUCCESS: return IBV_WC_SUCCESS;
+	case SOFTRNIC_IB_WC_STATUS_LOC_LEN_ERR: return IBV_WC_LOC_LEN_ERR;
+	case SOFTRNIC_IB_WC_STATUS_LOC_QP_OP_ERR: return IBV_WC_LOC_QP_OP_ERR;
+	case SOFTRNIC_IB_WC_STATUS_LOC_PROT_ERR: return IBV_WC_LOC_PROT_ERR;
+	case SOFTRNIC_IB_WC_STATUS_WR_FLUSH_ERR: return IBV_WC_WR_FLUSH_ERR;
+	case SOFTRNIC_IB_WC_STATUS_BAD_RESP_ERR: return IBV_WC_BAD_RESP_ERR;
+	case SOFTRNIC_IB_WC_STATUS_LOC_ACCESS_ERR: return IBV_WC_LOC_ACCESS_ERR;
+	case SOFTRNIC_IB_WC_STATUS_REM_INV_REQ_ERR: return IBV_WC_REM_INV_REQ_ERR;
+	case SOFTRNIC_IB_WC_STATUS_REM_ACCESS_ERR: return IBV_WC_REM_ACCESS_ERR;
+	case SOFTRNIC_IB_WC_STATUS_REM_OP_ERR: return IBV_WC_REM_OP_ERR;
+	case SOFTRNIC_IB_WC_STATUS_RETRY_EXC_ERR: return IBV_WC_RETRY_EXC_ERR;
+	case SOFTRNIC_IB_WC_STATUS_RNR_RETRY_EXC_ERR: return IBV_WC_RNR_RETRY_EXC_ERR;
 	}
 	return IBV_WC_GENERAL_ERR;
 }
@@ -185,13 +185,13 @@ static enum ibv_wc_status wc_status(uint8_t s)
 static bool wc_opcode(uint8_t op, enum ibv_wc_opcode *out)
 {
 	switch (op) {
-	case SOFTRNIC_WR_WC_OPCODE_SEND: *out = IBV_WC_SEND; return true;
-	case SOFTRNIC_WR_WC_OPCODE_RDMA_WRITE: *out = IBV_WC_RDMA_WRITE; return true;
-	case SOFTRNIC_WR_WC_OPCODE_RDMA_READ: *out = IBV_WC_RDMA_READ; return true;
-	case SOFTRNIC_WR_WC_OPCODE_COMP_SWAP: *out = IBV_WC_COMP_SWAP; return true;
-	case SOFTRNIC_WR_WC_OPCODE_FETCH_ADD: *out = IBV_WC_FETCH_ADD; return true;
-	case SOFTRNIC_WR_WC_OPCODE_RECV: *out = IBV_WC_RECV; return true;
-	case SOFTRNIC_WR_WC_OPCODE_RECV_RDMA_WITH_IMM: *out = IBV_WC_RECV_RDMA_WITH_IMM; return true;
+	case SOFTRNIC_IB_WC_OPCODE_SEND: *out = IBV_WC_SEND; return true;
+	case SOFTRNIC_IB_WC_OPCODE_RDMA_WRITE: *out = IBV_WC_RDMA_WRITE; return true;
+	case SOFTRNIC_IB_WC_OPCODE_RDMA_READ: *out = IBV_WC_RDMA_READ; return true;
+	case SOFTRNIC_IB_WC_OPCODE_COMP_SWAP: *out = IBV_WC_COMP_SWAP; return true;
+	case SOFTRNIC_IB_WC_OPCODE_FETCH_ADD: *out = IBV_WC_FETCH_ADD; return true;
+	case SOFTRNIC_IB_WC_OPCODE_RECV: *out = IBV_WC_RECV; return true;
+	case SOFTRNIC_IB_WC_OPCODE_RECV_RDMA_WITH_IMM: *out = IBV_WC_RECV_RDMA_WITH_IMM; return true;
 	}
 	return false;
 }
@@ -208,15 +208,15 @@ static void to_wc(const struct softrnic_cqe *e, struct ibv_wc *wc)
 	wc->byte_len = e->byte_len;
 	wc->qp_num = e->qpn;
 	wc->src_qp = e->src_qp;
-	if (e->flags & SOFTRNIC_WR_WC_FLAGS_WITH_IMM) {
+	if (e->flags & SOFTRNIC_IB_WC_FLAGS_WITH_IMM) {
 		wc->wc_flags |= IBV_WC_WITH_IMM;
 		wc->imm_data = htobe32(e->imm); /* the ring has the wire's value */
 	}
-	if (e->flags & SOFTRNIC_WR_WC_FLAGS_WITH_INV) {
+	if (e->flags & SOFTRNIC_IB_WC_FLAGS_WITH_INV) {
 		wc->wc_flags |= IBV_WC_WITH_INV;
 		wc->invalidated_rkey = e->inv_r_key;
 	}
-	if (e->flags & SOFTRNIC_WR_WC_FLAGS_GRH)
+	if (e->flags & SOFTRNIC_IB_WC_FLAGS_GRH)
 		wc->wc_flags |= IBV_WC_GRH;
 }
 

@@ -110,7 +110,7 @@ SRN_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
 
 SRN_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
 {
-	return htobe64(to_sdev(device)->info.node_guid);
+	return htobe64(to_sdev(device)->info.device_attr.node_guid);
 }
 
 SRN_EXPORT int ibv_get_device_index(struct ibv_device *device)
@@ -228,25 +228,23 @@ SRN_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr 
 	const struct softrnic_device_info *in = &to_sctx(ctx)->info;
 	memset(a, 0, sizeof(*a));
 	snprintf(a->fw_ver, sizeof(a->fw_ver), "softrnic proto %d", SOFTRNIC_VERSION);
-	a->node_guid = htobe64(in->node_guid);
+	a->node_guid = htobe64(in->device_attr.node_guid);
 	a->sys_image_guid = a->node_guid;
-	a->max_mr_size = in->max_mr_size;
+	a->max_mr_size = in->device_attr.max_mr_size;
 	a->page_size_cap = 0xfffff000; /* any power of two from 4 KiB */
-	a->max_qp = in->max_qp;
-	a->max_qp_wr = in->max_qpwr;
+	a->max_qp = in->device_attr.max_qp;
+	a->max_qp_wr = in->device_attr.max_qpwr;
 	a->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_SYS_IMAGE_GUID;
-	a->max_sge = in->max_sge;
-	a->max_sge_rd = in->max_sge;
-	a->max_cq = in->max_cq;
-	a->max_cqe = in->max_cqe;
-	a->max_mr = in->max_mr;
-	a->max_pd = in->max_pd;
-	/* The device's READ/atomic depth per QP (Go verbs.MaxRdAtomic), which
-	 * the protocol's DeviceInfo does not carry yet; every QP has its own
-	 * responder resources. */
-	a->max_qp_rd_atom = 128;
-	a->max_qp_init_rd_atom = 128;
-	a->max_res_rd_atom = 128 * (int)in->max_qp;
+	a->max_sge = in->device_attr.max_sge;
+	a->max_sge_rd = in->device_attr.max_sge;
+	a->max_cq = in->device_attr.max_cq;
+	a->max_cqe = in->device_attr.max_cqe;
+	a->max_mr = in->device_attr.max_mr;
+	a->max_pd = in->device_attr.max_pd;
+	/* Every QP has its own responder resources. */
+	a->max_qp_rd_atom = (int)in->device_attr.max_qp_rd_atom;
+	a->max_qp_init_rd_atom = (int)in->device_attr.max_qp_rd_atom;
+	a->max_res_rd_atom = (int)in->device_attr.max_qp_rd_atom * (int)in->device_attr.max_qp;
 	a->atomic_cap = IBV_ATOMIC_HCA; /* atomics are serialised in the device */
 	a->max_ah = INT32_MAX; /* address handles are the library's own */
 	a->max_pkeys = 1;
@@ -276,18 +274,18 @@ int srn_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *
 		return EINVAL;
 	struct ibv_port_attr a;
 	memset(&a, 0, sizeof(a));
-	a.state = in->port_active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+	a.state = in->device_attr.port_active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
 	a.max_mtu = IBV_MTU_4096;
-	a.active_mtu = srn_mtu_enum(in->active_mtu);
+	a.active_mtu = srn_mtu_enum(in->device_attr.active_mtu);
 	a.gid_tbl_len = in->num_gids;
 	a.port_cap_flags = IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS;
-	a.max_msg_sz = in->max_mr_size > UINT32_MAX ? UINT32_MAX : (uint32_t)in->max_mr_size;
+	a.max_msg_sz = in->device_attr.max_mr_size > UINT32_MAX ? UINT32_MAX : (uint32_t)in->device_attr.max_mr_size;
 	a.pkey_tbl_len = 1;
 	a.max_vl_num = 1;
 	/* Unknown link speed: what rxe reports when ethtool has none. */
 	a.active_width = 1;  /* 1X */
 	a.active_speed = 1;  /* SDR */
-	a.phys_state = in->port_active ? 5 /* LinkUp */ : 3 /* Disabled */;
+	a.phys_state = in->device_attr.port_active ? 5 /* LinkUp */ : 3 /* Disabled */;
 	a.link_layer = IBV_LINK_LAYER_ETHERNET;
 	memcpy(attr, &a, len < sizeof(a) ? len : sizeof(a));
 	return 0;

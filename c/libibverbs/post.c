@@ -17,14 +17,14 @@
 static bool send_opcode(enum ibv_wr_opcode op, uint8_t *out)
 {
 	switch (op) {
-	case IBV_WR_SEND: *out = SOFTRNIC_WR_OPCODE_SEND; return true;
-	case IBV_WR_SEND_WITH_IMM: *out = SOFTRNIC_WR_OPCODE_SEND_WITH_IMM; return true;
-	case IBV_WR_SEND_WITH_INV: *out = SOFTRNIC_WR_OPCODE_SEND_WITH_INV; return true;
-	case IBV_WR_RDMA_WRITE: *out = SOFTRNIC_WR_OPCODE_RDMA_WRITE; return true;
-	case IBV_WR_RDMA_WRITE_WITH_IMM: *out = SOFTRNIC_WR_OPCODE_RDMA_WRITE_WITH_IMM; return true;
-	case IBV_WR_RDMA_READ: *out = SOFTRNIC_WR_OPCODE_RDMA_READ; return true;
-	case IBV_WR_ATOMIC_CMP_AND_SWP: *out = SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP; return true;
-	case IBV_WR_ATOMIC_FETCH_AND_ADD: *out = SOFTRNIC_WR_OPCODE_ATOMIC_FETCH_AND_ADD; return true;
+	case IBV_WR_SEND: *out = SOFTRNIC_IB_WR_OPCODE_SEND; return true;
+	case IBV_WR_SEND_WITH_IMM: *out = SOFTRNIC_IB_WR_OPCODE_SEND_WITH_IMM; return true;
+	case IBV_WR_SEND_WITH_INV: *out = SOFTRNIC_IB_WR_OPCODE_SEND_WITH_INV; return true;
+	case IBV_WR_RDMA_WRITE: *out = SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE; return true;
+	case IBV_WR_RDMA_WRITE_WITH_IMM: *out = SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE_WITH_IMM; return true;
+	case IBV_WR_RDMA_READ: *out = SOFTRNIC_IB_WR_OPCODE_RDMA_READ; return true;
+	case IBV_WR_ATOMIC_CMP_AND_SWP: *out = SOFTRNIC_IB_WR_OPCODE_ATOMIC_CMP_AND_SWP; return true;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: *out = SOFTRNIC_IB_WR_OPCODE_ATOMIC_FETCH_AND_ADD; return true;
 	default: return false; /* memory windows, local invalidate, TSO, flush, atomic write */
 	}
 }
@@ -32,8 +32,8 @@ static bool send_opcode(enum ibv_wr_opcode op, uint8_t *out)
 /* Whether the QP type carries the operation (IBA 10.7.2.x). */
 static bool op_allowed(enum ibv_qp_type t, uint8_t op)
 {
-	bool send = op == SOFTRNIC_WR_OPCODE_SEND || op == SOFTRNIC_WR_OPCODE_SEND_WITH_IMM;
-	bool write = op == SOFTRNIC_WR_OPCODE_RDMA_WRITE || op == SOFTRNIC_WR_OPCODE_RDMA_WRITE_WITH_IMM;
+	bool send = op == SOFTRNIC_IB_WR_OPCODE_SEND || op == SOFTRNIC_IB_WR_OPCODE_SEND_WITH_IMM;
+	bool write = op == SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE || op == SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE_WITH_IMM;
 	switch (t) {
 	case IBV_QPT_UD: return send;
 	case IBV_QPT_UC: return send || write;
@@ -47,13 +47,13 @@ static bool send_flags(unsigned int f, uint8_t *out)
 		return false; /* checksum offload is for raw packet QPs */
 	uint8_t r = 0;
 	if (f & IBV_SEND_FENCE)
-		r |= SOFTRNIC_WR_FLAGS_FENCE;
+		r |= SOFTRNIC_IB_SEND_FLAGS_FENCE;
 	if (f & IBV_SEND_SIGNALED)
-		r |= SOFTRNIC_WR_FLAGS_SIGNALED;
+		r |= SOFTRNIC_IB_SEND_FLAGS_SIGNALED;
 	if (f & IBV_SEND_SOLICITED)
-		r |= SOFTRNIC_WR_FLAGS_SOLICITED;
+		r |= SOFTRNIC_IB_SEND_FLAGS_SOLICITED;
 	if (f & IBV_SEND_INLINE)
-		r |= SOFTRNIC_WR_FLAGS_INLINE;
+		r |= SOFTRNIC_IB_SEND_FLAGS_INLINE;
 	*out = r;
 	return true;
 }
@@ -81,7 +81,7 @@ static uint8_t *slot_data(uint8_t *slot)
 static void put_sges(uint8_t *dst, const struct ibv_sge *sg, int n)
 {
 	for (int i = 0; i < n; i++) {
-		struct softrnic_sge e = {.addr = sg[i].addr, .length = sg[i].length, .l_key = sg[i].lkey};
+		struct softrnic_ib_sge e = {.addr = sg[i].addr, .length = sg[i].length, .l_key = sg[i].lkey};
 		memcpy(dst + (size_t)i * SOFTRNIC_SGE_SIZE, &e, sizeof(e));
 	}
 }
@@ -92,7 +92,7 @@ static void set_ud(struct srn_qp *q, uint8_t *slot, struct ibv_ah *ah, uint32_t 
 	struct softrnic_send_slot_ud *u = (struct softrnic_send_slot_ud *)slot;
 	u->remote_qpn = qpn;
 	u->q_key = qkey;
-	memcpy(u->dgid, to_sah(ah)->dgid, sizeof(u->dgid));
+	u->ah = to_sah(ah)->handle;
 }
 
 /* Fills one slot from a classic ibv_send_wr. */
@@ -108,27 +108,28 @@ static int put_send_wr(struct srn_qp *q, uint8_t *slot, const struct ibv_send_wr
 	h->id = wr->wr_id;
 	h->opcode = op;
 	h->flags = fl;
-	if (op == SOFTRNIC_WR_OPCODE_SEND_WITH_IMM || op == SOFTRNIC_WR_OPCODE_RDMA_WRITE_WITH_IMM)
+	if (op == SOFTRNIC_IB_WR_OPCODE_SEND_WITH_IMM || op == SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE_WITH_IMM)
 		h->imm = be32toh(wr->imm_data); /* the ring carries the wire's value */
-	else if (op == SOFTRNIC_WR_OPCODE_SEND_WITH_INV)
+	else if (op == SOFTRNIC_IB_WR_OPCODE_SEND_WITH_INV)
 		h->imm = wr->invalidate_rkey;
 	if (qp->qp_type == IBV_QPT_UD) {
 		if (!wr->wr.ud.ah)
 			return EINVAL;
 		set_ud(q, slot, wr->wr.ud.ah, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey);
-	} else if (op == SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP || op == SOFTRNIC_WR_OPCODE_ATOMIC_FETCH_AND_ADD) {
+	} else if (op == SOFTRNIC_IB_WR_OPCODE_ATOMIC_CMP_AND_SWP || op == SOFTRNIC_IB_WR_OPCODE_ATOMIC_FETCH_AND_ADD) {
 		h->remote_addr = wr->wr.atomic.remote_addr;
 		h->r_key = wr->wr.atomic.rkey;
-		h->compare = wr->wr.atomic.compare_add;
-		h->swap_add = op == SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP ? wr->wr.atomic.swap : wr->wr.atomic.compare_add;
+		h->compare_add = wr->wr.atomic.compare_add;
+		if (op == SOFTRNIC_IB_WR_OPCODE_ATOMIC_CMP_AND_SWP)
+			h->swap = wr->wr.atomic.swap;
 	} else {
 		h->remote_addr = wr->wr.rdma.remote_addr;
 		h->r_key = wr->wr.rdma.rkey;
 	}
-	if (fl & SOFTRNIC_WR_FLAGS_INLINE) {
+	if (fl & SOFTRNIC_IB_SEND_FLAGS_INLINE) {
 		/* The data is copied now; the lkeys are not looked at. */
-		if (op == SOFTRNIC_WR_OPCODE_RDMA_READ || op == SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP ||
-		    op == SOFTRNIC_WR_OPCODE_ATOMIC_FETCH_AND_ADD)
+		if (op == SOFTRNIC_IB_WR_OPCODE_RDMA_READ || op == SOFTRNIC_IB_WR_OPCODE_ATOMIC_CMP_AND_SWP ||
+		    op == SOFTRNIC_IB_WR_OPCODE_ATOMIC_FETCH_AND_ADD)
 			return EINVAL;
 		size_t n = 0;
 		for (int i = 0; i < wr->num_sge; i++) {
@@ -247,7 +248,7 @@ static struct softrnic_send_slot *wr_begin(struct ibv_qp_ex *x, enum ibv_wr_opco
 	h->id = x->wr_id;
 	h->opcode = op;
 	/* Inline or not is decided by the data call that follows. */
-	h->flags = fl & ~SOFTRNIC_WR_FLAGS_INLINE;
+	h->flags = fl & ~SOFTRNIC_IB_SEND_FLAGS_INLINE;
 	return h;
 }
 
@@ -330,8 +331,8 @@ static void wr_atomic_cmp_swp(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr,
 	if (h) {
 		h->r_key = rkey;
 		h->remote_addr = addr;
-		h->compare = compare;
-		h->swap_add = swap;
+		h->compare_add = compare;
+		h->swap = swap;
 	}
 }
 
@@ -341,8 +342,7 @@ static void wr_atomic_fetch_add(struct ibv_qp_ex *x, uint32_t rkey, uint64_t add
 	if (h) {
 		h->r_key = rkey;
 		h->remote_addr = addr;
-		h->compare = add;
-		h->swap_add = add;
+		h->compare_add = add;
 	}
 }
 
@@ -385,8 +385,8 @@ static void wr_set_inline_data_list(struct ibv_qp_ex *x, size_t n, const struct 
 	if (!q->wr_slot)
 		return;
 	struct softrnic_send_slot *h = slot_hdr(q->wr_slot);
-	if (h->opcode == SOFTRNIC_WR_OPCODE_RDMA_READ || h->opcode == SOFTRNIC_WR_OPCODE_ATOMIC_CMP_AND_SWP ||
-	    h->opcode == SOFTRNIC_WR_OPCODE_ATOMIC_FETCH_AND_ADD) {
+	if (h->opcode == SOFTRNIC_IB_WR_OPCODE_RDMA_READ || h->opcode == SOFTRNIC_IB_WR_OPCODE_ATOMIC_CMP_AND_SWP ||
+	    h->opcode == SOFTRNIC_IB_WR_OPCODE_ATOMIC_FETCH_AND_ADD) {
 		wr_fail(q, EINVAL);
 		return;
 	}
@@ -399,7 +399,7 @@ static void wr_set_inline_data_list(struct ibv_qp_ex *x, size_t n, const struct 
 		memcpy(slot_data(q->wr_slot) + len, bufs[i].addr, bufs[i].length);
 		len += bufs[i].length;
 	}
-	h->flags |= SOFTRNIC_WR_FLAGS_INLINE;
+	h->flags |= SOFTRNIC_IB_SEND_FLAGS_INLINE;
 	h->num_sge = 0;
 	h->inline_len = (uint32_t)len;
 }

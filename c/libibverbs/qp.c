@@ -11,7 +11,7 @@
 
 #include "srn.h"
 
-static uint32_t send_slot_size(const struct softrnic_qp_caps *c)
+static uint32_t send_slot_size(const struct softrnic_ib_qp_caps *c)
 {
 	uint32_t n = c->max_send_sge * SOFTRNIC_SGE_SIZE;
 	if (c->max_inline > n)
@@ -19,7 +19,7 @@ static uint32_t send_slot_size(const struct softrnic_qp_caps *c)
 	return (SOFTRNIC_SEND_SLOT_HEADER + n + 7) & ~7u;
 }
 
-static uint32_t recv_slot_size(const struct softrnic_qp_caps *c)
+static uint32_t recv_slot_size(const struct softrnic_ib_qp_caps *c)
 {
 	return SOFTRNIC_RECV_SLOT_HEADER + c->max_recv_sge * SOFTRNIC_SGE_SIZE;
 }
@@ -27,9 +27,9 @@ static uint32_t recv_slot_size(const struct softrnic_qp_caps *c)
 static bool qp_type(enum ibv_qp_type t, uint8_t *out)
 {
 	switch (t) {
-	case IBV_QPT_RC: *out = SOFTRNIC_QP_TYPE_RC; return true;
-	case IBV_QPT_UC: *out = SOFTRNIC_QP_TYPE_UC; return true;
-	case IBV_QPT_UD: *out = SOFTRNIC_QP_TYPE_UD; return true;
+	case IBV_QPT_RC: *out = SOFTRNIC_IB_QP_TYPE_RC; return true;
+	case IBV_QPT_UC: *out = SOFTRNIC_IB_QP_TYPE_UC; return true;
+	case IBV_QPT_UD: *out = SOFTRNIC_IB_QP_TYPE_UD; return true;
 	default: return false;
 	}
 }
@@ -47,9 +47,9 @@ static struct ibv_qp *qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 		return NULL;
 	}
 	if (!a->send_cq || !a->recv_cq || a->send_cq->context != pd->context || a->recv_cq->context != pd->context ||
-	    a->cap.max_send_wr > s->info.max_qpwr || a->cap.max_recv_wr > s->info.max_qpwr ||
-	    a->cap.max_send_sge > s->info.max_sge || a->cap.max_recv_sge > s->info.max_sge ||
-	    a->cap.max_inline_data > s->info.max_inline) {
+	    a->cap.max_send_wr > s->info.device_attr.max_qpwr || a->cap.max_recv_wr > s->info.device_attr.max_qpwr ||
+	    a->cap.max_send_sge > s->info.device_attr.max_sge || a->cap.max_recv_sge > s->info.device_attr.max_sge ||
+	    a->cap.max_inline_data > s->info.device_attr.max_inline) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -159,34 +159,34 @@ static const struct {
 	int ibv;
 	uint32_t proto;
 } mask_map[] = {
-	{IBV_QP_STATE, SOFTRNIC_QP_ATTR_MASK_STATE},
-	{IBV_QP_ACCESS_FLAGS, SOFTRNIC_QP_ATTR_MASK_ACCESS_FLAGS},
-	{IBV_QP_PKEY_INDEX, SOFTRNIC_QP_ATTR_MASK_P_KEY_INDEX},
-	{IBV_QP_PORT, SOFTRNIC_QP_ATTR_MASK_PORT},
-	{IBV_QP_QKEY, SOFTRNIC_QP_ATTR_MASK_Q_KEY},
-	{IBV_QP_AV, SOFTRNIC_QP_ATTR_MASK_AV},
-	{IBV_QP_PATH_MTU, SOFTRNIC_QP_ATTR_MASK_PATH_MTU},
-	{IBV_QP_TIMEOUT, SOFTRNIC_QP_ATTR_MASK_TIMEOUT},
-	{IBV_QP_RETRY_CNT, SOFTRNIC_QP_ATTR_MASK_RETRY_CNT},
-	{IBV_QP_RNR_RETRY, SOFTRNIC_QP_ATTR_MASK_RNR_RETRY},
-	{IBV_QP_RQ_PSN, SOFTRNIC_QP_ATTR_MASK_RQPSN},
-	{IBV_QP_MAX_QP_RD_ATOMIC, SOFTRNIC_QP_ATTR_MASK_MAX_QP_RD_ATOMIC},
-	{IBV_QP_MIN_RNR_TIMER, SOFTRNIC_QP_ATTR_MASK_MIN_RNR_TIMER},
-	{IBV_QP_SQ_PSN, SOFTRNIC_QP_ATTR_MASK_SQPSN},
-	{IBV_QP_MAX_DEST_RD_ATOMIC, SOFTRNIC_QP_ATTR_MASK_MAX_DEST_RD_ATOMC},
-	{IBV_QP_DEST_QPN, SOFTRNIC_QP_ATTR_MASK_DEST_QPN},
+	{IBV_QP_STATE, SOFTRNIC_IB_QP_ATTR_MASK_STATE},
+	{IBV_QP_ACCESS_FLAGS, SOFTRNIC_IB_QP_ATTR_MASK_ACCESS_FLAGS},
+	{IBV_QP_PKEY_INDEX, SOFTRNIC_IB_QP_ATTR_MASK_P_KEY_INDEX},
+	{IBV_QP_PORT, SOFTRNIC_IB_QP_ATTR_MASK_PORT},
+	{IBV_QP_QKEY, SOFTRNIC_IB_QP_ATTR_MASK_Q_KEY},
+	{IBV_QP_AV, SOFTRNIC_IB_QP_ATTR_MASK_AV},
+	{IBV_QP_PATH_MTU, SOFTRNIC_IB_QP_ATTR_MASK_PATH_MTU},
+	{IBV_QP_TIMEOUT, SOFTRNIC_IB_QP_ATTR_MASK_TIMEOUT},
+	{IBV_QP_RETRY_CNT, SOFTRNIC_IB_QP_ATTR_MASK_RETRY_CNT},
+	{IBV_QP_RNR_RETRY, SOFTRNIC_IB_QP_ATTR_MASK_RNR_RETRY},
+	{IBV_QP_RQ_PSN, SOFTRNIC_IB_QP_ATTR_MASK_RQPSN},
+	{IBV_QP_MAX_QP_RD_ATOMIC, SOFTRNIC_IB_QP_ATTR_MASK_MAX_QP_RD_ATOMIC},
+	{IBV_QP_MIN_RNR_TIMER, SOFTRNIC_IB_QP_ATTR_MASK_MIN_RNR_TIMER},
+	{IBV_QP_SQ_PSN, SOFTRNIC_IB_QP_ATTR_MASK_SQPSN},
+	{IBV_QP_MAX_DEST_RD_ATOMIC, SOFTRNIC_IB_QP_ATTR_MASK_MAX_DEST_RD_ATOMIC},
+	{IBV_QP_DEST_QPN, SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN},
 };
 
 static bool state_to_proto(enum ibv_qp_state s, uint8_t *out)
 {
 	switch (s) {
-	case IBV_QPS_RESET: *out = SOFTRNIC_QP_STATE_RESET; return true;
-	case IBV_QPS_INIT: *out = SOFTRNIC_QP_STATE_INIT; return true;
-	case IBV_QPS_RTR: *out = SOFTRNIC_QP_STATE_RTR; return true;
-	case IBV_QPS_RTS: *out = SOFTRNIC_QP_STATE_RTS; return true;
-	case IBV_QPS_SQD: *out = SOFTRNIC_QP_STATE_SQD; return true;
-	case IBV_QPS_SQE: *out = SOFTRNIC_QP_STATE_SQE; return true;
-	case IBV_QPS_ERR: *out = SOFTRNIC_QP_STATE_ERR; return true;
+	case IBV_QPS_RESET: *out = SOFTRNIC_IB_QP_STATE_RESET; return true;
+	case IBV_QPS_INIT: *out = SOFTRNIC_IB_QP_STATE_INIT; return true;
+	case IBV_QPS_RTR: *out = SOFTRNIC_IB_QP_STATE_RTR; return true;
+	case IBV_QPS_RTS: *out = SOFTRNIC_IB_QP_STATE_RTS; return true;
+	case IBV_QPS_SQD: *out = SOFTRNIC_IB_QP_STATE_SQD; return true;
+	case IBV_QPS_SQE: *out = SOFTRNIC_IB_QP_STATE_SQE; return true;
+	case IBV_QPS_ERR: *out = SOFTRNIC_IB_QP_STATE_ERR; return true;
 	default: return false;
 	}
 }
@@ -194,12 +194,12 @@ static bool state_to_proto(enum ibv_qp_state s, uint8_t *out)
 static enum ibv_qp_state state_from_proto(uint8_t s)
 {
 	switch (s) {
-	case SOFTRNIC_QP_STATE_RESET: return IBV_QPS_RESET;
-	case SOFTRNIC_QP_STATE_INIT: return IBV_QPS_INIT;
-	case SOFTRNIC_QP_STATE_RTR: return IBV_QPS_RTR;
-	case SOFTRNIC_QP_STATE_RTS: return IBV_QPS_RTS;
-	case SOFTRNIC_QP_STATE_SQD: return IBV_QPS_SQD;
-	case SOFTRNIC_QP_STATE_SQE: return IBV_QPS_SQE;
+	case SOFTRNIC_IB_QP_STATE_RESET: return IBV_QPS_RESET;
+	case SOFTRNIC_IB_QP_STATE_INIT: return IBV_QPS_INIT;
+	case SOFTRNIC_IB_QP_STATE_RTR: return IBV_QPS_RTR;
+	case SOFTRNIC_IB_QP_STATE_RTS: return IBV_QPS_RTS;
+	case SOFTRNIC_IB_QP_STATE_SQD: return IBV_QPS_SQD;
+	case SOFTRNIC_IB_QP_STATE_SQE: return IBV_QPS_SQE;
 	default: return IBV_QPS_ERR;
 	}
 }
@@ -208,26 +208,26 @@ static uint32_t access_to_proto(unsigned int a)
 {
 	uint32_t r = 0;
 	if (a & IBV_ACCESS_LOCAL_WRITE)
-		r |= SOFTRNIC_WR_ACCESS_LOCAL_WRITE;
+		r |= SOFTRNIC_IB_ACCESS_LOCAL_WRITE;
 	if (a & IBV_ACCESS_REMOTE_WRITE)
-		r |= SOFTRNIC_WR_ACCESS_REMOTE_WRITE;
+		r |= SOFTRNIC_IB_ACCESS_REMOTE_WRITE;
 	if (a & IBV_ACCESS_REMOTE_READ)
-		r |= SOFTRNIC_WR_ACCESS_REMOTE_READ;
+		r |= SOFTRNIC_IB_ACCESS_REMOTE_READ;
 	if (a & IBV_ACCESS_REMOTE_ATOMIC)
-		r |= SOFTRNIC_WR_ACCESS_REMOTE_ATOMIC;
+		r |= SOFTRNIC_IB_ACCESS_REMOTE_ATOMIC;
 	return r;
 }
 
 static unsigned int access_from_proto(uint32_t a)
 {
 	unsigned int r = 0;
-	if (a & SOFTRNIC_WR_ACCESS_LOCAL_WRITE)
+	if (a & SOFTRNIC_IB_ACCESS_LOCAL_WRITE)
 		r |= IBV_ACCESS_LOCAL_WRITE;
-	if (a & SOFTRNIC_WR_ACCESS_REMOTE_WRITE)
+	if (a & SOFTRNIC_IB_ACCESS_REMOTE_WRITE)
 		r |= IBV_ACCESS_REMOTE_WRITE;
-	if (a & SOFTRNIC_WR_ACCESS_REMOTE_READ)
+	if (a & SOFTRNIC_IB_ACCESS_REMOTE_READ)
 		r |= IBV_ACCESS_REMOTE_READ;
-	if (a & SOFTRNIC_WR_ACCESS_REMOTE_ATOMIC)
+	if (a & SOFTRNIC_IB_ACCESS_REMOTE_ATOMIC)
 		r |= IBV_ACCESS_REMOTE_ATOMIC;
 	return r;
 }
@@ -236,7 +236,7 @@ SRN_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 {
 	struct srn_qp *q = to_sqp(qp);
 	struct softrnic_modify_qp_req req = {.qp = q->handle};
-	struct softrnic_qp_attr *p = &req.attr;
+	struct softrnic_ib_qp_attr *p = &req.attr;
 	int rest = mask;
 	for (size_t i = 0; i < sizeof(mask_map) / sizeof(mask_map[0]); i++) {
 		if (mask & mask_map[i].ibv) {
@@ -256,6 +256,7 @@ SRN_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 		return EINVAL;
 	if ((mask & IBV_QP_PORT) && attr->port_num != 1)
 		return EINVAL;
+	p->port = attr->port_num;
 	if (mask & IBV_QP_PATH_MTU) {
 		p->path_mtu = srn_mtu_bytes(attr->path_mtu);
 		if (!p->path_mtu)
@@ -265,11 +266,12 @@ SRN_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 		const struct ibv_ah_attr *ah = &attr->ah_attr;
 		if (!ah->is_global || ah->port_num > 1)
 			return EINVAL; /* RoCE addresses by GID: a GRH is required */
-		memcpy(p->dgid, ah->grh.dgid.raw, sizeof(p->dgid));
-		p->sgid_index = ah->grh.sgid_index;
-		p->hop_limit = ah->grh.hop_limit;
-		p->traffic_class = ah->grh.traffic_class;
-		p->flow_label = ah->grh.flow_label;
+		memcpy(p->av.dgid, ah->grh.dgid.raw, sizeof(p->av.dgid));
+		p->av.sgid_index = ah->grh.sgid_index;
+		p->av.hop_limit = ah->grh.hop_limit;
+		p->av.traffic_class = ah->grh.traffic_class;
+		p->av.flow_label = ah->grh.flow_label;
+		p->av.sl = ah->sl;
 	}
 	p->timeout = attr->timeout;
 	p->retry_cnt = attr->retry_cnt;
@@ -297,7 +299,7 @@ SRN_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	(void)mask; /* every attribute is returned, as providers do */
 	struct srn_qp *q = to_sqp(qp);
 	struct softrnic_handle_msg req = {.handle = q->handle};
-	struct softrnic_qp_attr p;
+	struct softrnic_ib_qp_attr p;
 	int err = srn_call(&to_sctx(qp->context)->conn, SOFTRNIC_OP_QUERY_QP, &req, sizeof(req), NULL, 0, &p,
 			   sizeof(p), NULL, 0);
 	if (err)
@@ -318,13 +320,14 @@ SRN_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	attr->cap.max_recv_sge = q->caps.max_recv_sge;
 	attr->cap.max_inline_data = q->caps.max_inline;
 	static const uint8_t zero[16];
-	if (memcmp(p.dgid, zero, sizeof(zero))) {
+	if (memcmp(p.av.dgid, zero, sizeof(zero))) {
 		attr->ah_attr.is_global = 1;
-		memcpy(attr->ah_attr.grh.dgid.raw, p.dgid, sizeof(p.dgid));
-		attr->ah_attr.grh.sgid_index = p.sgid_index;
-		attr->ah_attr.grh.hop_limit = p.hop_limit;
-		attr->ah_attr.grh.traffic_class = p.traffic_class;
-		attr->ah_attr.grh.flow_label = p.flow_label;
+		memcpy(attr->ah_attr.grh.dgid.raw, p.av.dgid, sizeof(p.av.dgid));
+		attr->ah_attr.grh.sgid_index = p.av.sgid_index;
+		attr->ah_attr.grh.hop_limit = p.av.hop_limit;
+		attr->ah_attr.grh.traffic_class = p.av.traffic_class;
+		attr->ah_attr.grh.flow_label = p.av.flow_label;
+		attr->ah_attr.sl = p.av.sl;
 	}
 	attr->ah_attr.port_num = 1;
 	attr->pkey_index = p.p_key_index;

@@ -151,7 +151,7 @@ static inline struct srn_cq *to_scq(struct ibv_cq *cq)
 struct srn_qp {
 	struct ibv_qp_ex qpx; /* every QP is an ibv_qp_ex (ibv_qp_to_qp_ex) */
 	uint32_t handle;
-	struct softrnic_qp_caps caps; /* granted */
+	struct softrnic_ib_qp_caps caps; /* granted */
 	struct srn_ring sq, rq;
 	struct srn_producer sqp, rqp;
 	pthread_spinlock_t slock, rlock;
@@ -168,6 +168,7 @@ static inline struct srn_qp *to_sqp(struct ibv_qp *qp)
 
 struct srn_ah {
 	struct ibv_ah ah;
+	uint32_t handle; /* the daemon's */
 	uint8_t dgid[16];
 };
 

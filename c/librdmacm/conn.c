@@ -283,9 +283,9 @@ SCM_EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *param
 		.space = (uint16_t)scm_port_space(id->ps),
 		.src_port = scm_addr_port(&id->route.addr.src_addr),
 		.dst_port = scm_addr_port(&id->route.addr.dst_addr),
-		.qp_type = is_ud(id) ? SOFTRNIC_QP_TYPE_UD
-			   : id->qp_type == IBV_QPT_UC ? SOFTRNIC_QP_TYPE_UC
-						       : SOFTRNIC_QP_TYPE_RC,
+		.qp_type = is_ud(id) ? SOFTRNIC_IB_QP_TYPE_UD
+			   : id->qp_type == IBV_QPT_UC ? SOFTRNIC_IB_QP_TYPE_UC
+						       : SOFTRNIC_IB_QP_TYPE_RC,
 		.path_mtu = id->route.path_rec ? id->route.path_rec->mtu : scm_dev.active_mtu,
 		.hop_limit = id->route.path_rec ? id->route.path_rec->hop_limit : 64,
 		.traffic_class = s->tos,

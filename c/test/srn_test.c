@@ -64,6 +64,9 @@ static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, double secs)
 	}
 }
 
+/* control: an IPv4 address the daemon can resolve (the veth's other end). */
+static const char *peer_addr;
+
 static struct ibv_context *open_first(void)
 {
 	int n = -1;
@@ -352,7 +355,12 @@ static void test_objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	errno = 0;
 	CHECK(ibv_create_ah(pd, &ah) == NULL && errno == EINVAL, "AH without GRH");
 	ah.is_global = 1;
-	ibv_query_gid(ctx, 1, 0, &ah.grh.dgid);
+	/* The daemon resolves the destination's MAC: the peer's address
+	 * (IPv4-mapped, as the GID table's index 0 is). */
+	struct in_addr peer;
+	MUST(peer_addr && inet_pton(AF_INET, peer_addr, &peer) == 1, "peer address %s", peer_addr ? peer_addr : "(none)");
+	ah.grh.dgid.raw[10] = ah.grh.dgid.raw[11] = 0xff;
+	memcpy(&ah.grh.dgid.raw[12], &peer, 4);
 	struct ibv_ah *h = ibv_create_ah(pd, &ah);
 	CHECK(h != NULL, "create_ah: %s", strerror(errno));
 	if (h)
@@ -607,8 +615,10 @@ int main(int argc, char **argv)
 {
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	signal(SIGPIPE, SIG_IGN); /* a peer gone is reported, not fatal */
-	if (argc == 2 && !strcmp(argv[1], "control"))
+	if (argc == 3 && !strcmp(argv[1], "control")) {
+		peer_addr = argv[2];
 		return control();
+	}
 	if (argc == 2 && !strcmp(argv[1], "fatal"))
 		return fatal();
 	if (argc == 3 && !strcmp(argv[1], "server"))

@@ -24,9 +24,11 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/internal/rnictest"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -100,34 +102,34 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cq, _ := c.CreateCQ(64)
-	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pdB := devB.AllocPD()
+	pdB := rnictest.PD(devB)
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
-	cqB := devB.CreateCQ(64)
+	mrB, _ := pdB.RegBytes(bufB, 0, ib.LocalWrite)
+	cqB := rnictest.CQ(devB, 64)
 	// Both devices number QPs from 17: a QP made first on B gives the peer
 	// a QPN unlike the client's, so that frames to each can be told apart.
-	pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
-	if qpB.QPN() == qp.QPN {
-		t.Fatalf("peer and client QPs both %d", qp.QPN)
+	rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	qpB, _ := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	if qpB.QPN() == qp.QPN() {
+		t.Fatalf("peer and client QPs both %d", qp.QPN())
 	}
 	gidB := pair.B.Addr.As16()
 	for _, s := range []struct {
-		a proto.QPAttr
-		m proto.QPAttrMask
+		a ib.QPAttr
+		m ib.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead}, ib.AttrState | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags},
+		{ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), AV: ib.AddressVector{DGID: ib.GID(gidB)}, MaxDestRdAtomic: 4}, ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrMaxDestRdAtomic | ib.AttrRQPSN | ib.AttrMinRNRTimer},
+		{ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, ib.AttrState | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrSQPSN | ib.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatalf("client QP to %v: %v", s.a.State, err)
@@ -135,11 +137,11 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
 
 	// Three 8 KiB RDMA WRITEs from namespace B: 24 request packets at MTU
 	// 1024, and the daemon's ACKs, more than the capture's 20 frames.
@@ -149,13 +151,13 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	write := func(w int) {
 		t.Helper()
-		qpB.PostSend(verbs.SendWR{ID: uint64(w), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + uint64(w)*size, RKey: mr.RKey})
-		var wcs [1]verbs.WC
+		qpB.PostSend([]verbs.SendWR{{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + uint64(w)*size, RKey: mr.RKey()}})
+		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
-		_, err := cqB.Wait(wctx, wcs[:])
+		_, err := cqB.PollWait(wctx, wcs[:])
 		wcancel()
-		if err != nil || wcs[0].Status != verbs.Success {
+		if err != nil || wcs[0].Status != ib.Success {
 			t.Fatalf("WRITE %d: %v %v", w, err, wcs[0].Status)
 		}
 		if !bytes.Equal(mem.Bytes()[w*size:(w+1)*size], bufB[:size]) {
@@ -178,7 +180,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		t.Errorf("capture said: %s", capErr.String())
 	}
 	t.Logf("softrnic capture: %s", capErr.String())
-	checkCapture(t, pcapFile, 20, qp.QPN, qpB.QPN())
+	checkCapture(t, pcapFile, 20, qp.QPN(), qpB.QPN())
 
 	// softrnic stats: the device line and the client QP's line.
 	out, _ := tool("stats", "--control", sock)
@@ -197,7 +199,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	case kind == "afpacket" && (haveXSK || strings.Contains(lines[0], "xdp_")):
 		t.Errorf("AF_PACKET port reports XDP counters:\n%s", lines[0])
 	}
-	qpLine := fmt.Sprintf("link %s/1 lqpn %d type RC state RTS ", pair.A.Name, qp.QPN)
+	qpLine := fmt.Sprintf("link %s/1 lqpn %d type RC state RTS ", pair.A.Name, qp.QPN())
 	found := false
 	for _, l := range lines[1:] {
 		if strings.HasPrefix(l, qpLine) {
@@ -208,12 +210,12 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		}
 	}
 	if !found {
-		t.Errorf("no line for the client's QP %d:\n%s", qp.QPN, out)
+		t.Errorf("no line for the client's QP %d:\n%s", qp.QPN(), out)
 	}
 	// --qp N --json: that QP only.
-	out, _ = tool("stats", "--control", sock, "--qp", strconv.Itoa(int(qp.QPN)), "--json")
+	out, _ = tool("stats", "--control", sock, "--qp", strconv.Itoa(int(qp.QPN())), "--json")
 	var js statsJSON
-	if err := json.Unmarshal([]byte(out), &js); err != nil || len(js.QPs) != 1 || js.QPs[0].LQPN != qp.QPN ||
+	if err := json.Unmarshal([]byte(out), &js); err != nil || len(js.QPs) != 1 || js.QPs[0].LQPN != qp.QPN() ||
 		js.QPs[0].Type != "RC" || js.Counters != nil || len(js.NotCounted) == 0 {
 		t.Errorf("stats --qp --json: %v\n%s", err, out)
 	}
@@ -231,7 +233,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		// agent, which runs from the daemon's start.
 		`(?m)^qps        2$`,
 		`(?m)^  qpn 1  UD  RTS$`,
-		fmt.Sprintf(`(?m)^  qpn %d  RC  RTS$`, qp.QPN),
+		fmt.Sprintf(`(?m)^  qpn %d  RC  RTS$`, qp.QPN()),
 		fmt.Sprintf(`(?m)^  client \d+  pid %d uid 0 gid 0  qps 1 cqs 1 mrs 1 pds 1$`, os.Getpid()),
 	} {
 		if !regexp.MustCompile(re).MatchString(out) {
@@ -266,7 +268,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	if n, _ := strconv.ParseUint(rx[1], 10, 64); n < dev["rx_packets"] {
 		t.Errorf("scraped rx_packets %d, below the %d stats printed earlier", n, dev["rx_packets"])
 	}
-	if !strings.Contains(body, fmt.Sprintf(`softrnic_qp_duplicate_request_total{device="%s",qpn="%d",type="RC"} 0`, pair.A.Name, qp.QPN)) {
+	if !strings.Contains(body, fmt.Sprintf(`softrnic_qp_duplicate_request_total{device="%s",qpn="%d",type="RC"} 0`, pair.A.Name, qp.QPN())) {
 		t.Errorf("scrape lacks the QP's duplicate_request")
 	}
 
@@ -274,7 +276,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	// to the client's QP, the 16 requests, none of the ACKs to the peer
 	// (without the filter the first WRITE's ACK would be the 9th frame).
 	ngFile := filepath.Join(dir, "qp.pcapng")
-	ngErr, ngDone := startCapture(t, ctx, bin, "capture", "-w", ngFile, "-c", "16", "--qp", strconv.Itoa(int(qp.QPN)), "--pcapng", "--control", sock)
+	ngErr, ngDone := startCapture(t, ctx, bin, "capture", "-w", ngFile, "-c", "16", "--qp", strconv.Itoa(int(qp.QPN())), "--pcapng", "--control", sock)
 	write(writes)
 	write(writes + 1)
 	select {
@@ -286,7 +288,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	case <-time.After(20 * time.Second):
 		t.Fatalf("capture --qp -c 16 did not end: %s", ngErr.String())
 	}
-	checkCapture(t, ngFile, 16, qp.QPN, qp.QPN)
+	checkCapture(t, ngFile, 16, qp.QPN(), qp.QPN())
 }
 
 // portLine is the pattern of status's port line: veth has no AF_XDP

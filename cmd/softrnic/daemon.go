@@ -2,26 +2,23 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/capture"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/port/afpacket"
 	"github.com/softrnic/softrnic/port/afxdp"
-	"github.com/softrnic/softrnic/route"
-	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 func init() {
@@ -62,8 +59,8 @@ func runDaemon(args []string) int {
 
 // serveDaemon runs the daemon until SIGTERM or SIGINT, then shuts down in
 // order: stop accepting work and move QPs to error (clients get flush
-// completions), stop the engine, close the port (which detaches XDP and
-// frees the UMEM).
+// completions), then the host (the CM agent, the engine, the port, which
+// detaches XDP and frees the UMEM).
 func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	lock, err := daemon.Lock(filepath.Dir(cfg.Control), cfg.Interface)
 	if err != nil {
@@ -71,52 +68,28 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	}
 	defer lock.Close()
 
-	in, err := engine.LookupInterface(cfg.Interface)
+	cc, err := daemonCongestion(cfg)
 	if err != nil {
 		return err
 	}
-	gids := cfg.GIDs
-	if len(gids) == 0 {
-		gids = in.GIDs
-	}
-	mtu := cfg.MTU
-	if mtu == 0 {
-		mtu = in.ActiveMTU()
-	}
-	if mtu == 0 {
-		return fmt.Errorf("%s: MTU %d is too small for RoCE", in.Name, in.MTU)
-	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: append([]netip.Addr(nil), gids...), PortMTU: mtu})
+	var tap capture.Tap // softrnic capture (root clients) starts sessions on it
+	var cp *daemon.CountingPort
+	h, err := host.Open(host.Config{Interface: cfg.Interface, GIDs: cfg.GIDs, MTU: cfg.MTU, Port: host.PortKind(cfg.Port),
+		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc,
+		Engine: engine.Options{Tap: &tap}, Log: log,
+		// The engine gets the counting wrapper: byte counts, and AF_XDP
+		// statistics read on the loop's own goroutine (softrnic stats,
+		// /metrics).
+		WrapPort: func(p port.Port) port.Port { cp = daemon.NewCountingPort(p); return cp }})
 	if err != nil {
 		return err
 	}
-	p, kind, err := openPort(cfg, in, gids, log)
-	if err != nil {
-		return err
-	}
-	portClosed := false
+	hostClosed := false
 	defer func() {
-		if !portClosed {
-			p.Close()
+		if !hostClosed {
+			h.Close()
 		}
 	}()
-
-	res, err := route.New()
-	if err != nil {
-		return err
-	}
-	defer res.Close()
-	resolve := func(a netip.Addr) ([6]byte, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		defer cancel()
-		var mac [6]byte
-		n, err := res.Resolve(ctx, a)
-		if err != nil {
-			return mac, err
-		}
-		copy(mac[:], n.DstMAC)
-		return mac, nil
-	}
 
 	group := -1
 	if cfg.ControlGroup != "" {
@@ -126,16 +99,14 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		}
 		group = int(g)
 	}
-	var tap capture.Tap // softrnic capture (root clients) starts sessions on it
-	// Read once, before the engine owns the port: attach and copy mode do
-	// not change while it runs.
+	// Read once: attach and copy mode do not change while the engine runs.
 	var st proto.PortStatus
-	copy(st.Kind[:], kind)
+	copy(st.Kind[:], h.PortKind)
 	st.Queues = 1
-	if m, ok := p.(*afxdp.Multi); ok {
+	if m, ok := h.Port.(*afxdp.Multi); ok {
 		st.Queues = uint32(m.NumQueues())
 	}
-	if xp, ok := p.(interface{ Stats() (afxdp.Stats, error) }); ok {
+	if xp, ok := h.Port.(interface{ Stats() (afxdp.Stats, error) }); ok {
 		if s, err := xp.Stats(); err == nil {
 			copy(st.Attach[:], s.AttachMode.String())
 			if s.ZeroCopy {
@@ -145,16 +116,9 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 		}
 	}
 	portStatus := func() proto.PortStatus { return st }
-	// The engine gets the counting wrapper: byte counts, and AF_XDP
-	// statistics read on the loop's own goroutine (softrnic stats, /metrics).
-	cp := daemon.NewCountingPort(p)
-	loop, err := engine.NewLoop(dev, cp, engine.Options{Tap: &tap})
-	if err != nil {
-		return err
-	}
-	counters := &daemon.CounterSource{Name: in.Name, Loop: loop, Port: cp}
-	srv, err := daemon.NewServer(daemon.NewVerbsDevice(dev, in.Name, resolve),
-		daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap, PortStatus: portStatus, Counters: counters.Snapshot})
+	counters := &daemon.CounterSource{Name: h.Iface.Name, Loop: h.Loop, Port: cp}
+	srv, err := daemon.NewServer(h.Device, daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap,
+		PortStatus: portStatus, Counters: counters.Snapshot, CM: h.CM})
 	if err != nil {
 		return err
 	}
@@ -179,76 +143,42 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 
 	sig, stopSig := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stopSig()
-	engCtx, stopEngine := context.WithCancel(context.Background())
-	engDone := make(chan error, 1)
-	go func() { engDone <- loop.Run(engCtx) }()
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve() }()
-	log.Info("serving", "port", kind, "mtu", mtu, "gids", gids, "control", cfg.Control, "dcqcn", cfg.DCQCN.Profile)
+	profile, scale := h.Device.CongestionProfile()
+	log.Info("serving", "port", h.PortKind, "mtu", h.Device.Query().ActiveMTU, "gids", h.Iface.GIDs, "control", cfg.Control,
+		"dcqcn", profile, "dcqcn_scale", scale)
 
 	var runErr error
 	select {
 	case <-sig.Done():
 		log.Info("stopping: moving QPs to error and flushing clients")
-	case runErr = <-engDone:
+	case <-h.Stopped():
+		runErr = h.Err()
 		log.Error("engine stopped", "err", runErr)
 	case runErr = <-srvDone:
 		log.Error("control server stopped", "err", runErr)
 	}
 	srv.Close(2 * time.Second)
-	stopEngine()
-	if err := <-engDone; err != nil && runErr == nil && !errors.Is(err, context.Canceled) {
+	hostClosed = true
+	if err := h.Close(); err != nil && runErr == nil {
 		runErr = err
 	}
-	portClosed = true
-	if err := p.Close(); err != nil && runErr == nil {
-		runErr = fmt.Errorf("closing the port: %w", err)
-	}
-	log.Info("stopped", "rx_frames", dev.Stats.RxFrames, "tx_frames", dev.Stats.TxFrames)
+	ds := h.Loop.DeviceStats()
+	log.Info("stopped", "rx_frames", ds.RxFrames, "tx_frames", ds.TxFrames)
 	return runErr
 }
 
-// openPort opens the configured port: AF_XDP with the configured UMEM (the
-// port loads and attaches the steering program, restricted to our GIDs),
-// or AF_PACKET, or AF_XDP falling back to AF_PACKET.
-func openPort(cfg *daemon.Config, in engine.Interface, gids []netip.Addr, log *slog.Logger) (port.Port, string, error) {
-	xdp := func() (port.Port, error) {
-		c := afxdp.Config{IfIndex: in.Index, LocalAddrs: gids,
-			FrameSize: uint32(cfg.FrameSize), NumFrames: uint32(cfg.UMEMSize / int64(cfg.FrameSize))}
-		// A failed open returns an untyped nil, never a nil *Port in a
-		// port.Port.
-		if cfg.Queues == 1 {
-			if p, err := afxdp.Open(c); err == nil {
-				return p, nil
-			} else {
-				return nil, err
-			}
-		}
-		// One socket per RX queue, all fed to the one engine goroutine;
-		// each QP transmits on the queue of its UDP source port.
-		m, err := afxdp.OpenMulti(afxdp.MultiConfig{Config: c, Queues: cfg.Queues, SpreadTx: true})
-		if err != nil {
-			return nil, err
-		}
-		return m, nil
+// daemonCongestion is the device's congestion control from the [dcqcn]
+// keys: dcqcn.profile, with the connectx profile's knobs.
+func daemonCongestion(cfg *daemon.Config) (rnic.Congestion, error) {
+	cx, err := cfg.DCQCN.ConnectX()
+	if err != nil {
+		return rnic.Congestion{}, err
 	}
-	pkt := func() (port.Port, error) { return afpacket.Open(afpacket.Config{IfIndex: in.Index}) }
-	switch cfg.Port {
-	case "afxdp":
-		p, err := xdp()
-		return p, "afxdp", err
-	case "afpacket":
-		p, err := pkt()
-		return p, "afpacket", err
+	cc, err := host.Congestion(cfg.DCQCN.Profile, 1, &cx)
+	if err != nil {
+		return cc, &daemon.KeyError{Key: "dcqcn.profile", Err: err}
 	}
-	p, err := xdp()
-	if err == nil {
-		return p, "afxdp", nil
-	}
-	log.Warn("AF_XDP unavailable, using AF_PACKET", "err", err)
-	p2, err2 := pkt()
-	if err2 != nil {
-		return nil, "", errors.Join(err, err2)
-	}
-	return p2, "afpacket", nil
+	return cc, nil
 }

@@ -14,10 +14,12 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/internal/rnictest"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -80,45 +82,45 @@ func TestDaemonTwoQueues(t *testing.T) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(2 * qps * size)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 2*qps*size, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 2*qps*size, 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cq, _ := c.CreateCQ(64)
-	pdB := devB.AllocPD()
+	pdB := rnictest.PD(devB)
 	bufB := make([]byte, 2*qps*size)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
-	cqB := devB.CreateCQ(4 * qps)
+	mrB, _ := pdB.RegBytes(bufB, 0, ib.LocalWrite)
+	cqB := rnictest.CQ(devB, 4*qps)
 	gidB := pair.B.Addr.As16()
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	var peers []*verbs.QP
+	var peers []*rnic.QP
 	for i := 0; i < qps; i++ {
-		qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
+		qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 4, MaxRecvWR: 4}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		qpB, err := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+		qpB, err := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, s := range []struct {
-			a proto.QPAttr
-			m proto.QPAttrMask
+			a ib.QPAttr
+			m ib.QPAttrMask
 		}{
-			{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
-			{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: gidB, MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
-			{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+			{ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead}, ib.AttrState | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags},
+			{ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), AV: ib.AddressVector{DGID: ib.GID(gidB)}, MaxDestRdAtomic: 4}, ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrMaxDestRdAtomic | ib.AttrRQPSN | ib.AttrMinRNRTimer},
+			{ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, ib.AttrState | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrSQPSN | ib.AttrMaxQPRdAtomic},
 		} {
 			if err := qp.Modify(&s.a, s.m); err != nil {
 				t.Fatalf("client QP to %v: %v", s.a.State, err)
 			}
 		}
-		qpB.Modify(verbs.Init, &verbs.Attr{})
-		if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+		ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+		if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 			t.Fatal(err)
 		}
-		if err := qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+		if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
 			t.Fatal(err)
 		}
 		peers = append(peers, qpB)
@@ -134,25 +136,25 @@ func TestDaemonTwoQueues(t *testing.T) {
 	}
 	for i, q := range peers {
 		w, r := uint64(i*size), uint64((qps+i)*size)
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(i), Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + w, RKey: mr.RKey}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA() + w, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + w, RKey: mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := q.PostSend(verbs.SendWR{ID: uint64(100 + i), Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-			SG: []verbs.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + r, RKey: mr.RKey}); err != nil {
+		if _, err := q.PostSend([]verbs.SendWR{{ID: uint64(100 + i), Opcode: ib.RDMARead, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA() + r, Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + r, RKey: mr.RKey()}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer wcancel()
-	var wcs [2 * qps]verbs.WC
+	var wcs [2 * qps]ib.WC
 	for got := 0; got < 2*qps; {
-		k, err := cqB.Wait(wctx, wcs[got:])
+		k, err := cqB.PollWait(wctx, wcs[got:])
 		if err != nil {
 			t.Fatalf("%d of %d completions at the peer: %v", got, 2*qps, err)
 		}
 		for _, w := range wcs[got : got+k] {
-			if w.Status != verbs.Success {
+			if w.Status != ib.Success {
 				t.Fatalf("peer completion %+v", w)
 			}
 		}
@@ -215,28 +217,15 @@ func ethtoolStat(text, name string) (uint64, error) {
 // startPeerQueues is startPeer on an AF_XDP port over all the link's
 // queues. (A kernel AF_PACKET sender picks the transmit queue of the CPU
 // it runs on, so it would not spread QPs over queues.)
-func startPeerQueues(t *testing.T, b netnstest.Link) *verbs.Device {
+func startPeerQueues(t *testing.T, b netnstest.Link) *rnic.Device {
 	t.Helper()
-	var pb port.Port
-	var in engine.Interface
-	if err := b.NS.Do(func() error {
-		var err error
-		if in, err = engine.LookupInterface(b.Name); err != nil {
-			return err
-		}
-		pb, err = engine.OpenPortQueues(in, engine.AFXDP, 0)
+	var h *host.Host
+	if err := b.NS.Do(func() (err error) {
+		h, err = host.Open(host.Config{Interface: b.Name, GIDs: []netip.Addr{b.Addr}, MTU: 1024, Port: host.AFXDP, NoCM: true})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
-	if err != nil {
-		pb.Close()
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- engine.Run(ctx, dev, pb, engine.Options{}) }()
-	t.Cleanup(func() { stop(); <-done; pb.Close() })
-	return dev
+	t.Cleanup(func() { h.Close() })
+	return h.Device
 }

@@ -13,12 +13,13 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
-	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/internal/rnictest"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
-	"github.com/softrnic/softrnic/verbs/wr"
 )
 
 // buildSoftrnic builds this command into a temp dir.
@@ -106,28 +107,28 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	pd, _ := c.AllocPD()
 	mem, _ := client.AllocMem(1 << 16)
 	defer mem.Free()
-	mr, err := pd.RegMR(mem, 0, 1<<16, verbs.LocalWrite|verbs.RemoteWrite|verbs.RemoteRead)
+	mr, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cq, _ := c.CreateCQ(64)
-	qp, err := pd.CreateQP(client.QPInitAttr{Type: proto.RC, SendCQ: cq, RecvCQ: cq, Caps: proto.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
+	qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pdB := devB.AllocPD()
+	pdB := rnictest.PD(devB)
 	bufB := make([]byte, 1<<16)
-	mrB, _ := pdB.RegMR(bufB, verbs.LocalWrite)
-	cqB := devB.CreateCQ(64)
-	qpB, _ := pdB.CreateQP(verbs.QPInitAttr{Type: verbs.RC, SendCQ: cqB, RecvCQ: cqB})
+	mrB, _ := pdB.RegBytes(bufB, 0, ib.LocalWrite)
+	cqB := rnictest.CQ(devB, 64)
+	qpB, _ := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	gidB := pair.B.Addr.As16()
 	for _, s := range []struct {
-		a proto.QPAttr
-		m proto.QPAttrMask
+		a ib.QPAttr
+		m ib.QPAttrMask
 	}{
-		{proto.QPAttr{State: proto.Init, Access: verbs.RemoteWrite | verbs.RemoteRead}, proto.AttrState | proto.AttrAccessFlags},
-		{proto.QPAttr{State: proto.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), DGID: [16]byte(gidB[:]), MaxDestRdAtomic: 4}, proto.AttrState | proto.AttrAV | proto.AttrPathMTU | proto.AttrDestQPN | proto.AttrMaxDestRdAtomc},
-		{proto.QPAttr{State: proto.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, proto.AttrState | proto.AttrTimeout | proto.AttrRetryCnt | proto.AttrRNRRetry},
+		{ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead}, ib.AttrState | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags},
+		{ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: qpB.QPN(), AV: ib.AddressVector{DGID: ib.GID(gidB)}, MaxDestRdAtomic: 4}, ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrMaxDestRdAtomic | ib.AttrRQPSN | ib.AttrMinRNRTimer},
+		{ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7}, ib.AttrState | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrSQPSN | ib.AttrMaxQPRdAtomic},
 	} {
 		if err := qp.Modify(&s.a, s.m); err != nil {
 			t.Fatalf("client QP to %v: %v", s.a.State, err)
@@ -135,20 +136,20 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	}
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	qpB.Modify(verbs.Init, &verbs.Attr{})
-	if err := qpB.Modify(verbs.RTR, &verbs.Attr{PathMTU: 1024, DestQPN: qp.QPN, MaxDestRdAtomic: 4, AV: verbs.AddressVector{DestMAC: macA, DestIP: pair.A.Addr}}); err != nil {
+	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
-	qpB.Modify(verbs.RTS, &verbs.Attr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
-	waitB := func(what string) verbs.WC {
+	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+	waitB := func(what string) ib.WC {
 		t.Helper()
-		var wcs [1]verbs.WC
+		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer wcancel()
-		if _, err := cqB.Wait(wctx, wcs[:]); err != nil {
+		if _, err := cqB.PollWait(wctx, wcs[:]); err != nil {
 			t.Fatalf("%s: no completion at the peer", what)
 		}
-		if wcs[0].Status != verbs.Success {
+		if wcs[0].Status != ib.Success {
 			t.Fatalf("%s: %v", what, wcs[0].Status)
 		}
 		return wcs[0]
@@ -158,16 +159,16 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	for i := range bufB[:8192] {
 		bufB[i] = byte(i*13 + 1)
 	}
-	qpB.PostSend(verbs.SendWR{ID: 1, Opcode: verbs.RDMAWrite, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 4096, RKey: mr.RKey})
+	qpB.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 4096, RKey: mr.RKey()}})
 	waitB("RDMA WRITE")
 	if !bytes.Equal(mem.Bytes()[4096:4096+8192], bufB[:8192]) {
 		t.Fatal("client memory does not hold the data written from namespace B")
 	}
 	// RDMA READ from namespace B out of the client's memory.
 	copy(mem.Bytes()[30000:], "read across namespaces")
-	qpB.PostSend(verbs.SendWR{ID: 2, Opcode: verbs.RDMARead, Flags: verbs.Signaled,
-		SG: []verbs.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.Addr + 30000, RKey: mr.RKey})
+	qpB.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 30000, RKey: mr.RKey()}})
 	waitB("RDMA READ")
 	if string(bufB[20000:20022]) != "read across namespaces" {
 		t.Fatalf("peer read %q", bufB[20000:20022])
@@ -175,18 +176,18 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 
 	// SIGTERM: the client's outstanding receive is flushed, the daemon exits
 	// 0, and no XDP program stays on the interface.
-	if _, err := qp.PostRecv(&proto.RecvWR{ID: 77, SG: []proto.SGE{mr.SGE(0, 64)}}); err != nil {
+	if _, err := qp.PostRecv([]verbs.RecvWR{{ID: 77, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
 	cmd.Process.Signal(syscall.SIGTERM)
-	var wc [1]wr.WC
+	var wc [1]ib.WC
 	for deadline := time.Now().Add(10 * time.Second); cq.Poll(wc[:]) == 0; {
 		if time.Now().After(deadline) {
 			t.Fatal("no flush completion after SIGTERM")
 		}
 		cq.Wait(10 * time.Millisecond)
 	}
-	if wc[0].ID != 77 || wc[0].Status != wr.WRFlushErr {
+	if wc[0].ID != 77 || wc[0].Status != ib.WRFlushErr {
 		t.Fatalf("after SIGTERM: %+v", wc[0])
 	}
 	select {
@@ -211,28 +212,15 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 // startPeer runs the remote RNIC of the daemon tests: a verbs device on an
 // AF_PACKET port on link b (in its namespace), driven by engine.Run until
 // the test ends.
-func startPeer(t *testing.T, b netnstest.Link) *verbs.Device {
+func startPeer(t *testing.T, b netnstest.Link) *rnic.Device {
 	t.Helper()
-	var pb port.Port
-	var in engine.Interface
-	if err := b.NS.Do(func() error {
-		var err error
-		if in, err = engine.LookupInterface(b.Name); err != nil {
-			return err
-		}
-		pb, err = engine.OpenPort(in, engine.AFPacket)
+	var h *host.Host
+	if err := b.NS.Do(func() (err error) {
+		h, err = host.Open(host.Config{Interface: b.Name, GIDs: []netip.Addr{b.Addr}, MTU: 1024, Port: host.AFPacket, NoCM: true})
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: []netip.Addr{b.Addr}, PortMTU: 1024})
-	if err != nil {
-		pb.Close()
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- engine.Run(ctx, dev, pb, engine.Options{}) }()
-	t.Cleanup(func() { stop(); <-done; pb.Close() })
-	return dev
+	t.Cleanup(func() { h.Close() })
+	return h.Device
 }

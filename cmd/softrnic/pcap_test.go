@@ -38,7 +38,7 @@ func vectorFiles(t *testing.T) []string {
 	return m
 }
 
-// allowedKeys are the keys issue 2 allows in a JSON frame object.
+// allowedKeys are the keys a JSON frame object may have.
 var allowedKeys = map[string]bool{
 	"frame": true, "src": true, "dst": true, "udp_sport": true, "opcode": true, "opcode_name": true,
 	"dest_qp": true, "psn": true, "ack_req": true, "se": true, "pad": true, "pkey": true, "fecn": true,

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/engine"
-	"github.com/softrnic/softrnic/perftest"
-	"github.com/softrnic/softrnic/perftest/runner"
+	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/internal/perftest"
+	"github.com/softrnic/softrnic/internal/perftest/runner"
 )
 
 func init() {
@@ -79,7 +79,7 @@ func runPerf(args []string) int {
 		fmt.Fprintf(os.Stderr, "softrnic perf: %v\n", err)
 		return 2
 	}
-	kind := engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
+	kind := host.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	run := runner.RunCLI

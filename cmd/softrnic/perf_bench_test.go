@@ -12,10 +12,10 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/internal/perftest"
 )
 
-// BenchmarkSend64DaemonOverhead is issue 8's overhead figure: 64-byte SEND
+// BenchmarkSend64DaemonOverhead is the daemon's overhead figure: 64-byte SEND
 // latency (send_lat, half round trip) and message rate (send_bw, the
 // sender's) of `softrnic perf` with its QPs in a daemon (--daemon) and with
 // its own device in process, both over a real AF_XDP port on namespace A's

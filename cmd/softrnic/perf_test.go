@@ -15,17 +15,18 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/perftest"
+	"github.com/softrnic/softrnic/internal/perftest"
 )
 
-// startDaemon runs `softrnic daemon` on link a (AF_XDP) and returns its
-// control socket once it answers, and stop, which ends it with SIGTERM (as
-// the test's cleanup does at the latest) and waits until it is gone.
-func startDaemon(t testing.TB, bin string, a netnstest.Link) (sock string, stop func()) {
+// startDaemon runs `softrnic daemon` on link a (AF_XDP, and the flags in
+// args) and returns its control socket once it answers, and stop, which
+// ends it with SIGTERM (as the test's cleanup does at the latest) and
+// waits until it is gone.
+func startDaemon(t testing.TB, bin string, a netnstest.Link, args ...string) (sock string, stop func()) {
 	t.Helper()
 	sock = filepath.Join(t.TempDir(), "ctl.sock")
 	logs := new(syncBuffer)
-	cmd := exec.Command("ip", "netns", "exec", a.NS.Name, bin, "daemon", "-d", a.Name, "--control", sock, "--port", "afxdp")
+	cmd := exec.Command("ip", append([]string{"netns", "exec", a.NS.Name, bin, "daemon", "-d", a.Name, "--control", sock, "--port", "afxdp"}, args...)...)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -10,8 +10,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/engine"
-	"github.com/softrnic/softrnic/pingpong"
+	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/internal/pingpong"
 )
 
 func init() {
@@ -21,6 +21,7 @@ func init() {
 func pingpongUsage() {
 	fmt.Fprint(os.Stderr, `usage: softrnic pingpong rc|ud -d INTERFACE [flags]          (server)
        softrnic pingpong rc|ud -d INTERFACE [flags] SERVER   (client)
+       softrnic pingpong rc|ud --daemon SOCKET [flags] [SERVER]
 
 rc and ud are rdma-core's ibv_rc_pingpong and ibv_ud_pingpong: either end
 may be the stock tool on an rxe or ConnectX host (same side channel, same
@@ -28,6 +29,9 @@ may be the stock tool on an rxe or ConnectX host (same side channel, same
 
 flags (the stock tools'):
 `+pingpong.Usage+`
+      --daemon=SOCKET    run the QP in the softrnic daemon listening on
+                         SOCKET instead of a device of this process
+
 SOFTRNIC_PORT=afxdp|afpacket|auto chooses the packet I/O (default auto).
 `)
 }
@@ -48,7 +52,12 @@ func runPingpong(args []string) int {
 		pingpongUsage()
 		return 2
 	}
-	p, err := pingpong.ParseArgs(t, args[1:])
+	rest, daemonSock, err := cutDaemonFlag(args[1:])
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softrnic pingpong: %v\n", err)
+		return 2
+	}
+	p, err := pingpong.ParseArgs(t, rest)
 	if errors.Is(err, pingpong.ErrHelp) {
 		pingpongUsage()
 		return 0
@@ -57,10 +66,14 @@ func runPingpong(args []string) int {
 		fmt.Fprintf(os.Stderr, "softrnic pingpong: %v\n", err)
 		return 2
 	}
+	if p.Device == "" && daemonSock == "" {
+		fmt.Fprintf(os.Stderr, "softrnic pingpong: -d INTERFACE is required (the network interface to run RoCE on)\n")
+		return 2
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	kind := engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
-	if _, err := pingpong.RunCLI(ctx, p, pingpong.CLIOptions{PortKind: kind, DialFor: 3 * time.Second}, os.Stdout); err != nil {
+	kind := host.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
+	if _, err := pingpong.RunCLI(ctx, p, pingpong.CLIOptions{PortKind: kind, DialFor: 3 * time.Second, Daemon: daemonSock}, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "softrnic pingpong %s: %v\n", args[0], err)
 		return 1
 	}

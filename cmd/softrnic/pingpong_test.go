@@ -1,6 +1,8 @@
 package main
 
-import "testing"
+import (
+	"testing"
+)
 
 // TestPingpongArgs: the subcommand rejects what it cannot run with usage
 // errors (2) before it touches any interface.

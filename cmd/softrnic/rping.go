@@ -15,23 +15,14 @@ import (
 	"syscall"
 
 	"github.com/softrnic/softrnic/client"
-	cmrping "github.com/softrnic/softrnic/cm/rping"
-	"github.com/softrnic/softrnic/engine"
-	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/host"
+	cmrping "github.com/softrnic/softrnic/internal/cm/rping"
+	"github.com/softrnic/softrnic/internal/rdmacm/rping"
 	"github.com/softrnic/softrnic/rdmacm"
-	"github.com/softrnic/softrnic/rdmacm/rping"
-	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/route"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 func init() {
 	register("rping", "librdmacm's rping over the CM on QP1: -s (server) or -c -a ADDR (client)", runRping)
-}
-
-// runDeviceEngine drives a verbs.Device on a port until ctx ends.
-func runDeviceEngine(ctx context.Context, dev *verbs.Device, p port.Port) error {
-	return engine.Run(ctx, dev, p, engine.Options{})
 }
 
 const rpingUsage = `usage: softrnic rping -s [-a ADDR] [-p PORT] [-S SIZE] [-v] [-V] [-d IFACE]   (server)
@@ -66,7 +57,7 @@ type rpingArgs struct {
 	addr           netip.Addr
 	iface          string
 	opts           rping.Options
-	kind           engine.PortKind
+	kind           host.PortKind
 	daemon         string // --daemon: the daemon's control socket
 }
 
@@ -120,7 +111,7 @@ func parseRping(args []string) (rpingArgs, error) {
 	if r.opts.Size < cmrping.MinSize || r.opts.Size > cmrping.MaxSize {
 		return r, fmt.Errorf("-S %d: the size must be in [%d, %d]", r.opts.Size, cmrping.MinSize, cmrping.MaxSize)
 	}
-	r.kind = engine.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
+	r.kind = host.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))
 	return r, nil
 }
 
@@ -149,94 +140,50 @@ type cmHost struct {
 	iface  string
 	addr   netip.Addr // the server's address (client: the peer; server: ours, optional)
 	client bool
-	kind   engine.PortKind
+	kind   host.PortKind
 }
 
 // pickIface picks the interface: the one given, else the one routing to a
 // client's server, else the one holding a server's address.
-func (h cmHost) pickIface(res *route.Resolver) (string, error) {
-	if h.iface != "" {
+func (h cmHost) pickIface() (string, error) {
+	switch {
+	case h.iface != "":
 		return h.iface, nil
-	}
-	if h.client {
-		n, err := res.Lookup(h.addr)
-		if n.IfName == "" {
-			return "", fmt.Errorf("no interface routes to %v (%v): give -d IFACE", h.addr, err)
-		}
-		return n.IfName, nil
-	}
-	if h.addr.IsValid() {
-		ifs, err := net.Interfaces()
+	case h.client:
+		name, err := host.InterfaceToward(h.addr)
 		if err != nil {
-			return "", err
+			return "", fmt.Errorf("%v: give -d IFACE", err)
 		}
-		for _, ifi := range ifs {
-			addrs, _ := ifi.Addrs()
-			for _, a := range addrs {
-				if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Unmap() == h.addr {
-					return ifi.Name, nil
-				}
-			}
+		return name, nil
+	case h.addr.IsValid():
+		name, err := host.InterfaceHolding(h.addr)
+		if err != nil {
+			return "", fmt.Errorf("%v: give -d IFACE", err)
 		}
-		return "", fmt.Errorf("no interface has %v: give -d IFACE", h.addr)
+		return name, nil
 	}
 	return "", errors.New("the server needs -d IFACE or its address")
 }
 
-// withCMAgent opens a device on h's interface (in the calling thread's
-// network namespace), runs its engine and an rdmacm agent on it, calls f
-// with the agent and tears everything down (the agent first, so that its
-// last DREQ or REJ still goes out). Every rdma_cm tool (rping,
-// rdma_server, rdma_client) runs through it.
-func withCMAgent(ctx context.Context, h cmHost, f func(*rdmacm.Agent) error) error {
-	res, err := route.New()
+// withCMAgent opens a host on h's interface (in the calling thread's
+// network namespace: device, port, engine, rdma_cm agent), calls f with
+// its agent and closes it (the agent first, so that its last DREQ or REJ
+// still goes out). Every rdma_cm tool (rping, rdma_server, rdma_client)
+// runs through it.
+func withCMAgent(h cmHost, f func(*rdmacm.Agent) error) error {
+	name, err := h.pickIface()
 	if err != nil {
 		return err
 	}
-	defer res.Close()
-	name, err := h.pickIface(res)
+	hst, err := host.Open(host.Config{Interface: name, Port: h.kind})
 	if err != nil {
 		return err
 	}
-	in, err := engine.LookupInterface(name)
-	if err != nil {
+	ferr := f(hst.CM)
+	if err := hst.Close(); err != nil && ferr == nil {
 		return err
 	}
-	pt, err := engine.OpenPortQueues(in, h.kind, 0) // every RX queue: RSS spreads RoCEv2 over them
-	if err != nil {
-		return fmt.Errorf("open %s: %w", in.Name, err)
-	}
-	defer pt.Close()
-	mtu := in.ActiveMTU()
-	if mtu == 0 {
-		return fmt.Errorf("%s: MTU %d too small for RoCE", in.Name, in.MTU)
-	}
-	dev, err := verbs.NewDevice(verbs.Config{MAC: in.MAC, Addrs: in.GIDs, PortMTU: mtu})
-	if err != nil {
-		return err
-	}
-	ectx, stopEngine := context.WithCancel(ctx)
-	engDone := make(chan error, 1)
-	go func() { engDone <- runDeviceEngine(ectx, dev, pt) }()
-	defer func() { stopEngine(); <-engDone }()
-
-	agent, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
-		var mac [6]byte
-		n, err := res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses
-		if err != nil {
-			return mac, err
-		}
-		if n.IfIndex != in.Index {
-			return mac, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, in.Name)
-		}
-		copy(mac[:], n.DstMAC)
-		return mac, nil
-	}})
-	if err != nil {
-		return err
-	}
-	defer agent.Close()
-	return f(agent)
+	return ferr
 }
 
 // rpingMain runs the rping server or client on a device of its own. ready,
@@ -246,7 +193,7 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 	if r.daemon != "" {
 		return rpingDaemon(ctx, r, ready)
 	}
-	return withCMAgent(ctx, cmHost{iface: r.iface, addr: r.addr, client: r.client, kind: r.kind}, func(a *rdmacm.Agent) error {
+	return withCMAgent(cmHost{iface: r.iface, addr: r.addr, client: r.client, kind: r.kind}, func(a *rdmacm.Agent) error {
 		if r.server {
 			return rping.Server(ctx, a, r.opts, ready)
 		}
@@ -255,23 +202,18 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 }
 
 // rpingDaemon runs rping through the softrnic daemon at r.daemon: its
-// device, and its CM agent for the connection.
+// device, and its CM agent for the connection (the client is both).
 func rpingDaemon(ctx context.Context, r rpingArgs, ready func()) error {
 	c, err := client.Dial(r.daemon)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	dev := rnic.Daemon(c)
-	cm, err := rnic.DaemonCM(dev)
-	if err != nil {
-		return err
-	}
 	if r.server {
-		if r.addr.IsValid() && !slices.Contains(dev.GIDs(), r.addr) {
-			return fmt.Errorf("the daemon's device (%s) has no address %v", dev.Name(), r.addr)
+		if r.addr.IsValid() && !slices.Contains(c.GIDs(), r.addr) {
+			return fmt.Errorf("the daemon's device (%s) has no address %v", c.Name(), r.addr)
 		}
-		return rping.RunServer(ctx, dev, cm, r.opts, ready)
+		return rping.RunServer(ctx, c, c, r.opts, ready)
 	}
-	return rping.RunClient(ctx, dev, cm, r.addr, r.opts)
+	return rping.RunClient(ctx, c, c, r.addr, r.opts)
 }

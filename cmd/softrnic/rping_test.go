@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	cmrping "github.com/softrnic/softrnic/cm/rping"
+	cmrping "github.com/softrnic/softrnic/internal/cm/rping"
 	"github.com/softrnic/softrnic/internal/netnstest"
 )
 

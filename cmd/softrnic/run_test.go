@@ -380,7 +380,7 @@ func TestCProgram(t *testing.T) {
 	t.Run("control", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		out, err := prog(ctx, pair.A.NS, sockA, "control").CombinedOutput()
+		out, err := prog(ctx, pair.A.NS, sockA, "control", pair.B.Addr.String()).CombinedOutput()
 		if err != nil || !bytes.Contains(out, []byte(" passed, 0 failed")) {
 			t.Fatalf("%v\n%s", err, out)
 		}

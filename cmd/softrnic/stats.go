@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 )
 
 func init() {
@@ -175,13 +176,13 @@ func cstring(b []byte) string {
 	return string(b)
 }
 
-func qpTypeString(t proto.QPType) string {
+func qpTypeString(t ib.QPType) string {
 	switch t {
-	case proto.RC:
+	case ib.RC:
 		return "RC"
-	case proto.UC:
+	case ib.UC:
 		return "UC"
-	case proto.UD:
+	case ib.UD:
 		return "UD"
 	}
 	return fmt.Sprintf("type%d", t)

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 )
 
 func sampleStats() *statsReport {
@@ -14,10 +15,10 @@ func sampleStats() *statsReport {
 	r.Values[proto.CtrRxPackets] = 123
 	r.Values[proto.CtrTxPackets] = 45
 	r.Values[proto.CtrXdpSteered] = 9 // not valid on this port: never printed
-	q := proto.QPStats{QPN: 17, Type: proto.RC, State: proto.RTS, Valid: 1<<proto.QCtrDuplicateRequest | 1<<proto.QCtrRetransmits}
+	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1<<proto.QCtrDuplicateRequest | 1<<proto.QCtrRetransmits}
 	q.Values[proto.QCtrDuplicateRequest] = 3
 	q.Values[proto.QCtrRetransmits] = 2
-	u := proto.QPStats{QPN: 18, Type: proto.UD, State: proto.RTS, Valid: 1 << proto.QCtrRxPackets}
+	u := proto.QPStats{QPN: 18, Type: ib.UD, State: ib.RTS, Valid: 1 << proto.QCtrRxPackets}
 	u.Values[proto.QCtrRxPackets] = 8
 	r.QPs = []proto.QPStats{q, u}
 	return r
@@ -120,7 +121,7 @@ func TestStatusText(t *testing.T) {
 	var r statusReport
 	copy(r.Info.Name[:], "veth0")
 	r.Info.NodeGUID = 0x0211223344556677
-	r.Info.PortActive = 1
+	r.Info.PortActive = true
 	r.Info.ActiveMTU = 1024
 	r.Info.NumGIDs = 1
 	r.Info.GIDs[0] = [16]byte{10: 0xff, 11: 0xff, 12: 10, 13: 9, 14: 0, 15: 1}
@@ -129,7 +130,7 @@ func TestStatusText(t *testing.T) {
 	r.Status.Port.Queues = 1
 	r.Status.NumClients, r.Status.Listed = 2, 1
 	r.Status.Clients[0] = proto.ClientStatus{ID: 4, PID: 77, QPs: 1, CQs: 1, MRs: 2, PDs: 1}
-	r.QPs = []proto.QPStats{{QPN: 17, Type: proto.RC, State: proto.RTS}}
+	r.QPs = []proto.QPStats{{QPN: 17, Type: ib.RC, State: ib.RTS}}
 	r.HaveQP = true
 	var b bytes.Buffer
 	if err := writeStatus(&b, &r); err != nil {

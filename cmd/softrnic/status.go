@@ -87,7 +87,7 @@ func writeStatus(w io.Writer, r *statusReport) error {
 	var b strings.Builder
 	info, st := &r.Info, &r.Status
 	state := "DOWN"
-	if info.PortActive != 0 {
+	if info.PortActive {
 		state = "ACTIVE"
 	}
 	fmt.Fprintf(&b, "device     %s  node_guid %016x  port 1 %s  mtu %d\n", cstring(info.Name[:]), info.NodeGUID, state, info.ActiveMTU)

@@ -12,8 +12,8 @@ import (
 // counter, ECN thresholds, buffers) alone. The DCQCN fluid model is
 // invariant under this map (rates/C, queue in bytes, t/s), so a dilated
 // run's normalised traces compare with the undilated simulation. The live
-// lab (lab/dcqcnlive) and the verbs device both dilate through these two
-// methods so that they agree on what "scale s" means.
+// lab (lab/dcqcnlive) and the device (package rnic) both dilate through
+// these two methods so that they agree on what "scale s" means.
 
 // Dilate returns c with its rates divided by s and its periods multiplied
 // by s. s ≤ 0 or NaN leaves c unchanged.

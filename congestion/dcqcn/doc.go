@@ -25,7 +25,7 @@ package dcqcn
 //
 //	// On receiving a request or a READ response for this QP (ce = IP ECN
 //	// field == CE); never an ACK: a CNP slows the packet's sender, and an
-//	// ACK is not traffic its RP paces (see verbs.Device.npPacket):
+//	// ACK is not traffic its RP paces (see transport/rc, npPacket):
 //	if q.np.OnPacket(now, ce) {
 //		// send a CNP to the QP's remote QPN, DSCP npCfg.DSCP, PCP npCfg.Prio
 //	}

@@ -1,15 +1,3 @@
-// Package proto is the contract between the softrnic daemon and its local
-// clients: the control messages exchanged over the daemon's Unix socket, and
-// the layout of the work queue and completion queue entries in the
-// shared-memory rings (package shmring) through which data-path operations
-// flow without syscalls.
-//
-// Control messages travel on a SOCK_SEQPACKET socket, so each message is one
-// record and file descriptors (memfds, eventfds) ride with the message that
-// names them (SCM_RIGHTS). A message is a 16-byte Header followed by a body,
-// a fixed-size little-endian struct per operation (encoding/binary), whose
-// exact size is checked: a body of the wrong size is refused, never guessed
-// at. Error replies carry an errno in Header.Errno and a short text body.
 package proto
 
 import (
@@ -22,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // DefaultControl is the daemon's control socket unless configured otherwise
@@ -30,7 +18,7 @@ import (
 const DefaultControl = "/run/softrnic/softrnic.sock"
 
 // Version is the protocol version; the daemon refuses an Open of another.
-const Version = 1
+const Version = 2
 
 // MaxMessage is the largest control message, header included.
 const MaxMessage = 4096
@@ -62,16 +50,20 @@ const (
 	// exchange is over: the connection serves no other call meanwhile.
 	OpCMListen     // CMListenReq → HandleMsg (the listener)
 	OpCMGetRequest // HandleMsg (listener) → CMRequestResp, when a REQ arrives
-	OpCMAccept     // CMConnReq (Request set) → CreateQPResp + SQ, RQ ring memfds, once established; or CMUDAcceptReq (UDP space) → nothing
+	OpCMAccept     // CMConnReq (Request set) → nothing, once established; or CMUDAcceptReq (UDP space) → nothing
 	OpCMReject     // HandleMsg (request)
-	OpCMConnect    // CMConnReq (Peer, Port set) → CreateQPResp + SQ, RQ ring memfds, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
+	OpCMConnect    // CMConnReq (Peer, Port set) → nothing, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
 	OpCMDisconnect // HandleMsg (QP) → when the peer answered the DREQ (or it timed out)
 	OpCMUnlisten   // HandleMsg (listener): requests not taken are rejected
+	OpCreateAH     // CreateAHReq → HandleMsg (the AH UD send slots name)
+	OpDestroyAH    // HandleMsg (AH)
+	OpCMClose      // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
 	opMax
 )
 
 var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS",
-	"CM_LISTEN", "CM_GET_REQUEST", "CM_ACCEPT", "CM_REJECT", "CM_CONNECT", "CM_DISCONNECT", "CM_UNLISTEN"}
+	"CM_LISTEN", "CM_GET_REQUEST", "CM_ACCEPT", "CM_REJECT", "CM_CONNECT", "CM_DISCONNECT", "CM_UNLISTEN",
+	"CREATE_AH", "DESTROY_AH", "CM_CLOSE"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -92,29 +84,18 @@ type Header struct {
 // HeaderSize is the encoded size of Header.
 const HeaderSize = 16
 
-// Handle names a PD, MR, CQ or QP within one client connection. Handles are
+// Handle names a PD, MR, CQ, QP or AH within one client connection. Handles are
 // per connection: the same number on another connection is another object
 // (or none), so a client can never name another client's resources.
 type Handle uint32
 
 // DeviceInfo is the reply to Open.
 type DeviceInfo struct {
-	Name       [16]byte // interface name, NUL padded
-	NodeGUID   uint64
-	MaxQP      uint32
-	MaxCQ      uint32
-	MaxMR      uint32
-	MaxPD      uint32
-	MaxQPWR    uint32
-	MaxCQE     uint32
-	MaxSGE     uint32
-	MaxInline  uint32
-	MaxMRSize  uint64
-	ActiveMTU  uint32 // bytes
-	NumGIDs    uint32
-	GIDs       [8][16]byte // IPv4 as IPv4-mapped IPv6, as RoCEv2 GIDs are
-	PortActive uint8
-	_          [7]byte
+	Name [16]byte // interface name, NUL padded
+	ib.DeviceAttr
+	NumGIDs uint32
+	_       uint32
+	GIDs    [8][16]byte // IPv4 as IPv4-mapped IPv6, as RoCEv2 GIDs are
 }
 
 // OpenReq is the body of OpOpen.
@@ -136,7 +117,7 @@ type HandleMsg struct {
 // remote peers with the rkey.
 type RegMRReq struct {
 	PD     Handle
-	Access wr.Access
+	Access ib.Access
 	Offset uint64
 	Length uint64
 	IOVA   uint64
@@ -164,34 +145,15 @@ type CreateCQResp struct {
 	Slots uint32
 }
 
-// QPType is a transport service type.
-type QPType uint8
-
-// QP types (ibv_qp_type numbering).
-const (
-	RC QPType = 2
-	UD QPType = 4
-)
-
-// QPCaps are a QP's queue sizes (ibv_qp_cap).
-type QPCaps struct {
-	MaxSendWR  uint32
-	MaxRecvWR  uint32
-	MaxSendSGE uint32
-	MaxRecvSGE uint32
-	MaxInline  uint32
-	_          uint32
-}
-
 // CreateQPReq is the body of OpCreateQP.
 type CreateQPReq struct {
 	PD     Handle
 	SendCQ Handle
 	RecvCQ Handle
-	Type   QPType
+	Type   ib.QPType
 	SigAll uint8 // every send WR generates a completion
 	_      [2]byte
-	Caps   QPCaps
+	Caps   ib.QPCaps
 }
 
 // CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring
@@ -202,87 +164,24 @@ type CreateQPResp struct {
 	QPN     uint32
 	SQSlots uint32
 	RQSlots uint32
-	Caps    QPCaps // what was granted (at least what was asked)
+	Caps    ib.QPCaps // what was granted (at least what was asked)
 }
 
-// QPState is a QP state (ibv_qp_state numbering).
-type QPState uint8
-
-// QP states.
-const (
-	Reset QPState = iota
-	Init
-	RTR
-	RTS
-	SQD
-	SQE
-	Err
-)
-
-func (s QPState) String() string {
-	if int(s) < len(stateNames) {
-		return stateNames[s]
-	}
-	return "QPS_?"
+// CreateAHReq is the body of OpCreateAH: an address handle in PD
+// (ibv_create_ah). The daemon resolves the next hop's MAC itself, as the
+// kernel does for a RoCE AH: DMAC is ignored.
+type CreateAHReq struct {
+	PD Handle
+	_  uint32
+	AV ib.AddressVector
 }
 
-var stateNames = [...]string{"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"}
-
-// QPAttrMask says which QPAttr fields a ModifyQP sets (ibv_qp_attr_mask bits).
-type QPAttrMask uint32
-
-// Attribute mask bits, as IBV_QP_*.
-const (
-	AttrState          QPAttrMask = 1 << 0
-	AttrAccessFlags    QPAttrMask = 1 << 3
-	AttrPKeyIndex      QPAttrMask = 1 << 4
-	AttrPort           QPAttrMask = 1 << 5
-	AttrQKey           QPAttrMask = 1 << 6
-	AttrAV             QPAttrMask = 1 << 7
-	AttrPathMTU        QPAttrMask = 1 << 8
-	AttrTimeout        QPAttrMask = 1 << 9
-	AttrRetryCnt       QPAttrMask = 1 << 10
-	AttrRNRRetry       QPAttrMask = 1 << 11
-	AttrRQPSN          QPAttrMask = 1 << 12
-	AttrMaxQPRdAtomic  QPAttrMask = 1 << 13
-	AttrMinRNRTimer    QPAttrMask = 1 << 15
-	AttrSQPSN          QPAttrMask = 1 << 16
-	AttrMaxDestRdAtomc QPAttrMask = 1 << 17
-	AttrDestQPN        QPAttrMask = 1 << 20
-
-	attrKnown = AttrState | AttrAccessFlags | AttrPKeyIndex | AttrPort | AttrQKey | AttrAV | AttrPathMTU |
-		AttrTimeout | AttrRetryCnt | AttrRNRRetry | AttrRQPSN | AttrMaxQPRdAtomic | AttrMinRNRTimer |
-		AttrSQPSN | AttrMaxDestRdAtomc | AttrDestQPN
-)
-
-// QPAttr are QP attributes (the ibv_qp_attr fields a RoCE QP uses).
-type QPAttr struct {
-	State           QPState
-	Timeout         uint8 // 4.096 µs · 2^Timeout; 0 = infinite
-	RetryCnt        uint8
-	RNRRetry        uint8
-	MinRNRTimer     uint8
-	MaxRdAtomic     uint8
-	MaxDestRdAtomic uint8
-	SGIDIndex       uint8
-	PathMTU         uint32 // bytes: 256..4096
-	QKey            uint32
-	RQPSN           uint32
-	SQPSN           uint32
-	DestQPN         uint32
-	Access          wr.Access
-	PKeyIndex       uint16
-	HopLimit        uint8
-	TrafficClass    uint8
-	FlowLabel       uint32
-	DGID            [16]byte // the remote GID (address vector)
-}
-
-// ModifyQPReq is the body of OpModifyQP.
+// ModifyQPReq is the body of OpModifyQP: ibv_modify_qp's attributes and
+// mask, as the device takes them.
 type ModifyQPReq struct {
 	QP   Handle
-	Mask QPAttrMask
-	Attr QPAttr
+	Mask ib.QPAttrMask
+	Attr ib.QPAttr
 }
 
 // CaptureReq is the body of OpCapture: capture the RoCE frames the daemon
@@ -426,28 +325,24 @@ func RejectReason(err error) (reason uint16, ok bool) {
 	return uint16(n), true
 }
 
-// CMConnReq is the body of OpCMAccept and OpCMConnect: the RC QP the CM
-// creates in the daemon for the connection (as CREATE_QP, RC, in PD with
-// the CQs) and the rdma_conn_param. InitRecv, if HasInitRecv, is posted on
-// the QP before the CM exchange goes on, so that the peer's first SEND,
-// which may come right after the REP or RTU, finds it.
+// CMConnReq is the body of OpCMAccept and OpCMConnect: the client's own
+// RC QP the connection drives (created by CREATE_QP, in RESET or INIT,
+// with the receives the peer's first SENDs need already in its RQ ring)
+// and the rdma_conn_param. The CM moves the QP to INIT (Access), RTR and
+// RTS as the exchange goes; the reply, once the connection is
+// established, has no body.
 type CMConnReq struct {
-	Request            Handle // ACCEPT: from GET_REQUEST
-	PD                 Handle
-	SendCQ             Handle
-	RecvCQ             Handle
-	Caps               QPCaps
-	Access             wr.Access // what the peer may do through the QP
+	Request            Handle    // ACCEPT: from GET_REQUEST
+	QP                 Handle    // the connection's QP
+	Access             ib.Access // what the peer may do through the QP
 	Port               uint16    // CONNECT: the peer's rdma_cm port
 	ResponderResources uint8
 	InitiatorDepth     uint8
 	RetryCount         uint8 // 0 means 7
 	RNRRetry           uint8 // 0 means 7
-	HasInitRecv        uint8
-	_                  uint8
+	MinRNRTimer        uint8 // 0: the CM's default
+	_                  [5]byte
 	Peer               [16]byte // CONNECT: the peer's GID
-	InitRecvID         uint64
-	InitRecv           SGE
 }
 
 // PortStatus is how the daemon moves frames (softrnic status).
@@ -478,14 +373,6 @@ type StatusResp struct {
 	NumClients uint32
 	Listed     uint32
 	Clients    [MaxStatusClients]ClientStatus
-}
-
-// Validate checks a mask against the bits this protocol knows.
-func (m QPAttrMask) Validate() error {
-	if m&^attrKnown != 0 {
-		return fmt.Errorf("unknown QP attribute mask bits %#x", uint32(m&^attrKnown))
-	}
-	return nil
 }
 
 // Encode appends h and body (nil, a fixed-size struct, or raw bytes) to

@@ -9,16 +9,16 @@ package proto
 // (NumSGE of them) or InlineLen bytes of inline data follow it.
 type SendSlot struct {
 	ID         uint64
-	Opcode     uint8 // wr.Opcode
-	Flags      uint8 // wr.Flags
+	Opcode     uint8 // ib.WROpcode
+	Flags      uint8 // ib.SendFlags
 	NumSGE     uint8
 	_          uint8
 	Imm        uint32 // immediate data, or the rkey to invalidate (SEND_WITH_INV)
 	RemoteAddr uint64
 	RKey       uint32
-	InlineLen  uint32 // with wr.Inline in Flags
-	Compare    uint64 // ATOMIC_CMP_AND_SWP
-	SwapAdd    uint64 // ATOMIC_CMP_AND_SWP swap value, ATOMIC_FETCH_AND_ADD addend
+	InlineLen  uint32 // with ib.Inline in Flags
+	CompareAdd uint64 // ATOMIC_CMP_AND_SWP compare value, ATOMIC_FETCH_AND_ADD addend
+	Swap       uint64 // ATOMIC_CMP_AND_SWP swap value
 	_          [16]byte
 }
 
@@ -35,9 +35,9 @@ type SendSlotUD struct {
 	RKey       uint32
 	InlineLen  uint32
 	RemoteQPN  uint32
-	QKey       uint32
-	DGID       [16]byte // IPv4 as IPv4-mapped IPv6
-	_          [8]byte
+	QKey       uint32 // high bit set: the QP's own Q_Key
+	AH         uint32 // the client's handle of the address handle (CREATE_AH)
+	_          [20]byte
 }
 
 // RecvSlot is the 16-byte header of an RQ slot; NumSGE SGEs follow it.
@@ -50,9 +50,9 @@ type RecvSlot struct {
 // CQE is a completion slot (CQESize bytes).
 type CQE struct {
 	ID      uint64
-	Status  uint8 // wr.Status
-	Opcode  uint8 // wr.WCOpcode
-	Flags   uint8 // wr.WCFlags
+	Status  uint8 // ib.WCStatus
+	Opcode  uint8 // ib.WCOpcode
+	Flags   uint8 // ib.WCFlags
 	IsRecv  uint8 // 1: a receive-queue completion
 	ByteLen uint32
 	Imm     uint32

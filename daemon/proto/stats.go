@@ -1,5 +1,7 @@
 package proto
 
+import "github.com/softrnic/softrnic/ib"
+
 // CounterDef names one counter the way Linux RDMA tools name it (rdma
 // statistic, /sys/class/infiniband/*/ports/1/hw_counters), or, where no
 // Linux driver counts the same event, with a name of ours in the same style.
@@ -146,6 +148,11 @@ const (
 	QCtrReqRemoteInvalidRequest        // RC
 	QCtrRespRemoteAccessErrors         // RC, UC
 	QCtrRespLocalLengthError           // RC, UC
+	QCtrDCQCNECNMarked                 // RC, UC with DCQCN: CE-marked packets received (NP)
+	QCtrDCQCNCNPSent                   // RC, UC with DCQCN: CNPs the NP asked for
+	QCtrDCQCNCNPHandled                // RC, UC with DCQCN: CNPs the RP acted on
+	QCtrDCQCNCNPIgnored                // RC, UC with DCQCN: CNPs coalesced into a pending cut
+	QCtrDCQCNRateCuts                  // RC, UC with DCQCN: the RP's rate cuts
 	NumQPCounters
 )
 
@@ -175,6 +182,13 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
 	QCtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
 	QCtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
+	// A QP's own DCQCN counts, under names of their own so that a tool
+	// summing the mlx5 names over a device does not count them twice.
+	QCtrDCQCNECNMarked:  {"dcqcn_ecn_marked", "CE-marked packets this QP received (DCQCN NP)"},
+	QCtrDCQCNCNPSent:    {"dcqcn_cnp_sent", "CNPs this QP's NP asked for"},
+	QCtrDCQCNCNPHandled: {"dcqcn_cnp_handled", "CNPs this QP's RP acted on"},
+	QCtrDCQCNCNPIgnored: {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
+	QCtrDCQCNRateCuts:   {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not
@@ -212,8 +226,8 @@ type StatsReq struct {
 // transport counts (bit i for Values[i]).
 type QPStats struct {
 	QPN    uint32
-	Type   QPType
-	State  QPState
+	Type   ib.QPType
+	State  ib.QPState
 	_      [2]byte
 	Valid  uint32
 	_      uint32
@@ -222,7 +236,7 @@ type QPStats struct {
 
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-const MaxStatsQPs = 16
+const MaxStatsQPs = 12
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.
@@ -254,5 +268,3 @@ type QueueStats struct {
 }
 
 // UC is the unreliable connected QP type (ibv_qp_type numbering), which
-// QPStats reports for UC QPs.
-const UC QPType = 3

@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+
+	"github.com/softrnic/softrnic/ib"
 )
 
 // A STATS reply, header included, fits one control message, and survives
@@ -17,7 +19,7 @@ func TestStatsMessages(t *testing.T) {
 	r.Valid = ValidAll
 	r.Device[CtrRxPackets], r.Device[NumDeviceCounters-1] = 5, 6
 	r.Listed, r.More = 2, 1
-	r.QPs[1] = QPStats{QPN: 0xabcdef, Type: UC, State: RTS, Valid: 3}
+	r.QPs[1] = QPStats{QPN: 0xabcdef, Type: ib.UC, State: ib.RTS, Valid: 3}
 	r.QPs[1].Values[NumQPCounters-1] = 7
 	msg, err := Encode(nil, Header{Op: OpStats, Seq: 9}, &r)
 	if err != nil {

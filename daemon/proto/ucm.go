@@ -1,5 +1,7 @@
 package proto
 
+import "github.com/softrnic/softrnic/ib"
+
 // UCM: rdma_cm for clients, event-based, as the kernel's rdma_ucm serves
 // rdma-core's librdmacm. It is what softrnic's librdmacm.so.1 speaks; the
 // blocking CM operations above (OpCMListen … OpCMUnlisten) remain for the
@@ -193,8 +195,8 @@ type UCMConnectReq struct {
 	Space        uint16
 	SrcPort      uint16
 	DstPort      uint16
-	QPType       QPType // TCP space: RC or UC, the type of Param.QPN's QP
-	PathMTU      uint8  // IB enum (1 = 256 … 5 = 4096): at most the port's active MTU
+	QPType       ib.QPType // TCP space: RC or UC, the type of Param.QPN's QP
+	PathMTU      uint8     // IB enum (1 = 256 … 5 = 4096): at most the port's active MTU
 	HopLimit     uint8
 	TrafficClass uint8
 	_            [2]byte

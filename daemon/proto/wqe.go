@@ -5,46 +5,14 @@ import (
 	"fmt"
 	"net/netip"
 
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
 )
 
-// SGE is one scatter/gather element: Length bytes at client virtual address
-// Addr inside the MR named by LKey (ibv_sge).
-type SGE struct {
-	Addr   uint64
-	Length uint32
-	LKey   uint32
-}
-
-// SendWR is a send work request as the client posts it and the daemon
-// decodes it from the SQ ring (ibv_send_wr). Exactly one of SG and Inline is
-// used: with wr.Inline in Flags, Inline holds the data itself.
-type SendWR struct {
-	ID         uint64
-	Opcode     wr.Opcode
-	Flags      wr.Flags
-	SG         []SGE
-	Inline     []byte
-	Imm        uint32 // SEND_WITH_IMM, RDMA_WRITE_WITH_IMM
-	InvRKey    uint32 // SEND_WITH_INV
-	RemoteAddr uint64
-	RKey       uint32
-	Compare    uint64
-	SwapAdd    uint64
-	// UD destination.
-	RemoteQPN uint32
-	QKey      uint32
-	DGID      [16]byte
-}
-
-// RecvWR is a receive work request (ibv_recv_wr).
-type RecvWR struct {
-	ID uint64
-	SG []SGE
-}
-
-// Ring entry layouts (little-endian). A send slot is a 64-byte header then
-// either SGEs (16 bytes each) or inline data:
+// Ring entry layouts (little-endian). The rings carry the application's
+// form of a work request (verbs.SendWR, verbs.RecvWR): the client encodes
+// what it posts, the daemon decodes what it hands its device. A send slot
+// is a 64-byte header then either SGEs (16 bytes each) or inline data:
 //
 //	0  ID u64
 //	8  opcode u8, flags u8, SGE count u8, 0
@@ -53,11 +21,11 @@ type RecvWR struct {
 //	24 rkey u32
 //	28 inline length u32
 //	32 compare u64           | UD: remote QPN u32, Q_Key u32
-//	40 swap/add u64          | UD: DGID [16]
+//	40 swap/add u64          | UD: AH handle u32, 12 reserved
 //	56 reserved
 //
 // A receive slot is ID u64, SGE count u8, 7 reserved bytes, then SGEs.
-// A completion slot (CQESize) mirrors wr.WC:
+// A completion slot (CQESize) mirrors ib.WC:
 //
 //	0  ID u64
 //	8  status u8, opcode u8, flags u8, is-receive u8
@@ -77,7 +45,7 @@ const (
 )
 
 // SendSlotSize is the SQ ring slot size for a QP with these caps.
-func SendSlotSize(c QPCaps) int {
+func SendSlotSize(c ib.QPCaps) int {
 	n := int(c.MaxSendSGE) * sgeSize
 	if int(c.MaxInline) > n {
 		n = int(c.MaxInline)
@@ -86,36 +54,38 @@ func SendSlotSize(c QPCaps) int {
 }
 
 // RecvSlotSize is the RQ ring slot size for a QP with these caps.
-func RecvSlotSize(c QPCaps) int { return recvHeader + int(c.MaxRecvSGE)*sgeSize }
+func RecvSlotSize(c ib.QPCaps) int { return recvHeader + int(c.MaxRecvSGE)*sgeSize }
 
-// PutSendWR encodes w into an SQ slot. The caller has checked w against the
-// QP's caps (SGE count, inline size); PutSendWR fails rather than overflow.
-func PutSendWR(s []byte, w *SendWR) error {
+// PutSendWR encodes w into an SQ slot, with ah the client's handle of a UD
+// WR's address handle. The caller has checked w against the QP's caps (SGE count, inline
+// size); PutSendWR fails rather than overflow.
+func PutSendWR(s []byte, w *verbs.SendWR, ah Handle) error {
 	le := binary.LittleEndian
 	le.PutUint64(s[0:], w.ID)
 	s[8], s[9], s[10], s[11] = byte(w.Opcode), byte(w.Flags), 0, 0
 	imm := w.Imm
-	if w.Opcode == wr.SendWithInv {
+	if w.Opcode == ib.SendWithInv {
 		imm = w.InvRKey
 	}
 	le.PutUint32(s[12:], imm)
 	le.PutUint64(s[16:], w.RemoteAddr)
 	le.PutUint32(s[24:], w.RKey)
 	le.PutUint32(s[28:], 0)
-	if w.RemoteQPN != 0 || w.QKey != 0 || w.DGID != ([16]byte{}) {
+	if w.RemoteQPN != 0 || w.RemoteQKey != 0 || ah != 0 {
 		le.PutUint32(s[32:], w.RemoteQPN)
-		le.PutUint32(s[36:], w.QKey)
-		copy(s[40:56], w.DGID[:])
+		le.PutUint32(s[36:], w.RemoteQKey)
+		le.PutUint32(s[40:], uint32(ah))
+		clear(s[44:56])
 	} else {
-		le.PutUint64(s[32:], w.Compare)
-		le.PutUint64(s[40:], w.SwapAdd)
+		le.PutUint64(s[32:], w.CompareAdd)
+		le.PutUint64(s[40:], w.Swap)
 	}
-	if w.Flags&wr.Inline != 0 {
-		if len(w.Inline) > len(s)-sendHeader {
-			return fmt.Errorf("proto: %d bytes of inline data exceed the slot", len(w.Inline))
+	if w.Flags&ib.Inline != 0 {
+		if len(w.InlineData) > len(s)-sendHeader {
+			return fmt.Errorf("proto: %d bytes of inline data exceed the slot", len(w.InlineData))
 		}
-		le.PutUint32(s[28:], uint32(len(w.Inline)))
-		copy(s[sendHeader:], w.Inline)
+		le.PutUint32(s[28:], uint32(len(w.InlineData)))
+		copy(s[sendHeader:], w.InlineData)
 		return nil
 	}
 	if len(w.SG) > (len(s)-sendHeader)/sgeSize || len(w.SG) > 255 {
@@ -127,50 +97,52 @@ func PutSendWR(s []byte, w *SendWR) error {
 }
 
 // GetSendWR decodes an SQ slot into w, reusing w.SG's backing array (give it
-// capacity MaxSendSGE for zero allocations) and pointing w.Inline into the
-// slot (valid until the slot is released). ud says how to read bytes 32..56.
-// The slot comes from a client and is checked, never trusted.
-func GetSendWR(s []byte, w *SendWR, ud bool) error {
+// capacity MaxSendSGE for zero allocations) and pointing w.InlineData into
+// the slot (valid until the slot is released), and returns a UD WR's
+// address handle (the client's handle; w.AH is left nil). ud says how to read bytes 32..56. The slot comes from a
+// client and is checked, never trusted.
+func GetSendWR(s []byte, w *verbs.SendWR, ud bool) (Handle, error) {
 	le := binary.LittleEndian
+	var ah Handle
 	if len(s) < sendHeader {
-		return fmt.Errorf("%w: send slot of %d bytes", ErrBadMessage, len(s))
+		return ah, fmt.Errorf("%w: send slot of %d bytes", ErrBadMessage, len(s))
 	}
 	w.ID = le.Uint64(s[0:])
-	w.Opcode, w.Flags = wr.Opcode(s[8]), wr.Flags(s[9])
-	if w.Opcode > wr.AtomicFetchAndAdd {
-		return fmt.Errorf("%w: send opcode %d", ErrBadMessage, s[8])
+	w.Opcode, w.Flags = ib.WROpcode(s[8]), ib.SendFlags(s[9])
+	if !w.Opcode.Valid() {
+		return ah, fmt.Errorf("%w: send opcode %d", ErrBadMessage, s[8])
 	}
 	w.Imm, w.InvRKey = le.Uint32(s[12:]), 0
-	if w.Opcode == wr.SendWithInv {
+	if w.Opcode == ib.SendWithInv {
 		w.Imm, w.InvRKey = 0, le.Uint32(s[12:])
 	}
 	w.RemoteAddr = le.Uint64(s[16:])
 	w.RKey = le.Uint32(s[24:])
-	w.Compare, w.SwapAdd, w.RemoteQPN, w.QKey, w.DGID = 0, 0, 0, 0, [16]byte{}
+	w.CompareAdd, w.Swap, w.RemoteQPN, w.RemoteQKey, w.AH = 0, 0, 0, 0, nil
 	if ud {
 		w.RemoteQPN = le.Uint32(s[32:])
-		w.QKey = le.Uint32(s[36:])
-		copy(w.DGID[:], s[40:56])
+		w.RemoteQKey = le.Uint32(s[36:])
+		ah = Handle(le.Uint32(s[40:]))
 	} else {
-		w.Compare = le.Uint64(s[32:])
-		w.SwapAdd = le.Uint64(s[40:])
+		w.CompareAdd = le.Uint64(s[32:])
+		w.Swap = le.Uint64(s[40:])
 	}
-	w.SG, w.Inline = w.SG[:0], nil
-	if w.Flags&wr.Inline != 0 {
+	w.SG, w.InlineData = w.SG[:0], nil
+	if w.Flags&ib.Inline != 0 {
 		n := le.Uint32(s[28:])
 		if uint64(n) > uint64(len(s)-sendHeader) {
-			return fmt.Errorf("%w: inline length %d exceeds the slot", ErrBadMessage, n)
+			return ah, fmt.Errorf("%w: inline length %d exceeds the slot", ErrBadMessage, n)
 		}
-		w.Inline = s[sendHeader : sendHeader+int(n)]
-		return nil
+		w.InlineData = s[sendHeader : sendHeader+int(n)]
+		return ah, nil
 	}
 	var err error
 	w.SG, err = getSGEs(s[sendHeader:], int(s[10]), w.SG)
-	return err
+	return ah, err
 }
 
 // PutRecvWR encodes w into an RQ slot.
-func PutRecvWR(s []byte, w *RecvWR) error {
+func PutRecvWR(s []byte, w *verbs.RecvWR) error {
 	if len(w.SG) > (len(s)-recvHeader)/sgeSize || len(w.SG) > 255 {
 		return fmt.Errorf("proto: %d SGEs exceed the slot", len(w.SG))
 	}
@@ -181,7 +153,7 @@ func PutRecvWR(s []byte, w *RecvWR) error {
 }
 
 // GetRecvWR decodes an RQ slot into w, reusing w.SG's backing array.
-func GetRecvWR(s []byte, w *RecvWR) error {
+func GetRecvWR(s []byte, w *verbs.RecvWR) error {
 	if len(s) < recvHeader {
 		return fmt.Errorf("%w: receive slot of %d bytes", ErrBadMessage, len(s))
 	}
@@ -191,7 +163,7 @@ func GetRecvWR(s []byte, w *RecvWR) error {
 	return err
 }
 
-func putSGEs(s []byte, sg []SGE) {
+func putSGEs(s []byte, sg []ib.SGE) {
 	le := binary.LittleEndian
 	for i, e := range sg {
 		o := i * sgeSize
@@ -201,20 +173,20 @@ func putSGEs(s []byte, sg []SGE) {
 	}
 }
 
-func getSGEs(s []byte, n int, sg []SGE) ([]SGE, error) {
+func getSGEs(s []byte, n int, sg []ib.SGE) ([]ib.SGE, error) {
 	if n > len(s)/sgeSize {
 		return sg, fmt.Errorf("%w: %d SGEs exceed the slot", ErrBadMessage, n)
 	}
 	le := binary.LittleEndian
 	for i := 0; i < n; i++ {
 		o := i * sgeSize
-		sg = append(sg, SGE{Addr: le.Uint64(s[o:]), Length: le.Uint32(s[o+8:]), LKey: le.Uint32(s[o+12:])})
+		sg = append(sg, ib.SGE{Addr: le.Uint64(s[o:]), Length: le.Uint32(s[o+8:]), LKey: le.Uint32(s[o+12:])})
 	}
 	return sg, nil
 }
 
 // PutWC encodes a completion into a CQ slot.
-func PutWC(s []byte, c *wr.WC) {
+func PutWC(s []byte, c *ib.WC) {
 	le := binary.LittleEndian
 	le.PutUint64(s[0:], c.ID)
 	s[8], s[9], s[10], s[11] = byte(c.Status), byte(c.Opcode), byte(c.Flags), 0
@@ -235,10 +207,10 @@ func PutWC(s []byte, c *wr.WC) {
 }
 
 // GetWC decodes a CQ slot.
-func GetWC(s []byte, c *wr.WC) {
+func GetWC(s []byte, c *ib.WC) {
 	le := binary.LittleEndian
 	c.ID = le.Uint64(s[0:])
-	c.Status, c.Opcode, c.Flags, c.IsRecv = wr.Status(s[8]), wr.WCOpcode(s[9]), wr.WCFlags(s[10]), s[11] != 0
+	c.Status, c.Opcode, c.Flags, c.IsRecv = ib.WCStatus(s[8]), ib.WCOpcode(s[9]), ib.WCFlags(s[10]), s[11] != 0
 	c.ByteLen = le.Uint32(s[12:])
 	c.Imm = le.Uint32(s[16:])
 	c.InvRKey = le.Uint32(s[20:])

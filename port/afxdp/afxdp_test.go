@@ -86,7 +86,7 @@ func TestTransfer100k(t *testing.T) {
 }
 
 // TestTransferUnderLoad is the data-path half of the loaded send_lat
-// failures (issue 3): with CPU hogs on every core and the garbage collector
+// failures: with CPU hogs on every core and the garbage collector
 // running all the time (GOGC=1 made those failures more frequent), frames
 // sent both ways between two AF_XDP ports over veth must all arrive, byte
 // for byte, and every one must have gone through the peer's XDP program

@@ -11,10 +11,11 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/xsk"
-	"golang.org/x/sys/unix"
 )
 
 // MultiConfig describes a port that serves several receive queues of one
@@ -47,8 +48,8 @@ type MultiConfig struct {
 //
 // Like every port.Port it belongs to one goroutine: the device's engine
 // loop. The device stays one engine goroutine fed by N sockets (see Recv
-// for how the queues share it), because verbs.Device's step functions must
-// never run concurrently: "one engine goroutine per queue" (issue 5) is in
+// for how the queues share it), because rnic.Device's step functions must
+// never run concurrently: "one engine goroutine per queue" is in
 // fact one per device. N queues therefore buy completeness (no queue's
 // RoCEv2 is left to the kernel) and deeper rings, not more CPU; sharding
 // QPs over several engine goroutines would be the next step.

@@ -1,28 +1,3 @@
-// Package memlink is an in-memory Ethernet link: a pair of port.Port ends
-// joined by two one-way "wires", with impairments (loss, duplication,
-// reordering, single-bit corruption, delay and jitter) drawn from a seeded
-// random source so that a test failure reproduces from its seed, and an ECN
-// marker (CE with a probability, or above a virtual queue) that stands in
-// for a congested switch in DCQCN tests.
-//
-// It serves two kinds of driver:
-//
-//   - virtual time (Config.Clock set, e.g. to a VirtualClock's Now): a
-//     single-goroutine test or the simulator steps two devices and the link,
-//     asks NextDelivery when the next frame becomes due, and advances its
-//     clock. Recv never blocks in this mode; with the same seed and the same
-//     sequence of calls, every run is identical.
-//   - real time (Config.Clock nil): each end is owned by its own goroutine,
-//     the link reads clock.Now, and Recv with a timeout blocks until a frame is
-//     due, the timeout passes, or the port is closed.
-//
-// Every frame is copied into a preallocated ring of buffers of the receiving
-// wire, so neither Send nor Recv allocates in steady state. A frame returned by
-// Recv stays valid until the next Recv on the same Port, as port.Port demands.
-//
-// Each wire has its own random source (derived from Config.Seed and the
-// direction), so which frames a wire impairs depends only on the sequence of
-// frames sent on it, not on how the two directions interleave.
 package memlink
 
 import (
@@ -184,6 +159,21 @@ func NewPair(cfg Config) (a, b *Port) {
 	ab := newWire(cfg, 0x6d656d6c696e6b01) // "memlink" + direction
 	ba := newWire(cfg, 0x6d656d6c696e6b02)
 	return newPort(ab, ba), newPort(ba, ab)
+}
+
+// NewLoop returns a port wired to itself: what it sends, it receives, as
+// through an RNIC's internal loopback. A device on it reaches its own QPs
+// (two applications of one host, a daemon's clients), with the link's
+// impairments if configured.
+func NewLoop(cfg Config) *Port {
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = DefaultMaxFrame
+	}
+	if cfg.Frames <= 0 {
+		cfg.Frames = DefaultFrames
+	}
+	w := newWire(cfg, 0x6d656d6c696e6b03)
+	return newPort(w, w)
 }
 
 func newWire(cfg Config, stream uint64) *wire {
@@ -391,49 +381,14 @@ func (w *wire) mark(b []byte, now clock.Time) {
 		over = w.vqBytes > float64(imp.CEQueueBytes)
 		w.vqBytes += float64(len(b))
 	}
-	ip, v6 := ipHeader(b)
-	if ip < 0 {
-		return
-	}
-	var ecn byte
-	if v6 {
-		ecn = b[ip+1] >> 4 & 3
-	} else {
-		ecn = b[ip+1] & 3
-	}
-	if ecn == 0 || ecn == 3 {
+	if !frame.ECNCapable(b) {
 		return // not ECN-capable, or marked already
 	}
 	if !over && !(imp.CEMark > 0 && w.rng.Float64() < imp.CEMark) {
 		return
 	}
-	if v6 {
-		b[ip+1] |= 0x30
-	} else {
-		b[ip+1] |= 3
-		frame.IPv4(b[ip:]).SetChecksum()
-	}
+	frame.MarkCE(b)
 	w.stats.Marked++
-}
-
-// ipHeader returns the offset of a frame's IP header (after at most one
-// VLAN tag) and whether it is IPv6, or -1 if the frame carries neither a
-// whole IPv4 nor a whole IPv6 header.
-func ipHeader(b []byte) (int, bool) {
-	if len(b) < 14 {
-		return -1, false
-	}
-	off, et := 14, uint16(b[12])<<8|uint16(b[13])
-	if et == 0x8100 && len(b) >= 18 {
-		off, et = 18, uint16(b[16])<<8|uint16(b[17])
-	}
-	switch {
-	case et == 0x0800 && len(b) >= off+20 && b[off]>>4 == 4 && b[off]&0x0F >= 5 && len(b) >= off+int(b[off]&0x0F)*4:
-		return off, false
-	case et == 0x86DD && len(b) >= off+40 && b[off]>>4 == 6:
-		return off, true
-	}
-	return -1, false
 }
 
 // less orders the heap by delivery time, then by enqueue order.

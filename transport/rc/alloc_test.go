@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // TestAllocsPerPacket: once warm, a WRITE stream between two QPs allocates
@@ -25,9 +25,9 @@ func TestAllocsPerPacket(t *testing.T) {
 				o := m
 				o.mtu, o.timeout = 1024, 14
 				p := newPairOpts(o)
-				mr := &testMR{va: 0x100000, buf: make([]byte, 16<<10), access: wr.RemoteWrite, valid: true}
+				mr := &testMR{va: 0x100000, buf: make([]byte, 16<<10), access: ib.RemoteWrite, valid: true}
 				p.memB.mrs[1] = mr
-				w := wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{fill(16<<10, 1)}, Length: 16 << 10,
+				w := ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(fill(16<<10, 1)), Length: 16 << 10,
 					RemoteAddr: mr.va, RKey: 1}
 				var now clock.Time
 				x := uint32(12345) // xorshift: a loss pattern that does not line up with go-back-N
@@ -51,11 +51,11 @@ func TestAllocsPerPacket(t *testing.T) {
 							if lossy && x%37 == 0 {
 								continue
 							}
-							p.b.Receive(now, p.bufA[:n])
+							p.b.Receive(now, p.bufA[:n], nil)
 						}
 						for n := p.b.Build(now, p.bufB); n > 0; n = p.b.Build(now, p.bufB) {
 							moved = true
-							p.a.Receive(now, p.bufB[:n])
+							p.a.Receive(now, p.bufB[:n], nil)
 						}
 						p.a.TakeCompletions()
 						now = now.Add(time.Microsecond)

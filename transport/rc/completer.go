@@ -5,7 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // receiveResponse is the completer: it consumes ACKs, NAKs, READ responses
@@ -22,7 +22,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	}
 	var syn uint8
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
-		syn = AETH(pkt[o:]).Syndrome()
+		syn = bth.AETH(pkt[o:]).Syndrome()
 	}
 	if h.SR() && r.mark && !r.sr.on {
 		q.srStart(now) // the peer's responder agreed
@@ -58,7 +58,7 @@ func (q *QP) completer(now clock.Time, pkt []byte, op bth.Opcode, hl, end int, p
 	}
 	var syn uint8
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
-		syn = AETH(pkt[o:]).Syndrome()
+		syn = bth.AETH(pkt[o:]).Syndrome()
 	}
 	nakLike := op.IsAck() && syn&0xE0 != 0
 	// Implicit completion: every SEND/WRITE ending before pp is done. A
@@ -85,7 +85,7 @@ func (q *QP) completer(now clock.Time, pkt []byte, op bth.Opcode, hl, end int, p
 	case op.IsAck():
 		q.handleAck(now, e, pp, syn, nakLike)
 	case op.IsReadResponse():
-		if op != bth.RCRDMAReadResponseMiddle && AETH(pkt[op.Offset(bth.ExtAETH):]).Syndrome()&0xE0 != 0 {
+		if op != bth.RCRDMAReadResponseMiddle && bth.AETH(pkt[op.Offset(bth.ExtAETH):]).Syndrome()&0xE0 != 0 {
 			q.RxDropped++
 			return
 		}
@@ -98,7 +98,7 @@ func (q *QP) completer(now clock.Time, pkt []byte, op bth.Opcode, hl, end int, p
 		orig := bth.AtomicAckETH(pkt[op.Offset(bth.ExtAtomicAckETH):]).Orig()
 		var b [8]byte
 		binary.NativeEndian.PutUint64(b[:], orig)
-		wr.CopyOut(e.SG, 0, b[:])
+		ib.CopyOut(e.SG, 0, b[:])
 		q.finishHead(now, e)
 	default:
 		q.RxDropped++
@@ -120,7 +120,7 @@ func (q *QP) completeBefore(now clock.Time, pp bth.PSN) *sendEntry {
 			break
 		}
 		r.compPSN = e.lastPSN.Next()
-		q.completeSend(e, wr.Success)
+		q.completeSend(e, ib.Success)
 		r.head++
 		progress = true
 	}
@@ -174,9 +174,9 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 			q.settle(now)
 		}
 		if r.rnrLeft == 0 {
-			q.completeSend(e, wr.RNRRetryExcErr)
+			q.completeSend(e, ib.RNRRetryExcErr)
 			r.head++
-			q.fail(wr.RNRRetryExcErr)
+			q.fail(ib.RNRRetryExcErr)
 			return
 		}
 		if r.rnrLeft != 7 {
@@ -210,12 +210,12 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 			q.retry(now, pp)
 		}
 	default:
-		st := wr.RemOpErr
+		st := ib.RemOpErr
 		switch syn {
 		case SynNAKInvReq:
-			st = wr.RemInvReqErr
+			st = ib.RemInvReqErr
 		case SynNAKRemAccess:
-			st = wr.RemAccessErr
+			st = ib.RemAccessErr
 		}
 		if pp.Less(r.compPSN) {
 			return
@@ -234,7 +234,7 @@ func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak 
 
 func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth.Opcode, pay []byte) {
 	r := &q.req
-	if e.Opcode != wr.RDMARead || e.state == wqePosted || pp.Less(e.firstPSN) || e.lastPSN.Less(pp) || pp.Less(r.compPSN) {
+	if e.Opcode != ib.RDMARead || e.state == wqePosted || pp.Less(e.firstPSN) || e.lastPSN.Less(pp) || pp.Less(r.compPSN) {
 		q.RxDropped++
 		return
 	}
@@ -267,7 +267,7 @@ func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth
 		q.badResponse(e)
 		return
 	}
-	wr.CopyOut(e.SG, off, pay)
+	ib.CopyOut(e.SG, off, pay)
 	e.got = off + uint32(len(pay))
 	r.compPSN = pp.Next()
 	q.progress(now)
@@ -282,9 +282,9 @@ func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth
 // badResponse: a response that cannot belong to the request (wrong length
 // or opcode at its PSN) is a fatal protocol error (BAD_RESP_ERR).
 func (q *QP) badResponse(e *sendEntry) {
-	q.completeSend(e, wr.BadRespErr)
+	q.completeSend(e, ib.BadRespErr)
 	q.req.head++
-	q.fail(wr.BadRespErr)
+	q.fail(ib.BadRespErr)
 }
 
 // finishHead completes the WQE at head successfully.
@@ -294,7 +294,7 @@ func (q *QP) finishHead(now clock.Time, e *sendEntry) {
 		r.rdAtomic--
 	}
 	r.compPSN = e.lastPSN.Next()
-	q.completeSend(e, wr.Success)
+	q.completeSend(e, ib.Success)
 	r.head++
 	q.progress(now)
 	if r.psn.Less(r.compPSN) {
@@ -341,9 +341,9 @@ func (q *QP) retry(now clock.Time, p bth.PSN) {
 	r := &q.req
 	if r.retryLeft == 0 {
 		e := r.entry(r.head)
-		q.completeSend(e, wr.RetryExcErr)
+		q.completeSend(e, ib.RetryExcErr)
 		r.head++
-		q.fail(wr.RetryExcErr)
+		q.fail(ib.RetryExcErr)
 		return
 	}
 	r.retryLeft--

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // TestCountersRequesterNAKs: each NAK kind received is counted under its
@@ -13,7 +13,7 @@ import (
 // (implied_nak_seq_err).
 func TestCountersRequesterNAKs(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{fill(3000, 1)}, RemoteAddr: 0x100, RKey: 1})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(fill(3000, 1)), RemoteAddr: 0x100, RKey: 1})
 	c.out()
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq})
 	c.out()
@@ -26,7 +26,7 @@ func TestCountersRequesterNAKs(t *testing.T) {
 	// A READ whose middle response is lost: one implied NAK per gap, not
 	// per out-of-order packet.
 	dst := make([]byte, 2100)
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x9000, RKey: 3})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x9000, RKey: 3})
 	c.expect(p(bth.RCRDMAReadRequest, 103))
 	src := fill(2100, 5)
 	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 103, syn: SynACK, msn: 2, payload: src[:1024]})
@@ -41,7 +41,7 @@ func TestCountersRequesterNAKs(t *testing.T) {
 		remAccess, invalid uint64
 	}{{SynNAKRemAccess, 1, 0}, {SynNAKInvReq, 0, 1}, {SynNAKRemOp, 0, 0}} {
 		c := newCtx(t, defaultCfg())
-		c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}, RemoteAddr: 0x100, RKey: 1})
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(fill(8, 0)), RemoteAddr: 0x100, RKey: 1})
 		c.out()
 		c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: k.syn})
 		if c.qp.RxNAKRemAccess != k.remAccess || c.qp.RxNAKInvReq != k.invalid || c.qp.RxNAKSeqErr != 0 {
@@ -60,7 +60,7 @@ func TestCountersRequesterNAKs(t *testing.T) {
 // as remote access errors, a receive WQE too small as a local length error.
 func TestCountersResponderRequests(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	c.addMR(9, 0x1000, 8192, wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic)
+	c.addMR(9, 0x1000, 8192, ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic)
 	data := fill(2500, 3)
 	c.inject(req{op: bth.RCRDMAWriteFirst, psn: 500, va: 0x1000, rkey: 9, dmaLen: 2500, payload: data[:1024]})
 	c.inject(req{op: bth.RCRDMAWriteMiddle, psn: 501, payload: data[1024:2048]})
@@ -82,7 +82,7 @@ func TestCountersResponderRequests(t *testing.T) {
 	}
 
 	c = newCtx(t, defaultCfg())
-	c.addMR(9, 0x1000, 64, wr.RemoteWrite)
+	c.addMR(9, 0x1000, 64, ib.RemoteWrite)
 	c.inject(req{op: bth.RCRDMAWriteOnly, psn: 500, ackReq: true, va: 0x1000, rkey: 77, dmaLen: 4, payload: fill(4, 0)})
 	c.expect(nak(SynNAKRemAccess, 500, 0))
 	if q := &c.qp.Counters; q.RemAccessErrs != 1 || q.RxWriteReqs != 1 || q.LocalLengthErrs != 0 {

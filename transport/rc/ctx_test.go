@@ -7,26 +7,35 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // testMR is a registered region for the fake memory table.
 type testMR struct {
 	va     uint64
 	buf    []byte
-	access wr.Access
+	access ib.Access
 	valid  bool
 }
 
-// testMem is a minimal wr.Memory: rkey → MR, with the checks the device makes.
+// testMem is a minimal ib.Memory: rkey → MR, with the checks the device makes.
 type testMem struct{ mrs map[uint32]*testMR }
 
-func (m *testMem) Resolve(rkey uint32, va, n uint64, acc wr.Access) ([]byte, bool) {
+func (m *testMem) Resolve(rkey uint32, va, n uint64, acc ib.Access) (ib.Seg, bool) {
 	r := m.mrs[rkey]
 	if r == nil || !r.valid || r.access&acc != acc || va < r.va || va+n > r.va+uint64(len(r.buf)) || va+n < va {
-		return nil, false
+		return ib.Seg{}, false
 	}
-	return r.buf[va-r.va : va-r.va+n], true
+	return ib.LocalSeg(r.buf[va-r.va : va-r.va+n]), true
+}
+
+// segs is a scatter/gather list over local buffers.
+func segs(bufs ...[]byte) []ib.Seg {
+	sg := make([]ib.Seg, len(bufs))
+	for i, b := range bufs {
+		sg[i] = ib.LocalSeg(b)
+	}
+	return sg
 }
 
 func (m *testMem) Invalidate(rkey uint32) bool {
@@ -39,9 +48,9 @@ func (m *testMem) Invalidate(rkey uint32) bool {
 }
 
 // testRQ is a FIFO of receive WQEs.
-type testRQ struct{ q []wr.RecvWQE }
+type testRQ struct{ q []ib.RecvWQE }
 
-func (r *testRQ) Take(dst *wr.RecvWQE) bool {
+func (r *testRQ) Take(dst *ib.RecvWQE) bool {
 	if len(r.q) == 0 {
 		return false
 	}
@@ -54,7 +63,7 @@ func (r *testRQ) Take(dst *wr.RecvWQE) bool {
 }
 
 func (r *testRQ) post(id uint64, buf []byte) {
-	r.q = append(r.q, wr.RecvWQE{ID: id, SG: [][]byte{buf}, Length: uint32(len(buf))})
+	r.q = append(r.q, ib.RecvWQE{ID: id, SG: segs(buf), Length: uint32(len(buf))})
 }
 
 // pkt is a decoded transport packet, for assertions.
@@ -86,7 +95,7 @@ func decode(b []byte) pkt {
 	op := h.Opcode()
 	p := pkt{op: op, psn: h.PSN(), ackReq: h.AckReq(), raw: append([]byte(nil), b...), sr: h.SR()}
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
-		a := AETH(b[o:])
+		a := bth.AETH(b[o:])
 		p.syn, p.msn, p.hasAETH = a.Syndrome(), a.MSN(), true
 	}
 	p.payload = p.raw[op.HeaderLen() : len(b)-h.PadCount()]
@@ -107,7 +116,7 @@ type tctx struct {
 func defaultCfg() Config {
 	return Config{QPN: 0x11, DestQPN: 0x22, MTU: 1024, SQPSN: 100, RQPSN: 500, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
 		MinRNRTimer: 12, MaxRdAtomic: 16, MaxDestRdAtomic: 16,
-		Access: wr.LocalWrite | wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic}
+		Access: ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic}
 }
 
 func newCtx(t *testing.T, cfg Config) *tctx {
@@ -119,7 +128,7 @@ func newCtx(t *testing.T, cfg Config) *tctx {
 	return c
 }
 
-func (c *tctx) addMR(rkey uint32, va uint64, n int, acc wr.Access) *testMR {
+func (c *tctx) addMR(rkey uint32, va uint64, n int, acc ib.Access) *testMR {
 	m := &testMR{va: va, buf: make([]byte, n), access: acc, valid: true}
 	c.mem.mrs[rkey] = m
 	return m
@@ -176,7 +185,7 @@ func (r req) bytes(dest uint32) []byte {
 		bth.AtomicETH(b[o:]).Encode(r.va, r.rkey, r.swap, r.cmp)
 	}
 	if o := r.op.Offset(bth.ExtAETH); o >= 0 {
-		AETH(b[o:]).Encode(r.syn, r.msn)
+		bth.AETH(b[o:]).Encode(r.syn, r.msn)
 	}
 	if o := r.op.Offset(bth.ExtAtomicAckETH); o >= 0 {
 		bth.AtomicAckETH(b[o:]).SetOrig(r.orig)
@@ -221,9 +230,9 @@ func newSRCtx(t *testing.T, cfg Config) *tctx {
 	return c
 }
 
-func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN)) }
+func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), nil) }
 
-func (c *tctx) wcs() []wr.WC { return append([]wr.WC(nil), c.qp.TakeCompletions()...) }
+func (c *tctx) wcs() []ib.WC { return append([]ib.WC(nil), c.qp.TakeCompletions()...) }
 
 // expect asserts the exact sequence of packets (opcode, PSN, and for ACKs
 // syndrome and MSN) that comes out.

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // FuzzQP feeds arbitrary packets to an RC QP with work in flight in both
@@ -28,9 +28,9 @@ func FuzzQP(f *testing.F) {
 		c := newCtx(t, defaultCfg())
 		back := guardedMR(c)
 		c.rq.post(1, make([]byte, 64))
-		c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}})
-		c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{make([]byte, 16)}, RemoteAddr: 1, RKey: 1})
-		c.post(wr.SendWQE{ID: 3, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}, Length: 8})
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 8))})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(make([]byte, 16)), RemoteAddr: 1, RKey: 1})
+		c.post(ib.SendWQE{ID: 3, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: segs(make([]byte, 8)), Length: 8})
 		c.out()
 		feed(t, c, back, p1, p2)
 	})
@@ -61,12 +61,12 @@ func FuzzQPSelective(f *testing.F) {
 		c.rq.post(1, make([]byte, 64))
 		// Agree in both directions: a marked request in, a marked ACK back.
 		c.inject(req{op: bth.RCSendOnly, psn: 500, ackReq: true, payload: make([]byte, 8), sr: true})
-		c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}})
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 8))})
 		c.out()
 		c.respond(srAck(100))
-		c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{make([]byte, 2048)}, RemoteAddr: 1, RKey: 1})
-		c.post(wr.SendWQE{ID: 3, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{make([]byte, 16)}, RemoteAddr: 1, RKey: 1})
-		c.post(wr.SendWQE{ID: 4, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}, Length: 8})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(make([]byte, 2048)), RemoteAddr: 1, RKey: 1})
+		c.post(ib.SendWQE{ID: 3, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(make([]byte, 16)), RemoteAddr: 1, RKey: 1})
+		c.post(ib.SendWQE{ID: 4, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: segs(make([]byte, 8)), Length: 8})
 		c.out()
 		feed(t, c, back, p1, p2)
 		c.qp.Flush()
@@ -80,7 +80,7 @@ func FuzzQPSelective(f *testing.F) {
 // returns the three: the others must stay zero.
 func guardedMR(c *tctx) []byte {
 	back := make([]byte, 3*4096)
-	c.mem.mrs[9] = &testMR{va: 0x1000, buf: back[4096 : 2*4096 : 2*4096], access: wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic, valid: true}
+	c.mem.mrs[9] = &testMR{va: 0x1000, buf: back[4096 : 2*4096 : 2*4096], access: ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic, valid: true}
 	return back
 }
 
@@ -89,7 +89,7 @@ func guardedMR(c *tctx) []byte {
 // may change.
 func feed(t *testing.T, c *tctx, back, p1, p2 []byte) {
 	for _, p := range [][]byte{p1, p2, p1} {
-		c.qp.Receive(c.now, p)
+		c.qp.Receive(c.now, p, nil)
 		for _, o := range c.out() {
 			if o.op.HeaderLen() == 0 || len(o.raw) > c.qp.MaxPacket() {
 				t.Fatalf("malformed output %v", o)

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // streamLink is the path the goodput comparisons run over, in virtual time:
@@ -25,7 +25,7 @@ func runStream(t *testing.T, o pairOpts, size, n int) (float64, *pair) {
 	t.Helper()
 	p := newPairOpts(o)
 	const regions = 16
-	mr := &testMR{va: 0x100000, buf: make([]byte, regions*size), access: wr.RemoteWrite, valid: true}
+	mr := &testMR{va: 0x100000, buf: make([]byte, regions*size), access: ib.RemoteWrite, valid: true}
 	p.memB.mrs[0x1234] = mr
 	last := make([]int, regions)
 	srcs := make([][]byte, 0, n)
@@ -36,7 +36,7 @@ func runStream(t *testing.T, o pairOpts, size, n int) (float64, *pair) {
 			srcs = append(srcs, src)
 			r := posted % regions
 			last[r] = posted
-			w := wr.SendWQE{ID: uint64(posted), Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{src}, Length: uint32(size),
+			w := ib.SendWQE{ID: uint64(posted), Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(src), Length: uint32(size),
 				RemoteAddr: mr.va + uint64(r*size), RKey: 0x1234}
 			if !p.a.Post(&w) {
 				t.Fatal("post")
@@ -45,7 +45,7 @@ func runStream(t *testing.T, o pairOpts, size, n int) (float64, *pair) {
 		}
 		progressed := p.step()
 		for _, c := range p.a.TakeCompletions() {
-			if c.Status != wr.Success || c.ID != uint64(done) {
+			if c.Status != ib.Success || c.ID != uint64(done) {
 				t.Fatalf("completion %+v, want WR %d successful (now %v)", c, done, p.now)
 			}
 			done++

@@ -11,7 +11,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // flight is a packet on the simulated wire.
@@ -178,7 +178,7 @@ var tap func(p *pair, dir string, b []byte)
 func (p *pair) step() bool {
 	sent := false
 	for _, f := range p.ab.due(p.now) {
-		p.b.Receive(p.now, f)
+		p.b.Receive(p.now, f, nil)
 		sent = true
 	}
 	for _, f := range p.ba.due(p.now) {
@@ -186,7 +186,7 @@ func (p *pair) step() bool {
 			tap(p, "A<", f)
 		}
 		before := decode(f)
-		p.a.Receive(p.now, f)
+		p.a.Receive(p.now, f, nil)
 		if debugT != nil {
 			checkInv(debugT, p.a, before.String())
 		}
@@ -267,15 +267,15 @@ func runLoop(t *testing.T, k loopCase) (goodput float64, p *pair) {
 	}
 	const window = 1 << 20
 	remote := p.memB
-	rmr := &testMR{va: 0x100000, buf: make([]byte, window), access: wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic, valid: true}
+	rmr := &testMR{va: 0x100000, buf: make([]byte, window), access: ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic, valid: true}
 	copy(rmr.buf, fill(window, 77))
 	remote.mrs[0x1234] = rmr
 	// READs come from their own MR that nothing writes: a replayed READ
 	// re-reads memory, so a WRITE landing in between would change it.
-	romr := &testMR{va: 0x900000, buf: fill(window, 5), access: wr.RemoteRead, valid: true}
+	romr := &testMR{va: 0x900000, buf: fill(window, 5), access: ib.RemoteRead, valid: true}
 	remote.mrs[0x5678] = romr
 	type expect struct {
-		op   wr.Opcode
+		op   ib.WROpcode
 		src  []byte // what should arrive
 		dst  []byte // where it lands
 		recv int    // index of B's receive, or -1
@@ -295,43 +295,44 @@ func runLoop(t *testing.T, k loopCase) (goodput float64, p *pair) {
 	for posted < k.msgs || p.a.Outstanding() > 0 {
 		for posted < k.msgs && p.a.SendQueueFree() > 0 {
 			n := sizes[rng.IntN(len(sizes))]
-			op := wr.Opcode(rng.IntN(8))
-			if op == wr.SendWithInv {
-				op = wr.Send
+			op := [...]ib.WROpcode{ib.Send, ib.SendWithImm, ib.SendWithInv, ib.RDMAWrite, ib.RDMAWriteWithImm,
+				ib.RDMARead, ib.AtomicCmpAndSwp, ib.AtomicFetchAndAdd}[rng.IntN(8)]
+			if op == ib.SendWithInv {
+				op = ib.Send
 			}
-			if op == wr.AtomicCmpAndSwp {
-				op = wr.AtomicFetchAndAdd
+			if op == ib.AtomicCmpAndSwp {
+				op = ib.AtomicFetchAndAdd
 			}
 			if off+n+8 > window {
 				off = 0
 			}
 			src := fill(n, byte(posted))
-			w := wr.SendWQE{ID: uint64(posted), Opcode: op, Flags: wr.Signaled, SG: [][]byte{src}, Length: uint32(n), Imm: uint32(posted), RemoteAddr: rmr.va + uint64(off), RKey: 0x1234}
+			w := ib.SendWQE{ID: uint64(posted), Opcode: op, Flags: ib.Signaled, SG: segs(src), Length: uint32(n), Imm: uint32(posted), RemoteAddr: rmr.va + uint64(off), RKey: 0x1234}
 			e := expect{op: op, recv: -1}
 			switch op {
-			case wr.Send, wr.SendWithImm:
+			case ib.Send, ib.SendWithImm:
 				rb := make([]byte, n)
 				p.rqB.post(uint64(len(recvBufs)), rb)
 				e.recv = len(recvBufs)
 				recvBufs = append(recvBufs, rb)
 				recvWant = append(recvWant, src)
-				recvImm = append(recvImm, op == wr.SendWithImm)
-			case wr.RDMAWrite, wr.RDMAWriteWithImm:
+				recvImm = append(recvImm, op == ib.SendWithImm)
+			case ib.RDMAWrite, ib.RDMAWriteWithImm:
 				e.src, e.dst = src, rmr.buf[off:off+n]
-				if op == wr.RDMAWriteWithImm {
+				if op == ib.RDMAWriteWithImm {
 					p.rqB.post(uint64(len(recvBufs)), nil)
 					e.recv = len(recvBufs)
 					recvBufs = append(recvBufs, nil)
 					recvWant = append(recvWant, nil)
 					recvImm = append(recvImm, true)
 				}
-			case wr.RDMARead:
+			case ib.RDMARead:
 				dst := make([]byte, n)
-				w.SG, w.RKey, w.RemoteAddr = [][]byte{dst}, 0x5678, romr.va+uint64(off)
+				w.SG, w.RKey, w.RemoteAddr = segs(dst), 0x5678, romr.va+uint64(off)
 				e.src, e.dst = romr.buf[off:off+n], dst
-			case wr.AtomicFetchAndAdd:
+			case ib.AtomicFetchAndAdd:
 				d := make([]byte, 8)
-				w.SG, w.Length, w.RemoteAddr, w.SwapAdd = [][]byte{d}, 8, rmr.va+window-8, 1
+				w.SG, w.Length, w.RemoteAddr, w.SwapAdd = segs(d), 8, rmr.va+window-8, 1
 				atomicDst = append(atomicDst, d)
 				nAdd++
 			}
@@ -349,17 +350,17 @@ func runLoop(t *testing.T, k loopCase) (goodput float64, p *pair) {
 			t.Fatalf("stalled with %d outstanding: head %d next %d end %d tail %d psn %d comp %d timer %v rnr %v retrying %v; head op %v state %d first %d last %d sent %d; B ePSN %d qlen %d", p.a.Outstanding(), r.head, r.next, r.end(), r.tail, r.psn, r.compPSN, r.timer, r.rnrWait, r.retrying, e.Opcode, e.state, e.firstPSN, e.lastPSN, e.sent, p.b.resp.ePSN, p.b.resp.qlen)
 		}
 		for _, c := range p.a.TakeCompletions() {
-			if c.Status != wr.Success {
+			if c.Status != ib.Success {
 				t.Fatalf("A completion %+v (now %v)", c, p.now)
 			}
 			doneA[c.ID]++
 		}
 		for _, c := range p.b.TakeCompletions() {
-			if c.Status != wr.Success {
+			if c.Status != ib.Success {
 				t.Fatalf("B completion %+v", c)
 			}
 			doneB[c.ID]++
-			if int(c.ID) < len(recvImm) && recvImm[c.ID] != (c.Flags&wr.WCWithImm != 0) {
+			if int(c.ID) < len(recvImm) && recvImm[c.ID] != (c.Flags&ib.WCWithImm != 0) {
 				t.Fatalf("imm flag %+v", c)
 			}
 		}
@@ -389,7 +390,7 @@ func runLoop(t *testing.T, k loopCase) (goodput float64, p *pair) {
 	// WRITE targets may be overwritten by later WRITEs at a wrapped offset;
 	// check READs (private buffers) fully and WRITEs when not overlapped.
 	for i, e := range exps {
-		if e.op == wr.RDMARead && !bytes.Equal(e.src, e.dst) {
+		if e.op == ib.RDMARead && !bytes.Equal(e.src, e.dst) {
 			t.Fatalf("READ %d data differs", i)
 		}
 	}

@@ -1,72 +1,3 @@
-// Package rc implements the connected transports, RC and UC, as pure state
-// machines: the requester (segmentation, PSNs, AckReq, the window and the
-// READ/ATOMIC credit), the completer (coalesced ACKs, NAKs, go-back-N, RNR
-// and local ACK timeouts, retry counting) and the responder (PSN checks,
-// opcode sequence, access/rkey/bounds checks, duplicates with a bounded
-// READ/ATOMIC resource table, RNR NAK, MSN), following the InfiniBand
-// specification and, where it leaves room, the Linux kernel's rxe.
-//
-// A QP here deals only with IB transport packets: the bytes from the BTH to
-// the end of the payload and pad, without the ICRC. The verbs device wraps
-// them in Ethernet/IP/UDP, checks addresses, P_Key and the ICRC before
-// calling Receive, and computes the ICRC after Build.
-//
-// Nothing in this package starts goroutines, reads a clock, takes a lock or
-// allocates per packet: packets and now go in (Receive, Expire, Post);
-// packets (Build), completions (Completions) and the next deadline
-// (Deadline) come out. The caller serialises all calls on one QP. (The
-// only lock is the device-wide ReorderPool's, taken when a packet arrives
-// out of order under selective repeat.)
-//
-// # Loss recovery
-//
-// rxe's requester goes back N on a sequence NAK and otherwise waits a whole
-// local ACK timeout (RecoveryTimeout). By default a QP also retransmits on
-// the RTT it measures (retransmit.go): a tail-loss probe, fast
-// retransmission from the probe's answer and an RTO of a few RTTs, none of
-// which spends retry_cnt; the local ACK timer alone decides when to give up,
-// at the same moment as before. Toward a go-back-N peer these are only
-// retransmissions of packets it handles as duplicates or as the one it
-// expects.
-//
-// Between two softrnic QPs it adds selective repeat (IRN's, SIGCOMM 2018):
-// the responder holds out-of-order requests in the device's ReorderPool and
-// executes each, with every check, once the packets before it have come, so
-// data placement and completions stay in PSN order; its ACKs carry a
-// SACKETH (bth/sack.go); the requester resends only what RACK (RFC 8985)
-// declares lost, asks again only for the missing ranges of a READ reply
-// (held likewise), and keeps about two bandwidth-delay products
-// unacknowledged (bdp.go) instead of 128 PSNs.
-//
-// # Agreeing on selective repeat
-//
-// Agreement is in band, so it works however the QPs were connected
-// (perftest's side channel, rdma_cm, an application's own exchange of QPN
-// and PSN). A requester marks its requests with the SR bit (BTH Resv7 bit
-// 6, covered by the ICRC) only toward a QP number in softrnic's range
-// (SoftQPN) and only if it has a reorder pool; a responder that may use
-// selective repeat itself switches to it on the first marked request and
-// then marks every response; the requester switches on the first marked
-// response. A peer that does not agree never sees anything but IBA packets
-// from its side of the exchange and keeps both directions on go-back-N.
-//
-// Why a reserved bit and not a probe with a manufacturer-specific opcode
-// (0xC0-0xFF): rxe before January 2021 tested an RC QP's opcodes with
-// opcode & IB_OPCODE_RC, which is opcode & 0, so it accepted any opcode
-// and handed one without a request mask to its completer, whose check_ack
-// ends on "unexpected opcode" in COMPST_ERROR: the WQE fails and the QP goes
-// to ERR (fixed by Bob Pearson's check_type_state patch,
-// lore 20210127214500.3707-1-rpearson@hpe.com; Ubuntu 20.04's 5.4 and RHEL
-// 8's 4.18 kernels predate it). Today's rxe drops it silently, and
-// ConnectX's handling is undocumented. rxe's header check (rxe_recv.c
-// hdr_check: TVer, DestQP, the opcode's transport bits, QP state,
-// addresses, P_Key, Q_Key) never reads Resv7, and its ICRC masks only BTH
-// byte 4 (FECN/BECN/Resv6, which a switch may rewrite, so no flag can live
-// there). ConnectX negotiates its own selective repeat out of band
-// (rdma-core's ECE, ibv_set_ece, carried in the CM REQ/REP), so no in-band
-// use of Resv7 by it is known. The QP-number gate keeps the bit away from
-// rxe altogether (its QP numbers are below 0x100000), and from a ConnectX
-// unless its QP number happens to fall in softrnic's range.
 package rc
 
 import (
@@ -75,7 +6,8 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
 )
 
 // Limits mirrored from rxe so that a peer sees the same pacing.
@@ -99,9 +31,6 @@ const (
 	SynNAKRemAccess = 0x62
 	SynNAKRemOp     = 0x63
 )
-
-// AETH is bth's view of the ACK extended transport header.
-type AETH = bth.AETH
 
 // rnrTimerNS is the RNR NAK timer table (IBA Table 45) in nanoseconds,
 // indexed by the 5-bit code.
@@ -143,7 +72,7 @@ type Config struct {
 	// duplicate replay.
 	MaxRdAtomic     int
 	MaxDestRdAtomic int
-	Access          wr.Access // remote operations the responder accepts
+	Access          ib.Access // remote operations the responder accepts
 	SQDepth         int       // max outstanding send WQEs
 	MaxSGE          int
 	// Recovery chooses how the requester recovers lost packets; the zero
@@ -251,38 +180,68 @@ type Counters struct {
 // QP is one RC or UC queue pair's transport state.
 type QP struct {
 	cfg    Config
-	mem    wr.Memory
-	rq     wr.RecvQueue
+	mem    ib.Memory
+	rq     ib.RecvQueue
 	reqOn  bool // requester may send (RTS)
 	respOn bool // responder accepts requests (RTR or later)
 	failed bool // a fatal error happened; the device must move the QP to ERR
 	sqErr  bool // UC: a local send error stopped the SQ (SQE)
-	errSt  wr.Status
+	errSt  ib.WCStatus
 
 	req  requester
 	resp responder
 	pool *ReorderPool // where selective repeat holds packets; nil: no selective repeat
 
-	wcs []wr.WC // completions produced since the last TakeCompletions
+	wcs []ib.WC // completions produced since the last TakeCompletions
 	Counters
+
+	ccCfg *CCConfig   // congestion control from RTR on, nil for none
+	cc    *qpCC       // its state (cc.go), nil when the QP runs none
+	ccCtr *CCCounters // shared with the QP's device
 }
 
-// New returns a QP in the state "created, not yet connected": it neither
-// sends nor accepts anything until Connect.
-func New(qpn uint32, sqDepth, maxSGE int, mem wr.Memory, rq wr.RecvQueue) *QP {
-	if sqDepth < 1 {
-		sqDepth = 1
+var _ transport.Transport = (*QP)(nil)
+
+// Options say how to make a QP.
+type Options struct {
+	QPN     uint32
+	UC      bool // unreliable connected: no ACKs, no READ/ATOMIC
+	SQDepth int  // max outstanding send WQEs (at least 1)
+	MaxSGE  int
+	Mem     ib.Memory    // remote accesses of the responder (nil: none allowed)
+	RQ      ib.RecvQueue // the QP's RQ or its SRQ
+	// CC, if set, is the congestion control the QP runs from RTR on;
+	// Counters, if set, is where it counts (CCCounters of the device).
+	CC       *CCConfig
+	Counters *CCCounters
+	// Recovery is the QP's loss recovery mode (Config.Recovery).
+	Recovery Recovery
+}
+
+// New returns an RC QP in the state "created, not yet connected": it
+// neither sends nor accepts anything until Receiver and Sender.
+func New(qpn uint32, sqDepth, maxSGE int, mem ib.Memory, rq ib.RecvQueue) *QP {
+	return NewQP(Options{QPN: qpn, SQDepth: sqDepth, MaxSGE: maxSGE, Mem: mem, RQ: rq})
+}
+
+// NewQP returns a QP made as o says, created and not yet connected.
+func NewQP(o Options) *QP {
+	sqDepth, maxSGE := max(o.SQDepth, 1), o.MaxSGE
+	q := &QP{mem: o.Mem, rq: o.RQ, ccCfg: o.CC, ccCtr: o.Counters}
+	if q.ccCtr == nil {
+		q.ccCtr = new(CCCounters)
 	}
-	q := &QP{mem: mem, rq: rq}
-	q.cfg.QPN = qpn
+	q.cfg.QPN = o.QPN
+	q.cfg.UC = o.UC
+	q.cfg.Recovery = o.Recovery
 	q.cfg.SQDepth = sqDepth
 	q.cfg.MaxSGE = maxSGE
 	q.req.sq = make([]sendEntry, sqDepth)
 	for i := range q.req.sq {
-		q.req.sq[i].SG = make([][]byte, 0, maxSGE)
+		q.req.sq[i].SG = make([]ib.Seg, 0, maxSGE)
 	}
-	q.resp.cur.SG = make([][]byte, 0, maxSGE)
-	q.wcs = make([]wr.WC, 0, sqDepth+64)
+	q.resp.cur.SG = make([]ib.Seg, 0, maxSGE)
+	q.wcs = make([]ib.WC, 0, sqDepth+64)
 	return q
 }
 
@@ -316,17 +275,17 @@ func (q *QP) Sender(cfg Config) {
 	if q.cfg.MaxRdAtomic < 1 {
 		q.cfg.MaxRdAtomic = 1
 	}
-	q.srStop()
 	q.req.init(&q.cfg)
-	q.reqOn = true
+	q.srStop()
 	q.req.mark = q.srAllowed()
+	q.reqOn = true
 }
 
 // Update changes, in RTS, the attributes IBA lets a QP change there
 // (RTS→RTS / SQD→RTS): local ACK timeout, retry counts, min RNR timer,
 // access flags and max_rd_atomic. Retry budgets restart from the new
 // counts.
-func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access wr.Access, maxRdAtomic int) {
+func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access ib.Access, maxRdAtomic int) {
 	q.cfg.Timeout, q.cfg.RetryCnt, q.cfg.RNRRetry, q.cfg.MinRNRTimer = timeout, retryCnt&7, rnrRetry&7, minRNRTimer&31
 	q.cfg.Access = access
 	if maxRdAtomic > 0 {
@@ -342,6 +301,38 @@ func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access wr.Ac
 // Drain stops the requester from starting new WQEs (SQD) or lets it go on.
 func (q *QP) Drain(on bool) { q.req.draining = on }
 
+// Modify implements transport.Transport: the attributes of RTR arm the
+// responder (and start congestion control), those of RTS the requester;
+// SQD drains the send queue, leaving SQE resumes it.
+func (q *QP) Modify(from, to ib.QPState, a *ib.QPAttr) {
+	switch {
+	case from == ib.Init && to == ib.RTR:
+		q.Receiver(q.configOf(a))
+		q.ccStart()
+		return
+	case from == ib.RTR && to == ib.RTS:
+		q.Sender(q.configOf(a))
+	case from == ib.SQE:
+		q.Resume()
+	}
+	if to == ib.RTS || to == ib.SQD {
+		q.Update(a.Timeout, a.RetryCnt, a.RNRRetry, a.MinRNRTimer, a.Access, int(a.MaxRdAtomic))
+		q.Drain(to == ib.SQD)
+	}
+}
+
+// configOf is the Config of a QP with attributes a.
+func (q *QP) configOf(a *ib.QPAttr) Config {
+	return Config{UC: q.cfg.UC, DestQPN: a.DestQPN, PKey: bth.DefaultPKey, MTU: int(a.PathMTU),
+		SQPSN: bth.PSN(a.SQPSN), RQPSN: bth.PSN(a.RQPSN), Timeout: a.Timeout, RetryCnt: a.RetryCnt,
+		RNRRetry: a.RNRRetry, MinRNRTimer: a.MinRNRTimer, MaxRdAtomic: int(a.MaxRdAtomic),
+		MaxDestRdAtomic: int(a.MaxDestRdAtomic), Access: a.Access, Recovery: q.cfg.Recovery}
+}
+
+// Drained reports whether no send WQE is in progress: every WQE the
+// requester started has completed (the SQ drained of a QP in SQD).
+func (q *QP) Drained() bool { return q.req.head == q.req.end() }
+
 // Failed reports whether the QP hit a fatal error (the failing WQE has
 // completed with its status); the device then moves it to ERR and calls
 // Flush.
@@ -355,7 +346,7 @@ func (q *QP) Outstanding() int { return int(q.req.tail - q.req.head) }
 
 // Post appends a send WQE (its SG slice headers are copied, not the bytes
 // they point to). It returns false when the SQ is full.
-func (q *QP) Post(w *wr.SendWQE) bool {
+func (q *QP) Post(w *ib.SendWQE) bool {
 	r := &q.req
 	if r.tail-r.head >= uint32(len(r.sq)) {
 		return false
@@ -373,20 +364,20 @@ func (q *QP) Post(w *wr.SendWQE) bool {
 
 // TakeCompletions returns the completions produced since the last call and
 // forgets them; the slice is valid until the next call on the QP.
-func (q *QP) TakeCompletions() []wr.WC {
+func (q *QP) TakeCompletions() []ib.WC {
 	w := q.wcs
 	q.wcs = q.wcs[:0]
 	return w
 }
 
-func (q *QP) complete(wc wr.WC) {
+func (q *QP) complete(wc ib.WC) {
 	wc.QPN = q.cfg.QPN
 	q.wcs = append(q.wcs, wc)
 }
 
 // fail records a fatal error: both halves stop; any NAK already queued is
 // still sent by Build so that the peer learns why.
-func (q *QP) fail(st wr.Status) {
+func (q *QP) fail(st ib.WCStatus) {
 	if !q.failed {
 		q.failed = true
 		q.errSt = st
@@ -404,17 +395,17 @@ func (q *QP) fail(st wr.Status) {
 // progress with WR_FLUSH_ERR (the ERR state). Receive WQEs still in the
 // RQ are the device's to flush.
 func (q *QP) Flush() {
-	q.fail(wr.WRFlushErr)
+	q.fail(ib.WRFlushErr)
 	r := &q.req
 	for r.head != r.tail {
 		e := &r.sq[r.head%uint32(len(r.sq))]
-		q.complete(wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(e.Opcode), ByteLen: 0})
+		q.complete(ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: e.Opcode.WCOpcode(), ByteLen: 0})
 		e.SG = e.SG[:0]
 		r.head++
 	}
 	r.next = r.head
 	if q.resp.haveRecv {
-		q.complete(wr.WC{ID: q.resp.cur.ID, Status: wr.WRFlushErr, Opcode: wr.WCRecv, IsRecv: true})
+		q.complete(ib.WC{ID: q.resp.cur.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true})
 		q.resp.haveRecv = false
 	}
 	q.resp.qhead, q.resp.qlen = 0, 0
@@ -430,7 +421,7 @@ func (q *QP) FlushSend() {
 	r := &q.req
 	for r.head != r.tail {
 		e := r.entry(r.head)
-		q.complete(wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wcOpcode(e.Opcode)})
+		q.complete(ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: e.Opcode.WCOpcode()})
 		e.SG = e.SG[:0]
 		r.head++
 	}
@@ -445,32 +436,59 @@ func (q *QP) Resume() {
 	}
 }
 
-// Deadline is when Expire must next be called (clock.Never: no timer).
+// Deadline is when Expire must next be called (clock.Never: no timer):
+// the RNR wait or the local ACK timeout and the adaptive retransmission
+// timers, and with congestion control its timers and the end of a pacer
+// wait.
 func (q *QP) Deadline() clock.Time {
-	if !q.reqOn {
-		return clock.Never
+	dl := clock.Never
+	switch {
+	case !q.reqOn:
+	case q.req.rnrWait:
+		dl = q.req.rnrAt
+	case q.adaptive():
+		dl = clock.Min(q.req.timer, clock.Min(q.req.rtoAt, q.req.ptoAt))
+	default:
+		dl = q.req.timer
 	}
-	r := &q.req
-	if r.rnrWait {
-		return r.rnrAt
+	if cc := q.cc; cc != nil {
+		paceAt := cc.paceAt
+		if !q.hasOutput() {
+			paceAt = clock.Never // see HasOutput
+		}
+		dl = min(dl, cc.ctl.Deadline(), cc.np.Deadline(), paceAt)
 	}
-	if q.adaptive() {
-		return clock.Min(r.timer, clock.Min(r.rtoAt, r.ptoAt))
-	}
-	return r.timer
+	return dl
 }
 
 // Expire runs the timers due at now: the RNR wait, the local ACK timeout
-// and the adaptive retransmission timers.
+// and the adaptive retransmission timers, and congestion control's.
 func (q *QP) Expire(now clock.Time) {
-	if !q.reqOn || q.cfg.UC {
-		return
+	if q.reqOn && !q.cfg.UC {
+		q.expire(now)
 	}
-	q.expire(now)
+	if q.cc != nil {
+		q.cc.expire(now)
+	}
 }
 
-// HasOutput reports whether Build would produce a packet now.
+// HasOutput reports whether Build would produce a packet now. A QP the
+// pacer holds has none until its departure time unless it owes a CNP; one
+// that has nothing to send is not parked at all (the pacer remembers its
+// debt and parks it again when it has), so an idle QP costs no wake-up.
 func (q *QP) HasOutput() bool {
+	p := q.hasOutput()
+	if cc := q.cc; cc != nil {
+		if !p {
+			cc.paceAt = clock.Never
+		}
+		p = p && cc.paceAt == clock.Never || cc.cnps > 0
+	}
+	return p
+}
+
+// hasOutput reports whether the transport itself has a packet to build.
+func (q *QP) hasOutput() bool {
 	return q.resp.qlen > 0 || q.resp.hasFinal || (q.reqOn && (q.req.hasRetransmit() || q.req.canSend(q)))
 }
 
@@ -489,6 +507,15 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 	if len(buf) < q.MaxPacket() {
 		return 0
 	}
+	if cc := q.cc; cc != nil {
+		if cc.cnps > 0 {
+			return q.buildCNP(buf)
+		}
+		if !cc.mayBuild(now) {
+			return 0
+		}
+		cc.lastCNP = false
+	}
 	if q.resp.qlen > 0 || q.resp.hasFinal {
 		return q.buildResponse(buf)
 	}
@@ -502,14 +529,23 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 }
 
 // Receive processes one transport packet (BTH to end of pad, no ICRC) that
-// the device has already checked for address, P_Key, ICRC and destination
-// QP. Malformed packets are counted and dropped.
-func (q *QP) Receive(now clock.Time, pkt []byte) {
+// the device has already checked for address, P_Key, ICRC, destination QP
+// and source; m (nil: none) says how it was marked. A CNP goes to the
+// reaction point; every other packet passes the notification point first.
+// Malformed packets are counted and dropped.
+func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 	if len(pkt) < bth.BTHLen {
 		q.RxDropped++
 		return
 	}
 	op := bth.BTH(pkt).Opcode()
+	if op == bth.CNP {
+		q.receiveCNP(now)
+		return
+	}
+	if q.cc != nil && m != nil {
+		q.npPacket(now, op, m.ECN)
+	}
 	hl := op.HeaderLen()
 	pad := bth.BTH(pkt).PadCount()
 	if hl == 0 || len(pkt) < hl+pad || (!op.HasPayload() && len(pkt) != hl+pad && !isSACK(pkt, op, hl, pad)) {
@@ -544,20 +580,6 @@ func (q *QP) Receive(now clock.Time, pkt []byte) {
 // (an ACK without one has no bytes after its AETH).
 func isSACK(pkt []byte, op bth.Opcode, hl, pad int) bool {
 	return op == bth.RCAcknowledge && bth.BTH(pkt).SR() && pad == 0 && bth.SACKETH(pkt[hl:]).Valid()
-}
-
-func wcOpcode(o wr.Opcode) wr.WCOpcode {
-	switch o {
-	case wr.RDMAWrite, wr.RDMAWriteWithImm:
-		return wr.WCRDMAWrite
-	case wr.RDMARead:
-		return wr.WCRDMARead
-	case wr.AtomicCmpAndSwp:
-		return wr.WCCompSwap
-	case wr.AtomicFetchAndAdd:
-		return wr.WCFetchAdd
-	}
-	return wr.WCSend
 }
 
 // pktsFor is the number of packets a message of n bytes takes at mtu.

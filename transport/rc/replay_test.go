@@ -17,7 +17,7 @@ import (
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/frame/frametest"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // perftestKey is one 108-byte perftest key record,
@@ -167,7 +167,7 @@ func sameResponse(ours, theirs []byte) bool {
 // of it: READ response payloads at their addresses.
 func replayMemory(c *capture, reqSrc string, resp perftestKey, mtu int) (*testMem, *testMR) {
 	size := 1 << 20
-	mr := &testMR{va: resp.vaddr, buf: make([]byte, size), access: wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic, valid: true}
+	mr := &testMR{va: resp.vaddr, buf: make([]byte, size), access: ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic, valid: true}
 	// Map READ request PSNs to addresses, then place the responses.
 	type rd struct {
 		psn bth.PSN
@@ -202,16 +202,16 @@ type oracleRQ struct {
 	buf  []byte
 }
 
-func (o *oracleRQ) Take(dst *wr.RecvWQE) bool {
+func (o *oracleRQ) Take(dst *ib.RecvWQE) bool {
 	if n := o.next(); n != nil && bth.BTH(n).Opcode() == bth.RCAcknowledge &&
 		bth.AETH(n[bth.BTHLen:]).Syndrome()&0xE0 == SynRNRNAK && bth.BTH(n).PSN() == o.psn {
 		return false
 	}
-	dst.ID, dst.Err, dst.Length = 0, wr.Success, 1<<20
+	dst.ID, dst.Err, dst.Length = 0, ib.Success, 1<<20
 	if o.buf == nil {
 		o.buf = make([]byte, 1<<20)
 	}
-	dst.SG = append(dst.SG[:0], o.buf)
+	dst.SG = append(dst.SG[:0], ib.LocalSeg(o.buf))
 	return true
 }
 
@@ -260,7 +260,7 @@ func TestReplayResponder(t *testing.T) {
 			}}
 			cfg := Config{QPN: resp.qpn, DestQPN: req.qpn, MTU: mtu, RQPSN: bth.PSN(req.psn), SQPSN: bth.PSN(resp.psn),
 				Timeout: 14, RetryCnt: 7, RNRRetry: 7, MinRNRTimer: 12, MaxRdAtomic: int(max(resp.outReads, 1)),
-				MaxDestRdAtomic: int(max(req.outReads, 1)), Access: wr.RemoteWrite | wr.RemoteRead | wr.RemoteAtomic | wr.LocalWrite}
+				MaxDestRdAtomic: int(max(req.outReads, 1)), Access: ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic | ib.LocalWrite}
 			q := New(resp.qpn, 128, 1, mem, rq)
 			q.Receiver(cfg)
 			buf := make([]byte, q.MaxPacket())
@@ -271,7 +271,7 @@ func TestReplayResponder(t *testing.T) {
 				}
 				requests++
 				rq.psn = bth.BTH(f.pkt).PSN()
-				q.Receive(0, f.pkt)
+				q.Receive(0, f.pkt, nil)
 				for {
 					n := q.Build(0, buf)
 					if n == 0 {
@@ -321,7 +321,7 @@ func TestReplayRequester(t *testing.T) {
 			// Rebuild the work requests from the first transmission of
 			// each message.
 			type msg struct {
-				w    wr.SendWQE
+				w    ib.SendWQE
 				data []byte
 				psn  bth.PSN
 			}
@@ -337,21 +337,21 @@ func TestReplayRequester(t *testing.T) {
 				seen[h.PSN()] = true
 				pay := f.pkt[op.HeaderLen() : len(f.pkt)-h.PadCount()]
 				if op.StartsMessage() {
-					cur = &msg{w: wr.SendWQE{ID: uint64(len(msgs)), Flags: wr.Signaled}, psn: h.PSN()}
+					cur = &msg{w: ib.SendWQE{ID: uint64(len(msgs)), Flags: ib.Signaled}, psn: h.PSN()}
 					msgs = append(msgs, cur)
 					switch {
 					case op.IsWrite():
 						r := bth.RETH(f.pkt[bth.BTHLen:])
-						cur.w.Opcode, cur.w.RemoteAddr, cur.w.RKey = wr.RDMAWrite, r.VA(), r.RKey()
+						cur.w.Opcode, cur.w.RemoteAddr, cur.w.RKey = ib.RDMAWrite, r.VA(), r.RKey()
 					case op.IsSend():
-						cur.w.Opcode = wr.Send
+						cur.w.Opcode = ib.Send
 					case op.IsReadRequest():
 						r := bth.RETH(f.pkt[bth.BTHLen:])
-						cur.w.Opcode, cur.w.RemoteAddr, cur.w.RKey, cur.w.Length = wr.RDMARead, r.VA(), r.RKey(), r.DMALen()
+						cur.w.Opcode, cur.w.RemoteAddr, cur.w.RKey, cur.w.Length = ib.RDMARead, r.VA(), r.RKey(), r.DMALen()
 						cur.data = make([]byte, r.DMALen())
 					case op == bth.RCFetchAdd:
 						a := bth.AtomicETH(f.pkt[bth.BTHLen:])
-						cur.w.Opcode, cur.w.RemoteAddr, cur.w.RKey, cur.w.SwapAdd, cur.w.Length = wr.AtomicFetchAndAdd, a.VA(), a.RKey(), a.SwapAdd(), 8
+						cur.w.Opcode, cur.w.RemoteAddr, cur.w.RKey, cur.w.SwapAdd, cur.w.Length = ib.AtomicFetchAndAdd, a.VA(), a.RKey(), a.SwapAdd(), 8
 						cur.data = make([]byte, 8)
 					default:
 						t.Fatalf("unexpected %v", op)
@@ -374,7 +374,7 @@ func TestReplayRequester(t *testing.T) {
 			q.Receiver(cfg)
 			q.Sender(cfg)
 			for _, m := range msgs {
-				m.w.SG = [][]byte{m.data}
+				m.w.SG = segs(m.data)
 				if !q.Post(&m.w) {
 					t.Fatal("SQ full")
 				}
@@ -385,7 +385,7 @@ func TestReplayRequester(t *testing.T) {
 			// before rxe, whose timers tick in jiffies, resends.
 			for i, f := range c.frames {
 				if f.src != reqSrc {
-					q.Receive(f.at, f.pkt)
+					q.Receive(f.at, f.pkt, nil)
 					continue
 				}
 				q.Expire(f.at)
@@ -407,7 +407,7 @@ func TestReplayRequester(t *testing.T) {
 				t.Fatalf("%d completions for %d work requests", len(wcs), len(msgs))
 			}
 			for i, w := range wcs {
-				if w.Status != wr.Success || w.ID != uint64(i) {
+				if w.Status != ib.Success || w.ID != uint64(i) {
 					t.Fatalf("completion %d: %+v", i, w)
 				}
 			}
@@ -427,7 +427,7 @@ func TestReplayRequester(t *testing.T) {
 					orig := bth.AtomicAckETH(f.pkt[bth.BTHLen+bth.AETHLen:]).Orig()
 					found := false
 					for _, m := range msgs {
-						if m.w.Opcode == wr.AtomicFetchAndAdd && le64(m.data) == orig {
+						if m.w.Opcode == ib.AtomicFetchAndAdd && le64(m.data) == orig {
 							found = true
 						}
 					}
@@ -437,7 +437,7 @@ func TestReplayRequester(t *testing.T) {
 				}
 			}
 			for _, m := range msgs {
-				if m.w.Opcode != wr.RDMARead {
+				if m.w.Opcode != ib.RDMARead {
 					continue
 				}
 				var want []byte

@@ -3,7 +3,7 @@ package rc
 import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 type wqeState uint8
@@ -16,7 +16,7 @@ const (
 
 // sendEntry is a send WQE in the SQ ring with its progress.
 type sendEntry struct {
-	wr.SendWQE
+	ib.SendWQE
 	state    wqeState
 	firstPSN bth.PSN
 	lastPSN  bth.PSN
@@ -115,13 +115,13 @@ func (r *requester) canSend(q *QP) bool {
 		if r.draining {
 			return false
 		}
-		if e.Err != wr.Success {
+		if e.Err != ib.Success {
 			return r.next == r.head
 		}
 		if e.Opcode.IsReadOrAtomic() && r.rdAtomic >= q.cfg.MaxRdAtomic {
 			return false
 		}
-		if e.Flags&wr.Fence != 0 && r.rdAtomic > 0 {
+		if e.Flags&ib.Fence != 0 && r.rdAtomic > 0 {
 			return false
 		}
 	}
@@ -142,10 +142,10 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	}
 	e := r.entry(r.next)
 	if e.state == wqePosted {
-		if e.Err != wr.Success {
+		if e.Err != ib.Success {
 			// A local error found at post: complete it in order, then ERR
 			// (RC) or SQE (UC: the send queue stops, receiving goes on).
-			q.complete(wr.WC{ID: e.ID, Status: e.Err, Opcode: wcOpcode(e.Opcode)})
+			q.complete(ib.WC{ID: e.ID, Status: e.Err, Opcode: e.Opcode.WCOpcode()})
 			e.SG = e.SG[:0]
 			r.head++
 			r.next++
@@ -174,14 +174,14 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	retx := false
 	var n int
 	switch e.Opcode {
-	case wr.RDMARead:
+	case ib.RDMARead:
 		retx = e.sent > 0 // asked again from an offset after a go-back-N
 		n = q.writeRequest(buf, e, p, true, 0)
 		r.psn = r.psn.Add(pktsFor(e.Length-e.sent, q.cfg.MTU))
 		r.noAck = 0
 		e.state = wqeSent
 		r.next++
-	case wr.AtomicCmpAndSwp, wr.AtomicFetchAndAdd:
+	case ib.AtomicCmpAndSwp, ib.AtomicFetchAndAdd:
 		n = q.writeRequest(buf, e, p, true, 0)
 		r.psn = r.psn.Next()
 		r.noAck = 0
@@ -210,7 +210,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 			r.next++
 			if q.cfg.UC {
 				// UC has no acknowledgement: the WQE is done once sent.
-				q.completeSend(e, wr.Success)
+				q.completeSend(e, ib.Success)
 				r.head++
 				r.compPSN = r.psn
 			}
@@ -245,7 +245,7 @@ func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRea
 	off := uint32(p.Diff(e.firstPSN)) * mtu
 	var n int
 	switch e.Opcode {
-	case wr.RDMARead:
+	case ib.RDMARead:
 		remain := e.Length - off
 		if nRead > 0 {
 			remain = min(remain, nRead*mtu)
@@ -254,10 +254,10 @@ func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRea
 		q.encodeBTH(buf, h, p, true, false, 0)
 		bth.RETH(buf[bth.BTHLen:]).Encode(e.RemoteAddr+uint64(off), e.RKey, remain)
 		n = h.HeaderLen()
-	case wr.AtomicCmpAndSwp, wr.AtomicFetchAndAdd:
+	case ib.AtomicCmpAndSwp, ib.AtomicFetchAndAdd:
 		h := bth.RCFetchAdd
 		swap, cmp := e.SwapAdd, uint64(0)
-		if e.Opcode == wr.AtomicCmpAndSwp {
+		if e.Opcode == ib.AtomicCmpAndSwp {
 			h, cmp = bth.RCCompareSwap, e.Compare
 		}
 		q.encodeBTH(buf, h, p, true, false, 0)
@@ -274,7 +274,7 @@ func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRea
 		op := requestOpcode(e.Opcode, first, last, q.cfg.UC)
 		ackReq = (ackReq || last) && !q.cfg.UC
 		pad := int(-pay & 3)
-		q.encodeBTH(buf, op, p, ackReq, last && e.Flags&wr.Solicited != 0, pad)
+		q.encodeBTH(buf, op, p, ackReq, last && e.Flags&ib.Solicited != 0, pad)
 		if o := op.Offset(bth.ExtRETH); o >= 0 {
 			bth.RETH(buf[o:]).Encode(e.RemoteAddr, e.RKey, e.Length)
 		}
@@ -285,7 +285,7 @@ func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRea
 			bth.IETH(buf[o:]).SetRKey(e.InvRKey)
 		}
 		hl := op.HeaderLen()
-		wr.CopyIn(buf[hl:hl+int(pay)], e.SG, off)
+		ib.CopyIn(buf[hl:hl+int(pay)], e.SG, off)
 		for i := 0; i < pad; i++ {
 			buf[hl+int(pay)+i] = 0
 		}
@@ -298,21 +298,21 @@ func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRea
 }
 
 // requestOpcode picks the wire opcode for a SEND/WRITE packet.
-func requestOpcode(o wr.Opcode, first, last, uc bool) bth.Opcode {
+func requestOpcode(o ib.WROpcode, first, last, uc bool) bth.Opcode {
 	var op bth.Opcode
 	switch o {
-	case wr.RDMAWrite, wr.RDMAWriteWithImm:
+	case ib.RDMAWrite, ib.RDMAWriteWithImm:
 		switch {
 		case first && last:
 			op = bth.RCRDMAWriteOnly
-			if o == wr.RDMAWriteWithImm {
+			if o == ib.RDMAWriteWithImm {
 				op = bth.RCRDMAWriteOnlyImm
 			}
 		case first:
 			op = bth.RCRDMAWriteFirst
 		case last:
 			op = bth.RCRDMAWriteLast
-			if o == wr.RDMAWriteWithImm {
+			if o == ib.RDMAWriteWithImm {
 				op = bth.RCRDMAWriteLastImm
 			}
 		default:
@@ -322,18 +322,18 @@ func requestOpcode(o wr.Opcode, first, last, uc bool) bth.Opcode {
 		switch {
 		case first && last:
 			op = bth.RCSendOnly
-			if o == wr.SendWithImm {
+			if o == ib.SendWithImm {
 				op = bth.RCSendOnlyImm
-			} else if o == wr.SendWithInv {
+			} else if o == ib.SendWithInv {
 				op = bth.RCSendOnlyInv
 			}
 		case first:
 			op = bth.RCSendFirst
 		case last:
 			op = bth.RCSendLast
-			if o == wr.SendWithImm {
+			if o == ib.SendWithImm {
 				op = bth.RCSendLastImm
-			} else if o == wr.SendWithInv {
+			} else if o == ib.SendWithInv {
 				op = bth.RCSendLastInv
 			}
 		default:
@@ -348,13 +348,13 @@ func requestOpcode(o wr.Opcode, first, last, uc bool) bth.Opcode {
 
 // completeSend posts the completion of a send WQE: always on error, on
 // success only if signaled.
-func (q *QP) completeSend(e *sendEntry, st wr.Status) {
-	if st != wr.Success || e.Flags&wr.Signaled != 0 {
+func (q *QP) completeSend(e *sendEntry, st ib.WCStatus) {
+	if st != ib.Success || e.Flags&ib.Signaled != 0 {
 		bl := e.Length
-		if st != wr.Success {
+		if st != ib.Success {
 			bl = 0
 		}
-		q.complete(wr.WC{ID: e.ID, Status: st, Opcode: wcOpcode(e.Opcode), ByteLen: bl})
+		q.complete(ib.WC{ID: e.ID, Status: st, Opcode: e.Opcode.WCOpcode(), ByteLen: bl})
 	}
 	e.SG = e.SG[:0]
 }

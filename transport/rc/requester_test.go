@@ -7,14 +7,14 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
-func (c *tctx) post(w wr.SendWQE) {
+func (c *tctx) post(w ib.SendWQE) {
 	c.t.Helper()
 	if w.Length == 0 {
 		for _, s := range w.SG {
-			w.Length += uint32(len(s))
+			w.Length += uint32(s.Len())
 		}
 	}
 	if !c.qp.Post(&w) {
@@ -27,7 +27,7 @@ func (c *tctx) respond(r req) { c.inject(r) }
 func TestRequesterSegmentsAtMTU(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	data := fill(2500, 4)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{data[:100], data[100:]}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(data[:100], data[100:])})
 	got := c.expect(p(bth.RCSendFirst, 100), p(bth.RCSendMiddle, 101), p(bth.RCSendLast, 102))
 	var all []byte
 	for i, g := range got {
@@ -44,14 +44,14 @@ func TestRequesterSegmentsAtMTU(t *testing.T) {
 		t.Fatal("payload")
 	}
 	// 3-byte WRITE: ONLY with RETH and a pad of 1.
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMAWrite, SG: [][]byte{{1, 2, 3}}, RemoteAddr: 0x5000, RKey: 0x77})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMAWrite, SG: segs([]byte{1, 2, 3}), RemoteAddr: 0x5000, RKey: 0x77})
 	g := c.expect(p(bth.RCRDMAWriteOnly, 103))[0]
 	r := bth.RETH(g.raw[12:])
 	if bth.BTH(g.raw).PadCount() != 1 || r.VA() != 0x5000 || r.RKey() != 0x77 || r.DMALen() != 3 || !g.ackReq {
 		t.Fatalf("write only %v", g)
 	}
 	// Zero-length SEND: one ONLY packet.
-	c.post(wr.SendWQE{ID: 3, Opcode: wr.Send})
+	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send})
 	c.expect(p(bth.RCSendOnly, 104))
 }
 
@@ -59,7 +59,7 @@ func TestRequesterAckReqEvery64AndWindow(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.MTU = 256
 	c := newCtx(t, cfg)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{make([]byte, 256*200)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(make([]byte, 256*200))})
 	got := c.out()
 	if len(got) != MaxUnackedPSNs+1 {
 		t.Fatalf("sent %d packets, window is %d", len(got), MaxUnackedPSNs)
@@ -79,13 +79,13 @@ func TestRequesterAckReqEvery64AndWindow(t *testing.T) {
 func TestCompleterCoalescedACK(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	for i := 1; i <= 3; i++ {
-		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(10, 0)}})
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(10, 0))})
 	}
-	c.post(wr.SendWQE{ID: 4, Opcode: wr.Send, SG: [][]byte{fill(10, 0)}}) // unsignaled
+	c.post(ib.SendWQE{ID: 4, Opcode: ib.Send, SG: segs(fill(10, 0))}) // unsignaled
 	c.expect(p(bth.RCSendOnly, 100), p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
 	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK, msn: 4})
 	w := c.wcs()
-	if len(w) != 3 || w[0].ID != 1 || w[2].ID != 3 || w[0].Status != wr.Success || w[0].Opcode != wr.WCSend {
+	if len(w) != 3 || w[0].ID != 1 || w[2].ID != 3 || w[0].Status != ib.Success || w[0].Opcode != ib.WCSend {
 		t.Fatalf("completions %+v", w)
 	}
 	if c.qp.Deadline() != clock.Never {
@@ -101,9 +101,9 @@ func TestCompleterCoalescedACK(t *testing.T) {
 func TestCompleterReadNeedsItsResponse(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	dst := make([]byte, 2100)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x9000, RKey: 3})
-	c.post(wr.SendWQE{ID: 3, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x9000, RKey: 3})
+	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 	g := c.expect(p(bth.RCSendOnly, 100), p(bth.RCRDMAReadRequest, 101), p(bth.RCSendOnly, 104))
 	if r := bth.RETH(g[1].raw[12:]); r.VA() != 0x9000 || r.DMALen() != 2100 || r.RKey() != 3 {
 		t.Fatal("RETH")
@@ -136,7 +136,7 @@ func TestCompleterReadNeedsItsResponse(t *testing.T) {
 	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 103, syn: SynACK, msn: 2, payload: src[2048:]})
 	c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK, msn: 3})
 	w = c.wcs()
-	if len(w) != 2 || w[0].ID != 2 || w[0].Opcode != wr.WCRDMARead || w[1].ID != 3 || !bytes.Equal(dst, src) {
+	if len(w) != 2 || w[0].ID != 2 || w[0].Opcode != ib.WCRDMARead || w[1].ID != 3 || !bytes.Equal(dst, src) {
 		t.Fatalf("completions %+v", w)
 	}
 }
@@ -144,8 +144,8 @@ func TestCompleterReadNeedsItsResponse(t *testing.T) {
 func TestCompleterNAKSeqGoBackN(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	data := fill(3000, 1)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, Flags: wr.Signaled, SG: [][]byte{data}, RemoteAddr: 0x100, RKey: 1})
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(5, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(data), RemoteAddr: 0x100, RKey: 1})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
 	c.expect(p(bth.RCRDMAWriteFirst, 100), p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102), p(bth.RCSendOnly, 103))
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq, msn: 0})
 	g := c.expect(p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102), p(bth.RCSendOnly, 103))
@@ -165,7 +165,7 @@ func TestCompleterRNR(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.RNRRetry = 2
 	c := newCtx(t, cfg)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(5, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
 	c.expect(p(bth.RCSendOnly, 100))
 	for i := 0; i < 2; i++ {
 		c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynRNRNAK | 12, msn: 0})
@@ -181,14 +181,14 @@ func TestCompleterRNR(t *testing.T) {
 	}
 	c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynRNRNAK | 12, msn: 0})
 	w := c.wcs()
-	if len(w) != 1 || w[0].Status != wr.RNRRetryExcErr || !c.qp.Failed() {
+	if len(w) != 1 || w[0].Status != ib.RNRRetryExcErr || !c.qp.Failed() {
 		t.Fatalf("%+v", w)
 	}
 }
 
 func TestCompleterRNRRetry7IsInfinite(t *testing.T) {
 	c := newCtx(t, defaultCfg()) // RNRRetry 7
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(5, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
 	c.out()
 	for i := 0; i < 50; i++ {
 		c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynRNRNAK | 1, msn: 0})
@@ -205,7 +205,7 @@ func TestCompleterTimeoutAndRetryExhaustion(t *testing.T) {
 	cfg := defaultCfg() // Timeout 14, RetryCnt 7
 	cfg.Recovery = RecoveryTimeout
 	c := newCtx(t, cfg)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(5, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
 	c.expect(p(bth.RCSendOnly, 100))
 	if d := c.qp.Deadline(); d != c.now.Add(4096*(1<<14)*time.Nanosecond) {
 		t.Fatalf("deadline %v", d)
@@ -219,7 +219,7 @@ func TestCompleterTimeoutAndRetryExhaustion(t *testing.T) {
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	w := c.wcs()
-	if len(w) != 1 || w[0].Status != wr.RetryExcErr || !c.qp.Failed() {
+	if len(w) != 1 || w[0].Status != ib.RetryExcErr || !c.qp.Failed() {
 		t.Fatalf("%+v", w)
 	}
 	if c.qp.Timeouts != 8 {
@@ -232,7 +232,7 @@ func TestCompleterProgressResetsRetries(t *testing.T) {
 	cfg.RetryCnt = 1
 	c := newCtx(t, cfg)
 	for i := 0; i < 3; i++ {
-		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(5, 0)}})
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
 	}
 	c.out()
 	for i := 0; i < 3; i++ {
@@ -247,20 +247,20 @@ func TestCompleterProgressResetsRetries(t *testing.T) {
 }
 
 func TestCompleterNAKCodes(t *testing.T) {
-	for syn, st := range map[uint8]wr.Status{SynNAKInvReq: wr.RemInvReqErr, SynNAKRemAccess: wr.RemAccessErr, SynNAKRemOp: wr.RemOpErr, 0x64: wr.RemOpErr} {
+	for syn, st := range map[uint8]ib.WCStatus{SynNAKInvReq: ib.RemInvReqErr, SynNAKRemAccess: ib.RemAccessErr, SynNAKRemOp: ib.RemOpErr, 0x64: ib.RemOpErr} {
 		c := newCtx(t, defaultCfg())
-		c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(5, 0)}})
-		c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMAWrite, SG: [][]byte{fill(5, 0)}})
-		c.post(wr.SendWQE{ID: 3, Opcode: wr.Send, SG: [][]byte{fill(5, 0)}})
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMAWrite, SG: segs(fill(5, 0))})
+		c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, SG: segs(fill(5, 0))})
 		c.out()
 		c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: syn, msn: 1})
 		w := c.wcs()
-		if len(w) != 2 || w[0].ID != 1 || w[0].Status != wr.Success || w[1].ID != 2 || w[1].Status != st || !c.qp.Failed() {
+		if len(w) != 2 || w[0].ID != 1 || w[0].Status != ib.Success || w[1].ID != 2 || w[1].Status != st || !c.qp.Failed() {
 			t.Fatalf("syn %#x: %+v", syn, w)
 		}
 		c.qp.Flush()
 		w = c.wcs()
-		if len(w) != 1 || w[0].ID != 3 || w[0].Status != wr.WRFlushErr {
+		if len(w) != 1 || w[0].ID != 3 || w[0].Status != ib.WRFlushErr {
 			t.Fatalf("flush %+v", w)
 		}
 	}
@@ -273,9 +273,9 @@ func TestCompleterAtomicAndRdAtomicLimit(t *testing.T) {
 	res := make([][]byte, 3)
 	for i := range res {
 		res[i] = make([]byte, 8)
-		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: [][]byte{res[i]}, Length: 8, RemoteAddr: 0x800, RKey: 1, SwapAdd: 1})
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: segs(res[i]), Length: 8, RemoteAddr: 0x800, RKey: 1, SwapAdd: 1})
 	}
-	c.post(wr.SendWQE{ID: 9, Opcode: wr.Send, Flags: wr.Signaled | wr.Fence, SG: [][]byte{fill(1, 0)}})
+	c.post(ib.SendWQE{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Fence, SG: segs(fill(1, 0))})
 	g := c.expect(p(bth.RCFetchAdd, 100), p(bth.RCFetchAdd, 101)) // max_rd_atomic 2
 	if a := bth.AtomicETH(g[0].raw[12:]); a.VA() != 0x800 || a.SwapAdd() != 1 {
 		t.Fatal("AtomicETH")
@@ -291,7 +291,7 @@ func TestCompleterAtomicAndRdAtomicLimit(t *testing.T) {
 			t.Fatalf("atomic result %d = %d", i, le64(res[i]))
 		}
 	}
-	if w := c.wcs(); len(w) != 3 || w[0].Opcode != wr.WCFetchAdd {
+	if w := c.wcs(); len(w) != 3 || w[0].Opcode != ib.WCFetchAdd {
 		t.Fatalf("%+v", w)
 	}
 }
@@ -300,19 +300,19 @@ func TestRequesterPSNWrapAndLocalError(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.SQPSN = bth.PSNMask
 	c := newCtx(t, cfg)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 2048)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 2048))})
 	c.expect(p(bth.RCSendFirst, bth.PSNMask), p(bth.RCSendLast, 0))
 	c.respond(req{op: bth.RCAcknowledge, psn: 0, syn: SynACK, msn: 1})
-	if w := c.wcs(); len(w) != 1 || w[0].Status != wr.Success {
+	if w := c.wcs(); len(w) != 1 || w[0].Status != ib.Success {
 		t.Fatalf("%+v", w)
 	}
 	// A WQE whose lkey failed at post completes with its error in order.
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.Send, SG: [][]byte{fill(1, 0)}})
-	c.post(wr.SendWQE{ID: 3, Opcode: wr.Send, Err: wr.LocProtErr})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.Send, SG: segs(fill(1, 0))})
+	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, Err: ib.LocProtErr})
 	c.expect(p(bth.RCSendOnly, 1))
 	c.respond(req{op: bth.RCAcknowledge, psn: 1, syn: SynACK, msn: 2})
 	c.out()
-	if w := c.wcs(); len(w) != 1 || w[0].ID != 3 || w[0].Status != wr.LocProtErr || !c.qp.Failed() {
+	if w := c.wcs(); len(w) != 1 || w[0].ID != 3 || w[0].Status != ib.LocProtErr || !c.qp.Failed() {
 		t.Fatalf("%+v", w)
 	}
 }
@@ -325,11 +325,11 @@ func TestCompleterIgnoresGhostsAndBadResponses(t *testing.T) {
 		t.Fatal("ghost responses")
 	}
 	dst := make([]byte, 100)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 1, RKey: 1})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 1, RKey: 1})
 	c.out()
 	// A response longer than the READ asked for is a protocol error.
 	c.respond(req{op: bth.RCRDMAReadResponseOnly, psn: 100, syn: SynACK, payload: fill(101, 0)})
-	if w := c.wcs(); len(w) != 1 || w[0].Status != wr.BadRespErr || !c.qp.Failed() {
+	if w := c.wcs(); len(w) != 1 || w[0].Status != ib.BadRespErr || !c.qp.Failed() {
 		t.Fatalf("%+v", w)
 	}
 }
@@ -339,7 +339,7 @@ func TestCompleterSeqNAKAfterRNRCostsNoRetry(t *testing.T) {
 	cfg.RetryCnt = 0 // any transport retry would fail the QP
 	c := newCtx(t, cfg)
 	for i := 0; i < 3; i++ {
-		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(64, 0)}})
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(64, 0))})
 	}
 	c.expect(p(bth.RCSendOnly, 100), p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102))
 	// As in rnr_nak.pcap: ACK, RNR NAK, then a sequence NAK for the same PSN.
@@ -354,7 +354,7 @@ func TestCompleterSeqNAKAfterRNRCostsNoRetry(t *testing.T) {
 	c.qp.Expire(c.now)
 	c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102))
 	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK, msn: 3})
-	if w := c.wcs(); len(w) != 3 || w[2].Status != wr.Success {
+	if w := c.wcs(); len(w) != 3 || w[2].Status != ib.Success {
 		t.Fatalf("%+v", w)
 	}
 }
@@ -362,7 +362,7 @@ func TestCompleterSeqNAKAfterRNRCostsNoRetry(t *testing.T) {
 func TestCompleterACKBeyondResendPointSkipsAhead(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	for i := 0; i < 4; i++ {
-		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 	}
 	c.expect(p(bth.RCSendOnly, 100), p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
 	// A timeout rewinds to 100, but before anything is resent the ACK for
@@ -387,7 +387,7 @@ func TestCompleterACKBeyondResendPointSkipsAhead(t *testing.T) {
 func TestCompleterProgressCountsInOrderResponses(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	dst := make([]byte, 3072)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x9000, RKey: 3})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x9000, RKey: 3})
 	c.expect(p(bth.RCRDMAReadRequest, 100))
 	src := fill(3072, 7)
 	if c.qp.Progress != 0 {

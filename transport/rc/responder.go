@@ -2,7 +2,7 @@ package rc
 
 import (
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 type resKind uint8
@@ -24,7 +24,7 @@ type resource struct {
 	va     uint64
 	rkey   uint32
 	length uint32
-	mem    []byte // the whole READ range, resolved when first executed
+	mem    ib.Seg // the whole READ range, resolved when first executed
 	orig   uint64 // ATOMIC: the value before the operation
 }
 
@@ -64,11 +64,11 @@ type responder struct {
 	inMsg   uint8   // inside a multi-packet SEND or WRITE
 	dropMsg bool    // UC: drop until the next FIRST/ONLY
 
-	cur      wr.RecvWQE // receive WQE being filled
+	cur      ib.RecvWQE // receive WQE being filled
 	haveRecv bool
 	recvOff  uint32
 
-	wmem []byte // WRITE target
+	wmem ib.Seg // WRITE target
 	woff uint32
 	wlen uint32
 
@@ -194,25 +194,25 @@ func (q *QP) execRequest(pkt []byte, op bth.Opcode, hl, end int, pp bth.PSN) {
 	switch s.inMsg {
 	case msgSend:
 		if !op.IsSend() || !(op.IsMiddle() || op.IsLast()) {
-			q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+			q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 			return
 		}
 	case msgWrite:
 		if !op.IsWrite() || !(op.IsMiddle() || op.IsLast()) {
-			q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+			q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 			return
 		}
 	default:
 		if !op.StartsMessage() {
-			q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+			q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 			return
 		}
 	}
 	// The QP's access flags decide which remote operations it serves.
 	acc := q.cfg.Access
-	if (op.IsWrite() && acc&wr.RemoteWrite == 0) || (op.IsReadRequest() && acc&wr.RemoteRead == 0) ||
-		(op.IsAtomic() && acc&wr.RemoteAtomic == 0) || op.IsFlush() || op.IsAtomicWrite() {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+	if (op.IsWrite() && acc&ib.RemoteWrite == 0) || (op.IsReadRequest() && acc&ib.RemoteRead == 0) ||
+		(op.IsAtomic() && acc&ib.RemoteAtomic == 0) || op.IsFlush() || op.IsAtomicWrite() {
+		q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 		return
 	}
 	pay := pkt[hl:end]
@@ -230,7 +230,7 @@ func (q *QP) execRequest(pkt []byte, op bth.Opcode, hl, end int, pp bth.PSN) {
 			bad = n > mtu
 		}
 		if bad {
-			q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+			q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 			return
 		}
 	}
@@ -249,7 +249,7 @@ func (q *QP) execRequest(pkt []byte, op bth.Opcode, hl, end int, pp bth.PSN) {
 		q.RxAtomicReqs++
 		q.execAtomic(pkt, op, pp)
 	default:
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 	}
 }
 
@@ -274,7 +274,7 @@ func (q *QP) takeRecv(pp bth.PSN) bool {
 	}
 	s.haveRecv = true
 	s.recvOff = 0
-	if s.cur.Err != wr.Success {
+	if s.cur.Err != ib.Success {
 		// A receive WQE whose scatter list failed its lkey checks: class A
 		// (remote operational error), the WQE completes with its error.
 		q.reject(pp, SynNAKRemOp, s.cur.Err)
@@ -289,28 +289,28 @@ func (q *QP) execSend(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 		return
 	}
 	if !s.haveRecv {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 		return
 	}
 	if uint64(s.recvOff)+uint64(len(pay)) > uint64(s.cur.Length) {
-		q.reject(pp, SynNAKInvReq, wr.LocLenErr)
+		q.reject(pp, SynNAKInvReq, ib.LocLenErr)
 		return
 	}
-	wr.CopyOut(s.cur.SG, s.recvOff, pay)
+	ib.CopyOut(s.cur.SG, s.recvOff, pay)
 	s.recvOff += uint32(len(pay))
 	if op.IsLast() || op.IsOnly() {
-		wc := wr.WC{ID: s.cur.ID, Opcode: wr.WCRecv, ByteLen: s.recvOff, IsRecv: true}
+		wc := ib.WC{ID: s.cur.ID, Opcode: ib.WCRecv, ByteLen: s.recvOff, IsRecv: true}
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
-			wc.Flags |= wr.WCWithImm
+			wc.Flags |= ib.WCWithImm
 			wc.Imm = bth.ImmDt(pkt[o:]).Imm()
 		}
 		if o := op.Offset(bth.ExtIETH); o >= 0 {
 			rk := bth.IETH(pkt[o:]).RKey()
 			if q.mem == nil || !q.mem.Invalidate(rk) {
-				q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+				q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 				return
 			}
-			wc.Flags |= wr.WCWithInv
+			wc.Flags |= ib.WCWithInv
 			wc.InvRKey = rk
 		}
 		q.complete(wc)
@@ -334,14 +334,14 @@ func (q *QP) execWrite(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 		reth := bth.RETH(pkt[op.Offset(bth.ExtRETH):])
 		n := reth.DMALen()
 		if uint64(n) > MaxReadLen || (op.IsOnly() && int(n) != len(pay)) || (op.IsFirst() && int(n) <= len(pay)) {
-			q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+			q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 			return
 		}
-		s.wmem = nil
+		s.wmem = ib.Seg{}
 		if n > 0 {
-			m, ok := q.resolve(reth.RKey(), reth.VA(), uint64(n), wr.RemoteWrite)
+			m, ok := q.resolve(reth.RKey(), reth.VA(), uint64(n), ib.RemoteWrite)
 			if !ok {
-				q.reject(pp, SynNAKRemAccess, wr.RemAccessErr)
+				q.reject(pp, SynNAKRemAccess, ib.RemAccessErr)
 				return
 			}
 			s.wmem = m
@@ -349,25 +349,25 @@ func (q *QP) execWrite(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 		s.woff, s.wlen = 0, n
 	}
 	if uint64(s.woff)+uint64(len(pay)) > uint64(s.wlen) {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 		return
 	}
 	end := op.IsLast() || op.IsOnly()
 	if end && s.woff+uint32(len(pay)) != s.wlen {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 		return
 	}
-	copy(s.wmem[s.woff:], pay)
+	s.wmem.WriteAt(s.woff, pay)
 	s.woff += uint32(len(pay))
 	if end {
 		if imm {
-			q.complete(wr.WC{ID: s.cur.ID, Opcode: wr.WCRecvRDMAWithImm, Flags: wr.WCWithImm, ByteLen: s.wlen,
+			q.complete(ib.WC{ID: s.cur.ID, Opcode: ib.WCRecvRDMAWithImm, Flags: ib.WCWithImm, ByteLen: s.wlen,
 				Imm: bth.ImmDt(pkt[op.Offset(bth.ExtImmDt):]).Imm(), IsRecv: true})
 			s.haveRecv = false
 			s.cur.SG = s.cur.SG[:0]
 		}
 		s.inMsg = msgNone
-		s.wmem = nil
+		s.wmem = ib.Seg{}
 		s.msn = (s.msn + 1) & bth.PSNMask
 	} else {
 		s.inMsg = msgWrite
@@ -375,13 +375,13 @@ func (q *QP) execWrite(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 	q.accepted(pkt, pp)
 }
 
-func (q *QP) resolve(rkey uint32, va, n uint64, acc wr.Access) ([]byte, bool) {
+func (q *QP) resolve(rkey uint32, va, n uint64, acc ib.Access) (ib.Seg, bool) {
 	if q.mem == nil {
-		return nil, false
+		return ib.Seg{}, false
 	}
 	m, ok := q.mem.Resolve(rkey, va, n, acc)
-	if !ok || uint64(len(m)) != n {
-		return nil, false
+	if !ok || uint64(m.Len()) != n {
+		return ib.Seg{}, false
 	}
 	return m, true
 }
@@ -425,14 +425,14 @@ func (q *QP) execRead(pkt []byte, op bth.Opcode, pp bth.PSN) {
 	reth := bth.RETH(pkt[op.Offset(bth.ExtRETH):])
 	n := reth.DMALen()
 	if uint64(n) > MaxReadLen {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 		return
 	}
-	var m []byte
+	var m ib.Seg
 	if n > 0 { // a zero-length READ names no memory (C9-88)
 		var ok bool
-		if m, ok = q.resolve(reth.RKey(), reth.VA(), uint64(n), wr.RemoteRead); !ok {
-			q.reject(pp, SynNAKRemAccess, wr.RemAccessErr)
+		if m, ok = q.resolve(reth.RKey(), reth.VA(), uint64(n), ib.RemoteRead); !ok {
+			q.reject(pp, SynNAKRemAccess, ib.RemAccessErr)
 			return
 		}
 	}
@@ -452,12 +452,12 @@ func (q *QP) execAtomic(pkt []byte, op bth.Opcode, pp bth.PSN) {
 	s := &q.resp
 	a := bth.AtomicETH(pkt[op.Offset(bth.ExtAtomicETH):])
 	if a.VA()%8 != 0 {
-		q.reject(pp, SynNAKInvReq, wr.RemInvReqErr)
+		q.reject(pp, SynNAKInvReq, ib.RemInvReqErr)
 		return
 	}
-	m, ok := q.resolve(a.RKey(), a.VA(), 8, wr.RemoteAtomic)
+	m, ok := q.resolve(a.RKey(), a.VA(), 8, ib.RemoteAtomic)
 	if !ok {
-		q.reject(pp, SynNAKRemAccess, wr.RemAccessErr)
+		q.reject(pp, SynNAKRemAccess, ib.RemAccessErr)
 		return
 	}
 	i := s.newResource()
@@ -467,9 +467,9 @@ func (q *QP) execAtomic(pkt []byte, op bth.Opcode, pp bth.PSN) {
 	}
 	var orig uint64
 	if op == bth.RCCompareSwap {
-		orig = wr.AtomicCmpSwap(m, a.Compare(), a.SwapAdd())
+		orig = m.CmpSwap(a.Compare(), a.SwapAdd())
 	} else {
-		orig = wr.AtomicFetchAdd(m, a.SwapAdd())
+		orig = m.FetchAdd(a.SwapAdd())
 	}
 	s.res[i] = resource{kind: resAtomic, first: pp, last: pp, va: a.VA(), rkey: a.RKey(), length: 8, orig: orig}
 	s.msn = (s.msn + 1) & bth.PSNMask
@@ -536,19 +536,19 @@ func (q *QP) duplicate(pkt []byte, op bth.Opcode, pp bth.PSN) {
 // syn, the receive WQE in progress completes with recvSt, QP to ERR). UC:
 // the message is silently dropped; a receive WQE in progress is kept for
 // the next message unless the error is its own (length).
-func (q *QP) reject(pp bth.PSN, syn uint8, recvSt wr.Status) {
+func (q *QP) reject(pp bth.PSN, syn uint8, recvSt ib.WCStatus) {
 	s := &q.resp
 	switch {
 	case syn == SynNAKRemAccess:
 		q.RemAccessErrs++
-	case recvSt == wr.LocLenErr:
+	case recvSt == ib.LocLenErr:
 		q.LocalLengthErrs++
 	}
 	if q.cfg.UC {
 		s.dropMsg = true
 		s.inMsg = msgNone
-		if s.haveRecv && (recvSt == wr.LocLenErr || s.cur.Err != wr.Success) {
-			q.complete(wr.WC{ID: s.cur.ID, Status: recvSt, Opcode: wr.WCRecv, IsRecv: true})
+		if s.haveRecv && (recvSt == ib.LocLenErr || s.cur.Err != ib.Success) {
+			q.complete(ib.WC{ID: s.cur.ID, Status: recvSt, Opcode: ib.WCRecv, IsRecv: true})
 			s.haveRecv = false
 		}
 		s.recvOff = 0
@@ -556,7 +556,7 @@ func (q *QP) reject(pp bth.PSN, syn uint8, recvSt wr.Status) {
 		return
 	}
 	if s.haveRecv {
-		q.complete(wr.WC{ID: s.cur.ID, Status: recvSt, Opcode: wr.WCRecv, IsRecv: true})
+		q.complete(ib.WC{ID: s.cur.ID, Status: recvSt, Opcode: ib.WCRecv, IsRecv: true})
 		s.haveRecv = false
 	}
 	s.final = respItem{kind: itemAck, syn: syn, psn: pp, msn: s.msn}
@@ -593,7 +593,7 @@ func (q *QP) buildResponse(buf []byte) int {
 		op := bth.RCAtomicAcknowledge
 		q.encodeBTH(buf, op, it.psn, false, false, 0)
 		bth.BTH(buf).SetSR(s.sr)
-		AETH(buf[op.Offset(bth.ExtAETH):]).Encode(SynACK, it.msn)
+		bth.AETH(buf[op.Offset(bth.ExtAETH):]).Encode(SynACK, it.msn)
 		bth.AtomicAckETH(buf[op.Offset(bth.ExtAtomicAckETH):]).SetOrig(it.orig)
 		s.pop()
 		return op.HeaderLen()
@@ -619,11 +619,11 @@ func (q *QP) buildResponse(buf []byte) int {
 	q.encodeBTH(buf, op, it.psn, false, false, pad)
 	bth.BTH(buf).SetSR(s.sr)
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
-		AETH(buf[o:]).Encode(SynACK, it.msn)
+		bth.AETH(buf[o:]).Encode(SynACK, it.msn)
 	}
 	hl := op.HeaderLen()
 	r := &s.res[it.res]
-	copy(buf[hl:hl+int(pay)], r.mem[it.off:it.off+pay])
+	r.mem.ReadAt(buf[hl:hl+int(pay)], it.off)
 	for i := 0; i < pad; i++ {
 		buf[hl+int(pay)+i] = 0
 	}
@@ -646,7 +646,7 @@ func (s *responder) pop() {
 // bit and a SACKETH from the PSN after the one it acknowledges.
 func (q *QP) writeAck(buf []byte, psn bth.PSN, syn uint8, msn uint32) int {
 	q.encodeBTH(buf, bth.RCAcknowledge, psn, false, false, 0)
-	AETH(buf[bth.BTHLen:]).Encode(syn, msn)
+	bth.AETH(buf[bth.BTHLen:]).Encode(syn, msn)
 	n := bth.BTHLen + bth.AETHLen
 	if q.resp.sr {
 		bth.BTH(buf).SetSR(true)

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 func TestResponderSendMultiPacketAndACK(t *testing.T) {
@@ -19,8 +19,8 @@ func TestResponderSendMultiPacketAndACK(t *testing.T) {
 	c.inject(req{op: bth.RCSendLastImm, psn: 502, ackReq: true, imm: 0xdeadbeef, payload: data[2048:]})
 	c.expect(ack(502, 1))
 	w := c.wcs()
-	if len(w) != 1 || w[0].ID != 7 || w[0].Status != wr.Success || w[0].ByteLen != 2500 || !w[0].IsRecv ||
-		w[0].Flags&wr.WCWithImm == 0 || w[0].Imm != 0xdeadbeef {
+	if len(w) != 1 || w[0].ID != 7 || w[0].Status != ib.Success || w[0].ByteLen != 2500 || !w[0].IsRecv ||
+		w[0].Flags&ib.WCWithImm == 0 || w[0].Imm != 0xdeadbeef {
 		t.Fatalf("completion %+v", w)
 	}
 	if !bytes.Equal(rb[:2500], data) {
@@ -74,7 +74,7 @@ func TestResponderDuplicateSendReACKedNotExecuted(t *testing.T) {
 		t.Fatal("duplicate re-executed")
 	}
 	// Duplicate WRITE likewise.
-	c.addMR(9, 0x1000, 64, wr.RemoteWrite)
+	c.addMR(9, 0x1000, 64, ib.RemoteWrite)
 	c.inject(req{op: bth.RCRDMAWriteOnly, psn: 502, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4, payload: []byte{1, 2, 3, 4}})
 	c.expect(ack(502, 3))
 	c.mem.mrs[9].buf[0] = 99
@@ -103,7 +103,7 @@ func TestResponderNAKCodes(t *testing.T) {
 		setup  func(c *tctx)
 		r      req
 		syn    uint8
-		recvSt wr.Status // status of the receive WQE in progress, if any
+		recvSt ib.WCStatus // status of the receive WQE in progress, if any
 	}
 	cases := []tc{
 		{"bad rkey", nil, req{op: bth.RCRDMAWriteOnly, psn: 500, ackReq: true, va: 0x1000, rkey: 77, dmaLen: 4, payload: fill(4, 0)}, SynNAKRemAccess, 0},
@@ -113,18 +113,18 @@ func TestResponderNAKCodes(t *testing.T) {
 		{"misaligned atomic", nil, req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x1004, rkey: 9}, SynNAKInvReq, 0},
 		{"MIDDLE without FIRST", nil, req{op: bth.RCSendMiddle, psn: 500, payload: fill(1024, 0)}, SynNAKInvReq, 0},
 		{"FIRST shorter than MTU", func(c *tctx) { c.rq.post(1, make([]byte, 4096)) }, req{op: bth.RCSendFirst, psn: 500, payload: fill(1000, 0)}, SynNAKInvReq, 0},
-		{"SEND longer than receive buffer", func(c *tctx) { c.rq.post(1, make([]byte, 16)) }, req{op: bth.RCSendOnly, psn: 500, ackReq: true, payload: fill(17, 0)}, SynNAKInvReq, wr.LocLenErr},
+		{"SEND longer than receive buffer", func(c *tctx) { c.rq.post(1, make([]byte, 16)) }, req{op: bth.RCSendOnly, psn: 500, ackReq: true, payload: fill(17, 0)}, SynNAKInvReq, ib.LocLenErr},
 		{"WRITE longer than RETH", nil, req{op: bth.RCRDMAWriteOnly, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 3, payload: fill(4, 0)}, SynNAKInvReq, 0},
-		{"QP refuses READ", func(c *tctx) { c.qp.cfg.Access &^= wr.RemoteRead }, req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 10, dmaLen: 8}, SynNAKInvReq, 0},
-		{"invalidate unknown rkey", func(c *tctx) { c.rq.post(1, make([]byte, 16)) }, req{op: bth.RCSendOnlyInv, psn: 500, ackReq: true, inv: 1234, payload: fill(4, 0)}, SynNAKInvReq, wr.RemInvReqErr},
-		{"bad receive WQE", func(c *tctx) { c.rq.q = append(c.rq.q, wr.RecvWQE{ID: 1, Err: wr.LocProtErr}) }, req{op: bth.RCSendOnly, psn: 500, ackReq: true, payload: fill(4, 0)}, SynNAKRemOp, wr.LocProtErr},
+		{"QP refuses READ", func(c *tctx) { c.qp.cfg.Access &^= ib.RemoteRead }, req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 10, dmaLen: 8}, SynNAKInvReq, 0},
+		{"invalidate unknown rkey", func(c *tctx) { c.rq.post(1, make([]byte, 16)) }, req{op: bth.RCSendOnlyInv, psn: 500, ackReq: true, inv: 1234, payload: fill(4, 0)}, SynNAKInvReq, ib.RemInvReqErr},
+		{"bad receive WQE", func(c *tctx) { c.rq.q = append(c.rq.q, ib.RecvWQE{ID: 1, Err: ib.LocProtErr}) }, req{op: bth.RCSendOnly, psn: 500, ackReq: true, payload: fill(4, 0)}, SynNAKRemOp, ib.LocProtErr},
 		{"ATOMIC_WRITE unsupported", nil, req{op: bth.RCAtomicWrite, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 8, payload: fill(8, 0)}, SynNAKInvReq, 0},
 	}
 	for _, k := range cases {
 		t.Run(k.name, func(t *testing.T) {
 			c := newCtx(t, defaultCfg())
-			c.addMR(9, 0x1000, 64, wr.RemoteWrite|wr.RemoteAtomic)
-			c.addMR(10, 0x1000, 64, wr.RemoteRead)
+			c.addMR(9, 0x1000, 64, ib.RemoteWrite|ib.RemoteAtomic)
+			c.addMR(10, 0x1000, 64, ib.RemoteRead)
 			if k.setup != nil {
 				k.setup(c)
 			}
@@ -151,7 +151,7 @@ func TestResponderNAKCodes(t *testing.T) {
 
 func TestResponderReadResponses(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	mr := c.addMR(5, 0x10000, 8192, wr.RemoteRead)
+	mr := c.addMR(5, 0x10000, 8192, ib.RemoteRead)
 	copy(mr.buf, fill(8192, 3))
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x10010, rkey: 5, dmaLen: 2600})
 	got := c.expect(
@@ -194,7 +194,7 @@ func TestResponderReadResponses(t *testing.T) {
 
 func TestResponderAtomicsAndReplay(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	mr := c.addMR(5, 0x2000, 64, wr.RemoteAtomic)
+	mr := c.addMR(5, 0x2000, 64, ib.RemoteAtomic)
 	le := func(o int) uint64 { return le64(mr.buf[o:]) }
 	c.inject(req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x2008, rkey: 5, swap: 5})
 	g := c.expect(pkt{op: bth.RCAtomicAcknowledge, psn: 500, syn: SynACK, msn: 1, hasAETH: true})
@@ -218,7 +218,7 @@ func TestResponderResourceTableBounded(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.MaxDestRdAtomic = 2
 	c := newCtx(t, cfg)
-	c.addMR(5, 0x2000, 64, wr.RemoteAtomic)
+	c.addMR(5, 0x2000, 64, ib.RemoteAtomic)
 	for i := 0; i < 3; i++ {
 		c.inject(req{op: bth.RCFetchAdd, psn: bth.PSN(500 + i), ackReq: true, va: 0x2000, rkey: 5, swap: 1})
 		c.out()
@@ -233,7 +233,7 @@ func TestResponderResourceTableBounded(t *testing.T) {
 
 func TestResponderWriteImmAndInvalidate(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	mr := c.addMR(9, 0x1000, 4096, wr.RemoteWrite)
+	mr := c.addMR(9, 0x1000, 4096, ib.RemoteWrite)
 	data := fill(1500, 9)
 	// WRITE_WITH_IMM with no receive posted: RNR at the LAST_IMM only.
 	c.inject(req{op: bth.RCRDMAWriteFirst, psn: 500, va: 0x1000, rkey: 9, dmaLen: 1500, payload: data[:1024]})
@@ -243,14 +243,14 @@ func TestResponderWriteImmAndInvalidate(t *testing.T) {
 	c.inject(req{op: bth.RCRDMAWriteLastImm, psn: 501, ackReq: true, imm: 5, payload: data[1024:]})
 	c.expect(ack(501, 1))
 	w := c.wcs()
-	if len(w) != 1 || w[0].Opcode != wr.WCRecvRDMAWithImm || w[0].ByteLen != 1500 || w[0].Imm != 5 || !bytes.Equal(mr.buf[:1500], data) {
+	if len(w) != 1 || w[0].Opcode != ib.WCRecvRDMAWithImm || w[0].ByteLen != 1500 || w[0].Imm != 5 || !bytes.Equal(mr.buf[:1500], data) {
 		t.Fatalf("write imm %+v", w)
 	}
 	c.rq.post(4, make([]byte, 8))
 	c.inject(req{op: bth.RCSendOnlyInv, psn: 502, ackReq: true, inv: 9, payload: fill(3, 0)})
 	c.expect(ack(502, 2))
 	w = c.wcs()
-	if len(w) != 1 || w[0].Flags&wr.WCWithInv == 0 || w[0].InvRKey != 9 || mr.valid {
+	if len(w) != 1 || w[0].Flags&ib.WCWithInv == 0 || w[0].InvRKey != 9 || mr.valid {
 		t.Fatalf("invalidate %+v", w)
 	}
 	// The invalidated rkey no longer grants access.
@@ -262,7 +262,7 @@ func TestResponderPSNWrap(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.RQPSN = bth.PSNMask - 1
 	c := newCtx(t, cfg)
-	mr := c.addMR(9, 0, 4096, wr.RemoteWrite)
+	mr := c.addMR(9, 0, 4096, ib.RemoteWrite)
 	data := fill(4000, 2)
 	c.inject(req{op: bth.RCRDMAWriteFirst, psn: bth.PSNMask - 1, va: 0, rkey: 9, dmaLen: 4000, payload: data[:1024]})
 	c.inject(req{op: bth.RCRDMAWriteMiddle, psn: bth.PSNMask, payload: data[1024:2048]})
@@ -279,25 +279,25 @@ func TestResponderPSNWrap(t *testing.T) {
 
 func TestResponderHostilePacketsNeverPanic(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	c.addMR(9, 0x1000, 64, wr.RemoteWrite|wr.RemoteRead|wr.RemoteAtomic)
+	c.addMR(9, 0x1000, 64, ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic)
 	c.rq.post(1, make([]byte, 64))
 	good := req{op: bth.RCRDMAWriteOnly, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4, payload: fill(4, 0)}.bytes(0x11)
 	for n := 0; n <= len(good); n++ {
-		c.qp.Receive(c.now, good[:n])
+		c.qp.Receive(c.now, good[:n], nil)
 	}
 	for op := 0; op < 256; op++ {
 		b := append([]byte(nil), good...)
 		b[0] = byte(op)
-		c.qp.Receive(c.now, b)
+		c.qp.Receive(c.now, b, nil)
 		b[1] = 0x30 // pad 3 on a 4-byte payload
-		c.qp.Receive(c.now, b)
+		c.qp.Receive(c.now, b, nil)
 		c.out()
 	}
 }
 
 func TestResponderDuplicateReadReplacesReplyInProgress(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	mr := c.addMR(5, 0, 10*1024, wr.RemoteRead)
+	mr := c.addMR(5, 0, 10*1024, ib.RemoteRead)
 	copy(mr.buf, fill(len(mr.buf), 1))
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0, rkey: 5, dmaLen: 10 * 1024})
 	for i := 0; i < 3; i++ { // the reply is under way

@@ -5,7 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Adaptive retransmission runs beside the IBA local ACK timer, which it
@@ -262,7 +262,7 @@ func (q *QP) buildAt(now clock.Time, buf []byte, p bth.PSN, nRead uint32) int {
 	if e == nil || (e.Opcode.IsAtomic() && p != e.firstPSN) {
 		return 0
 	}
-	if e.Opcode == wr.RDMARead && nRead == 0 {
+	if e.Opcode == ib.RDMARead && nRead == 0 {
 		nRead = q.readSpan(e, p)
 	}
 	n := q.writeRequest(buf, e, p, true, nRead)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 func TestRTTEstimatorRFC6298(t *testing.T) {
@@ -55,7 +55,7 @@ func TestRTTEstimatorRFC6298(t *testing.T) {
 // sampled gives the QP an RTT sample of d: one SEND answered d later.
 func (c *tctx) sampled(d time.Duration) {
 	c.t.Helper()
-	c.post(wr.SendWQE{ID: 999, Opcode: wr.Send, SG: [][]byte{fill(4, 0)}})
+	c.post(ib.SendWQE{ID: 999, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	g := c.out()
 	c.now = c.now.Add(d)
 	c.respond(req{op: bth.RCAcknowledge, psn: g[len(g)-1].psn, syn: SynACK})
@@ -73,8 +73,8 @@ func TestAdaptiveRTTSamples(t *testing.T) {
 	}
 	c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynACK}) // stale repeat
 	dst := make([]byte, 2048)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x1000, RKey: 1})
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}, Length: 8, RemoteAddr: 0x8, RKey: 1})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x1000, RKey: 1})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: segs(make([]byte, 8)), Length: 8, RemoteAddr: 0x8, RKey: 1})
 	c.expect(p(bth.RCRDMAReadRequest, 101), p(bth.RCFetchAdd, 103))
 	c.now = c.now.Add(80 * time.Microsecond)
 	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 101, syn: SynACK, payload: make([]byte, 1024)})
@@ -87,7 +87,7 @@ func TestAdaptiveRTTSamples(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 	// A packet sent twice gives no sample, whichever copy is answered.
-	c.post(wr.SendWQE{ID: 3, Opcode: wr.Send, SG: [][]byte{fill(4, 0)}})
+	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	c.expect(p(bth.RCSendOnly, 104))
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
@@ -105,7 +105,7 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	c.sampled(50 * time.Microsecond) // PTO 100 µs, RTO 1 ms
 	for i := 0; i < 3; i++ {
-		c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 	}
 	c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
 	t0 := c.now
@@ -165,7 +165,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 			c := newCtx(t, defaultCfg())
 			c.sampled(50 * time.Microsecond)
 			for i := 0; i < 4; i++ {
-				c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+				c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 			}
 			c.out()
 			c.now = c.qp.Deadline()
@@ -194,13 +194,13 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	// that stops before it calls for no resend.
 	c := newCtx(t, defaultCfg())
 	c.sampled(50 * time.Microsecond)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.out()
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	c.expect(p(bth.RCSendOnly, 101))
 	c.now = c.now.Add(time.Microsecond)
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.expect(p(bth.RCSendOnly, 102))
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
 	c.expect()
@@ -235,7 +235,7 @@ func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
 					tack := AckTimeout(8)
 					c.sampled(50 * time.Microsecond)
 					for i := 0; i < 3; i++ {
-						c.post(wr.SendWQE{ID: uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+						c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 					}
 					c.out()
 					last, timeouts := c.now, uint64(0)
@@ -265,7 +265,7 @@ func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
 						t.Fatalf("gave up at %v, want %v (last progress %v + %d × %v)", c.now, want, last, retry+1, tack)
 					}
 					w := c.wcs()
-					if len(w) == 0 || w[len(w)-1].Status != wr.RetryExcErr {
+					if len(w) == 0 || w[len(w)-1].Status != ib.RetryExcErr {
 						t.Fatalf("completions %+v", w)
 					}
 					if m.rec != RecoveryTimeout && c.qp.AdpRetrans == 0 {
@@ -285,7 +285,7 @@ func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
 func TestAdaptiveRNRWaitHasNoProbe(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	c.sampled(50 * time.Microsecond)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 	c.out()
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynRNRNAK | 14}) // 1.28 ms
 	if d := c.qp.Deadline(); d != c.now.Add(1280*time.Microsecond) {
@@ -305,7 +305,7 @@ func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.Recovery = RecoveryTimeout
 	c := newCtx(t, cfg)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.out()
 	if d := c.qp.Deadline(); d != c.now.Add(AckTimeout(14)) {
 		t.Fatalf("deadline %v", d)
@@ -313,7 +313,7 @@ func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 	cfg = defaultCfg()
 	cfg.UC = true
 	c = newCtx(t, cfg)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, SG: [][]byte{fill(8, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.out()
 	if d := c.qp.Deadline(); d != clock.Never {
 		t.Fatalf("UC deadline %v", d)
@@ -331,9 +331,9 @@ func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
 		if pool {
 			c = newSRCtx(t, cfg)
 		}
-		c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMAWrite, SG: [][]byte{fill(3000, 1)}, RemoteAddr: 0x100, RKey: 1})
-		c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMARead, SG: [][]byte{make([]byte, 100)}, RemoteAddr: 0x100, RKey: 1})
-		c.post(wr.SendWQE{ID: 3, Opcode: wr.AtomicFetchAndAdd, SG: [][]byte{make([]byte, 8)}, Length: 8, RemoteAddr: 0x8, RKey: 1})
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, SG: segs(fill(3000, 1)), RemoteAddr: 0x100, RKey: 1})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMARead, SG: segs(make([]byte, 100)), RemoteAddr: 0x100, RKey: 1})
+		c.post(ib.SendWQE{ID: 3, Opcode: ib.AtomicFetchAndAdd, SG: segs(make([]byte, 8)), Length: 8, RemoteAddr: 0x8, RKey: 1})
 		return c.out(), c
 	}
 	old := defaultCfg()

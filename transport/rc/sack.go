@@ -5,7 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // psnRange is n PSNs from lo.
@@ -250,7 +250,7 @@ func (q *QP) buildSelective(now clock.Time, buf []byte) int {
 			lo = lo.Next()
 		}
 		e := r.entryAt(lo)
-		if !lo.Less(hi) || !lo.Less(r.psn) || e == nil || e.Opcode != wr.RDMARead {
+		if !lo.Less(hi) || !lo.Less(r.psn) || e == nil || e.Opcode != ib.RDMARead {
 			continue
 		}
 		n := q.writeRequest(buf, e, lo, true, uint32(hi.Diff(lo)))
@@ -330,7 +330,7 @@ func (q *QP) srAskAgain(lo, hi bth.PSN) {
 			b = e.lastPSN.Next()
 		}
 		switch {
-		case e.Opcode == wr.RDMARead:
+		case e.Opcode == ib.RDMARead:
 			q.ImpliedNAKs++
 			if s.rdn < srReadQueue {
 				s.rdq[s.rdn] = psnRange{a, uint32(b.Diff(a))}
@@ -364,7 +364,7 @@ func (q *QP) srHoldResponse(pkt []byte, op bth.Opcode, pp bth.PSN) {
 	r := &q.req
 	s := &r.sr
 	e := r.entryAt(pp)
-	if e == nil || (op.IsReadResponse() && e.Opcode != wr.RDMARead) || (op.IsAtomicAck() && (!e.Opcode.IsAtomic() || pp != e.firstPSN)) {
+	if e == nil || (op.IsReadResponse() && e.Opcode != ib.RDMARead) || (op.IsAtomicAck() && (!e.Opcode.IsAtomic() || pp != e.firstPSN)) {
 		q.RxDropped++
 		return
 	}
@@ -397,7 +397,7 @@ func (q *QP) srHoldResponse(pkt []byte, op bth.Opcode, pp bth.PSN) {
 func (q *QP) srAckBeyond(e *sendEntry, acked bth.PSN) {
 	r := &q.req
 	s := &r.sr
-	if rec := r.tx.get(e.firstPSN); rec != nil && e.Opcode == wr.RDMARead {
+	if rec := r.tx.get(e.firstPSN); rec != nil && e.Opcode == ib.RDMARead {
 		rec.flags |= txDelivered
 		q.srUnmarkLost(rec)
 	}
@@ -462,7 +462,7 @@ func (q *QP) srDrainResponses(now clock.Time) {
 	}
 	if s.hasDrop && !r.compPSN.Less(s.dropAt) && q.reqOn {
 		s.hasDrop = false
-		if e := r.entryAt(r.compPSN); e != nil && e.Opcode == wr.RDMARead {
+		if e := r.entryAt(r.compPSN); e != nil && e.Opcode == ib.RDMARead {
 			q.srAskAgain(r.compPSN, e.lastPSN.Next())
 			if s.rdNext.Less(e.lastPSN.Next()) {
 				s.rdNext = e.lastPSN.Next()

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // srAck is the selective-repeat ACK of psn whose SACKETH from psn+1 marks
@@ -72,7 +72,7 @@ func TestSRAgreement(t *testing.T) {
 			if k.pool {
 				c = newSRCtx(t, cfg)
 			}
-			c.addMR(9, 0x1000, 4096, wr.RemoteWrite)
+			c.addMR(9, 0x1000, 4096, ib.RemoteWrite)
 			c.inject(req{op: bth.RCRDMAWriteOnly, psn: 501, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4, payload: fill(4, 1), sr: k.marked})
 			g := c.out()
 			if _, on := c.qp.SelectiveRepeat(); on != k.want || len(g) != 1 {
@@ -105,7 +105,7 @@ func TestSRResponderPlacesInOrder(t *testing.T) {
 	for _, order := range [][]int{{1, 2, 3, 0}, {0, 2, 3, 1}, {0, 1, 3, 2}, {3, 2, 1, 0}} {
 		t.Run(fmt.Sprint(order), func(t *testing.T) {
 			c := newSRCtx(t, srCfg())
-			mr := c.addMR(9, 0x1000, 8192, wr.RemoteWrite)
+			mr := c.addMR(9, 0x1000, 8192, ib.RemoteWrite)
 			for i, k := range order {
 				c.inject(pkts[k])
 				ePSN := c.qp.resp.ePSN
@@ -200,7 +200,7 @@ func TestSRResponderBounds(t *testing.T) {
 	c.qp.Receiver(cfg)
 	c.qp.Sender(cfg)
 	c.buf = make([]byte, c.qp.MaxPacket())
-	mr := c.addMR(9, 0x1000, 4096, wr.RemoteWrite)
+	mr := c.addMR(9, 0x1000, 4096, ib.RemoteWrite)
 	w := func(psn bth.PSN) req {
 		return req{op: bth.RCRDMAWriteOnly, psn: psn, ackReq: true, va: 0x1000 + uint64(psn-500)*4, rkey: 9, dmaLen: 4, payload: fill(4, byte(psn)), sr: true}
 	}
@@ -245,7 +245,7 @@ func TestSRResponderPSNWrap(t *testing.T) {
 	cfg := srCfg()
 	cfg.RQPSN = bth.PSNMask - 1
 	c := newSRCtx(t, cfg)
-	mr := c.addMR(9, 0x1000, 4096, wr.RemoteWrite)
+	mr := c.addMR(9, 0x1000, 4096, ib.RemoteWrite)
 	data := fill(4096, 3)
 	pk := []req{
 		{op: bth.RCRDMAWriteFirst, psn: bth.PSNMask - 1, va: 0x1000, rkey: 9, dmaLen: 4096, payload: data[:1024], sr: true},
@@ -271,7 +271,7 @@ func TestSRResponderPSNWrap(t *testing.T) {
 // selective-repeat requester holds it).
 func TestSRResponderReadRangeFirst(t *testing.T) {
 	c := newSRCtx(t, srCfg())
-	c.addMR(9, 0x1000, 4096, wr.RemoteRead)
+	c.addMR(9, 0x1000, 4096, ib.RemoteRead)
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4096, sr: true})
 	n := c.qp.Build(c.now, c.buf)
 	if g := decode(c.buf[:n]); g.op != bth.RCRDMAReadResponseFirst || !g.sr {
@@ -308,7 +308,7 @@ func TestSRResponderRNR(t *testing.T) {
 // an RTT sample.
 func srRequester(t *testing.T, cfg Config) *tctx {
 	c := newSRCtx(t, cfg)
-	c.post(wr.SendWQE{ID: 999, Opcode: wr.Send, SG: [][]byte{fill(4, 0)}})
+	c.post(ib.SendWQE{ID: 999, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	g := c.out()
 	if !g[0].sr {
 		t.Fatal("request not marked")
@@ -323,7 +323,7 @@ func srRequester(t *testing.T, cfg Config) *tctx {
 
 func sends(c *tctx, n int, first uint64) {
 	for i := 0; i < n; i++ {
-		c.post(wr.SendWQE{ID: first + uint64(i), Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(8, byte(i))}})
+		c.post(ib.SendWQE{ID: first + uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, byte(i)))})
 	}
 }
 
@@ -438,7 +438,7 @@ func TestSRRequesterReadHoles(t *testing.T) {
 	c := srRequester(t, srCfg())
 	dst := make([]byte, 4096)
 	src := fill(4096, 5)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x9000, RKey: 3})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x9000, RKey: 3})
 	c.expect(p(bth.RCRDMAReadRequest, 101))
 	resp := func(op bth.Opcode, psn bth.PSN) req {
 		i := int(psn - 101)
@@ -465,8 +465,8 @@ func TestSRRequesterAckBeyondMissingResponse(t *testing.T) {
 	c := srRequester(t, srCfg())
 	dst := make([]byte, 2048)
 	src := fill(2048, 6)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x9000, RKey: 3})
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.AtomicFetchAndAdd, Flags: wr.Signaled, SG: [][]byte{make([]byte, 8)}, Length: 8, RemoteAddr: 0x8, RKey: 3})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x9000, RKey: 3})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: segs(make([]byte, 8)), Length: 8, RemoteAddr: 0x8, RKey: 3})
 	sends(c, 1, 3)
 	c.expect(p(bth.RCRDMAReadRequest, 101), p(bth.RCFetchAdd, 103), p(bth.RCSendOnly, 104))
 	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 101, syn: SynACK, sr: true, payload: src[:1024]})
@@ -521,7 +521,7 @@ func TestSRRequesterReadBeyondWindow(t *testing.T) {
 	const n = SRWindow + 100
 	dst := make([]byte, n*1024)
 	src := fill(n*1024, 8)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.RDMARead, Flags: wr.Signaled, SG: [][]byte{dst}, RemoteAddr: 0x10000, RKey: 3})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x10000, RKey: 3})
 	c.expect(p(bth.RCRDMAReadRequest, 101))
 	resp := func(op bth.Opcode, psn bth.PSN) req {
 		i := int(psn - 101)

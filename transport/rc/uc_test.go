@@ -5,27 +5,27 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
 )
 
 func ucCtx(t *testing.T) *tctx {
 	cfg := defaultCfg()
 	cfg.UC = true
-	cfg.Access = wr.LocalWrite | wr.RemoteWrite
+	cfg.Access = ib.LocalWrite | ib.RemoteWrite
 	return newCtx(t, cfg)
 }
 
 func TestUCRequesterCompletesOnSendWithoutACK(t *testing.T) {
 	c := ucCtx(t)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 1500)}})
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.RDMAWriteWithImm, Flags: wr.Signaled, SG: [][]byte{make([]byte, 10)}, RemoteAddr: 1, RKey: 2})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 1500))})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMAWriteWithImm, Flags: ib.Signaled, SG: segs(make([]byte, 10)), RemoteAddr: 1, RKey: 2})
 	g := c.expect(p(bth.UCSendFirst, 100), p(bth.UCSendLast, 101), p(bth.UCRDMAWriteOnlyImm, 102))
 	for _, x := range g {
 		if x.ackReq {
 			t.Fatal("UC packet with AckReq")
 		}
 	}
-	if w := c.wcs(); len(w) != 2 || w[0].Status != wr.Success || c.qp.Deadline() != neverTime() {
+	if w := c.wcs(); len(w) != 2 || w[0].Status != ib.Success || c.qp.Deadline() != neverTime() {
 		t.Fatalf("%+v", w)
 	}
 }
@@ -67,16 +67,16 @@ func TestUCResponderDropsToNextFirst(t *testing.T) {
 
 func TestUCLocalErrorStopsSendQueueOnly(t *testing.T) {
 	c := ucCtx(t)
-	c.post(wr.SendWQE{ID: 1, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(4, 0)}})
-	c.post(wr.SendWQE{ID: 2, Opcode: wr.Send, Err: wr.LocProtErr})
-	c.post(wr.SendWQE{ID: 3, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(4, 0)}})
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(4, 0))})
+	c.post(ib.SendWQE{ID: 2, Opcode: ib.Send, Err: ib.LocProtErr})
+	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(4, 0))})
 	c.expect(p(bth.UCSendOnly, 100))
 	if !c.qp.SendError() || c.qp.Failed() {
 		t.Fatal("UC local error must stop the SQ, not fail the QP")
 	}
 	c.qp.FlushSend()
 	w := c.wcs()
-	if len(w) != 3 || w[1].Status != wr.LocProtErr || w[2].Status != wr.WRFlushErr {
+	if len(w) != 3 || w[1].Status != ib.LocProtErr || w[2].Status != ib.WRFlushErr {
 		t.Fatalf("%+v", w)
 	}
 	// The receive side keeps working in SQE.
@@ -86,6 +86,6 @@ func TestUCLocalErrorStopsSendQueueOnly(t *testing.T) {
 		t.Fatalf("%+v", w)
 	}
 	c.qp.Resume()
-	c.post(wr.SendWQE{ID: 4, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{fill(4, 0)}})
+	c.post(ib.SendWQE{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(4, 0))})
 	c.expect(p(bth.UCSendOnly, 101))
 }

@@ -1,25 +1,11 @@
-// Package ud implements the Unreliable Datagram transport as a pure state
-// machine: SEND and SEND_WITH_IMM of at most one path MTU, carried in a
-// single UD_SEND_ONLY packet with a DETH, Q_Key checked on receipt, and the
-// 40-byte GRH slot at the start of every receive buffer.
-//
-// Like transport/rc it sees only IB transport packets (BTH to the end of
-// the pad); the device frames them, checks addresses, P_Key and ICRC, and
-// hands Receive the GRH to place. No goroutines, clock reads, locks or
-// per-packet allocations.
 package ud
 
 import (
-	"net/netip"
-
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
 )
-
-// GRHLen is the slot every UD receive buffer reserves for the GRH (IPv4:
-// 20 zero bytes then the IPv4 header; IPv6: the IPv6 header).
-const GRHLen = 40
 
 // Config holds a UD QP's attributes.
 type Config struct {
@@ -43,30 +29,53 @@ type Counters struct {
 // QP is one UD queue pair's transport state.
 type QP struct {
 	cfg            Config
-	rq             wr.RecvQueue
-	sq             []wr.SendWQE
+	rq             ib.RecvQueue
+	sq             []ib.SendWQE
 	head, tail     uint32
 	psn            bth.PSN
 	sendOn, recvOn bool
+	draining       bool // SQD: no new WQE starts
 	sqErr          bool // a send WQE failed locally: the SQ stopped (SQE)
-	cur            wr.RecvWQE
-	wcs            []wr.WC
+	cur            ib.RecvWQE
+	wcs            []ib.WC
 	Counters
 }
 
 // New returns a UD QP that neither sends nor receives until Receiver and
 // Sender are called.
-func New(qpn uint32, sqDepth, maxSGE int, rq wr.RecvQueue) *QP {
+func New(qpn uint32, sqDepth, maxSGE int, rq ib.RecvQueue) *QP {
 	if sqDepth < 1 {
 		sqDepth = 1
 	}
-	q := &QP{rq: rq, sq: make([]wr.SendWQE, sqDepth), wcs: make([]wr.WC, 0, sqDepth+64)}
+	q := &QP{rq: rq, sq: make([]ib.SendWQE, sqDepth), wcs: make([]ib.WC, 0, sqDepth+64)}
 	q.cfg.QPN = qpn
 	for i := range q.sq {
-		q.sq[i].SG = make([][]byte, 0, maxSGE)
+		q.sq[i].SG = make([]ib.Seg, 0, maxSGE)
 	}
-	q.cur.SG = make([][]byte, 0, maxSGE)
+	q.cur.SG = make([]ib.Seg, 0, maxSGE)
 	return q
+}
+
+var (
+	_ transport.Transport = (*QP)(nil)
+	_ transport.Addressed = (*QP)(nil)
+)
+
+// Modify implements transport.Transport: RTR enables receiving with the
+// QP's Q_Key, RTS sending from its SQ PSN; a Q_Key changed later applies
+// at once; SQD stops new sends, and leaving SQE resumes them.
+func (q *QP) Modify(from, to ib.QPState, a *ib.QPAttr) {
+	switch {
+	case from == ib.Init && to == ib.RTR:
+		q.Receiver(Config{QKey: a.QKey, PKey: bth.DefaultPKey, MTU: int(a.PathMTU)})
+		return
+	case from == ib.RTR && to == ib.RTS:
+		q.Sender(bth.PSN(a.SQPSN))
+	case from == ib.SQE:
+		q.Resume()
+	}
+	q.cfg.QKey = a.QKey
+	q.draining = to == ib.SQD
 }
 
 // Receiver sets the Q_Key/P_Key (INIT) and enables receiving (RTR).
@@ -95,7 +104,7 @@ func (q *QP) SendQueueFree() int { return len(q.sq) - int(q.tail-q.head) }
 func (q *QP) Outstanding() int { return int(q.tail - q.head) }
 
 // Post appends a send WQE; false when the SQ is full.
-func (q *QP) Post(w *wr.SendWQE) bool {
+func (q *QP) Post(w *ib.SendWQE) bool {
 	if q.tail-q.head >= uint32(len(q.sq)) {
 		return false
 	}
@@ -108,25 +117,41 @@ func (q *QP) Post(w *wr.SendWQE) bool {
 }
 
 // TakeCompletions returns and forgets the completions produced so far.
-func (q *QP) TakeCompletions() []wr.WC {
+func (q *QP) TakeCompletions() []ib.WC {
 	w := q.wcs
 	q.wcs = q.wcs[:0]
 	return w
 }
 
 // HasOutput reports whether Build has a packet to send.
-func (q *QP) HasOutput() bool { return q.sendOn && q.head != q.tail }
+func (q *QP) HasOutput() bool { return q.sending() && q.head != q.tail }
+
+// sending reports whether new WQEs may start.
+func (q *QP) sending() bool { return q.sendOn && !q.draining }
 
 // Deadline: UD has no timers.
 func (q *QP) Deadline() clock.Time { return clock.Never }
+
+// Expire: UD has no timers.
+func (q *QP) Expire(clock.Time) {}
+
+// Sent: UD sends are not rate-controlled.
+func (q *QP) Sent(clock.Time, int) {}
+
+// Failed: a UD QP never fails by itself (its errors stop the SQ only).
+func (q *QP) Failed() bool { return false }
+
+// Drained: a UD send completes as its only packet is built, so none is
+// ever in progress.
+func (q *QP) Drained() bool { return true }
 
 // MaxPacket is the largest packet Build writes.
 func (q *QP) MaxPacket() int { return bth.BTHLen + bth.DETHLen + bth.ImmDtLen + q.cfg.MTU + 3 }
 
 // Peek returns the WQE Build will handle next (nil if none), so that the
 // device can choose the frame layout from its address handle first.
-func (q *QP) Peek() *wr.SendWQE {
-	if !q.sendOn || q.head == q.tail {
+func (q *QP) Peek() *ib.SendWQE {
+	if !q.sending() || q.head == q.tail {
 		return nil
 	}
 	return &q.sq[q.head%uint32(len(q.sq))]
@@ -137,22 +162,26 @@ func (q *QP) Peek() *wr.SendWQE {
 // to send or the WQE completed in error instead (a WQE longer than the
 // path MTU completes with LOC_LEN_ERR without being sent).
 func (q *QP) Build(now clock.Time, buf []byte) int {
-	if !q.sendOn || q.head == q.tail {
+	if !q.sending() || q.head == q.tail {
 		return 0
 	}
 	{
 		e := &q.sq[q.head%uint32(len(q.sq))]
-		if e.Err != wr.Success || e.Length > uint32(q.cfg.MTU) || e.Opcode != wr.Send && e.Opcode != wr.SendWithImm {
+		if e.Err != ib.Success || e.AH == nil || e.Length > uint32(q.cfg.MTU) || e.Opcode != ib.Send && e.Opcode != ib.SendWithImm {
 			q.head++
 			st := e.Err
-			if st == wr.Success {
-				st = wr.LocLenErr
-				if e.Opcode != wr.Send && e.Opcode != wr.SendWithImm {
-					st = wr.LocQPOpErr
+			switch {
+			case st != ib.Success:
+			case e.AH == nil: // no destination
+				st = ib.LocQPOpErr
+			default:
+				st = ib.LocLenErr
+				if e.Opcode != ib.Send && e.Opcode != ib.SendWithImm {
+					st = ib.LocQPOpErr
 				}
 				q.TxTooLong++
 			}
-			q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: st, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+			q.wcs = append(q.wcs, ib.WC{ID: e.ID, Status: st, Opcode: ib.WCSend, QPN: q.cfg.QPN})
 			e.SG = e.SG[:0]
 			// A local error stops the send queue (the SQE state, IBA
 			// 10.3.1.2); receiving goes on.
@@ -164,13 +193,13 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 		}
 		q.head++
 		op := bth.UDSendOnly
-		if e.Opcode == wr.SendWithImm {
+		if e.Opcode == ib.SendWithImm {
 			op = bth.UDSendOnlyImm
 		}
 		pay := int(e.Length)
 		pad := -pay & 3
 		bth.BTH(buf).Encode(&bth.BTHFields{Opcode: op, PKey: q.cfg.PKey, DestQP: e.RemoteQPN, PSN: q.psn, PadCount: pad,
-			SE: e.Flags&wr.Solicited != 0})
+			SE: e.Flags&ib.Solicited != 0})
 		qkey := e.RemoteQKey
 		if qkey&0x80000000 != 0 {
 			// IBA 10.2.5: a Q_Key with the high bit set in the WR means
@@ -183,20 +212,20 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 			bth.ImmDt(buf[o:]).SetImm(e.Imm)
 		}
 		hl := op.HeaderLen()
-		wr.CopyIn(buf[hl:hl+pay], e.SG, 0)
+		ib.CopyIn(buf[hl:hl+pay], e.SG, 0)
 		clear(buf[hl+pay : hl+pay+pad])
 		q.psn = q.psn.Next()
-		if e.Flags&wr.Signaled != 0 {
-			q.wcs = append(q.wcs, wr.WC{ID: e.ID, Opcode: wr.WCSend, ByteLen: e.Length, QPN: q.cfg.QPN})
+		if e.Flags&ib.Signaled != 0 {
+			q.wcs = append(q.wcs, ib.WC{ID: e.ID, Opcode: ib.WCSend, ByteLen: e.Length, QPN: q.cfg.QPN})
 		}
 		e.SG = e.SG[:0]
 		return hl + pay + pad
 	}
 }
 
-// Receive delivers one datagram (BTH to end of pad). grh is the 40-byte
-// GRH slot the device built from the IP header; src is the sender's IP.
-func (q *QP) Receive(now clock.Time, pkt []byte, grh *[GRHLen]byte, src netip.Addr) {
+// Receive delivers one datagram (BTH to end of pad); m carries the GRH slot
+// the device built from the IP header and the sender's address.
+func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 	if !q.recvOn || len(pkt) < bth.BTHLen {
 		q.RxDropped++
 		return
@@ -224,18 +253,18 @@ func (q *QP) Receive(now clock.Time, pkt []byte, grh *[GRHLen]byte, src netip.Ad
 		q.RxNoRecv++
 		return
 	}
-	wc := wr.WC{ID: q.cur.ID, Opcode: wr.WCRecv, QPN: q.cfg.QPN, SrcQP: d.SrcQP(), SrcIP: src, IsRecv: true, Flags: wr.WCGRH}
+	wc := ib.WC{ID: q.cur.ID, Opcode: ib.WCRecv, QPN: q.cfg.QPN, SrcQP: d.SrcQP(), SrcIP: m.Src, IsRecv: true, Flags: ib.WCGRH}
 	switch {
-	case q.cur.Err != wr.Success:
+	case q.cur.Err != ib.Success:
 		wc.Status = q.cur.Err
-	case uint64(GRHLen+len(pay)) > uint64(q.cur.Length):
-		wc.Status = wr.LocLenErr
+	case uint64(transport.GRHLen+len(pay)) > uint64(q.cur.Length):
+		wc.Status = ib.LocLenErr
 	default:
-		wr.CopyOut(q.cur.SG, 0, grh[:])
-		wr.CopyOut(q.cur.SG, GRHLen, pay)
-		wc.ByteLen = uint32(GRHLen + len(pay))
+		ib.CopyOut(q.cur.SG, 0, m.GRH[:])
+		ib.CopyOut(q.cur.SG, transport.GRHLen, pay)
+		wc.ByteLen = uint32(transport.GRHLen + len(pay))
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
-			wc.Flags |= wr.WCWithImm
+			wc.Flags |= ib.WCWithImm
 			wc.Imm = bth.ImmDt(pkt[o:]).Imm()
 		}
 		q.RxReceived++
@@ -256,7 +285,7 @@ func (q *QP) Resume() { q.sqErr, q.sendOn = false, true }
 func (q *QP) FlushSend() {
 	for q.head != q.tail {
 		e := &q.sq[q.head%uint32(len(q.sq))]
-		q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+		q.wcs = append(q.wcs, ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: ib.WCSend, QPN: q.cfg.QPN})
 		e.SG = e.SG[:0]
 		q.head++
 	}
@@ -267,7 +296,7 @@ func (q *QP) Flush() {
 	q.sendOn, q.recvOn = false, false
 	for q.head != q.tail {
 		e := &q.sq[q.head%uint32(len(q.sq))]
-		q.wcs = append(q.wcs, wr.WC{ID: e.ID, Status: wr.WRFlushErr, Opcode: wr.WCSend, QPN: q.cfg.QPN})
+		q.wcs = append(q.wcs, ib.WC{ID: e.ID, Status: ib.WRFlushErr, Opcode: ib.WCSend, QPN: q.cfg.QPN})
 		e.SG = e.SG[:0]
 		q.head++
 	}

@@ -6,12 +6,13 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
-	"github.com/softrnic/softrnic/verbs/wr"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
 )
 
-type rq struct{ q []wr.RecvWQE }
+type rq struct{ q []ib.RecvWQE }
 
-func (r *rq) Take(dst *wr.RecvWQE) bool {
+func (r *rq) Take(dst *ib.RecvWQE) bool {
 	if len(r.q) == 0 {
 		return false
 	}
@@ -33,10 +34,12 @@ func TestUDSendQKeyRule(t *testing.T) {
 	q := newQP(0x11111111, &rq{})
 	buf := make([]byte, q.MaxPacket())
 	data := []byte("hello, datagram")
-	q.Post(&wr.SendWQE{ID: 1, Opcode: wr.SendWithImm, Flags: wr.Signaled, SG: [][]byte{data[:5], data[5:]}, Length: uint32(len(data)),
-		Imm: 9, RemoteQPN: 0x33, RemoteQKey: 0x80000000})
-	q.Post(&wr.SendWQE{ID: 2, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{data}, Length: uint32(len(data)), RemoteQPN: 0x33, RemoteQKey: 0x1234})
-	q.Post(&wr.SendWQE{ID: 3, Opcode: wr.Send, Flags: wr.Signaled, SG: [][]byte{make([]byte, 257)}, Length: 257, RemoteQPN: 0x33})
+	ah := &ib.AH{}
+	q.Post(&ib.SendWQE{ID: 1, Opcode: ib.SendWithImm, Flags: ib.Signaled, SG: segs(data[:5], data[5:]), Length: uint32(len(data)),
+		Imm: 9, RemoteQPN: 0x33, RemoteQKey: 0x80000000, AH: ah})
+	q.Post(&ib.SendWQE{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(data), Length: uint32(len(data)), RemoteQPN: 0x33, RemoteQKey: 0x1234, AH: ah})
+	q.Post(&ib.SendWQE{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(make([]byte, 257)), Length: 257, RemoteQPN: 0x33, AH: ah})
+	q.Post(&ib.SendWQE{ID: 4, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(data), Length: uint32(len(data)), RemoteQPN: 0x33})
 	n := q.Build(0, buf)
 	h := bth.BTH(buf)
 	d := bth.DETH(buf[bth.BTHLen:])
@@ -51,15 +54,19 @@ func TestUDSendQKeyRule(t *testing.T) {
 	if q.Build(0, buf) != 0 || q.Build(0, buf) != 0 {
 		t.Fatal("a datagram above the MTU was sent")
 	}
+	q.Resume()
+	if q.Build(0, buf) != 0 {
+		t.Fatal("a datagram without an address handle was sent")
+	}
 	w := q.TakeCompletions()
-	if len(w) != 3 || w[0].Status != wr.Success || w[2].Status != wr.LocLenErr {
+	if len(w) != 4 || w[0].Status != ib.Success || w[2].Status != ib.LocLenErr || w[3].Status != ib.LocQPOpErr {
 		t.Fatalf("%+v", w)
 	}
 }
 
 func TestUDReceiveGRHAndChecks(t *testing.T) {
 	buf := make([]byte, 100)
-	r := &rq{q: []wr.RecvWQE{{ID: 5, SG: [][]byte{buf[:30], buf[30:]}, Length: 100}, {ID: 6, SG: [][]byte{make([]byte, 41)}, Length: 41}}}
+	r := &rq{q: []ib.RecvWQE{{ID: 5, SG: segs(buf[:30], buf[30:]), Length: 100}, {ID: 6, SG: segs(make([]byte, 41)), Length: 41}}}
 	q := newQP(0x11111111, r)
 	mk := func(qkey uint32, n int) []byte {
 		p := make([]byte, bth.BTHLen+bth.DETHLen+n)
@@ -70,30 +77,39 @@ func TestUDReceiveGRHAndChecks(t *testing.T) {
 		}
 		return p
 	}
-	var grh [GRHLen]byte
+	var grh [transport.GRHLen]byte
 	for i := range grh {
 		grh[i] = 0xEE
 	}
 	src := netip.MustParseAddr("10.0.0.1")
-	q.Receive(0, mk(0x22222222, 8), &grh, src) // wrong Q_Key: dropped, no receive used
-	q.Receive(0, mk(0x11111111, 8), &grh, src)
-	q.Receive(0, mk(0x11111111, 8), &grh, src) // 40+8 > 41: LOC_LEN_ERR
-	q.Receive(0, mk(0x11111111, 8), &grh, src) // no receive posted: dropped
+	q.Receive(0, mk(0x22222222, 8), &transport.Meta{Src: src, GRH: &grh}) // wrong Q_Key: dropped, no receive used
+	q.Receive(0, mk(0x11111111, 8), &transport.Meta{Src: src, GRH: &grh})
+	q.Receive(0, mk(0x11111111, 8), &transport.Meta{Src: src, GRH: &grh}) // 40+8 > 41: LOC_LEN_ERR
+	q.Receive(0, mk(0x11111111, 8), &transport.Meta{Src: src, GRH: &grh}) // no receive posted: dropped
 	w := q.TakeCompletions()
 	if q.RxBadQKey != 1 || q.RxNoRecv != 1 || len(w) != 2 {
 		t.Fatalf("%+v %+v", q.Counters, w)
 	}
-	if w[0].ID != 5 || w[0].ByteLen != 48 || w[0].SrcQP != 0x44 || w[0].SrcIP != src || w[0].Flags&wr.WCGRH == 0 {
+	if w[0].ID != 5 || w[0].ByteLen != 48 || w[0].SrcQP != 0x44 || w[0].SrcIP != src || w[0].Flags&ib.WCGRH == 0 {
 		t.Fatalf("%+v", w[0])
 	}
 	if !bytes.Equal(buf[:40], grh[:]) || !bytes.Equal(buf[40:48], []byte{1, 2, 3, 4, 5, 6, 7, 8}) {
 		t.Fatalf("% x", buf[:48])
 	}
-	if w[1].Status != wr.LocLenErr {
+	if w[1].Status != ib.LocLenErr {
 		t.Fatalf("%+v", w[1])
 	}
 	// Hostile input never panics.
 	for n := 0; n < 24; n++ {
-		q.Receive(0, mk(0x11111111, 4)[:n], &grh, src)
+		q.Receive(0, mk(0x11111111, 4)[:n], &transport.Meta{Src: src, GRH: &grh})
 	}
+}
+
+// segs is a scatter/gather list over local buffers.
+func segs(bufs ...[]byte) []ib.Seg {
+	sg := make([]ib.Seg, len(bufs))
+	for i, b := range bufs {
+		sg[i] = ib.LocalSeg(b)
+	}
+	return sg
 }

@@ -1,0 +1,17 @@
+// Package client lets an application in another process use the RNIC of a
+// running softrnic daemon, the way it would use a hardware one through
+// verbs: a Client is a verbs.Device (and its objects verbs' PD, MR, CQ, QP
+// and AH), and an rdmacm.CM for connections through the daemon's CM.
+//
+// Control operations are messages on the daemon's Unix socket. The data path
+// is shared memory: registered memory is a memfd the daemon maps too, so a
+// remote RDMA READ or WRITE lands directly in the application's buffer; send
+// and receive queues and completion queues are rings (internal/shmring) in
+// memfds shared with the daemon, so PostSend, PostRecv and Poll are memory
+// operations and make a syscall only to wake a daemon (or be woken by it)
+// that has gone to sleep for lack of work.
+//
+// Handles are per connection: nothing a client names can reach another
+// client's objects. When the connection closes (Close, or the process dies)
+// the daemon moves the client's QPs to error and frees everything it owned.
+package client

@@ -1,0 +1,53 @@
+package frame
+
+import (
+	"bytes"
+	"net/netip"
+	"testing"
+
+	"github.com/softrnic/softrnic/bth"
+)
+
+// TestTemplateFrameEqualsBuild: a transport packet behind a Template,
+// finished by FinishFrame, is byte for byte the frame Build writes from the
+// same Spec, for IPv4, IPv6 and with an 802.1Q tag; SetTOS changes only the
+// TOS (and so the checksum and ICRC).
+func TestTemplateFrameEqualsBuild(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		src, dst string
+		vlan     bool
+	}{{"v4", "10.0.0.1", "10.0.0.2", false}, {"v6", "fd00::1", "fd00::2", false}, {"vlan", "10.0.0.1", "10.0.0.2", true}} {
+		s := Spec{DstMAC: [6]byte{2, 0, 0, 0, 0, 2}, SrcMAC: [6]byte{2, 0, 0, 0, 0, 1}, VLAN: c.vlan, VLANTCI: 5,
+			Src: netip.MustParseAddr(c.src), Dst: netip.MustParseAddr(c.dst), TOS: 0x22, TTL: 9, FlowLabel: 0x12345, IPID: 8,
+			SrcPort: 0xC123, BTH: bth.BTHFields{Opcode: bth.RCSendOnly, PKey: 0xFFFF, DestQP: 0x11, PSN: 7}}
+		pay := []byte("payload!!")
+		want := make([]byte, 200)
+		n, err := Build(want, &s, pay)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var tp Template
+		if err := tp.Set(&s); err != nil {
+			t.Fatal(err)
+		}
+		// The transport packet, as a transport writes it behind the header.
+		pkt := want[len(tp.Bytes()) : n-4]
+		got := make([]byte, 200)
+		copy(got[len(tp.Bytes()):], pkt)
+		id := uint16(7)
+		m := FinishFrame(got, tp.Bytes(), len(pkt), &id)
+		if m != n || !bytes.Equal(got[:m], want[:n]) {
+			t.Fatalf("%s:\n got % x\nwant % x", c.name, got[:m], want[:n])
+		}
+		if tp.TOS() != 0x22 {
+			t.Fatalf("%s: TOS %#x", c.name, tp.TOS())
+		}
+		tp.SetTOS(0xC2)
+		var f Frame
+		m = FinishFrame(got, tp.Bytes(), len(pkt), &id)
+		if err := Parse(got[:m], &f); err != nil || !f.VerifyICRC() || f.ECN() != 2 || f.Src() != s.Src.Unmap() {
+			t.Fatalf("%s after SetTOS: %v", c.name, err)
+		}
+	}
+}

@@ -1,0 +1,267 @@
+package host
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/internal/route"
+	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/port/afxdp"
+	"github.com/softrnic/softrnic/rdmacm"
+	"github.com/softrnic/softrnic/rnic"
+)
+
+// Config is what a host is made of. Only Interface is required.
+type Config struct {
+	// Interface is the network interface to run RoCE on, by name.
+	Interface string
+	// GIDs, if set, is the GID table instead of the interface's addresses
+	// (in order).
+	GIDs []netip.Addr
+	// MTU, if set, is the port's RoCE MTU instead of the largest the
+	// interface carries.
+	MTU int
+	// Port is the packet I/O: AF_XDP, AF_PACKET, or Auto (AF_XDP, else
+	// AF_PACKET; the default).
+	Port PortKind
+	// Queues is how many receive queues an AF_XDP port serves, one socket
+	// each (0: all of the interface's, so that RSS cannot hand RoCEv2 to a
+	// queue nobody reads).
+	Queues int
+	// FrameSize and UMEMSize size an AF_XDP port's UMEM (0: afxdp's
+	// defaults).
+	FrameSize int
+	UMEMSize  int64
+	// Congestion is the device's congestion control (Congestion; the zero
+	// value is off).
+	Congestion rnic.Congestion
+	// Engine tunes the engine loop; its Tap, if set, sees every frame.
+	Engine engine.Options
+	// WrapPort, if set, wraps the port the engine drives (the daemon
+	// counts bytes there).
+	WrapPort func(port.Port) port.Port
+	// NoCM runs no rdma_cm agent (the device's GSI QP stays free).
+	NoCM bool
+	// Log, if set, reports what Open chose (an AF_XDP fallback).
+	Log *slog.Logger
+}
+
+// Host is an RNIC on an interface of this machine, running: the rnic
+// device, its port, the engine loop driving it in a goroutine of its own,
+// neighbour resolution for it, and an rdma_cm agent on it. Every tool and
+// the daemon run on one.
+type Host struct {
+	Iface Interface
+	// Device is the RNIC. Its Config.Resolve is the host's neighbour
+	// resolution, restricted to peers reached through Iface.
+	Device *rnic.Device
+	// Port is the port as opened (before Config.WrapPort), and PortKind
+	// what it is (AF_XDP or AF_PACKET).
+	Port     port.Port
+	PortKind PortKind
+	// Loop is the engine loop (Counters, DeviceStats).
+	Loop *engine.Loop
+	// CM is the rdma_cm agent on Device (nil with Config.NoCM).
+	CM *rdmacm.Agent
+
+	res     *route.Resolver
+	stop    context.CancelFunc
+	done    chan struct{}
+	runErr  error
+	closeMu sync.Once
+	closeEr error
+}
+
+// resolveTimeout bounds one neighbour resolution (ARP may not answer).
+const resolveTimeout = 3 * time.Second
+
+// Open looks the interface up, opens the port, makes the device and
+// starts the engine and the rdma_cm agent. Close releases them.
+func Open(cfg Config) (_ *Host, err error) {
+	if cfg.Interface == "" {
+		return nil, errors.New("host: no interface")
+	}
+	in, err := LookupInterface(cfg.Interface)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.GIDs) > 0 {
+		in.GIDs = append([]netip.Addr(nil), cfg.GIDs...)
+	}
+	h := &Host{Iface: in, done: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			h.release()
+		}
+	}()
+	if h.res, err = route.New(); err != nil {
+		return nil, err
+	}
+	if h.Port, h.PortKind, err = openPort(&cfg, in); err != nil {
+		return nil, err
+	}
+	if h.Device, err = NewDevice(in, cfg.MTU, cfg.Congestion, h.resolve); err != nil {
+		return nil, err
+	}
+	p := h.Port
+	if cfg.WrapPort != nil {
+		p = cfg.WrapPort(p)
+	}
+	if h.Loop, err = engine.NewLoop(h.Device, p, cfg.Engine); err != nil {
+		return nil, err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	h.stop = stop
+	go func() {
+		defer close(h.done)
+		h.runErr = h.Loop.Run(ctx)
+	}()
+	if !cfg.NoCM {
+		if h.CM, err = rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: h.resolve}); err != nil {
+			return nil, err
+		}
+	}
+	return h, nil
+}
+
+// NewDevice makes the device of an interface: its MAC, its GIDs, the RoCE
+// MTU mtu (0: the largest the interface carries), congestion control cc,
+// and resolve as its neighbour resolution. Open makes a host's with it;
+// tests on in-memory links make theirs.
+func NewDevice(in Interface, mtu int, cc rnic.Congestion, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
+	if mtu == 0 {
+		mtu = in.ActiveMTU()
+	}
+	if mtu == 0 {
+		return nil, fmt.Errorf("host: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
+	}
+	return rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu,
+		Congestion: cc, Resolve: resolve})
+}
+
+// resolve is the device's neighbour resolution: the next hop's MAC for a
+// peer reached through the host's interface.
+func (h *Host) resolve(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+	var mac [6]byte
+	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
+	n, err := h.res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses
+	if err != nil {
+		return mac, err
+	}
+	if n.IfIndex != h.Iface.Index {
+		return mac, fmt.Errorf("%v is reached through %s, not %s", peer, n.IfName, h.Iface.Name)
+	}
+	copy(mac[:], n.DstMAC)
+	return mac, nil
+}
+
+// Stopped is closed when the engine stopped: after Close, or when its
+// port failed (Err says why).
+func (h *Host) Stopped() <-chan struct{} { return h.done }
+
+// Err is why the engine stopped on its own (nil while it runs, and after
+// Close).
+func (h *Host) Err() error {
+	select {
+	case <-h.done:
+		return h.runErr
+	default:
+		return nil
+	}
+}
+
+// Close stops the host in order: the rdma_cm agent first (its last DREQs
+// and REJs still go out), then the engine, then the port and the
+// resolver. It returns the engine's error if it had failed.
+func (h *Host) Close() error {
+	h.closeMu.Do(func() { h.closeEr = h.release() })
+	return h.closeEr
+}
+
+func (h *Host) release() error {
+	if h.CM != nil {
+		h.CM.Close()
+	}
+	var err error
+	if h.stop != nil {
+		h.stop()
+		<-h.done
+		if h.runErr != nil && !errors.Is(h.runErr, context.Canceled) {
+			err = fmt.Errorf("engine: %w", h.runErr)
+		}
+	}
+	if h.Port != nil {
+		if cerr := h.Port.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("closing the port: %w", cerr)
+		}
+	}
+	if h.res != nil {
+		h.res.Close()
+	}
+	return err
+}
+
+// openPort opens the configured port: AF_XDP (its steering program
+// restricted to the host's GIDs, one socket per receive queue), or
+// AF_PACKET, or AF_XDP falling back to AF_PACKET.
+func openPort(cfg *Config, in Interface) (port.Port, PortKind, error) {
+	x := afxdp.Config{IfIndex: in.Index, LocalAddrs: in.GIDs, FrameSize: uint32(cfg.FrameSize)}
+	if cfg.FrameSize > 0 && cfg.UMEMSize > 0 {
+		x.NumFrames = uint32(cfg.UMEMSize / int64(cfg.FrameSize))
+	}
+	switch cfg.Port {
+	case AFXDP:
+		p, err := openXDP(x, cfg.Queues)
+		return p, AFXDP, err
+	case AFPacket:
+		p, err := openPacket(in)
+		return p, AFPacket, err
+	case Auto, "":
+		p, err := openXDP(x, cfg.Queues)
+		if err == nil {
+			return p, AFXDP, nil
+		}
+		if cfg.Log != nil {
+			cfg.Log.Warn("AF_XDP unavailable, using AF_PACKET", "err", err)
+		}
+		p2, err2 := openPacket(in)
+		if err2 != nil {
+			return nil, "", errors.Join(err, err2)
+		}
+		return p2, AFPacket, nil
+	}
+	return nil, "", fmt.Errorf("host: unknown port kind %q (afxdp, afpacket, auto)", cfg.Port)
+}
+
+// Congestion is the device's congestion control for profile ("off",
+// "paper", "connectx", "hpcc-mlx"; cx tunes connectx, nil for its
+// defaults) at the profile's own line rate dilated by scale (1: none), as
+// rnic.NewCongestion gives it, with a pacer that may send a burst after a
+// pause: pacerWindow at the line rate, at most maxPacerBurst. A software
+// RNIC shares a small host with its applications and peers and wakes for
+// a departure late by up to milliseconds; strict pacing forfeits every
+// late wake-up (a hardware rate limiter has the same kind of tolerance).
+func Congestion(profile string, scale float64, cx *dcqcn.ConnectX) (rnic.Congestion, error) {
+	cc, err := rnic.NewCongestion(profile, 0, scale, cx)
+	if err != nil {
+		return cc, err
+	}
+	if cc.On() {
+		cc.PacerBurst = int(min(float64(cc.RP.LineRate)/8*pacerWindow.Seconds(), maxPacerBurst))
+	}
+	return cc, nil
+}
+
+// pacerWindow and maxPacerBurst bound the pacer's burst (Congestion).
+const (
+	pacerWindow   = 2 * time.Millisecond
+	maxPacerBurst = 64 << 10
+)

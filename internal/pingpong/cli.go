@@ -1,0 +1,70 @@
+package pingpong
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/softrnic/softrnic/host"
+	"github.com/softrnic/softrnic/internal/perftest/runner"
+	"github.com/softrnic/softrnic/rnic"
+)
+
+// CLIOptions are what `softrnic pingpong` adds to the stock options.
+type CLIOptions struct {
+	PortKind host.PortKind // AF_XDP, AF_PACKET or auto
+	// DialFor is how long a client keeps retrying the server's side
+	// channel (the stock client tries once).
+	DialFor time.Duration
+	// Listening, when set, is called once the server listens.
+	Listening func(net.Addr)
+	// Daemon, when set, is the control socket of a softrnic daemon: the
+	// QP lives in the daemon's device instead of a device of our own.
+	Daemon string
+}
+
+// RunCLI is `softrnic pingpong rc|ud`: it opens the device on p.Device in
+// the calling thread's network namespace (as `softrnic perf` does: a
+// rnic.Device on an AF_XDP or AF_PACKET port, driven by engine.Run), or
+// uses the daemon's with o.Daemon, serves one client or connects to
+// p.Host, and runs the ping-pong.
+func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Result, error) {
+	var r Result
+	run := func(rh runner.Host) error {
+		conn, err := runner.SideChannel(ctx, p.Host, p.Port, o.DialFor, o.Listening)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		// A peer that dies mid-exchange must not hang us: the context ends
+		// the side channel too.
+		stopConn := context.AfterFunc(ctx, func() { conn.Close() })
+		defer stopConn()
+		r, err = Run(ctx, Host{Device: rh.Device, Iface: rh.Iface}, p, conn, stdout)
+		return err
+	}
+	var err error
+	switch {
+	case o.Daemon != "":
+		h, c, derr := runner.DaemonHost(o.Daemon)
+		if derr != nil {
+			return r, fmt.Errorf("pingpong: %w", derr)
+		}
+		defer c.Close()
+		if p.Device != "" && p.Device != h.Iface.Name {
+			return r, fmt.Errorf("pingpong: -d %s, but the daemon at %s serves %s", p.Device, o.Daemon, h.Iface.Name)
+		}
+		err = run(h)
+	case p.Device == "":
+		return Result{}, errors.New("pingpong: -d INTERFACE is required (the network interface to run RoCE on)")
+	default:
+		err = runner.OpenHost(p.Device, o.PortKind, rnic.Congestion{}, run)
+	}
+	if err != nil {
+		return r, fmt.Errorf("pingpong: %w", err)
+	}
+	return r, nil
+}

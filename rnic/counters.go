@@ -1,0 +1,169 @@
+package rnic
+
+import (
+	"cmp"
+	"slices"
+
+	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport/rc"
+	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// Stats counts what the step functions dropped and moved. The engine
+// goroutine owns them; read them from it (or after it stopped).
+type Stats struct {
+	RxFrames    uint64
+	RxParseErr  uint64 // not RoCEv2 or malformed
+	RxNotLocal  uint64 // destination address not ours
+	RxBadHeader uint64 // TVer or P_Key
+	RxNoQP      uint64 // unknown destination QP
+	RxBadICRC   uint64
+	RxBadType   uint64 // opcode of another transport than the QP's
+	RxBadSrc    uint64 // RC/UC source address is not the connected peer
+	RxBadState  uint64 // QP not in a state that receives
+	TxFrames    uint64
+	CongestionStats
+}
+
+// CongestionStats are the device's DCQCN counters, named (in Counters) as
+// the mlx5 hw_counters that count the same events. The QPs' transports
+// count into CCCounters (transport/rc); the device counts the CNPs that
+// reach no transport.
+type CongestionStats struct {
+	rc.CCCounters
+	// RxCNP counts every CNP that passed the receive checks (no mlx5
+	// equivalent: the sum of the two rp_ counters).
+	RxCNP uint64
+}
+
+// PublishStats makes Stats as they are now what StatsSnapshot returns. The
+// goroutine running the step functions calls it after a step (the engine
+// does, every iteration); it takes a lock only when a counter changed.
+func (d *Device) PublishStats() {
+	if d.Stats == d.seen {
+		return
+	}
+	d.seen = d.Stats
+	d.pubMu.Lock()
+	d.pub = d.Stats
+	d.pubMu.Unlock()
+}
+
+// StatsSnapshot returns the counters as of the last PublishStats, safe
+// from any goroutine (Stats itself belongs to the step functions).
+func (d *Device) StatsSnapshot() Stats {
+	d.pubMu.Lock()
+	defer d.pubMu.Unlock()
+	return d.pub
+}
+
+// CongestionCounters implements verbs.CongestionCounter.
+func (d *Device) CongestionCounters() verbs.CongestionCounters {
+	s := d.StatsSnapshot()
+	return verbs.CongestionCounters{ECNMarked: s.NPECNMarkedRoCEPackets, CNPSent: s.NPCNPSent,
+		CNPHandled: s.RPCNPHandled, CNPIgnored: s.RPCNPIgnored}
+}
+
+// TransportProgress implements verbs.ProgressCounter: the progress of the
+// RC and UC QPs numbered in qpns.
+func (d *Device) TransportProgress(qpns []uint32) uint64 {
+	var n uint64
+	d.EachQPCounters(func(c *QPCounters) {
+		if slices.Contains(qpns, c.QPN) {
+			n += c.RC.Progress
+		}
+	})
+	return n
+}
+
+// Counter is one named counter.
+type Counter struct {
+	Name  string
+	Value uint64
+}
+
+// Counters returns the DCQCN counters under their mlx5 names, in the order
+// rdma statistic prints them.
+func (s *CongestionStats) Counters() [4]Counter {
+	return [4]Counter{
+		{"np_ecn_marked_roce_packets", s.NPECNMarkedRoCEPackets},
+		{"np_cnp_sent", s.NPCNPSent},
+		{"rp_cnp_handled", s.RPCNPHandled},
+		{"rp_cnp_ignored", s.RPCNPIgnored},
+	}
+}
+
+// QPCounters is a snapshot of one QP's transport counters, for the
+// daemon's counters (softrnic stats, /metrics): RC and UC QPs fill RC, UD
+// and GSI QPs fill UD.
+type QPCounters struct {
+	QPN   uint32
+	Type  ib.QPType
+	State ib.QPState
+	RC    rc.Counters
+	UD    ud.Counters
+	CQE   CQECounters
+	// CC is the QP's DCQCN state when CCOn (an RC or UC QP of a device
+	// that runs DCQCN).
+	CC   dcqcn.State
+	CCOn bool
+}
+
+// CQECounters counts a QP's error completions the way mlx5 does
+// (req_cqe_error, req_cqe_flush_error, resp_cqe_error,
+// resp_cqe_flush_error): send queue (requester) and receive queue
+// (responder) apart, flushed WRs apart from WRs that failed themselves.
+// Counted in verbs, where every completion of every transport passes,
+// including the flushes verbs itself produces.
+type CQECounters struct {
+	ReqErr, ReqFlushErr   uint64
+	RespErr, RespFlushErr uint64
+}
+
+// add counts one completion; successful ones are not counted.
+func (c *CQECounters) add(w *ib.WC) {
+	switch {
+	case w.Status == ib.Success:
+	case w.IsRecv && w.Status == ib.WRFlushErr:
+		c.RespFlushErr++
+	case w.IsRecv:
+		c.RespErr++
+	case w.Status == ib.WRFlushErr:
+		c.ReqFlushErr++
+	default:
+		c.ReqErr++
+	}
+}
+
+// EachQPCounters calls fn with a snapshot of every live QP's counters, in
+// QPN order. Safe from any goroutine: each QP's counters are copied under
+// its mutex, which the step functions hold while they count, so a snapshot
+// never shows half an update. fn must not call into the device.
+func (d *Device) EachQPCounters(fn func(*QPCounters)) {
+	var qps []*QP
+	d.qps.each(func(q *QP) { qps = append(qps, q) })
+	slices.SortFunc(qps, func(a, b *QP) int { return cmp.Compare(a.qpn, b.qpn) })
+	var c QPCounters
+	for _, q := range qps {
+		if q.destroyed.Load() {
+			continue
+		}
+		c = QPCounters{QPN: q.qpn, Type: q.init.Type}
+		q.mu.Lock()
+		c.State = q.state
+		c.CQE = q.cqe
+		switch t := q.tr.(type) {
+		case *rc.QP:
+			c.RC = t.Counters
+		case *ud.QP:
+			c.UD = t.Counters
+		}
+		if r, ok := q.tr.(ccReporter); ok {
+			c.CC, c.CCOn = r.CongestionState()
+		}
+		q.mu.Unlock()
+		fn(&c)
+	}
+}

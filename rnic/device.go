@@ -1,0 +1,164 @@
+package rnic
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
+	"github.com/softrnic/softrnic/transport/rc"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// Config describes a device's port.
+type Config struct {
+	// Name is the network interface the device runs on.
+	Name string
+	MAC  [6]byte
+	// Addrs is the GID table as addresses: index i is sgid_index i. A
+	// frame is accepted only if addressed to one of them.
+	Addrs []netip.Addr
+	// PortMTU is the active path MTU of the port (default 1024, what rxe
+	// uses on a 1500-byte Ethernet link).
+	PortMTU int
+	// Congestion is the DCQCN setting of the RC/UC QPs (zero: off); see
+	// NewCongestion.
+	Congestion Congestion
+	// Resolve, if set, finds the next hop's MAC for a destination (the
+	// neighbour table): address vectors without a DMAC (RTR of a connected
+	// QP, address handles) need it. It may block; the device never calls
+	// it with a lock held.
+	Resolve func(ctx context.Context, dst netip.Addr) ([6]byte, error)
+}
+
+// Device is one software RNIC port.
+type Device struct {
+	cfg Config
+
+	mu      sync.Mutex // control path: QPs
+	qps     *table[QP] // by QPN
+	nextQPN uint32
+	keyMu   sync.Mutex // control path: MRs
+	keys    *table[MR] // by lkey and rkey
+
+	doorbell chan struct{}
+	events   chan verbs.AsyncEvent
+	lostEv   atomic.Uint64
+
+	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
+
+	// Busy polling (Poll): the engine's inline step while its loop runs,
+	// when an application last polled through it, and the doorbells that
+	// were not rung because it had.
+	poller       atomic.Pointer[func() (moved, ran bool)]
+	polledAt     atomic.Int64 // clock.Time
+	ringsSkipped atomic.Uint64
+
+	// QPs with work for the engine, handed over by application goroutines
+	// (a QP is queued at most once: QP.queued / QP.timed).
+	handMu     sync.Mutex
+	handReady  []*QP
+	handTimed  []*QP
+	handedOver atomic.Bool
+
+	// engine-only state
+	ready []*QP // QPs that may have frames to send
+	timed []*QP // QPs that may have a timer armed
+	rxf   frame.Frame
+	grh   [transport.GRHLen]byte
+	meta  transport.Meta
+	rr    int
+	ipID  uint16
+	cc    *rc.CCConfig // what every RC/UC QP's transport runs, nil for none
+	Stats Stats
+
+	// Stats as of the last PublishStats: seen by the step's owner, pub
+	// for everyone (under pubMu).
+	seen  Stats
+	pubMu sync.Mutex
+	pub   Stats
+}
+
+// NewDevice creates a device.
+func NewDevice(cfg Config) (*Device, error) {
+	if len(cfg.Addrs) == 0 {
+		return nil, verbs.ErrInvalid
+	}
+	if cfg.PortMTU == 0 {
+		cfg.PortMTU = 1024
+	}
+	if !validMTU(cfg.PortMTU) {
+		return nil, verbs.ErrInvalid
+	}
+	if err := cfg.Congestion.validate(); err != nil {
+		return nil, err
+	}
+	for i, a := range cfg.Addrs {
+		cfg.Addrs[i] = a.Unmap()
+	}
+	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan verbs.AsyncEvent, 256), nextQPN: 0x10,
+		cc: cfg.Congestion.ccConfig()}
+	d.qps, d.keys = newTable[QP](), newTable[MR]()
+	return d, nil
+}
+
+// Config returns the device's configuration.
+func (d *Device) Config() Config { return d.cfg }
+
+// Limits of the device, as an RNIC reports them in ibv_query_device.
+const (
+	MaxMsgSize   = 1 << 31
+	MaxCQE       = 1 << 20
+	MaxSGE       = 32
+	MaxQPWR      = 16384
+	MaxInline    = 400
+	MaxRdAtomic  = 128
+	DefaultDepth = 256
+	// MaxUnackedPSNs is the RC window of a requester (as rxe's).
+	MaxUnackedPSNs = 128
+)
+
+var _ verbs.Device = (*Device)(nil)
+
+// Name is the network interface the device runs on (Config.Name).
+func (d *Device) Name() string { return d.cfg.Name }
+
+// GIDs is the GID table as addresses.
+func (d *Device) GIDs() []netip.Addr { return slices.Clone(d.cfg.Addrs) }
+
+// Query returns the device's and its port's attributes (ibv_query_device,
+// ibv_query_port).
+func (d *Device) Query() ib.DeviceAttr {
+	return ib.DeviceAttr{NodeGUID: ib.NodeGUID(d.cfg.MAC), MaxMRSize: MaxMsgSize, MaxQP: 1 << 16, MaxQPWR: MaxQPWR,
+		MaxSGE: MaxSGE, MaxCQ: 1 << 16, MaxCQE: MaxCQE, MaxMR: 1 << 20, MaxPD: 1 << 16, MaxSRQ: 1 << 16,
+		MaxSRQWR: MaxQPWR, MaxInline: MaxInline, MaxQPRdAtom: MaxRdAtomic, ActiveMTU: uint32(d.cfg.PortMTU),
+		PortActive: true}
+}
+
+// heapMem is memory in this process: an ordinary slice.
+type heapMem []byte
+
+func (m heapMem) Bytes() []byte { return m }
+func (m heapMem) Free() error   { return nil }
+
+// AllocMem allocates n bytes of memory to register (the Go heap).
+func (d *Device) AllocMem(n int) (verbs.Mem, error) {
+	if n <= 0 {
+		return nil, fmt.Errorf("rnic: memory of %d bytes: %w", n, verbs.ErrInvalid)
+	}
+	return heapMem(make([]byte, n)), nil
+}
+
+// Resources counts the device's live QPs (its GSI QP among them, if one was
+// created) and registered MRs: what a leak check, or a status report,
+// wants to know.
+func (d *Device) Resources() (qps, mrs int) {
+	d.qps.each(func(*QP) { qps++ })
+	d.keys.each(func(*MR) { mrs++ })
+	return qps, mrs / 2 // an MR is in the key table under its lkey and its rkey
+}

@@ -1,0 +1,198 @@
+package rnic
+
+import (
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// PostSend posts send WRs and returns how many it took; on error the rest
+// were not posted (ibv_post_send's bad_wr).
+func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
+	n, err := func() (int, error) {
+		q.mu.Lock()
+		defer q.release()
+		return q.postSend(wrs)
+	}()
+	if n > 0 {
+		// Only now: release has handed the QP over, so the engine the
+		// doorbell wakes finds it. Rung before (from inside the locked
+		// section), the engine could step, find nothing, and nap again
+		// while the handover was still to come.
+		q.dev.ring()
+	}
+	return n, err
+}
+
+// postSend is PostSend's work under q.mu.
+func (q *QP) postSend(wrs []verbs.SendWR) (int, error) {
+	w, sg := &q.postWQE, q.postSG[:0]
+	if q.destroyed.Load() {
+		return 0, verbs.ErrDestroyed
+	}
+	for i := range wrs {
+		s := &wrs[i]
+		if q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE && q.state != ib.Err {
+			return i, verbs.ErrQPState
+		}
+		ah, err := q.checkSend(s)
+		if err != nil {
+			return i, err
+		}
+		if q.tr.SendQueueFree() == 0 {
+			return i, verbs.ErrQueueFull
+		}
+		if q.state == ib.Err || q.state == ib.SQE {
+			q.pushWC(ib.WC{ID: s.ID, Status: ib.WRFlushErr, Opcode: s.Opcode.WCOpcode(), QPN: q.qpn})
+			continue
+		}
+		q.resolveSend(s, ah, w, sg)
+		q.tr.Post(w)
+	}
+	q.txPending.Store(true)
+	return len(wrs), nil
+}
+
+// checkSend checks a send WR against the QP; a UD WR's address handle
+// comes back as this device's.
+func (q *QP) checkSend(s *verbs.SendWR) (*AH, error) {
+	t := q.init.Type
+	switch {
+	case !s.Opcode.Valid():
+		return nil, verbs.ErrBadOpcode
+	case t.Datagram() && s.Opcode != ib.Send && s.Opcode != ib.SendWithImm:
+		return nil, verbs.ErrBadOpcode
+	case t == ib.UC && (s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
+		return nil, verbs.ErrBadOpcode
+	case len(s.SG) > q.init.MaxSendSGE:
+		return nil, verbs.ErrTooManySGE
+	case s.Flags&ib.Inline != 0 && (len(s.InlineData) > q.init.MaxInline || s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
+		return nil, verbs.ErrInlineSize
+	}
+	if s.Opcode.IsAtomic() {
+		n := uint32(0)
+		for _, g := range s.SG {
+			n += g.Length
+		}
+		if n != 8 {
+			return nil, verbs.ErrInvalid
+		}
+	}
+	if !t.Datagram() {
+		return nil, nil
+	}
+	ah, ok := s.AH.(*AH)
+	if !ok || ah.pd != q.pd {
+		return nil, verbs.ErrInvalid // none, or not of the QP's PD
+	}
+	return ah, nil
+}
+
+// resolveSend turns a send WR into a WQE, resolving the SGEs against the
+// QP's PD. A bad lkey or bound is not an error of the post (an RNIC finds
+// it when it processes the WQE): the WQE carries LOC_PROT_ERR and
+// completes with it in order, and the QP goes to ERR.
+func (q *QP) resolveSend(s *verbs.SendWR, ah *AH, w *ib.SendWQE, sg []ib.Seg) {
+	*w = ib.SendWQE{ID: s.ID, Opcode: s.Opcode, Flags: s.Flags, Imm: s.Imm, InvRKey: s.InvRKey,
+		RemoteAddr: s.RemoteAddr, RKey: s.RKey, RemoteQPN: s.RemoteQPN & bth.QPNMask, RemoteQKey: s.RemoteQKey}
+	if q.init.SigAll {
+		w.Flags |= ib.Signaled
+	}
+	switch s.Opcode {
+	case ib.AtomicCmpAndSwp:
+		w.Compare, w.SwapAdd = s.CompareAdd, s.Swap
+	case ib.AtomicFetchAndAdd:
+		w.SwapAdd = s.CompareAdd
+	}
+	if ah != nil {
+		w.AH = &ah.ah
+	}
+	if s.Flags&ib.Inline != 0 {
+		// Inline data is copied now so the caller may reuse its buffer,
+		// into the QP's arena of MaxSendWR slots: a slot comes round again
+		// only MaxSendWR posts later, when the SQ can no longer hold the
+		// WQE that used it.
+		n := q.init.MaxInline
+		k := q.inlineNext % q.init.MaxSendWR
+		q.inlineNext++
+		b := q.inline[k*n : k*n+len(s.InlineData)]
+		copy(b, s.InlineData)
+		w.SG = append(sg, ib.LocalSeg(b))
+		w.Length = uint32(len(b))
+		return
+	}
+	needWrite := s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()
+	var total uint64
+	for _, g := range s.SG {
+		m := q.dev.lookup(g.LKey, q.pd)
+		var b []byte
+		ok := m != nil && m.lkey == g.LKey && (!needWrite || m.access&ib.LocalWrite != 0)
+		if ok {
+			b, ok = m.slice(g.Addr, uint64(g.Length))
+		}
+		if !ok {
+			w.Err = ib.LocProtErr
+			continue
+		}
+		sg = append(sg, ib.LocalSeg(b))
+		total += uint64(g.Length)
+	}
+	if total > MaxMsgSize && w.Err == ib.Success {
+		w.Err = ib.LocLenErr
+	}
+	w.SG = sg
+	w.Length = uint32(total)
+}
+
+// PostRecv posts receive WRs and returns how many it took.
+func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
+	if q.init.SRQ != nil {
+		return 0, verbs.ErrNoRecvQueue
+	}
+	q.mu.Lock()
+	defer q.release()
+	w, sg := &q.postRecv, q.postSG[:0]
+	if q.destroyed.Load() {
+		return 0, verbs.ErrDestroyed
+	}
+	for i := range wrs {
+		if q.state == ib.Reset {
+			return i, verbs.ErrQPState
+		}
+		if len(wrs[i].SG) > q.init.MaxRecvSGE {
+			return i, verbs.ErrTooManySGE
+		}
+		if q.rq.full() {
+			return i, verbs.ErrQueueFull
+		}
+		if q.state == ib.Err {
+			q.pushWC(ib.WC{ID: wrs[i].ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
+			continue
+		}
+		q.dev.resolveRecv(q.pd, &wrs[i], w, sg)
+		q.rq.put(w)
+	}
+	return len(wrs), nil
+}
+
+// resolveRecv turns a receive WR's SGEs into memory, checking lkey, PD,
+// bounds and local write access; a failure is recorded in the WQE and
+// reported when a message uses it (LOC_PROT_ERR), as an RNIC does.
+func (d *Device) resolveRecv(pd *PD, r *verbs.RecvWR, w *ib.RecvWQE, sg []ib.Seg) {
+	w.ID, w.Err, w.Length = r.ID, ib.Success, 0
+	for _, s := range r.SG {
+		m := d.lookup(s.LKey, pd)
+		var b []byte
+		ok := m != nil && m.access&ib.LocalWrite != 0
+		if ok {
+			b, ok = m.slice(s.Addr, uint64(s.Length))
+		}
+		if !ok {
+			w.Err = ib.LocProtErr
+			continue
+		}
+		sg = append(sg, ib.LocalSeg(b))
+		w.Length += s.Length
+	}
+	w.SG = sg
+}

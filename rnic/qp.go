@@ -1,0 +1,342 @@
+package rnic
+
+import (
+	"fmt"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport"
+	"github.com/softrnic/softrnic/transport/rc"
+	"github.com/softrnic/softrnic/transport/ud"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// qpInit is a QP's verbs.QPInitAttr, its objects this device's.
+type qpInit struct {
+	Type       ib.QPType
+	SendCQ     *CQ
+	RecvCQ     *CQ
+	SRQ        *SRQ // receives come from here instead of the QP's RQ
+	MaxSendWR  int
+	MaxRecvWR  int
+	MaxSendSGE int
+	MaxRecvSGE int
+	MaxInline  int
+	SigAll     bool // every send WR is signaled
+}
+
+// QP is a queue pair.
+type QP struct {
+	dev  *Device
+	pd   *PD
+	qpn  uint32
+	init qpInit
+
+	mu    sync.Mutex // see the package doc
+	state ib.QPState
+	attr  ib.QPAttr
+	tr    transport.Transport
+	dest  transport.Addressed // UD: where each WQE goes; nil for connected QPs
+	rq    recvRing
+	hdr   frame.Template // RC/UC frame header template, built at RTR
+	// cnpHdr is hdr with the CNP DSCP, for the CNPs a QP running DCQCN
+	// owes its peer (congestion.go).
+	cnpHdr frame.Template
+	peer   netip.Addr
+	mem    qpMem
+
+	// scratch of the post verbs (guarded by mu), so posting allocates nothing
+	postWQE  ib.SendWQE
+	postRecv ib.RecvWQE
+	postSG   [MaxSGE]ib.Seg
+
+	inline     []byte // MaxSendWR slots of MaxInline bytes
+	inlineNext int
+
+	commEst   bool         // EventCommEst was raised (guarded by mu)
+	sqdNotify bool         // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
+	cqe       CQECounters  // error completions (guarded by mu)
+	deadline  atomic.Int64 // transport deadline, published after each step
+	txPending atomic.Bool  // the transport may have packets to send
+	queued    atomic.Bool  // in the engine's ready list (or handed over to it)
+	timed     atomic.Bool  // in the engine's timer list (or handed over to it)
+	destroyed atomic.Bool
+}
+
+// QPN is the QP number.
+// Device is the device the QP belongs to (verbs.DeviceObject).
+func (q *QP) Device() verbs.Device { return q.dev }
+
+func (q *QP) QPN() uint32 { return q.qpn }
+
+// Type is the QP's transport service.
+func (q *QP) Type() ib.QPType { return q.init.Type }
+
+// State returns the current state.
+func (q *QP) State() ib.QPState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.state
+}
+
+var _ verbs.QP = (*QP)(nil)
+
+// CreateQP creates a QP in the RESET state (ibv_create_qp). Queue sizes of
+// 0 take DefaultDepth WRs and one SGE.
+func (pd *PD) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
+	a, err := pd.qpInit(attr)
+	if err != nil {
+		return nil, err
+	}
+	d := pd.dev
+	q := &QP{dev: d, pd: pd, init: a, inline: make([]byte, a.MaxSendWR*a.MaxInline)}
+	q.mem = qpMem{q}
+	q.deadline.Store(int64(clock.Never))
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if a.Type == ib.GSI {
+		if d.qps.get(1) != nil {
+			return nil, fmt.Errorf("rnic: create QP: the device's GSI QP (QP1) exists: %w", verbs.ErrBusy)
+		}
+		q.qpn = 1
+	} else {
+		for {
+			d.nextQPN = (d.nextQPN + 1) & bth.QPNMask
+			if d.nextQPN < 0x11 {
+				d.nextQPN = 0x11 // 0 and 1 are SMI/GSI; rxe starts at 0x11 too
+			}
+			if d.qps.get(d.nextQPN) == nil {
+				break
+			}
+		}
+		q.qpn = d.nextQPN
+	}
+	q.resetLocked()
+	d.qps.put(q.qpn, q)
+	return q, nil
+}
+
+// qpInit checks a QP's creation attributes against the device's limits
+// and finds its CQs and SRQ among this PD's objects.
+func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
+	c := attr.Cap
+	a := qpInit{Type: attr.Type, MaxSendWR: int(c.MaxSendWR), MaxRecvWR: int(c.MaxRecvWR), MaxSendSGE: int(c.MaxSendSGE),
+		MaxRecvSGE: int(c.MaxRecvSGE), MaxInline: int(c.MaxInline), SigAll: attr.SigAll}
+	fail := func(format string, args ...any) (qpInit, error) {
+		return a, fmt.Errorf("rnic: create %v QP: "+format+": %w", append(append([]any{attr.Type}, args...), verbs.ErrInvalid)...)
+	}
+	if a.Type < ib.GSI || a.Type > ib.UD {
+		return fail("unknown QP type %d", uint8(a.Type))
+	}
+	var ok bool
+	if a.SendCQ, ok = attr.SendCQ.(*CQ); !ok || a.SendCQ.dev != pd.dev {
+		return fail("the send CQ is not one of this device's")
+	}
+	if a.RecvCQ, ok = attr.RecvCQ.(*CQ); !ok || a.RecvCQ.dev != pd.dev {
+		return fail("the receive CQ is not one of this device's")
+	}
+	if attr.SRQ != nil {
+		if a.SRQ, ok = attr.SRQ.(*SRQ); !ok || a.SRQ.pd != pd {
+			return fail("the SRQ is not one of this PD's")
+		}
+	}
+	if a.MaxSendWR == 0 {
+		a.MaxSendWR = DefaultDepth
+	}
+	if a.MaxRecvWR == 0 {
+		a.MaxRecvWR = DefaultDepth
+	}
+	a.MaxSendSGE, a.MaxRecvSGE = max(a.MaxSendSGE, 1), max(a.MaxRecvSGE, 1)
+	switch {
+	case a.MaxSendWR > MaxQPWR || a.MaxRecvWR > MaxQPWR:
+		return fail("%d send and %d receive WRs, at most %d", a.MaxSendWR, a.MaxRecvWR, MaxQPWR)
+	case a.MaxSendSGE > MaxSGE || a.MaxRecvSGE > MaxSGE:
+		return fail("%d send and %d receive SGEs, at most %d", a.MaxSendSGE, a.MaxRecvSGE, MaxSGE)
+	case a.MaxInline > MaxInline:
+		return fail("%d bytes of inline data, at most %d", a.MaxInline, MaxInline)
+	}
+	return a, nil
+}
+
+// resetLocked returns the QP to a fresh RESET state.
+func (q *QP) resetLocked() {
+	a := q.init
+	q.state = ib.Reset
+	q.attr = ib.QPAttr{}
+	q.commEst, q.sqdNotify = false, false
+	q.rq = newRecvRing(a.MaxRecvWR, a.MaxRecvSGE)
+	var rq ib.RecvQueue = &q.rq
+	if a.SRQ != nil {
+		rq = a.SRQ
+	}
+	if a.Type.Datagram() {
+		u := ud.New(q.qpn, a.MaxSendWR, a.MaxSendSGE, rq)
+		q.tr, q.dest = u, u
+	} else {
+		d := q.dev
+		q.tr, q.dest = rc.NewQP(rc.Options{QPN: q.qpn, UC: a.Type == ib.UC, SQDepth: a.MaxSendWR, MaxSGE: max(a.MaxSendSGE, a.MaxRecvSGE),
+			Mem: q.mem, RQ: rq, CC: d.cc, Counters: &d.Stats.CCCounters,
+			// rxe's recovery until the device has its knob and wakes on
+			// frames precisely: today a napping peer answers up to a Go
+			// timer's granularity late, and the adaptive probe then fires
+			// spuriously (a duplicate on the wire).
+			Recovery: rc.RecoveryTimeout}), nil
+	}
+	q.deadline.Store(int64(clock.Never))
+	q.txPending.Store(false)
+}
+
+// Destroy removes the QP from the device; outstanding work is dropped
+// without completions (ibv_destroy_qp).
+func (q *QP) Destroy() error {
+	d := q.dev
+	q.destroyed.Store(true)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.qps.get(q.qpn) == q {
+		d.qps.remove(q.qpn)
+	}
+	return nil
+}
+
+// toErrLocked moves the QP to ERR and flushes every outstanding WR.
+func (q *QP) toErrLocked() {
+	q.state = ib.Err
+	q.tr.Flush()
+	var w ib.RecvWQE
+	if q.init.SRQ == nil {
+		for q.rq.Take(&w) {
+			q.pushWC(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
+		}
+	}
+}
+
+// pushWC delivers a completion produced outside the transport.
+func (q *QP) pushWC(wc ib.WC) {
+	q.cqe.add(&wc)
+	if wc.IsRecv {
+		q.init.RecvCQ.push([]ib.WC{wc}, true)
+	} else {
+		q.init.SendCQ.push([]ib.WC{wc}, false)
+	}
+}
+
+// release publishes the transport's completions, moves a failed QP to
+// ERR, publishes deadline and pending output, and unlocks the QP; if the
+// QP now has work it is handed to the engine. Application goroutines use
+// it; the step functions use releaseEngine.
+func (q *QP) release() {
+	ready, timed := q.unlock()
+	if (ready || timed) && !q.destroyed.Load() {
+		q.dev.handOver(q, ready, timed)
+	}
+}
+
+// releaseEngine is release for the engine goroutine: it puts the QP on the
+// engine's own lists directly instead of through the handover, so that a
+// paced QP, which goes from the timer list back to the ready list once per
+// packet, costs no device lock.
+func (q *QP) releaseEngine() {
+	ready, timed := q.unlock()
+	if (ready || timed) && !q.destroyed.Load() {
+		d := q.dev
+		if ready {
+			d.ready = append(d.ready, q)
+		}
+		if timed {
+			d.timed = append(d.timed, q)
+		}
+	}
+}
+
+// unlock is the common part of release and releaseEngine; it reports
+// whether the QP must join the ready list and the timer list (the flags
+// queued and timed are already set for it).
+func (q *QP) unlock() (ready, timed bool) {
+	tr := q.tr
+	if tr.Failed() && q.state != ib.Err && q.state != ib.Reset {
+		q.state = ib.Err
+		tr.Flush()
+		q.dev.event(ib.EventQPFatal, q.qpn)
+	}
+	if tr.SendError() && q.state != ib.Err && q.state != ib.Reset {
+		q.state = ib.SQE
+		tr.FlushSend()
+	}
+	wcs := tr.TakeCompletions()
+	if len(wcs) > 0 {
+		var send, recv bool
+		for i := range wcs {
+			if wcs[i].IsRecv {
+				recv = true
+			} else {
+				send = true
+			}
+			if wcs[i].Status != ib.Success {
+				q.cqe.add(&wcs[i])
+			}
+		}
+		if send {
+			q.init.SendCQ.push(wcs, false)
+		}
+		if recv {
+			q.init.RecvCQ.push(wcs, true)
+		}
+	}
+	if q.state != ib.Err && q.state != ib.Reset && (q.init.SendCQ.overrun.Load() || q.init.RecvCQ.overrun.Load()) {
+		// A CQ of this QP overflowed (see CQ): the QP goes to ERR, as a
+		// transport error would take it, and what it flushes is counted
+		// as lost on the CQ in error.
+		q.state = ib.Err
+		tr.Flush()
+		wcs = tr.TakeCompletions()
+		for i := range wcs {
+			q.cqe.add(&wcs[i])
+		}
+		q.init.SendCQ.push(wcs, false)
+		q.init.RecvCQ.push(wcs, true)
+		q.dev.event(ib.EventQPFatal, q.qpn)
+	}
+	if q.state == ib.Err && q.init.SRQ == nil && q.rq.head != q.rq.tail {
+		var w ib.RecvWQE
+		for q.rq.Take(&w) {
+			q.pushWC(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
+		}
+	}
+	if q.sqdNotify && q.state == ib.SQD && tr.Drained() {
+		q.sqdNotify = false
+		q.dev.event(ib.EventSQDrained, q.qpn)
+	}
+	pending := tr.HasOutput()
+	dl := tr.Deadline()
+	q.deadline.Store(int64(dl))
+	q.txPending.Store(pending)
+	q.mu.Unlock()
+	// Hand the QP to the engine if it has work and is not already queued
+	// (store first, then test: see stillPending for the other side).
+	ready = pending && q.queued.CompareAndSwap(false, true)
+	timed = dl != clock.Never && q.timed.CompareAndSwap(false, true)
+	return ready, timed
+}
+
+// WithLock runs fn while holding q's lock: the lock under which the engine
+// lets q's transport write memory (a peer's RDMA WRITE landing in an MR, a
+// READ response or an atomic result being copied in) and read it (the
+// payload of a SEND or WRITE being segmented, possibly again for a
+// retransmission). An application that watches memory for a peer's WRITE
+// without a completion to tell it (perftest's write_lat polls the last
+// byte of the message), or that changes a buffer an unacknowledged WRITE
+// may still be resent from, does so in fn: it then sees each packet's
+// bytes whole, and the race detector sees the order.
+//
+// fn must be short and must not call q's verbs (it would deadlock).
+func (q *QP) WithLock(fn func()) {
+	q.mu.Lock()
+	defer q.release()
+	fn()
+}

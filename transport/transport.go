@@ -1,0 +1,81 @@
+package transport
+
+import (
+	"net/netip"
+
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/ib"
+)
+
+// GRHLen is the slot every UD receive buffer reserves for the GRH (IPv4: 20
+// zero bytes then the IPv4 header; IPv6: the IPv6 header).
+const GRHLen = 40
+
+// Meta is what the device knows about a received packet besides its
+// transport bytes, all of it checked before the transport sees the packet.
+type Meta struct {
+	// Src is the sender's address (a UD receive's source GID).
+	Src netip.Addr
+	// ECN is the IP header's ECN field (3: CE, congestion experienced).
+	ECN uint8
+	// GRH is the 40-byte GRH a UD receive places in front of the payload,
+	// built from the IP header; nil for connected transports.
+	GRH *[GRHLen]byte
+}
+
+// Transport is one QP's transport as the device drives it.
+type Transport interface {
+	// Modify applies a QP state transition the device has checked against
+	// IBA's rules, with the QP's attributes as they now are: the receive
+	// side at RTR, the send side at RTS, draining at SQD, resuming a
+	// stopped send queue when leaving SQE. RESET and ERR are the device's
+	// (a new transport; Flush).
+	Modify(from, to ib.QPState, a *ib.QPAttr)
+
+	// Post appends a send WQE (its SG slice is copied, not the memory it
+	// names); false when the send queue is full.
+	Post(w *ib.SendWQE) bool
+	// SendQueueFree is how many more send WQEs Post accepts now.
+	SendQueueFree() int
+
+	// MaxPacket is the largest packet Build writes.
+	MaxPacket() int
+	// Build writes the next packet to send into buf (at least MaxPacket
+	// bytes) and returns its length, 0 when there is nothing to send now.
+	Build(now clock.Time, buf []byte) int
+	// Sent reports that the packet Build wrote last left as a frame of
+	// wire bytes (headers and ICRC included): what a rate limiter charges.
+	Sent(now clock.Time, wire int)
+	// Receive processes one received transport packet.
+	Receive(now clock.Time, pkt []byte, m *Meta)
+	// Expire runs the timers due at now.
+	Expire(now clock.Time)
+	// Deadline is when Expire must next run (clock.Never: no timer).
+	Deadline() clock.Time
+	// HasOutput reports whether Build would produce a packet now.
+	HasOutput() bool
+
+	// TakeCompletions returns the completions produced since the last
+	// call; the slice is valid until the next call on the transport.
+	TakeCompletions() []ib.WC
+	// Failed reports a fatal error: the QP must go to ERR (then Flush).
+	Failed() bool
+	// SendError reports a local send error that stopped the send queue:
+	// the QP goes to SQE (then FlushSend).
+	SendError() bool
+	// Flush completes every outstanding WQE with WR_FLUSH_ERR (ERR).
+	Flush()
+	// FlushSend completes every outstanding send WQE with WR_FLUSH_ERR,
+	// leaving the receive side running (SQE).
+	FlushSend()
+	// Drained reports whether no send WQE is in progress (SQD's drain).
+	Drained() bool
+}
+
+// Addressed is a transport whose packets each go where their WQE says (UD):
+// the device looks at the next WQE's address handle before Build, to put
+// the packet behind that destination's frame header.
+type Addressed interface {
+	// Peek returns the WQE Build will handle next, nil if none.
+	Peek() *ib.SendWQE
+}

@@ -1,0 +1,85 @@
+package verbs
+
+import (
+	"context"
+
+	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/ib"
+)
+
+// Optional abilities: what only some RNICs have, found with a type
+// assertion.
+
+// AsyncEventer is a Device that reports asynchronous events
+// (ibv_get_async_event).
+type AsyncEventer interface {
+	Events() <-chan AsyncEvent
+}
+
+// CongestionProfiler is a Device that says which congestion control its
+// QPs run ("off", "paper", "connectx") and its time dilation.
+type CongestionProfiler interface {
+	CongestionProfile() (profile string, scale float64)
+}
+
+// CongestionCounter is a Device that counts congestion control events
+// under the mlx5 names (np_ecn_marked_roce_packets, np_cnp_sent,
+// rp_cnp_handled, rp_cnp_ignored), safe from any goroutine.
+type CongestionCounter interface {
+	CongestionCounters() CongestionCounters
+}
+
+// CongestionCounters are a device's congestion control counters.
+type CongestionCounters struct {
+	ECNMarked, CNPSent, CNPHandled, CNPIgnored uint64
+}
+
+// ProgressCounter is a Device that can report its QPs' transport progress
+// (acknowledged or answered packets), which moves even when a CQ-moderated
+// run has no completion for a long time.
+type ProgressCounter interface {
+	// TransportProgress sums the progress of the QPs numbered in qpns.
+	TransportProgress(qpns []uint32) uint64
+}
+
+// CongestionStater is a QP whose congestion control state can be read.
+type CongestionStater interface {
+	CongestionState() (dcqcn.State, bool)
+}
+
+// Notifier is a CQ that signals new completions on a channel (a
+// coalescing doorbell: one value may stand for many).
+type Notifier interface {
+	Notify() <-chan struct{}
+}
+
+// Locker is a QP under whose lock the RNIC writes its memory, so that an
+// application watching memory a peer writes (perftest's write_lat polls a
+// byte) sees each packet's bytes whole.
+type Locker interface {
+	WithLock(fn func())
+}
+
+// RecvSyncer is a QP whose posted receives reach the device
+// asynchronously (through the daemon's rings). SyncRecv returns once every
+// receive posted so far is in the device's RQ: an application about to
+// tell its peer "send now" calls it first, since a UC or UD SEND that
+// finds no receive is dropped.
+type RecvSyncer interface {
+	SyncRecv(ctx context.Context) error
+}
+
+// AsyncEvent is an asynchronous event (ibv_async_event): of a QP (QPN) or
+// of a CQ.
+type AsyncEvent struct {
+	Type ib.EventType
+	QPN  uint32
+	CQ   CQ // EventCQErr only
+}
+
+// DeviceObject is an object that knows its device (ibv_qp.context): the
+// QPs of both RNICs. rdma_cm refuses a QP of another device than its
+// agent's.
+type DeviceObject interface {
+	Device() Device
+}
