@@ -196,3 +196,28 @@ func (d *Device) resolveRecv(pd *PD, r *verbs.RecvWR, w *ib.RecvWQE, sg []ib.Seg
 	}
 	w.SG = sg
 }
+
+// Reject completes with status st a work request that never reached the
+// QP because its owner found it malformed (the daemon decoding a client's
+// ring), and moves the QP to ERR, as an RNIC does with a malformed WQE:
+// the work posted before it is flushed first, so its completion comes
+// after theirs, and the work after it is flushed.
+func (q *QP) Reject(id uint64, recv bool, st ib.WCStatus) {
+	q.mu.Lock()
+	if q.destroyed.Load() {
+		q.mu.Unlock()
+		return
+	}
+	if q.state != ib.Err {
+		q.toErrLocked()
+		q.dev.event(ib.EventQPFatal, q.qpn)
+	}
+	q.release() // the flush completions of earlier work
+	wc := ib.WC{ID: id, Status: st, QPN: q.qpn, IsRecv: recv}
+	if recv {
+		wc.Opcode = ib.WCRecv
+	}
+	q.mu.Lock()
+	q.pushWC(wc)
+	q.release()
+}
