@@ -127,6 +127,10 @@ type Loop struct {
 	napsYielded                 atomic.Uint64
 	spinWindow                  atomic.Int64 // Run's adaptive spin window, for Counters
 
+	// wake wakes the port from a deep sleep (port.Waker), nil if it
+	// cannot be woken.
+	wake func()
+
 	// stepMu is held by whichever goroutine runs the device's step
 	// functions under Run: the engine goroutine (always, except while it
 	// naps) or an application in TryStep. running says Run is still
@@ -146,6 +150,9 @@ func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 		return nil, fmt.Errorf("engine: port frames of %d bytes cannot hold a %d-byte MTU packet (%d bytes)", mf, dev.Config().PortMTU, need)
 	}
 	l := &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}
+	if w, ok := p.(port.Waker); ok {
+		l.wake = func() { w.Wake() }
+	}
 	for i := range l.out {
 		l.out[i] = make([]byte, 0, mf)
 	}
@@ -211,6 +218,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 		clear(l.in[:n]) // the port's views expire with the next Recv
 	}
 	l.dev.Expire(now)
+	fetched := l.dev.FetchQueues(now)
 	built := 0
 	if n > 0 && !l.txDeferred && !l.opt.EagerTx {
 		l.txDeferred = true
@@ -239,7 +247,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	}
 	l.stuck = l.pend > 0 && sent == 0
 	l.dev.PublishStats()
-	return n > 0 || built > 0 || sent > 0, err
+	return n > 0 || fetched || built > 0 || sent > 0, err
 }
 
 // TryStep runs one Step in the calling goroutine at the current time if
@@ -342,12 +350,8 @@ func (l *Loop) Run(ctx context.Context) error {
 				nap = max(0, min(nap, dl.Sub(t)))
 			}
 			if !polled && t.Sub(lastWork) > l.opt.DeepIdleAfter {
-				select {
-				case <-bell:
-				default:
-					wait = nap * 20 // the port's own sleep
-				}
-			} else if nap > 0 {
+				wait = l.deepSleep(t, nap, bell)
+			} else if nap > 0 && l.dev.ArmQueues() {
 				l.naps.Add(1)
 				l.stepMu.Unlock()
 				l.nap(timer, nap, bell, done)
@@ -363,10 +367,17 @@ func (l *Loop) Run(ctx context.Context) error {
 					l.napsYielded.Add(1)
 					l.nap(timer, max(nap, l.opt.PolledWait), bell, done)
 				}
+				l.dev.DisarmQueues()
 				t = now()
+			} else {
+				l.dev.DisarmQueues()
 			}
 		}
 		worked, err := l.Step(t, wait)
+		if wait > 0 {
+			l.dev.SetWaker(nil)
+			l.dev.DisarmQueues()
+		}
 		if err != nil {
 			if errors.Is(err, port.ErrClosed) && ctx.Err() != nil {
 				return nil
@@ -392,6 +403,44 @@ func (l *Loop) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// deepSleep prepares Run's sleep in the port after DeepIdleAfter without
+// work and returns how long the port may wait (0: no sleep, work came).
+// A port that can be woken (port.Waker) sleeps until the next timer
+// deadline, at most maxDeepSleep, and posts, Device.Wake and work in the
+// device's Queues wake it: an idle engine costs nothing. Any other port
+// sleeps nap*20 at a time, and a post waits for the end of that sleep.
+// The waker is installed and the queues armed before the doorbell is
+// looked at: work that comes after the look finds them and wakes the
+// port. Step's caller removes both after the sleep.
+func (l *Loop) deepSleep(t clock.Time, nap time.Duration, bell <-chan struct{}) time.Duration {
+	wait := nap * 20
+	if l.wake != nil {
+		wait = maxDeepSleep
+		if dl := l.dev.NextDeadline(); dl != clock.Never {
+			wait = min(wait, dl.Sub(t))
+		}
+		l.dev.SetWaker(l.wake)
+	}
+	if !l.dev.ArmQueues() {
+		wait = 0
+	}
+	select {
+	case <-bell:
+		wait = 0
+	default:
+	}
+	if wait <= 0 {
+		l.dev.SetWaker(nil)
+		l.dev.DisarmQueues()
+		return 0
+	}
+	return wait
+}
+
+// maxDeepSleep bounds a sleep in a port that can be woken: nothing should
+// need it, it only limits what a lost wake-up could cost.
+const maxDeepSleep = time.Second
 
 // spinPolicy is Run's adaptive spin window (Options.SpinMax): how long to
 // keep polling the port after work before napping. Spinning pays when the
