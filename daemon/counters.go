@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -81,6 +82,15 @@ func (c *CountingPort) Recv(frames [][]byte, timeout time.Duration) (int, error)
 	return n, err
 }
 
+// Wake implements port.Waker: the wrapped port is woken (every port the
+// daemon opens can be).
+func (c *CountingPort) Wake() error {
+	if w, ok := c.Port.(port.Waker); ok {
+		return w.Wake()
+	}
+	return errors.ErrUnsupported
+}
+
 // Send implements port.Port.
 func (c *CountingPort) Send(frames [][]byte) (int, error) {
 	n, err := c.Port.Send(frames)
@@ -115,8 +125,8 @@ func (c *CountingPort) refresh() {
 }
 
 // FreshWait bounds how long XDPStats waits for the loop to publish fresh
-// statistics: an idle loop sleeps in the port for about a millisecond at a
-// time, a stopped one never answers.
+// statistics: an idle loop asleep in the port is woken for them, a stopped
+// one never answers.
 const FreshWait = 50 * time.Millisecond
 
 // Bytes returns the bytes received and sent so far (any goroutine).
@@ -131,6 +141,7 @@ func (c *CountingPort) XDPStats() (afxdp.Stats, bool) {
 	}
 	g := c.gen.Load()
 	c.want.Store(true)
+	c.Wake()
 	for waited := time.Duration(0); c.gen.Load() == g && waited < FreshWait; waited += time.Millisecond {
 		time.Sleep(time.Millisecond)
 	}

@@ -13,10 +13,12 @@
 //     transmitting on the queue of its UDP source port. One goroutine per
 //     device, not per queue: the device's step functions never run
 //     concurrently.
-//   - Server (server.go, session.go): the control socket and the ring pump,
-//     serving one rnic.Device. A session holds the device's own objects
-//     (*rnic.PD, *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.AH), asserted once
-//     when created, so the pump's data path makes no interface calls.
+//   - Server (server.go, session.go): the control socket, serving one
+//     rnic.Device. A session holds the device's own objects (*rnic.PD,
+//     *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.AH), asserted once when
+//     created, so the data path makes no interface calls.
+//   - The data path (rings.go): the clients' rings as the device's work
+//     queues and CQ stores.
 //   - rdma_cm (cm.go): the device's CM agent (rdmacm.CM) drives the QPs
 //     clients create, as librdmacm drives an application's: CM_ACCEPT and
 //     CM_CONNECT name the client's RC QP, a SIDR answer its UD QP.
@@ -63,15 +65,26 @@
 // (checked before mapping, so a client cannot fault the daemon by
 // truncating it) and mapped by the daemon: remote READ and WRITE land in the
 // client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
-// the daemon creates and seals. The pump (one goroutine) takes WRs from
-// every SQ and RQ, checks them (a malformed entry completes in error and
-// errors the QP), posts them to the device, and moves the device's
-// completions into the clients' CQ rings, only as many as fit. A UD WR
-// names one of the session's address handles (CREATE_AH resolved the next
-// hop on the control path), never a raw destination. It spins
-// while there is work and then sleeps on an eventfd that clients ring only
-// when it sleeps; a client sleeping on its CQ is rung the same way. Posting
-// and polling are therefore memory operations in the common case.
+// the daemon creates and seals, and they are the device's own queues, as
+// a hardware RNIC's are in host memory: the engine goroutine that drives
+// the device fetches from every SQ and RQ at each step (a post is a memory
+// write the engine finds while it runs; rnic.Queues), checks each WR (a
+// malformed one completes in error and errors the QP) and posts it to the
+// device; the device writes each completion into the client's CQ ring
+// where it produces it (rnic.CQSink), and the CQ overruns when the client
+// lets its ring fill. A UD WR names one of the session's address handles
+// (CREATE_AH resolved the next hop on the control path), never a raw
+// destination.
+//
+// Who waits how: the engine spins while traffic flows (its adaptive
+// window), then arms every ring's wakeup flag and sleeps in its port until
+// a frame, a timer or a wake-up; a post that finds its ring armed writes
+// the client's eventfd, which the waker goroutine turns into Device.Wake.
+// A client polls its CQ rings; one with nothing else to do sleeps in
+// client.Client.Poll, which arms its CQ rings, and the device writes the
+// CQ's eventfd with the next completion. Posting and polling are therefore
+// memory operations while both sides run, and a side pays a syscall only
+// to wake the other.
 //
 // # Lifetimes
 //
@@ -81,7 +94,9 @@
 // MR's mapping is replaced in place by anonymous memory at once and
 // unmapped only when the session has no QP left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
-// pages nor fault the daemon. Server.Close (SIGTERM) stops the pump, moves
-// every QP to error, drains rings and CQs so clients poll flush
-// completions, then closes every session.
+// pages nor fault the daemon. A destroyed CQ lets go of its ring before
+// the ring is unmapped (rnic.CQ.Destroy). Server.Close (SIGTERM) moves
+// every QP to error, lets the engine drain the rings so that clients poll
+// flush completions, detaches the rings from the device, then closes
+// every session.
 package daemon

@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,12 +17,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/internal/shmring"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 // Options tune a Server.
@@ -38,10 +35,6 @@ type Options struct {
 	MaxMRBytes int64
 	// MaxObjects bounds the PDs+MRs+CQs+QPs of one client (default 4096).
 	MaxObjects int
-	// SpinFor is how long the ring pump keeps polling after its last work
-	// before it sleeps on its doorbell (default 50 µs, as the engine):
-	// longer lowers latency under light load and costs CPU.
-	SpinFor time.Duration
 	// Tap, if set, is the engine's capture tap, which root clients may
 	// start captures on (OpCapture).
 	Tap *capture.Tap
@@ -74,10 +67,9 @@ type ClientInfo struct {
 }
 
 // Server is the daemon's control server: it accepts client connections on
-// a Unix socket, checks who they are, serves control operations against
-// its device, and runs the ring pump that moves work requests from clients' SQ
-// and RQ rings to the device and completions from the device to clients' CQ
-// rings.
+// a Unix socket, checks who they are and serves control operations
+// against its device, whose engine fetches work from the clients' SQ and
+// RQ rings and writes completions into their CQ rings (rings.go).
 type Server struct {
 	dev   *rnic.Device
 	info  proto.DeviceInfo
@@ -89,38 +81,47 @@ type Server struct {
 	ln   *net.UnixListener
 	path string
 
-	// The pump sleeps in epoll_wait on its own doorbell (device
-	// completions, shutdown) and on one doorbell per client (posts), all
-	// edge-triggered so that nothing needs draining. A client owns only its
-	// doorbell: it cannot steal or flood the others' wakeups.
-	epfd   int
-	db     *shmring.Doorbell
-	events [64]unix.EpollEvent
+	// The clients' doorbells (one eventfd per client, rung by a post that
+	// finds its ring armed: the engine sleeps) are in one epoll set,
+	// edge-triggered so that nothing needs draining, which the waker
+	// goroutine waits on and turns into Device.Wake. A client owns only
+	// its doorbell: it cannot steal or flood the others' wake-ups. db
+	// stops the waker.
+	epfd     int
+	db       *shmring.Doorbell
+	events   [64]unix.EpollEvent
+	wakerEnd chan struct{}
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	nextID   uint64
 	closing  bool
 
-	// ringsMu guards the pump's lists; the pump holds it for reading during
-	// one pass, control operations for writing while they add or remove a
-	// queue (so that a ring is never unmapped under the pump).
-	ringsMu  sync.RWMutex
-	qpList   []*qpObj
-	cqList   []*cqObj
-	sleeping atomic.Bool
-	stop     atomic.Bool
-	pumpDone chan struct{}
-	wg       sync.WaitGroup
+	// ringsMu guards the engine's view of the rings: the engine holds it
+	// for reading during a Fetch, Arm or Disarm; control operations hold
+	// it for writing while they add or remove a QP, so that a ring is
+	// never unmapped under the engine. detached: the server has let go of
+	// the device (Close).
+	ringsMu     sync.RWMutex
+	qpList      []*qpObj
+	detached    bool
+	rings       queues
+	idleFetches atomic.Uint64 // Fetch calls that found nothing (Close's drain)
+	wg          sync.WaitGroup
 
 	// Counters, read with atomic loads.
 	BadWQEs      atomic.Uint64 // malformed entries found in client rings
 	RejectedConn atomic.Uint64 // connections refused by the credential check
+	// Wakes counts the engine wake-ups clients rang: posts that found the
+	// engine asleep.
+	Wakes atomic.Uint64
+	// CQDoorbells counts the completions that rang a client's CQ
+	// doorbell: completions for a client asleep on its CQs.
+	CQDoorbells atomic.Uint64
 }
 
-// NewServer makes a server for dev and starts its ring pump. The server
-// drives dev from its pump (Poll) while it spins; an engine goroutine runs
-// it otherwise.
+// NewServer makes a server for dev, whose engine must be running, and
+// attaches the clients' rings to dev (rnic.Device.SetQueues) until Close.
 func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
@@ -134,9 +135,6 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 	if opt.MaxObjects == 0 {
 		opt.MaxObjects = 4096
 	}
-	if opt.SpinFor == 0 {
-		opt.SpinFor = 50 * time.Microsecond
-	}
 	db, err := shmring.NewDoorbell()
 	if err != nil {
 		return nil, err
@@ -147,7 +145,8 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	s := &Server{dev: dev, info: deviceInfo(dev), cm: opt.CM, opt: opt, log: opt.Logger, db: db, epfd: epfd,
-		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
+		sessions: map[*session]struct{}{}, wakerEnd: make(chan struct{})}
+	s.rings.s = s
 	if err := s.watch(db); err != nil {
 		db.Close()
 		unix.Close(epfd)
@@ -161,7 +160,8 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 			s.cm, s.ownCM = a, a
 		}
 	}
-	go s.pump()
+	dev.SetQueues(&s.rings)
+	go s.waker()
 	return s, nil
 }
 
@@ -180,7 +180,7 @@ func deviceInfo(dev *rnic.Device) proto.DeviceInfo {
 	return in
 }
 
-// watch adds a doorbell to the pump's epoll set (edge-triggered).
+// watch adds a doorbell to the waker's epoll set (edge-triggered).
 func (s *Server) watch(db *shmring.Doorbell) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(db.FD())}
 	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, db.FD(), &ev); err != nil {
@@ -189,20 +189,36 @@ func (s *Server) watch(db *shmring.Doorbell) error {
 	return nil
 }
 
-// unwatch removes a doorbell from the pump's epoll set.
+// unwatch removes a doorbell from the waker's epoll set.
 func (s *Server) unwatch(db *shmring.Doorbell) {
 	unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, db.FD(), nil)
 }
 
-// sleep blocks until some doorbell rings or timeout passes. Edge-triggered
-// eventfds need no draining: every write is a new edge.
-func (s *Server) sleep(timeout time.Duration) {
+// waker turns clients' doorbells into engine wake-ups. It blocks in
+// epoll_wait, and a client rings only when it finds its ring armed, which
+// only an engine going to sleep does: while traffic flows it never runs.
+func (s *Server) waker() {
+	defer close(s.wakerEnd)
 	for {
-		_, err := unix.EpollWait(s.epfd, s.events[:], int(timeout/time.Millisecond))
-		if err != unix.EINTR {
+		n, err := unix.EpollWait(s.epfd, s.events[:], -1)
+		if s.isClosing() {
 			return
 		}
+		if err != nil && err != unix.EINTR {
+			s.log.Error("waiting on client doorbells", "err", err)
+			return
+		}
+		if n > 0 {
+			s.Wakes.Add(1)
+			s.dev.Wake()
+		}
 	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 // Listen creates the control socket at path, with the configured mode and
@@ -301,10 +317,11 @@ func (s *Server) Clients() []ClientInfo {
 }
 
 // Close shuts the server down the way SIGTERM asks: stop accepting clients,
-// move every QP to the error state, then pass over every ring until nothing
-// moves (bounded by drain), so that work still in the clients' rings and
-// work outstanding in the device all completes with flush errors the
-// clients can poll; then close every connection and release everything.
+// move every QP to the error state, then let the engine fetch from the
+// rings until nothing moves (bounded by drain), so that work still in the
+// clients' rings and work outstanding in the device all completes with
+// flush errors the clients can poll; then detach from the device, close
+// every connection and release everything.
 func (s *Server) Close(drain time.Duration) error {
 	s.mu.Lock()
 	if s.closing {
@@ -320,23 +337,23 @@ func (s *Server) Close(drain time.Duration) error {
 	if s.ln != nil {
 		s.ln.Close()
 	}
-	// The pump stops first: from here on this goroutine is the rings' only
-	// consumer and the CQ rings' only producer.
-	s.stop.Store(true)
-	s.db.Ring()
-	<-s.pumpDone
+	s.db.Ring() // the waker stops: from here on Close wakes the engine itself
+	<-s.wakerEnd
 	for _, ss := range sessions {
 		ss.errorAllQPs()
 	}
+	// Two fetches that found nothing after the QPs went to error: every
+	// ring is empty and its WRs flushed (a stopped engine never gets
+	// there; drain bounds the wait).
 	deadline := time.Now().Add(drain)
-	for idle := 0; idle < 2 && time.Now().Before(deadline); {
-		if s.pollOnce() == 0 {
-			idle++
-			time.Sleep(time.Millisecond) // completions of in-flight device work
-		} else {
-			idle = 0
-		}
+	for start := s.idleFetches.Load(); s.idleFetches.Load()-start < 2 && time.Now().Before(deadline); {
+		s.dev.Wake()
+		time.Sleep(time.Millisecond)
 	}
+	s.ringsMu.Lock()
+	s.detached = true
+	s.ringsMu.Unlock()
+	s.dev.SetQueues(nil)
 	for _, ss := range sessions {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
@@ -346,233 +363,6 @@ func (s *Server) Close(drain time.Duration) error {
 	}
 	unix.Close(s.epfd)
 	return s.db.Close()
-}
-
-// wake is the device's completion notification: one atomic load unless the
-// pump sleeps.
-func (s *Server) wake() {
-	if s.sleeping.Load() {
-		s.db.Ring()
-	}
-}
-
-// pump moves work from clients' SQ/RQ rings to the device and completions
-// from the device to clients' CQ rings. It keeps polling for SpinFor after
-// its last work, then arms every ring's wakeup flag and sleeps on the
-// doorbell, so an idle daemon costs no CPU and a busy one no syscalls.
-func (s *Server) pump() {
-	defer close(s.pumpDone)
-	last := time.Now()
-	for !s.stop.Load() {
-		if s.pollOnce() > 0 {
-			last = time.Now()
-			continue
-		}
-		if time.Since(last) < s.opt.SpinFor {
-			// While it spins, the pump is the clients' busy-polling
-			// application: it drives the device's step itself (as
-			// ibv_poll_cq does on rxe or mlx5, and as an in-process tool
-			// does through rnic.Device.Poll), so that a client's post
-			// and the frames that answer it need not wait for the engine
-			// goroutine to wake from a nap (README, "Design
-			// decisions", has the figures).
-			if s.dev.Poll() {
-				last = time.Now()
-				continue
-			}
-			runtime.Gosched()
-			continue
-		}
-		s.sleeping.Store(true)
-		if s.armAll() && s.pollOnce() == 0 {
-			// The timeout bounds how long completions can wait behind a
-			// full CQ ring that its client has since drained (the client
-			// does not ring the daemon when it consumes).
-			s.sleep(50 * time.Millisecond)
-		}
-		s.sleeping.Store(false)
-		s.disarmAll()
-		last = time.Now()
-	}
-}
-
-func (s *Server) armAll() bool {
-	s.ringsMu.RLock()
-	defer s.ringsMu.RUnlock()
-	empty := true
-	for _, q := range s.qpList {
-		if q.broken {
-			continue
-		}
-		if !q.sqc.Arm() || !q.rqc.Arm() {
-			empty = false
-		}
-	}
-	return empty
-}
-
-func (s *Server) disarmAll() {
-	s.ringsMu.RLock()
-	defer s.ringsMu.RUnlock()
-	for _, q := range s.qpList {
-		q.sqc.Disarm()
-		q.rqc.Disarm()
-	}
-}
-
-// pumpBatch bounds the entries taken from one ring per pass, for fairness
-// between QPs and clients.
-const pumpBatch = 64
-
-// pollOnce is one pass over every ring. It first notes how many send WRs
-// each SQ holds, then drains every RQ, then executes the noted send WRs: a
-// receive a client posted before a peer's SEND was posted is therefore
-// always with the device before that SEND executes.
-func (s *Server) pollOnce() int {
-	work := 0
-	s.ringsMu.RLock()
-	for _, q := range s.qpList {
-		if !q.broken {
-			q.sqReady = min(q.sqc.Len(), pumpBatch)
-		}
-	}
-	for _, q := range s.qpList {
-		if !q.broken {
-			work += s.drainRQ(q)
-		}
-	}
-	for _, q := range s.qpList {
-		if !q.broken {
-			work += s.drainSQ(q)
-		}
-	}
-	for _, c := range s.cqList {
-		c.mu.Lock()
-		work += s.moveCQ(c)
-		c.mu.Unlock()
-	}
-	s.ringsMu.RUnlock()
-	return work
-}
-
-func (s *Server) drainRQ(q *qpObj) int {
-	n := 0
-	for ; n < pumpBatch; n++ {
-		slot := q.rqc.Peek()
-		if slot == nil {
-			break
-		}
-		w := &q.rwr[0]
-		if err := proto.GetRecvWR(slot, w); err != nil {
-			s.badWQE(q, q.recv, w.ID, true, err)
-			continue
-		}
-		if _, err := q.qp.PostRecv(q.rwr[:]); errors.Is(err, verbs.ErrQueueFull) {
-			q.rqc.Unpeek()
-			break
-		} else if err != nil {
-			s.failWR(q, q.recv, w.ID, true, err)
-		}
-	}
-	q.rqc.Release()
-	s.checkRings(q)
-	return n
-}
-
-func (s *Server) drainSQ(q *qpObj) int {
-	n := 0
-	for ; n < q.sqReady; n++ {
-		slot := q.sqc.Peek()
-		if slot == nil {
-			break
-		}
-		w := &q.swr[0]
-		ah, err := proto.GetSendWR(slot, w, q.typ == ib.UD)
-		if err != nil {
-			s.badWQE(q, q.send, w.ID, false, err)
-			continue
-		}
-		if q.typ == ib.UD {
-			// An unknown handle leaves w.AH nil: the device completes the
-			// WR in error, as for a destroyed AH.
-			if a := q.owner.lookupAH(ah); a != nil {
-				w.AH = a
-			}
-		}
-		if _, err := q.qp.PostSend(q.swr[:]); errors.Is(err, verbs.ErrQueueFull) {
-			q.sqc.Unpeek()
-			break
-		} else if err != nil {
-			s.failWR(q, q.send, w.ID, false, err)
-		}
-	}
-	q.sqc.Release()
-	s.checkRings(q)
-	return n
-}
-
-// checkRings retires a QP whose client scribbled over its ring indexes.
-func (s *Server) checkRings(q *qpObj) {
-	if q.broken || (q.sqc.Err() == nil && q.rqc.Err() == nil) {
-		return
-	}
-	s.BadWQEs.Add(1)
-	q.broken = true
-	attr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&attr, ib.AttrState)
-	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
-}
-
-// badWQE handles an entry that does not decode: like a malformed WQE on a
-// hardware RNIC, it completes in error and the QP goes to the error state.
-func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
-	s.BadWQEs.Add(1)
-	attr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&attr, ib.AttrState)
-	s.failWR(q, cq, id, recv, err)
-}
-
-// failWR writes an error completion for a WR the device did not accept
-// straight into the client's CQ ring (the pump is that ring's only
-// producer, so this keeps it single-producer).
-func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
-	st := ib.LocQPOpErr
-	var se interface{ Status() ib.WCStatus }
-	if errors.As(err, &se) {
-		st = se.Status()
-	}
-	wc := ib.WC{ID: id, Status: st, QPN: q.qp.QPN(), IsRecv: recv}
-	if recv {
-		wc.Opcode = ib.WCRecv
-	}
-	cq.mu.Lock()
-	if slot := cq.prod.Reserve(); slot != nil {
-		proto.PutWC(slot, &wc)
-		cq.prod.Commit()
-	} else {
-		cq.overruns++
-	}
-	cq.mu.Unlock()
-}
-
-// moveCQ copies what fits of the device CQ into the client's CQ ring.
-// Caller holds c.mu.
-func (s *Server) moveCQ(c *cqObj) int {
-	free := c.prod.Free()
-	if free == 0 {
-		return 0
-	}
-	if free > len(c.wcs) {
-		free = len(c.wcs)
-	}
-	n := c.cq.Poll(c.wcs[:free])
-	for i := 0; i < n; i++ {
-		proto.PutWC(c.prod.Reserve(), &c.wcs[i])
-	}
-	if n > 0 {
-		c.prod.Commit()
-	}
-	return n
 }
 
 // allowed decides whether a peer may use the RNIC: root, the daemon's own

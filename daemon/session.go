@@ -39,9 +39,9 @@ type session struct {
 	mrs    map[proto.Handle]*mrObj
 	cqs    map[proto.Handle]*cqObj
 	qps    map[proto.Handle]*qpObj
-	// ahs are written under both mu and ahMu, and read by the pump under
-	// ahMu alone: a control operation holding mu (an mmap, a device call)
-	// never stalls the pump.
+	// ahs are written under both mu and ahMu, and read by the engine
+	// under ahMu alone: a control operation holding mu (an mmap, a device
+	// call) never stalls the engine.
 	ahMu    sync.Mutex
 	ahs     map[proto.Handle]*ahObj
 	mrBytes int64
@@ -52,7 +52,7 @@ type session struct {
 	graveBytes int64 // counted against MaxMRBytes until unmapped
 	liveQPs    int   // QPs created and not yet destroyed in the device
 	capture    *capture.Session
-	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
+	db         *shmring.Doorbell // this client's doorbell to the engine (rung by posts it sleeps through)
 
 	// rdma_cm (cm.go): listeners and requests not yet answered; ctx ends
 	// the CM exchanges in flight (cmWG) when the connection closes.
@@ -65,7 +65,7 @@ type session struct {
 }
 
 // The session's objects hold the device's own types (asserted once, when
-// created), so that the pump's data path makes no interface calls.
+// created), so that the data path makes no interface calls.
 type pdObj struct {
 	pd   *rnic.PD
 	refs int // MRs, QPs and AHs in it
@@ -85,16 +85,10 @@ type mrObj struct {
 
 type cqObj struct {
 	cq   *rnic.CQ
-	stop chan struct{} // ends the goroutine that wakes the pump
-	done chan struct{}
 	ring *shmring.Ring
 	db   *shmring.Doorbell // the client's: rung when it sleeps on the CQ
-	refs int               // QPs using it
-
-	mu       sync.Mutex // serialises the ring's producer (pump, failWR, Close)
-	prod     *shmring.Producer
-	wcs      []ib.WC
-	overruns uint64
+	sink cqSink
+	refs int // QPs using it
 }
 
 type qpObj struct {
@@ -104,11 +98,16 @@ type qpObj struct {
 	pd         *pdObj
 	send, recv *cqObj
 	sq, rq     *shmring.Ring
-	sqc, rqc   *shmring.Consumer
-	swr        [1]verbs.SendWR // decode buffers, reused: no allocation per WR
-	rwr        [1]verbs.RecvWR
-	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady    int  // send WRs noted at the start of this pump pass
+	// The rest is the engine's (rings.go): the rings' consumer sides, WR
+	// decode buffers (reused: no allocation per WR), a ring corrupted by
+	// the client, the send WRs noted at the start of a Fetch, and rings
+	// whose WRs the device had no room for.
+	sqc, rqc             *shmring.Consumer
+	swr                  [fetchBatch]verbs.SendWR
+	rwr                  [fetchBatch]verbs.RecvWR
+	broken               bool
+	sqReady              int
+	sqBlocked, rqBlocked bool
 	// conn is the rdma_cm connection driving the QP, or nil; cmBusy is set
 	// while a CM exchange drives it (the QP cannot be destroyed or given to
 	// another exchange meanwhile). Both are guarded by the session's mu.
@@ -376,7 +375,7 @@ func (ss *session) deallocPD(body []byte) (any, []int, error) {
 
 // createAH makes an address handle in one of the session's PDs; the
 // device resolves the next hop (which may block on ARP: a control
-// operation, never the pump).
+// operation, never the engine).
 func (ss *session) createAH(body []byte) (any, []int, error) {
 	var req proto.CreateAHReq
 	if err := proto.DecodeBody(body, &req); err != nil {
@@ -430,7 +429,7 @@ func (ss *session) destroyAH(body []byte) (any, []int, error) {
 	return nil, nil, a.ah.Destroy()
 }
 
-// lookupAH is the pump's view of the session's AHs: a UD WR names one
+// lookupAH is the engine's view of the session's AHs: a UD WR names one
 // by handle, and only the session's own resolve.
 func (ss *session) lookupAH(h proto.Handle) *rnic.AH {
 	ss.ahMu.Lock()
@@ -581,15 +580,14 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		ring.Close()
 		return nil, nil, err
 	}
-	vcq, err := ss.s.dev.CreateCQ(int(req.Depth))
+	c := &cqObj{ring: ring, db: db, sink: cqSink{prod: ring.Producer(db), rang: &ss.s.CQDoorbells}}
+	cq, err := ss.s.dev.CreateCQSink(int(req.Depth), &c.sink)
 	if err != nil {
 		ring.Close()
 		db.Close()
 		return nil, nil, err
 	}
-	cq := vcq.(*rnic.CQ)
-	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64)}
-	c.watch(ss.s.wake)
+	c.cq = cq
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {
@@ -602,35 +600,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		db.Close()
 		return nil, nil, err
 	}
-	ss.s.ringsMu.Lock()
-	ss.s.cqList = append(ss.s.cqList, c)
-	ss.s.ringsMu.Unlock()
 	return &proto.CreateCQResp{CQ: h, Slots: slots}, []int{ring.FD(), db.FD()}, nil
-}
-
-// watch starts the goroutine that turns the device CQ's notifications
-// into wake calls (cheap, non-blocking), so that a sleeping pump moves the
-// completions to the client's ring. It blocks on the CQ's channel: an idle
-// CQ costs nothing.
-func (c *cqObj) watch(wake func()) {
-	c.stop, c.done = make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(c.done)
-		for {
-			select {
-			case <-c.cq.Notify():
-				wake()
-			case <-c.stop:
-				return
-			}
-		}
-	}()
-}
-
-// unwatch ends the watch goroutine: no wake for this CQ after it returns.
-func (c *cqObj) unwatch() {
-	close(c.stop)
-	<-c.done
 }
 
 func (ss *session) destroyCQ(body []byte) (any, []int, error) {
@@ -652,17 +622,9 @@ func (ss *session) destroyCQ(body []byte) (any, []int, error) {
 	return nil, nil, ss.releaseCQ(c)
 }
 
+// releaseCQ destroys the device CQ, which detaches the ring from it, and
+// only then unmaps the ring.
 func (ss *session) releaseCQ(c *cqObj) error {
-	s := ss.s
-	s.ringsMu.Lock()
-	for i, x := range s.cqList {
-		if x == c {
-			s.cqList = append(s.cqList[:i], s.cqList[i+1:]...)
-			break
-		}
-	}
-	s.ringsMu.Unlock()
-	c.unwatch()
 	err := c.cq.Destroy()
 	c.ring.Close()
 	c.db.Close()
@@ -717,8 +679,11 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	qp := vqp.(*rnic.QP)
 	q := &qpObj{owner: ss, qp: qp, typ: req.Type, pd: p, send: scq, recv: rcq, sq: sq, rq: rq,
 		sqc: sq.Consumer(), rqc: rq.Consumer()}
-	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
-	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
+	sg := make([]ib.SGE, fetchBatch*int(c.MaxSendSGE+c.MaxRecvSGE))
+	for i := range fetchBatch {
+		q.swr[i].SG, sg = sg[:0:c.MaxSendSGE], sg[c.MaxSendSGE:]
+		q.rwr[i].SG, sg = sg[:0:c.MaxRecvSGE], sg[c.MaxRecvSGE:]
+	}
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {

@@ -1,0 +1,287 @@
+package daemon
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/shmring"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// The data path. A client's SQ and RQ rings are its device QP's work
+// queues: the device's engine fetches from them at every step (queues, an
+// rnic.Queues), so a post is a memory write the engine finds while it
+// runs. A client's CQ ring is its device CQ's store (cqSink, an
+// rnic.CQSink): the device writes each completion into it where it
+// produces it, and the client polls it. Only an engine going to sleep
+// arms the rings' wakeup flags, and only a client going to sleep arms its
+// CQ ring's: a syscall is paid only by a side that finds the other asleep.
+
+// fetchBatch bounds the WRs taken from one ring per step, for fairness
+// between QPs and clients (the device's Transmit is round-robin too).
+const fetchBatch = 64
+
+// queues is the Server's rnic.Queues. Its methods run in the engine's
+// goroutine, which owns its state and the rings' consumer sides.
+type queues struct {
+	s  *Server
+	rr int // the QP visited first, one further each step
+}
+
+// Fetch takes what the clients posted into the device: for each QP in
+// turn, up to fetchBatch WRs of its RQ and of its SQ. It first notes how
+// many send WRs each SQ holds, then drains the RQs, then posts the noted
+// send WRs: a receive a client posted before a peer's SEND was posted is
+// thus always with the device before that SEND executes.
+func (r *queues) Fetch(clock.Time) bool {
+	s := r.s
+	s.ringsMu.RLock()
+	defer s.ringsMu.RUnlock()
+	if s.detached {
+		return false
+	}
+	qs := s.qpList
+	if len(qs) == 0 {
+		return false
+	}
+	start := r.rr % len(qs)
+	r.rr++
+	for i := range qs {
+		if q := qs[(start+i)%len(qs)]; !q.broken {
+			q.sqReady = min(q.sqc.Len(), fetchBatch)
+		}
+	}
+	work := 0
+	for i := range qs {
+		if q := qs[(start+i)%len(qs)]; !q.broken {
+			work += s.fetchRecv(q)
+		}
+	}
+	for i := range qs {
+		if q := qs[(start+i)%len(qs)]; !q.broken && q.sqReady > 0 {
+			work += s.fetchSend(q)
+		}
+	}
+	if work == 0 {
+		s.idleFetches.Add(1)
+	}
+	return work > 0
+}
+
+// Arm sets every ring's wakeup flag, so that a client's next post rings
+// its doorbell, and reports whether all of them are still empty. A ring
+// whose WRs the device has no room for does not count: the engine wakes
+// for the frames that make room.
+func (r *queues) Arm() bool {
+	s := r.s
+	s.ringsMu.RLock()
+	defer s.ringsMu.RUnlock()
+	idle := true
+	for _, q := range s.qpList {
+		if q.broken {
+			continue
+		}
+		if !q.sqc.Arm() && !q.sqBlocked {
+			idle = false
+		}
+		if !q.rqc.Arm() && !q.rqBlocked {
+			idle = false
+		}
+	}
+	return idle || s.detached
+}
+
+// Disarm clears the flags: while the engine runs, posts cost nothing.
+func (r *queues) Disarm() {
+	s := r.s
+	s.ringsMu.RLock()
+	defer s.ringsMu.RUnlock()
+	for _, q := range s.qpList {
+		q.sqc.Disarm()
+		q.rqc.Disarm()
+	}
+}
+
+// fetchRecv posts up to fetchBatch receive WRs of q's RQ ring to its
+// device QP and returns how many it took.
+func (s *Server) fetchRecv(q *qpObj) int {
+	k := 0
+	var bad error
+	for k < fetchBatch {
+		slot := q.rqc.Peek()
+		if slot == nil {
+			break
+		}
+		if bad = decodeRecv(slot, &q.rwr[k]); bad != nil {
+			break
+		}
+		k++
+	}
+	left := s.postRecvs(q, q.rwr[:k])
+	took := k - left
+	q.rqBlocked = left > 0
+	switch {
+	case left > 0:
+		if bad != nil {
+			left++ // the malformed one waits its turn too
+		}
+		q.rqc.Rewind(left)
+	case bad != nil:
+		s.badWQE(q, q.rwr[k].ID, true, bad)
+		took++
+	}
+	q.rqc.Release()
+	s.checkRings(q)
+	return took
+}
+
+// postRecvs posts ws, completing in error each WR the device refuses, and
+// returns how many it left unposted because the device's RQ was full.
+func (s *Server) postRecvs(q *qpObj, ws []verbs.RecvWR) int {
+	for len(ws) > 0 {
+		n, err := q.qp.PostRecv(ws)
+		ws = ws[n:]
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, verbs.ErrQueueFull):
+			return len(ws)
+		}
+		s.failWR(q, ws[0].ID, true, err)
+		ws = ws[1:]
+	}
+	return 0
+}
+
+// fetchSend posts the send WRs of q's SQ ring that Fetch noted to its
+// device QP and returns how many it took.
+func (s *Server) fetchSend(q *qpObj) int {
+	k := 0
+	var bad error
+	for k < q.sqReady {
+		slot := q.sqc.Peek()
+		if slot == nil {
+			break
+		}
+		if bad = s.decodeSend(q, slot, &q.swr[k]); bad != nil {
+			break
+		}
+		k++
+	}
+	left := s.postSends(q, q.swr[:k])
+	took := k - left
+	q.sqBlocked = left > 0
+	switch {
+	case left > 0:
+		if bad != nil {
+			left++
+		}
+		q.sqc.Rewind(left)
+	case bad != nil:
+		s.badWQE(q, q.swr[k].ID, false, bad)
+		took++
+	}
+	q.sqc.Release()
+	s.checkRings(q)
+	return took
+}
+
+// postSends is postRecvs for send WRs.
+func (s *Server) postSends(q *qpObj, ws []verbs.SendWR) int {
+	for len(ws) > 0 {
+		n, err := q.qp.PostSend(ws)
+		ws = ws[n:]
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, verbs.ErrQueueFull):
+			return len(ws)
+		}
+		s.failWR(q, ws[0].ID, false, err)
+		ws = ws[1:]
+	}
+	return 0
+}
+
+// decodeSend turns an SQ ring slot into w: the one place where a client's
+// bytes become a send WR, checked before the device sees it. A UD WR
+// names one of the session's address handles, never a raw destination;
+// an unknown handle leaves w.AH nil, and the device completes the WR in
+// error as for a destroyed AH.
+func (s *Server) decodeSend(q *qpObj, slot []byte, w *verbs.SendWR) error {
+	ah, err := proto.GetSendWR(slot, w, q.typ == ib.UD)
+	if err != nil {
+		return err
+	}
+	if q.typ == ib.UD {
+		if a := q.owner.lookupAH(ah); a != nil {
+			w.AH = a
+		}
+	}
+	return nil
+}
+
+// decodeRecv is decodeSend for an RQ ring slot.
+func decodeRecv(slot []byte, w *verbs.RecvWR) error {
+	return proto.GetRecvWR(slot, w)
+}
+
+// checkRings retires a QP whose client scribbled over its ring indexes.
+func (s *Server) checkRings(q *qpObj) {
+	if q.broken || (q.sqc.Err() == nil && q.rqc.Err() == nil) {
+		return
+	}
+	s.BadWQEs.Add(1)
+	q.broken = true
+	attr := ib.QPAttr{State: ib.Err}
+	q.qp.Modify(&attr, ib.AttrState)
+	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
+}
+
+// badWQE handles an entry that does not decode: like a malformed WQE on a
+// hardware RNIC, it completes in error and the QP goes to the error state.
+func (s *Server) badWQE(q *qpObj, id uint64, recv bool, err error) {
+	s.BadWQEs.Add(1)
+	s.failWR(q, id, recv, err)
+}
+
+// failWR completes in error a WR that did not reach the device (malformed,
+// or refused by it) and moves the QP to the error state (rnic.QP.Reject).
+func (s *Server) failWR(q *qpObj, id uint64, recv bool, err error) {
+	st := ib.LocQPOpErr
+	var se interface{ Status() ib.WCStatus }
+	if errors.As(err, &se) {
+		st = se.Status()
+	}
+	q.qp.Reject(id, recv, st)
+}
+
+// cqSink is a client CQ ring as its device CQ's store. The device calls
+// it under the CQ's lock, from the engine or from a control goroutine
+// flushing a QP: the ring keeps one producer at a time.
+type cqSink struct {
+	prod *shmring.Producer
+	rang *atomic.Uint64 // the Server's CQDoorbells
+}
+
+// Put implements rnic.CQSink: false when the client's ring is full (or
+// its consumer index impossible), which overruns the CQ.
+func (k *cqSink) Put(wc *ib.WC) bool {
+	slot := k.prod.Reserve()
+	if slot == nil {
+		return false
+	}
+	proto.PutWC(slot, wc)
+	return true
+}
+
+// Publish implements rnic.CQSink: it publishes the batch and rings the
+// client's CQ doorbell if it sleeps.
+func (k *cqSink) Publish() {
+	if rang, _ := k.prod.Commit(); rang {
+		k.rang.Add(1)
+	}
+}
