@@ -278,30 +278,6 @@ func (s *Server) Serve() error {
 	}
 }
 
-// Lock takes the per-interface lock file dir/IFACE.lock, so that a second
-// daemon on the same interface is refused with a message naming the first.
-// The lock is released when the returned file is closed or the process dies.
-func Lock(dir, iface string) (*os.File, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	name := filepath.Join(dir, iface+".lock")
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		b := make([]byte, 32)
-		n, _ := f.ReadAt(b, 0)
-		f.Close()
-		pid := strings.TrimSpace(string(b[:n]))
-		return nil, fmt.Errorf("a softrnic daemon (pid %s) already runs on %s (lock %s)", pid, iface, name)
-	}
-	f.Truncate(0)
-	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	return f, nil
-}
-
 // Clients lists the connected clients.
 func (s *Server) Clients() []ClientInfo {
 	s.mu.Lock()

@@ -51,6 +51,9 @@ type Config struct {
 	NoCM bool
 	// Log, if set, reports what Open chose (an AF_XDP fallback).
 	Log *slog.Logger
+	// Owner is who opens the host: Open claims the interface for it, and
+	// refuses if another host holds it (owner.go).
+	Owner Owner
 }
 
 // Host is an RNIC on an interface of this machine, running: the rnic
@@ -72,6 +75,7 @@ type Host struct {
 	CM *rdmacm.Agent
 
 	res     *route.Resolver
+	claim   *claim
 	stop    context.CancelFunc
 	done    chan struct{}
 	runErr  error
@@ -96,6 +100,9 @@ func Open(cfg Config) (_ *Host, err error) {
 		in.GIDs = append([]netip.Addr(nil), cfg.GIDs...)
 	}
 	h := &Host{Iface: in, done: make(chan struct{})}
+	if h.claim, err = claimInterface(in.Name, cfg.Owner); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			h.release()
@@ -206,6 +213,7 @@ func (h *Host) release() error {
 	if h.res != nil {
 		h.res.Close()
 	}
+	h.claim.release() // last: the interface is free for the next owner
 	return err
 }
 

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -62,12 +61,6 @@ func runDaemon(args []string) int {
 // completions), then the host (the CM agent, the engine, the port, which
 // detaches XDP and frees the UMEM).
 func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
-	lock, err := daemon.Lock(filepath.Dir(cfg.Control), cfg.Interface)
-	if err != nil {
-		return err
-	}
-	defer lock.Close()
-
 	cc, err := daemonCongestion(cfg)
 	if err != nil {
 		return err
@@ -76,7 +69,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	var cp *daemon.CountingPort
 	h, err := host.Open(host.Config{Interface: cfg.Interface, GIDs: cfg.GIDs, MTU: cfg.MTU, Port: host.PortKind(cfg.Port),
 		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc,
-		Engine: engine.Options{Tap: &tap}, Log: log,
+		Engine: engine.Options{Tap: &tap}, Log: log, Owner: host.Owner{Name: "softrnic daemon", Control: cfg.Control},
 		// The engine gets the counting wrapper: byte counts, and AF_XDP
 		// statistics read on the loop's own goroutine (softrnic stats,
 		// /metrics).
