@@ -21,6 +21,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/testlink"
 	"github.com/softrnic/softrnic/rnic"
@@ -49,7 +50,13 @@ func startDaemon(t testing.TB, opt daemon.Options) *testDaemon {
 
 func startDaemonIn(t testing.TB, dir string, opt daemon.Options) *testDaemon {
 	t.Helper()
-	td := &testDaemon{dev: testlink.Loopback(t, 1024), path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
+	return startDaemonOn(t, testlink.Loopback(t, 1024), dir, opt)
+}
+
+// startDaemonOn serves dev, a device whose engine runs.
+func startDaemonOn(t testing.TB, dev *rnic.Device, dir string, opt daemon.Options) *testDaemon {
+	t.Helper()
+	td := &testDaemon{dev: dev, path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -872,5 +879,83 @@ func TestAddressHandlesAreIsolated(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the daemon did not release the client")
+	}
+}
+
+// While traffic flows, posting and polling through the daemon are memory
+// operations on both sides: over a SEND ping-pong whose ends busy-poll
+// their CQs, the daemon's engine keeps fetching (its spin window is made
+// long here, so that a loaded host descheduling the test for a while does
+// not let it nap), no post rings it and no completion rings a client. A
+// client that sleeps in Poll instead is rung for its completions, which
+// shows the counters count.
+func TestSteadyStateMakesNoSyscalls(t *testing.T) {
+	dev := testlink.LoopbackWith(t, 1024, engine.Options{SpinFor: time.Minute, SpinMax: -1})
+	td := startDaemonOn(t, dev, t.TempDir(), daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, 0)
+	recv := func(e *endpoint) {
+		if _, err := e.qp.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{e.mr.SGE(4096, 64)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(e *endpoint) {
+		if _, err := e.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{e.mr.SGE(0, 64)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// wait returns once e's CQ held a receive completion, sleeping in
+	// Poll between polls or spinning.
+	wait := func(e *endpoint, sleep bool) {
+		var wcs [4]ib.WC
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n := e.cq.Poll(wcs[:])
+			for _, w := range wcs[:n] {
+				if w.Status != ib.Success {
+					t.Fatalf("completion %+v", w)
+				}
+				if w.IsRecv {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no receive completion")
+			}
+			if n == 0 && sleep {
+				e.c.Poll()
+			} else if n == 0 {
+				runtime.Gosched()
+			}
+		}
+	}
+	pingpong := func(n int, sleep bool) {
+		for range n {
+			recv(a)
+			recv(b)
+			send(a)
+			wait(b, false)
+			send(b)
+			wait(a, sleep)
+		}
+	}
+	counts := func() (posts, wakes, cqs, sleeps uint64) {
+		return a.c.Doorbells.Load() + b.c.Doorbells.Load(), td.srv.Wakes.Load(), td.srv.CQDoorbells.Load(), a.c.Sleeps.Load()
+	}
+	pingpong(100, false) // warm up: the engine's spin window adapts
+	const n = 2000
+	p0, w0, c0, s0 := counts()
+	pingpong(n, false)
+	p1, w1, c1, s1 := counts()
+	t.Logf("%d round trips, both ends spinning: %d posts rang the engine (%d wake-ups), %d completions rang a client, %d polls slept",
+		n, p1-p0, w1-w0, c1-c0, s1-s0)
+	if p1-p0 != 0 || c1-c0 != 0 || s1-s0 != 0 {
+		t.Errorf("%d round trips (%d posts): %d doorbells to the engine, %d to the clients, %d sleeps", n, 4*n, p1-p0, c1-c0, s1-s0)
+	}
+	pingpong(n/10, true)
+	_, _, c2, s2 := counts()
+	t.Logf("%d round trips, one end asleep in Poll: %d completions rang it, %d polls slept", n/10, c2-c1, s2-s1)
+	if c2-c1 == 0 || s2-s1 == 0 {
+		t.Errorf("a client asleep in Poll was never rung (%d) or never slept (%d)", c2-c1, s2-s1)
 	}
 }
