@@ -310,6 +310,12 @@ func Run(ctx context.Context, dev *rnic.Device, p port.Port, opt Options) error 
 // While an application polls the device (rnic.Device.Poll within the
 // last PolledWait) the naps last PolledWait and the loop never sleeps in
 // the port, where it would hold the step lock and shut the poller out.
+// With outside queues attached (rnic.Queues: the daemon's client rings,
+// which no application polls through the device) and a port that can be
+// woken, the loop sleeps in the port as soon as its spin window ends: a
+// frame wakes it there at once, where a nap ends up to a Go timer's
+// millisecond later.
+//
 // Run holds the step lock except while it naps; before it returns, it
 // removes its poller and waits for a running TryStep to finish.
 func (l *Loop) Run(ctx context.Context) error {
@@ -323,7 +329,11 @@ func (l *Loop) Run(ctx context.Context) error {
 	l.stepMu.Lock()
 	l.running.Store(true)
 	l.dev.SetPoller(l.tryStep)
+	if l.wake != nil {
+		l.dev.SetWaker(l.wake)
+	}
 	defer func() {
+		l.dev.SetWaker(nil)
 		l.dev.SetPoller(nil)
 		l.running.Store(false)
 		l.stepMu.Unlock()
@@ -349,7 +359,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			if dl := l.dev.NextDeadline(); dl != clock.Never {
 				nap = max(0, min(nap, dl.Sub(t)))
 			}
-			if !polled && t.Sub(lastWork) > l.opt.DeepIdleAfter {
+			if !polled && (t.Sub(lastWork) > l.opt.DeepIdleAfter || l.wake != nil && l.dev.HasQueues()) {
 				wait = l.deepSleep(t, nap, bell)
 			} else if nap > 0 && l.dev.ArmQueues() {
 				l.naps.Add(1)
@@ -375,7 +385,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 		worked, err := l.Step(t, wait)
 		if wait > 0 {
-			l.dev.SetWaker(nil)
+			l.dev.SetAsleep(false)
 			l.dev.DisarmQueues()
 		}
 		if err != nil {
@@ -410,17 +420,20 @@ func (l *Loop) Run(ctx context.Context) error {
 // deadline, at most maxDeepSleep, and posts, Device.Wake and work in the
 // device's Queues wake it: an idle engine costs nothing. Any other port
 // sleeps nap*20 at a time, and a post waits for the end of that sleep.
-// The waker is installed and the queues armed before the doorbell is
-// looked at: work that comes after the look finds them and wakes the
-// port. Step's caller removes both after the sleep.
+// The device learns that the engine sleeps and the queues are armed
+// before the doorbell is looked at: work that comes after the look finds
+// them and wakes the port. Run says it is awake again and disarms them
+// after the sleep.
 func (l *Loop) deepSleep(t clock.Time, nap time.Duration, bell <-chan struct{}) time.Duration {
 	wait := nap * 20
 	if l.wake != nil {
-		wait = maxDeepSleep
-		if dl := l.dev.NextDeadline(); dl != clock.Never {
-			wait = min(wait, dl.Sub(t))
+		if !l.stuck { // a port that takes no frames does not wake the loop when it does
+			wait = maxDeepSleep
+			if dl := l.dev.NextDeadline(); dl != clock.Never {
+				wait = min(wait, dl.Sub(t))
+			}
 		}
-		l.dev.SetWaker(l.wake)
+		l.dev.SetAsleep(true)
 	}
 	if !l.dev.ArmQueues() {
 		wait = 0
@@ -431,7 +444,7 @@ func (l *Loop) deepSleep(t clock.Time, nap time.Duration, bell <-chan struct{}) 
 	default:
 	}
 	if wait <= 0 {
-		l.dev.SetWaker(nil)
+		l.dev.SetAsleep(false)
 		l.dev.DisarmQueues()
 		return 0
 	}

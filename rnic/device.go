@@ -63,6 +63,7 @@ type Device struct {
 	// asleep in its port.
 	queues atomic.Pointer[Queues]
 	waker  atomic.Pointer[func()]
+	asleep atomic.Bool
 
 	// QPs with work for the engine, handed over by application goroutines
 	// (a QP is queued at most once: QP.queued / QP.timed).

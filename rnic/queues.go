@@ -57,7 +57,8 @@ func (d *Device) DisarmQueues() {
 
 // SetWaker installs w as the way to wake the engine while it sleeps
 // where the doorbell channel cannot reach it (in its port); nil removes
-// it. Posts, Wake and completions for attached Queues call it.
+// it. The engine installs it once and says when it sleeps (SetAsleep):
+// posts, Wake and completions for attached Queues then call it.
 func (d *Device) SetWaker(w func()) {
 	if w == nil {
 		d.waker.Store(nil)
@@ -65,6 +66,11 @@ func (d *Device) SetWaker(w func()) {
 	}
 	d.waker.Store(&w)
 }
+
+// SetAsleep says whether the engine sleeps where only the waker reaches
+// it. Set before the engine looks at its doorbell a last time, so that a
+// post after that look finds it set.
+func (d *Device) SetAsleep(asleep bool) { d.asleep.Store(asleep) }
 
 // Wake rings the engine from outside the verbs: attached Queues that got
 // work while armed, or a control operation whose completions they must
@@ -75,7 +81,12 @@ func (d *Device) Wake() {
 	case d.doorbell <- struct{}{}:
 	default:
 	}
-	if w := d.waker.Load(); w != nil {
-		(*w)()
+	if d.asleep.Load() {
+		if w := d.waker.Load(); w != nil {
+			(*w)()
+		}
 	}
 }
+
+// HasQueues reports whether Queues are attached.
+func (d *Device) HasQueues() bool { return d.queues.Load() != nil }
