@@ -502,6 +502,17 @@ func TestGarbageInSQRing(t *testing.T) {
 	if td.srv.BadWQEs.Load() == 0 {
 		t.Fatal("bad WQE not counted")
 	}
+	// As an RNIC does with a malformed WQE, the QP went to the error
+	// state: what is posted after is flushed.
+	if attr, err := a.qp.Query(); err != nil || attr.State != ib.Err {
+		t.Fatalf("QP after a malformed WQE: %v %v", attr.State, err)
+	}
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 43, Opcode: ib.Send, SG: []ib.SGE{a.mr.SGE(0, 8)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq); wc.ID != 43 || wc.Status != ib.WRFlushErr {
+		t.Fatalf("WR after the malformed one: %+v", wc)
+	}
 	// b is unaffected.
 	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{b.mr.SGE(0, 16)}}}); err != nil {
 		t.Fatal(err)
