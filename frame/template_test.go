@@ -6,10 +6,11 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/icrc"
 )
 
 // TestTemplateFrameEqualsBuild: a transport packet behind a Template,
-// finished by FinishFrame, is byte for byte the frame Build writes from the
+// finished by Prepend and the ICRC, is byte for byte the frame Build writes from the
 // same Spec, for IPv4, IPv6 and with an 802.1Q tag; SetTOS changes only the
 // TOS (and so the checksum and ICRC).
 func TestTemplateFrameEqualsBuild(t *testing.T) {
@@ -36,7 +37,7 @@ func TestTemplateFrameEqualsBuild(t *testing.T) {
 		got := make([]byte, 200)
 		copy(got[len(tp.Bytes()):], pkt)
 		id := uint16(7)
-		m := FinishFrame(got, tp.Bytes(), len(pkt), &id)
+		m := finish(got, tp.Bytes(), len(pkt), &id)
 		if m != n || !bytes.Equal(got[:m], want[:n]) {
 			t.Fatalf("%s:\n got % x\nwant % x", c.name, got[:m], want[:n])
 		}
@@ -45,9 +46,22 @@ func TestTemplateFrameEqualsBuild(t *testing.T) {
 		}
 		tp.SetTOS(0xC2)
 		var f Frame
-		m = FinishFrame(got, tp.Bytes(), len(pkt), &id)
+		m = finish(got, tp.Bytes(), len(pkt), &id)
 		if err := Parse(got[:m], &f); err != nil || !f.VerifyICRC() || f.ECN() != 2 || f.Src() != s.Src.Unmap() {
 			t.Fatalf("%s after SetTOS: %v", c.name, err)
 		}
 	}
+}
+
+// finish is how a sender completes a frame whose transport packet of tlen
+// bytes is at buf[len(hdr):]: Prepend, then the ICRC.
+func finish(buf, hdr []byte, tlen int, ipID *uint16) int {
+	n := len(hdr) + tlen + icrc.Len
+	ip := Prepend(buf, hdr, n, ipID)
+	crc, err := icrc.Begin(buf[ip : n-icrc.Len])
+	if err != nil {
+		panic(err)
+	}
+	icrc.Put(buf[n-icrc.Len:], crc)
+	return n
 }

@@ -11,7 +11,7 @@ import (
 // runs, from RTR on:
 //
 //   - a notification point (dcqcn.NP) over the packets it receives: a
-//     CE-marked packet may make the QP owe its peer a CNP, which Build
+//     CE-marked packet may make the QP owe its peer a CNP, which BuildHeader
 //     emits ahead of the QP's own traffic, unpaced;
 //   - a reaction point (dcqcn.RP, the QP's congestion.Controller) fed by
 //     the CNPs addressed to it;
@@ -68,7 +68,7 @@ type qpCC struct {
 	pacer   congestion.Pacer
 	paceAt  clock.Time // parked by the pacer until then; Never when not parked
 	cnps    int        // CNPs owed to the peer, sent ahead of the QP's traffic
-	lastCNP bool       // the packet Build wrote last was a CNP (not paced)
+	lastCNP bool       // the packet BuildHeader built last was a CNP (not paced)
 }
 
 // ccStart sets up congestion control as the QP enters RTR.
