@@ -182,7 +182,7 @@ func TestCountingPortAllocs(t *testing.T) {
 	in := make([][]byte, 8)
 	var sent, got int
 	allocs := testing.AllocsPerRun(100, func() {
-		n, err := a.Send(out)
+		n, err := port.Send(a, out)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -234,7 +234,7 @@ func BenchmarkCountingPort(b *testing.B) {
 			b.SetBytes(int64(len(out) * 1082))
 			b.ReportAllocs()
 			for b.Loop() {
-				n, err := a.Send(out)
+				n, err := port.Send(a, out)
 				if err != nil {
 					b.Fatal(err)
 				}

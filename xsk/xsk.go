@@ -41,7 +41,7 @@ type Config struct {
 	// NoNeedWakeup disables XDP_USE_NEED_WAKEUP (on by default: without it
 	// every transmit needs a syscall and the driver spins on an empty FILL).
 	NoNeedWakeup bool
-	// MaxFrame bounds the frames Transmit accepts (default 9018: a 9000-byte
+	// MaxFrame bounds the frames Submit accepts (default 9018: a 9000-byte
 	// MTU plus Ethernet and a VLAN tag); without MultiBuffer one chunk is
 	// the limit too.
 	MaxFrame int
@@ -56,11 +56,11 @@ type Config struct {
 	BusyPollBudget int
 }
 
-// ErrFrameTooLarge is returned by Transmit for a frame that does not fit.
+// ErrFrameTooLarge is returned by Submit for a frame that does not fit.
 var ErrFrameTooLarge = errors.New("xsk: frame larger than the socket can carry")
 
-// ErrEmptyFrame is returned by Transmit for a zero-length frame.
-var ErrEmptyFrame = errors.New("xsk: empty frame")
+// ErrNotLent is returned by Submit for a frame that is not a slot Lend lent.
+var ErrNotLent = errors.New("xsk: frame is not a lent transmit slot")
 
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("xsk: socket closed")
@@ -77,7 +77,11 @@ type Info struct {
 	FrameSize   uint32
 	Headroom    uint32
 	RxFrames    uint32 // frames in the FILL/RX pool
-	TxFrames    uint32 // frames in the TX/COMPLETION pool
+	TxFrames    uint32 // chunks in the TX/COMPLETION pool
+	TxSlots     uint32 // frames they hold at once (slots of TxSlotChunks chunks)
+	// TxSlotChunks is how many contiguous chunks a transmit slot has: one,
+	// or with MultiBuffer enough for MaxTxFrame.
+	TxSlotChunks uint32
 	// MaxRxSegment is the largest frame (or segment of a multi-buffer
 	// frame) the kernel can write into one chunk.
 	MaxRxSegment int
@@ -98,7 +102,7 @@ type Stats struct {
 	Kicks           uint64 // sendto wakeups issued
 	KicksSuppressed uint64 // wakeups skipped because need_wakeup was clear
 	Polls           uint64 // poll syscalls in Wait
-	TxNoFrame       uint64 // Transmit stopped: no free frame or TX slot
+	TxNoFrame       uint64 // Lend calls that found fewer free transmit slots than asked for
 }
 
 // Socket is one AF_XDP socket with its UMEM and rings.
@@ -111,11 +115,11 @@ type Socket struct {
 	fill, comp addrRing
 	rx, tx     descRing
 
-	txFree []uint64 // stack of free TX frame addresses: O(1) alloc and free
-	pfd    []unix.PollFd
-	ts     unix.Timespec // Wait's timeout, kept here so Ppoll does not allocate
-	stats  Stats
-	closed bool
+	txSlots txPool // the transmit half of the UMEM, lent in slots (tx.go)
+	pfd     []unix.PollFd
+	ts      unix.Timespec // Wait's timeout, kept here so Ppoll does not allocate
+	stats   Stats
+	closed  bool
 }
 
 func sockopt(fd, level, name int, p unsafe.Pointer, size uintptr) error {
@@ -222,9 +226,8 @@ func Open(cfg Config) (s *Socket, err error) {
 	}
 	s.fill.cachedProducer += half
 	s.fill.producer.Store(s.fill.cachedProducer)
-	s.txFree = make([]uint64, 0, half)
-	for i := cfg.NumFrames - 1; i >= half; i-- {
-		s.txFree = append(s.txFree, uint64(i)*uint64(cfg.FrameSize))
+	if err := s.txSlots.init(&s.cfg, half); err != nil {
+		return s, err
 	}
 
 	var flags uint16
@@ -289,6 +292,8 @@ func Open(cfg Config) (s *Socket, err error) {
 		Headroom:     cfg.Headroom,
 		RxFrames:     half,
 		TxFrames:     cfg.NumFrames - half,
+		TxSlots:      uint32(len(s.txSlots.state)),
+		TxSlotChunks: uint32(s.txSlots.chunks),
 		MaxRxSegment: int(cfg.FrameSize - cfg.Headroom - unix.XDP_PACKET_HEADROOM),
 	}
 	return s, nil
@@ -299,14 +304,6 @@ func (s *Socket) FD() int { return s.fd }
 
 // Info reports the mode obtained and the geometry.
 func (s *Socket) Info() Info { return s.info }
-
-// MaxTxFrame is the largest frame Transmit accepts.
-func (s *Socket) MaxTxFrame() int {
-	if s.cfg.MultiBuffer {
-		return min(s.cfg.MaxFrame, maxSegments*int(s.cfg.FrameSize))
-	}
-	return min(s.cfg.MaxFrame, int(s.cfg.FrameSize))
-}
 
 // Receive takes up to len(descs) descriptors from the RX ring into descs and
 // returns how many. The frames they point to belong to the caller until it
@@ -394,93 +391,6 @@ func (s *Socket) Wait(timeout time.Duration) (bool, error) {
 	return n > 0 && s.rx.available(1) > 0, nil
 }
 
-// Complete moves transmitted frames from the COMPLETION ring back to the free
-// stack and returns how many.
-func (s *Socket) Complete() int {
-	if s.closed {
-		return 0
-	}
-	n := s.comp.available(s.comp.size)
-	if n == 0 {
-		return 0
-	}
-	c := s.comp.cachedConsumer
-	for i := uint32(0); i < n; i++ {
-		s.txFree = append(s.txFree, s.comp.addrs[(c+i)&s.comp.mask])
-	}
-	s.comp.cachedConsumer = c + n
-	s.comp.consumer.Store(s.comp.cachedConsumer)
-	s.stats.TxCompleted += uint64(n)
-	return int(n)
-}
-
-// Transmit copies frames into free TX frames, posts them on the TX ring and
-// wakes the kernel if it asked for it. It returns how many frames were taken:
-// fewer than len(frames) with a nil error means no free frame or TX slot is
-// left (back-pressure; call again after completions). A frame larger than
-// MaxTxFrame stops the batch with ErrFrameTooLarge (an empty one with
-// ErrEmptyFrame), counting the frames before it.
-func (s *Socket) Transmit(frames [][]byte) (int, error) {
-	n, err := s.Post(frames)
-	if kerr := s.Kick(); kerr != nil && err == nil && !errors.Is(kerr, ErrClosed) {
-		err = kerr
-	}
-	return n, err
-}
-
-// Post is Transmit without the wakeup: a caller posting on several
-// sockets in one batch kicks each once at the end (Kick).
-func (s *Socket) Post(frames [][]byte) (int, error) {
-	if s.closed {
-		return 0, ErrClosed
-	}
-	s.Complete()
-	fs := int(s.cfg.FrameSize)
-	free := s.tx.free(uint32(len(frames)))
-	p := s.tx.cachedProducer
-	posted := uint32(0)
-	taken := 0
-	var err error
-	for _, f := range frames {
-		if len(f) == 0 {
-			err = ErrEmptyFrame
-			break
-		}
-		if len(f) > s.MaxTxFrame() {
-			err = ErrFrameTooLarge
-			break
-		}
-		segs := (len(f) + fs - 1) / fs
-		if uint32(segs) > free-posted {
-			// free was sized for one segment per frame: look again.
-			free = s.tx.free(posted + uint32(segs))
-		}
-		if uint32(segs) > free-posted || segs > len(s.txFree) {
-			s.stats.TxNoFrame++
-			break
-		}
-		for off := 0; off < len(f); off += fs {
-			addr := s.txFree[len(s.txFree)-1]
-			s.txFree = s.txFree[:len(s.txFree)-1]
-			end := min(off+fs, len(f))
-			copy(s.umem[addr:addr+uint64(fs)], f[off:end])
-			d := &s.tx.descs[(p+posted)&s.tx.mask]
-			d.Addr, d.Len, d.Options = addr, uint32(end-off), 0
-			if end < len(f) {
-				d.Options = unix.XDP_PKT_CONTD
-			}
-			posted++
-		}
-		taken++
-	}
-	if posted > 0 {
-		s.tx.cachedProducer = p + posted
-		s.tx.producer.Store(s.tx.cachedProducer)
-		s.stats.TxDescs += uint64(posted)
-	}
-	return taken, err
-}
-
 // Kick wakes the kernel to send what the TX ring holds, if it needs waking.
 // Busy conditions (EAGAIN, EBUSY, ENOBUFS) are not errors: the frames stay on
 // the ring and the next Kick sends them.
@@ -517,9 +427,6 @@ func (s *Socket) Kick() error {
 	}
 	return nil
 }
-
-// TxPending is the number of TX frames not yet completed.
-func (s *Socket) TxPending() int { return int(s.info.TxFrames) - len(s.txFree) }
 
 // Stats reads XDP_STATISTICS and returns it with our counters.
 func (s *Socket) Stats() (Stats, error) {

@@ -134,6 +134,9 @@ func Open(cfg Config) (p *Port, err error) {
 	// The interface's MTU (plus Ethernet and a VLAN tag) bounds the frames,
 	// whether or not they fit one chunk.
 	p.maxFrame = need
+	if p.sock.MaxTxFrame() < need {
+		return p, fmt.Errorf("afxdp: %d-byte transmit slots cannot hold %d-byte frames", p.sock.MaxTxFrame(), need)
+	}
 	if err = p.prog.Register(cfg.Queue, p.sock.FD()); err != nil {
 		return p, fmt.Errorf("afxdp: %w", err)
 	}
@@ -228,14 +231,27 @@ func (p *Port) segment(d unix.XDPDesc, contd bool) (f []byte, done bool) {
 	return f, true
 }
 
-// Send implements port.Port.
-func (p *Port) Send(frames [][]byte) (int, error) {
+// Lend implements port.Port: the buffers are transmit slots of the UMEM
+// (as many contiguous chunks as MaxFrame needs). Short of free slots, it
+// wakes the kernel: frames a busy kernel left on the TX ring hold them,
+// and nothing else may come to send them.
+func (p *Port) Lend(bufs [][]byte) int {
 	if p.closed {
-		return 0, port.ErrClosed
+		return 0
 	}
-	n, err := p.sock.Transmit(frames)
-	if errors.Is(err, xsk.ErrFrameTooLarge) {
-		return n, fmt.Errorf("afxdp: frame %d is %d bytes, larger than %d: %w", n, len(frames[n]), p.MaxFrame(), err)
+	n := p.sock.Lend(bufs)
+	if n < len(bufs) {
+		p.sock.Kick()
+	}
+	return n
+}
+
+// Submit implements port.Port: the frames go on the TX ring as they are,
+// and the kernel is woken if it asked to be.
+func (p *Port) Submit(frames [][]byte) (int, error) {
+	n, err := p.post(frames)
+	if kerr := p.kickTx(); kerr != nil && err == nil {
+		err = kerr
 	}
 	return n, err
 }
