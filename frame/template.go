@@ -28,7 +28,21 @@ func (t *Template) Set(s *Spec) error {
 	}
 	*t = Template{n: uint8(udp + UDPLen), ip: uint8(ip), ipv6: ipv6}
 	writeL2L4(t.b[:], s, ip, udp, ipv6)
+	t.sealIPv4()
 	return nil
+}
+
+// sealIPv4 stores in an IPv4 template the checksum of its header with a
+// zero total length and identification, which Prepend completes for each
+// frame by adding the two (RFC 1624) instead of summing the header again.
+func (t *Template) sealIPv4() {
+	if t.ipv6 {
+		return
+	}
+	h := IPv4(t.b[t.ip : int(t.n)-UDPLen])
+	h.SetTotalLen(0)
+	h.SetID(0)
+	h.SetChecksum()
 }
 
 // Bytes is the header, as Prepend takes it; empty before Set.
@@ -52,9 +66,11 @@ func (t *Template) SetTOS(tos uint8) {
 		return
 	}
 	h[1] = tos
+	t.sealIPv4()
 }
 
-// Prepend writes hdr (a Template's Bytes) at the front of buf for a frame
+// Prepend writes hdr (a Template's Bytes, and nothing else: an IPv4
+// template carries a partial checksum) at the front of buf for a frame
 // of n bytes, Ethernet header to ICRC, and fills in the fields that vary
 // per frame: the IP and UDP lengths and, for IPv4, the identification
 // *ipID advanced by one and the header checksum. It returns the offset of
@@ -74,7 +90,7 @@ func Prepend(buf, hdr []byte, n int, ipID *uint16) int {
 		*ipID++
 		h := IPv4(buf[ip:udp])
 		h.SetID(*ipID)
-		h.SetChecksum()
+		h.completeChecksum()
 	}
 	return ip
 }

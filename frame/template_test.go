@@ -2,6 +2,8 @@ package frame
 
 import (
 	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
 	"net/netip"
 	"testing"
 
@@ -49,6 +51,35 @@ func TestTemplateFrameEqualsBuild(t *testing.T) {
 		m = finish(got, tp.Bytes(), len(pkt), &id)
 		if err := Parse(got[:m], &f); err != nil || !f.VerifyICRC() || f.ECN() != 2 || f.Src() != s.Src.Unmap() {
 			t.Fatalf("%s after SetTOS: %v", c.name, err)
+		}
+	}
+}
+
+// TestPrependChecksum: the checksum Prepend completes from the template's
+// partial one is the header's, for any template, length and
+// identification (and after SetTOS).
+func TestPrependChecksum(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	buf := make([]byte, 2048)
+	for i := 0; i < 20000; i++ {
+		var a, b [4]byte
+		binary.LittleEndian.PutUint32(a[:], r.Uint32())
+		binary.LittleEndian.PutUint32(b[:], r.Uint32())
+		s := Spec{Src: netip.AddrFrom4(a), Dst: netip.AddrFrom4(b), TOS: uint8(r.Uint32()), TTL: uint8(r.Uint32()),
+			IPID: uint16(r.Uint32()), NoDF: r.IntN(2) == 0, SrcPort: uint16(r.Uint32())}
+		var tp Template
+		if err := tp.Set(&s); err != nil {
+			t.Fatal(err)
+		}
+		if r.IntN(4) == 0 {
+			tp.SetTOS(uint8(r.Uint32()))
+		}
+		id := uint16(r.Uint32())
+		n := len(tp.Bytes()) + r.IntN(len(buf)-len(tp.Bytes()))
+		ip := Prepend(buf, tp.Bytes(), n, &id)
+		h := IPv4(buf[ip : ip+IPv4Len])
+		if !h.ChecksumValid() || int(h.TotalLen()) != n-ip || h.ID() != id {
+			t.Fatalf("template %+v, frame of %d bytes, id %d: header % x", s, n, id, h)
 		}
 	}
 }

@@ -102,6 +102,17 @@ func (h IPv4) SetChecksum() {
 	binary.BigEndian.PutUint16(h[10:], ipv4Checksum(h[:n]))
 }
 
+// completeChecksum turns the checksum of the header with a zero total
+// length and identification (what a Template stores) into the header's:
+// it adds the two in ones' complement (RFC 1624), where SetChecksum would
+// sum the whole header.
+func (h IPv4) completeChecksum() {
+	s := uint32(^h.Checksum()) + uint32(h.TotalLen()) + uint32(h.ID())
+	s = s>>16 + s&0xFFFF
+	s += s >> 16
+	binary.BigEndian.PutUint16(h[10:], ^uint16(s))
+}
+
 // ipv4Checksum is the ones'-complement sum of a header, complemented: 0
 // over a header with a correct checksum, the checksum to store over one
 // whose checksum field is zero.
