@@ -132,4 +132,3 @@ func cpuTime() time.Duration {
 	unix.Getrusage(unix.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
-
