@@ -36,7 +36,8 @@ func fakeSocket(t *testing.T, numFrames, frameSize uint32, start uint32, multi b
 	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
 	s := &Socket{fd: fds[0], umem: make([]byte, numFrames*frameSize)}
 	s.cfg = Config{FrameSize: frameSize, NumFrames: numFrames, MultiBuffer: multi, MaxFrame: 5000}
-	s.info = Info{NeedWakeup: true, MultiBuffer: multi, FrameSize: frameSize, RxFrames: half, TxFrames: numFrames - half}
+	s.cfg.RxChunks = 1
+	s.info = Info{NeedWakeup: true, MultiBuffer: multi, FrameSize: frameSize, RxFrames: half, RxBuffers: half, TxFrames: numFrames - half}
 	for _, r := range []struct {
 		init  func([]byte, unix.XDPRingOffset)
 		entry uint64
@@ -50,7 +51,7 @@ func fakeSocket(t *testing.T, numFrames, frameSize uint32, start uint32, multi b
 		setIndexes(m, o, start, start)
 		r.init(m, o)
 	}
-	if err := s.txSlots.init(&s.cfg, half); err != nil {
+	if err := s.txSlots.init(&s.cfg, half, half); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -280,6 +281,37 @@ func TestOpenValidation(t *testing.T) {
 		if s, err := Open(c); err == nil {
 			s.Close()
 			t.Errorf("Open(%+v) accepted", c)
+		}
+	}
+}
+
+// TestRxSpan: a received descriptor's span reaches the end of its receive
+// buffer (RxChunks chunks), never past the receive pool.
+func TestRxSpan(t *testing.T) {
+	s := &Socket{umem: make([]byte, 24*2048)}
+	s.cfg = Config{FrameSize: 2048, RxChunks: 3}
+	s.info = Info{RxFrames: 8 * 3, RxBuffers: 8}
+	for _, c := range []struct {
+		d       unix.XDPDesc
+		cap     int
+		invalid bool
+	}{
+		{d: unix.XDPDesc{Addr: 256, Len: 1792}, cap: 3*2048 - 256},
+		{d: unix.XDPDesc{Addr: 7*3*2048 + 256, Len: 100}, cap: 3*2048 - 256},
+		{d: unix.XDPDesc{Addr: 3*2048 + 2048 + 10, Len: 60}, cap: 2*2048 - 10},
+		{d: unix.XDPDesc{Addr: 8 * 3 * 2048, Len: 60}, invalid: true},     // past the pool
+		{d: unix.XDPDesc{Addr: 3*2048 - 10, Len: 60}, invalid: true},      // runs into the next buffer
+		{d: unix.XDPDesc{Addr: ^uint64(0) - 100, Len: 60}, invalid: true}, // wraps
+	} {
+		b := s.RxSpan(c.d)
+		if c.invalid {
+			if b != nil {
+				t.Errorf("%+v: a span of %d/%d bytes", c.d, len(b), cap(b))
+			}
+			continue
+		}
+		if len(b) != int(c.d.Len) || cap(b) != c.cap || &b[0] != &s.umem[c.d.Addr] {
+			t.Errorf("%+v: span len %d cap %d, want %d %d", c.d, len(b), cap(b), c.d.Len, c.cap)
 		}
 	}
 }

@@ -30,26 +30,26 @@ const (
 	slotSent
 )
 
-// init lays the pool over chunks [first, NumFrames) of cfg's UMEM.
-func (t *txPool) init(cfg *Config, first uint32) error {
+// init lays the pool over n chunks of cfg's UMEM from chunk first on.
+func (t *txPool) init(cfg *Config, first, n uint32) error {
 	fs := int(cfg.FrameSize)
 	t.max = min(cfg.MaxFrame, fs)
 	if cfg.MultiBuffer {
 		t.max = min(cfg.MaxFrame, maxSegments*fs)
 	}
 	t.chunks = (t.max + fs - 1) / fs
-	n := int(cfg.NumFrames-first) / t.chunks
-	if n == 0 {
-		return fmt.Errorf("xsk: %d transmit chunks of %d bytes cannot hold one %d-byte frame", cfg.NumFrames-first, fs, t.max)
+	slots := int(n) / t.chunks
+	if slots == 0 {
+		return fmt.Errorf("xsk: %d transmit chunks of %d bytes cannot hold one %d-byte frame", n, fs, t.max)
 	}
 	t.base = uint64(first) * uint64(fs)
 	t.size = uint64(t.chunks) * uint64(fs)
-	t.free = make([]uint32, 0, n)
-	for i := n - 1; i >= 0; i-- {
+	t.free = make([]uint32, 0, slots)
+	for i := slots - 1; i >= 0; i-- {
 		t.free = append(t.free, uint32(i))
 	}
-	t.state = make([]uint8, n)
-	t.segs = make([]uint8, n)
+	t.state = make([]uint8, slots)
+	t.segs = make([]uint8, slots)
 	return nil
 }
 

@@ -28,10 +28,17 @@ type Config struct {
 	// FrameSize is the UMEM chunk size: 2048 or 4096 (default 4096).
 	FrameSize uint32
 	// NumFrames is the number of UMEM frames, a power of two (default 4096);
-	// half feed the receive path, half the transmit path.
+	// half are receive buffers, half transmit chunks.
 	NumFrames uint32
 	// Headroom is reserved by the kernel before each received frame.
 	Headroom uint32
+	// RxChunks is how many contiguous chunks a receive buffer spans
+	// (default 1; the UMEM grows by the extra chunks). Only the first goes
+	// on the FILL ring; the rest are the reader's, so that the later
+	// segments of a multi-buffer frame can be copied in behind the first,
+	// where the kernel put it (RxSpan), instead of the whole frame into a
+	// buffer of the reader's own.
+	RxChunks uint32
 	// Mode selects zero-copy or copy.
 	Mode Mode
 	// MultiBuffer binds with XDP_USE_SG, so that a frame larger than one
@@ -76,7 +83,8 @@ type Info struct {
 	MultiBuffer bool
 	FrameSize   uint32
 	Headroom    uint32
-	RxFrames    uint32 // frames in the FILL/RX pool
+	RxFrames    uint32 // chunks in the FILL/RX pool
+	RxBuffers   uint32 // receive buffers they make (Config.RxChunks chunks each)
 	TxFrames    uint32 // chunks in the TX/COMPLETION pool
 	TxSlots     uint32 // frames they hold at once (slots of TxSlotChunks chunks)
 	// TxSlotChunks is how many contiguous chunks a transmit slot has: one,
@@ -163,6 +171,13 @@ func Open(cfg Config) (s *Socket, err error) {
 		return nil, fmt.Errorf("xsk: headroom %d leaves no room in a %d-byte frame", cfg.Headroom, cfg.FrameSize)
 	}
 	half := cfg.NumFrames / 2
+	if cfg.RxChunks == 0 {
+		cfg.RxChunks = 1
+	}
+	if cfg.RxChunks > 8 {
+		return nil, fmt.Errorf("xsk: receive buffers of %d chunks, at most 8", cfg.RxChunks)
+	}
+	rxChunks := half * cfg.RxChunks // the receive pool, then half for transmit
 	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("xsk: socket: %w", err)
@@ -175,7 +190,7 @@ func Open(cfg Config) (s *Socket, err error) {
 		}
 	}()
 
-	s.umem, err = unix.Mmap(-1, 0, int(uint64(cfg.NumFrames)*uint64(cfg.FrameSize)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	s.umem, err = unix.Mmap(-1, 0, int(uint64(rxChunks+half)*uint64(cfg.FrameSize)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return s, fmt.Errorf("xsk: mmap UMEM: %w", err)
 	}
@@ -219,14 +234,15 @@ func Open(cfg Config) (s *Socket, err error) {
 	}
 	s.tx.init(m, off.Tx, ringSize, true)
 
-	// Frames [0, half) feed FILL; frames [half, NumFrames) are the TX pool.
+	// Chunks [0, rxChunks) are the receive pool, half buffers of RxChunks
+	// whose first chunk feeds FILL; the half after them are the TX pool.
 	// The FILL ring must be populated before bind: some drivers assume it.
 	for i := uint32(0); i < half; i++ {
-		s.fill.addrs[(s.fill.cachedProducer+i)&s.fill.mask] = uint64(i) * uint64(cfg.FrameSize)
+		s.fill.addrs[(s.fill.cachedProducer+i)&s.fill.mask] = uint64(i) * uint64(cfg.RxChunks) * uint64(cfg.FrameSize)
 	}
 	s.fill.cachedProducer += half
 	s.fill.producer.Store(s.fill.cachedProducer)
-	if err := s.txSlots.init(&s.cfg, half); err != nil {
+	if err := s.txSlots.init(&s.cfg, rxChunks, half); err != nil {
 		return s, err
 	}
 
@@ -290,8 +306,9 @@ func Open(cfg Config) (s *Socket, err error) {
 		MultiBuffer:  cfg.MultiBuffer,
 		FrameSize:    cfg.FrameSize,
 		Headroom:     cfg.Headroom,
-		RxFrames:     half,
-		TxFrames:     cfg.NumFrames - half,
+		RxFrames:     rxChunks,
+		RxBuffers:    half,
+		TxFrames:     half,
 		TxSlots:      uint32(len(s.txSlots.state)),
 		TxSlotChunks: uint32(s.txSlots.chunks),
 		MaxRxSegment: int(cfg.FrameSize - cfg.Headroom - unix.XDP_PACKET_HEADROOM),
@@ -339,6 +356,23 @@ func (s *Socket) Frame(d unix.XDPDesc) []byte {
 		return nil
 	}
 	return s.umem[d.Addr : d.Addr+uint64(d.Len) : d.Addr+uint64(d.Len)]
+}
+
+// RxSpan returns the data of a received descriptor, as Frame does, with
+// the capacity of the rest of its receive buffer (Config.RxChunks chunks),
+// which is the reader's to write until the frame goes back with Fill; nil
+// for a descriptor outside the receive pool.
+func (s *Socket) RxSpan(d unix.XDPDesc) []byte {
+	buf := uint64(s.cfg.RxChunks) * uint64(s.cfg.FrameSize)
+	rx := uint64(s.info.RxFrames) * uint64(s.cfg.FrameSize)
+	if buf == 0 || d.Addr >= rx {
+		return nil
+	}
+	end := (d.Addr/buf + 1) * buf
+	if end > rx || uint64(d.Len) > end-d.Addr {
+		return nil
+	}
+	return s.umem[d.Addr : d.Addr+uint64(d.Len) : end]
 }
 
 // Fill gives received frames back to the kernel through the FILL ring. The

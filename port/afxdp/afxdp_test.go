@@ -178,9 +178,13 @@ func TestMTU4096MultiBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Half the frames exceed one chunk: they must have come as two segments.
+	// Half the frames exceed one chunk: they must have come as two segments,
+	// and been put together behind the first, where the kernel wrote it.
 	if st.Socket.RxDescs < n+n/2 {
 		t.Errorf("%d descriptors for %d frames: multi-buffer segments missing", st.Socket.RxDescs, n)
+	}
+	if st.Copied != 0 {
+		t.Errorf("%d multi-buffer frames copied whole into a buffer of the port's", st.Copied)
 	}
 	// Too large for the port: refused with an error, not truncated.
 	big := make([]byte, a.MaxFrame()+1)

@@ -437,6 +437,7 @@ func (m *Multi) Stats() (Stats, error) {
 		s.Polls += t.Polls
 		s.TxNoFrame += t.TxNoFrame
 		st.Oversize += q.Oversize
+		st.Copied += q.Copied
 		st.ZeroCopy = st.ZeroCopy && q.ZeroCopy
 		st.Multi = st.Multi || q.Multi
 	}
