@@ -56,7 +56,7 @@ func Predict(p Plan, d, join time.Duration) (*Prediction, error) {
 	pr := &Prediction{Algorithm: p.Algorithm, Profile: p.Profile, LineGbps: p.LineRate.Gbps(), DurationMs: s.DurationMs, WindowMs: s.WindowMs,
 		Jain: s.Jain, Utilization: s.Utilization, QueueMeanKB: s.QueueMeanKB, QueueP5KB: s.QueueP5KB, QueueP95KB: s.QueueP95KB,
 		QueuePeakKB: s.QueuePeakKB,
-		Note: "1000-byte packets and an ACK per packet (live: about 1080 bytes, an ACK per AckReq); hosts that answer at once"}
+		Note:        "1000-byte packets and an ACK per packet (live: about 1080 bytes, an ACK per AckReq); hosts that answer at once"}
 	live := float64(p.Bottleneck.RateBitsPerSec) / 1e6
 	for _, f := range s.Flows {
 		n := f.MeanGbps / p.LineRate.Gbps()
