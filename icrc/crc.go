@@ -10,12 +10,12 @@ var canFold = haveFold()
 const foldMin = 256
 
 // foldable is how many of n bytes the folding loops take: a multiple of
-// 64, from foldMin up, or none.
+// 16, from foldMin up, or none.
 func foldable(n int) int {
 	if !canFold || n < foldMin {
 		return 0
 	}
-	return n &^ 63
+	return n &^ 15
 }
 
 // Update continues the CRC state crc (as Begin returns it) over p.

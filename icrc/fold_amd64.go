@@ -9,7 +9,7 @@ func haveFold() bool {
 }
 
 // foldUpdate continues the raw (uninverted) CRC-32 register crc over p,
-// whose length is a multiple of 64 and at least foldMin.
+// whose length is a multiple of 16 and at least foldMin.
 //
 //go:noescape
 func foldUpdate(crc uint32, p []byte) uint32

@@ -6,8 +6,10 @@
 // clmul(X.lo, x^(D+32) mod P) ^ clmul(X.hi, x^(D-32) mod P), each constant
 // bit-reflected and shifted left by one (TestFoldConstants derives them).
 // Four 512-bit registers take 256 bytes a round (D = 2048 per lane); they
-// are folded into one (D = 512), its four lanes into one (D = 128), and the
-// 128-bit remainder is reduced to 32 bits by Barrett reduction.
+// are folded into one (D = 512), which takes the remaining 64-byte blocks,
+// its four lanes into one (D = 128), which takes the remaining 16-byte
+// blocks, and the 128-bit remainder is reduced to 32 bits by Barrett
+// reduction. The length is a multiple of 16, at least 256.
 
 DATA k2048<>+0(SB)/8, $0x11542778a
 DATA k2048<>+8(SB)/8, $0x1322d1430
@@ -57,9 +59,8 @@ GLOBL barrett<>(SB), RODATA, $16
 	PXOR      X5, x; \
 	PXOR      y, x
 
-// REDUCE folds Z0..Z3 into the 128-bit X0 and leaves the CRC register in
-// AX: Z0..Z3 hold the last 256 bytes' state (Z0 the oldest), CX the bytes
-// left (a multiple of 64, under 256) at SI, copied to DI when COPY.
+// LANES folds the four lanes of Z0 into the 128-bit X0 (and loads the
+// 128-bit constants into X8); 16-byte blocks then fold into X0 one by one.
 #define LANES \
 	VEXTRACTF32X4 $1, Z0, X1; \
 	VEXTRACTF32X4 $2, Z0, X2; \
@@ -143,6 +144,17 @@ u64:
 
 udone:
 	LANES
+
+u16:
+	CMPQ      CX, $16
+	JB        ubarrett
+	MOVOU     0(SI), X1
+	FOLD128(X0, X1)
+	ADDQ      $16, SI
+	SUBQ      $16, CX
+	JMP       u16
+
+ubarrett:
 	BARRETT
 	MOVL      AX, ret+32(FP)
 	RET
@@ -209,6 +221,19 @@ c64:
 
 cdone:
 	LANES
+
+c16:
+	CMPQ      CX, $16
+	JB        cbarrett
+	MOVOU     0(SI), X1
+	MOVOU     X1, 0(DI)
+	FOLD128(X0, X1)
+	ADDQ      $16, SI
+	ADDQ      $16, DI
+	SUBQ      $16, CX
+	JMP       c16
+
+cbarrett:
 	BARRETT
 	MOVL      AX, ret+56(FP)
 	RET
