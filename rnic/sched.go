@@ -13,9 +13,11 @@ import (
 // QPs share the link round-robin.
 const txBudget = 16
 
-// Transmit builds up to len(out) frames into the caller's buffers and
-// returns how many; out[i] is resliced to the frame (its capacity must
-// hold the port's largest frame: 14+40+8+BTH+headers+MTU+3+4 bytes).
+// Transmit builds up to len(out) frames into the caller's buffers (the
+// engine's are lent by its port: the frames are written where the port
+// sends them from) and returns how many; out[i] is resliced to the frame
+// (its capacity must hold the port's largest frame:
+// 14+40+8+BTH+headers+MTU+3+4 bytes).
 // Only QPs with something to send are visited, round-robin, at most
 // txBudget frames each per visit; the rounds go on while some QP used its
 // whole budget and out has room, so that one busy QP fills the batch (one
