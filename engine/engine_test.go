@@ -153,7 +153,9 @@ func TestDropsDefects(t *testing.T) {
 	}
 	// A good frame is delivered (the receive completes with its bytes) and
 	// answered (an ACK, since it asks for one).
-	port.Send(wire, [][]byte{craft(t, addrA, addrB, rq, 5, nil)})
+	if _, err := port.Send(wire, [][]byte{craft(t, addrA, addrB, rq, 5, nil)}); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 3; i++ {
 		vc.Advance(time.Microsecond)
 		loop.Step(vc.Now(), 0)
@@ -192,7 +194,9 @@ func TestDropsDefectsRun(t *testing.T) {
 		want[c.name]++
 		reasons[c.name] = c.count
 	}
-	port.Send(wire, [][]byte{craft(t, addrA, addrB, rq, 5, nil)})
+	if _, err := port.Send(wire, [][]byte{craft(t, addrA, addrB, rq, 5, nil)}); err != nil {
+		t.Fatal(err)
+	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	var wcs [4]ib.WC

@@ -262,13 +262,17 @@ func BenchmarkReceiveAFXDP(b *testing.B) {
 // threadCPU is the calling thread's user and system CPU time.
 func threadCPU() time.Duration {
 	var ru unix.Rusage
-	unix.Getrusage(unix.RUSAGE_THREAD, &ru)
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
+		panic(err)
+	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // cpuTime is this process's user and system CPU time.
 func cpuTime() time.Duration {
 	var ru unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		panic(err)
+	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -86,7 +86,7 @@ func (c *Copier) Send(p Port, frames [][]byte) (int, error) {
 		for i := sent; i < n; i++ {
 			bufs[i] = bufs[i][:0]
 		}
-		p.Submit(bufs[sent:n])
+		_, _ = p.Submit(bufs[sent:n]) // empty lent buffers: taken back
 	}
 	clear(bufs)
 	if serr != nil {

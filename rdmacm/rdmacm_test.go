@@ -34,7 +34,6 @@ type dropPort struct {
 	port.Port
 	drop    func(f []byte) bool
 	dropped atomic.Int64
-	keep    [][]byte
 }
 
 func (d *dropPort) Submit(frames [][]byte) (int, error) {

@@ -70,7 +70,9 @@ func Example() {
 			for i := n; i < k; i++ {
 				out[i] = out[i][:0]
 			}
-			d.port.Submit(out[:k])
+			if _, err := d.port.Submit(out[:k]); err != nil {
+				panic(err)
+			}
 		}
 		next := min(la.NextDelivery(), lb.NextDelivery(), a.NextDeadline(), b.NextDeadline())
 		if next != clock.Never && next > clk.Now() {

@@ -236,8 +236,8 @@ func (r *wireRig) pair(typ ib.QPType, mtu int, tclass uint8, flow uint32) (qa, q
 }
 
 // waitWCs runs until cq has given want completions, all successful unless
-// allowErr, and returns them.
-func (r *wireRig) waitWCs(cq *CQ, want int, allowErr bool) []ib.WC {
+// allowErr.
+func (r *wireRig) waitWCs(cq *CQ, want int, allowErr bool) {
 	r.t.Helper()
 	var got []ib.WC
 	defer func() {
@@ -254,7 +254,6 @@ func (r *wireRig) waitWCs(cq *CQ, want int, allowErr bool) []ib.WC {
 			r.t.Fatalf("completion %+v", w)
 		}
 	}
-	return got
 }
 
 // settle runs until nothing moves and no timer is due within a millisecond.

@@ -254,8 +254,12 @@ func TestHotPathAllocs(t *testing.T) {
 			t.Fatal("Lend")
 		}
 		bufs[0], bufs[1] = bufs[0][:64], bufs[1][:3000]
-		s.Submit(bufs)
-		s.Kick()
+		if _, err := s.Submit(bufs); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Kick(); err != nil {
+			t.Fatal(err)
+		}
 		c, p := s.tx.consumer.Load(), s.tx.producer.Load()
 		cp := s.comp.producer.Load()
 		for ; c != p; c++ {

@@ -140,7 +140,9 @@ func TestRecvSendAllocs(t *testing.T) {
 	received := 0
 	var c port.Copier
 	allocs := testing.AllocsPerRun(200, func() {
-		c.Send(a, out)
+		if _, err := c.Send(a, out); err != nil {
+			t.Fatal(err)
+		}
 		k, _ := b.Recv(frames, time.Millisecond)
 		received += k
 	})

@@ -281,7 +281,7 @@ func (p *Port) Lend(bufs [][]byte) int {
 	}
 	n := p.sock.Lend(bufs)
 	if n < len(bufs) {
-		p.sock.Kick()
+		_ = p.sock.Kick() // a failed wakeup fails the next Submit's too, which reports it
 	}
 	return n
 }

@@ -226,12 +226,16 @@ func TestRecvSendAllocs(t *testing.T) {
 			// Warm up: reassembly buffers are made once, then reused.
 			var c port.Copier
 			for i := 0; i < 20; i++ {
-				c.Send(a, out)
+				if _, err := c.Send(a, out); err != nil {
+					t.Fatal(err)
+				}
 				b.Recv(frames, time.Millisecond)
 			}
 			received := 0
 			allocs := testing.AllocsPerRun(200, func() {
-				c.Send(a, out)
+				if _, err := c.Send(a, out); err != nil {
+					t.Fatal(err)
+				}
 				k, _ := b.Recv(frames, time.Millisecond)
 				received += k
 			})

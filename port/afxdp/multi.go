@@ -250,7 +250,7 @@ func (m *Multi) Submit(frames [][]byte) (int, error) {
 				for i, f := range frames[sent : sent+k] {
 					m.back[i] = f[:0]
 				}
-				m.txq[m.txDefault].post(m.back[:k])
+				_, _ = m.txq[m.txDefault].post(m.back[:k]) // empty lent slots: taken back
 				clear(m.back[:k])
 			}
 		}
@@ -312,7 +312,7 @@ func (p *Port) postCopy(frames, scratch [][]byte) (int, error) {
 	for i := k; i < n; i++ {
 		scratch[i] = scratch[i][:0]
 	}
-	p.sock.Submit(scratch[k:n])
+	_, _ = p.sock.Submit(scratch[k:n]) // slots of its own, empty: taken back whatever else fails
 	clear(scratch[:n])
 	return k, err
 }

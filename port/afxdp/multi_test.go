@@ -334,7 +334,9 @@ func TestMultiAllQueues(t *testing.T) {
 	var c port.Copier
 	allocs := testing.AllocsPerRun(200, func() {
 		for q := 0; q < nq; q++ {
-			c.Send(a.Queue(q), one)
+			if _, err := c.Send(a.Queue(q), one); err != nil {
+				t.Fatal(err)
+			}
 		}
 		for got, tries := 0, 0; got < nq && tries < 100; tries++ {
 			n, _ := b.Recv(frames, time.Millisecond)
@@ -482,7 +484,9 @@ func TestMultiSpreadTx(t *testing.T) {
 		for _, q := range qs {
 			q.sent = q.sent[:0]
 		}
-		m.Submit(frames)
+		if _, err := m.Submit(frames); err != nil {
+			t.Fatal(err)
+		}
 	}); got != 0 {
 		t.Errorf("Submit allocates %.1f times per batch", got)
 	}

@@ -338,13 +338,13 @@ func TestBackPressureAndNotLent(t *testing.T) {
 func TestRecvViewValidUntilNextRecv(t *testing.T) {
 	vc, a, b := virtualPair(Impairments{}, 1)
 	buf := make([]byte, 64)
-	port.Send(a, [][]byte{seqFrame(buf, 1)})
+	mustSend(t, a, [][]byte{seqFrame(buf, 1)})
 	in := make([][]byte, 1)
 	b.Recv(in, 0)
 	view := in[0]
 	// The sender reusing its buffer and sending more must not touch the view.
 	for i := range 500 {
-		port.Send(a, [][]byte{seqFrame(buf, uint32(100+i))})
+		mustSend(t, a, [][]byte{seqFrame(buf, uint32(100+i))})
 	}
 	_ = vc
 	if seqOf(view) != 1 {
@@ -358,7 +358,7 @@ func TestRecvViewValidUntilNextRecv(t *testing.T) {
 func TestCloseSemantics(t *testing.T) {
 	_, a, b := virtualPair(Impairments{}, 1)
 	buf := make([]byte, 64)
-	port.Send(a, [][]byte{buf})
+	mustSend(t, a, [][]byte{buf})
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -445,7 +445,7 @@ func TestRealTimeRecvWaitsForDueFrame(t *testing.T) {
 	if k, _ := b.Recv(in, 0); k != 0 {
 		t.Fatal("frame from nowhere")
 	}
-	port.Send(a, [][]byte{make([]byte, 60)})
+	mustSend(t, a, [][]byte{make([]byte, 60)})
 	// A generous timeout: Recv must return the frame once due, not time out.
 	k, err := b.Recv(in, 10*time.Second)
 	if k != 1 || err != nil {
@@ -472,7 +472,9 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 		for i := range lent[:n] {
 			lent[i] = lent[i][:copy(lent[i], out[i])]
 		}
-		p.Submit(lent[:n])
+		if _, err := p.Submit(lent[:n]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	allocs := testing.AllocsPerRun(200, func() {
 		send(a)
@@ -522,7 +524,9 @@ func BenchmarkVirtualSendRecv(b *testing.B) {
 				for i := range lent[:n] {
 					lent[i] = lent[i][:copy(lent[i], out[i])]
 				}
-				x.Submit(lent[:n])
+				if _, err := x.Submit(lent[:n]); err != nil {
+					b.Fatal(err)
+				}
 				y.Recv(in, 0)
 			}
 			b.ReportMetric(float64(b.N)*port.BatchSize/b.Elapsed().Seconds(), "frames/s")
@@ -583,7 +587,7 @@ func TestExactDelayWithoutJitter(t *testing.T) {
 	if b.NextDelivery() != clock.Never {
 		t.Fatal("NextDelivery with nothing queued")
 	}
-	port.Send(a, [][]byte{make([]byte, 64)})
+	mustSend(t, a, [][]byte{make([]byte, 64)})
 	due := clock.Time(105 * time.Microsecond)
 	if b.NextDelivery() != due || b.InFlight() != 1 {
 		t.Fatalf("NextDelivery %v, want %v", b.NextDelivery(), due)
@@ -596,5 +600,13 @@ func TestExactDelayWithoutJitter(t *testing.T) {
 	vc.Set(due)
 	if k, _ := b.Recv(in, 0); k != 1 || b.NextDelivery() != clock.Never {
 		t.Fatal("not delivered when due")
+	}
+}
+
+// mustSend sends frames of the test's memory through p, all of them.
+func mustSend(t *testing.T, p port.Port, frames [][]byte) {
+	t.Helper()
+	if n, err := port.Send(p, frames); n != len(frames) || err != nil {
+		t.Fatalf("send: %d of %d, %v", n, len(frames), err)
 	}
 }
