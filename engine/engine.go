@@ -92,7 +92,7 @@ type Counters struct {
 	Loops       uint64 // loop iterations (Step calls)
 	Naps        uint64 // naps taken while idle
 	TxSent      uint64 // frames the port took
-	TxBackPress uint64 // Send calls in which the port took fewer frames than offered
+	TxBackPress uint64 // Submit calls in which the port took fewer frames than offered
 	Polls       uint64 // steps run by an application through rnic.Device.Poll
 	PollsBusy   uint64 // Polls that found the step taken by another goroutine
 	// NapsYielded counts naps the loop took again because an application
@@ -110,17 +110,22 @@ type Loop struct {
 	port port.Port
 	opt  Options
 
-	in   [][]byte
-	out  [][]byte // transmit buffers; out[i] is resliced to its frame
-	pend int      // frames in out[:pend] the port has not taken yet
-	// stuck: the last Send took none of pend frames. The peer (or the
+	in [][]byte
+	// out[:lent] are buffers the port lent: out[:pend] hold frames the
+	// port has not taken yet, in order, out[pend:lent] are free for the
+	// device to build frames in (kept from step to step).
+	out        [][]byte
+	pend, lent int
+	// stuck: the last Submit took none of pend frames, or the device had
+	// frames to send and the port lent no buffer. The peer (or the
 	// kernel's ring) is not draining: polling again at once only takes
 	// the CPU it needs, so the loop naps as if idle.
 	stuck bool
 	// txDeferred: the last step received frames and built none; the next
 	// one builds whatever it receives.
 	txDeferred bool
-	lastRecv   int // frames the last Step received
+	lastRecv   int        // frames the last Step received
+	polledAt   clock.Time // when the last Step polled the port
 
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
@@ -152,9 +157,6 @@ func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 	l := &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}
 	if w, ok := p.(port.Waker); ok {
 		l.wake = func() { w.Wake() }
-	}
-	for i := range l.out {
-		l.out[i] = make([]byte, 0, mf)
 	}
 	return l, nil
 }
@@ -214,38 +216,52 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 				s.Frames(capture.In, l.in[:n])
 			}
 		}
+		// How long the frames may have waited in the port: since the
+		// last poll, unless they woke a wait in it.
+		away := time.Duration(0)
+		if wait == 0 && l.polledAt != 0 && now > l.polledAt {
+			away = now.Sub(l.polledAt)
+		}
+		l.dev.SetRxAway(away)
 		l.dev.Receive(now, l.in[:n])
 		clear(l.in[:n]) // the port's views expire with the next Recv
 	}
+	l.polledAt = now
 	l.dev.Expire(now)
 	fetched := l.dev.FetchQueues(now)
 	built := 0
+	starved := false // the device has frames to send and the port no buffer
 	if n > 0 && !l.txDeferred && !l.opt.EagerTx {
 		l.txDeferred = true
-	} else if l.txDeferred = false; l.pend < len(l.out) {
-		built = l.dev.Transmit(now, l.out[l.pend:])
+	} else if l.txDeferred = false; l.pend < len(l.out) && l.dev.HasOutput() {
+		if l.lent < len(l.out) {
+			l.lent += l.port.Lend(l.out[l.lent:])
+		}
+		built = l.dev.Transmit(now, l.out[l.pend:l.lent])
 		if built > 0 && l.opt.Tap != nil {
 			if s := l.opt.Tap.Session(); s != nil {
 				s.Frames(capture.Out, l.out[l.pend:l.pend+built])
 			}
 		}
 		l.pend += built
+		starved = l.pend == l.lent && l.dev.HasOutput()
 	}
 	sent := 0
 	if l.pend > 0 {
-		sent, err = l.port.Send(l.out[:l.pend])
+		sent, err = l.port.Submit(l.out[:l.pend])
 		l.txSent.Add(uint64(sent))
 		if sent < l.pend {
-			// The device considers these frames sent: keep the rest, in
-			// order, at the front, swapping buffers so none is shared.
+			// The device considers these frames sent: they stay, in
+			// order, at the front, to be submitted again.
 			l.txBack.Add(1)
-			for i := 0; i < l.pend-sent; i++ {
-				l.out[i], l.out[sent+i] = l.out[sent+i], l.out[i]
-			}
 		}
+		// out[:sent] are the port's again; what is still lent moves up.
+		m := copy(l.out, l.out[sent:l.lent])
+		clear(l.out[m:l.lent])
 		l.pend -= sent
+		l.lent = m
 	}
-	l.stuck = l.pend > 0 && sent == 0
+	l.stuck = l.pend > 0 && sent == 0 || starved
 	l.dev.PublishStats()
 	return n > 0 || fetched || built > 0 || sent > 0, err
 }
