@@ -236,21 +236,22 @@ func (r *Report) ComputeRatios() {
 }
 
 // daemonRatios appends the daemon's goals: each row through the daemon
-// against the same row with one process per end (Goal* above).
+// against the same row with one process per end (Goal* above), for every
+// row that was run through the daemon (a failed one gives an unmet NaN).
 func (r *Report) daemonRatios() {
-	find := func(test, ends string) *Perf {
+	find := func(test, ends string, failed bool) *Perf {
 		for i := range r.RNIC {
-			if p := &r.RNIC[i]; p.Test == test && p.Ends == ends && p.Error == "" {
+			if p := &r.RNIC[i]; p.Test == test && p.Ends == ends && (failed || p.Error == "") {
 				return p
 			}
 		}
 		return nil
 	}
 	add := func(test, what string, v func(p *Perf) float64, goal float64, atLeast bool) {
-		d, ip := find(test, EndsDaemon), find(test, EndsProcs)
-		if d == nil && ip == nil {
+		if find(test, EndsDaemon, true) == nil {
 			return
 		}
+		d, ip := find(test, EndsDaemon, false), find(test, EndsProcs, false)
 		x := math.NaN()
 		if d != nil && ip != nil && v(ip) > 0 {
 			x = v(d) / v(ip)
