@@ -230,7 +230,7 @@ type MR struct {
 
 var _ verbs.MR = (*MR)(nil)
 
-// LKey, RKey, IOVA and Len describe the region.
+// LKey is the region's local key; RKey, IOVA and Len describe the rest.
 func (m *MR) LKey() uint32 { return m.lkey }
 func (m *MR) RKey() uint32 { return m.rkey }
 func (m *MR) IOVA() uint64 { return m.addr }
@@ -409,7 +409,8 @@ func (p *PD) mapQP(r *proto.CreateQPResp, fds []int, typ ib.QPType) (*QP, error)
 		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
 }
 
-// CreateSRQ: the daemon serves no SRQs yet.
+// CreateSRQ fails with verbs.ErrNotSupported: the daemon serves no SRQs
+// yet.
 func (p *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
 	return nil, fmt.Errorf("softrnic: SRQs through the daemon: %w", verbs.ErrNotSupported)
 }

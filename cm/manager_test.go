@@ -2,6 +2,7 @@ package cm
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -484,7 +485,7 @@ func TestRejectByApplication(t *testing.T) {
 	if e == nil || e.Reason != RejConsumerDefined || string(e.Private()[:4]) != "busy" || n.a.m.State(id) != StateIdle {
 		t.Fatalf("a %v", n.a.kinds())
 	}
-	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrBadState {
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); !errors.Is(err, ErrBadState) {
 		t.Fatalf("Accept after Reject: %v", err)
 	}
 	// The REJ is lost: A's REQ retry gets the same REJ from B, not a new
@@ -659,7 +660,7 @@ func TestAbort(t *testing.T) {
 	if e := n.b.last(EventRejected); e == nil || e.ID != reqID || e.Reason != RejTimeout || n.b.m.State(reqID) != StateTimeWait {
 		t.Fatalf("passive after abort: %v, state %v", n.b.kinds(), n.b.m.State(reqID))
 	}
-	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrBadState {
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); !errors.Is(err, ErrBadState) {
 		t.Fatalf("Accept of an aborted request: %v", err)
 	}
 	// An established connection is aborted with a DREQ.

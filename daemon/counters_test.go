@@ -187,7 +187,7 @@ func TestMetricsScrape(t *testing.T) {
 	c.Valid = proto.ValidAll &^ proto.ValidXDP
 	c.Device[proto.CtrRxPackets] = 123
 	c.Device[proto.CtrNpCNPSent] = 7
-	c.Device[proto.CtrXdpSteered] = 99 // not valid: must not appear
+	c.Device[proto.CtrXDPSteered] = 99 // not valid: must not appear
 	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1 << proto.QCtrDuplicateRequest}
 	q.Values[proto.QCtrDuplicateRequest] = 5
 	c.QPs = append(c.QPs, q)

@@ -30,7 +30,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	var tap capture.Tap
 	testlink.Run(t, devA, pa, engine.Options{Tap: &tap})
 	testlink.Run(t, devB, pb, engine.Options{})
-	_, path := serve(t, devA, daemon.Options{Tap: &tap})
+	path := serve(t, devA, daemon.Options{Tap: &tap})
 
 	c, err := client.Dial(path)
 	if err != nil {
@@ -79,7 +79,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	frames := 0
 	for {
 		data, _, opts, err := r.ReadPacketDataWithOptions()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -138,7 +138,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	n := 0
 	for {
 		d, _, err := pr.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		var f frame.Frame

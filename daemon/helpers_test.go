@@ -21,14 +21,14 @@ import (
 // same helpers.
 
 var (
-	macA, macB   = testlink.MACA, testlink.MACB
+	macA         = testlink.MACA
 	addrA, addrB = testlink.AddrA, testlink.AddrB
 	gidA, gidB   = ib.GIDFrom(addrA), ib.GIDFrom(addrB)
 )
 
 // serve starts a daemon on dev with opt (quiet, no group unless set) on a
 // socket in a temp dir, until the test ends.
-func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) (*daemon.Server, string) {
+func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) string {
 	t.Helper()
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -46,7 +46,7 @@ func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) (*daemon.Server, 
 	}
 	go srv.Serve()
 	t.Cleanup(func() { srv.Close(time.Second) })
-	return srv, path
+	return path
 }
 
 // twoDevices makes devices A and B joined by a link, and a daemon serving
@@ -58,7 +58,7 @@ func twoDevices(t testing.TB) (devA, devB *rnic.Device, path string) {
 // twoDevicesSpin is twoDevices with the daemon pump's SpinFor.
 func twoDevicesSpin(t testing.TB, spin time.Duration) (devA, devB *rnic.Device, path string) {
 	devA, devB = testlink.Pair(t, 1024)
-	_, path = serve(t, devA, daemon.Options{SpinFor: spin})
+	path = serve(t, devA, daemon.Options{SpinFor: spin})
 	return devA, devB, path
 }
 

@@ -192,7 +192,7 @@ func (ss *session) serve() {
 			break
 		}
 		resp, out, err := ss.handle(h, body, fds)
-		if err == errDeferred {
+		if errors.Is(err, errDeferred) {
 			continue // its goroutine replies
 		}
 		if rerr := ss.reply(h, resp, out, err); rerr != nil {
@@ -318,8 +318,9 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.destroyAH(body)
 	case proto.OpCMClose:
 		return ss.cmClose(body)
+	default:
+		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
-	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {

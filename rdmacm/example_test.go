@@ -2,6 +2,7 @@ package rdmacm_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -27,10 +28,13 @@ func Example() {
 	macS, macC := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
 	// The neighbour table: what ARP would answer.
 	resolve := func(_ context.Context, peer netip.Addr) ([6]byte, error) {
-		if peer == ipS {
+		switch peer {
+		case ipS:
 			return macS, nil
+		case ipC:
+			return macC, nil
 		}
-		return macC, nil
+		return [6]byte{}, errors.New("no neighbour")
 	}
 	start := func(mac [6]byte, ip netip.Addr, p *memlink.Port) (verbs.Device, *rdmacm.Agent) {
 		dev, _ := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}, Resolve: resolve})

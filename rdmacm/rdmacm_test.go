@@ -121,7 +121,7 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 		pb = wrapB(pb)
 	}
 	macs := map[netip.Addr][6]byte{ipA: macA, ipB: macB, ip6A: macA, ip6B: macB}
-	resolve := func(ctx context.Context, peer netip.Addr) ([6]byte, error) {
+	resolve := func(_ context.Context, peer netip.Addr) ([6]byte, error) {
 		if m, ok := macs[peer]; ok {
 			return m, nil
 		}
@@ -918,7 +918,7 @@ func TestQPOfAnotherDevice(t *testing.T) {
 			if err = r.Accept(ud, nil); errors.Is(err, verbs.ErrOtherDevice) {
 				err = r.Reject(nil)
 			} else {
-				err = fmt.Errorf("SIDR answered with another device's QP: %v", err)
+				err = fmt.Errorf("SIDR answered with another device's QP: %w", err)
 			}
 		}
 		done <- err

@@ -103,6 +103,8 @@ func (q *QP) resolveSend(s *verbs.SendWR, ah *AH, w *ib.SendWQE, sg []ib.Seg) {
 		w.Compare, w.SwapAdd = s.CompareAdd, s.Swap
 	case ib.AtomicFetchAndAdd:
 		w.SwapAdd = s.CompareAdd
+	default:
+		// No atomic operands.
 	}
 	if ah != nil {
 		w.AH = &ah.ah

@@ -68,10 +68,10 @@ type QP struct {
 	destroyed atomic.Bool
 }
 
-// QPN is the QP number.
 // Device is the device the QP belongs to (verbs.DeviceObject).
 func (q *QP) Device() verbs.Device { return q.dev }
 
+// QPN is the QP number.
 func (q *QP) QPN() uint32 { return q.qpn }
 
 // Type is the QP's transport service.

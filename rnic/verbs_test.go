@@ -33,7 +33,7 @@ func TestQPStateMachine(t *testing.T) {
 			t.Fatalf("RESET→%v allowed", s)
 		}
 	}
-	if _, err := q.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); err != verbs.ErrQPState {
+	if _, err := q.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); !errors.Is(err, verbs.ErrQPState) {
 		t.Fatal("post send in RESET allowed")
 	}
 	must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}))
@@ -326,7 +326,7 @@ func TestE2ESRQ(t *testing.T) {
 		cqa := tb.a.dev.newCQ(64)
 		qa, _ := tb.a.pd.newQP(testQP{Type: ib.RC, SendCQ: cqa, RecvCQ: cqa, MaxInline: 16})
 		qb, _ := tb.b.pd.newQP(testQP{Type: ib.RC, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
-		if _, err := qb.PostRecv([]verbs.RecvWR{{}}); err != verbs.ErrNoRecvQueue {
+		if _, err := qb.PostRecv([]verbs.RecvWR{{}}); !errors.Is(err, verbs.ErrNoRecvQueue) {
 			t.Fatal("post recv on an SRQ QP")
 		}
 		for _, p := range [][2]*QP{{qa, qb}, {qb, qa}} {

@@ -233,6 +233,8 @@ func Open(cfg Config) (s *Socket, err error) {
 		flags |= unix.XDP_COPY
 	case ModeZeroCopy:
 		flags |= unix.XDP_ZEROCOPY
+	default:
+		// ModeAuto: no flag, the kernel tries zero-copy, then copy.
 	}
 	if !cfg.NoNeedWakeup {
 		flags |= unix.XDP_USE_NEED_WAKEUP
@@ -248,7 +250,7 @@ func Open(cfg Config) (s *Socket, err error) {
 	// error is reported). This is the one place that waits for it.
 	for try := 0; ; try++ {
 		err = unix.Bind(fd, sa)
-		if err != unix.EBUSY || try == 300 {
+		if !errors.Is(err, unix.EBUSY) || try == 300 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

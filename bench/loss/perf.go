@@ -272,7 +272,7 @@ func waitListening(ctx context.Context, ns *netnstest.NS, port int, exited <-cha
 		}
 		select {
 		case err := <-exited:
-			return fmt.Errorf("exited before listening: %v", err)
+			return fmt.Errorf("exited before listening: %w", err)
 		case <-ctx.Done():
 			return errors.New("did not listen in time")
 		case <-time.After(20 * time.Millisecond):
@@ -452,7 +452,7 @@ func startDaemon(bin string, h host, dir string) (*daemon, error) {
 		case err := <-d.done:
 			d.done <- err
 			d.stop()
-			return nil, fmt.Errorf("daemon exited: %v: %s", err, lastLines(d.logs.w.String(), 2))
+			return nil, fmt.Errorf("daemon exited: %w: %s", err, lastLines(d.logs.w.String(), 2))
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {

@@ -68,7 +68,7 @@ func perfHelp(bin string) (string, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, "perf", "--help").CombinedOutput()
 	if len(out) == 0 {
-		return "", fmt.Errorf("%s perf --help: %v", bin, err)
+		return "", fmt.Errorf("%s perf --help: %w", bin, err)
 	}
 	return string(out), nil
 }

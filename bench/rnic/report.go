@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -219,6 +220,8 @@ func (r *Report) ComputeRatios() {
 			Goal: fmt.Sprintf("≤ %.1f", GoalLatOverSockperf), Met: v <= GoalLatOverSockperf})
 	}
 }
+
+var _ json.Marshaler = Ratio{}
 
 // MarshalJSON writes a NaN ratio as null (encoding/json refuses NaN).
 func (q Ratio) MarshalJSON() ([]byte, error) {

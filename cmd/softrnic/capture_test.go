@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -79,7 +80,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	defer c.Close()
-	tool := func(args ...string) (string, string) {
+	tool := func(args ...string) string {
 		t.Helper()
 		var out, errb bytes.Buffer
 		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
@@ -89,7 +90,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		if err := cmd.Run(); err != nil {
 			t.Fatalf("softrnic %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
 		}
-		return out.String(), errb.String()
+		return out.String()
 	}
 
 	// The capture runs before the traffic starts: it says so on stderr.
@@ -183,7 +184,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	checkCapture(t, pcapFile, 20, qp.QPN(), qpB.QPN())
 
 	// softrnic stats: the device line and the client QP's line.
-	out, _ := tool("stats", "--control", sock)
+	out := tool("stats", "--control", sock)
 	t.Logf("softrnic stats:\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	dev := statsFields(t, lines[0], "link "+pair.A.Name+"/1 ")
@@ -213,7 +214,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		t.Errorf("no line for the client's QP %d:\n%s", qp.QPN(), out)
 	}
 	// --qp N --json: that QP only.
-	out, _ = tool("stats", "--control", sock, "--qp", strconv.Itoa(int(qp.QPN())), "--json")
+	out = tool("stats", "--control", sock, "--qp", strconv.Itoa(int(qp.QPN())), "--json")
 	var js statsJSON
 	if err := json.Unmarshal([]byte(out), &js); err != nil || len(js.QPs) != 1 || js.QPs[0].LQPN != qp.QPN() ||
 		js.QPs[0].Type != "RC" || js.Counters != nil || len(js.NotCounted) == 0 {
@@ -222,7 +223,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 
 	// softrnic status: AF_XDP, its attach mode (copy: veth has no
 	// zero-copy), the QP and this process among the clients.
-	out, _ = tool("status", "--control", sock)
+	out = tool("status", "--control", sock)
 	t.Logf("softrnic status:\n%s", out)
 	for _, re := range []string{
 		`(?m)^device     ` + pair.A.Name + `  node_guid [0-9a-f]{16}  port 1 ACTIVE  mtu 1024$`,
@@ -377,7 +378,7 @@ func checkCapture(t *testing.T, name string, n int, qpA, qpB uint32) {
 	to := map[uint32]int{}
 	for {
 		data, _, err := r.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

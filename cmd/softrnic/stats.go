@@ -184,8 +184,9 @@ func qpTypeString(t ib.QPType) string {
 		return "UC"
 	case ib.UD:
 		return "UD"
+	default:
+		return fmt.Sprintf("type%d", t)
 	}
-	return fmt.Sprintf("type%d", t)
 }
 
 // writeStatsText prints like rdma statistic show: "link DEV/1 name value

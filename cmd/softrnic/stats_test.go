@@ -14,7 +14,7 @@ func sampleStats() *statsReport {
 	r := &statsReport{Device: "veth0", Valid: proto.ValidAll &^ proto.ValidXDP}
 	r.Values[proto.CtrRxPackets] = 123
 	r.Values[proto.CtrTxPackets] = 45
-	r.Values[proto.CtrXdpSteered] = 9 // not valid on this port: never printed
+	r.Values[proto.CtrXDPSteered] = 9 // not valid on this port: never printed
 	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1<<proto.QCtrDuplicateRequest | 1<<proto.QCtrRetransmits}
 	q.Values[proto.QCtrDuplicateRequest] = 3
 	q.Values[proto.QCtrRetransmits] = 2

@@ -32,7 +32,7 @@ func vectorFrames(t testing.TB, name string) [][]byte {
 	var out [][]byte
 	for {
 		data, _, err := r.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -64,7 +64,7 @@ func readBack(t *testing.T, b []byte, format Format) ([][]byte, []pcapgo.NgEpbFl
 		}
 		for {
 			data, ci, opts, err := r.ReadPacketDataWithOptions()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
@@ -90,7 +90,7 @@ func readBack(t *testing.T, b []byte, format Format) ([][]byte, []pcapgo.NgEpbFl
 	}
 	for {
 		data, _, err := r.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

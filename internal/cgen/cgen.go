@@ -152,7 +152,7 @@ func goList(dir string, patterns []string) ([]listed, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("go list: %v\n%s", err, stderr.String())
+		return nil, fmt.Errorf("go list: %w\n%s", err, stderr.String())
 	}
 	var pkgs []listed
 	dec := json.NewDecoder(bytes.NewReader(out))

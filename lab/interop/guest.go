@@ -73,7 +73,7 @@ func (g *Guest) Boot(ns, kernel, initrd string, mtu int, timeout time.Duration) 
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := g.cmd.Start(); err != nil {
 		log.Close()
-		return fmt.Errorf("guest %s: %v", g.Name, err)
+		return fmt.Errorf("guest %s: %w", g.Name, err)
 	}
 	g.done = make(chan struct{})
 	go func() {
@@ -84,7 +84,7 @@ func (g *Guest) Boot(ns, kernel, initrd string, mtu int, timeout time.Duration) 
 	g.next = 1
 	booted := filepath.Join(g.Share, "booted")
 	if err := g.waitFile(booted, timeout); err != nil {
-		return fmt.Errorf("guest %s did not boot: %v (see %s)", g.Name, err, filepath.Join(g.Share, "console.log"))
+		return fmt.Errorf("guest %s did not boot: %w (see %s)", g.Name, err, filepath.Join(g.Share, "console.log"))
 	}
 	info, err := os.ReadFile(filepath.Join(g.Share, "info"))
 	if err != nil {
@@ -130,7 +130,7 @@ func (g *Guest) waitFile(path string, timeout time.Duration) error {
 			return nil
 		}
 		if !g.Alive() {
-			return fmt.Errorf("qemu exited (%v)", g.err)
+			return fmt.Errorf("qemu exited (%w)", g.err)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("timed out after %v waiting for %s", timeout, filepath.Base(path))

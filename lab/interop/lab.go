@@ -537,7 +537,7 @@ func (l *Lab) impairHost(c *Case) error {
 	cmd := exec.Command("ip", "netns", "exec", l.ns, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("nft: %v: %s", err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

@@ -13,18 +13,17 @@ import (
 )
 
 type options struct {
-	selfcheck  bool
-	cases      string
-	only       string
-	list       bool
-	cache      string
-	out        string
-	softrnic   string
-	capture    bool
-	pcapCheck  string
-	keepPcaps  bool
-	bootLimit  time.Duration
-	keepShares bool
+	selfcheck bool
+	cases     string
+	only      string
+	list      bool
+	cache     string
+	out       string
+	softrnic  string
+	capture   bool
+	pcapCheck string
+	keepPcaps bool
+	bootLimit time.Duration
 }
 
 func main() {

@@ -3,6 +3,7 @@ package afpacket
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -157,10 +158,10 @@ func TestOversizeAndClosed(t *testing.T) {
 		t.Error("oversize frame accepted")
 	}
 	a.Close()
-	if _, err := a.Recv(make([][]byte, 1), 0); err != port.ErrClosed {
+	if _, err := a.Recv(make([][]byte, 1), 0); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Recv after Close: %v", err)
 	}
-	if _, err := a.Send([][]byte{make([]byte, 60)}); err != port.ErrClosed {
+	if _, err := a.Send([][]byte{make([]byte, 60)}); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Send after Close: %v", err)
 	}
 }

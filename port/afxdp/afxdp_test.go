@@ -263,10 +263,10 @@ func TestClosed(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Recv(make([][]byte, 1), 0); err != port.ErrClosed {
+	if _, err := a.Recv(make([][]byte, 1), 0); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Recv after Close: %v", err)
 	}
-	if _, err := a.Send([][]byte{make([]byte, 60)}); err != port.ErrClosed {
+	if _, err := a.Send([][]byte{make([]byte, 60)}); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Send after Close: %v", err)
 	}
 	if err := a.Close(); err != nil {

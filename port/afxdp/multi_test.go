@@ -160,7 +160,7 @@ func TestMultiAllQueues(t *testing.T) {
 			}
 			// From ethtool, not from the sysfs fallback.
 			if n, err := ethtoolRxQueues(side.l.Name); n != nq || err != nil {
-				return fmt.Errorf("ethtool channels of %s: %d, %v", side.l.Name, n, err)
+				return fmt.Errorf("ethtool channels of %s: %d, %w", side.l.Name, n, err)
 			}
 			*side.m, err = OpenMulti(MultiConfig{Config: Config{IfIndex: side.l.Index}, SpreadTx: side.spread})
 			return err
@@ -180,7 +180,7 @@ func TestMultiAllQueues(t *testing.T) {
 			return fmt.Errorf("%d queues served on a %d-queue interface", nq+1, nq)
 		}
 		if !strings.Contains(err.Error(), fmt.Sprintf("has %d receive queues; cannot serve %d", nq, nq+1)) {
-			return fmt.Errorf("unclear refusal: %v", err)
+			return fmt.Errorf("unclear refusal: %w", err)
 		}
 		return nil
 	}); err != nil {

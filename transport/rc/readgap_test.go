@@ -36,10 +36,10 @@ func TestCompleterReadReplyGapWithReadsOutstanding(t *testing.T) {
 	reply := func(i int, first bth.PSN, from int, firstOp bth.Opcode) {
 		for k := from; k < 4; k++ {
 			op := bth.RCRDMAReadResponseMiddle
-			switch {
-			case k == from:
+			switch k {
+			case from:
 				op = firstOp
-			case k == 3:
+			case 3:
 				op = bth.RCRDMAReadResponseLast
 			}
 			c.respond(req{op: op, psn: first + bth.PSN(k), syn: SynACK, msn: uint32(i + 1), payload: src[i][k*1024 : (k+1)*1024]})

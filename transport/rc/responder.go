@@ -601,6 +601,9 @@ func (q *QP) buildResponse(buf []byte) int {
 		bth.AtomicAckETH(buf[op.Offset(bth.ExtAtomicAckETH):]).SetOrig(it.orig)
 		s.pop()
 		return op.HeaderLen()
+	default:
+		// itemRead: the reply's next packet, below. (Cancelled items
+		// were skipped above.)
 	}
 	mtu := uint32(q.cfg.MTU)
 	pay := it.remain

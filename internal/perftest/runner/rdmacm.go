@@ -56,7 +56,7 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 		peer = a
 	}
 	var r Result
-	err := withHost(ctx, p, o, func(h Host) error {
+	err := withHost(p, o, func(h Host) error {
 		if h.CM == nil {
 			return errors.New("perf: -R: this RNIC runs no rdma_cm")
 		}
@@ -103,7 +103,7 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
-		return netip.Addr{}, fmt.Errorf("perf: cannot resolve %q: %v", host, err)
+		return netip.Addr{}, fmt.Errorf("perf: cannot resolve %q: %w", host, err)
 	}
 	return ips[0].Unmap(), nil
 }
@@ -237,8 +237,8 @@ func (t *Test) cmPickGID() error {
 func (t *Test) cmFinish(out perftest.Outcome) (Result, error) {
 	if out.PeerReport != nil && !t.client {
 		t.res.BW = append(t.res.BW, *out.PeerReport)
-		t.printf("%s", perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
-		t.printf("%s", perftest.ResultLine)
+		t.print(perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
+		t.print(perftest.ResultLine)
 	}
 	if t.p.Verify {
 		if err := t.verifyAfter(out); err != nil {

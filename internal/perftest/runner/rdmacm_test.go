@@ -239,7 +239,7 @@ func countOf(list []string, s string) int {
 // in-memory link (no root needed): READ resources negotiated in the CM,
 // receives posted before the peer's SENDs.
 func TestCMOverMemlink(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	port := uint16(18700)
 	for _, tc := range []struct {
 		verb perftest.Verb

@@ -195,8 +195,8 @@ func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 	if out.PeerReport != nil && !t.client {
 		// The passive server prints the client's figures, as perftest does.
 		t.res.BW = append(t.res.BW, *out.PeerReport)
-		t.printf("%s", perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
-		t.printf("%s", perftest.ResultLine)
+		t.print(perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
+		t.print(perftest.ResultLine)
 	}
 	if t.p.Verify {
 		if err := t.verifyAfter(out); err != nil {
@@ -207,9 +207,9 @@ func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 	return t.res, nil
 }
 
-func (t *Test) printf(format string, a ...any) {
+func (t *Test) print(s string) {
 	if !t.quiet && t.out != nil {
-		fmt.Fprintf(t.out, format, a...)
+		fmt.Fprint(t.out, s)
 	}
 }
 
@@ -315,8 +315,9 @@ func (t *Test) qpType() ib.QPType {
 		return ib.UC
 	case perftest.UD:
 		return ib.UD
+	default:
+		return ib.RC
 	}
-	return ib.RC
 }
 
 // qpMasks are the attributes a test's QPs set on their way to RTS: what
@@ -331,10 +332,11 @@ func (t *Test) masks() qpMasks {
 	case ib.UC:
 		return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
 			s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN, s | ib.AttrSQPSN}
+	default:
+		return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
+			s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer,
+			s | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic}
 	}
-	return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
-		s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer,
-		s | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic}
 }
 
 // setupMR makes the PD and the one MR of all QPs, with room for the peer's
@@ -362,6 +364,8 @@ func (t *Test) setupMR(n perftest.Negotiated) error {
 		t.allowed |= ib.RemoteRead
 	case perftest.Atomic:
 		t.allowed |= ib.RemoteAtomic
+	case perftest.Send:
+		// Local access only: the peer posts receives.
 	}
 	var r [8]byte
 	rand.Read(r[:])

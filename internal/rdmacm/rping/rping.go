@@ -293,6 +293,9 @@ func RunClient(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.A
 			if err := e.sendInfo(q, act.Info); err != nil {
 				return err
 			}
+		default:
+			// ActNone: wait for the next completion. (READ and WRITE
+			// are the server's.)
 		}
 	}
 }
@@ -367,6 +370,8 @@ func RunServer(ctx context.Context, dev verbs.Device, cm rdmacm.CM, o Options, r
 			err = e.rdma(q, 3, ib.RDMARead, buf, act.Remote.Size, act.Remote)
 		case cmrping.ActRDMAWrite:
 			err = e.rdma(q, 4, ib.RDMAWrite, buf, uint32(act.Len), act.Remote)
+		default:
+			// ActNone: wait for the client. (ActDone is the client's.)
 		}
 		if err != nil {
 			return err

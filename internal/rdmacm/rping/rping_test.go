@@ -99,7 +99,7 @@ func setup2(t *testing.T) (srv, cli *rdmacm.Agent, tap, tapS *tapPort) {
 	return srv, cli, tap, tapS
 }
 
-func run(t *testing.T, srv, cli *rdmacm.Agent, o Options) (string, string, error, error) {
+func run(srv, cli *rdmacm.Agent, o Options) (string, string, error, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var sout, cout bytes.Buffer
@@ -122,7 +122,7 @@ func run(t *testing.T, srv, cli *rdmacm.Agent, o Options) (string, string, error
 func TestPing(t *testing.T) {
 	srv, cli, _ := setup(t)
 	for _, size := range []int{64, 5000} {
-		sout, cout, serr, cerr := run(t, srv, cli, Options{Count: 10, Size: size, Verbose: true, Validate: true})
+		sout, cout, serr, cerr := run(srv, cli, Options{Count: 10, Size: size, Verbose: true, Validate: true})
 		if serr != nil || cerr != nil {
 			t.Fatalf("size %d: server %v, client %v\n%s\n%s", size, serr, cerr, sout, cout)
 		}
@@ -190,7 +190,7 @@ func TestMatchesStockRping(t *testing.T) {
 	}
 
 	srv, cli, tap := setup(t)
-	if _, _, serr, cerr := run(t, srv, cli, Options{Count: 10, Size: 64, Verbose: true, Validate: true}); serr != nil || cerr != nil {
+	if _, _, serr, cerr := run(srv, cli, Options{Count: 10, Size: 64, Verbose: true, Validate: true}); serr != nil || cerr != nil {
 		t.Fatalf("server %v, client %v", serr, cerr)
 	}
 	tap.mu.Lock()
@@ -269,7 +269,7 @@ func TestPSNsAsLinux(t *testing.T) {
 		t.Fatalf("capture: REQ %#x REP %#x, client SEND %#x, server READ %#x", req, rep, send, read)
 	}
 	srv, cli, tapC, tapS := setup2(t)
-	if _, _, serr, cerr := run(t, srv, cli, Options{Count: 1, Size: 64, Validate: true}); serr != nil || cerr != nil {
+	if _, _, serr, cerr := run(srv, cli, Options{Count: 1, Size: 64, Validate: true}); serr != nil || cerr != nil {
 		t.Fatalf("server %v, client %v", serr, cerr)
 	}
 	tapC.mu.Lock()

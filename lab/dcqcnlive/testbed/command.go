@@ -64,7 +64,6 @@ type sharedServer struct {
 	proc *proc
 	port int
 	once sync.Once
-	err  error
 }
 
 // wait waits for the server (once; later calls return nil, so that its
@@ -249,7 +248,7 @@ func waitListen(h *Host, port int, limit time.Duration, p *proc) error {
 	for time.Now().Before(end) {
 		select {
 		case <-p.done:
-			return fmt.Errorf("testbed: %s exited before listening: %v", strings.Join(p.argv, " "), p.err)
+			return fmt.Errorf("testbed: %s exited before listening: %w", strings.Join(p.argv, " "), p.err)
 		default:
 		}
 		found := false

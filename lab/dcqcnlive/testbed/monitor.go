@@ -125,7 +125,7 @@ func (m *Monitor) loop() {
 	for !m.stop.Load() {
 		n, pkttype, realNs, rerr := r.recv(m.fd)
 		if rerr != nil {
-			if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			if errors.Is(rerr, unix.EAGAIN) || errors.Is(rerr, unix.EINTR) {
 				continue
 			}
 			err = fmt.Errorf("testbed: monitor: %w", rerr)
