@@ -200,7 +200,9 @@ func serveClients(ctx context.Context, h Host, p perftest.Params, o CLIOptions, 
 	}
 	for range started {
 		oc := <-done
-		stdout.Write(oc.out)
+		if _, err := stdout.Write(oc.out); err != nil {
+			errs = append(errs, err)
+		}
 		all.BW = append(all.BW, oc.r.BW...)
 		all.Lat = append(all.Lat, oc.r.Lat...)
 		all.CC = append(all.CC, oc.r.CC...)

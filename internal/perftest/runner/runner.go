@@ -158,9 +158,9 @@ func (t *Test) congestion() (profile string, scale float64, on bool) {
 
 // Exec runs the test over the side channel conn, returns what it measured
 // and always destroys its QPs and MRs.
-func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
+func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (_ Result, err error) {
 	t.ctx = ctx
-	defer t.close()
+	defer func() { err = errors.Join(err, t.close()) }()
 	if t.dev == nil {
 		return t.res, errors.New("perf: no device")
 	}
@@ -507,32 +507,37 @@ func (t *Test) allocBuf() error {
 	return nil
 }
 
-// close destroys the QPs and CQs, deregisters the MRs and frees their
+// close destroys the QPs, AHs and CQs, deregisters the MRs and frees their
 // memory, and deallocates the PD, in the order verbs requires.
-func (t *Test) close() {
+func (t *Test) close() error {
+	var errs []error
 	for _, q := range t.qps {
 		if q.qp != nil {
-			q.qp.Destroy()
+			errs = append(errs, q.qp.Destroy())
+		}
+		if q.ah != nil {
+			errs = append(errs, q.ah.Destroy())
 		}
 		if q.recvMR != nil {
-			q.recvMR.Dereg()
+			errs = append(errs, q.recvMR.Dereg())
 		}
 		if q.recvMem != nil {
-			q.recvMem.Free()
+			errs = append(errs, q.recvMem.Free())
 		}
 		if q.cq != nil {
-			q.cq.Destroy()
+			errs = append(errs, q.cq.Destroy())
 		}
 	}
 	if t.mr != nil {
-		t.mr.Dereg()
+		errs = append(errs, t.mr.Dereg())
 	}
 	if t.mem != nil {
-		t.mem.Free()
+		errs = append(errs, t.mem.Free())
 	}
 	if t.pd != nil {
-		t.pd.Dealloc()
+		errs = append(errs, t.pd.Dealloc())
 	}
+	return errors.Join(errs...)
 }
 
 // slotLen is the length of a receive buffer for messages of size bytes.
