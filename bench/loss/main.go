@@ -113,7 +113,7 @@ func main() {
 	bail := func(why string) {
 		killChildren()
 		if c := current.Load(); c != nil {
-			(*c)()
+			_ = (*c)() // best effort on the way out
 		}
 		fail(130, "%s", why)
 	}

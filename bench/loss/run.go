@@ -78,7 +78,7 @@ func perfHelp(bin string) (string, error) {
 func Measure(o Options, log io.Writer) (*Report, error) {
 	start := time.Now()
 	var uts unix.Utsname
-	unix.Uname(&uts)
+	_ = unix.Uname(&uts) // fails only for a bad pointer
 	rep := &Report{When: start.UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), Binary: o.Bin, LoadStart: loadavg(),
 		Note: "every end is a softrnic process on an AF_XDP port (copy mode) in its own namespace on this host; both ends, the bridge and softirq share the CPUs"}
@@ -90,7 +90,11 @@ func Measure(o Options, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		if err := os.RemoveAll(tmp); err != nil {
+			fmt.Fprintln(log, "bench-loss:", err)
+		}
+	}()
 
 	if o.Loss {
 		modes := append([]Mode(nil), o.Modes...)
@@ -125,7 +129,9 @@ func lossTable(o Options, modes []Mode, rep *Report, log io.Writer) error {
 	setCurrent(path.Close)
 	defer func() {
 		current.Store(nil)
-		path.Close()
+		if err := path.Close(); err != nil {
+			fmt.Fprintln(log, "bench-loss: removing the lossy path:", err)
+		}
 	}()
 	a := host{ns: path.A.NS, dev: path.A.Name, addr: path.A.Addr.String()}
 	b := host{ns: path.B.NS, dev: path.B.Name, addr: path.B.Addr.String()}
@@ -219,7 +225,9 @@ func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
 			fmt.Fprintf(log, "daemon receiver  MTU %d  -q %-3d  %s\n", mtu, o.DaemonQPs, runLine(rep.Daemon.Run))
 		}
 		current.Store(nil)
-		pair.Close()
+		if err := pair.Close(); err != nil {
+			fmt.Fprintln(log, "bench-loss: removing the namespaces:", err)
+		}
 	}
 	return nil
 }
