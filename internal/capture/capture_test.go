@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,13 +15,14 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/frame/frametest"
 )
 
 // vectorFrames reads the RoCE frames of a shared test vector (real rxe
 // traffic, every ICRC valid).
 func vectorFrames(t testing.TB, name string) [][]byte {
 	t.Helper()
-	f, err := os.Open("../../shared/vectors/" + name)
+	f, err := os.Open(filepath.Join(frametest.VectorsDir(t), name))
 	if err != nil {
 		t.Skip("test vectors not available:", err)
 	}
@@ -168,7 +170,9 @@ func TestCountAndQPFilter(t *testing.T) {
 	qpCount := map[uint32]int{}
 	for _, f := range in {
 		var fr frame.Frame
-		frame.Parse(f, &fr)
+		if err := frame.Parse(f, &fr); err != nil {
+			t.Fatal(err)
+		}
 		qpCount[fr.BTH().DestQP()]++
 	}
 	var qpn uint32
