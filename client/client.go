@@ -301,8 +301,7 @@ func (c *Client) CreateCQ(depth int) (verbs.CQ, error) {
 	ring, err := shmring.Map(fds[0], shmring.Geometry{SlotSize: proto.CQESize, Slots: int(r.Slots)})
 	if err != nil {
 		unix.Close(fds[1])
-		c.callHandle(proto.OpDestroyCQ, r.CQ)
-		return nil, err
+		return nil, errors.Join(err, c.callHandle(proto.OpDestroyCQ, r.CQ))
 	}
 	return &CQ{c: c, h: r.CQ, ring: ring, cons: ring.Consumer(), db: shmring.DoorbellFD(fds[1])}, nil
 }
@@ -396,14 +395,12 @@ func (p *PD) mapQP(r *proto.CreateQPResp, fds []int, typ ib.QPType) (*QP, error)
 	sq, err := shmring.Map(fds[0], shmring.Geometry{SlotSize: proto.SendSlotSize(r.Caps), Slots: int(r.SQSlots)})
 	if err != nil {
 		unix.Close(fds[1])
-		p.c.callHandle(proto.OpDestroyQP, r.QP)
-		return nil, err
+		return nil, errors.Join(err, p.c.callHandle(proto.OpDestroyQP, r.QP))
 	}
 	rq, err := shmring.Map(fds[1], shmring.Geometry{SlotSize: proto.RecvSlotSize(r.Caps), Slots: int(r.RQSlots)})
 	if err != nil {
 		sq.Close()
-		p.c.callHandle(proto.OpDestroyQP, r.QP)
-		return nil, err
+		return nil, errors.Join(err, p.c.callHandle(proto.OpDestroyQP, r.QP))
 	}
 	return &QP{c: p.c, h: r.QP, qpn: r.QPN, typ: typ, caps: r.Caps, sq: sq, rq: rq,
 		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
@@ -599,7 +596,7 @@ func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
 			err = verbs.ErrQueueFull
 			break
 		}
-		proto.PutRecvWR(s, &ws[i])
+		_ = proto.PutRecvWR(s, &ws[i]) // it fits: the slot holds MaxRecvSGE entries, checked above
 		n++
 	}
 	if n > 0 {

@@ -463,7 +463,7 @@ func (f *Flags) Load() (Config, error) {
 			return c, err
 		}
 		err = c.ParseFile(f.configPath, fh)
-		fh.Close()
+		_ = fh.Close() // read only
 		if err != nil {
 			return c, err
 		}
