@@ -166,7 +166,7 @@ func Open(cfg Config) (s *Socket, err error) {
 	s = &Socket{fd: fd, cfg: cfg, pfd: []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}}
 	defer func() {
 		if err != nil {
-			s.Close()
+			err = errors.Join(err, s.Close())
 			s = nil
 		}
 	}()
@@ -367,8 +367,9 @@ func (s *Socket) Fill(descs []unix.XDPDesc) {
 	s.fill.producer.Store(s.fill.cachedProducer)
 	if s.info.NeedWakeup && s.fill.needWakeup() {
 		// The driver ran dry and sleeps until told the FILL ring has
-		// frames again: recvfrom is the cheapest wakeup.
-		unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		// frames again: recvfrom is the cheapest wakeup. Its result tells
+		// nothing: the kernel reads the FILL ring whatever it returns.
+		_, _, _ = unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	}
 }
 

@@ -42,7 +42,10 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench/io:", err)
 			os.Exit(1)
 		}
-		pprof.StartCPUProfile(f)
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/io:", err)
+			os.Exit(1)
+		}
 		defer pprof.StopCPUProfile()
 	}
 	switch *xdpMode {
@@ -61,7 +64,7 @@ func main() {
 	go func() {
 		s := <-sig
 		if p := current.Load(); p != nil {
-			p.Close()
+			_ = p.Close() // best effort on the way out
 		}
 		fmt.Fprintln(os.Stderr, "bench/io: stopped by", s)
 		os.Exit(130)
@@ -80,7 +83,7 @@ func main() {
 		sizes = append(sizes, v)
 	}
 	var uts unix.Utsname
-	unix.Uname(&uts)
+	_ = unix.Uname(&uts) // fails only for a bad pointer
 	rep := iobench.Report{
 		When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), Duration: dur.String(),
@@ -110,12 +113,17 @@ func main() {
 			}
 		}
 		current.Store(nil)
-		pair.Close()
+		if err := pair.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/io: removing the namespaces:", err)
+		}
 	}
 	iobench.PrintTable(os.Stdout, rep)
 	if *jsonPath != "" {
-		os.MkdirAll(filepath.Dir(*jsonPath), 0o755)
 		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.MkdirAll(filepath.Dir(*jsonPath), 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/io:", err)
+			os.Exit(1)
+		}
 		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "bench/io:", err)
 			os.Exit(1)

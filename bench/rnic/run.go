@@ -81,7 +81,7 @@ func loadavg() [3]float64 {
 // pair cannot be made.
 func Run(o Options, log io.Writer) (*Report, error) {
 	var uts unix.Utsname
-	unix.Uname(&uts)
+	_ = unix.Uname(&uts) // fails only for a bad pointer
 	rep := &Report{When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), MTU: MTU, LoadStart: loadavg(),
 		Note: "veth between two namespaces on this host, copy mode; both softrnic ends, the raw sender and receiver and softirq share the CPUs"}
@@ -94,7 +94,9 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	current.Store(&pairCloser{close: closePair})
 	defer func() {
 		current.Store(nil)
-		closePair()
+		if err := closePair(); err != nil {
+			fmt.Fprintln(log, "bench/rnic: removing the namespaces:", err)
+		}
 	}()
 
 	// 1. Raw AF_XDP, the ceiling any engine on this port works under. The
@@ -111,12 +113,21 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	rep.Raw = append(rep.Raw, raw("tx-only", 64), raw("rx-only", 64), raw("tx-only", RawSize))
 
 	// 2. softrnic against softrnic, through `softrnic perf`'s own code.
+	profiling := false
 	if o.CPUProfile != "" {
 		if f, err := os.Create(o.CPUProfile); err != nil {
 			fmt.Fprintln(log, "cpuprofile:", err)
 		} else {
-			pprof.StartCPUProfile(f)
-			defer f.Close()
+			defer func() {
+				if err := f.Close(); err != nil {
+					fmt.Fprintln(log, "cpuprofile:", err)
+				}
+			}()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				fmt.Fprintln(log, "cpuprofile:", err)
+			} else {
+				profiling = true
+			}
 		}
 	}
 	cases := []struct {
@@ -142,7 +153,6 @@ func Run(o Options, log io.Writer) (*Report, error) {
 			jobs = append(jobs, job{c.name, c.test, c.args, true})
 		}
 	}
-	profiling := o.CPUProfile != ""
 	run := func(j job) Perf {
 		args := append([]string{"--report_gbits"}, j.args...)
 		tc := tests[j.test]
@@ -276,7 +286,7 @@ func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.M
 // cpuTime is this process's user+system CPU time in seconds.
 func cpuTime() float64 {
 	var ru unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru) // fails only for a bad pointer
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
@@ -310,8 +320,9 @@ func sockperf(pair *netnstest.Pair, secs int) Sockperf {
 		return s
 	}
 	defer func() {
-		srv.Process.Kill()
-		srv.Wait()
+		// sockperf's server runs until killed: its exit status is that.
+		_ = srv.Process.Kill()
+		_ = srv.Wait()
 	}()
 	select {
 	case <-ready.done:

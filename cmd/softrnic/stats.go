@@ -124,8 +124,6 @@ func (cc *controlConn) call(op proto.Op, req any) ([]byte, error) {
 	return body, nil
 }
 
-func (cc *controlConn) Close() error { return cc.c.Close() }
-
 // stats gathers every page of OpStats (all QPs, or only qp if qp >= 0).
 func (cc *controlConn) stats(qp int) (*statsReport, error) {
 	var rep statsReport
@@ -165,7 +163,7 @@ func queryStats(path string, qp int) (*statsReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer cc.Close()
+	defer cc.c.Close()
 	return cc.stats(qp)
 }
 

@@ -59,7 +59,7 @@ func queryStatus(path string) (*statusReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer cc.Close()
+	defer cc.c.Close()
 	rep := statusReport{Info: cc.info}
 	body, err := cc.call(proto.OpStatus, nil)
 	if err == nil {

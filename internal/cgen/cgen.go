@@ -52,7 +52,10 @@ func main() {
 		os.Exit(1)
 	}
 	if *out == "" {
-		os.Stdout.Write(b)
+		if _, err := os.Stdout.Write(b); err != nil {
+			fmt.Fprintln(os.Stderr, "cgen:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	if err := os.WriteFile(*out, b, 0o644); err != nil {

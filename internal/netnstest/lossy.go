@@ -83,7 +83,7 @@ func NewLossyPath(opt LossyOptions) (p *LossyPath, err error) {
 	p = &LossyPath{table: "softrnic_lossy"}
 	defer func() {
 		if err != nil {
-			p.Close()
+			err = errors.Join(err, p.Close())
 			p = nil
 		}
 	}()

@@ -25,7 +25,11 @@ func buildSoftrnic() (bin string, cleanup func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	cleanup = func() { os.RemoveAll(dir) }
+	cleanup = func() {
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "dcqcnlive:", err)
+		}
+	}
 	bin = filepath.Join(dir, "softrnic")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/softrnic")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

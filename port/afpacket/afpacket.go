@@ -176,7 +176,7 @@ func Open(cfg Config) (p *Port, err error) {
 	p = &Port{fd: fd, maxFrame: ifc.MTU + 14 + 4}
 	defer func() {
 		if err != nil {
-			p.Close()
+			err = errors.Join(err, p.Close())
 			p = nil
 		}
 	}()

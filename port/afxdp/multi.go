@@ -101,7 +101,7 @@ func OpenMulti(cfg MultiConfig) (m *Multi, err error) {
 	m = &Multi{prog: cfg.Program, next: 0}
 	defer func() {
 		if err != nil {
-			m.Close()
+			err = errors.Join(err, m.Close())
 			m = nil
 		}
 	}()

@@ -128,12 +128,10 @@ func Load(cfg Config) (*Marker, error) {
 		return nil, fmt.Errorf("ecnmark: load: %w", err)
 	}
 	if err := m.Reset(); err != nil {
-		m.objs.Close()
-		return nil, err
+		return nil, errors.Join(err, m.objs.Close())
 	}
 	if err := m.writeConfig(0); err != nil {
-		m.objs.Close()
-		return nil, err
+		return nil, errors.Join(err, m.objs.Close())
 	}
 	return m, nil
 }
@@ -292,8 +290,7 @@ func (m *Marker) Attach(ifindex int) error {
 		DirectAction: true,
 	}
 	if err := netlink.FilterAdd(f); err != nil {
-		netlink.QdiscDel(q)
-		return fmt.Errorf("ecnmark: add egress filter on ifindex %d: %w", ifindex, err)
+		return errors.Join(fmt.Errorf("ecnmark: add egress filter on ifindex %d: %w", ifindex, err), netlink.QdiscDel(q))
 	}
 	m.ifindex = ifindex
 	return nil

@@ -221,7 +221,7 @@ func (p *proc) wait(d time.Duration) error {
 	select {
 	case <-p.done:
 	case <-time.After(d):
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGINT)
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGINT) // the group may have exited: p.done says
 		select {
 		case <-p.done:
 		case <-time.After(3 * time.Second):
@@ -235,7 +235,7 @@ func (p *proc) wait(d time.Duration) error {
 }
 
 func (p *proc) kill() {
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group may have exited: p.done says
 	<-p.done
 }
 
@@ -328,7 +328,7 @@ func (f *cmdFlow) save(name string, p *proc) {
 		return
 	}
 	if os.MkdirAll(f.logDir, 0o755) == nil {
-		os.WriteFile(f.logDir+"/"+name, p.out.Bytes(), 0o644)
+		_ = os.WriteFile(f.logDir+"/"+name, p.out.Bytes(), 0o644)
 	}
 }
 

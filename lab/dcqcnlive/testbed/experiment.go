@@ -248,7 +248,7 @@ func (e Experiment) Run() (sum Summary, err error) {
 				}
 			}
 		}()
-		defer trace.Close()
+		defer func() { err = errors.Join(err, trace.Close()) }()
 	}
 
 	nbins := int(e.Duration/e.Bin) + 2
@@ -256,7 +256,7 @@ func (e Experiment) Run() (sum Summary, err error) {
 	if err != nil {
 		return sum, err
 	}
-	defer mon.Stop()
+	defer func() { err = errors.Join(err, mon.Stop()) }()
 	stopPoll := make(chan struct{})
 	pollDone := make(chan error, 1)
 	var pts []QueuePoint
@@ -483,8 +483,7 @@ func writeCSV(path string, rows [][]string) error {
 	}
 	w := csv.NewWriter(fh)
 	if err := w.WriteAll(rows); err != nil {
-		fh.Close()
-		return err
+		return errors.Join(err, fh.Close())
 	}
 	return fh.Close()
 }

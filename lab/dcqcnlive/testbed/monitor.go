@@ -58,7 +58,7 @@ type cnpKey struct {
 // monitor, marker samples and qdisc polls share one time axis.
 func monoNow() uint64 {
 	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // fails only for a bad pointer
 	return uint64(ts.Nano())
 }
 
@@ -103,7 +103,7 @@ func (t *Topology) StartMonitor(binNs uint64, maxBins int) (*Monitor, error) {
 	}
 	m.startNs = monoNow()
 	var rt unix.Timespec
-	unix.ClockGettime(unix.CLOCK_REALTIME, &rt)
+	_ = unix.ClockGettime(unix.CLOCK_REALTIME, &rt) // fails only for a bad pointer
 	m.realOff = rt.Nano() - int64(monoNow())
 	go m.loop()
 	return m, nil

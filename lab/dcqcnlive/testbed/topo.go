@@ -68,7 +68,7 @@ func Build(b Bottleneck, mtu int) (t *Topology, err error) {
 	t = &Topology{Bottleneck: b, MTU: mtu}
 	defer func() {
 		if err != nil {
-			t.Close()
+			err = errors.Join(err, t.Close())
 			t = nil
 		}
 	}()
