@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -33,7 +34,12 @@ func TestStatsThroughDaemon(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	doneA := make(chan error, 1)
 	go func() { doneA <- loopA.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-doneA })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-doneA; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("device A's loop: %v", err)
+		}
+	})
 	testlink.Run(t, devB, pb, engine.Options{})
 	src := &daemon.CounterSource{Name: "memA", Loop: loopA, Port: cp}
 	path := serve(t, devA, daemon.Options{Counters: src.Snapshot})

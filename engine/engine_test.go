@@ -153,10 +153,14 @@ func TestDropsDefects(t *testing.T) {
 	}
 	// A good frame is delivered (the receive completes with its bytes) and
 	// answered (an ACK, since it asks for one).
-	wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)})
+	if _, err := wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)}); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 3; i++ {
 		vc.Advance(time.Microsecond)
-		loop.Step(vc.Now(), 0)
+		if _, err := loop.Step(vc.Now(), 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if n := b.cq.Poll(wcs[:]); n != 1 || wcs[0].ID != 7 || wcs[0].Status != ib.Success || string(b.mr.Bytes()[:12]) != "hello, RoCE!" {
 		t.Fatalf("good frame: %d completions %+v", n, wcs[0])
@@ -192,7 +196,9 @@ func TestDropsDefectsRun(t *testing.T) {
 		want[c.name]++
 		reasons[c.name] = c.count
 	}
-	wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)})
+	if _, err := wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)}); err != nil {
+		t.Fatal(err)
+	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	var wcs [4]ib.WC
@@ -255,7 +261,10 @@ func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 	badICRC[len(badICRC)-1] ^= 1
 	badTVer := craft(t, addrA, addrB, rq, 5, nil)
 	bth.BTH(badTVer[hdr:]).SetTVer(1)
-	icrc.Stamp(badTVer[frame.EthernetLen:]) // only the TVer is wrong
+	// only the TVer is wrong
+	if err := icrc.Stamp(badTVer[frame.EthernetLen:]); err != nil {
+		t.Fatal(err)
+	}
 	truncated := craft(t, addrA, addrB, rq, 5, nil)
 	truncated = truncated[:len(truncated)-6]
 	udSend := func(s *frame.Spec) {
@@ -427,7 +436,9 @@ func TestRunConcurrent(t *testing.T) {
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
 	const n, size = 8, 6000
 	for i := 0; i < n; i++ {
-		qb.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}}})
+		if _, err := qb.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	src := a.mr.Bytes()
 	for i := range src {

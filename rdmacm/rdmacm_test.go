@@ -135,7 +135,12 @@ func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB f
 			t.Fatal(err)
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); runEngine(ctx, dev, p) }()
+		go func() {
+			defer wg.Done()
+			if err := runEngine(ctx, dev, p); err != nil && !errors.Is(err, context.Canceled) {
+				t.Error(err)
+			}
+		}()
 		cfg := cmc
 		cfg.Seed = seed
 		ag, err := New(Config{Device: dev, Resolve: resolve, CM: cfg})
@@ -352,7 +357,9 @@ func TestRejectByApplication(t *testing.T) {
 	ctx := ctx10(t)
 	go func() {
 		if r, err := ln.GetRequest(ctx); err == nil {
-			r.Reject([]byte("go away"))
+			if err := r.Reject([]byte("go away")); err != nil {
+				t.Error(err)
+			}
 		}
 	}()
 	p, _ := b.params(t, 0)
@@ -378,10 +385,14 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	go accept(ctx, ln, pa)
+	accepted := make(chan error, 1)
+	go func() { _, err := accept(ctx, ln, pa); accepted <- err }()
 	pb, mrb := b.params(t, 0)
 	cb, err := dial(ctx, b.agent, ipA, 7174, pb)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-accepted; err != nil {
 		t.Fatal(err)
 	}
 	if dp.dropped.Load() != 2 {
@@ -718,9 +729,13 @@ func TestHostileGSITraffic(t *testing.T) {
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
-	go accept(ctx, ln, pa)
+	accepted := make(chan error, 1)
+	go func() { _, err := accept(ctx, ln, pa); accepted <- err }()
 	pb, _ := b.params(t, 0)
 	if _, err := dial(ctx, b.agent, ipA, 7174, pb); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-accepted; err != nil {
 		t.Fatal(err)
 	}
 }

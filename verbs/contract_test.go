@@ -74,7 +74,11 @@ func newTestbed(t testing.TB) *testbed {
 	if err := srv.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	t.Cleanup(func() { srv.Close(time.Second) })
 	c, err := client.Dial(sock)
 	if err != nil {
@@ -482,22 +486,34 @@ func BenchmarkPingPong64(b *testing.B) {
 			xs := []verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}}
 			ys := []verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}}
 			for range 16 {
-				ex.qp.PostRecv(xr)
-				ey.qp.PostRecv(yr)
+				if _, err := ex.qp.PostRecv(xr); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := ey.qp.PostRecv(yr); err != nil {
+					b.Fatal(err)
+				}
 			}
 			ex.sync(b)
 			b.ResetTimer()
 			for range b.N {
-				ex.qp.PostSend(xs)
+				if _, err := ex.qp.PostSend(xs); err != nil {
+					b.Fatal(err)
+				}
 				for got := 0; got < 2; got++ { // y: its receive, then its send's completion
 					if ey.wait(b).IsRecv {
-						ey.qp.PostRecv(yr)
-						ey.qp.PostSend(ys)
+						if _, err := ey.qp.PostRecv(yr); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := ey.qp.PostSend(ys); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
 				for got := 0; got < 2; got++ { // x: its send's completion and the reply
 					if ex.wait(b).IsRecv {
-						ex.qp.PostRecv(xr)
+						if _, err := ex.qp.PostRecv(xr); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
 			}

@@ -220,7 +220,9 @@ func TestHotPathAllocs(t *testing.T) {
 		n := s.Receive(descs)
 		s.Fill(descs[:n])
 		s.fill.consumer.Store(s.fill.producer.Load())
-		s.Transmit(frames)
+		if _, err := s.Transmit(frames); err != nil {
+			t.Fatal(err)
+		}
 		c, p := s.tx.consumer.Load(), s.tx.producer.Load()
 		cp := s.comp.producer.Load()
 		for ; c != p; c++ {

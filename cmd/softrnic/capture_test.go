@@ -63,9 +63,8 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", logs.String())
+		if err := <-exited; t.Failed() {
+			t.Logf("daemon log (killed: %v):\n%s", err, logs.String())
 		}
 	})
 	var c *client.Client
@@ -118,7 +117,9 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	cqB := rnictest.CQ(devB, 64)
 	// Both devices number QPs from 17: a QP made first on B gives the peer
 	// a QPN unlike the client's, so that frames to each can be told apart.
-	rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	if _, err := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB}); err != nil {
+		t.Fatal(err)
+	}
 	qpB, _ := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	if qpB.QPN() == qp.QPN() {
 		t.Fatalf("peer and client QPs both %d", qp.QPN())
@@ -138,11 +139,15 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.Init, &ib.QPAttr{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
-	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+	if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Three 8 KiB RDMA WRITEs from namespace B: 24 request packets at MTU
 	// 1024, and the daemon's ACKs, more than the capture's 20 frames.
@@ -152,8 +157,10 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	write := func(w int) {
 		t.Helper()
-		qpB.PostSend([]verbs.SendWR{{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + uint64(w)*size, RKey: mr.RKey()}})
+		if _, err := qpB.PostSend([]verbs.SendWR{{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + uint64(w)*size, RKey: mr.RKey()}}); err != nil {
+			t.Fatal(err)
+		}
 		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
 		_, err := cqB.PollWait(wctx, wcs[:])
@@ -254,7 +261,9 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 			return err
 		}
 		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
 		fmt.Fprintf(conn, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", m[1])
 		b, err := io.ReadAll(conn)
 		body = string(b)

@@ -62,7 +62,9 @@ func udpCount(t *testing.T, from, to *NS, dst netip.Addr, port int) int {
 	got := 0
 	buf := make([]byte, 256)
 	for {
-		rc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		if err := rc.SetReadDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := rc.Read(buf); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return got

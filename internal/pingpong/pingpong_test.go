@@ -127,9 +127,17 @@ func TestCaptureSideChannel(t *testing.T) {
 	c, s := net.Pipe()
 	defer c.Close()
 	go func() {
-		c.Write(tcp[0].data)
-		io.ReadFull(c, make([]byte, RecordLen))
-		c.Write(tcp[2].data)
+		if _, err := c.Write(tcp[0].data); err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := io.ReadFull(c, make([]byte, RecordLen)); err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := c.Write(tcp[2].data); err != nil {
+			t.Error(err)
+		}
 	}()
 	var connected Dest
 	got, err := ServerExchange(s, want[1], func(d Dest) error { connected = d; return nil })

@@ -139,7 +139,9 @@ func TestRecvSendAllocs(t *testing.T) {
 	}
 	received := 0
 	allocs := testing.AllocsPerRun(200, func() {
-		a.Send(out)
+		if _, err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
 		k, _ := b.Recv(frames, time.Millisecond)
 		received += k
 	})
@@ -339,7 +341,7 @@ func TestIdleRecvAllocs(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	b := openIn(t, &pair.B)
 	frames := make([][]byte, port.BatchSize)
-	if allocs := testing.AllocsPerRun(50, func() { b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(50, func() { _, _ = b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
 		t.Errorf("idle Recv allocates %.1f times, want 0", allocs)
 	}
 	if st, _ := b.Stats(); st.Syscalls == 0 {

@@ -222,12 +222,18 @@ func TestRecvSendAllocs(t *testing.T) {
 			}
 			// Warm up: reassembly buffers are made once, then reused.
 			for i := 0; i < 20; i++ {
-				a.Send(out)
-				b.Recv(frames, time.Millisecond)
+				if _, err := a.Send(out); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := b.Recv(frames, time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
 			}
 			received := 0
 			allocs := testing.AllocsPerRun(200, func() {
-				a.Send(out)
+				if _, err := a.Send(out); err != nil {
+					t.Fatal(err)
+				}
 				k, _ := b.Recv(frames, time.Millisecond)
 				received += k
 			})
@@ -616,7 +622,7 @@ func TestIdleRecvAllocs(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	b := openIn(t, &pair.B, Config{})
 	frames := make([][]byte, port.BatchSize)
-	if allocs := testing.AllocsPerRun(50, func() { b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(50, func() { _, _ = b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
 		t.Errorf("idle Recv allocates %.1f times, want 0", allocs)
 	}
 	if st, _ := b.Stats(); st.Socket.Polls == 0 {

@@ -132,7 +132,7 @@ func TestMultiWaitsOnlyWhenIdle(t *testing.T) {
 	if a.calls != b.calls {
 		t.Errorf("queues asked %d and %d times", a.calls, b.calls)
 	}
-	if got := testing.AllocsPerRun(100, func() { m.Recv(frames, 0) }); got != 0 {
+	if got := testing.AllocsPerRun(100, func() { _, _ = m.Recv(frames, 0) }); got != 0 {
 		t.Errorf("Recv allocates %.1f times per call", got)
 	}
 }
@@ -320,7 +320,9 @@ func TestMultiAllQueues(t *testing.T) {
 	one := [][]byte{netnstest.RoCEFrame(make([]byte, 128), &pair.A, &pair.B, 7)}
 	allocs := testing.AllocsPerRun(200, func() {
 		for q := 0; q < nq; q++ {
-			a.Queue(q).Send(one)
+			if _, err := a.Queue(q).Send(one); err != nil {
+				t.Fatal(err)
+			}
 		}
 		for got, tries := 0, 0; got < nq && tries < 100; tries++ {
 			n, _ := b.Recv(frames, time.Millisecond)
@@ -468,7 +470,9 @@ func TestMultiSpreadTx(t *testing.T) {
 		for _, q := range qs {
 			q.sent = q.sent[:0]
 		}
-		m.Send(frames)
+		if _, err := m.Send(frames); err != nil {
+			t.Fatal(err)
+		}
 	}); got != 0 {
 		t.Errorf("Send allocates %.1f times per batch", got)
 	}

@@ -318,8 +318,13 @@ func TestBackPressureAndOversize(t *testing.T) {
 	if n, _ := a.Send(out); n != 4 {
 		t.Fatalf("after recycling, Send took %d, want 4", n)
 	}
-	b.Recv(in, 0)
-	b.Recv(in, 0) // all buffers free again
+	if _, err := b.Recv(in, 0); err != nil {
+		t.Fatal(err)
+	}
+	// all buffers free again
+	if _, err := b.Recv(in, 0); err != nil {
+		t.Fatal(err)
+	}
 	big := make([]byte, 129)
 	if n, err := a.Send([][]byte{buf, big, buf}); n != 1 || !errors.Is(err, ErrFrameTooLarge) {
 		t.Fatalf("oversize: %d, %v", n, err)
@@ -332,13 +337,19 @@ func TestBackPressureAndOversize(t *testing.T) {
 func TestRecvViewValidUntilNextRecv(t *testing.T) {
 	vc, a, b := virtualPair(Impairments{}, 1)
 	buf := make([]byte, 64)
-	a.Send([][]byte{seqFrame(buf, 1)})
+	if _, err := a.Send([][]byte{seqFrame(buf, 1)}); err != nil {
+		t.Fatal(err)
+	}
 	in := make([][]byte, 1)
-	b.Recv(in, 0)
+	if _, err := b.Recv(in, 0); err != nil {
+		t.Fatal(err)
+	}
 	view := in[0]
 	// The sender reusing its buffer and sending more must not touch the view.
 	for i := range 500 {
-		a.Send([][]byte{seqFrame(buf, uint32(100+i))})
+		if _, err := a.Send([][]byte{seqFrame(buf, uint32(100+i))}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	_ = vc
 	if seqOf(view) != 1 {
@@ -352,7 +363,9 @@ func TestRecvViewValidUntilNextRecv(t *testing.T) {
 func TestCloseSemantics(t *testing.T) {
 	_, a, b := virtualPair(Impairments{}, 1)
 	buf := make([]byte, 64)
-	a.Send([][]byte{buf})
+	if _, err := a.Send([][]byte{buf}); err != nil {
+		t.Fatal(err)
+	}
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -439,7 +452,9 @@ func TestRealTimeRecvWaitsForDueFrame(t *testing.T) {
 	if k, _ := b.Recv(in, 0); k != 0 {
 		t.Fatal("frame from nowhere")
 	}
-	a.Send([][]byte{make([]byte, 60)})
+	if _, err := a.Send([][]byte{make([]byte, 60)}); err != nil {
+		t.Fatal(err)
+	}
 	// A generous timeout: Recv must return the frame once due, not time out.
 	k, err := b.Recv(in, 10*time.Second)
 	if k != 1 || err != nil {
@@ -461,7 +476,9 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 		out[i] = buf
 	}
 	allocs := testing.AllocsPerRun(200, func() {
-		a.Send(out)
+		if _, err := a.Send(out); err != nil {
+			t.Fatal(err)
+		}
 		vc.Advance(20 * time.Microsecond)
 		for {
 			if k, _ := b.Recv(in, 0); k == 0 {
@@ -477,7 +494,9 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 	defer ra.Close()
 	defer rb.Close()
 	allocs = testing.AllocsPerRun(200, func() {
-		ra.Send(out)
+		if _, err := ra.Send(out); err != nil {
+			t.Fatal(err)
+		}
 		for {
 			if k, _ := rb.Recv(in, 0); k == 0 {
 				break
@@ -503,8 +522,12 @@ func BenchmarkVirtualSendRecv(b *testing.B) {
 			b.SetBytes(int64(size) * port.BatchSize)
 			b.ReportAllocs()
 			for b.Loop() {
-				x.Send(out)
-				y.Recv(in, 0)
+				if _, err := x.Send(out); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := y.Recv(in, 0); err != nil {
+					b.Fatal(err)
+				}
 			}
 			b.ReportMetric(float64(b.N)*port.BatchSize/b.Elapsed().Seconds(), "frames/s")
 		})
@@ -564,7 +587,9 @@ func TestExactDelayWithoutJitter(t *testing.T) {
 	if b.NextDelivery() != clock.Never {
 		t.Fatal("NextDelivery with nothing queued")
 	}
-	a.Send([][]byte{make([]byte, 64)})
+	if _, err := a.Send([][]byte{make([]byte, 64)}); err != nil {
+		t.Fatal(err)
+	}
 	due := clock.Time(105 * time.Microsecond)
 	if b.NextDelivery() != due || b.InFlight() != 1 {
 		t.Fatalf("NextDelivery %v, want %v", b.NextDelivery(), due)

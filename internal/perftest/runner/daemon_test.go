@@ -27,7 +27,11 @@ func daemonOn(t *testing.T, h Host) Host {
 	if err := srv.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	t.Cleanup(func() { srv.Close(time.Second) })
 	dh, c, err := DaemonHost(sock)
 	if err != nil {

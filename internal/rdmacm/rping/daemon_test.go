@@ -43,7 +43,12 @@ func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, sock string
 			t.Fatal(err)
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); runEngine(ctx, d, p) }()
+		go func() {
+			defer wg.Done()
+			if err := runEngine(ctx, d, p); err != nil && !errors.Is(err, context.Canceled) {
+				t.Error(err)
+			}
+		}()
 		return d
 	}
 	devS, devC := mk(macS, ipS, la), mk(macC, ipC, lb)
@@ -56,7 +61,11 @@ func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, sock string
 	if err := srv.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	if cli, err = rdmacm.New(rdmacm.Config{Device: devC, Resolve: resolve}); err != nil {
 		t.Fatal(err)
 	}
