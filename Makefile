@@ -129,11 +129,16 @@ interop: build lab
 lab-selfcheck: build lab
 	$(GO) run ./lab/interop -selfcheck
 
-## lint: gofmt, go vet, golangci-lint (.golangci.yaml), the C libraries with -Wall -Wextra -Werror
+## lint: gofmt, go vet, golangci-lint (.golangci.yaml), the layout rules below, the C libraries with -Wall -Wextra -Werror
 lint: clib $(GOLANGCI_LINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GOLANGCI_LINT) run $(PKGS)
+	@# Tools' packages that are not API live under internal/; every package says what it is in a doc.go.
+	@bad=$$($(GO) list -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' ./bench/... ./lab/... ./cmd/... | grep -v '/internal/' || true); \
+	if [ -n "$$bad" ]; then echo "library packages of a tool must be under internal/:"; echo "$$bad"; exit 1; fi
+	@bad=$$(for d in $$($(GO) list -f '{{if .GoFiles}}{{.Dir}}{{end}}' $(PKGS)); do [ -f $$d/doc.go ] || echo "$${d#$(CURDIR)/}"; done); \
+	if [ -n "$$bad" ]; then echo "packages without a doc.go:"; echo "$$bad"; exit 1; fi
 
 $(GOLANGCI_LINT):
 	GOBIN=$(CURDIR)/bin/.tools $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)

@@ -14,7 +14,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"golang.org/x/sys/unix"

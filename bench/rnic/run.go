@@ -19,7 +19,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/internal/perftest"

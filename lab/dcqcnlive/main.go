@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/lab/dcqcnlive/testbed"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/testbed"
 )
 
 func main() { os.Exit(run()) }

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/ecnmark"
 )
 
 // Experiment is the two-flow live experiment: flow 1 h1→r from the start,

@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/ecnmark"
 )
 
 // Bottleneck describes sw→r: the tbf qdisc and the marker that mirrors it.
