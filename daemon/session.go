@@ -10,7 +10,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -544,14 +543,6 @@ func (ss *session) releaseMR(m *mrObj) error {
 	ss.graves = append(ss.graves, m.mapping)
 	ss.graveBytes += int64(len(m.mapping))
 	ss.mrBytes -= m.length
-	return err
-}
-
-// detach replaces b's pages (a mapping of client memory) with private
-// anonymous memory, atomically for any concurrent reader.
-func detach(b []byte) error {
-	_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)),
-		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
 	return err
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"golang.org/x/sys/unix"
 )
 
 // current is the pair in use, for the signal handler to remove.
@@ -82,10 +81,8 @@ func main() {
 		}
 		sizes = append(sizes, v)
 	}
-	var uts unix.Utsname
-	_ = unix.Uname(&uts) // fails only for a bad pointer
 	rep := iobench.Report{
-		When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
+		When: time.Now().UTC(), Kernel: iobench.Kernel(), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), Duration: dur.String(),
 		Note: "veth between two namespaces on this host; sender, receiver and softirq share the CPUs",
 	}

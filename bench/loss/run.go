@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"io"
 	"os"
 	"os/exec"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"golang.org/x/sys/unix"
 )
 
 // Options size the run.
@@ -77,9 +77,7 @@ func perfHelp(bin string) (string, error) {
 // measurement that fails is reported in its cell.
 func Measure(o Options, log io.Writer) (*Report, error) {
 	start := time.Now()
-	var uts unix.Utsname
-	_ = unix.Uname(&uts) // fails only for a bad pointer
-	rep := &Report{When: start.UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
+	rep := &Report{When: start.UTC(), Kernel: iobench.Kernel(), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), Binary: o.Bin, LoadStart: loadavg(),
 		Note: "every end is a softrnic process on an AF_XDP port (copy mode) in its own namespace on this host; both ends, the bridge and softirq share the CPUs"}
 	help, err := perfHelp(o.Bin)

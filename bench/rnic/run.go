@@ -17,8 +17,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
@@ -80,9 +78,7 @@ func loadavg() [3]float64 {
 // reported in its row, not as an error). It returns an error only when the
 // pair cannot be made.
 func Run(o Options, log io.Writer) (*Report, error) {
-	var uts unix.Utsname
-	_ = unix.Uname(&uts) // fails only for a bad pointer
-	rep := &Report{When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
+	rep := &Report{When: time.Now().UTC(), Kernel: iobench.Kernel(), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), MTU: MTU, LoadStart: loadavg(),
 		Note: "veth between two namespaces on this host, copy mode; both softrnic ends, the raw sender and receiver and softirq share the CPUs"}
 	pair, err := netnstest.NewPair(netnstest.PairOptions{MTU: MTU})
@@ -231,10 +227,10 @@ func Run(o Options, log io.Writer) (*Report, error) {
 // result as runner's BenchmarkPerfVeth does.
 func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.Measure, timeout time.Duration, args []string) (p Perf) {
 	p = Perf{Name: name, Args: args, QPs: 1}
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), iobench.CPUTime()
 	defer func() {
 		p.Seconds = time.Since(start).Seconds()
-		p.setCPU(cpuTime() - cpu0)
+		p.setCPU(iobench.CPUTime() - cpu0)
 	}()
 	ps, err := perftest.ParseArgs(verb, m, append([]string{"-d", pair.A.Name}, args...))
 	if err != nil {
@@ -281,13 +277,6 @@ func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.M
 	}
 	fillPerf(&p, m, res)
 	return p
-}
-
-// cpuTime is this process's user+system CPU time in seconds.
-func cpuTime() float64 {
-	var ru unix.Rusage
-	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru) // fails only for a bad pointer
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 
 // setCPU records the CPU time of a run and, for a bandwidth run, the

@@ -9,8 +9,7 @@ import (
 	"net"
 	"os"
 	"strings"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
@@ -279,4 +278,4 @@ func writeStatsJSON(w io.Writer, r *statsReport, qpOnly bool) error {
 	return enc.Encode(out)
 }
 
-func errnoOf(e uint32) unix.Errno { return unix.Errno(e) }
+func errnoOf(e uint32) syscall.Errno { return syscall.Errno(e) }

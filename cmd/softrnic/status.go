@@ -8,8 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 
 	"github.com/softrnic/softrnic/daemon/proto"
 )
@@ -73,7 +72,7 @@ func queryStatus(path string) (*statusReport, error) {
 	switch {
 	case err == nil:
 		rep.QPs, rep.HaveQP = st.QPs, true
-	case errors.As(err, &pe) && pe.Errno == unix.EOPNOTSUPP:
+	case errors.As(err, &pe) && pe.Errno == syscall.EOPNOTSUPP:
 		// a daemon without counters: no QP list
 	default:
 		return nil, err

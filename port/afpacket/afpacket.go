@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/softrnic/softrnic/port"
 	"golang.org/x/sys/unix"
@@ -249,18 +247,6 @@ func (p *Port) grow(n int) {
 	}
 }
 
-// slot returns slot i's header; its status word is shared with the kernel.
-func (p *Port) slot(i int) *unix.Tpacket2Hdr {
-	return (*unix.Tpacket2Hdr)(unsafe.Pointer(&p.ring[i*p.slotSize]))
-}
-
-// status is the slot's ownership word: the kernel publishes a frame by
-// storing TP_STATUS_USER after writing it; we hand the slot back by storing
-// TP_STATUS_KERNEL after we are done reading. Atomic accesses order the two.
-func status(h *unix.Tpacket2Hdr) *atomic.Uint32 {
-	return (*atomic.Uint32)(unsafe.Pointer(&h.Status))
-}
-
 // release gives the slots lent by the last Recv back to the kernel.
 func (p *Port) release() {
 	for i := 0; i < p.lent; i++ {
@@ -358,7 +344,7 @@ func (p *Port) Send(frames [][]byte) (int, error) {
 	sent := 0
 	for sent < len(frames) {
 		p.syscalls++
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(p.fd), uintptr(unsafe.Pointer(&p.shdrs[sent])), uintptr(len(frames)-sent), unix.MSG_DONTWAIT, 0, 0)
+		r, e := sendmmsg(p.fd, p.shdrs[sent:len(frames)])
 		if e != 0 {
 			if e == unix.EAGAIN || e == unix.ENOBUFS || e == unix.EINTR {
 				break // back-pressure: a short count
@@ -369,7 +355,7 @@ func (p *Port) Send(frames [][]byte) (int, error) {
 		if r == 0 {
 			break
 		}
-		sent += int(r)
+		sent += r
 	}
 	p.clearSend(len(frames))
 	return sent, nil

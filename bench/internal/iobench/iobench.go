@@ -214,10 +214,10 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 		r.Error = fmt.Sprintf("frame %d > MaxFrame %d", size, a.MaxFrame())
 		return r
 	}
-	cpu0 := cpuTime()
+	cpu0 := CPUTime()
 	defer func() {
 		if r.Error == "" && r.Test != "ping-pong" {
-			r.CPUSeconds = cpuTime() - cpu0
+			r.CPUSeconds = CPUTime() - cpu0
 			if r.CPUSeconds > 0 {
 				r.FramesPerCPUSec = float64(r.Frames) / r.CPUSeconds
 			}
@@ -271,11 +271,18 @@ func (r *Result) teardown(err error) {
 	}
 }
 
-// cpuTime is the process's user+system CPU time in seconds.
-func cpuTime() float64 {
+// CPUTime is the process's user+system CPU time in seconds.
+func CPUTime() float64 {
 	var ru unix.Rusage
 	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru) // fails only for a bad pointer
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// Kernel is the running kernel's release, for the benches' reports.
+func Kernel() string {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts) // fails only for a bad pointer
+	return unix.ByteSliceToString(uts.Release[:])
 }
 
 func batchOf(pair *netnstest.Pair, size int) [][]byte {
