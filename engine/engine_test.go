@@ -16,6 +16,7 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/rnictest"
 	"github.com/softrnic/softrnic/port"
@@ -167,10 +168,10 @@ func TestDropsDefects(t *testing.T) {
 	}
 	in := make([][]byte, 4)
 	n, _ := wire.Recv(in, 0)
-	var f frame.Frame
-	if n != 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCAcknowledge || f.Dst() != addrA || !f.VerifyICRC() {
+	if n != 1 {
 		t.Fatalf("answer to the good frame: %d frames", n)
 	}
+	checker.Frame(t, in[0], checker.Dst(addrA), checker.TransportIs(checker.Opcode(bth.RCAcknowledge)))
 	if c := loop.Counters(); c.TxSent != 1 || c.Loops == 0 {
 		t.Errorf("loop counters %+v", c)
 	}
@@ -223,10 +224,10 @@ func TestDropsDefectsRun(t *testing.T) {
 	}
 	in := make([][]byte, 8)
 	got, _ := wire.Recv(in, 100*time.Millisecond)
-	var f frame.Frame
-	if got != 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCAcknowledge {
+	if got != 1 {
 		t.Fatalf("%d frames sent back, want the good frame's ACK alone", got)
 	}
+	checker.Frame(t, in[0], checker.TransportIs(checker.Opcode(bth.RCAcknowledge)))
 }
 
 type defectCase struct {
@@ -576,12 +577,12 @@ func TestPostWakesNap(t *testing.T) {
 	}
 	in := make([][]byte, 4)
 	n, err := wire.Recv(in, 10*time.Second)
-	var f frame.Frame
 	// A slow test goroutine (race detector, load) may also find the SEND's
 	// retransmission, 1 ms later: the first frame is the SEND.
-	if err != nil || n < 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCSendOnly {
+	if err != nil || n < 1 {
 		t.Fatalf("after the post: %d frames, %v; counters %+v", n, err, l.Counters())
 	}
+	checker.Frame(t, in[0], checker.TransportIs(checker.Opcode(bth.RCSendOnly)))
 	if l.Counters().Naps < naps {
 		t.Fatal("counters went back")
 	}

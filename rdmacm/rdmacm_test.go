@@ -3,7 +3,6 @@ package rdmacm
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -12,9 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
@@ -65,15 +67,18 @@ func (d *dropPort) Send(frames [][]byte) (int, error) {
 	return len(frames), err
 }
 
-// madAttr returns the CM attribute of a frame carrying a MAD to QP1 over
-// IPv4 (0 for any other frame).
-func madAttr(f []byte) cm.AttrID {
-	const bthOff = 14 + 20 + 8
-	if len(f) < bthOff+12+8+24 || binary.BigEndian.Uint32(f[bthOff+4:])&0xFFFFFF != 1 {
+// madAttr returns the CM attribute of a frame carrying a MAD to QP1 (0
+// for any other frame).
+func madAttr(b []byte) cm.AttrID {
+	var f frame.Frame
+	if frame.Parse(b, &f) != nil {
 		return 0
 	}
-	mad := f[bthOff+12+8:] // BTH, DETH
-	return cm.AttrID(binary.BigEndian.Uint16(mad[16:]))
+	p := checker.Decode(checker.TransportOf(&f))
+	if p.Op != bth.UDSendOnly || p.DestQP != 1 || len(p.Payload) < cm.MADSize {
+		return 0
+	}
+	return cm.MAD(p.Payload).AttrID()
 }
 
 type host struct {

@@ -14,6 +14,7 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
@@ -479,11 +480,8 @@ func TestReceiveChecks(t *testing.T) {
 	if tb.b.dev.Transmit(0, out) != 1 {
 		t.Fatal("no ACK")
 	}
-	var f frame.Frame
-	must(t, frame.Parse(out[0], &f))
-	if !f.VerifyICRC() || f.Opcode() != bth.RCAcknowledge || f.Dst() != addrA || f.BTH().DestQP() != qb.attr.DestQPN {
-		t.Fatalf("ACK %v", f.Opcode())
-	}
+	checker.Frame(t, out[0], checker.Dst(addrA),
+		checker.TransportIs(checker.Opcode(bth.RCAcknowledge), checker.DestQP(qb.attr.DestQPN)))
 }
 
 func TestInlineSendsAllocateNothing(t *testing.T) {

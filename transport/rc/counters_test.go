@@ -5,6 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 // TestCountersRequesterNAKs: each NAK kind received is counted under its
@@ -106,7 +107,7 @@ func TestCountersRespQueueFull(t *testing.T) {
 	c := newCtx(t, cfg)
 	c.addMR(5, 0x2000, 64, ib.RemoteAtomic)
 	c.inject(req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x2000, rkey: 5, swap: 1})
-	c.expect(pkt{op: bth.RCAtomicAcknowledge, psn: 500, syn: SynACK, msn: 1, hasAETH: true})
+	c.expect(checker.Is(checker.Opcode(bth.RCAtomicAcknowledge), checker.PSN(500), checker.AETH(SynACK, 1)))
 	// Duplicates of the atomic, each answered from the resource table,
 	// with nothing sent in between.
 	const dups = 20
