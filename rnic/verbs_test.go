@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -655,5 +656,27 @@ func TestUDSendErrorSQE(t *testing.T) {
 	}
 	if w := pollAll(cq); len(w) != 1 || w[0].Status != ib.Success {
 		t.Fatalf("%+v", w)
+	}
+}
+
+// TestCreateQPNamesTheCap: a QP whose capabilities exceed the device's is
+// refused with ErrInvalid, the message naming the ibv_qp_cap field.
+func TestCreateQPNamesTheCap(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	cq := tb.a.dev.newCQ(16)
+	for _, c := range []struct {
+		caps ib.QPCaps
+		name string
+	}{
+		{ib.QPCaps{MaxSendWR: MaxQPWR + 1}, "max_send_wr"},
+		{ib.QPCaps{MaxRecvWR: MaxQPWR + 1}, "max_recv_wr"},
+		{ib.QPCaps{MaxSendSGE: MaxSGE + 1}, "max_send_sge"},
+		{ib.QPCaps{MaxRecvSGE: MaxSGE + 1}, "max_recv_sge"},
+		{ib.QPCaps{MaxInline: MaxInline + 1}, "max_inline_data"},
+	} {
+		_, err := tb.a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: c.caps})
+		if !errors.Is(err, verbs.ErrInvalid) || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("%+v: %v, want ErrInvalid naming %s", c.caps, err, c.name)
+		}
 	}
 }
