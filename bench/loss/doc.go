@@ -19,7 +19,7 @@
 //  3. The same run at -daemon-qps with B's side in `softrnic daemon`, with
 //     its `softrnic stats` counters over the run.
 //
-// Then the goals the issue sets, met or not. Rows are measured in
+// Then its goals, met or not. Rows are measured in
 // interleaved rounds and show their median round; the load average at start
 // and end is printed. It needs root (namespaces, XDP) and nft(8).
 //

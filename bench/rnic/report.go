@@ -16,7 +16,7 @@ import (
 	"github.com/softrnic/softrnic/bench/internal/iobench"
 )
 
-// Goals the issue sets for the table.
+// The goals the table is judged against.
 const (
 	// GoalWriteOverRaw: RC WRITE goodput at least this fraction of the raw
 	// AF_XDP receive rate in bytes per second.
@@ -110,7 +110,7 @@ type Sockperf struct {
 	Error        string   `json:"error,omitempty"`
 }
 
-// Ratio is one goal of the issue, computed from the run.
+// Ratio is one goal, computed from the run.
 type Ratio struct {
 	Name  string  `json:"name"`
 	Value float64 `json:"value"` // NaN is written as null: a figure was missing

@@ -356,7 +356,7 @@ func b2i(b bool) int {
 	return 0
 }
 
-// JSON shape of one RoCE frame: exactly the keys the issue names, the
+// JSON shape of one RoCE frame: exactly the keys README documents, the
 // extended headers only when the opcode carries them.
 type jsonFrame struct {
 	Frame      int            `json:"frame"`

@@ -194,8 +194,8 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 			mode += ", threaded NAPI"
 			// As rx-gen does, and as two hosts are: the sender on one CPU,
 			// the peer's receive on the other. Left to the scheduler, the
-			// NAPI thread often shared the sender's CPU (64 B: 1.38 Mpps
-			// in one run, 1.9-2.3 in others).
+			// NAPI thread often shared the sender's CPU (README's bench
+			// notes).
 			if n, err := pinNAPIThreads(pair.B.Name, genCPU); err != nil || n == 0 {
 				r.Error = fmt.Sprintf("pinning %s's NAPI thread: %d pinned, %v", pair.B.Name, n, err)
 				return r
