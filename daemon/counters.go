@@ -142,7 +142,7 @@ func (c *CountingPort) XDPStats() (afxdp.Stats, bool) {
 	}
 	g := c.gen.Load()
 	c.want.Store(true)
-	c.Wake()
+	_ = c.Wake() // fails only without a waker, and then the next Recv comes by itself
 	for waited := time.Duration(0); c.gen.Load() == g && waited < FreshWait; waited += time.Millisecond {
 		time.Sleep(time.Millisecond)
 	}
@@ -245,7 +245,7 @@ func (in *counterInputs) add(q *rnic.QPCounters) {
 // totals with it, as they leave mlx5's per-QP counter sets.
 func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	s := &in.dev
-	cc := s.CongestionStats.Counters()
+	cc := s.Counters()
 	d[proto.CtrRxPackets] = s.RxFrames
 	d[proto.CtrTxPackets] = s.TxFrames
 	d[proto.CtrRxBytes] = in.rxBytes
@@ -273,11 +273,11 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrRetransmits] = in.retrans
 	d[proto.CtrTxBackpressure] = in.loop.TxBackPress
 	x := &in.xdp
-	d[proto.CtrXdpSteered] = x.Program.Steered
-	d[proto.CtrXdpPassed] = x.Program.Passed
-	d[proto.CtrXdpMalformed] = x.Program.Malformed
-	d[proto.CtrXdpUnbound] = x.Program.Unbound
-	d[proto.CtrXdpForeign] = x.Program.Foreign
+	d[proto.CtrXDPSteered] = x.Program.Steered
+	d[proto.CtrXDPPassed] = x.Program.Passed
+	d[proto.CtrXDPMalformed] = x.Program.Malformed
+	d[proto.CtrXDPUnbound] = x.Program.Unbound
+	d[proto.CtrXDPForeign] = x.Program.Foreign
 	d[proto.CtrXskRxDropped] = x.Socket.RxDropped
 	d[proto.CtrXskRxInvalidDescs] = x.Socket.RxInvalidDescs
 	d[proto.CtrXskTxInvalidDescs] = x.Socket.TxInvalidDescs

@@ -237,7 +237,9 @@ func (s *Server) checkRings(q *qpObj) {
 	s.BadWQEs.Add(1)
 	q.broken = true
 	attr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&attr, ib.AttrState)
+	if err := q.qp.Modify(&attr, ib.AttrState); err != nil {
+		s.log.Error("moving a QP to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", err)
+	}
 	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
 }
 

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -191,7 +192,9 @@ func (s *Server) watch(db *shmring.Doorbell) error {
 
 // unwatch removes a doorbell from the waker's epoll set.
 func (s *Server) unwatch(db *shmring.Doorbell) {
-	unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, db.FD(), nil)
+	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, db.FD(), nil); err != nil {
+		s.log.Warn("epoll: removing a doorbell", "err", err)
+	}
 }
 
 // waker turns clients' doorbells into engine wake-ups. It blocks in
@@ -236,7 +239,9 @@ func (s *Server) Listen(path string) error {
 			c.Close()
 			return fmt.Errorf("control socket %s: another softrnic daemon is serving it", path)
 		}
-		os.Remove(path)
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("control socket %s: stale: %w", path, err)
+		}
 	}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -313,7 +318,7 @@ func (s *Server) Close(drain time.Duration) error {
 	if s.ln != nil {
 		s.ln.Close()
 	}
-	s.db.Ring() // the waker stops: from here on Close wakes the engine itself
+	_ = s.db.Ring() // its own eventfd, closed only below; the waker stops: from here on Close wakes the engine itself
 	<-s.wakerEnd
 	for _, ss := range sessions {
 		ss.errorAllQPs()
@@ -335,7 +340,10 @@ func (s *Server) Close(drain time.Duration) error {
 	}
 	s.wg.Wait()
 	if s.ownCM != nil {
-		s.ownCM.Close() // the CM agent's GSI QP and its goroutine
+		// The CM agent's GSI QP and its goroutine.
+		if err := s.ownCM.Close(); err != nil {
+			s.log.Warn("closing the rdma_cm agent", "err", err)
+		}
 	}
 	unix.Close(s.epfd)
 	return s.db.Close()
@@ -365,7 +373,7 @@ func inGroups(pid int32, gid uint32) bool {
 	if err != nil {
 		return false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if rest, ok := strings.CutPrefix(sc.Text(), "Groups:"); ok {

@@ -156,7 +156,7 @@ func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 	}
 	l := &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}
 	if w, ok := p.(port.Waker); ok {
-		l.wake = func() { w.Wake() }
+		l.wake = func() { _ = w.Wake() } // fails only once the port is closed
 	}
 	return l, nil
 }
@@ -425,7 +425,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	// may have stopped the loop at once: send them before leaving. The port
 	// may be closing too; its error is of no interest any more.
 	if l.txDeferred {
-		l.Step(now(), 0)
+		_, _ = l.Step(now(), 0)
 	}
 	return nil
 }

@@ -108,7 +108,7 @@ func Open(cfg Config) (_ *Host, err error) {
 	}
 	defer func() {
 		if err != nil {
-			h.release()
+			err = errors.Join(err, h.release())
 		}
 	}()
 	if h.res, err = route.New(); err != nil {
@@ -197,14 +197,16 @@ func (h *Host) Close() error {
 }
 
 func (h *Host) release() error {
-	if h.CM != nil {
-		h.CM.Close()
-	}
 	var err error
+	if h.CM != nil {
+		if cerr := h.CM.Close(); cerr != nil {
+			err = fmt.Errorf("closing the rdma_cm agent: %w", cerr)
+		}
+	}
 	if h.stop != nil {
 		h.stop()
 		<-h.done
-		if h.runErr != nil && !errors.Is(h.runErr, context.Canceled) {
+		if h.runErr != nil && !errors.Is(h.runErr, context.Canceled) && err == nil {
 			err = fmt.Errorf("engine: %w", h.runErr)
 		}
 	}
@@ -216,7 +218,10 @@ func (h *Host) release() error {
 	if h.res != nil {
 		h.res.Close()
 	}
-	h.claim.release() // last: the interface is free for the next owner
+	// Last: the interface is free for the next owner.
+	if cerr := h.claim.release(); cerr != nil && err == nil {
+		err = fmt.Errorf("releasing the interface: %w", cerr)
+	}
 	return err
 }
 

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"golang.org/x/sys/unix"
+	"syscall"
 )
 
 // An interface has one RNIC at a time: the daemon serving it, or a tool
@@ -42,8 +42,8 @@ type claim struct {
 // claimInterface claims iface in the calling thread's network namespace
 // for who, or says who holds it.
 func claimInterface(iface string, who Owner) (*claim, error) {
-	var st unix.Stat_t
-	if err := unix.Stat("/proc/thread-self/ns/net", &st); err != nil {
+	var st syscall.Stat_t
+	if err := syscall.Stat("/proc/thread-self/ns/net", &st); err != nil {
 		return nil, fmt.Errorf("host: network namespace: %w", err)
 	}
 	if err := os.MkdirAll(OwnerDir, 0o755); err != nil {
@@ -61,37 +61,42 @@ func claimInterface(iface string, who Owner) (*claim, error) {
 		if err != nil {
 			return nil, fmt.Errorf("host: claiming %s: %w", iface, err)
 		}
-		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 			b := make([]byte, 512)
 			n, _ := f.ReadAt(b, 0)
-			f.Close()
-			if !errors.Is(err, unix.EWOULDBLOCK) {
+			_ = f.Close() // read only; the lock is what to report
+			if !errors.Is(err, syscall.EWOULDBLOCK) {
 				return nil, fmt.Errorf("host: claiming %s: %w", iface, err)
 			}
 			return nil, refusal(iface, who, string(b[:n]))
 		}
 		// The previous owner may have removed the file between our open
 		// and our lock: then the lock is on a name nobody else sees.
-		var fst, pst unix.Stat_t
-		if unix.Fstat(int(f.Fd()), &fst) != nil || unix.Stat(path, &pst) != nil || fst.Ino != pst.Ino {
-			f.Close()
+		var fst, pst syscall.Stat_t
+		if syscall.Fstat(int(f.Fd()), &fst) != nil || syscall.Stat(path, &pst) != nil || fst.Ino != pst.Ino {
+			_ = f.Close() // read only, unlocked
 			continue
 		}
 		rec := fmt.Sprintf("pid=%d\nname=%s\ncontrol=%s\n", os.Getpid(), who.Name, who.Control)
-		f.Truncate(0)
-		f.WriteAt([]byte(rec), 0)
+		// The record only names the owner in the next opener's refusal.
+		err = f.Truncate(0)
+		if err == nil {
+			_, err = f.WriteAt([]byte(rec), 0)
+		}
+		if err != nil {
+			return nil, errors.Join(fmt.Errorf("host: claiming %s: %w", iface, err), f.Close())
+		}
 		return &claim{f: f, path: path}, nil
 	}
 }
 
 // release gives the interface up. The file goes first, under the lock, so
 // that the next opener never locks a name that is about to vanish.
-func (c *claim) release() {
+func (c *claim) release() error {
 	if c == nil {
-		return
+		return nil
 	}
-	os.Remove(c.path)
-	c.f.Close()
+	return errors.Join(os.Remove(c.path), c.f.Close())
 }
 
 // refusal is the error for an opener who finds iface claimed by the

@@ -1,6 +1,7 @@
 package host
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"strings"
@@ -35,14 +36,19 @@ func TestClaimInterface(t *testing.T) {
 	if err != nil {
 		t.Fatalf("another interface: %v", err)
 	}
-	other.release()
-	c.release()
+	if err := errors.Join(other.release(), c.release()); err != nil {
+		t.Fatal(err)
+	}
 
 	c, err = claimInterface("veth7", perf)
 	if err != nil {
 		t.Fatalf("after release: %v", err)
 	}
-	defer c.release()
+	defer func() {
+		if err := c.release(); err != nil {
+			t.Error(err)
+		}
+	}()
 	if _, err = claimInterface("veth7", daemon); err == nil || !strings.Contains(err.Error(), "veth7 is in use by softrnic perf ("+pid+")") {
 		t.Fatalf("daemon beside a tool: %v", err)
 	}
@@ -51,7 +57,7 @@ func TestClaimInterface(t *testing.T) {
 		if err := ns.A.NS.Do(func() error {
 			c, err := claimInterface("veth7", daemon)
 			if err == nil {
-				c.release()
+				err = c.release()
 			}
 			return err
 		}); err != nil {

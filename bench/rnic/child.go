@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -71,7 +72,7 @@ func childMain() bool {
 	return true
 }
 
-func runChild(role, test string, args []string, profile, timeout string) error {
+func runChild(role, test string, args []string, profile, timeout string) (err error) {
 	tc, ok := tests[test]
 	if !ok {
 		return fmt.Errorf("unknown test %q", test)
@@ -89,8 +90,10 @@ func runChild(role, test string, args []string, profile, timeout string) error {
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		pprof.StartCPUProfile(f)
+		defer func() { err = errors.Join(err, f.Close()) }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
 		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
@@ -108,26 +111,31 @@ func runChild(role, test string, args []string, profile, timeout string) error {
 
 // runDaemon is the daemon child: `softrnic daemon` on iface (AF_XDP, the
 // defaults otherwise), serving sock until SIGTERM.
-func runDaemon(iface, sock string) error {
+func runDaemon(iface, sock string) (err error) {
 	h, err := host.Open(host.Config{Interface: iface, Port: host.AFXDP, Owner: host.Owner{Name: "bench/rnic daemon", Control: sock}})
 	if err != nil {
 		return err
 	}
-	defer h.Close()
+	defer func() { err = errors.Join(err, h.Close()) }()
 	srv, err := daemon.NewServer(h.Device, daemon.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Group: -1, CM: h.CM})
 	if err != nil {
 		return err
 	}
-	defer srv.Close(2 * time.Second)
+	defer func() { err = errors.Join(err, srv.Close(2*time.Second)) }()
 	if err := srv.Listen(sock); err != nil {
 		return err
 	}
-	go srv.Serve()
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
 	fmt.Println(listeningLine)
-	<-sig
-	return nil
+	select {
+	case <-sig:
+		return nil
+	case err := <-served:
+		return err
+	}
 }
 
 // perfRunProcs is perfRun with each end in a child process in its
@@ -170,7 +178,7 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 			p.Error = err.Error()
 			return p
 		}
-		defer os.RemoveAll(dir)
+		defer func() { _ = os.RemoveAll(dir) }() // a temporary socket directory
 		sock = filepath.Join(dir, "ctl.sock")
 		dmn = exec.CommandContext(ctx, "ip", "netns", "exec", pair.B.NS.Name, exe)
 		dmn.Env = append(os.Environ(), envRole+"=daemon", envArgs+"="+pair.B.Name, envDaemon+"="+sock)
@@ -186,8 +194,12 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 		dmnDone := make(chan error, 1)
 		go func() { dmnDone <- dmn.Wait() }()
 		defer func() {
-			dmn.Process.Signal(syscall.SIGTERM)
-			<-dmnDone
+			// Its exit status says only how the signal ended it; a Wait
+			// that found no exit at all is an error of the run.
+			_ = dmn.Process.Signal(syscall.SIGTERM)
+			if err := <-dmnDone; err != nil && dmn.ProcessState == nil && p.Error == "" {
+				p.Error = "daemon: " + err.Error()
+			}
 			if st := dmn.ProcessState; st != nil && p.Error == "" {
 				p.setCPU(p.CPUSeconds + (st.UserTime() + st.SystemTime()).Seconds())
 			}
@@ -220,9 +232,8 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 		p.Error = fmt.Sprintf("server: %v: %s", err, lastLines(serrOut.String(), 2))
 		return p
 	case <-ctx.Done():
-		srv.Process.Kill()
-		<-srvDone
-		p.Error = "server did not listen in time"
+		_ = srv.Process.Kill() // it may have exited just now: srvDone says
+		p.Error = fmt.Sprintf("server did not listen in time (%v)", <-srvDone)
 		return p
 	}
 	cli := child("client", &pair.B, pair.A.Addr.String())
@@ -233,7 +244,7 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 	cli.Stdout, cli.Stderr = &cout, &cerrOut
 	cerr := cli.Run()
 	if cerr != nil {
-		srv.Process.Kill()
+		_ = srv.Process.Kill() // it may have exited: srvDone says
 	}
 	if err := <-srvDone; err != nil || cerr != nil {
 		p.Error = fmt.Sprintf("server: %v %s; client: %v %s", err, lastLines(serrOut.String(), 2), cerr, lastLines(cerrOut.String(), 2))

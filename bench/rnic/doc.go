@@ -22,11 +22,11 @@
 // two ends run (-procs all does all four that way; -profdir collects the
 // children's profiles). Both latency ratios are shown: in one process each
 // perftest loop is pinned to the thread that entered its namespace, and
-// every completion then wakes a locked thread, which on this machine
-// multiplied the half-RTT several times. Then, by default (-daemon), all
-// four again with the client's QPs in a daemon, a third child process
-// serving B's interface, and the daemon's goals held against the rows
-// with one process per end:
+// every completion then wakes a locked thread, which lengthens the half
+// round trip (README's bench notes). Then, by default (-daemon), all four
+// again with the client's QPs in a daemon, a third child process serving
+// B's interface, and the daemon's goals held against the rows with one
+// process per end:
 //
 //	WRITE 64 KiB goodput through the daemon ÷ with 2 processes   ≥ 0.9
 //	SEND 64 B message rate through the daemon ÷ 2 processes      ≥ 0.7

@@ -89,8 +89,10 @@ func TestDaemonIdleCostsNothing(t *testing.T) {
 		qpB, _ := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 		connectDaemonQP(t, qp, qpB, pair)
 		// One RDMA WRITE from B proves the connection, then nothing moves.
-		qpB.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA(), RKey: mr.RKey()}})
+		if _, err := qpB.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 64, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA(), RKey: mr.RKey()}}); err != nil {
+			t.Fatal(err)
+		}
 		var wcs [1]ib.WC
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		_, err = cqB.PollWait(ctx, wcs[:])
@@ -128,7 +130,9 @@ func connectDaemonQP(t *testing.T, q verbs.QP, qB *rnic.QP, pair *netnstest.Pair
 	connectClientQP(t, q, qB.QPN(), pair.B.Addr)
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	ibtest.Modify(qB, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite})
+	if err := ibtest.Modify(qB, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}); err != nil {
+		t.Fatal(err)
+	}
 	if err := ibtest.Modify(qB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: q.QPN(), MaxDestRdAtomic: 4, MinRNRTimer: 1,
 		AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
@@ -322,7 +326,10 @@ func manyClients(t *testing.T, sock string, pair *netnstest.Pair) {
 			}
 			for _, w := range wcs[:n] {
 				if q := qpsB[w.QPN]; q != nil && w.IsRecv {
-					q.PostRecv(recv)
+					if _, err := q.PostRecv(recv); err != nil {
+						t.Error(err)
+						return
+					}
 				}
 			}
 		}
@@ -365,7 +372,9 @@ func manyClients(t *testing.T, sock string, pair *netnstest.Pair) {
 		for j, f := range strings.Split(strings.TrimPrefix(k.out.Text(), "qpns "), ",") {
 			n, _ := strconv.Atoi(f)
 			qB := order[i*streamQPs+j]
-			ibtest.Modify(qB, ib.Init, &ib.QPAttr{})
+			if err := ibtest.Modify(qB, ib.Init, &ib.QPAttr{}); err != nil {
+				t.Fatal(err)
+			}
 			for range recvs {
 				if _, err := qB.PostRecv(recv); err != nil {
 					t.Fatal(err)
@@ -375,15 +384,21 @@ func manyClients(t *testing.T, sock string, pair *netnstest.Pair) {
 				AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 				t.Fatal(err)
 			}
-			ibtest.Modify(qB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+			if err := ibtest.Modify(qB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7}); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	for _, k := range kids {
-		io.WriteString(k.in, "go\n")
+		if _, err := io.WriteString(k.in, "go\n"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	time.Sleep(streamFor)
 	for _, k := range kids {
-		io.WriteString(k.in, "stop\n")
+		if _, err := io.WriteString(k.in, "stop\n"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	var counts []float64
 	var total, secs float64
