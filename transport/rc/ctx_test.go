@@ -111,6 +111,9 @@ type tctx struct {
 	rq  *testRQ
 	now clock.Time
 	buf []byte
+	// done are the completions inject took from the QP, as a device
+	// takes them at the end of each visit.
+	done []ib.WC
 }
 
 func defaultCfg() Config {
@@ -230,9 +233,19 @@ func newSRCtx(t *testing.T, cfg Config) *tctx {
 	return c
 }
 
-func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), nil) }
+// inject delivers a packet and ends the visit as the device does: it takes
+// the completions (which hands back the reorder pool's buffers the visit
+// executed), for wcs to return.
+func (c *tctx) inject(r req) {
+	c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), nil)
+	c.done = append(c.done, c.qp.TakeCompletions()...)
+}
 
-func (c *tctx) wcs() []ib.WC { return append([]ib.WC(nil), c.qp.TakeCompletions()...) }
+func (c *tctx) wcs() []ib.WC {
+	w := append(c.done, c.qp.TakeCompletions()...)
+	c.done = nil
+	return w
+}
 
 // expect asserts the exact sequence of packets (opcode, PSN, and for ACKs
 // syndrome and MSN) that comes out.

@@ -27,7 +27,7 @@
 // # Loss recovery
 //
 // rxe's requester goes back N on a sequence NAK and otherwise waits a whole
-// local ACK timeout (RecoveryTimeout). By default a QP also retransmits on
+// local ACK timeout (ib.RecoveryTimeout). By default a QP also retransmits on
 // the RTT it measures (retransmit.go): a tail-loss probe, fast
 // retransmission from the probe's answer and an RTO of a few RTTs, none of
 // which spends retry_cnt; the local ACK timer alone decides when to give up,

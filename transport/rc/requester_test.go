@@ -203,7 +203,7 @@ func TestCompleterRNRRetry7IsInfinite(t *testing.T) {
 
 func TestCompleterTimeoutAndRetryExhaustion(t *testing.T) {
 	cfg := defaultCfg() // Timeout 14, RetryCnt 7
-	cfg.Recovery = RecoveryTimeout
+	cfg.Recovery = ib.RecoveryTimeout
 	c := newCtx(t, cfg)
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
 	c.expect(p(bth.RCSendOnly, 100))

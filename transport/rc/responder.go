@@ -506,7 +506,7 @@ func (q *QP) duplicate(pkt []byte, op bth.Opcode, pp bth.PSN) {
 			}
 			it := respItem{kind: itemRead, psn: pp, msn: s.msn, res: i, off: off, remain: uint32(n), start: true}
 			if s.sr {
-				s.pushFront(it)
+				q.srReplayRead(it)
 				return
 			}
 			// A reply to this READ still queued or half sent is what the

@@ -36,7 +36,7 @@ import (
 // as duplicates or as the expected packet.
 
 // adaptive reports whether the QP retransmits on its own timers.
-func (q *QP) adaptive() bool { return q.cfg.Recovery != RecoveryTimeout && !q.cfg.UC }
+func (q *QP) adaptive() bool { return q.cfg.Recovery != ib.RecoveryTimeout && !q.cfg.UC }
 
 // ackLimit is the longest the adaptive timers wait: the local ACK timeout,
 // or MaxRTO when there is none.

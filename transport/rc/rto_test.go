@@ -216,10 +216,10 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
 	type mode struct {
 		name string
-		rec  Recovery
+		rec  ib.Recovery
 		sr   bool
 	}
-	for _, m := range []mode{{"timeout", RecoveryTimeout, false}, {"adaptive", RecoveryAdaptive, false}, {"selective", RecoverySelective, true}} {
+	for _, m := range []mode{{"timeout", ib.RecoveryTimeout, false}, {"adaptive", ib.RecoveryAdaptive, false}, {"selective", ib.RecoverySelective, true}} {
 		for _, retry := range []uint8{0, 3, 7} {
 			for _, progress := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s_retry%d_progress%v", m.name, retry, progress), func(t *testing.T) {
@@ -268,7 +268,7 @@ func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
 					if len(w) == 0 || w[len(w)-1].Status != ib.RetryExcErr {
 						t.Fatalf("completions %+v", w)
 					}
-					if m.rec != RecoveryTimeout && c.qp.AdpRetrans == 0 {
+					if m.rec != ib.RecoveryTimeout && c.qp.AdpRetrans == 0 {
 						t.Fatal("no adaptive retransmission before giving up")
 					}
 					if c.qp.Timeouts-timeouts != uint64(retry)+1 {
@@ -299,11 +299,11 @@ func TestAdaptiveRNRWaitHasNoProbe(t *testing.T) {
 	}
 }
 
-// TestRecoveryTimeoutIsRxeTiming: RecoveryTimeout keeps only the local ACK
+// TestRecoveryTimeoutIsRxeTiming: ib.RecoveryTimeout keeps only the local ACK
 // timer, and UC has no timer at all.
 func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 	cfg := defaultCfg()
-	cfg.Recovery = RecoveryTimeout
+	cfg.Recovery = ib.RecoveryTimeout
 	c := newCtx(t, cfg)
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.out()
@@ -337,7 +337,7 @@ func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
 		return c.out(), c
 	}
 	old := defaultCfg()
-	old.Recovery = RecoveryTimeout
+	old.Recovery = ib.RecoveryTimeout
 	want, _ := run(old, false)
 	got, _ := run(defaultCfg(), true) // selective by default, pool, rxe-style QPN
 	for i := range want {

@@ -52,7 +52,7 @@ type srReq struct {
 // mode asks for it, the device gave it a reorder pool, and the peer's QP
 // number is softrnic's.
 func (q *QP) srAllowed() bool {
-	return q.pool != nil && q.cfg.Recovery == RecoverySelective && !q.cfg.UC && SoftQPN(q.cfg.DestQPN)
+	return q.pool != nil && q.cfg.Recovery.Or(ib.RecoverySelective) == ib.RecoverySelective && !q.cfg.UC && SoftQPN(q.cfg.DestQPN)
 }
 
 // SetReorderPool gives the QP the device's reorder pool, whose buffers hold
@@ -451,7 +451,7 @@ func (q *QP) srDrainResponses(now clock.Time) {
 		h := bth.BTH(b)
 		op := h.Opcode()
 		q.completer(now, b, op, op.HeaderLen(), len(b)-h.PadCount(), h.PSN())
-		s.held.release(q.pool, b)
+		q.spend(b)
 		if !s.rdNext.Less(h.PSN().Next()) {
 			continue
 		}

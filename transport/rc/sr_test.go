@@ -52,15 +52,15 @@ func (c *tctx) outEach(d time.Duration) []pkt {
 func TestSRAgreement(t *testing.T) {
 	for _, k := range []struct {
 		marked, pool, tagged bool
-		mode                 Recovery
+		mode                 ib.Recovery
 		want                 bool
 	}{
-		{true, true, true, RecoverySelective, true},
-		{false, true, true, RecoverySelective, false},
-		{true, false, true, RecoverySelective, false},
-		{true, true, false, RecoverySelective, false},
-		{true, true, true, RecoveryAdaptive, false},
-		{true, true, true, RecoveryTimeout, false},
+		{true, true, true, ib.RecoverySelective, true},
+		{false, true, true, ib.RecoverySelective, false},
+		{true, false, true, ib.RecoverySelective, false},
+		{true, true, false, ib.RecoverySelective, false},
+		{true, true, true, ib.RecoveryAdaptive, false},
+		{true, true, true, ib.RecoveryTimeout, false},
 	} {
 		t.Run(fmt.Sprintf("%+v", k), func(t *testing.T) {
 			cfg := defaultCfg()
@@ -240,6 +240,55 @@ func TestSRResponderBounds(t *testing.T) {
 	}
 }
 
+// TestSRHeldBuffersOutliveTheVisit: the pool buffers of held packets that
+// the hole's arrival executes stay out of the pool until the device ends
+// its visit to the QP (TakeCompletions), since the memory copies the
+// visit made may read from them until then; a packet held later in the
+// same visit cannot take one of them.
+func TestSRHeldBuffersOutliveTheVisit(t *testing.T) {
+	cfg := srCfg()
+	c := &tctx{t: t, mem: &testMem{mrs: map[uint32]*testMR{}}, rq: &testRQ{}}
+	c.qp = New(cfg.QPN, 64, 4, c.mem, c.rq)
+	pool := NewReorderPool(PacketLen(cfg.MTU), 3)
+	c.qp.SetReorderPool(pool)
+	c.qp.Receiver(cfg)
+	c.qp.Sender(cfg)
+	c.buf = make([]byte, c.qp.MaxPacket())
+	mr := c.addMR(9, 0x1000, 8192, ib.RemoteWrite)
+	data := fill(4096, 5)
+	w := func(psn bth.PSN) req {
+		k := int(psn - 500)
+		r := req{op: bth.RCRDMAWriteMiddle, psn: psn, payload: data[k*1024 : (k+1)*1024], sr: true}
+		switch k {
+		case 0:
+			r.op, r.va, r.rkey, r.dmaLen = bth.RCRDMAWriteFirst, 0x1000, 9, 4096
+		case 3:
+			r.op, r.ackReq = bth.RCRDMAWriteLast, true
+		}
+		return r
+	}
+	for _, psn := range []bth.PSN{501, 502, 503} {
+		c.inject(w(psn))
+	}
+	if pool.InUse() != 3 || c.qp.SRHeld != 3 {
+		t.Fatalf("held %d, pool in use %d", c.qp.SRHeld, pool.InUse())
+	}
+	// One visit: the hole arrives, the held packets execute, and a packet
+	// of the next message comes early.
+	c.qp.Receive(c.now, w(500).bytes(cfg.QPN), nil)
+	c.qp.Receive(c.now, req{op: bth.RCRDMAWriteOnly, psn: 505, ackReq: true, va: 0x1800, rkey: 9, dmaLen: 4, payload: fill(4, 1), sr: true}.bytes(cfg.QPN), nil)
+	if !bytes.Equal(mr.buf[:4096], data) || c.qp.resp.ePSN != 504 {
+		t.Fatalf("expected PSN %d, data placed %v", c.qp.resp.ePSN, bytes.Equal(mr.buf[:4096], data))
+	}
+	if pool.InUse() != 3 || c.qp.SRDropped != 1 {
+		t.Fatalf("within the visit: pool in use %d (want the 3 executed), dropped %d", pool.InUse(), c.qp.SRDropped)
+	}
+	c.qp.TakeCompletions()
+	if pool.InUse() != 0 {
+		t.Fatalf("after the visit: %d buffers in use", pool.InUse())
+	}
+}
+
 // TestSRResponderPSNWrap: a hole just before the PSN wraps.
 func TestSRResponderPSNWrap(t *testing.T) {
 	cfg := srCfg()
@@ -268,22 +317,39 @@ func TestSRResponderPSNWrap(t *testing.T) {
 
 // TestSRResponderReadRangeFirst: a READ range asked again is answered
 // before the rest of a reply in progress, which goes on (a
-// selective-repeat requester holds it).
+// selective-repeat requester holds it); only the part the reply has
+// already sent is sent again, and a range the reply has still to send is
+// not answered twice (the requester's probe or timeout fired while the
+// reply was merely slow).
 func TestSRResponderReadRangeFirst(t *testing.T) {
 	c := newSRCtx(t, srCfg())
-	c.addMR(9, 0x1000, 4096, ib.RemoteRead)
-	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4096, sr: true})
-	n := c.qp.Build(c.now, c.buf)
-	if g := decode(c.buf[:n]); g.op != bth.RCRDMAReadResponseFirst || !g.sr {
-		t.Fatalf("%v", g)
+	c.addMR(9, 0x1000, 8192, ib.RemoteRead)
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 8192, sr: true})
+	for _, want := range []pkt{p(bth.RCRDMAReadResponseFirst, 500), p(bth.RCRDMAReadResponseMiddle, 501), p(bth.RCRDMAReadResponseMiddle, 502)} {
+		n := c.qp.Build(c.now, c.buf)
+		if g := decode(c.buf[:n]); g.op != want.op || g.psn != want.psn || !g.sr {
+			t.Fatalf("%v, want %v", g, want)
+		}
 	}
-	c.inject(req{op: bth.RCRDMAReadRequest, psn: 502, ackReq: true, va: 0x1000 + 2048, rkey: 9, dmaLen: 1024, sr: true})
-	g := c.expect(p(bth.RCRDMAReadResponseOnly, 502), p(bth.RCRDMAReadResponseMiddle, 501), p(bth.RCRDMAReadResponseMiddle, 502), p(bth.RCRDMAReadResponseLast, 503))
+	// 501 is missing at the requester, which asks for it and everything
+	// after it (up to 504): only 501 and 502 have been sent.
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 501, ackReq: true, va: 0x1000 + 1024, rkey: 9, dmaLen: 3072, sr: true})
+	// 505 and after: the reply has not got there, nothing to repeat.
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 505, ackReq: true, va: 0x1000 + 5*1024, rkey: 9, dmaLen: 3072, sr: true})
+	g := c.expect(p(bth.RCRDMAReadResponseFirst, 501), p(bth.RCRDMAReadResponseLast, 502),
+		p(bth.RCRDMAReadResponseMiddle, 503), p(bth.RCRDMAReadResponseMiddle, 504), p(bth.RCRDMAReadResponseMiddle, 505),
+		p(bth.RCRDMAReadResponseMiddle, 506), p(bth.RCRDMAReadResponseLast, 507))
 	for _, x := range g {
 		if !x.sr {
 			t.Fatalf("%v unmarked", x)
 		}
 	}
+	if c.qp.RxDuplicate != 2 {
+		t.Fatalf("%d duplicates counted, want 2", c.qp.RxDuplicate)
+	}
+	// Once the reply is gone, the same request is answered in full.
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 505, ackReq: true, va: 0x1000 + 5*1024, rkey: 9, dmaLen: 3072, sr: true})
+	c.expect(p(bth.RCRDMAReadResponseFirst, 505), p(bth.RCRDMAReadResponseMiddle, 506), p(bth.RCRDMAReadResponseLast, 507))
 }
 
 // TestSRResponderRNR: an RNR NAK for the expected SEND keeps what is held
