@@ -387,6 +387,6 @@ func (q *QP) expire(now clock.Time) {
 			r.backoff++
 		}
 		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
-		r.probe, r.probeOut = false, false
+		r.probe, r.probeOut, r.probeRTO = false, false, false
 	}
 }

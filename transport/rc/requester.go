@@ -56,6 +56,7 @@ type requester struct {
 	ptoAt    clock.Time // tail-loss probe
 	backoff  uint8      // RTO expiries in a row without progress
 	probe    bool       // a tail-loss probe is due: Build sends it
+	probeRTO bool       // the probe is an RTO's (selective repeat)
 	probeOut bool       // a probe went out and has not been answered
 	probePSN bth.PSN
 	probeAt  clock.Time
@@ -80,7 +81,7 @@ func (r *requester) init(cfg *Config) {
 	r.settled = cfg.SQPSN
 	r.rtt = rttEstimator{}
 	r.rtoAt, r.ptoAt = clock.Never, clock.Never
-	r.backoff, r.probe, r.probeOut = 0, false, false
+	r.backoff, r.probe, r.probeOut, r.probeRTO = 0, false, false, false
 }
 
 // end is one past the last WQE with packets on the wire: next, or next+1

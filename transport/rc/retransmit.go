@@ -21,7 +21,8 @@ import (
 // What adaptive retransmission adds, none of it spending retries:
 //   - an RTO of SRTT+4·RTTVAR (RFC 6298, Karn's rule), at least RTOMin,
 //     doubling on each expiry without progress, never beyond the local ACK
-//     timeout: it goes back N from the oldest unacknowledged PSN;
+//     timeout: it goes back N from the oldest unacknowledged PSN (with
+//     selective repeat it resends that packet alone, as a probe);
 //   - a tail-loss probe two SRTTs after the last transmission when nothing
 //     was acknowledged: the packet at the oldest unacknowledged PSN again,
 //     with AckReq;
@@ -167,7 +168,7 @@ func (q *QP) armAfterProgress(now clock.Time) {
 func (q *QP) disarmAdaptive() {
 	r := &q.req
 	r.rtoAt, r.ptoAt = clock.Never, clock.Never
-	r.probe, r.probeOut = false, false
+	r.probe, r.probeOut, r.probeRTO = false, false, false
 }
 
 // expireAdaptive runs the RTO and the tail-loss probe when due.
@@ -183,7 +184,19 @@ func (q *QP) expireAdaptive(now clock.Time) {
 		if r.backoff < 16 {
 			r.backoff++
 		}
-		q.goBack(now, r.compPSN)
+		if r.sr.on {
+			// A selective-repeat responder keeps what it received: the
+			// RTO resends the oldest unacknowledged packet, and the SACK
+			// that answers it tells RACK what else was lost. An RTO that
+			// only met a peer slow to answer (a software host's engine
+			// asleep, or descheduled) then costs one packet, not a
+			// window.
+			if r.compPSN.Less(r.psn) {
+				r.probe, r.probeRTO = true, true
+			}
+		} else {
+			q.goBack(now, r.compPSN)
+		}
 		r.rtoAt = now.Add(q.adpRTO())
 		r.ptoAt = clock.Never
 		return
@@ -202,7 +215,7 @@ func (q *QP) goBack(now clock.Time, p bth.PSN) {
 	r := &q.req
 	q.rewind(p)
 	r.retrying = true
-	r.probe, r.probeOut = false, false
+	r.probe, r.probeOut, r.probeRTO = false, false, false
 }
 
 // buildRetransmit emits a packet that repeats an earlier one out of the
@@ -215,11 +228,15 @@ func (q *QP) buildRetransmit(now clock.Time, buf []byte) int {
 	}
 	if r.probe {
 		r.probe = false
+		rto := r.probeRTO
+		r.probeRTO = false
 		if r.compPSN.Less(r.psn) {
 			r.probeOut, r.probePSN, r.probeAt = true, r.compPSN, now
 			if n := q.buildAt(now, buf, r.compPSN, 0); n > 0 {
-				q.TLPProbes++
-				q.AdpRetrans++
+				if !rto { // an RTO's resend was counted when it expired
+					q.TLPProbes++
+					q.AdpRetrans++
+				}
 				return n
 			}
 			r.probeOut = false

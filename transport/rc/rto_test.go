@@ -25,6 +25,11 @@ func TestRTTEstimatorRFC6298(t *testing.T) {
 	if e.srtt != 2250*time.Microsecond || e.rttvar != 1250*time.Microsecond || e.rto(time.Second) != 7250*time.Microsecond {
 		t.Fatalf("second sample: srtt %v rttvar %v rto %v", e.srtt, e.rttvar, e.rto(time.Second))
 	}
+	// Answers that vary this much put the probe at SRTT+4·RTTVAR, past
+	// two SRTTs.
+	if e.pto(time.Second) != 7250*time.Microsecond {
+		t.Fatalf("jittery peer: pto %v, want SRTT+4·RTTVAR", e.pto(time.Second))
+	}
 	if e.rto(5*time.Millisecond) != 5*time.Millisecond || e.minRTT != 2*time.Millisecond {
 		t.Fatalf("cap or minimum: rto %v min %v", e.rto(5*time.Millisecond), e.minRTT)
 	}
@@ -103,14 +108,14 @@ func TestAdaptiveRTTSamples(t *testing.T) {
 // goes back N, the RTO doubling each time; no retry is spent on either.
 func TestAdaptiveProbeThenRTO(t *testing.T) {
 	c := newCtx(t, defaultCfg())
-	c.sampled(50 * time.Microsecond) // PTO 100 µs, RTO 1 ms
+	c.sampled(50 * time.Microsecond) // PTO 150 µs (SRTT + 4·RTTVAR), RTO 1 ms
 	for i := 0; i < 3; i++ {
 		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 	}
 	c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
 	t0 := c.now
-	if d := c.qp.Deadline(); d != t0.Add(PTOMin) {
-		t.Fatalf("first deadline %v, want the probe at %v", d, t0.Add(PTOMin))
+	if d := c.qp.Deadline(); d != t0.Add(150*time.Microsecond) {
+		t.Fatalf("first deadline %v, want the probe at %v", d, t0.Add(150*time.Microsecond))
 	}
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
@@ -134,12 +139,47 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 	}
 	// Progress ends the backoff.
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
-	if d := c.qp.Deadline(); d != c.now.Add(PTOMin) {
-		t.Fatalf("after progress the probe is due at %v, not %v", c.now.Add(PTOMin), d)
+	if d := c.qp.Deadline(); d != c.now.Add(c.qp.adpPTO()) {
+		t.Fatalf("after progress the probe is due at %v, not %v", c.now.Add(c.qp.adpPTO()), d)
 	}
 	if c.qp.req.backoff != 0 {
 		t.Fatal("backoff kept after progress")
 	}
+}
+
+// TestSelectiveRTOResendsHead: with selective repeat agreed, an RTO
+// resends the oldest unacknowledged packet alone (AckReq), doubling as
+// before, since the responder keeps what it got and the SACK that answers
+// tells RACK the rest: a peer that was only slow to answer costs one
+// packet per expiry, not the window.
+func TestSelectiveRTOResendsHead(t *testing.T) {
+	c := srRequester(t, srCfg())
+	for i := 0; i < 3; i++ {
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	}
+	g := c.out()
+	if len(g) != 3 {
+		t.Fatalf("%v", g)
+	}
+	head := g[0].psn
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now) // the tail-loss probe
+	c.expect(p(bth.RCSendOnly, head))
+	rto := c.qp.adpRTO()
+	for i := 1; i <= 3; i++ {
+		c.now = c.qp.Deadline()
+		c.qp.Expire(c.now)
+		g := c.expect(p(bth.RCSendOnly, head))
+		if !g[0].ackReq || c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != 0 || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != uint64(i+1) {
+			t.Fatalf("after RTO %d: %v %+v", i, g[0], c.qp.Counters)
+		}
+		if d := c.qp.Deadline(); d != c.now.Add(rto<<i) {
+			t.Fatalf("RTO %d: next at %v, want %v", i, d, c.now.Add(rto<<i))
+		}
+	}
+	// The answer: the head and the last came, the middle was lost.
+	c.respond(req{op: bth.RCAcknowledge, psn: head, syn: SynACK, sr: true, payload: sack(head.Next(), head.Add(2))})
+	c.expect(p(bth.RCSendOnly, head.Next()))
 }
 
 // gbnPeer answers as a go-back-N responder (rxe) would: it holds nothing
@@ -294,7 +334,7 @@ func TestAdaptiveRNRWaitHasNoProbe(t *testing.T) {
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	c.expect(p(bth.RCSendOnly, 101))
-	if d := c.qp.Deadline(); d != c.now.Add(PTOMin) || c.qp.TLPProbes != 0 {
+	if d := c.qp.Deadline(); d != c.now.Add(c.qp.adpPTO()) || c.qp.TLPProbes != 0 {
 		t.Fatalf("after the resend: deadline %v probes %d", d, c.qp.TLPProbes)
 	}
 }

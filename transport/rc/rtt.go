@@ -68,13 +68,17 @@ func (e *rttEstimator) rto(limit time.Duration) time.Duration {
 	return min(d, limit)
 }
 
-// pto is the tail-loss probe timeout: two smoothed RTTs, at least PTOMin,
-// never beyond the RTO.
+// pto is the tail-loss probe timeout: two smoothed RTTs (RFC 8985), or
+// SRTT+4·RTTVAR if longer (QUIC's PTO), at least PTOMin, never beyond the
+// RTO. The variance term matters for a peer whose answers come at times
+// that vary widely, as a software peer's do (an engine that naps answers a
+// millisecond late now and then): a probe after two SRTTs would repeat a
+// packet that was not lost every time it naps.
 func (e *rttEstimator) pto(limit time.Duration) time.Duration {
 	if e.samples == 0 {
 		return min(InitialRTO/2, limit)
 	}
-	return min(max(2*e.srtt, PTOMin), limit)
+	return min(max(2*e.srtt, e.srtt+4*e.rttvar, PTOMin), limit)
 }
 
 // txRec is what the requester remembers of one PSN it sent a packet for
