@@ -145,6 +145,43 @@ type Counters struct {
 	TxSACKs    uint64
 	SRHeld     uint64
 	SRDropped  uint64
+	// RetransPkts counts the request packets the requester sent more than
+	// once, whatever the reason (go-back-N, probe, RTO, hole): the most a
+	// peer can have counted as duplicates (rxe's duplicate_request).
+	RetransPkts uint64
+}
+
+// Add adds every counter of o to c (a device's totals over its QPs).
+func (c *Counters) Add(o *Counters) {
+	c.RxDropped += o.RxDropped
+	c.RxDuplicate += o.RxDuplicate
+	c.RxOutOfSeq += o.RxOutOfSeq
+	c.TxNAKs += o.TxNAKs
+	c.TxRNRNAKs += o.TxRNRNAKs
+	c.Retransmits += o.Retransmits
+	c.Timeouts += o.Timeouts
+	c.RNRWaits += o.RNRWaits
+	c.GhostResponse += o.GhostResponse
+	c.RxNAKSeqErr += o.RxNAKSeqErr
+	c.RxNAKRemAccess += o.RxNAKRemAccess
+	c.RxNAKInvReq += o.RxNAKInvReq
+	c.ImpliedNAKs += o.ImpliedNAKs
+	c.RxWriteReqs += o.RxWriteReqs
+	c.RxReadReqs += o.RxReadReqs
+	c.RxAtomicReqs += o.RxAtomicReqs
+	c.RemAccessErrs += o.RemAccessErrs
+	c.LocalLengthErrs += o.LocalLengthErrs
+	c.Progress += o.Progress
+	c.AdpRetrans += o.AdpRetrans
+	c.AdpRetransTO += o.AdpRetransTO
+	c.TLPProbes += o.TLPProbes
+	c.FastRetrans += o.FastRetrans
+	c.RxSACKs += o.RxSACKs
+	c.SelRetrans += o.SelRetrans
+	c.TxSACKs += o.TxSACKs
+	c.SRHeld += o.SRHeld
+	c.SRDropped += o.SRDropped
+	c.RetransPkts += o.RetransPkts
 }
 
 // QP is one RC or UC queue pair's transport state.

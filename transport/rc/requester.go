@@ -173,6 +173,9 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	}
 	p := r.psn
 	retx := false
+	if p.Less(r.maxPSN) {
+		q.RetransPkts++ // a go-back-N resending what went out before
+	}
 	var n int
 	switch e.Opcode {
 	case ib.RDMARead:

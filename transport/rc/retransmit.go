@@ -284,6 +284,7 @@ func (q *QP) buildAt(now clock.Time, buf []byte, p bth.PSN, nRead uint32) int {
 	}
 	n := q.writeRequest(buf, e, p, true, nRead)
 	q.sentPkt(now, p, true)
+	q.RetransPkts++
 	return n
 }
 

@@ -256,6 +256,7 @@ func (q *QP) buildSelective(now clock.Time, buf []byte) int {
 		n := q.writeRequest(buf, e, lo, true, uint32(hi.Diff(lo)))
 		q.sentPkt(now, lo, true)
 		q.SelRetrans++
+		q.RetransPkts++
 		return n
 	}
 	if s.lost <= 0 {
