@@ -11,6 +11,7 @@ import (
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/route"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
@@ -42,6 +43,10 @@ type Config struct {
 	// Congestion is the device's congestion control (Congestion; the zero
 	// value is off).
 	Congestion rnic.Congestion
+	// Recovery is the loss recovery of the device's RC QPs
+	// (rnic.Config.Recovery; the zero value: selective repeat with
+	// adaptive retransmission).
+	Recovery ib.Recovery
 	// Engine tunes the engine loop; its Tap, if set, sees every frame.
 	Engine engine.Options
 	// WrapPort, if set, wraps the port the engine drives (the daemon
@@ -107,7 +112,7 @@ func Open(cfg Config) (_ *Host, err error) {
 	if h.Port, h.PortKind, err = openPort(&cfg, in); err != nil {
 		return nil, err
 	}
-	if h.Device, err = NewDevice(in, cfg.MTU, cfg.Congestion, h.resolve); err != nil {
+	if h.Device, err = NewDevice(in, cfg.MTU, cfg.Congestion, cfg.Recovery, h.resolve); err != nil {
 		return nil, err
 	}
 	p := h.Port
@@ -133,9 +138,9 @@ func Open(cfg Config) (_ *Host, err error) {
 
 // NewDevice makes the device of an interface: its MAC, its GIDs, the RoCE
 // MTU mtu (0: the largest the interface carries), congestion control cc,
-// and resolve as its neighbour resolution. Open makes a host's with it;
-// tests on in-memory links make theirs.
-func NewDevice(in Interface, mtu int, cc rnic.Congestion, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
+// loss recovery rec, and resolve as its neighbour resolution. Open makes a
+// host's with it; tests on in-memory links make theirs.
+func NewDevice(in Interface, mtu int, cc rnic.Congestion, rec ib.Recovery, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
 	if mtu == 0 {
 		mtu = in.ActiveMTU()
 	}
@@ -143,7 +148,7 @@ func NewDevice(in Interface, mtu int, cc rnic.Congestion, resolve func(context.C
 		return nil, fmt.Errorf("host: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
 	return rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu,
-		Congestion: cc, Resolve: resolve})
+		Congestion: cc, Recovery: rec, Resolve: resolve})
 }
 
 // resolve is the device's neighbour resolution: the next hop's MAC for a

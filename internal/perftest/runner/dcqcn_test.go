@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/softrnic/softrnic/ib"
 	"net"
 	"net/netip"
 	"strings"
@@ -34,9 +35,9 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: 1700, Seed: 7, Impairments: memlink.Impairments{CEMark: ce}})
 	t.Cleanup(func() { pa.Close(); pb.Close() })
 	ia := host.Interface{Name: "mla", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
-	ib := host.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
+	ifb := host.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
 	mk := func(self, peer host.Interface, pt *memlink.Port) Host {
-		dev, err := host.NewDevice(self, 0, cc, func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil })
+		dev, err := host.NewDevice(self, 0, cc, ib.RecoveryDefault, func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +56,7 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 		})
 		return Host{Device: dev, Iface: self, Stats: l.DeviceStats}
 	}
-	return mk(ia, ib, pa), mk(ib, ia, pb)
+	return mk(ia, ifb, pa), mk(ifb, ia, pb)
 }
 
 // runPairJSON runs one test as RunCLI does after its side channel
