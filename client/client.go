@@ -375,7 +375,7 @@ func (p *PD) CreateQP(a *verbs.QPInitAttr) (verbs.QP, error) {
 	if a.SRQ != nil {
 		return nil, fmt.Errorf("softrnic: QPs on an SRQ through the daemon: %w", verbs.ErrNotSupported)
 	}
-	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap}
+	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap, Recovery: a.Recovery}
 	if a.SigAll {
 		req.SigAll = 1
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // DefaultControl is where the daemon listens and where every client command
@@ -39,6 +40,9 @@ type Config struct {
 	GIDs      []netip.Addr // gid; addresses used as GIDs, empty = the interface's
 	Metrics   string       // metrics; Prometheus /metrics listen address, empty = off
 	Port      string       // port; afxdp, afpacket or auto (AF_XDP, falling back to AF_PACKET)
+	// Recovery (recovery) is the loss recovery of the RC QPs whose client
+	// does not choose: selective (the default), adaptive or timeout.
+	Recovery ib.Recovery
 
 	// MetricsTokenFile (metrics-token-file) holds a bearer token every
 	// scrape must send; with it, metrics may listen beyond loopback.
@@ -90,6 +94,7 @@ func DefaultConfig() Config {
 		Control:     DefaultControl,
 		ControlMode: 0o660,
 		Port:        "auto",
+		Recovery:    ib.RecoverySelective,
 		LogLevel:    "info",
 		LogFormat:   "text",
 		DCQCN:       DCQCNConfig{Profile: "connectx", Knobs: map[string]uint32{}},
@@ -173,6 +178,14 @@ var keys = []key{
 			return fmt.Errorf("%q is not afxdp, afpacket or auto", v)
 		}
 		c.Port = v
+		return nil
+	}},
+	{name: "recovery", usage: "loss recovery of RC QPs: selective (selective repeat with softrnic peers, adaptive retransmission with any), adaptive (go-back-N on measured RTTs) or timeout (the local ACK timeout alone, as rxe)", set: func(c *Config, v string) error {
+		m, err := ib.ParseRecovery(v)
+		if err != nil || m == ib.RecoveryDefault {
+			return fmt.Errorf("%q is not selective, adaptive or timeout", v)
+		}
+		c.Recovery = m
 		return nil
 	}},
 	{name: "control", usage: "path of the control socket clients connect to", set: func(c *Config, v string) error {

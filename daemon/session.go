@@ -680,6 +680,9 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	if req.SigAll > 1 {
 		return nil, nil, errf(unix.EINVAL, "sq_sig_all %d is not 0 or 1", req.SigAll)
 	}
+	if !req.Recovery.Valid() {
+		return nil, nil, errf(unix.EINVAL, "recovery mode %d (0 default, 1 selective, 2 adaptive, 3 timeout)", req.Recovery)
+	}
 	c, err := ss.normCaps(req.Caps)
 	if err != nil {
 		return nil, nil, err
@@ -708,7 +711,8 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sq.Close()
 		return nil, nil, err
 	}
-	vqp, err := p.pd.CreateQP(&verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0})
+	vqp, err := p.pd.CreateQP(&verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0,
+		Recovery: req.Recovery})
 	if err != nil {
 		sq.Close()
 		rq.Close()

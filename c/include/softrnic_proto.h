@@ -259,6 +259,21 @@
 #define SOFTRNIC_IB_QP_ATTR_MASK_CAP 524288
 #define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
+// RecoveryDefault is the device's mode for a QP, and for a device
+// RecoverySelective, on by default as ConnectX's adaptive
+// retransmission is.
+#define SOFTRNIC_IB_RECOVERY_DEFAULT 0
+// RecoverySelective is adaptive retransmission plus selective repeat
+// with a peer that agrees to it, and adaptive go-back-N with any other
+// peer.
+#define SOFTRNIC_IB_RECOVERY_SELECTIVE 1
+// RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
+// probes, fast retransmission and an RTO of a few RTTs, besides the
+// peer's sequence NAKs. Every peer sees only IBA packets.
+#define SOFTRNIC_IB_RECOVERY_ADAPTIVE 2
+// RecoveryTimeout retransmits only on a sequence NAK, a READ response
+// gap or the local ACK timeout: rxe's behaviour.
+#define SOFTRNIC_IB_RECOVERY_TIMEOUT 3
 #define SOFTRNIC_IB_WC_STATUS_SUCCESS 0
 #define SOFTRNIC_IB_WC_STATUS_LOC_LEN_ERR 1
 #define SOFTRNIC_IB_WC_STATUS_LOC_QP_OP_ERR 2
@@ -1034,7 +1049,8 @@ struct softrnic_create_qp_req {
 	uint32_t recv_cq;
 	uint8_t type;
 	uint8_t sig_all; // every send WR generates a completion
-	uint8_t _pad0[2];
+	uint8_t recovery; // an RC QP's loss recovery; 0: the daemon's
+	uint8_t _pad0[1];
 	struct softrnic_ib_qp_caps caps;
 };
 _Static_assert(sizeof(struct softrnic_create_qp_req) == 36, "struct softrnic_create_qp_req: size");
@@ -1043,6 +1059,7 @@ _Static_assert(offsetof(struct softrnic_create_qp_req, send_cq) == 4, "struct so
 _Static_assert(offsetof(struct softrnic_create_qp_req, recv_cq) == 8, "struct softrnic_create_qp_req: recv_cq");
 _Static_assert(offsetof(struct softrnic_create_qp_req, type) == 12, "struct softrnic_create_qp_req: type");
 _Static_assert(offsetof(struct softrnic_create_qp_req, sig_all) == 13, "struct softrnic_create_qp_req: sig_all");
+_Static_assert(offsetof(struct softrnic_create_qp_req, recovery) == 14, "struct softrnic_create_qp_req: recovery");
 _Static_assert(offsetof(struct softrnic_create_qp_req, caps) == 16, "struct softrnic_create_qp_req: caps");
 
 // CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring

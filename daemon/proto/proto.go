@@ -147,13 +147,14 @@ type CreateCQResp struct {
 
 // CreateQPReq is the body of OpCreateQP.
 type CreateQPReq struct {
-	PD     Handle
-	SendCQ Handle
-	RecvCQ Handle
-	Type   ib.QPType
-	SigAll uint8 // every send WR generates a completion
-	_      [2]byte
-	Caps   ib.QPCaps
+	PD       Handle
+	SendCQ   Handle
+	RecvCQ   Handle
+	Type     ib.QPType
+	SigAll   uint8       // every send WR generates a completion
+	Recovery ib.Recovery // an RC QP's loss recovery; 0: the daemon's
+	_        [1]byte
+	Caps     ib.QPCaps
 }
 
 // CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring

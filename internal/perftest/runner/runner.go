@@ -689,7 +689,7 @@ func now() int64 { return int64(clock.Now()) }
 // qpAttr is the QP of perftest's: type typ, depths sq and rq, one SGE,
 // on one CQ.
 func (t *Test) qpAttr(typ ib.QPType, cq verbs.CQ, sq, rq int) *verbs.QPInitAttr {
-	return &verbs.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq,
+	return &verbs.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Recovery: t.p.Recovery,
 		Cap: ib.QPCaps{MaxSendWR: uint32(sq), MaxRecvWR: uint32(rq), MaxSendSGE: 1, MaxRecvSGE: 1}}
 }
 
