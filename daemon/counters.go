@@ -11,6 +11,7 @@ import (
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/transport/rc"
 )
 
 // CountingPort wraps the engine's port to count bytes both ways (the device
@@ -200,6 +201,7 @@ type counterInputs struct {
 	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
 	reqRemAccess, reqInvReq, respRemAccess, respLocLen                     uint64
 	cqe                                                                    rnic.CQECounters
+	rc                                                                     rc.Counters // every counter, summed
 }
 
 func (in *counterInputs) add(q *rnic.QPCounters) {
@@ -225,6 +227,7 @@ func (in *counterInputs) add(q *rnic.QPCounters) {
 	in.cqe.ReqFlushErr += q.CQE.ReqFlushErr
 	in.cqe.RespErr += q.CQE.RespErr
 	in.cqe.RespFlushErr += q.CQE.RespFlushErr
+	in.rc.Add(&q.RC)
 }
 
 // fillDevice is the one table from what softrnic counts to the names Linux
@@ -286,6 +289,7 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrReqRemoteInvalidRequest] = in.reqInvReq
 	d[proto.CtrRespRemoteAccessErrors] = in.respRemAccess
 	d[proto.CtrRespLocalLengthError] = in.respLocLen
+	recoveryCounters(d[proto.CtrRoCEAdpRetrans:proto.CtrRetransPackets+1], &in.rc)
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP
@@ -342,7 +346,8 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 		v[proto.QCtrReqRemoteInvalidRequest] = q.RC.RxNAKInvReq
 		v[proto.QCtrRespRemoteAccessErrors] = q.RC.RemAccessErrs
 		v[proto.QCtrRespLocalLengthError] = q.RC.LocalLengthErrs
-		s.Valid = uint32(1)<<proto.NumQPCounters - 1
+		recoveryCounters(v[proto.QCtrRoCEAdpRetrans:proto.QCtrRetransPackets+1], &q.RC)
+		s.Valid = uint64(1)<<proto.NumQPCounters - 1
 		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey | dcqcnValid
 		if q.CCOn {
 			cc := &q.CC
@@ -355,4 +360,11 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 		}
 	}
 	return s
+}
+
+// recoveryCounters fills the loss recovery counters, in their order in
+// proto (roce_adp_retrans to retrans_packets), from c.
+func recoveryCounters(d []uint64, c *rc.Counters) {
+	copy(d, []uint64{c.AdpRetrans, c.AdpRetransTO, c.TLPProbes, c.FastRetrans, c.RxSACKs, c.TxSACKs,
+		c.SelRetrans, c.SRHeld, c.SRDropped, c.RetransPkts})
 }

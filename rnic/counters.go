@@ -94,6 +94,25 @@ func (d *Device) RCCounters() rc.Counters {
 	return c
 }
 
+// RecoveryCounters implements verbs.RecoveryCounter.
+func (d *Device) RecoveryCounters(qpns []uint32) verbs.RecoveryCounters {
+	var c rc.Counters
+	d.EachQPCounters(func(q *QPCounters) {
+		if q.Type.Connected() && slices.Contains(qpns, q.QPN) {
+			c.Add(&q.RC)
+		}
+	})
+	return RecoveryCountersOf(&c)
+}
+
+// RecoveryCountersOf picks the loss recovery counters out of c.
+func RecoveryCountersOf(c *rc.Counters) verbs.RecoveryCounters {
+	return verbs.RecoveryCounters{Timeouts: c.Timeouts, Retransmits: c.Retransmits, SeqNAKs: c.RxNAKSeqErr,
+		Duplicates: c.RxDuplicate, AdpRetrans: c.AdpRetrans, AdpRetransTO: c.AdpRetransTO, TLPProbes: c.TLPProbes,
+		FastRetrans: c.FastRetrans, RxSACKs: c.RxSACKs, TxSACKs: c.TxSACKs, SelRetrans: c.SelRetrans, SRHeld: c.SRHeld,
+		SRDropped: c.SRDropped, RetransPackets: c.RetransPkts}
+}
+
 // ReorderInUse is how many buffers of the device's reorder pool hold a
 // packet now.
 func (d *Device) ReorderInUse() int { return d.reorder.InUse() }

@@ -64,6 +64,16 @@ const (
 	CtrReqRemoteInvalidRequest        // RC requester: invalid request NAKs received
 	CtrRespRemoteAccessErrors         // RC/UC responder: requests refused for rkey, range or access
 	CtrRespLocalLengthError           // RC/UC responder: SENDs longer than the receive WQE
+	CtrRoCEAdpRetrans                 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
+	CtrRoCEAdpRetransTO               // RC requester: adaptive retransmission timeouts
+	CtrTLPProbes                      // RC requester: tail-loss probes
+	CtrFastRetrans                    // RC requester: go-back-N restarts a probe's answer called for
+	CtrRxSACKs                        // RC requester: selective acknowledgements received
+	CtrTxSACKs                        // RC responder: selective acknowledgements sent
+	CtrSelRetrans                     // RC requester: packets resent selectively (holes, READ ranges)
+	CtrSRHeld                         // RC: packets held out of order for selective repeat
+	CtrSRDropped                      // RC: out-of-order packets not held (reorder pool empty)
+	CtrRetransPackets                 // RC requester: request packets sent more than once
 	NumDeviceCounters
 )
 
@@ -120,6 +130,16 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
 	CtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
 	CtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
+	CtrRoCEAdpRetrans:          {"roce_adp_retrans", "RC adaptive retransmissions: tail-loss probes, fast retransmissions, RTO expiries"},
+	CtrRoCEAdpRetransTO:        {"roce_adp_retrans_to", "RC adaptive retransmission timeouts (RTO expiries)"},
+	CtrTLPProbes:               {"tlp_probes", "RC tail-loss probes sent"},
+	CtrFastRetrans:             {"fast_retrans", "RC go-back-N restarts a probe's answer called for"},
+	CtrRxSACKs:                 {"rx_sacks", "RC selective acknowledgements received (selective repeat)"},
+	CtrTxSACKs:                 {"tx_sacks", "RC selective acknowledgements sent (selective repeat)"},
+	CtrSelRetrans:              {"sel_retrans", "RC packets retransmitted selectively: holes and READ ranges asked again"},
+	CtrSRHeld:                  {"sr_held", "RC packets held out of order in the reorder pool (selective repeat)"},
+	CtrSRDropped:               {"sr_dropped", "RC out-of-order packets dropped: the reorder pool was empty"},
+	CtrRetransPackets:          {"retrans_packets", "RC request packets sent more than once (at most what peers count as duplicate_request)"},
 }
 
 // Per-QP counters: the index of each in QPStats.Values.
@@ -153,6 +173,16 @@ const (
 	QCtrDCQCNCNPHandled                // RC, UC with DCQCN: CNPs the RP acted on
 	QCtrDCQCNCNPIgnored                // RC, UC with DCQCN: CNPs coalesced into a pending cut
 	QCtrDCQCNRateCuts                  // RC, UC with DCQCN: the RP's rate cuts
+	QCtrRoCEAdpRetrans                 // RC
+	QCtrRoCEAdpRetransTO               // RC
+	QCtrTLPProbes                      // RC
+	QCtrFastRetrans                    // RC
+	QCtrRxSACKs                        // RC
+	QCtrTxSACKs                        // RC
+	QCtrSelRetrans                     // RC
+	QCtrSRHeld                         // RC
+	QCtrSRDropped                      // RC
+	QCtrRetransPackets                 // RC
 	NumQPCounters
 )
 
@@ -184,11 +214,21 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
 	// A QP's own DCQCN counts, under names of their own so that a tool
 	// summing the mlx5 names over a device does not count them twice.
-	QCtrDCQCNECNMarked:  {"dcqcn_ecn_marked", "CE-marked packets this QP received (DCQCN NP)"},
-	QCtrDCQCNCNPSent:    {"dcqcn_cnp_sent", "CNPs this QP's NP asked for"},
-	QCtrDCQCNCNPHandled: {"dcqcn_cnp_handled", "CNPs this QP's RP acted on"},
-	QCtrDCQCNCNPIgnored: {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
-	QCtrDCQCNRateCuts:   {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
+	QCtrDCQCNECNMarked:   {"dcqcn_ecn_marked", "CE-marked packets this QP received (DCQCN NP)"},
+	QCtrDCQCNCNPSent:     {"dcqcn_cnp_sent", "CNPs this QP's NP asked for"},
+	QCtrDCQCNCNPHandled:  {"dcqcn_cnp_handled", "CNPs this QP's RP acted on"},
+	QCtrDCQCNCNPIgnored:  {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
+	QCtrDCQCNRateCuts:    {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
+	QCtrRoCEAdpRetrans:   DeviceCounters[CtrRoCEAdpRetrans],
+	QCtrRoCEAdpRetransTO: DeviceCounters[CtrRoCEAdpRetransTO],
+	QCtrTLPProbes:        DeviceCounters[CtrTLPProbes],
+	QCtrFastRetrans:      DeviceCounters[CtrFastRetrans],
+	QCtrRxSACKs:          DeviceCounters[CtrRxSACKs],
+	QCtrTxSACKs:          DeviceCounters[CtrTxSACKs],
+	QCtrSelRetrans:       DeviceCounters[CtrSelRetrans],
+	QCtrSRHeld:           DeviceCounters[CtrSRHeld],
+	QCtrSRDropped:        DeviceCounters[CtrSRDropped],
+	QCtrRetransPackets:   DeviceCounters[CtrRetransPackets],
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not
@@ -196,8 +236,6 @@ var QPCounters = [NumQPCounters]CounterDef{
 // would mean nothing.
 var NotCounted = []CounterDef{
 	{"rx_dct_connect", "softrnic has no DC (dynamically connected) transport"},
-	{"roce_adp_retrans", "ConnectX adaptive retransmission is not implemented: retransmission follows the IBA local ACK timeout"},
-	{"roce_adp_retrans_to", "ConnectX adaptive retransmission is not implemented"},
 	{"roce_slow_restart", "ConnectX slow restart is not implemented"},
 	{"roce_slow_restart_cnps", "ConnectX slow restart is not implemented"},
 	{"roce_slow_restart_trans", "ConnectX slow restart is not implemented"},
@@ -229,14 +267,13 @@ type QPStats struct {
 	Type   ib.QPType
 	State  ib.QPState
 	_      [2]byte
-	Valid  uint32
-	_      uint32
+	Valid  uint64
 	Values [NumQPCounters]uint64
 }
 
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-const MaxStatsQPs = 12
+const MaxStatsQPs = 10
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.

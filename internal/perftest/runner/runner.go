@@ -64,6 +64,9 @@ type Result struct {
 	// CC is each QP's DCQCN state at the end of the run (empty with
 	// DCQCN off), taken before the QPs are destroyed.
 	CC []QPCongestion
+	// Recovery sums the loss recovery counters of the run's RC QPs at
+	// its end (nil: not RC, or the device does not count them).
+	Recovery *verbs.RecoveryCounters
 	// Peer is the address of the peer's GID.
 	Peer netip.Addr
 }
@@ -219,8 +222,13 @@ func (t *Test) info() perftest.Info {
 		GIDIndex: t.p.GIDIndex, Duration: t.p.Duration, ReportGbits: t.p.ReportGbits}
 }
 
-// snapshotCC records each QP's DCQCN state while the QPs still exist.
+// snapshotCC records each QP's DCQCN state and the QPs' loss recovery
+// counters while the QPs still exist.
 func (t *Test) snapshotCC() {
+	if rcn, ok := t.dev.(verbs.RecoveryCounter); ok && t.qpType() == ib.RC {
+		c := rcn.RecoveryCounters(t.qpns)
+		t.res.Recovery = &c
+	}
 	t.res.CC = t.res.CC[:0]
 	for _, q := range t.qps {
 		c, ok := q.qp.(verbs.CongestionStater)
@@ -262,14 +270,39 @@ func (t *Test) JSON() *JSONResult {
 		}
 		out.DCQCN = d
 	}
+	if t.res.Recovery != nil {
+		mode := t.p.Recovery
+		if mode == ib.RecoveryDefault {
+			mode = t.deviceRecovery()
+		}
+		out.Recovery = &RecoveryJSON{Mode: mode.String(), RecoveryCounters: *t.res.Recovery}
+	}
 	return out
 }
 
+// deviceRecovery is the recovery mode of the device's QPs that do not
+// choose their own, where the device says (RecoveryDefault otherwise).
+func (t *Test) deviceRecovery() ib.Recovery {
+	if t.local != nil {
+		return t.local.Config().Recovery
+	}
+	return ib.RecoveryDefault
+}
+
 // JSONResult is perftest's --json layout plus, with DCQCN on, a "dcqcn"
-// object.
+// object, and for RC a "recovery" object.
 type JSONResult struct {
 	*perftest.JSONResult
-	DCQCN *DCQCNJSON `json:"dcqcn,omitempty"`
+	DCQCN    *DCQCNJSON    `json:"dcqcn,omitempty"`
+	Recovery *RecoveryJSON `json:"recovery,omitempty"`
+}
+
+// RecoveryJSON is the "recovery" object of --json: the QPs' loss recovery
+// mode ("default": the daemon's) and their counters summed at the end of
+// the run, under softrnic stats' names.
+type RecoveryJSON struct {
+	Mode string `json:"mode"`
+	verbs.RecoveryCounters
 }
 
 // Write writes the result as indented JSON.
