@@ -2,10 +2,12 @@ package host
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Config is what a host is made of. Only Interface is required.
@@ -54,6 +57,12 @@ type Config struct {
 	WrapPort func(port.Port) port.Port
 	// NoCM runs no rdma_cm agent (the device's GSI QP stays free).
 	NoCM bool
+	// CountersFile, if set, is where Close appends the device's counters
+	// over its life, as one JSON line (Counters): a tool's or the daemon's
+	// account of what it retransmitted, which the interop lab holds
+	// against the peer's duplicate counts. The tools set it from
+	// $SOFTRNIC_COUNTERS (CountersEnv).
+	CountersFile string
 	// Log, if set, reports what Open chose (an AF_XDP fallback).
 	Log *slog.Logger
 }
@@ -77,6 +86,7 @@ type Host struct {
 	CM *rdmacm.Agent
 
 	res     *route.Resolver
+	ctrFile string
 	stop    context.CancelFunc
 	done    chan struct{}
 	runErr  error
@@ -100,7 +110,7 @@ func Open(cfg Config) (_ *Host, err error) {
 	if len(cfg.GIDs) > 0 {
 		in.GIDs = append([]netip.Addr(nil), cfg.GIDs...)
 	}
-	h := &Host{Iface: in, done: make(chan struct{})}
+	h := &Host{Iface: in, done: make(chan struct{}), ctrFile: cfg.CountersFile}
 	defer func() {
 		if err != nil {
 			h.release()
@@ -208,6 +218,11 @@ func (h *Host) release() error {
 			err = fmt.Errorf("closing the port: %w", cerr)
 		}
 	}
+	if h.ctrFile != "" && h.Device != nil {
+		if werr := h.writeCounters(); werr != nil && err == nil {
+			err = werr
+		}
+	}
 	if h.res != nil {
 		h.res.Close()
 	}
@@ -270,3 +285,40 @@ const (
 	pacerWindow   = 2 * time.Millisecond
 	maxPacerBurst = 64 << 10
 )
+
+// CountersEnv names the environment variable the tools take
+// Config.CountersFile from.
+const CountersEnv = "SOFTRNIC_COUNTERS"
+
+// Counters is the line Close appends to Config.CountersFile: the device's
+// frames and its RC QPs' loss recovery over its life, destroyed QPs
+// included.
+type Counters struct {
+	Interface string                 `json:"interface"`
+	PID       int                    `json:"pid"`
+	RxFrames  uint64                 `json:"rx_frames"`
+	TxFrames  uint64                 `json:"tx_frames"`
+	Recovery  verbs.RecoveryCounters `json:"recovery"`
+}
+
+func (h *Host) writeCounters() error {
+	rcc := h.Device.RCCounters()
+	st := h.Device.StatsSnapshot()
+	b, err := json.Marshal(Counters{Interface: h.Iface.Name, PID: os.Getpid(), RxFrames: st.RxFrames, TxFrames: st.TxFrames,
+		Recovery: rnic.RecoveryCountersOf(&rcc)})
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(h.ctrFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("counters: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("counters: %w", err)
+	}
+	return nil
+}

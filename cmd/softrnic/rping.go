@@ -175,7 +175,7 @@ func withCMAgent(h cmHost, f func(*rdmacm.Agent) error) error {
 	if err != nil {
 		return err
 	}
-	hst, err := host.Open(host.Config{Interface: name, Port: h.kind})
+	hst, err := host.Open(host.Config{Interface: name, Port: h.kind, CountersFile: os.Getenv(host.CountersEnv)})
 	if err != nil {
 		return err
 	}
