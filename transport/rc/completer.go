@@ -20,6 +20,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 		q.GhostResponse++
 		return
 	}
+	r.answered = true
 	var syn uint8
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
 		syn = bth.AETH(pkt[o:]).Syndrome()

@@ -206,11 +206,18 @@ func sack(base bth.PSN, have ...bth.PSN) []byte {
 	}
 	b := make([]byte, bth.SACKLen(words))
 	s := bth.SACKETH(b)
-	s.SetHeader(words, base)
+	s.SetHeader(words, base, 0)
 	for _, p := range have {
 		d := uint32(p.Diff(base))
 		s.SetWord(int(d/32), s.Word(int(d/32))|1<<(31-d%32))
 	}
+	return b
+}
+
+// sackWin is an empty SACKETH from base granting a receive window of win.
+func sackWin(base bth.PSN, win int) []byte {
+	b := make([]byte, bth.SACKLen(0))
+	bth.SACKETH(b).SetHeader(0, base, win)
 	return b
 }
 

@@ -498,6 +498,9 @@ func (q *QP) Deadline() clock.Time {
 		dl = q.req.rnrAt
 	case q.adaptive():
 		dl = clock.Min(q.req.timer, clock.Min(q.req.rtoAt, q.req.ptoAt))
+		if q.req.sr.on {
+			dl = clock.Min(dl, q.req.sr.reoAt)
+		}
 	default:
 		dl = q.req.timer
 	}
@@ -622,6 +625,9 @@ func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 	if !q.respOn {
 		q.RxDropped++
 		return
+	}
+	if m != nil {
+		q.resp.win = m.RecvWindow
 	}
 	q.receiveRequest(pkt, op, hl, len(pkt)-pad)
 }

@@ -85,7 +85,14 @@ func (q *QP) sentPkt(now clock.Time, p bth.PSN, retx bool) {
 
 // sampleRTT takes an RTT sample from a response that acknowledges the
 // packet it names for the first time: an ACK (not a NAK), the first packet
-// of a READ reply, an atomic ACK. Retransmitted packets give none (Karn).
+// of a READ reply, an atomic ACK. A retransmitted packet gives none
+// (Karn), unless its answer came sooner than the minimum RTT after the
+// retransmission: then it answers the first transmission, and the time
+// since that one is the sample. That is how the estimator learns of a
+// peer that stalls (a software host's engine descheduled for
+// milliseconds): the timeout that fired was spurious, and without the
+// sample SRTT and RTTVAR would never see the stall, and the next one would
+// be spurious again.
 func (q *QP) sampleRTT(now clock.Time, op bth.Opcode, pp bth.PSN, syn uint8) {
 	r := &q.req
 	switch {
@@ -97,11 +104,18 @@ func (q *QP) sampleRTT(now clock.Time, op bth.Opcode, pp bth.PSN, syn uint8) {
 		return
 	}
 	rec := r.tx.get(pp)
-	if rec == nil || rec.flags&(txRetx|txSampled) != 0 {
+	if rec == nil || rec.flags&txSampled != 0 {
 		return
 	}
+	at := rec.at
+	if rec.flags&txRetx != 0 {
+		if r.rtt.samples == 0 || now.Sub(rec.at) >= r.rtt.minRTT {
+			return // ambiguous: either transmission may have been answered
+		}
+		at = rec.first
+	}
 	rec.flags |= txSampled
-	r.rtt.sample(now, now.Sub(rec.at))
+	r.rtt.sample(now, now.Sub(at))
 }
 
 // settle retires the records of the PSNs the cumulative acknowledgement has
@@ -167,16 +181,20 @@ func (q *QP) armAfterProgress(now clock.Time) {
 // peer asked for an RNR wait).
 func (q *QP) disarmAdaptive() {
 	r := &q.req
-	r.rtoAt, r.ptoAt = clock.Never, clock.Never
+	r.rtoAt, r.ptoAt, r.sr.reoAt = clock.Never, clock.Never, clock.Never
 	r.probe, r.probeOut, r.probeRTO = false, false, false
 }
 
-// expireAdaptive runs the RTO and the tail-loss probe when due.
+// expireAdaptive runs the RTO, the tail-loss probe and RACK's reordering
+// timer when due.
 func (q *QP) expireAdaptive(now clock.Time) {
 	r := &q.req
 	if r.head == r.end() {
 		q.disarmAdaptive()
 		return
+	}
+	if r.sr.on && now >= r.sr.reoAt {
+		q.srDetectLoss(now)
 	}
 	if now >= r.rtoAt {
 		q.AdpRetrans++

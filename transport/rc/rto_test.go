@@ -69,7 +69,8 @@ func (c *tctx) sampled(d time.Duration) {
 
 // TestAdaptiveRTTSamples: an ACK, the first packet of a READ reply and an
 // atomic ACK each give one sample; a repeated ACK and the answer to a
-// retransmitted packet give none (Karn).
+// retransmitted packet give none (Karn), unless the answer came too soon
+// to be the repeat's.
 func TestAdaptiveRTTSamples(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	c.sampled(40 * time.Microsecond)
@@ -91,15 +92,32 @@ func TestAdaptiveRTTSamples(t *testing.T) {
 	if w := c.wcs(); len(w) != 2 {
 		t.Fatalf("%+v", w)
 	}
-	// A packet sent twice gives no sample, whichever copy is answered.
+	// A packet sent twice gives no sample when either copy may have been
+	// answered: the answer comes at least the minimum RTT after the
+	// repeat.
 	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	c.expect(p(bth.RCSendOnly, 104))
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	c.expect(p(bth.RCSendOnly, 104)) // the tail-loss probe
+	_, _, minRTT := c.qp.RTT()
+	c.now = c.now.Add(minRTT)
 	c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK})
 	if n := c.qp.req.rtt.samples; n != 3 {
-		t.Fatalf("%d samples after a retransmitted packet's ACK", n)
+		t.Fatalf("%d samples after a retransmitted packet's ambiguous ACK", n)
+	}
+	// An answer sooner than that can only be the first copy's: the peer
+	// was slow, not the packet lost, and the sample is the whole wait.
+	c.post(ib.SendWQE{ID: 4, Opcode: ib.Send, SG: segs(fill(4, 0))})
+	c.expect(p(bth.RCSendOnly, 105))
+	sent := c.now
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 105))
+	c.now = c.now.Add(minRTT / 2)
+	c.respond(req{op: bth.RCAcknowledge, psn: 105, syn: SynACK})
+	if n, last := c.qp.req.rtt.samples, c.now.Sub(sent); n != 4 || c.qp.req.rtt.srtt <= 40*time.Microsecond || last <= c.qp.adpPTO()/2 {
+		t.Fatalf("after a spurious probe: %d samples, srtt %v (the wait was %v)", n, c.qp.req.rtt.srtt, last)
 	}
 }
 

@@ -87,6 +87,7 @@ type txRec struct {
 	psn   bth.PSN
 	flags uint8
 	at    clock.Time // last transmission
+	first clock.Time // first transmission
 	// Delivery-rate sampling (BBR's): the packets delivered and when, as
 	// of this transmission.
 	delivered   uint64
@@ -130,7 +131,7 @@ func (t *txRing) sent(p bth.PSN, now clock.Time, delivered uint64, deliveredAt c
 	if r.flags&txSent != 0 && r.psn == p {
 		r.flags |= txRetx
 	} else {
-		*r = txRec{psn: p, flags: txSent}
+		*r = txRec{psn: p, flags: txSent, first: now}
 	}
 	r.at, r.delivered, r.deliveredAt = now, delivered, deliveredAt
 	return r

@@ -3,6 +3,8 @@ package rc
 import (
 	"bytes"
 	"fmt"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/transport"
 	"testing"
 	"time"
 
@@ -495,6 +497,27 @@ func TestSRRequesterReordering(t *testing.T) {
 	c.expect(p(bth.RCSendOnly, 109))
 	c.respond(srAck(104, 106, 107, 108, 109))
 	c.expect(p(bth.RCSendOnly, 105))
+	c.now = c.now.Add(40 * time.Microsecond)
+	c.respond(srAck(109))
+
+	// With nothing sent after it, RACK's reordering timer does: the hole
+	// is lost once the delivered packet's RTT and the window have passed
+	// since it was sent, well before any RTO (RFC 8985, 6.2 step 5).
+	sends(c, 4, 30)
+	c.outEach(time.Microsecond) // 110..113
+	c.now = c.now.Add(40 * time.Microsecond)
+	c.respond(srAck(109, 111, 112, 113))
+	c.expect()
+	reo := c.qp.req.sr.reoAt
+	if reo == clock.Never || reo >= c.qp.req.rtoAt || c.qp.Deadline() != reo {
+		t.Fatalf("reordering timer at %v (RTO %v, deadline %v)", reo, c.qp.req.rtoAt, c.qp.Deadline())
+	}
+	c.now = reo
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 110))
+	if c.qp.AdpRetransTO != 0 {
+		t.Fatalf("an RTO fired: %+v", c.qp.Counters)
+	}
 }
 
 // TestSRRequesterReadHoles: a READ reply with a hole is held and only the
@@ -622,5 +645,35 @@ func TestSRRequesterReadBeyondWindow(t *testing.T) {
 	}
 	if w := c.wcs(); len(w) != 1 || !bytes.Equal(dst, src) || c.qp.pool.InUse() != 0 || c.qp.TLPProbes != 0 {
 		t.Fatalf("%+v; pool %d probes %d", w, c.qp.pool.InUse(), c.qp.TLPProbes)
+	}
+}
+
+// TestSRResponderAcksAQuarterWindow: a selective-repeat responder
+// acknowledges every quarter of the receive window its device grants, with
+// or without AckReq, and its SACKETH carries that window; a requester whose
+// window shrank while packets were in flight is never left waiting for an
+// ACK none of them asked for.
+func TestSRResponderAcksAQuarterWindow(t *testing.T) {
+	c := newSRCtx(t, srCfg())
+	c.addMR(9, 0x1000, 1<<16, ib.RemoteWrite)
+	m := &transport.Meta{RecvWindow: 16}
+	for i := 0; i < 10; i++ {
+		r := req{op: bth.RCRDMAWriteMiddle, psn: bth.PSN(500 + i), payload: fill(1024, byte(i)), sr: true}
+		if i == 0 {
+			r.op, r.va, r.rkey, r.dmaLen = bth.RCRDMAWriteFirst, 0x1000, 9, 1<<16
+		}
+		c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), m)
+	}
+	g := c.out()
+	if len(g) != 1 || g[0].psn != 507 {
+		t.Fatalf("after 10 packets without AckReq: %v, want one ACK of 507 (every 4, coalesced)", g)
+	}
+	if w := bth.SACKETH(g[0].raw[bth.BTHLen+bth.AETHLen:]).Window(); w != 16 {
+		t.Fatalf("SACKETH window %d, want 16", w)
+	}
+	c.qp.Receive(c.now, req{op: bth.RCRDMAWriteMiddle, psn: 510, payload: fill(1024, 10), sr: true}.bytes(c.qp.cfg.QPN), m)
+	c.qp.Receive(c.now, req{op: bth.RCRDMAWriteMiddle, psn: 511, payload: fill(1024, 11), sr: true}.bytes(c.qp.cfg.QPN), m)
+	if g := c.out(); len(g) != 1 || g[0].psn != 511 {
+		t.Fatalf("%v, want an ACK of 511", g)
 	}
 }

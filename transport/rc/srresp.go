@@ -15,6 +15,23 @@ import (
 func (q *QP) srRespStart() {
 	q.resp.sr = true
 	q.resp.held.init()
+	q.resp.granted = 0
+}
+
+// srGrant is the receive window the next SACKETH grants: the device's
+// share for this QP, but at most twice the last one granted, from
+// InitialWindow on. Windows that open in steps leave the first QPs of a
+// crowd starting at once no more than their share of the frames the rest
+// are about to need (the device's count of QPs receiving catches up as
+// their first packets arrive).
+func (q *QP) srGrant() int {
+	s := &q.resp
+	if s.win == 0 {
+		return 0
+	}
+	g := min(s.win, 2*max(s.granted, InitialWindow))
+	s.granted = g
+	return g
 }
 
 // srRespStop forgets the responder's selective-repeat state and hands held
@@ -91,7 +108,7 @@ func (q *QP) writeSACK(b []byte, base bth.PSN) int {
 		}
 		sk.SetWord(k, w)
 	}
-	sk.SetHeader(words, base)
+	sk.SetHeader(words, base, q.srGrant())
 	q.TxSACKs++
 	return bth.SACKLen(words)
 }
