@@ -39,8 +39,8 @@ type Config struct {
 	// each (0: all of the interface's, so that RSS cannot hand RoCEv2 to a
 	// queue nobody reads).
 	Queues int
-	// FrameSize and UMEMSize size an AF_XDP port's UMEM (0: afxdp's
-	// defaults).
+	// FrameSize and UMEMSize size an AF_XDP port's UMEM per queue (0:
+	// 2048-byte frames when the MTU fits them, else 4096; 16 MiB).
 	FrameSize int
 	UMEMSize  int64
 	// Congestion is the device's congestion control (Congestion; the zero
@@ -122,7 +122,12 @@ func Open(cfg Config) (_ *Host, err error) {
 	if h.Port, h.PortKind, err = openPort(&cfg, in); err != nil {
 		return nil, err
 	}
-	if h.Device, err = NewDevice(in, cfg.MTU, cfg.Congestion, cfg.Recovery, h.resolve); err != nil {
+	rx := 0
+	if c, ok := h.Port.(interface{ RxFrames() int }); ok {
+		rx = c.RxFrames()
+	}
+	if h.Device, err = NewDevice(in, DeviceOptions{MTU: cfg.MTU, Congestion: cfg.Congestion, Recovery: cfg.Recovery,
+		RxFrames: rx, Resolve: h.resolve}); err != nil {
 		return nil, err
 	}
 	p := h.Port
@@ -146,11 +151,22 @@ func Open(cfg Config) (_ *Host, err error) {
 	return h, nil
 }
 
-// NewDevice makes the device of an interface: its MAC, its GIDs, the RoCE
-// MTU mtu (0: the largest the interface carries), congestion control cc,
-// loss recovery rec, and resolve as its neighbour resolution. Open makes a
-// host's with it; tests on in-memory links make theirs.
-func NewDevice(in Interface, mtu int, cc rnic.Congestion, rec ib.Recovery, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
+// DeviceOptions are what NewDevice makes a device of besides its
+// interface. The zero value is the defaults.
+type DeviceOptions struct {
+	MTU        int             // RoCE MTU (0: the largest the interface carries)
+	Congestion rnic.Congestion // congestion control (zero: off)
+	Recovery   ib.Recovery     // loss recovery (zero: selective)
+	RxFrames   int             // the port's receive frames (rnic.Config.RxFrames; 0: not known)
+	// Resolve is the neighbour resolution (rnic.Config.Resolve).
+	Resolve func(context.Context, netip.Addr) ([6]byte, error)
+}
+
+// NewDevice makes the device of an interface: its MAC, its GIDs, and what
+// o says. Open makes a host's with it; tests on in-memory links make
+// theirs.
+func NewDevice(in Interface, o DeviceOptions) (*rnic.Device, error) {
+	mtu := o.MTU
 	if mtu == 0 {
 		mtu = in.ActiveMTU()
 	}
@@ -158,7 +174,7 @@ func NewDevice(in Interface, mtu int, cc rnic.Congestion, rec ib.Recovery, resol
 		return nil, fmt.Errorf("host: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
 	return rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu,
-		Congestion: cc, Recovery: rec, Resolve: resolve})
+		Congestion: o.Congestion, Recovery: o.Recovery, RxFrames: o.RxFrames, Resolve: o.Resolve})
 }
 
 // resolve is the device's neighbour resolution: the next hop's MAC for a
@@ -233,10 +249,8 @@ func (h *Host) release() error {
 // restricted to the host's GIDs, one socket per receive queue), or
 // AF_PACKET, or AF_XDP falling back to AF_PACKET.
 func openPort(cfg *Config, in Interface) (port.Port, PortKind, error) {
-	x := afxdp.Config{IfIndex: in.Index, LocalAddrs: in.GIDs, FrameSize: uint32(cfg.FrameSize)}
-	if cfg.FrameSize > 0 && cfg.UMEMSize > 0 {
-		x.NumFrames = uint32(cfg.UMEMSize / int64(cfg.FrameSize))
-	}
+	fs, n := umemGeometry(cfg.FrameSize, cfg.UMEMSize, in.MTU)
+	x := afxdp.Config{IfIndex: in.Index, LocalAddrs: in.GIDs, FrameSize: fs, NumFrames: n}
 	switch cfg.Port {
 	case AFXDP:
 		p, err := openXDP(x, cfg.Queues)
@@ -260,6 +274,37 @@ func openPort(cfg *Config, in Interface) (port.Port, PortKind, error) {
 	}
 	return nil, "", fmt.Errorf("host: unknown port kind %q (afxdp, afpacket, auto)", cfg.Port)
 }
+
+// DefaultUMEMSize is an AF_XDP port's UMEM per queue when Config.UMEMSize
+// is 0.
+const DefaultUMEMSize = 16 << 20
+
+// umemGeometry is the UMEM frame size and frame count of an AF_XDP port:
+// frameSize (0: 2048 when an MTU-sized frame fits a 2048-byte chunk, else
+// 4096) in umemSize bytes (0: DefaultUMEMSize). Half the frames receive:
+// at MTU 1500 2 KiB chunks double them, 4096 frames in the FILL ring of
+// the default UMEM instead of 2048, which is what many QPs sending into
+// the host at once (fan-in) need before it drops.
+func umemGeometry(frameSize int, umemSize int64, mtu int) (fs, n uint32) {
+	if frameSize == 0 {
+		frameSize = 4096
+		if mtu+smallChunkOverhead <= 2048 {
+			frameSize = 2048
+		}
+	}
+	if umemSize == 0 {
+		umemSize = DefaultUMEMSize
+	}
+	n = uint32(umemSize / int64(frameSize))
+	for n&(n-1) != 0 { // the socket wants a power of two
+		n &= n - 1
+	}
+	return uint32(frameSize), n
+}
+
+// smallChunkOverhead is what a 2048-byte UMEM chunk spends besides the
+// frame: XDP's headroom (256 bytes) and Ethernet with a VLAN tag.
+const smallChunkOverhead = 256 + 18
 
 // Congestion is the device's congestion control for profile ("off",
 // "paper", "connectx", "hpcc-mlx"; cx tunes connectx, nil for its

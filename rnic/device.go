@@ -38,6 +38,11 @@ type Config struct {
 	// DefaultReorderBytes). The pool is shared by the device's QPs and
 	// taken as it is first needed.
 	ReorderBytes int
+	// RxFrames is how many frames the port holds for the device before it
+	// must drop (an AF_XDP socket's FILL ring, over every queue); 0: not
+	// known. The device grants the peers of its selective-repeat QPs
+	// receive windows that share half of them (recv.go).
+	RxFrames int
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
 	// QP, address handles) need it. It may block; the device never calls
@@ -79,6 +84,7 @@ type Device struct {
 	ready []*QP // QPs that may have frames to send
 	timed []*QP // QPs that may have a timer armed
 	rxf   frame.Frame
+	share rxShare
 	grh   [transport.GRHLen]byte
 	meta  transport.Meta
 	rr    int

@@ -60,6 +60,7 @@ type QP struct {
 	inline     []byte // MaxSendWR slots of MaxInline bytes
 	inlineNext int
 
+	rxLast    clock.Time   // when it last received a request (engine-owned, recv.go)
 	commEst   bool         // EventCommEst was raised (guarded by mu)
 	sqdNotify bool         // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
 	cqe       CQECounters  // error completions (guarded by mu)

@@ -26,7 +26,6 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/port/memlink"
-	"github.com/softrnic/softrnic/rnic"
 )
 
 // captureName is a real `ibv_rc_pingpong -g 1 -s 4096 -n 20` between two
@@ -277,12 +276,12 @@ func memHostsTap(t *testing.T, mtu int, tap *capture.Tap, rec ib.Recovery) (a, b
 	ia := host.Interface{Name: "mla", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
 	ifb := host.Interface{Name: "mlb", MTU: mtu, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
 	start := func(in host.Interface, p *memlink.Port, peer host.Interface, tap *capture.Tap) Host {
-		dev, err := host.NewDevice(in, 0, rnic.Congestion{}, rec, func(_ context.Context, a netip.Addr) ([6]byte, error) {
+		dev, err := host.NewDevice(in, host.DeviceOptions{Recovery: rec, Resolve: func(_ context.Context, a netip.Addr) ([6]byte, error) {
 			if a != peer.GIDs[0] {
 				return [6]byte{}, fmt.Errorf("no route to %v", a)
 			}
 			return peer.MAC, nil
-		})
+		}})
 		if err != nil {
 			t.Fatal(err)
 		}

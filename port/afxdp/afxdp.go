@@ -244,6 +244,10 @@ func (p *Port) Send(frames [][]byte) (int, error) {
 // VLAN tag, as for the AF_PACKET port.
 func (p *Port) MaxFrame() int { return p.maxFrame }
 
+// RxFrames is how many frames the port holds for its reader before the
+// kernel must drop what arrives: the socket's FILL/RX pool.
+func (p *Port) RxFrames() int { return int(p.sock.Info().RxFrames) }
+
 // Socket exposes the underlying socket (for benches and tests).
 func (p *Port) Socket() *xsk.Socket { return p.sock }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/softrnic/softrnic/ib"
 	"net"
 	"net/netip"
 	"strings"
@@ -46,7 +45,7 @@ func linkHosts(t *testing.T, cc rnic.Congestion, imp memlink.Impairments) (a, b 
 	ia := host.Interface{Name: "mla", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
 	ifb := host.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
 	mk := func(self, peer host.Interface, pt *memlink.Port) Host {
-		dev, err := host.NewDevice(self, 0, cc, ib.RecoveryDefault, func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil })
+		dev, err := host.NewDevice(self, host.DeviceOptions{Congestion: cc, Resolve: func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil }})
 		if err != nil {
 			t.Fatal(err)
 		}
