@@ -200,6 +200,31 @@ func TestSelectiveRTOResendsHead(t *testing.T) {
 	c.expect(p(bth.RCSendOnly, head.Next()))
 }
 
+// TestSelectiveLocalAckTimeoutResendsHead: with selective repeat the local
+// ACK timeout spends its retries as ever, and gives up on time, but each
+// expiry resends the oldest unacknowledged packet alone.
+func TestSelectiveLocalAckTimeoutResendsHead(t *testing.T) {
+	cfg := srCfg()
+	cfg.Timeout, cfg.RetryCnt = 8, 2 // 1.05 ms
+	c := srRequester(t, cfg)
+	for i := 0; i < 3; i++ {
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	}
+	head := c.out()[0].psn
+	for c.qp.Timeouts < 3 && !c.qp.Failed() {
+		c.now = c.qp.Deadline()
+		timeouts := c.qp.Timeouts
+		c.qp.Expire(c.now)
+		g := c.out()
+		if c.qp.Timeouts > timeouts && !c.qp.Failed() && (len(g) != 1 || g[0].psn != head) {
+			t.Fatalf("local ACK timeout %d resent %v, want %d alone", c.qp.Timeouts, g, head)
+		}
+	}
+	if w := c.wcs(); c.qp.Timeouts != 3 || len(w) == 0 || w[0].Status != ib.RetryExcErr {
+		t.Fatalf("after %d timeouts: %+v", c.qp.Timeouts, w)
+	}
+}
+
 // gbnPeer answers as a go-back-N responder (rxe) would: it holds nothing
 // beyond a hole and answers a duplicate with an ACK of the last PSN it has.
 type gbnCase struct {
