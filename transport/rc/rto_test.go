@@ -220,6 +220,36 @@ func TestSelectiveLocalAckTimeoutResendsHead(t *testing.T) {
 	}
 }
 
+// TestSelectiveSACKIsProgress: packets newly selectively acknowledged are
+// forward progress for the local ACK timer and the retry budget: a hole
+// whose retransmissions keep being lost does not end in RETRY_EXC_ERR
+// while the responder takes everything else.
+func TestSelectiveSACKIsProgress(t *testing.T) {
+	cfg := srCfg()
+	cfg.Timeout, cfg.RetryCnt = 8, 1 // 1.05 ms, one retry: given up after about 2 ms of silence
+	c := srRequester(t, cfg)
+	head := bth.PSN(0)
+	var have []bth.PSN
+	for i := 0; i < 20; i++ { // 20 × 0.5 ms, far beyond the budget
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+		g := c.out()
+		if i == 0 {
+			head = g[0].psn // lost, and every repeat of it too
+		}
+		for _, x := range g {
+			if x.psn != head {
+				have = append(have, x.psn)
+			}
+		}
+		c.now = c.now.Add(500 * time.Microsecond)
+		c.qp.Expire(c.now)
+		c.respond(srAck(head.Prev(), have...))
+		if c.qp.Failed() {
+			t.Fatalf("gave up after %d SACKs of new packets: %+v", i+1, c.qp.Counters)
+		}
+	}
+}
+
 // gbnPeer answers as a go-back-N responder (rxe) would: it holds nothing
 // beyond a hole and answers a duplicate with an ACK of the last PSN it has.
 type gbnCase struct {

@@ -232,6 +232,18 @@ func (q *QP) srSACK(now clock.Time, sk bth.SACKETH) {
 	if newest != nil {
 		q.srDelivered(now, n, newest)
 	}
+	if n > 0 && r.compPSN.Less(r.psn) {
+		// Packets newly received are forward progress too, though the
+		// cumulative acknowledgement waits on a hole: the responder is
+		// alive and taking what is sent, and the local ACK timer and the
+		// retry budget start afresh, as on an ACK. The hole is RACK's to
+		// resend; a run of losses of one hole's retransmissions must not
+		// add up to RETRY_EXC_ERR while everything else flows.
+		r.retryLeft = q.cfg.RetryCnt
+		if r.rto != 0 {
+			r.timer = now + r.rto
+		}
+	}
 }
 
 // srRewound clears the selective-repeat marks at and after the PSN a
