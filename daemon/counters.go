@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
@@ -289,7 +290,19 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrReqRemoteInvalidRequest] = in.reqInvReq
 	d[proto.CtrRespRemoteAccessErrors] = in.respRemAccess
 	d[proto.CtrRespLocalLengthError] = in.respLocLen
-	recoveryCounters(d[proto.CtrRoCEAdpRetrans:proto.CtrRetransPackets+1], &in.rc)
+	d[proto.CtrCCRTTSamples] = cc[4].Value
+	d[proto.CtrCCDecreases] = cc[5].Value
+	d[proto.CtrCCLossEvents] = cc[6].Value
+	d[proto.CtrCCWindowFull] = cc[7].Value
+	d[proto.CtrRoCEAdpRetrans] = in.rc.AdpRetrans
+	d[proto.CtrRoCEAdpRetransTO] = in.rc.AdpRetransTO
+	d[proto.CtrTLPProbes] = in.rc.TLPProbes
+	d[proto.CtrRxSACKs] = in.rc.RxSACKs
+	d[proto.CtrTxSACKs] = in.rc.TxSACKs
+	d[proto.CtrSelRetrans] = in.rc.SelRetrans
+	d[proto.CtrSRHeld] = in.rc.SRHeld
+	d[proto.CtrSRDropped] = in.rc.SRDropped
+	d[proto.CtrRetransPackets] = in.rc.RetransPkts
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP
@@ -346,25 +359,63 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 		v[proto.QCtrReqRemoteInvalidRequest] = q.RC.RxNAKInvReq
 		v[proto.QCtrRespRemoteAccessErrors] = q.RC.RemAccessErrs
 		v[proto.QCtrRespLocalLengthError] = q.RC.LocalLengthErrs
-		recoveryCounters(v[proto.QCtrRoCEAdpRetrans:proto.QCtrRetransPackets+1], &q.RC)
-		s.Valid = uint64(1)<<proto.NumQPCounters - 1
-		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey | dcqcnValid
+		recoveryStats(v, &q.RC)
+		s.Valid = uint64(1)<<proto.QCtrDCQCNECNMarked - 1
+		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey
+		s.Valid |= recoveryValid
 		if q.CCOn {
-			cc := &q.CC
-			v[proto.QCtrDCQCNECNMarked] = cc.NPECNMarkedRoCEPackets
-			v[proto.QCtrDCQCNCNPSent] = cc.NPCNPSent
-			v[proto.QCtrDCQCNCNPHandled] = cc.RPCNPHandled
-			v[proto.QCtrDCQCNCNPIgnored] = cc.RPCNPIgnored
-			v[proto.QCtrDCQCNRateCuts] = cc.Cuts
-			s.Valid |= dcqcnValid
+			ccStats(&s, &q.CC)
 		}
 	}
 	return s
 }
 
-// recoveryCounters fills the loss recovery counters, in their order in
-// proto (roce_adp_retrans to retrans_packets), from c.
-func recoveryCounters(d []uint64, c *rc.Counters) {
-	copy(d, []uint64{c.AdpRetrans, c.AdpRetransTO, c.TLPProbes, c.FastRetrans, c.RxSACKs, c.TxSACKs,
-		c.SelRetrans, c.SRHeld, c.SRDropped, c.RetransPkts})
+// ccStats fills a QP's congestion-control counters and figures: every
+// algorithm's, the window's when it has one, DCQCN's or Swift's own.
+func ccStats(s *proto.QPStats, cc *congestion.State) {
+	v := &s.Values
+	v[proto.QCtrCCRTTSamples] = cc.RTTSamples
+	v[proto.QCtrCCDecreases] = cc.Decreases
+	v[proto.QCtrCCLossEvents] = cc.LossEvents
+	v[proto.QCtrCCRateKbps] = uint64(max(float64(cc.Rate)/1e3, 0))
+	v[proto.QCtrCCSRTTNs] = uint64(max(cc.SRTT, 0))
+	s.Valid |= 1<<proto.QCtrCCRTTSamples | 1<<proto.QCtrCCDecreases | 1<<proto.QCtrCCLossEvents |
+		1<<proto.QCtrCCRateKbps | 1<<proto.QCtrCCSRTTNs
+	if cc.Window != congestion.NoWindow {
+		v[proto.QCtrCCWindowFull] = cc.WindowFull
+		v[proto.QCtrCCWindowBytes] = uint64(max(cc.Window, 0))
+		s.Valid |= 1<<proto.QCtrCCWindowFull | 1<<proto.QCtrCCWindowBytes
+	}
+	switch cc.Algorithm {
+	case "dcqcn":
+		v[proto.QCtrDCQCNECNMarked] = cc.ECNMarked
+		v[proto.QCtrDCQCNCNPSent] = cc.CNPSent
+		v[proto.QCtrDCQCNCNPHandled] = cc.CNPHandled
+		v[proto.QCtrDCQCNCNPIgnored] = cc.CNPIgnored
+		v[proto.QCtrDCQCNRateCuts] = cc.Cuts
+		s.Valid |= dcqcnValid
+	case "swift":
+		v[proto.QCtrCCCwndMilli] = uint64(max(cc.Cwnd*1000, 0))
+		v[proto.QCtrCCTargetNs] = uint64(max(cc.Target, 0))
+		s.Valid |= 1<<proto.QCtrCCCwndMilli | 1<<proto.QCtrCCTargetNs
+	}
+}
+
+// recoveryValid are the per-QP loss recovery counters, valid on RC QPs.
+const recoveryValid = 1<<proto.QCtrRoCEAdpRetrans | 1<<proto.QCtrRoCEAdpRetransTO | 1<<proto.QCtrTLPProbes |
+	1<<proto.QCtrFastRetrans | 1<<proto.QCtrRxSACKs | 1<<proto.QCtrTxSACKs | 1<<proto.QCtrSelRetrans |
+	1<<proto.QCtrSRHeld | 1<<proto.QCtrSRDropped | 1<<proto.QCtrRetransPackets
+
+// recoveryStats fills a QP's loss recovery counters from c.
+func recoveryStats(v *[proto.NumQPCounters]uint64, c *rc.Counters) {
+	v[proto.QCtrRoCEAdpRetrans] = c.AdpRetrans
+	v[proto.QCtrRoCEAdpRetransTO] = c.AdpRetransTO
+	v[proto.QCtrTLPProbes] = c.TLPProbes
+	v[proto.QCtrFastRetrans] = c.FastRetrans
+	v[proto.QCtrRxSACKs] = c.RxSACKs
+	v[proto.QCtrTxSACKs] = c.TxSACKs
+	v[proto.QCtrSelRetrans] = c.SelRetrans
+	v[proto.QCtrSRHeld] = c.SRHeld
+	v[proto.QCtrSRDropped] = c.SRDropped
+	v[proto.QCtrRetransPackets] = c.RetransPkts
 }

@@ -120,7 +120,8 @@ type Loop struct {
 	// txDeferred: the last step received frames and built none; the next
 	// one builds whatever it receives.
 	txDeferred bool
-	lastRecv   int // frames the last Step received
+	lastRecv   int        // frames the last Step received
+	polledAt   clock.Time // when the last Step polled the port
 
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
@@ -201,7 +202,13 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	if wait > 0 {
 		now = l.opt.Now() // the wait may have been long
 	}
-	l.receive(now, n)
+	// How long the frames may have waited in the port: since the last
+	// poll, unless they woke a wait in it.
+	away := time.Duration(0)
+	if wait == 0 && l.polledAt != 0 && now > l.polledAt {
+		away = now.Sub(l.polledAt)
+	}
+	l.receive(now, n, away)
 	// A full batch may have more behind it: take it (a bounded number of
 	// batches) before the timers run. After the loop was away for a while
 	// (descheduled on a loaded host) the answers a QP waits for may sit
@@ -212,8 +219,9 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 			return false, err
 		}
 		l.lastRecv += n
-		l.receive(now, n)
+		l.receive(now, n, away) // queued no longer than the first batch
 	}
+	l.polledAt = now
 	l.dev.Expire(now)
 	built := 0
 	got := l.lastRecv
@@ -251,8 +259,9 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 // device's timers.
 const maxDrainBatches = 16
 
-// receive hands the n frames of the last Recv to the device.
-func (l *Loop) receive(now clock.Time, n int) {
+// receive hands the n frames of the last Recv to the device, which may
+// have waited in the port for away.
+func (l *Loop) receive(now clock.Time, n int, away time.Duration) {
 	if n == 0 {
 		return
 	}
@@ -261,6 +270,7 @@ func (l *Loop) receive(now clock.Time, n int) {
 			s.Frames(capture.In, l.in[:n])
 		}
 	}
+	l.dev.SetRxAway(away)
 	l.dev.Receive(now, l.in[:n])
 	clear(l.in[:n]) // the port's views expire with the next Recv
 }

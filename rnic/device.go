@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
@@ -26,8 +27,8 @@ type Config struct {
 	// PortMTU is the active path MTU of the port (default 1024, what rxe
 	// uses on a 1500-byte Ethernet link).
 	PortMTU int
-	// Congestion is the DCQCN setting of the RC/UC QPs (zero: off); see
-	// NewCongestion.
+	// Congestion is the congestion control of the RC/UC QPs (zero: off);
+	// see NewCongestion.
 	Congestion Congestion
 	// Recovery is the loss recovery of the device's RC QPs that do not
 	// choose their own (verbs.QPInitAttr.Recovery); RecoveryDefault is
@@ -81,15 +82,16 @@ type Device struct {
 	handedOver atomic.Bool
 
 	// engine-only state
-	ready []*QP // QPs that may have frames to send
-	timed []*QP // QPs that may have a timer armed
-	rxf   frame.Frame
-	share rxShare
-	grh   [transport.GRHLen]byte
-	meta  transport.Meta
-	rr    int
-	ipID  uint16
-	cc    *rc.CCConfig // what every RC/UC QP's transport runs, nil for none
+	ready  []*QP // QPs that may have frames to send
+	timed  []*QP // QPs that may have a timer armed
+	rxf    frame.Frame
+	share  rxShare
+	grh    [transport.GRHLen]byte
+	meta   transport.Meta
+	rr     int
+	ipID   uint16
+	cc     *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
+	rxAway time.Duration // SetRxAway: for the frames of the next Receive
 	// reorder holds the out-of-order packets of selective-repeat QPs
 	// (rc.ReorderPool; its own lock).
 	reorder *rc.ReorderPool

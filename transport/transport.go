@@ -2,6 +2,7 @@ package transport
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
@@ -26,6 +27,12 @@ type Meta struct {
 	// QPs receiving (0: no limit). A transport that can tell its peer (a
 	// selective-repeat responder, in its SACKETH) does.
 	RecvWindow int
+	// RxAway is how long the engine was away from the port before the
+	// poll that returned this packet (0 when it was waiting in the port,
+	// woken by the packet, or unknown): the longest the packet can have
+	// queued in this host before the transport saw it. Congestion control
+	// splits end-host delay from fabric delay with it.
+	RxAway time.Duration
 }
 
 // Transport is one QP's transport as the device drives it.

@@ -16,7 +16,7 @@
 // (daemon "control" key; --control in every client command).
 #define SOFTRNIC_DEFAULT_CONTROL "/run/softrnic/softrnic.sock"
 // Version is the protocol version; the daemon refuses an Open of another.
-#define SOFTRNIC_VERSION 2
+#define SOFTRNIC_VERSION 3
 // MaxMessage is the largest control message, header included.
 #define SOFTRNIC_MAX_MESSAGE 4096
 // MaxFDs is the most file descriptors one message may carry.
@@ -108,17 +108,20 @@
 #define SOFTRNIC_CTR_REQ_REMOTE_INVALID_REQUEST 48 // RC requester: invalid request NAKs received
 #define SOFTRNIC_CTR_RESP_REMOTE_ACCESS_ERRORS 49 // RC/UC responder: requests refused for rkey, range or access
 #define SOFTRNIC_CTR_RESP_LOCAL_LENGTH_ERROR 50 // RC/UC responder: SENDs longer than the receive WQE
-#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS 51 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
-#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS_TO 52 // RC requester: adaptive retransmission timeouts
-#define SOFTRNIC_CTR_TLP_PROBES 53 // RC requester: tail-loss probes
-#define SOFTRNIC_CTR_FAST_RETRANS 54 // RC requester: go-back-N restarts a probe's answer called for
-#define SOFTRNIC_CTR_RX_SACKS 55 // RC requester: selective acknowledgements received
-#define SOFTRNIC_CTR_TX_SACKS 56 // RC responder: selective acknowledgements sent
-#define SOFTRNIC_CTR_SEL_RETRANS 57 // RC requester: packets resent selectively (holes, READ ranges)
-#define SOFTRNIC_CTR_SR_HELD 58 // RC: packets held out of order for selective repeat
-#define SOFTRNIC_CTR_SR_DROPPED 59 // RC: out-of-order packets not held (reorder pool empty)
-#define SOFTRNIC_CTR_RETRANS_PACKETS 60 // RC requester: request packets sent more than once
-#define SOFTRNIC_NUM_DEVICE_COUNTERS 61
+#define SOFTRNIC_CTR_CCRTT_SAMPLES 51 // congestion control: RTT samples handed to a controller
+#define SOFTRNIC_CTR_CC_DECREASES 52 // congestion control: rate or window decreases
+#define SOFTRNIC_CTR_CC_LOSS_EVENTS 53 // congestion control: retransmission events reported as loss
+#define SOFTRNIC_CTR_CC_WINDOW_FULL 54 // congestion control: sends the window held back
+#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS 55 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
+#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS_TO 56 // RC requester: adaptive retransmission timeouts
+#define SOFTRNIC_CTR_TLP_PROBES 57 // RC requester: tail-loss probes
+#define SOFTRNIC_CTR_RX_SACKS 58 // RC requester: selective acknowledgements received
+#define SOFTRNIC_CTR_TX_SACKS 59 // RC responder: selective acknowledgements sent
+#define SOFTRNIC_CTR_SEL_RETRANS 60 // RC requester: packets resent selectively (holes, READ ranges)
+#define SOFTRNIC_CTR_SR_HELD 61 // RC: packets held out of order for selective repeat
+#define SOFTRNIC_CTR_SR_DROPPED 62 // RC: out-of-order packets not held (reorder pool empty)
+#define SOFTRNIC_CTR_RETRANS_PACKETS 63 // RC requester: request packets sent more than once
+#define SOFTRNIC_NUM_DEVICE_COUNTERS 64
 #define SOFTRNIC_Q_CTR_RX_PACKETS 0 // UD only: packets delivered
 #define SOFTRNIC_Q_CTR_DUPLICATE_REQUEST 1 // RC
 #define SOFTRNIC_Q_CTR_OUT_OF_SEQUENCE 2 // RC
@@ -148,22 +151,34 @@
 #define SOFTRNIC_Q_CTR_DCQCNCNP_HANDLED 26 // RC, UC with DCQCN: CNPs the RP acted on
 #define SOFTRNIC_Q_CTR_DCQCNCNP_IGNORED 27 // RC, UC with DCQCN: CNPs coalesced into a pending cut
 #define SOFTRNIC_Q_CTR_DCQCN_RATE_CUTS 28 // RC, UC with DCQCN: the RP's rate cuts
-#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS 29 // RC
-#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS_TO 30 // RC
-#define SOFTRNIC_Q_CTR_TLP_PROBES 31 // RC
-#define SOFTRNIC_Q_CTR_FAST_RETRANS 32 // RC
-#define SOFTRNIC_Q_CTR_RX_SACKS 33 // RC
-#define SOFTRNIC_Q_CTR_TX_SACKS 34 // RC
-#define SOFTRNIC_Q_CTR_SEL_RETRANS 35 // RC
-#define SOFTRNIC_Q_CTR_SR_HELD 36 // RC
-#define SOFTRNIC_Q_CTR_SR_DROPPED 37 // RC
-#define SOFTRNIC_Q_CTR_RETRANS_PACKETS 38 // RC
-#define SOFTRNIC_NUM_QP_COUNTERS 39
-#define SOFTRNIC_VALID_ALL UINT64_C(0x1fffffffffffffff)
+#define SOFTRNIC_Q_CTR_CCRTT_SAMPLES 29 // RC, UC with congestion control (every algorithm)
+#define SOFTRNIC_Q_CTR_CC_DECREASES 30 // RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_LOSS_EVENTS 31 // RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_WINDOW_FULL 32 // RC, UC with a window algorithm (Swift)
+#define SOFTRNIC_Q_CTR_CC_RATE_KBPS 33 // gauge: RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_WINDOW_BYTES 34 // gauge: RC, UC with a window algorithm
+#define SOFTRNIC_Q_CTR_CCSRTTNS 35 // gauge: RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_CWND_MILLI 36 // gauge: RC, UC with Swift
+#define SOFTRNIC_Q_CTR_CC_TARGET_NS 37 // gauge: RC, UC with Swift
+#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS 38 // RC
+#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS_TO 39 // RC
+#define SOFTRNIC_Q_CTR_TLP_PROBES 40 // RC
+#define SOFTRNIC_Q_CTR_FAST_RETRANS 41 // RC
+#define SOFTRNIC_Q_CTR_RX_SACKS 42 // RC
+#define SOFTRNIC_Q_CTR_TX_SACKS 43 // RC
+#define SOFTRNIC_Q_CTR_SEL_RETRANS 44 // RC
+#define SOFTRNIC_Q_CTR_SR_HELD 45 // RC
+#define SOFTRNIC_Q_CTR_SR_DROPPED 46 // RC
+#define SOFTRNIC_Q_CTR_RETRANS_PACKETS 47 // RC
+#define SOFTRNIC_NUM_QP_COUNTERS 48
+// QPGauges are the per-QP values that are figures, not counts: they go up
+// and down (Prometheus gauges, without _total).
+#define SOFTRNIC_QP_GAUGES UINT64_C(0x3e00000000)
+#define SOFTRNIC_VALID_ALL UINT64_C(0xffffffffffffffff)
 #define SOFTRNIC_VALID_XDP UINT64_C(0x3ffc000000)
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-#define SOFTRNIC_MAX_STATS_QPS 10
+#define SOFTRNIC_MAX_STATS_QPS 8
 // MaxStatsQueues is how many receive queues one StatsResp details.
 #define SOFTRNIC_MAX_STATS_QUEUES 16
 #define SOFTRNIC_OP_UCM_CREATE_CHANNEL 64 // → HandleMsg (the channel); reply fd: the client's end of its event socket
@@ -702,9 +717,9 @@ struct softrnic_qp_stats {
 	uint8_t state;
 	uint8_t _pad0[2];
 	uint64_t valid;
-	uint64_t values[39];
+	uint64_t values[48];
 };
-_Static_assert(sizeof(struct softrnic_qp_stats) == 328, "struct softrnic_qp_stats: size");
+_Static_assert(sizeof(struct softrnic_qp_stats) == 400, "struct softrnic_qp_stats: size");
 _Static_assert(offsetof(struct softrnic_qp_stats, qpn) == 0, "struct softrnic_qp_stats: qpn");
 _Static_assert(offsetof(struct softrnic_qp_stats, type) == 4, "struct softrnic_qp_stats: type");
 _Static_assert(offsetof(struct softrnic_qp_stats, state) == 5, "struct softrnic_qp_stats: state");
@@ -1127,23 +1142,23 @@ _Static_assert(offsetof(struct softrnic_modify_qp_req, attr) == 8, "struct softr
 struct softrnic_stats_resp {
 	uint8_t name[16]; // interface name, NUL padded
 	uint64_t valid; // bit i: Device[i] is counted on this port
-	uint64_t device[61];
+	uint64_t device[64];
 	uint32_t listed;
 	uint8_t more; // more QPs after the last listed
 	uint8_t _pad0[3];
-	struct softrnic_qp_stats qps[10];
+	struct softrnic_qp_stats qps[8];
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 4064, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 4008, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
-_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 512, "struct softrnic_stats_resp: listed");
-_Static_assert(offsetof(struct softrnic_stats_resp, more) == 516, "struct softrnic_stats_resp: more");
-_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 520, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3800, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3808, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 536, "struct softrnic_stats_resp: listed");
+_Static_assert(offsetof(struct softrnic_stats_resp, more) == 540, "struct softrnic_stats_resp: more");
+_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 544, "struct softrnic_stats_resp: qps");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3744, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3752, "struct softrnic_stats_resp: queues");
 
 #endif /* SOFTRNIC_PROTO_H */

@@ -64,10 +64,13 @@ const (
 	CtrReqRemoteInvalidRequest        // RC requester: invalid request NAKs received
 	CtrRespRemoteAccessErrors         // RC/UC responder: requests refused for rkey, range or access
 	CtrRespLocalLengthError           // RC/UC responder: SENDs longer than the receive WQE
+	CtrCCRTTSamples                   // congestion control: RTT samples handed to a controller
+	CtrCCDecreases                    // congestion control: rate or window decreases
+	CtrCCLossEvents                   // congestion control: retransmission events reported as loss
+	CtrCCWindowFull                   // congestion control: sends the window held back
 	CtrRoCEAdpRetrans                 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
 	CtrRoCEAdpRetransTO               // RC requester: adaptive retransmission timeouts
 	CtrTLPProbes                      // RC requester: tail-loss probes
-	CtrFastRetrans                    // RC requester: go-back-N restarts a probe's answer called for
 	CtrRxSACKs                        // RC requester: selective acknowledgements received
 	CtrTxSACKs                        // RC responder: selective acknowledgements sent
 	CtrSelRetrans                     // RC requester: packets resent selectively (holes, READ ranges)
@@ -130,10 +133,13 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
 	CtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
 	CtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
+	CtrCCRTTSamples:            {"cc_rtt_samples", "RTT samples (Karn's rule) handed to a QP's congestion controller"},
+	CtrCCDecreases:             {"cc_decreases", "events after which a QP's congestion-control rate or window was lower"},
+	CtrCCLossEvents:            {"cc_loss_events", "retransmission events reported to a QP's congestion controller as loss"},
+	CtrCCWindowFull:            {"cc_window_full", "times a QP's congestion window held a send back"},
 	CtrRoCEAdpRetrans:          {"roce_adp_retrans", "RC adaptive retransmissions: tail-loss probes, fast retransmissions, RTO expiries"},
 	CtrRoCEAdpRetransTO:        {"roce_adp_retrans_to", "RC adaptive retransmission timeouts (RTO expiries)"},
 	CtrTLPProbes:               {"tlp_probes", "RC tail-loss probes sent"},
-	CtrFastRetrans:             {"fast_retrans", "RC go-back-N restarts a probe's answer called for"},
 	CtrRxSACKs:                 {"rx_sacks", "RC selective acknowledgements received (selective repeat)"},
 	CtrTxSACKs:                 {"tx_sacks", "RC selective acknowledgements sent (selective repeat)"},
 	CtrSelRetrans:              {"sel_retrans", "RC packets retransmitted selectively: holes and READ ranges asked again"},
@@ -173,6 +179,15 @@ const (
 	QCtrDCQCNCNPHandled                // RC, UC with DCQCN: CNPs the RP acted on
 	QCtrDCQCNCNPIgnored                // RC, UC with DCQCN: CNPs coalesced into a pending cut
 	QCtrDCQCNRateCuts                  // RC, UC with DCQCN: the RP's rate cuts
+	QCtrCCRTTSamples                   // RC, UC with congestion control (every algorithm)
+	QCtrCCDecreases                    // RC, UC with congestion control
+	QCtrCCLossEvents                   // RC, UC with congestion control
+	QCtrCCWindowFull                   // RC, UC with a window algorithm (Swift)
+	QCtrCCRateKbps                     // gauge: RC, UC with congestion control
+	QCtrCCWindowBytes                  // gauge: RC, UC with a window algorithm
+	QCtrCCSRTTNs                       // gauge: RC, UC with congestion control
+	QCtrCCCwndMilli                    // gauge: RC, UC with Swift
+	QCtrCCTargetNs                     // gauge: RC, UC with Swift
 	QCtrRoCEAdpRetrans                 // RC
 	QCtrRoCEAdpRetransTO               // RC
 	QCtrTLPProbes                      // RC
@@ -185,6 +200,10 @@ const (
 	QCtrRetransPackets                 // RC
 	NumQPCounters
 )
+
+// QPGauges are the per-QP values that are figures, not counts: they go up
+// and down (Prometheus gauges, without _total).
+const QPGauges = uint64(1)<<QCtrCCRateKbps | 1<<QCtrCCWindowBytes | 1<<QCtrCCSRTTNs | 1<<QCtrCCCwndMilli | 1<<QCtrCCTargetNs
 
 // QPCounters are the per-QP counters' names, by index.
 var QPCounters = [NumQPCounters]CounterDef{
@@ -214,15 +233,25 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
 	// A QP's own DCQCN counts, under names of their own so that a tool
 	// summing the mlx5 names over a device does not count them twice.
-	QCtrDCQCNECNMarked:   {"dcqcn_ecn_marked", "CE-marked packets this QP received (DCQCN NP)"},
-	QCtrDCQCNCNPSent:     {"dcqcn_cnp_sent", "CNPs this QP's NP asked for"},
-	QCtrDCQCNCNPHandled:  {"dcqcn_cnp_handled", "CNPs this QP's RP acted on"},
-	QCtrDCQCNCNPIgnored:  {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
-	QCtrDCQCNRateCuts:    {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
+	QCtrDCQCNECNMarked:  {"dcqcn_ecn_marked", "CE-marked packets this QP received (DCQCN NP)"},
+	QCtrDCQCNCNPSent:    {"dcqcn_cnp_sent", "CNPs this QP's NP asked for"},
+	QCtrDCQCNCNPHandled: {"dcqcn_cnp_handled", "CNPs this QP's RP acted on"},
+	QCtrDCQCNCNPIgnored: {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
+	QCtrDCQCNRateCuts:   {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
+	// Every algorithm's, and the QP's congestion-control figures now.
+	QCtrCCRTTSamples:     {"cc_rtt_samples", "RTT samples (Karn's rule) handed to this QP's congestion controller"},
+	QCtrCCDecreases:      {"cc_decreases", "events after which this QP's rate or window was lower"},
+	QCtrCCLossEvents:     {"cc_loss_events", "retransmission events reported to this QP's controller as loss"},
+	QCtrCCWindowFull:     {"cc_window_full", "times this QP's congestion window held a send back"},
+	QCtrCCRateKbps:       {"cc_rate_kbps", "this QP's congestion-control rate, kb/s"},
+	QCtrCCWindowBytes:    {"cc_window_bytes", "this QP's congestion window, bytes"},
+	QCtrCCSRTTNs:         {"cc_srtt_ns", "this QP's smoothed RTT, ns"},
+	QCtrCCCwndMilli:      {"cc_cwnd_milli", "this QP's Swift window, thousandths of a packet"},
+	QCtrCCTargetNs:       {"cc_target_ns", "this QP's Swift fabric target delay, ns"},
 	QCtrRoCEAdpRetrans:   DeviceCounters[CtrRoCEAdpRetrans],
 	QCtrRoCEAdpRetransTO: DeviceCounters[CtrRoCEAdpRetransTO],
 	QCtrTLPProbes:        DeviceCounters[CtrTLPProbes],
-	QCtrFastRetrans:      DeviceCounters[CtrFastRetrans],
+	QCtrFastRetrans:      {"fast_retrans", "RC go-back-N restarts a probe's answer called for"},
 	QCtrRxSACKs:          DeviceCounters[CtrRxSACKs],
 	QCtrTxSACKs:          DeviceCounters[CtrTxSACKs],
 	QCtrSelRetrans:       DeviceCounters[CtrSelRetrans],
@@ -246,7 +275,7 @@ var NotCounted = []CounterDef{
 // The device counters valid for this port (StatsResp.Valid): the XDP and
 // AF_XDP ones only with an AF_XDP port.
 const (
-	ValidAll = uint64(1)<<NumDeviceCounters - 1
+	ValidAll = ^uint64(0) >> (64 - NumDeviceCounters)
 	ValidXDP = uint64(1)<<(CtrXskRxOversize+1) - uint64(1)<<CtrXdpSteered
 )
 
@@ -273,7 +302,7 @@ type QPStats struct {
 
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-const MaxStatsQPs = 10
+const MaxStatsQPs = 8
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.

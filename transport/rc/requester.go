@@ -131,7 +131,7 @@ func (r *requester) canSend(q *QP) bool {
 	if !q.cfg.UC && r.psn.Diff(r.compPSN) >= int32(r.window(q)) {
 		return false
 	}
-	return true
+	return q.ccWindowOpen()
 }
 
 // InitialWindow is how many PSNs an adaptive requester has outstanding
@@ -145,7 +145,8 @@ const InitialWindow = 8
 // packet starts: as rxe, MaxUnackedPSNs+1 (a packet may start while its
 // PSN is at most MaxUnackedPSNs past the oldest unacknowledged); with
 // selective repeat the BDP window, within the responder's receive window;
-// InitialWindow before any answer, with adaptive retransmission.
+// InitialWindow before any answer, with adaptive retransmission and no
+// congestion control.
 func (r *requester) window(q *QP) int {
 	w := MaxUnackedPSNs + 1
 	if r.sr.on {
@@ -154,8 +155,8 @@ func (r *requester) window(q *QP) int {
 			w = min(w, r.sr.peerWin)
 		}
 	}
-	if !r.answered && q.adaptive() {
-		w = min(w, InitialWindow)
+	if !r.answered && q.adaptive() && q.cc == nil {
+		w = min(w, InitialWindow) // (congestion control paces the start itself)
 	}
 	return w
 }
@@ -229,7 +230,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 			// window asks too: nothing more can be sent, hence nothing
 			// else would ask, until it is acknowledged (the initial
 			// window, a small receive window). rxe does not.
-			ackReq = r.noAck > r.ackEvery(q) || q.adaptive() && r.psn.Next().Diff(r.compPSN) >= int32(r.window(q))
+			ackReq = r.noAck > q.ackSpacing() || q.adaptive() && r.psn.Next().Diff(r.compPSN) >= int32(r.window(q))
 			r.noAck++
 		}
 		if ackReq {
