@@ -40,9 +40,9 @@ func (tb *testbed) connectWith(ra, rb ib.Recovery) (qa, qb *QP) {
 	return qa, qb
 }
 
-// writeAll WRITEs n messages of size bytes from qa into qb's memory,
-// every byte checked, and returns both QPs' counters.
-func (tb *testbed) writeAll(qa, qb *QP, n, size int) {
+// writeAll WRITEs n messages of size bytes from qa into memory on its
+// peer's device, every byte checked.
+func (tb *testbed) writeAll(qa *QP, n, size int) {
 	tb.t.Helper()
 	src := make([]byte, n*size)
 	pattern(src, 9)
@@ -112,7 +112,7 @@ func TestDeviceRecoveryKnob(t *testing.T) {
 			if qb.init.Recovery != k.wantB {
 				t.Fatalf("B's QP runs %v, want %v", qb.init.Recovery, k.wantB)
 			}
-			tb.writeAll(qa, qb, 60, 9000)
+			tb.writeAll(qa, 60, 9000)
 			reqSR, _ := qa.rcQP().SelectiveRepeat()
 			_, respSR := qb.rcQP().SelectiveRepeat()
 			if reqSR != k.sr || respSR != k.sr {

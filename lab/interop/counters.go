@@ -26,7 +26,7 @@ func ParseCounters(r io.Reader) (Counters, error) {
 		}
 		v, err := strconv.ParseUint(f[1], 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("counter %s: %v", f[0], err)
+			return nil, fmt.Errorf("counter %s: %w", f[0], err)
 		}
 		c[f[0]] = v
 	}
@@ -116,7 +116,7 @@ func ReadRetransmitted(r io.Reader) (n uint64, ok bool, err error) {
 		}
 		var c softrnicCounters
 		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
-			return n, ok, fmt.Errorf("softrnic counters: %v", err)
+			return n, ok, fmt.Errorf("softrnic counters: %w", err)
 		}
 		n += c.Recovery.RetransPackets
 		ok = true

@@ -149,6 +149,9 @@ type Counters struct {
 	// once, whatever the reason (go-back-N, probe, RTO, hole): the most a
 	// peer can have counted as duplicates (rxe's duplicate_request).
 	RetransPkts uint64
+	// Responses (ACKs, NAKs, READ replies, atomic results) dropped because
+	// the response queue was full: the requester retries as for a loss.
+	RespQueueFull uint64
 }
 
 // Add adds every counter of o to c (a device's totals over its QPs).
@@ -182,6 +185,7 @@ func (c *Counters) Add(o *Counters) {
 	c.SRHeld += o.SRHeld
 	c.SRDropped += o.SRDropped
 	c.RetransPkts += o.RetransPkts
+	c.RespQueueFull += o.RespQueueFull
 }
 
 // QP is one RC or UC queue pair's transport state.
@@ -252,6 +256,7 @@ func NewQP(o Options) *QP {
 		q.req.sq[i].SG = make([]ib.Seg, 0, maxSGE)
 	}
 	q.resp.cur.SG = make([]ib.Seg, 0, maxSGE)
+	q.resp.ctr = &q.Counters
 	q.wcs = make([]ib.WC, 0, sqDepth+64)
 	return q
 }

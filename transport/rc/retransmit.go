@@ -216,7 +216,7 @@ func (q *QP) expireAdaptive(now clock.Time) {
 				r.probe, r.probeRTO = true, true
 			}
 		} else {
-			q.goBack(now, r.compPSN)
+			q.goBack(r.compPSN)
 		}
 		r.rtoAt = now.Add(q.adpRTO())
 		r.ptoAt = clock.Never
@@ -232,7 +232,7 @@ func (q *QP) expireAdaptive(now clock.Time) {
 
 // goBack is an adaptive go-back-N to p: no retry is spent, and stale NAKs
 // for the same gap are ignored until progress, as after a retry.
-func (q *QP) goBack(now clock.Time, p bth.PSN) {
+func (q *QP) goBack(p bth.PSN) {
 	r := &q.req
 	q.rewind(p)
 	r.retrying = true
@@ -317,7 +317,7 @@ func (r *requester) answersProbe(op bth.Opcode, pp bth.PSN, syn uint8) bool {
 
 // probeAnswered is called once the answer to a probe was processed: every
 // packet sent before the probe and still unacknowledged is lost.
-func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time) {
+func (q *QP) probeAnswered(probeAt clock.Time) {
 	r := &q.req
 	r.probeOut = false
 	if q.failed || !q.reqOn || r.rnrWait || !r.compPSN.Less(r.psn) {
@@ -328,7 +328,7 @@ func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time) {
 	}
 	q.FastRetrans++
 	q.AdpRetrans++
-	q.goBack(now, r.compPSN)
+	q.goBack(r.compPSN)
 }
 
 // RTT returns the smoothed RTT, its variation and the minimum RTT the QP

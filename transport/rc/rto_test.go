@@ -9,6 +9,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 func TestRTTEstimatorRFC6298(t *testing.T) {
@@ -58,7 +59,7 @@ func (c *tctx) sampled(d time.Duration) {
 	c.post(ib.SendWQE{ID: 999, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	g := c.out()
 	c.now = c.now.Add(d)
-	c.respond(req{op: bth.RCAcknowledge, psn: g[len(g)-1].psn, syn: SynACK})
+	c.respond(req{op: bth.RCAcknowledge, psn: g[len(g)-1].PSN, syn: SynACK})
 	c.wcs()
 }
 
@@ -133,7 +134,7 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	g := c.expect(p(bth.RCSendOnly, 101))
-	if !g[0].ackReq || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != 1 || c.qp.req.retryLeft != 7 {
+	if !g[0].AckReq || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != 1 || c.qp.req.retryLeft != 7 {
 		t.Fatalf("probe %v: counters %+v retries left %d", g[0], c.qp.Counters, c.qp.req.retryLeft)
 	}
 	want := RTOMin
@@ -174,7 +175,7 @@ func TestSelectiveRTOResendsHead(t *testing.T) {
 	if len(g) != 3 {
 		t.Fatalf("%v", g)
 	}
-	head := g[0].psn
+	head := g[0].PSN
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now) // the tail-loss probe
 	c.expect(p(bth.RCSendOnly, head))
@@ -183,7 +184,7 @@ func TestSelectiveRTOResendsHead(t *testing.T) {
 		c.now = c.qp.Deadline()
 		c.qp.Expire(c.now)
 		g := c.expect(p(bth.RCSendOnly, head))
-		if !g[0].ackReq || c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != 0 || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != uint64(i+1) {
+		if !g[0].AckReq || c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != 0 || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != uint64(i+1) {
 			t.Fatalf("after RTO %d: %v %+v", i, g[0], c.qp.Counters)
 		}
 		if d := c.qp.Deadline(); d != c.now.Add(rto<<i) {
@@ -205,13 +206,13 @@ func TestSelectiveLocalAckTimeoutResendsHead(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 	}
-	head := c.out()[0].psn
+	head := c.out()[0].PSN
 	for c.qp.Timeouts < 3 && !c.qp.Failed() {
 		c.now = c.qp.Deadline()
 		timeouts := c.qp.Timeouts
 		c.qp.Expire(c.now)
 		g := c.out()
-		if c.qp.Timeouts > timeouts && !c.qp.Failed() && (len(g) != 1 || g[0].psn != head) {
+		if c.qp.Timeouts > timeouts && !c.qp.Failed() && (len(g) != 1 || g[0].PSN != head) {
 			t.Fatalf("local ACK timeout %d resent %v, want %d alone", c.qp.Timeouts, g, head)
 		}
 	}
@@ -234,11 +235,11 @@ func TestSelectiveSACKIsProgress(t *testing.T) {
 		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 		g := c.out()
 		if i == 0 {
-			head = g[0].psn // lost, and every repeat of it too
+			head = g[0].PSN // lost, and every repeat of it too
 		}
 		for _, x := range g {
-			if x.psn != head {
-				have = append(have, x.psn)
+			if x.PSN != head {
+				have = append(have, x.PSN)
 			}
 		}
 		c.now = c.now.Add(500 * time.Microsecond)
@@ -281,7 +282,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 			c.expect(p(bth.RCSendOnly, 101))
 			c.now = c.now.Add(50 * time.Microsecond)
 			c.respond(req{op: bth.RCAcknowledge, psn: k.answer, syn: SynACK})
-			var want []pkt
+			var want []checker.Want
 			for _, q := range k.wantAgain {
 				want = append(want, p(bth.RCSendOnly, q))
 			}
@@ -434,7 +435,7 @@ func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 // marks its requests, and a peer that does not mark its answers (one
 // that ignores the bit) keeps it on go-back-N.
 func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
-	run := func(cfg Config, pool bool) ([]pkt, *tctx) {
+	run := func(cfg Config, pool bool) ([]checker.Packet, *tctx) {
 		c := newCtx(t, cfg)
 		if pool {
 			c = newSRCtx(t, cfg)
@@ -449,14 +450,14 @@ func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
 	want, _ := run(old, false)
 	got, _ := run(defaultCfg(), true) // selective by default, pool, rxe-style QPN
 	for i := range want {
-		if !bytes.Equal(got[i].raw, want[i].raw) {
-			t.Fatalf("packet %d differs:\n% x\n% x", i, got[i].raw, want[i].raw)
+		if !bytes.Equal(got[i].Raw, want[i].Raw) {
+			t.Fatalf("packet %d differs:\n% x\n% x", i, got[i].Raw, want[i].Raw)
 		}
 	}
 	marked, c := run(srCfg(), true)
 	for i := range marked {
-		if !marked[i].sr || !bytes.Equal(marked[i].raw[9:], want[i].raw[9:]) {
-			t.Fatalf("packet %d toward a softrnic QPN: % x", i, marked[i].raw)
+		if !marked[i].SR || !bytes.Equal(marked[i].Raw[9:], want[i].Raw[9:]) {
+			t.Fatalf("packet %d toward a softrnic QPN: % x", i, marked[i].Raw)
 		}
 	}
 	// The peer answers like rxe: unmarked, a sequence NAK at 101.
