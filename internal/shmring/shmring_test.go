@@ -139,6 +139,49 @@ func TestFullEmptyAndWrap(t *testing.T) {
 	}
 }
 
+// A consumer armed for solicited entries only is rung by the first commit
+// marked solicited, once; one armed for any entry by the next commit.
+func TestWakeSolicited(t *testing.T) {
+	r := mustRing(t, testGeom)
+	db := mustDoorbell(t)
+	p, c := r.Producer(db), r.Consumer()
+	post := func(solicited bool) bool {
+		fill(p.Reserve(), 0)
+		rang, err := p.CommitSolicited(solicited)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for c.Peek() != nil {
+		}
+		c.Release()
+		return rang
+	}
+	if !c.ArmFor(WakeSolicited) {
+		t.Fatal("ArmFor reported entries in an empty ring")
+	}
+	if post(false) || post(false) {
+		t.Fatal("rang a solicited-only consumer for unsolicited entries")
+	}
+	if !post(true) {
+		t.Fatal("did not ring a solicited-only consumer for a solicited entry")
+	}
+	if post(true) {
+		t.Fatal("rang twice for one arming")
+	}
+	c.ArmFor(WakeAny)
+	if !post(false) {
+		t.Fatal("did not ring a consumer armed for any entry")
+	}
+	c.ArmFor(WakeSolicited)
+	c.ArmFor(WakeAny) // re-armed wider before anything came
+	if !post(false) {
+		t.Fatal("a consumer re-armed for any entry was not rung")
+	}
+	if rung, err := db.Wait(0); !rung || err != nil {
+		t.Fatalf("doorbell not rung: %v %v", rung, err)
+	}
+}
+
 func TestWakeupOnlyWhenArmed(t *testing.T) {
 	r := mustRing(t, testGeom)
 	db := mustDoorbell(t)
