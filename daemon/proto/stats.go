@@ -64,6 +64,7 @@ const (
 	CtrReqRemoteInvalidRequest        // RC requester: invalid request NAKs received
 	CtrRespRemoteAccessErrors         // RC/UC responder: requests refused for rkey, range or access
 	CtrRespLocalLengthError           // RC/UC responder: SENDs longer than the receive WQE
+	CtrAsyncEventsLost                // asynchronous events dropped, a bounded queue full
 	NumDeviceCounters
 )
 
@@ -120,6 +121,7 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
 	CtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
 	CtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
+	CtrAsyncEventsLost:         {"async_events_lost", "asynchronous events dropped because a consumer's bounded queue was full"},
 }
 
 // Per-QP counters: the index of each in QPStats.Values.
