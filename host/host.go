@@ -118,6 +118,10 @@ func Open(cfg Config) (_ *Host, err error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	if err := watchLink(in.Index, h.Device, ctx.Done(), cfg.Log); err != nil {
+		stop()
+		return nil, fmt.Errorf("host: watching %s's link state: %w", in.Name, err)
+	}
 	h.stop = stop
 	go func() {
 		defer close(h.done)

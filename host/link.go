@@ -1,0 +1,46 @@
+package host
+
+import (
+	"log/slog"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/rnic"
+)
+
+// watchLink follows the interface's link state and gives it to the device
+// as its port's (rnic.Device.SetPortActive: PORT_ACTIVE, PORT_ERR, and
+// the state ibv_query_port reports), as the kernel's RDMA core does for a
+// RoCE port from its netdev. A port is active while its interface is up
+// and has a carrier (IFF_UP and IFF_RUNNING). It stops when done closes.
+func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Logger) error {
+	updates := make(chan netlink.LinkUpdate, 16)
+	opts := netlink.LinkSubscribeOptions{ListExisting: true, ErrorCallback: func(err error) {
+		if log != nil {
+			log.Warn("watching the link state", "err", err)
+		}
+	}}
+	if err := netlink.LinkSubscribeWithOptions(updates, done, opts); err != nil {
+		return err
+	}
+	go func() {
+		for u := range updates {
+			if int(u.Index) != ifindex {
+				continue
+			}
+			if u.Header.Type == unix.RTM_DELLINK {
+				dev.SetPortActive(false)
+				continue
+			}
+			dev.SetPortActive(linkActive(u.Attrs().RawFlags))
+		}
+	}()
+	return nil
+}
+
+// linkActive reports whether an interface with these flags carries
+// frames: administratively up, with a carrier.
+func linkActive(flags uint32) bool {
+	return flags&unix.IFF_UP != 0 && flags&unix.IFF_RUNNING != 0
+}
