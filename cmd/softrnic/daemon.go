@@ -122,6 +122,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	counters.Server = srv // before any client can ask for counters
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()
 		if err != nil {
