@@ -4,10 +4,13 @@
  * A CQ is the daemon's CQ ring: ibv_poll_cq converts the ring's entries
  * (struct softrnic_cqe) to ibv_wc without a syscall. The daemon rings the
  * CQ's eventfd when it adds an entry while the ring's wakeup flag is set,
- * which is exactly a one-shot notification: ibv_req_notify_cq sets the
- * flag, and a completion channel is an epoll set of its CQs' eventfds, so
- * that its fd is readable when any member CQ has an event, and
- * ibv_get_cq_event says which.
+ * and clears the flag, which is exactly a one-shot notification:
+ * ibv_req_notify_cq sets the flag, to SOFTRNIC_RING_WAKE_SOLICITED for a
+ * solicited-only request, which the daemon rings only for a receive whose
+ * message had SE or a completion in error (IBA's solicited completions;
+ * the ring marks the former SOFTRNIC_IB_WC_FLAGS_SOLICITED). A completion
+ * channel is an epoll set of its CQs' eventfds, so that its fd is readable
+ * when any member CQ has an event, and ibv_get_cq_event says which.
  */
 #define _GNU_SOURCE
 #include <endian.h>
@@ -101,6 +104,7 @@ static struct srn_cq *cq_create(struct ibv_context *ctx, int cqe, void *cq_conte
 	q->cq.cqe = (int)resp.slots;
 	pthread_mutex_init(&q->cq.mutex, NULL);
 	pthread_cond_init(&q->cq.cond, NULL);
+	srn_obj_add(s, &q->obj, SRN_OBJ_CQ, resp.cq);
 	if (channel) {
 		pthread_mutex_lock(&ctx->mutex);
 		channel->refcnt++;
@@ -138,12 +142,15 @@ struct ibv_cq_ex *srn_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_a
 SRN_EXPORT int ibv_destroy_cq(struct ibv_cq *cq)
 {
 	struct srn_cq *q = to_scq(cq);
-	int err = srn_call_handle(&to_sctx(cq->context)->conn, SOFTRNIC_OP_DESTROY_CQ, q->handle);
+	struct srn_context *s = to_sctx(cq->context);
+	int err = srn_call_handle(&s->conn, SOFTRNIC_OP_DESTROY_CQ, q->handle);
 	if (err)
 		return err;
-	/* As rdma-core: the events handed out must have been acknowledged. */
+	/* As rdma-core: the completion and asynchronous events handed out
+	 * must have been acknowledged. */
+	srn_obj_remove(s, &q->obj);
 	pthread_mutex_lock(&cq->mutex);
-	while (cq->comp_events_completed != q->events_delivered)
+	while (cq->comp_events_completed != q->events_delivered || cq->async_events_completed != q->obj.events_delivered)
 		pthread_cond_wait(&cq->cond, &cq->mutex);
 	pthread_mutex_unlock(&cq->mutex);
 	if (cq->channel) {
@@ -241,21 +248,34 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	return i;
 }
 
+/* Whether a ring entry wakes a CQ armed for solicited completions only. */
+static bool solicited(const uint8_t *slot)
+{
+	struct softrnic_cqe e;
+	memcpy(&e, slot, sizeof(e));
+	return (e.flags & SOFTRNIC_IB_WC_FLAGS_SOLICITED) || e.status != SOFTRNIC_IB_WC_STATUS_SUCCESS;
+}
+
 int srn_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
 	struct srn_cq *q = to_scq(cq);
-	/* The ring has no solicited marks yet: a solicited-only request is
-	 * notified on the next completion of any kind, a superset that
-	 * applications which poll after each event handle as a spurious
-	 * wakeup. */
-	(void)solicited_only;
 	pthread_spin_lock(&q->lock);
-	bool empty = srn_arm(&q->cons);
-	if (!empty)
+	/* Armed first, then the ring looked at again: a completion the
+	 * daemon adds after the arming rings the eventfd, one added before is
+	 * seen here (both sides use sequentially consistent atomics), so none
+	 * that is due is missed. */
+	bool due = !srn_arm(&q->cons, solicited_only ? SOFTRNIC_RING_WAKE_SOLICITED : SOFTRNIC_RING_WAKE_ANY);
+	if (due && solicited_only) {
+		due = false;
+		for (uint64_t i = q->cons.tail; i != q->cons.cached_prod && !due; i++)
+			due = solicited(srn_ring_slot(&q->ring, i));
+	}
+	if (due)
 		srn_disarm(&q->cons);
 	pthread_spin_unlock(&q->lock);
-	/* Completions arrived before the request: the event is due now. */
-	if (!empty)
+	/* Completions not yet polled that the request covers: the event is
+	 * due now. */
+	if (due)
 		srn_doorbell_ring(q->db);
 	return 0;
 }
