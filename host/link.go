@@ -17,8 +17,12 @@ import (
 func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Logger) error {
 	updates := make(chan netlink.LinkUpdate, 16)
 	opts := netlink.LinkSubscribeOptions{ListExisting: true, ErrorCallback: func(err error) {
-		if log != nil {
-			log.Warn("watching the link state", "err", err)
+		select {
+		case <-done: // the socket closed under the reader: no error
+		default:
+			if log != nil {
+				log.Warn("watching the link state", "err", err)
+			}
 		}
 	}}
 	if err := netlink.LinkSubscribeWithOptions(updates, done, opts); err != nil {

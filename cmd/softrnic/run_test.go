@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -364,7 +365,9 @@ print('pyverbs ok', ctx.query_device().phys_port_cnt, len(gids), qp.qp_num > 1)
 
 // The project's C test program, under AddressSanitizer, against daemons
 // on a veth: every control verb and error path, then RC and UC traffic
-// between two processes on two daemons through both post-send APIs.
+// between two processes on two daemons through both post-send APIs, SRQs,
+// solicited completion events and asynchronous events (port events with
+// the link taken down and up, DEVICE_FATAL with the daemon stopped).
 func TestCProgram(t *testing.T) {
 	netnstest.SkipUnlessRoot(t)
 	dir := buildCLib(t)
@@ -386,21 +389,38 @@ func TestCProgram(t *testing.T) {
 		}
 		t.Logf("%s", bytes.TrimSpace(out))
 	})
-	t.Run("traffic", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	for _, m := range []struct{ name, server, client, port string }{
+		{"traffic", "server", "client", "18515"},
+		{"srq", "srq-server", "srq-client", "18516"},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			var sout bytes.Buffer
+			srv := prog(ctx, pair.B.NS, sockB, m.server, m.port)
+			srv.Stdout, srv.Stderr = &sout, &sout
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			cout, cerr := prog(ctx, pair.A.NS, sockA, m.client, pair.B.Addr.String(), m.port).CombinedOutput()
+			serr := srv.Wait()
+			if cerr != nil || serr != nil || !bytes.Contains(cout, []byte(" passed, 0 failed")) || !bytes.Contains(sout.Bytes(), []byte(" passed, 0 failed")) {
+				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cout, serr, sout.String())
+			}
+			t.Logf("client: %s; server: %s", lastLine(cout), lastLine(sout.Bytes()))
+		})
+	}
+	// The link of A's veth goes down with its peer's, and comes back.
+	t.Run("port-events", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		var sout bytes.Buffer
-		srv := prog(ctx, pair.B.NS, sockB, "server", "18515")
-		srv.Stdout, srv.Stderr = &sout, &sout
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
+		link := func(state string) {
+			if out, err := exec.Command("ip", "-n", pair.B.NS.Name, "link", "set", pair.B.Name, state).CombinedOutput(); err != nil {
+				t.Fatalf("ip link set %s %s: %v %s", pair.B.Name, state, err, out)
+			}
 		}
-		cout, cerr := prog(ctx, pair.A.NS, sockA, "client", pair.B.Addr.String(), "18515").CombinedOutput()
-		serr := srv.Wait()
-		if cerr != nil || serr != nil || !bytes.Contains(cout, []byte(" passed, 0 failed")) || !bytes.Contains(sout.Bytes(), []byte(" passed, 0 failed")) {
-			t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cout, serr, sout.String())
-		}
-		t.Logf("client: %s; server: %s", lastLine(cout), lastLine(sout.Bytes()))
+		t.Cleanup(func() { link("up") })
+		runSteps(t, prog(ctx, pair.A.NS, sockA, "port"), map[string]func(){"ready": func() { link("down") }, "down": func() { link("up") }})
 	})
 	// Last: it stops daemon A.
 	t.Run("device-fatal", func(t *testing.T) {
@@ -408,6 +428,35 @@ func TestCProgram(t *testing.T) {
 		defer cancel()
 		runAcrossStop(t, prog(ctx, pair.A.NS, sockA, "fatal"), stopA)
 	})
+}
+
+// runSteps runs a C test program that prints lines naming the steps it
+// waits for, runs each step's function when its line comes, and expects the
+// program to pass.
+func runSteps(t *testing.T, cmd *exec.Cmd, steps map[string]func()) {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var rest bytes.Buffer
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if f, ok := steps[sc.Text()]; ok {
+			f()
+			continue
+		}
+		rest.WriteString(sc.Text() + "\n")
+	}
+	if err := cmd.Wait(); err != nil || !bytes.Contains(rest.Bytes(), []byte(" passed, 0 failed")) {
+		t.Fatalf("%v\n%s%s", err, rest.String(), stderr.String())
+	}
+	t.Logf("%s", bytes.TrimSpace(rest.Bytes()))
 }
 
 // runAcrossStop runs a C test program that prints "ready" once it waits
