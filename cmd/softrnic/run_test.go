@@ -490,3 +490,67 @@ func lastLine(b []byte) string {
 	l := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
 	return string(l[len(l)-1])
 }
+
+// Stock ibv_asyncwatch through softrnic run prints the port's events as
+// the link of the daemon's interface goes down and up, and
+// DEVICE_FATAL when the daemon stops, after which it exits.
+func TestStockAsyncwatch(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	dir := buildCLib(t)
+	bin := buildSoftrnic(t)
+	if _, err := exec.LookPath("ibv_asyncwatch"); err != nil {
+		t.Skip("ibv_asyncwatch is not installed (make deps)")
+	}
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	sock, stop := startDaemon(t, bin, pair.A)
+	link := func(state string) {
+		if out, err := exec.Command("ip", "-n", pair.B.NS.Name, "link", "set", pair.B.Name, state).CombinedOutput(); err != nil {
+			t.Fatalf("ip link set %s %s: %v %s", pair.B.Name, state, err, out)
+		}
+	}
+	t.Cleanup(func() { link("up") })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "run", "--lib", filepath.Join(dir, "lib"),
+		"--control", sock, "--", "ibv_asyncwatch", "-d", "softrnic_"+pair.A.Name)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		line string
+		then func()
+	}{
+		{`async event FD \d+`, func() { link("down") }},
+		{`event_type IBV_EVENT_PORT_ERR \(10\), port 1`, func() { link("up") }},
+		{`event_type IBV_EVENT_PORT_ACTIVE \(9\), port 1`, stop},
+		{`event_type IBV_EVENT_DEVICE_FATAL \(8\)`, func() {}},
+	}
+	sc := bufio.NewScanner(out)
+	var seen []string
+	for _, s := range steps {
+		re := regexp.MustCompile(s.line)
+		found := false
+		for !found && sc.Scan() {
+			seen = append(seen, sc.Text())
+			found = re.MatchString(sc.Text())
+		}
+		if !found {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("no line %q:\n%s\n%s", s.line, strings.Join(seen, "\n"), stderr.String())
+		}
+		s.then()
+	}
+	// After DEVICE_FATAL, ibv_get_async_event fails and asyncwatch exits 1.
+	var ee *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("ibv_asyncwatch after DEVICE_FATAL: %v\n%s", err, stderr.String())
+	}
+	t.Logf("%s", strings.Join(seen, "; "))
+}
