@@ -15,6 +15,14 @@ import (
 // RoCE port from its netdev. A port is active while its interface is up
 // and has a carrier (IFF_UP and IFF_RUNNING). It stops when done closes.
 func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Logger) error {
+	// The state as it is now, before anyone can ask: the kernel sets
+	// IFF_RUNNING a while after the carrier (its link watch), so a port
+	// opened on a link that just came up starts down and goes active.
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return err
+	}
+	dev.SetPortActive(linkActive(l.Attrs().RawFlags))
 	updates := make(chan netlink.LinkUpdate, 16)
 	opts := netlink.LinkSubscribeOptions{ListExisting: true, ErrorCallback: func(err error) {
 		select {
@@ -33,11 +41,10 @@ func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Lo
 			if int(u.Index) != ifindex {
 				continue
 			}
-			if u.Header.Type == unix.RTM_DELLINK {
-				dev.SetPortActive(false)
-				continue
+			active := u.Header.Type != unix.RTM_DELLINK && linkActive(u.Attrs().RawFlags)
+			if dev.SetPortActive(active) && log != nil {
+				log.Info("port state", "active", active, "flags", u.Attrs().RawFlags, "oper", u.Attrs().OperState.String())
 			}
-			dev.SetPortActive(linkActive(u.Attrs().RawFlags))
 		}
 	}()
 	return nil

@@ -40,16 +40,17 @@ func (d *Device) LostEvents() uint64 { return d.lostEv.Load() }
 
 // SetPortActive records the port's link state (the host watches its
 // interface) and reports a change as EventPortActive or EventPortErr;
-// Query's PortActive follows it.
-func (d *Device) SetPortActive(active bool) {
+// Query's PortActive follows it. It returns whether the state changed.
+func (d *Device) SetPortActive(active bool) bool {
 	if d.portDown.Swap(!active) == !active {
-		return
+		return false
 	}
 	if active {
 		d.event(ib.EventPortActive, 0)
 	} else {
 		d.event(ib.EventPortErr, 0)
 	}
+	return true
 }
 
 func (d *Device) event(t ib.EventType, qpn uint32) {

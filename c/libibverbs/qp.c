@@ -178,6 +178,7 @@ static const struct {
 	{IBV_QP_SQ_PSN, SOFTRNIC_IB_QP_ATTR_MASK_SQPSN},
 	{IBV_QP_MAX_DEST_RD_ATOMIC, SOFTRNIC_IB_QP_ATTR_MASK_MAX_DEST_RD_ATOMIC},
 	{IBV_QP_DEST_QPN, SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN},
+	{IBV_QP_EN_SQD_ASYNC_NOTIFY, SOFTRNIC_IB_QP_ATTR_MASK_EN_SQD_ASYNC_NOTIFY},
 };
 
 static bool state_to_proto(enum ibv_qp_state s, uint8_t *out)
@@ -288,6 +289,7 @@ SRN_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 	p->dest_qpn = attr->dest_qp_num;
 	p->access = access_to_proto(attr->qp_access_flags);
 	p->p_key_index = attr->pkey_index;
+	p->sq_drain_notify = attr->en_sqd_async_notify ? 1 : 0;
 	int err = srn_call(&to_sctx(qp->context)->conn, SOFTRNIC_OP_MODIFY_QP, &req, sizeof(req), NULL, 0, NULL, 0,
 			   NULL, 0);
 	if (err)
