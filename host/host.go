@@ -55,8 +55,9 @@ type Config struct {
 
 // Host is an RNIC on an interface of this machine, running: the rnic
 // device, its port, the engine loop driving it in a goroutine of its own,
-// neighbour resolution for it, and an rdma_cm agent on it. Every tool and
-// the daemon run on one.
+// neighbour resolution for it, the port's state following the interface's
+// link (link.go), and an rdma_cm agent on it. Every tool and the daemon run
+// on one.
 type Host struct {
 	Iface Interface
 	// Device is the RNIC. Its Config.Resolve is the host's neighbour
