@@ -592,8 +592,8 @@ static void *destroy_cq_thread(void *p)
 	return NULL;
 }
 
-/* Completion channels as rdma-core has them: one-shot notification, a
- * request made with completions already there due at once, several CQs on
+/* Completion channels as rdma-core has them: one-shot notification of the
+ * next completion (not of one already there), several CQs on
  * one channel (its fd in poll and in an epoll set), EAGAIN without an event
  * when non-blocking, solicited-only requests woken by completions in error,
  * ibv_destroy_cq waiting for the acknowledgment of its events. */
@@ -640,17 +640,21 @@ static void test_channels(struct ibv_context *ctx, struct ibv_pd *pd)
 	struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
 	CHECK(poll(&pfd, 1, 200) == 0, "an event without a request");
 
-	/* Completions not yet polled when a request is made: due at once. */
-	struct ibv_qp *q4 = qp_with_receives(pd, cq1, 1);
+	/* A request notifies the next completion, as rxe's does: one already
+	 * in the CQ (not yet polled) raises none, one added after does. */
+	struct ibv_qp *q4 = qp_with_receives(pd, cq1, 1), *q5 = qp_with_receives(pd, cq1, 1);
 	to_err(q4);
-	usleep(100000); /* the flush reaches the ring */
+	usleep(200000); /* the flush reaches the ring */
 	CHECK(ibv_req_notify_cq(cq1, 0) == 0, "req_notify_cq");
+	CHECK(poll(&pfd, 1, 200) == 0, "an event for a completion already in the CQ");
+	to_err(q5);
 	CHECK(poll(&pfd, 1, 10000) == 1 && ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq1,
-	      "a request over a completion already there");
+	      "no event for a completion after the request");
 
 	/* ibv_destroy_cq waits until the event handed out is acknowledged. */
-	CHECK(ibv_destroy_qp(q1) == 0 && ibv_destroy_qp(q3) == 0 && ibv_destroy_qp(q4) == 0, "destroy QPs");
-	CHECK(drain(cq1, 1, 10) == 1, "flush of q4");
+	CHECK(ibv_destroy_qp(q1) == 0 && ibv_destroy_qp(q3) == 0 && ibv_destroy_qp(q4) == 0 && ibv_destroy_qp(q5) == 0,
+	      "destroy QPs");
+	CHECK(drain(cq1, 2, 10) == 2, "flushes of q4 and q5");
 	struct destroy_arg da = {.cq = cq1};
 	pthread_t th;
 	MUST(pthread_create(&th, NULL, destroy_cq_thread, &da) == 0, "thread");
