@@ -53,6 +53,9 @@ func (ss *session) createSRQ(body []byte) (any, []int, error) {
 		return nil, nil, err
 	}
 	x := &srqObj{owner: ss, srq: vsrq.(*rnic.SRQ), pd: p, ring: ring, cons: ring.Consumer()}
+	// The limit counts what waits in the ring too: a receive the client
+	// posted is the SRQ's, whether the pump has moved it yet or not.
+	x.srq.SetBacklog(ring.Pending)
 	x.wr[0].SG = make([]ib.SGE, 0, req.MaxSGE)
 	ss.mu.Lock()
 	x.h, err = ss.newHandle()

@@ -241,3 +241,31 @@ func TestPortEvents(t *testing.T) {
 		t.Fatalf("events %v, want %v", evs, want)
 	}
 }
+
+// Receives that wait outside the SRQ (SetBacklog: the daemon's ring)
+// count against its limit.
+func TestSRQLimitCountsBacklog(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 25, 1024)
+	srq, err := tb.b.pd.newSRQ(8, 1)
+	must(t, err)
+	backlog := 2
+	srq.SetBacklog(func() int { return backlog })
+	for i := 0; i < 4; i++ {
+		_, err := srq.PostRecv([]verbs.RecvWR{{ID: uint64(i)}})
+		must(t, err)
+	}
+	must(t, srq.Modify(&ib.SRQAttr{Limit: 3}, ib.SRQLimit))
+	var w ib.RecvWQE
+	drainEvents(tb.b.dev.Events())
+	limit := verbs.AsyncEvent{Type: ib.EventSRQLimitReached, SRQ: srq}
+	srq.Take(&w) // 3 held + 2 waiting
+	srq.Take(&w) // 2 + 2
+	if evs := drainEvents(tb.b.dev.Events()); hasEvent(evs, limit) {
+		t.Fatalf("limit reached with 4 receives posted: %v", evs)
+	}
+	backlog = 0 // the waiting ones were taken elsewhere
+	srq.Take(&w) // 1 + 0
+	if evs := drainEvents(tb.b.dev.Events()); !hasEvent(evs, limit) {
+		t.Fatalf("no SRQ_LIMIT_REACHED with 1 receive left: %v", evs)
+	}
+}

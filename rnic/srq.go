@@ -57,9 +57,16 @@ type SRQ struct {
 	mu        sync.Mutex
 	rq        recvRing
 	limit     uint32     // armed low watermark, 0: none (guarded by mu)
+	backlog   func() int // receives posted that have not reached it yet (SetBacklog)
 	post      ib.RecvWQE // PostRecv scratch, guarded by mu
 	postSG    [MaxSGE]ib.Seg
 }
+
+// SetBacklog tells the SRQ where receives posted to it wait before they
+// reach it (the daemon's SRQ ring): backlog says how many, from any
+// goroutine, and the limit counts them with those the SRQ holds. Call it
+// before any QP uses the SRQ.
+func (s *SRQ) SetBacklog(backlog func() int) { s.backlog = backlog }
 
 var _ verbs.SRQ = (*SRQ)(nil)
 
@@ -124,9 +131,15 @@ func (s *SRQ) Query() (ib.SRQAttr, error) {
 func (s *SRQ) Take(dst *ib.RecvWQE) bool {
 	s.mu.Lock()
 	ok := s.rq.Take(dst)
-	fire := ok && s.limit != 0 && s.rq.tail-s.rq.head < s.limit
-	if fire {
-		s.limit = 0
+	fire := false
+	if ok && s.limit != 0 {
+		left := s.rq.tail - s.rq.head
+		if s.backlog != nil {
+			left += uint32(s.backlog())
+		}
+		if fire = left < s.limit; fire {
+			s.limit = 0
+		}
 	}
 	s.mu.Unlock()
 	if fire {

@@ -196,6 +196,18 @@ func (r *Ring) Close() error {
 	return err
 }
 
+// Pending is how many entries the producer published that the consumer
+// has not released, read from the shared indexes: safe from any goroutine
+// (neither side's own state is touched), and clamped to the ring's size,
+// since the peer may publish anything.
+func (r *Ring) Pending() int {
+	n := r.prod.Load() - r.cons.Load()
+	if n > uint64(r.g.Slots) {
+		return 0
+	}
+	return int(n)
+}
+
 func (r *Ring) slot(i uint64) []byte {
 	off := int(i&uint64(r.g.Slots-1)) * r.g.SlotSize
 	return r.slots[off : off+r.g.SlotSize : off+r.g.SlotSize]

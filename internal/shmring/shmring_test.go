@@ -139,6 +139,32 @@ func TestFullEmptyAndWrap(t *testing.T) {
 	}
 }
 
+// Pending counts what was published and not released, and stays within
+// the ring when the peer's index is impossible.
+func TestPending(t *testing.T) {
+	r := mustRing(t, testGeom)
+	p, c := r.Producer(nil), r.Consumer()
+	for range 3 {
+		fill(p.Reserve(), 0)
+	}
+	if r.Pending() != 0 {
+		t.Fatal("reserved entries counted before the commit")
+	}
+	p.Commit()
+	c.Peek()
+	if r.Pending() != 3 {
+		t.Fatalf("pending %d, want 3 (a peeked entry is not released)", r.Pending())
+	}
+	c.Release()
+	if r.Pending() != 2 {
+		t.Fatalf("pending %d after a release, want 2", r.Pending())
+	}
+	r.prod.Store(1 << 40) // a lying producer
+	if n := r.Pending(); n != 0 {
+		t.Fatalf("pending %d with an impossible index", n)
+	}
+}
+
 // A consumer armed for solicited entries only is rung by the first commit
 // marked solicited, once; one armed for any entry by the next commit.
 func TestWakeSolicited(t *testing.T) {
