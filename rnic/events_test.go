@@ -263,7 +263,7 @@ func TestSRQLimitCountsBacklog(t *testing.T) {
 	if evs := drainEvents(tb.b.dev.Events()); hasEvent(evs, limit) {
 		t.Fatalf("limit reached with 4 receives posted: %v", evs)
 	}
-	backlog = 0 // the waiting ones were taken elsewhere
+	backlog = 0  // the waiting ones were taken elsewhere
 	srq.Take(&w) // 1 + 0
 	if evs := drainEvents(tb.b.dev.Events()); !hasEvent(evs, limit) {
 		t.Fatalf("no SRQ_LIMIT_REACHED with 1 receive left: %v", evs)
