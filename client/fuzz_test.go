@@ -16,7 +16,20 @@ import (
 // valid OPEN, or without it) and checks that the daemon neither dies nor
 // stops serving a well-behaved client.
 func FuzzControlMessages(f *testing.F) {
+	// Every input makes two connections; nobody waits for their ends. The
+	// drain stops after the daemon (cleanups run last first).
+	drained := make(chan struct{})
+	f.Cleanup(func() { close(drained) })
 	td := startDaemon(f, daemon.Options{})
+	go func() {
+		for {
+			select {
+			case <-td.gone:
+			case <-drained:
+				return
+			}
+		}
+	}()
 	seed := func(op proto.Op, body any) []byte {
 		b, err := proto.Encode(nil, proto.Header{Op: op, Version: proto.Version, Seq: 1}, body)
 		if err != nil {
