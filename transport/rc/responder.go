@@ -582,7 +582,8 @@ func (q *QP) reject(pp bth.PSN, syn uint8, recvSt ib.WCStatus) {
 	q.failAs(recvSt, ev)
 }
 
-// buildResponse emits the packet at the head of the response queue.
+// buildResponse emits the packet at the head of the response queue (a
+// READ response's payload in q.pay).
 func (q *QP) buildResponse(buf []byte) int {
 	s := &q.resp
 	if s.qlen == 0 {
@@ -637,12 +638,7 @@ func (q *QP) buildResponse(buf []byte) int {
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
 		bth.AETH(buf[o:]).Encode(SynACK, it.msn)
 	}
-	hl := op.HeaderLen()
-	r := &s.res[it.res]
-	r.mem.ReadAt(buf[hl:hl+int(pay)], it.off)
-	for i := 0; i < pad; i++ {
-		buf[hl+int(pay)+i] = 0
-	}
+	q.pay.SetSeg(s.res[it.res].mem, it.off, pay)
 	it.psn = it.psn.Next()
 	it.off += pay
 	it.remain -= pay
@@ -650,7 +646,7 @@ func (q *QP) buildResponse(buf []byte) int {
 	if last {
 		s.pop()
 	}
-	return hl + int(pay) + pad
+	return op.HeaderLen()
 }
 
 func (s *responder) pop() {
