@@ -50,8 +50,11 @@ func (c *Client) subscribe() (*net.UnixConn, error) {
 		return nil, err
 	}
 	f := os.NewFile(uintptr(fds[0]), "softrnic-events")
-	fc, err := net.FileConn(f)
-	f.Close()
+	fc, err := net.FileConn(f) // a dup of the descriptor: f's own is closed now
+	if cerr := f.Close(); err == nil && cerr != nil {
+		fc.Close()
+		return nil, cerr
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -110,7 +110,9 @@ func TestAsyncEventsThroughDaemon(t *testing.T) {
 	for i := range s {
 		s[i] = 0xff
 	}
-	c.qp.sqp.Commit()
+	if _, err := c.qp.sqp.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	waitWC(t, c.cq)
 	expectEvents(t, ec, verbs.AsyncEvent{Type: ib.EventQPFatal, QPN: c.qp.QPN()})
 
@@ -134,7 +136,9 @@ func TestAsyncEventsThroughDaemon(t *testing.T) {
 	srq := must(t)(c.pd.CreateSRQ(4, 1)).(*SRQ)
 	slot := srq.prod.Reserve()
 	slot[8] = 200 // SGEs the slot cannot hold
-	srq.prod.Commit()
+	if _, err := srq.prod.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	expectEvents(t, ec, verbs.AsyncEvent{Type: ib.EventSRQErr, SRQ: srq})
 
 	// The link: every client hears of it, and Query follows.

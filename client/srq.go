@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -42,8 +43,7 @@ func (p *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
 	}
 	ring, err := shmring.Map(fds[0], shmring.Geometry{SlotSize: proto.RecvSlotSize(ib.QPCaps{MaxRecvSGE: r.MaxSGE}), Slots: int(r.Slots)})
 	if err != nil {
-		p.c.callHandle(proto.OpDestroySRQ, r.SRQ)
-		return nil, err
+		return nil, errors.Join(err, p.c.callHandle(proto.OpDestroySRQ, r.SRQ))
 	}
 	x := &SRQ{c: p.c, h: r.SRQ, maxSGE: int(r.MaxSGE), ring: ring, prod: ring.Producer(p.c.db)}
 	p.c.objMu.Lock()
@@ -72,7 +72,7 @@ func (x *SRQ) PostRecv(ws []verbs.RecvWR) (int, error) {
 			err = verbs.ErrQueueFull
 			break
 		}
-		proto.PutRecvWR(s, &ws[i])
+		_ = proto.PutRecvWR(s, &ws[i]) // it fits: the slot holds maxSGE entries, checked above
 		n++
 	}
 	if n > 0 {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -132,6 +133,7 @@ func (s *Server) route(e verbs.AsyncEvent, deliver func(*session, proto.AsyncEve
 			deliver(x.owner, msg)
 		}
 		return
+	default:
 	}
 	// QP events; those of QPs no client owns (the CM agent's GSI QP) go
 	// nowhere.
@@ -279,11 +281,11 @@ func (k *eventSink) flushLocked() {
 			continue
 		}
 		_, err = unix.SendmsgN(k.fd, b, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
-		switch err {
-		case nil:
+		switch {
+		case err == nil:
 			k.pending = k.pending[1:]
-		case unix.EINTR:
-		case unix.EAGAIN:
+		case errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.EAGAIN):
 			return
 		default: // the client closed its end: nobody will read these
 			k.pending = nil

@@ -66,7 +66,9 @@ func (ss *session) createSRQ(body []byte) (any, []int, error) {
 	}
 	ss.mu.Unlock()
 	if err != nil {
-		x.srq.Destroy()
+		if derr := x.srq.Destroy(); derr != nil {
+			ss.log.Warn("undoing CREATE_SRQ", "err", derr)
+		}
 		ring.Close()
 		return nil, nil, err
 	}

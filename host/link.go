@@ -2,9 +2,10 @@ package host
 
 import (
 	"log/slog"
+	"net"
+	"syscall"
 
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/rnic"
 )
@@ -13,7 +14,7 @@ import (
 // as its port's (rnic.Device.SetPortActive: PORT_ACTIVE, PORT_ERR, and
 // the state ibv_query_port reports), as the kernel's RDMA core does for a
 // RoCE port from its netdev. A port is active while its interface is up
-// and has a carrier (IFF_UP and IFF_RUNNING). It stops when done closes.
+// and has a carrier (IFF_UP and IFF_RUNNING: net.FlagUp, net.FlagRunning). It stops when done closes.
 func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Logger) error {
 	// The state as it is now, before anyone can ask: the kernel sets
 	// IFF_RUNNING a while after the carrier (its link watch), so a port
@@ -22,7 +23,7 @@ func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Lo
 	if err != nil {
 		return err
 	}
-	dev.SetPortActive(linkActive(l.Attrs().RawFlags))
+	dev.SetPortActive(linkActive(l.Attrs().Flags))
 	updates := make(chan netlink.LinkUpdate, 16)
 	opts := netlink.LinkSubscribeOptions{ListExisting: true, ErrorCallback: func(err error) {
 		select {
@@ -41,7 +42,7 @@ func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Lo
 			if int(u.Index) != ifindex {
 				continue
 			}
-			active := u.Header.Type != unix.RTM_DELLINK && linkActive(u.Attrs().RawFlags)
+			active := u.Header.Type != syscall.RTM_DELLINK && linkActive(u.Attrs().Flags)
 			if dev.SetPortActive(active) && log != nil {
 				log.Info("port state", "active", active, "flags", u.Attrs().RawFlags, "oper", u.Attrs().OperState.String())
 			}
@@ -52,6 +53,6 @@ func watchLink(ifindex int, dev *rnic.Device, done <-chan struct{}, log *slog.Lo
 
 // linkActive reports whether an interface with these flags carries
 // frames: administratively up, with a carrier.
-func linkActive(flags uint32) bool {
-	return flags&unix.IFF_UP != 0 && flags&unix.IFF_RUNNING != 0
+func linkActive(flags net.Flags) bool {
+	return flags&net.FlagUp != 0 && flags&net.FlagRunning != 0
 }

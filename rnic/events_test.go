@@ -123,7 +123,7 @@ func TestSRQLimitAndLastWQE(t *testing.T) {
 	}
 	must(t, qb.Destroy())
 	must(t, srq.Destroy())
-	if _, err := srq.PostRecv([]verbs.RecvWR{{}}); err != verbs.ErrDestroyed {
+	if _, err := srq.PostRecv([]verbs.RecvWR{{}}); !errors.Is(err, verbs.ErrDestroyed) {
 		t.Fatalf("post to a destroyed SRQ: %v", err)
 	}
 	if _, err := tb.b.pd.newQP(testQP{Type: ib.UD, SendCQ: cqb, RecvCQ: cqb, SRQ: srq}); err == nil {

@@ -150,7 +150,9 @@ func TestPending(t *testing.T) {
 	if r.Pending() != 0 {
 		t.Fatal("reserved entries counted before the commit")
 	}
-	p.Commit()
+	if _, err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	c.Peek()
 	if r.Pending() != 3 {
 		t.Fatalf("pending %d, want 3 (a peeked entry is not released)", r.Pending())
@@ -185,8 +187,10 @@ func TestWakeSolicited(t *testing.T) {
 	if !c.ArmFor(WakeSolicited) {
 		t.Fatal("ArmFor reported entries in an empty ring")
 	}
-	if post(false) || post(false) {
-		t.Fatal("rang a solicited-only consumer for unsolicited entries")
+	for i := range 2 {
+		if post(false) {
+			t.Fatalf("rang a solicited-only consumer for unsolicited entries (batch %d)", i)
+		}
 	}
 	if !post(true) {
 		t.Fatal("did not ring a solicited-only consumer for a solicited entry")
