@@ -168,6 +168,10 @@ type CounterSource struct {
 	Name string
 	Loop *engine.Loop  // device counters as of the loop's last iteration
 	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
+	// Server, if set, is the control server on the device: events its
+	// clients' queues dropped count in async_events_lost with the
+	// device's own.
+	Server *Server
 }
 
 // Snapshot reads every counter once.
@@ -186,6 +190,10 @@ func (s *CounterSource) Snapshot() Counters {
 		c.QPs = append(c.QPs, qpStats(q))
 		in.add(q)
 	})
+	in.eventsLost = s.Loop.Device().LostEvents()
+	if s.Server != nil {
+		in.eventsLost += s.Server.AsyncEventsLost.Load()
+	}
 	c.Valid = fillDevice(&c.Device, &in)
 	return c
 }
@@ -197,6 +205,7 @@ type counterInputs struct {
 	rxBytes, txBytes   uint64
 	haveBytes, haveXDP bool
 	xdp                afxdp.Stats
+	eventsLost         uint64
 	// sums over the QPs
 	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
 	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
@@ -296,13 +305,13 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrCCWindowFull] = cc[7].Value
 	d[proto.CtrRoCEAdpRetrans] = in.rc.AdpRetrans
 	d[proto.CtrRoCEAdpRetransTO] = in.rc.AdpRetransTO
-	d[proto.CtrTLPProbes] = in.rc.TLPProbes
 	d[proto.CtrRxSACKs] = in.rc.RxSACKs
 	d[proto.CtrTxSACKs] = in.rc.TxSACKs
 	d[proto.CtrSelRetrans] = in.rc.SelRetrans
 	d[proto.CtrSRHeld] = in.rc.SRHeld
 	d[proto.CtrSRDropped] = in.rc.SRDropped
 	d[proto.CtrRetransPackets] = in.rc.RetransPkts
+	d[proto.CtrAsyncEventsLost] = in.eventsLost
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP

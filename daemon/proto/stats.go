@@ -70,13 +70,13 @@ const (
 	CtrCCWindowFull                   // congestion control: sends the window held back
 	CtrRoCEAdpRetrans                 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
 	CtrRoCEAdpRetransTO               // RC requester: adaptive retransmission timeouts
-	CtrTLPProbes                      // RC requester: tail-loss probes
 	CtrRxSACKs                        // RC requester: selective acknowledgements received
 	CtrTxSACKs                        // RC responder: selective acknowledgements sent
 	CtrSelRetrans                     // RC requester: packets resent selectively (holes, READ ranges)
 	CtrSRHeld                         // RC: packets held out of order for selective repeat
 	CtrSRDropped                      // RC: out-of-order packets not held (reorder pool empty)
 	CtrRetransPackets                 // RC requester: request packets sent more than once
+	CtrAsyncEventsLost                // asynchronous events dropped, a bounded queue full
 	NumDeviceCounters
 )
 
@@ -139,13 +139,13 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrCCWindowFull:            {"cc_window_full", "times a QP's congestion window held a send back"},
 	CtrRoCEAdpRetrans:          {"roce_adp_retrans", "RC adaptive retransmissions: tail-loss probes, fast retransmissions, RTO expiries"},
 	CtrRoCEAdpRetransTO:        {"roce_adp_retrans_to", "RC adaptive retransmission timeouts (RTO expiries)"},
-	CtrTLPProbes:               {"tlp_probes", "RC tail-loss probes sent"},
 	CtrRxSACKs:                 {"rx_sacks", "RC selective acknowledgements received (selective repeat)"},
 	CtrTxSACKs:                 {"tx_sacks", "RC selective acknowledgements sent (selective repeat)"},
 	CtrSelRetrans:              {"sel_retrans", "RC packets retransmitted selectively: holes and READ ranges asked again"},
 	CtrSRHeld:                  {"sr_held", "RC packets held out of order in the reorder pool (selective repeat)"},
 	CtrSRDropped:               {"sr_dropped", "RC out-of-order packets dropped: the reorder pool was empty"},
 	CtrRetransPackets:          {"retrans_packets", "RC request packets sent more than once (at most what peers count as duplicate_request)"},
+	CtrAsyncEventsLost:         {"async_events_lost", "asynchronous events dropped because a consumer's bounded queue was full"},
 }
 
 // Per-QP counters: the index of each in QPStats.Values.
@@ -250,7 +250,7 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrCCTargetNs:       {"cc_target_ns", "this QP's Swift fabric target delay, ns"},
 	QCtrRoCEAdpRetrans:   DeviceCounters[CtrRoCEAdpRetrans],
 	QCtrRoCEAdpRetransTO: DeviceCounters[CtrRoCEAdpRetransTO],
-	QCtrTLPProbes:        DeviceCounters[CtrTLPProbes],
+	QCtrTLPProbes:        {"tlp_probes", "RC tail-loss probes sent"},
 	QCtrFastRetrans:      {"fast_retrans", "RC go-back-N restarts a probe's answer called for"},
 	QCtrRxSACKs:          DeviceCounters[CtrRxSACKs],
 	QCtrTxSACKs:          DeviceCounters[CtrTxSACKs],
