@@ -34,15 +34,28 @@ type Client struct {
 
 	// Poll's view of the CQs: their rings, and their doorbells in one
 	// epoll set (edge-triggered: nothing to drain).
-	cqMu   sync.Mutex
-	cqs    []*CQ
-	epfd   int
-	pollMu sync.Mutex // one Poll sleeps at a time
-	events [4]unix.EpollEvent
+	cqMu     sync.Mutex
+	pollCQs  []*CQ
+	epfd     int
+	pollMu   sync.Mutex // one Poll sleeps at a time
+	epEvents [4]unix.EpollEvent
 	// Doorbells counts the posts that rang the daemon's engine (it was
 	// asleep), and Sleeps the Polls that slept: the syscalls that posting
 	// and polling cost.
 	Doorbells, Sleeps atomic.Uint64
+
+	// Asynchronous events (events.go): the objects events name, by
+	// handle, and the reader of the event socket.
+	objMu     sync.Mutex
+	cqs       map[proto.Handle]*CQ
+	srqs      map[proto.Handle]*SRQ
+	evOnce    sync.Once
+	events    chan verbs.AsyncEvent
+	evConn    *net.UnixConn
+	evQuit    chan struct{}
+	evDone    chan struct{}
+	lost      atomic.Uint64 // events the daemon dropped for this client
+	portState atomic.Int32  // 0: as OPEN said; 1 active, 2 down, from port events
 
 	closeOnce sync.Once
 	closeErr  error
@@ -63,7 +76,7 @@ func Dial(path string) (*Client, error) {
 		uc.Close()
 		return nil, fmt.Errorf("softrnic: epoll: %w", err)
 	}
-	c := &Client{conn: proto.NewConn(uc), epfd: epfd}
+	c := &Client{conn: proto.NewConn(uc), epfd: epfd, cqs: map[proto.Handle]*CQ{}, srqs: map[proto.Handle]*SRQ{}}
 	body, fds, err := c.call(proto.OpOpen, &proto.OpenReq{Version: proto.Version}, 1)
 	if err != nil {
 		uc.Close()
@@ -88,9 +101,17 @@ var _ verbs.Device = (*Client)(nil)
 // Name is the interface the daemon's RNIC runs on.
 func (c *Client) Name() string { return string(bytes.TrimRight(c.info.Name[:], "\x00")) }
 
-// Query returns the daemon's device attributes (ibv_query_device).
+// Query returns the daemon's device attributes (ibv_query_device), as
+// OPEN reported them; PortActive follows the port events once Events runs.
 func (c *Client) Query() ib.DeviceAttr {
-	return c.info.DeviceAttr
+	a := c.info.DeviceAttr
+	switch c.portState.Load() {
+	case 1:
+		a.PortActive = true
+	case 2:
+		a.PortActive = false
+	}
+	return a
 }
 
 // GIDs is the daemon's GID table.
@@ -122,6 +143,7 @@ func (c *Client) Status() (proto.StatusResp, error) {
 // waiting rdma_cm call by closing the client).
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
+		c.stopEvents() // first: the daemon's end-of-file is then no DEVICE_FATAL
 		c.closeErr = c.conn.Close()
 		if c.db != nil {
 			c.db.Close()
@@ -335,8 +357,11 @@ func (c *Client) CreateCQ(depth int) (verbs.CQ, error) {
 		return nil, errors.Join(fmt.Errorf("softrnic: epoll: %w", err), q.ring.Close(), q.db.Close(), c.callHandle(proto.OpDestroyCQ, r.CQ))
 	}
 	c.cqMu.Lock()
-	c.cqs = append(c.cqs, q)
+	c.pollCQs = append(c.pollCQs, q)
 	c.cqMu.Unlock()
+	c.objMu.Lock()
+	c.cqs[q.h] = q
+	c.objMu.Unlock()
 	return q, nil
 }
 
@@ -353,7 +378,7 @@ func (c *Client) Poll() bool {
 	c.pollMu.Lock() // CQ.Destroy waits for it before it unmaps a ring
 	defer c.pollMu.Unlock()
 	c.cqMu.Lock()
-	cqs := c.cqs
+	cqs := c.pollCQs
 	c.cqMu.Unlock()
 	ready := func() bool {
 		for _, q := range cqs {
@@ -379,7 +404,7 @@ func (c *Client) Poll() bool {
 		c.Sleeps.Add(1)
 		// A wake-up, a signal (EINTR) and the bound all end the sleep:
 		// the rings say what came.
-		_, _ = unix.EpollWait(c.epfd, c.events[:], int(pollWait/time.Millisecond))
+		_, _ = unix.EpollWait(c.epfd, c.epEvents[:], int(pollWait/time.Millisecond))
 	}
 	for _, q := range cqs {
 		q.ring.Disarm()
@@ -433,8 +458,11 @@ func (q *CQ) Destroy() error {
 		return err
 	}
 	c := q.c
+	c.objMu.Lock()
+	delete(c.cqs, q.h)
+	c.objMu.Unlock()
 	c.cqMu.Lock()
-	c.cqs = slices.DeleteFunc(slices.Clone(c.cqs), func(x *CQ) bool { return x == q })
+	c.pollCQs = slices.DeleteFunc(slices.Clone(c.pollCQs), func(x *CQ) bool { return x == q })
 	c.cqMu.Unlock()
 	c.pollMu.Lock() // no Poll uses the ring or the fd any more
 	var err error
@@ -457,6 +485,7 @@ type QP struct {
 	sq, rq   *shmring.Ring
 	smu, rmu sync.Mutex
 	sqp, rqp *shmring.Producer
+	srq      *SRQ // receives come from here, or nil
 	state    ib.QPState
 	stateMu  sync.Mutex
 }
@@ -470,10 +499,15 @@ func (p *PD) CreateQP(a *verbs.QPInitAttr) (verbs.QP, error) {
 	if !ok1 || !ok2 || scq.c != p.c || rcq.c != p.c {
 		return nil, fmt.Errorf("softrnic: CreateQP needs send and receive CQs of the same client: %w", verbs.ErrOtherDevice)
 	}
+	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap, Recovery: a.Recovery}
+	var srq *SRQ
 	if a.SRQ != nil {
-		return nil, fmt.Errorf("softrnic: QPs on an SRQ through the daemon: %w", verbs.ErrNotSupported)
+		var ok bool
+		if srq, ok = a.SRQ.(*SRQ); !ok || srq.c != p.c {
+			return nil, fmt.Errorf("softrnic: CreateQP needs an SRQ of the same client: %w", verbs.ErrOtherDevice)
+		}
+		req.SRQ = srq.h
 	}
-	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap}
 	if a.SigAll {
 		req.SigAll = 1
 	}
@@ -486,7 +520,12 @@ func (p *PD) CreateQP(a *verbs.QPInitAttr) (verbs.QP, error) {
 		proto.CloseFDs(fds)
 		return nil, err
 	}
-	return p.mapQP(&r, fds, a.Type)
+	q, err := p.mapQP(&r, fds, a.Type)
+	if err != nil {
+		return nil, err
+	}
+	q.srq = srq
+	return q, nil
 }
 
 // mapQP maps the rings of a QP the daemon created and returns it.
@@ -503,12 +542,6 @@ func (p *PD) mapQP(r *proto.CreateQPResp, fds []int, typ ib.QPType) (*QP, error)
 	}
 	return &QP{c: p.c, h: r.QP, qpn: r.QPN, typ: typ, caps: r.Caps, sq: sq, rq: rq,
 		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
-}
-
-// CreateSRQ fails with verbs.ErrNotSupported: the daemon serves no SRQs
-// yet.
-func (p *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
-	return nil, fmt.Errorf("softrnic: SRQs through the daemon: %w", verbs.ErrNotSupported)
 }
 
 // AH is an address handle: a daemon object (its device's AH, the next
@@ -696,6 +729,9 @@ func (q *QP) SyncRecv(ctx context.Context) error {
 
 // PostRecv posts receive work requests, publishing them together.
 func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
+	if q.srq != nil && len(ws) > 0 {
+		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrNoRecvQueue, "the QP receives from an SRQ")
+	}
 	if q.State() == ib.Reset && len(ws) > 0 {
 		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrQPState, "the QP is in RESET")
 	}

@@ -15,10 +15,15 @@
 //     concurrently.
 //   - Server (server.go, session.go): the control socket, serving one
 //     rnic.Device. A session holds the device's own objects (*rnic.PD,
-//     *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.AH), asserted once when
-//     created, so the data path makes no interface calls.
+//     *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.SRQ, *rnic.AH), asserted once
+//     when created, so the data path makes no interface calls.
 //   - The data path (rings.go): the clients' rings as the device's work
-//     queues and CQ stores.
+//     queues (SQs, RQs and SRQs, srq.go) and CQ stores.
+//   - Asynchronous events (async.go): one goroutine takes the device's
+//     events (a subscription of its own, beside the rdma_cm agent's),
+//     hands each to the session owning the QP, CQ or SRQ it names (port
+//     events to all), adds the daemon's own, and writes each session's
+//     event socket without blocking (proto/async.go).
 //   - rdma_cm (cm.go): the device's CM agent (rdmacm.CM) drives the QPs
 //     clients create, as librdmacm drives an application's: CM_ACCEPT and
 //     CM_CONNECT name the client's RC QP, a SIDR answer its UD QP.
@@ -67,32 +72,35 @@
 // client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
 // the daemon creates and seals, and they are the device's own queues, as
 // a hardware RNIC's are in host memory: the engine goroutine that drives
-// the device fetches from every SQ and RQ at each step (a post is a memory
-// write the engine finds while it runs; rnic.Queues), checks each WR (a
-// malformed one completes in error and errors the QP) and posts it to the
-// device; the device writes each completion into the client's CQ ring
-// where it produces it (rnic.CQSink), and the CQ overruns when the client
-// lets its ring fill. A UD WR names one of the session's address handles
-// (CREATE_AH resolved the next hop on the control path), never a raw
-// destination.
+// the device fetches from every SQ, RQ and SRQ at each step (a post is a
+// memory write the engine finds while it runs; rnic.Queues), checks each
+// WR (a malformed one completes in error and errors the QP; a malformed
+// SRQ entry retires the SRQ) and posts it to the device; the device writes
+// each completion into the client's CQ ring where it produces it
+// (rnic.CQSink), and the CQ overruns when the client lets its ring fill. A
+// UD WR names one of the session's address handles (CREATE_AH resolved
+// the next hop on the control path), never a raw destination.
 //
 // Who waits how: the engine spins while traffic flows (its adaptive
 // window), then arms every ring's wakeup flag and sleeps in its port until
 // a frame, a timer or a wake-up; a post that finds its ring armed writes
 // the client's eventfd, which the waker goroutine turns into Device.Wake.
 // A client polls its CQ rings; one with nothing else to do sleeps in
-// client.Client.Poll, which arms its CQ rings, and the device writes the
-// CQ's eventfd with the next completion. Posting and polling are therefore
-// memory operations while both sides run, and a side pays a syscall only
-// to wake the other.
+// client.Client.Poll, or on a completion channel, which arms its CQ rings,
+// and the device writes the CQ's eventfd with the next completion (one
+// armed for solicited completions only: with the next receive with SE or
+// completion in error). Posting and polling are therefore memory
+// operations while both sides run, and a side pays a syscall only to wake
+// the other.
 //
 // # Lifetimes
 //
 // A client that goes away (Close, exit, SIGKILL) has its QPs moved to error
-// and destroyed, its MRs deregistered, its AHs, CQs and PDs freed, its
-// listeners closed and its pending connection requests rejected. A deregistered
-// MR's mapping is replaced in place by anonymous memory at once and
-// unmapped only when the session has no QP left, so work or a responder
+// and destroyed, its SRQs destroyed, its MRs deregistered, its AHs, CQs and
+// PDs freed, its event socket closed, its listeners closed and its pending
+// connection requests rejected. A deregistered MR's mapping is replaced in
+// place by anonymous memory at once and unmapped only when the session has
+// no QP and no SRQ left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
 // pages nor fault the daemon. A destroyed CQ lets go of its ring before
 // the ring is unmapped (rnic.CQ.Destroy). Server.Close (SIGTERM) moves

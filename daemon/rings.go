@@ -12,9 +12,9 @@ import (
 )
 
 // The data path. A client's SQ and RQ rings are its device QP's work
-// queues: the device's engine fetches from them at every step (queues, an
-// rnic.Queues), so a post is a memory write the engine finds while it
-// runs. A client's CQ ring is its device CQ's store (cqSink, an
+// queues, and its SRQ rings its device SRQs': the device's engine fetches
+// from them at every step (queues, an rnic.Queues), so a post is a memory
+// write the engine finds while it runs. A client's CQ ring is its device CQ's store (cqSink, an
 // rnic.CQSink): the device writes each completion into it where it
 // produces it, and the client polls it. Only an engine going to sleep
 // arms the rings' wakeup flags, and only a client going to sleep arms its
@@ -32,10 +32,11 @@ type queues struct {
 }
 
 // Fetch takes what the clients posted into the device: for each QP in
-// turn, up to fetchBatch WRs of its RQ and of its SQ. It first notes how
-// many send WRs each SQ holds, then drains the RQs, then posts the noted
-// send WRs: a receive a client posted before a peer's SEND was posted is
-// thus always with the device before that SEND executes.
+// turn, up to fetchBatch WRs of its RQ and of its SQ, and as many of each
+// SRQ's. It first notes how many send WRs each SQ holds, then drains the
+// RQs and the SRQs, then posts the noted send WRs: a receive a client
+// posted before a peer's SEND was posted is thus always with the device
+// before that SEND executes.
 func (r *queues) Fetch(clock.Time) bool {
 	s := r.s
 	s.ringsMu.RLock()
@@ -58,6 +59,11 @@ func (r *queues) Fetch(clock.Time) bool {
 	for i := range qs {
 		if q := qs[(start+i)%len(qs)]; !q.broken {
 			work += s.fetchRecv(q)
+		}
+	}
+	for _, x := range s.srqList {
+		if !x.broken {
+			work += s.fetchSRQ(x)
 		}
 	}
 	for i := range qs {
@@ -91,6 +97,11 @@ func (r *queues) Arm() bool {
 			idle = false
 		}
 	}
+	for _, x := range s.srqList {
+		if !x.broken && !x.cons.Arm() && !x.blocked {
+			idle = false
+		}
+	}
 	return idle || s.detached
 }
 
@@ -102,6 +113,9 @@ func (r *queues) Disarm() {
 	for _, q := range s.qpList {
 		q.sqc.Disarm()
 		q.rqc.Disarm()
+	}
+	for _, x := range s.srqList {
+		x.cons.Disarm()
 	}
 }
 
@@ -154,6 +168,44 @@ func (s *Server) postRecvs(q *qpObj, ws []verbs.RecvWR) int {
 		ws = ws[1:]
 	}
 	return 0
+}
+
+// fetchSRQ posts up to fetchBatch receive WRs of an SRQ's ring to the
+// device's SRQ and returns how many it took. A slot that does not decode,
+// a WR the SRQ refuses, or indexes the client scribbled over retire the
+// SRQ (srqBroken): the receives it already holds stay usable.
+func (s *Server) fetchSRQ(x *srqObj) int {
+	k := 0
+	var bad error
+	for k < fetchBatch {
+		slot := x.cons.Peek()
+		if slot == nil {
+			break
+		}
+		if bad = decodeRecv(slot, &x.wr[k]); bad != nil {
+			break
+		}
+		k++
+	}
+	n, err := x.srq.PostRecv(x.wr[:k])
+	x.blocked = errors.Is(err, verbs.ErrQueueFull)
+	switch {
+	case x.blocked:
+		left := k - n
+		if bad != nil {
+			left++
+		}
+		x.cons.Rewind(left)
+	case err != nil:
+		s.srqBroken(x, err)
+	case bad != nil:
+		s.srqBroken(x, bad)
+	}
+	x.cons.Release()
+	if !x.broken && x.cons.Err() != nil {
+		s.srqBroken(x, x.cons.Err())
+	}
+	return n
 }
 
 // fetchSend posts the send WRs of q's SQ ring that Fetch noted to its
@@ -236,6 +288,11 @@ func (s *Server) checkRings(q *qpObj) {
 	}
 	s.BadWQEs.Add(1)
 	q.broken = true
+	if q.qp.State() != ib.Err {
+		// A move the daemon makes, not the device: the device raises no
+		// event for it, so the daemon does.
+		s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
+	}
 	attr := ib.QPAttr{State: ib.Err}
 	if err := q.qp.Modify(&attr, ib.AttrState); err != nil {
 		s.log.Error("moving a QP to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", err)
@@ -267,6 +324,9 @@ func (s *Server) failWR(q *qpObj, id uint64, recv bool, err error) {
 type cqSink struct {
 	prod *shmring.Producer
 	rang *atomic.Uint64 // the Server's CQDoorbells
+	// solicited: the batch being Put holds a completion that wakes a
+	// client armed for solicited completions only.
+	solicited bool
 }
 
 // Put implements rnic.CQSink: false when the client's ring is full (or
@@ -277,13 +337,20 @@ func (k *cqSink) Put(wc *ib.WC) bool {
 		return false
 	}
 	proto.PutWC(slot, wc)
+	// What wakes a CQ armed for solicited completions only: a message
+	// with SE, and any completion in error (IBA 11.4.2.2).
+	k.solicited = k.solicited || wc.Flags&ib.WCSolicited != 0 || wc.Status != ib.Success
 	return true
 }
 
 // Publish implements rnic.CQSink: it publishes the batch and rings the
-// client's CQ doorbell if it sleeps.
+// client's CQ doorbell if it sleeps on the CQ, armed for any completion,
+// or for solicited ones only and the batch holds one. The ring is
+// disarmed by the ring that wakes it: one wake-up per arming.
 func (k *cqSink) Publish() {
-	if rang, _ := k.prod.Commit(); rang {
+	rang, _ := k.prod.CommitSolicited(k.solicited)
+	k.solicited = false
+	if rang {
 		k.rang.Add(1)
 	}
 }

@@ -100,19 +100,31 @@ type Server struct {
 
 	// ringsMu guards the engine's view of the rings: the engine holds it
 	// for reading during a Fetch, Arm or Disarm; control operations hold
-	// it for writing while they add or remove a QP, so that a ring is
-	// never unmapped under the engine. detached: the server has let go of
-	// the device (Close).
+	// it for writing while they add or remove a QP or an SRQ, so that a
+	// ring is never unmapped under the engine. detached: the server has
+	// let go of the device (Close).
 	ringsMu     sync.RWMutex
 	qpList      []*qpObj
+	srqList     []*srqObj
 	detached    bool
 	rings       queues
 	idleFetches atomic.Uint64 // Fetch calls that found nothing (Close's drain)
 	wg          sync.WaitGroup
 
+	// The event router (async.go): the index from device objects to the
+	// clients' (evMu), the daemon's own events, and its goroutine.
+	evMu   sync.Mutex
+	evQPs  map[uint32]*qpObj
+	evCQs  map[*rnic.CQ]*cqObj
+	evSRQs map[*rnic.SRQ]*srqObj
+	evOwn  chan ownEvent
+	evQuit chan struct{}
+	evDone chan struct{}
+
 	// Counters, read with atomic loads.
-	BadWQEs      atomic.Uint64 // malformed entries found in client rings
-	RejectedConn atomic.Uint64 // connections refused by the credential check
+	BadWQEs         atomic.Uint64 // malformed entries found in client rings
+	RejectedConn    atomic.Uint64 // connections refused by the credential check
+	AsyncEventsLost atomic.Uint64 // events dropped: a client's queue (or the router's) was full
 	// Wakes counts the engine wake-ups clients rang: posts that found the
 	// engine asleep.
 	Wakes atomic.Uint64
@@ -161,6 +173,7 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 			s.cm, s.ownCM = a, a
 		}
 	}
+	s.startEvents()
 	dev.SetQueues(&s.rings)
 	go s.waker()
 	return s, nil
@@ -339,6 +352,7 @@ func (s *Server) Close(drain time.Duration) error {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
+	s.stopEvents()
 	if s.ownCM != nil {
 		// The CM agent's GSI QP and its goroutine.
 		if err := s.ownCM.Close(); err != nil {

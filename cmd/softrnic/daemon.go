@@ -71,8 +71,9 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	var tap capture.Tap // softrnic capture (root clients) starts sessions on it
 	var cp *daemon.CountingPort
 	h, err := host.Open(host.Config{Interface: cfg.Interface, GIDs: cfg.GIDs, MTU: cfg.MTU, Port: host.PortKind(cfg.Port),
-		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc,
-		Engine: engine.Options{Tap: &tap}, Log: log, Owner: host.Owner{Name: "softrnic daemon", Control: cfg.Control},
+		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc, Recovery: cfg.Recovery,
+		CountersFile: os.Getenv(host.CountersEnv),
+		Engine:       engine.Options{Tap: &tap}, Log: log, Owner: host.Owner{Name: "softrnic daemon", Control: cfg.Control},
 		// The engine gets the counting wrapper: byte counts, and AF_XDP
 		// statistics read on the loop's own goroutine (softrnic stats,
 		// /metrics).
@@ -118,6 +119,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	counters.Server = srv // before any client can ask for counters
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()
 		if err != nil {
