@@ -25,6 +25,7 @@ type Stats struct {
 	RxBadState  uint64 // QP not in a state that receives
 	TxFrames    uint64
 	CongestionStats
+	DMAStats
 }
 
 // CongestionStats are the device's DCQCN counters, named (in Counters) as

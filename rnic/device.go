@@ -71,6 +71,7 @@ type Device struct {
 	timed []*QP // QPs that may have a timer armed
 	rxf   frame.Frame
 	grh   [transport.GRHLen]byte
+	dma   dmaBatch // writes to external memory (dma.go)
 	meta  transport.Meta
 	rr    int
 	ipID  uint16

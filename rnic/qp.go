@@ -59,6 +59,7 @@ type QP struct {
 	inlineNext int
 
 	commEst   bool         // EventCommEst was raised (guarded by mu)
+	dmaFault  bool         // a copy of external memory failed (guarded by mu; dma.go)
 	sqdNotify bool         // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
 	cqe       CQECounters  // error completions (guarded by mu)
 	deadline  atomic.Int64 // transport deadline, published after each step
@@ -242,6 +243,9 @@ func (q *QP) release() {
 // paced QP, which goes from the timer list back to the ready list once per
 // packet, costs no device lock.
 func (q *QP) releaseEngine() {
+	if q.dev.dmaSettle() {
+		q.dmaFault = true
+	}
 	ready, timed := q.unlock()
 	if (ready || timed) && !q.destroyed.Load() {
 		d := q.dev
@@ -268,7 +272,20 @@ func (q *QP) unlock() (ready, timed bool) {
 		q.state = ib.SQE
 		tr.FlushSend()
 	}
+	fault := q.dmaFault && q.state != ib.Err && q.state != ib.Reset
+	q.dmaFault = false
+	if fault {
+		// A copy of external memory failed (its MR deregistered, the
+		// memory unmapped): a DMA error. The QP goes to ERR and its
+		// work is flushed (dmaFaulted).
+		q.state = ib.Err
+		tr.Flush()
+		q.dev.event(ib.EventQPFatal, q.qpn)
+	}
 	wcs := tr.TakeCompletions()
+	if fault {
+		dmaFaulted(wcs)
+	}
 	if len(wcs) > 0 {
 		var send, recv bool
 		for i := range wcs {

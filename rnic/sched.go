@@ -83,6 +83,13 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 			return 0
 		}
 		m := q.tr.Build(now, buf[len(h):])
+		if m > 0 && d.dma.fault {
+			// Its payload could not be read (dma.go): never sent; the
+			// QP goes to ERR when the engine releases it.
+			d.dma.fault = false
+			q.dmaFault = true
+			return 0
+		}
 		if m == 0 {
 			if q.dest != nil {
 				continue // a WQE completed in error: try the next
