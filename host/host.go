@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -150,6 +151,11 @@ func NewDevice(in Interface, mtu int, cc rnic.Congestion, resolve func(context.C
 // peer reached through the host's interface.
 func (h *Host) resolve(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 	var mac [6]byte
+	if slices.Contains(h.Iface.GIDs, peer.Unmap()) {
+		// The device itself (the kernel would call it a local address):
+		// its frames loop back inside it (rnic's loopback).
+		return h.Iface.MAC, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 	defer cancel()
 	n, err := h.res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses

@@ -72,11 +72,14 @@ type Device struct {
 	rxf   frame.Frame
 	grh   [transport.GRHLen]byte
 	dma   dmaBatch // writes to external memory (dma.go)
-	meta  transport.Meta
-	rr    int
-	ipID  uint16
-	cc    *rc.CCConfig // what every RC/UC QP's transport runs, nil for none
-	Stats Stats
+	// frames for the device itself, delivered after Transmit (loop.go)
+	loop    [][]byte
+	loopBuf []byte
+	meta    transport.Meta
+	rr      int
+	ipID    uint16
+	cc      *rc.CCConfig // what every RC/UC QP's transport runs, nil for none
+	Stats   Stats
 
 	// Stats as of the last PublishStats: seen by the step's owner, pub
 	// for everyone (under pubMu).

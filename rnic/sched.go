@@ -35,10 +35,13 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 			q := d.ready[(start+visited)%len(d.ready)]
 			q.mu.Lock()
 			b := 0
-			for ; b < txBudget && n < len(out); b++ {
+			for ; b < txBudget && n < len(out) && !d.loopFull(); b++ {
 				m := d.buildFrame(now, q, out[n][:cap(out[n])])
 				if m == 0 {
 					break
+				}
+				if d.looped(out[n][:m]) {
+					continue
 				}
 				out[n] = out[n][:m]
 				n++
@@ -57,6 +60,7 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 	clear(d.ready[len(keep):])
 	d.ready = keep
 	d.Stats.TxFrames += uint64(n)
+	d.deliverLooped(now)
 	return n
 }
 
