@@ -44,6 +44,7 @@ type session struct {
 	// never stalls the pump.
 	ahMu    sync.Mutex
 	ahs     map[proto.Handle]*ahObj
+	spaces  map[proto.Handle]*addrSpaceObj // the client's address spaces (procmem.go)
 	mrBytes int64
 	// graves are mappings of deregistered MRs, already detached from the
 	// client's memory, unmapped once no QP of the session can hold a
@@ -79,8 +80,9 @@ type ahObj struct {
 type mrObj struct {
 	mr      *rnic.MR
 	pd      *pdObj
-	mapping []byte // the whole mmap, to unmap
-	length  int64  // registered bytes, counted against MaxMRBytes
+	mapping []byte        // the whole mmap, to unmap (a memfd MR)
+	space   *addrSpaceObj // the address space (an MR of OpRegMRAddr)
+	length  int64         // registered bytes, counted against MaxMRBytes
 }
 
 type cqObj struct {
@@ -159,7 +161,7 @@ func (s *Server) startSession(c *net.UnixConn) {
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		ahs: map[proto.Handle]*ahObj{}, listeners: map[proto.Handle]cmListener{}, requests: map[proto.Handle]cmRequest{}}
+		ahs: map[proto.Handle]*ahObj{}, spaces: map[proto.Handle]*addrSpaceObj{}, listeners: map[proto.Handle]cmListener{}, requests: map[proto.Handle]cmRequest{}}
 	ss.ctx, ss.cancel = context.WithCancel(context.Background())
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
@@ -239,8 +241,11 @@ func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
 // peer receives its own copies).
 func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out []int, err error) {
 	wantFDs := 0
-	if h.Op == proto.OpRegMR || h.Op == proto.OpCapture {
+	switch h.Op {
+	case proto.OpRegMR, proto.OpCapture:
 		wantFDs = 1
+	case proto.OpAttachMem:
+		wantFDs = 2
 	}
 	if len(fds) != wantFDs {
 		proto.CloseFDs(fds)
@@ -318,12 +323,16 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.destroyAH(body)
 	case proto.OpCMClose:
 		return ss.cmClose(body)
+	case proto.OpAttachMem:
+		return ss.attachMem(body, fds)
+	case proto.OpRegMRAddr:
+		return ss.regMRAddr(body)
 	}
 	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+len(ss.listeners)+len(ss.requests) >= ss.s.opt.MaxObjects {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+len(ss.spaces)+len(ss.listeners)+len(ss.requests) >= ss.s.opt.MaxObjects {
 		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
 	}
 	ss.next++
@@ -448,17 +457,11 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	if req.Length == 0 || req.Length > ss.s.info.MaxMRSize || req.Offset > 1<<50 {
-		return nil, nil, errf(unix.EINVAL, "MR length %d (offset %d) out of range", req.Length, req.Offset)
+	if req.Offset > 1<<50 {
+		return nil, nil, errf(unix.EINVAL, "MR offset %d out of range", req.Offset)
 	}
-	if req.Access&^(ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic) != 0 {
-		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
-	}
-	if req.Access&(ib.RemoteWrite|ib.RemoteAtomic) != 0 && req.Access&ib.LocalWrite == 0 {
-		return nil, nil, errf(unix.EINVAL, "remote write or atomic access requires local write (as in verbs)")
-	}
-	if _, carry := bits.Add64(req.IOVA, req.Length, 0); carry != 0 {
-		return nil, nil, errf(unix.EINVAL, "MR wraps the address space")
+	if err := ss.checkMRReq(req.Access, req.Length, req.IOVA); err != nil {
+		return nil, nil, err
 	}
 	if err := shmring.CheckSealed(fd, int64(req.Offset+req.Length)); err != nil {
 		return nil, nil, errf(unix.EINVAL, "MR memory: %v", err)
@@ -523,6 +526,11 @@ func (ss *session) deregMR(body []byte) (any, []int, error) {
 func (ss *session) releaseMR(m *mrObj) error {
 	err := m.mr.Dereg()
 	m.pd.refs--
+	ss.mrBytes -= m.length
+	if m.space != nil {
+		m.space.refs-- // Dereg waited for the copies in progress: nothing is left to bury
+		return err
+	}
 	if derr := detach(m.mapping); derr != nil {
 		// Cannot happen for a range we mapped; if it did, keep the client
 		// mapping alive rather than risk a fault.
@@ -530,7 +538,6 @@ func (ss *session) releaseMR(m *mrObj) error {
 	}
 	ss.graves = append(ss.graves, m.mapping)
 	ss.graveBytes += int64(len(m.mapping))
-	ss.mrBytes -= m.length
 	return err
 }
 
@@ -912,6 +919,11 @@ func (ss *session) cleanup() ClientInfo {
 		}
 	}
 	ss.buryGraves()
+	spaces := ss.spaces
+	ss.spaces = map[proto.Handle]*addrSpaceObj{}
+	for _, a := range spaces {
+		a.release()
+	}
 	ss.mu.Unlock()
 	for _, c := range cqs {
 		if err := ss.releaseCQ(c); err != nil {

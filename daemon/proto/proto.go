@@ -58,12 +58,16 @@ const (
 	OpCreateAH     // CreateAHReq → HandleMsg (the AH UD send slots name)
 	OpDestroyAH    // HandleMsg (AH)
 	OpCMClose      // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
+	// Memory of the client's own address space (any mapping), which the
+	// daemon copies through the client's /proc/self/mem rather than maps.
+	OpAttachMem // fds: the client's /proc/self/mem (read-write) and /proc/self/maps → HandleMsg (the address space)
+	OpRegMRAddr // RegMRAddrReq → RegMRResp
 	opMax
 )
 
 var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS",
 	"CM_LISTEN", "CM_GET_REQUEST", "CM_ACCEPT", "CM_REJECT", "CM_CONNECT", "CM_DISCONNECT", "CM_UNLISTEN",
-	"CREATE_AH", "DESTROY_AH", "CM_CLOSE"}
+	"CREATE_AH", "DESTROY_AH", "CM_CLOSE", "ATTACH_MEM", "REG_MR_ADDR"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -129,6 +133,21 @@ type RegMRResp struct {
 	LKey uint32
 	RKey uint32
 	_    uint32
+}
+
+// RegMRAddrReq is the body of OpRegMRAddr: Length bytes at Addr of the
+// address space Space (from OpAttachMem), registered at IOVA. The daemon
+// checks against the address space's mappings that the range is mapped
+// and readable, and writable if Access writes (EFAULT otherwise, as
+// pinning the pages would fail).
+type RegMRAddrReq struct {
+	PD     Handle
+	Access ib.Access
+	Space  Handle
+	_      uint32
+	Addr   uint64
+	Length uint64
+	IOVA   uint64
 }
 
 // CreateCQReq is the body of OpCreateCQ.
