@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "softrnic_proto.h"
 
@@ -94,6 +95,11 @@ struct srn_context {
 	int pump_db; /* the daemon's doorbell: rung when it sleeps and a ring gets work */
 	int async_epoll; /* async_fd: readable when the daemon connection drops */
 	bool fatal_reported;
+	/* this process's address space in the daemon (pd_mr.c), 0 before the
+	 * first registration; attached by space_pid (a forked child attaches
+	 * its own) */
+	uint32_t space;
+	pid_t space_pid;
 };
 
 static inline struct srn_context *to_sctx(struct ibv_context *ctx)
@@ -119,6 +125,7 @@ static inline struct srn_pd *to_spd(struct ibv_pd *pd)
 struct srn_mr {
 	struct ibv_mr mr;
 	uint32_t handle;
+	uint64_t pinned; /* pages counted against RLIMIT_MEMLOCK (pd_mr.c) */
 };
 
 #include "ring.h"
