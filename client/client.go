@@ -359,8 +359,11 @@ type QP struct {
 	sq, rq   *shmring.Ring
 	smu, rmu sync.Mutex
 	sqp, rqp *shmring.Producer
-	state    ib.QPState
-	stateMu  sync.Mutex
+	// destroyed is set, with smu and rmu held, when Destroy unmaps the
+	// rings: a post after it fails instead of touching them.
+	destroyed bool
+	state     ib.QPState
+	stateMu   sync.Mutex
 }
 
 var _ verbs.QP = (*QP)(nil)
@@ -505,6 +508,11 @@ func (q *QP) Destroy() error {
 	if err := q.c.callHandle(proto.OpDestroyQP, q.h); err != nil {
 		return err
 	}
+	q.smu.Lock()
+	q.rmu.Lock()
+	defer q.smu.Unlock()
+	defer q.rmu.Unlock()
+	q.destroyed = true
 	q.sq.Close()
 	return q.rq.Close()
 }
@@ -514,12 +522,15 @@ func (q *QP) Destroy() error {
 // it stopped early. Like ibv_post_send, a QP before RTS refuses; a QP in
 // error accepts and the daemon flushes. No syscall, no allocation.
 func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.destroyed {
+		return 0, verbs.ErrDestroyed
+	}
 	st := q.State()
 	if st != ib.RTS && st != ib.SQD && st != ib.SQE && st != ib.Err {
 		return 0, verbs.ErrQPState
 	}
-	q.smu.Lock()
-	defer q.smu.Unlock()
 	n := 0
 	var err error
 	for i := range ws {
@@ -564,6 +575,9 @@ func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
 func (q *QP) RecvBacklog() int {
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
+	if q.destroyed {
+		return 0
+	}
 	return q.rq.Geometry().Slots - q.rqp.Free()
 }
 
@@ -581,11 +595,14 @@ func (q *QP) SyncRecv(ctx context.Context) error {
 
 // PostRecv posts receive work requests, publishing them together.
 func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	if q.destroyed {
+		return 0, verbs.ErrDestroyed
+	}
 	if q.State() == ib.Reset {
 		return 0, verbs.ErrQPState
 	}
-	q.rmu.Lock()
-	defer q.rmu.Unlock()
 	n := 0
 	var err error
 	for i := range ws {
