@@ -3,7 +3,9 @@ package rnic
 import (
 	"bytes"
 	"encoding/binary"
+	"net/netip"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -307,4 +309,56 @@ func nextEvent(t *testing.T, d *Device) verbs.AsyncEvent {
 		t.Fatal("no async event")
 	}
 	return verbs.AsyncEvent{}
+}
+
+// BenchmarkExternalCopy measures the device's copy paths through
+// /proc/self/mem: a read per frame (a frame's payload), and a batch of
+// consecutive received frames written with one pwritev, against a plain
+// copy of the same bytes. Bytes per second are the payload's.
+func BenchmarkExternalCopy(b *testing.B) {
+	d, _ := NewDevice(Config{Addrs: []netip.Addr{addrA}})
+	a := selfSpace(b, d)
+	pd := d.allocPD()
+	mem := make([]byte, 4<<20)
+	m := regExt(b, pd, a, mem, ib.LocalWrite)
+	frames := make([]byte, 4<<20)
+	for _, c := range []struct {
+		name  string
+		frame int // bytes per frame
+		batch int // frames per flush
+	}{{"read/1KiB", 1024, 1}, {"read/4KiB", 4096, 1}, {"read/64KiB", 65536, 1},
+		{"write/1x1KiB", 1024, 1}, {"write/64x1KiB", 1024, 64}, {"write/16x4KiB", 4096, 16}, {"write/256x4KiB", 4096, 256}} {
+		b.Run(c.name, func(b *testing.B) {
+			n := c.frame * c.batch
+			b.SetBytes(int64(n))
+			s := m.mem.Slice(0, uint64(n))
+			if strings.HasPrefix(c.name, "read") {
+				for i := 0; i < b.N; i++ {
+					s.ReadAt(frames[:n], 0)
+				}
+			} else {
+				d.dma.stable = frames
+				for i := 0; i < b.N; i++ {
+					for k := 0; k < c.batch; k++ {
+						s.WriteAt(uint32(k*c.frame), frames[k*c.frame:(k+1)*c.frame])
+					}
+					d.dmaSettle()
+				}
+				d.dma.stable = nil
+			}
+			if d.Stats.DMAFaults != 0 {
+				b.Fatal("faults")
+			}
+		})
+		b.Run(c.name+"/memcpy", func(b *testing.B) {
+			n := c.frame * c.batch
+			b.SetBytes(int64(n))
+			for i := 0; i < b.N; i++ {
+				for k := 0; k < c.batch; k++ {
+					copy(mem[k*c.frame:(k+1)*c.frame], frames[k*c.frame:(k+1)*c.frame])
+				}
+			}
+		})
+	}
+	runtime.KeepAlive(mem)
 }
