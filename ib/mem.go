@@ -21,13 +21,15 @@ type Seg struct {
 // transport only ever calls it through a Seg, under the QP's lock, from
 // the device's step functions.
 //
-// Reads happen at once. Writes may be queued: the device flushes them
+// Reads happen at once; avail, the bytes of the Seg from va on (at least
+// len(dst)), lets the device read ahead what the next packets of the same
+// range will ask for. Writes may be queued: the device flushes them
 // before it publishes the completion that covers them, and before any
 // later read or atomic of the same QP. A failed access (the memory was
 // unmapped, or the MR deregistered) is the device's to report: it errors
 // the QP as a DMA error would; a failed read leaves zeros.
 type External interface {
-	ReadExternal(dst []byte, va uint64)
+	ReadExternal(dst []byte, va uint64, avail int)
 	WriteExternal(va uint64, src []byte)
 	CmpSwapExternal(va, cmp, swap uint64) uint64
 	FetchAddExternal(va, add uint64) uint64
@@ -64,7 +66,7 @@ func (s Seg) ReadAt(dst []byte, off uint32) int {
 			return 0
 		}
 		k := min(len(dst), s.n-int(off))
-		s.x.ReadExternal(dst[:k], s.va+uint64(off))
+		s.x.ReadExternal(dst[:k], s.va+uint64(off), s.n-int(off))
 		return k
 	}
 	if int(off) >= len(s.b) {

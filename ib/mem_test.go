@@ -87,7 +87,13 @@ type fakeExt struct {
 	writes int
 }
 
-func (f *fakeExt) ReadExternal(dst []byte, va uint64)  { f.reads++; copy(dst, f.mem[va:]) }
+func (f *fakeExt) ReadExternal(dst []byte, va uint64, avail int) {
+	if avail < len(dst) || va+uint64(avail) > 20 {
+		panic("avail beyond the Seg")
+	}
+	f.reads++
+	copy(dst, f.mem[va:])
+}
 func (f *fakeExt) WriteExternal(va uint64, src []byte) { f.writes++; copy(f.mem[va:], src) }
 func (f *fakeExt) CmpSwapExternal(va, cmp, swap uint64) uint64 {
 	return LocalSeg(f.mem[va:va+8]).CmpSwap(cmp, swap)

@@ -72,7 +72,10 @@ type DMAStats struct {
 const (
 	dmaMaxWrites = 512
 	dmaMaxIOV    = 1024
-	dmaArena     = 64 << 10
+	dmaArena     = 256 << 10
+	// dmaReadAhead bounds one read: the payload of the packets one QP
+	// visit builds (txBudget of them at the largest MTU).
+	dmaReadAhead = txBudget * 4096
 )
 
 // dmaWrite is one queued write.
@@ -85,31 +88,61 @@ type dmaWrite struct {
 // dmaBatch is the device's queue of writes to external memory. The step
 // functions own it (one goroutine at a time); it is flushed once per QP
 // visit, before the QP's completions are published (releaseEngine), and
-// before any read or atomic.
+// before any read or atomic, and when its arena is full.
 type dmaBatch struct {
 	w     []dmaWrite
 	iov   []unix.Iovec
 	arena []byte
 	used  int
-	// stable is the packet being delivered: its bytes stay valid until
-	// the flush (the engine's receive buffers outlive Receive), so a write
-	// from it is queued by reference; anything else is copied first.
-	stable []byte
-	fault  bool // a copy failed since the last check (takeFault)
-	atom   [8]byte
+	// lastArena is where in the arena the last write's bytes start (-1:
+	// the last write is not in the arena), so that the next one can join it.
+	lastArena int
+	fault     bool // a copy failed since the last check (dmaSettle)
+	atom      [8]byte
+	ra        readAhead
+}
+
+// readAhead is what a QP visit read of one external range beyond the
+// packet that asked.
+type readAhead struct {
+	m   *extMem
+	va  uint64
+	b   []byte // the bytes at va (nil: none)
+	buf []byte // dmaReadAhead bytes, b's storage
 }
 
 func (b *dmaBatch) pending() bool { return len(b.w) > 0 }
 
-// ReadExternal implements ib.External: one pread.
-func (m *extMem) ReadExternal(dst []byte, va uint64) {
+// ReadExternal implements ib.External: a packet's payload, served from
+// what the QP visit read ahead for the packets before it, else read with
+// one pread of up to dmaReadAhead bytes of the range (avail). Read-ahead
+// lives for one visit: the application may change its memory between
+// visits (a buffer whose WR completed), never during one.
+func (m *extMem) ReadExternal(dst []byte, va uint64, avail int) {
 	d := m.as.dev
-	if d.dma.pending() {
+	b := &d.dma
+	if b.pending() {
 		d.dmaFlush() // a read sees every earlier write
+	}
+	ra := &b.ra
+	if ra.m == m && va >= ra.va && va+uint64(len(dst)) <= ra.va+uint64(len(ra.b)) {
+		copy(dst, ra.b[va-ra.va:])
+		return
+	}
+	if want := min(avail, dmaReadAhead); want > len(dst) {
+		if ra.buf == nil {
+			ra.buf = make([]byte, dmaReadAhead)
+		}
+		if m.read(ra.buf[:want], va) {
+			ra.m, ra.va, ra.b = m, va, ra.buf[:want]
+			copy(dst, ra.b)
+			return
+		}
+		ra.b = nil // the range may fail further on than this packet: read just it
 	}
 	if !m.read(dst, va) {
 		clear(dst)
-		d.dma.fault = true
+		b.fault = true
 		d.Stats.DMAFaults++
 	}
 }
@@ -138,7 +171,11 @@ func (m *extMem) read(dst []byte, va uint64) bool {
 	return true
 }
 
-// WriteExternal implements ib.External: the write is queued.
+// WriteExternal implements ib.External: the write is queued. Its bytes are
+// copied into the batch's arena, where the writes of consecutive frames to
+// consecutive addresses join into one range: the kernel's cost of a
+// /proc/PID/mem write is per range far more than per byte (a page to
+// bounce through, the address space to pin), and a copy is cheap.
 func (m *extMem) WriteExternal(va uint64, src []byte) {
 	if len(src) == 0 {
 		return
@@ -151,25 +188,27 @@ func (m *extMem) WriteExternal(va uint64, src []byte) {
 		b.iov = make([]unix.Iovec, 0, dmaMaxIOV)
 		b.arena = make([]byte, dmaArena)
 	}
-	if len(b.w) == dmaMaxWrites {
+	if len(b.w) == dmaMaxWrites || len(src) > len(b.arena)-b.used {
 		d.dmaFlush()
 	}
-	if !within(src, b.stable) {
-		if len(src) > len(b.arena)-b.used {
-			d.dmaFlush()
-		}
-		if len(src) > len(b.arena) {
-			// Larger than the arena: nothing queued stays behind it now.
-			b.w = append(b.w, dmaWrite{m: m, va: va, b: src})
-			d.dmaFlush()
+	if len(src) > len(b.arena) {
+		// Larger than the arena (never a packet's): written at once.
+		b.w = append(b.w, dmaWrite{m: m, va: va, b: src})
+		d.dmaFlush()
+		return
+	}
+	off := b.used
+	copy(b.arena[off:], src)
+	b.used += len(src)
+	if n := len(b.w); n > 0 && b.lastArena >= 0 {
+		p := &b.w[n-1]
+		if p.m == m && p.va+uint64(len(p.b)) == va && b.lastArena+len(p.b) == off {
+			p.b = b.arena[b.lastArena:b.used:b.used]
 			return
 		}
-		c := b.arena[b.used : b.used+len(src) : b.used+len(src)]
-		copy(c, src)
-		b.used += len(src)
-		src = c
 	}
-	b.w = append(b.w, dmaWrite{m: m, va: va, b: src})
+	b.lastArena = off
+	b.w = append(b.w, dmaWrite{m: m, va: va, b: b.arena[off:b.used:b.used]})
 }
 
 // CmpSwapExternal implements ib.External. The operation is atomic with
@@ -251,7 +290,8 @@ func (d *Device) dmaFlush() {
 		i = j
 	}
 	clear(b.w)
-	b.w, b.used = b.w[:0], 0
+	b.w, b.used, b.lastArena = b.w[:0], 0, -1
+	b.ra.b = nil // it may hold what was just written
 }
 
 // pwritev writes iov at va, false on a fault.
@@ -282,21 +322,13 @@ func (a *AddrSpace) pwritev(iov []unix.Iovec, va uint64, s *DMAStats) bool {
 	return true
 }
 
-// within reports whether b lies inside s.
-func within(b, s []byte) bool {
-	if len(s) == 0 {
-		return false
-	}
-	p, lo := uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(unsafe.Pointer(unsafe.SliceData(s)))
-	return p >= lo && p+uintptr(len(b)) <= lo+uintptr(len(s))
-}
-
 // dmaSettle flushes the writes of the QP visit ending now and takes the
 // fault flag: a copy of that visit failed.
 func (d *Device) dmaSettle() bool {
 	if d.dma.pending() {
 		d.dmaFlush()
 	}
+	d.dma.ra.b = nil
 	f := d.dma.fault
 	d.dma.fault = false
 	return f

@@ -58,13 +58,11 @@ func (d *Device) Receive(now clock.Time, frames [][]byte) {
 			q.mu.Lock()
 			cur = q
 		}
-		d.dma.stable = b // writes from it are queued by reference until the QP's visit ends
 		d.deliver(now, q, f)
 	}
 	if cur != nil {
 		cur.releaseEngine()
 	}
-	d.dma.stable = nil
 }
 
 // deliver hands a checked frame to q's transport; q.mu is held.
