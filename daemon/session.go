@@ -109,8 +109,11 @@ type qpObj struct {
 	sqc, rqc   *shmring.Consumer
 	swr        [1]verbs.SendWR // decode buffers, reused: no allocation per WR
 	rwr        [1]verbs.RecvWR
-	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady    int  // send WRs noted at the start of this pump pass
+	// rqMu serialises the RQ ring's consumer (rqc, rwr): the pump drains
+	// it, and the engine refills the device's RQ from it (refillRQ).
+	rqMu    sync.Mutex
+	broken  bool // ring corrupted by the client; pump skips it (pump-owned)
+	sqReady int  // send WRs noted at the start of this pump pass
 	// conn is the rdma_cm connection driving the QP, or nil; cmBusy is set
 	// while a CM exchange drives it (the QP cannot be destroyed or given to
 	// another exchange meanwhile). Both are guarded by the session's mu.
@@ -726,6 +729,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sqc: sq.Consumer(), rqc: rq.Consumer()}
 	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
 	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
+	qp.SetRecvRefill(q.refillRQ)
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {

@@ -120,3 +120,55 @@ func TestLoopback(t *testing.T) {
 		t.Fatalf("frames on the wire: %d sent, %d looped", n.dev.Stats.TxFrames, n.dev.Stats.LoopFrames)
 	}
 }
+
+// A message that finds the RQ empty asks the QP's refill for receives
+// queued but not yet posted (the daemon's ring) before it is dropped (UD)
+// or answered with an RNR NAK (RC).
+func TestRecvRefill(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	n := tb.a
+	cq := n.dev.newCQ(64)
+	buf := make([]byte, 4096)
+	mr, err := n.pd.RegBytes(buf, 0, ib.LocalWrite|ib.RemoteWrite)
+	must(t, err)
+	queued := []verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 2048, LKey: mr.LKey()}}}}
+	calls := 0
+	for _, typ := range []ib.QPType{ib.UD, ib.RC} {
+		q, err := n.pd.newQP(testQP{Type: typ, SendCQ: cq, RecvCQ: cq, MaxSendWR: 8, MaxRecvWR: 8, MaxSGE: 1})
+		must(t, err)
+		q.SetRecvRefill(func(post func(*verbs.RecvWR) bool) {
+			calls++
+			for len(queued) > 0 && post(&queued[0]) {
+				queued = queued[1:]
+			}
+		})
+		dst := q
+		if typ == ib.UD {
+			must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{QKey: 7}))
+			must(t, ibtest.Modify(q, ib.RTR, nil))
+			must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{SQPSN: 1}))
+			ah, err := n.pd.newAH(ib.AddressVector{DGID: ib.GIDFrom(addrA)})
+			must(t, err)
+			_, err = q.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA() + 2048, Length: 100, LKey: mr.LKey()}}, AH: ah, RemoteQPN: q.QPN(), RemoteQKey: 7}})
+			must(t, err)
+		} else {
+			connectLocal(t, [2]*QP{q, q}, ib.RemoteWrite, 1024)
+			_, err = q.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA() + 2048, Length: 100, LKey: mr.LKey()}}}})
+			must(t, err)
+		}
+		var got []ib.WC
+		tb.run(func() bool { got = append(got, pollAll(cq)...); return len(got) >= 2 }, time.Second)
+		for _, w := range got {
+			if w.Status != ib.Success || (w.IsRecv && w.ID != 7) {
+				t.Fatalf("%v: %+v", typ, got)
+			}
+		}
+		if typ == ib.RC && dst.rcQP().Counters.TxRNRNAKs != 0 {
+			t.Fatalf("RC: %d RNR NAKs", dst.rcQP().Counters.TxRNRNAKs)
+		}
+		queued = []verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 2048, LKey: mr.LKey()}}}}
+	}
+	if calls < 2 {
+		t.Fatalf("refill called %d times", calls)
+	}
+}
