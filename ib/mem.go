@@ -21,15 +21,16 @@ type Seg struct {
 // transport only ever calls it through a Seg, under the QP's lock, from
 // the device's step functions.
 //
-// Reads happen at once; avail, the bytes of the Seg from va on (at least
-// len(dst)), lets the device read ahead what the next packets of the same
+// Reads happen at once: ViewExternal returns the n bytes at va, valid until
+// the next call on the device; avail, the bytes of the Seg from va on (at
+// least n), lets the device read ahead what the next packets of the same
 // range will ask for. Writes may be queued: the device flushes them
 // before it publishes the completion that covers them, and before any
 // later read or atomic of the same QP. A failed access (the memory was
 // unmapped, or the MR deregistered) is the device's to report: it errors
-// the QP as a DMA error would; a failed read leaves zeros.
+// the QP as a DMA error would; a failed read gives zeros.
 type External interface {
-	ReadExternal(dst []byte, va uint64, avail int)
+	ViewExternal(va uint64, n, avail int) []byte
 	WriteExternal(va uint64, src []byte)
 	CmpSwapExternal(va, cmp, swap uint64) uint64
 	FetchAddExternal(va, add uint64) uint64
@@ -66,8 +67,7 @@ func (s Seg) ReadAt(dst []byte, off uint32) int {
 			return 0
 		}
 		k := min(len(dst), s.n-int(off))
-		s.x.ReadExternal(dst[:k], s.va+uint64(off), s.n-int(off))
-		return k
+		return copy(dst, s.x.ViewExternal(s.va+uint64(off), k, s.n-int(off)))
 	}
 	if int(off) >= len(s.b) {
 		return 0

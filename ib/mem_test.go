@@ -87,12 +87,12 @@ type fakeExt struct {
 	writes int
 }
 
-func (f *fakeExt) ReadExternal(dst []byte, va uint64, avail int) {
-	if avail < len(dst) || va+uint64(avail) > 20 {
+func (f *fakeExt) ViewExternal(va uint64, n, avail int) []byte {
+	if avail < n || va+uint64(avail) > 20 {
 		panic("avail beyond the Seg")
 	}
 	f.reads++
-	copy(dst, f.mem[va:])
+	return f.mem[va : va+uint64(n)]
 }
 func (f *fakeExt) WriteExternal(va uint64, src []byte) { f.writes++; copy(f.mem[va:], src) }
 func (f *fakeExt) CmpSwapExternal(va, cmp, swap uint64) uint64 {

@@ -113,38 +113,41 @@ type readAhead struct {
 
 func (b *dmaBatch) pending() bool { return len(b.w) > 0 }
 
-// ReadExternal implements ib.External: a packet's payload, served from
-// what the QP visit read ahead for the packets before it, else read with
-// one pread of up to dmaReadAhead bytes of the range (avail). Read-ahead
-// lives for one visit: the application may change its memory between
-// visits (a buffer whose WR completed), never during one.
-func (m *extMem) ReadExternal(dst []byte, va uint64, avail int) {
+// ViewExternal implements ib.External: the n bytes at va, from what the
+// QP visit read ahead for the packets before, else read with one pread of
+// up to dmaReadAhead bytes of the range (avail). Read-ahead lives for one
+// visit: the application may change its memory between visits (a buffer
+// whose WR completed), never during one. A failed read gives zeros.
+func (m *extMem) ViewExternal(va uint64, n, avail int) []byte {
 	d := m.as.dev
 	b := &d.dma
 	if b.pending() {
 		d.dmaFlush() // a read sees every earlier write
 	}
 	ra := &b.ra
-	if ra.m == m && va >= ra.va && va+uint64(len(dst)) <= ra.va+uint64(len(ra.b)) {
-		copy(dst, ra.b[va-ra.va:])
-		return
+	if ra.m == m && va >= ra.va && va+uint64(n) <= ra.va+uint64(len(ra.b)) {
+		o := va - ra.va
+		return ra.b[o : o+uint64(n)]
 	}
-	if want := min(avail, dmaReadAhead); want > len(dst) {
-		if ra.buf == nil {
-			ra.buf = make([]byte, dmaReadAhead)
-		}
-		if m.read(ra.buf[:want], va) {
-			ra.m, ra.va, ra.b = m, va, ra.buf[:want]
-			copy(dst, ra.b)
-			return
-		}
-		ra.b = nil // the range may fail further on than this packet: read just it
+	if ra.buf == nil {
+		ra.buf = make([]byte, dmaReadAhead)
 	}
-	if !m.read(dst, va) {
-		clear(dst)
+	if n > len(ra.buf) {
+		ra.buf = make([]byte, n) // larger than any packet: not the data path
+	}
+	ra.b = nil
+	if want := max(n, min(avail, len(ra.buf))); want > n && m.read(ra.buf[:want], va) {
+		ra.m, ra.va, ra.b = m, va, ra.buf[:want]
+		return ra.b[:n]
+	}
+	// Just these bytes: the range may fail further on than this packet.
+	v := ra.buf[:n]
+	if !m.read(v, va) {
+		clear(v)
 		b.fault = true
 		d.Stats.DMAFaults++
 	}
+	return v
 }
 
 // read copies len(dst) bytes at va into dst, false on a fault.
