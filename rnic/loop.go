@@ -52,7 +52,10 @@ func (d *Device) deliverLooped(now clock.Time) {
 	if len(d.loop) == 0 {
 		return
 	}
+	away := d.rxAway
+	d.rxAway = 0 // no wait for a poll of the port: delivered as built
 	d.Receive(now, d.loop)
+	d.rxAway = away
 	clear(d.loop)
 	d.loop = d.loop[:0]
 }
