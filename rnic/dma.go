@@ -67,8 +67,7 @@ type DMAStats struct {
 }
 
 // Batching limits: writes queued per flush, iovecs per pwritev (the
-// kernel's IOV_MAX), and the arena that holds copies of sources that do
-// not outlive the step.
+// kernel's IOV_MAX), and the arena the queued writes are copied into.
 const (
 	dmaMaxWrites = 512
 	dmaMaxIOV    = 1024
