@@ -31,6 +31,8 @@ func FuzzControlMessages(f *testing.F) {
 	f.Add(seed(proto.OpDeallocPD, &proto.HandleMsg{Handle: 1}), false)
 	f.Add(seed(proto.OpStatus, nil), true)
 	f.Add(seed(proto.OpCreateAH, &proto.CreateAHReq{PD: 1, AV: ib.AddressVector{DGID: ib.GIDFrom(testlink.AddrA)}}), true)
+	f.Add(seed(proto.OpAttachMem, nil), true) // without its two fds
+	f.Add(seed(proto.OpRegMRAddr, &proto.RegMRAddrReq{PD: 1, Access: ib.LocalWrite, Space: 1, Addr: 0x1000, Length: 4096, IOVA: 0x1000}), true)
 	f.Fuzz(func(t *testing.T, in []byte, open bool) {
 		msg := append([]byte(nil), in...) // the input itself must stay as it is
 		uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: td.path, Net: "unixpacket"})
