@@ -111,6 +111,41 @@ func CopyIn(dst []byte, sg []Seg, off uint32) int {
 	return n
 }
 
+// Gather copies len(dst) bytes of sg, from byte offset off on, into dst
+// through copyFn and returns what copyFn made of state, and how many bytes
+// it copied (less than len(dst) only if sg ends). copyFn copies src into
+// dst and folds the bytes into a running state: the device computes a
+// frame's ICRC while it gathers the payload (icrc.Copy), reading the
+// memory once.
+func Gather(dst []byte, sg []Seg, off uint32, state uint32, copyFn func(state uint32, dst, src []byte) uint32) (uint32, int) {
+	n := 0
+	o := int(off)
+	for _, s := range sg {
+		l := s.Len()
+		if o >= l {
+			o -= l
+			continue
+		}
+		k := min(l-o, len(dst)-n)
+		var src []byte
+		if s.x != nil {
+			// Another address space: a view of what the device read
+			// (ahead, for the packets after this one), copied and
+			// folded here like local memory.
+			src = s.x.ViewExternal(s.va+uint64(o), k, l-o)
+		} else {
+			src = s.b[o : o+k]
+		}
+		state = copyFn(state, dst[n:n+k], src)
+		n += k
+		o = 0
+		if n == len(dst) {
+			break
+		}
+	}
+	return state, n
+}
+
 // CopyOut scatters src into sg starting at byte offset off and returns how
 // many bytes were stored (less than len(src) only if sg ends).
 func CopyOut(sg []Seg, off uint32, src []byte) int {

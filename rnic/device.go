@@ -77,6 +77,7 @@ type Device struct {
 	loop    [][]byte
 	loopBuf []byte
 	meta    transport.Meta
+	pay     transport.Payload // the payload of the frame being built
 	rr      int
 	ipID    uint16
 	cc      *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
