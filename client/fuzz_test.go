@@ -17,6 +17,12 @@ import (
 // stops serving a well-behaved client.
 func FuzzControlMessages(f *testing.F) {
 	td := startDaemon(f, daemon.Options{})
+	// Every input is two clients that go away: more than td.gone holds,
+	// and the daemon's sessions wait for their OnClientGone to return.
+	go func() {
+		for range td.gone {
+		}
+	}()
 	seed := func(op proto.Op, body any) []byte {
 		b, err := proto.Encode(nil, proto.Header{Op: op, Version: proto.Version, Seq: 1}, body)
 		if err != nil {
