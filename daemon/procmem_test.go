@@ -19,12 +19,12 @@ import (
 // rawConn is a control connection spoken message by message, as the C
 // library speaks it.
 type rawConn struct {
-	t   *testing.T
+	t   testing.TB
 	c   *proto.Conn
 	seq uint32
 }
 
-func dialRaw(t *testing.T, path string) *rawConn {
+func dialRaw(t testing.TB, path string) *rawConn {
 	t.Helper()
 	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -64,7 +64,7 @@ func (r *rawConn) call(op proto.Op, req, resp any, fds ...int) error {
 	return nil
 }
 
-func openFD(t *testing.T, path string, flags int) int {
+func openFD(t testing.TB, path string, flags int) int {
 	t.Helper()
 	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -168,5 +168,75 @@ func TestRegMRAddrChecks(t *testing.T) {
 	var bad proto.RegMRResp
 	if err := r.call(proto.OpRegMRAddr, &proto.RegMRAddrReq{PD: pd.Handle, Space: 999, Addr: base, Length: 8, IOVA: base}, &bad); errnoOf(err) != unix.ENOENT {
 		t.Errorf("unknown address space: %v", err)
+	}
+}
+
+// BenchmarkRegMRAddr is what ibv_reg_mr and ibv_dereg_mr cost a program
+// through the drop-in library, less the library itself: a registration by
+// address (the range checked against the client's mappings) and its
+// deregistration, each one control round trip, beside two round trips
+// that check nothing; and the attachment of the address space (the
+// library's first registration: two files passed).
+// Nothing is pinned or touched, so the size of the region matters only
+// through the mappings it spans.
+func BenchmarkRegMRAddr(b *testing.B) {
+	devA, _ := testlink.Pair(b, 1024)
+	_, path := serve(b, devA, daemon.Options{})
+	r := dialRaw(b, path)
+	var pd proto.HandleMsg
+	if err := r.call(proto.OpAllocPD, nil, &pd); err != nil {
+		b.Fatal(err)
+	}
+	// The baseline: two round trips that check nothing (a PD made and
+	// freed), as reg and dereg are two.
+	b.Run("pd", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			var h proto.HandleMsg
+			if err := r.call(proto.OpAllocPD, nil, &h); err != nil {
+				b.Fatal(err)
+			}
+			if err := r.call(proto.OpDeallocPD, &h, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("attach", func(b *testing.B) {
+		// An address space lives as long as its session: a fresh
+		// session every 64, so that their files do not pile up.
+		a := dialRaw(b, path)
+		for i := 0; i < b.N; i++ {
+			if i%64 == 63 {
+				b.StopTimer()
+				a.c.Close()
+				a = dialRaw(b, path)
+				b.StartTimer()
+			}
+			if _, err := a.attach(openFD(b, "/proc/self/mem", unix.O_RDWR), openFD(b, "/proc/self/maps", unix.O_RDONLY)); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	sp, err := r.attach(openFD(b, "/proc/self/mem", unix.O_RDWR), openFD(b, "/proc/self/maps", unix.O_RDONLY))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, n := range []int{4 << 10, 1 << 20, 64 << 20} {
+		m, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+		if err != nil {
+			b.Fatal(err)
+		}
+		addr := uint64(uintptr(unsafe.Pointer(&m[0])))
+		b.Run(strconv.Itoa(n>>10)+"KiB", func(b *testing.B) {
+			for i := 0; i < b.N; i++ {
+				var resp proto.RegMRResp
+				if err := r.call(proto.OpRegMRAddr, &proto.RegMRAddrReq{PD: pd.Handle, Access: ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead, Space: sp, Addr: addr, Length: uint64(n), IOVA: addr}, &resp); err != nil {
+					b.Fatal(err)
+				}
+				if err := r.call(proto.OpDeregMR, &proto.HandleMsg{Handle: resp.MR}, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		unix.Munmap(m)
 	}
 }
