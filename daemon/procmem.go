@@ -152,7 +152,7 @@ func (ss *session) regMRAddr(body []byte) (any, []int, error) {
 	}
 	h, err := ss.newHandle()
 	if err != nil {
-		mr.Dereg()
+		ss.undo("REG_MR_ADDR", mr.Dereg())
 		return nil, nil, err
 	}
 	p.refs++

@@ -10,7 +10,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -97,6 +96,7 @@ type cqObj struct {
 	prod     *shmring.Producer
 	wcs      []ib.WC
 	overruns uint64
+	ringErr  bool // the ring failed (corrupted by the client, doorbell gone): logged once
 }
 
 type qpObj struct {
@@ -193,11 +193,12 @@ func (ss *session) serve() {
 		}
 		if !allowed {
 			proto.CloseFDs(fds)
-			ss.reply(h, nil, nil, errf(unix.EPERM, "uid %d gid %d may not use this RNIC: only root and the control group may", ss.cred.Uid, ss.cred.Gid))
+			// The session ends whether the refusal reaches the client or not.
+			_ = ss.reply(h, nil, nil, errf(unix.EPERM, "uid %d gid %d may not use this RNIC: only root and the control group may", ss.cred.Uid, ss.cred.Gid))
 			break
 		}
 		resp, out, err := ss.handle(h, body, fds)
-		if err == errDeferred {
+		if errors.Is(err, errDeferred) {
 			continue // its goroutine replies
 		}
 		if rerr := ss.reply(h, resp, out, err); rerr != nil {
@@ -209,7 +210,9 @@ func (ss *session) serve() {
 	capt := ss.capture
 	ss.mu.Unlock()
 	if capt != nil {
-		capt.Stop() // flushes the file before the connection's fd is closed
+		// Stop flushes the file before the connection's fd is closed; the
+		// capture's goroutine logs and reports how it ended.
+		_, _ = capt.Stop()
 	}
 	info := ss.cleanup()
 	if ss.db != nil {
@@ -243,12 +246,14 @@ func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
 // over or closed. Returned fds stay owned by the objects they belong to (the
 // peer receives its own copies).
 func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out []int, err error) {
-	wantFDs := 0
+	var wantFDs int
 	switch h.Op {
 	case proto.OpRegMR, proto.OpCapture:
 		wantFDs = 1
 	case proto.OpAttachMem:
 		wantFDs = 2
+	default:
+		wantFDs = 0 // the other operations pass none
 	}
 	if len(fds) != wantFDs {
 		proto.CloseFDs(fds)
@@ -330,8 +335,17 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.attachMem(body, fds)
 	case proto.OpRegMRAddr:
 		return ss.regMRAddr(body)
+	default:
+		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
-	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
+}
+
+// undo logs the failure of a step that undoes a half-made object after an
+// error: the client hears the first error, the log this one.
+func (ss *session) undo(op string, err error) {
+	if err != nil {
+		ss.log.Warn("undoing "+op, "err", err)
+	}
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
@@ -361,7 +375,7 @@ func (ss *session) allocPD(body []byte) (any, []int, error) {
 	defer ss.mu.Unlock()
 	h, err := ss.newHandle()
 	if err != nil {
-		pd.Dealloc()
+		ss.undo("ALLOC_PD", pd.Dealloc())
 		return nil, nil, err
 	}
 	ss.pds[h] = &pdObj{pd: pd}
@@ -415,7 +429,7 @@ func (ss *session) createAH(body []byte) (any, []int, error) {
 	h, err := ss.newHandle()
 	if err != nil {
 		p.refs--
-		vah.Destroy()
+		ss.undo("CREATE_AH", vah.Destroy())
 		return nil, nil, err
 	}
 	ss.ahMu.Lock()
@@ -492,7 +506,7 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	}
 	h, err := ss.newHandle()
 	if err != nil {
-		mr.Dereg()
+		ss.undo("REG_MR", mr.Dereg())
 		unix.Munmap(mapping)
 		return nil, nil, err
 	}
@@ -541,14 +555,6 @@ func (ss *session) releaseMR(m *mrObj) error {
 	}
 	ss.graves = append(ss.graves, m.mapping)
 	ss.graveBytes += int64(len(m.mapping))
-	return err
-}
-
-// detach replaces b's pages (a mapping of client memory) with private
-// anonymous memory, atomically for any concurrent reader.
-func detach(b []byte) error {
-	_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)),
-		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
 	return err
 }
 
@@ -607,7 +613,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 	}
 	ss.mu.Unlock()
 	if err != nil {
-		cq.Destroy()
+		ss.undo("CREATE_CQ", cq.Destroy())
 		ring.Close()
 		db.Close()
 		return nil, nil, err
@@ -741,7 +747,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	}
 	ss.mu.Unlock()
 	if err != nil {
-		qp.Destroy()
+		ss.undo("CREATE_QP", qp.Destroy())
 		sq.Close()
 		rq.Close()
 		return nil, nil, err
@@ -853,7 +859,10 @@ func (ss *session) releaseQP(q *qpObj) error {
 	conn := q.conn
 	ss.mu.Unlock()
 	if conn != nil {
-		conn.Close() // DREQ (or REJ) to the peer if still connected
+		// A DREQ (or REJ) to the peer if still connected.
+		if err := conn.Close(); err != nil {
+			ss.log.Warn("closing the QP's connection", "qpn", q.qp.QPN(), "err", err)
+		}
 	}
 	// To the error state first: the transition takes the QP's lock, so it
 	// waits for a batch the engine is delivering into the QP's MRs, and
@@ -862,7 +871,9 @@ func (ss *session) releaseQP(q *qpObj) error {
 	// is left: a peer's UC WRITE still arriving for a client that had
 	// finished faulted the daemon there.
 	toErr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&toErr, ib.AttrState)
+	if err := q.qp.Modify(&toErr, ib.AttrState); err != nil {
+		ss.log.Warn("moving QP to error", "qpn", q.qp.QPN(), "err", err)
+	}
 	err := q.qp.Destroy()
 	q.sq.Close()
 	q.rq.Close()
@@ -909,7 +920,9 @@ func (ss *session) cleanup() ClientInfo {
 	ss.ahMu.Unlock()
 	ss.mu.Unlock()
 	for _, a := range ahs {
-		a.ah.Destroy()
+		if err := a.ah.Destroy(); err != nil {
+			ss.log.Warn("destroying AH", "err", err)
+		}
 	}
 	for _, q := range qps {
 		if err := ss.releaseQP(q); err != nil {
@@ -972,11 +985,11 @@ func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int
 	}
 	sess, err := tap.Start(f, opt)
 	if errors.Is(err, capture.ErrBusy) {
-		f.Close()
+		ss.undo("CAPTURE", f.Close())
 		return nil, nil, errf(unix.EBUSY, "a capture is already running")
 	}
 	if err != nil {
-		f.Close()
+		ss.undo("CAPTURE", f.Close())
 		return nil, nil, err
 	}
 	ss.mu.Lock()
@@ -986,18 +999,24 @@ func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int
 	go func() {
 		<-sess.Done()
 		st, werr := sess.Stats(), sess.Err()
-		f.Close()
+		if cerr := f.Close(); werr == nil {
+			werr = cerr // the file's last writes can fail at close
+		}
 		ss.mu.Lock()
 		if ss.capture == sess {
 			ss.capture = nil
 		}
 		ss.mu.Unlock()
 		ss.log.Info("capture ended", "written", st.Written, "dropped", st.Dropped, "err", werr)
+		var serr error
 		if werr != nil {
-			ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq, Errno: uint32(unix.EIO)}, []byte(werr.Error()))
-			return
+			serr = ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq, Errno: uint32(unix.EIO)}, []byte(werr.Error()))
+		} else {
+			serr = ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
 		}
-		ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
+		if serr != nil && !proto.IsClosed(serr) {
+			ss.log.Warn("capture result not sent", "err", serr)
+		}
 	}()
 	return nil, nil, nil
 }

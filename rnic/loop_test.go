@@ -163,8 +163,8 @@ func TestRecvRefill(t *testing.T) {
 				t.Fatalf("%v: %+v", typ, got)
 			}
 		}
-		if typ == ib.RC && dst.rcQP().Counters.TxRNRNAKs != 0 {
-			t.Fatalf("RC: %d RNR NAKs", dst.rcQP().Counters.TxRNRNAKs)
+		if typ == ib.RC && dst.rcQP().TxRNRNAKs != 0 {
+			t.Fatalf("RC: %d RNR NAKs", dst.rcQP().TxRNRNAKs)
 		}
 		queued = []verbs.RecvWR{{ID: 7, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 2048, LKey: mr.LKey()}}}}
 	}

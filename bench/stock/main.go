@@ -1,16 +1,3 @@
-// Command stock measures stock RDMA programs on softrnic against softrnic's
-// own in-process tool, on the same veth in the same run: Debian's
-// ib_send_lat -s 64, ib_send_bw -s 64 and ib_write_bw -s 65536, unchanged,
-// through `softrnic run` on a daemon at each end of a veth pair between two
-// namespaces, beside `softrnic perf` (the same test) in process at each end
-// on the same veth. Rounds are interleaved (in process, then through the
-// daemons: the stock program, then softrnic perf through the same daemons,
-// which separates the daemon's share from the library's and the copies'),
-// each row shows its median round and the ratio stock / in process, with
-// the goals: latency p50 at most 1.5 times, WRITE bandwidth at least 0.9
-// times. The load average at start and end is printed. Root.
-//
-//	go run ./bench/stock -softrnic bin/softrnic -clib c/build/lib -json out/bench-stock.json
 package main
 
 import (
@@ -107,7 +94,11 @@ func main() {
 	if err != nil {
 		fail("%v", err)
 	}
-	defer pair.Close()
+	defer func() {
+		if err := pair.Close(); err != nil {
+			fmt.Fprintf(os.Stderr, "removing the namespaces: %v\n", err)
+		}
+	}()
 	b := &bench{bin: *bin, clib: *clib, pair: pair, port: 18700}
 	for r := 1; r <= *rounds; r++ {
 		for _, t := range tests {
@@ -168,7 +159,9 @@ func main() {
 		rep.Rows = append(rep.Rows, rw)
 	}
 	if *jsonPath != "" {
-		os.MkdirAll(filepath.Dir(*jsonPath), 0o755)
+		if err := os.MkdirAll(filepath.Dir(*jsonPath), 0o755); err != nil {
+			fail("%v", err)
+		}
 		j, _ := json.MarshalIndent(rep, "", "  ")
 		if err := os.WriteFile(*jsonPath, append(j, '\n'), 0o644); err != nil {
 			fail("%v", err)
@@ -210,10 +203,14 @@ func (b *bench) daemons() (stop func(), err error) {
 	var cmds []*exec.Cmd
 	stop = func() {
 		for _, c := range cmds {
-			c.Process.Signal(os.Interrupt)
-			c.Wait()
+			if err := c.Process.Signal(os.Interrupt); err != nil {
+				fmt.Fprintf(os.Stderr, "stopping a daemon: %v\n", err)
+			}
+			_ = c.Wait() // the daemon's exit on SIGINT is no figure of the bench
 		}
-		os.RemoveAll(dir)
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintf(os.Stderr, "%v\n", err)
+		}
 	}
 	for i, l := range []netnstest.Link{b.pair.A, b.pair.B} {
 		sock := filepath.Join(dir, fmt.Sprintf("ctl%d.sock", i))
@@ -231,7 +228,7 @@ func (b *bench) daemons() (stop func(), err error) {
 			}
 			if time.Now().After(deadline) {
 				stop()
-				return nil, fmt.Errorf("daemon on %s never answered: %v", l.Name, err)
+				return nil, fmt.Errorf("daemon on %s never answered: %w", l.Name, err)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -291,7 +288,7 @@ func (b *bench) run(t *test, srv, cli []string) (float64, error) {
 	for listening := false; !listening; {
 		select {
 		case err := <-done:
-			return 0, fmt.Errorf("server exited: %v\n%s", err, sout.String())
+			return 0, fmt.Errorf("server exited: %w\n%s", err, sout.String())
 		case <-time.After(50 * time.Millisecond):
 		}
 		out, _ := exec.Command("ip", "netns", "exec", b.pair.B.NS.Name, "ss", "-Hltn", "sport = :"+strconv.Itoa(b.port)).Output()
@@ -300,7 +297,7 @@ func (b *bench) run(t *test, srv, cli []string) (float64, error) {
 	cout, cerr := exec.CommandContext(ctx, "ip", append(append(cli, args...), b.pair.B.Addr.String())...).CombinedOutput()
 	serr := <-done
 	if cerr != nil || serr != nil {
-		return 0, fmt.Errorf("client %v, server %v\nclient:\n%s\nserver:\n%s", cerr, serr, cout, sout.String())
+		return 0, fmt.Errorf("client %w, server %w\nclient:\n%s\nserver:\n%s", cerr, serr, cout, sout.String())
 	}
 	return figure(string(cout), t.Lat)
 }

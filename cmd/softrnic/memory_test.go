@@ -31,7 +31,11 @@ func withHugePages(t *testing.T, n int) {
 	if os.WriteFile(knob, []byte(strconv.Itoa(was+n)), 0) != nil {
 		return
 	}
-	t.Cleanup(func() { os.WriteFile(knob, []byte(strconv.Itoa(was)), 0) })
+	t.Cleanup(func() {
+		if err := os.WriteFile(knob, []byte(strconv.Itoa(was)), 0); err != nil {
+			t.Errorf("restoring %s: %v", knob, err)
+		}
+	})
 }
 
 func hugePagesFree() int {

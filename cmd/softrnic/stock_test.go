@@ -128,7 +128,7 @@ func (e *stockEnv) pair(t *testing.T, srv, cli side, peer string, argv []string,
 	for ready := false; !ready; {
 		select {
 		case err := <-sdone:
-			return sbuf.Bytes(), nil, fmt.Errorf("server exited before listening: %v", err)
+			return sbuf.Bytes(), nil, fmt.Errorf("server exited before listening: %w", err)
 		case <-time.After(50 * time.Millisecond):
 		}
 		out, _ := exec.Command("ip", "netns", "exec", srv.ns.Name, "ss", "-Hltn", "sport = :"+port).Output()
@@ -138,7 +138,9 @@ func (e *stockEnv) pair(t *testing.T, srv, cli side, peer string, argv []string,
 	c.Stdout, c.Stderr = &cbuf, &cbuf
 	if err := c.Start(); err != nil {
 		cancel()
-		<-sdone
+		if serr := <-sdone; serr != nil {
+			t.Logf("server (killed): %v", serr)
+		}
 		t.Fatal(err)
 	}
 	cdone := make(chan error, 1)
@@ -171,9 +173,9 @@ func (e *stockEnv) pair(t *testing.T, srv, cli side, peer string, argv []string,
 	sout, cout = sbuf.Bytes(), cbuf.Bytes()
 	switch {
 	case cerr != nil:
-		err = fmt.Errorf("client: %v", cerr)
+		err = fmt.Errorf("client: %w", cerr)
 	case serr != nil:
-		err = fmt.Errorf("server: %v", serr)
+		err = fmt.Errorf("server: %w", serr)
 	}
 	return sout, cout, err
 }

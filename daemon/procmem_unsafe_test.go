@@ -89,7 +89,7 @@ func (r *rawConn) attach(mem, maps int) (proto.Handle, error) {
 // fail); the MR's bytes count against the client's limit.
 func TestRegMRAddrChecks(t *testing.T) {
 	devA, _ := testlink.Pair(t, 1024)
-	_, path := serve(t, devA, daemon.Options{MaxMRBytes: 1 << 20})
+	path := serve(t, devA, daemon.Options{MaxMRBytes: 1 << 20})
 	r := dialRaw(t, path)
 	var pd proto.HandleMsg
 	if err := r.call(proto.OpAllocPD, nil, &pd); err != nil {
@@ -128,9 +128,12 @@ func TestRegMRAddrChecks(t *testing.T) {
 	pg := os.Getpagesize()
 	rw, _ := unix.Mmap(-1, 0, 4*pg, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	defer unix.Munmap(rw)
-	unix.Mprotect(rw[pg:2*pg], unix.PROT_READ)
-	unix.Mprotect(rw[2*pg:3*pg], unix.PROT_NONE)
-	unix.Syscall(unix.SYS_MUNMAP, uintptr(unsafe.Pointer(&rw[3*pg])), uintptr(pg), 0) // (unix.Munmap takes whole mappings only)
+	if unix.Mprotect(rw[pg:2*pg], unix.PROT_READ) != nil || unix.Mprotect(rw[2*pg:3*pg], unix.PROT_NONE) != nil {
+		t.Fatal("mprotect")
+	}
+	if _, _, e := unix.Syscall(unix.SYS_MUNMAP, uintptr(unsafe.Pointer(&rw[3*pg])), uintptr(pg), 0); e != 0 { // (unix.Munmap takes whole mappings only)
+		t.Fatal(e)
+	}
 	base := uint64(uintptr(unsafe.Pointer(&rw[0])))
 	all := ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic
 	reg := func(addr, n uint64, access ib.Access) error {
@@ -181,7 +184,7 @@ func TestRegMRAddrChecks(t *testing.T) {
 // through the mappings it spans.
 func BenchmarkRegMRAddr(b *testing.B) {
 	devA, _ := testlink.Pair(b, 1024)
-	_, path := serve(b, devA, daemon.Options{})
+	path := serve(b, devA, daemon.Options{})
 	r := dialRaw(b, path)
 	var pd proto.HandleMsg
 	if err := r.call(proto.OpAllocPD, nil, &pd); err != nil {
