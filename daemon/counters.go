@@ -167,6 +167,10 @@ type CounterSource struct {
 	Name string
 	Loop *engine.Loop  // device counters as of the loop's last iteration
 	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
+	// Server, if set, is the control server on the device: events its
+	// clients' queues dropped count in async_events_lost with the
+	// device's own.
+	Server *Server
 }
 
 // Snapshot reads every counter once.
@@ -185,6 +189,10 @@ func (s *CounterSource) Snapshot() Counters {
 		c.QPs = append(c.QPs, qpStats(q))
 		in.add(q)
 	})
+	in.eventsLost = s.Loop.Device().LostEvents()
+	if s.Server != nil {
+		in.eventsLost += s.Server.AsyncEventsLost.Load()
+	}
 	c.Valid = fillDevice(&c.Device, &in)
 	return c
 }
@@ -196,6 +204,7 @@ type counterInputs struct {
 	rxBytes, txBytes   uint64
 	haveBytes, haveXDP bool
 	xdp                afxdp.Stats
+	eventsLost         uint64
 	// sums over the QPs
 	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
 	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
@@ -291,6 +300,7 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrCCDecreases] = cc[5].Value
 	d[proto.CtrCCLossEvents] = cc[6].Value
 	d[proto.CtrCCWindowFull] = cc[7].Value
+	d[proto.CtrAsyncEventsLost] = in.eventsLost
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP

@@ -125,6 +125,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
+	counters.Server = srv // before any client can ask for counters
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()
 		if err != nil {

@@ -68,6 +68,7 @@ const (
 	CtrCCDecreases                    // congestion control: rate or window decreases
 	CtrCCLossEvents                   // congestion control: retransmission events reported as loss
 	CtrCCWindowFull                   // congestion control: sends the window held back
+	CtrAsyncEventsLost                // asynchronous events dropped, a bounded queue full
 	NumDeviceCounters
 )
 
@@ -128,6 +129,7 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrCCDecreases:             {"cc_decreases", "events after which a QP's congestion-control rate or window was lower"},
 	CtrCCLossEvents:            {"cc_loss_events", "retransmission events reported to a QP's congestion controller as loss"},
 	CtrCCWindowFull:            {"cc_window_full", "times a QP's congestion window held a send back"},
+	CtrAsyncEventsLost:         {"async_events_lost", "asynchronous events dropped because a consumer's bounded queue was full"},
 }
 
 // Per-QP counters: the index of each in QPStats.Values.
