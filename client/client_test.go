@@ -921,7 +921,8 @@ func TestAddressHandlesAreIsolated(t *testing.T) {
 // long here, so that a loaded host descheduling the test for a while does
 // not let it nap), no post rings it and no completion rings a client. A
 // client that sleeps in Poll instead is rung for its completions, which
-// shows the counters count.
+// shows the counters count: it goes to sleep before its peer replies,
+// since on one device the reply loops back within Poll's spin.
 func TestSteadyStateMakesNoSyscalls(t *testing.T) {
 	dev := testlink.LoopbackWith(t, 1024, engine.Options{SpinFor: time.Minute, SpinMax: -1})
 	td := startDaemonOn(t, dev, t.TempDir(), daemon.Options{})
@@ -937,39 +938,54 @@ func TestSteadyStateMakesNoSyscalls(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// wait returns once e's CQ held a receive completion, sleeping in
-	// Poll between polls or spinning.
-	wait := func(e *endpoint, sleep bool) {
-		var wcs [4]ib.WC
+	// wait spins until e's CQ held a receive completion (recv) or a send
+	// completion.
+	wait := func(e *endpoint, recv bool) {
+		var wcs [1]ib.WC
 		deadline := time.Now().Add(10 * time.Second)
 		for {
 			n := e.cq.Poll(wcs[:])
-			for _, w := range wcs[:n] {
-				if w.Status != ib.Success {
-					t.Fatalf("completion %+v", w)
-				}
-				if w.IsRecv {
-					return
-				}
+			if n == 1 && wcs[0].Status != ib.Success {
+				t.Fatalf("completion %+v", wcs[0])
+			}
+			if n == 1 && wcs[0].IsRecv == recv {
+				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatal("no receive completion")
+				t.Fatalf("no completion (receive: %v)", recv)
 			}
-			if n == 0 && sleep {
-				e.c.Poll()
-			} else if n == 0 {
+			if n == 0 {
 				runtime.Gosched()
 			}
 		}
+	}
+	// asleep runs reply once a is asleep in Poll, its CQ empty.
+	asleep := func(reply func()) {
+		wait(a, false) // a's own SEND's completion: its CQ is empty after it
+		s := a.c.Sleeps.Load()
+		done := make(chan struct{})
+		go func() { defer close(done); a.c.Poll() }()
+		for deadline := time.Now().Add(10 * time.Second); a.c.Sleeps.Load() == s; runtime.Gosched() {
+			if time.Now().After(deadline) {
+				t.Error("Poll never slept on an empty CQ")
+				break
+			}
+		}
+		reply()
+		<-done
 	}
 	pingpong := func(n int, sleep bool) {
 		for range n {
 			recv(a)
 			recv(b)
 			send(a)
-			wait(b, false)
-			send(b)
-			wait(a, sleep)
+			wait(b, true)
+			if sleep {
+				asleep(func() { send(b) })
+			} else {
+				send(b)
+			}
+			wait(a, true)
 		}
 	}
 	counts := func() (posts, wakes, cqs, sleeps uint64) {

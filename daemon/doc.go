@@ -66,20 +66,27 @@
 //
 // # Data path
 //
-// Registered memory is the client's own memfd, sealed against shrinking
-// (checked before mapping, so a client cannot fault the daemon by
+// Registered memory is either the client's own memfd, sealed against
+// shrinking (checked before mapping, so a client cannot fault the daemon by
 // truncating it) and mapped by the daemon: remote READ and WRITE land in the
-// client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
-// the daemon creates and seals, and they are the device's own queues, as
-// a hardware RNIC's are in host memory: the engine goroutine that drives
-// the device fetches from every SQ, RQ and SRQ at each step (a post is a
-// memory write the engine finds while it runs; rnic.Queues), checks each
-// WR (a malformed one completes in error and errors the QP; a malformed
-// SRQ entry retires the SRQ) and posts it to the device; the device writes
-// each completion into the client's CQ ring where it produces it
-// (rnic.CQSink), and the CQ overruns when the client lets its ring fill. A
-// UD WR names one of the session's address handles (CREATE_AH resolved
-// the next hop on the control path), never a raw destination.
+// client's buffer with no copy (the Go clients); or any range of the
+// client's address space, which the daemon never maps: the client passes
+// its /proc/self/mem and /proc/self/maps once (ATTACH_MEM), the device
+// copies through the first in batches (rnic.AddrSpace), and each
+// registration is checked against the second (procmem.go; the stock
+// applications of the C library). SQ, RQ and CQ are shmring rings in
+// memfds the daemon creates and seals, and they are the device's own
+// queues, as a hardware RNIC's are in host memory: the engine goroutine
+// that drives the device fetches from every SQ, RQ and SRQ at each step (a
+// post is a memory write the engine finds while it runs; rnic.Queues), and
+// a message that finds its RQ empty takes what waits in the RQ ring at
+// once (rnic.QP.SetRecvRefill); each WR is checked (a malformed one
+// completes in error and errors the QP; a malformed SRQ entry retires the
+// SRQ) before it reaches the device. The device writes each completion
+// into the client's CQ ring where it produces it (rnic.CQSink), and the CQ
+// overruns when the client lets its ring fill. A UD WR names one of the
+// session's address handles (CREATE_AH resolved the next hop on the
+// control path), never a raw destination.
 //
 // Who waits how: the engine spins while traffic flows (its adaptive
 // window), then arms every ring's wakeup flag and sleeps in its port until
@@ -88,7 +95,7 @@
 // A client polls its CQ rings; one with nothing else to do sleeps in
 // client.Client.Poll, or on a completion channel, which arms its CQ rings,
 // and the device writes the CQ's eventfd with the next completion (one
-// armed for solicited completions only: with the next receive with SE or
+// armed for solicited completions only: with the next receive with SE or a
 // completion in error). Posting and polling are therefore memory
 // operations while both sides run, and a side pays a syscall only to wake
 // the other.

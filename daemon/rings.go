@@ -122,6 +122,8 @@ func (r *queues) Disarm() {
 // fetchRecv posts up to fetchBatch receive WRs of q's RQ ring to its
 // device QP and returns how many it took.
 func (s *Server) fetchRecv(q *qpObj) int {
+	q.rqMu.Lock()
+	defer q.rqMu.Unlock()
 	k := 0
 	var bad error
 	for k < fetchBatch {
@@ -150,6 +152,33 @@ func (s *Server) fetchRecv(q *qpObj) int {
 	q.rqc.Release()
 	s.checkRings(q)
 	return took
+}
+
+// refillRQ is the QP's receive refill (rnic.QP.SetRecvRefill): when a
+// message finds the device's RQ empty, the device takes the receives the
+// client has already posted to its ring, so that a UC or UD message sent
+// right after the client posted its receive (and told its peer so) is not
+// dropped, nor an RC one answered with an RNR NAK, because it came in the
+// same step as that post, before the step's Fetch. It never waits: if a
+// Fetch holds the ring, the receives are on their way; an entry the device
+// does not take as it is is left to Fetch, which fails it properly.
+func (q *qpObj) refillRQ(post func(*verbs.RecvWR) bool) {
+	if q.broken || !q.rqMu.TryLock() {
+		return
+	}
+	defer q.rqMu.Unlock()
+	for q.rqc.Err() == nil {
+		slot := q.rqc.Peek()
+		if slot == nil {
+			break
+		}
+		w := &q.rwr[0]
+		if decodeRecv(slot, w) != nil || !post(w) {
+			q.rqc.Unpeek()
+			break
+		}
+	}
+	q.rqc.Release()
 }
 
 // postRecvs posts ws, completing in error each WR the device refuses, and

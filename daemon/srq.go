@@ -81,6 +81,7 @@ func (ss *session) createSRQ(body []byte) (any, []int, error) {
 	ss.s.ringsMu.Lock()
 	ss.s.srqList = append(ss.s.srqList, x)
 	ss.s.ringsMu.Unlock()
+	ss.s.dev.Wake() // the engine arms the new ring (see createQP)
 	return &proto.CreateSRQResp{SRQ: x.h, Slots: slots, MaxWR: slots, MaxSGE: req.MaxSGE}, []int{ring.FD()}, nil
 }
 
