@@ -195,7 +195,7 @@ func (q *QP) resetLocked() {
 // without completions (ibv_destroy_qp).
 func (q *QP) Destroy() error {
 	d := q.dev
-	q.destroyed.Store(true)
+	d.retire(q) // its counts stay in the device's totals
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.qps.get(q.qpn) == q {
