@@ -34,10 +34,14 @@ type Options struct {
 	Group int
 	// Mode is the control socket's permission bits (default 0660).
 	Mode os.FileMode
-	// MaxMRBytes bounds the memory one client may register (default 1 GiB).
-	MaxMRBytes int64
-	// MaxObjects bounds the PDs+MRs+CQs+QPs of one client (default 4096).
-	MaxObjects int
+	// Limits bound what clients may take, per connection, per uid and
+	// for the host (limits.go); zero entries take DefaultLimits of the
+	// host (ReadHost).
+	Limits Limits
+	// OpenTimeout is how long a connection may stay silent before its
+	// OPEN: a peer that connects and never speaks holds a file descriptor
+	// of the daemon, so it is closed (default 1 s).
+	OpenTimeout time.Duration
 	// SpinFor is how long the ring pump keeps polling after its last work
 	// before it sleeps on its doorbell (default 50 µs, as the engine):
 	// longer lowers latency under light load and costs CPU.
@@ -113,9 +117,22 @@ type Server struct {
 	pumpDone chan struct{}
 	wg       sync.WaitGroup
 
+	acct    *accounts   // usage against the limits
+	freeing atomic.Bool // returnMemory is running
+	reserve int         // an fd kept free to turn away connections when out of fds (Serve's)
+
 	// Counters, read with atomic loads.
 	BadWQEs      atomic.Uint64 // malformed entries found in client rings
 	RejectedConn atomic.Uint64 // connections refused by the credential check
+	AcceptErrors atomic.Uint64 // accept failures (out of fds, out of memory, aborted)
+	// ShedConns counts connections the daemon closed to keep serving:
+	// peers silent past OpenTimeout, and the newest when it is out of fds.
+	ShedConns atomic.Uint64
+	// QKeyRefused counts controlled Q_Keys (high bit set) refused to
+	// clients without CAP_NET_RAW.
+	QKeyRefused atomic.Uint64
+	// CQRingDropped counts completions dropped on a full client CQ ring.
+	CQRingDropped atomic.Uint64
 }
 
 // NewServer makes a server for dev and starts its ring pump. The server
@@ -128,11 +145,9 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 	if opt.Mode == 0 {
 		opt.Mode = 0o660
 	}
-	if opt.MaxMRBytes == 0 {
-		opt.MaxMRBytes = 1 << 30
-	}
-	if opt.MaxObjects == 0 {
-		opt.MaxObjects = 4096
+	opt.Limits = opt.Limits.WithDefaults(DefaultLimits(ReadHost()))
+	if opt.OpenTimeout == 0 {
+		opt.OpenTimeout = time.Second
 	}
 	if opt.SpinFor == 0 {
 		opt.SpinFor = 50 * time.Microsecond
@@ -147,7 +162,7 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	s := &Server{dev: dev, info: deviceInfo(dev), cm: opt.CM, opt: opt, log: opt.Logger, db: db, epfd: epfd,
-		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
+		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{}), acct: newAccounts(opt.Limits), reserve: -1}
 	if err := s.watch(db); err != nil {
 		db.Close()
 		unix.Close(epfd)
@@ -241,24 +256,159 @@ func (s *Server) Listen(path string) error {
 	return nil
 }
 
-// Serve accepts clients until Close. It returns nil after Close.
+// Serve accepts clients until Close, and returns nil then. Nothing a
+// client does stops it: a failed accept (out of file descriptors or
+// memory, a connection aborted) is counted and retried after a pause that
+// doubles up to a second, and when the daemon is out of file descriptors
+// the newest connection is turned away (shed) so that the others keep
+// being served.
 func (s *Server) Serve() error {
+	s.reserveFD()
+	defer func() {
+		if s.reserve >= 0 {
+			unix.Close(s.reserve)
+			s.reserve = -1
+		}
+	}()
+	var pause time.Duration
+	var logged time.Time
 	for {
 		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
+		if err == nil {
+			pause = 0
+			s.admit(c)
+			continue
 		}
-		s.startSession(c)
+		if s.isClosing() {
+			return nil
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		s.AcceptErrors.Add(1)
+		if (errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE)) && s.shedNewest(errnoOfAccept(err)) {
+			pause = 0
+			continue
+		}
+		if time.Since(logged) >= 10*time.Second {
+			s.log.Warn("accepting a client failed; retrying", "err", err, "accept_errors", s.AcceptErrors.Load())
+			logged = time.Now()
+		}
+		pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+		time.Sleep(pause)
+	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+func errnoOfAccept(err error) unix.Errno {
+	if errors.Is(err, unix.ENFILE) {
+		return unix.ENFILE
+	}
+	return unix.EMFILE
+}
+
+// shedNewest turns away the connection at the head of the listen queue
+// when accept fails for want of file descriptors: it frees the fd kept in
+// reserve, accepts with it, tells the peer why (no as its OPEN's errno)
+// and closes. Without it the queued connection would make every later
+// accept fail at once, and its client would wait for ever. It reports
+// whether it turned one away.
+func (s *Server) shedNewest(no unix.Errno) bool {
+	if s.reserve >= 0 {
+		unix.Close(s.reserve)
+		s.reserve = -1
+	}
+	shed := false
+	if rc, err := s.ln.SyscallConn(); err == nil {
+		rc.Control(func(lfd uintptr) {
+			fd, _, err := unix.Accept4(int(lfd), unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
+			if err != nil {
+				return
+			}
+			refuseFD(fd, no, "the daemon is out of file descriptors; try again later")
+			unix.Close(fd)
+			s.ShedConns.Add(1)
+			shed = true
+		})
+	}
+	s.reserveFD()
+	return shed
+}
+
+// reserveFD keeps one file descriptor in reserve for shedNewest.
+func (s *Server) reserveFD() {
+	if s.reserve < 0 {
+		if fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			s.reserve = fd
+		}
+	}
+}
+
+// admit decides on a new connection at once: a peer that may not use the
+// RNIC, or whose uid is at its connection limit, is told why (as the
+// errno of its OPEN) and closed without holding anything; the others
+// become sessions.
+func (s *Server) admit(c *net.UnixConn) {
+	cr, err := peerCred(c)
+	if err != nil {
+		s.log.Warn("control connection without credentials", "err", err)
+		c.Close()
+		return
+	}
+	if !s.allowed(cr) {
+		s.RejectedConn.Add(1)
+		s.log.Warn("client refused: neither root nor in the control group", "pid", cr.Pid, "uid", cr.Uid, "gid", cr.Gid)
+		refuse(c, unix.EPERM, fmt.Sprintf("uid %d gid %d may not use this RNIC: only root and the control group may", cr.Uid, cr.Gid))
+		return
+	}
+	acc, lerr := s.acct.join(cr.Uid)
+	if lerr != nil {
+		if lerr.first {
+			s.log.Warn("client refused: over a limit", "pid", cr.Pid, "uid", cr.Uid, "limit", lerr.r.String()+"-per-"+lerr.s.String(), "value", lerr.limit)
+		}
+		refuse(c, lerr.Errno(), lerr.Error())
+		return
+	}
+	s.startSession(c, cr, acc)
+}
+
+// refuse answers a connection's OPEN before it is sent, and closes it.
+func refuse(c *net.UnixConn, no unix.Errno, msg string) {
+	if rc, err := c.SyscallConn(); err == nil {
+		rc.Control(func(fd uintptr) { refuseFD(int(fd), no, msg) })
+	}
+	c.Close()
+}
+
+// refuseFD sends the refusal: an OPEN reply with Seq 0 carrying no and
+// msg, which the client takes as the answer to its OPEN. What the peer
+// already sent is read first: closing a socket with unread data would
+// reset the peer's end and drop the refusal with it.
+func refuseFD(fd int, no unix.Errno, msg string) {
+	var buf [proto.MaxMessage]byte
+	oob := make([]byte, unix.CmsgSpace(4*proto.MaxFDs))
+	for i := 0; i < 4; i++ {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf[:], oob, unix.MSG_DONTWAIT)
+		if err != nil || n == 0 && oobn == 0 {
+			break
+		}
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for i := range msgs {
+				if fds, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+					proto.CloseFDs(fds)
+				}
+			}
+		}
+	}
+	out, err := proto.Encode(buf[:0], proto.Header{Op: proto.OpOpen, Version: proto.Version, Errno: uint32(no)}, []byte(msg))
+	if err == nil {
+		unix.SendmsgN(fd, out, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 	}
 }
 
@@ -551,6 +701,7 @@ func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 		cq.prod.Commit()
 	} else {
 		cq.overruns++
+		s.CQRingDropped.Add(1)
 	}
 	cq.mu.Unlock()
 }
@@ -609,6 +760,33 @@ func inGroups(pid int32, gid uint32) bool {
 				}
 			}
 			return false
+		}
+	}
+	return false
+}
+
+// hasNetRaw reports whether the peer may use controlled Q_Keys (the high
+// bit set): the kernel lets a UD QP take one only with CAP_NET_RAW in the
+// initial user namespace (ib_uverbs' modify_qp), which root normally has.
+// The connecting process's capabilities are read once, as SO_PEERCRED's
+// credentials are.
+func hasNetRaw(cr *unix.Ucred) bool {
+	dir := "/proc/" + strconv.Itoa(int(cr.Pid))
+	ns, err1 := os.Readlink(dir + "/ns/user")
+	own, err2 := os.Readlink("/proc/self/ns/user")
+	if err1 != nil || err2 != nil || ns != own {
+		return false
+	}
+	f, err := os.Open(dir + "/status")
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
+			return err == nil && caps&(1<<unix.CAP_NET_RAW) != 0
 		}
 	}
 	return false

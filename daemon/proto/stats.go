@@ -130,6 +130,35 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrCCWindowFull:            {"cc_window_full", "times a QP's congestion window held a send back"},
 }
 
+// Daemon counters: the index of each in StatsResp.Daemon. What the
+// daemon's clients did to it, and what became of their asynchronous
+// events and completions. New counters go at the end.
+const (
+	DCtrRejectedConnections   = iota // connections refused: not root, the daemon's user or the control group
+	DCtrAcceptErrors                 // accept failures (out of fds or memory)
+	DCtrShedConnections              // connections closed: silent before OPEN, or turned away out of fds
+	DCtrLimitRefusals                // client requests refused by a limit
+	DCtrBadWQEs                      // malformed entries and corrupted indexes in client rings
+	DCtrCQRingDropped                // completions dropped on a full client CQ ring
+	DCtrControlledQKeyRefused        // controlled Q_Keys refused to clients without CAP_NET_RAW
+	DCtrAsyncEventsLost              // asynchronous events nobody read in time
+	DCtrCQOverruns                   // CQs that overflowed
+	NumDaemonCounters
+)
+
+// DaemonCounters are the daemon counters' names, by index.
+var DaemonCounters = [NumDaemonCounters]CounterDef{
+	DCtrRejectedConnections:   {"rejected_connections", "client connections refused: neither root, the daemon's user nor the control group"},
+	DCtrAcceptErrors:          {"accept_errors", "client connections the daemon failed to accept (out of file descriptors or memory)"},
+	DCtrShedConnections:       {"shed_connections", "client connections closed to keep serving: silent before OPEN, or turned away out of file descriptors"},
+	DCtrLimitRefusals:         {"limit_refusals", "client requests refused by a limit (daemon [limits])"},
+	DCtrBadWQEs:               {"bad_wqes", "malformed work requests and corrupted ring indexes in client rings"},
+	DCtrCQRingDropped:         {"cq_ring_dropped", "completions dropped because a client's CQ ring was full"},
+	DCtrControlledQKeyRefused: {"controlled_qkey_refused", "controlled Q_Keys (high bit set) refused to clients without CAP_NET_RAW"},
+	DCtrAsyncEventsLost:       {"async_events_lost", "asynchronous events dropped because nobody read them in time"},
+	DCtrCQOverruns:            {"cq_overruns", "CQs that overflowed (their QPs went to the error state)"},
+}
+
 // Per-QP counters: the index of each in QPStats.Values.
 const (
 	QCtrRxPackets               = iota // UD only: packets delivered
@@ -284,6 +313,8 @@ type StatsResp struct {
 	NumQueues uint32
 	_         uint32
 	Queues    [MaxStatsQueues]QueueStats
+	// Daemon are the daemon's own counters (DaemonCounters).
+	Daemon [NumDaemonCounters]uint64
 }
 
 // MaxStatsQueues is how many receive queues one StatsResp details.
