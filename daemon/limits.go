@@ -354,6 +354,13 @@ func (a *accounts) refuseLocked(acc *account, r Resource, s Scope, used, want, l
 	return &limitError{r: r, s: s, used: used, want: want, limit: lim, first: first}
 }
 
+// held is how much of r the connection holds.
+func (acc *account) held(r Resource) int64 {
+	acc.a.mu.Lock()
+	defer acc.a.mu.Unlock()
+	return acc.conn[r]
+}
+
 // give returns cs.
 func (acc *account) give(cs ...charge) {
 	acc.a.mu.Lock()

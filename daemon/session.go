@@ -212,18 +212,18 @@ func (ss *session) serve() {
 	if capt != nil {
 		capt.Stop() // flushes the file before the connection's fd is closed
 	}
+	queues := ss.acct.held(QueueBytes)
 	info := ss.cleanup()
 	if ss.db != nil {
 		s.unwatch(ss.db)
 		ss.db.Close()
 	}
 	ss.conn.Close()
-	held := ss.acct.conn
 	ss.acct.leave()
 	s.mu.Lock()
 	delete(s.sessions, ss)
 	s.mu.Unlock()
-	s.returnMemory(held[QueueBytes])
+	s.returnMemory(queues)
 	ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs, "ahs", info.AHs)
 	if s.opt.OnClientGone != nil {
 		s.opt.OnClientGone(info)
