@@ -60,6 +60,8 @@ func (q *QP) checkSend(s *verbs.SendWR) (*AH, error) {
 	switch {
 	case !s.Opcode.Valid():
 		return nil, verbs.ErrBadOpcode
+	case s.Flags&^ib.KnownSendFlags != 0:
+		return nil, verbs.ErrInvalid // a flag this device does not implement
 	case t.Datagram() && s.Opcode != ib.Send && s.Opcode != ib.SendWithImm:
 		return nil, verbs.ErrBadOpcode
 	case t == ib.UC && (s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):

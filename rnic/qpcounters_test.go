@@ -1,6 +1,7 @@
 package rnic
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -119,5 +120,22 @@ func TestRetiredQPCounters(t *testing.T) {
 	})
 	if after.QPs != before.QPs+1 || after.CQE.ReqFlushErr != before.CQE.ReqFlushErr+2 || n != 0 {
 		t.Fatalf("retired before %+v, after %+v; %d live", before.CQE, after.CQE, n)
+	}
+}
+
+// A send WR with a flag the device does not implement is refused at post,
+// as one with a bad opcode or too many SGEs: nothing is posted.
+func TestPostRefusesUnknownSendFlags(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	qa, _ := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	mrA, _ := tb.a.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite)
+	sg := []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}
+	for _, f := range []ib.SendFlags{1 << 4, 1 << 7, ib.Signaled | 1<<5} {
+		if n, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: f, SG: sg}}); n != 0 || !errors.Is(err, verbs.ErrInvalid) {
+			t.Errorf("flags %#x: %d posted, %v", f, n, err)
+		}
+	}
+	if n, err := qa.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.KnownSendFlags &^ ib.Inline, SG: sg}}); n != 1 || err != nil {
+		t.Errorf("known flags: %d posted, %v", n, err)
 	}
 }
