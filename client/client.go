@@ -39,7 +39,7 @@ func Dial(path string) (*Client, error) {
 	if path == "" {
 		path = DefaultControl
 	}
-	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	uc, err := dialUnix(path)
 	if err != nil {
 		return nil, fmt.Errorf("softrnic: connecting to the daemon at %s: %w", path, err)
 	}
@@ -56,6 +56,27 @@ func Dial(path string) (*Client, error) {
 	}
 	c.db = shmring.DoorbellFD(fds[0])
 	return c, nil
+}
+
+// connectWait bounds how long Dial waits for room in the daemon's listen
+// queue.
+const connectWait = 5 * time.Second
+
+// dialUnix connects to the daemon's socket. A full listen queue (the
+// daemon busy accepting, or turning away a flood of connections) fails a
+// non-blocking connect with EAGAIN where a blocking one would wait: Dial
+// waits too, a while.
+func dialUnix(path string) (*net.UnixConn, error) {
+	pause := time.Millisecond
+	deadline := time.Now().Add(connectWait)
+	for {
+		uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+		if err == nil || !errors.Is(err, unix.EAGAIN) || time.Now().After(deadline) {
+			return uc, err
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 50*time.Millisecond)
+	}
 }
 
 // Info returns the device attributes the daemon reported.

@@ -526,6 +526,8 @@ func hostileChild(role, path string) int {
 		fmt.Printf("held %d\n", held)
 		time.Sleep(time.Minute) // bounded: the test kills it long before
 		return 1
+	case "soak":
+		return soakAttacker(path)
 	case "dial":
 		// When told to (a line on stdin).
 		bufio.NewReader(os.Stdin).ReadString('\n')

@@ -9,12 +9,13 @@
 // it (`softrnic perf write_bw --daemon` against a perf client in the
 // other namespace). The attackers are this program re-executed, speaking
 // raw control messages (daemon/proto) and writing straight into their
-// rings: what any local program in the daemon's group can do. The attacks
-// are those of the daemon's issue:
+// rings: what any local program in the daemon's group can do, here as
+// user nobody (the well-behaved clients are root's). The attacks are those
+// of the daemon's issue:
 //
 //	silent   2 processes × 12 000 connections that never speak
 //	cqs      3 connections × 4095 CQs of depth 1 (two fds each)
-//	maps     14 connections × 4 000 one-page MRs, each in a memfd of its own, and 700 CQs each
+//	maps     16 connections × 4 090 one-page MRs, each in a memfd of its own, and 700 CQs each
 //	mrs      100 000 one-page MRs in one memfd: registration rate at 1 000 and 100 000
 //	qps      20 RC QPs of 16384/16384 WRs, 32/32 SGEs
 //	bigcqs   20 CQs of 2^20 entries
@@ -204,21 +205,21 @@ type proc struct {
 func plan(attack string) []proc {
 	switch attack {
 	case "silent":
-		return []proc{{role: "silent", args: []string{"12000"}}, {role: "silent", args: []string{"12000"}}}
+		return []proc{{role: "silent", args: []string{"12000"}, nobody: true}, {role: "silent", args: []string{"12000"}, nobody: true}}
 	case "cqs":
-		return []proc{{role: "cqs", args: []string{"3", "4095", "1"}}}
+		return []proc{{role: "cqs", args: []string{"3", "4095", "1"}, nobody: true}}
 	case "maps":
-		return []proc{{role: "maps", args: []string{"14", "4000", "700"}}}
+		return []proc{{role: "maps", args: []string{"16", "4090", "700"}, nobody: true}}
 	case "mrs":
-		return []proc{{role: "mrs", args: []string{"100000"}}}
+		return []proc{{role: "mrs", args: []string{"100000"}, nobody: true}}
 	case "qps":
-		return []proc{{role: "qps", args: []string{"20"}}}
+		return []proc{{role: "qps", args: []string{"20"}, nobody: true}}
 	case "bigcqs":
-		return []proc{{role: "cqs", args: []string{"1", "20", strconv.Itoa(1 << 20)}}}
+		return []proc{{role: "cqs", args: []string{"1", "20", strconv.Itoa(1 << 20)}, nobody: true}}
 	case "qkey":
 		return []proc{{role: "qkey", nobody: true}}
 	case "badwr":
-		return []proc{{role: "badwr"}}
+		return []proc{{role: "badwr", nobody: true}}
 	}
 	return nil
 }
