@@ -271,15 +271,17 @@ func run(attack, bin, self, dir string, stream time.Duration) *Result {
 			return r
 		}
 	}
-	// The well-behaved stream: its receiver's QPs in the daemon.
+	// The well-behaved stream: its receiver's QPs in the daemon. A local
+	// ACK timeout of 1 s (-u 18), so that a loaded machine's scheduling
+	// does not end it: what ends it is the daemon.
 	ctx, cancel := context.WithTimeout(context.Background(), stream+time.Minute)
 	defer cancel()
 	secs := strconv.Itoa(int(stream / time.Second))
-	srv := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "perf", "write_bw", "--daemon", sock, "-D", secs, "-p", "18777", "--json")
+	srv := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "perf", "write_bw", "--daemon", sock, "-D", secs, "-p", "18777", "-u", "18", "--json")
 	var sout, serr bytes.Buffer
 	srv.Stdout, srv.Stderr = &sout, &serr
 	srv.Start()
-	cli := exec.CommandContext(ctx, "ip", "netns", "exec", pair.B.NS.Name, bin, "perf", "write_bw", "-d", pair.B.Name, "-D", secs, "-p", "18777", "--json", pair.A.Addr.String())
+	cli := exec.CommandContext(ctx, "ip", "netns", "exec", pair.B.NS.Name, bin, "perf", "write_bw", "-d", pair.B.Name, "-D", secs, "-p", "18777", "-u", "18", "--json", pair.A.Addr.String())
 	cli.Env = append(os.Environ(), "SOFTRNIC_PORT=afpacket")
 	var cout, cerr bytes.Buffer
 	cli.Stdout, cli.Stderr = &cout, &cerr
