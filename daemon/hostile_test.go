@@ -244,7 +244,7 @@ func TestConnectionAndFDLimits(t *testing.T) {
 	dev := testlink.Loopback(t, 1024)
 	lim := unlimited()
 	lim[daemon.Connections][daemon.PerUID] = 4
-	lim[daemon.FDs][daemon.PerConn] = 5 + 1 + 2*10 // connection, doorbell, 10 CQs
+	lim[daemon.FDs][daemon.PerConn] = 5 + 1 + 10 // connection, doorbell, 10 CQs (their doorbells)
 	srv, path, _ := serveIn(t, t.TempDir(), dev, daemon.Options{Limits: lim})
 	var conns []*rawClient
 	for i := 0; i < 4; i++ {
@@ -262,8 +262,11 @@ func TestConnectionAndFDLimits(t *testing.T) {
 	if _, err := client.Dial(path); !errors.Is(err, unix.EAGAIN) {
 		t.Fatalf("client.Dial over the limit: %v", err)
 	}
-	// CQs until the connection's fds run out: EMFILE, not EINVAL.
+	// CQs until the connection's fds run out: EMFILE, not EINVAL. A CQ
+	// costs the daemon one fd (the client's CQ doorbell; it keeps the
+	// ring's mapping, not its memfd).
 	a := conns[0]
+	fds := figuresOf(os.Getpid()).fds
 	cqs := 0
 	for ; cqs < 100; cqs++ {
 		if err = a.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 1}, nil); err != nil {
@@ -272,6 +275,9 @@ func TestConnectionAndFDLimits(t *testing.T) {
 	}
 	if cqs != 10 || !errors.Is(err, unix.EMFILE) {
 		t.Fatalf("%d CQs, then %v; want 10, then EMFILE", cqs, err)
+	}
+	if now := figuresOf(os.Getpid()).fds; now > fds+10 {
+		t.Fatalf("10 CQs took %d fds of the daemon", now-fds)
 	}
 	// Another connection is not affected.
 	if err := conns[1].call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 1}, nil); err != nil {

@@ -397,13 +397,13 @@ func (a *accounts) snapshot() Usage {
 
 // What the daemon holds per object (fds, mappings): a connection's socket
 // and the fds one of its messages may carry (held while the daemon
-// handles it); a CQ's ring memfd and the client's CQ doorbell; a QP's SQ
-// and RQ ring memfds.
+// handles it, as are a new object's ring memfds until the reply went); a
+// CQ's doorbell and its ring's mapping; a QP's SQ and RQ rings' mappings.
 const (
 	connFDs    = 1 + proto.MaxFDs
-	cqFDs      = 2
+	cqFDs      = 1
 	cqMappings = 1
-	qpFDs      = 2
+	qpFDs      = 0
 	qpMappings = 2
 	openFDs    = 1 // the client's doorbell to the daemon
 )

@@ -55,6 +55,10 @@ type session struct {
 	maps    map[fileKey][]*memfdMap
 	graves  []grave
 	liveQPs int // QPs created and not yet destroyed in the device
+	// sent are rings whose memfd the client gets in the reply being
+	// made: the daemon closes its own fd once the reply went, keeping
+	// only the mapping (serve's goroutine only).
+	sent    []*shmring.Ring
 	capture *capture.Session
 	db      *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
 
@@ -201,7 +205,12 @@ func (ss *session) serve() {
 		if err == errDeferred {
 			continue // its goroutine replies
 		}
-		if rerr := ss.reply(h, resp, out, err); rerr != nil {
+		rerr := ss.reply(h, resp, out, err)
+		for _, r := range ss.sent {
+			r.CloseFD()
+		}
+		ss.sent = ss.sent[:0]
+		if rerr != nil {
 			break
 		}
 	}
@@ -624,6 +633,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 	ss.s.cqList = append(ss.s.cqList, c)
 	ss.s.ringsMu.Unlock()
 	made = true
+	ss.sent = append(ss.sent, ring)
 	return &proto.CreateCQResp{CQ: h, Slots: slots}, []int{ring.FD(), db.FD()}, nil
 }
 
@@ -769,6 +779,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	ss.s.qpList = append(ss.s.qpList, q)
 	ss.s.ringsMu.Unlock()
 	made = true
+	ss.sent = append(ss.sent, sq, rq)
 	return &proto.CreateQPResp{QP: h, QPN: qp.QPN(), SQSlots: sqSlots, RQSlots: rqSlots, Caps: c}, []int{sq.FD(), rq.FD()}, nil
 }
 
