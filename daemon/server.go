@@ -117,9 +117,11 @@ type Server struct {
 	pumpDone chan struct{}
 	wg       sync.WaitGroup
 
-	acct    *accounts   // usage against the limits
-	freeing atomic.Bool // returnMemory is running
-	reserve int         // an fd kept free to turn away connections when out of fds (Serve's)
+	acct    *accounts // usage against the limits
+	logMu   sync.Mutex
+	logged  map[string]time.Time // refusals of connections logged, by why and uid (firstIn)
+	freeing atomic.Bool          // returnMemory is running
+	reserve int                  // an fd kept free to turn away connections when out of fds (Serve's)
 
 	// Counters, read with atomic loads.
 	BadWQEs      atomic.Uint64 // malformed entries found in client rings
@@ -162,7 +164,8 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	s := &Server{dev: dev, info: deviceInfo(dev), cm: opt.CM, opt: opt, log: opt.Logger, db: db, epfd: epfd,
-		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{}), acct: newAccounts(opt.Limits), reserve: -1}
+		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{}), acct: newAccounts(opt.Limits), reserve: -1,
+		logged: map[string]time.Time{}}
 	if err := s.watch(db); err != nil {
 		db.Close()
 		unix.Close(epfd)
@@ -363,19 +366,39 @@ func (s *Server) admit(c *net.UnixConn) {
 	}
 	if !s.allowed(cr) {
 		s.RejectedConn.Add(1)
-		s.log.Warn("client refused: neither root nor in the control group", "pid", cr.Pid, "uid", cr.Uid, "gid", cr.Gid)
+		if s.firstIn("refused", cr.Uid) {
+			s.log.Warn("client refused: neither root nor in the control group (logged once a minute per uid)", "pid", cr.Pid, "uid", cr.Uid, "gid", cr.Gid)
+		}
 		refuse(c, unix.EPERM, fmt.Sprintf("uid %d gid %d may not use this RNIC: only root and the control group may", cr.Uid, cr.Gid))
 		return
 	}
 	acc, lerr := s.acct.join(cr.Uid)
 	if lerr != nil {
-		if lerr.first {
-			s.log.Warn("client refused: over a limit", "pid", cr.Pid, "uid", cr.Uid, "limit", lerr.r.String()+"-per-"+lerr.s.String(), "value", lerr.limit)
+		if s.firstIn("limit", cr.Uid) {
+			s.log.Warn("client refused: over a limit (logged once a minute per uid)", "pid", cr.Pid, "uid", cr.Uid, "limit", lerr.r.String()+"-per-"+lerr.s.String(), "value", lerr.limit)
 		}
 		refuse(c, lerr.Errno(), lerr.Error())
 		return
 	}
 	s.startSession(c, cr, acc)
+}
+
+// firstIn reports whether uid's connections were not refused for why in
+// the last minute: a flood of connections is logged once, not once per
+// connection.
+func (s *Server) firstIn(why string, uid uint32) bool {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	k := why + "/" + strconv.FormatUint(uint64(uid), 10)
+	now := time.Now()
+	if t, ok := s.logged[k]; ok && now.Sub(t) < time.Minute {
+		return false
+	}
+	if len(s.logged) >= 1024 {
+		clear(s.logged) // a bound: at worst, some are logged again
+	}
+	s.logged[k] = now
+	return true
 }
 
 // refuse answers a connection's OPEN before it is sent, and closes it.

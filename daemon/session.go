@@ -181,7 +181,6 @@ func (s *Server) startSession(c *net.UnixConn, cr *unix.Ucred, acc *account) {
 func (ss *session) serve() {
 	s := ss.s
 	defer s.wg.Done()
-	ss.log.Info("client connected")
 	// A peer that connects and never opens holds an fd for nothing.
 	ss.conn.UnixConn().SetReadDeadline(time.Now().Add(s.opt.OpenTimeout))
 	for {
@@ -191,7 +190,9 @@ func (ss *session) serve() {
 			switch {
 			case !ss.opened && errors.As(err, &ne) && ne.Timeout():
 				s.ShedConns.Add(1)
-				ss.log.Warn("client closed: no OPEN", "within", s.opt.OpenTimeout)
+				if s.firstIn("silent", ss.cred.Uid) {
+					ss.log.Warn("client closed: no OPEN (logged once a minute per uid)", "within", s.opt.OpenTimeout)
+				}
 			case !proto.IsClosed(err):
 				ss.log.Warn("control connection dropped", "err", err)
 			}
@@ -201,6 +202,7 @@ func (ss *session) serve() {
 		resp, out, err := ss.handle(h, body, fds)
 		if ss.opened && !opened {
 			ss.conn.UnixConn().SetReadDeadline(time.Time{})
+			ss.log.Info("client connected")
 		}
 		if err == errDeferred {
 			continue // its goroutine replies
@@ -233,7 +235,9 @@ func (ss *session) serve() {
 	delete(s.sessions, ss)
 	s.mu.Unlock()
 	s.returnMemory(queues)
-	ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs, "ahs", info.AHs)
+	if ss.opened {
+		ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs, "ahs", info.AHs)
+	}
 	if s.opt.OnClientGone != nil {
 		s.opt.OnClientGone(info)
 	}
