@@ -71,12 +71,18 @@ func (r *rawClient) call(op proto.Op, req, resp any, fds ...int) error {
 
 func (r *rawClient) callFDs(op proto.Op, req, resp any, fds ...int) ([]int, error) {
 	r.seq++
-	if err := r.conn.Send(proto.Header{Op: op, Seq: r.seq}, req, fds...); err != nil {
-		return nil, err
+	serr := r.conn.Send(proto.Header{Op: op, Seq: r.seq}, req, fds...)
+	if serr != nil && op != proto.OpOpen {
+		return nil, serr
 	}
+	// An OPEN may be answered before it is sent (a refused connection):
+	// the answer is then there to read, after a reset perhaps.
 	h, body, out, err := r.conn.Recv()
+	if err != nil && op == proto.OpOpen {
+		h, body, out, err = r.conn.Recv()
+	}
 	if err != nil {
-		return nil, err
+		return nil, errors.Join(serr, err)
 	}
 	if h.Errno != 0 {
 		proto.CloseFDs(out)
@@ -418,6 +424,46 @@ func TestControlledQKeyNeedsNetRaw(t *testing.T) {
 	}
 }
 
+// A uid's limits are its own: another user's client that takes all its
+// uid may have (connections, then a connection's fds in CQs) is refused
+// with EAGAIN and EMFILE, while this user's clients are served as usual.
+func TestLimitsIsolateUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as another user")
+	}
+	dev := testlink.Loopback(t, 1024)
+	dir := reachableDir(t)
+	lim := unlimited()
+	lim[daemon.Connections][daemon.PerUID] = 20
+	lim[daemon.FDs][daemon.PerUID] = 20*5 + 20 + 500 // connections, doorbells, 500 CQs
+	srv, path, _ := serveIn(t, dir, dev, daemon.Options{Group: 65534, Limits: lim})
+	cmd := exec.Command(filepath.Join(dir, "daemon.test"), "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SOFTRNIC_HOSTILE=hog", "SOFTRNIC_CONTROL="+path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{}}}
+	in, _ := cmd.StdinPipe()
+	out, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { in.Close(); cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "20 connections, then EAGAIN; 500 CQs, then EMFILE\n" {
+		t.Fatalf("the other user's client: %q %v", line, err)
+	}
+	// Root's clients, meanwhile: connections and CQs up to their own
+	// uid's limits.
+	for i := 0; i < 15; i++ {
+		r := openRaw(t, path)
+		if err := r.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 1}, nil); err != nil {
+			t.Fatalf("root's client %d: %v", i, err)
+		}
+	}
+	if u := srv.Usage(); u.Host[daemon.CQs] != 515 || u.Refusals[daemon.Connections][daemon.PerUID] != 1 || u.Refusals[daemon.FDs][daemon.PerUID] != 1 {
+		t.Fatalf("usage %v, refusals %v", u.Host, u.Refusals)
+	}
+}
+
 // setQKey makes a UD QP on r and moves it to INIT with qkey.
 func setQKey(r *rawClient, qkey uint32) error {
 	pd := r.handle(proto.OpAllocPD, nil)
@@ -534,6 +580,32 @@ func hostileChild(role, path string) int {
 		return 1
 	case "soak":
 		return soakAttacker(path)
+	case "hog":
+		// Connections until refused, then CQs on one of them until
+		// refused; held until stdin closes.
+		var conns []*rawClient
+		var connErr, cqErr error
+		for len(conns) < 1000 {
+			r, err := dialRaw(&childTB{}, path)
+			if err == nil {
+				err = r.call(proto.OpOpen, &proto.OpenReq{Version: proto.Version}, nil)
+			}
+			if err != nil {
+				connErr = err
+				break
+			}
+			conns = append(conns, r)
+		}
+		cqs := 0
+		for len(conns) > 0 && cqs < 100000 {
+			if cqErr = conns[0].call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 1}, nil); cqErr != nil {
+				break
+			}
+			cqs++
+		}
+		fmt.Printf("%d connections, then %v; %d CQs, then %v\n", len(conns), errnoName(connErr), cqs, errnoName(cqErr))
+		io.Copy(io.Discard, os.Stdin)
+		return 0
 	case "dial":
 		// When told to (a line on stdin).
 		bufio.NewReader(os.Stdin).ReadString('\n')
@@ -552,6 +624,14 @@ func hostileChild(role, path string) int {
 	}
 	fmt.Fprintln(os.Stderr, "unknown role", role)
 	return 2
+}
+
+func errnoName(err error) string {
+	var no unix.Errno
+	if errors.As(err, &no) {
+		return unix.ErrnoName(no)
+	}
+	return fmt.Sprint(err)
 }
 
 // childTB stands in for testing.TB in a child process: dialRaw's cleanup
