@@ -94,6 +94,7 @@ func main() {
 	fmt.Printf("done in %v, load %s\n", time.Since(start).Round(time.Second), loadavg())
 	if *jsonPath != "" {
 		b, _ := json.MarshalIndent(results, "", "  ")
+		os.MkdirAll(filepath.Dir(*jsonPath), 0o755)
 		if err := os.WriteFile(*jsonPath, b, 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
