@@ -665,13 +665,20 @@ func TestOutOfFDsKeepsServing(t *testing.T) {
 	}
 	t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &rl) })
 	// The test process is the daemon: its other client runs in a process
-	// of its own, started before the daemon runs out.
+	// of its own, started before the daemon runs out; a raw one here
+	// connects first.
+	early := openRaw(t, path)
 	_, dial, go_ := startChild(t, "dial", path)
 	flood, out, _ := startChild(t, "flood", path, "SOFTRNIC_FLOOD=400")
 	if line, err := out.ReadString('\n'); err != nil || !strings.HasPrefix(line, "held ") {
 		t.Fatalf("flood: %q %v", line, err)
 	}
 	eventually(t, "accept failures", func() bool { return srv.AcceptErrors.Load() > 0 && srv.ShedConns.Load() > 0 })
+	// A CQ now needs an fd the daemon has not: EMFILE, as the kernel
+	// said (not EINVAL).
+	if err := early.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 4}, nil); !errors.Is(err, unix.EMFILE) {
+		t.Errorf("CQ while the daemon is out of fds: %v", err)
+	}
 	// Another client now: turned away with EMFILE, or served if the
 	// daemon had an fd for it.
 	io.WriteString(go_, "go\n")
@@ -687,7 +694,7 @@ func TestOutOfFDsKeepsServing(t *testing.T) {
 	flood.Process.Kill()
 	flood.Wait()
 	unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
-	eventually(t, "flood released", func() bool { return srv.Usage().Host[daemon.Connections] == 0 })
+	eventually(t, "flood released", func() bool { return srv.Usage().Host[daemon.Connections] == 1 }) // early's
 	c, err := client.Dial(path)
 	if err != nil {
 		t.Fatal("after the flood:", err)
