@@ -113,8 +113,11 @@
 // truncating it) and mapped by the daemon: remote READ and WRITE land in the
 // client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
 // the daemon creates and seals. The pump (one goroutine) takes WRs from
-// every SQ and RQ, checks them (a malformed entry completes in error and
-// errors the QP), posts them to the device, and moves the device's
+// every SQ and RQ, checks them, posts them to the device (a WR that does
+// not decode or fails the device's checks, which ibv_post_send would have
+// refused, is a bad WQE: it completes in error after the WRs before it and
+// stops the QP, SQE for a UC or UD send queue and ERR otherwise; counted
+// in bad_wqes), and moves the device's
 // completions into the clients' CQ rings, only as many as fit. A UD WR
 // names one of the session's address handles (CREATE_AH resolved the next
 // hop on the control path), never a raw destination. It spins

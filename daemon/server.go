@@ -643,8 +643,13 @@ func (s *Server) drainRQ(q *qpObj) int {
 		if _, err := q.qp.PostRecv(q.rwr[:]); errors.Is(err, verbs.ErrQueueFull) {
 			q.rqc.Unpeek()
 			break
-		} else if err != nil {
+		} else if errors.Is(err, verbs.ErrQPState) || errors.Is(err, verbs.ErrDestroyed) {
 			s.failWR(q, q.recv, w.ID, true, err)
+		} else if err != nil {
+			// A receive WR failing the device's checks is a receive
+			// queue error: ERR whatever the QP's type (IBA 10.3.1),
+			// counted as a bad WQE.
+			s.badWQE(q, q.recv, w.ID, true, err)
 		}
 	}
 	q.rqc.Release()
@@ -662,7 +667,9 @@ func (s *Server) drainSQ(q *qpObj) int {
 		w := &q.swr[0]
 		ah, err := proto.GetSendWR(slot, w, q.typ == ib.UD)
 		if err != nil {
-			s.badWQE(q, q.send, w.ID, false, err)
+			if !s.sendInError(q, w.ID, w.Opcode, err) {
+				break
+			}
 			continue
 		}
 		if q.typ == ib.UD {
@@ -675,8 +682,8 @@ func (s *Server) drainSQ(q *qpObj) int {
 		if _, err := q.qp.PostSend(q.swr[:]); errors.Is(err, verbs.ErrQueueFull) {
 			q.sqc.Unpeek()
 			break
-		} else if err != nil {
-			s.failWR(q, q.send, w.ID, false, err)
+		} else if err != nil && !s.sendInError(q, w.ID, w.Opcode, err) {
+			break
 		}
 	}
 	q.sqc.Release()
@@ -694,6 +701,29 @@ func (s *Server) checkRings(q *qpObj) {
 	attr := ib.QPAttr{State: ib.Err}
 	q.qp.Modify(&attr, ib.AttrState)
 	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
+}
+
+// sendInError completes a send WR the device refused as an RNIC completes
+// a bad WQE: in order, after the WRs before it, and then the QP stops (ERR
+// for RC, SQE for UC and UD), where ibv_post_send would have refused it
+// before it reached a queue. A QP not yet able to send gets the error
+// completion straight away. It is false when the SQ is full: the entry
+// stays in the ring for the next pass.
+func (s *Server) sendInError(q *qpObj, id uint64, op ib.WROpcode, err error) bool {
+	st := ib.LocQPOpErr
+	var se interface{ Status() ib.WCStatus }
+	if errors.As(err, &se) {
+		st = se.Status()
+	}
+	switch perr := q.qp.PostSendInError(id, op, st); {
+	case errors.Is(perr, verbs.ErrQueueFull):
+		q.sqc.Unpeek()
+		return false
+	case perr != nil:
+		s.failWR(q, q.send, id, false, err)
+	}
+	s.BadWQEs.Add(1)
+	return true
 }
 
 // badWQE handles an entry that does not decode: like a malformed WQE on a
