@@ -138,7 +138,7 @@ const (
 	DCtrAcceptErrors                 // accept failures (out of fds or memory)
 	DCtrShedConnections              // connections closed: silent before OPEN, or turned away out of fds
 	DCtrLimitRefusals                // client requests refused by a limit
-	DCtrBadWQEs                      // malformed entries and corrupted indexes in client rings
+	DCtrBadWQEs                      // WRs in client rings that do not decode or fail the device's checks, corrupted indexes
 	DCtrCQRingDropped                // completions dropped on a full client CQ ring
 	DCtrControlledQKeyRefused        // controlled Q_Keys refused to clients without CAP_NET_RAW
 	DCtrAsyncEventsLost              // asynchronous events nobody read in time
@@ -152,7 +152,7 @@ var DaemonCounters = [NumDaemonCounters]CounterDef{
 	DCtrAcceptErrors:          {"accept_errors", "client connections the daemon failed to accept (out of file descriptors or memory)"},
 	DCtrShedConnections:       {"shed_connections", "client connections closed to keep serving: silent before OPEN, or turned away out of file descriptors"},
 	DCtrLimitRefusals:         {"limit_refusals", "client requests refused by a limit (daemon [limits])"},
-	DCtrBadWQEs:               {"bad_wqes", "malformed work requests and corrupted ring indexes in client rings"},
+	DCtrBadWQEs:               {"bad_wqes", "work requests in client rings that do not decode or fail the device's checks, and corrupted ring indexes"},
 	DCtrCQRingDropped:         {"cq_ring_dropped", "completions dropped because a client's CQ ring was full"},
 	DCtrControlledQKeyRefused: {"controlled_qkey_refused", "controlled Q_Keys (high bit set) refused to clients without CAP_NET_RAW"},
 	DCtrAsyncEventsLost:       {"async_events_lost", "asynchronous events dropped because nobody read them in time"},
