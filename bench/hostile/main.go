@@ -331,12 +331,27 @@ func run(attack, bin, self, dir string, stream time.Duration) *Result {
 	}
 	time.Sleep(3 * time.Second) // the daemon releases what the attackers held
 	r.After = figuresOf(pid)
-	select {
-	case err := <-died:
-		died <- err
+	// A daemon whose figures are gone is exiting: wait for it a little,
+	// so that it is reported as dead, not as holding nothing.
+	var derr error
+	dead := false
+	if r.After.FDs == 0 && r.After.Maps == 0 {
+		select {
+		case derr = <-died:
+			dead = true
+		case <-time.After(5 * time.Second):
+		}
+	} else {
+		select {
+		case derr = <-died:
+			dead = true
+		default:
+		}
+	}
+	if dead {
+		died <- derr
 		r.DaemonDied = true
 		r.DaemonLog = lastLines(logs.String(), 4)
-	default:
 	}
 	cerrW := cli.Wait()
 	srv.Wait()
