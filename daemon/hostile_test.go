@@ -346,6 +346,29 @@ func TestQueueMemoryIsBoundedAndReturned(t *testing.T) {
 		qps, held>>20, base, peak, after)
 }
 
+// The memory of huge CQs goes back to the system when their client goes:
+// nothing of the daemon's keeps a destroyed CQ (or QP) reachable.
+func TestCQMemoryIsReturned(t *testing.T) {
+	dev := testlink.Loopback(t, 1024)
+	srv, path, _ := serveIn(t, t.TempDir(), dev, daemon.Options{Limits: unlimited()})
+	base := figuresOf(os.Getpid())
+	r := openRaw(t, path)
+	for i := 0; i < 6; i++ {
+		if err := r.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: dev.Query().MaxCQE}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	peak := figuresOf(os.Getpid())
+	r.conn.Close()
+	eventually(t, "queues released", func() bool { return srv.Usage().Host[daemon.QueueBytes] == 0 })
+	var after figures
+	eventually(t, "memory returned", func() bool {
+		after = figuresOf(os.Getpid())
+		return after.rss-base.rss < (peak.rss-base.rss)/4
+	})
+	t.Logf("6 CQs of %d entries: before %v, peak %v, after the client went %v", dev.Query().MaxCQE, base, peak, after)
+}
+
 // MRs in one memfd share the daemon's mappings of it: 20 000 one-page MRs
 // cost a few mappings, not 20 000; MRs each in their own memfd run into
 // the mappings limit (ENOMEM), not into vm.max_map_count. Deregistered,

@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -690,7 +691,7 @@ func (ss *session) releaseCQ(c *cqObj) error {
 	s.ringsMu.Lock()
 	for i, x := range s.cqList {
 		if x == c {
-			s.cqList = append(s.cqList[:i], s.cqList[i+1:]...)
+			s.cqList = slices.Delete(s.cqList, i, i+1) // clears the tail: the CQ is not kept alive
 			break
 		}
 	}
@@ -888,7 +889,7 @@ func (ss *session) releaseQP(q *qpObj) error {
 	s.ringsMu.Lock()
 	for i, x := range s.qpList {
 		if x == q {
-			s.qpList = append(s.qpList[:i], s.qpList[i+1:]...)
+			s.qpList = slices.Delete(s.qpList, i, i+1) // clears the tail: the QP is not kept alive
 			break
 		}
 	}
