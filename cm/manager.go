@@ -728,8 +728,9 @@ func (m *Manager) NotifyEstablished(now clock.Time, id ConnID) error {
 	case StateREPSent, StateMRAREPRcvd:
 		m.establishPassive(c)
 		return nil
+	default:
+		return ErrBadState
 	}
-	return ErrBadState
 }
 
 // Disconnect sends a DREQ for an established connection.
@@ -769,22 +770,25 @@ func (m *Manager) Abort(now clock.Time, id ConnID) error {
 	}
 	switch c.state {
 	case StateREQSent, StateMRAREQRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout, nil)
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout)
 		m.enterTimeWait(now, c)
 	case StateREQRcvd, StateMRAREQSent:
 		m.rejectREQ(c, RejConsumerDefined, nil)
 	case StateREPSent, StateMRAREPRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejConsumerDefined, nil)
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejConsumerDefined)
 		m.enterTimeWait(now, c)
 	case StateEstablished:
 		return m.Disconnect(now, id, nil)
 	case StateSIDRREQSent, StateSIDRREQRcvd:
 		m.remove(c)
+	default:
+		// Disconnecting, in time-wait or done with a SIDR_REP: left to
+		// finish.
 	}
 	return nil
 }
 
-func (m *Manager) sendREJ(to netip.Addr, tid uint64, local, remote uint32, msg uint8, reason RejectReason, private []byte) {
+func (m *Manager) sendREJ(to netip.Addr, tid uint64, local, remote uint32, msg uint8, reason RejectReason) {
 	var b [MADSize]byte
 	mad := MAD(b[:])
 	mad.InitCM(AttrREJ, tid)
@@ -795,7 +799,6 @@ func (m *Manager) sendREJ(to netip.Addr, tid uint64, local, remote uint32, msg u
 		binary.BigEndian.PutUint64(rej.ARI[:], m.cfg.CAGUID)
 		rej.RejectedInfoLength = 8
 	}
-	copy(rej.PrivateData[:], private)
 	rej.Encode(mad.Data())
 	m.send(to, &b)
 }
@@ -850,7 +853,7 @@ func (m *Manager) Tick(now clock.Time) {
 			// The application never answered and the active side has
 			// given up by now.
 			if c.state != StateSIDRREQRcvd {
-				m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout, nil)
+				m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout)
 			}
 			e := Event{Kind: EventTimeout, ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
 			m.event(&e)
@@ -861,6 +864,8 @@ func (m *Manager) Tick(now clock.Time) {
 				m.event(&e)
 			}
 			m.remove(c)
+		default:
+			// An established connection arms no timer.
 		}
 	}
 }
@@ -870,12 +875,12 @@ func (m *Manager) giveUp(now clock.Time, c *conn) {
 	e := Event{ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
 	switch c.state {
 	case StateREQSent, StateMRAREQRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), 0, MsgREQ, RejTimeout, nil)
+		m.sendREJ(c.peer, c.tid, uint32(c.id), 0, MsgREQ, RejTimeout)
 		e.Kind = EventTimeout
 		m.event(&e)
 		m.enterTimeWait(now, c)
 	case StateREPSent, StateMRAREPRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejTimeout, nil)
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejTimeout)
 		e.Kind = EventTimeout
 		m.event(&e)
 		m.enterTimeWait(now, c)
@@ -887,6 +892,8 @@ func (m *Manager) giveUp(now clock.Time, c *conn) {
 		e.Kind = EventSIDRTimeout
 		m.event(&e)
 		m.remove(c)
+	default:
+		// Only the states that wait for an answer time out (Tick).
 	}
 }
 
@@ -911,9 +918,9 @@ func (m *Manager) HandleMAD(now clock.Time, from netip.Addr, b []byte) error {
 	case AttrREQ:
 		m.handleREQ(now, from, mad)
 	case AttrREP:
-		m.handleREP(now, from, mad)
+		m.handleREP(from, mad)
 	case AttrRTU:
-		m.handleRTU(now, from, mad)
+		m.handleRTU(from, mad)
 	case AttrREJ:
 		m.handleREJ(now, from, mad)
 	case AttrMRA:
@@ -927,7 +934,7 @@ func (m *Manager) HandleMAD(now clock.Time, from netip.Addr, b []byte) error {
 			m.handleSIDRREQ(now, from, mad)
 		}
 	case AttrSIDRREP:
-		m.handleSIDRREP(now, from, mad)
+		m.handleSIDRREP(from, mad)
 	default:
 		m.stats.Unsupported++
 	}
@@ -962,13 +969,16 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 				m.send(c.peer, &c.msg)
 				break
 			}
-			m.sendREJ(from, mad.TID(), uint32(c.id), req.LocalCommID, MsgREQ, RejStaleConn, nil)
+			m.sendREJ(from, mad.TID(), uint32(c.id), req.LocalCommID, MsgREQ, RejStaleConn)
+		default:
+			// Not answered yet, or past the REP: dropped, as the Linux
+			// CM drops it.
 		}
 		return
 	}
 	opts, ok := m.listeners[req.ServiceID]
 	if !ok {
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidServiceID, nil)
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidServiceID)
 		return
 	}
 	// A new REQ for a listener costs an entry. Beyond the half-open caps
@@ -983,15 +993,15 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 		// The peer's QP is still part of a live connection here: the peer
 		// restarted or lost the connection without a DREQ. Refuse, as the
 		// kernel CM does, until the old connection is torn down.
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejStaleConn, nil)
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejStaleConn)
 		return
 	}
 	if req.TransportServiceType != TransportRC {
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidTransportType, nil)
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidTransportType)
 		return
 	}
 	if req.PathMTU < 1 || req.PathMTU > 5 {
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidMTU, nil)
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidMTU)
 		return
 	}
 	e := Event{Kind: EventConnRequest, Peer: from, ServiceID: req.ServiceID}
@@ -999,7 +1009,7 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	if opts.RDMACM {
 		h, err := DecodeCMAHeader(private)
 		if err != nil || (opts.Addr.IsValid() && h.Dst != opts.Addr.Unmap()) {
-			m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejConsumerDefined, nil)
+			m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejConsumerDefined)
 			return
 		}
 		e.CMA, e.HasCMA = h, true
@@ -1038,6 +1048,8 @@ func (m *Manager) staleQP(from netip.Addr, guid uint64, qpn uint32) bool {
 			switch c.state {
 			case StateREPSent, StateMRAREPRcvd, StateEstablished, StateDREQSent:
 				return true
+			default:
+				// Not yet accepted, or in time-wait: not stale.
 			}
 		}
 	}
@@ -1058,13 +1070,13 @@ func ackTimeout(targetACKDelay, packetLifeTime uint8) uint8 {
 	return uint8(min(t, 31))
 }
 
-func (m *Manager) handleREP(now clock.Time, from netip.Addr, mad MAD) {
+func (m *Manager) handleREP(from netip.Addr, mad MAD) {
 	var rep REP
 	rep.Decode(mad.Data())
 	c := m.conns[ConnID(rep.RemoteCommID)]
 	if c == nil || !c.active || c.peer != from {
 		m.stats.Unmatched++
-		m.sendREJ(from, mad.TID(), 0, rep.LocalCommID, MsgREP, RejInvalidCommID, nil)
+		m.sendREJ(from, mad.TID(), 0, rep.LocalCommID, MsgREP, RejInvalidCommID)
 		return
 	}
 	switch c.state {
@@ -1119,7 +1131,7 @@ func (m *Manager) lookup(from netip.Addr, local, remote uint32) *conn {
 	return c
 }
 
-func (m *Manager) handleRTU(now clock.Time, from netip.Addr, mad MAD) {
+func (m *Manager) handleRTU(from netip.Addr, mad MAD) {
 	var rtu RTU
 	rtu.Decode(mad.Data())
 	c := m.lookup(from, rtu.RemoteCommID, rtu.LocalCommID)

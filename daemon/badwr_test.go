@@ -17,7 +17,7 @@ import (
 // QP stops: SQE for UD (receiving goes on), ERR for RC.
 func TestBadWRStopsTheQP(t *testing.T) {
 	devA, devB := testlink.Pair(t, 1024)
-	srv, path := serve(t, devA, daemon.Options{})
+	srv, path, _ := serveIn(t, t.TempDir(), devA, daemon.Options{})
 	le := binary.LittleEndian
 	var maxInline uint32 // the QP's, as CREATE_QP gave it
 	cases := []struct {

@@ -78,7 +78,7 @@ func (ss *session) deferReply(h proto.Header, f func(ctx context.Context) (any, 
 		ctx, cancel := context.WithTimeout(ss.ctx, cmTimeout)
 		defer cancel()
 		resp, fds, err := f(ctx)
-		ss.reply(h, resp, fds, err)
+		_ = ss.reply(h, resp, fds, err) // a broken connection ends the session in its loop
 	}()
 	return nil, nil, errDeferred
 }
@@ -114,7 +114,7 @@ func (ss *session) cmListen(body []byte) (any, []int, error) {
 	defer ss.mu.Unlock()
 	h, err := ss.newHandle(true)
 	if err != nil || ss.closing {
-		l.Close()
+		ss.undo("CM_LISTEN", l.Close())
 		if err == nil {
 			err = errf(unix.ESHUTDOWN, "connection closing")
 		}
@@ -172,7 +172,7 @@ func (ss *session) cmGetRequest(hdr proto.Header, body []byte) (any, []int, erro
 		defer ss.mu.Unlock()
 		rh, err := ss.newHandle(true)
 		if err != nil || ss.closing {
-			r.Reject()
+			ss.undo("CM_GET_REQUEST", r.Reject())
 			if err == nil {
 				err = errf(unix.ESHUTDOWN, "connection closing")
 			}
@@ -403,9 +403,13 @@ func (ss *session) closeCM() {
 	ss.cancel()
 	ss.cmWG.Wait()
 	for _, l := range ls {
-		l.Close()
+		if err := l.Close(); err != nil {
+			ss.log.Warn("closing a listener", "err", err)
+		}
 	}
 	for _, r := range rs {
-		r.Reject()
+		if err := r.Reject(); err != nil {
+			ss.log.Warn("rejecting a pending request", "err", err)
+		}
 	}
 }

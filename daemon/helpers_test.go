@@ -21,14 +21,14 @@ import (
 // same helpers.
 
 var (
-	macA, macB   = testlink.MACA, testlink.MACB
+	macA         = testlink.MACA
 	addrA, addrB = testlink.AddrA, testlink.AddrB
 	gidA, gidB   = ib.GIDFrom(addrA), ib.GIDFrom(addrB)
 )
 
 // serve starts a daemon on dev with opt (quiet, no group unless set) on a
 // socket in a temp dir, until the test ends.
-func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) (*daemon.Server, string) {
+func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) string {
 	t.Helper()
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -44,9 +44,13 @@ func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) (*daemon.Server, 
 	if err := srv.Listen(path); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	t.Cleanup(func() { srv.Close(time.Second) })
-	return srv, path
+	return path
 }
 
 // twoDevices makes devices A and B joined by a link, and a daemon serving
@@ -58,7 +62,7 @@ func twoDevices(t testing.TB) (devA, devB *rnic.Device, path string) {
 // twoDevicesSpin is twoDevices with the daemon pump's SpinFor.
 func twoDevicesSpin(t testing.TB, spin time.Duration) (devA, devB *rnic.Device, path string) {
 	devA, devB = testlink.Pair(t, 1024)
-	_, path = serve(t, devA, daemon.Options{SpinFor: spin})
+	path = serve(t, devA, daemon.Options{SpinFor: spin})
 	return devA, devB, path
 }
 
@@ -159,7 +163,9 @@ func waitWC(t testing.TB, cq verbs.CQ) ib.WC {
 		if time.Now().After(deadline) {
 			t.Fatal("no completion within 10 s")
 		}
-		cq.Wait(20 * time.Millisecond)
+		if err := cq.Wait(20 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return wcs[0]
 }

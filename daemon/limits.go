@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -406,14 +405,6 @@ const (
 	qpFDs      = 0
 	qpMappings = 2
 	openFDs    = 1 // the client's doorbell to the daemon
-)
-
-// Sizes of the device's per-entry arrays, for queue memory.
-var (
-	wcBytes      = int64(unsafe.Sizeof(ib.WC{}))
-	sendWQEBytes = int64(unsafe.Sizeof(ib.SendWQE{}))
-	recvWQEBytes = int64(unsafe.Sizeof(ib.RecvWQE{}))
-	segBytes     = int64(unsafe.Sizeof(ib.Seg{}))
 )
 
 // cqQueueBytes is the memory of a CQ of depth entries with a ring of

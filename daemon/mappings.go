@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"math/bits"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -106,14 +105,6 @@ func (ss *session) unrefMap(m *memfdMap) {
 		ss.log.Error("detaching deregistered memory", "err", err)
 	}
 	ss.graves = append(ss.graves, grave{mem: m.mem, held: m.held})
-}
-
-// detach replaces b's pages (a mapping of client memory) with private
-// anonymous memory, atomically for any concurrent reader.
-func detach(b []byte) error {
-	_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)),
-		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
-	return err
 }
 
 // buryGraves unmaps detached mappings once the session has no QP: only

@@ -104,6 +104,7 @@ type cqObj struct {
 	wcs      []ib.WC
 	overruns uint64
 	held     []charge // against the limits
+	ringErr  bool     // the ring failed (corrupted by the client, doorbell gone): logged once
 }
 
 type qpObj struct {
@@ -205,7 +206,7 @@ func (ss *session) serve() {
 			ss.conn.UnixConn().SetReadDeadline(time.Time{})
 			ss.log.Info("client connected")
 		}
-		if err == errDeferred {
+		if errors.Is(err, errDeferred) {
 			continue // its goroutine replies
 		}
 		rerr := ss.reply(h, resp, out, err)
@@ -222,7 +223,9 @@ func (ss *session) serve() {
 	capt := ss.capture
 	ss.mu.Unlock()
 	if capt != nil {
-		capt.Stop() // flushes the file before the connection's fd is closed
+		// Stop flushes the file before the connection's fd is closed; the
+		// capture's goroutine logs and reports how it ended.
+		_, _ = capt.Stop()
 	}
 	queues := ss.acct.held(QueueBytes)
 	info := ss.cleanup()
@@ -344,8 +347,17 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.destroyAH(body)
 	case proto.OpCMClose:
 		return ss.cmClose(body)
+	default:
+		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
-	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
+}
+
+// undo logs the failure of a step that undoes a half-made object after an
+// error: the client hears the first error, the log this one.
+func (ss *session) undo(op string, err error) {
+	if err != nil {
+		ss.log.Warn("undoing "+op, "err", err)
+	}
 }
 
 // newHandle names a new object of the session. An object limited by its
@@ -402,7 +414,7 @@ func (ss *session) allocPD(body []byte) (any, []int, error) {
 	defer ss.mu.Unlock()
 	h, err := ss.newHandle(true)
 	if err != nil {
-		pd.Dealloc()
+		ss.undo("ALLOC_PD", pd.Dealloc())
 		return nil, nil, err
 	}
 	ss.pds[h] = &pdObj{pd: pd}
@@ -456,7 +468,7 @@ func (ss *session) createAH(body []byte) (any, []int, error) {
 	h, err := ss.newHandle(true)
 	if err != nil {
 		p.refs--
-		vah.Destroy()
+		ss.undo("CREATE_AH", vah.Destroy())
 		return nil, nil, err
 	}
 	ss.ahMu.Lock()
@@ -629,7 +641,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 	}
 	ss.mu.Unlock()
 	if err != nil {
-		cq.Destroy()
+		ss.undo("CREATE_CQ", cq.Destroy())
 		ring.Close()
 		db.Close()
 		return nil, nil, err
@@ -775,7 +787,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	}
 	ss.mu.Unlock()
 	if err != nil {
-		qp.Destroy()
+		ss.undo("CREATE_QP", qp.Destroy())
 		sq.Close()
 		rq.Close()
 		return nil, nil, err
@@ -898,7 +910,10 @@ func (ss *session) releaseQP(q *qpObj) error {
 	conn := q.conn
 	ss.mu.Unlock()
 	if conn != nil {
-		conn.Close() // DREQ (or REJ) to the peer if still connected
+		// A DREQ (or REJ) to the peer if still connected.
+		if err := conn.Close(); err != nil {
+			ss.log.Warn("closing the QP's connection", "qpn", q.qp.QPN(), "err", err)
+		}
 	}
 	// To the error state first: the transition takes the QP's lock, so it
 	// waits for a batch the engine is delivering into the QP's MRs, and
@@ -907,7 +922,9 @@ func (ss *session) releaseQP(q *qpObj) error {
 	// is left: a peer's UC WRITE still arriving for a client that had
 	// finished faulted the daemon there.
 	toErr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&toErr, ib.AttrState)
+	if err := q.qp.Modify(&toErr, ib.AttrState); err != nil {
+		ss.log.Warn("moving QP to error", "qpn", q.qp.QPN(), "err", err)
+	}
 	err := q.qp.Destroy()
 	q.sq.Close()
 	q.rq.Close()
@@ -955,7 +972,9 @@ func (ss *session) cleanup() ClientInfo {
 	ss.ahMu.Unlock()
 	ss.mu.Unlock()
 	for _, a := range ahs {
-		a.ah.Destroy()
+		if err := a.ah.Destroy(); err != nil {
+			ss.log.Warn("destroying AH", "err", err)
+		}
 	}
 	for _, q := range qps {
 		if err := ss.releaseQP(q); err != nil {
@@ -1013,11 +1032,11 @@ func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int
 	}
 	sess, err := tap.Start(f, opt)
 	if errors.Is(err, capture.ErrBusy) {
-		f.Close()
+		ss.undo("CAPTURE", f.Close())
 		return nil, nil, errf(unix.EBUSY, "a capture is already running")
 	}
 	if err != nil {
-		f.Close()
+		ss.undo("CAPTURE", f.Close())
 		return nil, nil, err
 	}
 	ss.mu.Lock()
@@ -1027,18 +1046,24 @@ func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int
 	go func() {
 		<-sess.Done()
 		st, werr := sess.Stats(), sess.Err()
-		f.Close()
+		if cerr := f.Close(); werr == nil {
+			werr = cerr // the file's last writes can fail at close
+		}
 		ss.mu.Lock()
 		if ss.capture == sess {
 			ss.capture = nil
 		}
 		ss.mu.Unlock()
 		ss.log.Info("capture ended", "written", st.Written, "dropped", st.Dropped, "err", werr)
+		var serr error
 		if werr != nil {
-			ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq, Errno: uint32(unix.EIO)}, []byte(werr.Error()))
-			return
+			serr = ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq, Errno: uint32(unix.EIO)}, []byte(werr.Error()))
+		} else {
+			serr = ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
 		}
-		ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
+		if serr != nil && !proto.IsClosed(serr) {
+			ss.log.Warn("capture result not sent", "err", serr)
+		}
 	}()
 	return nil, nil, nil
 }

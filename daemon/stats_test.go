@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -33,10 +34,15 @@ func TestStatsThroughDaemon(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	doneA := make(chan error, 1)
 	go func() { doneA <- loopA.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-doneA })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-doneA; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("device A's loop: %v", err)
+		}
+	})
 	testlink.Run(t, devB, pb, engine.Options{})
 	src := &daemon.CounterSource{Name: "memA", Loop: loopA, Port: cp}
-	srv, path := serve(t, devA, daemon.Options{Counters: src.Snapshot})
+	srv, path, _ := serveIn(t, t.TempDir(), devA, daemon.Options{Counters: src.Snapshot})
 	src.Server = srv
 
 	c, err := client.Dial(path)
@@ -67,7 +73,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no RNR NAK counted on the client QP")
 		}
-		st := queryStats(t, path, qp.QPN(), true)
+		st := queryStats(t, path, qp.QPN())
 		rnrSeen = st.Listed == 1 && st.QPs[0].Values[proto.QCtrOutOfBuffer] > 0
 	}
 	a.recv(t, 9, 0, 64)
@@ -78,7 +84,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// Quiet link: compare with the device's own counters and the link's.
 	var st *proto.StatsResp
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, qp.QPN(), true)
+		st = queryStats(t, path, qp.QPN())
 		ds := loopA.DeviceStats()
 		if st.Device[proto.CtrRxPackets] == ds.RxFrames && st.Device[proto.CtrTxPackets] == ds.TxFrames && ds.TxFrames == pa.Stats().Sent {
 			break
@@ -104,7 +110,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 		t.Errorf("name %q, QP %+v", st.Name, st.QPs[0])
 	}
 	// Filter by a QPN that does not exist: no QP, device counters still.
-	if st := queryStats(t, path, qp.QPN()+1000, true); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
+	if st := queryStats(t, path, qp.QPN()+1000); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
 		t.Errorf("filtered by a missing QPN: %d QPs", st.Listed)
 	}
 	if st.QPs[0].Values[proto.QCtrRxWriteRequests] != 1 || st.Device[proto.CtrRxWriteRequests] != 1 {
@@ -120,7 +126,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	}
 	a.recv(t, 10, 0, 64)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, qp.QPN(), true)
+		st = queryStats(t, path, qp.QPN())
 		q := &st.QPs[0].Values
 		if q[proto.QCtrRespRemoteAccessErrors] == 1 && q[proto.QCtrRespCQEFlushError] == 1 {
 			break
@@ -140,7 +146,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	if err := qp.Destroy(); err != nil {
 		t.Fatal(err)
 	}
-	after := queryStats(t, path, qp.QPN(), true)
+	after := queryStats(t, path, qp.QPN())
 	if after.Listed != 0 || after.Device[proto.CtrRespRemoteAccessErrors] != 1 || after.Device[proto.CtrRespCQEFlushError] != 1 ||
 		after.Device[proto.CtrRxWriteRequests] != 2 || after.Device[proto.CtrOutOfBuffer] < st.Device[proto.CtrOutOfBuffer] {
 		t.Errorf("device after the QP went: %d QPs listed, resp_remote_access_errors %d, resp_cqe_flush_error %d, rx_write_requests %d",
@@ -149,7 +155,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// The daemon's own counters: in the reply, and in the snapshot
 	// /metrics serves.
 	srv.BadWQEs.Add(3) // as the data path counts them
-	if st := queryStats(t, path, 0, true); st.Daemon[proto.DCtrBadWQEs] != 3 {
+	if st := queryStats(t, path, 0); st.Daemon[proto.DCtrBadWQEs] != 3 {
 		t.Errorf("bad_wqes in STATS: %d", st.Daemon[proto.DCtrBadWQEs])
 	}
 	if snap := src.Snapshot(); !snap.HaveDaemon || snap.Daemon[proto.DCtrBadWQEs] != 3 || snap.Usage.Host[daemon.Connections] < 1 {
@@ -158,7 +164,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 }
 
 // queryStats sends one STATS on a fresh control connection.
-func queryStats(t *testing.T, path string, qpn uint32, filter bool) *proto.StatsResp {
+func queryStats(t *testing.T, path string, qpn uint32) *proto.StatsResp {
 	t.Helper()
 	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -178,10 +184,7 @@ func queryStats(t *testing.T, path string, qpn uint32, filter bool) *proto.Stats
 		return body
 	}
 	call(proto.OpOpen, &proto.OpenReq{Version: proto.Version})
-	req := proto.StatsReq{QPN: qpn}
-	if filter {
-		req.FilterQP = 1
-	}
+	req := proto.StatsReq{QPN: qpn, FilterQP: 1}
 	var r proto.StatsResp
 	if err := proto.DecodeBody(call(proto.OpStats, &req), &r); err != nil {
 		t.Fatal(err)

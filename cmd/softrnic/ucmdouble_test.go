@@ -128,11 +128,14 @@ func (p *ucmProxy) session(c *net.UnixConn) {
 				if !errors.As(err, &e) {
 					e = unix.EINVAL
 				}
-				cc.Send(proto.Header{Op: h.Op, Seq: h.Seq, Errno: uint32(e)}, []byte(err.Error()))
+				err = cc.Send(proto.Header{Op: h.Op, Seq: h.Seq, Errno: uint32(e)}, []byte(err.Error()))
 			} else {
-				cc.Send(proto.Header{Op: h.Op, Seq: h.Seq}, resp, out...)
+				err = cc.Send(proto.Header{Op: h.Op, Seq: h.Seq}, resp, out...)
 			}
 			proto.CloseFDs(out)
+			if err != nil {
+				return // the client is gone: the session ends, as the daemon's
+			}
 			continue
 		}
 		err = dconn.Send(h, body, fds...)
@@ -207,7 +210,9 @@ func (d *ucmDouble) send(id *ucmID, ev proto.UCMEvent) {
 	id.ch.seq++
 	msg, err := proto.Encode(make([]byte, proto.MaxMessage), proto.Header{Op: proto.OpUCMEvent, Version: proto.Version, Seq: id.ch.seq}, &ev)
 	if err == nil {
-		unix.Write(id.ch.fd, msg)
+		// A channel whose client has gone takes nothing: as the daemon's,
+		// the event is dropped.
+		_, _ = unix.Write(id.ch.fd, msg)
 	}
 }
 
