@@ -174,8 +174,9 @@ func (c *Client) refusal(op proto.Op) error {
 	if op != proto.OpOpen {
 		return nil
 	}
-	c.conn.UnixConn().SetReadDeadline(time.Now().Add(time.Second))
-	defer c.conn.UnixConn().SetReadDeadline(time.Time{})
+	// (A deadline on an open socket cannot fail.)
+	_ = c.conn.UnixConn().SetReadDeadline(time.Now().Add(time.Second))
+	defer func() { _ = c.conn.UnixConn().SetReadDeadline(time.Time{}) }()
 	for i := 0; i < 2; i++ {
 		h, body, fds, err := c.conn.Recv()
 		proto.CloseFDs(fds)

@@ -41,7 +41,7 @@ func TestBadWRStopsTheQP(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			bad0 := srv.BadWQEs.Load()
 			r, db := openRawDoorbell(t, path)
-			pd := r.handle(proto.OpAllocPD, nil)
+			pd := r.allocPD()
 			mfd := memfd(t, 1<<16)
 			var mr proto.RegMRResp
 			if err := r.call(proto.OpRegMR, &proto.RegMRReq{PD: pd, Access: ib.LocalWrite, Length: 1 << 16, IOVA: 0x100000}, &mr, mfd); err != nil {
@@ -130,7 +130,9 @@ func TestBadWRStopsTheQP(t *testing.T) {
 			wr(1, nil)
 			wr(2, c.fill)
 			wr(3, nil)
-			sq.Commit()
+			if _, err := sq.Commit(); err != nil {
+				t.Fatal(err)
+			}
 			var wcs []ib.WC
 			eventually(t, "three completions", func() bool {
 				for slot := cons.Peek(); slot != nil; slot = cons.Peek() {

@@ -97,11 +97,12 @@ func (r *rawClient) callFDs(op proto.Op, req, resp any, fds ...int) ([]int, erro
 	return out, nil
 }
 
-func (r *rawClient) handle(op proto.Op, req any) proto.Handle {
+// allocPD allocates a PD, failing the test if it cannot.
+func (r *rawClient) allocPD() proto.Handle {
 	r.t.Helper()
 	var m proto.HandleMsg
-	if err := r.call(op, req, &m); err != nil {
-		r.t.Fatalf("%v: %v", op, err)
+	if err := r.call(proto.OpAllocPD, nil, &m); err != nil {
+		r.t.Fatalf("ALLOC_PD: %v", err)
 	}
 	return m.Handle
 }
@@ -310,7 +311,7 @@ func TestQueueMemoryIsBoundedAndReturned(t *testing.T) {
 	srv, path, _ := serveIn(t, t.TempDir(), dev, daemon.Options{Limits: lim})
 	base := figuresOf(os.Getpid())
 	r := openRaw(t, path)
-	pd := r.handle(proto.OpAllocPD, nil)
+	pd := r.allocPD()
 	var cq proto.CreateCQResp
 	if err := r.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 64}, &cq); err != nil {
 		t.Fatal(err)
@@ -379,7 +380,7 @@ func TestMRsShareMappings(t *testing.T) {
 	lim[daemon.Mappings][daemon.PerConn] = 64
 	srv, path, _ := serveIn(t, t.TempDir(), dev, daemon.Options{Limits: lim})
 	r := openRaw(t, path)
-	pd := r.handle(proto.OpAllocPD, nil)
+	pd := r.allocPD()
 	pg := unix.Getpagesize()
 	const n = 20000
 	fd := memfd(t, n*pg) // 78 MiB: two 64 MiB windows
@@ -432,7 +433,9 @@ func TestControlledQKeyNeedsNetRaw(t *testing.T) {
 	dev := testlink.Loopback(t, 1024)
 	dir := reachableDir(t)
 	srv, path, _ := serveIn(t, dir, dev, daemon.Options{Group: 65534, Mode: 0o660})
-	os.Chown(dir, -1, 65534)
+	if err := os.Chown(dir, -1, 65534); err != nil {
+		t.Fatal(err)
+	}
 	out := runChildAs(t, dir, "qkey", path, 65534, 65534)
 	if !strings.Contains(out, "0x80010000: EPERM") || !strings.Contains(out, "0x11: ok") {
 		t.Fatalf("client of uid 65534: %q", out)
@@ -489,7 +492,7 @@ func TestLimitsIsolateUsers(t *testing.T) {
 
 // setQKey makes a UD QP on r and moves it to INIT with qkey.
 func setQKey(r *rawClient, qkey uint32) error {
-	pd := r.handle(proto.OpAllocPD, nil)
+	pd := r.allocPD()
 	var cq proto.CreateCQResp
 	if err := r.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 4}, &cq); err != nil {
 		return err
@@ -512,7 +515,9 @@ func reachableDir(t *testing.T) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	exe, _ := os.Executable()
 	bin, err := os.ReadFile(exe)
 	if err != nil {
@@ -627,11 +632,11 @@ func hostileChild(role, path string) int {
 			cqs++
 		}
 		fmt.Printf("%d connections, then %v; %d CQs, then %v\n", len(conns), errnoName(connErr), cqs, errnoName(cqErr))
-		io.Copy(io.Discard, os.Stdin)
+		_, _ = io.Copy(io.Discard, os.Stdin) // until the test closes it
 		return 0
 	case "dial":
 		// When told to (a line on stdin).
-		bufio.NewReader(os.Stdin).ReadString('\n')
+		_, _ = bufio.NewReader(os.Stdin).ReadString('\n') // the test's "go", or its end
 		c, err := client.Dial(path)
 		var pe *proto.Error
 		switch {
@@ -686,7 +691,7 @@ func TestOutOfFDsKeepsServing(t *testing.T) {
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &rl) })
+	t.Cleanup(func() { _ = unix.Setrlimit(unix.RLIMIT_NOFILE, &rl) }) // lowering it succeeded
 	// The test process is the daemon: its other client runs in a process
 	// of its own, started before the daemon runs out; a raw one here
 	// connects first.
@@ -704,7 +709,9 @@ func TestOutOfFDsKeepsServing(t *testing.T) {
 	}
 	// Another client now: turned away with EMFILE, or served if the
 	// daemon had an fd for it.
-	io.WriteString(go_, "go\n")
+	if _, err := io.WriteString(go_, "go\n"); err != nil {
+		t.Fatal(err)
+	}
 	line, _ := dial.ReadString('\n')
 	if line != "ok\n" && !strings.HasPrefix(line, fmt.Sprintf("refused %d ", int(unix.EMFILE))) {
 		t.Fatalf("a client while the daemon is out of fds: %q", line)
@@ -716,7 +723,9 @@ func TestOutOfFDsKeepsServing(t *testing.T) {
 	}
 	flood.Process.Kill()
 	flood.Wait()
-	unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
 	eventually(t, "flood released", func() bool { return srv.Usage().Host[daemon.Connections] == 1 }) // early's
 	c, err := client.Dial(path)
 	if err != nil {

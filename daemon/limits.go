@@ -102,7 +102,7 @@ func ReadHost() Host {
 				break
 			}
 		}
-		f.Close()
+		_ = f.Close() // read only
 	}
 	return h
 }
@@ -189,8 +189,9 @@ func errnoFor(r Resource, s Scope) unix.Errno {
 			return unix.ENFILE
 		}
 		return unix.EMFILE
+	default:
+		return unix.ENOMEM
 	}
-	return unix.ENOMEM
 }
 
 // usage is what one connection, one uid or the host holds.

@@ -83,11 +83,15 @@ func TestAccounts(t *testing.T) {
 	if err := a1.take(charge{QPs, 1}); err == nil || err.first {
 		t.Fatalf("second refusal: %+v", err)
 	}
-	a2.take(charge{QPs, 1})
+	if err := a2.take(charge{QPs, 1}); err != nil {
+		t.Fatalf("first QP of a second connection: %v", err)
+	}
 	if err := a2.take(charge{QPs, 1}); err == nil || err.s != PerUID {
 		t.Fatalf("fourth QP of a uid: %v", err)
 	}
-	b.take(charge{QPs, 1})
+	if err := b.take(charge{QPs, 1}); err != nil {
+		t.Fatalf("first QP of another uid: %v", err)
+	}
 	if err := b.take(charge{QPs, 1}); err == nil || err.s != PerHost {
 		t.Fatalf("fifth QP of the host: %v", err)
 	}

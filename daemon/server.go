@@ -334,7 +334,7 @@ func (s *Server) shedNewest(no unix.Errno) bool {
 	}
 	shed := false
 	if rc, err := s.ln.SyscallConn(); err == nil {
-		rc.Control(func(lfd uintptr) {
+		_ = rc.Control(func(lfd uintptr) { // fails only for a closed listener: nothing shed
 			fd, _, err := unix.Accept4(int(lfd), unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
 			if err != nil {
 				return
@@ -409,7 +409,7 @@ func (s *Server) firstIn(why string, uid uint32) bool {
 // refuse answers a connection's OPEN before it is sent, and closes it.
 func refuse(c *net.UnixConn, no unix.Errno, msg string) {
 	if rc, err := c.SyscallConn(); err == nil {
-		rc.Control(func(fd uintptr) { refuseFD(int(fd), no, msg) })
+		_ = rc.Control(func(fd uintptr) { refuseFD(int(fd), no, msg) }) // closed anyway below
 	}
 	c.Close()
 }
@@ -436,7 +436,8 @@ func refuseFD(fd int, no unix.Errno, msg string) {
 	}
 	out, err := proto.Encode(buf[:0], proto.Header{Op: proto.OpOpen, Version: proto.Version, Errno: uint32(no)}, []byte(msg))
 	if err == nil {
-		unix.SendmsgN(fd, out, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		// Best effort: a peer that is gone or not reading loses its answer.
+		_, _ = unix.SendmsgN(fd, out, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 	}
 }
 
@@ -862,7 +863,7 @@ func hasNetRaw(cr *unix.Ucred) bool {
 	if err != nil {
 		return false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if rest, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {

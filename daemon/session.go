@@ -184,7 +184,8 @@ func (ss *session) serve() {
 	s := ss.s
 	defer s.wg.Done()
 	// A peer that connects and never opens holds an fd for nothing.
-	ss.conn.UnixConn().SetReadDeadline(time.Now().Add(s.opt.OpenTimeout))
+	// (A deadline on an open socket cannot fail.)
+	_ = ss.conn.UnixConn().SetReadDeadline(time.Now().Add(s.opt.OpenTimeout))
 	for {
 		h, body, fds, err := ss.conn.Recv()
 		if err != nil {
@@ -203,7 +204,7 @@ func (ss *session) serve() {
 		opened := ss.opened
 		resp, out, err := ss.handle(h, body, fds)
 		if ss.opened && !opened {
-			ss.conn.UnixConn().SetReadDeadline(time.Time{})
+			_ = ss.conn.UnixConn().SetReadDeadline(time.Time{})
 			ss.log.Info("client connected")
 		}
 		if errors.Is(err, errDeferred) {
@@ -211,7 +212,9 @@ func (ss *session) serve() {
 		}
 		rerr := ss.reply(h, resp, out, err)
 		for _, r := range ss.sent {
-			r.CloseFD()
+			if err := r.CloseFD(); err != nil {
+				ss.log.Warn("closing a ring's memfd", "err", err)
+			}
 		}
 		ss.sent = ss.sent[:0]
 		if rerr != nil {

@@ -95,7 +95,7 @@ func TestSoakHostileClient(t *testing.T) {
 					s.ok.Add(1)
 				}
 				if n == 0 {
-					a.cq.Wait(time.Millisecond)
+					_ = a.cq.Wait(time.Millisecond) // a timeout or a wakeup: poll again
 				}
 			}
 		}()
@@ -126,7 +126,9 @@ func TestSoakHostileClient(t *testing.T) {
 			t.Fatalf("attacker: %q %v", l, err)
 		}
 		attacked += measure()
-		io.WriteString(in, "stop\n")
+		if _, err := io.WriteString(in, "stop\n"); err != nil {
+			t.Fatal(err)
+		}
 		rest, _ := io.ReadAll(out)
 		cmd.Wait()
 		report = append(report, strings.TrimSpace(string(rest)))
@@ -170,7 +172,7 @@ func soakAttacker(path string) int {
 	stopped := make(chan struct{})
 	go func() {
 		var b [1]byte
-		os.Stdin.Read(b[:])
+		_, _ = os.Stdin.Read(b[:]) // a line, or the test's end
 		close(stopped)
 	}()
 	tb := &childTB{}
@@ -237,15 +239,18 @@ func soakAttacker(path string) int {
 			}
 		}
 		// MRs in memfds of their own, up to the connection's mappings.
-		pd := b.handle(proto.OpAllocPD, nil)
+		pd := b.allocPD()
 		for i := 0; i < 500; i++ {
 			fd, err := unix.MemfdCreate("soak", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 			if err != nil {
 				break
 			}
-			unix.Ftruncate(fd, int64(pg))
-			unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
-			err = b.call(proto.OpRegMR, &proto.RegMRReq{PD: pd, Access: ib.LocalWrite, Length: uint64(pg), IOVA: 0x1000}, nil, fd)
+			if err = unix.Ftruncate(fd, int64(pg)); err == nil {
+				_, err = unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK)
+			}
+			if err == nil {
+				err = b.call(proto.OpRegMR, &proto.RegMRReq{PD: pd, Access: ib.LocalWrite, Length: uint64(pg), IOVA: 0x1000}, nil, fd)
+			}
 			unix.Close(fd)
 			if err != nil {
 				note("MR", err)
@@ -260,9 +265,11 @@ func soakAttacker(path string) int {
 			err = c.call(proto.OpOpen, &proto.OpenReq{Version: proto.Version}, nil)
 		}
 		if err == nil {
-			pd := c.handle(proto.OpAllocPD, nil)
+			pd := c.allocPD()
 			var cq proto.CreateCQResp
-			c.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 16}, &cq)
+			if err := c.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 16}, &cq); err != nil {
+				note("CQ", err)
+			}
 			for i := 0; i < 50; i++ {
 				req := proto.CreateQPReq{PD: pd, SendCQ: cq.CQ, RecvCQ: cq.CQ, Type: ib.RC, Caps: ib.QPCaps{MaxSendWR: 16384, MaxRecvWR: 16384, MaxSendSGE: 32, MaxRecvSGE: 32}}
 				if err := c.call(proto.OpCreateQP, &req, nil); err != nil {
@@ -291,7 +298,7 @@ func soakAttacker(path string) int {
 // the daemon's or the device's checks, then scribbles over the ring's
 // producer index.
 func badRing(d *rawClient) error {
-	pd := d.handle(proto.OpAllocPD, nil)
+	pd := d.allocPD()
 	var cq proto.CreateCQResp
 	cfds, err := d.callFDs(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 16}, &cq)
 	if err != nil {
@@ -349,7 +356,9 @@ func badRing(d *rawClient) error {
 		le.PutUint64(s, uint64(i+1))
 		fill(s)
 	}
-	p.Commit()
+	if _, err := p.Commit(); err != nil {
+		return err
+	}
 	// Then the ring's producer index far ahead of its slots (the
 	// header's second cache line).
 	time.Sleep(time.Millisecond)

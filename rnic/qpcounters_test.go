@@ -106,7 +106,9 @@ func TestRetiredQPCounters(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := uint64(1); i <= 2; i++ {
-		qa.PostSend([]verbs.SendWR{{ID: i, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}})
+		if _, err := qa.PostSend([]verbs.SendWR{{ID: i, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	live := countersOf(t, tb.a.dev, qa.QPN())
 	if live.CQE.ReqFlushErr != 2 {

@@ -282,9 +282,15 @@ func attacker(role, path string, args []string) int {
 		}
 		held = append(held, r)
 		var pd proto.HandleMsg
-		r.call(proto.OpAllocPD, nil, &pd)
 		var cq proto.CreateCQResp
-		r.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 64}, &cq)
+		if _, err := r.call(proto.OpAllocPD, nil, &pd); err != nil {
+			report("ALLOC_PD: %v", err)
+			break
+		}
+		if _, err := r.call(proto.OpCreateCQ, &proto.CreateCQReq{Depth: 64}, &cq); err != nil {
+			report("CREATE_CQ: %v", err)
+			break
+		}
 		t := tally{}
 		for i := 0; i < n[0]; i++ {
 			_, err := r.call(proto.OpCreateQP, &proto.CreateQPReq{PD: pd.Handle, SendCQ: cq.CQ, RecvCQ: cq.CQ, Type: ib.RC,
@@ -314,7 +320,7 @@ func attacker(role, path string, args []string) int {
 		return 2
 	}
 	fmt.Println("holding")
-	io.Copy(io.Discard, os.Stdin)
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the bench closes it: then everything held goes
 	return 0
 }
 
@@ -322,7 +328,7 @@ func raiseNoFile() {
 	var rl unix.Rlimit
 	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil && rl.Cur < rl.Max {
 		rl.Cur = rl.Max
-		unix.Setrlimit(unix.RLIMIT_NOFILE, &rl)
+		_ = unix.Setrlimit(unix.RLIMIT_NOFILE, &rl) // if not, the attacker runs out of fds first, and says so
 	}
 }
 
@@ -371,7 +377,7 @@ func newQP(r *raw, typ ib.QPType, caps ib.QPCaps) (*qp, error) {
 		// An address handle to the peer's namespace: UD WRs name one.
 		peer, err := netip.ParseAddr(os.Getenv("SOFTRNIC_PEER"))
 		if err != nil {
-			return nil, fmt.Errorf("SOFTRNIC_PEER: %v", err)
+			return nil, fmt.Errorf("SOFTRNIC_PEER: %w", err)
 		}
 		var ah proto.HandleMsg
 		if _, err := r.call(proto.OpCreateAH, &proto.CreateAHReq{PD: pd.Handle, AV: ib.AddressVector{DGID: ib.GIDFrom(peer)}}, &ah); err != nil {
@@ -406,12 +412,12 @@ func badWRs(path string, report func(string, ...any)) {
 	}{
 		{"READ on UD", ib.UD, ib.QPCaps{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}, func(s []byte, q *qp) {
 			s[8], s[10] = byte(ib.RDMARead), 1
-			putSGE(s[64:], q, 8)
+			putSGE(s[64:], q)
 		}},
 		{"more SGEs than the QP's max", ib.UD, ib.QPCaps{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 256}, func(s []byte, q *qp) {
 			s[8], s[10] = byte(ib.Send), 4
 			for i := 0; i < 4; i++ {
-				putSGE(s[64+16*i:], q, 8)
+				putSGE(s[64+16*i:], q)
 			}
 		}},
 		{"inline over the QP's max", ib.UD, ib.QPCaps{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 32, MaxRecvSGE: 1}, func(s []byte, q *qp) {
@@ -420,11 +426,11 @@ func badWRs(path string, report func(string, ...any)) {
 		}},
 		{"unknown opcode", ib.UD, ib.QPCaps{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}, func(s []byte, q *qp) {
 			s[8], s[10] = 200, 1
-			putSGE(s[64:], q, 8)
+			putSGE(s[64:], q)
 		}},
 		{"unknown flag bits", ib.UD, ib.QPCaps{MaxSendWR: 8, MaxRecvWR: 8, MaxSendSGE: 1, MaxRecvSGE: 1}, func(s []byte, q *qp) {
 			s[8], s[9], s[10] = byte(ib.Send), 0x80|byte(ib.Signaled), 1
-			putSGE(s[64:], q, 8)
+			putSGE(s[64:], q)
 		}},
 	}
 	for _, c := range cases {
@@ -435,15 +441,11 @@ func badWRs(path string, report func(string, ...any)) {
 		}
 		q, err := newQP(r, c.typ, c.caps)
 		if err == nil {
-			for _, st := range []ib.QPState{ib.Init, ib.RTR, ib.RTS} {
-				mask := ib.AttrState
-				switch st {
-				case ib.Init:
-					mask |= ib.AttrPKeyIndex | ib.AttrPort | ib.AttrQKey
-				case ib.RTS:
-					mask |= ib.AttrSQPSN
-				}
-				if _, err = r.call(proto.OpModifyQP, &proto.ModifyQPReq{QP: q.h, Mask: mask, Attr: ib.QPAttr{State: st, Port: 1, QKey: 0x11}}, nil); err != nil {
+			for _, step := range []struct {
+				st   ib.QPState
+				mask ib.QPAttrMask
+			}{{ib.Init, ib.AttrPKeyIndex | ib.AttrPort | ib.AttrQKey}, {ib.RTR, 0}, {ib.RTS, ib.AttrSQPSN}} {
+				if _, err = r.call(proto.OpModifyQP, &proto.ModifyQPReq{QP: q.h, Mask: ib.AttrState | step.mask, Attr: ib.QPAttr{State: step.st, Port: 1, QKey: 0x11}}, nil); err != nil {
 					break
 				}
 			}
@@ -466,15 +468,17 @@ func badWRs(path string, report func(string, ...any)) {
 		s := q.sq.Reserve()
 		ud(s, 1)
 		s[8], s[10] = byte(ib.Send), 1
-		putSGE(s[64:], q, 8)
+		putSGE(s[64:], q)
 		s = q.sq.Reserve()
 		ud(s, 2)
 		c.fill(s, q)
 		s = q.sq.Reserve()
 		ud(s, 3)
 		s[8], s[10] = byte(ib.Send), 1
-		putSGE(s[64:], q, 8)
-		q.sq.Commit()
+		putSGE(s[64:], q)
+		if _, err := q.sq.Commit(); err != nil {
+			report("%s: ringing the doorbell: %v", c.name, err)
+		}
 		var wcs []string
 		for deadline := time.Now().Add(3 * time.Second); len(wcs) < 3 && time.Now().Before(deadline); {
 			if slot := q.cq.Peek(); slot != nil {
@@ -497,8 +501,8 @@ func badWRs(path string, report func(string, ...any)) {
 	}
 }
 
-func putSGE(s []byte, q *qp, n uint32) {
+func putSGE(s []byte, q *qp) {
 	binary.LittleEndian.PutUint64(s, q.iova)
-	binary.LittleEndian.PutUint32(s[8:], n)
+	binary.LittleEndian.PutUint32(s[8:], 8)
 	binary.LittleEndian.PutUint32(s[12:], q.lkey)
 }

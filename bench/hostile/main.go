@@ -1,31 +1,3 @@
-// Command hostile runs the attacks of a hostile local client on a softrnic
-// daemon, black box, and prints what the daemon did: whether it survived,
-// whether a new client was still served and a well-behaved stream through
-// it still ran, and its file descriptors, mappings and memory before,
-// during (the attacker holding what it took) and after each attack.
-//
-// Each attack gets a daemon of its own (the binary given, `softrnic
-// daemon` on an AF_XDP port of a veth in a namespace) and a stream through
-// it (`softrnic perf write_bw --daemon` against a perf client in the
-// other namespace). The attackers are this program re-executed, speaking
-// raw control messages (daemon/proto) and writing straight into their
-// rings: what any local program in the daemon's group can do, here as
-// user nobody (the well-behaved clients are root's). The attacks are those
-// of the daemon's issue:
-//
-//	silent   2 processes × 12 000 connections that never speak
-//	cqs      3 connections × 4095 CQs of depth 1 (two fds each)
-//	maps     16 connections × 4 090 one-page MRs, each in a memfd of its own, and 700 CQs each
-//	mrs      100 000 one-page MRs in one memfd: registration rate at 1 000 and 100 000
-//	qps      20 RC QPs of 16384/16384 WRs, 32/32 SGEs
-//	bigcqs   20 CQs of 2^20 entries
-//	qkey     a UD QP given the Q_Key 0x80010000 by another user (nobody)
-//	badwr    WRs failing the device's checks: READ on UD, too many SGEs,
-//	         inline over the QP's max, unknown opcode, unknown flag bits
-//
-// It needs root (namespaces, XDP, another user).
-//
-//	go run ./bench/hostile -softrnic bin/softrnic [-attacks silent,cqs,...]
 package main
 
 import (
@@ -76,8 +48,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	defer os.RemoveAll(dir)
-	os.Chmod(dir, 0o755)
+	defer func() { _ = os.RemoveAll(dir) }()
+	if err := os.Chmod(dir, 0o755); err != nil { // the attackers of another user run from it
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	self, err := copySelf(dir)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -94,7 +69,10 @@ func main() {
 	fmt.Printf("done in %v, load %s\n", time.Since(start).Round(time.Second), loadavg())
 	if *jsonPath != "" {
 		b, _ := json.MarshalIndent(results, "", "  ")
-		os.MkdirAll(filepath.Dir(*jsonPath), 0o755)
+		if err := os.MkdirAll(filepath.Dir(*jsonPath), 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
 		if err := os.WriteFile(*jsonPath, b, 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -123,14 +101,14 @@ type Result struct {
 // Figures are what a process holds.
 type Figures struct {
 	FDs, Maps   int
-	RSS, VmSize int64 // bytes
+	RSS, VMSize int64 // bytes
 }
 
 func (f Figures) String() string {
 	if f.FDs == 0 && f.Maps == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("%d fds, %d maps, RSS %d MiB, VM %d MiB", f.FDs, f.Maps, f.RSS>>20, f.VmSize>>20)
+	return fmt.Sprintf("%d fds, %d maps, RSS %d MiB, VM %d MiB", f.FDs, f.Maps, f.RSS>>20, f.VMSize>>20)
 }
 
 func figuresOf(pid int) Figures {
@@ -150,7 +128,7 @@ func figuresOf(pid int) Figures {
 			case "VmRSS":
 				f.RSS = kb << 10
 			case "VmSize":
-				f.VmSize = kb << 10
+				f.VMSize = kb << 10
 			}
 		}
 	}
@@ -238,7 +216,7 @@ func run(attack, bin, self, dir string, stream time.Duration) *Result {
 		r.Served = "no namespaces: " + err.Error()
 		return r
 	}
-	defer pair.Close()
+	defer func() { _ = pair.Close() }()
 	sock := filepath.Join(dir, attack+".sock")
 	var logs bytes.Buffer
 	d := exec.Command("ip", "netns", "exec", pair.A.NS.Name, bin, "daemon", "-d", pair.A.Name, "--control", sock,
@@ -251,13 +229,12 @@ func run(attack, bin, self, dir string, stream time.Duration) *Result {
 	died := make(chan error, 1)
 	go func() { died <- d.Wait() }()
 	defer func() {
-		d.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-died:
-		case <-time.After(15 * time.Second):
-			d.Process.Kill()
-			<-died
+		_ = d.Process.Signal(syscall.SIGTERM) // gone already if it died
+		kill := time.AfterFunc(15*time.Second, func() { _ = d.Process.Kill() })
+		if err := <-died; err != nil && !r.DaemonDied {
+			fmt.Fprintf(os.Stderr, "bench/hostile: %s: the daemon's exit after SIGTERM: %v\n", attack, err)
 		}
+		kill.Stop()
 	}()
 	// ip netns exec execs the daemon: the command's pid is the daemon's.
 	pid := d.Process.Pid
@@ -281,14 +258,14 @@ func run(attack, bin, self, dir string, stream time.Duration) *Result {
 	srv := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "perf", "write_bw", "--daemon", sock, "-D", secs, "-p", "18777", "-u", "18", "--json")
 	var sout, serr bytes.Buffer
 	srv.Stdout, srv.Stderr = &sout, &serr
-	srv.Start()
+	_ = srv.Start() // an error comes back from Wait
 	cli := exec.CommandContext(ctx, "ip", "netns", "exec", pair.B.NS.Name, bin, "perf", "write_bw", "-d", pair.B.Name, "-D", secs, "-p", "18777", "-u", "18", "--json", pair.A.Addr.String())
 	cli.Env = append(os.Environ(), "SOFTRNIC_PORT=afpacket")
 	var cout, cerr bytes.Buffer
 	cli.Stdout, cli.Stderr = &cout, &cerr
 	time.Sleep(500 * time.Millisecond) // the server listens
-	cli.Start()
-	time.Sleep(2 * time.Second) // the stream runs
+	_ = cli.Start()                    // an error comes back from Wait
+	time.Sleep(2 * time.Second)        // the stream runs
 	r.Before = figuresOf(pid)
 
 	// The attack: its processes hold what they took until told to go.
@@ -324,10 +301,10 @@ func run(attack, bin, self, dir string, stream time.Duration) *Result {
 	r.Peak = figuresOf(pid)
 	r.Served = probe(sock)
 	for _, in := range stdins {
-		in.Close()
+		_ = in.Close() // the attacker's signal to go
 	}
 	for _, k := range kids {
-		k.Wait()
+		_ = k.Wait() // what it did is in its report
 	}
 	time.Sleep(3 * time.Second) // the daemon releases what the attackers held
 	r.After = figuresOf(pid)
@@ -354,7 +331,7 @@ func run(attack, bin, self, dir string, stream time.Duration) *Result {
 		r.DaemonLog = lastLines(logs.String(), 4)
 	}
 	cerrW := cli.Wait()
-	srv.Wait()
+	_ = srv.Wait() // the client side reports the stream's rate
 	r.Stream = streamResult(cout.Bytes(), cerrW, cerr.String()+serr.String())
 	return r
 }
@@ -374,7 +351,7 @@ func probe(sock string) string {
 	if err != nil {
 		return err.Error()
 	}
-	defer mem.Free()
+	defer func() { _ = mem.Free() }()
 	if _, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite); err != nil {
 		return "REG_MR: " + err.Error()
 	}
