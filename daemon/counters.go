@@ -174,8 +174,9 @@ type CounterSource struct {
 	Loop *engine.Loop  // device counters as of the loop's last iteration
 	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
 	// Server, if set, is the daemon serving the device: its own counters
-	// and its clients' usage join the snapshot. Set it before the first
-	// Snapshot.
+	// and its clients' usage join the snapshot, and events its clients'
+	// queues dropped count in async_events_lost with the device's own.
+	// Set it before the first Snapshot.
 	Server *Server
 }
 
@@ -199,6 +200,10 @@ func (s *CounterSource) Snapshot() Counters {
 		in.add(q)
 	})
 	in.add(&rnic.QPCounters{RC: retired.RC, UD: retired.UD, CQE: retired.CQE})
+	in.eventsLost = s.Loop.Device().LostEvents()
+	if s.Server != nil {
+		in.eventsLost += s.Server.AsyncEventsLost.Load()
+	}
 	c.Valid = fillDevice(&c.Device, &in)
 	if s.Server != nil {
 		c.Daemon, c.Usage, c.HaveDaemon = s.Server.counters(), s.Server.Usage(), true
@@ -216,7 +221,6 @@ func (s *Server) counters() [proto.NumDaemonCounters]uint64 {
 	d[proto.DCtrBadWQEs] = s.BadWQEs.Load()
 	d[proto.DCtrCQRingDropped] = s.CQRingDropped.Load()
 	d[proto.DCtrControlledQKeyRefused] = s.QKeyRefused.Load()
-	d[proto.DCtrAsyncEventsLost] = s.dev.LostEvents()
 	d[proto.DCtrCQOverruns] = s.dev.CQOverruns()
 	return d
 }
@@ -228,6 +232,7 @@ type counterInputs struct {
 	rxBytes, txBytes   uint64
 	haveBytes, haveXDP bool
 	xdp                afxdp.Stats
+	eventsLost         uint64
 	// sums over the QPs
 	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
 	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
@@ -323,6 +328,7 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrCCDecreases] = cc[5].Value
 	d[proto.CtrCCLossEvents] = cc[6].Value
 	d[proto.CtrCCWindowFull] = cc[7].Value
+	d[proto.CtrAsyncEventsLost] = in.eventsLost
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP

@@ -71,6 +71,7 @@ func TestFillDeviceTable(t *testing.T) {
 	s.RxDropped, s.RxInvalidDescs, s.TxInvalidDescs, s.RxRingFull, s.RxFillRingEmpty, s.TxRingEmptyDescs = 23, 24, 25, 26, 27, 28
 	in.xdp.Oversize = 29
 	in.haveXDP = true
+	in.eventsLost = 4010
 	rcq := rnic.QPCounters{QPN: 17, Type: ib.RC}
 	rcq.RC.RxDuplicate, rcq.RC.RxOutOfSeq, rcq.RC.RNRWaits, rcq.RC.Timeouts, rcq.RC.TxRNRNAKs = 100, 200, 300, 400, 500
 	rcq.RC.RxDropped, rcq.RC.TxNAKs, rcq.RC.Retransmits = 600, 700, 800
@@ -99,7 +100,7 @@ func TestFillDeviceTable(t *testing.T) {
 		"out_of_buffer": 500 + 1000, "rx_qp_dropped": 600 + 2000, "nak_sent": 700, "retransmits": 800, "rx_bad_qkey": 3000,
 		"packet_seq_err": 4001, "implied_nak_seq_err": 4002, "rx_write_requests": 4003, "rx_read_requests": 4004,
 		"rx_atomic_requests": 4005, "req_remote_access_errors": 4006, "req_remote_invalid_request": 4007,
-		"resp_remote_access_errors": 4008, "resp_local_length_error": 4009,
+		"resp_remote_access_errors": 4008, "resp_local_length_error": 4009, "async_events_lost": 4010,
 		"req_cqe_error": 11, "req_cqe_flush_error": 22, "resp_cqe_error": 33, "resp_cqe_flush_error": 44,
 		"cc_rtt_samples": 31, "cc_decreases": 32, "cc_loss_events": 33, "cc_window_full": 34,
 	}

@@ -15,8 +15,15 @@
 //     concurrently.
 //   - Server (server.go, session.go): the control socket and the ring pump,
 //     serving one rnic.Device. A session holds the device's own objects
-//     (*rnic.PD, *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.AH), asserted once
-//     when created, so the pump's data path makes no interface calls.
+//     (*rnic.PD, *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.SRQ, *rnic.AH),
+//     asserted once when created, so the pump's data path makes no
+//     interface calls. SRQs (srq.go) are rings the pump drains as it
+//     drains RQs.
+//   - Asynchronous events (async.go): one goroutine takes the device's
+//     events (a subscription of its own, beside the rdma_cm agent's),
+//     hands each to the session owning the QP, CQ or SRQ it names (port
+//     events to all), adds the daemon's own, and writes each session's
+//     event socket without blocking (proto/async.go).
 //   - rdma_cm (cm.go): the device's CM agent (rdmacm.CM) drives the QPs
 //     clients create, as librdmacm drives an application's: CM_ACCEPT and
 //     CM_CONNECT name the client's RC QP, a SIDR answer its UD QP.
@@ -79,8 +86,9 @@
 // keeps them; queue memory is computed from the caps (rings exactly, the
 // device's arrays from their element sizes), not measured; a flood of
 // connections fills the listen queue and a client's connect then waits
-// (client.Dial, up to 5 s) or fails; SRQs are not served through the
-// daemon, so they have no limit; a mapping that cannot be detached (the
+// (client.Dial, up to 5 s) or fails; SRQs count only as objects of
+// their connection, not yet in queue memory, fds or mappings, and the
+// event sockets not in fds; a mapping that cannot be detached (the
 // kernel out of memory) stays mapped, its MRs unreachable, until the
 // session's QPs are gone.
 //
@@ -122,17 +130,19 @@
 // names one of the session's address handles (CREATE_AH resolved the next
 // hop on the control path), never a raw destination. It spins
 // while there is work and then sleeps on an eventfd that clients ring only
-// when it sleeps; a client sleeping on its CQ is rung the same way. Posting
-// and polling are therefore memory operations in the common case.
+// when it sleeps; a client sleeping on its CQ is rung the same way (one
+// that armed it for solicited completions only, for a receive with SE or a
+// completion in error). Posting and polling are therefore memory
+// operations in the common case.
 //
 // # Lifetimes
 //
 // A client that goes away (Close, exit, SIGKILL) has its QPs moved to error
-// and destroyed, its MRs deregistered, its AHs, CQs and PDs freed, its
-// listeners closed and its pending connection requests rejected. A
-// mapping whose last MR was deregistered is replaced in place by
-// anonymous memory at once and
-// unmapped only when the session has no QP left, so work or a responder
+// and destroyed, its SRQs destroyed, its MRs deregistered, its AHs, CQs and
+// PDs freed, its event socket closed, its listeners closed and its pending
+// connection requests rejected. A mapping whose last MR was deregistered
+// is replaced in place by anonymous memory at once and unmapped only when the session has
+// no QP and no SRQ left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
 // pages nor fault the daemon. Server.Close (SIGTERM) stops the pump, moves
 // every QP to error, drains rings and CQs so clients poll flush

@@ -107,11 +107,13 @@ func (ss *session) unrefMap(m *memfdMap) {
 	ss.graves = append(ss.graves, grave{mem: m.mem, held: m.held})
 }
 
-// buryGraves unmaps detached mappings once the session has no QP: only
-// the session's own QPs (same PD) can hold resolved references into them.
+// buryGraves unmaps detached mappings once the session has no QP and no
+// SRQ: only the session's own QPs and SRQs (same PD) can hold resolved
+// references into them (an SRQ's posted receives, which a QP created
+// later would take).
 // Caller holds ss.mu.
 func (ss *session) buryGraves() {
-	if ss.liveQPs != 0 {
+	if ss.liveQPs != 0 || ss.liveSRQs != 0 {
 		return
 	}
 	for _, g := range ss.graves {

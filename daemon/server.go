@@ -113,6 +113,7 @@ type Server struct {
 	ringsMu  sync.RWMutex
 	qpList   []*qpObj
 	cqList   []*cqObj
+	srqList  []*srqObj
 	sleeping atomic.Bool
 	stop     atomic.Bool
 	pumpDone chan struct{}
@@ -136,6 +137,19 @@ type Server struct {
 	QKeyRefused atomic.Uint64
 	// CQRingDropped counts completions dropped on a full client CQ ring.
 	CQRingDropped atomic.Uint64
+	// AsyncEventsLost counts events dropped: a client's queue (or the
+	// router's) was full.
+	AsyncEventsLost atomic.Uint64
+
+	// The event router (async.go): the index from device objects to the
+	// clients' (evMu), the daemon's own events, and its goroutine.
+	evMu   sync.Mutex
+	evQPs  map[uint32]*qpObj
+	evCQs  map[*rnic.CQ]*cqObj
+	evSRQs map[*rnic.SRQ]*srqObj
+	evOwn  chan ownEvent
+	evQuit chan struct{}
+	evDone chan struct{}
 }
 
 // NewServer makes a server for dev and starts its ring pump. The server
@@ -180,6 +194,7 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 			s.cm, s.ownCM = a, a
 		}
 	}
+	s.startEvents()
 	go s.pump()
 	return s, nil
 }
@@ -528,6 +543,7 @@ func (s *Server) Close(drain time.Duration) error {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
+	s.stopEvents()
 	if s.ownCM != nil {
 		// The CM agent's GSI QP and its goroutine.
 		if err := s.ownCM.Close(); err != nil {
@@ -598,6 +614,11 @@ func (s *Server) armAll() bool {
 			empty = false
 		}
 	}
+	for _, x := range s.srqList {
+		if !x.broken && !x.cons.Arm() {
+			empty = false
+		}
+	}
 	return empty
 }
 
@@ -607,6 +628,9 @@ func (s *Server) disarmAll() {
 	for _, q := range s.qpList {
 		q.sqc.Disarm()
 		q.rqc.Disarm()
+	}
+	for _, x := range s.srqList {
+		x.cons.Disarm()
 	}
 }
 
@@ -629,6 +653,11 @@ func (s *Server) pollOnce() int {
 	for _, q := range s.qpList {
 		if !q.broken {
 			work += s.drainRQ(q)
+		}
+	}
+	for _, x := range s.srqList {
+		if !x.broken {
+			work += s.drainSRQ(x)
 		}
 	}
 	for _, q := range s.qpList {
@@ -717,6 +746,7 @@ func (s *Server) checkRings(q *qpObj) {
 	q.broken = true
 	attr := ib.QPAttr{State: ib.Err}
 	err := q.qp.Modify(&attr, ib.AttrState)
+	s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
 	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", err)
 }
 
@@ -748,6 +778,9 @@ func (s *Server) sendInError(q *qpObj, id uint64, op ib.WROpcode, err error) boo
 func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 	s.BadWQEs.Add(1)
 	attr := ib.QPAttr{State: ib.Err}
+	if q.qp.State() != ib.Err {
+		s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
+	}
 	if merr := q.qp.Modify(&attr, ib.AttrState); merr != nil {
 		s.log.Warn("bad WQE: moving QP to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", merr)
 	}
@@ -770,10 +803,13 @@ func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 	cq.mu.Lock()
 	if slot := cq.prod.Reserve(); slot != nil {
 		proto.PutWC(slot, &wc)
-		s.commit(cq)
+		s.commit(cq, true) // in error: solicited, per IBA
 	} else {
 		cq.overruns++
 		s.CQRingDropped.Add(1)
+		if cq.overruns == 1 {
+			s.ownEvent(cq.owner, proto.AsyncEventMsg{Type: ib.EventCQErr, Handle: cq.h})
+		}
 	}
 	cq.mu.Unlock()
 }
@@ -789,20 +825,26 @@ func (s *Server) moveCQ(c *cqObj) int {
 		free = len(c.wcs)
 	}
 	n := c.cq.Poll(c.wcs[:free])
+	solicited := false
 	for i := 0; i < n; i++ {
-		proto.PutWC(c.prod.Reserve(), &c.wcs[i])
+		w := &c.wcs[i]
+		proto.PutWC(c.prod.Reserve(), w)
+		// What wakes a CQ armed for solicited completions only: a
+		// message with SE, and any completion in error (IBA 11.4.2.2).
+		solicited = solicited || w.Flags&ib.WCSolicited != 0 || w.Status != ib.Success
 	}
 	if n > 0 {
-		s.commit(c)
+		s.commit(c, solicited)
 	}
 	return n
 }
 
-// commit publishes the completions written into c's ring (c.mu held). A
+// commit publishes the completions written into c's ring (c.mu held),
+// waking a consumer armed for solicited completions only if solicited. A
 // ring the client corrupted, or whose doorbell failed, is logged once; the
 // client is the only one it harms.
-func (s *Server) commit(c *cqObj) {
-	if _, err := c.prod.Commit(); err != nil && !c.ringErr {
+func (s *Server) commit(c *cqObj, solicited bool) {
+	if _, err := c.prod.CommitSolicited(solicited); err != nil && !c.ringErr {
 		c.ringErr = true
 		s.log.Warn("client CQ ring", "err", err)
 	}

@@ -40,6 +40,7 @@ type session struct {
 	mrs    map[proto.Handle]*mrObj
 	cqs    map[proto.Handle]*cqObj
 	qps    map[proto.Handle]*qpObj
+	srqs   map[proto.Handle]*srqObj
 	// ahs are written under both mu and ahMu, and read by the pump under
 	// ahMu alone: a control operation holding mu (an mmap, a device call)
 	// never stalls the pump.
@@ -56,12 +57,16 @@ type session struct {
 	maps    map[fileKey][]*memfdMap
 	graves  []grave
 	liveQPs int // QPs created and not yet destroyed in the device
+	// liveSRQs likewise: their posted receives point into MRs too.
+	liveSRQs int
 	// sent are rings whose memfd the client gets in the reply being
 	// made: the daemon closes its own fd once the reply went, keeping
 	// only the mapping (serve's goroutine only).
-	sent    []*shmring.Ring
-	capture *capture.Session
-	db      *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
+	sent       []*shmring.Ring
+	capture    *capture.Session
+	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
+	events     eventSink         // the event socket (async.go)
+	afterReply []int             // fds to close once the reply carrying them is sent
 
 	// rdma_cm (cm.go): listeners and requests not yet answered; ctx ends
 	// the CM exchanges in flight (cmWG) when the connection closes.
@@ -92,12 +97,14 @@ type mrObj struct {
 }
 
 type cqObj struct {
-	cq   *rnic.CQ
-	stop chan struct{} // ends the goroutine that wakes the pump
-	done chan struct{}
-	ring *shmring.Ring
-	db   *shmring.Doorbell // the client's: rung when it sleeps on the CQ
-	refs int               // QPs using it
+	owner *session
+	h     proto.Handle
+	cq    *rnic.CQ
+	stop  chan struct{} // ends the goroutine that wakes the pump
+	done  chan struct{}
+	ring  *shmring.Ring
+	db    *shmring.Doorbell // the client's: rung when it sleeps on the CQ
+	refs  int               // QPs using it
 
 	mu       sync.Mutex // serialises the ring's producer (pump, failWR, Close)
 	prod     *shmring.Producer
@@ -109,7 +116,9 @@ type cqObj struct {
 
 type qpObj struct {
 	owner      *session
+	h          proto.Handle
 	qp         *rnic.QP
+	srq        *srqObj // the SRQ it takes receives from, or nil
 	typ        ib.QPType
 	pd         *pdObj
 	send, recv *cqObj
@@ -171,7 +180,8 @@ func (s *Server) startSession(c *net.UnixConn, cr *unix.Ucred, acc *account) {
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c), acct: acc, netRaw: hasNetRaw(cr),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		ahs: map[proto.Handle]*ahObj{}, maps: map[fileKey][]*memfdMap{}, listeners: map[proto.Handle]cmListener{}, requests: map[proto.Handle]cmRequest{}}
+		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, maps: map[fileKey][]*memfdMap{}, listeners: map[proto.Handle]cmListener{},
+		requests: map[proto.Handle]cmRequest{}, events: eventSink{fd: -1}}
 	ss.ctx, ss.cancel = context.WithCancel(context.Background())
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
@@ -217,6 +227,10 @@ func (ss *session) serve() {
 			}
 		}
 		ss.sent = ss.sent[:0]
+		for _, fd := range ss.afterReply {
+			unix.Close(fd)
+		}
+		ss.afterReply = ss.afterReply[:0]
 		if rerr != nil {
 			break
 		}
@@ -232,6 +246,7 @@ func (ss *session) serve() {
 	}
 	queues := ss.acct.held(QueueBytes)
 	info := ss.cleanup()
+	ss.events.close()
 	if ss.db != nil {
 		s.unwatch(ss.db)
 		ss.db.Close()
@@ -350,6 +365,18 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.destroyAH(body)
 	case proto.OpCMClose:
 		return ss.cmClose(body)
+	case proto.OpCreateSRQ:
+		return ss.createSRQ(body)
+	case proto.OpModifySRQ:
+		return ss.modifySRQ(body)
+	case proto.OpQuerySRQ:
+		return ss.querySRQ(body)
+	case proto.OpDestroySRQ:
+		return ss.destroySRQ(body)
+	case proto.OpAsyncEvents:
+		return ss.asyncEvents(body)
+	case proto.OpQueryDevice:
+		return ss.queryDevice(body)
 	default:
 		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
@@ -365,11 +392,11 @@ func (ss *session) undo(op string, err error) {
 
 // newHandle names a new object of the session. An object limited by its
 // own kind (QP, CQ, MR) has been charged already; the others (obj: PDs,
-// AHs, rdma_cm listeners and requests) are bounded together, per
+// SRQs, AHs, rdma_cm listeners and requests) are bounded together, per
 // connection. Caller holds ss.mu.
 func (ss *session) newHandle(obj bool) (proto.Handle, error) {
 	if obj {
-		n := int64(len(ss.pds) + len(ss.ahs) + len(ss.listeners) + len(ss.requests))
+		n := int64(len(ss.pds) + len(ss.srqs) + len(ss.ahs) + len(ss.listeners) + len(ss.requests))
 		if lim := ss.s.opt.Limits[Objects][PerConn]; lim >= 0 && n >= lim {
 			return 0, ss.refused(ss.s.acct.refuse(ss.acct, Objects, PerConn, n, 1, lim))
 		}
@@ -635,11 +662,12 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		return nil, nil, err
 	}
 	cq := vcq.(*rnic.CQ)
-	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64), held: held}
+	c := &cqObj{owner: ss, cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64), held: held}
 	c.watch(ss.s.wake)
 	ss.mu.Lock()
 	h, err := ss.newHandle(false)
 	if err == nil {
+		c.h = h
 		ss.cqs[h] = c
 	}
 	ss.mu.Unlock()
@@ -649,6 +677,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		db.Close()
 		return nil, nil, err
 	}
+	ss.s.indexCQ(c)
 	ss.s.ringsMu.Lock()
 	ss.s.cqList = append(ss.s.cqList, c)
 	ss.s.ringsMu.Unlock()
@@ -703,6 +732,7 @@ func (ss *session) destroyCQ(body []byte) (any, []int, error) {
 
 func (ss *session) releaseCQ(c *cqObj) error {
 	s := ss.s
+	s.unindexCQ(c)
 	s.ringsMu.Lock()
 	for i, x := range s.cqList {
 		if x == c {
@@ -730,6 +760,10 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	if req.SigAll > 1 {
 		return nil, nil, errf(unix.EINVAL, "sq_sig_all %d is not 0 or 1", req.SigAll)
 	}
+	if req.SRQ != 0 {
+		// Receives come from the SRQ: the RQ ring is a one-slot stub.
+		req.Caps.MaxRecvWR, req.Caps.MaxRecvSGE = 1, 1
+	}
 	c, err := ss.normCaps(req.Caps)
 	if err != nil {
 		return nil, nil, err
@@ -750,6 +784,10 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	p, okp := ss.pds[req.PD]
 	scq, oks := ss.cqs[req.SendCQ]
 	rcq, okr := ss.cqs[req.RecvCQ]
+	x, okx := ss.srqs[req.SRQ]
+	if req.SRQ == 0 {
+		x, okx = nil, true
+	}
 	ss.mu.Unlock()
 	switch {
 	case !okp:
@@ -758,6 +796,10 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.SendCQ)
 	case !okr:
 		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.RecvCQ)
+	case !okx:
+		return nil, nil, errf(unix.ENOENT, "no SRQ %d on this connection", req.SRQ)
+	case x != nil && x.pd != p:
+		return nil, nil, errf(unix.EINVAL, "SRQ %d is of another PD than the QP", req.SRQ)
 	}
 	sq, err := shmring.Create("softrnic-sq", shmring.Geometry{SlotSize: proto.SendSlotSize(c), Slots: int(sqSlots)})
 	if err != nil {
@@ -768,7 +810,11 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sq.Close()
 		return nil, nil, err
 	}
-	vqp, err := p.pd.CreateQP(&verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0})
+	init := &verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0}
+	if x != nil {
+		init.SRQ = x.srq
+	}
+	vqp, err := p.pd.CreateQP(init)
 	if err != nil {
 		sq.Close()
 		rq.Close()
@@ -776,17 +822,21 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	}
 	qp := vqp.(*rnic.QP)
 	q := &qpObj{owner: ss, qp: qp, typ: req.Type, pd: p, send: scq, recv: rcq, sq: sq, rq: rq,
-		sqc: sq.Consumer(), rqc: rq.Consumer(), held: held}
+		sqc: sq.Consumer(), rqc: rq.Consumer(), held: held, srq: x}
 	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
 	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
 	ss.mu.Lock()
 	h, err := ss.newHandle(false)
 	if err == nil {
+		q.h = h
 		ss.qps[h] = q
 		ss.liveQPs++
 		p.refs++
 		scq.refs++
 		rcq.refs++
+		if x != nil {
+			x.refs++
+		}
 	}
 	ss.mu.Unlock()
 	if err != nil {
@@ -795,6 +845,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		rq.Close()
 		return nil, nil, err
 	}
+	ss.s.indexQP(q)
 	ss.s.ringsMu.Lock()
 	ss.s.qpList = append(ss.s.qpList, q)
 	ss.s.ringsMu.Unlock()
@@ -901,6 +952,7 @@ func (ss *session) destroyQP(body []byte) (any, []int, error) {
 
 func (ss *session) releaseQP(q *qpObj) error {
 	s := ss.s
+	s.unindexQP(q)
 	s.ringsMu.Lock()
 	for i, x := range s.qpList {
 		if x == q {
@@ -936,6 +988,9 @@ func (ss *session) releaseQP(q *qpObj) error {
 	q.pd.refs--
 	q.send.refs--
 	q.recv.refs--
+	if q.srq != nil {
+		q.srq.refs--
+	}
 	ss.liveQPs--
 	ss.buryGraves()
 	ss.mu.Unlock()
@@ -967,8 +1022,8 @@ func (ss *session) cleanup() ClientInfo {
 	ss.mu.Lock()
 	info := ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
 		QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds), AHs: len(ss.ahs)}
-	qps, mrs, cqs, pds := ss.qps, ss.mrs, ss.cqs, ss.pds
-	ss.qps, ss.mrs, ss.cqs, ss.pds = map[proto.Handle]*qpObj{}, map[proto.Handle]*mrObj{}, map[proto.Handle]*cqObj{}, map[proto.Handle]*pdObj{}
+	qps, srqs, mrs, cqs, pds := ss.qps, ss.srqs, ss.mrs, ss.cqs, ss.pds
+	ss.qps, ss.srqs, ss.mrs, ss.cqs, ss.pds = map[proto.Handle]*qpObj{}, map[proto.Handle]*srqObj{}, map[proto.Handle]*mrObj{}, map[proto.Handle]*cqObj{}, map[proto.Handle]*pdObj{}
 	ss.ahMu.Lock()
 	ahs := ss.ahs
 	ss.ahs = map[proto.Handle]*ahObj{}
@@ -982,6 +1037,11 @@ func (ss *session) cleanup() ClientInfo {
 	for _, q := range qps {
 		if err := ss.releaseQP(q); err != nil {
 			ss.log.Warn("destroying QP", "qpn", q.qp.QPN(), "err", err)
+		}
+	}
+	for _, x := range srqs {
+		if err := ss.releaseSRQ(x); err != nil {
+			ss.log.Warn("destroying SRQ", "err", err)
 		}
 	}
 	ss.mu.Lock()

@@ -58,8 +58,9 @@ type Config struct {
 
 // Host is an RNIC on an interface of this machine, running: the rnic
 // device, its port, the engine loop driving it in a goroutine of its own,
-// neighbour resolution for it, and an rdma_cm agent on it. Every tool and
-// the daemon run on one.
+// neighbour resolution for it, the port's state following the interface's
+// link (link.go), and an rdma_cm agent on it. Every tool and the daemon run
+// on one.
 type Host struct {
 	Iface Interface
 	// Device is the RNIC. Its Config.Resolve is the host's neighbour
@@ -121,6 +122,10 @@ func Open(cfg Config) (_ *Host, err error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	if err := watchLink(in.Index, h.Device, ctx.Done(), cfg.Log); err != nil {
+		stop()
+		return nil, fmt.Errorf("host: watching %s's link state: %w", in.Name, err)
+	}
 	h.stop = stop
 	go func() {
 		defer close(h.done)

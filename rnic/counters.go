@@ -190,13 +190,13 @@ type RetiredQPs struct {
 }
 
 // retire marks q destroyed and adds its final counters to the device's
-// retired sums, once, before q leaves the live QPs.
-func (d *Device) retire(q *QP) {
+// retired sums, once, before q leaves the live QPs; true for that once.
+func (d *Device) retire(q *QP) bool {
 	var c QPCounters
 	d.retMu.Lock()
 	defer d.retMu.Unlock()
 	if q.destroyed.Load() {
-		return
+		return false
 	}
 	q.counters(&c)
 	d.retired.QPs++
@@ -205,6 +205,7 @@ func (d *Device) retire(q *QP) {
 	addCounts(&d.retired.CQE, &c.CQE)
 	d.retireGen++
 	q.destroyed.Store(true)
+	return true
 }
 
 // QPCounterTotals calls fn with every live QP's counters, as

@@ -49,7 +49,10 @@ type Device struct {
 
 	doorbell chan struct{}
 	events   chan verbs.AsyncEvent
+	subMu    sync.Mutex                              // serialises Subscribe's writers
+	subs     atomic.Pointer[[]chan verbs.AsyncEvent] // more consumers of the events (Subscribe)
 	lostEv   atomic.Uint64
+	portDown atomic.Bool // the interface's link is down (SetPortActive)
 
 	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
 
@@ -113,6 +116,7 @@ func NewDevice(cfg Config) (*Device, error) {
 	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan verbs.AsyncEvent, 256), nextQPN: 0x10,
 		cc: cfg.Congestion.ccConfig()}
 	d.qps, d.keys = newTable[QP](), newTable[MR]()
+	d.subs.Store(new([]chan verbs.AsyncEvent))
 	return d, nil
 }
 
@@ -146,7 +150,7 @@ func (d *Device) Query() ib.DeviceAttr {
 	return ib.DeviceAttr{NodeGUID: ib.NodeGUID(d.cfg.MAC), MaxMRSize: MaxMsgSize, MaxQP: 1 << 16, MaxQPWR: MaxQPWR,
 		MaxSGE: MaxSGE, MaxCQ: 1 << 16, MaxCQE: MaxCQE, MaxMR: 1 << 20, MaxPD: 1 << 16, MaxSRQ: 1 << 16,
 		MaxSRQWR: MaxQPWR, MaxInline: MaxInline, MaxQPRdAtom: MaxRdAtomic, ActiveMTU: uint32(d.cfg.PortMTU),
-		PortActive: true}
+		PortActive: !d.portDown.Load()}
 }
 
 // heapMem is memory in this process: an ordinary slice.

@@ -118,6 +118,9 @@ func (pd *PD) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
 	}
 	q.resetLocked()
 	d.qps.put(q.qpn, q)
+	if a.SRQ != nil {
+		a.SRQ.users.Add(1)
+	}
 	return q, nil
 }
 
@@ -143,6 +146,12 @@ func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
 	if attr.SRQ != nil {
 		if a.SRQ, ok = attr.SRQ.(*SRQ); !ok || a.SRQ.pd != pd {
 			return fail("srq is not one of this PD's")
+		}
+		if a.SRQ.destroyed.Load() {
+			return fail("the SRQ is destroyed")
+		}
+		if a.Type == ib.GSI {
+			return fail("the GSI QP has its own receive queue")
 		}
 	}
 	if a.MaxSendWR == 0 {
@@ -199,7 +208,11 @@ func (q *QP) resetLocked() {
 // without completions (ibv_destroy_qp).
 func (q *QP) Destroy() error {
 	d := q.dev
-	d.retire(q) // its counts stay in the device's totals
+	// Its counts stay in the device's totals; the first Destroy also
+	// marks it destroyed.
+	if d.retire(q) && q.init.SRQ != nil {
+		q.init.SRQ.users.Add(-1)
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.qps.get(q.qpn) == q {
@@ -212,11 +225,22 @@ func (q *QP) Destroy() error {
 func (q *QP) toErrLocked() {
 	q.state = ib.Err
 	q.tr.Flush()
+	q.lastWQELocked()
 	var w ib.RecvWQE
 	if q.init.SRQ == nil {
 		for q.rq.Take(&w) {
 			q.pushWC(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
 		}
+	}
+}
+
+// lastWQELocked reports, for a QP attached to an SRQ that has just gone
+// to ERR, that it will take no more receives from the SRQ (IBA's Last WQE
+// Reached): the application may then destroy it without losing a receive
+// of the SRQ to it.
+func (q *QP) lastWQELocked() {
+	if q.init.SRQ != nil {
+		q.dev.event(ib.EventQPLastWQEReached, q.qpn)
 	}
 }
 
@@ -265,8 +289,10 @@ func (q *QP) unlock() (ready, timed bool) {
 	tr := q.tr
 	if tr.Failed() && q.state != ib.Err && q.state != ib.Reset {
 		q.state = ib.Err
+		ev := tr.Failure()
 		tr.Flush()
-		q.dev.event(ib.EventQPFatal, q.qpn)
+		q.dev.event(ev, q.qpn)
+		q.lastWQELocked()
 	}
 	if tr.SendError() && q.state != ib.Err && q.state != ib.Reset {
 		q.state = ib.SQE
@@ -305,6 +331,7 @@ func (q *QP) unlock() (ready, timed bool) {
 		q.init.SendCQ.push(wcs, false)
 		q.init.RecvCQ.push(wcs, true)
 		q.dev.event(ib.EventQPFatal, q.qpn)
+		q.lastWQELocked()
 	}
 	if q.state == ib.Err && q.init.SRQ == nil && q.rq.head != q.rq.tail {
 		var w ib.RecvWQE

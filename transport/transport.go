@@ -73,6 +73,11 @@ type Transport interface {
 	TakeCompletions() []ib.WC
 	// Failed reports a fatal error: the QP must go to ERR (then Flush).
 	Failed() bool
+	// Failure is the asynchronous event that error raises:
+	// ib.EventQPReqErr when this QP's responder refused an invalid
+	// request, ib.EventQPAccessErr when it refused a remote access
+	// violation, ib.EventQPFatal for anything else.
+	Failure() ib.EventType
 	// SendError reports a local send error that stopped the send queue:
 	// the QP goes to SQE (then FlushSend).
 	SendError() bool

@@ -11,7 +11,9 @@ import (
 // assertion.
 
 // AsyncEventer is a Device that reports asynchronous events
-// (ibv_get_async_event).
+// (ibv_get_async_event): QP errors, COMM_EST, CQ overruns, SRQ limits,
+// link changes, and EventDeviceFatal when the device is gone. The channel
+// is bounded: the RNIC counts what a reader that falls behind loses.
 type AsyncEventer interface {
 	Events() <-chan AsyncEvent
 }
@@ -72,12 +74,13 @@ type RecvSyncer interface {
 	SyncRecv(ctx context.Context) error
 }
 
-// AsyncEvent is an asynchronous event (ibv_async_event): of a QP (QPN) or
-// of a CQ.
+// AsyncEvent is an asynchronous event (ibv_async_event): of a QP (QPN),
+// of a CQ, of an SRQ, or of the port or device (none of them set).
 type AsyncEvent struct {
 	Type ib.EventType
 	QPN  uint32
-	CQ   CQ // EventCQErr only
+	CQ   CQ  // EventCQErr only
+	SRQ  SRQ // EventSRQLimitReached and EventSRQErr only
 }
 
 // DeviceObject is an object that knows its device (ibv_qp.context): the

@@ -12,6 +12,9 @@
 #endif
 
 /* ---- package github.com/softrnic/softrnic/daemon/proto ---- */
+// MaxPendingEvents bounds the events of one connection that wait in the
+// daemon for room in its event socket.
+#define SOFTRNIC_MAX_PENDING_EVENTS 4096
 // DefaultControl is the daemon's control socket unless configured otherwise
 // (daemon "control" key; --control in every client command).
 #define SOFTRNIC_DEFAULT_CONTROL "/run/softrnic/softrnic.sock"
@@ -48,6 +51,14 @@
 #define SOFTRNIC_OP_CREATE_AH 22 // CreateAHReq → HandleMsg (the AH UD send slots name)
 #define SOFTRNIC_OP_DESTROY_AH 23 // HandleMsg (AH)
 #define SOFTRNIC_OP_CM_CLOSE 24 // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
+// Shared receive queues and asynchronous events (srq.go, async.go).
+#define SOFTRNIC_OP_CREATE_SRQ 25 // CreateSRQReq → CreateSRQResp; reply fd: the SRQ ring memfd
+#define SOFTRNIC_OP_MODIFY_SRQ 26 // ModifySRQReq
+#define SOFTRNIC_OP_QUERY_SRQ 27 // HandleMsg (SRQ) → ib.SRQAttr
+#define SOFTRNIC_OP_DESTROY_SRQ 28 // HandleMsg (SRQ)
+#define SOFTRNIC_OP_ASYNC_EVENTS 29 // → nothing; reply fd: the client's end of its event socket (once per connection)
+#define SOFTRNIC_OP_QUERY_DEVICE 30 // → DeviceInfo as it is now (the port's state follows the link)
+#define SOFTRNIC_OP_ASYNC_EVENT 31 // never a request: the header of each message on the event socket
 // HeaderSize is the encoded size of Header.
 #define SOFTRNIC_HEADER_SIZE 16
 #define SOFTRNIC_PORT_SPACE_TCP 0 // RC connections: REQ, REP, RTU
@@ -112,17 +123,17 @@
 #define SOFTRNIC_CTR_CC_DECREASES 52 // congestion control: rate or window decreases
 #define SOFTRNIC_CTR_CC_LOSS_EVENTS 53 // congestion control: retransmission events reported as loss
 #define SOFTRNIC_CTR_CC_WINDOW_FULL 54 // congestion control: sends the window held back
-#define SOFTRNIC_NUM_DEVICE_COUNTERS 55
+#define SOFTRNIC_CTR_ASYNC_EVENTS_LOST 55 // asynchronous events dropped, a bounded queue full
+#define SOFTRNIC_NUM_DEVICE_COUNTERS 56
 #define SOFTRNIC_D_CTR_REJECTED_CONNECTIONS 0 // connections refused: not root, the daemon's user or the control group
 #define SOFTRNIC_D_CTR_ACCEPT_ERRORS 1 // accept failures (out of fds or memory)
 #define SOFTRNIC_D_CTR_SHED_CONNECTIONS 2 // connections closed: silent before OPEN, or turned away out of fds
 #define SOFTRNIC_D_CTR_LIMIT_REFUSALS 3 // client requests refused by a limit
-#define SOFTRNIC_D_CTR_BAD_WQES 4 // malformed entries and corrupted indexes in client rings
+#define SOFTRNIC_D_CTR_BAD_WQES 4 // WRs in client rings that do not decode or fail the device's checks, corrupted indexes
 #define SOFTRNIC_D_CTR_CQ_RING_DROPPED 5 // completions dropped on a full client CQ ring
 #define SOFTRNIC_D_CTR_CONTROLLED_Q_KEY_REFUSED 6 // controlled Q_Keys refused to clients without CAP_NET_RAW
-#define SOFTRNIC_D_CTR_ASYNC_EVENTS_LOST 7 // asynchronous events nobody read in time
-#define SOFTRNIC_D_CTR_CQ_OVERRUNS 8 // CQs that overflowed
-#define SOFTRNIC_NUM_DAEMON_COUNTERS 9
+#define SOFTRNIC_D_CTR_CQ_OVERRUNS 7 // CQs that overflowed
+#define SOFTRNIC_NUM_DAEMON_COUNTERS 8
 #define SOFTRNIC_Q_CTR_RX_PACKETS 0 // UD only: packets delivered
 #define SOFTRNIC_Q_CTR_DUPLICATE_REQUEST 1 // RC
 #define SOFTRNIC_Q_CTR_OUT_OF_SEQUENCE 2 // RC
@@ -165,7 +176,7 @@
 // QPGauges are the per-QP values that are figures, not counts: they go up
 // and down (Prometheus gauges, without _total).
 #define SOFTRNIC_QP_GAUGES UINT64_C(0x3e00000000)
-#define SOFTRNIC_VALID_ALL UINT64_C(0x7fffffffffffff)
+#define SOFTRNIC_VALID_ALL UINT64_C(0xffffffffffffff)
 #define SOFTRNIC_VALID_XDP UINT64_C(0x3ffc000000)
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
@@ -216,6 +227,13 @@
 #define SOFTRNIC_RING_MAX_SLOTS 1048576
 // MaxSlotSize bounds one slot (a work request with many SGEs or inline data).
 #define SOFTRNIC_RING_MAX_SLOT_SIZE 65536
+#define SOFTRNIC_RING_WAKE_NONE 0
+#define SOFTRNIC_RING_WAKE_ANY 1 // the next commit
+// WakeSolicited: the next commit its producer marks solicited
+// (CommitSolicited): a CQ armed for solicited completions only
+// (ibv_req_notify_cq with solicited_only). Any other non-zero value
+// counts as WakeAny.
+#define SOFTRNIC_RING_WAKE_SOLICITED 2
 
 /* ---- package github.com/softrnic/softrnic/ib ---- */
 #define SOFTRNIC_IB_ACCESS_LOCAL_WRITE 1
@@ -248,6 +266,15 @@
 // down.
 #define SOFTRNIC_IB_EVENT_TYPE_PORT_ACTIVE 9
 #define SOFTRNIC_IB_EVENT_TYPE_PORT_ERR 10
+// EventSRQErr: an SRQ can take no more receives (the daemon found its
+// ring corrupted by the client); the QPs using it stop receiving.
+#define SOFTRNIC_IB_EVENT_TYPE_SRQ_ERR 14
+// EventSRQLimitReached: an SRQ armed with a limit (SRQAttr.Limit)
+// holds fewer receives than the limit; the limit is disarmed.
+#define SOFTRNIC_IB_EVENT_TYPE_SRQ_LIMIT_REACHED 15
+// EventQPLastWQEReached: a QP attached to an SRQ went to ERR and will
+// take no more receives from it.
+#define SOFTRNIC_IB_EVENT_TYPE_QP_LAST_WQE_REACHED 16
 // GSI is the General Services Interface QP, QP1: a UD QP whose QPN is
 // 1 and whose Q_Key is 0x80010000, which carries the CM's MADs. One
 // per device, owned by the device's CM agent, never by an application
@@ -285,6 +312,8 @@
 #define SOFTRNIC_IB_QP_ATTR_MASK_CAP 524288
 #define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
+#define SOFTRNIC_IB_SRQ_ATTR_MASK_MAX_WR 1 // resize the SRQ
+#define SOFTRNIC_IB_SRQ_ATTR_MASK_LIMIT 2 // arm the limit
 #define SOFTRNIC_IB_WC_STATUS_SUCCESS 0
 #define SOFTRNIC_IB_WC_STATUS_LOC_LEN_ERR 1
 #define SOFTRNIC_IB_WC_STATUS_LOC_QP_OP_ERR 2
@@ -308,6 +337,11 @@
 #define SOFTRNIC_IB_WC_FLAGS_GRH 1 // the first 40 bytes of the buffer hold a GRH slot (UD)
 #define SOFTRNIC_IB_WC_FLAGS_WITH_IMM 2 // Imm is valid
 #define SOFTRNIC_IB_WC_FLAGS_WITH_INV 8 // InvRKey was invalidated
+// WCSolicited marks a receive whose message asked for a solicited
+// event (SE): what a CQ armed for solicited completions only wakes
+// for, with completions in error. ibv_wc has no such bit (1 << 7 is
+// none of IBV_WC_*).
+#define SOFTRNIC_IB_WC_FLAGS_SOLICITED 128
 #define SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE 0
 #define SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE_WITH_IMM 1
 #define SOFTRNIC_IB_WR_OPCODE_SEND 2
@@ -325,6 +359,20 @@
 #define SOFTRNIC_IB_SEND_FLAGS_KNOWN_SEND_FLAGS 15
 
 /* ---- structs ---- */
+
+// AsyncEventMsg follows an OpAsyncEvent header on the event socket.
+struct softrnic_async_event_msg {
+	uint8_t type;
+	uint8_t _pad0[3];
+	uint32_t handle; // the QP, CQ or SRQ; 0 for port events
+	uint32_t qpn; // QP events: the QP's number
+	uint32_t lost; // events of this connection dropped so far, queue full
+};
+_Static_assert(sizeof(struct softrnic_async_event_msg) == 16, "struct softrnic_async_event_msg: size");
+_Static_assert(offsetof(struct softrnic_async_event_msg, type) == 0, "struct softrnic_async_event_msg: type");
+_Static_assert(offsetof(struct softrnic_async_event_msg, handle) == 4, "struct softrnic_async_event_msg: handle");
+_Static_assert(offsetof(struct softrnic_async_event_msg, qpn) == 8, "struct softrnic_async_event_msg: qpn");
+_Static_assert(offsetof(struct softrnic_async_event_msg, lost) == 12, "struct softrnic_async_event_msg: lost");
 
 // Header starts every message.
 struct softrnic_header {
@@ -670,6 +718,33 @@ _Static_assert(offsetof(struct softrnic_cqe, inv_r_key) == 20, "struct softrnic_
 _Static_assert(offsetof(struct softrnic_cqe, qpn) == 24, "struct softrnic_cqe: qpn");
 _Static_assert(offsetof(struct softrnic_cqe, src_qp) == 28, "struct softrnic_cqe: src_qp");
 _Static_assert(offsetof(struct softrnic_cqe, src_ip) == 32, "struct softrnic_cqe: src_ip");
+
+// CreateSRQReq is the body of OpCreateSRQ.
+struct softrnic_create_srq_req {
+	uint32_t pd;
+	uint32_t max_wr; // receives it must hold (1 … the device's MaxSRQWR)
+	uint32_t max_sge; // entries per receive (1 … the device's MaxSGE)
+	uint32_t _pad0;
+};
+_Static_assert(sizeof(struct softrnic_create_srq_req) == 16, "struct softrnic_create_srq_req: size");
+_Static_assert(offsetof(struct softrnic_create_srq_req, pd) == 0, "struct softrnic_create_srq_req: pd");
+_Static_assert(offsetof(struct softrnic_create_srq_req, max_wr) == 4, "struct softrnic_create_srq_req: max_wr");
+_Static_assert(offsetof(struct softrnic_create_srq_req, max_sge) == 8, "struct softrnic_create_srq_req: max_sge");
+
+// CreateSRQResp is the reply to OpCreateSRQ; with it comes the SRQ ring's
+// memfd, of Slots slots of RecvSlotSize(QPCaps{MaxRecvSGE: MaxSGE}) bytes.
+// MaxWR and MaxSGE are what was granted (at least what was asked).
+struct softrnic_create_srq_resp {
+	uint32_t srq;
+	uint32_t slots;
+	uint32_t max_wr;
+	uint32_t max_sge;
+};
+_Static_assert(sizeof(struct softrnic_create_srq_resp) == 16, "struct softrnic_create_srq_resp: size");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, srq) == 0, "struct softrnic_create_srq_resp: srq");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, slots) == 4, "struct softrnic_create_srq_resp: slots");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, max_wr) == 8, "struct softrnic_create_srq_resp: max_wr");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, max_sge) == 12, "struct softrnic_create_srq_resp: max_sge");
 
 // StatsReq is the body of OpStats. The reply lists the QPs whose QPN is at
 // least FromQPN, at most MaxStatsQPs of them; a client pages with FromQPN
@@ -1026,6 +1101,17 @@ _Static_assert(offsetof(struct softrnic_ib_qp_attr, retry_cnt) == 35, "struct so
 _Static_assert(offsetof(struct softrnic_ib_qp_attr, rnr_retry) == 36, "struct softrnic_ib_qp_attr: rnr_retry");
 _Static_assert(offsetof(struct softrnic_ib_qp_attr, av) == 40, "struct softrnic_ib_qp_attr: av");
 
+// SRQAttr are a shared receive queue's attributes (ibv_srq_attr).
+struct softrnic_ib_srq_attr {
+	uint32_t max_wr; // receives it holds
+	uint32_t max_sge; // scatter/gather entries per receive
+	uint32_t limit; // Limit, when armed (not 0), is the low watermark: once fewer receives
+};
+_Static_assert(sizeof(struct softrnic_ib_srq_attr) == 12, "struct softrnic_ib_srq_attr: size");
+_Static_assert(offsetof(struct softrnic_ib_srq_attr, max_wr) == 0, "struct softrnic_ib_srq_attr: max_wr");
+_Static_assert(offsetof(struct softrnic_ib_srq_attr, max_sge) == 4, "struct softrnic_ib_srq_attr: max_sge");
+_Static_assert(offsetof(struct softrnic_ib_srq_attr, limit) == 8, "struct softrnic_ib_srq_attr: limit");
+
 // SGE is a scatter/gather entry (ibv_sge): Length bytes at virtual address
 // Addr of the MR whose lkey is LKey.
 struct softrnic_ib_sge {
@@ -1061,14 +1147,17 @@ struct softrnic_create_qp_req {
 	uint8_t sig_all; // every send WR generates a completion
 	uint8_t _pad0[2];
 	struct softrnic_ib_qp_caps caps;
+	uint32_t srq; // SRQ, if not 0, is the SRQ (of the same PD) the QP takes its
+	uint32_t _pad1;
 };
-_Static_assert(sizeof(struct softrnic_create_qp_req) == 36, "struct softrnic_create_qp_req: size");
+_Static_assert(sizeof(struct softrnic_create_qp_req) == 44, "struct softrnic_create_qp_req: size");
 _Static_assert(offsetof(struct softrnic_create_qp_req, pd) == 0, "struct softrnic_create_qp_req: pd");
 _Static_assert(offsetof(struct softrnic_create_qp_req, send_cq) == 4, "struct softrnic_create_qp_req: send_cq");
 _Static_assert(offsetof(struct softrnic_create_qp_req, recv_cq) == 8, "struct softrnic_create_qp_req: recv_cq");
 _Static_assert(offsetof(struct softrnic_create_qp_req, type) == 12, "struct softrnic_create_qp_req: type");
 _Static_assert(offsetof(struct softrnic_create_qp_req, sig_all) == 13, "struct softrnic_create_qp_req: sig_all");
 _Static_assert(offsetof(struct softrnic_create_qp_req, caps) == 16, "struct softrnic_create_qp_req: caps");
+_Static_assert(offsetof(struct softrnic_create_qp_req, srq) == 36, "struct softrnic_create_qp_req: srq");
 
 // CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring
 // memfds, whose geometries follow from Caps (SendSlotSize, RecvSlotSize,
@@ -1111,12 +1200,26 @@ _Static_assert(offsetof(struct softrnic_modify_qp_req, qp) == 0, "struct softrni
 _Static_assert(offsetof(struct softrnic_modify_qp_req, mask) == 4, "struct softrnic_modify_qp_req: mask");
 _Static_assert(offsetof(struct softrnic_modify_qp_req, attr) == 8, "struct softrnic_modify_qp_req: attr");
 
+// ModifySRQReq is the body of OpModifySRQ: ibv_modify_srq's attributes and
+// mask (ib.SRQLimit arms the limit; ib.SRQMaxWR, a resize, is refused with
+// EINVAL).
+struct softrnic_modify_srq_req {
+	uint32_t srq;
+	uint32_t mask;
+	struct softrnic_ib_srq_attr attr;
+	uint32_t _pad0;
+};
+_Static_assert(sizeof(struct softrnic_modify_srq_req) == 24, "struct softrnic_modify_srq_req: size");
+_Static_assert(offsetof(struct softrnic_modify_srq_req, srq) == 0, "struct softrnic_modify_srq_req: srq");
+_Static_assert(offsetof(struct softrnic_modify_srq_req, mask) == 4, "struct softrnic_modify_srq_req: mask");
+_Static_assert(offsetof(struct softrnic_modify_srq_req, attr) == 8, "struct softrnic_modify_srq_req: attr");
+
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.
 struct softrnic_stats_resp {
 	uint8_t name[16]; // interface name, NUL padded
 	uint64_t valid; // bit i: Device[i] is counted on this port
-	uint64_t device[55];
+	uint64_t device[56];
 	uint32_t listed;
 	uint8_t more; // more QPs after the last listed
 	uint8_t _pad0[3];
@@ -1124,17 +1227,17 @@ struct softrnic_stats_resp {
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
-	uint64_t daemon[9]; // Daemon are the daemon's own counters (DaemonCounters).
+	uint64_t daemon[8]; // Daemon are the daemon's own counters (DaemonCounters).
 };
 _Static_assert(sizeof(struct softrnic_stats_resp) == 4008, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
-_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 464, "struct softrnic_stats_resp: listed");
-_Static_assert(offsetof(struct softrnic_stats_resp, more) == 468, "struct softrnic_stats_resp: more");
-_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 472, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3672, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3680, "struct softrnic_stats_resp: queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3936, "struct softrnic_stats_resp: daemon");
+_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 472, "struct softrnic_stats_resp: listed");
+_Static_assert(offsetof(struct softrnic_stats_resp, more) == 476, "struct softrnic_stats_resp: more");
+_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 480, "struct softrnic_stats_resp: qps");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3680, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3688, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3944, "struct softrnic_stats_resp: daemon");
 
 #endif /* SOFTRNIC_PROTO_H */

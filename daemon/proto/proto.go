@@ -58,12 +58,21 @@ const (
 	OpCreateAH     // CreateAHReq → HandleMsg (the AH UD send slots name)
 	OpDestroyAH    // HandleMsg (AH)
 	OpCMClose      // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
+	// Shared receive queues and asynchronous events (srq.go, async.go).
+	OpCreateSRQ   // CreateSRQReq → CreateSRQResp; reply fd: the SRQ ring memfd
+	OpModifySRQ   // ModifySRQReq
+	OpQuerySRQ    // HandleMsg (SRQ) → ib.SRQAttr
+	OpDestroySRQ  // HandleMsg (SRQ)
+	OpAsyncEvents // → nothing; reply fd: the client's end of its event socket (once per connection)
+	OpQueryDevice // → DeviceInfo as it is now (the port's state follows the link)
+	OpAsyncEvent  // never a request: the header of each message on the event socket
 	opMax
 )
 
 var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS",
 	"CM_LISTEN", "CM_GET_REQUEST", "CM_ACCEPT", "CM_REJECT", "CM_CONNECT", "CM_DISCONNECT", "CM_UNLISTEN",
-	"CREATE_AH", "DESTROY_AH", "CM_CLOSE"}
+	"CREATE_AH", "DESTROY_AH", "CM_CLOSE",
+	"CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "DESTROY_SRQ", "ASYNC_EVENTS", "QUERY_DEVICE", "ASYNC_EVENT"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -84,7 +93,7 @@ type Header struct {
 // HeaderSize is the encoded size of Header.
 const HeaderSize = 16
 
-// Handle names a PD, MR, CQ, QP or AH within one client connection. Handles are
+// Handle names a PD, MR, CQ, QP, SRQ or AH within one client connection. Handles are
 // per connection: the same number on another connection is another object
 // (or none), so a client can never name another client's resources.
 type Handle uint32
@@ -154,6 +163,11 @@ type CreateQPReq struct {
 	SigAll uint8 // every send WR generates a completion
 	_      [2]byte
 	Caps   ib.QPCaps
+	// SRQ, if not 0, is the SRQ (of the same PD) the QP takes its
+	// receives from: Caps' receive fields are then ignored, and the RQ
+	// ring the reply brings has one slot, never read.
+	SRQ Handle
+	_   uint32
 }
 
 // CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring

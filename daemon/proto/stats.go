@@ -68,6 +68,7 @@ const (
 	CtrCCDecreases                    // congestion control: rate or window decreases
 	CtrCCLossEvents                   // congestion control: retransmission events reported as loss
 	CtrCCWindowFull                   // congestion control: sends the window held back
+	CtrAsyncEventsLost                // asynchronous events dropped, a bounded queue full
 	NumDeviceCounters
 )
 
@@ -128,6 +129,7 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrCCDecreases:             {"cc_decreases", "events after which a QP's congestion-control rate or window was lower"},
 	CtrCCLossEvents:            {"cc_loss_events", "retransmission events reported to a QP's congestion controller as loss"},
 	CtrCCWindowFull:            {"cc_window_full", "times a QP's congestion window held a send back"},
+	CtrAsyncEventsLost:         {"async_events_lost", "asynchronous events dropped because a consumer's bounded queue was full"},
 }
 
 // Daemon counters: the index of each in StatsResp.Daemon. What the
@@ -141,7 +143,6 @@ const (
 	DCtrBadWQEs                      // WRs in client rings that do not decode or fail the device's checks, corrupted indexes
 	DCtrCQRingDropped                // completions dropped on a full client CQ ring
 	DCtrControlledQKeyRefused        // controlled Q_Keys refused to clients without CAP_NET_RAW
-	DCtrAsyncEventsLost              // asynchronous events nobody read in time
 	DCtrCQOverruns                   // CQs that overflowed
 	NumDaemonCounters
 )
@@ -155,7 +156,6 @@ var DaemonCounters = [NumDaemonCounters]CounterDef{
 	DCtrBadWQEs:               {"bad_wqes", "work requests in client rings that do not decode or fail the device's checks, and corrupted ring indexes"},
 	DCtrCQRingDropped:         {"cq_ring_dropped", "completions dropped because a client's CQ ring was full"},
 	DCtrControlledQKeyRefused: {"controlled_qkey_refused", "controlled Q_Keys (high bit set) refused to clients without CAP_NET_RAW"},
-	DCtrAsyncEventsLost:       {"async_events_lost", "asynchronous events dropped because nobody read them in time"},
 	DCtrCQOverruns:            {"cq_overruns", "CQs that overflowed (their QPs went to the error state)"},
 }
 

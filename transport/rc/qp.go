@@ -190,6 +190,7 @@ type QP struct {
 	failed bool // a fatal error happened; the device must move the QP to ERR
 	sqErr  bool // UC: a local send error stopped the SQ (SQE)
 	errSt  ib.WCStatus
+	failEv ib.EventType // the event of the fatal error (Failure)
 
 	req  requester
 	resp responder
@@ -343,6 +344,9 @@ func (q *QP) Drained() bool { return q.req.head == q.req.end() }
 // Flush.
 func (q *QP) Failed() bool { return q.failed }
 
+// Failure is the asynchronous event of the fatal error Failed reports.
+func (q *QP) Failure() ib.EventType { return q.failEv }
+
 // SendQueueFree is how many more send WQEs Post accepts now.
 func (q *QP) SendQueueFree() int { return len(q.req.sq) - int(q.req.tail-q.req.head) }
 
@@ -382,10 +386,14 @@ func (q *QP) complete(wc ib.WC) {
 
 // fail records a fatal error: both halves stop; any NAK already queued is
 // still sent by BuildHeader so that the peer learns why.
-func (q *QP) fail(st ib.WCStatus) {
+func (q *QP) fail(st ib.WCStatus) { q.failAs(st, ib.EventQPFatal) }
+
+// failAs is fail with the asynchronous event the error raises.
+func (q *QP) failAs(st ib.WCStatus, ev ib.EventType) {
 	if !q.failed {
 		q.failed = true
 		q.errSt = st
+		q.failEv = ev
 	}
 	q.reqOn = false
 	q.respOn = false

@@ -304,6 +304,9 @@ func (q *QP) execSend(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 	s.recvOff += uint32(len(pay))
 	if op.IsLast() || op.IsOnly() {
 		wc := ib.WC{ID: s.cur.ID, Opcode: ib.WCRecv, ByteLen: s.recvOff, IsRecv: true}
+		if bth.BTH(pkt).SE() {
+			wc.Flags |= ib.WCSolicited
+		}
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
 			wc.Flags |= ib.WCWithImm
 			wc.Imm = bth.ImmDt(pkt[o:]).Imm()
@@ -365,8 +368,12 @@ func (q *QP) execWrite(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 	s.woff += uint32(len(pay))
 	if end {
 		if imm {
-			q.complete(ib.WC{ID: s.cur.ID, Opcode: ib.WCRecvRDMAWithImm, Flags: ib.WCWithImm, ByteLen: s.wlen,
-				Imm: bth.ImmDt(pkt[op.Offset(bth.ExtImmDt):]).Imm(), IsRecv: true})
+			wc := ib.WC{ID: s.cur.ID, Opcode: ib.WCRecvRDMAWithImm, Flags: ib.WCWithImm, ByteLen: s.wlen,
+				Imm: bth.ImmDt(pkt[op.Offset(bth.ExtImmDt):]).Imm(), IsRecv: true}
+			if bth.BTH(pkt).SE() {
+				wc.Flags |= ib.WCSolicited
+			}
+			q.complete(wc)
 			s.haveRecv = false
 			s.cur.SG = s.cur.SG[:0]
 		}
@@ -567,7 +574,16 @@ func (q *QP) reject(pp bth.PSN, syn uint8, recvSt ib.WCStatus) {
 	s.hasFinal = true
 	s.qhead, s.qlen = 0, 0
 	q.TxNAKs++
-	q.fail(recvSt)
+	// IBA's affiliated errors of a responder: an access violation (class
+	// C) and an invalid request (class B) each have their event.
+	ev := ib.EventQPFatal
+	switch syn {
+	case SynNAKRemAccess:
+		ev = ib.EventQPAccessErr
+	case SynNAKInvReq:
+		ev = ib.EventQPReqErr
+	}
+	q.failAs(recvSt, ev)
 }
 
 // buildResponse emits the packet at the head of the response queue (a
