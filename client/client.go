@@ -457,7 +457,7 @@ func (p *PD) CreateQP(a *verbs.QPInitAttr) (verbs.QP, error) {
 	if !ok1 || !ok2 || scq.c != p.c || rcq.c != p.c {
 		return nil, fmt.Errorf("softrnic: CreateQP needs send and receive CQs of the same client: %w", verbs.ErrOtherDevice)
 	}
-	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap}
+	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap, Recovery: a.Recovery}
 	var srq *SRQ
 	if a.SRQ != nil {
 		var ok bool

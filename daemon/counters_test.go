@@ -78,6 +78,8 @@ func TestFillDeviceTable(t *testing.T) {
 	rcq.RC.RxNAKSeqErr, rcq.RC.ImpliedNAKs, rcq.RC.RxWriteReqs, rcq.RC.RxReadReqs, rcq.RC.RxAtomicReqs = 4001, 4002, 4003, 4004, 4005
 	rcq.RC.RxNAKRemAccess, rcq.RC.RxNAKInvReq, rcq.RC.RemAccessErrs, rcq.RC.LocalLengthErrs = 4006, 4007, 4008, 4009
 	rcq.CQE = rnic.CQECounters{ReqErr: 10, ReqFlushErr: 20, RespErr: 30, RespFlushErr: 40}
+	rcq.RC.AdpRetrans, rcq.RC.AdpRetransTO, rcq.RC.TLPProbes, rcq.RC.FastRetrans, rcq.RC.RxSACKs = 5001, 5002, 5003, 5004, 5005
+	rcq.RC.TxSACKs, rcq.RC.SelRetrans, rcq.RC.SRHeld, rcq.RC.SRDropped, rcq.RC.RetransPkts = 5006, 5007, 5008, 5009, 5010
 	udq := rnic.QPCounters{QPN: 18, Type: ib.UD}
 	udq.UD.RxNoRecv, udq.UD.RxDropped, udq.UD.RxBadQKey = 1000, 2000, 3000
 	udq.CQE = rnic.CQECounters{ReqErr: 1, ReqFlushErr: 2, RespErr: 3, RespFlushErr: 4}
@@ -103,6 +105,8 @@ func TestFillDeviceTable(t *testing.T) {
 		"resp_remote_access_errors": 4008, "resp_local_length_error": 4009, "async_events_lost": 4010,
 		"req_cqe_error": 11, "req_cqe_flush_error": 22, "resp_cqe_error": 33, "resp_cqe_flush_error": 44,
 		"cc_rtt_samples": 31, "cc_decreases": 32, "cc_loss_events": 33, "cc_window_full": 34,
+		"roce_adp_retrans": 5001, "roce_adp_retrans_to": 5002, "rx_sacks": 5005,
+		"tx_sacks": 5006, "sel_retrans": 5007, "sr_held": 5008, "sr_dropped": 5009, "retrans_packets": 5010,
 	}
 	if len(want) != int(proto.NumDeviceCounters) {
 		t.Fatalf("test lists %d counters, table has %d", len(want), proto.NumDeviceCounters)
@@ -145,6 +149,10 @@ func TestFillDeviceTable(t *testing.T) {
 		{proto.QCtrRxReadRequests, 4004, 0}, {proto.QCtrRxAtomicRequests, 4005, 0}, {proto.QCtrReqRemoteAccessErrors, 4006, 0},
 		{proto.QCtrReqRemoteInvalidRequest, 4007, 0}, {proto.QCtrRespRemoteAccessErrors, 4008, 0},
 		{proto.QCtrRespLocalLengthError, 4009, 0},
+		{proto.QCtrRoCEAdpRetrans, 5001, 0}, {proto.QCtrRoCEAdpRetransTO, 5002, 0}, {proto.QCtrTLPProbes, 5003, 0},
+		{proto.QCtrFastRetrans, 5004, 0}, {proto.QCtrRxSACKs, 5005, 0}, {proto.QCtrTxSACKs, 5006, 0},
+		{proto.QCtrSelRetrans, 5007, 0}, {proto.QCtrSRHeld, 5008, 0}, {proto.QCtrSRDropped, 5009, 0},
+		{proto.QCtrRetransPackets, 5010, 0},
 		{proto.QCtrReqCQEError, 10, 1}, {proto.QCtrReqCQEFlushError, 20, 2}, {proto.QCtrRespCQEError, 30, 3}, {proto.QCtrRespCQEFlushError, 40, 4},
 	} {
 		name := proto.QPCounters[c.idx].Name

@@ -760,6 +760,9 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	if req.SigAll > 1 {
 		return nil, nil, errf(unix.EINVAL, "sq_sig_all %d is not 0 or 1", req.SigAll)
 	}
+	if !req.Recovery.Valid() {
+		return nil, nil, errf(unix.EINVAL, "recovery mode %d (0 default, 1 selective, 2 adaptive, 3 timeout)", req.Recovery)
+	}
 	if req.SRQ != 0 {
 		// Receives come from the SRQ: the RQ ring is a one-slot stub.
 		req.Caps.MaxRecvWR, req.Caps.MaxRecvSGE = 1, 1
@@ -810,7 +813,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sq.Close()
 		return nil, nil, err
 	}
-	init := &verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0}
+	init := &verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0, Recovery: req.Recovery}
 	if x != nil {
 		init.SRQ = x.srq
 	}

@@ -22,6 +22,11 @@ type Meta struct {
 	// GRH is the 40-byte GRH a UD receive places in front of the payload,
 	// built from the IP header; nil for connected transports.
 	GRH *[GRHLen]byte
+	// RecvWindow is how many packets the device can take from this QP's
+	// peer at once now: its share of the port's receive buffers among the
+	// QPs receiving (0: no limit). A transport that can tell its peer (a
+	// selective-repeat responder, in its SACKETH) does.
+	RecvWindow int
 	// RxAway is how long the engine was away from the port before the
 	// poll that returned this packet (0 when it was waiting in the port,
 	// woken by the packet, or unknown): the longest the packet can have

@@ -101,6 +101,9 @@ type QPInitAttr struct {
 	SRQ            SRQ // receives come from here instead of the QP's RQ
 	Cap            ib.QPCaps
 	SigAll         bool // every send WR is signaled
+	// Recovery is an RC QP's loss recovery (adaptive retransmission,
+	// selective repeat); RecoveryDefault takes the device's.
+	Recovery ib.Recovery
 }
 
 // QP is a queue pair.

@@ -123,8 +123,16 @@
 #define SOFTRNIC_CTR_CC_DECREASES 52 // congestion control: rate or window decreases
 #define SOFTRNIC_CTR_CC_LOSS_EVENTS 53 // congestion control: retransmission events reported as loss
 #define SOFTRNIC_CTR_CC_WINDOW_FULL 54 // congestion control: sends the window held back
-#define SOFTRNIC_CTR_ASYNC_EVENTS_LOST 55 // asynchronous events dropped, a bounded queue full
-#define SOFTRNIC_NUM_DEVICE_COUNTERS 56
+#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS 55 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
+#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS_TO 56 // RC requester: adaptive retransmission timeouts
+#define SOFTRNIC_CTR_RX_SACKS 57 // RC requester: selective acknowledgements received
+#define SOFTRNIC_CTR_TX_SACKS 58 // RC responder: selective acknowledgements sent
+#define SOFTRNIC_CTR_SEL_RETRANS 59 // RC requester: packets resent selectively (holes, READ ranges)
+#define SOFTRNIC_CTR_SR_HELD 60 // RC: packets held out of order for selective repeat
+#define SOFTRNIC_CTR_SR_DROPPED 61 // RC: out-of-order packets not held (reorder pool empty)
+#define SOFTRNIC_CTR_RETRANS_PACKETS 62 // RC requester: request packets sent more than once
+#define SOFTRNIC_CTR_ASYNC_EVENTS_LOST 63 // asynchronous events dropped, a bounded queue full
+#define SOFTRNIC_NUM_DEVICE_COUNTERS 64
 #define SOFTRNIC_D_CTR_REJECTED_CONNECTIONS 0 // connections refused: not root, the daemon's user or the control group
 #define SOFTRNIC_D_CTR_ACCEPT_ERRORS 1 // accept failures (out of fds or memory)
 #define SOFTRNIC_D_CTR_SHED_CONNECTIONS 2 // connections closed: silent before OPEN, or turned away out of fds
@@ -172,15 +180,25 @@
 #define SOFTRNIC_Q_CTR_CCSRTTNS 35 // gauge: RC, UC with congestion control
 #define SOFTRNIC_Q_CTR_CC_CWND_MILLI 36 // gauge: RC, UC with Swift
 #define SOFTRNIC_Q_CTR_CC_TARGET_NS 37 // gauge: RC, UC with Swift
-#define SOFTRNIC_NUM_QP_COUNTERS 38
+#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS 38 // RC
+#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS_TO 39 // RC
+#define SOFTRNIC_Q_CTR_TLP_PROBES 40 // RC
+#define SOFTRNIC_Q_CTR_FAST_RETRANS 41 // RC
+#define SOFTRNIC_Q_CTR_RX_SACKS 42 // RC
+#define SOFTRNIC_Q_CTR_TX_SACKS 43 // RC
+#define SOFTRNIC_Q_CTR_SEL_RETRANS 44 // RC
+#define SOFTRNIC_Q_CTR_SR_HELD 45 // RC
+#define SOFTRNIC_Q_CTR_SR_DROPPED 46 // RC
+#define SOFTRNIC_Q_CTR_RETRANS_PACKETS 47 // RC
+#define SOFTRNIC_NUM_QP_COUNTERS 48
 // QPGauges are the per-QP values that are figures, not counts: they go up
 // and down (Prometheus gauges, without _total).
 #define SOFTRNIC_QP_GAUGES UINT64_C(0x3e00000000)
-#define SOFTRNIC_VALID_ALL UINT64_C(0xffffffffffffff)
+#define SOFTRNIC_VALID_ALL UINT64_C(0xffffffffffffffff)
 #define SOFTRNIC_VALID_XDP UINT64_C(0x3ffc000000)
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-#define SOFTRNIC_MAX_STATS_QPS 10
+#define SOFTRNIC_MAX_STATS_QPS 8
 // MaxStatsQueues is how many receive queues one StatsResp details.
 #define SOFTRNIC_MAX_STATS_QUEUES 16
 #define SOFTRNIC_OP_UCM_CREATE_CHANNEL 64 // → HandleMsg (the channel); reply fd: the client's end of its event socket
@@ -312,6 +330,21 @@
 #define SOFTRNIC_IB_QP_ATTR_MASK_CAP 524288
 #define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
+// RecoveryDefault is the device's mode for a QP, and for a device
+// RecoverySelective, on by default as ConnectX's adaptive
+// retransmission is.
+#define SOFTRNIC_IB_RECOVERY_DEFAULT 0
+// RecoverySelective is adaptive retransmission plus selective repeat
+// with a peer that agrees to it, and adaptive go-back-N with any other
+// peer.
+#define SOFTRNIC_IB_RECOVERY_SELECTIVE 1
+// RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
+// probes, fast retransmission and an RTO of a few RTTs, besides the
+// peer's sequence NAKs. Every peer sees only IBA packets.
+#define SOFTRNIC_IB_RECOVERY_ADAPTIVE 2
+// RecoveryTimeout retransmits only on a sequence NAK, a READ response
+// gap or the local ACK timeout: rxe's behaviour.
+#define SOFTRNIC_IB_RECOVERY_TIMEOUT 3
 #define SOFTRNIC_IB_SRQ_ATTR_MASK_MAX_WR 1 // resize the SRQ
 #define SOFTRNIC_IB_SRQ_ATTR_MASK_LIMIT 2 // arm the limit
 #define SOFTRNIC_IB_WC_STATUS_SUCCESS 0
@@ -768,9 +801,9 @@ struct softrnic_qp_stats {
 	uint8_t state;
 	uint8_t _pad0[2];
 	uint64_t valid;
-	uint64_t values[38];
+	uint64_t values[48];
 };
-_Static_assert(sizeof(struct softrnic_qp_stats) == 320, "struct softrnic_qp_stats: size");
+_Static_assert(sizeof(struct softrnic_qp_stats) == 400, "struct softrnic_qp_stats: size");
 _Static_assert(offsetof(struct softrnic_qp_stats, qpn) == 0, "struct softrnic_qp_stats: qpn");
 _Static_assert(offsetof(struct softrnic_qp_stats, type) == 4, "struct softrnic_qp_stats: type");
 _Static_assert(offsetof(struct softrnic_qp_stats, state) == 5, "struct softrnic_qp_stats: state");
@@ -1145,7 +1178,8 @@ struct softrnic_create_qp_req {
 	uint32_t recv_cq;
 	uint8_t type;
 	uint8_t sig_all; // every send WR generates a completion
-	uint8_t _pad0[2];
+	uint8_t recovery; // an RC QP's loss recovery; 0: the daemon's
+	uint8_t _pad0[1];
 	struct softrnic_ib_qp_caps caps;
 	uint32_t srq; // SRQ, if not 0, is the SRQ (of the same PD) the QP takes its
 	uint32_t _pad1;
@@ -1156,6 +1190,7 @@ _Static_assert(offsetof(struct softrnic_create_qp_req, send_cq) == 4, "struct so
 _Static_assert(offsetof(struct softrnic_create_qp_req, recv_cq) == 8, "struct softrnic_create_qp_req: recv_cq");
 _Static_assert(offsetof(struct softrnic_create_qp_req, type) == 12, "struct softrnic_create_qp_req: type");
 _Static_assert(offsetof(struct softrnic_create_qp_req, sig_all) == 13, "struct softrnic_create_qp_req: sig_all");
+_Static_assert(offsetof(struct softrnic_create_qp_req, recovery) == 14, "struct softrnic_create_qp_req: recovery");
 _Static_assert(offsetof(struct softrnic_create_qp_req, caps) == 16, "struct softrnic_create_qp_req: caps");
 _Static_assert(offsetof(struct softrnic_create_qp_req, srq) == 36, "struct softrnic_create_qp_req: srq");
 
@@ -1219,25 +1254,25 @@ _Static_assert(offsetof(struct softrnic_modify_srq_req, attr) == 8, "struct soft
 struct softrnic_stats_resp {
 	uint8_t name[16]; // interface name, NUL padded
 	uint64_t valid; // bit i: Device[i] is counted on this port
-	uint64_t device[56];
+	uint64_t device[64];
 	uint32_t listed;
 	uint8_t more; // more QPs after the last listed
 	uint8_t _pad0[3];
-	struct softrnic_qp_stats qps[10];
+	struct softrnic_qp_stats qps[8];
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
 	uint64_t daemon[8]; // Daemon are the daemon's own counters (DaemonCounters).
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 4008, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 4072, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
-_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 472, "struct softrnic_stats_resp: listed");
-_Static_assert(offsetof(struct softrnic_stats_resp, more) == 476, "struct softrnic_stats_resp: more");
-_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 480, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3680, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3688, "struct softrnic_stats_resp: queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3944, "struct softrnic_stats_resp: daemon");
+_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 536, "struct softrnic_stats_resp: listed");
+_Static_assert(offsetof(struct softrnic_stats_resp, more) == 540, "struct softrnic_stats_resp: more");
+_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 544, "struct softrnic_stats_resp: qps");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3744, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3752, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 4008, "struct softrnic_stats_resp: daemon");
 
 #endif /* SOFTRNIC_PROTO_H */

@@ -156,13 +156,14 @@ type CreateCQResp struct {
 
 // CreateQPReq is the body of OpCreateQP.
 type CreateQPReq struct {
-	PD     Handle
-	SendCQ Handle
-	RecvCQ Handle
-	Type   ib.QPType
-	SigAll uint8 // every send WR generates a completion
-	_      [2]byte
-	Caps   ib.QPCaps
+	PD       Handle
+	SendCQ   Handle
+	RecvCQ   Handle
+	Type     ib.QPType
+	SigAll   uint8       // every send WR generates a completion
+	Recovery ib.Recovery // an RC QP's loss recovery; 0: the daemon's
+	_        [1]byte
+	Caps     ib.QPCaps
 	// SRQ, if not 0, is the SRQ (of the same PD) the QP takes its
 	// receives from: Caps' receive fields are then ignored, and the RQ
 	// ring the reply brings has one slot, never read.
