@@ -60,8 +60,8 @@
 // are limited in connections, file descriptors, mappings, QPs, CQs, MRs,
 // mapped client memory and queue memory (rings and the device's arrays:
 // WRs × slot and SGEs, entries × completion), set in [limits] as
-// RESOURCE-per-SCOPE; PDs, AHs and rdma_cm objects together per
-// connection. The defaults are sized when the daemon starts from its
+// RESOURCE-per-SCOPE; PDs, SRQs, AHs, address spaces and rdma_cm
+// objects together per connection. The defaults are sized when the daemon starts from its
 // RLIMIT_NOFILE (raised to the hard limit: the unit's LimitNOFILE),
 // vm.max_map_count less what the daemon keeps for itself (so that the
 // in-place replacement of a detach never meets the kernel's limit) and
@@ -72,7 +72,9 @@
 // scope on /metrics) and is logged once per client and limit. A uid's
 // limits are its clients' together: clients of other uids never notice.
 // MRs in one memfd share the session's mapping of a 64 MiB window of it,
-// so that 100 000 MRs cost a few mappings. Memory a client held is given
+// so that 100 000 MRs cost a few mappings. An MR by address (ATTACH_MEM,
+// REG_MR_ADDR) costs an MR and its bytes but no mapping; its address
+// space costs two fds (the client's mem and maps files). Memory a client held is given
 // back when it goes (its queues' Go memory returned to the system at
 // once when it was large).
 //
@@ -116,10 +118,15 @@
 //
 // # Data path
 //
-// Registered memory is the client's own memfd, sealed against shrinking
-// (checked before mapping, so a client cannot fault the daemon by
+// Registered memory is either the client's own memfd, sealed against
+// shrinking (checked before mapping, so a client cannot fault the daemon by
 // truncating it) and mapped by the daemon: remote READ and WRITE land in the
-// client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
+// client's buffer with no copy (the Go clients); or any range of the
+// client's address space, which the daemon never maps: the client passes
+// its /proc/self/mem and /proc/self/maps once (ATTACH_MEM), the device
+// copies through the first in batches (rnic.AddrSpace), and each
+// registration is checked against the second (procmem.go; the stock
+// applications of the C library). SQ, RQ and CQ are shmring rings in memfds
 // the daemon creates and seals. The pump (one goroutine) takes WRs from
 // every SQ and RQ, checks them, posts them to the device (a WR that does
 // not decode or fails the device's checks, which ibv_post_send would have

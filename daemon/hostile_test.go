@@ -395,8 +395,11 @@ func TestMRsShareMappings(t *testing.T) {
 		mrs = append(mrs, m.MR)
 	}
 	during := figuresOf(os.Getpid())
+	// The process's own count also moves with the Go heap (the test is
+	// the daemon): a margin for it, far below one mapping per MR.
+	const heapMaps = 32
 	u := srv.Usage().Host
-	if u[daemon.MRs] != n || u[daemon.Mappings] != 2 || during.maps > before.maps+4 {
+	if u[daemon.MRs] != n || u[daemon.Mappings] != 2 || during.maps > before.maps+heapMaps {
 		t.Fatalf("%d MRs: %d mappings charged; process %v before, %v after", u[daemon.MRs], u[daemon.Mappings], before, during)
 	}
 	// Each MR in a memfd of its own: a mapping each, up to the limit.
@@ -418,7 +421,7 @@ func TestMRsShareMappings(t *testing.T) {
 		}
 	}
 	after := figuresOf(os.Getpid())
-	if u := srv.Usage().Host; u[daemon.Mappings] != 62 || u[daemon.MRs] != 62 || after.maps > during.maps+62 {
+	if u := srv.Usage().Host; u[daemon.Mappings] != 62 || u[daemon.MRs] != 62 || after.maps > during.maps+62+heapMaps {
 		t.Fatalf("after deregistering the shared MRs: usage %v; process %v", u, after)
 	}
 }

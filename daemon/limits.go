@@ -32,7 +32,7 @@ const (
 	MRs
 	MRBytes    // client memory the daemon maps (memfds) or reaches (address spaces)
 	QueueBytes // memory of the queues: rings and the device's own WR and completion arrays
-	Objects    // other handles of one connection: PDs, AHs, rdma_cm listeners and requests
+	Objects    // other handles of one connection: PDs, SRQs, AHs, address spaces, rdma_cm listeners and requests
 	NumResources
 )
 
@@ -406,6 +406,9 @@ const (
 	qpFDs      = 0
 	qpMappings = 2
 	openFDs    = 1 // the client's doorbell to the daemon
+	// An address space holds the client's /proc/PID/mem and maps; its
+	// MRs map nothing (the device copies through the mem file).
+	addrSpaceFDs = 2
 )
 
 // cqQueueBytes is the memory of a CQ of depth entries with a ring of

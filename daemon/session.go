@@ -44,8 +44,9 @@ type session struct {
 	// ahs are written under both mu and ahMu, and read by the pump under
 	// ahMu alone: a control operation holding mu (an mmap, a device call)
 	// never stalls the pump.
-	ahMu sync.Mutex
-	ahs  map[proto.Handle]*ahObj
+	ahMu   sync.Mutex
+	ahs    map[proto.Handle]*ahObj
+	spaces map[proto.Handle]*addrSpaceObj // the client's address spaces (procmem.go)
 	// acct is what the client holds against the limits (limits.go).
 	acct *account
 	// netRaw: the client may set controlled Q_Keys (CAP_NET_RAW).
@@ -93,7 +94,11 @@ type ahObj struct {
 type mrObj struct {
 	mr  *rnic.MR
 	pd  *pdObj
-	mem *memfdMap // the mapping it is in
+	mem *memfdMap // the mapping it is in (an MR of a memfd)
+	// space is the address space of an MR of OpRegMRAddr, which holds
+	// length bytes of MRBytes itself (no mapping shares them).
+	space  *addrSpaceObj
+	length int64
 }
 
 type cqObj struct {
@@ -126,8 +131,11 @@ type qpObj struct {
 	sqc, rqc   *shmring.Consumer
 	swr        [1]verbs.SendWR // decode buffers, reused: no allocation per WR
 	rwr        [1]verbs.RecvWR
-	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady    int  // send WRs noted at the start of this pump pass
+	// rqMu serialises the RQ ring's consumer (rqc, rwr): the pump drains
+	// it, and the engine refills the device's RQ from it (refillRQ).
+	rqMu    sync.Mutex
+	broken  bool // ring corrupted by the client; pump skips it (pump-owned)
+	sqReady int  // send WRs noted at the start of this pump pass
 	// conn is the rdma_cm connection driving the QP, or nil; cmBusy is set
 	// while a CM exchange drives it (the QP cannot be destroyed or given to
 	// another exchange meanwhile). Both are guarded by the session's mu.
@@ -180,8 +188,8 @@ func (s *Server) startSession(c *net.UnixConn, cr *unix.Ucred, acc *account) {
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c), acct: acc, netRaw: hasNetRaw(cr),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, maps: map[fileKey][]*memfdMap{}, listeners: map[proto.Handle]cmListener{},
-		requests: map[proto.Handle]cmRequest{}, events: eventSink{fd: -1}}
+		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, spaces: map[proto.Handle]*addrSpaceObj{}, maps: map[fileKey][]*memfdMap{},
+		listeners: map[proto.Handle]cmListener{}, requests: map[proto.Handle]cmRequest{}, events: eventSink{fd: -1}}
 	ss.ctx, ss.cancel = context.WithCancel(context.Background())
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
@@ -280,9 +288,14 @@ func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
 // over or closed. Returned fds stay owned by the objects they belong to (the
 // peer receives its own copies).
 func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out []int, err error) {
-	wantFDs := 0
-	if h.Op == proto.OpRegMR || h.Op == proto.OpCapture {
+	var wantFDs int
+	switch h.Op {
+	case proto.OpRegMR, proto.OpCapture:
 		wantFDs = 1
+	case proto.OpAttachMem:
+		wantFDs = 2
+	default:
+		wantFDs = 0 // the other operations pass none
 	}
 	if len(fds) != wantFDs {
 		proto.CloseFDs(fds)
@@ -377,6 +390,10 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.asyncEvents(body)
 	case proto.OpQueryDevice:
 		return ss.queryDevice(body)
+	case proto.OpAttachMem:
+		return ss.attachMem(body, fds)
+	case proto.OpRegMRAddr:
+		return ss.regMRAddr(body)
 	default:
 		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
@@ -392,11 +409,11 @@ func (ss *session) undo(op string, err error) {
 
 // newHandle names a new object of the session. An object limited by its
 // own kind (QP, CQ, MR) has been charged already; the others (obj: PDs,
-// SRQs, AHs, rdma_cm listeners and requests) are bounded together, per
+// SRQs, AHs, address spaces, rdma_cm listeners and requests) are bounded together, per
 // connection. Caller holds ss.mu.
 func (ss *session) newHandle(obj bool) (proto.Handle, error) {
 	if obj {
-		n := int64(len(ss.pds) + len(ss.srqs) + len(ss.ahs) + len(ss.listeners) + len(ss.requests))
+		n := int64(len(ss.pds) + len(ss.srqs) + len(ss.ahs) + len(ss.spaces) + len(ss.listeners) + len(ss.requests))
 		if lim := ss.s.opt.Limits[Objects][PerConn]; lim >= 0 && n >= lim {
 			return 0, ss.refused(ss.s.acct.refuse(ss.acct, Objects, PerConn, n, 1, lim))
 		}
@@ -543,17 +560,11 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	if req.Length == 0 || req.Length > ss.s.info.MaxMRSize || req.Offset > 1<<50 {
-		return nil, nil, errf(unix.EINVAL, "MR length %d (offset %d) out of range", req.Length, req.Offset)
+	if req.Offset > 1<<50 {
+		return nil, nil, errf(unix.EINVAL, "MR offset %d out of range", req.Offset)
 	}
-	if req.Access&^(ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic) != 0 {
-		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
-	}
-	if req.Access&(ib.RemoteWrite|ib.RemoteAtomic) != 0 && req.Access&ib.LocalWrite == 0 {
-		return nil, nil, errf(unix.EINVAL, "remote write or atomic access requires local write (as in verbs)")
-	}
-	if _, carry := bits.Add64(req.IOVA, req.Length, 0); carry != 0 {
-		return nil, nil, errf(unix.EINVAL, "MR wraps the address space")
+	if err := ss.checkMRReq(req.Access, req.Length, req.IOVA); err != nil {
+		return nil, nil, err
 	}
 	if err := shmring.CheckSealed(fd, int64(req.Offset+req.Length)); err != nil {
 		return nil, nil, errf(unix.EINVAL, "MR memory: %v", err)
@@ -615,6 +626,12 @@ func (ss *session) releaseMR(m *mrObj) error {
 	err := m.mr.Dereg()
 	m.pd.refs--
 	ss.give(charge{MRs, 1})
+	if m.space != nil {
+		// Dereg waited for the copies in progress: nothing is left to bury.
+		ss.give(charge{MRBytes, m.length})
+		m.space.refs--
+		return err
+	}
 	ss.unrefMap(m.mem)
 	return err
 }
@@ -828,6 +845,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sqc: sq.Consumer(), rqc: rq.Consumer(), held: held, srq: x}
 	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
 	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
+	qp.SetRecvRefill(q.refillRQ)
 	ss.mu.Lock()
 	h, err := ss.newHandle(false)
 	if err == nil {
@@ -1054,6 +1072,12 @@ func (ss *session) cleanup() ClientInfo {
 		}
 	}
 	ss.buryGraves()
+	spaces := ss.spaces
+	ss.spaces = map[proto.Handle]*addrSpaceObj{}
+	for _, a := range spaces {
+		a.release()
+		ss.give(charge{FDs, addrSpaceFDs})
+	}
 	ss.mu.Unlock()
 	for _, c := range cqs {
 		if err := ss.releaseCQ(c); err != nil {

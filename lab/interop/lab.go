@@ -36,6 +36,7 @@ type Lab struct {
 	capIf    string // where captures are taken
 	hostMTU  int
 	softPath string // directory whose "softrnic" is the -softrnic binary
+	clib     string // the drop-in libraries softrnic-stock runs stock programs with
 	closed   sync.Once
 
 	mu      sync.Mutex
@@ -171,7 +172,23 @@ func (l *Lab) setup() error {
 	if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	return os.Symlink(bin, link)
+	if err := os.Symlink(bin, link); err != nil {
+		return err
+	}
+	// Stock programs run through softrnic on the host by softrnic-stock,
+	// which starts a daemon of their own on lv0 (c/build/lib's libraries).
+	stock, err := filepath.Abs(filepath.Join("lab", "interop", "softrnic-stock"))
+	if err != nil {
+		return err
+	}
+	if l.clib, err = filepath.Abs(l.o.clib); err != nil {
+		return err
+	}
+	link = filepath.Join(l.softPath, "softrnic-stock")
+	if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return os.Symlink(stock, link)
 }
 
 // setHostMTU gives the host side of the interop path (veth pair, bridge
@@ -337,7 +354,7 @@ func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) 
 		hostGID = "1"
 	}
 	env := append(os.Environ(), "PATH="+l.softPath+":"+os.Getenv("PATH"), "IFACE="+l.hostIf, "HOSTGID="+hostGID,
-		"SOFTRNIC_COUNTERS="+filepath.Join(caseDir, countersFile))
+		"SOFTRNIC_COUNTERS="+filepath.Join(caseDir, countersFile), "SOFTRNIC_CLIB="+l.clib)
 	j, err := startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
 	if err == nil {
 		l.track(j)

@@ -20,6 +20,7 @@ type options struct {
 	cache     string
 	out       string
 	softrnic  string
+	clib      string
 	capture   bool
 	pcapCheck string
 	keepPcaps bool
@@ -35,6 +36,7 @@ func main() {
 	flag.StringVar(&o.cache, "cache", "lab/cache", "where lab/build left vmlinuz and initrd.img")
 	flag.StringVar(&o.out, "out", "", "results directory (default out/lab/MODE-TIME)")
 	flag.StringVar(&o.softrnic, "softrnic", "bin/softrnic", "the softrnic binary host sides run")
+	flag.StringVar(&o.clib, "clib", "c/build/lib", "the drop-in libibverbs.so.1 and librdmacm.so.1 (make clib) that softrnic-stock runs stock programs with")
 	flag.BoolVar(&o.capture, "capture", true, "capture each case's RoCEv2 frames to OUT/pcap/CASE.pcap (whole frames, for the ICRC check)")
 	flag.BoolVar(&o.keepPcaps, "keep-pcaps", false, "keep the captures of passing cases too (always with -selfcheck: they are the fresh reference captures)")
 	flag.StringVar(&o.pcapCheck, "pcapcheck", "", "command run on each capture, {} replaced by its path; non-zero exit fails the case (default with captures: SOFTRNIC pcap {} when that subcommand exists; \"none\" disables)")
