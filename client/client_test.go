@@ -535,6 +535,36 @@ func TestGarbageInSQRing(t *testing.T) {
 	}
 }
 
+// A client that scribbles garbage into its RQ ring after two receives
+// gets them flushed, then the garbage's error completion: an error of the
+// receive queue takes the QP to ERR, whatever its type.
+func TestGarbageInRQRing(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, ib.RemoteWrite)
+	if _, err := a.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{a.mr.SGE(0, 16)}}, {ID: 2, SG: []ib.SGE{a.mr.SGE(16, 16)}}}); err != nil {
+		t.Fatal(err)
+	}
+	s := a.qp.rqp.Reserve()
+	clear(s)
+	s[0] = 42
+	s[8] = 200 // SGEs the slot cannot hold
+	if _, err := a.qp.rqp.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []ib.WC{{ID: 1, Status: ib.WRFlushErr}, {ID: 2, Status: ib.WRFlushErr}, {ID: 42, Status: ib.LocQPOpErr}} {
+		if wc := waitWC(t, a.cq); wc.ID != want.ID || wc.Status != want.Status || !wc.IsRecv {
+			t.Fatalf("got %+v, want wr_id %d %v", wc, want.ID, want.Status)
+		}
+	}
+	if td.srv.BadWQEs.Load() != 1 {
+		t.Fatalf("%d bad WQEs counted", td.srv.BadWQEs.Load())
+	}
+	if attr, err := a.qp.Query(); err != nil || attr.State != ib.Err {
+		t.Fatalf("QP after a malformed receive: %v %v", attr.State, err)
+	}
+}
+
 func TestSecondDaemonRefused(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	srv2, err := daemon.NewServer(td.dev, daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -679,7 +709,7 @@ func TestShutdownFlushes(t *testing.T) {
 }
 
 // Posting and polling through the daemon allocate nothing, on either side
-// (client, pump, ring, loopback device all run in this process).
+// (client, engine, rings, loopback device all run in this process).
 func TestPostPollZeroAllocs(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
@@ -691,7 +721,7 @@ func TestPostPollZeroAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		for a.cq.Poll(wcs[:]) == 0 {
-			runtime.Gosched() // AllocsPerRun runs with GOMAXPROCS=1: let the pump run
+			runtime.Gosched() // AllocsPerRun runs with GOMAXPROCS=1: let the engine run
 		}
 	}
 	for i := 0; i < 100; i++ {
@@ -793,51 +823,80 @@ func child(role, path string) int {
 	return 1
 }
 
-// One client cannot exhaust the daemon: its objects and registered bytes
-// are bounded, and deregistered memory counts until it is really unmapped.
+// One client cannot exhaust the daemon: its objects and the bytes of its
+// memory the daemon maps are bounded; MRs on one memfd share a mapping,
+// which counts until it is really unmapped; all of it goes with the
+// client.
 func TestPerClientLimits(t *testing.T) {
-	td := startDaemon(t, daemon.Options{MaxObjects: 5, MaxMRBytes: 3 << 16})
+	var lim daemon.Limits
+	lim[daemon.Objects][daemon.PerConn] = 3
+	lim[daemon.MRBytes][daemon.PerConn] = 3 << 16
+	td := startDaemon(t, daemon.Options{Limits: lim})
 	c, err := Dial(td.path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	pd, _ := c.AllocPD()
-	mem, _ := AllocMem(1 << 16)
-	defer mem.Free()
+	var mems []*Mem
+	for i := 0; i < 4; i++ {
+		m, _ := AllocMem(1 << 16)
+		defer m.Free()
+		mems = append(mems, m)
+	}
 	var mrs []verbs.MR
 	for i := 0; i < 3; i++ {
-		mr, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite)
+		mr, err := pd.RegMR(mems[i], 0, 1<<16, 0, ib.LocalWrite)
 		if err != nil {
 			t.Fatalf("MR %d: %v", i, err)
 		}
 		mrs = append(mrs, mr)
 	}
-	if _, err := pd.RegMR(mem, 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
-		t.Fatalf("MR beyond MaxMRBytes: %v", err)
+	if _, err := pd.RegMR(mems[3], 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("MR beyond the mr-bytes limit: %v", err)
 	}
-	// A deregistered MR still counts while the session could hold
-	// references into it (here: no QP, so it is unmapped at once).
-	if err := mrs[0].Dereg(); err != nil {
+	// Another MR in memory already mapped costs no bytes.
+	mr, err := pd.RegMR(mems[0], 8192, 4096, 0, ib.LocalWrite)
+	if err != nil {
+		t.Fatalf("MR in a mapped memfd: %v", err)
+	}
+	// The mapping counts until its last MR goes (here, with no QP, it is
+	// unmapped at once).
+	mrs[0].Dereg()
+	if _, err := pd.RegMR(mems[3], 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("MR beyond the limit while the mapping is in use: %v", err)
+	}
+	mr.Dereg()
+	if _, err := pd.RegMR(mems[3], 0, 1<<16, 0, ib.LocalWrite); err != nil {
+		t.Fatalf("MR after the mapping went: %v", err)
+	}
+	if _, err := c.AllocPD(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite); err != nil {
-		t.Fatalf("MR after a deregistration: %v", err)
-	}
-	if _, err := c.CreateCQ(4); err != nil { // 5th object
+	if _, err := pd.CreateAH(&ib.AddressVector{DGID: gid}); err != nil { // 3rd object
 		t.Fatal(err)
 	}
-	if _, err := c.AllocPD(); !errors.Is(err, unix.ENOSPC) {
-		t.Fatalf("object beyond MaxObjects: %v", err)
+	if _, err := c.AllocPD(); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("object beyond the objects limit: %v", err)
+	}
+	if u := td.srv.Usage(); u.Refusals[daemon.MRBytes][daemon.PerConn] != 2 || u.Refusals[daemon.Objects][daemon.PerConn] != 1 {
+		t.Fatalf("refusals counted: %v", u.Refusals)
+	}
+	c.Close()
+	<-td.gone
+	if u := td.srv.Usage(); u.Host != [daemon.NumResources]int64{} {
+		t.Fatalf("the host still holds %v after the client went", u.Host)
 	}
 }
 
 // Address handles are the session's own objects: a UD WR naming a handle
 // that is not one of its client's AHs (another client's number, its own
 // PD's) completes in error and sends nothing; an AH holds its PD; AHs
-// count against MaxObjects and go with their client.
+// count against the objects limit and go with their client.
 func TestAddressHandlesAreIsolated(t *testing.T) {
-	td := startDaemon(t, daemon.Options{MaxObjects: 16})
+	var lim daemon.Limits
+	lim[daemon.Objects][daemon.PerConn] = 16
+	td := startDaemon(t, daemon.Options{Limits: lim})
 	ud := func() *endpoint {
 		e := newEndpoint(t, td.path, ib.LocalWrite)
 		qp, err := e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: e.cq, RecvCQ: e.cq,
@@ -894,14 +953,14 @@ func TestAddressHandlesAreIsolated(t *testing.T) {
 	var n int
 	for ; n < 32; n++ {
 		if _, err := b.pd.CreateAH(&ib.AddressVector{DGID: gid}); err != nil {
-			if !errors.Is(err, unix.ENOSPC) {
+			if !errors.Is(err, unix.ENOMEM) {
 				t.Fatalf("AH %d: %v", n, err)
 			}
 			break
 		}
 	}
 	if n == 32 {
-		t.Fatal("AHs beyond MaxObjects")
+		t.Fatal("AHs beyond the objects limit")
 	}
 	// They go with their client.
 	b.c.Close()

@@ -112,7 +112,7 @@ func (ss *session) cmListen(body []byte) (any, []int, error) {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	h, err := ss.newHandle()
+	h, err := ss.newHandle(true)
 	if err != nil || ss.closing {
 		ss.undo("CM_LISTEN", l.Close())
 		if err == nil {
@@ -170,7 +170,7 @@ func (ss *session) cmGetRequest(hdr proto.Header, body []byte) (any, []int, erro
 		}
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
-		rh, err := ss.newHandle()
+		rh, err := ss.newHandle(true)
 		if err != nil || ss.closing {
 			ss.undo("CM_GET_REQUEST", r.Reject())
 			if err == nil {

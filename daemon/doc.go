@@ -31,6 +31,9 @@
 //     the device, its QPs, the engine loop and the port count to the names
 //     of rxe and mlx5 (proto.DeviceCounters, proto.QPCounters); OpStats
 //     (softrnic stats) and the Prometheus collector serve snapshots of it.
+//   - Limits (limits.go, mappings.go): what every connection, uid and the
+//     host hold of the daemon, against the configured limits; the
+//     mappings of clients' memfds that their MRs share.
 //
 // # Control path
 //
@@ -41,6 +44,56 @@
 // object of that connection only, so no client can name another's PD, MR,
 // CQ, QP or AH. Messages are fixed-size binary structs (package daemon/proto);
 // memory and rings travel as memfds, wakeups as eventfds (SCM_RIGHTS).
+//
+// # Hostile clients
+//
+// Any local program of the control group may be hostile: none may take
+// the daemon down or starve the others. Serve never stops before Close:
+// a failed accept is counted (accept_errors) and retried after a pause,
+// and when the daemon is out of file descriptors the newest connection is
+// accepted with an fd kept in reserve, told EMFILE and closed
+// (shed_connections). A refused peer, or one whose uid is at its
+// connection limit, gets its OPEN's answer at once and is closed
+// (rejected_connections); a peer silent past OpenTimeout (1 s) is closed.
+//
+// Every connection, every uid (its connections together) and the host
+// are limited in connections, file descriptors, mappings, QPs, CQs, MRs,
+// mapped client memory and queue memory (rings, which are the CQs'
+// stores, the device's send and receive arrays and the daemon's WR decode
+// buffers: WRs × slot and SGEs), set in [limits] as
+// RESOURCE-per-SCOPE; PDs, SRQs, AHs, address spaces and rdma_cm
+// objects together per connection. The defaults are sized when the daemon starts from its
+// RLIMIT_NOFILE (raised to the hard limit: the unit's LimitNOFILE),
+// vm.max_map_count less what the daemon keeps for itself (so that the
+// in-place replacement of a detach never meets the kernel's limit) and
+// memory; contrib/softrnic.conf.example lists them. A request over a limit
+// fails as the kernel fails the like (ENOMEM for objects and memory,
+// EMFILE per connection or uid and ENFILE per host for file descriptors,
+// EAGAIN for connections), is counted (limit_refusals; per resource and
+// scope on /metrics) and is logged once per client and limit. A uid's
+// limits are its clients' together: clients of other uids never notice.
+// MRs in one memfd share the session's mapping of a 64 MiB window of it,
+// so that 100 000 MRs cost a few mappings. An MR by address (ATTACH_MEM,
+// REG_MR_ADDR) costs an MR and its bytes but no mapping; its address
+// space costs two fds (the client's mem and maps files). Memory a client held is given
+// back when it goes (its queues' Go memory returned to the system at
+// once when it was large).
+//
+// Controlled Q_Keys (the high bit set) need CAP_NET_RAW in the daemon's
+// user namespace, as ib_uverbs has them (EPERM, controlled_qkey_refused).
+//
+// What is not bounded: a uid's clients share its limits, so one of them
+// can starve the others of the same uid (root's clients are one uid);
+// the credentials and capabilities are the connecting process's (as
+// SO_PEERCRED's), read once, so a connection passed to another process
+// keeps them; queue memory is computed from the caps (rings exactly, the
+// device's arrays from their element sizes), not measured; a flood of
+// connections fills the listen queue and a client's connect then waits
+// (client.Dial, up to 5 s) or fails; SRQs count only as objects of
+// their connection, not yet in queue memory, fds or mappings, and the
+// event sockets not in fds; a mapping that cannot be detached (the
+// kernel out of memory) stays mapped, its MRs unreachable, until the
+// session's QPs are gone.
 //
 // # Metrics endpoint
 //
@@ -80,11 +133,18 @@
 // that drives the device fetches from every SQ, RQ and SRQ at each step (a
 // post is a memory write the engine finds while it runs; rnic.Queues), and
 // a message that finds its RQ empty takes what waits in the RQ ring at
-// once (rnic.QP.SetRecvRefill); each WR is checked (a malformed one
-// completes in error and errors the QP; a malformed SRQ entry retires the
-// SRQ) before it reaches the device. The device writes each completion
-// into the client's CQ ring where it produces it (rnic.CQSink), and the CQ
-// overruns when the client lets its ring fill. A UD WR names one of the
+// once (rnic.QP.SetRecvRefill). Each WR is checked before it reaches the
+// device: one that does not decode or fails the device's checks, which
+// ibv_post_send or ibv_post_recv would have refused, is a bad WQE, posted
+// in error in its place (rnic.QP.PostSendInError, PostRecvInError). A
+// send completes in error after the WRs before it and stops the QP, SQE
+// for a UC or UD send queue and ERR for RC; a receive completes in error
+// after the receives before it were flushed, the QP in ERR whatever its
+// type (IBA 10.3.1); the WRs after either are flushed, and both are
+// counted in bad_wqes. A malformed SRQ entry retires the SRQ. The device
+// writes each completion into the client's CQ ring where it produces it
+// (rnic.CQSink), and the CQ overruns when the client lets its ring fill
+// (cq_ring_dropped counts the completions lost). A UD WR names one of the
 // session's address handles (CREATE_AH resolved the next hop on the
 // control path), never a raw destination.
 //
@@ -105,8 +165,8 @@
 // A client that goes away (Close, exit, SIGKILL) has its QPs moved to error
 // and destroyed, its SRQs destroyed, its MRs deregistered, its AHs, CQs and
 // PDs freed, its event socket closed, its listeners closed and its pending
-// connection requests rejected. A deregistered MR's mapping is replaced in
-// place by anonymous memory at once and unmapped only when the session has
+// connection requests rejected. A mapping whose last MR was deregistered
+// is replaced in place by anonymous memory at once and unmapped only when the session has
 // no QP and no SRQ left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
 // pages nor fault the daemon. A destroyed CQ lets go of its ring before

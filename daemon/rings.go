@@ -124,34 +124,34 @@ func (r *queues) Disarm() {
 func (s *Server) fetchRecv(q *qpObj) int {
 	q.rqMu.Lock()
 	defer q.rqMu.Unlock()
-	k := 0
+	k, peeked := 0, 0
 	var bad error
 	for k < fetchBatch {
 		slot := q.rqc.Peek()
 		if slot == nil {
 			break
 		}
+		peeked++
 		if bad = decodeRecv(slot, &q.rwr[k]); bad != nil {
 			break
 		}
 		k++
 	}
 	left := s.postRecvs(q, q.rwr[:k])
-	took := k - left
-	q.rqBlocked = left > 0
-	switch {
-	case left > 0:
-		if bad != nil {
+	if bad != nil {
+		if left > 0 {
 			left++ // the malformed one waits its turn too
+		} else {
+			s.recvInError(q, q.rwr[k].ID, bad)
 		}
+	}
+	q.rqBlocked = left > 0
+	if left > 0 {
 		q.rqc.Rewind(left)
-	case bad != nil:
-		s.badWQE(q, q.rwr[k].ID, true, bad)
-		took++
 	}
 	q.rqc.Release()
 	s.checkRings(q)
-	return took
+	return peeked - left
 }
 
 // refillRQ is the QP's receive refill (rnic.QP.SetRecvRefill): when a
@@ -181,8 +181,9 @@ func (q *qpObj) refillRQ(post func(*verbs.RecvWR) bool) {
 	q.rqc.Release()
 }
 
-// postRecvs posts ws, completing in error each WR the device refuses, and
-// returns how many it left unposted because the device's RQ was full.
+// postRecvs posts ws, posting in error each WR the device refuses
+// (recvInError), and returns how many it left unposted because the
+// device's RQ was full.
 func (s *Server) postRecvs(q *qpObj, ws []verbs.RecvWR) int {
 	for len(ws) > 0 {
 		n, err := q.qp.PostRecv(ws)
@@ -193,7 +194,7 @@ func (s *Server) postRecvs(q *qpObj, ws []verbs.RecvWR) int {
 		case errors.Is(err, verbs.ErrQueueFull):
 			return len(ws)
 		}
-		s.failWR(q, ws[0].ID, true, err)
+		s.recvInError(q, ws[0].ID, err)
 		ws = ws[1:]
 	}
 	return 0
@@ -240,48 +241,43 @@ func (s *Server) fetchSRQ(x *srqObj) int {
 // fetchSend posts the send WRs of q's SQ ring that Fetch noted to its
 // device QP and returns how many it took.
 func (s *Server) fetchSend(q *qpObj) int {
-	k := 0
+	k, peeked := 0, 0
 	var bad error
 	for k < q.sqReady {
 		slot := q.sqc.Peek()
 		if slot == nil {
 			break
 		}
+		peeked++
 		if bad = s.decodeSend(q, slot, &q.swr[k]); bad != nil {
 			break
 		}
 		k++
 	}
 	left := s.postSends(q, q.swr[:k])
-	took := k - left
+	if bad != nil && (left > 0 || !s.sendInError(q, q.swr[k].ID, q.swr[k].Opcode, bad)) {
+		left++ // the malformed one waits its turn too
+	}
 	q.sqBlocked = left > 0
-	switch {
-	case left > 0:
-		if bad != nil {
-			left++
-		}
+	if left > 0 {
 		q.sqc.Rewind(left)
-	case bad != nil:
-		s.badWQE(q, q.swr[k].ID, false, bad)
-		took++
 	}
 	q.sqc.Release()
 	s.checkRings(q)
-	return took
+	return peeked - left
 }
 
-// postSends is postRecvs for send WRs.
+// postSends is postRecvs for send WRs (sendInError).
 func (s *Server) postSends(q *qpObj, ws []verbs.SendWR) int {
 	for len(ws) > 0 {
 		n, err := q.qp.PostSend(ws)
 		ws = ws[n:]
-		switch {
-		case err == nil:
+		if err == nil {
 			return 0
-		case errors.Is(err, verbs.ErrQueueFull):
+		}
+		if errors.Is(err, verbs.ErrQueueFull) || !s.sendInError(q, ws[0].ID, ws[0].Opcode, err) {
 			return len(ws)
 		}
-		s.failWR(q, ws[0].ID, false, err)
 		ws = ws[1:]
 	}
 	return 0
@@ -329,22 +325,39 @@ func (s *Server) checkRings(q *qpObj) {
 	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
 }
 
-// badWQE handles an entry that does not decode: like a malformed WQE on a
-// hardware RNIC, it completes in error and the QP goes to the error state.
-func (s *Server) badWQE(q *qpObj, id uint64, recv bool, err error) {
-	s.BadWQEs.Add(1)
-	s.failWR(q, id, recv, err)
+// A WR of a client's ring that does not decode, or that the device
+// refuses, reached the device without ibv_post_send's or ibv_post_recv's
+// checks, which would have refused it: the device meets it as an RNIC
+// meets a bad WQE in its queue (rnic.QP.PostSendInError,
+// PostRecvInError). It completes in error, in order, and stops the QP;
+// counted in bad_wqes. A WR refused only for the QP's state (RESET, INIT,
+// RTR) completes in error as it is, not counted.
+
+// sendInError posts send WR id in error; false when the device's SQ is
+// full: the entry stays in the ring for the next Fetch.
+func (s *Server) sendInError(q *qpObj, id uint64, op ib.WROpcode, err error) bool {
+	switch perr := q.qp.PostSendInError(id, op, ib.LocQPOpErr); {
+	case errors.Is(perr, verbs.ErrQueueFull):
+		return false
+	case perr == nil:
+		s.countBad(err)
+	}
+	return true // a destroyed QP: its completions go nowhere
 }
 
-// failWR completes in error a WR that did not reach the device (malformed,
-// or refused by it) and moves the QP to the error state (rnic.QP.Reject).
-func (s *Server) failWR(q *qpObj, id uint64, recv bool, err error) {
-	st := ib.LocQPOpErr
-	var se interface{ Status() ib.WCStatus }
-	if errors.As(err, &se) {
-		st = se.Status()
+// recvInError posts receive WR id in error.
+func (s *Server) recvInError(q *qpObj, id uint64, err error) {
+	if q.qp.PostRecvInError(id, ib.LocQPOpErr) == nil { // else destroyed: nowhere to complete
+		s.countBad(err)
 	}
-	q.qp.Reject(id, recv, st)
+}
+
+// countBad counts a WR posted in error as a bad WQE unless only the QP's
+// state refused it.
+func (s *Server) countBad(err error) {
+	if !errors.Is(err, verbs.ErrQPState) {
+		s.BadWQEs.Add(1)
+	}
 }
 
 // cqSink is a client CQ ring as its device CQ's store. The device calls

@@ -63,7 +63,7 @@ func (ss *session) createSRQ(body []byte) (any, []int, error) {
 		x.wr[i].SG, sg = sg[:0:req.MaxSGE], sg[req.MaxSGE:]
 	}
 	ss.mu.Lock()
-	x.h, err = ss.newHandle()
+	x.h, err = ss.newHandle(true)
 	if err == nil {
 		ss.srqs[x.h] = x
 		ss.liveSRQs++

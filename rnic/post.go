@@ -55,6 +55,45 @@ func (q *QP) postSend(wrs []verbs.SendWR) (int, error) {
 	return len(wrs), nil
 }
 
+// PostSendInError posts, in place of a send WR that failed PostSend's
+// checks, a WQE that completes with st in order, after the WRs before it,
+// and then stops the send queue: ERR for RC, SQE for UC and UD (IBA
+// 10.3.1), so that the WRs posted after it are flushed, as an RNIC treats
+// a bad WQE it finds in its queue. The daemon posts these for WRs of its
+// clients' rings, which no library checked. The opcode only names the
+// completion's. A QP in SQE or ERR flushes the WR; one whose state takes
+// no sends (RESET, INIT, RTR), where ibv_post_send would have refused the
+// WR, completes it with st at once and stays as it is.
+func (q *QP) PostSendInError(id uint64, op ib.WROpcode, st ib.WCStatus) error {
+	if !op.Valid() {
+		op = ib.Send
+	}
+	n, err := func() (int, error) {
+		q.mu.Lock()
+		defer q.release()
+		switch {
+		case q.destroyed.Load():
+			return 0, verbs.ErrDestroyed
+		case q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE && q.state != ib.Err:
+			q.pushWC(ib.WC{ID: id, Status: st, Opcode: op.WCOpcode(), QPN: q.qpn})
+			return 0, nil
+		case q.tr.SendQueueFree() == 0:
+			return 0, verbs.ErrQueueFull
+		case q.state == ib.Err || q.state == ib.SQE:
+			q.pushWC(ib.WC{ID: id, Status: ib.WRFlushErr, Opcode: op.WCOpcode(), QPN: q.qpn})
+			return 0, nil
+		}
+		q.postWQE = ib.SendWQE{ID: id, Opcode: op, Flags: ib.Signaled, Err: st, SG: q.postSG[:0]}
+		q.tr.Post(&q.postWQE)
+		q.txPending.Store(true)
+		return 1, nil
+	}()
+	if n > 0 {
+		q.dev.ring()
+	}
+	return err
+}
+
 // checkSend checks send WR i against the QP; a UD WR's address handle
 // comes back as this device's.
 func (q *QP) checkSend(i int, s *verbs.SendWR) (*AH, error) {
@@ -65,6 +104,8 @@ func (q *QP) checkSend(i int, s *verbs.SendWR) (*AH, error) {
 	switch {
 	case !s.Opcode.Valid():
 		return fail(verbs.ErrBadOpcode, "opcode %v", s.Opcode)
+	case s.Flags&^ib.KnownSendFlags != 0:
+		return fail(verbs.ErrInvalid, "send flags %#x the device does not implement", uint8(s.Flags&^ib.KnownSendFlags))
 	case t.Datagram() && s.Opcode != ib.Send && s.Opcode != ib.SendWithImm:
 		return fail(verbs.ErrBadOpcode, "%v on a %v QP", s.Opcode, t)
 	case t == ib.UC && (s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
@@ -211,27 +252,31 @@ func (d *Device) resolveRecv(pd *PD, r *verbs.RecvWR, w *ib.RecvWQE, sg []ib.Seg
 	w.SG = sg
 }
 
-// Reject completes with status st a work request that never reached the
-// QP because its owner found it malformed (the daemon decoding a client's
-// ring), and moves the QP to ERR, as an RNIC does with a malformed WQE:
-// the work posted before it is flushed first, so its completion comes
-// after theirs, and the work after it is flushed.
-func (q *QP) Reject(id uint64, recv bool, st ib.WCStatus) {
+// PostRecvInError is PostSendInError for a receive WR that failed
+// PostRecv's checks: an error of the receive queue takes the QP to ERR
+// whatever its type (IBA 10.3.1), with QP_FATAL, so the receives posted
+// before it are flushed, it completes with st after them, and the WRs
+// posted after it are flushed. A QP in ERR flushes it; one in RESET, where
+// ibv_post_recv would have refused it, completes it with st at once and
+// stays there.
+func (q *QP) PostRecvInError(id uint64, st ib.WCStatus) error {
+	wc := ib.WC{ID: id, Status: st, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn}
 	q.mu.Lock()
-	if q.destroyed.Load() {
+	switch {
+	case q.destroyed.Load():
 		q.mu.Unlock()
-		return
-	}
-	if q.state != ib.Err {
+		return verbs.ErrDestroyed
+	case q.state == ib.Err:
+		wc.Status = ib.WRFlushErr
+	case q.state != ib.Reset:
 		q.toErrLocked()
 		q.dev.event(ib.EventQPFatal, q.qpn)
+		// The receive the transport holds is flushed as its lock is
+		// released: before this one.
+		q.release()
+		q.mu.Lock()
 	}
-	q.release() // the flush completions of earlier work
-	wc := ib.WC{ID: id, Status: st, QPN: q.qpn, IsRecv: recv}
-	if recv {
-		wc.Opcode = ib.WCRecv
-	}
-	q.mu.Lock()
 	q.pushWC(wc)
 	q.release()
+	return nil
 }

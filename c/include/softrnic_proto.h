@@ -137,6 +137,15 @@
 #define SOFTRNIC_CTR_RETRANS_PACKETS 62 // RC requester: request packets sent more than once
 #define SOFTRNIC_CTR_ASYNC_EVENTS_LOST 63 // asynchronous events dropped, a bounded queue full
 #define SOFTRNIC_NUM_DEVICE_COUNTERS 64
+#define SOFTRNIC_D_CTR_REJECTED_CONNECTIONS 0 // connections refused: not root, the daemon's user or the control group
+#define SOFTRNIC_D_CTR_ACCEPT_ERRORS 1 // accept failures (out of fds or memory)
+#define SOFTRNIC_D_CTR_SHED_CONNECTIONS 2 // connections closed: silent before OPEN, or turned away out of fds
+#define SOFTRNIC_D_CTR_LIMIT_REFUSALS 3 // client requests refused by a limit
+#define SOFTRNIC_D_CTR_BAD_WQES 4 // WRs in client rings that do not decode or fail the device's checks, corrupted indexes
+#define SOFTRNIC_D_CTR_CQ_RING_DROPPED 5 // completions dropped on a full client CQ ring
+#define SOFTRNIC_D_CTR_CONTROLLED_Q_KEY_REFUSED 6 // controlled Q_Keys refused to clients without CAP_NET_RAW
+#define SOFTRNIC_D_CTR_CQ_OVERRUNS 7 // CQs that overflowed
+#define SOFTRNIC_NUM_DAEMON_COUNTERS 8
 #define SOFTRNIC_Q_CTR_RX_PACKETS 0 // UD only: packets delivered
 #define SOFTRNIC_Q_CTR_DUPLICATE_REQUEST 1 // RC
 #define SOFTRNIC_Q_CTR_OUT_OF_SEQUENCE 2 // RC
@@ -1279,8 +1288,9 @@ struct softrnic_stats_resp {
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
+	uint64_t daemon[8]; // Daemon are the daemon's own counters (DaemonCounters).
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 4008, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 4072, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
@@ -1289,5 +1299,6 @@ _Static_assert(offsetof(struct softrnic_stats_resp, more) == 540, "struct softrn
 _Static_assert(offsetof(struct softrnic_stats_resp, qps) == 544, "struct softrnic_stats_resp: qps");
 _Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3744, "struct softrnic_stats_resp: num_queues");
 _Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3752, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 4008, "struct softrnic_stats_resp: daemon");
 
 #endif /* SOFTRNIC_PROTO_H */
