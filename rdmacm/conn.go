@@ -222,6 +222,7 @@ func (a *Agent) Connect(ctx context.Context, qp verbs.QP, peer netip.Addr, port 
 		return nil, err
 	}
 	c.id = id
+	a.ev.forgetLocked(id)
 	a.conns[id] = c
 	a.byQPN[qp.QPN()] = c
 	a.flushLocked(now)
