@@ -83,6 +83,7 @@ type Server struct {
 	info  proto.DeviceInfo
 	cm    rdmacm.CM     // nil: no rdma_cm for clients
 	ownCM *rdmacm.Agent // the agent the server started, closed with it
+	ucm   *ucmService   // rdma_cm for librdmacm (ucm.go); nil without an agent
 	opt   Options
 	log   *slog.Logger
 
@@ -159,6 +160,11 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 			s.log.Warn("rdma_cm agent not started: clients' CM calls will fail", "err", err)
 		} else {
 			s.cm, s.ownCM = a, a
+		}
+	}
+	if a, ok := s.cm.(*rdmacm.Agent); ok {
+		if err := s.startUCM(a); err != nil {
+			s.log.Warn("rdma_cm service not started: librdmacm's connections will fail", "err", err)
 		}
 	}
 	go s.pump()
@@ -336,6 +342,9 @@ func (s *Server) Close(drain time.Duration) error {
 		} else {
 			idle = 0
 		}
+	}
+	if s.ucm != nil {
+		s.ucm.shutdown(drain) // DEVICE_REMOVAL on every event channel
 	}
 	for _, ss := range sessions {
 		ss.conn.Close() // the session goroutine sees the close and cleans up

@@ -54,6 +54,12 @@ type session struct {
 	capture    *capture.Session
 	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
 
+	// rdma_cm for librdmacm (ucm.go): the client's event channels and IDs,
+	// guarded by the service's lock; ucmObjects counts them (guarded by
+	// mu) against MaxObjects.
+	ucm        *ucmSession
+	ucmObjects int
+
 	// rdma_cm (cm.go): listeners and requests not yet answered; ctx ends
 	// the CM exchanges in flight (cmWG) when the connection closes.
 	listeners map[proto.Handle]cmListener
@@ -200,6 +206,7 @@ func (ss *session) serve() {
 		}
 	}
 	ss.closeCM()
+	ss.closeUCM()
 	ss.mu.Lock()
 	capt := ss.capture
 	ss.mu.Unlock()
@@ -249,6 +256,9 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 	if h.Op != proto.OpOpen && !ss.opened {
 		proto.CloseFDs(fds)
 		return nil, nil, errf(unix.EPROTO, "OPEN must come first")
+	}
+	if h.Op >= proto.OpUCMCreateChannel && h.Op < proto.OpUCMEvent {
+		return ss.ucmOp(h, body)
 	}
 	switch h.Op {
 	case proto.OpOpen:
@@ -323,7 +333,7 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+len(ss.listeners)+len(ss.requests) >= ss.s.opt.MaxObjects {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+len(ss.listeners)+len(ss.requests)+ss.ucmObjects >= ss.s.opt.MaxObjects {
 		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
 	}
 	ss.next++

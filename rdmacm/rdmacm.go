@@ -235,6 +235,11 @@ func (a *Agent) Close() error {
 	for id := range a.conns {
 		a.m.Abort(now, id)
 	}
+	if a.ev != nil {
+		for id := range a.ev.conns {
+			a.m.Abort(now, id)
+		}
+	}
 	a.flushLocked(now)
 	a.closed = true
 	for _, c := range a.conns {

@@ -753,7 +753,7 @@ struct softrnic_ucm_connect_req {
 	uint16_t space;
 	uint16_t src_port;
 	uint16_t dst_port;
-	uint8_t qp_type; // TCP space: RC or UC, the type of Param.QPN's QP
+	uint8_t qp_type; // TCP space: RC, the type of Param.QPN's QP (UC: EOPNOTSUPP)
 	uint8_t path_mtu; // IB enum (1 = 256 … 5 = 4096): at most the port's active MTU
 	uint8_t hop_limit;
 	uint8_t traffic_class;

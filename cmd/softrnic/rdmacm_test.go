@@ -92,8 +92,7 @@ print('pyverbs rdmacm ok')
 // program under AddressSanitizer: the library's whole connection path
 // (listen, connect, accept, reject, establish, disconnect, SIDR, the QP
 // driven by the library or by the application, traffic on it over the
-// veth). The daemons do not serve the UCM operations yet: a proxy in front
-// of each (ucmDouble) answers them and forwards everything else.
+// veth), the CM exchange run by the daemons.
 func TestCMConnections(t *testing.T) {
 	netnstest.SkipUnlessRoot(t)
 	dir := buildCLib(t)
@@ -101,8 +100,6 @@ func TestCMConnections(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	sockA, _ := startDaemon(t, bin, pair.A)
 	sockB, _ := startDaemon(t, bin, pair.B)
-	d := newUCMDouble()
-	proxyA, proxyB := d.proxy(t, sockA), d.proxy(t, sockB)
 	test := filepath.Join(dir, "asan", "cm_test")
 	prog := func(ctx context.Context, ns *netnstest.NS, sock string, args ...string) *exec.Cmd {
 		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns.Name, bin, "run",
@@ -110,7 +107,7 @@ func TestCMConnections(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	srv := prog(ctx, pair.B.NS, proxyB, "server", "7471")
+	srv := prog(ctx, pair.B.NS, sockB, "server", "7471")
 	var serr bytes.Buffer
 	srv.Stderr = &serr
 	sout, err := srv.StdoutPipe()
@@ -125,7 +122,7 @@ func TestCMConnections(t *testing.T) {
 		srv.Wait()
 		t.Fatalf("server: %q %v\n%s", ready, err, serr.String())
 	}
-	cout, cerr := prog(ctx, pair.A.NS, proxyA, "client", pair.B.Addr.String(), pair.B.Addr6.String(), "7471").CombinedOutput()
+	cout, cerr := prog(ctx, pair.A.NS, sockA, "client", pair.B.Addr.String(), pair.B.Addr6.String(), "7471").CombinedOutput()
 	rest, _ := io.ReadAll(sout)
 	werr := srv.Wait()
 	if cerr != nil || werr != nil || !bytes.Contains(cout, []byte(" passed, 0 failed")) || !bytes.Contains(rest, []byte(" passed, 0 failed")) {
