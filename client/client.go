@@ -29,6 +29,9 @@ type Client struct {
 	info proto.DeviceInfo
 	db   *shmring.Doorbell // the daemon's pump doorbell
 
+	cmMu sync.Mutex // guards cmev's creation
+	cmev *cmEvents  // the rdma_cm event channel (cm.go), made on first use
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -104,6 +107,11 @@ func (c *Client) Close() error {
 		if c.db != nil {
 			c.db.Close()
 		}
+		c.cmMu.Lock()
+		if c.cmev != nil {
+			c.cmev.sock.Close() // its reader ends; waiting calls fail
+		}
+		c.cmMu.Unlock()
 	})
 	return c.closeErr
 }

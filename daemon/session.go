@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -18,7 +17,6 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/internal/shmring"
-	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -59,15 +57,6 @@ type session struct {
 	// mu) against MaxObjects.
 	ucm        *ucmSession
 	ucmObjects int
-
-	// rdma_cm (cm.go): listeners and requests not yet answered; ctx ends
-	// the CM exchanges in flight (cmWG) when the connection closes.
-	listeners map[proto.Handle]cmListener
-	requests  map[proto.Handle]cmRequest
-	closing   bool
-	ctx       context.Context
-	cancel    context.CancelFunc
-	cmWG      sync.WaitGroup
 }
 
 // The session's objects hold the device's own types (asserted once, when
@@ -115,11 +104,6 @@ type qpObj struct {
 	rwr        [1]verbs.RecvWR
 	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
 	sqReady    int  // send WRs noted at the start of this pump pass
-	// conn is the rdma_cm connection driving the QP, or nil; cmBusy is set
-	// while a CM exchange drives it (the QP cannot be destroyed or given to
-	// another exchange meanwhile). Both are guarded by the session's mu.
-	conn   rdmacm.Conn
-	cmBusy bool
 }
 
 // errno is an error with the errno the client receives.
@@ -165,8 +149,7 @@ func (s *Server) startSession(c *net.UnixConn) {
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		ahs: map[proto.Handle]*ahObj{}, listeners: map[proto.Handle]cmListener{}, requests: map[proto.Handle]cmRequest{}}
-	ss.ctx, ss.cancel = context.WithCancel(context.Background())
+		ahs: map[proto.Handle]*ahObj{}}
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
 	s.wg.Add(1)
@@ -205,7 +188,6 @@ func (ss *session) serve() {
 			break
 		}
 	}
-	ss.closeCM()
 	ss.closeUCM()
 	ss.mu.Lock()
 	capt := ss.capture
@@ -308,32 +290,16 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.status(body)
 	case proto.OpStats:
 		return ss.stats(body)
-	case proto.OpCMListen:
-		return ss.cmListen(body)
-	case proto.OpCMUnlisten:
-		return ss.cmUnlisten(body)
-	case proto.OpCMGetRequest:
-		return ss.cmGetRequest(h, body)
-	case proto.OpCMReject:
-		return ss.cmReject(body)
-	case proto.OpCMAccept:
-		return ss.cmConn(h, body, true)
-	case proto.OpCMConnect:
-		return ss.cmConn(h, body, false)
-	case proto.OpCMDisconnect:
-		return ss.cmDisconnect(h, body)
 	case proto.OpCreateAH:
 		return ss.createAH(body)
 	case proto.OpDestroyAH:
 		return ss.destroyAH(body)
-	case proto.OpCMClose:
-		return ss.cmClose(body)
 	}
 	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+len(ss.listeners)+len(ss.requests)+ss.ucmObjects >= ss.s.opt.MaxObjects {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+ss.ucmObjects >= ss.s.opt.MaxObjects {
 		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
 	}
 	ss.next++
@@ -824,16 +790,10 @@ func (ss *session) destroyQP(body []byte) (any, []int, error) {
 	}
 	ss.mu.Lock()
 	q, ok := ss.qps[h]
-	busy := ok && q.cmBusy
-	if ok && !busy {
-		delete(ss.qps, h)
-	}
+	delete(ss.qps, h)
 	ss.mu.Unlock()
 	if !ok {
 		return nil, nil, errf(unix.ENOENT, "no QP %d on this connection", h)
-	}
-	if busy {
-		return nil, nil, errf(unix.EBUSY, "QP %d is in an rdma_cm exchange", h)
 	}
 	return nil, nil, ss.releaseQP(q)
 }
@@ -848,12 +808,6 @@ func (ss *session) releaseQP(q *qpObj) error {
 		}
 	}
 	s.ringsMu.Unlock()
-	ss.mu.Lock()
-	conn := q.conn
-	ss.mu.Unlock()
-	if conn != nil {
-		conn.Close() // DREQ (or REJ) to the peer if still connected
-	}
 	// To the error state first: the transition takes the QP's lock, so it
 	// waits for a batch the engine is delivering into the QP's MRs, and
 	// every packet after it is dropped by state. Destroy alone does

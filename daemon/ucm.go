@@ -28,6 +28,10 @@ import (
 // operations may call the agent with ucm.mu held (ucm.mu, then the
 // agent's lock, then a session's mu).
 
+// errDeferred is returned by an operation that sent its reply itself:
+// serve sends nothing.
+var errDeferred = errors.New("reply deferred")
+
 // ucmService is the daemon's rdma_cm service.
 type ucmService struct {
 	s  *Server
@@ -290,8 +294,25 @@ func (ss *session) ucmOp(h proto.Header, body []byte) (any, []int, error) {
 	if u == nil {
 		return nil, nil, errf(unix.ENOSYS, "this daemon runs no rdma_cm agent")
 	}
-	if h.Op == proto.OpUCMCreateChannel {
+	switch h.Op {
+	case proto.OpUCMCreateChannel:
 		return u.createChannel(ss, h, body)
+	case proto.OpUCMConnect:
+		// The reply goes before the REQ may leave: a client reading its
+		// reply and its events in two threads should rarely see the
+		// peer's answer before it knows the ID (and must cope if it
+		// does). Never written under u.mu: a client that does not read
+		// its control connection stalls only its own session.
+		resp, start, err := u.connect(ss, body)
+		if err != nil {
+			return nil, nil, err
+		}
+		rerr := ss.reply(h, resp, nil, nil)
+		start()
+		if rerr != nil {
+			return nil, nil, rerr
+		}
+		return nil, nil, errDeferred
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -306,8 +327,6 @@ func (ss *session) ucmOp(h proto.Header, body []byte) (any, []int, error) {
 		return u.destroyChannel(ss, body)
 	case proto.OpUCMListen:
 		return u.listen(ss, body)
-	case proto.OpUCMConnect:
-		return u.connect(ss, body)
 	case proto.OpUCMAccept:
 		return u.accept(ss, body)
 	case proto.OpUCMReject:
@@ -563,10 +582,20 @@ func privateData(p *proto.UCMConnParam, max int) ([]byte, error) {
 	return p.PrivateData[:n], nil
 }
 
-func (u *ucmService) connect(ss *session, body []byte) (any, []int, error) {
+// connect makes an active ID; start, called once the reply is sent,
+// resolves the peer's MAC and sends the REQ or SIDR_REQ.
+func (u *ucmService) connect(ss *session, body []byte) (*proto.HandleMsg, func(), error) {
 	var req proto.UCMConnectReq
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.closed {
+		return nil, nil, errf(unix.ENODEV, "the daemon is stopping")
+	}
+	if ss.ucm == nil {
+		return nil, nil, errf(unix.ENOENT, "no event channel %d on this connection", req.Channel)
 	}
 	ch, err := ss.ucmChannel(req.Channel)
 	if err != nil {
@@ -624,37 +653,41 @@ func (u *ucmService) connect(ss *session, body []byte) (any, []int, error) {
 	id.resolving = true
 	// The peer's MAC may take an ARP exchange: resolve it off the lock and
 	// send the REQ (or SIDR_REQ) once it is known.
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		rerr := u.ev.ResolvePeer(ctx, peer)
-		cancel()
-		u.mu.Lock()
-		defer u.mu.Unlock()
-		if ss.ucm == nil || ss.ucm.ids[id.h] != id || !id.resolving {
-			return // destroyed meanwhile
-		}
-		id.resolving = false
-		if rerr != nil {
-			u.stats.Unreachable++
-			u.emit(id, &proto.UCMEvent{Event: proto.UCMEventUnreachable, Status: -int32(unix.EHOSTUNREACH)})
-			return
-		}
-		var conn cm.ConnID
-		var err error
-		if id.space == proto.PortSpaceTCP {
-			conn, err = u.ev.Connect(&cp)
-		} else {
-			conn, err = u.ev.Resolve(&sp)
-		}
-		if err != nil {
-			no, _ := errnoOf(err)
-			u.emit(id, &proto.UCMEvent{Event: proto.UCMEventUnreachable, Status: -int32(no)})
-			return
-		}
-		id.conn = conn
-		u.byConn[conn] = id
-	}()
-	return &proto.HandleMsg{Handle: id.h}, nil, nil
+	start := func() { go u.start(ss, id, peer, &cp, &sp) }
+	return &proto.HandleMsg{Handle: id.h}, start, nil
+}
+
+// start resolves an active ID's peer and sends its REQ or SIDR_REQ, or
+// reports it UNREACHABLE.
+func (u *ucmService) start(ss *session, id *ucmID, peer netip.Addr, cp *cm.ConnectParams, sp *cm.SIDRParams) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	rerr := u.ev.ResolvePeer(ctx, peer)
+	cancel()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if ss.ucm == nil || ss.ucm.ids[id.h] != id || !id.resolving {
+		return // destroyed meanwhile
+	}
+	id.resolving = false
+	if rerr != nil {
+		u.stats.Unreachable++
+		u.emit(id, &proto.UCMEvent{Event: proto.UCMEventUnreachable, Status: -int32(unix.EHOSTUNREACH)})
+		return
+	}
+	var conn cm.ConnID
+	var err error
+	if id.space == proto.PortSpaceTCP {
+		conn, err = u.ev.Connect(cp)
+	} else {
+		conn, err = u.ev.Resolve(sp)
+	}
+	if err != nil {
+		no, _ := errnoOf(err)
+		u.emit(id, &proto.UCMEvent{Event: proto.UCMEventUnreachable, Status: -int32(no)})
+		return
+	}
+	id.conn = conn
+	u.byConn[conn] = id
 }
 
 func max8(a, b uint8) uint8 {

@@ -35,23 +35,12 @@
 #define SOFTRNIC_OP_CAPTURE 12 // fd: the file to write; reply when started, then again when the capture ends
 #define SOFTRNIC_OP_STATUS 13 // → StatusResp
 #define SOFTRNIC_OP_STATS 14 // StatsReq → StatsResp (stats.go)
-// rdma_cm through the daemon's CM agent (on its GSI QP). Replies to
-// GET_REQUEST, ACCEPT, CONNECT and DISCONNECT come when the CM
-// exchange is over: the connection serves no other call meanwhile.
-#define SOFTRNIC_OP_CM_LISTEN 15 // CMListenReq → HandleMsg (the listener)
-#define SOFTRNIC_OP_CM_GET_REQUEST 16 // HandleMsg (listener) → CMRequestResp, when a REQ arrives
-#define SOFTRNIC_OP_CM_ACCEPT 17 // CMConnReq (Request set) → nothing, once established; or CMUDAcceptReq (UDP space) → nothing
-#define SOFTRNIC_OP_CM_REJECT 18 // HandleMsg (request)
-#define SOFTRNIC_OP_CM_CONNECT 19 // CMConnReq (Peer, Port set) → nothing, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
-#define SOFTRNIC_OP_CM_DISCONNECT 20 // HandleMsg (QP) → when the peer answered the DREQ (or it timed out)
-#define SOFTRNIC_OP_CM_UNLISTEN 21 // HandleMsg (listener): requests not taken are rejected
 #define SOFTRNIC_OP_CREATE_AH 22 // CreateAHReq → HandleMsg (the AH UD send slots name)
 #define SOFTRNIC_OP_DESTROY_AH 23 // HandleMsg (AH)
-#define SOFTRNIC_OP_CM_CLOSE 24 // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
 // HeaderSize is the encoded size of Header.
 #define SOFTRNIC_HEADER_SIZE 16
-#define SOFTRNIC_PORT_SPACE_TCP 0 // RC connections: REQ, REP, RTU
-#define SOFTRNIC_PORT_SPACE_UDP 1 // UD services: SIDR_REQ, SIDR_REP
+#define SOFTRNIC_PORT_SPACE_TCP 0 // RDMA_PS_TCP: RC connections, REQ, REP, RTU
+#define SOFTRNIC_PORT_SPACE_UDP 1 // RDMA_PS_UDP: UD services, SIDR_REQ, SIDR_REP
 // MaxStatusClients is how many clients one StatusResp lists.
 #define SOFTRNIC_MAX_STATUS_CLIENTS 64
 #define SOFTRNIC_SEND_SLOT_HEADER 64
@@ -406,99 +395,6 @@ struct softrnic_capture_result {
 _Static_assert(sizeof(struct softrnic_capture_result) == 16, "struct softrnic_capture_result: size");
 _Static_assert(offsetof(struct softrnic_capture_result, written) == 0, "struct softrnic_capture_result: written");
 _Static_assert(offsetof(struct softrnic_capture_result, dropped) == 8, "struct softrnic_capture_result: dropped");
-
-// CMListenReq is the body of OpCMListen: listen on an rdma_cm port (TCP
-// port space) of the daemon's device.
-struct softrnic_cm_listen_req {
-	uint16_t port;
-	uint16_t space; // PortSpaceTCP or PortSpaceUDP
-	uint32_t backlog; // requests waiting for GET_REQUEST (0: 16)
-};
-_Static_assert(sizeof(struct softrnic_cm_listen_req) == 8, "struct softrnic_cm_listen_req: size");
-_Static_assert(offsetof(struct softrnic_cm_listen_req, port) == 0, "struct softrnic_cm_listen_req: port");
-_Static_assert(offsetof(struct softrnic_cm_listen_req, space) == 2, "struct softrnic_cm_listen_req: space");
-_Static_assert(offsetof(struct softrnic_cm_listen_req, backlog) == 4, "struct softrnic_cm_listen_req: backlog");
-
-// CMUDAcceptReq is the body of OpCMAccept for a request of a UDP-space
-// listener: the SIDR_REP names QP, a UD QP of this connection (the daemon
-// refuses any other), with rdma_cm's Q_Key (0x01234567), which the QP must
-// carry for the peer's SENDs to land. The reply has no body.
-struct softrnic_cmud_accept_req {
-	uint32_t request;
-	uint32_t qp;
-};
-_Static_assert(sizeof(struct softrnic_cmud_accept_req) == 8, "struct softrnic_cmud_accept_req: size");
-_Static_assert(offsetof(struct softrnic_cmud_accept_req, request) == 0, "struct softrnic_cmud_accept_req: request");
-_Static_assert(offsetof(struct softrnic_cmud_accept_req, qp) == 4, "struct softrnic_cmud_accept_req: qp");
-
-// CMResolveReq is the body of OpCMConnect in the UDP port space: look up
-// Port at Peer with a SIDR_REQ. The reply, once the peer answered, is a
-// CMResolveResp; a refusal is ECONNREFUSED with a message made by SIDRMsg,
-// no answer ETIMEDOUT.
-struct softrnic_cm_resolve_req {
-	uint8_t peer[16]; // the peer's GID (IPv4-mapped for IPv4)
-	uint16_t port;
-	uint8_t _pad0[6];
-};
-_Static_assert(sizeof(struct softrnic_cm_resolve_req) == 24, "struct softrnic_cm_resolve_req: size");
-_Static_assert(offsetof(struct softrnic_cm_resolve_req, peer) == 0, "struct softrnic_cm_resolve_req: peer");
-_Static_assert(offsetof(struct softrnic_cm_resolve_req, port) == 16, "struct softrnic_cm_resolve_req: port");
-
-// CMResolveResp is the reply to a CMResolveReq: the peer's UD QP and the
-// Q_Key to send to it with.
-struct softrnic_cm_resolve_resp {
-	uint32_t qpn;
-	uint32_t q_key;
-	uint8_t peer[16];
-};
-_Static_assert(sizeof(struct softrnic_cm_resolve_resp) == 24, "struct softrnic_cm_resolve_resp: size");
-_Static_assert(offsetof(struct softrnic_cm_resolve_resp, qpn) == 0, "struct softrnic_cm_resolve_resp: qpn");
-_Static_assert(offsetof(struct softrnic_cm_resolve_resp, q_key) == 4, "struct softrnic_cm_resolve_resp: q_key");
-_Static_assert(offsetof(struct softrnic_cm_resolve_resp, peer) == 8, "struct softrnic_cm_resolve_resp: peer");
-
-// CMRequestResp is the reply to OpCMGetRequest: a connection request the
-// client accepts or rejects, named by a handle of this connection.
-struct softrnic_cm_request_resp {
-	uint32_t request;
-	uint16_t src_port; // the requester's rdma_cm port
-	uint16_t _pad0;
-	uint8_t peer[16]; // the requester's GID (IPv4-mapped for IPv4)
-};
-_Static_assert(sizeof(struct softrnic_cm_request_resp) == 24, "struct softrnic_cm_request_resp: size");
-_Static_assert(offsetof(struct softrnic_cm_request_resp, request) == 0, "struct softrnic_cm_request_resp: request");
-_Static_assert(offsetof(struct softrnic_cm_request_resp, src_port) == 4, "struct softrnic_cm_request_resp: src_port");
-_Static_assert(offsetof(struct softrnic_cm_request_resp, peer) == 8, "struct softrnic_cm_request_resp: peer");
-
-// CMConnReq is the body of OpCMAccept and OpCMConnect: the client's own
-// RC QP the connection drives (created by CREATE_QP, in RESET or INIT,
-// with the receives the peer's first SENDs need already in its RQ ring)
-// and the rdma_conn_param. The CM moves the QP to INIT (Access), RTR and
-// RTS as the exchange goes; the reply, once the connection is
-// established, has no body.
-struct softrnic_cm_conn_req {
-	uint32_t request; // ACCEPT: from GET_REQUEST
-	uint32_t qp; // the connection's QP
-	uint32_t access; // what the peer may do through the QP
-	uint16_t port; // CONNECT: the peer's rdma_cm port
-	uint8_t responder_resources;
-	uint8_t initiator_depth;
-	uint8_t retry_count; // 0 means 7
-	uint8_t rnr_retry; // 0 means 7
-	uint8_t min_rnr_timer; // 0: the CM's default
-	uint8_t _pad0[5];
-	uint8_t peer[16]; // CONNECT: the peer's GID
-};
-_Static_assert(sizeof(struct softrnic_cm_conn_req) == 40, "struct softrnic_cm_conn_req: size");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, request) == 0, "struct softrnic_cm_conn_req: request");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, qp) == 4, "struct softrnic_cm_conn_req: qp");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, access) == 8, "struct softrnic_cm_conn_req: access");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, port) == 12, "struct softrnic_cm_conn_req: port");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, responder_resources) == 14, "struct softrnic_cm_conn_req: responder_resources");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, initiator_depth) == 15, "struct softrnic_cm_conn_req: initiator_depth");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, retry_count) == 16, "struct softrnic_cm_conn_req: retry_count");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, rnr_retry) == 17, "struct softrnic_cm_conn_req: rnr_retry");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, min_rnr_timer) == 18, "struct softrnic_cm_conn_req: min_rnr_timer");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, peer) == 24, "struct softrnic_cm_conn_req: peer");
 
 // PortStatus is how the daemon moves frames (softrnic status).
 struct softrnic_port_status {

@@ -3,9 +3,8 @@ package proto
 import "github.com/softrnic/softrnic/ib"
 
 // UCM: rdma_cm for clients, event-based, as the kernel's rdma_ucm serves
-// rdma-core's librdmacm. It is what softrnic's librdmacm.so.1 speaks
-// (daemon/ucm.go serves it); the blocking CM operations above (OpCMListen
-// … OpCMUnlisten) remain for the Go client until it moves to this one.
+// rdma-core's librdmacm. It is what softrnic's librdmacm.so.1 and the Go
+// client (package client) speak; daemon/ucm.go serves it.
 //
 // # Who does what
 //
