@@ -92,8 +92,8 @@ func TestDisconnectedTimedOut(t *testing.T) {
 	for n.a.last(EventDisconnected) == nil {
 		n.advance()
 	}
-	if e := n.a.last(EventDisconnected); !e.TimedOut || count(n.sent, AttrDREQ) != 3 {
-		t.Fatalf("timed out %v after %d DREQs", e.TimedOut, count(n.sent, AttrDREQ))
+	if e := n.a.last(EventDisconnected); !e.TimedOut || count(n.sent, AttrDREQ) != 3 || n.a.m.Stats().Timeouts != 1 {
+		t.Fatalf("timed out %v after %d DREQs, %d timeouts counted", e.TimedOut, count(n.sent, AttrDREQ), n.a.m.Stats().Timeouts)
 	}
 	n2 := newNet(t, Config{}, Config{})
 	n2.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}

@@ -237,6 +237,8 @@ type Stats struct {
 	// MaxHalfOpenPerPeer) was reached: a flood, or a burst the peer's
 	// retries will bring back.
 	HalfOpenDropped uint64
+	NoListener      uint64 // REQs and SIDR_REQs for a service nobody listens on (REJ 8, SIDR unsupported)
+	Timeouts        uint64 // exchanges given up: a REQ, REP, DREQ or SIDR_REQ unanswered, a request never answered
 }
 
 // Errors of the Manager's API.
@@ -889,6 +891,7 @@ func (m *Manager) Tick(now clock.Time) {
 			if c.state != StateSIDRREQRcvd {
 				m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout, nil)
 			}
+			m.stats.Timeouts++
 			e := Event{Kind: EventTimeout, ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
 			m.event(&e)
 			m.remove(c)
@@ -904,6 +907,7 @@ func (m *Manager) Tick(now clock.Time) {
 
 // giveUp ends a request that was never answered.
 func (m *Manager) giveUp(now clock.Time, c *conn) {
+	m.stats.Timeouts++
 	e := Event{ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
 	switch c.state {
 	case StateREQSent, StateMRAREQRcvd:
@@ -1005,6 +1009,7 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	}
 	opts, ok := m.listeners[req.ServiceID]
 	if !ok {
+		m.stats.NoListener++
 		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidServiceID, nil)
 		return
 	}

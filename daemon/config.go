@@ -54,6 +54,14 @@ type Config struct {
 	LogLevel  string // log-level; debug, info, warn, error
 	LogFormat string // log-format; text or json
 
+	// CMResponseTimeout (cm-response-timeout) is the rdma_cm agent's CM
+	// response timeout, 4.096 µs × 2^t, and CMMaxRetries (cm-max-retries)
+	// how often it resends an unanswered REQ, REP, DREQ or SIDR_REQ; 0:
+	// the Linux CM's (20, about 4.3 s; 15). Together they bound how long
+	// a connection to a silent peer takes to fail (UNREACHABLE).
+	CMResponseTimeout uint8
+	CMMaxRetries      uint8
+
 	DCQCN DCQCNConfig
 }
 
@@ -174,6 +182,19 @@ var keys = []key{
 		}
 		c.Port = v
 		return nil
+	}},
+	{name: "cm-response-timeout", usage: "rdma_cm's CM response timeout, 4.096 µs × 2^N (8..31); 0 = 20, as Linux", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 0, 31)
+		if err == nil && n != 0 && n < 8 {
+			err = fmt.Errorf("%d is under 8 (1 ms)", n)
+		}
+		c.CMResponseTimeout = uint8(n)
+		return err
+	}},
+	{name: "cm-max-retries", usage: "rdma_cm's retransmissions of an unanswered REQ, REP, DREQ or SIDR_REQ (1..15); 0 = 15, as Linux", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 0, 15)
+		c.CMMaxRetries = uint8(n)
+		return err
 	}},
 	{name: "control", usage: "path of the control socket clients connect to", set: func(c *Config, v string) error {
 		if !strings.HasPrefix(v, "/") || len(v) > 107 {

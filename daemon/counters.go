@@ -158,6 +158,8 @@ type Counters struct {
 	Device [proto.NumDeviceCounters]uint64
 	QPs    []proto.QPStats
 	Queues []proto.QueueStats
+	HasCM  bool // CM holds the rdma_cm agent's counters
+	CM     [proto.NumCMCounters]uint64
 }
 
 // CounterSource takes snapshots of a running daemon's counters from any
@@ -166,6 +168,8 @@ type CounterSource struct {
 	Name string
 	Loop *engine.Loop  // device counters as of the loop's last iteration
 	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
+	// CM, if set, is the rdma_cm counters (Server.CMCounters).
+	CM func() ([proto.NumCMCounters]uint64, bool)
 }
 
 // Snapshot reads every counter once.
@@ -185,6 +189,9 @@ func (s *CounterSource) Snapshot() Counters {
 		in.add(q)
 	})
 	c.Valid = fillDevice(&c.Device, &in)
+	if s.CM != nil {
+		c.CM, c.HasCM = s.CM()
+	}
 	return c
 }
 

@@ -189,6 +189,34 @@ func (s *Server) UCMStats() UCMStats {
 	return u.stats
 }
 
+// CMCounters returns the rdma_cm counters (proto.CMCounters): the agent's
+// and its Manager's, and the service's for its clients; ok is false
+// without an agent.
+func (s *Server) CMCounters() (c [proto.NumCMCounters]uint64, ok bool) {
+	if s.cm == nil {
+		return c, false
+	}
+	a, m := s.cm.Stats()
+	u := s.UCMStats()
+	c[proto.CMRxMsgs] = a.RxMADs + a.RxBad
+	for _, n := range m.Tx {
+		c[proto.CMTxMsgs] += n
+	}
+	c[proto.CMTxRetries] = m.Retransmits
+	c[proto.CMRxDuplicates] = m.Duplicates
+	c[proto.CMRxMalformed] = a.RxBad + m.Malformed
+	c[proto.CMRxUnsupported] = m.Unsupported
+	c[proto.CMRxUnmatched] = m.Unmatched
+	c[proto.CMReqDropped] = m.HalfOpenDropped
+	c[proto.CMRejNoListener] = m.NoListener + u.NoListener
+	c[proto.CMBacklogFull] = a.BacklogFull + u.BacklogFull + u.Refused
+	c[proto.CMTimeouts] = m.Timeouts
+	c[proto.CMTornDown] = u.Torn
+	c[proto.CMUnresolved] = a.Unresolved
+	c[proto.CMEventsLost] = u.EventsLost
+	return c, true
+}
+
 // shutdown tells every client DEVICE_REMOVAL for each of its IDs, writes
 // what its channels hold (bounded by wait), and closes them.
 func (u *ucmService) shutdown(wait time.Duration) {

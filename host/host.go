@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/internal/route"
@@ -49,6 +50,9 @@ type Config struct {
 	WrapPort func(port.Port) port.Port
 	// NoCM runs no rdma_cm agent (the device's GSI QP stays free).
 	NoCM bool
+	// CM configures the rdma_cm agent's CM (timeouts, retries; the zero
+	// value is the Linux CM's defaults).
+	CM cm.Config
 	// Log, if set, reports what Open chose (an AF_XDP fallback).
 	Log *slog.Logger
 }
@@ -124,7 +128,7 @@ func Open(cfg Config) (_ *Host, err error) {
 		h.runErr = h.Loop.Run(ctx)
 	}()
 	if !cfg.NoCM {
-		if h.CM, err = rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: h.resolve}); err != nil {
+		if h.CM, err = rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: h.resolve, CM: cfg.CM}); err != nil {
 			return nil, err
 		}
 	}

@@ -98,6 +98,21 @@
 #define SOFTRNIC_CTR_RESP_REMOTE_ACCESS_ERRORS 49 // RC/UC responder: requests refused for rkey, range or access
 #define SOFTRNIC_CTR_RESP_LOCAL_LENGTH_ERROR 50 // RC/UC responder: SENDs longer than the receive WQE
 #define SOFTRNIC_NUM_DEVICE_COUNTERS 51
+#define SOFTRNIC_CM_RX_MSGS 0 // MADs received on QP1
+#define SOFTRNIC_CM_TX_MSGS 1 // CM MADs sent
+#define SOFTRNIC_CM_TX_RETRIES 2 // REQ, REP, DREQ, SIDR_REQ sent again on timeout
+#define SOFTRNIC_CM_RX_DUPLICATES 3 // duplicate REQ, REP, DREQ, SIDR_REQ answered or dropped
+#define SOFTRNIC_CM_RX_MALFORMED 4 // MADs dropped: wrong length, not a CM MAD, truncated
+#define SOFTRNIC_CM_RX_UNSUPPORTED 5 // MADs of attributes the CM does not serve (LAP, APR, ClassPortInfo, unknown)
+#define SOFTRNIC_CM_RX_UNMATCHED 6 // MADs for no connection, another peer's, or the wrong state
+#define SOFTRNIC_CM_REQ_DROPPED 7 // new REQs and SIDR_REQs dropped at the half-open caps (a flood)
+#define SOFTRNIC_CM_REJ_NO_LISTENER 8 // requests refused: nobody listens on the port (REJ 8, SIDR unsupported)
+#define SOFTRNIC_CM_BACKLOG_FULL 9 // requests refused: the listener's backlog (or its client) was full
+#define SOFTRNIC_CM_TIMEOUTS 10 // exchanges given up: REQ, REP, DREQ or SIDR_REQ unanswered, a request never answered
+#define SOFTRNIC_CM_TORN_DOWN 11 // connections and requests of clients that went away, refused or disconnected
+#define SOFTRNIC_CM_UNRESOLVED 12 // peers whose MAC did not resolve
+#define SOFTRNIC_CM_EVENTS_LOST 13 // events dropped because a client did not read its event channel
+#define SOFTRNIC_NUM_CM_COUNTERS 14
 #define SOFTRNIC_Q_CTR_RX_PACKETS 0 // UD only: packets delivered
 #define SOFTRNIC_Q_CTR_DUPLICATE_REQUEST 1 // RC
 #define SOFTRNIC_Q_CTR_OUT_OF_SEQUENCE 2 // RC
@@ -995,8 +1010,11 @@ struct softrnic_stats_resp {
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
+	uint8_t has_cm; // HasCM says whether the daemon runs an rdma_cm agent, whose counters
+	uint8_t _pad2[7];
+	uint64_t cm[14];
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 3680, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 3800, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
@@ -1005,5 +1023,7 @@ _Static_assert(offsetof(struct softrnic_stats_resp, more) == 436, "struct softrn
 _Static_assert(offsetof(struct softrnic_stats_resp, qps) == 440, "struct softrnic_stats_resp: qps");
 _Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3416, "struct softrnic_stats_resp: num_queues");
 _Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3424, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3680, "struct softrnic_stats_resp: has_cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3688, "struct softrnic_stats_resp: cm");
 
 #endif /* SOFTRNIC_PROTO_H */

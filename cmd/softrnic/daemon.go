@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
@@ -77,6 +78,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	h, err := host.Open(host.Config{Interface: cfg.Interface, GIDs: cfg.GIDs, MTU: cfg.MTU, Port: host.PortKind(cfg.Port),
 		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc,
 		Engine: engine.Options{Tap: &tap}, Log: log,
+		CM: cm.Config{CMResponseTimeout: cfg.CMResponseTimeout, MaxCMRetries: cfg.CMMaxRetries},
 		// The engine gets the counting wrapper: byte counts, and AF_XDP
 		// statistics read on the loop's own goroutine (softrnic stats,
 		// /metrics).
@@ -122,6 +124,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	counters.CM = srv.CMCounters
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()
 		if err != nil {

@@ -25,6 +25,8 @@ type statsReport struct {
 	Device string
 	Valid  uint64
 	Values [proto.NumDeviceCounters]uint64
+	HasCM  bool
+	CM     [proto.NumCMCounters]uint64 // the daemon's rdma_cm, on the device's line
 	QPs    []proto.QPStats
 	// Queues are the receive queues the daemon details (AF_XDP ports);
 	// NumQueues may be larger (only MaxStatsQueues are detailed).
@@ -144,6 +146,7 @@ func (cc *controlConn) stats(qp int) (*statsReport, error) {
 		}
 		if page == 0 {
 			rep.Device, rep.Valid, rep.Values = cstring(r.Name[:]), r.Valid, r.Device
+			rep.HasCM, rep.CM = r.HasCM != 0, r.CM
 			rep.NumQueues = int(r.NumQueues)
 			rep.Queues = append(rep.Queues, r.Queues[:min(int(r.NumQueues), len(r.Queues))]...)
 		}
@@ -202,6 +205,11 @@ func writeStatsText(w io.Writer, r *statsReport, qpOnly bool) error {
 				fmt.Fprintf(&b, " %s %d", d.Name, r.Values[i])
 			}
 		}
+		for i, d := range proto.CMCounters {
+			if r.HasCM {
+				fmt.Fprintf(&b, " %s %d", d.Name, r.CM[i])
+			}
+		}
 		b.WriteByte('\n')
 		for i, q := range r.Queues {
 			fmt.Fprintf(&b, "link %s/1 queue %d rx_packets %d xsk_rx_ring_full %d\n", r.Device, i, q.RxPackets, q.RxRingFull)
@@ -256,6 +264,11 @@ func writeStatsJSON(w io.Writer, r *statsReport, qpOnly bool) error {
 		for i, d := range proto.DeviceCounters {
 			if r.Valid&(1<<i) != 0 {
 				out.Counters[d.Name] = r.Values[i]
+			}
+		}
+		for i, d := range proto.CMCounters {
+			if r.HasCM {
+				out.Counters[d.Name] = r.CM[i]
 			}
 		}
 		out.NumQueues = r.NumQueues
