@@ -474,7 +474,10 @@ func (c *Client) listen(port uint16, space uint16, backlog int) (*listener, erro
 	if err := proto.DecodeBody(body, &m); err != nil {
 		return nil, err
 	}
-	l := &listener{c: c, e: e, h: m.Handle, reqs: make(chan *request, backlog)}
+	// The daemon holds the backlog (requests not yet answered); this
+	// queue also keeps those that expired before GetRequest took them,
+	// hence the room.
+	l := &listener{c: c, e: e, h: m.Handle, reqs: make(chan *request, 1024)}
 	e.listeners[l.h] = l.reqs
 	return l, nil
 }
