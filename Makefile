@@ -124,8 +124,8 @@ lab:
 
 ## interop: boot the lab guest and run lab/interop/cases.txt against bin/softrnic (root); INTEROP_FLAGS=-only REGEXP to run a subset
 INTEROP_FLAGS ?=
-interop: build lab
-	$(GO) run ./lab/interop -softrnic $(BIN) $(INTEROP_FLAGS)
+interop: build clib lab
+	$(GO) run ./lab/interop -softrnic $(BIN) -lib c/build/lib $(INTEROP_FLAGS)
 
 ## lab-selfcheck: rxe against rxe in two guests, proving the lab itself; captures in out/lab/ (root)
 lab-selfcheck: build lab

@@ -284,9 +284,12 @@ func (l *Lab) addr(peer string, ip int) string {
 // expand fills a command's placeholders: {server} and {server6} (the
 // server's addresses: side channels use IPv4), {server_ip} (the server's
 // address in the case's GID family: what rdma_cm resolves), {iface} (the
-// host's interface), {mtu} (path MTU).
+// host's interface), {mtu} (path MTU), {lib} (softrnic's drop-in
+// libraries, for softrnic run).
 func (l *Lab) expand(c *Case, cmd string) string {
+	lib, _ := filepath.Abs(l.o.lib)
 	return strings.NewReplacer(
+		"{lib}", lib,
 		"{server}", l.addr(c.Server.Peer, 4),
 		"{server6}", l.addr(c.Server.Peer, 6),
 		"{server_ip}", l.addr(c.Server.Peer, c.IP),
@@ -333,12 +336,35 @@ func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) 
 		hostGID = "1"
 	}
 	env := append(os.Environ(), "PATH="+l.softPath+":"+os.Getenv("PATH"), "IFACE="+l.hostIf, "HOSTGID="+hostGID)
-	j, err := startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
-	if err == nil {
-		l.track(j)
-		go func() { <-j.done; l.untrack(j) }()
+	var d *Daemon
+	if strings.HasPrefix(cmd, "softrnic run ") {
+		// A stock program through softrnic: it needs a daemon on the
+		// interface, for this case alone.
+		var err error
+		if d, err = startDaemon(l.ns, filepath.Join(l.softPath, "softrnic"), l.hostIf, caseDir); err != nil {
+			return nil, err
+		}
+		l.track(d)
+		env = append(env, "SOFTRNIC_CONTROL="+d.control)
 	}
-	return j, err
+	j, err := startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
+	if err != nil {
+		if d != nil {
+			d.Stop()
+			l.untrack(d)
+		}
+		return nil, err
+	}
+	l.track(j)
+	go func() {
+		<-j.done
+		l.untrack(j)
+		if d != nil { // the case's daemon ends with its program
+			d.Stop()
+			l.untrack(d)
+		}
+	}()
+	return j, nil
 }
 
 // Run runs one case: server, wait until it is ready, client, wait for both,
