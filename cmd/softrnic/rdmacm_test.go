@@ -16,8 +16,9 @@ import (
 // AddressSanitizer, through softrnic run against a daemon on a veth:
 // event channels, IDs, address and route resolution (IPv4, IPv6, our own
 // address, a destination routed through another interface, one with no
-// route), QPs on IDs, and DEVICE_REMOVAL when the daemon stops; and
-// pyverbs' rdma_cm module over the same library.
+// route), QPs on IDs, a connection to a peer that runs no CM (withdrawn;
+// UNREACHABLE on a synchronous ID), and DEVICE_REMOVAL when the daemon
+// stops; and pyverbs' rdma_cm module over the same library.
 func TestCMProgram(t *testing.T) {
 	netnstest.SkipUnlessRoot(t)
 	dir := buildCLib(t)
@@ -35,7 +36,9 @@ func TestCMProgram(t *testing.T) {
 			t.Fatalf("ip %v: %v\n%s", args, err, out)
 		}
 	}
-	sock, stop := startDaemon(t, bin, pair.A)
+	// Short CM timers: a connection to B, which runs no CM, is given up
+	// on in seconds (UNREACHABLE), not Linux's 100 s.
+	sock, stop := startDaemon(t, bin, pair.A, "--cm-response-timeout", "12", "--cm-max-retries", "2")
 	test := filepath.Join(dir, "asan", "cm_test")
 	prog := func(ctx context.Context, args ...string) *exec.Cmd {
 		return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", pair.A.NS.Name, bin, "run",
