@@ -351,6 +351,9 @@ func (s *Server) Close(drain time.Duration) error {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
+	if s.ucm != nil {
+		s.ucm.close()
+	}
 	if s.ownCM != nil {
 		s.ownCM.Close() // the CM agent's GSI QP and its goroutine
 	}

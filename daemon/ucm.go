@@ -37,11 +37,12 @@ type ucmService struct {
 	s  *Server
 	ev *rdmacm.EventCM
 
-	inMu  sync.Mutex
-	inbox []cm.Event // the agent's events, for the service's goroutine
-	kick  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
+	inMu    sync.Mutex
+	inbox   []cm.Event // the agent's events, for the service's goroutine
+	stopped bool       // the goroutine is gone: nothing more is queued
+	kick    chan struct{}
+	stop    chan struct{}
+	done    chan struct{}
 
 	mu        sync.Mutex
 	listeners map[ucmPort][]*ucmID
@@ -149,6 +150,10 @@ func (s *Server) startUCM(a *rdmacm.Agent) error {
 // sink is the agent's EventSink: it queues, under the agent's lock.
 func (u *ucmService) sink(e *cm.Event) {
 	u.inMu.Lock()
+	if u.stopped {
+		u.inMu.Unlock()
+		return
+	}
 	u.inbox = append(u.inbox, *e)
 	u.inMu.Unlock()
 	select {
@@ -251,6 +256,16 @@ func (u *ucmService) shutdown(wait time.Duration) {
 		case <-deadline:
 		}
 	}
+}
+
+// close ends the service once its clients are gone: the agent's event
+// interface is released (what is left of its connections aborted) and
+// the service's goroutine stops.
+func (u *ucmService) close() {
+	u.ev.Close()
+	u.inMu.Lock()
+	u.stopped, u.inbox = true, nil
+	u.inMu.Unlock()
 	close(u.stop)
 	<-u.done
 }

@@ -75,6 +75,33 @@ func (a *Agent) EventCM(sink EventSink) (*EventCM, error) {
 	return a.ev, nil
 }
 
+// Close ends the event interface: its services are no longer listened
+// on, its connections are aborted (a REJ or DREQ to each peer still
+// there), and its sink gets nothing more. The agent may then start
+// another.
+func (e *EventCM) Close() {
+	a := e.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.ev != e {
+		return
+	}
+	for svc := range e.services {
+		a.m.Unlisten(svc)
+	}
+	if !a.closed {
+		now := a.cfg.Now()
+		for id := range e.conns {
+			a.m.Abort(now, id)
+		}
+		a.flushLocked(now)
+	}
+	a.ev = nil
+	clear(e.services)
+	clear(e.conns)
+	clear(e.byQPN)
+}
+
 // Stats returns the event interface's counters.
 func (e *EventCM) Stats() EventStats {
 	e.a.mu.Lock()

@@ -37,6 +37,7 @@ func (h *host) eventCM(t *testing.T) *evHost {
 	if _, err := h.agent.EventCM(func(*cm.Event) {}); !errors.Is(err, ErrEventCM) {
 		t.Fatalf("a second event interface: %v", err)
 	}
+	t.Cleanup(ev.Close)
 	return &evHost{host: h, ev: ev, evs: evs}
 }
 
@@ -347,5 +348,29 @@ func TestEventCMSIDRAndCommEst(t *testing.T) {
 	eb.next(t, cm.EventEstablished)
 	if st := eb.ev.Stats(); st.CommEst != 1 || dp.dropped.Load() == 0 {
 		t.Fatalf("COMM_EST %d, RTUs dropped %d", st.CommEst, dp.dropped.Load())
+	}
+}
+
+// Closing the event interface releases its services (a request is then
+// refused as for nobody listening) and lets the agent start another.
+func TestEventCMClose(t *testing.T) {
+	a, b := pair(t, nil, nil)
+	eb := b.eventCM(t)
+	if err := eb.ev.Listen(cm.ServiceIDTCP(7400)); err != nil {
+		t.Fatal(err)
+	}
+	eb.ev.Close()
+	pa, _ := a.params(t, 0)
+	_, err := dial(ctx10(t), a.agent, ipB, 7400, pa)
+	var rej *RejectedError
+	if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID {
+		t.Fatalf("connect to a closed interface's service: %v", err)
+	}
+	ev2, err := b.agent.EventCM(func(*cm.Event) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ev2.Listen(cm.ServiceIDTCP(7400)); err != nil {
+		t.Fatalf("the service after Close: %v", err)
 	}
 }
