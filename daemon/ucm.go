@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -120,11 +121,16 @@ type ucmChannel struct {
 	h     proto.Handle
 	ss    *session
 	c     *net.UnixConn
+	raw   syscall.RawConn
 	seq   uint32
 	queue [][]byte // guarded by ucm.mu
-	flush bool     // write what is queued, then close (guarded by ucm.mu)
-	kick  chan struct{}
-	done  chan struct{}
+	// writing: the writer holds messages taken from queue, not yet all
+	// written (guarded by ucm.mu); an event may skip the queue only when
+	// neither it nor the queue holds any.
+	writing bool
+	flush   bool // write what is queued, then close (guarded by ucm.mu)
+	kick    chan struct{}
+	done    chan struct{}
 }
 
 // ucmSession is a session's part of the service (guarded by ucm.mu).
@@ -288,13 +294,19 @@ func (u *ucmService) writer(ch *ucmChannel) {
 		<-ch.kick
 		u.mu.Lock()
 		q, flush := ch.queue, ch.flush
-		ch.queue = nil
+		ch.queue, ch.writing = nil, len(q) > 0
 		u.mu.Unlock()
 		for _, m := range q {
 			if _, err := ch.c.Write(m); err != nil {
 				return // the client closed its end, or the channel was destroyed
 			}
 		}
+		u.mu.Lock()
+		ch.writing = false
+		if len(ch.queue) > 0 {
+			ch.wake()
+		}
+		u.mu.Unlock()
 		if flush {
 			return
 		}
@@ -325,8 +337,25 @@ func (u *ucmService) emit(id *ucmID, ev *proto.UCMEvent) {
 	if err != nil {
 		return
 	}
+	if len(ch.queue) == 0 && !ch.writing && !ch.flush && ch.tryWrite(msg) {
+		return // the common case: room in the socket, written here
+	}
 	ch.queue = append(ch.queue, msg)
 	ch.wake()
+}
+
+// tryWrite writes msg if the socket has room at once, without waiting:
+// it reports whether msg went (or never will: the client is gone).
+func (ch *ucmChannel) tryWrite(msg []byte) bool {
+	var werr error
+	err := ch.raw.Write(func(fd uintptr) bool {
+		_, werr = unix.Write(int(fd), msg)
+		return true // never wait for room: the writer goroutine does
+	})
+	if err == nil {
+		err = werr
+	}
+	return !errors.Is(err, unix.EAGAIN)
 }
 
 // ---- operations ----
@@ -434,7 +463,9 @@ func (u *ucmService) createChannel(ss *session, h proto.Header, body []byte) (an
 		ss.ucm = &ucmSession{channels: map[proto.Handle]*ucmChannel{}, ids: map[proto.Handle]*ucmID{}}
 	}
 	ch := &ucmChannel{ss: ss, c: fc.(*net.UnixConn), kick: make(chan struct{}, 1), done: make(chan struct{})}
-	ch.h, err = u.newHandle(ss)
+	if ch.raw, err = ch.c.SyscallConn(); err == nil {
+		ch.h, err = u.newHandle(ss)
+	}
 	if err != nil {
 		u.mu.Unlock()
 		fc.Close()
@@ -696,7 +727,13 @@ func (u *ucmService) connect(ss *session, body []byte) (*proto.HandleMsg, func()
 	id.resolving = true
 	// The peer's MAC may take an ARP exchange: resolve it off the lock and
 	// send the REQ (or SIDR_REQ) once it is known.
-	start := func() { go u.start(ss, id, peer, &cp, &sp) }
+	start := func() {
+		if u.ev.Resolved(peer) {
+			u.start(ss, id, peer, &cp, &sp) // at once: no address to resolve
+		} else {
+			go u.start(ss, id, peer, &cp, &sp)
+		}
+	}
 	return &proto.HandleMsg{Handle: id.h}, start, nil
 }
 

@@ -147,6 +147,15 @@ func (e *EventCM) ResolvePeer(ctx context.Context, peer netip.Addr) error {
 	return e.a.ensureMAC(ctx, peer.Unmap())
 }
 
+// Resolved reports whether peer's MAC is known (Connect and Resolve may
+// go at once).
+func (e *EventCM) Resolved(peer netip.Addr) bool {
+	a := e.a
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.resolvedLocked(peer) == nil
+}
+
 // resolvedLocked checks that MADs to peer can leave.
 func (a *Agent) resolvedLocked(peer netip.Addr) error {
 	if _, ok := a.macs[peer.Unmap()]; !ok {
