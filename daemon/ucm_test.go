@@ -182,9 +182,10 @@ func TestUCMRequestFlood(t *testing.T) {
 	cfg := fastCM
 	cfg.MaxHalfOpen = 6
 	srv, path := serveCM(t, devA, cfg)
-	fast := fastCM
-	fast.Seed = 99
-	peer, err := rdmacm.New(rdmacm.Config{Device: devB, Resolve: devB.Config().Resolve, CM: fast})
+	// The peers retry every 70 ms or so, slow enough for the daemon's
+	// answers to reach them on a loaded host.
+	peerCfg := cm.Config{CMResponseTimeout: 14, PacketLifeTime: 8, MaxCMRetries: 3, TargetACKDelay: 8, Seed: 99}
+	peer, err := rdmacm.New(rdmacm.Config{Device: devB, Resolve: devB.Config().Resolve, CM: peerCfg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,10 +234,11 @@ func TestUCMRequestFlood(t *testing.T) {
 	// Two wait in the client's backlog, unanswered: the daemon's CM
 	// refuses them when their peers' retries are over (REJ timeout), or
 	// the peers give up first; beyond the backlog the daemon refuses at
-	// once, beyond the half-open cap it drops the REQs until the peers
-	// give up.
+	// once (a peer that gave up before the refusal came counts it as a
+	// timeout), beyond the half-open cap it drops the REQs until the
+	// peers give up.
 	st := cmCounters(t, srv)
-	if full == 0 || st[proto.CMBacklogFull] != uint64(full) || expired > 2 || other != 0 || full+expired+timedOut != flood {
+	if full == 0 || st[proto.CMBacklogFull] < uint64(full) || expired > 2 || other != 0 || full+expired+timedOut != flood {
 		t.Fatalf("%d refused (backlog_full %d), %d expired, %d timed out, %d other", full, st[proto.CMBacklogFull], expired, timedOut, other)
 	}
 	if st[proto.CMReqDropped] == 0 {
