@@ -12,7 +12,7 @@ DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
 # Where `make install` puts the drop-in libraries (`softrnic run` looks beside the binary too).
 LIBDIR   ?= /usr/local/lib/softrnic
 
-.PHONY: all deps build clib demo test test-race test-long fuzz bench bench-loss lint generate sim-demo sim-sweep sim-workload dcqcn-live veth-stall install lab interop lab-selfcheck clean
+.PHONY: all deps build clib demo test test-race test-long fuzz bench bench-loss lint generate sim-demo sim-sweep sim-workload dcqcn-live cc-live veth-stall install lab interop lab-selfcheck clean
 
 all: build
 
@@ -109,6 +109,11 @@ sim-sweep:
 DCQCN_LIVE_FLAGS ?=
 dcqcn-live:
 	$(GO) run ./lab/dcqcnlive -out out/dcqcn-live $(DCQCN_LIVE_FLAGS)
+
+## cc-live: the same testbed with Swift (root, ~40 s; CC_LIVE_FLAGS='-cc timely' for TIMELY), its figures beside the simulator's for the same scaled scenario; results in out/cc-live
+CC_LIVE_FLAGS ?= -cc swift
+cc-live:
+	$(GO) run ./lab/dcqcnlive -out out/cc-live $(CC_LIVE_FLAGS)
 
 ## install: the binary, the systemd unit and an example configuration (root)
 install: build clib

@@ -11,8 +11,10 @@ import (
 	"net/netip"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/daemon/proto"
@@ -26,8 +28,9 @@ const DefaultControl = proto.DefaultControl
 // command-line flags, each overriding the one before.
 //
 // The file format (documented for users in contrib/softrnic.conf.example) is
-// one "key = value" per line; '#' starts a comment; a "[dcqcn]" line starts a
-// section whose keys are written "dcqcn.KEY" on the command line; a key may
+// one "key = value" per line; '#' starts a comment; a "[dcqcn]" or "[swift]"
+// line starts a section whose keys are written "dcqcn.KEY" ("swift.KEY") on
+// the command line; a key may
 // appear once, except gid, which accumulates. Every key is also a flag of the
 // same name (--mtu 2048, --dcqcn.rpg_ai_rate 10).
 type Config struct {
@@ -54,6 +57,8 @@ type Config struct {
 	LogLevel  string // log-level; debug, info, warn, error
 	LogFormat string // log-format; text or json
 
+	CC    CCConfig
+
 	// CMResponseTimeout (cm-response-timeout) is the rdma_cm agent's CM
 	// response timeout, 4.096 µs × 2^t, and CMMaxRetries (cm-max-retries)
 	// how often it resends an unanswered REQ, REP, DREQ or SIDR_REQ; 0:
@@ -61,9 +66,29 @@ type Config struct {
 	// a connection to a silent peer takes to fail (UNREACHABLE).
 	CMResponseTimeout uint8
 	CMMaxRetries      uint8
-
 	DCQCN DCQCNConfig
 }
+
+// CCConfig is the congestion control every RC and UC QP of the daemon's
+// clients runs: the algorithm and its dilation, line rate and (Swift's)
+// knobs. DCQCN's profile and knobs are DCQCNConfig's.
+type CCConfig struct {
+	// Algorithm (cc) is dcqcn (the default), swift, timely or off;
+	// ALGORITHM:PROFILE picks a Swift or TIMELY profile (DCQCN's is
+	// dcqcn.profile).
+	Algorithm string
+	// Scale (cc-scale) is the time dilation: rates ÷ S, delays × S.
+	Scale float64
+	// LineGbps (cc-line-gbps), if > 0, replaces the profile's line rate.
+	LineGbps float64
+	// Swift's knobs ([swift]: base_target, hop_scale, fs_range,
+	// endpoint_target, hops), undilated; zero keeps the profile's.
+	SwiftBaseTarget, SwiftHopScale, SwiftFSRange, SwiftEndpointTarget time.Duration
+	SwiftHops                                                         int
+}
+
+// CCAlgorithms are the values of the cc key.
+var CCAlgorithms = []string{"dcqcn", "swift", "timely", "off"}
 
 // DCQCNConfig selects a DCQCN profile and, for the connectx profile,
 // overrides single knobs of it. Knob names, units and ranges are those of
@@ -100,6 +125,7 @@ func DefaultConfig() Config {
 		Port:        "auto",
 		LogLevel:    "info",
 		LogFormat:   "text",
+		CC:          CCConfig{Algorithm: "dcqcn", Scale: 1},
 		DCQCN:       DCQCNConfig{Profile: "connectx", Knobs: map[string]uint32{}},
 	}
 }
@@ -234,6 +260,47 @@ var keys = []key{
 		c.LogFormat = v
 		return nil
 	}},
+	{name: "cc", usage: "congestion control of the RC/UC QPs: dcqcn (profile: dcqcn.profile), swift or timely (optionally :PROFILE), or off", set: func(c *Config, v string) error {
+		algo, profile, _ := strings.Cut(v, ":")
+		if !slices.Contains(CCAlgorithms, algo) || strings.Contains(v, ":") && (profile == "" || algo == "off" || algo == "dcqcn") {
+			return fmt.Errorf("%q is not %s (swift and timely may add :PROFILE; DCQCN's profile is dcqcn.profile)", v, strings.Join(CCAlgorithms, ", "))
+		}
+		c.CC.Algorithm = v
+		return nil
+	}},
+	{name: "cc-scale", usage: "time dilation of congestion control: rates ÷ S, delays × S (>= 1)", set: func(c *Config, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f >= 1) || f > 1e9 {
+			return fmt.Errorf("%q is not a number from 1 to 1e9", v)
+		}
+		c.CC.Scale = f
+		return nil
+	}},
+	{name: "cc-line-gbps", usage: "line rate congestion control starts at and never exceeds, Gb/s (0: the profile's)", set: func(c *Config, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || !(f >= 0) || f > 1e4 {
+			return fmt.Errorf("%q is not a rate in Gb/s from 0 to 10000", v)
+		}
+		c.CC.LineGbps = f
+		return nil
+	}},
+	{name: "swift.base_target", usage: "Swift: fabric target delay of a one-hop path, undilated (e.g. 25us; 0: the profile's)", set: func(c *Config, v string) error {
+		return parseDelay(v, &c.CC.SwiftBaseTarget)
+	}},
+	{name: "swift.hop_scale", usage: "Swift: target delay added per switch hop, undilated (0: the profile's)", set: func(c *Config, v string) error {
+		return parseDelay(v, &c.CC.SwiftHopScale)
+	}},
+	{name: "swift.fs_range", usage: "Swift: most the flow scaling adds to the target, undilated (0: the profile's)", set: func(c *Config, v string) error {
+		return parseDelay(v, &c.CC.SwiftFSRange)
+	}},
+	{name: "swift.endpoint_target", usage: "Swift: endpoint (host) delay target, undilated (0: the profile's)", set: func(c *Config, v string) error {
+		return parseDelay(v, &c.CC.SwiftEndpointTarget)
+	}},
+	{name: "swift.hops", usage: "Swift: switches between this host and its peers (0: the profile's, 1)", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 0, 64)
+		c.CC.SwiftHops = int(n)
+		return err
+	}},
 	{name: "dcqcn.profile", usage: "DCQCN profile: " + strings.Join(DCQCNProfiles, ", "), set: func(c *Config, v string) error {
 		for _, p := range DCQCNProfiles {
 			if v == p {
@@ -318,8 +385,8 @@ func (c *Config) ParseFile(name string, r io.Reader) error {
 				return &KeyError{Source: name, Line: line, Key: s, Err: errors.New("unterminated section header")}
 			}
 			section = strings.TrimSpace(s[1 : len(s)-1])
-			if section != "dcqcn" {
-				return &KeyError{Source: name, Line: line, Key: "[" + section + "]", Err: errors.New("unknown section (known: [dcqcn])")}
+			if section != "dcqcn" && section != "swift" {
+				return &KeyError{Source: name, Line: line, Key: "[" + section + "]", Err: errors.New("unknown section (known: [dcqcn], [swift])")}
 			}
 			continue
 		}
@@ -389,6 +456,26 @@ func (c *Config) Validate() error {
 			return &KeyError{Key: "dcqcn." + k, Err: fmt.Errorf("knobs apply to dcqcn.profile connectx, not %s", c.DCQCN.Profile)}
 		}
 	}
+	algo, _, _ := strings.Cut(c.CC.Algorithm, ":")
+	if len(c.DCQCN.Knobs) > 0 && algo != "dcqcn" {
+		for k := range c.DCQCN.Knobs {
+			return &KeyError{Key: "dcqcn." + k, Err: fmt.Errorf("knobs apply to cc dcqcn, not %s", c.CC.Algorithm)}
+		}
+	}
+	cc := &c.CC
+	if algo != "swift" && (cc.SwiftBaseTarget != 0 || cc.SwiftHopScale != 0 || cc.SwiftFSRange != 0 || cc.SwiftEndpointTarget != 0 || cc.SwiftHops != 0) {
+		return &KeyError{Key: "swift", Err: fmt.Errorf("swift keys apply to cc swift, not %s", c.CC.Algorithm)}
+	}
+	return nil
+}
+
+// parseDelay reads a non-negative duration (Go syntax: 25us, 1.5ms).
+func parseDelay(v string, dst *time.Duration) error {
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 || d > time.Second {
+		return fmt.Errorf("%q is not a delay from 0 to 1s (e.g. 25us)", v)
+	}
+	*dst = d
 	return nil
 }
 

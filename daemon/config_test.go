@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 )
@@ -102,6 +103,8 @@ func TestValidateRelations(t *testing.T) {
 		{func(c *Config) { c.UMEMSize = 4096*256 + 1 }, "umem-size:"},
 		{func(c *Config) { c.UMEMSize = 4096 * 10 }, "umem-size:"},
 		{func(c *Config) { c.DCQCN.Profile, c.DCQCN.Knobs = "paper", map[string]uint32{"rpg_gd": 10} }, "dcqcn.rpg_gd: knobs apply to dcqcn.profile connectx"},
+		{func(c *Config) { c.CC.Algorithm, c.DCQCN.Knobs = "swift", map[string]uint32{"rpg_gd": 10} }, "dcqcn.rpg_gd: knobs apply to cc dcqcn"},
+		{func(c *Config) { c.CC.SwiftHops = 2 }, "swift keys apply to cc swift"},
 	} {
 		c := DefaultConfig()
 		c.Interface = "eth0"
@@ -190,4 +193,36 @@ func TestLogger(t *testing.T) {
 		t.Fatal("accepted a bad level")
 	}
 	_ = slog.LevelInfo
+}
+
+// The cc keys: the algorithm (a Swift or TIMELY profile after a colon),
+// its dilation and line rate, and Swift's knobs in a [swift] section.
+func TestCCKeys(t *testing.T) {
+	c := DefaultConfig()
+	if c.CC.Algorithm != "dcqcn" || c.CC.Scale != 1 {
+		t.Fatalf("defaults %+v", c.CC)
+	}
+	file := "interface = eth0\ncc = swift\ncc-scale = 400\ncc-line-gbps = 10\n[swift]\nbase_target = 25us\nhop_scale = 2us\nfs_range = 1ms\nendpoint_target = 50us\nhops = 3\n"
+	if err := c.ParseFile("cc.conf", strings.NewReader(file)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	w := CCConfig{Algorithm: "swift", Scale: 400, LineGbps: 10, SwiftBaseTarget: 25 * time.Microsecond, SwiftHopScale: 2 * time.Microsecond,
+		SwiftFSRange: time.Millisecond, SwiftEndpointTarget: 50 * time.Microsecond, SwiftHops: 3}
+	if c.CC != w {
+		t.Fatalf("got %+v, want %+v", c.CC, w)
+	}
+	for _, bad := range []string{"cc = hpcc", "cc = dcqcn:paper", "cc = off:x", "cc = swift:", "cc-scale = 0.5", "cc-line-gbps = -1",
+		"[swift]\nbase_target = 10", "[swift]\nhops = 65", "[timely]\nprofile = paper"} {
+		c := DefaultConfig()
+		if err := c.ParseFile("bad.conf", strings.NewReader(bad)); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	c = DefaultConfig()
+	if err := c.ParseFile("t.conf", strings.NewReader("cc = timely:paper\n")); err != nil || c.CC.Algorithm != "timely:paper" {
+		t.Fatalf("timely:paper: %+v %v", c.CC, err)
+	}
 }

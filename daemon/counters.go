@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
@@ -293,6 +294,10 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrReqRemoteInvalidRequest] = in.reqInvReq
 	d[proto.CtrRespRemoteAccessErrors] = in.respRemAccess
 	d[proto.CtrRespLocalLengthError] = in.respLocLen
+	d[proto.CtrCCRTTSamples] = cc[4].Value
+	d[proto.CtrCCDecreases] = cc[5].Value
+	d[proto.CtrCCLossEvents] = cc[6].Value
+	d[proto.CtrCCWindowFull] = cc[7].Value
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP
@@ -349,17 +354,42 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 		v[proto.QCtrReqRemoteInvalidRequest] = q.RC.RxNAKInvReq
 		v[proto.QCtrRespRemoteAccessErrors] = q.RC.RemAccessErrs
 		v[proto.QCtrRespLocalLengthError] = q.RC.LocalLengthErrs
-		s.Valid = uint32(1)<<proto.NumQPCounters - 1
-		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey | dcqcnValid
+		s.Valid = uint64(1)<<proto.QCtrDCQCNECNMarked - 1
+		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey
 		if q.CCOn {
-			cc := &q.CC
-			v[proto.QCtrDCQCNECNMarked] = cc.NPECNMarkedRoCEPackets
-			v[proto.QCtrDCQCNCNPSent] = cc.NPCNPSent
-			v[proto.QCtrDCQCNCNPHandled] = cc.RPCNPHandled
-			v[proto.QCtrDCQCNCNPIgnored] = cc.RPCNPIgnored
-			v[proto.QCtrDCQCNRateCuts] = cc.Cuts
-			s.Valid |= dcqcnValid
+			ccStats(&s, &q.CC)
 		}
 	}
 	return s
+}
+
+// ccStats fills a QP's congestion-control counters and figures: every
+// algorithm's, the window's when it has one, DCQCN's or Swift's own.
+func ccStats(s *proto.QPStats, cc *congestion.State) {
+	v := &s.Values
+	v[proto.QCtrCCRTTSamples] = cc.RTTSamples
+	v[proto.QCtrCCDecreases] = cc.Decreases
+	v[proto.QCtrCCLossEvents] = cc.LossEvents
+	v[proto.QCtrCCRateKbps] = uint64(max(float64(cc.Rate)/1e3, 0))
+	v[proto.QCtrCCSRTTNs] = uint64(max(cc.SRTT, 0))
+	s.Valid |= 1<<proto.QCtrCCRTTSamples | 1<<proto.QCtrCCDecreases | 1<<proto.QCtrCCLossEvents |
+		1<<proto.QCtrCCRateKbps | 1<<proto.QCtrCCSRTTNs
+	if cc.Window != congestion.NoWindow {
+		v[proto.QCtrCCWindowFull] = cc.WindowFull
+		v[proto.QCtrCCWindowBytes] = uint64(max(cc.Window, 0))
+		s.Valid |= 1<<proto.QCtrCCWindowFull | 1<<proto.QCtrCCWindowBytes
+	}
+	switch cc.Algorithm {
+	case "dcqcn":
+		v[proto.QCtrDCQCNECNMarked] = cc.ECNMarked
+		v[proto.QCtrDCQCNCNPSent] = cc.CNPSent
+		v[proto.QCtrDCQCNCNPHandled] = cc.CNPHandled
+		v[proto.QCtrDCQCNCNPIgnored] = cc.CNPIgnored
+		v[proto.QCtrDCQCNRateCuts] = cc.Cuts
+		s.Valid |= dcqcnValid
+	case "swift":
+		v[proto.QCtrCCCwndMilli] = uint64(max(cc.Cwnd*1000, 0))
+		v[proto.QCtrCCTargetNs] = uint64(max(cc.Target, 0))
+		s.Valid |= 1<<proto.QCtrCCCwndMilli | 1<<proto.QCtrCCTargetNs
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/rnic"
@@ -55,6 +56,7 @@ func TestFillDeviceTable(t *testing.T) {
 	in.dev = rnic.Stats{RxFrames: 1, RxParseErr: 2, RxNotLocal: 3, RxBadHeader: 4, RxNoQP: 5, RxBadICRC: 6,
 		RxBadType: 7, RxBadSrc: 8, RxBadState: 9, TxFrames: 10}
 	in.dev.NPECNMarkedRoCEPackets, in.dev.NPCNPSent, in.dev.RPCNPHandled, in.dev.RPCNPIgnored = 11, 12, 13, 14
+	in.dev.CCCounters.Counters = congestion.Counters{RTTSamples: 31, Decreases: 32, LossEvents: 33, WindowFull: 34}
 	in.loop.TxBackPress = 15
 	in.rxBytes, in.txBytes, in.haveBytes = 16, 17, true
 	in.xdp.Program.Steered, in.xdp.Program.Passed, in.xdp.Program.Malformed, in.xdp.Program.Unbound, in.xdp.Program.Foreign = 18, 19, 20, 21, 22
@@ -92,6 +94,7 @@ func TestFillDeviceTable(t *testing.T) {
 		"rx_atomic_requests": 4005, "req_remote_access_errors": 4006, "req_remote_invalid_request": 4007,
 		"resp_remote_access_errors": 4008, "resp_local_length_error": 4009,
 		"req_cqe_error": 11, "req_cqe_flush_error": 22, "resp_cqe_error": 33, "resp_cqe_flush_error": 44,
+		"cc_rtt_samples": 31, "cc_decreases": 32, "cc_loss_events": 33, "cc_window_full": 34,
 	}
 	if len(want) != int(proto.NumDeviceCounters) {
 		t.Fatalf("test lists %d counters, table has %d", len(want), proto.NumDeviceCounters)
@@ -146,6 +149,45 @@ func TestFillDeviceTable(t *testing.T) {
 	}
 }
 
+// A QP's congestion-control counters and figures are valid as its
+// algorithm has them: every algorithm's counts, rate and smoothed RTT; the
+// window's with a window; DCQCN's NP/RP counts under DCQCN only; Swift's
+// cwnd and target under Swift only.
+func TestQPCongestionStats(t *testing.T) {
+	base := congestion.State{Rate: 12.5 * congestion.Mbps, Window: congestion.NoWindow, SRTT: 1500,
+		Counters: congestion.Counters{RTTSamples: 7, Decreases: 3, LossEvents: 2, WindowFull: 1}}
+	sw, tm, dc := base, base, base
+	sw.Algorithm, sw.Window, sw.Cwnd, sw.Target = "swift", 5400, 4.25, 6400
+	tm.Algorithm = "timely"
+	dc.Algorithm, dc.ECNMarked, dc.CNPSent, dc.CNPHandled, dc.CNPIgnored, dc.Cuts = "dcqcn", 41, 42, 43, 44, 45
+	valid := func(s proto.QPStats, i int) bool { return s.Valid&(1<<i) != 0 }
+	for _, c := range []struct {
+		st                congestion.State
+		window, swift, dq bool
+	}{{sw, true, true, false}, {tm, false, false, false}, {dc, false, false, true}} {
+		q := rnic.QPCounters{QPN: 9, Type: ib.RC, CC: c.st, CCOn: true}
+		s := qpStats(&q)
+		v := &s.Values
+		if v[proto.QCtrCCRTTSamples] != 7 || v[proto.QCtrCCDecreases] != 3 || v[proto.QCtrCCLossEvents] != 2 ||
+			v[proto.QCtrCCRateKbps] != 12500 || v[proto.QCtrCCSRTTNs] != 1500 || !valid(s, proto.QCtrCCRateKbps) {
+			t.Errorf("%s: %v", c.st.Algorithm, v)
+		}
+		if valid(s, proto.QCtrCCWindowBytes) != c.window || valid(s, proto.QCtrCCWindowFull) != c.window ||
+			c.window && (v[proto.QCtrCCWindowBytes] != 5400 || v[proto.QCtrCCWindowFull] != 1) {
+			t.Errorf("%s: window %v", c.st.Algorithm, v)
+		}
+		if valid(s, proto.QCtrCCCwndMilli) != c.swift || c.swift && (v[proto.QCtrCCCwndMilli] != 4250 || v[proto.QCtrCCTargetNs] != 6400) {
+			t.Errorf("%s: swift %v", c.st.Algorithm, v)
+		}
+		if valid(s, proto.QCtrDCQCNCNPSent) != c.dq || c.dq && (v[proto.QCtrDCQCNECNMarked] != 41 || v[proto.QCtrDCQCNRateCuts] != 45) {
+			t.Errorf("%s: dcqcn %v", c.st.Algorithm, v)
+		}
+	}
+	if s := qpStats(&rnic.QPCounters{QPN: 9, Type: ib.RC}); s.Valid&(1<<proto.QCtrCCRTTSamples|proto.QPGauges) != 0 {
+		t.Errorf("a QP without congestion control has cc values: %#x", s.Valid)
+	}
+}
+
 // statsPage sorts by QPN, pages at MaxStatsQPs, filters by QPN and by
 // ownership.
 func TestStatsPage(t *testing.T) {
@@ -188,8 +230,9 @@ func TestMetricsScrape(t *testing.T) {
 	c.Device[proto.CtrRxPackets] = 123
 	c.Device[proto.CtrNpCNPSent] = 7
 	c.Device[proto.CtrXdpSteered] = 99 // not valid: must not appear
-	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1 << proto.QCtrDuplicateRequest}
+	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1<<proto.QCtrDuplicateRequest | 1<<proto.QCtrCCSRTTNs}
 	q.Values[proto.QCtrDuplicateRequest] = 5
+	q.Values[proto.QCtrCCSRTTNs] = 2500
 	c.QPs = append(c.QPs, q)
 	c.Queues = []proto.QueueStats{{RxPackets: 40}, {RxPackets: 2, RxRingFull: 3}}
 	scrapes := 0
@@ -213,6 +256,8 @@ func TestMetricsScrape(t *testing.T) {
 		`softrnic_queue_xsk_rx_ring_full_total{device="veth0",queue="1"} 3`,
 		`# HELP softrnic_rx_icrc_encapsulated_total RoCEv2 frames dropped for a bad ICRC`,
 		`# TYPE softrnic_rx_packets_total counter`,
+		`softrnic_qp_cc_srtt_ns{device="veth0",qpn="17",type="RC"} 2500`,
+		`# TYPE softrnic_qp_cc_srtt_ns gauge`,
 	} {
 		if !strings.Contains(text, line+"\n") {
 			t.Errorf("scrape lacks %q", line)

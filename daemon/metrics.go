@@ -24,8 +24,9 @@ import (
 )
 
 // Metric names: softrnic_<counter>_total for a device counter and an
-// rdma_cm counter (cm_*; labels: device), softrnic_qp_<counter>_total for a QP's (labels: device, qpn,
-// type), the counter names being those of proto.DeviceCounters and
+// rdma_cm counter (cm_*; labels: device), softrnic_qp_<counter>_total for
+// a QP's (labels: device, qpn, type; a figure, proto.QPGauges, is a gauge
+// without _total), the counter names being those of proto.DeviceCounters and
 // proto.QPCounters, i.e. the names rdma statistic prints; and
 // softrnic_queue_{rx_packets,xsk_rx_ring_full}_total per receive queue of
 // an AF_XDP port (labels: device, queue).
@@ -54,7 +55,11 @@ func NewCollector(snap func() Counters) *Collector {
 		c.cm[i] = prometheus.NewDesc(metricPrefix+d.Name+"_total", d.Help, []string{"device"}, nil)
 	}
 	for i, d := range proto.QPCounters {
-		c.qp[i] = prometheus.NewDesc(metricPrefix+"qp_"+d.Name+"_total", d.Help+" (per QP)", []string{"device", "qpn", "type"}, nil)
+		name := metricPrefix + "qp_" + d.Name + "_total"
+		if proto.QPGauges&(1<<i) != 0 {
+			name = metricPrefix + "qp_" + d.Name
+		}
+		c.qp[i] = prometheus.NewDesc(name, d.Help+" (per QP)", []string{"device", "qpn", "type"}, nil)
 	}
 	c.qps = prometheus.NewDesc(metricPrefix+"qps", "QPs that exist, by state", []string{"device", "state"}, nil)
 	c.qRx = prometheus.NewDesc(metricPrefix+"queue_rx_packets_total", "frames the port took from this receive queue's AF_XDP socket", []string{"device", "queue"}, nil)
@@ -98,7 +103,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		qpn, typ := strconv.FormatUint(uint64(q.QPN), 10), qpTypeName(q.Type)
 		for j, v := range q.Values {
 			if q.Valid&(1<<j) != 0 {
-				ch <- prometheus.MustNewConstMetric(c.qp[j], prometheus.CounterValue, float64(v), s.Name, qpn, typ)
+				t := prometheus.CounterValue
+				if proto.QPGauges&(1<<j) != 0 {
+					t = prometheus.GaugeValue
+				}
+				ch <- prometheus.MustNewConstMetric(c.qp[j], t, float64(v), s.Name, qpn, typ)
 			}
 		}
 	}

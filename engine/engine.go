@@ -120,7 +120,8 @@ type Loop struct {
 	// txDeferred: the last step received frames and built none; the next
 	// one builds whatever it receives.
 	txDeferred bool
-	lastRecv   int // frames the last Step received
+	lastRecv   int        // frames the last Step received
+	polledAt   clock.Time // when the last Step polled the port
 
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
@@ -207,9 +208,17 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 				s.Frames(capture.In, l.in[:n])
 			}
 		}
+		// How long the frames may have waited in the port: since the
+		// last poll, unless they woke a wait in it.
+		away := time.Duration(0)
+		if wait == 0 && l.polledAt != 0 && now > l.polledAt {
+			away = now.Sub(l.polledAt)
+		}
+		l.dev.SetRxAway(away)
 		l.dev.Receive(now, l.in[:n])
 		clear(l.in[:n]) // the port's views expire with the next Recv
 	}
+	l.polledAt = now
 	l.dev.Expire(now)
 	built := 0
 	if n > 0 && !l.txDeferred && !l.opt.EagerTx {

@@ -8,6 +8,7 @@
 // (package internal/route), and an rdma_cm agent on the device. Open makes one,
 // Close takes it down in order.
 //
-// Congestion builds the device's DCQCN setting from a profile name, as
-// `softrnic perf --dcqcn` and the daemon's dcqcn.profile give it.
+// Congestion builds the device's congestion control (DCQCN, Swift or
+// TIMELY, a profile, a time dilation, knobs) from a CC, as the tools'
+// --cc (ParseCC) and the daemon's cc keys give it.
 package host

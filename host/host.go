@@ -3,13 +3,16 @@ package host
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/internal/route"
@@ -245,21 +248,118 @@ func openPort(cfg *Config, in Interface) (port.Port, PortKind, error) {
 	return nil, "", fmt.Errorf("host: unknown port kind %q (afxdp, afpacket, auto)", cfg.Port)
 }
 
-// Congestion is the device's congestion control for profile ("off",
-// "paper", "connectx", "hpcc-mlx"; cx tunes connectx, nil for its
-// defaults) at the profile's own line rate dilated by scale (1: none), as
-// rnic.NewCongestion gives it, with a pacer that may send a burst after a
-// pause: pacerWindow at the line rate, at most maxPacerBurst. A software
-// RNIC shares a small host with its applications and peers and wakes for
-// a departure late by up to milliseconds; strict pacing forfeits every
-// late wake-up (a hardware rate limiter has the same kind of tolerance).
-func Congestion(profile string, scale float64, cx *dcqcn.ConnectX) (rnic.Congestion, error) {
-	cc, err := rnic.NewCongestion(profile, 0, scale, cx)
+// CC is what a tool or the daemon asks of congestion control (the
+// tools' --cc, --cc-scale and --dcqcn, the daemon's cc keys); Congestion
+// turns it into the device's setting, so that both configure it the same
+// way.
+type CC struct {
+	// Algorithm is "off" (or empty), "dcqcn", "swift" or "timely";
+	// Profile one of its profiles ("": the default; rnic.NewCongestion).
+	Algorithm, Profile string
+	// Scale is the time dilation (0 or 1: none): rates ÷ Scale, delays ×
+	// Scale, bytes and packets unchanged.
+	Scale float64
+	// LineRate, if > 0, replaces the profile's (undilated) line rate.
+	LineRate congestion.Rate
+	// ConnectX tunes DCQCN's connectx profile (nil: the firmware's
+	// defaults).
+	ConnectX *dcqcn.ConnectX
+	// Swift overrides single Swift parameters, undilated.
+	Swift SwiftKnobs
+}
+
+// SwiftKnobs override Swift's profile where they are > 0.
+type SwiftKnobs struct {
+	BaseTarget, HopScale, FSRange, EndpointTarget time.Duration
+	Hops                                          int
+}
+
+// ParseCC parses the tools' --cc value, ALGORITHM[:PROFILE] (dcqcn,
+// dcqcn:paper, swift, timely:paper, off), and reconciles it with --dcqcn
+// PROFILE, which came first and is kept: --dcqcn P alone means --cc
+// dcqcn:P, --dcqcn off alone means off, and with --cc it may only name
+// the profile of --cc dcqcn. Empty strings mean "not given"; neither
+// given is off.
+func ParseCC(cc, dcqcnProfile string) (algorithm, profile string, err error) {
+	algorithm, profile, _ = strings.Cut(cc, ":")
+	switch {
+	case cc == "" && (dcqcnProfile == "" || dcqcnProfile == "off"):
+		return "off", "", nil
+	case cc == "":
+		return "dcqcn", dcqcnProfile, nil
+	case algorithm == "off" && profile == "" && (dcqcnProfile == "" || dcqcnProfile == "off"):
+		return "off", "", nil
+	case dcqcnProfile == "":
+	case algorithm != "dcqcn" || dcqcnProfile == "off":
+		return "", "", fmt.Errorf("--dcqcn %s conflicts with --cc %s", dcqcnProfile, cc)
+	case profile != "" && profile != dcqcnProfile:
+		return "", "", fmt.Errorf("--dcqcn %s conflicts with --cc %s", dcqcnProfile, cc)
+	default:
+		profile = dcqcnProfile
+	}
+	if _, ok := rnic.Algorithms[algorithm]; !ok {
+		return "", "", fmt.Errorf("--cc %q: want off, dcqcn, swift or timely, optionally :PROFILE", cc)
+	}
+	return algorithm, profile, nil
+}
+
+// CCFlags are the tools' congestion-control flags: --cc
+// ALGORITHM[:PROFILE], --cc-scale S and DCQCN's --dcqcn PROFILE and
+// --dcqcn-scale S (the same as --cc-scale); see ParseCC.
+type CCFlags struct {
+	CC, DCQCN string
+	Scale     float64
+}
+
+// Register adds the flags to fs.
+func (f *CCFlags) Register(fs *flag.FlagSet) {
+	fs.StringVar(&f.CC, "cc", "", "congestion control: off, dcqcn, swift, timely, optionally :PROFILE")
+	fs.StringVar(&f.DCQCN, "dcqcn", "", "DCQCN profile (paper, connectx, hpcc-mlx, off); alone: --cc dcqcn:PROFILE")
+	fs.Float64Var(&f.Scale, "cc-scale", 1, "time dilation of congestion control: rates ÷ S, delays × S")
+	fs.Float64Var(&f.Scale, "dcqcn-scale", 1, "the same as --cc-scale")
+}
+
+// Congestion is the device's congestion control the flags ask for.
+func (f *CCFlags) Congestion() (rnic.Congestion, error) {
+	algo, profile, err := ParseCC(f.CC, f.DCQCN)
+	if err != nil {
+		return rnic.Congestion{}, err
+	}
+	return Congestion(CC{Algorithm: algo, Profile: profile, Scale: f.Scale})
+}
+
+// Congestion is the device's congestion control for c, as
+// rnic.NewCongestion gives it, with the Swift knobs applied and a pacer
+// that may send a burst after a pause: pacerWindow at the line rate, at
+// most maxPacerBurst. A software RNIC shares a small host with its
+// applications and peers and wakes for a departure late by up to
+// milliseconds; strict pacing forfeits every late wake-up (a hardware
+// rate limiter has the same kind of tolerance).
+func Congestion(c CC) (rnic.Congestion, error) {
+	cc, err := rnic.NewCongestion(c.Algorithm, c.Profile, c.LineRate, c.Scale, c.ConnectX)
 	if err != nil {
 		return cc, err
 	}
+	if cc.Algorithm == "swift" {
+		k, s := &c.Swift, cc.Scale
+		set := func(dst *time.Duration, v time.Duration) {
+			if v > 0 {
+				*dst = time.Duration(float64(v) * s)
+			}
+		}
+		set(&cc.Swift.BaseTarget, k.BaseTarget)
+		set(&cc.Swift.HopScale, k.HopScale)
+		set(&cc.Swift.FSRange, k.FSRange)
+		set(&cc.Swift.EndpointTarget, k.EndpointTarget)
+		if k.Hops > 0 {
+			cc.Hops = k.Hops
+		}
+		if err := cc.Swift.Validate(); err != nil {
+			return cc, err
+		}
+	}
 	if cc.On() {
-		cc.PacerBurst = int(min(float64(cc.RP.LineRate)/8*pacerWindow.Seconds(), maxPacerBurst))
+		cc.PacerBurst = int(min(float64(cc.LineRate())/8*pacerWindow.Seconds(), maxPacerBurst))
 	}
 	return cc, nil
 }

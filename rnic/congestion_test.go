@@ -27,7 +27,7 @@ const connectXCNP = `e4 1d 2d ab 2b c2 7c fe 90 64 3b 32 08 00 45 c2 00 3c 71 8c
 
 func mustCC(t testing.TB, profile string, line congestion.Rate) Congestion {
 	t.Helper()
-	c, err := NewCongestion(profile, line, 1, nil)
+	c, err := NewCongestion("dcqcn", profile, line, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -303,8 +303,8 @@ func TestOneCNPPerInterval(t *testing.T) {
 	if st := s.dev.Stats; st.NPECNMarkedRoCEPackets != 20 || st.NPCNPSent != 5 {
 		t.Fatalf("paper counters %+v", st.CongestionStats)
 	}
-	if cs, _ := s.qp.CongestionState(); cs.NPCNPSent != 5 || cs.NPECNMarkedRoCEPackets != 20 {
-		t.Fatalf("per-QP counters %+v", cs.NPCounters)
+	if cs, _ := s.qp.CongestionState(); cs.CNPSent != 5 || cs.ECNMarked != 20 {
+		t.Fatalf("per-QP counters %+v", cs)
 	}
 
 	at = at[:0]
@@ -350,8 +350,10 @@ func TestCNPCutsRateAndPaces(t *testing.T) {
 	}
 	s.cnp(0)
 	cs, _ := s.qp.CongestionState()
-	if cs.Rate != 20*congestion.Gbps || cs.RPCNPHandled != 1 || s.dev.Stats.RPCNPHandled != 1 || s.dev.Stats.RxCNP != 1 {
-		t.Fatalf("after one CNP: rate %v, handled %d/%d", cs.Rate, cs.RPCNPHandled, s.dev.Stats.RPCNPHandled)
+	if cs.Rate != 20*congestion.Gbps || cs.CNPHandled != 1 || s.dev.Stats.RPCNPHandled != 1 || s.dev.Stats.RxCNP != 1 ||
+		cs.Decreases != 1 || s.dev.Stats.Decreases != 1 {
+		t.Fatalf("after one CNP: rate %v, handled %d/%d, decreases %d/%d", cs.Rate, cs.CNPHandled, s.dev.Stats.RPCNPHandled,
+			cs.Decreases, s.dev.Stats.Decreases)
 	}
 	if n := len(s.transmit(0)); n != 0 {
 		t.Fatalf("a CNP was answered with %d frames", n)
@@ -420,17 +422,25 @@ func TestCNPIgnoredWhenOff(t *testing.T) {
 	if n := len(s.transmit(0)); n != 0 {
 		t.Fatalf("a CNP was answered with %d frames", n)
 	}
-	if _, err := NewDevice(Config{Addrs: []netip.Addr{addrA}, Congestion: Congestion{Profile: "bogus"}}); err == nil {
-		t.Fatal("unknown profile accepted")
+	for _, c := range []Congestion{{Algorithm: "bogus"}, {Algorithm: "swift"}, {Algorithm: "dcqcn", Profile: "bogus"}} {
+		if _, err := NewDevice(Config{Addrs: []netip.Addr{addrA}, Congestion: c}); err == nil {
+			t.Fatalf("%+v accepted", c)
+		}
 	}
-	if _, err := NewCongestion("paper", 0, 0.5, nil); err == nil {
+	if _, err := NewCongestion("dcqcn", "paper", 0, 0.5, nil); err == nil {
 		t.Fatal("scale below 1 accepted")
 	}
+	if _, err := NewCongestion("swift", "paper", 0, 1, nil); err == nil {
+		t.Fatal("unknown swift profile accepted")
+	}
 	// Every profile the daemon's dcqcn.profile names is the device's.
-	for _, p := range []string{"off", "paper", "connectx", "hpcc-mlx"} {
-		if c, err := NewCongestion(p, 0, 1, nil); err != nil || c.On() != (p != "off") {
+	for _, p := range []string{"paper", "connectx", "hpcc-mlx"} {
+		if c, err := NewCongestion("dcqcn", p, 0, 1, nil); err != nil || !c.On() {
 			t.Errorf("profile %s: %+v %v", p, c, err)
 		}
+	}
+	if c, err := NewCongestion("off", "", 0, 1, nil); err != nil || c.On() {
+		t.Errorf("off: %+v %v", c, err)
 	}
 }
 

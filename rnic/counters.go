@@ -4,7 +4,7 @@ import (
 	"cmp"
 	"slices"
 
-	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/transport/ud"
@@ -27,10 +27,10 @@ type Stats struct {
 	CongestionStats
 }
 
-// CongestionStats are the device's DCQCN counters, named (in Counters) as
-// the mlx5 hw_counters that count the same events. The QPs' transports
-// count into CCCounters (transport/rc); the device counts the CNPs that
-// reach no transport.
+// CongestionStats are the device's congestion-control counters: DCQCN's,
+// named (in Counters) as the mlx5 hw_counters that count the same events,
+// and every algorithm's (cc_*). The QPs' transports count into CCCounters
+// (transport/rc); the device counts the CNPs that reach no transport.
 type CongestionStats struct {
 	rc.CCCounters
 	// RxCNP counts every CNP that passed the receive checks (no mlx5
@@ -63,7 +63,7 @@ func (d *Device) StatsSnapshot() Stats {
 func (d *Device) CongestionCounters() verbs.CongestionCounters {
 	s := d.StatsSnapshot()
 	return verbs.CongestionCounters{ECNMarked: s.NPECNMarkedRoCEPackets, CNPSent: s.NPCNPSent,
-		CNPHandled: s.RPCNPHandled, CNPIgnored: s.RPCNPIgnored}
+		CNPHandled: s.RPCNPHandled, CNPIgnored: s.RPCNPIgnored, Counters: s.CCCounters.Counters}
 }
 
 // TransportProgress implements verbs.ProgressCounter: the progress of the
@@ -85,13 +85,18 @@ type Counter struct {
 }
 
 // Counters returns the DCQCN counters under their mlx5 names, in the order
-// rdma statistic prints them.
-func (s *CongestionStats) Counters() [4]Counter {
-	return [4]Counter{
+// rdma statistic prints them, then every algorithm's.
+func (s *CongestionStats) Counters() [8]Counter {
+	c := &s.CCCounters.Counters
+	return [8]Counter{
 		{"np_ecn_marked_roce_packets", s.NPECNMarkedRoCEPackets},
 		{"np_cnp_sent", s.NPCNPSent},
 		{"rp_cnp_handled", s.RPCNPHandled},
 		{"rp_cnp_ignored", s.RPCNPIgnored},
+		{"cc_rtt_samples", c.RTTSamples},
+		{"cc_decreases", c.Decreases},
+		{"cc_loss_events", c.LossEvents},
+		{"cc_window_full", c.WindowFull},
 	}
 }
 
@@ -105,9 +110,9 @@ type QPCounters struct {
 	RC    rc.Counters
 	UD    ud.Counters
 	CQE   CQECounters
-	// CC is the QP's DCQCN state when CCOn (an RC or UC QP of a device
-	// that runs DCQCN).
-	CC   dcqcn.State
+	// CC is the QP's congestion-control state when CCOn (an RC or UC QP
+	// of a device that runs congestion control).
+	CC   congestion.State
 	CCOn bool
 }
 

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
@@ -26,8 +27,8 @@ type Config struct {
 	// PortMTU is the active path MTU of the port (default 1024, what rxe
 	// uses on a 1500-byte Ethernet link).
 	PortMTU int
-	// Congestion is the DCQCN setting of the RC/UC QPs (zero: off); see
-	// NewCongestion.
+	// Congestion is the congestion control of the RC/UC QPs (zero: off);
+	// see NewCongestion.
 	Congestion Congestion
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
@@ -67,15 +68,16 @@ type Device struct {
 	handedOver atomic.Bool
 
 	// engine-only state
-	ready []*QP // QPs that may have frames to send
-	timed []*QP // QPs that may have a timer armed
-	rxf   frame.Frame
-	grh   [transport.GRHLen]byte
-	meta  transport.Meta
-	rr    int
-	ipID  uint16
-	cc    *rc.CCConfig // what every RC/UC QP's transport runs, nil for none
-	Stats Stats
+	ready  []*QP // QPs that may have frames to send
+	timed  []*QP // QPs that may have a timer armed
+	rxf    frame.Frame
+	grh    [transport.GRHLen]byte
+	meta   transport.Meta
+	rr     int
+	ipID   uint16
+	cc     *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
+	rxAway time.Duration // SetRxAway: for the frames of the next Receive
+	Stats  Stats
 
 	// Stats as of the last PublishStats: seen by the step's owner, pub
 	// for everyone (under pubMu).

@@ -75,7 +75,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	tp := pkt[ipLen+frame.UDPLen : len(pkt)-icrc.Len]
 	op := f.Opcode()
 	m := &d.meta // the device's, not a local: the transport call would move a local to the heap
-	*m = transport.Meta{Src: f.Src(), ECN: f.ECN()}
+	*m = transport.Meta{Src: f.Src(), ECN: f.ECN(), RxAway: d.rxAway}
 	src := m.Src.Unmap()
 	if op == bth.CNP {
 		// A CNP is for a connected QP's reaction point, from its peer.

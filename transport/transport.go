@@ -2,6 +2,7 @@ package transport
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
@@ -21,6 +22,12 @@ type Meta struct {
 	// GRH is the 40-byte GRH a UD receive places in front of the payload,
 	// built from the IP header; nil for connected transports.
 	GRH *[GRHLen]byte
+	// RxAway is how long the engine was away from the port before the
+	// poll that returned this packet (0 when it was waiting in the port,
+	// woken by the packet, or unknown): the longest the packet can have
+	// queued in this host before the transport saw it. Congestion control
+	// splits end-host delay from fabric delay with it.
+	RxAway time.Duration
 }
 
 // Transport is one QP's transport as the device drives it.

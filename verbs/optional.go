@@ -3,7 +3,7 @@ package verbs
 import (
 	"context"
 
-	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/ib"
 )
 
@@ -17,14 +17,16 @@ type AsyncEventer interface {
 }
 
 // CongestionProfiler is a Device that says which congestion control its
-// QPs run ("off", "paper", "connectx") and its time dilation.
+// QPs run ("off", "dcqcn", "swift", "timely"), with which profile
+// ("connectx", "paper", ...), and its time dilation.
 type CongestionProfiler interface {
-	CongestionProfile() (profile string, scale float64)
+	CongestionProfile() (algorithm, profile string, scale float64)
 }
 
 // CongestionCounter is a Device that counts congestion control events
 // under the mlx5 names (np_ecn_marked_roce_packets, np_cnp_sent,
-// rp_cnp_handled, rp_cnp_ignored), safe from any goroutine.
+// rp_cnp_handled, rp_cnp_ignored) and every algorithm's (cc_rtt_samples,
+// cc_decreases, cc_loss_events, cc_window_full), safe from any goroutine.
 type CongestionCounter interface {
 	CongestionCounters() CongestionCounters
 }
@@ -32,6 +34,7 @@ type CongestionCounter interface {
 // CongestionCounters are a device's congestion control counters.
 type CongestionCounters struct {
 	ECNMarked, CNPSent, CNPHandled, CNPIgnored uint64
+	congestion.Counters
 }
 
 // ProgressCounter is a Device that can report its QPs' transport progress
@@ -44,7 +47,7 @@ type ProgressCounter interface {
 
 // CongestionStater is a QP whose congestion control state can be read.
 type CongestionStater interface {
-	CongestionState() (dcqcn.State, bool)
+	CongestionState() (congestion.State, bool)
 }
 
 // Notifier is a CQ that signals new completions on a channel (a

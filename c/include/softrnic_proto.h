@@ -16,7 +16,7 @@
 // (daemon "control" key; --control in every client command).
 #define SOFTRNIC_DEFAULT_CONTROL "/run/softrnic/softrnic.sock"
 // Version is the protocol version; the daemon refuses an Open of another.
-#define SOFTRNIC_VERSION 2
+#define SOFTRNIC_VERSION 3
 // MaxMessage is the largest control message, header included.
 #define SOFTRNIC_MAX_MESSAGE 4096
 // MaxFDs is the most file descriptors one message may carry.
@@ -97,7 +97,11 @@
 #define SOFTRNIC_CTR_REQ_REMOTE_INVALID_REQUEST 48 // RC requester: invalid request NAKs received
 #define SOFTRNIC_CTR_RESP_REMOTE_ACCESS_ERRORS 49 // RC/UC responder: requests refused for rkey, range or access
 #define SOFTRNIC_CTR_RESP_LOCAL_LENGTH_ERROR 50 // RC/UC responder: SENDs longer than the receive WQE
-#define SOFTRNIC_NUM_DEVICE_COUNTERS 51
+#define SOFTRNIC_CTR_CCRTT_SAMPLES 51 // congestion control: RTT samples handed to a controller
+#define SOFTRNIC_CTR_CC_DECREASES 52 // congestion control: rate or window decreases
+#define SOFTRNIC_CTR_CC_LOSS_EVENTS 53 // congestion control: retransmission events reported as loss
+#define SOFTRNIC_CTR_CC_WINDOW_FULL 54 // congestion control: sends the window held back
+#define SOFTRNIC_NUM_DEVICE_COUNTERS 55
 #define SOFTRNIC_CM_RX_MSGS 0 // MADs received on QP1
 #define SOFTRNIC_CM_TX_MSGS 1 // CM MADs sent
 #define SOFTRNIC_CM_TX_RETRIES 2 // REQ, REP, DREQ, SIDR_REQ sent again on timeout
@@ -142,12 +146,24 @@
 #define SOFTRNIC_Q_CTR_DCQCNCNP_HANDLED 26 // RC, UC with DCQCN: CNPs the RP acted on
 #define SOFTRNIC_Q_CTR_DCQCNCNP_IGNORED 27 // RC, UC with DCQCN: CNPs coalesced into a pending cut
 #define SOFTRNIC_Q_CTR_DCQCN_RATE_CUTS 28 // RC, UC with DCQCN: the RP's rate cuts
-#define SOFTRNIC_NUM_QP_COUNTERS 29
-#define SOFTRNIC_VALID_ALL UINT64_C(0x7ffffffffffff)
+#define SOFTRNIC_Q_CTR_CCRTT_SAMPLES 29 // RC, UC with congestion control (every algorithm)
+#define SOFTRNIC_Q_CTR_CC_DECREASES 30 // RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_LOSS_EVENTS 31 // RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_WINDOW_FULL 32 // RC, UC with a window algorithm (Swift)
+#define SOFTRNIC_Q_CTR_CC_RATE_KBPS 33 // gauge: RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_WINDOW_BYTES 34 // gauge: RC, UC with a window algorithm
+#define SOFTRNIC_Q_CTR_CCSRTTNS 35 // gauge: RC, UC with congestion control
+#define SOFTRNIC_Q_CTR_CC_CWND_MILLI 36 // gauge: RC, UC with Swift
+#define SOFTRNIC_Q_CTR_CC_TARGET_NS 37 // gauge: RC, UC with Swift
+#define SOFTRNIC_NUM_QP_COUNTERS 38
+// QPGauges are the per-QP values that are figures, not counts: they go up
+// and down (Prometheus gauges, without _total).
+#define SOFTRNIC_QP_GAUGES UINT64_C(0x3e00000000)
+#define SOFTRNIC_VALID_ALL UINT64_C(0x7fffffffffffff)
 #define SOFTRNIC_VALID_XDP UINT64_C(0x3ffc000000)
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-#define SOFTRNIC_MAX_STATS_QPS 12
+#define SOFTRNIC_MAX_STATS_QPS 10
 // MaxStatsQueues is how many receive queues one StatsResp details.
 #define SOFTRNIC_MAX_STATS_QUEUES 16
 #define SOFTRNIC_OP_UCM_CREATE_CHANNEL 64 // → HandleMsg (the channel); reply fd: the client's end of its event socket
@@ -577,11 +593,10 @@ struct softrnic_qp_stats {
 	uint8_t type;
 	uint8_t state;
 	uint8_t _pad0[2];
-	uint32_t valid;
-	uint32_t _pad1;
-	uint64_t values[29];
+	uint64_t valid;
+	uint64_t values[38];
 };
-_Static_assert(sizeof(struct softrnic_qp_stats) == 248, "struct softrnic_qp_stats: size");
+_Static_assert(sizeof(struct softrnic_qp_stats) == 320, "struct softrnic_qp_stats: size");
 _Static_assert(offsetof(struct softrnic_qp_stats, qpn) == 0, "struct softrnic_qp_stats: qpn");
 _Static_assert(offsetof(struct softrnic_qp_stats, type) == 4, "struct softrnic_qp_stats: type");
 _Static_assert(offsetof(struct softrnic_qp_stats, state) == 5, "struct softrnic_qp_stats: state");
@@ -1002,11 +1017,11 @@ _Static_assert(offsetof(struct softrnic_modify_qp_req, attr) == 8, "struct softr
 struct softrnic_stats_resp {
 	uint8_t name[16]; // interface name, NUL padded
 	uint64_t valid; // bit i: Device[i] is counted on this port
-	uint64_t device[51];
+	uint64_t device[55];
 	uint32_t listed;
 	uint8_t more; // more QPs after the last listed
 	uint8_t _pad0[3];
-	struct softrnic_qp_stats qps[12];
+	struct softrnic_qp_stats qps[10];
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
@@ -1014,16 +1029,16 @@ struct softrnic_stats_resp {
 	uint8_t _pad2[7];
 	uint64_t cm[14];
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 3800, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 4056, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
-_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 432, "struct softrnic_stats_resp: listed");
-_Static_assert(offsetof(struct softrnic_stats_resp, more) == 436, "struct softrnic_stats_resp: more");
-_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 440, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3416, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3424, "struct softrnic_stats_resp: queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3680, "struct softrnic_stats_resp: has_cm");
-_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3688, "struct softrnic_stats_resp: cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 464, "struct softrnic_stats_resp: listed");
+_Static_assert(offsetof(struct softrnic_stats_resp, more) == 468, "struct softrnic_stats_resp: more");
+_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 472, "struct softrnic_stats_resp: qps");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3672, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3680, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3936, "struct softrnic_stats_resp: has_cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3944, "struct softrnic_stats_resp: cm");
 
 #endif /* SOFTRNIC_PROTO_H */

@@ -8,10 +8,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/cm"
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/engine"
@@ -148,9 +150,9 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	defer stopSig()
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- srv.Serve() }()
-	profile, scale := h.Device.CongestionProfile()
+	algo, profile, scale := h.Device.CongestionProfile()
 	log.Info("serving", "port", h.PortKind, "mtu", h.Device.Query().ActiveMTU, "gids", h.Iface.GIDs, "control", cfg.Control,
-		"dcqcn", profile, "dcqcn_scale", scale)
+		"cc", algo, "cc_profile", profile, "cc_scale", scale)
 
 	var runErr error
 	select {
@@ -172,16 +174,29 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	return runErr
 }
 
-// daemonCongestion is the device's congestion control from the [dcqcn]
-// keys: dcqcn.profile, with the connectx profile's knobs.
+// daemonCongestion is the device's congestion control from the cc keys
+// (cc, cc-scale, cc-line-gbps, [swift]) and, under cc dcqcn, the [dcqcn]
+// ones: dcqcn.profile (off: none), with the connectx profile's knobs;
+// host.Congestion builds it, as it does for the tools.
 func daemonCongestion(cfg *daemon.Config) (rnic.Congestion, error) {
 	cx, err := cfg.DCQCN.ConnectX()
 	if err != nil {
 		return rnic.Congestion{}, err
 	}
-	cc, err := host.Congestion(cfg.DCQCN.Profile, 1, &cx)
+	c := &cfg.CC
+	algo, profile, _ := strings.Cut(c.Algorithm, ":")
+	if algo == "dcqcn" {
+		profile = cfg.DCQCN.Profile
+		if profile == "off" {
+			algo, profile = "off", ""
+		}
+	}
+	cc, err := host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: c.Scale,
+		LineRate: congestion.Rate(c.LineGbps) * congestion.Gbps, ConnectX: &cx,
+		Swift: host.SwiftKnobs{BaseTarget: c.SwiftBaseTarget, HopScale: c.SwiftHopScale, FSRange: c.SwiftFSRange,
+			EndpointTarget: c.SwiftEndpointTarget, Hops: c.SwiftHops}})
 	if err != nil {
-		return cc, &daemon.KeyError{Key: "dcqcn.profile", Err: err}
+		return cc, &daemon.KeyError{Key: "cc", Err: err}
 	}
 	return cc, nil
 }

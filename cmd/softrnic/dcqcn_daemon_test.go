@@ -62,7 +62,7 @@ func TestDaemonDCQCNOverVeth(t *testing.T) {
 	}
 	defer c.Close()
 
-	cc, err := host.Congestion("paper", 1, nil)
+	cc, err := host.Congestion(host.CC{Algorithm: "dcqcn", Profile: "paper"})
 	if err != nil {
 		t.Fatal(err)
 	}

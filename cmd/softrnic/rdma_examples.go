@@ -34,10 +34,18 @@ func rdmaExampleArgs(args []string, client bool) (cmHost, uint16, string, error)
 	port := fs.Uint("p", examples.DefaultPort, "")
 	iface := fs.String("d", "", "")
 	daemonSock := fs.String("daemon", "", "")
+	var cc host.CCFlags
+	cc.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return cmHost{}, 0, "", err
 	}
-	h := cmHost{iface: *iface, client: client, kind: host.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT")))}
+	h := cmHost{iface: *iface, client: client, kind: host.PortKind(strings.ToLower(os.Getenv("SOFTRNIC_PORT"))), cc: cc}
+	if _, err := cc.Congestion(); err != nil {
+		return h, 0, "", err
+	}
+	if *daemonSock != "" && (cc.CC != "" || cc.DCQCN != "" || cc.Scale != 1) {
+		return h, 0, "", errors.New("--cc and --daemon exclude each other: congestion control is the daemon's to configure")
+	}
 	if *addr != "" {
 		a, err := netip.ParseAddr(*addr)
 		if err != nil {
@@ -49,7 +57,7 @@ func rdmaExampleArgs(args []string, client bool) (cmHost, uint16, string, error)
 		return h, 0, "", errors.New("-s SERVER is required")
 	}
 	if *port == 0 || *port > 65535 || fs.NArg() > 0 {
-		return h, 0, "", errors.New("usage: [-s ADDR] [-p PORT] [-d IFACE] [--daemon SOCKET]")
+		return h, 0, "", errors.New("usage: [-s ADDR] [-p PORT] [-d IFACE] [--daemon SOCKET] [--cc ALGO[:PROFILE] [--cc-scale S]]")
 	}
 	return h, uint16(*port), *daemonSock, nil
 }

@@ -59,6 +59,7 @@ type rpingArgs struct {
 	opts           rping.Options
 	kind           host.PortKind
 	daemon         string // --daemon: the daemon's control socket
+	cc             host.CCFlags
 }
 
 func parseRping(args []string) (rpingArgs, error) {
@@ -75,11 +76,18 @@ func parseRping(args []string) (rpingArgs, error) {
 	fs.BoolVar(&r.opts.Validate, "V", false, "")
 	fs.StringVar(&r.iface, "d", "", "")
 	fs.StringVar(&r.daemon, "daemon", "", "")
+	r.cc.Register(fs)
 	if err := fs.Parse(args); err != nil {
 		return r, err
 	}
 	if fs.NArg() > 0 {
 		return r, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if r.daemon != "" && (r.cc.CC != "" || r.cc.DCQCN != "" || r.cc.Scale != 1) {
+		return r, errors.New("--cc and --daemon exclude each other: congestion control is the daemon's to configure")
+	}
+	if _, err := r.cc.Congestion(); err != nil {
+		return r, err
 	}
 	if r.server == r.client {
 		return r, errors.New("exactly one of -s and -c is required")
@@ -141,6 +149,7 @@ type cmHost struct {
 	addr   netip.Addr // the server's address (client: the peer; server: ours, optional)
 	client bool
 	kind   host.PortKind
+	cc     host.CCFlags // --cc, --cc-scale, --dcqcn
 }
 
 // pickIface picks the interface: the one given, else the one routing to a
@@ -175,7 +184,11 @@ func withCMAgent(h cmHost, f func(*rdmacm.Agent) error) error {
 	if err != nil {
 		return err
 	}
-	hst, err := host.Open(host.Config{Interface: name, Port: h.kind})
+	cc, err := h.cc.Congestion()
+	if err != nil {
+		return err
+	}
+	hst, err := host.Open(host.Config{Interface: name, Port: h.kind, Congestion: cc})
 	if err != nil {
 		return err
 	}
@@ -193,7 +206,7 @@ func rpingMain(ctx context.Context, r rpingArgs, out io.Writer, ready func()) er
 	if r.daemon != "" {
 		return rpingDaemon(ctx, r, ready)
 	}
-	return withCMAgent(cmHost{iface: r.iface, addr: r.addr, client: r.client, kind: r.kind}, func(a *rdmacm.Agent) error {
+	return withCMAgent(cmHost{iface: r.iface, addr: r.addr, client: r.client, kind: r.kind, cc: r.cc}, func(a *rdmacm.Agent) error {
 		if r.server {
 			return rping.Server(ctx, a, r.opts, ready)
 		}

@@ -16,7 +16,7 @@ import (
 const DefaultControl = "/run/softrnic/softrnic.sock"
 
 // Version is the protocol version; the daemon refuses an Open of another.
-const Version = 2
+const Version = 3
 
 // MaxMessage is the largest control message, header included.
 const MaxMessage = 4096

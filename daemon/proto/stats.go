@@ -64,6 +64,10 @@ const (
 	CtrReqRemoteInvalidRequest        // RC requester: invalid request NAKs received
 	CtrRespRemoteAccessErrors         // RC/UC responder: requests refused for rkey, range or access
 	CtrRespLocalLengthError           // RC/UC responder: SENDs longer than the receive WQE
+	CtrCCRTTSamples                   // congestion control: RTT samples handed to a controller
+	CtrCCDecreases                    // congestion control: rate or window decreases
+	CtrCCLossEvents                   // congestion control: retransmission events reported as loss
+	CtrCCWindowFull                   // congestion control: sends the window held back
 	NumDeviceCounters
 )
 
@@ -120,6 +124,10 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrReqRemoteInvalidRequest: {"req_remote_invalid_request", "RC invalid request NAKs received"},
 	CtrRespRemoteAccessErrors:  {"resp_remote_access_errors", "requests refused: rkey, range or access rights"},
 	CtrRespLocalLengthError:    {"resp_local_length_error", "SENDs longer than the receive WQE"},
+	CtrCCRTTSamples:            {"cc_rtt_samples", "RTT samples (Karn's rule) handed to a QP's congestion controller"},
+	CtrCCDecreases:             {"cc_decreases", "events after which a QP's congestion-control rate or window was lower"},
+	CtrCCLossEvents:            {"cc_loss_events", "retransmission events reported to a QP's congestion controller as loss"},
+	CtrCCWindowFull:            {"cc_window_full", "times a QP's congestion window held a send back"},
 }
 
 // rdma_cm counters: the index of each in StatsResp.CM. The daemon's CM
@@ -196,8 +204,21 @@ const (
 	QCtrDCQCNCNPHandled                // RC, UC with DCQCN: CNPs the RP acted on
 	QCtrDCQCNCNPIgnored                // RC, UC with DCQCN: CNPs coalesced into a pending cut
 	QCtrDCQCNRateCuts                  // RC, UC with DCQCN: the RP's rate cuts
+	QCtrCCRTTSamples                   // RC, UC with congestion control (every algorithm)
+	QCtrCCDecreases                    // RC, UC with congestion control
+	QCtrCCLossEvents                   // RC, UC with congestion control
+	QCtrCCWindowFull                   // RC, UC with a window algorithm (Swift)
+	QCtrCCRateKbps                     // gauge: RC, UC with congestion control
+	QCtrCCWindowBytes                  // gauge: RC, UC with a window algorithm
+	QCtrCCSRTTNs                       // gauge: RC, UC with congestion control
+	QCtrCCCwndMilli                    // gauge: RC, UC with Swift
+	QCtrCCTargetNs                     // gauge: RC, UC with Swift
 	NumQPCounters
 )
+
+// QPGauges are the per-QP values that are figures, not counts: they go up
+// and down (Prometheus gauges, without _total).
+const QPGauges = uint64(1)<<QCtrCCRateKbps | 1<<QCtrCCWindowBytes | 1<<QCtrCCSRTTNs | 1<<QCtrCCCwndMilli | 1<<QCtrCCTargetNs
 
 // QPCounters are the per-QP counters' names, by index.
 var QPCounters = [NumQPCounters]CounterDef{
@@ -232,6 +253,16 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrDCQCNCNPHandled: {"dcqcn_cnp_handled", "CNPs this QP's RP acted on"},
 	QCtrDCQCNCNPIgnored: {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
 	QCtrDCQCNRateCuts:   {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
+	// Every algorithm's, and the QP's congestion-control figures now.
+	QCtrCCRTTSamples:  {"cc_rtt_samples", "RTT samples (Karn's rule) handed to this QP's congestion controller"},
+	QCtrCCDecreases:   {"cc_decreases", "events after which this QP's rate or window was lower"},
+	QCtrCCLossEvents:  {"cc_loss_events", "retransmission events reported to this QP's controller as loss"},
+	QCtrCCWindowFull:  {"cc_window_full", "times this QP's congestion window held a send back"},
+	QCtrCCRateKbps:    {"cc_rate_kbps", "this QP's congestion-control rate, kb/s"},
+	QCtrCCWindowBytes: {"cc_window_bytes", "this QP's congestion window, bytes"},
+	QCtrCCSRTTNs:      {"cc_srtt_ns", "this QP's smoothed RTT, ns"},
+	QCtrCCCwndMilli:   {"cc_cwnd_milli", "this QP's Swift window, thousandths of a packet"},
+	QCtrCCTargetNs:    {"cc_target_ns", "this QP's Swift fabric target delay, ns"},
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not
@@ -272,14 +303,13 @@ type QPStats struct {
 	Type   ib.QPType
 	State  ib.QPState
 	_      [2]byte
-	Valid  uint32
-	_      uint32
+	Valid  uint64
 	Values [NumQPCounters]uint64
 }
 
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-const MaxStatsQPs = 12
+const MaxStatsQPs = 10
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.

@@ -50,7 +50,7 @@ func TestValidXDP(t *testing.T) {
 			t.Errorf("%s: in ValidXDP %v", d.Name, got)
 		}
 	}
-	if NumDeviceCounters > 64 || NumQPCounters > 32 {
+	if NumDeviceCounters > 64 || NumQPCounters > 64 {
 		t.Fatal("valid masks too narrow for the counter tables")
 	}
 }

@@ -29,13 +29,18 @@ type Params struct {
 	ReportGbits bool          // --report_gbits
 	JSON        bool          // --json: results as JSON on stdout
 	Verify      bool          // --verify: check every byte received
-	// DCQCN is --dcqcn: the device's congestion-control profile, "off"
-	// (default), "paper" or "connectx" (rnic.NewCongestion).
+	// CC is --cc: the device's congestion control, ALGORITHM[:PROFILE]
+	// (off, dcqcn, swift, timely; host.ParseCC), "" when not given.
+	CC string
+	// DCQCN is --dcqcn: DCQCN's profile, "off", "paper", "connectx" or
+	// "hpcc-mlx", "" when not given. Alone it means --cc dcqcn:PROFILE
+	// (--dcqcn off: off); beside --cc it names --cc dcqcn's profile.
 	DCQCN string
-	// DCQCNScale is --dcqcn-scale: the time dilation of the DCQCN
-	// parameters (rates ÷ S, periods × S), at least 1 (default 1), so that
-	// a testbed with a slow bottleneck keeps the dynamics of a fast one.
-	DCQCNScale float64
+	// CCScale is --cc-scale (also --dcqcn-scale): the time dilation of
+	// the congestion-control parameters (rates ÷ S, delays and periods ×
+	// S), at least 1 (default 1), so that a testbed with a slow bottleneck
+	// keeps the dynamics of a fast one.
+	CCScale float64
 	// Clients is --clients: how many clients a server serves at once on
 	// its one device (default 1). Several flows into one interface must
 	// share one device, since only one process can own its AF_XDP queue.
@@ -76,7 +81,7 @@ var options = []option{
 	{'F', "CPU-freq", false}, {'Q', "cq-mod", true}, {'o', "outs", true}, {'I', "inline_size", true},
 	{0, "report_gbits", false}, {0, "json", false}, {0, "verify", false},
 	{0, "tclass", true}, {0, "hop_limit", true}, {'u', "qp-timeout", true}, {'h', "help", false},
-	{0, "dcqcn", true}, {0, "dcqcn-scale", true}, {0, "clients", true},
+	{0, "dcqcn", true}, {0, "dcqcn-scale", true}, {0, "cc", true}, {0, "cc-scale", true}, {0, "clients", true},
 	{'R', "rdma_cm", false},
 }
 
@@ -105,8 +110,11 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
       --report_gbits     report bandwidth in Gb/s instead of MiB/s
       --json             print the results as JSON
       --verify           fill buffers with a pattern and check every byte received
-      --dcqcn=off|paper|connectx   DCQCN congestion control of the RC/UC QPs (default off)
-      --dcqcn-scale=S    time dilation of DCQCN: rates ÷ S, timers × S (default 1, >= 1)
+      --cc=ALGO[:PROFILE]   congestion control of the RC/UC QPs: off (default), dcqcn, swift, timely
+                         (profiles: dcqcn connectx|paper|hpcc-mlx, swift default, timely artifact|paper)
+      --cc-scale=S       time dilation of congestion control: rates ÷ S, delays × S (default 1, >= 1)
+      --dcqcn=PROFILE    DCQCN's profile: off, paper, connectx, hpcc-mlx; alone: --cc dcqcn:PROFILE
+      --dcqcn-scale=S    the same as --cc-scale
       --clients=N        server: serve N clients at once on the one device (default 1)
   -R, --rdma_cm          connect through rdma_cm (IB CM on QP1), as perftest -R: control channel and test QPs
 `
@@ -117,7 +125,7 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
 func ParseArgs(verb Verb, measure Measure, args []string) (Params, error) {
 	p := Params{Test: Test{Verb: verb, Measure: measure, Transport: RC, QPs: 1}, Port: DefaultPort,
 		GIDIndex: -1, RxDepth: defRxSend, CQMod: defCQMod, HopLimit: defHopLimit, TClass: 0, QPTimeout: defQPTimeout,
-		DCQCN: "off", DCQCNScale: 1, Clients: 1}
+		CCScale: 1, Clients: 1}
 	itersGiven := false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -264,17 +272,27 @@ func (p *Params) set(o *option, val string) error {
 		p.Verify = true
 	case "dcqcn":
 		switch v := strings.ToLower(val); v {
-		case "off", "paper", "connectx":
+		case "off", "paper", "connectx", "hpcc-mlx":
 			p.DCQCN = v
 		default:
-			err = fmt.Errorf("perftest: --dcqcn=%q: want off, paper or connectx", val)
+			err = fmt.Errorf("perftest: --dcqcn=%q: want off, paper, connectx or hpcc-mlx", val)
 		}
-	case "dcqcn-scale":
+	case "cc":
+		v := strings.ToLower(val)
+		algo, profile, _ := strings.Cut(v, ":")
+		switch {
+		case algo != "off" && algo != "dcqcn" && algo != "swift" && algo != "timely",
+			strings.Contains(v, ":") && (profile == "" || algo == "off"):
+			err = fmt.Errorf("perftest: --cc=%q: want off, dcqcn, swift or timely, optionally :PROFILE", val)
+		default:
+			p.CC = v
+		}
+	case "dcqcn-scale", "cc-scale":
 		f, ferr := strconv.ParseFloat(val, 64)
 		if ferr != nil || !(f >= 1) || f > 1e9 {
-			return fmt.Errorf("perftest: --dcqcn-scale=%q: want a number from 1 to 1e9", val)
+			return fmt.Errorf("perftest: --%s=%q: want a number from 1 to 1e9", o.long, val)
 		}
-		p.DCQCNScale = f
+		p.CCScale = f
 	case "rdma_cm":
 		p.RDMACM = true
 	case "clients":

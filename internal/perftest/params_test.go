@@ -19,7 +19,7 @@ func TestParseArgs(t *testing.T) {
 	want := Params{Test: Test{Verb: Write, Measure: BW, Transport: RC, QPs: 4, Size: 4096, SizeGiven: true},
 		Host: "10.0.0.2", Device: "veth0", Port: 18600, Iters: 100, MTU: 3, GIDIndex: 1, TxDepth: 64, RxDepth: 512,
 		CQMod: 64, OutReads: 1, TClass: 106, HopLimit: 64, QPTimeout: 18, ReportGbits: true, JSON: true, Verify: true,
-		DCQCN: "off", DCQCNScale: 1, Clients: 1}
+		CCScale: 1, Clients: 1}
 	if p != want {
 		t.Fatalf("got  %+v\nwant %+v", p, want)
 	}
@@ -72,27 +72,36 @@ func TestParseArgs(t *testing.T) {
 	}
 }
 
-// TestParseDCQCN checks --dcqcn, --dcqcn-scale and --clients: values in
-// both getopt spellings, defaults, and every refusal.
+// TestParseDCQCN checks --cc, --cc-scale, --dcqcn, --dcqcn-scale and
+// --clients: values in both getopt spellings, defaults, and every refusal.
 func TestParseDCQCN(t *testing.T) {
 	p, err := ParseArgs(Write, BW, []string{"-d", "v0", "--dcqcn", "Paper", "--dcqcn-scale=400", "--clients", "2"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p.DCQCN != "paper" || p.DCQCNScale != 400 || p.Clients != 2 {
-		t.Fatalf("got dcqcn %q scale %v clients %d, want paper 400 2", p.DCQCN, p.DCQCNScale, p.Clients)
+	if p.DCQCN != "paper" || p.CC != "" || p.CCScale != 400 || p.Clients != 2 {
+		t.Fatalf("got dcqcn %q cc %q scale %v clients %d, want paper, none, 400 2", p.DCQCN, p.CC, p.CCScale, p.Clients)
 	}
 	p, err = ParseArgs(Write, BW, []string{"-d", "v0", "--dcqcn=connectx", "--dcqcn-scale", "2.5", "10.0.0.1"})
-	if err != nil || p.DCQCN != "connectx" || p.DCQCNScale != 2.5 || p.Clients != 1 {
-		t.Fatalf("got %q %v %d, %v; want connectx 2.5 1", p.DCQCN, p.DCQCNScale, p.Clients, err)
+	if err != nil || p.DCQCN != "connectx" || p.CCScale != 2.5 || p.Clients != 1 {
+		t.Fatalf("got %q %v %d, %v; want connectx 2.5 1", p.DCQCN, p.CCScale, p.Clients, err)
+	}
+	p, err = ParseArgs(Write, BW, []string{"-d", "v0", "--cc", "Swift", "--cc-scale=400"})
+	if err != nil || p.CC != "swift" || p.DCQCN != "" || p.CCScale != 400 {
+		t.Fatalf("got cc %q dcqcn %q scale %v, %v; want swift, none, 400", p.CC, p.DCQCN, p.CCScale, err)
+	}
+	p, err = ParseArgs(Write, BW, []string{"-d", "v0", "--cc=timely:paper"})
+	if err != nil || p.CC != "timely:paper" {
+		t.Fatalf("got cc %q, %v; want timely:paper", p.CC, err)
 	}
 	p, err = ParseArgs(Write, BW, []string{"-d", "v0"})
-	if err != nil || p.DCQCN != "off" || p.DCQCNScale != 1 || p.Clients != 1 {
-		t.Fatalf("defaults: got %q %v %d, %v; want off 1 1", p.DCQCN, p.DCQCNScale, p.Clients, err)
+	if err != nil || p.DCQCN != "" || p.CC != "" || p.CCScale != 1 || p.Clients != 1 {
+		t.Fatalf("defaults: got %q %q %v %d, %v; want none none 1 1", p.DCQCN, p.CC, p.CCScale, p.Clients, err)
 	}
 	for _, bad := range [][]string{
 		{"--dcqcn", "timely"}, {"--dcqcn"}, {"--dcqcn-scale", "0.5"}, {"--dcqcn-scale=NaN"}, {"--dcqcn-scale=-3"},
 		{"--dcqcn-scale", "x"}, {"--dcqcn-scale=+Inf"}, {"--clients", "0"}, {"--clients=65"}, {"--clients", "2", "10.0.0.1"},
+		{"--cc", "hpcc"}, {"--cc"}, {"--cc", "swift:"}, {"--cc", "off:x"}, {"--cc-scale", "0"},
 	} {
 		if _, err := ParseArgs(Write, BW, append([]string{"-d", "v0"}, bad...)); err == nil {
 			t.Errorf("%q accepted", bad)

@@ -49,6 +49,9 @@ func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Resu
 	var err error
 	switch {
 	case o.Daemon != "":
+		if p.CC != "" || p.CCScale != 1 {
+			return r, errors.New("pingpong: --cc with --daemon: congestion control is the daemon's to configure")
+		}
 		h, c, derr := runner.DaemonHost(o.Daemon)
 		if derr != nil {
 			return r, fmt.Errorf("pingpong: %w", derr)
@@ -61,10 +64,22 @@ func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Resu
 	case p.Device == "":
 		return Result{}, errors.New("pingpong: -d INTERFACE is required (the network interface to run RoCE on)")
 	default:
-		err = runner.OpenHost(p.Device, o.PortKind, rnic.Congestion{}, run)
+		var cc rnic.Congestion
+		if cc, err = ccOf(p); err == nil {
+			err = runner.OpenHost(p.Device, o.PortKind, cc, run)
+		}
 	}
 	if err != nil {
 		return r, fmt.Errorf("pingpong: %w", err)
 	}
 	return r, nil
+}
+
+// ccOf is the device's congestion control for --cc and --cc-scale.
+func ccOf(p Params) (rnic.Congestion, error) {
+	algo, profile, err := host.ParseCC(p.CC, "")
+	if err != nil {
+		return rnic.Congestion{}, err
+	}
+	return host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: p.CCScale})
 }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/softrnic/softrnic/host"
 )
 
 // Transport is the QP type of the test.
@@ -37,16 +39,26 @@ type Params struct {
 	GIDIndex  int    // -g: GID index (-1: the device's default GID)
 	Check     bool   // -c/--chk: validate received buffers
 	Host      string // the server to connect to; empty: be the server
+	// CC and CCScale are --cc ALGORITHM[:PROFILE] and --cc-scale S:
+	// congestion control of the QP's device (host.ParseCC; default off).
+	CC      string
+	CCScale float64
 }
 
 // DefaultParams are the stock tools' defaults for t.
 func DefaultParams(t Transport) Params {
-	p := Params{Transport: t, Port: 18515, IBPort: 1, Size: 4096, MTU: 1024, RxDepth: 500, Iters: 1000, GIDIndex: -1}
+	p := Params{Transport: t, Port: 18515, IBPort: 1, Size: 4096, MTU: 1024, RxDepth: 500, Iters: 1000, GIDIndex: -1, CCScale: 1}
 	if t == UD {
 		p.Size = 1024
 	}
 	return p
 }
+
+// softrnic's long-only options, in ParseArgs' table of option letters.
+const (
+	optCC      = 1
+	optCCScale = 2
+)
 
 // ErrHelp is returned for -h/--help.
 var ErrHelp = errors.New("help requested")
@@ -66,6 +78,8 @@ const Usage = `  -p, --port=<port>      listen on/connect to port <port> (defaul
   -c, --chk              validate received buffer (every message, whole,
                          on both ends: a --chk server expects a --chk
                          client's page marks, as the stock client sends)
+      --cc=ALGO[:PROFILE]  congestion control: off (default), dcqcn, swift, timely
+      --cc-scale=S       its time dilation: rates ÷ S, delays × S (default 1)
 `
 
 // ParseArgs parses the stock tools' command line (options and the server
@@ -73,8 +87,8 @@ const Usage = `  -p, --port=<port>      listen on/connect to port <port> (defaul
 func ParseArgs(t Transport, args []string) (Params, error) {
 	p := DefaultParams(t)
 	long := map[string]byte{"port": 'p', "ib-dev": 'd', "ib-port": 'i', "size": 's', "mtu": 'm', "rx-depth": 'r',
-		"iters": 'n', "sl": 'l', "events": 'e', "gid-idx": 'g', "chk": 'c', "help": 'h'}
-	hasArg := "pdismrnlg"
+		"iters": 'n', "sl": 'l', "events": 'e', "gid-idx": 'g', "chk": 'c', "help": 'h', "cc": optCC, "cc-scale": optCCScale}
+	hasArg := "pdismrnlg" + string(rune(optCC)) + string(rune(optCCScale))
 	var pos []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -164,6 +178,15 @@ func (p *Params) set(opt byte, val string) error {
 		p.GIDIndex, err = num(0, 255)
 	case 'c':
 		p.Check = true
+	case optCC:
+		p.CC = val
+		_, _, err = host.ParseCC(val, "")
+	case optCCScale:
+		f, ferr := strconv.ParseFloat(val, 64)
+		if ferr != nil || !(f >= 1) || f > 1e9 {
+			err = fmt.Errorf("bad value %q (a number from 1 to 1e9)", val)
+		}
+		p.CCScale = f
 	default:
 		err = errors.New("unknown option")
 	}

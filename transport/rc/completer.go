@@ -27,7 +27,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 	if h.SR() && r.mark && !r.sr.on {
 		q.srStart(now) // the peer's responder agreed
 	}
-	if q.adaptive() {
+	if q.records() {
 		q.sampleRTT(now, op, pp, syn)
 	}
 	probe, probeAt := r.answersProbe(op, pp, syn), r.probeAt

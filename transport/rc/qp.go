@@ -452,25 +452,14 @@ func (q *QP) Deadline() clock.Time {
 		dl = q.req.timer
 	}
 	if cc := q.cc; cc != nil {
-		paceAt := cc.paceAt
-		if !q.hasOutput() {
-			paceAt = clock.Never // see HasOutput
-		}
-		dl = min(dl, cc.ctl.Deadline(), cc.np.Deadline(), paceAt)
+		dl = min(dl, cc.deadline(q.hasOutput()))
 	}
 	return dl
 }
 
 // Expire runs the timers due at now: the RNR wait, the local ACK timeout
 // and the adaptive retransmission timers, and congestion control's.
-func (q *QP) Expire(now clock.Time) {
-	if q.reqOn && !q.cfg.UC {
-		q.expire(now)
-	}
-	if q.cc != nil {
-		q.cc.expire(now)
-	}
-}
+func (q *QP) Expire(now clock.Time) { q.ccExpire(now) }
 
 // HasOutput reports whether Build would produce a packet now. A QP the
 // pacer holds has none until its departure time unless it owes a CNP; one
@@ -567,6 +556,11 @@ func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 			return
 		}
 		q.receiveResponse(now, pkt, op, hl, len(pkt)-pad)
+		if m != nil {
+			q.ccResponse(now, m.RxAway)
+		} else {
+			q.ccResponse(now, 0)
+		}
 		return
 	}
 	if !q.respOn {

@@ -131,7 +131,7 @@ func (r *requester) canSend(q *QP) bool {
 	if !q.cfg.UC && (!r.sr.on && r.psn.Diff(r.compPSN) > MaxUnackedPSNs || r.sr.on && r.psn.Diff(r.compPSN) >= int32(r.sr.win)) {
 		return false
 	}
-	return true
+	return q.ccWindowOpen()
 }
 
 // buildRequest emits the next request packet of the WQE at next.
@@ -196,7 +196,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		// as they go (with selective repeat, four times per window).
 		ackReq := last
 		if !last {
-			ackReq = r.noAck > r.ackEvery()
+			ackReq = r.noAck > q.ackSpacing()
 			r.noAck++
 		}
 		if ackReq {

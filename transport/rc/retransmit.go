@@ -63,7 +63,7 @@ func (q *QP) adpPTO() time.Duration { return q.req.rtt.pto(q.req.rtt.rto(q.ackLi
 // one, such as a READ asked again from an offset) and arms the adaptive
 // timers.
 func (q *QP) sentPkt(now clock.Time, p bth.PSN, retx bool) {
-	if !q.adaptive() {
+	if !q.records() {
 		return
 	}
 	r := &q.req
@@ -73,6 +73,9 @@ func (q *QP) sentPkt(now clock.Time, p bth.PSN, retx bool) {
 	rec := r.tx.sent(p, now, r.sr.bdp.delivered, r.sr.bdp.deliveredAt)
 	if retx {
 		rec.flags |= txRetx
+	}
+	if !q.adaptive() {
+		return // records for congestion control only
 	}
 	if r.rtoAt == clock.Never {
 		r.rtoAt = now.Add(q.adpRTO())
@@ -108,8 +111,8 @@ func (q *QP) sampleRTT(now clock.Time, op bth.Opcode, pp bth.PSN, syn uint8) {
 func (q *QP) settle(now clock.Time) {
 	r := &q.req
 	gap := r.compPSN.Diff(r.settled)
-	if gap <= 0 || !q.adaptive() {
-		r.settled = r.compPSN // no records without adaptive retransmission
+	if gap <= 0 || !q.records() {
+		r.settled = r.compPSN // no records
 		return
 	}
 	var newest *txRec

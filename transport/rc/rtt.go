@@ -36,6 +36,7 @@ type rttEstimator struct {
 	minRTT       time.Duration
 	minAt        clock.Time
 	samples      uint64
+	last         time.Duration // the last sample
 }
 
 func (e *rttEstimator) sample(now clock.Time, r time.Duration) {
@@ -53,6 +54,7 @@ func (e *rttEstimator) sample(now clock.Time, r time.Duration) {
 		e.srtt += (r - e.srtt) / 8
 	}
 	e.samples++
+	e.last = r
 	if e.minRTT == 0 || r <= e.minRTT || now.Sub(e.minAt) > minRTTWindow {
 		e.minRTT, e.minAt = r, now
 	}

@@ -78,8 +78,8 @@ func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host)
 // neighbour resolution and DCQCN (its own configuration), so -d may only
 // name the daemon's interface, and --dcqcn is refused.
 func withDaemon(p perftest.Params, socket string, f func(Host) error) error {
-	if p.DCQCN != "" && p.DCQCN != "off" {
-		return errors.New("perf: --dcqcn with --daemon: DCQCN is the daemon's to configure (its dcqcn keys)")
+	if p.DCQCN != "" || p.CC != "" || p.CCScale != 1 {
+		return errors.New("perf: --cc, --cc-scale or --dcqcn with --daemon: congestion control is the daemon's to configure (its cc keys)")
 	}
 	h, c, err := DaemonHost(socket)
 	if err != nil {

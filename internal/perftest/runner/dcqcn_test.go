@@ -245,9 +245,9 @@ func TestServeClients(t *testing.T) {
 	}
 }
 
-// TestCongestionFor: the profile and dilation of --dcqcn/--dcqcn-scale,
-// and a pacer burst of 2 ms at the dilated line rate, at most
-// 64 KiB.
+// TestCongestionFor: the algorithm, profile and dilation of --cc,
+// --dcqcn and --cc-scale (or --dcqcn-scale), and a pacer burst of 2 ms at
+// the dilated line rate, at most 64 KiB.
 func TestCongestionFor(t *testing.T) {
 	for _, c := range []struct {
 		args     []string
@@ -260,7 +260,11 @@ func TestCongestionFor(t *testing.T) {
 		{[]string{"--dcqcn", "paper", "--dcqcn-scale", "400"}, true, 100, 25000, 400, "paper"},
 		{[]string{"--dcqcn", "paper"}, true, 40000, 64 << 10, 1, "paper"},
 		{[]string{"--dcqcn", "connectx", "--dcqcn-scale", "1000"}, true, 100, 25000, 1000, "connectx"},
-		{nil, false, 0, 0, 0, "off"},
+		{[]string{"--cc", "dcqcn", "--cc-scale", "1000"}, true, 100, 25000, 1000, "connectx"},
+		{[]string{"--cc", "swift", "--cc-scale", "400"}, true, 100, 25000, 400, "default"},
+		{[]string{"--cc", "timely:paper", "--dcqcn-scale", "400"}, true, 100, 25000, 400, "paper"},
+		{nil, false, 0, 0, 0, ""},
+		{[]string{"--cc", "off"}, false, 0, 0, 0, ""},
 	} {
 		p, err := perftest.ParseArgs(perftest.Write, perftest.BW, append([]string{"-d", "x"}, c.args...))
 		if err != nil {
@@ -270,9 +274,9 @@ func TestCongestionFor(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if cc.On() != c.on || cc.Profile != c.profile || cc.PacerBurst != c.burst || c.on && (cc.Scale != c.scale || float64(cc.RP.LineRate)/1e6 != c.lineMbps) {
+		if cc.On() != c.on || cc.Profile != c.profile || cc.PacerBurst != c.burst || c.on && (cc.Scale != c.scale || float64(cc.LineRate())/1e6 != c.lineMbps) {
 			t.Errorf("%q: got %s on=%v scale %v line %v burst %d, want %s %v %v %v Mb/s %d", c.args, cc.Profile, cc.On(), cc.Scale,
-				float64(cc.RP.LineRate)/1e6, cc.PacerBurst, c.profile, c.on, c.scale, c.lineMbps, c.burst)
+				float64(cc.LineRate())/1e6, cc.PacerBurst, c.profile, c.on, c.scale, c.lineMbps, c.burst)
 		}
 	}
 }
@@ -301,5 +305,38 @@ func TestEngineOptions(t *testing.T) {
 		if o := engineOptions(cc); o.IdleWait != c.nap || o.SpinFor != 0 || o.DeepIdleAfter != 0 {
 			t.Errorf("%q: options %+v, want IdleWait %v and the rest default", c.args, o, c.nap)
 		}
+	}
+}
+
+// TestSwiftJSON runs write_bw with Swift: both --json outputs carry the
+// "cc" object (algorithm, profile, scale, the device's cc_* counters, the
+// QP's figures) and no "dcqcn" one; the client's QP took RTT samples from
+// the ACKs and has a window. Dilated by 400 (a 100 Mb/s line rate, a
+// target of milliseconds), so that the real RTT of two engines on a busy
+// host stays below the target.
+func TestSwiftJSON(t *testing.T) {
+	args := []string{"-s", "65536", "-n", "20", "--json", "--cc", "swift", "--cc-scale", "400"}
+	a, b := ccHosts(t, args, 0)
+	sout, cout := runPairJSON(t, a, b, args...)
+	var got []CCJSON
+	for _, out := range []string{sout, cout} {
+		var v struct {
+			CC    *CCJSON    `json:"cc"`
+			DCQCN *DCQCNJSON `json:"dcqcn"`
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil || v.CC == nil || v.DCQCN != nil {
+			t.Fatalf("%v: want a cc object and no dcqcn one in\n%s", err, out)
+		}
+		c := *v.CC
+		if c.Algorithm != "swift" || c.Profile != "default" || c.Scale != 400 || len(c.QPs) != 1 || c.RTTSamples == nil ||
+			c.Decreases == nil || c.LossEvents == nil || c.WindowFull == nil || c.Peer == "" {
+			t.Fatalf("cc object %+v", c)
+		}
+		got = append(got, c)
+	}
+	cq := got[1].QPs[0]
+	if *got[1].RTTSamples == 0 || cq.RTTSamples == 0 || cq.SRTTUs <= 0 || cq.MinRTTUs <= 0 || cq.WindowBytes == nil ||
+		*cq.WindowBytes <= 0 || cq.Cwnd <= 0 || cq.TargetUs <= 0 || cq.RateMbps <= 0 {
+		t.Errorf("client QP %+v (device samples %d)", cq, *got[1].RTTSamples)
 	}
 }

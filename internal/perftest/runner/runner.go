@@ -14,7 +14,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
-	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/perftest"
@@ -42,15 +42,20 @@ type Host struct {
 	Stats func() rnic.Stats
 }
 
-// CongestionFor is the device's DCQCN setting for --dcqcn and
-// --dcqcn-scale: the profile at its own line rate (paper 40 Gb/s,
-// connectx 100 Gb/s), dilated by the scale, so that a testbed whose
+// CongestionFor is the device's congestion control for --cc, --dcqcn and
+// --cc-scale (host.ParseCC, host.Congestion): the algorithm's profile at
+// its own line rate (DCQCN paper 40 Gb/s, connectx 100 Gb/s; Swift and
+// TIMELY 40 Gb/s), dilated by the scale, so that a testbed whose
 // bottleneck is the line rate ÷ S sees the profile's dynamics; its pacer
 // may burst as host.Congestion allows.
 func CongestionFor(p perftest.Params) (rnic.Congestion, error) {
-	cc, err := host.Congestion(p.DCQCN, p.DCQCNScale, nil)
+	algo, profile, err := host.ParseCC(p.CC, p.DCQCN)
 	if err != nil {
-		return cc, fmt.Errorf("perf: --dcqcn %s --dcqcn-scale %g: %w", p.DCQCN, p.DCQCNScale, err)
+		return rnic.Congestion{}, fmt.Errorf("perf: %w", err)
+	}
+	cc, err := host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: p.CCScale})
+	if err != nil {
+		return cc, fmt.Errorf("perf: --cc %s:%s --cc-scale %g: %w", algo, profile, p.CCScale, err)
 	}
 	return cc, nil
 }
@@ -61,17 +66,17 @@ type Result struct {
 	Lat    []perftest.LatReport
 	MTU    int
 	Verify bool // --verify checked every byte (false: not asked)
-	// CC is each QP's DCQCN state at the end of the run (empty with
-	// DCQCN off), taken before the QPs are destroyed.
+	// CC is each QP's congestion-control state at the end of the run
+	// (empty with it off), taken before the QPs are destroyed.
 	CC []QPCongestion
 	// Peer is the address of the peer's GID.
 	Peer netip.Addr
 }
 
-// QPCongestion is one QP's DCQCN state at the end of a run.
+// QPCongestion is one QP's congestion-control state at the end of a run.
 type QPCongestion struct {
 	QPN uint32
-	dcqcn.State
+	congestion.State
 }
 
 // udQKey is the Q_Key perftest gives its UD QPs (DEF_QKEY).
@@ -147,13 +152,14 @@ func New(h Host, p perftest.Params, client bool, out io.Writer) *Test {
 	return t
 }
 
-// congestion is the device's DCQCN profile and time dilation, and whether
-// DCQCN runs (through the daemon: as the daemon's configuration says).
-func (t *Test) congestion() (profile string, scale float64, on bool) {
+// congestion is the device's congestion control, its profile and time
+// dilation, and whether it runs (through the daemon: as the daemon's
+// configuration says).
+func (t *Test) congestion() (algorithm, profile string, scale float64, on bool) {
 	if c, ok := t.dev.(verbs.CongestionProfiler); ok {
-		profile, scale = c.CongestionProfile()
+		algorithm, profile, scale = c.CongestionProfile()
 	}
-	return profile, scale, profile != "" && profile != "off"
+	return algorithm, profile, scale, algorithm != "" && algorithm != "off"
 }
 
 // Exec runs the test over the side channel conn, returns what it measured
@@ -219,7 +225,8 @@ func (t *Test) info() perftest.Info {
 		GIDIndex: t.p.GIDIndex, Duration: t.p.Duration, ReportGbits: t.p.ReportGbits}
 }
 
-// snapshotCC records each QP's DCQCN state while the QPs still exist.
+// snapshotCC records each QP's congestion-control state while the QPs
+// still exist.
 func (t *Test) snapshotCC() {
 	t.res.CC = t.res.CC[:0]
 	for _, q := range t.qps {
@@ -245,31 +252,95 @@ func (t *Test) JSON() *JSONResult {
 		j.TestInfo.Verified = &v
 	}
 	out := &JSONResult{JSONResult: j}
-	if profile, scale, on := t.congestion(); on {
-		d := &DCQCNJSON{Profile: profile, Scale: scale, QPs: []QPCongestionJSON{}}
-		if t.res.Peer.IsValid() {
-			d.Peer = t.res.Peer.String()
-		}
-		if t.h.Stats != nil {
-			st := t.h.Stats()
-			d.ECNMarked, d.CNPSent = &st.NPECNMarkedRoCEPackets, &st.NPCNPSent
-			d.CNPHandled, d.CNPIgnored = &st.RPCNPHandled, &st.RPCNPIgnored
-		}
-		for _, q := range t.res.CC {
-			d.QPs = append(d.QPs, QPCongestionJSON{QPN: q.QPN, RateMbps: float64(q.Rate) / 1e6, TargetMbps: float64(q.Target) / 1e6,
-				Alpha: q.Alpha, ECNMarked: q.NPECNMarkedRoCEPackets, CNPSent: q.NPCNPSent,
-				CNPHandled: q.RPCNPHandled, CNPIgnored: q.RPCNPIgnored, Cuts: q.Cuts})
-		}
-		out.DCQCN = d
+	algo, profile, scale, on := t.congestion()
+	if !on {
+		return out
 	}
+	peer := ""
+	if t.res.Peer.IsValid() {
+		peer = t.res.Peer.String()
+	}
+	c := &CCJSON{Algorithm: algo, Profile: profile, Scale: scale, Peer: peer, QPs: []QPCCJSON{}}
+	var st rnic.Stats
+	if t.h.Stats != nil {
+		st = t.h.Stats()
+		cs := st.CCCounters.Counters
+		c.RTTSamples, c.Decreases, c.LossEvents, c.WindowFull = &cs.RTTSamples, &cs.Decreases, &cs.LossEvents, &cs.WindowFull
+	}
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	for _, q := range t.res.CC {
+		j := QPCCJSON{QPN: q.QPN, RateMbps: float64(q.Rate) / 1e6, SRTTUs: us(q.SRTT), MinRTTUs: us(q.MinRTT),
+			LastRTTUs: us(q.LastRTT), HostDelayUs: us(q.HostDelay), RTTSamples: q.RTTSamples, Decreases: q.Decreases,
+			LossEvents: q.LossEvents, WindowFull: q.WindowFull, Cwnd: q.Cwnd, TargetUs: us(q.Target), Gradient: q.Gradient}
+		if q.Window != congestion.NoWindow {
+			j.WindowBytes, j.InFlightBytes = &q.Window, &q.InFlight
+		}
+		c.QPs = append(c.QPs, j)
+	}
+	out.CC = c
+	if algo != "dcqcn" {
+		return out
+	}
+	d := &DCQCNJSON{Profile: profile, Scale: scale, Peer: peer, QPs: []QPCongestionJSON{}}
+	if t.h.Stats != nil {
+		d.ECNMarked, d.CNPSent = &st.NPECNMarkedRoCEPackets, &st.NPCNPSent
+		d.CNPHandled, d.CNPIgnored = &st.RPCNPHandled, &st.RPCNPIgnored
+	}
+	for _, q := range t.res.CC {
+		d.QPs = append(d.QPs, QPCongestionJSON{QPN: q.QPN, RateMbps: float64(q.Rate) / 1e6, TargetMbps: float64(q.TargetRate) / 1e6,
+			Alpha: q.Alpha, ECNMarked: q.ECNMarked, CNPSent: q.CNPSent,
+			CNPHandled: q.CNPHandled, CNPIgnored: q.CNPIgnored, Cuts: q.Cuts})
+	}
+	out.DCQCN = d
 	return out
 }
 
-// JSONResult is perftest's --json layout plus, with DCQCN on, a "dcqcn"
-// object.
+// JSONResult is perftest's --json layout plus, with congestion control
+// on, a "cc" object and, under DCQCN, a "dcqcn" object.
 type JSONResult struct {
 	*perftest.JSONResult
+	CC    *CCJSON    `json:"cc,omitempty"`
 	DCQCN *DCQCNJSON `json:"dcqcn,omitempty"`
+}
+
+// CCJSON is the "cc" object of --json, whatever the algorithm: which one
+// runs, its profile and dilation, the device's counters (device-wide, so
+// with --clients they count every client's QPs), the peer this run
+// served, and each of this run's QPs' final figures and own counts (under
+// other names than the device's, so that a tool summing the device names
+// does not count them twice).
+type CCJSON struct {
+	Algorithm  string     `json:"algorithm"`
+	Profile    string     `json:"profile"`
+	Scale      float64    `json:"scale"`
+	RTTSamples *uint64    `json:"cc_rtt_samples,omitempty"`
+	Decreases  *uint64    `json:"cc_decreases,omitempty"`
+	LossEvents *uint64    `json:"cc_loss_events,omitempty"`
+	WindowFull *uint64    `json:"cc_window_full,omitempty"`
+	Peer       string     `json:"peer,omitempty"`
+	QPs        []QPCCJSON `json:"qps"`
+}
+
+// QPCCJSON is one QP in CCJSON: its rate, window and bytes in flight (no
+// window: absent), the RTT estimates (µs), and the algorithm's own
+// figures (Swift: cwnd in packets and the fabric target; TIMELY: the
+// gradient).
+type QPCCJSON struct {
+	QPN           uint32  `json:"qpn"`
+	RateMbps      float64 `json:"rate_mbps"`
+	WindowBytes   *int64  `json:"window_bytes,omitempty"`
+	InFlightBytes *int64  `json:"inflight_bytes,omitempty"`
+	SRTTUs        float64 `json:"srtt_us"`
+	MinRTTUs      float64 `json:"min_rtt_us"`
+	LastRTTUs     float64 `json:"last_rtt_us"`
+	HostDelayUs   float64 `json:"host_delay_us"`
+	RTTSamples    uint64  `json:"rtt_samples"`
+	Decreases     uint64  `json:"decreases"`
+	LossEvents    uint64  `json:"loss_events"`
+	WindowFull    uint64  `json:"window_full"`
+	Cwnd          float64 `json:"cwnd,omitempty"`
+	TargetUs      float64 `json:"target_us,omitempty"`
+	Gradient      float64 `json:"gradient,omitempty"`
 }
 
 // Write writes the result as indented JSON.
@@ -651,7 +722,7 @@ func (t *Test) poll() (int, error) {
 
 // idle is what poll does when it found nothing. perftest busy-polls, and so
 // do we (yielding, so that the engine goroutine runs on a small machine),
-// except on one QP paced by DCQCN: its completions come at its rate, so
+// except on one QP paced by congestion control: its completions come at its rate, so
 // polling faster gains nothing and takes the CPU from the engines of this
 // and the other flows on the host (live, two paced write_bw clients and a
 // server on two loaded cores sent 60-70 % of their reaction points' rates).
@@ -659,7 +730,7 @@ func (t *Test) poll() (int, error) {
 // keeps posting completions meanwhile.
 func (t *Test) idle() {
 	nt, ok := t.qps[0].cq.(verbs.Notifier)
-	if _, _, on := t.congestion(); len(t.qps) != 1 || t.p.Measure != perftest.BW || !on || !ok {
+	if _, _, _, on := t.congestion(); len(t.qps) != 1 || t.p.Measure != perftest.BW || !on || !ok {
 		// Busy polling: an in-process device's engine step runs in this
 		// goroutine while its engine goroutine naps (rnic.Device.Poll).
 		if t.local == nil || !t.local.Poll() {

@@ -33,7 +33,8 @@ import (
 // {addr} (its IPv4 address), {server} (the receiver's address), {port} (the
 // side-channel TCP port, BasePort + flow ID), {secs} (how long the flow
 // sends, whole seconds), {tclass} (the IPv4 TOS byte, ECT(0) included),
-// {dscp}, {profile}, {scale}, {payload}, {id}, {clients}.
+// {dscp}, {cc} (ALGORITHM:PROFILE), {profile}, {scale}, {payload}, {id},
+// {clients}.
 //
 // Counters: when a process exits, every JSON object in its standard output
 // is searched (at any depth) for the mlx5 counter names
@@ -76,13 +77,14 @@ func (s *sharedServer) wait(d time.Duration) error {
 }
 
 // SoftrnicServer and SoftrnicClient are the command lines the engine is
-// expected to accept: perftest's write_bw with DCQCN switched on by
-// --dcqcn PROFILE, dilated by --dcqcn-scale S (rates ÷ S, periods × S; see
-// DilateRP), data sent with the given traffic class (ECT(0)), and --json
-// output carrying the mlx5 counters.
+// expected to accept: perftest's write_bw with congestion control switched
+// on by --cc ALGORITHM:PROFILE, dilated by --cc-scale S (rates ÷ S, delays
+// and periods × S; see DilateRP), data sent with the given traffic class,
+// and --json output carrying the counters (the mlx5 names, and the cc
+// object).
 var (
 	softrnicPerf = []string{"softrnic", "perf", "write_bw", "-d", "{dev}", "-p", "{port}", "-D", "{secs}",
-		"-s", "65536", "-m", "{payload}", "-u", "18", "--tclass", "{tclass}", "--dcqcn", "{profile}", "--dcqcn-scale", "{scale}", "--json"}
+		"-s", "65536", "-m", "{payload}", "-u", "18", "--tclass", "{tclass}", "--cc", "{cc}", "--cc-scale", "{scale}", "--json"}
 	// -u 18: a local ACK timeout of 1.07 s instead of perftest's 67 ms.
 	// Dilation stretches every delay by S: a 64 KiB WRITE at a rate cut
 	// to 7.8 Mb/s takes 67 ms, and a full tbf queue (800 kB) takes 64 ms
@@ -108,7 +110,7 @@ func expand(tmpl []string, bin string, h *Host, spec FlowSpec, port, clients int
 		"{dev}", h.Link.Name, "{addr}", h.Link.Addr.String(), "{server}", spec.Dst.Link.Addr.String(),
 		"{port}", strconv.Itoa(port), "{secs}", strconv.Itoa(max(secs, 1)),
 		"{tclass}", strconv.Itoa(int(spec.TClass)), "{dscp}", strconv.Itoa(int(spec.TClass>>2)),
-		"{profile}", spec.Profile, "{scale}", strconv.FormatFloat(spec.Scale, 'g', -1, 64),
+		"{cc}", spec.CC, "{profile}", spec.Profile, "{scale}", strconv.FormatFloat(spec.Scale, 'g', -1, 64),
 		"{payload}", strconv.Itoa(spec.PayloadBytes), "{id}", strconv.Itoa(spec.ID),
 		"{clients}", strconv.Itoa(max(clients, 1)),
 	)
@@ -339,34 +341,52 @@ func (f *cmdFlow) Counters() EndpointCounters { return f.counters }
 // addCounters adds the mlx5-named counters found in the JSON objects of out.
 func addCounters(c *EndpointCounters, out []byte) { eachJSON(out, func(v any) { walkCounters(c, v) }) }
 
-// addSenderRate takes the sender's final DCQCN rate (summed over its QPs)
-// and its largest α from a client's output (perf's dcqcn.qps[].rate_mbps,
-// alpha). Only the sender's output: a server's QPs carry rates too.
+// addSenderRate takes, from a client's output (only the sender's: a
+// server's QPs carry rates too), what its congestion control allowed at
+// the end, summed over its QPs (perf's cc.qps[]: the rate, capped for a
+// window algorithm by the window over the smoothed RTT), their counts and
+// last figures, and DCQCN's largest α (dcqcn.qps[].alpha). An output
+// without a cc object (an older perf) gives dcqcn.qps[].rate_mbps.
 func addSenderRate(c *EndpointCounters, out []byte) {
 	eachJSON(out, func(v any) {
-		var walk func(v any)
-		walk = func(v any) {
-			switch x := v.(type) {
-			case map[string]any:
-				for k, e := range x {
-					if n, ok := e.(float64); ok && n >= 0 {
-						switch k {
-						case "rate_mbps":
-							c.RPRateMbps += n
-						case "alpha":
-							c.RPAlpha = max(c.RPAlpha, n)
-						}
-						continue
-					}
-					walk(e)
-				}
-			case []any:
-				for _, e := range x {
-					walk(e)
+		top, _ := v.(map[string]any)
+		num := func(m map[string]any, k string) float64 {
+			n, _ := m[k].(float64)
+			return max(n, 0)
+		}
+		qps := func(key string) []map[string]any {
+			o, _ := top[key].(map[string]any)
+			l, _ := o["qps"].([]any)
+			var r []map[string]any
+			for _, q := range l {
+				if m, ok := q.(map[string]any); ok {
+					r = append(r, m)
 				}
 			}
+			return r
 		}
-		walk(v)
+		for _, q := range qps("dcqcn") {
+			c.RPAlpha = max(c.RPAlpha, num(q, "alpha"))
+			if _, ok := top["cc"]; !ok {
+				c.RPRateMbps += num(q, "rate_mbps")
+			}
+		}
+		for _, q := range qps("cc") {
+			rate := num(q, "rate_mbps")
+			if w, srtt := num(q, "window_bytes"), num(q, "srtt_us"); w > 0 && srtt > 0 {
+				rate = min(rate, w*8/srtt) // bytes per µs × 8 = Mb/s
+			}
+			c.RPRateMbps += rate
+			c.CCRTTSamples += uint64(num(q, "rtt_samples"))
+			c.CCDecreases += uint64(num(q, "decreases"))
+			c.CCLossEvents += uint64(num(q, "loss_events"))
+			c.CCWindowFull += uint64(num(q, "window_full"))
+			c.Cwnd += num(q, "cwnd")
+			c.SRTTUs = max(c.SRTTUs, num(q, "srtt_us"))
+			c.MinRTTUs = max(c.MinRTTUs, num(q, "min_rtt_us"))
+			c.HostDelayUs = max(c.HostDelayUs, num(q, "host_delay_us"))
+			c.TargetUs = max(c.TargetUs, num(q, "target_us"))
+		}
 	})
 }
 
@@ -397,7 +417,8 @@ func eachJSON(out []byte, fn func(v any)) {
 
 // addPeerCounters adds, from a shared server's output, the per-QP counts
 // of the JSON objects whose dcqcn.peer is peer (the device-wide mlx5
-// counters there cover every flow, so they are not used).
+// counters there cover every flow, so they are not used; the other
+// algorithms have no receive-side counts).
 func addPeerCounters(c *EndpointCounters, out []byte, peer string) {
 	dec := json.NewDecoder(bytes.NewReader(out))
 	for {

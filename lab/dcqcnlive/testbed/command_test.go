@@ -99,16 +99,16 @@ func helperClient(args []string) int {
 func TestExpand(t *testing.T) {
 	h1 := &Host{Name: "h1", Link: netnstest.Link{Name: "va1", Addr: netip.MustParseAddr("10.77.1.2")}}
 	r := &Host{Name: "r", Link: netnstest.Link{Name: "vr", Addr: netip.MustParseAddr("10.77.3.2")}}
-	spec := FlowSpec{ID: 2, Src: h1, Dst: r, TClass: 26<<2 | 2, Profile: "paper", Scale: 400, PayloadBytes: 1024, Duration: 25500 * time.Millisecond}
+	spec := FlowSpec{ID: 2, Src: h1, Dst: r, TClass: 26<<2 | 2, CC: "dcqcn:paper", Profile: "paper", Scale: 400, PayloadBytes: 1024, Duration: 25500 * time.Millisecond}
 	got := expand(SoftrnicClient, "/opt/softrnic", h1, spec, 18517, 2)
 	want := []string{"/opt/softrnic", "perf", "write_bw", "-d", "va1", "-p", "18517", "-D", "26", "-s", "65536", "-m", "1024",
-		"-u", "18", "--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "10.77.3.2"}
+		"-u", "18", "--tclass", "106", "--cc", "dcqcn:paper", "--cc-scale", "400", "--json", "10.77.3.2"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("client:\n got %q\nwant %q", got, want)
 	}
 	got = expand(SoftrnicServer, "/opt/softrnic", r, spec, 18516, 2)
 	want = []string{"/opt/softrnic", "perf", "write_bw", "-d", "vr", "-p", "18516", "-D", "26", "-s", "65536", "-m", "1024",
-		"-u", "18", "--tclass", "106", "--dcqcn", "paper", "--dcqcn-scale", "400", "--json", "--clients", "2"}
+		"-u", "18", "--tclass", "106", "--cc", "dcqcn:paper", "--cc-scale", "400", "--json", "--clients", "2"}
 	if !slices.Equal(got, want) {
 		t.Fatalf("server:\n got %q\nwant %q", got, want)
 	}
@@ -225,12 +225,30 @@ func TestSharedServer(t *testing.T) {
 	}
 }
 
-// The sender's final DCQCN rate is summed over its QPs and α is the
-// largest, from perf's JSON (dcqcn.qps[]); counters are left alone.
+// What the sender's congestion control allowed is summed over its QPs
+// from perf's cc object (a window algorithm's rate capped by its window
+// over its SRTT), with their counts and figures; α is the largest of the
+// dcqcn object's; an older perf's output without a cc object gives the
+// dcqcn rates; counters are left alone.
 func TestAddSenderRate(t *testing.T) {
 	var c EndpointCounters
 	addSenderRate(&c, []byte("log line\n{\"dcqcn\": {\"qps\": [{\"rate_mbps\": 48.5, \"alpha\": 0.08}, {\"rate_mbps\": 1.5, \"alpha\": 0.1}]}, \"np_cnp_sent\": 7}\n"))
 	if c != (EndpointCounters{RPRateMbps: 50, RPAlpha: 0.1}) {
 		t.Fatalf("got %+v", c)
+	}
+	c = EndpointCounters{}
+	addSenderRate(&c, []byte(`{"cc": {"algorithm": "dcqcn", "qps": [{"rate_mbps": 48.5}, {"rate_mbps": 1.5}]}, "dcqcn": {"qps": [{"rate_mbps": 48.5, "alpha": 0.08}, {"rate_mbps": 1.5, "alpha": 0.1}]}}`))
+	if c != (EndpointCounters{RPRateMbps: 50, RPAlpha: 0.1}) {
+		t.Fatalf("dcqcn with a cc object: got %+v", c)
+	}
+	c = EndpointCounters{}
+	// Swift: a window of 5000 bytes over a 1000 µs SRTT allows 40 Mb/s
+	// of the 100 the pacer would.
+	addSenderRate(&c, []byte(`{"cc": {"algorithm": "swift", "cc_rtt_samples": 999, "qps": [{"rate_mbps": 100, "window_bytes": 5000, "srtt_us": 1000,
+	  "min_rtt_us": 300, "host_delay_us": 20, "rtt_samples": 70, "decreases": 5, "loss_events": 1, "window_full": 60, "cwnd": 4.6, "target_us": 2400}]}}`))
+	w := EndpointCounters{RPRateMbps: 40, CCRTTSamples: 70, CCDecreases: 5, CCLossEvents: 1, CCWindowFull: 60, Cwnd: 4.6, SRTTUs: 1000,
+		MinRTTUs: 300, HostDelayUs: 20, TargetUs: 2400}
+	if c != w {
+		t.Fatalf("swift: got %+v, want %+v", c, w)
 	}
 }

@@ -30,14 +30,49 @@ func DilateRP(c dcqcn.Config, s float64) dcqcn.Config { return c.Dilate(s) }
 func DilateNP(n dcqcn.NPConfig, s float64) dcqcn.NPConfig { return n.Dilate(s) }
 
 // Plan is a dilated experiment's parameters: the bottleneck for Build and
-// the DCQCN configuration congestion-controlled endpoints must run.
+// the congestion control congestion-controlled endpoints must run.
 type Plan struct {
+	// Algorithm is "dcqcn", "swift" or "timely"; Profile its profile
+	// (softrnic's --cc ALGORITHM:PROFILE).
+	Algorithm  string
 	Profile    string
 	Scale      float64
 	LineRate   congestion.Rate // undilated line rate of the profile
 	Bottleneck Bottleneck
-	RP         dcqcn.Config   // dilated
-	NP         dcqcn.NPConfig // dilated
+	RP         dcqcn.Config   // DCQCN's, dilated
+	NP         dcqcn.NPConfig // DCQCN's, dilated
+}
+
+// CC is the plan's congestion control as softrnic's --cc takes it.
+func (p *Plan) CC() string { return p.Algorithm + ":" + p.Profile }
+
+// PlanForCC returns the plan of an algorithm at scale s: DCQCN's is
+// PlanFor's of its profile ("": paper); Swift and TIMELY run on the
+// paper profile's bottleneck (the DCQCN paper's two-flow fabric, which the
+// simulator's two-flow scenario and softrnic's Swift and TIMELY profiles
+// assume: 40 Gb/s), whose ECN marker they leave alone (their frames are
+// not ECN capable).
+func PlanForCC(algorithm, profile string, s float64, seed uint64) (Plan, error) {
+	switch algorithm {
+	case "", "dcqcn":
+		if profile == "" {
+			profile = "paper"
+		}
+		return PlanFor(profile, s, seed)
+	case "swift", "timely":
+	default:
+		return Plan{}, fmt.Errorf("testbed: unknown congestion control %q (dcqcn, swift, timely)", algorithm)
+	}
+	p, err := PlanFor("paper", s, seed)
+	if err != nil {
+		return p, err
+	}
+	p.Algorithm, p.Profile = algorithm, profile
+	if p.Profile == "" {
+		p.Profile = map[string]string{"swift": "default", "timely": "artifact"}[algorithm]
+	}
+	p.RP, p.NP = dcqcn.Config{}, dcqcn.NPConfig{}
+	return p, nil
 }
 
 // PlanFor returns the plan of a profile at scale s:
@@ -52,7 +87,7 @@ func PlanFor(profile string, s float64, seed uint64) (Plan, error) {
 	if !(s >= 1) {
 		return Plan{}, fmt.Errorf("testbed: scale %v below 1", s)
 	}
-	p := Plan{Profile: profile, Scale: s}
+	p := Plan{Algorithm: "dcqcn", Profile: profile, Scale: s}
 	var kmin, kmax uint64
 	var pmax float64
 	switch profile {

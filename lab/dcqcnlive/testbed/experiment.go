@@ -27,7 +27,7 @@ type Experiment struct {
 	// PayloadBytes is the RDMA payload per packet (1024: 1 KB packets, as
 	// in the paper's fluid model).
 	PayloadBytes int
-	DSCP         uint8 // data packets carry DSCP<<2 | ECT(0)
+	DSCP         uint8 // data packets carry DSCP<<2 | ECT(0) under DCQCN, Not-ECT otherwise
 	// Bin is the width of the rate bins (default S × 1 ms); QueuePoll the
 	// period of the tbf backlog polls (default 5 ms).
 	Bin, QueuePoll time.Duration
@@ -47,6 +47,9 @@ type Experiment struct {
 	Log func(format string, args ...any)
 	// Stop, when it delivers, ends the run early (still cleaning up).
 	Stop <-chan os.Signal
+	// Sim, if set, is the simulator's prediction for the same scaled
+	// scenario (Predict), copied into the summary.
+	Sim *Prediction
 }
 
 // sleepUntil waits until t or until Stop delivers; false means stopped.
@@ -90,6 +93,7 @@ type Summary struct {
 	Endpoints            string           `json:"endpoints"`
 	CongestionControlled bool             `json:"congestion_controlled"`
 	Note                 string           `json:"note"`
+	Algorithm            string           `json:"algorithm"`
 	Profile              string           `json:"profile"`
 	Scale                float64          `json:"scale"`
 	BottleneckMbps       float64          `json:"bottleneck_mbps"`
@@ -114,12 +118,15 @@ type Summary struct {
 	// and when it ended (/proc/loadavg): the run shares two cores with
 	// whatever else runs, and a busy host sends less than DCQCN allows.
 	HostLoad [2]float64 `json:"host_load1"`
-	// RPSumMbps is the sum of the senders' final DCQCN rates (0 if the
-	// endpoints do not report them). SenderLimited is set when those rates
-	// allowed at least 95 % of the bottleneck but the flows used less than
-	// 95 % of it: the hosts, not DCQCN, held the flows back.
+	// RPSumMbps is the sum of what the senders' congestion control allowed
+	// at the end (EndpointCounters.RPRateMbps; 0 if the endpoints do not
+	// report it). SenderLimited is set when that allowed at least 95 % of
+	// the bottleneck but the flows used less than 95 % of it: the hosts,
+	// not the algorithm, held the flows back.
 	RPSumMbps     float64 `json:"rp_sum_mbps"`
 	SenderLimited bool    `json:"sender_limited"`
+	// Sim is the simulator's prediction for the same scaled scenario.
+	Sim *Prediction `json:"sim,omitempty"`
 }
 
 // QueuePoint is one poll of the bottleneck.
@@ -220,8 +227,8 @@ func (e Experiment) Run() (sum Summary, err error) {
 	}
 	defer func() { err = errors.Join(err, topo.Close()) }()
 	defer func() { err = errors.Join(err, e.Endpoints.Close()) }()
-	logf("testbed: %s, %s profile at S=%g: bottleneck %.1f Mb/s, tbf burst %d B, limit %d B, RED %d/%d B Pmax %g",
-		e.Endpoints.Name(), e.Plan.Profile, e.Plan.Scale, float64(b.RateBitsPerSec)/1e6, b.BurstBytes, b.LimitBytes,
+	logf("testbed: %s, %s at S=%g: bottleneck %.1f Mb/s, tbf burst %d B, limit %d B, RED %d/%d B Pmax %g",
+		e.Endpoints.Name(), e.Plan.CC(), e.Plan.Scale, float64(b.RateBitsPerSec)/1e6, b.BurstBytes, b.LimitBytes,
 		b.Marker.KminBytes, b.Marker.KmaxBytes, b.Marker.Pmax)
 
 	var trace *ecnmark.TraceReader
@@ -279,7 +286,10 @@ func (e Experiment) Run() (sum Summary, err error) {
 	for i := range specs {
 		s := &specs[i]
 		s.RateBitsPerSec, s.PayloadBytes, s.TClass = rate, e.PayloadBytes, e.DSCP<<2|2
-		s.Profile, s.Scale = e.Plan.Profile, e.Plan.Scale
+		if e.Plan.Algorithm != "dcqcn" && e.Endpoints.CongestionControlled() {
+			s.TClass = e.DSCP << 2 // delay-based: not ECN capable
+		}
+		s.CC, s.Profile, s.Scale = e.Plan.CC(), e.Plan.Profile, e.Plan.Scale
 		s.Duration = e.Duration
 		if i == 1 && !e.sleepUntil(start.Add(e.Join)) {
 			err = errors.New("testbed: interrupted")
@@ -342,18 +352,20 @@ func (e Experiment) Run() (sum Summary, err error) {
 	}
 	sum = Summary{
 		Endpoints: e.Endpoints.Name(), CongestionControlled: e.Endpoints.CongestionControlled(),
-		Profile: e.Plan.Profile, Scale: e.Plan.Scale, BottleneckMbps: float64(b.RateBitsPerSec) / 1e6,
+		Algorithm: e.Plan.Algorithm, Profile: e.Plan.Profile, Scale: e.Plan.Scale, BottleneckMbps: float64(b.RateBitsPerSec) / 1e6,
 		TbfBurstBytes: b.BurstBytes, TbfLimitBytes: b.LimitBytes,
 		KminBytes: b.Marker.KminBytes, KmaxBytes: b.Marker.KmaxBytes, Pmax: b.Marker.Pmax, MarkerResync: e.Resync,
 		DurationS: dur, JoinS: e.Join.Seconds(),
 		WindowS:  [2]float64{float64(w0) * e.Bin.Seconds(), float64(w1) * e.Bin.Seconds()},
-		TbfDrops: st.Drops, Marker: mc, MonitorOther: other,
+		TbfDrops: st.Drops, Marker: mc, MonitorOther: other, Sim: e.Sim,
 	}
 	if runErr != nil {
 		sum.Error = runErr.Error()
 	}
 	if !sum.CongestionControlled {
 		sum.Note = "endpoints are raw ECT(0) senders at a fixed rate that ignore CNPs: NOT congestion-controlled; this run checks the bottleneck and the marker, not DCQCN"
+	} else if e.Plan.Algorithm != "dcqcn" {
+		sum.Note = e.Plan.Algorithm + " is delay-based: its frames are not ECN capable and the marker leaves them alone"
 	}
 	var means []float64
 	for i, s := range specs {

@@ -27,9 +27,11 @@ type FlowSpec struct {
 	Duration time.Duration
 	TClass   uint8 // IPv4 TOS of data packets: DSCP<<2 | ECN; ECT(0) is 2
 	DestQP   uint32
-	// Profile ("paper" or "connectx") and Scale (time dilation S) say which
-	// DCQCN parameters a congestion-controlled sender runs: DilateRP and
-	// DilateNP of the profile at the undilated line rate.
+	// CC (softrnic's --cc: "dcqcn:paper", "swift:default", ...), Profile
+	// (its profile) and Scale (time dilation S) say which congestion
+	// control a congestion-controlled sender runs: the profile at its
+	// undilated line rate, dilated by S (for DCQCN, DilateRP and DilateNP).
+	CC      string
 	Profile string
 	Scale   float64
 }
@@ -47,12 +49,27 @@ type EndpointCounters struct {
 	CNPSent       uint64 `json:"np_cnp_sent"`
 	CNPHandled    uint64 `json:"rp_cnp_handled"`
 	CNPIgnored    uint64 `json:"rp_cnp_ignored"`
-	// RPRateMbps and RPAlpha are the sender's DCQCN rate (R_C) and α when
-	// it stopped, from its JSON (softrnic endpoints; 0 otherwise). A flow
-	// whose mean rate at the bottleneck is well below the rate its RP
-	// allowed was held back by its host (CPU), not by DCQCN.
+	// RPRateMbps is the rate the sender's congestion control allowed when
+	// it stopped, from its JSON (softrnic endpoints; 0 otherwise): DCQCN's
+	// rate (R_C), TIMELY's rate, Swift's pacing rate capped by its window
+	// over its smoothed RTT. RPAlpha is DCQCN's α. A flow whose mean rate
+	// at the bottleneck is well below what its congestion control allowed
+	// was held back by its host (CPU), not by the algorithm.
 	RPRateMbps float64 `json:"rp_rate_mbps,omitempty"`
 	RPAlpha    float64 `json:"rp_alpha,omitempty"`
+	// The sender QPs' own congestion-control counts and last figures (perf
+	// --json's cc object): RTT samples, decreases, loss events, times the
+	// window was full; Swift's window in packets, the smoothed and minimum
+	// RTT, the last host delay and fabric target (µs).
+	CCRTTSamples uint64  `json:"cc_rtt_samples,omitempty"`
+	CCDecreases  uint64  `json:"cc_decreases,omitempty"`
+	CCLossEvents uint64  `json:"cc_loss_events,omitempty"`
+	CCWindowFull uint64  `json:"cc_window_full,omitempty"`
+	Cwnd         float64 `json:"cwnd,omitempty"`
+	SRTTUs       float64 `json:"srtt_us,omitempty"`
+	MinRTTUs     float64 `json:"min_rtt_us,omitempty"`
+	HostDelayUs  float64 `json:"host_delay_us,omitempty"`
+	TargetUs     float64 `json:"target_us,omitempty"`
 }
 
 // Flow is a running flow.

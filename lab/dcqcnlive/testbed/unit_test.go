@@ -3,6 +3,7 @@ package testbed
 import (
 	"math"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -212,5 +213,54 @@ func TestReceiverTimestamps(t *testing.T) {
 	}
 	if timestampNs(nil) != 0 || timestampNs(make([]byte, 8)) != 0 {
 		t.Error("timestamp from nothing")
+	}
+}
+
+// PlanForCC: DCQCN's plans as PlanFor's; Swift and TIMELY on the paper
+// profile's bottleneck (40 Gb/s ÷ S) with their default profiles, and the
+// --cc value the endpoints run.
+func TestPlanForCC(t *testing.T) {
+	for _, c := range []struct{ algo, profile, cc string }{
+		{"", "", "dcqcn:paper"}, {"dcqcn", "connectx", "dcqcn:connectx"}, {"swift", "", "swift:default"}, {"timely", "paper", "timely:paper"},
+	} {
+		p, err := PlanForCC(c.algo, c.profile, DefaultScale, 1)
+		if err != nil || p.CC() != c.cc || p.Scale != DefaultScale {
+			t.Fatalf("%s:%s: %+v %v", c.algo, c.profile, p, err)
+		}
+		if c.algo == "swift" && (p.Bottleneck.RateBitsPerSec != 100e6 || p.LineRate != 40*congestion.Gbps || p.RP.LineRate != 0) {
+			t.Fatalf("swift plan %+v", p)
+		}
+	}
+	if _, err := PlanForCC("hpcc", "", DefaultScale, 1); err == nil {
+		t.Fatal("hpcc accepted")
+	}
+}
+
+// Predict runs the simulator's two-flow scenario undilated for the live
+// run's duration ÷ S, over the same last 20 %: Swift's flows share the
+// bottleneck fairly and fill it, with its small standing queue; a live
+// join other than S × 10 ms is noted.
+func TestPredict(t *testing.T) {
+	p, err := PlanForCC("swift", "", DefaultScale, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pr, err := Predict(p, 30*time.Second, 4*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%+v", *pr)
+	if pr.DurationMs != 75 || pr.WindowMs != [2]float64{60, 75} || len(pr.Normalised) != 2 || pr.Jain < 0.99 ||
+		pr.Utilization < 0.95 || pr.QueueMeanKB <= 0 || pr.QueueMeanKB > 50 || math.Abs(pr.LiveMbps[0]-100*pr.Normalised[0]) > 1e-9 {
+		t.Fatalf("prediction %+v", *pr)
+	}
+	if strings.Contains(pr.Note, "joins") {
+		t.Fatalf("note %q for the default join", pr.Note)
+	}
+	if pr, err = Predict(p, 30*time.Second, 5*time.Second); err != nil || !strings.Contains(pr.Note, "joins at 5s") {
+		t.Fatalf("other join: %v, %v", pr, err)
+	}
+	if _, err := Predict(p, time.Second, 0); err == nil {
+		t.Fatal("a run too short to simulate accepted")
 	}
 }
