@@ -57,7 +57,8 @@ type Config struct {
 	LogLevel  string // log-level; debug, info, warn, error
 	LogFormat string // log-format; text or json
 
-	CC CCConfig
+	CC    CCConfig
+	DCQCN DCQCNConfig
 
 	// CMResponseTimeout (cm-response-timeout) is the rdma_cm agent's CM
 	// response timeout, 4.096 µs × 2^t, and CMMaxRetries (cm-max-retries)
@@ -66,7 +67,6 @@ type Config struct {
 	// a connection to a silent peer takes to fail (UNREACHABLE).
 	CMResponseTimeout uint8
 	CMMaxRetries      uint8
-	DCQCN             DCQCNConfig
 }
 
 // CCConfig is the congestion control every RC and UC QP of the daemon's
