@@ -440,3 +440,78 @@ func TestUCMSIDRAnswerChecksQP(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// The peer disconnects: the client's connection ends (Done, Err
+// ErrDisconnected, its QP in ERR with the posted receive flushed) and its
+// private data came both ways.
+func TestUCMPeerDisconnects(t *testing.T) {
+	devA, devB := testlink.Pair(t, 1024)
+	_, path := serveCM(t, devA, cm.Config{})
+	peer := peerCM(t, devB)
+	c, err := client.Dial(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	caps := ib.QPCaps{MaxSendWR: 2, MaxRecvWR: 2, MaxSendSGE: 1, MaxRecvSGE: 1}
+	pl, err := peer.Listen(6010, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pl.Close()
+	b := newApp(t, devB, ib.RC, 64, ib.LocalWrite, 4, caps)
+	accepted := make(chan rdmacm.Conn, 1)
+	go func() {
+		r, err := pl.GetRequest(ctx)
+		if err != nil {
+			t.Error(err)
+			accepted <- nil
+			return
+		}
+		if string(r.PrivateData()[:3]) != "req" {
+			t.Errorf("REQ private data %q", r.PrivateData())
+		}
+		pc, err := r.Accept(ctx, b.qp, &rdmacm.ConnParam{PrivateData: []byte("rep")})
+		if err != nil {
+			t.Error(err)
+		}
+		accepted <- pc
+	}()
+	a := newApp(t, c, ib.RC, 64, ib.LocalWrite, 4, caps)
+	if err := rdmacm.InitQP(a.qp, &rdmacm.ConnParam{}); err != nil {
+		t.Fatal(err)
+	}
+	a.recv(t, 7, 0, 64)
+	conn, err := c.Connect(ctx, a.qp, addrB, 6010, &rdmacm.ConnParam{PrivateData: []byte("req")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := <-accepted
+	if pc == nil {
+		t.FailNow()
+	}
+	if string(conn.PrivateData()[:3]) != "rep" {
+		t.Fatalf("REP private data %q", conn.PrivateData())
+	}
+	select {
+	case <-conn.Done():
+		t.Fatal("connection over before the peer disconnected")
+	default:
+	}
+	if err := pc.Disconnect(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-conn.Done():
+	case <-ctx.Done():
+		t.Fatal("the client never saw the peer's DREQ")
+	}
+	if !errors.Is(conn.Err(), rdmacm.ErrDisconnected) {
+		t.Fatalf("Err %v", conn.Err())
+	}
+	if wc := waitWC(t, a.cq); wc.ID != 7 || wc.Status != ib.WRFlushErr {
+		t.Fatalf("the posted receive: %+v, want a flush", wc)
+	}
+}
