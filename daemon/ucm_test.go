@@ -3,7 +3,9 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -513,5 +515,103 @@ func TestUCMPeerDisconnects(t *testing.T) {
 	}
 	if wc := waitWC(t, a.cq); wc.ID != 7 || wc.Status != ib.WRFlushErr {
 		t.Fatalf("the posted receive: %+v, want a flush", wc)
+	}
+}
+
+// The UCM operations as a misbehaving client may send them: unknown
+// handles, wrong bodies, operations on the wrong kind of ID. Each is
+// refused with its errno and the session goes on; when the daemon stops,
+// every ID hears DEVICE_REMOVAL on its channel before the channel closes.
+func TestUCMRawOperations(t *testing.T) {
+	devA, _ := testlink.Pair(t, 1024)
+	srv, path := serveCM(t, devA, cm.Config{})
+	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := proto.NewConn(uc)
+	defer conn.Close()
+	seq := uint32(0)
+	call := func(op proto.Op, req any) (body []byte, fds []int, errno unix.Errno) {
+		t.Helper()
+		seq++
+		if err := conn.Send(proto.Header{Op: op, Seq: seq}, req); err != nil {
+			t.Fatal(err)
+		}
+		h, b, f, err := conn.Recv()
+		if err != nil || h.Op != op || h.Seq != seq {
+			t.Fatalf("%v: %v (%v #%d)", op, err, h.Op, h.Seq)
+		}
+		return b, f, unix.Errno(h.Errno)
+	}
+	call(proto.OpOpen, &proto.OpenReq{Version: proto.Version})
+	b, fds, no := call(proto.OpUCMCreateChannel, nil)
+	if no != 0 || len(fds) != 1 {
+		t.Fatalf("CREATE_CHANNEL: %v, %d fds", no, len(fds))
+	}
+	var ch proto.HandleMsg
+	proto.DecodeBody(b, &ch)
+	f := os.NewFile(uintptr(fds[0]), "events")
+	defer f.Close()
+	for _, c := range []struct {
+		what string
+		op   proto.Op
+		req  any
+		want unix.Errno
+	}{
+		{"listen on no channel", proto.OpUCMListen, &proto.UCMListenReq{Channel: 999, Port: 7000, IPVersion: 4}, unix.ENOENT},
+		{"listen in an unknown port space", proto.OpUCMListen, &proto.UCMListenReq{Channel: ch.Handle, Port: 7000, Space: 9, IPVersion: 4}, unix.EINVAL},
+		{"listen on another's address", proto.OpUCMListen, &proto.UCMListenReq{Channel: ch.Handle, Port: 7000, IPVersion: 4,
+			Addr: netip.MustParseAddr("::ffff:192.0.2.99").As16()}, unix.EADDRNOTAVAIL},
+		{"a backlog over 1024", proto.OpUCMListen, &proto.UCMListenReq{Channel: ch.Handle, Port: 7000, IPVersion: 4, Backlog: 5000}, unix.EINVAL},
+		{"a short body", proto.OpUCMListen, &proto.HandleMsg{Handle: ch.Handle}, unix.EINVAL},
+		{"connect from another's GID", proto.OpUCMConnect, &proto.UCMConnectReq{Channel: ch.Handle, QPType: ib.RC,
+			Local: netip.MustParseAddr("::ffff:192.0.2.99").As16(), Peer: netip.MustParseAddr("::ffff:192.0.2.11").As16()}, unix.EADDRNOTAVAIL},
+		{"connect a QP that is not ours", proto.OpUCMConnect, &proto.UCMConnectReq{Channel: ch.Handle, QPType: ib.RC, PathMTU: 3,
+			Local: gidA, Peer: gidB, Param: proto.UCMConnParam{QPN: 1}}, unix.EINVAL},
+		{"connect UC", proto.OpUCMConnect, &proto.UCMConnectReq{Channel: ch.Handle, QPType: ib.UC, Local: gidA, Peer: gidB}, unix.EOPNOTSUPP},
+		{"too much private data", proto.OpUCMConnect, &proto.UCMConnectReq{Channel: ch.Handle, Space: proto.PortSpaceUDP,
+			Local: gidA, Peer: gidB, Param: proto.UCMConnParam{PrivateDataLen: 190}}, unix.EINVAL},
+		{"accept an unknown ID", proto.OpUCMAccept, &proto.UCMAcceptReq{ID: 4242}, unix.ENOENT},
+		{"destroy an unknown ID", proto.OpUCMDestroyID, &proto.HandleMsg{Handle: 4242}, unix.ENOENT},
+		{"destroy an unknown channel", proto.OpUCMDestroyChannel, &proto.HandleMsg{Handle: 4242}, unix.ENOENT},
+		{"an event as a request", proto.OpUCMEvent, &proto.UCMEvent{}, unix.EOPNOTSUPP},
+	} {
+		if _, _, no := call(c.op, c.req); no != c.want {
+			t.Errorf("%s: %v, want %v", c.what, no, c.want)
+		}
+	}
+	b, _, no = call(proto.OpUCMListen, &proto.UCMListenReq{Channel: ch.Handle, Port: 7000, IPVersion: 6})
+	if no != 0 {
+		t.Fatalf("LISTEN: %v", no)
+	}
+	var l proto.HandleMsg
+	proto.DecodeBody(b, &l)
+	if _, _, no := call(proto.OpUCMListen, &proto.UCMListenReq{Channel: ch.Handle, Port: 7000, IPVersion: 4}); no != unix.EADDRINUSE {
+		t.Errorf("an IPv4 listener beside an IPv6 wildcard: %v, want EADDRINUSE", no)
+	}
+	for _, op := range []proto.Op{proto.OpUCMEstablish, proto.OpUCMNotify, proto.OpUCMDisconnect} {
+		if _, _, no := call(op, &proto.HandleMsg{Handle: l.Handle}); no != unix.EINVAL {
+			t.Errorf("%v on a listener: %v, want EINVAL", op, no)
+		}
+	}
+	if _, _, no := call(proto.OpUCMReject, &proto.UCMRejectReq{ID: l.Handle}); no != unix.EINVAL {
+		t.Errorf("REJECT of a listener: %v", no)
+	}
+
+	srv.Close(time.Second)
+	buf := make([]byte, proto.MaxMessage)
+	n, err := f.Read(buf)
+	if err != nil {
+		t.Fatalf("no DEVICE_REMOVAL: %v", err)
+	}
+	h, body, err := proto.DecodeHeader(buf[:n])
+	var ev proto.UCMEvent
+	if err != nil || h.Op != proto.OpUCMEvent || proto.DecodeBody(body, &ev) != nil ||
+		ev.Event != proto.UCMEventDeviceRemoval || ev.ID != l.Handle || h.Seq != 1 {
+		t.Fatalf("event %v %+v, want DEVICE_REMOVAL for %d", err, ev, l.Handle)
+	}
+	if n, err := f.Read(buf); n != 0 && err == nil {
+		t.Fatalf("more after DEVICE_REMOVAL: %d bytes", n)
 	}
 }
