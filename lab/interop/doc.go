@@ -7,9 +7,7 @@
 //
 //   - interop (default, `make interop`): one guest on tap lt0; the host side
 //     of every case is a softrnic command run in the namespace, attached to
-//     that tap, or a stock program through softrnic run on a daemon the
-//     runner starts for the case. Cases whose softrnic subcommand is not
-//     built yet are skipped.
+//     that tap. Cases whose softrnic subcommand is not built yet are skipped.
 //   - -selfcheck (`make lab-selfcheck`): two guests on one bridge, rxe
 //     against rxe, which proves the lab itself (images, boot, job loop,
 //     counters, netem loss, captures) independently of softrnic, and leaves

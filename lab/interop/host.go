@@ -5,13 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -276,77 +274,3 @@ func softrnicHelp(bin, sub string) string {
 	out, _ := exec.CommandContext(ctx, bin, sub, "-h").CombinedOutput() // usage may exit non-zero
 	return string(out)
 }
-
-// A Daemon is a softrnic daemon on the lab's interface for one case whose
-// host side runs a stock RDMA program through softrnic run (its control
-// socket is the case's SOFTRNIC_CONTROL). Its log is the case's
-// daemon.out.
-type Daemon struct {
-	cmd     *exec.Cmd
-	control string
-	dir     string // the socket's directory, removed with the daemon
-	done    chan struct{}
-	once    sync.Once
-}
-
-// startDaemon starts `softrnic daemon` on iface inside namespace ns and
-// waits (up to 20 s) until its control socket answers.
-func startDaemon(ns, bin, iface, caseDir string) (*Daemon, error) {
-	// The socket path must fit sun_path (108 bytes): not under the case
-	// directory, whose path can be long.
-	dir, err := os.MkdirTemp("", "srlab")
-	if err != nil {
-		return nil, err
-	}
-	f, err := os.Create(filepath.Join(caseDir, "daemon.out"))
-	if err != nil {
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	d := &Daemon{control: filepath.Join(dir, "ctl.sock"), dir: dir, done: make(chan struct{})}
-	d.cmd = exec.Command("ip", "netns", "exec", ns, bin, "daemon", "-d", iface, "--control", d.control, "--port", "afxdp")
-	d.cmd.Stdout, d.cmd.Stderr = f, f
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := d.cmd.Start(); err != nil {
-		f.Close()
-		os.RemoveAll(dir)
-		return nil, err
-	}
-	go func() {
-		d.cmd.Wait()
-		f.Close()
-		os.RemoveAll(dir)
-		close(d.done)
-	}()
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if c, err := net.Dial("unixpacket", d.control); err == nil {
-			c.Close()
-			return d, nil
-		}
-		select {
-		case <-d.done:
-			return nil, fmt.Errorf("softrnic daemon exited at start (see %s)", f.Name())
-		default:
-		}
-		if time.Now().After(deadline) {
-			d.Stop()
-			return nil, fmt.Errorf("softrnic daemon did not answer within 20 s (see %s)", f.Name())
-		}
-	}
-}
-
-// Stop ends the daemon as SIGTERM asks (its clients' QPs flushed), killing
-// it after 10 s.
-func (d *Daemon) Stop() {
-	d.once.Do(func() {
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-d.done:
-		case <-time.After(10 * time.Second):
-			d.cmd.Process.Kill()
-			<-d.done
-		}
-	})
-}
-
-func (d *Daemon) stop() { d.Stop() }

@@ -34,6 +34,7 @@ type Lab struct {
 	capIf    string // where captures are taken
 	hostMTU  int
 	softPath string // directory whose "softrnic" is the -softrnic binary
+	clib     string // the drop-in libraries softrnic-stock runs stock programs with
 	closed   sync.Once
 
 	mu      sync.Mutex
@@ -167,7 +168,21 @@ func (l *Lab) setup() error {
 	l.softPath = mustMkdir(filepath.Join(l.o.out, "bin"))
 	link := filepath.Join(l.softPath, "softrnic")
 	os.Remove(link)
-	return os.Symlink(bin, link)
+	if err := os.Symlink(bin, link); err != nil {
+		return err
+	}
+	// Stock programs run through softrnic on the host by softrnic-stock,
+	// which starts a daemon of their own on lv0 (c/build/lib's libraries).
+	stock, err := filepath.Abs(filepath.Join("lab", "interop", "softrnic-stock"))
+	if err != nil {
+		return err
+	}
+	if l.clib, err = filepath.Abs(l.o.clib); err != nil {
+		return err
+	}
+	link = filepath.Join(l.softPath, "softrnic-stock")
+	os.Remove(link)
+	return os.Symlink(stock, link)
 }
 
 // setHostMTU gives the host side of the interop path (veth pair, bridge
@@ -284,12 +299,9 @@ func (l *Lab) addr(peer string, ip int) string {
 // expand fills a command's placeholders: {server} and {server6} (the
 // server's addresses: side channels use IPv4), {server_ip} (the server's
 // address in the case's GID family: what rdma_cm resolves), {iface} (the
-// host's interface), {mtu} (path MTU), {lib} (softrnic's drop-in
-// libraries, for softrnic run).
+// host's interface), {mtu} (path MTU).
 func (l *Lab) expand(c *Case, cmd string) string {
-	lib, _ := filepath.Abs(l.o.lib)
 	return strings.NewReplacer(
-		"{lib}", lib,
 		"{server}", l.addr(c.Server.Peer, 4),
 		"{server6}", l.addr(c.Server.Peer, 6),
 		"{server_ip}", l.addr(c.Server.Peer, c.IP),
@@ -335,36 +347,13 @@ func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) 
 	if c.IP == 6 {
 		hostGID = "1"
 	}
-	env := append(os.Environ(), "PATH="+l.softPath+":"+os.Getenv("PATH"), "IFACE="+l.hostIf, "HOSTGID="+hostGID)
-	var d *Daemon
-	if strings.HasPrefix(cmd, "softrnic run ") {
-		// A stock program through softrnic: it needs a daemon on the
-		// interface, for this case alone.
-		var err error
-		if d, err = startDaemon(l.ns, filepath.Join(l.softPath, "softrnic"), l.hostIf, caseDir); err != nil {
-			return nil, err
-		}
-		l.track(d)
-		env = append(env, "SOFTRNIC_CONTROL="+d.control)
-	}
+	env := append(os.Environ(), "PATH="+l.softPath+":"+os.Getenv("PATH"), "IFACE="+l.hostIf, "HOSTGID="+hostGID, "SOFTRNIC_CLIB="+l.clib)
 	j, err := startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
-	if err != nil {
-		if d != nil {
-			d.Stop()
-			l.untrack(d)
-		}
-		return nil, err
+	if err == nil {
+		l.track(j)
+		go func() { <-j.done; l.untrack(j) }()
 	}
-	l.track(j)
-	go func() {
-		<-j.done
-		l.untrack(j)
-		if d != nil { // the case's daemon ends with its program
-			d.Stop()
-			l.untrack(d)
-		}
-	}()
-	return j, nil
+	return j, err
 }
 
 // Run runs one case: server, wait until it is ready, client, wait for both,

@@ -20,7 +20,7 @@ type options struct {
 	cache      string
 	out        string
 	softrnic   string
-	lib        string
+	clib       string
 	capture    bool
 	pcapCheck  string
 	keepPcaps  bool
@@ -37,7 +37,7 @@ func main() {
 	flag.StringVar(&o.cache, "cache", "lab/cache", "where lab/build left vmlinuz and initrd.img")
 	flag.StringVar(&o.out, "out", "", "results directory (default out/lab/MODE-TIME)")
 	flag.StringVar(&o.softrnic, "softrnic", "bin/softrnic", "the softrnic binary host sides run")
-	flag.StringVar(&o.lib, "lib", "c/build/lib", "softrnic's drop-in libibverbs.so.1 and librdmacm.so.1 ({lib}: host sides running stock programs through softrnic run)")
+	flag.StringVar(&o.clib, "clib", "c/build/lib", "the drop-in libibverbs.so.1 and librdmacm.so.1 (make clib) that softrnic-stock runs stock programs with")
 	flag.BoolVar(&o.capture, "capture", true, "capture each case's RoCEv2 frames to OUT/pcap/CASE.pcap (whole frames, for the ICRC check)")
 	flag.BoolVar(&o.keepPcaps, "keep-pcaps", false, "keep the captures of passing cases too (always with -selfcheck: they are the fresh reference captures)")
 	flag.StringVar(&o.pcapCheck, "pcapcheck", "", "command run on each capture, {} replaced by its path; non-zero exit fails the case (default with captures: SOFTRNIC pcap {} when that subcommand exists; \"none\" disables)")
@@ -324,9 +324,6 @@ func missingFlag(bin string, c Case, helps map[string]string) string {
 			continue // no option list to judge by ("flag: help requested")
 		}
 		for _, a := range f[2:] {
-			if a == "--" {
-				break // softrnic run: the stock program's own options follow
-			}
 			if flag := flagName(a); flag != "" && !helpHasFlag(help, flag) {
 				return flag
 			}
