@@ -127,10 +127,10 @@ install: build clib
 lab:
 	./lab/build
 
-## interop: boot the lab guest and run lab/interop/cases.txt against bin/softrnic (root); INTEROP_FLAGS=-only REGEXP to run a subset
+## interop: boot the lab guest and run lab/interop/cases.txt against bin/softrnic and, for the stock/ cases, c/build/lib (root); INTEROP_FLAGS=-only REGEXP to run a subset
 INTEROP_FLAGS ?=
 interop: build clib lab
-	$(GO) run ./lab/interop -softrnic $(BIN) -lib c/build/lib $(INTEROP_FLAGS)
+	$(GO) run ./lab/interop -softrnic $(BIN) $(INTEROP_FLAGS)
 
 ## lab-selfcheck: rxe against rxe in two guests, proving the lab itself; captures in out/lab/ (root)
 lab-selfcheck: build lab
