@@ -111,7 +111,7 @@ func TestSinkCountsAndDrops(t *testing.T) {
 	const n = 100 * port.BatchSize
 	sent := 0
 	for try := 0; sent < n && try < 100*n; try++ {
-		k, err := tx.Send(out[:min(len(out), n-sent)])
+		k, err := port.Send(tx, out[:min(len(out), n-sent)])
 		if err != nil {
 			t.Fatal(err)
 		}

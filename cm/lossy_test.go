@@ -48,7 +48,7 @@ func TestManyConnectionsOverLossyLink(t *testing.T) {
 		}
 		for i := range sends {
 			out[0] = sends[i].MAD[:]
-			if n, err := s.l.Send(out); n != 1 || err != nil {
+			if n, err := port.Send(s.l, out); n != 1 || err != nil {
 				t.Fatalf("link send: %d, %v", n, err)
 			}
 		}

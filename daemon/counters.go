@@ -82,9 +82,9 @@ func (c *CountingPort) Recv(frames [][]byte, timeout time.Duration) (int, error)
 	return n, err
 }
 
-// Send implements port.Port.
-func (c *CountingPort) Send(frames [][]byte) (int, error) {
-	n, err := c.Port.Send(frames)
+// Submit implements port.Port.
+func (c *CountingPort) Submit(frames [][]byte) (int, error) {
+	n, err := c.Port.Submit(frames)
 	if n > 0 {
 		var b int
 		for _, f := range frames[:n] {

@@ -181,8 +181,9 @@ func TestCountingPortAllocs(t *testing.T) {
 	}
 	in := make([][]byte, 8)
 	var sent, got int
+	var c port.Copier
 	allocs := testing.AllocsPerRun(100, func() {
-		n, err := a.Send(out)
+		n, err := c.Send(a, out)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,8 +234,9 @@ func BenchmarkCountingPort(b *testing.B) {
 			in := make([][]byte, port.BatchSize)
 			b.SetBytes(int64(len(out) * 1082))
 			b.ReportAllocs()
+			var c port.Copier
 			for b.Loop() {
-				n, err := a.Send(out)
+				n, err := c.Send(a, out)
 				if err != nil {
 					b.Fatal(err)
 				}

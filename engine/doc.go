@@ -7,7 +7,9 @@
 // building of Ethernet/IP/UDP headers and the ICRC — belongs to the device.
 // The engine owns only the loop: which goroutine calls the device's step
 // functions, when it polls the port, when it spins and when it sleeps, and
-// what it does when the port takes fewer frames than it is offered.
+// what it does when the port takes fewer frames than it is offered. The
+// frames are built in buffers the port lends (port.Port's Lend and
+// Submit), so they are written once, where the port sends them from.
 // Finding the interface and opening its port is package host's.
 //
 // One goroutine runs Run per device and port (package rnic requires the

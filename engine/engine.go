@@ -92,7 +92,7 @@ type Counters struct {
 	Loops       uint64 // loop iterations (Step calls)
 	Naps        uint64 // naps taken while idle
 	TxSent      uint64 // frames the port took
-	TxBackPress uint64 // Send calls in which the port took fewer frames than offered
+	TxBackPress uint64 // Submit calls in which the port took fewer frames than offered
 	Polls       uint64 // steps run by an application through rnic.Device.Poll
 	PollsBusy   uint64 // Polls that found the step taken by another goroutine
 	// NapsYielded counts naps the loop took again because an application
@@ -110,10 +110,14 @@ type Loop struct {
 	port port.Port
 	opt  Options
 
-	in   [][]byte
-	out  [][]byte // transmit buffers; out[i] is resliced to its frame
-	pend int      // frames in out[:pend] the port has not taken yet
-	// stuck: the last Send took none of pend frames. The peer (or the
+	in [][]byte
+	// out[:lent] are buffers the port lent: out[:pend] hold frames the
+	// port has not taken yet, in order, out[pend:lent] are free for the
+	// device to build frames in (kept from step to step).
+	out        [][]byte
+	pend, lent int
+	// stuck: the last Submit took none of pend frames, or the device had
+	// frames to send and the port lent no buffer. The peer (or the
 	// kernel's ring) is not draining: polling again at once only takes
 	// the CPU it needs, so the loop naps as if idle.
 	stuck bool
@@ -146,11 +150,7 @@ func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 	if need := minFrame(dev.Config().PortMTU); mf < need {
 		return nil, fmt.Errorf("engine: port frames of %d bytes cannot hold a %d-byte MTU packet (%d bytes)", mf, dev.Config().PortMTU, need)
 	}
-	l := &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}
-	for i := range l.out {
-		l.out[i] = make([]byte, 0, mf)
-	}
-	return l, nil
+	return &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}, nil
 }
 
 // minFrame is the room rnic.Device.Transmit needs in a buffer to build a
@@ -221,32 +221,38 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	l.polledAt = now
 	l.dev.Expire(now)
 	built := 0
+	starved := false // the device has frames to send and the port no buffer
 	if n > 0 && !l.txDeferred && !l.opt.EagerTx {
 		l.txDeferred = true
-	} else if l.txDeferred = false; l.pend < len(l.out) {
-		built = l.dev.Transmit(now, l.out[l.pend:])
+	} else if l.txDeferred = false; l.pend < len(l.out) && l.dev.HasOutput() {
+		if l.lent < len(l.out) {
+			l.lent += l.port.Lend(l.out[l.lent:])
+		}
+		built = l.dev.Transmit(now, l.out[l.pend:l.lent])
 		if built > 0 && l.opt.Tap != nil {
 			if s := l.opt.Tap.Session(); s != nil {
 				s.Frames(capture.Out, l.out[l.pend:l.pend+built])
 			}
 		}
 		l.pend += built
+		starved = l.pend == l.lent && l.dev.HasOutput()
 	}
 	sent := 0
 	if l.pend > 0 {
-		sent, err = l.port.Send(l.out[:l.pend])
+		sent, err = l.port.Submit(l.out[:l.pend])
 		l.txSent.Add(uint64(sent))
 		if sent < l.pend {
-			// The device considers these frames sent: keep the rest, in
-			// order, at the front, swapping buffers so none is shared.
+			// The device considers these frames sent: they stay, in
+			// order, at the front, to be submitted again.
 			l.txBack.Add(1)
-			for i := 0; i < l.pend-sent; i++ {
-				l.out[i], l.out[sent+i] = l.out[sent+i], l.out[i]
-			}
 		}
+		// out[:sent] are the port's again; what is still lent moves up.
+		m := copy(l.out, l.out[sent:l.lent])
+		clear(l.out[m:l.lent])
 		l.pend -= sent
+		l.lent = m
 	}
-	l.stuck = l.pend > 0 && sent == 0
+	l.stuck = l.pend > 0 && sent == 0 || starved
 	l.dev.PublishStats()
 	return n > 0 || built > 0 || sent > 0, err
 }

@@ -126,7 +126,7 @@ func TestDropsDefects(t *testing.T) {
 	var wcs [4]ib.WC
 	for _, c := range cases {
 		before, beforeAll := c.count(b.dev.Stats), drops(b.dev.Stats)
-		if n, err := wire.Send([][]byte{c.frame}); n != 1 || err != nil {
+		if n, err := port.Send(wire, [][]byte{c.frame}); n != 1 || err != nil {
 			t.Fatal(n, err)
 		}
 		for i := 0; i < 3; i++ {
@@ -153,7 +153,9 @@ func TestDropsDefects(t *testing.T) {
 	}
 	// A good frame is delivered (the receive completes with its bytes) and
 	// answered (an ACK, since it asks for one).
-	wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)})
+	if _, err := port.Send(wire, [][]byte{craft(t, addrA, addrB, rq, 5, nil)}); err != nil {
+		t.Fatal(err)
+	}
 	for i := 0; i < 3; i++ {
 		vc.Advance(time.Microsecond)
 		loop.Step(vc.Now(), 0)
@@ -186,13 +188,15 @@ func TestDropsDefectsRun(t *testing.T) {
 	want := map[string]uint64{}
 	reasons := map[string]func(rnic.Stats) uint64{}
 	for _, c := range cases {
-		if n, err := wire.Send([][]byte{c.frame}); n != 1 || err != nil {
+		if n, err := port.Send(wire, [][]byte{c.frame}); n != 1 || err != nil {
 			t.Fatal(n, err)
 		}
 		want[c.name]++
 		reasons[c.name] = c.count
 	}
-	wire.Send([][]byte{craft(t, addrA, addrB, rq, 5, nil)})
+	if _, err := port.Send(wire, [][]byte{craft(t, addrA, addrB, rq, 5, nil)}); err != nil {
+		t.Fatal(err)
+	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer wcancel()
 	var wcs [4]ib.WC
@@ -279,17 +283,17 @@ func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 	return b, rq, cases
 }
 
-// limitPort takes at most max frames per Send, to exercise back-pressure.
+// limitPort takes at most max frames per Submit, to exercise back-pressure.
 type limitPort struct {
 	port.Port
 	max int
 }
 
-func (p *limitPort) Send(frames [][]byte) (int, error) {
+func (p *limitPort) Submit(frames [][]byte) (int, error) {
 	if len(frames) > p.max {
 		frames = frames[:p.max]
 	}
-	return p.Port.Send(frames)
+	return p.Port.Submit(frames)
 }
 
 // pair is two hosts whose Loops are stepped from the test goroutine in
@@ -707,14 +711,14 @@ func TestPollDrivesPingPong(t *testing.T) {
 	}
 }
 
-// sendLog records the frames of each Send call that carried any.
+// sendLog records the frames of each Submit call that carried any.
 type sendLog struct {
 	port.Port
 	batches []int
 }
 
-func (p *sendLog) Send(frames [][]byte) (int, error) {
-	n, err := p.Port.Send(frames)
+func (p *sendLog) Submit(frames [][]byte) (int, error) {
+	n, err := p.Port.Submit(frames)
 	if n > 0 {
 		p.batches = append(p.batches, n)
 	}

@@ -256,16 +256,22 @@ func (b *Builder) Finish(buf []byte, payloadLen int) (int, error) {
 // seal fills the lengths of the IP and UDP headers at ip and udp of a
 // frame ending at end, the IPv4 header checksum, and stamps the ICRC.
 func seal(buf []byte, ip, udp, end int, ipv6 bool) error {
-	udpLen := end - udp
-	binary.BigEndian.PutUint16(buf[udp+4:], uint16(udpLen))
-	if ipv6 {
-		binary.BigEndian.PutUint16(buf[ip+4:], uint16(udpLen))
-	} else {
-		h := buf[ip : ip+IPv4Len]
-		binary.BigEndian.PutUint16(h[2:], uint16(end-ip))
-		IPv4(h).SetChecksum()
+	setLengths(buf, ip, udp, end, ipv6)
+	if !ipv6 {
+		IPv4(buf[ip:udp]).SetChecksum()
 	}
 	return icrc.Stamp(buf[ip:end])
+}
+
+// setLengths fills the IP and UDP lengths of a frame ending at end (ICRC
+// included) whose IP header is at ip and UDP header at udp.
+func setLengths(buf []byte, ip, udp, end int, ipv6 bool) {
+	UDP(buf[udp:]).SetLength(uint16(end - udp))
+	if ipv6 {
+		IPv6(buf[ip:udp]).SetPayloadLen(uint16(end - udp))
+	} else {
+		IPv4(buf[ip:udp]).SetTotalLen(uint16(end - ip))
+	}
 }
 
 // Build writes a complete frame carrying payload into buf and returns its

@@ -2,8 +2,6 @@ package frame
 
 import (
 	"encoding/binary"
-
-	"github.com/softrnic/softrnic/icrc"
 )
 
 // MaxHeaderLen is the longest Ethernet/IP/UDP header a Template holds
@@ -13,8 +11,8 @@ const MaxHeaderLen = EthernetLen + VLANTagLen + IPv6Len + UDPLen
 // Template is the Ethernet, IP and UDP header of the RoCEv2 frames that go
 // one way (a connected QP's, an address handle's), written once from a
 // Spec, so that sending a transport packet costs one copy of it and the
-// per-frame fields: FinishFrame puts it in front of the packet and fills
-// in the lengths, the IPv4 identification and checksum, and the ICRC.
+// per-frame fields: Prepend puts it in front of the packet and fills in
+// the lengths and the IPv4 identification and checksum.
 type Template struct {
 	b     [MaxHeaderLen]byte
 	n, ip uint8
@@ -30,10 +28,24 @@ func (t *Template) Set(s *Spec) error {
 	}
 	*t = Template{n: uint8(udp + UDPLen), ip: uint8(ip), ipv6: ipv6}
 	writeL2L4(t.b[:], s, ip, udp, ipv6)
+	t.sealIPv4()
 	return nil
 }
 
-// Bytes is the header, as FinishFrame takes it; empty before Set.
+// sealIPv4 stores in an IPv4 template the checksum of its header with a
+// zero total length and identification, which Prepend completes for each
+// frame by adding the two (RFC 1624) instead of summing the header again.
+func (t *Template) sealIPv4() {
+	if t.ipv6 {
+		return
+	}
+	h := IPv4(t.b[t.ip : int(t.n)-UDPLen])
+	h.SetTotalLen(0)
+	h.SetID(0)
+	h.SetChecksum()
+}
+
+// Bytes is the header, as Prepend takes it; empty before Set.
 func (t *Template) Bytes() []byte { return t.b[:t.n] }
 
 // TOS is the IPv4 TOS / IPv6 traffic class (DSCP and ECN).
@@ -54,26 +66,31 @@ func (t *Template) SetTOS(tos uint8) {
 		return
 	}
 	h[1] = tos
+	t.sealIPv4()
 }
 
-// FinishFrame completes the frame whose transport packet (BTH to the end
-// of the pad) of tlen bytes is at buf[len(hdr):]: it copies hdr (a
-// Template's Bytes) in front of it, fills the IP and UDP lengths, gives an
-// IPv4 frame the identification *ipID advanced by one, computes the IPv4
-// checksum, stamps the ICRC and returns the frame's length. buf must hold
-// the ICRC too.
-func FinishFrame(buf, hdr []byte, tlen int, ipID *uint16) int {
-	n := copy(buf, hdr)
+// Prepend writes hdr (a Template's Bytes, and nothing else: an IPv4
+// template carries a partial checksum) at the front of buf for a frame
+// of n bytes, Ethernet header to ICRC, and fills in the fields that vary
+// per frame: the IP and UDP lengths and, for IPv4, the identification
+// *ipID advanced by one and the header checksum. It returns the offset of
+// the IP header, where the ICRC's coverage starts: the caller computes
+// the ICRC as it puts the transport packet behind the header (icrc.Begin,
+// Copy, Pad, Put), in one pass over the payload.
+func Prepend(buf, hdr []byte, n int, ipID *uint16) int {
+	hl := copy(buf, hdr)
 	ip := EthernetLen
-	if binary.BigEndian.Uint16(buf[12:]) == EtherTypeVLAN {
+	if Ethernet(buf).EtherType() == EtherTypeVLAN {
 		ip += VLANTagLen
 	}
+	udp := hl - UDPLen
 	ipv6 := binary.BigEndian.Uint16(buf[ip-2:]) == EtherTypeIPv6
-	end := n + tlen + icrc.Len
+	setLengths(buf, ip, udp, n, ipv6)
 	if !ipv6 {
 		*ipID++
-		binary.BigEndian.PutUint16(buf[ip+4:], *ipID)
+		h := IPv4(buf[ip:udp])
+		h.SetID(*ipID)
+		h.completeChecksum()
 	}
-	_ = seal(buf, ip, n-UDPLen, end, ipv6) // an IP header of our own: Stamp cannot fail
-	return end
+	return ip
 }

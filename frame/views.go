@@ -54,8 +54,14 @@ func (h IPv4) ECN() uint8 { return h[1] & 3 }
 // TotalLen is the datagram length, header included.
 func (h IPv4) TotalLen() uint16 { return binary.BigEndian.Uint16(h[2:]) }
 
+// SetTotalLen sets the datagram length (the checksum is not updated).
+func (h IPv4) SetTotalLen(n uint16) { binary.BigEndian.PutUint16(h[2:], n) }
+
 // ID is the identification field.
 func (h IPv4) ID() uint16 { return binary.BigEndian.Uint16(h[4:]) }
+
+// SetID sets the identification field (the checksum is not updated).
+func (h IPv4) SetID(id uint16) { binary.BigEndian.PutUint16(h[4:], id) }
 
 // DF is the don't-fragment flag (rxe always sets it).
 func (h IPv4) DF() bool { return h[6]&0x40 != 0 }
@@ -96,6 +102,17 @@ func (h IPv4) SetChecksum() {
 	binary.BigEndian.PutUint16(h[10:], ipv4Checksum(h[:n]))
 }
 
+// completeChecksum turns the checksum of the header with a zero total
+// length and identification (what a Template stores) into the header's:
+// it adds the two in ones' complement (RFC 1624), where SetChecksum would
+// sum the whole header.
+func (h IPv4) completeChecksum() {
+	s := uint32(^h.Checksum()) + uint32(h.TotalLen()) + uint32(h.ID())
+	s = s>>16 + s&0xFFFF
+	s += s >> 16
+	binary.BigEndian.PutUint16(h[10:], ^uint16(s))
+}
+
 // ipv4Checksum is the ones'-complement sum of a header, complemented: 0
 // over a header with a correct checksum, the checksum to store over one
 // whose checksum field is zero.
@@ -127,6 +144,9 @@ func (h IPv6) FlowLabel() uint32 { return binary.BigEndian.Uint32(h[0:]) & 0xFFF
 // PayloadLen is the length after the 40-byte header.
 func (h IPv6) PayloadLen() uint16 { return binary.BigEndian.Uint16(h[4:]) }
 
+// SetPayloadLen sets the length after the 40-byte header.
+func (h IPv6) SetPayloadLen(n uint16) { binary.BigEndian.PutUint16(h[4:], n) }
+
 // NextHeader is the payload protocol (17 for UDP).
 func (h IPv6) NextHeader() uint8 { return h[6] }
 
@@ -151,6 +171,9 @@ func (u UDP) DstPort() uint16 { return binary.BigEndian.Uint16(u[2:]) }
 
 // Length is the UDP length, header included.
 func (u UDP) Length() uint16 { return binary.BigEndian.Uint16(u[4:]) }
+
+// SetLength sets the UDP length, header included.
+func (u UDP) SetLength(n uint16) { binary.BigEndian.PutUint16(u[4:], n) }
 
 // Checksum is the UDP checksum; RoCEv2 senders send 0 (none).
 func (u UDP) Checksum() uint16 { return binary.BigEndian.Uint16(u[6:]) }

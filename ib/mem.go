@@ -61,6 +61,31 @@ func CopyIn(dst []byte, sg []Seg, off uint32) int {
 	return n
 }
 
+// Gather copies len(dst) bytes of sg, from byte offset off on, into dst
+// through copyFn and returns what copyFn made of state, and how many bytes
+// it copied (less than len(dst) only if sg ends). copyFn copies src into
+// dst and folds the bytes into a running state: the device computes a
+// frame's ICRC while it gathers the payload (icrc.Copy), reading the
+// memory once.
+func Gather(dst []byte, sg []Seg, off uint32, state uint32, copyFn func(state uint32, dst, src []byte) uint32) (uint32, int) {
+	n := 0
+	o := int(off)
+	for _, s := range sg {
+		if o >= len(s.b) {
+			o -= len(s.b)
+			continue
+		}
+		k := min(len(s.b)-o, len(dst)-n)
+		state = copyFn(state, dst[n:n+k], s.b[o:o+k])
+		n += k
+		o = 0
+		if n == len(dst) {
+			break
+		}
+	}
+	return state, n
+}
+
 // CopyOut scatters src into sg starting at byte offset off and returns how
 // many bytes were stored (less than len(src) only if sg ends).
 func CopyOut(sg []Seg, off uint32, src []byte) int {

@@ -30,6 +30,39 @@ func TestCopyInOutAcrossSegments(t *testing.T) {
 	}
 }
 
+// TestGather: Gather visits the same bytes as CopyIn, in order, and hands
+// copyFn's state along.
+func TestGather(t *testing.T) {
+	a, b, c := []byte{1, 2, 3}, []byte{}, []byte{4, 5, 6, 7, 8}
+	sg := []Seg{LocalSeg(a), LocalSeg(b), LocalSeg(c)}
+	calls := 0
+	sum := func(st uint32, dst, src []byte) uint32 {
+		calls++
+		for i, x := range src {
+			dst[i] = x
+			st = st*31 + uint32(x)
+		}
+		return st
+	}
+	for off := 0; off <= 8; off++ {
+		for n := 0; n <= 8; n++ {
+			dst, want := make([]byte, n), make([]byte, n)
+			st, k := Gather(dst, sg, uint32(off), 7, sum)
+			kw := CopyIn(want, sg, uint32(off))
+			wst := uint32(7)
+			for _, x := range want[:kw] {
+				wst = wst*31 + uint32(x)
+			}
+			if k != kw || !bytes.Equal(dst, want) || st != wst {
+				t.Fatalf("off %d n %d: %d bytes % x state %d, want %d % x %d", off, n, k, dst, st, kw, want, wst)
+			}
+		}
+	}
+	if calls == 0 {
+		t.Fatal("copyFn never called")
+	}
+}
+
 func TestAtomicsAlignedAndNot(t *testing.T) {
 	buf := make([]byte, 24)
 	for _, off := range []int{0, 8, 3} { // 3: not 8-aligned in Go memory, takes the lock path

@@ -16,8 +16,14 @@
 // Nothing is copied: the 40 bytes of IP, UDP and BTH headers (60 for IPv6)
 // are read as 64-bit words, OR-ed with a constant mask and folded into the
 // CRC eight bytes at a time (mask.go); the CRC then continues over the rest
-// of the packet in place with crc32.Update, which on amd64 and arm64 uses
-// carry-less multiplication. (Masking a stack copy and handing it to
+// of the packet in place. (Masking a stack copy and handing it to
 // crc32.Update would be simpler, but the copy escapes to the heap because
 // crc32 dispatches through a function variable.)
+//
+// A sender builds the ICRC as it builds the frame: Begin over the headers,
+// Copy for each piece of payload it gathers from memory (the copy and the
+// CRC read the payload once), Pad, Put. On amd64 with AVX-512 the payload
+// runs through a carry-less multiply loop that folds 256 bytes a round
+// (fold_amd64.s), copying as it goes; elsewhere, and for the last bytes,
+// through hash/crc32.
 package icrc

@@ -3,7 +3,6 @@ package icrc
 import (
 	"encoding/binary"
 	"errors"
-	"hash/crc32"
 )
 
 // Len is the size of the ICRC trailer.
@@ -35,32 +34,50 @@ var (
 // contents are ignored). pkt must be exactly the datagram: Ethernet padding
 // beyond the IP length must already be cut off.
 func Compute(pkt []byte) (uint32, error) {
-	if len(pkt) == 0 {
+	if len(pkt) < Len {
+		return 0, ErrTruncated
+	}
+	return Begin(pkt[:len(pkt)-Len])
+}
+
+// Begin returns the CRC state over the first bytes of a packet that starts
+// at its IP header: its IP, UDP and BTH headers masked, then whatever of
+// the packet follows in p (extended headers, payload) as it is. The state
+// goes on with Update and Copy over the rest of the packet, up to the
+// ICRC field, and is then the ICRC (Put writes it). Building a frame, a
+// sender passes the headers and gathers the payload with Copy, so the
+// payload is read once; Compute is Begin over the whole packet.
+func Begin(p []byte) (uint32, error) {
+	if len(p) == 0 {
 		return 0, ErrTruncated
 	}
 	var crc uint32
 	var n int
-	switch pkt[0] >> 4 {
+	switch p[0] >> 4 {
 	case 4:
-		if pkt[0]&0x0F != 5 {
+		if p[0]&0x0F != 5 {
 			return 0, ErrNotIP
 		}
 		n = ipv4HdrLen + udpHdrLen + bthLen
-		if len(pkt) < n+Len {
+		if len(p) < n {
 			return 0, ErrTruncated
 		}
-		crc = maskedHeaders(seed, pkt[:n], &maskV4)
+		crc = maskedHeaders(seed, p[:n], &maskV4)
 	case 6:
 		n = ipv6HdrLen + udpHdrLen + bthLen
-		if len(pkt) < n+Len {
+		if len(p) < n {
 			return 0, ErrTruncated
 		}
-		crc = maskedHeaders(seed, pkt[:n], &maskV6)
+		crc = maskedHeaders(seed, p[:n], &maskV6)
 	default:
 		return 0, ErrNotIP
 	}
-	return crc32.Update(crc, crc32.IEEETable, pkt[n:len(pkt)-Len]), nil
+	return Update(crc, p[n:]), nil
 }
+
+// Put writes crc into the 4-byte ICRC field b, little-endian as RoCEv2
+// puts it on the wire.
+func Put(b []byte, crc uint32) { binary.LittleEndian.PutUint32(b, crc) }
 
 // Stamp computes the ICRC of pkt (as for Compute) and writes it into the
 // last four bytes, little-endian as RoCEv2 puts it on the wire.
@@ -69,7 +86,7 @@ func Stamp(pkt []byte) error {
 	if err != nil {
 		return err
 	}
-	binary.LittleEndian.PutUint32(pkt[len(pkt)-Len:], crc)
+	Put(pkt[len(pkt)-Len:], crc)
 	return nil
 }
 

@@ -34,35 +34,16 @@ type dropPort struct {
 	port.Port
 	drop    func(f []byte) bool
 	dropped atomic.Int64
-	keep    [][]byte
 }
 
-func (d *dropPort) Send(frames [][]byte) (int, error) {
-	d.keep = d.keep[:0]
-	for _, f := range frames {
-		if d.drop(f) {
+func (d *dropPort) Submit(frames [][]byte) (int, error) {
+	for i, f := range frames {
+		if len(f) > 0 && d.drop(f) {
 			d.dropped.Add(1)
-			continue
+			frames[i] = f[:0] // its buffer goes back unsent
 		}
-		d.keep = append(d.keep, f)
 	}
-	n, err := d.Port.Send(d.keep)
-	if n < len(d.keep) {
-		// Back-pressure: report what the link took, counting drops
-		// before the first frame not taken as taken too.
-		taken := 0
-		for i, f := range frames {
-			if n == 0 {
-				return i, err
-			}
-			if !d.drop(f) {
-				n--
-			}
-			taken = i + 1
-		}
-		return taken, err
-	}
-	return len(frames), err
+	return d.Port.Submit(frames)
 }
 
 // madAttr returns the CM attribute of a frame carrying a MAD to QP1 over

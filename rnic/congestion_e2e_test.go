@@ -39,11 +39,7 @@ func newCCLinkOp(t testing.TB, cong Congestion, seed uint64, op ib.WROpcode) *cc
 		if err != nil {
 			t.Fatal(err)
 		}
-		n := &node{dev: d, port: p, pd: d.allocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
-		for i := range n.out {
-			n.out[i] = make([]byte, p.MaxFrame())
-		}
-		return n
+		return &node{dev: d, port: p, pd: d.allocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
 	}
 	l := &ccLink{t: t, tb: &testbed{t: t, clk: clk, a: mk(pa, macA, addrA), b: mk(pb, macB, addrB)}}
 	l.qa, l.qb = l.tb.connect(ib.RC, 4096, ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead, 64)
@@ -79,17 +75,9 @@ func (l *ccLink) run(until clock.Time) {
 				moved = true
 			}
 			n.dev.Expire(now)
-			for j := range n.out {
-				n.out[j] = n.out[j][:cap(n.out[j])]
-			}
-			if k := n.dev.Transmit(now, n.out); k > 0 {
-				if sent, err := n.port.Send(n.out[:k]); err != nil || sent != k {
-					l.t.Fatalf("send %d/%d: %v", sent, k, err)
-				}
+			if k, b := n.transmit(l.t, now); k > 0 {
 				if n == tb.a {
-					for _, f := range n.out[:k] {
-						l.txA += int64(len(f))
-					}
+					l.txA += b
 				}
 				l.packets += k
 				moved = true

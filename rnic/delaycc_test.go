@@ -10,6 +10,7 @@ import (
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/ibtest"
+	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -30,6 +31,7 @@ type ccFabric struct {
 	// bottleneck queue of frames for r
 	swHost []*memlink.Port
 	swR    *memlink.Port
+	sw     port.Copier // the switch copies frames from one port to another
 	rx     [][]byte
 	one    [1][]byte
 	rate   congestion.Rate
@@ -82,11 +84,7 @@ func newCCFabric(t testing.TB, cong Congestion, n int, c congestion.Rate, seed u
 		if err != nil {
 			t.Fatal(err)
 		}
-		nd := &node{dev: d, port: p, pd: d.allocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
-		for i := range nd.out {
-			nd.out[i] = make([]byte, p.MaxFrame())
-		}
-		return nd
+		return &node{dev: d, port: p, pd: d.allocPD(), rx: make([][]byte, 64), out: make([][]byte, 64)}
 	}
 	rp, swR := link(0)
 	f.swR = swR
@@ -142,13 +140,7 @@ func (f *ccFabric) step(n *node, now clock.Time) bool {
 		moved = true
 	}
 	n.dev.Expire(now)
-	for j := range n.out {
-		n.out[j] = n.out[j][:cap(n.out[j])]
-	}
-	if k := n.dev.Transmit(now, n.out); k > 0 {
-		if sent, err := n.port.Send(n.out[:k]); err != nil || sent != k {
-			f.t.Fatalf("send %d/%d: %v", sent, k, err)
-		}
+	if k, _ := n.transmit(f.t, now); k > 0 {
 		f.packets += k
 		moved = true
 	}
@@ -171,7 +163,7 @@ func (f *ccFabric) switchStep(now clock.Time) bool {
 	for f.qLen > 0 && f.qAt[f.qHead] <= now {
 		b := f.q[f.qHead]
 		f.one[0] = b
-		if sent, err := f.swR.Send(f.one[:]); err != nil || sent != 1 {
+		if sent, err := f.sw.Send(f.swR, f.one[:]); err != nil || sent != 1 {
 			f.t.Fatalf("switch to r: %d, %v", sent, err)
 		}
 		f.qBytes -= int64(len(b))
@@ -185,7 +177,7 @@ func (f *ccFabric) switchStep(now clock.Time) bool {
 			for i, h := range f.hosts {
 				if [6]byte(b[:6]) == h.mac {
 					f.one[0] = b
-					if sent, err := f.swHost[i].Send(f.one[:]); err != nil || sent != 1 {
+					if sent, err := f.sw.Send(f.swHost[i], f.one[:]); err != nil || sent != 1 {
 						f.t.Fatalf("switch to h%d: %v", i+1, err)
 					}
 				}

@@ -73,6 +73,7 @@ type Device struct {
 	rxf    frame.Frame
 	grh    [transport.GRHLen]byte
 	meta   transport.Meta
+	pay    transport.Payload // the payload of the frame being built
 	rr     int
 	ipID   uint16
 	cc     *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none

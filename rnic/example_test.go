@@ -63,11 +63,16 @@ func Example() {
 			n, _ := d.port.Recv(in, 0)
 			d.dev.Receive(now, in[:n])
 			d.dev.Expire(now)
-			for i := range out {
-				out[i] = make([]byte, d.port.MaxFrame())
+			// Frames are built in buffers the port lends; the ones not
+			// used go back empty.
+			k := d.port.Lend(out)
+			n = d.dev.Transmit(now, out[:k])
+			for i := n; i < k; i++ {
+				out[i] = out[i][:0]
 			}
-			n = d.dev.Transmit(now, out)
-			d.port.Send(out[:n])
+			if _, err := d.port.Submit(out[:k]); err != nil {
+				panic(err)
+			}
 		}
 		next := min(la.NextDelivery(), lb.NextDelivery(), a.NextDeadline(), b.NextDeadline())
 		if next != clock.Never && next > clk.Now() {

@@ -3,6 +3,8 @@ package rnic
 import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/transport"
 )
 
 // UDSourcePort is the UDP source port rxe gives the packets of the UD QP
@@ -44,9 +46,26 @@ func (d *Device) makeHdr(av *ib.AddressVector, mac [6]byte, lqpn, rqpn uint32) f
 	return t
 }
 
-// finish puts the header h in front of a transport packet of tlen bytes
-// already at buf[len(h):], fills lengths and checksums, stamps the ICRC and
-// returns the frame length.
-func (d *Device) finish(buf []byte, h []byte, tlen int) int {
-	return frame.FinishFrame(buf, h, tlen, &d.ipID)
+// seal completes the frame in buf whose transport headers, tlen bytes,
+// are at buf[len(hdr):]: it puts the frame header hdr in front of them
+// (lengths, IPv4 identification and checksum), gathers the payload p
+// behind them and pads it, computing the ICRC as it copies, and stamps the
+// ICRC. It returns the frame's length. buf holds the whole frame.
+func (d *Device) seal(buf []byte, hdr []byte, tlen int, p *transport.Payload) int {
+	at := len(hdr) + tlen
+	n := p.Len()
+	pad := -n & 3
+	end := at + n + pad + icrc.Len
+	ip := frame.Prepend(buf, hdr, end, &d.ipID)
+	crc, _ := icrc.Begin(buf[ip:at]) // our own IP header: Begin cannot fail
+	sg, off := p.Memory()
+	crc, k := ib.Gather(buf[at:at+n], sg, off, crc, icrc.Copy)
+	if k < n {
+		// Memory shorter than the transport said (checked at post time, so
+		// never expected): the frame still goes out with a good ICRC.
+		crc = icrc.Update(crc, buf[at+k:at+n])
+	}
+	crc = icrc.Pad(crc, buf[at+n:], pad)
+	icrc.Put(buf[end-icrc.Len:end], crc)
+	return end
 }

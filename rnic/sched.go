@@ -13,9 +13,11 @@ import (
 // QPs share the link round-robin.
 const txBudget = 16
 
-// Transmit builds up to len(out) frames into the caller's buffers and
-// returns how many; out[i] is resliced to the frame (its capacity must
-// hold the port's largest frame: 14+40+8+BTH+headers+MTU+3+4 bytes).
+// Transmit builds up to len(out) frames into the caller's buffers (the
+// engine's are lent by its port: the frames are written where the port
+// sends them from) and returns how many; out[i] is resliced to the frame
+// (its capacity must hold the port's largest frame:
+// 14+40+8+BTH+headers+MTU+3+4 bytes).
 // Only QPs with something to send are visited, round-robin, at most
 // txBudget frames each per visit; the rounds go on while some QP used its
 // whole budget and out has room, so that one busy QP fills the batch (one
@@ -62,7 +64,8 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 
 // buildFrame writes q's next frame into buf; q.mu is held. The frame
 // header is the QP's (connected), its CNP header for a CNP, or the one of
-// the next WQE's address handle (datagrams).
+// the next WQE's address handle (datagrams). The transport writes its
+// headers behind it and names its payload, which seal gathers.
 func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 	if q.state == ib.Reset || q.state == ib.Init {
 		return 0
@@ -82,7 +85,9 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 		if len(buf) < len(h)+q.tr.MaxPacket()+icrc.Len {
 			return 0
 		}
-		m := q.tr.Build(now, buf[len(h):])
+		p := &d.pay
+		p.Reset()
+		m := q.tr.BuildHeader(now, buf[len(h):], p)
 		if m == 0 {
 			if q.dest != nil {
 				continue // a WQE completed in error: try the next
@@ -92,7 +97,7 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 		if q.dest == nil && bth.BTH(buf[len(h):]).Opcode() == bth.CNP {
 			h = q.cnpHdr.Bytes()
 		}
-		n := d.finish(buf, h, m)
+		n := d.seal(buf, h, m, p)
 		q.tr.Sent(now, n)
 		return n
 	}

@@ -30,6 +30,9 @@ func TestTransmitFillsBatch(t *testing.T) {
 			}
 			qs = append(qs, qa)
 		}
+		if k := tb.a.port.Lend(tb.a.out); k != len(tb.a.out) {
+			t.Fatalf("the port lent %d buffers", k)
+		}
 		n := tb.a.dev.Transmit(tb.clk.Now(), tb.a.out)
 		if n != len(tb.a.out) {
 			t.Fatalf("%d QPs: Transmit built %d frames, want the whole batch of %d", qps, n, len(tb.a.out))

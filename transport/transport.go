@@ -45,13 +45,19 @@ type Transport interface {
 	// SendQueueFree is how many more send WQEs Post accepts now.
 	SendQueueFree() int
 
-	// MaxPacket is the largest packet Build writes.
+	// MaxPacket is the largest packet BuildHeader describes: headers,
+	// payload and pad.
 	MaxPacket() int
-	// Build writes the next packet to send into buf (at least MaxPacket
-	// bytes) and returns its length, 0 when there is nothing to send now.
-	Build(now clock.Time, buf []byte) int
-	// Sent reports that the packet Build wrote last left as a frame of
-	// wire bytes (headers and ICRC included): what a rate limiter charges.
+	// BuildHeader writes the headers of the next packet to send (the BTH,
+	// its PadCount set, and the extended headers) into hdr, which holds
+	// MaxPacket bytes, describes the packet's payload in pay (which the
+	// device has reset) and returns the headers' length, 0 when there is
+	// nothing to send now. The device puts the payload and its pad behind
+	// the headers before it calls the transport again.
+	BuildHeader(now clock.Time, hdr []byte, pay *Payload) int
+	// Sent reports that the packet BuildHeader built last left as a frame
+	// of wire bytes (headers and ICRC included): what a rate limiter
+	// charges.
 	Sent(now clock.Time, wire int)
 	// Receive processes one received transport packet.
 	Receive(now clock.Time, pkt []byte, m *Meta)
@@ -59,7 +65,7 @@ type Transport interface {
 	Expire(now clock.Time)
 	// Deadline is when Expire must next run (clock.Never: no timer).
 	Deadline() clock.Time
-	// HasOutput reports whether Build would produce a packet now.
+	// HasOutput reports whether BuildHeader would produce a packet now.
 	HasOutput() bool
 
 	// TakeCompletions returns the completions produced since the last
@@ -80,9 +86,46 @@ type Transport interface {
 }
 
 // Addressed is a transport whose packets each go where their WQE says (UD):
-// the device looks at the next WQE's address handle before Build, to put
-// the packet behind that destination's frame header.
+// the device looks at the next WQE's address handle before BuildHeader,
+// to put the packet behind that destination's frame header.
 type Addressed interface {
-	// Peek returns the WQE Build will handle next, nil if none.
+	// Peek returns the WQE BuildHeader will handle next, nil if none.
 	Peek() *ib.SendWQE
+}
+
+// Payload is the payload of a packet as its transport describes it: Len
+// bytes of the memory a scatter/gather list (or one Seg) names, from a
+// byte offset in it on. A transport names its payload rather than copying
+// it: the device gathers it into the frame, computing the ICRC as it
+// copies, so that the memory is read once; and the memory may lie where
+// only the device reaches it (see ib.Seg).
+type Payload struct {
+	sg  []ib.Seg
+	one [1]ib.Seg
+	off uint32
+	n   uint32
+}
+
+// Set describes n bytes of sg from byte off of it on. sg (the slice, not
+// the memory) must not change before the device gathers the payload.
+func (p *Payload) Set(sg []ib.Seg, off, n uint32) { p.sg, p.off, p.n = sg, off, n }
+
+// SetSeg describes n bytes of s from byte off of it on.
+func (p *Payload) SetSeg(s ib.Seg, off, n uint32) {
+	p.sg, p.one[0], p.off, p.n = nil, s, off, n
+}
+
+// Reset describes no payload.
+func (p *Payload) Reset() { *p = Payload{} }
+
+// Len is the payload's length in bytes, pad excluded.
+func (p *Payload) Len() int { return int(p.n) }
+
+// Memory returns the scatter/gather list the payload is in and the byte
+// offset in it where the payload starts.
+func (p *Payload) Memory() (sg []ib.Seg, off uint32) {
+	if p.sg == nil {
+		return p.one[:], p.off
+	}
+	return p.sg, p.off
 }

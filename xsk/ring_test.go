@@ -35,8 +35,9 @@ func fakeSocket(t *testing.T, numFrames, frameSize uint32, start uint32, multi b
 	}
 	t.Cleanup(func() { unix.Close(fds[0]); unix.Close(fds[1]) })
 	s := &Socket{fd: fds[0], umem: make([]byte, numFrames*frameSize)}
-	s.cfg = Config{FrameSize: frameSize, NumFrames: numFrames, MultiBuffer: multi, MaxFrame: 9018}
-	s.info = Info{NeedWakeup: true, MultiBuffer: multi, FrameSize: frameSize, RxFrames: half, TxFrames: numFrames - half}
+	s.cfg = Config{FrameSize: frameSize, NumFrames: numFrames, MultiBuffer: multi, MaxFrame: 5000}
+	s.cfg.RxChunks = 1
+	s.info = Info{NeedWakeup: true, MultiBuffer: multi, FrameSize: frameSize, RxFrames: half, RxBuffers: half, TxFrames: numFrames - half}
 	for _, r := range []struct {
 		init  func([]byte, unix.XDPRingOffset)
 		entry uint64
@@ -50,10 +51,25 @@ func fakeSocket(t *testing.T, numFrames, frameSize uint32, start uint32, multi b
 		setIndexes(m, o, start, start)
 		r.init(m, o)
 	}
-	for i := numFrames - 1; i >= half; i-- {
-		s.txFree = append(s.txFree, uint64(i)*uint64(frameSize))
+	if err := s.txSlots.init(&s.cfg, half, half); err != nil {
+		t.Fatal(err)
 	}
 	return s
+}
+
+// transmit sends frames of the caller's memory as port.Send does: it
+// borrows slots, copies the frames into them and submits them. It returns
+// how many went.
+func transmit(s *Socket, frames [][]byte) (int, error) {
+	bufs := make([][]byte, len(frames))
+	n := s.Lend(bufs)
+	for i := range bufs[:n] {
+		if len(frames[i]) > len(bufs[i]) {
+			return 0, ErrFrameTooLarge
+		}
+		bufs[i] = bufs[i][:copy(bufs[i], frames[i])]
+	}
+	return s.Submit(bufs[:n])
 }
 
 // kernelRX plays the kernel: it puts descriptors on the RX ring.
@@ -115,9 +131,9 @@ func TestRingWrap(t *testing.T) {
 
 		// TX: 3 frames go out, byte for byte, and come back on COMPLETION.
 		frames := [][]byte{bytes.Repeat([]byte{1}, 60), bytes.Repeat([]byte{2}, 2048), bytes.Repeat([]byte{byte(round)}, 100)}
-		n, err := s.Transmit(frames)
+		n, err := transmit(s, frames)
 		if err != nil || n != 3 {
-			t.Fatalf("round %d: Transmit %d, %v", round, n, err)
+			t.Fatalf("round %d: transmit %d, %v", round, n, err)
 		}
 		for i, d := range kernelTX(s) {
 			if got := s.umem[d.Addr : d.Addr+uint64(d.Len)]; !bytes.Equal(got, frames[i]) || d.Options != 0 {
@@ -130,40 +146,56 @@ func TestRingWrap(t *testing.T) {
 	}
 }
 
-// TestTransmitBackPressure: with no free frame left Transmit takes fewer
-// frames and says so with a nil error; completions make room again.
-func TestTransmitBackPressure(t *testing.T) {
-	s := fakeSocket(t, 16, 2048, 0, false) // 8 TX frames
-	frames := make([][]byte, 12)
-	for i := range frames {
-		frames[i] = make([]byte, 64)
+// TestLendBackPressure: with every slot lent or on the wire Lend lends
+// fewer, or none; completions make room again. Submit refuses what it did
+// not lend, and takes an empty frame's slot back.
+func TestLendBackPressure(t *testing.T) {
+	s := fakeSocket(t, 16, 2048, 0, false) // 8 slots of one chunk
+	bufs := make([][]byte, 12)
+	if n := s.Lend(bufs); n != 8 || len(bufs[0]) != 2048 {
+		t.Fatalf("Lend: %d slots of %d bytes; want the 8 of the pool, 2048 bytes", n, len(bufs[0]))
 	}
-	n, err := s.Transmit(frames)
-	if err != nil || n != 8 {
-		t.Fatalf("Transmit: %d, %v; want 8 (the TX pool)", n, err)
+	if n := s.Lend(bufs[8:]); n != 0 {
+		t.Fatalf("Lend with every slot lent: %d", n)
 	}
-	if n, err := s.Transmit(frames[8:]); err != nil || n != 0 {
-		t.Fatalf("Transmit with no frame: %d, %v; want 0, nil", n, err)
+	if n, err := s.Submit([][]byte{make([]byte, 64)}); n != 0 || err != ErrNotLent {
+		t.Fatalf("Submit of a foreign buffer: %d, %v", n, err)
 	}
-	kernelTX(s)
-	if n, err := s.Transmit(frames[8:]); err != nil || n != 4 {
-		t.Fatalf("Transmit after completion: %d, %v; want 4", n, err)
+	for i := range bufs[:8] {
+		bufs[i] = bufs[i][:60]
 	}
-	if _, err := s.Transmit([][]byte{make([]byte, 2049)}); err != ErrFrameTooLarge {
-		t.Errorf("2049 bytes without multi-buffer: %v, want ErrFrameTooLarge", err)
+	bufs[7] = bufs[7][:0] // given back unsent
+	if n, err := s.Submit(bufs[:8]); n != 8 || err != nil {
+		t.Fatalf("Submit: %d, %v", n, err)
+	}
+	if n, err := s.Submit(bufs[:1]); n != 0 || err != ErrNotLent {
+		t.Fatalf("Submit of a slot already sent: %d, %v", n, err)
+	}
+	if n := s.Lend(bufs[8:]); n != 1 || s.TxPending() != 7 {
+		t.Fatalf("Lend after one slot came back unsent: %d, pending %d", n, s.TxPending())
+	}
+	if out := kernelTX(s); len(out) != 7 {
+		t.Fatalf("%d descriptors on TX, want 7", len(out))
+	}
+	if n := s.Lend(bufs[9:]); n != 3 || s.TxPending() != 0 {
+		t.Fatalf("Lend after completion: %d, pending %d; want 3, 0", n, s.TxPending())
 	}
 }
 
-// TestTransmitMultiBuffer: a frame larger than a chunk is split into chunk
-// sized segments, all but the last marked XDP_PKT_CONTD.
-func TestTransmitMultiBuffer(t *testing.T) {
-	s := fakeSocket(t, 16, 2048, 0, true)
+// TestSubmitMultiBuffer: a slot is contiguous chunks; a frame larger than
+// a chunk goes out as one descriptor per chunk, all but the last marked
+// XDP_PKT_CONTD, and its slot is free only when all are completed.
+func TestSubmitMultiBuffer(t *testing.T) {
+	s := fakeSocket(t, 16, 2048, 0, true) // MaxFrame 5000: slots of 3 chunks, 2 of them
+	if s.MaxTxFrame() != 5000 || len(s.txSlots.state) != 2 {
+		t.Fatalf("MaxTxFrame %d, %d slots", s.MaxTxFrame(), len(s.txSlots.state))
+	}
 	f := make([]byte, 4154)
 	for i := range f {
 		f[i] = byte(i * 7)
 	}
-	if n, err := s.Transmit([][]byte{f}); err != nil || n != 1 {
-		t.Fatalf("Transmit: %d, %v", n, err)
+	if n, err := transmit(s, [][]byte{f}); err != nil || n != 1 {
+		t.Fatalf("transmit: %d, %v", n, err)
 	}
 	out := kernelTX(s)
 	if len(out) != 3 {
@@ -175,23 +207,24 @@ func TestTransmitMultiBuffer(t *testing.T) {
 		if i == 2 {
 			wantOpt = 0
 		}
-		if d.Options != wantOpt {
-			t.Errorf("segment %d options %#x, want %#x", i, d.Options, wantOpt)
+		if d.Options != wantOpt || d.Addr != out[0].Addr+uint64(i)*2048 {
+			t.Errorf("segment %d at %#x options %#x", i, d.Addr, d.Options)
 		}
 		got = append(got, s.umem[d.Addr:d.Addr+uint64(d.Len)]...)
 	}
 	if !bytes.Equal(got, f) {
 		t.Error("segments do not reassemble to the frame")
 	}
-	// A frame needing more segments than free TX frames waits whole.
-	big := make([][]byte, 3)
-	for i := range big {
-		big[i] = make([]byte, 4000) // 2 segments each: 6 of 8 frames
+	// Two of the three completions: the slot stays in flight.
+	bufs := make([][]byte, 2)
+	c := s.comp.producer.Load()
+	s.comp.producer.Store(c - 1)
+	if n := s.Lend(bufs); n != 1 || s.TxPending() != 1 {
+		t.Fatalf("with a segment outstanding: lent %d, pending %d", n, s.TxPending())
 	}
-	s.Complete()
-	n, err := s.Transmit(append(big, make([]byte, 5000))) // the 4th needs 3 more
-	if err != nil || n != 3 {
-		t.Fatalf("Transmit: %d, %v; want 3 whole frames", n, err)
+	s.comp.producer.Store(c)
+	if n := s.Lend(bufs[1:]); n != 1 || s.TxPending() != 0 {
+		t.Fatalf("after the last segment: lent %d, pending %d", n, s.TxPending())
 	}
 }
 
@@ -211,13 +244,22 @@ func TestFrameBounds(t *testing.T) {
 func TestHotPathAllocs(t *testing.T) {
 	s := fakeSocket(t, 64, 2048, 0, true)
 	descs := make([]unix.XDPDesc, 16)
-	frames := [][]byte{make([]byte, 64), make([]byte, 3000)}
+	bufs := make([][]byte, 2)
 	allocs := testing.AllocsPerRun(100, func() {
 		kernelRX(s, unix.XDPDesc{Addr: 256, Len: 64}, unix.XDPDesc{Addr: 2048 + 256, Len: 64})
 		n := s.Receive(descs)
 		s.Fill(descs[:n])
 		s.fill.consumer.Store(s.fill.producer.Load())
-		s.Transmit(frames)
+		if s.Lend(bufs) != 2 {
+			t.Fatal("Lend")
+		}
+		bufs[0], bufs[1] = bufs[0][:64], bufs[1][:3000]
+		if _, err := s.Submit(bufs); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Kick(); err != nil {
+			t.Fatal(err)
+		}
 		c, p := s.tx.consumer.Load(), s.tx.producer.Load()
 		cp := s.comp.producer.Load()
 		for ; c != p; c++ {
@@ -228,7 +270,7 @@ func TestHotPathAllocs(t *testing.T) {
 		s.comp.producer.Store(cp)
 	})
 	if allocs != 0 {
-		t.Errorf("Receive/Fill/Transmit allocate %.1f times per round, want 0", allocs)
+		t.Errorf("Receive/Fill/Lend/Submit/Kick allocate %.1f times per round, want 0", allocs)
 	}
 }
 
@@ -247,10 +289,33 @@ func TestOpenValidation(t *testing.T) {
 	}
 }
 
-func TestTransmitEmpty(t *testing.T) {
-	s := fakeSocket(t, 16, 2048, 0, false)
-	n, err := s.Transmit([][]byte{make([]byte, 60), nil, make([]byte, 60)})
-	if n != 1 || err != ErrEmptyFrame {
-		t.Errorf("Transmit with an empty frame: %d, %v; want 1, ErrEmptyFrame", n, err)
+// TestRxSpan: a received descriptor's span reaches the end of its receive
+// buffer (RxChunks chunks), never past the receive pool.
+func TestRxSpan(t *testing.T) {
+	s := &Socket{umem: make([]byte, 24*2048)}
+	s.cfg = Config{FrameSize: 2048, RxChunks: 3}
+	s.info = Info{RxFrames: 8 * 3, RxBuffers: 8}
+	for _, c := range []struct {
+		d       unix.XDPDesc
+		cap     int
+		invalid bool
+	}{
+		{d: unix.XDPDesc{Addr: 256, Len: 1792}, cap: 3*2048 - 256},
+		{d: unix.XDPDesc{Addr: 7*3*2048 + 256, Len: 100}, cap: 3*2048 - 256},
+		{d: unix.XDPDesc{Addr: 3*2048 + 2048 + 10, Len: 60}, cap: 2*2048 - 10},
+		{d: unix.XDPDesc{Addr: 8 * 3 * 2048, Len: 60}, invalid: true},     // past the pool
+		{d: unix.XDPDesc{Addr: 3*2048 - 10, Len: 60}, invalid: true},      // runs into the next buffer
+		{d: unix.XDPDesc{Addr: ^uint64(0) - 100, Len: 60}, invalid: true}, // wraps
+	} {
+		b := s.RxSpan(c.d)
+		if c.invalid {
+			if b != nil {
+				t.Errorf("%+v: a span of %d/%d bytes", c.d, len(b), cap(b))
+			}
+			continue
+		}
+		if len(b) != int(c.d.Len) || cap(b) != c.cap || &b[0] != &s.umem[c.d.Addr] {
+			t.Errorf("%+v: span len %d cap %d, want %d %d", c.d, len(b), cap(b), c.d.Len, c.cap)
+		}
 	}
 }

@@ -28,10 +28,17 @@ type Config struct {
 	// FrameSize is the UMEM chunk size: 2048 or 4096 (default 4096).
 	FrameSize uint32
 	// NumFrames is the number of UMEM frames, a power of two (default 4096);
-	// half feed the receive path, half the transmit path.
+	// half are receive buffers, half transmit chunks.
 	NumFrames uint32
 	// Headroom is reserved by the kernel before each received frame.
 	Headroom uint32
+	// RxChunks is how many contiguous chunks a receive buffer spans
+	// (default 1; the UMEM grows by the extra chunks). Only the first goes
+	// on the FILL ring; the rest are the reader's, so that the later
+	// segments of a multi-buffer frame can be copied in behind the first,
+	// where the kernel put it (RxSpan), instead of the whole frame into a
+	// buffer of the reader's own.
+	RxChunks uint32
 	// Mode selects zero-copy or copy.
 	Mode Mode
 	// MultiBuffer binds with XDP_USE_SG, so that a frame larger than one
@@ -41,7 +48,7 @@ type Config struct {
 	// NoNeedWakeup disables XDP_USE_NEED_WAKEUP (on by default: without it
 	// every transmit needs a syscall and the driver spins on an empty FILL).
 	NoNeedWakeup bool
-	// MaxFrame bounds the frames Transmit accepts (default 9018: a 9000-byte
+	// MaxFrame bounds the frames Submit accepts (default 9018: a 9000-byte
 	// MTU plus Ethernet and a VLAN tag); without MultiBuffer one chunk is
 	// the limit too.
 	MaxFrame int
@@ -56,11 +63,11 @@ type Config struct {
 	BusyPollBudget int
 }
 
-// ErrFrameTooLarge is returned by Transmit for a frame that does not fit.
+// ErrFrameTooLarge is returned by Submit for a frame that does not fit.
 var ErrFrameTooLarge = errors.New("xsk: frame larger than the socket can carry")
 
-// ErrEmptyFrame is returned by Transmit for a zero-length frame.
-var ErrEmptyFrame = errors.New("xsk: empty frame")
+// ErrNotLent is returned by Submit for a frame that is not a slot Lend lent.
+var ErrNotLent = errors.New("xsk: frame is not a lent transmit slot")
 
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("xsk: socket closed")
@@ -76,8 +83,13 @@ type Info struct {
 	MultiBuffer bool
 	FrameSize   uint32
 	Headroom    uint32
-	RxFrames    uint32 // frames in the FILL/RX pool
-	TxFrames    uint32 // frames in the TX/COMPLETION pool
+	RxFrames    uint32 // chunks in the FILL/RX pool
+	RxBuffers   uint32 // receive buffers they make (Config.RxChunks chunks each)
+	TxFrames    uint32 // chunks in the TX/COMPLETION pool
+	TxSlots     uint32 // frames they hold at once (slots of TxSlotChunks chunks)
+	// TxSlotChunks is how many contiguous chunks a transmit slot has: one,
+	// or with MultiBuffer enough for MaxTxFrame.
+	TxSlotChunks uint32
 	// MaxRxSegment is the largest frame (or segment of a multi-buffer
 	// frame) the kernel can write into one chunk.
 	MaxRxSegment int
@@ -98,7 +110,7 @@ type Stats struct {
 	Kicks           uint64 // sendto wakeups issued
 	KicksSuppressed uint64 // wakeups skipped because need_wakeup was clear
 	Polls           uint64 // poll syscalls in Wait
-	TxNoFrame       uint64 // Transmit stopped: no free frame or TX slot
+	TxNoFrame       uint64 // Lend calls that found fewer free transmit slots than asked for
 }
 
 // Socket is one AF_XDP socket with its UMEM and rings.
@@ -111,11 +123,11 @@ type Socket struct {
 	fill, comp addrRing
 	rx, tx     descRing
 
-	txFree []uint64 // stack of free TX frame addresses: O(1) alloc and free
-	pfd    []unix.PollFd
-	ts     unix.Timespec // Wait's timeout, kept here so Ppoll does not allocate
-	stats  Stats
-	closed bool
+	txSlots txPool // the transmit half of the UMEM, lent in slots (tx.go)
+	pfd     []unix.PollFd
+	ts      unix.Timespec // Wait's timeout, kept here so Ppoll does not allocate
+	stats   Stats
+	closed  bool
 }
 
 func sockopt(fd, level, name int, p unsafe.Pointer, size uintptr) error {
@@ -159,6 +171,13 @@ func Open(cfg Config) (s *Socket, err error) {
 		return nil, fmt.Errorf("xsk: headroom %d leaves no room in a %d-byte frame", cfg.Headroom, cfg.FrameSize)
 	}
 	half := cfg.NumFrames / 2
+	if cfg.RxChunks == 0 {
+		cfg.RxChunks = 1
+	}
+	if cfg.RxChunks > 8 {
+		return nil, fmt.Errorf("xsk: receive buffers of %d chunks, at most 8", cfg.RxChunks)
+	}
+	rxChunks := half * cfg.RxChunks // the receive pool, then half for transmit
 	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("xsk: socket: %w", err)
@@ -171,7 +190,7 @@ func Open(cfg Config) (s *Socket, err error) {
 		}
 	}()
 
-	s.umem, err = unix.Mmap(-1, 0, int(uint64(cfg.NumFrames)*uint64(cfg.FrameSize)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
+	s.umem, err = unix.Mmap(-1, 0, int(uint64(rxChunks+half)*uint64(cfg.FrameSize)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_POPULATE)
 	if err != nil {
 		return s, fmt.Errorf("xsk: mmap UMEM: %w", err)
 	}
@@ -215,16 +234,16 @@ func Open(cfg Config) (s *Socket, err error) {
 	}
 	s.tx.init(m, off.Tx, ringSize, true)
 
-	// Frames [0, half) feed FILL; frames [half, NumFrames) are the TX pool.
+	// Chunks [0, rxChunks) are the receive pool, half buffers of RxChunks
+	// whose first chunk feeds FILL; the half after them are the TX pool.
 	// The FILL ring must be populated before bind: some drivers assume it.
 	for i := uint32(0); i < half; i++ {
-		s.fill.addrs[(s.fill.cachedProducer+i)&s.fill.mask] = uint64(i) * uint64(cfg.FrameSize)
+		s.fill.addrs[(s.fill.cachedProducer+i)&s.fill.mask] = uint64(i) * uint64(cfg.RxChunks) * uint64(cfg.FrameSize)
 	}
 	s.fill.cachedProducer += half
 	s.fill.producer.Store(s.fill.cachedProducer)
-	s.txFree = make([]uint64, 0, half)
-	for i := cfg.NumFrames - 1; i >= half; i-- {
-		s.txFree = append(s.txFree, uint64(i)*uint64(cfg.FrameSize))
+	if err := s.txSlots.init(&s.cfg, rxChunks, half); err != nil {
+		return s, err
 	}
 
 	var flags uint16
@@ -287,8 +306,11 @@ func Open(cfg Config) (s *Socket, err error) {
 		MultiBuffer:  cfg.MultiBuffer,
 		FrameSize:    cfg.FrameSize,
 		Headroom:     cfg.Headroom,
-		RxFrames:     half,
-		TxFrames:     cfg.NumFrames - half,
+		RxFrames:     rxChunks,
+		RxBuffers:    half,
+		TxFrames:     half,
+		TxSlots:      uint32(len(s.txSlots.state)),
+		TxSlotChunks: uint32(s.txSlots.chunks),
 		MaxRxSegment: int(cfg.FrameSize - cfg.Headroom - unix.XDP_PACKET_HEADROOM),
 	}
 	return s, nil
@@ -299,14 +321,6 @@ func (s *Socket) FD() int { return s.fd }
 
 // Info reports the mode obtained and the geometry.
 func (s *Socket) Info() Info { return s.info }
-
-// MaxTxFrame is the largest frame Transmit accepts.
-func (s *Socket) MaxTxFrame() int {
-	if s.cfg.MultiBuffer {
-		return min(s.cfg.MaxFrame, maxSegments*int(s.cfg.FrameSize))
-	}
-	return min(s.cfg.MaxFrame, int(s.cfg.FrameSize))
-}
 
 // Receive takes up to len(descs) descriptors from the RX ring into descs and
 // returns how many. The frames they point to belong to the caller until it
@@ -342,6 +356,23 @@ func (s *Socket) Frame(d unix.XDPDesc) []byte {
 		return nil
 	}
 	return s.umem[d.Addr : d.Addr+uint64(d.Len) : d.Addr+uint64(d.Len)]
+}
+
+// RxSpan returns the data of a received descriptor, as Frame does, with
+// the capacity of the rest of its receive buffer (Config.RxChunks chunks),
+// which is the reader's to write until the frame goes back with Fill; nil
+// for a descriptor outside the receive pool.
+func (s *Socket) RxSpan(d unix.XDPDesc) []byte {
+	buf := uint64(s.cfg.RxChunks) * uint64(s.cfg.FrameSize)
+	rx := uint64(s.info.RxFrames) * uint64(s.cfg.FrameSize)
+	if buf == 0 || d.Addr >= rx {
+		return nil
+	}
+	end := (d.Addr/buf + 1) * buf
+	if end > rx || uint64(d.Len) > end-d.Addr {
+		return nil
+	}
+	return s.umem[d.Addr : d.Addr+uint64(d.Len) : end]
 }
 
 // Fill gives received frames back to the kernel through the FILL ring. The
@@ -394,93 +425,6 @@ func (s *Socket) Wait(timeout time.Duration) (bool, error) {
 	return n > 0 && s.rx.available(1) > 0, nil
 }
 
-// Complete moves transmitted frames from the COMPLETION ring back to the free
-// stack and returns how many.
-func (s *Socket) Complete() int {
-	if s.closed {
-		return 0
-	}
-	n := s.comp.available(s.comp.size)
-	if n == 0 {
-		return 0
-	}
-	c := s.comp.cachedConsumer
-	for i := uint32(0); i < n; i++ {
-		s.txFree = append(s.txFree, s.comp.addrs[(c+i)&s.comp.mask])
-	}
-	s.comp.cachedConsumer = c + n
-	s.comp.consumer.Store(s.comp.cachedConsumer)
-	s.stats.TxCompleted += uint64(n)
-	return int(n)
-}
-
-// Transmit copies frames into free TX frames, posts them on the TX ring and
-// wakes the kernel if it asked for it. It returns how many frames were taken:
-// fewer than len(frames) with a nil error means no free frame or TX slot is
-// left (back-pressure; call again after completions). A frame larger than
-// MaxTxFrame stops the batch with ErrFrameTooLarge (an empty one with
-// ErrEmptyFrame), counting the frames before it.
-func (s *Socket) Transmit(frames [][]byte) (int, error) {
-	n, err := s.Post(frames)
-	if kerr := s.Kick(); kerr != nil && err == nil && !errors.Is(kerr, ErrClosed) {
-		err = kerr
-	}
-	return n, err
-}
-
-// Post is Transmit without the wakeup: a caller posting on several
-// sockets in one batch kicks each once at the end (Kick).
-func (s *Socket) Post(frames [][]byte) (int, error) {
-	if s.closed {
-		return 0, ErrClosed
-	}
-	s.Complete()
-	fs := int(s.cfg.FrameSize)
-	free := s.tx.free(uint32(len(frames)))
-	p := s.tx.cachedProducer
-	posted := uint32(0)
-	taken := 0
-	var err error
-	for _, f := range frames {
-		if len(f) == 0 {
-			err = ErrEmptyFrame
-			break
-		}
-		if len(f) > s.MaxTxFrame() {
-			err = ErrFrameTooLarge
-			break
-		}
-		segs := (len(f) + fs - 1) / fs
-		if uint32(segs) > free-posted {
-			// free was sized for one segment per frame: look again.
-			free = s.tx.free(posted + uint32(segs))
-		}
-		if uint32(segs) > free-posted || segs > len(s.txFree) {
-			s.stats.TxNoFrame++
-			break
-		}
-		for off := 0; off < len(f); off += fs {
-			addr := s.txFree[len(s.txFree)-1]
-			s.txFree = s.txFree[:len(s.txFree)-1]
-			end := min(off+fs, len(f))
-			copy(s.umem[addr:addr+uint64(fs)], f[off:end])
-			d := &s.tx.descs[(p+posted)&s.tx.mask]
-			d.Addr, d.Len, d.Options = addr, uint32(end-off), 0
-			if end < len(f) {
-				d.Options = unix.XDP_PKT_CONTD
-			}
-			posted++
-		}
-		taken++
-	}
-	if posted > 0 {
-		s.tx.cachedProducer = p + posted
-		s.tx.producer.Store(s.tx.cachedProducer)
-		s.stats.TxDescs += uint64(posted)
-	}
-	return taken, err
-}
-
 // Kick wakes the kernel to send what the TX ring holds, if it needs waking.
 // Busy conditions (EAGAIN, EBUSY, ENOBUFS) are not errors: the frames stay on
 // the ring and the next Kick sends them.
@@ -517,9 +461,6 @@ func (s *Socket) Kick() error {
 	}
 	return nil
 }
-
-// TxPending is the number of TX frames not yet completed.
-func (s *Socket) TxPending() int { return int(s.info.TxFrames) - len(s.txFree) }
 
 // Stats reads XDP_STATISTICS and returns it with our counters.
 func (s *Socket) Stats() (Stats, error) {

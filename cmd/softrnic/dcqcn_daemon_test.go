@@ -25,13 +25,13 @@ type ceMarker struct {
 	marked atomic.Uint64
 }
 
-func (p *ceMarker) Send(frames [][]byte) (int, error) {
+func (p *ceMarker) Submit(frames [][]byte) (int, error) {
 	for _, f := range frames {
-		if frame.MarkCE(f) {
+		if len(f) > 0 && frame.MarkCE(f) {
 			p.marked.Add(1)
 		}
 	}
-	return p.Port.Send(frames)
+	return p.Port.Submit(frames)
 }
 
 func (p *ceMarker) Recv(frames [][]byte, timeout time.Duration) (int, error) {

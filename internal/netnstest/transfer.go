@@ -125,7 +125,7 @@ func Transfer(tx, rx port.Port, src, dst *Link, n int, size func(i int) int, win
 		for i := 0; i < min(room, port.BatchSize, n-sent); i++ {
 			batch = append(batch, RoCEFrame(bufs[i][:size(sent+i)], src, dst, uint32(sent+i)))
 		}
-		k, err := tx.Send(batch)
+		k, err := port.Send(tx, batch)
 		sent += k
 		if err != nil {
 			serr = fmt.Errorf("sender: Send: %w", err)

@@ -48,6 +48,13 @@ type Port struct {
 	lentFrom int
 	lent     int
 
+	// Transmit buffers (Lend): txN of maxFrame bytes in txSlab, the free
+	// ones stacked in txFree, the lent ones marked in txLent. The kernel
+	// copies a frame out of its buffer during sendmmsg.
+	txSlab []byte
+	txFree []int32
+	txLent []bool
+
 	shdrs []unix.Mmsghdr
 	siov  []unix.Iovec
 	pfd   []unix.PollFd
@@ -154,6 +161,10 @@ func htons(v uint16) uint16 { return v<<8 | v>>8 }
 // vlanRoom is the headroom reserved in each ring slot for putting a tag back.
 const vlanRoom = 4
 
+// txBuffers is how many transmit buffers the port lends: two batches, so
+// that frames held back by a full send buffer leave room for the next.
+const txBuffers = 2 * port.BatchSize
+
 // Open creates the packet socket, attaches the RoCEv2 filter, maps the
 // receive ring and binds to the interface.
 func Open(cfg Config) (p *Port, err error) {
@@ -202,6 +213,11 @@ func Open(cfg Config) (p *Port, err error) {
 	}
 	p.pfd = []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	p.grow(port.BatchSize)
+	p.txSlab = make([]byte, txBuffers*p.maxFrame)
+	p.txLent = make([]bool, txBuffers)
+	for i := txBuffers - 1; i >= 0; i-- {
+		p.txFree = append(p.txFree, int32(i))
+	}
 	return p, nil
 }
 
@@ -335,8 +351,26 @@ func (p *Port) collect(frames [][]byte) int {
 	return n
 }
 
-// Send implements port.Port. The kernel copies the frames during sendmmsg.
-func (p *Port) Send(frames [][]byte) (int, error) {
+// Lend implements port.Port: the buffers are the port's own, from which
+// sendmmsg copies.
+func (p *Port) Lend(bufs [][]byte) int {
+	if p.closed {
+		return 0
+	}
+	n := min(len(bufs), len(p.txFree))
+	for i := 0; i < n; i++ {
+		k := p.txFree[len(p.txFree)-1]
+		p.txFree = p.txFree[:len(p.txFree)-1]
+		p.txLent[k] = true
+		a := int(k) * p.maxFrame
+		bufs[i] = p.txSlab[a : a+p.maxFrame : a+p.maxFrame]
+	}
+	return n
+}
+
+// Submit implements port.Port. The kernel copies the frames during
+// sendmmsg; a full send buffer (EAGAIN, ENOBUFS) leaves the rest lent.
+func (p *Port) Submit(frames [][]byte) (int, error) {
 	if p.closed {
 		return 0, port.ErrClosed
 	}
@@ -344,35 +378,53 @@ func (p *Port) Send(frames [][]byte) (int, error) {
 		return 0, nil
 	}
 	p.grow(len(frames))
+	valid, m := len(frames), 0
+	var err error
 	for i, f := range frames {
-		if len(f) == 0 || len(f) > p.maxFrame {
-			if i == 0 {
-				return 0, fmt.Errorf("afpacket: frame of %d bytes, MaxFrame %d", len(f), p.maxFrame)
-			}
-			frames = frames[:i] // send those before it; the caller retries the rest
+		k, ok := p.bufOf(f)
+		if !ok || !p.txLent[k] {
+			valid, err = i, fmt.Errorf("afpacket: frame %d: %w", i, port.ErrNotLent)
 			break
 		}
-		p.siov[i].Base = &f[0]
-		p.siov[i].SetLen(len(f))
+		if len(f) > 0 {
+			p.siov[m].Base = &f[0]
+			p.siov[m].SetLen(len(f))
+			m++
+		}
 	}
 	sent := 0
-	for sent < len(frames) {
+	for sent < m {
 		p.syscalls++
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(p.fd), uintptr(unsafe.Pointer(&p.shdrs[sent])), uintptr(len(frames)-sent), unix.MSG_DONTWAIT, 0, 0)
+		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(p.fd), uintptr(unsafe.Pointer(&p.shdrs[sent])), uintptr(m-sent), unix.MSG_DONTWAIT, 0, 0)
 		if e != 0 {
 			if e == unix.EAGAIN || e == unix.ENOBUFS || e == unix.EINTR {
 				break // back-pressure: a short count
 			}
-			p.clearSend(len(frames))
-			return sent, fmt.Errorf("afpacket: sendmmsg: %w", e)
+			err = fmt.Errorf("afpacket: sendmmsg: %w", e)
+			break
 		}
 		if r == 0 {
 			break
 		}
 		sent += int(r)
 	}
-	p.clearSend(len(frames))
-	return sent, nil
+	p.clearSend(m)
+	// The frames taken: every empty one and every sent one up to the first
+	// that was not sent.
+	taken, j := 0, 0
+	for _, f := range frames[:valid] {
+		if len(f) > 0 {
+			if j == sent {
+				break
+			}
+			j++
+		}
+		k, _ := p.bufOf(f)
+		p.txLent[k] = false
+		p.txFree = append(p.txFree, k)
+		taken++
+	}
+	return taken, err
 }
 
 // clearSend drops the references to the caller's buffers.

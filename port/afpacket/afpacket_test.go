@@ -3,6 +3,7 @@ package afpacket
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -99,7 +100,7 @@ func TestFilter(t *testing.T) {
 	roce := mk(120, 6, nil)
 
 	in := [][]byte{udp53, tcp, frag, arp, opts, v6, roce}
-	if k, err := a.Send(in); err != nil || k != len(in) {
+	if k, err := port.Send(a, in); err != nil || k != len(in) {
 		t.Fatalf("Send: %d, %v", k, err)
 	}
 	wantLens := map[int]bool{len(opts): true, len(v6): true, len(roce): true}
@@ -137,13 +138,16 @@ func TestRecvSendAllocs(t *testing.T) {
 		out[i] = netnstest.RoCEFrame(make([]byte, 128), &pair.A, &pair.B, uint32(i))
 	}
 	received := 0
+	var c port.Copier
 	allocs := testing.AllocsPerRun(200, func() {
-		a.Send(out)
+		if _, err := c.Send(a, out); err != nil {
+			t.Fatal(err)
+		}
 		k, _ := b.Recv(frames, time.Millisecond)
 		received += k
 	})
 	if allocs != 0 {
-		t.Errorf("Send+Recv allocate %.1f times per batch, want 0", allocs)
+		t.Errorf("Lend+Submit+Recv allocate %.1f times per batch, want 0", allocs)
 	}
 	if received == 0 {
 		t.Error("nothing received: the allocation count measured an idle path")
@@ -153,14 +157,24 @@ func TestRecvSendAllocs(t *testing.T) {
 func TestOversizeAndClosed(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	a := openIn(t, &pair.A)
-	if _, err := a.Send([][]byte{make([]byte, a.MaxFrame()+1)}); err == nil {
+	if _, err := port.Send(a, [][]byte{make([]byte, a.MaxFrame()+1)}); err == nil {
 		t.Error("oversize frame accepted")
+	}
+	bufs := make([][]byte, 2)
+	if a.Lend(bufs) != 2 || len(bufs[0]) != a.MaxFrame() {
+		t.Fatalf("Lend: %d-byte buffers, MaxFrame %d", len(bufs[0]), a.MaxFrame())
+	}
+	if n, err := a.Submit([][]byte{bufs[0][:0], make([]byte, 60)}); n != 1 || !errors.Is(err, port.ErrNotLent) {
+		t.Errorf("Submit of a buffer it did not lend: %d, %v", n, err)
+	}
+	if n, err := a.Submit([][]byte{bufs[0][:0]}); n != 0 || !errors.Is(err, port.ErrNotLent) {
+		t.Errorf("Submit of a buffer given back already: %d, %v", n, err)
 	}
 	a.Close()
 	if _, err := a.Recv(make([][]byte, 1), 0); err != port.ErrClosed {
 		t.Errorf("Recv after Close: %v", err)
 	}
-	if _, err := a.Send([][]byte{make([]byte, 60)}); err != port.ErrClosed {
+	if _, err := port.Send(a, [][]byte{make([]byte, 60)}); err != port.ErrClosed {
 		t.Errorf("Send after Close: %v", err)
 	}
 }
@@ -177,7 +191,7 @@ func TestVLANTagKept(t *testing.T) {
 	tagged = append(tagged, plain[:12]...)
 	tagged = append(tagged, 0x81, 0x00, 0x60, 0x64) // PCP 3, VID 100
 	tagged = append(tagged, plain[12:]...)
-	if k, err := a.Send([][]byte{tagged, plain}); k != 2 || err != nil {
+	if k, err := port.Send(a, [][]byte{tagged, plain}); k != 2 || err != nil {
 		t.Fatalf("Send: %d, %v", k, err)
 	}
 	frames := make([][]byte, port.BatchSize)
@@ -305,7 +319,7 @@ func TestFilterDifferential(t *testing.T) {
 		}
 		batch = append(batch, f)
 		if len(batch) == cap(batch) || i == n-1 {
-			if k, err := a.Send(batch); err != nil || k != len(batch) {
+			if k, err := port.Send(a, batch); err != nil || k != len(batch) {
 				t.Fatalf("Send: %d of %d, %v", k, len(batch), err)
 			}
 			batch = batch[:0]

@@ -8,7 +8,8 @@
 // Frames arrive in a TPACKET_V2 receive ring shared with the kernel (a
 // frame-per-slot ring: unlike TPACKET_V3 there is no block timeout, so a lone
 // frame is seen at once, which matters for latency) and are handed out as
-// views into it; frames leave in batches with sendmmsg.
+// views into it; frames are built in buffers the port lends and leave in
+// batches with sendmmsg, which copies them.
 //
 // Unlike AF_XDP this does not take RoCEv2 away from the kernel: the kernel
 // also sees the frames and, with no UDP socket on 4791, may answer with ICMP

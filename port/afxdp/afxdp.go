@@ -53,6 +53,9 @@ type Stats struct {
 	Socket     xsk.Stats
 	Program    bpf.Counters // summed over CPUs; shared by all queues of the interface
 	Oversize   uint64       // received multi-buffer frames dropped: over MaxFrame or too many segments
+	// Copied counts multi-buffer frames put together in a buffer of the
+	// port's own (a whole copy) rather than behind their first segment.
+	Copied uint64
 }
 
 // Port is an AF_XDP port.port.Port.
@@ -67,14 +70,18 @@ type Port struct {
 	held  []unix.XDPDesc // frames lent to the caller until the next Recv
 
 	// Multi-buffer reassembly: part collects the segments of the frame in
-	// progress (it may span Recv calls); lent holds buffers handed out by
-	// the current Recv; spare holds buffers free for reuse.
+	// progress (it may span Recv calls): in the receive buffer of its
+	// first segment, which spans enough chunks for a whole frame (partUMEM),
+	// or else in a buffer of the port's own; lent holds the port's buffers
+	// handed out by the current Recv; spare holds them free for reuse.
 	part     []byte
 	partSegs int
 	partBad  bool
+	partUMEM bool
 	lent     [][]byte
 	spare    [][]byte
 	oversize uint64
+	copied   uint64
 	closed   bool
 }
 
@@ -97,6 +104,13 @@ func Open(cfg Config) (p *Port, err error) {
 	oneChunk := int(fs) - int(cfg.Headroom) - unix.XDP_PACKET_HEADROOM
 	need := ifc.MTU + l2Overhead
 	multi := need > oneChunk
+	// A multi-buffer frame is put together in the receive buffer of its
+	// first segment: buffers span the chunks a whole frame needs behind
+	// the kernel's headroom, so only the later segments are copied.
+	rxChunks := uint32(1)
+	if multi {
+		rxChunks = uint32((need + int(cfg.Headroom) + unix.XDP_PACKET_HEADROOM + int(fs) - 1) / int(fs))
+	}
 	if multi && cfg.NoMultiBuffer {
 		return nil, fmt.Errorf("afxdp: %s has MTU %d (frames up to %d bytes) but one %d-byte UMEM frame receives at most %d bytes; lower the MTU to %d or allow multi-buffer",
 			ifc.Name, ifc.MTU, need, fs, oneChunk, oneChunk-l2Overhead)
@@ -124,7 +138,7 @@ func Open(cfg Config) (p *Port, err error) {
 	}
 	p.sock, err = xsk.Open(xsk.Config{
 		IfIndex: cfg.IfIndex, Queue: cfg.Queue,
-		FrameSize: fs, NumFrames: cfg.NumFrames, Headroom: cfg.Headroom,
+		FrameSize: fs, NumFrames: cfg.NumFrames, Headroom: cfg.Headroom, RxChunks: rxChunks,
 		Mode: cfg.Mode, MultiBuffer: multi, MaxFrame: need,
 		BusyPoll: cfg.BusyPoll, PreferBusyPoll: cfg.PreferBusyPoll, BusyPollBudget: cfg.BusyPollBudget,
 	})
@@ -134,6 +148,9 @@ func Open(cfg Config) (p *Port, err error) {
 	// The interface's MTU (plus Ethernet and a VLAN tag) bounds the frames,
 	// whether or not they fit one chunk.
 	p.maxFrame = need
+	if p.sock.MaxTxFrame() < need {
+		return p, fmt.Errorf("afxdp: %d-byte transmit slots cannot hold %d-byte frames", p.sock.MaxTxFrame(), need)
+	}
 	if err = p.prog.Register(cfg.Queue, p.sock.FD()); err != nil {
 		return p, fmt.Errorf("afxdp: %w", err)
 	}
@@ -188,54 +205,93 @@ func (p *Port) Recv(frames [][]byte, timeout time.Duration) (int, error) {
 			}
 		}
 	}
+	if p.partUMEM {
+		// The frame goes on in the next Recv, after its first segment's
+		// buffer has gone back to the kernel: move it to one of ours.
+		b := p.spareBuf()
+		p.part = append(b, p.part...)
+		p.partUMEM = false
+		p.copied++
+	}
 	return n, nil
+}
+
+// spareBuf is an empty buffer of the port's own, reused when it can be.
+func (p *Port) spareBuf() []byte {
+	if k := len(p.spare); k > 0 {
+		b := p.spare[k-1][:0]
+		p.spare = p.spare[:k-1]
+		return b
+	}
+	return make([]byte, 0, p.maxFrame) // warm-up only: buffers are reused
 }
 
 // maxSegs is the most segments one received frame may have (the kernel's
 // copy-mode limit is MAX_SKB_FRAGS+1).
 const maxSegs = 18
 
-// segment adds one descriptor of a multi-buffer frame to the reassembly
-// buffer; done reports the frame's last segment, f is nil if it was dropped.
+// segment adds one descriptor of a multi-buffer frame to the frame in
+// progress; done reports the frame's last segment, f is nil if it was
+// dropped.
 func (p *Port) segment(d unix.XDPDesc, contd bool) (f []byte, done bool) {
-	if p.part == nil {
-		if k := len(p.spare); k > 0 {
-			p.part = p.spare[k-1][:0]
-			p.spare = p.spare[:k-1]
-		} else {
-			p.part = make([]byte, 0, p.maxFrame) // warm-up only: buffers are reused
-		}
-		p.partSegs, p.partBad = 0, false
-	}
 	seg := p.sock.Frame(d)
-	p.partSegs++
-	if p.partBad || p.partSegs > maxSegs || len(p.part)+len(seg) > p.maxFrame {
-		p.partBad = true
+	if p.part == nil {
+		p.partSegs, p.partBad = 1, false
+		if b := p.sock.RxSpan(d); b != nil && cap(b) >= p.maxFrame {
+			// The first segment stays where the kernel put it; the
+			// others are copied in behind it.
+			p.part, p.partUMEM = b, true
+		} else {
+			p.part = append(p.spareBuf(), seg...)
+			p.copied++
+		}
 	} else {
-		p.part = append(p.part, seg...)
+		p.partSegs++
+		if p.partBad || p.partSegs > maxSegs || len(p.part)+len(seg) > p.maxFrame {
+			p.partBad = true
+		} else {
+			p.part = append(p.part, seg...) // within the capacity: in place
+		}
 	}
 	if contd {
 		return nil, false
 	}
-	f = p.part
-	p.part = nil
+	f, umem := p.part, p.partUMEM
+	p.part, p.partUMEM = nil, false
 	if p.partBad {
 		p.oversize++
-		p.spare = append(p.spare, f[:0])
+		if !umem {
+			p.spare = append(p.spare, f[:0])
+		}
 		return nil, true
 	}
-	p.lent = append(p.lent, f)
-	return f, true
+	if !umem {
+		p.lent = append(p.lent, f)
+	}
+	return f[:len(f):len(f)], true
 }
 
-// Send implements port.Port.
-func (p *Port) Send(frames [][]byte) (int, error) {
+// Lend implements port.Port: the buffers are transmit slots of the UMEM
+// (as many contiguous chunks as MaxFrame needs). Short of free slots, it
+// wakes the kernel: frames a busy kernel left on the TX ring hold them,
+// and nothing else may come to send them.
+func (p *Port) Lend(bufs [][]byte) int {
 	if p.closed {
-		return 0, port.ErrClosed
+		return 0
 	}
-	n, err := p.sock.Transmit(frames)
-	if errors.Is(err, xsk.ErrFrameTooLarge) {
-		return n, fmt.Errorf("afxdp: frame %d is %d bytes, larger than %d: %w", n, len(frames[n]), p.MaxFrame(), err)
+	n := p.sock.Lend(bufs)
+	if n < len(bufs) {
+		_ = p.sock.Kick() // a failed wakeup fails the next Submit's too, which reports it
+	}
+	return n
+}
+
+// Submit implements port.Port: the frames go on the TX ring as they are,
+// and the kernel is woken if it asked to be.
+func (p *Port) Submit(frames [][]byte) (int, error) {
+	n, err := p.post(frames)
+	if kerr := p.kickTx(); kerr != nil && err == nil {
+		err = kerr
 	}
 	return n, err
 }
@@ -257,7 +313,7 @@ func (p *Port) Stats() (Stats, error) {
 		return Stats{}, port.ErrClosed
 	}
 	info := p.sock.Info()
-	st := Stats{AttachMode: p.prog.Mode(), ZeroCopy: info.ZeroCopy, Multi: info.MultiBuffer, Oversize: p.oversize}
+	st := Stats{AttachMode: p.prog.Mode(), ZeroCopy: info.ZeroCopy, Multi: info.MultiBuffer, Oversize: p.oversize, Copied: p.copied}
 	var err1, err2 error
 	st.Socket, err1 = p.sock.Stats()
 	st.Program, err2 = p.prog.Counters()

@@ -19,7 +19,6 @@ import (
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/port"
-	"github.com/softrnic/softrnic/xsk"
 )
 
 // openIn opens a port on l inside l's namespace.
@@ -179,13 +178,17 @@ func TestMTU4096MultiBuffer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Half the frames exceed one chunk: they must have come as two segments.
+	// Half the frames exceed one chunk: they must have come as two segments,
+	// and been put together behind the first, where the kernel wrote it.
 	if st.Socket.RxDescs < n+n/2 {
 		t.Errorf("%d descriptors for %d frames: multi-buffer segments missing", st.Socket.RxDescs, n)
 	}
+	if st.Copied != 0 {
+		t.Errorf("%d multi-buffer frames copied whole into a buffer of the port's", st.Copied)
+	}
 	// Too large for the port: refused with an error, not truncated.
 	big := make([]byte, a.MaxFrame()+1)
-	if k, err := a.Send([][]byte{big}); err == nil || k != 0 {
+	if k, err := port.Send(a, [][]byte{big}); err == nil || k != 0 {
 		t.Errorf("Send of %d bytes: %d, %v; want 0 and an error", len(big), k, err)
 	}
 }
@@ -221,18 +224,23 @@ func TestRecvSendAllocs(t *testing.T) {
 				out[i] = netnstest.RoCEFrame(make([]byte, c.size), &pair.A, &pair.B, uint32(i))
 			}
 			// Warm up: reassembly buffers are made once, then reused.
+			var c port.Copier
 			for i := 0; i < 20; i++ {
-				a.Send(out)
+				if _, err := c.Send(a, out); err != nil {
+					t.Fatal(err)
+				}
 				b.Recv(frames, time.Millisecond)
 			}
 			received := 0
 			allocs := testing.AllocsPerRun(200, func() {
-				a.Send(out)
+				if _, err := c.Send(a, out); err != nil {
+					t.Fatal(err)
+				}
 				k, _ := b.Recv(frames, time.Millisecond)
 				received += k
 			})
 			if allocs != 0 {
-				t.Errorf("Send+Recv allocate %.1f times per batch, want 0", allocs)
+				t.Errorf("Lend+Submit+Recv allocate %.1f times per batch, want 0", allocs)
 			}
 			if received == 0 {
 				t.Error("nothing received: the allocation count measured an idle path")
@@ -242,7 +250,8 @@ func TestRecvSendAllocs(t *testing.T) {
 }
 
 // TestSendOversize: a frame over MaxFrame (the MTU's) is refused with an
-// error, never sent for the kernel to drop.
+// error, never sent for the kernel to drop; the port lends MaxFrame-byte
+// slots and takes back only what it lent.
 func TestSendOversize(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	a := openIn(t, &pair.A, Config{})
@@ -251,9 +260,19 @@ func TestSendOversize(t *testing.T) {
 	}
 	ok := make([]byte, a.MaxFrame())
 	big := make([]byte, a.MaxFrame()+1)
-	n, err := a.Send([][]byte{ok, big, ok})
-	if n != 1 || !errors.Is(err, xsk.ErrFrameTooLarge) {
-		t.Errorf("Send: %d, %v; want 1 and ErrFrameTooLarge", n, err)
+	n, err := port.Send(a, [][]byte{ok, big, ok})
+	if n != 1 || !errors.Is(err, port.ErrFrameSize) {
+		t.Errorf("Send: %d, %v; want 1 and ErrFrameSize", n, err)
+	}
+	bufs := make([][]byte, 1)
+	if a.Lend(bufs) != 1 || len(bufs[0]) != a.MaxFrame() {
+		t.Fatalf("Lend: %d-byte slot, MaxFrame %d", len(bufs[0]), a.MaxFrame())
+	}
+	if n, err := a.Submit([][]byte{ok}); n != 0 || !errors.Is(err, port.ErrNotLent) {
+		t.Errorf("Submit of a buffer it did not lend: %d, %v", n, err)
+	}
+	if n, err := a.Submit([][]byte{bufs[0][:0]}); n != 1 || err != nil {
+		t.Errorf("Submit of an empty lent slot: %d, %v", n, err)
 	}
 }
 
@@ -266,7 +285,7 @@ func TestClosed(t *testing.T) {
 	if _, err := a.Recv(make([][]byte, 1), 0); err != port.ErrClosed {
 		t.Errorf("Recv after Close: %v", err)
 	}
-	if _, err := a.Send([][]byte{make([]byte, 60)}); err != port.ErrClosed {
+	if _, err := port.Send(a, [][]byte{make([]byte, 60)}); err != port.ErrClosed {
 		t.Errorf("Send after Close: %v", err)
 	}
 	if err := a.Close(); err != nil {
@@ -442,7 +461,7 @@ func TestMultiQueue(t *testing.T) {
 	frames := make([][]byte, port.BatchSize)
 	for q := 0; q < 2; q++ {
 		f := netnstest.RoCEFrame(make([]byte, 200), &pair.A, &pair.B, uint32(100+q))
-		if k, err := ports[0][q].Send([][]byte{f}); k != 1 || err != nil {
+		if k, err := port.Send(ports[0][q], [][]byte{f}); k != 1 || err != nil {
 			t.Fatalf("send on queue %d: %d, %v", q, k, err)
 		}
 		got := 0
@@ -475,7 +494,7 @@ func TestMultiQueue(t *testing.T) {
 	}
 	ports[1][1].Close()
 	f := netnstest.RoCEFrame(make([]byte, 200), &pair.A, &pair.B, 300)
-	if k, err := ports[0][1].Send([][]byte{f}); k != 1 || err != nil {
+	if k, err := port.Send(ports[0][1], [][]byte{f}); k != 1 || err != nil {
 		t.Fatalf("send: %d, %v", k, err)
 	}
 	var after bpf.Counters
@@ -541,7 +560,7 @@ func TestVLANFrame(t *testing.T) {
 			b := openIn(t, &pair.B, Config{XDPMode: mode})
 			plain := netnstest.RoCEFrame(make([]byte, 200), &pair.A, &pair.B, 7)
 			tagged := append(append(append([]byte{}, plain[:12]...), 0x81, 0x00, 0x60, 0x64), plain[12:]...)
-			if k, err := a.Send([][]byte{tagged}); k != 1 || err != nil {
+			if k, err := port.Send(a, [][]byte{tagged}); k != 1 || err != nil {
 				t.Fatalf("Send: %d, %v", k, err)
 			}
 			frames := make([][]byte, port.BatchSize)
@@ -571,7 +590,7 @@ func TestLocalAddrs(t *testing.T) {
 	mine := netnstest.RoCEFrame(make([]byte, 100), &pair.A, &pair.B, 1)
 	other := netnstest.RoCEFrame(make([]byte, 100), &pair.A, &pair.B, 2)
 	other[33]++ // destination address .2 -> .3 (checksum left stale: not looked at)
-	if k, err := a.Send([][]byte{other, mine}); k != 2 || err != nil {
+	if k, err := port.Send(a, [][]byte{other, mine}); k != 2 || err != nil {
 		t.Fatalf("Send: %d, %v", k, err)
 	}
 	frames := make([][]byte, port.BatchSize)

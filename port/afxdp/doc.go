@@ -11,4 +11,9 @@
 // netdev MTU, as rxe uses) works; such frames are reassembled into a
 // port-owned buffer (one copy), smaller ones are handed out as views into the
 // UMEM (no copy).
+//
+// Transmit: Lend lends transmit slots of the UMEM (as many contiguous
+// chunks as the largest frame needs), the engine builds its frames in
+// them, and Submit posts them on the TX ring as they are, one descriptor
+// per chunk: no copy between the device and the kernel.
 package afxdp

@@ -73,6 +73,8 @@ type Multi struct {
 
 	next     int      // the queue Recv visits first
 	received []uint64 // frames received, per queue (loop-owned)
+	scratch  [][]byte // Submit's slots of other queues' sockets
+	back     [][]byte // Submit's lent slots going back unsent
 	pfds     []unix.PollFd
 	ts       unix.Timespec
 	closed   bool
@@ -138,6 +140,8 @@ func OpenMulti(cfg MultiConfig) (m *Multi, err error) {
 	m.spread, m.txDefault = cfg.SpreadTx && n > 1, cfg.TxQueue
 	m.received = make([]uint64, n)
 	m.kick = make([]bool, n)
+	m.scratch = make([][]byte, port.BatchSize)
+	m.back = make([][]byte, port.BatchSize)
 	m.wait = m.poll
 	return m, nil
 }
@@ -203,17 +207,29 @@ func (m *Multi) poll(timeout time.Duration) error {
 	return nil
 }
 
-// Send implements port.Port: every frame leaves through MultiConfig.TxQueue,
-// or with SpreadTx through its flow's queue. A run of frames for one queue
-// is posted in one go and each queue is woken once per call, however the
-// runs interleave (copy mode pays a sendto per wakeup); the first short
-// post ends the call, so that no frame overtakes one that must be retried.
-func (m *Multi) Send(frames [][]byte) (int, error) {
+// Lend implements port.Port: the buffers are transmit slots of
+// MultiConfig.TxQueue's socket.
+func (m *Multi) Lend(bufs [][]byte) int {
+	if m.closed {
+		return 0
+	}
+	return m.tx.Lend(bufs)
+}
+
+// Submit implements port.Port: every frame leaves through
+// MultiConfig.TxQueue, or with SpreadTx through its flow's queue. Frames
+// are built in TxQueue's slots; one for another queue is copied into a
+// slot of that queue's socket (each socket has a UMEM of its own), and its
+// slot given back. A run of frames for one queue is posted in one go and
+// each queue is woken once per call, however the runs interleave (copy
+// mode pays a sendto per wakeup); the first short post ends the call, so
+// that no frame overtakes one that must be retried.
+func (m *Multi) Submit(frames [][]byte) (int, error) {
 	if m.closed {
 		return 0, port.ErrClosed
 	}
 	if !m.spread {
-		return m.tx.Send(frames)
+		return m.tx.Submit(frames)
 	}
 	sent := 0
 	var err error
@@ -223,7 +239,21 @@ func (m *Multi) Send(frames [][]byte) (int, error) {
 		for end < len(frames) && m.txQueue(frames[end]) == q {
 			end++
 		}
-		k, perr := m.txq[q].post(frames[sent:end])
+		var k int
+		var perr error
+		if q == m.txDefault {
+			k, perr = m.txq[q].post(frames[sent:end])
+		} else {
+			k, perr = m.txq[q].postCopy(frames[sent:end], m.scratch)
+			if k > 0 {
+				// The copies went; their lent slots go back unsent.
+				for i, f := range frames[sent : sent+k] {
+					m.back[i] = f[:0]
+				}
+				_, _ = m.txq[m.txDefault].post(m.back[:k]) // empty lent slots: taken back
+				clear(m.back[:k])
+			}
+		}
 		if k > 0 {
 			m.kick[q] = true
 		}
@@ -246,21 +276,45 @@ func (m *Multi) Send(frames [][]byte) (int, error) {
 
 // txQueue is a queue as SpreadTx sends on it: Port, or a fake in tests.
 type txQueue interface {
-	post(frames [][]byte) (int, error) // Send without the wakeup
-	kickTx() error                     // the wakeup
+	post(frames [][]byte) (int, error) // Submit without the wakeup
+	// postCopy posts copies of frames (another socket's memory) in slots
+	// of its own, scratch holding the slots; it returns how many went.
+	postCopy(frames, scratch [][]byte) (int, error)
+	kickTx() error // the wakeup
 }
 
-// post is Send without waking the kernel: Multi wakes each queue once
+// post is Submit without waking the kernel: Multi wakes each queue once
 // per batch.
 func (p *Port) post(frames [][]byte) (int, error) {
 	if p.closed {
 		return 0, port.ErrClosed
 	}
-	n, err := p.sock.Post(frames)
-	if errors.Is(err, xsk.ErrFrameTooLarge) {
+	n, err := p.sock.Submit(frames)
+	switch {
+	case errors.Is(err, xsk.ErrFrameTooLarge):
 		return n, fmt.Errorf("afxdp: frame %d is %d bytes, larger than %d: %w", n, len(frames[n]), p.MaxFrame(), err)
+	case errors.Is(err, xsk.ErrNotLent):
+		return n, fmt.Errorf("afxdp: frame %d: %w", n, port.ErrNotLent)
 	}
 	return n, err
+}
+
+// postCopy implements txQueue.
+func (p *Port) postCopy(frames, scratch [][]byte) (int, error) {
+	if p.closed {
+		return 0, port.ErrClosed
+	}
+	n := p.sock.Lend(scratch[:min(len(frames), len(scratch))])
+	for i := range scratch[:n] {
+		scratch[i] = scratch[i][:copy(scratch[i], frames[i])]
+	}
+	k, err := p.post(scratch[:n])
+	for i := k; i < n; i++ {
+		scratch[i] = scratch[i][:0]
+	}
+	_, _ = p.sock.Submit(scratch[k:n]) // slots of its own, empty: taken back whatever else fails
+	clear(scratch[:n])
+	return k, err
 }
 
 func (p *Port) kickTx() error {
@@ -383,6 +437,7 @@ func (m *Multi) Stats() (Stats, error) {
 		s.Polls += t.Polls
 		s.TxNoFrame += t.TxNoFrame
 		st.Oversize += q.Oversize
+		st.Copied += q.Copied
 		st.ZeroCopy = st.ZeroCopy && q.ZeroCopy
 		st.Multi = st.Multi || q.Multi
 	}

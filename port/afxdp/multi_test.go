@@ -20,8 +20,8 @@ type fakeQueue struct {
 	calls   int
 	lent    [][]byte
 	buf     [port.BatchSize][4]byte
-	room    int      // Send takes at most this many frames (-1: all)
-	sent    [][]byte // what Send took
+	room    int      // Submit takes at most this many frames (-1: all)
+	sent    [][]byte // what Submit took (frames given back empty are not)
 	kicks   int
 }
 
@@ -41,23 +41,36 @@ func (f *fakeQueue) Recv(frames [][]byte, _ time.Duration) (int, error) {
 	f.pending -= n
 	return n, nil
 }
-func (f *fakeQueue) Send(frames [][]byte) (int, error) {
-	n := len(frames)
-	if f.room >= 0 {
-		n = min(n, f.room)
-		f.room -= n
+func (f *fakeQueue) Lend(bufs [][]byte) int { return 0 }
+func (f *fakeQueue) Submit(frames [][]byte) (int, error) {
+	n := 0
+	for _, b := range frames {
+		if len(b) > 0 {
+			if f.room == 0 {
+				break
+			}
+			if f.room > 0 {
+				f.room--
+			}
+			f.sent = append(f.sent, b)
+		}
+		n++
 	}
-	f.sent = append(f.sent, frames[:n]...)
 	return n, nil
 }
-func (f *fakeQueue) post(frames [][]byte) (int, error) { return f.Send(frames) }
-func (f *fakeQueue) kickTx() error                     { f.kicks++; return nil }
-func (f *fakeQueue) MaxFrame() int                     { return 4 }
-func (f *fakeQueue) Close() error                      { return nil }
+func (f *fakeQueue) post(frames [][]byte) (int, error) { return f.Submit(frames) }
+
+// postCopy takes the frames themselves: the fake has no memory of its own
+// to copy them into.
+func (f *fakeQueue) postCopy(frames, _ [][]byte) (int, error) { return f.Submit(frames) }
+func (f *fakeQueue) kickTx() error                            { f.kicks++; return nil }
+func (f *fakeQueue) MaxFrame() int                            { return 4 }
+func (f *fakeQueue) Close() error                             { return nil }
 
 func fakeMulti(qs ...*fakeQueue) (*Multi, *int) {
 	waits := new(int)
-	m := &Multi{received: make([]uint64, len(qs)), kick: make([]bool, len(qs))}
+	m := &Multi{received: make([]uint64, len(qs)), kick: make([]bool, len(qs)),
+		scratch: make([][]byte, port.BatchSize), back: make([][]byte, port.BatchSize)}
 	for _, q := range qs {
 		m.subs = append(m.subs, q)
 		m.txq = append(m.txq, q)
@@ -204,7 +217,7 @@ func TestMultiAllQueues(t *testing.T) {
 				out[i] = netnstest.RoCEFrame(out[i][:size(seq)], &pair.A, &pair.B, seq)
 				want[seq] = true
 			}
-			k, err := a.Queue(q).Send(out)
+			k, err := port.Send(a.Queue(q), out)
 			if err != nil || k != len(out) {
 				t.Fatalf("send on queue %d: %d of %d, %v", q, k, len(out), err)
 			}
@@ -277,7 +290,7 @@ func TestMultiAllQueues(t *testing.T) {
 		return n
 	}
 	k0 := kicks()
-	if k, err := a.Send(batch); k != len(batch) || err != nil {
+	if k, err := port.Send(a, batch); k != len(batch) || err != nil {
 		t.Fatalf("spread send: %d of %d, %v", k, len(batch), err)
 	}
 	// The 48 frames alternate between queues (runs of about one frame);
@@ -318,9 +331,12 @@ func TestMultiAllQueues(t *testing.T) {
 
 	// Zero allocations per batch: a frame on every queue, sent and received.
 	one := [][]byte{netnstest.RoCEFrame(make([]byte, 128), &pair.A, &pair.B, 7)}
+	var c port.Copier
 	allocs := testing.AllocsPerRun(200, func() {
 		for q := 0; q < nq; q++ {
-			a.Queue(q).Send(one)
+			if _, err := c.Send(a.Queue(q), one); err != nil {
+				t.Fatal(err)
+			}
 		}
 		for got, tries := 0, 0; got < nq && tries < 100; tries++ {
 			n, _ := b.Recv(frames, time.Millisecond)
@@ -403,8 +419,8 @@ func TestUDPSourcePort(t *testing.T) {
 
 // TestMultiSpreadTx: with SpreadTx each frame leaves on its source port's
 // queue; runs for one queue go out as one batch, each queue is woken once
-// per Send however its runs interleave with others'; when a queue takes
-// fewer than offered, Send stops there, so no later frame (of any QP)
+// per Submit however its runs interleave with others'; when a queue takes
+// fewer than offered, Submit stops there, so no later frame (of any QP)
 // overtakes the one the engine will offer again.
 func TestMultiSpreadTx(t *testing.T) {
 	qs := []*fakeQueue{{id: 0, room: -1}, {id: 1, room: -1}, {id: 2, room: -1}}
@@ -428,13 +444,13 @@ func TestMultiSpreadTx(t *testing.T) {
 		udpFrame(false, false, sport[2]),
 		udpFrame(false, false, sport[0]),
 	}
-	if n, err := m.Send(frames); n != len(frames) || err != nil {
-		t.Fatalf("Send: %d, %v", n, err)
+	if n, err := m.Submit(frames); n != len(frames) || err != nil {
+		t.Fatalf("Submit: %d, %v", n, err)
 	}
 	want := [][]int{{0, 1, 5}, {2, 3}, {4}}
 	for q, idx := range want {
 		if qs[q].kicks != 1 {
-			t.Errorf("queue %d woken %d times for one Send, want once", q, qs[q].kicks)
+			t.Errorf("queue %d woken %d times for one Submit, want once", q, qs[q].kicks)
 		}
 		if len(qs[q].sent) != len(idx) {
 			t.Fatalf("queue %d sent %d frames, want %d", q, len(qs[q].sent), len(idx))
@@ -454,8 +470,8 @@ func TestMultiSpreadTx(t *testing.T) {
 	for _, q := range qs {
 		q.kicks = 0
 	}
-	if n, err := m.Send(frames); n != 3 || err != nil {
-		t.Fatalf("Send under back-pressure: %d, %v; want 3", n, err)
+	if n, err := m.Submit(frames); n != 3 || err != nil {
+		t.Fatalf("Submit under back-pressure: %d, %v; want 3", n, err)
 	}
 	if qs[0].kicks != 1 || qs[1].kicks != 1 || qs[2].kicks != 0 {
 		t.Errorf("wakeups under back-pressure %d %d %d, want 1 1 0 (only queues posted to)", qs[0].kicks, qs[1].kicks, qs[2].kicks)
@@ -468,9 +484,11 @@ func TestMultiSpreadTx(t *testing.T) {
 		for _, q := range qs {
 			q.sent = q.sent[:0]
 		}
-		m.Send(frames)
+		if _, err := m.Submit(frames); err != nil {
+			t.Fatal(err)
+		}
 	}); got != 0 {
-		t.Errorf("Send allocates %.1f times per batch", got)
+		t.Errorf("Submit allocates %.1f times per batch", got)
 	}
 }
 

@@ -16,9 +16,11 @@
 //     the link reads clock.Now, and Recv with a timeout blocks until a frame is
 //     due, the timeout passes, or the port is closed.
 //
-// Every frame is copied into a preallocated ring of buffers of the receiving
-// wire, so neither Send nor Recv allocates in steady state. A frame returned by
-// Recv stays valid until the next Recv on the same Port, as port.Port demands.
+// Frames live in a preallocated ring of buffers of each wire: Lend lends
+// the sender free ones, the frame is built there and Submit queues it in
+// place, so neither sending nor Recv copies or allocates in steady state
+// (a duplicate is the one copy). A frame returned by Recv stays valid
+// until the next Recv on the same Port, as port.Port demands.
 //
 // Each wire has its own random source (derived from Config.Seed and the
 // direction), so which frames a wire impairs depends only on the sequence of

@@ -7,6 +7,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
 )
 
@@ -32,7 +33,7 @@ func roce(t testing.TB, tos uint8, v6 bool) []byte {
 // receives once they are due.
 func sendRecv(t testing.TB, vc *memlink.VirtualClock, a, b *memlink.Port, frames ...[]byte) [][]byte {
 	t.Helper()
-	if n, err := a.Send(frames); err != nil || n != len(frames) {
+	if n, err := port.Send(a, frames); err != nil || n != len(frames) {
 		t.Fatalf("send %d/%d: %v", n, len(frames), err)
 	}
 	if next := b.NextDelivery(); next > vc.Now() {
@@ -130,15 +131,22 @@ func TestCEVirtualQueue(t *testing.T) {
 	}
 }
 
-// TestCEMarkAllocatesNothing: the marker keeps Send and Recv free of
+// TestCEMarkAllocatesNothing: the marker keeps Submit and Recv free of
 // allocations.
 func TestCEMarkAllocatesNothing(t *testing.T) {
 	vc := &memlink.VirtualClock{}
 	a, b := memlink.NewPair(memlink.Config{Clock: vc.Now, Seed: 1, Impairments: memlink.Impairments{CEMark: 0.5, CEQueueRate: 1e9, CEQueueBytes: 5000}})
 	out := [][]byte{roce(t, 0x02, false), roce(t, 0x02, true)}
 	in := make([][]byte, 4)
+	lent := make([][]byte, 2)
 	allocs := testing.AllocsPerRun(200, func() {
-		if n, _ := a.Send(out); n != 2 {
+		if a.Lend(lent) != 2 {
+			t.Fatal("lend")
+		}
+		for i := range lent {
+			lent[i] = lent[i][:copy(lent[i], out[i])]
+		}
+		if n, _ := a.Submit(lent); n != 2 {
 			t.Fatal("send")
 		}
 		vc.Advance(time.Microsecond)
@@ -147,6 +155,6 @@ func TestCEMarkAllocatesNothing(t *testing.T) {
 		}
 	})
 	if allocs != 0 {
-		t.Fatalf("%v allocations per Send+Recv with marking", allocs)
+		t.Fatalf("%v allocations per Submit+Recv with marking", allocs)
 	}
 }

@@ -1,7 +1,6 @@
 package memlink
 
 import (
-	"errors"
 	"github.com/softrnic/softrnic/frame"
 	"math/rand/v2"
 	"sync"
@@ -25,9 +24,6 @@ const (
 	// enough for frames sent just after it to overtake it.
 	DefaultReorderDelay = 10 * time.Microsecond
 )
-
-// ErrFrameTooLarge is returned by Send for a frame longer than MaxFrame.
-var ErrFrameTooLarge = errors.New("memlink: frame longer than MaxFrame")
 
 // Impairments is what a wire does to the frames sent on it. Probabilities are
 // per frame, in [0, 1] (values outside are clamped).
@@ -98,19 +94,20 @@ type Stats struct {
 	Reordered  uint64 // frames (or copies) held back by the Reorder knob
 	Corrupted  uint64 // frames (or copies) with one bit flipped
 	Delivered  uint64 // frames handed to the receiver by Recv
-	Full       uint64 // Send calls cut short because no buffer was free
+	Full       uint64 // Lend calls that found fewer free buffers than asked for
 	DupNoRoom  uint64 // duplicates not made because no buffer was free
-	Oversize   uint64 // frames refused with ErrFrameTooLarge
+	NotLent    uint64 // frames Submit refused with ErrNotLent
 	PeerClosed uint64 // frames discarded because the receiving end was closed
 	Marked     uint64 // frames (or copies) marked CE by CEMark or the virtual queue
 }
 
 // slot is one frame buffer of a wire.
 type slot struct {
-	buf []byte     // full-capacity buffer, MaxFrame bytes
-	n   int        // frame length
-	at  clock.Time // when the frame becomes deliverable
-	seq uint64     // enqueue order, to keep equal-time frames FIFO
+	buf  []byte     // full-capacity buffer, MaxFrame bytes
+	n    int        // frame length
+	at   clock.Time // when the frame becomes deliverable
+	seq  uint64     // enqueue order, to keep equal-time frames FIFO
+	lent bool       // lent to the sending end, not yet submitted
 }
 
 // wire is one direction of the link. Its mutex is taken once per Send or
@@ -120,6 +117,7 @@ type wire struct {
 	imp       Impairments
 	rng       *rand.Rand
 	slots     []slot
+	slab      []byte  // every slot's buffer, in order
 	free      []int32 // stack of free slot indexes
 	due       []int32 // min-heap of queued slots by (at, seq)
 	seq       uint64
@@ -133,7 +131,7 @@ type wire struct {
 	vqLast    clock.Time // when vqBytes was last drained
 }
 
-// Port is one end of a memlink pair. It implements port.Port: Send and Recv
+// Port is one end of a memlink pair. It implements port.Port: Lend, Submit and Recv
 // belong to one goroutine per end; Stats, NextDelivery and SetImpairments
 // may be called from any goroutine.
 type Port struct {
@@ -193,6 +191,7 @@ func newWire(cfg Config, stream uint64) *wire {
 	}
 	// One slab for all buffers: one allocation, good locality.
 	slab := make([]byte, cfg.Frames*cfg.MaxFrame)
+	w.slab = slab
 	for i := range w.slots {
 		w.slots[i].buf = slab[i*cfg.MaxFrame : (i+1)*cfg.MaxFrame : (i+1)*cfg.MaxFrame]
 		w.free[i] = int32(cfg.Frames - 1 - i) // pop order 0, 1, 2…
@@ -282,9 +281,35 @@ func (p *Port) InFlight() int {
 // MaxFrame implements port.Port.
 func (p *Port) MaxFrame() int { return p.tx.maxFrame }
 
-// Send implements port.Port. Lost frames count as taken, as a real NIC
-// cannot tell that the wire lost them.
-func (p *Port) Send(frames [][]byte) (int, error) {
+// Lend implements port.Port: the buffers are free frame buffers of the
+// wire this end sends on, so that a frame is built where the link keeps
+// it. When all are lent or in flight, Lend lends fewer: back-pressure, as
+// a full transmit ring gives.
+func (p *Port) Lend(bufs [][]byte) int {
+	if p.closed.Load() {
+		return 0
+	}
+	w := p.tx
+	w.mu.Lock()
+	n := min(len(bufs), len(w.free))
+	for i := 0; i < n; i++ {
+		k := w.free[len(w.free)-1]
+		w.free = w.free[:len(w.free)-1]
+		s := &w.slots[k]
+		s.lent = true
+		bufs[i] = s.buf
+	}
+	if n < len(bufs) {
+		w.stats.Full++
+	}
+	w.mu.Unlock()
+	return n
+}
+
+// Submit implements port.Port: it takes every frame, in place. Lost
+// frames count as taken, as a real NIC cannot tell that the wire lost
+// them.
+func (p *Port) Submit(frames [][]byte) (int, error) {
 	if p.closed.Load() {
 		return 0, port.ErrClosed
 	}
@@ -295,36 +320,52 @@ func (p *Port) Send(frames [][]byte) (int, error) {
 	n := 0
 	var err error
 	for _, f := range frames {
-		if len(f) > w.maxFrame {
-			w.stats.Oversize++
-			err = ErrFrameTooLarge
+		k, ok := w.slotOf(f)
+		if !ok || !w.slots[k].lent {
+			w.stats.NotLent++
+			err = port.ErrNotLent
 			break
 		}
-		if w.rxClosed {
-			w.stats.Sent++
-			w.stats.PeerClosed++
-			n++
+		s := &w.slots[k]
+		s.lent = false
+		n++
+		if len(f) == 0 {
+			w.free = append(w.free, k)
 			continue
 		}
-		if len(w.free) == 0 {
-			w.stats.Full++
-			break
-		}
-		n++
 		w.stats.Sent++
+		if w.rxClosed {
+			w.stats.PeerClosed++
+			w.free = append(w.free, k)
+			continue
+		}
 		if w.imp.Loss > 0 && w.rng.Float64() < w.imp.Loss {
 			w.stats.Lost++
+			w.free = append(w.free, k)
 			continue
 		}
-		w.enqueue(f, now)
+		s.n = len(f)
+		// A duplicate is a copy of the frame as sent, taken before the
+		// original is marked or corrupted in place; whether there is one
+		// is drawn after the original's draws, as it always was.
+		var dup int32 = -1
+		if w.imp.Duplicate > 0 && len(w.free) > 0 {
+			dup = w.free[len(w.free)-1]
+			w.free = w.free[:len(w.free)-1]
+			d := &w.slots[dup]
+			d.n = copy(d.buf, f)
+		}
+		w.enqueue(k, now)
 		queued = true
 		if w.imp.Duplicate > 0 && w.rng.Float64() < w.imp.Duplicate {
-			if len(w.free) == 0 {
+			if dup < 0 {
 				w.stats.DupNoRoom++
 				continue
 			}
-			w.enqueue(f, now)
+			w.enqueue(dup, now)
 			w.stats.Duplicated++
+		} else if dup >= 0 {
+			w.free = append(w.free, dup)
 		}
 	}
 	w.mu.Unlock()
@@ -337,14 +378,10 @@ func (p *Port) Send(frames [][]byte) (int, error) {
 	return n, err
 }
 
-// enqueue copies f into a free slot, applies corruption, delay and
-// reordering, and queues it. The caller holds w.mu and has checked that a
-// slot is free.
-func (w *wire) enqueue(f []byte, now clock.Time) {
-	i := w.free[len(w.free)-1]
-	w.free = w.free[:len(w.free)-1]
+// enqueue queues slot i, whose frame is in place, after applying
+// corruption, delay and reordering. The caller holds w.mu.
+func (w *wire) enqueue(i int32, now clock.Time) {
 	s := &w.slots[i]
-	s.n = copy(s.buf, f)
 	imp := &w.imp
 	if imp.CEMark > 0 || imp.CEQueueRate > 0 {
 		w.mark(s.buf[:s.n], now)

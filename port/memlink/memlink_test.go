@@ -55,7 +55,7 @@ func pump(t testing.TB, vc *VirtualClock, a, b *Port, n int) (seqs []uint32, got
 		for i := range k {
 			out[i] = seqFrame(bufs[i], uint32(sent+i))
 		}
-		m, err := a.Send(out[:k])
+		m, err := port.Send(a, out[:k])
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -258,7 +258,7 @@ func TestDelayAndJitterInVirtualTime(t *testing.T) {
 	in := make([][]byte, port.BatchSize)
 	buf := make([]byte, 64)
 	for i := range 200 {
-		if n, err := a.Send([][]byte{seqFrame(buf, uint32(i))}); n != 1 || err != nil {
+		if n, err := port.Send(a, [][]byte{seqFrame(buf, uint32(i))}); n != 1 || err != nil {
 			t.Fatal(n, err)
 		}
 	}
@@ -289,7 +289,7 @@ func TestDelayAndJitterInVirtualTime(t *testing.T) {
 	}
 }
 
-func TestBackPressureAndOversize(t *testing.T) {
+func TestBackPressureAndNotLent(t *testing.T) {
 	vc := &VirtualClock{}
 	a, b := NewPair(Config{Frames: 8, MaxFrame: 128, Clock: vc.Now})
 	buf := make([]byte, 64)
@@ -297,7 +297,7 @@ func TestBackPressureAndOversize(t *testing.T) {
 	for i := range out {
 		out[i] = buf
 	}
-	n, err := a.Send(out)
+	n, err := port.Send(a, out)
 	if n != 8 || err != nil {
 		t.Fatalf("Send into 8 buffers took %d, %v", n, err)
 	}
@@ -309,36 +309,42 @@ func TestBackPressureAndOversize(t *testing.T) {
 		t.Fatalf("Recv %d", k)
 	}
 	// The 4 lent frames are still the receiver's until its next Recv.
-	if n, _ := a.Send(out); n != 0 {
+	if n, _ := port.Send(a, out); n != 0 {
 		t.Fatalf("Send reused buffers still lent to the receiver: %d", n)
 	}
 	if k, _ := b.Recv(in, 0); k != 4 {
 		t.Fatalf("Recv %d", k)
 	}
-	if n, _ := a.Send(out); n != 4 {
+	if n, _ := port.Send(a, out); n != 4 {
 		t.Fatalf("after recycling, Send took %d, want 4", n)
 	}
 	b.Recv(in, 0)
 	b.Recv(in, 0) // all buffers free again
-	big := make([]byte, 129)
-	if n, err := a.Send([][]byte{buf, big, buf}); n != 1 || !errors.Is(err, ErrFrameTooLarge) {
-		t.Fatalf("oversize: %d, %v", n, err)
+	lent := make([][]byte, 2)
+	if a.Lend(lent) != 2 || len(lent[0]) != 128 || a.MaxFrame() != 128 {
+		t.Fatalf("Lend: %d-byte buffers, MaxFrame %d", len(lent[0]), a.MaxFrame())
 	}
-	if a.MaxFrame() != 128 {
-		t.Fatal(a.MaxFrame())
+	if n, err := a.Submit([][]byte{lent[0][:60], buf, lent[1][:60]}); n != 1 || !errors.Is(err, port.ErrNotLent) {
+		t.Fatalf("a buffer that was not lent: %d, %v", n, err)
+	}
+	if n, err := a.Submit([][]byte{lent[0][:60]}); n != 0 || !errors.Is(err, port.ErrNotLent) {
+		t.Fatalf("a buffer submitted twice: %d, %v", n, err)
+	}
+	if n, err := a.Submit([][]byte{lent[1][:0]}); n != 1 || err != nil || a.Stats().Sent != 13 {
+		t.Fatalf("an empty frame gives its buffer back: %d, %v, sent %d", n, err, a.Stats().Sent)
 	}
 }
 
 func TestRecvViewValidUntilNextRecv(t *testing.T) {
 	vc, a, b := virtualPair(Impairments{}, 1)
 	buf := make([]byte, 64)
-	a.Send([][]byte{seqFrame(buf, 1)})
+	mustSend(t, a, [][]byte{seqFrame(buf, 1)})
 	in := make([][]byte, 1)
 	b.Recv(in, 0)
 	view := in[0]
 	// The sender reusing its buffer and sending more must not touch the view.
 	for i := range 500 {
-		a.Send([][]byte{seqFrame(buf, uint32(100+i))})
+		mustSend(t, a, [][]byte{seqFrame(buf, uint32(100+i))})
 	}
 	_ = vc
 	if seqOf(view) != 1 {
@@ -352,17 +358,17 @@ func TestRecvViewValidUntilNextRecv(t *testing.T) {
 func TestCloseSemantics(t *testing.T) {
 	_, a, b := virtualPair(Impairments{}, 1)
 	buf := make([]byte, 64)
-	a.Send([][]byte{buf})
+	mustSend(t, a, [][]byte{buf})
 	if err := b.Close(); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := b.Recv(make([][]byte, 1), 0); !errors.Is(err, port.ErrClosed) {
 		t.Fatal(err)
 	}
-	if _, err := b.Send([][]byte{buf}); !errors.Is(err, port.ErrClosed) {
+	if _, err := port.Send(b, [][]byte{buf}); !errors.Is(err, port.ErrClosed) {
 		t.Fatal(err)
 	}
-	if n, err := a.Send([][]byte{buf, buf}); n != 2 || err != nil {
+	if n, err := port.Send(a, [][]byte{buf, buf}); n != 2 || err != nil {
 		t.Fatal(n, err)
 	}
 	if st := a.Stats(); st.PeerClosed != 2 {
@@ -402,7 +408,7 @@ func TestRealTimeConcurrent(t *testing.T) {
 			for i := range k {
 				out[i] = buf
 			}
-			m, err := a.Send(out[:k])
+			m, err := port.Send(a, out[:k])
 			if err != nil {
 				t.Error(err)
 				return
@@ -439,7 +445,7 @@ func TestRealTimeRecvWaitsForDueFrame(t *testing.T) {
 	if k, _ := b.Recv(in, 0); k != 0 {
 		t.Fatal("frame from nowhere")
 	}
-	a.Send([][]byte{make([]byte, 60)})
+	mustSend(t, a, [][]byte{make([]byte, 60)})
 	// A generous timeout: Recv must return the frame once due, not time out.
 	k, err := b.Recv(in, 10*time.Second)
 	if k != 1 || err != nil {
@@ -460,8 +466,18 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 	for i := range out {
 		out[i] = buf
 	}
+	lent := make([][]byte, port.BatchSize)
+	send := func(p port.Port) {
+		n := p.Lend(lent)
+		for i := range lent[:n] {
+			lent[i] = lent[i][:copy(lent[i], out[i])]
+		}
+		if _, err := p.Submit(lent[:n]); err != nil {
+			t.Fatal(err)
+		}
+	}
 	allocs := testing.AllocsPerRun(200, func() {
-		a.Send(out)
+		send(a)
 		vc.Advance(20 * time.Microsecond)
 		for {
 			if k, _ := b.Recv(in, 0); k == 0 {
@@ -477,7 +493,7 @@ func TestNoAllocationsPerFrame(t *testing.T) {
 	defer ra.Close()
 	defer rb.Close()
 	allocs = testing.AllocsPerRun(200, func() {
-		ra.Send(out)
+		send(ra)
 		for {
 			if k, _ := rb.Recv(in, 0); k == 0 {
 				break
@@ -502,8 +518,15 @@ func BenchmarkVirtualSendRecv(b *testing.B) {
 			}
 			b.SetBytes(int64(size) * port.BatchSize)
 			b.ReportAllocs()
+			lent := make([][]byte, port.BatchSize)
 			for b.Loop() {
-				x.Send(out)
+				n := x.Lend(lent)
+				for i := range lent[:n] {
+					lent[i] = lent[i][:copy(lent[i], out[i])]
+				}
+				if _, err := x.Submit(lent[:n]); err != nil {
+					b.Fatal(err)
+				}
 				y.Recv(in, 0)
 			}
 			b.ReportMetric(float64(b.N)*port.BatchSize/b.Elapsed().Seconds(), "frames/s")
@@ -537,7 +560,7 @@ func BenchmarkRealTimeTwoGoroutines(b *testing.B) {
 	b.SetBytes(size * port.BatchSize)
 	b.ResetTimer()
 	for sent := 0; sent < total; {
-		n, _ := x.Send(out[:min(port.BatchSize, total-sent)])
+		n, _ := port.Send(x, out[:min(port.BatchSize, total-sent)])
 		sent += n
 		if n == 0 {
 			time.Sleep(time.Microsecond)
@@ -564,7 +587,7 @@ func TestExactDelayWithoutJitter(t *testing.T) {
 	if b.NextDelivery() != clock.Never {
 		t.Fatal("NextDelivery with nothing queued")
 	}
-	a.Send([][]byte{make([]byte, 64)})
+	mustSend(t, a, [][]byte{make([]byte, 64)})
 	due := clock.Time(105 * time.Microsecond)
 	if b.NextDelivery() != due || b.InFlight() != 1 {
 		t.Fatalf("NextDelivery %v, want %v", b.NextDelivery(), due)
@@ -577,5 +600,13 @@ func TestExactDelayWithoutJitter(t *testing.T) {
 	vc.Set(due)
 	if k, _ := b.Recv(in, 0); k != 1 || b.NextDelivery() != clock.Never {
 		t.Fatal("not delivered when due")
+	}
+}
+
+// mustSend sends frames of the test's memory through p, all of them.
+func mustSend(t *testing.T, p port.Port, frames [][]byte) {
+	t.Helper()
+	if n, err := port.Send(p, frames); n != len(frames) || err != nil {
+		t.Fatalf("send: %d of %d, %v", n, len(frames), err)
 	}
 }

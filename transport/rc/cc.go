@@ -24,7 +24,7 @@ import (
 //     (congestion.LossReactor);
 //   - with DCQCN, a notification point (dcqcn.NP) over the packets it
 //     receives: a CE-marked packet may make the QP owe its peer a CNP,
-//     which Build emits ahead of the QP's own traffic, unpaced;
+//     which BuildHeader emits ahead of the QP's own traffic, unpaced;
 //   - a pacer (congestion.Pacer) that holds everything the QP sends to the
 //     controller's rate. A QP the pacer holds back reports no output and a
 //     deadline at its departure time, so a slow QP costs its driver one
@@ -133,7 +133,7 @@ type qpCC struct {
 	pacer   congestion.Pacer
 	paceAt  clock.Time // parked by the pacer until then; Never when not parked
 	cnps    int        // CNPs owed to the peer, sent ahead of the QP's traffic
-	lastCNP bool       // the packet Build wrote last was a CNP (not paced)
+	lastCNP bool       // the packet BuildHeader built last was a CNP (not paced)
 
 	// ACK-clocked algorithms (Swift, TIMELY).
 	acked    bool    // the controller takes ACKs (and needs send records)

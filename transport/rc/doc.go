@@ -8,8 +8,10 @@
 //
 // A QP here deals only with IB transport packets: the bytes from the BTH to
 // the end of the payload and pad, without the ICRC. The device wraps them
-// in Ethernet/IP/UDP, checks addresses, P_Key and the ICRC before calling
-// Receive, and computes the ICRC after Build. A QP implements
+// in Ethernet/IP/UDP and checks addresses, P_Key and the ICRC before
+// calling Receive; sending, a QP writes a packet's headers (BuildHeader)
+// and names its payload in the memory it comes from, which the device
+// gathers behind them while it computes the ICRC. A QP implements
 // transport.Transport.
 //
 // A QP owns its congestion control (cc.go), as quic-go's sent-packet
@@ -19,7 +21,7 @@
 //
 // Nothing in this package starts goroutines, reads a clock, takes a lock or
 // allocates per packet: packets and now go in (Receive, Expire, Post);
-// packets (Build), completions (Completions) and the next deadline
+// packets (BuildHeader), completions (Completions) and the next deadline
 // (Deadline) come out. The caller serialises all calls on one QP. (The
 // only lock is the device-wide ReorderPool's, taken when a packet arrives
 // out of order under selective repeat.)

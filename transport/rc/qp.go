@@ -192,7 +192,8 @@ type QP struct {
 	resp responder
 	pool *ReorderPool // where selective repeat holds packets; nil: no selective repeat
 
-	wcs []ib.WC // completions produced since the last TakeCompletions
+	wcs []ib.WC           // completions produced since the last TakeCompletions
+	pay transport.Payload // the payload of the packet being built
 	Counters
 
 	ccCfg *CCConfig   // congestion control from RTR on, nil for none
@@ -376,7 +377,7 @@ func (q *QP) complete(wc ib.WC) {
 }
 
 // fail records a fatal error: both halves stop; any NAK already queued is
-// still sent by Build so that the peer learns why.
+// still sent by BuildHeader so that the peer learns why.
 func (q *QP) fail(st ib.WCStatus) {
 	if !q.failed {
 		q.failed = true
@@ -461,7 +462,7 @@ func (q *QP) Deadline() clock.Time {
 // and the adaptive retransmission timers, and congestion control's.
 func (q *QP) Expire(now clock.Time) { q.ccExpire(now) }
 
-// HasOutput reports whether Build would produce a packet now. A QP the
+// HasOutput reports whether BuildHeader would produce a packet now. A QP the
 // pacer holds has none until its departure time unless it owes a CNP; one
 // that has nothing to send is not parked at all (the pacer remembers its
 // debt and parks it again when it has), so an idle QP costs no wake-up.
@@ -481,18 +482,29 @@ func (q *QP) hasOutput() bool {
 	return q.resp.qlen > 0 || q.resp.hasFinal || (q.reqOn && (q.req.hasRetransmit() || q.req.canSend(q)))
 }
 
-// MaxPacket is the largest transport packet Build writes for this QP.
+// MaxPacket is the largest transport packet BuildHeader describes for this
+// QP.
 func (q *QP) MaxPacket() int { return PacketLen(q.cfg.MTU) }
 
 // PacketLen is the largest transport packet of a QP with path MTU mtu: what
 // a ReorderPool's buffers must hold for QPs up to that MTU.
 func PacketLen(mtu int) int { return bth.MaxHeaderLen + mtu + 3 }
 
-// Build writes the next packet to send (BTH through pad, no ICRC) into
-// buf, which must hold MaxPacket bytes, and returns its length, or 0 when
-// there is nothing to send. Responses go before new requests so that the
+// BuildHeader implements transport.Transport: it writes the headers of
+// the next packet to send into hdr, which must hold MaxPacket bytes,
+// describes its payload in pay and returns the headers' length, or 0 when
+// there is nothing to send.
+func (q *QP) BuildHeader(now clock.Time, hdr []byte, pay *transport.Payload) int {
+	q.pay.Reset()
+	n := q.build(now, hdr)
+	*pay = q.pay
+	return n
+}
+
+// build writes the headers of the next packet to send into buf and leaves
+// its payload in q.pay. Responses go before new requests so that the
 // peer's window keeps moving.
-func (q *QP) Build(now clock.Time, buf []byte) int {
+func (q *QP) build(now clock.Time, buf []byte) int {
 	if len(buf) < q.MaxPacket() {
 		return 0
 	}

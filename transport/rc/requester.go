@@ -55,7 +55,7 @@ type requester struct {
 	rtoAt    clock.Time // adaptive retransmission timeout
 	ptoAt    clock.Time // tail-loss probe
 	backoff  uint8      // RTO expiries in a row without progress
-	probe    bool       // a tail-loss probe is due: Build sends it
+	probe    bool       // a tail-loss probe is due: BuildHeader sends it
 	probeOut bool       // a probe went out and has not been answered
 	probePSN bth.PSN
 	probeAt  clock.Time
@@ -236,8 +236,9 @@ func (r *requester) ackEvery() int {
 	return MaxPktPerAck
 }
 
-// writeRequest writes into buf the request packet of e at PSN p and
-// returns its length; it changes no requester state. A READ asks for nRead
+// writeRequest writes into buf the headers of the request packet of e at
+// PSN p, describes its payload in q.pay and returns the headers' length;
+// it changes no requester state. A READ asks for nRead
 // PSNs of the reply from p (0: to the end of the READ). The last packet of
 // a SEND/WRITE always has AckReq (RC).
 func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRead uint32) int {
@@ -284,12 +285,8 @@ func (q *QP) writeRequest(buf []byte, e *sendEntry, p bth.PSN, ackReq bool, nRea
 		if o := op.Offset(bth.ExtIETH); o >= 0 {
 			bth.IETH(buf[o:]).SetRKey(e.InvRKey)
 		}
-		hl := op.HeaderLen()
-		ib.CopyIn(buf[hl:hl+int(pay)], e.SG, off)
-		for i := 0; i < pad; i++ {
-			buf[hl+int(pay)+i] = 0
-		}
-		n = hl + int(pay) + pad
+		q.pay.Set(e.SG, off, pay)
+		n = op.HeaderLen()
 	}
 	if q.req.mark {
 		bth.BTH(buf).SetSR(true)

@@ -566,7 +566,8 @@ func (q *QP) reject(pp bth.PSN, syn uint8, recvSt ib.WCStatus) {
 	q.fail(recvSt)
 }
 
-// buildResponse emits the packet at the head of the response queue.
+// buildResponse emits the packet at the head of the response queue (a
+// READ response's payload in q.pay).
 func (q *QP) buildResponse(buf []byte) int {
 	s := &q.resp
 	if s.qlen == 0 {
@@ -621,12 +622,7 @@ func (q *QP) buildResponse(buf []byte) int {
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
 		bth.AETH(buf[o:]).Encode(SynACK, it.msn)
 	}
-	hl := op.HeaderLen()
-	r := &s.res[it.res]
-	r.mem.ReadAt(buf[hl:hl+int(pay)], it.off)
-	for i := 0; i < pad; i++ {
-		buf[hl+int(pay)+i] = 0
-	}
+	q.pay.SetSeg(s.res[it.res].mem, it.off, pay)
 	it.psn = it.psn.Next()
 	it.off += pay
 	it.remain -= pay
@@ -634,7 +630,7 @@ func (q *QP) buildResponse(buf []byte) int {
 	if last {
 		s.pop()
 	}
-	return hl + int(pay) + pad
+	return op.HeaderLen()
 }
 
 func (s *responder) pop() {

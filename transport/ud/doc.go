@@ -4,8 +4,9 @@
 // 40-byte GRH slot at the start of every receive buffer.
 //
 // Like transport/rc it sees only IB transport packets (BTH to the end of
-// the pad); the device frames them, checks addresses, P_Key and ICRC, and
-// hands Receive the GRH to place. A QP implements transport.Transport and
+// the pad), and names the payload it sends rather than copying it; the
+// device frames them, checks addresses, P_Key and ICRC, and hands Receive
+// the GRH to place. A QP implements transport.Transport and
 // transport.Addressed (the device frames each datagram for its WQE's
 // address handle). No goroutines, clock reads, locks or per-packet
 // allocations.

@@ -123,7 +123,7 @@ func (q *QP) TakeCompletions() []ib.WC {
 	return w
 }
 
-// HasOutput reports whether Build has a packet to send.
+// HasOutput reports whether BuildHeader has a packet to send.
 func (q *QP) HasOutput() bool { return q.sending() && q.head != q.tail }
 
 // sending reports whether new WQEs may start.
@@ -145,10 +145,10 @@ func (q *QP) Failed() bool { return false }
 // ever in progress.
 func (q *QP) Drained() bool { return true }
 
-// MaxPacket is the largest packet Build writes.
+// MaxPacket is the largest packet BuildHeader describes.
 func (q *QP) MaxPacket() int { return bth.BTHLen + bth.DETHLen + bth.ImmDtLen + q.cfg.MTU + 3 }
 
-// Peek returns the WQE Build will handle next (nil if none), so that the
+// Peek returns the WQE BuildHeader will handle next (nil if none), so that the
 // device can choose the frame layout from its address handle first.
 func (q *QP) Peek() *ib.SendWQE {
 	if !q.sending() || q.head == q.tail {
@@ -157,11 +157,12 @@ func (q *QP) Peek() *ib.SendWQE {
 	return &q.sq[q.head%uint32(len(q.sq))]
 }
 
-// Build handles the WQE at the head of the SQ: it writes its datagram (BTH
-// through pad) into buf and returns its length, or 0 when there is nothing
-// to send or the WQE completed in error instead (a WQE longer than the
-// path MTU completes with LOC_LEN_ERR without being sent).
-func (q *QP) Build(now clock.Time, buf []byte) int {
+// BuildHeader handles the WQE at the head of the SQ: it writes the headers
+// of its datagram into buf, describes its payload in p and returns the
+// headers' length, or 0 when there is nothing to send or the WQE completed
+// in error instead (a WQE longer than the path MTU completes with
+// LOC_LEN_ERR without being sent).
+func (q *QP) BuildHeader(now clock.Time, buf []byte, p *transport.Payload) int {
 	if !q.sending() || q.head == q.tail {
 		return 0
 	}
@@ -211,15 +212,13 @@ func (q *QP) Build(now clock.Time, buf []byte) int {
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
 			bth.ImmDt(buf[o:]).SetImm(e.Imm)
 		}
-		hl := op.HeaderLen()
-		ib.CopyIn(buf[hl:hl+pay], e.SG, 0)
-		clear(buf[hl+pay : hl+pay+pad])
+		p.Set(e.SG, 0, e.Length)
 		q.psn = q.psn.Next()
 		if e.Flags&ib.Signaled != 0 {
 			q.wcs = append(q.wcs, ib.WC{ID: e.ID, Opcode: ib.WCSend, ByteLen: e.Length, QPN: q.cfg.QPN})
 		}
-		e.SG = e.SG[:0]
-		return hl + pay + pad
+		e.SG = e.SG[:0] // p keeps its own slice of the list
+		return op.HeaderLen()
 	}
 }
 

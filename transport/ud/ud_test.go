@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport"
 )
@@ -112,4 +113,19 @@ func segs(bufs ...[]byte) []ib.Seg {
 		sg[i] = ib.LocalSeg(b)
 	}
 	return sg
+}
+
+// Build writes the whole datagram BuildHeader describes into buf (headers,
+// payload gathered from memory, pad) and returns its length, 0 for none.
+func (q *QP) Build(now clock.Time, buf []byte) int {
+	var p transport.Payload
+	n := q.BuildHeader(now, buf, &p)
+	if n == 0 {
+		return 0
+	}
+	sg, off := p.Memory()
+	m := ib.CopyIn(buf[n:n+p.Len()], sg, off)
+	pad := -m & 3
+	clear(buf[n+m : n+m+pad])
+	return n + m + pad
 }

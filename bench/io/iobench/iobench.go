@@ -284,13 +284,14 @@ func batchOf(pair *netnstest.Pair, size int) [][]byte {
 func txOnly(r *Result, pair *netnstest.Pair, a port.Port, sink *bpf.Sink, size int, dur time.Duration) error {
 	out := batchOf(pair, size)
 	var sent uint64
+	var c port.Copier
 	start := time.Now()
 	deadline := start.Add(dur)
 	for i := 0; ; i++ {
 		if i%64 == 0 && time.Now().After(deadline) {
 			break
 		}
-		n, err := a.Send(out)
+		n, err := c.Send(a, out)
 		if err != nil {
 			return err
 		}
@@ -331,8 +332,9 @@ func rxOnly(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur time.
 	serr := make(chan error, 1)
 	go func() {
 		var n uint64
+		var c port.Copier
 		for !stop.Load() {
-			k, err := a.Send(out)
+			k, err := c.Send(a, out)
 			if err != nil {
 				serr <- err
 				return
@@ -537,6 +539,7 @@ func pingPong(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur tim
 	echoErr := make(chan error, 1)
 	go func() {
 		frames := make([][]byte, port.BatchSize)
+		var bc port.Copier
 		reply := make([][]byte, port.BatchSize)
 		for i := range reply {
 			reply[i] = make([]byte, b.MaxFrame())
@@ -554,7 +557,7 @@ func pingPong(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur tim
 				copy(reply[i][6:12], f[0:6])
 			}
 			for sent := 0; sent < n && !stop.Load(); {
-				k, err := b.Send(reply[sent:n])
+				k, err := bc.Send(b, reply[sent:n])
 				if err != nil {
 					echoErr <- err
 					return
@@ -564,6 +567,7 @@ func pingPong(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur tim
 		}
 		echoErr <- nil
 	}()
+	var ac port.Copier
 	req := [][]byte{make([]byte, size)}
 	frames := make([][]byte, port.BatchSize)
 	rtts := make([]time.Duration, 0, pings)
@@ -574,7 +578,7 @@ func pingPong(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur tim
 		netnstest.RoCEFrame(req[0], &pair.A, &pair.B, uint32(seq))
 		t0 := time.Now()
 		var k int
-		if k, err = a.Send(req); err != nil || k != 1 {
+		if k, err = ac.Send(a, req); err != nil || k != 1 {
 			lost++
 			continue
 		}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
+	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afpacket"
 )
 
@@ -33,7 +34,7 @@ func TestReportsStackDelivery(t *testing.T) {
 	send := func(seq uint32) {
 		t.Helper()
 		f := netnstest.RoCEFrame(make([]byte, 64), &pair.A, &pair.B, seq)
-		if n, err := tx.Send([][]byte{f}); n != 1 || err != nil {
+		if n, err := port.Send(tx, [][]byte{f}); n != 1 || err != nil {
 			t.Fatalf("send: %d, %v", n, err)
 		}
 	}
@@ -66,7 +67,7 @@ func TestReportsStackDelivery(t *testing.T) {
 	}
 	t.Cleanup(func() { txB.Close() })
 	back := netnstest.RoCEFrame(make([]byte, 64), &pair.B, &pair.A, 7)
-	if n, err := txB.Send([][]byte{back}); n != 1 || err != nil {
+	if n, err := port.Send(txB, [][]byte{back}); n != 1 || err != nil {
 		t.Fatalf("send into A: %d, %v", n, err)
 	}
 	send(1)

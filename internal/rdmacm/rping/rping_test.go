@@ -39,8 +39,8 @@ type tapPort struct {
 	frames [][]byte
 }
 
-func (t *tapPort) Send(frames [][]byte) (int, error) {
-	n, err := t.Port.Send(frames)
+func (t *tapPort) Submit(frames [][]byte) (int, error) {
+	n, err := t.Port.Submit(frames)
 	t.mu.Lock()
 	for _, f := range frames[:n] {
 		t.frames = append(t.frames, append([]byte(nil), f...))

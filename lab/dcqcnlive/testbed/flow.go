@@ -10,6 +10,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afpacket"
 )
 
@@ -177,6 +178,7 @@ type flowKey struct {
 // rawFlow is one paced sender.
 type rawFlow struct {
 	port     *afpacket.Port
+	copier   port.Copier // its frames are built in run's buffers
 	spec     frame.Spec
 	frameLen int
 	payload  int
@@ -249,7 +251,7 @@ func (f *rawFlow) run() {
 		if err != nil {
 			break
 		}
-		sent, serr := f.port.Send(out)
+		sent, serr := f.copier.Send(f.port, out)
 		if serr != nil {
 			err = serr
 			break
