@@ -3,6 +3,9 @@ GO       ?= go
 PKGS     := ./...
 BIN      := bin/softrnic
 FUZZTIME ?= 10s
+# golangci-lint, from the Go module proxy at this version, into bin/ (make lint installs it).
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT         := bin/golangci-lint-$(GOLANGCI_LINT_VERSION)
 
 # Debian packages the build, the tests and the lab need (clang/llvm/libbpf-dev only for `make generate`);
 # the C library builds against libibverbs-dev, and the stock RDMA programs test it.
@@ -21,6 +24,7 @@ deps:
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(DEB_PKGS)
 	$(GO) mod download
+	$(MAKE) $(GOLANGCI_LINT)
 
 ## build: the softrnic binary in bin/
 build:
@@ -49,27 +53,16 @@ test-long:
 	SOFTRNIC_E2E_LONG=1 $(GO) test -count=1 -timeout 30m -run TestE2ERC ./rnic
 	SOFTRNIC_EXHAUSTIVE=1 $(GO) test -count=1 -timeout 30m -run 'TestLoopback|TestLossSweep|TestGoodputComparison' ./transport/rc
 
-## fuzz: every fuzz target for a bounded time (FUZZTIME per frame-level target)
-FUZZ_HDR_TIME ?= 5s
-FUZZ_FLAGS    := -fuzzminimizetime 2s
-BTH_FUZZ      := FuzzParseBTH FuzzParseRETH FuzzParseAETH FuzzParseDETH FuzzParseImmDt FuzzParseIETH FuzzParseAtomicETH FuzzParseAtomicAckETH FuzzParseFETH FuzzParseSACK
+## fuzz: every fuzz target, found in the packages' tests (go test -list), for FUZZTIME each
+FUZZ_FLAGS := -fuzzminimizetime 2s
 fuzz:
-	$(GO) test -run '^$$' -fuzz '^FuzzParseFrame$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
-	$(GO) test -run '^$$' -fuzz '^FuzzBuildParse$$' -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) ./frame
-	$(GO) test -run '^$$' -fuzz '^FuzzParseBTHLayer$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./roce/rocelayers
-	for t in $(BTH_FUZZ); do $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./bth || exit 1; done
-	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
-	$(GO) test -run '^$$' -fuzz '^FuzzManager$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
-	$(GO) test -run '^$$' -fuzz '^FuzzHalfOpen$$' -fuzztime $(FUZZ_HDR_TIME) ./cm
-	$(GO) test -run '^$$' -fuzz '^FuzzRP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
-	$(GO) test -run '^$$' -fuzz '^FuzzNP$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/dcqcn/
-	$(GO) test -run '^$$' -fuzz '^FuzzControllers$$' -fuzztime $(FUZZ_HDR_TIME) ./congestion/
-	$(GO) test -run '^$$' -fuzz '^FuzzQP$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
-	$(GO) test -run '^$$' -fuzz '^FuzzQPSelective$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./transport/rc
-	$(GO) test -run '^$$' -fuzz '^FuzzDeviceReceive$$' -fuzztime $(FUZZ_HDR_TIME) $(FUZZ_FLAGS) ./rnic
-	$(GO) test -run '^$$' -fuzz '^FuzzParseRecord$$' -fuzztime $(FUZZ_HDR_TIME) ./internal/perftest
-	$(GO) test -run '^$$' -fuzz '^FuzzGetSendWR$$' -fuzztime $(FUZZ_HDR_TIME) ./daemon/proto
-	$(GO) test -run '^$$' -fuzz '^FuzzControlMessages$$' -fuzztime $(FUZZ_HDR_TIME) ./client
+	@set -e; for d in $$($(GO) list -f '{{.Dir}}' $(PKGS)); do \
+		grep -qs '^func Fuzz' $$d/*_test.go || continue; \
+		for t in $$(cd $$d && $(GO) test -list '^Fuzz' . | grep '^Fuzz'); do \
+			echo "== $$d $$t"; \
+			(cd $$d && $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZ_FLAGS) .); \
+		done; \
+	done
 
 ## bench: micro-benchmarks of the wire formats, links, CM and simulator, then the raw I/O, data path and loss tables
 bench:
@@ -136,11 +129,20 @@ interop: build clib lab
 lab-selfcheck: build lab
 	$(GO) run ./lab/interop -selfcheck
 
-## lint: gofmt, go vet, the C library with -Wall -Wextra -Werror
-lint: clib
-lint:
+## lint: gofmt, go vet, golangci-lint (.golangci.yaml), the layout rules below, the C libraries with -Wall -Wextra -Werror
+lint: clib $(GOLANGCI_LINT)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	$(GOLANGCI_LINT) run $(PKGS)
+	@# Tools' packages that are not API live under internal/; every package says what it is in a doc.go.
+	@bad=$$($(GO) list -f '{{if ne .Name "main"}}{{.ImportPath}}{{end}}' ./bench/... ./lab/... ./cmd/... | grep -v '/internal/' || true); \
+	if [ -n "$$bad" ]; then echo "library packages of a tool must be under internal/:"; echo "$$bad"; exit 1; fi
+	@bad=$$(for d in $$($(GO) list -f '{{if .GoFiles}}{{.Dir}}{{end}}' $(PKGS)); do [ -f $$d/doc.go ] || echo "$${d#$(CURDIR)/}"; done); \
+	if [ -n "$$bad" ]; then echo "packages without a doc.go:"; echo "$$bad"; exit 1; fi
+
+$(GOLANGCI_LINT):
+	GOBIN=$(CURDIR)/bin/.tools $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+	mv bin/.tools/golangci-lint $@
 
 ## veth-stall: root; 20 loaded runs of a 64 B send_lat between two namespaces (two CPU hogs), with a trace of any RoCE frame a veth hands to the stack instead of XDP (bench/io/veth-stall.sh -h)
 VETH_STALL_FLAGS ?= -r 20

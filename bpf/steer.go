@@ -37,8 +37,9 @@ func (m AttachMode) String() string {
 		return "driver"
 	case GenericMode:
 		return "generic"
+	default:
+		return "none"
 	}
-	return "none"
 }
 
 // Options configure Load.
@@ -147,7 +148,7 @@ func (p *Program) AttachWith(ifindex int, want AttachMode) (AttachMode, error) {
 			var gerr error
 			mode = GenericMode
 			if l, gerr = try(GenericMode); gerr != nil {
-				return NotAttached, fmt.Errorf("bpf: attach XDP to ifindex %d: driver mode: %v; generic mode: %w", ifindex, err, gerr)
+				return NotAttached, fmt.Errorf("bpf: attach XDP to ifindex %d: driver mode: %w; generic mode: %w", ifindex, err, gerr)
 			}
 		}
 	}

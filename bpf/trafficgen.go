@@ -3,10 +3,10 @@ package bpf
 import (
 	"errors"
 	"fmt"
+	"syscall"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"golang.org/x/sys/unix"
 )
 
 // Generator transmits frames out of an interface from inside the kernel: the
@@ -76,7 +76,7 @@ func (g *Generator) Send(frame []byte, n uint32) error {
 		Flags:   testXDPLiveFrames,
 	})
 	if err != nil {
-		if errors.Is(err, unix.EINVAL) {
+		if errors.Is(err, syscall.EINVAL) {
 			return fmt.Errorf("bpf: generator on ifindex %d (live frame mode needs Linux 5.18+ and an ifindex in this namespace): %w", g.ifindex, err)
 		}
 		return fmt.Errorf("bpf: generator on ifindex %d: %w", g.ifindex, err)

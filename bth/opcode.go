@@ -274,18 +274,19 @@ func (o Opcode) Offset(h Ext) int {
 // atomics and FLUSH, ACKs and CNPs never do.
 func (o Opcode) HasPayload() bool { return o.is(fPayload) }
 
-// IsFirst: the first packet of a multi-packet message (SEND/WRITE/READ
-// response FIRST).
+// IsFirst reports whether o is the first packet of a multi-packet message
+// (SEND/WRITE/READ response FIRST).
 func (o Opcode) IsFirst() bool { return o.is(fFirst) }
 
-// IsMiddle: a middle packet of a multi-packet message.
+// IsMiddle reports whether o is a middle packet of a multi-packet message.
 func (o Opcode) IsMiddle() bool { return o.is(fMiddle) }
 
-// IsLast: the last packet of a multi-packet message (LAST, LAST_WITH_*).
+// IsLast reports whether o is the last packet of a multi-packet message
+// (LAST, LAST_WITH_*).
 func (o Opcode) IsLast() bool { return o.is(fLast) }
 
-// IsOnly: a message in one packet (SEND/WRITE/READ response ONLY and their
-// _WITH_* forms, UD sends).
+// IsOnly reports whether o is a message in one packet (SEND/WRITE/READ
+// response ONLY and their _WITH_* forms, UD sends).
 func (o Opcode) IsOnly() bool { return o.is(fOnly) }
 
 // StartsMessage reports whether o opens a new message at the receiver: a
@@ -301,40 +302,43 @@ func (o Opcode) EndsMessage() bool {
 	return o.is(fLast | fOnly | fReadReq | fAtomic | fFlush | fAtomicWrite)
 }
 
-// IsSend: any SEND opcode, RC, UC or UD.
+// IsSend reports whether o is any SEND opcode, RC, UC or UD.
 func (o Opcode) IsSend() bool { return o.is(fSend) }
 
-// IsWrite: any RDMA WRITE opcode, RC or UC (not ATOMIC_WRITE).
+// IsWrite reports whether o is any RDMA WRITE opcode, RC or UC (not
+// ATOMIC_WRITE).
 func (o Opcode) IsWrite() bool { return o.is(fWrite) }
 
-// IsReadRequest: RC_RDMA_READ_REQUEST.
+// IsReadRequest reports whether o is RC_RDMA_READ_REQUEST.
 func (o Opcode) IsReadRequest() bool { return o.is(fReadReq) }
 
-// IsReadResponse: any RC_RDMA_READ_RESPONSE opcode.
+// IsReadResponse reports whether o is any RC_RDMA_READ_RESPONSE opcode.
 func (o Opcode) IsReadResponse() bool { return o.is(fReadResp) }
 
-// IsAck: RC_ACKNOWLEDGE (ACK, NAK or RNR NAK, told apart by the AETH).
+// IsAck reports whether o is RC_ACKNOWLEDGE (ACK, NAK or RNR NAK, told
+// apart by the AETH).
 func (o Opcode) IsAck() bool { return o.is(fAck) }
 
-// IsAtomic: RC_COMPARE_SWAP or RC_FETCH_ADD.
+// IsAtomic reports whether o is RC_COMPARE_SWAP or RC_FETCH_ADD.
 func (o Opcode) IsAtomic() bool { return o.is(fAtomic) }
 
-// IsAtomicAck: RC_ATOMIC_ACKNOWLEDGE.
+// IsAtomicAck reports whether o is RC_ATOMIC_ACKNOWLEDGE.
 func (o Opcode) IsAtomicAck() bool { return o.is(fAtomicAck) }
 
-// IsAtomicWrite: RC_ATOMIC_WRITE (8 bytes of payload written atomically).
+// IsAtomicWrite reports whether o is RC_ATOMIC_WRITE (8 bytes of payload
+// written atomically).
 func (o Opcode) IsAtomicWrite() bool { return o.is(fAtomicWrite) }
 
-// IsFlush: RC_FLUSH.
+// IsFlush reports whether o is RC_FLUSH.
 func (o Opcode) IsFlush() bool { return o.is(fFlush) }
 
-// IsCNP: the RoCEv2 congestion notification packet.
+// IsCNP reports whether o is the RoCEv2 congestion notification packet.
 func (o Opcode) IsCNP() bool { return o.is(fCNP) }
 
-// HasImm: the opcode carries an ImmDt header.
+// HasImm reports whether o carries an ImmDt header.
 func (o Opcode) HasImm() bool { return o.is(fImm) }
 
-// HasInv: the opcode carries an IETH (SEND_*_WITH_INVALIDATE).
+// HasInv reports whether o carries an IETH (SEND_*_WITH_INVALIDATE).
 func (o Opcode) HasInv() bool { return o.is(fInv) }
 
 // IsResponse reports whether o travels from responder to requester (ACK,

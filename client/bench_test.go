@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"runtime"
 	"testing"
 
@@ -61,7 +62,7 @@ func BenchmarkDaemonWrite64Rate(b *testing.B) {
 		if posted < b.N && inflight <= 128-batch {
 			n := min(batch, b.N-posted)
 			k, err := x.qp.PostSend(ws[:n])
-			if err != nil && err != verbs.ErrQueueFull {
+			if err != nil && !errors.Is(err, verbs.ErrQueueFull) {
 				b.Fatal(err)
 			}
 			posted += k
@@ -91,9 +92,15 @@ func BenchmarkInProcessWrite64Latency(b *testing.B) {
 	qa, _ := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: caps})
 	qb, _ := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: caps})
 	for _, p := range [][2]verbs.QP{{qa, qb}, {qb, qa}} {
-		ibtest.Modify(p[0], ib.Init, &ib.QPAttr{Access: ib.RemoteWrite})
-		ibtest.Modify(p[0], ib.RTR, &ib.QPAttr{DestQPN: p[1].QPN(), PathMTU: 1024, AV: ib.AddressVector{DGID: gid}})
-		ibtest.Modify(p[0], ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7})
+		if err := ibtest.Modify(p[0], ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}); err != nil {
+			b.Fatal(err)
+		}
+		if err := ibtest.Modify(p[0], ib.RTR, &ib.QPAttr{DestQPN: p[1].QPN(), PathMTU: 1024, AV: ib.AddressVector{DGID: gid}}); err != nil {
+			b.Fatal(err)
+		}
+		if err := ibtest.Modify(p[0], ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7}); err != nil {
+			b.Fatal(err)
+		}
 	}
 	w := []verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: 0x10000, Length: 64, LKey: mr.LKey()}}, RemoteAddr: 0x10000 + 4096, RKey: mr.RKey()}}
 	var wcs [1]ib.WC

@@ -238,7 +238,7 @@ type MR struct {
 
 var _ verbs.MR = (*MR)(nil)
 
-// LKey, RKey, IOVA and Len describe the region.
+// LKey is the region's local key; RKey, IOVA and Len describe the rest.
 func (m *MR) LKey() uint32 { return m.lkey }
 func (m *MR) RKey() uint32 { return m.rkey }
 func (m *MR) IOVA() uint64 { return m.addr }
@@ -309,8 +309,7 @@ func (c *Client) CreateCQ(depth int) (verbs.CQ, error) {
 	ring, err := shmring.Map(fds[0], shmring.Geometry{SlotSize: proto.CQESize, Slots: int(r.Slots)})
 	if err != nil {
 		unix.Close(fds[1])
-		c.callHandle(proto.OpDestroyCQ, r.CQ)
-		return nil, err
+		return nil, errors.Join(err, c.callHandle(proto.OpDestroyCQ, r.CQ))
 	}
 	return &CQ{c: c, h: r.CQ, ring: ring, cons: ring.Consumer(), db: shmring.DoorbellFD(fds[1])}, nil
 }
@@ -404,20 +403,19 @@ func (p *PD) mapQP(r *proto.CreateQPResp, fds []int, typ ib.QPType) (*QP, error)
 	sq, err := shmring.Map(fds[0], shmring.Geometry{SlotSize: proto.SendSlotSize(r.Caps), Slots: int(r.SQSlots)})
 	if err != nil {
 		unix.Close(fds[1])
-		p.c.callHandle(proto.OpDestroyQP, r.QP)
-		return nil, err
+		return nil, errors.Join(err, p.c.callHandle(proto.OpDestroyQP, r.QP))
 	}
 	rq, err := shmring.Map(fds[1], shmring.Geometry{SlotSize: proto.RecvSlotSize(r.Caps), Slots: int(r.RQSlots)})
 	if err != nil {
 		sq.Close()
-		p.c.callHandle(proto.OpDestroyQP, r.QP)
-		return nil, err
+		return nil, errors.Join(err, p.c.callHandle(proto.OpDestroyQP, r.QP))
 	}
 	return &QP{c: p.c, h: r.QP, qpn: r.QPN, typ: typ, caps: r.Caps, sq: sq, rq: rq,
 		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
 }
 
-// CreateSRQ: the daemon serves no SRQs yet.
+// CreateSRQ fails with verbs.ErrNotSupported: the daemon serves no SRQs
+// yet.
 func (p *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
 	return nil, fmt.Errorf("softrnic: SRQs through the daemon: %w", verbs.ErrNotSupported)
 }
@@ -523,8 +521,8 @@ func (q *QP) Destroy() error {
 // error accepts and the daemon flushes. No syscall, no allocation.
 func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
 	st := q.State()
-	if st != ib.RTS && st != ib.SQD && st != ib.SQE && st != ib.Err {
-		return 0, verbs.ErrQPState
+	if st != ib.RTS && st != ib.SQD && st != ib.SQE && st != ib.Err && len(ws) > 0 {
+		return 0, q.wrError(verbs.QueueSQ, 0, ws[0].ID, verbs.ErrQPState, "the QP is in %v; sends need RTS, SQD, SQE or ERR", st)
 	}
 	q.smu.Lock()
 	defer q.smu.Unlock()
@@ -532,15 +530,19 @@ func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
 	var err error
 	for i := range ws {
 		w := &ws[i]
-		if (w.Flags&ib.Inline != 0 && len(w.InlineData) > int(q.caps.MaxInline)) || (w.Flags&ib.Inline == 0 && len(w.SG) > int(q.caps.MaxSendSGE)) {
-			err = verbs.ErrTooManySGE
+		if w.Flags&ib.Inline != 0 && len(w.InlineData) > int(q.caps.MaxInline) {
+			err = q.wrError(verbs.QueueSQ, i, w.ID, verbs.ErrInlineSize, "%d bytes inline, max_inline_data %d", len(w.InlineData), q.caps.MaxInline)
+			break
+		}
+		if w.Flags&ib.Inline == 0 && len(w.SG) > int(q.caps.MaxSendSGE) {
+			err = q.wrError(verbs.QueueSQ, i, w.ID, verbs.ErrTooManySGE, "%d SGEs, max_send_sge %d", len(w.SG), q.caps.MaxSendSGE)
 			break
 		}
 		var ah proto.Handle
 		if q.typ == ib.UD {
 			a, ok := w.AH.(*AH)
 			if !ok || a.c != q.c {
-				err = verbs.ErrInvalid // no address handle, or another RNIC's
+				err = q.wrError(verbs.QueueSQ, i, w.ID, verbs.ErrInvalid, "no address handle of this client")
 				break
 			}
 			ah = a.h
@@ -562,6 +564,11 @@ func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// wrError is the WRError of WR i (wr_id id) of a post to queue qu of q.
+func (q *QP) wrError(qu verbs.Queue, i int, id uint64, kind error, format string, args ...any) error {
+	return &verbs.WRError{QPN: q.qpn, Queue: qu, Index: i, ID: id, Detail: fmt.Sprintf(format, args...), Err: kind}
 }
 
 // RecvBacklog is how many posted receives the daemon has not yet handed to
@@ -589,8 +596,8 @@ func (q *QP) SyncRecv(ctx context.Context) error {
 
 // PostRecv posts receive work requests, publishing them together.
 func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
-	if q.State() == ib.Reset {
-		return 0, verbs.ErrQPState
+	if q.State() == ib.Reset && len(ws) > 0 {
+		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrQPState, "the QP is in RESET")
 	}
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
@@ -598,7 +605,7 @@ func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
 	var err error
 	for i := range ws {
 		if len(ws[i].SG) > int(q.caps.MaxRecvSGE) {
-			err = verbs.ErrTooManySGE
+			err = q.wrError(verbs.QueueRQ, i, ws[i].ID, verbs.ErrTooManySGE, "%d SGEs, max_recv_sge %d", len(ws[i].SG), q.caps.MaxRecvSGE)
 			break
 		}
 		s := q.rqp.Reserve()
@@ -606,7 +613,7 @@ func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
 			err = verbs.ErrQueueFull
 			break
 		}
-		proto.PutRecvWR(s, &ws[i])
+		_ = proto.PutRecvWR(s, &ws[i]) // it fits: the slot holds MaxRecvSGE entries, checked above
 		n++
 	}
 	if n > 0 {

@@ -240,14 +240,18 @@ func TestSendWriteReadThroughDaemon(t *testing.T) {
 	// Atomics: FETCH_AND_ADD then CMP_AND_SWP on an 8-byte word of b's MR;
 	// the original value lands in a's buffer.
 	binary.NativeEndian.PutUint64(b.mem.Bytes()[24000:], 40)
-	a.qp.PostSend([]verbs.SendWR{{ID: 20, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32000, 8)},
-		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 2}})
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 20, Opcode: ib.AtomicFetchAndAdd, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32000, 8)},
+		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 2}}); err != nil {
+		t.Fatal(err)
+	}
 	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCFetchAdd ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32000:]) != 40 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 42 {
 		t.Fatalf("fetch-add: %+v", wc)
 	}
-	a.qp.PostSend([]verbs.SendWR{{ID: 21, Opcode: ib.AtomicCmpAndSwp, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32008, 8)},
-		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 42, Swap: 7}})
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 21, Opcode: ib.AtomicCmpAndSwp, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(32008, 8)},
+		RemoteAddr: b.mr.IOVA() + 24000, RKey: b.mr.RKey(), CompareAdd: 42, Swap: 7}}); err != nil {
+		t.Fatal(err)
+	}
 	if wc := waitWC(t, a.cq); wc.Status != ib.Success || wc.Opcode != ib.WCCompSwap ||
 		binary.NativeEndian.Uint64(a.mem.Bytes()[32008:]) != 42 || binary.NativeEndian.Uint64(b.mem.Bytes()[24000:]) != 7 {
 		t.Fatalf("compare-swap: %+v", wc)
@@ -300,7 +304,9 @@ func TestClientsAreIsolated(t *testing.T) {
 	// with a remote access error and writes nothing.
 	copy(b.mem.Bytes(), "intruder")
 	before := append([]byte(nil), a.mem.Bytes()[:64]...)
-	b.qp.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
+	if _, err := b.qp.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
 	if wc := waitWC(t, b.cq); wc.Status != ib.RemAccessErr {
 		t.Fatalf("write to a non-remote MR: %v", wc.Status)
 	}
@@ -308,7 +314,9 @@ func TestClientsAreIsolated(t *testing.T) {
 		t.Fatal("a's memory changed")
 	}
 	// The failed QP is in error now: the next WR is flushed.
-	b.qp.PostSend([]verbs.SendWR{{ID: 10, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
+	if _, err := b.qp.PostSend([]verbs.SendWR{{ID: 10, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.mr.SGE(0, 8)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
 	if wc := waitWC(t, b.cq); wc.Status != ib.WRFlushErr || wc.ID != 10 {
 		t.Fatalf("after error: %+v", wc)
 	}
@@ -335,7 +343,9 @@ func TestClientsAreIsolated(t *testing.T) {
 	e1, e2 := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
 	connect(t, e1, e2, ib.RemoteWrite)
 	copy(a.mem.Bytes()[:6], "secret")
-	e1.qp.PostSend([]verbs.SendWR{{ID: 12, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 6, LKey: a.mr.LKey()}}, RemoteAddr: e2.mr.IOVA(), RKey: e2.mr.RKey()}})
+	if _, err := e1.qp.PostSend([]verbs.SendWR{{ID: 12, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 6, LKey: a.mr.LKey()}}, RemoteAddr: e2.mr.IOVA(), RKey: e2.mr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
 	if wc := waitWC(t, e1.cq); wc.Status != ib.LocProtErr {
 		t.Fatalf("foreign lkey: %v", wc.Status)
 	}
@@ -428,7 +438,9 @@ func TestHostileControlMessages(t *testing.T) {
 	}
 	// An fd on an op that takes none is refused (and closed by the daemon).
 	pipe := make([]int, 2)
-	unix.Pipe2(pipe, unix.O_CLOEXEC)
+	if err := unix.Pipe2(pipe, unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
 	defer unix.Close(pipe[0])
 	defer unix.Close(pipe[1])
 	if h, _ := roundTrip(proto.OpAllocPD, nil, pipe[0]); h.Errno != uint32(unix.EINVAL) {
@@ -445,7 +457,9 @@ func TestHostileControlMessages(t *testing.T) {
 		t.Errorf("MR on a pipe: %v %q", unix.Errno(h.Errno), msg)
 	}
 	mfd, _ := unix.MemfdCreate("unsealed", unix.MFD_CLOEXEC)
-	unix.Ftruncate(mfd, 8192)
+	if err := unix.Ftruncate(mfd, 8192); err != nil {
+		t.Fatal(err)
+	}
 	defer unix.Close(mfd)
 	if h, msg := roundTrip(proto.OpRegMR, reg, mfd); h.Errno != uint32(unix.EINVAL) || !strings.Contains(msg, "seal") {
 		t.Errorf("MR on an unsealed memfd: %v %q", unix.Errno(h.Errno), msg)
@@ -487,7 +501,9 @@ func TestGarbageInSQRing(t *testing.T) {
 		s[i] = 0xff // opcode 255, 255 SGEs
 	}
 	s[0] = 42
-	a.qp.sqp.Commit()
+	if _, err := a.qp.sqp.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	wc := waitWC(t, a.cq)
 	if wc.Status == ib.Success || wc.ID == 0 {
 		t.Fatalf("garbage WQE completed %+v", wc)
@@ -565,7 +581,9 @@ func TestClientDeathReleasesEverything(t *testing.T) {
 	}
 	// The survivors still work.
 	copy(survivor.mem.Bytes(), "still here")
-	survivor.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.IOVA(), RKey: peer.mr.RKey()}})
+	if _, err := survivor.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{survivor.mr.SGE(0, 10)}, RemoteAddr: peer.mr.IOVA(), RKey: peer.mr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
 	if wc := waitWC(t, survivor.cq); wc.Status != ib.Success || string(peer.mem.Bytes()[:10]) != "still here" {
 		t.Fatalf("survivor: %+v", wc)
 	}
@@ -584,7 +602,9 @@ func TestPeerCredentials(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	os.Chmod(dir, 0o755)
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	exe, _ := os.Executable()
 	bin, _ := os.ReadFile(exe)
 	childExe = filepath.Join(dir, "client.test")
@@ -594,7 +614,9 @@ func TestPeerCredentials(t *testing.T) {
 	defer func() { childExe = "" }()
 	sub := func(name string) string {
 		d := filepath.Join(dir, name)
-		os.Mkdir(d, 0o755)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		return d
 	}
 	// Mode 0666 opens the file to everyone: the credential check must hold.

@@ -31,20 +31,36 @@ func Example() {
 	var peerQPN, peerRKey uint32 // from the peer, out of band
 	var peerAddr uint64
 	var peerGID ib.GID
-	qp.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead},
-		ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags)
-	qp.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peerQPN, AV: ib.AddressVector{DGID: peerGID}, MaxDestRdAtomic: 1},
-		ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer)
-	qp.Modify(&ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
-		ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|ib.AttrMaxQPRdAtomic)
+	for _, m := range []struct {
+		attr ib.QPAttr
+		mask ib.QPAttrMask
+	}{
+		{ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite | ib.RemoteRead},
+			ib.AttrState | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags},
+		{ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peerQPN, AV: ib.AddressVector{DGID: peerGID}, MaxDestRdAtomic: 1},
+			ib.AttrState | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer},
+		{ib.QPAttr{State: ib.RTS, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 1},
+			ib.AttrState | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic},
+	} {
+		if err := qp.Modify(&m.attr, m.mask); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
 
 	copy(mem.Bytes(), "hello")
 	wr := []verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: mr.IOVA(), Length: 5, LKey: mr.LKey()}}, RemoteAddr: peerAddr, RKey: peerRKey}}
-	qp.PostSend(wr)
+	if _, err := qp.PostSend(wr); err != nil {
+		fmt.Println(err)
+		return
+	}
 	var wcs [1]ib.WC
 	for cq.Poll(wcs[:]) == 0 { // no syscall while the completion is on its way
-		cq.Wait(time.Millisecond) // sleep only if it takes long
+		if err := cq.Wait(time.Millisecond); err != nil { // sleep only if it takes long
+			fmt.Println(err)
+			return
+		}
 	}
 	fmt.Println(wcs[0].Status)
 }

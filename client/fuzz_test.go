@@ -38,12 +38,19 @@ func FuzzControlMessages(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer uc.Close()
-		uc.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := uc.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
 		buf := make([]byte, proto.MaxMessage+1)
 		if open {
 			b, _ := proto.Encode(nil, proto.Header{Op: proto.OpOpen, Version: proto.Version, Seq: 1}, &proto.OpenReq{Version: proto.Version})
-			uc.Write(b)
-			uc.Read(buf) // the doorbell fd is closed with the connection
+			if _, err := uc.Write(b); err != nil {
+				t.Fatal(err)
+			}
+			// the doorbell fd is closed with the connection
+			if _, err := uc.Read(buf); err != nil {
+				t.Fatal(err)
+			}
 		}
 		// Let the fuzzer build a few objects first when it reuses the seeds:
 		// the same message three times, with the sequence number bumped.

@@ -12,10 +12,8 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/frame/frametest"
 )
-
-// vectorsDir holds the shared real-rxe captures (see its README).
-var vectorsDir = filepath.Join("..", "..", "shared", "vectors")
 
 // capturedMAD is one CM MAD found in a capture: a UD SEND_ONLY to QP1.
 type capturedMAD struct {
@@ -39,7 +37,7 @@ type roceFrame struct {
 // but the capture.
 func readRoCEFrames(t testing.TB, name string) []roceFrame {
 	t.Helper()
-	f, err := os.Open(filepath.Join(vectorsDir, name))
+	f, err := os.Open(filepath.Join(frametest.VectorsDir(t), name))
 	if err != nil {
 		t.Skipf("capture not available: %v", err)
 	}

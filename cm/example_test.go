@@ -15,12 +15,19 @@ func Example() {
 	server := cm.New(cm.Config{CAGUID: 0x0200_00ff_fe00_0002, Seed: 2})
 	client := cm.New(cm.Config{CAGUID: 0x0200_00ff_fe00_0001, Seed: 1})
 	srvIP, cliIP := netip.MustParseAddr("10.77.0.11"), netip.MustParseAddr("10.77.0.10")
-	server.Listen(cm.ServiceIDTCP(7174), cm.ListenOptions{RDMACM: true})
+	if err := server.Listen(cm.ServiceIDTCP(7174), cm.ListenOptions{RDMACM: true}); err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	var now clock.Time
-	client.Connect(now, &cm.ConnectParams{Peer: srvIP, Local: cliIP, ServiceID: cm.ServiceIDTCP(7174),
+	_, err := client.Connect(now, &cm.ConnectParams{Peer: srvIP, Local: cliIP, ServiceID: cm.ServiceIDTCP(7174),
 		QPN: 0x11, StartingPSN: 0x1234, PathMTU: 3, ResponderResources: 1, InitiatorDepth: 1,
 		RetryCount: 7, RNRRetry: 7, RDMACM: true, SrcPort: 50000})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	pump := func(from, to *cm.Manager, fromIP netip.Addr, who string) bool {
 		events, sends := from.Drain()
@@ -30,12 +37,17 @@ func Example() {
 			if e.Kind == cm.EventConnRequest {
 				// Here: create the QP and move it to RTR with e.QP and
 				// the receive PSN the REP will carry (0x5678).
-				from.Accept(now, e.ID, &cm.AcceptParams{QPN: 0x22, StartingPSN: 0x5678,
+				err := from.Accept(now, e.ID, &cm.AcceptParams{QPN: 0x22, StartingPSN: 0x5678,
 					ResponderResources: 1, InitiatorDepth: 1, RNRRetry: 7})
+				if err != nil {
+					fmt.Println(err)
+				}
 			}
 		}
 		for _, s := range sends {
-			to.HandleMAD(now, fromIP, s.MAD[:])
+			if err := to.HandleMAD(now, fromIP, s.MAD[:]); err != nil {
+				fmt.Println(err)
+			}
 		}
 		return len(events)+len(sends) > 0
 	}

@@ -53,9 +53,15 @@ func FuzzManager(f *testing.F) {
 	seedCorpus(f)
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m := New(Config{Seed: 1, MaxCMRetries: 1})
-		m.Listen(ServiceIDTCP(7174), ListenOptions{RDMACM: true})
-		m.Listen(ServiceIDTCP(18523), ListenOptions{})
-		m.Listen(ServiceIDUDP(4791), ListenOptions{RDMACM: true})
+		if err := m.Listen(ServiceIDTCP(7174), ListenOptions{RDMACM: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Listen(ServiceIDTCP(18523), ListenOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Listen(ServiceIDUDP(4791), ListenOptions{RDMACM: true}); err != nil {
+			t.Fatal(err)
+		}
 		now := clock.Time(0)
 		const ourPSN = 0x5A5A5A
 		sendPSN := map[ConnID]uint32{} // accepted: the REQ's Starting PSN
@@ -64,7 +70,7 @@ func FuzzManager(f *testing.F) {
 			if i%(2*MADSize) != 0 {
 				from = addrB
 			}
-			m.HandleMAD(now, from, b[i:])
+			_ = m.HandleMAD(now, from, b[i:]) // refusing malformed input is fine; what follows is checked
 			evs, sends := m.Drain()
 			for _, s := range sends {
 				if mad := MAD(s.MAD[:]); mad.AttrID() == AttrREP {
@@ -85,13 +91,17 @@ func FuzzManager(f *testing.F) {
 						sendPSN[e.ID] = e.QP.SQPSN
 					}
 				case EventSIDRRequest:
-					m.SIDRReply(now, e.ID, &SIDRReplyParams{QPN: 0x98, QKey: RDMAUDPQKey})
+					if err := m.SIDRReply(now, e.ID, &SIDRReplyParams{QPN: 0x98, QKey: RDMAUDPQKey}); err != nil {
+						t.Fatal(err)
+					}
 				case EventEstablished:
 					if want, ok := sendPSN[e.ID]; !ok || e.QP.RQPSN != ourPSN || e.QP.SQPSN != want {
 						t.Fatalf("established %v (accepted %v): send %#x recv %#x, want %#x %#x",
 							e.ID, ok, e.QP.SQPSN, e.QP.RQPSN, want, ourPSN)
 					}
-					m.Disconnect(now, e.ID, nil)
+					if err := m.Disconnect(now, e.ID, nil); err != nil {
+						t.Fatal(err)
+					}
 				}
 			}
 			if i+MADSize > len(b) {

@@ -11,11 +11,14 @@ import (
 // floodREQ is a well-formed rdma_cm REQ for svc from the comm
 // ID id of CA guid, with the kernel's timers: what a flooding host sends,
 // one distinct comm ID per REQ.
-func floodREQ(id uint32, guid uint64) [MADSize]byte {
+func floodREQ(id uint32, guid uint64) [MADSize]byte { return floodREQFor(svc, id, guid) }
+
+// floodREQFor is floodREQ for service ID service.
+func floodREQFor(service uint64, id uint32, guid uint64) [MADSize]byte {
 	var b [MADSize]byte
 	mad := MAD(b[:])
 	mad.InitCM(AttrREQ, uint64(id)<<8)
-	req := REQ{LocalCommID: id, ServiceID: svc, LocalCAGUID: guid, LocalQPN: id & 0xFFFFFF,
+	req := REQ{LocalCommID: id, ServiceID: service, LocalCAGUID: guid, LocalQPN: id & 0xFFFFFF,
 		RemoteCMResponseTimeout: DefaultCMResponseTimeout, LocalCMResponseTimeout: DefaultCMResponseTimeout,
 		TransportServiceType: TransportRC, StartingPSN: 1, RetryCount: 7, PKey: defaultPKey, PathMTU: 5,
 		RNRRetryCount: 7, MaxCMRetries: DefaultMaxCMRetries,
@@ -119,7 +122,9 @@ func TestREQFloodFromOneHostIsCappedPerPeer(t *testing.T) {
 		if i == flood/2 {
 			// Mid-flood, A connects to the same service.
 			acceptAll(t, b, n.now)
-			n.a.m.Connect(n.now, connectParams())
+			if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+				t.Fatal(err)
+			}
 			n.settle()
 			if n.a.last(EventEstablished) == nil || n.b.last(EventEstablished) == nil {
 				t.Fatalf("legitimate connect during the flood: a %v, b %v", n.a.kinds(), n.b.kinds())
@@ -152,7 +157,9 @@ func TestREQFloodFromManyHostsIsCappedPerPortAndReclaimed(t *testing.T) {
 	const flood, capPort = 100_000, 64
 	n := newNet(t, Config{}, Config{MaxHalfOpen: capPort})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	b := n.b.m
 	// More established connections than the cap: they never count.
 	const established = 2 * capPort
@@ -177,7 +184,9 @@ func TestREQFloodFromManyHostsIsCappedPerPortAndReclaimed(t *testing.T) {
 	qps := 0
 	for i := range flood {
 		mad := floodREQ(uint32(i+1), uint64(i))
-		b.HandleMAD(n.now, floodAddr(i), mad[:])
+		if err := b.HandleMAD(n.now, floodAddr(i), mad[:]); err != nil {
+			t.Fatal(err)
+		}
 		if i%500 == 499 {
 			k, _ := acceptAll(t, b, n.now)
 			qps += k
@@ -206,7 +215,9 @@ func TestREQFloodFromManyHostsIsCappedPerPortAndReclaimed(t *testing.T) {
 	if n.a.m.State(late) != StateREQSent || b.Stats().HalfOpenDropped != flood-capPort+1 {
 		t.Fatalf("late connect: %v, dropped %d", n.a.m.State(late), b.Stats().HalfOpenDropped)
 	}
-	n.a.m.Abort(n.now, late)
+	if err := n.a.m.Abort(n.now, late); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 
 	// Time passes; nobody answers the flood's REPs. Run B's timers only
@@ -258,14 +269,18 @@ func TestREQFloodFromManyHostsIsCappedPerPortAndReclaimed(t *testing.T) {
 // application that rejects everything cannot be made to hold more.
 func TestHalfOpenCapCountsRejectedAndAnswersDuplicates(t *testing.T) {
 	m := New(Config{Seed: 7, MaxHalfOpen: 4, MaxHalfOpenPerPeer: 2})
-	m.Listen(svc, ListenOptions{})
+	if err := m.Listen(svc, ListenOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	peers := []netip.Addr{addrA, addrB, netip.MustParseAddr("10.0.0.3")}
 	id := uint32(1)
 	for _, p := range peers {
 		for range 3 {
 			mad := floodREQ(id, 1)
 			id++
-			m.HandleMAD(0, p, mad[:])
+			if err := m.HandleMAD(0, p, mad[:]); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	evs, _ := m.Drain()
@@ -284,7 +299,9 @@ func TestHalfOpenCapCountsRejectedAndAnswersDuplicates(t *testing.T) {
 	}
 	// A duplicate of A's first REQ gets its REJ again.
 	mad := floodREQ(1, 1)
-	m.HandleMAD(0, addrA, mad[:])
+	if err := m.HandleMAD(0, addrA, mad[:]); err != nil {
+		t.Fatal(err)
+	}
 	if _, sends := m.Drain(); count(sends, AttrREJ) != 1 || m.Stats().HalfOpenDropped != 5 {
 		t.Fatalf("duplicate at the cap: %d REJ, dropped %d", count(sends, AttrREJ), m.Stats().HalfOpenDropped)
 	}
@@ -292,7 +309,9 @@ func TestHalfOpenCapCountsRejectedAndAnswersDuplicates(t *testing.T) {
 	var b [MADSize]byte
 	MAD(b[:]).InitCM(AttrSIDRREQ, 5)
 	(&SIDRREQ{RequestID: 77, PKey: defaultPKey, ServiceID: svc}).Encode(MAD(b[:]).Data())
-	m.HandleMAD(0, peers[2], b[:])
+	if err := m.HandleMAD(0, peers[2], b[:]); err != nil {
+		t.Fatal(err)
+	}
 	if evs, sends := m.Drain(); len(evs)+len(sends) != 0 || m.Stats().HalfOpenDropped != 6 {
 		t.Fatalf("SIDR_REQ at the cap: %d events, %d sends, dropped %d", len(evs), len(sends), m.Stats().HalfOpenDropped)
 	}
@@ -309,7 +328,9 @@ func TestHalfOpenCapCountsRejectedAndAnswersDuplicates(t *testing.T) {
 	if m.HalfOpen() != 0 || m.Conns() != 0 {
 		t.Fatalf("after the retries: %d half-open, %d conns", m.HalfOpen(), m.Conns())
 	}
-	m.HandleMAD(m.NextDeadline(), peers[2], b[:])
+	if err := m.HandleMAD(m.NextDeadline(), peers[2], b[:]); err != nil {
+		t.Fatal(err)
+	}
 	if evs, _ := m.Drain(); len(evs) != 1 || evs[0].Kind != EventSIDRRequest {
 		t.Fatalf("SIDR_REQ with room: %v", evs)
 	}
@@ -319,13 +340,19 @@ func TestHalfOpenCapCountsRejectedAndAnswersDuplicates(t *testing.T) {
 // Admission costs no allocation once the flood has reached the cap.
 func TestDroppedREQAllocatesNothing(t *testing.T) {
 	m := New(Config{Seed: 8, MaxHalfOpen: 1})
-	m.Listen(svc, ListenOptions{})
+	if err := m.Listen(svc, ListenOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	first := floodREQ(1, 1)
-	m.HandleMAD(0, addrA, first[:])
+	if err := m.HandleMAD(0, addrA, first[:]); err != nil {
+		t.Fatal(err)
+	}
 	m.Drain()
 	next := floodREQ(2, 1)
 	allocs := testing.AllocsPerRun(1000, func() {
-		m.HandleMAD(0, addrB, next[:])
+		if err := m.HandleMAD(0, addrB, next[:]); err != nil {
+			t.Fatal(err)
+		}
 		m.Drain()
 	})
 	if allocs != 0 || m.Conns() != 1 {
@@ -339,14 +366,23 @@ func TestDroppedREQAllocatesNothing(t *testing.T) {
 // step and every timer.
 func FuzzHalfOpen(f *testing.F) {
 	seedCorpus(f)
+	// Requests for both listeners: an rdma_cm one and a plain one (which
+	// takes the same REQs without looking at their private data).
+	plain := ServiceIDTCP(7175)
 	for i := range 6 {
 		mad := floodREQ(uint32(i+1), 1)
+		f.Add(mad[:])
+		mad = floodREQFor(plain, uint32(i+1), 2)
 		f.Add(mad[:])
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		m := New(Config{Seed: 3, MaxCMRetries: 1, MaxHalfOpen: 3, MaxHalfOpenPerPeer: 2})
-		m.Listen(svc, ListenOptions{})
-		m.Listen(ServiceIDTCP(7174), ListenOptions{RDMACM: true})
+		if err := m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Listen(plain, ListenOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		peers := [...]netip.Addr{addrA, addrB, netip.MustParseAddr("10.0.0.3")}
 		now, turn := clock.Time(0), 0
 		act := func() {
@@ -356,32 +392,44 @@ func FuzzHalfOpen(f *testing.F) {
 				case EventConnRequest:
 					switch turn % 4 {
 					case 0:
-						m.Accept(now, e.ID, &AcceptParams{QPN: 0x99, StartingPSN: 1})
+						if err := m.Accept(now, e.ID, &AcceptParams{QPN: 0x99, StartingPSN: 1}); err != nil {
+							t.Fatal(err)
+						}
 					case 1:
-						m.Reject(now, e.ID, RejConsumerDefined, nil)
+						if err := m.Reject(now, e.ID, RejConsumerDefined, nil); err != nil {
+							t.Fatal(err)
+						}
 					case 2:
-						m.SendMRA(now, e.ID, 3)
+						if err := m.SendMRA(now, e.ID, 3); err != nil {
+							t.Fatal(err)
+						}
 					}
 					turn++
 				case EventSIDRRequest:
-					m.SIDRReply(now, e.ID, &SIDRReplyParams{QPN: 0x98, QKey: RDMAUDPQKey})
+					if err := m.SIDRReply(now, e.ID, &SIDRReplyParams{QPN: 0x98, QKey: RDMAUDPQKey}); err != nil {
+						t.Fatal(err)
+					}
 				case EventEstablished:
 					if turn%2 == 0 {
-						m.Disconnect(now, e.ID, nil)
+						if err := m.Disconnect(now, e.ID, nil); err != nil {
+							t.Fatal(err)
+						}
 					}
 				}
 			}
 			checkHalfOpen(t, m)
 		}
 		for i := 0; i+MADSize <= len(b) || i == 0; i += MADSize {
-			m.HandleMAD(now, peers[(i/MADSize)%len(peers)], b[i:])
+			_ = m.HandleMAD(now, peers[(i/MADSize)%len(peers)], b[i:]) // refusing malformed input is fine
 			act()
 			if i%(3*MADSize) == 2*MADSize {
 				// Every third MAD, the QP of the newest passive connection
 				// sees traffic before the RTU.
 				for id, c := range m.conns {
 					if !c.active {
-						m.NotifyEstablished(now, id)
+						if err := m.NotifyEstablished(now, id); err != nil {
+							t.Fatal(err)
+						}
 						break
 					}
 				}
@@ -411,13 +459,17 @@ func FuzzHalfOpen(f *testing.F) {
 func TestHalfOpenLifetimeBoundedAgainstPeerTimers(t *testing.T) {
 	for _, mode := range []string{"accept", "accept+MRA", "unanswered"} {
 		m := New(Config{Seed: 11})
-		m.Listen(svc, ListenOptions{RDMACM: true})
+		if err := m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+			t.Fatal(err)
+		}
 		mad := floodREQ(5, 1)
 		var req REQ
 		req.Decode(MAD(mad[:]).Data())
 		req.LocalCMResponseTimeout, req.RemoteCMResponseTimeout, req.Primary.LocalACKTimeout = 31, 31, 31
 		req.Encode(MAD(mad[:]).Data())
-		m.HandleMAD(0, addrA, mad[:])
+		if err := m.HandleMAD(0, addrA, mad[:]); err != nil {
+			t.Fatal(err)
+		}
 		evs, _ := m.Drain()
 		if len(evs) != 1 || evs[0].Kind != EventConnRequest || evs[0].QP.Timeout != 31 {
 			t.Fatalf("events %v", evs)
@@ -442,7 +494,9 @@ func TestHalfOpenLifetimeBoundedAgainstPeerTimers(t *testing.T) {
 			m.Tick(now)
 			m.Drain()
 			if mode == "accept+MRA" {
-				m.HandleMAD(now, addrA, mra[:])
+				if err := m.HandleMAD(now, addrA, mra[:]); err != nil {
+					t.Fatal(err)
+				}
 				m.Drain()
 			}
 		}
@@ -462,7 +516,9 @@ func BenchmarkREQFlood(b *testing.B) {
 	}{{"one-host", 1}, {"forged-hosts", 1 << 20}} {
 		b.Run(tc.name, func(b *testing.B) {
 			m := New(Config{Seed: 12})
-			m.Listen(svc, ListenOptions{RDMACM: true})
+			if err := m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+				b.Fatal(err)
+			}
 			mads := make([][MADSize]byte, 1024)
 			for i := range mads {
 				mads[i] = floodREQ(uint32(i+1), 1)
@@ -472,7 +528,9 @@ func BenchmarkREQFlood(b *testing.B) {
 			for i := range b.N {
 				mad := &mads[i%len(mads)]
 				binary.BigEndian.PutUint32(MAD(mad[:]).Data(), uint32(i+1)) // a new comm ID each time
-				m.HandleMAD(0, floodAddr(i%tc.peers), mad[:])
+				if err := m.HandleMAD(0, floodAddr(i%tc.peers), mad[:]); err != nil {
+					b.Fatal(err)
+				}
 				if i%256 == 255 {
 					acceptAll(b, m, 0)
 				}

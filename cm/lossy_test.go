@@ -23,7 +23,9 @@ func TestManyConnectionsOverLossyLink(t *testing.T) {
 	})
 	client := New(Config{CAGUID: 0xA, Seed: 1})
 	server := New(Config{CAGUID: 0xB, Seed: 2})
-	server.Listen(svc, ListenOptions{RDMACM: true})
+	if err := server.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 
 	type side struct {
 		m      *Manager

@@ -767,8 +767,9 @@ func (m *Manager) NotifyEstablished(now clock.Time, id ConnID) error {
 	case StateREPSent, StateMRAREPRcvd:
 		m.establishPassive(c)
 		return nil
+	default:
+		return ErrBadState
 	}
-	return ErrBadState
 }
 
 // Disconnect sends a DREQ for an established connection.
@@ -819,6 +820,9 @@ func (m *Manager) Abort(now clock.Time, id ConnID) error {
 		return m.Disconnect(now, id, nil)
 	case StateSIDRREQSent, StateSIDRREQRcvd:
 		m.remove(c)
+	default:
+		// Disconnecting, in time-wait or done with a SIDR_REP: left to
+		// finish.
 	}
 	return nil
 }
@@ -901,6 +905,8 @@ func (m *Manager) Tick(now clock.Time) {
 				m.event(&e)
 			}
 			m.remove(c)
+		default:
+			// An established connection arms no timer.
 		}
 	}
 }
@@ -928,6 +934,8 @@ func (m *Manager) giveUp(now clock.Time, c *conn) {
 		e.Kind = EventSIDRTimeout
 		m.event(&e)
 		m.remove(c)
+	default:
+		// Only the states that wait for an answer time out (Tick).
 	}
 }
 
@@ -952,9 +960,9 @@ func (m *Manager) HandleMAD(now clock.Time, from netip.Addr, b []byte) error {
 	case AttrREQ:
 		m.handleREQ(now, from, mad)
 	case AttrREP:
-		m.handleREP(now, from, mad)
+		m.handleREP(from, mad)
 	case AttrRTU:
-		m.handleRTU(now, from, mad)
+		m.handleRTU(from, mad)
 	case AttrREJ:
 		m.handleREJ(now, from, mad)
 	case AttrMRA:
@@ -968,7 +976,7 @@ func (m *Manager) HandleMAD(now clock.Time, from netip.Addr, b []byte) error {
 			m.handleSIDRREQ(now, from, mad)
 		}
 	case AttrSIDRREP:
-		m.handleSIDRREP(now, from, mad)
+		m.handleSIDRREP(from, mad)
 	default:
 		m.stats.Unsupported++
 	}
@@ -1004,6 +1012,9 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 				break
 			}
 			m.sendREJ(from, mad.TID(), uint32(c.id), req.LocalCommID, MsgREQ, RejStaleConn, nil)
+		default:
+			// Not answered yet, or past the REP: dropped, as the Linux
+			// CM drops it.
 		}
 		return
 	}
@@ -1080,6 +1091,8 @@ func (m *Manager) staleQP(from netip.Addr, guid uint64, qpn uint32) bool {
 			switch c.state {
 			case StateREPSent, StateMRAREPRcvd, StateEstablished, StateDREQSent:
 				return true
+			default:
+				// Not yet accepted, or in time-wait: not stale.
 			}
 		}
 	}
@@ -1100,7 +1113,7 @@ func ackTimeout(targetACKDelay, packetLifeTime uint8) uint8 {
 	return uint8(min(t, 31))
 }
 
-func (m *Manager) handleREP(now clock.Time, from netip.Addr, mad MAD) {
+func (m *Manager) handleREP(from netip.Addr, mad MAD) {
 	var rep REP
 	rep.Decode(mad.Data())
 	c := m.conns[ConnID(rep.RemoteCommID)]
@@ -1172,7 +1185,7 @@ func (m *Manager) lookup(from netip.Addr, local, remote uint32) *conn {
 	return c
 }
 
-func (m *Manager) handleRTU(now clock.Time, from netip.Addr, mad MAD) {
+func (m *Manager) handleRTU(from netip.Addr, mad MAD) {
 	var rtu RTU
 	rtu.Decode(mad.Data())
 	c := m.lookup(from, rtu.RemoteCommID, rtu.LocalCommID)

@@ -2,6 +2,7 @@ package cm
 
 import (
 	"bytes"
+	"errors"
 	"net/netip"
 	"testing"
 	"time"
@@ -285,17 +286,25 @@ func TestUnknownServiceIsRejectedWithReason8(t *testing.T) {
 
 func TestWrongAddressOrMissingCMAHeaderRejected(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true, Addr: netip.MustParseAddr("10.9.9.9")})
-	n.a.m.Connect(n.now, connectParams())
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true, Addr: netip.MustParseAddr("10.9.9.9")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	if e := n.a.last(EventRejected); e == nil || e.Reason != RejConsumerDefined {
 		t.Fatalf("wrong destination address: %v", n.a.kinds())
 	}
 	n2 := newNet(t, Config{}, Config{})
-	n2.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n2.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	p := connectParams()
 	p.RDMACM = false
-	n2.a.m.Connect(n2.now, p)
+	if _, err := n2.a.m.Connect(n2.now, p); err != nil {
+		t.Fatal(err)
+	}
 	n2.settle()
 	if e := n2.a.last(EventRejected); e == nil || e.Reason != RejConsumerDefined {
 		t.Fatalf("no cma_hdr: %v", n2.a.kinds())
@@ -307,7 +316,9 @@ func TestLostREPIsResentOnDuplicateREQ(t *testing.T) {
 	// timer, so that the duplicate REQ is what brings the REP back.
 	n := newNet(t, Config{}, Config{PacketLifeTime: 20})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	lost := false
 	n.drop = func(from *node, mad MAD) bool {
 		if mad.AttrID() == AttrREP && !lost {
@@ -347,7 +358,9 @@ func TestLostREPIsResentOnDuplicateREQ(t *testing.T) {
 func TestLostRTURecoveredByREPRetransmit(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	lost := false
 	n.drop = func(from *node, mad MAD) bool {
 		if mad.AttrID() == AttrRTU && !lost {
@@ -356,7 +369,9 @@ func TestLostRTURecoveredByREPRetransmit(t *testing.T) {
 		}
 		return false
 	}
-	n.a.m.Connect(n.now, connectParams())
+	if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	eb := n.b.last(EventConnRequest)
 	if n.b.m.State(eb.ID) != StateREPSent {
@@ -373,9 +388,13 @@ func TestLostRTURecoveredByREPRetransmit(t *testing.T) {
 func TestNotifyEstablishedWhenRTUNeverComes(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	n.drop = func(from *node, mad MAD) bool { return mad.AttrID() == AttrRTU }
-	n.a.m.Connect(n.now, connectParams())
+	if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	id := n.b.last(EventConnRequest).ID
 	// The QP saw the first data packet in RTR.
@@ -391,7 +410,9 @@ func TestNotifyEstablishedWhenRTUNeverComes(t *testing.T) {
 func TestDuplicateDREQGetsDREPAgain(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	p := connectParams()
 	p.LocalACKTimeout = 22 // ≈ 17 s
 	id, _ := n.a.m.Connect(n.now, p)
@@ -404,7 +425,9 @@ func TestDuplicateDREQGetsDREPAgain(t *testing.T) {
 		}
 		return false
 	}
-	n.a.m.Disconnect(n.now, id, []byte("bye"))
+	if err := n.a.m.Disconnect(n.now, id, []byte("bye")); err != nil {
+		t.Fatal(err)
+	}
 	// B's time-wait lasts one local ACK timeout of the connection (from
 	// the REQ), here longer than A's DREQ retry period, so that the
 	// duplicate DREQ finds B in time-wait.
@@ -442,7 +465,10 @@ func TestDREQForUnknownConnectionIsAnswered(t *testing.T) {
 
 func TestMRAStopsREQRetriesAndIsRepeated(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true}) // B accepts by hand
+	// B accepts by hand
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id, _ := n.a.m.Connect(n.now, connectParams())
 	n.settle()
 	reqID := n.b.last(EventConnRequest).ID
@@ -475,7 +501,9 @@ func TestMRAStopsREQRetriesAndIsRepeated(t *testing.T) {
 
 func TestRejectByApplication(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id, _ := n.a.m.Connect(n.now, connectParams())
 	n.settle()
 	reqID := n.b.last(EventConnRequest).ID
@@ -487,13 +515,15 @@ func TestRejectByApplication(t *testing.T) {
 	if e == nil || e.Reason != RejConsumerDefined || string(e.Private()[:4]) != "busy" || n.a.m.State(id) != StateIdle {
 		t.Fatalf("a %v", n.a.kinds())
 	}
-	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrBadState {
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); !errors.Is(err, ErrBadState) {
 		t.Fatalf("Accept after Reject: %v", err)
 	}
 	// The REJ is lost: A's REQ retry gets the same REJ from B, not a new
 	// request to B's application.
 	rej := n.sent[len(n.sent)-1]
-	n.b.m.HandleMAD(n.now, addrA, n.sent[0].MAD[:])
+	if err := n.b.m.HandleMAD(n.now, addrA, n.sent[0].MAD[:]); err != nil {
+		t.Fatal(err)
+	}
 	evs, sends := n.b.m.Drain()
 	if len(evs) != 0 || len(sends) != 1 || sends[0].MAD != rej.MAD {
 		t.Fatalf("duplicate REQ after Reject: %d events, %d sends", len(evs), len(sends))
@@ -510,8 +540,12 @@ func TestRejectByApplication(t *testing.T) {
 
 func TestUnansweredRequestTimesOutOnPassiveSide(t *testing.T) {
 	n := newNet(t, Config{MaxCMRetries: 2}, Config{})
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
-	n.a.m.Connect(n.now, connectParams())
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	for range 10 {
 		if n.b.m.Conns() == 0 {
@@ -527,10 +561,14 @@ func TestUnansweredRequestTimesOutOnPassiveSide(t *testing.T) {
 func TestTimeWaitKeepsCommIDFromReuse(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id, _ := n.a.m.Connect(n.now, connectParams())
 	n.settle()
-	n.a.m.Disconnect(n.now, id, nil)
+	if err := n.a.m.Disconnect(n.now, id, nil); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	// Many new connections while id is in time-wait: none gets id.
 	for range 2000 {
@@ -550,7 +588,9 @@ func TestTimeWaitKeepsCommIDFromReuse(t *testing.T) {
 func TestSIDR(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	udp := ServiceIDUDP(4791)
-	n.b.m.Listen(udp, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(udp, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	lost := false
 	n.drop = func(from *node, mad MAD) bool {
 		if mad.AttrID() == AttrSIDRREP && !lost {
@@ -590,7 +630,9 @@ func TestSIDR(t *testing.T) {
 
 func TestMalformedMADsAreCountedNotFatal(t *testing.T) {
 	m := New(Config{})
-	m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	if err := m.HandleMAD(0, addrA, make([]byte, 100)); err == nil {
 		t.Fatal("short MAD accepted")
 	}
@@ -621,7 +663,9 @@ func TestAckTimeoutRule(t *testing.T) {
 func TestMADsFromAThirdHostAreIgnored(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id, _ := n.a.m.Connect(n.now, connectParams())
 	n.settle()
 	eb := n.b.last(EventEstablished)
@@ -631,7 +675,9 @@ func TestMADsFromAThirdHostAreIgnored(t *testing.T) {
 	mad.InitCM(AttrDREQ, 1)
 	(&DREQ{LocalCommID: uint32(id), RemoteCommID: uint32(eb.ID), RemoteQPN: 0x22}).Encode(mad.Data())
 	evil := netip.MustParseAddr("10.0.0.66")
-	n.b.m.HandleMAD(n.now, evil, b[:])
+	if err := n.b.m.HandleMAD(n.now, evil, b[:]); err != nil {
+		t.Fatal(err)
+	}
 	evs, sends := n.b.m.Drain()
 	if len(evs) != 0 || n.b.m.State(eb.ID) != StateEstablished {
 		t.Fatalf("spoofed DREQ acted on: %v, state %v", evs, n.b.m.State(eb.ID))
@@ -642,7 +688,9 @@ func TestMADsFromAThirdHostAreIgnored(t *testing.T) {
 		t.Fatalf("sends %v", sends)
 	}
 	// The same DREQ from the real peer disconnects.
-	n.b.m.HandleMAD(n.now, addrA, b[:])
+	if err := n.b.m.HandleMAD(n.now, addrA, b[:]); err != nil {
+		t.Fatal(err)
+	}
 	if evs, _ := n.b.m.Drain(); len(evs) != 1 || evs[0].Kind != EventDisconnectRequest {
 		t.Fatalf("real DREQ: %v", evs)
 	}
@@ -650,7 +698,9 @@ func TestMADsFromAThirdHostAreIgnored(t *testing.T) {
 
 func TestAbort(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id, _ := n.a.m.Connect(n.now, connectParams())
 	n.settle()
 	reqID := n.b.last(EventConnRequest).ID
@@ -662,16 +712,20 @@ func TestAbort(t *testing.T) {
 	if e := n.b.last(EventRejected); e == nil || e.ID != reqID || e.Reason != RejTimeout || n.b.m.State(reqID) != StateTimeWait {
 		t.Fatalf("passive after abort: %v, state %v", n.b.kinds(), n.b.m.State(reqID))
 	}
-	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); err != ErrBadState {
+	if err := n.b.m.Accept(n.now, reqID, &AcceptParams{QPN: 1}); !errors.Is(err, ErrBadState) {
 		t.Fatalf("Accept of an aborted request: %v", err)
 	}
 	// An established connection is aborted with a DREQ.
 	n2 := newNet(t, Config{}, Config{})
 	n2.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n2.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n2.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id2, _ := n2.a.m.Connect(n2.now, connectParams())
 	n2.settle()
-	n2.a.m.Abort(n2.now, id2)
+	if err := n2.a.m.Abort(n2.now, id2); err != nil {
+		t.Fatal(err)
+	}
 	n2.settle()
 	if n2.b.last(EventDisconnectRequest) == nil || n2.a.last(EventDisconnected) == nil {
 		t.Fatalf("a %v, b %v", n2.a.kinds(), n2.b.kinds())
@@ -700,11 +754,15 @@ func TestNoAllocationsPerMAD(t *testing.T) {
 	mad.InitCM(AttrDREQ, 0x77)
 	(&DREQ{LocalCommID: 5, RemoteCommID: 9, RemoteQPN: 0x33}).Encode(mad.Data())
 	for range 4 {
-		m.HandleMAD(0, addrA, b[:])
+		if err := m.HandleMAD(0, addrA, b[:]); err != nil {
+			t.Fatal(err)
+		}
 		m.Drain()
 	}
 	allocs = testing.AllocsPerRun(1000, func() {
-		m.HandleMAD(0, addrA, b[:])
+		if err := m.HandleMAD(0, addrA, b[:]); err != nil {
+			t.Fatal(err)
+		}
 		m.Drain()
 	})
 	if allocs != 0 {
@@ -718,7 +776,9 @@ func BenchmarkConnectDisconnect(b *testing.B) {
 	t := &testing.T{}
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		b.Fatal(err)
+	}
 	p := connectParams()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -727,7 +787,9 @@ func BenchmarkConnectDisconnect(b *testing.B) {
 			b.Fatal(err)
 		}
 		n.settle()
-		n.a.m.Disconnect(n.now, id, nil)
+		if err := n.a.m.Disconnect(n.now, id, nil); err != nil {
+			b.Fatal(err)
+		}
 		n.settle()
 		n.now += clock.Time(time.Hour)
 		n.a.m.Tick(n.now)
@@ -761,24 +823,34 @@ func BenchmarkDecodeREQ(b *testing.B) {
 func TestStaleConnectionRejected(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
-	n.a.m.Connect(n.now, connectParams())
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	// A forgets the connection (a restart) and connects again from the same
 	// QP: B still holds it, and refuses with "stale connection".
 	restarted := New(Config{CAGUID: 0xA, Seed: 99})
 	n.a.m = restarted
 	n.a.events = nil
-	n.a.m.Connect(n.now, connectParams())
+	if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	if e := n.a.last(EventRejected); e == nil || e.Reason != RejStaleConn {
 		t.Fatalf("a %v", n.a.kinds())
 	}
 	// Once B's connection is gone, the same QP may connect.
 	eb := n.b.last(EventEstablished)
-	n.b.m.Disconnect(n.now, eb.ID, nil)
+	if err := n.b.m.Disconnect(n.now, eb.ID, nil); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
-	n.a.m.Connect(n.now, connectParams())
+	if _, err := n.a.m.Connect(n.now, connectParams()); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	if n.a.last(EventEstablished) == nil {
 		t.Fatalf("reconnect after teardown: a %v", n.a.kinds())

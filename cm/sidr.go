@@ -138,7 +138,7 @@ func (m *Manager) handleSIDRREQ(now clock.Time, from netip.Addr, mad MAD) {
 	m.event(&e)
 }
 
-func (m *Manager) handleSIDRREP(now clock.Time, from netip.Addr, mad MAD) {
+func (m *Manager) handleSIDRREP(from netip.Addr, mad MAD) {
 	var rep SIDRREP
 	rep.Decode(mad.Data())
 	c := m.conns[ConnID(rep.RequestID)]

@@ -35,7 +35,9 @@ func newPeer(b testing.TB, devB *rnic.Device) *app {
 				return
 			}
 			for range n {
-				p.qp.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{p.sge(0, 64)}}})
+				if _, err := p.qp.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{p.sge(0, 64)}}}); err != nil {
+					b.Fatal(err)
+				}
 			}
 		}
 	}()
@@ -71,7 +73,9 @@ func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
 	connectRC(b, a.qp, 0, p.qp.QPN(), gidB, 0, 0)
 	connectRC(b, p.qp, 0, a.qp.QPN(), gidA, 0, 0)
 	for range 4096 {
-		p.qp.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{p.sge(0, 64)}}})
+		if _, err := p.qp.PostRecv([]verbs.RecvWR{{SG: []ib.SGE{p.sge(0, 64)}}}); err != nil {
+			b.Fatal(err)
+		}
 	}
 	ws := make([]verbs.SendWR, window)
 	for i := range ws {

@@ -398,7 +398,7 @@ func (c *Config) ParseFile(name string, r io.Reader) error {
 		if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
 			uq, err := strconv.Unquote(v)
 			if err != nil {
-				return &KeyError{Source: name, Line: line, Key: k, Err: fmt.Errorf("bad quoted string: %v", err)}
+				return &KeyError{Source: name, Line: line, Key: k, Err: fmt.Errorf("bad quoted string: %w", err)}
 			}
 			v = uq
 		}
@@ -571,7 +571,7 @@ func (f *Flags) Load() (Config, error) {
 			return c, err
 		}
 		err = c.ParseFile(f.configPath, fh)
-		fh.Close()
+		_ = fh.Close() // read only
 		if err != nil {
 			return c, err
 		}
@@ -615,7 +615,7 @@ func parseInt(v string, lo, hi int64) (int64, error) {
 // parseSize reads a byte count with an optional binary suffix (K, M, G,
 // KiB, MiB, GiB: all powers of 1024, as memory is counted).
 func parseSize(v string) (int64, error) {
-	num := strings.TrimRight(v, "KMGiBkmgib")
+	num := strings.TrimRight(v, "KMGBikmgb")
 	unit := strings.ToLower(v[len(num):])
 	mult := map[string]int64{"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}[unit]
 	n, err := strconv.ParseInt(strings.TrimSpace(num), 10, 64)

@@ -152,7 +152,9 @@ func TestFlagsOverrideFile(t *testing.T) {
 	// Without -d and without a file, the interface is missing.
 	fs3 := flag.NewFlagSet("daemon", flag.ContinueOnError)
 	f3 := RegisterFlags(fs3)
-	fs3.Parse(nil)
+	if err := fs3.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := f3.Load(); err == nil || !strings.Contains(err.Error(), "interface") {
 		t.Fatalf("missing interface: %v", err)
 	}

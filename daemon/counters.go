@@ -241,7 +241,7 @@ func (in *counterInputs) add(q *rnic.QPCounters) {
 // totals with it, as they leave mlx5's per-QP counter sets.
 func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	s := &in.dev
-	cc := s.CongestionStats.Counters()
+	cc := s.Counters()
 	d[proto.CtrRxPackets] = s.RxFrames
 	d[proto.CtrTxPackets] = s.TxFrames
 	d[proto.CtrRxBytes] = in.rxBytes
@@ -269,11 +269,11 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrRetransmits] = in.retrans
 	d[proto.CtrTxBackpressure] = in.loop.TxBackPress
 	x := &in.xdp
-	d[proto.CtrXdpSteered] = x.Program.Steered
-	d[proto.CtrXdpPassed] = x.Program.Passed
-	d[proto.CtrXdpMalformed] = x.Program.Malformed
-	d[proto.CtrXdpUnbound] = x.Program.Unbound
-	d[proto.CtrXdpForeign] = x.Program.Foreign
+	d[proto.CtrXDPSteered] = x.Program.Steered
+	d[proto.CtrXDPPassed] = x.Program.Passed
+	d[proto.CtrXDPMalformed] = x.Program.Malformed
+	d[proto.CtrXDPUnbound] = x.Program.Unbound
+	d[proto.CtrXDPForeign] = x.Program.Foreign
 	d[proto.CtrXskRxDropped] = x.Socket.RxDropped
 	d[proto.CtrXskRxInvalidDescs] = x.Socket.RxInvalidDescs
 	d[proto.CtrXskTxInvalidDescs] = x.Socket.TxInvalidDescs

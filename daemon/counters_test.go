@@ -33,7 +33,7 @@ func TestCounterNames(t *testing.T) {
 			t.Errorf("%q is both counted and listed as not counted", d.Name)
 		}
 	}
-	// The names the issue asks for, as rxe and mlx5 spell them.
+	// The names Linux RDMA tools read, as rxe and mlx5 spell them.
 	for _, n := range []string{"rx_packets", "tx_packets", "rx_bytes", "tx_bytes", "duplicate_request", "out_of_sequence",
 		"rnr_nak_retry_err", "local_ack_timeout_err", "rx_icrc_encapsulated", "out_of_buffer", "np_cnp_sent", "rp_cnp_handled"} {
 		if !seen[n] {
@@ -229,7 +229,7 @@ func TestMetricsScrape(t *testing.T) {
 	c.Valid = proto.ValidAll &^ proto.ValidXDP
 	c.Device[proto.CtrRxPackets] = 123
 	c.Device[proto.CtrNpCNPSent] = 7
-	c.Device[proto.CtrXdpSteered] = 99 // not valid: must not appear
+	c.Device[proto.CtrXDPSteered] = 99 // not valid: must not appear
 	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1<<proto.QCtrDuplicateRequest | 1<<proto.QCtrCCSRTTNs}
 	q.Values[proto.QCtrDuplicateRequest] = 5
 	q.Values[proto.QCtrCCSRTTNs] = 2500

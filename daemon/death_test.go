@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -72,7 +73,7 @@ func streamingChild(path string) int {
 	w := []verbs.SendWR{{Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 4096, LKey: mr.LKey()}}, RemoteAddr: peerAddr, RKey: peerRKey}}
 	wcs := make([]ib.WC, 64)
 	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); {
-		qp.PostSend(w)
+		_, _ = qp.PostSend(w) // a full send queue waits for the next polls
 		cq.Poll(wcs)
 	}
 	return 1
@@ -112,11 +113,20 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	if _, err := fmt.Fscan(out, &childQPN, &childRKey, &childAddr); err != nil {
 		t.Fatal("child:", err)
 	}
-	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite})
-	ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: childQPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}})
-	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 16, RetryCnt: 7, RNRRetry: 7})
+	if err := ibtest.Modify(qpB, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: childQPN, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(addrA)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 16, RetryCnt: 7, RNRRetry: 7}); err != nil {
+		t.Fatal(err)
+	}
 	fmt.Fprintf(stdin, "%d %d %d\n", qpB.QPN(), b.mr.RKey(), b.mr.IOVA())
-	out.ReadString('\n') // the end of the line Fscan read
+	// the end of the line Fscan read
+	if _, err := out.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
 	if line, err := out.ReadString('\n'); err != nil || line != "streaming\n" {
 		t.Fatalf("child: %q %v", line, err)
 	}
@@ -154,7 +164,10 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	// Writes still in flight to the dead client's QP now fail at the peer
 	// (its QP is gone); keep posting a little: the daemon must not crash.
 	for start := time.Now(); time.Since(start) < 100*time.Millisecond; {
-		qpB.PostSend(w)
+		// A full send queue waits for the polls.
+		if _, err := qpB.PostSend(w); err != nil && !errors.Is(err, verbs.ErrQueueFull) {
+			t.Fatal(err)
+		}
 		cqB.Poll(wcs)
 	}
 
@@ -174,7 +187,9 @@ func TestClientKilledMidTransfer(t *testing.T) {
 	copy(bufB[500000:], "after the crash")
 	for cqB.Poll(wcs) > 0 {
 	}
-	qpB2.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(500000, 15)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}})
+	if _, err := qpB2.PostSend([]verbs.SendWR{{ID: 9, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{b.sge(500000, 15)}, RemoteAddr: a.mr.IOVA(), RKey: a.mr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
 	var wc ib.WC
 	for wc.ID != 9 {
 		wc = waitWC(t, cqB)

@@ -14,7 +14,9 @@ func TestDetachCutsTheClientOff(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer unix.Close(fd)
-	unix.Ftruncate(fd, 8192)
+	if err := unix.Ftruncate(fd, 8192); err != nil {
+		t.Fatal(err)
+	}
 	client, err := unix.Mmap(fd, 0, 8192, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)

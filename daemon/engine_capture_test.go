@@ -14,9 +14,9 @@ import (
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/engine"
-	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/internal/testlink"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -79,16 +79,13 @@ func TestEngineRunWithCapture(t *testing.T) {
 	frames := 0
 	for {
 		data, _, opts, err := r.ReadPacketDataWithOptions()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		var f frame.Frame
-		if err := frame.Parse(data, &f); err != nil || !f.VerifyICRC() {
-			t.Fatalf("captured frame %d: %v, ICRC valid %v", frames, err, err == nil && f.VerifyICRC())
-		}
+		checker.Frame(t, data) // RoCEv2, ICRC valid
 		dirs[opts.Flags.Direction]++
 		frames++
 	}
@@ -138,13 +135,13 @@ func TestEngineRunWithCapture(t *testing.T) {
 	n := 0
 	for {
 		d, _, err := pr.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
-		var f frame.Frame
-		if err != nil || frame.Parse(d, &f) != nil || !f.VerifyICRC() {
+		if err != nil {
 			t.Fatalf("file frame %d: %v", n, err)
 		}
+		checker.Frame(t, d)
 		n++
 	}
 	if n != 3 {

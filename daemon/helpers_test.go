@@ -21,7 +21,7 @@ import (
 // same helpers.
 
 var (
-	macA, macB   = testlink.MACA, testlink.MACB
+	macA         = testlink.MACA
 	addrA, addrB = testlink.AddrA, testlink.AddrB
 	gidA, gidB   = ib.GIDFrom(addrA), ib.GIDFrom(addrB)
 )
@@ -44,7 +44,11 @@ func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) (*daemon.Server, 
 	if err := srv.Listen(path); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	t.Cleanup(func() { srv.Close(time.Second) })
 	return srv, path
 }
@@ -159,7 +163,9 @@ func waitWC(t testing.TB, cq verbs.CQ) ib.WC {
 		if time.Now().After(deadline) {
 			t.Fatal("no completion within 10 s")
 		}
-		cq.Wait(20 * time.Millisecond)
+		if err := cq.Wait(20 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return wcs[0]
 }

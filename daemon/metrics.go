@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/softrnic/softrnic/daemon/proto"
@@ -129,15 +130,16 @@ func qpTypeName(t ib.QPType) string {
 		return "UC"
 	case ib.UD:
 		return "UD"
+	default:
+		return "?"
 	}
-	return "?"
 }
 
 // MetricsHandler serves the collector's metrics (and the Go client's
 // process and runtime metrics) in the Prometheus exposition format.
 func MetricsHandler(c *Collector) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(c, prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
@@ -265,7 +267,7 @@ func ReadMetricsToken(path string) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	st, err := f.Stat()
 	if err != nil {
 		return nil, err

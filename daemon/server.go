@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -198,7 +199,9 @@ func (s *Server) watch(db *shmring.Doorbell) error {
 
 // unwatch removes a doorbell from the pump's epoll set.
 func (s *Server) unwatch(db *shmring.Doorbell) {
-	unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, db.FD(), nil)
+	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, db.FD(), nil); err != nil {
+		s.log.Warn("epoll: removing a doorbell", "err", err)
+	}
 }
 
 // sleep blocks until some doorbell rings or timeout passes. Edge-triggered
@@ -227,7 +230,9 @@ func (s *Server) Listen(path string) error {
 			c.Close()
 			return fmt.Errorf("control socket %s: another softrnic daemon is serving it", path)
 		}
-		os.Remove(path)
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("control socket %s: stale: %w", path, err)
+		}
 	}
 	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -284,12 +289,20 @@ func Lock(dir, iface string) (*os.File, error) {
 	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
 		b := make([]byte, 32)
 		n, _ := f.ReadAt(b, 0)
-		f.Close()
+		_ = f.Close() // read only, and the lock is what to report
 		pid := strings.TrimSpace(string(b[:n]))
 		return nil, fmt.Errorf("a softrnic daemon (pid %s) already runs on %s (lock %s)", pid, iface, name)
 	}
-	f.Truncate(0)
-	f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	// The pid is for the message above, in the daemon that finds the
+	// lock taken.
+	err = f.Truncate(0)
+	if err == nil {
+		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("lock %s: %w", name, err)
+	}
 	return f, nil
 }
 
@@ -330,7 +343,7 @@ func (s *Server) Close(drain time.Duration) error {
 	// The pump stops first: from here on this goroutine is the rings' only
 	// consumer and the CQ rings' only producer.
 	s.stop.Store(true)
-	s.db.Ring()
+	_ = s.db.Ring() // the pump's own eventfd: it fails only once closed, below
 	<-s.pumpDone
 	for _, ss := range sessions {
 		ss.errorAllQPs()
@@ -355,7 +368,10 @@ func (s *Server) Close(drain time.Duration) error {
 		s.ucm.close()
 	}
 	if s.ownCM != nil {
-		s.ownCM.Close() // the CM agent's GSI QP and its goroutine
+		// The CM agent's GSI QP and its goroutine.
+		if err := s.ownCM.Close(); err != nil {
+			s.log.Warn("closing the rdma_cm agent", "err", err)
+		}
 	}
 	unix.Close(s.epfd)
 	return s.db.Close()
@@ -365,7 +381,7 @@ func (s *Server) Close(drain time.Duration) error {
 // pump sleeps.
 func (s *Server) wake() {
 	if s.sleeping.Load() {
-		s.db.Ring()
+		_ = s.db.Ring() // the pump's own eventfd: it fails only once closed, with the pump gone
 	}
 }
 
@@ -532,8 +548,8 @@ func (s *Server) checkRings(q *qpObj) {
 	s.BadWQEs.Add(1)
 	q.broken = true
 	attr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&attr, ib.AttrState)
-	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN())
+	err := q.qp.Modify(&attr, ib.AttrState)
+	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", err)
 }
 
 // badWQE handles an entry that does not decode: like a malformed WQE on a
@@ -541,7 +557,9 @@ func (s *Server) checkRings(q *qpObj) {
 func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 	s.BadWQEs.Add(1)
 	attr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&attr, ib.AttrState)
+	if merr := q.qp.Modify(&attr, ib.AttrState); merr != nil {
+		s.log.Warn("bad WQE: moving QP to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", merr)
+	}
 	s.failWR(q, cq, id, recv, err)
 }
 
@@ -561,7 +579,7 @@ func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 	cq.mu.Lock()
 	if slot := cq.prod.Reserve(); slot != nil {
 		proto.PutWC(slot, &wc)
-		cq.prod.Commit()
+		s.commit(cq)
 	} else {
 		cq.overruns++
 	}
@@ -583,9 +601,19 @@ func (s *Server) moveCQ(c *cqObj) int {
 		proto.PutWC(c.prod.Reserve(), &c.wcs[i])
 	}
 	if n > 0 {
-		c.prod.Commit()
+		s.commit(c)
 	}
 	return n
+}
+
+// commit publishes the completions written into c's ring (c.mu held). A
+// ring the client corrupted, or whose doorbell failed, is logged once; the
+// client is the only one it harms.
+func (s *Server) commit(c *cqObj) {
+	if _, err := c.prod.Commit(); err != nil && !c.ringErr {
+		c.ringErr = true
+		s.log.Warn("client CQ ring", "err", err)
+	}
 }
 
 // allowed decides whether a peer may use the RNIC: root, the daemon's own
@@ -612,7 +640,7 @@ func inGroups(pid int32, gid uint32) bool {
 	if err != nil {
 		return false
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		if rest, ok := strings.CutPrefix(sc.Text(), "Groups:"); ok {

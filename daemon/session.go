@@ -9,7 +9,6 @@ import (
 	"os"
 	"sync"
 	"syscall"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -90,6 +89,7 @@ type cqObj struct {
 	prod     *shmring.Producer
 	wcs      []ib.WC
 	overruns uint64
+	ringErr  bool // the ring failed (corrupted by the client, doorbell gone): logged once
 }
 
 type qpObj struct {
@@ -177,11 +177,12 @@ func (ss *session) serve() {
 		}
 		if !allowed {
 			proto.CloseFDs(fds)
-			ss.reply(h, nil, nil, errf(unix.EPERM, "uid %d gid %d may not use this RNIC: only root and the control group may", ss.cred.Uid, ss.cred.Gid))
+			// The session ends whether the refusal reaches the client or not.
+			_ = ss.reply(h, nil, nil, errf(unix.EPERM, "uid %d gid %d may not use this RNIC: only root and the control group may", ss.cred.Uid, ss.cred.Gid))
 			break
 		}
 		resp, out, err := ss.handle(h, body, fds)
-		if err == errDeferred {
+		if errors.Is(err, errDeferred) {
 			continue // its goroutine replies
 		}
 		if rerr := ss.reply(h, resp, out, err); rerr != nil {
@@ -193,7 +194,9 @@ func (ss *session) serve() {
 	capt := ss.capture
 	ss.mu.Unlock()
 	if capt != nil {
-		capt.Stop() // flushes the file before the connection's fd is closed
+		// Stop flushes the file before the connection's fd is closed; the
+		// capture's goroutine logs and reports how it ended.
+		_, _ = capt.Stop()
 	}
 	info := ss.cleanup()
 	if ss.db != nil {
@@ -294,8 +297,17 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.createAH(body)
 	case proto.OpDestroyAH:
 		return ss.destroyAH(body)
+	default:
+		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
-	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
+}
+
+// undo logs the failure of a step that undoes a half-made object after an
+// error: the client hears the first error, the log this one.
+func (ss *session) undo(op string, err error) {
+	if err != nil {
+		ss.log.Warn("undoing "+op, "err", err)
+	}
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
@@ -325,7 +337,7 @@ func (ss *session) allocPD(body []byte) (any, []int, error) {
 	defer ss.mu.Unlock()
 	h, err := ss.newHandle()
 	if err != nil {
-		pd.Dealloc()
+		ss.undo("ALLOC_PD", pd.Dealloc())
 		return nil, nil, err
 	}
 	ss.pds[h] = &pdObj{pd: pd}
@@ -379,7 +391,7 @@ func (ss *session) createAH(body []byte) (any, []int, error) {
 	h, err := ss.newHandle()
 	if err != nil {
 		p.refs--
-		vah.Destroy()
+		ss.undo("CREATE_AH", vah.Destroy())
 		return nil, nil, err
 	}
 	ss.ahMu.Lock()
@@ -462,7 +474,7 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	}
 	h, err := ss.newHandle()
 	if err != nil {
-		mr.Dereg()
+		ss.undo("REG_MR", mr.Dereg())
 		unix.Munmap(mapping)
 		return nil, nil, err
 	}
@@ -507,14 +519,6 @@ func (ss *session) releaseMR(m *mrObj) error {
 	ss.graves = append(ss.graves, m.mapping)
 	ss.graveBytes += int64(len(m.mapping))
 	ss.mrBytes -= m.length
-	return err
-}
-
-// detach replaces b's pages (a mapping of client memory) with private
-// anonymous memory, atomically for any concurrent reader.
-func detach(b []byte) error {
-	_, err := unix.MmapPtr(-1, 0, unsafe.Pointer(unsafe.SliceData(b)), uintptr(len(b)),
-		unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_FIXED)
 	return err
 }
 
@@ -573,7 +577,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 	}
 	ss.mu.Unlock()
 	if err != nil {
-		cq.Destroy()
+		ss.undo("CREATE_CQ", cq.Destroy())
 		ring.Close()
 		db.Close()
 		return nil, nil, err
@@ -706,7 +710,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	}
 	ss.mu.Unlock()
 	if err != nil {
-		qp.Destroy()
+		ss.undo("CREATE_QP", qp.Destroy())
 		sq.Close()
 		rq.Close()
 		return nil, nil, err
@@ -815,7 +819,9 @@ func (ss *session) releaseQP(q *qpObj) error {
 	// is left: a peer's UC WRITE still arriving for a client that had
 	// finished faulted the daemon there.
 	toErr := ib.QPAttr{State: ib.Err}
-	q.qp.Modify(&toErr, ib.AttrState)
+	if err := q.qp.Modify(&toErr, ib.AttrState); err != nil {
+		ss.log.Warn("moving QP to error", "qpn", q.qp.QPN(), "err", err)
+	}
 	err := q.qp.Destroy()
 	q.sq.Close()
 	q.rq.Close()
@@ -862,7 +868,9 @@ func (ss *session) cleanup() ClientInfo {
 	ss.ahMu.Unlock()
 	ss.mu.Unlock()
 	for _, a := range ahs {
-		a.ah.Destroy()
+		if err := a.ah.Destroy(); err != nil {
+			ss.log.Warn("destroying AH", "err", err)
+		}
 	}
 	for _, q := range qps {
 		if err := ss.releaseQP(q); err != nil {
@@ -920,11 +928,11 @@ func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int
 	}
 	sess, err := tap.Start(f, opt)
 	if errors.Is(err, capture.ErrBusy) {
-		f.Close()
+		ss.undo("CAPTURE", f.Close())
 		return nil, nil, errf(unix.EBUSY, "a capture is already running")
 	}
 	if err != nil {
-		f.Close()
+		ss.undo("CAPTURE", f.Close())
 		return nil, nil, err
 	}
 	ss.mu.Lock()
@@ -934,18 +942,24 @@ func (ss *session) startCapture(h proto.Header, body []byte, fd int) (any, []int
 	go func() {
 		<-sess.Done()
 		st, werr := sess.Stats(), sess.Err()
-		f.Close()
+		if cerr := f.Close(); werr == nil {
+			werr = cerr // the file's last writes can fail at close
+		}
 		ss.mu.Lock()
 		if ss.capture == sess {
 			ss.capture = nil
 		}
 		ss.mu.Unlock()
 		ss.log.Info("capture ended", "written", st.Written, "dropped", st.Dropped, "err", werr)
+		var serr error
 		if werr != nil {
-			ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq, Errno: uint32(unix.EIO)}, []byte(werr.Error()))
-			return
+			serr = ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq, Errno: uint32(unix.EIO)}, []byte(werr.Error()))
+		} else {
+			serr = ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
 		}
-		ss.conn.Send(proto.Header{Op: proto.OpCapture, Seq: h.Seq}, &proto.CaptureResult{Written: st.Written, Dropped: st.Dropped})
+		if serr != nil && !proto.IsClosed(serr) {
+			ss.log.Warn("capture result not sent", "err", serr)
+		}
 	}()
 	return nil, nil, nil
 }

@@ -2,6 +2,7 @@ package daemon_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"testing"
 	"time"
@@ -33,7 +34,12 @@ func TestStatsThroughDaemon(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	doneA := make(chan error, 1)
 	go func() { doneA <- loopA.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-doneA })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-doneA; err != nil && !errors.Is(err, context.Canceled) {
+			t.Errorf("device A's loop: %v", err)
+		}
+	})
 	testlink.Run(t, devB, pb, engine.Options{})
 	src := &daemon.CounterSource{Name: "memA", Loop: loopA, Port: cp}
 	_, path := serve(t, devA, daemon.Options{Counters: src.Snapshot})
@@ -66,7 +72,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no RNR NAK counted on the client QP")
 		}
-		st := queryStats(t, path, qp.QPN(), true)
+		st := queryStats(t, path, qp.QPN())
 		rnrSeen = st.Listed == 1 && st.QPs[0].Values[proto.QCtrOutOfBuffer] > 0
 	}
 	a.recv(t, 9, 0, 64)
@@ -77,7 +83,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	// Quiet link: compare with the device's own counters and the link's.
 	var st *proto.StatsResp
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, qp.QPN(), true)
+		st = queryStats(t, path, qp.QPN())
 		ds := loopA.DeviceStats()
 		if st.Device[proto.CtrRxPackets] == ds.RxFrames && st.Device[proto.CtrTxPackets] == ds.TxFrames && ds.TxFrames == pa.Stats().Sent {
 			break
@@ -103,7 +109,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 		t.Errorf("name %q, QP %+v", st.Name, st.QPs[0])
 	}
 	// Filter by a QPN that does not exist: no QP, device counters still.
-	if st := queryStats(t, path, qp.QPN()+1000, true); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
+	if st := queryStats(t, path, qp.QPN()+1000); st.Listed != 0 || st.Device[proto.CtrRxPackets] == 0 {
 		t.Errorf("filtered by a missing QPN: %d QPs", st.Listed)
 	}
 	if st.QPs[0].Values[proto.QCtrRxWriteRequests] != 1 || st.Device[proto.CtrRxWriteRequests] != 1 {
@@ -119,7 +125,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 	}
 	a.recv(t, 10, 0, 64)
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		st = queryStats(t, path, qp.QPN(), true)
+		st = queryStats(t, path, qp.QPN())
 		q := &st.QPs[0].Values
 		if q[proto.QCtrRespRemoteAccessErrors] == 1 && q[proto.QCtrRespCQEFlushError] == 1 {
 			break
@@ -137,7 +143,7 @@ func TestStatsThroughDaemon(t *testing.T) {
 }
 
 // queryStats sends one STATS on a fresh control connection.
-func queryStats(t *testing.T, path string, qpn uint32, filter bool) *proto.StatsResp {
+func queryStats(t *testing.T, path string, qpn uint32) *proto.StatsResp {
 	t.Helper()
 	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
 	if err != nil {
@@ -157,10 +163,7 @@ func queryStats(t *testing.T, path string, qpn uint32, filter bool) *proto.Stats
 		return body
 	}
 	call(proto.OpOpen, &proto.OpenReq{Version: proto.Version})
-	req := proto.StatsReq{QPN: qpn}
-	if filter {
-		req.FilterQP = 1
-	}
+	req := proto.StatsReq{QPN: qpn, FilterQP: 1}
 	var r proto.StatsResp
 	if err := proto.DecodeBody(call(proto.OpStats, &req), &r); err != nil {
 		t.Fatal(err)

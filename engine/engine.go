@@ -403,7 +403,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	// may have stopped the loop at once: send them before leaving. The port
 	// may be closing too; its error is of no interest any more.
 	if l.txDeferred {
-		l.Step(now(), 0)
+		_, _ = l.Step(now(), 0)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/internal/rnictest"
 	"github.com/softrnic/softrnic/port"
@@ -158,17 +159,19 @@ func TestDropsDefects(t *testing.T) {
 	}
 	for i := 0; i < 3; i++ {
 		vc.Advance(time.Microsecond)
-		loop.Step(vc.Now(), 0)
+		if _, err := loop.Step(vc.Now(), 0); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if n := b.cq.Poll(wcs[:]); n != 1 || wcs[0].ID != 7 || wcs[0].Status != ib.Success || string(b.mr.Bytes()[:12]) != "hello, RoCE!" {
 		t.Fatalf("good frame: %d completions %+v", n, wcs[0])
 	}
 	in := make([][]byte, 4)
 	n, _ := wire.Recv(in, 0)
-	var f frame.Frame
-	if n != 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCAcknowledge || f.Dst() != addrA || !f.VerifyICRC() {
+	if n != 1 {
 		t.Fatalf("answer to the good frame: %d frames", n)
 	}
+	checker.Frame(t, in[0], checker.Dst(addrA), checker.TransportIs(checker.Opcode(bth.RCAcknowledge)))
 	if c := loop.Counters(); c.TxSent != 1 || c.Loops == 0 {
 		t.Errorf("loop counters %+v", c)
 	}
@@ -221,10 +224,10 @@ func TestDropsDefectsRun(t *testing.T) {
 	}
 	in := make([][]byte, 8)
 	got, _ := wire.Recv(in, 100*time.Millisecond)
-	var f frame.Frame
-	if got != 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCAcknowledge {
+	if got != 1 {
 		t.Fatalf("%d frames sent back, want the good frame's ACK alone", got)
 	}
+	checker.Frame(t, in[0], checker.TransportIs(checker.Opcode(bth.RCAcknowledge)))
 }
 
 type defectCase struct {
@@ -259,7 +262,10 @@ func defectSetup(t *testing.T) (*host, uint32, []defectCase) {
 	badICRC[len(badICRC)-1] ^= 1
 	badTVer := craft(t, addrA, addrB, rq, 5, nil)
 	bth.BTH(badTVer[hdr:]).SetTVer(1)
-	icrc.Stamp(badTVer[frame.EthernetLen:]) // only the TVer is wrong
+	// only the TVer is wrong
+	if err := icrc.Stamp(badTVer[frame.EthernetLen:]); err != nil {
+		t.Fatal(err)
+	}
 	truncated := craft(t, addrA, addrB, rq, 5, nil)
 	truncated = truncated[:len(truncated)-6]
 	udSend := func(s *frame.Spec) {
@@ -431,7 +437,9 @@ func TestRunConcurrent(t *testing.T) {
 	connect(t, qb, 4096, qa.QPN(), macA, addrA, 2, 1)
 	const n, size = 8, 6000
 	for i := 0; i < n; i++ {
-		qb.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}}})
+		if _, err := qb.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{{Addr: b.mr.IOVA() + uint64(i*size), Length: size, LKey: b.mr.LKey()}}}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	src := a.mr.Bytes()
 	for i := range src {
@@ -569,12 +577,12 @@ func TestPostWakesNap(t *testing.T) {
 	}
 	in := make([][]byte, 4)
 	n, err := wire.Recv(in, 10*time.Second)
-	var f frame.Frame
 	// A slow test goroutine (race detector, load) may also find the SEND's
 	// retransmission, 1 ms later: the first frame is the SEND.
-	if err != nil || n < 1 || frame.Parse(in[0], &f) != nil || f.Opcode() != bth.RCSendOnly {
+	if err != nil || n < 1 {
 		t.Fatalf("after the post: %d frames, %v; counters %+v", n, err, l.Counters())
 	}
+	checker.Frame(t, in[0], checker.TransportIs(checker.Opcode(bth.RCSendOnly)))
 	if l.Counters().Naps < naps {
 		t.Fatal("counters went back")
 	}

@@ -1,5 +1,7 @@
 package frame
 
+import "errors"
+
 // Reason says why Parse rejected a frame.
 type Reason uint8
 
@@ -106,7 +108,8 @@ var (
 // ReasonOf returns the Reason of an error from Parse, ReasonNone for nil or
 // a foreign error.
 func ReasonOf(err error) Reason {
-	if e, ok := err.(*ParseError); ok {
+	var e *ParseError
+	if errors.As(err, &e) {
 		return e.Reason
 	}
 	return ReasonNone

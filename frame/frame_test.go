@@ -522,7 +522,7 @@ func TestZeroAllocs(t *testing.T) {
 	_ = sink
 }
 
-// BenchmarkParseIPv4RETH is the figure: Eth/IPv4/UDP/BTH/RETH with a
+// BenchmarkParseIPv4RETH is the parser's reference figure: Eth/IPv4/UDP/BTH/RETH with a
 // 1 KiB payload (ICRC not verified).
 func BenchmarkParseIPv4RETH(b *testing.B) {
 	s := specFor(bth.RCRDMAWriteFirst, false, false)

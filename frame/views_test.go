@@ -1,6 +1,7 @@
 package frame
 
 import (
+	"errors"
 	"net/netip"
 	"testing"
 
@@ -72,18 +73,18 @@ func TestFinishErrors(t *testing.T) {
 	if _, err := b.Headers(buf, &sa); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Finish(buf, 1); err != ErrBuildPayload {
+	if _, err := b.Finish(buf, 1); !errors.Is(err, ErrBuildPayload) {
 		t.Errorf("payload on ACK: %v", err)
 	}
 	sw := specFor(bth.RCSendOnly, false, false)
 	hl, _ := b.Headers(buf, &sw)
-	if _, err := b.Finish(buf, -1); err != ErrBuildPayload {
+	if _, err := b.Finish(buf, -1); !errors.Is(err, ErrBuildPayload) {
 		t.Errorf("negative payload: %v", err)
 	}
-	if _, err := b.Finish(buf, 0xFFFF-(hl-EthernetLen)-3); err != ErrTooLong { // one byte over with ICRC
+	if _, err := b.Finish(buf, 0xFFFF-(hl-EthernetLen)-3); !errors.Is(err, ErrTooLong) { // one byte over with ICRC
 		t.Errorf("oversized datagram: %v", err)
 	}
-	if _, err := b.Finish(buf[:hl+100], 200); err != ErrBufferTooSmall {
+	if _, err := b.Finish(buf[:hl+100], 200); !errors.Is(err, ErrBufferTooSmall) {
 		t.Errorf("short buffer at Finish: %v", err)
 	}
 	if Size(&Spec{BTH: bth.BTHFields{Opcode: 0x42}}, 0) != 0 {

@@ -105,7 +105,7 @@ func Open(cfg Config) (_ *Host, err error) {
 	h := &Host{Iface: in, done: make(chan struct{})}
 	defer func() {
 		if err != nil {
-			h.release()
+			err = errors.Join(err, h.release())
 		}
 	}()
 	if h.res, err = route.New(); err != nil {
@@ -194,14 +194,16 @@ func (h *Host) Close() error {
 }
 
 func (h *Host) release() error {
-	if h.CM != nil {
-		h.CM.Close()
-	}
 	var err error
+	if h.CM != nil {
+		if cerr := h.CM.Close(); cerr != nil {
+			err = fmt.Errorf("closing the rdma_cm agent: %w", cerr)
+		}
+	}
 	if h.stop != nil {
 		h.stop()
 		<-h.done
-		if h.runErr != nil && !errors.Is(h.runErr, context.Canceled) {
+		if h.runErr != nil && !errors.Is(h.runErr, context.Canceled) && err == nil {
 			err = fmt.Errorf("engine: %w", h.runErr)
 		}
 	}

@@ -171,7 +171,7 @@ func InterfaceToward(peer netip.Addr) (string, error) {
 	defer res.Close()
 	n, err := res.Lookup(peer)
 	if n.IfName == "" {
-		return "", fmt.Errorf("no interface routes to %v (%v)", peer, err)
+		return "", fmt.Errorf("no interface routes to %v (%w)", peer, err)
 	}
 	return n.IfName, nil
 }

@@ -69,8 +69,9 @@ func (o WROpcode) WCOpcode() WCOpcode {
 		return WCCompSwap
 	case AtomicFetchAndAdd:
 		return WCFetchAdd
+	default:
+		return WCSend
 	}
-	return WCSend
 }
 
 // SendFlags are send work request flags (ibv_send_flags).

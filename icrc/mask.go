@@ -10,16 +10,16 @@ import (
 
 // maskV4 covers IPv4(20) ‖ UDP(8) ‖ BTH(12) = 40 bytes: TOS (byte 1), TTL
 // (8), header checksum (10, 11), UDP checksum (26, 27), BTH byte 4 (32).
-var maskV4 = maskWords(40, []int{1, 8, 10, 11, 26, 27, 32}, 0)
+var maskV4 = maskWords([]int{1, 8, 10, 11, 26, 27, 32}, 0)
 
 // maskV6 covers IPv6(40) ‖ UDP(8) ‖ BTH(12) = 60 bytes: traffic class and
 // flow label (low nibble of byte 0, bytes 1-3), hop limit (7), UDP checksum
 // (46, 47), BTH byte 4 (52).
-var maskV6 = maskWords(60, []int{1, 2, 3, 7, 46, 47, 52}, 0x0F)
+var maskV6 = maskWords([]int{1, 2, 3, 7, 46, 47, 52}, 0x0F)
 
-// maskWords builds the word masks for an n-byte header region: the listed
+// maskWords builds the word masks for a header region: the listed
 // bytes all ones, byte 0 OR-ed with byte0.
-func maskWords(n int, ones []int, byte0 byte) [8]uint64 {
+func maskWords(ones []int, byte0 byte) [8]uint64 {
 	var b [64]byte
 	for _, i := range ones {
 		b[i] = 0xFF

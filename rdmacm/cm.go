@@ -135,17 +135,17 @@ func AcceptNext(ctx context.Context, l Listener, newQP func() (verbs.QP, error),
 		}
 		qp, err := newQP()
 		if err != nil {
-			r.Reject(nil)
-			return nil, err
+			return nil, errors.Join(err, r.Reject(nil))
 		}
 		c, err := r.Accept(ctx, qp, p)
 		if errors.Is(err, ErrRequestExpired) {
-			qp.Destroy()
+			if err := qp.Destroy(); err != nil {
+				return nil, err
+			}
 			continue
 		}
 		if err != nil {
-			qp.Destroy()
-			return nil, err
+			return nil, errors.Join(err, qp.Destroy())
 		}
 		return c, nil
 	}

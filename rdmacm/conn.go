@@ -119,7 +119,7 @@ func (c *conn) wait(ctx context.Context) error {
 		a.mu.Lock()
 		if !a.closed {
 			now := a.cfg.Now()
-			a.m.Abort(now, c.id)
+			_ = a.m.Abort(now, c.id) // fails only for a connection already gone
 			a.flushLocked(now)
 		}
 		c.finishLocked(ctx.Err())
@@ -141,7 +141,7 @@ func (c *conn) Disconnect(ctx context.Context) error {
 	}
 	now := a.cfg.Now()
 	if err := a.m.Disconnect(now, c.id, nil); err != nil {
-		a.m.Abort(now, c.id)
+		_ = a.m.Abort(now, c.id) // fails only for a connection already gone
 	}
 	a.flushLocked(now)
 	a.mu.Unlock()
@@ -166,7 +166,7 @@ func (c *conn) Close() error {
 	a.mu.Lock()
 	if !c.finished && !a.closed {
 		now := a.cfg.Now()
-		a.m.Abort(now, c.id)
+		_ = a.m.Abort(now, c.id) // fails only for a connection already gone
 		a.flushLocked(now)
 		c.finishLocked(ErrDisconnected)
 	}
@@ -300,13 +300,13 @@ func (l *listener) Close() error {
 	l.closeLocked()
 	if a.listeners[l.port] == l {
 		delete(a.listeners, l.port)
-		a.m.Unlisten(cm.ServiceIDTCP(l.port))
+		_ = a.m.Unlisten(cm.ServiceIDTCP(l.port)) // registered with the listener: it cannot fail
 	}
 	now := a.cfg.Now()
 	for {
 		select {
 		case r := <-l.backlog:
-			a.m.Reject(now, r.id, cm.RejConsumerDefined, nil)
+			_ = a.m.Reject(now, r.id, cm.RejConsumerDefined, nil) // fails only for a request that has timed out
 		default:
 			a.flushLocked(now)
 			return nil
@@ -384,7 +384,7 @@ func (r *request) Accept(ctx context.Context, qp verbs.QP, p *ConnParam) (Conn, 
 	if err := a.initQP(qp, p); err != nil {
 		a.mu.Lock()
 		now := a.cfg.Now()
-		a.m.Reject(now, r.id, cm.RejNoQP, nil)
+		_ = a.m.Reject(now, r.id, cm.RejNoQP, nil) // fails only for a request that has timed out
 		a.flushLocked(now)
 		a.mu.Unlock()
 		return nil, err
@@ -406,7 +406,7 @@ func (r *request) Accept(ctx context.Context, qp verbs.QP, p *ConnParam) (Conn, 
 	// the QP is in RTR with it before the REP goes.
 	attr.RQPSN = a.rng.Uint32() & 0xFFFFFF
 	if err := a.toRTR(c, &attr); err != nil {
-		a.m.Reject(now, r.id, cm.RejNoQP, nil)
+		_ = a.m.Reject(now, r.id, cm.RejNoQP, nil) // fails only for a request that has timed out
 		a.flushLocked(now)
 		a.mu.Unlock()
 		return nil, err

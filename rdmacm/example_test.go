@@ -2,6 +2,7 @@ package rdmacm_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -27,14 +28,17 @@ func Example() {
 	macS, macC := [6]byte{2, 0, 0, 0, 0, 1}, [6]byte{2, 0, 0, 0, 0, 2}
 	// The neighbour table: what ARP would answer.
 	resolve := func(_ context.Context, peer netip.Addr) ([6]byte, error) {
-		if peer == ipS {
+		switch peer {
+		case ipS:
 			return macS, nil
+		case ipC:
+			return macC, nil
 		}
-		return macC, nil
+		return [6]byte{}, errors.New("no neighbour")
 	}
 	start := func(mac [6]byte, ip netip.Addr, p *memlink.Port) (verbs.Device, *rdmacm.Agent) {
 		dev, _ := rnic.NewDevice(rnic.Config{MAC: mac, Addrs: []netip.Addr{ip}, Resolve: resolve})
-		go engine.Run(ctx, dev, p, engine.Options{})
+		go func() { _ = engine.Run(ctx, dev, p, engine.Options{}) }() // until ctx ends
 		a, _ := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
 		return dev, a
 	}
@@ -55,8 +59,14 @@ func Example() {
 	spd, scq, sqp := newQP(sdev)
 	smem, _ := sdev.AllocMem(64)
 	rbuf, _ := spd.RegMR(smem, 0, 64, 0, ib.LocalWrite)
-	rdmacm.InitQP(sqp, &p)
-	sqp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}}})
+	if err := rdmacm.InitQP(sqp, &p); err != nil {
+		fmt.Println(err)
+		return
+	}
+	if _, err := sqp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{{Addr: rbuf.IOVA(), Length: 64, LKey: rbuf.LKey()}}}}); err != nil {
+		fmt.Println(err)
+		return
+	}
 	var cm rdmacm.CM = server
 	ln, _ := cm.Listen(7174, 0)
 	accepted := make(chan rdmacm.Conn)
@@ -84,15 +94,24 @@ func Example() {
 	cmem, _ := cdev.AllocMem(64)
 	n := copy(cmem.Bytes(), "hello through the CM")
 	msg, _ := cpd.RegMR(cmem, 0, 64, 0, ib.LocalWrite)
-	conn.QP().PostSend([]verbs.SendWR{{Opcode: ib.Send, Flags: ib.Signaled,
+	_, err = conn.QP().PostSend([]verbs.SendWR{{Opcode: ib.Send, Flags: ib.Signaled,
 		SG: []ib.SGE{{Addr: msg.IOVA(), Length: uint32(n), LKey: msg.LKey()}}}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	var wc [1]ib.WC
 	for scq.Poll(wc[:]) == 0 {
-		scq.Wait(time.Second)
+		if err := scq.Wait(time.Second); err != nil {
+			fmt.Println(err)
+			return
+		}
 	}
 	fmt.Printf("server got %q from %v\n", smem.Bytes()[:wc[0].ByteLen], sconn.Peer())
 
-	conn.Disconnect(ctx)
+	if err := conn.Disconnect(ctx); err != nil {
+		fmt.Println(err)
+	}
 	<-sconn.Done()
 	fmt.Println("server side:", sconn.Err())
 	// Output:

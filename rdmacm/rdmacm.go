@@ -57,6 +57,7 @@ type Config struct {
 type Stats struct {
 	RxMADs       uint64 // MADs handed to the Manager
 	RxBad        uint64 // GSI receives that were not a 256-byte MAD or failed
+	RxLost       uint64 // receive slots not posted again (the GSI QP in error)
 	TxMADs       uint64 // MADs posted to QP1
 	TxDropped    uint64 // MADs not posted: no MAC for the peer, or the send queue full
 	TxErrors     uint64 // send completions with an error
@@ -161,21 +162,34 @@ func New(cfg Config) (*Agent, error) {
 		m: cm.New(cfg.CM), macs: map[netip.Addr][6]byte{}, failed: map[netip.Addr]clock.Time{}, ahs: map[netip.Addr]verbs.AH{},
 		listeners: map[uint16]*listener{}, udListeners: map[uint16]*udListener{}, sidr: map[cm.ConnID]*sidrWait{},
 		conns: map[cm.ConnID]*conn{}, byQPN: map[uint32]*conn{}}
+	if err := a.setup(); err != nil {
+		return nil, errors.Join(err, a.release())
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	a.stop = stop
+	go a.run(ctx)
+	return a, nil
+}
+
+// setup makes the agent's PD, CQ, GSI QP (in RTS) and receive buffer, and
+// posts the receives. On failure release undoes what it made.
+func (a *Agent) setup() error {
 	var err error
 	if a.pd, err = a.dev.AllocPD(); err != nil {
-		return nil, err
+		return err
 	}
 	// Sends complete too (signaled, to learn of errors): room for both.
-	if a.cq, err = a.dev.CreateCQ(cfg.RecvDepth + gsiSendDepth); err != nil {
-		return nil, err
+	if a.cq, err = a.dev.CreateCQ(a.cfg.RecvDepth + gsiSendDepth); err != nil {
+		return err
 	}
+	var ok bool
 	if a.cqn, ok = a.cq.(verbs.Notifier); !ok {
-		return nil, errors.New("rdmacm: the device's CQs do not notify")
+		return errors.New("rdmacm: the device's CQs do not notify")
 	}
 	a.gsi, err = a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.GSI, SendCQ: a.cq, RecvCQ: a.cq,
-		Cap: ib.QPCaps{MaxSendWR: gsiSendDepth, MaxRecvWR: uint32(cfg.RecvDepth), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: cm.MADSize}})
+		Cap: ib.QPCaps{MaxSendWR: gsiSendDepth, MaxRecvWR: uint32(a.cfg.RecvDepth), MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: cm.MADSize}})
 	if err != nil {
-		return nil, fmt.Errorf("rdmacm: GSI QP: %w", err)
+		return fmt.Errorf("rdmacm: GSI QP: %w", err)
 	}
 	for _, m := range []struct {
 		attr ib.QPAttr
@@ -186,28 +200,49 @@ func New(cfg Config) (*Agent, error) {
 		{ib.QPAttr{State: ib.RTS}, ib.AttrState | ib.AttrSQPSN},
 	} {
 		if err := a.gsi.Modify(&m.attr, m.mask); err != nil {
-			a.gsi.Destroy()
-			return nil, fmt.Errorf("rdmacm: GSI QP to %v: %w", m.attr.State, err)
+			return fmt.Errorf("rdmacm: GSI QP to %v: %w", m.attr.State, err)
 		}
 	}
-	n := cfg.RecvDepth * (grhLen + cm.MADSize)
-	if a.rmem, err = a.dev.AllocMem(n); err == nil {
-		a.rbuf, err = a.pd.RegMR(a.rmem, 0, n, 0, ib.LocalWrite)
+	n := a.cfg.RecvDepth * (grhLen + cm.MADSize)
+	if a.rmem, err = a.dev.AllocMem(n); err != nil {
+		return err
 	}
-	if err != nil {
-		a.gsi.Destroy()
-		return nil, err
+	if a.rbuf, err = a.pd.RegMR(a.rmem, 0, n, 0, ib.LocalWrite); err != nil {
+		return err
 	}
-	for i := range cfg.RecvDepth {
+	for i := range a.cfg.RecvDepth {
 		if err := a.postRecv(uint64(i)); err != nil {
-			a.gsi.Destroy()
-			return nil, err
+			return err
 		}
 	}
-	ctx, stop := context.WithCancel(context.Background())
-	a.stop = stop
-	go a.run(ctx)
-	return a, nil
+	return nil
+}
+
+// release destroys what the agent made on its device, in dependency order:
+// the GSI QP, the receive buffer's MR and memory, the address handles, the
+// CQ, the PD. Objects not made yet are nil and skipped.
+func (a *Agent) release() error {
+	var errs []error
+	if a.gsi != nil {
+		errs = append(errs, a.gsi.Destroy())
+	}
+	if a.rbuf != nil {
+		errs = append(errs, a.rbuf.Dereg())
+	}
+	if a.rmem != nil {
+		errs = append(errs, a.rmem.Free())
+	}
+	for to, ah := range a.ahs {
+		errs = append(errs, ah.Destroy())
+		delete(a.ahs, to)
+	}
+	if a.cq != nil {
+		errs = append(errs, a.cq.Destroy())
+	}
+	if a.pd != nil {
+		errs = append(errs, a.pd.Dealloc())
+	}
+	return errors.Join(errs...)
 }
 
 // gsiSendDepth is how many MADs may be in flight on the GSI QP.
@@ -222,9 +257,20 @@ func (a *Agent) postRecv(slot uint64) error {
 	return err
 }
 
+// repost posts receive slot again after its MAD was handled. A failure
+// (the GSI QP in error) loses the slot, counted.
+func (a *Agent) repost(slot uint64) {
+	if err := a.postRecv(slot); err != nil {
+		a.mu.Lock()
+		a.stats.RxLost++
+		a.mu.Unlock()
+	}
+}
+
 // Close aborts every connection (REJ or DREQ to the peers, sent before the
-// GSI QP goes), stops the agent's goroutine and destroys its QP. RC QPs of
-// connections are left to their owners.
+// GSI QP goes), stops the agent's goroutine and releases what it made on
+// the device (its QP, CQ, PD, receive buffer and address handles). RC QPs
+// of connections are left to their owners.
 func (a *Agent) Close() error {
 	a.mu.Lock()
 	if a.closed {
@@ -233,7 +279,7 @@ func (a *Agent) Close() error {
 	}
 	now := a.cfg.Now()
 	for id := range a.conns {
-		a.m.Abort(now, id)
+		_ = a.m.Abort(now, id) // fails only for a connection already gone
 	}
 	if a.ev != nil {
 		for id := range a.ev.conns {
@@ -271,9 +317,7 @@ func (a *Agent) Close() error {
 			time.Sleep(time.Millisecond)
 		}
 	}
-	a.gsi.Destroy()
-	a.rbuf.Dereg()
-	return nil
+	return a.release()
 }
 
 // Device is the device the agent runs on.
@@ -379,7 +423,7 @@ func (a *Agent) poll(ctx context.Context) {
 				a.mu.Lock()
 				a.stats.RxBad++
 				a.mu.Unlock()
-				a.postRecv(wc.ID)
+				a.repost(wc.ID)
 				continue
 			}
 			a.mads = append(a.mads, pendingMAD{from: wc.SrcIP.Unmap(), slot: wc.ID})
@@ -393,11 +437,11 @@ func (a *Agent) poll(ctx context.Context) {
 			if resolved {
 				a.stats.RxMADs++
 				now := a.cfg.Now()
-				a.m.HandleMAD(now, p.from, mad)
+				_ = a.m.HandleMAD(now, p.from, mad) // a malformed MAD is counted in the Manager's Stats
 				a.flushLocked(now)
 			}
 			a.mu.Unlock()
-			a.postRecv(p.slot)
+			a.repost(p.slot)
 		}
 	}
 }
@@ -518,7 +562,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		_, port, _ := cm.ServicePort(e.ServiceID)
 		l := a.listeners[port]
 		if l == nil || l.closed {
-			a.m.Reject(now, e.ID, cm.RejInvalidServiceID, nil)
+			_ = a.m.Reject(now, e.ID, cm.RejInvalidServiceID, nil) // a request just reported: it cannot fail
 			return
 		}
 		r := &request{agent: a, l: l, id: e.ID, peer: e.Peer, attr: e.QP, cma: e.CMA,
@@ -530,12 +574,12 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 				// It waits behind others: tell the active side to stop
 				// retrying for a while (MRA), as the kernel's rdma_cm
 				// does for a request its application has not taken yet.
-				a.m.SendMRA(now, e.ID, mraServiceTimeout)
+				_ = a.m.SendMRA(now, e.ID, mraServiceTimeout) // a request just reported: it cannot fail
 				a.stats.MRAs++
 			}
 		default:
 			a.stats.BacklogFull++
-			a.m.Reject(now, e.ID, cm.RejNoResources, nil)
+			_ = a.m.Reject(now, e.ID, cm.RejNoResources, nil) // a request just reported: it cannot fail
 		}
 	case cm.EventSIDRRequest:
 		a.sidrRequestLocked(now, e)
@@ -565,7 +609,7 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		if c := a.conns[e.ID]; c != nil {
 			err := &RejectedError{Reason: e.Reason, PrivateData: append([]byte(nil), e.Private()...)}
 			if c.established {
-				c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
+				_ = c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState) // the application's QP: it may be gone
 				c.finishLocked(err)
 				return
 			}
@@ -579,7 +623,8 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 		if c := a.conns[e.ID]; c != nil {
 			// ERR flushes the WRs the application still has posted: it
 			// learns of the disconnection from its CQ too, as with rdma_cm.
-			c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
+			// (The application may have destroyed its QP already.)
+			_ = c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
 			c.finishLocked(ErrDisconnected)
 		}
 	case cm.EventTimeWaitExit:
@@ -595,8 +640,9 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 // failLocked aborts a connection whose QP could not be programmed.
 func (a *Agent) failLocked(now clock.Time, c *conn, err error) {
 	a.stats.QPErrors++
-	a.m.Abort(now, c.id)
-	c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
+	_ = a.m.Abort(now, c.id)                                 // fails only for a connection already gone
+	_ = c.qp.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState) // the QP just failed a transition
+
 	c.finishLocked(fmt.Errorf("rdmacm: QP %#x: %w", c.qp.QPN(), err))
 }
 

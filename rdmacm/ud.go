@@ -91,7 +91,7 @@ func (a *Agent) ResolveUD(ctx context.Context, peer netip.Addr, port uint16, pri
 			delete(a.sidr, id)
 			if !a.closed {
 				now := a.cfg.Now()
-				a.m.Abort(now, id)
+				_ = a.m.Abort(now, id) // fails only for a SIDR_REQ already answered
 				a.flushLocked(now)
 			}
 		}
@@ -194,13 +194,13 @@ func (l *udListener) Close() error {
 	l.closeLocked()
 	if a.udListeners[l.port] == l {
 		delete(a.udListeners, l.port)
-		a.m.Unlisten(cm.ServiceIDUDP(l.port))
+		_ = a.m.Unlisten(cm.ServiceIDUDP(l.port)) // registered with the listener: it cannot fail
 	}
 	now := a.cfg.Now()
 	for {
 		select {
 		case r := <-l.backlog:
-			a.m.SIDRReply(now, r.id, &cm.SIDRReplyParams{Status: cm.SIDRReject})
+			_ = a.m.SIDRReply(now, r.id, &cm.SIDRReplyParams{Status: cm.SIDRReject}) // fails only for a request that has timed out
 		default:
 			a.flushLocked(now)
 			return nil
@@ -289,7 +289,7 @@ func (a *Agent) sidrRequestLocked(now clock.Time, e *cm.Event) {
 	_, port, _ := cm.ServicePort(e.ServiceID)
 	l := a.udListeners[port]
 	if l == nil || l.closed {
-		a.m.SIDRReply(now, e.ID, &cm.SIDRReplyParams{Status: cm.SIDRUnsupported})
+		_ = a.m.SIDRReply(now, e.ID, &cm.SIDRReplyParams{Status: cm.SIDRUnsupported}) // a request just reported: it cannot fail
 		return
 	}
 	r := &udRequest{agent: a, id: e.ID, peer: e.Peer, cma: e.CMA, private: append([]byte(nil), e.Private()...)}
@@ -297,6 +297,6 @@ func (a *Agent) sidrRequestLocked(now clock.Time, e *cm.Event) {
 	case l.backlog <- r:
 	default:
 		a.stats.BacklogFull++
-		a.m.SIDRReply(now, e.ID, &cm.SIDRReplyParams{Status: cm.SIDRReject})
+		_ = a.m.SIDRReply(now, e.ID, &cm.SIDRReplyParams{Status: cm.SIDRReject}) // a request just reported: it cannot fail
 	}
 }

@@ -130,7 +130,9 @@ func TestUDRefused(t *testing.T) {
 	}
 	go func() {
 		if r, err := ln.GetRequest(ctx); err == nil {
-			r.Reject([]byte("no"))
+			if err := r.Reject([]byte("no")); err != nil {
+				t.Error(err)
+			}
 		}
 	}()
 	if _, err := b.agent.ResolveUD(ctx, ipA, 7176, nil); !errors.As(err, &se) || se.Status != cm.SIDRReject || !bytes.HasPrefix(se.PrivateData, []byte("no")) {
@@ -171,7 +173,9 @@ func TestUDLostSIDR(t *testing.T) {
 				return
 			}
 			taken <- 1
-			r.Accept(qa, nil)
+			if err := r.Accept(qa, nil); err != nil {
+				t.Error(err)
+			}
 		}
 	}()
 	peer, err := b.agent.ResolveUD(ctx, ipA, 7177, nil)

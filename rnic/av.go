@@ -33,11 +33,11 @@ func (a *AH) Destroy() error { return nil }
 func (pd *PD) CreateAH(attr *ib.AddressVector) (verbs.AH, error) {
 	av := *attr
 	if err := pd.dev.checkAV(&av); err != nil {
-		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, verbs.ErrInvalid)
+		return nil, fmt.Errorf("rnic: address handle: %w: %w", err, verbs.ErrInvalid)
 	}
 	mac, err := pd.dev.destMAC(&av)
 	if err != nil {
-		return nil, fmt.Errorf("rnic: address handle: %v: %w", err, verbs.ErrInvalid)
+		return nil, fmt.Errorf("rnic: address handle: %w: %w", err, verbs.ErrInvalid)
 	}
 	av.DMAC = mac
 	a := &AH{pd: pd, hdr: pd.dev.makeHdr(&av, mac, 0, 0)}

@@ -16,6 +16,7 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -121,18 +122,6 @@ func (s *ccSolo) transmit(now clock.Time) [][]byte {
 	return got
 }
 
-func parse(t testing.TB, b []byte) *frame.Frame {
-	t.Helper()
-	f := new(frame.Frame)
-	if err := frame.Parse(b, f); err != nil {
-		t.Fatal(err)
-	}
-	if !f.VerifyICRC() {
-		t.Fatal("bad ICRC")
-	}
-	return f
-}
-
 // TestCNPMatchesConnectX: a CE-marked WRITE makes the device send one CNP
 // (before the ACK) that equals frame.BuildCNP of its own fields, and that,
 // built with the ConnectX vector's MACs, addresses, QPN and CNP DSCP, is
@@ -153,18 +142,14 @@ func TestCNPMatchesConnectX(t *testing.T) {
 		t.Fatalf("%d frames after one CE-marked WRITE, want CNP and ACK", len(out))
 	}
 	got := out[0]
-	f := parse(t, got)
-	b := f.BTH()
-	if f.Opcode() != bth.CNP || !b.BECN() || b.FECN() || b.DestQP() != 0x118 || b.PSN() != 0 || b.AckReq() ||
-		b.PKey() != 0xFFFF || !bytes.Equal(f.CNPReserved(), make([]byte, 16)) || f.IPv4().TOS() != 0xC2 {
-		t.Fatalf("CNP fields wrong: %+v TOS %#x", b.Fields(), f.IPv4().TOS())
+	// The QP's UDP source port, the CNP DSCP (48) with ECN not-ECT.
+	f := checker.Frame(t, got, checker.TrafficClass(0xC2), checker.UDPSrcPort(udpSport(0, s.qp.QPN(), 0x118)),
+		checker.TransportIs(checker.Opcode(bth.CNP), checker.BECN(true), checker.DestQP(0x118), checker.PSN(0),
+			checker.AckReq(false)))
+	if b := f.BTH(); b.FECN() || b.PKey() != 0xFFFF || !bytes.Equal(f.CNPReserved(), make([]byte, 16)) {
+		t.Fatalf("CNP fields wrong: %+v", b.Fields())
 	}
-	if sp := f.UDP().SrcPort(); sp != udpSport(0, s.qp.QPN(), 0x118) {
-		t.Fatalf("CNP UDP source port %#x, not the QP's", sp)
-	}
-	if a := parse(t, out[1]); a.Opcode() != bth.RCAcknowledge || a.ECN() != frame.ECT0 {
-		t.Fatalf("second frame %v ECN %d, want an ECT(0) ACK", a.Opcode(), a.ECN())
-	}
+	checker.Frame(t, out[1], checker.ECN(frame.ECT0), checker.TransportIs(checker.Opcode(bth.RCAcknowledge)))
 	// The same fields through frame.BuildCNP.
 	sp := frame.Spec{DstMAC: s.peerMAC, SrcMAC: s.dev.cfg.MAC, Src: s.dev.cfg.Addrs[0], Dst: s.peerAddr, TOS: 0xC2,
 		TTL: 64, IPID: f.IPv4().ID(), SrcPort: f.UDP().SrcPort()}
@@ -234,7 +219,7 @@ func TestDataFramesECT(t *testing.T) {
 				t.Fatalf("%d frames, want 3 WRITE packets and an ACK", len(frames))
 			}
 			for i, fb := range frames {
-				f := parse(t, fb)
+				f := checker.Frame(t, fb)
 				tos := uint8(0)
 				if c.v6 {
 					tos = f.IPv6().TrafficClass()
@@ -259,7 +244,7 @@ func cnpTimes(t *testing.T, s *ccSolo, at []time.Duration, ce func(i int) bool, 
 	var sent []time.Duration
 	collect := func(now clock.Time) {
 		for _, fb := range s.transmit(now) {
-			if f := parse(t, fb); f.Opcode() == bth.CNP {
+			if f := checker.Frame(t, fb); f.Opcode() == bth.CNP {
 				sent = append(sent, time.Duration(now))
 			}
 		}
@@ -505,10 +490,8 @@ func TestCNPIPv6(t *testing.T) {
 	if len(out) != 2 {
 		t.Fatalf("%d frames, want CNP and ACK", len(out))
 	}
-	f := parse(t, out[0])
-	if f.Opcode() != bth.CNP || f.IPv6().TrafficClass() != 48<<2|frame.ECT0 || f.BTH().DestQP() != 0x118 {
-		t.Fatalf("CNP %v TC %#x DestQP %#x", f.Opcode(), f.IPv6().TrafficClass(), f.BTH().DestQP())
-	}
+	f := checker.Frame(t, out[0], checker.TrafficClass(48<<2|frame.ECT0),
+		checker.TransportIs(checker.Opcode(bth.CNP), checker.DestQP(0x118)))
 	sp := frame.Spec{DstMAC: macB, SrcMAC: macA, Src: a, Dst: b, TOS: 48<<2 | frame.ECT0, TTL: 64,
 		FlowLabel: f.IPv6().FlowLabel(), SrcPort: f.UDP().SrcPort()}
 	want := make([]byte, 128)

@@ -297,9 +297,10 @@ func sum(x []congestion.Rate) (s congestion.Rate) {
 	return s
 }
 
-func mustCCAlgo(t testing.TB, algo, profile string, line congestion.Rate) Congestion {
+// mustCCAlgo is algorithm algo with profile at the tests' 40 Gb/s line rate.
+func mustCCAlgo(t testing.TB, algo, profile string) Congestion {
 	t.Helper()
-	c, err := NewCongestion(algo, profile, line, 1, nil)
+	c, err := NewCongestion(algo, profile, 40*congestion.Gbps, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +314,7 @@ func mustCCAlgo(t testing.TB, algo, profile string, line congestion.Rate) Conges
 // sample.
 func TestSwiftUncongested(t *testing.T) {
 	line := 40 * congestion.Gbps
-	f := newCCFabric(t, mustCCAlgo(t, "swift", "", line), 1, line, 1)
+	f := newCCFabric(t, mustCCAlgo(t, "swift", ""), 1, line, 1)
 	f.run(clock.Time(200 * time.Microsecond))
 	rates, qMean, _ := f.window(time.Millisecond)
 	cs, _ := f.hosts[0].qp.CongestionState()
@@ -339,13 +340,13 @@ func TestSwiftUncongested(t *testing.T) {
 // the target, the link stays busy, and the mean queue is a small fraction
 // of the uncontrolled one.
 func TestSwiftBottleneck(t *testing.T) {
-	line, c := 40*congestion.Gbps, 10*congestion.Gbps
+	c := 10 * congestion.Gbps
 	off := newCCFabric(t, Congestion{}, 1, c, 1)
 	off.run(clock.Time(time.Millisecond))
 	offRates, offQ, offPeak := off.window(2 * time.Millisecond)
 	t.Logf("uncontrolled: %.2f Gb/s, queue mean %.1f KB peak %.1f KB", offRates[0].Gbps(), offQ/1e3, float64(offPeak)/1e3)
 
-	cong := mustCCAlgo(t, "swift", "", line)
+	cong := mustCCAlgo(t, "swift", "")
 	f := newCCFabric(t, cong, 1, c, 1)
 	init := cong.Swift.InitCwnd
 	f.run(clock.Time(time.Millisecond))
@@ -371,8 +372,8 @@ func TestSwiftBottleneck(t *testing.T) {
 // bottleneck and the two converge to the fair share: Jain's index over
 // the last 4 ms at least 0.99, the link busy, the queue near the target's.
 func TestSwiftTwoFlows(t *testing.T) {
-	line, c := 40*congestion.Gbps, 10*congestion.Gbps
-	f := newCCFabric(t, mustCCAlgo(t, "swift", "", line), 2, c, 1)
+	c := 10 * congestion.Gbps
+	f := newCCFabric(t, mustCCAlgo(t, "swift", ""), 2, c, 1)
 	f.hosts[1].start = clock.Time(time.Millisecond)
 	f.run(clock.Time(6 * time.Millisecond))
 	rates, qMean, qPeak := f.window(4 * time.Millisecond)
@@ -393,7 +394,7 @@ func TestSwiftTwoFlows(t *testing.T) {
 // T_low and T_high and the link busy.
 func TestTIMELYBottleneck(t *testing.T) {
 	line, c := 40*congestion.Gbps, 10*congestion.Gbps
-	cong := mustCCAlgo(t, "timely", "artifact", line)
+	cong := mustCCAlgo(t, "timely", "artifact")
 	f := newCCFabric(t, cong, 1, c, 1)
 	f.run(clock.Time(time.Millisecond))
 	rates, qMean, qPeak := f.window(2 * time.Millisecond)
@@ -412,7 +413,7 @@ func TestTIMELYBottleneck(t *testing.T) {
 // each retransmission event reaches Swift as a loss, which cuts its window.
 func TestSwiftLoss(t *testing.T) {
 	line := 40 * congestion.Gbps
-	f := newCCFabric(t, mustCCAlgo(t, "swift", "", line), 1, line, 1)
+	f := newCCFabric(t, mustCCAlgo(t, "swift", ""), 1, line, 1)
 	f.run(clock.Time(100 * time.Microsecond))
 	before, _ := f.hosts[0].qp.CongestionState()
 	data := f.hosts[0].n.port
@@ -435,7 +436,7 @@ func TestSwiftLoss(t *testing.T) {
 // switch — allocate nothing per packet.
 func TestDelayCCSteadyStateAllocs(t *testing.T) {
 	for _, algo := range []string{"swift", "timely"} {
-		f := newCCFabric(t, mustCCAlgo(t, algo, "", 40*congestion.Gbps), 2, 10*congestion.Gbps, 2)
+		f := newCCFabric(t, mustCCAlgo(t, algo, ""), 2, 10*congestion.Gbps, 2)
 		f.run(clock.Time(time.Millisecond))
 		f.packets = 0
 		allocs := testing.AllocsPerRun(5, func() { f.run(f.clk.Now().Add(200 * time.Microsecond)) })

@@ -90,13 +90,13 @@ type Device struct {
 // NewDevice creates a device.
 func NewDevice(cfg Config) (*Device, error) {
 	if len(cfg.Addrs) == 0 {
-		return nil, verbs.ErrInvalid
+		return nil, fmt.Errorf("rnic: device: no address (Config.Addrs): %w", verbs.ErrInvalid)
 	}
 	if cfg.PortMTU == 0 {
 		cfg.PortMTU = 1024
 	}
 	if !validMTU(cfg.PortMTU) {
-		return nil, verbs.ErrInvalid
+		return nil, fmt.Errorf("rnic: device: port MTU %d is not an IB MTU (256, 512, 1024, 2048, 4096): %w", cfg.PortMTU, verbs.ErrInvalid)
 	}
 	if err := cfg.Congestion.validate(); err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package rnic
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -36,7 +37,6 @@ type workload struct {
 	posted, recvPosted       int
 	sendDone                 map[uint64]int
 	recvDone                 map[uint64]int
-	recvOps                  []int // op index for each receive WR
 	bytes                    int64
 }
 
@@ -92,7 +92,7 @@ func (w *workload) pump() {
 			if o.op != ib.RDMAWriteWithImm {
 				sg = []ib.SGE{{Addr: w.recv.IOVA() + uint64(o.off), Length: uint32(o.size), LKey: w.recv.LKey()}}
 			}
-			if _, err := w.qb.PostRecv([]verbs.RecvWR{{ID: uint64(w.recvPosted), SG: sg}}); err == verbs.ErrQueueFull {
+			if _, err := w.qb.PostRecv([]verbs.RecvWR{{ID: uint64(w.recvPosted), SG: sg}}); errors.Is(err, verbs.ErrQueueFull) {
 				break
 			} else if err != nil {
 				w.t.Fatal(err)
@@ -122,7 +122,7 @@ func (w *workload) pump() {
 			s.SG = []ib.SGE{{Addr: w.dst.IOVA() + uint64(o.off), Length: 8, LKey: w.dst.LKey()}}
 			s.RemoteAddr, s.RKey, s.CompareAdd, s.Swap = w.atom.IOVA(), w.atom.RKey(), 1<<60, 5
 		}
-		if _, err := w.qa.PostSend([]verbs.SendWR{s}); err == verbs.ErrQueueFull {
+		if _, err := w.qa.PostSend([]verbs.SendWR{s}); errors.Is(err, verbs.ErrQueueFull) {
 			break
 		} else if err != nil {
 			w.t.Fatal(err)

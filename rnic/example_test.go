@@ -1,6 +1,7 @@
 package rnic_test
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 
@@ -35,20 +36,27 @@ func Example() {
 	caps := ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1}
 	qa, _ := pdA.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cqA, RecvCQ: cqA, Cap: caps})
 	qb, _ := pdB.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB, Cap: caps})
-	connect := func(q, peer verbs.QP, mac [6]byte, ip netip.Addr) {
-		q.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite},
-			ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags)
-		q.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peer.QPN(), RQPSN: 100,
-			MaxDestRdAtomic: 16, MinRNRTimer: 12, AV: ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(ip)}},
-			ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer)
-		q.Modify(&ib.QPAttr{State: ib.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
-			ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|ib.AttrMaxQPRdAtomic)
+	connect := func(q, peer verbs.QP, mac [6]byte, ip netip.Addr) error {
+		return errors.Join(
+			q.Modify(&ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite},
+				ib.AttrState|ib.AttrPKeyIndex|ib.AttrPort|ib.AttrAccessFlags),
+			q.Modify(&ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: peer.QPN(), RQPSN: 100,
+				MaxDestRdAtomic: 16, MinRNRTimer: 12, AV: ib.AddressVector{DMAC: mac, DGID: ib.GIDFrom(ip)}},
+				ib.AttrState|ib.AttrAV|ib.AttrPathMTU|ib.AttrDestQPN|ib.AttrRQPSN|ib.AttrMaxDestRdAtomic|ib.AttrMinRNRTimer),
+			q.Modify(&ib.QPAttr{State: ib.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 16},
+				ib.AttrState|ib.AttrSQPSN|ib.AttrTimeout|ib.AttrRetryCnt|ib.AttrRNRRetry|ib.AttrMaxQPRdAtomic))
 	}
-	connect(qa, qb, macB, ipB)
-	connect(qb, qa, macA, ipA)
-	qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+	if err := errors.Join(connect(qa, qb, macB, ipB), connect(qb, qa, macA, ipA)); err != nil {
+		fmt.Println(err)
+		return
+	}
+	_, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
 		SG:         []ib.SGE{{Addr: src.IOVA(), Length: uint32(src.Len()), LKey: src.LKey()}},
 		RemoteAddr: dst.IOVA(), RKey: dst.RKey()}})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
 	// Engine side: move frames between the devices and the link.
 	out := make([][]byte, 64)

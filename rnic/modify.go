@@ -76,8 +76,9 @@ func (q *QP) Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error {
 	case ib.Err:
 		q.toErrLocked()
 		return nil
+	default:
+		// Checked: apply, below. Nothing there fails.
 	}
-	// Checked: apply. Nothing below fails.
 	q.setAttr(attr, mask)
 	if mask&ib.AttrAV != 0 && t.Connected() {
 		q.hdr = q.dev.makeHdr(&q.attr.AV, mac, q.qpn, q.attr.DestQPN)

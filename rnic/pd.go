@@ -1,8 +1,6 @@
 package rnic
 
 import (
-	"fmt"
-
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -20,12 +18,3 @@ func (d *Device) AllocPD() (verbs.PD, error) { return &PD{dev: d}, nil }
 // Dealloc frees the PD. Its objects hold it alive while they exist, as
 // garbage-collected memory does; nothing else is released.
 func (pd *PD) Dealloc() error { return nil }
-
-// pdOf returns the PD of this device behind p.
-func (d *Device) pdOf(p verbs.PD) (*PD, error) {
-	pd, ok := p.(*PD)
-	if !ok || pd.dev != d {
-		return nil, fmt.Errorf("rnic: a PD of another device: %w", verbs.ErrOtherDevice)
-	}
-	return pd, nil
-}

@@ -1,6 +1,8 @@
 package rnic
 
 import (
+	"fmt"
+
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/verbs"
@@ -27,15 +29,15 @@ func (q *QP) PostSend(wrs []verbs.SendWR) (int, error) {
 // postSend is PostSend's work under q.mu.
 func (q *QP) postSend(wrs []verbs.SendWR) (int, error) {
 	w, sg := &q.postWQE, q.postSG[:0]
-	if q.destroyed.Load() {
-		return 0, verbs.ErrDestroyed
+	if q.destroyed.Load() && len(wrs) > 0 {
+		return 0, q.wrError(verbs.QueueSQ, 0, wrs[0].ID, verbs.ErrDestroyed, "the QP is destroyed")
 	}
 	for i := range wrs {
 		s := &wrs[i]
 		if q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE && q.state != ib.Err {
-			return i, verbs.ErrQPState
+			return i, q.wrError(verbs.QueueSQ, i, s.ID, verbs.ErrQPState, "the QP is in %v; sends need RTS, SQD, SQE or ERR", q.state)
 		}
-		ah, err := q.checkSend(s)
+		ah, err := q.checkSend(i, s)
 		if err != nil {
 			return i, err
 		}
@@ -53,21 +55,26 @@ func (q *QP) postSend(wrs []verbs.SendWR) (int, error) {
 	return len(wrs), nil
 }
 
-// checkSend checks a send WR against the QP; a UD WR's address handle
+// checkSend checks send WR i against the QP; a UD WR's address handle
 // comes back as this device's.
-func (q *QP) checkSend(s *verbs.SendWR) (*AH, error) {
+func (q *QP) checkSend(i int, s *verbs.SendWR) (*AH, error) {
 	t := q.init.Type
+	fail := func(kind error, format string, args ...any) (*AH, error) {
+		return nil, q.wrError(verbs.QueueSQ, i, s.ID, kind, format, args...)
+	}
 	switch {
 	case !s.Opcode.Valid():
-		return nil, verbs.ErrBadOpcode
+		return fail(verbs.ErrBadOpcode, "opcode %v", s.Opcode)
 	case t.Datagram() && s.Opcode != ib.Send && s.Opcode != ib.SendWithImm:
-		return nil, verbs.ErrBadOpcode
+		return fail(verbs.ErrBadOpcode, "%v on a %v QP", s.Opcode, t)
 	case t == ib.UC && (s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
-		return nil, verbs.ErrBadOpcode
+		return fail(verbs.ErrBadOpcode, "%v on a UC QP", s.Opcode)
 	case len(s.SG) > q.init.MaxSendSGE:
-		return nil, verbs.ErrTooManySGE
-	case s.Flags&ib.Inline != 0 && (len(s.InlineData) > q.init.MaxInline || s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
-		return nil, verbs.ErrInlineSize
+		return fail(verbs.ErrTooManySGE, "%d SGEs, max_send_sge %d", len(s.SG), q.init.MaxSendSGE)
+	case s.Flags&ib.Inline != 0 && len(s.InlineData) > q.init.MaxInline:
+		return fail(verbs.ErrInlineSize, "%d bytes inline, max_inline_data %d", len(s.InlineData), q.init.MaxInline)
+	case s.Flags&ib.Inline != 0 && (s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):
+		return fail(verbs.ErrInlineSize, "%v has no inline data", s.Opcode)
 	}
 	if s.Opcode.IsAtomic() {
 		n := uint32(0)
@@ -75,7 +82,7 @@ func (q *QP) checkSend(s *verbs.SendWR) (*AH, error) {
 			n += g.Length
 		}
 		if n != 8 {
-			return nil, verbs.ErrInvalid
+			return fail(verbs.ErrInvalid, "%v on %d bytes; atomics take 8", s.Opcode, n)
 		}
 	}
 	if !t.Datagram() {
@@ -83,9 +90,14 @@ func (q *QP) checkSend(s *verbs.SendWR) (*AH, error) {
 	}
 	ah, ok := s.AH.(*AH)
 	if !ok || ah.pd != q.pd {
-		return nil, verbs.ErrInvalid // none, or not of the QP's PD
+		return fail(verbs.ErrInvalid, "no address handle of the QP's PD")
 	}
 	return ah, nil
+}
+
+// wrError is the WRError of WR i (wr_id id) of a post to queue qu of q.
+func (q *QP) wrError(qu verbs.Queue, i int, id uint64, kind error, format string, args ...any) error {
+	return &verbs.WRError{QPN: q.qpn, Queue: qu, Index: i, ID: id, Detail: fmt.Sprintf(format, args...), Err: kind}
 }
 
 // resolveSend turns a send WR into a WQE, resolving the SGEs against the
@@ -103,6 +115,8 @@ func (q *QP) resolveSend(s *verbs.SendWR, ah *AH, w *ib.SendWQE, sg []ib.Seg) {
 		w.Compare, w.SwapAdd = s.CompareAdd, s.Swap
 	case ib.AtomicFetchAndAdd:
 		w.SwapAdd = s.CompareAdd
+	default:
+		// No atomic operands.
 	}
 	if ah != nil {
 		w.AH = &ah.ah
@@ -146,21 +160,21 @@ func (q *QP) resolveSend(s *verbs.SendWR, ah *AH, w *ib.SendWQE, sg []ib.Seg) {
 
 // PostRecv posts receive WRs and returns how many it took.
 func (q *QP) PostRecv(wrs []verbs.RecvWR) (int, error) {
-	if q.init.SRQ != nil {
-		return 0, verbs.ErrNoRecvQueue
+	if q.init.SRQ != nil && len(wrs) > 0 {
+		return 0, q.wrError(verbs.QueueRQ, 0, wrs[0].ID, verbs.ErrNoRecvQueue, "the QP receives from an SRQ")
 	}
 	q.mu.Lock()
 	defer q.release()
 	w, sg := &q.postRecv, q.postSG[:0]
-	if q.destroyed.Load() {
-		return 0, verbs.ErrDestroyed
+	if q.destroyed.Load() && len(wrs) > 0 {
+		return 0, q.wrError(verbs.QueueRQ, 0, wrs[0].ID, verbs.ErrDestroyed, "the QP is destroyed")
 	}
 	for i := range wrs {
 		if q.state == ib.Reset {
-			return i, verbs.ErrQPState
+			return i, q.wrError(verbs.QueueRQ, i, wrs[i].ID, verbs.ErrQPState, "the QP is in RESET")
 		}
 		if len(wrs[i].SG) > q.init.MaxRecvSGE {
-			return i, verbs.ErrTooManySGE
+			return i, q.wrError(verbs.QueueRQ, i, wrs[i].ID, verbs.ErrTooManySGE, "%d SGEs, max_recv_sge %d", len(wrs[i].SG), q.init.MaxRecvSGE)
 		}
 		if q.rq.full() {
 			return i, verbs.ErrQueueFull

@@ -68,10 +68,10 @@ type QP struct {
 	destroyed atomic.Bool
 }
 
-// QPN is the QP number.
 // Device is the device the QP belongs to (verbs.DeviceObject).
 func (q *QP) Device() verbs.Device { return q.dev }
 
+// QPN is the QP number.
 func (q *QP) QPN() uint32 { return q.qpn }
 
 // Type is the QP's transport service.
@@ -135,14 +135,14 @@ func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
 	}
 	var ok bool
 	if a.SendCQ, ok = attr.SendCQ.(*CQ); !ok || a.SendCQ.dev != pd.dev {
-		return fail("the send CQ is not one of this device's")
+		return fail("send_cq is not one of this device's")
 	}
 	if a.RecvCQ, ok = attr.RecvCQ.(*CQ); !ok || a.RecvCQ.dev != pd.dev {
-		return fail("the receive CQ is not one of this device's")
+		return fail("recv_cq is not one of this device's")
 	}
 	if attr.SRQ != nil {
 		if a.SRQ, ok = attr.SRQ.(*SRQ); !ok || a.SRQ.pd != pd {
-			return fail("the SRQ is not one of this PD's")
+			return fail("srq is not one of this PD's")
 		}
 	}
 	if a.MaxSendWR == 0 {
@@ -153,12 +153,16 @@ func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
 	}
 	a.MaxSendSGE, a.MaxRecvSGE = max(a.MaxSendSGE, 1), max(a.MaxRecvSGE, 1)
 	switch {
-	case a.MaxSendWR > MaxQPWR || a.MaxRecvWR > MaxQPWR:
-		return fail("%d send and %d receive WRs, at most %d", a.MaxSendWR, a.MaxRecvWR, MaxQPWR)
-	case a.MaxSendSGE > MaxSGE || a.MaxRecvSGE > MaxSGE:
-		return fail("%d send and %d receive SGEs, at most %d", a.MaxSendSGE, a.MaxRecvSGE, MaxSGE)
+	case a.MaxSendWR > MaxQPWR:
+		return fail("max_send_wr %d, at most %d", a.MaxSendWR, MaxQPWR)
+	case a.MaxRecvWR > MaxQPWR:
+		return fail("max_recv_wr %d, at most %d", a.MaxRecvWR, MaxQPWR)
+	case a.MaxSendSGE > MaxSGE:
+		return fail("max_send_sge %d, at most %d", a.MaxSendSGE, MaxSGE)
+	case a.MaxRecvSGE > MaxSGE:
+		return fail("max_recv_sge %d, at most %d", a.MaxRecvSGE, MaxSGE)
 	case a.MaxInline > MaxInline:
-		return fail("%d bytes of inline data, at most %d", a.MaxInline, MaxInline)
+		return fail("max_inline_data %d, at most %d", a.MaxInline, MaxInline)
 	}
 	return a, nil
 }

@@ -55,9 +55,15 @@ func TestCQECounters(t *testing.T) {
 		t.Errorf("responder after a remote access error: CQE %+v, RC %+v", b.CQE, b.RC)
 	}
 	// The requester's QP is in error: what is posted now is flushed.
-	qa.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}})
-	qa.PostRecv([]verbs.RecvWR{{ID: 3, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}})
-	qa.PostRecv([]verbs.RecvWR{{ID: 4, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}})
+	if _, err := qa.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qa.PostRecv([]verbs.RecvWR{{ID: 3, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := qa.PostRecv([]verbs.RecvWR{{ID: 4, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}}); err != nil {
+		t.Fatal(err)
+	}
 	if a := countersOf(t, tb.a.dev, qa.QPN()); a.CQE != (CQECounters{ReqErr: 1, ReqFlushErr: 1, RespFlushErr: 2}) {
 		t.Errorf("after posting to the errored QP: %+v", a.CQE)
 	}

@@ -91,12 +91,14 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 		q.tr.Receive(now, tp, m)
 		return
 	}
-	want := bth.TransportRC
+	var want bth.Transport
 	switch q.init.Type {
 	case ib.UC:
 		want = bth.TransportUC
 	case ib.UD, ib.GSI:
 		want = bth.TransportUD
+	default:
+		want = bth.TransportRC
 	}
 	if op.Transport() != want {
 		d.Stats.RxBadType++

@@ -65,8 +65,8 @@ var _ verbs.SRQ = (*SRQ)(nil)
 // maxSGE entries each (ibv_create_srq).
 func (pd *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
 	if maxWR < 1 || maxWR > MaxQPWR || maxSGE < 1 || maxSGE > MaxSGE {
-		return nil, fmt.Errorf("rnic: create SRQ of %d WRs, %d SGEs (at most %d, %d): %w",
-			maxWR, maxSGE, MaxQPWR, MaxSGE, verbs.ErrInvalid)
+		return nil, fmt.Errorf("rnic: create SRQ: max_wr %d (1 to %d), max_sge %d (1 to %d): %w",
+			maxWR, MaxQPWR, maxSGE, MaxSGE, verbs.ErrInvalid)
 	}
 	return &SRQ{pd: pd, maxSGE: maxSGE, rq: newRecvRing(maxWR, maxSGE)}, nil
 }
@@ -88,15 +88,16 @@ func (s *SRQ) Take(dst *ib.RecvWQE) bool {
 
 // PostRecv posts receive WRs to the SRQ and returns how many it took.
 func (s *SRQ) PostRecv(wrs []verbs.RecvWR) (int, error) {
-	if s.destroyed.Load() {
-		return 0, verbs.ErrDestroyed
+	if s.destroyed.Load() && len(wrs) > 0 {
+		return 0, &verbs.WRError{Queue: verbs.QueueSRQ, ID: wrs[0].ID, Detail: "the SRQ is destroyed", Err: verbs.ErrDestroyed}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	w, sg := &s.post, s.postSG[:0]
 	for i := range wrs {
 		if len(wrs[i].SG) > s.maxSGE {
-			return i, verbs.ErrTooManySGE
+			return i, &verbs.WRError{Queue: verbs.QueueSRQ, Index: i, ID: wrs[i].ID,
+				Detail: fmt.Sprintf("%d SGEs, max_sge %d", len(wrs[i].SG), s.maxSGE), Err: verbs.ErrTooManySGE}
 		}
 		if s.rq.full() {
 			return i, verbs.ErrQueueFull

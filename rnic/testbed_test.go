@@ -21,7 +21,6 @@ type node struct {
 	pd   *PD
 	rx   [][]byte
 	out  [][]byte
-	wcs  []ib.WC
 }
 
 // testbed is two devices joined by a memlink in virtual time, both driven

@@ -21,14 +21,12 @@ func TestTransmitFillsBatch(t *testing.T) {
 		must(t, err)
 		rmr, err := tb.b.pd.RegBytes(make([]byte, 1<<20), 0, ib.LocalWrite|ib.RemoteWrite)
 		must(t, err)
-		var qs []*QP
 		for i := 0; i < qps; i++ {
 			qa, _ := tb.connect(ib.RC, 1024, ib.RemoteWrite, 16)
 			if _, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 1 << 20, LKey: mr.LKey()}},
 				RemoteAddr: rmr.IOVA(), RKey: rmr.RKey()}}); err != nil {
 				t.Fatal(err)
 			}
-			qs = append(qs, qa)
 		}
 		if k := tb.a.port.Lend(tb.a.out); k != len(tb.a.out) {
 			t.Fatalf("the port lent %d buffers", k)

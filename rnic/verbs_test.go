@@ -6,6 +6,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
@@ -33,7 +35,7 @@ func TestQPStateMachine(t *testing.T) {
 			t.Fatalf("RESET→%v allowed", s)
 		}
 	}
-	if _, err := q.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); err != verbs.ErrQPState {
+	if _, err := q.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); !errors.Is(err, verbs.ErrQPState) {
 		t.Fatal("post send in RESET allowed")
 	}
 	must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{Access: ib.RemoteWrite}))
@@ -326,7 +328,7 @@ func TestE2ESRQ(t *testing.T) {
 		cqa := tb.a.dev.newCQ(64)
 		qa, _ := tb.a.pd.newQP(testQP{Type: ib.RC, SendCQ: cqa, RecvCQ: cqa, MaxInline: 16})
 		qb, _ := tb.b.pd.newQP(testQP{Type: ib.RC, SendCQ: cqb, RecvCQ: cqb, SRQ: srq})
-		if _, err := qb.PostRecv([]verbs.RecvWR{{}}); err != verbs.ErrNoRecvQueue {
+		if _, err := qb.PostRecv([]verbs.RecvWR{{}}); !errors.Is(err, verbs.ErrNoRecvQueue) {
 			t.Fatal("post recv on an SRQ QP")
 		}
 		for _, p := range [][2]*QP{{qa, qb}, {qb, qa}} {
@@ -479,11 +481,8 @@ func TestReceiveChecks(t *testing.T) {
 	if tb.b.dev.Transmit(0, out) != 1 {
 		t.Fatal("no ACK")
 	}
-	var f frame.Frame
-	must(t, frame.Parse(out[0], &f))
-	if !f.VerifyICRC() || f.Opcode() != bth.RCAcknowledge || f.Dst() != addrA || f.BTH().DestQP() != qb.attr.DestQPN {
-		t.Fatalf("ACK %v", f.Opcode())
-	}
+	checker.Frame(t, out[0], checker.Dst(addrA),
+		checker.TransportIs(checker.Opcode(bth.RCAcknowledge), checker.DestQP(qb.attr.DestQPN)))
 }
 
 func TestInlineSendsAllocateNothing(t *testing.T) {
@@ -657,5 +656,27 @@ func TestUDSendErrorSQE(t *testing.T) {
 	}
 	if w := pollAll(cq); len(w) != 1 || w[0].Status != ib.Success {
 		t.Fatalf("%+v", w)
+	}
+}
+
+// TestCreateQPNamesTheCap: a QP whose capabilities exceed the device's is
+// refused with ErrInvalid, the message naming the ibv_qp_cap field.
+func TestCreateQPNamesTheCap(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	cq := tb.a.dev.newCQ(16)
+	for _, c := range []struct {
+		caps ib.QPCaps
+		name string
+	}{
+		{ib.QPCaps{MaxSendWR: MaxQPWR + 1}, "max_send_wr"},
+		{ib.QPCaps{MaxRecvWR: MaxQPWR + 1}, "max_recv_wr"},
+		{ib.QPCaps{MaxSendSGE: MaxSGE + 1}, "max_send_sge"},
+		{ib.QPCaps{MaxRecvSGE: MaxSGE + 1}, "max_recv_sge"},
+		{ib.QPCaps{MaxInline: MaxInline + 1}, "max_inline_data"},
+	} {
+		_, err := tb.a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: c.caps})
+		if !errors.Is(err, verbs.ErrInvalid) || !strings.Contains(err.Error(), c.name) {
+			t.Errorf("%+v: %v, want ErrInvalid naming %s", c.caps, err, c.name)
+		}
 	}
 }

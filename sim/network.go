@@ -195,12 +195,11 @@ type net struct {
 	binWidth   clock.Time // statistics bins: 1 ms
 	traceWidth clock.Time // throughput trace bins
 
-	progress      func(now, end clock.Time)
-	cfg           RunConfig
-	window        [2]clock.Time
-	sampler       sampler
-	bottleneck    int32
-	bytesInWindow int64
+	progress   func(now, end clock.Time)
+	cfg        RunConfig
+	window     [2]clock.Time
+	sampler    sampler
+	bottleneck int32
 
 	work *workload // the workload scenario's state, nil otherwise
 }

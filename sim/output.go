@@ -170,12 +170,10 @@ func writeFile(path string, write func(io.Writer) error) error {
 	}
 	bw := bufio.NewWriterSize(fh, 1<<16)
 	if err := write(bw); err != nil {
-		fh.Close()
-		return fmt.Errorf("%s: %w", path, err)
+		return errors.Join(fmt.Errorf("%s: %w", path, err), fh.Close())
 	}
 	if err := bw.Flush(); err != nil {
-		fh.Close()
-		return err
+		return errors.Join(err, fh.Close())
 	}
 	return fh.Close()
 }

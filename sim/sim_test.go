@@ -73,7 +73,7 @@ func TestDeterministicTraces(t *testing.T) {
 	}
 }
 
-// The targets for two-flow paper over 90–110 ms, and why they can
+// The targets for two-flow paper over 90–110 ms, and why they can
 // only hold on an ensemble of seeds.
 //
 // One seed's 20 ms window mean is one sample of a random process: RED marks
@@ -92,7 +92,7 @@ func TestDeterministicTraces(t *testing.T) {
 // have a flow outside 20 ± 1; over a 200 ms window it is 0.58 Gb/s
 // (TestTwoFlowPaperLongWindow).
 //
-// The test therefore asserts the rate targets on the 20-seed
+// The test therefore asserts the rate targets on the 20-seed
 // ensemble (the estimate of the expected window mean, standard error
 // ≈0.3 Gb/s) together with a bound on the spread itself, and per seed what
 // holds per seed: utilisation ≥ 0.98, queue mean within ±30 % of the fluid

@@ -71,7 +71,7 @@ type SweepResult struct {
 // the window figures vary. A DCQCN run is a random process (RED marks are
 // drawn per packet), so one seed's window mean is one sample; the sweep
 // says how wide the distribution of that sample is. tol is the band around
-// the fair share that Outside counts against (the issue's ±1 Gb/s).
+// the fair share that Outside counts against (the target's ±1 Gb/s).
 func Sweep(o Options, first uint64, count int, tol float64) (*SweepResult, error) {
 	if count < 1 {
 		return nil, errors.New("sim: sweep needs at least one seed")

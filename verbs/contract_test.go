@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"runtime"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -74,7 +75,11 @@ func newTestbed(t testing.TB) *testbed {
 	if err := srv.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	t.Cleanup(func() { srv.Close(time.Second) })
 	c, err := client.Dial(sock)
 	if err != nil {
@@ -311,20 +316,48 @@ func TestVerbsOnEveryRNIC(t *testing.T) {
 }
 
 // Errors are the same kinds on every RNIC: errors.Is finds the verbs kind
-// in process and the errno through the daemon.
+// in process and the errno through the daemon. A refused work request
+// comes back as a WRError naming the QP, the queue, the WR's index and
+// wr_id and the limit it exceeded.
 func TestVerbsErrorsOnEveryRNIC(t *testing.T) {
 	tb := newTestbed(t)
 	for _, p := range tb.pairs()[:2] {
 		t.Run(p.name, func(t *testing.T) {
 			x := newEnd(t, p.x, ib.RC)
+			wrError := func(what string, n int, err error, queue verbs.Queue, index int, id uint64, kind error, limit string) {
+				t.Helper()
+				var we *verbs.WRError
+				if !errors.As(err, &we) || !errors.Is(err, kind) || !errors.Is(err, syscall.EINVAL) {
+					t.Errorf("%s: %v, want a WRError of kind %v (EINVAL)", what, err, kind)
+					return
+				}
+				if n != index || we.QPN != x.qp.QPN() || we.Queue != queue || we.Index != index || we.ID != id ||
+					!strings.Contains(err.Error(), limit) {
+					t.Errorf("%s: %d posted, %+v (%v); want QP %#x %v WR %d wr_id %#x, naming %s", what, n, *we, err,
+						x.qp.QPN(), queue, index, id, limit)
+				}
+			}
 			// RESET→RTS is no transition.
 			if err := x.qp.Modify(&ib.QPAttr{State: ib.RTS}, ib.AttrState); !errors.Is(err, syscall.EINVAL) {
 				t.Errorf("RESET→RTS: %v", err)
 			}
 			// A post before RTS is refused at once.
-			if _, err := x.qp.PostSend([]verbs.SendWR{{Opcode: ib.Send}}); !errors.Is(err, verbs.ErrQPState) {
-				t.Errorf("post in RESET: %v", err)
-			}
+			n, err := x.qp.PostSend([]verbs.SendWR{{ID: 7, Opcode: ib.Send}})
+			wrError("send in RESET", n, err, verbs.QueueSQ, 0, 7, verbs.ErrQPState, "RESET")
+			// Receives are posted from INIT; the second one has an SGE too
+			// many.
+			x.modify(t, ib.QPAttr{State: ib.Init, Port: 1, Access: ib.RemoteWrite})
+			sge := ib.SGE{Addr: x.mr.IOVA(), Length: 64, LKey: x.mr.LKey()}
+			n, err = x.qp.PostRecv([]verbs.RecvWR{{ID: 8, SG: []ib.SGE{sge}}, {ID: 9, SG: []ib.SGE{sge, sge}}})
+			wrError("receive of two SGEs", n, err, verbs.QueueRQ, 1, 9, verbs.ErrTooManySGE, "max_recv_sge 1")
+			y := newEnd(t, p.y, ib.RC)
+			x.modify(t, ib.QPAttr{State: ib.RTR, PathMTU: 1024, DestQPN: y.qp.QPN(), RQPSN: 100, MaxDestRdAtomic: 4,
+				AV: ib.AddressVector{DGID: p.yGID}})
+			x.modify(t, ib.QPAttr{State: ib.RTS, SQPSN: 100, Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+			n, err = x.qp.PostSend([]verbs.SendWR{{ID: 10, Opcode: ib.Send, SG: []ib.SGE{sge, sge}}})
+			wrError("send of two SGEs", n, err, verbs.QueueSQ, 0, 10, verbs.ErrTooManySGE, "max_send_sge 1")
+			n, err = x.qp.PostSend([]verbs.SendWR{{ID: 11, Opcode: ib.Send, Flags: ib.Inline, InlineData: make([]byte, 4096)}})
+			wrError("4 KiB inline", n, err, verbs.QueueSQ, 0, 11, verbs.ErrInlineSize, "max_inline_data")
 			if _, err := x.pd.RegMR(x.mem, 0, 64, 0, ib.RemoteWrite); !errors.Is(err, syscall.EINVAL) {
 				t.Errorf("remote write without local write: %v", err)
 			}
@@ -482,22 +515,34 @@ func BenchmarkPingPong64(b *testing.B) {
 			xs := []verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ex.mr.IOVA(), Length: 64, LKey: ex.mr.LKey()}}}}
 			ys := []verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: ey.mr.IOVA(), Length: 64, LKey: ey.mr.LKey()}}}}
 			for range 16 {
-				ex.qp.PostRecv(xr)
-				ey.qp.PostRecv(yr)
+				if _, err := ex.qp.PostRecv(xr); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := ey.qp.PostRecv(yr); err != nil {
+					b.Fatal(err)
+				}
 			}
 			ex.sync(b)
 			b.ResetTimer()
 			for range b.N {
-				ex.qp.PostSend(xs)
+				if _, err := ex.qp.PostSend(xs); err != nil {
+					b.Fatal(err)
+				}
 				for got := 0; got < 2; got++ { // y: its receive, then its send's completion
 					if ey.wait(b).IsRecv {
-						ey.qp.PostRecv(yr)
-						ey.qp.PostSend(ys)
+						if _, err := ey.qp.PostRecv(yr); err != nil {
+							b.Fatal(err)
+						}
+						if _, err := ey.qp.PostSend(ys); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
 				for got := 0; got < 2; got++ { // x: its send's completion and the reply
 					if ex.wait(b).IsRecv {
-						ex.qp.PostRecv(xr)
+						if _, err := ex.qp.PostRecv(xr); err != nil {
+							b.Fatal(err)
+						}
 					}
 				}
 			}

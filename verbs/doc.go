@@ -14,6 +14,13 @@
 // caller owns and reuses (a variadic call through an interface would
 // allocate its slice every time), Poll fills the caller's slice.
 //
+// Failures carry their context and wrap their kind: a refused work
+// request is a WRError (QP, queue, the WR's index and wr_id, the limit it
+// exceeded), a refused Modify a ModifyError (QP, transition, attribute);
+// errors.Is finds the kind (ErrTooManySGE, ErrState, ...) and its errno
+// (syscall.EINVAL, ...) through them. A full queue alone is the bare
+// ErrQueueFull: it is the data path's back-pressure, and allocates nothing.
+//
 // What only one of the RNICs can do is a small optional interface, found
 // with a type assertion (optional.go).
 package verbs

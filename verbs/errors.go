@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"errors"
 	"fmt"
 	"syscall"
 
@@ -54,6 +55,60 @@ func (e *ModifyError) Error() string {
 }
 
 func (e *ModifyError) Unwrap() error { return e.Err }
+
+// Queue names a work queue.
+type Queue uint8
+
+// The work queues a post goes to.
+const (
+	QueueSQ  Queue = iota // a QP's send queue
+	QueueRQ               // a QP's receive queue
+	QueueSRQ              // a shared receive queue
+)
+
+var queueNames = [...]string{QueueSQ: "SQ", QueueRQ: "RQ", QueueSRQ: "SRQ"}
+
+func (q Queue) String() string {
+	if int(q) < len(queueNames) {
+		return queueNames[q]
+	}
+	return fmt.Sprintf("Queue(%d)", uint8(q))
+}
+
+// WRError is a work request a post refused: the QP and queue, the WR's
+// index in the posted slice and its wr_id, and what was wrong with it,
+// naming the limit it exceeded (max_send_sge, max_inline_data, ...) when
+// it exceeded one. It wraps the kind (ErrTooManySGE, ErrInlineSize,
+// ErrBadOpcode, ErrQPState, ErrInvalid, ErrDestroyed), which errors.Is
+// finds, and with it the errno. The post returns Index too, as the count
+// of the WRs it took.
+//
+// A full queue is not a WRError: the bare ErrQueueFull is the data path's
+// back-pressure, which a post loop meets often and which allocates
+// nothing.
+type WRError struct {
+	QPN    uint32 // the QP's number; 0 for an SRQ
+	Queue  Queue
+	Index  int    // in the posted slice
+	ID     uint64 // the WR's wr_id
+	Detail string // what was wrong, with the limit exceeded
+	Err    error  // the kind
+}
+
+func (e *WRError) Error() string {
+	at := fmt.Sprintf("%v of QP %#x", e.Queue, e.QPN)
+	if e.Queue == QueueSRQ {
+		at = "SRQ"
+	}
+	kind := e.Err.Error()
+	var k *Error
+	if errors.As(e.Err, &k) {
+		kind = k.msg
+	}
+	return fmt.Sprintf("verbs: post to the %s: WR %d (wr_id %#x): %s: %s", at, e.Index, e.ID, e.Detail, kind)
+}
+
+func (e *WRError) Unwrap() error { return e.Err }
 
 // The kinds of failure.
 var (

@@ -2,7 +2,6 @@ package xsk
 
 import (
 	"sync/atomic"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,16 +31,6 @@ type ring struct {
 	cachedConsumer uint32
 
 	mem []byte // the mapping, for Munmap
-}
-
-func (r *ring) init(mem []byte, off unix.XDPRingOffset, size uint32) {
-	r.mem = mem
-	base := unsafe.Pointer(unsafe.SliceData(mem))
-	r.producer = (*atomic.Uint32)(unsafe.Add(base, off.Producer))
-	r.consumer = (*atomic.Uint32)(unsafe.Add(base, off.Consumer))
-	r.flags = (*atomic.Uint32)(unsafe.Add(base, off.Flags))
-	r.size = size
-	r.mask = size - 1
 }
 
 // needWakeup reports whether the kernel asked to be kicked (XDP_USE_NEED_WAKEUP).
@@ -77,28 +66,8 @@ type addrRing struct {
 	addrs []uint64
 }
 
-func (r *addrRing) init(mem []byte, off unix.XDPRingOffset, size uint32, producer bool) {
-	r.ring.init(mem, off, size)
-	r.addrs = unsafe.Slice((*uint64)(unsafe.Pointer(&mem[off.Desc])), size)
-	r.cachedProducer = r.producer.Load()
-	r.cachedConsumer = r.consumer.Load()
-	if producer {
-		r.cachedConsumer += size
-	}
-}
-
 // descRing is an RX or TX ring: entries are descriptors.
 type descRing struct {
 	ring
 	descs []unix.XDPDesc
-}
-
-func (r *descRing) init(mem []byte, off unix.XDPRingOffset, size uint32, producer bool) {
-	r.ring.init(mem, off, size)
-	r.descs = unsafe.Slice((*unix.XDPDesc)(unsafe.Pointer(&mem[off.Desc])), size)
-	r.cachedProducer = r.producer.Load()
-	r.cachedConsumer = r.consumer.Load()
-	if producer {
-		r.cachedConsumer += size
-	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -130,23 +129,6 @@ type Socket struct {
 	closed  bool
 }
 
-func sockopt(fd, level, name int, p unsafe.Pointer, size uintptr) error {
-	_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(p), size, 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
-func getsockopt(fd, level, name int, p unsafe.Pointer, size uintptr) error {
-	l := uint32(size)
-	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(name), uintptr(p), uintptr(unsafe.Pointer(&l)), 0)
-	if e != 0 {
-		return e
-	}
-	return nil
-}
-
 func pow2(v uint32) bool { return v != 0 && v&(v-1) == 0 }
 
 // Open creates, maps and binds a socket (needs CAP_NET_RAW; binding to a
@@ -185,7 +167,7 @@ func Open(cfg Config) (s *Socket, err error) {
 	s = &Socket{fd: fd, cfg: cfg, pfd: []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}}
 	defer func() {
 		if err != nil {
-			s.Close()
+			err = errors.Join(err, s.Close())
 			s = nil
 		}
 	}()
@@ -195,22 +177,22 @@ func Open(cfg Config) (s *Socket, err error) {
 		return s, fmt.Errorf("xsk: mmap UMEM: %w", err)
 	}
 	reg := unix.XDPUmemReg{
-		Addr:     uint64(uintptr(unsafe.Pointer(&s.umem[0]))),
+		Addr:     addrOf(s.umem),
 		Len:      uint64(len(s.umem)),
 		Size:     cfg.FrameSize,
 		Headroom: cfg.Headroom,
 	}
-	if err := sockopt(fd, unix.SOL_XDP, unix.XDP_UMEM_REG, unsafe.Pointer(&reg), unsafe.Sizeof(reg)); err != nil {
+	if err := setsockopt(fd, unix.SOL_XDP, unix.XDP_UMEM_REG, &reg); err != nil {
 		return s, fmt.Errorf("xsk: XDP_UMEM_REG: %w", err)
 	}
 	ringSize := half
 	for _, o := range []int{unix.XDP_UMEM_FILL_RING, unix.XDP_UMEM_COMPLETION_RING, unix.XDP_RX_RING, unix.XDP_TX_RING} {
-		if err := sockopt(fd, unix.SOL_XDP, o, unsafe.Pointer(&ringSize), 4); err != nil {
+		if err := setsockopt(fd, unix.SOL_XDP, o, &ringSize); err != nil {
 			return s, fmt.Errorf("xsk: ring size option %d: %w", o, err)
 		}
 	}
 	var off unix.XDPMmapOffsets
-	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_MMAP_OFFSETS, unsafe.Pointer(&off), unsafe.Sizeof(off)); err != nil {
+	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_MMAP_OFFSETS, &off); err != nil {
 		return s, fmt.Errorf("xsk: XDP_MMAP_OFFSETS: %w", err)
 	}
 	mapRing := func(o unix.XDPRingOffset, pgoff int64, entry uint64) ([]byte, error) {
@@ -252,6 +234,8 @@ func Open(cfg Config) (s *Socket, err error) {
 		flags |= unix.XDP_COPY
 	case ModeZeroCopy:
 		flags |= unix.XDP_ZEROCOPY
+	default:
+		// ModeAuto: no flag, the kernel tries zero-copy, then copy.
 	}
 	if !cfg.NoNeedWakeup {
 		flags |= unix.XDP_USE_NEED_WAKEUP
@@ -267,7 +251,7 @@ func Open(cfg Config) (s *Socket, err error) {
 	// error is reported). This is the one place that waits for it.
 	for try := 0; ; try++ {
 		err = unix.Bind(fd, sa)
-		if err != unix.EBUSY || try == 300 {
+		if !errors.Is(err, unix.EBUSY) || try == 300 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
@@ -291,14 +275,14 @@ func Open(cfg Config) (s *Socket, err error) {
 		}
 	}
 	var opts uint32
-	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_OPTIONS, unsafe.Pointer(&opts), 4); err != nil {
+	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_OPTIONS, &opts); err != nil {
 		return s, fmt.Errorf("xsk: XDP_OPTIONS: %w", err)
 	}
 	// Copy mode sends at most a budget of frames per sendto; a larger
 	// budget (kernel 6.17+) means fewer syscalls. Older kernels refuse the
 	// option, which only costs kicks.
 	budget := uint32(ringSize)
-	_ = sockopt(fd, unix.SOL_XDP, unix.XDP_MAX_TX_SKB_BUDGET, unsafe.Pointer(&budget), 4)
+	_ = setsockopt(fd, unix.SOL_XDP, unix.XDP_MAX_TX_SKB_BUDGET, &budget)
 
 	s.info = Info{
 		ZeroCopy:     opts&unix.XDP_OPTIONS_ZEROCOPY != 0,
@@ -396,8 +380,9 @@ func (s *Socket) Fill(descs []unix.XDPDesc) {
 	s.fill.producer.Store(s.fill.cachedProducer)
 	if s.info.NeedWakeup && s.fill.needWakeup() {
 		// The driver ran dry and sleeps until told the FILL ring has
-		// frames again: recvfrom is the cheapest wakeup.
-		unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
+		// frames again: recvfrom is the cheapest wakeup. Its result tells
+		// nothing: the kernel reads the FILL ring whatever it returns.
+		_, _, _ = unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	}
 }
 
@@ -468,7 +453,7 @@ func (s *Socket) Stats() (Stats, error) {
 		return s.stats, ErrClosed
 	}
 	var k unix.XDPStatistics
-	if err := getsockopt(s.fd, unix.SOL_XDP, unix.XDP_STATISTICS, unsafe.Pointer(&k), unsafe.Sizeof(k)); err != nil {
+	if err := getsockopt(s.fd, unix.SOL_XDP, unix.XDP_STATISTICS, &k); err != nil {
 		return s.stats, fmt.Errorf("xsk: XDP_STATISTICS: %w", err)
 	}
 	st := s.stats

@@ -1,5 +1,5 @@
-// Command io is softrnic's raw packet I/O bench: the baseline that later
-// issues compare the engine against. It builds two network namespaces joined
+// Command io is softrnic's raw packet I/O bench: the baseline the engine's
+// figures are compared against. It builds two network namespaces joined
 // by a veth pair and measures, through the AF_XDP port and through the
 // AF_PACKET port, transmit-only and receive-only rates and the ping-pong
 // round-trip time for 64-byte, 1 KiB and 4 KiB frames. It prints a table and
@@ -13,8 +13,7 @@
 // the same with the peer veth's NAPI threaded (netnstest SetThreadedNAPI),
 // its thread on one CPU and the sender on the other: the peer's receive
 // then runs as it would on another host, and the row measures what the port
-// transmits. On this 2-CPU machine that took 64 B transmit from about
-// 1.0 Mpps to 1.5-2.2 Mpps.
+// transmits (README's bench notes have what that changed).
 //
 // Two receive rows: rx-only is fed by the other port sending flat out, so on
 // veth in copy mode it is bounded by the sender (whose sendto also runs the

@@ -14,10 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"golang.org/x/sys/unix"
 )
 
 // current is the pair in use, for the signal handler to remove.
@@ -42,7 +41,10 @@ func main() {
 			fmt.Fprintln(os.Stderr, "bench/io:", err)
 			os.Exit(1)
 		}
-		pprof.StartCPUProfile(f)
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/io:", err)
+			os.Exit(1)
+		}
 		defer pprof.StopCPUProfile()
 	}
 	switch *xdpMode {
@@ -61,7 +63,7 @@ func main() {
 	go func() {
 		s := <-sig
 		if p := current.Load(); p != nil {
-			p.Close()
+			_ = p.Close() // best effort on the way out
 		}
 		fmt.Fprintln(os.Stderr, "bench/io: stopped by", s)
 		os.Exit(130)
@@ -79,10 +81,8 @@ func main() {
 		}
 		sizes = append(sizes, v)
 	}
-	var uts unix.Utsname
-	unix.Uname(&uts)
 	rep := iobench.Report{
-		When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
+		When: time.Now().UTC(), Kernel: iobench.Kernel(), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), Duration: dur.String(),
 		Note: "veth between two namespaces on this host; sender, receiver and softirq share the CPUs",
 	}
@@ -110,12 +110,17 @@ func main() {
 			}
 		}
 		current.Store(nil)
-		pair.Close()
+		if err := pair.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/io: removing the namespaces:", err)
+		}
 	}
 	iobench.PrintTable(os.Stdout, rep)
 	if *jsonPath != "" {
-		os.MkdirAll(filepath.Dir(*jsonPath), 0o755)
 		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.MkdirAll(filepath.Dir(*jsonPath), 0o755); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/io:", err)
+			os.Exit(1)
+		}
 		if err := os.WriteFile(*jsonPath, append(b, '\n'), 0o644); err != nil {
 			fmt.Fprintln(os.Stderr, "bench/io:", err)
 			os.Exit(1)

@@ -1,6 +1,6 @@
 #!/bin/sh
-# veth-stall.sh: reproducer for the AF_XDP-over-veth stall under CPU load
-# (issue 3): RUNS loaded runs of `softrnic perf send_lat -s 64 -n ITERS`
+# veth-stall.sh: reproducer for the AF_XDP-over-veth stall under CPU load:
+# RUNS loaded runs of `softrnic perf send_lat -s 64 -n ITERS`
 # between two network namespaces joined by a veth pair, with HOGS busy loops
 # (`yes > /dev/null`) competing for the CPUs. Each run is bounded by
 # TIMEOUT seconds (then both ends get SIGQUIT, so their goroutine dumps are in

@@ -140,7 +140,9 @@ func (j *perfJob) run() (r Run) {
 	defer finishWatch()
 	if err := waitListening(ctx, j.server.ns, j.port, srvDone); err != nil {
 		scancel()
-		<-srvDone
+		if exitErr := <-srvDone; errors.Is(err, errExited) {
+			err = fmt.Errorf("%w: %w", err, exitErr)
+		}
 		r.Failure, r.Detail = "error", fmt.Sprintf("server: %v: %s", err, lastLines(serr.String(), 2))
 		return r
 	}
@@ -245,14 +247,17 @@ func cpuOf(c *exec.Cmd) float64 {
 	return 0
 }
 
+// errExited is a perf server that exited before it listened.
+var errExited = errors.New("exited before listening")
+
 // waitListening waits until a TCP socket listens on port in ns (the perf
 // server's side channel), without connecting to it: perftest's server
 // takes one connection. It gives up when the server exits or ctx ends.
-func waitListening(ctx context.Context, ns *netnstest.NS, port int, exited <-chan error) error {
+func waitListening(ctx context.Context, ns *netnstest.NS, port int, exited chan error) error {
 	want := fmt.Sprintf(":%04X ", port)
 	for {
 		listening := false
-		ns.Do(func() error {
+		if err := ns.Do(func() error {
 			// thread-self: Do's thread is the one in the namespace.
 			for _, f := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
 				b, _ := os.ReadFile(f)
@@ -266,13 +271,16 @@ func waitListening(ctx context.Context, ns *netnstest.NS, port int, exited <-cha
 				}
 			}
 			return nil
-		})
+		}); err != nil {
+			return err
+		}
 		if listening {
 			return nil
 		}
 		select {
 		case err := <-exited:
-			return fmt.Errorf("exited before listening: %v", err)
+			exited <- err // the caller waits for it too
+			return errExited
 		case <-ctx.Done():
 			return errors.New("did not listen in time")
 		case <-time.After(20 * time.Millisecond):
@@ -451,12 +459,12 @@ func startDaemon(bin string, h host, dir string) (*daemon, error) {
 		select {
 		case err := <-d.done:
 			d.done <- err
-			d.stop()
-			return nil, fmt.Errorf("daemon exited: %v: %s", err, lastLines(d.logs.w.String(), 2))
+			_, _ = d.stop() // exited already: only its sockets' statistics are left, of no use here
+			return nil, fmt.Errorf("daemon exited: %w: %s", err, lastLines(d.logs.w.String(), 2))
 		case <-time.After(50 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			d.stop()
+			_, _ = d.stop() // its sockets' statistics are of no use here
 			return nil, fmt.Errorf("daemon never answered: %s", lastLines(d.logs.w.String(), 2))
 		}
 	}
@@ -510,21 +518,28 @@ func maxOf(a, b map[string]uint64) map[string]uint64 {
 }
 
 // stop ends the daemon (SIGTERM, then SIGKILL) and returns its AF_XDP
-// sockets' statistics over its life.
+// sockets' statistics over its life; the error says what failed, the
+// daemon's exit (after SIGTERM it exits 0) among it.
 func (d *daemon) stop() (*XSKStats, error) {
-	d.cmd.Process.Signal(syscall.SIGTERM)
+	// Signal and Kill fail only for a daemon that has exited: d.done has
+	// its status.
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	var exitErr error
 	select {
-	case <-d.done:
+	case exitErr = <-d.done:
 	case <-time.After(15 * time.Second):
-		d.cmd.Process.Kill()
-		<-d.done
+		_ = d.cmd.Process.Kill()
+		exitErr = fmt.Errorf("no exit 15 s after SIGTERM: %w", <-d.done)
+	}
+	if exitErr != nil {
+		exitErr = fmt.Errorf("daemon: %w", exitErr)
 	}
 	if d.xsk == nil {
-		return nil, errors.New("could not follow the daemon's sockets")
+		return nil, errors.Join(exitErr, errors.New("could not follow the daemon's sockets"))
 	}
 	s, err := d.xsk.Finish()
 	d.xsk = nil
-	return &s, err
+	return &s, errors.Join(exitErr, err)
 }
 
 // children are the processes this program started and has not yet waited
@@ -558,6 +573,6 @@ func killChildren() {
 	children.Lock()
 	defer children.Unlock()
 	for c := range children.m {
-		c.Process.Kill()
+		_ = c.Process.Kill() // fails only for one that has exited
 	}
 }

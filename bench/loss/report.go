@@ -113,7 +113,7 @@ type LossCell struct {
 	Ratio float64 `json:"ratio,omitempty"`
 }
 
-// LossTable is the goodput under loss (the issue's first table).
+// LossTable is the goodput under loss (the first table).
 type LossTable struct {
 	MTU      int        `json:"mtu"`
 	Args     []string   `json:"args"` // besides -u and the mode's
@@ -136,7 +136,7 @@ func (t *LossTable) Cell(mode string, loss, u int) *LossCell {
 	return nil
 }
 
-// QPCell is one QP count at one MTU (the issue's second table).
+// QPCell is one QP count at one MTU (the second table).
 type QPCell struct {
 	MTU    int     `json:"mtu"`
 	QPs    int     `json:"qps"`
@@ -166,7 +166,7 @@ type DaemonRun struct {
 	Error    string    `json:"error,omitempty"` // the daemon could not be run
 }
 
-// Goal is one of the issue's goals, judged on this run.
+// Goal is one of the bench's goals, judged on this run.
 type Goal struct {
 	Name  string `json:"name"`
 	Value string `json:"value"`
@@ -244,7 +244,7 @@ func (rep *Report) Summarize() {
 	rep.Goals = rep.judge()
 }
 
-// The issue's goals.
+// The bench's goals.
 const (
 	goalLoss1 = 0.9  // default mode, 1 % each way, -u 14
 	goalLoss3 = 0.75 // default mode, 3 % each way, -u 14
@@ -445,7 +445,7 @@ func PrintTable(w io.Writer, rep *Report) {
 		}
 	}
 	if len(rep.Goals) > 0 {
-		fmt.Fprintln(w, "\nGoals of the issue, on this run:")
+		fmt.Fprintln(w, "\nGoals, on this run:")
 		tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 		for _, g := range rep.Goals {
 			met := "not met"

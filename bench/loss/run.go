@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"io"
 	"os"
 	"os/exec"
@@ -13,7 +14,6 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"golang.org/x/sys/unix"
 )
 
 // Options size the run.
@@ -68,7 +68,7 @@ func perfHelp(bin string) (string, error) {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, bin, "perf", "--help").CombinedOutput()
 	if len(out) == 0 {
-		return "", fmt.Errorf("%s perf --help: %v", bin, err)
+		return "", fmt.Errorf("%s perf --help: %w", bin, err)
 	}
 	return string(out), nil
 }
@@ -77,9 +77,7 @@ func perfHelp(bin string) (string, error) {
 // measurement that fails is reported in its cell.
 func Measure(o Options, log io.Writer) (*Report, error) {
 	start := time.Now()
-	var uts unix.Utsname
-	unix.Uname(&uts)
-	rep := &Report{When: start.UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
+	rep := &Report{When: start.UTC(), Kernel: iobench.Kernel(), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), Binary: o.Bin, LoadStart: loadavg(),
 		Note: "every end is a softrnic process on an AF_XDP port (copy mode) in its own namespace on this host; both ends, the bridge and softirq share the CPUs"}
 	help, err := perfHelp(o.Bin)
@@ -90,7 +88,11 @@ func Measure(o Options, log io.Writer) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		if err := os.RemoveAll(tmp); err != nil {
+			fmt.Fprintln(log, "bench-loss:", err)
+		}
+	}()
 
 	if o.Loss {
 		modes := append([]Mode(nil), o.Modes...)
@@ -125,7 +127,9 @@ func lossTable(o Options, modes []Mode, rep *Report, log io.Writer) error {
 	setCurrent(path.Close)
 	defer func() {
 		current.Store(nil)
-		path.Close()
+		if err := path.Close(); err != nil {
+			fmt.Fprintln(log, "bench-loss: removing the lossy path:", err)
+		}
 	}()
 	a := host{ns: path.A.NS, dev: path.A.Name, addr: path.A.Addr.String()}
 	b := host{ns: path.B.NS, dev: path.B.Name, addr: path.B.Addr.String()}
@@ -219,7 +223,9 @@ func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
 			fmt.Fprintf(log, "daemon receiver  MTU %d  -q %-3d  %s\n", mtu, o.DaemonQPs, runLine(rep.Daemon.Run))
 		}
 		current.Store(nil)
-		pair.Close()
+		if err := pair.Close(); err != nil {
+			fmt.Fprintln(log, "bench-loss: removing the namespaces:", err)
+		}
 	}
 	return nil
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -152,5 +154,28 @@ func TestRunTimesOut(t *testing.T) {
 	children.Unlock()
 	if left != 0 {
 		t.Errorf("%d processes still tracked", left)
+	}
+}
+
+// TestWaitListeningServerExited: a perf server that exits before it
+// listens ends the wait with errExited, and its exit status stays for the
+// caller, which waits for it too (taking it here left the caller blocked
+// for good).
+func TestWaitListeningServerExited(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	ns := netnstest.NewTestNS(t)
+	exited := make(chan error, 1)
+	status := errors.New("exit status 1")
+	exited <- status
+	if err := waitListening(context.Background(), ns, 18515, exited); !errors.Is(err, errExited) {
+		t.Fatalf("waitListening: %v, want errExited", err)
+	}
+	select {
+	case err := <-exited:
+		if !errors.Is(err, status) {
+			t.Fatalf("exit status %v, want %v", err, status)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the server's exit status was taken: its caller would wait forever")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -60,7 +61,7 @@ func childMain() bool {
 	return true
 }
 
-func runChild(role, test string, args []string, profile, timeout string) error {
+func runChild(role, test string, args []string, profile, timeout string) (err error) {
 	tc, ok := tests[test]
 	if !ok {
 		return fmt.Errorf("unknown test %q", test)
@@ -78,8 +79,10 @@ func runChild(role, test string, args []string, profile, timeout string) error {
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		pprof.StartCPUProfile(f)
+		defer func() { err = errors.Join(err, f.Close()) }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
 		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
@@ -143,9 +146,8 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 		p.Error = fmt.Sprintf("server: %v: %s", err, lastLines(serrOut.String(), 2))
 		return p
 	case <-ctx.Done():
-		srv.Process.Kill()
-		<-srvDone
-		p.Error = "server did not listen in time"
+		_ = srv.Process.Kill() // it may have exited just now: srvDone says
+		p.Error = fmt.Sprintf("server did not listen in time (%v)", <-srvDone)
 		return p
 	}
 	cli := child("client", &pair.B, pair.A.Addr.String())
@@ -153,7 +155,7 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 	cli.Stdout, cli.Stderr = &cout, &cerrOut
 	cerr := cli.Run()
 	if cerr != nil {
-		srv.Process.Kill()
+		_ = srv.Process.Kill() // it may have exited: srvDone says
 	}
 	if err := <-srvDone; err != nil || cerr != nil {
 		p.Error = fmt.Sprintf("server: %v %s; client: %v %s", err, lastLines(serrOut.String(), 2), cerr, lastLines(cerrOut.String(), 2))

@@ -22,7 +22,7 @@
 // two ends run (-procs all does all four that way; -profdir collects the
 // children's profiles). Both latency ratios are shown: in one process each
 // perftest loop is pinned to the thread that entered its namespace, and
-// every completion then wakes a locked thread, which on this machine
-// multiplied the half-RTT several times. On a 2-core machine sender, receiver and
-// softirq share the cores: the figures are a floor.
+// every completion then wakes a locked thread, which lengthens the half
+// round trip (README's bench notes). On a 2-core machine sender, receiver
+// and softirq share the cores: the figures are a floor.
 package main

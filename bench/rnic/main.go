@@ -44,7 +44,7 @@ func main() {
 	// Interrupted, or over time: remove the namespaces before leaving.
 	bail := func(why string) {
 		if p := current.Load(); p != nil {
-			p.close()
+			_ = p.close() // best effort on the way out
 		}
 		fmt.Fprintln(os.Stderr, "bench/rnic:", why)
 		os.Exit(130)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,10 +13,10 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 )
 
-// Goals the issue sets for the table.
+// The goals the table is judged against.
 const (
 	// GoalWriteOverRaw: RC WRITE goodput at least this fraction of the raw
 	// AF_XDP receive rate in bytes per second.
@@ -109,7 +110,7 @@ type Sockperf struct {
 	Error        string   `json:"error,omitempty"`
 }
 
-// Ratio is one goal of the issue, computed from the run.
+// Ratio is one goal, computed from the run.
 type Ratio struct {
 	Name  string  `json:"name"`
 	Value float64 `json:"value"` // NaN is written as null: a figure was missing
@@ -219,6 +220,8 @@ func (r *Report) ComputeRatios() {
 			Goal: fmt.Sprintf("≤ %.1f", GoalLatOverSockperf), Met: v <= GoalLatOverSockperf})
 	}
 }
+
+var _ json.Marshaler = Ratio{}
 
 // MarshalJSON writes a NaN ratio as null (encoding/json refuses NaN).
 func (q Ratio) MarshalJSON() ([]byte, error) {

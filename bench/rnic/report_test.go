@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 )
 
 // The client's report of a real `sockperf ping-pong -m 64 -t 2` over veth

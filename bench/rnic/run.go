@@ -17,9 +17,7 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/internal/perftest"
@@ -80,9 +78,7 @@ func loadavg() [3]float64 {
 // reported in its row, not as an error). It returns an error only when the
 // pair cannot be made.
 func Run(o Options, log io.Writer) (*Report, error) {
-	var uts unix.Utsname
-	unix.Uname(&uts)
-	rep := &Report{When: time.Now().UTC(), Kernel: unix.ByteSliceToString(uts.Release[:]), CPUs: runtime.NumCPU(),
+	rep := &Report{When: time.Now().UTC(), Kernel: iobench.Kernel(), CPUs: runtime.NumCPU(),
 		Go: runtime.Version(), MTU: MTU, LoadStart: loadavg(),
 		Note: "veth between two namespaces on this host, copy mode; both softrnic ends, the raw sender and receiver and softirq share the CPUs"}
 	pair, err := netnstest.NewPair(netnstest.PairOptions{MTU: MTU})
@@ -94,7 +90,9 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	current.Store(&pairCloser{close: closePair})
 	defer func() {
 		current.Store(nil)
-		closePair()
+		if err := closePair(); err != nil {
+			fmt.Fprintln(log, "bench/rnic: removing the namespaces:", err)
+		}
 	}()
 
 	// 1. Raw AF_XDP, the ceiling any engine on this port works under. The
@@ -111,12 +109,21 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	rep.Raw = append(rep.Raw, raw("tx-only", 64), raw("rx-only", 64), raw("tx-only", RawSize))
 
 	// 2. softrnic against softrnic, through `softrnic perf`'s own code.
+	profiling := false
 	if o.CPUProfile != "" {
 		if f, err := os.Create(o.CPUProfile); err != nil {
 			fmt.Fprintln(log, "cpuprofile:", err)
 		} else {
-			pprof.StartCPUProfile(f)
-			defer f.Close()
+			defer func() {
+				if err := f.Close(); err != nil {
+					fmt.Fprintln(log, "cpuprofile:", err)
+				}
+			}()
+			if err := pprof.StartCPUProfile(f); err != nil {
+				fmt.Fprintln(log, "cpuprofile:", err)
+			} else {
+				profiling = true
+			}
 		}
 	}
 	cases := []struct {
@@ -142,7 +149,6 @@ func Run(o Options, log io.Writer) (*Report, error) {
 			jobs = append(jobs, job{c.name, c.test, c.args, true})
 		}
 	}
-	profiling := o.CPUProfile != ""
 	run := func(j job) Perf {
 		args := append([]string{"--report_gbits"}, j.args...)
 		tc := tests[j.test]
@@ -221,10 +227,10 @@ func Run(o Options, log io.Writer) (*Report, error) {
 // result as runner's BenchmarkPerfVeth does.
 func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.Measure, timeout time.Duration, args []string) (p Perf) {
 	p = Perf{Name: name, Args: args, QPs: 1}
-	start, cpu0 := time.Now(), cpuTime()
+	start, cpu0 := time.Now(), iobench.CPUTime()
 	defer func() {
 		p.Seconds = time.Since(start).Seconds()
-		p.setCPU(cpuTime() - cpu0)
+		p.setCPU(iobench.CPUTime() - cpu0)
 	}()
 	ps, err := perftest.ParseArgs(verb, m, append([]string{"-d", pair.A.Name}, args...))
 	if err != nil {
@@ -273,13 +279,6 @@ func perfRun(pair *netnstest.Pair, name string, verb perftest.Verb, m perftest.M
 	return p
 }
 
-// cpuTime is this process's user+system CPU time in seconds.
-func cpuTime() float64 {
-	var ru unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru)
-	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
-}
-
 // setCPU records the CPU time of a run and, for a bandwidth run, the
 // payload bits it moved per CPU second.
 func (p *Perf) setCPU(secs float64) {
@@ -310,8 +309,9 @@ func sockperf(pair *netnstest.Pair, secs int) Sockperf {
 		return s
 	}
 	defer func() {
-		srv.Process.Kill()
-		srv.Wait()
+		// sockperf's server runs until killed: its exit status is that.
+		_ = srv.Process.Kill()
+		_ = srv.Wait()
 	}()
 	select {
 	case <-ready.done:

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrnic/softrnic/bench/io/iobench"
+	"github.com/softrnic/softrnic/bench/internal/iobench"
 	"github.com/softrnic/softrnic/internal/netnstest"
 )
 

@@ -49,7 +49,9 @@ func runCapture(args []string) int {
 		fmt.Fprintln(os.Stderr, "softrnic capture:", err)
 		return 1
 	}
-	defer f.Close()
+	// The daemon writes through its own descriptor: closing ours loses
+	// nothing.
+	defer func() { _ = f.Close() }()
 	opt := client.CaptureOptions{Count: *count, PCAPNG: *pcapng}
 	if *qp >= 0 {
 		opt.QPN, opt.FilterQP = uint32(*qp), true

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -62,9 +63,8 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", logs.String())
+		if err := <-exited; t.Failed() {
+			t.Logf("daemon log (killed: %v):\n%s", err, logs.String())
 		}
 	})
 	var c *client.Client
@@ -79,7 +79,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	defer c.Close()
-	tool := func(args ...string) (string, string) {
+	tool := func(args ...string) string {
 		t.Helper()
 		var out, errb bytes.Buffer
 		cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
@@ -89,7 +89,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		if err := cmd.Run(); err != nil {
 			t.Fatalf("softrnic %s: %v\n%s%s", strings.Join(args, " "), err, out.String(), errb.String())
 		}
-		return out.String(), errb.String()
+		return out.String()
 	}
 
 	// The capture runs before the traffic starts: it says so on stderr.
@@ -117,7 +117,9 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	cqB := rnictest.CQ(devB, 64)
 	// Both devices number QPs from 17: a QP made first on B gives the peer
 	// a QPN unlike the client's, so that frames to each can be told apart.
-	rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
+	if _, err := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB}); err != nil {
+		t.Fatal(err)
+	}
 	qpB, _ := rnictest.QP(pdB, rnictest.QPAttr{Type: ib.RC, SendCQ: cqB, RecvCQ: cqB})
 	if qpB.QPN() == qp.QPN() {
 		t.Fatalf("peer and client QPs both %d", qp.QPN())
@@ -137,11 +139,15 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.Init, &ib.QPAttr{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
-	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
+	if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+		t.Fatal(err)
+	}
 
 	// Three 8 KiB RDMA WRITEs from namespace B: 24 request packets at MTU
 	// 1024, and the daemon's ACKs, more than the capture's 20 frames.
@@ -151,8 +157,10 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	}
 	write := func(w int) {
 		t.Helper()
-		qpB.PostSend([]verbs.SendWR{{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + uint64(w)*size, RKey: mr.RKey()}})
+		if _, err := qpB.PostSend([]verbs.SendWR{{ID: uint64(w), Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+			SG: []ib.SGE{{Addr: mrB.IOVA(), Length: size, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + uint64(w)*size, RKey: mr.RKey()}}); err != nil {
+			t.Fatal(err)
+		}
 		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
 		_, err := cqB.PollWait(wctx, wcs[:])
@@ -183,7 +191,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	checkCapture(t, pcapFile, 20, qp.QPN(), qpB.QPN())
 
 	// softrnic stats: the device line and the client QP's line.
-	out, _ := tool("stats", "--control", sock)
+	out := tool("stats", "--control", sock)
 	t.Logf("softrnic stats:\n%s", out)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	dev := statsFields(t, lines[0], "link "+pair.A.Name+"/1 ")
@@ -213,7 +221,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 		t.Errorf("no line for the client's QP %d:\n%s", qp.QPN(), out)
 	}
 	// --qp N --json: that QP only.
-	out, _ = tool("stats", "--control", sock, "--qp", strconv.Itoa(int(qp.QPN())), "--json")
+	out = tool("stats", "--control", sock, "--qp", strconv.Itoa(int(qp.QPN())), "--json")
 	var js statsJSON
 	if err := json.Unmarshal([]byte(out), &js); err != nil || len(js.QPs) != 1 || js.QPs[0].LQPN != qp.QPN() ||
 		js.QPs[0].Type != "RC" || js.Counters != nil || len(js.NotCounted) == 0 {
@@ -222,7 +230,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 
 	// softrnic status: AF_XDP, its attach mode (copy: veth has no
 	// zero-copy), the QP and this process among the clients.
-	out, _ = tool("status", "--control", sock)
+	out = tool("status", "--control", sock)
 	t.Logf("softrnic status:\n%s", out)
 	for _, re := range []string{
 		`(?m)^device     ` + pair.A.Name + `  node_guid [0-9a-f]{16}  port 1 ACTIVE  mtu 1024$`,
@@ -253,7 +261,9 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 			return err
 		}
 		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := conn.SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
 		fmt.Fprintf(conn, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", m[1])
 		b, err := io.ReadAll(conn)
 		body = string(b)
@@ -377,7 +387,7 @@ func checkCapture(t *testing.T, name string, n int, qpA, qpB uint32) {
 	to := map[uint32]int{}
 	for {
 		data, _, err := r.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

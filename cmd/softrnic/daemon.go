@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -64,12 +65,12 @@ func runDaemon(args []string) int {
 // order: stop accepting work and move QPs to error (clients get flush
 // completions), then the host (the CM agent, the engine, the port, which
 // detaches XDP and frees the UMEM).
-func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
+func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	lock, err := daemon.Lock(filepath.Dir(cfg.Control), cfg.Interface)
 	if err != nil {
 		return err
 	}
-	defer lock.Close()
+	defer func() { err = errors.Join(err, lock.Close()) }()
 
 	cc, err := daemonCongestion(cfg)
 	if err != nil {
@@ -91,7 +92,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	hostClosed := false
 	defer func() {
 		if !hostClosed {
-			h.Close()
+			err = errors.Join(err, h.Close())
 		}
 	}()
 
@@ -130,20 +131,17 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()
 		if err != nil {
-			srv.Close(0)
-			return fmt.Errorf("metrics endpoint: %w", err)
+			return errors.Join(fmt.Errorf("metrics endpoint: %w", err), srv.Close(0))
 		}
 		ms, err := daemon.ServeMetrics(cfg.Metrics, daemon.NewCollector(counters.Snapshot), mopts...)
 		if err != nil {
-			srv.Close(0)
-			return fmt.Errorf("metrics endpoint: %w", err)
+			return errors.Join(fmt.Errorf("metrics endpoint: %w", err), srv.Close(0))
 		}
-		defer ms.Close()
+		defer func() { err = errors.Join(err, ms.Close()) }()
 		log.Info("serving Prometheus metrics", "addr", ms.Addr().String(), "path", "/metrics")
 	}
 	if err := srv.Listen(cfg.Control); err != nil {
-		srv.Close(0)
-		return err
+		return errors.Join(err, srv.Close(0))
 	}
 
 	sig, stopSig := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -164,7 +162,9 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) error {
 	case runErr = <-srvDone:
 		log.Error("control server stopped", "err", runErr)
 	}
-	srv.Close(2 * time.Second)
+	if err := srv.Close(2 * time.Second); err != nil && runErr == nil {
+		runErr = err
+	}
 	hostClosed = true
 	if err := h.Close(); err != nil && runErr == nil {
 		runErr = err

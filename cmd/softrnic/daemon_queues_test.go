@@ -52,9 +52,8 @@ func TestDaemonTwoQueues(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", logs.String())
+		if err := <-exited; t.Failed() {
+			t.Logf("daemon log (killed: %v):\n%s", err, logs.String())
 		}
 	})
 	var c *client.Client
@@ -116,7 +115,9 @@ func TestDaemonTwoQueues(t *testing.T) {
 				t.Fatalf("client QP to %v: %v", s.a.State, err)
 			}
 		}
-		ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+		if err := ibtest.Modify(qpB, ib.Init, &ib.QPAttr{}); err != nil {
+			t.Fatal(err)
+		}
 		if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 			t.Fatal(err)
 		}

@@ -64,9 +64,8 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("daemon log:\n%s", logs.String())
+		if err := <-exited; t.Failed() {
+			t.Logf("daemon log (killed: %v):\n%s", err, logs.String())
 		}
 	})
 	var c *client.Client
@@ -136,12 +135,16 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	}
 	var macA [6]byte
 	copy(macA[:], pair.A.MAC)
-	ibtest.Modify(qpB, ib.Init, &ib.QPAttr{})
+	if err := ibtest.Modify(qpB, ib.Init, &ib.QPAttr{}); err != nil {
+		t.Fatal(err)
+	}
 	if err := ibtest.Modify(qpB, ib.RTR, &ib.QPAttr{PathMTU: 1024, DestQPN: qp.QPN(), MaxDestRdAtomic: 4, AV: ib.AddressVector{DMAC: macA, DGID: ib.GIDFrom(pair.A.Addr)}}); err != nil {
 		t.Fatal(err)
 	}
-	ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4})
-	waitB := func(what string) ib.WC {
+	if err := ibtest.Modify(qpB, ib.RTS, &ib.QPAttr{Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: 4}); err != nil {
+		t.Fatal(err)
+	}
+	waitB := func(what string) {
 		t.Helper()
 		var wcs [1]ib.WC
 		wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
@@ -152,23 +155,26 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 		if wcs[0].Status != ib.Success {
 			t.Fatalf("%s: %v", what, wcs[0].Status)
 		}
-		return wcs[0]
 	}
 
 	// RDMA WRITE from namespace B into the client's memory, 8 KiB.
 	for i := range bufB[:8192] {
 		bufB[i] = byte(i*13 + 1)
 	}
-	qpB.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 4096, RKey: mr.RKey()}})
+	if _, err := qpB.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA(), Length: 8192, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 4096, RKey: mr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
 	waitB("RDMA WRITE")
 	if !bytes.Equal(mem.Bytes()[4096:4096+8192], bufB[:8192]) {
 		t.Fatal("client memory does not hold the data written from namespace B")
 	}
 	// RDMA READ from namespace B out of the client's memory.
 	copy(mem.Bytes()[30000:], "read across namespaces")
-	qpB.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
-		SG: []ib.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 30000, RKey: mr.RKey()}})
+	if _, err := qpB.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled,
+		SG: []ib.SGE{{Addr: mrB.IOVA() + 20000, Length: 22, LKey: mrB.LKey()}}, RemoteAddr: mr.IOVA() + 30000, RKey: mr.RKey()}}); err != nil {
+		t.Fatal(err)
+	}
 	waitB("RDMA READ")
 	if string(bufB[20000:20022]) != "read across namespaces" {
 		t.Fatalf("peer read %q", bufB[20000:20022])
@@ -185,7 +191,9 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 		if time.Now().After(deadline) {
 			t.Fatal("no flush completion after SIGTERM")
 		}
-		cq.Wait(10 * time.Millisecond)
+		if err := cq.Wait(10 * time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if wc[0].ID != 77 || wc[0].Status != ib.WRFlushErr {
 		t.Fatalf("after SIGTERM: %+v", wc[0])

@@ -72,7 +72,7 @@ func (s pcapStats) String() string {
 	return b.String()
 }
 
-func pcapMain(args []string, stdout, stderr io.Writer) int {
+func pcapMain(args []string, stdout, stderr io.Writer) (code int) {
 	fs := flag.NewFlagSet("pcap", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	asJSON := fs.Bool("json", false, "one JSON object per RoCE frame")
@@ -98,7 +98,12 @@ func pcapMain(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	out := bufio.NewWriter(stdout)
-	defer out.Flush()
+	defer func() {
+		if err := out.Flush(); err != nil {
+			fmt.Fprintln(stderr, "softrnic pcap:", err)
+			code = max(code, 2)
+		}
+	}()
 	summary := io.Writer(out)
 	if *asJSON {
 		summary = stderr
@@ -114,7 +119,7 @@ func pcapMain(args []string, stdout, stderr io.Writer) int {
 		}
 		st, err := pcapFile(name, out, stderr, *asJSON)
 		if err != nil {
-			out.Flush()
+			_ = out.Flush() // before the message; a write error sticks for the last Flush
 			fmt.Fprintf(stderr, "softrnic pcap: %s: %v\n", name, err)
 			unreadable = true
 			if st.frames == 0 {
@@ -219,7 +224,7 @@ func pcapFile(name string, out, errw io.Writer, asJSON bool) (pcapStats, error) 
 	if err != nil {
 		return st, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	ps, err := openCapture(f)
 	if err != nil {
 		return st, err
@@ -351,7 +356,7 @@ func b2i(b bool) int {
 	return 0
 }
 
-// JSON shape of one RoCE frame: exactly the keys the issue names, the
+// JSON shape of one RoCE frame: exactly the keys README documents, the
 // extended headers only when the opcode carries them.
 type jsonFrame struct {
 	Frame      int            `json:"frame"`

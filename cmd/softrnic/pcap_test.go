@@ -242,7 +242,9 @@ func TestPcapUnreadable(t *testing.T) {
 		t.Errorf("missing file: exit %d, %s, stdout %q", code, errs, out)
 	}
 	junk := filepath.Join(dir, "junk.pcap")
-	os.WriteFile(junk, []byte("this is not a capture file at all"), 0o644)
+	if err := os.WriteFile(junk, []byte("this is not a capture file at all"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	code, _, errs = runPcapTest(t, junk)
 	if code != 2 || !strings.Contains(errs, "not a pcap or pcapng file") {
 		t.Errorf("junk file: exit %d, %s", code, errs)
@@ -277,27 +279,39 @@ func TestPcapNgAndCookedCaptures(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, fr := range frames {
-		w.WritePacket(ci(len(fr)), fr)
+		if err := w.WritePacket(ci(len(fr)), fr); err != nil {
+			t.Fatal(err)
+		}
 	}
-	w.Flush()
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	f.Close()
 
 	sll := filepath.Join(dir, "sll.pcap")
 	f, _ = os.Create(sll)
 	pw := pcapgo.NewWriter(f)
-	pw.WriteFileHeader(65535, layers.LinkTypeLinuxSLL)
+	if err := pw.WriteFileHeader(65535, layers.LinkTypeLinuxSLL); err != nil {
+		t.Fatal(err)
+	}
 	for _, fr := range frames {
 		rec := append(make([]byte, 14), fr[12:]...) // 16-byte SLL header: protocol last
-		pw.WritePacket(ci(len(rec)), rec)
+		if err := pw.WritePacket(ci(len(rec)), rec); err != nil {
+			t.Fatal(err)
+		}
 	}
 	f.Close()
 
 	raw := filepath.Join(dir, "raw.pcap")
 	f, _ = os.Create(raw)
 	pw = pcapgo.NewWriter(f)
-	pw.WriteFileHeader(65535, layers.LinkTypeRaw)
+	if err := pw.WriteFileHeader(65535, layers.LinkTypeRaw); err != nil {
+		t.Fatal(err)
+	}
 	for _, fr := range frames {
-		pw.WritePacket(ci(len(fr)-14), fr[14:])
+		if err := pw.WritePacket(ci(len(fr)-14), fr[14:]); err != nil {
+			t.Fatal(err)
+		}
 	}
 	f.Close()
 
@@ -317,8 +331,12 @@ func TestPcapSnapLength(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "snap.pcap")
 	f, _ := os.Create(p)
 	pw := pcapgo.NewWriter(f)
-	pw.WriteFileHeader(128, layers.LinkTypeEthernet)
-	pw.WritePacket(gopacket.CaptureInfo{Timestamp: time.Unix(1, 0), CaptureLength: 128, Length: len(fr)}, fr[:128])
+	if err := pw.WriteFileHeader(128, layers.LinkTypeEthernet); err != nil {
+		t.Fatal(err)
+	}
+	if err := pw.WritePacket(gopacket.CaptureInfo{Timestamp: time.Unix(1, 0), CaptureLength: 128, Length: len(fr)}, fr[:128]); err != nil {
+		t.Fatal(err)
+	}
 	f.Close()
 	code, out, errs := runPcapTest(t, p)
 	if code != 0 || !strings.Contains(out, "cut by snap length (unchecked) 1") || !strings.Contains(errs, "snap length") {

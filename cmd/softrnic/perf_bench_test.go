@@ -25,7 +25,7 @@ import (
 // and stops it, alternating which goes first: A/B interleaved, so machine
 // load drifts hit both alike. It prints every round and the medians. The
 // local ACK timeout is -u 18 (1.07 s): on a loaded 2-core host a 67 ms
-// timeout (perftest's default) ran out of retries in one run.
+// timeout (perftest's default) can run out of retries.
 //
 //	go test ./cmd/softrnic -run '^$' -bench Send64DaemonOverhead -benchtime 1x
 func BenchmarkSend64DaemonOverhead(b *testing.B) {

@@ -38,10 +38,13 @@ func startDaemon(t testing.TB, bin string, a netnstest.Link, args ...string) (so
 		once.Do(func() {
 			cmd.Process.Signal(syscall.SIGTERM)
 			select {
-			case <-exited:
+			case err := <-exited:
+				if err != nil {
+					t.Errorf("daemon after SIGTERM: %v", err)
+				}
 			case <-time.After(15 * time.Second):
 				cmd.Process.Kill()
-				<-exited
+				t.Errorf("daemon still running 15 s after SIGTERM: killed (%v)", <-exited)
 			}
 		})
 	}
@@ -123,7 +126,9 @@ func TestPerfThroughDaemonOverVeth(t *testing.T) {
 					}
 				}
 				var j perftest.JSONResult
-				json.Unmarshal(cout, &j)
+				if err := json.Unmarshal(cout, &j); err != nil {
+					t.Fatal(err)
+				}
 				if strings.HasSuffix(tc.test, "_bw") && (len(j.BW) == 0 || j.BW[0].BWAverage <= 0) {
 					t.Fatalf("client results: %s", cout)
 				}
@@ -215,7 +220,9 @@ func TestPerfRDMACMThroughDaemonOverVeth(t *testing.T) {
 					}
 				}
 				var j perftest.JSONResult
-				json.Unmarshal(cout, &j)
+				if err := json.Unmarshal(cout, &j); err != nil {
+					t.Fatal(err)
+				}
 				if strings.HasSuffix(tc.test, "_bw") && (len(j.BW) == 0 || j.BW[0].BWAverage <= 0) {
 					t.Fatalf("client results: %s", cout)
 				}

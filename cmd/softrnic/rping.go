@@ -104,7 +104,7 @@ func parseRping(args []string) (rpingArgs, error) {
 		if err != nil {
 			ips, lerr := net.DefaultResolver.LookupNetIP(context.Background(), "ip", *addr)
 			if lerr != nil || len(ips) == 0 {
-				return r, fmt.Errorf("bad address %q: %v", *addr, err)
+				return r, fmt.Errorf("bad address %q: %w", *addr, err)
 			}
 			a = ips[0]
 		}
@@ -161,13 +161,13 @@ func (h cmHost) pickIface() (string, error) {
 	case h.client:
 		name, err := host.InterfaceToward(h.addr)
 		if err != nil {
-			return "", fmt.Errorf("%v: give -d IFACE", err)
+			return "", fmt.Errorf("%w: give -d IFACE", err)
 		}
 		return name, nil
 	case h.addr.IsValid():
 		name, err := host.InterfaceHolding(h.addr)
 		if err != nil {
-			return "", fmt.Errorf("%v: give -d IFACE", err)
+			return "", fmt.Errorf("%w: give -d IFACE", err)
 		}
 		return name, nil
 	}

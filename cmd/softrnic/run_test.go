@@ -42,7 +42,7 @@ func buildCLib(t testing.TB) string {
 		defer cancel()
 		out, err := exec.CommandContext(ctx, "make", "-s", "-C", filepath.Join(root, "c")).CombinedOutput()
 		if err != nil {
-			clibErr = fmt.Errorf("make -C c: %v\n%s", err, out)
+			clibErr = fmt.Errorf("make -C c: %w\n%s", err, out)
 			return
 		}
 		clibDir = filepath.Join(root, "c", "build")

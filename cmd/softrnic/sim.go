@@ -522,7 +522,7 @@ func simSeeds(alg string, args []string, o sim.Options, f *simFlags, stdout, std
 			var eb bytes.Buffer
 			cmd.Stderr = &eb
 			if err := cmd.Run(); err != nil {
-				errs[i] = fmt.Errorf("seed %d: %v: %s", s, err, strings.TrimSpace(eb.String()))
+				errs[i] = fmt.Errorf("seed %d: %w: %s", s, err, strings.TrimSpace(eb.String()))
 			}
 			mu.Lock()
 			done++
@@ -622,7 +622,7 @@ func simCompare(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	if *out == "" || fs.NArg() < 1 {
-		return errors.New("usage: softrnic sim compare --out DIR RUN_DIR...")
+		return errors.New("usage: softrnic sim compare --out DIR RUN_DIR [RUN_DIR ...]")
 	}
 	type entry struct {
 		Dir       string               `json:"dir"`

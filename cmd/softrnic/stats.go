@@ -9,8 +9,7 @@ import (
 	"net"
 	"os"
 	"strings"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
@@ -126,8 +125,6 @@ func (cc *controlConn) call(op proto.Op, req any) ([]byte, error) {
 	return body, nil
 }
 
-func (cc *controlConn) Close() error { return cc.c.Close() }
-
 // stats gathers every page of OpStats (all QPs, or only qp if qp >= 0).
 func (cc *controlConn) stats(qp int) (*statsReport, error) {
 	var rep statsReport
@@ -168,7 +165,7 @@ func queryStats(path string, qp int) (*statsReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer cc.Close()
+	defer cc.c.Close()
 	return cc.stats(qp)
 }
 
@@ -187,8 +184,9 @@ func qpTypeString(t ib.QPType) string {
 		return "UC"
 	case ib.UD:
 		return "UD"
+	default:
+		return fmt.Sprintf("type%d", t)
 	}
-	return fmt.Sprintf("type%d", t)
 }
 
 // writeStatsText prints like rdma statistic show: "link DEV/1 name value
@@ -293,4 +291,4 @@ func writeStatsJSON(w io.Writer, r *statsReport, qpOnly bool) error {
 	return enc.Encode(out)
 }
 
-func errnoOf(e uint32) unix.Errno { return unix.Errno(e) }
+func errnoOf(e uint32) syscall.Errno { return syscall.Errno(e) }

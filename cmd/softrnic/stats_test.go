@@ -14,7 +14,7 @@ func sampleStats() *statsReport {
 	r := &statsReport{Device: "veth0", Valid: proto.ValidAll &^ proto.ValidXDP}
 	r.Values[proto.CtrRxPackets] = 123
 	r.Values[proto.CtrTxPackets] = 45
-	r.Values[proto.CtrXdpSteered] = 9 // not valid on this port: never printed
+	r.Values[proto.CtrXDPSteered] = 9 // not valid on this port: never printed
 	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1<<proto.QCtrDuplicateRequest | 1<<proto.QCtrRetransmits}
 	q.Values[proto.QCtrDuplicateRequest] = 3
 	q.Values[proto.QCtrRetransmits] = 2
@@ -31,19 +31,25 @@ func TestStatsQueues(t *testing.T) {
 	r.NumQueues = 2
 	r.Queues = []proto.QueueStats{{RxPackets: 10, RxRingFull: 1}, {RxPackets: 20}}
 	var b bytes.Buffer
-	writeStatsText(&b, r, false)
+	if err := writeStatsText(&b, r, false); err != nil {
+		t.Fatal(err)
+	}
 	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
 	if len(lines) != 5 || lines[1] != "link veth0/1 queue 0 rx_packets 10 xsk_rx_ring_full 1" ||
 		lines[2] != "link veth0/1 queue 1 rx_packets 20 xsk_rx_ring_full 0" || !strings.HasPrefix(lines[3], "link veth0/1 lqpn 17 ") {
 		t.Errorf("text:\n%s", b.String())
 	}
 	b.Reset()
-	writeStatsText(&b, r, true)
+	if err := writeStatsText(&b, r, true); err != nil {
+		t.Fatal(err)
+	}
 	if strings.Contains(b.String(), "queue") {
 		t.Errorf("--qp output shows queues: %s", b.String())
 	}
 	b.Reset()
-	writeStatsJSON(&b, r, false)
+	if err := writeStatsJSON(&b, r, false); err != nil {
+		t.Fatal(err)
+	}
 	var got statsJSON
 	if err := json.Unmarshal(b.Bytes(), &got); err != nil {
 		t.Fatal(err)
@@ -52,7 +58,9 @@ func TestStatsQueues(t *testing.T) {
 		t.Errorf("JSON queues: %d %+v", got.NumQueues, got.Queues)
 	}
 	b.Reset()
-	writeStatsJSON(&b, sampleStats(), false)
+	if err := writeStatsJSON(&b, sampleStats(), false); err != nil {
+		t.Fatal(err)
+	}
 	if strings.Contains(b.String(), "queue") {
 		t.Errorf("JSON without queues mentions them:\n%s", b.String())
 	}
@@ -87,7 +95,9 @@ func TestStatsText(t *testing.T) {
 	b.Reset()
 	r := sampleStats()
 	r.QPs = r.QPs[:1]
-	writeStatsText(&b, r, true)
+	if err := writeStatsText(&b, r, true); err != nil {
+		t.Fatal(err)
+	}
 	if b.String() != "link veth0/1 lqpn 17 type RC state RTS duplicate_request 3 retransmits 2\n" {
 		t.Errorf("--qp output: %q", b.String())
 	}

@@ -8,8 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-
-	"golang.org/x/sys/unix"
+	"syscall"
 
 	"github.com/softrnic/softrnic/daemon/proto"
 )
@@ -59,7 +58,7 @@ func queryStatus(path string) (*statusReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer cc.Close()
+	defer cc.c.Close()
 	rep := statusReport{Info: cc.info}
 	body, err := cc.call(proto.OpStatus, nil)
 	if err == nil {
@@ -73,7 +72,7 @@ func queryStatus(path string) (*statusReport, error) {
 	switch {
 	case err == nil:
 		rep.QPs, rep.HaveQP = st.QPs, true
-	case errors.As(err, &pe) && pe.Errno == unix.EOPNOTSUPP:
+	case errors.As(err, &pe) && pe.Errno == syscall.EOPNOTSUPP:
 		// a daemon without counters: no QP list
 	default:
 		return nil, err

@@ -299,6 +299,8 @@ func (r *RP) increase() {
 			i = 1
 		case HyperLinearPlusOne:
 			i++
+		case HyperLinear:
+			// i as counted above: the step grows with every event.
 		}
 		r.rt += congestion.Rate(float64(i) * float64(c.HAIRate))
 		r.HyperIncrease++

@@ -30,7 +30,7 @@ func runTo(r *RP, end clock.Time) {
 	}
 }
 
-// The golden numbers: paper profile at 40 Gb/s, one CNP at t = 0.
+// Golden numbers: paper profile at 40 Gb/s, one CNP at t = 0.
 func TestPaperSingleCNPGolden(t *testing.T) {
 	r := mustRP(t, Paper(40*congestion.Gbps))
 	if r.Deadline() != clock.Never {

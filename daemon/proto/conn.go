@@ -108,7 +108,7 @@ func IsClosed(err error) bool {
 func parseRights(oob []byte) ([]int, error) {
 	msgs, err := unix.ParseSocketControlMessage(oob)
 	if err != nil {
-		return nil, fmt.Errorf("%w: control message: %v", ErrBadMessage, err)
+		return nil, fmt.Errorf("%w: control message: %w", ErrBadMessage, err)
 	}
 	var fds []int
 	for i := range msgs {
@@ -117,7 +117,7 @@ func parseRights(oob []byte) ([]int, error) {
 		}
 		f, err := unix.ParseUnixRights(&msgs[i])
 		if err != nil {
-			return fds, fmt.Errorf("%w: SCM_RIGHTS: %v", ErrBadMessage, err)
+			return fds, fmt.Errorf("%w: SCM_RIGHTS: %w", ErrBadMessage, err)
 		}
 		fds = append(fds, f...)
 	}

@@ -39,11 +39,11 @@ const (
 	CtrNakSent                        // RC responder: NAKs sent (sum over QPs)
 	CtrRetransmits                    // RC requester: go-back-N restarts (sum over QPs)
 	CtrTxBackpressure                 // port sends that took fewer frames than offered
-	CtrXdpSteered                     // XDP program: redirected to an AF_XDP socket
-	CtrXdpPassed                      // XDP program: not RoCEv2, left to the kernel
-	CtrXdpMalformed                   // XDP program: truncated or invalid IP/UDP header
-	CtrXdpUnbound                     // XDP program: RoCEv2 on a queue without socket
-	CtrXdpForeign                     // XDP program: RoCEv2 to a non-local address
+	CtrXDPSteered                     // XDP program: redirected to an AF_XDP socket
+	CtrXDPPassed                      // XDP program: not RoCEv2, left to the kernel
+	CtrXDPMalformed                   // XDP program: truncated or invalid IP/UDP header
+	CtrXDPUnbound                     // XDP program: RoCEv2 on a queue without socket
+	CtrXDPForeign                     // XDP program: RoCEv2 to a non-local address
 	CtrXskRxDropped                   // AF_XDP: dropped by the kernel for other reasons
 	CtrXskRxInvalidDescs              // AF_XDP: invalid RX descriptors
 	CtrXskTxInvalidDescs              // AF_XDP: invalid TX descriptors
@@ -99,11 +99,11 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrNakSent:                 {"nak_sent", "RC NAKs sent"},
 	CtrRetransmits:             {"retransmits", "RC go-back-N restarts (NAK, timeout, RNR, lost response)"},
 	CtrTxBackpressure:          {"tx_backpressure", "port sends that took fewer frames than offered"},
-	CtrXdpSteered:              {"xdp_steered", "XDP program: frames redirected to an AF_XDP socket"},
-	CtrXdpPassed:               {"xdp_passed", "XDP program: frames not RoCEv2, left to the kernel"},
-	CtrXdpMalformed:            {"xdp_malformed", "XDP program: truncated or invalid IP/UDP headers, passed"},
-	CtrXdpUnbound:              {"xdp_unbound", "XDP program: RoCEv2 on a queue with no socket, passed"},
-	CtrXdpForeign:              {"xdp_foreign", "XDP program: RoCEv2 to a non-local address, passed"},
+	CtrXDPSteered:              {"xdp_steered", "XDP program: frames redirected to an AF_XDP socket"},
+	CtrXDPPassed:               {"xdp_passed", "XDP program: frames not RoCEv2, left to the kernel"},
+	CtrXDPMalformed:            {"xdp_malformed", "XDP program: truncated or invalid IP/UDP headers, passed"},
+	CtrXDPUnbound:              {"xdp_unbound", "XDP program: RoCEv2 on a queue with no socket, passed"},
+	CtrXDPForeign:              {"xdp_foreign", "XDP program: RoCEv2 to a non-local address, passed"},
 	CtrXskRxDropped:            {"xsk_rx_dropped", "AF_XDP: frames the kernel dropped for other reasons"},
 	CtrXskRxInvalidDescs:       {"xsk_rx_invalid_descs", "AF_XDP: invalid RX descriptors"},
 	CtrXskTxInvalidDescs:       {"xsk_tx_invalid_descs", "AF_XDP: invalid TX descriptors"},
@@ -283,7 +283,7 @@ var NotCounted = []CounterDef{
 // AF_XDP ones only with an AF_XDP port.
 const (
 	ValidAll = uint64(1)<<NumDeviceCounters - 1
-	ValidXDP = uint64(1)<<(CtrXskRxOversize+1) - uint64(1)<<CtrXdpSteered
+	ValidXDP = uint64(1)<<(CtrXskRxOversize+1) - uint64(1)<<CtrXDPSteered
 )
 
 // StatsReq is the body of OpStats. The reply lists the QPs whose QPN is at

@@ -119,7 +119,7 @@ func ReadFile(name string) ([][]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	return Read(f)
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -14,13 +15,14 @@ import (
 	"github.com/gopacket/gopacket/pcapgo"
 
 	"github.com/softrnic/softrnic/frame"
+	"github.com/softrnic/softrnic/frame/frametest"
 )
 
 // vectorFrames reads the RoCE frames of a shared test vector (real rxe
 // traffic, every ICRC valid).
 func vectorFrames(t testing.TB, name string) [][]byte {
 	t.Helper()
-	f, err := os.Open("../../shared/vectors/" + name)
+	f, err := os.Open(filepath.Join(frametest.VectorsDir(t), name))
 	if err != nil {
 		t.Skip("test vectors not available:", err)
 	}
@@ -32,7 +34,7 @@ func vectorFrames(t testing.TB, name string) [][]byte {
 	var out [][]byte
 	for {
 		data, _, err := r.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -64,7 +66,7 @@ func readBack(t *testing.T, b []byte, format Format) ([][]byte, []pcapgo.NgEpbFl
 		}
 		for {
 			data, ci, opts, err := r.ReadPacketDataWithOptions()
-			if err == io.EOF {
+			if errors.Is(err, io.EOF) {
 				break
 			}
 			if err != nil {
@@ -90,7 +92,7 @@ func readBack(t *testing.T, b []byte, format Format) ([][]byte, []pcapgo.NgEpbFl
 	}
 	for {
 		data, _, err := r.ReadPacketData()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
@@ -168,7 +170,9 @@ func TestCountAndQPFilter(t *testing.T) {
 	qpCount := map[uint32]int{}
 	for _, f := range in {
 		var fr frame.Frame
-		frame.Parse(f, &fr)
+		if err := frame.Parse(f, &fr); err != nil {
+			t.Fatal(err)
+		}
 		qpCount[fr.BTH().DestQP()]++
 	}
 	var qpn uint32

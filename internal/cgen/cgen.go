@@ -1,24 +1,3 @@
-// Command cgen writes the C declarations of Go packages that define a
-// binary wire or shared-memory layout: every exported struct type whose
-// encoding/binary form has a fixed size becomes a C struct with
-// _Static_asserts on its size and the offset of every field, and every
-// exported integer or string constant becomes a #define. The C library
-// includes the output instead of restating the protocol, and a test fails
-// when the checked-in header differs from what cgen makes of the Go
-// declarations, so the two cannot drift.
-//
-// Usage (from go:generate in the protocol package):
-//
-//	cgen -o FILE PKG[=PREFIX]...
-//
-// PKG is a package pattern (a directory such as "." or "../../shmring");
-// PREFIX is inserted into the C names of that package's declarations
-// (shmring=RING: SOFTRNIC_RING_HEADER_MAGIC, struct softrnic_ring_header).
-//
-// Layouts are those of encoding/binary (little-endian, no implicit
-// padding), which the protocol uses on the wire. A struct whose binary
-// layout differs from C's natural one is emitted packed; one of fields
-// encoding/binary cannot encode (slices, strings, int) is left out.
 package main
 
 import (
@@ -52,7 +31,10 @@ func main() {
 		os.Exit(1)
 	}
 	if *out == "" {
-		os.Stdout.Write(b)
+		if _, err := os.Stdout.Write(b); err != nil {
+			fmt.Fprintln(os.Stderr, "cgen:", err)
+			os.Exit(1)
+		}
 		return
 	}
 	if err := os.WriteFile(*out, b, 0o644); err != nil {
@@ -152,7 +134,7 @@ func goList(dir string, patterns []string) ([]listed, error) {
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return nil, fmt.Errorf("go list: %v\n%s", err, stderr.String())
+		return nil, fmt.Errorf("go list: %w\n%s", err, stderr.String())
 	}
 	var pkgs []listed
 	dec := json.NewDecoder(bytes.NewReader(out))

@@ -126,7 +126,9 @@ func TestGenerateFragments(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := filepath.Join(dir, "t.c")
-	os.WriteFile(src, []byte("#include \"h.h\"\nint main(void) { return 0; }\n"), 0o644)
+	if err := os.WriteFile(src, []byte("#include \"h.h\"\nint main(void) { return 0; }\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	if b, err := exec.Command(cc, "-std=c11", "-Wall", "-Wextra", "-Werror", "-o", filepath.Join(dir, "t"), src).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s\n%s", err, b, out)
 	}

@@ -74,7 +74,7 @@ type LossyPath struct {
 // loads opt's impairment. The caller must Close it; on failure everything
 // made so far is removed.
 func NewLossyPath(opt LossyOptions) (p *LossyPath, err error) {
-	if err := opt.Impairment.check(); err != nil {
+	if err := opt.check(); err != nil {
 		return nil, err
 	}
 	if _, err := exec.LookPath("nft"); err != nil {
@@ -83,7 +83,7 @@ func NewLossyPath(opt LossyOptions) (p *LossyPath, err error) {
 	p = &LossyPath{table: "softrnic_lossy"}
 	defer func() {
 		if err != nil {
-			p.Close()
+			err = errors.Join(err, p.Close())
 			p = nil
 		}
 	}()
@@ -283,7 +283,7 @@ func (p *LossyPath) nft(stdin string, args ...string) (string, error) {
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("nft %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+		return out.String(), fmt.Errorf("nft %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
 	}
 	return out.String(), nil
 }

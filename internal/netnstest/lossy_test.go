@@ -13,11 +13,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// udpCount sends n datagrams from namespace from to dst:port and returns
-// how many a socket in namespace to received; it reads until nothing more
-// has come for a while (all delivery on this path is synchronous with the
-// send, so that wait is ample).
-func udpCount(t *testing.T, from, to *NS, dst netip.Addr, port, n int) int {
+// udpDatagrams is how many datagrams udpCount sends.
+const udpDatagrams = 10000
+
+// udpCount sends udpDatagrams datagrams from namespace from to dst:port
+// and returns how many a socket in namespace to received; it reads until
+// nothing more has come for a while (all delivery on this path is
+// synchronous with the send, so that wait is ample).
+func udpCount(t *testing.T, from, to *NS, dst netip.Addr, port int) int {
 	t.Helper()
 	var rc *net.UDPConn
 	if err := to.Do(func() (err error) {
@@ -51,7 +54,7 @@ func udpCount(t *testing.T, from, to *NS, dst netip.Addr, port, n int) int {
 	}
 	defer sc.Close()
 	msg := make([]byte, 64)
-	for i := 0; i < n; i++ {
+	for i := 0; i < udpDatagrams; i++ {
 		if _, err := sc.Write(msg); err != nil && !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatal(err)
 		}
@@ -59,7 +62,9 @@ func udpCount(t *testing.T, from, to *NS, dst netip.Addr, port, n int) int {
 	got := 0
 	buf := make([]byte, 256)
 	for {
-		rc.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
+		if err := rc.SetReadDeadline(time.Now().Add(500 * time.Millisecond)); err != nil {
+			t.Fatal(err)
+		}
 		if _, err := rc.Read(buf); err != nil {
 			if errors.Is(err, os.ErrDeadlineExceeded) {
 				return got
@@ -77,12 +82,11 @@ func udpCount(t *testing.T, from, to *NS, dst netip.Addr, port, n int) int {
 // extra, and at 0 % nothing is touched.
 func TestLossyPathDropsRoCEOnly(t *testing.T) {
 	p := NewTestLossyPath(t, LossyOptions{Impairment: Impairment{LossPerMille: 100}})
-	const n = 10000
 	// Binomial(10000, 0.1): standard deviation 30 frames, so 8-12 % is
 	// more than six of them either side.
 	inRange := func(what string, k uint64) {
-		if k < n*8/100 || k > n*12/100 {
-			t.Errorf("%s: %d of %d, want about 10 %%", what, k, n)
+		if k < udpDatagrams*8/100 || k > udpDatagrams*12/100 {
+			t.Errorf("%s: %d of %d, want about 10 %%", what, k, udpDatagrams)
 		}
 	}
 	dirs := []struct {
@@ -95,46 +99,46 @@ func TestLossyPathDropsRoCEOnly(t *testing.T) {
 		{"B→A IPv6", p.B.NS, p.A.NS, p.A.Addr6, func(c PathCounters) DirCounters { return c.BtoA }},
 	}
 	for _, d := range dirs {
-		got := udpCount(t, d.from, d.to, d.dst, RoCEv2Port, n)
+		got := udpCount(t, d.from, d.to, d.dst, RoCEv2Port)
 		c, err := p.Counters()
 		if err != nil {
 			t.Fatal(err)
 		}
 		dc := d.counters(c)
-		if dc.Frames != n {
-			t.Errorf("%s: bridge saw %d RoCEv2 frames, sent %d", d.name, dc.Frames, n)
+		if dc.Frames != udpDatagrams {
+			t.Errorf("%s: bridge saw %d RoCEv2 frames, sent %d", d.name, dc.Frames, udpDatagrams)
 		}
 		inRange(d.name+" dropped by the bridge", dc.Dropped)
-		inRange(d.name+" lost end to end", uint64(n-got))
+		inRange(d.name+" lost end to end", uint64(udpDatagrams-got))
 		if uint64(got) != dc.Delivered() {
 			t.Errorf("%s: received %d, the bridge delivered %d", d.name, got, dc.Delivered())
 		}
-		if other := udpCount(t, d.from, d.to, d.dst, RoCEv2Port+1, n); other != n {
-			t.Errorf("%s: UDP to port %d: %d of %d arrived, want all", d.name, RoCEv2Port+1, other, n)
+		if other := udpCount(t, d.from, d.to, d.dst, RoCEv2Port+1); other != udpDatagrams {
+			t.Errorf("%s: UDP to port %d: %d of %d arrived, want all", d.name, RoCEv2Port+1, other, udpDatagrams)
 		}
 	}
-	if c, _ := p.Counters(); c.AtoB.Frames != n || c.BtoA.Frames != n {
+	if c, _ := p.Counters(); c.AtoB.Frames != udpDatagrams || c.BtoA.Frames != udpDatagrams {
 		t.Errorf("counters count other traffic than RoCEv2: %+v", c)
 	}
 
 	if err := p.Set(Impairment{DupPerMille: 100}); err != nil {
 		t.Fatal(err)
 	}
-	got := udpCount(t, p.A.NS, p.B.NS, p.B.Addr, RoCEv2Port, n)
+	got := udpCount(t, p.A.NS, p.B.NS, p.B.Addr, RoCEv2Port)
 	c, err := p.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
 	inRange("duplicated", c.AtoB.Duplicated)
-	if c.AtoB.Dropped != 0 || uint64(got) != n+c.AtoB.Duplicated {
-		t.Errorf("duplication: received %d of %d sent, counters %+v", got, n, c.AtoB)
+	if c.AtoB.Dropped != 0 || uint64(got) != udpDatagrams+c.AtoB.Duplicated {
+		t.Errorf("duplication: received %d of %d sent, counters %+v", got, udpDatagrams, c.AtoB)
 	}
 
 	if err := p.Set(Impairment{}); err != nil {
 		t.Fatal(err)
 	}
-	if got := udpCount(t, p.B.NS, p.A.NS, p.A.Addr, RoCEv2Port, n); got != n {
-		t.Errorf("no impairment: %d of %d arrived", got, n)
+	if got := udpCount(t, p.B.NS, p.A.NS, p.A.Addr, RoCEv2Port); got != udpDatagrams {
+		t.Errorf("no impairment: %d of %d arrived", got, udpDatagrams)
 	}
 }
 

@@ -49,7 +49,7 @@ func ip(args ...string) (string, error) {
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return out.String(), fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
+		return out.String(), fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(out.String()))
 	}
 	return out.String(), nil
 }
@@ -79,7 +79,7 @@ func sweep() {
 			continue
 		}
 		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); errors.Is(err, os.ErrNotExist) {
-			ip("netns", "del", e.Name())
+			_, _ = ip("netns", "del", e.Name()) // best effort: one still in use stays
 		}
 	}
 }
@@ -97,21 +97,18 @@ func Create(tag string) (*NS, error) {
 	n := &NS{Name: name}
 	h, err := netns.GetFromName(name)
 	if err != nil {
-		n.Close()
-		return nil, fmt.Errorf("netnstest: open %s: %w", name, err)
+		return nil, errors.Join(fmt.Errorf("netnstest: open %s: %w", name, err), n.Close())
 	}
 	n.handle = h
 	if _, err := n.IP("link", "set", "lo", "up"); err != nil {
-		n.Close()
-		return nil, err
+		return nil, errors.Join(err, n.Close())
 	}
 	// No duplicate address detection: test links are private, and DAD would
 	// keep link-local addresses (hence neighbour discovery) unusable for
 	// about a second after each link comes up.
 	for _, k := range []string{"net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"} {
 		if err := n.Sysctl(k, "0"); err != nil {
-			n.Close()
-			return nil, err
+			return nil, errors.Join(err, n.Close())
 		}
 	}
 	return n, nil
@@ -242,13 +239,12 @@ func NewPair(opt PairOptions) (p *Pair, err error) {
 	}
 	b, err := Create("b")
 	if err != nil {
-		a.Close()
-		return nil, err
+		return nil, errors.Join(err, a.Close())
 	}
 	p = &Pair{A: Link{NS: a, Name: Unique("va")}, B: Link{NS: b, Name: Unique("vb")}}
 	defer func() {
 		if err != nil {
-			p.Close()
+			err = errors.Join(err, p.Close())
 			p = nil
 		}
 	}()

@@ -49,7 +49,9 @@ func TestTCPCheckFailsWithoutListener(t *testing.T) {
 		return err
 	})
 	if err == nil {
-		io.WriteString(c, "x")
+		if _, err := io.WriteString(c, "x"); err != nil {
+			t.Fatal(err)
+		}
 		c.Close()
 		t.Fatal("dial to a port nobody listens on succeeded")
 	}
@@ -67,7 +69,13 @@ func TestSweep(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() { ip("netns", "del", live); ip("netns", "del", dead) })
+	t.Cleanup(func() {
+		// The sweep removed dead; live must go now.
+		if _, err := ip("netns", "del", live); err != nil {
+			t.Error(err)
+		}
+		_, _ = ip("netns", "del", dead)
+	})
 	sweep()
 	out, err := ip("netns", "list")
 	if err != nil {

@@ -28,7 +28,9 @@ func (n *NS) Ping(dst netip.Addr, want int, timeout time.Duration) (int, error) 
 	}
 	defer unix.Close(fd)
 	tv := unix.NsecToTimeval(int64(50 * time.Millisecond))
-	unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv)
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		return 0, fmt.Errorf("netnstest: SO_RCVTIMEO: %w", err)
+	}
 	sa := &unix.SockaddrInet4{Addr: dst.As4()}
 	id := uint16(time.Now().UnixNano())
 	deadline := time.Now().Add(timeout)

@@ -29,7 +29,10 @@ func TCPCheck(client, server *NS, addr string) error {
 			return
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+			errc <- err
+			return
+		}
 		_, err = io.Copy(c, io.LimitReader(c, 64))
 		errc <- err
 	}()
@@ -41,7 +44,9 @@ func TCPCheck(client, server *NS, addr string) error {
 		return fmt.Errorf("netnstest: dial: %w", err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if err := c.SetDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		return fmt.Errorf("netnstest: deadline: %w", err)
+	}
 	msg := bytes.Repeat([]byte("softrnic"), 8)
 	if _, err := c.Write(msg); err != nil {
 		return fmt.Errorf("netnstest: write: %w", err)

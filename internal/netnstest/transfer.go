@@ -141,7 +141,7 @@ func Transfer(tx, rx port.Port, src, dst *Link, n int, size func(i int) int, win
 	}
 	res := TransferResult{Sent: sent, Received: int(received.Load()), Elapsed: time.Since(start)}
 	if serr != nil {
-		return res, fmt.Errorf("%v; %v", serr, err)
+		return res, fmt.Errorf("%w; %w", serr, err)
 	}
 	return res, err
 }

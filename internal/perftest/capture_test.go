@@ -167,8 +167,12 @@ func loopback(t *testing.T) (client, server net.Conn) {
 		t.Fatal("accept failed")
 	}
 	deadline := time.Now().Add(20 * time.Second)
-	client.SetDeadline(deadline)
-	server.SetDeadline(deadline)
+	if err := client.SetDeadline(deadline); err != nil {
+		t.Fatal(err)
+	}
+	if err := server.SetDeadline(deadline); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
 }

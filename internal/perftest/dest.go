@@ -93,7 +93,7 @@ func ParseRecord(rec []byte) (Dest, error) {
 		}
 		v, err := strconv.ParseUint(string(rec[pos:end]), 16, bits[i])
 		if err != nil {
-			return d, fmt.Errorf("%w: field %d: %v", errRecord, i, err)
+			return d, fmt.Errorf("%w: field %d: %w", errRecord, i, err)
 		}
 		fields[i] = v
 		pos = end + 1

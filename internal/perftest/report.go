@@ -212,6 +212,8 @@ func WriteDest(w io.Writer, side string, d Dest, v Verb) {
 		fallthrough
 	case Write:
 		fmt.Fprintf(w, " RKey %s VAddr %s", altHex(uint64(d.RKey), 8), altHex(d.VAddr, 16))
+	default:
+		// SEND and ATOMIC: perftest prints neither.
 	}
 	fmt.Fprint(w, "\n GID: ")
 	for i, g := range d.GID {

@@ -59,7 +59,8 @@ type Outcome struct {
 func Run(ctx context.Context, rw io.ReadWriter, cfg Config, l Local) (Outcome, error) {
 	var out Outcome
 	if cl, ok := rw.(io.Closer); ok {
-		stop := context.AfterFunc(ctx, func() { cl.Close() })
+		// The run then fails with ctx's error; the close's is no news.
+		stop := context.AfterFunc(ctx, func() { _ = cl.Close() })
 		defer stop()
 	}
 	c := NewConn(rw, cfg.Client)

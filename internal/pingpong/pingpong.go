@@ -61,9 +61,9 @@ type Result struct {
 // Run runs one ping-pong over the side channel conn (the client when
 // p.Host is set), printing the stock tools' lines to out. It always
 // destroys what it created.
-func Run(ctx context.Context, h Host, p Params, conn io.ReadWriter, out io.Writer) (Result, error) {
+func Run(ctx context.Context, h Host, p Params, conn io.ReadWriter, out io.Writer) (_ Result, err error) {
 	s := &session{h: h, p: p, out: out, ctx: ctx, client: p.Host != ""}
-	defer s.close()
+	defer func() { err = errors.Join(err, s.close()) }()
 	return s.run(conn)
 }
 
@@ -374,7 +374,9 @@ func (s *session) loop() error {
 				if time.Since(lastWC) > stallLimit() {
 					return fmt.Errorf("pingpong: no completion for %v after %d sends and %d receives: the peer stopped answering", stallLimit(), scnt, rcnt)
 				}
-				s.cq.Wait(cqWaitStep)
+				if err := s.cq.Wait(cqWaitStep); err != nil {
+					return err
+				}
 				continue
 			}
 			timer.Reset(stallLimit())
@@ -465,23 +467,25 @@ func (s *session) received(wc *ib.WC) error {
 const cqWaitStep = 20 * time.Millisecond
 
 // close destroys what setup and connect made, in the order verbs requires.
-func (s *session) close() {
+func (s *session) close() error {
+	var errs []error
 	if s.qp != nil {
-		s.qp.Destroy()
+		errs = append(errs, s.qp.Destroy())
 	}
 	if s.ah != nil {
-		s.ah.Destroy()
+		errs = append(errs, s.ah.Destroy())
 	}
 	if s.mr != nil {
-		s.mr.Dereg()
+		errs = append(errs, s.mr.Dereg())
 	}
 	if s.cq != nil {
-		s.cq.Destroy()
+		errs = append(errs, s.cq.Destroy())
 	}
 	if s.pd != nil {
-		s.pd.Dealloc()
+		errs = append(errs, s.pd.Dealloc())
 	}
 	if s.mem != nil {
-		s.mem.Free()
+		errs = append(errs, s.mem.Free())
 	}
+	return errors.Join(errs...)
 }

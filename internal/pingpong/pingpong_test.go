@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -126,9 +127,17 @@ func TestCaptureSideChannel(t *testing.T) {
 	c, s := net.Pipe()
 	defer c.Close()
 	go func() {
-		c.Write(tcp[0].data)
-		io.ReadFull(c, make([]byte, RecordLen))
-		c.Write(tcp[2].data)
+		if _, err := c.Write(tcp[0].data); err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := io.ReadFull(c, make([]byte, RecordLen)); err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := c.Write(tcp[2].data); err != nil {
+			t.Error(err)
+		}
 	}()
 	var connected Dest
 	got, err := ServerExchange(s, want[1], func(d Dest) error { connected = d; return nil })
@@ -301,7 +310,7 @@ func memHostsTap(t *testing.T, mtu int, tap *capture.Tap) (a, b Host) {
 }
 
 // runMem runs a server on s and a client on c over a pipe.
-func runMem(t *testing.T, s, c Host, ps, pc Params) (sr, cr Result, serr, cerr error, sout, cout string) {
+func runMem(t *testing.T, s, c Host, ps, pc Params) (sr, cr Result, sout, cout string, serr, cerr error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -325,7 +334,7 @@ func runMem(t *testing.T, s, c Host, ps, pc Params) (sr, cr Result, serr, cerr e
 		cancel()
 	}
 	<-ch
-	return sr, cr, serr, cerr, so.String(), co.String()
+	return sr, cr, so.String(), co.String(), serr, cerr
 }
 
 // TestPingpongMemlink runs rc and ud with --chk between two devices: every
@@ -342,7 +351,7 @@ func TestPingpongMemlink(t *testing.T) {
 			if tc.tr == RC {
 				p.MTU = tc.mtu
 			}
-			sr, cr, serr, cerr, sout, cout := runMem(t, s, c, p, p)
+			sr, cr, sout, cout, serr, cerr := runMem(t, s, c, p, p)
 			if serr != nil || cerr != nil {
 				t.Fatalf("server: %v\nclient: %v\n%s\n%s", serr, cerr, sout, cout)
 			}
@@ -372,7 +381,7 @@ func TestPingpongChkDetects(t *testing.T) {
 	ps.Device, ps.Iters, ps.Check, ps.RxDepth = "ml", 5, true, 8
 	pc := ps
 	pc.Check = false
-	sr, _, serr, _, sout, _ := runMem(t, s, c, ps, pc)
+	sr, _, sout, _, serr, _ := runMem(t, s, c, ps, pc)
 	if serr == nil || !strings.Contains(serr.Error(), "--chk") || len(sr.BadPages) != 1 || !strings.Contains(sout, "invalid data in page 0\n") {
 		t.Fatalf("server accepted unmarked data: %v %v\n%s", serr, sr.BadPages, sout)
 	}
@@ -451,7 +460,7 @@ func TestWireAsCapture(t *testing.T) {
 			}
 			p := DefaultParams(RC)
 			p.Device, p.Size, p.Iters, p.MTU, p.Check = "ml", 4096, 20, 1024, chk
-			sr, cr, serr, cerr, _, _ := runMem(t, s, c, p, p)
+			sr, cr, _, _, serr, cerr := runMem(t, s, c, p, p)
 			if serr != nil || cerr != nil {
 				t.Fatalf("server: %v client: %v", serr, cerr)
 			}
@@ -483,7 +492,7 @@ func TestWireAsCapture(t *testing.T) {
 				markPages(want)
 			}
 			for _, side := range []bool{true, false} {
-				if fmt.Sprint(ops[side]) != fmt.Sprint(refOps[side]) {
+				if !slices.Equal(ops[side], refOps[side]) {
 					t.Errorf("client=%v opcodes differ from rxe's:\n%v\n%v", side, ops[side], refOps[side])
 				}
 				if len(msgs[side]) != len(refMsgs[side]) {

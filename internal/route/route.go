@@ -159,7 +159,7 @@ func (r *Resolver) route(peer netip.Addr) (Next, error) {
 	}
 	routes, err := r.h.RouteGetWithOptions(peer.WithZone("").AsSlice(), opts)
 	if err != nil {
-		return Next{Peer: peer}, fmt.Errorf("%w %v: %v", ErrNoRoute, peer, err)
+		return Next{Peer: peer}, fmt.Errorf("%w %v: %w", ErrNoRoute, peer, err)
 	}
 	if len(routes) == 0 || routes[0].LinkIndex == 0 {
 		return Next{Peer: peer}, fmt.Errorf("%w %v", ErrNoRoute, peer)
@@ -259,7 +259,7 @@ func (r *Resolver) Resolve(ctx context.Context, peer netip.Addr) (Next, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return n, fmt.Errorf("%w (%v)", err, ctx.Err())
+			return n, fmt.Errorf("%w (%w)", err, ctx.Err())
 		case <-time.After(wait):
 		}
 		wait = min(wait*2, 100*time.Millisecond)

@@ -273,7 +273,9 @@ func TestIPv6WithoutLinkLocal(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	p.A.NS.IP("-6", "neigh", "del", p.B.Addr6.String(), "dev", p.A.Name)
+	if _, err := p.A.NS.IP("-6", "neigh", "del", p.B.Addr6.String(), "dev", p.A.Name); err != nil {
+		t.Fatal(err)
+	}
 	if r.probes.Load() != 0 {
 		t.Fatalf("Lookup probed (%d)", r.probes.Load())
 	}
@@ -285,7 +287,9 @@ func TestIPv6WithoutLinkLocal(t *testing.T) {
 	if k := r.probes.Load(); k < 1 || k > maxProbes {
 		t.Fatalf("%d probes, want 1..%d", k, maxProbes)
 	}
-	sink.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if err := sink.SetReadDeadline(time.Now().Add(5 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
 	buf := make([]byte, 16)
 	k, from, err := sink.ReadFromUDPAddrPort(buf)
 	if err != nil {

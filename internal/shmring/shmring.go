@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/bits"
 	"sync/atomic"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -169,9 +168,9 @@ func mapFD(fd int, g Geometry) (*Ring, error) {
 		fd:     fd,
 		mem:    mem,
 		g:      g,
-		prod:   (*atomic.Uint64)(unsafe.Pointer(&mem[offProd])),
-		cons:   (*atomic.Uint64)(unsafe.Pointer(&mem[offCons])),
-		wakeup: (*atomic.Uint32)(unsafe.Pointer(&mem[offWakeup])),
+		prod:   atomicU64(mem, offProd),
+		cons:   atomicU64(mem, offCons),
+		wakeup: atomicU32(mem, offWakeup),
 		slots:  mem[HeaderSize : HeaderSize+g.SlotSize*g.Slots : HeaderSize+g.SlotSize*g.Slots],
 	}, nil
 }

@@ -92,7 +92,9 @@ func TestFullEmptyAndWrap(t *testing.T) {
 	if p.Pending() != 0 || p.Free() != g.Slots {
 		t.Fatalf("after Unreserve: pending %d, free %d", p.Pending(), p.Free())
 	}
-	p.Commit()
+	if _, err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	if c.Peek() != nil {
 		t.Fatal("an unreserved slot was published")
 	}
@@ -112,7 +114,9 @@ func TestFullEmptyAndWrap(t *testing.T) {
 		if c.Peek() != nil {
 			t.Fatal("consumer saw uncommitted slots")
 		}
-		p.Commit()
+		if _, err := p.Commit(); err != nil {
+			t.Fatal(err)
+		}
 		if c.Len() != g.Slots {
 			t.Fatalf("Len = %d", c.Len())
 		}
@@ -194,7 +198,9 @@ func TestHostileIndexes(t *testing.T) {
 	for i := 0; i < 8; i++ {
 		p.Reserve()
 	}
-	p.Commit()
+	if _, err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	r2.cons.Store(100) // consumer claims to have read what was never written
 	if p.Reserve() != nil || !errors.Is(p.Err(), ErrCorrupt) {
 		t.Fatalf("producer accepted cons=100: %v", p.Err())
@@ -205,7 +211,9 @@ func TestHostileIndexes(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		p3.Reserve()
 	}
-	p3.Commit()
+	if _, err := p3.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	for c3.Peek() != nil {
 	}
 	r3.prod.Store(2) // producer index moving backwards
@@ -239,14 +247,18 @@ func TestMapChecks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	unix.Ftruncate(fd, int64(testGeom.Size()))
+	if err := unix.Ftruncate(fd, int64(testGeom.Size())); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := Map(fd, testGeom); err == nil {
 		t.Fatal("Map accepted an unsealed memfd")
 	}
 	// Data written through one mapping is seen through the other.
 	p, c := r.Producer(nil), m.Consumer()
 	fill(p.Reserve(), 42)
-	p.Commit()
+	if _, err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	if s := c.Peek(); s == nil || check(s, 42) != nil {
 		t.Fatal("second mapping does not see the slot")
 	}
@@ -293,7 +305,9 @@ func TestConcurrent(t *testing.T) {
 	for seq := uint64(0); seq < n; {
 		s := p.Reserve()
 		if s == nil {
-			p.Commit()
+			if _, err := p.Commit(); err != nil {
+				t.Fatal(err)
+			}
 			if time.Now().After(deadline) {
 				t.Fatal("producer stuck")
 			}
@@ -302,10 +316,14 @@ func TestConcurrent(t *testing.T) {
 		fill(s, seq)
 		seq++
 		if seq%7 == 0 {
-			p.Commit()
+			if _, err := p.Commit(); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
-	p.Commit()
+	if _, err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	wg.Wait()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
@@ -320,15 +338,21 @@ func TestZeroAllocs(t *testing.T) {
 		for i := 0; i < 8; i++ {
 			fill(p.Reserve(), uint64(i))
 		}
-		p.Commit()
+		if _, err := p.Commit(); err != nil {
+			t.Fatal(err)
+		}
 		for s := c.Peek(); s != nil; s = c.Peek() {
 		}
 		c.Release()
 		// one armed round: the producer rings, the consumer drains
 		c.Arm()
 		p.Reserve()
-		p.Commit()
-		db.Drain()
+		if _, err := p.Commit(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := db.Drain(); err != nil {
+			t.Fatal(err)
+		}
 		c.Disarm()
 		c.Peek()
 		c.Release()
@@ -381,7 +405,9 @@ func (pr *pair) stop(t testing.TB) {
 	for {
 		if s := p.Reserve(); s != nil {
 			binary.LittleEndian.PutUint64(s, ^uint64(0))
-			p.Commit()
+			if _, err := p.Commit(); err != nil {
+				t.Fatal(err)
+			}
 			break
 		}
 		if time.Now().After(deadline) {
@@ -422,7 +448,10 @@ func child(role string) int {
 				// report progress: one slot carrying the running count
 				if o := p.Reserve(); o != nil {
 					binary.LittleEndian.PutUint64(o, count)
-					p.Commit()
+					if _, err := p.Commit(); err != nil {
+						fmt.Fprintln(os.Stderr, "child:", err)
+						return 1
+					}
 				}
 			}
 			if idle++; idle > spin {
@@ -447,11 +476,17 @@ func child(role string) int {
 					fmt.Fprintln(os.Stderr, "child: cannot echo:", p.Err())
 					return 1
 				}
-				p.Commit()
+				if _, err := p.Commit(); err != nil {
+					fmt.Fprintln(os.Stderr, "child:", err)
+					return 1
+				}
 			}
 			copy(o, s)
 			if c.Len() == 0 { // end of the batch: publish the echoes together
-				p.Commit()
+				if _, err := p.Commit(); err != nil {
+					fmt.Fprintln(os.Stderr, "child:", err)
+					return 1
+				}
 			}
 		case "sink":
 			if err := check(s, count); err != nil {
@@ -484,7 +519,9 @@ func exchange(t testing.TB, pr *pair, n, window, batch int, sleep bool) {
 			sent++
 			progressed = true
 			if sent%uint64(batch) == 0 {
-				p.Commit()
+				if _, err := p.Commit(); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 		if _, err := p.Commit(); err != nil {
@@ -575,7 +612,9 @@ func BenchmarkStream(b *testing.B) {
 			fill(s, seq)
 			seq++
 		}
-		p.Commit()
+		if _, err := p.Commit(); err != nil {
+			b.Fatal(err)
+		}
 		for s := c.Peek(); s != nil; s = c.Peek() {
 			acked = binary.LittleEndian.Uint64(s)
 		}

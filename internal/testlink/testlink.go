@@ -2,6 +2,7 @@ package testlink
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
@@ -43,7 +44,11 @@ func Loopback(t testing.TB, mtu int) *rnic.Device {
 		t.Fatal(err)
 	}
 	p := memlink.NewLoop(memlink.Config{MaxFrame: mtu + 200})
-	t.Cleanup(func() { p.Close() })
+	t.Cleanup(func() {
+		if err := p.Close(); err != nil {
+			t.Error(err)
+		}
+	})
 	Run(t, dev, p, engine.Options{})
 	return dev
 }
@@ -67,7 +72,11 @@ func Devices(t testing.TB, mtu int) (a, b *rnic.Device, pa, pb *memlink.Port) {
 		mtu = 1024
 	}
 	pa, pb = memlink.NewPair(memlink.Config{MaxFrame: mtu + 200})
-	t.Cleanup(func() { pa.Close(); pb.Close() })
+	t.Cleanup(func() {
+		if err := errors.Join(pa.Close(), pb.Close()); err != nil {
+			t.Error(err)
+		}
+	})
 	res := Resolver(map[netip.Addr][6]byte{AddrA: MACA, AddrB: MACB})
 	a, err := rnic.NewDevice(rnic.Config{Name: "mem-a", MAC: MACA, Addrs: []netip.Addr{AddrA}, PortMTU: mtu, Resolve: res})
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/softrnic/softrnic/lab/dcqcnlive/testbed"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/testbed"
 )
 
 func main() { os.Exit(run()) }
@@ -26,7 +26,11 @@ func buildSoftrnic() (bin string, cleanup func(), err error) {
 	if err != nil {
 		return "", nil, err
 	}
-	cleanup = func() { os.RemoveAll(dir) }
+	cleanup = func() {
+		if err := os.RemoveAll(dir); err != nil {
+			fmt.Fprintln(os.Stderr, "dcqcnlive:", err)
+		}
+	}
 	bin = filepath.Join(dir, "softrnic")
 	cmd := exec.Command("go", "build", "-o", bin, "./cmd/softrnic")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

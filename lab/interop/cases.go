@@ -129,19 +129,19 @@ func ParseCases(r io.Reader) ([]Case, error) {
 		}
 		names, choices, err := expandBraces(f[0])
 		if err != nil {
-			return nil, fmt.Errorf("line %d: %v", line, err)
+			return nil, fmt.Errorf("line %d: %w", line, err)
 		}
 		for i, name := range names {
 			sub := func(s string) string { return substGroups(s, choices[i]) }
 			c := Case{Name: name, MTU: 1024, IP: 4, Timeout: 60 * time.Second, Line: line}
 			if err := c.setAttrs(sub(f[1])); err != nil {
-				return nil, fmt.Errorf("line %d (%s): %v", line, name, err)
+				return nil, fmt.Errorf("line %d (%s): %w", line, name, err)
 			}
 			if c.Server, err = parseSide(sub(f[2])); err != nil {
-				return nil, fmt.Errorf("line %d (%s): server: %v", line, name, err)
+				return nil, fmt.Errorf("line %d (%s): server: %w", line, name, err)
 			}
 			if c.Client, err = parseSide(sub(f[3])); err != nil {
-				return nil, fmt.Errorf("line %d (%s): client: %v", line, name, err)
+				return nil, fmt.Errorf("line %d (%s): client: %w", line, name, err)
 			}
 			if c.Server.Peer == c.Client.Peer {
 				return nil, fmt.Errorf("line %d (%s): server and client on the same peer %q", line, name, c.Server.Peer)
@@ -366,7 +366,7 @@ func Filter(cs []Case, only string) ([]Case, error) {
 	}
 	re, err := regexp.Compile(only)
 	if err != nil {
-		return nil, fmt.Errorf("-only: %v", err)
+		return nil, fmt.Errorf("-only: %w", err)
 	}
 	var out []Case
 	for _, c := range cs {

@@ -25,7 +25,7 @@ func ParseCounters(r io.Reader) (Counters, error) {
 		}
 		v, err := strconv.ParseUint(f[1], 10, 64)
 		if err != nil {
-			return nil, fmt.Errorf("counter %s: %v", f[0], err)
+			return nil, fmt.Errorf("counter %s: %w", f[0], err)
 		}
 		c[f[0]] = v
 	}

@@ -71,20 +71,22 @@ func (g *Guest) Boot(ns, kernel, initrd string, mtu int, timeout time.Duration) 
 	g.cmd = exec.Command("ip", args...)
 	g.cmd.Stdout, g.cmd.Stderr = log, log
 	g.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// qemu writes its log through its own descriptor: closing ours loses
+	// nothing.
 	if err := g.cmd.Start(); err != nil {
-		log.Close()
-		return fmt.Errorf("guest %s: %v", g.Name, err)
+		_ = log.Close()
+		return fmt.Errorf("guest %s: %w", g.Name, err)
 	}
 	g.done = make(chan struct{})
 	go func() {
 		g.err = g.cmd.Wait()
-		log.Close()
+		_ = log.Close()
 		close(g.done)
 	}()
 	g.next = 1
 	booted := filepath.Join(g.Share, "booted")
 	if err := g.waitFile(booted, timeout); err != nil {
-		return fmt.Errorf("guest %s did not boot: %v (see %s)", g.Name, err, filepath.Join(g.Share, "console.log"))
+		return fmt.Errorf("guest %s did not boot: %w (see %s)", g.Name, err, filepath.Join(g.Share, "console.log"))
 	}
 	info, err := os.ReadFile(filepath.Join(g.Share, "info"))
 	if err != nil {
@@ -130,7 +132,7 @@ func (g *Guest) waitFile(path string, timeout time.Duration) error {
 			return nil
 		}
 		if !g.Alive() {
-			return fmt.Errorf("qemu exited (%v)", g.err)
+			return fmt.Errorf("qemu exited (%w)", g.err)
 		}
 		if time.Now().After(deadline) {
 			return fmt.Errorf("timed out after %v waiting for %s", timeout, filepath.Base(path))
@@ -230,7 +232,7 @@ func (j *GuestJob) Counters() (Counters, string, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }() // read only
 		return ParseCounters(bufio.NewReader(f))
 	}
 	c0, err := read("ctr0")
@@ -253,13 +255,14 @@ func (g *Guest) Shutdown(timeout time.Duration) {
 	if g.cmd == nil || g.done == nil {
 		return
 	}
-	os.WriteFile(filepath.Join(g.Share, "quit"), nil, 0o644)
+	// Failing to ask is as good as a guest that does not answer: killed.
+	_ = os.WriteFile(filepath.Join(g.Share, "quit"), nil, 0o644)
 	select {
 	case <-g.done:
 		return
 	case <-time.After(timeout):
 	}
-	syscall.Kill(-g.cmd.Process.Pid, syscall.SIGKILL)
+	_ = syscall.Kill(-g.cmd.Process.Pid, syscall.SIGKILL) // the group may have exited: g.done says
 	<-g.done
 }
 
@@ -270,7 +273,7 @@ func kvmUsable() bool {
 	if err != nil {
 		return false
 	}
-	f.Close()
+	_ = f.Close() // opened only to see that it opens
 	b, err := os.ReadFile("/proc/cpuinfo")
 	if err != nil {
 		return false

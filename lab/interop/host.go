@@ -19,7 +19,7 @@ import (
 func ipCmd(args ...string) error {
 	out, err := exec.Command("ip", args...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -53,14 +53,16 @@ func startHost(ns, outPath, shellCmd string, env []string, c *Case, ready string
 	cmd.Dir = filepath.Dir(outPath)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// The job writes its output through its own descriptor: closing ours
+	// loses nothing.
 	if err := cmd.Start(); err != nil {
-		f.Close()
+		_ = f.Close()
 		return nil, err
 	}
 	j := &HostJob{cmd: cmd, done: make(chan struct{}), out: outPath, limit: c.Timeout, ready: ready}
 	go func() {
-		cmd.Wait()
-		f.Close()
+		_ = cmd.Wait() // Wait reads the exit code from ProcessState
+		_ = f.Close()
 		close(j.done)
 	}()
 	go func() { // the case's time limit, as timeout(1) does in the guest
@@ -140,11 +142,12 @@ func (j *HostJob) Wait() (int, error) {
 
 // Kill ends the job's whole process group.
 func (j *HostJob) Kill() {
-	syscall.Kill(-j.cmd.Process.Pid, syscall.SIGTERM)
+	// Kill fails only for a group that has exited: j.done says.
+	_ = syscall.Kill(-j.cmd.Process.Pid, syscall.SIGTERM)
 	select {
 	case <-j.done:
 	case <-time.After(2 * time.Second):
-		syscall.Kill(-j.cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-j.cmd.Process.Pid, syscall.SIGKILL)
 	}
 }
 
@@ -191,8 +194,8 @@ func startCapture(ns, iface, path string) (*Capture, error) {
 				once = true
 			}
 		}
-		io.Copy(io.Discard, stderr)
-		cmd.Wait()
+		_, _ = io.Copy(io.Discard, stderr) // the rest, unread, so that tcpdump never blocks
+		_ = cmd.Wait()                     // stopped by a signal: its status says only that
 		close(c.done)
 	}()
 	select {
@@ -231,11 +234,12 @@ func (c *Capture) Stop() {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	syscall.Kill(-c.cmd.Process.Pid, syscall.SIGINT)
+	// Kill fails only for a group that has exited: c.done says.
+	_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGINT)
 	select {
 	case <-c.done:
 	case <-time.After(5 * time.Second):
-		syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
+		_ = syscall.Kill(-c.cmd.Process.Pid, syscall.SIGKILL)
 		<-c.done
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -167,7 +169,9 @@ func (l *Lab) setup() error {
 	}
 	l.softPath = mustMkdir(filepath.Join(l.o.out, "bin"))
 	link := filepath.Join(l.softPath, "softrnic")
-	os.Remove(link)
+	if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	if err := os.Symlink(bin, link); err != nil {
 		return err
 	}
@@ -181,7 +185,9 @@ func (l *Lab) setup() error {
 		return err
 	}
 	link = filepath.Join(l.softPath, "softrnic-stock")
-	os.Remove(link)
+	if err := os.Remove(link); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
 	return os.Symlink(stock, link)
 }
 
@@ -390,7 +396,13 @@ func (l *Lab) Run(c *Case) (r result) {
 			}
 			return r
 		}
-		defer nsExec(l.ns, "nft", "delete", "table", "netdev", "labimpair")
+		defer func() {
+			// Left in place, it would impair the cases after this one.
+			if err := nsExec(l.ns, "nft", "delete", "table", "netdev", "labimpair"); err != nil {
+				fail("removing the impairment: %v", err)
+				r.ok = false
+			}
+		}()
 	}
 	// Frames the tap dropped towards the guest during the case: loss the
 	// lab made, not the case (see tapQueueLen).
@@ -487,7 +499,9 @@ func (l *Lab) Run(c *Case) (r result) {
 		}
 		counts = append(counts, gj.g.Name+": "+d.String())
 	}
-	os.WriteFile(filepath.Join(caseDir, "counters"), []byte(strings.Join(counts, "\n")+"\n"), 0o644)
+	if err := os.WriteFile(filepath.Join(caseDir, "counters"), []byte(strings.Join(counts, "\n")+"\n"), 0o644); err != nil {
+		fail("%v", err)
+	}
 	if c.Expect == "loss" {
 		if recovery == 0 {
 			fail("loss %d%%, corruption %d%%, but no NAK, retry or duplicate in the rxe counters: recovery not exercised", c.Loss, c.Corrupt)
@@ -502,7 +516,9 @@ func (l *Lab) Run(c *Case) (r result) {
 		// log line; only the capture shows which frames were bad.
 		cmd := strings.ReplaceAll(l.o.pcapCheck, "{}", capture.Path)
 		out, err := exec.Command("bash", "-c", cmd).CombinedOutput()
-		os.WriteFile(filepath.Join(caseDir, "pcapcheck"), out, 0o644)
+		if werr := os.WriteFile(filepath.Join(caseDir, "pcapcheck"), out, 0o644); werr != nil {
+			fail("%v", werr)
+		}
 		if err != nil {
 			fail("pcap check: %v", err)
 			r.detail = append(r.detail, tail("pcapcheck: ", string(out), 3)...)
@@ -525,7 +541,9 @@ func (l *Lab) Run(c *Case) (r result) {
 	}
 	r.ok = len(r.why) == 0
 	if capture != nil && r.ok && !l.o.keepPcaps {
-		os.Remove(capture.Path) // checked and clean: only failures keep theirs
+		// Checked and clean: only failures keep theirs (one left behind
+		// costs disk only).
+		_ = os.Remove(capture.Path)
 	}
 	return r
 }
@@ -552,7 +570,7 @@ func (l *Lab) impairHost(c *Case) error {
 	cmd := exec.Command("ip", "netns", "exec", l.ns, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("nft: %v: %s", err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("nft: %w: %s", err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -564,7 +582,7 @@ func (l *Lab) stopSoon(j job, grace time.Duration) {
 		switch j := j.(type) {
 		case *GuestJob:
 			if _, err := os.Stat(filepath.Join(j.dir, "rc")); err != nil {
-				os.WriteFile(filepath.Join(j.dir, "kill"), nil, 0o644)
+				_ = os.WriteFile(filepath.Join(j.dir, "kill"), nil, 0o644) // best effort: the case's own limit kills it too
 			}
 		case *HostJob:
 			select {

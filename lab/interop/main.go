@@ -13,19 +13,18 @@ import (
 )
 
 type options struct {
-	selfcheck  bool
-	cases      string
-	only       string
-	list       bool
-	cache      string
-	out        string
-	softrnic   string
-	clib       string
-	capture    bool
-	pcapCheck  string
-	keepPcaps  bool
-	bootLimit  time.Duration
-	keepShares bool
+	selfcheck bool
+	cases     string
+	only      string
+	list      bool
+	cache     string
+	out       string
+	softrnic  string
+	clib      string
+	capture   bool
+	pcapCheck string
+	keepPcaps bool
+	bootLimit time.Duration
 }
 
 func main() {
@@ -50,7 +49,7 @@ func main() {
 	os.Exit(run(o))
 }
 
-func run(o options) int {
+func run(o options) (code int) {
 	mode := "interop"
 	if o.selfcheck {
 		mode = "selfcheck"
@@ -68,7 +67,7 @@ func run(o options) int {
 		return 2
 	}
 	all, err := ParseCases(f)
-	f.Close()
+	_ = f.Close() // read only
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "interop: %s: %v\n", o.cases, err)
 		return 2
@@ -163,7 +162,12 @@ func run(o options) int {
 		fmt.Fprintln(os.Stderr, "interop:", err)
 		return 2
 	}
-	defer results.Close()
+	defer func() {
+		if err := results.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "interop: results.txt:", err)
+			code = max(code, 2)
+		}
+	}()
 	report := func(format string, a ...any) {
 		fmt.Printf(format, a...)
 		fmt.Fprintf(results, format, a...)

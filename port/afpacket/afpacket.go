@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/softrnic/softrnic/port"
 	"golang.org/x/sys/unix"
@@ -187,7 +185,7 @@ func Open(cfg Config) (p *Port, err error) {
 	p = &Port{fd: fd, maxFrame: ifc.MTU + 14 + 4}
 	defer func() {
 		if err != nil {
-			p.Close()
+			err = errors.Join(err, p.Close())
 			p = nil
 		}
 	}()
@@ -263,18 +261,6 @@ func (p *Port) grow(n int) {
 		p.shdrs[i].Hdr.Iov = &p.siov[i]
 		p.shdrs[i].Hdr.SetIovlen(1)
 	}
-}
-
-// slot returns slot i's header; its status word is shared with the kernel.
-func (p *Port) slot(i int) *unix.Tpacket2Hdr {
-	return (*unix.Tpacket2Hdr)(unsafe.Pointer(&p.ring[i*p.slotSize]))
-}
-
-// status is the slot's ownership word: the kernel publishes a frame by
-// storing TP_STATUS_USER after writing it; we hand the slot back by storing
-// TP_STATUS_KERNEL after we are done reading. Atomic accesses order the two.
-func status(h *unix.Tpacket2Hdr) *atomic.Uint32 {
-	return (*atomic.Uint32)(unsafe.Pointer(&h.Status))
 }
 
 // release gives the slots lent by the last Recv back to the kernel.
@@ -395,7 +381,7 @@ func (p *Port) Submit(frames [][]byte) (int, error) {
 	sent := 0
 	for sent < m {
 		p.syscalls++
-		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, uintptr(p.fd), uintptr(unsafe.Pointer(&p.shdrs[sent])), uintptr(m-sent), unix.MSG_DONTWAIT, 0, 0)
+		r, e := sendmmsg(p.fd, p.shdrs[sent:m])
 		if e != 0 {
 			if e == unix.EAGAIN || e == unix.ENOBUFS || e == unix.EINTR {
 				break // back-pressure: a short count
@@ -406,7 +392,7 @@ func (p *Port) Submit(frames [][]byte) (int, error) {
 		if r == 0 {
 			break
 		}
-		sent += int(r)
+		sent += r
 	}
 	p.clearSend(m)
 	// The frames taken: every empty one and every sent one up to the first

@@ -171,10 +171,10 @@ func TestOversizeAndClosed(t *testing.T) {
 		t.Errorf("Submit of a buffer given back already: %d, %v", n, err)
 	}
 	a.Close()
-	if _, err := a.Recv(make([][]byte, 1), 0); err != port.ErrClosed {
+	if _, err := a.Recv(make([][]byte, 1), 0); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Recv after Close: %v", err)
 	}
-	if _, err := port.Send(a, [][]byte{make([]byte, 60)}); err != port.ErrClosed {
+	if _, err := port.Send(a, [][]byte{make([]byte, 60)}); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Send after Close: %v", err)
 	}
 }
@@ -352,7 +352,7 @@ func TestIdleRecvAllocs(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	b := openIn(t, &pair.B)
 	frames := make([][]byte, port.BatchSize)
-	if allocs := testing.AllocsPerRun(50, func() { b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(50, func() { _, _ = b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
 		t.Errorf("idle Recv allocates %.1f times, want 0", allocs)
 	}
 	if st, _ := b.Stats(); st.Syscalls == 0 {

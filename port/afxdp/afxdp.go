@@ -118,7 +118,7 @@ func Open(cfg Config) (p *Port, err error) {
 	p = &Port{queue: cfg.Queue, prog: cfg.Program}
 	defer func() {
 		if err != nil {
-			p.Close()
+			err = errors.Join(err, p.Close())
 			p = nil
 		}
 	}()

@@ -229,7 +229,9 @@ func TestRecvSendAllocs(t *testing.T) {
 				if _, err := c.Send(a, out); err != nil {
 					t.Fatal(err)
 				}
-				b.Recv(frames, time.Millisecond)
+				if _, err := b.Recv(frames, time.Millisecond); err != nil {
+					t.Fatal(err)
+				}
 			}
 			received := 0
 			allocs := testing.AllocsPerRun(200, func() {
@@ -282,10 +284,10 @@ func TestClosed(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := a.Recv(make([][]byte, 1), 0); err != port.ErrClosed {
+	if _, err := a.Recv(make([][]byte, 1), 0); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Recv after Close: %v", err)
 	}
-	if _, err := port.Send(a, [][]byte{make([]byte, 60)}); err != port.ErrClosed {
+	if _, err := port.Send(a, [][]byte{make([]byte, 60)}); !errors.Is(err, port.ErrClosed) {
 		t.Errorf("Send after Close: %v", err)
 	}
 	if err := a.Close(); err != nil {
@@ -635,7 +637,7 @@ func TestIdleRecvAllocs(t *testing.T) {
 	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
 	b := openIn(t, &pair.B, Config{})
 	frames := make([][]byte, port.BatchSize)
-	if allocs := testing.AllocsPerRun(50, func() { b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
+	if allocs := testing.AllocsPerRun(50, func() { _, _ = b.Recv(frames, 50*time.Microsecond) }); allocs != 0 {
 		t.Errorf("idle Recv allocates %.1f times, want 0", allocs)
 	}
 	if st, _ := b.Stats(); st.Socket.Polls == 0 {

@@ -145,7 +145,7 @@ func TestMultiWaitsOnlyWhenIdle(t *testing.T) {
 	if a.calls != b.calls {
 		t.Errorf("queues asked %d and %d times", a.calls, b.calls)
 	}
-	if got := testing.AllocsPerRun(100, func() { m.Recv(frames, 0) }); got != 0 {
+	if got := testing.AllocsPerRun(100, func() { _, _ = m.Recv(frames, 0) }); got != 0 {
 		t.Errorf("Recv allocates %.1f times per call", got)
 	}
 }
@@ -173,7 +173,7 @@ func TestMultiAllQueues(t *testing.T) {
 			}
 			// From ethtool, not from the sysfs fallback.
 			if n, err := ethtoolRxQueues(side.l.Name); n != nq || err != nil {
-				return fmt.Errorf("ethtool channels of %s: %d, %v", side.l.Name, n, err)
+				return fmt.Errorf("ethtool channels of %s: %d, %w", side.l.Name, n, err)
 			}
 			*side.m, err = OpenMulti(MultiConfig{Config: Config{IfIndex: side.l.Index}, SpreadTx: side.spread})
 			return err
@@ -193,7 +193,7 @@ func TestMultiAllQueues(t *testing.T) {
 			return fmt.Errorf("%d queues served on a %d-queue interface", nq+1, nq)
 		}
 		if !strings.Contains(err.Error(), fmt.Sprintf("has %d receive queues; cannot serve %d", nq, nq+1)) {
-			return fmt.Errorf("unclear refusal: %v", err)
+			return fmt.Errorf("unclear refusal: %w", err)
 		}
 		return nil
 	}); err != nil {

@@ -318,8 +318,13 @@ func TestBackPressureAndNotLent(t *testing.T) {
 	if n, _ := port.Send(a, out); n != 4 {
 		t.Fatalf("after recycling, Send took %d, want 4", n)
 	}
-	b.Recv(in, 0)
-	b.Recv(in, 0) // all buffers free again
+	if _, err := b.Recv(in, 0); err != nil {
+		t.Fatal(err)
+	}
+	// all buffers free again
+	if _, err := b.Recv(in, 0); err != nil {
+		t.Fatal(err)
+	}
 	lent := make([][]byte, 2)
 	if a.Lend(lent) != 2 || len(lent[0]) != 128 || a.MaxFrame() != 128 {
 		t.Fatalf("Lend: %d-byte buffers, MaxFrame %d", len(lent[0]), a.MaxFrame())
@@ -340,7 +345,9 @@ func TestRecvViewValidUntilNextRecv(t *testing.T) {
 	buf := make([]byte, 64)
 	mustSend(t, a, [][]byte{seqFrame(buf, 1)})
 	in := make([][]byte, 1)
-	b.Recv(in, 0)
+	if _, err := b.Recv(in, 0); err != nil {
+		t.Fatal(err)
+	}
 	view := in[0]
 	// The sender reusing its buffer and sending more must not touch the view.
 	for i := range 500 {
@@ -527,7 +534,9 @@ func BenchmarkVirtualSendRecv(b *testing.B) {
 				if _, err := x.Submit(lent[:n]); err != nil {
 					b.Fatal(err)
 				}
-				y.Recv(in, 0)
+				if _, err := y.Recv(in, 0); err != nil {
+					b.Fatal(err)
+				}
 			}
 			b.ReportMetric(float64(b.N)*port.BatchSize/b.Elapsed().Seconds(), "frames/s")
 		})

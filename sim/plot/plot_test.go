@@ -3,6 +3,7 @@ package plot
 import (
 	"bytes"
 	"encoding/xml"
+	"errors"
 	"io"
 	"math"
 	"strings"
@@ -71,7 +72,7 @@ func TestFigureSVG(t *testing.T) {
 	d := xml.NewDecoder(bytes.NewReader(a.Bytes()))
 	for {
 		_, err := d.Token()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {

@@ -290,7 +290,7 @@ func (q *QP) Sent(now clock.Time, wire int) {
 
 // ccEvent runs one controller event and counts a decrease of its rate or
 // window.
-func (q *QP) ccEvent(now clock.Time, ev func(cc *qpCC)) {
+func (q *QP) ccEvent(ev func(cc *qpCC)) {
 	cc := q.cc
 	r0, w0 := cc.ctl.Rate(), cc.ctl.Window()
 	ev(cc)
@@ -315,7 +315,7 @@ func (q *QP) ccLoss(now clock.Time) {
 	cc.ctr.LossEvents++
 	q.ccCtr.LossEvents++
 	if cc.loss != nil {
-		q.ccEvent(now, func(cc *qpCC) { cc.loss.OnRetransmit(now, timeout) })
+		q.ccEvent(func(cc *qpCC) { cc.loss.OnRetransmit(now, timeout) })
 	}
 }
 
@@ -352,7 +352,7 @@ func (q *QP) ccResponse(now clock.Time, away time.Duration) {
 		cc.ctr.RTTSamples++
 		q.ccCtr.RTTSamples++
 	}
-	q.ccEvent(now, func(cc *qpCC) { cc.ctl.OnAck(now, ack) })
+	q.ccEvent(func(cc *qpCC) { cc.ctl.OnAck(now, ack) })
 }
 
 // ccExpire runs the requester's timers, then the controller's and the
@@ -377,7 +377,7 @@ func (q *QP) ccExpire(now clock.Time) {
 	}
 	q.ccLoss(now)
 	if cc.ctl.Deadline() <= now {
-		q.ccEvent(now, func(cc *qpCC) { cc.ctl.OnTimer(now) })
+		q.ccEvent(func(cc *qpCC) { cc.ctl.OnTimer(now) })
 	}
 	if cc.algo == DCQCN && cc.np.OnTimer(now) {
 		cc.cnps++
@@ -429,7 +429,7 @@ func (q *QP) receiveCNP(now clock.Time) {
 		return
 	}
 	before := cc.rp.RPCounters
-	q.ccEvent(now, func(cc *qpCC) { cc.ctl.OnCNP(now) })
+	q.ccEvent(func(cc *qpCC) { cc.ctl.OnCNP(now) })
 	q.ccCtr.RPCNPHandled += cc.rp.RPCNPHandled - before.RPCNPHandled
 	q.ccCtr.RPCNPIgnored += cc.rp.RPCNPIgnored - before.RPCNPIgnored
 }

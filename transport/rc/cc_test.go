@@ -10,6 +10,7 @@ import (
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/congestion/swift"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 	"github.com/softrnic/softrnic/transport"
 )
 
@@ -40,8 +41,8 @@ func TestCCNotificationPoint(t *testing.T) {
 	w := req{op: bth.RCRDMAWriteOnly, psn: 500, ackReq: true, va: 0x1000, rkey: 7, dmaLen: 8, payload: fill(8, 1)}
 	c.qp.Receive(c.now, w.bytes(0x11), &transport.Meta{ECN: ecnCE})
 	got := c.expect(p(bth.CNP, 0), ack(500, 1))
-	if h := bth.BTH(got[0].raw); h.DestQP() != 0x22 || !h.BECN() || h.PKey() != bth.DefaultPKey || len(got[0].raw) != cnpLen {
-		t.Fatalf("CNP % x", got[0].raw)
+	if h := bth.BTH(got[0].Raw); h.DestQP() != 0x22 || !h.BECN() || h.PKey() != bth.DefaultPKey || len(got[0].Raw) != cnpLen {
+		t.Fatalf("CNP % x", got[0].Raw)
 	}
 	a := req{op: bth.RCAcknowledge, psn: 99, syn: SynACK}
 	c.qp.Receive(c.now, a.bytes(0x11), &transport.Meta{ECN: ecnCE})
@@ -130,8 +131,8 @@ func TestCCSwiftWindowSamplesAndLoss(t *testing.T) {
 		t.Fatalf("sent %d packets, window full %d; want 8, 1", len(got), ctr.WindowFull)
 	}
 	for i, g := range got {
-		if g.ackReq != (i%2 == 1) {
-			t.Fatalf("packet %d AckReq %v, want every second packet", i, g.ackReq)
+		if g.AckReq != (i%2 == 1) {
+			t.Fatalf("packet %d AckReq %v, want every second packet", i, g.AckReq)
 		}
 	}
 	c.now += 10 * us
@@ -149,7 +150,7 @@ func TestCCSwiftWindowSamplesAndLoss(t *testing.T) {
 		t.Fatalf("after a sequence NAK: %+v (cwnd was %v), retransmits %d", st, cwnd, c.qp.Retransmits)
 	}
 	resent := c.out()
-	if len(resent) == 0 || resent[0].psn != 102 {
+	if len(resent) == 0 || resent[0].PSN != 102 {
 		t.Fatalf("go-back-N resent %v", resent)
 	}
 	c.now += us
@@ -162,15 +163,15 @@ func TestCCSwiftWindowSamplesAndLoss(t *testing.T) {
 
 // outSent is out with every packet charged to the pacer, as the device
 // does after each Build.
-func (c *tctx) outSent() []pkt {
-	var ps []pkt
+func (c *tctx) outSent() []checker.Packet {
+	var ps []checker.Packet
 	for i := 0; i < 10000; i++ {
 		n := c.qp.Build(c.now, c.buf)
 		if n == 0 {
 			return ps
 		}
 		c.qp.Sent(c.now, n+46)
-		ps = append(ps, decode(c.buf[:n]))
+		ps = append(ps, checker.Decode(c.buf[:n]))
 	}
 	c.t.Fatal("Build never stops")
 	return nil
@@ -190,7 +191,7 @@ func TestCCPacedIsNotLost(t *testing.T) {
 	}
 	c.qp.cc.retuneAcks()
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(make([]byte, 4*1024)), RemoteAddr: 0x100, RKey: 1})
-	if got := c.outSent(); len(got) != 1 || !got[0].ackReq {
+	if got := c.outSent(); len(got) != 1 || !got[0].AckReq {
 		t.Fatalf("sent %v, want one packet with AckReq", got)
 	}
 	c.now += clock.Time(time.Millisecond)

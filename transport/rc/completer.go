@@ -46,7 +46,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 		q.srDrainResponses(now)
 	}
 	if probe {
-		q.probeAnswered(now, probeAt)
+		q.probeAnswered(probeAt)
 	}
 }
 
@@ -83,7 +83,7 @@ func (q *QP) completer(now clock.Time, pkt []byte, op bth.Opcode, hl, end int, p
 	e := r.entry(r.head)
 	switch {
 	case op.IsAck():
-		q.handleAck(now, e, pp, syn, nakLike)
+		q.handleAck(now, e, pp, syn)
 	case op.IsReadResponse():
 		if op != bth.RCRDMAReadResponseMiddle && bth.AETH(pkt[op.Offset(bth.ExtAETH):]).Syndrome()&0xE0 != 0 {
 			q.RxDropped++
@@ -153,7 +153,7 @@ func (q *QP) ackPartial(now clock.Time, e *sendEntry, pp bth.PSN) {
 	}
 }
 
-func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8, nak bool) {
+func (q *QP) handleAck(now clock.Time, e *sendEntry, pp bth.PSN, syn uint8) {
 	r := &q.req
 	switch {
 	case syn&0xE0 == 0x00: // ACK

@@ -5,6 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 // TestCountersRequesterNAKs: each NAK kind received is counted under its
@@ -95,5 +96,29 @@ func TestCountersResponderRequests(t *testing.T) {
 	c.expect(nak(SynNAKInvReq, 500, 0))
 	if q := &c.qp.Counters; q.LocalLengthErrs != 1 || q.RemAccessErrs != 0 {
 		t.Fatalf("SEND longer than the receive buffer: %+v", *q)
+	}
+}
+
+// TestCountersRespQueueFull: replies that find the response queue full are
+// dropped (the requester asks again) and counted, never lost silently.
+func TestCountersRespQueueFull(t *testing.T) {
+	cfg := defaultCfg()
+	cfg.MaxDestRdAtomic = 1
+	c := newCtx(t, cfg)
+	c.addMR(5, 0x2000, 64, ib.RemoteAtomic)
+	c.inject(req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x2000, rkey: 5, swap: 1})
+	c.expect(checker.Is(checker.Opcode(bth.RCAtomicAcknowledge), checker.PSN(500), checker.AETH(SynACK, 1)))
+	// Duplicates of the atomic, each answered from the resource table,
+	// with nothing sent in between.
+	const dups = 20
+	for range dups {
+		c.inject(req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x2000, rkey: 5, swap: 1})
+	}
+	sent := len(c.out())
+	if sent == 0 || sent == dups {
+		t.Fatalf("%d of %d replays sent: the response queue should hold some, not all", sent, dups)
+	}
+	if got := c.qp.RespQueueFull; got != uint64(dups-sent) {
+		t.Fatalf("RespQueueFull %d, want %d (%d replays, %d sent)", got, dups-sent, dups, sent)
 	}
 }

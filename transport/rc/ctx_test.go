@@ -2,12 +2,12 @@ package rc
 
 import (
 	"encoding/binary"
-	"fmt"
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 // testMR is a registered region for the fake memory table.
@@ -66,42 +66,6 @@ func (r *testRQ) post(id uint64, buf []byte) {
 	r.q = append(r.q, ib.RecvWQE{ID: id, SG: segs(buf), Length: uint32(len(buf))})
 }
 
-// pkt is a decoded transport packet, for assertions.
-type pkt struct {
-	op      bth.Opcode
-	psn     bth.PSN
-	ackReq  bool
-	syn     uint8
-	msn     uint32
-	hasAETH bool
-	payload []byte
-	raw     []byte
-	sr      bool
-}
-
-func (p pkt) String() string {
-	s := fmt.Sprintf("%v psn=%d", p.op, p.psn)
-	if p.hasAETH {
-		s += fmt.Sprintf(" syn=%#x msn=%d", p.syn, p.msn)
-	}
-	if p.ackReq {
-		s += " A"
-	}
-	return s + fmt.Sprintf(" len=%d", len(p.payload))
-}
-
-func decode(b []byte) pkt {
-	h := bth.BTH(b)
-	op := h.Opcode()
-	p := pkt{op: op, psn: h.PSN(), ackReq: h.AckReq(), raw: append([]byte(nil), b...), sr: h.SR()}
-	if o := op.Offset(bth.ExtAETH); o >= 0 {
-		a := bth.AETH(b[o:])
-		p.syn, p.msn, p.hasAETH = a.Syndrome(), a.MSN(), true
-	}
-	p.payload = p.raw[op.HeaderLen() : len(b)-h.PadCount()]
-	return p
-}
-
 // tctx drives one QP in the style of gVisor's tcp testing/context: inject
 // a packet, look at what comes out.
 type tctx struct {
@@ -135,14 +99,14 @@ func (c *tctx) addMR(rkey uint32, va uint64, n int, acc ib.Access) *testMR {
 }
 
 // out drains every packet the QP wants to send now.
-func (c *tctx) out() []pkt {
-	var ps []pkt
+func (c *tctx) out() []checker.Packet {
+	var ps []checker.Packet
 	for i := 0; i < 10000; i++ {
 		n := c.qp.Build(c.now, c.buf)
 		if n == 0 {
 			return ps
 		}
-		ps = append(ps, decode(c.buf[:n]))
+		ps = append(ps, checker.Decode(c.buf[:n]))
 	}
 	c.t.Fatal("Build never stops")
 	return nil
@@ -234,32 +198,27 @@ func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), nil) }
 
 func (c *tctx) wcs() []ib.WC { return append([]ib.WC(nil), c.qp.TakeCompletions()...) }
 
-// expect asserts the exact sequence of packets (opcode, PSN, and for ACKs
-// syndrome and MSN) that comes out.
-func (c *tctx) expect(want ...pkt) []pkt {
+// expect asserts the exact sequence of packets that comes out: what each
+// must be, as ack, nak and p say (opcode and PSN, and for ACKs syndrome and
+// MSN), or any checker.Want.
+func (c *tctx) expect(want ...checker.Want) []checker.Packet {
 	c.t.Helper()
 	got := c.out()
-	if len(got) != len(want) {
-		c.t.Fatalf("got %d packets %v, want %d %v", len(got), got, len(want), want)
-	}
-	for i := range want {
-		g, w := got[i], want[i]
-		if g.op != w.op || g.psn != w.psn || (w.hasAETH && (g.syn != w.syn || g.msn != w.msn)) {
-			c.t.Fatalf("packet %d: got %v, want %v (all: %v)", i, g, w, got)
-		}
-	}
+	checker.Packets(c.t, got, want...)
 	return got
 }
 
-func ack(psn bth.PSN, msn uint32) pkt {
-	return pkt{op: bth.RCAcknowledge, psn: psn, syn: SynACK, msn: msn, hasAETH: true}
+func ack(psn bth.PSN, msn uint32) checker.Want {
+	return checker.Is(checker.Opcode(bth.RCAcknowledge), checker.PSN(psn), checker.AETH(SynACK, msn))
 }
 
-func nak(syn uint8, psn bth.PSN, msn uint32) pkt {
-	return pkt{op: bth.RCAcknowledge, psn: psn, syn: syn, msn: msn, hasAETH: true}
+func nak(syn uint8, psn bth.PSN, msn uint32) checker.Want {
+	return checker.Is(checker.Opcode(bth.RCAcknowledge), checker.PSN(psn), checker.AETH(syn, msn))
 }
 
-func p(op bth.Opcode, psn bth.PSN) pkt { return pkt{op: op, psn: psn} }
+func p(op bth.Opcode, psn bth.PSN) checker.Want {
+	return checker.Is(checker.Opcode(op), checker.PSN(psn))
+}
 
 func fill(n int, seed byte) []byte {
 	b := make([]byte, n)

@@ -91,7 +91,7 @@ func feed(t *testing.T, c *tctx, back, p1, p2 []byte) {
 	for _, p := range [][]byte{p1, p2, p1} {
 		c.qp.Receive(c.now, p, nil)
 		for _, o := range c.out() {
-			if o.op.HeaderLen() == 0 || len(o.raw) > c.qp.MaxPacket() {
+			if o.Op.HeaderLen() == 0 || len(o.Raw) > c.qp.MaxPacket() {
 				t.Fatalf("malformed output %v", o)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 // flight is a packet on the simulated wire.
@@ -185,7 +186,7 @@ func (p *pair) step() bool {
 		if tap != nil {
 			tap(p, "A<", f)
 		}
-		before := decode(f)
+		before := checker.Decode(f)
 		p.a.Receive(p.now, f, nil)
 		if debugT != nil {
 			checkInv(debugT, p.a, before.String())
@@ -201,7 +202,7 @@ func (p *pair) step() bool {
 		if p.ab.idle(p.now) {
 			if n := p.a.Build(p.now, p.bufA); n > 0 {
 				if debugT != nil {
-					checkInv(debugT, p.a, "build "+decode(p.bufA[:n]).String())
+					checkInv(debugT, p.a, "build "+checker.Decode(p.bufA[:n]).String())
 				}
 				if tap != nil {
 					tap(p, "A>", p.bufA[:n])

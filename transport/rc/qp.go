@@ -175,6 +175,9 @@ type Counters struct {
 	TxSACKs    uint64
 	SRHeld     uint64
 	SRDropped  uint64
+	// Responses (ACKs, NAKs, READ replies, atomic results) dropped because
+	// the response queue was full: the requester retries as for a loss.
+	RespQueueFull uint64
 }
 
 // QP is one RC or UC queue pair's transport state.
@@ -242,6 +245,7 @@ func NewQP(o Options) *QP {
 		q.req.sq[i].SG = make([]ib.Seg, 0, maxSGE)
 	}
 	q.resp.cur.SG = make([]ib.Seg, 0, maxSGE)
+	q.resp.ctr = &q.Counters
 	q.wcs = make([]ib.WC, 0, sqDepth+64)
 	return q
 }

@@ -36,10 +36,10 @@ func TestCompleterReadReplyGapWithReadsOutstanding(t *testing.T) {
 	reply := func(i int, first bth.PSN, from int, firstOp bth.Opcode) {
 		for k := from; k < 4; k++ {
 			op := bth.RCRDMAReadResponseMiddle
-			switch {
-			case k == from:
+			switch k {
+			case from:
 				op = firstOp
-			case k == 3:
+			case 3:
 				op = bth.RCRDMAReadResponseLast
 			}
 			c.respond(req{op: op, psn: first + bth.PSN(k), syn: SynACK, msn: uint32(i + 1), payload: src[i][k*1024 : (k+1)*1024]})
@@ -54,10 +54,10 @@ func TestCompleterReadReplyGapWithReadsOutstanding(t *testing.T) {
 	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 104, syn: SynACK, msn: 2, payload: src[1][:1024]})
 	c.respond(req{op: bth.RCRDMAReadResponseMiddle, psn: 106, payload: src[1][2048:3072]})
 	g := c.expect(p(bth.RCRDMAReadRequest, 105), p(bth.RCRDMAReadRequest, 108))
-	if r := bth.RETH(g[0].raw[12:]); r.VA() != va[1]+1024 || r.DMALen() != n-1024 || r.RKey() != 9 {
+	if r := bth.RETH(g[0].Raw[12:]); r.VA() != va[1]+1024 || r.DMALen() != n-1024 || r.RKey() != 9 {
 		t.Fatalf("re-request of READ 2: va %#x len %d rkey %d", r.VA(), r.DMALen(), r.RKey())
 	}
-	if r := bth.RETH(g[1].raw[12:]); r.VA() != va[2] || r.DMALen() != n {
+	if r := bth.RETH(g[1].Raw[12:]); r.VA() != va[2] || r.DMALen() != n {
 		t.Fatalf("READ 3 re-sent with va %#x len %d", r.VA(), r.DMALen())
 	}
 	// The rest of the original replies is still on the wire: LAST of

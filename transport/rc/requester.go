@@ -318,20 +318,24 @@ func requestOpcode(o ib.WROpcode, first, last, uc bool) bth.Opcode {
 	default:
 		switch {
 		case first && last:
-			op = bth.RCSendOnly
-			if o == ib.SendWithImm {
+			switch o {
+			case ib.SendWithImm:
 				op = bth.RCSendOnlyImm
-			} else if o == ib.SendWithInv {
+			case ib.SendWithInv:
 				op = bth.RCSendOnlyInv
+			default:
+				op = bth.RCSendOnly
 			}
 		case first:
 			op = bth.RCSendFirst
 		case last:
-			op = bth.RCSendLast
-			if o == ib.SendWithImm {
+			switch o {
+			case ib.SendWithImm:
 				op = bth.RCSendLastImm
-			} else if o == ib.SendWithInv {
+			case ib.SendWithInv:
 				op = bth.RCSendLastInv
+			default:
+				op = bth.RCSendLast
 			}
 		default:
 			op = bth.RCSendMiddle

@@ -31,13 +31,13 @@ func TestRequesterSegmentsAtMTU(t *testing.T) {
 	got := c.expect(p(bth.RCSendFirst, 100), p(bth.RCSendMiddle, 101), p(bth.RCSendLast, 102))
 	var all []byte
 	for i, g := range got {
-		all = append(all, g.payload...)
-		if g.ackReq != (i == 2) {
-			t.Fatalf("AckReq on packet %d: %v", i, g.ackReq)
+		all = append(all, g.Payload...)
+		if g.AckReq != (i == 2) {
+			t.Fatalf("AckReq on packet %d: %v", i, g.AckReq)
 		}
-		pad := bth.BTH(g.raw).PadCount()
-		if (i < 2 && (len(g.payload) != 1024 || pad != 0)) || (i == 2 && (len(g.payload) != 452 || pad != 0)) {
-			t.Fatalf("packet %d: %d bytes pad %d", i, len(g.payload), pad)
+		pad := bth.BTH(g.Raw).PadCount()
+		if (i < 2 && (len(g.Payload) != 1024 || pad != 0)) || (i == 2 && (len(g.Payload) != 452 || pad != 0)) {
+			t.Fatalf("packet %d: %d bytes pad %d", i, len(g.Payload), pad)
 		}
 	}
 	if !bytes.Equal(all, data) {
@@ -46,8 +46,8 @@ func TestRequesterSegmentsAtMTU(t *testing.T) {
 	// 3-byte WRITE: ONLY with RETH and a pad of 1.
 	c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMAWrite, SG: segs([]byte{1, 2, 3}), RemoteAddr: 0x5000, RKey: 0x77})
 	g := c.expect(p(bth.RCRDMAWriteOnly, 103))[0]
-	r := bth.RETH(g.raw[12:])
-	if bth.BTH(g.raw).PadCount() != 1 || r.VA() != 0x5000 || r.RKey() != 0x77 || r.DMALen() != 3 || !g.ackReq {
+	r := bth.RETH(g.Raw[12:])
+	if bth.BTH(g.Raw).PadCount() != 1 || r.VA() != 0x5000 || r.RKey() != 0x77 || r.DMALen() != 3 || !g.AckReq {
 		t.Fatalf("write only %v", g)
 	}
 	// Zero-length SEND: one ONLY packet.
@@ -65,13 +65,13 @@ func TestRequesterAckReqEvery64AndWindow(t *testing.T) {
 		t.Fatalf("sent %d packets, window is %d", len(got), MaxUnackedPSNs)
 	}
 	for i, g := range got {
-		if g.ackReq != ((i+1)%(MaxPktPerAck+2) == 0) {
-			t.Fatalf("packet %d AckReq %v", i, g.ackReq)
+		if g.AckReq != ((i+1)%(MaxPktPerAck+2) == 0) {
+			t.Fatalf("packet %d AckReq %v", i, g.AckReq)
 		}
 	}
 	c.respond(req{op: bth.RCAcknowledge, psn: 100 + 63, syn: SynACK, msn: 0})
 	got = c.out()
-	if len(got) != 64 || got[0].psn != 229 {
+	if len(got) != 64 || got[0].PSN != 229 {
 		t.Fatalf("after ACK: %d packets from %v", len(got), got[0])
 	}
 }
@@ -105,7 +105,7 @@ func TestCompleterReadNeedsItsResponse(t *testing.T) {
 	c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x9000, RKey: 3})
 	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
 	g := c.expect(p(bth.RCSendOnly, 100), p(bth.RCRDMAReadRequest, 101), p(bth.RCSendOnly, 104))
-	if r := bth.RETH(g[1].raw[12:]); r.VA() != 0x9000 || r.DMALen() != 2100 || r.RKey() != 3 {
+	if r := bth.RETH(g[1].Raw[12:]); r.VA() != 0x9000 || r.DMALen() != 2100 || r.RKey() != 3 {
 		t.Fatal("RETH")
 	}
 	// An ACK beyond the READ means its response was lost: the SEND before
@@ -129,7 +129,7 @@ func TestCompleterReadNeedsItsResponse(t *testing.T) {
 	// A second out-of-order packet of the same gap asks nothing more.
 	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 103, syn: SynACK, msn: 2, payload: src[2048:]})
 	c.expect()
-	if r := bth.RETH(g[0].raw[12:]); r.VA() != 0x9000+1024 || r.DMALen() != 2100-1024 {
+	if r := bth.RETH(g[0].Raw[12:]); r.VA() != 0x9000+1024 || r.DMALen() != 2100-1024 {
 		t.Fatalf("re-request RETH va %#x len %d", r.VA(), r.DMALen())
 	}
 	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 102, syn: SynACK, msn: 2, payload: src[1024:2048]})
@@ -149,7 +149,7 @@ func TestCompleterNAKSeqGoBackN(t *testing.T) {
 	c.expect(p(bth.RCRDMAWriteFirst, 100), p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102), p(bth.RCSendOnly, 103))
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq, msn: 0})
 	g := c.expect(p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102), p(bth.RCSendOnly, 103))
-	if !bytes.Equal(g[0].payload, data[1024:2048]) {
+	if !bytes.Equal(g[0].Payload, data[1024:2048]) {
 		t.Fatal("resent middle payload")
 	}
 	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK, msn: 2})
@@ -277,7 +277,7 @@ func TestCompleterAtomicAndRdAtomicLimit(t *testing.T) {
 	}
 	c.post(ib.SendWQE{ID: 9, Opcode: ib.Send, Flags: ib.Signaled | ib.Fence, SG: segs(fill(1, 0))})
 	g := c.expect(p(bth.RCFetchAdd, 100), p(bth.RCFetchAdd, 101)) // max_rd_atomic 2
-	if a := bth.AtomicETH(g[0].raw[12:]); a.VA() != 0x800 || a.SwapAdd() != 1 {
+	if a := bth.AtomicETH(g[0].Raw[12:]); a.VA() != 0x800 || a.SwapAdd() != 1 {
 		t.Fatal("AtomicETH")
 	}
 	c.respond(req{op: bth.RCAtomicAcknowledge, psn: 100, syn: SynACK, msn: 1, orig: 41})

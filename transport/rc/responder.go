@@ -83,6 +83,8 @@ type responder struct {
 
 	sr   bool     // selective repeat agreed with the requester (srresp.go)
 	held holdRing // requests that came out of order
+
+	ctr *Counters // the QP's
 }
 
 func (s *responder) init(cfg Config) {
@@ -104,23 +106,25 @@ func (s *responder) init(cfg Config) {
 // pushFront queues it before everything else: a READ range a
 // selective-repeat requester asks for again fills a hole it waits on,
 // while the reply in progress only adds to what it holds.
-func (s *responder) pushFront(it respItem) bool {
+func (s *responder) pushFront(it respItem) {
 	if s.qlen == len(s.q) {
-		return false
+		s.ctr.RespQueueFull++
+		return
 	}
 	s.qhead = (s.qhead + len(s.q) - 1) % len(s.q)
 	s.q[s.qhead] = it
 	s.qlen++
-	return true
 }
 
-func (s *responder) push(it respItem) bool {
+// push queues it last. A full queue drops it, as if the response were
+// lost: the requester asks again.
+func (s *responder) push(it respItem) {
 	if s.qlen == len(s.q) {
-		return false
+		s.ctr.RespQueueFull++
+		return
 	}
 	s.q[(s.qhead+s.qlen)%len(s.q)] = it
 	s.qlen++
-	return true
 }
 
 // pushAck queues an ACK, merging it into a queued ACK right before it:
@@ -598,6 +602,9 @@ func (q *QP) buildResponse(buf []byte) int {
 		bth.AtomicAckETH(buf[op.Offset(bth.ExtAtomicAckETH):]).SetOrig(it.orig)
 		s.pop()
 		return op.HeaderLen()
+	default:
+		// itemRead: the reply's next packet, below. (Cancelled items
+		// were skipped above.)
 	}
 	mtu := uint32(q.cfg.MTU)
 	pay := it.remain

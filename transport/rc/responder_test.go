@@ -6,6 +6,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 func TestResponderSendMultiPacketAndACK(t *testing.T) {
@@ -155,12 +156,12 @@ func TestResponderReadResponses(t *testing.T) {
 	copy(mr.buf, fill(8192, 3))
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x10010, rkey: 5, dmaLen: 2600})
 	got := c.expect(
-		pkt{op: bth.RCRDMAReadResponseFirst, psn: 500, syn: SynACK, msn: 1, hasAETH: true},
+		checker.Is(checker.Opcode(bth.RCRDMAReadResponseFirst), checker.PSN(500), checker.AETH(SynACK, 1)),
 		p(bth.RCRDMAReadResponseMiddle, 501),
-		pkt{op: bth.RCRDMAReadResponseLast, psn: 502, syn: SynACK, msn: 1, hasAETH: true})
+		checker.Is(checker.Opcode(bth.RCRDMAReadResponseLast), checker.PSN(502), checker.AETH(SynACK, 1)))
 	var all []byte
 	for _, g := range got {
-		all = append(all, g.payload...)
+		all = append(all, g.Payload...)
 	}
 	if !bytes.Equal(all, mr.buf[0x10:0x10+2600]) {
 		t.Fatal("READ data differs")
@@ -176,9 +177,9 @@ func TestResponderReadResponses(t *testing.T) {
 	mr.buf[0x10+1024] = 0xAA
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 501, ackReq: true, va: 0x10010 + 1024, rkey: 5, dmaLen: 2600 - 1024})
 	got = c.expect(
-		pkt{op: bth.RCRDMAReadResponseFirst, psn: 501, syn: SynACK, msn: 2, hasAETH: true},
-		pkt{op: bth.RCRDMAReadResponseLast, psn: 502, syn: SynACK, msn: 2, hasAETH: true})
-	if got[0].payload[0] != 0xAA || len(got[1].payload) != 2600-2048 {
+		checker.Is(checker.Opcode(bth.RCRDMAReadResponseFirst), checker.PSN(501), checker.AETH(SynACK, 2)),
+		checker.Is(checker.Opcode(bth.RCRDMAReadResponseLast), checker.PSN(502), checker.AETH(SynACK, 2)))
+	if got[0].Payload[0] != 0xAA || len(got[1].Payload) != 2600-2048 {
 		t.Fatal("replay data")
 	}
 	// A duplicate that asks for more than the original is dropped.
@@ -186,8 +187,8 @@ func TestResponderReadResponses(t *testing.T) {
 	c.expect()
 	// Zero-length READ names no memory: answered with an empty ONLY.
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 504, ackReq: true, va: 0xdead, rkey: 0x77, dmaLen: 0})
-	g := c.expect(pkt{op: bth.RCRDMAReadResponseOnly, psn: 504, syn: SynACK, msn: 3, hasAETH: true})
-	if len(g[0].payload) != 0 {
+	g := c.expect(checker.Is(checker.Opcode(bth.RCRDMAReadResponseOnly), checker.PSN(504), checker.AETH(SynACK, 3)))
+	if len(g[0].Payload) != 0 {
 		t.Fatal("zero READ payload")
 	}
 }
@@ -197,19 +198,19 @@ func TestResponderAtomicsAndReplay(t *testing.T) {
 	mr := c.addMR(5, 0x2000, 64, ib.RemoteAtomic)
 	le := func(o int) uint64 { return le64(mr.buf[o:]) }
 	c.inject(req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x2008, rkey: 5, swap: 5})
-	g := c.expect(pkt{op: bth.RCAtomicAcknowledge, psn: 500, syn: SynACK, msn: 1, hasAETH: true})
-	if bth.AtomicAckETH(g[0].raw[16:]).Orig() != 0 || le(8) != 5 {
+	g := c.expect(checker.Is(checker.Opcode(bth.RCAtomicAcknowledge), checker.PSN(500), checker.AETH(SynACK, 1)))
+	if bth.AtomicAckETH(g[0].Raw[16:]).Orig() != 0 || le(8) != 5 {
 		t.Fatal("fetch-add")
 	}
 	c.inject(req{op: bth.RCCompareSwap, psn: 501, ackReq: true, va: 0x2008, rkey: 5, cmp: 5, swap: 42})
-	g = c.expect(pkt{op: bth.RCAtomicAcknowledge, psn: 501, syn: SynACK, msn: 2, hasAETH: true})
-	if bth.AtomicAckETH(g[0].raw[16:]).Orig() != 5 || le(8) != 42 {
+	g = c.expect(checker.Is(checker.Opcode(bth.RCAtomicAcknowledge), checker.PSN(501), checker.AETH(SynACK, 2)))
+	if bth.AtomicAckETH(g[0].Raw[16:]).Orig() != 5 || le(8) != 42 {
 		t.Fatal("cmp-swap")
 	}
 	// Duplicate of the fetch-add: the stored result, not executed again.
 	c.inject(req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x2008, rkey: 5, swap: 5})
-	g = c.expect(pkt{op: bth.RCAtomicAcknowledge, psn: 500, syn: SynACK, msn: 2, hasAETH: true})
-	if bth.AtomicAckETH(g[0].raw[16:]).Orig() != 0 || le(8) != 42 {
+	g = c.expect(checker.Is(checker.Opcode(bth.RCAtomicAcknowledge), checker.PSN(500), checker.AETH(SynACK, 2)))
+	if bth.AtomicAckETH(g[0].Raw[16:]).Orig() != 0 || le(8) != 42 {
 		t.Fatal("atomic replay re-executed")
 	}
 }
@@ -228,7 +229,7 @@ func TestResponderResourceTableBounded(t *testing.T) {
 	c.inject(req{op: bth.RCFetchAdd, psn: 500, ackReq: true, va: 0x2000, rkey: 5, swap: 1})
 	c.expect()
 	c.inject(req{op: bth.RCFetchAdd, psn: 502, ackReq: true, va: 0x2000, rkey: 5, swap: 1})
-	c.expect(pkt{op: bth.RCAtomicAcknowledge, psn: 502, syn: SynACK, msn: 3, hasAETH: true})
+	c.expect(checker.Is(checker.Opcode(bth.RCAtomicAcknowledge), checker.PSN(502), checker.AETH(SynACK, 3)))
 }
 
 func TestResponderWriteImmAndInvalidate(t *testing.T) {
@@ -309,7 +310,7 @@ func TestResponderDuplicateReadReplacesReplyInProgress(t *testing.T) {
 	// reply stops, the new one starts at 501 with FIRST.
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 501, ackReq: true, va: 1024, rkey: 5, dmaLen: 9 * 1024})
 	g := c.out()
-	if len(g) != 9 || g[0].op != bth.RCRDMAReadResponseFirst || g[0].psn != 501 || g[8].psn != 509 || g[8].op != bth.RCRDMAReadResponseLast {
+	if len(g) != 9 || g[0].Op != bth.RCRDMAReadResponseFirst || g[0].PSN != 501 || g[8].PSN != 509 || g[8].Op != bth.RCRDMAReadResponseLast {
 		t.Fatalf("%v", g)
 	}
 }

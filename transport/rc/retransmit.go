@@ -186,7 +186,7 @@ func (q *QP) expireAdaptive(now clock.Time) {
 		if r.backoff < 16 {
 			r.backoff++
 		}
-		q.goBack(now, r.compPSN)
+		q.goBack(r.compPSN)
 		r.rtoAt = now.Add(q.adpRTO())
 		r.ptoAt = clock.Never
 		return
@@ -201,7 +201,7 @@ func (q *QP) expireAdaptive(now clock.Time) {
 
 // goBack is an adaptive go-back-N to p: no retry is spent, and stale NAKs
 // for the same gap are ignored until progress, as after a retry.
-func (q *QP) goBack(now clock.Time, p bth.PSN) {
+func (q *QP) goBack(p bth.PSN) {
 	r := &q.req
 	q.rewind(p)
 	r.retrying = true
@@ -281,7 +281,7 @@ func (r *requester) answersProbe(op bth.Opcode, pp bth.PSN, syn uint8) bool {
 
 // probeAnswered is called once the answer to a probe was processed: every
 // packet sent before the probe and still unacknowledged is lost.
-func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time) {
+func (q *QP) probeAnswered(probeAt clock.Time) {
 	r := &q.req
 	r.probeOut = false
 	if q.failed || !q.reqOn || r.rnrWait || !r.compPSN.Less(r.psn) {
@@ -292,7 +292,7 @@ func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time) {
 	}
 	q.FastRetrans++
 	q.AdpRetrans++
-	q.goBack(now, r.compPSN)
+	q.goBack(r.compPSN)
 }
 
 // RTT returns the smoothed RTT, its variation and the minimum RTT the QP

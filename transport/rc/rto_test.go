@@ -9,6 +9,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 func TestRTTEstimatorRFC6298(t *testing.T) {
@@ -58,7 +59,7 @@ func (c *tctx) sampled(d time.Duration) {
 	c.post(ib.SendWQE{ID: 999, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	g := c.out()
 	c.now = c.now.Add(d)
-	c.respond(req{op: bth.RCAcknowledge, psn: g[len(g)-1].psn, syn: SynACK})
+	c.respond(req{op: bth.RCAcknowledge, psn: g[len(g)-1].PSN, syn: SynACK})
 	c.wcs()
 }
 
@@ -115,7 +116,7 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	g := c.expect(p(bth.RCSendOnly, 101))
-	if !g[0].ackReq || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != 1 || c.qp.req.retryLeft != 7 {
+	if !g[0].AckReq || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != 1 || c.qp.req.retryLeft != 7 {
 		t.Fatalf("probe %v: counters %+v retries left %d", g[0], c.qp.Counters, c.qp.req.retryLeft)
 	}
 	want := RTOMin
@@ -173,7 +174,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 			c.expect(p(bth.RCSendOnly, 101))
 			c.now = c.now.Add(50 * time.Microsecond)
 			c.respond(req{op: bth.RCAcknowledge, psn: k.answer, syn: SynACK})
-			var want []pkt
+			var want []checker.Want
 			for _, q := range k.wantAgain {
 				want = append(want, p(bth.RCSendOnly, q))
 			}
@@ -326,7 +327,7 @@ func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 // marks its requests, and a peer that does not mark its answers (one
 // that ignores the bit) keeps it on go-back-N.
 func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
-	run := func(cfg Config, pool bool) ([]pkt, *tctx) {
+	run := func(cfg Config, pool bool) ([]checker.Packet, *tctx) {
 		c := newCtx(t, cfg)
 		if pool {
 			c = newSRCtx(t, cfg)
@@ -341,14 +342,14 @@ func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
 	want, _ := run(old, false)
 	got, _ := run(defaultCfg(), true) // selective by default, pool, rxe-style QPN
 	for i := range want {
-		if !bytes.Equal(got[i].raw, want[i].raw) {
-			t.Fatalf("packet %d differs:\n% x\n% x", i, got[i].raw, want[i].raw)
+		if !bytes.Equal(got[i].Raw, want[i].Raw) {
+			t.Fatalf("packet %d differs:\n% x\n% x", i, got[i].Raw, want[i].Raw)
 		}
 	}
 	marked, c := run(srCfg(), true)
 	for i := range marked {
-		if !marked[i].sr || !bytes.Equal(marked[i].raw[9:], want[i].raw[9:]) {
-			t.Fatalf("packet %d toward a softrnic QPN: % x", i, marked[i].raw)
+		if !marked[i].SR || !bytes.Equal(marked[i].Raw[9:], want[i].Raw[9:]) {
+			t.Fatalf("packet %d toward a softrnic QPN: % x", i, marked[i].Raw)
 		}
 	}
 	// The peer answers like rxe: unmarked, a sequence NAK at 101.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/checker"
 )
 
 // srAck is the selective-repeat ACK of psn whose SACKETH from psn+1 marks
@@ -17,14 +18,14 @@ func srAck(psn bth.PSN, have ...bth.PSN) req {
 }
 
 // sackOf decodes the PSNs an ACK's SACKETH marks.
-func sackOf(t *testing.T, g pkt) []bth.PSN {
+func sackOf(t *testing.T, g checker.Packet) []bth.PSN {
 	t.Helper()
-	if !g.sr || g.op != bth.RCAcknowledge {
+	if !g.SR || g.Op != bth.RCAcknowledge {
 		t.Fatalf("%v is not a selective-repeat ACK", g)
 	}
-	s := bth.SACKETH(g.payload)
-	if !s.Valid() || s.Base() != g.psn.Next() {
-		t.Fatalf("SACKETH % x after ACK %d", g.payload, g.psn)
+	s := bth.SACKETH(g.Payload)
+	if !s.Valid() || s.Base() != g.PSN.Next() {
+		t.Fatalf("SACKETH % x after ACK %d", g.Payload, g.PSN)
 	}
 	var have []bth.PSN
 	for i := 0; i < 32*s.Words(); i++ {
@@ -35,14 +36,12 @@ func sackOf(t *testing.T, g pkt) []bth.PSN {
 	return have
 }
 
-// outEach builds the packets one at a time, d apart.
-func (c *tctx) outEach(d time.Duration) []pkt {
-	var ps []pkt
+// outEach builds the packets one at a time, a microsecond apart, and drops
+// them.
+func (c *tctx) outEach() {
 	for n := c.qp.Build(c.now, c.buf); n > 0; n = c.qp.Build(c.now, c.buf) {
-		ps = append(ps, decode(c.buf[:n]))
-		c.now = c.now.Add(d)
+		c.now = c.now.Add(time.Microsecond)
 	}
-	return ps
 }
 
 // TestSRAgreement: a responder holds out-of-order requests only when the
@@ -79,13 +78,13 @@ func TestSRAgreement(t *testing.T) {
 				t.Fatalf("selective repeat %v, want %v; sent %v", on, k.want, g)
 			}
 			if k.want {
-				if have := sackOf(t, g[0]); g[0].psn != 499 || len(have) != 1 || have[0] != 501 || c.qp.SRHeld != 1 {
+				if have := sackOf(t, g[0]); g[0].PSN != 499 || len(have) != 1 || have[0] != 501 || c.qp.SRHeld != 1 {
 					t.Fatalf("%v SACK %v", g[0], have)
 				}
 				return
 			}
-			if g[0].sr || g[0].syn != SynNAKPSNSeq || g[0].psn != 500 || len(g[0].raw) != bth.BTHLen+bth.AETHLen {
-				t.Fatalf("go-back-N responder sent %v sr=%v", g[0], g[0].sr)
+			if g[0].SR || g[0].Syn != SynNAKPSNSeq || g[0].PSN != 500 || len(g[0].Raw) != bth.BTHLen+bth.AETHLen {
+				t.Fatalf("go-back-N responder sent %v sr=%v", g[0], g[0].SR)
 			}
 		})
 	}
@@ -125,7 +124,7 @@ func TestSRResponderPlacesInOrder(t *testing.T) {
 					t.Fatalf("after packet %d: %v", pkts[k].psn, g)
 				}
 				if len(g) == 1 {
-					if g[0].psn != ePSN.Prev() {
+					if g[0].PSN != ePSN.Prev() {
 						t.Fatalf("ACK %v with expected PSN %d", g[0], ePSN)
 					}
 					for _, h := range sackOf(t, g[0]) {
@@ -184,7 +183,7 @@ func TestSRResponderSendAcrossReceives(t *testing.T) {
 		t.Fatal("receive data")
 	}
 	g := c.out()
-	if len(g) != 1 || g[0].psn != 505 || len(sackOf(t, g[0])) != 0 {
+	if len(g) != 1 || g[0].PSN != 505 || len(sackOf(t, g[0])) != 0 {
 		t.Fatalf("final ACK %v", g)
 	}
 }
@@ -257,11 +256,11 @@ func TestSRResponderPSNWrap(t *testing.T) {
 	c.inject(pk[3])
 	c.inject(pk[1])
 	g := c.out()
-	if have := sackOf(t, g[0]); g[0].psn != bth.PSNMask-2 || len(have) != 3 || have[0] != bth.PSNMask || have[2] != 1 {
+	if have := sackOf(t, g[0]); g[0].PSN != bth.PSNMask-2 || len(have) != 3 || have[0] != bth.PSNMask || have[2] != 1 {
 		t.Fatalf("%v SACK %v", g[0], have)
 	}
 	c.inject(pk[0])
-	if g := c.out(); len(g) != 1 || g[0].psn != 1 || !bytes.Equal(mr.buf, data) {
+	if g := c.out(); len(g) != 1 || g[0].PSN != 1 || !bytes.Equal(mr.buf, data) {
 		t.Fatalf("after the hole filled: %v", g)
 	}
 }
@@ -274,13 +273,13 @@ func TestSRResponderReadRangeFirst(t *testing.T) {
 	c.addMR(9, 0x1000, 4096, ib.RemoteRead)
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4096, sr: true})
 	n := c.qp.Build(c.now, c.buf)
-	if g := decode(c.buf[:n]); g.op != bth.RCRDMAReadResponseFirst || !g.sr {
+	if g := checker.Decode(c.buf[:n]); g.Op != bth.RCRDMAReadResponseFirst || !g.SR {
 		t.Fatalf("%v", g)
 	}
 	c.inject(req{op: bth.RCRDMAReadRequest, psn: 502, ackReq: true, va: 0x1000 + 2048, rkey: 9, dmaLen: 1024, sr: true})
 	g := c.expect(p(bth.RCRDMAReadResponseOnly, 502), p(bth.RCRDMAReadResponseMiddle, 501), p(bth.RCRDMAReadResponseMiddle, 502), p(bth.RCRDMAReadResponseLast, 503))
 	for _, x := range g {
-		if !x.sr {
+		if !x.SR {
 			t.Fatalf("%v unmarked", x)
 		}
 	}
@@ -293,7 +292,7 @@ func TestSRResponderRNR(t *testing.T) {
 	c.inject(req{op: bth.RCSendOnly, psn: 500, ackReq: true, payload: fill(8, 1), sr: true})
 	c.inject(req{op: bth.RCSendOnly, psn: 501, ackReq: true, payload: fill(8, 2), sr: true})
 	g := c.out()
-	if g[0].syn&0xE0 != SynRNRNAK || g[0].psn != 500 || !g[0].sr {
+	if g[0].Syn&0xE0 != SynRNRNAK || g[0].PSN != 500 || !g[0].SR {
 		t.Fatalf("%v", g)
 	}
 	c.rq.post(1, make([]byte, 8))
@@ -310,11 +309,11 @@ func srRequester(t *testing.T, cfg Config) *tctx {
 	c := newSRCtx(t, cfg)
 	c.post(ib.SendWQE{ID: 999, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	g := c.out()
-	if !g[0].sr {
+	if !g[0].SR {
 		t.Fatal("request not marked")
 	}
 	c.now = c.now.Add(50 * time.Microsecond)
-	c.respond(srAck(g[0].psn))
+	c.respond(srAck(g[0].PSN))
 	if r, _ := c.qp.SelectiveRepeat(); !r {
 		t.Fatal("no agreement")
 	}
@@ -345,14 +344,14 @@ func TestSRRequesterRetransmitsHoles(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			c := srRequester(t, srCfg())
 			sends(c, 8, 0)
-			c.outEach(time.Microsecond) // 101..108
+			c.outEach() // 101..108
 			c.respond(srAck(k.ack, k.have...))
 			g := c.out()
 			if len(g) != len(k.again) {
 				t.Fatalf("resent %v, want %v", g, k.again)
 			}
 			for i := range g {
-				if g[i].psn != k.again[i] || !g[i].ackReq || !g[i].sr {
+				if g[i].PSN != k.again[i] || !g[i].AckReq || !g[i].SR {
 					t.Fatalf("resent %v, want %v", g, k.again)
 				}
 			}
@@ -370,7 +369,7 @@ func TestSRRequesterRetransmitsHoles(t *testing.T) {
 	// sent before a newer packet is known to have arrived.
 	c := srRequester(t, srCfg())
 	sends(c, 8, 0)
-	c.outEach(time.Microsecond)
+	c.outEach()
 	c.respond(srAck(101, 103, 104, 105, 106, 107, 108))
 	c.expect(p(bth.RCSendOnly, 102))
 	c.now = c.now.Add(time.Microsecond)
@@ -391,7 +390,7 @@ func TestSRRequesterRetransmitsHoles(t *testing.T) {
 func TestSRRequesterLostACKs(t *testing.T) {
 	c := srRequester(t, srCfg())
 	sends(c, 8, 0)
-	c.outEach(time.Microsecond)
+	c.outEach()
 	c.respond(srAck(108))
 	if w := c.wcs(); len(w) != 8 || c.qp.SelRetrans != 0 {
 		t.Fatalf("%d completions %+v", len(w), c.qp.Counters)
@@ -404,7 +403,7 @@ func TestSRRequesterLostACKs(t *testing.T) {
 func TestSRRequesterReordering(t *testing.T) {
 	c := srRequester(t, srCfg())
 	sends(c, 4, 0)
-	c.outEach(time.Microsecond) // 101..104
+	c.outEach() // 101..104
 	c.now = c.now.Add(40 * time.Microsecond)
 	c.respond(srAck(100, 102, 103, 104))
 	if c.qp.req.sr.lost != 1 || c.qp.req.sr.reordering {
@@ -420,7 +419,7 @@ func TestSRRequesterReordering(t *testing.T) {
 	}
 	// Now a hole behind packets sent less than that later is not lost yet.
 	sends(c, 4, 10)
-	c.outEach(time.Microsecond) // 105..108
+	c.outEach() // 105..108
 	c.respond(srAck(104, 106, 107, 108))
 	c.expect()
 	// A packet sent more than that later does it.
@@ -448,7 +447,7 @@ func TestSRRequesterReadHoles(t *testing.T) {
 	c.respond(resp(bth.RCRDMAReadResponseMiddle, 103))
 	c.respond(resp(bth.RCRDMAReadResponseLast, 104))
 	g := c.expect(p(bth.RCRDMAReadRequest, 102))
-	if r := bth.RETH(g[0].raw[12:]); r.VA() != 0x9000+1024 || r.DMALen() != 1024 || c.qp.SRHeld != 2 || c.qp.ImpliedNAKs != 1 {
+	if r := bth.RETH(g[0].Raw[12:]); r.VA() != 0x9000+1024 || r.DMALen() != 1024 || c.qp.SRHeld != 2 || c.qp.ImpliedNAKs != 1 {
 		t.Fatalf("asked again for va %#x len %d; %+v", r.VA(), r.DMALen(), c.qp.Counters)
 	}
 	c.respond(resp(bth.RCRDMAReadResponseOnly, 102))
@@ -472,7 +471,7 @@ func TestSRRequesterAckBeyondMissingResponse(t *testing.T) {
 	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 101, syn: SynACK, sr: true, payload: src[:1024]})
 	c.respond(srAck(104)) // READ LAST 102 and the atomic ACK 103 were lost
 	g := c.expect(p(bth.RCRDMAReadRequest, 102), p(bth.RCFetchAdd, 103))
-	if r := bth.RETH(g[0].raw[12:]); r.VA() != 0x9000+1024 || r.DMALen() != 1024 {
+	if r := bth.RETH(g[0].Raw[12:]); r.VA() != 0x9000+1024 || r.DMALen() != 1024 {
 		t.Fatalf("READ asked again for va %#x len %d", r.VA(), r.DMALen())
 	}
 	c.respond(req{op: bth.RCRDMAReadResponseOnly, psn: 102, syn: SynACK, sr: true, payload: src[1024:]})
@@ -490,7 +489,7 @@ func TestSRRequesterPSNWrap(t *testing.T) {
 	cfg.SQPSN = bth.PSNMask - 2
 	c := srRequester(t, cfg)
 	sends(c, 4, 0)
-	c.outEach(time.Microsecond) // 0xFFFFFE, 0xFFFFFF, 0, 1
+	c.outEach() // 0xFFFFFE, 0xFFFFFF, 0, 1
 	c.respond(srAck(bth.PSNMask-1, 0, 1))
 	c.expect(p(bth.RCSendOnly, bth.PSNMask))
 	c.respond(srAck(1))
@@ -505,7 +504,7 @@ func TestSRRequesterPSNWrap(t *testing.T) {
 func TestSRRequesterRNRGoesBackN(t *testing.T) {
 	c := srRequester(t, srCfg())
 	sends(c, 3, 0)
-	c.outEach(time.Microsecond)
+	c.outEach()
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynRNRNAK | 1, sr: true, payload: sack(102, 102, 103)})
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
@@ -540,8 +539,8 @@ func TestSRRequesterReadBeyondWindow(t *testing.T) {
 	// Everything held has drained up to the first packet dropped: the
 	// rest of the READ is asked for at once.
 	g := c.expect(p(bth.RCRDMAReadRequest, c.qp.req.compPSN))
-	from := g[0].psn
-	if r := bth.RETH(g[0].raw[12:]); r.VA() != 0x10000+uint64(from-101)*1024 || r.DMALen() != uint32(101+n-from)*1024 {
+	from := g[0].PSN
+	if r := bth.RETH(g[0].Raw[12:]); r.VA() != 0x10000+uint64(from-101)*1024 || r.DMALen() != uint32(101+n-from)*1024 {
 		t.Fatalf("rest asked for at va %#x len %d", r.VA(), r.DMALen())
 	}
 	for psn := from; psn < 101+n; psn++ {

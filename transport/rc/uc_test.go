@@ -21,7 +21,7 @@ func TestUCRequesterCompletesOnSendWithoutACK(t *testing.T) {
 	c.post(ib.SendWQE{ID: 2, Opcode: ib.RDMAWriteWithImm, Flags: ib.Signaled, SG: segs(make([]byte, 10)), RemoteAddr: 1, RKey: 2})
 	g := c.expect(p(bth.UCSendFirst, 100), p(bth.UCSendLast, 101), p(bth.UCRDMAWriteOnlyImm, 102))
 	for _, x := range g {
-		if x.ackReq {
+		if x.AckReq {
 			t.Fatal("UC packet with AckReq")
 		}
 	}

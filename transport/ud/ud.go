@@ -129,20 +129,21 @@ func (q *QP) HasOutput() bool { return q.sending() && q.head != q.tail }
 // sending reports whether new WQEs may start.
 func (q *QP) sending() bool { return q.sendOn && !q.draining }
 
-// Deadline: UD has no timers.
+// Deadline is clock.Never: UD has no timers.
 func (q *QP) Deadline() clock.Time { return clock.Never }
 
-// Expire: UD has no timers.
+// Expire does nothing: UD has no timers.
 func (q *QP) Expire(clock.Time) {}
 
-// Sent: UD sends are not rate-controlled.
+// Sent does nothing: UD sends are not rate-controlled.
 func (q *QP) Sent(clock.Time, int) {}
 
-// Failed: a UD QP never fails by itself (its errors stop the SQ only).
+// Failed is false: a UD QP never fails by itself (its errors stop the SQ
+// only).
 func (q *QP) Failed() bool { return false }
 
-// Drained: a UD send completes as its only packet is built, so none is
-// ever in progress.
+// Drained is true: a UD send completes as its only packet is built, so
+// none is ever in progress.
 func (q *QP) Drained() bool { return true }
 
 // MaxPacket is the largest packet BuildHeader describes.

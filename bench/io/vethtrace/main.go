@@ -47,14 +47,14 @@ type tracer struct {
 }
 
 // newTracer watches the namespaces (names under /run/netns, or paths).
-func newTracer(names []string) (t *tracer, err error) {
-	t = &tracer{}
+func newTracer(names []string) (_ *tracer, err error) {
+	t := &tracer{}
 	if err := loadVethtraceObjects(&t.objs, nil); err != nil {
 		return nil, err
 	}
 	defer func() {
 		if err != nil {
-			t.Close()
+			err = errors.Join(err, t.Close())
 		}
 	}()
 	for _, n := range names {
@@ -77,7 +77,7 @@ func newTracer(names []string) (t *tracer, err error) {
 		return nil, err
 	}
 	var mono unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono)
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &mono) // fails only for a bad pointer
 	t.offset = time.Now().UnixNano() - mono.Nano()
 	return t, nil
 }
@@ -115,12 +115,12 @@ func (t *tracer) Close() error {
 	return errors.Join(errs...)
 }
 
-func run(names []string, limit time.Duration) error {
+func run(names []string, limit time.Duration) (err error) {
 	t, err := newTracer(names)
 	if err != nil {
 		return err
 	}
-	defer t.Close()
+	defer func() { err = errors.Join(err, t.Close()) }()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	go func() {
@@ -128,7 +128,7 @@ func run(names []string, limit time.Duration) error {
 		case <-sig:
 		case <-time.After(limit):
 		}
-		t.rd.Close()
+		_ = t.rd.Close() // wakes the reader below, which then returns ErrClosed
 	}()
 	fmt.Println("# vethtrace: RoCEv2 frames handed to the stack by a veth (xdp: the receiving veth had an XDP program)")
 	for {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"testing"
 	"time"
 
@@ -86,4 +87,16 @@ func TestReportsStackDelivery(t *testing.T) {
 	t.Cleanup(func() { prog.Close() })
 	send(2)
 	expect(2, 1)
+}
+
+// TestTracerSetupFails: a namespace that does not exist fails newTracer
+// with an error, the BPF objects loaded so far released, and no panic.
+func TestTracerSetupFails(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loads a BPF program")
+	}
+	if tr, err := newTracer([]string{"/nonexistent/netns"}); err == nil {
+		_ = tr.Close()
+		t.Fatal("newTracer watched a namespace that does not exist")
+	}
 }

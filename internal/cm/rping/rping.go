@@ -162,8 +162,9 @@ func (c *Client) OnRecv(msg []byte) (Action, error) {
 		}
 		c.state = clientReadAdv
 		return Action{Kind: ActSendInfo, Info: c.Start}, nil
+	default:
+		return Action{}, ErrUnexpected
 	}
-	return Action{}, ErrUnexpected
 }
 
 // Server is the passive side of rping.
@@ -203,8 +204,9 @@ func (s *Server) OnRecv(msg []byte) (Action, error) {
 		s.remote, s.state = info, serverWriting
 		n := min(WriteLen(s.Buf), int(info.Size))
 		return Action{Kind: ActRDMAWrite, Remote: info, Len: n}, nil
+	default:
+		return Action{}, ErrUnexpected
 	}
-	return Action{}, ErrUnexpected
 }
 
 // OnComplete takes the completion of the READ or WRITE just posted and

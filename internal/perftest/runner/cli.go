@@ -43,7 +43,7 @@ type CLIOptions struct {
 // the device (CongestionFor).
 func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writer) (Result, error) {
 	var r Result
-	err := withHost(ctx, p, o, func(h Host) (err error) {
+	err := withHost(p, o, func(h Host) (err error) {
 		if p.Host == "" && p.Clients > 1 {
 			r, err = serveClients(ctx, h, p, o, stdout)
 		} else {
@@ -56,7 +56,7 @@ func RunCLI(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Writ
 
 // withHost opens the host for a perf run: OpenHost with --dcqcn's
 // congestion control. RunCLI and RunCLICM share it.
-func withHost(ctx context.Context, p perftest.Params, o CLIOptions, f func(Host) error) error {
+func withHost(p perftest.Params, o CLIOptions, f func(Host) error) error {
 	if o.Daemon != "" {
 		return withDaemon(p, o.Daemon, f)
 	}
@@ -200,7 +200,9 @@ func serveClients(ctx context.Context, h Host, p perftest.Params, o CLIOptions, 
 	}
 	for range started {
 		oc := <-done
-		stdout.Write(oc.out)
+		if _, err := stdout.Write(oc.out); err != nil {
+			errs = append(errs, err)
+		}
 		all.BW = append(all.BW, oc.r.BW...)
 		all.Lat = append(all.Lat, oc.r.Lat...)
 		all.CC = append(all.CC, oc.r.CC...)

@@ -29,7 +29,11 @@ func daemonOn(t *testing.T, h Host) Host {
 	if err := srv.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	t.Cleanup(func() { srv.Close(time.Second) })
 	dh, c, err := DaemonHost(sock)
 	if err != nil {
@@ -47,7 +51,7 @@ func daemonOn(t *testing.T, h Host) Host {
 // (host b), with the daemon's side as server and as client, on RC, UC and
 // UD QPs and several QPs at once.
 func TestProgramsThroughDaemonOverMemlink(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	ad := daemonOn(t, a)
 	for _, tc := range []struct {
 		verb perftest.Verb
@@ -103,7 +107,7 @@ func TestProgramsThroughDaemonOverMemlink(t *testing.T) {
 // (through the daemon the reason travels in CM_CONNECT's error reply), as
 // perftest's client does.
 func TestCMThroughDaemonOverMemlink(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	ad := daemonOn(t, a)
 	port := uint16(18515)
 	for _, tc := range []struct {

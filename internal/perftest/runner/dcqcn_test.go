@@ -161,7 +161,7 @@ func TestDCQCNJSON(t *testing.T) {
 // TestDCQCNOffJSON: without --dcqcn the JSON has its results and no
 // dcqcn object.
 func TestDCQCNOffJSON(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	_, cout := runPairJSON(t, a, b, "-s", "4096", "-n", "50", "--json")
 	if !strings.Contains(cout, "results_bw") || strings.Contains(cout, "dcqcn") {
 		t.Fatalf("dcqcn object with DCQCN off:\n%s", cout)

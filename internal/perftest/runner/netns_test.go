@@ -50,7 +50,7 @@ func TestPerfOverVethAFXDP(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, cres, sout, cout := runServerClient(t, pair, ps, pc, RunCLI)
+			cres, sout, cout := runServerClient(t, pair, ps, pc, RunCLI)
 			var j perftest.JSONResult
 			if err := json.Unmarshal(cout.Bytes(), &j); err != nil || j.TestInfo.Device != pair.B.Name || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
 				t.Fatalf("client JSON %v: %s", err, cout.String())
@@ -127,11 +127,12 @@ func TestPerfIPv6WithoutLinkLocal(t *testing.T) {
 // ports, bounded at 90 s; it fails the test when either side fails or
 // does not verify its data, and returns both results and outputs.
 func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
-	run func(context.Context, perftest.Params, CLIOptions, io.Writer) (Result, error)) (sres, cres Result, sout, cout *bytes.Buffer) {
+	run func(context.Context, perftest.Params, CLIOptions, io.Writer) (Result, error)) (cres Result, sout, cout *bytes.Buffer) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	sout, cout = new(bytes.Buffer), new(bytes.Buffer)
+	var sres Result
 	listening := make(chan struct{})
 	serr := make(chan error, 1)
 	go func() {
@@ -158,5 +159,5 @@ func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
 	if !sres.Verify || !cres.Verify {
 		t.Errorf("not verified: server %v client %v", sres.Verify, cres.Verify)
 	}
-	return sres, cres, sout, cout
+	return cres, sout, cout
 }

@@ -56,23 +56,22 @@ func RunCLICM(ctx context.Context, p perftest.Params, o CLIOptions, stdout io.Wr
 		peer = a
 	}
 	var r Result
-	err := withHost(ctx, p, o, func(h Host) error {
+	err := withHost(p, o, func(h Host) (err error) {
 		if h.CM == nil {
 			return errors.New("perf: -R: this RNIC runs no rdma_cm")
 		}
 		s := &cmSession{cm: h.CM, peer: peer, port: uint16(p.Port), dialFor: o.DialFor}
 		t := New(h, p, p.Host != "", stdout)
-		var err error
 		if !t.client {
 			if s.l, err = s.cm.Listen(s.port, 0); err != nil {
 				return fmt.Errorf("perf: rdma_cm listen on port %d: %w", p.Port, err)
 			}
-			defer s.l.Close()
+			defer func() { err = errors.Join(err, s.l.Close()) }()
 			if p.Transport == perftest.UD {
 				if s.udl, err = s.cm.ListenUD(s.port, 16); err != nil {
 					return fmt.Errorf("perf: rdma_cm UD listen on port %d: %w", p.Port, err)
 				}
-				defer s.udl.Close()
+				defer func() { err = errors.Join(err, s.udl.Close()) }()
 			}
 			if o.Listening != nil {
 				o.Listening(cmAddr(s.port))
@@ -103,7 +102,7 @@ func cmLookupHost(ctx context.Context, host string) (netip.Addr, error) {
 	}
 	ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
 	if err != nil || len(ips) == 0 {
-		return netip.Addr{}, fmt.Errorf("perf: cannot resolve %q: %v", host, err)
+		return netip.Addr{}, fmt.Errorf("perf: cannot resolve %q: %w", host, err)
 	}
 	return ips[0].Unmap(), nil
 }
@@ -136,7 +135,9 @@ func (s *cmSession) dial(ctx context.Context, newQP func() (verbs.QP, error), p 
 		if err == nil {
 			return c, nil
 		}
-		qp.Destroy()
+		if derr := qp.Destroy(); derr != nil {
+			return nil, errors.Join(err, derr)
+		}
 		var rej *rdmacm.RejectedError
 		if !errors.As(err, &rej) || rej.Reason != cm.RejInvalidServiceID || i >= attempts {
 			return nil, err
@@ -166,19 +167,21 @@ func (s *cmSession) disconnect() {
 		if c == nil {
 			continue
 		}
+		// Best effort, as perftest's: a peer that is gone or disconnected
+		// first makes these fail, and the run's result stands.
 		dctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		c.Disconnect(dctx)
+		_ = c.Disconnect(dctx)
 		cancel()
-		c.Close()
+		_ = c.Close()
 	}
 }
 
 // execCM runs the test of a -R run: the control connection (accepted from
 // s's listener or dialled to s's peer), perftest.RunCM over it, the test
 // QPs connected through s, then the reports and the disconnections.
-func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
+func (t *Test) execCM(ctx context.Context, s *cmSession) (_ Result, err error) {
 	t.ctx = ctx
-	defer t.close()
+	defer func() { err = errors.Join(err, t.close()) }()
 	if t.dev == nil {
 		return t.res, errors.New("perf: no device")
 	}
@@ -193,7 +196,7 @@ func (t *Test) execCM(ctx context.Context, s *cmSession) (Result, error) {
 	if err != nil {
 		return t.res, err
 	}
-	defer ch.close()
+	defer func() { err = errors.Join(err, ch.close()) }()
 	// The connections end before the channel's QP, CQ, MR and PD go.
 	defer s.disconnect()
 	attempts := max(1, int(s.dialFor/cmDataDialDelay))
@@ -237,8 +240,8 @@ func (t *Test) cmPickGID() error {
 func (t *Test) cmFinish(out perftest.Outcome) (Result, error) {
 	if out.PeerReport != nil && !t.client {
 		t.res.BW = append(t.res.BW, *out.PeerReport)
-		t.printf("%s", perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
-		t.printf("%s", perftest.ResultLine)
+		t.print(perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
+		t.print(perftest.ResultLine)
 	}
 	if t.p.Verify {
 		if err := t.verifyAfter(out); err != nil {
@@ -285,8 +288,7 @@ func (c *cmLocal) ConnectQPs(n perftest.Negotiated) error {
 		newQP := func() (verbs.QP, error) { return t.pd.CreateQP(t.qpAttr(ib.RC, q.cq, sq, rq)) }
 		conn, err := c.s.connect(t.ctx, t.client, newQP, cp, cmDataDialAttempts, cmDataDialDelay)
 		if err != nil {
-			q.cq.Destroy()
-			return fmt.Errorf("perf: rdma_cm connection of QP %d: %w", i, err)
+			return errors.Join(fmt.Errorf("perf: rdma_cm connection of QP %d: %w", i, err), q.cq.Destroy())
 		}
 		c.s.conns = append(c.s.conns, conn)
 		q.qp = conn.QP()
@@ -356,45 +358,44 @@ type cmChannel struct {
 	swr    [1]verbs.SendWR
 }
 
-func newCMChannel(dev verbs.Device) (ch *cmChannel, err error) {
-	ch = &cmChannel{}
-	defer func() {
-		if err != nil {
-			ch.close()
-		}
-	}()
+func newCMChannel(dev verbs.Device) (*cmChannel, error) {
+	ch := &cmChannel{}
+	fail := func(err error) (*cmChannel, error) { return nil, errors.Join(err, ch.close()) }
+	var err error
 	if ch.pd, err = dev.AllocPD(); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	if ch.cq, err = dev.CreateCQ(4 * (ctrlRecvs + 2)); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	if ch.mem, err = dev.AllocMem((ctrlRecvs + 1) * ctrlSlot); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	if ch.mr, err = ch.pd.RegMR(ch.mem, 0, (ctrlRecvs+1)*ctrlSlot, 0, ib.LocalWrite); err != nil {
-		return nil, err
+		return fail(err)
 	}
 	return ch, nil
 }
 
 // close frees what newCMChannel and newQP made.
-func (ch *cmChannel) close() {
+func (ch *cmChannel) close() error {
+	var errs []error
 	if ch.qp != nil {
-		ch.qp.Destroy()
+		errs = append(errs, ch.qp.Destroy())
 	}
 	if ch.mr != nil {
-		ch.mr.Dereg()
+		errs = append(errs, ch.mr.Dereg())
 	}
 	if ch.mem != nil {
-		ch.mem.Free()
+		errs = append(errs, ch.mem.Free())
 	}
 	if ch.cq != nil {
-		ch.cq.Destroy()
+		errs = append(errs, ch.cq.Destroy())
 	}
 	if ch.pd != nil {
-		ch.pd.Dealloc()
+		errs = append(errs, ch.pd.Dealloc())
 	}
+	return errors.Join(errs...)
 }
 
 // params are the control QP's connection parameters: perftest's comm QP
@@ -413,13 +414,11 @@ func (ch *cmChannel) newQP() (verbs.QP, error) {
 		return nil, err
 	}
 	if err := rdmacm.InitQP(qp, ch.params()); err != nil {
-		qp.Destroy()
-		return nil, err
+		return nil, errors.Join(err, qp.Destroy())
 	}
 	for slot := uint64(1); slot <= ctrlRecvs; slot++ {
 		if _, err := qp.PostRecv([]verbs.RecvWR{ch.recvWR(slot)}); err != nil {
-			qp.Destroy()
-			return nil, err
+			return nil, errors.Join(err, qp.Destroy())
 		}
 	}
 	return qp, nil
@@ -484,7 +483,9 @@ func (ch *cmChannel) wait(ctx context.Context) error {
 			}
 			continue
 		}
-		ch.cq.Wait(ctrlWaitStep)
+		if err := ch.cq.Wait(ctrlWaitStep); err != nil {
+			return err
+		}
 		if err := ctx.Err(); err != nil {
 			return err
 		}

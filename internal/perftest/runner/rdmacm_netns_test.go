@@ -49,7 +49,7 @@ func TestPerfRDMACMOverVeth(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, cres, sout, cout := runServerClient(t, pair, ps, pc, RunCLICM)
+			cres, sout, cout := runServerClient(t, pair, ps, pc, RunCLICM)
 			var j perftest.JSONResult
 			if err := json.Unmarshal(cout.Bytes(), &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
 				t.Fatalf("client JSON %v: %s", err, cout.String())

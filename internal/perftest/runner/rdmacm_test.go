@@ -3,6 +3,7 @@ package runner
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/softrnic/softrnic/internal/perftest"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // cmAgent runs an rdmacm agent on h's device (of this process) until the
@@ -239,7 +241,7 @@ func countOf(list []string, s string) int {
 // in-memory link (no root needed): READ resources negotiated in the CM,
 // receives posted before the peer's SENDs.
 func TestCMOverMemlink(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	port := uint16(18700)
 	for _, tc := range []struct {
 		verb perftest.Verb
@@ -253,5 +255,23 @@ func TestCMOverMemlink(t *testing.T) {
 		if !sr.Verify || !cr.Verify || len(cr.BW) != 1 || cr.BW[0].Iters == 0 {
 			t.Errorf("%v: server %+v client %+v", tc.verb, sr, cr)
 		}
+	}
+}
+
+// memFailDevice is an RNIC whose AllocMem fails.
+type memFailDevice struct{ *rnic.Device }
+
+func (memFailDevice) AllocMem(int) (verbs.Mem, error) { return nil, verbs.ErrNotSupported }
+
+// TestCMChannelSetupFails: a control channel whose setup fails half way
+// returns the error (and releases what it made) instead of panicking.
+func TestCMChannelSetupFails(t *testing.T) {
+	dev, err := rnic.NewDevice(rnic.Config{MAC: [6]byte{2, 0, 0, 0, 0, 1}, Addrs: []netip.Addr{netip.MustParseAddr("10.0.0.1")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := newCMChannel(memFailDevice{dev})
+	if ch != nil || !errors.Is(err, verbs.ErrNotSupported) {
+		t.Fatalf("newCMChannel: %v, %v; want nil, ErrNotSupported", ch, err)
 	}
 }

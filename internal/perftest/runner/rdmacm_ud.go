@@ -203,7 +203,9 @@ func udWait(ctx context.Context, cq verbs.CQ) (ib.WC, error) {
 		if err := wctx.Err(); err != nil {
 			return ib.WC{}, fmt.Errorf("waiting for a completion: %w", err)
 		}
-		cq.Wait(10 * time.Millisecond)
+		if err := cq.Wait(10 * time.Millisecond); err != nil {
+			return ib.WC{}, err
+		}
 	}
 	return wc[0], nil
 }

@@ -13,7 +13,7 @@ import (
 // latency server, daemon or not, learns the client's QP from its first
 // SEND and completes every round trip.
 func TestCMUDThroughDaemonOverMemlink(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	ad := daemonOn(t, a)
 	port := uint16(18760)
 	for _, tc := range []struct {

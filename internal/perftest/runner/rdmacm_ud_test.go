@@ -24,7 +24,7 @@ func runCMPairUD(t *testing.T, s, c Host, port uint16, m perftest.Measure, args 
 // reports), every round trip completes, and the control connection ends
 // cleanly although the UD client has no test connection to tear down first.
 func TestCMUDOverMemlink(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	sr, cr := runCMPairUD(t, a, b, 18731, perftest.BW, "-s", "1000", "-n", "200", "-r", "256", "-q", "2")
 	if len(cr.BW) != 1 || cr.BW[0].Iters != 400 || sr.MTU != 1024 {
 		t.Errorf("send_bw: server %+v client %+v", sr, cr)
@@ -67,7 +67,7 @@ func TestPerfRDMACMUDOverVeth(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, cres, _, cout := runServerClient(t, pair, ps, pc, RunCLICM)
+			cres, _, cout := runServerClient(t, pair, ps, pc, RunCLICM)
 			var j perftest.JSONResult
 			if err := json.Unmarshal(cout.Bytes(), &j); err != nil || j.TestInfo.Verified == nil || !*j.TestInfo.Verified {
 				t.Fatalf("client JSON %v: %s", err, cout.String())

@@ -19,7 +19,7 @@ func (t *Test) Run(size uint64) (perftest.BWReport, error) {
 		r, err := t.runBW(size)
 		if err == nil {
 			t.res.BW = append(t.res.BW, r)
-			t.printf("%s", perftest.FormatBW(r, t.p.ReportGbits))
+			t.print(perftest.FormatBW(r, t.p.ReportGbits))
 		}
 		return r, err
 	case t.p.Measure == perftest.BW && t.p.Verb == perftest.Send:
@@ -28,7 +28,7 @@ func (t *Test) Run(size uint64) (perftest.BWReport, error) {
 		r, err := t.runLat(size)
 		if err == nil {
 			t.res.Lat = append(t.res.Lat, r)
-			t.printf("%s", perftest.FormatLat(r))
+			t.print(perftest.FormatLat(r))
 		}
 		return perftest.BWReport{}, err
 	}
@@ -41,11 +41,11 @@ func (t *Test) header() {
 		return
 	}
 	t.headerDone = true
-	t.printf("%s", perftest.ResultLine)
+	t.print(perftest.ResultLine)
 	if t.p.Measure == perftest.BW {
-		t.printf("%s", perftest.BWHeader(t.p.ReportGbits))
+		t.print(perftest.BWHeader(t.p.ReportGbits))
 	} else {
-		t.printf("%s", perftest.LatHeader)
+		t.print(perftest.LatHeader)
 	}
 }
 
@@ -76,13 +76,14 @@ func (t *Test) wqe(q *qp, k int, size uint64, signaled bool) *verbs.SendWR {
 		w := t.setWR(q, uint64(k), ib.AtomicFetchAndAdd, half+off, 8, off, signaled)
 		w.CompareAdd = 1
 		return w
+	default:
+		if t.udDatum {
+			// UD may lose a message: sending every one from offset 0
+			// keeps the receiver's --verify independent of which arrived.
+			off = 0
+		}
+		return t.setWR(q, uint64(k), ib.Send, off, size, 0, signaled)
 	}
-	if t.udDatum {
-		// UD may lose a message: sending every one from offset 0 keeps
-		// the receiver's --verify independent of which arrived.
-		off = 0
-	}
-	return t.setWR(q, uint64(k), ib.Send, off, size, 0, signaled)
 }
 
 // setWR fills q's one WR and SGE (PostSend copies them, so a message costs

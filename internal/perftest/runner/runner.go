@@ -164,9 +164,9 @@ func (t *Test) congestion() (algorithm, profile string, scale float64, on bool) 
 
 // Exec runs the test over the side channel conn, returns what it measured
 // and always destroys its QPs and MRs.
-func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
+func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (_ Result, err error) {
 	t.ctx = ctx
-	defer t.close()
+	defer func() { err = errors.Join(err, t.close()) }()
 	if t.dev == nil {
 		return t.res, errors.New("perf: no device")
 	}
@@ -201,8 +201,8 @@ func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 	if out.PeerReport != nil && !t.client {
 		// The passive server prints the client's figures, as perftest does.
 		t.res.BW = append(t.res.BW, *out.PeerReport)
-		t.printf("%s", perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
-		t.printf("%s", perftest.ResultLine)
+		t.print(perftest.FormatBW(*out.PeerReport, t.p.ReportGbits))
+		t.print(perftest.ResultLine)
 	}
 	if t.p.Verify {
 		if err := t.verifyAfter(out); err != nil {
@@ -213,9 +213,9 @@ func (t *Test) Exec(ctx context.Context, conn io.ReadWriter) (Result, error) {
 	return t.res, nil
 }
 
-func (t *Test) printf(format string, a ...any) {
+func (t *Test) print(s string) {
 	if !t.quiet && t.out != nil {
-		fmt.Fprintf(t.out, format, a...)
+		fmt.Fprint(t.out, s)
 	}
 }
 
@@ -386,8 +386,9 @@ func (t *Test) qpType() ib.QPType {
 		return ib.UC
 	case perftest.UD:
 		return ib.UD
+	default:
+		return ib.RC
 	}
-	return ib.RC
 }
 
 // qpMasks are the attributes a test's QPs set on their way to RTS: what
@@ -402,10 +403,11 @@ func (t *Test) masks() qpMasks {
 	case ib.UC:
 		return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
 			s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN, s | ib.AttrSQPSN}
+	default:
+		return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
+			s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer,
+			s | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic}
 	}
-	return qpMasks{s | ib.AttrPKeyIndex | ib.AttrPort | ib.AttrAccessFlags,
-		s | ib.AttrAV | ib.AttrPathMTU | ib.AttrDestQPN | ib.AttrRQPSN | ib.AttrMaxDestRdAtomic | ib.AttrMinRNRTimer,
-		s | ib.AttrSQPSN | ib.AttrTimeout | ib.AttrRetryCnt | ib.AttrRNRRetry | ib.AttrMaxQPRdAtomic}
 }
 
 // setupMR makes the PD and the one MR of all QPs, with room for the peer's
@@ -433,6 +435,8 @@ func (t *Test) setupMR(n perftest.Negotiated) error {
 		t.allowed |= ib.RemoteRead
 	case perftest.Atomic:
 		t.allowed |= ib.RemoteAtomic
+	case perftest.Send:
+		// Local access only: the peer posts receives.
 	}
 	var r [8]byte
 	rand.Read(r[:])
@@ -574,32 +578,37 @@ func (t *Test) allocBuf() error {
 	return nil
 }
 
-// close destroys the QPs and CQs, deregisters the MRs and frees their
+// close destroys the QPs, AHs and CQs, deregisters the MRs and frees their
 // memory, and deallocates the PD, in the order verbs requires.
-func (t *Test) close() {
+func (t *Test) close() error {
+	var errs []error
 	for _, q := range t.qps {
 		if q.qp != nil {
-			q.qp.Destroy()
+			errs = append(errs, q.qp.Destroy())
+		}
+		if q.ah != nil {
+			errs = append(errs, q.ah.Destroy())
 		}
 		if q.recvMR != nil {
-			q.recvMR.Dereg()
+			errs = append(errs, q.recvMR.Dereg())
 		}
 		if q.recvMem != nil {
-			q.recvMem.Free()
+			errs = append(errs, q.recvMem.Free())
 		}
 		if q.cq != nil {
-			q.cq.Destroy()
+			errs = append(errs, q.cq.Destroy())
 		}
 	}
 	if t.mr != nil {
-		t.mr.Dereg()
+		errs = append(errs, t.mr.Dereg())
 	}
 	if t.mem != nil {
-		t.mem.Free()
+		errs = append(errs, t.mem.Free())
 	}
 	if t.pd != nil {
-		t.pd.Dealloc()
+		errs = append(errs, t.pd.Dealloc())
 	}
+	return errors.Join(errs...)
 }
 
 // slotLen is the length of a receive buffer for messages of size bytes.

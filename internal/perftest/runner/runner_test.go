@@ -45,8 +45,8 @@ func startDevice(t *testing.T, in host.Interface, p port.Port, opt engine.Option
 
 // memlinkHosts returns two hosts joined by an in-memory link, each with
 // its rdma_cm agent.
-func memlinkHosts(t *testing.T, mtu int) (a, b Host) {
-	return memlinkHostsTap(t, mtu, nil)
+func memlinkHosts(t *testing.T) (a, b Host) {
+	return memlinkHostsTap(t, 1500, nil)
 }
 
 // memlinkHostsTap is memlinkHosts with a capture tap on a's engine.
@@ -116,7 +116,7 @@ func runPair(t *testing.T, s, c Host, verb perftest.Verb, m perftest.Measure, ar
 // TestEveryProgramOverMemlink runs all eight programs with --verify between
 // two engines joined by an in-memory link.
 func TestEveryProgramOverMemlink(t *testing.T) {
-	a, b := memlinkHosts(t, 1500)
+	a, b := memlinkHosts(t)
 	for _, tc := range []struct {
 		verb perftest.Verb
 		m    perftest.Measure

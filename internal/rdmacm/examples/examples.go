@@ -48,22 +48,24 @@ func newEndpoint(dev verbs.Device) (*endpoint, error) {
 }
 
 // close releases what the endpoint made, the QP first.
-func (e *endpoint) close() {
+func (e *endpoint) close() error {
+	var errs []error
 	if e.qp != nil {
-		e.qp.Destroy()
+		errs = append(errs, e.qp.Destroy())
 	}
 	if e.recv != nil {
-		e.recv.Dereg()
+		errs = append(errs, e.recv.Dereg())
 	}
 	if e.mem != nil {
-		e.mem.Free()
+		errs = append(errs, e.mem.Free())
 	}
 	if e.cq != nil {
-		e.cq.Destroy()
+		errs = append(errs, e.cq.Destroy())
 	}
 	if e.pd != nil {
-		e.pd.Dealloc()
+		errs = append(errs, e.pd.Dealloc())
 	}
+	return errors.Join(errs...)
 }
 
 // params is rdma_connect/rdma_accept's defaults (NULL conn_param):
@@ -111,7 +113,9 @@ func (e *endpoint) wait(ctx context.Context, c rdmacm.Conn, recv bool) error {
 			if err := ctx.Err(); err != nil {
 				return err
 			}
-			e.cq.Wait(cqWaitStep)
+			if err := e.cq.Wait(cqWaitStep); err != nil {
+				return err
+			}
 			continue
 		}
 		select {
@@ -148,7 +152,7 @@ func Server(ctx context.Context, dev verbs.Device, cm rdmacm.CM, port uint16, ou
 	fmt.Fprintln(out, "rdma_server: start")
 	defer func() { fmt.Fprintf(out, "rdma_server: end %d\n", exitCode(err)) }()
 	e, err := newEndpoint(dev)
-	defer e.close()
+	defer func() { err = errors.Join(err, e.close()) }()
 	if err != nil {
 		return err
 	}
@@ -156,7 +160,7 @@ func Server(ctx context.Context, dev verbs.Device, cm rdmacm.CM, port uint16, ou
 	if err != nil {
 		return err
 	}
-	defer ln.Close()
+	defer func() { err = errors.Join(err, ln.Close()) }()
 	if ready != nil {
 		ready()
 	}
@@ -164,7 +168,7 @@ func Server(ctx context.Context, dev verbs.Device, cm rdmacm.CM, port uint16, ou
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { err = errors.Join(err, c.Close()) }()
 	if err := e.wait(ctx, c, true); err != nil {
 		return err
 	}
@@ -185,7 +189,7 @@ func Client(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.Addr
 	fmt.Fprintln(out, "rdma_client: start")
 	defer func() { fmt.Fprintf(out, "rdma_client: end %d\n", exitCode(err)) }()
 	e, err := newEndpoint(dev)
-	defer e.close()
+	defer func() { err = errors.Join(err, e.close()) }()
 	if err != nil {
 		return err
 	}
@@ -197,7 +201,7 @@ func Client(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.Addr
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { err = errors.Join(err, c.Close()) }()
 	var msg [MsgSize]byte
 	if err := send(c.QP(), msg[:]); err != nil {
 		return err

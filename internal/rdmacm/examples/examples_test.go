@@ -44,7 +44,12 @@ func setup(t *testing.T) (srv, cli *rdmacm.Agent) {
 			t.Fatal(err)
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); runEngine(ctx, dev, p) }()
+		go func() {
+			defer wg.Done()
+			if err := runEngine(ctx, dev, p); err != nil && !errors.Is(err, context.Canceled) {
+				t.Error(err)
+			}
+		}()
 		a, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
 		if err != nil {
 			t.Fatal(err)

@@ -25,8 +25,8 @@ import (
 // daemonSetup joins two devices by a memlink: device S is served by a
 // daemon (its rdma_cm agent the daemon's), device C runs an agent in
 // process. It returns a client of the daemon (its RNIC and its CM), C's
-// agent, the daemon server and its socket.
-func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, srv *daemon.Server, sock string) {
+// agent and the daemon's socket.
+func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, sock string) {
 	la, lb := memlink.NewPair(memlink.Config{Seed: 5})
 	macs := map[netip.Addr][6]byte{ipS: macS, ipC: macC}
 	resolve := func(_ context.Context, peer netip.Addr) ([6]byte, error) {
@@ -43,12 +43,17 @@ func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, srv *daemon
 			t.Fatal(err)
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); runEngine(ctx, d, p) }()
+		go func() {
+			defer wg.Done()
+			if err := runEngine(ctx, d, p); err != nil && !errors.Is(err, context.Canceled) {
+				t.Error(err)
+			}
+		}()
 		return d
 	}
 	devS, devC := mk(macS, ipS, la), mk(macC, ipC, lb)
 	var err error
-	srv, err = daemon.NewServer(devS, daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := daemon.NewServer(devS, daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +61,11 @@ func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, srv *daemon
 	if err := srv.Listen(sock); err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve()
+	go func() {
+		if err := srv.Serve(); err != nil {
+			t.Error(err)
+		}
+	}()
 	if cli, err = rdmacm.New(rdmacm.Config{Device: devC, Resolve: resolve}); err != nil {
 		t.Fatal(err)
 	}
@@ -70,14 +79,14 @@ func daemonSetup(t *testing.T) (c *client.Client, cli *rdmacm.Agent, srv *daemon
 		cancel()
 		wg.Wait()
 	})
-	return c, cli, srv, sock
+	return c, cli, sock
 }
 
 // TestPingThroughDaemon: rping -V -v with its connection made by the
 // daemon's CM agent, the daemon's side as server and as client, against an
 // in-process rping, at 64 bytes and at 5000 (multi-packet READ and WRITE).
 func TestPingThroughDaemon(t *testing.T) {
-	c, cli, _, _ := daemonSetup(t)
+	c, cli, _ := daemonSetup(t)
 	for _, size := range []int{64, 5000} {
 		for _, daemonServes := range []bool{true, false} {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -117,7 +126,7 @@ func TestPingThroughDaemon(t *testing.T) {
 // closes, a GetRequest it waits in ends and its port is free for the next
 // client; a connection to a port nobody listens on is refused.
 func TestDaemonCMCleanup(t *testing.T) {
-	c, cli, _, sock := daemonSetup(t)
+	c, cli, sock := daemonSetup(t)
 	l0, err := c.Listen(7200, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -176,7 +185,7 @@ func TestDaemonCMCleanup(t *testing.T) {
 // A client that goes away with a connection up takes it down: the daemon
 // sends the peer a DREQ (the peer's connection ends) and frees the QP.
 func TestDaemonCMClientGone(t *testing.T) {
-	c, cli, _, _ := daemonSetup(t)
+	c, cli, _ := daemonSetup(t)
 	ln, err := cli.Listen(7300, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +237,7 @@ func TestDaemonCMClientGone(t *testing.T) {
 // An rping server through the daemon that nobody connects to ends when its
 // context does (Ctrl-C), though the daemon would wait two minutes.
 func TestDaemonServerInterrupted(t *testing.T) {
-	c, _, _, _ := daemonSetup(t)
+	c, _, _ := daemonSetup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	done := make(chan error, 1)

@@ -95,22 +95,24 @@ func (e *endpoint) buffer(n int, access ib.Access) (verbs.Mem, verbs.MR, error) 
 }
 
 // close releases the endpoint once its connection is gone.
-func (e *endpoint) close() {
+func (e *endpoint) close() error {
+	var errs []error
 	if e.qp != nil {
-		e.qp.Destroy()
+		errs = append(errs, e.qp.Destroy())
 	}
 	for _, mr := range e.mrs {
-		mr.Dereg()
+		errs = append(errs, mr.Dereg())
 	}
 	for _, m := range e.mems {
-		m.Free()
+		errs = append(errs, m.Free())
 	}
 	if e.cq != nil {
-		e.cq.Destroy()
+		errs = append(errs, e.cq.Destroy())
 	}
 	if e.pd != nil {
-		e.pd.Dealloc()
+		errs = append(errs, e.pd.Dealloc())
 	}
+	return errors.Join(errs...)
 }
 
 // params is rping's rdma_conn_param: one READ in flight each way,
@@ -183,7 +185,9 @@ func (e *endpoint) next(ctx context.Context, c rdmacm.Conn) (ib.WC, error) {
 			return ib.WC{}, ctx.Err()
 		default:
 		}
-		e.cq.Wait(cqWait)
+		if err := e.cq.Wait(cqWait); err != nil {
+			return ib.WC{}, err
+		}
 	}
 }
 
@@ -211,12 +215,12 @@ func Server(ctx context.Context, a *rdmacm.Agent, o Options, ready func()) error
 }
 
 // RunClient is Client on RNIC dev with rdma_cm cm.
-func RunClient(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.Addr, o Options) error {
+func RunClient(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.Addr, o Options) (err error) {
 	if err := o.norm(); err != nil {
 		return err
 	}
 	e, err := newEndpoint(dev)
-	defer e.close()
+	defer func() { err = errors.Join(err, e.close()) }()
 	if err != nil {
 		return err
 	}
@@ -239,7 +243,7 @@ func RunClient(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.A
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { err = errors.Join(err, conn.Close()) }()
 	q := conn.QP()
 	cl := cmrping.Client{Count: o.Count,
 		Start: cmrping.Info{Buf: start.IOVA(), RKey: start.RKey(), Size: uint32(o.Size)},
@@ -293,17 +297,20 @@ func RunClient(ctx context.Context, dev verbs.Device, cm rdmacm.CM, addr netip.A
 			if err := e.sendInfo(q, act.Info); err != nil {
 				return err
 			}
+		default:
+			// ActNone: wait for the next completion. (READ and WRITE
+			// are the server's.)
 		}
 	}
 }
 
 // RunServer is Server on RNIC dev with rdma_cm cm.
-func RunServer(ctx context.Context, dev verbs.Device, cm rdmacm.CM, o Options, ready func()) error {
+func RunServer(ctx context.Context, dev verbs.Device, cm rdmacm.CM, o Options, ready func()) (err error) {
 	if err := o.norm(); err != nil {
 		return err
 	}
 	e, err := newEndpoint(dev)
-	defer e.close()
+	defer func() { err = errors.Join(err, e.close()) }()
 	if err != nil {
 		return err
 	}
@@ -315,7 +322,7 @@ func RunServer(ctx context.Context, dev verbs.Device, cm rdmacm.CM, o Options, r
 	if err != nil {
 		return err
 	}
-	defer ln.Close()
+	defer func() { err = errors.Join(err, ln.Close()) }()
 	if ready != nil {
 		ready()
 	}
@@ -323,7 +330,7 @@ func RunServer(ctx context.Context, dev verbs.Device, cm rdmacm.CM, o Options, r
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer func() { err = errors.Join(err, conn.Close()) }()
 	q := conn.QP()
 	srv := cmrping.Server{Buf: bufMem.Bytes()[:o.Size]}
 	for {
@@ -367,6 +374,8 @@ func RunServer(ctx context.Context, dev verbs.Device, cm rdmacm.CM, o Options, r
 			err = e.rdma(q, 3, ib.RDMARead, buf, act.Remote.Size, act.Remote)
 		case cmrping.ActRDMAWrite:
 			err = e.rdma(q, 4, ib.RDMAWrite, buf, uint32(act.Len), act.Remote)
+		default:
+			// ActNone: wait for the client. (ActDone is the client's.)
 		}
 		if err != nil {
 			return err

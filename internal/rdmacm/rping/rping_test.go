@@ -3,7 +3,6 @@ package rping
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"io"
 	"net/netip"
@@ -16,9 +15,12 @@ import (
 
 	"github.com/gopacket/gopacket/pcapgo"
 
+	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/frame/frametest"
+	"github.com/softrnic/softrnic/internal/checker"
 	cmrping "github.com/softrnic/softrnic/internal/cm/rping"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
@@ -82,7 +84,12 @@ func setup2(t *testing.T) (srv, cli *rdmacm.Agent, tap, tapS *tapPort) {
 			t.Fatal(err)
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); runEngine(ctx, dev, p) }()
+		go func() {
+			defer wg.Done()
+			if err := runEngine(ctx, dev, p); err != nil && !errors.Is(err, context.Canceled) {
+				t.Error(err)
+			}
+		}()
 		a, err := rdmacm.New(rdmacm.Config{Device: dev, Resolve: resolve})
 		if err != nil {
 			t.Fatal(err)
@@ -99,7 +106,7 @@ func setup2(t *testing.T) (srv, cli *rdmacm.Agent, tap, tapS *tapPort) {
 	return srv, cli, tap, tapS
 }
 
-func run(t *testing.T, srv, cli *rdmacm.Agent, o Options) (string, string, error, error) {
+func run(srv, cli *rdmacm.Agent, o Options) (string, string, error, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var sout, cout bytes.Buffer
@@ -122,7 +129,7 @@ func run(t *testing.T, srv, cli *rdmacm.Agent, o Options) (string, string, error
 func TestPing(t *testing.T) {
 	srv, cli, _ := setup(t)
 	for _, size := range []int{64, 5000} {
-		sout, cout, serr, cerr := run(t, srv, cli, Options{Count: 10, Size: size, Verbose: true, Validate: true})
+		sout, cout, serr, cerr := run(srv, cli, Options{Count: 10, Size: size, Verbose: true, Validate: true})
 		if serr != nil || cerr != nil {
 			t.Fatalf("size %d: server %v, client %v\n%s\n%s", size, serr, cerr, sout, cout)
 		}
@@ -151,27 +158,28 @@ func TestBadSize(t *testing.T) {
 }
 
 // capturedREQ finds the first REQ MAD and the first RC SEND payload of a
-// set of IPv4 frames.
+// set of frames.
 func capturedREQ(frames [][]byte) (req cm.REQ, send []byte, ok bool) {
 	found := false
-	for _, f := range frames {
-		if len(f) < 42+12 || binary.BigEndian.Uint16(f[12:]) != 0x0800 {
-			continue
+	for _, b := range frames {
+		var f frame.Frame
+		if frame.Parse(b, &f) != nil {
+			continue // ARP, neighbour discovery
 		}
-		bth := f[42:]
-		if binary.BigEndian.Uint32(bth[4:])&0xFFFFFF == 1 {
-			if len(bth) < 12+8+cm.MADSize {
+		p := checker.Decode(checker.TransportOf(&f))
+		if p.DestQP == 1 {
+			if p.Op != bth.UDSendOnly || len(p.Payload) < cm.MADSize {
 				continue
 			}
-			mad := cm.MAD(bth[20 : 20+cm.MADSize])
+			mad := cm.MAD(p.Payload[:cm.MADSize])
 			if mad.AttrID() == cm.AttrREQ && !found {
 				req.Decode(mad.Data())
 				found = true
 			}
 			continue
 		}
-		if bth[0] == 0x04 && send == nil { // RC SEND_ONLY
-			send = append([]byte(nil), bth[12:len(bth)-4]...)
+		if p.Op == bth.RCSendOnly && send == nil {
+			send = p.Payload
 		}
 	}
 	return req, send, found && send != nil
@@ -190,7 +198,7 @@ func TestMatchesStockRping(t *testing.T) {
 	}
 
 	srv, cli, tap := setup(t)
-	if _, _, serr, cerr := run(t, srv, cli, Options{Count: 10, Size: 64, Verbose: true, Validate: true}); serr != nil || cerr != nil {
+	if _, _, serr, cerr := run(srv, cli, Options{Count: 10, Size: 64, Verbose: true, Validate: true}); serr != nil || cerr != nil {
 		t.Fatalf("server %v, client %v", serr, cerr)
 	}
 	tap.mu.Lock()
@@ -231,15 +239,16 @@ func TestMatchesStockRping(t *testing.T) {
 // (RDMA READ request) sent from.
 func psnCheck(frames [][]byte) (req, rep, cliSend, srvRead uint32, ok bool) {
 	var seen [4]bool
-	for _, f := range frames {
-		if len(f) < 42+12 || binary.BigEndian.Uint16(f[12:]) != 0x0800 {
-			continue
+	for _, b := range frames {
+		var f frame.Frame
+		if frame.Parse(b, &f) != nil {
+			continue // ARP, neighbour discovery
 		}
-		bth := f[42:]
-		psn := binary.BigEndian.Uint32(bth[8:]) & 0xFFFFFF
+		p := checker.Decode(checker.TransportOf(&f))
+		psn := uint32(p.PSN)
 		switch {
-		case binary.BigEndian.Uint32(bth[4:])&0xFFFFFF == 1 && len(bth) >= 20+cm.MADSize:
-			mad := cm.MAD(bth[20 : 20+cm.MADSize])
+		case p.Op == bth.UDSendOnly && p.DestQP == 1 && len(p.Payload) >= cm.MADSize:
+			mad := cm.MAD(p.Payload[:cm.MADSize])
 			switch mad.AttrID() {
 			case cm.AttrREQ:
 				var m cm.REQ
@@ -250,9 +259,9 @@ func psnCheck(frames [][]byte) (req, rep, cliSend, srvRead uint32, ok bool) {
 				m.Decode(mad.Data())
 				rep, seen[1] = m.StartingPSN, true
 			}
-		case bth[0] == 0x04 && !seen[2]:
+		case p.Op == bth.RCSendOnly && !seen[2]:
 			cliSend, seen[2] = psn, true
-		case bth[0] == 0x0C && !seen[3]:
+		case p.Op == bth.RCRDMAReadRequest && !seen[3]:
 			srvRead, seen[3] = psn, true
 		}
 	}
@@ -269,7 +278,7 @@ func TestPSNsAsLinux(t *testing.T) {
 		t.Fatalf("capture: REQ %#x REP %#x, client SEND %#x, server READ %#x", req, rep, send, read)
 	}
 	srv, cli, tapC, tapS := setup2(t)
-	if _, _, serr, cerr := run(t, srv, cli, Options{Count: 1, Size: 64, Validate: true}); serr != nil || cerr != nil {
+	if _, _, serr, cerr := run(srv, cli, Options{Count: 1, Size: 64, Validate: true}); serr != nil || cerr != nil {
 		t.Fatalf("server %v, client %v", serr, cerr)
 	}
 	tapC.mu.Lock()

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -58,7 +57,7 @@ type cnpKey struct {
 // monitor, marker samples and qdisc polls share one time axis.
 func monoNow() uint64 {
 	var ts unix.Timespec
-	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts) // fails only for a bad pointer
 	return uint64(ts.Nano())
 }
 
@@ -103,7 +102,7 @@ func (t *Topology) StartMonitor(binNs uint64, maxBins int) (*Monitor, error) {
 	}
 	m.startNs = monoNow()
 	var rt unix.Timespec
-	unix.ClockGettime(unix.CLOCK_REALTIME, &rt)
+	_ = unix.ClockGettime(unix.CLOCK_REALTIME, &rt) // fails only for a bad pointer
 	m.realOff = rt.Nano() - int64(monoNow())
 	go m.loop()
 	return m, nil
@@ -125,7 +124,7 @@ func (m *Monitor) loop() {
 	for !m.stop.Load() {
 		n, pkttype, realNs, rerr := r.recv(m.fd)
 		if rerr != nil {
-			if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			if errors.Is(rerr, unix.EAGAIN) || errors.Is(rerr, unix.EINTR) {
 				continue
 			}
 			err = fmt.Errorf("testbed: monitor: %w", rerr)
@@ -157,46 +156,6 @@ func (r *receiver) init(size int) {
 	r.iov.SetLen(size)
 	r.hdr.Iov = &r.iov
 	r.hdr.Iovlen = 1
-}
-
-// recv reads one frame: its length, the packet type (PACKET_HOST,
-// PACKET_OUTGOING, ...) and the kernel's CLOCK_REALTIME timestamp in ns (0
-// if there was none).
-func (r *receiver) recv(fd int) (n int, pkttype uint8, realNs int64, err error) {
-	r.hdr.Name = (*byte)(unsafe.Pointer(&r.name))
-	r.hdr.Namelen = uint32(unsafe.Sizeof(r.name))
-	oob := unsafe.Slice((*byte)(unsafe.Pointer(&r.oob[0])), 8*len(r.oob))
-	r.hdr.Control = &oob[0]
-	r.hdr.SetControllen(len(oob))
-	r.hdr.Flags = 0
-	got, _, e := unix.Syscall(unix.SYS_RECVMSG, uintptr(fd), uintptr(unsafe.Pointer(&r.hdr)), 0)
-	if e != 0 {
-		return 0, 0, 0, e
-	}
-	return int(got), r.name.Pkttype, timestampNs(oob[:r.hdr.Controllen]), nil
-}
-
-// timestampNs finds SCM_TIMESTAMPNS in control messages and returns it in
-// ns, or 0. oob must be 8-byte aligned (the receiver's buffer is).
-func timestampNs(oob []byte) int64 {
-	const hdrLen = unix.SizeofCmsghdr
-	for len(oob) >= hdrLen {
-		h := (*unix.Cmsghdr)(unsafe.Pointer(&oob[0]))
-		l := int(h.Len)
-		if l < hdrLen || l > len(oob) {
-			return 0
-		}
-		if h.Level == unix.SOL_SOCKET && h.Type == unix.SCM_TIMESTAMPNS && l >= hdrLen+int(unsafe.Sizeof(unix.Timespec{})) {
-			ts := (*unix.Timespec)(unsafe.Pointer(&oob[hdrLen]))
-			return ts.Nano()
-		}
-		step := (l + 7) &^ 7 // CMSG_ALIGN on 64-bit
-		if step > len(oob) {
-			return 0
-		}
-		oob = oob[step:]
-	}
-	return 0
 }
 
 // account adds one frame seen at now (CLOCK_MONOTONIC ns).

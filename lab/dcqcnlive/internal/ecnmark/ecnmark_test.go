@@ -299,8 +299,8 @@ func TestMatchesModel(t *testing.T) {
 		}
 		var in []byte
 		var ecn uint8
-		switch r := rng.IntN(20); {
-		case r == 0:
+		switch r := rng.IntN(20); r {
+		case 0:
 			in, ecn = arp(), 0xff
 		default:
 			ecn = uint8(r % 4)

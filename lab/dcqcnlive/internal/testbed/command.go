@@ -65,7 +65,6 @@ type sharedServer struct {
 	proc *proc
 	port int
 	once sync.Once
-	err  error
 }
 
 // wait waits for the server (once; later calls return nil, so that its
@@ -224,7 +223,7 @@ func (p *proc) wait(d time.Duration) error {
 	select {
 	case <-p.done:
 	case <-time.After(d):
-		syscall.Kill(-p.cmd.Process.Pid, syscall.SIGINT)
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGINT) // the group may have exited: p.done says
 		select {
 		case <-p.done:
 		case <-time.After(3 * time.Second):
@@ -238,7 +237,7 @@ func (p *proc) wait(d time.Duration) error {
 }
 
 func (p *proc) kill() {
-	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL) // the group may have exited: p.done says
 	<-p.done
 }
 
@@ -251,7 +250,7 @@ func waitListen(h *Host, port int, limit time.Duration, p *proc) error {
 	for time.Now().Before(end) {
 		select {
 		case <-p.done:
-			return fmt.Errorf("testbed: %s exited before listening: %v", strings.Join(p.argv, " "), p.err)
+			return fmt.Errorf("testbed: %s exited before listening: %w", strings.Join(p.argv, " "), p.err)
 		default:
 		}
 		found := false
@@ -331,7 +330,7 @@ func (f *cmdFlow) save(name string, p *proc) {
 		return
 	}
 	if os.MkdirAll(f.logDir, 0o755) == nil {
-		os.WriteFile(f.logDir+"/"+name, p.out.Bytes(), 0o644)
+		_ = os.WriteFile(f.logDir+"/"+name, p.out.Bytes(), 0o644)
 	}
 }
 

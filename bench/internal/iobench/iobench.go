@@ -169,7 +169,7 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 		r.Error = err.Error()
 		return r
 	}
-	defer a.Close()
+	defer func() { r.teardown(a.Close()) }()
 	var b port.Port
 	var sink *bpf.Sink
 	if (test == "tx-only" || test == "tx-threaded") && !cfg.TxPort {
@@ -181,7 +181,7 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 			r.Error = err.Error()
 			return r
 		}
-		defer sink.Close()
+		defer func() { r.teardown(sink.Close()) }()
 		mode += ", peer: XDP sink"
 		if test == "tx-threaded" {
 			if err := pair.B.SetThreadedNAPI(true); err != nil {
@@ -190,12 +190,12 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 			}
 			// Off before the sink goes: later tests on this pair measure
 			// the default.
-			defer pair.B.SetThreadedNAPI(false)
+			defer func() { r.teardown(pair.B.SetThreadedNAPI(false)) }()
 			mode += ", threaded NAPI"
 			// As rx-gen does, and as two hosts are: the sender on one CPU,
 			// the peer's receive on the other. Left to the scheduler, the
-			// NAPI thread often shared the sender's CPU (64 B: 1.38 Mpps
-			// in one run, 1.9-2.3 in others).
+			// NAPI thread often shared the sender's CPU (README's bench
+			// notes).
 			if n, err := pinNAPIThreads(pair.B.Name, genCPU); err != nil || n == 0 {
 				r.Error = fmt.Sprintf("pinning %s's NAPI thread: %d pinned, %v", pair.B.Name, n, err)
 				return r
@@ -207,17 +207,17 @@ func Run(pair *netnstest.Pair, cfg Config, kind, test string, size int, dur time
 			r.Error = err.Error()
 			return r
 		}
-		defer b.Close()
+		defer func() { r.teardown(b.Close()) }()
 	}
 	r.Mode = mode
 	if size > a.MaxFrame() {
 		r.Error = fmt.Sprintf("frame %d > MaxFrame %d", size, a.MaxFrame())
 		return r
 	}
-	cpu0 := cpuTime()
+	cpu0 := CPUTime()
 	defer func() {
 		if r.Error == "" && r.Test != "ping-pong" {
-			r.CPUSeconds = cpuTime() - cpu0
+			r.CPUSeconds = CPUTime() - cpu0
 			if r.CPUSeconds > 0 {
 				r.FramesPerCPUSec = float64(r.Frames) / r.CPUSeconds
 			}
@@ -263,11 +263,26 @@ func portStats(p port.Port) any {
 	return nil
 }
 
-// cpuTime is the process's user+system CPU time in seconds.
-func cpuTime() float64 {
+// teardown records the failure of a step that ends a test, unless the test
+// failed already.
+func (r *Result) teardown(err error) {
+	if err != nil && r.Error == "" {
+		r.Error = "teardown: " + err.Error()
+	}
+}
+
+// CPUTime is the process's user+system CPU time in seconds.
+func CPUTime() float64 {
 	var ru unix.Rusage
-	unix.Getrusage(unix.RUSAGE_SELF, &ru)
+	_ = unix.Getrusage(unix.RUSAGE_SELF, &ru) // fails only for a bad pointer
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+}
+
+// Kernel is the running kernel's release, for the benches' reports.
+func Kernel() string {
+	var uts unix.Utsname
+	_ = unix.Uname(&uts) // fails only for a bad pointer
+	return unix.ByteSliceToString(uts.Release[:])
 }
 
 func batchOf(pair *netnstest.Pair, size int) [][]byte {
@@ -353,8 +368,7 @@ func rxOnly(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur time.
 	for time.Now().Before(warm) {
 		if _, err := b.Recv(frames, time.Millisecond); err != nil {
 			stop.Store(true)
-			<-serr
-			return err
+			return errors.Join(err, <-serr)
 		}
 	}
 	var got uint64
@@ -396,7 +410,7 @@ func rxOnly(r *Result, pair *netnstest.Pair, a, b port.Port, size int, dur time.
 // checked byte for byte against the one generated. Only for AF_XDP (veth
 // delivers redirected frames to the peer's XDP path only) and frames up to
 // bpf.MaxGeneratorFrame.
-func rxGen(r *Result, pair *netnstest.Pair, b port.Port, size int, dur time.Duration) error {
+func rxGen(r *Result, pair *netnstest.Pair, b port.Port, size int, dur time.Duration) (err error) {
 	if _, ok := b.(*afxdp.Port); !ok {
 		return fmt.Errorf("rx-gen needs the AF_XDP port on the receiving end")
 	}
@@ -411,7 +425,7 @@ func rxGen(r *Result, pair *netnstest.Pair, b port.Port, size int, dur time.Dura
 	}); err != nil {
 		return err
 	}
-	defer gen.Close()
+	defer func() { err = errors.Join(err, gen.Close()) }()
 	var stop atomic.Bool
 	var sent atomic.Uint64
 	serr := make(chan error, 1)
@@ -529,7 +543,7 @@ func pinThread(cpu int) func() {
 	if unix.SchedSetaffinity(0, &set) != nil {
 		return func() {}
 	}
-	return func() { unix.SchedSetaffinity(0, &old) }
+	return func() { _ = unix.SchedSetaffinity(0, &old) } // best effort, as the pinning
 }
 
 // pingPong: a sends one frame, b returns it (MACs swapped), a waits for it;

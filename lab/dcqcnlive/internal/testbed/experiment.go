@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/ecnmark"
 )
 
 // Experiment is the two-flow live experiment: flow 1 h1→r from the start,
@@ -255,7 +255,7 @@ func (e Experiment) Run() (sum Summary, err error) {
 				}
 			}
 		}()
-		defer trace.Close()
+		defer func() { err = errors.Join(err, trace.Close()) }()
 	}
 
 	nbins := int(e.Duration/e.Bin) + 2
@@ -263,7 +263,7 @@ func (e Experiment) Run() (sum Summary, err error) {
 	if err != nil {
 		return sum, err
 	}
-	defer mon.Stop()
+	defer func() { err = errors.Join(err, mon.Stop()) }()
 	stopPoll := make(chan struct{})
 	pollDone := make(chan error, 1)
 	var pts []QueuePoint
@@ -495,8 +495,7 @@ func writeCSV(path string, rows [][]string) error {
 	}
 	w := csv.NewWriter(fh)
 	if err := w.WriteAll(rows); err != nil {
-		fh.Close()
-		return err
+		return errors.Join(err, fh.Close())
 	}
 	return fh.Close()
 }

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/ecnmark"
 )
 
 // A small bottleneck keeps the test light on two shared cores: 40 Mb/s,

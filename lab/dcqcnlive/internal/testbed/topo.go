@@ -13,7 +13,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
-	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/ecnmark"
 )
 
 // Bottleneck describes sw→r: the tbf qdisc and the marker that mirrors it.
@@ -68,7 +68,7 @@ func Build(b Bottleneck, mtu int) (t *Topology, err error) {
 	t = &Topology{Bottleneck: b, MTU: mtu}
 	defer func() {
 		if err != nil {
-			t.Close()
+			err = errors.Join(err, t.Close())
 			t = nil
 		}
 	}()
@@ -167,7 +167,7 @@ type QdiscStats struct {
 	SentPackets                  uint32
 }
 
-// Bottleneck stats reads the tbf qdisc's statistics over netlink.
+// BottleneckStats reads the tbf qdisc's statistics over netlink.
 func (t *Topology) BottleneckStats() (QdiscStats, error) {
 	link, err := t.nl.LinkByIndex(t.R.Peer.Index)
 	if err != nil {
@@ -201,7 +201,7 @@ func nsExec(ns *netnstest.NS, args ...string) error {
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns.Name}, args...)...).CombinedOutput()
 	if err != nil {
-		return fmt.Errorf("testbed: %s in %s: %v: %s", strings.Join(args, " "), ns.Name, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("testbed: %s in %s: %w: %s", strings.Join(args, " "), ns.Name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
@@ -213,7 +213,7 @@ func nsExecStdin(ns *netnstest.NS, stdin string, args ...string) error {
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", ns.Name}, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("testbed: %s in %s: %v: %s", strings.Join(args, " "), ns.Name, err, strings.TrimSpace(string(out)))
+		return fmt.Errorf("testbed: %s in %s: %w: %s", strings.Join(args, " "), ns.Name, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }

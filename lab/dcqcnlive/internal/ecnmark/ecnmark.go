@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/ringbuf"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 )
 
 // Config is the marker's configuration: the bottleneck it mirrors and the
@@ -128,12 +128,10 @@ func Load(cfg Config) (*Marker, error) {
 		return nil, fmt.Errorf("ecnmark: load: %w", err)
 	}
 	if err := m.Reset(); err != nil {
-		m.objs.Close()
-		return nil, err
+		return nil, errors.Join(err, m.objs.Close())
 	}
 	if err := m.writeConfig(0); err != nil {
-		m.objs.Close()
-		return nil, err
+		return nil, errors.Join(err, m.objs.Close())
 	}
 	return m, nil
 }
@@ -284,7 +282,7 @@ func (m *Marker) Attach(ifindex int) error {
 			LinkIndex: ifindex,
 			Parent:    netlink.HANDLE_MIN_EGRESS,
 			Handle:    1,
-			Protocol:  unix.ETH_P_ALL,
+			Protocol:  syscall.ETH_P_ALL,
 			Priority:  1,
 		},
 		Fd:           m.objs.EcnVq.FD(),
@@ -292,8 +290,7 @@ func (m *Marker) Attach(ifindex int) error {
 		DirectAction: true,
 	}
 	if err := netlink.FilterAdd(f); err != nil {
-		netlink.QdiscDel(q)
-		return fmt.Errorf("ecnmark: add egress filter on ifindex %d: %w", ifindex, err)
+		return errors.Join(fmt.Errorf("ecnmark: add egress filter on ifindex %d: %w", ifindex, err), netlink.QdiscDel(q))
 	}
 	m.ifindex = ifindex
 	return nil
@@ -311,7 +308,7 @@ func (m *Marker) Detach() error {
 		QdiscType:  "clsact",
 	}
 	m.ifindex = 0
-	if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENODEV) && !errors.Is(err, unix.EINVAL) {
+	if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, syscall.ENODEV) && !errors.Is(err, syscall.EINVAL) {
 		return fmt.Errorf("ecnmark: remove clsact: %w", err)
 	}
 	return nil

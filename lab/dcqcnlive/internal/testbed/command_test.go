@@ -35,7 +35,10 @@ func helperServer(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+	if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	c, err := ln.Accept()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -59,7 +62,10 @@ func helperShared(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second))
+	if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	n, _ := strconv.Atoi(args[2])
 	var peers []netip.Addr
 	for range n {
@@ -68,7 +74,7 @@ func helperShared(args []string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		c.Read(make([]byte, 64))
+		_, _ = c.Read(make([]byte, 64)) // the client's line, whatever it is
 		peers = append(peers, c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr().Unmap())
 		c.Close()
 	}
@@ -87,7 +93,10 @@ func helperClient(args []string) int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	c.Write([]byte("hello\n"))
+	if _, err := c.Write([]byte("hello\n")); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	c.Close()
 	secs, _ := strconv.Atoi(args[2])
 	time.Sleep(time.Duration(secs) * time.Second)

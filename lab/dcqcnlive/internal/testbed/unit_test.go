@@ -190,7 +190,9 @@ func TestReceiverTimestamps(t *testing.T) {
 	r.init(2048)
 	msg := []byte("frame")
 	var rt unix.Timespec
-	unix.ClockGettime(unix.CLOCK_REALTIME, &rt)
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME, &rt); err != nil {
+		t.Fatal(err)
+	}
 	before := rt.Nano()
 	if _, err := unix.Write(fds[0], msg); err != nil {
 		t.Fatal(err)
@@ -199,12 +201,16 @@ func TestReceiverTimestamps(t *testing.T) {
 	if err != nil || string(r.buf[:n]) != "frame" {
 		t.Fatalf("recv: %q, %v", r.buf[:n], err)
 	}
-	unix.ClockGettime(unix.CLOCK_REALTIME, &rt)
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME, &rt); err != nil {
+		t.Fatal(err)
+	}
 	if ts < before || ts > rt.Nano() {
 		t.Fatalf("timestamp %d outside [%d, %d]", ts, before, rt.Nano())
 	}
 	if a := testing.AllocsPerRun(100, func() {
-		unix.Write(fds[0], msg)
+		if _, err := unix.Write(fds[0], msg); err != nil {
+			t.Fatal(err)
+		}
 		if _, _, ts, err := r.recv(fds[1]); err != nil || ts == 0 {
 			t.Fatalf("recv: ts %d, %v", ts, err)
 		}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
-	"github.com/softrnic/softrnic/lab/dcqcnlive/ecnmark"
+	"github.com/softrnic/softrnic/lab/dcqcnlive/internal/ecnmark"
 )
 
 // Time dilation (dcqcn-anchors §5.6): two cores cannot forward 40 Gb/s, so

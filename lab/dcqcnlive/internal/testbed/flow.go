@@ -196,7 +196,7 @@ type rawFlow struct {
 // maxBatch frames go out per sendmmsg. A sender may fall behind its
 // schedule by maxDebt frames or maxDebtTime, whichever is more, before it
 // gives frames up: a descheduled sender must not come back with a
-// line-rate burst, but a sleep is about 1–2 ms on a loaded host, so the
+// line-rate burst, but a sleep on a loaded host lasts milliseconds, so the
 // allowance must cover a few sleeps or the rate could not be reached.
 const (
 	maxBatch    = 32
