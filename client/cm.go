@@ -69,7 +69,7 @@ func (c *Client) events() (*cmEvents, error) {
 	}
 	f := os.NewFile(uintptr(fds[0]), "ucm-channel")
 	fc, err := net.FileConn(f)
-	f.Close()
+	_ = f.Close() // FileConn holds its own descriptor
 	if err != nil {
 		return nil, err
 	}
@@ -111,7 +111,7 @@ func (e *cmEvents) read(c *Client) {
 			}
 			// No listener (closed meanwhile) or no room: refused.
 			e.forget(ev.ID)
-			go c.callHandle(proto.OpUCMDestroyID, ev.ID)
+			go func() { _ = c.callHandle(proto.OpUCMDestroyID, ev.ID) }() // best effort: the daemon frees it with the session
 			continue
 		}
 		w := e.ids[ev.ID]
@@ -166,6 +166,7 @@ func eventErr(ev *proto.UCMEvent) error {
 			return &rdmacm.SIDRError{Status: cm.SIDRStatus(ev.Status), PrivateData: private(&ev.Param)}
 		}
 		return fmt.Errorf("softrnic: peer unreachable: %w", unix.Errno(-ev.Status))
+	default: // not an end of a connection
 	}
 	return fmt.Errorf("softrnic: unexpected rdma_cm event %d (status %d)", ev.Event, ev.Status)
 }
@@ -319,14 +320,14 @@ func (c *Client) Connect(ctx context.Context, qp verbs.QP, peer netip.Addr, port
 	}
 	if err == nil {
 		if err = c.toRTS(q, &ev, peer, rqpsn, or7(p.RetryCount), p); err != nil {
-			c.call(proto.OpUCMReject, &proto.UCMRejectReq{ID: h, Reason: uint16(cm.RejConsumerDefined)}, 0)
+			_, _, _ = c.call(proto.OpUCMReject, &proto.UCMRejectReq{ID: h, Reason: uint16(cm.RejConsumerDefined)}, 0)
 		}
 	}
 	if err == nil {
 		err = c.callHandle(proto.OpUCMEstablish, h)
 	}
 	if err != nil {
-		c.destroyID(e, h)
+		_ = c.destroyID(e, h) // the first error is the one to report
 		return nil, err
 	}
 	return c.newConn(e, h, w, q, peer, private(&ev.Param)), nil
@@ -386,8 +387,8 @@ func (cn *conn) finish(err error, toErr bool) {
 	cn.finished, cn.err = true, err
 	cn.mu.Unlock()
 	if toErr {
-		cn.q.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
-		cn.c.destroyID(cn.e, cn.h)
+		_ = cn.q.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
+		_ = cn.c.destroyID(cn.e, cn.h)
 	}
 	close(cn.done)
 }
@@ -502,7 +503,7 @@ func (l *listener) Close() error {
 		select {
 		case r := <-l.reqs:
 			if r != nil {
-				l.c.destroyID(l.e, r.ev.ID)
+				_ = l.c.destroyID(l.e, r.ev.ID)
 			}
 		default:
 			return err
@@ -617,8 +618,8 @@ func (r *request) Accept(ctx context.Context, qp verbs.QP, p *rdmacm.ConnParam) 
 		err = eventErr(&ev)
 	}
 	if err != nil {
-		q.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
-		c.destroyID(r.e, r.ev.ID)
+		_ = q.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState)
+		_ = c.destroyID(r.e, r.ev.ID) // the first error is the one to report
 		return nil, err
 	}
 	return c.newConn(r.e, r.ev.ID, r.evs, q, peer, private(&r.ev.Param)), nil
@@ -707,7 +708,7 @@ func (c *Client) ResolveUD(ctx context.Context, peer netip.Addr, port uint16, pr
 	if err != nil {
 		return nil, err
 	}
-	defer c.destroyID(e, h)
+	defer func() { _ = c.destroyID(e, h) }()
 	ev, err := e.next(ctx, w)
 	if err == nil && ev.Event != proto.UCMEventEstablished {
 		err = eventErr(&ev)

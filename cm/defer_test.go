@@ -1,6 +1,9 @@
 package cm
 
-import "testing"
+import (
+	"errors"
+	"testing"
+)
 
 // A deferred RTU (rdma_cm's CONNECT_RESPONSE, then rdma_establish): the
 // REP is reported, nothing answers it until Establish, a REP resent
@@ -10,14 +13,16 @@ func TestDeferredRTU(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 0x222222, ResponderResources: 1, InitiatorDepth: 1,
 		RNRRetry: 7, PrivateData: []byte("rep")}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	p := connectParams()
 	p.DeferRTU = true
 	id, err := n.a.m.Connect(n.now, p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := n.a.m.Establish(n.now, id); err != ErrBadState {
+	if err := n.a.m.Establish(n.now, id); !errors.Is(err, ErrBadState) {
 		t.Fatalf("Establish before the REP: %v", err)
 	}
 	n.settle()
@@ -43,7 +48,7 @@ func TestDeferredRTU(t *testing.T) {
 	if count(n.sent, AttrRTU) != 1 || n.b.last(EventEstablished) == nil || n.a.m.State(id) != StateEstablished {
 		t.Fatalf("after Establish: %d RTUs, b %v, state %v", count(n.sent, AttrRTU), n.b.kinds(), n.a.m.State(id))
 	}
-	if err := n.a.m.Establish(n.now, id); err != ErrBadState {
+	if err := n.a.m.Establish(n.now, id); !errors.Is(err, ErrBadState) {
 		t.Fatalf("second Establish: %v", err)
 	}
 }
@@ -54,7 +59,9 @@ func TestDeferredRTU(t *testing.T) {
 func TestDeferredRTURejected(t *testing.T) {
 	n := newNet(t, Config{}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	p := connectParams()
 	p.DeferRTU = true
 	id, _ := n.a.m.Connect(n.now, p)
@@ -83,11 +90,15 @@ func TestDeferredRTURejected(t *testing.T) {
 func TestDisconnectedTimedOut(t *testing.T) {
 	n := newNet(t, Config{MaxCMRetries: 2}, Config{})
 	n.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id, _ := n.a.m.Connect(n.now, connectParams())
 	n.settle()
 	n.drop = func(*node, MAD) bool { return true }
-	n.a.m.Disconnect(n.now, id, nil)
+	if err := n.a.m.Disconnect(n.now, id, nil); err != nil {
+		t.Fatal(err)
+	}
 	n.settle()
 	for n.a.last(EventDisconnected) == nil {
 		n.advance()
@@ -97,10 +108,14 @@ func TestDisconnectedTimedOut(t *testing.T) {
 	}
 	n2 := newNet(t, Config{}, Config{})
 	n2.b.accept = &AcceptParams{QPN: 0x22, StartingPSN: 5}
-	n2.b.m.Listen(svc, ListenOptions{RDMACM: true})
+	if err := n2.b.m.Listen(svc, ListenOptions{RDMACM: true}); err != nil {
+		t.Fatal(err)
+	}
 	id2, _ := n2.a.m.Connect(n2.now, connectParams())
 	n2.settle()
-	n2.a.m.Disconnect(n2.now, id2, nil)
+	if err := n2.a.m.Disconnect(n2.now, id2, nil); err != nil {
+		t.Fatal(err)
+	}
 	n2.settle()
 	if e := n2.a.last(EventDisconnected); e == nil || e.TimedOut {
 		t.Fatalf("answered DREQ: %v", n2.a.kinds())

@@ -45,7 +45,7 @@ func BenchmarkRCConnect(b *testing.B) {
 				}
 				qp, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: cq, RecvCQ: cq, Cap: caps})
 				if err != nil {
-					r.Reject(nil)
+					_ = r.Reject(nil)
 					continue
 				}
 				go func() {

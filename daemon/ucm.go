@@ -385,6 +385,7 @@ func (ss *session) ucmOp(h proto.Header, body []byte) (any, []int, error) {
 			return nil, nil, rerr
 		}
 		return nil, nil, errDeferred
+	default: // the operations below, under u.mu
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
@@ -413,8 +414,9 @@ func (ss *session) ucmOp(h proto.Header, body []byte) (any, []int, error) {
 		return u.migrate(ss, body)
 	case proto.OpUCMDestroyID:
 		return u.destroyIDOp(ss, body)
+	default:
+		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
-	return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 }
 
 // newHandle takes a handle in ss's space for a UCM object; u.mu held.
@@ -447,7 +449,7 @@ func (u *ucmService) createChannel(ss *session, h proto.Header, body []byte) (an
 	}
 	f := os.NewFile(uintptr(fds[0]), "ucm-channel")
 	fc, err := net.FileConn(f)
-	f.Close()
+	_ = f.Close() // FileConn holds its own descriptor
 	if err != nil {
 		unix.Close(fds[1])
 		return nil, nil, err
@@ -537,35 +539,35 @@ func spaceServiceID(space, port uint16) (uint64, error) {
 	return 0, errf(unix.EINVAL, "unknown rdma_cm port space %d", space)
 }
 
-// covers reports whether listener l takes requests to dst (the rdma_cm
+// covers reports whether listener id takes requests to dst (the rdma_cm
 // header's destination), as the kernel's rdma_cm matches a bound ID: by
 // address (any, or its own), and by family (an IPv6 listener takes IPv4
 // requests unless AFONLY).
-func (l *ucmID) covers(dst netip.Addr) bool {
-	if l.addr.IsValid() {
-		return l.addr == dst
+func (id *ucmID) covers(dst netip.Addr) bool {
+	if id.addr.IsValid() {
+		return id.addr == dst
 	}
 	if dst.Is4() {
-		return !l.ipv6 || !l.afOnly
+		return !id.ipv6 || !id.afOnly
 	}
-	return l.ipv6
+	return id.ipv6
 }
 
 // overlaps reports whether two listeners could take the same request.
-func (l *ucmID) overlaps(o *ucmID) bool {
+func (id *ucmID) overlaps(o *ucmID) bool {
 	switch {
-	case l.addr.IsValid() && o.addr.IsValid():
-		return l.addr == o.addr
-	case l.addr.IsValid():
-		return o.covers(l.addr)
+	case id.addr.IsValid() && o.addr.IsValid():
+		return id.addr == o.addr
+	case id.addr.IsValid():
+		return o.covers(id.addr)
 	case o.addr.IsValid():
-		return l.covers(o.addr)
+		return id.covers(o.addr)
 	}
 	// Both wildcards: they share IPv4 unless one is IPv6 only.
-	if l.ipv6 && o.ipv6 {
+	if id.ipv6 && o.ipv6 {
 		return true
 	}
-	return l.covers(netip.IPv4Unspecified()) && o.covers(netip.IPv4Unspecified())
+	return id.covers(netip.IPv4Unspecified()) && o.covers(netip.IPv4Unspecified())
 }
 
 func (u *ucmService) listen(ss *session, body []byte) (any, []int, error) {
@@ -614,7 +616,7 @@ func (u *ucmService) listen(ss *session, body []byte) (any, []int, error) {
 	}
 	if l.h, err = u.newHandle(ss); err != nil {
 		if len(u.listeners[key]) == 0 {
-			u.ev.Unlisten(svc)
+			_ = u.ev.Unlisten(svc) // ours: it cannot be unknown
 		}
 		return nil, nil, err
 	}
@@ -1015,7 +1017,7 @@ func (u *ucmService) destroyID(id *ucmID, torn bool) {
 		if len(ls) == 0 {
 			delete(u.listeners, key)
 			if svc, err := spaceServiceID(id.space, id.port); err == nil {
-				u.ev.Unlisten(svc)
+				_ = u.ev.Unlisten(svc) // ours: it cannot be unknown
 			}
 		} else {
 			u.listeners[key] = ls
@@ -1036,11 +1038,12 @@ func (u *ucmService) destroyID(id *ucmID, torn bool) {
 	switch u.ev.State(id.conn) {
 	case cm.StateIdle, cm.StateTimeWait, cm.StateDREQSent, cm.StateSIDRREPSent:
 		return
+	default: // still connecting or connected: aborted below
 	}
 	if torn {
 		u.stats.Torn++
 	}
-	u.ev.Abort(id.conn)
+	_ = u.ev.Abort(id.conn) // a connection already gone needs none
 }
 
 // closeSession ends a client's rdma_cm when its connection closes: every
@@ -1161,9 +1164,9 @@ func (u *ucmService) request(e *cm.Event) {
 	}
 	refuse := func(reason cm.RejectReason, status cm.SIDRStatus) {
 		if space == proto.PortSpaceUDP {
-			u.ev.SIDRReply(e.ID, &cm.SIDRReplyParams{Status: status})
+			_ = u.ev.SIDRReply(e.ID, &cm.SIDRReplyParams{Status: status})
 		} else {
-			u.ev.Reject(e.ID, reason, nil)
+			_ = u.ev.Reject(e.ID, reason, nil)
 		}
 	}
 	dst := e.CMA.Dst.Unmap()

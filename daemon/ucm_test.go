@@ -374,7 +374,7 @@ func TestUCMClientGoneMidConnect(t *testing.T) {
 	}
 	defer pl.Close()
 	a := newApp(t, c2, ib.RC, 64, ib.LocalWrite, 4, caps)
-	go c2.Connect(ctx, a.qp, addrB, 6006, &rdmacm.ConnParam{})
+	go func() { _, _ = c2.Connect(ctx, a.qp, addrB, 6006, &rdmacm.ConnParam{}) }() // it dies before the answer
 	r, err := pl.GetRequest(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -550,7 +550,9 @@ func TestUCMRawOperations(t *testing.T) {
 		t.Fatalf("CREATE_CHANNEL: %v, %d fds", no, len(fds))
 	}
 	var ch proto.HandleMsg
-	proto.DecodeBody(b, &ch)
+	if err := proto.DecodeBody(b, &ch); err != nil {
+		t.Fatal(err)
+	}
 	f := os.NewFile(uintptr(fds[0]), "events")
 	defer f.Close()
 	for _, c := range []struct {
@@ -586,7 +588,9 @@ func TestUCMRawOperations(t *testing.T) {
 		t.Fatalf("LISTEN: %v", no)
 	}
 	var l proto.HandleMsg
-	proto.DecodeBody(b, &l)
+	if err := proto.DecodeBody(b, &l); err != nil {
+		t.Fatal(err)
+	}
 	if _, _, no := call(proto.OpUCMListen, &proto.UCMListenReq{Channel: ch.Handle, Port: 7000, IPVersion: 4}); no != unix.EADDRINUSE {
 		t.Errorf("an IPv4 listener beside an IPv6 wildcard: %v, want EADDRINUSE", no)
 	}

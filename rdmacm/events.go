@@ -87,12 +87,12 @@ func (e *EventCM) Close() {
 		return
 	}
 	for svc := range e.services {
-		a.m.Unlisten(svc)
+		_ = a.m.Unlisten(svc) // closing: every service goes
 	}
 	if !a.closed {
 		now := a.cfg.Now()
 		for id := range e.conns {
-			a.m.Abort(now, id)
+			_ = a.m.Abort(now, id) // closing: every connection goes
 		}
 		a.flushLocked(now)
 	}
@@ -392,6 +392,7 @@ func (e *EventCM) commEstLocked(now clock.Time, qpn uint32) bool {
 		if e.a.m.NotifyEstablished(now, id) == nil {
 			e.stats.CommEst++
 		}
+	default: // no RTU awaited: nothing to fix
 	}
 	return true
 }

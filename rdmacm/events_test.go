@@ -300,7 +300,7 @@ func TestEventCMSIDRAndCommEst(t *testing.T) {
 	qa, _ := a.udQP(t, 1)
 	go func() {
 		if r, err := la.GetRequest(ctx); err == nil {
-			r.Accept(qa, nil)
+			_ = r.Accept(qa, nil)
 		}
 	}()
 	id, err := eb.ev.Resolve(&cm.SIDRParams{Peer: ipA, Local: ipB, ServiceID: cm.ServiceIDUDP(7301), SrcPort: 40002})

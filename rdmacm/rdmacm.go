@@ -283,7 +283,7 @@ func (a *Agent) Close() error {
 	}
 	if a.ev != nil {
 		for id := range a.ev.conns {
-			a.m.Abort(now, id)
+			_ = a.m.Abort(now, id) // closing: every connection goes
 		}
 	}
 	a.flushLocked(now)
@@ -634,6 +634,9 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 				delete(a.byQPN, c.qp.QPN())
 			}
 		}
+	case cm.EventConnResponse:
+		// Only the event interface defers RTUs: its connections are
+		// handled above.
 	}
 }
 
