@@ -175,20 +175,21 @@ func FuzzParseFETH(f *testing.F) {
 // Has agrees with the words for every PSN it describes and is false
 // outside them, and nothing panics whatever the bytes.
 func FuzzParseSACK(f *testing.F) {
-	f.Add([]byte{0, 0, 0, 7})
-	f.Add([]byte{1, 0xFF, 0xFF, 0xF0, 0x80, 0, 0, 1})
-	f.Add([]byte{2, 0, 1, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0})
-	f.Add([]byte{17, 0, 0, 0})
+	f.Add([]byte{0, 0, 0, 7, 0, 0, 0, 0})
+	f.Add([]byte{1, 0xFF, 0xFF, 0xF0, 0, 16, 0, 0, 0x80, 0, 0, 1})
+	f.Add([]byte{2, 0, 1, 0, 1, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF, 0, 0, 0, 0})
+	f.Add([]byte{17, 0, 0, 0, 0, 0, 0, 0})
+	f.Add([]byte{0, 0, 0, 7, 0, 8, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := bth.SACKETH(data)
 		if !s.Valid() {
-			if len(data) >= bth.SACKHeaderLen && s.Words() <= bth.MaxSACKWords && len(data) == bth.SACKLen(s.Words()) {
+			if len(data) >= bth.SACKHeaderLen && s.Words() <= bth.MaxSACKWords && len(data) == bth.SACKLen(s.Words()) && data[6]|data[7] == 0 {
 				t.Fatal("a well-formed SACKETH was refused")
 			}
 			return
 		}
 		out := bth.SACKETH(make([]byte, len(data)))
-		out.SetHeader(s.Words(), s.Base())
+		out.SetHeader(s.Words(), s.Base(), s.Window())
 		for k := 0; k < s.Words(); k++ {
 			out.SetWord(k, s.Word(k))
 		}

@@ -31,8 +31,9 @@ func (b BTH) SetSR(v bool) { b[8] = setBit(b[8], SRBit, v) }
 
 // SACKETH sizes.
 const (
-	// SACKHeaderLen is the fixed part of a SACKETH: bitmap length and base.
-	SACKHeaderLen = 4
+	// SACKHeaderLen is the fixed part of a SACKETH: bitmap length, base
+	// and receive window.
+	SACKHeaderLen = 8
 	// MaxSACKWords bounds the bitmap: 16 words describe 512 PSNs, the
 	// selective-repeat window.
 	MaxSACKWords = 16
@@ -45,11 +46,17 @@ const (
 //
 //	byte 0     number of 32-bit bitmap words that follow (0..MaxSACKWords)
 //	bytes 1-3  base PSN: the PSN bit 31 of the first word describes
+//	bytes 4-5  receive window: how many PSNs from the one after the ACK's
+//	           the requester may have outstanding (0: no limit stated)
+//	bytes 6-7  reserved, zero
 //	words      bitmap, big-endian; bit 31-i of word k set means the
 //	           responder has PSN base+32k+i (received, in order or held)
 //
 // The ACK's own PSN and syndrome keep their IBA meaning (everything up to
 // the PSN is acknowledged); the bitmap only adds what arrived beyond it.
+// The window is the responder's share of its host's receive buffers
+// (frames its NIC, or AF_XDP socket, can hold before it drops): many
+// requesters sending into one host keep within it together.
 type SACKETH []byte
 
 // SACKLen is the length of a SACKETH with n bitmap words.
@@ -75,14 +82,19 @@ func (s SACKETH) Has(p PSN) bool {
 }
 
 // Valid reports whether the view is exactly one well-formed SACKETH: at most
-// MaxSACKWords words and as many bytes as they take.
+// MaxSACKWords words, as many bytes as they take, reserved bytes zero.
 func (s SACKETH) Valid() bool {
-	return len(s) >= SACKHeaderLen && s.Words() <= MaxSACKWords && len(s) == SACKLen(s.Words())
+	return len(s) >= SACKHeaderLen && s.Words() <= MaxSACKWords && len(s) == SACKLen(s.Words()) && s[6] == 0 && s[7] == 0
 }
 
-// SetHeader stores the word count and base PSN.
-func (s SACKETH) SetHeader(words int, base PSN) {
+// Window is the receive window in PSNs (0: none stated).
+func (s SACKETH) Window() int { return int(binary.BigEndian.Uint16(s[4:])) }
+
+// SetHeader stores the word count, base PSN and receive window (0: none).
+func (s SACKETH) SetHeader(words int, base PSN, window int) {
 	binary.BigEndian.PutUint32(s, uint32(words)<<24|uint32(base)&PSNMask)
+	binary.BigEndian.PutUint16(s[4:], uint16(min(max(window, 0), 0xFFFF)))
+	s[6], s[7] = 0, 0
 }
 
 // SetWord stores bitmap word k.

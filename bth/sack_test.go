@@ -31,11 +31,14 @@ func TestSRBit(t *testing.T) {
 func TestSACKETH(t *testing.T) {
 	s := bth.SACKETH(make([]byte, bth.SACKLen(2)))
 	base := bth.PSN(bth.PSNMask - 3) // the bitmap crosses the PSN wrap
-	s.SetHeader(2, base)
+	s.SetHeader(2, base, 300)
 	s.SetWord(0, 0x80000001)
 	s.SetWord(1, 0x40000000)
-	if !s.Valid() || s.Words() != 2 || s.Base() != base {
-		t.Fatalf("header: valid %v words %d base %d", s.Valid(), s.Words(), s.Base())
+	if !s.Valid() || s.Words() != 2 || s.Base() != base || s.Window() != 300 {
+		t.Fatalf("header: valid %v words %d base %d window %d", s.Valid(), s.Words(), s.Base(), s.Window())
+	}
+	if s[4] != 0x01 || s[5] != 0x2C || s[6] != 0 || s[7] != 0 {
+		t.Fatalf("window bytes % x", s[4:8])
 	}
 	for i, want := range map[uint32]bool{0: true, 1: false, 31: true, 32: false, 33: true, 63: false, 64: false} {
 		if s.Has(base.Add(i)) != want {
@@ -49,7 +52,7 @@ func TestSACKETH(t *testing.T) {
 		t.Error("a SACKETH whose length disagrees with its word count is valid")
 	}
 	big := bth.SACKETH(make([]byte, bth.SACKLen(bth.MaxSACKWords+1)))
-	big.SetHeader(bth.MaxSACKWords+1, 0)
+	big.SetHeader(bth.MaxSACKWords+1, 0, 0)
 	if big.Valid() {
 		t.Error("more than MaxSACKWords words is valid")
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -32,6 +33,19 @@ type Client struct {
 	cmMu sync.Mutex // guards cmev's creation
 	cmev *cmEvents  // the rdma_cm event channel (cm.go), made on first use
 
+	// Asynchronous events (events.go): the objects events name, by
+	// handle, and the reader of the event socket.
+	objMu     sync.Mutex
+	cqs       map[proto.Handle]*CQ
+	srqs      map[proto.Handle]*SRQ
+	evOnce    sync.Once
+	events    chan verbs.AsyncEvent
+	evConn    *net.UnixConn
+	evQuit    chan struct{}
+	evDone    chan struct{}
+	lost      atomic.Uint64 // events the daemon dropped for this client
+	portState atomic.Int32  // 0: as OPEN said; 1 active, 2 down, from port events
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -46,7 +60,7 @@ func Dial(path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("softrnic: connecting to the daemon at %s: %w", path, err)
 	}
-	c := &Client{conn: proto.NewConn(uc)}
+	c := &Client{conn: proto.NewConn(uc), cqs: map[proto.Handle]*CQ{}, srqs: map[proto.Handle]*SRQ{}}
 	body, fds, err := c.call(proto.OpOpen, &proto.OpenReq{Version: proto.Version}, 1)
 	if err != nil {
 		uc.Close()
@@ -69,9 +83,17 @@ var _ verbs.Device = (*Client)(nil)
 // Name is the interface the daemon's RNIC runs on.
 func (c *Client) Name() string { return string(bytes.TrimRight(c.info.Name[:], "\x00")) }
 
-// Query returns the daemon's device attributes (ibv_query_device).
+// Query returns the daemon's device attributes (ibv_query_device), as
+// OPEN reported them; PortActive follows the port events once Events runs.
 func (c *Client) Query() ib.DeviceAttr {
-	return c.info.DeviceAttr
+	a := c.info.DeviceAttr
+	switch c.portState.Load() {
+	case 1:
+		a.PortActive = true
+	case 2:
+		a.PortActive = false
+	}
+	return a
 }
 
 // GIDs is the daemon's GID table.
@@ -103,6 +125,7 @@ func (c *Client) Status() (proto.StatusResp, error) {
 // waiting rdma_cm call by closing the client).
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
+		c.stopEvents() // first: the daemon's end-of-file is then no DEVICE_FATAL
 		c.closeErr = c.conn.Close()
 		if c.db != nil {
 			c.db.Close()
@@ -311,7 +334,11 @@ func (c *Client) CreateCQ(depth int) (verbs.CQ, error) {
 		unix.Close(fds[1])
 		return nil, errors.Join(err, c.callHandle(proto.OpDestroyCQ, r.CQ))
 	}
-	return &CQ{c: c, h: r.CQ, ring: ring, cons: ring.Consumer(), db: shmring.DoorbellFD(fds[1])}, nil
+	q := &CQ{c: c, h: r.CQ, ring: ring, cons: ring.Consumer(), db: shmring.DoorbellFD(fds[1])}
+	c.objMu.Lock()
+	c.cqs[q.h] = q
+	c.objMu.Unlock()
+	return q, nil
 }
 
 // Handle is the CQ's handle on this connection.
@@ -351,6 +378,9 @@ func (q *CQ) Destroy() error {
 	if err := q.c.callHandle(proto.OpDestroyCQ, q.h); err != nil {
 		return err
 	}
+	q.c.objMu.Lock()
+	delete(q.c.cqs, q.h)
+	q.c.objMu.Unlock()
 	q.ring.Close()
 	return q.db.Close()
 }
@@ -366,6 +396,7 @@ type QP struct {
 	sq, rq   *shmring.Ring
 	smu, rmu sync.Mutex
 	sqp, rqp *shmring.Producer
+	srq      *SRQ // receives come from here, or nil
 	state    ib.QPState
 	stateMu  sync.Mutex
 }
@@ -379,10 +410,15 @@ func (p *PD) CreateQP(a *verbs.QPInitAttr) (verbs.QP, error) {
 	if !ok1 || !ok2 || scq.c != p.c || rcq.c != p.c {
 		return nil, fmt.Errorf("softrnic: CreateQP needs send and receive CQs of the same client: %w", verbs.ErrOtherDevice)
 	}
+	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap, Recovery: a.Recovery}
+	var srq *SRQ
 	if a.SRQ != nil {
-		return nil, fmt.Errorf("softrnic: QPs on an SRQ through the daemon: %w", verbs.ErrNotSupported)
+		var ok bool
+		if srq, ok = a.SRQ.(*SRQ); !ok || srq.c != p.c {
+			return nil, fmt.Errorf("softrnic: CreateQP needs an SRQ of the same client: %w", verbs.ErrOtherDevice)
+		}
+		req.SRQ = srq.h
 	}
-	req := proto.CreateQPReq{PD: p.h, SendCQ: scq.h, RecvCQ: rcq.h, Type: a.Type, Caps: a.Cap}
 	if a.SigAll {
 		req.SigAll = 1
 	}
@@ -395,7 +431,12 @@ func (p *PD) CreateQP(a *verbs.QPInitAttr) (verbs.QP, error) {
 		proto.CloseFDs(fds)
 		return nil, err
 	}
-	return p.mapQP(&r, fds, a.Type)
+	q, err := p.mapQP(&r, fds, a.Type)
+	if err != nil {
+		return nil, err
+	}
+	q.srq = srq
+	return q, nil
 }
 
 // mapQP maps the rings of a QP the daemon created and returns it.
@@ -412,12 +453,6 @@ func (p *PD) mapQP(r *proto.CreateQPResp, fds []int, typ ib.QPType) (*QP, error)
 	}
 	return &QP{c: p.c, h: r.QP, qpn: r.QPN, typ: typ, caps: r.Caps, sq: sq, rq: rq,
 		sqp: sq.Producer(p.c.db), rqp: rq.Producer(p.c.db)}, nil
-}
-
-// CreateSRQ fails with verbs.ErrNotSupported: the daemon serves no SRQs
-// yet.
-func (p *PD) CreateSRQ(maxWR, maxSGE int) (verbs.SRQ, error) {
-	return nil, fmt.Errorf("softrnic: SRQs through the daemon: %w", verbs.ErrNotSupported)
 }
 
 // AH is an address handle: a daemon object (its device's AH, the next
@@ -596,6 +631,9 @@ func (q *QP) SyncRecv(ctx context.Context) error {
 
 // PostRecv posts receive work requests, publishing them together.
 func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
+	if q.srq != nil && len(ws) > 0 {
+		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrNoRecvQueue, "the QP receives from an SRQ")
+	}
 	if q.State() == ib.Reset && len(ws) > 0 {
 		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrQPState, "the QP is in RESET")
 	}

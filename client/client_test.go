@@ -911,3 +911,35 @@ func TestAddressHandlesAreIsolated(t *testing.T) {
 		t.Fatal("the daemon did not release the client")
 	}
 }
+
+// TestRecoveryPerQP: a QP's loss recovery chosen through the client
+// reaches the daemon's device; without one it takes the device's; a mode
+// that does not exist is refused.
+func TestRecoveryPerQP(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	e := newEndpoint(t, td.path, allAccess)
+	mk := func(r ib.Recovery) (verbs.QP, error) {
+		return e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: e.cq, RecvCQ: e.cq, Recovery: r,
+			Cap: ib.QPCaps{MaxSendWR: 4, MaxRecvWR: 4, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	}
+	want := map[uint32]ib.Recovery{e.qp.QPN(): ib.RecoverySelective}
+	for _, r := range []ib.Recovery{ib.RecoveryAdaptive, ib.RecoveryTimeout, ib.RecoverySelective} {
+		q, err := mk(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[q.QPN()] = r
+	}
+	got := map[uint32]ib.Recovery{}
+	td.dev.EachQPCounters(func(c *rnic.QPCounters) {
+		if c.Type == ib.RC {
+			got[c.QPN] = c.Recovery
+		}
+	})
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("the device's QPs run %v, want %v", got, want)
+	}
+	if _, err := mk(7); !errors.Is(err, unix.EINVAL) {
+		t.Fatalf("recovery 7: %v", err)
+	}
+}

@@ -51,8 +51,9 @@ const idEvents = 8
 // ErrCMClosed is a connection call whose Client or daemon went away.
 var ErrCMClosed = errors.New("softrnic: rdma_cm event channel closed (the daemon or the client went away)")
 
-// events returns the Client's event channel, making it on first use.
-func (c *Client) events() (*cmEvents, error) {
+// cmChannel returns the Client's rdma_cm event channel, making it on first
+// use.
+func (c *Client) cmChannel() (*cmEvents, error) {
 	c.cmMu.Lock()
 	defer c.cmMu.Unlock()
 	if c.cmev != nil {
@@ -290,7 +291,7 @@ func (c *Client) connect(e *cmEvents, req *proto.UCMConnectReq) (proto.Handle, c
 // moves the QP), and returns once the connection is established.
 func (c *Client) Connect(ctx context.Context, qp verbs.QP, peer netip.Addr, port uint16, p *rdmacm.ConnParam) (rdmacm.Conn, error) {
 	peer = peer.Unmap()
-	e, err := c.events()
+	e, err := c.cmChannel()
 	if err != nil {
 		return nil, err
 	}
@@ -454,7 +455,7 @@ type listener struct {
 }
 
 func (c *Client) listen(port uint16, space uint16, backlog int) (*listener, error) {
-	e, err := c.events()
+	e, err := c.cmChannel()
 	if err != nil {
 		return nil, err
 	}
@@ -691,7 +692,7 @@ func (r udRequest) Accept(qp verbs.QP, private []byte) error {
 // peer through the daemon's CM.
 func (c *Client) ResolveUD(ctx context.Context, peer netip.Addr, port uint16, priv []byte) (*rdmacm.UDPeer, error) {
 	peer = peer.Unmap()
-	e, err := c.events()
+	e, err := c.cmChannel()
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,9 @@
 // Package client lets an application in another process use the RNIC of a
 // running softrnic daemon, the way it would use a hardware one through
-// verbs: a Client is a verbs.Device (and its objects verbs' PD, MR, CQ, QP
-// and AH), and an rdmacm.CM for connections through the daemon's CM.
+// verbs: a Client is a verbs.Device (and its objects verbs' PD, MR, CQ, SRQ,
+// QP and AH), a verbs.AsyncEventer (Events: the asynchronous events of its
+// own objects and of the daemon's port, DEVICE_FATAL when the daemon goes
+// away), and an rdmacm.CM for connections through the daemon's CM.
 //
 // Control operations are messages on the daemon's Unix socket. The data path
 // is shared memory: registered memory is a memfd the daemon maps too, so a

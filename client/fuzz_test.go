@@ -16,7 +16,20 @@ import (
 // valid OPEN, or without it) and checks that the daemon neither dies nor
 // stops serving a well-behaved client.
 func FuzzControlMessages(f *testing.F) {
+	// Every input makes two connections; nobody waits for their ends. The
+	// drain stops after the daemon (cleanups run last first).
+	drained := make(chan struct{})
+	f.Cleanup(func() { close(drained) })
 	td := startDaemon(f, daemon.Options{})
+	go func() {
+		for {
+			select {
+			case <-td.gone:
+			case <-drained:
+				return
+			}
+		}
+	}()
 	seed := func(op proto.Op, body any) []byte {
 		b, err := proto.Encode(nil, proto.Header{Op: op, Version: proto.Version, Seq: 1}, body)
 		if err != nil {
@@ -31,6 +44,13 @@ func FuzzControlMessages(f *testing.F) {
 	f.Add(seed(proto.OpDeallocPD, &proto.HandleMsg{Handle: 1}), false)
 	f.Add(seed(proto.OpStatus, nil), true)
 	f.Add(seed(proto.OpCreateAH, &proto.CreateAHReq{PD: 1, AV: ib.AddressVector{DGID: ib.GIDFrom(testlink.AddrA)}}), true)
+	f.Add(seed(proto.OpCreateSRQ, &proto.CreateSRQReq{PD: 1, MaxWR: 8, MaxSGE: 1}), true)
+	f.Add(seed(proto.OpModifySRQ, &proto.ModifySRQReq{SRQ: 2, Mask: ib.SRQLimit, Attr: ib.SRQAttr{Limit: 4}}), true)
+	f.Add(seed(proto.OpQuerySRQ, &proto.HandleMsg{Handle: 2}), true)
+	f.Add(seed(proto.OpDestroySRQ, &proto.HandleMsg{Handle: 2}), true)
+	f.Add(seed(proto.OpCreateQP, &proto.CreateQPReq{PD: 1, SendCQ: 2, RecvCQ: 2, Type: ib.UD, Caps: ib.QPCaps{MaxSendWR: 4}, SRQ: 3}), true)
+	f.Add(seed(proto.OpAsyncEvents, nil), true)
+	f.Add(seed(proto.OpQueryDevice, nil), true)
 	f.Fuzz(func(t *testing.T, in []byte, open bool) {
 		msg := append([]byte(nil), in...) // the input itself must stay as it is
 		uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: td.path, Net: "unixpacket"})

@@ -18,6 +18,7 @@ import (
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/ib"
 )
 
 // DefaultControl is where the daemon listens and where every client command
@@ -37,11 +38,14 @@ type Config struct {
 	Interface string       // interface; the Ethernet device the RNIC sits on
 	Queues    int          // queues; RX queues to serve, 0 = all of the interface's
 	UMEMSize  int64        // umem-size; bytes of AF_XDP UMEM per queue
-	FrameSize int          // frame-size; bytes per UMEM frame
+	FrameSize int          // frame-size; bytes per UMEM frame, 0 = 2048 when the MTU fits, else 4096
 	MTU       int          // mtu; RoCE path MTU (256..4096), 0 = largest the interface allows
 	GIDs      []netip.Addr // gid; addresses used as GIDs, empty = the interface's
 	Metrics   string       // metrics; Prometheus /metrics listen address, empty = off
 	Port      string       // port; afxdp, afpacket or auto (AF_XDP, falling back to AF_PACKET)
+	// Recovery (recovery) is the loss recovery of the RC QPs whose client
+	// does not choose: selective (the default), adaptive or timeout.
+	Recovery ib.Recovery
 
 	// MetricsTokenFile (metrics-token-file) holds a bearer token every
 	// scrape must send; with it, metrics may listen beyond loopback.
@@ -119,10 +123,11 @@ func (d DCQCNConfig) ConnectX() (dcqcn.ConnectX, error) {
 func DefaultConfig() Config {
 	return Config{
 		UMEMSize:    16 << 20,
-		FrameSize:   4096,
+		FrameSize:   0,
 		Control:     DefaultControl,
 		ControlMode: 0o660,
 		Port:        "auto",
+		Recovery:    ib.RecoverySelective,
 		LogLevel:    "info",
 		LogFormat:   "text",
 		CC:          CCConfig{Algorithm: "dcqcn", Scale: 1},
@@ -157,7 +162,11 @@ var keys = []key{
 		c.UMEMSize = n
 		return err
 	}},
-	{name: "frame-size", usage: "bytes per UMEM frame: a power of two, 2048..65536", set: func(c *Config, v string) error {
+	{name: "frame-size", usage: "bytes per UMEM frame: a power of two, 2048..65536; 0 = 2048 when the interface's MTU fits, else 4096", set: func(c *Config, v string) error {
+		if v == "0" {
+			c.FrameSize = 0
+			return nil
+		}
 		n, err := parseInt(v, 2048, 65536)
 		if err == nil && bits.OnesCount64(uint64(n)) != 1 {
 			err = fmt.Errorf("%d is not a power of two", n)
@@ -221,6 +230,14 @@ var keys = []key{
 		n, err := parseInt(v, 0, 15)
 		c.CMMaxRetries = uint8(n)
 		return err
+	}},
+	{name: "recovery", usage: "loss recovery of RC QPs: selective (selective repeat with softrnic peers, adaptive retransmission with any), adaptive (go-back-N on measured RTTs) or timeout (the local ACK timeout alone, as rxe)", set: func(c *Config, v string) error {
+		m, err := ib.ParseRecovery(v)
+		if err != nil || m == ib.RecoveryDefault {
+			return fmt.Errorf("%q is not selective, adaptive or timeout", v)
+		}
+		c.Recovery = m
+		return nil
 	}},
 	{name: "control", usage: "path of the control socket clients connect to", set: func(c *Config, v string) error {
 		if !strings.HasPrefix(v, "/") || len(v) > 107 {
@@ -442,11 +459,15 @@ func (c *Config) Validate() error {
 	if c.Interface == "" {
 		return &KeyError{Key: "interface", Err: errors.New("required (set it in the file, or with -d IFACE)")}
 	}
-	if c.MTU != 0 && c.MTU+MaxRoCEOverhead > c.FrameSize {
+	fs := c.FrameSize
+	if fs == 0 {
+		fs = 4096 // the larger of the automatic sizes
+	}
+	if c.MTU != 0 && c.FrameSize != 0 && c.MTU+MaxRoCEOverhead > c.FrameSize {
 		return &KeyError{Key: "mtu", Err: fmt.Errorf("mtu %d plus %d bytes of headers does not fit frame-size %d", c.MTU, MaxRoCEOverhead, c.FrameSize)}
 	}
-	if c.UMEMSize%int64(c.FrameSize) != 0 || c.UMEMSize/int64(c.FrameSize) < MinUMEMFrames {
-		return &KeyError{Key: "umem-size", Err: fmt.Errorf("%d must be a multiple of frame-size %d and hold at least %d frames", c.UMEMSize, c.FrameSize, MinUMEMFrames)}
+	if c.UMEMSize%int64(fs) != 0 || c.UMEMSize/int64(fs) < MinUMEMFrames {
+		return &KeyError{Key: "umem-size", Err: fmt.Errorf("%d must be a multiple of frame-size %d and hold at least %d frames", c.UMEMSize, fs, MinUMEMFrames)}
 	}
 	if c.Metrics != "" && c.MetricsTokenFile == "" && !c.MetricsAllowPublic && !loopbackHostPort(c.Metrics) {
 		return &KeyError{Key: "metrics", Err: fmt.Errorf("%q: %w", c.Metrics, ErrMetricsPublic)}

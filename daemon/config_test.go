@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/ib"
 )
 
 const sampleConfig = `
@@ -26,6 +27,7 @@ gid = 192.0.2.1
 gid = 2001:db8::1
 metrics = "127.0.0.1:9464"
 port = afpacket
+recovery = adaptive
 control = /run/softrnic/test.sock
 control-mode = 0660
 control-group = root
@@ -49,7 +51,7 @@ func TestParseFullFile(t *testing.T) {
 	want := []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}
 	if c.Interface != "veth0" || c.Queues != 2 || c.UMEMSize != 32<<20 || c.FrameSize != 4096 || c.MTU != 2048 ||
 		len(c.GIDs) != 2 || c.GIDs[0] != want[0] || c.GIDs[1] != want[1] || c.Metrics != "127.0.0.1:9464" || c.Port != "afpacket" ||
-		c.Control != "/run/softrnic/test.sock" || c.ControlMode != 0o660 || c.ControlGroup != "root" ||
+		c.Recovery != ib.RecoveryAdaptive || c.Control != "/run/softrnic/test.sock" || c.ControlMode != 0o660 || c.ControlGroup != "root" ||
 		c.LogLevel != "debug" || c.LogFormat != "json" || c.DCQCN.Profile != "connectx" ||
 		c.DCQCN.Knobs["rpg_ai_rate"] != 40 || c.DCQCN.Knobs["clamp_tgt_rate"] != 1 || len(c.DCQCN.Knobs) != 2 {
 		t.Fatalf("parsed %+v", c)
@@ -83,6 +85,8 @@ func TestFileErrorsNameTheKey(t *testing.T) {
 		{"interface = a/b\n", "interface:"},
 		{"log-format = xml\n", "log-format:"},
 		{"port = dpdk\n", "port:"},
+		{"recovery = fast\n", "recovery: \"fast\" is not selective, adaptive or timeout"},
+		{"recovery = default\n", "recovery:"},
 	} {
 		c := DefaultConfig()
 		err := c.ParseFile("x.conf", strings.NewReader(tc.file))

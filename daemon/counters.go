@@ -12,6 +12,7 @@ import (
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/transport/rc"
 )
 
 // CountingPort wraps the engine's port to count bytes both ways (the device
@@ -171,6 +172,10 @@ type CounterSource struct {
 	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
 	// CM, if set, is the rdma_cm counters (Server.CMCounters).
 	CM func() ([proto.NumCMCounters]uint64, bool)
+	// Server, if set, is the control server on the device: events its
+	// clients' queues dropped count in async_events_lost with the
+	// device's own.
+	Server *Server
 }
 
 // Snapshot reads every counter once.
@@ -189,6 +194,10 @@ func (s *CounterSource) Snapshot() Counters {
 		c.QPs = append(c.QPs, qpStats(q))
 		in.add(q)
 	})
+	in.eventsLost = s.Loop.Device().LostEvents()
+	if s.Server != nil {
+		in.eventsLost += s.Server.AsyncEventsLost.Load()
+	}
 	c.Valid = fillDevice(&c.Device, &in)
 	if s.CM != nil {
 		c.CM, c.HasCM = s.CM()
@@ -203,11 +212,13 @@ type counterInputs struct {
 	rxBytes, txBytes   uint64
 	haveBytes, haveXDP bool
 	xdp                afxdp.Stats
+	eventsLost         uint64
 	// sums over the QPs
 	dup, oos, rnrRx, timeouts, outOfBuf, qpDropped, badQKey, naks, retrans uint64
 	seqNAKs, impliedNAKs, writes, reads, atomics                           uint64
 	reqRemAccess, reqInvReq, respRemAccess, respLocLen                     uint64
 	cqe                                                                    rnic.CQECounters
+	rc                                                                     rc.Counters // every counter, summed
 }
 
 func (in *counterInputs) add(q *rnic.QPCounters) {
@@ -233,6 +244,7 @@ func (in *counterInputs) add(q *rnic.QPCounters) {
 	in.cqe.ReqFlushErr += q.CQE.ReqFlushErr
 	in.cqe.RespErr += q.CQE.RespErr
 	in.cqe.RespFlushErr += q.CQE.RespFlushErr
+	in.rc.Add(&q.RC)
 }
 
 // fillDevice is the one table from what softrnic counts to the names Linux
@@ -298,6 +310,15 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	d[proto.CtrCCDecreases] = cc[5].Value
 	d[proto.CtrCCLossEvents] = cc[6].Value
 	d[proto.CtrCCWindowFull] = cc[7].Value
+	d[proto.CtrRoCEAdpRetrans] = in.rc.AdpRetrans
+	d[proto.CtrRoCEAdpRetransTO] = in.rc.AdpRetransTO
+	d[proto.CtrRxSACKs] = in.rc.RxSACKs
+	d[proto.CtrTxSACKs] = in.rc.TxSACKs
+	d[proto.CtrSelRetrans] = in.rc.SelRetrans
+	d[proto.CtrSRHeld] = in.rc.SRHeld
+	d[proto.CtrSRDropped] = in.rc.SRDropped
+	d[proto.CtrRetransPackets] = in.rc.RetransPkts
+	d[proto.CtrAsyncEventsLost] = in.eventsLost
 	valid := proto.ValidAll
 	if !in.haveXDP {
 		valid &^= proto.ValidXDP
@@ -354,8 +375,10 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 		v[proto.QCtrReqRemoteInvalidRequest] = q.RC.RxNAKInvReq
 		v[proto.QCtrRespRemoteAccessErrors] = q.RC.RemAccessErrs
 		v[proto.QCtrRespLocalLengthError] = q.RC.LocalLengthErrs
+		recoveryStats(v, &q.RC)
 		s.Valid = uint64(1)<<proto.QCtrDCQCNECNMarked - 1
 		s.Valid &^= 1<<proto.QCtrRxPackets | 1<<proto.QCtrRxBadQKey
+		s.Valid |= recoveryValid
 		if q.CCOn {
 			ccStats(&s, &q.CC)
 		}
@@ -392,4 +415,23 @@ func ccStats(s *proto.QPStats, cc *congestion.State) {
 		v[proto.QCtrCCTargetNs] = uint64(max(cc.Target, 0))
 		s.Valid |= 1<<proto.QCtrCCCwndMilli | 1<<proto.QCtrCCTargetNs
 	}
+}
+
+// recoveryValid are the per-QP loss recovery counters, valid on RC QPs.
+const recoveryValid = 1<<proto.QCtrRoCEAdpRetrans | 1<<proto.QCtrRoCEAdpRetransTO | 1<<proto.QCtrTLPProbes |
+	1<<proto.QCtrFastRetrans | 1<<proto.QCtrRxSACKs | 1<<proto.QCtrTxSACKs | 1<<proto.QCtrSelRetrans |
+	1<<proto.QCtrSRHeld | 1<<proto.QCtrSRDropped | 1<<proto.QCtrRetransPackets
+
+// recoveryStats fills a QP's loss recovery counters from c.
+func recoveryStats(v *[proto.NumQPCounters]uint64, c *rc.Counters) {
+	v[proto.QCtrRoCEAdpRetrans] = c.AdpRetrans
+	v[proto.QCtrRoCEAdpRetransTO] = c.AdpRetransTO
+	v[proto.QCtrTLPProbes] = c.TLPProbes
+	v[proto.QCtrFastRetrans] = c.FastRetrans
+	v[proto.QCtrRxSACKs] = c.RxSACKs
+	v[proto.QCtrTxSACKs] = c.TxSACKs
+	v[proto.QCtrSelRetrans] = c.SelRetrans
+	v[proto.QCtrSRHeld] = c.SRHeld
+	v[proto.QCtrSRDropped] = c.SRDropped
+	v[proto.QCtrRetransPackets] = c.RetransPkts
 }

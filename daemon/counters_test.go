@@ -64,12 +64,15 @@ func TestFillDeviceTable(t *testing.T) {
 	s.RxDropped, s.RxInvalidDescs, s.TxInvalidDescs, s.RxRingFull, s.RxFillRingEmpty, s.TxRingEmptyDescs = 23, 24, 25, 26, 27, 28
 	in.xdp.Oversize = 29
 	in.haveXDP = true
+	in.eventsLost = 4010
 	rcq := rnic.QPCounters{QPN: 17, Type: ib.RC}
 	rcq.RC.RxDuplicate, rcq.RC.RxOutOfSeq, rcq.RC.RNRWaits, rcq.RC.Timeouts, rcq.RC.TxRNRNAKs = 100, 200, 300, 400, 500
 	rcq.RC.RxDropped, rcq.RC.TxNAKs, rcq.RC.Retransmits = 600, 700, 800
 	rcq.RC.RxNAKSeqErr, rcq.RC.ImpliedNAKs, rcq.RC.RxWriteReqs, rcq.RC.RxReadReqs, rcq.RC.RxAtomicReqs = 4001, 4002, 4003, 4004, 4005
 	rcq.RC.RxNAKRemAccess, rcq.RC.RxNAKInvReq, rcq.RC.RemAccessErrs, rcq.RC.LocalLengthErrs = 4006, 4007, 4008, 4009
 	rcq.CQE = rnic.CQECounters{ReqErr: 10, ReqFlushErr: 20, RespErr: 30, RespFlushErr: 40}
+	rcq.RC.AdpRetrans, rcq.RC.AdpRetransTO, rcq.RC.TLPProbes, rcq.RC.FastRetrans, rcq.RC.RxSACKs = 5001, 5002, 5003, 5004, 5005
+	rcq.RC.TxSACKs, rcq.RC.SelRetrans, rcq.RC.SRHeld, rcq.RC.SRDropped, rcq.RC.RetransPkts = 5006, 5007, 5008, 5009, 5010
 	udq := rnic.QPCounters{QPN: 18, Type: ib.UD}
 	udq.UD.RxNoRecv, udq.UD.RxDropped, udq.UD.RxBadQKey = 1000, 2000, 3000
 	udq.CQE = rnic.CQECounters{ReqErr: 1, ReqFlushErr: 2, RespErr: 3, RespFlushErr: 4}
@@ -92,9 +95,11 @@ func TestFillDeviceTable(t *testing.T) {
 		"out_of_buffer": 500 + 1000, "rx_qp_dropped": 600 + 2000, "nak_sent": 700, "retransmits": 800, "rx_bad_qkey": 3000,
 		"packet_seq_err": 4001, "implied_nak_seq_err": 4002, "rx_write_requests": 4003, "rx_read_requests": 4004,
 		"rx_atomic_requests": 4005, "req_remote_access_errors": 4006, "req_remote_invalid_request": 4007,
-		"resp_remote_access_errors": 4008, "resp_local_length_error": 4009,
+		"resp_remote_access_errors": 4008, "resp_local_length_error": 4009, "async_events_lost": 4010,
 		"req_cqe_error": 11, "req_cqe_flush_error": 22, "resp_cqe_error": 33, "resp_cqe_flush_error": 44,
 		"cc_rtt_samples": 31, "cc_decreases": 32, "cc_loss_events": 33, "cc_window_full": 34,
+		"roce_adp_retrans": 5001, "roce_adp_retrans_to": 5002, "rx_sacks": 5005,
+		"tx_sacks": 5006, "sel_retrans": 5007, "sr_held": 5008, "sr_dropped": 5009, "retrans_packets": 5010,
 	}
 	if len(want) != int(proto.NumDeviceCounters) {
 		t.Fatalf("test lists %d counters, table has %d", len(want), proto.NumDeviceCounters)
@@ -137,6 +142,10 @@ func TestFillDeviceTable(t *testing.T) {
 		{proto.QCtrRxReadRequests, 4004, 0}, {proto.QCtrRxAtomicRequests, 4005, 0}, {proto.QCtrReqRemoteAccessErrors, 4006, 0},
 		{proto.QCtrReqRemoteInvalidRequest, 4007, 0}, {proto.QCtrRespRemoteAccessErrors, 4008, 0},
 		{proto.QCtrRespLocalLengthError, 4009, 0},
+		{proto.QCtrRoCEAdpRetrans, 5001, 0}, {proto.QCtrRoCEAdpRetransTO, 5002, 0}, {proto.QCtrTLPProbes, 5003, 0},
+		{proto.QCtrFastRetrans, 5004, 0}, {proto.QCtrRxSACKs, 5005, 0}, {proto.QCtrTxSACKs, 5006, 0},
+		{proto.QCtrSelRetrans, 5007, 0}, {proto.QCtrSRHeld, 5008, 0}, {proto.QCtrSRDropped, 5009, 0},
+		{proto.QCtrRetransPackets, 5010, 0},
 		{proto.QCtrReqCQEError, 10, 1}, {proto.QCtrReqCQEFlushError, 20, 2}, {proto.QCtrRespCQEError, 30, 3}, {proto.QCtrRespCQEFlushError, 40, 4},
 	} {
 		name := proto.QPCounters[c.idx].Name
@@ -203,8 +212,9 @@ func TestStatsPage(t *testing.T) {
 	if r.Listed != 3 || r.More != 0 || r.QPs[2].QPN != 100 {
 		t.Fatalf("second page: listed %d more %d", r.Listed, r.More)
 	}
-	r = statsPage(&c, &proto.StatsReq{QPN: 90, FilterQP: 1}, nil)
-	if r.Listed != 1 || r.QPs[0].QPN != 90 {
+	lowest := uint32(100 - proto.MaxStatsQPs - 2)
+	r = statsPage(&c, &proto.StatsReq{QPN: lowest, FilterQP: 1}, nil)
+	if r.Listed != 1 || r.QPs[0].QPN != lowest {
 		t.Fatalf("filtered: %d QPs", r.Listed)
 	}
 	r = statsPage(&c, &proto.StatsReq{}, map[uint32]bool{95: true, 97: true})

@@ -15,8 +15,15 @@
 //     concurrently.
 //   - Server (server.go, session.go): the control socket and the ring pump,
 //     serving one rnic.Device. A session holds the device's own objects
-//     (*rnic.PD, *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.AH), asserted once
-//     when created, so the pump's data path makes no interface calls.
+//     (*rnic.PD, *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.SRQ, *rnic.AH),
+//     asserted once when created, so the pump's data path makes no
+//     interface calls. SRQs (srq.go) are rings the pump drains as it
+//     drains RQs.
+//   - Asynchronous events (async.go): one goroutine takes the device's
+//     events (a subscription of its own, beside the rdma_cm agent's),
+//     hands each to the session owning the QP, CQ or SRQ it names (port
+//     events to all), adds the daemon's own, and writes each session's
+//     event socket without blocking (proto/async.go).
 //   - rdma_cm (ucm.go): the device's CM agent runs the CM exchange on the
 //     GSI QP through its event interface (rdmacm.EventCM) and reports the
 //     peer's doings as events on the clients' event channels; each client
@@ -74,17 +81,20 @@
 // names one of the session's address handles (CREATE_AH resolved the next
 // hop on the control path), never a raw destination. It spins
 // while there is work and then sleeps on an eventfd that clients ring only
-// when it sleeps; a client sleeping on its CQ is rung the same way. Posting
-// and polling are therefore memory operations in the common case.
+// when it sleeps; a client sleeping on its CQ is rung the same way (one
+// that armed it for solicited completions only, for a receive with SE or a
+// completion in error). Posting and polling are therefore memory
+// operations in the common case.
 //
 // # Lifetimes
 //
 // A client that goes away (Close, exit, SIGKILL) has its QPs moved to error
-// and destroyed, its MRs deregistered, its AHs, CQs and PDs freed, its
-// listeners closed, its connection requests and half-open connections
-// refused (REJ) and its established ones disconnected (DREQ). A deregistered
-// MR's mapping is replaced in place by anonymous memory at once and
-// unmapped only when the session has no QP left, so work or a responder
+// and destroyed, its SRQs destroyed, its MRs deregistered, its AHs, CQs and
+// PDs freed, its event socket closed, its listeners closed, its connection
+// requests and half-open connections refused (REJ) and its established ones
+// disconnected (DREQ). A deregistered MR's mapping is replaced in place by
+// anonymous memory at once and unmapped only when the session has no QP and
+// no SRQ left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
 // pages nor fault the daemon. Server.Close (SIGTERM) stops the pump, moves
 // every QP to error, drains rings and CQs so clients poll flush

@@ -111,14 +111,26 @@ type Server struct {
 	ringsMu  sync.RWMutex
 	qpList   []*qpObj
 	cqList   []*cqObj
+	srqList  []*srqObj
 	sleeping atomic.Bool
 	stop     atomic.Bool
 	pumpDone chan struct{}
 	wg       sync.WaitGroup
 
+	// The event router (async.go): the index from device objects to the
+	// clients' (evMu), the daemon's own events, and its goroutine.
+	evMu   sync.Mutex
+	evQPs  map[uint32]*qpObj
+	evCQs  map[*rnic.CQ]*cqObj
+	evSRQs map[*rnic.SRQ]*srqObj
+	evOwn  chan ownEvent
+	evQuit chan struct{}
+	evDone chan struct{}
+
 	// Counters, read with atomic loads.
-	BadWQEs      atomic.Uint64 // malformed entries found in client rings
-	RejectedConn atomic.Uint64 // connections refused by the credential check
+	BadWQEs         atomic.Uint64 // malformed entries found in client rings
+	RejectedConn    atomic.Uint64 // connections refused by the credential check
+	AsyncEventsLost atomic.Uint64 // events dropped: a client's queue (or the router's) was full
 }
 
 // NewServer makes a server for dev and starts its ring pump. The server
@@ -169,6 +181,7 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 			s.log.Warn("rdma_cm service not started: librdmacm's connections will fail", "err", err)
 		}
 	}
+	s.startEvents()
 	go s.pump()
 	return s, nil
 }
@@ -367,6 +380,7 @@ func (s *Server) Close(drain time.Duration) error {
 	if s.ucm != nil {
 		s.ucm.close()
 	}
+	s.stopEvents()
 	if s.ownCM != nil {
 		// The CM agent's GSI QP and its goroutine.
 		if err := s.ownCM.Close(); err != nil {
@@ -437,6 +451,11 @@ func (s *Server) armAll() bool {
 			empty = false
 		}
 	}
+	for _, x := range s.srqList {
+		if !x.broken && !x.cons.Arm() {
+			empty = false
+		}
+	}
 	return empty
 }
 
@@ -446,6 +465,9 @@ func (s *Server) disarmAll() {
 	for _, q := range s.qpList {
 		q.sqc.Disarm()
 		q.rqc.Disarm()
+	}
+	for _, x := range s.srqList {
+		x.cons.Disarm()
 	}
 }
 
@@ -468,6 +490,11 @@ func (s *Server) pollOnce() int {
 	for _, q := range s.qpList {
 		if !q.broken {
 			work += s.drainRQ(q)
+		}
+	}
+	for _, x := range s.srqList {
+		if !x.broken {
+			work += s.drainSRQ(x)
 		}
 	}
 	for _, q := range s.qpList {
@@ -549,6 +576,7 @@ func (s *Server) checkRings(q *qpObj) {
 	q.broken = true
 	attr := ib.QPAttr{State: ib.Err}
 	err := q.qp.Modify(&attr, ib.AttrState)
+	s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
 	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", err)
 }
 
@@ -557,6 +585,9 @@ func (s *Server) checkRings(q *qpObj) {
 func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 	s.BadWQEs.Add(1)
 	attr := ib.QPAttr{State: ib.Err}
+	if q.qp.State() != ib.Err {
+		s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
+	}
 	if merr := q.qp.Modify(&attr, ib.AttrState); merr != nil {
 		s.log.Warn("bad WQE: moving QP to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", merr)
 	}
@@ -579,9 +610,12 @@ func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 	cq.mu.Lock()
 	if slot := cq.prod.Reserve(); slot != nil {
 		proto.PutWC(slot, &wc)
-		s.commit(cq)
+		s.commit(cq, true) // in error: solicited, per IBA
 	} else {
 		cq.overruns++
+		if cq.overruns == 1 {
+			s.ownEvent(cq.owner, proto.AsyncEventMsg{Type: ib.EventCQErr, Handle: cq.h})
+		}
 	}
 	cq.mu.Unlock()
 }
@@ -597,20 +631,26 @@ func (s *Server) moveCQ(c *cqObj) int {
 		free = len(c.wcs)
 	}
 	n := c.cq.Poll(c.wcs[:free])
+	solicited := false
 	for i := 0; i < n; i++ {
-		proto.PutWC(c.prod.Reserve(), &c.wcs[i])
+		w := &c.wcs[i]
+		proto.PutWC(c.prod.Reserve(), w)
+		// What wakes a CQ armed for solicited completions only: a
+		// message with SE, and any completion in error (IBA 11.4.2.2).
+		solicited = solicited || w.Flags&ib.WCSolicited != 0 || w.Status != ib.Success
 	}
 	if n > 0 {
-		s.commit(c)
+		s.commit(c, solicited)
 	}
 	return n
 }
 
-// commit publishes the completions written into c's ring (c.mu held). A
+// commit publishes the completions written into c's ring (c.mu held),
+// waking a consumer armed for solicited completions only if solicited. A
 // ring the client corrupted, or whose doorbell failed, is logged once; the
 // client is the only one it harms.
-func (s *Server) commit(c *cqObj) {
-	if _, err := c.prod.Commit(); err != nil && !c.ringErr {
+func (s *Server) commit(c *cqObj, solicited bool) {
+	if _, err := c.prod.CommitSolicited(solicited); err != nil && !c.ringErr {
 		c.ringErr = true
 		s.log.Warn("client CQ ring", "err", err)
 	}

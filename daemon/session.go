@@ -36,6 +36,7 @@ type session struct {
 	mrs    map[proto.Handle]*mrObj
 	cqs    map[proto.Handle]*cqObj
 	qps    map[proto.Handle]*qpObj
+	srqs   map[proto.Handle]*srqObj
 	// ahs are written under both mu and ahMu, and read by the pump under
 	// ahMu alone: a control operation holding mu (an mmap, a device call)
 	// never stalls the pump.
@@ -48,8 +49,11 @@ type session struct {
 	graves     [][]byte
 	graveBytes int64 // counted against MaxMRBytes until unmapped
 	liveQPs    int   // QPs created and not yet destroyed in the device
+	liveSRQs   int   // SRQs likewise: their posted receives point into MRs too
 	capture    *capture.Session
 	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
+	events     eventSink         // the event socket (async.go)
+	afterReply []int             // fds to close once the reply carrying them is sent
 
 	// rdma_cm for librdmacm (ucm.go): the client's event channels and IDs,
 	// guarded by the service's lock; ucmObjects counts them (guarded by
@@ -78,12 +82,14 @@ type mrObj struct {
 }
 
 type cqObj struct {
-	cq   *rnic.CQ
-	stop chan struct{} // ends the goroutine that wakes the pump
-	done chan struct{}
-	ring *shmring.Ring
-	db   *shmring.Doorbell // the client's: rung when it sleeps on the CQ
-	refs int               // QPs using it
+	owner *session
+	h     proto.Handle
+	cq    *rnic.CQ
+	stop  chan struct{} // ends the goroutine that wakes the pump
+	done  chan struct{}
+	ring  *shmring.Ring
+	db    *shmring.Doorbell // the client's: rung when it sleeps on the CQ
+	refs  int               // QPs using it
 
 	mu       sync.Mutex // serialises the ring's producer (pump, failWR, Close)
 	prod     *shmring.Producer
@@ -94,7 +100,9 @@ type cqObj struct {
 
 type qpObj struct {
 	owner      *session
+	h          proto.Handle
 	qp         *rnic.QP
+	srq        *srqObj // the SRQ it takes receives from, or nil
 	typ        ib.QPType
 	pd         *pdObj
 	send, recv *cqObj
@@ -149,7 +157,7 @@ func (s *Server) startSession(c *net.UnixConn) {
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		ahs: map[proto.Handle]*ahObj{}}
+		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, events: eventSink{fd: -1}}
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
 	s.wg.Add(1)
@@ -185,7 +193,12 @@ func (ss *session) serve() {
 		if errors.Is(err, errDeferred) {
 			continue // its goroutine replies
 		}
-		if rerr := ss.reply(h, resp, out, err); rerr != nil {
+		rerr := ss.reply(h, resp, out, err)
+		for _, fd := range ss.afterReply {
+			unix.Close(fd)
+		}
+		ss.afterReply = ss.afterReply[:0]
+		if rerr != nil {
 			break
 		}
 	}
@@ -199,6 +212,7 @@ func (ss *session) serve() {
 		_, _ = capt.Stop()
 	}
 	info := ss.cleanup()
+	ss.events.close()
 	if ss.db != nil {
 		s.unwatch(ss.db)
 		ss.db.Close()
@@ -297,6 +311,18 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.createAH(body)
 	case proto.OpDestroyAH:
 		return ss.destroyAH(body)
+	case proto.OpCreateSRQ:
+		return ss.createSRQ(body)
+	case proto.OpModifySRQ:
+		return ss.modifySRQ(body)
+	case proto.OpQuerySRQ:
+		return ss.querySRQ(body)
+	case proto.OpDestroySRQ:
+		return ss.destroySRQ(body)
+	case proto.OpAsyncEvents:
+		return ss.asyncEvents(body)
+	case proto.OpQueryDevice:
+		return ss.queryDevice(body)
 	default:
 		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
@@ -311,7 +337,7 @@ func (ss *session) undo(op string, err error) {
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.ahs)+ss.ucmObjects >= ss.s.opt.MaxObjects {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.srqs)+len(ss.ahs)+ss.ucmObjects >= ss.s.opt.MaxObjects {
 		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
 	}
 	ss.next++
@@ -522,11 +548,12 @@ func (ss *session) releaseMR(m *mrObj) error {
 	return err
 }
 
-// buryGraves unmaps detached MR mappings once the session has no QP: only
-// the session's own QPs (same PD) can hold resolved references into them.
-// Caller holds ss.mu.
+// buryGraves unmaps detached MR mappings once the session has no QP and
+// no SRQ: only the session's own QPs and SRQs (same PD) can hold resolved
+// references into them (an SRQ's posted receives, which a QP created later
+// would take). Caller holds ss.mu.
 func (ss *session) buryGraves() {
-	if ss.liveQPs != 0 {
+	if ss.liveQPs != 0 || ss.liveSRQs != 0 {
 		return
 	}
 	for _, g := range ss.graves {
@@ -568,11 +595,12 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		return nil, nil, err
 	}
 	cq := vcq.(*rnic.CQ)
-	c := &cqObj{cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64)}
+	c := &cqObj{owner: ss, cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64)}
 	c.watch(ss.s.wake)
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {
+		c.h = h
 		ss.cqs[h] = c
 	}
 	ss.mu.Unlock()
@@ -582,6 +610,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		db.Close()
 		return nil, nil, err
 	}
+	ss.s.indexCQ(c)
 	ss.s.ringsMu.Lock()
 	ss.s.cqList = append(ss.s.cqList, c)
 	ss.s.ringsMu.Unlock()
@@ -634,6 +663,7 @@ func (ss *session) destroyCQ(body []byte) (any, []int, error) {
 
 func (ss *session) releaseCQ(c *cqObj) error {
 	s := ss.s
+	s.unindexCQ(c)
 	s.ringsMu.Lock()
 	for i, x := range s.cqList {
 		if x == c {
@@ -660,6 +690,13 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	if req.SigAll > 1 {
 		return nil, nil, errf(unix.EINVAL, "sq_sig_all %d is not 0 or 1", req.SigAll)
 	}
+	if !req.Recovery.Valid() {
+		return nil, nil, errf(unix.EINVAL, "recovery mode %d (0 default, 1 selective, 2 adaptive, 3 timeout)", req.Recovery)
+	}
+	if req.SRQ != 0 {
+		// Receives come from the SRQ: the RQ ring is a one-slot stub.
+		req.Caps.MaxRecvWR, req.Caps.MaxRecvSGE = 1, 1
+	}
 	c, err := ss.normCaps(req.Caps)
 	if err != nil {
 		return nil, nil, err
@@ -670,6 +707,10 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	p, okp := ss.pds[req.PD]
 	scq, oks := ss.cqs[req.SendCQ]
 	rcq, okr := ss.cqs[req.RecvCQ]
+	x, okx := ss.srqs[req.SRQ]
+	if req.SRQ == 0 {
+		x, okx = nil, true
+	}
 	ss.mu.Unlock()
 	switch {
 	case !okp:
@@ -678,6 +719,10 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.SendCQ)
 	case !okr:
 		return nil, nil, errf(unix.ENOENT, "no CQ %d on this connection", req.RecvCQ)
+	case !okx:
+		return nil, nil, errf(unix.ENOENT, "no SRQ %d on this connection", req.SRQ)
+	case x != nil && x.pd != p:
+		return nil, nil, errf(unix.EINVAL, "SRQ %d is of another PD than the QP", req.SRQ)
 	}
 	sq, err := shmring.Create("softrnic-sq", shmring.Geometry{SlotSize: proto.SendSlotSize(c), Slots: int(sqSlots)})
 	if err != nil {
@@ -688,7 +733,11 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sq.Close()
 		return nil, nil, err
 	}
-	vqp, err := p.pd.CreateQP(&verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0})
+	init := &verbs.QPInitAttr{Type: req.Type, SendCQ: scq.cq, RecvCQ: rcq.cq, Cap: c, SigAll: req.SigAll != 0, Recovery: req.Recovery}
+	if x != nil {
+		init.SRQ = x.srq
+	}
+	vqp, err := p.pd.CreateQP(init)
 	if err != nil {
 		sq.Close()
 		rq.Close()
@@ -696,17 +745,21 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	}
 	qp := vqp.(*rnic.QP)
 	q := &qpObj{owner: ss, qp: qp, typ: req.Type, pd: p, send: scq, recv: rcq, sq: sq, rq: rq,
-		sqc: sq.Consumer(), rqc: rq.Consumer()}
+		sqc: sq.Consumer(), rqc: rq.Consumer(), srq: x}
 	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
 	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {
+		q.h = h
 		ss.qps[h] = q
 		ss.liveQPs++
 		p.refs++
 		scq.refs++
 		rcq.refs++
+		if x != nil {
+			x.refs++
+		}
 	}
 	ss.mu.Unlock()
 	if err != nil {
@@ -715,6 +768,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		rq.Close()
 		return nil, nil, err
 	}
+	ss.s.indexQP(q)
 	ss.s.ringsMu.Lock()
 	ss.s.qpList = append(ss.s.qpList, q)
 	ss.s.ringsMu.Unlock()
@@ -804,6 +858,7 @@ func (ss *session) destroyQP(body []byte) (any, []int, error) {
 
 func (ss *session) releaseQP(q *qpObj) error {
 	s := ss.s
+	s.unindexQP(q)
 	s.ringsMu.Lock()
 	for i, x := range s.qpList {
 		if x == q {
@@ -829,6 +884,9 @@ func (ss *session) releaseQP(q *qpObj) error {
 	q.pd.refs--
 	q.send.refs--
 	q.recv.refs--
+	if q.srq != nil {
+		q.srq.refs--
+	}
 	ss.liveQPs--
 	ss.buryGraves()
 	ss.mu.Unlock()
@@ -860,8 +918,8 @@ func (ss *session) cleanup() ClientInfo {
 	ss.mu.Lock()
 	info := ClientInfo{ID: ss.id, PID: ss.cred.Pid, UID: ss.cred.Uid, GID: ss.cred.Gid,
 		QPs: len(ss.qps), CQs: len(ss.cqs), MRs: len(ss.mrs), PDs: len(ss.pds), AHs: len(ss.ahs)}
-	qps, mrs, cqs, pds := ss.qps, ss.mrs, ss.cqs, ss.pds
-	ss.qps, ss.mrs, ss.cqs, ss.pds = map[proto.Handle]*qpObj{}, map[proto.Handle]*mrObj{}, map[proto.Handle]*cqObj{}, map[proto.Handle]*pdObj{}
+	qps, srqs, mrs, cqs, pds := ss.qps, ss.srqs, ss.mrs, ss.cqs, ss.pds
+	ss.qps, ss.srqs, ss.mrs, ss.cqs, ss.pds = map[proto.Handle]*qpObj{}, map[proto.Handle]*srqObj{}, map[proto.Handle]*mrObj{}, map[proto.Handle]*cqObj{}, map[proto.Handle]*pdObj{}
 	ss.ahMu.Lock()
 	ahs := ss.ahs
 	ss.ahs = map[proto.Handle]*ahObj{}
@@ -875,6 +933,11 @@ func (ss *session) cleanup() ClientInfo {
 	for _, q := range qps {
 		if err := ss.releaseQP(q); err != nil {
 			ss.log.Warn("destroying QP", "qpn", q.qp.QPN(), "err", err)
+		}
+	}
+	for _, x := range srqs {
+		if err := ss.releaseSRQ(x); err != nil {
+			ss.log.Warn("destroying SRQ", "err", err)
 		}
 	}
 	ss.mu.Lock()

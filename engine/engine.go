@@ -202,27 +202,31 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	if wait > 0 {
 		now = l.opt.Now() // the wait may have been long
 	}
-	if n > 0 {
-		if l.opt.Tap != nil {
-			if s := l.opt.Tap.Session(); s != nil {
-				s.Frames(capture.In, l.in[:n])
-			}
+	// How long the frames may have waited in the port: since the last
+	// poll, unless they woke a wait in it.
+	away := time.Duration(0)
+	if wait == 0 && l.polledAt != 0 && now > l.polledAt {
+		away = now.Sub(l.polledAt)
+	}
+	l.receive(now, n, away)
+	// A full batch may have more behind it: take it (a bounded number of
+	// batches) before the timers run. After the loop was away for a while
+	// (descheduled on a loaded host) the answers a QP waits for may sit
+	// in the ring behind other QPs' frames, and its timer must not fire
+	// as if they never came.
+	for k := 1; n == len(l.in) && k < maxDrainBatches; k++ {
+		if n, err = l.port.Recv(l.in, 0); err != nil {
+			return false, err
 		}
-		// How long the frames may have waited in the port: since the
-		// last poll, unless they woke a wait in it.
-		away := time.Duration(0)
-		if wait == 0 && l.polledAt != 0 && now > l.polledAt {
-			away = now.Sub(l.polledAt)
-		}
-		l.dev.SetRxAway(away)
-		l.dev.Receive(now, l.in[:n])
-		clear(l.in[:n]) // the port's views expire with the next Recv
+		l.lastRecv += n
+		l.receive(now, n, away) // queued no longer than the first batch
 	}
 	l.polledAt = now
 	l.dev.Expire(now)
 	built := 0
+	got := l.lastRecv
 	starved := false // the device has frames to send and the port no buffer
-	if n > 0 && !l.txDeferred && !l.opt.EagerTx {
+	if got > 0 && !l.txDeferred && !l.opt.EagerTx {
 		l.txDeferred = true
 	} else if l.txDeferred = false; l.pend < len(l.out) && l.dev.HasOutput() {
 		if l.lent < len(l.out) {
@@ -254,7 +258,27 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	}
 	l.stuck = l.pend > 0 && sent == 0 || starved
 	l.dev.PublishStats()
-	return n > 0 || built > 0 || sent > 0, err
+	return got > 0 || built > 0 || sent > 0, err
+}
+
+// maxDrainBatches bounds the batches one Step receives before it runs the
+// device's timers.
+const maxDrainBatches = 16
+
+// receive hands the n frames of the last Recv to the device, which may
+// have waited in the port for away.
+func (l *Loop) receive(now clock.Time, n int, away time.Duration) {
+	if n == 0 {
+		return
+	}
+	if l.opt.Tap != nil {
+		if s := l.opt.Tap.Session(); s != nil {
+			s.Frames(capture.In, l.in[:n])
+		}
+	}
+	l.dev.SetRxAway(away)
+	l.dev.Receive(now, l.in[:n])
+	clear(l.in[:n]) // the port's views expire with the next Recv
 }
 
 // TryStep runs one Step in the calling goroutine at the current time if

@@ -131,7 +131,9 @@ func Parse(b []byte, f *Frame) error {
 		return ErrPadCount
 	}
 	f.pad = f.icrc - padc
-	if f.icrc != pay && !op.HasPayload() {
+	if f.icrc != pay && !op.HasPayload() && !(op == bth.RCAcknowledge && bth.BTH(b[t:]).SR()) {
+		// (An ACK with the selective-repeat bit carries a SACKETH after
+		// its AETH, which the QP checks.)
 		return ErrPayload
 	}
 	return nil

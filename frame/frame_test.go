@@ -429,11 +429,15 @@ func TestMalformed(t *testing.T) {
 		{"rd opcode", mut(func(p []byte) { p[b] = 0x40 }), ErrOpcode},
 		{"linux cnp 0x80", mut(func(p []byte) { p[b] = 0x80 }), ErrOpcode},
 		{"payload on ack", mut(func(p []byte) { p[b] = byte(bth.RCAcknowledge) }), ErrPayload},
+		// Bytes after an AETH are a SACKETH only with the selective-repeat
+		// bit, and only on an ACK (the QP checks the SACKETH itself).
+		{"sack on ack", mut(func(p []byte) { p[b] = byte(bth.RCAcknowledge); bth.BTH(p[b:]).SetSR(true) }), nil},
+		{"sr bit on an atomic ack", mut(func(p []byte) { p[b] = byte(bth.RCAtomicAcknowledge); bth.BTH(p[b:]).SetSR(true) }), ErrPayload},
 		{"atomic too short", mut(func(p []byte) { p[b] = byte(bth.RCCompareSwap) }), ErrPayload},
 	}
 	for _, c := range cases {
 		var f Frame
-		if err := Parse(c.p, &f); !errors.Is(err, c.want) {
+		if err := Parse(c.p, &f); !errors.Is(err, c.want) || c.want == nil && err != nil {
 			t.Errorf("%s: got %v, want %v", c.name, err, c.want)
 		}
 	}

@@ -2,11 +2,13 @@ package host
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -15,11 +17,13 @@ import (
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/engine"
+	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/route"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/afxdp"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/verbs"
 )
 
 // Config is what a host is made of. Only Interface is required.
@@ -39,13 +43,17 @@ type Config struct {
 	// each (0: all of the interface's, so that RSS cannot hand RoCEv2 to a
 	// queue nobody reads).
 	Queues int
-	// FrameSize and UMEMSize size an AF_XDP port's UMEM (0: afxdp's
-	// defaults).
+	// FrameSize and UMEMSize size an AF_XDP port's UMEM per queue (0:
+	// 2048-byte frames when the MTU fits them, else 4096; 16 MiB).
 	FrameSize int
 	UMEMSize  int64
 	// Congestion is the device's congestion control (Congestion; the zero
 	// value is off).
 	Congestion rnic.Congestion
+	// Recovery is the loss recovery of the device's RC QPs
+	// (rnic.Config.Recovery; the zero value: selective repeat with
+	// adaptive retransmission).
+	Recovery ib.Recovery
 	// Engine tunes the engine loop; its Tap, if set, sees every frame.
 	Engine engine.Options
 	// WrapPort, if set, wraps the port the engine drives (the daemon
@@ -56,14 +64,21 @@ type Config struct {
 	// CM configures the rdma_cm agent's CM (timeouts, retries; the zero
 	// value is the Linux CM's defaults).
 	CM cm.Config
+	// CountersFile, if set, is where Close appends the device's counters
+	// over its life, as one JSON line (Counters): a tool's or the daemon's
+	// account of what it retransmitted, which the interop lab holds
+	// against the peer's duplicate counts. The tools set it from
+	// $SOFTRNIC_COUNTERS (CountersEnv).
+	CountersFile string
 	// Log, if set, reports what Open chose (an AF_XDP fallback).
 	Log *slog.Logger
 }
 
 // Host is an RNIC on an interface of this machine, running: the rnic
 // device, its port, the engine loop driving it in a goroutine of its own,
-// neighbour resolution for it, and an rdma_cm agent on it. Every tool and
-// the daemon run on one.
+// neighbour resolution for it, the port's state following the interface's
+// link (link.go), and an rdma_cm agent on it. Every tool and the daemon run
+// on one.
 type Host struct {
 	Iface Interface
 	// Device is the RNIC. Its Config.Resolve is the host's neighbour
@@ -79,6 +94,7 @@ type Host struct {
 	CM *rdmacm.Agent
 
 	res     *route.Resolver
+	ctrFile string
 	stop    context.CancelFunc
 	done    chan struct{}
 	runErr  error
@@ -102,7 +118,7 @@ func Open(cfg Config) (_ *Host, err error) {
 	if len(cfg.GIDs) > 0 {
 		in.GIDs = append([]netip.Addr(nil), cfg.GIDs...)
 	}
-	h := &Host{Iface: in, done: make(chan struct{})}
+	h := &Host{Iface: in, done: make(chan struct{}), ctrFile: cfg.CountersFile}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, h.release())
@@ -114,7 +130,12 @@ func Open(cfg Config) (_ *Host, err error) {
 	if h.Port, h.PortKind, err = openPort(&cfg, in); err != nil {
 		return nil, err
 	}
-	if h.Device, err = NewDevice(in, cfg.MTU, cfg.Congestion, h.resolve); err != nil {
+	rx := 0
+	if c, ok := h.Port.(interface{ RxFrames() int }); ok {
+		rx = c.RxFrames()
+	}
+	if h.Device, err = NewDevice(in, DeviceOptions{MTU: cfg.MTU, Congestion: cfg.Congestion, Recovery: cfg.Recovery,
+		RxFrames: rx, Resolve: h.resolve}); err != nil {
 		return nil, err
 	}
 	p := h.Port
@@ -125,6 +146,10 @@ func Open(cfg Config) (_ *Host, err error) {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	if err := watchLink(in.Index, h.Device, ctx.Done(), cfg.Log); err != nil {
+		stop()
+		return nil, fmt.Errorf("host: watching %s's link state: %w", in.Name, err)
+	}
 	h.stop = stop
 	go func() {
 		defer close(h.done)
@@ -138,11 +163,22 @@ func Open(cfg Config) (_ *Host, err error) {
 	return h, nil
 }
 
-// NewDevice makes the device of an interface: its MAC, its GIDs, the RoCE
-// MTU mtu (0: the largest the interface carries), congestion control cc,
-// and resolve as its neighbour resolution. Open makes a host's with it;
-// tests on in-memory links make theirs.
-func NewDevice(in Interface, mtu int, cc rnic.Congestion, resolve func(context.Context, netip.Addr) ([6]byte, error)) (*rnic.Device, error) {
+// DeviceOptions are what NewDevice makes a device of besides its
+// interface. The zero value is the defaults.
+type DeviceOptions struct {
+	MTU        int             // RoCE MTU (0: the largest the interface carries)
+	Congestion rnic.Congestion // congestion control (zero: off)
+	Recovery   ib.Recovery     // loss recovery (zero: selective)
+	RxFrames   int             // the port's receive frames (rnic.Config.RxFrames; 0: not known)
+	// Resolve is the neighbour resolution (rnic.Config.Resolve).
+	Resolve func(context.Context, netip.Addr) ([6]byte, error)
+}
+
+// NewDevice makes the device of an interface: its MAC, its GIDs, and what
+// o says. Open makes a host's with it; tests on in-memory links make
+// theirs.
+func NewDevice(in Interface, o DeviceOptions) (*rnic.Device, error) {
+	mtu := o.MTU
 	if mtu == 0 {
 		mtu = in.ActiveMTU()
 	}
@@ -150,7 +186,7 @@ func NewDevice(in Interface, mtu int, cc rnic.Congestion, resolve func(context.C
 		return nil, fmt.Errorf("host: %s's MTU %d is too small for RoCE", in.Name, in.MTU)
 	}
 	return rnic.NewDevice(rnic.Config{Name: in.Name, MAC: in.MAC, Addrs: append([]netip.Addr(nil), in.GIDs...), PortMTU: mtu,
-		Congestion: cc, Resolve: resolve})
+		Congestion: o.Congestion, Recovery: o.Recovery, RxFrames: o.RxFrames, Resolve: o.Resolve})
 }
 
 // resolve is the device's neighbour resolution: the next hop's MAC for a
@@ -212,6 +248,11 @@ func (h *Host) release() error {
 			err = fmt.Errorf("closing the port: %w", cerr)
 		}
 	}
+	if h.ctrFile != "" && h.Device != nil {
+		if werr := h.writeCounters(); werr != nil && err == nil {
+			err = werr
+		}
+	}
 	if h.res != nil {
 		h.res.Close()
 	}
@@ -222,10 +263,8 @@ func (h *Host) release() error {
 // restricted to the host's GIDs, one socket per receive queue), or
 // AF_PACKET, or AF_XDP falling back to AF_PACKET.
 func openPort(cfg *Config, in Interface) (port.Port, PortKind, error) {
-	x := afxdp.Config{IfIndex: in.Index, LocalAddrs: in.GIDs, FrameSize: uint32(cfg.FrameSize)}
-	if cfg.FrameSize > 0 && cfg.UMEMSize > 0 {
-		x.NumFrames = uint32(cfg.UMEMSize / int64(cfg.FrameSize))
-	}
+	fs, n := umemGeometry(cfg.FrameSize, cfg.UMEMSize, in.MTU)
+	x := afxdp.Config{IfIndex: in.Index, LocalAddrs: in.GIDs, FrameSize: fs, NumFrames: n}
 	switch cfg.Port {
 	case AFXDP:
 		p, err := openXDP(x, cfg.Queues)
@@ -249,6 +288,37 @@ func openPort(cfg *Config, in Interface) (port.Port, PortKind, error) {
 	}
 	return nil, "", fmt.Errorf("host: unknown port kind %q (afxdp, afpacket, auto)", cfg.Port)
 }
+
+// DefaultUMEMSize is an AF_XDP port's UMEM per queue when Config.UMEMSize
+// is 0.
+const DefaultUMEMSize = 16 << 20
+
+// umemGeometry is the UMEM frame size and frame count of an AF_XDP port:
+// frameSize (0: 2048 when an MTU-sized frame fits a 2048-byte chunk, else
+// 4096) in umemSize bytes (0: DefaultUMEMSize). Half the frames receive:
+// at MTU 1500 2 KiB chunks double them, 4096 frames in the FILL ring of
+// the default UMEM instead of 2048, which is what many QPs sending into
+// the host at once (fan-in) need before it drops.
+func umemGeometry(frameSize int, umemSize int64, mtu int) (fs, n uint32) {
+	if frameSize == 0 {
+		frameSize = 4096
+		if mtu+smallChunkOverhead <= 2048 {
+			frameSize = 2048
+		}
+	}
+	if umemSize == 0 {
+		umemSize = DefaultUMEMSize
+	}
+	n = uint32(umemSize / int64(frameSize))
+	for n&(n-1) != 0 { // the socket wants a power of two
+		n &= n - 1
+	}
+	return uint32(frameSize), n
+}
+
+// smallChunkOverhead is what a 2048-byte UMEM chunk spends besides the
+// frame: XDP's headroom (256 bytes) and Ethernet with a VLAN tag.
+const smallChunkOverhead = 256 + 18
 
 // CC is what a tool or the daemon asks of congestion control (the
 // tools' --cc, --cc-scale and --dcqcn, the daemon's cc keys); Congestion
@@ -371,3 +441,40 @@ const (
 	pacerWindow   = 2 * time.Millisecond
 	maxPacerBurst = 64 << 10
 )
+
+// CountersEnv names the environment variable the tools take
+// Config.CountersFile from.
+const CountersEnv = "SOFTRNIC_COUNTERS"
+
+// Counters is the line Close appends to Config.CountersFile: the device's
+// frames and its RC QPs' loss recovery over its life, destroyed QPs
+// included.
+type Counters struct {
+	Interface string                 `json:"interface"`
+	PID       int                    `json:"pid"`
+	RxFrames  uint64                 `json:"rx_frames"`
+	TxFrames  uint64                 `json:"tx_frames"`
+	Recovery  verbs.RecoveryCounters `json:"recovery"`
+}
+
+func (h *Host) writeCounters() error {
+	rcc := h.Device.RCCounters()
+	st := h.Device.StatsSnapshot()
+	b, err := json.Marshal(Counters{Interface: h.Iface.Name, PID: os.Getpid(), RxFrames: st.RxFrames, TxFrames: st.TxFrames,
+		Recovery: rnic.RecoveryCountersOf(&rcc)})
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(h.ctrFile, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		return fmt.Errorf("counters: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("counters: %w", err)
+	}
+	return nil
+}

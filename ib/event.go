@@ -30,6 +30,15 @@ const (
 	// down.
 	EventPortActive EventType = 9
 	EventPortErr    EventType = 10
+	// EventSRQErr: an SRQ can take no more receives (the daemon found its
+	// ring corrupted by the client); the QPs using it stop receiving.
+	EventSRQErr EventType = 14
+	// EventSRQLimitReached: an SRQ armed with a limit (SRQAttr.Limit)
+	// holds fewer receives than the limit; the limit is disarmed.
+	EventSRQLimitReached EventType = 15
+	// EventQPLastWQEReached: a QP attached to an SRQ went to ERR and will
+	// take no more receives from it.
+	EventQPLastWQEReached EventType = 16
 )
 
 func (t EventType) String() string {
@@ -52,6 +61,12 @@ func (t EventType) String() string {
 		return "PORT_ACTIVE"
 	case EventPortErr:
 		return "PORT_ERR"
+	case EventSRQErr:
+		return "SRQ_ERR"
+	case EventSRQLimitReached:
+		return "SRQ_LIMIT_REACHED"
+	case EventQPLastWQEReached:
+		return "QP_LAST_WQE_REACHED"
 	}
 	return "EVENT_?"
 }

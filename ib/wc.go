@@ -98,6 +98,11 @@ const (
 	WCGRH     WCFlags = 1 << 0 // the first 40 bytes of the buffer hold a GRH slot (UD)
 	WCWithImm WCFlags = 1 << 1 // Imm is valid
 	WCWithInv WCFlags = 1 << 3 // InvRKey was invalidated
+	// WCSolicited marks a receive whose message asked for a solicited
+	// event (SE): what a CQ armed for solicited completions only wakes
+	// for, with completions in error. ibv_wc has no such bit (1 << 7 is
+	// none of IBV_WC_*).
+	WCSolicited WCFlags = 1 << 7
 )
 
 // WC is a work completion (ibv_wc).

@@ -78,6 +78,45 @@ func (d *Device) TransportProgress(qpns []uint32) uint64 {
 	return n
 }
 
+// RCCounters sums the transport counters of the device's RC and UC QPs
+// over its life: the live QPs' and those of the QPs destroyed or reset
+// before (safe from any goroutine). What a tool reports when it exits,
+// after its QPs are gone.
+func (d *Device) RCCounters() rc.Counters {
+	d.retiredMu.Lock()
+	c := d.retired
+	d.retiredMu.Unlock()
+	d.EachQPCounters(func(q *QPCounters) {
+		if q.Type.Connected() {
+			c.Add(&q.RC)
+		}
+	})
+	return c
+}
+
+// RecoveryCounters implements verbs.RecoveryCounter.
+func (d *Device) RecoveryCounters(qpns []uint32) verbs.RecoveryCounters {
+	var c rc.Counters
+	d.EachQPCounters(func(q *QPCounters) {
+		if q.Type.Connected() && slices.Contains(qpns, q.QPN) {
+			c.Add(&q.RC)
+		}
+	})
+	return RecoveryCountersOf(&c)
+}
+
+// RecoveryCountersOf picks the loss recovery counters out of c.
+func RecoveryCountersOf(c *rc.Counters) verbs.RecoveryCounters {
+	return verbs.RecoveryCounters{Timeouts: c.Timeouts, Retransmits: c.Retransmits, SeqNAKs: c.RxNAKSeqErr,
+		Duplicates: c.RxDuplicate, AdpRetrans: c.AdpRetrans, AdpRetransTO: c.AdpRetransTO, TLPProbes: c.TLPProbes,
+		FastRetrans: c.FastRetrans, RxSACKs: c.RxSACKs, TxSACKs: c.TxSACKs, SelRetrans: c.SelRetrans, SRHeld: c.SRHeld,
+		SRDropped: c.SRDropped, RetransPackets: c.RetransPkts}
+}
+
+// ReorderInUse is how many buffers of the device's reorder pool hold a
+// packet now.
+func (d *Device) ReorderInUse() int { return d.reorder.InUse() }
+
 // Counter is one named counter.
 type Counter struct {
 	Name  string
@@ -107,9 +146,14 @@ type QPCounters struct {
 	QPN   uint32
 	Type  ib.QPType
 	State ib.QPState
-	RC    rc.Counters
-	UD    ud.Counters
-	CQE   CQECounters
+	// Recovery is an RC QP's loss recovery mode, and whether selective
+	// repeat is in use for the requests it sends (SRReq) and receives
+	// (SRResp).
+	Recovery      ib.Recovery
+	SRReq, SRResp bool
+	RC            rc.Counters
+	UD            ud.Counters
+	CQE           CQECounters
 	// CC is the QP's congestion-control state when CCOn (an RC or UC QP
 	// of a device that runs congestion control).
 	CC   congestion.State
@@ -162,6 +206,10 @@ func (d *Device) EachQPCounters(fn func(*QPCounters)) {
 		switch t := q.tr.(type) {
 		case *rc.QP:
 			c.RC = t.Counters
+			if q.init.Type == ib.RC {
+				c.Recovery = q.init.Recovery
+				c.SRReq, c.SRResp = t.SelectiveRepeat()
+			}
 		case *ud.QP:
 			c.UD = t.Counters
 		}

@@ -30,6 +30,20 @@ type Config struct {
 	// Congestion is the congestion control of the RC/UC QPs (zero: off);
 	// see NewCongestion.
 	Congestion Congestion
+	// Recovery is the loss recovery of the device's RC QPs that do not
+	// choose their own (verbs.QPInitAttr.Recovery); RecoveryDefault is
+	// RecoverySelective.
+	Recovery ib.Recovery
+	// ReorderBytes bounds the memory of the reorder pool in which
+	// selective-repeat QPs hold packets that came out of order (0:
+	// DefaultReorderBytes). The pool is shared by the device's QPs and
+	// taken as it is first needed.
+	ReorderBytes int
+	// RxFrames is how many frames the port holds for the device before it
+	// must drop (an AF_XDP socket's FILL ring, over every queue); 0: not
+	// known. The device grants the peers of its selective-repeat QPs
+	// receive windows that share half of them (recv.go).
+	RxFrames int
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
 	// QP, address handles) need it. It may block; the device never calls
@@ -49,7 +63,10 @@ type Device struct {
 
 	doorbell chan struct{}
 	events   chan verbs.AsyncEvent
+	subMu    sync.Mutex                              // serialises Subscribe's writers
+	subs     atomic.Pointer[[]chan verbs.AsyncEvent] // more consumers of the events (Subscribe)
 	lostEv   atomic.Uint64
+	portDown atomic.Bool // the interface's link is down (SetPortActive)
 
 	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
 
@@ -71,6 +88,7 @@ type Device struct {
 	ready  []*QP // QPs that may have frames to send
 	timed  []*QP // QPs that may have a timer armed
 	rxf    frame.Frame
+	share  rxShare
 	grh    [transport.GRHLen]byte
 	meta   transport.Meta
 	pay    transport.Payload // the payload of the frame being built
@@ -78,7 +96,14 @@ type Device struct {
 	ipID   uint16
 	cc     *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
 	rxAway time.Duration // SetRxAway: for the frames of the next Receive
-	Stats  Stats
+	// reorder holds the out-of-order packets of selective-repeat QPs
+	// (rc.ReorderPool; its own lock).
+	reorder *rc.ReorderPool
+	// retired sums the transport counters of the RC and UC QPs destroyed
+	// or reset so far (RCCounters).
+	retiredMu sync.Mutex
+	retired   rc.Counters
+	Stats     Stats
 
 	// Stats as of the last PublishStats: seen by the step's owner, pub
 	// for everyone (under pubMu).
@@ -101,12 +126,21 @@ func NewDevice(cfg Config) (*Device, error) {
 	if err := cfg.Congestion.validate(); err != nil {
 		return nil, err
 	}
+	if !cfg.Recovery.Valid() || cfg.ReorderBytes < 0 {
+		return nil, fmt.Errorf("rnic: recovery %v, reorder pool of %d bytes: %w", cfg.Recovery, cfg.ReorderBytes, verbs.ErrInvalid)
+	}
+	cfg.Recovery = cfg.Recovery.Or(ib.RecoverySelective)
+	if cfg.ReorderBytes == 0 {
+		cfg.ReorderBytes = DefaultReorderBytes
+	}
 	for i, a := range cfg.Addrs {
 		cfg.Addrs[i] = a.Unmap()
 	}
+	pkt := rc.PacketLen(cfg.PortMTU)
 	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan verbs.AsyncEvent, 256), nextQPN: 0x10,
-		cc: cfg.Congestion.ccConfig()}
+		cc: cfg.Congestion.ccConfig(), reorder: rc.NewReorderPool(pkt, max(cfg.ReorderBytes/pkt, 1))}
 	d.qps, d.keys = newTable[QP](), newTable[MR]()
+	d.subs.Store(new([]chan verbs.AsyncEvent))
 	return d, nil
 }
 
@@ -124,6 +158,11 @@ const (
 	DefaultDepth = 256
 	// MaxUnackedPSNs is the RC window of a requester (as rxe's).
 	MaxUnackedPSNs = 128
+	// DefaultReorderBytes is the reorder pool's default bound
+	// (Config.ReorderBytes): 16 MiB, about 15 000 packets at path MTU
+	// 1024 and 4 000 at 4096, enough for a selective-repeat window of
+	// every one of tens of QPs at once.
+	DefaultReorderBytes = 16 << 20
 )
 
 var _ verbs.Device = (*Device)(nil)
@@ -140,7 +179,7 @@ func (d *Device) Query() ib.DeviceAttr {
 	return ib.DeviceAttr{NodeGUID: ib.NodeGUID(d.cfg.MAC), MaxMRSize: MaxMsgSize, MaxQP: 1 << 16, MaxQPWR: MaxQPWR,
 		MaxSGE: MaxSGE, MaxCQ: 1 << 16, MaxCQE: MaxCQE, MaxMR: 1 << 20, MaxPD: 1 << 16, MaxSRQ: 1 << 16,
 		MaxSRQWR: MaxQPWR, MaxInline: MaxInline, MaxQPRdAtom: MaxRdAtomic, ActiveMTU: uint32(d.cfg.PortMTU),
-		PortActive: true}
+		PortActive: !d.portDown.Load()}
 }
 
 // heapMem is memory in this process: an ordinary slice.

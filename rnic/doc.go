@@ -47,8 +47,9 @@
 // lock, and leaves it when the work is done: the step functions visit only
 // busy QPs. An SRQ, being shared, is locked once per message that takes
 // one of its receive WQEs. Lock order: QP, then CQ or SRQ. Asynchronous
-// events (Events: COMM_EST, QP_FATAL, …) go through a buffered channel that
-// never blocks the engine.
+// events (Events: COMM_EST, QP_FATAL, SRQ_LIMIT_REACHED, PORT_ERR, …) go
+// through buffered channels (Events, and each Subscribe's) that never
+// block the engine; what a full one drops is counted (LostEvents).
 //
 // # Virtual time
 //

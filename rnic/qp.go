@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
@@ -28,6 +27,9 @@ type qpInit struct {
 	MaxRecvSGE int
 	MaxInline  int
 	SigAll     bool // every send WR is signaled
+	// Recovery is an RC QP's loss recovery, the device's unless the
+	// application chose.
+	Recovery ib.Recovery
 }
 
 // QP is a queue pair.
@@ -58,6 +60,7 @@ type QP struct {
 	inline     []byte // MaxSendWR slots of MaxInline bytes
 	inlineNext int
 
+	rxLast    clock.Time   // when it last received a request (engine-owned, recv.go)
 	commEst   bool         // EventCommEst was raised (guarded by mu)
 	sqdNotify bool         // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
 	cqe       CQECounters  // error completions (guarded by mu)
@@ -105,19 +108,26 @@ func (pd *PD) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
 		}
 		q.qpn = 1
 	} else {
+		// QP numbers are in softrnic's range (rc.SoftQPN), so that two
+		// softrnic QPs recognise each other from the numbers they were
+		// connected with and may agree on selective repeat, from 0x11 in
+		// it as rxe starts at 0x11.
 		for {
-			d.nextQPN = (d.nextQPN + 1) & bth.QPNMask
+			d.nextQPN = (d.nextQPN + 1) &^ rc.SoftQPNMask
 			if d.nextQPN < 0x11 {
-				d.nextQPN = 0x11 // 0 and 1 are SMI/GSI; rxe starts at 0x11 too
+				d.nextQPN = 0x11
 			}
-			if d.qps.get(d.nextQPN) == nil {
+			if d.qps.get(rc.SoftQPNTag|d.nextQPN) == nil {
 				break
 			}
 		}
-		q.qpn = d.nextQPN
+		q.qpn = rc.SoftQPNTag | d.nextQPN
 	}
 	q.resetLocked()
 	d.qps.put(q.qpn, q)
+	if a.SRQ != nil {
+		a.SRQ.users.Add(1)
+	}
 	return q, nil
 }
 
@@ -126,12 +136,16 @@ func (pd *PD) CreateQP(attr *verbs.QPInitAttr) (verbs.QP, error) {
 func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
 	c := attr.Cap
 	a := qpInit{Type: attr.Type, MaxSendWR: int(c.MaxSendWR), MaxRecvWR: int(c.MaxRecvWR), MaxSendSGE: int(c.MaxSendSGE),
-		MaxRecvSGE: int(c.MaxRecvSGE), MaxInline: int(c.MaxInline), SigAll: attr.SigAll}
+		MaxRecvSGE: int(c.MaxRecvSGE), MaxInline: int(c.MaxInline), SigAll: attr.SigAll,
+		Recovery: attr.Recovery.Or(pd.dev.cfg.Recovery)}
 	fail := func(format string, args ...any) (qpInit, error) {
 		return a, fmt.Errorf("rnic: create %v QP: "+format+": %w", append(append([]any{attr.Type}, args...), verbs.ErrInvalid)...)
 	}
 	if a.Type < ib.GSI || a.Type > ib.UD {
 		return fail("unknown QP type %d", uint8(a.Type))
+	}
+	if !attr.Recovery.Valid() {
+		return fail("unknown recovery mode %d", uint8(attr.Recovery))
 	}
 	var ok bool
 	if a.SendCQ, ok = attr.SendCQ.(*CQ); !ok || a.SendCQ.dev != pd.dev {
@@ -143,6 +157,12 @@ func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
 	if attr.SRQ != nil {
 		if a.SRQ, ok = attr.SRQ.(*SRQ); !ok || a.SRQ.pd != pd {
 			return fail("srq is not one of this PD's")
+		}
+		if a.SRQ.destroyed.Load() {
+			return fail("the SRQ is destroyed")
+		}
+		if a.Type == ib.GSI {
+			return fail("the GSI QP has its own receive queue")
 		}
 	}
 	if a.MaxSendWR == 0 {
@@ -170,6 +190,7 @@ func (pd *PD) qpInit(attr *verbs.QPInitAttr) (qpInit, error) {
 // resetLocked returns the QP to a fresh RESET state.
 func (q *QP) resetLocked() {
 	a := q.init
+	q.releaseHeld()
 	q.state = ib.Reset
 	q.attr = ib.QPAttr{}
 	q.commEst, q.sqdNotify = false, false
@@ -183,13 +204,12 @@ func (q *QP) resetLocked() {
 		q.tr, q.dest = u, u
 	} else {
 		d := q.dev
-		q.tr, q.dest = rc.NewQP(rc.Options{QPN: q.qpn, UC: a.Type == ib.UC, SQDepth: a.MaxSendWR, MaxSGE: max(a.MaxSendSGE, a.MaxRecvSGE),
-			Mem: q.mem, RQ: rq, CC: d.cc, Counters: &d.Stats.CCCounters,
-			// rxe's recovery until the device has its knob and wakes on
-			// frames precisely: today a napping peer answers up to a Go
-			// timer's granularity late, and the adaptive probe then fires
-			// spuriously (a duplicate on the wire).
-			Recovery: rc.RecoveryTimeout}), nil
+		t := rc.NewQP(rc.Options{QPN: q.qpn, UC: a.Type == ib.UC, SQDepth: a.MaxSendWR, MaxSGE: max(a.MaxSendSGE, a.MaxRecvSGE),
+			Mem: q.mem, RQ: rq, CC: d.cc, Counters: &d.Stats.CCCounters, Recovery: a.Recovery})
+		if a.Type == ib.RC && a.Recovery == ib.RecoverySelective {
+			t.SetReorderPool(d.reorder)
+		}
+		q.tr, q.dest = t, nil
 	}
 	q.deadline.Store(int64(clock.Never))
 	q.txPending.Store(false)
@@ -199,24 +219,54 @@ func (q *QP) resetLocked() {
 // without completions (ibv_destroy_qp).
 func (q *QP) Destroy() error {
 	d := q.dev
-	q.destroyed.Store(true)
+	if !q.destroyed.Swap(true) && q.init.SRQ != nil {
+		q.init.SRQ.users.Add(-1)
+	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.qps.get(q.qpn) == q {
 		d.qps.remove(q.qpn)
 	}
+	d.mu.Unlock()
+	q.mu.Lock()
+	q.releaseHeld()
+	q.mu.Unlock()
 	return nil
+}
+
+// releaseHeld hands the packets an RC QP holds out of order back to the
+// device's reorder pool and adds its counters to the device's lifetime
+// totals, as the transport is about to go (q.mu held, or the QP not yet
+// shared).
+func (q *QP) releaseHeld() {
+	if t, ok := q.tr.(*rc.QP); ok {
+		t.ReleaseHeld()
+		d := q.dev
+		d.retiredMu.Lock()
+		d.retired.Add(&t.Counters)
+		d.retiredMu.Unlock()
+	}
 }
 
 // toErrLocked moves the QP to ERR and flushes every outstanding WR.
 func (q *QP) toErrLocked() {
 	q.state = ib.Err
 	q.tr.Flush()
+	q.lastWQELocked()
 	var w ib.RecvWQE
 	if q.init.SRQ == nil {
 		for q.rq.Take(&w) {
 			q.pushWC(ib.WC{ID: w.ID, Status: ib.WRFlushErr, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn})
 		}
+	}
+}
+
+// lastWQELocked reports, for a QP attached to an SRQ that has just gone
+// to ERR, that it will take no more receives from the SRQ (IBA's Last WQE
+// Reached): the application may then destroy it without losing a receive
+// of the SRQ to it.
+func (q *QP) lastWQELocked() {
+	if q.init.SRQ != nil {
+		q.dev.event(ib.EventQPLastWQEReached, q.qpn)
 	}
 }
 
@@ -265,8 +315,10 @@ func (q *QP) unlock() (ready, timed bool) {
 	tr := q.tr
 	if tr.Failed() && q.state != ib.Err && q.state != ib.Reset {
 		q.state = ib.Err
+		ev := tr.Failure()
 		tr.Flush()
-		q.dev.event(ib.EventQPFatal, q.qpn)
+		q.dev.event(ev, q.qpn)
+		q.lastWQELocked()
 	}
 	if tr.SendError() && q.state != ib.Err && q.state != ib.Reset {
 		q.state = ib.SQE
@@ -305,6 +357,7 @@ func (q *QP) unlock() (ready, timed bool) {
 		q.init.SendCQ.push(wcs, false)
 		q.init.RecvCQ.push(wcs, true)
 		q.dev.event(ib.EventQPFatal, q.qpn)
+		q.lastWQELocked()
 	}
 	if q.state == ib.Err && q.init.SRQ == nil && q.rq.head != q.rq.tail {
 		var w ib.RecvWQE

@@ -2,6 +2,7 @@ package rnic
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
@@ -27,6 +28,7 @@ func (d *Device) isLocal(a netip.Addr) bool {
 func (d *Device) Receive(now clock.Time, frames [][]byte) {
 	var cur *QP
 	f := &d.rxf
+	d.shareStart(now)
 	for _, b := range frames {
 		d.Stats.RxFrames++
 		if frame.Parse(b, f) != nil {
@@ -57,6 +59,7 @@ func (d *Device) Receive(now clock.Time, frames [][]byte) {
 			}
 			q.mu.Lock()
 			cur = q
+			d.share.count(q, now)
 		}
 		d.deliver(now, q, f)
 	}
@@ -75,7 +78,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	tp := pkt[ipLen+frame.UDPLen : len(pkt)-icrc.Len]
 	op := f.Opcode()
 	m := &d.meta // the device's, not a local: the transport call would move a local to the heap
-	*m = transport.Meta{Src: f.Src(), ECN: f.ECN(), RxAway: d.rxAway}
+	*m = transport.Meta{Src: f.Src(), ECN: f.ECN(), RxAway: d.rxAway, RecvWindow: d.share.window(d.cfg.RxFrames)}
 	src := m.Src.Unmap()
 	if op == bth.CNP {
 		// A CNP is for a connected QP's reaction point, from its peer.
@@ -127,4 +130,64 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 		}
 	}
 	q.tr.Receive(now, tp, m)
+}
+
+// rxShare divides the port's receive frames among the QPs receiving. A
+// host that many requesters send into at once (fan-in: MPI, storage
+// targets, perftest -q 64) would otherwise take every requester's full
+// window at once, far more frames than its port holds, and drop them
+// (an AF_XDP socket whose FILL ring is empty drops what arrives): go-back-N
+// peers then resend whole windows into the same overflow. Each QP's
+// selective-repeat peer is told, in every SACKETH, how many packets it may
+// have outstanding: half the port's frames shared among the QPs that
+// received in the last shareHorizon (the other half is slack for bursts,
+// ACKs and other traffic). The transport lets a window grow only so fast
+// (transport/rc), so that the first QPs of a crowd to start do not take
+// the share of those about to.
+type rxShare struct {
+	n     int        // QPs that received within shareHorizon, as of the last sweep and since
+	swept clock.Time // the last sweep
+}
+
+// shareHorizon is how long a QP counts as receiving after its last
+// request: long against the stalls of a loaded software host, whose engine
+// may not run for milliseconds and then finds only a few QPs' frames in its
+// first batch.
+const shareHorizon = clock.Time(100 * time.Millisecond)
+
+// minRecvWindow floors a QP's receive window: enough to keep a message
+// moving, whatever the share.
+const minRecvWindow = 4
+
+// start begins a batch received at now: every quarter horizon, the count
+// is made again from the QPs' last receive times (a walk of the QP table,
+// from the engine goroutine that alone writes them).
+func (d *Device) shareStart(now clock.Time) {
+	s := &d.share
+	if now-s.swept < shareHorizon/4 {
+		return
+	}
+	s.swept, s.n = now, 0
+	d.qps.each(func(q *QP) {
+		if q.rxLast != 0 && now-q.rxLast < shareHorizon {
+			s.n++
+		}
+	})
+}
+
+// count notes that q receives at now.
+func (s *rxShare) count(q *QP, now clock.Time) {
+	if q.rxLast == 0 || now-q.rxLast >= shareHorizon {
+		s.n++
+	}
+	q.rxLast = now
+}
+
+// window is a receiving QP's share of frames (0: frames unknown, no
+// window).
+func (s *rxShare) window(frames int) int {
+	if frames == 0 {
+		return 0
+	}
+	return max(frames/2/max(s.n, 1), minRecvWindow)
 }

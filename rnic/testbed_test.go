@@ -31,6 +31,9 @@ type testbed struct {
 	a, b    *node
 	bytes   int64 // bytes sent on the wire, both ways
 	timeout uint8 // local ACK timeout of connected QPs (default 6, 262 µs)
+	// recovery is the loss recovery connect gives RC QPs (default: the
+	// device's).
+	recovery ib.Recovery
 }
 
 var (
@@ -142,7 +145,8 @@ func (tb *testbed) connect(t ib.QPType, mtu int, access ib.Access, depth int) (q
 	tb.t.Helper()
 	mk := func(n *node) *QP {
 		cq := n.dev.newCQ(4 * depth)
-		q, err := n.pd.newQP(testQP{Type: t, SendCQ: cq, RecvCQ: n.dev.newCQ(4 * depth), MaxSendWR: depth, MaxRecvWR: depth, MaxSGE: 4, MaxInline: 64})
+		q, err := n.pd.newQP(testQP{Type: t, SendCQ: cq, RecvCQ: n.dev.newCQ(4 * depth), MaxSendWR: depth, MaxRecvWR: depth, MaxSGE: 4, MaxInline: 64,
+			Recovery: tb.recovery})
 		if err != nil {
 			tb.t.Fatal(err)
 		}
@@ -197,11 +201,12 @@ type testQP struct {
 	MaxSendWR, MaxRecvWR int
 	MaxSGE, MaxInline    int
 	SigAll               bool
+	Recovery             ib.Recovery
 }
 
 // newQP is CreateQP for the tests.
 func (pd *PD) newQP(a testQP) (*QP, error) {
-	attr := &verbs.QPInitAttr{Type: a.Type, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SigAll: a.SigAll,
+	attr := &verbs.QPInitAttr{Type: a.Type, SendCQ: a.SendCQ, RecvCQ: a.RecvCQ, SigAll: a.SigAll, Recovery: a.Recovery,
 		Cap: ib.QPCaps{MaxSendWR: uint32(a.MaxSendWR), MaxRecvWR: uint32(a.MaxRecvWR), MaxSendSGE: uint32(a.MaxSGE),
 			MaxRecvSGE: uint32(a.MaxSGE), MaxInline: uint32(a.MaxInline)}}
 	if a.SRQ != nil {

@@ -17,6 +17,7 @@ import (
 func TestTransmitFillsBatch(t *testing.T) {
 	for _, qps := range []int{1, 3} {
 		tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+		tb.recovery = ib.RecoveryTimeout // no initial window: a whole window at once
 		mr, err := tb.a.pd.RegBytes(make([]byte, 1<<20), 0, ib.LocalWrite)
 		must(t, err)
 		rmr, err := tb.b.pd.RegBytes(make([]byte, 1<<20), 0, ib.LocalWrite|ib.RemoteWrite)

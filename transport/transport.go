@@ -22,6 +22,11 @@ type Meta struct {
 	// GRH is the 40-byte GRH a UD receive places in front of the payload,
 	// built from the IP header; nil for connected transports.
 	GRH *[GRHLen]byte
+	// RecvWindow is how many packets the device can take from this QP's
+	// peer at once now: its share of the port's receive buffers among the
+	// QPs receiving (0: no limit). A transport that can tell its peer (a
+	// selective-repeat responder, in its SACKETH) does.
+	RecvWindow int
 	// RxAway is how long the engine was away from the port before the
 	// poll that returned this packet (0 when it was waiting in the port,
 	// woken by the packet, or unknown): the longest the packet can have
@@ -73,6 +78,11 @@ type Transport interface {
 	TakeCompletions() []ib.WC
 	// Failed reports a fatal error: the QP must go to ERR (then Flush).
 	Failed() bool
+	// Failure is the asynchronous event that error raises:
+	// ib.EventQPReqErr when this QP's responder refused an invalid
+	// request, ib.EventQPAccessErr when it refused a remote access
+	// violation, ib.EventQPFatal for anything else.
+	Failure() ib.EventType
 	// SendError reports a local send error that stopped the send queue:
 	// the QP goes to SQE (then FlushSend).
 	SendError() bool

@@ -11,7 +11,9 @@ import (
 // assertion.
 
 // AsyncEventer is a Device that reports asynchronous events
-// (ibv_get_async_event).
+// (ibv_get_async_event): QP errors, COMM_EST, CQ overruns, SRQ limits,
+// link changes, and EventDeviceFatal when the device is gone. The channel
+// is bounded: the RNIC counts what a reader that falls behind loses.
 type AsyncEventer interface {
 	Events() <-chan AsyncEvent
 }
@@ -45,6 +47,33 @@ type ProgressCounter interface {
 	TransportProgress(qpns []uint32) uint64
 }
 
+// RecoveryCounter is a Device that counts its RC QPs' loss recovery:
+// retransmissions of every kind and the selective-repeat exchange.
+type RecoveryCounter interface {
+	// RecoveryCounters sums the counters of the QPs numbered in qpns.
+	RecoveryCounters(qpns []uint32) RecoveryCounters
+}
+
+// RecoveryCounters are RC QPs' loss recovery counters, named in the json
+// tags as softrnic stats names them (mlx5's names where mlx5 counts the
+// same).
+type RecoveryCounters struct {
+	Timeouts       uint64 `json:"local_ack_timeout_err"`
+	Retransmits    uint64 `json:"retransmits"`
+	SeqNAKs        uint64 `json:"packet_seq_err"`
+	Duplicates     uint64 `json:"duplicate_request"`
+	AdpRetrans     uint64 `json:"roce_adp_retrans"`
+	AdpRetransTO   uint64 `json:"roce_adp_retrans_to"`
+	TLPProbes      uint64 `json:"tlp_probes"`
+	FastRetrans    uint64 `json:"fast_retrans"`
+	RxSACKs        uint64 `json:"rx_sacks"`
+	TxSACKs        uint64 `json:"tx_sacks"`
+	SelRetrans     uint64 `json:"sel_retrans"`
+	SRHeld         uint64 `json:"sr_held"`
+	SRDropped      uint64 `json:"sr_dropped"`
+	RetransPackets uint64 `json:"retrans_packets"`
+}
+
 // CongestionStater is a QP whose congestion control state can be read.
 type CongestionStater interface {
 	CongestionState() (congestion.State, bool)
@@ -72,12 +101,13 @@ type RecvSyncer interface {
 	SyncRecv(ctx context.Context) error
 }
 
-// AsyncEvent is an asynchronous event (ibv_async_event): of a QP (QPN) or
-// of a CQ.
+// AsyncEvent is an asynchronous event (ibv_async_event): of a QP (QPN),
+// of a CQ, of an SRQ, or of the port or device (none of them set).
 type AsyncEvent struct {
 	Type ib.EventType
 	QPN  uint32
-	CQ   CQ // EventCQErr only
+	CQ   CQ  // EventCQErr only
+	SRQ  SRQ // EventSRQLimitReached and EventSRQErr only
 }
 
 // DeviceObject is an object that knows its device (ibv_qp.context): the

@@ -74,6 +74,16 @@ type CQ interface {
 type SRQ interface {
 	// PostRecv posts receive WRs and returns how many it took.
 	PostRecv(wrs []RecvWR) (int, error)
+	// Modify arms the SRQ's limit (ib.SRQLimit: attr.Limit, at most
+	// MaxWR; 0 disarms), ibv_modify_srq: once fewer receives than the
+	// limit remain, the device reports EventSRQLimitReached and disarms
+	// it. Resizing (ib.SRQMaxWR) is refused with ErrInvalid, as on
+	// devices without IBV_DEVICE_SRQ_RESIZE.
+	Modify(attr *ib.SRQAttr, mask ib.SRQAttrMask) error
+	// Query returns the SRQ's size and armed limit (ibv_query_srq).
+	Query() (ib.SRQAttr, error)
+	// Destroy destroys the SRQ; QPs using it must be destroyed first
+	// (ErrBusy).
 	Destroy() error
 }
 
@@ -91,6 +101,9 @@ type QPInitAttr struct {
 	SRQ            SRQ // receives come from here instead of the QP's RQ
 	Cap            ib.QPCaps
 	SigAll         bool // every send WR is signaled
+	// Recovery is an RC QP's loss recovery (adaptive retransmission,
+	// selective repeat); RecoveryDefault takes the device's.
+	Recovery ib.Recovery
 }
 
 // QP is a queue pair.

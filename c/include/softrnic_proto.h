@@ -12,6 +12,9 @@
 #endif
 
 /* ---- package github.com/softrnic/softrnic/daemon/proto ---- */
+// MaxPendingEvents bounds the events of one connection that wait in the
+// daemon for room in its event socket.
+#define SOFTRNIC_MAX_PENDING_EVENTS 4096
 // DefaultControl is the daemon's control socket unless configured otherwise
 // (daemon "control" key; --control in every client command).
 #define SOFTRNIC_DEFAULT_CONTROL "/run/softrnic/softrnic.sock"
@@ -37,6 +40,14 @@
 #define SOFTRNIC_OP_STATS 14 // StatsReq → StatsResp (stats.go)
 #define SOFTRNIC_OP_CREATE_AH 22 // CreateAHReq → HandleMsg (the AH UD send slots name)
 #define SOFTRNIC_OP_DESTROY_AH 23 // HandleMsg (AH)
+// Shared receive queues and asynchronous events (srq.go, async.go).
+#define SOFTRNIC_OP_CREATE_SRQ 25 // CreateSRQReq → CreateSRQResp; reply fd: the SRQ ring memfd
+#define SOFTRNIC_OP_MODIFY_SRQ 26 // ModifySRQReq
+#define SOFTRNIC_OP_QUERY_SRQ 27 // HandleMsg (SRQ) → ib.SRQAttr
+#define SOFTRNIC_OP_DESTROY_SRQ 28 // HandleMsg (SRQ)
+#define SOFTRNIC_OP_ASYNC_EVENTS 29 // → nothing; reply fd: the client's end of its event socket (once per connection)
+#define SOFTRNIC_OP_QUERY_DEVICE 30 // → DeviceInfo as it is now (the port's state follows the link)
+#define SOFTRNIC_OP_ASYNC_EVENT 31 // never a request: the header of each message on the event socket
 // HeaderSize is the encoded size of Header.
 #define SOFTRNIC_HEADER_SIZE 16
 #define SOFTRNIC_PORT_SPACE_TCP 0 // RDMA_PS_TCP: RC connections, REQ, REP, RTU
@@ -101,7 +112,16 @@
 #define SOFTRNIC_CTR_CC_DECREASES 52 // congestion control: rate or window decreases
 #define SOFTRNIC_CTR_CC_LOSS_EVENTS 53 // congestion control: retransmission events reported as loss
 #define SOFTRNIC_CTR_CC_WINDOW_FULL 54 // congestion control: sends the window held back
-#define SOFTRNIC_NUM_DEVICE_COUNTERS 55
+#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS 55 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
+#define SOFTRNIC_CTR_RO_CE_ADP_RETRANS_TO 56 // RC requester: adaptive retransmission timeouts
+#define SOFTRNIC_CTR_RX_SACKS 57 // RC requester: selective acknowledgements received
+#define SOFTRNIC_CTR_TX_SACKS 58 // RC responder: selective acknowledgements sent
+#define SOFTRNIC_CTR_SEL_RETRANS 59 // RC requester: packets resent selectively (holes, READ ranges)
+#define SOFTRNIC_CTR_SR_HELD 60 // RC: packets held out of order for selective repeat
+#define SOFTRNIC_CTR_SR_DROPPED 61 // RC: out-of-order packets not held (reorder pool empty)
+#define SOFTRNIC_CTR_RETRANS_PACKETS 62 // RC requester: request packets sent more than once
+#define SOFTRNIC_CTR_ASYNC_EVENTS_LOST 63 // asynchronous events dropped, a bounded queue full
+#define SOFTRNIC_NUM_DEVICE_COUNTERS 64
 #define SOFTRNIC_CM_RX_MSGS 0 // MADs received on QP1
 #define SOFTRNIC_CM_TX_MSGS 1 // CM MADs sent
 #define SOFTRNIC_CM_TX_RETRIES 2 // REQ, REP, DREQ, SIDR_REQ sent again on timeout
@@ -155,15 +175,25 @@
 #define SOFTRNIC_Q_CTR_CCSRTTNS 35 // gauge: RC, UC with congestion control
 #define SOFTRNIC_Q_CTR_CC_CWND_MILLI 36 // gauge: RC, UC with Swift
 #define SOFTRNIC_Q_CTR_CC_TARGET_NS 37 // gauge: RC, UC with Swift
-#define SOFTRNIC_NUM_QP_COUNTERS 38
+#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS 38 // RC
+#define SOFTRNIC_Q_CTR_RO_CE_ADP_RETRANS_TO 39 // RC
+#define SOFTRNIC_Q_CTR_TLP_PROBES 40 // RC
+#define SOFTRNIC_Q_CTR_FAST_RETRANS 41 // RC
+#define SOFTRNIC_Q_CTR_RX_SACKS 42 // RC
+#define SOFTRNIC_Q_CTR_TX_SACKS 43 // RC
+#define SOFTRNIC_Q_CTR_SEL_RETRANS 44 // RC
+#define SOFTRNIC_Q_CTR_SR_HELD 45 // RC
+#define SOFTRNIC_Q_CTR_SR_DROPPED 46 // RC
+#define SOFTRNIC_Q_CTR_RETRANS_PACKETS 47 // RC
+#define SOFTRNIC_NUM_QP_COUNTERS 48
 // QPGauges are the per-QP values that are figures, not counts: they go up
 // and down (Prometheus gauges, without _total).
 #define SOFTRNIC_QP_GAUGES UINT64_C(0x3e00000000)
-#define SOFTRNIC_VALID_ALL UINT64_C(0x7fffffffffffff)
+#define SOFTRNIC_VALID_ALL UINT64_C(0xffffffffffffffff)
 #define SOFTRNIC_VALID_XDP UINT64_C(0x3ffc000000)
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-#define SOFTRNIC_MAX_STATS_QPS 10
+#define SOFTRNIC_MAX_STATS_QPS 7
 // MaxStatsQueues is how many receive queues one StatsResp details.
 #define SOFTRNIC_MAX_STATS_QUEUES 16
 #define SOFTRNIC_OP_UCM_CREATE_CHANNEL 64 // → HandleMsg (the channel); reply fd: the client's end of its event socket
@@ -210,6 +240,13 @@
 #define SOFTRNIC_RING_MAX_SLOTS 1048576
 // MaxSlotSize bounds one slot (a work request with many SGEs or inline data).
 #define SOFTRNIC_RING_MAX_SLOT_SIZE 65536
+#define SOFTRNIC_RING_WAKE_NONE 0
+#define SOFTRNIC_RING_WAKE_ANY 1 // the next commit
+// WakeSolicited: the next commit its producer marks solicited
+// (CommitSolicited): a CQ armed for solicited completions only
+// (ibv_req_notify_cq with solicited_only). Any other non-zero value
+// counts as WakeAny.
+#define SOFTRNIC_RING_WAKE_SOLICITED 2
 
 /* ---- package github.com/softrnic/softrnic/ib ---- */
 #define SOFTRNIC_IB_ACCESS_LOCAL_WRITE 1
@@ -242,6 +279,15 @@
 // down.
 #define SOFTRNIC_IB_EVENT_TYPE_PORT_ACTIVE 9
 #define SOFTRNIC_IB_EVENT_TYPE_PORT_ERR 10
+// EventSRQErr: an SRQ can take no more receives (the daemon found its
+// ring corrupted by the client); the QPs using it stop receiving.
+#define SOFTRNIC_IB_EVENT_TYPE_SRQ_ERR 14
+// EventSRQLimitReached: an SRQ armed with a limit (SRQAttr.Limit)
+// holds fewer receives than the limit; the limit is disarmed.
+#define SOFTRNIC_IB_EVENT_TYPE_SRQ_LIMIT_REACHED 15
+// EventQPLastWQEReached: a QP attached to an SRQ went to ERR and will
+// take no more receives from it.
+#define SOFTRNIC_IB_EVENT_TYPE_QP_LAST_WQE_REACHED 16
 // GSI is the General Services Interface QP, QP1: a UD QP whose QPN is
 // 1 and whose Q_Key is 0x80010000, which carries the CM's MADs. One
 // per device, owned by the device's CM agent, never by an application
@@ -279,6 +325,23 @@
 #define SOFTRNIC_IB_QP_ATTR_MASK_CAP 524288
 #define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
+// RecoveryDefault is the device's mode for a QP, and for a device
+// RecoverySelective, on by default as ConnectX's adaptive
+// retransmission is.
+#define SOFTRNIC_IB_RECOVERY_DEFAULT 0
+// RecoverySelective is adaptive retransmission plus selective repeat
+// with a peer that agrees to it, and adaptive go-back-N with any other
+// peer.
+#define SOFTRNIC_IB_RECOVERY_SELECTIVE 1
+// RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
+// probes, fast retransmission and an RTO of a few RTTs, besides the
+// peer's sequence NAKs. Every peer sees only IBA packets.
+#define SOFTRNIC_IB_RECOVERY_ADAPTIVE 2
+// RecoveryTimeout retransmits only on a sequence NAK, a READ response
+// gap or the local ACK timeout: rxe's behaviour.
+#define SOFTRNIC_IB_RECOVERY_TIMEOUT 3
+#define SOFTRNIC_IB_SRQ_ATTR_MASK_MAX_WR 1 // resize the SRQ
+#define SOFTRNIC_IB_SRQ_ATTR_MASK_LIMIT 2 // arm the limit
 #define SOFTRNIC_IB_WC_STATUS_SUCCESS 0
 #define SOFTRNIC_IB_WC_STATUS_LOC_LEN_ERR 1
 #define SOFTRNIC_IB_WC_STATUS_LOC_QP_OP_ERR 2
@@ -302,6 +365,11 @@
 #define SOFTRNIC_IB_WC_FLAGS_GRH 1 // the first 40 bytes of the buffer hold a GRH slot (UD)
 #define SOFTRNIC_IB_WC_FLAGS_WITH_IMM 2 // Imm is valid
 #define SOFTRNIC_IB_WC_FLAGS_WITH_INV 8 // InvRKey was invalidated
+// WCSolicited marks a receive whose message asked for a solicited
+// event (SE): what a CQ armed for solicited completions only wakes
+// for, with completions in error. ibv_wc has no such bit (1 << 7 is
+// none of IBV_WC_*).
+#define SOFTRNIC_IB_WC_FLAGS_SOLICITED 128
 #define SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE 0
 #define SOFTRNIC_IB_WR_OPCODE_RDMA_WRITE_WITH_IMM 1
 #define SOFTRNIC_IB_WR_OPCODE_SEND 2
@@ -319,6 +387,20 @@
 #define SOFTRNIC_IB_SEND_FLAGS_KNOWN_SEND_FLAGS 15
 
 /* ---- structs ---- */
+
+// AsyncEventMsg follows an OpAsyncEvent header on the event socket.
+struct softrnic_async_event_msg {
+	uint8_t type;
+	uint8_t _pad0[3];
+	uint32_t handle; // the QP, CQ or SRQ; 0 for port events
+	uint32_t qpn; // QP events: the QP's number
+	uint32_t lost; // events of this connection dropped so far, queue full
+};
+_Static_assert(sizeof(struct softrnic_async_event_msg) == 16, "struct softrnic_async_event_msg: size");
+_Static_assert(offsetof(struct softrnic_async_event_msg, type) == 0, "struct softrnic_async_event_msg: type");
+_Static_assert(offsetof(struct softrnic_async_event_msg, handle) == 4, "struct softrnic_async_event_msg: handle");
+_Static_assert(offsetof(struct softrnic_async_event_msg, qpn) == 8, "struct softrnic_async_event_msg: qpn");
+_Static_assert(offsetof(struct softrnic_async_event_msg, lost) == 12, "struct softrnic_async_event_msg: lost");
 
 // Header starts every message.
 struct softrnic_header {
@@ -572,6 +654,33 @@ _Static_assert(offsetof(struct softrnic_cqe, qpn) == 24, "struct softrnic_cqe: q
 _Static_assert(offsetof(struct softrnic_cqe, src_qp) == 28, "struct softrnic_cqe: src_qp");
 _Static_assert(offsetof(struct softrnic_cqe, src_ip) == 32, "struct softrnic_cqe: src_ip");
 
+// CreateSRQReq is the body of OpCreateSRQ.
+struct softrnic_create_srq_req {
+	uint32_t pd;
+	uint32_t max_wr; // receives it must hold (1 … the device's MaxSRQWR)
+	uint32_t max_sge; // entries per receive (1 … the device's MaxSGE)
+	uint32_t _pad0;
+};
+_Static_assert(sizeof(struct softrnic_create_srq_req) == 16, "struct softrnic_create_srq_req: size");
+_Static_assert(offsetof(struct softrnic_create_srq_req, pd) == 0, "struct softrnic_create_srq_req: pd");
+_Static_assert(offsetof(struct softrnic_create_srq_req, max_wr) == 4, "struct softrnic_create_srq_req: max_wr");
+_Static_assert(offsetof(struct softrnic_create_srq_req, max_sge) == 8, "struct softrnic_create_srq_req: max_sge");
+
+// CreateSRQResp is the reply to OpCreateSRQ; with it comes the SRQ ring's
+// memfd, of Slots slots of RecvSlotSize(QPCaps{MaxRecvSGE: MaxSGE}) bytes.
+// MaxWR and MaxSGE are what was granted (at least what was asked).
+struct softrnic_create_srq_resp {
+	uint32_t srq;
+	uint32_t slots;
+	uint32_t max_wr;
+	uint32_t max_sge;
+};
+_Static_assert(sizeof(struct softrnic_create_srq_resp) == 16, "struct softrnic_create_srq_resp: size");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, srq) == 0, "struct softrnic_create_srq_resp: srq");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, slots) == 4, "struct softrnic_create_srq_resp: slots");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, max_wr) == 8, "struct softrnic_create_srq_resp: max_wr");
+_Static_assert(offsetof(struct softrnic_create_srq_resp, max_sge) == 12, "struct softrnic_create_srq_resp: max_sge");
+
 // StatsReq is the body of OpStats. The reply lists the QPs whose QPN is at
 // least FromQPN, at most MaxStatsQPs of them; a client pages with FromQPN
 // set past the last QPN listed while More is set.
@@ -594,9 +703,9 @@ struct softrnic_qp_stats {
 	uint8_t state;
 	uint8_t _pad0[2];
 	uint64_t valid;
-	uint64_t values[38];
+	uint64_t values[48];
 };
-_Static_assert(sizeof(struct softrnic_qp_stats) == 320, "struct softrnic_qp_stats: size");
+_Static_assert(sizeof(struct softrnic_qp_stats) == 400, "struct softrnic_qp_stats: size");
 _Static_assert(offsetof(struct softrnic_qp_stats, qpn) == 0, "struct softrnic_qp_stats: qpn");
 _Static_assert(offsetof(struct softrnic_qp_stats, type) == 4, "struct softrnic_qp_stats: type");
 _Static_assert(offsetof(struct softrnic_qp_stats, state) == 5, "struct softrnic_qp_stats: state");
@@ -927,6 +1036,17 @@ _Static_assert(offsetof(struct softrnic_ib_qp_attr, retry_cnt) == 35, "struct so
 _Static_assert(offsetof(struct softrnic_ib_qp_attr, rnr_retry) == 36, "struct softrnic_ib_qp_attr: rnr_retry");
 _Static_assert(offsetof(struct softrnic_ib_qp_attr, av) == 40, "struct softrnic_ib_qp_attr: av");
 
+// SRQAttr are a shared receive queue's attributes (ibv_srq_attr).
+struct softrnic_ib_srq_attr {
+	uint32_t max_wr; // receives it holds
+	uint32_t max_sge; // scatter/gather entries per receive
+	uint32_t limit; // Limit, when armed (not 0), is the low watermark: once fewer receives
+};
+_Static_assert(sizeof(struct softrnic_ib_srq_attr) == 12, "struct softrnic_ib_srq_attr: size");
+_Static_assert(offsetof(struct softrnic_ib_srq_attr, max_wr) == 0, "struct softrnic_ib_srq_attr: max_wr");
+_Static_assert(offsetof(struct softrnic_ib_srq_attr, max_sge) == 4, "struct softrnic_ib_srq_attr: max_sge");
+_Static_assert(offsetof(struct softrnic_ib_srq_attr, limit) == 8, "struct softrnic_ib_srq_attr: limit");
+
 // SGE is a scatter/gather entry (ibv_sge): Length bytes at virtual address
 // Addr of the MR whose lkey is LKey.
 struct softrnic_ib_sge {
@@ -960,16 +1080,21 @@ struct softrnic_create_qp_req {
 	uint32_t recv_cq;
 	uint8_t type;
 	uint8_t sig_all; // every send WR generates a completion
-	uint8_t _pad0[2];
+	uint8_t recovery; // an RC QP's loss recovery; 0: the daemon's
+	uint8_t _pad0[1];
 	struct softrnic_ib_qp_caps caps;
+	uint32_t srq; // SRQ, if not 0, is the SRQ (of the same PD) the QP takes its
+	uint32_t _pad1;
 };
-_Static_assert(sizeof(struct softrnic_create_qp_req) == 36, "struct softrnic_create_qp_req: size");
+_Static_assert(sizeof(struct softrnic_create_qp_req) == 44, "struct softrnic_create_qp_req: size");
 _Static_assert(offsetof(struct softrnic_create_qp_req, pd) == 0, "struct softrnic_create_qp_req: pd");
 _Static_assert(offsetof(struct softrnic_create_qp_req, send_cq) == 4, "struct softrnic_create_qp_req: send_cq");
 _Static_assert(offsetof(struct softrnic_create_qp_req, recv_cq) == 8, "struct softrnic_create_qp_req: recv_cq");
 _Static_assert(offsetof(struct softrnic_create_qp_req, type) == 12, "struct softrnic_create_qp_req: type");
 _Static_assert(offsetof(struct softrnic_create_qp_req, sig_all) == 13, "struct softrnic_create_qp_req: sig_all");
+_Static_assert(offsetof(struct softrnic_create_qp_req, recovery) == 14, "struct softrnic_create_qp_req: recovery");
 _Static_assert(offsetof(struct softrnic_create_qp_req, caps) == 16, "struct softrnic_create_qp_req: caps");
+_Static_assert(offsetof(struct softrnic_create_qp_req, srq) == 36, "struct softrnic_create_qp_req: srq");
 
 // CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring
 // memfds, whose geometries follow from Caps (SendSlotSize, RecvSlotSize,
@@ -1012,16 +1137,30 @@ _Static_assert(offsetof(struct softrnic_modify_qp_req, qp) == 0, "struct softrni
 _Static_assert(offsetof(struct softrnic_modify_qp_req, mask) == 4, "struct softrnic_modify_qp_req: mask");
 _Static_assert(offsetof(struct softrnic_modify_qp_req, attr) == 8, "struct softrnic_modify_qp_req: attr");
 
+// ModifySRQReq is the body of OpModifySRQ: ibv_modify_srq's attributes and
+// mask (ib.SRQLimit arms the limit; ib.SRQMaxWR, a resize, is refused with
+// EINVAL).
+struct softrnic_modify_srq_req {
+	uint32_t srq;
+	uint32_t mask;
+	struct softrnic_ib_srq_attr attr;
+	uint32_t _pad0;
+};
+_Static_assert(sizeof(struct softrnic_modify_srq_req) == 24, "struct softrnic_modify_srq_req: size");
+_Static_assert(offsetof(struct softrnic_modify_srq_req, srq) == 0, "struct softrnic_modify_srq_req: srq");
+_Static_assert(offsetof(struct softrnic_modify_srq_req, mask) == 4, "struct softrnic_modify_srq_req: mask");
+_Static_assert(offsetof(struct softrnic_modify_srq_req, attr) == 8, "struct softrnic_modify_srq_req: attr");
+
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.
 struct softrnic_stats_resp {
 	uint8_t name[16]; // interface name, NUL padded
 	uint64_t valid; // bit i: Device[i] is counted on this port
-	uint64_t device[55];
+	uint64_t device[64];
 	uint32_t listed;
 	uint8_t more; // more QPs after the last listed
 	uint8_t _pad0[3];
-	struct softrnic_qp_stats qps[10];
+	struct softrnic_qp_stats qps[7];
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
@@ -1029,16 +1168,16 @@ struct softrnic_stats_resp {
 	uint8_t _pad2[7];
 	uint64_t cm[14];
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 4056, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 3728, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
-_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 464, "struct softrnic_stats_resp: listed");
-_Static_assert(offsetof(struct softrnic_stats_resp, more) == 468, "struct softrnic_stats_resp: more");
-_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 472, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3672, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3680, "struct softrnic_stats_resp: queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3936, "struct softrnic_stats_resp: has_cm");
-_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3944, "struct softrnic_stats_resp: cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, listed) == 536, "struct softrnic_stats_resp: listed");
+_Static_assert(offsetof(struct softrnic_stats_resp, more) == 540, "struct softrnic_stats_resp: more");
+_Static_assert(offsetof(struct softrnic_stats_resp, qps) == 544, "struct softrnic_stats_resp: qps");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3344, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3352, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3608, "struct softrnic_stats_resp: has_cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3616, "struct softrnic_stats_resp: cm");
 
 #endif /* SOFTRNIC_PROTO_H */

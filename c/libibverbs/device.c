@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
 #include <unistd.h>
 
 #include "srn.h"
@@ -127,7 +126,7 @@ SRN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 		errno = ENOMEM;
 		return NULL;
 	}
-	s->async_epoll = -1;
+	int evfd = -1;
 	s->pump_db = -1;
 	int err = srn_conn_open(&s->conn, d->control);
 	if (err) {
@@ -138,18 +137,10 @@ SRN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	struct softrnic_open_req req = {.version = SOFTRNIC_VERSION};
 	err = srn_call(&s->conn, SOFTRNIC_OP_OPEN, &req, sizeof(req), NULL, 0, &s->info, sizeof(s->info), &s->pump_db,
 		       1);
-	if (!err) {
-		/* async_fd: an epoll set that becomes readable when the daemon
-		 * connection drops, which ibv_get_async_event reports as
-		 * IBV_EVENT_DEVICE_FATAL. */
-		s->async_epoll = epoll_create1(EPOLL_CLOEXEC);
-		struct epoll_event ev = {.events = EPOLLRDHUP, .data.u64 = 0};
-		if (s->async_epoll < 0 || epoll_ctl(s->async_epoll, EPOLL_CTL_ADD, s->conn.fd, &ev) < 0)
-			err = errno;
-	}
+	/* async_fd: the context's event socket (async.c). */
+	if (!err)
+		err = srn_call(&s->conn, SOFTRNIC_OP_ASYNC_EVENTS, NULL, 0, NULL, 0, NULL, 0, &evfd, 1);
 	if (err) {
-		if (s->async_epoll >= 0)
-			close(s->async_epoll);
 		if (s->pump_db >= 0)
 			close(s->pump_db);
 		srn_conn_close(&s->conn);
@@ -161,10 +152,13 @@ SRN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	d->refcount++;
 	pthread_mutex_unlock(&devices_lock);
 
+	pthread_mutex_init(&s->objs_lock, NULL);
+	pthread_mutex_init(&s->event_lock, NULL);
+	s->objs.next = s->objs.prev = &s->objs;
 	struct ibv_context *ctx = &s->vctx.context;
 	ctx->device = device;
 	ctx->cmd_fd = s->conn.fd;
-	ctx->async_fd = s->async_epoll;
+	ctx->async_fd = evfd;
 	ctx->num_comp_vectors = 1;
 	pthread_mutex_init(&ctx->mutex, NULL);
 	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
@@ -180,6 +174,7 @@ SRN_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	s->vctx.query_device_ex = srn_query_device_ex;
 	s->vctx.create_qp_ex = srn_create_qp_ex;
 	s->vctx.create_cq_ex = srn_create_cq_ex;
+	s->vctx.create_srq_ex = srn_create_srq_ex;
 	return ctx;
 }
 
@@ -190,8 +185,10 @@ SRN_EXPORT int ibv_close_device(struct ibv_context *ctx)
 	/* The daemon releases every object of the session with it. */
 	srn_conn_close(&s->conn);
 	close(s->pump_db);
-	close(s->async_epoll);
+	close(ctx->async_fd);
 	pthread_mutex_destroy(&ctx->mutex);
+	pthread_mutex_destroy(&s->objs_lock);
+	pthread_mutex_destroy(&s->event_lock);
 	free(s);
 	device_put(d);
 	return 0;
@@ -247,6 +244,9 @@ SRN_EXPORT int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr 
 	a->max_res_rd_atom = (int)in->device_attr.max_qp_rd_atom * (int)in->device_attr.max_qp;
 	a->atomic_cap = IBV_ATOMIC_HCA; /* atomics are serialised in the device */
 	a->max_ah = INT32_MAX; /* address handles are the library's own */
+	a->max_srq = (int)in->device_attr.max_srq;
+	a->max_srq_wr = (int)in->device_attr.max_srqwr;
+	a->max_srq_sge = (int)in->device_attr.max_sge;
 	a->max_pkeys = 1;
 	a->local_ca_ack_delay = 15;
 	a->phys_port_cnt = 1;
@@ -269,9 +269,15 @@ int srn_query_device_ex(struct ibv_context *ctx, const struct ibv_query_device_e
 
 int srn_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len)
 {
-	const struct softrnic_device_info *in = &to_sctx(ctx)->info;
+	struct srn_context *s = to_sctx(ctx);
 	if (port != 1)
 		return EINVAL;
+	/* The port's state follows the link: asked of the daemon each time. */
+	struct softrnic_device_info now;
+	int err = srn_call(&s->conn, SOFTRNIC_OP_QUERY_DEVICE, NULL, 0, NULL, 0, &now, sizeof(now), NULL, 0);
+	if (err)
+		return err;
+	const struct softrnic_device_info *in = &now;
 	struct ibv_port_attr a;
 	memset(&a, 0, sizeof(a));
 	a.state = in->device_attr.port_active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;

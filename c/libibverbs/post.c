@@ -175,10 +175,18 @@ int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr 
 	return err;
 }
 
+void srn_put_recv(uint8_t *slot, const struct ibv_recv_wr *wr)
+{
+	struct softrnic_recv_slot h = {.id = wr->wr_id, .num_sge = (uint8_t)wr->num_sge};
+	memcpy(slot, &h, sizeof(h));
+	put_sges(slot + SOFTRNIC_RECV_SLOT_HEADER, wr->sg_list, wr->num_sge);
+}
+
 int srn_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct srn_qp *q = to_sqp(qp);
-	if (__atomic_load_n(&qp->state, __ATOMIC_ACQUIRE) == IBV_QPS_RESET) {
+	/* A QP on an SRQ has no receive queue of its own (rxe refuses so). */
+	if (qp->srq || __atomic_load_n(&qp->state, __ATOMIC_ACQUIRE) == IBV_QPS_RESET) {
 		*bad = wr;
 		return EINVAL;
 	}
@@ -194,22 +202,13 @@ int srn_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr 
 			err = ENOMEM;
 			break;
 		}
-		struct softrnic_recv_slot h = {.id = wr->wr_id, .num_sge = (uint8_t)wr->num_sge};
-		memcpy(slot, &h, sizeof(h));
-		put_sges(slot + SOFTRNIC_RECV_SLOT_HEADER, wr->sg_list, wr->num_sge);
+		srn_put_recv(slot, wr);
 	}
 	srn_commit(&q->rqp);
 	pthread_spin_unlock(&q->rlock);
 	if (err)
 		*bad = wr;
 	return err;
-}
-
-int srn_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
-{
-	(void)srq;
-	*bad = wr;
-	return EOPNOTSUPP;
 }
 
 /* ---- ibv_qp_ex: ibv_wr_start, ibv_wr_<op>, ibv_wr_set_*, ibv_wr_complete ---- */

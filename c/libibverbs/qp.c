@@ -42,14 +42,12 @@ static struct ibv_qp *qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 		errno = EOPNOTSUPP; /* XRC, raw packet, driver QPs */
 		return NULL;
 	}
-	if (a->srq) {
-		errno = EOPNOTSUPP; /* no SRQ can exist: ibv_create_srq refuses */
-		return NULL;
-	}
+	/* With an SRQ, the receive caps are not looked at. */
+	bool srq = a->srq != NULL;
 	if (!a->send_cq || !a->recv_cq || a->send_cq->context != pd->context || a->recv_cq->context != pd->context ||
-	    a->cap.max_send_wr > s->info.device_attr.max_qpwr || a->cap.max_recv_wr > s->info.device_attr.max_qpwr ||
-	    a->cap.max_send_sge > s->info.device_attr.max_sge || a->cap.max_recv_sge > s->info.device_attr.max_sge ||
-	    a->cap.max_inline_data > s->info.device_attr.max_inline) {
+	    (srq && a->srq->context != pd->context) || a->cap.max_send_wr > s->info.device_attr.max_qpwr ||
+	    (!srq && a->cap.max_recv_wr > s->info.device_attr.max_qpwr) || a->cap.max_send_sge > s->info.device_attr.max_sge ||
+	    (!srq && a->cap.max_recv_sge > s->info.device_attr.max_sge) || a->cap.max_inline_data > s->info.device_attr.max_inline) {
 		errno = EINVAL;
 		return NULL;
 	}
@@ -67,6 +65,8 @@ static struct ibv_qp *qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 	req.caps.max_send_sge = a->cap.max_send_sge;
 	req.caps.max_recv_sge = a->cap.max_recv_sge;
 	req.caps.max_inline = a->cap.max_inline_data;
+	if (srq)
+		req.srq = to_ssrq(a->srq)->handle;
 	struct softrnic_create_qp_resp resp;
 	int fds[2];
 	int err = srn_call(&s->conn, SOFTRNIC_OP_CREATE_QP, &req, sizeof(req), NULL, 0, &resp, sizeof(resp), fds, 2);
@@ -100,6 +100,7 @@ static struct ibv_qp *qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 	qp->pd = pd;
 	qp->send_cq = a->send_cq;
 	qp->recv_cq = a->recv_cq;
+	qp->srq = a->srq;
 	qp->handle = resp.qp;
 	qp->qp_num = resp.qpn;
 	qp->state = IBV_QPS_RESET;
@@ -107,11 +108,13 @@ static struct ibv_qp *qp_create(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 	pthread_mutex_init(&qp->mutex, NULL);
 	pthread_cond_init(&qp->cond, NULL);
 	srn_qp_ex_init(q);
-	/* What was granted, as ibv_create_qp reports it. */
+	srn_obj_add(s, &q->obj, SRN_OBJ_QP, resp.qp);
+	/* What was granted, as ibv_create_qp reports it (no receive queue of
+	 * its own on an SRQ). */
 	a->cap.max_send_wr = resp.caps.max_send_wr;
-	a->cap.max_recv_wr = resp.caps.max_recv_wr;
+	a->cap.max_recv_wr = srq ? 0 : resp.caps.max_recv_wr;
 	a->cap.max_send_sge = resp.caps.max_send_sge;
-	a->cap.max_recv_sge = resp.caps.max_recv_sge;
+	a->cap.max_recv_sge = srq ? 0 : resp.caps.max_recv_sge;
 	a->cap.max_inline_data = resp.caps.max_inline;
 	return qp;
 }
@@ -175,6 +178,7 @@ static const struct {
 	{IBV_QP_SQ_PSN, SOFTRNIC_IB_QP_ATTR_MASK_SQPSN},
 	{IBV_QP_MAX_DEST_RD_ATOMIC, SOFTRNIC_IB_QP_ATTR_MASK_MAX_DEST_RD_ATOMIC},
 	{IBV_QP_DEST_QPN, SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN},
+	{IBV_QP_EN_SQD_ASYNC_NOTIFY, SOFTRNIC_IB_QP_ATTR_MASK_EN_SQD_ASYNC_NOTIFY},
 };
 
 static bool state_to_proto(enum ibv_qp_state s, uint8_t *out)
@@ -285,6 +289,7 @@ SRN_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int ma
 	p->dest_qpn = attr->dest_qp_num;
 	p->access = access_to_proto(attr->qp_access_flags);
 	p->p_key_index = attr->pkey_index;
+	p->sq_drain_notify = attr->en_sqd_async_notify ? 1 : 0;
 	int err = srn_call(&to_sctx(qp->context)->conn, SOFTRNIC_OP_MODIFY_QP, &req, sizeof(req), NULL, 0, NULL, 0,
 			   NULL, 0);
 	if (err)
@@ -315,9 +320,9 @@ SRN_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 	attr->dest_qp_num = p.dest_qpn;
 	attr->qp_access_flags = access_from_proto(p.access);
 	attr->cap.max_send_wr = q->caps.max_send_wr;
-	attr->cap.max_recv_wr = q->caps.max_recv_wr;
+	attr->cap.max_recv_wr = qp->srq ? 0 : q->caps.max_recv_wr;
 	attr->cap.max_send_sge = q->caps.max_send_sge;
-	attr->cap.max_recv_sge = q->caps.max_recv_sge;
+	attr->cap.max_recv_sge = qp->srq ? 0 : q->caps.max_recv_sge;
 	attr->cap.max_inline_data = q->caps.max_inline;
 	static const uint8_t zero[16];
 	if (memcmp(p.av.dgid, zero, sizeof(zero))) {
@@ -344,6 +349,7 @@ SRN_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 		init->qp_context = qp->qp_context;
 		init->send_cq = qp->send_cq;
 		init->recv_cq = qp->recv_cq;
+		init->srq = qp->srq;
 		init->cap = attr->cap;
 		init->qp_type = qp->qp_type;
 		init->sq_sig_all = q->sig_all;
@@ -354,9 +360,16 @@ SRN_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mas
 SRN_EXPORT int ibv_destroy_qp(struct ibv_qp *qp)
 {
 	struct srn_qp *q = to_sqp(qp);
-	int err = srn_call_handle(&to_sctx(qp->context)->conn, SOFTRNIC_OP_DESTROY_QP, q->handle);
+	struct srn_context *s = to_sctx(qp->context);
+	int err = srn_call_handle(&s->conn, SOFTRNIC_OP_DESTROY_QP, q->handle);
 	if (err)
 		return err;
+	/* As rdma-core: the events handed out must have been acknowledged. */
+	srn_obj_remove(s, &q->obj);
+	pthread_mutex_lock(&qp->mutex);
+	while (qp->events_completed != q->obj.events_delivered)
+		pthread_cond_wait(&qp->cond, &qp->mutex);
+	pthread_mutex_unlock(&qp->mutex);
 	srn_ring_unmap(&q->sq);
 	srn_ring_unmap(&q->rq);
 	pthread_spin_destroy(&q->slock);

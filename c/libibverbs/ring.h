@@ -128,11 +128,13 @@ static inline void srn_release(struct srn_consumer *c)
 	}
 }
 
-/* Asks the producer to ring our doorbell on its next commit, then
- * rechecks: false if entries are already there (the flag stays set). */
-static inline bool srn_arm(struct srn_consumer *c)
+/* Asks the producer to ring our doorbell on its next commit (wake:
+ * SOFTRNIC_RING_WAKE_ANY), or its next one marked solicited
+ * (SOFTRNIC_RING_WAKE_SOLICITED), then rechecks: false if entries are
+ * already there (the flag stays set). */
+static inline bool srn_arm(struct srn_consumer *c, uint32_t wake)
 {
-	__atomic_store_n(&c->r->hdr->wakeup, 1, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&c->r->hdr->wakeup, wake, __ATOMIC_SEQ_CST);
 	return !srn_reload(c);
 }
 

@@ -87,13 +87,32 @@ struct srn_device {
 	struct softrnic_device_info info;
 };
 
+/*
+ * The objects asynchronous events name, found by the daemon's handle
+ * (async.c). An object joins its context's list once created and leaves
+ * it, under objs_lock, before its destroy waits for the acknowledgments:
+ * an event read later for it is dropped, as the kernel drops the queued
+ * events of a destroyed object.
+ */
+enum srn_obj_kind { SRN_OBJ_CQ = 1, SRN_OBJ_QP, SRN_OBJ_SRQ };
+
+struct srn_obj {
+	struct srn_obj *next, *prev;
+	uint32_t handle;
+	enum srn_obj_kind kind;
+	uint32_t events_delivered; /* async events ibv_get_async_event returned for it, under its mutex */
+};
+
 struct srn_context {
 	struct verbs_context vctx; /* ends with the struct ibv_context applications see */
 	struct srn_conn conn;
 	struct softrnic_device_info info;
 	int pump_db; /* the daemon's doorbell: rung when it sleeps and a ring gets work */
-	int async_epoll; /* async_fd: readable when the daemon connection drops */
+	pthread_mutex_t objs_lock; /* the object list; taken before an object's mutex */
+	struct srn_obj objs; /* list head */
+	pthread_mutex_t event_lock; /* what ibv_get_async_event reads and reports */
 	bool fatal_reported;
+	uint32_t events_lost; /* the daemon's count of dropped events, as last told */
 };
 
 static inline struct srn_context *to_sctx(struct ibv_context *ctx)
@@ -141,6 +160,7 @@ struct srn_cq {
 	pthread_spinlock_t lock;
 	int db; /* the daemon rings it when the ring's wakeup flag is set */
 	uint32_t events_delivered; /* completion events ibv_get_cq_event returned */
+	struct srn_obj obj;
 };
 
 static inline struct srn_cq *to_scq(struct ibv_cq *cq)
@@ -159,11 +179,27 @@ struct srn_qp {
 	int wr_err;		/* first error of the batch, reported by wr_complete */
 	uint8_t *wr_slot;	/* the slot of the WR being built, NULL before the first */
 	bool sig_all;
+	struct srn_obj obj;
 };
 
 static inline struct srn_qp *to_sqp(struct ibv_qp *qp)
 {
 	return (struct srn_qp *)qp;
+}
+
+struct srn_srq {
+	struct ibv_srq srq;
+	uint32_t handle;
+	uint32_t max_wr, max_sge; /* granted */
+	struct srn_ring ring;
+	struct srn_producer prod;
+	pthread_spinlock_t lock;
+	struct srn_obj obj;
+};
+
+static inline struct srn_srq *to_ssrq(struct ibv_srq *srq)
+{
+	return (struct srn_srq *)srq;
 }
 
 struct srn_ah {
@@ -189,6 +225,14 @@ int srn_req_notify_cq(struct ibv_cq *cq, int solicited_only);
 int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int srn_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int srn_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+struct ibv_srq *srn_create_srq_ex(struct ibv_context *ctx, struct ibv_srq_init_attr_ex *attr);
+/* Writes one receive WR into a ring slot (struct softrnic_recv_slot and
+ * its SGEs). */
+void srn_put_recv(uint8_t *slot, const struct ibv_recv_wr *wr);
+/* The object list of async.c: add once created, remove (then wait for the
+ * acknowledgments) before destroying. */
+void srn_obj_add(struct srn_context *s, struct srn_obj *o, enum srn_obj_kind kind, uint32_t handle);
+void srn_obj_remove(struct srn_context *s, struct srn_obj *o);
 void srn_qp_ex_init(struct srn_qp *q);
 /* The GID at index of the device, false if there is none. */
 bool srn_gid(const struct softrnic_device_info *info, int index, union ibv_gid *gid);

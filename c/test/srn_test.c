@@ -4,17 +4,25 @@
  * library (LD_LIBRARY_PATH, softrnic run) against a running daemon.
  *
  *   srn_test control            every control verb and its error paths, the
- *                               rings (flushes), completion channels
+ *                               rings (flushes), completion channels, SRQs,
+ *                               CQ_ERR and QP_LAST_WQE_REACHED
  *   srn_test server PORT        the passive side of the traffic test
  *   srn_test fatal              waits for the daemon to go away: the
  *                               context's async fd reports
  *                               IBV_EVENT_DEVICE_FATAL, and verbs fail
+ *   srn_test port               prints "ready", expects PORT_ERR (the test
+ *                               takes the link down), prints "down",
+ *                               expects PORT_ACTIVE
  *   srn_test client ADDR PORT   the active side: RC and UC QPs exchange
  *                               SEND_WITH_IMM, RDMA_WRITE_WITH_IMM and inline
  *                               SENDs with the server, through ibv_post_send
  *                               and the ibv_wr_* API, and check the errors
- *                               of a SEND the receiver has no room for and
- *                               of a wrong lkey
+ *                               (and asynchronous events) of a SEND the
+ *                               receiver has no room for, of a wrong lkey
+ *                               and of a WRITE with a wrong rkey; then RC
+ *                               and UC QPs on the server's SRQ (COMM_EST,
+ *                               SRQ_LIMIT_REACHED), a CQ armed for
+ *                               solicited completions only, SQ_DRAINED
  *
  * The traffic needs no registered memory (zero-length messages carry
  * their immediate data; inline data is copied at post time), so it runs
@@ -37,6 +45,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,6 +76,60 @@ static int poll_one(struct ibv_cq *cq, struct ibv_wc *wc, double secs)
 
 /* control: an IPv4 address the daemon can resolve (the veth's other end). */
 static const char *peer_addr;
+
+static bool port_event(enum ibv_event_type t)
+{
+	return t == IBV_EVENT_PORT_ACTIVE || t == IBV_EVENT_PORT_ERR;
+}
+
+/* Waits (bounded) for the next asynchronous event of ctx, which must be of
+ * type t about element (a QP, CQ or SRQ; NULL: the port or the device), and
+ * acknowledges it. Port events other than t are skipped: the link of a
+ * veth that just came up goes active a while after (the kernel's link
+ * watch), which a test may see. */
+static void expect_async(struct ibv_context *ctx, enum ibv_event_type t, const void *element)
+{
+	struct pollfd pfd = {.fd = ctx->async_fd, .events = POLLIN};
+	struct ibv_async_event ev;
+	for (;;) {
+		if (!CHECK(poll(&pfd, 1, 10000) == 1, "no asynchronous event (wanted %s)", ibv_event_type_str(t)))
+			return;
+		if (!CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event: %s", strerror(errno)))
+			return;
+		if (!port_event(ev.event_type) || ev.event_type == t)
+			break;
+		ibv_ack_async_event(&ev);
+	}
+	const void *got = NULL;
+	switch (ev.event_type) {
+	case IBV_EVENT_CQ_ERR: got = ev.element.cq; break;
+	case IBV_EVENT_SRQ_ERR:
+	case IBV_EVENT_SRQ_LIMIT_REACHED: got = ev.element.srq; break;
+	case IBV_EVENT_PORT_ACTIVE:
+	case IBV_EVENT_PORT_ERR:
+		CHECK(ev.element.port_num == 1, "port event on port %d", ev.element.port_num);
+		break;
+	case IBV_EVENT_DEVICE_FATAL: break;
+	default: got = ev.element.qp; break;
+	}
+	CHECK(ev.event_type == t && got == element, "event %s on %p, want %s on %p", ibv_event_type_str(ev.event_type),
+	      got, ibv_event_type_str(t), element);
+	ibv_ack_async_event(&ev);
+}
+
+/* The async fd stays quiet for a while (but for port events, see
+ * expect_async). */
+static void no_async(struct ibv_context *ctx)
+{
+	struct pollfd pfd = {.fd = ctx->async_fd, .events = POLLIN};
+	while (poll(&pfd, 1, 200) == 1) {
+		struct ibv_async_event ev;
+		if (!CHECK(ibv_get_async_event(ctx, &ev) == 0, "get_async_event: %s", strerror(errno)))
+			return;
+		CHECK(port_event(ev.event_type), "unexpected event %s", ibv_event_type_str(ev.event_type));
+		ibv_ack_async_event(&ev);
+	}
+}
 
 static struct ibv_context *open_first(void)
 {
@@ -130,6 +194,9 @@ static void test_device(struct ibv_context *ctx)
 	struct ibv_device_attr da;
 	CHECK(ibv_query_device(ctx, &da) == 0, "query_device");
 	CHECK(da.phys_port_cnt == 1 && da.max_qp > 0 && da.max_cqe > 0 && da.node_guid != 0, "device attrs");
+	CHECK(da.max_srq > 0 && da.max_srq_wr >= 1024 && da.max_srq_sge >= 1 &&
+		      !(da.device_cap_flags & IBV_DEVICE_SRQ_RESIZE),
+	      "SRQ attrs %d %d %d flags %#x", da.max_srq, da.max_srq_wr, da.max_srq_sge, da.device_cap_flags);
 	CHECK(da.node_guid == ibv_get_device_guid(ctx->device), "node GUID %llx vs %llx",
 	      (unsigned long long)da.node_guid, (unsigned long long)ibv_get_device_guid(ctx->device));
 	struct ibv_device_attr_ex dx;
@@ -170,9 +237,14 @@ static void test_unsupported(struct ibv_context *ctx, struct ibv_pd *pd)
 	errno = 0;
 	CHECK(ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_REMOTE_WRITE) == NULL && errno == EINVAL,
 	      "remote write without local write: errno %d", errno);
-	struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};
+	struct ibv_srq_init_attr_ex sx = {.attr = {.max_wr = 4, .max_sge = 1}, .pd = pd,
+					  .comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE, .srq_type = IBV_SRQT_XRC};
 	errno = 0;
-	CHECK(ibv_create_srq(pd, &sa) == NULL && errno == EOPNOTSUPP, "create_srq: errno %d", errno);
+	CHECK(ibv_create_srq_ex(ctx, &sx) == NULL && errno == EOPNOTSUPP, "XRC SRQ: errno %d", errno);
+	sx.srq_type = IBV_SRQT_TM;
+	sx.comp_mask |= IBV_SRQ_INIT_ATTR_TM;
+	errno = 0;
+	CHECK(ibv_create_srq_ex(ctx, &sx) == NULL && errno == EOPNOTSUPP, "tag-matching SRQ: errno %d", errno);
 	errno = 0;
 	CHECK(ibv_alloc_mw(pd, IBV_MW_TYPE_1) == NULL && errno == EOPNOTSUPP, "alloc_mw: errno %d", errno);
 	struct ibv_cq_init_attr_ex cqa = {.cqe = 4, .wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
@@ -368,6 +440,248 @@ static void test_objects(struct ibv_context *ctx, struct ibv_pd *pd)
 	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
 }
 
+/* SRQs: creation and its limits, modify (limit, no resize), query, the
+ * verbs_context path, posting (SGE count, a full SRQ), QPs of every type on
+ * one, QP_LAST_WQE_REACHED when one goes to ERR, EBUSY while in use. */
+static void test_srq(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_device_attr da;
+	MUST(ibv_query_device(ctx, &da) == 0, "query_device");
+	struct ibv_srq_init_attr sa = {.srq_context = (void *)0x5a, .attr = {.max_wr = 0, .max_sge = 1}};
+	errno = 0;
+	CHECK(ibv_create_srq(pd, &sa) == NULL && errno == EINVAL, "SRQ of 0 WRs: errno %d", errno);
+	sa.attr.max_wr = (uint32_t)da.max_srq_wr + 1;
+	errno = 0;
+	CHECK(ibv_create_srq(pd, &sa) == NULL && errno == EINVAL, "SRQ over max_srq_wr: errno %d", errno);
+	sa.attr.max_wr = 10;
+	sa.attr.max_sge = (uint32_t)da.max_srq_sge + 1;
+	errno = 0;
+	CHECK(ibv_create_srq(pd, &sa) == NULL && errno == EINVAL, "SRQ over max_srq_sge: errno %d", errno);
+	sa.attr.max_sge = 2;
+	sa.attr.srq_limit = 5; /* ignored at creation */
+	struct ibv_srq *srq = ibv_create_srq(pd, &sa);
+	MUST(srq, "create_srq: %s", strerror(errno));
+	CHECK(sa.attr.max_wr >= 10 && sa.attr.max_sge == 2 && srq->context == ctx && srq->pd == pd &&
+		      srq->srq_context == (void *)0x5a,
+	      "granted %u WRs %u SGEs", sa.attr.max_wr, sa.attr.max_sge);
+	struct ibv_srq_attr qa;
+	CHECK(ibv_query_srq(srq, &qa) == 0 && qa.max_wr == sa.attr.max_wr && qa.max_sge == 2 && qa.srq_limit == 0,
+	      "query_srq %u %u %u", qa.max_wr, qa.max_sge, qa.srq_limit);
+	struct ibv_srq_attr ma = {.max_wr = 64, .srq_limit = sa.attr.max_wr + 1};
+	CHECK(ibv_modify_srq(srq, &ma, IBV_SRQ_MAX_WR) == EINVAL, "resize");
+	CHECK(ibv_modify_srq(srq, &ma, IBV_SRQ_LIMIT) == EINVAL, "limit above max_wr");
+	CHECK(ibv_modify_srq(srq, &ma, 1 << 5) == EINVAL, "unknown mask bit");
+	ma.srq_limit = 4;
+	CHECK(ibv_modify_srq(srq, &ma, IBV_SRQ_LIMIT) == 0, "arm the limit");
+	CHECK(ibv_query_srq(srq, &qa) == 0 && qa.srq_limit == 4, "armed limit %u", qa.srq_limit);
+	uint32_t num;
+	CHECK(ibv_get_srq_num(srq, &num) == EOPNOTSUPP, "SRQ number of a basic SRQ (XRC only)");
+
+	/* Posting: too many SGEs is refused at once (the WR before it is
+	 * posted); the SRQ takes receives until its ring (max_wr), and the
+	 * device's SRQ behind it as far as the daemon has moved them there,
+	 * are full. */
+	struct ibv_sge sg[3] = {0};
+	struct ibv_recv_wr r2 = {.wr_id = 2, .sg_list = sg, .num_sge = 3}, r1 = {.wr_id = 1, .next = &r2}, *bad = NULL;
+	CHECK(ibv_post_srq_recv(srq, &r1, &bad) == EINVAL && bad == &r2, "3 SGEs on a 2-SGE SRQ");
+	int taken = 1, err = 0;
+	for (; taken <= 4 * (int)sa.attr.max_wr; taken++) {
+		struct ibv_recv_wr r = {.wr_id = 100 + taken};
+		if ((err = ibv_post_srq_recv(srq, &r, &bad)))
+			break;
+	}
+	CHECK(err == ENOMEM && taken >= (int)sa.attr.max_wr && taken <= 2 * (int)sa.attr.max_wr,
+	      "full SRQ: %d after %d receives", err, taken);
+
+	/* The verbs_context path of ibv_create_srq_ex (a mask the inline
+	 * wrapper does not hand to ibv_create_srq). */
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	MUST(cq, "create_cq");
+	struct ibv_srq_init_attr_ex sx = {.attr = {.max_wr = 4, .max_sge = 1}, .pd = pd, .cq = cq, .srq_type = IBV_SRQT_BASIC,
+					  .comp_mask = IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_CQ};
+	struct ibv_srq *srq2 = ibv_create_srq_ex(ctx, &sx);
+	CHECK(srq2 && sx.attr.max_wr >= 4, "create_srq_ex: %s", strerror(errno));
+
+	/* QPs of every type on the SRQ: no receive queue of their own. */
+	enum ibv_qp_type types[] = {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD};
+	struct ibv_qp *qps[3];
+	for (int i = 0; i < 3; i++) {
+		struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .srq = srq, .qp_type = types[i],
+					      .cap = {.max_send_wr = 4, .max_send_sge = 1, .max_recv_wr = 99, .max_recv_sge = 99}};
+		qps[i] = ibv_create_qp(pd, &ia);
+		MUST(qps[i], "QP type %d on an SRQ: %s", types[i], strerror(errno));
+		CHECK(qps[i]->srq == srq && ia.cap.max_recv_wr == 0 && ia.cap.max_recv_sge == 0, "QP on the SRQ: caps %u %u",
+		      ia.cap.max_recv_wr, ia.cap.max_recv_sge);
+		to_init(qps[i], types[i]);
+		struct ibv_recv_wr r = {.wr_id = 1};
+		CHECK(ibv_post_recv(qps[i], &r, &bad) == EINVAL && bad == &r, "post_recv on a QP of an SRQ");
+		struct ibv_qp_attr a;
+		struct ibv_qp_init_attr qi;
+		CHECK(ibv_query_qp(qps[i], &a, IBV_QP_CAP, &qi) == 0 && qi.srq == srq, "query_qp: SRQ %p", (void *)qi.srq);
+	}
+	CHECK(ibv_destroy_srq(srq) == EBUSY, "destroy an SRQ in use");
+
+	/* A QP on an SRQ that goes to ERR takes no more of its receives:
+	 * QP_LAST_WQE_REACHED, and none of the SRQ's receives is flushed. */
+	struct ibv_qp_attr e = {.qp_state = IBV_QPS_ERR};
+	modify(qps[0], &e, IBV_QP_STATE, 0);
+	expect_async(ctx, IBV_EVENT_QP_LAST_WQE_REACHED, qps[0]);
+	usleep(100000);
+	struct ibv_wc wc;
+	CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "a receive of the SRQ completed with its QP: id %llu",
+	      (unsigned long long)wc.wr_id);
+	for (int i = 0; i < 3; i++)
+		CHECK(ibv_destroy_qp(qps[i]) == 0, "destroy QP on the SRQ");
+	no_async(ctx);
+	CHECK(ibv_destroy_srq(srq) == 0, "destroy_srq");
+	if (srq2)
+		CHECK(ibv_destroy_srq(srq2) == 0, "destroy the extended SRQ");
+	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
+}
+
+/* A QP with n receives posted, in INIT on cq, whose move to ERR flushes
+ * them (n error completions). */
+static struct ibv_qp *qp_with_receives(struct ibv_pd *pd, struct ibv_cq *cq, int n)
+{
+	struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+				      .cap = {.max_send_wr = 1, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	MUST(qp, "create_qp: %s", strerror(errno));
+	to_init(qp, IBV_QPT_UD);
+	for (int i = 0; i < n; i++) {
+		struct ibv_recv_wr r = {.wr_id = (uint64_t)i}, *bad;
+		MUST(ibv_post_recv(qp, &r, &bad) == 0, "post_recv");
+	}
+	return qp;
+}
+
+static void to_err(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	modify(qp, &a, IBV_QP_STATE, 0);
+}
+
+/* Drains cq: how many completions it held (waiting up to secs for the
+ * first want). */
+static int drain(struct ibv_cq *cq, int want, double secs)
+{
+	struct ibv_wc wc[16];
+	int got = 0;
+	double end = now() + secs;
+	for (;;) {
+		int n = ibv_poll_cq(cq, 16, wc);
+		got += n > 0 ? n : 0;
+		if (n <= 0 && (got >= want || now() > end))
+			return got;
+		if (n <= 0)
+			usleep(100);
+	}
+}
+
+struct destroy_arg {
+	struct ibv_cq *cq;
+	int err;
+	volatile int done;
+};
+
+static void *destroy_cq_thread(void *p)
+{
+	struct destroy_arg *a = p;
+	a->err = ibv_destroy_cq(a->cq);
+	a->done = 1;
+	return NULL;
+}
+
+/* Completion channels as rdma-core has them: one-shot notification of the
+ * next completion (not of one already there), several CQs on
+ * one channel (its fd in poll and in an epoll set), EAGAIN without an event
+ * when non-blocking, solicited-only requests woken by completions in error,
+ * ibv_destroy_cq waiting for the acknowledgment of its events. */
+static void test_channels(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	MUST(ch, "comp channel");
+	int fl = fcntl(ch->fd, F_GETFL);
+	MUST(fcntl(ch->fd, F_SETFL, fl | O_NONBLOCK) == 0, "non-blocking channel");
+	struct ibv_cq *cq1 = ibv_create_cq(ctx, 16, (void *)1, ch, 0), *cq2 = ibv_create_cq(ctx, 16, (void *)2, ch, 0);
+	MUST(cq1 && cq2, "create_cq");
+	struct ibv_cq *ecq;
+	void *ectx;
+	errno = 0;
+	CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == -1 && errno == EAGAIN, "event before any: errno %d", errno);
+
+	/* Two CQs, both armed (one for solicited completions only: flushes
+	 * are errors, hence solicited), one channel: two events. */
+	struct ibv_qp *q1 = qp_with_receives(pd, cq1, 2), *q2 = qp_with_receives(pd, cq2, 2);
+	CHECK(ibv_req_notify_cq(cq1, 0) == 0 && ibv_req_notify_cq(cq2, 1) == 0, "req_notify_cq");
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event ev = {.events = EPOLLIN};
+	MUST(ep >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, ch->fd, &ev) == 0, "channel fd in an epoll set");
+	to_err(q1);
+	to_err(q2);
+	CHECK(epoll_wait(ep, &ev, 1, 10000) == 1, "the channel's fd never became readable in epoll");
+	bool seen[3] = {false};
+	for (int i = 0; i < 2; i++) {
+		struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+		CHECK(poll(&pfd, 1, 10000) == 1, "channel fd not readable for event %d", i);
+		if (CHECK(ibv_get_cq_event(ch, &ecq, &ectx) == 0 && (ecq == cq1 || ecq == cq2) && ectx == ecq->cq_context,
+			  "get_cq_event %d: %s", i, strerror(errno)))
+			seen[(uintptr_t)ectx] = true;
+	}
+	CHECK(seen[1] && seen[2], "events of both CQs");
+	ibv_ack_cq_events(cq1, 1);
+	ibv_ack_cq_events(cq2, 1);
+	CHECK(drain(cq1, 2, 10) == 2 && drain(cq2, 2, 10) == 2, "flushed receives");
+
+	/* One shot: completions after the event, not re-armed, raise none. */
+	struct ibv_qp *q3 = qp_with_receives(pd, cq1, 1);
+	to_err(q3);
+	CHECK(drain(cq1, 1, 10) == 1, "flush of q3");
+	struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+	CHECK(poll(&pfd, 1, 200) == 0, "an event without a request");
+
+	/* A request notifies the next completion, as rxe's does: one already
+	 * in the CQ (not yet polled) raises none, one added after does. */
+	struct ibv_qp *q4 = qp_with_receives(pd, cq1, 1), *q5 = qp_with_receives(pd, cq1, 1);
+	to_err(q4);
+	usleep(200000); /* the flush reaches the ring */
+	CHECK(ibv_req_notify_cq(cq1, 0) == 0, "req_notify_cq");
+	CHECK(poll(&pfd, 1, 200) == 0, "an event for a completion already in the CQ");
+	to_err(q5);
+	CHECK(poll(&pfd, 1, 10000) == 1 && ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq1,
+	      "no event for a completion after the request");
+
+	/* ibv_destroy_cq waits until the event handed out is acknowledged. */
+	CHECK(ibv_destroy_qp(q1) == 0 && ibv_destroy_qp(q3) == 0 && ibv_destroy_qp(q4) == 0 && ibv_destroy_qp(q5) == 0,
+	      "destroy QPs");
+	CHECK(drain(cq1, 2, 10) == 2, "flushes of q4 and q5");
+	struct destroy_arg da = {.cq = cq1};
+	pthread_t th;
+	MUST(pthread_create(&th, NULL, destroy_cq_thread, &da) == 0, "thread");
+	usleep(200000);
+	CHECK(!da.done, "destroy_cq returned with an event unacknowledged");
+	ibv_ack_cq_events(cq1, 1);
+	pthread_join(th, NULL);
+	CHECK(da.done && da.err == 0, "destroy_cq after the acknowledgment: %d", da.err);
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "channel with a CQ");
+	CHECK(ibv_destroy_qp(q2) == 0 && ibv_destroy_cq(cq2) == 0, "destroy");
+	CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy channel");
+	close(ep);
+}
+
+/* A CQ overrun: more completions than a CQ holds, nobody polling. The CQ
+ * reports IBV_EVENT_CQ_ERR, and ibv_destroy_cq waits for its
+ * acknowledgment. */
+static void test_cq_overrun(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 1, NULL, NULL, 0);
+	MUST(cq, "create_cq");
+	struct ibv_qp *qp = qp_with_receives(pd, cq, 8);
+	to_err(qp);
+	expect_async(ctx, IBV_EVENT_CQ_ERR, cq);
+	CHECK(ibv_destroy_qp(qp) == 0 && ibv_destroy_cq(cq) == 0, "destroy after the overrun");
+}
+
 static int control(void)
 {
 	struct ibv_context *ctx = open_first();
@@ -378,6 +692,10 @@ static int control(void)
 	test_objects(ctx, pd);
 	test_flush(ctx, pd);
 	test_cq_ex(ctx, pd);
+	test_srq(ctx, pd);
+	test_channels(ctx, pd);
+	test_cq_overrun(ctx, pd);
+	no_async(ctx);
 	CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
 	/* The daemon answers no more: nothing is left of the session. */
 	CHECK(ibv_close_device(ctx) == 0, "close_device");
@@ -415,7 +733,7 @@ static int fatal(void)
 /* ---- traffic between two processes ---- */
 
 struct endpoint {
-	uint32_t qpn[2]; /* RC, UC */
+	uint32_t qpn[3]; /* traffic: RC, UC; srq: see srq_traffic */
 	uint8_t gid[16];
 };
 
@@ -570,6 +888,8 @@ static int traffic(const char *host, const char *port)
 		sync_peer(fd);
 		CHECK(poll_one(cq, &wc, 20) == 1 && wc.wr_id == 99 && wc.status == IBV_WC_LOC_LEN_ERR,
 		      "receive too small: id %llu status %s", (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+		/* The responder refused an invalid request: its QP is in ERR. */
+		expect_async(ctx, IBV_EVENT_QP_REQ_ERR, qp[0]);
 	} else {
 		sync_peer(fd);
 		char msg[32] = "does not fit";
@@ -581,6 +901,7 @@ static int traffic(const char *host, const char *port)
 		CHECK(poll_one(cq, &wc, 30) == 1 && wc.wr_id == 77 && wc.status == IBV_WC_REM_INV_REQ_ERR,
 		      "send too large for the receive: id %llu status %s", (unsigned long long)wc.wr_id,
 		      ibv_wc_status_str(wc.status));
+		expect_async(ctx, IBV_EVENT_QP_FATAL, qp[0]);
 
 		/* A wrong lkey: a local protection error, the UC QP in the send
 		 * queue error state (IBA: UC and UD send errors go to SQE, not
@@ -602,10 +923,194 @@ static int traffic(const char *host, const char *port)
 	}
 	sync_peer(fd);
 	close(fd);
+	no_async(ctx); /* a UC send error (SQE) raises none */
 	for (int i = 0; i < 2; i++)
 		CHECK(ibv_destroy_qp(qp[i]) == 0, "destroy_qp");
 	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
 	CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "close_device");
+	finish();
+	return 0;
+}
+
+/* ---- SRQs, COMM_EST, solicited events and an access error between two
+ * processes ---- */
+
+enum { SRQ_RC, SRQ_UC, ACC_RC, NQP };
+
+/* The server: an RC and a UC QP on one SRQ (the RC one left in RTR, so
+ * that its first packet is COMM_EST), an RC QP of its own for the access
+ * error, and one CQ on a completion channel, armed for solicited
+ * completions only. The client sends. */
+static int srq_traffic(const char *host, const char *port)
+{
+	bool server = host == NULL;
+	struct ibv_context *ctx = open_first();
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	MUST(pd, "alloc_pd");
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	MUST(ch, "comp channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, (void *)0xc0, ch, 0);
+	MUST(cq, "create_cq");
+	struct ibv_srq *srq = NULL;
+	if (server) {
+		struct ibv_srq_init_attr sa = {.attr = {.max_wr = 16, .max_sge = 1}};
+		srq = ibv_create_srq(pd, &sa);
+		MUST(srq && sa.attr.max_wr == 16, "create_srq: %s", strerror(errno));
+	}
+	enum ibv_qp_type types[NQP] = {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_RC};
+	struct ibv_qp *qp[NQP];
+	struct endpoint me = {0}, peer;
+	for (int i = 0; i < NQP; i++) {
+		struct ibv_qp_init_attr a = {.send_cq = cq, .recv_cq = cq, .qp_type = types[i], .srq = i == ACC_RC ? NULL : srq,
+					     .cap = {.max_send_wr = 32, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1,
+						     .max_inline_data = 64}};
+		qp[i] = ibv_create_qp(pd, &a);
+		MUST(qp[i], "create_qp: %s", strerror(errno));
+		me.qpn[i] = qp[i]->qp_num;
+	}
+	union ibv_gid g;
+	MUST(ibv_query_gid(ctx, 1, 0, &g) == 0, "query_gid");
+	memcpy(me.gid, g.raw, 16);
+	int fd = tcp_exchange(host, port, &me, &peer);
+	MUST(fd >= 0, "out-of-band exchange with the peer");
+	for (int i = 0; i < NQP; i++) {
+		if (server && i == SRQ_RC) {
+			/* Left in RTR: receiving, not sending. */
+			to_init(qp[i], types[i]);
+			struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = peer.qpn[i],
+						.max_dest_rd_atomic = 1, .min_rnr_timer = 12,
+						.ah_attr = {.is_global = 1, .port_num = 1, .grh = {.hop_limit = 64}}};
+			memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
+			modify(qp[i], &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						  IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER, 0);
+		} else {
+			connect_qp(qp[i], types[i], peer.qpn[i], peer.gid);
+		}
+	}
+	struct ibv_wc wc;
+	struct ibv_recv_wr *bad_r;
+	struct ibv_send_wr *bad_s;
+	if (server) {
+		for (int k = 0; k < 16; k++) {
+			struct ibv_recv_wr r = {.wr_id = 1000 + k};
+			MUST(ibv_post_srq_recv(srq, &r, &bad_r) == 0, "post_srq_recv %d", k);
+		}
+		struct ibv_srq_attr la = {.srq_limit = 4};
+		CHECK(ibv_modify_srq(srq, &la, IBV_SRQ_LIMIT) == 0, "arm the SRQ limit");
+		CHECK(ibv_req_notify_cq(cq, 1) == 0, "req_notify_cq, solicited only");
+	}
+	sync_peer(fd); /* receives posted, CQ armed */
+
+	/* Three SENDs without SE on the RC QP (the client waits for their
+	 * ACKs): no completion event for them; the RC QP in RTR reports
+	 * COMM_EST. */
+	if (!server) {
+		for (int k = 0; k < 3; k++) {
+			struct ibv_send_wr w = {.wr_id = k, .opcode = IBV_WR_SEND_WITH_IMM, .send_flags = IBV_SEND_SIGNALED,
+						.imm_data = htobe32(k)};
+			CHECK(ibv_post_send(qp[SRQ_RC], &w, &bad_s) == 0, "post_send %d", k);
+			CHECK(poll_one(cq, &wc, 20) == 1 && wc.status == IBV_WC_SUCCESS, "send %d: %s", k,
+			      ibv_wc_status_str(wc.status));
+		}
+	}
+	sync_peer(fd);
+	struct pollfd pfd = {.fd = ch->fd, .events = POLLIN};
+	if (server) {
+		expect_async(ctx, IBV_EVENT_COMM_EST, qp[SRQ_RC]);
+		usleep(200000);
+		CHECK(poll(&pfd, 1, 0) == 0, "a completion event for completions without SE");
+		for (int k = 0; k < 3; k++)
+			CHECK(poll_one(cq, &wc, 20) == 1 && wc.status == IBV_WC_SUCCESS && wc.qp_num == qp[SRQ_RC]->qp_num &&
+				      wc.wr_id >= 1000 && be32toh(wc.imm_data) == (uint32_t)k,
+			      "receive %d on the SRQ: id %llu status %s", k, (unsigned long long)wc.wr_id,
+			      ibv_wc_status_str(wc.status));
+	}
+	sync_peer(fd);
+
+	/* One SEND with SE on the UC QP: the event. */
+	if (!server) {
+		struct ibv_send_wr w = {.wr_id = 9, .opcode = IBV_WR_SEND_WITH_IMM,
+					.send_flags = IBV_SEND_SIGNALED | IBV_SEND_SOLICITED, .imm_data = htobe32(9)};
+		CHECK(ibv_post_send(qp[SRQ_UC], &w, &bad_s) == 0, "solicited post_send");
+		CHECK(poll_one(cq, &wc, 20) == 1 && wc.status == IBV_WC_SUCCESS, "solicited send");
+	} else {
+		struct ibv_cq *ecq = NULL;
+		void *ectx = NULL;
+		CHECK(poll(&pfd, 1, 10000) == 1 && ibv_get_cq_event(ch, &ecq, &ectx) == 0 && ecq == cq && ectx == (void *)0xc0,
+		      "no completion event for a solicited SEND");
+		ibv_ack_cq_events(cq, 1);
+		CHECK(poll_one(cq, &wc, 20) == 1 && wc.status == IBV_WC_SUCCESS && wc.qp_num == qp[SRQ_UC]->qp_num &&
+			      be32toh(wc.imm_data) == 9,
+		      "solicited receive: qp %u status %s", wc.qp_num, ibv_wc_status_str(wc.status));
+	}
+	sync_peer(fd);
+
+	/* Nine more SENDs: the SRQ holds 3 of 16, fewer than its limit of 4. */
+	if (!server) {
+		for (int k = 0; k < 9; k++) {
+			struct ibv_send_wr w = {.wr_id = 10 + k, .opcode = IBV_WR_SEND_WITH_IMM, .send_flags = IBV_SEND_SIGNALED};
+			CHECK(ibv_post_send(qp[SRQ_RC], &w, &bad_s) == 0, "post_send");
+			CHECK(poll_one(cq, &wc, 20) == 1 && wc.status == IBV_WC_SUCCESS, "send: %s", ibv_wc_status_str(wc.status));
+		}
+	} else {
+		expect_async(ctx, IBV_EVENT_SRQ_LIMIT_REACHED, srq);
+		struct ibv_srq_attr qa;
+		CHECK(ibv_query_srq(srq, &qa) == 0 && qa.srq_limit == 0, "limit %u after the event", qa.srq_limit);
+		for (int k = 0; k < 9; k++)
+			CHECK(poll_one(cq, &wc, 20) == 1 && wc.status == IBV_WC_SUCCESS, "receive %d", k);
+	}
+	sync_peer(fd);
+
+	/* An inline WRITE with a wrong rkey: the responder refuses it
+	 * (QP_ACCESS_ERR), the requester fails (REM_ACCESS_ERR, QP_FATAL). */
+	if (!server) {
+		char data[8] = "rkey?";
+		struct ibv_sge sg = {.addr = (uintptr_t)data, .length = sizeof(data)};
+		struct ibv_send_wr w = {.wr_id = 50, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+					.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE,
+					.wr.rdma = {.remote_addr = 0x10000, .rkey = 0xdead}};
+		CHECK(ibv_post_send(qp[ACC_RC], &w, &bad_s) == 0, "inline WRITE");
+		CHECK(poll_one(cq, &wc, 30) == 1 && wc.wr_id == 50 && wc.status == IBV_WC_REM_ACCESS_ERR,
+		      "WRITE with a wrong rkey: id %llu status %s", (unsigned long long)wc.wr_id, ibv_wc_status_str(wc.status));
+		expect_async(ctx, IBV_EVENT_QP_FATAL, qp[ACC_RC]);
+		/* An idle RC QP moved to SQD with notification: SQ_DRAINED. */
+		struct ibv_qp_attr a = {.qp_state = IBV_QPS_SQD, .en_sqd_async_notify = 1};
+		modify(qp[SRQ_RC], &a, IBV_QP_STATE | IBV_QP_EN_SQD_ASYNC_NOTIFY, 0);
+		expect_async(ctx, IBV_EVENT_SQ_DRAINED, qp[SRQ_RC]);
+	} else {
+		expect_async(ctx, IBV_EVENT_QP_ACCESS_ERR, qp[ACC_RC]);
+	}
+	sync_peer(fd);
+	close(fd);
+	no_async(ctx);
+	for (int i = 0; i < NQP; i++)
+		CHECK(ibv_destroy_qp(qp[i]) == 0, "destroy_qp");
+	if (srq)
+		CHECK(ibv_destroy_srq(srq) == 0, "destroy_srq");
+	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
+	CHECK(ibv_destroy_comp_channel(ch) == 0, "destroy channel");
+	CHECK(ibv_dealloc_pd(pd) == 0, "dealloc_pd");
+	CHECK(ibv_close_device(ctx) == 0, "close_device");
+	finish();
+	return 0;
+}
+
+/* Run while the test takes the link down after "ready" and up again after
+ * "down". */
+static int port_events(void)
+{
+	struct ibv_context *ctx = open_first();
+	struct ibv_port_attr pa;
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE, "port state %d", pa.state);
+	no_async(ctx);
+	printf("ready\n");
+	expect_async(ctx, IBV_EVENT_PORT_ERR, NULL);
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_DOWN, "port state %d after PORT_ERR", pa.state);
+	printf("down\n");
+	expect_async(ctx, IBV_EVENT_PORT_ACTIVE, NULL);
+	CHECK(ibv_query_port(ctx, 1, &pa) == 0 && pa.state == IBV_PORT_ACTIVE, "port state %d after PORT_ACTIVE",
+	      pa.state);
 	CHECK(ibv_close_device(ctx) == 0, "close_device");
 	finish();
 	return 0;
@@ -621,10 +1126,17 @@ int main(int argc, char **argv)
 	}
 	if (argc == 2 && !strcmp(argv[1], "fatal"))
 		return fatal();
+	if (argc == 2 && !strcmp(argv[1], "port"))
+		return port_events();
+	if (argc == 3 && !strcmp(argv[1], "srq-server"))
+		return srq_traffic(NULL, argv[2]);
+	if (argc == 4 && !strcmp(argv[1], "srq-client"))
+		return srq_traffic(argv[2], argv[3]);
 	if (argc == 3 && !strcmp(argv[1], "server"))
 		return traffic(NULL, argv[2]);
 	if (argc == 4 && !strcmp(argv[1], "client"))
 		return traffic(argv[2], argv[3]);
-	fprintf(stderr, "usage: srn_test control | fatal | server PORT | client ADDR PORT\n");
+	fprintf(stderr, "usage: srn_test control | fatal | port | server PORT | client ADDR PORT | srq-server PORT | "
+			"srq-client ADDR PORT\n");
 	return 2;
 }

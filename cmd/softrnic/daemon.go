@@ -79,8 +79,9 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	var tap capture.Tap // softrnic capture (root clients) starts sessions on it
 	var cp *daemon.CountingPort
 	h, err := host.Open(host.Config{Interface: cfg.Interface, GIDs: cfg.GIDs, MTU: cfg.MTU, Port: host.PortKind(cfg.Port),
-		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc,
-		Engine: engine.Options{Tap: &tap}, Log: log,
+		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc, Recovery: cfg.Recovery,
+		CountersFile: os.Getenv(host.CountersEnv),
+		Engine:       engine.Options{Tap: &tap}, Log: log,
 		CM: cm.Config{CMResponseTimeout: cfg.CMResponseTimeout, MaxCMRetries: cfg.CMMaxRetries},
 		// The engine gets the counting wrapper: byte counts, and AF_XDP
 		// statistics read on the loop's own goroutine (softrnic stats,
@@ -128,6 +129,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 		return err
 	}
 	counters.CM = srv.CMCounters
+	counters.Server = srv // before any client can ask for counters
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()
 		if err != nil {

@@ -188,7 +188,7 @@ func withCMAgent(h cmHost, f func(*rdmacm.Agent) error) error {
 	if err != nil {
 		return err
 	}
-	hst, err := host.Open(host.Config{Interface: name, Port: h.kind, Congestion: cc})
+	hst, err := host.Open(host.Config{Interface: name, Port: h.kind, Congestion: cc, CountersFile: os.Getenv(host.CountersEnv)})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -364,7 +365,9 @@ print('pyverbs ok', ctx.query_device().phys_port_cnt, len(gids), qp.qp_num > 1)
 
 // The project's C test program, under AddressSanitizer, against daemons
 // on a veth: every control verb and error path, then RC and UC traffic
-// between two processes on two daemons through both post-send APIs.
+// between two processes on two daemons through both post-send APIs, SRQs,
+// solicited completion events and asynchronous events (port events with
+// the link taken down and up, DEVICE_FATAL with the daemon stopped).
 func TestCProgram(t *testing.T) {
 	netnstest.SkipUnlessRoot(t)
 	dir := buildCLib(t)
@@ -386,21 +389,38 @@ func TestCProgram(t *testing.T) {
 		}
 		t.Logf("%s", bytes.TrimSpace(out))
 	})
-	t.Run("traffic", func(t *testing.T) {
-		ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	for _, m := range []struct{ name, server, client, port string }{
+		{"traffic", "server", "client", "18515"},
+		{"srq", "srq-server", "srq-client", "18516"},
+	} {
+		t.Run(m.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+			defer cancel()
+			var sout bytes.Buffer
+			srv := prog(ctx, pair.B.NS, sockB, m.server, m.port)
+			srv.Stdout, srv.Stderr = &sout, &sout
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			cout, cerr := prog(ctx, pair.A.NS, sockA, m.client, pair.B.Addr.String(), m.port).CombinedOutput()
+			serr := srv.Wait()
+			if cerr != nil || serr != nil || !bytes.Contains(cout, []byte(" passed, 0 failed")) || !bytes.Contains(sout.Bytes(), []byte(" passed, 0 failed")) {
+				t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cout, serr, sout.String())
+			}
+			t.Logf("client: %s; server: %s", lastLine(cout), lastLine(sout.Bytes()))
+		})
+	}
+	// The link of A's veth goes down with its peer's, and comes back.
+	t.Run("port-events", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 		defer cancel()
-		var sout bytes.Buffer
-		srv := prog(ctx, pair.B.NS, sockB, "server", "18515")
-		srv.Stdout, srv.Stderr = &sout, &sout
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
+		link := func(state string) {
+			if out, err := exec.Command("ip", "-n", pair.B.NS.Name, "link", "set", pair.B.Name, state).CombinedOutput(); err != nil {
+				t.Fatalf("ip link set %s %s: %v %s", pair.B.Name, state, err, out)
+			}
 		}
-		cout, cerr := prog(ctx, pair.A.NS, sockA, "client", pair.B.Addr.String(), "18515").CombinedOutput()
-		serr := srv.Wait()
-		if cerr != nil || serr != nil || !bytes.Contains(cout, []byte(" passed, 0 failed")) || !bytes.Contains(sout.Bytes(), []byte(" passed, 0 failed")) {
-			t.Fatalf("client: %v\n%s\nserver: %v\n%s", cerr, cout, serr, sout.String())
-		}
-		t.Logf("client: %s; server: %s", lastLine(cout), lastLine(sout.Bytes()))
+		t.Cleanup(func() { link("up") })
+		runSteps(t, prog(ctx, pair.A.NS, sockA, "port"), map[string]func(){"ready": func() { link("down") }, "down": func() { link("up") }})
 	})
 	// Last: it stops daemon A.
 	t.Run("device-fatal", func(t *testing.T) {
@@ -408,6 +428,35 @@ func TestCProgram(t *testing.T) {
 		defer cancel()
 		runAcrossStop(t, prog(ctx, pair.A.NS, sockA, "fatal"), stopA)
 	})
+}
+
+// runSteps runs a C test program that prints lines naming the steps it
+// waits for, runs each step's function when its line comes, and expects the
+// program to pass.
+func runSteps(t *testing.T, cmd *exec.Cmd, steps map[string]func()) {
+	t.Helper()
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var rest bytes.Buffer
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if f, ok := steps[sc.Text()]; ok {
+			f()
+			continue
+		}
+		rest.WriteString(sc.Text() + "\n")
+	}
+	if err := cmd.Wait(); err != nil || !bytes.Contains(rest.Bytes(), []byte(" passed, 0 failed")) {
+		t.Fatalf("%v\n%s%s", err, rest.String(), stderr.String())
+	}
+	t.Logf("%s", bytes.TrimSpace(rest.Bytes()))
 }
 
 // runAcrossStop runs a C test program that prints "ready" once it waits
@@ -440,4 +489,68 @@ func runAcrossStop(t *testing.T, cmd *exec.Cmd, stop func()) {
 func lastLine(b []byte) string {
 	l := bytes.Split(bytes.TrimSpace(b), []byte("\n"))
 	return string(l[len(l)-1])
+}
+
+// Stock ibv_asyncwatch through softrnic run prints the port's events as
+// the link of the daemon's interface goes down and up, and
+// DEVICE_FATAL when the daemon stops, after which it exits.
+func TestStockAsyncwatch(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	dir := buildCLib(t)
+	bin := buildSoftrnic(t)
+	if _, err := exec.LookPath("ibv_asyncwatch"); err != nil {
+		t.Skip("ibv_asyncwatch is not installed (make deps)")
+	}
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{})
+	sock, stop := startDaemon(t, bin, pair.A)
+	link := func(state string) {
+		if out, err := exec.Command("ip", "-n", pair.B.NS.Name, "link", "set", pair.B.Name, state).CombinedOutput(); err != nil {
+			t.Fatalf("ip link set %s %s: %v %s", pair.B.Name, state, err, out)
+		}
+	}
+	t.Cleanup(func() { link("up") })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "run", "--lib", filepath.Join(dir, "lib"),
+		"--control", sock, "--", "ibv_asyncwatch", "-d", "softrnic_"+pair.A.Name)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		line string
+		then func()
+	}{
+		{`async event FD \d+`, func() { link("down") }},
+		{`event_type IBV_EVENT_PORT_ERR \(10\), port 1`, func() { link("up") }},
+		{`event_type IBV_EVENT_PORT_ACTIVE \(9\), port 1`, stop},
+		{`event_type IBV_EVENT_DEVICE_FATAL \(8\)`, func() {}},
+	}
+	sc := bufio.NewScanner(out)
+	var seen []string
+	for _, s := range steps {
+		re := regexp.MustCompile(s.line)
+		found := false
+		for !found && sc.Scan() {
+			seen = append(seen, sc.Text())
+			found = re.MatchString(sc.Text())
+		}
+		if !found {
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("no line %q:\n%s\n%s", s.line, strings.Join(seen, "\n"), stderr.String())
+		}
+		s.then()
+	}
+	// After DEVICE_FATAL, ibv_get_async_event fails and asyncwatch exits 1.
+	var ee *exec.ExitError
+	if err := cmd.Wait(); !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Fatalf("ibv_asyncwatch after DEVICE_FATAL: %v\n%s", err, stderr.String())
+	}
+	t.Logf("%s", strings.Join(seen, "; "))
 }

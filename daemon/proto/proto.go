@@ -55,11 +55,20 @@ const (
 	OpCreateAH  // CreateAHReq → HandleMsg (the AH UD send slots name)
 	OpDestroyAH // HandleMsg (AH)
 	_
+	// Shared receive queues and asynchronous events (srq.go, async.go).
+	OpCreateSRQ   // CreateSRQReq → CreateSRQResp; reply fd: the SRQ ring memfd
+	OpModifySRQ   // ModifySRQReq
+	OpQuerySRQ    // HandleMsg (SRQ) → ib.SRQAttr
+	OpDestroySRQ  // HandleMsg (SRQ)
+	OpAsyncEvents // → nothing; reply fd: the client's end of its event socket (once per connection)
+	OpQueryDevice // → DeviceInfo as it is now (the port's state follows the link)
+	OpAsyncEvent  // never a request: the header of each message on the event socket
 	opMax
 )
 
 var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS",
-	"OP_15", "OP_16", "OP_17", "OP_18", "OP_19", "OP_20", "OP_21", "CREATE_AH", "DESTROY_AH", "OP_24"}
+	"OP_15", "OP_16", "OP_17", "OP_18", "OP_19", "OP_20", "OP_21", "CREATE_AH", "DESTROY_AH", "OP_24",
+	"CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "DESTROY_SRQ", "ASYNC_EVENTS", "QUERY_DEVICE", "ASYNC_EVENT"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -80,7 +89,7 @@ type Header struct {
 // HeaderSize is the encoded size of Header.
 const HeaderSize = 16
 
-// Handle names a PD, MR, CQ, QP or AH within one client connection. Handles are
+// Handle names a PD, MR, CQ, QP, SRQ or AH within one client connection. Handles are
 // per connection: the same number on another connection is another object
 // (or none), so a client can never name another client's resources.
 type Handle uint32
@@ -143,13 +152,19 @@ type CreateCQResp struct {
 
 // CreateQPReq is the body of OpCreateQP.
 type CreateQPReq struct {
-	PD     Handle
-	SendCQ Handle
-	RecvCQ Handle
-	Type   ib.QPType
-	SigAll uint8 // every send WR generates a completion
-	_      [2]byte
-	Caps   ib.QPCaps
+	PD       Handle
+	SendCQ   Handle
+	RecvCQ   Handle
+	Type     ib.QPType
+	SigAll   uint8       // every send WR generates a completion
+	Recovery ib.Recovery // an RC QP's loss recovery; 0: the daemon's
+	_        [1]byte
+	Caps     ib.QPCaps
+	// SRQ, if not 0, is the SRQ (of the same PD) the QP takes its
+	// receives from: Caps' receive fields are then ignored, and the RQ
+	// ring the reply brings has one slot, never read.
+	SRQ Handle
+	_   uint32
 }
 
 // CreateQPResp is the reply to OpCreateQP; with it come the SQ and RQ ring

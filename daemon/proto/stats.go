@@ -68,6 +68,15 @@ const (
 	CtrCCDecreases                    // congestion control: rate or window decreases
 	CtrCCLossEvents                   // congestion control: retransmission events reported as loss
 	CtrCCWindowFull                   // congestion control: sends the window held back
+	CtrRoCEAdpRetrans                 // RC requester: adaptive retransmission events (probes, fast retransmissions, RTOs)
+	CtrRoCEAdpRetransTO               // RC requester: adaptive retransmission timeouts
+	CtrRxSACKs                        // RC requester: selective acknowledgements received
+	CtrTxSACKs                        // RC responder: selective acknowledgements sent
+	CtrSelRetrans                     // RC requester: packets resent selectively (holes, READ ranges)
+	CtrSRHeld                         // RC: packets held out of order for selective repeat
+	CtrSRDropped                      // RC: out-of-order packets not held (reorder pool empty)
+	CtrRetransPackets                 // RC requester: request packets sent more than once
+	CtrAsyncEventsLost                // asynchronous events dropped, a bounded queue full
 	NumDeviceCounters
 )
 
@@ -128,6 +137,15 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrCCDecreases:             {"cc_decreases", "events after which a QP's congestion-control rate or window was lower"},
 	CtrCCLossEvents:            {"cc_loss_events", "retransmission events reported to a QP's congestion controller as loss"},
 	CtrCCWindowFull:            {"cc_window_full", "times a QP's congestion window held a send back"},
+	CtrRoCEAdpRetrans:          {"roce_adp_retrans", "RC adaptive retransmissions: tail-loss probes, fast retransmissions, RTO expiries"},
+	CtrRoCEAdpRetransTO:        {"roce_adp_retrans_to", "RC adaptive retransmission timeouts (RTO expiries)"},
+	CtrRxSACKs:                 {"rx_sacks", "RC selective acknowledgements received (selective repeat)"},
+	CtrTxSACKs:                 {"tx_sacks", "RC selective acknowledgements sent (selective repeat)"},
+	CtrSelRetrans:              {"sel_retrans", "RC packets retransmitted selectively: holes and READ ranges asked again"},
+	CtrSRHeld:                  {"sr_held", "RC packets held out of order in the reorder pool (selective repeat)"},
+	CtrSRDropped:               {"sr_dropped", "RC out-of-order packets dropped: the reorder pool was empty"},
+	CtrRetransPackets:          {"retrans_packets", "RC request packets sent more than once (at most what peers count as duplicate_request)"},
+	CtrAsyncEventsLost:         {"async_events_lost", "asynchronous events dropped because a consumer's bounded queue was full"},
 }
 
 // rdma_cm counters: the index of each in StatsResp.CM. The daemon's CM
@@ -213,6 +231,16 @@ const (
 	QCtrCCSRTTNs                       // gauge: RC, UC with congestion control
 	QCtrCCCwndMilli                    // gauge: RC, UC with Swift
 	QCtrCCTargetNs                     // gauge: RC, UC with Swift
+	QCtrRoCEAdpRetrans                 // RC
+	QCtrRoCEAdpRetransTO               // RC
+	QCtrTLPProbes                      // RC
+	QCtrFastRetrans                    // RC
+	QCtrRxSACKs                        // RC
+	QCtrTxSACKs                        // RC
+	QCtrSelRetrans                     // RC
+	QCtrSRHeld                         // RC
+	QCtrSRDropped                      // RC
+	QCtrRetransPackets                 // RC
 	NumQPCounters
 )
 
@@ -254,15 +282,25 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrDCQCNCNPIgnored: {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
 	QCtrDCQCNRateCuts:   {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
 	// Every algorithm's, and the QP's congestion-control figures now.
-	QCtrCCRTTSamples:  {"cc_rtt_samples", "RTT samples (Karn's rule) handed to this QP's congestion controller"},
-	QCtrCCDecreases:   {"cc_decreases", "events after which this QP's rate or window was lower"},
-	QCtrCCLossEvents:  {"cc_loss_events", "retransmission events reported to this QP's controller as loss"},
-	QCtrCCWindowFull:  {"cc_window_full", "times this QP's congestion window held a send back"},
-	QCtrCCRateKbps:    {"cc_rate_kbps", "this QP's congestion-control rate, kb/s"},
-	QCtrCCWindowBytes: {"cc_window_bytes", "this QP's congestion window, bytes"},
-	QCtrCCSRTTNs:      {"cc_srtt_ns", "this QP's smoothed RTT, ns"},
-	QCtrCCCwndMilli:   {"cc_cwnd_milli", "this QP's Swift window, thousandths of a packet"},
-	QCtrCCTargetNs:    {"cc_target_ns", "this QP's Swift fabric target delay, ns"},
+	QCtrCCRTTSamples:     {"cc_rtt_samples", "RTT samples (Karn's rule) handed to this QP's congestion controller"},
+	QCtrCCDecreases:      {"cc_decreases", "events after which this QP's rate or window was lower"},
+	QCtrCCLossEvents:     {"cc_loss_events", "retransmission events reported to this QP's controller as loss"},
+	QCtrCCWindowFull:     {"cc_window_full", "times this QP's congestion window held a send back"},
+	QCtrCCRateKbps:       {"cc_rate_kbps", "this QP's congestion-control rate, kb/s"},
+	QCtrCCWindowBytes:    {"cc_window_bytes", "this QP's congestion window, bytes"},
+	QCtrCCSRTTNs:         {"cc_srtt_ns", "this QP's smoothed RTT, ns"},
+	QCtrCCCwndMilli:      {"cc_cwnd_milli", "this QP's Swift window, thousandths of a packet"},
+	QCtrCCTargetNs:       {"cc_target_ns", "this QP's Swift fabric target delay, ns"},
+	QCtrRoCEAdpRetrans:   DeviceCounters[CtrRoCEAdpRetrans],
+	QCtrRoCEAdpRetransTO: DeviceCounters[CtrRoCEAdpRetransTO],
+	QCtrTLPProbes:        {"tlp_probes", "RC tail-loss probes sent"},
+	QCtrFastRetrans:      {"fast_retrans", "RC go-back-N restarts a probe's answer called for"},
+	QCtrRxSACKs:          DeviceCounters[CtrRxSACKs],
+	QCtrTxSACKs:          DeviceCounters[CtrTxSACKs],
+	QCtrSelRetrans:       DeviceCounters[CtrSelRetrans],
+	QCtrSRHeld:           DeviceCounters[CtrSRHeld],
+	QCtrSRDropped:        DeviceCounters[CtrSRDropped],
+	QCtrRetransPackets:   DeviceCounters[CtrRetransPackets],
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not
@@ -270,8 +308,6 @@ var QPCounters = [NumQPCounters]CounterDef{
 // would mean nothing.
 var NotCounted = []CounterDef{
 	{"rx_dct_connect", "softrnic has no DC (dynamically connected) transport"},
-	{"roce_adp_retrans", "ConnectX adaptive retransmission is not implemented: retransmission follows the IBA local ACK timeout"},
-	{"roce_adp_retrans_to", "ConnectX adaptive retransmission is not implemented"},
 	{"roce_slow_restart", "ConnectX slow restart is not implemented"},
 	{"roce_slow_restart_cnps", "ConnectX slow restart is not implemented"},
 	{"roce_slow_restart_trans", "ConnectX slow restart is not implemented"},
@@ -282,7 +318,7 @@ var NotCounted = []CounterDef{
 // The device counters valid for this port (StatsResp.Valid): the XDP and
 // AF_XDP ones only with an AF_XDP port.
 const (
-	ValidAll = uint64(1)<<NumDeviceCounters - 1
+	ValidAll = ^uint64(0) >> (64 - NumDeviceCounters)
 	ValidXDP = uint64(1)<<(CtrXskRxOversize+1) - uint64(1)<<CtrXDPSteered
 )
 
@@ -309,7 +345,7 @@ type QPStats struct {
 
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-const MaxStatsQPs = 10
+const MaxStatsQPs = 7
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.

@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/softrnic/softrnic/ib"
 )
 
 // Params are the command-line parameters of one perftest-style run.
@@ -48,6 +50,11 @@ type Params struct {
 	// RDMACM is -R/--rdma_cm: perftest's control channel and the test's
 	// QPs connected through rdma_cm (the IB CM on QP1) instead of TCP.
 	RDMACM bool
+	// Recovery is --recovery: the loss recovery of the test's RC QPs
+	// (selective, adaptive or timeout; default: the device's, selective
+	// repeat with adaptive retransmission unless the daemon says
+	// otherwise).
+	Recovery ib.Recovery
 }
 
 // Perftest's defaults (perftest_parameters.h).
@@ -82,7 +89,7 @@ var options = []option{
 	{0, "report_gbits", false}, {0, "json", false}, {0, "verify", false},
 	{0, "tclass", true}, {0, "hop_limit", true}, {'u', "qp-timeout", true}, {'h', "help", false},
 	{0, "dcqcn", true}, {0, "dcqcn-scale", true}, {0, "cc", true}, {0, "cc-scale", true}, {0, "clients", true},
-	{'R', "rdma_cm", false},
+	{'R', "rdma_cm", false}, {0, "recovery", true},
 }
 
 // ErrHelp is returned by ParseArgs for -h/--help.
@@ -116,6 +123,10 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
       --dcqcn=PROFILE    DCQCN's profile: off, paper, connectx, hpcc-mlx; alone: --cc dcqcn:PROFILE
       --dcqcn-scale=S    the same as --cc-scale
       --clients=N        server: serve N clients at once on the one device (default 1)
+      --recovery=selective|adaptive|timeout   loss recovery of the RC QPs (default: the
+                         device's, selective): selective repeat with a softrnic peer and
+                         adaptive retransmission; adaptive retransmission alone (go-back-N);
+                         or the local ACK timeout alone, as rxe
   -R, --rdma_cm          connect through rdma_cm (IB CM on QP1), as perftest -R: control channel and test QPs
 `
 
@@ -295,6 +306,8 @@ func (p *Params) set(o *option, val string) error {
 		p.CCScale = f
 	case "rdma_cm":
 		p.RDMACM = true
+	case "recovery":
+		p.Recovery, err = ib.ParseRecovery(strings.ToLower(val))
 	case "clients":
 		n, err = num(1, 64)
 		p.Clients = int(n)

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/softrnic/softrnic/ib"
 )
 
 func TestParseArgs(t *testing.T) {
@@ -197,5 +199,29 @@ func TestComputeLat(t *testing.T) {
 	var back map[string]any
 	if err := json.Unmarshal(b.Bytes(), &back); err != nil || back["test_info"].(map[string]any)["Mtu"].(float64) != 1024 {
 		t.Errorf("json %s %v", b.String(), err)
+	}
+}
+
+// TestParseRecovery checks --recovery: the three modes in both getopt
+// spellings, the device's by default, anything else refused.
+func TestParseRecovery(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want ib.Recovery
+	}{
+		{nil, ib.RecoveryDefault},
+		{[]string{"--recovery", "selective"}, ib.RecoverySelective},
+		{[]string{"--recovery=adaptive"}, ib.RecoveryAdaptive},
+		{[]string{"--recovery", "Timeout"}, ib.RecoveryTimeout},
+	} {
+		p, err := ParseArgs(Write, BW, append([]string{"-d", "v0"}, c.args...))
+		if err != nil || p.Recovery != c.want {
+			t.Errorf("%v: %v %v, want %v", c.args, p.Recovery, err, c.want)
+		}
+	}
+	for _, bad := range [][]string{{"--recovery", "fast"}, {"--recovery"}, {"--recovery="}} {
+		if _, err := ParseArgs(Write, BW, bad); err == nil {
+			t.Errorf("%v accepted", bad)
+		}
 	}
 }

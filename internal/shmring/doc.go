@@ -10,7 +10,7 @@
 //	0    magic u64, version u32, slot size u32, slot count u32
 //	64   producer index u64   (written by the producer only)
 //	128  consumer index u64   (written by the consumer only)
-//	192  wakeup flag u32      (set by a consumer about to sleep)
+//	192  wakeup flag u32      (set by a consumer about to sleep: WakeAny, WakeSolicited)
 //	256  slots
 //
 // Indexes are free-running uint64 counters; slot i is at (i & (count-1)).
@@ -28,6 +28,10 @@
 // it with a swap so that one sleep costs one write. While the consumer is
 // busy polling, posting costs no syscall at all. Several rings may share one
 // Doorbell: a consumer serving many rings arms them all before sleeping.
+// A consumer may instead wait for a solicited entry only (WakeSolicited):
+// its producer then rings on a commit it marks solicited
+// (CommitSolicited), which is how a CQ armed with ibv_req_notify_cq's
+// solicited_only sleeps through unsolicited completions.
 //
 // Security: the peer may be hostile. Geometry is fixed by the mapping side's
 // own arguments and checked against the header once; afterwards the header's

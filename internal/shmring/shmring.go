@@ -195,6 +195,18 @@ func (r *Ring) Close() error {
 	return err
 }
 
+// Pending is how many entries the producer published that the consumer
+// has not released, read from the shared indexes: safe from any goroutine
+// (neither side's own state is touched), and clamped to the ring's size,
+// since the peer may publish anything.
+func (r *Ring) Pending() int {
+	n := r.prod.Load() - r.cons.Load()
+	if n > uint64(r.g.Slots) {
+		return 0
+	}
+	return int(n)
+}
+
 func (r *Ring) slot(i uint64) []byte {
 	off := int(i&uint64(r.g.Slots-1)) * r.g.SlotSize
 	return r.slots[off : off+r.g.SlotSize : off+r.g.SlotSize]
@@ -270,19 +282,51 @@ func (p *Producer) Free() int {
 // Pending is the number of reserved slots not yet committed.
 func (p *Producer) Pending() int { return int(p.head - p.published) }
 
+// Values of the wakeup flag: what the consumer about to sleep waits for.
+const (
+	WakeNone = 0
+	WakeAny  = 1 // the next commit
+	// WakeSolicited: the next commit its producer marks solicited
+	// (CommitSolicited): a CQ armed for solicited completions only
+	// (ibv_req_notify_cq with solicited_only). Any other non-zero value
+	// counts as WakeAny.
+	WakeSolicited = 2
+)
+
 // Commit publishes every reserved slot and rings the consumer's doorbell if
 // it is asleep. It returns whether it rang (made a syscall).
-func (p *Producer) Commit() (rang bool, err error) {
+func (p *Producer) Commit() (rang bool, err error) { return p.commit(true) }
+
+// CommitSolicited is Commit for a ring whose entries may ask for a
+// solicited wakeup (a CQ's: receives of messages with SE, completions in
+// error): a consumer armed with WakeSolicited is rung only when solicited
+// is set, one armed with WakeAny on every commit.
+func (p *Producer) CommitSolicited(solicited bool) (rang bool, err error) { return p.commit(solicited) }
+
+func (p *Producer) commit(solicited bool) (rang bool, err error) {
 	if p.head == p.published {
 		return false, p.err
 	}
 	p.published = p.head
 	p.r.prod.Store(p.head)
+	if p.db == nil {
+		return false, p.err
+	}
 	// Sequentially consistent store then load: either the consumer sees our
-	// index when it rechecks after arming, or we see its flag here.
-	if p.db != nil && p.r.wakeup.Load() != 0 && p.r.wakeup.Swap(0) != 0 {
-		p.Doorbells++
-		return true, p.db.Ring()
+	// index when it rechecks after arming, or we see its flag here. The
+	// flag is cleared by the producer that rings (one wakeup per arming);
+	// the consumer may change it meanwhile, hence the compare-and-swap,
+	// tried a bounded number of times against a peer that keeps changing
+	// it.
+	for range 4 {
+		w := p.r.wakeup.Load()
+		if w == WakeNone || w == WakeSolicited && !solicited {
+			return false, p.err
+		}
+		if p.r.wakeup.CompareAndSwap(w, WakeNone) {
+			p.Doorbells++
+			return true, p.db.Ring()
+		}
 	}
 	return false, p.err
 }
@@ -363,8 +407,11 @@ func (c *Consumer) Release() {
 // the ring. It returns true if the ring is still empty and the caller may
 // block on its Doorbell; false if entries arrived (the caller should consume
 // them; the flag stays set and is cleared by Disarm or by the producer).
-func (c *Consumer) Arm() bool {
-	c.r.wakeup.Store(1)
+func (c *Consumer) Arm() bool { return c.ArmFor(WakeAny) }
+
+// ArmFor is Arm waiting for what wake says (WakeAny, WakeSolicited).
+func (c *Consumer) ArmFor(wake uint32) bool {
+	c.r.wakeup.Store(wake)
 	return !c.reload()
 }
 

@@ -143,6 +143,79 @@ func TestFullEmptyAndWrap(t *testing.T) {
 	}
 }
 
+// Pending counts what was published and not released, and stays within
+// the ring when the peer's index is impossible.
+func TestPending(t *testing.T) {
+	r := mustRing(t, testGeom)
+	p, c := r.Producer(nil), r.Consumer()
+	for range 3 {
+		fill(p.Reserve(), 0)
+	}
+	if r.Pending() != 0 {
+		t.Fatal("reserved entries counted before the commit")
+	}
+	if _, err := p.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	c.Peek()
+	if r.Pending() != 3 {
+		t.Fatalf("pending %d, want 3 (a peeked entry is not released)", r.Pending())
+	}
+	c.Release()
+	if r.Pending() != 2 {
+		t.Fatalf("pending %d after a release, want 2", r.Pending())
+	}
+	r.prod.Store(1 << 40) // a lying producer
+	if n := r.Pending(); n != 0 {
+		t.Fatalf("pending %d with an impossible index", n)
+	}
+}
+
+// A consumer armed for solicited entries only is rung by the first commit
+// marked solicited, once; one armed for any entry by the next commit.
+func TestWakeSolicited(t *testing.T) {
+	r := mustRing(t, testGeom)
+	db := mustDoorbell(t)
+	p, c := r.Producer(db), r.Consumer()
+	post := func(solicited bool) bool {
+		fill(p.Reserve(), 0)
+		rang, err := p.CommitSolicited(solicited)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for c.Peek() != nil {
+		}
+		c.Release()
+		return rang
+	}
+	if !c.ArmFor(WakeSolicited) {
+		t.Fatal("ArmFor reported entries in an empty ring")
+	}
+	for i := range 2 {
+		if post(false) {
+			t.Fatalf("rang a solicited-only consumer for unsolicited entries (batch %d)", i)
+		}
+	}
+	if !post(true) {
+		t.Fatal("did not ring a solicited-only consumer for a solicited entry")
+	}
+	if post(true) {
+		t.Fatal("rang twice for one arming")
+	}
+	c.ArmFor(WakeAny)
+	if !post(false) {
+		t.Fatal("did not ring a consumer armed for any entry")
+	}
+	c.ArmFor(WakeSolicited)
+	c.ArmFor(WakeAny) // re-armed wider before anything came
+	if !post(false) {
+		t.Fatal("a consumer re-armed for any entry was not rung")
+	}
+	if rung, err := db.Wait(0); !rung || err != nil {
+		t.Fatalf("doorbell not rung: %v %v", rung, err)
+	}
+}
+
 func TestWakeupOnlyWhenArmed(t *testing.T) {
 	r := mustRing(t, testGeom)
 	db := mustDoorbell(t)

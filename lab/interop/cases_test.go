@@ -183,3 +183,37 @@ func TestTCPListeningParse(t *testing.T) {
 		t.Fatal("port 1 reported listening")
 	}
 }
+
+// TestExplainDuplicates: rxe's duplicate requests are explained up to what
+// the case's softrnic hosts say they retransmitted, shared between guests;
+// any beyond that still fails the case.
+func TestExplainDuplicates(t *testing.T) {
+	lines := `{"interface":"lv0","pid":1,"recovery":{"retrans_packets":5,"tlp_probes":2}}
+{"interface":"lv0","pid":2,"recovery":{"retrans_packets":3}}
+`
+	n, ok, err := ReadRetransmitted(strings.NewReader(lines))
+	if n != 8 || !ok || err != nil {
+		t.Fatalf("read %d %v %v, want 8", n, ok, err)
+	}
+	if _, ok, _ := ReadRetransmitted(strings.NewReader("")); ok {
+		t.Fatal("an empty file counts as a host's report")
+	}
+	if _, _, err := ReadRetransmitted(strings.NewReader("{bad\n")); err == nil {
+		t.Fatal("a bad line is accepted")
+	}
+	budget := n
+	a := Counters{"duplicate_request": 6}
+	if e := ExplainDuplicates(a, &budget); e != 6 || budget != 2 {
+		t.Fatalf("explained %d, budget left %d", e, budget)
+	}
+	if p, _ := CheckCounters(a, "", false, nil); len(p) != 0 {
+		t.Fatalf("explained duplicates still fail: %v", p)
+	}
+	b := Counters{"duplicate_request": 5}
+	if e := ExplainDuplicates(b, &budget); e != 2 || budget != 0 {
+		t.Fatalf("second guest: explained %d, budget left %d", e, budget)
+	}
+	if p, _ := CheckCounters(b, "", false, nil); len(p) != 1 || p[0] != "duplicate_request+3" {
+		t.Fatalf("duplicates beyond softrnic's retransmissions: %v", p)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"encoding/json"
 	"fmt"
 	"io"
 	"regexp"
@@ -93,6 +94,48 @@ func CheckCounters(d Counters, dmesg string, expectLoss bool, allow map[string]b
 		}
 	}
 	return problems, recovery
+}
+
+// softrnicCounters is what each softrnic host of a case (tool or daemon)
+// appends to $SOFTRNIC_COUNTERS when it closes (host.Counters): here only
+// the request packets it sent more than once.
+type softrnicCounters struct {
+	Recovery struct {
+		RetransPackets uint64 `json:"retrans_packets"`
+	} `json:"recovery"`
+}
+
+// ReadRetransmitted sums the retransmitted request packets of every line
+// of a case's counters file; ok is false when no host wrote one (it did not
+// get to close: killed, or crashed).
+func ReadRetransmitted(r io.Reader) (n uint64, ok bool, err error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var c softrnicCounters
+		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
+			return n, ok, fmt.Errorf("softrnic counters: %w", err)
+		}
+		n += c.Recovery.RetransPackets
+		ok = true
+	}
+	return n, ok, sc.Err()
+}
+
+// ExplainDuplicates takes out of d's duplicate_request the duplicates
+// softrnic's own retransmissions account for: with adaptive
+// retransmission softrnic repeats a packet when an answer is late (and
+// under TCG the guest's answers can be a second late), and rxe counts the
+// repeat as a duplicate request. budget is what softrnic says it
+// retransmitted and not yet spent on another guest; what is taken from d
+// is taken from it. Duplicates beyond it stay in d, for CheckCounters.
+func ExplainDuplicates(d Counters, budget *uint64) (explained uint64) {
+	explained = min(d["duplicate_request"], *budget)
+	d["duplicate_request"] -= explained
+	*budget -= explained
+	return explained
 }
 
 // String prints the non-zero counters, sorted, for the results file.

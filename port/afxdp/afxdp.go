@@ -300,6 +300,18 @@ func (p *Port) Submit(frames [][]byte) (int, error) {
 // VLAN tag, as for the AF_PACKET port.
 func (p *Port) MaxFrame() int { return p.maxFrame }
 
+// RxFrames is how many frames the port holds for its reader before the
+// kernel must drop what arrives: the socket's FILL/RX pool, in frames of
+// the interface's MTU (with multi-buffer, each takes several chunks).
+func (p *Port) RxFrames() int {
+	info := p.sock.Info()
+	per := 1
+	if info.MultiBuffer && info.MaxRxSegment > 0 {
+		per = (p.maxFrame + info.MaxRxSegment - 1) / info.MaxRxSegment
+	}
+	return int(info.RxFrames) / per
+}
+
 // Socket exposes the underlying socket (for benches and tests).
 func (p *Port) Socket() *xsk.Socket { return p.sock }
 

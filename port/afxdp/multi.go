@@ -378,6 +378,16 @@ func udpSourcePort(f []byte) (uint16, bool) {
 // MaxFrame implements port.Port.
 func (m *Multi) MaxFrame() int { return m.tx.MaxFrame() }
 
+// RxFrames is how many frames the port holds for its reader, over every
+// queue (Port.RxFrames).
+func (m *Multi) RxFrames() int {
+	n := 0
+	for _, p := range m.ports {
+		n += p.RxFrames()
+	}
+	return n
+}
+
 // NumQueues is how many receive queues the port serves.
 func (m *Multi) NumQueues() int { return len(m.subs) }
 

@@ -14,7 +14,7 @@ import (
 // packet in 37 (selective repeat then holds, SACKs, retransmits holes and drains;
 // go-back-N NAKs and resends).
 func TestAllocsPerPacket(t *testing.T) {
-	modes := []pairOpts{{recovery: RecoveryTimeout}, {recovery: RecoveryAdaptive}, {sr: true}}
+	modes := []pairOpts{{recovery: ib.RecoveryTimeout}, {recovery: ib.RecoveryAdaptive}, {sr: true}}
 	for _, m := range modes {
 		for _, lossy := range []bool{false, true} {
 			name := m.recovery.String()
@@ -58,6 +58,7 @@ func TestAllocsPerPacket(t *testing.T) {
 							p.a.Receive(now, p.bufB[:n], nil)
 						}
 						p.a.TakeCompletions()
+						p.b.TakeCompletions()
 						now = now.Add(time.Microsecond)
 						if !moved {
 							now = max(now, p.a.Deadline())

@@ -9,7 +9,7 @@ import (
 
 // srMinWindow floors the BDP window: four ACK intervals of four packets, so
 // that a short path still keeps the pipe full between acknowledgements.
-const srMinWindow = 16
+const srMinWindow = 128
 
 // bdpEst is IRN's BDP flow control without a configured BDP: the
 // selective-repeat requester keeps at most about two bandwidth-delay

@@ -230,7 +230,7 @@ func (cc *qpCC) retuneAcks() {
 // after which AckReq is set), tightened to the controller's ackEvery
 // packets per AckReq.
 func (q *QP) ackSpacing() int {
-	n := q.req.ackEvery()
+	n := q.req.ackEvery(q)
 	if cc := q.cc; cc != nil && cc.ackEvery > 0 {
 		n = min(n, cc.ackEvery-2)
 	}

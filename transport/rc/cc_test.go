@@ -106,7 +106,7 @@ func newSwiftCtx(t *testing.T, ctr *CCCounters) *tctx {
 	c := &tctx{t: t, mem: &testMem{mrs: map[uint32]*testMR{}}, rq: &testRQ{}}
 	sc := swift.Fabric(1000, 40*congestion.Gbps, 4400*time.Nanosecond, 2200*time.Nanosecond)
 	sc.InitCwnd = 8
-	c.qp = NewQP(Options{QPN: cfg.QPN, SQDepth: 64, MaxSGE: 4, Mem: c.mem, RQ: c.rq, Recovery: RecoveryTimeout,
+	c.qp = NewQP(Options{QPN: cfg.QPN, SQDepth: 64, MaxSGE: 4, Mem: c.mem, RQ: c.rq, Recovery: ib.RecoveryTimeout,
 		CC: &CCConfig{Algorithm: Swift, Swift: sc, Hops: 1, PacketOverhead: 46}, Counters: ctr})
 	c.qp.Modify(ib.Init, ib.RTR, &ib.QPAttr{DestQPN: cfg.DestQPN, PathMTU: 1024, RQPSN: 500, MaxDestRdAtomic: 16,
 		MinRNRTimer: 12, Access: ib.RemoteWrite})
@@ -153,7 +153,7 @@ func TestCCSwiftWindowSamplesAndLoss(t *testing.T) {
 	if len(resent) == 0 || resent[0].PSN != 102 {
 		t.Fatalf("go-back-N resent %v", resent)
 	}
-	c.now += us
+	c.now += 10 * us // the minimum RTT after the repeat: either copy may be answered
 	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
 	st, _ = c.qp.CongestionState()
 	if st.RTTSamples != 1 || st.InFlight != int64(len(resent)-2)*(12+1024+46) {

@@ -20,6 +20,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 		q.GhostResponse++
 		return
 	}
+	r.answered = true
 	var syn uint8
 	if o := op.Offset(bth.ExtAETH); o >= 0 {
 		syn = bth.AETH(pkt[o:]).Syndrome()
@@ -379,6 +380,27 @@ func (q *QP) expire(now clock.Time) {
 		return
 	}
 	q.Timeouts++
+	if r.sr.on {
+		// A selective-repeat responder keeps what it received: the
+		// expiry spends its retry as ever (giving up stays exactly on
+		// time), but resends only the oldest unacknowledged packet, as
+		// the RTO does, whose answer tells RACK what else is missing.
+		// Going back N would put the whole window on the wire again
+		// behind the first copy when the peer was only slow (its engine
+		// descheduled), twice what its receive window allows.
+		if r.retryLeft == 0 {
+			q.retry(now, r.compPSN) // RETRY_EXC_ERR
+			return
+		}
+		r.retryLeft--
+		r.timer = now + r.rto
+		if r.backoff < 16 {
+			r.backoff++
+		}
+		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
+		r.probe, r.probeOut, r.probeRTO = r.compPSN.Less(r.psn), false, true
+		return
+	}
 	q.retry(now, r.compPSN)
 	if q.adaptive() && !q.failed {
 		// The local ACK timeout is also an RTO: the next adaptive one
@@ -387,6 +409,6 @@ func (q *QP) expire(now clock.Time) {
 			r.backoff++
 		}
 		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
-		r.probe, r.probeOut = false, false
+		r.probe, r.probeOut, r.probeRTO = false, false, false
 	}
 }

@@ -1,6 +1,7 @@
 package rc
 
 import (
+	"reflect"
 	"testing"
 
 	"github.com/softrnic/softrnic/bth"
@@ -96,6 +97,46 @@ func TestCountersResponderRequests(t *testing.T) {
 	c.expect(nak(SynNAKInvReq, 500, 0))
 	if q := &c.qp.Counters; q.LocalLengthErrs != 1 || q.RemAccessErrs != 0 {
 		t.Fatalf("SEND longer than the receive buffer: %+v", *q)
+	}
+}
+
+// TestCountersAddEveryField: Add sums every counter (a field added to
+// Counters without a line in Add fails here).
+func TestCountersAddEveryField(t *testing.T) {
+	var a, b Counters
+	va, vb := reflect.ValueOf(&a).Elem(), reflect.ValueOf(&b).Elem()
+	for i := 0; i < vb.NumField(); i++ {
+		va.Field(i).SetUint(uint64(i + 1))
+		vb.Field(i).SetUint(uint64(100 * (i + 1)))
+	}
+	a.Add(&b)
+	for i := 0; i < va.NumField(); i++ {
+		if got := va.Field(i).Uint(); got != uint64(101*(i+1)) {
+			t.Errorf("%s: %d, want %d", va.Type().Field(i).Name, got, 101*(i+1))
+		}
+	}
+}
+
+// TestCountersRetransPkts: every request packet sent a second time counts
+// once, whether a go-back-N, a probe or a timeout sent it; first
+// transmissions never do.
+func TestCountersRetransPkts(t *testing.T) {
+	c := newCtx(t, defaultCfg())
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(fill(3000, 1)), RemoteAddr: 0x100, RKey: 1})
+	c.expect(p(bth.RCRDMAWriteFirst, 100), p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102))
+	if c.qp.RetransPkts != 0 {
+		t.Fatalf("first transmission counted: %d", c.qp.RetransPkts)
+	}
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynNAKPSNSeq}) // 100 arrived, 101 lost
+	c.expect(p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102))
+	if c.qp.RetransPkts != 2 {
+		t.Fatalf("after a go-back-N of 2 packets: %d", c.qp.RetransPkts)
+	}
+	c.now = c.qp.Deadline() // the tail-loss probe
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCRDMAWriteMiddle, 101))
+	if c.qp.RetransPkts != 3 || c.qp.TLPProbes != 1 {
+		t.Fatalf("after the probe: %+v", c.qp.Counters)
 	}
 }
 

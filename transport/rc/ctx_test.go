@@ -75,6 +75,9 @@ type tctx struct {
 	rq  *testRQ
 	now clock.Time
 	buf []byte
+	// done are the completions inject took from the QP, as a device
+	// takes them at the end of each visit.
+	done []ib.WC
 }
 
 func defaultCfg() Config {
@@ -167,11 +170,18 @@ func sack(base bth.PSN, have ...bth.PSN) []byte {
 	}
 	b := make([]byte, bth.SACKLen(words))
 	s := bth.SACKETH(b)
-	s.SetHeader(words, base)
+	s.SetHeader(words, base, 0)
 	for _, p := range have {
 		d := uint32(p.Diff(base))
 		s.SetWord(int(d/32), s.Word(int(d/32))|1<<(31-d%32))
 	}
+	return b
+}
+
+// sackWin is an empty SACKETH from base granting a receive window of win.
+func sackWin(base bth.PSN, win int) []byte {
+	b := make([]byte, bth.SACKLen(0))
+	bth.SACKETH(b).SetHeader(0, base, win)
 	return b
 }
 
@@ -194,9 +204,19 @@ func newSRCtx(t *testing.T, cfg Config) *tctx {
 	return c
 }
 
-func (c *tctx) inject(r req) { c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), nil) }
+// inject delivers a packet and ends the visit as the device does: it takes
+// the completions (which hands back the reorder pool's buffers the visit
+// executed), for wcs to return.
+func (c *tctx) inject(r req) {
+	c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), nil)
+	c.done = append(c.done, c.qp.TakeCompletions()...)
+}
 
-func (c *tctx) wcs() []ib.WC { return append([]ib.WC(nil), c.qp.TakeCompletions()...) }
+func (c *tctx) wcs() []ib.WC {
+	w := append(c.done, c.qp.TakeCompletions()...)
+	c.done = nil
+	return w
+}
 
 // expect asserts the exact sequence of packets that comes out: what each
 // must be, as ack, nak and p say (opcode and PSN, and for ACKs syndrome and

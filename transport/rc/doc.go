@@ -29,7 +29,7 @@
 // # Loss recovery
 //
 // rxe's requester goes back N on a sequence NAK and otherwise waits a whole
-// local ACK timeout (RecoveryTimeout). By default a QP also retransmits on
+// local ACK timeout (ib.RecoveryTimeout). By default a QP also retransmits on
 // the RTT it measures (retransmit.go): a tail-loss probe, fast
 // retransmission from the probe's answer and an RTO of a few RTTs, none of
 // which spends retry_cnt; the local ACK timer alone decides when to give up,
@@ -41,10 +41,15 @@
 // the responder holds out-of-order requests in the device's ReorderPool and
 // executes each, with every check, once the packets before it have come, so
 // data placement and completions stay in PSN order; its ACKs carry a
-// SACKETH (bth/sack.go); the requester resends only what RACK (RFC 8985)
-// declares lost, asks again only for the missing ranges of a READ reply
-// (held likewise), and keeps about two bandwidth-delay products
-// unacknowledged (bdp.go) instead of 128 PSNs.
+// SACKETH (bth/sack.go) with the receive window its device grants
+// (transport.Meta.RecvWindow), and it acknowledges every quarter of that
+// window; the requester resends only what RACK (RFC 8985) declares lost,
+// asks again only for the missing ranges of a READ reply (held likewise),
+// and keeps outstanding the smaller of about two bandwidth-delay products
+// (bdp.go, at least 128 PSNs) and the receive window. Its RTO and local
+// ACK timeouts resend the oldest unacknowledged packet rather than going
+// back N. The pool buffer of a held packet goes back only at
+// TakeCompletions, once the device's copies into memory are done.
 //
 // # Agreeing on selective repeat
 //

@@ -44,6 +44,7 @@ func runStream(t *testing.T, o pairOpts, size, n int) (float64, *pair) {
 			posted++
 		}
 		progressed := p.step()
+		p.b.TakeCompletions() // the end of B's visit: its held buffers go back
 		for _, c := range p.a.TakeCompletions() {
 			if c.Status != ib.Success || c.ID != uint64(done) {
 				t.Fatalf("completion %+v, want WR %d successful (now %v)", c, done, p.now)
@@ -73,9 +74,9 @@ type streamMode struct {
 }
 
 var streamModes = []streamMode{
-	{"local ACK timeout only, -u 14 (67 ms)", pairOpts{recovery: RecoveryTimeout, timeout: 14}},
-	{"local ACK timeout only, -u 8 (1 ms)", pairOpts{recovery: RecoveryTimeout, timeout: 8}},
-	{"adaptive go-back-N, -u 14", pairOpts{recovery: RecoveryAdaptive, timeout: 14}},
+	{"local ACK timeout only, -u 14 (67 ms)", pairOpts{recovery: ib.RecoveryTimeout, timeout: 14}},
+	{"local ACK timeout only, -u 8 (1 ms)", pairOpts{recovery: ib.RecoveryTimeout, timeout: 8}},
+	{"adaptive go-back-N, -u 14", pairOpts{recovery: ib.RecoveryAdaptive, timeout: 14}},
 	{"adaptive + selective repeat, -u 14", pairOpts{sr: true, timeout: 14}},
 }
 

@@ -117,7 +117,7 @@ type pairOpts struct {
 	mtu              int
 	seed             uint64
 	loss, dup, reord float64
-	recovery         Recovery
+	recovery         ib.Recovery
 	sr               bool          // softrnic QP numbers and a reorder pool on each side
 	timeout          uint8         // local ACK timeout exponent
 	delay            time.Duration // one way
@@ -143,7 +143,7 @@ func newPairOpts(o pairOpts) *pair {
 	ca.Timeout, cb.Timeout = o.timeout, o.timeout
 	ca.Recovery, cb.Recovery = o.recovery, o.recovery
 	if o.peerAdaptive {
-		cb.Recovery = RecoveryAdaptive
+		cb.Recovery = ib.RecoveryAdaptive
 	}
 	if o.sqDepth == 0 {
 		o.sqDepth = 256
@@ -425,7 +425,7 @@ func TestLoopbackAllOperations(t *testing.T) {
 			}
 		}
 	}
-	modes := []pairOpts{{recovery: RecoveryTimeout, timeout: 5}, {recovery: RecoveryAdaptive, timeout: 5}, {sr: true, timeout: 5}}
+	modes := []pairOpts{{recovery: ib.RecoveryTimeout, timeout: 5}, {recovery: ib.RecoveryAdaptive, timeout: 5}, {sr: true, timeout: 5}}
 	for _, k := range cases {
 		for _, m := range modes {
 			k.opts = &m

@@ -1,7 +1,6 @@
 package rc
 
 import (
-	"strconv"
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
@@ -75,39 +74,10 @@ type Config struct {
 	Access          ib.Access // remote operations the responder accepts
 	SQDepth         int       // max outstanding send WQEs
 	MaxSGE          int
-	// Recovery chooses how the requester recovers lost packets; the zero
-	// value is the default, as ConnectX enables adaptive retransmission
-	// by default.
-	Recovery Recovery
-}
-
-// Recovery is a QP's loss recovery mode. Whatever the mode, the local ACK
-// timeout and retry_cnt decide when the requester gives up
-// (RETRY_EXC_ERR), exactly as IBA and rxe define them; the modes differ in
-// how soon and what it retransmits before that.
-type Recovery uint8
-
-const (
-	// RecoverySelective is adaptive retransmission plus selective repeat
-	// with a peer that agrees to it (see the package documentation), and
-	// adaptive go-back-N with any other peer.
-	RecoverySelective Recovery = iota
-	// RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
-	// probes, fast retransmission and an RTO of a few RTTs, besides the
-	// peer's sequence NAKs. Every peer sees only IBA packets.
-	RecoveryAdaptive
-	// RecoveryTimeout retransmits only on a sequence NAK, a READ response
-	// gap or the local ACK timeout: rxe's behaviour.
-	RecoveryTimeout
-)
-
-var recoveryNames = [...]string{"selective", "adaptive", "timeout"}
-
-func (m Recovery) String() string {
-	if int(m) < len(recoveryNames) {
-		return recoveryNames[m]
-	}
-	return "Recovery(" + strconv.Itoa(int(m)) + ")"
+	// Recovery chooses how the requester recovers lost packets;
+	// RecoveryDefault (the zero value) is RecoverySelective, as ConnectX
+	// enables adaptive retransmission by default.
+	Recovery ib.Recovery
 }
 
 // Selective repeat is offered only toward QPs whose number is in softrnic's
@@ -175,9 +145,47 @@ type Counters struct {
 	TxSACKs    uint64
 	SRHeld     uint64
 	SRDropped  uint64
+	// RetransPkts counts the request packets the requester sent more than
+	// once, whatever the reason (go-back-N, probe, RTO, hole): the most a
+	// peer can have counted as duplicates (rxe's duplicate_request).
+	RetransPkts uint64
 	// Responses (ACKs, NAKs, READ replies, atomic results) dropped because
 	// the response queue was full: the requester retries as for a loss.
 	RespQueueFull uint64
+}
+
+// Add adds every counter of o to c (a device's totals over its QPs).
+func (c *Counters) Add(o *Counters) {
+	c.RxDropped += o.RxDropped
+	c.RxDuplicate += o.RxDuplicate
+	c.RxOutOfSeq += o.RxOutOfSeq
+	c.TxNAKs += o.TxNAKs
+	c.TxRNRNAKs += o.TxRNRNAKs
+	c.Retransmits += o.Retransmits
+	c.Timeouts += o.Timeouts
+	c.RNRWaits += o.RNRWaits
+	c.GhostResponse += o.GhostResponse
+	c.RxNAKSeqErr += o.RxNAKSeqErr
+	c.RxNAKRemAccess += o.RxNAKRemAccess
+	c.RxNAKInvReq += o.RxNAKInvReq
+	c.ImpliedNAKs += o.ImpliedNAKs
+	c.RxWriteReqs += o.RxWriteReqs
+	c.RxReadReqs += o.RxReadReqs
+	c.RxAtomicReqs += o.RxAtomicReqs
+	c.RemAccessErrs += o.RemAccessErrs
+	c.LocalLengthErrs += o.LocalLengthErrs
+	c.Progress += o.Progress
+	c.AdpRetrans += o.AdpRetrans
+	c.AdpRetransTO += o.AdpRetransTO
+	c.TLPProbes += o.TLPProbes
+	c.FastRetrans += o.FastRetrans
+	c.RxSACKs += o.RxSACKs
+	c.SelRetrans += o.SelRetrans
+	c.TxSACKs += o.TxSACKs
+	c.SRHeld += o.SRHeld
+	c.SRDropped += o.SRDropped
+	c.RetransPkts += o.RetransPkts
+	c.RespQueueFull += o.RespQueueFull
 }
 
 // QP is one RC or UC queue pair's transport state.
@@ -190,10 +198,14 @@ type QP struct {
 	failed bool // a fatal error happened; the device must move the QP to ERR
 	sqErr  bool // UC: a local send error stopped the SQ (SQE)
 	errSt  ib.WCStatus
+	failEv ib.EventType // the event of the fatal error (Failure)
 
 	req  requester
 	resp responder
 	pool *ReorderPool // where selective repeat holds packets; nil: no selective repeat
+	// spent are held packets executed since the last TakeCompletions: the
+	// memory copies they made may still be under way (see spend).
+	spent [][]byte
 
 	wcs []ib.WC           // completions produced since the last TakeCompletions
 	pay transport.Payload // the payload of the packet being built
@@ -219,7 +231,7 @@ type Options struct {
 	CC       *CCConfig
 	Counters *CCCounters
 	// Recovery is the QP's loss recovery mode (Config.Recovery).
-	Recovery Recovery
+	Recovery ib.Recovery
 }
 
 // New returns an RC QP in the state "created, not yet connected": it
@@ -343,6 +355,9 @@ func (q *QP) Drained() bool { return q.req.head == q.req.end() }
 // Flush.
 func (q *QP) Failed() bool { return q.failed }
 
+// Failure is the asynchronous event of the fatal error Failed reports.
+func (q *QP) Failure() ib.EventType { return q.failEv }
+
 // SendQueueFree is how many more send WQEs Post accepts now.
 func (q *QP) SendQueueFree() int { return len(q.req.sq) - int(q.req.tail-q.req.head) }
 
@@ -369,10 +384,50 @@ func (q *QP) Post(w *ib.SendWQE) bool {
 
 // TakeCompletions returns the completions produced since the last call and
 // forgets them; the slice is valid until the next call on the QP.
+//
+// The device calls it at the end of each visit to the QP, once the memory
+// copies the visit made are complete (a device may batch or defer its
+// writes to memory until then): only now do the reorder pool's buffers of
+// the held packets executed during the visit go back to the pool, since
+// those copies read from them.
 func (q *QP) TakeCompletions() []ib.WC {
+	q.releaseSpent()
 	w := q.wcs
 	q.wcs = q.wcs[:0]
 	return w
+}
+
+func (q *QP) releaseSpent() {
+	if len(q.spent) > 0 {
+		q.pool.putAll(q.spent)
+		clear(q.spent)
+		q.spent = q.spent[:0]
+	}
+}
+
+// spend keeps b, the pool buffer of a held packet just executed, until the
+// visit's memory copies are done (TakeCompletions): a WRITE's payload, a
+// SEND's or a READ response's may still be on its way into memory from b,
+// and the next held packet must not land in b meanwhile.
+func (q *QP) spend(b []byte) {
+	if q.spent == nil {
+		q.spent = make([][]byte, 0, SRWindow)
+	}
+	q.spent = append(q.spent, b)
+}
+
+// ReleaseHeld hands every pool buffer the QP holds back to its device's
+// reorder pool and lets go of the pool: the device calls it when the QP is
+// destroyed or reset, which would otherwise take the buffers with it. A
+// packet that reaches the QP afterwards is not held.
+func (q *QP) ReleaseHeld() {
+	if q.pool == nil {
+		return
+	}
+	q.releaseSpent()
+	q.req.sr.held.dropBefore(q.pool, 0, true)
+	q.resp.held.dropBefore(q.pool, 0, true)
+	q.pool = nil
 }
 
 func (q *QP) complete(wc ib.WC) {
@@ -382,10 +437,14 @@ func (q *QP) complete(wc ib.WC) {
 
 // fail records a fatal error: both halves stop; any NAK already queued is
 // still sent by BuildHeader so that the peer learns why.
-func (q *QP) fail(st ib.WCStatus) {
+func (q *QP) fail(st ib.WCStatus) { q.failAs(st, ib.EventQPFatal) }
+
+// failAs is fail with the asynchronous event the error raises.
+func (q *QP) failAs(st ib.WCStatus, ev ib.EventType) {
 	if !q.failed {
 		q.failed = true
 		q.errSt = st
+		q.failEv = ev
 	}
 	q.reqOn = false
 	q.respOn = false
@@ -453,6 +512,9 @@ func (q *QP) Deadline() clock.Time {
 		dl = q.req.rnrAt
 	case q.adaptive():
 		dl = clock.Min(q.req.timer, clock.Min(q.req.rtoAt, q.req.ptoAt))
+		if q.req.sr.on {
+			dl = clock.Min(dl, q.req.sr.reoAt)
+		}
 	default:
 		dl = q.req.timer
 	}
@@ -582,6 +644,9 @@ func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 	if !q.respOn {
 		q.RxDropped++
 		return
+	}
+	if m != nil {
+		q.resp.win = m.RecvWindow
 	}
 	q.receiveRequest(pkt, op, hl, len(pkt)-pad)
 }

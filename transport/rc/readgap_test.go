@@ -21,7 +21,9 @@ import (
 // rather than a FIRST (rxe_resp.c duplicate_request/read_reply). Every
 // byte must land and the WRs complete in order, with no timeout.
 func TestCompleterReadReplyGapWithReadsOutstanding(t *testing.T) {
-	c := newCtx(t, defaultCfg())
+	cfg := defaultCfg()
+	cfg.Recovery = ib.RecoveryTimeout // rxe's requester: every READ sent at once
+	c := newCtx(t, cfg)
 	const n = 4 * 1024 // four response packets per READ at MTU 1024
 	src := [3][]byte{fill(n, 1), fill(n, 2), fill(n, 3)}
 	var dst [3][]byte

@@ -85,6 +85,16 @@ func (p *ReorderPool) put(b []byte) {
 	p.mu.Unlock()
 }
 
+// putAll hands back every buffer of bs under one acquisition of the lock.
+func (p *ReorderPool) putAll(bs [][]byte) {
+	p.mu.Lock()
+	for _, b := range bs {
+		p.free = append(p.free, b[:cap(b)])
+	}
+	p.inUse -= len(bs)
+	p.mu.Unlock()
+}
+
 // heldPkt is one packet held out of order.
 type heldPkt struct {
 	psn bth.PSN
@@ -141,7 +151,7 @@ func (h *holdRing) hold(pool *ReorderPool, p bth.PSN, pkt []byte) bool {
 }
 
 // take returns the packet held as p (nil if none); the caller hands the
-// buffer back with release once it has processed it.
+// buffer back with QP.spend once it has processed it.
 func (h *holdRing) take(p bth.PSN) []byte {
 	if !h.has(p) {
 		return nil
@@ -152,9 +162,6 @@ func (h *holdRing) take(p bth.PSN) []byte {
 	h.n--
 	return b
 }
-
-// release returns a buffer from take to the pool.
-func (h *holdRing) release(pool *ReorderPool, b []byte) { pool.put(b) }
 
 // drop releases every held packet before end (all of them when all).
 func (h *holdRing) dropBefore(pool *ReorderPool, end bth.PSN, all bool) {

@@ -369,7 +369,7 @@ func TestReplayRequester(t *testing.T) {
 			// covers its bytes).
 			cfg := Config{QPN: req.qpn, DestQPN: resp.qpn, MTU: mtu, SQPSN: bth.PSN(req.psn), RQPSN: bth.PSN(resp.psn),
 				Timeout: 14, RetryCnt: 7, RNRRetry: 7, MaxRdAtomic: int(max(req.outReads, 1)), MaxDestRdAtomic: 1,
-				Recovery: RecoveryTimeout}
+				Recovery: ib.RecoveryTimeout}
 			q := New(req.qpn, len(msgs)+1, 1, &testMem{}, &testRQ{})
 			q.Receiver(cfg)
 			q.Sender(cfg)

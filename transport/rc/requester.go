@@ -56,11 +56,13 @@ type requester struct {
 	ptoAt    clock.Time // tail-loss probe
 	backoff  uint8      // RTO expiries in a row without progress
 	probe    bool       // a tail-loss probe is due: BuildHeader sends it
+	probeRTO bool       // the probe is an RTO's (selective repeat)
 	probeOut bool       // a probe went out and has not been answered
 	probePSN bth.PSN
 	probeAt  clock.Time
 	mark     bool // requests carry the selective-repeat bit
 	sr       srReq
+	answered bool // a response came from the peer since RTS
 }
 
 func (r *requester) init(cfg *Config) {
@@ -80,7 +82,8 @@ func (r *requester) init(cfg *Config) {
 	r.settled = cfg.SQPSN
 	r.rtt = rttEstimator{}
 	r.rtoAt, r.ptoAt = clock.Never, clock.Never
-	r.backoff, r.probe, r.probeOut = 0, false, false
+	r.backoff, r.probe, r.probeOut, r.probeRTO = 0, false, false, false
+	r.answered = false
 }
 
 // end is one past the last WQE with packets on the wire: next, or next+1
@@ -125,13 +128,37 @@ func (r *requester) canSend(q *QP) bool {
 			return false
 		}
 	}
-	// As rxe: a new packet may start while its PSN is at most
-	// MaxUnackedPSNs past the oldest unacknowledged one; with selective
-	// repeat, the BDP window instead.
-	if !q.cfg.UC && (!r.sr.on && r.psn.Diff(r.compPSN) > MaxUnackedPSNs || r.sr.on && r.psn.Diff(r.compPSN) >= int32(r.sr.win)) {
+	if !q.cfg.UC && r.psn.Diff(r.compPSN) >= int32(r.window(q)) {
 		return false
 	}
 	return q.ccWindowOpen()
+}
+
+// InitialWindow is how many PSNs an adaptive requester has outstanding
+// before its peer's first answer: when many QPs start toward one host at
+// once, each full window at once overflows its receive buffers before any
+// of them can have heard back (64 QPs × 129 PSNs is 8256 packets, against
+// the 2048 frames of an AF_XDP socket's default ring).
+const InitialWindow = 8
+
+// window is how many PSNs may be outstanding (from compPSN) before a new
+// packet starts: as rxe, MaxUnackedPSNs+1 (a packet may start while its
+// PSN is at most MaxUnackedPSNs past the oldest unacknowledged); with
+// selective repeat the BDP window, within the responder's receive window;
+// InitialWindow before any answer, with adaptive retransmission and no
+// congestion control.
+func (r *requester) window(q *QP) int {
+	w := MaxUnackedPSNs + 1
+	if r.sr.on {
+		w = r.sr.win
+		if r.sr.peerWin > 0 {
+			w = min(w, r.sr.peerWin)
+		}
+	}
+	if !r.answered && q.adaptive() && q.cc == nil {
+		w = min(w, InitialWindow) // (congestion control paces the start itself)
+	}
+	return w
 }
 
 // buildRequest emits the next request packet of the WQE at next.
@@ -172,6 +199,9 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	}
 	p := r.psn
 	retx := false
+	if p.Less(r.maxPSN) {
+		q.RetransPkts++ // a go-back-N resending what went out before
+	}
 	var n int
 	switch e.Opcode {
 	case ib.RDMARead:
@@ -196,7 +226,11 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		// as they go (with selective repeat, four times per window).
 		ackReq := last
 		if !last {
-			ackReq = r.noAck > q.ackSpacing()
+			// With adaptive retransmission a packet that fills the
+			// window asks too: nothing more can be sent, hence nothing
+			// else would ask, until it is acknowledged (the initial
+			// window, a small receive window). rxe does not.
+			ackReq = r.noAck > q.ackSpacing() || q.adaptive() && r.psn.Next().Diff(r.compPSN) >= int32(r.window(q))
 			r.noAck++
 		}
 		if ackReq {
@@ -229,9 +263,9 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 }
 
 // ackEvery is how many packets in a row may go without AckReq.
-func (r *requester) ackEvery() int {
+func (r *requester) ackEvery(q *QP) int {
 	if r.sr.on {
-		return min(MaxPktPerAck, max(r.sr.win/4, 1))
+		return min(MaxPktPerAck, max(r.window(q)/4, 1))
 	}
 	return MaxPktPerAck
 }

@@ -58,6 +58,7 @@ func TestRequesterSegmentsAtMTU(t *testing.T) {
 func TestRequesterAckReqEvery64AndWindow(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.MTU = 256
+	cfg.Recovery = ib.RecoveryTimeout // rxe's window from the first packet on
 	c := newCtx(t, cfg)
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(make([]byte, 256*200))})
 	got := c.out()
@@ -203,7 +204,7 @@ func TestCompleterRNRRetry7IsInfinite(t *testing.T) {
 
 func TestCompleterTimeoutAndRetryExhaustion(t *testing.T) {
 	cfg := defaultCfg() // Timeout 14, RetryCnt 7
-	cfg.Recovery = RecoveryTimeout
+	cfg.Recovery = ib.RecoveryTimeout
 	c := newCtx(t, cfg)
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(5, 0))})
 	c.expect(p(bth.RCSendOnly, 100))
@@ -411,5 +412,40 @@ func TestCompleterProgressCountsInOrderResponses(t *testing.T) {
 	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 102, syn: SynACK, msn: 1, payload: src[2048:]})
 	if w := c.wcs(); len(w) != 1 || !bytes.Equal(dst, src) || c.qp.Progress < 3 {
 		t.Fatalf("completions %+v progress %d", w, c.qp.Progress)
+	}
+}
+
+// TestInitialWindow: a requester with adaptive retransmission sends
+// InitialWindow packets before its peer's first answer, then the full
+// window; with selective repeat, never more than the responder's receive
+// window from its SACKETH.
+func TestInitialWindow(t *testing.T) {
+	cfg := defaultCfg()
+	cfg.MTU = 256
+	c := newCtx(t, cfg)
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(make([]byte, 256*300))})
+	if got := c.out(); len(got) != InitialWindow || !got[InitialWindow-1].AckReq {
+		t.Fatalf("%d packets before any answer, want %d, the last asking for an ACK: %v", len(got), InitialWindow, got)
+	}
+	c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynACK})
+	if got := c.out(); len(got) != MaxUnackedPSNs+1-(InitialWindow-1) {
+		t.Fatalf("%d more packets after the first ACK, want the window's %d", len(got), MaxUnackedPSNs+1-(InitialWindow-1))
+	}
+
+	s := srRequester(t, srCfg()) // answered, selective repeat agreed
+	s.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(make([]byte, 1024*300))})
+	g := s.out()
+	if len(g) != MaxUnackedPSNs {
+		t.Fatalf("%d packets, want the BDP window's floor %d", len(g), MaxUnackedPSNs)
+	}
+	head := g[0].PSN
+	// The responder grants 20 PSNs past the one it acknowledges.
+	s.respond(req{op: bth.RCAcknowledge, psn: head, syn: SynACK, sr: true, payload: sackWin(head.Next(), 20)})
+	if got := s.out(); len(got) != 0 {
+		t.Fatalf("%d packets sent beyond the receive window", len(got))
+	}
+	s.respond(req{op: bth.RCAcknowledge, psn: head.Add(MaxUnackedPSNs - 1), syn: SynACK, sr: true, payload: sackWin(head.Add(MaxUnackedPSNs), 20)})
+	if got := s.out(); len(got) != 20 {
+		t.Fatalf("%d packets after the window moved, want 20", len(got))
 	}
 }

@@ -83,12 +83,19 @@ type responder struct {
 
 	sr   bool     // selective repeat agreed with the requester (srresp.go)
 	held holdRing // requests that came out of order
+	// win is the receive window the device last granted the requester
+	// (transport.Meta.RecvWindow), which the SACKETH carries; acked is the
+	// PSN of the last ACK queued.
+	win     int
+	granted int // the window the last SACKETH granted
+	acked   bth.PSN
 
 	ctr *Counters // the QP's
 }
 
 func (s *responder) init(cfg Config) {
 	s.ePSN = cfg.RQPSN
+	s.acked = cfg.RQPSN.Prev()
 	s.msn = 0
 	s.nakSent = false
 	s.inMsg = msgNone
@@ -130,6 +137,9 @@ func (s *responder) push(it respItem) {
 // pushAck queues an ACK, merging it into a queued ACK right before it:
 // the later one covers everything the earlier one did (coalescing).
 func (s *responder) pushAck(syn uint8, psn bth.PSN, msn uint32) {
+	if syn == SynACK {
+		s.acked = psn
+	}
 	if s.qlen > 0 {
 		t := &s.q[(s.qhead+s.qlen-1)%len(s.q)]
 		if t.kind == itemAck && t.syn == SynACK && syn == SynACK {
@@ -304,6 +314,9 @@ func (q *QP) execSend(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 	s.recvOff += uint32(len(pay))
 	if op.IsLast() || op.IsOnly() {
 		wc := ib.WC{ID: s.cur.ID, Opcode: ib.WCRecv, ByteLen: s.recvOff, IsRecv: true}
+		if bth.BTH(pkt).SE() {
+			wc.Flags |= ib.WCSolicited
+		}
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
 			wc.Flags |= ib.WCWithImm
 			wc.Imm = bth.ImmDt(pkt[o:]).Imm()
@@ -365,8 +378,12 @@ func (q *QP) execWrite(pkt []byte, op bth.Opcode, pay []byte, pp bth.PSN) {
 	s.woff += uint32(len(pay))
 	if end {
 		if imm {
-			q.complete(ib.WC{ID: s.cur.ID, Opcode: ib.WCRecvRDMAWithImm, Flags: ib.WCWithImm, ByteLen: s.wlen,
-				Imm: bth.ImmDt(pkt[op.Offset(bth.ExtImmDt):]).Imm(), IsRecv: true})
+			wc := ib.WC{ID: s.cur.ID, Opcode: ib.WCRecvRDMAWithImm, Flags: ib.WCWithImm, ByteLen: s.wlen,
+				Imm: bth.ImmDt(pkt[op.Offset(bth.ExtImmDt):]).Imm(), IsRecv: true}
+			if bth.BTH(pkt).SE() {
+				wc.Flags |= ib.WCSolicited
+			}
+			q.complete(wc)
 			s.haveRecv = false
 			s.cur.SG = s.cur.SG[:0]
 		}
@@ -394,7 +411,12 @@ func (q *QP) resolve(rkey uint32, va, n uint64, acc ib.Access) (ib.Seg, bool) {
 func (q *QP) accepted(pkt []byte, pp bth.PSN) {
 	s := &q.resp
 	s.ePSN = pp.Next()
-	if !q.cfg.UC && bth.BTH(pkt).AckReq() {
+	if !q.cfg.UC && (bth.BTH(pkt).AckReq() || s.sr && s.win > 0 && pp.Diff(s.acked) >= int32(max(s.win/4, 1))) {
+		// With selective repeat the responder also acknowledges every
+		// quarter of the receive window it granted: a window that shrank
+		// while packets were on their way may leave the requester unable
+		// to send, with none of the packets it did send asking for an
+		// ACK.
 		s.pushAck(SynACK, pp, s.msn)
 	}
 }
@@ -510,7 +532,7 @@ func (q *QP) duplicate(pkt []byte, op bth.Opcode, pp bth.PSN) {
 			}
 			it := respItem{kind: itemRead, psn: pp, msn: s.msn, res: i, off: off, remain: uint32(n), start: true}
 			if s.sr {
-				s.pushFront(it)
+				q.srReplayRead(it)
 				return
 			}
 			// A reply to this READ still queued or half sent is what the
@@ -567,7 +589,16 @@ func (q *QP) reject(pp bth.PSN, syn uint8, recvSt ib.WCStatus) {
 	s.hasFinal = true
 	s.qhead, s.qlen = 0, 0
 	q.TxNAKs++
-	q.fail(recvSt)
+	// IBA's affiliated errors of a responder: an access violation (class
+	// C) and an invalid request (class B) each have their event.
+	ev := ib.EventQPFatal
+	switch syn {
+	case SynNAKRemAccess:
+		ev = ib.EventQPAccessErr
+	case SynNAKInvReq:
+		ev = ib.EventQPReqErr
+	}
+	q.failAs(recvSt, ev)
 }
 
 // buildResponse emits the packet at the head of the response queue (a

@@ -21,7 +21,8 @@ import (
 // What adaptive retransmission adds, none of it spending retries:
 //   - an RTO of SRTT+4·RTTVAR (RFC 6298, Karn's rule), at least RTOMin,
 //     doubling on each expiry without progress, never beyond the local ACK
-//     timeout: it goes back N from the oldest unacknowledged PSN;
+//     timeout: it goes back N from the oldest unacknowledged PSN (with
+//     selective repeat it resends that packet alone, as a probe);
 //   - a tail-loss probe two SRTTs after the last transmission when nothing
 //     was acknowledged: the packet at the oldest unacknowledged PSN again,
 //     with AckReq;
@@ -36,7 +37,7 @@ import (
 // as duplicates or as the expected packet.
 
 // adaptive reports whether the QP retransmits on its own timers.
-func (q *QP) adaptive() bool { return q.cfg.Recovery != RecoveryTimeout && !q.cfg.UC }
+func (q *QP) adaptive() bool { return q.cfg.Recovery != ib.RecoveryTimeout && !q.cfg.UC }
 
 // ackLimit is the longest the adaptive timers wait: the local ACK timeout,
 // or MaxRTO when there is none.
@@ -87,7 +88,14 @@ func (q *QP) sentPkt(now clock.Time, p bth.PSN, retx bool) {
 
 // sampleRTT takes an RTT sample from a response that acknowledges the
 // packet it names for the first time: an ACK (not a NAK), the first packet
-// of a READ reply, an atomic ACK. Retransmitted packets give none (Karn).
+// of a READ reply, an atomic ACK. A retransmitted packet gives none
+// (Karn), unless its answer came sooner than the minimum RTT after the
+// retransmission: then it answers the first transmission, and the time
+// since that one is the sample. That is how the estimator learns of a
+// peer that stalls (a software host's engine descheduled for
+// milliseconds): the timeout that fired was spurious, and without the
+// sample SRTT and RTTVAR would never see the stall, and the next one would
+// be spurious again.
 func (q *QP) sampleRTT(now clock.Time, op bth.Opcode, pp bth.PSN, syn uint8) {
 	r := &q.req
 	switch {
@@ -99,11 +107,18 @@ func (q *QP) sampleRTT(now clock.Time, op bth.Opcode, pp bth.PSN, syn uint8) {
 		return
 	}
 	rec := r.tx.get(pp)
-	if rec == nil || rec.flags&(txRetx|txSampled) != 0 {
+	if rec == nil || rec.flags&txSampled != 0 {
 		return
 	}
+	at := rec.at
+	if rec.flags&txRetx != 0 {
+		if r.rtt.samples == 0 || now.Sub(rec.at) >= r.rtt.minRTT {
+			return // ambiguous: either transmission may have been answered
+		}
+		at = rec.first
+	}
 	rec.flags |= txSampled
-	r.rtt.sample(now, now.Sub(rec.at))
+	r.rtt.sample(now, now.Sub(at))
 }
 
 // settle retires the records of the PSNs the cumulative acknowledgement has
@@ -169,16 +184,20 @@ func (q *QP) armAfterProgress(now clock.Time) {
 // peer asked for an RNR wait).
 func (q *QP) disarmAdaptive() {
 	r := &q.req
-	r.rtoAt, r.ptoAt = clock.Never, clock.Never
-	r.probe, r.probeOut = false, false
+	r.rtoAt, r.ptoAt, r.sr.reoAt = clock.Never, clock.Never, clock.Never
+	r.probe, r.probeOut, r.probeRTO = false, false, false
 }
 
-// expireAdaptive runs the RTO and the tail-loss probe when due.
+// expireAdaptive runs the RTO, the tail-loss probe and RACK's reordering
+// timer when due.
 func (q *QP) expireAdaptive(now clock.Time) {
 	r := &q.req
 	if r.head == r.end() {
 		q.disarmAdaptive()
 		return
+	}
+	if r.sr.on && now >= r.sr.reoAt {
+		q.srDetectLoss(now)
 	}
 	if now >= r.rtoAt {
 		q.AdpRetrans++
@@ -186,7 +205,19 @@ func (q *QP) expireAdaptive(now clock.Time) {
 		if r.backoff < 16 {
 			r.backoff++
 		}
-		q.goBack(r.compPSN)
+		if r.sr.on {
+			// A selective-repeat responder keeps what it received: the
+			// RTO resends the oldest unacknowledged packet, and the SACK
+			// that answers it tells RACK what else was lost. An RTO that
+			// only met a peer slow to answer (a software host's engine
+			// asleep, or descheduled) then costs one packet, not a
+			// window.
+			if r.compPSN.Less(r.psn) {
+				r.probe, r.probeRTO = true, true
+			}
+		} else {
+			q.goBack(r.compPSN)
+		}
 		r.rtoAt = now.Add(q.adpRTO())
 		r.ptoAt = clock.Never
 		return
@@ -205,7 +236,7 @@ func (q *QP) goBack(p bth.PSN) {
 	r := &q.req
 	q.rewind(p)
 	r.retrying = true
-	r.probe, r.probeOut = false, false
+	r.probe, r.probeOut, r.probeRTO = false, false, false
 }
 
 // buildRetransmit emits a packet that repeats an earlier one out of the
@@ -218,11 +249,15 @@ func (q *QP) buildRetransmit(now clock.Time, buf []byte) int {
 	}
 	if r.probe {
 		r.probe = false
+		rto := r.probeRTO
+		r.probeRTO = false
 		if r.compPSN.Less(r.psn) {
 			r.probeOut, r.probePSN, r.probeAt = true, r.compPSN, now
 			if n := q.buildAt(now, buf, r.compPSN, 0); n > 0 {
-				q.TLPProbes++
-				q.AdpRetrans++
+				if !rto { // an RTO's resend was counted when it expired
+					q.TLPProbes++
+					q.AdpRetrans++
+				}
 				return n
 			}
 			r.probeOut = false
@@ -270,6 +305,7 @@ func (q *QP) buildAt(now clock.Time, buf []byte, p bth.PSN, nRead uint32) int {
 	}
 	n := q.writeRequest(buf, e, p, true, nRead)
 	q.sentPkt(now, p, true)
+	q.RetransPkts++
 	return n
 }
 

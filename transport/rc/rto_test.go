@@ -65,7 +65,8 @@ func (c *tctx) sampled(d time.Duration) {
 
 // TestAdaptiveRTTSamples: an ACK, the first packet of a READ reply and an
 // atomic ACK each give one sample; a repeated ACK and the answer to a
-// retransmitted packet give none (Karn).
+// retransmitted packet give none (Karn), unless the answer came too soon
+// to be the repeat's.
 func TestAdaptiveRTTSamples(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	c.sampled(40 * time.Microsecond)
@@ -87,15 +88,32 @@ func TestAdaptiveRTTSamples(t *testing.T) {
 	if w := c.wcs(); len(w) != 2 {
 		t.Fatalf("%+v", w)
 	}
-	// A packet sent twice gives no sample, whichever copy is answered.
+	// A packet sent twice gives no sample when either copy may have been
+	// answered: the answer comes at least the minimum RTT after the
+	// repeat.
 	c.post(ib.SendWQE{ID: 3, Opcode: ib.Send, SG: segs(fill(4, 0))})
 	c.expect(p(bth.RCSendOnly, 104))
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	c.expect(p(bth.RCSendOnly, 104)) // the tail-loss probe
+	_, _, minRTT := c.qp.RTT()
+	c.now = c.now.Add(minRTT)
 	c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK})
 	if n := c.qp.req.rtt.samples; n != 3 {
-		t.Fatalf("%d samples after a retransmitted packet's ACK", n)
+		t.Fatalf("%d samples after a retransmitted packet's ambiguous ACK", n)
+	}
+	// An answer sooner than that can only be the first copy's: the peer
+	// was slow, not the packet lost, and the sample is the whole wait.
+	c.post(ib.SendWQE{ID: 4, Opcode: ib.Send, SG: segs(fill(4, 0))})
+	c.expect(p(bth.RCSendOnly, 105))
+	sent := c.now
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 105))
+	c.now = c.now.Add(minRTT / 2)
+	c.respond(req{op: bth.RCAcknowledge, psn: 105, syn: SynACK})
+	if n, last := c.qp.req.rtt.samples, c.now.Sub(sent); n != 4 || c.qp.req.rtt.srtt <= 40*time.Microsecond || last <= c.qp.adpPTO()/2 {
+		t.Fatalf("after a spurious probe: %d samples, srtt %v (the wait was %v)", n, c.qp.req.rtt.srtt, last)
 	}
 }
 
@@ -135,11 +153,101 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 	}
 	// Progress ends the backoff.
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
-	if d := c.qp.Deadline(); d != c.now.Add(PTOMin) {
-		t.Fatalf("after progress the probe is due at %v, not %v", c.now.Add(PTOMin), d)
+	if d := c.qp.Deadline(); d != c.now.Add(c.qp.adpPTO()) {
+		t.Fatalf("after progress the probe is due at %v, not %v", c.now.Add(c.qp.adpPTO()), d)
 	}
 	if c.qp.req.backoff != 0 {
 		t.Fatal("backoff kept after progress")
+	}
+}
+
+// TestSelectiveRTOResendsHead: with selective repeat agreed, an RTO
+// resends the oldest unacknowledged packet alone (AckReq), doubling as
+// before, since the responder keeps what it got and the SACK that answers
+// tells RACK the rest: a peer that was only slow to answer costs one
+// packet per expiry, not the window.
+func TestSelectiveRTOResendsHead(t *testing.T) {
+	c := srRequester(t, srCfg())
+	for i := 0; i < 3; i++ {
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	}
+	g := c.out()
+	if len(g) != 3 {
+		t.Fatalf("%v", g)
+	}
+	head := g[0].PSN
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now) // the tail-loss probe
+	c.expect(p(bth.RCSendOnly, head))
+	rto := c.qp.adpRTO()
+	for i := 1; i <= 3; i++ {
+		c.now = c.qp.Deadline()
+		c.qp.Expire(c.now)
+		g := c.expect(p(bth.RCSendOnly, head))
+		if !g[0].AckReq || c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != 0 || c.qp.TLPProbes != 1 || c.qp.AdpRetrans != uint64(i+1) {
+			t.Fatalf("after RTO %d: %v %+v", i, g[0], c.qp.Counters)
+		}
+		if d := c.qp.Deadline(); d != c.now.Add(rto<<i) {
+			t.Fatalf("RTO %d: next at %v, want %v", i, d, c.now.Add(rto<<i))
+		}
+	}
+	// The answer: the head and the last came, the middle was lost.
+	c.respond(req{op: bth.RCAcknowledge, psn: head, syn: SynACK, sr: true, payload: sack(head.Next(), head.Add(2))})
+	c.expect(p(bth.RCSendOnly, head.Next()))
+}
+
+// TestSelectiveLocalAckTimeoutResendsHead: with selective repeat the local
+// ACK timeout spends its retries as ever, and gives up on time, but each
+// expiry resends the oldest unacknowledged packet alone.
+func TestSelectiveLocalAckTimeoutResendsHead(t *testing.T) {
+	cfg := srCfg()
+	cfg.Timeout, cfg.RetryCnt = 8, 2 // 1.05 ms
+	c := srRequester(t, cfg)
+	for i := 0; i < 3; i++ {
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	}
+	head := c.out()[0].PSN
+	for c.qp.Timeouts < 3 && !c.qp.Failed() {
+		c.now = c.qp.Deadline()
+		timeouts := c.qp.Timeouts
+		c.qp.Expire(c.now)
+		g := c.out()
+		if c.qp.Timeouts > timeouts && !c.qp.Failed() && (len(g) != 1 || g[0].PSN != head) {
+			t.Fatalf("local ACK timeout %d resent %v, want %d alone", c.qp.Timeouts, g, head)
+		}
+	}
+	if w := c.wcs(); c.qp.Timeouts != 3 || len(w) == 0 || w[0].Status != ib.RetryExcErr {
+		t.Fatalf("after %d timeouts: %+v", c.qp.Timeouts, w)
+	}
+}
+
+// TestSelectiveSACKIsProgress: packets newly selectively acknowledged are
+// forward progress for the local ACK timer and the retry budget: a hole
+// whose retransmissions keep being lost does not end in RETRY_EXC_ERR
+// while the responder takes everything else.
+func TestSelectiveSACKIsProgress(t *testing.T) {
+	cfg := srCfg()
+	cfg.Timeout, cfg.RetryCnt = 8, 1 // 1.05 ms, one retry: given up after about 2 ms of silence
+	c := srRequester(t, cfg)
+	head := bth.PSN(0)
+	var have []bth.PSN
+	for i := 0; i < 20; i++ { // 20 × 0.5 ms, far beyond the budget
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+		g := c.out()
+		if i == 0 {
+			head = g[0].PSN // lost, and every repeat of it too
+		}
+		for _, x := range g {
+			if x.PSN != head {
+				have = append(have, x.PSN)
+			}
+		}
+		c.now = c.now.Add(500 * time.Microsecond)
+		c.qp.Expire(c.now)
+		c.respond(srAck(head.Prev(), have...))
+		if c.qp.Failed() {
+			t.Fatalf("gave up after %d SACKs of new packets: %+v", i+1, c.qp.Counters)
+		}
 	}
 }
 
@@ -217,10 +325,10 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
 	type mode struct {
 		name string
-		rec  Recovery
+		rec  ib.Recovery
 		sr   bool
 	}
-	for _, m := range []mode{{"timeout", RecoveryTimeout, false}, {"adaptive", RecoveryAdaptive, false}, {"selective", RecoverySelective, true}} {
+	for _, m := range []mode{{"timeout", ib.RecoveryTimeout, false}, {"adaptive", ib.RecoveryAdaptive, false}, {"selective", ib.RecoverySelective, true}} {
 		for _, retry := range []uint8{0, 3, 7} {
 			for _, progress := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s_retry%d_progress%v", m.name, retry, progress), func(t *testing.T) {
@@ -269,7 +377,7 @@ func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
 					if len(w) == 0 || w[len(w)-1].Status != ib.RetryExcErr {
 						t.Fatalf("completions %+v", w)
 					}
-					if m.rec != RecoveryTimeout && c.qp.AdpRetrans == 0 {
+					if m.rec != ib.RecoveryTimeout && c.qp.AdpRetrans == 0 {
 						t.Fatal("no adaptive retransmission before giving up")
 					}
 					if c.qp.Timeouts-timeouts != uint64(retry)+1 {
@@ -295,16 +403,16 @@ func TestAdaptiveRNRWaitHasNoProbe(t *testing.T) {
 	c.now = c.qp.Deadline()
 	c.qp.Expire(c.now)
 	c.expect(p(bth.RCSendOnly, 101))
-	if d := c.qp.Deadline(); d != c.now.Add(PTOMin) || c.qp.TLPProbes != 0 {
+	if d := c.qp.Deadline(); d != c.now.Add(c.qp.adpPTO()) || c.qp.TLPProbes != 0 {
 		t.Fatalf("after the resend: deadline %v probes %d", d, c.qp.TLPProbes)
 	}
 }
 
-// TestRecoveryTimeoutIsRxeTiming: RecoveryTimeout keeps only the local ACK
+// TestRecoveryTimeoutIsRxeTiming: ib.RecoveryTimeout keeps only the local ACK
 // timer, and UC has no timer at all.
 func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 	cfg := defaultCfg()
-	cfg.Recovery = RecoveryTimeout
+	cfg.Recovery = ib.RecoveryTimeout
 	c := newCtx(t, cfg)
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.out()
@@ -338,7 +446,7 @@ func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
 		return c.out(), c
 	}
 	old := defaultCfg()
-	old.Recovery = RecoveryTimeout
+	old.Recovery = ib.RecoveryTimeout
 	want, _ := run(old, false)
 	got, _ := run(defaultCfg(), true) // selective by default, pool, rxe-style QPN
 	for i := range want {

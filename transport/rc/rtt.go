@@ -70,8 +70,12 @@ func (e *rttEstimator) rto(limit time.Duration) time.Duration {
 	return min(d, limit)
 }
 
-// pto is the tail-loss probe timeout: two smoothed RTTs, at least PTOMin,
-// never beyond the RTO.
+// pto is the tail-loss probe timeout: two smoothed RTTs (RFC 8985), at
+// least PTOMin, never beyond the RTO. (QUIC's SRTT+4·RTTVAR spared a
+// jittery software peer a repeated packet now and then, but delayed every
+// tail-loss recovery: in the goodput model, adaptive go-back-N at 3 % loss
+// fell from 0.38 to 0.25 of lossless. A spurious probe costs one packet;
+// the stall it met still teaches SRTT, see sampleRTT.)
 func (e *rttEstimator) pto(limit time.Duration) time.Duration {
 	if e.samples == 0 {
 		return min(InitialRTO/2, limit)
@@ -85,6 +89,7 @@ type txRec struct {
 	psn   bth.PSN
 	flags uint8
 	at    clock.Time // last transmission
+	first clock.Time // first transmission
 	// Delivery-rate sampling (BBR's): the packets delivered and when, as
 	// of this transmission.
 	delivered   uint64
@@ -128,7 +133,7 @@ func (t *txRing) sent(p bth.PSN, now clock.Time, delivered uint64, deliveredAt c
 	if r.flags&txSent != 0 && r.psn == p {
 		r.flags |= txRetx
 	} else {
-		*r = txRec{psn: p, flags: txSent}
+		*r = txRec{psn: p, flags: txSent, first: now}
 	}
 	r.at, r.delivered, r.deliveredAt = now, delivered, deliveredAt
 	return r

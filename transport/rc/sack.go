@@ -2,6 +2,7 @@ package rc
 
 import (
 	"math/bits"
+	"time"
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
@@ -22,6 +23,7 @@ const srReadQueue = 8
 type srReq struct {
 	on       bool
 	win      int      // BDP window, PSNs
+	peerWin  int      // the responder's receive window (0: none stated)
 	held     holdRing // READ responses and atomic ACKs that came out of order
 	lost     int      // records marked txLost
 	retxFrom bth.PSN  // no record before it is marked lost
@@ -29,7 +31,12 @@ type srReq struct {
 	// sent packet known delivered, and whether the path has reordered.
 	rackAt     clock.Time
 	rackPSN    bth.PSN
+	rackRTT    time.Duration // the RTT of that packet's delivery
 	reordering bool
+	// reoAt is RACK's reordering timer: when a packet sent before the
+	// one last delivered, and spared only by the reordering window, is
+	// declared lost if nothing has come for it (RFC 8985, 6.2 step 5).
+	reoAt clock.Time
 	// An ACK beyond a READ or atomic whose response is missing also
 	// acknowledges the SEND/WRITE packets after it: pendAck keeps it until
 	// the response comes.
@@ -52,7 +59,7 @@ type srReq struct {
 // mode asks for it, the device gave it a reorder pool, and the peer's QP
 // number is softrnic's.
 func (q *QP) srAllowed() bool {
-	return q.pool != nil && q.cfg.Recovery == RecoverySelective && !q.cfg.UC && SoftQPN(q.cfg.DestQPN)
+	return q.pool != nil && q.cfg.Recovery.Or(ib.RecoverySelective) == ib.RecoverySelective && !q.cfg.UC && SoftQPN(q.cfg.DestQPN)
 }
 
 // SetReorderPool gives the QP the device's reorder pool, whose buffers hold
@@ -78,6 +85,7 @@ func (q *QP) srStart(now clock.Time) {
 	r.tx.grow(2 * SRWindow)
 	s.retxFrom, s.rdNext = r.compPSN, r.compPSN
 	s.bdp = bdpEst{deliveredAt: now, winStart: now}
+	s.reoAt = clock.Never
 }
 
 // srStop forgets the requester's selective-repeat state and hands held
@@ -149,8 +157,8 @@ func (q *QP) srDelivered(now clock.Time, n uint64, newest *txRec) {
 	s.bdp.deliver(now, n, newest, max(8*r.rtt.srtt, PTOMin))
 	s.win = s.bdp.window(r.rtt.minRTT, s.win)
 	if sentBefore(s.rackAt, s.rackPSN, newest.at, newest.psn) {
-		s.rackAt, s.rackPSN = newest.at, newest.psn
-		q.srDetectLoss()
+		s.rackAt, s.rackPSN, s.rackRTT = newest.at, newest.psn, now.Sub(newest.at)
+		q.srDetectLoss(now)
 	}
 }
 
@@ -164,11 +172,14 @@ func (q *QP) srReoWindow() clock.Time {
 }
 
 // srDetectLoss marks lost every packet not yet delivered that was sent
-// before the most recently sent packet known delivered (RACK).
-func (q *QP) srDetectLoss() {
+// before the most recently sent packet known delivered (RACK), by more than
+// the reordering window, or as long before now as that packet's RTT and
+// the window; for those it spares, it arms the reordering timer.
+func (q *QP) srDetectLoss(now clock.Time) {
 	r := &q.req
 	s := &r.sr
 	reo := q.srReoWindow()
+	s.reoAt = clock.Never
 	end := r.compPSN.Add(SRWindow)
 	if r.psn.Less(end) {
 		end = r.psn
@@ -178,8 +189,15 @@ func (q *QP) srDetectLoss() {
 		p = s.pendAck.Next() // acknowledged, behind a missing response
 	}
 	for ; p.Less(end); p = p.Next() {
-		if rec := r.tx.get(p); rec != nil && sentBefore(rec.at+reo, rec.psn, s.rackAt, s.rackPSN) {
+		rec := r.tx.get(p)
+		if rec == nil || rec.flags&(txLost|txDelivered) != 0 || !sentBefore(rec.at, rec.psn, s.rackAt, s.rackPSN) {
+			continue
+		}
+		due := rec.at.Add(s.rackRTT) + reo
+		if sentBefore(rec.at+reo, rec.psn, s.rackAt, s.rackPSN) || now >= due {
 			q.srMarkLost(rec)
+		} else {
+			s.reoAt = clock.Min(s.reoAt, due)
 		}
 	}
 }
@@ -188,6 +206,7 @@ func (q *QP) srDetectLoss() {
 func (q *QP) srSACK(now clock.Time, sk bth.SACKETH) {
 	r := &q.req
 	q.RxSACKs++
+	r.sr.peerWin = sk.Window()
 	var newest *txRec
 	n := uint64(0)
 	for k := 0; k < sk.Words(); k++ {
@@ -212,6 +231,18 @@ func (q *QP) srSACK(now clock.Time, sk bth.SACKETH) {
 	}
 	if newest != nil {
 		q.srDelivered(now, n, newest)
+	}
+	if n > 0 && r.compPSN.Less(r.psn) {
+		// Packets newly received are forward progress too, though the
+		// cumulative acknowledgement waits on a hole: the responder is
+		// alive and taking what is sent, and the local ACK timer and the
+		// retry budget start afresh, as on an ACK. The hole is RACK's to
+		// resend; a run of losses of one hole's retransmissions must not
+		// add up to RETRY_EXC_ERR while everything else flows.
+		r.retryLeft = q.cfg.RetryCnt
+		if r.rto != 0 {
+			r.timer = now + r.rto
+		}
 	}
 }
 
@@ -256,6 +287,7 @@ func (q *QP) buildSelective(now clock.Time, buf []byte) int {
 		n := q.writeRequest(buf, e, lo, true, uint32(hi.Diff(lo)))
 		q.sentPkt(now, lo, true)
 		q.SelRetrans++
+		q.RetransPkts++
 		return n
 	}
 	if s.lost <= 0 {
@@ -451,7 +483,7 @@ func (q *QP) srDrainResponses(now clock.Time) {
 		h := bth.BTH(b)
 		op := h.Opcode()
 		q.completer(now, b, op, op.HeaderLen(), len(b)-h.PadCount(), h.PSN())
-		s.held.release(q.pool, b)
+		q.spend(b)
 		if !s.rdNext.Less(h.PSN().Next()) {
 			continue
 		}

@@ -3,6 +3,8 @@ package rc
 import (
 	"bytes"
 	"fmt"
+	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/transport"
 	"testing"
 	"time"
 
@@ -51,15 +53,15 @@ func (c *tctx) outEach() {
 func TestSRAgreement(t *testing.T) {
 	for _, k := range []struct {
 		marked, pool, tagged bool
-		mode                 Recovery
+		mode                 ib.Recovery
 		want                 bool
 	}{
-		{true, true, true, RecoverySelective, true},
-		{false, true, true, RecoverySelective, false},
-		{true, false, true, RecoverySelective, false},
-		{true, true, false, RecoverySelective, false},
-		{true, true, true, RecoveryAdaptive, false},
-		{true, true, true, RecoveryTimeout, false},
+		{true, true, true, ib.RecoverySelective, true},
+		{false, true, true, ib.RecoverySelective, false},
+		{true, false, true, ib.RecoverySelective, false},
+		{true, true, false, ib.RecoverySelective, false},
+		{true, true, true, ib.RecoveryAdaptive, false},
+		{true, true, true, ib.RecoveryTimeout, false},
 	} {
 		t.Run(fmt.Sprintf("%+v", k), func(t *testing.T) {
 			cfg := defaultCfg()
@@ -239,6 +241,55 @@ func TestSRResponderBounds(t *testing.T) {
 	}
 }
 
+// TestSRHeldBuffersOutliveTheVisit: the pool buffers of held packets that
+// the hole's arrival executes stay out of the pool until the device ends
+// its visit to the QP (TakeCompletions), since the memory copies the
+// visit made may read from them until then; a packet held later in the
+// same visit cannot take one of them.
+func TestSRHeldBuffersOutliveTheVisit(t *testing.T) {
+	cfg := srCfg()
+	c := &tctx{t: t, mem: &testMem{mrs: map[uint32]*testMR{}}, rq: &testRQ{}}
+	c.qp = New(cfg.QPN, 64, 4, c.mem, c.rq)
+	pool := NewReorderPool(PacketLen(cfg.MTU), 3)
+	c.qp.SetReorderPool(pool)
+	c.qp.Receiver(cfg)
+	c.qp.Sender(cfg)
+	c.buf = make([]byte, c.qp.MaxPacket())
+	mr := c.addMR(9, 0x1000, 8192, ib.RemoteWrite)
+	data := fill(4096, 5)
+	w := func(psn bth.PSN) req {
+		k := int(psn - 500)
+		r := req{op: bth.RCRDMAWriteMiddle, psn: psn, payload: data[k*1024 : (k+1)*1024], sr: true}
+		switch k {
+		case 0:
+			r.op, r.va, r.rkey, r.dmaLen = bth.RCRDMAWriteFirst, 0x1000, 9, 4096
+		case 3:
+			r.op, r.ackReq = bth.RCRDMAWriteLast, true
+		}
+		return r
+	}
+	for _, psn := range []bth.PSN{501, 502, 503} {
+		c.inject(w(psn))
+	}
+	if pool.InUse() != 3 || c.qp.SRHeld != 3 {
+		t.Fatalf("held %d, pool in use %d", c.qp.SRHeld, pool.InUse())
+	}
+	// One visit: the hole arrives, the held packets execute, and a packet
+	// of the next message comes early.
+	c.qp.Receive(c.now, w(500).bytes(cfg.QPN), nil)
+	c.qp.Receive(c.now, req{op: bth.RCRDMAWriteOnly, psn: 505, ackReq: true, va: 0x1800, rkey: 9, dmaLen: 4, payload: fill(4, 1), sr: true}.bytes(cfg.QPN), nil)
+	if !bytes.Equal(mr.buf[:4096], data) || c.qp.resp.ePSN != 504 {
+		t.Fatalf("expected PSN %d, data placed %v", c.qp.resp.ePSN, bytes.Equal(mr.buf[:4096], data))
+	}
+	if pool.InUse() != 3 || c.qp.SRDropped != 1 {
+		t.Fatalf("within the visit: pool in use %d (want the 3 executed), dropped %d", pool.InUse(), c.qp.SRDropped)
+	}
+	c.qp.TakeCompletions()
+	if pool.InUse() != 0 {
+		t.Fatalf("after the visit: %d buffers in use", pool.InUse())
+	}
+}
+
 // TestSRResponderPSNWrap: a hole just before the PSN wraps.
 func TestSRResponderPSNWrap(t *testing.T) {
 	cfg := srCfg()
@@ -267,22 +318,42 @@ func TestSRResponderPSNWrap(t *testing.T) {
 
 // TestSRResponderReadRangeFirst: a READ range asked again is answered
 // before the rest of a reply in progress, which goes on (a
-// selective-repeat requester holds it).
+// selective-repeat requester holds it); only the part the reply has
+// already sent is sent again, and a range the reply has still to send is
+// not answered twice (the requester's probe or timeout fired while the
+// reply was merely slow).
 func TestSRResponderReadRangeFirst(t *testing.T) {
 	c := newSRCtx(t, srCfg())
-	c.addMR(9, 0x1000, 4096, ib.RemoteRead)
-	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 4096, sr: true})
-	n := c.qp.Build(c.now, c.buf)
-	if g := checker.Decode(c.buf[:n]); g.Op != bth.RCRDMAReadResponseFirst || !g.SR {
-		t.Fatalf("%v", g)
+	c.addMR(9, 0x1000, 8192, ib.RemoteRead)
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 500, ackReq: true, va: 0x1000, rkey: 9, dmaLen: 8192, sr: true})
+	for _, want := range []struct {
+		op  bth.Opcode
+		psn bth.PSN
+	}{{bth.RCRDMAReadResponseFirst, 500}, {bth.RCRDMAReadResponseMiddle, 501}, {bth.RCRDMAReadResponseMiddle, 502}} {
+		n := c.qp.Build(c.now, c.buf)
+		if g := checker.Decode(c.buf[:n]); g.Op != want.op || g.PSN != want.psn || !g.SR {
+			t.Fatalf("%v, want %v", g, want)
+		}
 	}
-	c.inject(req{op: bth.RCRDMAReadRequest, psn: 502, ackReq: true, va: 0x1000 + 2048, rkey: 9, dmaLen: 1024, sr: true})
-	g := c.expect(p(bth.RCRDMAReadResponseOnly, 502), p(bth.RCRDMAReadResponseMiddle, 501), p(bth.RCRDMAReadResponseMiddle, 502), p(bth.RCRDMAReadResponseLast, 503))
+	// 501 is missing at the requester, which asks for it and everything
+	// after it (up to 504): only 501 and 502 have been sent.
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 501, ackReq: true, va: 0x1000 + 1024, rkey: 9, dmaLen: 3072, sr: true})
+	// 505 and after: the reply has not got there, nothing to repeat.
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 505, ackReq: true, va: 0x1000 + 5*1024, rkey: 9, dmaLen: 3072, sr: true})
+	g := c.expect(p(bth.RCRDMAReadResponseFirst, 501), p(bth.RCRDMAReadResponseLast, 502),
+		p(bth.RCRDMAReadResponseMiddle, 503), p(bth.RCRDMAReadResponseMiddle, 504), p(bth.RCRDMAReadResponseMiddle, 505),
+		p(bth.RCRDMAReadResponseMiddle, 506), p(bth.RCRDMAReadResponseLast, 507))
 	for _, x := range g {
 		if !x.SR {
 			t.Fatalf("%v unmarked", x)
 		}
 	}
+	if c.qp.RxDuplicate != 2 {
+		t.Fatalf("%d duplicates counted, want 2", c.qp.RxDuplicate)
+	}
+	// Once the reply is gone, the same request is answered in full.
+	c.inject(req{op: bth.RCRDMAReadRequest, psn: 505, ackReq: true, va: 0x1000 + 5*1024, rkey: 9, dmaLen: 3072, sr: true})
+	c.expect(p(bth.RCRDMAReadResponseFirst, 505), p(bth.RCRDMAReadResponseMiddle, 506), p(bth.RCRDMAReadResponseLast, 507))
 }
 
 // TestSRResponderRNR: an RNR NAK for the expected SEND keeps what is held
@@ -428,6 +499,27 @@ func TestSRRequesterReordering(t *testing.T) {
 	c.expect(p(bth.RCSendOnly, 109))
 	c.respond(srAck(104, 106, 107, 108, 109))
 	c.expect(p(bth.RCSendOnly, 105))
+	c.now = c.now.Add(40 * time.Microsecond)
+	c.respond(srAck(109))
+
+	// With nothing sent after it, RACK's reordering timer does: the hole
+	// is lost once the delivered packet's RTT and the window have passed
+	// since it was sent, well before any RTO (RFC 8985, 6.2 step 5).
+	sends(c, 4, 30)
+	c.outEach() // 110..113
+	c.now = c.now.Add(40 * time.Microsecond)
+	c.respond(srAck(109, 111, 112, 113))
+	c.expect()
+	reo := c.qp.req.sr.reoAt
+	if reo == clock.Never || reo >= c.qp.req.rtoAt || c.qp.Deadline() != reo {
+		t.Fatalf("reordering timer at %v (RTO %v, deadline %v)", reo, c.qp.req.rtoAt, c.qp.Deadline())
+	}
+	c.now = reo
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 110))
+	if c.qp.AdpRetransTO != 0 {
+		t.Fatalf("an RTO fired: %+v", c.qp.Counters)
+	}
 }
 
 // TestSRRequesterReadHoles: a READ reply with a hole is held and only the
@@ -555,5 +647,35 @@ func TestSRRequesterReadBeyondWindow(t *testing.T) {
 	}
 	if w := c.wcs(); len(w) != 1 || !bytes.Equal(dst, src) || c.qp.pool.InUse() != 0 || c.qp.TLPProbes != 0 {
 		t.Fatalf("%+v; pool %d probes %d", w, c.qp.pool.InUse(), c.qp.TLPProbes)
+	}
+}
+
+// TestSRResponderAcksAQuarterWindow: a selective-repeat responder
+// acknowledges every quarter of the receive window its device grants, with
+// or without AckReq, and its SACKETH carries that window; a requester whose
+// window shrank while packets were in flight is never left waiting for an
+// ACK none of them asked for.
+func TestSRResponderAcksAQuarterWindow(t *testing.T) {
+	c := newSRCtx(t, srCfg())
+	c.addMR(9, 0x1000, 1<<16, ib.RemoteWrite)
+	m := &transport.Meta{RecvWindow: 16}
+	for i := 0; i < 10; i++ {
+		r := req{op: bth.RCRDMAWriteMiddle, psn: bth.PSN(500 + i), payload: fill(1024, byte(i)), sr: true}
+		if i == 0 {
+			r.op, r.va, r.rkey, r.dmaLen = bth.RCRDMAWriteFirst, 0x1000, 9, 1<<16
+		}
+		c.qp.Receive(c.now, r.bytes(c.qp.cfg.QPN), m)
+	}
+	g := c.out()
+	if len(g) != 1 || g[0].PSN != 507 {
+		t.Fatalf("after 10 packets without AckReq: %v, want one ACK of 507 (every 4, coalesced)", g)
+	}
+	if w := bth.SACKETH(g[0].Raw[bth.BTHLen+bth.AETHLen:]).Window(); w != 16 {
+		t.Fatalf("SACKETH window %d, want 16", w)
+	}
+	c.qp.Receive(c.now, req{op: bth.RCRDMAWriteMiddle, psn: 510, payload: fill(1024, 10), sr: true}.bytes(c.qp.cfg.QPN), m)
+	c.qp.Receive(c.now, req{op: bth.RCRDMAWriteMiddle, psn: 511, payload: fill(1024, 11), sr: true}.bytes(c.qp.cfg.QPN), m)
+	if g := c.out(); len(g) != 1 || g[0].PSN != 511 {
+		t.Fatalf("%v, want an ACK of 511", g)
 	}
 }

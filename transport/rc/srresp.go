@@ -15,6 +15,23 @@ import (
 func (q *QP) srRespStart() {
 	q.resp.sr = true
 	q.resp.held.init()
+	q.resp.granted = 0
+}
+
+// srGrant is the receive window the next SACKETH grants: the device's
+// share for this QP, but at most twice the last one granted, from
+// InitialWindow on. Windows that open in steps leave the first QPs of a
+// crowd starting at once no more than their share of the frames the rest
+// are about to need (the device's count of QPs receiving catches up as
+// their first packets arrive).
+func (q *QP) srGrant() int {
+	s := &q.resp
+	if s.win == 0 {
+		return 0
+	}
+	g := min(s.win, 2*max(s.granted, InitialWindow))
+	s.granted = g
+	return g
 }
 
 // srRespStop forgets the responder's selective-repeat state and hands held
@@ -56,7 +73,7 @@ func (q *QP) srDrain() {
 		h := bth.BTH(b)
 		op := h.Opcode()
 		q.execRequest(b, op, op.HeaderLen(), len(b)-h.PadCount(), before)
-		s.held.release(q.pool, b)
+		q.spend(b)
 		if s.ePSN == before {
 			// RNR NAK: the requester goes back to this PSN and resends
 			// everything after it.
@@ -91,7 +108,49 @@ func (q *QP) writeSACK(b []byte, base bth.PSN) int {
 		}
 		sk.SetWord(k, w)
 	}
-	sk.SetHeader(words, base)
+	sk.SetHeader(words, base, q.srGrant())
 	q.TxSACKs++
 	return bth.SACKLen(words)
+}
+
+// srReplayRead queues the reply to a READ range a selective-repeat
+// requester asked for again, in front of the replies in progress: it fills
+// a hole the requester waits on. The part of the range that a queued reply
+// of the same READ has yet to send is left to that reply, since it was
+// not lost, only not sent yet: a requester whose tail-loss probe or local
+// ACK timeout fires while the replies are merely slow (paced, or queued
+// behind others) would otherwise have the same bytes sent twice, the
+// replay holding back the reply it repeats, again at every expiry.
+func (q *QP) srReplayRead(it respItem) {
+	s := &q.resp
+	if it.remain == 0 {
+		s.pushFront(it)
+		return
+	}
+	mtu := uint32(q.cfg.MTU)
+	lo, hi := it.psn, it.psn.Add(pktsFor(it.remain, q.cfg.MTU))
+	for k := 0; k < s.qlen; k++ {
+		o := &s.q[(s.qhead+k)%len(s.q)]
+		if o.kind != itemRead || o.res != it.res || o.remain == 0 {
+			continue
+		}
+		oHi := o.psn.Add(pktsFor(o.remain, q.cfg.MTU))
+		if !o.psn.Less(hi) || !lo.Less(oHi) {
+			continue // no overlap
+		}
+		if o.psn.LessEq(lo) {
+			if !oHi.Less(hi) {
+				return // all of it still to come
+			}
+			// The queued reply sends the start: ask only for the rest.
+			d := uint32(oHi.Diff(lo))
+			it.psn, it.off, it.remain = oHi, it.off+d*mtu, it.remain-d*mtu
+			lo = oHi
+			continue
+		}
+		// The queued reply has passed lo: replay only up to it.
+		it.remain = min(it.remain, uint32(o.psn.Diff(lo))*mtu)
+		hi = o.psn
+	}
+	s.pushFront(it)
 }

@@ -2,6 +2,7 @@ package rc
 
 import (
 	"fmt"
+	"github.com/softrnic/softrnic/ib"
 	"os"
 	"testing"
 
@@ -25,8 +26,8 @@ func TestLossSweep(t *testing.T) {
 		name string
 		o    pairOpts
 	}{
-		{"timeout", pairOpts{recovery: RecoveryTimeout, timeout: 8}},
-		{"adaptive", pairOpts{recovery: RecoveryAdaptive, timeout: 8}},
+		{"timeout", pairOpts{recovery: ib.RecoveryTimeout, timeout: 8}},
+		{"adaptive", pairOpts{recovery: ib.RecoveryAdaptive, timeout: 8}},
 		{"selective", pairOpts{sr: true, timeout: 8}},
 	}
 	for _, m := range modes {

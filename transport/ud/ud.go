@@ -142,6 +142,9 @@ func (q *QP) Sent(clock.Time, int) {}
 // only).
 func (q *QP) Failed() bool { return false }
 
+// Failure is never asked: a UD QP does not fail.
+func (q *QP) Failure() ib.EventType { return ib.EventQPFatal }
+
 // Drained is true: a UD send completes as its only packet is built, so
 // none is ever in progress.
 func (q *QP) Drained() bool { return true }
@@ -263,6 +266,9 @@ func (q *QP) Receive(now clock.Time, pkt []byte, m *transport.Meta) {
 		ib.CopyOut(q.cur.SG, 0, m.GRH[:])
 		ib.CopyOut(q.cur.SG, transport.GRHLen, pay)
 		wc.ByteLen = uint32(transport.GRHLen + len(pay))
+		if h.SE() {
+			wc.Flags |= ib.WCSolicited
+		}
 		if o := op.Offset(bth.ExtImmDt); o >= 0 {
 			wc.Flags |= ib.WCWithImm
 			wc.Imm = bth.ImmDt(pkt[o:]).Imm()

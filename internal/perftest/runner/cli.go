@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"time"
 
@@ -111,7 +112,8 @@ func DaemonHost(socket string) (Host, *client.Client, error) {
 // with the given packet I/O and congestion control cc; it calls f with it
 // and tears everything down when f returns.
 func OpenHost(device string, kind host.PortKind, cc rnic.Congestion, f func(Host) error) error {
-	h, err := host.Open(host.Config{Interface: device, Port: kind, Congestion: cc, Engine: engineOptions(cc)})
+	h, err := host.Open(host.Config{Interface: device, Port: kind, Congestion: cc, Engine: engineOptions(cc),
+		CountersFile: os.Getenv(host.CountersEnv)})
 	if err != nil {
 		return err
 	}

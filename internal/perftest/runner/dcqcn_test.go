@@ -15,6 +15,7 @@ import (
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/perftest"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/rnic"
 )
 
 // ccHosts returns two hosts with DCQCN set from args (--dcqcn,
@@ -31,12 +32,20 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: 1700, Seed: 7, Impairments: memlink.Impairments{CEMark: ce}})
+	return linkHosts(t, cc, memlink.Impairments{CEMark: ce})
+}
+
+// linkHosts returns two hosts with congestion control cc joined by an
+// in-memory link with impairments imp, each host's Stats read through its
+// engine loop, as RunCLI does.
+func linkHosts(t *testing.T, cc rnic.Congestion, imp memlink.Impairments) (a, b Host) {
+	t.Helper()
+	pa, pb := memlink.NewPair(memlink.Config{MaxFrame: 1700, Seed: 7, Impairments: imp})
 	t.Cleanup(func() { pa.Close(); pb.Close() })
 	ia := host.Interface{Name: "mla", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xa}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.1")}}
-	ib := host.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
+	ifb := host.Interface{Name: "mlb", MTU: 1500, MAC: [6]byte{2, 0, 0, 0, 0, 0xb}, GIDs: []netip.Addr{netip.MustParseAddr("10.7.0.2")}}
 	mk := func(self, peer host.Interface, pt *memlink.Port) Host {
-		dev, err := host.NewDevice(self, 0, cc, func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil })
+		dev, err := host.NewDevice(self, host.DeviceOptions{Congestion: cc, Resolve: func(context.Context, netip.Addr) ([6]byte, error) { return peer.MAC, nil }})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -55,7 +64,7 @@ func ccHosts(t *testing.T, args []string, ce float64) (a, b Host) {
 		})
 		return Host{Device: dev, Iface: self, Stats: l.DeviceStats}
 	}
-	return mk(ia, ib, pa), mk(ib, ia, pb)
+	return mk(ia, ifb, pa), mk(ifb, ia, pb)
 }
 
 // runPairJSON runs one test as RunCLI does after its side channel

@@ -129,14 +129,22 @@ func TestPerfIPv6WithoutLinkLocal(t *testing.T) {
 func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
 	run func(context.Context, perftest.Params, CLIOptions, io.Writer) (Result, error)) (cres Result, sout, cout *bytes.Buffer) {
 	t.Helper()
+	_, cres, sout, cout = runLinks(t, pair.A, pair.B, ps, pc, run)
+	return cres, sout, cout
+}
+
+// runLinks is runServerClient between the namespaces of links a (server)
+// and b (client).
+func runLinks(t *testing.T, a, b netnstest.Link, ps, pc perftest.Params,
+	run func(context.Context, perftest.Params, CLIOptions, io.Writer) (Result, error)) (sres, cres Result, sout, cout *bytes.Buffer) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	sout, cout = new(bytes.Buffer), new(bytes.Buffer)
-	var sres Result
 	listening := make(chan struct{})
 	serr := make(chan error, 1)
 	go func() {
-		serr <- pair.A.NS.Do(func() (err error) {
+		serr <- a.NS.Do(func() (err error) {
 			sres, err = run(ctx, ps, CLIOptions{PortKind: host.AFXDP, Listening: func(net.Addr) { close(listening) }}, sout)
 			return err
 		})
@@ -146,7 +154,7 @@ func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
 	case err := <-serr:
 		t.Fatalf("server: %v", err)
 	}
-	cerr := pair.B.NS.Do(func() (err error) {
+	cerr := b.NS.Do(func() (err error) {
 		cres, err = run(ctx, pc, CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}, cout)
 		return err
 	})
@@ -159,5 +167,5 @@ func runServerClient(t *testing.T, pair *netnstest.Pair, ps, pc perftest.Params,
 	if !sres.Verify || !cres.Verify {
 		t.Errorf("not verified: server %v client %v", sres.Verify, cres.Verify)
 	}
-	return cres, sout, cout
+	return sres, cres, sout, cout
 }

@@ -94,11 +94,20 @@ func runCMThrough(t *testing.T, s, c Host, port uint16, delay time.Duration, ver
 // package's test, 8-byte report values reduced to their length), each
 // marked c (client) or s (server). Data WRITEs and ACKs are left out.
 // After the first DREQ only the CM messages' kinds are kept, in a
-// separate list, since who disconnects what first is a race.
+// separate list, since who disconnects what first is a race. A control
+// SEND sent again (adaptive retransmission repeats one whose ACK was
+// merely late, as happens on a loaded host) is the same message: it is
+// counted once.
 func wireShape(t *testing.T, frames [][]byte) (shape, teardown []string) {
 	t.Helper()
 	var client netip.Addr
 	tearing := false
+	type sent struct {
+		src netip.Addr
+		qpn uint32
+		psn uint32
+	}
+	seen := map[sent]bool{}
 	for _, fb := range frames {
 		var f frame.Frame
 		if err := frame.Parse(fb, &f); err != nil {
@@ -136,6 +145,11 @@ func wireShape(t *testing.T, frames [][]byte) (shape, teardown []string) {
 				tearing = true
 			}
 		case f.Opcode() == bth.RCSendOnly:
+			k := sent{f.Src(), f.BTH().DestQP(), uint32(f.BTH().PSN())}
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
 			p := f.Payload()
 			switch len(p) {
 			case perftest.CMDestSize:

@@ -69,6 +69,9 @@ type Result struct {
 	// CC is each QP's congestion-control state at the end of the run
 	// (empty with it off), taken before the QPs are destroyed.
 	CC []QPCongestion
+	// Recovery sums the loss recovery counters of the run's RC QPs at
+	// its end (nil: not RC, or the device does not count them).
+	Recovery *verbs.RecoveryCounters
 	// Peer is the address of the peer's GID.
 	Peer netip.Addr
 }
@@ -225,9 +228,13 @@ func (t *Test) info() perftest.Info {
 		GIDIndex: t.p.GIDIndex, Duration: t.p.Duration, ReportGbits: t.p.ReportGbits}
 }
 
-// snapshotCC records each QP's congestion-control state while the QPs
-// still exist.
+// snapshotCC records each QP's congestion-control state and the QPs' loss
+// recovery counters while the QPs still exist.
 func (t *Test) snapshotCC() {
+	if rcn, ok := t.dev.(verbs.RecoveryCounter); ok && t.qpType() == ib.RC {
+		c := rcn.RecoveryCounters(t.qpns)
+		t.res.Recovery = &c
+	}
 	t.res.CC = t.res.CC[:0]
 	for _, q := range t.qps {
 		c, ok := q.qp.(verbs.CongestionStater)
@@ -252,6 +259,13 @@ func (t *Test) JSON() *JSONResult {
 		j.TestInfo.Verified = &v
 	}
 	out := &JSONResult{JSONResult: j}
+	if t.res.Recovery != nil {
+		mode := t.p.Recovery
+		if mode == ib.RecoveryDefault {
+			mode = t.deviceRecovery()
+		}
+		out.Recovery = &RecoveryJSON{Mode: mode.String(), RecoveryCounters: *t.res.Recovery}
+	}
 	algo, profile, scale, on := t.congestion()
 	if !on {
 		return out
@@ -296,11 +310,13 @@ func (t *Test) JSON() *JSONResult {
 }
 
 // JSONResult is perftest's --json layout plus, with congestion control
-// on, a "cc" object and, under DCQCN, a "dcqcn" object.
+// on, a "cc" object and, under DCQCN, a "dcqcn" object, and for RC a
+// "recovery" object.
 type JSONResult struct {
 	*perftest.JSONResult
-	CC    *CCJSON    `json:"cc,omitempty"`
-	DCQCN *DCQCNJSON `json:"dcqcn,omitempty"`
+	CC       *CCJSON       `json:"cc,omitempty"`
+	DCQCN    *DCQCNJSON    `json:"dcqcn,omitempty"`
+	Recovery *RecoveryJSON `json:"recovery,omitempty"`
 }
 
 // CCJSON is the "cc" object of --json, whatever the algorithm: which one
@@ -769,7 +785,7 @@ func now() int64 { return int64(clock.Now()) }
 // qpAttr is the QP of perftest's: type typ, depths sq and rq, one SGE,
 // on one CQ.
 func (t *Test) qpAttr(typ ib.QPType, cq verbs.CQ, sq, rq int) *verbs.QPInitAttr {
-	return &verbs.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq,
+	return &verbs.QPInitAttr{Type: typ, SendCQ: cq, RecvCQ: cq, Recovery: t.p.Recovery,
 		Cap: ib.QPCaps{MaxSendWR: uint32(sq), MaxRecvWR: uint32(rq), MaxSendSGE: 1, MaxRecvSGE: 1}}
 }
 
@@ -797,4 +813,21 @@ func (t *Test) newQP(i int) (q *qp, sq, rq int, err error) {
 		return nil, 0, 0, err
 	}
 	return q, sq, rq, nil
+}
+
+// deviceRecovery is the recovery mode of the device's QPs that do not
+// choose their own, where the device says (RecoveryDefault otherwise).
+func (t *Test) deviceRecovery() ib.Recovery {
+	if t.local != nil {
+		return t.local.Config().Recovery
+	}
+	return ib.RecoveryDefault
+}
+
+// RecoveryJSON is the "recovery" object of --json: the QPs' loss recovery
+// mode ("default": the daemon's) and their counters summed at the end of
+// the run, under softrnic stats' names.
+type RecoveryJSON struct {
+	Mode string `json:"mode"`
+	verbs.RecoveryCounters
 }

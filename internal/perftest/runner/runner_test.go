@@ -27,7 +27,7 @@ import (
 // and runs it on p until the test ends.
 func startDevice(t *testing.T, in host.Interface, p port.Port, opt engine.Options, resolve func(context.Context, netip.Addr) ([6]byte, error)) *rnic.Device {
 	t.Helper()
-	dev, err := host.NewDevice(in, 0, rnic.Congestion{}, resolve)
+	dev, err := host.NewDevice(in, host.DeviceOptions{Resolve: resolve})
 	if err != nil {
 		t.Fatal(err)
 	}
