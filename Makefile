@@ -15,7 +15,7 @@ DEB_PKGS := iproute2 ethtool nftables tcpdump sockperf \
 # Where `make install` puts the drop-in libraries (`softrnic run` looks beside the binary too).
 LIBDIR   ?= /usr/local/lib/softrnic
 
-.PHONY: all deps build clib demo test test-race test-long fuzz bench bench-loss lint generate sim-demo sim-sweep sim-workload dcqcn-live cc-live veth-stall install lab interop lab-selfcheck clean
+.PHONY: all deps build clib demo test test-race test-long fuzz bench bench-loss bench-stock lint generate sim-demo sim-sweep sim-workload dcqcn-live cc-live veth-stall install lab interop lab-selfcheck clean
 
 all: build
 
@@ -64,7 +64,7 @@ fuzz:
 		done; \
 	done
 
-## bench: micro-benchmarks of the wire formats, links, CM and simulator, then the raw I/O, data path and loss tables
+## bench: micro-benchmarks of the wire formats, links, CM and simulator, then the raw I/O, data path, external-memory copies, stock-program and loss tables
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./bth ./icrc ./frame ./port/memlink ./cm
 	$(GO) test -run '^$$' -bench . -benchtime 3x ./sim/ ./congestion/...
@@ -74,7 +74,14 @@ bench:
 	$(GO) test -run '^$$' -bench Send64 -benchtime 2s ./daemon
 	$(GO) run ./bench/io -json out/bench-io.json
 	$(GO) run ./bench/rnic -json out/bench-rnic.json
+	$(GO) test -run '^$$' -bench 'ExternalCopy' -benchtime 2000x ./rnic
+	$(MAKE) bench-stock
 	$(MAKE) bench-loss
+
+## bench-stock: root, ~2 min; stock ib_send_lat -s 64, ib_send_bw -s 64 and ib_write_bw -s 65536 through softrnic run (a daemon each end) beside softrnic perf in process on the same veth, interleaved rounds, the ratios and their goals; out/bench-stock.json (BENCH_STOCK_FLAGS: bench/stock -h)
+BENCH_STOCK_FLAGS ?=
+bench-stock: build clib
+	$(GO) run ./bench/stock -softrnic $(BIN) -clib c/build/lib -json out/bench-stock.json $(BENCH_STOCK_FLAGS)
 
 ## bench-loss: root, 2-3 min; `softrnic perf write_bw` over a bridge dropping 0/1/3 % of RoCEv2 frames each way (-u 14 and 8), by QP count at MTU 1500 and 4200 with the receiver's AF_XDP drops, and with a daemon receiver; tables, goals and out/bench-loss.json (BENCH_LOSS_FLAGS: bench/loss -h)
 BENCH_LOSS_FLAGS ?=

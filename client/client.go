@@ -396,9 +396,12 @@ type QP struct {
 	sq, rq   *shmring.Ring
 	smu, rmu sync.Mutex
 	sqp, rqp *shmring.Producer
-	srq      *SRQ // receives come from here, or nil
-	state    ib.QPState
-	stateMu  sync.Mutex
+	// destroyed is set, with smu and rmu held, when Destroy unmaps the
+	// rings: a post after it fails instead of touching them.
+	destroyed bool
+	srq       *SRQ // receives come from here, or nil
+	state     ib.QPState
+	stateMu   sync.Mutex
 }
 
 var _ verbs.QP = (*QP)(nil)
@@ -546,6 +549,11 @@ func (q *QP) Destroy() error {
 	if err := q.c.callHandle(proto.OpDestroyQP, q.h); err != nil {
 		return err
 	}
+	q.smu.Lock()
+	q.rmu.Lock()
+	defer q.smu.Unlock()
+	defer q.rmu.Unlock()
+	q.destroyed = true
 	q.sq.Close()
 	return q.rq.Close()
 }
@@ -555,12 +563,15 @@ func (q *QP) Destroy() error {
 // it stopped early. Like ibv_post_send, a QP before RTS refuses; a QP in
 // error accepts and the daemon flushes. No syscall, no allocation.
 func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.destroyed && len(ws) > 0 {
+		return 0, q.wrError(verbs.QueueSQ, 0, ws[0].ID, verbs.ErrDestroyed, "the QP is destroyed")
+	}
 	st := q.State()
 	if st != ib.RTS && st != ib.SQD && st != ib.SQE && st != ib.Err && len(ws) > 0 {
 		return 0, q.wrError(verbs.QueueSQ, 0, ws[0].ID, verbs.ErrQPState, "the QP is in %v; sends need RTS, SQD, SQE or ERR", st)
 	}
-	q.smu.Lock()
-	defer q.smu.Unlock()
 	n := 0
 	var err error
 	for i := range ws {
@@ -614,6 +625,9 @@ func (q *QP) wrError(qu verbs.Queue, i int, id uint64, kind error, format string
 func (q *QP) RecvBacklog() int {
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
+	if q.destroyed {
+		return 0
+	}
 	return q.rq.Geometry().Slots - q.rqp.Free()
 }
 
@@ -631,14 +645,17 @@ func (q *QP) SyncRecv(ctx context.Context) error {
 
 // PostRecv posts receive work requests, publishing them together.
 func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	if q.destroyed && len(ws) > 0 {
+		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrDestroyed, "the QP is destroyed")
+	}
 	if q.srq != nil && len(ws) > 0 {
 		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrNoRecvQueue, "the QP receives from an SRQ")
 	}
 	if q.State() == ib.Reset && len(ws) > 0 {
 		return 0, q.wrError(verbs.QueueRQ, 0, ws[0].ID, verbs.ErrQPState, "the QP is in RESET")
 	}
-	q.rmu.Lock()
-	defer q.rmu.Unlock()
 	n := 0
 	var err error
 	for i := range ws {

@@ -44,6 +44,8 @@ func FuzzControlMessages(f *testing.F) {
 	f.Add(seed(proto.OpDeallocPD, &proto.HandleMsg{Handle: 1}), false)
 	f.Add(seed(proto.OpStatus, nil), true)
 	f.Add(seed(proto.OpCreateAH, &proto.CreateAHReq{PD: 1, AV: ib.AddressVector{DGID: ib.GIDFrom(testlink.AddrA)}}), true)
+	f.Add(seed(proto.OpAttachMem, nil), true) // without its two fds
+	f.Add(seed(proto.OpRegMRAddr, &proto.RegMRAddrReq{PD: 1, Access: ib.LocalWrite, Space: 1, Addr: 0x1000, Length: 4096, IOVA: 0x1000}), true)
 	f.Add(seed(proto.OpCreateSRQ, &proto.CreateSRQReq{PD: 1, MaxWR: 8, MaxSGE: 1}), true)
 	f.Add(seed(proto.OpModifySRQ, &proto.ModifySRQReq{SRQ: 2, Mask: ib.SRQLimit, Attr: ib.SRQAttr{Limit: 4}}), true)
 	f.Add(seed(proto.OpQuerySRQ, &proto.HandleMsg{Handle: 2}), true)

@@ -70,10 +70,15 @@
 //
 // # Data path
 //
-// Registered memory is the client's own memfd, sealed against shrinking
-// (checked before mapping, so a client cannot fault the daemon by
+// Registered memory is either the client's own memfd, sealed against
+// shrinking (checked before mapping, so a client cannot fault the daemon by
 // truncating it) and mapped by the daemon: remote READ and WRITE land in the
-// client's buffer with no copy. SQ, RQ and CQ are shmring rings in memfds
+// client's buffer with no copy (the Go clients); or any range of the
+// client's address space, which the daemon never maps: the client passes
+// its /proc/self/mem and /proc/self/maps once (ATTACH_MEM), the device
+// copies through the first in batches (rnic.AddrSpace), and each
+// registration is checked against the second (procmem.go; the stock
+// applications of the C library). SQ, RQ and CQ are shmring rings in memfds
 // the daemon creates and seals. The pump (one goroutine) takes WRs from
 // every SQ and RQ, checks them (a malformed entry completes in error and
 // errors the QP), posts them to the device, and moves the device's

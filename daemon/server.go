@@ -512,6 +512,8 @@ func (s *Server) pollOnce() int {
 }
 
 func (s *Server) drainRQ(q *qpObj) int {
+	q.rqMu.Lock()
+	defer q.rqMu.Unlock()
 	n := 0
 	for ; n < pumpBatch; n++ {
 		slot := q.rqc.Peek()
@@ -533,6 +535,33 @@ func (s *Server) drainRQ(q *qpObj) int {
 	q.rqc.Release()
 	s.checkRings(q)
 	return n
+}
+
+// refillRQ is the QP's receive refill (rnic.QP.SetRecvRefill): when a
+// message finds the device's RQ empty, the engine moves the receives the
+// client has already posted to its ring, so that a UC or UD message sent
+// right after the client posted its receive (and told its peer so) is not
+// dropped, nor an RC one answered with an RNR NAK, for want of the pump
+// having run. It never waits: if the pump is draining this ring, the
+// receives are on their way; an entry the device does not take as it is
+// is left to the pump, which fails it properly.
+func (q *qpObj) refillRQ(post func(*verbs.RecvWR) bool) {
+	if !q.rqMu.TryLock() {
+		return
+	}
+	defer q.rqMu.Unlock()
+	for q.rqc.Err() == nil {
+		slot := q.rqc.Peek()
+		if slot == nil {
+			break
+		}
+		w := &q.rwr[0]
+		if proto.GetRecvWR(slot, w) != nil || !post(w) {
+			q.rqc.Unpeek()
+			break
+		}
+	}
+	q.rqc.Release()
 }
 
 func (s *Server) drainSQ(q *qpObj) int {

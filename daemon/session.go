@@ -42,6 +42,7 @@ type session struct {
 	// never stalls the pump.
 	ahMu    sync.Mutex
 	ahs     map[proto.Handle]*ahObj
+	spaces  map[proto.Handle]*addrSpaceObj // the client's address spaces (procmem.go)
 	mrBytes int64
 	// graves are mappings of deregistered MRs, already detached from the
 	// client's memory, unmapped once no QP of the session can hold a
@@ -77,8 +78,9 @@ type ahObj struct {
 type mrObj struct {
 	mr      *rnic.MR
 	pd      *pdObj
-	mapping []byte // the whole mmap, to unmap
-	length  int64  // registered bytes, counted against MaxMRBytes
+	mapping []byte        // the whole mmap, to unmap (a memfd MR)
+	space   *addrSpaceObj // the address space (an MR of OpRegMRAddr)
+	length  int64         // registered bytes, counted against MaxMRBytes
 }
 
 type cqObj struct {
@@ -110,8 +112,11 @@ type qpObj struct {
 	sqc, rqc   *shmring.Consumer
 	swr        [1]verbs.SendWR // decode buffers, reused: no allocation per WR
 	rwr        [1]verbs.RecvWR
-	broken     bool // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady    int  // send WRs noted at the start of this pump pass
+	// rqMu serialises the RQ ring's consumer (rqc, rwr): the pump drains
+	// it, and the engine refills the device's RQ from it (refillRQ).
+	rqMu    sync.Mutex
+	broken  bool // ring corrupted by the client; pump skips it (pump-owned)
+	sqReady int  // send WRs noted at the start of this pump pass
 }
 
 // errno is an error with the errno the client receives.
@@ -157,7 +162,7 @@ func (s *Server) startSession(c *net.UnixConn) {
 	s.nextID++
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, events: eventSink{fd: -1}}
+		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, spaces: map[proto.Handle]*addrSpaceObj{}, events: eventSink{fd: -1}}
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
 	s.wg.Add(1)
@@ -244,9 +249,14 @@ func (ss *session) reply(h proto.Header, body any, fds []int, err error) error {
 // over or closed. Returned fds stay owned by the objects they belong to (the
 // peer receives its own copies).
 func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out []int, err error) {
-	wantFDs := 0
-	if h.Op == proto.OpRegMR || h.Op == proto.OpCapture {
+	var wantFDs int
+	switch h.Op {
+	case proto.OpRegMR, proto.OpCapture:
 		wantFDs = 1
+	case proto.OpAttachMem:
+		wantFDs = 2
+	default:
+		wantFDs = 0 // the other operations pass none
 	}
 	if len(fds) != wantFDs {
 		proto.CloseFDs(fds)
@@ -323,6 +333,10 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.asyncEvents(body)
 	case proto.OpQueryDevice:
 		return ss.queryDevice(body)
+	case proto.OpAttachMem:
+		return ss.attachMem(body, fds)
+	case proto.OpRegMRAddr:
+		return ss.regMRAddr(body)
 	default:
 		return nil, nil, errf(unix.EOPNOTSUPP, "unknown operation %v", h.Op)
 	}
@@ -337,7 +351,7 @@ func (ss *session) undo(op string, err error) {
 }
 
 func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.srqs)+len(ss.ahs)+ss.ucmObjects >= ss.s.opt.MaxObjects {
+	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.srqs)+len(ss.ahs)+len(ss.spaces)+ss.ucmObjects >= ss.s.opt.MaxObjects {
 		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
 	}
 	ss.next++
@@ -462,17 +476,11 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	if err := proto.DecodeBody(body, &req); err != nil {
 		return nil, nil, err
 	}
-	if req.Length == 0 || req.Length > ss.s.info.MaxMRSize || req.Offset > 1<<50 {
-		return nil, nil, errf(unix.EINVAL, "MR length %d (offset %d) out of range", req.Length, req.Offset)
+	if req.Offset > 1<<50 {
+		return nil, nil, errf(unix.EINVAL, "MR offset %d out of range", req.Offset)
 	}
-	if req.Access&^(ib.LocalWrite|ib.RemoteWrite|ib.RemoteRead|ib.RemoteAtomic) != 0 {
-		return nil, nil, errf(unix.EINVAL, "unknown access flags %#x", uint32(req.Access))
-	}
-	if req.Access&(ib.RemoteWrite|ib.RemoteAtomic) != 0 && req.Access&ib.LocalWrite == 0 {
-		return nil, nil, errf(unix.EINVAL, "remote write or atomic access requires local write (as in verbs)")
-	}
-	if _, carry := bits.Add64(req.IOVA, req.Length, 0); carry != 0 {
-		return nil, nil, errf(unix.EINVAL, "MR wraps the address space")
+	if err := ss.checkMRReq(req.Access, req.Length, req.IOVA); err != nil {
+		return nil, nil, err
 	}
 	if err := shmring.CheckSealed(fd, int64(req.Offset+req.Length)); err != nil {
 		return nil, nil, errf(unix.EINVAL, "MR memory: %v", err)
@@ -537,6 +545,11 @@ func (ss *session) deregMR(body []byte) (any, []int, error) {
 func (ss *session) releaseMR(m *mrObj) error {
 	err := m.mr.Dereg()
 	m.pd.refs--
+	ss.mrBytes -= m.length
+	if m.space != nil {
+		m.space.refs-- // Dereg waited for the copies in progress: nothing is left to bury
+		return err
+	}
 	if derr := detach(m.mapping); derr != nil {
 		// Cannot happen for a range we mapped; if it did, keep the client
 		// mapping alive rather than risk a fault.
@@ -544,7 +557,6 @@ func (ss *session) releaseMR(m *mrObj) error {
 	}
 	ss.graves = append(ss.graves, m.mapping)
 	ss.graveBytes += int64(len(m.mapping))
-	ss.mrBytes -= m.length
 	return err
 }
 
@@ -748,6 +760,7 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		sqc: sq.Consumer(), rqc: rq.Consumer(), srq: x}
 	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
 	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
+	qp.SetRecvRefill(q.refillRQ)
 	ss.mu.Lock()
 	h, err := ss.newHandle()
 	if err == nil {
@@ -947,6 +960,11 @@ func (ss *session) cleanup() ClientInfo {
 		}
 	}
 	ss.buryGraves()
+	spaces := ss.spaces
+	ss.spaces = map[proto.Handle]*addrSpaceObj{}
+	for _, a := range spaces {
+		a.release()
+	}
 	ss.mu.Unlock()
 	for _, c := range cqs {
 		if err := ss.releaseCQ(c); err != nil {

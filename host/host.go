@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -193,6 +194,11 @@ func NewDevice(in Interface, o DeviceOptions) (*rnic.Device, error) {
 // peer reached through the host's interface.
 func (h *Host) resolve(ctx context.Context, peer netip.Addr) ([6]byte, error) {
 	var mac [6]byte
+	if slices.Contains(h.Iface.GIDs, peer.Unmap()) {
+		// The device itself (the kernel would call it a local address):
+		// its frames loop back inside it (rnic's loopback).
+		return h.Iface.MAC, nil
+	}
 	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
 	defer cancel()
 	n, err := h.res.Resolve(ctx, peer) // probes IPv6 peers on links without link-local addresses

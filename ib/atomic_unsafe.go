@@ -16,6 +16,9 @@ var atomicMu sync.Mutex
 // operand is) with cmp and stores swap if equal, returning the original
 // value. s must be 8 bytes long.
 func (s Seg) CmpSwap(cmp, swap uint64) uint64 {
+	if s.x != nil {
+		return s.x.CmpSwapExternal(s.va, cmp, swap)
+	}
 	b := s.b[:8]
 	if uintptr(unsafe.Pointer(&b[0]))%8 == 0 {
 		p := (*uint64)(unsafe.Pointer(&b[0]))
@@ -41,6 +44,9 @@ func (s Seg) CmpSwap(cmp, swap uint64) uint64 {
 // FetchAdd adds add to the 8 bytes of s (host byte order) and returns the
 // original value. s must be 8 bytes long.
 func (s Seg) FetchAdd(add uint64) uint64 {
+	if s.x != nil {
+		return s.x.FetchAddExternal(s.va, add)
+	}
 	b := s.b[:8]
 	if uintptr(unsafe.Pointer(&b[0]))%8 == 0 {
 		return atomic.AddUint64((*uint64)(unsafe.Pointer(&b[0])), add) - add

@@ -111,3 +111,70 @@ func TestGID(t *testing.T) {
 		t.Fatal("zero GID")
 	}
 }
+
+// fakeExt is external memory backed by a slice, recording what the Seg
+// asked of it.
+type fakeExt struct {
+	mem    []byte
+	reads  int
+	writes int
+}
+
+func (f *fakeExt) ViewExternal(va uint64, n, avail int) []byte {
+	if avail < n || va+uint64(avail) > 20 {
+		panic("avail beyond the Seg")
+	}
+	f.reads++
+	return f.mem[va : va+uint64(n)]
+}
+func (f *fakeExt) WriteExternal(va uint64, src []byte) { f.writes++; copy(f.mem[va:], src) }
+func (f *fakeExt) CmpSwapExternal(va, cmp, swap uint64) uint64 {
+	return LocalSeg(f.mem[va:va+8]).CmpSwap(cmp, swap)
+}
+func (f *fakeExt) FetchAddExternal(va, add uint64) uint64 {
+	return LocalSeg(f.mem[va : va+8]).FetchAdd(add)
+}
+
+// An external Seg behaves as the local one over the same bytes, reaching
+// them only through its External, within its bounds.
+func TestExternalSeg(t *testing.T) {
+	f := &fakeExt{mem: make([]byte, 32)}
+	x := ExternalSeg(f, 4, 16) // bytes 4..20
+	local := make([]byte, 3)
+	sg := []Seg{LocalSeg(local), x.Slice(2, 10)} // local, then external bytes 6..16
+	src := []byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14}
+	if n := CopyOut(sg, 0, src); n != 13 || !bytes.Equal(local, src[:3]) || !bytes.Equal(f.mem[6:16], src[3:13]) || f.mem[16] != 0 {
+		t.Fatalf("CopyOut %d: % x | % x", n, local, f.mem)
+	}
+	dst := make([]byte, 20)
+	if n := CopyIn(dst, sg, 1); n != 12 || !bytes.Equal(dst[:12], src[1:13]) {
+		t.Fatalf("CopyIn %d: % x", n, dst)
+	}
+	if x.Len() != 16 || x.Slice(2, 10).Len() != 10 || x.WriteAt(15, []byte{9, 9}) != 1 || f.mem[19] != 9 || f.mem[20] != 0 || x.ReadAt(dst, 16) != 0 {
+		t.Fatal("bounds")
+	}
+	// Gather folds external bytes as it does local ones.
+	sum := func(st uint32, d, s []byte) uint32 {
+		copy(d, s)
+		for _, b := range s {
+			st += uint32(b)
+		}
+		return st
+	}
+	g := make([]byte, 13)
+	st, k := Gather(g, sg, 0, 0, sum)
+	want := uint32(0)
+	for _, b := range append(append([]byte{}, local...), f.mem[6:16]...) {
+		want += uint32(b)
+	}
+	if k != 13 || st != want || !bytes.Equal(g[:3], local) || !bytes.Equal(g[3:], f.mem[6:16]) {
+		t.Fatalf("Gather %d %d (want %d): % x", k, st, want, g)
+	}
+	a := ExternalSeg(f, 24, 8)
+	if a.FetchAdd(5) != 0 || a.CmpSwap(5, 9) != 5 || a.CmpSwap(5, 1) != 9 {
+		t.Fatal("atomics")
+	}
+	if f.reads == 0 || f.writes == 0 {
+		t.Fatal("the external memory was not used")
+	}
+}

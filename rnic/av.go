@@ -55,6 +55,9 @@ func (d *Device) destMAC(av *ib.AddressVector) ([6]byte, error) {
 	if !dst.IsValid() {
 		return [6]byte{}, errors.New("no destination GID")
 	}
+	if d.isLocal(dst) {
+		return d.cfg.MAC, nil // loopback (loop.go)
+	}
 	if d.cfg.Resolve == nil {
 		return [6]byte{}, fmt.Errorf("no MAC for %v and no neighbour resolution", dst)
 	}

@@ -24,7 +24,9 @@ type Stats struct {
 	RxBadSrc    uint64 // RC/UC source address is not the connected peer
 	RxBadState  uint64 // QP not in a state that receives
 	TxFrames    uint64
+	LoopFrames  uint64 // built for a QP of the device itself and received without the wire
 	CongestionStats
+	DMAStats
 }
 
 // CongestionStats are the device's congestion-control counters: DCQCN's,

@@ -85,17 +85,21 @@ type Device struct {
 	handedOver atomic.Bool
 
 	// engine-only state
-	ready  []*QP // QPs that may have frames to send
-	timed  []*QP // QPs that may have a timer armed
-	rxf    frame.Frame
-	share  rxShare
-	grh    [transport.GRHLen]byte
-	meta   transport.Meta
-	pay    transport.Payload // the payload of the frame being built
-	rr     int
-	ipID   uint16
-	cc     *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
-	rxAway time.Duration // SetRxAway: for the frames of the next Receive
+	ready []*QP // QPs that may have frames to send
+	timed []*QP // QPs that may have a timer armed
+	rxf   frame.Frame
+	share rxShare
+	grh   [transport.GRHLen]byte
+	dma   dmaBatch // writes to external memory (dma.go)
+	// frames for the device itself, delivered after Transmit (loop.go)
+	loop    [][]byte
+	loopBuf []byte
+	meta    transport.Meta
+	pay     transport.Payload // the payload of the frame being built
+	rr      int
+	ipID    uint16
+	cc      *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
+	rxAway  time.Duration // SetRxAway: for the frames of the next Receive
 	// reorder holds the out-of-order packets of selective-repeat QPs
 	// (rc.ReorderPool; its own lock).
 	reorder *rc.ReorderPool

@@ -14,6 +14,8 @@
 //	modify.go    ibv_modify_qp: IBA's transitions and attribute checks
 //	post.go      post send and post receive: work requests to WQEs
 //	recv.go      receive checks and demultiplexing to a QP's transport
+//	loop.go      loopback: frames for the device itself, received without the wire
+//	dma.go       memory of another address space: batched copies, faults
 //	net.go       the only code that knows Ethernet, IP and UDP (frame's templates)
 //	sched.go     the ready and timer lists: Transmit, Expire, NextDeadline
 //	poll.go      busy polling: an application running the step itself

@@ -10,10 +10,13 @@ import (
 	"github.com/softrnic/softrnic/verbs"
 )
 
-// MR is a memory region over caller memory.
+// MR is a memory region over caller memory (local memory, or a range of
+// an AddrSpace).
 type MR struct {
 	pd     *PD
-	buf    []byte
+	mem    ib.Seg  // the whole region
+	buf    []byte  // local memory; nil for external
+	ext    *extMem // external memory; nil for local
 	iova   uint64
 	access ib.Access
 	lkey   uint32
@@ -31,9 +34,9 @@ func (m *MR) RKey() uint32 { return m.rkey }
 func (m *MR) IOVA() uint64 { return m.iova }
 
 // Len is the MR's length in bytes.
-func (m *MR) Len() int { return len(m.buf) }
+func (m *MR) Len() int { return m.mem.Len() }
 
-// Bytes returns the registered memory.
+// Bytes returns the registered memory (nil for an MR over an AddrSpace).
 func (m *MR) Bytes() []byte { return m.buf }
 
 // Valid reports whether the MR may still be used (not deregistered or
@@ -60,14 +63,35 @@ func (pd *PD) RegBytes(buf []byte, iova uint64, access ib.Access) (*MR, error) {
 	if iova == 0 {
 		iova = addrOf(buf)
 	}
+	return pd.register(&MR{pd: pd, mem: ib.LocalSeg(buf), buf: buf, iova: iova, access: access})
+}
+
+// RegExternal registers the n bytes at address addr of the address space
+// a at virtual address iova with the given access. The caller has
+// checked that the range is mapped in a and, for an access that writes,
+// writable: the device's copies would otherwise write read-only pages
+// (FOLL_FORCE) or fail.
+func (pd *PD) RegExternal(a *AddrSpace, addr, n, iova uint64, access ib.Access) (*MR, error) {
+	if a.dev != pd.dev {
+		return nil, fmt.Errorf("rnic: register MR: the address space is another device's: %w", verbs.ErrInvalid)
+	}
+	if n > MaxMsgSize || addr+n < addr {
+		return nil, fmt.Errorf("rnic: register MR: [%#x, +%d) out of range: %w", addr, n, verbs.ErrInvalid)
+	}
+	x := &extMem{as: a}
+	return pd.register(&MR{pd: pd, mem: ib.ExternalSeg(x, addr, int(n)), ext: x, iova: iova, access: access})
+}
+
+// register checks m's access and range and gives it its keys.
+func (pd *PD) register(m *MR) (*MR, error) {
+	access, iova, n := m.access, m.iova, uint64(m.mem.Len())
 	// IBA: remote write or atomic access requires local write.
 	if !access.ValidForMR() {
 		return nil, fmt.Errorf("rnic: register MR: access %#x (remote write or atomic needs local write): %w", uint32(access), verbs.ErrAccess)
 	}
-	if iova+uint64(len(buf)) < iova {
-		return nil, fmt.Errorf("rnic: register MR: [%#x, +%d) wraps the address space: %w", iova, len(buf), verbs.ErrInvalid)
+	if iova+n < iova {
+		return nil, fmt.Errorf("rnic: register MR: [%#x, +%d) wraps the address space: %w", iova, n, verbs.ErrInvalid)
 	}
-	m := &MR{pd: pd, buf: buf, iova: iova, access: access}
 	m.valid.Store(true)
 	d := pd.dev
 	d.keyMu.Lock()
@@ -102,17 +126,22 @@ func (d *Device) freshKey() (uint32, error) {
 	return 0, verbs.ErrKeySpace
 }
 
-// Dereg deregisters the MR: its keys stop working at once.
+// Dereg deregisters the MR: its keys stop working at once, and the device
+// copies no more of an external MR's memory once it returns (work that
+// still names it then fails as a DMA error).
 func (m *MR) Dereg() error {
 	m.valid.Store(false)
 	d := m.pd.dev
 	d.keyMu.Lock()
-	defer d.keyMu.Unlock()
 	if d.keys.get(m.lkey) == m {
 		d.keys.remove(m.lkey)
 	}
 	if d.keys.get(m.rkey) == m {
 		d.keys.remove(m.rkey)
+	}
+	d.keyMu.Unlock()
+	if m.ext != nil {
+		m.ext.revoke()
 	}
 	return nil
 }
@@ -127,12 +156,11 @@ func (d *Device) lookup(key uint32, pd *PD) *MR {
 }
 
 // slice returns [va, va+n) of m when it lies inside the MR.
-func (m *MR) slice(va, n uint64) ([]byte, bool) {
-	if va < m.iova || va+n < va || va+n > m.iova+uint64(len(m.buf)) {
-		return nil, false
+func (m *MR) slice(va, n uint64) (ib.Seg, bool) {
+	if va < m.iova || va+n < va || va+n > m.iova+uint64(m.mem.Len()) {
+		return ib.Seg{}, false
 	}
-	off := va - m.iova
-	return m.buf[off : off+n : off+n], true
+	return m.mem.Slice(va-m.iova, n), true
 }
 
 // qpMem is the transports' view of remote-accessible memory, bound to the
@@ -145,8 +173,7 @@ func (m qpMem) Resolve(rkey uint32, va, n uint64, access ib.Access) (ib.Seg, boo
 	if mr == nil || mr.rkey != rkey || mr.access&access != access {
 		return ib.Seg{}, false
 	}
-	b, ok := mr.slice(va, n)
-	return ib.LocalSeg(b), ok
+	return mr.slice(va, n)
 }
 
 // Invalidate implements ib.Memory.

@@ -139,7 +139,7 @@ func (q *QP) resolveSend(s *verbs.SendWR, ah *AH, w *ib.SendWQE, sg []ib.Seg) {
 	var total uint64
 	for _, g := range s.SG {
 		m := q.dev.lookup(g.LKey, q.pd)
-		var b []byte
+		var b ib.Seg
 		ok := m != nil && m.lkey == g.LKey && (!needWrite || m.access&ib.LocalWrite != 0)
 		if ok {
 			b, ok = m.slice(g.Addr, uint64(g.Length))
@@ -148,7 +148,7 @@ func (q *QP) resolveSend(s *verbs.SendWR, ah *AH, w *ib.SendWQE, sg []ib.Seg) {
 			w.Err = ib.LocProtErr
 			continue
 		}
-		sg = append(sg, ib.LocalSeg(b))
+		sg = append(sg, b)
 		total += uint64(g.Length)
 	}
 	if total > MaxMsgSize && w.Err == ib.Success {
@@ -196,8 +196,8 @@ func (d *Device) resolveRecv(pd *PD, r *verbs.RecvWR, w *ib.RecvWQE, sg []ib.Seg
 	w.ID, w.Err, w.Length = r.ID, ib.Success, 0
 	for _, s := range r.SG {
 		m := d.lookup(s.LKey, pd)
-		var b []byte
-		ok := m != nil && m.access&ib.LocalWrite != 0
+		var b ib.Seg
+		ok := m != nil && m.lkey == s.LKey && m.access&ib.LocalWrite != 0
 		if ok {
 			b, ok = m.slice(s.Addr, uint64(s.Length))
 		}
@@ -205,7 +205,7 @@ func (d *Device) resolveRecv(pd *PD, r *verbs.RecvWR, w *ib.RecvWQE, sg []ib.Seg
 			w.Err = ib.LocProtErr
 			continue
 		}
-		sg = append(sg, ib.LocalSeg(b))
+		sg = append(sg, b)
 		w.Length += s.Length
 	}
 	w.SG = sg

@@ -60,8 +60,12 @@ type QP struct {
 	inline     []byte // MaxSendWR slots of MaxInline bytes
 	inlineNext int
 
+	// refill, if set, moves receives posted but not yet handed to the
+	// device into the RQ (SetRecvRefill; guarded by mu).
+	refill    func(post func(*verbs.RecvWR) bool)
 	rxLast    clock.Time   // when it last received a request (engine-owned, recv.go)
 	commEst   bool         // EventCommEst was raised (guarded by mu)
+	dmaFault  bool         // a copy of external memory failed (guarded by mu; dma.go)
 	sqdNotify bool         // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
 	cqe       CQECounters  // error completions (guarded by mu)
 	deadline  atomic.Int64 // transport deadline, published after each step
@@ -195,7 +199,7 @@ func (q *QP) resetLocked() {
 	q.attr = ib.QPAttr{}
 	q.commEst, q.sqdNotify = false, false
 	q.rq = newRecvRing(a.MaxRecvWR, a.MaxRecvSGE)
-	var rq ib.RecvQueue = &q.rq
+	var rq ib.RecvQueue = (*qpRecvQueue)(q)
 	if a.SRQ != nil {
 		rq = a.SRQ
 	}
@@ -296,6 +300,9 @@ func (q *QP) release() {
 // paced QP, which goes from the timer list back to the ready list once per
 // packet, costs no device lock.
 func (q *QP) releaseEngine() {
+	if q.dev.dmaSettle() {
+		q.dmaFault = true
+	}
 	ready, timed := q.unlock()
 	if (ready || timed) && !q.destroyed.Load() {
 		d := q.dev
@@ -324,7 +331,20 @@ func (q *QP) unlock() (ready, timed bool) {
 		q.state = ib.SQE
 		tr.FlushSend()
 	}
+	fault := q.dmaFault && q.state != ib.Err && q.state != ib.Reset
+	q.dmaFault = false
+	if fault {
+		// A copy of external memory failed (its MR deregistered, the
+		// memory unmapped): a DMA error. The QP goes to ERR and its
+		// work is flushed (dmaFaulted).
+		q.state = ib.Err
+		tr.Flush()
+		q.dev.event(ib.EventQPFatal, q.qpn)
+	}
 	wcs := tr.TakeCompletions()
+	if fault {
+		dmaFaulted(wcs)
+	}
 	if len(wcs) > 0 {
 		var send, recv bool
 		for i := range wcs {
@@ -379,6 +399,46 @@ func (q *QP) unlock() (ready, timed bool) {
 	ready = pending && q.queued.CompareAndSwap(false, true)
 	timed = dl != clock.Never && q.timed.CompareAndSwap(false, true)
 	return ready, timed
+}
+
+// qpRecvQueue is the RQ as the QP's transport takes from it: the ring,
+// refilled (SetRecvRefill) when a message finds it empty.
+type qpRecvQueue QP
+
+// Take implements ib.RecvQueue (the engine, under the QP's lock).
+func (r *qpRecvQueue) Take(dst *ib.RecvWQE) bool {
+	q := (*QP)(r)
+	if q.rq.Take(dst) {
+		return true
+	}
+	if q.refill == nil {
+		return false
+	}
+	q.refill(q.postRecvLocked)
+	return q.rq.Take(dst)
+}
+
+// SetRecvRefill installs fn, which the engine calls under q's lock when a
+// message finds q's receive queue empty: a caller that queues receives
+// before posting them (the daemon, which moves its clients' receives from
+// their rings to the device asynchronously) posts with post those that
+// are already queued, so that a receive its application posted before the
+// message came is there to take, as it would be on an RNIC. post reports
+// false when the RQ is full. fn must not block, nor call q's verbs.
+func (q *QP) SetRecvRefill(fn func(post func(*verbs.RecvWR) bool)) {
+	q.mu.Lock()
+	q.refill = fn
+	q.mu.Unlock()
+}
+
+// postRecvLocked posts one receive WR; q.mu is held and the QP receives.
+func (q *QP) postRecvLocked(r *verbs.RecvWR) bool {
+	if q.rq.full() || len(r.SG) > q.init.MaxRecvSGE {
+		return false
+	}
+	q.dev.resolveRecv(q.pd, r, &q.postRecv, q.postSG[:0])
+	q.rq.put(&q.postRecv)
+	return true
 }
 
 // WithLock runs fn while holding q's lock: the lock under which the engine

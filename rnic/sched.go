@@ -37,10 +37,13 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 			q := d.ready[(start+visited)%len(d.ready)]
 			q.mu.Lock()
 			b := 0
-			for ; b < txBudget && n < len(out); b++ {
+			for ; b < txBudget && n < len(out) && !d.loopFull(); b++ {
 				m := d.buildFrame(now, q, out[n][:cap(out[n])])
 				if m == 0 {
 					break
+				}
+				if d.looped(out[n][:m]) {
+					continue
 				}
 				out[n] = out[n][:m]
 				n++
@@ -59,6 +62,7 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 	clear(d.ready[len(keep):])
 	d.ready = keep
 	d.Stats.TxFrames += uint64(n)
+	d.deliverLooped(now)
 	return n
 }
 
@@ -98,6 +102,13 @@ func (d *Device) buildFrame(now clock.Time, q *QP, buf []byte) int {
 			h = q.cnpHdr.Bytes()
 		}
 		n := d.seal(buf, h, m, p)
+		if d.dma.fault {
+			// Its payload could not be read (dma.go): never sent; the
+			// QP goes to ERR when the engine releases it.
+			d.dma.fault = false
+			q.dmaFault = true
+			return 0
+		}
 		q.tr.Sent(now, n)
 		return n
 	}

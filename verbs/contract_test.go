@@ -550,3 +550,24 @@ func BenchmarkPingPong64(b *testing.B) {
 		})
 	}
 }
+
+// Posting to a connected QP after destroying it fails with EINVAL on every
+// RNIC, the daemon's included (whose rings the client has unmapped by
+// then): never a crash, never a WR that reaches the device.
+func TestPostToDestroyedQP(t *testing.T) {
+	tb := newTestbed(t)
+	for _, p := range tb.pairs()[:2] {
+		t.Run(p.name, func(t *testing.T) {
+			x, y := newEnd(t, p.x, ib.RC), newEnd(t, p.y, ib.RC)
+			connect(t, x, y, &p)
+			if err := x.qp.Destroy(); err != nil {
+				t.Fatal(err)
+			}
+			_, serr := x.qp.PostSend([]verbs.SendWR{{Opcode: ib.Send}})
+			_, rerr := x.qp.PostRecv([]verbs.RecvWR{{ID: 1}})
+			if !errors.Is(serr, syscall.EINVAL) || !errors.Is(rerr, syscall.EINVAL) {
+				t.Fatalf("post send %v, post recv %v", serr, rerr)
+			}
+		})
+	}
+}

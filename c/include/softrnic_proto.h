@@ -48,6 +48,10 @@
 #define SOFTRNIC_OP_ASYNC_EVENTS 29 // → nothing; reply fd: the client's end of its event socket (once per connection)
 #define SOFTRNIC_OP_QUERY_DEVICE 30 // → DeviceInfo as it is now (the port's state follows the link)
 #define SOFTRNIC_OP_ASYNC_EVENT 31 // never a request: the header of each message on the event socket
+// Memory of the client's own address space (any mapping), which the
+// daemon copies through the client's /proc/self/mem rather than maps.
+#define SOFTRNIC_OP_ATTACH_MEM 32 // fds: the client's /proc/self/mem (read-write) and /proc/self/maps → HandleMsg (the address space)
+#define SOFTRNIC_OP_REG_MR_ADDR 33 // RegMRAddrReq → RegMRResp
 // HeaderSize is the encoded size of Header.
 #define SOFTRNIC_HEADER_SIZE 16
 #define SOFTRNIC_PORT_SPACE_TCP 0 // RDMA_PS_TCP: RC connections, REQ, REP, RTU
@@ -462,6 +466,28 @@ _Static_assert(sizeof(struct softrnic_reg_mr_resp) == 16, "struct softrnic_reg_m
 _Static_assert(offsetof(struct softrnic_reg_mr_resp, mr) == 0, "struct softrnic_reg_mr_resp: mr");
 _Static_assert(offsetof(struct softrnic_reg_mr_resp, l_key) == 4, "struct softrnic_reg_mr_resp: l_key");
 _Static_assert(offsetof(struct softrnic_reg_mr_resp, r_key) == 8, "struct softrnic_reg_mr_resp: r_key");
+
+// RegMRAddrReq is the body of OpRegMRAddr: Length bytes at Addr of the
+// address space Space (from OpAttachMem), registered at IOVA. The daemon
+// checks against the address space's mappings that the range is mapped
+// and readable, and writable if Access writes (EFAULT otherwise, as
+// pinning the pages would fail).
+struct softrnic_reg_mr_addr_req {
+	uint32_t pd;
+	uint32_t access;
+	uint32_t space;
+	uint32_t _pad0;
+	uint64_t addr;
+	uint64_t length;
+	uint64_t iova;
+};
+_Static_assert(sizeof(struct softrnic_reg_mr_addr_req) == 40, "struct softrnic_reg_mr_addr_req: size");
+_Static_assert(offsetof(struct softrnic_reg_mr_addr_req, pd) == 0, "struct softrnic_reg_mr_addr_req: pd");
+_Static_assert(offsetof(struct softrnic_reg_mr_addr_req, access) == 4, "struct softrnic_reg_mr_addr_req: access");
+_Static_assert(offsetof(struct softrnic_reg_mr_addr_req, space) == 8, "struct softrnic_reg_mr_addr_req: space");
+_Static_assert(offsetof(struct softrnic_reg_mr_addr_req, addr) == 16, "struct softrnic_reg_mr_addr_req: addr");
+_Static_assert(offsetof(struct softrnic_reg_mr_addr_req, length) == 24, "struct softrnic_reg_mr_addr_req: length");
+_Static_assert(offsetof(struct softrnic_reg_mr_addr_req, iova) == 32, "struct softrnic_reg_mr_addr_req: iova");
 
 // CreateCQReq is the body of OpCreateCQ.
 struct softrnic_create_cq_req {

@@ -16,6 +16,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "softrnic_proto.h"
 
@@ -112,6 +113,11 @@ struct srn_context {
 	struct srn_obj objs; /* list head */
 	pthread_mutex_t event_lock; /* what ibv_get_async_event reads and reports */
 	bool fatal_reported;
+	/* this process's address space in the daemon (pd_mr.c), 0 before the
+	 * first registration; attached by space_pid (a forked child attaches
+	 * its own) */
+	uint32_t space;
+	pid_t space_pid;
 	uint32_t events_lost; /* the daemon's count of dropped events, as last told */
 };
 
@@ -138,6 +144,7 @@ static inline struct srn_pd *to_spd(struct ibv_pd *pd)
 struct srn_mr {
 	struct ibv_mr mr;
 	uint32_t handle;
+	uint64_t pinned; /* pages counted against RLIMIT_MEMLOCK (pd_mr.c) */
 };
 
 #include "ring.h"

@@ -63,12 +63,17 @@ const (
 	OpAsyncEvents // → nothing; reply fd: the client's end of its event socket (once per connection)
 	OpQueryDevice // → DeviceInfo as it is now (the port's state follows the link)
 	OpAsyncEvent  // never a request: the header of each message on the event socket
+	// Memory of the client's own address space (any mapping), which the
+	// daemon copies through the client's /proc/self/mem rather than maps.
+	OpAttachMem // fds: the client's /proc/self/mem (read-write) and /proc/self/maps → HandleMsg (the address space)
+	OpRegMRAddr // RegMRAddrReq → RegMRResp
 	opMax
 )
 
 var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS",
 	"OP_15", "OP_16", "OP_17", "OP_18", "OP_19", "OP_20", "OP_21", "CREATE_AH", "DESTROY_AH", "OP_24",
-	"CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "DESTROY_SRQ", "ASYNC_EVENTS", "QUERY_DEVICE", "ASYNC_EVENT"}
+	"CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "DESTROY_SRQ", "ASYNC_EVENTS", "QUERY_DEVICE", "ASYNC_EVENT",
+	"ATTACH_MEM", "REG_MR_ADDR"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -134,6 +139,21 @@ type RegMRResp struct {
 	LKey uint32
 	RKey uint32
 	_    uint32
+}
+
+// RegMRAddrReq is the body of OpRegMRAddr: Length bytes at Addr of the
+// address space Space (from OpAttachMem), registered at IOVA. The daemon
+// checks against the address space's mappings that the range is mapped
+// and readable, and writable if Access writes (EFAULT otherwise, as
+// pinning the pages would fail).
+type RegMRAddrReq struct {
+	PD     Handle
+	Access ib.Access
+	Space  Handle
+	_      uint32
+	Addr   uint64
+	Length uint64
+	IOVA   uint64
 }
 
 // CreateCQReq is the body of OpCreateCQ.

@@ -354,7 +354,7 @@ func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) 
 		hostGID = "1"
 	}
 	env := append(os.Environ(), "PATH="+l.softPath+":"+os.Getenv("PATH"), "IFACE="+l.hostIf, "HOSTGID="+hostGID,
-		"SOFTRNIC_CLIB="+l.clib, "SOFTRNIC_COUNTERS="+filepath.Join(caseDir, countersFile))
+		"SOFTRNIC_COUNTERS="+filepath.Join(caseDir, countersFile), "SOFTRNIC_CLIB="+l.clib)
 	j, err := startHost(l.ns, filepath.Join(caseDir, "host.out"), cmd, env, c, ready)
 	if err == nil {
 		l.track(j)
