@@ -88,6 +88,11 @@ BENCH_LOSS_FLAGS ?=
 bench-loss: build
 	$(GO) run ./bench/loss -softrnic $(BIN) -json out/bench-loss.json $(BENCH_LOSS_FLAGS)
 
+## bench-hostile: root, ~3 min; each attack of a hostile local client (silent connections, CQ and MR floods, huge queues, a controlled Q_Key, bad WRs) on a fresh daemon beside a write_bw stream through it: what the daemon did, its fds, mappings and memory (BENCH_HOSTILE_FLAGS: bench/hostile -h)
+BENCH_HOSTILE_FLAGS ?=
+bench-hostile: build
+	$(GO) run ./bench/hostile -softrnic $(BIN) -json out/bench-hostile.json $(BENCH_HOSTILE_FLAGS)
+
 ## sim-demo: the two-flow scenario of the DCQCN paper under DCQCN, HPCC, TIMELY and Swift: traces, summary and SVG figures in out/sim-two-flow/ALG
 sim-demo: build
 	for a in dcqcn hpcc timely swift; do $(BIN) sim $$a --scenario two-flow --out out/sim-two-flow/$$a || exit 1; done

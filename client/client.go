@@ -56,7 +56,7 @@ func Dial(path string) (*Client, error) {
 	if path == "" {
 		path = DefaultControl
 	}
-	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+	uc, err := dialUnix(path)
 	if err != nil {
 		return nil, fmt.Errorf("softrnic: connecting to the daemon at %s: %w", path, err)
 	}
@@ -73,6 +73,27 @@ func Dial(path string) (*Client, error) {
 	}
 	c.db = shmring.DoorbellFD(fds[0])
 	return c, nil
+}
+
+// connectWait bounds how long Dial waits for room in the daemon's listen
+// queue.
+const connectWait = 5 * time.Second
+
+// dialUnix connects to the daemon's socket. A full listen queue (the
+// daemon busy accepting, or turning away a flood of connections) fails a
+// non-blocking connect with EAGAIN where a blocking one would wait: Dial
+// waits too, a while.
+func dialUnix(path string) (*net.UnixConn, error) {
+	pause := time.Millisecond
+	deadline := time.Now().Add(connectWait)
+	for {
+		uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
+		if err == nil || !errors.Is(err, unix.EAGAIN) || time.Now().After(deadline) {
+			return uc, err
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 50*time.Millisecond)
+	}
 }
 
 // Info returns the device attributes the daemon reported.
@@ -145,11 +166,21 @@ func (c *Client) call(op proto.Op, req any, nfds int, fds ...int) ([]byte, []int
 	defer c.mu.Unlock()
 	c.seq++
 	if err := c.conn.Send(proto.Header{Op: op, Seq: c.seq}, req, fds...); err != nil {
+		if rerr := c.refusal(op); rerr != nil {
+			return nil, nil, rerr
+		}
 		return nil, nil, fmt.Errorf("softrnic %v: %w", op, err)
 	}
 	h, body, rfds, err := c.conn.Recv()
 	if err != nil {
+		if rerr := c.refusal(op); rerr != nil {
+			return nil, nil, rerr
+		}
 		return nil, nil, fmt.Errorf("softrnic %v: %w", op, err)
+	}
+	if op == proto.OpOpen && h.Op == op && h.Seq == 0 && h.Errno != 0 {
+		proto.CloseFDs(rfds)
+		return nil, nil, &proto.Error{Op: op, Errno: unix.Errno(h.Errno), Msg: string(body)}
 	}
 	if h.Op != op || h.Seq != c.seq {
 		proto.CloseFDs(rfds)
@@ -164,6 +195,30 @@ func (c *Client) call(op proto.Op, req any, nfds int, fds ...int) ([]byte, []int
 		return nil, nil, fmt.Errorf("softrnic %v: reply carries %d fds, want %d", op, len(rfds), nfds)
 	}
 	return body, rfds, nil
+}
+
+// refusal returns the daemon's refusal of a connection (not allowed, over
+// a limit, out of file descriptors): an OPEN reply with Seq 0 it sends at
+// once and then closes, so that the OPEN itself may fail to send, or its
+// reply to arrive after a reset. Nil for any other failure.
+func (c *Client) refusal(op proto.Op) error {
+	if op != proto.OpOpen {
+		return nil
+	}
+	// (A deadline on an open socket cannot fail.)
+	_ = c.conn.UnixConn().SetReadDeadline(time.Now().Add(time.Second))
+	defer func() { _ = c.conn.UnixConn().SetReadDeadline(time.Time{}) }()
+	for i := 0; i < 2; i++ {
+		h, body, fds, err := c.conn.Recv()
+		proto.CloseFDs(fds)
+		if err == nil && h.Op == proto.OpOpen && h.Seq == 0 && h.Errno != 0 {
+			return &proto.Error{Op: op, Errno: unix.Errno(h.Errno), Msg: string(body)}
+		}
+		if err == nil || !errors.Is(err, unix.ECONNRESET) {
+			return nil
+		}
+	}
+	return nil
 }
 
 func (c *Client) callHandle(op proto.Op, h proto.Handle) error {

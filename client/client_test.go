@@ -790,51 +790,80 @@ func child(role, path string) int {
 	return 1
 }
 
-// One client cannot exhaust the daemon: its objects and registered bytes
-// are bounded, and deregistered memory counts until it is really unmapped.
+// One client cannot exhaust the daemon: its objects and the bytes of its
+// memory the daemon maps are bounded; MRs on one memfd share a mapping,
+// which counts until it is really unmapped; all of it goes with the
+// client.
 func TestPerClientLimits(t *testing.T) {
-	td := startDaemon(t, daemon.Options{MaxObjects: 5, MaxMRBytes: 3 << 16})
+	var lim daemon.Limits
+	lim[daemon.Objects][daemon.PerConn] = 3
+	lim[daemon.MRBytes][daemon.PerConn] = 3 << 16
+	td := startDaemon(t, daemon.Options{Limits: lim})
 	c, err := Dial(td.path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
 	pd, _ := c.AllocPD()
-	mem, _ := AllocMem(1 << 16)
-	defer mem.Free()
+	var mems []*Mem
+	for i := 0; i < 4; i++ {
+		m, _ := AllocMem(1 << 16)
+		defer m.Free()
+		mems = append(mems, m)
+	}
 	var mrs []verbs.MR
 	for i := 0; i < 3; i++ {
-		mr, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite)
+		mr, err := pd.RegMR(mems[i], 0, 1<<16, 0, ib.LocalWrite)
 		if err != nil {
 			t.Fatalf("MR %d: %v", i, err)
 		}
 		mrs = append(mrs, mr)
 	}
-	if _, err := pd.RegMR(mem, 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
-		t.Fatalf("MR beyond MaxMRBytes: %v", err)
+	if _, err := pd.RegMR(mems[3], 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("MR beyond the mr-bytes limit: %v", err)
 	}
-	// A deregistered MR still counts while the session could hold
-	// references into it (here: no QP, so it is unmapped at once).
-	if err := mrs[0].Dereg(); err != nil {
+	// Another MR in memory already mapped costs no bytes.
+	mr, err := pd.RegMR(mems[0], 8192, 4096, 0, ib.LocalWrite)
+	if err != nil {
+		t.Fatalf("MR in a mapped memfd: %v", err)
+	}
+	// The mapping counts until its last MR goes (here, with no QP, it is
+	// unmapped at once).
+	mrs[0].Dereg()
+	if _, err := pd.RegMR(mems[3], 0, 4096, 0, ib.LocalWrite); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("MR beyond the limit while the mapping is in use: %v", err)
+	}
+	mr.Dereg()
+	if _, err := pd.RegMR(mems[3], 0, 1<<16, 0, ib.LocalWrite); err != nil {
+		t.Fatalf("MR after the mapping went: %v", err)
+	}
+	if _, err := c.AllocPD(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pd.RegMR(mem, 0, 1<<16, 0, ib.LocalWrite); err != nil {
-		t.Fatalf("MR after a deregistration: %v", err)
-	}
-	if _, err := c.CreateCQ(4); err != nil { // 5th object
+	if _, err := pd.CreateAH(&ib.AddressVector{DGID: gid}); err != nil { // 3rd object
 		t.Fatal(err)
 	}
-	if _, err := c.AllocPD(); !errors.Is(err, unix.ENOSPC) {
-		t.Fatalf("object beyond MaxObjects: %v", err)
+	if _, err := c.AllocPD(); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("object beyond the objects limit: %v", err)
+	}
+	if u := td.srv.Usage(); u.Refusals[daemon.MRBytes][daemon.PerConn] != 2 || u.Refusals[daemon.Objects][daemon.PerConn] != 1 {
+		t.Fatalf("refusals counted: %v", u.Refusals)
+	}
+	c.Close()
+	<-td.gone
+	if u := td.srv.Usage(); u.Host != [daemon.NumResources]int64{} {
+		t.Fatalf("the host still holds %v after the client went", u.Host)
 	}
 }
 
 // Address handles are the session's own objects: a UD WR naming a handle
 // that is not one of its client's AHs (another client's number, its own
 // PD's) completes in error and sends nothing; an AH holds its PD; AHs
-// count against MaxObjects and go with their client.
+// count against the objects limit and go with their client.
 func TestAddressHandlesAreIsolated(t *testing.T) {
-	td := startDaemon(t, daemon.Options{MaxObjects: 16})
+	var lim daemon.Limits
+	lim[daemon.Objects][daemon.PerConn] = 16
+	td := startDaemon(t, daemon.Options{Limits: lim})
 	ud := func() *endpoint {
 		e := newEndpoint(t, td.path, ib.LocalWrite)
 		qp, err := e.pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: e.cq, RecvCQ: e.cq,
@@ -891,14 +920,14 @@ func TestAddressHandlesAreIsolated(t *testing.T) {
 	var n int
 	for ; n < 32; n++ {
 		if _, err := b.pd.CreateAH(&ib.AddressVector{DGID: gid}); err != nil {
-			if !errors.Is(err, unix.ENOSPC) {
+			if !errors.Is(err, unix.ENOMEM) {
 				t.Fatalf("AH %d: %v", n, err)
 			}
 			break
 		}
 	}
 	if n == 32 {
-		t.Fatal("AHs beyond MaxObjects")
+		t.Fatal("AHs beyond the objects limit")
 	}
 	// They go with their client.
 	b.c.Close()

@@ -71,6 +71,10 @@ type Config struct {
 	// a connection to a silent peer takes to fail (UNREACHABLE).
 	CMResponseTimeout uint8
 	CMMaxRetries      uint8
+
+	// Limits ([limits]: RESOURCE-per-SCOPE, e.g. qps-per-uid) bound what
+	// clients take; 0 (unset) is the default sized from the host.
+	Limits Limits
 }
 
 // CCConfig is the congestion control every RC and UC QP of the daemon's
@@ -330,6 +334,7 @@ var keys = []key{
 }
 
 func init() {
+	keys = append(keys, limitKeys()...)
 	for _, k := range dcqcn.KnobNames() {
 		k := k
 		keys = append(keys, key{name: "dcqcn." + k, usage: "DCQCN ConnectX knob " + k + " (mlx5 units); default from the firmware",
@@ -349,6 +354,50 @@ func init() {
 				return nil
 			}})
 	}
+}
+
+// limitKeys are the [limits] keys: RESOURCE-per-SCOPE for each limit that
+// applies (connections have no per-connection limit, other objects only
+// a per-connection one).
+func limitKeys() []key {
+	var ks []key
+	for r := Resource(0); r < NumResources; r++ {
+		for sc := Scope(0); sc < NumScopes; sc++ {
+			if r == Connections && sc == PerConn || r == Objects && sc != PerConn {
+				continue
+			}
+			r, sc := r, sc
+			unit := "count"
+			if r == MRBytes || r == QueueBytes {
+				unit = "bytes (suffixes K, M, G, KiB, MiB, GiB)"
+			}
+			ks = append(ks, key{name: "limits." + r.String() + "-per-" + sc.String(),
+				usage: fmt.Sprintf("most %s %s may hold, %s; unlimited, or 0 for the default sized from the host", r, scopeWhose[sc], unit),
+				set: func(c *Config, v string) error {
+					n, err := parseLimit(v, r == MRBytes || r == QueueBytes)
+					c.Limits[r][sc] = n
+					return err
+				}})
+		}
+	}
+	return ks
+}
+
+var scopeWhose = [NumScopes]string{"one client connection", "the connections of one uid", "all clients together"}
+
+// parseLimit reads a limit: a count (or a size, for bytes), 0 for the
+// default, or "unlimited".
+func parseLimit(v string, size bool) (int64, error) {
+	if v == "unlimited" {
+		return -1, nil
+	}
+	if v == "0" {
+		return 0, nil
+	}
+	if size {
+		return parseSize(v)
+	}
+	return parseInt(v, 0, 1<<40)
 }
 
 func findKey(name string) *key {
@@ -402,8 +451,8 @@ func (c *Config) ParseFile(name string, r io.Reader) error {
 				return &KeyError{Source: name, Line: line, Key: s, Err: errors.New("unterminated section header")}
 			}
 			section = strings.TrimSpace(s[1 : len(s)-1])
-			if section != "dcqcn" && section != "swift" {
-				return &KeyError{Source: name, Line: line, Key: "[" + section + "]", Err: errors.New("unknown section (known: [dcqcn], [swift])")}
+			if section != "dcqcn" && section != "swift" && section != "limits" {
+				return &KeyError{Source: name, Line: line, Key: "[" + section + "]", Err: errors.New("unknown section (known: [dcqcn], [swift], [limits])")}
 			}
 			continue
 		}

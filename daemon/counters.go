@@ -162,6 +162,12 @@ type Counters struct {
 	Queues []proto.QueueStats
 	HasCM  bool // CM holds the rdma_cm agent's counters
 	CM     [proto.NumCMCounters]uint64
+	// Daemon are the daemon's own counters (proto.DaemonCounters), and
+	// Usage what its clients hold against its limits; both only with
+	// HaveDaemon.
+	Daemon     [proto.NumDaemonCounters]uint64
+	Usage      Usage
+	HaveDaemon bool
 }
 
 // CounterSource takes snapshots of a running daemon's counters from any
@@ -172,9 +178,10 @@ type CounterSource struct {
 	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
 	// CM, if set, is the rdma_cm counters (Server.CMCounters).
 	CM func() ([proto.NumCMCounters]uint64, bool)
-	// Server, if set, is the control server on the device: events its
-	// clients' queues dropped count in async_events_lost with the
-	// device's own.
+	// Server, if set, is the daemon serving the device: its own counters
+	// and its clients' usage join the snapshot, and events its clients'
+	// queues dropped count in async_events_lost with the device's own.
+	// Set it before the first Snapshot.
 	Server *Server
 }
 
@@ -190,10 +197,14 @@ func (s *CounterSource) Snapshot() Counters {
 		in.xdp, in.haveXDP = s.Port.XDPStats()
 		c.Queues = s.Port.Queues()
 	}
-	s.Loop.Device().EachQPCounters(func(q *rnic.QPCounters) {
+	dev := s.Loop.Device()
+	// Device totals are over every QP there ever was: the live ones and
+	// those destroyed, whose counts the device keeps.
+	retired := dev.QPCounterTotals(func(q *rnic.QPCounters) {
 		c.QPs = append(c.QPs, qpStats(q))
 		in.add(q)
 	})
+	in.add(&rnic.QPCounters{RC: retired.RC, UD: retired.UD, CQE: retired.CQE})
 	in.eventsLost = s.Loop.Device().LostEvents()
 	if s.Server != nil {
 		in.eventsLost += s.Server.AsyncEventsLost.Load()
@@ -202,7 +213,24 @@ func (s *CounterSource) Snapshot() Counters {
 	if s.CM != nil {
 		c.CM, c.HasCM = s.CM()
 	}
+	if s.Server != nil {
+		c.Daemon, c.Usage, c.HaveDaemon = s.Server.counters(), s.Server.Usage(), true
+	}
 	return c
+}
+
+// counters reads the daemon's own counters (proto.DaemonCounters).
+func (s *Server) counters() [proto.NumDaemonCounters]uint64 {
+	var d [proto.NumDaemonCounters]uint64
+	d[proto.DCtrRejectedConnections] = s.RejectedConn.Load()
+	d[proto.DCtrAcceptErrors] = s.AcceptErrors.Load()
+	d[proto.DCtrShedConnections] = s.ShedConns.Load()
+	d[proto.DCtrLimitRefusals] = s.acct.total.Load()
+	d[proto.DCtrBadWQEs] = s.BadWQEs.Load()
+	d[proto.DCtrCQRingDropped] = s.CQRingDropped.Load()
+	d[proto.DCtrControlledQKeyRefused] = s.QKeyRefused.Load()
+	d[proto.DCtrCQOverruns] = s.dev.CQOverruns()
+	return d
 }
 
 // counterInputs is everything the device counters are made of.
@@ -249,8 +277,8 @@ func (in *counterInputs) add(q *rnic.QPCounters) {
 
 // fillDevice is the one table from what softrnic counts to the names Linux
 // RDMA tools use (proto.DeviceCounters). It returns the valid mask. The
-// per-QP sums are over live QPs: a destroyed QP's counts leave the device
-// totals with it, as they leave mlx5's per-QP counter sets.
+// per-QP sums are over every QP, destroyed ones included: a device
+// counter never goes down.
 func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 	s := &in.dev
 	cc := s.Counters()

@@ -40,6 +40,13 @@ func TestCounterNames(t *testing.T) {
 			t.Errorf("no device counter %q", n)
 		}
 	}
+	// The daemon's own share the device's metric names' space.
+	for i, d := range proto.DaemonCounters {
+		if !re.MatchString(d.Name) || d.Help == "" || seen[d.Name] {
+			t.Errorf("daemon counter %d: bad or repeated name %q", i, d.Name)
+		}
+		seen[d.Name] = true
+	}
 	qseen := map[string]bool{}
 	for i, d := range proto.QPCounters {
 		if !re.MatchString(d.Name) || d.Help == "" || qseen[d.Name] {
@@ -245,6 +252,11 @@ func TestMetricsScrape(t *testing.T) {
 	q.Values[proto.QCtrCCSRTTNs] = 2500
 	c.QPs = append(c.QPs, q)
 	c.Queues = []proto.QueueStats{{RxPackets: 40}, {RxPackets: 2, RxRingFull: 3}}
+	c.HaveDaemon = true
+	c.Daemon[proto.DCtrBadWQEs] = 3
+	c.Usage.Host[QPs] = 12
+	c.Usage.Limits[QPs] = [NumScopes]int64{PerConn: 4, PerUID: 8, PerHost: -1}
+	c.Usage.Refusals[QPs][PerUID] = 2
 	scrapes := 0
 	srv := httptest.NewServer(MetricsHandler(NewCollector(func() Counters { scrapes++; return c })))
 	defer srv.Close()
@@ -268,12 +280,18 @@ func TestMetricsScrape(t *testing.T) {
 		`# TYPE softrnic_rx_packets_total counter`,
 		`softrnic_qp_cc_srtt_ns{device="veth0",qpn="17",type="RC"} 2500`,
 		`# TYPE softrnic_qp_cc_srtt_ns gauge`,
+		`softrnic_bad_wqes_total{device="veth0"} 3`,
+		`softrnic_controlled_qkey_refused_total{device="veth0"} 0`,
+		`softrnic_client_usage{device="veth0",resource="qps"} 12`,
+		`softrnic_client_limit{device="veth0",resource="qps",scope="uid"} 8`,
+		`softrnic_client_limit_refusals_total{device="veth0",resource="qps",scope="uid"} 2`,
 	} {
 		if !strings.Contains(text, line+"\n") {
 			t.Errorf("scrape lacks %q", line)
 		}
 	}
-	for _, absent := range []string{"softrnic_xdp_steered_total", "softrnic_qp_out_of_sequence_total"} {
+	for _, absent := range []string{"softrnic_xdp_steered_total", "softrnic_qp_out_of_sequence_total", `resource="qps",scope="host"} -1`,
+		`softrnic_client_limit{device="veth0",resource="qps",scope="host"}`} {
 		if strings.Contains(text, absent) {
 			t.Errorf("scrape shows %s, which is not counted here", absent)
 		}

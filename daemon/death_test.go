@@ -19,10 +19,13 @@ import (
 )
 
 // TestMain runs a client process when the test binary is re-executed with
-// SOFTRNIC_DAEMON_CHILD set.
+// SOFTRNIC_DAEMON_CHILD or SOFTRNIC_HOSTILE set.
 func TestMain(m *testing.M) {
 	if os.Getenv("SOFTRNIC_DAEMON_CHILD") != "" {
 		os.Exit(streamingChild(os.Getenv("SOFTRNIC_CONTROL")))
+	}
+	if role := os.Getenv("SOFTRNIC_HOSTILE"); role != "" {
+		os.Exit(hostileChild(role, os.Getenv("SOFTRNIC_CONTROL")))
 	}
 	os.Exit(m.Run())
 }

@@ -35,6 +35,9 @@
 //     the device, its QPs, the engine loop and the port count to the names
 //     of rxe and mlx5 (proto.DeviceCounters, proto.QPCounters); OpStats
 //     (softrnic stats) and the Prometheus collector serve snapshots of it.
+//   - Limits (limits.go, mappings.go): what every connection, uid and the
+//     host hold of the daemon, against the configured limits; the
+//     mappings of clients' memfds that their MRs share.
 //
 // # Control path
 //
@@ -45,6 +48,55 @@
 // object of that connection only, so no client can name another's PD, MR,
 // CQ, QP or AH. Messages are fixed-size binary structs (package daemon/proto);
 // memory and rings travel as memfds, wakeups as eventfds (SCM_RIGHTS).
+//
+// # Hostile clients
+//
+// Any local program of the control group may be hostile: none may take
+// the daemon down or starve the others. Serve never stops before Close:
+// a failed accept is counted (accept_errors) and retried after a pause,
+// and when the daemon is out of file descriptors the newest connection is
+// accepted with an fd kept in reserve, told EMFILE and closed
+// (shed_connections). A refused peer, or one whose uid is at its
+// connection limit, gets its OPEN's answer at once and is closed
+// (rejected_connections); a peer silent past OpenTimeout (1 s) is closed.
+//
+// Every connection, every uid (its connections together) and the host
+// are limited in connections, file descriptors, mappings, QPs, CQs, MRs,
+// mapped client memory and queue memory (rings and the device's arrays:
+// WRs × slot and SGEs, entries × completion), set in [limits] as
+// RESOURCE-per-SCOPE; PDs, SRQs, AHs, address spaces and rdma_cm
+// objects together per connection. The defaults are sized when the daemon starts from its
+// RLIMIT_NOFILE (raised to the hard limit: the unit's LimitNOFILE),
+// vm.max_map_count less what the daemon keeps for itself (so that the
+// in-place replacement of a detach never meets the kernel's limit) and
+// memory; contrib/softrnic.conf.example lists them. A request over a limit
+// fails as the kernel fails the like (ENOMEM for objects and memory,
+// EMFILE per connection or uid and ENFILE per host for file descriptors,
+// EAGAIN for connections), is counted (limit_refusals; per resource and
+// scope on /metrics) and is logged once per client and limit. A uid's
+// limits are its clients' together: clients of other uids never notice.
+// MRs in one memfd share the session's mapping of a 64 MiB window of it,
+// so that 100 000 MRs cost a few mappings. An MR by address (ATTACH_MEM,
+// REG_MR_ADDR) costs an MR and its bytes but no mapping; its address
+// space costs two fds (the client's mem and maps files). Memory a client held is given
+// back when it goes (its queues' Go memory returned to the system at
+// once when it was large).
+//
+// Controlled Q_Keys (the high bit set) need CAP_NET_RAW in the daemon's
+// user namespace, as ib_uverbs has them (EPERM, controlled_qkey_refused).
+//
+// What is not bounded: a uid's clients share its limits, so one of them
+// can starve the others of the same uid (root's clients are one uid);
+// the credentials and capabilities are the connecting process's (as
+// SO_PEERCRED's), read once, so a connection passed to another process
+// keeps them; queue memory is computed from the caps (rings exactly, the
+// device's arrays from their element sizes), not measured; a flood of
+// connections fills the listen queue and a client's connect then waits
+// (client.Dial, up to 5 s) or fails; SRQs count only as objects of
+// their connection, not yet in queue memory, fds or mappings, and the
+// event sockets not in fds; a mapping that cannot be detached (the
+// kernel out of memory) stays mapped, its MRs unreachable, until the
+// session's QPs are gone.
 //
 // # Metrics endpoint
 //
@@ -80,8 +132,11 @@
 // registration is checked against the second (procmem.go; the stock
 // applications of the C library). SQ, RQ and CQ are shmring rings in memfds
 // the daemon creates and seals. The pump (one goroutine) takes WRs from
-// every SQ and RQ, checks them (a malformed entry completes in error and
-// errors the QP), posts them to the device, and moves the device's
+// every SQ and RQ, checks them, posts them to the device (a WR that does
+// not decode or fails the device's checks, which ibv_post_send would have
+// refused, is a bad WQE: it completes in error after the WRs before it and
+// stops the QP, SQE for a UC or UD send queue and ERR otherwise; counted
+// in bad_wqes), and moves the device's
 // completions into the clients' CQ rings, only as many as fit. A UD WR
 // names one of the session's address handles (CREATE_AH resolved the next
 // hop on the control path), never a raw destination. It spins
@@ -97,9 +152,9 @@
 // and destroyed, its SRQs destroyed, its MRs deregistered, its AHs, CQs and
 // PDs freed, its event socket closed, its listeners closed, its connection
 // requests and half-open connections refused (REJ) and its established ones
-// disconnected (DREQ). A deregistered MR's mapping is replaced in place by
-// anonymous memory at once and unmapped only when the session has no QP and
-// no SRQ left, so work or a responder
+// disconnected (DREQ). A mapping whose last MR was deregistered is replaced
+// in place by anonymous memory at once and unmapped only when the session
+// has no QP and no SRQ left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
 // pages nor fault the daemon. Server.Close (SIGTERM) stops the pump, moves
 // every QP to error, drains rings and CQs so clients poll flush

@@ -30,7 +30,11 @@ import (
 // without _total), the counter names being those of proto.DeviceCounters and
 // proto.QPCounters, i.e. the names rdma statistic prints; and
 // softrnic_queue_{rx_packets,xsk_rx_ring_full}_total per receive queue of
-// an AF_XDP port (labels: device, queue).
+// an AF_XDP port (labels: device, queue). In a daemon, its own counters
+// as softrnic_<counter>_total (proto.DaemonCounters; labels: device), and
+// its clients' usage against its limits: softrnic_client_usage (labels:
+// device, resource), softrnic_client_limit and
+// softrnic_client_limit_refusals_total (labels: device, resource, scope).
 const metricPrefix = "softrnic_"
 
 // Collector is a prometheus.Collector that takes one snapshot of the
@@ -44,6 +48,10 @@ type Collector struct {
 	qps    *prometheus.Desc
 	qRx    *prometheus.Desc
 	qFull  *prometheus.Desc
+	daemon [proto.NumDaemonCounters]*prometheus.Desc
+	use    *prometheus.Desc
+	limit  *prometheus.Desc
+	refuse *prometheus.Desc
 }
 
 // NewCollector makes a collector over snap (e.g. CounterSource.Snapshot).
@@ -65,6 +73,12 @@ func NewCollector(snap func() Counters) *Collector {
 	c.qps = prometheus.NewDesc(metricPrefix+"qps", "QPs that exist, by state", []string{"device", "state"}, nil)
 	c.qRx = prometheus.NewDesc(metricPrefix+"queue_rx_packets_total", "frames the port took from this receive queue's AF_XDP socket", []string{"device", "queue"}, nil)
 	c.qFull = prometheus.NewDesc(metricPrefix+"queue_xsk_rx_ring_full_total", "frames dropped because this receive queue's RX ring was full", []string{"device", "queue"}, nil)
+	for i, d := range proto.DaemonCounters {
+		c.daemon[i] = prometheus.NewDesc(metricPrefix+d.Name+"_total", d.Help, []string{"device"}, nil)
+	}
+	c.use = prometheus.NewDesc(metricPrefix+"client_usage", "what the daemon's clients hold together, of a limited resource", []string{"device", "resource"}, nil)
+	c.limit = prometheus.NewDesc(metricPrefix+"client_limit", "the limit of a resource per client connection, uid or host (absent: unlimited)", []string{"device", "resource", "scope"}, nil)
+	c.refuse = prometheus.NewDesc(metricPrefix+"client_limit_refusals_total", "client requests refused by a limit", []string{"device", "resource", "scope"}, nil)
 	return c
 }
 
@@ -82,6 +96,12 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.qps
 	ch <- c.qRx
 	ch <- c.qFull
+	for _, d := range c.daemon {
+		ch <- d
+	}
+	ch <- c.use
+	ch <- c.limit
+	ch <- c.refuse
 }
 
 // Collect implements prometheus.Collector.
@@ -119,6 +139,28 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		qs := strconv.Itoa(i)
 		ch <- prometheus.MustNewConstMetric(c.qRx, prometheus.CounterValue, float64(q.RxPackets), s.Name, qs)
 		ch <- prometheus.MustNewConstMetric(c.qFull, prometheus.CounterValue, float64(q.RxRingFull), s.Name, qs)
+	}
+	if !s.HaveDaemon {
+		return
+	}
+	for i, v := range s.Daemon {
+		ch <- prometheus.MustNewConstMetric(c.daemon[i], prometheus.CounterValue, float64(v), s.Name)
+	}
+	u := &s.Usage
+	for r := Resource(0); r < NumResources; r++ {
+		if r == Objects {
+			continue // counted per connection only
+		}
+		ch <- prometheus.MustNewConstMetric(c.use, prometheus.GaugeValue, float64(u.Host[r]), s.Name, r.String())
+		for sc := Scope(0); sc < NumScopes; sc++ {
+			if r == Connections && sc == PerConn {
+				continue
+			}
+			if lim := u.Limits[r][sc]; lim >= 0 {
+				ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, float64(lim), s.Name, r.String(), sc.String())
+			}
+			ch <- prometheus.MustNewConstMetric(c.refuse, prometheus.CounterValue, float64(u.Refusals[r][sc]), s.Name, r.String(), sc.String())
+		}
 	}
 }
 

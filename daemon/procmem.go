@@ -94,8 +94,11 @@ func (ss *session) attachMem(body []byte, fds []int) (any, []int, error) {
 	}
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	h, err := ss.newHandle()
+	h, err := ss.newHandle(true)
 	if err != nil {
+		return fail(err)
+	}
+	if err := ss.take(charge{FDs, addrSpaceFDs}); err != nil {
 		return fail(err)
 	}
 	ss.spaces[h] = &addrSpaceObj{as: ss.s.dev.NewAddrSpace(mem), maps: maps, dir: dir}
@@ -143,21 +146,20 @@ func (ss *session) regMRAddr(body []byte) (any, []int, error) {
 	defer ss.mu.Unlock()
 	p.refs--
 	a.refs--
-	if used := ss.mrBytes + ss.graveBytes + int64(req.Length); used > ss.s.opt.MaxMRBytes {
-		return nil, nil, errf(unix.ENOMEM, "client would hold %d bytes of registered memory, limit %d", used, ss.s.opt.MaxMRBytes)
+	// The memory is the client's own, reached by copies: it costs no
+	// mapping, but counts in MRBytes as a memfd MR's mapping does.
+	held := []charge{{MRs, 1}, {MRBytes, int64(req.Length)}}
+	if err := ss.take(held...); err != nil {
+		return nil, nil, err
 	}
 	mr, err := p.pd.RegExternal(a.as, req.Addr, req.Length, req.IOVA, req.Access)
 	if err != nil {
+		ss.give(held...)
 		return nil, nil, err
 	}
-	h, err := ss.newHandle()
-	if err != nil {
-		ss.undo("REG_MR_ADDR", mr.Dereg())
-		return nil, nil, err
-	}
+	h, _ := ss.newHandle(false)
 	p.refs++
 	a.refs++
-	ss.mrBytes += int64(req.Length)
 	ss.mrs[h] = &mrObj{mr: mr, pd: p, space: a, length: int64(req.Length)}
 	return &proto.RegMRResp{MR: h, LKey: mr.LKey(), RKey: mr.RKey()}, nil, nil
 }

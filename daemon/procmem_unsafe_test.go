@@ -2,7 +2,6 @@ package daemon_test
 
 import (
 	"errors"
-	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -16,54 +15,6 @@ import (
 	"github.com/softrnic/softrnic/internal/testlink"
 )
 
-// rawConn is a control connection spoken message by message, as the C
-// library speaks it.
-type rawConn struct {
-	t   testing.TB
-	c   *proto.Conn
-	seq uint32
-}
-
-func dialRaw(t testing.TB, path string) *rawConn {
-	t.Helper()
-	uc, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: path, Net: "unixpacket"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rawConn{t: t, c: proto.NewConn(uc)}
-	t.Cleanup(func() { r.c.Close() })
-	var info proto.DeviceInfo
-	if err := r.call(proto.OpOpen, &proto.OpenReq{Version: proto.Version}, &info); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-// call sends op with req and fds and decodes the reply into resp (nil: no
-// body); an error reply comes back as a *proto.Error.
-func (r *rawConn) call(op proto.Op, req, resp any, fds ...int) error {
-	r.t.Helper()
-	r.seq++
-	if err := r.c.Send(proto.Header{Op: op, Version: proto.Version, Seq: r.seq}, req, fds...); err != nil {
-		r.t.Fatal(err)
-	}
-	h, body, rfds, err := r.c.Recv()
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	proto.CloseFDs(rfds)
-	if h.Errno != 0 {
-		return &proto.Error{Op: op, Errno: unix.Errno(h.Errno), Msg: string(body)}
-	}
-	if resp == nil {
-		return nil
-	}
-	if err := proto.DecodeBody(body, resp); err != nil {
-		r.t.Fatal(err)
-	}
-	return nil
-}
-
 func openFD(t testing.TB, path string, flags int) int {
 	t.Helper()
 	fd, err := unix.Open(path, flags|unix.O_CLOEXEC, 0)
@@ -75,7 +26,7 @@ func openFD(t testing.TB, path string, flags int) int {
 
 // attach passes mem and maps (closing the test's copies) and returns the
 // address space, or the error.
-func (r *rawConn) attach(mem, maps int) (proto.Handle, error) {
+func (r *rawClient) attach(mem, maps int) (proto.Handle, error) {
 	defer unix.Close(mem)
 	defer unix.Close(maps)
 	var h proto.HandleMsg
@@ -89,8 +40,10 @@ func (r *rawConn) attach(mem, maps int) (proto.Handle, error) {
 // fail); the MR's bytes count against the client's limit.
 func TestRegMRAddrChecks(t *testing.T) {
 	devA, _ := testlink.Pair(t, 1024)
-	_, path := serve(t, devA, daemon.Options{MaxMRBytes: 1 << 20})
-	r := dialRaw(t, path)
+	lim := unlimited()
+	lim[daemon.MRBytes][daemon.PerConn] = 1 << 20
+	_, path := serve(t, devA, daemon.Options{Limits: lim})
+	r := openRaw(t, path)
 	var pd proto.HandleMsg
 	if err := r.call(proto.OpAllocPD, nil, &pd); err != nil {
 		t.Fatal(err)
@@ -185,7 +138,7 @@ func TestRegMRAddrChecks(t *testing.T) {
 func BenchmarkRegMRAddr(b *testing.B) {
 	devA, _ := testlink.Pair(b, 1024)
 	_, path := serve(b, devA, daemon.Options{})
-	r := dialRaw(b, path)
+	r := openRaw(b, path)
 	var pd proto.HandleMsg
 	if err := r.call(proto.OpAllocPD, nil, &pd); err != nil {
 		b.Fatal(err)
@@ -206,12 +159,12 @@ func BenchmarkRegMRAddr(b *testing.B) {
 	b.Run("attach", func(b *testing.B) {
 		// An address space lives as long as its session: a fresh
 		// session every 64, so that their files do not pile up.
-		a := dialRaw(b, path)
+		a := openRaw(b, path)
 		for i := 0; i < b.N; i++ {
 			if i%64 == 63 {
 				b.StopTimer()
-				a.c.Close()
-				a = dialRaw(b, path)
+				a.conn.Close()
+				a = openRaw(b, path)
 				b.StartTimer()
 			}
 			if _, err := a.attach(openFD(b, "/proc/self/mem", unix.O_RDWR), openFD(b, "/proc/self/maps", unix.O_RDONLY)); err != nil {
@@ -242,4 +195,74 @@ func BenchmarkRegMRAddr(b *testing.B) {
 		})
 		unix.Munmap(m)
 	}
+}
+
+// MRs by address are charged as memfd MRs are, in one account: an MR and
+// its bytes each, but no mapping (the device copies through the client's
+// mem file, which with its maps file costs the daemon two fds while the
+// address space lives). Over the bytes limit, a registration fails with
+// ENOMEM; deregistered, an MR gives its bytes back.
+func TestRegMRAddrLimits(t *testing.T) {
+	dev := testlink.Loopback(t, 1024)
+	lim := unlimited()
+	lim[daemon.MRBytes][daemon.PerConn] = 1 << 20
+	srv, path, _ := serveIn(t, t.TempDir(), dev, daemon.Options{Limits: lim})
+	r := openRaw(t, path)
+	pd := r.allocPD()
+	usage := func() [daemon.NumResources]int64 { return srv.Usage().Host }
+
+	const fdBytes = 256 << 10
+	var mfd proto.RegMRResp
+	if err := r.call(proto.OpRegMR, &proto.RegMRReq{PD: pd, Access: ib.LocalWrite, Length: fdBytes, IOVA: 0x1000}, &mfd, memfd(t, fdBytes)); err != nil {
+		t.Fatal(err)
+	}
+	opened := usage()
+	sp, err := r.attach(openFD(t, "/proc/self/mem", unix.O_RDWR), openFD(t, "/proc/self/maps", unix.O_RDONLY))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u := usage(); u[daemon.FDs] != opened[daemon.FDs]+2 || u[daemon.Mappings] != opened[daemon.Mappings] {
+		t.Fatalf("address space attached: fds %d, mappings %d; before %d, %d", u[daemon.FDs], u[daemon.Mappings], opened[daemon.FDs], opened[daemon.Mappings])
+	}
+
+	const n = 512 << 10
+	mem, err := unix.Mmap(-1, 0, 2*n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(mem)
+	base := uint64(uintptr(unsafe.Pointer(&mem[0])))
+	reg := func(addr uint64) (proto.Handle, error) {
+		var resp proto.RegMRResp
+		err := r.call(proto.OpRegMRAddr, &proto.RegMRAddrReq{PD: pd, Access: ib.LocalWrite | ib.RemoteWrite, Space: sp, Addr: addr, Length: n, IOVA: addr}, &resp)
+		return resp.MR, err
+	}
+	first, err := reg(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := usage()
+	if u[daemon.MRBytes] != fdBytes+n || u[daemon.MRs] != 2 || u[daemon.Mappings] != opened[daemon.Mappings] {
+		t.Fatalf("a memfd MR and an MR by address: %d bytes, %d MRs, %d mappings charged", u[daemon.MRBytes], u[daemon.MRs], u[daemon.Mappings])
+	}
+	if _, err := reg(base + n); !errors.Is(err, unix.ENOMEM) {
+		t.Fatalf("%d bytes over a limit of %d: %v, want ENOMEM", fdBytes+2*n, 1<<20, err)
+	}
+	if got := srv.Usage().Refusals[daemon.MRBytes][daemon.PerConn]; got != 1 {
+		t.Fatalf("%d refusals counted, want 1", got)
+	}
+	if u := usage(); u[daemon.MRBytes] != fdBytes+n || u[daemon.MRs] != 2 {
+		t.Fatalf("after the refusal: %d bytes, %d MRs charged", u[daemon.MRBytes], u[daemon.MRs])
+	}
+	if err := r.call(proto.OpDeregMR, &proto.HandleMsg{Handle: first}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if u := usage(); u[daemon.MRBytes] != fdBytes || u[daemon.MRs] != 1 || u[daemon.Mappings] != opened[daemon.Mappings] {
+		t.Fatalf("deregistered: %d bytes, %d MRs, %d mappings charged", u[daemon.MRBytes], u[daemon.MRs], u[daemon.Mappings])
+	}
+	if _, err := reg(base + n); err != nil {
+		t.Fatalf("with the bytes given back: %v", err)
+	}
+	r.conn.Close()
+	eventually(t, "client released", func() bool { return usage() == [daemon.NumResources]int64{} })
 }

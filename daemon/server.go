@@ -35,10 +35,14 @@ type Options struct {
 	Group int
 	// Mode is the control socket's permission bits (default 0660).
 	Mode os.FileMode
-	// MaxMRBytes bounds the memory one client may register (default 1 GiB).
-	MaxMRBytes int64
-	// MaxObjects bounds the PDs+MRs+CQs+QPs of one client (default 4096).
-	MaxObjects int
+	// Limits bound what clients may take, per connection, per uid and
+	// for the host (limits.go); zero entries take DefaultLimits of the
+	// host (ReadHost).
+	Limits Limits
+	// OpenTimeout is how long a connection may stay silent before its
+	// OPEN: a peer that connects and never speaks holds a file descriptor
+	// of the daemon, so it is closed (default 1 s).
+	OpenTimeout time.Duration
 	// SpinFor is how long the ring pump keeps polling after its last work
 	// before it sleeps on its doorbell (default 50 µs, as the engine):
 	// longer lowers latency under light load and costs CPU.
@@ -117,6 +121,28 @@ type Server struct {
 	pumpDone chan struct{}
 	wg       sync.WaitGroup
 
+	acct    *accounts // usage against the limits
+	logMu   sync.Mutex
+	logged  map[string]time.Time // refusals of connections logged, by why and uid (firstIn)
+	freeing atomic.Bool          // returnMemory is running
+	reserve int                  // an fd kept free to turn away connections when out of fds (Serve's)
+
+	// Counters, read with atomic loads.
+	BadWQEs      atomic.Uint64 // malformed entries found in client rings
+	RejectedConn atomic.Uint64 // connections refused by the credential check
+	AcceptErrors atomic.Uint64 // accept failures (out of fds, out of memory, aborted)
+	// ShedConns counts connections the daemon closed to keep serving:
+	// peers silent past OpenTimeout, and the newest when it is out of fds.
+	ShedConns atomic.Uint64
+	// QKeyRefused counts controlled Q_Keys (high bit set) refused to
+	// clients without CAP_NET_RAW.
+	QKeyRefused atomic.Uint64
+	// CQRingDropped counts completions dropped on a full client CQ ring.
+	CQRingDropped atomic.Uint64
+	// AsyncEventsLost counts events dropped: a client's queue (or the
+	// router's) was full.
+	AsyncEventsLost atomic.Uint64
+
 	// The event router (async.go): the index from device objects to the
 	// clients' (evMu), the daemon's own events, and its goroutine.
 	evMu   sync.Mutex
@@ -126,11 +152,6 @@ type Server struct {
 	evOwn  chan ownEvent
 	evQuit chan struct{}
 	evDone chan struct{}
-
-	// Counters, read with atomic loads.
-	BadWQEs         atomic.Uint64 // malformed entries found in client rings
-	RejectedConn    atomic.Uint64 // connections refused by the credential check
-	AsyncEventsLost atomic.Uint64 // events dropped: a client's queue (or the router's) was full
 }
 
 // NewServer makes a server for dev and starts its ring pump. The server
@@ -143,11 +164,9 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 	if opt.Mode == 0 {
 		opt.Mode = 0o660
 	}
-	if opt.MaxMRBytes == 0 {
-		opt.MaxMRBytes = 1 << 30
-	}
-	if opt.MaxObjects == 0 {
-		opt.MaxObjects = 4096
+	opt.Limits = opt.Limits.WithDefaults(DefaultLimits(ReadHost()))
+	if opt.OpenTimeout == 0 {
+		opt.OpenTimeout = time.Second
 	}
 	if opt.SpinFor == 0 {
 		opt.SpinFor = 50 * time.Microsecond
@@ -162,7 +181,8 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	s := &Server{dev: dev, info: deviceInfo(dev), cm: opt.CM, opt: opt, log: opt.Logger, db: db, epfd: epfd,
-		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{})}
+		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{}), acct: newAccounts(opt.Limits), reserve: -1,
+		logged: map[string]time.Time{}}
 	if err := s.watch(db); err != nil {
 		db.Close()
 		unix.Close(epfd)
@@ -266,24 +286,180 @@ func (s *Server) Listen(path string) error {
 	return nil
 }
 
-// Serve accepts clients until Close. It returns nil after Close.
+// Serve accepts clients until Close, and returns nil then. Nothing a
+// client does stops it: a failed accept (out of file descriptors or
+// memory, a connection aborted) is counted and retried after a pause that
+// doubles up to a second, and when the daemon is out of file descriptors
+// the newest connection is turned away (shed) so that the others keep
+// being served.
 func (s *Server) Serve() error {
+	s.reserveFD()
+	defer func() {
+		if s.reserve >= 0 {
+			unix.Close(s.reserve)
+			s.reserve = -1
+		}
+	}()
+	var pause time.Duration
+	var logged time.Time
 	for {
 		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return nil
-			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			return err
+		if err == nil {
+			pause = 0
+			s.admit(c)
+			continue
 		}
-		s.startSession(c)
+		if s.isClosing() {
+			return nil
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			continue
+		}
+		s.AcceptErrors.Add(1)
+		if (errors.Is(err, unix.EMFILE) || errors.Is(err, unix.ENFILE)) && s.shedNewest(errnoOfAccept(err)) {
+			pause = 0
+			continue
+		}
+		if time.Since(logged) >= 10*time.Second {
+			s.log.Warn("accepting a client failed; retrying", "err", err, "accept_errors", s.AcceptErrors.Load())
+			logged = time.Now()
+		}
+		pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+		time.Sleep(pause)
+	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
+}
+
+func errnoOfAccept(err error) unix.Errno {
+	if errors.Is(err, unix.ENFILE) {
+		return unix.ENFILE
+	}
+	return unix.EMFILE
+}
+
+// shedNewest turns away the connection at the head of the listen queue
+// when accept fails for want of file descriptors: it frees the fd kept in
+// reserve, accepts with it, tells the peer why (no as its OPEN's errno)
+// and closes. Without it the queued connection would make every later
+// accept fail at once, and its client would wait for ever. It reports
+// whether it turned one away.
+func (s *Server) shedNewest(no unix.Errno) bool {
+	if s.reserve >= 0 {
+		unix.Close(s.reserve)
+		s.reserve = -1
+	}
+	shed := false
+	if rc, err := s.ln.SyscallConn(); err == nil {
+		_ = rc.Control(func(lfd uintptr) { // fails only for a closed listener: nothing shed
+			fd, _, err := unix.Accept4(int(lfd), unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK)
+			if err != nil {
+				return
+			}
+			refuseFD(fd, no, "the daemon is out of file descriptors; try again later")
+			unix.Close(fd)
+			s.ShedConns.Add(1)
+			shed = true
+		})
+	}
+	s.reserveFD()
+	return shed
+}
+
+// reserveFD keeps one file descriptor in reserve for shedNewest.
+func (s *Server) reserveFD() {
+	if s.reserve < 0 {
+		if fd, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+			s.reserve = fd
+		}
+	}
+}
+
+// admit decides on a new connection at once: a peer that may not use the
+// RNIC, or whose uid is at its connection limit, is told why (as the
+// errno of its OPEN) and closed without holding anything; the others
+// become sessions.
+func (s *Server) admit(c *net.UnixConn) {
+	cr, err := peerCred(c)
+	if err != nil {
+		s.log.Warn("control connection without credentials", "err", err)
+		c.Close()
+		return
+	}
+	if !s.allowed(cr) {
+		s.RejectedConn.Add(1)
+		if s.firstIn("refused", cr.Uid) {
+			s.log.Warn("client refused: neither root nor in the control group (logged once a minute per uid)", "pid", cr.Pid, "uid", cr.Uid, "gid", cr.Gid)
+		}
+		refuse(c, unix.EPERM, fmt.Sprintf("uid %d gid %d may not use this RNIC: only root and the control group may", cr.Uid, cr.Gid))
+		return
+	}
+	acc, lerr := s.acct.join(cr.Uid)
+	if lerr != nil {
+		if s.firstIn("limit", cr.Uid) {
+			s.log.Warn("client refused: over a limit (logged once a minute per uid)", "pid", cr.Pid, "uid", cr.Uid, "limit", lerr.r.String()+"-per-"+lerr.s.String(), "value", lerr.limit)
+		}
+		refuse(c, lerr.Errno(), lerr.Error())
+		return
+	}
+	s.startSession(c, cr, acc)
+}
+
+// firstIn reports whether uid's connections were not refused for why in
+// the last minute: a flood of connections is logged once, not once per
+// connection.
+func (s *Server) firstIn(why string, uid uint32) bool {
+	s.logMu.Lock()
+	defer s.logMu.Unlock()
+	k := why + "/" + strconv.FormatUint(uint64(uid), 10)
+	now := time.Now()
+	if t, ok := s.logged[k]; ok && now.Sub(t) < time.Minute {
+		return false
+	}
+	if len(s.logged) >= 1024 {
+		clear(s.logged) // a bound: at worst, some are logged again
+	}
+	s.logged[k] = now
+	return true
+}
+
+// refuse answers a connection's OPEN before it is sent, and closes it.
+func refuse(c *net.UnixConn, no unix.Errno, msg string) {
+	if rc, err := c.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { refuseFD(int(fd), no, msg) }) // closed anyway below
+	}
+	c.Close()
+}
+
+// refuseFD sends the refusal: an OPEN reply with Seq 0 carrying no and
+// msg, which the client takes as the answer to its OPEN. What the peer
+// already sent is read first: closing a socket with unread data would
+// reset the peer's end and drop the refusal with it.
+func refuseFD(fd int, no unix.Errno, msg string) {
+	var buf [proto.MaxMessage]byte
+	oob := make([]byte, unix.CmsgSpace(4*proto.MaxFDs))
+	for i := 0; i < 4; i++ {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf[:], oob, unix.MSG_DONTWAIT)
+		if err != nil || n == 0 && oobn == 0 {
+			break
+		}
+		if msgs, err := unix.ParseSocketControlMessage(oob[:oobn]); err == nil {
+			for i := range msgs {
+				if fds, err := unix.ParseUnixRights(&msgs[i]); err == nil {
+					proto.CloseFDs(fds)
+				}
+			}
+		}
+	}
+	out, err := proto.Encode(buf[:0], proto.Header{Op: proto.OpOpen, Version: proto.Version, Errno: uint32(no)}, []byte(msg))
+	if err == nil {
+		// Best effort: a peer that is gone or not reading loses its answer.
+		_, _ = unix.SendmsgN(fd, out, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
 	}
 }
 
@@ -528,8 +704,13 @@ func (s *Server) drainRQ(q *qpObj) int {
 		if _, err := q.qp.PostRecv(q.rwr[:]); errors.Is(err, verbs.ErrQueueFull) {
 			q.rqc.Unpeek()
 			break
-		} else if err != nil {
+		} else if errors.Is(err, verbs.ErrQPState) || errors.Is(err, verbs.ErrDestroyed) {
 			s.failWR(q, q.recv, w.ID, true, err)
+		} else if err != nil {
+			// A receive WR failing the device's checks is a receive
+			// queue error: ERR whatever the QP's type (IBA 10.3.1),
+			// counted as a bad WQE.
+			s.badWQE(q, q.recv, w.ID, true, err)
 		}
 	}
 	q.rqc.Release()
@@ -574,7 +755,9 @@ func (s *Server) drainSQ(q *qpObj) int {
 		w := &q.swr[0]
 		ah, err := proto.GetSendWR(slot, w, q.typ == ib.UD)
 		if err != nil {
-			s.badWQE(q, q.send, w.ID, false, err)
+			if !s.sendInError(q, w.ID, w.Opcode, err) {
+				break
+			}
 			continue
 		}
 		if q.typ == ib.UD {
@@ -587,8 +770,8 @@ func (s *Server) drainSQ(q *qpObj) int {
 		if _, err := q.qp.PostSend(q.swr[:]); errors.Is(err, verbs.ErrQueueFull) {
 			q.sqc.Unpeek()
 			break
-		} else if err != nil {
-			s.failWR(q, q.send, w.ID, false, err)
+		} else if err != nil && !s.sendInError(q, w.ID, w.Opcode, err) {
+			break
 		}
 	}
 	q.sqc.Release()
@@ -607,6 +790,29 @@ func (s *Server) checkRings(q *qpObj) {
 	err := q.qp.Modify(&attr, ib.AttrState)
 	s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
 	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", err)
+}
+
+// sendInError completes a send WR the device refused as an RNIC completes
+// a bad WQE: in order, after the WRs before it, and then the QP stops (ERR
+// for RC, SQE for UC and UD), where ibv_post_send would have refused it
+// before it reached a queue. A QP not yet able to send gets the error
+// completion straight away. It is false when the SQ is full: the entry
+// stays in the ring for the next pass.
+func (s *Server) sendInError(q *qpObj, id uint64, op ib.WROpcode, err error) bool {
+	st := ib.LocQPOpErr
+	var se interface{ Status() ib.WCStatus }
+	if errors.As(err, &se) {
+		st = se.Status()
+	}
+	switch perr := q.qp.PostSendInError(id, op, st); {
+	case errors.Is(perr, verbs.ErrQueueFull):
+		q.sqc.Unpeek()
+		return false
+	case perr != nil:
+		s.failWR(q, q.send, id, false, err)
+	}
+	s.BadWQEs.Add(1)
+	return true
 }
 
 // badWQE handles an entry that does not decode: like a malformed WQE on a
@@ -642,6 +848,7 @@ func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
 		s.commit(cq, true) // in error: solicited, per IBA
 	} else {
 		cq.overruns++
+		s.CQRingDropped.Add(1)
 		if cq.overruns == 1 {
 			s.ownEvent(cq.owner, proto.AsyncEventMsg{Type: ib.EventCQErr, Handle: cq.h})
 		}
@@ -719,6 +926,33 @@ func inGroups(pid int32, gid uint32) bool {
 				}
 			}
 			return false
+		}
+	}
+	return false
+}
+
+// hasNetRaw reports whether the peer may use controlled Q_Keys (the high
+// bit set): the kernel lets a UD QP take one only with CAP_NET_RAW in the
+// initial user namespace (ib_uverbs' modify_qp), which root normally has.
+// The connecting process's capabilities are read once, as SO_PEERCRED's
+// credentials are.
+func hasNetRaw(cr *unix.Ucred) bool {
+	dir := "/proc/" + strconv.Itoa(int(cr.Pid))
+	ns, err1 := os.Readlink(dir + "/ns/user")
+	own, err2 := os.Readlink("/proc/self/ns/user")
+	if err1 != nil || err2 != nil || ns != own {
+		return false
+	}
+	f, err := os.Open(dir + "/status")
+	if err != nil {
+		return false
+	}
+	defer func() { _ = f.Close() }() // read only
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(rest), 16, 64)
+			return err == nil && caps&(1<<unix.CAP_NET_RAW) != 0
 		}
 	}
 	return false

@@ -7,8 +7,10 @@ import (
 	"math/bits"
 	"net"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -40,17 +42,26 @@ type session struct {
 	// ahs are written under both mu and ahMu, and read by the pump under
 	// ahMu alone: a control operation holding mu (an mmap, a device call)
 	// never stalls the pump.
-	ahMu    sync.Mutex
-	ahs     map[proto.Handle]*ahObj
-	spaces  map[proto.Handle]*addrSpaceObj // the client's address spaces (procmem.go)
-	mrBytes int64
-	// graves are mappings of deregistered MRs, already detached from the
+	ahMu   sync.Mutex
+	ahs    map[proto.Handle]*ahObj
+	spaces map[proto.Handle]*addrSpaceObj // the client's address spaces (procmem.go)
+	// acct is what the client holds against the limits (limits.go).
+	acct *account
+	// netRaw: the client may set controlled Q_Keys (CAP_NET_RAW).
+	netRaw bool
+	// maps are the mappings of the client's memfds its MRs share;
+	// graves are those no MR uses any more, already detached from the
 	// client's memory, unmapped once no QP of the session can hold a
-	// reference into them (see releaseMR).
-	graves     [][]byte
-	graveBytes int64 // counted against MaxMRBytes until unmapped
-	liveQPs    int   // QPs created and not yet destroyed in the device
-	liveSRQs   int   // SRQs likewise: their posted receives point into MRs too
+	// reference into them (mappings.go).
+	maps    map[fileKey][]*memfdMap
+	graves  []grave
+	liveQPs int // QPs created and not yet destroyed in the device
+	// liveSRQs likewise: their posted receives point into MRs too.
+	liveSRQs int
+	// sent are rings whose memfd the client gets in the reply being
+	// made: the daemon closes its own fd once the reply went, keeping
+	// only the mapping (serve's goroutine only).
+	sent       []*shmring.Ring
 	capture    *capture.Session
 	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
 	events     eventSink         // the event socket (async.go)
@@ -58,7 +69,7 @@ type session struct {
 
 	// rdma_cm for librdmacm (ucm.go): the client's event channels and IDs,
 	// guarded by the service's lock; ucmObjects counts them (guarded by
-	// mu) against MaxObjects.
+	// mu) against the objects-per-conn limit.
 	ucm        *ucmSession
 	ucmObjects int
 }
@@ -76,11 +87,13 @@ type ahObj struct {
 }
 
 type mrObj struct {
-	mr      *rnic.MR
-	pd      *pdObj
-	mapping []byte        // the whole mmap, to unmap (a memfd MR)
-	space   *addrSpaceObj // the address space (an MR of OpRegMRAddr)
-	length  int64         // registered bytes, counted against MaxMRBytes
+	mr  *rnic.MR
+	pd  *pdObj
+	mem *memfdMap // the mapping it is in (an MR of a memfd)
+	// space is the address space of an MR of OpRegMRAddr, which holds
+	// length bytes of MRBytes itself (no mapping shares them).
+	space  *addrSpaceObj
+	length int64
 }
 
 type cqObj struct {
@@ -97,7 +110,8 @@ type cqObj struct {
 	prod     *shmring.Producer
 	wcs      []ib.WC
 	overruns uint64
-	ringErr  bool // the ring failed (corrupted by the client, doorbell gone): logged once
+	held     []charge // against the limits
+	ringErr  bool     // the ring failed (corrupted by the client, doorbell gone): logged once
 }
 
 type qpObj struct {
@@ -115,8 +129,9 @@ type qpObj struct {
 	// rqMu serialises the RQ ring's consumer (rqc, rwr): the pump drains
 	// it, and the engine refills the device's RQ from it (refillRQ).
 	rqMu    sync.Mutex
-	broken  bool // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady int  // send WRs noted at the start of this pump pass
+	broken  bool     // ring corrupted by the client; pump skips it (pump-owned)
+	sqReady int      // send WRs noted at the start of this pump pass
+	held    []charge // against the limits
 }
 
 // errno is an error with the errno the client receives.
@@ -132,8 +147,9 @@ func errf(no unix.Errno, format string, args ...any) error {
 }
 
 // errnoOf is the one place a failure becomes what the client receives:
-// the errno of the daemon's own refusal (errf) or of the device's verbs
-// error kind (verbs.Error), EINVAL for anything else, and the message.
+// the errno of the daemon's own refusal (errf, a limit) or of the device's
+// verbs error kind (verbs.Error), a system call's (out of file
+// descriptors: EMFILE), EINVAL for anything else, and the message.
 func errnoOf(err error) (unix.Errno, string) {
 	var e *errno
 	if errors.As(err, &e) {
@@ -143,26 +159,27 @@ func errnoOf(err error) (unix.Errno, string) {
 	if errors.As(err, &k) {
 		return k.Errno(), err.Error()
 	}
+	var no syscall.Errno
+	if errors.As(err, &no) {
+		return no, err.Error()
+	}
 	return unix.EINVAL, err.Error()
 }
 
-func (s *Server) startSession(c *net.UnixConn) {
-	cr, err := peerCred(c)
-	if err != nil {
-		s.log.Warn("control connection without credentials", "err", err)
-		c.Close()
-		return
-	}
+// startSession serves an admitted connection; acc already holds it.
+func (s *Server) startSession(c *net.UnixConn, cr *unix.Ucred, acc *account) {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
+		acc.leave()
 		c.Close()
 		return
 	}
 	s.nextID++
-	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c),
+	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c), acct: acc, netRaw: hasNetRaw(cr),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
-		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, spaces: map[proto.Handle]*addrSpaceObj{}, events: eventSink{fd: -1}}
+		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, spaces: map[proto.Handle]*addrSpaceObj{}, maps: map[fileKey][]*memfdMap{},
+		events: eventSink{fd: -1}}
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
 	s.wg.Add(1)
@@ -173,32 +190,40 @@ func (s *Server) startSession(c *net.UnixConn) {
 func (ss *session) serve() {
 	s := ss.s
 	defer s.wg.Done()
-	allowed := s.allowed(&ss.cred)
-	if !allowed {
-		s.RejectedConn.Add(1)
-		ss.log.Warn("client refused: neither root nor in the control group")
-	} else {
-		ss.log.Info("client connected")
-	}
+	// A peer that connects and never opens holds an fd for nothing.
+	// (A deadline on an open socket cannot fail.)
+	_ = ss.conn.UnixConn().SetReadDeadline(time.Now().Add(s.opt.OpenTimeout))
 	for {
 		h, body, fds, err := ss.conn.Recv()
 		if err != nil {
-			if !proto.IsClosed(err) {
+			var ne net.Error
+			switch {
+			case !ss.opened && errors.As(err, &ne) && ne.Timeout():
+				s.ShedConns.Add(1)
+				if s.firstIn("silent", ss.cred.Uid) {
+					ss.log.Warn("client closed: no OPEN (logged once a minute per uid)", "within", s.opt.OpenTimeout)
+				}
+			case !proto.IsClosed(err):
 				ss.log.Warn("control connection dropped", "err", err)
 			}
 			break
 		}
-		if !allowed {
-			proto.CloseFDs(fds)
-			// The session ends whether the refusal reaches the client or not.
-			_ = ss.reply(h, nil, nil, errf(unix.EPERM, "uid %d gid %d may not use this RNIC: only root and the control group may", ss.cred.Uid, ss.cred.Gid))
-			break
-		}
+		opened := ss.opened
 		resp, out, err := ss.handle(h, body, fds)
+		if ss.opened && !opened {
+			_ = ss.conn.UnixConn().SetReadDeadline(time.Time{})
+			ss.log.Info("client connected")
+		}
 		if errors.Is(err, errDeferred) {
 			continue // its goroutine replies
 		}
 		rerr := ss.reply(h, resp, out, err)
+		for _, r := range ss.sent {
+			if err := r.CloseFD(); err != nil {
+				ss.log.Warn("closing a ring's memfd", "err", err)
+			}
+		}
+		ss.sent = ss.sent[:0]
 		for _, fd := range ss.afterReply {
 			unix.Close(fd)
 		}
@@ -216,6 +241,7 @@ func (ss *session) serve() {
 		// capture's goroutine logs and reports how it ended.
 		_, _ = capt.Stop()
 	}
+	queues := ss.acct.held(QueueBytes)
 	info := ss.cleanup()
 	ss.events.close()
 	if ss.db != nil {
@@ -223,10 +249,12 @@ func (ss *session) serve() {
 		ss.db.Close()
 	}
 	ss.conn.Close()
+	ss.acct.leave()
 	s.mu.Lock()
 	delete(s.sessions, ss)
 	s.mu.Unlock()
-	if allowed {
+	s.returnMemory(queues)
+	if ss.opened {
 		ss.log.Info("client gone; resources released", "qps", info.QPs, "cqs", info.CQs, "mrs", info.MRs, "pds", info.PDs, "ahs", info.AHs)
 	}
 	if s.opt.OnClientGone != nil {
@@ -279,11 +307,16 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 			return nil, nil, errf(unix.EPROTONOSUPPORT, "protocol version %d, daemon speaks %d", req.Version, proto.Version)
 		}
 		if ss.db == nil {
+			if err := ss.take(charge{FDs, openFDs}); err != nil {
+				return nil, nil, err
+			}
 			db, err := shmring.NewDoorbell()
 			if err != nil {
+				ss.give(charge{FDs, openFDs})
 				return nil, nil, err
 			}
 			if err := ss.s.watch(db); err != nil {
+				ss.give(charge{FDs, openFDs})
 				db.Close()
 				return nil, nil, err
 			}
@@ -350,12 +383,39 @@ func (ss *session) undo(op string, err error) {
 	}
 }
 
-func (ss *session) newHandle() (proto.Handle, error) {
-	if len(ss.pds)+len(ss.mrs)+len(ss.cqs)+len(ss.qps)+len(ss.srqs)+len(ss.ahs)+len(ss.spaces)+ss.ucmObjects >= ss.s.opt.MaxObjects {
-		return 0, errf(unix.ENOSPC, "client holds %d objects, the limit", ss.s.opt.MaxObjects)
+// newHandle names a new object of the session. An object limited by its
+// own kind (QP, CQ, MR) has been charged already; the others (obj: PDs,
+// SRQs, AHs, address spaces, rdma_cm event channels, IDs and listeners)
+// are bounded together, per connection. Caller holds ss.mu.
+func (ss *session) newHandle(obj bool) (proto.Handle, error) {
+	if obj {
+		n := int64(len(ss.pds) + len(ss.srqs) + len(ss.ahs) + len(ss.spaces) + ss.ucmObjects)
+		if lim := ss.s.opt.Limits[Objects][PerConn]; lim >= 0 && n >= lim {
+			return 0, ss.refused(ss.s.acct.refuse(ss.acct, Objects, PerConn, n, 1, lim))
+		}
 	}
 	ss.next++
 	return ss.next, nil
+}
+
+// take charges the client for what it is about to hold; over a limit, it
+// fails with the limit's errno, counted and, the first time for this
+// client and limit, logged.
+func (ss *session) take(cs ...charge) error {
+	if err := ss.acct.take(cs...); err != nil {
+		return ss.refused(err)
+	}
+	return nil
+}
+
+// give returns what take charged.
+func (ss *session) give(cs ...charge) { ss.acct.give(cs...) }
+
+func (ss *session) refused(err *limitError) error {
+	if err.first {
+		ss.log.Warn("request over a limit refused", "limit", err.r.String()+"-per-"+err.s.String(), "value", err.limit, "in_use", err.used, "asked", err.want)
+	}
+	return err
 }
 
 func decodeHandle(body []byte) (proto.Handle, error) {
@@ -375,7 +435,7 @@ func (ss *session) allocPD(body []byte) (any, []int, error) {
 	pd := vpd.(*rnic.PD)
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	h, err := ss.newHandle()
+	h, err := ss.newHandle(true)
 	if err != nil {
 		ss.undo("ALLOC_PD", pd.Dealloc())
 		return nil, nil, err
@@ -428,7 +488,7 @@ func (ss *session) createAH(body []byte) (any, []int, error) {
 		p.refs--
 		return nil, nil, err
 	}
-	h, err := ss.newHandle()
+	h, err := ss.newHandle(true)
 	if err != nil {
 		p.refs--
 		ss.undo("CREATE_AH", vah.Destroy())
@@ -491,30 +551,25 @@ func (ss *session) regMR(body []byte, fd int) (any, []int, error) {
 	if !ok {
 		return nil, nil, errf(unix.ENOENT, "no PD %d on this connection", req.PD)
 	}
-	if used := ss.mrBytes + ss.graveBytes + int64(req.Length); used > ss.s.opt.MaxMRBytes {
-		return nil, nil, errf(unix.ENOMEM, "client would hold %d bytes of registered memory, limit %d", used, ss.s.opt.MaxMRBytes)
+	if err := ss.take(charge{MRs, 1}); err != nil {
+		return nil, nil, err
 	}
-	pg := uint64(unix.Getpagesize())
-	start := req.Offset &^ (pg - 1)
-	mapping, err := unix.Mmap(fd, int64(start), int(req.Offset+req.Length-start), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	mapping, mem, err := ss.mapMemfd(fd, req.Offset, req.Length)
 	if err != nil {
-		return nil, nil, errf(unix.ENOMEM, "mapping client memory: %v", err)
+		ss.give(charge{MRs, 1})
+		return nil, nil, err
 	}
-	mem := mapping[req.Offset-start:]
+	mapping.refs++
 	mr, err := p.pd.RegBytes(mem, req.IOVA, req.Access)
 	if err != nil {
-		unix.Munmap(mapping)
+		ss.give(charge{MRs, 1})
+		ss.unrefMap(mapping)
+		ss.buryGraves()
 		return nil, nil, err
 	}
-	h, err := ss.newHandle()
-	if err != nil {
-		ss.undo("REG_MR", mr.Dereg())
-		unix.Munmap(mapping)
-		return nil, nil, err
-	}
+	h, _ := ss.newHandle(false)
 	p.refs++
-	ss.mrBytes += int64(req.Length)
-	ss.mrs[h] = &mrObj{mr: mr, pd: p, mapping: mapping, length: int64(req.Length)}
+	ss.mrs[h] = &mrObj{mr: mr, pd: p, mem: mapping}
 	return &proto.RegMRResp{MR: h, LKey: mr.LKey(), RKey: mr.RKey()}, nil, nil
 }
 
@@ -535,43 +590,26 @@ func (ss *session) deregMR(body []byte) (any, []int, error) {
 	return nil, nil, err
 }
 
-// releaseMR deregisters an MR and detaches the daemon from the client's
-// memory at once: the mapping is replaced in place by private anonymous
-// memory, so no later access (a WQE of this session posted before the
-// deregistration, a responder that resolved the rkey an instant before)
-// reaches the client's pages or faults. The detached range is unmapped
-// later, when the session has no QP left that could still point into it.
+// releaseMR deregisters an MR: its keys stop working at once. The last
+// MR of a mapping detaches the daemon from the client's memory at once:
+// the mapping is replaced in place by private anonymous memory, so no
+// later access (a WQE of this session posted before the deregistration, a
+// responder that resolved the rkey an instant before) reaches the
+// client's pages or faults. The detached range is unmapped later, when the
+// session has no QP left that could still point into it (mappings.go).
 // Caller holds ss.mu.
 func (ss *session) releaseMR(m *mrObj) error {
 	err := m.mr.Dereg()
 	m.pd.refs--
-	ss.mrBytes -= m.length
+	ss.give(charge{MRs, 1})
 	if m.space != nil {
-		m.space.refs-- // Dereg waited for the copies in progress: nothing is left to bury
+		// Dereg waited for the copies in progress: nothing is left to bury.
+		ss.give(charge{MRBytes, m.length})
+		m.space.refs--
 		return err
 	}
-	if derr := detach(m.mapping); derr != nil {
-		// Cannot happen for a range we mapped; if it did, keep the client
-		// mapping alive rather than risk a fault.
-		ss.log.Error("detaching deregistered MR", "err", derr)
-	}
-	ss.graves = append(ss.graves, m.mapping)
-	ss.graveBytes += int64(len(m.mapping))
+	ss.unrefMap(m.mem)
 	return err
-}
-
-// buryGraves unmaps detached MR mappings once the session has no QP and
-// no SRQ: only the session's own QPs and SRQs (same PD) can hold resolved
-// references into them (an SRQ's posted receives, which a QP created later
-// would take). Caller holds ss.mu.
-func (ss *session) buryGraves() {
-	if ss.liveQPs != 0 || ss.liveSRQs != 0 {
-		return
-	}
-	for _, g := range ss.graves {
-		unix.Munmap(g)
-	}
-	ss.graves, ss.graveBytes = nil, 0
 }
 
 func pow2(n uint32) uint32 {
@@ -591,6 +629,16 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.EINVAL, "CQ depth %d not in 1..%d", req.Depth, info.MaxCQE)
 	}
 	slots := pow2(req.Depth)
+	held := []charge{{CQs, 1}, {FDs, cqFDs}, {Mappings, cqMappings}, {QueueBytes, cqQueueBytes(slots, req.Depth)}}
+	if err := ss.take(held...); err != nil {
+		return nil, nil, err
+	}
+	made := false
+	defer func() {
+		if !made {
+			ss.give(held...)
+		}
+	}()
 	ring, err := shmring.Create("softrnic-cq", shmring.Geometry{SlotSize: proto.CQESize, Slots: int(slots)})
 	if err != nil {
 		return nil, nil, err
@@ -607,10 +655,10 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		return nil, nil, err
 	}
 	cq := vcq.(*rnic.CQ)
-	c := &cqObj{owner: ss, cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64)}
+	c := &cqObj{owner: ss, cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64), held: held}
 	c.watch(ss.s.wake)
 	ss.mu.Lock()
-	h, err := ss.newHandle()
+	h, err := ss.newHandle(false)
 	if err == nil {
 		c.h = h
 		ss.cqs[h] = c
@@ -626,6 +674,8 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 	ss.s.ringsMu.Lock()
 	ss.s.cqList = append(ss.s.cqList, c)
 	ss.s.ringsMu.Unlock()
+	made = true
+	ss.sent = append(ss.sent, ring)
 	return &proto.CreateCQResp{CQ: h, Slots: slots}, []int{ring.FD(), db.FD()}, nil
 }
 
@@ -679,7 +729,7 @@ func (ss *session) releaseCQ(c *cqObj) error {
 	s.ringsMu.Lock()
 	for i, x := range s.cqList {
 		if x == c {
-			s.cqList = append(s.cqList[:i], s.cqList[i+1:]...)
+			s.cqList = slices.Delete(s.cqList, i, i+1) // clears the tail: the CQ is not kept alive
 			break
 		}
 	}
@@ -688,6 +738,7 @@ func (ss *session) releaseCQ(c *cqObj) error {
 	err := c.cq.Destroy()
 	c.ring.Close()
 	c.db.Close()
+	ss.give(c.held...)
 	return err
 }
 
@@ -714,6 +765,16 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 		return nil, nil, err
 	}
 	sqSlots, rqSlots := c.MaxSendWR, c.MaxRecvWR
+	held := []charge{{QPs, 1}, {FDs, qpFDs}, {Mappings, qpMappings}, {QueueBytes, qpQueueBytes(c)}}
+	if err := ss.take(held...); err != nil {
+		return nil, nil, err
+	}
+	made := false
+	defer func() {
+		if !made {
+			ss.give(held...)
+		}
+	}()
 
 	ss.mu.Lock()
 	p, okp := ss.pds[req.PD]
@@ -757,12 +818,12 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	}
 	qp := vqp.(*rnic.QP)
 	q := &qpObj{owner: ss, qp: qp, typ: req.Type, pd: p, send: scq, recv: rcq, sq: sq, rq: rq,
-		sqc: sq.Consumer(), rqc: rq.Consumer(), srq: x}
+		sqc: sq.Consumer(), rqc: rq.Consumer(), held: held, srq: x}
 	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
 	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
 	qp.SetRecvRefill(q.refillRQ)
 	ss.mu.Lock()
-	h, err := ss.newHandle()
+	h, err := ss.newHandle(false)
 	if err == nil {
 		q.h = h
 		ss.qps[h] = q
@@ -785,6 +846,8 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	ss.s.ringsMu.Lock()
 	ss.s.qpList = append(ss.s.qpList, q)
 	ss.s.ringsMu.Unlock()
+	made = true
+	ss.sent = append(ss.sent, sq, rq)
 	return &proto.CreateQPResp{QP: h, QPN: qp.QPN(), SQSlots: sqSlots, RQSlots: rqSlots, Caps: c}, []int{sq.FD(), rq.FD()}, nil
 }
 
@@ -822,6 +885,11 @@ func (ss *session) lookupQP(h proto.Handle) (*qpObj, error) {
 	return q, nil
 }
 
+// controlledQKey is the bit of a controlled Q_Key (IBA 10.2.4): such keys
+// (QP1's 0x80010000 among them) are for privileged consumers only, so
+// that an application cannot impersonate a management agent.
+const controlledQKey = 0x80000000
+
 func (ss *session) modifyQP(body []byte) (any, []int, error) {
 	var req proto.ModifyQPReq
 	if err := proto.DecodeBody(body, &req); err != nil {
@@ -835,6 +903,10 @@ func (ss *session) modifyQP(body []byte) (any, []int, error) {
 	// itself (its neighbour table), as the kernel does for RoCE: a client
 	// cannot point its frames at a MAC of its choosing.
 	req.Attr.AV.DMAC = [6]byte{}
+	if req.Mask&ib.AttrQKey != 0 && req.Attr.QKey&controlledQKey != 0 && !ss.netRaw {
+		ss.s.QKeyRefused.Add(1)
+		return nil, nil, errf(unix.EPERM, "Q_Key %#x is a controlled Q_Key (high bit set): it needs CAP_NET_RAW", req.Attr.QKey)
+	}
 	return nil, nil, q.qp.Modify(&req.Attr, req.Mask)
 }
 
@@ -875,7 +947,7 @@ func (ss *session) releaseQP(q *qpObj) error {
 	s.ringsMu.Lock()
 	for i, x := range s.qpList {
 		if x == q {
-			s.qpList = append(s.qpList[:i], s.qpList[i+1:]...)
+			s.qpList = slices.Delete(s.qpList, i, i+1) // clears the tail: the QP is not kept alive
 			break
 		}
 	}
@@ -893,6 +965,7 @@ func (ss *session) releaseQP(q *qpObj) error {
 	err := q.qp.Destroy()
 	q.sq.Close()
 	q.rq.Close()
+	ss.give(q.held...)
 	ss.mu.Lock()
 	q.pd.refs--
 	q.send.refs--
@@ -964,6 +1037,7 @@ func (ss *session) cleanup() ClientInfo {
 	ss.spaces = map[proto.Handle]*addrSpaceObj{}
 	for _, a := range spaces {
 		a.release()
+		ss.give(charge{FDs, addrSpaceFDs})
 	}
 	ss.mu.Unlock()
 	for _, c := range cqs {

@@ -58,7 +58,7 @@ func (ss *session) createSRQ(body []byte) (any, []int, error) {
 	x.srq.SetBacklog(ring.Pending)
 	x.wr[0].SG = make([]ib.SGE, 0, req.MaxSGE)
 	ss.mu.Lock()
-	x.h, err = ss.newHandle()
+	x.h, err = ss.newHandle(true)
 	if err == nil {
 		ss.srqs[x.h] = x
 		ss.liveSRQs++

@@ -21,6 +21,7 @@ func (ss *session) stats(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.EOPNOTSUPP, "this daemon keeps no counters")
 	}
 	c := f()
+	c.Daemon = ss.s.counters()
 	var own map[uint32]bool
 	if ss.cred.Uid != 0 {
 		own = map[uint32]bool{}
@@ -36,7 +37,7 @@ func (ss *session) stats(body []byte) (any, []int, error) {
 // statsPage builds one StatsResp from a snapshot: the QPs at or after
 // req.FromQPN in QPN order (only those in own, unless own is nil).
 func statsPage(c *Counters, req *proto.StatsReq, own map[uint32]bool) *proto.StatsResp {
-	r := &proto.StatsResp{Valid: c.Valid, Device: c.Device, NumQueues: uint32(len(c.Queues)), CM: c.CM}
+	r := &proto.StatsResp{Valid: c.Valid, Device: c.Device, NumQueues: uint32(len(c.Queues)), CM: c.CM, Daemon: c.Daemon}
 	if c.HasCM {
 		r.HasCM = 1
 	}

@@ -42,7 +42,8 @@ func TestStatsThroughDaemon(t *testing.T) {
 	})
 	testlink.Run(t, devB, pb, engine.Options{})
 	src := &daemon.CounterSource{Name: "memA", Loop: loopA, Port: cp}
-	_, path := serve(t, devA, daemon.Options{Counters: src.Snapshot})
+	srv, path, _ := serveIn(t, t.TempDir(), devA, daemon.Options{Counters: src.Snapshot})
+	src.Server = srv
 
 	c, err := client.Dial(path)
 	if err != nil {
@@ -139,6 +140,26 @@ func TestStatsThroughDaemon(t *testing.T) {
 		d[proto.CtrReqCQEError] != 0 || d[proto.CtrRespCQEError] != 0 || st.QPs[0].State != ib.Err {
 		t.Errorf("device after the errors: resp_remote_access_errors %d, resp_cqe_flush_error %d, rx_write_requests %d, req_cqe_error %d, resp_cqe_error %d; QP %v",
 			d[proto.CtrRespRemoteAccessErrors], d[proto.CtrRespCQEFlushError], d[proto.CtrRxWriteRequests], d[proto.CtrReqCQEError], d[proto.CtrRespCQEError], st.QPs[0].State)
+	}
+
+	// The QP destroyed, its counts stay in the device's totals.
+	if err := qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	after := queryStats(t, path, qp.QPN())
+	if after.Listed != 0 || after.Device[proto.CtrRespRemoteAccessErrors] != 1 || after.Device[proto.CtrRespCQEFlushError] != 1 ||
+		after.Device[proto.CtrRxWriteRequests] != 2 || after.Device[proto.CtrOutOfBuffer] < st.Device[proto.CtrOutOfBuffer] {
+		t.Errorf("device after the QP went: %d QPs listed, resp_remote_access_errors %d, resp_cqe_flush_error %d, rx_write_requests %d",
+			after.Listed, after.Device[proto.CtrRespRemoteAccessErrors], after.Device[proto.CtrRespCQEFlushError], after.Device[proto.CtrRxWriteRequests])
+	}
+	// The daemon's own counters: in the reply, and in the snapshot
+	// /metrics serves.
+	srv.BadWQEs.Add(3) // as the data path counts them
+	if st := queryStats(t, path, 0); st.Daemon[proto.DCtrBadWQEs] != 3 {
+		t.Errorf("bad_wqes in STATS: %d", st.Daemon[proto.DCtrBadWQEs])
+	}
+	if snap := src.Snapshot(); !snap.HaveDaemon || snap.Daemon[proto.DCtrBadWQEs] != 3 || snap.Usage.Host[daemon.Connections] < 1 {
+		t.Errorf("snapshot: daemon %v %v, usage %v", snap.HaveDaemon, snap.Daemon, snap.Usage.Host)
 	}
 }
 

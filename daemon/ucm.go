@@ -423,7 +423,7 @@ func (ss *session) ucmOp(h proto.Header, body []byte) (any, []int, error) {
 func (u *ucmService) newHandle(ss *session) (proto.Handle, error) {
 	ss.mu.Lock()
 	defer ss.mu.Unlock()
-	h, err := ss.newHandle()
+	h, err := ss.newHandle(true)
 	if err == nil {
 		ss.ucmObjects++
 	}

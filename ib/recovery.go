@@ -16,12 +16,13 @@ type Recovery uint8
 
 const (
 	// RecoveryDefault is the device's mode for a QP, and for a device
-	// RecoverySelective, on by default as ConnectX's adaptive
-	// retransmission is.
+	// RecoverySelective.
 	RecoveryDefault Recovery = iota
 	// RecoverySelective is adaptive retransmission plus selective repeat
-	// with a peer that agrees to it, and adaptive go-back-N with any other
-	// peer.
+	// toward a softrnic QP number (with a peer that agrees), and the local
+	// ACK timer alone toward any other peer: adaptive timers against a
+	// peer whose answers stall (rxe in the lab) resent whole windows it
+	// already had.
 	RecoverySelective
 	// RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
 	// probes, fast retransmission and an RTO of a few RTTs, besides the

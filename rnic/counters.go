@@ -2,6 +2,7 @@ package rnic
 
 import (
 	"cmp"
+	"reflect"
 	"slices"
 
 	"github.com/softrnic/softrnic/congestion"
@@ -201,24 +202,94 @@ func (d *Device) EachQPCounters(fn func(*QPCounters)) {
 		if q.destroyed.Load() {
 			continue
 		}
-		c = QPCounters{QPN: q.qpn, Type: q.init.Type}
-		q.mu.Lock()
-		c.State = q.state
-		c.CQE = q.cqe
-		switch t := q.tr.(type) {
-		case *rc.QP:
-			c.RC = t.Counters
-			if q.init.Type == ib.RC {
-				c.Recovery = q.init.Recovery
-				c.SRReq, c.SRResp = t.SelectiveRepeat()
-			}
-		case *ud.QP:
-			c.UD = t.Counters
-		}
-		if r, ok := q.tr.(ccReporter); ok {
-			c.CC, c.CCOn = r.CongestionState()
-		}
-		q.mu.Unlock()
+		q.counters(&c)
 		fn(&c)
+	}
+}
+
+// counters copies q's counters into c.
+func (q *QP) counters(c *QPCounters) {
+	*c = QPCounters{QPN: q.qpn, Type: q.init.Type}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	c.State = q.state
+	c.CQE = q.cqe
+	switch t := q.tr.(type) {
+	case *rc.QP:
+		c.RC = t.Counters
+		if q.init.Type == ib.RC {
+			c.Recovery = q.init.Recovery
+			c.SRReq, c.SRResp = t.SelectiveRepeat()
+		}
+	case *ud.QP:
+		c.UD = t.Counters
+	}
+	if r, ok := q.tr.(ccReporter); ok {
+		c.CC, c.CCOn = r.CongestionState()
+	}
+}
+
+// RetiredQPs are the summed counters of the device's destroyed QPs (RC
+// and UC ones in RC, UD and GSI ones in UD), so that device totals built
+// from per-QP counters never go down when a QP goes.
+type RetiredQPs struct {
+	QPs uint64
+	RC  rc.Counters
+	UD  ud.Counters
+	CQE CQECounters
+}
+
+// retire marks q destroyed and adds its final counters to the device's
+// retired sums, once, before q leaves the live QPs; true for that once.
+func (d *Device) retire(q *QP) bool {
+	var c QPCounters
+	d.retMu.Lock()
+	defer d.retMu.Unlock()
+	if q.destroyed.Load() {
+		return false
+	}
+	q.counters(&c)
+	d.retiredQPs.QPs++
+	addCounts(&d.retiredQPs.RC, &c.RC)
+	addCounts(&d.retiredQPs.UD, &c.UD)
+	addCounts(&d.retiredQPs.CQE, &c.CQE)
+	d.retireGen++
+	q.destroyed.Store(true)
+	return true
+}
+
+// QPCounterTotals calls fn with every live QP's counters, as
+// EachQPCounters, and returns the counters of the QPs destroyed so far:
+// each QP is in exactly one of the two (a QP destroyed meanwhile makes
+// it take the snapshot again), so their sum is the device's total.
+func (d *Device) QPCounterTotals(fn func(*QPCounters)) RetiredQPs {
+	var live []QPCounters
+	for try := 0; ; try++ {
+		d.retMu.Lock()
+		gen, retired := d.retireGen, d.retiredQPs
+		d.retMu.Unlock()
+		live = live[:0]
+		d.EachQPCounters(func(c *QPCounters) { live = append(live, *c) })
+		d.retMu.Lock()
+		same := d.retireGen == gen
+		d.retMu.Unlock()
+		if same || try == 3 {
+			for i := range live {
+				fn(&live[i])
+			}
+			return retired
+		}
+	}
+}
+
+// addCounts adds every uint64 field of *src (a struct of counters) to
+// *dst's: the transports' counter sets grow, and a field missed here would
+// silently vanish from the totals.
+func addCounts[T any](dst, src *T) {
+	dv, sv := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem()
+	for i := 0; i < dv.NumField(); i++ {
+		if f := dv.Field(i); f.Kind() == reflect.Uint64 && f.CanSet() {
+			f.SetUint(f.Uint() + sv.Field(i).Uint())
+		}
 	}
 }

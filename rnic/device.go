@@ -70,6 +70,12 @@ type Device struct {
 
 	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
 
+	// The counters of destroyed QPs (QPCounterTotals); retireGen counts
+	// retirements.
+	retMu      sync.Mutex
+	retiredQPs RetiredQPs
+	retireGen  uint64
+
 	// Busy polling (Poll): the engine's inline step while its loop runs,
 	// when an application last polled through it, and the doorbells that
 	// were not rung because it had.

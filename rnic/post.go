@@ -55,6 +55,41 @@ func (q *QP) postSend(wrs []verbs.SendWR) (int, error) {
 	return len(wrs), nil
 }
 
+// PostSendInError posts, in place of a send WR that failed PostSend's
+// checks, a WQE that completes with st in order, after the WRs before it,
+// and then stops the send queue: ERR for RC, SQE for UC and UD (IBA
+// 10.3.1), as an RNIC treats a bad WQE it finds in its queue. The daemon
+// posts these for WRs of its clients' rings, which no library checked.
+// The opcode only names the completion's.
+func (q *QP) PostSendInError(id uint64, op ib.WROpcode, st ib.WCStatus) error {
+	n, err := func() (int, error) {
+		q.mu.Lock()
+		defer q.release()
+		switch {
+		case q.destroyed.Load():
+			return 0, verbs.ErrDestroyed
+		case q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE && q.state != ib.Err:
+			return 0, verbs.ErrQPState
+		case q.tr.SendQueueFree() == 0:
+			return 0, verbs.ErrQueueFull
+		case q.state == ib.Err || q.state == ib.SQE:
+			q.pushWC(ib.WC{ID: id, Status: ib.WRFlushErr, Opcode: op.WCOpcode(), QPN: q.qpn})
+			return 0, nil
+		}
+		if !op.Valid() {
+			op = ib.Send
+		}
+		q.postWQE = ib.SendWQE{ID: id, Opcode: op, Flags: ib.Signaled, Err: st, SG: q.postSG[:0]}
+		q.tr.Post(&q.postWQE)
+		q.txPending.Store(true)
+		return 1, nil
+	}()
+	if n > 0 {
+		q.dev.ring()
+	}
+	return err
+}
+
 // checkSend checks send WR i against the QP; a UD WR's address handle
 // comes back as this device's.
 func (q *QP) checkSend(i int, s *verbs.SendWR) (*AH, error) {
@@ -65,6 +100,8 @@ func (q *QP) checkSend(i int, s *verbs.SendWR) (*AH, error) {
 	switch {
 	case !s.Opcode.Valid():
 		return fail(verbs.ErrBadOpcode, "opcode %v", s.Opcode)
+	case s.Flags&^ib.KnownSendFlags != 0:
+		return fail(verbs.ErrInvalid, "send flags %#x the device does not implement", uint8(s.Flags&^ib.KnownSendFlags))
 	case t.Datagram() && s.Opcode != ib.Send && s.Opcode != ib.SendWithImm:
 		return fail(verbs.ErrBadOpcode, "%v on a %v QP", s.Opcode, t)
 	case t == ib.UC && (s.Opcode == ib.RDMARead || s.Opcode.IsAtomic()):

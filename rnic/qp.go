@@ -223,7 +223,9 @@ func (q *QP) resetLocked() {
 // without completions (ibv_destroy_qp).
 func (q *QP) Destroy() error {
 	d := q.dev
-	if !q.destroyed.Swap(true) && q.init.SRQ != nil {
+	// Its counts stay in the device's totals; the first Destroy also
+	// marks it destroyed.
+	if d.retire(q) && q.init.SRQ != nil {
 		q.init.SRQ.users.Add(-1)
 	}
 	d.mu.Lock()

@@ -1,6 +1,7 @@
 package rnic
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -90,5 +91,59 @@ func TestCQECounters(t *testing.T) {
 	}
 	if b.CQE != (CQECounters{RespErr: 1}) || b.RC.LocalLengthErrs != 1 {
 		t.Errorf("responder after a length error: CQE %+v, RC %+v", b.CQE, b.RC)
+	}
+}
+
+// A destroyed QP's counts stay in the device's totals: QPCounterTotals
+// returns them as retired, and the QP no longer among the live ones.
+func TestRetiredQPCounters(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	qa, _ := tb.connect(ib.RC, 1024, ib.LocalWrite|ib.RemoteWrite, 8)
+	mrA, _ := tb.a.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite)
+	// Two WRs flushed: the QP in error, then two sends posted.
+	ibAttr := ib.QPAttr{State: ib.Err}
+	if err := qa.Modify(&ibAttr, ib.AttrState); err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 2; i++ {
+		if _, err := qa.PostSend([]verbs.SendWR{{ID: i, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	live := countersOf(t, tb.a.dev, qa.QPN())
+	if live.CQE.ReqFlushErr != 2 {
+		t.Fatalf("flushes counted: %+v", live.CQE)
+	}
+	before := tb.a.dev.QPCounterTotals(func(*QPCounters) {})
+	if err := qa.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	qa.Destroy() // counted once
+	n := 0
+	after := tb.a.dev.QPCounterTotals(func(c *QPCounters) {
+		n++
+		if c.QPN == qa.QPN() {
+			t.Errorf("destroyed QP %#x still live", c.QPN)
+		}
+	})
+	if after.QPs != before.QPs+1 || after.CQE.ReqFlushErr != before.CQE.ReqFlushErr+2 || n != 0 {
+		t.Fatalf("retired before %+v, after %+v; %d live", before.CQE, after.CQE, n)
+	}
+}
+
+// A send WR with a flag the device does not implement is refused at post,
+// as one with a bad opcode or too many SGEs: nothing is posted.
+func TestPostRefusesUnknownSendFlags(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	qa, _ := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	mrA, _ := tb.a.pd.RegBytes(make([]byte, 4096), 0, ib.LocalWrite)
+	sg := []ib.SGE{{Addr: mrA.IOVA(), Length: 8, LKey: mrA.LKey()}}
+	for _, f := range []ib.SendFlags{1 << 4, 1 << 7, ib.Signaled | 1<<5} {
+		if n, err := qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: f, SG: sg}}); n != 0 || !errors.Is(err, verbs.ErrInvalid) {
+			t.Errorf("flags %#x: %d posted, %v", f, n, err)
+		}
+	}
+	if n, err := qa.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.KnownSendFlags &^ ib.Inline, SG: sg}}); n != 1 || err != nil {
+		t.Errorf("known flags: %d posted, %v", n, err)
 	}
 }

@@ -141,6 +141,15 @@
 #define SOFTRNIC_CM_UNRESOLVED 12 // peers whose MAC did not resolve
 #define SOFTRNIC_CM_EVENTS_LOST 13 // events dropped because a client did not read its event channel
 #define SOFTRNIC_NUM_CM_COUNTERS 14
+#define SOFTRNIC_D_CTR_REJECTED_CONNECTIONS 0 // connections refused: not root, the daemon's user or the control group
+#define SOFTRNIC_D_CTR_ACCEPT_ERRORS 1 // accept failures (out of fds or memory)
+#define SOFTRNIC_D_CTR_SHED_CONNECTIONS 2 // connections closed: silent before OPEN, or turned away out of fds
+#define SOFTRNIC_D_CTR_LIMIT_REFUSALS 3 // client requests refused by a limit
+#define SOFTRNIC_D_CTR_BAD_WQES 4 // WRs in client rings that do not decode or fail the device's checks, corrupted indexes
+#define SOFTRNIC_D_CTR_CQ_RING_DROPPED 5 // completions dropped on a full client CQ ring
+#define SOFTRNIC_D_CTR_CONTROLLED_Q_KEY_REFUSED 6 // controlled Q_Keys refused to clients without CAP_NET_RAW
+#define SOFTRNIC_D_CTR_CQ_OVERRUNS 7 // CQs that overflowed
+#define SOFTRNIC_NUM_DAEMON_COUNTERS 8
 #define SOFTRNIC_Q_CTR_RX_PACKETS 0 // UD only: packets delivered
 #define SOFTRNIC_Q_CTR_DUPLICATE_REQUEST 1 // RC
 #define SOFTRNIC_Q_CTR_OUT_OF_SEQUENCE 2 // RC
@@ -330,12 +339,13 @@
 #define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
 // RecoveryDefault is the device's mode for a QP, and for a device
-// RecoverySelective, on by default as ConnectX's adaptive
-// retransmission is.
+// RecoverySelective.
 #define SOFTRNIC_IB_RECOVERY_DEFAULT 0
 // RecoverySelective is adaptive retransmission plus selective repeat
-// with a peer that agrees to it, and adaptive go-back-N with any other
-// peer.
+// toward a softrnic QP number (with a peer that agrees), and the local
+// ACK timer alone toward any other peer: adaptive timers against a
+// peer whose answers stall (rxe in the lab) resent whole windows it
+// already had.
 #define SOFTRNIC_IB_RECOVERY_SELECTIVE 1
 // RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
 // probes, fast retransmission and an RTO of a few RTTs, besides the
@@ -1193,8 +1203,9 @@ struct softrnic_stats_resp {
 	uint8_t has_cm; // HasCM says whether the daemon runs an rdma_cm agent, whose counters
 	uint8_t _pad2[7];
 	uint64_t cm[14];
+	uint64_t daemon[8]; // Daemon are the daemon's own counters (DaemonCounters).
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 3728, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 3792, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
@@ -1205,5 +1216,6 @@ _Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3344, "struct
 _Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3352, "struct softrnic_stats_resp: queues");
 _Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3608, "struct softrnic_stats_resp: has_cm");
 _Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3616, "struct softrnic_stats_resp: cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3728, "struct softrnic_stats_resp: daemon");
 
 #endif /* SOFTRNIC_PROTO_H */

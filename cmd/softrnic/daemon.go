@@ -72,6 +72,19 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	}
 	defer func() { err = errors.Join(err, lock.Close()) }()
 
+	// Every client connection, CQ and QP costs file descriptors: take
+	// all the unit allows (LimitNOFILE), and size the client limits from
+	// it (daemon.DefaultLimits).
+	nofile, err := daemon.RaiseNoFile()
+	if err != nil {
+		log.Warn("raising RLIMIT_NOFILE", "err", err)
+	}
+	hostFigures := daemon.ReadHost()
+	limits := cfg.Limits.WithDefaults(daemon.DefaultLimits(hostFigures))
+	log.Info("client limits", "nofile", nofile, "max_map_count", hostFigures.MaxMapCount,
+		"connections_per_host", limits[daemon.Connections][daemon.PerHost], "fds_per_host", limits[daemon.FDs][daemon.PerHost],
+		"mappings_per_host", limits[daemon.Mappings][daemon.PerHost], "queue_bytes_per_host", limits[daemon.QueueBytes][daemon.PerHost])
+
 	cc, err := daemonCongestion(cfg)
 	if err != nil {
 		return err
@@ -124,12 +137,12 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	portStatus := func() proto.PortStatus { return st }
 	counters := &daemon.CounterSource{Name: h.Iface.Name, Loop: h.Loop, Port: cp}
 	srv, err := daemon.NewServer(h.Device, daemon.Options{Logger: log, Group: group, Mode: cfg.ControlMode, Tap: &tap,
-		PortStatus: portStatus, Counters: counters.Snapshot, CM: h.CM})
+		PortStatus: portStatus, Counters: counters.Snapshot, CM: h.CM, Limits: limits})
 	if err != nil {
 		return err
 	}
 	counters.CM = srv.CMCounters
-	counters.Server = srv // before any client can ask for counters
+	counters.Server = srv // its own counters and its clients' usage on /metrics
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()
 		if err != nil {

@@ -31,6 +31,7 @@ type statsReport struct {
 	// NumQueues may be larger (only MaxStatsQueues are detailed).
 	NumQueues int
 	Queues    []proto.QueueStats
+	Daemon    [proto.NumDaemonCounters]uint64
 }
 
 func runStats(args []string) int {
@@ -142,7 +143,7 @@ func (cc *controlConn) stats(qp int) (*statsReport, error) {
 			return nil, err
 		}
 		if page == 0 {
-			rep.Device, rep.Valid, rep.Values = cstring(r.Name[:]), r.Valid, r.Device
+			rep.Device, rep.Valid, rep.Values, rep.Daemon = cstring(r.Name[:]), r.Valid, r.Device, r.Daemon
 			rep.HasCM, rep.CM = r.HasCM != 0, r.CM
 			rep.NumQueues = int(r.NumQueues)
 			rep.Queues = append(rep.Queues, r.Queues[:min(int(r.NumQueues), len(r.Queues))]...)
@@ -191,7 +192,8 @@ func qpTypeString(t ib.QPType) string {
 
 // writeStatsText prints like rdma statistic show: "link DEV/1 name value
 // ..." for the device, then for each receive queue of an AF_XDP port
-// "link DEV/1 queue N rx_packets X xsk_rx_ring_full Y", then for each QP
+// "link DEV/1 queue N rx_packets X xsk_rx_ring_full Y", then the daemon's
+// own counters as "daemon DEV name value ...", then for each QP
 // "link DEV/1 lqpn N type RC state RTS name value ...", as rdma statistic
 // qp show does. Counters this port does not count are left out.
 func writeStatsText(w io.Writer, r *statsReport, qpOnly bool) error {
@@ -215,6 +217,11 @@ func writeStatsText(w io.Writer, r *statsReport, qpOnly bool) error {
 		if r.NumQueues > len(r.Queues) {
 			fmt.Fprintf(&b, "link %s/1 queues %d (the first %d shown)\n", r.Device, r.NumQueues, len(r.Queues))
 		}
+		fmt.Fprintf(&b, "daemon %s", r.Device)
+		for i, d := range proto.DaemonCounters {
+			fmt.Fprintf(&b, " %s %d", d.Name, r.Daemon[i])
+		}
+		b.WriteByte('\n')
 	}
 	for _, q := range r.QPs {
 		fmt.Fprintf(&b, "link %s/1 lqpn %d type %s state %v", r.Device, q.QPN, qpTypeString(q.Type), q.State)
@@ -246,6 +253,7 @@ type statsJSON struct {
 	Ifname     string            `json:"ifname"`
 	Port       int               `json:"port"`
 	Counters   map[string]uint64 `json:"counters,omitempty"`
+	Daemon     map[string]uint64 `json:"daemon,omitempty"`
 	NumQueues  int               `json:"num_queues,omitempty"`
 	Queues     []statsJSONQueue  `json:"queues,omitempty"`
 	QPs        []statsJSONQP     `json:"qps"`
@@ -268,6 +276,10 @@ func writeStatsJSON(w io.Writer, r *statsReport, qpOnly bool) error {
 			if r.HasCM {
 				out.Counters[d.Name] = r.CM[i]
 			}
+		}
+		out.Daemon = map[string]uint64{}
+		for i, d := range proto.DaemonCounters {
+			out.Daemon[d.Name] = r.Daemon[i]
 		}
 		out.NumQueues = r.NumQueues
 		for i, q := range r.Queues {

@@ -15,6 +15,7 @@ func sampleStats() *statsReport {
 	r.Values[proto.CtrRxPackets] = 123
 	r.Values[proto.CtrTxPackets] = 45
 	r.Values[proto.CtrXDPSteered] = 9 // not valid on this port: never printed
+	r.Daemon[proto.DCtrLimitRefusals] = 4
 	q := proto.QPStats{QPN: 17, Type: ib.RC, State: ib.RTS, Valid: 1<<proto.QCtrDuplicateRequest | 1<<proto.QCtrRetransmits}
 	q.Values[proto.QCtrDuplicateRequest] = 3
 	q.Values[proto.QCtrRetransmits] = 2
@@ -35,8 +36,9 @@ func TestStatsQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
-	if len(lines) != 5 || lines[1] != "link veth0/1 queue 0 rx_packets 10 xsk_rx_ring_full 1" ||
-		lines[2] != "link veth0/1 queue 1 rx_packets 20 xsk_rx_ring_full 0" || !strings.HasPrefix(lines[3], "link veth0/1 lqpn 17 ") {
+	if len(lines) != 6 || lines[1] != "link veth0/1 queue 0 rx_packets 10 xsk_rx_ring_full 1" ||
+		lines[2] != "link veth0/1 queue 1 rx_packets 20 xsk_rx_ring_full 0" || !strings.HasPrefix(lines[3], "daemon veth0 ") ||
+		!strings.HasPrefix(lines[4], "link veth0/1 lqpn 17 ") {
 		t.Errorf("text:\n%s", b.String())
 	}
 	b.Reset()
@@ -72,7 +74,7 @@ func TestStatsText(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
-	if len(lines) != 3 {
+	if len(lines) != 4 {
 		t.Fatalf("%d lines:\n%s", len(lines), b.String())
 	}
 	if !strings.HasPrefix(lines[0], "link veth0/1 rx_packets 123 tx_packets 45 rx_bytes 0 tx_bytes 0 duplicate_request 0 ") {
@@ -86,11 +88,16 @@ func TestStatsText(t *testing.T) {
 	if len(f)%2 != 0 || len(f)/2 != int(proto.NumDeviceCounters)-12 { // less 5 XDP program and 7 AF_XDP counters
 		t.Errorf("device line has %d fields", len(f))
 	}
-	if lines[1] != "link veth0/1 lqpn 17 type RC state RTS duplicate_request 3 retransmits 2" {
-		t.Errorf("QP line: %s", lines[1])
+	// The daemon's own counters, all of them, on a line of their own.
+	if f := strings.Fields(lines[1]); len(f) != 2+2*proto.NumDaemonCounters || f[0] != "daemon" ||
+		!strings.Contains(lines[1], " limit_refusals 4 ") {
+		t.Errorf("daemon line: %s", lines[1])
 	}
-	if lines[2] != "link veth0/1 lqpn 18 type UD state RTS rx_packets 8" {
-		t.Errorf("UD QP line: %s", lines[2])
+	if lines[2] != "link veth0/1 lqpn 17 type RC state RTS duplicate_request 3 retransmits 2" {
+		t.Errorf("QP line: %s", lines[2])
+	}
+	if lines[3] != "link veth0/1 lqpn 18 type UD state RTS rx_packets 8" {
+		t.Errorf("UD QP line: %s", lines[3])
 	}
 	b.Reset()
 	r := sampleStats()
@@ -114,6 +121,9 @@ func TestStatsJSON(t *testing.T) {
 	}
 	if got.Ifname != "veth0" || got.Port != 1 || got.Counters["rx_packets"] != 123 || got.Counters["tx_packets"] != 45 {
 		t.Errorf("device: %+v", got)
+	}
+	if got.Daemon["limit_refusals"] != 4 || len(got.Daemon) != proto.NumDaemonCounters {
+		t.Errorf("daemon counters: %v", got.Daemon)
 	}
 	if _, ok := got.Counters["xdp_steered"]; ok {
 		t.Error("xdp_steered reported on a port that does not count it")

@@ -191,6 +191,33 @@ var CMCounters = [NumCMCounters]CounterDef{
 	CMEventsLost:    {"cm_events_lost", "rdma_cm events dropped because a client did not read its event channel"},
 }
 
+// Daemon counters: the index of each in StatsResp.Daemon. What the
+// daemon's clients did to it, and what became of their asynchronous
+// events and completions. New counters go at the end.
+const (
+	DCtrRejectedConnections   = iota // connections refused: not root, the daemon's user or the control group
+	DCtrAcceptErrors                 // accept failures (out of fds or memory)
+	DCtrShedConnections              // connections closed: silent before OPEN, or turned away out of fds
+	DCtrLimitRefusals                // client requests refused by a limit
+	DCtrBadWQEs                      // WRs in client rings that do not decode or fail the device's checks, corrupted indexes
+	DCtrCQRingDropped                // completions dropped on a full client CQ ring
+	DCtrControlledQKeyRefused        // controlled Q_Keys refused to clients without CAP_NET_RAW
+	DCtrCQOverruns                   // CQs that overflowed
+	NumDaemonCounters
+)
+
+// DaemonCounters are the daemon counters' names, by index.
+var DaemonCounters = [NumDaemonCounters]CounterDef{
+	DCtrRejectedConnections:   {"rejected_connections", "client connections refused: neither root, the daemon's user nor the control group"},
+	DCtrAcceptErrors:          {"accept_errors", "client connections the daemon failed to accept (out of file descriptors or memory)"},
+	DCtrShedConnections:       {"shed_connections", "client connections closed to keep serving: silent before OPEN, or turned away out of file descriptors"},
+	DCtrLimitRefusals:         {"limit_refusals", "client requests refused by a limit (daemon [limits])"},
+	DCtrBadWQEs:               {"bad_wqes", "work requests in client rings that do not decode or fail the device's checks, and corrupted ring indexes"},
+	DCtrCQRingDropped:         {"cq_ring_dropped", "completions dropped because a client's CQ ring was full"},
+	DCtrControlledQKeyRefused: {"controlled_qkey_refused", "controlled Q_Keys (high bit set) refused to clients without CAP_NET_RAW"},
+	DCtrCQOverruns:            {"cq_overruns", "CQs that overflowed (their QPs went to the error state)"},
+}
+
 // Per-QP counters: the index of each in QPStats.Values.
 const (
 	QCtrRxPackets               = iota // UD only: packets delivered
@@ -368,6 +395,8 @@ type StatsResp struct {
 	HasCM uint8
 	_     [7]byte
 	CM    [NumCMCounters]uint64
+	// Daemon are the daemon's own counters (DaemonCounters).
+	Daemon [NumDaemonCounters]uint64
 }
 
 // MaxStatsQueues is how many receive queues one StatsResp details.

@@ -178,6 +178,18 @@ func mapFD(fd int, g Geometry) (*Ring, error) {
 // FD is the ring's memfd, to pass to the peer. It stays owned by the Ring.
 func (r *Ring) FD() int { return r.fd }
 
+// CloseFD closes the ring's memfd and keeps the mapping: once the peer has
+// its own copy of the fd, the owner needs only the mapping, and an fd held
+// per ring would bound how many rings a process can serve.
+func (r *Ring) CloseFD() error {
+	if r.fd < 0 {
+		return nil
+	}
+	err := unix.Close(r.fd)
+	r.fd = -1
+	return err
+}
+
 // Geometry is the ring's shape.
 func (r *Ring) Geometry() Geometry { return r.g }
 
@@ -189,7 +201,7 @@ func (r *Ring) Close() error {
 	}
 	err := unix.Munmap(r.mem)
 	r.mem, r.slots = nil, nil
-	if cerr := unix.Close(r.fd); err == nil {
+	if cerr := r.CloseFD(); err == nil {
 		err = cerr
 	}
 	return err

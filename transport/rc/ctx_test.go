@@ -80,9 +80,12 @@ type tctx struct {
 	done []ib.WC
 }
 
+// defaultCfg is a QP whose peer is not softrnic's, retransmitting on its
+// own timers (RecoveryAdaptive: the default mode would leave such a peer on
+// the local ACK timer alone).
 func defaultCfg() Config {
 	return Config{QPN: 0x11, DestQPN: 0x22, MTU: 1024, SQPSN: 100, RQPSN: 500, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
-		MinRNRTimer: 12, MaxRdAtomic: 16, MaxDestRdAtomic: 16,
+		MinRNRTimer: 12, MaxRdAtomic: 16, MaxDestRdAtomic: 16, Recovery: ib.RecoveryAdaptive,
 		Access: ib.LocalWrite | ib.RemoteWrite | ib.RemoteRead | ib.RemoteAtomic}
 }
 
@@ -190,6 +193,7 @@ func sackWin(base bth.PSN, win int) []byte {
 func srCfg() Config {
 	c := defaultCfg()
 	c.QPN, c.DestQPN = SoftQPNTag|0x11, SoftQPNTag|0x22
+	c.Recovery = ib.RecoveryDefault
 	return c
 }
 

@@ -36,8 +36,25 @@ import (
 // A go-back-N peer sees only retransmissions of packets it already handles
 // as duplicates or as the expected packet.
 
-// adaptive reports whether the QP retransmits on its own timers.
-func (q *QP) adaptive() bool { return q.cfg.Recovery != ib.RecoveryTimeout && !q.cfg.UC }
+// adaptive reports whether the QP retransmits on its own timers: when
+// asked to (RecoveryAdaptive), or in the default selective mode with a
+// softrnic peer. The default leaves other peers (rxe, ConnectX) on the IBA
+// local ACK timer: against rxe in the interop lab, a host whose RTT swings
+// by milliseconds, the adaptive timers fired spuriously and every
+// go-back-N resent a window rxe had already received (thousands of
+// duplicates per 1 MiB case, and rxe's READ responder asked again until
+// its queue overflowed).
+func (q *QP) adaptive() bool {
+	switch {
+	case q.cfg.UC:
+		return false
+	case q.cfg.Recovery == ib.RecoveryAdaptive:
+		return true
+	case q.cfg.Recovery == ib.RecoveryTimeout:
+		return false
+	}
+	return SoftQPN(q.cfg.DestQPN)
+}
 
 // ackLimit is the longest the adaptive timers wait: the local ACK timeout,
 // or MaxRTO when there is none.

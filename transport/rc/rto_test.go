@@ -429,6 +429,30 @@ func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 	}
 }
 
+// TestDefaultRecoveryByPeer: the default mode runs the adaptive timers
+// toward a softrnic QP number only; toward any other peer it keeps the
+// local ACK timer alone, as RecoveryTimeout does.
+func TestDefaultRecoveryByPeer(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		dest  uint32
+		probe bool
+	}{{"rxe peer", 0x22, false}, {"softrnic peer", SoftQPNTag | 0x22, true}} {
+		cfg := defaultCfg()
+		cfg.Recovery, cfg.DestQPN = ib.RecoveryDefault, tc.dest
+		c := newCtx(t, cfg) // no reorder pool: no selective repeat either way
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
+		c.out()
+		want := c.now.Add(AckTimeout(14))
+		if tc.probe {
+			want = c.now.Add(c.qp.adpPTO())
+		}
+		if d := c.qp.Deadline(); d != want {
+			t.Fatalf("%s: deadline %v, want %v", tc.name, d, want)
+		}
+	}
+}
+
 // TestRequestsByteIdenticalWithoutAgreement: toward a peer whose QP number
 // is not softrnic's, a QP asking for selective repeat sends exactly the
 // bytes of one that never heard of it; toward a softrnic QP number it
@@ -448,7 +472,9 @@ func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
 	old := defaultCfg()
 	old.Recovery = ib.RecoveryTimeout
 	want, _ := run(old, false)
-	got, _ := run(defaultCfg(), true) // selective by default, pool, rxe-style QPN
+	sel := defaultCfg()
+	sel.Recovery = ib.RecoveryDefault
+	got, _ := run(sel, true) // selective by default, pool, rxe-style QPN
 	for i := range want {
 		if !bytes.Equal(got[i].Raw, want[i].Raw) {
 			t.Fatalf("packet %d differs:\n% x\n% x", i, got[i].Raw, want[i].Raw)
