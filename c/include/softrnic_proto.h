@@ -335,12 +335,13 @@
 #define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
 // RecoveryDefault is the device's mode for a QP, and for a device
-// RecoverySelective, on by default as ConnectX's adaptive
-// retransmission is.
+// RecoverySelective.
 #define SOFTRNIC_IB_RECOVERY_DEFAULT 0
 // RecoverySelective is adaptive retransmission plus selective repeat
-// with a peer that agrees to it, and adaptive go-back-N with any other
-// peer.
+// toward a softrnic QP number (with a peer that agrees), and the local
+// ACK timer alone toward any other peer: adaptive timers against a
+// peer whose answers stall (rxe in the lab) resent whole windows it
+// already had.
 #define SOFTRNIC_IB_RECOVERY_SELECTIVE 1
 // RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
 // probes, fast retransmission and an RTO of a few RTTs, besides the
