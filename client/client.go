@@ -30,6 +30,9 @@ type Client struct {
 	info proto.DeviceInfo
 	db   *shmring.Doorbell // the daemon's pump doorbell
 
+	cmMu sync.Mutex // guards cmev's creation
+	cmev *cmEvents  // the rdma_cm event channel (cm.go), made on first use
+
 	// Asynchronous events (events.go): the objects events name, by
 	// handle, and the reader of the event socket.
 	objMu     sync.Mutex
@@ -148,6 +151,11 @@ func (c *Client) Close() error {
 		if c.db != nil {
 			c.db.Close()
 		}
+		c.cmMu.Lock()
+		if c.cmev != nil {
+			c.cmev.sock.Close() // its reader ends; waiting calls fail
+		}
+		c.cmMu.Unlock()
 	})
 	return c.closeErr
 }
