@@ -44,6 +44,9 @@ type Client struct {
 	// and polling cost.
 	Doorbells, Sleeps atomic.Uint64
 
+	cmMu sync.Mutex // guards cmev's creation
+	cmev *cmEvents  // the rdma_cm event channel (cm.go), made on first use
+
 	// Asynchronous events (events.go): the objects events name, by
 	// handle, and the reader of the event socket.
 	objMu     sync.Mutex
@@ -173,6 +176,11 @@ func (c *Client) Close() error {
 		unix.Close(c.epfd)
 		c.epfd = -1
 		c.pollMu.Unlock()
+		c.cmMu.Lock()
+		if c.cmev != nil {
+			c.cmev.sock.Close() // its reader ends; waiting calls fail
+		}
+		c.cmMu.Unlock()
 	})
 	return c.closeErr
 }

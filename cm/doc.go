@@ -31,6 +31,9 @@
 //	                        Starting PSN it then gives Accept), then Accept
 //	                        (or Reject)
 //	EventEstablished        → RTR (active side) and → RTS with Event.QP
+//	EventConnResponse       (active, ConnectParams.DeferRTU) → RTR and RTS
+//	                        with Event.QP, then Establish (sends the RTU)
+//	                        or Reject
 //	EventDisconnectRequest  → ERR (flush); the DREP has been sent
 //	EventDisconnected       → ERR (our DREQ answered or timed out)
 //	EventRejected, EventTimeout   the attempt failed (the QP is the

@@ -97,10 +97,11 @@ const (
 	StateSIDRREQSent              // active UD: SIDR_REQ sent
 	StateSIDRREQRcvd              // passive UD: SIDR_REQ given to the application
 	StateSIDRREPSent              // passive UD: answered; kept to answer duplicates
+	StateREPRcvd                  // active, RTU deferred: REP received, waiting for Establish
 )
 
 var stateNames = [...]string{"IDLE", "REQ_SENT", "MRA_REQ_RCVD", "REQ_RCVD", "MRA_REQ_SENT", "REP_SENT",
-	"MRA_REP_RCVD", "ESTABLISHED", "DREQ_SENT", "TIMEWAIT", "SIDR_REQ_SENT", "SIDR_REQ_RCVD", "SIDR_REP_SENT"}
+	"MRA_REP_RCVD", "ESTABLISHED", "DREQ_SENT", "TIMEWAIT", "SIDR_REQ_SENT", "SIDR_REQ_RCVD", "SIDR_REP_SENT", "REP_RCVD"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -170,10 +171,14 @@ const (
 	EventSIDRReply
 	// EventSIDRTimeout (active): no SIDR_REP after all retries.
 	EventSIDRTimeout
+	// EventConnResponse (active, ConnectParams.DeferRTU): the REP; QP
+	// holds RTR's and RTS's attributes. Move the QP to RTR and RTS, then
+	// Establish (which sends the RTU), or Reject.
+	EventConnResponse
 )
 
 var eventNames = [...]string{"", "CONN_REQUEST", "ESTABLISHED", "REJECTED", "TIMEOUT", "DISCONNECT_REQUEST",
-	"DISCONNECTED", "TIMEWAIT_EXIT", "SIDR_REQUEST", "SIDR_REPLY", "SIDR_TIMEOUT"}
+	"DISCONNECTED", "TIMEWAIT_EXIT", "SIDR_REQUEST", "SIDR_REPLY", "SIDR_TIMEOUT", "CONN_RESPONSE"}
 
 func (k EventKind) String() string {
 	if int(k) < len(eventNames) {
@@ -196,6 +201,9 @@ type Event struct {
 	SIDRStatus SIDRStatus   // EventSIDRReply
 	QKey       uint32       // EventSIDRReply
 	PKey       uint16       // EventSIDRRequest
+	// TimedOut: an EventDisconnected whose DREQ went unanswered through
+	// every retry (rdma_cm reports it with -ETIMEDOUT).
+	TimedOut bool
 	// CMA is the rdma_cm header of a REQ or SIDR_REQ for a listener that
 	// asked for it (ListenOptions.RDMACM); PrivateData then holds only the
 	// user's part.
@@ -229,6 +237,8 @@ type Stats struct {
 	// MaxHalfOpenPerPeer) was reached: a flood, or a burst the peer's
 	// retries will bring back.
 	HalfOpenDropped uint64
+	NoListener      uint64 // REQs and SIDR_REQs for a service nobody listens on (REJ 8, SIDR unsupported)
+	Timeouts        uint64 // exchanges given up: a REQ, REP, DREQ or SIDR_REQ unanswered, a request never answered
 }
 
 // Errors of the Manager's API.
@@ -270,6 +280,11 @@ type ConnectParams struct {
 	RDMACM      bool
 	SrcPort     uint16
 	PrivateData []byte
+	// DeferRTU: the REP is reported as EventConnResponse and the RTU goes
+	// only when the owner calls Establish, once its QP is in RTS (rdma_cm's
+	// CONNECT_RESPONSE and rdma_establish; the owner may also Reject).
+	// Without it the REP brings EventEstablished and the RTU at once.
+	DeferRTU bool
 }
 
 // AcceptParams answer an EventConnRequest.
@@ -314,6 +329,8 @@ type conn struct {
 	// halfOpen: a passive entry that counts against the half-open caps
 	// (created by a peer's REQ or SIDR_REQ and not established).
 	halfOpen bool
+	// deferRTU: active, the RTU waits for Establish (ConnectParams.DeferRTU).
+	deferRTU bool
 }
 
 type remoteKey struct {
@@ -581,6 +598,7 @@ func (m *Manager) Connect(now clock.Time, p *ConnectParams) (ConnID, error) {
 	c := m.newConn(true, p.Peer.Unmap())
 	c.serviceID = p.ServiceID
 	c.state = StateREQSent
+	c.deferRTU = p.DeferRTU
 	c.qp = QPAttr{QPN: p.QPN, RQPSN: p.StartingPSN & 0xFFFFFF, PathMTU: p.PathMTU,
 		MaxDestRdAtomic: p.ResponderResources, Timeout: ackT,
 		RetryCount: min(p.RetryCount, 7), PKey: defaultPKey, Peer: c.peer,
@@ -656,19 +674,25 @@ func (m *Manager) Accept(now clock.Time, id ConnID, p *AcceptParams) error {
 	return nil
 }
 
-// Reject refuses an EventConnRequest with a REJ.
+// Reject refuses an EventConnRequest, or the REP of an EventConnResponse,
+// with a REJ.
 func (m *Manager) Reject(now clock.Time, id ConnID, reason RejectReason, private []byte) error {
 	c := m.conns[id]
 	if c == nil {
 		return ErrNoConn
 	}
-	if c.state != StateREQRcvd && c.state != StateMRAREQSent {
-		return ErrBadState
-	}
 	if len(private) > REJPrivateSize {
 		return ErrPrivateTooBig
 	}
-	m.rejectREQ(c, reason, private)
+	switch c.state {
+	case StateREQRcvd, StateMRAREQSent:
+		m.rejectREQ(c, reason, private)
+	case StateREPRcvd:
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, reason, private)
+		m.enterTimeWait(now, c)
+	default:
+		return ErrBadState
+	}
 	return nil
 }
 
@@ -712,6 +736,21 @@ func (m *Manager) sendMRA(c *conn) {
 	mra := MRA{LocalCommID: uint32(c.id), RemoteCommID: c.remoteID, MessageMRAed: MsgREQ, ServiceTimeout: c.mraTimeout}
 	mra.Encode(mad.Data())
 	m.send(c.peer, &b)
+}
+
+// Establish sends the RTU of an EventConnResponse (ConnectParams.DeferRTU):
+// the QP is in RTS and the connection is established.
+func (m *Manager) Establish(now clock.Time, id ConnID) error {
+	c := m.conns[id]
+	if c == nil {
+		return ErrNoConn
+	}
+	if c.state != StateREPRcvd {
+		return ErrBadState
+	}
+	c.state = StateEstablished
+	m.sendRTU(c)
+	return nil
 }
 
 // NotifyEstablished tells the passive side that its QP received a packet
@@ -770,12 +809,12 @@ func (m *Manager) Abort(now clock.Time, id ConnID) error {
 	}
 	switch c.state {
 	case StateREQSent, StateMRAREQRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout)
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout, nil)
 		m.enterTimeWait(now, c)
 	case StateREQRcvd, StateMRAREQSent:
 		m.rejectREQ(c, RejConsumerDefined, nil)
-	case StateREPSent, StateMRAREPRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejConsumerDefined)
+	case StateREPSent, StateMRAREPRcvd, StateREPRcvd:
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejConsumerDefined, nil)
 		m.enterTimeWait(now, c)
 	case StateEstablished:
 		return m.Disconnect(now, id, nil)
@@ -788,7 +827,7 @@ func (m *Manager) Abort(now clock.Time, id ConnID) error {
 	return nil
 }
 
-func (m *Manager) sendREJ(to netip.Addr, tid uint64, local, remote uint32, msg uint8, reason RejectReason) {
+func (m *Manager) sendREJ(to netip.Addr, tid uint64, local, remote uint32, msg uint8, reason RejectReason, private []byte) {
 	var b [MADSize]byte
 	mad := MAD(b[:])
 	mad.InitCM(AttrREJ, tid)
@@ -799,6 +838,7 @@ func (m *Manager) sendREJ(to netip.Addr, tid uint64, local, remote uint32, msg u
 		binary.BigEndian.PutUint64(rej.ARI[:], m.cfg.CAGUID)
 		rej.RejectedInfoLength = 8
 	}
+	copy(rej.PrivateData[:], private)
 	rej.Encode(mad.Data())
 	m.send(to, &b)
 }
@@ -853,8 +893,9 @@ func (m *Manager) Tick(now clock.Time) {
 			// The application never answered and the active side has
 			// given up by now.
 			if c.state != StateSIDRREQRcvd {
-				m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout)
+				m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREQ, RejTimeout, nil)
 			}
+			m.stats.Timeouts++
 			e := Event{Kind: EventTimeout, ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
 			m.event(&e)
 			m.remove(c)
@@ -872,20 +913,21 @@ func (m *Manager) Tick(now clock.Time) {
 
 // giveUp ends a request that was never answered.
 func (m *Manager) giveUp(now clock.Time, c *conn) {
+	m.stats.Timeouts++
 	e := Event{ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
 	switch c.state {
 	case StateREQSent, StateMRAREQRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), 0, MsgREQ, RejTimeout)
+		m.sendREJ(c.peer, c.tid, uint32(c.id), 0, MsgREQ, RejTimeout, nil)
 		e.Kind = EventTimeout
 		m.event(&e)
 		m.enterTimeWait(now, c)
 	case StateREPSent, StateMRAREPRcvd:
-		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejTimeout)
+		m.sendREJ(c.peer, c.tid, uint32(c.id), c.remoteID, MsgREP, RejTimeout, nil)
 		e.Kind = EventTimeout
 		m.event(&e)
 		m.enterTimeWait(now, c)
 	case StateDREQSent:
-		e.Kind = EventDisconnected
+		e.Kind, e.TimedOut = EventDisconnected, true
 		m.event(&e)
 		m.enterTimeWait(now, c)
 	case StateSIDRREQSent:
@@ -969,7 +1011,7 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 				m.send(c.peer, &c.msg)
 				break
 			}
-			m.sendREJ(from, mad.TID(), uint32(c.id), req.LocalCommID, MsgREQ, RejStaleConn)
+			m.sendREJ(from, mad.TID(), uint32(c.id), req.LocalCommID, MsgREQ, RejStaleConn, nil)
 		default:
 			// Not answered yet, or past the REP: dropped, as the Linux
 			// CM drops it.
@@ -978,7 +1020,8 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	}
 	opts, ok := m.listeners[req.ServiceID]
 	if !ok {
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidServiceID)
+		m.stats.NoListener++
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidServiceID, nil)
 		return
 	}
 	// A new REQ for a listener costs an entry. Beyond the half-open caps
@@ -993,15 +1036,15 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 		// The peer's QP is still part of a live connection here: the peer
 		// restarted or lost the connection without a DREQ. Refuse, as the
 		// kernel CM does, until the old connection is torn down.
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejStaleConn)
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejStaleConn, nil)
 		return
 	}
 	if req.TransportServiceType != TransportRC {
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidTransportType)
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidTransportType, nil)
 		return
 	}
 	if req.PathMTU < 1 || req.PathMTU > 5 {
-		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidMTU)
+		m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejInvalidMTU, nil)
 		return
 	}
 	e := Event{Kind: EventConnRequest, Peer: from, ServiceID: req.ServiceID}
@@ -1009,7 +1052,7 @@ func (m *Manager) handleREQ(now clock.Time, from netip.Addr, mad MAD) {
 	if opts.RDMACM {
 		h, err := DecodeCMAHeader(private)
 		if err != nil || (opts.Addr.IsValid() && h.Dst != opts.Addr.Unmap()) {
-			m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejConsumerDefined)
+			m.sendREJ(from, mad.TID(), 0, req.LocalCommID, MsgREQ, RejConsumerDefined, nil)
 			return
 		}
 		e.CMA, e.HasCMA = h, true
@@ -1076,15 +1119,17 @@ func (m *Manager) handleREP(from netip.Addr, mad MAD) {
 	c := m.conns[ConnID(rep.RemoteCommID)]
 	if c == nil || !c.active || c.peer != from {
 		m.stats.Unmatched++
-		m.sendREJ(from, mad.TID(), 0, rep.LocalCommID, MsgREP, RejInvalidCommID)
+		m.sendREJ(from, mad.TID(), 0, rep.LocalCommID, MsgREP, RejInvalidCommID, nil)
 		return
 	}
 	switch c.state {
 	case StateREQSent, StateMRAREQRcvd:
-	case StateEstablished:
+	case StateEstablished, StateREPRcvd:
 		if rep.LocalCommID == c.remoteID {
-			m.stats.Duplicates++ // our RTU was lost
-			m.sendRTU(c)
+			m.stats.Duplicates++
+			if c.state == StateEstablished {
+				m.sendRTU(c) // our RTU was lost
+			}
 			return
 		}
 		m.stats.Unmatched++
@@ -1103,10 +1148,19 @@ func (m *Manager) handleREP(from netip.Addr, mad MAD) {
 	c.qp.MaxRdAtomic = min(c.qp.MaxRdAtomic, rep.ResponderResources)
 	c.qp.MaxDestRdAtomic = rep.InitiatorDepth
 	c.qp.Timeout = ackTimeout(rep.TargetACKDelay, m.cfg.PacketLifeTime)
-	c.state = StateEstablished
 	c.deadline = clock.Never
 	e := Event{Kind: EventEstablished, ID: c.id, Peer: c.peer, ServiceID: c.serviceID, QP: c.qp}
 	setPrivate(&e, rep.PrivateData[:])
+	if c.deferRTU {
+		// The owner moves its QP, then calls Establish. Nothing to retry
+		// meanwhile: the passive side resends its REP until the RTU
+		// comes, and gives up with a REJ if it never does.
+		c.state = StateREPRcvd
+		e.Kind = EventConnResponse
+		m.event(&e)
+		return
+	}
+	c.state = StateEstablished
 	m.event(&e)
 	m.sendRTU(c)
 }
@@ -1172,7 +1226,7 @@ func (m *Manager) handleREJ(now clock.Time, from netip.Addr, mad MAD) {
 		return
 	}
 	switch c.state {
-	case StateREQSent, StateMRAREQRcvd, StateREQRcvd, StateMRAREQSent, StateREPSent, StateMRAREPRcvd, StateEstablished:
+	case StateREQSent, StateMRAREQRcvd, StateREQRcvd, StateMRAREQSent, StateREPSent, StateMRAREPRcvd, StateREPRcvd, StateEstablished:
 	default:
 		m.stats.Unmatched++
 		return

@@ -279,6 +279,9 @@ func TestUnknownServiceIsRejectedWithReason8(t *testing.T) {
 	if RejInvalidServiceID.String() != "invalid service ID" {
 		t.Fatal(RejInvalidServiceID.String())
 	}
+	if st := n.b.m.Stats(); st.NoListener != 1 || n.a.m.Stats().NoListener != 0 {
+		t.Fatalf("no-listener counts: b %d, a %d", st.NoListener, n.a.m.Stats().NoListener)
+	}
 }
 
 func TestWrongAddressOrMissingCMAHeaderRejected(t *testing.T) {

@@ -118,6 +118,7 @@ func (m *Manager) handleSIDRREQ(now clock.Time, from netip.Addr, mad MAD) {
 	c.remoteID = req.RequestID
 	m.index(c, key)
 	if !ok {
+		m.stats.NoListener++
 		m.replySIDR(now, c, &SIDRREP{RequestID: req.RequestID, Status: SIDRUnsupported, ServiceID: req.ServiceID})
 		return
 	}

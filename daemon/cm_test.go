@@ -108,9 +108,19 @@ func TestDaemonCMConnects(t *testing.T) {
 		t.Fatalf("client receive %+v %q", wc, a.buf()[:12])
 	}
 	waitWC(t, b.cq)
-	if _, err := req.Accept(ctx, a.qp, p); !errors.Is(err, unix.ENOENT) {
+	// A request is answered once (EINVAL, as the kernel's rdma_accept on a
+	// connected ID), and a connected QP cannot answer another.
+	fresh, err := a.pd.CreateQP(&verbs.QPInitAttr{Type: ib.RC, SendCQ: a.cq, RecvCQ: a.cq, Cap: caps})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := req.Accept(ctx, fresh, p); !errors.Is(err, unix.EINVAL) {
 		t.Fatalf("request accepted twice: %v", err)
 	}
+	if _, err := req.Accept(ctx, a.qp, p); !errors.Is(err, unix.EISCONN) {
+		t.Fatalf("a connected QP accepting: %v", err)
+	}
+	fresh.Destroy()
 	if err := conn.Disconnect(ctx); err != nil {
 		t.Fatal(err)
 	}

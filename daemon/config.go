@@ -64,6 +64,14 @@ type Config struct {
 	CC    CCConfig
 	DCQCN DCQCNConfig
 
+	// CMResponseTimeout (cm-response-timeout) is the rdma_cm agent's CM
+	// response timeout, 4.096 µs × 2^t, and CMMaxRetries (cm-max-retries)
+	// how often it resends an unanswered REQ, REP, DREQ or SIDR_REQ; 0:
+	// the Linux CM's (20, about 4.3 s; 15). Together they bound how long
+	// a connection to a silent peer takes to fail (UNREACHABLE).
+	CMResponseTimeout uint8
+	CMMaxRetries      uint8
+
 	// Limits ([limits]: RESOURCE-per-SCOPE, e.g. qps-per-uid) bound what
 	// clients take; 0 (unset) is the default sized from the host.
 	Limits Limits
@@ -213,6 +221,19 @@ var keys = []key{
 		}
 		c.Port = v
 		return nil
+	}},
+	{name: "cm-response-timeout", usage: "rdma_cm's CM response timeout, 4.096 µs × 2^N (8..31); 0 = 20, as Linux", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 0, 31)
+		if err == nil && n != 0 && n < 8 {
+			err = fmt.Errorf("%d is under 8 (1 ms)", n)
+		}
+		c.CMResponseTimeout = uint8(n)
+		return err
+	}},
+	{name: "cm-max-retries", usage: "rdma_cm's retransmissions of an unanswered REQ, REP, DREQ or SIDR_REQ (1..15); 0 = 15, as Linux", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 0, 15)
+		c.CMMaxRetries = uint8(n)
+		return err
 	}},
 	{name: "recovery", usage: "loss recovery of RC QPs: selective (selective repeat with softrnic peers, adaptive retransmission with any), adaptive (go-back-N on measured RTTs) or timeout (the local ACK timeout alone, as rxe)", set: func(c *Config, v string) error {
 		m, err := ib.ParseRecovery(v)

@@ -171,6 +171,8 @@ type Counters struct {
 	Device [proto.NumDeviceCounters]uint64
 	QPs    []proto.QPStats
 	Queues []proto.QueueStats
+	HasCM  bool // CM holds the rdma_cm agent's counters
+	CM     [proto.NumCMCounters]uint64
 	// Daemon are the daemon's own counters (proto.DaemonCounters), and
 	// Usage what its clients hold against its limits; both only with
 	// HaveDaemon.
@@ -185,6 +187,8 @@ type CounterSource struct {
 	Name string
 	Loop *engine.Loop  // device counters as of the loop's last iteration
 	Port *CountingPort // bytes and AF_XDP statistics; nil: not counted
+	// CM, if set, is the rdma_cm counters (Server.CMCounters).
+	CM func() ([proto.NumCMCounters]uint64, bool)
 	// Server, if set, is the daemon serving the device: its own counters
 	// and its clients' usage join the snapshot, and events its clients'
 	// queues dropped count in async_events_lost with the device's own.
@@ -217,6 +221,9 @@ func (s *CounterSource) Snapshot() Counters {
 		in.eventsLost += s.Server.AsyncEventsLost.Load()
 	}
 	c.Valid = fillDevice(&c.Device, &in)
+	if s.CM != nil {
+		c.CM, c.HasCM = s.CM()
+	}
 	if s.Server != nil {
 		c.Daemon, c.Usage, c.HaveDaemon = s.Server.counters(), s.Server.Usage(), true
 	}

@@ -219,8 +219,9 @@ func TestStatsPage(t *testing.T) {
 	if r.Listed != 3 || r.More != 0 || r.QPs[2].QPN != 100 {
 		t.Fatalf("second page: listed %d more %d", r.Listed, r.More)
 	}
-	r = statsPage(&c, &proto.StatsReq{QPN: 90, FilterQP: 1}, nil)
-	if r.Listed != 1 || r.QPs[0].QPN != 90 {
+	lowest := uint32(100 - proto.MaxStatsQPs - 2)
+	r = statsPage(&c, &proto.StatsReq{QPN: lowest, FilterQP: 1}, nil)
+	if r.Listed != 1 || r.QPs[0].QPN != lowest {
 		t.Fatalf("filtered: %d QPs", r.Listed)
 	}
 	r = statsPage(&c, &proto.StatsReq{}, map[uint32]bool{95: true, 97: true})

@@ -89,7 +89,7 @@ func streamingChild(path string) int {
 func TestClientKilledMidTransfer(t *testing.T) {
 	devA, devB := testlink.Pair(t, 1024)
 	gone := make(chan daemon.ClientInfo, 4)
-	path := serve(t, devA, daemon.Options{OnClientGone: func(ci daemon.ClientInfo) { gone <- ci }})
+	_, path := serve(t, devA, daemon.Options{OnClientGone: func(ci daemon.ClientInfo) { gone <- ci }})
 
 	// The peer on device B: its memory for the child's writes, a QP.
 	b := newApp(t, devB, ib.RC, 1<<20, ib.LocalWrite|ib.RemoteWrite, 1024, ib.QPCaps{MaxSendWR: 256, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1})

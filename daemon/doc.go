@@ -24,9 +24,13 @@
 //     hands each to the session owning the QP, CQ or SRQ it names (port
 //     events to all), adds the daemon's own, and writes each session's
 //     event socket without blocking (proto/async.go).
-//   - rdma_cm (cm.go): the device's CM agent (rdmacm.CM) drives the QPs
-//     clients create, as librdmacm drives an application's: CM_ACCEPT and
-//     CM_CONNECT name the client's RC QP, a SIDR answer its UD QP.
+//   - rdma_cm (ucm.go): the device's CM agent runs the CM exchange on the
+//     GSI QP through its event interface (rdmacm.EventCM) and reports the
+//     peer's doings as events on the clients' event channels; each client
+//     (librdmacm.so.1, package client) drives its own QPs, as librdmacm
+//     drives an application's over the kernel. No operation waits for the
+//     peer. ACCEPT names the client's RC QP, a SIDR answer its UD QP in
+//     RTS with the Q_Key it announces.
 //   - Counters (counters.go, stats.go, metrics.go): the one table from what
 //     the device, its QPs, the engine loop and the port count to the names
 //     of rxe and mlx5 (proto.DeviceCounters, proto.QPCounters); OpStats
@@ -164,14 +168,15 @@
 //
 // A client that goes away (Close, exit, SIGKILL) has its QPs moved to error
 // and destroyed, its SRQs destroyed, its MRs deregistered, its AHs, CQs and
-// PDs freed, its event socket closed, its listeners closed and its pending
-// connection requests rejected. A mapping whose last MR was deregistered
-// is replaced in place by anonymous memory at once and unmapped only when the session has
-// no QP and no SRQ left, so work or a responder
+// PDs freed, its event socket closed, its listeners closed, its connection
+// requests and half-open connections refused (REJ) and its established ones
+// disconnected (DREQ). A mapping whose last MR was deregistered is replaced
+// in place by anonymous memory at once and unmapped only when the session
+// has no QP and no SRQ left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
 // pages nor fault the daemon. A destroyed CQ lets go of its ring before
 // the ring is unmapped (rnic.CQ.Destroy). Server.Close (SIGTERM) moves
 // every QP to error, lets the engine drain the rings so that clients poll
-// flush completions, detaches the rings from the device, then closes
-// every session.
+// flush completions, detaches the rings from the device, tells every
+// rdma_cm ID DEVICE_REMOVAL, then closes every session.
 package daemon

@@ -30,7 +30,7 @@ func TestEngineRunWithCapture(t *testing.T) {
 	var tap capture.Tap
 	testlink.Run(t, devA, pa, engine.Options{Tap: &tap})
 	testlink.Run(t, devB, pb, engine.Options{})
-	path := serve(t, devA, daemon.Options{Tap: &tap})
+	_, path := serve(t, devA, daemon.Options{Tap: &tap})
 
 	c, err := client.Dial(path)
 	if err != nil {

@@ -28,7 +28,7 @@ var (
 
 // serve starts a daemon on dev with opt (quiet, no group unless set) on a
 // socket in a temp dir, until the test ends.
-func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) string {
+func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) (*daemon.Server, string) {
 	t.Helper()
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -50,14 +50,14 @@ func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) string {
 		}
 	}()
 	t.Cleanup(func() { srv.Close(time.Second) })
-	return path
+	return srv, path
 }
 
 // twoDevices makes devices A and B joined by a link, and a daemon serving
 // A.
 func twoDevices(t testing.TB) (devA, devB *rnic.Device, path string) {
 	devA, devB = testlink.Pair(t, 1024)
-	path = serve(t, devA, daemon.Options{})
+	_, path = serve(t, devA, daemon.Options{})
 	return devA, devB, path
 }
 

@@ -32,7 +32,7 @@ const (
 	MRs
 	MRBytes    // client memory the daemon maps (memfds) or reaches (address spaces)
 	QueueBytes // memory of the queues: rings and the device's own WR and completion arrays
-	Objects    // other handles of one connection: PDs, SRQs, AHs, address spaces, rdma_cm listeners and requests
+	Objects    // other handles of one connection: PDs, SRQs, AHs, address spaces, rdma_cm event channels, IDs and listeners
 	NumResources
 )
 

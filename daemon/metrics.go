@@ -24,10 +24,10 @@ import (
 	"github.com/softrnic/softrnic/ib"
 )
 
-// Metric names: softrnic_<counter>_total for a device counter (labels:
-// device), softrnic_qp_<counter>_total for a QP's (labels: device, qpn,
-// type; a figure, proto.QPGauges, is a gauge without _total), the
-// counter names being those of proto.DeviceCounters and
+// Metric names: softrnic_<counter>_total for a device counter and an
+// rdma_cm counter (cm_*; labels: device), softrnic_qp_<counter>_total for
+// a QP's (labels: device, qpn, type; a figure, proto.QPGauges, is a gauge
+// without _total), the counter names being those of proto.DeviceCounters and
 // proto.QPCounters, i.e. the names rdma statistic prints; and
 // softrnic_queue_{rx_packets,xsk_rx_ring_full}_total per receive queue of
 // an AF_XDP port (labels: device, queue). In a daemon, its own counters
@@ -44,6 +44,7 @@ type Collector struct {
 	snap   func() Counters
 	device [proto.NumDeviceCounters]*prometheus.Desc
 	qp     [proto.NumQPCounters]*prometheus.Desc
+	cm     [proto.NumCMCounters]*prometheus.Desc
 	qps    *prometheus.Desc
 	qRx    *prometheus.Desc
 	qFull  *prometheus.Desc
@@ -58,6 +59,9 @@ func NewCollector(snap func() Counters) *Collector {
 	c := &Collector{snap: snap}
 	for i, d := range proto.DeviceCounters {
 		c.device[i] = prometheus.NewDesc(metricPrefix+d.Name+"_total", d.Help, []string{"device"}, nil)
+	}
+	for i, d := range proto.CMCounters {
+		c.cm[i] = prometheus.NewDesc(metricPrefix+d.Name+"_total", d.Help, []string{"device"}, nil)
 	}
 	for i, d := range proto.QPCounters {
 		name := metricPrefix + "qp_" + d.Name + "_total"
@@ -86,6 +90,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range c.qp {
 		ch <- d
 	}
+	for _, d := range c.cm {
+		ch <- d
+	}
 	ch <- c.qps
 	ch <- c.qRx
 	ch <- c.qFull
@@ -103,6 +110,11 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for i, v := range s.Device {
 		if s.Valid&(1<<i) != 0 {
 			ch <- prometheus.MustNewConstMetric(c.device[i], prometheus.CounterValue, float64(v), s.Name)
+		}
+	}
+	if s.HasCM {
+		for i, v := range s.CM {
+			ch <- prometheus.MustNewConstMetric(c.cm[i], prometheus.CounterValue, float64(v), s.Name)
 		}
 	}
 	var byState [7]int

@@ -42,7 +42,7 @@ func TestRegMRAddrChecks(t *testing.T) {
 	devA, _ := testlink.Pair(t, 1024)
 	lim := unlimited()
 	lim[daemon.MRBytes][daemon.PerConn] = 1 << 20
-	path := serve(t, devA, daemon.Options{Limits: lim})
+	_, path := serve(t, devA, daemon.Options{Limits: lim})
 	r := openRaw(t, path)
 	var pd proto.HandleMsg
 	if err := r.call(proto.OpAllocPD, nil, &pd); err != nil {
@@ -137,7 +137,7 @@ func TestRegMRAddrChecks(t *testing.T) {
 // through the mappings it spans.
 func BenchmarkRegMRAddr(b *testing.B) {
 	devA, _ := testlink.Pair(b, 1024)
-	path := serve(b, devA, daemon.Options{})
+	_, path := serve(b, devA, daemon.Options{})
 	r := openRaw(b, path)
 	var pd proto.HandleMsg
 	if err := r.call(proto.OpAllocPD, nil, &pd); err != nil {

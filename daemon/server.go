@@ -52,14 +52,15 @@ type Options struct {
 	// OnClientGone, if set, is called after a client's connection closed and
 	// all its resources were released.
 	OnClientGone func(ClientInfo)
-	// CM, if set, is the device's rdma_cm agent, which clients' CM calls
-	// use; the caller keeps it (and closes it after the server). If nil,
-	// the server starts one on the device (its Config.Resolve finds peers'
-	// MACs) and closes it when it closes. The agent answers peers from the
-	// start: until one owns the GSI QP nothing answers a REQ, so a stock
-	// peer connecting to a port no client listens on would wait out its
-	// REQ retries instead of getting REJ "invalid service ID" at once.
-	CM rdmacm.CM
+	// CM, if set, is the device's rdma_cm agent, whose event interface
+	// serves the clients' rdma_cm (ucm.go); the caller keeps it (and
+	// closes it after the server). If nil, the server starts one on the
+	// device (its Config.Resolve finds peers' MACs) and closes it when it
+	// closes. The agent answers peers from the start: until one owns the
+	// GSI QP nothing answers a REQ, so a stock peer connecting to a port
+	// no client listens on would wait out its REQ retries instead of
+	// getting REJ "invalid service ID" at once.
+	CM *rdmacm.Agent
 }
 
 // ClientInfo describes a client connection (for logs, status and tests).
@@ -78,8 +79,9 @@ type ClientInfo struct {
 type Server struct {
 	dev   *rnic.Device
 	info  proto.DeviceInfo
-	cm    rdmacm.CM     // nil: no rdma_cm for clients
+	cm    *rdmacm.Agent // nil: no rdma_cm for clients
 	ownCM *rdmacm.Agent // the agent the server started, closed with it
+	ucm   *ucmService   // rdma_cm for librdmacm (ucm.go); nil without an agent
 	opt   Options
 	log   *slog.Logger
 
@@ -192,6 +194,11 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 			s.log.Warn("rdma_cm agent not started: clients' CM calls will fail", "err", err)
 		} else {
 			s.cm, s.ownCM = a, a
+		}
+	}
+	if s.cm != nil {
+		if err := s.startUCM(s.cm); err != nil {
+			s.log.Warn("rdma_cm service not started: librdmacm's connections will fail", "err", err)
 		}
 	}
 	s.startEvents()
@@ -519,10 +526,16 @@ func (s *Server) Close(drain time.Duration) error {
 	s.detached = true
 	s.ringsMu.Unlock()
 	s.dev.SetQueues(nil)
+	if s.ucm != nil {
+		s.ucm.shutdown(drain) // DEVICE_REMOVAL on every event channel
+	}
 	for _, ss := range sessions {
 		ss.conn.Close() // the session goroutine sees the close and cleans up
 	}
 	s.wg.Wait()
+	if s.ucm != nil {
+		s.ucm.close()
+	}
 	s.stopEvents()
 	if s.ownCM != nil {
 		// The CM agent's GSI QP and its goroutine.

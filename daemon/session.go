@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,7 +18,6 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/internal/shmring"
-	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -69,14 +67,11 @@ type session struct {
 	events     eventSink         // the event socket (async.go)
 	afterReply []int             // fds to close once the reply carrying them is sent
 
-	// rdma_cm (cm.go): listeners and requests not yet answered; ctx ends
-	// the CM exchanges in flight (cmWG) when the connection closes.
-	listeners map[proto.Handle]cmListener
-	requests  map[proto.Handle]cmRequest
-	closing   bool
-	ctx       context.Context
-	cancel    context.CancelFunc
-	cmWG      sync.WaitGroup
+	// rdma_cm for librdmacm (ucm.go): the client's event channels and IDs,
+	// guarded by the service's lock; ucmObjects counts them (guarded by
+	// mu) against the objects-per-conn limit.
+	ucm        *ucmSession
+	ucmObjects int
 }
 
 // The session's objects hold the device's own types (asserted once, when
@@ -134,12 +129,7 @@ type qpObj struct {
 	// rqMu serialises the RQ ring's consumer (rqc, rwr) between Fetch
 	// and the device's refill (refillRQ).
 	rqMu sync.Mutex
-	// conn is the rdma_cm connection driving the QP, or nil; cmBusy is set
-	// while a CM exchange drives it (the QP cannot be destroyed or given to
-	// another exchange meanwhile). Both are guarded by the session's mu.
-	conn   rdmacm.Conn
-	cmBusy bool
-	held   []charge // against the limits
+	held []charge // against the limits
 }
 
 // errno is an error with the errno the client receives.
@@ -187,8 +177,7 @@ func (s *Server) startSession(c *net.UnixConn, cr *unix.Ucred, acc *account) {
 	ss := &session{s: s, id: s.nextID, cred: *cr, conn: proto.NewConn(c), acct: acc, netRaw: hasNetRaw(cr),
 		pds: map[proto.Handle]*pdObj{}, mrs: map[proto.Handle]*mrObj{}, cqs: map[proto.Handle]*cqObj{}, qps: map[proto.Handle]*qpObj{},
 		srqs: map[proto.Handle]*srqObj{}, ahs: map[proto.Handle]*ahObj{}, spaces: map[proto.Handle]*addrSpaceObj{}, maps: map[fileKey][]*memfdMap{},
-		listeners: map[proto.Handle]cmListener{}, requests: map[proto.Handle]cmRequest{}, events: eventSink{fd: -1}}
-	ss.ctx, ss.cancel = context.WithCancel(context.Background())
+		events: eventSink{fd: -1}}
 	ss.log = s.log.With("client", ss.id, "pid", cr.Pid, "uid", cr.Uid)
 	s.sessions[ss] = struct{}{}
 	s.wg.Add(1)
@@ -241,7 +230,7 @@ func (ss *session) serve() {
 			break
 		}
 	}
-	ss.closeCM()
+	ss.closeUCM()
 	ss.mu.Lock()
 	capt := ss.capture
 	ss.mu.Unlock()
@@ -303,6 +292,9 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		proto.CloseFDs(fds)
 		return nil, nil, errf(unix.EPROTO, "OPEN must come first")
 	}
+	if h.Op >= proto.OpUCMCreateChannel && h.Op < proto.OpUCMEvent {
+		return ss.ucmOp(h, body)
+	}
 	switch h.Op {
 	case proto.OpOpen:
 		var req proto.OpenReq
@@ -356,26 +348,10 @@ func (ss *session) handle(h proto.Header, body []byte, fds []int) (resp any, out
 		return ss.status(body)
 	case proto.OpStats:
 		return ss.stats(body)
-	case proto.OpCMListen:
-		return ss.cmListen(body)
-	case proto.OpCMUnlisten:
-		return ss.cmUnlisten(body)
-	case proto.OpCMGetRequest:
-		return ss.cmGetRequest(h, body)
-	case proto.OpCMReject:
-		return ss.cmReject(body)
-	case proto.OpCMAccept:
-		return ss.cmConn(h, body, true)
-	case proto.OpCMConnect:
-		return ss.cmConn(h, body, false)
-	case proto.OpCMDisconnect:
-		return ss.cmDisconnect(h, body)
 	case proto.OpCreateAH:
 		return ss.createAH(body)
 	case proto.OpDestroyAH:
 		return ss.destroyAH(body)
-	case proto.OpCMClose:
-		return ss.cmClose(body)
 	case proto.OpCreateSRQ:
 		return ss.createSRQ(body)
 	case proto.OpModifySRQ:
@@ -407,11 +383,11 @@ func (ss *session) undo(op string, err error) {
 
 // newHandle names a new object of the session. An object limited by its
 // own kind (QP, CQ, MR) has been charged already; the others (obj: PDs,
-// SRQs, AHs, address spaces, rdma_cm listeners and requests) are bounded together, per
-// connection. Caller holds ss.mu.
+// SRQs, AHs, address spaces, rdma_cm event channels, IDs and listeners)
+// are bounded together, per connection. Caller holds ss.mu.
 func (ss *session) newHandle(obj bool) (proto.Handle, error) {
 	if obj {
-		n := int64(len(ss.pds) + len(ss.srqs) + len(ss.ahs) + len(ss.spaces) + len(ss.listeners) + len(ss.requests))
+		n := int64(len(ss.pds) + len(ss.srqs) + len(ss.ahs) + len(ss.spaces) + ss.ucmObjects)
 		if lim := ss.s.opt.Limits[Objects][PerConn]; lim >= 0 && n >= lim {
 			return 0, ss.refused(ss.s.acct.refuse(ss.acct, Objects, PerConn, n, 1, lim))
 		}
@@ -925,16 +901,10 @@ func (ss *session) destroyQP(body []byte) (any, []int, error) {
 	}
 	ss.mu.Lock()
 	q, ok := ss.qps[h]
-	busy := ok && q.cmBusy
-	if ok && !busy {
-		delete(ss.qps, h)
-	}
+	delete(ss.qps, h)
 	ss.mu.Unlock()
 	if !ok {
 		return nil, nil, errf(unix.ENOENT, "no QP %d on this connection", h)
-	}
-	if busy {
-		return nil, nil, errf(unix.EBUSY, "QP %d is in an rdma_cm exchange", h)
 	}
 	return nil, nil, ss.releaseQP(q)
 }
@@ -950,15 +920,6 @@ func (ss *session) releaseQP(q *qpObj) error {
 		}
 	}
 	s.ringsMu.Unlock()
-	ss.mu.Lock()
-	conn := q.conn
-	ss.mu.Unlock()
-	if conn != nil {
-		// A DREQ (or REJ) to the peer if still connected.
-		if err := conn.Close(); err != nil {
-			ss.log.Warn("closing the QP's connection", "qpn", q.qp.QPN(), "err", err)
-		}
-	}
 	// To the error state first: the transition takes the QP's lock, so it
 	// waits for a batch the engine is delivering into the QP's MRs, and
 	// every packet after it is dropped by state. Destroy alone does

@@ -37,7 +37,10 @@ func (ss *session) stats(body []byte) (any, []int, error) {
 // statsPage builds one StatsResp from a snapshot: the QPs at or after
 // req.FromQPN in QPN order (only those in own, unless own is nil).
 func statsPage(c *Counters, req *proto.StatsReq, own map[uint32]bool) *proto.StatsResp {
-	r := &proto.StatsResp{Valid: c.Valid, Device: c.Device, NumQueues: uint32(len(c.Queues)), Daemon: c.Daemon}
+	r := &proto.StatsResp{Valid: c.Valid, Device: c.Device, NumQueues: uint32(len(c.Queues)), CM: c.CM, Daemon: c.Daemon}
+	if c.HasCM {
+		r.HasCM = 1
+	}
 	copy(r.Name[:len(r.Name)-1], c.Name)
 	copy(r.Queues[:], c.Queues)
 	qps := slices.Clone(c.QPs)

@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/engine"
@@ -61,6 +62,9 @@ type Config struct {
 	WrapPort func(port.Port) port.Port
 	// NoCM runs no rdma_cm agent (the device's GSI QP stays free).
 	NoCM bool
+	// CM configures the rdma_cm agent's CM (timeouts, retries; the zero
+	// value is the Linux CM's defaults).
+	CM cm.Config
 	// CountersFile, if set, is where Close appends the device's counters
 	// over its life, as one JSON line (Counters): a tool's or the daemon's
 	// account of what it retransmitted, which the interop lab holds
@@ -160,7 +164,7 @@ func Open(cfg Config) (_ *Host, err error) {
 		h.runErr = h.Loop.Run(ctx)
 	}()
 	if !cfg.NoCM {
-		if h.CM, err = rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: h.resolve}); err != nil {
+		if h.CM, err = rdmacm.New(rdmacm.Config{Device: h.Device, Resolve: h.resolve, CM: cfg.CM}); err != nil {
 			return nil, err
 		}
 	}

@@ -60,12 +60,12 @@ type Conn interface {
 	// PrivateData is what the peer sent: the REP's on the active side,
 	// the REQ's on the passive side.
 	PrivateData() []byte
-	// Done is closed when the connection ends by the peer or the CM (nil
-	// through the daemon: the QP then goes to the error state, and the
-	// flush completions of the receives still posted tell).
+	// Done is closed when the connection ends by the peer or the CM (the
+	// QP then goes to the error state, flushing the receives still
+	// posted).
 	Done() <-chan struct{}
 	// Err says why Done closed (ErrDisconnected for a normal end); nil
-	// while the connection is up, and always through the daemon.
+	// while the connection is up.
 	Err() error
 	// Disconnect sends a DREQ and waits for the DREP (or its timeout); the
 	// QP goes to the error state, flushing what is still posted.

@@ -216,12 +216,13 @@ func (a *Agent) Connect(ctx context.Context, qp verbs.QP, peer netip.Addr, port 
 		QPN: qp.QPN(), StartingPSN: a.rng.Uint32() & 0xFFFFFF, PathMTU: cm.MTUEnum(a.pmtu),
 		ResponderResources: p.ResponderResources, InitiatorDepth: p.InitiatorDepth,
 		RetryCount: or7(p.RetryCount), RNRRetry: or7(p.RNRRetry),
-		RDMACM: true, SrcPort: sport, FlowLabel: roceFlowLabel(sport, port), PrivateData: p.PrivateData})
+		RDMACM: true, SrcPort: sport, FlowLabel: RoCEFlowLabel(sport, port), PrivateData: p.PrivateData})
 	if err != nil {
 		a.mu.Unlock()
 		return nil, err
 	}
 	c.id = id
+	a.ev.forgetLocked(id)
 	a.conns[id] = c
 	a.byQPN[qp.QPN()] = c
 	a.flushLocked(now)
@@ -239,11 +240,11 @@ func (a *Agent) Connect(ctx context.Context, qp verbs.QP, peer netip.Addr, port 
 	return c, nil
 }
 
-// roceFlowLabel is the flow label the kernel's rdma_cm puts in the path of
+// RoCEFlowLabel is the flow label the kernel's rdma_cm puts in the path of
 // an IPv4 RoCE connection (cma_get_roce_udp_flow_label): a hash of the
 // rdma_cm ports. It travels in the REQ, and the UDP source port of the
 // connection's packets derives from it on both sides.
-func roceFlowLabel(sport, dport uint16) uint32 {
+func RoCEFlowLabel(sport, dport uint16) uint32 {
 	return (uint32(sport)*31 + uint32(dport)) & 0xFFFFF
 }
 

@@ -7,6 +7,11 @@
 // their states. Package client implements CM through a softrnic daemon's
 // Agent. The Agent speaks only package verbs to its device.
 //
+// The Agent also serves an event interface (EventCM, events.go): the CM
+// exchange without the QP, whose owner drives its QPs itself from the
+// events, as librdmacm does over the kernel. The daemon serves its
+// clients' rdma_cm through it.
+//
 // Service IDs are rdma_cm's TCP port space (0x0000000001060000 | port) and
 // REQs carry the rdma_cm IP header, so a stock rping or `ib_write_bw -R` on
 // rxe or a ConnectX is the peer.

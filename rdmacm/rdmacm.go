@@ -124,7 +124,8 @@ type Agent struct {
 	conns       map[cm.ConnID]*conn
 	byQPN       map[uint32]*conn
 	stats       Stats
-	inflight    int // MADs posted, their send completion not yet polled
+	inflight    int      // MADs posted, their send completion not yet polled
+	ev          *EventCM // the event interface, if started (events.go)
 }
 
 type pendingMAD struct {
@@ -280,6 +281,11 @@ func (a *Agent) Close() error {
 	for id := range a.conns {
 		_ = a.m.Abort(now, id) // fails only for a connection already gone
 	}
+	if a.ev != nil {
+		for id := range a.ev.conns {
+			_ = a.m.Abort(now, id) // closing: every connection goes
+		}
+	}
 	a.flushLocked(now)
 	a.closed = true
 	for _, c := range a.conns {
@@ -374,11 +380,15 @@ func (a *Agent) asyncEvent(ev verbs.AsyncEvent) {
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := a.cfg.Now()
+	if a.ev != nil && a.ev.commEstLocked(now, ev.QPN) {
+		a.flushLocked(now)
+		return
+	}
 	c := a.byQPN[ev.QPN]
 	if c == nil || c.active {
 		return
 	}
-	now := a.cfg.Now()
 	if a.m.State(c.id) == cm.StateREPSent || a.m.State(c.id) == cm.StateMRAREPRcvd {
 		if a.m.NotifyEstablished(now, c.id) == nil {
 			a.stats.CommEstFixes++
@@ -541,8 +551,12 @@ func (a *Agent) sendLocked(s *cm.Send) {
 	a.inflight++
 }
 
-// eventLocked does what a Manager event asks of the QP owner.
+// eventLocked does what a Manager event asks of the QP owner, or hands it
+// to the event interface if the connection is one of its.
 func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
+	if a.ev != nil && a.ev.eventLocked(e) {
+		return
+	}
 	switch e.Kind {
 	case cm.EventConnRequest:
 		_, port, _ := cm.ServicePort(e.ServiceID)
@@ -620,6 +634,9 @@ func (a *Agent) eventLocked(now clock.Time, e *cm.Event) {
 				delete(a.byQPN, c.qp.QPN())
 			}
 		}
+	case cm.EventConnResponse:
+		// Only the event interface defers RTUs: its connections are
+		// handled above.
 	}
 }
 

@@ -77,6 +77,7 @@ func (a *Agent) ResolveUD(ctx context.Context, peer netip.Addr, port uint16, pri
 		a.mu.Unlock()
 		return nil, err
 	}
+	a.ev.forgetLocked(id)
 	a.sidr[id] = w
 	a.flushLocked(now)
 	a.mu.Unlock()

@@ -38,19 +38,8 @@
 #define SOFTRNIC_OP_CAPTURE 12 // fd: the file to write; reply when started, then again when the capture ends
 #define SOFTRNIC_OP_STATUS 13 // → StatusResp
 #define SOFTRNIC_OP_STATS 14 // StatsReq → StatsResp (stats.go)
-// rdma_cm through the daemon's CM agent (on its GSI QP). Replies to
-// GET_REQUEST, ACCEPT, CONNECT and DISCONNECT come when the CM
-// exchange is over: the connection serves no other call meanwhile.
-#define SOFTRNIC_OP_CM_LISTEN 15 // CMListenReq → HandleMsg (the listener)
-#define SOFTRNIC_OP_CM_GET_REQUEST 16 // HandleMsg (listener) → CMRequestResp, when a REQ arrives
-#define SOFTRNIC_OP_CM_ACCEPT 17 // CMConnReq (Request set) → nothing, once established; or CMUDAcceptReq (UDP space) → nothing
-#define SOFTRNIC_OP_CM_REJECT 18 // HandleMsg (request)
-#define SOFTRNIC_OP_CM_CONNECT 19 // CMConnReq (Peer, Port set) → nothing, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
-#define SOFTRNIC_OP_CM_DISCONNECT 20 // HandleMsg (QP) → when the peer answered the DREQ (or it timed out)
-#define SOFTRNIC_OP_CM_UNLISTEN 21 // HandleMsg (listener): requests not taken are rejected
 #define SOFTRNIC_OP_CREATE_AH 22 // CreateAHReq → HandleMsg (the AH UD send slots name)
 #define SOFTRNIC_OP_DESTROY_AH 23 // HandleMsg (AH)
-#define SOFTRNIC_OP_CM_CLOSE 24 // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
 // Shared receive queues and asynchronous events (srq.go, async.go).
 #define SOFTRNIC_OP_CREATE_SRQ 25 // CreateSRQReq → CreateSRQResp; reply fd: the SRQ ring memfd
 #define SOFTRNIC_OP_MODIFY_SRQ 26 // ModifySRQReq
@@ -65,8 +54,8 @@
 #define SOFTRNIC_OP_REG_MR_ADDR 33 // RegMRAddrReq → RegMRResp
 // HeaderSize is the encoded size of Header.
 #define SOFTRNIC_HEADER_SIZE 16
-#define SOFTRNIC_PORT_SPACE_TCP 0 // RC connections: REQ, REP, RTU
-#define SOFTRNIC_PORT_SPACE_UDP 1 // UD services: SIDR_REQ, SIDR_REP
+#define SOFTRNIC_PORT_SPACE_TCP 0 // RDMA_PS_TCP: RC connections, REQ, REP, RTU
+#define SOFTRNIC_PORT_SPACE_UDP 1 // RDMA_PS_UDP: UD services, SIDR_REQ, SIDR_REP
 // MaxStatusClients is how many clients one StatusResp lists.
 #define SOFTRNIC_MAX_STATUS_CLIENTS 64
 #define SOFTRNIC_SEND_SLOT_HEADER 64
@@ -137,6 +126,21 @@
 #define SOFTRNIC_CTR_RETRANS_PACKETS 62 // RC requester: request packets sent more than once
 #define SOFTRNIC_CTR_ASYNC_EVENTS_LOST 63 // asynchronous events dropped, a bounded queue full
 #define SOFTRNIC_NUM_DEVICE_COUNTERS 64
+#define SOFTRNIC_CM_RX_MSGS 0 // MADs received on QP1
+#define SOFTRNIC_CM_TX_MSGS 1 // CM MADs sent
+#define SOFTRNIC_CM_TX_RETRIES 2 // REQ, REP, DREQ, SIDR_REQ sent again on timeout
+#define SOFTRNIC_CM_RX_DUPLICATES 3 // duplicate REQ, REP, DREQ, SIDR_REQ answered or dropped
+#define SOFTRNIC_CM_RX_MALFORMED 4 // MADs dropped: wrong length, not a CM MAD, truncated
+#define SOFTRNIC_CM_RX_UNSUPPORTED 5 // MADs of attributes the CM does not serve (LAP, APR, ClassPortInfo, unknown)
+#define SOFTRNIC_CM_RX_UNMATCHED 6 // MADs for no connection, another peer's, or the wrong state
+#define SOFTRNIC_CM_REQ_DROPPED 7 // new REQs and SIDR_REQs dropped at the half-open caps (a flood)
+#define SOFTRNIC_CM_REJ_NO_LISTENER 8 // requests refused: nobody listens on the port (REJ 8, SIDR unsupported)
+#define SOFTRNIC_CM_BACKLOG_FULL 9 // requests refused: the listener's backlog (or its client) was full
+#define SOFTRNIC_CM_TIMEOUTS 10 // exchanges given up: REQ, REP, DREQ or SIDR_REQ unanswered, a request never answered
+#define SOFTRNIC_CM_TORN_DOWN 11 // connections and requests of clients that went away, refused or disconnected
+#define SOFTRNIC_CM_UNRESOLVED 12 // peers whose MAC did not resolve
+#define SOFTRNIC_CM_EVENTS_LOST 13 // events dropped because a client did not read its event channel
+#define SOFTRNIC_NUM_CM_COUNTERS 14
 #define SOFTRNIC_D_CTR_REJECTED_CONNECTIONS 0 // connections refused: not root, the daemon's user or the control group
 #define SOFTRNIC_D_CTR_ACCEPT_ERRORS 1 // accept failures (out of fds or memory)
 #define SOFTRNIC_D_CTR_SHED_CONNECTIONS 2 // connections closed: silent before OPEN, or turned away out of fds
@@ -202,7 +206,7 @@
 #define SOFTRNIC_VALID_XDP UINT64_C(0x3ffc000000)
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-#define SOFTRNIC_MAX_STATS_QPS 8
+#define SOFTRNIC_MAX_STATS_QPS 7
 // MaxStatsQueues is how many receive queues one StatsResp details.
 #define SOFTRNIC_MAX_STATS_QUEUES 16
 #define SOFTRNIC_OP_UCM_CREATE_CHANNEL 64 // → HandleMsg (the channel); reply fd: the client's end of its event socket
@@ -335,12 +339,13 @@
 #define SOFTRNIC_IB_QP_ATTR_MASK_DEST_QPN 1048576
 #define SOFTRNIC_IB_QP_ATTR_MASK_RATE_LIMIT 33554432
 // RecoveryDefault is the device's mode for a QP, and for a device
-// RecoverySelective, on by default as ConnectX's adaptive
-// retransmission is.
+// RecoverySelective.
 #define SOFTRNIC_IB_RECOVERY_DEFAULT 0
 // RecoverySelective is adaptive retransmission plus selective repeat
-// with a peer that agrees to it, and adaptive go-back-N with any other
-// peer.
+// toward a softrnic QP number (with a peer that agrees), and the local
+// ACK timer alone toward any other peer: adaptive timers against a
+// peer whose answers stall (rxe in the lab) resent whole windows it
+// already had.
 #define SOFTRNIC_IB_RECOVERY_SELECTIVE 1
 // RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
 // probes, fast retransmission and an RTO of a few RTTs, besides the
@@ -539,99 +544,6 @@ struct softrnic_capture_result {
 _Static_assert(sizeof(struct softrnic_capture_result) == 16, "struct softrnic_capture_result: size");
 _Static_assert(offsetof(struct softrnic_capture_result, written) == 0, "struct softrnic_capture_result: written");
 _Static_assert(offsetof(struct softrnic_capture_result, dropped) == 8, "struct softrnic_capture_result: dropped");
-
-// CMListenReq is the body of OpCMListen: listen on an rdma_cm port (TCP
-// port space) of the daemon's device.
-struct softrnic_cm_listen_req {
-	uint16_t port;
-	uint16_t space; // PortSpaceTCP or PortSpaceUDP
-	uint32_t backlog; // requests waiting for GET_REQUEST (0: 16)
-};
-_Static_assert(sizeof(struct softrnic_cm_listen_req) == 8, "struct softrnic_cm_listen_req: size");
-_Static_assert(offsetof(struct softrnic_cm_listen_req, port) == 0, "struct softrnic_cm_listen_req: port");
-_Static_assert(offsetof(struct softrnic_cm_listen_req, space) == 2, "struct softrnic_cm_listen_req: space");
-_Static_assert(offsetof(struct softrnic_cm_listen_req, backlog) == 4, "struct softrnic_cm_listen_req: backlog");
-
-// CMUDAcceptReq is the body of OpCMAccept for a request of a UDP-space
-// listener: the SIDR_REP names QP, a UD QP of this connection (the daemon
-// refuses any other), with rdma_cm's Q_Key (0x01234567), which the QP must
-// carry for the peer's SENDs to land. The reply has no body.
-struct softrnic_cmud_accept_req {
-	uint32_t request;
-	uint32_t qp;
-};
-_Static_assert(sizeof(struct softrnic_cmud_accept_req) == 8, "struct softrnic_cmud_accept_req: size");
-_Static_assert(offsetof(struct softrnic_cmud_accept_req, request) == 0, "struct softrnic_cmud_accept_req: request");
-_Static_assert(offsetof(struct softrnic_cmud_accept_req, qp) == 4, "struct softrnic_cmud_accept_req: qp");
-
-// CMResolveReq is the body of OpCMConnect in the UDP port space: look up
-// Port at Peer with a SIDR_REQ. The reply, once the peer answered, is a
-// CMResolveResp; a refusal is ECONNREFUSED with a message made by SIDRMsg,
-// no answer ETIMEDOUT.
-struct softrnic_cm_resolve_req {
-	uint8_t peer[16]; // the peer's GID (IPv4-mapped for IPv4)
-	uint16_t port;
-	uint8_t _pad0[6];
-};
-_Static_assert(sizeof(struct softrnic_cm_resolve_req) == 24, "struct softrnic_cm_resolve_req: size");
-_Static_assert(offsetof(struct softrnic_cm_resolve_req, peer) == 0, "struct softrnic_cm_resolve_req: peer");
-_Static_assert(offsetof(struct softrnic_cm_resolve_req, port) == 16, "struct softrnic_cm_resolve_req: port");
-
-// CMResolveResp is the reply to a CMResolveReq: the peer's UD QP and the
-// Q_Key to send to it with.
-struct softrnic_cm_resolve_resp {
-	uint32_t qpn;
-	uint32_t q_key;
-	uint8_t peer[16];
-};
-_Static_assert(sizeof(struct softrnic_cm_resolve_resp) == 24, "struct softrnic_cm_resolve_resp: size");
-_Static_assert(offsetof(struct softrnic_cm_resolve_resp, qpn) == 0, "struct softrnic_cm_resolve_resp: qpn");
-_Static_assert(offsetof(struct softrnic_cm_resolve_resp, q_key) == 4, "struct softrnic_cm_resolve_resp: q_key");
-_Static_assert(offsetof(struct softrnic_cm_resolve_resp, peer) == 8, "struct softrnic_cm_resolve_resp: peer");
-
-// CMRequestResp is the reply to OpCMGetRequest: a connection request the
-// client accepts or rejects, named by a handle of this connection.
-struct softrnic_cm_request_resp {
-	uint32_t request;
-	uint16_t src_port; // the requester's rdma_cm port
-	uint16_t _pad0;
-	uint8_t peer[16]; // the requester's GID (IPv4-mapped for IPv4)
-};
-_Static_assert(sizeof(struct softrnic_cm_request_resp) == 24, "struct softrnic_cm_request_resp: size");
-_Static_assert(offsetof(struct softrnic_cm_request_resp, request) == 0, "struct softrnic_cm_request_resp: request");
-_Static_assert(offsetof(struct softrnic_cm_request_resp, src_port) == 4, "struct softrnic_cm_request_resp: src_port");
-_Static_assert(offsetof(struct softrnic_cm_request_resp, peer) == 8, "struct softrnic_cm_request_resp: peer");
-
-// CMConnReq is the body of OpCMAccept and OpCMConnect: the client's own
-// RC QP the connection drives (created by CREATE_QP, in RESET or INIT,
-// with the receives the peer's first SENDs need already in its RQ ring)
-// and the rdma_conn_param. The CM moves the QP to INIT (Access), RTR and
-// RTS as the exchange goes; the reply, once the connection is
-// established, has no body.
-struct softrnic_cm_conn_req {
-	uint32_t request; // ACCEPT: from GET_REQUEST
-	uint32_t qp; // the connection's QP
-	uint32_t access; // what the peer may do through the QP
-	uint16_t port; // CONNECT: the peer's rdma_cm port
-	uint8_t responder_resources;
-	uint8_t initiator_depth;
-	uint8_t retry_count; // 0 means 7
-	uint8_t rnr_retry; // 0 means 7
-	uint8_t min_rnr_timer; // 0: the CM's default
-	uint8_t _pad0[5];
-	uint8_t peer[16]; // CONNECT: the peer's GID
-};
-_Static_assert(sizeof(struct softrnic_cm_conn_req) == 40, "struct softrnic_cm_conn_req: size");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, request) == 0, "struct softrnic_cm_conn_req: request");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, qp) == 4, "struct softrnic_cm_conn_req: qp");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, access) == 8, "struct softrnic_cm_conn_req: access");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, port) == 12, "struct softrnic_cm_conn_req: port");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, responder_resources) == 14, "struct softrnic_cm_conn_req: responder_resources");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, initiator_depth) == 15, "struct softrnic_cm_conn_req: initiator_depth");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, retry_count) == 16, "struct softrnic_cm_conn_req: retry_count");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, rnr_retry) == 17, "struct softrnic_cm_conn_req: rnr_retry");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, min_rnr_timer) == 18, "struct softrnic_cm_conn_req: min_rnr_timer");
-_Static_assert(offsetof(struct softrnic_cm_conn_req, peer) == 24, "struct softrnic_cm_conn_req: peer");
 
 // PortStatus is how the daemon moves frames (softrnic status).
 struct softrnic_port_status {
@@ -912,7 +824,7 @@ struct softrnic_ucm_connect_req {
 	uint16_t space;
 	uint16_t src_port;
 	uint16_t dst_port;
-	uint8_t qp_type; // TCP space: RC or UC, the type of Param.QPN's QP
+	uint8_t qp_type; // TCP space: RC, the type of Param.QPN's QP (UC: EOPNOTSUPP)
 	uint8_t path_mtu; // IB enum (1 = 256 … 5 = 4096): at most the port's active MTU
 	uint8_t hop_limit;
 	uint8_t traffic_class;
@@ -1284,21 +1196,26 @@ struct softrnic_stats_resp {
 	uint32_t listed;
 	uint8_t more; // more QPs after the last listed
 	uint8_t _pad0[3];
-	struct softrnic_qp_stats qps[8];
+	struct softrnic_qp_stats qps[7];
 	uint32_t num_queues; // NumQueues is how many receive queues an AF_XDP port serves, one
 	uint32_t _pad1;
 	struct softrnic_queue_stats queues[16];
+	uint8_t has_cm; // HasCM says whether the daemon runs an rdma_cm agent, whose counters
+	uint8_t _pad2[7];
+	uint64_t cm[14];
 	uint64_t daemon[8]; // Daemon are the daemon's own counters (DaemonCounters).
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 4072, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 3792, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
 _Static_assert(offsetof(struct softrnic_stats_resp, listed) == 536, "struct softrnic_stats_resp: listed");
 _Static_assert(offsetof(struct softrnic_stats_resp, more) == 540, "struct softrnic_stats_resp: more");
 _Static_assert(offsetof(struct softrnic_stats_resp, qps) == 544, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3744, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3752, "struct softrnic_stats_resp: queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 4008, "struct softrnic_stats_resp: daemon");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3344, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3352, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3608, "struct softrnic_stats_resp: has_cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3616, "struct softrnic_stats_resp: cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3728, "struct softrnic_stats_resp: daemon");
 
 #endif /* SOFTRNIC_PROTO_H */

@@ -169,6 +169,17 @@ static int ucm_ready(struct scm_id *s, uint32_t *channel)
 	return *channel ? 0 : ENOSYS;
 }
 
+int scm_call_id(struct scm_id *s, uint16_t op, const void *req, size_t req_len)
+{
+	struct softrnic_handle_msg resp;
+	pthread_mutex_lock(&scm_lock);
+	int err = scm_call(op, req, req_len, &resp, sizeof(resp), NULL, 0);
+	if (!err)
+		scm_id_set_handle_locked(s, resp.handle);
+	pthread_mutex_unlock(&scm_lock);
+	return err;
+}
+
 static int call_handle(uint16_t op, uint32_t handle)
 {
 	struct softrnic_handle_msg m = {.handle = handle};
@@ -248,14 +259,12 @@ SCM_EXPORT int rdma_listen(struct rdma_cm_id *id, int backlog)
 		s->listening = true; /* the port is no longer shared */
 	}
 	pthread_mutex_unlock(&scm_lock);
-	struct softrnic_handle_msg resp;
 	if (!err)
-		err = scm_call(SOFTRNIC_OP_UCM_LISTEN, &req, sizeof(req), &resp, sizeof(resp), NULL, 0);
+		err = scm_call_id(s, SOFTRNIC_OP_UCM_LISTEN, &req, sizeof(req));
 	if (err) {
 		s->listening = false;
 		return scm_err(err);
 	}
-	scm_id_set_handle(s, resp.handle);
 	s->state = SCM_LISTEN;
 	return 0;
 }
@@ -297,12 +306,12 @@ SCM_EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *param
 	if (err)
 		return scm_err(err);
 	s->retry_count = req.param.retry_count; /* the active side's RTS */
-	struct softrnic_handle_msg resp;
-	err = scm_call(SOFTRNIC_OP_UCM_CONNECT, &req, sizeof(req), &resp, sizeof(resp), NULL, 0);
-	if (err)
+	s->state = SCM_CONNECT; /* before any event of the new handle is converted */
+	err = scm_call_id(s, SOFTRNIC_OP_UCM_CONNECT, &req, sizeof(req));
+	if (err) {
+		s->state = SCM_ROUTE_RESOLVED;
 		return scm_err(err);
-	scm_id_set_handle(s, resp.handle);
-	s->state = SCM_CONNECT;
+	}
 	free(s->connect_data);
 	s->connect_data = NULL;
 	s->connect_len = 0;

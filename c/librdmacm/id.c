@@ -61,13 +61,18 @@ static void unhash(struct scm_id *s)
 	s->handle = 0;
 }
 
-void scm_id_set_handle(struct scm_id *s, uint32_t handle)
+void scm_id_set_handle_locked(struct scm_id *s, uint32_t handle)
 {
-	pthread_mutex_lock(&scm_lock);
 	unhash(s);
 	s->handle = handle;
 	s->hnext = by_handle[handle % SCM_HASH];
 	by_handle[handle % SCM_HASH] = s;
+}
+
+void scm_id_set_handle(struct scm_id *s, uint32_t handle)
+{
+	pthread_mutex_lock(&scm_lock);
+	scm_id_set_handle_locked(s, handle);
 	pthread_mutex_unlock(&scm_lock);
 }
 

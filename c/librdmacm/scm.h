@@ -148,6 +148,12 @@ void scm_id_free(struct scm_id *s);
 /* The ID the daemon calls handle; scm_lock held. */
 struct scm_id *scm_id_lookup(uint32_t handle);
 void scm_id_set_handle(struct scm_id *s, uint32_t handle);
+void scm_id_set_handle_locked(struct scm_id *s, uint32_t handle);
+/* A daemon operation that makes an ID (LISTEN, CONNECT): its handle is
+ * set before any thread converts an event for it (scm_lock is held
+ * across the call), since the daemon's events may reach the channel
+ * before the reply is read. 0 or an errno. */
+int scm_call_id(struct scm_id *s, uint16_t op, const void *req, size_t req_len);
 /* An ID of ch bound to the device whose DEVICE_REMOVAL is not reported
  * yet, now marked reported; scm_lock held. */
 struct scm_id *scm_take_removal(struct rdma_event_channel *ch);

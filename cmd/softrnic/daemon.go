@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/congestion"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
@@ -87,6 +88,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc, Recovery: cfg.Recovery,
 		CountersFile: os.Getenv(host.CountersEnv),
 		Engine:       engine.Options{Tap: &tap}, Log: log, Owner: host.Owner{Name: "softrnic daemon", Control: cfg.Control},
+		CM: cm.Config{CMResponseTimeout: cfg.CMResponseTimeout, MaxCMRetries: cfg.CMMaxRetries},
 		// The engine gets the counting wrapper: byte counts, and AF_XDP
 		// statistics read on the loop's own goroutine (softrnic stats,
 		// /metrics).
@@ -132,6 +134,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
+	counters.CM = srv.CMCounters
 	counters.Server = srv // its own counters and its clients' usage on /metrics
 	if cfg.Metrics != "" {
 		mopts, err := cfg.MetricsOptions()

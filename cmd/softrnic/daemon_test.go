@@ -23,7 +23,7 @@ import (
 )
 
 // buildSoftrnic builds this command into a temp dir.
-func buildSoftrnic(t *testing.T) string {
+func buildSoftrnic(t testing.TB) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "softrnic")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

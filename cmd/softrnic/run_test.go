@@ -28,7 +28,7 @@ var (
 	clibErr  error
 )
 
-func buildCLib(t *testing.T) string {
+func buildCLib(t testing.TB) string {
 	t.Helper()
 	if _, err := os.Stat("/usr/include/infiniband/verbs.h"); err != nil {
 		t.Skip("libibverbs-dev is not installed (make deps)")

@@ -24,6 +24,8 @@ type statsReport struct {
 	Device string
 	Valid  uint64
 	Values [proto.NumDeviceCounters]uint64
+	HasCM  bool
+	CM     [proto.NumCMCounters]uint64 // the daemon's rdma_cm, on the device's line
 	QPs    []proto.QPStats
 	// Queues are the receive queues the daemon details (AF_XDP ports);
 	// NumQueues may be larger (only MaxStatsQueues are detailed).
@@ -142,6 +144,7 @@ func (cc *controlConn) stats(qp int) (*statsReport, error) {
 		}
 		if page == 0 {
 			rep.Device, rep.Valid, rep.Values, rep.Daemon = cstring(r.Name[:]), r.Valid, r.Device, r.Daemon
+			rep.HasCM, rep.CM = r.HasCM != 0, r.CM
 			rep.NumQueues = int(r.NumQueues)
 			rep.Queues = append(rep.Queues, r.Queues[:min(int(r.NumQueues), len(r.Queues))]...)
 		}
@@ -200,6 +203,11 @@ func writeStatsText(w io.Writer, r *statsReport, qpOnly bool) error {
 		for i, d := range proto.DeviceCounters {
 			if r.Valid&(1<<i) != 0 {
 				fmt.Fprintf(&b, " %s %d", d.Name, r.Values[i])
+			}
+		}
+		for i, d := range proto.CMCounters {
+			if r.HasCM {
+				fmt.Fprintf(&b, " %s %d", d.Name, r.CM[i])
 			}
 		}
 		b.WriteByte('\n')
@@ -262,6 +270,11 @@ func writeStatsJSON(w io.Writer, r *statsReport, qpOnly bool) error {
 		for i, d := range proto.DeviceCounters {
 			if r.Valid&(1<<i) != 0 {
 				out.Counters[d.Name] = r.Values[i]
+			}
+		}
+		for i, d := range proto.CMCounters {
+			if r.HasCM {
+				out.Counters[d.Name] = r.CM[i]
 			}
 		}
 		out.Daemon = map[string]uint64{}

@@ -5,8 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -45,19 +43,18 @@ const (
 	OpCapture                 // fd: the file to write; reply when started, then again when the capture ends
 	OpStatus                  // → StatusResp
 	OpStats                   // StatsReq → StatsResp (stats.go)
-	// rdma_cm through the daemon's CM agent (on its GSI QP). Replies to
-	// GET_REQUEST, ACCEPT, CONNECT and DISCONNECT come when the CM
-	// exchange is over: the connection serves no other call meanwhile.
-	OpCMListen     // CMListenReq → HandleMsg (the listener)
-	OpCMGetRequest // HandleMsg (listener) → CMRequestResp, when a REQ arrives
-	OpCMAccept     // CMConnReq (Request set) → nothing, once established; or CMUDAcceptReq (UDP space) → nothing
-	OpCMReject     // HandleMsg (request)
-	OpCMConnect    // CMConnReq (Peer, Port set) → nothing, once established; or CMResolveReq (UDP space: SIDR) → CMResolveResp
-	OpCMDisconnect // HandleMsg (QP) → when the peer answered the DREQ (or it timed out)
-	OpCMUnlisten   // HandleMsg (listener): requests not taken are rejected
-	OpCreateAH     // CreateAHReq → HandleMsg (the AH UD send slots name)
-	OpDestroyAH    // HandleMsg (AH)
-	OpCMClose      // HandleMsg (QP): end its rdma_cm connection without waiting (DREQ or REJ to the peer)
+	// 15 to 21 and 24 were rdma_cm operations that waited for the peer,
+	// retired for the event-based ones (ucm.go): their numbers stay unused.
+	_
+	_
+	_
+	_
+	_
+	_
+	_
+	OpCreateAH  // CreateAHReq → HandleMsg (the AH UD send slots name)
+	OpDestroyAH // HandleMsg (AH)
+	_
 	// Shared receive queues and asynchronous events (srq.go, async.go).
 	OpCreateSRQ   // CreateSRQReq → CreateSRQResp; reply fd: the SRQ ring memfd
 	OpModifySRQ   // ModifySRQReq
@@ -74,8 +71,7 @@ const (
 )
 
 var opNames = [...]string{"?", "OPEN", "ALLOC_PD", "DEALLOC_PD", "REG_MR", "DEREG_MR", "CREATE_CQ", "DESTROY_CQ", "CREATE_QP", "MODIFY_QP", "QUERY_QP", "DESTROY_QP", "CAPTURE", "STATUS", "STATS",
-	"CM_LISTEN", "CM_GET_REQUEST", "CM_ACCEPT", "CM_REJECT", "CM_CONNECT", "CM_DISCONNECT", "CM_UNLISTEN",
-	"CREATE_AH", "DESTROY_AH", "CM_CLOSE",
+	"OP_15", "OP_16", "OP_17", "OP_18", "OP_19", "OP_20", "OP_21", "CREATE_AH", "DESTROY_AH", "OP_24",
 	"CREATE_SRQ", "MODIFY_SRQ", "QUERY_SRQ", "DESTROY_SRQ", "ASYNC_EVENTS", "QUERY_DEVICE", "ASYNC_EVENT",
 	"ATTACH_MEM", "REG_MR_ADDR"}
 
@@ -238,147 +234,12 @@ type CaptureResult struct {
 	Dropped uint64
 }
 
-// CMListenReq is the body of OpCMListen: listen on an rdma_cm port (TCP
-// port space) of the daemon's device.
-type CMListenReq struct {
-	Port    uint16
-	Space   uint16 // PortSpaceTCP or PortSpaceUDP
-	Backlog uint32 // requests waiting for GET_REQUEST (0: 16)
-}
-
-// rdma_cm port spaces a CM_LISTEN names (rdma_create_id's port space).
-// Listening in the UDP space (RDMA_PS_UDP) answers SIDR lookups rather than
-// connection requests: GET_REQUEST, REJECT and UNLISTEN work the same, and
-// a request is accepted with CM_ACCEPT carrying a CMUDAcceptReq, which
-// names a UD QP the client made itself. The active side of the UDP space is
-// CM_CONNECT carrying a CMResolveReq. The bodies differ in size, which is
-// how the daemon tells the two uses of CM_ACCEPT and CM_CONNECT apart.
+// rdma_cm port spaces (rdma_create_id's): UCMListenReq and UCMConnectReq
+// name one.
 const (
-	PortSpaceTCP uint16 = 0 // RC connections: REQ, REP, RTU
-	PortSpaceUDP uint16 = 1 // UD services: SIDR_REQ, SIDR_REP
+	PortSpaceTCP uint16 = 0 // RDMA_PS_TCP: RC connections, REQ, REP, RTU
+	PortSpaceUDP uint16 = 1 // RDMA_PS_UDP: UD services, SIDR_REQ, SIDR_REP
 )
-
-// CMUDAcceptReq is the body of OpCMAccept for a request of a UDP-space
-// listener: the SIDR_REP names QP, a UD QP of this connection (the daemon
-// refuses any other), with rdma_cm's Q_Key (0x01234567), which the QP must
-// carry for the peer's SENDs to land. The reply has no body.
-type CMUDAcceptReq struct {
-	Request Handle
-	QP      Handle
-}
-
-// CMResolveReq is the body of OpCMConnect in the UDP port space: look up
-// Port at Peer with a SIDR_REQ. The reply, once the peer answered, is a
-// CMResolveResp; a refusal is ECONNREFUSED with a message made by SIDRMsg,
-// no answer ETIMEDOUT.
-type CMResolveReq struct {
-	Peer [16]byte // the peer's GID (IPv4-mapped for IPv4)
-	Port uint16
-	_    [6]byte
-}
-
-// CMResolveResp is the reply to a CMResolveReq: the peer's UD QP and the
-// Q_Key to send to it with.
-type CMResolveResp struct {
-	QPN  uint32
-	QKey uint32
-	Peer [16]byte
-}
-
-const sidrPrefix = "SIDR status "
-
-// SIDRMsg is the error message of a SIDR lookup refused with status (the
-// SIDR_REP's: 1 nobody listens on the port, 2 the listener refused).
-func SIDRMsg(status uint8, detail string) string {
-	return sidrPrefix + strconv.Itoa(int(status)) + ": " + detail
-}
-
-// SIDRStatus returns the SIDR status of an error reply made with SIDRMsg;
-// ok is false for any other error.
-func SIDRStatus(err error) (status uint8, ok bool) {
-	var e *Error
-	if !errors.As(err, &e) || e.Errno != unix.ECONNREFUSED {
-		return 0, false
-	}
-	rest, found := strings.CutPrefix(e.Msg, sidrPrefix)
-	if !found {
-		return 0, false
-	}
-	num, _, found := strings.Cut(rest, ":")
-	if !found {
-		return 0, false
-	}
-	n, err2 := strconv.ParseUint(num, 10, 8)
-	if err2 != nil {
-		return 0, false
-	}
-	return uint8(n), true
-}
-
-// CMRequestResp is the reply to OpCMGetRequest: a connection request the
-// client accepts or rejects, named by a handle of this connection.
-type CMRequestResp struct {
-	Request Handle
-	SrcPort uint16 // the requester's rdma_cm port
-	_       uint16
-	Peer    [16]byte // the requester's GID (IPv4-mapped for IPv4)
-}
-
-// A CM_CONNECT or CM_ACCEPT that the peer refused with a REJ fails with
-// ECONNREFUSED and a message that starts with "REJ reason N:" (N the CM
-// REJ reason, decimal), so that a client can act on the reason as on
-// librdmacm's RDMA_CM_EVENT_REJECTED status: perftest's -R client dials
-// again after reason 8, "invalid service ID" (the server not listening
-// yet), and gives up on any other. RejectMsg makes such a message,
-// RejectReason reads one back.
-const rejectPrefix = "REJ reason "
-
-// RejectMsg is the error message of a connection refused with reason.
-func RejectMsg(reason uint16, detail string) string {
-	return rejectPrefix + strconv.Itoa(int(reason)) + ": " + detail
-}
-
-// RejectReason returns the REJ reason of an error reply made with
-// RejectMsg; ok is false for any other error.
-func RejectReason(err error) (reason uint16, ok bool) {
-	var e *Error
-	if !errors.As(err, &e) || e.Errno != unix.ECONNREFUSED {
-		return 0, false
-	}
-	rest, found := strings.CutPrefix(e.Msg, rejectPrefix)
-	if !found {
-		return 0, false
-	}
-	num, _, found := strings.Cut(rest, ":")
-	if !found {
-		return 0, false
-	}
-	n, err2 := strconv.ParseUint(num, 10, 16)
-	if err2 != nil {
-		return 0, false
-	}
-	return uint16(n), true
-}
-
-// CMConnReq is the body of OpCMAccept and OpCMConnect: the client's own
-// RC QP the connection drives (created by CREATE_QP, in RESET or INIT,
-// with the receives the peer's first SENDs need already in its RQ ring)
-// and the rdma_conn_param. The CM moves the QP to INIT (Access), RTR and
-// RTS as the exchange goes; the reply, once the connection is
-// established, has no body.
-type CMConnReq struct {
-	Request            Handle    // ACCEPT: from GET_REQUEST
-	QP                 Handle    // the connection's QP
-	Access             ib.Access // what the peer may do through the QP
-	Port               uint16    // CONNECT: the peer's rdma_cm port
-	ResponderResources uint8
-	InitiatorDepth     uint8
-	RetryCount         uint8 // 0 means 7
-	RNRRetry           uint8 // 0 means 7
-	MinRNRTimer        uint8 // 0: the CM's default
-	_                  [5]byte
-	Peer               [16]byte // CONNECT: the peer's GID
-}
 
 // PortStatus is how the daemon moves frames (softrnic status).
 type PortStatus struct {

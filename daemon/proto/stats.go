@@ -148,6 +148,49 @@ var DeviceCounters = [NumDeviceCounters]CounterDef{
 	CtrAsyncEventsLost:         {"async_events_lost", "asynchronous events dropped because a consumer's bounded queue was full"},
 }
 
+// rdma_cm counters: the index of each in StatsResp.CM. The daemon's CM
+// (its GSI QP, the connections it sets up for its clients) is counted
+// apart from the device, as Linux counts its CM apart
+// (/sys/class/infiniband_cm/DEV/PORT: cm_rx_msgs, cm_tx_msgs,
+// cm_tx_retries, cm_rx_duplicates, whose names these follow), and every
+// one is counted whenever the daemon runs a CM. New counters go at the
+// end.
+const (
+	CMRxMsgs        = iota // MADs received on QP1
+	CMTxMsgs               // CM MADs sent
+	CMTxRetries            // REQ, REP, DREQ, SIDR_REQ sent again on timeout
+	CMRxDuplicates         // duplicate REQ, REP, DREQ, SIDR_REQ answered or dropped
+	CMRxMalformed          // MADs dropped: wrong length, not a CM MAD, truncated
+	CMRxUnsupported        // MADs of attributes the CM does not serve (LAP, APR, ClassPortInfo, unknown)
+	CMRxUnmatched          // MADs for no connection, another peer's, or the wrong state
+	CMReqDropped           // new REQs and SIDR_REQs dropped at the half-open caps (a flood)
+	CMRejNoListener        // requests refused: nobody listens on the port (REJ 8, SIDR unsupported)
+	CMBacklogFull          // requests refused: the listener's backlog (or its client) was full
+	CMTimeouts             // exchanges given up: REQ, REP, DREQ or SIDR_REQ unanswered, a request never answered
+	CMTornDown             // connections and requests of clients that went away, refused or disconnected
+	CMUnresolved           // peers whose MAC did not resolve
+	CMEventsLost           // events dropped because a client did not read its event channel
+	NumCMCounters
+)
+
+// CMCounters are the rdma_cm counters' names, by index.
+var CMCounters = [NumCMCounters]CounterDef{
+	CMRxMsgs:        {"cm_rx_msgs", "MADs received on the GSI QP (QP1)"},
+	CMTxMsgs:        {"cm_tx_msgs", "CM MADs sent"},
+	CMTxRetries:     {"cm_tx_retries", "REQ, REP, DREQ and SIDR_REQ sent again on timeout"},
+	CMRxDuplicates:  {"cm_rx_duplicates", "duplicate REQ, REP, DREQ and SIDR_REQ received"},
+	CMRxMalformed:   {"cm_rx_malformed", "MADs dropped: wrong length, not a CM MAD, or truncated"},
+	CMRxUnsupported: {"cm_rx_unsupported", "MADs of attributes the CM does not serve (LAP, APR, ClassPortInfo, unknown)"},
+	CMRxUnmatched:   {"cm_rx_unmatched", "MADs for no connection, from another peer, or in the wrong state"},
+	CMReqDropped:    {"cm_req_dropped", "new REQs and SIDR_REQs dropped at the half-open caps"},
+	CMRejNoListener: {"cm_rej_no_listener", "requests refused because nobody listens on the port"},
+	CMBacklogFull:   {"cm_backlog_full", "requests refused because the listener's backlog was full"},
+	CMTimeouts:      {"cm_timeouts", "CM exchanges given up: a REQ, REP, DREQ or SIDR_REQ unanswered"},
+	CMTornDown:      {"cm_torn_down", "connections and requests of clients that went away, refused or disconnected"},
+	CMUnresolved:    {"cm_unresolved", "peers whose MAC address did not resolve"},
+	CMEventsLost:    {"cm_events_lost", "rdma_cm events dropped because a client did not read its event channel"},
+}
+
 // Daemon counters: the index of each in StatsResp.Daemon. What the
 // daemon's clients did to it, and what became of their asynchronous
 // events and completions. New counters go at the end.
@@ -329,7 +372,7 @@ type QPStats struct {
 
 // MaxStatsQPs is how many QPs one StatsResp lists: as many as fit one
 // control message (MaxMessage).
-const MaxStatsQPs = 8
+const MaxStatsQPs = 7
 
 // StatsResp is the reply to OpStats. Root sees every QP; others only the
 // QPs of their own connection. Device counters are the whole device's.
@@ -347,6 +390,11 @@ type StatsResp struct {
 	NumQueues uint32
 	_         uint32
 	Queues    [MaxStatsQueues]QueueStats
+	// HasCM says whether the daemon runs an rdma_cm agent, whose counters
+	// CM holds.
+	HasCM uint8
+	_     [7]byte
+	CM    [NumCMCounters]uint64
 	// Daemon are the daemon's own counters (DaemonCounters).
 	Daemon [NumDaemonCounters]uint64
 }

@@ -3,9 +3,8 @@ package proto
 import "github.com/softrnic/softrnic/ib"
 
 // UCM: rdma_cm for clients, event-based, as the kernel's rdma_ucm serves
-// rdma-core's librdmacm. It is what softrnic's librdmacm.so.1 speaks; the
-// blocking CM operations above (OpCMListen … OpCMUnlisten) remain for the
-// Go client until it moves to this one.
+// rdma-core's librdmacm. It is what softrnic's librdmacm.so.1 and the Go
+// client (package client) speak; daemon/ucm.go serves it.
 //
 // # Who does what
 //
@@ -17,9 +16,10 @@ import "github.com/softrnic/softrnic/ib"
 // drives the QPs of applications with the attributes the kernel's CM
 // negotiated. The daemon never modifies a client's QP for the CM; it only
 // checks that a QPN a client names is one of that client's QPs, of the
-// port space's type (RC or UC for PortSpaceTCP; UD for PortSpaceUDP, and
-// then in RTS with the Q_Key the client answers with), so that no client
-// can make a peer address another client's QP.
+// port space's type (RC for PortSpaceTCP, in RTR at least when it
+// accepts; UD for PortSpaceUDP, and then in RTS with the Q_Key the client
+// answers with), so that no client can make a peer address another
+// client's QP, or one not ready for the peer's packets.
 //
 // # No call waits for the peer
 //
@@ -59,10 +59,24 @@ import "github.com/softrnic/softrnic/ib"
 // handle space: LISTEN and CONNECT create one, and the daemon creates one
 // for every connection request, named by the CONNECT_REQUEST event. A
 // client that does not want a request rejects it or destroys its ID.
-// OpUCMDestroyID ends what the ID holds: a listener stops (its requests
-// not yet accepted are rejected), a connection being set up is rejected,
-// an established one gets a DREQ. Events of a destroyed ID that are
-// already in the channel are the client's to drop.
+// OpUCMDestroyID ends what the ID holds: a listener stops (the requests it
+// handed out are IDs of their own, as the kernel's), a connection being
+// set up is rejected, an established one gets a DREQ. Events of a
+// destroyed ID that are already in the channel are the client's to drop.
+//
+// Which listener takes a request follows the kernel's rdma_cm: one bound
+// to the request's destination address before a wildcard, an IPv6
+// wildcard without AFOnly for IPv4 too; two listeners that could take
+// the same request cannot both exist (EADDRINUSE). None: the daemon
+// answers as the kernel does, REJ reason 8 (invalid service ID) or SIDR
+// status 1 (unsupported). A listener whose backlog is full refuses with
+// REJ reason 3 (no resources) or SIDR status 2 (reject).
+//
+// DISCONNECT of an established connection sends a DREQ; of one whose peer
+// disconnected first it does nothing (DISCONNECTED was reported); of one
+// not yet established it refuses it (REJ), as rdma_disconnect leaves such
+// a connection unusable. TIMEWAIT_EXIT comes only after DISCONNECTED, as
+// the kernel reports it.
 //
 // When the session ends (the client closes the connection, exits or is
 // killed), the daemon does the same for every ID and closes its channels.
@@ -86,8 +100,10 @@ import "github.com/softrnic/softrnic/ib"
 //	ESTABLISHED       passive: the RTU (or the QP's first packet, NOTIFY);
 //	                  active UDP space: the SIDR_REP (QKey, Param.QPN)
 //	REJECTED          the peer's REJ; Status is its reason
-//	UNREACHABLE       Status -ETIMEDOUT: no answer to our REQ or REP; after
-//	                  a SIDR_REP that refused, its SIDR status
+//	UNREACHABLE       Status -ETIMEDOUT: no answer to our REQ, REP or
+//	                  SIDR_REQ (the CM's response timeout and retries);
+//	                  -EHOSTUNREACH: the peer's address did not resolve;
+//	                  after a SIDR_REP that refused, its SIDR status
 //	DISCONNECTED      the peer's DREQ (a DREP was sent), or the DREP to
 //	                  ours; Status -ETIMEDOUT if our DREQ went unanswered
 //	TIMEWAIT_EXIT     the connection's time wait is over: the QP may be
@@ -195,7 +211,7 @@ type UCMConnectReq struct {
 	Space        uint16
 	SrcPort      uint16
 	DstPort      uint16
-	QPType       ib.QPType // TCP space: RC or UC, the type of Param.QPN's QP
+	QPType       ib.QPType // TCP space: RC, the type of Param.QPN's QP (UC: EOPNOTSUPP)
 	PathMTU      uint8     // IB enum (1 = 256 … 5 = 4096): at most the port's active MTU
 	HopLimit     uint8
 	TrafficClass uint8

@@ -10,6 +10,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/internal/perftest"
+	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
 )
 
@@ -19,7 +20,8 @@ import (
 // shared with the test.
 func daemonOn(t *testing.T, h Host) Host {
 	t.Helper()
-	srv, err := daemon.NewServer(h.Device.(*rnic.Device), daemon.Options{Group: -1, CM: h.CM, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	agent, _ := h.CM.(*rdmacm.Agent)
+	srv, err := daemon.NewServer(h.Device.(*rnic.Device), daemon.Options{Group: -1, CM: agent, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
