@@ -133,6 +133,17 @@ func TestAsyncEventsThroughDaemon(t *testing.T) {
 		}
 	}
 	expectEvents(t, ed, verbs.AsyncEvent{Type: ib.EventCQErr, CQ: small}, verbs.AsyncEvent{Type: ib.EventQPFatal, QPN: d.qp.QPN()})
+	// The completions the full ring lost stay counted (cq_ring_dropped)
+	// once the CQ is gone.
+	if err := d.qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := small.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if n := td.srv.CQRingDropped.Load(); n == 0 {
+		t.Fatal("completions lost on the full CQ ring not counted")
+	}
 
 	// A garbled SRQ ring: the daemon retires the SRQ (SRQ_ERR).
 	srq := must(t)(c.pd.CreateSRQ(4, 1)).(*SRQ)
