@@ -330,8 +330,9 @@ func (s *Server) checkRings(q *qpObj) {
 // checks, which would have refused it: the device meets it as an RNIC
 // meets a bad WQE in its queue (rnic.QP.PostSendInError,
 // PostRecvInError). It completes in error, in order, and stops the QP;
-// counted in bad_wqes. A WR refused only for the QP's state (RESET, INIT,
-// RTR) completes in error as it is, not counted.
+// counted in bad_wqes. A WR refused only for the QP's state (a send
+// before RTS, a receive in RESET) completes in error at once, the QP left
+// as it is, and is not counted.
 
 // sendInError posts send WR id in error; false when the device's SQ is
 // full: the entry stays in the ring for the next Fetch.
