@@ -14,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/softrnic/softrnic/internal/perftest"
 )
 
 // Addresses inside the lab's namespace: traffic never leaves it.
@@ -340,6 +342,10 @@ type result struct {
 	// softrnic's AF_XDP socket had no room. Reported, never a reason to
 	// retry: it is softrnic's side.
 	hostDrops uint64
+	// perftestRace: the client is a stock perftest -R that lost perftest's
+	// own second-connect race (perftest.StockSecondConnectRace), a reason
+	// to run the case again whatever its retries= says.
+	perftestRace bool
 }
 
 func (l *Lab) start(c *Case, s Side, ready string, caseDir string) (job, error) {
@@ -493,6 +499,7 @@ func (l *Lab) Run(c *Case) (r result) {
 	}
 	if cli != nil && crc != 0 {
 		fail("client (%s) %s", c.Client.Peer, status(crc))
+		r.perftestRace = perftest.StockSecondConnectRace([]byte(cli.Output()))
 		r.detail = append(r.detail, tail("client: ", cli.Output(), 6)...)
 	}
 	if src != 0 {

@@ -39,11 +39,9 @@ import (
 // adaptive reports whether the QP retransmits on its own timers: when
 // asked to (RecoveryAdaptive), or in the default selective mode with a
 // softrnic peer. The default leaves other peers (rxe, ConnectX) on the IBA
-// local ACK timer: against rxe in the interop lab, a host whose RTT swings
-// by milliseconds, the adaptive timers fired spuriously and every
-// go-back-N resent a window rxe had already received (thousands of
-// duplicates per 1 MiB case, and rxe's READ responder asked again until
-// its queue overflowed).
+// local ACK timer: toward a peer whose answers stall for milliseconds the
+// adaptive timers fire spuriously, and each go-back-N resends a window the
+// peer already has (README, "Loss recovery").
 func (q *QP) adaptive() bool {
 	switch {
 	case q.cfg.UC:
