@@ -190,6 +190,15 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	t.Logf("softrnic capture: %s", capErr.String())
 	checkCapture(t, pcapFile, 20, qp.QPN(), qpB.QPN())
 
+	// The daemon's responder may see duplicates only of requests the peer
+	// retransmitted: on a loaded host the peer's adaptive ACK timer can
+	// expire before the daemon's ACK comes, which is recovery, not a fault.
+	retransB := func() uint64 { return devB.RecoveryCounters([]uint32{qpB.QPN()}).RetransPackets }
+	dupsAllowed := retransB()
+	if dupsAllowed > 0 {
+		t.Logf("the peer retransmitted %d packets: as many duplicates are allowed", dupsAllowed)
+	}
+
 	// softrnic stats: the device line and the client QP's line.
 	out := tool("stats", "--control", sock)
 	t.Logf("softrnic stats:\n%s", out)
@@ -197,7 +206,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	dev := statsFields(t, lines[0], "link "+pair.A.Name+"/1 ")
 	reqs := uint64(writes * size / 1024)
 	if dev["rx_packets"] < reqs || dev["tx_packets"] < writes || dev["rx_bytes"] < reqs*1024 || dev["tx_bytes"] == 0 ||
-		dev["rx_icrc_encapsulated"] != 0 || dev["duplicate_request"] != 0 {
+		dev["rx_icrc_encapsulated"] != 0 || dev["duplicate_request"] > dupsAllowed {
 		t.Errorf("device counters after %d WRITE packets:\n%s", reqs, lines[0])
 	}
 	_, haveXSK := dev["xsk_rx_ring_full"]
@@ -212,7 +221,7 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	for _, l := range lines[1:] {
 		if strings.HasPrefix(l, qpLine) {
 			found = true
-			if f := statsFields(t, l, qpLine); f["duplicate_request"] != 0 || f["out_of_buffer"] != 0 {
+			if f := statsFields(t, l, qpLine); f["duplicate_request"] > dupsAllowed || f["out_of_buffer"] != 0 {
 				t.Errorf("client QP counters: %s", l)
 			}
 		}
@@ -278,8 +287,12 @@ func toolsAgainstDaemon(t *testing.T, bin, kind string) {
 	if n, _ := strconv.ParseUint(rx[1], 10, 64); n < dev["rx_packets"] {
 		t.Errorf("scraped rx_packets %d, below the %d stats printed earlier", n, dev["rx_packets"])
 	}
-	if !strings.Contains(body, fmt.Sprintf(`softrnic_qp_duplicate_request_total{device="%s",qpn="%d",type="RC"} 0`, pair.A.Name, qp.QPN())) {
+	dup := regexp.MustCompile(fmt.Sprintf(`(?m)^softrnic_qp_duplicate_request_total\{device="%s",qpn="%d",type="RC"\} (\d+)$`,
+		pair.A.Name, qp.QPN())).FindStringSubmatch(body)
+	if dup == nil {
 		t.Errorf("scrape lacks the QP's duplicate_request")
+	} else if n, _ := strconv.ParseUint(dup[1], 10, 64); n > retransB() {
+		t.Errorf("scraped duplicate_request %d, above the %d packets the peer retransmitted", n, retransB())
 	}
 
 	// capture --qp N --pcapng during two more WRITEs: only frames addressed

@@ -15,6 +15,6 @@ import "bytes"
 // connection of the test's QPs.
 func StockSecondConnectRace(out []byte) bool {
 	refused := bytes.Contains(out, []byte("Event: RDMA_CM_EVENT_REJECTED; error: 8.")) ||
-		bytes.Contains(out, []byte("Event: RDMA_CM_EVENT_UNREACHABLE; error: "))
+		bytes.Contains(out, []byte("Event: RDMA_CM_EVENT_UNREACHABLE; error: 1."))
 	return refused && bytes.Contains(out, []byte("Failed to connect RDMA CM events."))
 }

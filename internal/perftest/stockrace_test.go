@@ -17,6 +17,9 @@ func TestStockSecondConnectRace(t *testing.T) {
 		// The control connection refused: the server is not listening at
 		// all yet, which the client reports and exits; not the race.
 		{"control", "Unexpected CM event bl blka 8\n Unable to perform rdma_client function\n Unable to init the socket connection\n", false},
+		// A SIDR request nobody answered (ETIMEDOUT) is a fault, not the race.
+		{"sidr-timeout", "RDMA CM event error:\nEvent: RDMA_CM_EVENT_UNREACHABLE; error: -110.\n" +
+			"Failed to handle RDMA CM event.\nFailed to connect RDMA CM events.\n", false},
 		// Another REJ reason (consumer reject) is an answer, not the race.
 		{"other-reason", "RDMA CM event error:\nEvent: RDMA_CM_EVENT_REJECTED; error: 28.\nFailed to connect RDMA CM events.\n", false},
 		{"clean", " #bytes     #iterations    t_min[usec]\n", false},
