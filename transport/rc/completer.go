@@ -362,7 +362,16 @@ func (q *QP) expire(now clock.Time) {
 			return
 		}
 		r.rnrWait = false
-		q.rewind(r.rnrPSN)
+		// Resume at the oldest unacknowledged PSN, as rxe does, not at the
+		// PSN the RNR NAK named: ACKs that came during the wait may have
+		// passed it (a copy sent before the NAK arrived, a probe or a
+		// hole's retransmission, found a receive WQE, and a
+		// selective-repeat responder then executed what it held). With
+		// nothing left on the wire, going back to the NAK's PSN would give
+		// the next WQEs PSNs the responder has already executed: it would
+		// acknowledge them as duplicates, and they would complete without
+		// ever being delivered.
+		q.rewind(r.compPSN)
 		if r.rto != 0 {
 			r.timer = now + r.rto
 		}

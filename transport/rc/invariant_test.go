@@ -2,13 +2,17 @@ package rc
 
 import "testing"
 
-// checkInv asserts the requester's invariants: the oldest unacknowledged
-// PSN lies in the head WQE, WQEs on the wire have contiguous PSN ranges,
-// and an idle requester has acknowledged everything it sent.
+// checkInv asserts the requester's invariants: nothing it sends next is
+// before the oldest unacknowledged PSN, which lies in the head WQE, WQEs on
+// the wire have contiguous PSN ranges, and an idle requester has
+// acknowledged everything it sent.
 func checkInv(t *testing.T, q *QP, what string) {
 	r := &q.req
 	if q.failed {
 		t.Fatalf("%s: QP failed with %v after %d timeouts", what, q.errSt, q.Timeouts)
+	}
+	if r.psn.Less(r.compPSN) {
+		t.Fatalf("%s: next PSN %d before the oldest unacknowledged %d", what, r.psn, r.compPSN)
 	}
 	if r.head == r.end() {
 		if r.compPSN != r.psn {

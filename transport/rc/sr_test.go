@@ -603,6 +603,32 @@ func TestSRRequesterRNRGoesBackN(t *testing.T) {
 	c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
 }
 
+// TestSRRequesterRNRWaitOvertaken: ACKs that come during an RNR wait may
+// pass the PSN the RNR NAK named (a copy of it sent before the NAK arrived
+// found a receive WQE, and the responder then executed what it held). The
+// wait then ends at the oldest unacknowledged PSN: a WQE posted meanwhile
+// takes the next PSN, never one the responder has already executed, which
+// it would acknowledge as a duplicate without delivering the message.
+func TestSRRequesterRNRWaitOvertaken(t *testing.T) {
+	c := srRequester(t, srCfg())
+	sends(c, 3, 0)
+	c.outEach()
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynRNRNAK | 1, sr: true, payload: sack(102, 102, 103)})
+	c.respond(srAck(103))
+	if w := c.wcs(); len(w) != 3 || w[2].ID != 2 {
+		t.Fatalf("%+v", w)
+	}
+	sends(c, 2, 3)
+	c.expect() // still waiting
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 104), p(bth.RCSendOnly, 105))
+	c.respond(srAck(105))
+	if w := c.wcs(); len(w) != 2 || w[0].ID != 3 || w[1].ID != 4 {
+		t.Fatalf("%+v", w)
+	}
+}
+
 // TestSRRequesterReadBeyondWindow: a READ reply longer than the
 // selective-repeat window loses a packet early; what arrives beyond the
 // window cannot be held, and is asked for again as soon as everything
