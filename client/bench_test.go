@@ -14,7 +14,7 @@ import (
 )
 
 // The benchmarks compare a 64-byte signaled RDMA WRITE, post to completion,
-// through the daemon (client rings → pump → device → CQ ring) against the
+// through the daemon (client rings → engine → device → CQ ring) against the
 // same operation on the same kind of loopback device called in-process.
 // The difference is the daemon's overhead; the device's own cost (and its
 // engine's) is the same in both. Client and daemon share this process

@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/shmring"
@@ -28,7 +30,19 @@ type Client struct {
 	conn *proto.Conn
 	seq  uint32
 	info proto.DeviceInfo
-	db   *shmring.Doorbell // the daemon's pump doorbell
+	db   *shmring.Doorbell // this client's doorbell to the daemon's engine
+
+	// Poll's view of the CQs: their rings, and their doorbells in one
+	// epoll set (edge-triggered: nothing to drain).
+	cqMu     sync.Mutex
+	pollCQs  []*CQ
+	epfd     int
+	pollMu   sync.Mutex // one Poll sleeps at a time
+	epEvents [4]unix.EpollEvent
+	// Doorbells counts the posts that rang the daemon's engine (it was
+	// asleep), and Sleeps the Polls that slept: the syscalls that posting
+	// and polling cost.
+	Doorbells, Sleeps atomic.Uint64
 
 	cmMu sync.Mutex // guards cmev's creation
 	cmev *cmEvents  // the rdma_cm event channel (cm.go), made on first use
@@ -60,15 +74,22 @@ func Dial(path string) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("softrnic: connecting to the daemon at %s: %w", path, err)
 	}
-	c := &Client{conn: proto.NewConn(uc), cqs: map[proto.Handle]*CQ{}, srqs: map[proto.Handle]*SRQ{}}
+	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
+	if err != nil {
+		uc.Close()
+		return nil, fmt.Errorf("softrnic: epoll: %w", err)
+	}
+	c := &Client{conn: proto.NewConn(uc), epfd: epfd, cqs: map[proto.Handle]*CQ{}, srqs: map[proto.Handle]*SRQ{}}
 	body, fds, err := c.call(proto.OpOpen, &proto.OpenReq{Version: proto.Version}, 1)
 	if err != nil {
 		uc.Close()
+		unix.Close(epfd)
 		return nil, err
 	}
 	if err := proto.DecodeBody(body, &c.info); err != nil {
 		proto.CloseFDs(fds)
 		uc.Close()
+		unix.Close(epfd)
 		return nil, err
 	}
 	c.db = shmring.DoorbellFD(fds[0])
@@ -151,6 +172,10 @@ func (c *Client) Close() error {
 		if c.db != nil {
 			c.db.Close()
 		}
+		c.pollMu.Lock() // no Poll sleeps on the epoll set any more
+		unix.Close(c.epfd)
+		c.epfd = -1
+		c.pollMu.Unlock()
 		c.cmMu.Lock()
 		if c.cmev != nil {
 			c.cmev.sock.Close() // its reader ends; waiting calls fail
@@ -390,11 +415,73 @@ func (c *Client) CreateCQ(depth int) (verbs.CQ, error) {
 		return nil, errors.Join(err, c.callHandle(proto.OpDestroyCQ, r.CQ))
 	}
 	q := &CQ{c: c, h: r.CQ, ring: ring, cons: ring.Consumer(), db: shmring.DoorbellFD(fds[1])}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(q.db.FD())}
+	if err := unix.EpollCtl(c.epfd, unix.EPOLL_CTL_ADD, q.db.FD(), &ev); err != nil {
+		return nil, errors.Join(fmt.Errorf("softrnic: epoll: %w", err), q.ring.Close(), q.db.Close(), c.callHandle(proto.OpDestroyCQ, r.CQ))
+	}
+	c.cqMu.Lock()
+	c.pollCQs = append(c.pollCQs, q)
+	c.cqMu.Unlock()
 	c.objMu.Lock()
 	c.cqs[q.h] = q
 	c.objMu.Unlock()
 	return q, nil
 }
+
+// Poll is what an application busy-polling its CQs calls when it found
+// them empty (verbs.Poller): it waits until one of the client's CQs holds
+// a completion, spinning for pollSpin, then asleep for at most pollWait,
+// and reports whether one came. The sleep arms the CQ rings' wakeup flags,
+// so the daemon rings this client's CQ doorbells for its next completion:
+// the application's CPU goes to the daemon's engine meanwhile, which on a
+// small host is the one that must run for the completion to come. It
+// does not see a peer's RDMA WRITE landing in memory: an application
+// watching memory keeps polling without it.
+func (c *Client) Poll() bool {
+	c.pollMu.Lock() // CQ.Destroy waits for it before it unmaps a ring
+	defer c.pollMu.Unlock()
+	c.cqMu.Lock()
+	cqs := c.pollCQs
+	c.cqMu.Unlock()
+	ready := func() bool {
+		for _, q := range cqs {
+			if !q.ring.Empty() {
+				return true
+			}
+		}
+		return false
+	}
+	for start := clock.Now(); clock.Now().Sub(start) < pollSpin; {
+		if ready() {
+			return true
+		}
+	}
+	if c.epfd < 0 {
+		return false
+	}
+	armed := true
+	for _, q := range cqs {
+		armed = q.ring.Arm() && armed
+	}
+	if armed {
+		c.Sleeps.Add(1)
+		// A wake-up, a signal (EINTR) and the bound all end the sleep:
+		// the rings say what came.
+		_, _ = unix.EpollWait(c.epfd, c.epEvents[:], int(pollWait/time.Millisecond))
+	}
+	for _, q := range cqs {
+		q.ring.Disarm()
+	}
+	return ready()
+}
+
+// Poll's spin, and its longest sleep: a sleep ends with the next
+// completion, the bound only limits how long an application that waits
+// for something else (a deadline, a stall check) sleeps.
+const (
+	pollSpin = 2 * time.Microsecond
+	pollWait = time.Millisecond
+)
 
 // Handle is the CQ's handle on this connection.
 func (q *CQ) Handle() proto.Handle { return q.h }
@@ -433,11 +520,21 @@ func (q *CQ) Destroy() error {
 	if err := q.c.callHandle(proto.OpDestroyCQ, q.h); err != nil {
 		return err
 	}
-	q.c.objMu.Lock()
-	delete(q.c.cqs, q.h)
-	q.c.objMu.Unlock()
-	q.ring.Close()
-	return q.db.Close()
+	c := q.c
+	c.objMu.Lock()
+	delete(c.cqs, q.h)
+	c.objMu.Unlock()
+	c.cqMu.Lock()
+	c.pollCQs = slices.DeleteFunc(slices.Clone(c.pollCQs), func(x *CQ) bool { return x == q })
+	c.cqMu.Unlock()
+	c.pollMu.Lock() // no Poll uses the ring or the fd any more
+	var err error
+	if c.epfd >= 0 {
+		err = unix.EpollCtl(c.epfd, unix.EPOLL_CTL_DEL, q.db.FD(), nil)
+	}
+	err = errors.Join(err, q.ring.Close(), q.db.Close())
+	c.pollMu.Unlock()
+	return err
 }
 
 // QP is a queue pair whose send and receive queues are shared-memory rings.
@@ -660,11 +757,20 @@ func (q *QP) PostSend(ws []verbs.SendWR) (int, error) {
 		n++
 	}
 	if n > 0 {
-		if _, cerr := q.sqp.Commit(); cerr != nil && err == nil {
-			err = cerr
-		}
+		q.commit(q.sqp, &err)
 	}
 	return n, err
+}
+
+// commit publishes what a post reserved, counting a doorbell it rang.
+func (q *QP) commit(p *shmring.Producer, err *error) {
+	rang, cerr := p.Commit()
+	if rang {
+		q.c.Doorbells.Add(1)
+	}
+	if cerr != nil && *err == nil {
+		*err = cerr
+	}
 }
 
 // wrError is the WRError of WR i (wr_id id) of a post to queue qu of q.
@@ -727,9 +833,7 @@ func (q *QP) PostRecv(ws []verbs.RecvWR) (int, error) {
 		n++
 	}
 	if n > 0 {
-		if _, cerr := q.rqp.Commit(); cerr != nil && err == nil {
-			err = cerr
-		}
+		q.commit(q.rqp, &err)
 	}
 	return n, err
 }

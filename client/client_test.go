@@ -21,6 +21,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
+	"github.com/softrnic/softrnic/engine"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/testlink"
 	"github.com/softrnic/softrnic/rnic"
@@ -49,7 +50,13 @@ func startDaemon(t testing.TB, opt daemon.Options) *testDaemon {
 
 func startDaemonIn(t testing.TB, dir string, opt daemon.Options) *testDaemon {
 	t.Helper()
-	td := &testDaemon{dev: testlink.Loopback(t, 1024), path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
+	return startDaemonOn(t, testlink.Loopback(t, 1024), dir, opt)
+}
+
+// startDaemonOn serves dev, a device whose engine runs.
+func startDaemonOn(t testing.TB, dev *rnic.Device, dir string, opt daemon.Options) *testDaemon {
+	t.Helper()
+	td := &testDaemon{dev: dev, path: filepath.Join(dir, "ctl.sock"), gone: make(chan daemon.ClientInfo, 16)}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -511,9 +518,50 @@ func TestGarbageInSQRing(t *testing.T) {
 	if td.srv.BadWQEs.Load() == 0 {
 		t.Fatal("bad WQE not counted")
 	}
+	// As an RNIC does with a malformed WQE, the QP went to the error
+	// state: what is posted after is flushed.
+	if attr, err := a.qp.Query(); err != nil || attr.State != ib.Err {
+		t.Fatalf("QP after a malformed WQE: %v %v", attr.State, err)
+	}
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 43, Opcode: ib.Send, SG: []ib.SGE{a.mr.SGE(0, 8)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if wc := waitWC(t, a.cq); wc.ID != 43 || wc.Status != ib.WRFlushErr {
+		t.Fatalf("WR after the malformed one: %+v", wc)
+	}
 	// b is unaffected.
 	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{b.mr.SGE(0, 16)}}}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A client that scribbles garbage into its RQ ring after two receives
+// gets them flushed, then the garbage's error completion: an error of the
+// receive queue takes the QP to ERR, whatever its type.
+func TestGarbageInRQRing(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, ib.RemoteWrite)
+	if _, err := a.qp.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{a.mr.SGE(0, 16)}}, {ID: 2, SG: []ib.SGE{a.mr.SGE(16, 16)}}}); err != nil {
+		t.Fatal(err)
+	}
+	s := a.qp.rqp.Reserve()
+	clear(s)
+	s[0] = 42
+	s[8] = 200 // SGEs the slot cannot hold
+	if _, err := a.qp.rqp.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []ib.WC{{ID: 1, Status: ib.WRFlushErr}, {ID: 2, Status: ib.WRFlushErr}, {ID: 42, Status: ib.LocQPOpErr}} {
+		if wc := waitWC(t, a.cq); wc.ID != want.ID || wc.Status != want.Status || !wc.IsRecv {
+			t.Fatalf("got %+v, want wr_id %d %v", wc, want.ID, want.Status)
+		}
+	}
+	if td.srv.BadWQEs.Load() != 1 {
+		t.Fatalf("%d bad WQEs counted", td.srv.BadWQEs.Load())
+	}
+	if attr, err := a.qp.Query(); err != nil || attr.State != ib.Err {
+		t.Fatalf("QP after a malformed receive: %v %v", attr.State, err)
 	}
 }
 
@@ -527,21 +575,6 @@ func TestSecondDaemonRefused(t *testing.T) {
 	if err := srv2.Listen(td.path); err == nil || !strings.Contains(err.Error(), "another softrnic daemon") {
 		t.Fatalf("second Listen: %v", err)
 	}
-	dir := t.TempDir()
-	l1, err := daemon.Lock(dir, "veth7")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l1.Close()
-	if _, err := daemon.Lock(dir, "veth7"); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
-		t.Fatalf("second Lock: %v", err)
-	}
-	l1.Close()
-	l2, err := daemon.Lock(dir, "veth7")
-	if err != nil {
-		t.Fatalf("lock after release: %v", err)
-	}
-	l2.Close()
 	// The socket's mode is what was configured.
 	fi, err := os.Stat(td.path)
 	if err != nil || fi.Mode().Perm() != 0o660 {
@@ -676,7 +709,7 @@ func TestShutdownFlushes(t *testing.T) {
 }
 
 // Posting and polling through the daemon allocate nothing, on either side
-// (client, pump, ring, loopback device all run in this process).
+// (client, engine, rings, loopback device all run in this process).
 func TestPostPollZeroAllocs(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
@@ -688,7 +721,7 @@ func TestPostPollZeroAllocs(t *testing.T) {
 			t.Fatal(err)
 		}
 		for a.cq.Poll(wcs[:]) == 0 {
-			runtime.Gosched() // AllocsPerRun runs with GOMAXPROCS=1: let the pump run
+			runtime.Gosched() // AllocsPerRun runs with GOMAXPROCS=1: let the engine run
 		}
 	}
 	for i := 0; i < 100; i++ {
@@ -938,6 +971,100 @@ func TestAddressHandlesAreIsolated(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the daemon did not release the client")
+	}
+}
+
+// While traffic flows, posting and polling through the daemon are memory
+// operations on both sides: over a SEND ping-pong whose ends busy-poll
+// their CQs, the daemon's engine keeps fetching (its spin window is made
+// long here, so that a loaded host descheduling the test for a while does
+// not let it nap), no post rings it and no completion rings a client. A
+// client that sleeps in Poll instead is rung for its completions, which
+// shows the counters count: it goes to sleep before its peer replies,
+// since on one device the reply loops back within Poll's spin.
+func TestSteadyStateMakesNoSyscalls(t *testing.T) {
+	dev := testlink.LoopbackWith(t, 1024, engine.Options{SpinFor: time.Minute, SpinMax: -1})
+	td := startDaemonOn(t, dev, t.TempDir(), daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, 0)
+	recv := func(e *endpoint) {
+		if _, err := e.qp.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{e.mr.SGE(4096, 64)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send := func(e *endpoint) {
+		if _, err := e.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{e.mr.SGE(0, 64)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// wait spins until e's CQ held a receive completion (recv) or a send
+	// completion.
+	wait := func(e *endpoint, recv bool) {
+		var wcs [1]ib.WC
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			n := e.cq.Poll(wcs[:])
+			if n == 1 && wcs[0].Status != ib.Success {
+				t.Fatalf("completion %+v", wcs[0])
+			}
+			if n == 1 && wcs[0].IsRecv == recv {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no completion (receive: %v)", recv)
+			}
+			if n == 0 {
+				runtime.Gosched()
+			}
+		}
+	}
+	// asleep runs reply once a is asleep in Poll, its CQ empty.
+	asleep := func(reply func()) {
+		wait(a, false) // a's own SEND's completion: its CQ is empty after it
+		s := a.c.Sleeps.Load()
+		done := make(chan struct{})
+		go func() { defer close(done); a.c.Poll() }()
+		for deadline := time.Now().Add(10 * time.Second); a.c.Sleeps.Load() == s; runtime.Gosched() {
+			if time.Now().After(deadline) {
+				t.Error("Poll never slept on an empty CQ")
+				break
+			}
+		}
+		reply()
+		<-done
+	}
+	pingpong := func(n int, sleep bool) {
+		for range n {
+			recv(a)
+			recv(b)
+			send(a)
+			wait(b, true)
+			if sleep {
+				asleep(func() { send(b) })
+			} else {
+				send(b)
+			}
+			wait(a, true)
+		}
+	}
+	counts := func() (posts, wakes, cqs, sleeps uint64) {
+		return a.c.Doorbells.Load() + b.c.Doorbells.Load(), td.srv.Wakes.Load(), td.srv.CQDoorbells.Load(), a.c.Sleeps.Load()
+	}
+	pingpong(100, false) // warm up: the engine's spin window adapts
+	const n = 2000
+	p0, w0, c0, s0 := counts()
+	pingpong(n, false)
+	p1, w1, c1, s1 := counts()
+	t.Logf("%d round trips, both ends spinning: %d posts rang the engine (%d wake-ups), %d completions rang a client, %d polls slept",
+		n, p1-p0, w1-w0, c1-c0, s1-s0)
+	if p1-p0 != 0 || c1-c0 != 0 || s1-s0 != 0 {
+		t.Errorf("%d round trips (%d posts): %d doorbells to the engine, %d to the clients, %d sleeps", n, 4*n, p1-p0, c1-c0, s1-s0)
+	}
+	pingpong(n/10, true)
+	_, _, c2, s2 := counts()
+	t.Logf("%d round trips, one end asleep in Poll: %d completions rang it, %d polls slept", n/10, c2-c1, s2-s1)
+	if c2-c1 == 0 || s2-s1 == 0 {
+		t.Errorf("a client asleep in Poll was never rung (%d) or never slept (%d)", c2-c1, s2-s1)
 	}
 }
 

@@ -1,11 +1,13 @@
 package client
 
 import (
+	"runtime"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/shmring"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -131,6 +133,17 @@ func TestAsyncEventsThroughDaemon(t *testing.T) {
 		}
 	}
 	expectEvents(t, ed, verbs.AsyncEvent{Type: ib.EventCQErr, CQ: small}, verbs.AsyncEvent{Type: ib.EventQPFatal, QPN: d.qp.QPN()})
+	// The completions the full ring lost stay counted (cq_ring_dropped)
+	// once the CQ is gone.
+	if err := d.qp.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if err := small.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if n := td.srv.CQRingDropped.Load(); n == 0 {
+		t.Fatal("completions lost on the full CQ ring not counted")
+	}
 
 	// A garbled SRQ ring: the daemon retires the SRQ (SRQ_ERR).
 	srq := must(t)(c.pd.CreateSRQ(4, 1)).(*SRQ)
@@ -216,4 +229,90 @@ func TestLostEventsCounted(t *testing.T) {
 		t.Fatalf("received %d + lost %d + %d < %d: events lost uncounted", got, daemonLost, devLost, flaps)
 	}
 	t.Logf("received %d of %d; lost %d by the daemon (%d told), %d by the device", got, flaps, daemonLost, a.c.LostEvents(), devLost)
+}
+
+// A client CQ ring armed for solicited completions only (what
+// ibv_req_notify_cq with solicited_only does through the C library) is
+// rung by the device writing completions into it only for a receive of a
+// message with SE or a completion in error, once per arming; one armed
+// for any completion is rung by the next. a's send completion comes after
+// b's receive completion was written (the engine writes both, the ACK
+// after the receive), so CQDoorbells is settled when a's is polled.
+func TestSolicitedOnlyArming(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, 0)
+	rang := func() uint64 { return td.srv.CQDoorbells.Load() }
+	// spin polls cq without arming it (waitWC would arm it for any
+	// completion).
+	spin := func(cq *CQ) ib.WC {
+		t.Helper()
+		var wcs [1]ib.WC
+		for deadline := time.Now().Add(10 * time.Second); cq.Poll(wcs[:]) == 0; runtime.Gosched() {
+			if time.Now().After(deadline) {
+				t.Fatal("no completion")
+			}
+		}
+		return wcs[0]
+	}
+	exchange := func(flags ib.SendFlags) {
+		t.Helper()
+		if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 9, SG: []ib.SGE{b.mr.SGE(0, 64)}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled | flags, SG: []ib.SGE{a.mr.SGE(0, 64)}}}); err != nil {
+			t.Fatal(err)
+		}
+		if wc := spin(a.cq); wc.Status != ib.Success {
+			t.Fatalf("SEND: %+v", wc)
+		}
+		if wc := spin(b.cq); wc.Status != ib.Success || (wc.Flags&ib.WCSolicited != 0) != (flags&ib.Solicited != 0) {
+			t.Fatalf("receive of a SEND with flags %v: %+v", flags, wc)
+		}
+	}
+	drain := func() bool {
+		t.Helper()
+		got, err := b.cq.db.Drain()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	drain()
+	r0 := rang()
+	if !b.cq.cons.ArmFor(shmring.WakeSolicited) {
+		t.Fatal("armed a CQ ring that holds completions")
+	}
+	exchange(0)
+	if n := rang() - r0; n != 0 || drain() {
+		t.Fatalf("an unsolicited receive rang a CQ armed for solicited ones (%d)", n)
+	}
+	exchange(ib.Solicited)
+	if n := rang() - r0; n != 1 || !drain() {
+		t.Fatalf("a solicited receive rang the CQ %d times, want 1", n)
+	}
+	exchange(ib.Solicited)
+	if n := rang() - r0; n != 1 || drain() {
+		t.Fatalf("a second solicited receive rang the CQ again (%d): arming is for one wake-up", n)
+	}
+	b.cq.cons.ArmFor(shmring.WakeAny)
+	exchange(0)
+	if n := rang() - r0; n != 2 || !drain() {
+		t.Fatalf("a CQ armed for any completion: %d wake-ups, want 2", n)
+	}
+	// A completion in error is solicited: b's posted receive flushed.
+	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 10, SG: []ib.SGE{b.mr.SGE(0, 64)}}}); err != nil {
+		t.Fatal(err)
+	}
+	b.cq.cons.ArmFor(shmring.WakeSolicited)
+	attr := ib.QPAttr{State: ib.Err}
+	if err := b.qp.Modify(&attr, ib.AttrState); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.cq.db.Wait(10 * time.Second); !ok || err != nil {
+		t.Fatalf("a flushed receive did not ring a CQ armed for solicited completions: %v %v", ok, err)
+	}
+	if wc := spin(b.cq); wc.ID != 10 || wc.Status != ib.WRFlushErr {
+		t.Fatalf("flushed receive: %+v", wc)
+	}
 }

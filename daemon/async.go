@@ -146,8 +146,8 @@ func (s *Server) route(e verbs.AsyncEvent, deliver func(*session, proto.AsyncEve
 	}
 }
 
-// ownEvent hands an event the daemon raises (from the pump or a control
-// operation) to the router, never blocking.
+// ownEvent hands an event the daemon raises (from the engine fetching a
+// client's rings, or a control operation) to the router, never blocking.
 func (s *Server) ownEvent(ss *session, msg proto.AsyncEventMsg) {
 	select {
 	case s.evOwn <- ownEvent{ss, msg}:
@@ -179,10 +179,26 @@ func (s *Server) indexCQ(c *cqObj) {
 	s.evMu.Unlock()
 }
 
+// unindexCQ forgets a destroyed CQ, keeping the completions its ring
+// lost in CQRingDropped (cqRingDropped).
 func (s *Server) unindexCQ(c *cqObj) {
 	s.evMu.Lock()
 	delete(s.evCQs, c.cq)
+	s.CQRingDropped.Add(c.cq.Overflows())
 	s.evMu.Unlock()
+}
+
+// cqRingDropped counts the completions lost on full client CQ rings: the
+// overflows of the live CQs (each ring is its CQ's store, so a completion
+// that finds it full overruns the CQ) and of the destroyed ones.
+func (s *Server) cqRingDropped() uint64 {
+	s.evMu.Lock()
+	defer s.evMu.Unlock()
+	n := s.CQRingDropped.Load()
+	for cq := range s.evCQs {
+		n += cq.Overflows()
+	}
+	return n
 }
 
 func (s *Server) indexSRQ(x *srqObj) {

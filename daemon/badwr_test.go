@@ -168,7 +168,7 @@ func TestBadWRStopsTheQP(t *testing.T) {
 }
 
 // openRawDoorbell is openRaw keeping the doorbell OPEN returns, so that the
-// rings written raw wake the daemon's pump.
+// rings written raw wake the daemon's engine.
 func openRawDoorbell(t *testing.T, path string) (*rawClient, *shmring.Doorbell) {
 	t.Helper()
 	r, err := dialRaw(t, path)

@@ -13,7 +13,7 @@ import (
 )
 
 // Post-to-completion of a 64-byte SEND, and the SEND message rate, through
-// the daemon (client rings → pump → device) against the same device used
+// the daemon (client rings → engine → device) against the same device used
 // in-process: the same code on two verbs.Devices. Both run over the same
 // two devices and in-memory link (no kernel), so the difference is the
 // daemon's overhead. Client and daemon share this process here; the rings
@@ -52,13 +52,13 @@ func BenchmarkSend64(b *testing.B) {
 			if window > 1 {
 				name = mode + "/rate"
 			}
-			b.Run(name, func(b *testing.B) { benchSend(b, mode != "inprocess", window, 0) })
+			b.Run(name, func(b *testing.B) { benchSend(b, mode != "inprocess", window) })
 		}
 	}
 }
 
-func benchSend(b *testing.B, viaDaemon bool, window int, spin time.Duration) {
-	devA, devB, path := twoDevicesSpin(b, spin)
+func benchSend(b *testing.B, viaDaemon bool, window int) {
+	devA, devB, path := twoDevices(b)
 	p := newPeer(b, devB)
 	var dev verbs.Device = devA
 	if viaDaemon {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,15 @@ func (c *CountingPort) Recv(frames [][]byte, timeout time.Duration) (int, error)
 	return n, err
 }
 
+// Wake implements port.Waker: the wrapped port is woken (every port the
+// daemon opens can be).
+func (c *CountingPort) Wake() error {
+	if w, ok := c.Port.(port.Waker); ok {
+		return w.Wake()
+	}
+	return errors.ErrUnsupported
+}
+
 // Submit implements port.Port.
 func (c *CountingPort) Submit(frames [][]byte) (int, error) {
 	n, err := c.Port.Submit(frames)
@@ -117,8 +127,8 @@ func (c *CountingPort) refresh() {
 }
 
 // FreshWait bounds how long XDPStats waits for the loop to publish fresh
-// statistics: an idle loop sleeps in the port for about a millisecond at a
-// time, a stopped one never answers.
+// statistics: an idle loop asleep in the port is woken for them, a stopped
+// one never answers.
 const FreshWait = 50 * time.Millisecond
 
 // Bytes returns the bytes received and sent so far (any goroutine).
@@ -133,6 +143,7 @@ func (c *CountingPort) XDPStats() (afxdp.Stats, bool) {
 	}
 	g := c.gen.Load()
 	c.want.Store(true)
+	_ = c.Wake() // fails only without a waker, and then the next Recv comes by itself
 	for waited := time.Duration(0); c.gen.Load() == g && waited < FreshWait; waited += time.Millisecond {
 		time.Sleep(time.Millisecond)
 	}
@@ -227,7 +238,7 @@ func (s *Server) counters() [proto.NumDaemonCounters]uint64 {
 	d[proto.DCtrShedConnections] = s.ShedConns.Load()
 	d[proto.DCtrLimitRefusals] = s.acct.total.Load()
 	d[proto.DCtrBadWQEs] = s.BadWQEs.Load()
-	d[proto.DCtrCQRingDropped] = s.CQRingDropped.Load()
+	d[proto.DCtrCQRingDropped] = s.cqRingDropped()
 	d[proto.DCtrControlledQKeyRefused] = s.QKeyRefused.Load()
 	d[proto.DCtrCQOverruns] = s.dev.CQOverruns()
 	return d

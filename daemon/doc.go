@@ -13,12 +13,12 @@
 //     transmitting on the queue of its UDP source port. One goroutine per
 //     device, not per queue: the device's step functions never run
 //     concurrently.
-//   - Server (server.go, session.go): the control socket and the ring pump,
-//     serving one rnic.Device. A session holds the device's own objects
-//     (*rnic.PD, *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.SRQ, *rnic.AH),
-//     asserted once when created, so the pump's data path makes no
-//     interface calls. SRQs (srq.go) are rings the pump drains as it
-//     drains RQs.
+//   - Server (server.go, session.go): the control socket, serving one
+//     rnic.Device. A session holds the device's own objects (*rnic.PD,
+//     *rnic.MR, *rnic.CQ, *rnic.QP, *rnic.SRQ, *rnic.AH), asserted once
+//     when created, so the data path makes no interface calls.
+//   - The data path (rings.go): the clients' rings as the device's work
+//     queues (SQs, RQs and SRQs, srq.go) and CQ stores.
 //   - Asynchronous events (async.go): one goroutine takes the device's
 //     events (a subscription of its own, beside the rdma_cm agent's),
 //     hands each to the session owning the QP, CQ or SRQ it names (port
@@ -62,8 +62,9 @@
 //
 // Every connection, every uid (its connections together) and the host
 // are limited in connections, file descriptors, mappings, QPs, CQs, MRs,
-// mapped client memory and queue memory (rings and the device's arrays:
-// WRs × slot and SGEs, entries × completion), set in [limits] as
+// mapped client memory and queue memory (rings, which are the CQs'
+// stores, the device's send and receive arrays and the daemon's WR decode
+// buffers: WRs × slot and SGEs), set in [limits] as
 // RESOURCE-per-SCOPE; PDs, SRQs, AHs, address spaces and rdma_cm
 // objects together per connection. The defaults are sized when the daemon starts from its
 // RLIMIT_NOFILE (raised to the hard limit: the unit's LimitNOFILE),
@@ -130,21 +131,38 @@
 // its /proc/self/mem and /proc/self/maps once (ATTACH_MEM), the device
 // copies through the first in batches (rnic.AddrSpace), and each
 // registration is checked against the second (procmem.go; the stock
-// applications of the C library). SQ, RQ and CQ are shmring rings in memfds
-// the daemon creates and seals. The pump (one goroutine) takes WRs from
-// every SQ and RQ, checks them, posts them to the device (a WR that does
-// not decode or fails the device's checks, which ibv_post_send would have
-// refused, is a bad WQE: it completes in error after the WRs before it and
-// stops the QP, SQE for a UC or UD send queue and ERR otherwise; counted
-// in bad_wqes), and moves the device's
-// completions into the clients' CQ rings, only as many as fit. A UD WR
-// names one of the session's address handles (CREATE_AH resolved the next
-// hop on the control path), never a raw destination. It spins
-// while there is work and then sleeps on an eventfd that clients ring only
-// when it sleeps; a client sleeping on its CQ is rung the same way (one
-// that armed it for solicited completions only, for a receive with SE or a
+// applications of the C library). SQ, RQ and CQ are shmring rings in
+// memfds the daemon creates and seals, and they are the device's own
+// queues, as a hardware RNIC's are in host memory: the engine goroutine
+// that drives the device fetches from every SQ, RQ and SRQ at each step (a
+// post is a memory write the engine finds while it runs; rnic.Queues), and
+// a message that finds its RQ empty takes what waits in the RQ ring at
+// once (rnic.QP.SetRecvRefill). Each WR is checked before it reaches the
+// device: one that does not decode or fails the device's checks, which
+// ibv_post_send or ibv_post_recv would have refused, is a bad WQE, posted
+// in error in its place (rnic.QP.PostSendInError, PostRecvInError). A
+// send completes in error after the WRs before it and stops the QP, SQE
+// for a UC or UD send queue and ERR for RC; a receive completes in error
+// after the receives before it were flushed, the QP in ERR whatever its
+// type (IBA 10.3.1); the WRs after either are flushed, and both are
+// counted in bad_wqes. A malformed SRQ entry retires the SRQ. The device
+// writes each completion into the client's CQ ring where it produces it
+// (rnic.CQSink), and the CQ overruns when the client lets its ring fill
+// (cq_ring_dropped counts the completions lost). A UD WR names one of the
+// session's address handles (CREATE_AH resolved the next hop on the
+// control path), never a raw destination.
+//
+// Who waits how: the engine spins while traffic flows (its adaptive
+// window), then arms every ring's wakeup flag and sleeps in its port until
+// a frame, a timer or a wake-up; a post that finds its ring armed writes
+// the client's eventfd, which the waker goroutine turns into Device.Wake.
+// A client polls its CQ rings; one with nothing else to do sleeps in
+// client.Client.Poll, or on a completion channel, which arms its CQ rings,
+// and the device writes the CQ's eventfd with the next completion (one
+// armed for solicited completions only: with the next receive with SE or a
 // completion in error). Posting and polling are therefore memory
-// operations in the common case.
+// operations while both sides run, and a side pays a syscall only to wake
+// the other.
 //
 // # Lifetimes
 //
@@ -156,8 +174,9 @@
 // in place by anonymous memory at once and unmapped only when the session
 // has no QP and no SRQ left, so work or a responder
 // that resolved the MR an instant before can neither reach the client's
-// pages nor fault the daemon. Server.Close (SIGTERM) stops the pump, moves
-// every QP to error, drains rings and CQs so clients poll flush
-// completions, tells every rdma_cm ID DEVICE_REMOVAL, then closes every
-// session.
+// pages nor fault the daemon. A destroyed CQ lets go of its ring before
+// the ring is unmapped (rnic.CQ.Destroy). Server.Close (SIGTERM) moves
+// every QP to error, lets the engine drain the rings so that clients poll
+// flush completions, detaches the rings from the device, tells every
+// rdma_cm ID DEVICE_REMOVAL, then closes every session.
 package daemon

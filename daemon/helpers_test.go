@@ -56,13 +56,8 @@ func serve(t testing.TB, dev *rnic.Device, opt daemon.Options) (*daemon.Server, 
 // twoDevices makes devices A and B joined by a link, and a daemon serving
 // A.
 func twoDevices(t testing.TB) (devA, devB *rnic.Device, path string) {
-	return twoDevicesSpin(t, 0)
-}
-
-// twoDevicesSpin is twoDevices with the daemon pump's SpinFor.
-func twoDevicesSpin(t testing.TB, spin time.Duration) (devA, devB *rnic.Device, path string) {
 	devA, devB = testlink.Pair(t, 1024)
-	_, path = serve(t, devA, daemon.Options{SpinFor: spin})
+	_, path = serve(t, devA, daemon.Options{})
 	return devA, devB, path
 }
 

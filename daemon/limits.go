@@ -411,21 +411,23 @@ const (
 	addrSpaceFDs = 2
 )
 
-// cqQueueBytes is the memory of a CQ of depth entries with a ring of
-// slots: the ring, and the device's completion array.
-func cqQueueBytes(slots, depth uint32) int64 {
-	return int64(slots)*proto.CQESize + int64(depth)*wcBytes
+// cqQueueBytes is the memory of a CQ with a ring of slots: the ring,
+// which is the device CQ's store (cqSink).
+func cqQueueBytes(slots uint32) int64 {
+	return int64(slots) * proto.CQESize
 }
 
 // qpQueueBytes is the memory of a QP with caps c (as normCaps granted):
-// its SQ and RQ rings, and the device's send and receive queues (a WQE
-// with its SGEs, the inline buffer, a completion per send WR).
+// its SQ and RQ rings, the device's send and receive queues (a WQE with
+// its SGEs, the inline buffer, a completion per send WR), and the WR
+// decode buffers the engine fetches the rings into (rings.go).
 func qpQueueBytes(c ib.QPCaps) int64 {
 	sw, rw := int64(c.MaxSendWR), int64(c.MaxRecvWR)
 	rings := sw*int64(proto.SendSlotSize(c)) + rw*int64(proto.RecvSlotSize(c))
 	dev := sw*(sendWQEBytes+int64(c.MaxSendSGE)*segBytes+int64(c.MaxInline)+wcBytes) +
 		rw*(recvWQEBytes+int64(c.MaxRecvSGE)*segBytes)
-	return rings + dev
+	fetch := fetchBatch * (sendWRBytes + recvWRBytes + int64(c.MaxSendSGE+c.MaxRecvSGE)*sgeBytes)
+	return rings + dev + fetch
 }
 
 // bigRelease is queue memory whose release is worth handing back to the

@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,12 +18,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
-	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/internal/shmring"
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/verbs"
 )
 
 // Options tune a Server.
@@ -43,10 +40,6 @@ type Options struct {
 	// OPEN: a peer that connects and never speaks holds a file descriptor
 	// of the daemon, so it is closed (default 1 s).
 	OpenTimeout time.Duration
-	// SpinFor is how long the ring pump keeps polling after its last work
-	// before it sleeps on its doorbell (default 50 µs, as the engine):
-	// longer lowers latency under light load and costs CPU.
-	SpinFor time.Duration
 	// Tap, if set, is the engine's capture tap, which root clients may
 	// start captures on (OpCapture).
 	Tap *capture.Tap
@@ -80,10 +73,9 @@ type ClientInfo struct {
 }
 
 // Server is the daemon's control server: it accepts client connections on
-// a Unix socket, checks who they are, serves control operations against
-// its device, and runs the ring pump that moves work requests from clients' SQ
-// and RQ rings to the device and completions from the device to clients' CQ
-// rings.
+// a Unix socket, checks who they are and serves control operations
+// against its device, whose engine fetches work from the clients' SQ and
+// RQ rings and writes completions into their CQ rings (rings.go).
 type Server struct {
 	dev   *rnic.Device
 	info  proto.DeviceInfo
@@ -96,30 +88,34 @@ type Server struct {
 	ln   *net.UnixListener
 	path string
 
-	// The pump sleeps in epoll_wait on its own doorbell (device
-	// completions, shutdown) and on one doorbell per client (posts), all
-	// edge-triggered so that nothing needs draining. A client owns only its
-	// doorbell: it cannot steal or flood the others' wakeups.
-	epfd   int
-	db     *shmring.Doorbell
-	events [64]unix.EpollEvent
+	// The clients' doorbells (one eventfd per client, rung by a post that
+	// finds its ring armed: the engine sleeps) are in one epoll set,
+	// edge-triggered so that nothing needs draining, which the waker
+	// goroutine waits on and turns into Device.Wake. A client owns only
+	// its doorbell: it cannot steal or flood the others' wake-ups. db
+	// stops the waker.
+	epfd     int
+	db       *shmring.Doorbell
+	events   [64]unix.EpollEvent
+	wakerEnd chan struct{}
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
 	nextID   uint64
 	closing  bool
 
-	// ringsMu guards the pump's lists; the pump holds it for reading during
-	// one pass, control operations for writing while they add or remove a
-	// queue (so that a ring is never unmapped under the pump).
-	ringsMu  sync.RWMutex
-	qpList   []*qpObj
-	cqList   []*cqObj
-	srqList  []*srqObj
-	sleeping atomic.Bool
-	stop     atomic.Bool
-	pumpDone chan struct{}
-	wg       sync.WaitGroup
+	// ringsMu guards the engine's view of the rings: the engine holds it
+	// for reading during a Fetch, Arm or Disarm; control operations hold
+	// it for writing while they add or remove a QP or an SRQ, so that a
+	// ring is never unmapped under the engine. detached: the server has
+	// let go of the device (Close).
+	ringsMu     sync.RWMutex
+	qpList      []*qpObj
+	srqList     []*srqObj
+	detached    bool
+	rings       queues
+	idleFetches atomic.Uint64 // Fetch calls that found nothing (Close's drain)
+	wg          sync.WaitGroup
 
 	acct    *accounts // usage against the limits
 	logMu   sync.Mutex
@@ -137,11 +133,18 @@ type Server struct {
 	// QKeyRefused counts controlled Q_Keys (high bit set) refused to
 	// clients without CAP_NET_RAW.
 	QKeyRefused atomic.Uint64
-	// CQRingDropped counts completions dropped on a full client CQ ring.
+	// CQRingDropped counts completions dropped on the full CQ rings of
+	// destroyed CQs (cqRingDropped adds the live ones').
 	CQRingDropped atomic.Uint64
 	// AsyncEventsLost counts events dropped: a client's queue (or the
 	// router's) was full.
 	AsyncEventsLost atomic.Uint64
+	// Wakes counts the engine wake-ups clients rang: posts that found the
+	// engine asleep.
+	Wakes atomic.Uint64
+	// CQDoorbells counts the completions that rang a client's CQ
+	// doorbell: completions for a client asleep on its CQs.
+	CQDoorbells atomic.Uint64
 
 	// The event router (async.go): the index from device objects to the
 	// clients' (evMu), the daemon's own events, and its goroutine.
@@ -154,9 +157,8 @@ type Server struct {
 	evDone chan struct{}
 }
 
-// NewServer makes a server for dev and starts its ring pump. The server
-// drives dev from its pump (Poll) while it spins; an engine goroutine runs
-// it otherwise.
+// NewServer makes a server for dev, whose engine must be running, and
+// attaches the clients' rings to dev (rnic.Device.SetQueues) until Close.
 func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
@@ -168,9 +170,6 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 	if opt.OpenTimeout == 0 {
 		opt.OpenTimeout = time.Second
 	}
-	if opt.SpinFor == 0 {
-		opt.SpinFor = 50 * time.Microsecond
-	}
 	db, err := shmring.NewDoorbell()
 	if err != nil {
 		return nil, err
@@ -181,8 +180,9 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 		return nil, fmt.Errorf("epoll: %w", err)
 	}
 	s := &Server{dev: dev, info: deviceInfo(dev), cm: opt.CM, opt: opt, log: opt.Logger, db: db, epfd: epfd,
-		sessions: map[*session]struct{}{}, pumpDone: make(chan struct{}), acct: newAccounts(opt.Limits), reserve: -1,
+		sessions: map[*session]struct{}{}, wakerEnd: make(chan struct{}), acct: newAccounts(opt.Limits), reserve: -1,
 		logged: map[string]time.Time{}}
+	s.rings.s = s
 	if err := s.watch(db); err != nil {
 		db.Close()
 		unix.Close(epfd)
@@ -202,7 +202,8 @@ func NewServer(dev *rnic.Device, opt Options) (*Server, error) {
 		}
 	}
 	s.startEvents()
-	go s.pump()
+	dev.SetQueues(&s.rings)
+	go s.waker()
 	return s, nil
 }
 
@@ -221,7 +222,7 @@ func deviceInfo(dev *rnic.Device) proto.DeviceInfo {
 	return in
 }
 
-// watch adds a doorbell to the pump's epoll set (edge-triggered).
+// watch adds a doorbell to the waker's epoll set (edge-triggered).
 func (s *Server) watch(db *shmring.Doorbell) error {
 	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLET, Fd: int32(db.FD())}
 	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_ADD, db.FD(), &ev); err != nil {
@@ -230,22 +231,38 @@ func (s *Server) watch(db *shmring.Doorbell) error {
 	return nil
 }
 
-// unwatch removes a doorbell from the pump's epoll set.
+// unwatch removes a doorbell from the waker's epoll set.
 func (s *Server) unwatch(db *shmring.Doorbell) {
 	if err := unix.EpollCtl(s.epfd, unix.EPOLL_CTL_DEL, db.FD(), nil); err != nil {
 		s.log.Warn("epoll: removing a doorbell", "err", err)
 	}
 }
 
-// sleep blocks until some doorbell rings or timeout passes. Edge-triggered
-// eventfds need no draining: every write is a new edge.
-func (s *Server) sleep(timeout time.Duration) {
+// waker turns clients' doorbells into engine wake-ups. It blocks in
+// epoll_wait, and a client rings only when it finds its ring armed, which
+// only an engine going to sleep does: while traffic flows it never runs.
+func (s *Server) waker() {
+	defer close(s.wakerEnd)
 	for {
-		_, err := unix.EpollWait(s.epfd, s.events[:], int(timeout/time.Millisecond))
-		if err != unix.EINTR {
+		n, err := unix.EpollWait(s.epfd, s.events[:], -1)
+		if s.isClosing() {
 			return
 		}
+		if err != nil && err != unix.EINTR {
+			s.log.Error("waiting on client doorbells", "err", err)
+			return
+		}
+		if n > 0 {
+			s.Wakes.Add(1)
+			s.dev.Wake()
+		}
 	}
+}
+
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
 
 // Listen creates the control socket at path, with the configured mode and
@@ -328,12 +345,6 @@ func (s *Server) Serve() error {
 		pause = min(max(2*pause, 5*time.Millisecond), time.Second)
 		time.Sleep(pause)
 	}
-}
-
-func (s *Server) isClosing() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.closing
 }
 
 func errnoOfAccept(err error) unix.Errno {
@@ -463,38 +474,6 @@ func refuseFD(fd int, no unix.Errno, msg string) {
 	}
 }
 
-// Lock takes the per-interface lock file dir/IFACE.lock, so that a second
-// daemon on the same interface is refused with a message naming the first.
-// The lock is released when the returned file is closed or the process dies.
-func Lock(dir, iface string) (*os.File, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	name := filepath.Join(dir, iface+".lock")
-	f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, err
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		b := make([]byte, 32)
-		n, _ := f.ReadAt(b, 0)
-		_ = f.Close() // read only, and the lock is what to report
-		pid := strings.TrimSpace(string(b[:n]))
-		return nil, fmt.Errorf("a softrnic daemon (pid %s) already runs on %s (lock %s)", pid, iface, name)
-	}
-	// The pid is for the message above, in the daemon that finds the
-	// lock taken.
-	err = f.Truncate(0)
-	if err == nil {
-		_, err = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
-	}
-	if err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("lock %s: %w", name, err)
-	}
-	return f, nil
-}
-
 // Clients lists the connected clients.
 func (s *Server) Clients() []ClientInfo {
 	s.mu.Lock()
@@ -510,10 +489,11 @@ func (s *Server) Clients() []ClientInfo {
 }
 
 // Close shuts the server down the way SIGTERM asks: stop accepting clients,
-// move every QP to the error state, then pass over every ring until nothing
-// moves (bounded by drain), so that work still in the clients' rings and
-// work outstanding in the device all completes with flush errors the
-// clients can poll; then close every connection and release everything.
+// move every QP to the error state, then let the engine fetch from the
+// rings until nothing moves (bounded by drain), so that work still in the
+// clients' rings and work outstanding in the device all completes with
+// flush errors the clients can poll; then detach from the device, close
+// every connection and release everything.
 func (s *Server) Close(drain time.Duration) error {
 	s.mu.Lock()
 	if s.closing {
@@ -529,23 +509,23 @@ func (s *Server) Close(drain time.Duration) error {
 	if s.ln != nil {
 		s.ln.Close()
 	}
-	// The pump stops first: from here on this goroutine is the rings' only
-	// consumer and the CQ rings' only producer.
-	s.stop.Store(true)
-	_ = s.db.Ring() // the pump's own eventfd: it fails only once closed, below
-	<-s.pumpDone
+	_ = s.db.Ring() // its own eventfd, closed only below; the waker stops: from here on Close wakes the engine itself
+	<-s.wakerEnd
 	for _, ss := range sessions {
 		ss.errorAllQPs()
 	}
+	// Two fetches that found nothing after the QPs went to error: every
+	// ring is empty and its WRs flushed (a stopped engine never gets
+	// there; drain bounds the wait).
 	deadline := time.Now().Add(drain)
-	for idle := 0; idle < 2 && time.Now().Before(deadline); {
-		if s.pollOnce() == 0 {
-			idle++
-			time.Sleep(time.Millisecond) // completions of in-flight device work
-		} else {
-			idle = 0
-		}
+	for start := s.idleFetches.Load(); s.idleFetches.Load()-start < 2 && time.Now().Before(deadline); {
+		s.dev.Wake()
+		time.Sleep(time.Millisecond)
 	}
+	s.ringsMu.Lock()
+	s.detached = true
+	s.ringsMu.Unlock()
+	s.dev.SetQueues(nil)
 	if s.ucm != nil {
 		s.ucm.shutdown(drain) // DEVICE_REMOVAL on every event channel
 	}
@@ -565,331 +545,6 @@ func (s *Server) Close(drain time.Duration) error {
 	}
 	unix.Close(s.epfd)
 	return s.db.Close()
-}
-
-// wake is the device's completion notification: one atomic load unless the
-// pump sleeps.
-func (s *Server) wake() {
-	if s.sleeping.Load() {
-		_ = s.db.Ring() // the pump's own eventfd: it fails only once closed, with the pump gone
-	}
-}
-
-// pump moves work from clients' SQ/RQ rings to the device and completions
-// from the device to clients' CQ rings. It keeps polling for SpinFor after
-// its last work, then arms every ring's wakeup flag and sleeps on the
-// doorbell, so an idle daemon costs no CPU and a busy one no syscalls.
-func (s *Server) pump() {
-	defer close(s.pumpDone)
-	last := time.Now()
-	for !s.stop.Load() {
-		if s.pollOnce() > 0 {
-			last = time.Now()
-			continue
-		}
-		if time.Since(last) < s.opt.SpinFor {
-			// While it spins, the pump is the clients' busy-polling
-			// application: it drives the device's step itself (as
-			// ibv_poll_cq does on rxe or mlx5, and as an in-process tool
-			// does through rnic.Device.Poll), so that a client's post
-			// and the frames that answer it need not wait for the engine
-			// goroutine to wake from a nap (README, "Design
-			// decisions", has the figures).
-			if s.dev.Poll() {
-				last = time.Now()
-				continue
-			}
-			runtime.Gosched()
-			continue
-		}
-		s.sleeping.Store(true)
-		if s.armAll() && s.pollOnce() == 0 {
-			// The timeout bounds how long completions can wait behind a
-			// full CQ ring that its client has since drained (the client
-			// does not ring the daemon when it consumes).
-			s.sleep(50 * time.Millisecond)
-		}
-		s.sleeping.Store(false)
-		s.disarmAll()
-		last = time.Now()
-	}
-}
-
-func (s *Server) armAll() bool {
-	s.ringsMu.RLock()
-	defer s.ringsMu.RUnlock()
-	empty := true
-	for _, q := range s.qpList {
-		if q.broken {
-			continue
-		}
-		if !q.sqc.Arm() || !q.rqc.Arm() {
-			empty = false
-		}
-	}
-	for _, x := range s.srqList {
-		if !x.broken && !x.cons.Arm() {
-			empty = false
-		}
-	}
-	return empty
-}
-
-func (s *Server) disarmAll() {
-	s.ringsMu.RLock()
-	defer s.ringsMu.RUnlock()
-	for _, q := range s.qpList {
-		q.sqc.Disarm()
-		q.rqc.Disarm()
-	}
-	for _, x := range s.srqList {
-		x.cons.Disarm()
-	}
-}
-
-// pumpBatch bounds the entries taken from one ring per pass, for fairness
-// between QPs and clients.
-const pumpBatch = 64
-
-// pollOnce is one pass over every ring. It first notes how many send WRs
-// each SQ holds, then drains every RQ, then executes the noted send WRs: a
-// receive a client posted before a peer's SEND was posted is therefore
-// always with the device before that SEND executes.
-func (s *Server) pollOnce() int {
-	work := 0
-	s.ringsMu.RLock()
-	for _, q := range s.qpList {
-		if !q.broken {
-			q.sqReady = min(q.sqc.Len(), pumpBatch)
-		}
-	}
-	for _, q := range s.qpList {
-		if !q.broken {
-			work += s.drainRQ(q)
-		}
-	}
-	for _, x := range s.srqList {
-		if !x.broken {
-			work += s.drainSRQ(x)
-		}
-	}
-	for _, q := range s.qpList {
-		if !q.broken {
-			work += s.drainSQ(q)
-		}
-	}
-	for _, c := range s.cqList {
-		c.mu.Lock()
-		work += s.moveCQ(c)
-		c.mu.Unlock()
-	}
-	s.ringsMu.RUnlock()
-	return work
-}
-
-func (s *Server) drainRQ(q *qpObj) int {
-	q.rqMu.Lock()
-	defer q.rqMu.Unlock()
-	n := 0
-	for ; n < pumpBatch; n++ {
-		slot := q.rqc.Peek()
-		if slot == nil {
-			break
-		}
-		w := &q.rwr[0]
-		if err := proto.GetRecvWR(slot, w); err != nil {
-			s.badWQE(q, q.recv, w.ID, true, err)
-			continue
-		}
-		if _, err := q.qp.PostRecv(q.rwr[:]); errors.Is(err, verbs.ErrQueueFull) {
-			q.rqc.Unpeek()
-			break
-		} else if errors.Is(err, verbs.ErrQPState) || errors.Is(err, verbs.ErrDestroyed) {
-			s.failWR(q, q.recv, w.ID, true, err)
-		} else if err != nil {
-			// A receive WR failing the device's checks is a receive
-			// queue error: ERR whatever the QP's type (IBA 10.3.1),
-			// counted as a bad WQE.
-			s.badWQE(q, q.recv, w.ID, true, err)
-		}
-	}
-	q.rqc.Release()
-	s.checkRings(q)
-	return n
-}
-
-// refillRQ is the QP's receive refill (rnic.QP.SetRecvRefill): when a
-// message finds the device's RQ empty, the engine moves the receives the
-// client has already posted to its ring, so that a UC or UD message sent
-// right after the client posted its receive (and told its peer so) is not
-// dropped, nor an RC one answered with an RNR NAK, for want of the pump
-// having run. It never waits: if the pump is draining this ring, the
-// receives are on their way; an entry the device does not take as it is
-// is left to the pump, which fails it properly.
-func (q *qpObj) refillRQ(post func(*verbs.RecvWR) bool) {
-	if !q.rqMu.TryLock() {
-		return
-	}
-	defer q.rqMu.Unlock()
-	for q.rqc.Err() == nil {
-		slot := q.rqc.Peek()
-		if slot == nil {
-			break
-		}
-		w := &q.rwr[0]
-		if proto.GetRecvWR(slot, w) != nil || !post(w) {
-			q.rqc.Unpeek()
-			break
-		}
-	}
-	q.rqc.Release()
-}
-
-func (s *Server) drainSQ(q *qpObj) int {
-	n := 0
-	for ; n < q.sqReady; n++ {
-		slot := q.sqc.Peek()
-		if slot == nil {
-			break
-		}
-		w := &q.swr[0]
-		ah, err := proto.GetSendWR(slot, w, q.typ == ib.UD)
-		if err != nil {
-			if !s.sendInError(q, w.ID, w.Opcode, err) {
-				break
-			}
-			continue
-		}
-		if q.typ == ib.UD {
-			// An unknown handle leaves w.AH nil: the device completes the
-			// WR in error, as for a destroyed AH.
-			if a := q.owner.lookupAH(ah); a != nil {
-				w.AH = a
-			}
-		}
-		if _, err := q.qp.PostSend(q.swr[:]); errors.Is(err, verbs.ErrQueueFull) {
-			q.sqc.Unpeek()
-			break
-		} else if err != nil && !s.sendInError(q, w.ID, w.Opcode, err) {
-			break
-		}
-	}
-	q.sqc.Release()
-	s.checkRings(q)
-	return n
-}
-
-// checkRings retires a QP whose client scribbled over its ring indexes.
-func (s *Server) checkRings(q *qpObj) {
-	if q.broken || (q.sqc.Err() == nil && q.rqc.Err() == nil) {
-		return
-	}
-	s.BadWQEs.Add(1)
-	q.broken = true
-	attr := ib.QPAttr{State: ib.Err}
-	err := q.qp.Modify(&attr, ib.AttrState)
-	s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
-	s.log.Warn("client corrupted a work queue ring; QP moved to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", err)
-}
-
-// sendInError completes a send WR the device refused as an RNIC completes
-// a bad WQE: in order, after the WRs before it, and then the QP stops (ERR
-// for RC, SQE for UC and UD), where ibv_post_send would have refused it
-// before it reached a queue. A QP not yet able to send gets the error
-// completion straight away. It is false when the SQ is full: the entry
-// stays in the ring for the next pass.
-func (s *Server) sendInError(q *qpObj, id uint64, op ib.WROpcode, err error) bool {
-	st := ib.LocQPOpErr
-	var se interface{ Status() ib.WCStatus }
-	if errors.As(err, &se) {
-		st = se.Status()
-	}
-	switch perr := q.qp.PostSendInError(id, op, st); {
-	case errors.Is(perr, verbs.ErrQueueFull):
-		q.sqc.Unpeek()
-		return false
-	case perr != nil:
-		s.failWR(q, q.send, id, false, err)
-	}
-	s.BadWQEs.Add(1)
-	return true
-}
-
-// badWQE handles an entry that does not decode: like a malformed WQE on a
-// hardware RNIC, it completes in error and the QP goes to the error state.
-func (s *Server) badWQE(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
-	s.BadWQEs.Add(1)
-	attr := ib.QPAttr{State: ib.Err}
-	if q.qp.State() != ib.Err {
-		s.ownEvent(q.owner, proto.AsyncEventMsg{Type: ib.EventQPFatal, Handle: q.h, QPN: q.qp.QPN()})
-	}
-	if merr := q.qp.Modify(&attr, ib.AttrState); merr != nil {
-		s.log.Warn("bad WQE: moving QP to error", "client", q.owner.id, "qpn", q.qp.QPN(), "err", merr)
-	}
-	s.failWR(q, cq, id, recv, err)
-}
-
-// failWR writes an error completion for a WR the device did not accept
-// straight into the client's CQ ring (the pump is that ring's only
-// producer, so this keeps it single-producer).
-func (s *Server) failWR(q *qpObj, cq *cqObj, id uint64, recv bool, err error) {
-	st := ib.LocQPOpErr
-	var se interface{ Status() ib.WCStatus }
-	if errors.As(err, &se) {
-		st = se.Status()
-	}
-	wc := ib.WC{ID: id, Status: st, QPN: q.qp.QPN(), IsRecv: recv}
-	if recv {
-		wc.Opcode = ib.WCRecv
-	}
-	cq.mu.Lock()
-	if slot := cq.prod.Reserve(); slot != nil {
-		proto.PutWC(slot, &wc)
-		s.commit(cq, true) // in error: solicited, per IBA
-	} else {
-		cq.overruns++
-		s.CQRingDropped.Add(1)
-		if cq.overruns == 1 {
-			s.ownEvent(cq.owner, proto.AsyncEventMsg{Type: ib.EventCQErr, Handle: cq.h})
-		}
-	}
-	cq.mu.Unlock()
-}
-
-// moveCQ copies what fits of the device CQ into the client's CQ ring.
-// Caller holds c.mu.
-func (s *Server) moveCQ(c *cqObj) int {
-	free := c.prod.Free()
-	if free == 0 {
-		return 0
-	}
-	if free > len(c.wcs) {
-		free = len(c.wcs)
-	}
-	n := c.cq.Poll(c.wcs[:free])
-	solicited := false
-	for i := 0; i < n; i++ {
-		w := &c.wcs[i]
-		proto.PutWC(c.prod.Reserve(), w)
-		// What wakes a CQ armed for solicited completions only: a
-		// message with SE, and any completion in error (IBA 11.4.2.2).
-		solicited = solicited || w.Flags&ib.WCSolicited != 0 || w.Status != ib.Success
-	}
-	if n > 0 {
-		s.commit(c, solicited)
-	}
-	return n
-}
-
-// commit publishes the completions written into c's ring (c.mu held),
-// waking a consumer armed for solicited completions only if solicited. A
-// ring the client corrupted, or whose doorbell failed, is logged once; the
-// client is the only one it harms.
-func (s *Server) commit(c *cqObj, solicited bool) {
-	if _, err := c.prod.CommitSolicited(solicited); err != nil && !c.ringErr {
-		c.ringErr = true
-		s.log.Warn("client CQ ring", "err", err)
-	}
 }
 
 // allowed decides whether a peer may use the RNIC: root, the daemon's own

@@ -39,9 +39,9 @@ type session struct {
 	cqs    map[proto.Handle]*cqObj
 	qps    map[proto.Handle]*qpObj
 	srqs   map[proto.Handle]*srqObj
-	// ahs are written under both mu and ahMu, and read by the pump under
-	// ahMu alone: a control operation holding mu (an mmap, a device call)
-	// never stalls the pump.
+	// ahs are written under both mu and ahMu, and read by the engine
+	// under ahMu alone: a control operation holding mu (an mmap, a device
+	// call) never stalls the engine.
 	ahMu   sync.Mutex
 	ahs    map[proto.Handle]*ahObj
 	spaces map[proto.Handle]*addrSpaceObj // the client's address spaces (procmem.go)
@@ -63,7 +63,7 @@ type session struct {
 	// only the mapping (serve's goroutine only).
 	sent       []*shmring.Ring
 	capture    *capture.Session
-	db         *shmring.Doorbell // this client's doorbell to the pump (rung on posts)
+	db         *shmring.Doorbell // this client's doorbell to the engine (rung by posts it sleeps through)
 	events     eventSink         // the event socket (async.go)
 	afterReply []int             // fds to close once the reply carrying them is sent
 
@@ -75,7 +75,7 @@ type session struct {
 }
 
 // The session's objects hold the device's own types (asserted once, when
-// created), so that the pump's data path makes no interface calls.
+// created), so that the data path makes no interface calls.
 type pdObj struct {
 	pd   *rnic.PD
 	refs int // MRs, QPs and AHs in it
@@ -100,18 +100,11 @@ type cqObj struct {
 	owner *session
 	h     proto.Handle
 	cq    *rnic.CQ
-	stop  chan struct{} // ends the goroutine that wakes the pump
-	done  chan struct{}
 	ring  *shmring.Ring
 	db    *shmring.Doorbell // the client's: rung when it sleeps on the CQ
-	refs  int               // QPs using it
-
-	mu       sync.Mutex // serialises the ring's producer (pump, failWR, Close)
-	prod     *shmring.Producer
-	wcs      []ib.WC
-	overruns uint64
-	held     []charge // against the limits
-	ringErr  bool     // the ring failed (corrupted by the client, doorbell gone): logged once
+	sink  cqSink
+	refs  int      // QPs using it
+	held  []charge // against the limits
 }
 
 type qpObj struct {
@@ -123,15 +116,20 @@ type qpObj struct {
 	pd         *pdObj
 	send, recv *cqObj
 	sq, rq     *shmring.Ring
-	sqc, rqc   *shmring.Consumer
-	swr        [1]verbs.SendWR // decode buffers, reused: no allocation per WR
-	rwr        [1]verbs.RecvWR
-	// rqMu serialises the RQ ring's consumer (rqc, rwr): the pump drains
-	// it, and the engine refills the device's RQ from it (refillRQ).
-	rqMu    sync.Mutex
-	broken  bool     // ring corrupted by the client; pump skips it (pump-owned)
-	sqReady int      // send WRs noted at the start of this pump pass
-	held    []charge // against the limits
+	// The rest is the engine's (rings.go): the rings' consumer sides, WR
+	// decode buffers (reused: no allocation per WR), a ring corrupted by
+	// the client, the send WRs noted at the start of a Fetch, and rings
+	// whose WRs the device had no room for.
+	sqc, rqc             *shmring.Consumer
+	swr                  [fetchBatch]verbs.SendWR
+	rwr                  [fetchBatch]verbs.RecvWR
+	broken               bool
+	sqReady              int
+	sqBlocked, rqBlocked bool
+	// rqMu serialises the RQ ring's consumer (rqc, rwr) between Fetch
+	// and the device's refill (refillRQ).
+	rqMu sync.Mutex
+	held []charge // against the limits
 }
 
 // errno is an error with the errno the client receives.
@@ -464,7 +462,7 @@ func (ss *session) deallocPD(body []byte) (any, []int, error) {
 
 // createAH makes an address handle in one of the session's PDs; the
 // device resolves the next hop (which may block on ARP: a control
-// operation, never the pump).
+// operation, never the engine).
 func (ss *session) createAH(body []byte) (any, []int, error) {
 	var req proto.CreateAHReq
 	if err := proto.DecodeBody(body, &req); err != nil {
@@ -518,7 +516,7 @@ func (ss *session) destroyAH(body []byte) (any, []int, error) {
 	return nil, nil, a.ah.Destroy()
 }
 
-// lookupAH is the pump's view of the session's AHs: a UD WR names one
+// lookupAH is the engine's view of the session's AHs: a UD WR names one
 // by handle, and only the session's own resolve.
 func (ss *session) lookupAH(h proto.Handle) *rnic.AH {
 	ss.ahMu.Lock()
@@ -629,7 +627,7 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		return nil, nil, errf(unix.EINVAL, "CQ depth %d not in 1..%d", req.Depth, info.MaxCQE)
 	}
 	slots := pow2(req.Depth)
-	held := []charge{{CQs, 1}, {FDs, cqFDs}, {Mappings, cqMappings}, {QueueBytes, cqQueueBytes(slots, req.Depth)}}
+	held := []charge{{CQs, 1}, {FDs, cqFDs}, {Mappings, cqMappings}, {QueueBytes, cqQueueBytes(slots)}}
 	if err := ss.take(held...); err != nil {
 		return nil, nil, err
 	}
@@ -648,15 +646,15 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		ring.Close()
 		return nil, nil, err
 	}
-	vcq, err := ss.s.dev.CreateCQ(int(req.Depth))
+	c := &cqObj{owner: ss, ring: ring, db: db, held: held,
+		sink: cqSink{prod: ring.Producer(db), rang: &ss.s.CQDoorbells}}
+	cq, err := ss.s.dev.CreateCQSink(int(req.Depth), &c.sink)
 	if err != nil {
 		ring.Close()
 		db.Close()
 		return nil, nil, err
 	}
-	cq := vcq.(*rnic.CQ)
-	c := &cqObj{owner: ss, cq: cq, ring: ring, db: db, prod: ring.Producer(db), wcs: make([]ib.WC, 64), held: held}
-	c.watch(ss.s.wake)
+	c.cq = cq
 	ss.mu.Lock()
 	h, err := ss.newHandle(false)
 	if err == nil {
@@ -671,37 +669,9 @@ func (ss *session) createCQ(body []byte) (any, []int, error) {
 		return nil, nil, err
 	}
 	ss.s.indexCQ(c)
-	ss.s.ringsMu.Lock()
-	ss.s.cqList = append(ss.s.cqList, c)
-	ss.s.ringsMu.Unlock()
 	made = true
 	ss.sent = append(ss.sent, ring)
 	return &proto.CreateCQResp{CQ: h, Slots: slots}, []int{ring.FD(), db.FD()}, nil
-}
-
-// watch starts the goroutine that turns the device CQ's notifications
-// into wake calls (cheap, non-blocking), so that a sleeping pump moves the
-// completions to the client's ring. It blocks on the CQ's channel: an idle
-// CQ costs nothing.
-func (c *cqObj) watch(wake func()) {
-	c.stop, c.done = make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(c.done)
-		for {
-			select {
-			case <-c.cq.Notify():
-				wake()
-			case <-c.stop:
-				return
-			}
-		}
-	}()
-}
-
-// unwatch ends the watch goroutine: no wake for this CQ after it returns.
-func (c *cqObj) unwatch() {
-	close(c.stop)
-	<-c.done
 }
 
 func (ss *session) destroyCQ(body []byte) (any, []int, error) {
@@ -723,19 +693,11 @@ func (ss *session) destroyCQ(body []byte) (any, []int, error) {
 	return nil, nil, ss.releaseCQ(c)
 }
 
+// releaseCQ destroys the device CQ, which detaches the ring from it, and
+// only then unmaps the ring.
 func (ss *session) releaseCQ(c *cqObj) error {
-	s := ss.s
-	s.unindexCQ(c)
-	s.ringsMu.Lock()
-	for i, x := range s.cqList {
-		if x == c {
-			s.cqList = slices.Delete(s.cqList, i, i+1) // clears the tail: the CQ is not kept alive
-			break
-		}
-	}
-	s.ringsMu.Unlock()
-	c.unwatch()
 	err := c.cq.Destroy()
+	ss.s.unindexCQ(c)
 	c.ring.Close()
 	c.db.Close()
 	ss.give(c.held...)
@@ -819,8 +781,11 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	qp := vqp.(*rnic.QP)
 	q := &qpObj{owner: ss, qp: qp, typ: req.Type, pd: p, send: scq, recv: rcq, sq: sq, rq: rq,
 		sqc: sq.Consumer(), rqc: rq.Consumer(), held: held, srq: x}
-	q.swr[0].SG = make([]ib.SGE, 0, c.MaxSendSGE)
-	q.rwr[0].SG = make([]ib.SGE, 0, c.MaxRecvSGE)
+	sg := make([]ib.SGE, fetchBatch*int(c.MaxSendSGE+c.MaxRecvSGE))
+	for i := range fetchBatch {
+		q.swr[i].SG, sg = sg[:0:c.MaxSendSGE], sg[c.MaxSendSGE:]
+		q.rwr[i].SG, sg = sg[:0:c.MaxRecvSGE], sg[c.MaxRecvSGE:]
+	}
 	qp.SetRecvRefill(q.refillRQ)
 	ss.mu.Lock()
 	h, err := ss.newHandle(false)
@@ -848,6 +813,9 @@ func (ss *session) createQP(body []byte) (any, []int, error) {
 	ss.s.ringsMu.Unlock()
 	made = true
 	ss.sent = append(ss.sent, sq, rq)
+	// An engine asleep armed the rings it had, not these: woken, it arms
+	// them too before it sleeps again, so that the first post rings it.
+	ss.s.dev.Wake()
 	return &proto.CreateQPResp{QP: h, QPN: qp.QPN(), SQSlots: sqSlots, RQSlots: rqSlots, Caps: c}, []int{sq.FD(), rq.FD()}, nil
 }
 

@@ -1,8 +1,6 @@
 package daemon
 
 import (
-	"errors"
-
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon/proto"
@@ -13,18 +11,22 @@ import (
 )
 
 // srqObj is a client's shared receive queue: the device's SRQ and the ring
-// the client posts its receives into, which the pump drains into the SRQ
-// as it drains QPs' RQ rings (proto/srq.go).
+// the client posts its receives into, which the engine fetches into the
+// SRQ as it fetches QPs' RQ rings (rings.go, proto/srq.go).
 type srqObj struct {
-	owner  *session
-	h      proto.Handle
-	srq    *rnic.SRQ
-	pd     *pdObj
-	ring   *shmring.Ring
-	cons   *shmring.Consumer
-	wr     [1]verbs.RecvWR // decode buffer, reused
-	broken bool            // ring corrupted by the client; pump skips it (pump-owned)
-	refs   int             // QPs using it (guarded by the session's mu)
+	owner *session
+	h     proto.Handle
+	srq   *rnic.SRQ
+	pd    *pdObj
+	ring  *shmring.Ring
+	refs  int // QPs using it (guarded by the session's mu)
+	// The rest is the engine's: the ring's consumer side, WR decode
+	// buffers (reused), a ring corrupted by the client, and a ring whose
+	// WRs the device's SRQ had no room for.
+	cons    *shmring.Consumer
+	wr      [fetchBatch]verbs.RecvWR
+	broken  bool
+	blocked bool
 }
 
 func (ss *session) createSRQ(body []byte) (any, []int, error) {
@@ -54,9 +56,12 @@ func (ss *session) createSRQ(body []byte) (any, []int, error) {
 	}
 	x := &srqObj{owner: ss, srq: vsrq.(*rnic.SRQ), pd: p, ring: ring, cons: ring.Consumer()}
 	// The limit counts what waits in the ring too: a receive the client
-	// posted is the SRQ's, whether the pump has moved it yet or not.
+	// posted is the SRQ's, whether the engine has fetched it yet or not.
 	x.srq.SetBacklog(ring.Pending)
-	x.wr[0].SG = make([]ib.SGE, 0, req.MaxSGE)
+	sg := make([]ib.SGE, fetchBatch*int(req.MaxSGE))
+	for i := range fetchBatch {
+		x.wr[i].SG, sg = sg[:0:req.MaxSGE], sg[req.MaxSGE:]
+	}
 	ss.mu.Lock()
 	x.h, err = ss.newHandle(true)
 	if err == nil {
@@ -76,6 +81,7 @@ func (ss *session) createSRQ(body []byte) (any, []int, error) {
 	ss.s.ringsMu.Lock()
 	ss.s.srqList = append(ss.s.srqList, x)
 	ss.s.ringsMu.Unlock()
+	ss.s.dev.Wake() // the engine arms the new ring (see createQP)
 	return &proto.CreateSRQResp{SRQ: x.h, Slots: slots, MaxWR: slots, MaxSGE: req.MaxSGE}, []int{ring.FD()}, nil
 }
 
@@ -138,8 +144,8 @@ func (ss *session) destroySRQ(body []byte) (any, []int, error) {
 	return nil, nil, ss.releaseSRQ(x)
 }
 
-// releaseSRQ destroys an SRQ no QP uses any more: out of the pump's list
-// first, so that its ring is never unmapped under the pump.
+// releaseSRQ destroys an SRQ no QP uses any more: out of the engine's
+// list first, so that its ring is never unmapped under the engine.
 func (ss *session) releaseSRQ(x *srqObj) error {
 	s := ss.s
 	s.unindexSRQ(x)
@@ -161,41 +167,10 @@ func (ss *session) releaseSRQ(x *srqObj) error {
 	return err
 }
 
-// drainSRQ moves what the client posted to an SRQ's ring into the
-// device's SRQ, as drainRQ does for a QP's RQ. A slot that does not
-// decode, or indexes the client scribbled over, retire the SRQ: no QP
-// takes receives from it any more (SRQ_ERR).
-func (s *Server) drainSRQ(x *srqObj) int {
-	n := 0
-	for ; n < pumpBatch; n++ {
-		slot := x.cons.Peek()
-		if slot == nil {
-			break
-		}
-		w := &x.wr[0]
-		if err := proto.GetRecvWR(slot, w); err != nil {
-			s.BadWQEs.Add(1)
-			s.srqBroken(x, err)
-			break
-		}
-		if _, err := x.srq.PostRecv(x.wr[:]); errors.Is(err, verbs.ErrQueueFull) {
-			x.cons.Unpeek()
-			break
-		} else if err != nil {
-			s.srqBroken(x, err)
-			break
-		}
-	}
-	x.cons.Release()
-	if !x.broken && x.cons.Err() != nil {
-		s.BadWQEs.Add(1)
-		s.srqBroken(x, x.cons.Err())
-	}
-	return n
-}
-
-// srqBroken retires an SRQ whose ring cannot be trusted (pump goroutine).
+// srqBroken retires an SRQ whose ring cannot be trusted (engine
+// goroutine): no QP takes receives from its ring any more (SRQ_ERR).
 func (s *Server) srqBroken(x *srqObj, err error) {
+	s.BadWQEs.Add(1)
 	x.broken = true
 	s.log.Warn("client corrupted an SRQ ring; SRQ retired", "client", x.owner.id, "srq", x.h, "err", err)
 	s.ownEvent(x.owner, proto.AsyncEventMsg{Type: ib.EventSRQErr, Handle: x.h})

@@ -18,5 +18,8 @@
 // which cuts a nap short. An application that busy-polls may also run the
 // loop's step itself (rnic.Device.Poll, which Run wires to TryStep) while
 // the engine goroutine naps: a step lock, taken once per batch, decides
-// which goroutine runs it.
+// which goroutine runs it. A device may have work queues outside it (the
+// daemon's client rings, rnic.Queues): every step fetches from them, and
+// the loop arms them before it sleeps, in its port (port.Waker), where a
+// frame, a timer deadline or a wake-up ends the sleep.
 package engine

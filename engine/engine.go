@@ -132,6 +132,10 @@ type Loop struct {
 	napsYielded                 atomic.Uint64
 	spinWindow                  atomic.Int64 // Run's adaptive spin window, for Counters
 
+	// wake wakes the port from a deep sleep (port.Waker), nil if it
+	// cannot be woken.
+	wake func()
+
 	// stepMu is held by whichever goroutine runs the device's step
 	// functions under Run: the engine goroutine (always, except while it
 	// naps) or an application in TryStep. running says Run is still
@@ -150,7 +154,11 @@ func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 	if need := minFrame(dev.Config().PortMTU); mf < need {
 		return nil, fmt.Errorf("engine: port frames of %d bytes cannot hold a %d-byte MTU packet (%d bytes)", mf, dev.Config().PortMTU, need)
 	}
-	return &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}, nil
+	l := &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}
+	if w, ok := p.(port.Waker); ok {
+		l.wake = func() { _ = w.Wake() } // fails only once the port is closed
+	}
+	return l, nil
 }
 
 // minFrame is the room rnic.Device.Transmit needs in a buffer to build a
@@ -223,6 +231,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	}
 	l.polledAt = now
 	l.dev.Expire(now)
+	fetched := l.dev.FetchQueues(now)
 	built := 0
 	got := l.lastRecv
 	starved := false // the device has frames to send and the port no buffer
@@ -258,7 +267,7 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	}
 	l.stuck = l.pend > 0 && sent == 0 || starved
 	l.dev.PublishStats()
-	return got > 0 || built > 0 || sent > 0, err
+	return got > 0 || fetched || built > 0 || sent > 0, err
 }
 
 // maxDrainBatches bounds the batches one Step receives before it runs the
@@ -341,6 +350,12 @@ func Run(ctx context.Context, dev *rnic.Device, p port.Port, opt Options) error 
 // While an application polls the device (rnic.Device.Poll within the
 // last PolledWait) the naps last PolledWait and the loop never sleeps in
 // the port, where it would hold the step lock and shut the poller out.
+// With outside queues attached (rnic.Queues: the daemon's client rings,
+// which no application polls through the device) and a port that can be
+// woken, the loop sleeps in the port as soon as its spin window ends: a
+// frame wakes it there at once, where a nap ends up to a Go timer's
+// millisecond later.
+//
 // Run holds the step lock except while it naps; before it returns, it
 // removes its poller and waits for a running TryStep to finish.
 func (l *Loop) Run(ctx context.Context) error {
@@ -354,7 +369,11 @@ func (l *Loop) Run(ctx context.Context) error {
 	l.stepMu.Lock()
 	l.running.Store(true)
 	l.dev.SetPoller(l.tryStep)
+	if l.wake != nil {
+		l.dev.SetWaker(l.wake)
+	}
 	defer func() {
+		l.dev.SetWaker(nil)
 		l.dev.SetPoller(nil)
 		l.running.Store(false)
 		l.stepMu.Unlock()
@@ -380,13 +399,9 @@ func (l *Loop) Run(ctx context.Context) error {
 			if dl := l.dev.NextDeadline(); dl != clock.Never {
 				nap = max(0, min(nap, dl.Sub(t)))
 			}
-			if !polled && t.Sub(lastWork) > l.opt.DeepIdleAfter {
-				select {
-				case <-bell:
-				default:
-					wait = nap * 20 // the port's own sleep
-				}
-			} else if nap > 0 {
+			if !polled && (t.Sub(lastWork) > l.opt.DeepIdleAfter || l.wake != nil && l.dev.HasQueues()) {
+				wait = l.deepSleep(t, nap, bell)
+			} else if nap > 0 && l.dev.ArmQueues() {
 				l.naps.Add(1)
 				l.stepMu.Unlock()
 				l.nap(timer, nap, bell, done)
@@ -402,10 +417,17 @@ func (l *Loop) Run(ctx context.Context) error {
 					l.napsYielded.Add(1)
 					l.nap(timer, max(nap, l.opt.PolledWait), bell, done)
 				}
+				l.dev.DisarmQueues()
 				t = now()
+			} else {
+				l.dev.DisarmQueues()
 			}
 		}
 		worked, err := l.Step(t, wait)
+		if wait > 0 {
+			l.dev.SetAsleep(false)
+			l.dev.DisarmQueues()
+		}
 		if err != nil {
 			if errors.Is(err, port.ErrClosed) && ctx.Err() != nil {
 				return nil
@@ -431,6 +453,47 @@ func (l *Loop) Run(ctx context.Context) error {
 	}
 	return nil
 }
+
+// deepSleep prepares Run's sleep in the port after DeepIdleAfter without
+// work and returns how long the port may wait (0: no sleep, work came).
+// A port that can be woken (port.Waker) sleeps until the next timer
+// deadline, at most maxDeepSleep, and posts, Device.Wake and work in the
+// device's Queues wake it: an idle engine costs nothing. Any other port
+// sleeps nap*20 at a time, and a post waits for the end of that sleep.
+// The device learns that the engine sleeps and the queues are armed
+// before the doorbell is looked at: work that comes after the look finds
+// them and wakes the port. Run says it is awake again and disarms them
+// after the sleep.
+func (l *Loop) deepSleep(t clock.Time, nap time.Duration, bell <-chan struct{}) time.Duration {
+	wait := nap * 20
+	if l.wake != nil {
+		if !l.stuck { // a port that takes no frames does not wake the loop when it does
+			wait = maxDeepSleep
+			if dl := l.dev.NextDeadline(); dl != clock.Never {
+				wait = min(wait, dl.Sub(t))
+			}
+		}
+		l.dev.SetAsleep(true)
+	}
+	if !l.dev.ArmQueues() {
+		wait = 0
+	}
+	select {
+	case <-bell:
+		wait = 0
+	default:
+	}
+	if wait <= 0 {
+		l.dev.SetAsleep(false)
+		l.dev.DisarmQueues()
+		return 0
+	}
+	return wait
+}
+
+// maxDeepSleep bounds a sleep in a port that can be woken: nothing should
+// need it, it only limits what a lost wake-up could cost.
+const maxDeepSleep = time.Second
 
 // spinPolicy is Run's adaptive spin window (Options.SpinMax): how long to
 // keep polling the port after work before napping. Spinning pays when the

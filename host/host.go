@@ -73,6 +73,9 @@ type Config struct {
 	CountersFile string
 	// Log, if set, reports what Open chose (an AF_XDP fallback).
 	Log *slog.Logger
+	// Owner is who opens the host: Open claims the interface for it, and
+	// refuses if another host holds it (owner.go).
+	Owner Owner
 }
 
 // Host is an RNIC on an interface of this machine, running: the rnic
@@ -95,6 +98,7 @@ type Host struct {
 	CM *rdmacm.Agent
 
 	res     *route.Resolver
+	claim   *claim
 	ctrFile string
 	stop    context.CancelFunc
 	done    chan struct{}
@@ -120,6 +124,9 @@ func Open(cfg Config) (_ *Host, err error) {
 		in.GIDs = append([]netip.Addr(nil), cfg.GIDs...)
 	}
 	h := &Host{Iface: in, done: make(chan struct{}), ctrFile: cfg.CountersFile}
+	if h.claim, err = claimInterface(in.Name, cfg.Owner); err != nil {
+		return nil, err
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, h.release())
@@ -261,6 +268,10 @@ func (h *Host) release() error {
 	}
 	if h.res != nil {
 		h.res.Close()
+	}
+	// Last: the interface is free for the next owner.
+	if cerr := h.claim.release(); cerr != nil && err == nil {
+		err = fmt.Errorf("releasing the interface: %w", cerr)
 	}
 	return err
 }

@@ -28,6 +28,8 @@ type CQ struct {
 	mu       sync.Mutex
 	ring     []ib.WC
 	head, n  int
+	sink     CQSink // instead of ring (CreateCQSink)
+	dead     bool   // a destroyed sink CQ: completions are dropped
 	overflow uint64
 	notify   chan struct{}
 	// overrun is set once, under mu, and read without it by the QPs
@@ -45,9 +47,39 @@ func (d *Device) CreateCQ(depth int) (verbs.CQ, error) {
 	return &CQ{dev: d, ring: make([]ib.WC, depth), notify: make(chan struct{}, 1)}, nil
 }
 
+// CQSink is where a CQ made by CreateCQSink delivers its completions
+// instead of keeping them: the daemon's client CQ ring in shared memory,
+// which the client polls itself, as an application polls the CQ a
+// hardware RNIC writes. The CQ calls it under its lock.
+type CQSink interface {
+	// Put stores one completion, unpublished; false when the sink is
+	// full (the CQ is then overrun, see CQ).
+	Put(wc *ib.WC) bool
+	// Publish makes what Put stored visible to the sink's reader (and
+	// wakes the reader if it sleeps).
+	Publish()
+}
+
+// CreateCQSink creates a CQ of depth entries whose completions go to s
+// (CQSink): its Poll, Wait and PollWait find nothing, its reader polls s.
+// It overflows when s is full, with the consequences of any overrun.
+func (d *Device) CreateCQSink(depth int, s CQSink) (*CQ, error) {
+	if depth < 1 || depth > MaxCQE || s == nil {
+		return nil, fmt.Errorf("rnic: CQ of %d entries (1 to %d) with a sink: %w", depth, MaxCQE, verbs.ErrInvalid)
+	}
+	return &CQ{dev: d, sink: s, notify: make(chan struct{}, 1)}, nil
+}
+
 // Destroy destroys the CQ; the QPs using it must be destroyed first
-// (ibv_destroy_cq). Its memory goes with its last reference.
-func (c *CQ) Destroy() error { return nil }
+// (ibv_destroy_cq). Its memory goes with its last reference. A sink
+// (CreateCQSink) is detached: once Destroy returns, no completion reaches
+// it, and its owner may release it.
+func (c *CQ) Destroy() error {
+	c.mu.Lock()
+	c.dead = c.sink != nil
+	c.mu.Unlock()
+	return nil
+}
 
 // Poll moves up to len(out) completions into out, oldest first, and
 // returns how many. After an overrun it still returns the completions
@@ -129,11 +161,16 @@ func (c *CQ) Overflows() uint64 {
 func (c *CQ) push(wcs []ib.WC, recv bool) {
 	added, overran := false, false
 	c.mu.Lock()
+	if c.dead {
+		c.mu.Unlock()
+		return
+	}
+	sink := c.sink
 	for i := range wcs {
 		if wcs[i].IsRecv != recv {
 			continue
 		}
-		if c.n == len(c.ring) || c.overrun.Load() {
+		if c.overrun.Load() || (sink == nil && c.n == len(c.ring)) || (sink != nil && !sink.Put(&wcs[i])) {
 			c.overflow++
 			if !c.overrun.Load() {
 				c.overrun.Store(true)
@@ -141,15 +178,20 @@ func (c *CQ) push(wcs []ib.WC, recv bool) {
 			}
 			continue
 		}
-		c.ring[(c.head+c.n)%len(c.ring)] = wcs[i]
-		c.n++
 		added = true
+		if sink == nil {
+			c.ring[(c.head+c.n)%len(c.ring)] = wcs[i]
+			c.n++
+		}
+	}
+	if added && sink != nil {
+		sink.Publish()
 	}
 	c.mu.Unlock()
 	if overran && c.dev != nil {
 		c.dev.cqOverrun(c)
 	}
-	if added || overran {
+	if (added || overran) && sink == nil {
 		select {
 		case c.notify <- struct{}{}:
 		default:

@@ -83,6 +83,12 @@ type Device struct {
 	polledAt     atomic.Int64 // clock.Time
 	ringsSkipped atomic.Uint64
 
+	// Queues outside the device (queues.go), and how to wake an engine
+	// asleep in its port.
+	queues atomic.Pointer[Queues]
+	waker  atomic.Pointer[func()]
+	asleep atomic.Bool
+
 	// QPs with work for the engine, handed over by application goroutines
 	// (a QP is queued at most once: QP.queued / QP.timed).
 	handMu     sync.Mutex

@@ -19,6 +19,7 @@
 //	net.go       the only code that knows Ethernet, IP and UDP (frame's templates)
 //	sched.go     the ready and timer lists: Transmit, Expire, NextDeadline
 //	poll.go      busy polling: an application running the step itself
+//	queues.go    work queues outside the device (the daemon's client rings)
 //	cc.go        congestion control: the device's profile, per-QP config
 //	events.go    asynchronous events
 //	counters.go  device and per-QP counters

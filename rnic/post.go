@@ -58,10 +58,16 @@ func (q *QP) postSend(wrs []verbs.SendWR) (int, error) {
 // PostSendInError posts, in place of a send WR that failed PostSend's
 // checks, a WQE that completes with st in order, after the WRs before it,
 // and then stops the send queue: ERR for RC, SQE for UC and UD (IBA
-// 10.3.1), as an RNIC treats a bad WQE it finds in its queue. The daemon
-// posts these for WRs of its clients' rings, which no library checked.
-// The opcode only names the completion's.
+// 10.3.1), so that the WRs posted after it are flushed, as an RNIC treats
+// a bad WQE it finds in its queue. The daemon posts these for WRs of its
+// clients' rings, which no library checked. The opcode only names the
+// completion's. A QP in SQE or ERR flushes the WR; one whose state takes
+// no sends (RESET, INIT, RTR), where ibv_post_send would have refused the
+// WR, completes it with st at once and stays as it is.
 func (q *QP) PostSendInError(id uint64, op ib.WROpcode, st ib.WCStatus) error {
+	if !op.Valid() {
+		op = ib.Send
+	}
 	n, err := func() (int, error) {
 		q.mu.Lock()
 		defer q.release()
@@ -69,15 +75,13 @@ func (q *QP) PostSendInError(id uint64, op ib.WROpcode, st ib.WCStatus) error {
 		case q.destroyed.Load():
 			return 0, verbs.ErrDestroyed
 		case q.state != ib.RTS && q.state != ib.SQD && q.state != ib.SQE && q.state != ib.Err:
-			return 0, verbs.ErrQPState
+			q.pushWC(ib.WC{ID: id, Status: st, Opcode: op.WCOpcode(), QPN: q.qpn})
+			return 0, nil
 		case q.tr.SendQueueFree() == 0:
 			return 0, verbs.ErrQueueFull
 		case q.state == ib.Err || q.state == ib.SQE:
 			q.pushWC(ib.WC{ID: id, Status: ib.WRFlushErr, Opcode: op.WCOpcode(), QPN: q.qpn})
 			return 0, nil
-		}
-		if !op.Valid() {
-			op = ib.Send
 		}
 		q.postWQE = ib.SendWQE{ID: id, Opcode: op, Flags: ib.Signaled, Err: st, SG: q.postSG[:0]}
 		q.tr.Post(&q.postWQE)
@@ -246,4 +250,33 @@ func (d *Device) resolveRecv(pd *PD, r *verbs.RecvWR, w *ib.RecvWQE, sg []ib.Seg
 		w.Length += s.Length
 	}
 	w.SG = sg
+}
+
+// PostRecvInError is PostSendInError for a receive WR that failed
+// PostRecv's checks: an error of the receive queue takes the QP to ERR
+// whatever its type (IBA 10.3.1), with QP_FATAL, so the receives posted
+// before it are flushed, it completes with st after them, and the WRs
+// posted after it are flushed. A QP in ERR flushes it; one in RESET, where
+// ibv_post_recv would have refused it, completes it with st at once and
+// stays there.
+func (q *QP) PostRecvInError(id uint64, st ib.WCStatus) error {
+	wc := ib.WC{ID: id, Status: st, Opcode: ib.WCRecv, IsRecv: true, QPN: q.qpn}
+	q.mu.Lock()
+	switch {
+	case q.destroyed.Load():
+		q.mu.Unlock()
+		return verbs.ErrDestroyed
+	case q.state == ib.Err:
+		wc.Status = ib.WRFlushErr
+	case q.state != ib.Reset:
+		q.toErrLocked()
+		q.dev.event(ib.EventQPFatal, q.qpn)
+		// The receive the transport holds is flushed as its lock is
+		// released: before this one.
+		q.release()
+		q.mu.Lock()
+	}
+	q.pushWC(wc)
+	q.release()
+	return nil
 }

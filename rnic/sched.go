@@ -217,8 +217,5 @@ func (d *Device) ring() {
 		d.ringsSkipped.Add(1)
 		return
 	}
-	select {
-	case d.doorbell <- struct{}{}:
-	default:
-	}
+	d.Wake()
 }

@@ -659,6 +659,66 @@ func TestUDSendErrorSQE(t *testing.T) {
 	}
 }
 
+// TestPostInError: a WR posted in error (one its owner found malformed)
+// is met as an RNIC meets a bad WQE. A send completes in error after the
+// sends before it and stops the send queue (SQE for UD), flushing the
+// sends after it; a receive takes the QP to ERR with QP_FATAL, after the
+// receives before it were flushed. A QP whose state takes no sends
+// completes the send in error at once and stays as it is.
+func TestPostInError(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 16, 1024)
+	ud := func() (*QP, *CQ) {
+		cq := tb.a.dev.newCQ(64)
+		q, _ := tb.a.pd.newQP(testQP{Type: ib.UD, SendCQ: cq, RecvCQ: cq})
+		must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{QKey: 1}))
+		return q, cq
+	}
+	ah, _ := tb.a.pd.newAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
+	mr, _ := tb.a.pd.RegBytes(make([]byte, 2048), 0, ib.LocalWrite)
+	send := func(id uint64) []verbs.SendWR {
+		return []verbs.SendWR{{ID: id, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 8, LKey: mr.LKey()}}, AH: ah, RemoteQPN: 9}}
+	}
+	recv := func(id uint64) []verbs.RecvWR {
+		return []verbs.RecvWR{{ID: id, SG: []ib.SGE{{Addr: mr.IOVA(), Length: 64, LKey: mr.LKey()}}}}
+	}
+	out := [][]byte{make([]byte, 9000), make([]byte, 9000), make([]byte, 9000)}
+
+	q, cq := ud() // INIT: no sends yet
+	must(t, q.PostSendInError(1, ib.Send, ib.LocQPOpErr))
+	if w := pollAll(cq); len(w) != 1 || w[0].ID != 1 || w[0].Status != ib.LocQPOpErr || q.State() != ib.Init {
+		t.Fatalf("in INIT: %v %+v", q.State(), w)
+	}
+
+	must(t, ibtest.Modify(q, ib.RTR, nil))
+	must(t, ibtest.Modify(q, ib.RTS, nil))
+	_, err := q.PostSend(send(2))
+	must(t, err)
+	must(t, q.PostSendInError(3, 200, ib.LocQPOpErr))
+	_, err = q.PostSend(send(4))
+	must(t, err)
+	tb.a.dev.Transmit(0, out)
+	w := pollAll(cq)
+	if len(w) != 3 || w[0].ID != 2 || w[0].Status != ib.Success || w[1].ID != 3 || w[1].Status != ib.LocQPOpErr ||
+		w[2].ID != 4 || w[2].Status != ib.WRFlushErr || q.State() != ib.SQE {
+		t.Fatalf("sends: %v %+v", q.State(), w)
+	}
+
+	q2, cq2 := ud()
+	drainEvents(tb.a.dev.Events())
+	_, err = q2.PostRecv(append(recv(5), recv(6)...))
+	must(t, err)
+	must(t, q2.PostRecvInError(7, ib.LocQPOpErr))
+	must(t, q2.PostRecvInError(8, ib.LocQPOpErr))
+	w = pollAll(cq2)
+	if len(w) != 4 || w[0].ID != 5 || w[0].Status != ib.WRFlushErr || w[1].ID != 6 || w[1].Status != ib.WRFlushErr ||
+		w[2].ID != 7 || w[2].Status != ib.LocQPOpErr || !w[2].IsRecv || w[3].ID != 8 || w[3].Status != ib.WRFlushErr || q2.State() != ib.Err {
+		t.Fatalf("receives: %v %+v", q2.State(), w)
+	}
+	if evs := drainEvents(tb.a.dev.Events()); !hasEvent(evs, verbs.AsyncEvent{Type: ib.EventQPFatal, QPN: q2.QPN()}) {
+		t.Fatalf("events %v, want QP_FATAL", evs)
+	}
+}
+
 // TestCreateQPNamesTheCap: a QP whose capabilities exceed the device's is
 // refused with ErrInvalid, the message naming the ibv_qp_cap field.
 func TestCreateQPNamesTheCap(t *testing.T) {

@@ -85,6 +85,15 @@ type Notifier interface {
 	Notify() <-chan struct{}
 }
 
+// Poller is a device that an application busy-polling its CQs calls
+// when it found them empty: an in-process device runs its engine's step
+// in the caller (rnic.Device.Poll), the daemon's client waits for a
+// completion with its CPU given up to the daemon meanwhile
+// (client.Client.Poll). It reports whether anything moved.
+type Poller interface {
+	Poll() bool
+}
+
 // Locker is a QP under whose lock the RNIC writes its memory, so that an
 // application watching memory a peer writes (perftest's write_lat polls a
 // byte) sees each packet's bytes whole.

@@ -386,8 +386,19 @@ func (s *Socket) Fill(descs []unix.XDPDesc) {
 	}
 }
 
-// Wait blocks until the RX ring has descriptors or timeout passes; it returns
-// at once when descriptors are already there.
+// SetWakeFD makes Wait also return when fd (an eventfd, say) is readable:
+// the owner of the socket wakes its sleeping reader through it. -1 removes
+// it.
+func (s *Socket) SetWakeFD(fd int) {
+	s.pfd = s.pfd[:1]
+	if fd >= 0 {
+		s.pfd = append(s.pfd, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+	}
+}
+
+// Wait blocks until the RX ring has descriptors, timeout passes or the wake
+// descriptor (SetWakeFD) is readable; it returns at once when descriptors
+// are already there.
 func (s *Socket) Wait(timeout time.Duration) (bool, error) {
 	if s.closed {
 		return false, ErrClosed

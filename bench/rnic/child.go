@@ -8,13 +8,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"runtime/pprof"
 	"strings"
+	"syscall"
 	"time"
 
+	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/netnstest"
 	"github.com/softrnic/softrnic/internal/perftest"
@@ -29,10 +34,11 @@ const (
 	envArgs    = "SOFTRNIC_BENCH_RNIC_ARGS" // perftest flags, separated by \x1f
 	envProfile = "SOFTRNIC_BENCH_RNIC_PROF" // CPU profile path ('' none)
 	envTimeout = "SOFTRNIC_BENCH_RNIC_TIME" // time limit (a time.Duration)
+	envDaemon  = "SOFTRNIC_BENCH_RNIC_SOCK" // client: the daemon's control socket; daemon: its own
 )
 
 // listeningLine is what a server child prints once its side channel
-// listens.
+// listens, and a daemon child once its control socket does.
 const listeningLine = "bench/rnic: listening"
 
 var tests = map[string]struct {
@@ -52,7 +58,12 @@ func childMain() bool {
 	if role == "" {
 		return false
 	}
-	err := runChild(role, os.Getenv(envTest), strings.Split(os.Getenv(envArgs), "\x1f"), os.Getenv(envProfile), os.Getenv(envTimeout))
+	var err error
+	if role == "daemon" {
+		err = runDaemon(os.Getenv(envArgs), os.Getenv(envDaemon))
+	} else {
+		err = runChild(role, os.Getenv(envTest), strings.Split(os.Getenv(envArgs), "\x1f"), os.Getenv(envProfile), os.Getenv(envTimeout))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench/rnic child:", err)
 		os.Exit(1)
@@ -87,7 +98,7 @@ func runChild(role, test string, args []string, profile, timeout string) (err er
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), limit)
 	defer cancel()
-	o := runner.CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second}
+	o := runner.CLIOptions{PortKind: host.AFXDP, DialFor: 5 * time.Second, Daemon: os.Getenv(envDaemon)}
 	if role == "server" {
 		o.Listening = func(net.Addr) { fmt.Println(listeningLine) }
 	}
@@ -98,10 +109,40 @@ func runChild(role, test string, args []string, profile, timeout string) (err er
 	return json.NewEncoder(os.Stdout).Encode(res)
 }
 
+// runDaemon is the daemon child: `softrnic daemon` on iface (AF_XDP, the
+// defaults otherwise), serving sock until SIGTERM.
+func runDaemon(iface, sock string) (err error) {
+	h, err := host.Open(host.Config{Interface: iface, Port: host.AFXDP, Owner: host.Owner{Name: "bench/rnic daemon", Control: sock}})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, h.Close()) }()
+	srv, err := daemon.NewServer(h.Device, daemon.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Group: -1, CM: h.CM})
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, srv.Close(2*time.Second)) }()
+	if err := srv.Listen(sock); err != nil {
+		return err
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	fmt.Println(listeningLine)
+	select {
+	case <-sig:
+		return nil
+	case err := <-served:
+		return err
+	}
+}
+
 // perfRunProcs is perfRun with each end in a child process in its
-// namespace; profDir, when set, receives server.prof and client.prof
-// (named after the test) from the children.
-func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, timeout time.Duration, args []string, profDir string) (p Perf) {
+// namespace; with daemon, the client's QPs are in a daemon, a third child
+// serving B's interface. profDir, when set, receives server.prof and
+// client.prof (named after the test) from the children.
+func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, timeout time.Duration, args []string, daemon bool, profDir string) (p Perf) {
 	p = Perf{Name: name, Args: args, QPs: 1}
 	start := time.Now()
 	defer func() { p.Seconds = time.Since(start).Seconds() }()
@@ -129,6 +170,51 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 		cmd.WaitDelay = 2 * time.Second
 		return cmd
 	}
+	var dmn *exec.Cmd
+	sock := ""
+	if daemon {
+		dir, err := os.MkdirTemp("", "bench-rnic-")
+		if err != nil {
+			p.Error = err.Error()
+			return p
+		}
+		defer func() { _ = os.RemoveAll(dir) }() // a temporary socket directory
+		sock = filepath.Join(dir, "ctl.sock")
+		dmn = exec.CommandContext(ctx, "ip", "netns", "exec", pair.B.NS.Name, exe)
+		dmn.Env = append(os.Environ(), envRole+"=daemon", envArgs+"="+pair.B.Name, envDaemon+"="+sock)
+		dmn.Cancel = func() error { return dmn.Process.Signal(syscall.SIGTERM) }
+		dmn.WaitDelay = 5 * time.Second
+		up := &waitFor{want: listeningLine, done: make(chan struct{})}
+		var dout bytes.Buffer
+		dmn.Stdout, dmn.Stderr = up, &dout
+		if err := dmn.Start(); err != nil {
+			p.Error = err.Error()
+			return p
+		}
+		dmnDone := make(chan error, 1)
+		go func() { dmnDone <- dmn.Wait() }()
+		defer func() {
+			// Its exit status says only how the signal ended it; a Wait
+			// that found no exit at all is an error of the run.
+			_ = dmn.Process.Signal(syscall.SIGTERM)
+			if err := <-dmnDone; err != nil && dmn.ProcessState == nil && p.Error == "" {
+				p.Error = "daemon: " + err.Error()
+			}
+			if st := dmn.ProcessState; st != nil && p.Error == "" {
+				p.setCPU(p.CPUSeconds + (st.UserTime() + st.SystemTime()).Seconds())
+			}
+		}()
+		select {
+		case <-up.done:
+		case err := <-dmnDone:
+			dmnDone <- err
+			p.Error = fmt.Sprintf("daemon: %v: %s", err, lastLines(dout.String(), 2))
+			return p
+		case <-ctx.Done():
+			p.Error = "daemon did not listen in time"
+			return p
+		}
+	}
 	srv := child("server", &pair.A)
 	ready := &waitFor{want: listeningLine, done: make(chan struct{})}
 	srv.Stdout = ready
@@ -151,6 +237,9 @@ func perfRunProcs(pair *netnstest.Pair, name, test string, m perftest.Measure, t
 		return p
 	}
 	cli := child("client", &pair.B, pair.A.Addr.String())
+	if daemon {
+		cli.Env = append(cli.Env, envDaemon+"="+sock)
+	}
 	var cout, cerrOut bytes.Buffer
 	cli.Stdout, cli.Stderr = &cout, &cerrOut
 	cerr := cli.Run()

@@ -33,6 +33,7 @@ func main() {
 	flag.IntVar(&o.SockperfSecs, "sockperf-time", o.SockperfSecs, "seconds of sockperf ping-pong")
 	flag.DurationVar(&o.PerfTimeout, "perf-timeout", o.PerfTimeout, "time limit of each softrnic perf run")
 	flag.StringVar(&o.Procs, "procs", o.Procs, "softrnic measurements also run with one process per end: send_lat, all or none")
+	flag.BoolVar(&o.Daemon, "daemon", o.Daemon, "softrnic measurements also run with the client through a daemon")
 	flag.StringVar(&o.CPUProfile, "cpuprofile", "", "write a CPU profile of the in-process softrnic runs here")
 	flag.StringVar(&o.ProfDir, "profdir", "", "each softrnic child process (-procs) writes its CPU profile into this directory")
 	total := flag.Duration("timeout", 8*time.Minute, "time limit of the whole run")

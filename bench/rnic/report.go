@@ -24,6 +24,14 @@ const (
 	// GoalLatOverSockperf: softrnic's 64 B half round trip (p50) at most
 	// this multiple of the kernel UDP ping-pong's.
 	GoalLatOverSockperf = 1.0
+	// The daemon's goals, each row through the daemon held against the
+	// same row with one process per end: WRITE goodput and SEND message
+	// rate at least these fractions, the SEND half round trip's p50 and
+	// p99 at most these multiples.
+	GoalDaemonWrite  = 0.9
+	GoalDaemonRate   = 0.7
+	GoalDaemonLatP50 = 1.5
+	GoalDaemonLatP99 = 3.0
 )
 
 // Names of the softrnic measurements, as rows of the table and keys for the
@@ -59,6 +67,12 @@ const (
 	EndsProcs = "processes"
 	// ProcsSuffix marks the name of a row measured with EndsProcs.
 	ProcsSuffix = " (2 procs)"
+	// EndsDaemon: the server in a child process, the client's QPs in a
+	// daemon (a third child process serving its interface), the client in
+	// a child process of its own: an application through the daemon.
+	EndsDaemon = "daemon"
+	// DaemonSuffix marks the name of a row measured with EndsDaemon.
+	DaemonSuffix = " (daemon)"
 )
 
 // Perf is one `softrnic perf` run between the two namespaces.
@@ -219,6 +233,44 @@ func (r *Report) ComputeRatios() {
 		r.Ratios = append(r.Ratios, Ratio{Name: p.Name + " p50 ÷ sockperf 64 B p50", Value: v,
 			Goal: fmt.Sprintf("≤ %.1f", GoalLatOverSockperf), Met: v <= GoalLatOverSockperf})
 	}
+	r.daemonRatios()
+}
+
+// daemonRatios appends the daemon's goals: each row through the daemon
+// against the same row with one process per end (Goal* above), for every
+// row that was run through the daemon (a failed one gives an unmet NaN).
+func (r *Report) daemonRatios() {
+	find := func(test, ends string, failed bool) *Perf {
+		for i := range r.RNIC {
+			if p := &r.RNIC[i]; p.Test == test && p.Ends == ends && (failed || p.Error == "") {
+				return p
+			}
+		}
+		return nil
+	}
+	add := func(test, what string, v func(p *Perf) float64, goal float64, atLeast bool) {
+		if find(test, EndsDaemon, true) == nil {
+			return
+		}
+		d, ip := find(test, EndsDaemon, false), find(test, EndsProcs, false)
+		x := math.NaN()
+		if d != nil && ip != nil && v(ip) > 0 {
+			x = v(d) / v(ip)
+		}
+		q := Ratio{Name: fmt.Sprintf("%s%s %s ÷ %s", test, DaemonSuffix, what, ProcsSuffix[1:]), Value: x}
+		if atLeast {
+			q.Goal, q.Met = fmt.Sprintf("≥ %.1f", goal), x >= goal
+		} else {
+			q.Goal, q.Met = fmt.Sprintf("≤ %.1f", goal), x <= goal
+		}
+		r.Ratios = append(r.Ratios, q)
+	}
+	goodput := func(p *Perf) float64 { return p.GoodputGbps }
+	add(Write1QP, "goodput", goodput, GoalDaemonWrite, true)
+	add(Write4QP, "goodput", goodput, GoalDaemonWrite, true)
+	add(SendBW64, "message rate", func(p *Perf) float64 { return p.MsgRateMpps }, GoalDaemonRate, true)
+	add(SendLat, "p50", func(p *Perf) float64 { return p.LatP50Us }, GoalDaemonLatP50, false)
+	add(SendLat, "p99", func(p *Perf) float64 { return p.LatP99Us }, GoalDaemonLatP99, false)
 }
 
 var _ json.Marshaler = Ratio{}

@@ -111,6 +111,37 @@ func TestComputeRatios(t *testing.T) {
 	}
 }
 
+// The daemon's rows are held against the rows with one process per end,
+// and only the rows run through the daemon give a ratio.
+func TestDaemonRatios(t *testing.T) {
+	r := sample()
+	r.RNIC = append(r.RNIC,
+		Perf{Name: Write1QP + DaemonSuffix, Test: Write1QP, Ends: EndsDaemon, Size: 65536, QPs: 1, GoodputGbps: 0.95},
+		Perf{Name: SendLat + DaemonSuffix, Test: SendLat, Ends: EndsDaemon, Size: 64, LatP50Us: 16, LatP99Us: 200})
+	r.ComputeRatios()
+	want := []struct {
+		v   float64
+		met bool
+	}{{0.95, true}, {2, false}, {5, false}}
+	if len(r.Ratios) < len(want) {
+		t.Fatalf("ratios %+v", r.Ratios)
+	}
+	got := r.Ratios[len(r.Ratios)-len(want):]
+	if len(got) != len(want) || strings.Contains(r.Ratios[len(r.Ratios)-len(want)-1].Name, "÷ (2 procs)") {
+		t.Fatalf("daemon ratios %+v", got)
+	}
+	for i, w := range want {
+		if q := got[i]; math.Abs(q.Value-w.v) > 1e-9 || q.Met != w.met || !strings.Contains(q.Name, DaemonSuffix) {
+			t.Errorf("daemon ratio %d %q = %v met %v, want %v met %v", i, q.Name, q.Value, q.Met, w.v, w.met)
+		}
+	}
+	r.RNIC[len(r.RNIC)-2].Error = "daemon: exit status 1"
+	r.ComputeRatios()
+	if q := r.Ratios[len(r.Ratios)-len(want)]; !math.IsNaN(q.Value) || q.Met || !strings.Contains(q.Name, Write1QP) {
+		t.Errorf("failed daemon row: %+v", q)
+	}
+}
+
 // A figure that failed gives a ratio of NaN that is not met, never a goal
 // met by default.
 func TestComputeRatiosMissingFigures(t *testing.T) {

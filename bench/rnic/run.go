@@ -49,7 +49,11 @@ type Options struct {
 	// processes), ProcsAll (the default: two hosts are two processes, and
 	// a WRITE responder alone in its process naps differently, see
 	// engine.Options.SpinMax) or ProcsNone.
-	Procs      string
+	Procs string
+	// Daemon runs the four softrnic measurements again with the client's
+	// QPs in a daemon (a third child, serving B's interface) and the
+	// server in a child process: the daemon's rows.
+	Daemon     bool
 	CPUProfile string // CPU profile of the in-process softrnic phase ('' none)
 	ProfDir    string // child processes: each end's CPU profile goes here ('' none)
 }
@@ -64,7 +68,7 @@ const (
 // DefaultOptions are what `make bench` runs: a few seconds per figure.
 func DefaultOptions() Options {
 	return Options{RawDuration: 2 * time.Second, Rounds: 3, WriteIters1: 20000, WriteIters4: 5000, SendIters: 200000,
-		LatIters: 20000, SockperfSecs: 3, PerfTimeout: 90 * time.Second, Procs: ProcsAll}
+		LatIters: 20000, SockperfSecs: 3, PerfTimeout: 90 * time.Second, Procs: ProcsAll, Daemon: true}
 }
 
 func loadavg() [3]float64 {
@@ -138,28 +142,37 @@ func Run(o Options, log io.Writer) (*Report, error) {
 	type job struct {
 		name, test string
 		args       []string
-		procs      bool
+		ends       string
 	}
 	var jobs []job
 	for _, c := range cases {
-		jobs = append(jobs, job{c.name, c.test, c.args, false})
+		jobs = append(jobs, job{c.name, c.test, c.args, EndsInProcess})
 	}
 	for _, c := range cases {
 		if o.Procs == ProcsAll || o.Procs == ProcsLatency && c.test == "send_lat" {
-			jobs = append(jobs, job{c.name, c.test, c.args, true})
+			jobs = append(jobs, job{c.name, c.test, c.args, EndsProcs})
+		}
+	}
+	if o.Daemon {
+		for _, c := range cases {
+			jobs = append(jobs, job{c.name, c.test, c.args, EndsDaemon})
 		}
 	}
 	run := func(j job) Perf {
 		args := append([]string{"--report_gbits"}, j.args...)
 		tc := tests[j.test]
 		var p Perf
-		if j.procs {
-			p = perfRunProcs(pair, j.name, j.test, tc.m, o.PerfTimeout, args, o.ProfDir)
-			p.Ends, p.Name = EndsProcs, j.name+ProcsSuffix
-		} else {
+		switch j.ends {
+		case EndsProcs:
+			p = perfRunProcs(pair, j.name, j.test, tc.m, o.PerfTimeout, args, false, o.ProfDir)
+			p.Name = j.name + ProcsSuffix
+		case EndsDaemon:
+			p = perfRunProcs(pair, j.name, j.test, tc.m, o.PerfTimeout, args, true, "")
+			p.Name = j.name + DaemonSuffix
+		default:
 			p = perfRun(pair, j.name, tc.verb, tc.m, o.PerfTimeout, args)
-			p.Ends = EndsInProcess
 		}
+		p.Ends = j.ends
 		p.Test = j.name
 		if p.Error != "" {
 			fmt.Fprintf(log, "softrnic %s: error: %s\n", p.Name, p.Error)
@@ -197,7 +210,7 @@ func Run(o Options, log io.Writer) (*Report, error) {
 			p = medianPerf(writeRounds[i])
 			fmt.Fprintf(log, "softrnic %s: median of %d rounds %.2f Gbit/s\n", p.Name, rounds, p.GoodputGbps)
 		} else {
-			if j.procs && profiling {
+			if j.ends != EndsInProcess && profiling {
 				pprof.StopCPUProfile() // the children profile themselves
 				profiling = false
 			}

@@ -53,6 +53,7 @@ func runSmoke(t *testing.T, inproc bool) {
 	} else {
 		o.ProfDir = t.TempDir()
 		o.Rounds = 2
+		o.Daemon = true
 	}
 	var log bytes.Buffer
 	rep, err := Run(o, &log)
@@ -63,7 +64,7 @@ func runSmoke(t *testing.T, inproc bool) {
 	if after := ourNamespaces(t); after != before {
 		t.Errorf("namespaces left behind: before %q, after %q", before, after)
 	}
-	rows := 8
+	rows := 12 // in process, with one process per end, through the daemon
 	if inproc {
 		rows = 4
 	}
@@ -101,7 +102,8 @@ func runSmoke(t *testing.T, inproc bool) {
 	if s := rep.Sockperf; s.Error != "" || s.P50Us <= 0 || s.P99Us < s.P50Us {
 		t.Errorf("sockperf: %+v", s)
 	}
-	if want := rows / 4 * 3; len(rep.Ratios) != want { // one per WRITE and send_lat row
+	// One per WRITE and send_lat row, and the daemon's five.
+	if want := rows/4*3 + (rows/12)*5; len(rep.Ratios) != want {
 		t.Errorf("%d ratios, want %d: %+v", len(rep.Ratios), want, rep.Ratios)
 	}
 	for _, q := range rep.Ratios {

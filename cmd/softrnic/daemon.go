@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -66,12 +65,6 @@ func runDaemon(args []string) int {
 // completions), then the host (the CM agent, the engine, the port, which
 // detaches XDP and frees the UMEM).
 func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
-	lock, err := daemon.Lock(filepath.Dir(cfg.Control), cfg.Interface)
-	if err != nil {
-		return err
-	}
-	defer func() { err = errors.Join(err, lock.Close()) }()
-
 	// Every client connection, CQ and QP costs file descriptors: take
 	// all the unit allows (LimitNOFILE), and size the client limits from
 	// it (daemon.DefaultLimits).
@@ -94,7 +87,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	h, err := host.Open(host.Config{Interface: cfg.Interface, GIDs: cfg.GIDs, MTU: cfg.MTU, Port: host.PortKind(cfg.Port),
 		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc, Recovery: cfg.Recovery,
 		CountersFile: os.Getenv(host.CountersEnv),
-		Engine:       engine.Options{Tap: &tap}, Log: log,
+		Engine:       engine.Options{Tap: &tap}, Log: log, Owner: host.Owner{Name: "softrnic daemon", Control: cfg.Control},
 		CM: cm.Config{CMResponseTimeout: cfg.CMResponseTimeout, MaxCMRetries: cfg.CMMaxRetries},
 		// The engine gets the counting wrapper: byte counts, and AF_XDP
 		// statistics read on the loop's own goroutine (softrnic stats,

@@ -96,7 +96,7 @@ func daemonOverVeth(t *testing.T, bin, kind string) {
 	// A second daemon on the same interface is refused, clearly.
 	out, err := exec.CommandContext(ctx, "ip", "netns", "exec", pair.A.NS.Name, bin, "daemon", "-d", pair.A.Name,
 		"--control", filepath.Join(dir, "other.sock"), "--port", "afpacket").CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "already runs on "+pair.A.Name) {
+	if err == nil || !strings.Contains(string(out), "already serves "+pair.A.Name) {
 		t.Fatalf("second daemon: %v\n%s", err, out)
 	}
 

@@ -79,6 +79,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(simWorkerEnv) != "" {
 		main()
 	}
+	if sock := os.Getenv(streamChildEnv); sock != "" {
+		os.Exit(streamChild(sock))
+	}
 	os.Exit(m.Run())
 }
 

@@ -3,8 +3,8 @@ package proto
 import "github.com/softrnic/softrnic/ib"
 
 // Shared receive queues. An SRQ is a receive ring like a QP's RQ (the
-// client produces RecvSlotSize slots of MaxSGE entries, the daemon's pump
-// consumes them into its device's SRQ), made by OpCreateSRQ in a PD and
+// client produces RecvSlotSize slots of MaxSGE entries, the daemon's
+// engine fetches them into its device's SRQ), made by OpCreateSRQ in a PD and
 // named by the QPs that take their receives from it (CreateQPReq.SRQ).
 // Its limit (ibv_modify_srq's srq_limit) is armed with OpModifySRQ; when a
 // receive taken leaves fewer, the connection's event socket reports

@@ -224,6 +224,23 @@ func (r *Ring) slot(i uint64) []byte {
 	return r.slots[off : off+r.g.SlotSize : off+r.g.SlotSize]
 }
 
+// Arm sets the wakeup flag for a waiter that is not the consumer itself
+// (a thread waiting for any of several rings while another goroutine
+// consumes): it reports whether the ring is still empty. It reads the
+// shared indexes only, as a hint: the consumer side decides what is there.
+func (r *Ring) Arm() bool {
+	r.wakeup.Store(1)
+	return r.Empty()
+}
+
+// Disarm clears the wakeup flag.
+func (r *Ring) Disarm() { r.wakeup.Store(0) }
+
+// Empty reports whether the producer has published nothing the consumer
+// has not released (a hint, from the shared indexes, safe from any
+// goroutine).
+func (r *Ring) Empty() bool { return r.prod.Load() == r.cons.Load() }
+
 // Producer is the side that fills slots. One goroutine at a time.
 type Producer struct {
 	r          *Ring
@@ -379,10 +396,12 @@ func (c *Consumer) Peek() []byte {
 
 // Unpeek steps back over the most recent Peek not yet released, for a
 // consumer that could not act on the slot now and will take it again later.
-func (c *Consumer) Unpeek() {
-	if c.tail > c.released {
-		c.tail--
-	}
+func (c *Consumer) Unpeek() { c.Rewind(1) }
+
+// Rewind steps back over the n most recent Peeks not yet released (fewer
+// if fewer were made).
+func (c *Consumer) Rewind(n int) {
+	c.tail -= min(uint64(n), c.tail-c.released)
 }
 
 // reload refreshes the cached producer index and reports whether there is

@@ -35,6 +35,12 @@ func Resolver(macs map[netip.Addr][6]byte) func(context.Context, netip.Addr) ([6
 // other as on one host. mtu is the port MTU (0: 1024).
 func Loopback(t testing.TB, mtu int) *rnic.Device {
 	t.Helper()
+	return LoopbackWith(t, mtu, engine.Options{})
+}
+
+// LoopbackWith is Loopback with the engine's options.
+func LoopbackWith(t testing.TB, mtu int, opt engine.Options) *rnic.Device {
+	t.Helper()
 	if mtu == 0 {
 		mtu = 1024
 	}
@@ -49,7 +55,7 @@ func Loopback(t testing.TB, mtu int) *rnic.Device {
 			t.Error(err)
 		}
 	})
-	Run(t, dev, p, engine.Options{})
+	Run(t, dev, p, opt)
 	return dev
 }
 

@@ -63,10 +63,14 @@ type Port struct {
 	truncated      uint64
 	vlan           uint64
 	syscalls       uint64
+	wake           *port.Wakeup // Waker: polled beside the socket
 	closed         bool
 }
 
-var _ port.Port = (*Port)(nil)
+var (
+	_ port.Port  = (*Port)(nil)
+	_ port.Waker = (*Port)(nil)
+)
 
 // roceFilter is a classic BPF program accepting Ethernet + IPv4 (version 4,
 // IHL at least 5, not a fragment) + UDP to 4791, and Ethernet + IPv6
@@ -209,7 +213,10 @@ func Open(cfg Config) (p *Port, err error) {
 	if err := unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: cfg.IfIndex}); err != nil {
 		return p, fmt.Errorf("afpacket: bind to %s: %w", ifc.Name, err)
 	}
-	p.pfd = []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	if p.wake, err = port.NewWakeup(); err != nil {
+		return p, fmt.Errorf("afpacket: %w", err)
+	}
+	p.pfd = []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}, {Fd: int32(p.wake.FD()), Events: unix.POLLIN}}
 	p.grow(port.BatchSize)
 	p.txSlab = make([]byte, txBuffers*p.maxFrame)
 	p.txLent = make([]bool, txBuffers)
@@ -218,6 +225,9 @@ func Open(cfg Config) (p *Port, err error) {
 	}
 	return p, nil
 }
+
+// Wake implements port.Waker.
+func (p *Port) Wake() error { return p.wake.Wake() }
 
 // setupRing maps a TPACKET_V2 receive ring of about ringBytes.
 func (p *Port) setupRing(ringBytes int) error {
@@ -287,8 +297,12 @@ func (p *Port) Recv(frames [][]byte, timeout time.Duration) (int, error) {
 		// Port so that the call does not allocate.
 		p.ts = unix.NsecToTimespec(int64(timeout))
 		p.syscalls++
+		p.pfd[1].Revents = 0
 		if _, err := unix.Ppoll(p.pfd, &p.ts, nil); err != nil && err != unix.EINTR {
 			return 0, fmt.Errorf("afpacket: poll: %w", err)
+		}
+		if p.pfd[1].Revents != 0 {
+			p.wake.Drain()
 		}
 		n = p.collect(frames)
 	}
@@ -444,7 +458,7 @@ func (p *Port) Close() error {
 		return nil
 	}
 	p.closed = true
-	err := unix.Close(p.fd)
+	err := errors.Join(unix.Close(p.fd), p.wake.Close())
 	if p.ring != nil {
 		err = errors.Join(err, unix.Munmap(p.ring))
 		p.ring = nil

@@ -82,10 +82,14 @@ type Port struct {
 	spare    [][]byte
 	oversize uint64
 	copied   uint64
+	wake     *port.Wakeup // Waker: polled beside the socket
 	closed   bool
 }
 
-var _ port.Port = (*Port)(nil)
+var (
+	_ port.Port  = (*Port)(nil)
+	_ port.Waker = (*Port)(nil)
+)
 
 // l2Overhead is Ethernet plus one VLAN tag: what a frame adds to the MTU.
 const l2Overhead = 14 + 4
@@ -154,10 +158,17 @@ func Open(cfg Config) (p *Port, err error) {
 	if err = p.prog.Register(cfg.Queue, p.sock.FD()); err != nil {
 		return p, fmt.Errorf("afxdp: %w", err)
 	}
+	if p.wake, err = port.NewWakeup(); err != nil {
+		return p, fmt.Errorf("afxdp: %w", err)
+	}
+	p.sock.SetWakeFD(p.wake.FD())
 	p.descs = make([]unix.XDPDesc, port.BatchSize)
 	p.held = make([]unix.XDPDesc, 0, port.BatchSize)
 	return p, nil
 }
+
+// Wake implements port.Waker.
+func (p *Port) Wake() error { return p.wake.Wake() }
 
 // Recv implements port.Port. Frames from the previous Recv go back to the
 // kernel first: that is what makes their views invalid.
@@ -178,6 +189,9 @@ func (p *Port) Recv(frames [][]byte, timeout time.Duration) (int, error) {
 		p.held = make([]unix.XDPDesc, 0, len(frames))
 	}
 	if ok, err := p.sock.Wait(timeout); err != nil || !ok {
+		if timeout > 0 {
+			p.wake.Drain() // woken, or timed out: a wake-up is used up either way
+		}
 		return 0, err
 	}
 	n := 0
@@ -349,5 +363,6 @@ func (p *Port) Close() error {
 	if p.ownsProg && p.prog != nil {
 		errs = append(errs, p.prog.Close())
 	}
+	errs = append(errs, p.wake.Close())
 	return errors.Join(errs...)
 }

@@ -70,16 +70,20 @@ type Multi struct {
 	txq  []txQueue
 	kick []bool
 
-	next     int      // the queue Recv visits first
-	received []uint64 // frames received, per queue (loop-owned)
-	scratch  [][]byte // Submit's slots of other queues' sockets
-	back     [][]byte // Submit's lent slots going back unsent
-	pfds     []unix.PollFd
+	next     int           // the queue Recv visits first
+	received []uint64      // frames received, per queue (loop-owned)
+	scratch  [][]byte      // Submit's slots of other queues' sockets
+	back     [][]byte      // Submit's lent slots going back unsent
+	pfds     []unix.PollFd // the queues' sockets, then wake's eventfd
+	wake     *port.Wakeup
 	ts       unix.Timespec
 	closed   bool
 }
 
-var _ port.Port = (*Multi)(nil)
+var (
+	_ port.Port  = (*Multi)(nil)
+	_ port.Waker = (*Multi)(nil)
+)
 
 // OpenMulti opens one AF_XDP socket per receive queue and registers all of
 // them with one steering program.
@@ -135,6 +139,10 @@ func OpenMulti(cfg MultiConfig) (m *Multi, err error) {
 		m.txq = append(m.txq, p)
 		m.pfds = append(m.pfds, unix.PollFd{Fd: int32(p.sock.FD()), Events: unix.POLLIN})
 	}
+	if m.wake, err = port.NewWakeup(); err != nil {
+		return m, fmt.Errorf("afxdp: %w", err)
+	}
+	m.pfds = append(m.pfds, unix.PollFd{Fd: int32(m.wake.FD()), Events: unix.POLLIN})
 	m.tx = m.ports[cfg.TxQueue]
 	m.spread, m.txDefault = cfg.SpreadTx && n > 1, cfg.TxQueue
 	m.received = make([]uint64, n)
@@ -194,7 +202,7 @@ func (m *Multi) pass(frames [][]byte) (int, error) {
 	return n, errs
 }
 
-// poll sleeps until a socket has frames or timeout passes.
+// poll sleeps until a socket has frames, Wake is called or timeout passes.
 func (m *Multi) poll(timeout time.Duration) error {
 	for i := range m.pfds {
 		m.pfds[i].Revents = 0
@@ -203,8 +211,14 @@ func (m *Multi) poll(timeout time.Duration) error {
 	if _, err := unix.Ppoll(m.pfds, &m.ts, nil); err != nil && err != unix.EINTR {
 		return fmt.Errorf("afxdp: poll: %w", err)
 	}
+	if m.pfds[len(m.pfds)-1].Revents != 0 {
+		m.wake.Drain()
+	}
 	return nil
 }
+
+// Wake implements port.Waker.
+func (m *Multi) Wake() error { return m.wake.Wake() }
 
 // Lend implements port.Port: the buffers are transmit slots of
 // MultiConfig.TxQueue's socket.
@@ -467,6 +481,7 @@ func (m *Multi) Close() error {
 	if m.ownsProg && m.prog != nil {
 		errs = append(errs, m.prog.Close())
 	}
+	errs = append(errs, m.wake.Close())
 	return errors.Join(errs...)
 }
 

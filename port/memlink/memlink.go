@@ -140,10 +140,23 @@ type Port struct {
 	timer  *time.Timer
 	closed atomic.Bool
 	done   chan struct{}
+	wake   chan struct{} // capacity 1: Wake
 	once   sync.Once
 }
 
-var _ port.Port = (*Port)(nil)
+var (
+	_ port.Port  = (*Port)(nil)
+	_ port.Waker = (*Port)(nil)
+)
+
+// Wake implements port.Waker.
+func (p *Port) Wake() error {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
 
 // NewPair returns the two ends of a new link: what a sends, b receives, and
 // the other way round.
@@ -208,6 +221,7 @@ func newPort(tx, rx *wire) *Port {
 		lent:  make([]int32, 0, len(rx.slots)),
 		timer: t,
 		done:  make(chan struct{}),
+		wake:  make(chan struct{}, 1),
 	}
 }
 
@@ -521,6 +535,9 @@ func (p *Port) Recv(frames [][]byte, timeout time.Duration) (int, error) {
 		select {
 		case <-w.kick:
 			p.timer.Stop()
+		case <-p.wake:
+			p.timer.Stop()
+			return 0, nil
 		case <-p.timer.C:
 		case <-p.done:
 			p.timer.Stop()

@@ -493,7 +493,7 @@ func (t *Test) waitMarker(q *qp, size uint64, marker byte) error {
 		}
 		// Keep what poll collected: the completion of our own last WRITE
 		// may come in while we wait for the peer's, and waitSend needs it.
-		if _, err := t.poll(); err != nil {
+		if _, err := t.pollFor(true); err != nil {
 			return err
 		}
 		if now()-start > int64(t.stallLimit()) {
