@@ -25,7 +25,7 @@ var current atomic.Pointer[netnstest.Pair]
 func main() {
 	dur := flag.Duration("duration", 2*time.Second, "duration of each rate test")
 	pings := flag.Int("pings", 20000, "round trips per ping-pong test (bounded by 2×duration)")
-	jsonPath := flag.String("json", "bench-io.json", "write results here as JSON ('' to skip)")
+	jsonPath := flag.String("json", "out/bench-io.json", "write results here as JSON ('' to skip)")
 	sizesF := flag.String("sizes", "64,1024,4096", "frame sizes in bytes")
 	portsF := flag.String("ports", "afxdp,afpacket", "ports to measure")
 	testsF := flag.String("tests", "tx-only,tx-threaded,rx-only,rx-gen,ping-pong", "tests to run (rx-gen: AF_XDP only)")

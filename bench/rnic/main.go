@@ -23,7 +23,7 @@ func main() {
 		return
 	}
 	o := DefaultOptions()
-	jsonPath := flag.String("json", "bench-rnic.json", "write the report here as JSON ('' to skip)")
+	jsonPath := flag.String("json", "out/bench-rnic.json", "write the report here as JSON ('' to skip)")
 	flag.DurationVar(&o.RawDuration, "raw-duration", o.RawDuration, "duration of each raw AF_XDP rate test")
 	flag.IntVar(&o.Rounds, "rounds", o.Rounds, "interleaved rounds of the raw rx-only 4 KiB rate and the WRITE rows (each row shows its median round)")
 	flag.IntVar(&o.WriteIters1, "write-iters", o.WriteIters1, "64 KiB WRITEs with 1 QP")
