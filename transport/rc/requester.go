@@ -1,6 +1,8 @@
 package rc
 
 import (
+	"time"
+
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
@@ -49,20 +51,29 @@ type requester struct {
 	gapPSN    bth.PSN // compPSN when a READ reply gap last triggered a retry
 
 	// Adaptive retransmission (rto.go).
-	tx       txRing
-	settled  bth.PSN // records before it have been retired
-	rtt      rttEstimator
-	rtoAt    clock.Time // adaptive retransmission timeout
-	ptoAt    clock.Time // tail-loss probe
-	backoff  uint8      // RTO expiries in a row without progress
-	probe    bool       // a tail-loss probe is due: BuildHeader sends it
-	probeRTO bool       // the probe is an RTO's (selective repeat)
-	probeOut bool       // a probe went out and has not been answered
-	probePSN bth.PSN
-	probeAt  clock.Time
-	mark     bool // requests carry the selective-repeat bit
-	sr       srReq
-	answered bool // a response came from the peer since RTS
+	tx      txRing
+	settled bth.PSN // records before it have been retired
+	rtt     rttEstimator
+	rtoAt   clock.Time // adaptive retransmission timeout
+	ptoAt   clock.Time // tail-loss probe
+	backoff uint8      // RTO expiries since the last fresh RTT sample
+	// backoffAt is rtt.samples when the backoff began: it lasts until a
+	// newer sample (Karn), not merely until progress.
+	backoffAt uint64
+	probe     bool // a tail-loss probe is due: BuildHeader sends it
+	probeRTO  bool // the probe is an RTO's, counted when it expired
+	probeRead bool // the probe asks a streaming READ for one response
+	probeOut  bool // a probe went out and has not been answered
+	probePSN  bth.PSN
+	probeAt   clock.Time
+	// A READ reply in progress: progressAt is the last forward progress,
+	// readAt the last in-order READ response, and readGap the longest
+	// silence between two of them within minRTTWindow (since readGapAt).
+	progressAt, readAt, readGapAt clock.Time
+	readGap                       time.Duration
+	mark                          bool // requests carry the selective-repeat bit
+	sr                            srReq
+	answered                      bool // a response came from the peer since RTS
 }
 
 func (r *requester) init(cfg *Config) {
@@ -82,7 +93,8 @@ func (r *requester) init(cfg *Config) {
 	r.settled = cfg.SQPSN
 	r.rtt = rttEstimator{}
 	r.rtoAt, r.ptoAt = clock.Never, clock.Never
-	r.backoff, r.probe, r.probeOut, r.probeRTO = 0, false, false, false
+	r.backoff, r.backoffAt, r.probe, r.probeOut, r.probeRTO, r.probeRead = 0, 0, false, false, false, false
+	r.progressAt, r.readAt, r.readGapAt, r.readGap = clock.Never, clock.Never, clock.Never, 0
 	r.answered = false
 }
 

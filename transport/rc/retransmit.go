@@ -36,23 +36,14 @@ import (
 // A go-back-N peer sees only retransmissions of packets it already handles
 // as duplicates or as the expected packet.
 
-// adaptive reports whether the QP retransmits on its own timers: when
-// asked to (RecoveryAdaptive), or in the default selective mode with a
-// softrnic peer. The default leaves other peers (rxe, ConnectX) on the IBA
-// local ACK timer: toward a peer whose answers stall for milliseconds the
-// adaptive timers fire spuriously, and each go-back-N resends a window the
-// peer already has (README, "Loss recovery").
-func (q *QP) adaptive() bool {
-	switch {
-	case q.cfg.UC:
-		return false
-	case q.cfg.Recovery == ib.RecoveryAdaptive:
-		return true
-	case q.cfg.Recovery == ib.RecoveryTimeout:
-		return false
-	}
-	return SoftQPN(q.cfg.DestQPN)
-}
+// adaptive reports whether the QP retransmits on its own timers: in every
+// mode but RecoveryTimeout, toward any peer, as ConnectX's adaptive
+// retransmission is on by default. A go-back-N peer (rxe, ConnectX) sees
+// only packets it handles as duplicates, and the timers keep what a
+// spurious expiry costs such a peer small: an RTO resends one packet, the
+// backoff lasts until a fresh RTT sample, and a READ reply in progress is
+// left to stream (see streamingRead).
+func (q *QP) adaptive() bool { return q.cfg.Recovery != ib.RecoveryTimeout && !q.cfg.UC }
 
 // ackLimit is the longest the adaptive timers wait: the local ACK timeout,
 // or MaxRTO when there is none.
@@ -63,10 +54,18 @@ func (q *QP) ackLimit() time.Duration {
 	return MaxRTO
 }
 
-// adpRTO is the current retransmission timeout, backoff included.
+// adpRTO is the current retransmission timeout, backoff included. While a
+// READ reply streams it is at least twice the longest silence seen between
+// two of its responses: asking a go-back-N responder again for a READ
+// costs the whole rest of the reply, which it sends after the one already
+// queued, and a software peer (rxe in a guest) pauses its replies for
+// milliseconds.
 func (q *QP) adpRTO() time.Duration {
 	lim := q.ackLimit()
 	d := q.req.rtt.rto(lim)
+	if q.streamingRead() {
+		d = min(max(d, 2*q.req.readGap), lim)
+	}
 	for i := uint8(0); i < q.req.backoff && d < lim; i++ {
 		d *= 2
 	}
@@ -96,9 +95,34 @@ func (q *QP) sentPkt(now clock.Time, p bth.PSN, retx bool) {
 	if r.rtoAt == clock.Never {
 		r.rtoAt = now.Add(q.adpRTO())
 	}
-	if !r.probeOut && r.backoff == 0 { // no probe in an RTO's recovery
+	if !r.probeOut && r.backoff == 0 && !q.streamingRead() { // no probe in an RTO's recovery
 		r.ptoAt = now.Add(q.adpPTO())
 	}
+}
+
+// streamingRead reports whether the last forward progress was a response
+// of the READ at the head, which has more to come: the request arrived,
+// and a tail-loss probe (a request asked again) would only double the
+// reply. Its end, if lost, is the RTO's.
+func (q *QP) streamingRead() bool {
+	r := &q.req
+	if r.sr.on || r.readAt == clock.Never || r.readAt != r.progressAt || r.head == r.end() {
+		return false
+	}
+	e := r.entry(r.head)
+	return e.Opcode == ib.RDMARead && e.onWire
+}
+
+// readProgress notes an in-order READ response at now, and the silence
+// since the previous one when it followed it.
+func (q *QP) readProgress(now clock.Time) {
+	r := &q.req
+	if r.readAt != clock.Never && r.readAt == r.progressAt {
+		if g := now.Sub(r.readAt); g > r.readGap || now.Sub(r.readGapAt) > minRTTWindow {
+			r.readGap, r.readGapAt = g, now
+		}
+	}
+	r.readAt = now
 }
 
 // sampleRTT takes an RTT sample from a response that acknowledges the
@@ -183,16 +207,35 @@ func (q *QP) settle(now clock.Time) {
 }
 
 // armAfterProgress restarts the adaptive timers once the cumulative
-// acknowledgement moved.
+// acknowledgement moved. The backoff ends only with an RTT sample taken
+// since it began (Karn): progress made of answers to repeated packets, or
+// of READ responses, says nothing of how long the peer takes, and a peer
+// that stalled long enough for one RTO would otherwise meet the next one
+// as short.
 func (q *QP) armAfterProgress(now clock.Time) {
 	r := &q.req
-	r.backoff, r.probeOut = 0, false
+	r.probeOut = false
+	r.progressAt = now
+	if r.rtt.samples != r.backoffAt {
+		r.backoff = 0
+	}
 	q.settle(now)
 	if !q.adaptive() {
 		return
 	}
 	r.rtoAt = now.Add(q.adpRTO())
-	r.ptoAt = now.Add(q.adpPTO())
+	r.ptoAt = clock.Never
+	if r.backoff == 0 && !q.streamingRead() {
+		r.ptoAt = now.Add(q.adpPTO())
+	}
+}
+
+// backOff doubles the next RTO until a fresh RTT sample.
+func (r *requester) backOff() {
+	if r.backoff < 16 {
+		r.backoff++
+	}
+	r.backoffAt = r.rtt.samples
 }
 
 // disarmAdaptive stops the adaptive timers (nothing outstanding, or the
@@ -217,21 +260,18 @@ func (q *QP) expireAdaptive(now clock.Time) {
 	if now >= r.rtoAt {
 		q.AdpRetrans++
 		q.AdpRetransTO++
-		if r.backoff < 16 {
-			r.backoff++
-		}
-		if r.sr.on {
-			// A selective-repeat responder keeps what it received: the
-			// RTO resends the oldest unacknowledged packet, and the SACK
-			// that answers it tells RACK what else was lost. An RTO that
-			// only met a peer slow to answer (a software host's engine
-			// asleep, or descheduled) then costs one packet, not a
-			// window.
-			if r.compPSN.Less(r.psn) {
-				r.probe, r.probeRTO = true, true
-			}
-		} else {
-			q.goBack(r.compPSN)
+		r.backOff()
+		// The RTO resends the oldest unacknowledged packet alone, AckReq
+		// (a READ is asked again from there), as a probe: a
+		// selective-repeat responder keeps what it received and its SACK
+		// tells RACK what else was lost; a go-back-N responder answers
+		// with an ACK of the last PSN it has in order, from which the
+		// requester goes back N at once if packets were lost
+		// (probeAnswered). An RTO that only met a peer slow to answer (a
+		// software host's engine descheduled, a guest under emulation)
+		// then costs one packet, not a window.
+		if r.compPSN.Less(r.psn) {
+			r.probe, r.probeRTO = true, true
 		}
 		r.rtoAt = now.Add(q.adpRTO())
 		r.ptoAt = clock.Never
@@ -239,7 +279,7 @@ func (q *QP) expireAdaptive(now clock.Time) {
 	}
 	if now >= r.ptoAt {
 		r.ptoAt = clock.Never
-		if r.compPSN.Less(r.psn) {
+		if r.compPSN.Less(r.psn) && !q.streamingRead() {
 			r.probe = true
 		}
 	}
@@ -268,7 +308,18 @@ func (q *QP) buildRetransmit(now clock.Time, buf []byte) int {
 		r.probeRTO = false
 		if r.compPSN.Less(r.psn) {
 			r.probeOut, r.probePSN, r.probeAt = true, r.compPSN, now
-			if n := q.buildAt(now, buf, r.compPSN, 0); n > 0 {
+			// A READ whose reply was streaming is asked for one response:
+			// a go-back-N responder sends a READ asked again after the
+			// reply it is sending, all of it, so that a reply only paused
+			// would come twice; one response costs one packet, and when it
+			// comes in order the reply had stopped (its tail was lost),
+			// and the rest is asked for at once (readProbeAnswered).
+			var nRead uint32
+			r.probeRead = !r.sr.on && q.streamingRead()
+			if r.probeRead {
+				nRead = 1
+			}
+			if n := q.buildAt(now, buf, r.compPSN, nRead); n > 0 {
 				if !rto { // an RTO's resend was counted when it expired
 					q.TLPProbes++
 					q.AdpRetrans++
@@ -325,9 +376,32 @@ func (q *QP) buildAt(now clock.Time, buf []byte, p bth.PSN, nRead uint32) int {
 }
 
 // answersProbe reports whether a response answers the outstanding probe
-// of a go-back-N peer: an ACK that covers the probed PSN.
+// of a go-back-N peer: an ACK of the probed PSN itself. Such a peer answers
+// a probe it already had with an ACK of the last PSN it has in order, so
+// an ACK that stops at the probe says the probe filled a hole and what
+// followed it was dropped. An ACK beyond the probed PSN may be one the
+// peer sent before it saw the probe, late because the peer stalled: the
+// peer is alive and has more, and the timers restart from it (a tail still
+// missing meets the next probe) rather than send back a window the peer
+// may already have.
 func (r *requester) answersProbe(op bth.Opcode, pp bth.PSN, syn uint8) bool {
-	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && !pp.Less(r.probePSN)
+	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && pp == r.probePSN
+}
+
+// readProbeAnswers reports whether the READ response at pp, a LAST or
+// ONLY before its READ's last PSN, is the answer to a one-response probe.
+func (r *requester) readProbeAnswers(pp bth.PSN) bool {
+	return r.probeOut && r.probeRead && pp == r.probePSN && !r.sr.on
+}
+
+// readProbeAnswered: the one response a probe asked for came in order, so
+// the reply had stopped before it. The rest of the READ is asked for at
+// once, without a retry spent, as a probe's answer does for SEND/WRITE.
+func (q *QP) readProbeAnswered() {
+	r := &q.req
+	q.FastRetrans++
+	q.AdpRetrans++
+	q.goBack(r.compPSN)
 }
 
 // probeAnswered is called once the answer to a probe was processed: every

@@ -118,8 +118,11 @@ func TestAdaptiveRTTSamples(t *testing.T) {
 }
 
 // TestAdaptiveProbeThenRTO: with nothing acknowledged the requester first
-// sends one tail-loss probe (the oldest packet, AckReq), then at the RTO
-// goes back N, the RTO doubling each time; no retry is spent on either.
+// sends one tail-loss probe (the oldest packet, AckReq), then at each RTO
+// that packet again, the RTO doubling each time; no retry is spent, and no
+// window is sent again until an answer shows what the peer lacks. The
+// backoff lasts until a fresh RTT sample: progress made of answers to
+// repeated packets does not end it (Karn).
 func TestAdaptiveProbeThenRTO(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	c.sampled(50 * time.Microsecond) // PTO 100 µs, RTO 1 ms
@@ -145,19 +148,33 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 		c.now = c.qp.Deadline()
 		t0 = c.now
 		c.qp.Expire(c.now)
-		c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
-		if c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != uint64(i) || c.qp.req.retryLeft != 7 || c.qp.Timeouts != 0 {
-			t.Fatalf("after RTO %d: %+v, retries left %d", i, c.qp.Counters, c.qp.req.retryLeft)
+		g := c.expect(p(bth.RCSendOnly, 101))
+		if !g[0].AckReq || c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != 0 || c.qp.req.retryLeft != 7 || c.qp.Timeouts != 0 {
+			t.Fatalf("after RTO %d: %v %+v, retries left %d", i, g[0], c.qp.Counters, c.qp.req.retryLeft)
 		}
 		want *= 2
 	}
-	// Progress ends the backoff.
+	// The answer: the peer had lost 101, and so dropped what followed;
+	// the requester goes back at once. An ACK of the repeated packets
+	// gives no sample: the backoff holds, and no probe comes before the
+	// RTO.
+	c.now = c.now.Add(time.Millisecond)
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
-	if d := c.qp.Deadline(); d != c.now.Add(c.qp.adpPTO()) {
-		t.Fatalf("after progress the probe is due at %v, not %v", c.now.Add(c.qp.adpPTO()), d)
+	c.expect(p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
+	if d := c.qp.Deadline(); c.qp.req.backoff != 4 || d != c.now.Add(16*RTOMin) || c.qp.FastRetrans != 1 {
+		t.Fatalf("after progress without a sample: backoff %d, deadline %v, want %v; %+v", c.qp.req.backoff, d, c.now.Add(16*RTOMin), c.qp.Counters)
 	}
-	if c.qp.req.backoff != 0 {
-		t.Fatal("backoff kept after progress")
+	c.now = c.now.Add(time.Millisecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	if c.qp.req.backoff != 4 || len(c.wcs()) != 3 {
+		t.Fatalf("backoff %d after the repeats' ACK", c.qp.req.backoff)
+	}
+	// A packet sent once and answered ends it.
+	c.sampled(50 * time.Microsecond)
+	c.post(ib.SendWQE{ID: 9, Opcode: ib.Send, SG: segs(fill(8, 0))})
+	c.out()
+	if d := c.qp.Deadline(); c.qp.req.backoff != 0 || d != c.now.Add(c.qp.adpPTO()) {
+		t.Fatalf("after a fresh sample: backoff %d, deadline %v", c.qp.req.backoff, d)
 	}
 }
 
@@ -267,7 +284,6 @@ type gbnCase struct {
 func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	for _, k := range []gbnCase{
 		{"ACK lost, peer has all", 105, 104, nil},
-		{"tail lost", 103, 102, []bth.PSN{103, 104}},
 		{"head lost, the probe fills it", 101, 101, []bth.PSN{102, 103, 104}},
 	} {
 		t.Run(k.name, func(t *testing.T) {
@@ -299,9 +315,33 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 			}
 		})
 	}
+	// An ACK beyond the probed PSN may have left the peer before the probe
+	// came: the peer is alive and has more, so nothing is resent at once;
+	// the next probe, of the first PSN it lacks, finds the tail lost.
+	c := newCtx(t, defaultCfg())
+	c.sampled(50 * time.Microsecond)
+	for i := 0; i < 4; i++ {
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	}
+	c.out()
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 101))
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK})
+	c.expect()
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 103))
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	c.expect(p(bth.RCSendOnly, 104))
+	if c.qp.FastRetrans != 1 || c.qp.TLPProbes != 2 || c.qp.Timeouts != 0 {
+		t.Fatalf("tail lost: %+v", c.qp.Counters)
+	}
 	// A packet sent after the probe may still be on its way: an answer
 	// that stops before it calls for no resend.
-	c := newCtx(t, defaultCfg())
+	c = newCtx(t, defaultCfg())
 	c.sampled(50 * time.Microsecond)
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.out()
@@ -430,25 +470,35 @@ func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 }
 
 // TestDefaultRecoveryByPeer: the default mode runs the adaptive timers
-// toward a softrnic QP number only; toward any other peer it keeps the
-// local ACK timer alone, as RecoveryTimeout does.
+// toward every peer, as ConnectX does (a tail-loss probe two SRTTs after
+// the request, long before the local ACK timeout), and selective repeat
+// only with a softrnic QP number that agrees; RecoveryTimeout keeps the
+// local ACK timer alone.
 func TestDefaultRecoveryByPeer(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		dest  uint32
+		rec   ib.Recovery
 		probe bool
-	}{{"rxe peer", 0x22, false}, {"softrnic peer", SoftQPNTag | 0x22, true}} {
+	}{
+		{"rxe peer", 0x22, ib.RecoveryDefault, true},
+		{"softrnic peer", SoftQPNTag | 0x22, ib.RecoveryDefault, true},
+		{"rxe peer, timeout", 0x22, ib.RecoveryTimeout, false},
+	} {
 		cfg := defaultCfg()
-		cfg.Recovery, cfg.DestQPN = ib.RecoveryDefault, tc.dest
-		c := newCtx(t, cfg) // no reorder pool: no selective repeat either way
+		cfg.Recovery, cfg.DestQPN = tc.rec, tc.dest
+		c := newSRCtx(t, cfg)
 		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
-		c.out()
+		g := c.out()
 		want := c.now.Add(AckTimeout(14))
 		if tc.probe {
 			want = c.now.Add(c.qp.adpPTO())
 		}
 		if d := c.qp.Deadline(); d != want {
 			t.Fatalf("%s: deadline %v, want %v", tc.name, d, want)
+		}
+		if sr := g[0].Raw[8]&0x40 != 0; sr != (tc.dest&SoftQPNTag == SoftQPNTag && tc.rec == ib.RecoveryDefault) {
+			t.Fatalf("%s: selective-repeat mark %v", tc.name, sr)
 		}
 	}
 }
