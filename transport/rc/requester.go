@@ -66,6 +66,7 @@ type requester struct {
 	probeOut  bool // a probe went out and has not been answered
 	probePSN  bth.PSN
 	probeAt   clock.Time
+	fastAt    clock.Time // a probe's answer that may be late: go back N then
 	// A READ reply in progress: progressAt is the last forward progress,
 	// readAt the last in-order READ response, and readGap the longest
 	// silence between two of them within minRTTWindow (since readGapAt).
@@ -92,7 +93,7 @@ func (r *requester) init(cfg *Config) {
 	}
 	r.settled = cfg.SQPSN
 	r.rtt = rttEstimator{}
-	r.rtoAt, r.ptoAt = clock.Never, clock.Never
+	r.rtoAt, r.ptoAt, r.fastAt = clock.Never, clock.Never, clock.Never
 	r.backoff, r.backoffAt, r.probe, r.probeOut, r.probeRTO, r.probeRead = 0, 0, false, false, false, false
 	r.progressAt, r.readAt, r.readGapAt, r.readGap = clock.Never, clock.Never, clock.Never, 0
 	r.answered = false
@@ -215,6 +216,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		q.RetransPkts++ // a go-back-N resending what went out before
 	}
 	var n int
+	ackReq := false // a SEND/WRITE packet asking for an ACK
 	switch e.Opcode {
 	case ib.RDMARead:
 		retx = e.sent > 0 // asked again from an offset after a go-back-N
@@ -236,7 +238,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		// counts (noack_pkts++ > RXE_MAX_PKT_PER_ACK), on the 66th packet
 		// in a row without one, so that long messages are acknowledged
 		// as they go (with selective repeat, four times per window).
-		ackReq := last
+		ackReq = last
 		if !last {
 			// With adaptive retransmission a packet that fills the
 			// window asks too: nothing more can be sent, hence nothing
@@ -267,6 +269,9 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	}
 	if !q.cfg.UC {
 		q.sentPkt(now, p, retx)
+		if rec := r.tx.get(p); rec != nil && ackReq {
+			rec.flags |= txAckReq
+		}
 		if r.timer == clock.Never && r.rto != 0 {
 			r.timer = now + r.rto
 		}

@@ -214,7 +214,7 @@ func (q *QP) settle(now clock.Time) {
 // as short.
 func (q *QP) armAfterProgress(now clock.Time) {
 	r := &q.req
-	r.probeOut = false
+	r.probeOut, r.fastAt = false, clock.Never
 	r.progressAt = now
 	if r.rtt.samples != r.backoffAt {
 		r.backoff = 0
@@ -242,7 +242,7 @@ func (r *requester) backOff() {
 // peer asked for an RNR wait).
 func (q *QP) disarmAdaptive() {
 	r := &q.req
-	r.rtoAt, r.ptoAt, r.sr.reoAt = clock.Never, clock.Never, clock.Never
+	r.rtoAt, r.ptoAt, r.sr.reoAt, r.fastAt = clock.Never, clock.Never, clock.Never, clock.Never
 	r.probe, r.probeOut, r.probeRTO = false, false, false
 }
 
@@ -256,6 +256,11 @@ func (q *QP) expireAdaptive(now clock.Time) {
 	}
 	if r.sr.on && now >= r.sr.reoAt {
 		q.srDetectLoss(now)
+	}
+	if now >= r.fastAt {
+		r.fastAt = clock.Never
+		q.fastRetransmit()
+		return
 	}
 	if now >= r.rtoAt {
 		q.AdpRetrans++
@@ -388,6 +393,14 @@ func (r *requester) answersProbe(op bth.Opcode, pp bth.PSN, syn uint8) bool {
 	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && pp == r.probePSN
 }
 
+// ackAsked reports whether a transmission of p other than a probe asked
+// for an ACK (with the window full, most do): an ACK of p may then be that
+// one's, late.
+func (r *requester) ackAsked(p bth.PSN) bool {
+	rec := r.tx.get(p)
+	return rec != nil && rec.flags&txAckReq != 0
+}
+
 // readProbeAnswers reports whether the READ response at pp, a LAST or
 // ONLY before its READ's last PSN, is the answer to a one-response probe.
 func (r *requester) readProbeAnswers(pp bth.PSN) bool {
@@ -397,16 +410,15 @@ func (r *requester) readProbeAnswers(pp bth.PSN) bool {
 // readProbeAnswered: the one response a probe asked for came in order, so
 // the reply had stopped before it. The rest of the READ is asked for at
 // once, without a retry spent, as a probe's answer does for SEND/WRITE.
-func (q *QP) readProbeAnswered() {
-	r := &q.req
-	q.FastRetrans++
-	q.AdpRetrans++
-	q.goBack(r.compPSN)
-}
+func (q *QP) readProbeAnswered() { q.fastRetransmit() }
 
 // probeAnswered is called once the answer to a probe was processed: every
-// packet sent before the probe and still unacknowledged is lost.
-func (q *QP) probeAnswered(probeAt clock.Time) {
+// packet sent before the probe and still unacknowledged is lost. When the
+// probed packet's first copy asked for an ACK too, the answer may be that
+// copy's, late, with the ACKs of what followed it right behind: the
+// requester waits half an SRTT for them (any progress calls it off)
+// before it goes back.
+func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time, late bool) {
 	r := &q.req
 	r.probeOut = false
 	if q.failed || !q.reqOn || r.rnrWait || !r.compPSN.Less(r.psn) {
@@ -415,9 +427,18 @@ func (q *QP) probeAnswered(probeAt clock.Time) {
 	if rec := r.tx.get(r.compPSN); rec != nil && rec.at >= probeAt {
 		return // sent after the probe: may still be on its way
 	}
+	if late {
+		r.fastAt = now.Add(max(r.rtt.srtt/2, time.Microsecond))
+		return
+	}
+	q.fastRetransmit()
+}
+
+// fastRetransmit goes back N at once, without a retry spent.
+func (q *QP) fastRetransmit() {
 	q.FastRetrans++
 	q.AdpRetrans++
-	q.goBack(r.compPSN)
+	q.goBack(q.req.compPSN)
 }
 
 // RTT returns the smoothed RTT, its variation and the minimum RTT the QP

@@ -160,9 +160,11 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 	// RTO.
 	c.now = c.now.Add(time.Millisecond)
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
+	acked := c.now
+	c.fastDue()
 	c.expect(p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
-	if d := c.qp.Deadline(); c.qp.req.backoff != 4 || d != c.now.Add(16*RTOMin) || c.qp.FastRetrans != 1 {
-		t.Fatalf("after progress without a sample: backoff %d, deadline %v, want %v; %+v", c.qp.req.backoff, d, c.now.Add(16*RTOMin), c.qp.Counters)
+	if d := c.qp.Deadline(); c.qp.req.backoff != 4 || d != acked.Add(16*RTOMin) || c.qp.FastRetrans != 1 {
+		t.Fatalf("after progress without a sample: backoff %d, deadline %v, want %v; %+v", c.qp.req.backoff, d, acked.Add(16*RTOMin), c.qp.Counters)
 	}
 	c.now = c.now.Add(time.Millisecond)
 	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
@@ -298,6 +300,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 			c.expect(p(bth.RCSendOnly, 101))
 			c.now = c.now.Add(50 * time.Microsecond)
 			c.respond(req{op: bth.RCAcknowledge, psn: k.answer, syn: SynACK})
+			c.fastDue()
 			var want []checker.Want
 			for _, q := range k.wantAgain {
 				want = append(want, p(bth.RCSendOnly, q))
@@ -335,6 +338,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	c.expect(p(bth.RCSendOnly, 103))
 	c.now = c.now.Add(50 * time.Microsecond)
 	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	c.fastDue()
 	c.expect(p(bth.RCSendOnly, 104))
 	if c.qp.FastRetrans != 1 || c.qp.TLPProbes != 2 || c.qp.Timeouts != 0 {
 		t.Fatalf("tail lost: %+v", c.qp.Counters)
@@ -355,6 +359,78 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	c.expect()
 	if c.qp.FastRetrans != 0 {
 		t.Fatal("went back over a packet sent after the probe")
+	}
+}
+
+// fastDue runs a fast retransmission the QP put off (a probe's answer
+// that may have been a late ACK of the probed packet's first copy).
+func (c *tctx) fastDue() {
+	c.t.Helper()
+	if c.qp.req.fastAt == clock.Never {
+		return
+	}
+	if d := c.qp.Deadline(); d != c.qp.req.fastAt || d > c.now.Add(c.qp.req.rtt.srtt) {
+		c.t.Fatalf("deadline %v, want the fast retransmission at %v, within an SRTT of %v", d, c.qp.req.fastAt, c.now)
+	}
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+}
+
+// TestProbeAnswerOrLateACK: an ACK of the probed PSN is the probe's answer
+// (the probe filled a hole, and what followed was dropped) unless an
+// earlier copy of that packet asked for an ACK too: then it may be that
+// copy's, late (a peer that stalled answers its backlog), and the ACKs of
+// what followed come right behind it. The requester goes back at once in
+// the first case, half an SRTT later in the second unless progress comes.
+func TestProbeAnswerOrLateACK(t *testing.T) {
+	// A three-packet SEND: AckReq on its last packet only.
+	start := func(t *testing.T) *tctx {
+		c := newCtx(t, defaultCfg())
+		c.sampled(50 * time.Microsecond)
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(3000, 0))})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+		c.expect(p(bth.RCSendFirst, 101), p(bth.RCSendMiddle, 102), p(bth.RCSendLast, 103), p(bth.RCSendOnly, 104))
+		c.now = c.qp.Deadline()
+		c.qp.Expire(c.now)
+		c.expect(p(bth.RCSendFirst, 101))
+		c.now = c.now.Add(50 * time.Microsecond)
+		return c
+	}
+	// 101 never asked for an ACK: its ACK answers the probe.
+	c := start(t)
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
+	c.expect(p(bth.RCSendMiddle, 102), p(bth.RCSendLast, 103), p(bth.RCSendOnly, 104))
+	if c.qp.FastRetrans != 1 {
+		t.Fatalf("%+v", c.qp.Counters)
+	}
+	// 103 did: probed after 101 and 102 were acknowledged, an ACK of 103
+	// may be its first copy's, and the ACK of 104 follows: no resend.
+	c = start(t)
+	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK})
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendLast, 103))
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	c.expect()
+	c.now = c.now.Add(5 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK})
+	c.expect()
+	if c.qp.FastRetrans != 0 || len(c.wcs()) != 2 {
+		t.Fatalf("went back over a late ACK: %+v", c.qp.Counters)
+	}
+	// The same answer with nothing behind it: 104 was lost.
+	c = start(t)
+	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK})
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendLast, 103))
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	c.fastDue()
+	c.expect(p(bth.RCSendOnly, 104))
+	if c.qp.FastRetrans != 1 {
+		t.Fatalf("%+v", c.qp.Counters)
 	}
 }
 
