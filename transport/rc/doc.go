@@ -36,8 +36,8 @@
 // retry_cnt; the local ACK timer alone decides when to give up, at the same
 // moment as before. Toward a go-back-N peer these are only retransmissions
 // of packets it handles as duplicates or as the one it expects, and a peer
-// that only paused costs one packet per expiry: the backoff lasts until a
-// fresh RTT sample, and a READ reply in progress is asked for one response
+// that only paused costs one packet per expiry: a late ACK does not send
+// back N at once, and a READ reply in progress is asked for one response
 // at a time, never the whole rest again.
 //
 // Between two softrnic QPs it adds selective repeat (IRN's, SIGCOMM 2018):

@@ -51,19 +51,16 @@ type requester struct {
 	gapPSN    bth.PSN // compPSN when a READ reply gap last triggered a retry
 
 	// Adaptive retransmission (rto.go).
-	tx      txRing
-	settled bth.PSN // records before it have been retired
-	rtt     rttEstimator
-	rtoAt   clock.Time // adaptive retransmission timeout
-	ptoAt   clock.Time // tail-loss probe
-	backoff uint8      // RTO expiries since the last fresh RTT sample
-	// backoffAt is rtt.samples when the backoff began: it lasts until a
-	// newer sample (Karn), not merely until progress.
-	backoffAt uint64
-	probe     bool // a tail-loss probe is due: BuildHeader sends it
-	probeRTO  bool // the probe is an RTO's, counted when it expired
-	probeRead bool // the probe asks a streaming READ for one response
-	probeOut  bool // a probe went out and has not been answered
+	tx        txRing
+	settled   bth.PSN // records before it have been retired
+	rtt       rttEstimator
+	rtoAt     clock.Time // adaptive retransmission timeout
+	ptoAt     clock.Time // tail-loss probe
+	backoff   uint8      // RTO expiries in a row without progress
+	probe     bool       // a tail-loss probe is due: BuildHeader sends it
+	probeRTO  bool       // the probe is an RTO's, counted when it expired
+	probeRead bool       // the probe asks a streaming READ for one response
+	probeOut  bool       // a probe went out and has not been answered
 	probePSN  bth.PSN
 	probeAt   clock.Time
 	fastAt    clock.Time // a probe's answer that may be late: go back N then
@@ -94,7 +91,7 @@ func (r *requester) init(cfg *Config) {
 	r.settled = cfg.SQPSN
 	r.rtt = rttEstimator{}
 	r.rtoAt, r.ptoAt, r.fastAt = clock.Never, clock.Never, clock.Never
-	r.backoff, r.backoffAt, r.probe, r.probeOut, r.probeRTO, r.probeRead = 0, 0, false, false, false, false
+	r.backoff, r.probe, r.probeOut, r.probeRTO, r.probeRead = 0, false, false, false, false
 	r.progressAt, r.readAt, r.readGapAt, r.readGap = clock.Never, clock.Never, clock.Never, 0
 	r.answered = false
 }

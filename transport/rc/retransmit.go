@@ -40,8 +40,8 @@ import (
 // mode but RecoveryTimeout, toward any peer, as ConnectX's adaptive
 // retransmission is on by default. A go-back-N peer (rxe, ConnectX) sees
 // only packets it handles as duplicates, and the timers keep what a
-// spurious expiry costs such a peer small: an RTO resends one packet, the
-// backoff lasts until a fresh RTT sample, and a READ reply in progress is
+// spurious expiry costs such a peer small: an RTO resends one packet, a
+// late ACK does not send back N at once, and a READ reply in progress is
 // left to stream (see streamingRead).
 func (q *QP) adaptive() bool { return q.cfg.Recovery != ib.RecoveryTimeout && !q.cfg.UC }
 
@@ -207,18 +207,15 @@ func (q *QP) settle(now clock.Time) {
 }
 
 // armAfterProgress restarts the adaptive timers once the cumulative
-// acknowledgement moved. The backoff ends only with an RTT sample taken
-// since it began (Karn): progress made of answers to repeated packets, or
-// of READ responses, says nothing of how long the peer takes, and a peer
-// that stalled long enough for one RTO would otherwise meet the next one
-// as short.
+// acknowledgement moved. (Keeping the backoff until a fresh RTT sample,
+// as Karn's rule would, spared a stalling peer nothing an RTO of one
+// packet costs, and slowed recovery from real loss: adaptive go-back-N at
+// 3 % loss fell from 0.36 to 0.32 of lossless in the goodput model.)
 func (q *QP) armAfterProgress(now clock.Time) {
 	r := &q.req
 	r.probeOut, r.fastAt = false, clock.Never
 	r.progressAt = now
-	if r.rtt.samples != r.backoffAt {
-		r.backoff = 0
-	}
+	r.backoff = 0
 	q.settle(now)
 	if !q.adaptive() {
 		return
@@ -230,12 +227,11 @@ func (q *QP) armAfterProgress(now clock.Time) {
 	}
 }
 
-// backOff doubles the next RTO until a fresh RTT sample.
+// backOff doubles the next RTO until progress.
 func (r *requester) backOff() {
 	if r.backoff < 16 {
 		r.backoff++
 	}
-	r.backoffAt = r.rtt.samples
 }
 
 // disarmAdaptive stops the adaptive timers (nothing outstanding, or the
@@ -381,16 +377,16 @@ func (q *QP) buildAt(now clock.Time, buf []byte, p bth.PSN, nRead uint32) int {
 }
 
 // answersProbe reports whether a response answers the outstanding probe
-// of a go-back-N peer: an ACK of the probed PSN itself. Such a peer answers
-// a probe it already had with an ACK of the last PSN it has in order, so
-// an ACK that stops at the probe says the probe filled a hole and what
-// followed it was dropped. An ACK beyond the probed PSN may be one the
-// peer sent before it saw the probe, late because the peer stalled: the
-// peer is alive and has more, and the timers restart from it (a tail still
-// missing meets the next probe) rather than send back a window the peer
-// may already have.
+// of a go-back-N peer: an ACK that covers the probed PSN. Such a peer
+// answers a probe it already had with an ACK of the last PSN it has in
+// order, and keeps nothing beyond a hole, so what was sent before the
+// probe and stays unacknowledged was dropped. But an ACK may also be one
+// the peer sent before it saw the probe, late because the peer stalled,
+// with the ACKs of its backlog right behind: that is certain only for an
+// ACK of the probed PSN itself which no earlier copy asked for, and
+// probeAnswered waits a little in every other case.
 func (r *requester) answersProbe(op bth.Opcode, pp bth.PSN, syn uint8) bool {
-	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && pp == r.probePSN
+	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && !pp.Less(r.probePSN)
 }
 
 // ackAsked reports whether a transmission of p other than a probe asked
@@ -414,10 +410,9 @@ func (q *QP) readProbeAnswered() { q.fastRetransmit() }
 
 // probeAnswered is called once the answer to a probe was processed: every
 // packet sent before the probe and still unacknowledged is lost. When the
-// probed packet's first copy asked for an ACK too, the answer may be that
-// copy's, late, with the ACKs of what followed it right behind: the
-// requester waits half an SRTT for them (any progress calls it off)
-// before it goes back.
+// answer may be a late ACK (late), the ACKs of what followed would come
+// right behind it: the requester waits half an SRTT for them (any
+// progress calls it off) before it goes back.
 func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time, late bool) {
 	r := &q.req
 	r.probeOut = false
