@@ -51,19 +51,24 @@ type requester struct {
 	gapPSN    bth.PSN // compPSN when a READ reply gap last triggered a retry
 
 	// Adaptive retransmission (rto.go).
-	tx        txRing
-	settled   bth.PSN // records before it have been retired
-	rtt       rttEstimator
-	rtoAt     clock.Time // adaptive retransmission timeout
-	ptoAt     clock.Time // tail-loss probe
-	backoff   uint8      // RTO expiries in a row without progress
-	probe     bool       // a tail-loss probe is due: BuildHeader sends it
-	probeRTO  bool       // the probe is an RTO's, counted when it expired
-	probeRead bool       // the probe asks a streaming READ for one response
-	probeOut  bool       // a probe went out and has not been answered
-	probePSN  bth.PSN
-	probeAt   clock.Time
-	fastAt    clock.Time // a probe's answer that may be late: go back N then
+	tx       txRing
+	settled  bth.PSN // records before it have been retired
+	rtt      rttEstimator
+	rtoAt    clock.Time // adaptive retransmission timeout
+	ptoAt    clock.Time // tail-loss probe
+	backoff  uint8      // RTO expiries in a row without progress
+	probe    bool       // a tail-loss probe is due: BuildHeader sends it
+	probeRTO bool       // the probe is an RTO's, counted when it expired
+	// readProbe is the PSN a one-response READ probe asked for, while
+	// readProbeOn: its answer, a LAST or ONLY before the READ's last PSN,
+	// may come whatever else was sent since (a local ACK timeout's resend
+	// behind it).
+	readProbe   bth.PSN
+	readProbeOn bool
+	probeOut    bool // a probe went out and has not been answered
+	probePSN    bth.PSN
+	probeAt     clock.Time
+	fastAt      clock.Time // a probe's answer that may be late: go back N then
 	// A READ reply in progress: progressAt is the last forward progress,
 	// readAt the last in-order READ response, and readGap the longest
 	// silence between two of them within minRTTWindow (since readGapAt).
@@ -91,7 +96,7 @@ func (r *requester) init(cfg *Config) {
 	r.settled = cfg.SQPSN
 	r.rtt = rttEstimator{}
 	r.rtoAt, r.ptoAt, r.fastAt = clock.Never, clock.Never, clock.Never
-	r.backoff, r.probe, r.probeOut, r.probeRTO, r.probeRead = 0, false, false, false, false
+	r.backoff, r.probe, r.probeOut, r.probeRTO, r.readProbeOn = 0, false, false, false, false
 	r.progressAt, r.readAt, r.readGapAt, r.readGap = clock.Never, clock.Never, clock.Never, 0
 	r.answered = false
 }

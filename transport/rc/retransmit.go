@@ -117,6 +117,9 @@ func (q *QP) streamingRead() bool {
 // since the previous one when it followed it.
 func (q *QP) readProgress(now clock.Time) {
 	r := &q.req
+	if r.readProbeOn && r.readProbe.Less(r.compPSN) {
+		r.readProbeOn = false // answered, or passed by the reply
+	}
 	if r.readAt != clock.Never && r.readAt == r.progressAt {
 		if g := now.Sub(r.readAt); g > r.readGap || now.Sub(r.readGapAt) > minRTTWindow {
 			r.readGap, r.readGapAt = g, now
@@ -316,9 +319,9 @@ func (q *QP) buildRetransmit(now clock.Time, buf []byte) int {
 			// comes in order the reply had stopped (its tail was lost),
 			// and the rest is asked for at once (readProbeAnswered).
 			var nRead uint32
-			r.probeRead = !r.sr.on && q.streamingRead()
-			if r.probeRead {
+			if !r.sr.on && q.streamingRead() {
 				nRead = 1
+				r.readProbe, r.readProbeOn = r.compPSN, true
 			}
 			if n := q.buildAt(now, buf, r.compPSN, nRead); n > 0 {
 				if !rto { // an RTO's resend was counted when it expired
@@ -400,7 +403,7 @@ func (r *requester) ackAsked(p bth.PSN) bool {
 // readProbeAnswers reports whether the READ response at pp, a LAST or
 // ONLY before its READ's last PSN, is the answer to a one-response probe.
 func (r *requester) readProbeAnswers(pp bth.PSN) bool {
-	return r.probeOut && r.probeRead && pp == r.probePSN && !r.sr.on
+	return r.readProbeOn && pp == r.readProbe && !r.sr.on
 }
 
 // readProbeAnswered: the one response a probe asked for came in order, so

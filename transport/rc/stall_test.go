@@ -239,9 +239,36 @@ func TestStreamingReadProbe(t *testing.T) {
 			}
 		})
 	}
+	// The probe's answer may come after a local ACK timeout has asked for
+	// the whole rest again (a peer answers in order: the probe's one
+	// response first): it is still the probe's answer.
+	c := newCtx(t, defaultCfg())
+	c.qp.cfg.Timeout, c.qp.req.rto = 12, clock.Time(AckTimeout(12)) // 16.8 ms
+	c.sampled(50 * time.Microsecond)
+	dst := make([]byte, 4*1024) // PSNs 101..104
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(dst), RemoteAddr: 0x1000, RKey: 1})
+	c.expect(p(bth.RCRDMAReadRequest, 101))
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 101, syn: SynACK, payload: fill(1024, 1)})
+	for c.qp.Timeouts == 0 {
+		c.now = c.qp.Deadline()
+		c.qp.Expire(c.now)
+		c.out()
+	}
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 102, syn: SynACK, payload: fill(1024, 2)})
+	g := c.expect(p(bth.RCRDMAReadRequest, 103))
+	if reth := bth.RETH(g[0].Raw[bth.BTHLen:]); reth.DMALen() != 2*1024 {
+		t.Fatalf("asked again for %d bytes from 103", reth.DMALen())
+	}
+	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 103, syn: SynACK, payload: fill(1024, 3)})
+	c.respond(req{op: bth.RCRDMAReadResponseLast, psn: 104, syn: SynACK, payload: fill(1024, 4)})
+	if w := c.wcs(); len(w) != 1 || w[0].Status != ib.Success || !bytes.Equal(dst[3072:], fill(1024, 4)) {
+		t.Fatalf("after a local ACK timeout behind the probe: %+v", w)
+	}
+
 	// A LAST before a READ's last PSN that no probe asked for is still a
 	// bad response.
-	c := newCtx(t, defaultCfg())
+	c = newCtx(t, defaultCfg())
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMARead, Flags: ib.Signaled, SG: segs(make([]byte, 4096)), RemoteAddr: 0x1000, RKey: 1})
 	c.out()
 	c.respond(req{op: bth.RCRDMAReadResponseFirst, psn: 100, syn: SynACK, payload: make([]byte, 1024)})
