@@ -32,7 +32,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 		q.sampleRTT(now, op, pp, syn)
 	}
 	probe, probeAt := r.answersProbe(op, pp, syn), r.probeAt
-	late := probe && (pp != r.probePSN || r.ackAsked(pp))
+	late := probe && r.ackAsked(pp)
 	if r.sr.on && (op.IsReadResponse() || op.IsAtomicAck()) && pp.Diff(r.compPSN) > 0 {
 		q.srHoldResponse(pkt, op, pp)
 		return

@@ -380,16 +380,19 @@ func (q *QP) buildAt(now clock.Time, buf []byte, p bth.PSN, nRead uint32) int {
 }
 
 // answersProbe reports whether a response answers the outstanding probe
-// of a go-back-N peer: an ACK that covers the probed PSN. Such a peer
-// answers a probe it already had with an ACK of the last PSN it has in
-// order, and keeps nothing beyond a hole, so what was sent before the
-// probe and stays unacknowledged was dropped. But an ACK may also be one
-// the peer sent before it saw the probe, late because the peer stalled,
-// with the ACKs of its backlog right behind: that is certain only for an
-// ACK of the probed PSN itself which no earlier copy asked for, and
-// probeAnswered waits a little in every other case.
+// of a go-back-N peer: an ACK of the probed PSN itself. Such a peer answers
+// a probe it already had with an ACK of the last PSN it has in order, so
+// an ACK that stops at the probe says the probe filled a hole and what
+// followed it was dropped. An ACK beyond the probed PSN may be one the
+// peer sent before it saw the probe, late because the peer stalled: the
+// peer is alive and has more, and the timers restart from it (a tail still
+// missing meets the next probe) rather than send back a window the peer
+// may already have. (Going back half an SRTT after such an ACK unless more
+// progress came, as for a late-looking ACK of the probed PSN, resent
+// thousands of packets rxe had in the lab: its ACKs after a stall come
+// further apart than that.)
 func (r *requester) answersProbe(op bth.Opcode, pp bth.PSN, syn uint8) bool {
-	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && !pp.Less(r.probePSN)
+	return r.probeOut && !r.sr.on && op.IsAck() && syn&0xE0 == 0 && pp == r.probePSN
 }
 
 // ackAsked reports whether a transmission of p other than a probe asked
@@ -413,9 +416,10 @@ func (q *QP) readProbeAnswered() { q.fastRetransmit() }
 
 // probeAnswered is called once the answer to a probe was processed: every
 // packet sent before the probe and still unacknowledged is lost. When the
-// answer may be a late ACK (late), the ACKs of what followed would come
-// right behind it: the requester waits half an SRTT for them (any
-// progress calls it off) before it goes back.
+// probed packet's first copy asked for an ACK too (late), the answer may
+// be that copy's, with the ACKs of what followed it right behind: the
+// requester waits half an SRTT for them (any progress calls it off)
+// before it goes back.
 func (q *QP) probeAnswered(now clock.Time, probeAt clock.Time, late bool) {
 	r := &q.req
 	r.probeOut = false
