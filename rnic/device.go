@@ -69,6 +69,9 @@ type Device struct {
 	portDown atomic.Bool // the interface's link is down (SetPortActive)
 
 	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
+	// completions counts the CQ pushes that added a completion: each may
+	// give the application back memory the read-ahead holds (dma.go).
+	completions atomic.Uint64
 
 	// The counters of destroyed QPs (QPCounterTotals); retireGen counts
 	// retirements.
