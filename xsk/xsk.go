@@ -386,6 +386,21 @@ func (s *Socket) Fill(descs []unix.XDPDesc) {
 	}
 }
 
+// RxLevel reads how the receive buffers stand: fill of them wait on the
+// FILL ring for the kernel to receive into, queued hold frames the kernel
+// received and the reader has not taken from the RX ring yet, out of
+// buffers (Info.RxBuffers). A FILL ring that runs dry is where an AF_XDP
+// socket drops frames; an RX ring that backs up is a reader falling behind.
+// Two loads of indexes shared with the kernel.
+func (s *Socket) RxLevel() (fill, queued, buffers int) {
+	if s.closed {
+		return 0, 0, 0
+	}
+	fill = int(s.fill.cachedProducer - s.fill.consumer.Load())
+	queued = int(s.rx.producer.Load() - s.rx.cachedConsumer)
+	return fill, queued, int(s.info.RxBuffers)
+}
+
 // SetWakeFD makes Wait also return when fd (an eventfd, say) is readable:
 // the owner of the socket wakes its sleeping reader through it. -1 removes
 // it.
