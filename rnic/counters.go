@@ -39,6 +39,11 @@ type CongestionStats struct {
 	// RxCNP counts every CNP that passed the receive checks (no mlx5
 	// equivalent: the sum of the two rp_ counters).
 	RxCNP uint64
+	// NPHostCCMarks (np_host_cc_marks) counts the data packets the
+	// notification point answered as CE-marked for host congestion
+	// (Config.HostCC), at most one per QP per CNP interval: each asked its
+	// QP for a CNP (counted in np_cnp_sent with the others).
+	NPHostCCMarks uint64
 }
 
 // PublishStats makes Stats as they are now what StatsSnapshot returns. The

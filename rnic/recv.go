@@ -6,6 +6,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
@@ -80,6 +81,13 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	m := &d.meta // the device's, not a local: the transport call would move a local to the heap
 	*m = transport.Meta{Src: f.Src(), ECN: f.ECN(), RxAway: d.rxAway, RecvWindow: d.share.window(d.cfg.RxFrames)}
 	src := m.Src.Unmap()
+	if d.hostMarks && m.ECN != frame.CE && q.init.Type.Connected() && npAnswers(op) &&
+		d.hostCC.Mark(now, &q.hostMark, d.cfg.Congestion.NP.MinInterval) {
+		// Host congestion: the QP's notification point answers this
+		// packet as if the network had marked it.
+		m.ECN = frame.CE
+		d.Stats.NPHostCCMarks++
+	}
 	if op == bth.CNP {
 		// A CNP is for a connected QP's reaction point, from its peer.
 		d.Stats.RxCNP++
@@ -131,6 +139,26 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	}
 	q.tr.Receive(now, tp, m)
 }
+
+// npAnswers reports whether DCQCN's notification point answers a CE mark
+// on a packet of op with a CNP: requests and READ responses, not ACKs or
+// CNPs (transport/rc's npPacket).
+func npAnswers(op bth.Opcode) bool {
+	return op != bth.CNP && op != bth.RCAcknowledge && op != bth.RCAtomicAcknowledge
+}
+
+// SetRxLevel tells the device how its port's receive buffers stand before
+// the frames it hands to the next Receive (port.RxGauge: fill buffers
+// wait for the network, queued frames wait for the device, out of
+// buffers), read at now. Under DCQCN the device signals host congestion
+// with it (Config.HostCC). A driver that does not call it signals none.
+func (d *Device) SetRxLevel(now clock.Time, fill, queued, buffers int) {
+	d.hostCC.Observe(now, fill, queued, buffers)
+}
+
+// HostCCCounters returns what the device's host-congestion detector saw
+// (engine goroutine, or after it stopped).
+func (d *Device) HostCCCounters() dcqcn.HostCCCounters { return d.hostCC.HostCCCounters }
 
 // rxShare divides the port's receive frames among the QPs receiving. A
 // host that many requesters send into at once (fan-in: MPI, storage
