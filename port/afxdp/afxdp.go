@@ -31,10 +31,11 @@ type Config struct {
 	// XDPMode, when the port attaches the program: bpf.DriverMode or
 	// bpf.GenericMode, or zero for driver mode with a generic fallback.
 	XDPMode bpf.AttachMode
-	// FrameSize, NumFrames, Headroom, Mode and the busy-poll settings are
+	// FrameSize, NumFrames, RxBuffers, Headroom, Mode and the busy-poll settings are
 	// passed to xsk.Config.
 	FrameSize      uint32
 	NumFrames      uint32
+	RxBuffers      uint32
 	Headroom       uint32
 	Mode           xsk.Mode
 	BusyPoll       time.Duration
@@ -143,7 +144,7 @@ func Open(cfg Config) (p *Port, err error) {
 	}
 	p.sock, err = xsk.Open(xsk.Config{
 		IfIndex: cfg.IfIndex, Queue: cfg.Queue,
-		FrameSize: fs, NumFrames: cfg.NumFrames, Headroom: cfg.Headroom, RxChunks: rxChunks,
+		FrameSize: fs, NumFrames: cfg.NumFrames, RxBuffers: cfg.RxBuffers, Headroom: cfg.Headroom, RxChunks: rxChunks,
 		Mode: cfg.Mode, MultiBuffer: multi, MaxFrame: need,
 		BusyPoll: cfg.BusyPoll, PreferBusyPoll: cfg.PreferBusyPoll, BusyPollBudget: cfg.BusyPollBudget,
 	})
