@@ -69,6 +69,10 @@ type Run struct {
 	Veth map[string]uint64 `json:"receiver_veth,omitempty"`
 	// Bridge is the lossy bridge's RoCEv2 frame counts (lossy path only).
 	Bridge *netnstest.PathCounters `json:"bridge,omitempty"`
+	// CNPSent and HostCCMarks are the receiver's np_cnp_sent and
+	// np_host_cc_marks (its perf process under DCQCN; nil otherwise).
+	CNPSent     *uint64 `json:"receiver_np_cnp_sent,omitempty"`
+	HostCCMarks *uint64 `json:"receiver_np_host_cc_marks,omitempty"`
 	// Daemon is the growth of the receiving daemon's device counters
 	// (softrnic stats), when B's side ran in a daemon; those that sum over
 	// QPs are their largest value sampled during the run.
@@ -215,6 +219,9 @@ func (j *perfJob) run() (r Run) {
 		r.Failure, r.Detail = "error", "client reported no bandwidth"
 		return r
 	}
+	if serrJ == nil && sres.DCQCN != nil {
+		r.CNPSent, r.HostCCMarks = sres.DCQCN.CNPSent, sres.DCQCN.HostCCMarks
+	}
 	b := cres.BW[0]
 	r.PathMTU = cres.TestInfo.MTU
 	r.MiBps, r.PeakMiBps, r.Iters = b.BWAverage, b.BWPeak, b.Iters
@@ -319,6 +326,10 @@ type perfJSON struct {
 		BWPeak    float64 `json:"BW_peak"`
 		BWAverage float64 `json:"BW_average"`
 	} `json:"results_bw"`
+	DCQCN *struct {
+		CNPSent     *uint64 `json:"np_cnp_sent"`
+		HostCCMarks *uint64 `json:"np_host_cc_marks"`
+	} `json:"dcqcn"`
 }
 
 // parsePerfJSON reads the JSON document in perf's standard output (it may

@@ -33,6 +33,7 @@ type Options struct {
 	QPs      []int
 	MTUs     []int
 	QPRounds int
+	QPFlags  []string // more perf flags of both ends in the QP table and the daemon run (--cc dcqcn)
 
 	DaemonQPs int // the QP count of the daemon run (0: none)
 	DaemonMTU int
@@ -177,7 +178,7 @@ func lossTable(o Options, modes []Mode, rep *Report, log io.Writer) error {
 }
 
 func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
-	base := []string{"-s", "65536"}
+	base := append([]string{"-s", "65536"}, o.QPFlags...)
 	if o.QPTable {
 		rep.QPs = &QPTable{Args: base, Duration: o.Duration.String(), Rounds: o.QPRounds}
 	}
@@ -265,6 +266,9 @@ func runLine(r Run) string {
 		fmt.Fprintf(&b, "  rx socket drops %d (fill ring empty %d)", r.XSK.RxDropped, r.XSK.RxFillRingEmpty)
 	} else if r.XSKError != "" {
 		fmt.Fprintf(&b, "  rx socket: %s", r.XSKError)
+	}
+	if r.HostCCMarks != nil && r.CNPSent != nil {
+		fmt.Fprintf(&b, "  receiver np_host_cc_marks %d, np_cnp_sent %d", *r.HostCCMarks, *r.CNPSent)
 	}
 	if r.Daemon != nil {
 		fmt.Fprintf(&b, "  daemon xdp_steered %d, xsk_rx_fill_ring_empty_descs %d", r.Daemon["xdp_steered"], r.Daemon["xsk_rx_fill_ring_empty_descs"])
