@@ -166,6 +166,9 @@ type QPCounters struct {
 	// of a device that runs congestion control).
 	CC   congestion.State
 	CCOn bool
+	// HostCCMarks counts the QP's packets marked for host congestion
+	// (np_host_cc_marks; Config.HostCC).
+	HostCCMarks uint64
 }
 
 // CQECounters counts a QP's error completions the way mlx5 does
@@ -219,6 +222,7 @@ func (q *QP) counters(c *QPCounters) {
 	defer q.mu.Unlock()
 	c.State = q.state
 	c.CQE = q.cqe
+	c.HostCCMarks = q.hostMark.Marks
 	switch t := q.tr.(type) {
 	case *rc.QP:
 		c.RC = t.Counters

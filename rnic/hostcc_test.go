@@ -60,6 +60,11 @@ func TestHostCongestionSendsCNPs(t *testing.T) {
 	if c := s.dev.HostCCCounters(); c.Episodes != 1 || c.Readings != 9 || c.Marks != 2 {
 		t.Fatalf("detector counters %+v, want 1 episode, 9 readings, 2 marks", c)
 	}
+	s.dev.EachQPCounters(func(c *QPCounters) {
+		if c.HostCCMarks != 2 {
+			t.Errorf("QP %#x: %d host marks, want 2", c.QPN, c.HostCCMarks)
+		}
+	})
 }
 
 // Packets the network marked already are the NP's as ever: the host adds

@@ -108,11 +108,12 @@ func (h *HostCC) Congested(now clock.Time) bool {
 	return h.on
 }
 
-// HostMark is one QP's state for HostCC.Mark: when its last host mark was.
-// The zero value has never been marked.
+// HostMark is one QP's state for HostCC.Mark: when its last host mark
+// was, and how many it had. The zero value has never been marked.
 type HostMark struct {
 	last   clock.Time
 	marked bool
+	Marks  uint64 // the QP's host marks (np_host_cc_marks)
 }
 
 // Mark reports whether a packet of the QP whose state is m, arriving at
@@ -131,6 +132,7 @@ func (h *HostCC) Mark(now clock.Time, m *HostMark, interval time.Duration) bool 
 		return false
 	}
 	m.marked, m.last = true, now
+	m.Marks++
 	h.Marks++
 	return true
 }

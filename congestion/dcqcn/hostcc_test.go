@@ -85,8 +85,8 @@ func TestHostCCMarkPerQP(t *testing.T) {
 	if !equalTimes(marksA, wantA) || !equalTimes(marksB, wantB) {
 		t.Fatalf("marks A %v, B %v; want %v and %v", marksA, marksB, wantA, wantB)
 	}
-	if h.Marks != 8 {
-		t.Fatalf("Marks %d, want 8", h.Marks)
+	if h.Marks != 8 || a.Marks != 4 || b.Marks != 4 {
+		t.Fatalf("Marks %d (A %d, B %d), want 8 (4 each)", h.Marks, a.Marks, b.Marks)
 	}
 	if h.Mark(2*ms, &a, interval) {
 		t.Fatal("marked after the congestion's hold")
