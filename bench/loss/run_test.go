@@ -179,3 +179,32 @@ func TestWaitListeningServerExited(t *testing.T) {
 		t.Fatal("the server's exit status was taken: its caller would wait forever")
 	}
 }
+
+// TestFanInHostCongestion: 128 QPs writing into one perf receiver under
+// DCQCN over a veth pair complete, the receiver's AF_XDP socket drops no
+// frame for an empty FILL ring, and its notification point signalled host
+// congestion (np_host_cc_marks), each mark a CNP. Root only; it asserts
+// counts, not speed.
+func TestFanInHostCongestion(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	o := DefaultOptions()
+	o.Bin = buildSoftrnic(t)
+	o.Loss, o.DaemonQPs = false, 0
+	o.Duration, o.QPs, o.MTUs, o.QPFlags = 3*time.Second, []int{128}, []int{1500}, []string{"--cc", "dcqcn"}
+	var log bytes.Buffer
+	rep, err := Measure(o, &log)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, log.String())
+	}
+	r := rep.QPs.Cells[0].Runs[0]
+	t.Logf("%s", runLine(r))
+	if !r.OK() || r.XSK == nil || r.XSK.Sockets == 0 {
+		t.Fatalf("run %+v\n%s", r, log.String())
+	}
+	if r.XSK.RxFillRingEmpty != 0 {
+		t.Errorf("%d frames dropped for an empty FILL ring", r.XSK.RxFillRingEmpty)
+	}
+	if r.HostCCMarks == nil || r.CNPSent == nil || *r.HostCCMarks == 0 || *r.CNPSent < *r.HostCCMarks {
+		t.Errorf("receiver's host marks %v, CNPs %v: want marks, each a CNP", r.HostCCMarks, r.CNPSent)
+	}
+}
