@@ -271,7 +271,12 @@ func runLine(r Run) string {
 		fmt.Fprintf(&b, "  receiver np_host_cc_marks %d, np_cnp_sent %d", *r.HostCCMarks, *r.CNPSent)
 	}
 	if r.Daemon != nil {
-		fmt.Fprintf(&b, "  daemon xdp_steered %d, xsk_rx_fill_ring_empty_descs %d", r.Daemon["xdp_steered"], r.Daemon["xsk_rx_fill_ring_empty_descs"])
+		fmt.Fprintf(&b, "  daemon xdp_steered %d, xsk_rx_fill_ring_empty_descs %d, duplicate_request %d", r.Daemon["xdp_steered"],
+			r.Daemon["xsk_rx_fill_ring_empty_descs"], r.Daemon["duplicate_request"])
+		if s := r.SenderRecovery; s != nil {
+			fmt.Fprintf(&b, "; sender retrans_packets %d, tlp_probes %d, roce_adp_retrans_to %d, fast_retrans %d, sel_retrans %d",
+				s["retrans_packets"], s["tlp_probes"], s["roce_adp_retrans_to"], s["fast_retrans"], s["sel_retrans"])
+		}
 	}
 	if !r.OK() && r.Detail != "" {
 		fmt.Fprintf(&b, "\n    %s", r.Detail)
