@@ -28,7 +28,7 @@ func main() {
 	qps := flag.String("qps", ints(o.QPs), "QP counts of the QP table")
 	mtus := flag.String("mtus", ints(o.MTUs), "MTUs of the QP table")
 	flag.IntVar(&o.QPRounds, "qp-rounds", o.QPRounds, "rounds of the QP table")
-	qpFlags := flag.String("qp-flags", "", "more perf flags of both ends in the QP table and the daemon run, space separated (e.g. '--cc dcqcn': the receiver's host congestion signal needs DCQCN)")
+	qpFlags := flag.String("qp-flags", "", "more perf flags of both ends in the QP table (not the daemon run), space separated (e.g. '--cc dcqcn': the receiver's host congestion signal needs DCQCN)")
 	flag.IntVar(&o.DaemonQPs, "daemon-qps", o.DaemonQPs, "QPs of the daemon-receiver run")
 	flag.IntVar(&o.DaemonMTU, "daemon-mtu", o.DaemonMTU, "MTU of the daemon-receiver run")
 	total := flag.Duration("timeout", 15*time.Minute, "time limit of the whole run")
