@@ -94,15 +94,9 @@ func runCM(t testing.TB, ctx context.Context, server *exec.Cmd, client func() *e
 		}
 		select {
 		case err := <-done:
-			skipWithoutAppMemory(t, sout.Bytes())
 			t.Fatalf("server exited (%v) before a client reached it:\n%s", err, sout.String())
 		case <-time.After(100 * time.Millisecond):
 		}
-	}
-	if appMemoryUnsupported(cout) {
-		_ = server.Process.Kill() // it waits for a client that failed
-		t.Logf("server killed: %v", <-done)
-		skipWithoutAppMemory(t, cout)
 	}
 	if cerr != nil && perftest.StockSecondConnectRace(cout) {
 		_ = server.Process.Kill() // it waits for a client that crashed
@@ -115,7 +109,6 @@ func runCM(t testing.TB, ctx context.Context, server *exec.Cmd, client func() *e
 	case <-ctx.Done():
 		serr = ctx.Err()
 	}
-	skipWithoutAppMemory(t, sout.Bytes())
 	if rpingTeardownRace(cerr, cout) {
 		t.Logf("client: rping's own teardown race after a complete run (rdma-core PR #1622):\n%s", cout)
 		cerr = nil
@@ -128,22 +121,6 @@ func runCM(t testing.TB, ctx context.Context, server *exec.Cmd, client func() *e
 		t.Fatalf("client %v: %v\n%s\nserver %v: %v\n%s", client().Args, cerr, cout, server.Args, serr, sout.String())
 	}
 	return string(cout), false
-}
-
-// appMemoryUnsupported reports whether a stock program failed because this
-// softrnic cannot register memory the application allocated itself (the
-// daemon reaching the process's memory): every stock rdma_cm program
-// registers its own buffers.
-func appMemoryUnsupported(out []byte) bool {
-	return bytes.Contains(out, []byte("registering application memory needs the daemon"))
-}
-
-// skipWithoutAppMemory skips the test when out says that.
-func skipWithoutAppMemory(t testing.TB, out []byte) {
-	t.Helper()
-	if appMemoryUnsupported(out) {
-		t.Skipf("stock programs register their own memory, which this softrnic does not support yet:\n%s", out)
-	}
 }
 
 // rpingTeardownRace reports whether a stock rping failed only by its own
@@ -230,12 +207,10 @@ func TestStockRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	out, err := e.stock(ctx, false, "rping", "-c", "-a", e.pair.B.Addr.String(), "-p", e.nextPort(), "-C", "1").CombinedOutput()
-	skipWithoutAppMemory(t, out)
 	if err == nil || !bytes.Contains(out, []byte("cma event RDMA_CM_EVENT_REJECTED, error 8")) {
 		t.Fatalf("rping to a port nobody listens on: %v\n%s", err, out)
 	}
 	out, err = e.stock(ctx, false, "udaddy", "-s", e.pair.B.Addr.String()).CombinedOutput()
-	skipWithoutAppMemory(t, out)
 	if err == nil || !bytes.Contains(out, []byte("RDMA_CM_EVENT_UNREACHABLE, error: 1")) {
 		t.Fatalf("udaddy to a port nobody listens on: %v\n%s", err, out)
 	}
@@ -329,7 +304,6 @@ func TestStockRpingAgainstInProcess(t *testing.T) {
 				srv.Process.Kill() // the stock server may wait for ever
 			}
 			serr := srv.Wait()
-			skipWithoutAppMemory(t, sout.Bytes())
 			if rpingTeardownRace(serr, sout.Bytes()) {
 				t.Logf("stock server: rping's own teardown race after a complete run:\n%s", sout.String())
 				serr = nil
@@ -380,7 +354,6 @@ func BenchmarkRpingSetup(b *testing.B) {
 			if err == nil {
 				break
 			}
-			skipWithoutAppMemory(b, out)
 			if i == 50 {
 				b.Fatalf("%v\n%s", err, out)
 			}
