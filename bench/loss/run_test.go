@@ -204,7 +204,10 @@ func TestFanInHostCongestion(t *testing.T) {
 	if r.XSK.RxFillRingEmpty != 0 {
 		t.Errorf("%d frames dropped for an empty FILL ring", r.XSK.RxFillRingEmpty)
 	}
-	if r.HostCCMarks == nil || r.CNPSent == nil || *r.HostCCMarks == 0 || *r.CNPSent < *r.HostCCMarks {
-		t.Errorf("receiver's host marks %v, CNPs %v: want marks, each a CNP", r.HostCCMarks, r.CNPSent)
+	if r.HostCCMarks == nil || r.CNPSent == nil {
+		t.Fatalf("the receiver reported no host marks or CNPs: %+v", r)
+	}
+	if *r.HostCCMarks == 0 || *r.CNPSent < *r.HostCCMarks {
+		t.Errorf("receiver's host marks %d, CNPs %d: want marks, each a CNP", *r.HostCCMarks, *r.CNPSent)
 	}
 }
