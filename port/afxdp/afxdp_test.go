@@ -686,7 +686,7 @@ func TestRxLevel(t *testing.T) {
 		}
 		got += n
 	}
-	if f, q, _ = b.RxLevel(); got != frames || q != 0 {
+	if _, q, _ = b.RxLevel(); got != frames || q != 0 {
 		t.Fatalf("read %d of %d frames, queued %d after", got, frames, q)
 	}
 	if _, err := b.Recv(in, 0); err != nil {
