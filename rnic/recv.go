@@ -82,13 +82,6 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	*m = transport.Meta{Src: f.Src(), ECN: f.ECN(), RxAway: d.rxAway,
 		RecvWindow: d.share.window(d.cfg.RxFrames, d.hostWindows && d.hostCC.Congested(now))}
 	src := m.Src.Unmap()
-	if d.hostMarks && m.ECN != frame.CE && q.init.Type.Connected() && npAnswers(op) &&
-		d.hostCC.Mark(now, &q.hostMark, d.cfg.Congestion.NP.MinInterval) {
-		// Host congestion: the QP's notification point answers this
-		// packet as if the network had marked it.
-		m.ECN = frame.CE
-		d.Stats.NPHostCCMarks++
-	}
 	if op == bth.CNP {
 		// A CNP is for a connected QP's reaction point, from its peer.
 		d.Stats.RxCNP++
@@ -137,15 +130,22 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 			q.commEst = true
 			d.event(ib.EventCommEst, q.qpn)
 		}
+		if d.hostMarks && m.ECN != frame.CE && npAnswers(op) &&
+			d.hostCC.Mark(now, &q.hostMark, d.cfg.Congestion.NP.MinInterval) {
+			// Host congestion: the QP's notification point answers
+			// this packet as if the network had marked it.
+			m.ECN = frame.CE
+			d.Stats.NPHostCCMarks++
+		}
 	}
 	q.tr.Receive(now, tp, m)
 }
 
 // npAnswers reports whether DCQCN's notification point answers a CE mark
-// on a packet of op with a CNP: requests and READ responses, not ACKs or
-// CNPs (transport/rc's npPacket).
+// on a connected QP's packet of op with a CNP: requests and READ
+// responses, not ACKs (transport/rc's npPacket).
 func npAnswers(op bth.Opcode) bool {
-	return op != bth.CNP && op != bth.RCAcknowledge && op != bth.RCAtomicAcknowledge
+	return op != bth.RCAcknowledge && op != bth.RCAtomicAcknowledge
 }
 
 // SetRxLevel tells the device how its port's receive buffers stand before
