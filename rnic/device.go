@@ -50,9 +50,7 @@ type Config struct {
 	// reports with SetRxLevel): DCQCN's notification point then answers
 	// the data packets of its QPs as if they were CE-marked, at most one
 	// per QP per CNP interval, so that their senders slow down before the
-	// port drops, and, whatever the congestion control, the receive
-	// windows granted to selective-repeat peers shrink to a quarter
-	// (recv.go). Zero: the defaults of dcqcn.HostCCConfig.
+	// port drops (recv.go). Zero: the defaults of dcqcn.HostCCConfig.
 	HostCC dcqcn.HostCCConfig
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
@@ -123,9 +121,8 @@ type Device struct {
 	cc      *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
 	rxAway  time.Duration // SetRxAway: for the frames of the next Receive
 	hostCC  dcqcn.HostCC  // SetRxLevel's readings and the host marks (recv.go)
-	// hostMarks: the QPs run DCQCN and HostCC is on; hostWindows:
-	// HostCC is on (receive windows shrink with host congestion).
-	hostMarks, hostWindows bool
+	// hostMarks: the QPs run DCQCN and HostCC is on.
+	hostMarks bool
 	// reorder holds the out-of-order packets of selective-repeat QPs
 	// (rc.ReorderPool; its own lock).
 	reorder *rc.ReorderPool
@@ -172,7 +169,6 @@ func NewDevice(cfg Config) (*Device, error) {
 	d.qps, d.keys = newTable[QP](), newTable[MR]()
 	d.hostCC.Init(cfg.HostCC)
 	d.hostMarks = cfg.Congestion.Algorithm == "dcqcn" && !cfg.HostCC.Off
-	d.hostWindows = !cfg.HostCC.Off
 	d.subs.Store(new([]chan verbs.AsyncEvent))
 	return d, nil
 }

@@ -95,22 +95,3 @@ func TestHostCongestionNeedsDCQCN(t *testing.T) {
 		t.Fatalf("HostCC off: CNPs at %v, %d host marks", got, s.dev.Stats.NPHostCCMarks)
 	}
 }
-
-// The receive window a selective-repeat peer is granted: half the port's
-// frames shared among the QPs receiving, a quarter of that while the host
-// is congested, never under minRecvWindow; none when the frames are not
-// known.
-func TestRecvWindowShrinksWithHostCongestion(t *testing.T) {
-	s := rxShare{n: 8}
-	for _, c := range []struct {
-		frames    int
-		congested bool
-		want      int
-	}{
-		{4096, false, 256}, {4096, true, 64}, {64, false, 4}, {64, true, minRecvWindow}, {0, true, 0},
-	} {
-		if got := s.window(c.frames, c.congested); got != c.want {
-			t.Errorf("%d frames, congested %v: window %d, want %d", c.frames, c.congested, got, c.want)
-		}
-	}
-}

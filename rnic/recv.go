@@ -79,8 +79,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 	tp := pkt[ipLen+frame.UDPLen : len(pkt)-icrc.Len]
 	op := f.Opcode()
 	m := &d.meta // the device's, not a local: the transport call would move a local to the heap
-	*m = transport.Meta{Src: f.Src(), ECN: f.ECN(), RxAway: d.rxAway,
-		RecvWindow: d.share.window(d.cfg.RxFrames, d.hostWindows && d.hostCC.Congested(now))}
+	*m = transport.Meta{Src: f.Src(), ECN: f.ECN(), RxAway: d.rxAway, RecvWindow: d.share.window(d.cfg.RxFrames)}
 	src := m.Src.Unmap()
 	if op == bth.CNP {
 		// A CNP is for a connected QP's reaction point, from its peer.
@@ -213,18 +212,10 @@ func (s *rxShare) count(q *QP, now clock.Time) {
 }
 
 // window is a receiving QP's share of frames (0: frames unknown, no
-// window). While the host is congested (its rings ran low all the same:
-// the windows the peers use lag behind the share, and a descheduled
-// engine lets the ring fill) the share is a quarter, so that selective-
-// repeat peers hold back whatever their congestion control, which may be
-// none; their windows reopen at most twofold per ACK once it is over.
-func (s *rxShare) window(frames int, congested bool) int {
+// window).
+func (s *rxShare) window(frames int) int {
 	if frames == 0 {
 		return 0
 	}
-	w := frames / 2 / max(s.n, 1)
-	if congested {
-		w /= 4
-	}
-	return max(w, minRecvWindow)
+	return max(frames/2/max(s.n, 1), minRecvWindow)
 }
