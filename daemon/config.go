@@ -39,6 +39,7 @@ type Config struct {
 	Queues    int          // queues; RX queues to serve, 0 = all of the interface's
 	UMEMSize  int64        // umem-size; bytes of AF_XDP UMEM per queue
 	FrameSize int          // frame-size; bytes per UMEM frame, 0 = 2048 when the MTU fits, else 4096
+	RxQPs     int          // rx-qps; QPs sending at once the receive buffers are sized for (host.Config.RxQPs)
 	MTU       int          // mtu; RoCE path MTU (256..4096), 0 = largest the interface allows
 	GIDs      []netip.Addr // gid; addresses used as GIDs, empty = the interface's
 	Metrics   string       // metrics; Prometheus /metrics listen address, empty = off
@@ -127,6 +128,7 @@ func (d DCQCNConfig) ConnectX() (dcqcn.ConnectX, error) {
 func DefaultConfig() Config {
 	return Config{
 		UMEMSize:    16 << 20,
+		RxQPs:       64,
 		FrameSize:   0,
 		Control:     DefaultControl,
 		ControlMode: 0o660,
@@ -164,6 +166,11 @@ var keys = []key{
 	{name: "umem-size", usage: "AF_XDP UMEM bytes per queue (suffixes K, M, G, KiB, MiB, GiB)", set: func(c *Config, v string) error {
 		n, err := parseSize(v)
 		c.UMEMSize = n
+		return err
+	}},
+	{name: "rx-qps", usage: "QPs sending into the host at once that each queue's AF_XDP receive buffers are sized for, 32 frames of the MTU each (the UMEM grows beyond umem-size if need be); 1..4096", set: func(c *Config, v string) error {
+		n, err := parseInt(v, 1, 4096)
+		c.RxQPs = int(n)
 		return err
 	}},
 	{name: "frame-size", usage: "bytes per UMEM frame: a power of two, 2048..65536; 0 = 2048 when the interface's MTU fits, else 4096", set: func(c *Config, v string) error {

@@ -22,6 +22,7 @@ interface = veth0
 queues = 2
 umem-size = 32MiB
 frame-size = 4096
+rx-qps = 256
 mtu = 2048            # path MTU
 gid = 192.0.2.1
 gid = 2001:db8::1
@@ -49,7 +50,7 @@ func TestParseFullFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}
-	if c.Interface != "veth0" || c.Queues != 2 || c.UMEMSize != 32<<20 || c.FrameSize != 4096 || c.MTU != 2048 ||
+	if c.Interface != "veth0" || c.Queues != 2 || c.UMEMSize != 32<<20 || c.FrameSize != 4096 || c.RxQPs != 256 || c.MTU != 2048 ||
 		len(c.GIDs) != 2 || c.GIDs[0] != want[0] || c.GIDs[1] != want[1] || c.Metrics != "127.0.0.1:9464" || c.Port != "afpacket" ||
 		c.Recovery != ib.RecoveryAdaptive || c.Control != "/run/softrnic/test.sock" || c.ControlMode != 0o660 || c.ControlGroup != "root" ||
 		c.LogLevel != "debug" || c.LogFormat != "json" || c.DCQCN.Profile != "connectx" ||
@@ -78,6 +79,8 @@ func TestFileErrorsNameTheKey(t *testing.T) {
 		{"control-mode = 0666\n", "control-mode: \"0666\" must be octal owner/group bits only"},
 		{"control = relative.sock\n", "control:"},
 		{"umem-size = 12XB\n", "umem-size:"},
+		{"rx-qps = 0\n", "rx-qps:"},
+		{"rx-qps = 4097\n", "rx-qps:"},
 		{"frame-size = 3000\n", "frame-size: 3000 is not a power of two"},
 		{"gid = fe80::1%eth0\n", "gid:"},
 		{"metrics = 9464\n", "metrics:"},

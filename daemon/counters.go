@@ -370,7 +370,7 @@ func fillDevice(d *[proto.NumDeviceCounters]uint64, in *counterInputs) uint64 {
 
 // dcqcnValid are the per-QP DCQCN counters, valid on a QP that runs it.
 const dcqcnValid = 1<<proto.QCtrDCQCNECNMarked | 1<<proto.QCtrDCQCNCNPSent | 1<<proto.QCtrDCQCNCNPHandled |
-	1<<proto.QCtrDCQCNCNPIgnored | 1<<proto.QCtrDCQCNRateCuts
+	1<<proto.QCtrDCQCNCNPIgnored | 1<<proto.QCtrDCQCNRateCuts | 1<<proto.QCtrNpHostCCMarks
 
 // qpStats maps one QP's transport counters to proto.QPCounters: RC and UC
 // QPs count the RC set, UD and GSI QPs the UD set.
@@ -420,6 +420,9 @@ func qpStats(q *rnic.QPCounters) proto.QPStats {
 		s.Valid |= recoveryValid
 		if q.CCOn {
 			ccStats(&s, &q.CC)
+			if q.CC.Algorithm == "dcqcn" {
+				v[proto.QCtrNpHostCCMarks] = q.HostCCMarks
+			}
 		}
 	}
 	return s

@@ -181,7 +181,7 @@ func TestQPCongestionStats(t *testing.T) {
 		st                congestion.State
 		window, swift, dq bool
 	}{{sw, true, true, false}, {tm, false, false, false}, {dc, false, false, true}} {
-		q := rnic.QPCounters{QPN: 9, Type: ib.RC, CC: c.st, CCOn: true}
+		q := rnic.QPCounters{QPN: 9, Type: ib.RC, CC: c.st, CCOn: true, HostCCMarks: 46}
 		s := qpStats(&q)
 		v := &s.Values
 		if v[proto.QCtrCCRTTSamples] != 7 || v[proto.QCtrCCDecreases] != 3 || v[proto.QCtrCCLossEvents] != 2 ||
@@ -195,7 +195,8 @@ func TestQPCongestionStats(t *testing.T) {
 		if valid(s, proto.QCtrCCCwndMilli) != c.swift || c.swift && (v[proto.QCtrCCCwndMilli] != 4250 || v[proto.QCtrCCTargetNs] != 6400) {
 			t.Errorf("%s: swift %v", c.st.Algorithm, v)
 		}
-		if valid(s, proto.QCtrDCQCNCNPSent) != c.dq || c.dq && (v[proto.QCtrDCQCNECNMarked] != 41 || v[proto.QCtrDCQCNRateCuts] != 45) {
+		if valid(s, proto.QCtrDCQCNCNPSent) != c.dq || c.dq && (v[proto.QCtrDCQCNECNMarked] != 41 || v[proto.QCtrDCQCNRateCuts] != 45 ||
+			v[proto.QCtrNpHostCCMarks] != 46 || !valid(s, proto.QCtrNpHostCCMarks)) {
 			t.Errorf("%s: dcqcn %v", c.st.Algorithm, v)
 		}
 	}

@@ -60,6 +60,12 @@ type Options struct {
 	EagerTx bool
 	// Now is the clock (nil: clock.Now). Tests pass a virtual clock.
 	Now func() clock.Time
+	// Gauge reads the port's receive rings for the device's host
+	// congestion signal (rnic.Device.SetRxLevel) after every Recv that
+	// returned frames. Nil: the port, if it is a port.RxGauge (a port
+	// wrapped by Config.WrapPort of host is not: host passes the one
+	// underneath).
+	Gauge port.RxGauge
 }
 
 func (o *Options) defaults() {
@@ -153,6 +159,9 @@ func NewLoop(dev *rnic.Device, p port.Port, opt Options) (*Loop, error) {
 	mf := p.MaxFrame()
 	if need := minFrame(dev.Config().PortMTU); mf < need {
 		return nil, fmt.Errorf("engine: port frames of %d bytes cannot hold a %d-byte MTU packet (%d bytes)", mf, dev.Config().PortMTU, need)
+	}
+	if opt.Gauge == nil {
+		opt.Gauge, _ = p.(port.RxGauge)
 	}
 	l := &Loop{dev: dev, port: p, opt: opt, in: make([][]byte, opt.Batch), out: make([][]byte, opt.Batch)}
 	if w, ok := p.(port.Waker); ok {
@@ -284,6 +293,10 @@ func (l *Loop) receive(now clock.Time, n int, away time.Duration) {
 		if s := l.opt.Tap.Session(); s != nil {
 			s.Frames(capture.In, l.in[:n])
 		}
+	}
+	if l.opt.Gauge != nil {
+		fill, queued, buffers := l.opt.Gauge.RxLevel()
+		l.dev.SetRxLevel(now, fill, queued, buffers)
 	}
 	l.dev.SetRxAway(away)
 	l.dev.Receive(now, l.in[:n])

@@ -25,6 +25,7 @@ import (
 	"github.com/softrnic/softrnic/rdmacm"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
+	"github.com/softrnic/softrnic/xsk"
 )
 
 // Config is what a host is made of. Only Interface is required.
@@ -48,6 +49,11 @@ type Config struct {
 	// 2048-byte frames when the MTU fits them, else 4096; 16 MiB).
 	FrameSize int
 	UMEMSize  int64
+	// RxQPs is how many QPs sending into the host at once an AF_XDP
+	// port's receive buffers are sized for (0: DefaultRxQPs, at most
+	// MaxRxQPs): RxBuffersPerQP frames each, every one of the interface's
+	// MTU, beyond what UMEMSize gives if need be (rxBuffers).
+	RxQPs int
 	// Congestion is the device's congestion control (Congestion; the zero
 	// value is off).
 	Congestion rnic.Congestion
@@ -150,7 +156,11 @@ func Open(cfg Config) (_ *Host, err error) {
 	if cfg.WrapPort != nil {
 		p = cfg.WrapPort(p)
 	}
-	if h.Loop, err = engine.NewLoop(h.Device, p, cfg.Engine); err != nil {
+	eng := cfg.Engine
+	if g, ok := h.Port.(port.RxGauge); ok && eng.Gauge == nil {
+		eng.Gauge = g // the wrapper hides it
+	}
+	if h.Loop, err = engine.NewLoop(h.Device, p, eng); err != nil {
 		return nil, err
 	}
 	ctx, stop := context.WithCancel(context.Background())
@@ -281,7 +291,8 @@ func (h *Host) release() error {
 // AF_PACKET, or AF_XDP falling back to AF_PACKET.
 func openPort(cfg *Config, in Interface) (port.Port, PortKind, error) {
 	fs, n := umemGeometry(cfg.FrameSize, cfg.UMEMSize, in.MTU)
-	x := afxdp.Config{IfIndex: in.Index, LocalAddrs: in.GIDs, FrameSize: fs, NumFrames: n}
+	x := afxdp.Config{IfIndex: in.Index, LocalAddrs: in.GIDs, FrameSize: fs, NumFrames: n,
+		RxBuffers: rxBuffers(cfg.RxQPs, fs, n, in.MTU)}
 	switch cfg.Port {
 	case AFXDP:
 		p, err := openXDP(x, cfg.Queues)
@@ -331,6 +342,45 @@ func umemGeometry(frameSize int, umemSize int64, mtu int) (fs, n uint32) {
 		n &= n - 1
 	}
 	return uint32(frameSize), n
+}
+
+// The receive buffers an AF_XDP port sizes for the QPs that send into it.
+const (
+	// DefaultRxQPs is Config.RxQPs when 0: at MTU 1500 the default UMEM
+	// already holds their buffers; at MTU 4200 it doubles its receive
+	// half.
+	DefaultRxQPs = 64
+	// MaxRxQPs bounds Config.RxQPs.
+	MaxRxQPs = 4096
+	// RxBuffersPerQP is the frames each QP may have in the host's
+	// receive rings at once: twice the share the device grants a
+	// selective-repeat peer when all of them send (rnic: half the frames
+	// shared), 32 KiB at path MTU 1024, so that the share does not shrink
+	// below it.
+	RxBuffersPerQP = 32
+)
+
+// rxBuffers is the receive buffers of an AF_XDP socket for rxQPs QPs
+// (0: DefaultRxQPs) at MTU mtu in chunks of fs bytes: RxBuffersPerQP
+// frames each, a buffer per chunk-sized segment of a frame, rounded up to
+// a power of two and bounded by xsk.MaxRxBuffers; 0 (half of the n UMEM
+// frames, the socket's default) when those are as many or more.
+func rxBuffers(rxQPs int, fs, n uint32, mtu int) uint32 {
+	if rxQPs <= 0 {
+		rxQPs = DefaultRxQPs
+	}
+	rxQPs = min(rxQPs, MaxRxQPs)
+	seg := int(fs) - 256 // XDP's headroom
+	segs := (mtu + 18 + seg - 1) / seg
+	want := uint64(rxQPs) * RxBuffersPerQP * uint64(max(segs, 1))
+	if want <= uint64(n/2) {
+		return 0
+	}
+	b := uint32(1)
+	for uint64(b) < want && b < xsk.MaxRxBuffers {
+		b <<= 1
+	}
+	return b
 }
 
 // smallChunkOverhead is what a 2048-byte UMEM chunk spends besides the

@@ -95,6 +95,16 @@ func (c *Copier) Send(p Port, frames [][]byte) (int, error) {
 	return min(sent, k), err
 }
 
+// RxGauge is a port that can tell how its receive buffers stand (AF_XDP:
+// its FILL and RX rings), so that the device signals host congestion to
+// its senders before the port drops frames for want of buffers.
+type RxGauge interface {
+	// RxLevel returns the buffers waiting for the network to receive
+	// into, the frames received and not yet read, and the buffers in all
+	// (0: not known).
+	RxLevel() (fill, queued, buffers int)
+}
+
 // BatchSize is the batch the engine uses for Recv and Submit. Large enough to
 // amortise a syscall or ring update, small enough to stay in L1 cache.
 const BatchSize = 64

@@ -39,6 +39,11 @@ type CongestionStats struct {
 	// RxCNP counts every CNP that passed the receive checks (no mlx5
 	// equivalent: the sum of the two rp_ counters).
 	RxCNP uint64
+	// NPHostCCMarks (np_host_cc_marks) counts the data packets the
+	// notification point answered as CE-marked for host congestion
+	// (Config.HostCC), at most one per QP per CNP interval: each asked its
+	// QP for a CNP (counted in np_cnp_sent with the others).
+	NPHostCCMarks uint64
 }
 
 // PublishStats makes Stats as they are now what StatsSnapshot returns. The
@@ -161,6 +166,9 @@ type QPCounters struct {
 	// of a device that runs congestion control).
 	CC   congestion.State
 	CCOn bool
+	// HostCCMarks counts the QP's packets marked for host congestion
+	// (np_host_cc_marks; Config.HostCC).
+	HostCCMarks uint64
 }
 
 // CQECounters counts a QP's error completions the way mlx5 does
@@ -214,6 +222,7 @@ func (q *QP) counters(c *QPCounters) {
 	defer q.mu.Unlock()
 	c.State = q.state
 	c.CQE = q.cqe
+	c.HostCCMarks = q.hostMark.Marks
 	switch t := q.tr.(type) {
 	case *rc.QP:
 		c.RC = t.Counters

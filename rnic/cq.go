@@ -159,6 +159,10 @@ func (c *CQ) Overflows() uint64 {
 // push appends the completions of wcs whose IsRecv equals recv. The first
 // one that finds the CQ full puts it in error (see CQ) and reports it.
 func (c *CQ) push(wcs []ib.WC, recv bool) {
+	if c.dev != nil && len(wcs) > 0 {
+		// Before the application can see them (dma.go's read-ahead).
+		c.dev.completions.Add(1)
+	}
 	added, overran := false, false
 	c.mu.Lock()
 	if c.dead {

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport"
@@ -44,6 +45,13 @@ type Config struct {
 	// known. The device grants the peers of its selective-repeat QPs
 	// receive windows that share half of them (recv.go).
 	RxFrames int
+	// HostCC is when the device signals host congestion (its port's
+	// receive rings near the point where frames are dropped, as the driver
+	// reports with SetRxLevel): DCQCN's notification point then answers
+	// the data packets of its QPs as if they were CE-marked, at most one
+	// per QP per CNP interval, so that their senders slow down before the
+	// port drops (recv.go). Zero: the defaults of dcqcn.HostCCConfig.
+	HostCC dcqcn.HostCCConfig
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
 	// QP, address handles) need it. It may block; the device never calls
@@ -69,6 +77,9 @@ type Device struct {
 	portDown atomic.Bool // the interface's link is down (SetPortActive)
 
 	cqOverruns atomic.Uint64 // CQs that overflowed (CQOverruns)
+	// completions counts the CQ pushes that added a completion: each may
+	// give the application back memory the read-ahead holds (dma.go).
+	completions atomic.Uint64
 
 	// The counters of destroyed QPs (QPCounterTotals); retireGen counts
 	// retirements.
@@ -112,6 +123,9 @@ type Device struct {
 	ipID    uint16
 	cc      *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
 	rxAway  time.Duration // SetRxAway: for the frames of the next Receive
+	hostCC  dcqcn.HostCC  // SetRxLevel's readings and the host marks (recv.go)
+	// hostMarks: the QPs run DCQCN and HostCC is on.
+	hostMarks bool
 	// reorder holds the out-of-order packets of selective-repeat QPs
 	// (rc.ReorderPool; its own lock).
 	reorder *rc.ReorderPool
@@ -156,6 +170,8 @@ func NewDevice(cfg Config) (*Device, error) {
 	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan verbs.AsyncEvent, 256), nextQPN: 0x10,
 		cc: cfg.Congestion.ccConfig(), reorder: rc.NewReorderPool(pkt, max(cfg.ReorderBytes/pkt, 1))}
 	d.qps, d.keys = newTable[QP](), newTable[MR]()
+	d.hostCC.Init(cfg.HostCC)
+	d.hostMarks = cfg.Congestion.Algorithm == "dcqcn" && !cfg.HostCC.Off
 	d.subs.Store(new([]chan verbs.AsyncEvent))
 	return d, nil
 }

@@ -67,6 +67,10 @@ const (
 	// dmaReadAhead bounds one read: the payload of the packets one QP
 	// visit builds (txBudget of them at the largest MTU).
 	dmaReadAhead = txBudget * 4096
+	// dmaReadFirst is a read's size before any stream has shown how much
+	// a Transmit takes; dmaReadMin the least it shrinks to.
+	dmaReadFirst = 16 << 10
+	dmaReadMin   = 4 << 10
 )
 
 // dmaWrite is one queued write.
@@ -93,22 +97,42 @@ type dmaBatch struct {
 	ra        readAhead
 }
 
-// readAhead is what a QP visit read of one external range beyond the
+// readAhead is what one Transmit read of one external range beyond the
 // packet that asked.
 type readAhead struct {
 	m   *extMem
 	va  uint64
 	b   []byte // the bytes at va (nil: none)
 	buf []byte // dmaReadAhead bytes, b's storage
+	// gen is the device's completion count when b was read: a
+	// completion published since may have handed a buffer in b back to
+	// the application, which may then change it and post it again.
+	gen uint64
+	// limit bounds a read: the payload the frames Transmit may still
+	// build for the QP it visits can carry (0: dmaReadAhead).
+	limit int
+	// used is how much of b the packets took; want is how much a read
+	// takes (0: dmaReadFirst): doubled when a stream takes all of it and
+	// asks for the bytes behind, cut to what was taken when a Transmit
+	// ends (the QP's window, its pacing or the batch stopped it) with
+	// bytes left unread by any packet.
+	used, want int
 }
 
 func (b *dmaBatch) pending() bool { return len(b.w) > 0 }
 
-// ViewExternal implements ib.External: the n bytes at va, from what the
-// QP visit read ahead for the packets before, else read with one pread of
-// up to dmaReadAhead bytes of the range (avail). Read-ahead lives for one
-// visit: the application may change its memory between visits (a buffer
-// whose WR completed), never during one. A failed read gives zeros.
+// ViewExternal implements ib.External: the n bytes at va, from what
+// this Transmit read ahead for the packets before, else read with one
+// pread of as much of the range (avail) as the frames Transmit may still
+// build carry, at most dmaReadAhead bytes. The read-ahead serves the
+// visits of one Transmit, a QP's next round included, so that a stream
+// reads each byte once in large preads, and it is dropped when the
+// Transmit ends, when the device writes external memory, and when a
+// completion is published: the memory of a WR the device has not
+// completed is the device's to read, the application's again once it
+// has (the next Transmit may follow a received READ request, which
+// reads memory the application may have changed). A failed read gives
+// zeros.
 func (m *extMem) ViewExternal(va uint64, n, avail int) []byte {
 	d := m.as.dev
 	b := &d.dma
@@ -116,8 +140,10 @@ func (m *extMem) ViewExternal(va uint64, n, avail int) []byte {
 		d.dmaFlush() // a read sees every earlier write
 	}
 	ra := &b.ra
-	if ra.m == m && va >= ra.va && va+uint64(n) <= ra.va+uint64(len(ra.b)) {
+	if ra.b != nil && ra.m == m && va >= ra.va && va+uint64(n) <= ra.va+uint64(len(ra.b)) &&
+		ra.gen == d.completions.Load() && !m.revoked.Load() {
 		o := va - ra.va
+		ra.used = max(ra.used, int(o)+n)
 		return ra.b[o : o+uint64(n)]
 	}
 	if ra.buf == nil {
@@ -126,9 +152,20 @@ func (m *extMem) ViewExternal(va uint64, n, avail int) []byte {
 	if n > len(ra.buf) {
 		ra.buf = make([]byte, n) // larger than any packet: not the data path
 	}
+	if ra.want == 0 {
+		ra.want = dmaReadFirst
+	}
+	if ra.b != nil && ra.m == m && va == ra.va+uint64(len(ra.b)) && ra.used == len(ra.b) {
+		ra.want = min(2*ra.want, len(ra.buf)) // the stream took all: read more at once
+	}
 	ra.b = nil
-	if want := max(n, min(avail, len(ra.buf))); want > n && m.read(ra.buf[:want], va) {
-		ra.m, ra.va, ra.b = m, va, ra.buf[:want]
+	lim := min(len(ra.buf), ra.want)
+	if ra.limit > 0 {
+		lim = min(lim, ra.limit)
+	}
+	gen := d.completions.Load()
+	if want := max(n, min(avail, lim)); want > n && m.read(ra.buf[:want], va) {
+		ra.m, ra.va, ra.b, ra.gen, ra.used = m, va, ra.buf[:want], gen, n
 		return ra.b[:n]
 	}
 	// Just these bytes: the range may fail further on than this packet.
@@ -224,10 +261,24 @@ func (d *Device) dmaSettle() bool {
 	if d.dma.pending() {
 		d.dmaFlush()
 	}
-	d.dma.ra.b = nil
 	f := d.dma.fault
 	d.dma.fault = false
 	return f
+}
+
+// dmaReadLimit bounds the next reads ahead to frames frames of up to mtu
+// payload bytes each (Transmit, before each frame it builds).
+func (d *Device) dmaReadLimit(frames, mtu int) { d.dma.ra.limit = frames * mtu }
+
+// dmaEndTransmit drops the read-ahead as Transmit returns, and sizes the
+// next reads to what this Transmit took of it.
+func (d *Device) dmaEndTransmit() {
+	ra := &d.dma.ra
+	if ra.b != nil && ra.used < len(ra.b) {
+		ra.want = max(ra.used, dmaReadMin)
+	}
+	ra.b = nil
+	ra.limit = 0
 }
 
 // dmaFaulted marks the completions of a QP visit in which a copy failed,

@@ -132,6 +132,89 @@ func TestExternalMemoryRC(t *testing.T) {
 	runtime.KeepAlive(dst)
 }
 
+// A WRITE stream from external memory at a small MTU reads each byte of
+// its source once, in large preads: the read-ahead serves every round of
+// a Transmit and reads no more than the frames left in it can carry.
+func TestExternalMemoryReadOnce(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	sa, sb := selfSpace(t, tb.a.dev), selfSpace(t, tb.b.dev)
+	all := ib.LocalWrite | ib.RemoteWrite
+	qa, _ := tb.connect(ib.RC, 1024, all, 64)
+	const n, msgs = 64 << 10, 16
+	src, dst := patterned(n, 11), make([]byte, n)
+	ms, md := regExt(t, tb.a.pd, sa, src, all), regExt(t, tb.b.pd, sb, dst, all)
+	before := tb.a.dev.Stats.DMAStats
+	var wrs []verbs.SendWR
+	for i := range msgs {
+		wrs = append(wrs, verbs.SendWR{ID: uint64(i), Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: []ib.SGE{sge(ms, 0, n)}, RemoteAddr: md.IOVA(), RKey: md.RKey()})
+	}
+	_, err := qa.PostSend(wrs)
+	must(t, err)
+	var got []ib.WC
+	tb.run(func() bool { got = append(got, pollAll(qa.init.SendCQ)...); return len(got) == msgs }, time.Second)
+	for _, w := range got {
+		if w.Status != ib.Success {
+			t.Fatalf("%+v", w)
+		}
+	}
+	if !bytes.Equal(src, dst) {
+		t.Fatal("data differs")
+	}
+	st := tb.a.dev.Stats.DMAStats
+	bytesRead, calls := st.DMAReadBytes-before.DMAReadBytes, st.DMAReadCalls-before.DMAReadCalls
+	// What the window let through while it opened is all the read-ahead
+	// may have read in vain.
+	if bytesRead < n*msgs || bytesRead > n*msgs+dmaReadFirst {
+		t.Fatalf("%d bytes read for %d bytes sent", bytesRead, n*msgs)
+	}
+	// Transmits of 64 frames of 1 KiB once the window is open: a pread
+	// per message, a few more while the window opened.
+	if calls > msgs+8 {
+		t.Fatalf("%d KiB sent in %d preads", n*msgs>>10, calls)
+	}
+	runtime.KeepAlive(src)
+	runtime.KeepAlive(dst)
+}
+
+// The read-ahead never serves bytes the application may have changed:
+// not after a completion was published (which hands memory back), not
+// after the MR was deregistered, not after its Transmit ended.
+func TestExternalReadAheadDropped(t *testing.T) {
+	d, _ := NewDevice(Config{Addrs: []netip.Addr{addrA}})
+	a := selfSpace(t, d)
+	pd := d.allocPD()
+	mem := patterned(8192, 1)
+	m := regExt(t, pd, a, mem, ib.LocalWrite)
+	s := m.mem.Slice(0, 8192)
+	cq := d.newCQ(4)
+	view := func(off uint32) byte {
+		var b [1]byte
+		s.ReadAt(b[:], off)
+		return b[0]
+	}
+	view(0) // reads ahead the whole range
+	mem[100] = 0xA1
+	if v := view(100); v == 0xA1 {
+		t.Fatal("the read-ahead was not used (the test proves nothing)")
+	}
+	cq.push([]ib.WC{{ID: 1}}, false)
+	if v := view(100); v != 0xA1 {
+		t.Fatalf("after a completion: %#x, want 0xa1", v)
+	}
+	mem[200] = 0xB2
+	d.dmaEndTransmit()
+	if v := view(200); v != 0xB2 {
+		t.Fatalf("after Transmit ended: %#x, want 0xb2", v)
+	}
+	reads := d.Stats.DMAReadCalls
+	must(t, m.Dereg())
+	view(300)
+	if d.Stats.DMAReadCalls != reads || d.Stats.DMAFaults == 0 || !d.dmaSettle() {
+		t.Fatal("a deregistered MR was served from the read-ahead")
+	}
+	runtime.KeepAlive(mem)
+}
+
 func TestExternalMemoryUD(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
 	sa, sb := selfSpace(t, tb.a.dev), selfSpace(t, tb.b.dev)
@@ -316,8 +399,8 @@ func nextEvent(t *testing.T, d *Device) verbs.AsyncEvent {
 
 // BenchmarkExternalCopy measures the device's copy paths through
 // /proc/self/mem against a plain copy of the same bytes: the payloads of
-// consecutive frames read from one range (the read-ahead serves a QP
-// visit, 16 frames), and received frames written to consecutive addresses
+// consecutive frames read from one range (the read-ahead serves a
+// Transmit), and received frames written to consecutive addresses
 // (joined in the arena, one pwritev per visit). Bytes per second are the
 // payload's; ns/op is per visit.
 func BenchmarkExternalCopy(b *testing.B) {
@@ -347,6 +430,7 @@ func BenchmarkExternalCopy(b *testing.B) {
 					}
 				}
 				d.dmaSettle()
+				d.dmaEndTransmit()
 			}
 			if d.Stats.DMAFaults != 0 {
 				b.Fatal("faults")

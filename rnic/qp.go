@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/transport"
@@ -63,15 +64,16 @@ type QP struct {
 	// refill, if set, moves receives posted but not yet handed to the
 	// device into the RQ (SetRecvRefill; guarded by mu).
 	refill    func(post func(*verbs.RecvWR) bool)
-	rxLast    clock.Time   // when it last received a request (engine-owned, recv.go)
-	commEst   bool         // EventCommEst was raised (guarded by mu)
-	dmaFault  bool         // a copy of external memory failed (guarded by mu; dma.go)
-	sqdNotify bool         // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
-	cqe       CQECounters  // error completions (guarded by mu)
-	deadline  atomic.Int64 // transport deadline, published after each step
-	txPending atomic.Bool  // the transport may have packets to send
-	queued    atomic.Bool  // in the engine's ready list (or handed over to it)
-	timed     atomic.Bool  // in the engine's timer list (or handed over to it)
+	rxLast    clock.Time     // when it last received a request (engine-owned, recv.go)
+	hostMark  dcqcn.HostMark // its last host-congestion mark (engine-owned, recv.go)
+	commEst   bool           // EventCommEst was raised (guarded by mu)
+	dmaFault  bool           // a copy of external memory failed (guarded by mu; dma.go)
+	sqdNotify bool           // raise EventSQDrained once the SQ drains in SQD (guarded by mu)
+	cqe       CQECounters    // error completions (guarded by mu)
+	deadline  atomic.Int64   // transport deadline, published after each step
+	txPending atomic.Bool    // the transport may have packets to send
+	queued    atomic.Bool    // in the engine's ready list (or handed over to it)
+	timed     atomic.Bool    // in the engine's timer list (or handed over to it)
 	destroyed atomic.Bool
 }
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
@@ -128,9 +129,36 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 			q.commEst = true
 			d.event(ib.EventCommEst, q.qpn)
 		}
+		if d.hostMarks && m.ECN != frame.CE && npAnswers(op) &&
+			d.hostCC.Mark(now, &q.hostMark, d.cfg.Congestion.NP.MinInterval) {
+			// Host congestion: the QP's notification point answers
+			// this packet as if the network had marked it.
+			m.ECN = frame.CE
+			d.Stats.NPHostCCMarks++
+		}
 	}
 	q.tr.Receive(now, tp, m)
 }
+
+// npAnswers reports whether DCQCN's notification point answers a CE mark
+// on a connected QP's packet of op with a CNP: requests and READ
+// responses, not ACKs (transport/rc's npPacket).
+func npAnswers(op bth.Opcode) bool {
+	return op != bth.RCAcknowledge && op != bth.RCAtomicAcknowledge
+}
+
+// SetRxLevel tells the device how its port's receive buffers stand before
+// the frames it hands to the next Receive (port.RxGauge: fill buffers
+// wait for the network, queued frames wait for the device, out of
+// buffers), read at now. Under DCQCN the device signals host congestion
+// with it (Config.HostCC). A driver that does not call it signals none.
+func (d *Device) SetRxLevel(now clock.Time, fill, queued, buffers int) {
+	d.hostCC.Observe(now, fill, queued, buffers)
+}
+
+// HostCCCounters returns what the device's host-congestion detector saw
+// (engine goroutine, or after it stopped).
+func (d *Device) HostCCCounters() dcqcn.HostCCCounters { return d.hostCC.HostCCCounters }
 
 // rxShare divides the port's receive frames among the QPs receiving. A
 // host that many requesters send into at once (fan-in: MPI, storage

@@ -36,8 +36,20 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 		for visited := 0; visited < len(d.ready) && n < len(out); visited++ {
 			q := d.ready[(start+visited)%len(d.ready)]
 			q.mu.Lock()
+			mtu := int(q.attr.PathMTU)
+			if mtu == 0 {
+				mtu = 4096
+			}
 			b := 0
 			for ; b < txBudget && n < len(out) && !d.loopFull(); b++ {
+				// What this QP may still send in this call bounds its
+				// read-ahead: its visit's budget, or every frame left
+				// when it is the only QP (its next rounds use the rest).
+				frames := txBudget - b
+				if len(d.ready) == 1 {
+					frames = len(out) - n
+				}
+				d.dmaReadLimit(min(frames, len(out)-n), mtu)
 				m := d.buildFrame(now, q, out[n][:cap(out[n])])
 				if m == 0 {
 					break
@@ -61,6 +73,7 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 	}
 	clear(d.ready[len(keep):])
 	d.ready = keep
+	d.dmaEndTransmit()
 	d.Stats.TxFrames += uint64(n)
 	d.deliverLooped(now)
 	return n

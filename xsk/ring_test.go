@@ -305,3 +305,34 @@ func TestRxSpan(t *testing.T) {
 		}
 	}
 }
+
+// RxLevel follows the buffers from FILL to RX to the reader, across the
+// 32-bit wrap of the ring indexes.
+func TestRxLevel(t *testing.T) {
+	s := fakeSocket(t, 32, ^uint32(0)-2, false)
+	if f, q, b := s.RxLevel(); f != 0 || q != 0 || b != 16 {
+		t.Fatalf("fresh: fill %d queued %d buffers %d, want 0 0 16", f, q, b)
+	}
+	descs := make([]unix.XDPDesc, 8)
+	for i := range descs {
+		descs[i].Addr = uint64(i) * 2048
+	}
+	s.Fill(descs)
+	// The kernel takes 5 buffers from FILL and receives into them.
+	s.fill.consumer.Store(s.fill.consumer.Load() + 5)
+	kernelRX(s, descs[:5]...)
+	if f, q, _ := s.RxLevel(); f != 3 || q != 5 {
+		t.Fatalf("after 5 receives: fill %d queued %d, want 3 and 5", f, q)
+	}
+	got := make([]unix.XDPDesc, 2)
+	if n := s.Receive(got); n != 2 {
+		t.Fatalf("received %d, want 2", n)
+	}
+	if f, q, _ := s.RxLevel(); f != 3 || q != 3 {
+		t.Fatalf("after the reader took 2: fill %d queued %d, want 3 and 3", f, q)
+	}
+	s.Fill(got)
+	if f, q, _ := s.RxLevel(); f != 5 || q != 3 {
+		t.Fatalf("after 2 went back: fill %d queued %d, want 5 and 3", f, q)
+	}
+}

@@ -27,8 +27,15 @@ type Config struct {
 	// FrameSize is the UMEM chunk size: 2048 or 4096 (default 4096).
 	FrameSize uint32
 	// NumFrames is the number of UMEM frames, a power of two (default 4096);
-	// half are receive buffers, half transmit chunks.
+	// half are receive buffers, half transmit chunks, unless RxBuffers
+	// says how many receive buffers there are.
 	NumFrames uint32
+	// RxBuffers, if not 0, is the number of receive buffers, a power of
+	// two up to MaxRxBuffers, and the size of the FILL and RX rings, apart
+	// from the transmit half of NumFrames (the TX and COMPLETION rings):
+	// a receiver that many peers send into needs far more buffers than it
+	// sends frames. The UMEM holds both.
+	RxBuffers uint32
 	// Headroom is reserved by the kernel before each received frame.
 	Headroom uint32
 	// RxChunks is how many contiguous chunks a receive buffer spans
@@ -61,6 +68,10 @@ type Config struct {
 	PreferBusyPoll bool
 	BusyPollBudget int
 }
+
+// MaxRxBuffers bounds Config.RxBuffers: at 4 KiB chunks and two chunks a
+// buffer, 512 MiB of UMEM.
+const MaxRxBuffers = 1 << 16
 
 // ErrFrameTooLarge is returned by Submit for a frame that does not fit.
 var ErrFrameTooLarge = errors.New("xsk: frame larger than the socket can carry")
@@ -153,13 +164,20 @@ func Open(cfg Config) (s *Socket, err error) {
 		return nil, fmt.Errorf("xsk: headroom %d leaves no room in a %d-byte frame", cfg.Headroom, cfg.FrameSize)
 	}
 	half := cfg.NumFrames / 2
+	rxBufs := half
+	if cfg.RxBuffers != 0 {
+		if !pow2(cfg.RxBuffers) || cfg.RxBuffers < 8 || cfg.RxBuffers > MaxRxBuffers {
+			return nil, fmt.Errorf("xsk: %d receive buffers: must be a power of two from 8 to %d", cfg.RxBuffers, MaxRxBuffers)
+		}
+		rxBufs = cfg.RxBuffers
+	}
 	if cfg.RxChunks == 0 {
 		cfg.RxChunks = 1
 	}
 	if cfg.RxChunks > 8 {
 		return nil, fmt.Errorf("xsk: receive buffers of %d chunks, at most 8", cfg.RxChunks)
 	}
-	rxChunks := half * cfg.RxChunks // the receive pool, then half for transmit
+	rxChunks := rxBufs * cfg.RxChunks // the receive pool, then half for transmit
 	fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("xsk: socket: %w", err)
@@ -185,44 +203,48 @@ func Open(cfg Config) (s *Socket, err error) {
 	if err := setsockopt(fd, unix.SOL_XDP, unix.XDP_UMEM_REG, &reg); err != nil {
 		return s, fmt.Errorf("xsk: XDP_UMEM_REG: %w", err)
 	}
-	ringSize := half
-	for _, o := range []int{unix.XDP_UMEM_FILL_RING, unix.XDP_UMEM_COMPLETION_RING, unix.XDP_RX_RING, unix.XDP_TX_RING} {
-		if err := setsockopt(fd, unix.SOL_XDP, o, &ringSize); err != nil {
-			return s, fmt.Errorf("xsk: ring size option %d: %w", o, err)
+	ringSize := half // TX and COMPLETION; FILL and RX hold every receive buffer
+	for _, r := range []struct {
+		opt  int
+		size uint32
+	}{{unix.XDP_UMEM_FILL_RING, rxBufs}, {unix.XDP_UMEM_COMPLETION_RING, ringSize}, {unix.XDP_RX_RING, rxBufs}, {unix.XDP_TX_RING, ringSize}} {
+		if err := setsockopt(fd, unix.SOL_XDP, r.opt, &r.size); err != nil {
+			return s, fmt.Errorf("xsk: ring size option %d: %w", r.opt, err)
 		}
 	}
 	var off unix.XDPMmapOffsets
 	if err := getsockopt(fd, unix.SOL_XDP, unix.XDP_MMAP_OFFSETS, &off); err != nil {
 		return s, fmt.Errorf("xsk: XDP_MMAP_OFFSETS: %w", err)
 	}
-	mapRing := func(o unix.XDPRingOffset, pgoff int64, entry uint64) ([]byte, error) {
-		return unix.Mmap(fd, pgoff, int(o.Desc+uint64(ringSize)*entry), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	mapRing := func(o unix.XDPRingOffset, pgoff int64, size uint32, entry uint64) ([]byte, error) {
+		return unix.Mmap(fd, pgoff, int(o.Desc+uint64(size)*entry), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
 	}
 	var m []byte
-	if m, err = mapRing(off.Fr, unix.XDP_UMEM_PGOFF_FILL_RING, 8); err != nil {
+	if m, err = mapRing(off.Fr, unix.XDP_UMEM_PGOFF_FILL_RING, rxBufs, 8); err != nil {
 		return s, fmt.Errorf("xsk: mmap FILL: %w", err)
 	}
-	s.fill.init(m, off.Fr, ringSize, true)
-	if m, err = mapRing(off.Cr, unix.XDP_UMEM_PGOFF_COMPLETION_RING, 8); err != nil {
+	s.fill.init(m, off.Fr, rxBufs, true)
+	if m, err = mapRing(off.Cr, unix.XDP_UMEM_PGOFF_COMPLETION_RING, ringSize, 8); err != nil {
 		return s, fmt.Errorf("xsk: mmap COMPLETION: %w", err)
 	}
 	s.comp.init(m, off.Cr, ringSize, false)
-	if m, err = mapRing(off.Rx, unix.XDP_PGOFF_RX_RING, 16); err != nil {
+	if m, err = mapRing(off.Rx, unix.XDP_PGOFF_RX_RING, rxBufs, 16); err != nil {
 		return s, fmt.Errorf("xsk: mmap RX: %w", err)
 	}
-	s.rx.init(m, off.Rx, ringSize, false)
-	if m, err = mapRing(off.Tx, unix.XDP_PGOFF_TX_RING, 16); err != nil {
+	s.rx.init(m, off.Rx, rxBufs, false)
+	if m, err = mapRing(off.Tx, unix.XDP_PGOFF_TX_RING, ringSize, 16); err != nil {
 		return s, fmt.Errorf("xsk: mmap TX: %w", err)
 	}
 	s.tx.init(m, off.Tx, ringSize, true)
 
-	// Chunks [0, rxChunks) are the receive pool, half buffers of RxChunks
-	// whose first chunk feeds FILL; the half after them are the TX pool.
-	// The FILL ring must be populated before bind: some drivers assume it.
-	for i := uint32(0); i < half; i++ {
+	// Chunks [0, rxChunks) are the receive pool, rxBufs buffers of
+	// RxChunks whose first chunk feeds FILL; the half after them are the
+	// TX pool. The FILL ring must be populated before bind: some drivers
+	// assume it.
+	for i := uint32(0); i < rxBufs; i++ {
 		s.fill.addrs[(s.fill.cachedProducer+i)&s.fill.mask] = uint64(i) * uint64(cfg.RxChunks) * uint64(cfg.FrameSize)
 	}
-	s.fill.cachedProducer += half
+	s.fill.cachedProducer += rxBufs
 	s.fill.producer.Store(s.fill.cachedProducer)
 	if err := s.txSlots.init(&s.cfg, rxChunks, half); err != nil {
 		return s, err
@@ -291,7 +313,7 @@ func Open(cfg Config) (s *Socket, err error) {
 		FrameSize:    cfg.FrameSize,
 		Headroom:     cfg.Headroom,
 		RxFrames:     rxChunks,
-		RxBuffers:    half,
+		RxBuffers:    rxBufs,
 		TxFrames:     half,
 		TxSlots:      uint32(len(s.txSlots.state)),
 		TxSlotChunks: uint32(s.txSlots.chunks),
@@ -384,6 +406,21 @@ func (s *Socket) Fill(descs []unix.XDPDesc) {
 		// nothing: the kernel reads the FILL ring whatever it returns.
 		_, _, _ = unix.Syscall6(unix.SYS_RECVFROM, uintptr(s.fd), 0, 0, unix.MSG_DONTWAIT, 0, 0)
 	}
+}
+
+// RxLevel reads how the receive buffers stand: fill of them wait on the
+// FILL ring for the kernel to receive into, queued hold frames the kernel
+// received and the reader has not taken from the RX ring yet, out of
+// buffers (Info.RxBuffers). A FILL ring that runs dry is where an AF_XDP
+// socket drops frames; an RX ring that backs up is a reader falling behind.
+// Two loads of indexes shared with the kernel.
+func (s *Socket) RxLevel() (fill, queued, buffers int) {
+	if s.closed {
+		return 0, 0, 0
+	}
+	fill = int(s.fill.cachedProducer - s.fill.consumer.Load())
+	queued = int(s.rx.producer.Load() - s.rx.cachedConsumer)
+	return fill, queued, int(s.info.RxBuffers)
 }
 
 // SetWakeFD makes Wait also return when fd (an eventfd, say) is readable:

@@ -28,6 +28,7 @@ func main() {
 	qps := flag.String("qps", ints(o.QPs), "QP counts of the QP table")
 	mtus := flag.String("mtus", ints(o.MTUs), "MTUs of the QP table")
 	flag.IntVar(&o.QPRounds, "qp-rounds", o.QPRounds, "rounds of the QP table")
+	qpFlags := flag.String("qp-flags", "", "more perf flags of both ends in the QP table (not the daemon run), space separated (e.g. '--cc dcqcn': the receiver's host congestion signal needs DCQCN)")
 	flag.IntVar(&o.DaemonQPs, "daemon-qps", o.DaemonQPs, "QPs of the daemon-receiver run")
 	flag.IntVar(&o.DaemonMTU, "daemon-mtu", o.DaemonMTU, "MTU of the daemon-receiver run")
 	total := flag.Duration("timeout", 15*time.Minute, "time limit of the whole run")
@@ -47,6 +48,7 @@ func main() {
 	if o.Timeouts, err = parseInts(*timeouts); err != nil {
 		fail(2, "-u: %v", err)
 	}
+	o.QPFlags = strings.Fields(*qpFlags)
 	if o.QPs, err = parseInts(*qps); err != nil {
 		fail(2, "-qps: %v", err)
 	}

@@ -69,6 +69,14 @@ type Run struct {
 	Veth map[string]uint64 `json:"receiver_veth,omitempty"`
 	// Bridge is the lossy bridge's RoCEv2 frame counts (lossy path only).
 	Bridge *netnstest.PathCounters `json:"bridge,omitempty"`
+	// CNPSent and HostCCMarks are the receiver's np_cnp_sent and
+	// np_host_cc_marks (its perf process under DCQCN; nil otherwise).
+	CNPSent     *uint64 `json:"receiver_np_cnp_sent,omitempty"`
+	HostCCMarks *uint64 `json:"receiver_np_host_cc_marks,omitempty"`
+	// SenderRecovery is the sender's loss recovery counters (perf's
+	// "recovery": tlp_probes, roce_adp_retrans_to, retrans_packets, ...):
+	// what explains a receiver's duplicate_request.
+	SenderRecovery map[string]uint64 `json:"sender_recovery,omitempty"`
 	// Daemon is the growth of the receiving daemon's device counters
 	// (softrnic stats), when B's side ran in a daemon; those that sum over
 	// QPs are their largest value sampled during the run.
@@ -215,6 +223,17 @@ func (j *perfJob) run() (r Run) {
 		r.Failure, r.Detail = "error", "client reported no bandwidth"
 		return r
 	}
+	if serrJ == nil && sres.DCQCN != nil {
+		r.CNPSent, r.HostCCMarks = sres.DCQCN.CNPSent, sres.DCQCN.HostCCMarks
+	}
+	for k, v := range cres.Recovery {
+		if f, ok := v.(float64); ok {
+			if r.SenderRecovery == nil {
+				r.SenderRecovery = map[string]uint64{}
+			}
+			r.SenderRecovery[k] = uint64(f)
+		}
+	}
 	b := cres.BW[0]
 	r.PathMTU = cres.TestInfo.MTU
 	r.MiBps, r.PeakMiBps, r.Iters = b.BWAverage, b.BWPeak, b.Iters
@@ -319,6 +338,11 @@ type perfJSON struct {
 		BWPeak    float64 `json:"BW_peak"`
 		BWAverage float64 `json:"BW_average"`
 	} `json:"results_bw"`
+	DCQCN *struct {
+		CNPSent     *uint64 `json:"np_cnp_sent"`
+		HostCCMarks *uint64 `json:"np_host_cc_marks"`
+	} `json:"dcqcn"`
+	Recovery map[string]any `json:"recovery"`
 }
 
 // parsePerfJSON reads the JSON document in perf's standard output (it may

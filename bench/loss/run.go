@@ -33,6 +33,7 @@ type Options struct {
 	QPs      []int
 	MTUs     []int
 	QPRounds int
+	QPFlags  []string // more perf flags of both ends in the QP table (--cc dcqcn); not the daemon run's
 
 	DaemonQPs int // the QP count of the daemon run (0: none)
 	DaemonMTU int
@@ -179,7 +180,7 @@ func lossTable(o Options, modes []Mode, rep *Report, log io.Writer) error {
 func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
 	base := []string{"-s", "65536"}
 	if o.QPTable {
-		rep.QPs = &QPTable{Args: base, Duration: o.Duration.String(), Rounds: o.QPRounds}
+		rep.QPs = &QPTable{Args: append(base[:len(base):len(base)], o.QPFlags...), Duration: o.Duration.String(), Rounds: o.QPRounds}
 	}
 	mtus := o.MTUs
 	if !o.QPTable {
@@ -196,8 +197,10 @@ func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
 		setCurrent(pair.Close)
 		a := host{ns: pair.A.NS, dev: pair.A.Name, addr: pair.A.Addr.String()}
 		b := host{ns: pair.B.NS, dev: pair.B.Name, addr: pair.B.Addr.String()}
-		job := func(qps int) perfJob {
-			args := append(append([]string(nil), base...), "-q", strconv.Itoa(qps))
+		// The QP flags go to both perf ends of the table's runs, not to
+		// the daemon run: a daemon's congestion control is its own.
+		job := func(qps int, flags []string) perfJob {
+			args := append(append(append([]string(nil), base...), flags...), "-q", strconv.Itoa(qps))
 			// Setting up many QPs over the side channel takes a while
 			// on a loaded machine.
 			return perfJob{bin: o.Bin, test: "write_bw", args: args, server: b, client: a,
@@ -210,7 +213,7 @@ func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
 			}
 			for k := 0; k < max(o.QPRounds, 1); k++ {
 				for i, q := range o.QPs {
-					j := job(q)
+					j := job(q, o.QPFlags)
 					r := j.run()
 					c := &rep.QPs.Cells[first+i]
 					c.Runs = append(c.Runs, r)
@@ -219,7 +222,7 @@ func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
 			}
 		}
 		if o.DaemonQPs > 0 && mtu == o.DaemonMTU {
-			rep.Daemon = daemonRun(o, job(o.DaemonQPs), b, tmp, mtu)
+			rep.Daemon = daemonRun(o, job(o.DaemonQPs, nil), b, tmp, mtu)
 			fmt.Fprintf(log, "daemon receiver  MTU %d  -q %-3d  %s\n", mtu, o.DaemonQPs, runLine(rep.Daemon.Run))
 		}
 		current.Store(nil)
@@ -266,8 +269,16 @@ func runLine(r Run) string {
 	} else if r.XSKError != "" {
 		fmt.Fprintf(&b, "  rx socket: %s", r.XSKError)
 	}
+	if r.HostCCMarks != nil && r.CNPSent != nil {
+		fmt.Fprintf(&b, "  receiver np_host_cc_marks %d, np_cnp_sent %d", *r.HostCCMarks, *r.CNPSent)
+	}
 	if r.Daemon != nil {
-		fmt.Fprintf(&b, "  daemon xdp_steered %d, xsk_rx_fill_ring_empty_descs %d", r.Daemon["xdp_steered"], r.Daemon["xsk_rx_fill_ring_empty_descs"])
+		fmt.Fprintf(&b, "  daemon xdp_steered %d, xsk_rx_fill_ring_empty_descs %d, duplicate_request %d", r.Daemon["xdp_steered"],
+			r.Daemon["xsk_rx_fill_ring_empty_descs"], r.Daemon["duplicate_request"])
+		if s := r.SenderRecovery; s != nil {
+			fmt.Fprintf(&b, "; sender retrans_packets %d, tlp_probes %d, roce_adp_retrans_to %d, fast_retrans %d, sel_retrans %d",
+				s["retrans_packets"], s["tlp_probes"], s["roce_adp_retrans_to"], s["fast_retrans"], s["sel_retrans"])
+		}
 	}
 	if !r.OK() && r.Detail != "" {
 		fmt.Fprintf(&b, "\n    %s", r.Detail)

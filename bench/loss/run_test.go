@@ -179,3 +179,39 @@ func TestWaitListeningServerExited(t *testing.T) {
 		t.Fatal("the server's exit status was taken: its caller would wait forever")
 	}
 }
+
+// TestFanInHostCongestion: 128 QPs writing into one perf receiver over a
+// veth pair complete, with congestion control off (the tools' default)
+// without a frame dropped for an empty FILL ring, and under DCQCN with the
+// receiver signalling host congestion (np_host_cc_marks), each mark a CNP.
+// Root only; it asserts counts, not speed.
+func TestFanInHostCongestion(t *testing.T) {
+	netnstest.SkipUnlessRoot(t)
+	bin := buildSoftrnic(t)
+	run := func(cc string) Run {
+		o := DefaultOptions()
+		o.Bin, o.Loss, o.DaemonQPs = bin, false, 0
+		o.Duration, o.QPs, o.MTUs, o.QPFlags = 3*time.Second, []int{128}, []int{1500}, []string{"--cc", cc}
+		var log bytes.Buffer
+		rep, err := Measure(o, &log)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, log.String())
+		}
+		r := rep.QPs.Cells[0].Runs[0]
+		t.Logf("--cc %s: %s", cc, runLine(r))
+		if !r.OK() || r.XSK == nil || r.XSK.Sockets == 0 {
+			t.Fatalf("--cc %s: run %+v\n%s", cc, r, log.String())
+		}
+		return r
+	}
+	if r := run("off"); r.XSK.RxFillRingEmpty != 0 {
+		t.Errorf("congestion control off: %d frames dropped for an empty FILL ring", r.XSK.RxFillRingEmpty)
+	}
+	r := run("dcqcn")
+	if r.HostCCMarks == nil || r.CNPSent == nil {
+		t.Fatalf("the receiver reported no host marks or CNPs: %+v", r)
+	}
+	if *r.HostCCMarks == 0 || *r.CNPSent < *r.HostCCMarks {
+		t.Errorf("receiver's host marks %d, CNPs %d: want marks, each a CNP", *r.HostCCMarks, *r.CNPSent)
+	}
+}

@@ -29,6 +29,8 @@ type test struct {
 	Inner []float64
 	Stock []float64
 	Via   []float64 // softrnic perf through the same daemons
+	// The client process's CPU time (user + system) in each run, seconds.
+	InnerCPU, StockCPU, ViaCPU []float64
 }
 
 type report struct {
@@ -53,6 +55,12 @@ type row struct {
 	Ratio    float64   `json:"ratio"`
 	Goal     string    `json:"goal"`
 	Met      *bool     `json:"met,omitempty"`
+	// The client process's CPU seconds (user + system), medians: in
+	// process that includes its engine; through the daemons the
+	// application's own polling, which shares the CPUs with the engines.
+	InCPU    float64 `json:"in_process_client_cpu_s"`
+	StockCPU float64 `json:"stock_client_cpu_s"`
+	DCPU     float64 `json:"perf_daemon_client_cpu_s"`
 }
 
 func main() {
@@ -107,6 +115,7 @@ func main() {
 				fail("round %d, %s in process: %v", r, t.Name, err)
 			}
 			t.Inner = append(t.Inner, v)
+			t.InnerCPU = append(t.InnerCPU, b.clientCPU)
 		}
 		stop, err := b.daemons()
 		if err != nil {
@@ -119,12 +128,14 @@ func main() {
 				fail("round %d, %s through the daemons: %v", r, t.Name, err)
 			}
 			t.Stock = append(t.Stock, v)
+			t.StockCPU = append(t.StockCPU, b.clientCPU)
 			v, err = again(func() (float64, error) { return b.viaDaemon(t) }, fmt.Sprintf("round %d, %s softrnic perf through the daemons", r, t.Name))
 			if err != nil {
 				stop()
 				fail("round %d, %s softrnic perf through the daemons: %v", r, t.Name, err)
 			}
 			t.Via = append(t.Via, v)
+			t.ViaCPU = append(t.ViaCPU, b.clientCPU)
 		}
 		stop()
 		fmt.Fprintf(os.Stderr, "round %d of %d done\n", r, *rounds)
@@ -134,7 +145,8 @@ func main() {
 	fmt.Printf("load average at start %.2f %.2f %.2f, at end %.2f %.2f %.2f\n\n", rep.LoadStart[0], rep.LoadStart[1], rep.LoadStart[2], rep.LoadEnd[0], rep.LoadEnd[1], rep.LoadEnd[2])
 	fmt.Printf("%-20s %-14s %12s %12s %12s %8s  %s\n", "test", "", "in process", "perf daemon", "stock", "ratio", "goal")
 	for _, t := range tests {
-		rw := row{Test: t.Name, InProc: t.Inner, Stock: t.Stock, Daemon: t.Via, InMedian: median(t.Inner), StMedian: median(t.Stock), DMedian: median(t.Via)}
+		rw := row{Test: t.Name, InProc: t.Inner, Stock: t.Stock, Daemon: t.Via, InMedian: median(t.Inner), StMedian: median(t.Stock), DMedian: median(t.Via),
+			InCPU: median(t.InnerCPU), StockCPU: median(t.StockCPU), DCPU: median(t.ViaCPU)}
 		rw.Ratio = rw.StMedian / rw.InMedian
 		what := "BW average, Gb/s"
 		rw.Unit = "Gb/s"
@@ -157,6 +169,10 @@ func main() {
 		}
 		fmt.Printf("%-20s %-14s %12.3f %12.3f %12.3f %7.2f×  %s\n", t.Name, what, rw.InMedian, rw.DMedian, rw.StMedian, rw.Ratio, rw.Goal)
 		rep.Rows = append(rep.Rows, rw)
+	}
+	fmt.Printf("\nclient process CPU, s (user + system, medians; in process it includes the engine)\n")
+	for _, rw := range rep.Rows {
+		fmt.Printf("%-35s %12.3f %12.3f %12.3f\n", rw.Test, rw.InCPU, rw.DCPU, rw.StockCPU)
 	}
 	if *jsonPath != "" {
 		if err := os.MkdirAll(filepath.Dir(*jsonPath), 0o755); err != nil {
@@ -192,6 +208,7 @@ type bench struct {
 	port      int
 	sockA     string
 	sockB     string
+	clientCPU float64 // the last run's client process's CPU seconds
 }
 
 // daemons starts a daemon at each end and returns what stops them.
@@ -294,7 +311,13 @@ func (b *bench) run(t *test, srv, cli []string) (float64, error) {
 		out, _ := exec.Command("ip", "netns", "exec", b.pair.B.NS.Name, "ss", "-Hltn", "sport = :"+strconv.Itoa(b.port)).Output()
 		listening = len(strings.TrimSpace(string(out))) > 0
 	}
-	cout, cerr := exec.CommandContext(ctx, "ip", append(append(cli, args...), b.pair.B.Addr.String())...).CombinedOutput()
+	c := exec.CommandContext(ctx, "ip", append(append(cli, args...), b.pair.B.Addr.String())...)
+	cout, cerr := c.CombinedOutput()
+	b.clientCPU = 0
+	if ps := c.ProcessState; ps != nil {
+		// ip netns exec and softrnic run both exec: this is the program's.
+		b.clientCPU = (ps.UserTime() + ps.SystemTime()).Seconds()
+	}
 	serr := <-done
 	if cerr != nil || serr != nil {
 		return 0, fmt.Errorf("client %w, server %w\nclient:\n%s\nserver:\n%s", cerr, serr, cout, sout.String())

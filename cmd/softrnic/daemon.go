@@ -85,7 +85,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	var tap capture.Tap // softrnic capture (root clients) starts sessions on it
 	var cp *daemon.CountingPort
 	h, err := host.Open(host.Config{Interface: cfg.Interface, GIDs: cfg.GIDs, MTU: cfg.MTU, Port: host.PortKind(cfg.Port),
-		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, Congestion: cc, Recovery: cfg.Recovery,
+		Queues: cfg.Queues, FrameSize: cfg.FrameSize, UMEMSize: cfg.UMEMSize, RxQPs: cfg.RxQPs, Congestion: cc, Recovery: cfg.Recovery,
 		CountersFile: os.Getenv(host.CountersEnv),
 		Engine:       engine.Options{Tap: &tap}, Log: log, Owner: host.Owner{Name: "softrnic daemon", Control: cfg.Control},
 		CM: cm.Config{CMResponseTimeout: cfg.CMResponseTimeout, MaxCMRetries: cfg.CMMaxRetries},

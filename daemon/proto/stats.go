@@ -268,6 +268,7 @@ const (
 	QCtrSRHeld                         // RC
 	QCtrSRDropped                      // RC
 	QCtrRetransPackets                 // RC
+	QCtrNpHostCCMarks                  // RC, UC with DCQCN: packets the NP answered as CE-marked for host congestion
 	NumQPCounters
 )
 
@@ -328,6 +329,7 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrSRHeld:           DeviceCounters[CtrSRHeld],
 	QCtrSRDropped:        DeviceCounters[CtrSRDropped],
 	QCtrRetransPackets:   DeviceCounters[CtrRetransPackets],
+	QCtrNpHostCCMarks:    {"np_host_cc_marks", "packets DCQCN's notification point answered as CE-marked because the host's receive rings ran low (host congestion), at most one per CNP interval; each asked for a CNP"},
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not

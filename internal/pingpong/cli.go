@@ -66,7 +66,7 @@ func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Resu
 	default:
 		var cc rnic.Congestion
 		if cc, err = ccOf(p); err == nil {
-			err = runner.OpenHost(p.Device, o.PortKind, cc, run)
+			err = runner.OpenHost(p.Device, o.PortKind, cc, 0, run)
 		}
 	}
 	if err != nil {

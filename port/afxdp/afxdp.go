@@ -31,10 +31,11 @@ type Config struct {
 	// XDPMode, when the port attaches the program: bpf.DriverMode or
 	// bpf.GenericMode, or zero for driver mode with a generic fallback.
 	XDPMode bpf.AttachMode
-	// FrameSize, NumFrames, Headroom, Mode and the busy-poll settings are
+	// FrameSize, NumFrames, RxBuffers, Headroom, Mode and the busy-poll settings are
 	// passed to xsk.Config.
 	FrameSize      uint32
 	NumFrames      uint32
+	RxBuffers      uint32
 	Headroom       uint32
 	Mode           xsk.Mode
 	BusyPoll       time.Duration
@@ -87,8 +88,9 @@ type Port struct {
 }
 
 var (
-	_ port.Port  = (*Port)(nil)
-	_ port.Waker = (*Port)(nil)
+	_ port.Port    = (*Port)(nil)
+	_ port.Waker   = (*Port)(nil)
+	_ port.RxGauge = (*Port)(nil)
 )
 
 // l2Overhead is Ethernet plus one VLAN tag: what a frame adds to the MTU.
@@ -142,7 +144,7 @@ func Open(cfg Config) (p *Port, err error) {
 	}
 	p.sock, err = xsk.Open(xsk.Config{
 		IfIndex: cfg.IfIndex, Queue: cfg.Queue,
-		FrameSize: fs, NumFrames: cfg.NumFrames, Headroom: cfg.Headroom, RxChunks: rxChunks,
+		FrameSize: fs, NumFrames: cfg.NumFrames, RxBuffers: cfg.RxBuffers, Headroom: cfg.Headroom, RxChunks: rxChunks,
 		Mode: cfg.Mode, MultiBuffer: multi, MaxFrame: need,
 		BusyPoll: cfg.BusyPoll, PreferBusyPoll: cfg.PreferBusyPoll, BusyPollBudget: cfg.BusyPollBudget,
 	})
@@ -315,16 +317,22 @@ func (p *Port) Submit(frames [][]byte) (int, error) {
 func (p *Port) MaxFrame() int { return p.maxFrame }
 
 // RxFrames is how many frames the port holds for its reader before the
-// kernel must drop what arrives: the socket's FILL/RX pool, in frames of
-// the interface's MTU (with multi-buffer, each takes several chunks).
+// kernel must drop what arrives: the socket's receive buffers, in frames
+// of the interface's MTU. With multi-buffer the kernel takes one buffer
+// from FILL per segment (only a buffer's first chunk is ever on FILL; the
+// chunks behind it are where Recv puts the later segments together), so
+// a frame of several segments takes as many buffers.
 func (p *Port) RxFrames() int {
 	info := p.sock.Info()
 	per := 1
 	if info.MultiBuffer && info.MaxRxSegment > 0 {
 		per = (p.maxFrame + info.MaxRxSegment - 1) / info.MaxRxSegment
 	}
-	return int(info.RxFrames) / per
+	return int(info.RxBuffers) / per
 }
+
+// RxLevel implements port.RxGauge: the socket's FILL and RX rings.
+func (p *Port) RxLevel() (fill, queued, buffers int) { return p.sock.RxLevel() }
 
 // Socket exposes the underlying socket (for benches and tests).
 func (p *Port) Socket() *xsk.Socket { return p.sock }

@@ -644,3 +644,55 @@ func TestIdleRecvAllocs(t *testing.T) {
 		t.Error("no poll happened: the idle path was not measured")
 	}
 }
+
+// TestRxLevel: a port with RxBuffers receive buffers at MTU 4200 counts
+// two buffers to a frame (RxFrames), and its gauge follows frames the
+// kernel received and the reader has not taken (two descriptors each), the
+// FILL ring short of as many, until Recv takes them and the next Recv
+// gives their buffers back.
+func TestRxLevel(t *testing.T) {
+	pair := netnstest.NewTestPair(t, netnstest.PairOptions{MTU: 4200})
+	a := openIn(t, &pair.A, Config{})
+	b := openIn(t, &pair.B, Config{NumFrames: 256, RxBuffers: 64})
+	if got := b.RxFrames(); got != 32 {
+		t.Fatalf("RxFrames %d, want 32 (64 buffers, two to a frame)", got)
+	}
+	if f, q, n := b.RxLevel(); f != 64 || q != 0 || n != 64 {
+		t.Fatalf("fresh: fill %d queued %d buffers %d, want 64 0 64", f, q, n)
+	}
+	const frames = 10
+	out := make([][]byte, frames)
+	for i := range out {
+		out[i] = netnstest.RoCEFrame(make([]byte, 4154), &pair.A, &pair.B, uint32(i))
+	}
+	if k, err := port.Send(a, out); err != nil || k != frames {
+		t.Fatalf("sent %d of %d: %v", k, frames, err)
+	}
+	var f, q int
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		if f, q, _ = b.RxLevel(); q >= 2*frames {
+			break
+		}
+	}
+	if q != 2*frames || f != 64-2*frames {
+		t.Fatalf("%d frames received: fill %d queued %d, want %d and %d", frames, f, q, 64-2*frames, 2*frames)
+	}
+	in := make([][]byte, 64)
+	got := 0
+	for deadline := time.Now().Add(10 * time.Second); got < frames && time.Now().Before(deadline); {
+		n, err := b.Recv(in[got:], 10*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += n
+	}
+	if _, q, _ = b.RxLevel(); got != frames || q != 0 {
+		t.Fatalf("read %d of %d frames, queued %d after", got, frames, q)
+	}
+	if _, err := b.Recv(in, 0); err != nil {
+		t.Fatal(err)
+	}
+	if f, q, _ = b.RxLevel(); f != 64 || q != 0 {
+		t.Fatalf("after the buffers went back: fill %d queued %d, want 64 and 0", f, q)
+	}
+}

@@ -81,8 +81,9 @@ type Multi struct {
 }
 
 var (
-	_ port.Port  = (*Multi)(nil)
-	_ port.Waker = (*Multi)(nil)
+	_ port.Port    = (*Multi)(nil)
+	_ port.Waker   = (*Multi)(nil)
+	_ port.RxGauge = (*Multi)(nil)
 )
 
 // OpenMulti opens one AF_XDP socket per receive queue and registers all of
@@ -400,6 +401,18 @@ func (m *Multi) RxFrames() int {
 		n += p.RxFrames()
 	}
 	return n
+}
+
+// RxLevel implements port.RxGauge: the level of the queue whose FILL ring
+// holds the smallest share of its buffers, the first to drop.
+func (m *Multi) RxLevel() (fill, queued, buffers int) {
+	for i, p := range m.ports {
+		f, q, b := p.RxLevel()
+		if i == 0 || f*buffers < fill*b {
+			fill, queued, buffers = f, q, b
+		}
+	}
+	return fill, queued, buffers
 }
 
 // NumQueues is how many receive queues the port serves.

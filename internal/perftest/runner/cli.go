@@ -68,7 +68,9 @@ func withHost(p perftest.Params, o CLIOptions, f func(Host) error) error {
 	if err != nil {
 		return err
 	}
-	if err := OpenHost(p.Device, o.PortKind, cc, f); err != nil {
+	// The receive buffers are sized for the run's QPs (at least the
+	// default's): its peer's -q QPs all send into this host.
+	if err := OpenHost(p.Device, o.PortKind, cc, max(p.QPs, host.DefaultRxQPs), f); err != nil {
 		return fmt.Errorf("perf: %w", err)
 	}
 	return nil
@@ -109,11 +111,12 @@ func DaemonHost(socket string) (Host, *client.Client, error) {
 
 // OpenHost opens the RNIC the built-in tools run on, a host.Host on the
 // interface named device (in the calling thread's network namespace),
-// with the given packet I/O and congestion control cc; it calls f with it
+// with the given packet I/O and congestion control cc and receive buffers
+// for rxQPs QPs (host.Config.RxQPs; 0: the default); it calls f with it
 // and tears everything down when f returns.
-func OpenHost(device string, kind host.PortKind, cc rnic.Congestion, f func(Host) error) error {
+func OpenHost(device string, kind host.PortKind, cc rnic.Congestion, rxQPs int, f func(Host) error) error {
 	h, err := host.Open(host.Config{Interface: device, Port: kind, Congestion: cc, Engine: engineOptions(cc),
-		CountersFile: os.Getenv(host.CountersEnv)})
+		RxQPs: rxQPs, CountersFile: os.Getenv(host.CountersEnv)})
 	if err != nil {
 		return err
 	}

@@ -301,6 +301,7 @@ func (t *Test) JSON() *JSONResult {
 	if t.h.Stats != nil {
 		d.ECNMarked, d.CNPSent = &st.NPECNMarkedRoCEPackets, &st.NPCNPSent
 		d.CNPHandled, d.CNPIgnored = &st.RPCNPHandled, &st.RPCNPIgnored
+		d.HostCCMarks = &st.NPHostCCMarks
 	}
 	for _, q := range t.res.CC {
 		d.QPs = append(d.QPs, QPCongestionJSON{QPN: q.QPN, RateMbps: float64(q.Rate) / 1e6, TargetMbps: float64(q.TargetRate) / 1e6,
@@ -375,14 +376,17 @@ func (j *JSONResult) Write(w io.Writer) error {
 // final rate, α and own counts (per QP, under other names so that a tool
 // summing the mlx5 names over a device does not count them twice).
 type DCQCNJSON struct {
-	Profile    string             `json:"profile"`
-	Scale      float64            `json:"scale"`
-	ECNMarked  *uint64            `json:"np_ecn_marked_roce_packets,omitempty"`
-	CNPSent    *uint64            `json:"np_cnp_sent,omitempty"`
-	CNPHandled *uint64            `json:"rp_cnp_handled,omitempty"`
-	CNPIgnored *uint64            `json:"rp_cnp_ignored,omitempty"`
-	Peer       string             `json:"peer,omitempty"`
-	QPs        []QPCongestionJSON `json:"qps"`
+	Profile    string  `json:"profile"`
+	Scale      float64 `json:"scale"`
+	ECNMarked  *uint64 `json:"np_ecn_marked_roce_packets,omitempty"`
+	CNPSent    *uint64 `json:"np_cnp_sent,omitempty"`
+	CNPHandled *uint64 `json:"rp_cnp_handled,omitempty"`
+	CNPIgnored *uint64 `json:"rp_cnp_ignored,omitempty"`
+	// HostCCMarks (np_host_cc_marks): packets the NP answered as
+	// CE-marked because this host's receive rings ran low.
+	HostCCMarks *uint64            `json:"np_host_cc_marks,omitempty"`
+	Peer        string             `json:"peer,omitempty"`
+	QPs         []QPCongestionJSON `json:"qps"`
 }
 
 // QPCongestionJSON is one QP in DCQCNJSON.
