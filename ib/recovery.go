@@ -18,15 +18,15 @@ const (
 	// RecoveryDefault is the device's mode for a QP, and for a device
 	// RecoverySelective.
 	RecoveryDefault Recovery = iota
-	// RecoverySelective is adaptive retransmission plus selective repeat
-	// toward a softrnic QP number (with a peer that agrees), and the local
-	// ACK timer alone toward any other peer: adaptive timers against a
-	// peer whose answers stall (rxe in the lab) resent whole windows it
-	// already had.
+	// RecoverySelective is adaptive retransmission toward any peer, as
+	// ConnectX has it on by default, plus selective repeat toward a
+	// softrnic QP number whose responder agrees; with any other peer it is
+	// RecoveryAdaptive.
 	RecoverySelective
 	// RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
-	// probes, fast retransmission and an RTO of a few RTTs, besides the
-	// peer's sequence NAKs. Every peer sees only IBA packets.
+	// probes, an RTO of a few RTTs and fast retransmission from a probe's
+	// answer, besides the peer's sequence NAKs. Every peer sees only IBA
+	// packets, and one that only paused costs one packet per expiry.
 	RecoveryAdaptive
 	// RecoveryTimeout retransmits only on a sequence NAK, a READ response
 	// gap or the local ACK timeout: rxe's behaviour.

@@ -32,6 +32,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 		q.sampleRTT(now, op, pp, syn)
 	}
 	probe, probeAt := r.answersProbe(op, pp, syn), r.probeAt
+	late := probe && r.ackAsked(pp)
 	if r.sr.on && (op.IsReadResponse() || op.IsAtomicAck()) && pp.Diff(r.compPSN) > 0 {
 		q.srHoldResponse(pkt, op, pp)
 		return
@@ -47,7 +48,7 @@ func (q *QP) receiveResponse(now clock.Time, pkt []byte, op bth.Opcode, hl, end 
 		q.srDrainResponses(now)
 	}
 	if probe {
-		q.probeAnswered(probeAt)
+		q.probeAnswered(now, probeAt, late)
 	}
 }
 
@@ -257,23 +258,35 @@ func (q *QP) handleReadResponse(now clock.Time, e *sendEntry, pp bth.PSN, op bth
 	off := uint32(pp.Diff(e.firstPSN)) * uint32(q.cfg.MTU)
 	remain := e.Length - off
 	last := pp == e.lastPSN
+	probed := false
 	if last {
 		if !(op.IsLast() || op.IsOnly()) || uint32(len(pay)) != remain {
 			q.badResponse(e)
 			return
 		}
-	} else if !(op.IsFirst() || op.IsMiddle()) && !r.sr.on || len(pay) != q.cfg.MTU {
-		// (A selective-repeat requester asks for READ sub-ranges, whose
-		// replies end with a LAST or ONLY before the READ's last PSN.)
+	} else if !(op.IsFirst() || op.IsMiddle()) {
+		// A selective-repeat requester asks for READ sub-ranges, and a
+		// probe for one response: their replies end with a LAST or ONLY
+		// before the READ's last PSN.
+		probed = r.readProbeAnswers(pp)
+		if !r.sr.on && !probed || len(pay) != q.cfg.MTU {
+			q.badResponse(e)
+			return
+		}
+	} else if len(pay) != q.cfg.MTU {
 		q.badResponse(e)
 		return
 	}
 	ib.CopyOut(e.SG, off, pay)
 	e.got = off + uint32(len(pay))
 	r.compPSN = pp.Next()
+	q.readProgress(now)
 	q.progress(now)
 	if !last && r.psn.Less(r.compPSN) {
 		q.seek(r.compPSN) // a pending re-request now starts after this packet
+	}
+	if probed {
+		q.readProbeAnswered()
 	}
 	if last {
 		q.finishHead(now, e)
@@ -403,9 +416,7 @@ func (q *QP) expire(now clock.Time) {
 		}
 		r.retryLeft--
 		r.timer = now + r.rto
-		if r.backoff < 16 {
-			r.backoff++
-		}
+		r.backOff()
 		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
 		r.probe, r.probeOut, r.probeRTO = r.compPSN.Less(r.psn), false, true
 		return
@@ -414,9 +425,7 @@ func (q *QP) expire(now clock.Time) {
 	if q.adaptive() && !q.failed {
 		// The local ACK timeout is also an RTO: the next adaptive one
 		// waits longer.
-		if r.backoff < 16 {
-			r.backoff++
-		}
+		r.backOff()
 		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
 		r.probe, r.probeOut, r.probeRTO = false, false, false
 	}

@@ -81,8 +81,8 @@ type tctx struct {
 }
 
 // defaultCfg is a QP whose peer is not softrnic's, retransmitting on its
-// own timers (RecoveryAdaptive: the default mode would leave such a peer on
-// the local ACK timer alone).
+// own timers (RecoveryAdaptive, which the default mode is toward such a
+// peer).
 func defaultCfg() Config {
 	return Config{QPN: 0x11, DestQPN: 0x22, MTU: 1024, SQPSN: 100, RQPSN: 500, Timeout: 14, RetryCnt: 7, RNRRetry: 7,
 		MinRNRTimer: 12, MaxRdAtomic: 16, MaxDestRdAtomic: 16, Recovery: ib.RecoveryAdaptive,

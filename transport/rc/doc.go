@@ -29,13 +29,16 @@
 // # Loss recovery
 //
 // rxe's requester goes back N on a sequence NAK and otherwise waits a whole
-// local ACK timeout (ib.RecoveryTimeout). By default a QP also retransmits on
-// the RTT it measures (retransmit.go): a tail-loss probe, fast
-// retransmission from the probe's answer and an RTO of a few RTTs, none of
-// which spends retry_cnt; the local ACK timer alone decides when to give up,
-// at the same moment as before. Toward a go-back-N peer these are only
-// retransmissions of packets it handles as duplicates or as the one it
-// expects.
+// local ACK timeout (ib.RecoveryTimeout). By default a QP, toward any peer,
+// also retransmits on the RTT it measures (retransmit.go): a tail-loss
+// probe, an RTO of a few RTTs that resends one packet as a probe too, and
+// fast retransmission from a probe's answer, none of which spends
+// retry_cnt; the local ACK timer alone decides when to give up, at the same
+// moment as before. Toward a go-back-N peer these are only retransmissions
+// of packets it handles as duplicates or as the one it expects, and a peer
+// that only paused costs one packet per expiry: a late ACK does not send
+// back N at once, and a READ reply in progress is asked for one response
+// at a time, never the whole rest again.
 //
 // Between two softrnic QPs it adds selective repeat (IRN's, SIGCOMM 2018):
 // the responder holds out-of-order requests in the device's ReorderPool and

@@ -35,6 +35,9 @@ type wire struct {
 	delay            time.Duration // one way (1 µs if zero)
 	rate             float64       // bytes per ns; 0: no serialisation
 	busy             clock.Time    // the link carries a packet until then
+	// hold, when set, is when a packet put on the link at a time leaves
+	// the sender: a peer that stalls (a guest under emulation) sends late.
+	hold func(clock.Time) clock.Time
 }
 
 // idle reports whether the link can take a packet at now.
@@ -48,6 +51,9 @@ func (w *wire) send(now clock.Time, b []byte) {
 		// Ethernet, IP, UDP and ICRC around the transport packet.
 		at = max(now, w.busy).Add(time.Duration(float64(len(b)+14+20+8+4) / w.rate))
 		w.busy = at
+	}
+	if w.hold != nil {
+		at = w.hold(at)
 	}
 	if w.rng.Float64() < w.loss {
 		w.lost++
@@ -125,6 +131,8 @@ type pairOpts struct {
 	sqDepth          int
 	startPSN         bth.PSN // A's SQ PSN (B's RQ PSN)
 	peerAdaptive     bool    // B does not agree to selective repeat
+	// stallB, when set, holds what B sends (wire.hold).
+	stallB func(clock.Time) clock.Time
 }
 
 func newPairOpts(o pairOpts) *pair {
@@ -161,6 +169,7 @@ func newPairOpts(o pairOpts) *pair {
 	p.b.Sender(cb)
 	p.ab = &wire{rng: rand.New(rand.NewPCG(o.seed, 1)), loss: o.loss, dup: o.dup, reord: o.reord, delay: o.delay, rate: o.rate}
 	p.ba = &wire{rng: rand.New(rand.NewPCG(o.seed, 2)), loss: o.loss, dup: o.dup, reord: o.reord, delay: o.delay, rate: o.rate}
+	p.ba.hold = o.stallB
 	p.bufA = make([]byte, p.a.MaxPacket())
 	p.bufB = make([]byte, p.b.MaxPacket())
 	return p

@@ -511,7 +511,7 @@ func (q *QP) Deadline() clock.Time {
 	case q.req.rnrWait:
 		dl = q.req.rnrAt
 	case q.adaptive():
-		dl = clock.Min(q.req.timer, clock.Min(q.req.rtoAt, q.req.ptoAt))
+		dl = clock.Min(q.req.timer, clock.Min(q.req.rtoAt, clock.Min(q.req.ptoAt, q.req.fastAt)))
 		if q.req.sr.on {
 			dl = clock.Min(dl, q.req.sr.reoAt)
 		}

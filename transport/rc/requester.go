@@ -1,6 +1,8 @@
 package rc
 
 import (
+	"time"
+
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
@@ -56,13 +58,25 @@ type requester struct {
 	ptoAt    clock.Time // tail-loss probe
 	backoff  uint8      // RTO expiries in a row without progress
 	probe    bool       // a tail-loss probe is due: BuildHeader sends it
-	probeRTO bool       // the probe is an RTO's (selective repeat)
-	probeOut bool       // a probe went out and has not been answered
-	probePSN bth.PSN
-	probeAt  clock.Time
-	mark     bool // requests carry the selective-repeat bit
-	sr       srReq
-	answered bool // a response came from the peer since RTS
+	probeRTO bool       // the probe is an RTO's, counted when it expired
+	// readProbe is the PSN a one-response READ probe asked for, while
+	// readProbeOn: its answer, a LAST or ONLY before the READ's last PSN,
+	// may come whatever else was sent since (a local ACK timeout's resend
+	// behind it).
+	readProbe   bth.PSN
+	readProbeOn bool
+	probeOut    bool // a probe went out and has not been answered
+	probePSN    bth.PSN
+	probeAt     clock.Time
+	fastAt      clock.Time // a probe's answer that may be late: go back N then
+	// A READ reply in progress: progressAt is the last forward progress,
+	// readAt the last in-order READ response, and readGap the longest
+	// silence between two of them within minRTTWindow (since readGapAt).
+	progressAt, readAt, readGapAt clock.Time
+	readGap                       time.Duration
+	mark                          bool // requests carry the selective-repeat bit
+	sr                            srReq
+	answered                      bool // a response came from the peer since RTS
 }
 
 func (r *requester) init(cfg *Config) {
@@ -81,8 +95,9 @@ func (r *requester) init(cfg *Config) {
 	}
 	r.settled = cfg.SQPSN
 	r.rtt = rttEstimator{}
-	r.rtoAt, r.ptoAt = clock.Never, clock.Never
-	r.backoff, r.probe, r.probeOut, r.probeRTO = 0, false, false, false
+	r.rtoAt, r.ptoAt, r.fastAt = clock.Never, clock.Never, clock.Never
+	r.backoff, r.probe, r.probeOut, r.probeRTO, r.readProbeOn = 0, false, false, false, false
+	r.progressAt, r.readAt, r.readGapAt, r.readGap = clock.Never, clock.Never, clock.Never, 0
 	r.answered = false
 }
 
@@ -203,6 +218,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		q.RetransPkts++ // a go-back-N resending what went out before
 	}
 	var n int
+	ackReq := false // a SEND/WRITE packet asking for an ACK
 	switch e.Opcode {
 	case ib.RDMARead:
 		retx = e.sent > 0 // asked again from an offset after a go-back-N
@@ -224,7 +240,7 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 		// counts (noack_pkts++ > RXE_MAX_PKT_PER_ACK), on the 66th packet
 		// in a row without one, so that long messages are acknowledged
 		// as they go (with selective repeat, four times per window).
-		ackReq := last
+		ackReq = last
 		if !last {
 			// With adaptive retransmission a packet that fills the
 			// window asks too: nothing more can be sent, hence nothing
@@ -255,6 +271,9 @@ func (q *QP) buildRequest(now clock.Time, buf []byte) int {
 	}
 	if !q.cfg.UC {
 		q.sentPkt(now, p, retx)
+		if rec := r.tx.get(p); rec != nil && ackReq {
+			rec.flags |= txAckReq
+		}
 		if r.timer == clock.Never && r.rto != 0 {
 			r.timer = now + r.rto
 		}

@@ -118,8 +118,11 @@ func TestAdaptiveRTTSamples(t *testing.T) {
 }
 
 // TestAdaptiveProbeThenRTO: with nothing acknowledged the requester first
-// sends one tail-loss probe (the oldest packet, AckReq), then at the RTO
-// goes back N, the RTO doubling each time; no retry is spent on either.
+// sends one tail-loss probe (the oldest packet, AckReq), then at each RTO
+// that packet again, the RTO doubling each time; no retry is spent, and no
+// window is sent again until an answer shows what the peer lacks. The
+// backoff lasts until a fresh RTT sample: progress made of answers to
+// repeated packets does not end it (Karn).
 func TestAdaptiveProbeThenRTO(t *testing.T) {
 	c := newCtx(t, defaultCfg())
 	c.sampled(50 * time.Microsecond) // PTO 100 µs, RTO 1 ms
@@ -145,19 +148,22 @@ func TestAdaptiveProbeThenRTO(t *testing.T) {
 		c.now = c.qp.Deadline()
 		t0 = c.now
 		c.qp.Expire(c.now)
-		c.expect(p(bth.RCSendOnly, 101), p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
-		if c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != uint64(i) || c.qp.req.retryLeft != 7 || c.qp.Timeouts != 0 {
-			t.Fatalf("after RTO %d: %+v, retries left %d", i, c.qp.Counters, c.qp.req.retryLeft)
+		g := c.expect(p(bth.RCSendOnly, 101))
+		if !g[0].AckReq || c.qp.AdpRetransTO != uint64(i) || c.qp.Retransmits != 0 || c.qp.req.retryLeft != 7 || c.qp.Timeouts != 0 {
+			t.Fatalf("after RTO %d: %v %+v, retries left %d", i, g[0], c.qp.Counters, c.qp.req.retryLeft)
 		}
 		want *= 2
 	}
-	// Progress ends the backoff.
+	// The answer: the peer had lost 101, and so dropped what followed;
+	// the requester goes back (101 asked for an ACK when first sent, so
+	// half an SRTT later: the ACK might have been that copy's). Progress
+	// ends the backoff.
+	c.now = c.now.Add(time.Millisecond)
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
-	if d := c.qp.Deadline(); d != c.now.Add(c.qp.adpPTO()) {
-		t.Fatalf("after progress the probe is due at %v, not %v", c.now.Add(c.qp.adpPTO()), d)
-	}
-	if c.qp.req.backoff != 0 {
-		t.Fatal("backoff kept after progress")
+	c.fastDue()
+	c.expect(p(bth.RCSendOnly, 102), p(bth.RCSendOnly, 103))
+	if c.qp.req.backoff != 0 || c.qp.FastRetrans != 1 || c.qp.Retransmits != 1 {
+		t.Fatalf("after the answer: backoff %d, %+v", c.qp.req.backoff, c.qp.Counters)
 	}
 }
 
@@ -267,7 +273,6 @@ type gbnCase struct {
 func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	for _, k := range []gbnCase{
 		{"ACK lost, peer has all", 105, 104, nil},
-		{"tail lost", 103, 102, []bth.PSN{103, 104}},
 		{"head lost, the probe fills it", 101, 101, []bth.PSN{102, 103, 104}},
 	} {
 		t.Run(k.name, func(t *testing.T) {
@@ -282,6 +287,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 			c.expect(p(bth.RCSendOnly, 101))
 			c.now = c.now.Add(50 * time.Microsecond)
 			c.respond(req{op: bth.RCAcknowledge, psn: k.answer, syn: SynACK})
+			c.fastDue()
 			var want []checker.Want
 			for _, q := range k.wantAgain {
 				want = append(want, p(bth.RCSendOnly, q))
@@ -299,9 +305,38 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 			}
 		})
 	}
+	// An ACK beyond the probed PSN may have left the peer before the probe
+	// came (a peer that stalled answers its backlog late): nothing is
+	// resent at once; the next probe, of the first PSN the peer lacks,
+	// finds the tail lost.
+	c := newCtx(t, defaultCfg())
+	c.sampled(50 * time.Microsecond)
+	for i := 0; i < 4; i++ {
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	}
+	c.out()
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 101))
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK})
+	c.expect()
+	if c.qp.req.fastAt != clock.Never {
+		t.Fatal("an ACK beyond the probe set a fast retransmission")
+	}
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 103))
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	c.fastDue()
+	c.expect(p(bth.RCSendOnly, 104))
+	if c.qp.FastRetrans != 1 || c.qp.TLPProbes != 2 || c.qp.Timeouts != 0 {
+		t.Fatalf("tail lost: %+v", c.qp.Counters)
+	}
 	// A packet sent after the probe may still be on its way: an answer
 	// that stops before it calls for no resend.
-	c := newCtx(t, defaultCfg())
+	c = newCtx(t, defaultCfg())
 	c.sampled(50 * time.Microsecond)
 	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
 	c.out()
@@ -315,6 +350,83 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	c.expect()
 	if c.qp.FastRetrans != 0 {
 		t.Fatal("went back over a packet sent after the probe")
+	}
+}
+
+// fastDue runs a fast retransmission the QP put off (a probe's answer
+// that may have been a late ACK of the probed packet's first copy).
+func (c *tctx) fastDue() {
+	c.t.Helper()
+	if c.qp.req.fastAt == clock.Never {
+		return
+	}
+	if d := c.qp.Deadline(); d != c.qp.req.fastAt || d > c.now.Add(c.qp.req.rtt.srtt) {
+		c.t.Fatalf("deadline %v, want the fast retransmission at %v, within an SRTT of %v", d, c.qp.req.fastAt, c.now)
+	}
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+}
+
+// TestProbeAnswerOrLateACK: an ACK of the probed PSN is the probe's answer
+// (the probe filled a hole, and what followed was dropped) unless an
+// earlier copy of that packet asked for an ACK too: then it may be that
+// copy's, late (a peer that stalled answers its backlog), and the ACKs of
+// what followed come right behind it. The requester goes back at once in
+// the first case, half an SRTT later in the second unless progress comes.
+func TestProbeAnswerOrLateACK(t *testing.T) {
+	// A three-packet SEND: AckReq on its last packet only.
+	start := func(t *testing.T) *tctx {
+		c := newCtx(t, defaultCfg())
+		c.sampled(50 * time.Microsecond)
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(3000, 0))})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+		c.expect(p(bth.RCSendFirst, 101), p(bth.RCSendMiddle, 102), p(bth.RCSendLast, 103), p(bth.RCSendOnly, 104))
+		c.now = c.qp.Deadline()
+		c.qp.Expire(c.now)
+		c.expect(p(bth.RCSendFirst, 101))
+		c.now = c.now.Add(50 * time.Microsecond)
+		return c
+	}
+	// 101 never asked for an ACK: its ACK answers the probe.
+	c := start(t)
+	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK})
+	c.expect(p(bth.RCSendMiddle, 102), p(bth.RCSendLast, 103), p(bth.RCSendOnly, 104))
+	if c.qp.FastRetrans != 1 {
+		t.Fatalf("%+v", c.qp.Counters)
+	}
+	// 103 did: probed after 101 and 102 were acknowledged, an ACK of 103
+	// may be its first copy's, and the ACK of 104 follows: no resend.
+	acked102 := func(t *testing.T) *tctx {
+		c := newCtx(t, defaultCfg())
+		c.sampled(50 * time.Microsecond)
+		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(3000, 0))})
+		c.post(ib.SendWQE{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+		c.out()
+		c.now = c.now.Add(50 * time.Microsecond)
+		c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK})
+		c.now = c.qp.Deadline()
+		c.qp.Expire(c.now)
+		c.expect(p(bth.RCSendLast, 103))
+		return c
+	}
+	c = acked102(t)
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	c.expect()
+	c.now = c.now.Add(5 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK})
+	c.expect()
+	if c.qp.FastRetrans != 0 || len(c.wcs()) != 2 {
+		t.Fatalf("went back over a late ACK: %+v", c.qp.Counters)
+	}
+	// The same answer with nothing behind it: 104 was lost.
+	c = acked102(t)
+	c.now = c.now.Add(50 * time.Microsecond)
+	c.respond(req{op: bth.RCAcknowledge, psn: 103, syn: SynACK})
+	c.fastDue()
+	c.expect(p(bth.RCSendOnly, 104))
+	if c.qp.FastRetrans != 1 {
+		t.Fatalf("%+v", c.qp.Counters)
 	}
 }
 
@@ -430,25 +542,35 @@ func TestRecoveryTimeoutIsRxeTiming(t *testing.T) {
 }
 
 // TestDefaultRecoveryByPeer: the default mode runs the adaptive timers
-// toward a softrnic QP number only; toward any other peer it keeps the
-// local ACK timer alone, as RecoveryTimeout does.
+// toward every peer, as ConnectX does (a tail-loss probe two SRTTs after
+// the request, long before the local ACK timeout), and selective repeat
+// only with a softrnic QP number that agrees; RecoveryTimeout keeps the
+// local ACK timer alone.
 func TestDefaultRecoveryByPeer(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		dest  uint32
+		rec   ib.Recovery
 		probe bool
-	}{{"rxe peer", 0x22, false}, {"softrnic peer", SoftQPNTag | 0x22, true}} {
+	}{
+		{"rxe peer", 0x22, ib.RecoveryDefault, true},
+		{"softrnic peer", SoftQPNTag | 0x22, ib.RecoveryDefault, true},
+		{"rxe peer, timeout", 0x22, ib.RecoveryTimeout, false},
+	} {
 		cfg := defaultCfg()
-		cfg.Recovery, cfg.DestQPN = ib.RecoveryDefault, tc.dest
-		c := newCtx(t, cfg) // no reorder pool: no selective repeat either way
+		cfg.Recovery, cfg.DestQPN = tc.rec, tc.dest
+		c := newSRCtx(t, cfg)
 		c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, SG: segs(fill(8, 0))})
-		c.out()
+		g := c.out()
 		want := c.now.Add(AckTimeout(14))
 		if tc.probe {
 			want = c.now.Add(c.qp.adpPTO())
 		}
 		if d := c.qp.Deadline(); d != want {
 			t.Fatalf("%s: deadline %v, want %v", tc.name, d, want)
+		}
+		if sr := g[0].Raw[8]&0x40 != 0; sr != (tc.dest&SoftQPNTag == SoftQPNTag && tc.rec == ib.RecoveryDefault) {
+			t.Fatalf("%s: selective-repeat mark %v", tc.name, sr)
 		}
 	}
 }

@@ -102,6 +102,7 @@ const (
 	txDelivered                   // selectively acknowledged (or its READ answered)
 	txLost                        // declared lost, awaiting a selective retransmission
 	txSampled                     // gave its RTT sample already
+	txAckReq                      // a transmission other than a probe asked for an ACK
 )
 
 // txRing holds the records of the PSNs in flight, indexed by PSN modulo its
