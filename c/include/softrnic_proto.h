@@ -198,7 +198,8 @@
 #define SOFTRNIC_Q_CTR_SR_HELD 45 // RC
 #define SOFTRNIC_Q_CTR_SR_DROPPED 46 // RC
 #define SOFTRNIC_Q_CTR_RETRANS_PACKETS 47 // RC
-#define SOFTRNIC_NUM_QP_COUNTERS 48
+#define SOFTRNIC_Q_CTR_NP_HOST_CC_MARKS 48 // RC, UC with DCQCN: packets the NP answered as CE-marked for host congestion
+#define SOFTRNIC_NUM_QP_COUNTERS 49
 // QPGauges are the per-QP values that are figures, not counts: they go up
 // and down (Prometheus gauges, without _total).
 #define SOFTRNIC_QP_GAUGES UINT64_C(0x3e00000000)
@@ -341,15 +342,15 @@
 // RecoveryDefault is the device's mode for a QP, and for a device
 // RecoverySelective.
 #define SOFTRNIC_IB_RECOVERY_DEFAULT 0
-// RecoverySelective is adaptive retransmission plus selective repeat
-// toward a softrnic QP number (with a peer that agrees), and the local
-// ACK timer alone toward any other peer: adaptive timers against a
-// peer whose answers stall (rxe in the lab) resent whole windows it
-// already had.
+// RecoverySelective is adaptive retransmission toward any peer, as
+// ConnectX has it on by default, plus selective repeat toward a
+// softrnic QP number whose responder agrees; with any other peer it is
+// RecoveryAdaptive.
 #define SOFTRNIC_IB_RECOVERY_SELECTIVE 1
 // RecoveryAdaptive is go-back-N driven by the measured RTT: tail-loss
-// probes, fast retransmission and an RTO of a few RTTs, besides the
-// peer's sequence NAKs. Every peer sees only IBA packets.
+// probes, an RTO of a few RTTs and fast retransmission from a probe's
+// answer, besides the peer's sequence NAKs. Every peer sees only IBA
+// packets, and one that only paused costs one packet per expiry.
 #define SOFTRNIC_IB_RECOVERY_ADAPTIVE 2
 // RecoveryTimeout retransmits only on a sequence NAK, a READ response
 // gap or the local ACK timeout: rxe's behaviour.
@@ -739,9 +740,9 @@ struct softrnic_qp_stats {
 	uint8_t state;
 	uint8_t _pad0[2];
 	uint64_t valid;
-	uint64_t values[48];
+	uint64_t values[49];
 };
-_Static_assert(sizeof(struct softrnic_qp_stats) == 400, "struct softrnic_qp_stats: size");
+_Static_assert(sizeof(struct softrnic_qp_stats) == 408, "struct softrnic_qp_stats: size");
 _Static_assert(offsetof(struct softrnic_qp_stats, qpn) == 0, "struct softrnic_qp_stats: qpn");
 _Static_assert(offsetof(struct softrnic_qp_stats, type) == 4, "struct softrnic_qp_stats: type");
 _Static_assert(offsetof(struct softrnic_qp_stats, state) == 5, "struct softrnic_qp_stats: state");
@@ -1205,17 +1206,17 @@ struct softrnic_stats_resp {
 	uint64_t cm[14];
 	uint64_t daemon[8]; // Daemon are the daemon's own counters (DaemonCounters).
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 3792, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 3848, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
 _Static_assert(offsetof(struct softrnic_stats_resp, listed) == 536, "struct softrnic_stats_resp: listed");
 _Static_assert(offsetof(struct softrnic_stats_resp, more) == 540, "struct softrnic_stats_resp: more");
 _Static_assert(offsetof(struct softrnic_stats_resp, qps) == 544, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3344, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3352, "struct softrnic_stats_resp: queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3608, "struct softrnic_stats_resp: has_cm");
-_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3616, "struct softrnic_stats_resp: cm");
-_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3728, "struct softrnic_stats_resp: daemon");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3400, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3408, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3664, "struct softrnic_stats_resp: has_cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3672, "struct softrnic_stats_resp: cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3784, "struct softrnic_stats_resp: daemon");
 
 #endif /* SOFTRNIC_PROTO_H */
