@@ -119,11 +119,14 @@ type Device struct {
 	loopBuf []byte
 	meta    transport.Meta
 	pay     transport.Payload // the payload of the frame being built
-	rr      int
-	ipID    uint16
-	cc      *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
-	rxAway  time.Duration // SetRxAway: for the frames of the next Receive
-	hostCC  dcqcn.HostCC  // SetRxLevel's readings and the host marks (recv.go)
+	// rr rotates where Transmit starts in the ready list, while its
+	// calls leave QPs unserved (rotate, sched.go).
+	rr     int
+	rotate bool
+	ipID   uint16
+	cc     *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
+	rxAway time.Duration // SetRxAway: for the frames of the next Receive
+	hostCC dcqcn.HostCC  // SetRxLevel's readings and the host marks (recv.go)
 	// hostMarks: the QPs run DCQCN and HostCC is on.
 	hostMarks bool
 	// reorder holds the out-of-order packets of selective-repeat QPs

@@ -29,8 +29,17 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 	if len(d.ready) == 0 {
 		return 0
 	}
-	start := d.rr % len(d.ready)
-	d.rr++
+	// The ready list is in the order the QPs got output. Served in that
+	// order, a QP's ACK of a message whose completion the application
+	// has just polled leaves before what the application posts next on
+	// another QP (a DREQ on QP1 must not overtake it: the peer would
+	// flush the message's send). The start rotates only while calls
+	// leave QPs unserved, for fairness among streams.
+	start := 0
+	if d.rotate {
+		start = d.rr % len(d.ready)
+		d.rr++
+	}
 	for more := true; more && n < len(out); {
 		more = false
 		for visited := 0; visited < len(d.ready) && n < len(out); visited++ {
@@ -64,6 +73,7 @@ func (d *Device) Transmit(now clock.Time, out [][]byte) int {
 			more = more || b == txBudget
 		}
 	}
+	d.rotate = n == len(out) || d.loopFull()
 	// Forget the QPs that have nothing more to send.
 	keep := d.ready[:0]
 	for _, q := range d.ready {

@@ -1,0 +1,81 @@
+package rnic
+
+import (
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/verbs"
+)
+
+// The ACK of a SEND whose completion the application has already polled
+// leaves before what the application posts next on another QP, in every
+// Transmit call: a DREQ on QP1 that overtook it would make the peer move
+// its QP to ERR and flush the SEND the ACK completes (rdma_cm's
+// disconnect right after the last message).
+func TestTransmitServesQPsInReadyOrder(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	qa1, qb1 := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	qa2, qb2 := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	buf := make([]byte, 64)
+	mrA, err := tb.a.pd.RegBytes(buf, 0, ib.LocalWrite)
+	must(t, err)
+	mrB, err := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	must(t, err)
+	sge := func(m *MR) []ib.SGE { return []ib.SGE{{Addr: m.IOVA(), Length: 16, LKey: m.LKey()}} }
+	for round := range 4 { // the old round robin started at each QP in turn
+		now := tb.clk.Now()
+		_, err = qa2.PostRecv([]verbs.RecvWR{{ID: uint64(round), SG: sge(mrA)}})
+		must(t, err)
+		_, err = qb1.PostRecv([]verbs.RecvWR{{ID: uint64(round), SG: sge(mrB)}})
+		must(t, err)
+		_, err = qa1.PostSend([]verbs.SendWR{{ID: uint64(round), Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrA)}})
+		must(t, err)
+		if n, _ := tb.a.transmit(t, now); n != 1 {
+			t.Fatalf("round %d: A sent %d frames", round, n)
+		}
+		tb.clk.Advance(10 * time.Microsecond)
+		now = tb.clk.Now()
+		k, err := tb.b.port.Recv(tb.b.rx, 0)
+		if err != nil || k != 1 {
+			t.Fatalf("round %d: B received %d (%v)", round, k, err)
+		}
+		tb.b.dev.Receive(now, tb.b.rx[:k])
+		// The application polls the receive, then posts on another QP.
+		if wcs := pollAll(qb1.init.RecvCQ); len(wcs) != 1 || wcs[0].Status != ib.Success {
+			t.Fatalf("round %d: B's completions %+v", round, wcs)
+		}
+		_, err = qb2.PostSend([]verbs.SendWR{{ID: uint64(round), Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrB)}})
+		must(t, err)
+		k = tb.b.port.Lend(tb.b.out)
+		m := tb.b.dev.Transmit(now, tb.b.out[:k])
+		var order []uint32
+		for _, f := range tb.b.out[:m] {
+			h := bth.BTH(f[14+20+8:])
+			order = append(order, h.DestQP())
+			if h.DestQP() == qa1.QPN() && h.Opcode() != bth.RCAcknowledge {
+				t.Fatalf("round %d: QP %d sent %v, want its ACK", round, qb1.QPN(), h.Opcode())
+			}
+		}
+		if len(order) != 2 || order[0] != qa1.QPN() || order[1] != qa2.QPN() {
+			t.Fatalf("round %d: B sent to QPs %v, want the ACK to %d first, then %d", round, order, qa1.QPN(), qa2.QPN())
+		}
+		for i := m; i < k; i++ {
+			tb.b.out[i] = tb.b.out[i][:0]
+		}
+		if _, err := tb.b.port.Submit(tb.b.out[:k]); err != nil {
+			t.Fatal(err)
+		}
+		clear(tb.b.out[:k])
+		// Let both SENDs complete at both ends.
+		var sent1, sent2, recv2 int
+		tb.run(func() bool {
+			sent1 += len(pollAll(qa1.init.SendCQ))
+			sent2 += len(pollAll(qb2.init.SendCQ))
+			recv2 += len(pollAll(qa2.init.RecvCQ))
+			return sent1 == 1 && sent2 == 1 && recv2 == 1
+		}, time.Second)
+	}
+}
