@@ -11,6 +11,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/icrc"
 	"github.com/softrnic/softrnic/transport"
+	"github.com/softrnic/softrnic/transport/rc"
 )
 
 func (d *Device) isLocal(a netip.Addr) bool {
@@ -129,7 +130,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 			q.commEst = true
 			d.event(ib.EventCommEst, q.qpn)
 		}
-		if d.hostMarks && m.ECN != frame.CE && npAnswers(op) &&
+		if d.hostMarks && m.ECN != frame.CE && rc.NPAnswers(op) &&
 			d.hostCC.Mark(now, &q.hostMark, d.cfg.Congestion.NP.MinInterval) {
 			// Host congestion: the QP's notification point answers
 			// this packet as if the network had marked it.
@@ -138,13 +139,6 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 		}
 	}
 	q.tr.Receive(now, tp, m)
-}
-
-// npAnswers reports whether DCQCN's notification point answers a CE mark
-// on a connected QP's packet of op with a CNP: requests and READ
-// responses, not ACKs (transport/rc's npPacket).
-func npAnswers(op bth.Opcode) bool {
-	return op != bth.RCAcknowledge && op != bth.RCAtomicAcknowledge
 }
 
 // SetRxLevel tells the device how its port's receive buffers stand before

@@ -1,6 +1,7 @@
 package dcqcn
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -82,7 +83,7 @@ func TestHostCCMarkPerQP(t *testing.T) {
 	}
 	wantA := []clock.Time{0, 50 * us, 100 * us, 150 * us}
 	wantB := []clock.Time{5 * us, 55 * us, 105 * us, 155 * us}
-	if !equalTimes(marksA, wantA) || !equalTimes(marksB, wantB) {
+	if !slices.Equal(marksA, wantA) || !slices.Equal(marksB, wantB) {
 		t.Fatalf("marks A %v, B %v; want %v and %v", marksA, marksB, wantA, wantB)
 	}
 	if h.Marks != 8 || a.Marks != 4 || b.Marks != 4 {
@@ -97,18 +98,6 @@ func TestHostCCMarkPerQP(t *testing.T) {
 	if !h.Mark(3*ms, &c, 0) || h.Mark(3*ms+999*us, &c, 0) {
 		t.Fatal("interval 0 did not space marks by the hold")
 	}
-}
-
-func equalTimes(a, b []clock.Time) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestHostCCNoAlloc(t *testing.T) {

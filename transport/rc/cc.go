@@ -453,7 +453,7 @@ func (q *QP) npPacket(now clock.Time, op bth.Opcode, ecn uint8) {
 		return
 	}
 	ce := ecn == ecnCE
-	if op == bth.RCAcknowledge || op == bth.RCAtomicAcknowledge {
+	if !NPAnswers(op) {
 		if ce {
 			q.ccCtr.RxCEAck++
 		}
@@ -465,6 +465,13 @@ func (q *QP) npPacket(now clock.Time, op bth.Opcode, ecn uint8) {
 	if q.cc.np.OnPacket(now, ce) {
 		q.cc.cnps++
 	}
+}
+
+// NPAnswers reports whether DCQCN's notification point answers a CE mark
+// on a connected QP's packet of op with a CNP: requests and READ
+// responses, not acknowledgements (npPacket says why).
+func NPAnswers(op bth.Opcode) bool {
+	return op != bth.RCAcknowledge && op != bth.RCAtomicAcknowledge
 }
 
 // CongestionState returns the QP's congestion-control state, false if it

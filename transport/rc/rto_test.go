@@ -276,16 +276,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 		{"head lost, the probe fills it", 101, 101, []bth.PSN{102, 103, 104}},
 	} {
 		t.Run(k.name, func(t *testing.T) {
-			c := newCtx(t, defaultCfg())
-			c.sampled(50 * time.Microsecond)
-			for i := 0; i < 4; i++ {
-				c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
-			}
-			c.out()
-			c.now = c.qp.Deadline()
-			c.qp.Expire(c.now)
-			c.expect(p(bth.RCSendOnly, 101))
-			c.now = c.now.Add(50 * time.Microsecond)
+			c := probedFour(t)
 			c.respond(req{op: bth.RCAcknowledge, psn: k.answer, syn: SynACK})
 			c.fastDue()
 			var want []checker.Want
@@ -309,16 +300,7 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	// came (a peer that stalled answers its backlog late): nothing is
 	// resent at once; the next probe, of the first PSN the peer lacks,
 	// finds the tail lost.
-	c := newCtx(t, defaultCfg())
-	c.sampled(50 * time.Microsecond)
-	for i := 0; i < 4; i++ {
-		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
-	}
-	c.out()
-	c.now = c.qp.Deadline()
-	c.qp.Expire(c.now)
-	c.expect(p(bth.RCSendOnly, 101))
-	c.now = c.now.Add(50 * time.Microsecond)
+	c := probedFour(t)
 	c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK})
 	c.expect()
 	if c.qp.req.fastAt != clock.Never {
@@ -351,6 +333,24 @@ func TestAdaptiveProbeAnswerFastRetransmit(t *testing.T) {
 	if c.qp.FastRetrans != 0 {
 		t.Fatal("went back over a packet sent after the probe")
 	}
+}
+
+// probedFour sends four signaled SENDs (PSNs 101–104) with an RTT
+// sampled, lets the tail-loss probe of 101 go out, and answers nothing:
+// the probe's answer is the caller's, 50 µs later.
+func probedFour(t *testing.T) *tctx {
+	t.Helper()
+	c := newCtx(t, defaultCfg())
+	c.sampled(50 * time.Microsecond)
+	for i := 0; i < 4; i++ {
+		c.post(ib.SendWQE{ID: uint64(i), Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(8, 0))})
+	}
+	c.out()
+	c.now = c.qp.Deadline()
+	c.qp.Expire(c.now)
+	c.expect(p(bth.RCSendOnly, 101))
+	c.now = c.now.Add(50 * time.Microsecond)
+	return c
 }
 
 // fastDue runs a fast retransmission the QP put off (a probe's answer
