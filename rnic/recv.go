@@ -126,6 +126,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 			d.Stats.RxBadSrc++
 			return
 		}
+		d.heard[q.slot] = now
 		if q.state == ib.RTR && !q.commEst {
 			q.commEst = true
 			d.event(ib.EventCommEst, q.qpn)
@@ -212,4 +213,19 @@ func (s *rxShare) window(frames int) int {
 		return 0
 	}
 	return max(frames/2/max(s.n, 1), minRecvWindow)
+}
+
+// peerSlots is the size of Device.heard: peers whose addresses share a
+// slot count as heard together, which only lends one's liveness to the
+// other for a bounded number of timeouts (rc.QP.HeardFrom).
+const peerSlots = 64
+
+// peerSlot is a peer address's entry in Device.heard.
+func peerSlot(a netip.Addr) int {
+	b := a.As16()
+	h := uint32(2166136261)
+	for _, c := range b {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return int(h % peerSlots)
 }

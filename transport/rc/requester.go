@@ -41,7 +41,9 @@ type requester struct {
 	noAck     int     // packets sent since the last AckReq
 	retryLeft uint8
 	rnrLeft   uint8
-	timer     clock.Time // local ACK timeout deadline
+	excused   uint8       // local ACK timeouts since progress that spent no retry
+	heard     *clock.Time // when the peer's device was last heard from (HeardFrom)
+	timer     clock.Time  // local ACK timeout deadline
 	rnrWait   bool
 	rnrAt     clock.Time
 	rto       clock.Time // timeout duration in ns (0 = none)
