@@ -162,8 +162,10 @@ const InitialWindow = 8
 // packet starts: as rxe, MaxUnackedPSNs+1 (a packet may start while its
 // PSN is at most MaxUnackedPSNs past the oldest unacknowledged); with
 // selective repeat the BDP window, within the responder's receive window;
-// InitialWindow before any answer, with adaptive retransmission and no
-// congestion control.
+// InitialWindow before any answer, with adaptive retransmission, whatever
+// the congestion control: DCQCN starts at line rate, and the host-congestion
+// CNPs of a receiver that many QPs start toward at once come a round trip
+// too late for the first windows.
 func (r *requester) window(q *QP) int {
 	w := MaxUnackedPSNs + 1
 	if r.sr.on {
@@ -172,8 +174,8 @@ func (r *requester) window(q *QP) int {
 			w = min(w, r.sr.peerWin)
 		}
 	}
-	if !r.answered && q.adaptive() && q.cc == nil {
-		w = min(w, InitialWindow) // (congestion control paces the start itself)
+	if !r.answered && q.adaptive() {
+		w = min(w, InitialWindow)
 	}
 	return w
 }
