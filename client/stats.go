@@ -40,6 +40,7 @@ func (c *Client) RecoveryCounters(qpns []uint32) verbs.RecoveryCounters {
 
 func addRecovery(r *verbs.RecoveryCounters, v *[proto.NumQPCounters]uint64) {
 	r.Timeouts += v[proto.QCtrLocalAckTimeoutErr]
+	r.Excused += v[proto.QCtrLocalAckTimeoutExcused]
 	r.Retransmits += v[proto.QCtrRetransmits]
 	r.SeqNAKs += v[proto.QCtrPacketSeqErr]
 	r.Duplicates += v[proto.QCtrDuplicateRequest]

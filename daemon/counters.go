@@ -462,12 +462,13 @@ func ccStats(s *proto.QPStats, cc *congestion.State) {
 // recoveryValid are the per-QP loss recovery counters, valid on RC QPs.
 const recoveryValid = 1<<proto.QCtrRoCEAdpRetrans | 1<<proto.QCtrRoCEAdpRetransTO | 1<<proto.QCtrTLPProbes |
 	1<<proto.QCtrFastRetrans | 1<<proto.QCtrRxSACKs | 1<<proto.QCtrTxSACKs | 1<<proto.QCtrSelRetrans |
-	1<<proto.QCtrSRHeld | 1<<proto.QCtrSRDropped | 1<<proto.QCtrRetransPackets
+	1<<proto.QCtrSRHeld | 1<<proto.QCtrSRDropped | 1<<proto.QCtrRetransPackets | 1<<proto.QCtrLocalAckTimeoutExcused
 
 // recoveryStats fills a QP's loss recovery counters from c.
 func recoveryStats(v *[proto.NumQPCounters]uint64, c *rc.Counters) {
 	v[proto.QCtrRoCEAdpRetrans] = c.AdpRetrans
 	v[proto.QCtrRoCEAdpRetransTO] = c.AdpRetransTO
+	v[proto.QCtrLocalAckTimeoutExcused] = c.TimeoutsExcused
 	v[proto.QCtrTLPProbes] = c.TLPProbes
 	v[proto.QCtrFastRetrans] = c.FastRetrans
 	v[proto.QCtrRxSACKs] = c.RxSACKs

@@ -115,7 +115,7 @@ func (d *Device) RecoveryCounters(qpns []uint32) verbs.RecoveryCounters {
 
 // RecoveryCountersOf picks the loss recovery counters out of c.
 func RecoveryCountersOf(c *rc.Counters) verbs.RecoveryCounters {
-	return verbs.RecoveryCounters{Timeouts: c.Timeouts, Retransmits: c.Retransmits, SeqNAKs: c.RxNAKSeqErr,
+	return verbs.RecoveryCounters{Timeouts: c.Timeouts, Excused: c.TimeoutsExcused, Retransmits: c.Retransmits, SeqNAKs: c.RxNAKSeqErr,
 		Duplicates: c.RxDuplicate, AdpRetrans: c.AdpRetrans, AdpRetransTO: c.AdpRetransTO, TLPProbes: c.TLPProbes,
 		FastRetrans: c.FastRetrans, RxSACKs: c.RxSACKs, TxSACKs: c.TxSACKs, SelRetrans: c.SelRetrans, SRHeld: c.SRHeld,
 		SRDropped: c.SRDropped, RetransPackets: c.RetransPkts}

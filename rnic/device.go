@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/frame"
 	"github.com/softrnic/softrnic/ib"
@@ -126,7 +127,11 @@ type Device struct {
 	ipID   uint16
 	cc     *rc.CCConfig  // what every RC/UC QP's transport runs, nil for none
 	rxAway time.Duration // SetRxAway: for the frames of the next Receive
-	hostCC dcqcn.HostCC  // SetRxLevel's readings and the host marks (recv.go)
+	// heard is when a connected QP last received a packet from its peer,
+	// by a hash of the peer's address (peerSlot): the peer's device is
+	// alive (rc.QP.HeardFrom).
+	heard  [peerSlots]clock.Time
+	hostCC dcqcn.HostCC // SetRxLevel's readings and the host marks (recv.go)
 	// hostMarks: the QPs run DCQCN and HostCC is on.
 	hostMarks bool
 	// reorder holds the out-of-order packets of selective-repeat QPs

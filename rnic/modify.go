@@ -5,6 +5,7 @@ import (
 
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/transport/rc"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -83,6 +84,10 @@ func (q *QP) Modify(attr *ib.QPAttr, mask ib.QPAttrMask) error {
 	if mask&ib.AttrAV != 0 && t.Connected() {
 		q.hdr = q.dev.makeHdr(&q.attr.AV, mac, q.qpn, q.attr.DestQPN)
 		q.peer = q.attr.AV.DGID.Addr()
+		q.slot = peerSlot(q.peer)
+		if t, ok := q.tr.(*rc.QP); ok {
+			t.HeardFrom(&q.dev.heard[q.slot])
+		}
 		if q.dev.cc != nil {
 			q.ccHeaders()
 		}

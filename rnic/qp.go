@@ -51,6 +51,7 @@ type QP struct {
 	// owes its peer (congestion.go).
 	cnpHdr frame.Template
 	peer   netip.Addr
+	slot   int // the peer's entry in Device.heard
 	mem    qpMem
 
 	// scratch of the post verbs (guarded by mu), so posting allocates nothing

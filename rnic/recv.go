@@ -68,6 +68,7 @@ func (d *Device) Receive(now clock.Time, frames [][]byte) {
 	if cur != nil {
 		cur.releaseEngine()
 	}
+	d.share.took(now, len(frames))
 }
 
 // deliver hands a checked frame to q's transport; q.mu is held.
@@ -126,6 +127,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 			d.Stats.RxBadSrc++
 			return
 		}
+		d.heard[q.slot] = now
 		if q.state == ib.RTR && !q.commEst {
 			q.commEst = true
 			d.event(ib.EventCommEst, q.qpn)
@@ -147,6 +149,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 // buffers), read at now. Under DCQCN the device signals host congestion
 // with it (Config.HostCC). A driver that does not call it signals none.
 func (d *Device) SetRxLevel(now clock.Time, fill, queued, buffers int) {
+	d.share.level(now, queued)
 	d.hostCC.Observe(now, fill, queued, buffers)
 }
 
@@ -166,9 +169,31 @@ func (d *Device) HostCCCounters() dcqcn.HostCCCounters { return d.hostCC.HostCCC
 // ACKs and other traffic). The transport lets a window grow only so fast
 // (transport/rc), so that the first QPs of a crowd to start do not take
 // the share of those about to.
+//
+// The frames are also bounded in time. A software RNIC drains its port
+// only as fast as its CPU share allows: on a loaded host the engine may
+// take a few thousand frames a second, and half of a port sized for 128
+// QPs then waits there for most of a second. Every requester's ACKs wait
+// behind it, and their local ACK timers give up (RETRY_EXC_ERR) with no
+// frame lost. So the device measures how long frames wait in the port
+// (the sojourn of the buffers it sees waiting, as CoDel does), and when
+// even the shortest wait of an interval exceeds maxQueueDelay (a standing
+// queue, not a burst), it holds the windows together to what it drained
+// in maxQueueDelay during that interval; each interval without a
+// standing queue doubles the bound back until the frames' own is reached.
 type rxShare struct {
 	n     int        // QPs that received within shareHorizon, as of the last sweep and since
 	swept clock.Time // the last sweep
+	got   int        // frames taken since the last sweep
+	taken uint64     // frames taken ever
+	// The sojourn being measured: since markAt, the buffers then waiting,
+	// all taken once taken reaches markEnd (a frame of several buffers
+	// makes it err long).
+	markAt  clock.Time
+	markEnd uint64
+	tookAt  clock.Time    // the last batch taken
+	wait    time.Duration // the shortest sojourn since the last sweep (-1: none)
+	budget  int           // frames all windows may total (0: no bound but the frames')
 }
 
 // shareHorizon is how long a QP counts as receiving after its last
@@ -177,24 +202,100 @@ type rxShare struct {
 // first batch.
 const shareHorizon = clock.Time(100 * time.Millisecond)
 
+// maxQueueDelay is how long the receive windows together may make frames
+// wait in the port: under a local ACK timeout (perftest's and rdma_cm's
+// default, 2^14 · 4.096 µs, is 67 ms), above what a host that keeps up
+// queues (128 QPs' windows at MTU 4200 wait 8 ms in a quiet host's port).
+const maxQueueDelay = 20 * time.Millisecond
+
 // minRecvWindow floors a QP's receive window: enough to keep a message
 // moving, whatever the share.
 const minRecvWindow = 4
 
 // start begins a batch received at now: every quarter horizon, the count
 // is made again from the QPs' last receive times (a walk of the QP table,
-// from the engine goroutine that alone writes them).
+// from the engine goroutine that alone writes them), and the time bound
+// is set again from the interval that ended.
 func (d *Device) shareStart(now clock.Time) {
 	s := &d.share
-	if now-s.swept < shareHorizon/4 {
+	if !s.sweep(now, d.cfg.RxFrames) {
 		return
 	}
-	s.swept, s.n = now, 0
 	d.qps.each(func(q *QP) {
 		if q.rxLast != 0 && now-q.rxLast < shareHorizon {
 			s.n++
 		}
 	})
+}
+
+// sweep ends the interval when a quarter horizon has passed: the time
+// bound is set from it, and the count of QPs receiving starts again (the
+// caller makes it).
+func (s *rxShare) sweep(now clock.Time, frames int) bool {
+	if now-s.swept < shareHorizon/4 {
+		return false
+	}
+	if s.swept != 0 {
+		if s.markAt != 0 && (s.wait < 0 || now.Sub(s.markAt) < s.wait) {
+			s.wait = now.Sub(s.markAt) // still waiting: at least this long
+		}
+		s.bound(now.Sub(s.swept), frames)
+	}
+	s.swept, s.n, s.got, s.wait = now, 0, 0, -1
+	return true
+}
+
+// level notes queued buffers waiting in the port at now, before a batch.
+func (s *rxShare) level(now clock.Time, queued int) {
+	if s.markAt != 0 && s.taken+uint64(queued) < s.markEnd {
+		// Fewer wait than were marked: the marked ones are gone, taken
+		// by the last batch at the latest (a frame of several buffers
+		// was counted as several).
+		s.finish(s.tookAt)
+	}
+	if s.markAt == 0 && queued > 0 {
+		s.markAt, s.markEnd = now, s.taken+uint64(queued)
+	}
+}
+
+// took notes n frames taken at now.
+func (s *rxShare) took(now clock.Time, n int) {
+	if n == 0 {
+		return
+	}
+	s.got += n
+	s.taken += uint64(n)
+	s.tookAt = now
+	if s.markAt != 0 && s.taken >= s.markEnd {
+		s.finish(now)
+	}
+}
+
+// finish ends the sojourn measured: the marked buffers were all taken at t.
+func (s *rxShare) finish(t clock.Time) {
+	if w := max(t.Sub(s.markAt), 0); s.wait < 0 || w < s.wait {
+		s.wait = w
+	}
+	s.markAt = 0
+}
+
+// bound sets the frames all windows may total after an interval of
+// length dt: what the device drained in maxQueueDelay if the interval had
+// a standing queue, else twice the last bound, up to the frames' own. An
+// interval much longer than a sweep's (the device idle, then a first
+// batch) bounds nothing.
+func (s *rxShare) bound(dt time.Duration, frames int) {
+	switch {
+	case frames == 0:
+		s.budget = 0
+	case s.wait > maxQueueDelay && dt <= time.Duration(shareHorizon):
+		drained := int(int64(s.got) * int64(maxQueueDelay) / int64(max(dt, 1)))
+		s.budget = max(drained, minRecvWindow)
+	case s.budget != 0:
+		if s.budget *= 2; s.budget >= frames/2 {
+			s.budget = 0
+		}
+	}
 }
 
 // count notes that q receives at now.
@@ -211,5 +312,24 @@ func (s *rxShare) window(frames int) int {
 	if frames == 0 {
 		return 0
 	}
-	return max(frames/2/max(s.n, 1), minRecvWindow)
+	total := frames / 2
+	if s.budget != 0 {
+		total = min(total, s.budget)
+	}
+	return max(total/max(s.n, 1), minRecvWindow)
+}
+
+// peerSlots is the size of Device.heard: peers whose addresses share a
+// slot count as heard together, which only lends one's liveness to the
+// other for a bounded number of timeouts (rc.QP.HeardFrom).
+const peerSlots = 64
+
+// peerSlot is a peer address's entry in Device.heard.
+func peerSlot(a netip.Addr) int {
+	b := a.As16()
+	h := uint32(2166136261)
+	for _, c := range b {
+		h = (h ^ uint32(c)) * 16777619
+	}
+	return int(h % peerSlots)
 }

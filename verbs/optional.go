@@ -59,6 +59,7 @@ type RecoveryCounter interface {
 // same).
 type RecoveryCounters struct {
 	Timeouts       uint64 `json:"local_ack_timeout_err"`
+	Excused        uint64 `json:"local_ack_timeout_excused"` // of Timeouts, those that spent no retry
 	Retransmits    uint64 `json:"retransmits"`
 	SeqNAKs        uint64 `json:"packet_seq_err"`
 	Duplicates     uint64 `json:"duplicate_request"`

@@ -28,6 +28,7 @@ func main() {
 	qps := flag.String("qps", ints(o.QPs), "QP counts of the QP table")
 	mtus := flag.String("mtus", ints(o.MTUs), "MTUs of the QP table")
 	flag.IntVar(&o.QPRounds, "qp-rounds", o.QPRounds, "rounds of the QP table")
+	flag.IntVar(&o.Hogs, "hogs", o.Hogs, "CPU hogs (busy loops) running throughout the QP table: how many QPs still complete on a loaded host")
 	qpFlags := flag.String("qp-flags", "", "more perf flags of both ends in the QP table (not the daemon run), space separated (e.g. '--cc dcqcn': the receiver's host congestion signal needs DCQCN)")
 	flag.IntVar(&o.DaemonQPs, "daemon-qps", o.DaemonQPs, "QPs of the daemon-receiver run")
 	flag.IntVar(&o.DaemonMTU, "daemon-mtu", o.DaemonMTU, "MTU of the daemon-receiver run")

@@ -151,6 +151,7 @@ type QPTable struct {
 	Args     []string `json:"args"`
 	Duration string   `json:"duration"`
 	Rounds   int      `json:"rounds"`
+	Hogs     int      `json:"hogs,omitempty"` // CPU hogs running throughout (-hogs)
 	Cells    []QPCell `json:"cells"`
 }
 
@@ -409,6 +410,9 @@ func PrintTable(w io.Writer, rep *Report) {
 	if t := rep.QPs; t != nil {
 		fmt.Fprintf(w, "\nAggregate goodput by QP count: softrnic perf write_bw %s -q N, A ↔ B over one veth pair (no loss on the link), %s runs, %s\n",
 			strings.Join(t.Args, " "), t.Duration, rounds(t.Rounds))
+		if t.Hogs > 0 {
+			fmt.Fprintf(w, "under %d CPU hogs (busy loops) throughout, a loaded host's share of the CPUs\n", t.Hogs)
+		}
 		fmt.Fprintln(w, "receiver, summed over the rounds: frames its XDP program steered to its AF_XDP socket, and of those the socket dropped for an empty FILL ring (XDP_STATISTICS of the perf process)")
 		tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
 		fmt.Fprintln(tw, "MTU (path MTU)\tQPs\tgoodput  ÷ 1 QP\tsteered\tsocket drops\tfill ring empty")

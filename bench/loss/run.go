@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/internal/netnstest"
@@ -34,6 +35,7 @@ type Options struct {
 	MTUs     []int
 	QPRounds int
 	QPFlags  []string // more perf flags of both ends in the QP table (--cc dcqcn); not the daemon run's
+	Hogs     int      // CPU hogs (busy shell loops) running throughout the QP table
 
 	DaemonQPs int // the QP count of the daemon run (0: none)
 	DaemonMTU int
@@ -180,7 +182,12 @@ func lossTable(o Options, modes []Mode, rep *Report, log io.Writer) error {
 func qpTable(o Options, rep *Report, tmp string, log io.Writer) error {
 	base := []string{"-s", "65536"}
 	if o.QPTable {
-		rep.QPs = &QPTable{Args: append(base[:len(base):len(base)], o.QPFlags...), Duration: o.Duration.String(), Rounds: o.QPRounds}
+		rep.QPs = &QPTable{Args: append(base[:len(base):len(base)], o.QPFlags...), Duration: o.Duration.String(), Rounds: o.QPRounds, Hogs: o.Hogs}
+		stop, err := startHogs(o.Hogs)
+		if err != nil {
+			return err
+		}
+		defer stop()
 	}
 	mtus := o.MTUs
 	if !o.QPTable {
@@ -293,4 +300,26 @@ func containsInt(s []int, v int) bool {
 		}
 	}
 	return false
+}
+
+// startHogs starts n CPU hogs, busy shell loops that load the host as other
+// work does; stop ends them.
+func startHogs(n int) (stop func(), err error) {
+	var hogs []*exec.Cmd
+	stop = func() {
+		for _, h := range hogs {
+			_ = h.Process.Kill()
+			_ = h.Wait()
+		}
+	}
+	for range n {
+		h := exec.Command("sh", "-c", "while :; do :; done")
+		h.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // none outlives the bench
+		if err := h.Start(); err != nil {
+			stop()
+			return nil, fmt.Errorf("starting a CPU hog: %w", err)
+		}
+		hogs = append(hogs, h)
+	}
+	return stop, nil
 }

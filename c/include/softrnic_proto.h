@@ -199,7 +199,8 @@
 #define SOFTRNIC_Q_CTR_SR_DROPPED 46 // RC
 #define SOFTRNIC_Q_CTR_RETRANS_PACKETS 47 // RC
 #define SOFTRNIC_Q_CTR_NP_HOST_CC_MARKS 48 // RC, UC with DCQCN: packets the NP answered as CE-marked for host congestion
-#define SOFTRNIC_NUM_QP_COUNTERS 49
+#define SOFTRNIC_Q_CTR_LOCAL_ACK_TIMEOUT_EXCUSED 49 // RC
+#define SOFTRNIC_NUM_QP_COUNTERS 50
 // QPGauges are the per-QP values that are figures, not counts: they go up
 // and down (Prometheus gauges, without _total).
 #define SOFTRNIC_QP_GAUGES UINT64_C(0x3e00000000)
@@ -740,9 +741,9 @@ struct softrnic_qp_stats {
 	uint8_t state;
 	uint8_t _pad0[2];
 	uint64_t valid;
-	uint64_t values[49];
+	uint64_t values[50];
 };
-_Static_assert(sizeof(struct softrnic_qp_stats) == 408, "struct softrnic_qp_stats: size");
+_Static_assert(sizeof(struct softrnic_qp_stats) == 416, "struct softrnic_qp_stats: size");
 _Static_assert(offsetof(struct softrnic_qp_stats, qpn) == 0, "struct softrnic_qp_stats: qpn");
 _Static_assert(offsetof(struct softrnic_qp_stats, type) == 4, "struct softrnic_qp_stats: type");
 _Static_assert(offsetof(struct softrnic_qp_stats, state) == 5, "struct softrnic_qp_stats: state");
@@ -1206,17 +1207,17 @@ struct softrnic_stats_resp {
 	uint64_t cm[14];
 	uint64_t daemon[8]; // Daemon are the daemon's own counters (DaemonCounters).
 };
-_Static_assert(sizeof(struct softrnic_stats_resp) == 3848, "struct softrnic_stats_resp: size");
+_Static_assert(sizeof(struct softrnic_stats_resp) == 3904, "struct softrnic_stats_resp: size");
 _Static_assert(offsetof(struct softrnic_stats_resp, name) == 0, "struct softrnic_stats_resp: name");
 _Static_assert(offsetof(struct softrnic_stats_resp, valid) == 16, "struct softrnic_stats_resp: valid");
 _Static_assert(offsetof(struct softrnic_stats_resp, device) == 24, "struct softrnic_stats_resp: device");
 _Static_assert(offsetof(struct softrnic_stats_resp, listed) == 536, "struct softrnic_stats_resp: listed");
 _Static_assert(offsetof(struct softrnic_stats_resp, more) == 540, "struct softrnic_stats_resp: more");
 _Static_assert(offsetof(struct softrnic_stats_resp, qps) == 544, "struct softrnic_stats_resp: qps");
-_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3400, "struct softrnic_stats_resp: num_queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3408, "struct softrnic_stats_resp: queues");
-_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3664, "struct softrnic_stats_resp: has_cm");
-_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3672, "struct softrnic_stats_resp: cm");
-_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3784, "struct softrnic_stats_resp: daemon");
+_Static_assert(offsetof(struct softrnic_stats_resp, num_queues) == 3456, "struct softrnic_stats_resp: num_queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, queues) == 3464, "struct softrnic_stats_resp: queues");
+_Static_assert(offsetof(struct softrnic_stats_resp, has_cm) == 3720, "struct softrnic_stats_resp: has_cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, cm) == 3728, "struct softrnic_stats_resp: cm");
+_Static_assert(offsetof(struct softrnic_stats_resp, daemon) == 3840, "struct softrnic_stats_resp: daemon");
 
 #endif /* SOFTRNIC_PROTO_H */

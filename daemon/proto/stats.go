@@ -269,6 +269,7 @@ const (
 	QCtrSRDropped                      // RC
 	QCtrRetransPackets                 // RC
 	QCtrNpHostCCMarks                  // RC, UC with DCQCN: packets the NP answered as CE-marked for host congestion
+	QCtrLocalAckTimeoutExcused         // RC
 	NumQPCounters
 )
 
@@ -310,26 +311,27 @@ var QPCounters = [NumQPCounters]CounterDef{
 	QCtrDCQCNCNPIgnored: {"dcqcn_cnp_ignored", "CNPs coalesced into a rate cut already pending"},
 	QCtrDCQCNRateCuts:   {"dcqcn_rate_cuts", "rate cuts of this QP's RP"},
 	// Every algorithm's, and the QP's congestion-control figures now.
-	QCtrCCRTTSamples:     {"cc_rtt_samples", "RTT samples (Karn's rule) handed to this QP's congestion controller"},
-	QCtrCCDecreases:      {"cc_decreases", "events after which this QP's rate or window was lower"},
-	QCtrCCLossEvents:     {"cc_loss_events", "retransmission events reported to this QP's controller as loss"},
-	QCtrCCWindowFull:     {"cc_window_full", "times this QP's congestion window held a send back"},
-	QCtrCCRateKbps:       {"cc_rate_kbps", "this QP's congestion-control rate, kb/s"},
-	QCtrCCWindowBytes:    {"cc_window_bytes", "this QP's congestion window, bytes"},
-	QCtrCCSRTTNs:         {"cc_srtt_ns", "this QP's smoothed RTT, ns"},
-	QCtrCCCwndMilli:      {"cc_cwnd_milli", "this QP's Swift window, thousandths of a packet"},
-	QCtrCCTargetNs:       {"cc_target_ns", "this QP's Swift fabric target delay, ns"},
-	QCtrRoCEAdpRetrans:   DeviceCounters[CtrRoCEAdpRetrans],
-	QCtrRoCEAdpRetransTO: DeviceCounters[CtrRoCEAdpRetransTO],
-	QCtrTLPProbes:        {"tlp_probes", "RC tail-loss probes sent"},
-	QCtrFastRetrans:      {"fast_retrans", "RC go-back-N restarts a probe's answer called for"},
-	QCtrRxSACKs:          DeviceCounters[CtrRxSACKs],
-	QCtrTxSACKs:          DeviceCounters[CtrTxSACKs],
-	QCtrSelRetrans:       DeviceCounters[CtrSelRetrans],
-	QCtrSRHeld:           DeviceCounters[CtrSRHeld],
-	QCtrSRDropped:        DeviceCounters[CtrSRDropped],
-	QCtrRetransPackets:   DeviceCounters[CtrRetransPackets],
-	QCtrNpHostCCMarks:    {"np_host_cc_marks", "packets DCQCN's notification point answered as CE-marked because the host's receive rings ran low (host congestion), at most one per CNP interval; each asked for a CNP"},
+	QCtrCCRTTSamples:           {"cc_rtt_samples", "RTT samples (Karn's rule) handed to this QP's congestion controller"},
+	QCtrCCDecreases:            {"cc_decreases", "events after which this QP's rate or window was lower"},
+	QCtrCCLossEvents:           {"cc_loss_events", "retransmission events reported to this QP's controller as loss"},
+	QCtrCCWindowFull:           {"cc_window_full", "times this QP's congestion window held a send back"},
+	QCtrCCRateKbps:             {"cc_rate_kbps", "this QP's congestion-control rate, kb/s"},
+	QCtrCCWindowBytes:          {"cc_window_bytes", "this QP's congestion window, bytes"},
+	QCtrCCSRTTNs:               {"cc_srtt_ns", "this QP's smoothed RTT, ns"},
+	QCtrCCCwndMilli:            {"cc_cwnd_milli", "this QP's Swift window, thousandths of a packet"},
+	QCtrCCTargetNs:             {"cc_target_ns", "this QP's Swift fabric target delay, ns"},
+	QCtrRoCEAdpRetrans:         DeviceCounters[CtrRoCEAdpRetrans],
+	QCtrRoCEAdpRetransTO:       DeviceCounters[CtrRoCEAdpRetransTO],
+	QCtrTLPProbes:              {"tlp_probes", "RC tail-loss probes sent"},
+	QCtrFastRetrans:            {"fast_retrans", "RC go-back-N restarts a probe's answer called for"},
+	QCtrRxSACKs:                DeviceCounters[CtrRxSACKs],
+	QCtrTxSACKs:                DeviceCounters[CtrTxSACKs],
+	QCtrSelRetrans:             DeviceCounters[CtrSelRetrans],
+	QCtrSRHeld:                 DeviceCounters[CtrSRHeld],
+	QCtrSRDropped:              DeviceCounters[CtrSRDropped],
+	QCtrRetransPackets:         DeviceCounters[CtrRetransPackets],
+	QCtrNpHostCCMarks:          {"np_host_cc_marks", "packets DCQCN's notification point answered as CE-marked because the host's receive rings ran low (host congestion), at most one per CNP interval; each asked for a CNP"},
+	QCtrLocalAckTimeoutExcused: {"local_ack_timeout_excused", "RC local ACK timer expiries that spent no retry: the peer's device was heard from meanwhile (also in local_ack_timeout_err)"},
 }
 
 // NotCounted are counters Linux RDMA drivers report that softrnic does not

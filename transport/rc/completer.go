@@ -329,6 +329,7 @@ func (q *QP) progress(now clock.Time) {
 	r.retryLeft = q.cfg.RetryCnt
 	r.rnrLeft = q.cfg.RNRRetry
 	r.retrying = false
+	r.excused = 0
 	if r.rto != 0 {
 		r.timer = now + r.rto
 	}
@@ -343,24 +344,59 @@ func (q *QP) idle() {
 	}
 }
 
-// retry spends one transport retry. Once a retry has started, responses
-// still in flight from before it (stale ACKs beyond a READ, repeated
-// sequence NAKs) would each trigger another; like rxe's started_retry,
-// only forward progress or a timeout re-arms that path.
-//
+// HeardFrom tells the requester where the device keeps when it last
+// received a packet from this QP's peer, on any QP. A local ACK timeout
+// that expires after the peer was heard from since the timer started
+// resends as ever but spends no retry, excuseFactor·(retry_cnt+1) times at
+// most between two steps of progress. A peer that answers nothing at all
+// is given up on exactly on time, (retry_cnt+1) local ACK timeouts after
+// the last progress; one that answers other QPs of this host, at most
+// 1+excuseFactor times as late. The device writes *t and the transport
+// reads it from the engine goroutine alone.
+func (q *QP) HeardFrom(t *clock.Time) { q.req.heard = t }
+
+// excuseFactor bounds how much longer than the local ACK timeout and
+// retry_cnt allow a requester waits for a peer heard from meanwhile.
+const excuseFactor = 3
+
+// excused reports whether the local ACK timeout expiring now spends no
+// retry (HeardFrom).
+func (q *QP) excused() bool {
+	r := &q.req
+	return r.heard != nil && *r.heard > r.timer-r.rto &&
+		int(r.excused) < excuseFactor*(int(q.cfg.RetryCnt)+1)
+}
+
 // retry spends one transport retry and goes back to PSN p, or fails the
-// head WQE with RETRY_EXC_ERR when the budget is gone. retry_cnt 7 is 7
-// retries, not infinity (IBA C9-130); only rnr_retry 7 is infinite.
+// head WQE with RETRY_EXC_ERR when the budget is gone. Once a retry has
+// started, responses still in flight from before it (stale ACKs beyond a
+// READ, repeated sequence NAKs) would each trigger another; like rxe's
+// started_retry, only forward progress or a timeout re-arms that path.
 func (q *QP) retry(now clock.Time, p bth.PSN) {
+	if q.spendRetry() {
+		q.goBackRetry(now, p)
+	}
+}
+
+// spendRetry takes one transport retry, or fails the head WQE with
+// RETRY_EXC_ERR when none is left. retry_cnt 7 is 7 retries, not infinity
+// (IBA C9-130); only rnr_retry 7 is infinite.
+func (q *QP) spendRetry() bool {
 	r := &q.req
 	if r.retryLeft == 0 {
 		e := r.entry(r.head)
 		q.completeSend(e, ib.RetryExcErr)
 		r.head++
 		q.fail(ib.RetryExcErr)
-		return
+		return false
 	}
 	r.retryLeft--
+	return true
+}
+
+// goBackRetry goes back to PSN p as a retry does.
+func (q *QP) goBackRetry(now clock.Time, p bth.PSN) {
+	r := &q.req
 	r.retrying = true
 	q.rewind(p)
 	if r.rto != 0 {
@@ -402,31 +438,31 @@ func (q *QP) expire(now clock.Time) {
 		return
 	}
 	q.Timeouts++
-	if r.sr.on {
-		// A selective-repeat responder keeps what it received: the
-		// expiry spends its retry as ever (giving up stays exactly on
-		// time), but resends only the oldest unacknowledged packet, as
-		// the RTO does, whose answer tells RACK what else is missing.
-		// Going back N would put the whole window on the wire again
-		// behind the first copy when the peer was only slow (its engine
-		// descheduled), twice what its receive window allows.
-		if r.retryLeft == 0 {
-			q.retry(now, r.compPSN) // RETRY_EXC_ERR
-			return
-		}
-		r.retryLeft--
-		r.timer = now + r.rto
-		r.backOff()
-		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
-		r.probe, r.probeOut, r.probeRTO = r.compPSN.Less(r.psn), false, true
+	if q.excused() {
+		// The peer's device answered this host since the timer started:
+		// it is alive, only slow (a software RNIC's engine descheduled on
+		// a loaded host, this QP's packets queued there behind other
+		// QPs'), or this QP's packets alone were lost (HeardFrom).
+		r.excused++
+		q.TimeoutsExcused++
+	} else if !q.spendRetry() {
+		return // RETRY_EXC_ERR
+	}
+	if !q.adaptive() {
+		q.goBackRetry(now, r.compPSN)
 		return
 	}
-	q.retry(now, r.compPSN)
-	if q.adaptive() && !q.failed {
-		// The local ACK timeout is also an RTO: the next adaptive one
-		// waits longer.
-		r.backOff()
-		r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
-		r.probe, r.probeOut, r.probeRTO = false, false, false
-	}
+	// Adaptive retransmission resends only the oldest unacknowledged
+	// packet, as its RTO does: a selective-repeat responder keeps what it
+	// received, and its SACK tells RACK what else is missing; a go-back-N
+	// responder answers with the last PSN it has in order, from which the
+	// requester goes back N at once if packets were lost (probeAnswered).
+	// Going back N here would put whole windows on the wire again behind
+	// the first copies when the peer was only slow: with many QPs, that
+	// peer then spends itself on duplicates, falls further behind, and
+	// every QP gives up with no frame lost.
+	r.timer = now + r.rto
+	r.backOff()
+	r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
+	r.probe, r.probeOut, r.probeRTO = r.compPSN.Less(r.psn), false, true
 }

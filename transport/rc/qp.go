@@ -134,8 +134,12 @@ type Counters struct {
 	// ACK timeout (local_ack_timeout_err).
 	AdpRetrans   uint64
 	AdpRetransTO uint64
-	TLPProbes    uint64 // tail-loss probes sent
-	FastRetrans  uint64 // go-back-N restarts a probe's answer called for
+	// TimeoutsExcused counts local ACK timeouts that spent no retry: the
+	// peer's device was heard from meanwhile (HeardFrom). Timeouts counts
+	// them too.
+	TimeoutsExcused uint64
+	TLPProbes       uint64 // tail-loss probes sent
+	FastRetrans     uint64 // go-back-N restarts a probe's answer called for
 	// Selective repeat. Requester: SACKs received, packets retransmitted
 	// selectively (holes and READ sub-ranges asked again). Responder:
 	// SACKs sent. Both: packets held out of order, and packets that could
@@ -177,6 +181,7 @@ func (c *Counters) Add(o *Counters) {
 	c.Progress += o.Progress
 	c.AdpRetrans += o.AdpRetrans
 	c.AdpRetransTO += o.AdpRetransTO
+	c.TimeoutsExcused += o.TimeoutsExcused
 	c.TLPProbes += o.TLPProbes
 	c.FastRetrans += o.FastRetrans
 	c.RxSACKs += o.RxSACKs

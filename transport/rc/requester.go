@@ -41,7 +41,9 @@ type requester struct {
 	noAck     int     // packets sent since the last AckReq
 	retryLeft uint8
 	rnrLeft   uint8
-	timer     clock.Time // local ACK timeout deadline
+	excused   uint8       // local ACK timeouts since progress that spent no retry
+	heard     *clock.Time // when the peer's device was last heard from (HeardFrom)
+	timer     clock.Time  // local ACK timeout deadline
 	rnrWait   bool
 	rnrAt     clock.Time
 	rto       clock.Time // timeout duration in ns (0 = none)
@@ -160,8 +162,10 @@ const InitialWindow = 8
 // packet starts: as rxe, MaxUnackedPSNs+1 (a packet may start while its
 // PSN is at most MaxUnackedPSNs past the oldest unacknowledged); with
 // selective repeat the BDP window, within the responder's receive window;
-// InitialWindow before any answer, with adaptive retransmission and no
-// congestion control.
+// InitialWindow before any answer, with adaptive retransmission, whatever
+// the congestion control: DCQCN starts at line rate, and the host-congestion
+// CNPs of a receiver that many QPs start toward at once come a round trip
+// too late for the first windows.
 func (r *requester) window(q *QP) int {
 	w := MaxUnackedPSNs + 1
 	if r.sr.on {
@@ -170,8 +174,8 @@ func (r *requester) window(q *QP) int {
 			w = min(w, r.sr.peerWin)
 		}
 	}
-	if !r.answered && q.adaptive() && q.cc == nil {
-		w = min(w, InitialWindow) // (congestion control paces the start itself)
+	if !r.answered && q.adaptive() {
+		w = min(w, InitialWindow)
 	}
 	return w
 }

@@ -449,3 +449,19 @@ func TestInitialWindow(t *testing.T) {
 		t.Fatalf("%d packets after the window moved, want 20", len(got))
 	}
 }
+
+// TestInitialWindowWithCongestionControl: DCQCN starts at line rate, so a
+// requester running it keeps to InitialWindow before its peer's first
+// answer too: the host-congestion CNPs of a receiver many QPs start toward
+// at once come a round trip too late for the first windows.
+func TestInitialWindowWithCongestionControl(t *testing.T) {
+	c := newCCCtx(t, nil)
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.RDMAWrite, Flags: ib.Signaled, SG: segs(make([]byte, 1024*300))})
+	if got := c.out(); len(got) != InitialWindow || !got[InitialWindow-1].AckReq {
+		t.Fatalf("%d packets before any answer, want %d, the last asking for an ACK", len(got), InitialWindow)
+	}
+	c.respond(req{op: bth.RCAcknowledge, psn: 100, syn: SynACK})
+	if got := c.out(); len(got) <= 1 {
+		t.Fatalf("%d more packets after the first ACK", len(got))
+	}
+}
