@@ -162,10 +162,12 @@ const InitialWindow = 8
 // packet starts: as rxe, MaxUnackedPSNs+1 (a packet may start while its
 // PSN is at most MaxUnackedPSNs past the oldest unacknowledged); with
 // selective repeat the BDP window, within the responder's receive window;
-// InitialWindow before any answer, with adaptive retransmission, whatever
-// the congestion control: DCQCN starts at line rate, and the host-congestion
-// CNPs of a receiver that many QPs start toward at once come a round trip
-// too late for the first windows.
+// InitialWindow before any answer, with adaptive retransmission and no
+// congestion control or DCQCN: DCQCN starts at line rate, and the
+// host-congestion CNPs of a receiver that many QPs start toward at once
+// come a round trip too late for the first windows. Swift paces its start
+// with its own window, and TIMELY reads its first RTTs from the start as
+// it is (its rate steers on their gradient).
 func (r *requester) window(q *QP) int {
 	w := MaxUnackedPSNs + 1
 	if r.sr.on {
@@ -174,7 +176,7 @@ func (r *requester) window(q *QP) int {
 			w = min(w, r.sr.peerWin)
 		}
 	}
-	if !r.answered && q.adaptive() {
+	if !r.answered && q.adaptive() && (q.cc == nil || q.cc.algo == DCQCN) {
 		w = min(w, InitialWindow)
 	}
 	return w
