@@ -15,24 +15,11 @@ import (
 // most excuseFactor·(retry_cnt+1) times; a peer heard from only before
 // the timer started is given up on exactly on time.
 func TestHeardPeerStretchesPatience(t *testing.T) {
-	type mode struct {
-		name string
-		rec  ib.Recovery
-		sr   bool
-	}
-	for _, m := range []mode{{"timeout", ib.RecoveryTimeout, false}, {"adaptive", ib.RecoveryAdaptive, false}, {"selective", ib.RecoverySelective, true}} {
+	for _, m := range recoveryModes {
 		for _, retry := range []uint8{0, 3, 7} {
 			for _, alive := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s_retry%d_alive%v", m.name, retry, alive), func(t *testing.T) {
-					cfg := defaultCfg()
-					if m.sr {
-						cfg = srCfg()
-					}
-					cfg.Recovery, cfg.RetryCnt, cfg.Timeout = m.rec, retry, 8 // 1.048576 ms
-					c := newCtx(t, cfg)
-					if m.sr {
-						c = newSRCtx(t, cfg)
-					}
+					c := m.ctx(t, retry)
 					var heard clock.Time
 					c.qp.HeardFrom(&heard)
 					tack := AckTimeout(8)

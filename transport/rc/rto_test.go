@@ -435,24 +435,11 @@ func TestProbeAnswerOrLateACK(t *testing.T) {
 // the last forward progress, whatever the recovery mode retransmitted in
 // between: adaptive retransmissions spend no retry.
 func TestGiveUpPatienceSameInEveryMode(t *testing.T) {
-	type mode struct {
-		name string
-		rec  ib.Recovery
-		sr   bool
-	}
-	for _, m := range []mode{{"timeout", ib.RecoveryTimeout, false}, {"adaptive", ib.RecoveryAdaptive, false}, {"selective", ib.RecoverySelective, true}} {
+	for _, m := range recoveryModes {
 		for _, retry := range []uint8{0, 3, 7} {
 			for _, progress := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s_retry%d_progress%v", m.name, retry, progress), func(t *testing.T) {
-					cfg := defaultCfg()
-					if m.sr {
-						cfg = srCfg()
-					}
-					cfg.Recovery, cfg.RetryCnt, cfg.Timeout = m.rec, retry, 8 // 1.048576 ms
-					c := newCtx(t, cfg)
-					if m.sr {
-						c = newSRCtx(t, cfg)
-					}
+					c := m.ctx(t, retry)
 					tack := AckTimeout(8)
 					c.sampled(50 * time.Microsecond)
 					for i := 0; i < 3; i++ {
@@ -614,4 +601,27 @@ func TestRequestsByteIdenticalWithoutAgreement(t *testing.T) {
 		t.Fatal("selective repeat without the peer's agreement")
 	}
 	c.expect(p(bth.RCRDMAWriteMiddle, 101), p(bth.RCRDMAWriteLast, 102), p(bth.RCRDMAReadRequest, 103), p(bth.RCFetchAdd, 104))
+}
+
+// recoveryMode is a recovery mode the give-up tests run in.
+type recoveryMode struct {
+	name string
+	rec  ib.Recovery
+	sr   bool // the peer agreed to selective repeat
+}
+
+var recoveryModes = []recoveryMode{{"timeout", ib.RecoveryTimeout, false}, {"adaptive", ib.RecoveryAdaptive, false}, {"selective", ib.RecoverySelective, true}}
+
+// ctx is a requester in mode m with retry_cnt retry and a local ACK
+// timeout of 2^8 · 4.096 µs (1.048576 ms).
+func (m recoveryMode) ctx(t *testing.T, retry uint8) *tctx {
+	cfg := defaultCfg()
+	if m.sr {
+		cfg = srCfg()
+	}
+	cfg.Recovery, cfg.RetryCnt, cfg.Timeout = m.rec, retry, 8
+	if m.sr {
+		return newSRCtx(t, cfg)
+	}
+	return newCtx(t, cfg)
 }
