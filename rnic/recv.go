@@ -1,6 +1,7 @@
 package rnic
 
 import (
+	"hash/fnv"
 	"net/netip"
 	"time"
 
@@ -203,9 +204,9 @@ type rxShare struct {
 const shareHorizon = clock.Time(100 * time.Millisecond)
 
 // maxQueueDelay is how long the receive windows together may make frames
-// wait in the port: under a local ACK timeout (perftest's and rdma_cm's
-// default, 2^14 · 4.096 µs, is 67 ms), above what a host that keeps up
-// queues (128 QPs' windows at MTU 4200 wait 8 ms in a quiet host's port).
+// wait in the port: well under a local ACK timeout (perftest's and
+// rdma_cm's default, 2^14 · 4.096 µs, is 67 ms), and above the queue a
+// host that keeps up holds when every window is full.
 const maxQueueDelay = 20 * time.Millisecond
 
 // minRecvWindow floors a QP's receive window: enough to keep a message
@@ -324,12 +325,11 @@ func (s *rxShare) window(frames int) int {
 // other for a bounded number of timeouts (rc.QP.HeardFrom).
 const peerSlots = 64
 
-// peerSlot is a peer address's entry in Device.heard.
+// peerSlot is a peer address's entry in Device.heard (at connection
+// setup, not per packet).
 func peerSlot(a netip.Addr) int {
+	h := fnv.New32a()
 	b := a.As16()
-	h := uint32(2166136261)
-	for _, c := range b {
-		h = (h ^ uint32(c)) * 16777619
-	}
-	return int(h % peerSlots)
+	h.Write(b[:])
+	return int(h.Sum32() % peerSlots)
 }
