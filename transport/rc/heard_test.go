@@ -62,7 +62,7 @@ func TestHeardPeerStretchesPatience(t *testing.T) {
 }
 
 // TestProgressRenewsExcuses: forward progress gives the excuses back, as it
-// does the retries.
+// does the retries, and so do new retry counts (Update).
 func TestProgressRenewsExcuses(t *testing.T) {
 	cfg := defaultCfg()
 	cfg.RetryCnt, cfg.Timeout = 0, 8
@@ -91,6 +91,14 @@ func TestProgressRenewsExcuses(t *testing.T) {
 	c.respond(req{op: bth.RCAcknowledge, psn: 101, syn: SynACK}) // the first SEND
 	timeouts(2 * excuseFactor)
 	if c.qp.TimeoutsExcused != 2*excuseFactor {
+		t.Fatalf("%+v", c.qp.Counters)
+	}
+	// The excuses are spent again; new retry counts (SQD→RTS) restart
+	// them with the retries.
+	cf := c.qp.Config()
+	c.qp.Update(cf.Timeout, cf.RetryCnt, cf.RNRRetry, cf.MinRNRTimer, cf.Access, cf.MaxRdAtomic)
+	timeouts(3 * excuseFactor)
+	if c.qp.TimeoutsExcused != 3*excuseFactor {
 		t.Fatalf("%+v", c.qp.Counters)
 	}
 }

@@ -306,7 +306,7 @@ func (q *QP) Sender(cfg Config) {
 // Update changes, in RTS, the attributes IBA lets a QP change there
 // (RTS→RTS / SQD→RTS): local ACK timeout, retry counts, min RNR timer,
 // access flags and max_rd_atomic. Retry budgets restart from the new
-// counts.
+// counts, and so does the patience a heard peer earns (HeardFrom).
 func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access ib.Access, maxRdAtomic int) {
 	q.cfg.Timeout, q.cfg.RetryCnt, q.cfg.RNRRetry, q.cfg.MinRNRTimer = timeout, retryCnt&7, rnrRetry&7, minRNRTimer&31
 	q.cfg.Access = access
@@ -314,7 +314,7 @@ func (q *QP) Update(timeout, retryCnt, rnrRetry, minRNRTimer uint8, access ib.Ac
 		q.cfg.MaxRdAtomic = maxRdAtomic
 	}
 	q.req.rto = clock.Time(AckTimeout(timeout))
-	q.req.retryLeft, q.req.rnrLeft = q.cfg.RetryCnt, q.cfg.RNRRetry
+	q.req.retryLeft, q.req.rnrLeft, q.req.excused = q.cfg.RetryCnt, q.cfg.RNRRetry, 0
 	if q.req.rto == 0 {
 		q.req.timer = clock.Never
 	}
