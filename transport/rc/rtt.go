@@ -8,13 +8,15 @@ import (
 )
 
 // Adaptive retransmission timing. README ("Loss recovery") explains the
-// choices; in short, a go-back-N peer turns every retransmission timeout
-// into a resend of the whole window, so the RTO is floored well above the
-// stalls a software host sees, while the tail-loss probe (one packet, a
-// harmless duplicate if it was not needed) reacts first.
+// choices; in short, the RTO, like the tail-loss probe that reacts first,
+// resends one packet (a harmless duplicate if it was not needed) and lets
+// the answer decide, so its floor need not stand above the stalls a
+// software host sees: it bounds how long a requester whose window is full
+// waits when a probe or its answer was lost, and backs off on a peer that
+// stalled.
 const (
 	// RTOMin floors the adaptive retransmission timeout.
-	RTOMin = time.Millisecond
+	RTOMin = 300 * time.Microsecond
 	// PTOMin floors the tail-loss probe timeout.
 	PTOMin = 100 * time.Microsecond
 	// InitialRTO is the retransmission timeout before the first RTT
@@ -61,11 +63,13 @@ func (e *rttEstimator) sample(now clock.Time, r time.Duration) {
 }
 
 // rto is the retransmission timeout before backoff: SRTT + 4·RTTVAR, at
-// least RTOMin, at most limit.
+// least RTOMin and a round trip beyond the tail-loss probe's timeout (on a
+// steady path RTTVAR decays, and the probe, which neither backs off nor
+// counts as a timeout, should still come first), at most limit.
 func (e *rttEstimator) rto(limit time.Duration) time.Duration {
 	d := InitialRTO
 	if e.samples > 0 {
-		d = max(e.srtt+4*e.rttvar, RTOMin)
+		d = max(e.srtt+4*e.rttvar, RTOMin, max(2*e.srtt, PTOMin)+e.srtt)
 	}
 	return min(d, limit)
 }
