@@ -89,6 +89,9 @@ type responder struct {
 	win     int
 	granted int // the window the last SACKETH granted
 	acked   bth.PSN
+	// heldQuiet counts requests held since the last ACK queued that went
+	// unacknowledged (srHoldRequest).
+	heldQuiet int
 
 	ctr *Counters // the QP's
 }
@@ -139,6 +142,7 @@ func (s *responder) push(it respItem) {
 func (s *responder) pushAck(syn uint8, psn bth.PSN, msn uint32) {
 	if syn == SynACK {
 		s.acked = psn
+		s.heldQuiet = 0
 	}
 	if s.qlen > 0 {
 		t := &s.q[(s.qhead+s.qlen-1)%len(s.q)]

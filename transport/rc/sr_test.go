@@ -705,3 +705,58 @@ func TestSRResponderAcksAQuarterWindow(t *testing.T) {
 		t.Fatalf("%v, want an ACK of 511", g)
 	}
 }
+
+// TestSRResponderAcksWhatIsNew: a held request is acknowledged at once when
+// it tells the requester something new (the first after a hole, the first
+// after a second hole, one asking for an ACK, a duplicate); requests that
+// only extend the run held after a hole are acknowledged every srAckHeld.
+// The packet that fills the hole is acknowledged with all it released.
+func TestSRResponderAcksWhatIsNew(t *testing.T) {
+	c := newSRCtx(t, srCfg())
+	mr := c.addMR(9, 0x1000, 1<<16, ib.RemoteWrite)
+	pkt := func(p bth.PSN, ackReq bool) req {
+		r := req{op: bth.RCRDMAWriteMiddle, psn: p, payload: fill(1024, byte(p)), sr: true, ackReq: ackReq}
+		if p == 500 {
+			r.op, r.va, r.rkey, r.dmaLen = bth.RCRDMAWriteFirst, 0x1000, 9, 1<<16
+		}
+		return r
+	}
+	var acked []bth.PSN // the held packets answered at once
+	send := func(p bth.PSN, ackReq bool) []checker.Packet {
+		c.inject(pkt(p, ackReq))
+		g := c.out()
+		if len(g) > 1 {
+			t.Fatalf("after %d: %v", p, g)
+		}
+		if len(g) == 1 {
+			acked = append(acked, p)
+		}
+		return g
+	}
+	for p := bth.PSN(501); p <= 518; p++ { // 500 lost
+		send(p, false)
+	}
+	send(520, false) // 519 lost too
+	send(521, true)
+	send(510, false) // a duplicate
+	want := []bth.PSN{501, 501 + srAckHeld, 501 + 2*srAckHeld, 520, 521, 510}
+	if fmt.Sprint(acked) != fmt.Sprint(want) {
+		t.Fatalf("held packets answered at once: %v, want %v", acked, want)
+	}
+	g := send(500, true) // the retransmission fills the first hole
+	if len(g) != 1 {
+		t.Fatalf("the hole's fill was not acknowledged: %v", g)
+	}
+	have := map[bth.PSN]bool{}
+	for _, p := range sackOf(t, g[0]) {
+		have[p] = true
+	}
+	for p := bth.PSN(500); p <= 521; p++ {
+		if got := !g[0].PSN.Less(p) || have[p]; got != (p != 519) {
+			t.Fatalf("ACK %d with SACK %v: PSN %d acknowledged %v", g[0].PSN, sackOf(t, g[0]), p, got)
+		}
+	}
+	if c.qp.resp.ePSN != 519 || !bytes.Equal(mr.buf[18*1024:19*1024], fill(1024, byte(518%256))) {
+		t.Fatalf("expected PSN %d after the fill", c.qp.resp.ePSN)
+	}
+}

@@ -44,21 +44,39 @@ func (q *QP) srRespStop() {
 	s.sr = false
 }
 
-// srHoldRequest keeps a request that came d PSNs early and acknowledges,
-// so that the requester learns of the hole before it at once.
+// srAckHeld is how many requests held in a row, each right after the one
+// before, may go without an ACK of their own.
+const srAckHeld = 8
+
+// srHoldRequest keeps a request that came d PSNs early and acknowledges
+// what the requester must learn at once: a new hole (the first request
+// held after the expected PSN, or one that does not follow the highest
+// held), a request asking for an ACK, a duplicate or one that could not be
+// held. Requests that only extend the run held after a hole are
+// acknowledged every srAckHeld: one SACK per packet that followed a loss
+// cost the responder a frame to send and the requester one to read for
+// every packet held, and told the requester nothing RACK needs sooner.
 func (q *QP) srHoldRequest(pkt []byte, pp bth.PSN, d int32) {
 	s := &q.resp
+	now := true
 	switch {
 	case d >= SRWindow:
 		q.RxDropped++ // beyond any window the requester may use
 	case s.held.has(pp):
 		q.RxDuplicate++
-	case s.held.hold(q.pool, pp, pkt):
-		q.SRHeld++
 	default:
-		q.SRDropped++
+		run := s.held.n > 0 && pp == s.held.high.Next()
+		if !s.held.hold(q.pool, pp, pkt) {
+			q.SRDropped++
+			break
+		}
+		q.SRHeld++
+		s.heldQuiet++
+		now = !run || bth.BTH(pkt).AckReq() || s.heldQuiet >= srAckHeld
 	}
-	s.pushAck(SynACK, s.ePSN.Prev(), s.msn)
+	if now {
+		s.pushAck(SynACK, s.ePSN.Prev(), s.msn)
+	}
 }
 
 // srDrain executes the held requests that are now in order.
