@@ -330,7 +330,11 @@ func (q *QP) progress(now clock.Time) {
 	r.rnrLeft = q.cfg.RNRRetry
 	r.retrying = false
 	r.excused = 0
-	if r.rto != 0 {
+	// As rxe's completer: the timer runs again only while a packet is
+	// on the wire. WQEs still waiting their turn (behind other QPs, a
+	// window, a pacer) are not late; the next packet sent starts it.
+	r.timer = clock.Never
+	if r.rto != 0 && r.compPSN.Less(r.psn) {
 		r.timer = now + r.rto
 	}
 	q.armAfterProgress(now)
@@ -435,6 +439,10 @@ func (q *QP) expire(now clock.Time) {
 	if r.head == r.end() {
 		r.timer = clock.Never
 		q.disarmAdaptive()
+		return
+	}
+	if !r.compPSN.Less(r.psn) {
+		r.timer = clock.Never // nothing on the wire (a rewind not yet resent): the next packet starts it
 		return
 	}
 	q.Timeouts++

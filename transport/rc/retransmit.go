@@ -223,8 +223,13 @@ func (q *QP) armAfterProgress(now clock.Time) {
 	if !q.adaptive() {
 		return
 	}
+	r.rtoAt, r.ptoAt = clock.Never, clock.Never
+	if !r.compPSN.Less(r.psn) {
+		// Nothing on the wire: WQEs waiting their turn behind other QPs
+		// or a window are not late. sentPkt arms the timers again.
+		return
+	}
 	r.rtoAt = now.Add(q.adpRTO())
-	r.ptoAt = clock.Never
 	if r.backoff == 0 && !q.streamingRead() {
 		r.ptoAt = now.Add(q.adpPTO())
 	}
@@ -260,6 +265,9 @@ func (q *QP) expireAdaptive(now clock.Time) {
 		r.fastAt = clock.Never
 		q.fastRetransmit()
 		return
+	}
+	if now >= r.rtoAt && !r.compPSN.Less(r.psn) {
+		r.rtoAt = clock.Never // nothing on the wire (a go-back-N rewind): sentPkt arms it
 	}
 	if now >= r.rtoAt {
 		q.AdpRetrans++

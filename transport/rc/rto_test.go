@@ -625,3 +625,46 @@ func (m recoveryMode) ctx(t *testing.T, retry uint8) *tctx {
 	}
 	return newCtx(t, cfg)
 }
+
+// TestWaitingPacketsAreNotLate: once everything on the wire is
+// acknowledged, the rest of a message that waits its turn to be sent
+// (behind other QPs, a window, a pacer) runs neither the local ACK timer
+// nor the RTO, as rxe's completer restarts its timer only while a packet
+// is outstanding; the next packet sent starts them again. Before, such a
+// QP met RTO after RTO with nothing to resend (backing off the next real
+// one), and local ACK timeouts that spent its retries.
+func TestWaitingPacketsAreNotLate(t *testing.T) {
+	for _, rec := range []ib.Recovery{ib.RecoveryAdaptive, ib.RecoveryTimeout} {
+		t.Run(rec.String(), func(t *testing.T) {
+			cfg := defaultCfg()
+			cfg.Recovery, cfg.Timeout = rec, 8
+			c := newCtx(t, cfg)
+			c.sampled(50 * time.Microsecond)
+			c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(4000, 0))}) // 101-104
+			for want := bth.PSN(101); want <= 102; want++ {
+				if n := c.qp.Build(c.now, c.buf); n == 0 || checker.Decode(c.buf[:n]).PSN != want {
+					t.Fatalf("PSN %d was not built", want)
+				}
+			}
+			c.now = c.now.Add(50 * time.Microsecond)
+			c.respond(req{op: bth.RCAcknowledge, psn: 102, syn: SynACK})
+			// 103 and 104 wait; time passes far beyond every timeout.
+			if d := c.qp.Deadline(); d != clock.Never {
+				t.Fatalf("a timer is armed at %v with nothing on the wire", d)
+			}
+			c.now = c.now.Add(AckTimeout(cfg.Timeout) * 20)
+			c.qp.Expire(c.now)
+			if c.qp.Timeouts != 0 || c.qp.AdpRetransTO != 0 || c.qp.AdpRetrans != 0 {
+				t.Fatalf("with nothing on the wire: %+v", c.qp.Counters)
+			}
+			c.expect(p(bth.RCSendMiddle, 103), p(bth.RCSendLast, 104))
+			if d := c.qp.Deadline(); d == clock.Never || d > c.now.Add(AckTimeout(cfg.Timeout)) {
+				t.Fatalf("after the next packets the timer is at %v (now %v)", d, c.now)
+			}
+			c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK})
+			if w := c.wcs(); len(w) != 1 || w[0].ID != 1 || w[0].Status != ib.Success {
+				t.Fatalf("completions %+v", w)
+			}
+		})
+	}
+}
