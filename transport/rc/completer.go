@@ -472,5 +472,5 @@ func (q *QP) expire(now clock.Time) {
 	r.timer = now + r.rto
 	r.backOff()
 	r.rtoAt, r.ptoAt = now.Add(q.adpRTO()), clock.Never
-	r.probe, r.probeOut, r.probeRTO = r.compPSN.Less(r.psn), false, true
+	r.probe, r.probeOut, r.probeRTO = true, false, true
 }

@@ -111,11 +111,7 @@ func TestProgressRenewsExcuses(t *testing.T) {
 func TestLocalAckTimeoutProbes(t *testing.T) {
 	for _, rec := range []ib.Recovery{ib.RecoveryAdaptive, ib.RecoveryTimeout} {
 		t.Run(rec.String(), func(t *testing.T) {
-			cfg := defaultCfg()
-			cfg.Recovery, cfg.Timeout = rec, 8
-			c := newCtx(t, cfg)
-			c.sampled(50 * time.Microsecond)
-			c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(4000, 0))}) // 101-104
+			c := fourPacketSend(t, rec)
 			if g := c.out(); len(g) != 4 {
 				t.Fatalf("%d packets", len(g))
 			}

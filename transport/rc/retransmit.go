@@ -282,9 +282,7 @@ func (q *QP) expireAdaptive(now clock.Time) {
 		// (probeAnswered). An RTO that only met a peer slow to answer (a
 		// software host's engine descheduled, a guest under emulation)
 		// then costs one packet, not a window.
-		if r.compPSN.Less(r.psn) {
-			r.probe, r.probeRTO = true, true
-		}
+		r.probe, r.probeRTO = true, true
 		r.rtoAt = now.Add(q.adpRTO())
 		r.ptoAt = clock.Never
 		return

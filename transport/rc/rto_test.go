@@ -53,6 +53,18 @@ func TestRTTEstimatorRFC6298(t *testing.T) {
 	}
 }
 
+// fourPacketSend is a requester in recovery mode rec, its local ACK
+// timeout 2^8 · 4.096 µs, with an RTT sample of 50 µs and a signaled
+// 4000-byte SEND posted: PSNs 101-104, none built yet.
+func fourPacketSend(t *testing.T, rec ib.Recovery) *tctx {
+	cfg := defaultCfg()
+	cfg.Recovery, cfg.Timeout = rec, 8
+	c := newCtx(t, cfg)
+	c.sampled(50 * time.Microsecond)
+	c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(4000, 0))})
+	return c
+}
+
 // sampled gives the QP an RTT sample of d: one SEND answered d later.
 func (c *tctx) sampled(d time.Duration) {
 	c.t.Helper()
@@ -636,11 +648,7 @@ func (m recoveryMode) ctx(t *testing.T, retry uint8) *tctx {
 func TestWaitingPacketsAreNotLate(t *testing.T) {
 	for _, rec := range []ib.Recovery{ib.RecoveryAdaptive, ib.RecoveryTimeout} {
 		t.Run(rec.String(), func(t *testing.T) {
-			cfg := defaultCfg()
-			cfg.Recovery, cfg.Timeout = rec, 8
-			c := newCtx(t, cfg)
-			c.sampled(50 * time.Microsecond)
-			c.post(ib.SendWQE{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: segs(fill(4000, 0))}) // 101-104
+			c := fourPacketSend(t, rec)
 			for want := bth.PSN(101); want <= 102; want++ {
 				if n := c.qp.Build(c.now, c.buf); n == 0 || checker.Decode(c.buf[:n]).PSN != want {
 					t.Fatalf("PSN %d was not built", want)
@@ -652,13 +660,13 @@ func TestWaitingPacketsAreNotLate(t *testing.T) {
 			if d := c.qp.Deadline(); d != clock.Never {
 				t.Fatalf("a timer is armed at %v with nothing on the wire", d)
 			}
-			c.now = c.now.Add(AckTimeout(cfg.Timeout) * 20)
+			c.now = c.now.Add(AckTimeout(c.qp.Config().Timeout) * 20)
 			c.qp.Expire(c.now)
 			if c.qp.Timeouts != 0 || c.qp.AdpRetransTO != 0 || c.qp.AdpRetrans != 0 {
 				t.Fatalf("with nothing on the wire: %+v", c.qp.Counters)
 			}
 			c.expect(p(bth.RCSendMiddle, 103), p(bth.RCSendLast, 104))
-			if d := c.qp.Deadline(); d == clock.Never || d > c.now.Add(AckTimeout(cfg.Timeout)) {
+			if d := c.qp.Deadline(); d == clock.Never || d > c.now.Add(AckTimeout(c.qp.Config().Timeout)) {
 				t.Fatalf("after the next packets the timer is at %v (now %v)", d, c.now)
 			}
 			c.respond(req{op: bth.RCAcknowledge, psn: 104, syn: SynACK})

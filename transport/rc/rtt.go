@@ -69,7 +69,7 @@ func (e *rttEstimator) sample(now clock.Time, r time.Duration) {
 func (e *rttEstimator) rto(limit time.Duration) time.Duration {
 	d := InitialRTO
 	if e.samples > 0 {
-		d = max(e.srtt+4*e.rttvar, RTOMin, max(2*e.srtt, PTOMin)+e.srtt)
+		d = max(e.srtt+4*e.rttvar, RTOMin, e.probeWait()+e.srtt)
 	}
 	return min(d, limit)
 }
@@ -84,8 +84,12 @@ func (e *rttEstimator) pto(limit time.Duration) time.Duration {
 	if e.samples == 0 {
 		return min(InitialRTO/2, limit)
 	}
-	return min(max(2*e.srtt, PTOMin), limit)
+	return min(e.probeWait(), limit)
 }
+
+// probeWait is the tail-loss probe timeout once the RTT is known, before
+// the RTO caps it: two SRTTs, at least PTOMin.
+func (e *rttEstimator) probeWait() time.Duration { return max(2*e.srtt, PTOMin) }
 
 // txRec is what the requester remembers of one PSN it sent a packet for
 // (SEND/WRITE packets, READ requests at their first PSN, atomics).
