@@ -247,19 +247,33 @@ func TestExternalMemoryUD(t *testing.T) {
 	runtime.KeepAlive(dst)
 }
 
-// anon maps n bytes of anonymous memory that the test can unmap.
-func anon(t *testing.T, n int) []byte {
+// truncatable is n bytes of a shared memfd mapping, and a function that
+// truncates the file to nothing, after which the mapping stays but no
+// access reaches a page.
+func truncatable(t *testing.T, n int) ([]byte, func()) {
 	t.Helper()
-	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	fd, err := unix.MemfdCreate("softrnic-test", unix.MFD_CLOEXEC)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b
+	t.Cleanup(func() { _ = unix.Close(fd) })
+	must(t, unix.Ftruncate(fd, int64(n)))
+	b, err := unix.Mmap(fd, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	return b, func() { must(t, unix.Ftruncate(fd, 0)) }
 }
 
-// Unmapping registered memory makes the copies fail: the QP whose copy
-// failed goes to ERR with a LOC_PROT_ERR completion and QP_FATAL, as a DMA
-// error would; another QP of the same device keeps working.
+// Registered memory whose pages are gone makes the copies fail: the QP
+// whose copy failed goes to ERR with a LOC_PROT_ERR completion and
+// QP_FATAL, as a DMA error would; another QP of the same device keeps
+// working. The pages go by truncating the file under a shared mapping
+// (a copy through /proc/PID/mem then meets EFAULT, as for an unmapped
+// range): a range unmapped outright could be mapped again by anything in
+// the process, the Go runtime included, before the device copies, and
+// the copies would then succeed.
 func TestExternalMemoryUnmapped(t *testing.T) {
 	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
 	tb.timeout = 1
@@ -269,11 +283,11 @@ func TestExternalMemoryUnmapped(t *testing.T) {
 	qa2, qb2 := tb.connect(ib.RC, 1024, all, 16)
 	src := patterned(4096, 1)
 	ms := regExt(t, tb.a.pd, sa, src, all)
-	gone := anon(t, 8192)
+	gone, truncate := truncatable(t, 8192)
 	mg := regExt(t, tb.b.pd, sb, gone, all)
 	ok := make([]byte, 4096)
 	mo := regExt(t, tb.b.pd, sb, ok, all)
-	must(t, unix.Munmap(gone))
+	truncate()
 
 	// Receive side: a SEND into the unmapped receive buffer.
 	_, err := qb.PostRecv([]verbs.RecvWR{{ID: 10, SG: []ib.SGE{sge(mg, 0, 4096)}}, {ID: 11, SG: []ib.SGE{sge(mg, 0, 4096)}}})
