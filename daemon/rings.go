@@ -337,27 +337,42 @@ func (s *Server) checkRings(q *qpObj) {
 // sendInError posts send WR id in error; false when the device's SQ is
 // full: the entry stays in the ring for the next Fetch.
 func (s *Server) sendInError(q *qpObj, id uint64, op ib.WROpcode, err error) bool {
+	bad := s.countBad(err)
 	switch perr := q.qp.PostSendInError(id, op, ib.LocQPOpErr); {
 	case errors.Is(perr, verbs.ErrQueueFull):
+		s.uncountBad(bad)
 		return false
-	case perr == nil:
-		s.countBad(err)
+	case perr != nil:
+		s.uncountBad(bad) // a destroyed QP: its completions go nowhere
 	}
-	return true // a destroyed QP: its completions go nowhere
+	return true
 }
 
 // recvInError posts receive WR id in error.
 func (s *Server) recvInError(q *qpObj, id uint64, err error) {
-	if q.qp.PostRecvInError(id, ib.LocQPOpErr) == nil { // else destroyed: nowhere to complete
-		s.countBad(err)
+	bad := s.countBad(err)
+	if q.qp.PostRecvInError(id, ib.LocQPOpErr) != nil { // destroyed: nowhere to complete
+		s.uncountBad(bad)
 	}
 }
 
-// countBad counts a WR posted in error as a bad WQE unless only the QP's
-// state refused it.
-func (s *Server) countBad(err error) {
-	if !errors.Is(err, verbs.ErrQPState) {
-		s.BadWQEs.Add(1)
+// countBad counts a WR about to be posted in error as a bad WQE unless
+// only the QP's state refused it, and says whether it did. It counts
+// before the completion is posted: a client that reads the completion
+// then the counter finds the WR counted.
+func (s *Server) countBad(err error) bool {
+	if errors.Is(err, verbs.ErrQPState) {
+		return false
+	}
+	s.BadWQEs.Add(1)
+	return true
+}
+
+// uncountBad takes back countBad's count for a WR the device did not
+// take after all.
+func (s *Server) uncountBad(counted bool) {
+	if counted {
+		s.BadWQEs.Add(^uint64(0))
 	}
 }
 
