@@ -249,7 +249,16 @@ func TestUCMRequestFlood(t *testing.T) {
 	if st[proto.CMRxDuplicates] == 0 {
 		t.Fatalf("the peers' REQ retries were not seen as duplicates: %+v", st)
 	}
-	// Two requests reached the listener, over by now: a late answer fails.
+	// Two requests reached the listener. A peer that gave up first sent
+	// the daemon a REJ that may still be on its way: once the daemon has
+	// taken every MAD the peers sent, both requests are over (timed out
+	// there, or rejected by their peers), and a late answer fails.
+	_, ps := peer.Stats()
+	var sent uint64
+	for _, n := range ps.Tx {
+		sent += n
+	}
+	waitCounter(t, srv, proto.CMRxMsgs, sent)
 	for range 2 {
 		r, err := l.GetRequest(ctx)
 		if err != nil {
