@@ -565,6 +565,62 @@ func TestGarbageInRQRing(t *testing.T) {
 	}
 }
 
+// A malformed WR that finds the device's SQ full waits in the ring for
+// room, as the WRs after it do, and is counted once however often the
+// daemon meets it meanwhile.
+func TestGarbageWaitsForRoom(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, ib.RemoteWrite)
+	// b has no receive: each SEND meets RNR NAKs (retried for ever) and
+	// holds its slot in a's SQ.
+	sends := make([]verbs.SendWR, 128)
+	for i := range sends {
+		sends[i] = verbs.SendWR{ID: uint64(i + 1), Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(0, 16)}}
+	}
+	if _, err := a.qp.PostSend(sends); err != nil {
+		t.Fatal(err)
+	}
+	var s []byte
+	for deadline := time.Now().Add(10 * time.Second); s == nil; s = a.qp.sqp.Reserve() {
+		if time.Now().After(deadline) {
+			t.Fatal("the SQ ring stayed full")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	for i := range s {
+		s[i] = 0xff // opcode 255, 255 SGEs
+	}
+	binary.LittleEndian.PutUint64(s, 1000)
+	if _, err := a.qp.sqp.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The daemon meets it, finds no room, and meets it again at each
+	// step while the RNR NAKs keep its engine busy.
+	for deadline := time.Now().Add(10 * time.Second); td.srv.BadWQEs.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the malformed WR was not counted")
+		}
+	}
+	time.Sleep(50 * time.Millisecond)
+	for i := range 128 {
+		if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: uint64(i), SG: []ib.SGE{b.mr.SGE(0, 16)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 128 {
+		if wc := waitWC(t, a.cq); wc.ID != uint64(i+1) || wc.Status != ib.Success {
+			t.Fatalf("SEND %d: %+v", i+1, wc)
+		}
+	}
+	if wc := waitWC(t, a.cq); wc.ID != 1000 || wc.Status != ib.LocQPOpErr {
+		t.Fatalf("the malformed WR: %+v", wc)
+	}
+	if n := td.srv.BadWQEs.Load(); n != 1 {
+		t.Fatalf("%d bad WQEs counted, want 1", n)
+	}
+}
+
 func TestSecondDaemonRefused(t *testing.T) {
 	td := startDaemon(t, daemon.Options{})
 	srv2, err := daemon.NewServer(td.dev, daemon.Options{Group: -1, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -335,44 +335,30 @@ func (s *Server) checkRings(q *qpObj) {
 // as it is, and is not counted.
 
 // sendInError posts send WR id in error; false when the device's SQ is
-// full: the entry stays in the ring for the next Fetch.
+// full: the entry stays in the ring for the next Fetch. It is counted
+// before it is posted, so that a client that sees its completion sees
+// the count, and once, however long it waits for room.
 func (s *Server) sendInError(q *qpObj, id uint64, op ib.WROpcode, err error) bool {
-	bad := s.countBad(err)
-	switch perr := q.qp.PostSendInError(id, op, ib.LocQPOpErr); {
-	case errors.Is(perr, verbs.ErrQueueFull):
-		s.uncountBad(bad)
-		return false
-	case perr != nil:
-		s.uncountBad(bad) // a destroyed QP: its completions go nowhere
+	if !q.badWaiting || q.badWaitingID != id {
+		s.countBad(err)
 	}
-	return true
+	perr := q.qp.PostSendInError(id, op, ib.LocQPOpErr) // a destroyed QP: its completions go nowhere
+	q.badWaiting, q.badWaitingID = errors.Is(perr, verbs.ErrQueueFull), id
+	return !q.badWaiting
 }
 
-// recvInError posts receive WR id in error.
+// recvInError posts receive WR id in error, counted first: the device
+// completes it at once.
 func (s *Server) recvInError(q *qpObj, id uint64, err error) {
-	bad := s.countBad(err)
-	if q.qp.PostRecvInError(id, ib.LocQPOpErr) != nil { // destroyed: nowhere to complete
-		s.uncountBad(bad)
-	}
+	s.countBad(err)
+	_ = q.qp.PostRecvInError(id, ib.LocQPOpErr) // a destroyed QP: nowhere to complete
 }
 
-// countBad counts a WR about to be posted in error as a bad WQE unless
-// only the QP's state refused it, and says whether it did. It counts
-// before the completion is posted: a client that reads the completion
-// then the counter finds the WR counted.
-func (s *Server) countBad(err error) bool {
-	if errors.Is(err, verbs.ErrQPState) {
-		return false
-	}
-	s.BadWQEs.Add(1)
-	return true
-}
-
-// uncountBad takes back countBad's count for a WR the device did not
-// take after all.
-func (s *Server) uncountBad(counted bool) {
-	if counted {
-		s.BadWQEs.Add(^uint64(0))
+// countBad counts a WR posted in error as a bad WQE unless only the QP's
+// state, or its destruction, refused it.
+func (s *Server) countBad(err error) {
+	if !errors.Is(err, verbs.ErrQPState) && !errors.Is(err, verbs.ErrDestroyed) {
+		s.BadWQEs.Add(1)
 	}
 }
 

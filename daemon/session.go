@@ -118,14 +118,17 @@ type qpObj struct {
 	sq, rq     *shmring.Ring
 	// The rest is the engine's (rings.go): the rings' consumer sides, WR
 	// decode buffers (reused: no allocation per WR), a ring corrupted by
-	// the client, the send WRs noted at the start of a Fetch, and rings
-	// whose WRs the device had no room for.
+	// the client, the send WRs noted at the start of a Fetch, rings
+	// whose WRs the device had no room for, and the send WR posted in
+	// error that waits at the head of the ring for room, counted already.
 	sqc, rqc             *shmring.Consumer
 	swr                  [fetchBatch]verbs.SendWR
 	rwr                  [fetchBatch]verbs.RecvWR
 	broken               bool
 	sqReady              int
 	sqBlocked, rqBlocked bool
+	badWaiting           bool
+	badWaitingID         uint64
 	// rqMu serialises the RQ ring's consumer (rqc, rwr) between Fetch
 	// and the device's refill (refillRQ).
 	rqMu sync.Mutex
