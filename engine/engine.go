@@ -58,6 +58,15 @@ type Options struct {
 	// instead of leaving that to the next step when the step received
 	// something (see Step). For measurements.
 	EagerTx bool
+	// Yield, if set, gives the CPU away for a moment (port.Yield:
+	// sched_yield(2)). Run calls it between the polls of its idle spin
+	// while no application polls the device, so that a spinning engine
+	// runs only on a CPU nothing else wants: the client it has just woken,
+	// the peer's engine or an application spinning on the same CPU run
+	// first, and with nothing else runnable the call returns at once. On
+	// a small host a spin that does not yield holds the CPU that the
+	// thread producing its next work needs (README, "Design decisions").
+	Yield func()
 	// Now is the clock (nil: clock.Now). Tests pass a virtual clock.
 	Now func() clock.Time
 	// Gauge reads the port's receive rings for the device's host
@@ -106,6 +115,8 @@ type Counters struct {
 	NapsYielded uint64
 	// SpinWindowNs is Run's adaptive spin window now, in ns (Options.SpinMax).
 	SpinWindowNs uint64
+	// Yields counts the CPU given away while spinning idle (Options.Yield).
+	Yields uint64
 }
 
 // Loop is the state of one engine: the device, the port and the frame
@@ -135,7 +146,7 @@ type Loop struct {
 
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
-	napsYielded                 atomic.Uint64
+	napsYielded, yields         atomic.Uint64
 	spinWindow                  atomic.Int64 // Run's adaptive spin window, for Counters
 
 	// wake wakes the port from a deep sleep (port.Waker), nil if it
@@ -185,7 +196,7 @@ func (l *Loop) Device() *rnic.Device { return l.dev }
 func (l *Loop) Counters() Counters {
 	return Counters{Loops: l.loops.Load(), Naps: l.naps.Load(), TxSent: l.txSent.Load(), TxBackPress: l.txBack.Load(),
 		Polls: l.polls.Load(), PollsBusy: l.pollsBusy.Load(), NapsYielded: l.napsYielded.Load(),
-		SpinWindowNs: uint64(l.spinWindow.Load())}
+		SpinWindowNs: uint64(l.spinWindow.Load()), Yields: l.yields.Load()}
 }
 
 // DeviceStats returns a copy of the device's counters as of the last loop
@@ -397,14 +408,17 @@ func (l *Loop) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
 		t := now()
 		wait := time.Duration(0)
+		spinning := true // this iteration neither naps nor sleeps
 		// An application that polls steps the device itself (see
 		// PolledWait): spinning here would only contend with it.
-		polled := t.Sub(l.dev.PolledAt()) < l.opt.PolledWait
+		at := l.dev.PolledAt() // 0: never polled
+		polled := at != 0 && t.Sub(at) < l.opt.PolledWait
 		spin := l.opt.SpinFor
 		if !polled {
 			spin = adaptive.window()
 		}
 		if t.Sub(lastWork) > spin && (l.stuck || l.pend == 0 && !l.dev.HasOutput()) {
+			spinning = false
 			nap := l.opt.IdleWait
 			if polled {
 				nap = max(nap, l.opt.PolledWait)
@@ -455,6 +469,10 @@ func (l *Loop) Run(ctx context.Context) error {
 			lastWork, idle = t, false
 		} else {
 			idle = true
+			if spinning && !polled && l.opt.Yield != nil {
+				l.yields.Add(1)
+				l.opt.Yield()
+			}
 		}
 	}
 	// The last step may have received requests whose ACKs it left for the

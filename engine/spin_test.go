@@ -2,10 +2,12 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -107,5 +109,56 @@ func TestRunGoesIdleAfterTraffic(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	if da, db := la.Counters().Loops-a0, lb.Counters().Loops-b0; da > 5000 || db > 5000 {
 		t.Errorf("steps in 100 ms of idleness: requester %d, responder %d", da, db)
+	}
+}
+
+// TestRunYieldsOnlyWhileSpinningUnpolled: a loop spinning idle gives its
+// CPU away between polls (Options.Yield), and stops as soon as an
+// application polls the device, which then steps the device itself and
+// must not find the loop holding the step while it is off the CPU.
+func TestRunYieldsOnlyWhileSpinningUnpolled(t *testing.T) {
+	pa, pb := memlink.NewPair(memlink.Config{})
+	defer pb.Close()
+	dev := newDevice(t, macA, addrA, 1024)
+	var yields atomic.Uint64
+	l, err := NewLoop(dev, pa, Options{SpinFor: time.Hour, SpinMax: -1, PolledWait: time.Hour, Yield: func() { yields.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		pa.Close()
+		if c := l.Counters(); c.Yields != yields.Load() {
+			t.Errorf("Yield called %d times, counted %d", yields.Load(), c.Yields)
+		}
+	}()
+	// waitLoops waits until the loop has stepped n more times.
+	waitLoops := func(n uint64) {
+		t.Helper()
+		start := l.Counters().Loops
+		for deadline := time.Now().Add(10 * time.Second); l.Counters().Loops-start < n; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the loop stepped %d times in 10 s", l.Counters().Loops-start)
+			}
+		}
+	}
+	c0 := l.Counters()
+	waitLoops(1000)
+	c1 := l.Counters()
+	if steps, y := c1.Loops-c0.Loops, c1.Yields-c0.Yields; y < steps/2 {
+		t.Fatalf("spinning idle, unpolled: %d yields in %d steps", y, steps)
+	}
+	dev.Poll()   // the loop holds the step: Poll only marks the device polled
+	waitLoops(2) // a step that began after the mark
+	c2 := l.Counters()
+	waitLoops(1000)
+	if c3 := l.Counters(); c3.Yields != c2.Yields {
+		t.Fatalf("polled: %d yields in %d steps", c3.Yields-c2.Yields, c3.Loops-c2.Loops)
 	}
 }

@@ -160,6 +160,9 @@ func Open(cfg Config) (_ *Host, err error) {
 	if g, ok := h.Port.(port.RxGauge); ok && eng.Gauge == nil {
 		eng.Gauge = g // the wrapper hides it
 	}
+	if eng.Yield == nil {
+		eng.Yield = port.Yield
+	}
 	if h.Loop, err = engine.NewLoop(h.Device, p, eng); err != nil {
 		return nil, err
 	}

@@ -17,6 +17,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -228,6 +229,27 @@ static void to_wc(const struct softrnic_cqe *e, struct ibv_wc *wc)
 		wc->wc_flags |= IBV_WC_GRH;
 }
 
+/*
+ * A program that busy-polls an empty CQ holds a CPU that the daemon's
+ * engine, which produces its completions, may need: on a host with fewer
+ * CPUs than spinning threads the scheduler's time slices then become the
+ * latency. So every SRN_POLLS_PER_YIELD-th poll in a row that finds the
+ * ring empty gives the CPU away with sched_yield(2), which returns at once
+ * when nothing else is runnable. A poll that finds entries makes no
+ * system call. Counted under the CQ's lock; the caller yields after
+ * releasing it, when this says so.
+ */
+#define SRN_POLLS_PER_YIELD 32
+
+static bool srn_idle_poll(struct srn_cq *q, bool empty)
+{
+	if (!empty) {
+		q->empty_polls = 0;
+		return false;
+	}
+	return ++q->empty_polls % SRN_POLLS_PER_YIELD == 0;
+}
+
 int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
 	struct srn_cq *q = to_scq(cq);
@@ -243,7 +265,10 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	}
 	srn_release(&q->cons);
 	bool corrupt = q->cons.corrupt;
+	bool yield = n > 0 && srn_idle_poll(q, i == 0);
 	pthread_spin_unlock(&q->lock);
+	if (yield)
+		sched_yield();
 	if (i == 0 && corrupt)
 		return -EIO;
 	return i;
@@ -295,8 +320,11 @@ static int cq_start_poll(struct ibv_cq_ex *x, struct ibv_poll_cq_attr *attr)
 		return EINVAL;
 	pthread_spin_lock(&q->lock);
 	int err = cq_ex_take(q);
+	bool yield = srn_idle_poll(q, err == ENOENT);
 	if (err) /* no entry: the poll is over, ibv_end_poll is not called */
 		pthread_spin_unlock(&q->lock);
+	if (yield)
+		sched_yield();
 	return err;
 }
 

@@ -167,6 +167,7 @@ struct srn_cq {
 	pthread_spinlock_t lock;
 	int db; /* the daemon rings it when the ring's wakeup flag is set */
 	uint32_t events_delivered; /* completion events ibv_get_cq_event returned */
+	uint32_t empty_polls; /* polls in a row that found the ring empty (cq.c's srn_idle_poll) */
 	struct srn_obj obj;
 };
 

@@ -5,7 +5,8 @@
  *
  *   srn_test control            every control verb and its error paths, the
  *                               rings (flushes), completion channels, SRQs,
- *                               CQ_ERR and QP_LAST_WQE_REACHED
+ *                               CQ_ERR and QP_LAST_WQE_REACHED, the CPU given
+ *                               away while polling an empty CQ
  *   srn_test server PORT        the passive side of the traffic test
  *   srn_test fatal              waits for the daemon to go away: the
  *                               context's async fd reports
@@ -388,6 +389,58 @@ static void test_cq_ex(struct ibv_context *ctx, struct ibv_pd *pd)
 	CHECK(ibv_destroy_cq(cq) == 0, "destroy extended CQ");
 }
 
+/* The library gives the CPU away on every 32nd poll in a row that finds a
+ * CQ empty (cq.c). This program's sched_yield, exported ahead of libc's
+ * (c/Makefile), counts the calls. */
+static unsigned yields;
+
+int sched_yield(void)
+{
+	yields++;
+	return 0;
+}
+
+static void test_idle_poll(struct ibv_context *ctx, struct ibv_pd *pd)
+{
+	struct ibv_cq_init_attr_ex ca = {.cqe = 8, .wc_flags = IBV_WC_STANDARD_FLAGS};
+	struct ibv_cq_ex *cx = ibv_create_cq_ex(ctx, &ca);
+	MUST(cx, "create_cq_ex: %s", strerror(errno));
+	struct ibv_cq *cq = ibv_cq_ex_to_cq(cx);
+	struct ibv_wc wc;
+	unsigned y = yields;
+	for (int i = 0; i < 64; i++)
+		CHECK(ibv_poll_cq(cq, 1, &wc) == 0, "poll %d of an empty CQ", i);
+	CHECK(yields - y == 2, "64 polls of an empty CQ yielded %u times, want 2", yields - y);
+	y = yields;
+	for (int i = 0; i < 32; i++)
+		ibv_poll_cq(cq, 0, &wc);
+	CHECK(yields == y, "polls for no entries yielded %u times", yields - y);
+	/* A poll that finds an entry starts the count again. */
+	struct ibv_qp *qp = make_qp(pd, cq, IBV_QPT_UD, false);
+	to_init(qp, IBV_QPT_UD);
+	for (uint64_t id = 1; id <= 2; id++) {
+		struct ibv_recv_wr r = {.wr_id = id}, *bad;
+		CHECK(ibv_post_recv(qp, &r, &bad) == 0, "post_recv %llu", (unsigned long long)id);
+	}
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	modify(qp, &a, IBV_QP_STATE, 0);
+	double end = now() + 10;
+	int n;
+	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0 && now() < end)
+		usleep(100);
+	MUST(n == 1, "no flush completion: %d", n);
+	y = yields;
+	struct ibv_poll_cq_attr pa = {0};
+	CHECK(ibv_start_poll(cx, &pa) == 0, "start_poll: the second flush completion");
+	ibv_end_poll(cx);
+	for (int i = 0; i < 31; i++)
+		CHECK(ibv_start_poll(cx, &pa) == ENOENT, "start_poll %d of an empty CQ", i);
+	CHECK(yields == y, "31 empty polls after an entry yielded %u times", yields - y);
+	CHECK(ibv_start_poll(cx, &pa) == ENOENT && yields == y + 1, "the 32nd empty poll yielded %u times", yields - y);
+	CHECK(ibv_destroy_qp(qp) == 0, "destroy_qp");
+	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
+}
+
 static void test_objects(struct ibv_context *ctx, struct ibv_pd *pd)
 {
 	errno = 0;
@@ -689,6 +742,7 @@ static int control(void)
 	test_objects(ctx, pd);
 	test_flush(ctx, pd);
 	test_cq_ex(ctx, pd);
+	test_idle_poll(ctx, pd);
 	test_srq(ctx, pd);
 	test_channels(ctx, pd);
 	test_cq_overrun(ctx, pd);
