@@ -18,6 +18,7 @@ import (
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/shmring"
+	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -39,10 +40,12 @@ type Client struct {
 	epfd     int
 	pollMu   sync.Mutex // one Poll sleeps at a time
 	epEvents [4]unix.EpollEvent
+	flowing  bool // the last Poll found a completion (under pollMu)
 	// Doorbells counts the posts that rang the daemon's engine (it was
-	// asleep), and Sleeps the Polls that slept: the syscalls that posting
-	// and polling cost.
-	Doorbells, Sleeps atomic.Uint64
+	// asleep), Sleeps the Polls that slept, and Yields the CPU given away
+	// by Polls while completions flow: the syscalls that posting and
+	// polling cost.
+	Doorbells, Sleeps, Yields atomic.Uint64
 
 	cmMu sync.Mutex // guards cmev's creation
 	cmev *cmEvents  // the rdma_cm event channel (cm.go), made on first use
@@ -430,13 +433,17 @@ func (c *Client) CreateCQ(depth int) (verbs.CQ, error) {
 
 // Poll is what an application busy-polling its CQs calls when it found
 // them empty (verbs.Poller): it waits until one of the client's CQs holds
-// a completion, spinning for pollSpin, then asleep for at most pollWait,
-// and reports whether one came. The sleep arms the CQ rings' wakeup flags,
-// so the daemon rings this client's CQ doorbells for its next completion:
-// the application's CPU goes to the daemon's engine meanwhile, which on a
-// small host is the one that must run for the completion to come. It
-// does not see a peer's RDMA WRITE landing in memory: an application
-// watching memory keeps polling without it.
+// a completion, looking again and again for a moment, then asleep for at
+// most pollWait, and reports whether one came. While completions flow
+// (the last Poll found one) the moment is pollFlowing and the CPU goes to
+// any other runnable thread between looks: on a small host that is the
+// daemon's engine, which must run for the completion to come, and a
+// completion found this way costs no wake-up. Otherwise it is pollSpin,
+// without yielding, so that an idle application sleeps at once. The sleep
+// arms the CQ rings' wakeup flags, so the daemon rings this client's CQ
+// doorbells for its next completion. It does not see a peer's RDMA WRITE
+// landing in memory: an application watching memory keeps polling
+// without it.
 func (c *Client) Poll() bool {
 	c.pollMu.Lock() // CQ.Destroy waits for it before it unmaps a ring
 	defer c.pollMu.Unlock()
@@ -451,11 +458,21 @@ func (c *Client) Poll() bool {
 		}
 		return false
 	}
-	for start := clock.Now(); clock.Now().Sub(start) < pollSpin; {
+	spin := pollSpin
+	if c.flowing {
+		spin = pollFlowing
+	}
+	for start := clock.Now(); clock.Now().Sub(start) < spin; {
 		if ready() {
+			c.flowing = true
 			return true
 		}
+		if c.flowing {
+			c.Yields.Add(1)
+			port.Yield()
+		}
 	}
+	c.flowing = false
 	if c.epfd < 0 {
 		return false
 	}
@@ -472,15 +489,19 @@ func (c *Client) Poll() bool {
 	for _, q := range cqs {
 		q.ring.Disarm()
 	}
-	return ready()
+	c.flowing = ready()
+	return c.flowing
 }
 
-// Poll's spin, and its longest sleep: a sleep ends with the next
-// completion, the bound only limits how long an application that waits
-// for something else (a deadline, a stall check) sleeps.
+// Poll's spin, its spin while completions flow (the README's design
+// decision "Through the daemon" has the figures), and its longest sleep:
+// a sleep ends with the next completion, the bound only limits how long
+// an application that waits for something else (a deadline, a stall
+// check) sleeps.
 const (
-	pollSpin = 2 * time.Microsecond
-	pollWait = time.Millisecond
+	pollSpin    = 2 * time.Microsecond
+	pollFlowing = 50 * time.Microsecond
+	pollWait    = time.Millisecond
 )
 
 // Handle is the CQ's handle on this connection.

@@ -1124,6 +1124,53 @@ func TestSteadyStateMakesNoSyscalls(t *testing.T) {
 	}
 }
 
+// Poll gives its CPU away between looks at empty CQs only while
+// completions flow, that is after a Poll that found one: an idle client
+// goes to sleep without a yield, and one whose completions stopped coming
+// yields for one Poll, then sleeps, and stops yielding.
+func TestPollYieldsOnlyWhileFlowing(t *testing.T) {
+	td := startDaemon(t, daemon.Options{})
+	a, b := newEndpoint(t, td.path, allAccess), newEndpoint(t, td.path, allAccess)
+	connect(t, a, b, 0)
+	poll := func(what string, want bool) (yields, sleeps uint64) {
+		y, s := a.c.Yields.Load(), a.c.Sleeps.Load()
+		if got := a.c.Poll(); got != want {
+			t.Fatalf("%s: Poll reported %v", what, got)
+		}
+		return a.c.Yields.Load() - y, a.c.Sleeps.Load() - s
+	}
+	if y, s := poll("idle", false); y != 0 || s != 1 {
+		t.Errorf("idle: %d yields, %d sleeps; want 0 and 1", y, s)
+	}
+	if _, err := b.qp.PostRecv([]verbs.RecvWR{{ID: 7, SG: []ib.SGE{b.mr.SGE(4096, 64)}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.qp.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: []ib.SGE{a.mr.SGE(0, 64)}}}); err != nil {
+		t.Fatal(err)
+	}
+	// The SEND's completion, found by a Poll that spins briefly or sleeps
+	// until its doorbell: no yield, since nothing flowed before.
+	y0 := a.c.Yields.Load()
+	for deadline := time.Now().Add(10 * time.Second); !a.c.Poll(); {
+		if time.Now().After(deadline) {
+			t.Fatal("no completion for a's SEND")
+		}
+	}
+	if y := a.c.Yields.Load() - y0; y != 0 {
+		t.Errorf("a completion after idle Polls: %d yields, want 0", y)
+	}
+	var wcs [1]ib.WC
+	if n := a.cq.Poll(wcs[:]); n != 1 || wcs[0].Status != ib.Success {
+		t.Fatalf("a's SEND: %d completions %+v", n, wcs[0])
+	}
+	if y, s := poll("after a completion", false); y == 0 || s != 1 {
+		t.Errorf("after a completion, with none coming: %d yields, %d sleeps; want some and 1", y, s)
+	}
+	if y, s := poll("idle again", false); y != 0 || s != 1 {
+		t.Errorf("idle again: %d yields, %d sleeps; want 0 and 1", y, s)
+	}
+}
+
 // TestRecoveryPerQP: a QP's loss recovery chosen through the client
 // reaches the daemon's device; without one it takes the device's; a mode
 // that does not exist is refused.
