@@ -35,6 +35,12 @@ type xdpMD struct {
 // testXDPLiveFrames is BPF_F_TEST_XDP_LIVE_FRAMES.
 const testXDPLiveFrames = 1 << 1
 
+// ErrLiveFramesRefused is what Send returns, wrapped, when the kernel
+// refuses live frame mode to a caller with the capabilities it asks for
+// (EPERM): a kernel built to restrict BPF_PROG_RUN. Benches and tests that
+// need the generator cannot run there.
+var ErrLiveFramesRefused = errors.New("bpf: the kernel refuses BPF_PROG_RUN in live frame mode")
+
 // MaxGeneratorFrame bounds the frames Send accepts: live frame mode builds
 // each frame in one page after the XDP headroom and before the
 // skb_shared_info tail (about 3.5 KiB on 4 KiB pages; kept conservative).
@@ -78,6 +84,9 @@ func (g *Generator) Send(frame []byte, n uint32) error {
 	if err != nil {
 		if errors.Is(err, syscall.EINVAL) {
 			return fmt.Errorf("bpf: generator on ifindex %d (live frame mode needs Linux 5.18+ and an ifindex in this namespace): %w", g.ifindex, err)
+		}
+		if errors.Is(err, syscall.EPERM) {
+			return fmt.Errorf("%w (generator on ifindex %d): %w", ErrLiveFramesRefused, g.ifindex, err)
 		}
 		return fmt.Errorf("bpf: generator on ifindex %d: %w", g.ifindex, err)
 	}

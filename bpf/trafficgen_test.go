@@ -2,6 +2,7 @@ package bpf_test
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,9 @@ func TestGeneratorDeliversToAFXDP(t *testing.T) {
 		got := 0
 		for sent := 0; sent < n; {
 			k := min(chunk, n-sent)
-			if err := pair.A.NS.Do(func() error { return gen.Send(frame, uint32(k)) }); err != nil {
+			if err := pair.A.NS.Do(func() error { return gen.Send(frame, uint32(k)) }); errors.Is(err, bpf.ErrLiveFramesRefused) {
+				t.Skipf("%d B: %v", size, err)
+			} else if err != nil {
 				t.Fatalf("%d B: %v", size, err)
 			}
 			sent += k

@@ -20,6 +20,10 @@ func TestRunSmoke(t *testing.T) {
 				continue
 			}
 			r := Run(pair, Config{}, kind, test, 64, 100*time.Millisecond, 200)
+			if test == "rx-gen" && strings.Contains(r.Error, bpf.ErrLiveFramesRefused.Error()) {
+				t.Logf("%s %s not run: %s", kind, test, r.Error)
+				continue
+			}
 			if r.Error != "" {
 				t.Errorf("%s %s: %s", kind, test, r.Error)
 				continue
