@@ -36,9 +36,9 @@ type xdpMD struct {
 const testXDPLiveFrames = 1 << 1
 
 // ErrLiveFramesRefused is what Send returns, wrapped, when the kernel
-// refuses live frame mode to a caller with the capabilities it asks for
-// (EPERM): a kernel built to restrict BPF_PROG_RUN. Benches and tests that
-// need the generator cannot run there.
+// answers live frame mode with EPERM although the caller loaded the
+// program, as some vendor kernels do even for root. Benches and tests
+// that need the generator cannot run there.
 var ErrLiveFramesRefused = errors.New("bpf: the kernel refuses BPF_PROG_RUN in live frame mode")
 
 // MaxGeneratorFrame bounds the frames Send accepts: live frame mode builds
