@@ -190,6 +190,28 @@ static void to_init(struct ibv_qp *qp, enum ibv_qp_type t)
 	modify(qp, &a, mask, 0);
 }
 
+/* A QP with n receives posted, in INIT on cq, whose move to ERR flushes
+ * them (n error completions). */
+static struct ibv_qp *qp_with_receives(struct ibv_pd *pd, struct ibv_cq *cq, int n)
+{
+	struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
+				      .cap = {.max_send_wr = 1, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1}};
+	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+	MUST(qp, "create_qp: %s", strerror(errno));
+	to_init(qp, IBV_QPT_UD);
+	for (int i = 0; i < n; i++) {
+		struct ibv_recv_wr r = {.wr_id = (uint64_t)i}, *bad;
+		MUST(ibv_post_recv(qp, &r, &bad) == 0, "post_recv");
+	}
+	return qp;
+}
+
+static void to_err(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
+	modify(qp, &a, IBV_QP_STATE, 0);
+}
+
 static void test_device(struct ibv_context *ctx)
 {
 	struct ibv_device_attr da;
@@ -416,14 +438,8 @@ static void test_idle_poll(struct ibv_context *ctx, struct ibv_pd *pd)
 		ibv_poll_cq(cq, 0, &wc);
 	CHECK(yields == y, "polls for no entries yielded %u times", yields - y);
 	/* A poll that finds an entry starts the count again. */
-	struct ibv_qp *qp = make_qp(pd, cq, IBV_QPT_UD, false);
-	to_init(qp, IBV_QPT_UD);
-	for (uint64_t id = 1; id <= 2; id++) {
-		struct ibv_recv_wr r = {.wr_id = id}, *bad;
-		CHECK(ibv_post_recv(qp, &r, &bad) == 0, "post_recv %llu", (unsigned long long)id);
-	}
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-	modify(qp, &a, IBV_QP_STATE, 0);
+	struct ibv_qp *qp = qp_with_receives(pd, cq, 2);
+	to_err(qp);
 	double end = now() + 10;
 	int n;
 	while ((n = ibv_poll_cq(cq, 1, &wc)) == 0 && now() < end)
@@ -587,28 +603,6 @@ static void test_srq(struct ibv_context *ctx, struct ibv_pd *pd)
 	if (srq2)
 		CHECK(ibv_destroy_srq(srq2) == 0, "destroy the extended SRQ");
 	CHECK(ibv_destroy_cq(cq) == 0, "destroy_cq");
-}
-
-/* A QP with n receives posted, in INIT on cq, whose move to ERR flushes
- * them (n error completions). */
-static struct ibv_qp *qp_with_receives(struct ibv_pd *pd, struct ibv_cq *cq, int n)
-{
-	struct ibv_qp_init_attr ia = {.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_UD,
-				      .cap = {.max_send_wr = 1, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1}};
-	struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-	MUST(qp, "create_qp: %s", strerror(errno));
-	to_init(qp, IBV_QPT_UD);
-	for (int i = 0; i < n; i++) {
-		struct ibv_recv_wr r = {.wr_id = (uint64_t)i}, *bad;
-		MUST(ibv_post_recv(qp, &r, &bad) == 0, "post_recv");
-	}
-	return qp;
-}
-
-static void to_err(struct ibv_qp *qp)
-{
-	struct ibv_qp_attr a = {.qp_state = IBV_QPS_ERR};
-	modify(qp, &a, IBV_QP_STATE, 0);
 }
 
 /* Drains cq: how many completions it held (waiting up to secs for the
