@@ -223,6 +223,7 @@ static struct ibv_mr *srn_reg_mr(struct ibv_pd *pd, void *addr, size_t length, u
 				       IBV_ACCESS_REMOTE_ATOMIC);
 	struct softrnic_reg_mr_resp resp;
 	struct srn_share sh;
+	err = -1;
 	if (srn_share(a, length, &sh) == 0) {
 		struct softrnic_reg_mr_req req = {
 			.pd = to_spd(pd)->handle,
@@ -232,11 +233,12 @@ static struct ibv_mr *srn_reg_mr(struct ibv_pd *pd, void *addr, size_t length, u
 			.iova = iova,
 		};
 		err = srn_call(&s->conn, SOFTRNIC_OP_REG_MR, &req, sizeof(req), &sh.fd, 1, &resp, sizeof(resp), NULL, 0);
-		if (err)
+		if (err) /* e.g. the daemon's limit on mappings: the copy path may still serve it */
 			srn_unshare(sh.ino);
 		else
 			m->share_ino = sh.ino;
-	} else {
+	}
+	if (err) {
 		struct softrnic_reg_mr_addr_req req = {
 			.pd = to_spd(pd)->handle,
 			.access = mr_access,

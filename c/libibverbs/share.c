@@ -27,8 +27,10 @@
  * The memfd stays mapped after the MR is deregistered (it is the
  * application's memory now); the library holds its fd only while an MR
  * uses it, so a later registration over the same pages reuses it, and
- * one made after the last deregistration takes the copy path.
- * SOFTRNIC_MR=copy turns the whole mechanism off.
+ * one made after the last deregistration takes the copy path. Moving
+ * stops while the process has half of vm.max_map_count mappings, and a
+ * registration the daemon refuses on the moved pages is retried on the
+ * copy path. SOFTRNIC_MR=copy turns the whole mechanism off.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -121,20 +123,50 @@ static bool is_ours(const struct vma *v)
 	return strcmp(v->name, SHARE_MAPS_NAME) == 0;
 }
 
+/* The mapping holding [start, end), and how many mappings there are. */
 struct find {
 	uintptr_t start, end;
 	struct vma v;
-	bool found;
+	bool seen, found;
+	unsigned long mappings;
 };
 
 static int find_fn(const struct vma *v, void *arg)
 {
 	struct find *f = arg;
-	if (v->end <= f->start)
-		return 0;
-	f->found = v->start <= f->start && f->end <= v->end;
-	f->v = *v;
-	return 1;
+	f->mappings++;
+	if (!f->seen && v->end > f->start) {
+		f->seen = true;
+		f->found = v->start <= f->start && f->end <= v->end;
+		f->v = *v;
+	}
+	return 0;
+}
+
+/* How many mappings the process may have before moving stops: half of
+ * vm.max_map_count. Every move splits a mapping in up to three, and the
+ * pieces stay after deregistration, so moving must never run the
+ * program out of mappings of its own. */
+static unsigned long map_budget(void)
+{
+	static unsigned long budget;
+	if (budget)
+		return budget;
+	unsigned long max = 65530; /* the kernel's default */
+	int fd = open("/proc/sys/vm/max_map_count", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		char b[32];
+		ssize_t n = read(fd, b, sizeof(b) - 1);
+		if (n > 0) {
+			b[n] = 0;
+			unsigned long v = strtoul(b, NULL, 10);
+			if (v > 0)
+				max = v;
+		}
+		close(fd);
+	}
+	budget = max / 2;
+	return budget;
 }
 
 /* The number of threads of this process, from /proc/self/stat; 0 when
@@ -324,7 +356,7 @@ int srn_share(uintptr_t a, size_t length, struct srn_share *sh)
 	struct find f = {.start = ps, .end = pe};
 	int ret = -1;
 	struct shared *s = NULL;
-	if (maps_each(find_fn, &f) <= 0 || !f.found)
+	if (maps_each(find_fn, &f) != 0 || !f.found)
 		goto out;
 	if (is_ours(&f.v)) {
 		/* Pages an earlier MR moved: the same memfd, while one holds it. */
@@ -334,7 +366,8 @@ int srn_share(uintptr_t a, size_t length, struct srn_share *sh)
 		sh->off = f.v.off + (a - f.v.start);
 	} else {
 		if (strcmp(f.v.perms, "rw-p") != 0 || f.v.ino != 0 ||
-		    (f.v.name[0] && strcmp(f.v.name, "[heap]") != 0) || threads() != 1)
+		    (f.v.name[0] && strcmp(f.v.name, "[heap]") != 0) || threads() != 1 ||
+		    f.mappings + 2 > map_budget())
 			goto out;
 		int err = share_new(ps, pe, &s);
 		if (err) {

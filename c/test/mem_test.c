@@ -703,6 +703,33 @@ static void threads_child(struct conn *c)
 	pthread_join(th, NULL);
 }
 
+/* A process with half of vm.max_map_count mappings: moving pages would
+ * split more, so they are left where they are. */
+static void mappings_child(struct conn *c)
+{
+	FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+	unsigned long max = 65530;
+	if (f) {
+		MUST(fscanf(f, "%lu", &max) == 1, "max_map_count");
+		fclose(f);
+	}
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t n = max / 2 + 16;
+	/* One mapping, its pages alternately readable and not: n mappings. */
+	uint8_t *many = mmap(NULL, n * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MUST(many != MAP_FAILED, "mmap");
+	for (size_t i = 1; i < n; i += 2)
+		MUST(mprotect(many + i * pg, pg, PROT_NONE) == 0, "mprotect");
+	loop_pair(c);
+	const size_t sz = 128 << 10;
+	uint8_t *p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	exercise(c, "anonymous mmap, many mappings", p, sz, -1);
+	CHECK(!shared_at(p), "half of vm.max_map_count mappings: left where it is");
+	munmap(p, sz);
+	munmap(many, n * pg);
+	loop_close(c);
+}
+
 /* After fork the device goes on using the parent's pages: the parent
  * sees a WRITE, the child its own copy. A child registers its own memory
  * on a context of its own. */
@@ -798,6 +825,7 @@ static int local(void)
 	test_unmapped_shared(&c);
 	test_shared(&c);
 	in_child("two threads", threads_child);
+	in_child("many mappings", mappings_child);
 	test_fork(&c);
 	in_child("RLIMIT_MEMLOCK", memlock_child);
 	in_child("not dumpable", nondumpable_child);
