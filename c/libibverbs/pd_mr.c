@@ -233,6 +233,7 @@ static struct ibv_mr *srn_reg_mr(struct ibv_pd *pd, void *addr, size_t length, u
 			.iova = iova,
 		};
 		err = srn_call(&s->conn, SOFTRNIC_OP_REG_MR, &req, sizeof(req), &sh.fd, 1, &resp, sizeof(resp), NULL, 0);
+		close(sh.fd);
 		if (err) /* e.g. the daemon's limit on mappings: the copy path may still serve it */
 			srn_unshare(sh.ino);
 		else

@@ -25,9 +25,11 @@
  *    without fork() (_Fork, a raw clone without CLONE_VM) would share the
  *    pages instead.
  * The memfd stays mapped after the MR is deregistered (it is the
- * application's memory now); the library holds its fd only while an MR
- * uses it, so a later registration over the same pages reuses it, and
- * one made after the last deregistration takes the copy path. Moving
+ * application's memory now). The library keeps its fd while an MR uses
+ * it, for at most 64 memfds (and a 16th of RLIMIT_NOFILE: the fds are the
+ * application's), so that a later registration over the same pages
+ * reuses it; one made after the last deregistration, or over pages
+ * whose fd was not kept, takes the copy path. Moving
  * stops while the process has half of vm.max_map_count mappings, and a
  * registration the daemon refuses on the moved pages is retried on the
  * copy path. SOFTRNIC_MR=copy turns the whole mechanism off.
@@ -40,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
@@ -69,6 +72,7 @@ struct shared {
 
 static pthread_mutex_t share_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct shared *shared_list;
+static unsigned long held; /* entries of shared_list */
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* Reads /proc/self/maps with read(2) into a fixed buffer (no malloc: the
@@ -273,6 +277,7 @@ static void atfork_child(void)
 		free(s);
 	}
 	shared_list = NULL;
+	held = 0;
 	static struct ours o;
 	for (int round = 0; round < 1 << 16; round++) {
 		o.n = 0;
@@ -305,41 +310,45 @@ static struct shared *shared_find(uint64_t ino)
 	return NULL;
 }
 
-/* Moves the pages under [a, a+length) into a new memfd, mapped in their
- * place; under share_lock. */
-static int share_new(uintptr_t ps, uintptr_t pe, struct shared **out)
+/* How many memfds the library keeps open for later MRs over the same
+ * pages: the fds are the application's too (RLIMIT_NOFILE). */
+static unsigned long fd_budget(void)
+{
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+		return 0;
+	unsigned long b = rl.rlim_cur == RLIM_INFINITY ? 64 : rl.rlim_cur / 16;
+	return b < 64 ? b : 64;
+}
+
+/* Moves the pages [ps, pe) into a new memfd, mapped in their place; under
+ * share_lock. Returns the memfd or -errno. */
+static int share_new(uintptr_t ps, uintptr_t pe, uint64_t *ino)
 {
 	int fd = memfd_create(SHARE_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
-		return errno;
+		return -errno;
 	size_t n = pe - ps;
-	int err = 0;
 	struct stat st;
-	struct shared *s = calloc(1, sizeof(*s));
-	if (!s || ftruncate(fd, (off_t)n) != 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 || fstat(fd, &st) != 0) {
-		err = s ? errno : ENOMEM;
-		goto fail;
+	if (ftruncate(fd, (off_t)n) != 0 || fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0 ||
+	    fstat(fd, &st) != 0) {
+		int err = errno;
+		close(fd);
+		return -err;
 	}
 	sigset_t all, old;
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	err = copy_in(fd, ps, n);
+	int err = copy_in(fd, ps, n);
 	if (!err && mmap((void *)ps, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
 		err = errno;
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
-	if (err)
-		goto fail;
-	s->ino = st.st_ino;
-	s->fd = fd;
-	s->next = shared_list;
-	shared_list = s;
-	*out = s;
-	return 0;
-fail:
-	free(s);
-	close(fd);
-	return err;
+	if (err) {
+		close(fd);
+		return -err;
+	}
+	*ino = st.st_ino;
+	return fd;
 }
 
 int srn_share(uintptr_t a, size_t length, struct srn_share *sh)
@@ -355,32 +364,44 @@ int srn_share(uintptr_t a, size_t length, struct srn_share *sh)
 	pthread_mutex_lock(&share_lock);
 	struct find f = {.start = ps, .end = pe};
 	int ret = -1;
-	struct shared *s = NULL;
 	if (maps_each(find_fn, &f) != 0 || !f.found)
 		goto out;
 	if (is_ours(&f.v)) {
 		/* Pages an earlier MR moved: the same memfd, while one holds it. */
-		s = shared_find(f.v.ino);
-		if (!s)
+		struct shared *s = shared_find(f.v.ino);
+		if (!s || (sh->fd = fcntl(s->fd, F_DUPFD_CLOEXEC, 0)) < 0)
 			goto out;
+		s->refs++;
 		sh->off = f.v.off + (a - f.v.start);
-	} else {
-		if (strcmp(f.v.perms, "rw-p") != 0 || f.v.ino != 0 ||
-		    (f.v.name[0] && strcmp(f.v.name, "[heap]") != 0) || threads() != 1 ||
-		    f.mappings + 2 > map_budget())
-			goto out;
-		int err = share_new(ps, pe, &s);
-		if (err) {
-			srn_debug("ibv_reg_mr: pages at %#lx stay on the copy path: %s", (unsigned long)ps,
-				  strerror(err));
-			goto out;
-		}
-		sh->off = a - ps;
+		sh->ino = s->ino;
+		ret = 0;
+		goto out;
 	}
-	s->refs++;
-	sh->fd = s->fd;
-	sh->ino = s->ino;
+	if (strcmp(f.v.perms, "rw-p") != 0 || f.v.ino != 0 || (f.v.name[0] && strcmp(f.v.name, "[heap]") != 0) ||
+	    threads() != 1 || f.mappings + 2 > map_budget())
+		goto out;
+	uint64_t ino = 0;
+	int fd = share_new(ps, pe, &ino);
+	if (fd < 0) {
+		srn_debug("ibv_reg_mr: pages at %#lx stay on the copy path: %s", (unsigned long)ps, strerror(-fd));
+		goto out;
+	}
+	sh->fd = fd;
+	sh->off = a - ps;
+	sh->ino = 0;
 	ret = 0;
+	/* Kept for later MRs over the same pages, within the budget. */
+	struct shared *s = held < fd_budget() ? calloc(1, sizeof(*s)) : NULL;
+	if (s && (s->fd = fcntl(fd, F_DUPFD_CLOEXEC, 0)) >= 0) {
+		s->ino = ino;
+		s->refs = 1;
+		s->next = shared_list;
+		shared_list = s;
+		held++;
+		sh->ino = ino;
+	} else {
+		free(s);
+	}
 out:
 	pthread_mutex_unlock(&share_lock);
 	return ret;
@@ -388,6 +409,8 @@ out:
 
 void srn_unshare(uint64_t ino)
 {
+	if (!ino)
+		return;
 	pthread_mutex_lock(&share_lock);
 	for (struct shared **p = &shared_list; *p; p = &(*p)->next) {
 		struct shared *s = *p;
@@ -396,6 +419,7 @@ void srn_unshare(uint64_t ino)
 				*p = s->next;
 				close(s->fd);
 				free(s);
+				held--;
 			}
 			break;
 		}

@@ -152,16 +152,16 @@ struct srn_mr {
 /* ---- registered memory moved into shared memory (share.c) ---- */
 
 struct srn_share {
-	int fd;       /* the memfd, the library's: not to be closed */
+	int fd;       /* the memfd, the caller's to close once it is registered */
 	uint64_t off; /* the MR's first byte in it */
-	uint64_t ino;
+	uint64_t ino; /* the reference the MR holds (srn_unshare), 0: none */
 };
 
 /* srn_share moves the pages under [a, a+length) into a memfd the daemon
- * can map, or finds the one an earlier MR moved them into, and takes a
- * reference to it: 0, or -1 when the MR must take the copy path. */
+ * can map, or finds the one an earlier MR moved them into: 0, or -1 when
+ * the MR must take the copy path. */
 int srn_share(uintptr_t a, size_t length, struct srn_share *sh);
-/* srn_unshare drops an MR's reference to its memfd. */
+/* srn_unshare drops an MR's reference to its memfd (ino 0: none). */
 void srn_unshare(uint64_t ino);
 
 #include "ring.h"

@@ -27,6 +27,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -730,6 +731,54 @@ static void mappings_child(struct conn *c)
 	loop_close(c);
 }
 
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	MUST(d, "/proc/self/fd");
+	int n = 0;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* The memfds kept for later MRs are the application's fds too: at most a
+ * 16th of RLIMIT_NOFILE of them. Pages whose fd was not kept are still
+ * moved, and a second MR over them takes the copy path. */
+static void fds_child(struct conn *c)
+{
+	struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
+	MUST(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit");
+	long pg = sysconf(_SC_PAGESIZE);
+	enum { N = 8 };
+	uint8_t *p[N];
+	struct ibv_mr *mr[N];
+	int before = open_fds();
+	for (int i = 0; i < N; i++) {
+		p[i] = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		mr[i] = ibv_reg_mr(c->pd, p[i], 2 * pg, ALL_ACCESS);
+		MUST(mr[i], "reg_mr %d: %s", i, strerror(errno));
+		CHECK(shared_at(p[i]), "MR %d: moved into shared memory", i);
+	}
+	int kept = open_fds() - before;
+	CHECK(kept == 4, "RLIMIT_NOFILE 64: %d memfds kept, want 4", kept);
+	loop_pair(c);
+	struct ibv_mr *again = ibv_reg_mr(c->pd, p[N - 1] + pg, pg, ALL_ACCESS);
+	MUST(again, "reg_mr over pages whose fd was not kept: %s", strerror(errno));
+	p[N - 1][0] = 0x42;
+	MUST(post(c->qp[0], 39, IBV_WR_RDMA_WRITE, mr[N - 1], p[N - 1], 8, (uintptr_t)p[N - 1] + pg, again->rkey, 0, 0) == 0,
+	     "post");
+	if (expect(c, 39, IBV_WC_SUCCESS, "WRITE into a second MR over moved pages"))
+		CHECK(p[N - 1][pg] == 0x42, "WRITE into a second MR over moved pages: data");
+	loop_close(c);
+	ibv_dereg_mr(again);
+	for (int i = 0; i < N; i++)
+		ibv_dereg_mr(mr[i]);
+	CHECK(open_fds() == before, "after deregistration: %d fds, want %d", open_fds(), before);
+	for (int i = 0; i < N; i++)
+		munmap(p[i], 2 * pg);
+}
+
 /* After fork the device goes on using the parent's pages: the parent
  * sees a WRITE, the child its own copy. A child registers its own memory
  * on a context of its own. */
@@ -826,6 +875,7 @@ static int local(void)
 	test_shared(&c);
 	in_child("two threads", threads_child);
 	in_child("many mappings", mappings_child);
+	in_child("RLIMIT_NOFILE", fds_child);
 	test_fork(&c);
 	in_child("RLIMIT_MEMLOCK", memlock_child);
 	in_child("not dumpable", nondumpable_child);
