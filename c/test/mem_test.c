@@ -13,8 +13,12 @@
  *                              registration errors (EINVAL, EFAULT for
  *                              unmapped and read-only memory, ENOMEM and
  *                              EPERM against RLIMIT_MEMLOCK, EPERM when not
- *                              dumpable); a wrong lkey and rkey; registered
- *                              memory unmapped under a transfer; fork
+ *                              dumpable); a wrong lkey and rkey; which
+ *                              memory the library moves into shared
+ *                              memory and which it leaves in place (other
+ *                              kinds, a second thread, many mappings,
+ *                              SOFTRNIC_MR=copy); registered memory of
+ *                              both paths unmapped under a transfer; fork
  *   mem_test hold PORT         registers memory for a peer's WRITEs, waits
  *                              until the peer (mem_test stream) is gone,
  *                              then checks that the daemon still serves it
@@ -684,6 +688,20 @@ static void *idle_thread(void *arg)
 	return read(*fd, &x, 1) == 1 ? NULL : arg;
 }
 
+/* Anonymous memory that must stay where it is (why) moves data on a pair
+ * of c's own. */
+static void exercise_in_place(struct conn *c, const char *why)
+{
+	loop_pair(c);
+	const size_t n = 128 << 10;
+	uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MUST(p != MAP_FAILED, "mmap");
+	exercise(c, why, p, n, -1);
+	CHECK(!shared_at(p), "%s: left where it is", why);
+	munmap(p, n);
+	loop_close(c);
+}
+
 /* A process with a second thread: another thread could write the pages
  * while they are copied, so they are left where they are. */
 static void threads_child(struct conn *c)
@@ -692,13 +710,7 @@ static void threads_child(struct conn *c)
 	MUST(pipe(fds) == 0, "pipe");
 	pthread_t th;
 	MUST(pthread_create(&th, NULL, idle_thread, &fds[0]) == 0, "thread");
-	loop_pair(c);
-	const size_t n = 128 << 10;
-	uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	exercise(c, "anonymous mmap, two threads", p, n, -1);
-	CHECK(!shared_at(p), "two threads: left where it is");
-	munmap(p, n);
-	loop_close(c);
+	exercise_in_place(c, "two threads");
 	char x = 'q';
 	MUST(write(fds[1], &x, 1) == 1, "pipe");
 	pthread_join(th, NULL);
@@ -721,14 +733,8 @@ static void mappings_child(struct conn *c)
 	MUST(many != MAP_FAILED, "mmap");
 	for (size_t i = 1; i < n; i += 2)
 		MUST(mprotect(many + i * pg, pg, PROT_NONE) == 0, "mprotect");
-	loop_pair(c);
-	const size_t sz = 128 << 10;
-	uint8_t *p = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	exercise(c, "anonymous mmap, many mappings", p, sz, -1);
-	CHECK(!shared_at(p), "half of vm.max_map_count mappings: left where it is");
-	munmap(p, sz);
+	exercise_in_place(c, "half of vm.max_map_count mappings");
 	munmap(many, n * pg);
-	loop_close(c);
 }
 
 static int open_fds(void)
