@@ -187,8 +187,10 @@ SRN_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf,
 	return (int)n;
 }
 
-/* Registered memory is never pinned or remapped here, so a fork needs no
- * preparation and children never share registered pages. */
+/* Registered memory is never pinned here, and the pages the library moves
+ * into shared memory are made private again in a fork child (share.c),
+ * so a fork needs no preparation and children never share registered
+ * pages. */
 SRN_EXPORT int ibv_fork_init(void)
 {
 	return 0;

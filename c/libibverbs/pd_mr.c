@@ -3,29 +3,37 @@
  *
  * Every registration goes through srn_reg_mr. An application registers
  * whatever memory it has (malloc, memalign, anonymous and file mappings,
- * MAP_HUGETLB, shmget segments), which the daemon cannot map. Instead,
- * at a context's first registration this library passes the daemon its
- * own /proc/self/mem and /proc/self/maps (SCM_RIGHTS): files bound to this
- * address space, opened with this process's own rights. The device reads
- * and writes registered memory through the first, in batches; the daemon
- * checks each registration against the second (mapped, readable, and
- * writable if the access writes: EFAULT otherwise, as pinning fails).
+ * MAP_HUGETLB, shmget segments), which the daemon cannot map. Private
+ * anonymous pages of a single-threaded process are moved into a memfd the
+ * daemon maps (share.c: no copies on the data path). Everything else
+ * takes the copy path: at a context's first registration this library
+ * passes the daemon its own /proc/self/mem and /proc/self/maps
+ * (SCM_RIGHTS): files bound to this address space, opened with this
+ * process's own rights. The device reads and writes registered memory
+ * through the first, in batches; the daemon checks each registration
+ * against the second (mapped, readable, and writable if the access
+ * writes: EFAULT otherwise, as pinning fails). Both paths attach the
+ * address space, so that what a process may register does not depend on
+ * the path.
  *
  * Consequences an application may notice:
- *  - Nothing is pinned or remapped: after fork() the device goes on using
- *    the parent's pages, whatever the child does (copy-on-write keeps the
- *    two apart), so no ibv_fork_init or MADV_DONTFORK is needed. A child
- *    that registers memory on a context it inherited attaches its own
- *    address space.
+ *  - Nothing is pinned: after fork() the device goes on using the
+ *    parent's pages, whatever the child does (copy-on-write keeps the two
+ *    apart, and share.c gives the child private copies of moved pages),
+ *    so no ibv_fork_init or MADV_DONTFORK is needed. A child that
+ *    registers memory on a context it inherited attaches its own address
+ *    space.
  *  - Registered pages are counted against RLIMIT_MEMLOCK exactly as the
  *    kernel counts pinned pages (ib_umem_get's pinned_vm): every
  *    registration its whole pages, overlaps counted again, ENOMEM past the
  *    limit and EPERM with a limit of 0, both unless the process has
  *    CAP_IPC_LOCK. The pages are not locked (mlock would change the
  *    application's own mappings and be undone by the first munlock).
- *  - Memory unmapped while registered makes the next copy fail: the QP
- *    using it goes to the error state (LOC_PROT_ERR, IBV_EVENT_QP_FATAL),
- *    where the kernel's pinning would have kept writing to the old pages.
+ *  - Memory on the copy path unmapped while registered makes the next
+ *    copy fail: the QP using it goes to the error state (LOC_PROT_ERR,
+ *    IBV_EVENT_QP_FATAL), where the kernel's pinning would have kept
+ *    writing to the old pages. Moved pages are kept by the daemon's
+ *    mapping, as pinning keeps them.
  *  - A process that cannot open its own /proc/self/mem (not dumpable:
  *    set-user-ID, PR_SET_DUMPABLE 0, an LSM) cannot register: EPERM, with
  *    the reason on stderr under SOFTRNIC_DEBUG.
@@ -211,17 +219,38 @@ static struct ibv_mr *srn_reg_mr(struct ibv_pd *pd, void *addr, size_t length, u
 		errno = err;
 		return NULL;
 	}
-	struct softrnic_reg_mr_addr_req req = {
-		.pd = to_spd(pd)->handle,
-		.access = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				    IBV_ACCESS_REMOTE_ATOMIC),
-		.space = space,
-		.addr = a,
-		.length = length,
-		.iova = iova,
-	};
+	uint32_t mr_access = access & (IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+				       IBV_ACCESS_REMOTE_ATOMIC);
 	struct softrnic_reg_mr_resp resp;
-	err = srn_call(&s->conn, SOFTRNIC_OP_REG_MR_ADDR, &req, sizeof(req), NULL, 0, &resp, sizeof(resp), NULL, 0);
+	struct srn_share sh;
+	err = -1;
+	if (srn_share(a, length, &sh) == 0) {
+		struct softrnic_reg_mr_req req = {
+			.pd = to_spd(pd)->handle,
+			.access = mr_access,
+			.offset = sh.off,
+			.length = length,
+			.iova = iova,
+		};
+		err = srn_call(&s->conn, SOFTRNIC_OP_REG_MR, &req, sizeof(req), &sh.fd, 1, &resp, sizeof(resp), NULL, 0);
+		close(sh.fd);
+		if (err) /* e.g. the daemon's limit on mappings: the copy path may still serve it */
+			srn_unshare(sh.ino);
+		else
+			m->share_ino = sh.ino;
+	}
+	if (err) {
+		struct softrnic_reg_mr_addr_req req = {
+			.pd = to_spd(pd)->handle,
+			.access = mr_access,
+			.space = space,
+			.addr = a,
+			.length = length,
+			.iova = iova,
+		};
+		err = srn_call(&s->conn, SOFTRNIC_OP_REG_MR_ADDR, &req, sizeof(req), NULL, 0, &resp, sizeof(resp), NULL,
+			       0);
+	}
 	if (err) {
 		pin_release(m->pinned);
 		free(m);
@@ -261,6 +290,8 @@ SRN_EXPORT int ibv_dereg_mr(struct ibv_mr *mr)
 	int err = srn_call_handle(&to_sctx(mr->context)->conn, SOFTRNIC_OP_DEREG_MR, m->handle);
 	if (err)
 		return err;
+	if (m->share_ino)
+		srn_unshare(m->share_ino);
 	pin_release(m->pinned);
 	free(m);
 	return 0;

@@ -30,6 +30,7 @@
 #define SRN_EXPORT __attribute__((visibility("default")))
 #define SRN_CONTROL_ENV "SOFTRNIC_CONTROL"
 #define SRN_DEBUG_ENV "SOFTRNIC_DEBUG"
+#define SRN_MR_ENV "SOFTRNIC_MR" /* "copy": registered memory is never moved (share.c) */
 
 /* Prefix of the device name; the interface name follows. */
 #define SRN_DEVICE_PREFIX "softrnic_"
@@ -145,7 +146,23 @@ struct srn_mr {
 	struct ibv_mr mr;
 	uint32_t handle;
 	uint64_t pinned; /* pages counted against RLIMIT_MEMLOCK (pd_mr.c) */
+	uint64_t share_ino; /* the memfd the daemon maps (share.c), 0 on the copy path */
 };
+
+/* ---- registered memory moved into shared memory (share.c) ---- */
+
+struct srn_share {
+	int fd;       /* the memfd, the caller's to close once it is registered */
+	uint64_t off; /* the MR's first byte in it */
+	uint64_t ino; /* the reference the MR holds (srn_unshare), 0: none */
+};
+
+/* srn_share moves the pages under [a, a+length) into a memfd the daemon
+ * can map, or finds the one an earlier MR moved them into: 0, or -1 when
+ * the MR must take the copy path. */
+int srn_share(uintptr_t a, size_t length, struct srn_share *sh);
+/* srn_unshare drops an MR's reference to its memfd (ino 0: none). */
+void srn_unshare(uint64_t ino);
 
 #include "ring.h"
 

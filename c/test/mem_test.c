@@ -13,8 +13,12 @@
  *                              registration errors (EINVAL, EFAULT for
  *                              unmapped and read-only memory, ENOMEM and
  *                              EPERM against RLIMIT_MEMLOCK, EPERM when not
- *                              dumpable); a wrong lkey and rkey; registered
- *                              memory unmapped under a transfer; fork
+ *                              dumpable); a wrong lkey and rkey; which
+ *                              memory the library moves into shared
+ *                              memory and which it leaves in place (other
+ *                              kinds, a second thread, many mappings,
+ *                              SOFTRNIC_MR=copy); registered memory of
+ *                              both paths unmapped under a transfer; fork
  *   mem_test hold PORT         registers memory for a peer's WRITEs, waits
  *                              until the peer (mem_test stream) is gone,
  *                              then checks that the daemon still serves it
@@ -27,6 +31,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
@@ -194,6 +199,25 @@ static void fill(uint8_t *p, size_t n, uint8_t seed)
 		p[i] = (uint8_t)(i * 13 + seed);
 }
 
+/* Whether the page at p is one the library moved into shared memory for
+ * the daemon to map (its memfds are named so in /proc/self/maps). */
+static bool shared_at(const void *p)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	MUST(f, "/proc/self/maps");
+	char line[512];
+	bool found = false;
+	while (fgets(line, sizeof(line), f)) {
+		unsigned long long s, e;
+		if (sscanf(line, "%llx-%llx", &s, &e) == 2 && s <= (uintptr_t)p && (uintptr_t)p < e) {
+			found = strstr(line, "softrnic-shared-mr") != NULL;
+			break;
+		}
+	}
+	fclose(f);
+	return found;
+}
+
 /* Moves data through one MR of n bytes at p (n at least 64 KiB): the
  * first half is the source, the second the destination of a WRITE, a
  * SEND, a READ and both atomics between the two QPs of c. */
@@ -253,6 +277,7 @@ static void test_kinds(struct conn *c)
 	const size_t n = 256 << 10;
 	uint8_t *p = malloc(n);
 	exercise(c, "malloc", p, n, -1);
+	CHECK(shared_at(p), "malloc: moved into shared memory");
 	free(p);
 	void *q = NULL;
 	MUST(posix_memalign(&q, 4096, n) == 0, "memalign");
@@ -260,9 +285,11 @@ static void test_kinds(struct conn *c)
 	free(q);
 	p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	exercise(c, "anonymous mmap", p, n, -1);
+	CHECK(shared_at(p), "anonymous mmap: moved into shared memory");
 	munmap(p, n);
 	p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	exercise(c, "shared anonymous mmap", p, n, -1);
+	CHECK(!shared_at(p), "shared anonymous mmap: left where it is");
 	munmap(p, n);
 
 	char path[] = "/tmp/mem_test.XXXXXX";
@@ -277,6 +304,7 @@ static void test_kinds(struct conn *c)
 	MUST(pwrite(fd, zero, sizeof(zero), n / 2) == sizeof(zero), "pwrite");
 	p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
 	exercise(c, "file MAP_PRIVATE", p, n, -1);
+	CHECK(!shared_at(p), "file MAP_PRIVATE: left where it is");
 	CHECK(pread(fd, b, sizeof(b), n / 2) == sizeof(b) && memcmp(b, zero, sizeof(b)) == 0, "MAP_PRIVATE wrote the file");
 	munmap(p, n);
 	close(fd);
@@ -408,7 +436,8 @@ static void test_keys(struct conn *c)
 	free(b);
 }
 
-/* Registered memory unmapped while the device uses it: the copy fails,
+/* Registered memory on the copy path (SOFTRNIC_MR=copy) unmapped while
+ * the device uses it: the copy fails,
  * the QP that needed it reports LOC_PROT_ERR and goes to error, and the
  * device goes on serving everything else. (Each QP pair is made before the
  * munmap: its rings would otherwise be mapped into the hole, and the
@@ -423,8 +452,11 @@ static void test_unmapped(struct conn *c)
 	struct conn k = *c;
 	for (int round = 0; round < 2; round++) {
 		uint8_t *gone = mmap(NULL, 4 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		setenv("SOFTRNIC_MR", "copy", 1);
 		struct ibv_mr *mg = ibv_reg_mr(c->pd, gone, 4 * pg, ALL_ACCESS);
+		unsetenv("SOFTRNIC_MR");
 		MUST(mg, "reg_mr");
+		CHECK(!shared_at(gone), "SOFTRNIC_MR=copy: left where it is");
 		loop_pair(&k);
 		if (round == 0) {
 			/* A receive into it. */
@@ -556,6 +588,203 @@ static void nondumpable_child(struct conn *c)
 	      strerror(errno));
 }
 
+/* Anonymous memory the library moved into shared memory, unmapped while
+ * registered: the device goes on using the pages the MR was made over,
+ * as it would over rxe, whose pinning keeps them: a WRITE from them
+ * carries what they held, a SEND into them completes, and nothing else is
+ * touched. */
+static void test_unmapped_shared(struct conn *c)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	uint8_t *dst = calloc(1, 4 * pg);
+	struct ibv_mr *md = ibv_reg_mr(c->pd, dst, 4 * pg, ALL_ACCESS);
+	MUST(md, "reg_mr");
+	uint8_t *gone = mmap(NULL, 4 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct ibv_mr *mg = ibv_reg_mr(c->pd, gone, 4 * pg, ALL_ACCESS);
+	MUST(mg, "reg_mr");
+	CHECK(shared_at(gone), "anonymous mmap: moved into shared memory");
+	fill(gone, 4 * pg, 9);
+	uint8_t *want = malloc(2 * pg);
+	memcpy(want, gone, 2 * pg);
+	munmap(gone, 4 * pg);
+	struct conn k = *c;
+	loop_pair(&k);
+	MUST(post(k.qp[0], 34, IBV_WR_RDMA_WRITE, mg, gone, 2 * pg, (uintptr_t)dst, md->rkey, 0, 0) == 0, "post WRITE");
+	if (expect(c, 34, IBV_WC_SUCCESS, "WRITE from unmapped shared memory"))
+		CHECK(memcmp(dst, want, 2 * pg) == 0, "WRITE from unmapped shared memory: the pages' old contents");
+	MUST(post_recv(k.qp[1], 35, mg, gone, 2 * pg) == 0, "post_recv");
+	MUST(post(k.qp[0], 36, IBV_WR_SEND, md, dst, 3000, 0, 0, 0, 0) == 0, "post SEND");
+	struct ibv_wc wc[2];
+	int got = 0;
+	for (double end = now() + 20; got < 2 && now() < end;)
+		got += ibv_poll_cq(c->cq, 2 - got, wc + got);
+	CHECK(got == 2 && wc[0].status == IBV_WC_SUCCESS && wc[1].status == IBV_WC_SUCCESS,
+	      "SEND into unmapped shared memory: %d completions", got);
+	loop_close(&k);
+	CHECK(ibv_dereg_mr(mg) == 0, "dereg_mr of unmapped shared memory");
+	ibv_dereg_mr(md);
+	free(want);
+	free(dst);
+}
+
+/* Which memory the library moves into shared memory, and what stays. */
+static void test_shared(struct conn *c)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	/* Heap memory, with its neighbours on the same pages. */
+	uint8_t *h = malloc(3 * pg);
+	fill(h, 3 * pg, 1);
+	struct ibv_mr *m1 = ibv_reg_mr(c->pd, h + 100, pg, ALL_ACCESS);
+	MUST(m1, "reg_mr heap");
+	CHECK(shared_at(h + 100), "heap: moved into shared memory");
+	uint8_t *ref = malloc(3 * pg);
+	fill(ref, 3 * pg, 1);
+	CHECK(memcmp(h, ref, 3 * pg) == 0, "heap: the pages' contents kept");
+	/* A second MR over the same pages uses the same memory. */
+	struct ibv_mr *m2 = ibv_reg_mr(c->pd, h + 200, 64, ALL_ACCESS);
+	MUST(m2, "reg_mr again");
+	struct conn k = *c;
+	loop_pair(&k);
+	MUST(post(k.qp[0], 37, IBV_WR_RDMA_WRITE, m2, h + 200, 64, (uintptr_t)h + 1000, m1->rkey, 0, 0) == 0, "post");
+	if (expect(c, 37, IBV_WC_SUCCESS, "WRITE between two MRs over the same pages"))
+		CHECK(memcmp(h + 1000, ref + 200, 64) == 0, "WRITE between two MRs over the same pages: data");
+	CHECK(ibv_dereg_mr(m1) == 0 && ibv_dereg_mr(m2) == 0, "dereg_mr");
+	/* After the last deregistration the memory stays the application's. */
+	h[5] = 0x5a;
+	CHECK(h[5] == 0x5a && shared_at(h), "after deregistration: still mapped and writable");
+	/* Registered again: whichever path it takes, the device sees the
+	 * application's writes and the application the device's. */
+	m1 = ibv_reg_mr(c->pd, h, 3 * pg, ALL_ACCESS);
+	MUST(m1, "reg_mr after deregistration");
+	h[0] = 0x33;
+	MUST(post(k.qp[0], 38, IBV_WR_RDMA_WRITE, m1, h, 8, (uintptr_t)h + 2 * pg, m1->rkey, 0, 0) == 0, "post");
+	if (expect(c, 38, IBV_WC_SUCCESS, "WRITE after a new registration"))
+		CHECK(h[2 * pg] == 0x33, "WRITE after a new registration: data");
+	loop_close(&k);
+	ibv_dereg_mr(m1);
+	free(ref);
+	free(h);
+	/* Switched off. */
+	uint8_t *p = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	setenv("SOFTRNIC_MR", "copy", 1);
+	m1 = ibv_reg_mr(c->pd, p, 2 * pg, ALL_ACCESS);
+	unsetenv("SOFTRNIC_MR");
+	CHECK(m1 && !shared_at(p), "SOFTRNIC_MR=copy: left where it is");
+	if (m1)
+		ibv_dereg_mr(m1);
+	/* Read-only memory registered for reading only: left where it is. */
+	mprotect(p, 2 * pg, PROT_READ);
+	m1 = ibv_reg_mr(c->pd, p, 2 * pg, 0);
+	CHECK(m1 && !shared_at(p), "read-only memory: left where it is");
+	if (m1)
+		ibv_dereg_mr(m1);
+	munmap(p, 2 * pg);
+}
+
+static void *idle_thread(void *arg)
+{
+	int *fd = arg;
+	char x;
+	return read(*fd, &x, 1) == 1 ? NULL : arg;
+}
+
+/* Anonymous memory that must stay where it is (why) moves data on a pair
+ * of c's own. */
+static void exercise_in_place(struct conn *c, const char *why)
+{
+	loop_pair(c);
+	const size_t n = 128 << 10;
+	uint8_t *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MUST(p != MAP_FAILED, "mmap");
+	exercise(c, why, p, n, -1);
+	CHECK(!shared_at(p), "%s: left where it is", why);
+	munmap(p, n);
+	loop_close(c);
+}
+
+/* A process with a second thread: another thread could write the pages
+ * while they are copied, so they are left where they are. */
+static void threads_child(struct conn *c)
+{
+	int fds[2];
+	MUST(pipe(fds) == 0, "pipe");
+	pthread_t th;
+	MUST(pthread_create(&th, NULL, idle_thread, &fds[0]) == 0, "thread");
+	exercise_in_place(c, "two threads");
+	char x = 'q';
+	MUST(write(fds[1], &x, 1) == 1, "pipe");
+	pthread_join(th, NULL);
+}
+
+/* A process with half of vm.max_map_count mappings: moving pages would
+ * split more, so they are left where they are. */
+static void mappings_child(struct conn *c)
+{
+	FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+	unsigned long max = 65530;
+	if (f) {
+		MUST(fscanf(f, "%lu", &max) == 1, "max_map_count");
+		fclose(f);
+	}
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t n = max / 2 + 16;
+	/* One mapping, its pages alternately readable and not: n mappings. */
+	uint8_t *many = mmap(NULL, n * pg, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MUST(many != MAP_FAILED, "mmap");
+	for (size_t i = 1; i < n; i += 2)
+		MUST(mprotect(many + i * pg, pg, PROT_NONE) == 0, "mprotect");
+	exercise_in_place(c, "half of vm.max_map_count mappings");
+	munmap(many, n * pg);
+}
+
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	MUST(d, "/proc/self/fd");
+	int n = 0;
+	while (readdir(d))
+		n++;
+	closedir(d);
+	return n;
+}
+
+/* The memfds kept for later MRs are the application's fds too: at most a
+ * 16th of RLIMIT_NOFILE of them. Pages whose fd was not kept are still
+ * moved, and a second MR over them takes the copy path. */
+static void fds_child(struct conn *c)
+{
+	struct rlimit rl = {.rlim_cur = 64, .rlim_max = 64};
+	MUST(setrlimit(RLIMIT_NOFILE, &rl) == 0, "setrlimit");
+	long pg = sysconf(_SC_PAGESIZE);
+	enum { N = 8 };
+	uint8_t *p[N];
+	struct ibv_mr *mr[N];
+	int before = open_fds();
+	for (int i = 0; i < N; i++) {
+		p[i] = mmap(NULL, 2 * pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		mr[i] = ibv_reg_mr(c->pd, p[i], 2 * pg, ALL_ACCESS);
+		MUST(mr[i], "reg_mr %d: %s", i, strerror(errno));
+		CHECK(shared_at(p[i]), "MR %d: moved into shared memory", i);
+	}
+	int kept = open_fds() - before;
+	CHECK(kept == 4, "RLIMIT_NOFILE 64: %d memfds kept, want 4", kept);
+	loop_pair(c);
+	struct ibv_mr *again = ibv_reg_mr(c->pd, p[N - 1] + pg, pg, ALL_ACCESS);
+	MUST(again, "reg_mr over pages whose fd was not kept: %s", strerror(errno));
+	p[N - 1][0] = 0x42;
+	MUST(post(c->qp[0], 39, IBV_WR_RDMA_WRITE, mr[N - 1], p[N - 1], 8, (uintptr_t)p[N - 1] + pg, again->rkey, 0, 0) == 0,
+	     "post");
+	if (expect(c, 39, IBV_WC_SUCCESS, "WRITE into a second MR over moved pages"))
+		CHECK(p[N - 1][pg] == 0x42, "WRITE into a second MR over moved pages: data");
+	loop_close(c);
+	ibv_dereg_mr(again);
+	for (int i = 0; i < N; i++)
+		ibv_dereg_mr(mr[i]);
+	CHECK(open_fds() == before, "after deregistration: %d fds, want %d", open_fds(), before);
+	for (int i = 0; i < N; i++)
+		munmap(p[i], 2 * pg);
+}
+
 /* After fork the device goes on using the parent's pages: the parent
  * sees a WRITE, the child its own copy. A child registers its own memory
  * on a context of its own. */
@@ -564,6 +793,7 @@ static void test_fork(struct conn *c)
 	uint8_t *b = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	struct ibv_mr *mr = ibv_reg_mr(c->pd, b, 8192, ALL_ACCESS);
 	MUST(mr, "reg_mr");
+	CHECK(shared_at(b), "fork: the MR's memory moved into shared memory");
 	memset(b, 'P', 8192);
 	int go[2], done[2];
 	MUST(pipe(go) == 0 && pipe(done) == 0, "pipe");
@@ -575,7 +805,8 @@ static void test_fork(struct conn *c)
 		memset(b + 4096, 'C', 4096); /* the child's copy */
 		if (read(go[0], &x, 1) != 1)
 			_exit(2);
-		x = b[4096] == 'C' && b[4095] == 'P' ? 'y' : 'n';
+		/* the child's copy is private again */
+		x = b[4096] == 'C' && b[4095] == 'P' && !shared_at(b) ? 'y' : 'n';
 		_exit(write(done[1], &x, 1) == 1 && x == 'y' ? 0 : 1);
 	}
 	memset(b, 'W', 64);
@@ -646,6 +877,11 @@ static int local(void)
 	test_notify(&c);
 	test_keys(&c);
 	test_unmapped(&c);
+	test_unmapped_shared(&c);
+	test_shared(&c);
+	in_child("two threads", threads_child);
+	in_child("many mappings", mappings_child);
+	in_child("RLIMIT_NOFILE", fds_child);
 	test_fork(&c);
 	in_child("RLIMIT_MEMLOCK", memlock_child);
 	in_child("not dumpable", nondumpable_child);
