@@ -16,14 +16,17 @@
  *    unnamed or the heap (not the stack, files, shm, huge pages: those
  *    stay on the copy path);
  *  - the process has one thread, so no other thread writes the pages
- *    between the copy and the remap (signals are blocked meanwhile).
- *    A multi-threaded process registers through the copy path.
+ *    between the copy and the remap (signals are blocked meanwhile), and
+ *    no locked memory (a move would drop an mlock). A multi-threaded
+ *    process, or one with locked memory, registers through the copy path.
  *  - after fork() the child gets private copies of every such mapping
  *    (a pthread_atfork handler), as it would have had of the anonymous
  *    pages; a mapping that cannot be copied is unmapped in the child, as
- *    MADV_DONTFORK does under rdma-core's ibv_fork_init. Children made
- *    without fork() (_Fork, a raw clone without CLONE_VM) would share the
- *    pages instead.
+ *    MADV_DONTFORK does under rdma-core's ibv_fork_init. Until then the
+ *    child's writes reach the parent, so a page glibc's fork writes
+ *    first (an arena's header) is never moved. Children made without
+ *    fork() (_Fork, a raw clone without CLONE_VM) would share the pages
+ *    instead.
  * The memfd stays mapped after the MR is deregistered (it is the
  * application's memory now). The library keeps its fd while an MR uses
  * it, for at most 64 memfds (and a 16th of RLIMIT_NOFILE: the fds are the
@@ -73,7 +76,6 @@ struct shared {
 static pthread_mutex_t share_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct shared *shared_list;
 static unsigned long held; /* entries of shared_list */
-static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 
 /* Reads /proc/self/maps with read(2) into a fixed buffer (no malloc: the
  * fork child handler uses it too), calling fn for every mapping until fn
@@ -173,26 +175,33 @@ static unsigned long map_budget(void)
 	return budget;
 }
 
-/* The number of threads of this process, from /proc/self/stat; 0 when
- * it cannot be read. */
-static long threads(void)
+/* Whether the process may have pages moved, from /proc/self/status: one
+ * thread (no other could write the pages between the copy and the remap)
+ * and no locked memory (a move would drop an mlock(2), and the locked
+ * ranges are not in /proc/self/maps). */
+static bool movable(void)
 {
-	int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+	int fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return 0;
-	char b[1024];
+		return false;
+	char b[4096];
 	ssize_t n = read(fd, b, sizeof(b) - 1);
 	close(fd);
 	if (n <= 0)
-		return 0;
+		return false;
 	b[n] = 0;
-	char *p = strrchr(b, ')');
-	if (!p)
-		return 0;
-	/* num_threads is the 18th field after the command's ')'. */
-	for (int i = 0; i < 18 && p; i++)
-		p = strchr(p + 1, ' ');
-	return p ? strtol(p + 1, NULL, 10) : 0;
+	const char *t = strstr(b, "\nThreads:"), *l = strstr(b, "\nVmLck:");
+	return t && l && strtol(t + 9, NULL, 10) == 1 && strtol(l + 7, NULL, 10) == 0;
+}
+
+/* Whether the page at ps may hold a glibc malloc arena's header: a heap
+ * of a thread's arena starts its mapping, aligned to HEAP_MAX_SIZE (64 MiB
+ * on 64-bit). glibc's fork writes the arena's lock in the child before any
+ * handler runs, which must not reach the parent's pages. */
+static bool arena_header(const struct vma *v, uintptr_t ps)
+{
+	const uintptr_t heap_max = sizeof(long) == 8 ? 64u << 20 : 1u << 20;
+	return ps == v->start && v->start % heap_max == 0;
 }
 
 /* Copies n bytes at addr into the memfd at 0 by a raw write(2): the
@@ -267,17 +276,12 @@ static void atfork_parent(void)
 	pthread_mutex_unlock(&share_lock);
 }
 
-/* In the child: every shared mapping becomes private, and the fds (the
- * parent's MRs') are closed. */
+/* In the child: every shared mapping becomes private, and then the fds
+ * (the parent's MRs') are closed. Until a mapping is private every write
+ * of the child reaches the parent: the list's nodes may lie on moved heap
+ * pages, so they are freed only after. */
 static void atfork_child(void)
 {
-	for (struct shared *s = shared_list, *next; s; s = next) {
-		next = s->next;
-		close(s->fd);
-		free(s);
-	}
-	shared_list = NULL;
-	held = 0;
 	static struct ours o;
 	for (int round = 0; round < 1 << 16; round++) {
 		o.n = 0;
@@ -285,17 +289,34 @@ static void atfork_child(void)
 			break;
 		for (int i = 0; i < o.n; i++) {
 			if (privatize(&o.v[i]) != 0) {
-				srn_debug("fork: a registered mapping at %#lx could not be copied for the child: "
-					  "unmapped in the child",
-					  (unsigned long)o.v[i].start);
+				/* write(2), not stdio: another thread of the parent may
+				 * have held stderr's lock at the fork. */
+				char msg[160];
+				int n = snprintf(msg, sizeof(msg),
+						 "softrnic: fork: a registered mapping at %#lx could not be copied for "
+						 "the child: unmapped in the child\n",
+						 (unsigned long)o.v[i].start);
+				if (getenv(SRN_DEBUG_ENV) && n > 0)
+					(void)!write(STDERR_FILENO, msg, (size_t)n < sizeof(msg) ? (size_t)n : sizeof(msg) - 1);
 				munmap((void *)o.v[i].start, o.v[i].end - o.v[i].start);
 			}
 		}
 	}
+	for (struct shared *s = shared_list, *next; s; s = next) {
+		next = s->next;
+		close(s->fd);
+		free(s);
+	}
+	shared_list = NULL;
+	held = 0;
 	pthread_mutex_unlock(&share_lock);
 }
 
-static void atfork_register(void)
+/* Registered when the library loads, before the handlers of most
+ * libraries a program loads after it: child handlers run in the order
+ * they were registered, and one that ran before this one could write
+ * moved pages the parent still shares. */
+__attribute__((constructor)) static void atfork_register(void)
 {
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
@@ -360,7 +381,6 @@ int srn_share(uintptr_t a, size_t length, struct srn_share *sh)
 	uintptr_t ps = a & ~(uintptr_t)(pg - 1), pe = (a + length + (uintptr_t)pg - 1) & ~(uintptr_t)(pg - 1);
 	if (pe <= ps)
 		return -1;
-	pthread_once(&atfork_once, atfork_register);
 	pthread_mutex_lock(&share_lock);
 	struct find f = {.start = ps, .end = pe};
 	int ret = -1;
@@ -378,7 +398,7 @@ int srn_share(uintptr_t a, size_t length, struct srn_share *sh)
 		goto out;
 	}
 	if (strcmp(f.v.perms, "rw-p") != 0 || f.v.ino != 0 || (f.v.name[0] && strcmp(f.v.name, "[heap]") != 0) ||
-	    threads() != 1 || f.mappings + 2 > map_budget())
+	    !movable() || f.mappings + 2 > map_budget() || arena_header(&f.v, ps))
 		goto out;
 	uint64_t ino = 0;
 	int fd = share_new(ps, pe, &ino);

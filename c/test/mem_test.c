@@ -17,7 +17,8 @@
  *                              memory the library moves into shared
  *                              memory and which it leaves in place (other
  *                              kinds, a second thread, many mappings,
- *                              SOFTRNIC_MR=copy); registered memory of
+ *                              locked memory, SOFTRNIC_MR=copy);
+ *                              registered memory of
  *                              both paths unmapped under a transfer; fork
  *   mem_test hold PORT         registers memory for a peer's WRITEs, waits
  *                              until the peer (mem_test stream) is gone,
@@ -631,30 +632,32 @@ static void test_unmapped_shared(struct conn *c)
 static void test_shared(struct conn *c)
 {
 	long pg = sysconf(_SC_PAGESIZE);
-	/* Heap memory, with its neighbours on the same pages. */
-	uint8_t *h = malloc(3 * pg);
-	fill(h, 3 * pg, 1);
-	struct ibv_mr *m1 = ibv_reg_mr(c->pd, h + 100, pg, ALL_ACCESS);
+	/* Heap memory, with its neighbours on the same pages (past the first
+	 * page of the allocation: the first page of a mapping aligned to
+	 * 64 MiB, which an allocator's region may be, stays in place). */
+	uint8_t *h = malloc(4 * pg), *b = h + pg;
+	fill(h, 4 * pg, 1);
+	struct ibv_mr *m1 = ibv_reg_mr(c->pd, b + 100, pg, ALL_ACCESS);
 	MUST(m1, "reg_mr heap");
-	CHECK(shared_at(h + 100), "heap: moved into shared memory");
-	uint8_t *ref = malloc(3 * pg);
-	fill(ref, 3 * pg, 1);
-	CHECK(memcmp(h, ref, 3 * pg) == 0, "heap: the pages' contents kept");
+	CHECK(shared_at(b + 100), "heap: moved into shared memory");
+	uint8_t *ref = malloc(4 * pg);
+	fill(ref, 4 * pg, 1);
+	CHECK(memcmp(h, ref, 4 * pg) == 0, "heap: the pages' contents kept");
 	/* A second MR over the same pages uses the same memory. */
-	struct ibv_mr *m2 = ibv_reg_mr(c->pd, h + 200, 64, ALL_ACCESS);
+	struct ibv_mr *m2 = ibv_reg_mr(c->pd, b + 200, 64, ALL_ACCESS);
 	MUST(m2, "reg_mr again");
 	struct conn k = *c;
 	loop_pair(&k);
-	MUST(post(k.qp[0], 37, IBV_WR_RDMA_WRITE, m2, h + 200, 64, (uintptr_t)h + 1000, m1->rkey, 0, 0) == 0, "post");
+	MUST(post(k.qp[0], 37, IBV_WR_RDMA_WRITE, m2, b + 200, 64, (uintptr_t)b + 1000, m1->rkey, 0, 0) == 0, "post");
 	if (expect(c, 37, IBV_WC_SUCCESS, "WRITE between two MRs over the same pages"))
-		CHECK(memcmp(h + 1000, ref + 200, 64) == 0, "WRITE between two MRs over the same pages: data");
+		CHECK(memcmp(b + 1000, ref + pg + 200, 64) == 0, "WRITE between two MRs over the same pages: data");
 	CHECK(ibv_dereg_mr(m1) == 0 && ibv_dereg_mr(m2) == 0, "dereg_mr");
 	/* After the last deregistration the memory stays the application's. */
-	h[5] = 0x5a;
-	CHECK(h[5] == 0x5a && shared_at(h), "after deregistration: still mapped and writable");
+	b[5] = 0x5a;
+	CHECK(b[5] == 0x5a && shared_at(b), "after deregistration: still mapped and writable");
 	/* Registered again: whichever path it takes, the device sees the
 	 * application's writes and the application the device's. */
-	m1 = ibv_reg_mr(c->pd, h, 3 * pg, ALL_ACCESS);
+	m1 = ibv_reg_mr(c->pd, h, 4 * pg, ALL_ACCESS);
 	MUST(m1, "reg_mr after deregistration");
 	h[0] = 0x33;
 	MUST(post(k.qp[0], 38, IBV_WR_RDMA_WRITE, m1, h, 8, (uintptr_t)h + 2 * pg, m1->rkey, 0, 0) == 0, "post");
@@ -714,6 +717,35 @@ static void threads_child(struct conn *c)
 	char x = 'q';
 	MUST(write(fds[1], &x, 1) == 1, "pipe");
 	pthread_join(th, NULL);
+}
+
+/* A process with locked memory: a move would drop an mlock, and which
+ * ranges are locked /proc/self/maps does not say, so nothing moves. */
+static void locked_child(struct conn *c)
+{
+	long pg = sysconf(_SC_PAGESIZE);
+	uint8_t *l = mmap(NULL, pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	MUST(l != MAP_FAILED, "mmap");
+	if (mlock(l, pg) != 0) {
+		skip("mlock", errno);
+		return;
+	}
+	/* Sanitizers make mlock a no-op that succeeds. */
+	FILE *f = fopen("/proc/self/status", "r");
+	MUST(f, "/proc/self/status");
+	char line[256];
+	long kb = -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "VmLck: %ld", &kb) == 1)
+			break;
+	fclose(f);
+	if (kb <= 0) {
+		skip("mlock (nothing locked: a sanitizer's mlock)", ENOSYS);
+		return;
+	}
+	exercise_in_place(c, "locked memory");
+	munlock(l, pg);
+	munmap(l, pg);
 }
 
 /* A process with half of vm.max_map_count mappings: moving pages would
@@ -881,6 +913,7 @@ static int local(void)
 	test_shared(&c);
 	in_child("two threads", threads_child);
 	in_child("many mappings", mappings_child);
+	in_child("locked memory", locked_child);
 	in_child("RLIMIT_NOFILE", fds_child);
 	test_fork(&c);
 	in_child("RLIMIT_MEMLOCK", memlock_child);
