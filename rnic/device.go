@@ -46,13 +46,6 @@ type Config struct {
 	// known. The device grants the peers of its selective-repeat QPs
 	// receive windows that share half of them (recv.go).
 	RxFrames int
-	// HostCC is when the device signals host congestion (its port's
-	// receive rings near the point where frames are dropped, as the driver
-	// reports with SetRxLevel): DCQCN's notification point then answers
-	// the data packets of its QPs as if they were CE-marked, at most one
-	// per QP per CNP interval, so that their senders slow down before the
-	// port drops (recv.go). Zero: the defaults of dcqcn.HostCCConfig.
-	HostCC dcqcn.HostCCConfig
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
 	// QP, address handles) need it. It may block; the device never calls
@@ -178,8 +171,8 @@ func NewDevice(cfg Config) (*Device, error) {
 	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan verbs.AsyncEvent, 256), nextQPN: 0x10,
 		cc: cfg.Congestion.ccConfig(), reorder: rc.NewReorderPool(pkt, max(cfg.ReorderBytes/pkt, 1))}
 	d.qps, d.keys = newTable[QP](), newTable[MR]()
-	d.hostCC.Init(cfg.HostCC)
-	d.hostMarks = cfg.Congestion.Algorithm == "dcqcn" && !cfg.HostCC.Off
+	d.hostCC.Init(cfg.Congestion.HostCC)
+	d.hostMarks = cfg.Congestion.Algorithm == "dcqcn" && !cfg.Congestion.HostCC.Off
 	d.subs.Store(new([]chan verbs.AsyncEvent))
 	return d, nil
 }
