@@ -46,6 +46,11 @@ type Config struct {
 	// known. The device grants the peers of its selective-repeat QPs
 	// receive windows that share half of them (recv.go).
 	RxFrames int
+	// PollFresh is how recently an application must have polled
+	// (Device.Poll) for a post to leave the doorbell alone (0:
+	// DefaultPollFresh; see Device.Poll). Tests widen it to make the
+	// skipped doorbells independent of how fast their goroutine runs.
+	PollFresh time.Duration
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
 	// QP, address handles) need it. It may block; the device never calls
@@ -163,6 +168,9 @@ func NewDevice(cfg Config) (*Device, error) {
 	cfg.Recovery = cfg.Recovery.Or(ib.RecoverySelective)
 	if cfg.ReorderBytes == 0 {
 		cfg.ReorderBytes = DefaultReorderBytes
+	}
+	if cfg.PollFresh <= 0 {
+		cfg.PollFresh = DefaultPollFresh
 	}
 	for i, a := range cfg.Addrs {
 		cfg.Addrs[i] = a.Unmap()

@@ -467,7 +467,7 @@ func TestMultiQueue(t *testing.T) {
 			t.Fatalf("send on queue %d: %d, %v", q, k, err)
 		}
 		got := 0
-		for tries := 0; tries < 50 && got == 0; tries++ {
+		for deadline := time.Now().Add(10 * time.Second); got == 0 && time.Now().Before(deadline); {
 			k, err := ports[1][q].Recv(frames, 10*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
@@ -500,14 +500,13 @@ func TestMultiQueue(t *testing.T) {
 		t.Fatalf("send: %d, %v", k, err)
 	}
 	var after bpf.Counters
-	for tries := 0; tries < 50; tries++ {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if after, err = progs[1].Counters(); err != nil {
 			t.Fatal(err)
 		}
-		if after.Unbound > before.Unbound {
+		if after.Unbound > before.Unbound || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	if after.Unbound != before.Unbound+1 || after.Steered != before.Steered {
 		t.Errorf("counters %+v -> %+v: want one more unbound, no more steered", before, after)
