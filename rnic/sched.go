@@ -229,8 +229,9 @@ func (d *Device) Doorbell() <-chan struct{} { return d.doorbell }
 // for a post to leave the doorbell alone (Config.PollFresh): the poster
 // is then spinning on its CQ and its next Poll transmits the WQE in its
 // own goroutine, batched with whatever else it posts meanwhile, where a
-// doorbell would wake the engine goroutine (a futex wake-up on an idle core, and a goroutine that
-// takes the CPU the other end of a ping-pong needs on a small machine).
+// doorbell would wake the engine goroutine (a futex wake-up on an idle
+// core, and a goroutine that takes the CPU the other end of a ping-pong
+// needs on a small machine).
 // If the application stops polling instead, the engine finds the WQE at
 // the end of its nap (engine.Options.PolledWait).
 const DefaultPollFresh = 10 * time.Microsecond
