@@ -106,10 +106,14 @@ static int readable(int fd, int ms)
 	return poll(&p, 1, ms) == 1 && (p.revents & POLLIN);
 }
 
-/* The next event of ch, within 5 s; NULL on error. */
+/* How long an expected event may take: the peer process and both daemons
+ * may be starved of CPU for seconds on a loaded machine. */
+enum { EVENT_WAIT_MS = 30000 };
+
+/* The next event of ch, within EVENT_WAIT_MS; NULL on error. */
 static struct rdma_cm_event *next_event(struct rdma_event_channel *ch)
 {
-	if (!readable(ch->fd, 5000))
+	if (!readable(ch->fd, EVENT_WAIT_MS))
 		return NULL;
 	struct rdma_cm_event *e = NULL;
 	return rdma_get_cm_event(ch, &e) ? NULL : e;
