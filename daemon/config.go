@@ -106,6 +106,10 @@ var CCAlgorithms = []string{"dcqcn", "swift", "timely", "off"}
 type DCQCNConfig struct {
 	Profile string            // dcqcn.profile; connectx, paper, hpcc-mlx or off
 	Knobs   map[string]uint32 // dcqcn.<knob>; only the knobs set explicitly
+	// HostCC (dcqcn.host_cc) is when the notification point signals host
+	// congestion: on (the defaults), off, or fill=F,rx=R,hold=D
+	// (dcqcn.ParseHostCC).
+	HostCC dcqcn.HostCCConfig
 }
 
 // DCQCNProfiles are the profiles congestion/dcqcn implements; "off" disables
@@ -337,6 +341,11 @@ var keys = []key{
 			}
 		}
 		return fmt.Errorf("%q is not a DCQCN profile (%s)", v, strings.Join(DCQCNProfiles, ", "))
+	}},
+	{name: "dcqcn.host_cc", usage: "DCQCN: CNPs for host congestion: on, off, or fill=F,rx=R,hold=D (fewer than F of the receive buffers wait for the network, or R wait for the reader; for D after)", set: func(c *Config, v string) error {
+		h, err := dcqcn.ParseHostCC(v)
+		c.DCQCN.HostCC = h
+		return err
 	}},
 }
 

@@ -39,6 +39,7 @@ log-format = json
 profile = connectx
 rpg_ai_rate = 40
 clamp_tgt_rate = 1
+host_cc = fill=0.5,hold=1ms
 `
 
 func TestParseFullFile(t *testing.T) {
@@ -54,7 +55,8 @@ func TestParseFullFile(t *testing.T) {
 		len(c.GIDs) != 2 || c.GIDs[0] != want[0] || c.GIDs[1] != want[1] || c.Metrics != "127.0.0.1:9464" || c.Port != "afpacket" ||
 		c.Recovery != ib.RecoveryAdaptive || c.Control != "/run/softrnic/test.sock" || c.ControlMode != 0o660 || c.ControlGroup != "root" ||
 		c.LogLevel != "debug" || c.LogFormat != "json" || c.DCQCN.Profile != "connectx" ||
-		c.DCQCN.Knobs["rpg_ai_rate"] != 40 || c.DCQCN.Knobs["clamp_tgt_rate"] != 1 || len(c.DCQCN.Knobs) != 2 {
+		c.DCQCN.Knobs["rpg_ai_rate"] != 40 || c.DCQCN.Knobs["clamp_tgt_rate"] != 1 || len(c.DCQCN.Knobs) != 2 ||
+		c.DCQCN.HostCC != (dcqcn.HostCCConfig{FillLow: 0.5, Hold: time.Millisecond}) {
 		t.Fatalf("parsed %+v", c)
 	}
 	cx, err := c.DCQCN.ConnectX()
@@ -73,6 +75,7 @@ func TestFileErrorsNameTheKey(t *testing.T) {
 		{"[dcqcn]\nrpg_gd = 12\n", "x.conf:2: dcqcn.rpg_gd:"},
 		{"[dcqcn]\nrpg_ai_rate = 2.5\n", "x.conf:2: dcqcn.rpg_ai_rate:"},
 		{"[dcqcn]\nprofile = fast\n", "dcqcn.profile: \"fast\" is not a DCQCN profile"},
+		{"[dcqcn]\nhost_cc = fill=2\n", "dcqcn.host_cc: host congestion fill="},
 		{"[nope]\n", "unknown section"},
 		{"interface eth0\n", `not "key = value"`},
 		{"mtu = 1024\nmtu = 2048\n", "x.conf:2: mtu: set twice (first on line 1)"},

@@ -199,10 +199,11 @@ func unlimited() daemon.Limits {
 
 // A peer that connects and never opens is closed after OpenTimeout: it
 // holds nothing after that, is counted, and the others are served
-// meanwhile.
+// meanwhile. OpenTimeout is long enough (2 s) for the client's own OPEN to
+// beat it on a loaded machine.
 func TestSilentPeersAreShed(t *testing.T) {
 	dev := testlink.Loopback(t, 1024)
-	srv, path, served := serveIn(t, t.TempDir(), dev, daemon.Options{OpenTimeout: 200 * time.Millisecond})
+	srv, path, served := serveIn(t, t.TempDir(), dev, daemon.Options{OpenTimeout: 2 * time.Second})
 	before := figuresOf(os.Getpid())
 	const n = 40
 	var silent []*rawClient
@@ -213,7 +214,11 @@ func TestSilentPeersAreShed(t *testing.T) {
 		}
 		silent = append(silent, r)
 	}
-	eventually(t, "silent peers admitted", func() bool { return srv.Usage().Host[daemon.Connections] == n })
+	// Every peer is admitted (none refused); a stalled test may see the
+	// first already shed.
+	eventually(t, "silent peers admitted", func() bool {
+		return srv.Usage().Host[daemon.Connections]+int64(srv.ShedConns.Load()) == n
+	})
 	c, err := client.Dial(path)
 	if err != nil {
 		t.Fatal("a client while silent peers wait:", err)
@@ -228,9 +233,8 @@ func TestSilentPeersAreShed(t *testing.T) {
 		}
 		r.conn.Close()
 	}
-	if u := srv.Usage().Host; u[daemon.Connections] != 1 {
-		t.Fatalf("%d connections held, want the client's only", u[daemon.Connections])
-	}
+	// A session closes its connection before it gives the slot back.
+	eventually(t, "silent peers released", func() bool { return srv.Usage().Host[daemon.Connections] == 1 })
 	c.Close()
 	eventually(t, "client released", func() bool { return srv.Usage().Host == [daemon.NumResources]int64{} })
 	if after := figuresOf(os.Getpid()); after.fds > before.fds+2 {

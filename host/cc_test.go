@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/congestion"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 )
 
 // ParseCC: --cc ALGORITHM[:PROFILE], and --dcqcn PROFILE as it always was
@@ -74,7 +75,22 @@ func TestCCFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc, err := f.Congestion()
-	if err != nil || cc.Algorithm != "timely" || cc.Profile != "artifact" || cc.Scale != 4 {
+	if err != nil || cc.Algorithm != "timely" || cc.Profile != "artifact" || cc.Scale != 4 || cc.HostCC != (dcqcn.HostCCConfig{}) {
 		t.Fatalf("%+v %v", cc, err)
+	}
+	f = CCFlags{}
+	if err := fs.Parse([]string{"--cc", "dcqcn", "--host-cc", "rx=0.25,hold=1ms"}); err != nil {
+		t.Fatal(err)
+	}
+	cc, err = f.Congestion()
+	if err != nil || cc.HostCC != (dcqcn.HostCCConfig{RxHigh: 0.25, Hold: time.Millisecond}) {
+		t.Fatalf("--host-cc: %+v %v", cc.HostCC, err)
+	}
+	f = CCFlags{}
+	if err := fs.Parse([]string{"--cc", "dcqcn", "--host-cc", "rx=2"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Congestion(); err == nil {
+		t.Fatal("--host-cc rx=2 accepted")
 	}
 }

@@ -408,6 +408,10 @@ type CC struct {
 	ConnectX *dcqcn.ConnectX
 	// Swift overrides single Swift parameters, undilated.
 	Swift SwiftKnobs
+	// HostCC is when DCQCN signals host congestion
+	// (rnic.Congestion.HostCC); not dilated, since the host's receive
+	// rings fill at its real speed.
+	HostCC dcqcn.HostCCConfig
 }
 
 // SwiftKnobs override Swift's profile where they are > 0.
@@ -449,8 +453,8 @@ func ParseCC(cc, dcqcnProfile string) (algorithm, profile string, err error) {
 // ALGORITHM[:PROFILE], --cc-scale S and DCQCN's --dcqcn PROFILE and
 // --dcqcn-scale S (the same as --cc-scale); see ParseCC.
 type CCFlags struct {
-	CC, DCQCN string
-	Scale     float64
+	CC, DCQCN, HostCC string
+	Scale             float64
 }
 
 // Register adds the flags to fs.
@@ -459,6 +463,7 @@ func (f *CCFlags) Register(fs *flag.FlagSet) {
 	fs.StringVar(&f.DCQCN, "dcqcn", "", "DCQCN profile (paper, connectx, hpcc-mlx, off); alone: --cc dcqcn:PROFILE")
 	fs.Float64Var(&f.Scale, "cc-scale", 1, "time dilation of congestion control: rates ÷ S, delays × S")
 	fs.Float64Var(&f.Scale, "dcqcn-scale", 1, "the same as --cc-scale")
+	fs.StringVar(&f.HostCC, "host-cc", "", "DCQCN's host-congestion signal: on, off or fill=F,rx=R,hold=D (dcqcn.ParseHostCC)")
 }
 
 // Congestion is the device's congestion control the flags ask for.
@@ -467,7 +472,11 @@ func (f *CCFlags) Congestion() (rnic.Congestion, error) {
 	if err != nil {
 		return rnic.Congestion{}, err
 	}
-	return Congestion(CC{Algorithm: algo, Profile: profile, Scale: f.Scale})
+	hcc, err := dcqcn.ParseHostCC(f.HostCC)
+	if err != nil {
+		return rnic.Congestion{}, fmt.Errorf("--host-cc: %w", err)
+	}
+	return Congestion(CC{Algorithm: algo, Profile: profile, Scale: f.Scale, HostCC: hcc})
 }
 
 // Congestion is the device's congestion control for c, as
@@ -500,6 +509,7 @@ func Congestion(c CC) (rnic.Congestion, error) {
 			return cc, err
 		}
 	}
+	cc.HostCC = c.HostCC
 	if cc.On() {
 		cc.PacerBurst = int(min(float64(cc.LineRate())/8*pacerWindow.Seconds(), maxPacerBurst))
 	}

@@ -192,11 +192,11 @@ func TestCloseReleasesEverything(t *testing.T) {
 		_ = lb.Close()
 	})
 	counted := &countingDevice{Device: devA, live: map[string]int{}}
-	agentA, err := New(Config{Device: counted, Resolve: resolve, CM: fastCM})
+	agentA, err := New(Config{Device: counted, Resolve: resolve, CM: testCM})
 	if err != nil {
 		t.Fatal(err)
 	}
-	agentB, err := New(Config{Device: devB, Resolve: resolve, CM: fastCM})
+	agentB, err := New(Config{Device: devB, Resolve: resolve, CM: testCM})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func (h *evHost) drive(t *testing.T, qp verbs.QP, q *cm.QPAttr, rqpsn uint32, rt
 // the owner moved, the REP, the RTU's ESTABLISHED, data, and a
 // disconnection by the active side.
 func TestEventCMAccept(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	eb := b.eventCM(t)
 	svc := cm.ServiceIDTCP(7200)
 	if err := eb.ev.Listen(svc); err != nil {
@@ -157,7 +157,7 @@ func TestEventCMAccept(t *testing.T) {
 // the owner establishes, then the agent's Accept returns; a refusal by
 // nobody listening; an answer the owner rejects.
 func TestEventCMConnect(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	eb := b.eventCM(t)
 	ln, err := a.agent.Listen(7201, 0)
 	if err != nil {
@@ -260,10 +260,9 @@ func TestEventCMConnect(t *testing.T) {
 func TestEventCMSIDRAndCommEst(t *testing.T) {
 	dropRTU := false
 	var dp *dropPort
-	// CM timers slow enough (about 2 s of REP retries) for the first
-	// SEND to come before the passive side gives up on its REP.
-	slow := cm.Config{CMResponseTimeout: 16, PacketLifeTime: 10, MaxCMRetries: 6, TargetACKDelay: 8}
-	a, b := pairCM(t, slow, memlink.Impairments{}, func(p port.Port) port.Port {
+	// testCM's REP retries (≈ 4 s) leave the first SEND time to come
+	// before the passive side gives up on its REP.
+	a, b := pairCM(t, testCM, memlink.Impairments{}, func(p port.Port) port.Port {
 		dp = &dropPort{Port: p, drop: func(f []byte) bool { return dropRTU && madAttr(f) == cm.AttrRTU }}
 		return dp
 	}, nil)
@@ -354,7 +353,7 @@ func TestEventCMSIDRAndCommEst(t *testing.T) {
 // Closing the event interface releases its services (a request is then
 // refused as for nobody listening) and lets the agent start another.
 func TestEventCMClose(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	eb := b.eventCM(t)
 	if err := eb.ev.Listen(cm.ServiceIDTCP(7400)); err != nil {
 		t.Fatal(err)

@@ -85,15 +85,31 @@ var (
 	ip6A, ip6B = netip.MustParseAddr("fd00:9::1"), netip.MustParseAddr("fd00:9::2")
 )
 
-// fastCM shortens the CM's timers so that retransmissions happen in
-// milliseconds: response timeout 4.2 ms, packet life time 1 ms, and
-// with a CA ACK delay of 1 ms a local ACK timeout of 4 ms for the RC QPs.
+// testCM is the CM of the tests that do not test its timers: timers a
+// loaded machine's scheduling delays (every package's tests at once on 2
+// CPUs) cannot run out, short enough that a MAD lost now and then costs a
+// fraction of a second. Response timeout 268 ms with a packet life time
+// of 1 ms, 16 tries (≈ 4.3 s); with rxe's CA ACK delay, a local ACK
+// timeout of 134 ms for the RC QPs (8 tries, ≈ 1 s), and about as long a
+// time-wait (TestEventCMConnect waits for its end).
+var testCM = cm.Config{CMResponseTimeout: 16, PacketLifeTime: 8, MaxCMRetries: 15, TargetACKDelay: 15}
+
+// fastCM shortens the CM's timers so that retransmissions and give-ups
+// happen in milliseconds: response timeout 4.2 ms, packet life time 1 ms,
+// 7 tries (≈ 44 ms), and with a CA ACK delay of 1 ms a local ACK timeout
+// of 4 ms for the RC QPs. Only the tests that wait for a give-up use it: a
+// goroutine starved for as long ends a connection.
 var fastCM = cm.Config{CMResponseTimeout: 10, PacketLifeTime: 8, MaxCMRetries: 6, TargetACKDelay: 8}
 
+// lossCM is for the tests that lose MADs on purpose but never wait for a
+// give-up: fastCM's millisecond retransmissions with the most tries (16,
+// ≈ 100 ms), and a local ACK timeout of 67 ms (8 tries, ≈ 0.5 s).
+var lossCM = cm.Config{CMResponseTimeout: 10, PacketLifeTime: 8, MaxCMRetries: 15, TargetACKDelay: 14}
+
 // pair starts two devices (A and B) on a real-time memlink, their engines
-// and their CM agents; wrapA/wrapB may interpose on the ports.
-func pair(t *testing.T, wrapA, wrapB func(port.Port) port.Port) (a, b *host) {
-	return pairCM(t, fastCM, memlink.Impairments{}, wrapA, wrapB)
+// and their CM agents, with testCM; wrapB may interpose on B's port.
+func pair(t *testing.T, wrapB func(port.Port) port.Port) (a, b *host) {
+	return pairCM(t, testCM, memlink.Impairments{}, nil, wrapB)
 }
 
 func pairCM(t *testing.T, cmc cm.Config, imp memlink.Impairments, wrapA, wrapB func(port.Port) port.Port) (a, b *host) {
@@ -239,7 +255,7 @@ func ctx10(t *testing.T) context.Context {
 // WRITE go over the connected QP, private data both ways; B disconnects
 // and A's side learns it (DREQ), its QP in the error state.
 func TestConnectDataDisconnect(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	ln, err := a.agent.Listen(7174, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -319,7 +335,7 @@ func TestConnectDataDisconnect(t *testing.T) {
 // TestRejectNoListener: a REQ for a port nobody listens on gets REJ with
 // reason 8 (invalid service ID), as the kernel CM answers.
 func TestRejectNoListener(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	_ = a
 	p, _ := b.params(t, 0)
 	_, err := dial(ctx10(t), b.agent, ipA, 4242, p)
@@ -335,7 +351,7 @@ func TestRejectNoListener(t *testing.T) {
 // TestRejectByApplication: Request.Reject sends REJ consumer defined with
 // the application's private data.
 func TestRejectByApplication(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	ln, err := a.agent.Listen(5000, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -362,7 +378,7 @@ func TestRejectByApplication(t *testing.T) {
 func TestREQRetransmittedUnderLoss(t *testing.T) {
 	var dp *dropPort
 	var lost atomic.Int64
-	a, b := pair(t, nil, func(p port.Port) port.Port {
+	a, b := pairCM(t, lossCM, memlink.Impairments{}, nil, func(p port.Port) port.Port {
 		dp = &dropPort{Port: p, drop: func(f []byte) bool {
 			return madAttr(f) == cm.AttrREQ && lost.Add(1) <= 2
 		}}
@@ -401,7 +417,7 @@ func TestREQRetransmittedUnderLoss(t *testing.T) {
 // sees the client's first SEND, raises COMM_EST, and the agent
 // establishes the connection from it (IBA 12.9.6).
 func TestRTULost(t *testing.T) {
-	a, b := pair(t, nil, func(p port.Port) port.Port {
+	a, b := pair(t, func(p port.Port) port.Port {
 		return &dropPort{Port: p, drop: func(f []byte) bool { return madAttr(f) == cm.AttrRTU }}
 	})
 	ln, _ := a.agent.Listen(7174, 0)
@@ -440,10 +456,9 @@ func TestRTULost(t *testing.T) {
 // devices, each carrying its own message, then all disconnected.
 func TestManyConnections(t *testing.T) {
 	const n = 24
-	// The server accepts one at a time, far slower than the 6 ms REQ
-	// timeout of fastCM: requests queued behind others get an MRA, which
-	// keeps their active side waiting instead of giving up.
-	a, b := pair(t, nil, nil)
+	// The server accepts one at a time: requests queued behind others get
+	// an MRA, which keeps their active side waiting instead of giving up.
+	a, b := pair(t, nil)
 	ln, _ := a.agent.Listen(7174, n)
 	ctx := ctx10(t)
 	type side struct {
@@ -544,7 +559,7 @@ func TestManyConnections(t *testing.T) {
 // TestIPv6: a connection between IPv6 GIDs: the rdma_cm header carries
 // IPv6 addresses, MADs and the RC QP use the IPv6 GID (index 1).
 func TestIPv6(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, mra := a.params(t, 1)
@@ -597,7 +612,7 @@ func TestIPv6(t *testing.T) {
 // one full and is rejected (no resources); the first expires when the
 // active side gives up, and accepting it then says so.
 func TestBacklog(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pairCM(t, fastCM, memlink.Impairments{}, nil, nil)
 	ln, _ := a.agent.Listen(7174, 1)
 	ctx := ctx10(t)
 	first := make(chan error, 1)
@@ -658,7 +673,7 @@ func TestBacklog(t *testing.T) {
 // long, not from QP1, garbage of the right size) are counted and dropped;
 // the agent goes on and a connection afterwards works.
 func TestHostileGSITraffic(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	pd, cq := newHostObjects(b.dev)
 	// A UD QP of our own on B, sending to A's QP1 with the GSI Q_Key.
 	q, err := pd.CreateQP(&verbs.QPInitAttr{Type: ib.UD, SendCQ: cq, RecvCQ: cq, Cap: ib.QPCaps{MaxSendWR: 16, MaxRecvWR: 1, MaxSendSGE: 1, MaxRecvSGE: 1, MaxInline: 300}})
@@ -729,7 +744,9 @@ func TestHostileGSITraffic(t *testing.T) {
 // context ends, the agent forgets it, and its QP is the application's
 // again.
 func TestDialCancelled(t *testing.T) {
-	_, b := pair(t, nil, func(p port.Port) port.Port {
+	// testCM: its first retry is far off, so the context ends the dial
+	// and not the CM's give-up, however late this goroutine runs.
+	_, b := pair(t, func(p port.Port) port.Port {
 		return &dropPort{Port: p, drop: func(f []byte) bool { return madAttr(f) == cm.AttrREQ }}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -752,7 +769,7 @@ func TestDialCancelled(t *testing.T) {
 // TestAgentCloseDisconnects: closing an agent sends DREQ for its live
 // connections; the peer's side ends.
 func TestAgentCloseDisconnects(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx := ctx10(t)
 	pa, _ := a.params(t, 1)
@@ -783,7 +800,7 @@ func TestAgentCloseDisconnects(t *testing.T) {
 // DREQ and DREP losses repaired by the CM's retransmissions and duplicate
 // answers (and COMM_EST for lost RTUs).
 func TestLossyLink(t *testing.T) {
-	a, b := pairCM(t, fastCM, memlink.Impairments{Loss: 0.1}, nil, nil)
+	a, b := pairCM(t, lossCM, memlink.Impairments{Loss: 0.1}, nil, nil)
 	ln, _ := a.agent.Listen(7174, 0)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -843,7 +860,7 @@ func TestLossyLink(t *testing.T) {
 // its active side keeps waiting while the first one, unanswered, runs out
 // of retries; accepting later still connects the second.
 func TestMRAKeepsQueuedRequest(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pairCM(t, fastCM, memlink.Impairments{}, nil, nil)
 	ln, _ := a.agent.Listen(7174, 4)
 	ctx := ctx10(t)
 	first, second := make(chan error, 1), make(chan error, 1)
@@ -897,7 +914,7 @@ func TestMRAKeepsQueuedRequest(t *testing.T) {
 // answer a SIDR request with a QP of another device than its own (it
 // would advertise that QP's number on its own device's wire).
 func TestQPOfAnotherDevice(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	pb, _ := b.params(t, 1)
 	qb, err := pb.newQP()
 	if err != nil {

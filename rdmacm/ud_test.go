@@ -11,6 +11,7 @@ import (
 	"github.com/softrnic/softrnic/cm"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
+	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -44,7 +45,7 @@ func (h *host) udQP(t *testing.T, n int) (verbs.QP, *rnic.MR) {
 // Q_Key), then sends a datagram to it that A receives; a datagram with
 // another Q_Key is dropped, as the Q_Key is the only protection UD has.
 func TestUDResolveAndSend(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	ln, err := a.agent.ListenUD(7175, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +119,7 @@ func TestUDResolveAndSend(t *testing.T) {
 // TestUDRefused: nobody listening answers "unsupported", a listener's
 // Reject answers "reject", and both reach ResolveUD as a *SIDRError.
 func TestUDRefused(t *testing.T) {
-	a, b := pair(t, nil, nil)
+	a, b := pair(t, nil)
 	ctx := ctx10(t)
 	var se *SIDRError
 	if _, err := b.agent.ResolveUD(ctx, ipA, 7176, nil); !errors.As(err, &se) || se.Status != cm.SIDRUnsupported {
@@ -152,7 +153,7 @@ func TestUDLostSIDR(t *testing.T) {
 	var reqs, reps atomic.Int32
 	var repsAll atomic.Bool
 	var dropB, dropA *dropPort
-	a, b := pair(t, func(p port.Port) port.Port {
+	a, b := pairCM(t, fastCM, memlink.Impairments{}, func(p port.Port) port.Port {
 		dropA = &dropPort{Port: p, drop: func(f []byte) bool { return madAttr(f) == cm.AttrSIDRREP && (repsAll.Load() || reps.Add(1) == 1) }}
 		return dropA
 	}, func(p port.Port) port.Port {

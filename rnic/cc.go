@@ -46,6 +46,13 @@ type Congestion struct {
 	// delay-based algorithms Not-ECT, so that no ECN marker and no DCQCN
 	// notification point acts on their frames.
 	DataDSCP uint8
+	// HostCC is when the device signals host congestion under DCQCN (its
+	// port's receive rings near the point where frames are dropped, as the
+	// driver reports with SetRxLevel): the notification point then answers
+	// the data packets of its QPs as if they were CE-marked, at most one
+	// per QP per CNP interval, so that their senders slow down before the
+	// port drops (recv.go). Zero: the defaults of dcqcn.HostCCConfig.
+	HostCC dcqcn.HostCCConfig
 	// PacerBurst is how many bytes a QP may send back to back after an
 	// idle period on top of one packet (congestion.Pacer.Burst); 0 paces
 	// every packet at the rate.

@@ -41,7 +41,7 @@ type CongestionStats struct {
 	RxCNP uint64
 	// NPHostCCMarks (np_host_cc_marks) counts the data packets the
 	// notification point answered as CE-marked for host congestion
-	// (Config.HostCC), at most one per QP per CNP interval: each asked its
+	// (Congestion.HostCC), at most one per QP per CNP interval: each asked its
 	// QP for a CNP (counted in np_cnp_sent with the others).
 	NPHostCCMarks uint64
 }
@@ -167,7 +167,7 @@ type QPCounters struct {
 	CC   congestion.State
 	CCOn bool
 	// HostCCMarks counts the QP's packets marked for host congestion
-	// (np_host_cc_marks; Config.HostCC).
+	// (np_host_cc_marks; Congestion.HostCC).
 	HostCCMarks uint64
 }
 

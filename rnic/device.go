@@ -46,13 +46,11 @@ type Config struct {
 	// known. The device grants the peers of its selective-repeat QPs
 	// receive windows that share half of them (recv.go).
 	RxFrames int
-	// HostCC is when the device signals host congestion (its port's
-	// receive rings near the point where frames are dropped, as the driver
-	// reports with SetRxLevel): DCQCN's notification point then answers
-	// the data packets of its QPs as if they were CE-marked, at most one
-	// per QP per CNP interval, so that their senders slow down before the
-	// port drops (recv.go). Zero: the defaults of dcqcn.HostCCConfig.
-	HostCC dcqcn.HostCCConfig
+	// PollFresh is how recently an application must have polled
+	// (Device.Poll) for a post to leave the doorbell alone (0:
+	// DefaultPollFresh; see Device.Poll). Tests widen it to make the
+	// skipped doorbells independent of how fast their goroutine runs.
+	PollFresh time.Duration
 	// Resolve, if set, finds the next hop's MAC for a destination (the
 	// neighbour table): address vectors without a DMAC (RTR of a connected
 	// QP, address handles) need it. It may block; the device never calls
@@ -171,6 +169,9 @@ func NewDevice(cfg Config) (*Device, error) {
 	if cfg.ReorderBytes == 0 {
 		cfg.ReorderBytes = DefaultReorderBytes
 	}
+	if cfg.PollFresh <= 0 {
+		cfg.PollFresh = DefaultPollFresh
+	}
 	for i, a := range cfg.Addrs {
 		cfg.Addrs[i] = a.Unmap()
 	}
@@ -178,8 +179,8 @@ func NewDevice(cfg Config) (*Device, error) {
 	d := &Device{cfg: cfg, doorbell: make(chan struct{}, 1), events: make(chan verbs.AsyncEvent, 256), nextQPN: 0x10,
 		cc: cfg.Congestion.ccConfig(), reorder: rc.NewReorderPool(pkt, max(cfg.ReorderBytes/pkt, 1))}
 	d.qps, d.keys = newTable[QP](), newTable[MR]()
-	d.hostCC.Init(cfg.HostCC)
-	d.hostMarks = cfg.Congestion.Algorithm == "dcqcn" && !cfg.HostCC.Off
+	d.hostCC.Init(cfg.Congestion.HostCC)
+	d.hostMarks = cfg.Congestion.Algorithm == "dcqcn" && !cfg.Congestion.HostCC.Off
 	d.subs.Store(new([]chan verbs.AsyncEvent))
 	return d, nil
 }

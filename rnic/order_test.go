@@ -79,3 +79,59 @@ func TestTransmitServesQPsInReadyOrder(t *testing.T) {
 		}, time.Second)
 	}
 }
+
+// The ACK of a SEND whose completion the application has already polled
+// still leaves when the application moves its QP to ERR before the
+// device's next Transmit (rdma_disconnect right after the last message):
+// the peer's SEND completes instead of being flushed.
+func TestOwedAckSurvivesERR(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	mrA, err := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	must(t, err)
+	mrB, err := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	must(t, err)
+	sge := func(m *MR) []ib.SGE { return []ib.SGE{{Addr: m.IOVA(), Length: 16, LKey: m.LKey()}} }
+	_, err = qb.PostRecv([]verbs.RecvWR{{ID: 1, SG: sge(mrB)}})
+	must(t, err)
+	_, err = qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrA)}})
+	must(t, err)
+	now := tb.clk.Now()
+	if n, _ := tb.a.transmit(t, now); n != 1 {
+		t.Fatalf("A sent %d frames", n)
+	}
+	tb.clk.Advance(10 * time.Microsecond)
+	now = tb.clk.Now()
+	k, err := tb.b.port.Recv(tb.b.rx, 0)
+	if err != nil || k != 1 {
+		t.Fatalf("B received %d (%v)", k, err)
+	}
+	tb.b.dev.Receive(now, tb.b.rx[:k])
+	if wcs := pollAll(qb.init.RecvCQ); len(wcs) != 1 || wcs[0].Status != ib.Success {
+		t.Fatalf("B's completions %+v", wcs)
+	}
+	must(t, qb.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState))
+	k = tb.b.port.Lend(tb.b.out)
+	m := tb.b.dev.Transmit(now, tb.b.out[:k])
+	if m != 1 || bth.BTH(tb.b.out[0][14+20+8:]).Opcode() != bth.RCAcknowledge {
+		t.Fatalf("B in ERR sent %d frames, want its owed ACK", m)
+	}
+	for i := m; i < k; i++ {
+		tb.b.out[i] = tb.b.out[i][:0]
+	}
+	if _, err := tb.b.port.Submit(tb.b.out[:k]); err != nil {
+		t.Fatal(err)
+	}
+	clear(tb.b.out[:k])
+	var wcs []ib.WC
+	tb.run(func() bool {
+		wcs = append(wcs, pollAll(qa.init.SendCQ)...)
+		return len(wcs) == 1
+	}, time.Second)
+	if wcs[0].Status != ib.Success {
+		t.Fatalf("A's SEND completed %v, want SUCCESS", wcs[0].Status)
+	}
+	if n, _ := tb.b.transmit(t, tb.clk.Now()); n != 0 {
+		t.Fatalf("B in ERR sent %d more frames", n)
+	}
+}

@@ -26,11 +26,11 @@ func (d *Device) SetPoller(step func() (moved, ran bool)) {
 // runs due timers and sends what the QPs have, and reports whether any
 // frame moved. An application that busy-polls its CQ calls it whenever
 // the CQ is empty: a ping-pong then needs no hand-off to the engine
-// goroutine in either direction (see also pollFresh). While its steps move
-// nothing it keeps stepping for up to pollSpin, so that a caller that
-// yields between calls yields less often; it returns at once when a step
-// moved something, when the engine goroutine holds the step, and when no
-// engine loop runs the device.
+// goroutine in either direction (see also Config.PollFresh). While its
+// steps move nothing it keeps stepping for up to pollSpin, so that a
+// caller that yields between calls yields less often; it returns at once
+// when a step moved something, when the engine goroutine holds the step,
+// and when no engine loop runs the device.
 func (d *Device) Poll() bool {
 	p := d.poller.Load()
 	if p == nil {

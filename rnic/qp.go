@@ -256,10 +256,16 @@ func (q *QP) releaseHeld() {
 	}
 }
 
-// toErrLocked moves the QP to ERR and flushes every outstanding WR.
+// toErrLocked moves the QP to ERR and flushes every outstanding WR, at
+// the application's request: an RC QP's owed ACK still goes out
+// (rc.QP.FlushKeepAck).
 func (q *QP) toErrLocked() {
 	q.state = ib.Err
-	q.tr.Flush()
+	if t, ok := q.tr.(*rc.QP); ok {
+		t.FlushKeepAck()
+	} else {
+		q.tr.Flush()
+	}
 	q.lastWQELocked()
 	var w ib.RecvWQE
 	if q.init.SRQ == nil {

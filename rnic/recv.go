@@ -148,7 +148,7 @@ func (d *Device) deliver(now clock.Time, q *QP, f *frame.Frame) {
 // the frames it hands to the next Receive (port.RxGauge: fill buffers
 // wait for the network, queued frames wait for the device, out of
 // buffers), read at now. Under DCQCN the device signals host congestion
-// with it (Config.HostCC). A driver that does not call it signals none.
+// with it (Congestion.HostCC). A driver that does not call it signals none.
 func (d *Device) SetRxLevel(now clock.Time, fill, queued, buffers int) {
 	d.share.level(now, queued)
 	d.hostCC.Observe(now, fill, queued, buffers)

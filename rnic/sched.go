@@ -225,18 +225,19 @@ func (d *Device) HasOutput() bool {
 // with its port and its next deadline.
 func (d *Device) Doorbell() <-chan struct{} { return d.doorbell }
 
-// pollFresh is how recently an application must have polled (Poll) for
-// a post to leave the doorbell alone: the poster is then spinning on its
-// CQ and its next Poll transmits the WQE in its own goroutine, batched
-// with whatever else it posts meanwhile, where a doorbell would wake the
-// engine goroutine (a futex wake-up on an idle core, and a goroutine that
-// takes the CPU the other end of a ping-pong needs on a small machine).
+// DefaultPollFresh is how recently an application must have polled (Poll)
+// for a post to leave the doorbell alone (Config.PollFresh): the poster
+// is then spinning on its CQ and its next Poll transmits the WQE in its
+// own goroutine, batched with whatever else it posts meanwhile, where a
+// doorbell would wake the engine goroutine (a futex wake-up on an idle
+// core, and a goroutine that takes the CPU the other end of a ping-pong
+// needs on a small machine).
 // If the application stops polling instead, the engine finds the WQE at
 // the end of its nap (engine.Options.PolledWait).
-const pollFresh = 10 * time.Microsecond
+const DefaultPollFresh = 10 * time.Microsecond
 
 func (d *Device) ring() {
-	if d.poller.Load() != nil && clock.Now().Sub(clock.Time(d.polledAt.Load())) < pollFresh {
+	if d.poller.Load() != nil && clock.Now().Sub(clock.Time(d.polledAt.Load())) < d.cfg.PollFresh {
 		d.ringsSkipped.Add(1)
 		return
 	}

@@ -2,10 +2,13 @@ package main
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
+	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/daemon/proto"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/ib"
@@ -136,5 +139,19 @@ func TestDaemonSwiftOverVeth(t *testing.T) {
 	}
 	if valid(proto.QCtrDCQCNRateCuts) || st.Values[proto.CtrNpCNPSent] != 0 {
 		t.Fatalf("DCQCN counters on a Swift device: QP valid %#x, np_cnp_sent %d", q.Valid, st.Values[proto.CtrNpCNPSent])
+	}
+}
+
+// daemonCongestion carries dcqcn.host_cc to the device's congestion
+// control beside the profile, as the tools' --host-cc does.
+func TestDaemonCongestionHostCC(t *testing.T) {
+	cfg := daemon.DefaultConfig()
+	if err := cfg.ParseFile("x.conf", strings.NewReader("interface = v0\n[dcqcn]\nprofile = paper\nhost_cc = fill=1,hold=1ms\n")); err != nil {
+		t.Fatal(err)
+	}
+	cc, err := daemonCongestion(&cfg)
+	want := dcqcn.HostCCConfig{FillLow: 1, Hold: time.Millisecond}
+	if err != nil || cc.Algorithm != "dcqcn" || cc.Profile != "paper" || cc.HostCC != want {
+		t.Fatalf("%s %s host %+v, %v; want dcqcn paper %+v", cc.Algorithm, cc.Profile, cc.HostCC, err, want)
 	}
 }

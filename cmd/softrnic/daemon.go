@@ -158,7 +158,7 @@ func serveDaemon(cfg *daemon.Config, log *slog.Logger) (err error) {
 	go func() { srvDone <- srv.Serve() }()
 	algo, profile, scale := h.Device.CongestionProfile()
 	log.Info("serving", "port", h.PortKind, "mtu", h.Device.Query().ActiveMTU, "gids", h.Iface.GIDs, "control", cfg.Control,
-		"cc", algo, "cc_profile", profile, "cc_scale", scale)
+		"cc", algo, "cc_profile", profile, "cc_scale", scale, "host_cc", h.Device.Config().Congestion.HostCC.String())
 
 	var runErr error
 	select {
@@ -202,7 +202,7 @@ func daemonCongestion(cfg *daemon.Config) (rnic.Congestion, error) {
 	cc, err := host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: c.Scale,
 		LineRate: congestion.Rate(c.LineGbps) * congestion.Gbps, ConnectX: &cx,
 		Swift: host.SwiftKnobs{BaseTarget: c.SwiftBaseTarget, HopScale: c.SwiftHopScale, FSRange: c.SwiftFSRange,
-			EndpointTarget: c.SwiftEndpointTarget, Hops: c.SwiftHops}})
+			EndpointTarget: c.SwiftEndpointTarget, Hops: c.SwiftHops}, HostCC: cfg.DCQCN.HostCC})
 	if err != nil {
 		return cc, &daemon.KeyError{Key: "cc", Err: err}
 	}

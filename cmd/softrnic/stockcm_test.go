@@ -70,10 +70,35 @@ func (e *cmStock) inProcess(ctx context.Context, argv ...string) *exec.Cmd {
 	return exec.CommandContext(ctx, "ip", args...)
 }
 
-// runCM runs server, then client; client runs again (at most 50 times, 100
-// ms apart) while its output says the server is not listening yet
-// (refused matches). Both must exit 0; the client's output is returned.
-// A client that lost perftest's second-connect race (see
+// listenWait bounds how long a client is run again while the server it
+// dials does not listen yet: a server process starting through softrnic
+// run on a loaded machine (every package's tests at once on 2 CPUs) can
+// take seconds.
+const listenWait = 30 * time.Second
+
+// dialUntilListening runs client until it exits 0 or its output does not
+// say the server is not listening yet (refused matches; "" runs it once),
+// 100 ms apart, for at most listenWait; it returns the last run's output
+// and error. A server that exits meanwhile (done, sout its output) fails
+// the test.
+func dialUntilListening(t testing.TB, done <-chan error, sout *bytes.Buffer, client func() *exec.Cmd, refused string) ([]byte, error) {
+	t.Helper()
+	for deadline := time.Now().Add(listenWait); ; {
+		out, err := client().CombinedOutput()
+		if err == nil || refused == "" || !bytes.Contains(out, []byte(refused)) || time.Now().After(deadline) {
+			return out, err
+		}
+		select {
+		case serr := <-done:
+			t.Fatalf("server exited (%v) before a client reached it:\n%s", serr, sout.String())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// runCM runs server, then client (again while the server is not listening
+// yet: see dialUntilListening). Both must exit 0; the client's output is
+// returned. A client that lost perftest's second-connect race (see
 // perftest.StockSecondConnectRace) ends the run early with raced set: only a new
 // run of both sides can pass.
 func runCM(t testing.TB, ctx context.Context, server *exec.Cmd, client func() *exec.Cmd, refused string) (clientOut string, raced bool) {
@@ -85,19 +110,7 @@ func runCM(t testing.TB, ctx context.Context, server *exec.Cmd, client func() *e
 	}
 	done := make(chan error, 1)
 	go func() { done <- server.Wait() }()
-	var cout []byte
-	var cerr error
-	for i := 0; ; i++ {
-		cout, cerr = client().CombinedOutput()
-		if cerr == nil || refused == "" || !bytes.Contains(cout, []byte(refused)) || i == 50 {
-			break
-		}
-		select {
-		case err := <-done:
-			t.Fatalf("server exited (%v) before a client reached it:\n%s", err, sout.String())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	cout, cerr := dialUntilListening(t, done, &sout, client, refused)
 	if cerr != nil && perftest.StockSecondConnectRace(cout) {
 		_ = server.Process.Kill() // it waits for a client that crashed
 		t.Logf("client lost perftest's second-connect race (%v); server killed: %v\n%s", cerr, <-done, cout)
@@ -291,19 +304,15 @@ func TestStockRpingAgainstInProcess(t *testing.T) {
 			if err := srv.Start(); err != nil {
 				t.Fatal(err)
 			}
-			var out []byte
-			var err error
-			for i := 0; i < 50; i++ {
-				out, err = e.inProcess(ctx, "rping", "-c", "-V", "-a", b, "-p", p, "-S", c.size, "-C", "20").CombinedOutput()
-				if err == nil || !bytes.Contains(out, []byte("(8)")) {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
+			done := make(chan error, 1)
+			go func() { done <- srv.Wait() }()
+			out, err := dialUntilListening(t, done, &sout, func() *exec.Cmd {
+				return e.inProcess(ctx, "rping", "-c", "-V", "-a", b, "-p", p, "-S", c.size, "-C", "20")
+			}, "(8)")
 			if err != nil && !bytes.Contains(out, []byte("(8)")) {
 				srv.Process.Kill() // the stock server may wait for ever
 			}
-			serr := srv.Wait()
+			serr := <-done
 			if rpingTeardownRace(serr, sout.Bytes()) {
 				t.Logf("stock server: rping's own teardown race after a complete run:\n%s", sout.String())
 				serr = nil

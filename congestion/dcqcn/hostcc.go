@@ -1,6 +1,9 @@
 package dcqcn
 
 import (
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/softrnic/softrnic/clock"
@@ -36,6 +39,61 @@ const (
 	DefaultHostRxHigh  = 0.5
 	DefaultHostHold    = 100 * time.Microsecond
 )
+
+// ParseHostCC parses the tools' --host-cc and the daemon's dcqcn.host_cc:
+// "on" (or empty) for the defaults, "off", or a comma-separated list of
+// fill=F (FillLow), rx=R (RxHigh), each a fraction in (0, 1], and
+// hold=DURATION (Hold, up to a second); what the list leaves out keeps
+// its default. fill=1 calls every reading congested in which the reader
+// holds frames: a deterministic signal for tests and experiments.
+func ParseHostCC(s string) (HostCCConfig, error) {
+	var c HostCCConfig
+	switch s {
+	case "", "on":
+		return c, nil
+	case "off":
+		c.Off = true
+		return c, nil
+	}
+	for kv := range strings.SplitSeq(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return c, fmt.Errorf("host congestion %q: %q is not KEY=VALUE (fill, rx, hold) or on, off", s, kv)
+		}
+		switch k {
+		case "fill", "rx":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || !(f > 0 && f <= 1) {
+				return c, fmt.Errorf("host congestion %s=%q: want a fraction in (0, 1]", k, v)
+			}
+			if k == "fill" {
+				c.FillLow = f
+			} else {
+				c.RxHigh = f
+			}
+		case "hold":
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 || d > time.Second {
+				return c, fmt.Errorf("host congestion hold=%q: want a duration in (0, 1s]", v)
+			}
+			c.Hold = d
+		default:
+			return c, fmt.Errorf("host congestion %q: unknown key %q (fill, rx, hold)", s, k)
+		}
+	}
+	return c, nil
+}
+
+// String is c in ParseHostCC's syntax, with the defaults applied.
+func (c HostCCConfig) String() string {
+	if c.Off {
+		return "off"
+	}
+	var h HostCC
+	h.Init(c)
+	c = h.cfg
+	return fmt.Sprintf("fill=%g,rx=%g,hold=%v", c.FillLow, c.RxHigh, c.Hold)
+}
 
 // HostCCCounters count what the host-congestion detector saw.
 type HostCCCounters struct {

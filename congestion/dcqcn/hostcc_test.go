@@ -114,3 +114,38 @@ func TestHostCCNoAlloc(t *testing.T) {
 }
 
 const ms = clock.Time(time.Millisecond)
+
+// ParseHostCC: on/off, each key alone keeping the other defaults, and
+// what it refuses; String writes what it parses back.
+func TestParseHostCC(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want HostCCConfig
+		str  string
+	}{
+		{"", HostCCConfig{}, "fill=0.25,rx=0.5,hold=100µs"},
+		{"on", HostCCConfig{}, "fill=0.25,rx=0.5,hold=100µs"},
+		{"off", HostCCConfig{Off: true}, "off"},
+		{"fill=1", HostCCConfig{FillLow: 1}, "fill=1,rx=0.5,hold=100µs"},
+		{"rx=0.75,hold=2ms", HostCCConfig{RxHigh: 0.75, Hold: 2 * time.Millisecond}, "fill=0.25,rx=0.75,hold=2ms"},
+		{"hold=1s,fill=0.5,rx=0.125", HostCCConfig{FillLow: 0.5, RxHigh: 0.125, Hold: time.Second}, "fill=0.5,rx=0.125,hold=1s"},
+	} {
+		got, err := ParseHostCC(c.in)
+		if err != nil || got != c.want {
+			t.Errorf("ParseHostCC(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+			continue
+		}
+		if s := got.String(); s != c.str {
+			t.Errorf("ParseHostCC(%q).String() = %q, want %q", c.in, s, c.str)
+		}
+		if back, err := ParseHostCC(got.String()); err != nil || back.String() != c.str {
+			t.Errorf("%q does not parse back: %+v, %v", got.String(), back, err)
+		}
+	}
+	for _, bad := range []string{"of", "fill", "fill=0", "fill=1.5", "rx=-1", "rx=NaN", "hold=0", "hold=2s", "hold=x",
+		"fill=0.5,", "drop=1", "fill=0.5,,rx=0.5"} {
+		if c, err := ParseHostCC(bad); err == nil {
+			t.Errorf("ParseHostCC(%q) = %+v, want an error", bad, c)
+		}
+	}
+}

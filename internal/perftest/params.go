@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/ib"
 )
 
@@ -43,6 +44,10 @@ type Params struct {
 	// S), at least 1 (default 1), so that a testbed with a slow bottleneck
 	// keeps the dynamics of a fast one.
 	CCScale float64
+	// HostCC is --host-cc: when DCQCN's notification point signals host
+	// congestion (dcqcn.ParseHostCC: on, off or fill=F,rx=R,hold=D), ""
+	// when not given (on, the defaults).
+	HostCC string
 	// Clients is --clients: how many clients a server serves at once on
 	// its one device (default 1). Several flows into one interface must
 	// share one device, since only one process can own its AF_XDP queue.
@@ -88,7 +93,8 @@ var options = []option{
 	{'F', "CPU-freq", false}, {'Q', "cq-mod", true}, {'o', "outs", true}, {'I', "inline_size", true},
 	{0, "report_gbits", false}, {0, "json", false}, {0, "verify", false},
 	{0, "tclass", true}, {0, "hop_limit", true}, {'u', "qp-timeout", true}, {'h', "help", false},
-	{0, "dcqcn", true}, {0, "dcqcn-scale", true}, {0, "cc", true}, {0, "cc-scale", true}, {0, "clients", true},
+	{0, "dcqcn", true}, {0, "dcqcn-scale", true}, {0, "cc", true}, {0, "cc-scale", true}, {0, "host-cc", true},
+	{0, "clients", true},
 	{'R', "rdma_cm", false}, {0, "recovery", true},
 }
 
@@ -122,6 +128,9 @@ const Usage = `  -d, --ib-dev=IFACE     network interface carrying RoCE
       --cc-scale=S       time dilation of congestion control: rates ÷ S, delays × S (default 1, >= 1)
       --dcqcn=PROFILE    DCQCN's profile: off, paper, connectx, hpcc-mlx; alone: --cc dcqcn:PROFILE
       --dcqcn-scale=S    the same as --cc-scale
+      --host-cc=on|off|fill=F,rx=R,hold=D   DCQCN: CNPs for host congestion, when fewer than
+                         F of the receive buffers wait for the network or R wait for the
+                         reader, for D after (default fill=0.25,rx=0.5,hold=100us)
       --clients=N        server: serve N clients at once on the one device (default 1)
       --recovery=selective|adaptive|timeout   loss recovery of the RC QPs (default: the
                          device's, selective): selective repeat with a softrnic peer and
@@ -304,6 +313,11 @@ func (p *Params) set(o *option, val string) error {
 			return fmt.Errorf("perftest: --%s=%q: want a number from 1 to 1e9", o.long, val)
 		}
 		p.CCScale = f
+	case "host-cc":
+		if _, herr := dcqcn.ParseHostCC(val); herr != nil {
+			return fmt.Errorf("perftest: --host-cc: %w", herr)
+		}
+		p.HostCC = val
 	case "rdma_cm":
 		p.RDMACM = true
 	case "recovery":

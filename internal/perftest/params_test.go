@@ -74,8 +74,8 @@ func TestParseArgs(t *testing.T) {
 	}
 }
 
-// TestParseDCQCN checks --cc, --cc-scale, --dcqcn, --dcqcn-scale and
-// --clients: values in both getopt spellings, defaults, and every refusal.
+// TestParseDCQCN checks --cc, --cc-scale, --dcqcn, --dcqcn-scale,
+// --host-cc and --clients: values in both getopt spellings, defaults, and every refusal.
 func TestParseDCQCN(t *testing.T) {
 	p, err := ParseArgs(Write, BW, []string{"-d", "v0", "--dcqcn", "Paper", "--dcqcn-scale=400", "--clients", "2"})
 	if err != nil {
@@ -92,6 +92,10 @@ func TestParseDCQCN(t *testing.T) {
 	if err != nil || p.CC != "swift" || p.DCQCN != "" || p.CCScale != 400 {
 		t.Fatalf("got cc %q dcqcn %q scale %v, %v; want swift, none, 400", p.CC, p.DCQCN, p.CCScale, err)
 	}
+	p, err = ParseArgs(Write, BW, []string{"-d", "v0", "--cc", "dcqcn", "--host-cc", "fill=1"})
+	if err != nil || p.CC != "dcqcn" || p.HostCC != "fill=1" {
+		t.Fatalf("got cc %q host-cc %q, %v; want dcqcn, fill=1", p.CC, p.HostCC, err)
+	}
 	p, err = ParseArgs(Write, BW, []string{"-d", "v0", "--cc=timely:paper"})
 	if err != nil || p.CC != "timely:paper" {
 		t.Fatalf("got cc %q, %v; want timely:paper", p.CC, err)
@@ -104,6 +108,7 @@ func TestParseDCQCN(t *testing.T) {
 		{"--dcqcn", "timely"}, {"--dcqcn"}, {"--dcqcn-scale", "0.5"}, {"--dcqcn-scale=NaN"}, {"--dcqcn-scale=-3"},
 		{"--dcqcn-scale", "x"}, {"--dcqcn-scale=+Inf"}, {"--clients", "0"}, {"--clients=65"}, {"--clients", "2", "10.0.0.1"},
 		{"--cc", "hpcc"}, {"--cc"}, {"--cc", "swift:"}, {"--cc", "off:x"}, {"--cc-scale", "0"},
+		{"--host-cc", "fill=0"}, {"--host-cc=sometimes"},
 	} {
 		if _, err := ParseArgs(Write, BW, append([]string{"-d", "v0"}, bad...)); err == nil {
 			t.Errorf("%q accepted", bad)

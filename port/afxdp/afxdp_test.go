@@ -467,7 +467,7 @@ func TestMultiQueue(t *testing.T) {
 			t.Fatalf("send on queue %d: %d, %v", q, k, err)
 		}
 		got := 0
-		for tries := 0; tries < 50 && got == 0; tries++ {
+		for deadline := time.Now().Add(10 * time.Second); got == 0 && time.Now().Before(deadline); {
 			k, err := ports[1][q].Recv(frames, 10*time.Millisecond)
 			if err != nil {
 				t.Fatal(err)
@@ -500,14 +500,13 @@ func TestMultiQueue(t *testing.T) {
 		t.Fatalf("send: %d, %v", k, err)
 	}
 	var after bpf.Counters
-	for tries := 0; tries < 50; tries++ {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if after, err = progs[1].Counters(); err != nil {
 			t.Fatal(err)
 		}
-		if after.Unbound > before.Unbound {
+		if after.Unbound > before.Unbound || time.Now().After(deadline) {
 			break
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	if after.Unbound != before.Unbound+1 || after.Steered != before.Steered {
 		t.Errorf("counters %+v -> %+v: want one more unbound, no more steered", before, after)
@@ -566,7 +565,7 @@ func TestVLANFrame(t *testing.T) {
 				t.Fatalf("Send: %d, %v", k, err)
 			}
 			frames := make([][]byte, port.BatchSize)
-			for tries := 0; tries < 50; tries++ {
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
 				k, err := b.Recv(frames, 20*time.Millisecond)
 				if err != nil {
 					t.Fatal(err)
@@ -597,8 +596,8 @@ func TestLocalAddrs(t *testing.T) {
 	}
 	frames := make([][]byte, port.BatchSize)
 	var got [][]byte
-	for tries := 0; tries < 20; tries++ {
-		k, err := b.Recv(frames, 10*time.Millisecond)
+	recv := func(timeout time.Duration) {
+		k, err := b.Recv(frames, timeout)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -606,6 +605,12 @@ func TestLocalAddrs(t *testing.T) {
 			got = append(got, append([]byte(nil), f...))
 		}
 	}
+	for deadline := time.Now().Add(10 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
+		recv(10 * time.Millisecond)
+	}
+	// The other frame went first: steered to the socket, it would have
+	// come before ours. A short wait more catches a late one.
+	recv(50 * time.Millisecond)
 	if len(got) != 1 || string(got[0]) != string(mine) {
 		t.Fatalf("received %d frames; want only the one to %v", len(got), pair.B.Addr)
 	}

@@ -480,6 +480,20 @@ func (q *QP) Flush() {
 	q.resp.qhead, q.resp.qlen = 0, 0
 }
 
+// FlushKeepAck is Flush for the application's move to ERR: the ACK of
+// messages already executed (their receive completions may have been
+// polled) still goes out, as the final reply. The device sends a batch's
+// ACKs after it publishes the batch's completions, and an application
+// that moves the QP to ERR at once (rdma_disconnect) must not leave its
+// peer to flush a SEND that arrived. A QP the device fails (a CQ overrun,
+// a DMA fault) sends no such ACK: what it executed did not complete.
+func (q *QP) FlushKeepAck() {
+	if it, ok := q.resp.owedAck(); ok && !q.resp.hasFinal && !q.cfg.UC && !q.failed {
+		q.resp.final, q.resp.hasFinal = it, true
+	}
+	q.Flush()
+}
+
 // SendError reports whether a UC send WQE failed locally and stopped the
 // SQ: the device moves the QP to SQE and calls FlushSend.
 func (q *QP) SendError() bool { return q.sqErr }

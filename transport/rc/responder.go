@@ -154,6 +154,27 @@ func (s *responder) pushAck(syn uint8, psn bth.PSN, msn uint32) {
 	s.push(respItem{kind: itemAck, syn: syn, psn: psn, msn: msn})
 }
 
+// owedAck is the last positive ACK queued before the first queued reply
+// that carries data (a READ response, an atomic acknowledgement, which an
+// ACK must not overtake): the acknowledgement of requests executed here
+// whose completions the application may already have seen.
+func (s *responder) owedAck() (respItem, bool) {
+	var ack respItem
+	found := false
+	for k := 0; k < s.qlen; k++ {
+		it := s.q[(s.qhead+k)%len(s.q)]
+		switch {
+		case it.kind == itemCancelled:
+		case it.kind == itemAck && it.syn == SynACK:
+			ack, found = it, true
+		case it.kind == itemAck:
+		default:
+			return ack, found
+		}
+	}
+	return ack, found
+}
+
 // receiveRequest is the responder. pay is pkt[hl:end].
 func (q *QP) receiveRequest(pkt []byte, op bth.Opcode, hl, end int) {
 	s := &q.resp

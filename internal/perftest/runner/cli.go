@@ -81,8 +81,8 @@ func withHost(p perftest.Params, o CLIOptions, f func(Host) error) error {
 // neighbour resolution and DCQCN (its own configuration), so -d may only
 // name the daemon's interface, and --dcqcn is refused.
 func withDaemon(p perftest.Params, socket string, f func(Host) error) error {
-	if p.DCQCN != "" || p.CC != "" || p.CCScale != 1 {
-		return errors.New("perf: --cc, --cc-scale or --dcqcn with --daemon: congestion control is the daemon's to configure (its cc keys)")
+	if p.DCQCN != "" || p.CC != "" || p.CCScale != 1 || p.HostCC != "" {
+		return errors.New("perf: --cc, --cc-scale, --dcqcn or --host-cc with --daemon: congestion control is the daemon's to configure (its cc keys)")
 	}
 	h, c, err := DaemonHost(socket)
 	if err != nil {

@@ -135,7 +135,7 @@ func jsonDCQCN(t *testing.T, out string) []DCQCNJSON {
 // the frames CE: the server's device receives marks and sends CNPs, the
 // client's takes them and cuts its QP's rate, and both --json outputs say
 // so under the mlx5 names, with the profile, the scale and the QP's final
-// rate.
+// rates.
 func TestDCQCNJSON(t *testing.T) {
 	args := []string{"-s", "65536", "-n", "300", "--json", "--dcqcn", "paper", "--dcqcn-scale", "2"}
 	a, b := ccHosts(t, args, 0.05)
@@ -160,10 +160,14 @@ func TestDCQCNJSON(t *testing.T) {
 	if *c[0].CNPHandled == 0 || cq.CNPHandled == 0 || cq.Cuts == 0 {
 		t.Errorf("client handled no CNPs: %+v, QP %+v", c[0], cq)
 	}
-	// paper's line rate is 40 Gb/s; dilated by 2, 20 Gb/s: a QP that cut
-	// its rate ends below it (the run is far shorter than the recovery).
-	if cq.RateMbps <= 0 || cq.RateMbps >= 20000 || cq.TargetMbps > 20000 || cq.Alpha <= 0 || cq.Alpha > 1 {
-		t.Errorf("client QP's final state %+v: want 0 < rate < 20000 Mb/s, target ≤ 20000, 0 < α ≤ 1", cq)
+	// paper's line rate is 40 Gb/s; dilated by 2, 20 Gb/s. The rate may
+	// be back at it: the rate-increase timers run on after the last CNP
+	// and recover in milliseconds, so how far depends on when the output
+	// is taken. What holds whenever it is: R_C ≤ R_T ≤ the line rate
+	// (every increase caps R_T and averages R_C towards it, every cut
+	// lowers R_C), and α > 0 once a CNP set it.
+	if cq.RateMbps <= 0 || cq.RateMbps > cq.TargetMbps || cq.TargetMbps > 20000 || cq.Alpha <= 0 || cq.Alpha > 1 {
+		t.Errorf("client QP's final state %+v: want 0 < rate ≤ target ≤ 20000 Mb/s, 0 < α ≤ 1", cq)
 	}
 }
 

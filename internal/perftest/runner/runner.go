@@ -15,6 +15,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/congestion"
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/internal/perftest"
@@ -42,8 +43,8 @@ type Host struct {
 	Stats func() rnic.Stats
 }
 
-// CongestionFor is the device's congestion control for --cc, --dcqcn and
-// --cc-scale (host.ParseCC, host.Congestion): the algorithm's profile at
+// CongestionFor is the device's congestion control for --cc, --dcqcn,
+// --cc-scale and --host-cc (host.ParseCC, host.Congestion): the algorithm's profile at
 // its own line rate (DCQCN paper 40 Gb/s, connectx 100 Gb/s; Swift and
 // TIMELY 40 Gb/s), dilated by the scale, so that a testbed whose
 // bottleneck is the line rate ÷ S sees the profile's dynamics; its pacer
@@ -53,7 +54,11 @@ func CongestionFor(p perftest.Params) (rnic.Congestion, error) {
 	if err != nil {
 		return rnic.Congestion{}, fmt.Errorf("perf: %w", err)
 	}
-	cc, err := host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: p.CCScale})
+	hcc, err := dcqcn.ParseHostCC(p.HostCC)
+	if err != nil {
+		return rnic.Congestion{}, fmt.Errorf("perf: --host-cc: %w", err)
+	}
+	cc, err := host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: p.CCScale, HostCC: hcc})
 	if err != nil {
 		return cc, fmt.Errorf("perf: --cc %s:%s --cc-scale %g: %w", algo, profile, p.CCScale, err)
 	}
