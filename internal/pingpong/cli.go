@@ -8,6 +8,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/host"
 	"github.com/softrnic/softrnic/internal/perftest/runner"
 	"github.com/softrnic/softrnic/rnic"
@@ -49,7 +50,7 @@ func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Resu
 	var err error
 	switch {
 	case o.Daemon != "":
-		if p.CC != "" || p.CCScale != 1 {
+		if p.CC != "" || p.CCScale != 1 || p.HostCC != "" {
 			return r, errors.New("pingpong: --cc with --daemon: congestion control is the daemon's to configure")
 		}
 		h, c, derr := runner.DaemonHost(o.Daemon)
@@ -75,11 +76,16 @@ func RunCLI(ctx context.Context, p Params, o CLIOptions, stdout io.Writer) (Resu
 	return r, nil
 }
 
-// ccOf is the device's congestion control for --cc and --cc-scale.
+// ccOf is the device's congestion control for --cc, --cc-scale and
+// --host-cc.
 func ccOf(p Params) (rnic.Congestion, error) {
 	algo, profile, err := host.ParseCC(p.CC, "")
 	if err != nil {
 		return rnic.Congestion{}, err
 	}
-	return host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: p.CCScale})
+	hcc, err := dcqcn.ParseHostCC(p.HostCC)
+	if err != nil {
+		return rnic.Congestion{}, fmt.Errorf("--host-cc: %w", err)
+	}
+	return host.Congestion(host.CC{Algorithm: algo, Profile: profile, Scale: p.CCScale, HostCC: hcc})
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/softrnic/softrnic/congestion/dcqcn"
 	"github.com/softrnic/softrnic/host"
 )
 
@@ -40,9 +41,12 @@ type Params struct {
 	Check     bool   // -c/--chk: validate received buffers
 	Host      string // the server to connect to; empty: be the server
 	// CC and CCScale are --cc ALGORITHM[:PROFILE] and --cc-scale S:
-	// congestion control of the QP's device (host.ParseCC; default off).
+	// congestion control of the QP's device (host.ParseCC; default off);
+	// HostCC is --host-cc, DCQCN's host-congestion signal
+	// (dcqcn.ParseHostCC; "": on, the defaults).
 	CC      string
 	CCScale float64
+	HostCC  string
 }
 
 // DefaultParams are the stock tools' defaults for t.
@@ -58,6 +62,7 @@ func DefaultParams(t Transport) Params {
 const (
 	optCC      = 1
 	optCCScale = 2
+	optHostCC  = 3
 )
 
 // ErrHelp is returned for -h/--help.
@@ -80,6 +85,7 @@ const Usage = `  -p, --port=<port>      listen on/connect to port <port> (defaul
                          client's page marks, as the stock client sends)
       --cc=ALGO[:PROFILE]  congestion control: off (default), dcqcn, swift, timely
       --cc-scale=S       its time dilation: rates ÷ S, delays × S (default 1)
+      --host-cc=on|off|fill=F,rx=R,hold=D  DCQCN's host-congestion signal (default on)
 `
 
 // ParseArgs parses the stock tools' command line (options and the server
@@ -87,8 +93,9 @@ const Usage = `  -p, --port=<port>      listen on/connect to port <port> (defaul
 func ParseArgs(t Transport, args []string) (Params, error) {
 	p := DefaultParams(t)
 	long := map[string]byte{"port": 'p', "ib-dev": 'd', "ib-port": 'i', "size": 's', "mtu": 'm', "rx-depth": 'r',
-		"iters": 'n', "sl": 'l', "events": 'e', "gid-idx": 'g', "chk": 'c', "help": 'h', "cc": optCC, "cc-scale": optCCScale}
-	hasArg := "pdismrnlg" + string(rune(optCC)) + string(rune(optCCScale))
+		"iters": 'n', "sl": 'l', "events": 'e', "gid-idx": 'g', "chk": 'c', "help": 'h', "cc": optCC, "cc-scale": optCCScale,
+		"host-cc": optHostCC}
+	hasArg := "pdismrnlg" + string(rune(optCC)) + string(rune(optCCScale)) + string(rune(optHostCC))
 	var pos []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -187,6 +194,9 @@ func (p *Params) set(opt byte, val string) error {
 			err = fmt.Errorf("bad value %q (a number from 1 to 1e9)", val)
 		}
 		p.CCScale = f
+	case optHostCC:
+		p.HostCC = val
+		_, err = dcqcn.ParseHostCC(val)
 	default:
 		err = errors.New("unknown option")
 	}

@@ -256,10 +256,18 @@ func TestParseArgs(t *testing.T) {
 	if err != nil || p.Device != "eth1" || p.Size != 1024 || p.Iters != 7 || !p.Check || p.Host != "10.0.0.2" || p.Port != 0x4000 || p.GIDIndex != -1 {
 		t.Fatalf("%+v %v", p, err)
 	}
+	p, err = ParseArgs(RC, strings.Fields("-d eth0 --cc dcqcn --host-cc=fill=1,hold=1ms"))
+	if err != nil || p.CC != "dcqcn" || p.HostCC != "fill=1,hold=1ms" {
+		t.Fatalf("--host-cc: %+v %v", p, err)
+	}
+	if cc, err := ccOf(p); err != nil || cc.HostCC.FillLow != 1 || cc.HostCC.Hold != time.Millisecond {
+		t.Fatalf("--host-cc reaches the device as %+v, %v", cc.HostCC, err)
+	}
 	if d := DefaultParams(UD); d.Size != 1024 || d.Iters != 1000 {
 		t.Fatalf("UD defaults %+v", d)
 	}
-	for _, bad := range []string{"-s", "-d x -m 1000", "-d x -q 1", "-d x a b", "-d x -r 1", "-d x --chk=1", "-d x -s 0"} {
+	for _, bad := range []string{"-s", "-d x -m 1000", "-d x -q 1", "-d x a b", "-d x -r 1", "-d x --chk=1", "-d x -s 0",
+		"-d x --host-cc", "-d x --host-cc=fill=2"} {
 		if _, err := ParseArgs(RC, strings.Fields(bad)); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
