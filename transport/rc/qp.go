@@ -486,9 +486,11 @@ func (q *QP) Flush() {
 // ACKs after it publishes the batch's completions, and an application
 // that moves the QP to ERR at once (rdma_disconnect) must not leave its
 // peer to flush a SEND that arrived. A QP the device fails (a CQ overrun,
-// a DMA fault) sends no such ACK: what it executed did not complete.
+// a DMA fault) sends no such ACK: what it executed did not complete. (A
+// UC responder queues no ACKs; a fatal NAK, already the final reply,
+// comes with failed.)
 func (q *QP) FlushKeepAck() {
-	if it, ok := q.resp.owedAck(); ok && !q.resp.hasFinal && !q.cfg.UC && !q.failed {
+	if it, ok := q.resp.owedAck(); ok && !q.failed {
 		q.resp.final, q.resp.hasFinal = it, true
 	}
 	q.Flush()
