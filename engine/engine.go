@@ -59,13 +59,15 @@ type Options struct {
 	// something (see Step). For measurements.
 	EagerTx bool
 	// Yield, if set, gives the CPU away for a moment (port.Yield:
-	// sched_yield(2)). Run calls it between the polls of its idle spin
-	// while no application polls the device, so that a spinning engine
-	// runs only on a CPU nothing else wants: the client it has just woken,
-	// the peer's engine or an application spinning on the same CPU run
-	// first, and with nothing else runnable the call returns at once. On
-	// a small host a spin that does not yield holds the CPU that the
-	// thread producing its next work needs (README, "Design decisions").
+	// sched_yield(2)). Run calls it between the polls of its idle spin,
+	// and after a step that received, completed work requests and left
+	// its answers to the next, while no application polls the device,
+	// so that a spinning engine runs only on a CPU nothing else wants:
+	// the client it has just woken, the peer's engine or an application
+	// spinning on the same CPU run first, and with nothing else runnable
+	// the call returns at once. On a small host a spin that does not
+	// yield holds the CPU that the thread producing its next work needs
+	// (README, "Design decisions").
 	Yield func()
 	// Now is the clock (nil: clock.Now). Tests pass a virtual clock.
 	Now func() clock.Time
@@ -115,7 +117,7 @@ type Counters struct {
 	NapsYielded uint64
 	// SpinWindowNs is Run's adaptive spin window now, in ns (Options.SpinMax).
 	SpinWindowNs uint64
-	// Yields counts the CPU given away while spinning idle (Options.Yield).
+	// Yields counts the CPU given away (Options.Yield).
 	Yields uint64
 }
 
@@ -450,6 +452,7 @@ func (l *Loop) Run(ctx context.Context) error {
 				l.dev.DisarmQueues()
 			}
 		}
+		made := l.dev.CompletionsMade()
 		worked, err := l.Step(t, wait)
 		if wait > 0 {
 			l.dev.SetAsleep(false)
@@ -460,6 +463,16 @@ func (l *Loop) Run(ctx context.Context) error {
 				return nil
 			}
 			return err
+		}
+		if worked && l.txDeferred && !polled && l.opt.Yield != nil && l.dev.CompletionsMade() != made {
+			// The step received, completed work requests and left its
+			// answers to the next step (see Step). The client it
+			// completed to, if it shares this CPU, can post its reply
+			// meanwhile, which then leaves with the ACKs in one batch
+			// instead of waiting behind their send. A step that
+			// completed nothing (a WRITE stream's) does not yield.
+			l.yields.Add(1)
+			l.opt.Yield()
 		}
 		if worked {
 			if idle {

@@ -5,4 +5,11 @@ import "golang.org/x/sys/unix"
 // Yield gives the calling thread's CPU to another runnable thread, if one
 // waits for it (sched_yield(2)); with none, it returns at once. The
 // engine's idle spin calls it (engine.Options.Yield).
-func Yield() { _, _, _ = unix.Syscall(unix.SYS_SCHED_YIELD, 0, 0, 0) } // it cannot fail on Linux
+//
+// It is a raw system call: the Go scheduler is not told, as sched_yield
+// waits for no event. Told, its monitor finds a thread whose yield handed
+// the CPU over still in the call and, with no idle P (GOMAXPROCS 1: a
+// process limited to one CPU), wakes another thread to take the P and
+// keeps watching every 20 µs: wake-ups on the very CPU the yield gave
+// away.
+func Yield() { _, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) } // it cannot fail on Linux

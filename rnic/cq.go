@@ -203,6 +203,11 @@ func (c *CQ) push(wcs []ib.WC, recv bool) {
 	}
 }
 
+// CompletionsMade counts the CQ pushes that may have added a completion
+// (safe from any goroutine): the engine compares it across a step to
+// learn whether the step completed anything.
+func (d *Device) CompletionsMade() uint64 { return d.completions.Load() }
+
 // CQOverruns counts the CQs of the device that overflowed (safe from any
 // goroutine).
 func (d *Device) CQOverruns() uint64 { return d.cqOverruns.Load() }
