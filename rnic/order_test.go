@@ -135,3 +135,66 @@ func TestOwedAckSurvivesERR(t *testing.T) {
 		t.Fatalf("B in ERR sent %d more frames", n)
 	}
 }
+
+// A QP destroyed with work queued sends nothing more but the ACK it owes
+// (ibv_destroy_qp right after polling the peer's SEND): its own queued
+// SEND is dropped without a completion, and the peer's SEND completes.
+func TestDestroyedQPSendsOnlyItsOwedAck(t *testing.T) {
+	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+	mrA, err := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	must(t, err)
+	mrB, err := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	must(t, err)
+	sge := func(m *MR) []ib.SGE { return []ib.SGE{{Addr: m.IOVA(), Length: 16, LKey: m.LKey()}} }
+	_, err = qb.PostRecv([]verbs.RecvWR{{ID: 1, SG: sge(mrB)}})
+	must(t, err)
+	_, err = qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrA)}})
+	must(t, err)
+	now := tb.clk.Now()
+	if n, _ := tb.a.transmit(t, now); n != 1 {
+		t.Fatalf("A sent %d frames", n)
+	}
+	tb.clk.Advance(10 * time.Microsecond)
+	now = tb.clk.Now()
+	k, err := tb.b.port.Recv(tb.b.rx, 0)
+	if err != nil || k != 1 {
+		t.Fatalf("B received %d (%v)", k, err)
+	}
+	tb.b.dev.Receive(now, tb.b.rx[:k])
+	if wcs := pollAll(qb.init.RecvCQ); len(wcs) != 1 || wcs[0].Status != ib.Success {
+		t.Fatalf("B's completions %+v", wcs)
+	}
+	_, err = qb.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrB)}})
+	must(t, err)
+	must(t, qb.Destroy())
+	k = tb.b.port.Lend(tb.b.out)
+	m := tb.b.dev.Transmit(now, tb.b.out[:k])
+	if m != 1 || bth.BTH(tb.b.out[0][14+20+8:]).Opcode() != bth.RCAcknowledge {
+		t.Fatalf("destroyed B sent %d frames, want its owed ACK alone", m)
+	}
+	for i := m; i < k; i++ {
+		tb.b.out[i] = tb.b.out[i][:0]
+	}
+	if _, err := tb.b.port.Submit(tb.b.out[:k]); err != nil {
+		t.Fatal(err)
+	}
+	clear(tb.b.out[:k])
+	var wcs []ib.WC
+	tb.run(func() bool {
+		wcs = append(wcs, pollAll(qa.init.SendCQ)...)
+		return len(wcs) == 1
+	}, time.Second)
+	if wcs[0].Status != ib.Success {
+		t.Fatalf("A's SEND completed %v, want SUCCESS", wcs[0].Status)
+	}
+	if n, _ := tb.b.transmit(t, tb.clk.Now()); n != 0 {
+		t.Fatalf("destroyed B sent %d more frames", n)
+	}
+	if wcs := pollAll(qb.init.SendCQ); len(wcs) != 0 {
+		t.Fatalf("destroyed B's dropped SEND completed: %+v", wcs)
+	}
+	if s := qa.init.RecvCQ; len(pollAll(s)) != 0 {
+		t.Fatal("A received the destroyed QP's SEND")
+	}
+}

@@ -237,9 +237,25 @@ func (q *QP) Destroy() error {
 	}
 	d.mu.Unlock()
 	q.mu.Lock()
+	q.discardLocked()
 	q.releaseHeld()
 	q.mu.Unlock()
 	return nil
+}
+
+// discardLocked drops the work of a QP being destroyed: its WRs leave
+// without completions, as ibv_destroy_qp's do, and a QP still on the
+// engine's ready list sends nothing more (no request reading memory its
+// application may already have deregistered), except an RC responder's
+// owed ACK, as at the move to ERR (toErrLocked): the peer's message
+// completed here, and its sender must not flush it.
+func (q *QP) discardLocked() {
+	if t, ok := q.tr.(*rc.QP); ok {
+		t.FlushKeepAck()
+	} else {
+		q.tr.Flush()
+	}
+	_ = q.tr.TakeCompletions()
 }
 
 // releaseHeld hands the packets an RC QP holds out of order back to the
