@@ -14,6 +14,7 @@ import (
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port"
 	"github.com/softrnic/softrnic/port/memlink"
+	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/verbs"
 )
 
@@ -189,6 +190,82 @@ func (s *submits) calls() []int {
 	return slices.Clone(s.sizes)
 }
 
+// yieldRig is host A's RC QP, connected to a peer at B that the test
+// plays on wire, under a loop that spins without napping and calls
+// yield as its Options.Yield (on the loop's goroutine); rec records the
+// loop's Submits.
+type yieldRig struct {
+	wire port.Port
+	a    *host
+	q    *rnic.QP
+	rec  *submits
+	l    *Loop
+}
+
+func newYieldRig(t *testing.T, yield func(r *yieldRig)) *yieldRig {
+	t.Helper()
+	wire, pa := memlink.NewPair(memlink.Config{})
+	r := &yieldRig{wire: wire, a: newHost(t, macA, addrA, 1024, 1<<16), rec: &submits{Port: pa}}
+	r.q = r.a.createQP(t, ib.RC)
+	connect(t, r.q, 1024, 0x99, macB, addrB, 1, 1)
+	l, err := NewLoop(r.a.dev, r.rec, Options{SpinFor: time.Hour, SpinMax: -1, Yield: func() { yield(r) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.l = l
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		pa.Close()
+		wire.Close()
+	})
+	return r
+}
+
+// send puts a frame from B to the QP on the wire, built by craft with mod.
+func (r *yieldRig) send(t *testing.T, mod func(*frame.Spec)) {
+	t.Helper()
+	f := craft(t, addrB, addrA, r.q.QPN(), 1, func(s *frame.Spec) {
+		s.SrcMAC, s.DstMAC = macB, macA
+		if mod != nil {
+			mod(s)
+		}
+	})
+	if n, err := port.Send(r.wire, [][]byte{f}); n != 1 || err != nil {
+		t.Fatal(n, err)
+	}
+}
+
+// answers waits for the first n frames the QP sends and returns their
+// opcodes.
+func (r *yieldRig) answers(t *testing.T, n int) []bth.Opcode {
+	t.Helper()
+	var ops []bth.Opcode
+	in := make([][]byte, 4)
+	for deadline := time.Now().Add(10 * time.Second); len(ops) < n; {
+		k, err := r.wire.Recv(in, 10*time.Millisecond)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range in[:k] {
+			var f frame.Frame
+			if err := frame.Parse(b, &f); err != nil {
+				t.Fatal(err)
+			}
+			ops = append(ops, f.Opcode())
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d frames in 10 s; Submits %v", len(ops), r.rec.calls())
+		}
+	}
+	return ops[:n]
+}
+
 // TestRunYieldsForTheReply: after a step that received a SEND, and before
 // the step that sends its ACK, an unpolled loop gives its CPU away
 // (Options.Yield), so that the client it completed to, if it shares the
@@ -196,80 +273,35 @@ func (s *submits) calls() []int {
 // test's Yield plays that client. Before the yield was there, the ACK left
 // alone and the reply in a second Submit.
 func TestRunYieldsForTheReply(t *testing.T) {
-	wire, pa := memlink.NewPair(memlink.Config{})
-	defer wire.Close()
-	a := newHost(t, macA, addrA, 1024, 1<<16)
-	q := a.createQP(t, ib.RC)
-	const peerQPN = 0x99
-	connect(t, q, 1024, peerQPN, macB, addrB, 1, 1)
-	if _, err := q.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{{Addr: a.mr.IOVA(), Length: 256, LKey: a.mr.LKey()}}}}); err != nil {
-		t.Fatal(err)
-	}
-	rec := &submits{Port: pa}
 	var replied atomic.Bool
 	var replyErr error
-	client := func() { // runs on the loop's goroutine, in its Yield
+	r := newYieldRig(t, func(r *yieldRig) {
 		var wcs [1]ib.WC
-		if replied.Load() || a.cq.Poll(wcs[:]) == 0 {
+		if replied.Load() || r.a.cq.Poll(wcs[:]) == 0 {
 			return
 		}
 		if wcs[0].Status != ib.Success || !wcs[0].IsRecv {
 			replyErr = fmt.Errorf("completion %+v", wcs[0])
 		} else {
-			_, replyErr = q.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled,
-				SG: []ib.SGE{{Addr: a.mr.IOVA() + 512, Length: 64, LKey: a.mr.LKey()}}}})
+			_, replyErr = r.q.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled,
+				SG: []ib.SGE{{Addr: r.a.mr.IOVA() + 512, Length: 64, LKey: r.a.mr.LKey()}}}})
 		}
 		replied.Store(true)
-	}
-	l, err := NewLoop(a.dev, rec, Options{SpinFor: time.Hour, SpinMax: -1, Yield: client})
-	if err != nil {
+	})
+	if _, err := r.q.PostRecv([]verbs.RecvWR{{ID: 1, SG: []ib.SGE{{Addr: r.a.mr.IOVA(), Length: 256, LKey: r.a.mr.LKey()}}}}); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		pa.Close()
-	}()
-	send := craft(t, addrB, addrA, q.QPN(), 1, func(s *frame.Spec) { s.SrcMAC, s.DstMAC = macB, macA })
-	if n, err := port.Send(wire, [][]byte{send}); n != 1 || err != nil {
-		t.Fatal(n, err)
-	}
-	var got [][]byte
-	in := make([][]byte, 4)
-	for deadline := time.Now().Add(10 * time.Second); len(got) < 2; {
-		n, err := wire.Recv(in, 10*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, f := range in[:n] {
-			got = append(got, slices.Clone(f))
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d frames in 10 s; Submits %v", len(got), rec.calls())
-		}
-	}
+	r.send(t, nil)
+	ops := r.answers(t, 2)
 	if replyErr != nil {
 		t.Fatal(replyErr)
-	}
-	var ops []bth.Opcode
-	for _, f := range got[:2] {
-		var p frame.Frame
-		if err := frame.Parse(f, &p); err != nil {
-			t.Fatal(err)
-		}
-		ops = append(ops, p.Opcode())
 	}
 	if !slices.Contains(ops, bth.RCAcknowledge) || !slices.Contains(ops, bth.RCSendOnly) {
 		t.Fatalf("frames on the wire %v, want the ACK and the reply", ops)
 	}
 	// Later Submits, if any, are the reply's retransmissions: the test's
 	// wire does not answer.
-	if c := rec.calls(); c[0] != 2 {
+	if c := r.rec.calls(); c[0] != 2 {
 		t.Fatalf("Submit calls %v, want the first of both frames", c)
 	}
 }
@@ -278,57 +310,18 @@ func TestRunYieldsForTheReply(t *testing.T) {
 // the loop does not give its CPU away before sending its ACK (a WRITE
 // stream's receiver would otherwise yield at every step).
 func TestRunNoYieldWithoutCompletion(t *testing.T) {
-	wire, pa := memlink.NewPair(memlink.Config{})
-	defer wire.Close()
-	a := newHost(t, macA, addrA, 1024, 1<<16)
-	q := a.createQP(t, ib.RC)
-	connect(t, q, 1024, 0x99, macB, addrB, 1, 1)
-	rec := &submits{Port: pa}
 	var early atomic.Uint64 // yields between the WRITE's receipt and its ACK's Submit
-	var l *Loop
-	hook := func() {
-		if l.dev.Stats.RxFrames > 0 && len(rec.calls()) == 0 {
+	r := newYieldRig(t, func(r *yieldRig) {
+		if r.l.dev.Stats.RxFrames > 0 && len(r.rec.calls()) == 0 {
 			early.Add(1)
 		}
-	}
-	l, err := NewLoop(a.dev, rec, Options{SpinFor: time.Hour, SpinMax: -1, Yield: hook})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		pa.Close()
-	}()
-	write := craft(t, addrB, addrA, q.QPN(), 1, func(s *frame.Spec) {
-		s.SrcMAC, s.DstMAC = macB, macA
-		s.BTH.Opcode = bth.RCRDMAWriteOnly
-		s.RETH = frame.RETHFields{VA: a.mr.IOVA(), RKey: a.mr.RKey(), DMALen: uint32(len("hello, RoCE!"))}
 	})
-	if n, err := port.Send(wire, [][]byte{write}); n != 1 || err != nil {
-		t.Fatal(n, err)
-	}
-	in := make([][]byte, 4)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		n, err := wire.Recv(in, 10*time.Millisecond)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			var f frame.Frame
-			if err := frame.Parse(in[0], &f); err != nil || f.Opcode() != bth.RCAcknowledge {
-				t.Fatalf("answer %v (%v), want an ACK", f.Opcode(), err)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no ACK in 10 s")
-		}
+	r.send(t, func(s *frame.Spec) {
+		s.BTH.Opcode = bth.RCRDMAWriteOnly
+		s.RETH = frame.RETHFields{VA: r.a.mr.IOVA(), RKey: r.a.mr.RKey(), DMALen: uint32(len("hello, RoCE!"))}
+	})
+	if ops := r.answers(t, 1); ops[0] != bth.RCAcknowledge {
+		t.Fatalf("answer %v, want an ACK", ops[0])
 	}
 	if e := early.Load(); e != 0 {
 		t.Fatalf("%d yields before the WRITE's ACK", e)
