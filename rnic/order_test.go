@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/bth"
+	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
@@ -80,23 +81,23 @@ func TestTransmitServesQPsInReadyOrder(t *testing.T) {
 	}
 }
 
-// The ACK of a SEND whose completion the application has already polled
-// still leaves when the application moves its QP to ERR before the
-// device's next Transmit (rdma_disconnect right after the last message):
-// the peer's SEND completes instead of being flushed.
-func TestOwedAckSurvivesERR(t *testing.T) {
-	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
-	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
+// owedAck runs an RC SEND from A to B up to B's application polling its
+// receive completion, before B's device has sent the ACK it owes (the
+// next Transmit would). It returns the testbed, both QPs, B's MR and
+// the time.
+func owedAck(t *testing.T) (tb *testbed, qa, qb *QP, mrB *MR, now clock.Time) {
+	t.Helper()
+	tb = newTestbed(t, memlink.Impairments{}, 1, 1024)
+	qa, qb = tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
 	mrA, err := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
 	must(t, err)
-	mrB, err := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+	mrB, err = tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
 	must(t, err)
-	sge := func(m *MR) []ib.SGE { return []ib.SGE{{Addr: m.IOVA(), Length: 16, LKey: m.LKey()}} }
-	_, err = qb.PostRecv([]verbs.RecvWR{{ID: 1, SG: sge(mrB)}})
+	_, err = qb.PostRecv([]verbs.RecvWR{{ID: 1, SG: sge16(mrB)}})
 	must(t, err)
-	_, err = qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrA)}})
+	_, err = qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sge16(mrA)}})
 	must(t, err)
-	now := tb.clk.Now()
+	now = tb.clk.Now()
 	if n, _ := tb.a.transmit(t, now); n != 1 {
 		t.Fatalf("A sent %d frames", n)
 	}
@@ -110,11 +111,21 @@ func TestOwedAckSurvivesERR(t *testing.T) {
 	if wcs := pollAll(qb.init.RecvCQ); len(wcs) != 1 || wcs[0].Status != ib.Success {
 		t.Fatalf("B's completions %+v", wcs)
 	}
-	must(t, qb.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState))
-	k = tb.b.port.Lend(tb.b.out)
+	return tb, qa, qb, mrB, now
+}
+
+// sge16 is the first 16 bytes of m.
+func sge16(m *MR) []ib.SGE { return []ib.SGE{{Addr: m.IOVA(), Length: 16, LKey: m.LKey()}} }
+
+// sendsOnlyOwedAck checks B's next Transmit after owedAck and what its
+// application did then (named by who): the owed ACK alone, after which
+// A's SEND completes with SUCCESS and B sends nothing more.
+func sendsOnlyOwedAck(t *testing.T, tb *testbed, qa *QP, now clock.Time, who string) {
+	t.Helper()
+	k := tb.b.port.Lend(tb.b.out)
 	m := tb.b.dev.Transmit(now, tb.b.out[:k])
 	if m != 1 || bth.BTH(tb.b.out[0][14+20+8:]).Opcode() != bth.RCAcknowledge {
-		t.Fatalf("B in ERR sent %d frames, want its owed ACK", m)
+		t.Fatalf("%s sent %d frames, want its owed ACK alone", who, m)
 	}
 	for i := m; i < k; i++ {
 		tb.b.out[i] = tb.b.out[i][:0]
@@ -132,65 +143,29 @@ func TestOwedAckSurvivesERR(t *testing.T) {
 		t.Fatalf("A's SEND completed %v, want SUCCESS", wcs[0].Status)
 	}
 	if n, _ := tb.b.transmit(t, tb.clk.Now()); n != 0 {
-		t.Fatalf("B in ERR sent %d more frames", n)
+		t.Fatalf("%s sent %d more frames", who, n)
 	}
+}
+
+// The ACK of a SEND whose completion the application has already polled
+// still leaves when the application moves its QP to ERR before the
+// device's next Transmit (rdma_disconnect right after the last message):
+// the peer's SEND completes instead of being flushed.
+func TestOwedAckSurvivesERR(t *testing.T) {
+	tb, qa, qb, _, now := owedAck(t)
+	must(t, qb.Modify(&ib.QPAttr{State: ib.Err}, ib.AttrState))
+	sendsOnlyOwedAck(t, tb, qa, now, "B in ERR")
 }
 
 // A QP destroyed with work queued sends nothing more but the ACK it owes
 // (ibv_destroy_qp right after polling the peer's SEND): its own queued
 // SEND is dropped without a completion, and the peer's SEND completes.
 func TestDestroyedQPSendsOnlyItsOwedAck(t *testing.T) {
-	tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
-	qa, qb := tb.connect(ib.RC, 1024, ib.LocalWrite, 8)
-	mrA, err := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
-	must(t, err)
-	mrB, err := tb.b.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
-	must(t, err)
-	sge := func(m *MR) []ib.SGE { return []ib.SGE{{Addr: m.IOVA(), Length: 16, LKey: m.LKey()}} }
-	_, err = qb.PostRecv([]verbs.RecvWR{{ID: 1, SG: sge(mrB)}})
-	must(t, err)
-	_, err = qa.PostSend([]verbs.SendWR{{ID: 1, Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrA)}})
-	must(t, err)
-	now := tb.clk.Now()
-	if n, _ := tb.a.transmit(t, now); n != 1 {
-		t.Fatalf("A sent %d frames", n)
-	}
-	tb.clk.Advance(10 * time.Microsecond)
-	now = tb.clk.Now()
-	k, err := tb.b.port.Recv(tb.b.rx, 0)
-	if err != nil || k != 1 {
-		t.Fatalf("B received %d (%v)", k, err)
-	}
-	tb.b.dev.Receive(now, tb.b.rx[:k])
-	if wcs := pollAll(qb.init.RecvCQ); len(wcs) != 1 || wcs[0].Status != ib.Success {
-		t.Fatalf("B's completions %+v", wcs)
-	}
-	_, err = qb.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: sge(mrB)}})
+	tb, qa, qb, mrB, now := owedAck(t)
+	_, err := qb.PostSend([]verbs.SendWR{{ID: 2, Opcode: ib.Send, Flags: ib.Signaled, SG: sge16(mrB)}})
 	must(t, err)
 	must(t, qb.Destroy())
-	k = tb.b.port.Lend(tb.b.out)
-	m := tb.b.dev.Transmit(now, tb.b.out[:k])
-	if m != 1 || bth.BTH(tb.b.out[0][14+20+8:]).Opcode() != bth.RCAcknowledge {
-		t.Fatalf("destroyed B sent %d frames, want its owed ACK alone", m)
-	}
-	for i := m; i < k; i++ {
-		tb.b.out[i] = tb.b.out[i][:0]
-	}
-	if _, err := tb.b.port.Submit(tb.b.out[:k]); err != nil {
-		t.Fatal(err)
-	}
-	clear(tb.b.out[:k])
-	var wcs []ib.WC
-	tb.run(func() bool {
-		wcs = append(wcs, pollAll(qa.init.SendCQ)...)
-		return len(wcs) == 1
-	}, time.Second)
-	if wcs[0].Status != ib.Success {
-		t.Fatalf("A's SEND completed %v, want SUCCESS", wcs[0].Status)
-	}
-	if n, _ := tb.b.transmit(t, tb.clk.Now()); n != 0 {
-		t.Fatalf("destroyed B sent %d more frames", n)
-	}
+	sendsOnlyOwedAck(t, tb, qa, now, "destroyed B")
 	if wcs := pollAll(qb.init.SendCQ); len(wcs) != 0 {
 		t.Fatalf("destroyed B's dropped SEND completed: %+v", wcs)
 	}
