@@ -7,6 +7,7 @@ import (
 	"github.com/softrnic/softrnic/bth"
 	"github.com/softrnic/softrnic/clock"
 	"github.com/softrnic/softrnic/ib"
+	"github.com/softrnic/softrnic/internal/ibtest"
 	"github.com/softrnic/softrnic/port/memlink"
 	"github.com/softrnic/softrnic/verbs"
 )
@@ -171,5 +172,42 @@ func TestDestroyedQPSendsOnlyItsOwedAck(t *testing.T) {
 	}
 	if s := qa.init.RecvCQ; len(pollAll(s)) != 0 {
 		t.Fatal("A received the destroyed QP's SEND")
+	}
+}
+
+// UC and UD QPs destroyed with a SEND queued send nothing, and the SEND
+// completes nothing: they owe no ACK.
+func TestDestroyedQPSendsNothing(t *testing.T) {
+	for _, typ := range []ib.QPType{ib.UC, ib.UD} {
+		t.Run(typ.String(), func(t *testing.T) {
+			tb := newTestbed(t, memlink.Impairments{}, 1, 1024)
+			var q *QP
+			wr := verbs.SendWR{ID: 1, Opcode: ib.Send, Flags: ib.Signaled}
+			if typ == ib.UD {
+				var err error
+				q, err = tb.a.pd.newQP(testQP{Type: ib.UD, SendCQ: tb.a.dev.newCQ(16), RecvCQ: tb.a.dev.newCQ(16), MaxSendWR: 8, MaxRecvWR: 8, MaxSGE: 1})
+				must(t, err)
+				must(t, ibtest.Modify(q, ib.Init, &ib.QPAttr{QKey: 0x11}))
+				must(t, ibtest.Modify(q, ib.RTR, nil))
+				must(t, ibtest.Modify(q, ib.RTS, &ib.QPAttr{SQPSN: 1}))
+				ah, err := tb.a.pd.newAH(ib.AddressVector{DMAC: macB, DGID: ib.GIDFrom(addrB)})
+				must(t, err)
+				wr.AH, wr.RemoteQPN, wr.RemoteQKey = ah, 0x99, 0x11
+			} else {
+				q, _ = tb.connect(typ, 1024, ib.LocalWrite, 8)
+			}
+			mr, err := tb.a.pd.RegBytes(make([]byte, 64), 0, ib.LocalWrite)
+			must(t, err)
+			wr.SG = sge16(mr)
+			_, err = q.PostSend([]verbs.SendWR{wr})
+			must(t, err)
+			must(t, q.Destroy())
+			if n, _ := tb.a.transmit(t, tb.clk.Now()); n != 0 {
+				t.Fatalf("destroyed %v QP sent %d frames", typ, n)
+			}
+			if wcs := pollAll(q.init.SendCQ); len(wcs) != 0 {
+				t.Fatalf("destroyed %v QP's SEND completed: %+v", typ, wcs)
+			}
+		})
 	}
 }
