@@ -69,6 +69,14 @@ type Options struct {
 	// yield holds the CPU that the thread producing its next work needs
 	// (README, "Design decisions").
 	Yield func()
+	// Nap, if set, sleeps the calling thread for about d (port.Nap:
+	// nanosleep(2)). While frames stream in (StreamFrames or more in a
+	// StreamWindow), Run naps StreamNap instead of yielding between idle
+	// polls: the frames queue up in the port meanwhile and the next step
+	// takes them in one batch, where a yielding spin holds a CPU the
+	// sender (whose system call delivers the frames, on a small host)
+	// needs. A ping-pong receives too few frames to nap.
+	Nap func(d time.Duration)
 	// Now is the clock (nil: clock.Now). Tests pass a virtual clock.
 	Now func() clock.Time
 	// Gauge reads the port's receive rings for the device's host
@@ -119,6 +127,9 @@ type Counters struct {
 	SpinWindowNs uint64
 	// Yields counts the CPU given away (Options.Yield).
 	Yields uint64
+	// StreamNaps counts the naps taken instead of yields while frames
+	// streamed in (Options.Nap).
+	StreamNaps uint64
 }
 
 // Loop is the state of one engine: the device, the port and the frame
@@ -143,12 +154,19 @@ type Loop struct {
 	// txDeferred: the last step received frames and built none; the next
 	// one builds whatever it receives.
 	txDeferred bool
-	lastRecv   int        // frames the last Step received
-	polledAt   clock.Time // when the last Step polled the port
+	lastRecv   int // frames the last Step received
+	// The frames received since streamFrom; streaming: the window
+	// before it had StreamFrames of them (Options.Nap).
+	streamFrom   clock.Time
+	streamFrames int
+	streamBatch  bool // a Step in the window received StreamFrames at once
+	streaming    bool
+	polledAt     clock.Time // when the last Step polled the port
 
 	loops, naps, txSent, txBack atomic.Uint64
 	polls, pollsBusy            atomic.Uint64
 	napsYielded, yields         atomic.Uint64
+	streamNaps                  atomic.Uint64
 	spinWindow                  atomic.Int64 // Run's adaptive spin window, for Counters
 
 	// wake wakes the port from a deep sleep (port.Waker), nil if it
@@ -198,7 +216,7 @@ func (l *Loop) Device() *rnic.Device { return l.dev }
 func (l *Loop) Counters() Counters {
 	return Counters{Loops: l.loops.Load(), Naps: l.naps.Load(), TxSent: l.txSent.Load(), TxBackPress: l.txBack.Load(),
 		Polls: l.polls.Load(), PollsBusy: l.pollsBusy.Load(), NapsYielded: l.napsYielded.Load(),
-		SpinWindowNs: uint64(l.spinWindow.Load()), Yields: l.yields.Load()}
+		SpinWindowNs: uint64(l.spinWindow.Load()), Yields: l.yields.Load(), StreamNaps: l.streamNaps.Load()}
 }
 
 // DeviceStats returns a copy of the device's counters as of the last loop
@@ -256,6 +274,8 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	fetched := l.dev.FetchQueues(now)
 	built := 0
 	got := l.lastRecv
+	l.streamFrames += got
+	l.streamBatch = l.streamBatch || got >= StreamFrames
 	starved := false // the device has frames to send and the port no buffer
 	if got > 0 && !l.txDeferred && !l.opt.EagerTx {
 		l.txDeferred = true
@@ -290,6 +310,29 @@ func (l *Loop) Step(now clock.Time, wait time.Duration) (bool, error) {
 	l.stuck = l.pend > 0 && sent == 0 || starved
 	l.dev.PublishStats()
 	return got > 0 || fetched || built > 0 || sent > 0, err
+}
+
+// Receiving StreamFrames or more frames in a StreamWindow counts as a
+// stream (Options.Nap): 80 000 frames a second, where a ping-pong's
+// round trip brings one or two. StreamNap is the nap then.
+const (
+	StreamFrames = 4
+	StreamWindow = 50 * time.Microsecond
+	StreamNap    = 20 * time.Microsecond
+)
+
+// streamingAt reports whether frames stream in, as of the window that
+// ended last before now: at least StreamFrames per StreamWindow over it
+// (a loop kept away longer measures a longer window) or in one Step's
+// batch, or, once streaming, any frame in a window of normal length (a
+// sender's pause).
+func (l *Loop) streamingAt(now clock.Time) bool {
+	if el := now.Sub(l.streamFrom); el >= StreamWindow {
+		dense := l.streamBatch || time.Duration(l.streamFrames)*StreamWindow >= StreamFrames*el
+		l.streaming = dense || l.streaming && l.streamFrames > 0 && el < 2*StreamWindow
+		l.streamFrom, l.streamFrames, l.streamBatch = now, 0, false
+	}
+	return l.streaming
 }
 
 // maxDrainBatches bounds the batches one Step receives before it runs the
@@ -482,7 +525,10 @@ func (l *Loop) Run(ctx context.Context) error {
 			lastWork, idle = t, false
 		} else {
 			idle = true
-			if spinning && !polled && l.opt.Yield != nil {
+			if spinning && !polled && l.streamingAt(t) && l.opt.Nap != nil {
+				l.streamNaps.Add(1)
+				l.opt.Nap(StreamNap)
+			} else if spinning && !polled && l.opt.Yield != nil {
 				l.yields.Add(1)
 				l.opt.Yield()
 			}

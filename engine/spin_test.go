@@ -327,3 +327,68 @@ func TestRunNoYieldWithoutCompletion(t *testing.T) {
 		t.Fatalf("%d yields before the WRITE's ACK", e)
 	}
 }
+
+// TestRunNapsWhileFramesStream: an unpolled loop that receives frames
+// densely (StreamFrames in a StreamWindow) naps (Options.Nap) between idle
+// polls instead of yielding, and yields again once they stop; single
+// frames a millisecond apart, as a ping-pong's, never make it nap.
+func TestRunNapsWhileFramesStream(t *testing.T) {
+	wire, pa := memlink.NewPair(memlink.Config{})
+	defer wire.Close()
+	dev := newDevice(t, macA, addrA, 1024)
+	var naps, yields atomic.Uint64
+	l, err := NewLoop(dev, pa, Options{SpinFor: time.Hour, SpinMax: -1,
+		Yield: func() { yields.Add(1) }, Nap: func(time.Duration) { naps.Add(1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+		pa.Close()
+		if c := l.Counters(); c.StreamNaps != naps.Load() {
+			t.Errorf("Nap called %d times, counted %d", naps.Load(), c.StreamNaps)
+		}
+	}()
+	// Frames for no QP: dropped, but received all the same.
+	frame := craft(t, addrB, addrA, 0x4242, 1, func(s *frame.Spec) { s.SrcMAC, s.DstMAC = macB, macA })
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(100 * time.Microsecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not in 10 s (naps %d, yields %d, received %d)", what, naps.Load(), yields.Load(), dev.StatsSnapshot().RxFrames)
+			}
+		}
+	}
+	for i := 0; i < 20; i++ {
+		if n, err := port.Send(wire, [][]byte{frame}); n != 1 || err != nil {
+			t.Fatal(n, err)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	waitFor("sparse frames received", func() bool { return dev.StatsSnapshot().RxNoQP == 20 })
+	if n := naps.Load(); n != 0 {
+		t.Fatalf("%d naps for single frames a millisecond apart", n)
+	}
+	burst := make([][]byte, 64)
+	for i := range burst {
+		burst[i] = frame
+	}
+	if n, err := port.Send(wire, burst); n != len(burst) || err != nil {
+		t.Fatal(n, err)
+	}
+	waitFor("a nap after the burst", func() bool { return naps.Load() > 0 })
+	y := yields.Load()
+	waitFor("yields after the burst", func() bool { return yields.Load() > y+1000 })
+	n := naps.Load()
+	y = yields.Load()
+	waitFor("more yields", func() bool { return yields.Load() > y+1000 })
+	if m := naps.Load(); m != n {
+		t.Fatalf("%d more naps with no frames coming", m-n)
+	}
+}

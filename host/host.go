@@ -163,6 +163,9 @@ func Open(cfg Config) (_ *Host, err error) {
 	if eng.Yield == nil {
 		eng.Yield = port.Yield
 	}
+	if eng.Nap == nil {
+		eng.Nap = port.Nap
+	}
 	if h.Loop, err = engine.NewLoop(h.Device, p, eng); err != nil {
 		return nil, err
 	}
