@@ -119,6 +119,28 @@ func TestRunGoesIdleAfterTraffic(t *testing.T) {
 	}
 }
 
+// startLoop runs l in a goroutine of its own and returns what stops it:
+// it ends Run, fails the test on Run's error and closes p. It is
+// idempotent and also registered as a cleanup.
+func startLoop(t *testing.T, l *Loop, p port.Port) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- l.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+			p.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
 // TestRunYieldsOnlyWhileSpinningUnpolled: a loop spinning idle gives its
 // CPU away between polls (Options.Yield), and stops as soon as an
 // application polls the device, which then steps the device itself and
@@ -132,15 +154,9 @@ func TestRunYieldsOnlyWhileSpinningUnpolled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
+	stop := startLoop(t, l, pa)
 	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		pa.Close()
+		stop()
 		if c := l.Counters(); c.Yields != yields.Load() {
 			t.Errorf("Yield called %d times, counted %d", yields.Load(), c.Yields)
 		}
@@ -213,17 +229,8 @@ func newYieldRig(t *testing.T, yield func(r *yieldRig)) *yieldRig {
 		t.Fatal(err)
 	}
 	r.l = l
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		pa.Close()
-		wire.Close()
-	})
+	t.Cleanup(func() { wire.Close() })
+	startLoop(t, l, pa)
 	return r
 }
 
@@ -342,15 +349,9 @@ func TestRunNapsWhileFramesStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- l.Run(ctx) }()
+	stop := startLoop(t, l, pa)
 	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-		pa.Close()
+		stop()
 		if c := l.Counters(); c.StreamNaps != naps.Load() {
 			t.Errorf("Nap called %d times, counted %d", naps.Load(), c.StreamNaps)
 		}
