@@ -525,10 +525,12 @@ func (l *Loop) Run(ctx context.Context) error {
 			lastWork, idle = t, false
 		} else {
 			idle = true
-			if spinning && !polled && l.streamingAt(t) && l.opt.Nap != nil {
+			switch {
+			case !spinning || polled: // it napped, or an application steps the device
+			case l.opt.Nap != nil && l.streamingAt(t):
 				l.streamNaps.Add(1)
 				l.opt.Nap(StreamNap)
-			} else if spinning && !polled && l.opt.Yield != nil {
+			case l.opt.Yield != nil:
 				l.yields.Add(1)
 				l.opt.Yield()
 			}

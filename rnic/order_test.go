@@ -170,9 +170,6 @@ func TestDestroyedQPSendsOnlyItsOwedAck(t *testing.T) {
 	if wcs := pollAll(qb.init.SendCQ); len(wcs) != 0 {
 		t.Fatalf("destroyed B's dropped SEND completed: %+v", wcs)
 	}
-	if s := qa.init.RecvCQ; len(pollAll(s)) != 0 {
-		t.Fatal("A received the destroyed QP's SEND")
-	}
 }
 
 // UC and UD QPs destroyed with a SEND queued send nothing, and the SEND

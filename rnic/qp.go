@@ -250,12 +250,18 @@ func (q *QP) Destroy() error {
 // owed ACK, as at the move to ERR (toErrLocked): the peer's message
 // completed here, and its sender must not flush it.
 func (q *QP) discardLocked() {
+	q.flushKeepAckLocked()
+	_ = q.tr.TakeCompletions()
+}
+
+// flushKeepAckLocked flushes every outstanding WR of the transport; an RC
+// QP's owed ACK still goes out (rc.QP.FlushKeepAck).
+func (q *QP) flushKeepAckLocked() {
 	if t, ok := q.tr.(*rc.QP); ok {
 		t.FlushKeepAck()
 	} else {
 		q.tr.Flush()
 	}
-	_ = q.tr.TakeCompletions()
 }
 
 // releaseHeld hands the packets an RC QP holds out of order back to the
@@ -277,11 +283,7 @@ func (q *QP) releaseHeld() {
 // (rc.QP.FlushKeepAck).
 func (q *QP) toErrLocked() {
 	q.state = ib.Err
-	if t, ok := q.tr.(*rc.QP); ok {
-		t.FlushKeepAck()
-	} else {
-		q.tr.Flush()
-	}
+	q.flushKeepAckLocked()
 	q.lastWQELocked()
 	var w ib.RecvWQE
 	if q.init.SRQ == nil {
